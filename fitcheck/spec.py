@@ -1,0 +1,541 @@
+"""The typed description of one training run: frozen dataclasses and str-Enums.
+
+Data flows one way: readers turn raw input (flags, config files, live objects) into a :class:`TrainingSpec`;
+the pure core turns a spec into a :class:`fitcheck.report.Report`. Nothing here imports torch, reads files or
+prints. Specs are frozen so that advice is cheap: ``dataclasses.replace(spec, batch=replace(spec.batch,
+micro_batch=4))`` and estimate again.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from fitcheck.findings import Finding
+
+
+class Dtype(str, Enum):
+    """Element types of parameters, states and activations."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    INT8 = "int8"
+    UINT8 = "uint8"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes per element."""
+        return 4 if self is Dtype.FLOAT32 else 2 if self in (Dtype.BFLOAT16, Dtype.FLOAT16) else 1
+
+    @property
+    def is_half(self) -> bool:
+        """True for the 16-bit floating types."""
+        return self in (Dtype.BFLOAT16, Dtype.FLOAT16)
+
+
+class Role(str, Enum):
+    """What a parameter does in the model (for the itemised inventory)."""
+
+    EMBEDDING = "embedding"
+    POSITION = "position_embedding"
+    LM_HEAD = "lm_head"
+    ATTENTION = "attention"
+    MLP = "mlp"
+    EXPERTS = "experts"
+    ROUTER = "router"
+    NORM = "norm"
+    BIAS = "bias"
+    OTHER = "other"
+
+
+class Kind(str, Enum):
+    """Which torch module holds a parameter: decides bitsandbytes quantization and LoRA targeting."""
+
+    LINEAR = "linear"  # weight of nn.Linear or GPT-2 Conv1D: quantized by bnb, LoRA-targetable
+    EMBEDDING = "embedding"  # nn.Embedding weight: never quantized by bnb
+    NORM = "norm"  # LayerNorm/RMSNorm weight or bias
+    FUSED_EXPERTS = "fused_experts"  # 3-D MoE expert tensor (transformers 5): not quantized, LoRA via target_parameters
+    BIAS = "bias"  # bias of a Linear (stays in the compute dtype under bnb)
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class ParamEntry:
+    """One parameter name (with ``*`` for the layer index) and how many instances of it exist.
+
+    Attributes:
+        name: Full parameter name as transformers names it, layer index replaced by ``*``,
+            e.g. ``"model.layers.*.self_attn.q_proj.weight"``.
+        shape: Shape of one instance.
+        role: What it does.
+        kind: Which module type holds it.
+        repeat: Number of instances (the number of layers for per-layer names, else 1).
+        module: Short module name used by PEFT target matching, e.g. ``"q_proj"``.
+        in_features: For linear weights, the input features (GPT-2 Conv1D stores the transpose).
+        out_features: For linear weights, the output features.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    role: Role
+    kind: Kind
+    repeat: int = 1
+    module: str = ""
+    in_features: int = 0
+    out_features: int = 0
+
+    def __post_init__(self) -> None:
+        if self.repeat < 1:
+            raise ValueError(f"{self.name}: repeat must be >= 1")
+        if any(d < 0 for d in self.shape):
+            raise ValueError(f"{self.name}: negative dimension in {self.shape}")
+
+    @property
+    def numel_each(self) -> int:
+        """Elements of one instance."""
+        return math.prod(self.shape)
+
+    @property
+    def numel(self) -> int:
+        """Elements of all instances."""
+        return self.numel_each * self.repeat
+
+    @property
+    def per_layer(self) -> bool:
+        """True when the name has a layer index."""
+        return "*" in self.name
+
+    def matches(self, pattern: str) -> bool:
+        """fnmatch the name (layer index as ``*``) against a pattern such as ``"*.mlp.gate"``."""
+        return fnmatch.fnmatchcase(self.name, pattern)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Architecture numbers the activation and compute formulas need.
+
+    Attributes:
+        family: ``model_type`` from config.json (``"llama"``, ``"mistral"``, ``"qwen2"``, ``"gemma2"``, ...).
+        architecture: The transformers class, e.g. ``"LlamaForCausalLM"``.
+        hidden_size: Model width h.
+        num_layers: Number of decoder/encoder layers L.
+        num_heads: Attention heads a.
+        num_kv_heads: Key/value heads (GQA); equals num_heads for MHA.
+        head_dim: Per-head dimension (may differ from hidden/heads, e.g. Gemma-7B).
+        intermediate_size: MLP inner width (per expert for MoE).
+        vocab_size: Vocabulary size V.
+        max_position_embeddings: Context length the config declares.
+        mlp_activation: ``"swiglu"`` (gated) or ``"gelu"`` / ``"relu"`` (plain two-matrix MLP).
+        norm: ``"rmsnorm"`` or ``"layernorm"``.
+        num_experts: Experts per MoE layer (0 for dense models).
+        experts_per_token: Top-k routing.
+        tied_embeddings: Whether the LM head shares the input embedding tensor.
+        sliding_window: Sliding-window size if the config sets one.
+        causal_lm: False for encoder models (BERT), whose head differs.
+        config_dtype: ``torch_dtype``/``dtype`` in config.json (what ``dtype="auto"`` loads), if any.
+        no_split_module: The decoder-layer class (FSDP wrap unit, device_map no-split class).
+        parallel_attn: Falcon/Phi-style parallel attention+MLP block.
+        partial_rotary_factor: Fraction of head_dim rotated (Phi-2).
+    """
+
+    family: str
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int = 0
+    mlp_activation: str = "swiglu"
+    norm: str = "rmsnorm"
+    num_experts: int = 0
+    experts_per_token: int = 0
+    tied_embeddings: bool = False
+    sliding_window: int | None = None
+    causal_lm: bool = True
+    config_dtype: Dtype | None = None
+    no_split_module: str = ""
+    parallel_attn: bool = False
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model shape: {name} must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class ModelInventory:
+    """Every parameter of the model, by name and role, plus its shape numbers.
+
+    Attributes:
+        model_id: What the user asked for (Hub id or path).
+        shape: Architecture numbers.
+        params: The parameter entries; tied tensors appear once.
+        source: Where the config came from (catalog entry with its source, a path, the HF cache).
+        counted_by: ``"pure-python"`` (family formulas) or ``"meta"`` (``from_config`` on the meta device).
+        quantization_config: The ``quantization_config`` already in config.json (pre-quantized checkpoints).
+        config: The raw config.json mapping (kept for adapters that rebuild the model).
+    """
+
+    model_id: str
+    shape: ModelShape
+    params: tuple[ParamEntry, ...]
+    source: str = ""
+    counted_by: str = "pure-python"
+    quantization_config: Mapping[str, object] | None = None
+    config: Mapping[str, object] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def total_params(self) -> int:
+        """Number of parameters (tied tensors counted once)."""
+        return sum(p.numel for p in self.params)
+
+    def by_role(self) -> dict[Role, int]:
+        """Parameter count per role."""
+        out: dict[Role, int] = {}
+        for p in self.params:
+            out[p.role] = out.get(p.role, 0) + p.numel
+        return out
+
+
+class MixedPrecision(str, Enum):
+    """Autocast setting (TrainingArguments ``bf16``/``fp16``, accelerate ``mixed_precision``)."""
+
+    NO = "no"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    """The dtype the model is loaded in and the autocast setting.
+
+    Attributes:
+        load_dtype: ``dtype``/``torch_dtype`` passed to ``from_pretrained`` (transformers 5 default
+            ``"auto"`` = the config's dtype).
+        mixed_precision: Autocast under the Trainer/accelerate.
+    """
+
+    load_dtype: Dtype = Dtype.FLOAT32
+    mixed_precision: MixedPrecision = MixedPrecision.NO
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """The optimizer, by its ``TrainingArguments.optim`` name.
+
+    Attributes:
+        name: Current transformers name (retired names are mapped by the reader, with a finding).
+        args: ``optim_args`` key/values that change memory (e.g. GaLore rank).
+        target_modules: ``optim_target_modules`` for GaLore/APOLLO.
+    """
+
+    name: str = "adamw_torch_fused"
+    args: Mapping[str, str] = field(default_factory=dict)
+    target_modules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """A PEFT LoRA configuration.
+
+    Attributes:
+        r: Rank.
+        alpha: lora_alpha (scaling only; no memory effect).
+        dropout: lora_dropout (> 0 saves a dropout mask/copy of the adapter input).
+        target_modules: Module short names, or ``("all-linear",)``; empty with ``target_regex`` set.
+        target_regex: A regex over full module names (peft's string form of target_modules).
+        modules_to_save: Modules made fully trainable copies (e.g. ``lm_head``, ``embed_tokens``).
+        use_dora: DoRA (adds a magnitude vector per target and extra activations).
+        use_rslora: rsLoRA (scaling only; no memory effect).
+        target_parameters: Parameter names for peft's ParamWrapper (fused MoE experts).
+        layers_to_transform: Only these layer indices get adapters.
+        rank_pattern: Per-module rank overrides.
+    """
+
+    r: int = 8
+    alpha: float = 8.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ()
+    target_regex: str | None = None
+    modules_to_save: tuple[str, ...] = ()
+    use_dora: bool = False
+    use_rslora: bool = False
+    target_parameters: tuple[str, ...] = ()
+    layers_to_transform: tuple[int, ...] | None = None
+    rank_pattern: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.r <= 0:
+            raise ValueError(f"lora r must be positive, got {self.r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """A bitsandbytes quantized base (BitsAndBytesConfig).
+
+    Attributes:
+        bits: 4 or 8.
+        quant_type: ``"nf4"`` or ``"fp4"`` (4-bit only).
+        double_quant: ``bnb_4bit_use_double_quant``.
+        blocksize: Quantization block size (bitsandbytes default 64).
+        quant_storage: ``bnb_4bit_quant_storage`` (uint8 default; bf16 for FSDP-QLoRA).
+        compute_dtype: ``bnb_4bit_compute_dtype`` (None = float32 in transformers).
+        skip_modules: ``llm_int8_skip_modules`` (kept unquantized).
+        prepare_for_kbit_training: peft's ``prepare_model_for_kbit_training`` is applied (TRL does this for
+            quantized models): casts every non-quantized 16-bit parameter to fp32.
+        pre_quantized: The checkpoint itself is quantized (its config.json carries quantization_config).
+    """
+
+    bits: int = 4
+    quant_type: str = "nf4"
+    double_quant: bool = False
+    blocksize: int = 64
+    quant_storage: Dtype = Dtype.UINT8
+    compute_dtype: Dtype | None = None
+    skip_modules: tuple[str, ...] = ()
+    prepare_for_kbit_training: bool = True
+    pre_quantized: bool = False
+
+    def __post_init__(self) -> None:
+        if self.bits not in (4, 8):
+            raise ValueError(f"quantization bits must be 4 or 8, got {self.bits}")
+        if self.quant_type not in ("nf4", "fp4"):
+            raise ValueError(f"bnb_4bit_quant_type must be nf4 or fp4, got {self.quant_type!r}")
+        if self.blocksize <= 0:
+            raise ValueError("quantization blocksize must be positive")
+
+
+@dataclass(frozen=True)
+class FreezeSpec:
+    """Training without PEFT where only some parameters are trainable (router-only, first-k layers, ...).
+
+    Attributes:
+        trainable: fnmatch patterns over parameter names (layer index as ``*``) that stay trainable.
+        trainable_layers: If set, per-layer parameters are trainable only in these layer indices.
+    """
+
+    trainable: tuple[str, ...] = ()
+    trainable_layers: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """Batch geometry.
+
+    Attributes:
+        micro_batch: ``per_device_train_batch_size``.
+        seq_len: Length of every sequence in the micro-batch (padded or packed to it: the worst case).
+        grad_accum: ``gradient_accumulation_steps``.
+    """
+
+    micro_batch: int = 1
+    seq_len: int = 1024
+    grad_accum: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch", "seq_len", "grad_accum"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+class AttnImpl(str, Enum):
+    """``attn_implementation``."""
+
+    EAGER = "eager"
+    SDPA = "sdpa"
+    FLASH_ATTENTION_2 = "flash_attention_2"
+
+
+@dataclass(frozen=True)
+class ActivationSpec:
+    """What decides activation memory besides the batch.
+
+    Attributes:
+        checkpointing: Gradient (activation) checkpointing.
+        checkpoint_every_n_layers: Checkpoint one layer in n (transformers 5 ``every_n_layers``).
+        attn_implementation: Attention kernel.
+        loss: ``"standard"`` (HF cross-entropy on full logits) or ``"chunked"`` (fused/chunked CE kernels).
+    """
+
+    checkpointing: bool = False
+    checkpoint_every_n_layers: int = 1
+    attn_implementation: AttnImpl = AttnImpl.SDPA
+    loss: str = "standard"
+
+
+class Strategy(str, Enum):
+    """How the model is replicated or sharded over processes."""
+
+    SINGLE = "single"
+    DDP = "ddp"
+    DEEPSPEED = "deepspeed"
+    FSDP = "fsdp"
+
+
+class OffloadDevice(str, Enum):
+    """Where DeepSpeed/FSDP offloads to."""
+
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+@dataclass(frozen=True)
+class DeepSpeedSpec:
+    """The memory-relevant part of a DeepSpeed config (after "auto" is resolved).
+
+    Defaults are DeepSpeed's own (deepspeed/runtime/zero/config.py).
+    """
+
+    stage: int = 0
+    offload_optimizer: OffloadDevice = OffloadDevice.NONE
+    offload_param: OffloadDevice = OffloadDevice.NONE
+    reduce_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000
+    overlap_comm: bool | None = None  # None = DeepSpeed default (True for stage 3 only)
+    contiguous_gradients: bool = True
+    prefetch_bucket_size: int = 50_000_000
+    max_live_parameters: int = 1_000_000_000
+    param_persistence_threshold: int = 100_000
+    sub_group_size: int = 1_000_000_000
+    zero3_init: bool = True
+    pin_memory: bool = False
+
+    def __post_init__(self) -> None:
+        if self.stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_optimization.stage must be 0-3, got {self.stage}")
+        if self.offload_param is not OffloadDevice.NONE and self.stage != 3:
+            raise ValueError("offload_param needs ZeRO stage 3")
+
+
+@dataclass(frozen=True)
+class FsdpSpec:
+    """FSDP settings (accelerate ``fsdp_config``), FSDP1 and FSDP2.
+
+    Attributes:
+        version: 1 or 2.
+        sharding_strategy: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD.
+        reshard_after_forward: FSDP2 flag (FULL_SHARD = True, SHARD_GRAD_OP = False).
+        offload_params: CPU offload of parameters, gradients and optimizer states.
+        wrap_unit_params: Parameters in the largest wrapped unit (0 = one decoder layer).
+        use_orig_params: FSDP1 use_orig_params.
+        sync_each_batch: Reduce-scatter gradients at every micro-step (no unsharded grads kept).
+    """
+
+    version: int = 2
+    sharding_strategy: str = "FULL_SHARD"
+    reshard_after_forward: bool = True
+    offload_params: bool = False
+    wrap_unit_params: int = 0
+    use_orig_params: bool = True
+    sync_each_batch: bool = False
+
+
+@dataclass(frozen=True)
+class ShardingSpec:
+    """Processes and the sharding strategy.
+
+    Attributes:
+        strategy: single / DDP / DeepSpeed / FSDP.
+        num_processes: Total processes over all machines (as accelerate counts them).
+        num_machines: Nodes.
+        deepspeed: DeepSpeed settings when strategy is DEEPSPEED.
+        fsdp: FSDP settings when strategy is FSDP.
+    """
+
+    strategy: Strategy = Strategy.SINGLE
+    num_processes: int = 1
+    num_machines: int = 1
+    deepspeed: DeepSpeedSpec | None = None
+    fsdp: FsdpSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_processes <= 0 or self.num_machines <= 0:
+            raise ValueError("num_processes and num_machines must be positive")
+        if self.num_processes % self.num_machines:
+            raise ValueError(
+                f"num_processes ({self.num_processes}) must be a multiple of num_machines ({self.num_machines})"
+            )
+
+    @property
+    def processes_per_machine(self) -> int:
+        """GPUs per node."""
+        return self.num_processes // self.num_machines
+
+
+class DeviceType(str, Enum):
+    """Where the step runs."""
+
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """The GPU (or CPU for validation) and host.
+
+    Attributes:
+        gpu_name: Canonical GPU name from the table, or None when only a memory size was given.
+        gpu_memory_bytes: Memory per device.
+        device_type: ``cuda`` adds CUDA overheads; ``cpu`` counts live tensors only (validation).
+        host_memory_bytes: RAM per node, when known.
+        peak_tflops_bf16: Dense bf16 peak of the GPU (compute estimate), when known.
+    """
+
+    gpu_name: str | None = None
+    gpu_memory_bytes: int = 80 * 1024**3
+    device_type: DeviceType = DeviceType.CUDA
+    host_memory_bytes: int | None = None
+    peak_tflops_bf16: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.gpu_memory_bytes <= 0:
+            raise ValueError("gpu memory must be positive")
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """Everything the estimator needs about one training run.
+
+    Attributes:
+        model: The parameter inventory and shape.
+        precision: Load dtype and autocast.
+        optimizer: The optimizer.
+        batch: Micro-batch, sequence length, accumulation.
+        activations: Checkpointing, attention kernel, loss.
+        sharding: Processes and sharding.
+        hardware: GPU and host.
+        lora: PEFT LoRA, if any.
+        quant: bitsandbytes quantized base, if any.
+        freeze: Partial training without PEFT, if any.
+        provenance: Field path (e.g. ``"batch.micro_batch"``) -> where it was read ("ds.json:train_micro_...").
+        findings: Findings the readers already made (conflicts, retired names, spellings read).
+    """
+
+    model: ModelInventory
+    precision: PrecisionSpec = PrecisionSpec()
+    optimizer: OptimizerSpec = OptimizerSpec()
+    batch: BatchSpec = BatchSpec()
+    activations: ActivationSpec = ActivationSpec()
+    sharding: ShardingSpec = ShardingSpec()
+    hardware: HardwareSpec = HardwareSpec()
+    lora: LoraSpec | None = None
+    quant: QuantSpec | None = None
+    freeze: FreezeSpec | None = None
+    provenance: Mapping[str, str] = field(default_factory=dict, compare=False)
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Data-parallel world size (every process is a data-parallel rank: no TP/PP is modelled)."""
+        return self.sharding.num_processes
