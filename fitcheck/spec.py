@@ -490,6 +490,8 @@ class HardwareSpec:
         device_type: ``cuda`` adds CUDA overheads; ``cpu`` counts live tensors only (validation).
         host_memory_bytes: RAM per node, when known.
         peak_tflops_bf16: Dense bf16 peak of the GPU (compute estimate), when known.
+        expandable_segments: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` is set (the caching
+            allocator grows segments instead of creating new ones: less reserved-vs-allocated gap).
     """
 
     gpu_name: str | None = None
@@ -497,6 +499,7 @@ class HardwareSpec:
     device_type: DeviceType = DeviceType.CUDA
     host_memory_bytes: int | None = None
     peak_tflops_bf16: float | None = None
+    expandable_segments: bool = False
 
     def __post_init__(self) -> None:
         if self.gpu_memory_bytes <= 0:

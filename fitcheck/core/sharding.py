@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitcheck.findings import Finding
 from fitcheck.report import Component
 from fitcheck.spec import OffloadDevice, Strategy, TrainingSpec
 
@@ -107,5 +108,17 @@ def buffer_components(spec: TrainingSpec) -> tuple[Component, ...]:
 
     Returns:
         Components for the buffers (none for a single GPU).
+    """
+    return ()
+
+
+def sharding_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
+    """Findings about the sharding setup (unmodelled parallelism, inconsistent settings).
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        Findings (none for a plain single-GPU run).
     """
     return ()

@@ -1,0 +1,299 @@
+"""``fitcheck estimate``: per-GPU peak memory of one training step, from config.json, offline.
+
+Flag names are those of ``transformers.TrainingArguments`` and TRL's ``ModelConfig``/``SFTConfig`` so users can
+paste what they already pass to their training script (``-`` and ``_`` spellings both work, as in
+HfArgumentParser). Booleans take an optional value: ``--bf16``, ``--bf16 true``, ``--gradient_checkpointing
+false``. Only flags the user passed reach the readers, so files (``--training_args``, ``--deepspeed``,
+``--config_file``) fill the rest and explicit flags win.
+
+Semantics: ``--max_seq_length`` is the length of every sequence in the micro-batch (padded or packed to it:
+the worst case a dataloader can produce). ``fits`` means ``device_used_bytes <= budget_bytes``, where the
+budget is the GPU's memory (or ``--gpu_memory``) and ``device_used_bytes`` = peak reserved by the caching
+allocator + CUDA context and library workspaces (what nvidia-smi would show).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from fitcheck.errors import ConfigError
+from fitcheck.report import Report
+from fitcheck.spec import TrainingSpec
+
+_BOOL = "bool"
+_LIST = "list"
+
+# (flag, kind, help). kind: "bool" (optional true/false), "list" (one or more), or a type/None (one string).
+_FLAGS: list[tuple[str, str | None, str]] = [
+    # model
+    ("model_name_or_path", None, "Hub id (built-in catalog or local HF cache), a directory with config.json, "
+     "or a config.json path"),
+    ("dtype", None, "dtype the model is loaded in: auto (config.json's, transformers 5 default), bfloat16, "
+     "float16, float32; alias --torch_dtype"),
+    ("attn_implementation", None, "eager, sdpa (default) or flash_attention_2"),
+    # batch
+    ("per_device_train_batch_size", None, "micro-batch per GPU (default 8, as TrainingArguments)"),
+    ("gradient_accumulation_steps", None, "gradient accumulation steps (default 1)"),
+    ("max_seq_length", None, "length of EVERY sequence in the micro-batch (padded/packed to it; default 1024); "
+     "alias --max_length"),
+    # precision / optimizer
+    ("bf16", _BOOL, "bf16 mixed precision (autocast)"),
+    ("fp16", _BOOL, "fp16 mixed precision (autocast)"),
+    ("optim", None, "TrainingArguments.optim name (default adamw_torch_fused)"),
+    ("optim_args", None, "optimizer arguments as key=value,key=value (e.g. rank=128 for GaLore)"),
+    ("optim_target_modules", _LIST, "modules GaLore/APOLLO project"),
+    # activations
+    ("gradient_checkpointing", _BOOL, "activation (gradient) checkpointing; alias --activation_checkpointing"),
+    ("checkpoint_every_n_layers", None, "checkpoint one decoder layer in n (transformers 5 every_n_layers)"),
+    ("loss", None, "standard (HF cross-entropy on full logits) or chunked (fused/chunked CE kernels)"),
+    # peft
+    ("use_peft", _BOOL, "train LoRA adapters (TRL)"),
+    ("lora_r", None, "LoRA rank (TRL default 16)"),
+    ("lora_alpha", None, "LoRA alpha (TRL default 32)"),
+    ("lora_dropout", None, "LoRA dropout (TRL default 0.05)"),
+    ("lora_target_modules", _LIST, "module names, or all-linear (default: peft's table for the model type)"),
+    ("lora_modules_to_save", _LIST, "modules trained in full next to the adapters (e.g. lm_head embed_tokens)"),
+    ("lora_target_parameters", _LIST, "parameter names for peft's ParamWrapper (fused MoE experts)"),
+    ("lora_layers_to_transform", _LIST, "only these layer indices get adapters"),
+    ("use_dora", _BOOL, "DoRA"),
+    ("use_rslora", _BOOL, "rsLoRA"),
+    ("adapter_config", None, "a PEFT adapter_config.json (LoRA settings read from it)"),
+    # quantization
+    ("load_in_4bit", _BOOL, "bitsandbytes 4-bit base (QLoRA)"),
+    ("load_in_8bit", _BOOL, "bitsandbytes LLM.int8 base"),
+    ("bnb_4bit_quant_type", None, "nf4 or fp4"),
+    ("use_bnb_nested_quant", _BOOL, "double quantization (bnb_4bit_use_double_quant)"),
+    ("bnb_4bit_quant_storage", None, "packing dtype of 4-bit weights (uint8 default; bfloat16 for FSDP-QLoRA)"),
+    ("bnb_4bit_compute_dtype", None, "compute dtype of 4-bit layers (default: --dtype)"),
+    ("llm_int8_skip_modules", _LIST, "modules kept unquantized"),
+    # partial training
+    ("trainable_parameters", _LIST, "train only parameters matching these patterns (e.g. '*.mlp.gate.*'); "
+     "layer index written as *"),
+    ("trainable_layers", _LIST, "train only these layer indices"),
+    # distributed
+    ("num_processes", None, "total processes (GPUs) over all machines, as accelerate counts them"),
+    ("num_machines", None, "number of machines (nodes)"),
+    ("training_args", None, "a TrainingArguments JSON or YAML file"),
+    ("deepspeed", None, "a DeepSpeed JSON ('auto' values resolved as transformers does)"),
+    ("config_file", None, "an accelerate config YAML (default: accelerate's default location if it exists)"),
+    ("fsdp", None, "TrainingArguments fsdp string, e.g. 'full_shard auto_wrap offload'"),
+    ("fsdp_config", None, "an FSDP config file (JSON/YAML)"),
+    ("zero_stage", None, "DeepSpeed ZeRO stage 0-3"),
+    ("offload_optimizer", None, "DeepSpeed offload_optimizer device: none, cpu, nvme"),
+    ("offload_param", None, "DeepSpeed offload_param device (ZeRO-3): none, cpu, nvme"),
+    # hardware
+    ("gpu", None, "GPU name, e.g. H100-80GB, A100-40GB, RTX4090-24GB, L40S-48GB (default H100-80GB)"),
+    ("gpu_memory", None, "memory per GPU instead of --gpu, e.g. 80GiB or 24GB"),
+    ("device_type", None, "cuda (default) or cpu (live tensors only: for validation against CPU runs)"),
+    ("host_memory", None, "RAM per node, to check CPU offload, e.g. 512GiB"),
+    ("expandable_segments", _BOOL, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set"),
+    # checks
+    ("device_map", None, "check a device_map (auto, balanced, sequential) for trainable parameters on cpu/disk"),
+    ("max_memory", None, "max_memory for the device_map check, e.g. 0=24GiB,cpu=200GiB"),
+]
+
+FILE_FLAGS = ("training_args", "deepspeed", "config_file", "fsdp", "fsdp_config")
+SHARDING_FLAGS = ("zero_stage", "offload_optimizer", "offload_param")
+
+
+def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every estimate flag to a parser (used by ``estimate`` and ``plot``).
+
+    Unpassed flags are absent from the namespace (``argparse.SUPPRESS``), so readers can tell explicit values
+    from defaults.
+    """
+    aliases = {
+        "dtype": ["--torch_dtype"],
+        "max_seq_length": ["--max_length"],
+        "gradient_checkpointing": ["--activation_checkpointing"],
+    }
+    for name, kind, help_text in _FLAGS:
+        spellings = [f"--{name}"]
+        if "_" in name:
+            spellings.append(f"--{name.replace('_', '-')}")
+        spellings += aliases.get(name, [])
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        if kind == _BOOL:
+            kwargs.update(nargs="?", const=True, metavar="true|false")
+        elif kind == _LIST:
+            kwargs.update(nargs="+")
+        parser.add_argument(*spellings, **kwargs)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="trace one training step of the real model on fake tensors for activations (needs torch)",
+    )
+    parser.add_argument("--mfu", type=float, default=None, help="assumed model FLOPs utilisation for timing")
+    parser.add_argument("--plot", default=None, metavar="FILE", help="also draw the memory plot (PNG or SVG)")
+
+
+def register(subparsers: Any) -> None:
+    """Register ``fitcheck estimate``."""
+    parser = subparsers.add_parser(
+        "estimate",
+        help="estimate per-GPU peak memory of one training step",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_estimate_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def explicit_values(args: argparse.Namespace) -> dict[str, object]:
+    """The flags the user passed, by canonical name."""
+    names = {name for name, _, _ in _FLAGS}
+    return {k: v for k, v in vars(args).items() if k in names}
+
+
+def spec_from_values(
+    values: Mapping[str, object], env: Mapping[str, str]
+) -> tuple[TrainingSpec, tuple[str, ...]]:
+    """Build the spec from explicit flag values (plus the files they name).
+
+    Args:
+        values: Explicit flags, canonical names.
+        env: Environment (for the HF cache and accelerate's default config location).
+
+    Returns:
+        The spec and the assumptions made.
+
+    Raises:
+        FitcheckError: Bad input (exit 2).
+    """
+    from fitcheck.readers.merge import merge_sources
+    from fitcheck.readers.model_config import load_inventory
+    from fitcheck.readers.run_args import spec_from_values as build
+
+    model = values.get("model_name_or_path")
+    cli = {k: v for k, v in values.items() if k not in FILE_FLAGS}
+    merged = merge_sources(
+        cli,
+        training_args_file=_opt_str(values.get("training_args")),
+        deepspeed_file=_opt_str(values.get("deepspeed")),
+        accelerate_config_file=_opt_str(values.get("config_file")),
+        fsdp=_opt_str(values.get("fsdp")),
+        fsdp_config_file=_opt_str(values.get("fsdp_config")),
+        env=env,
+    )
+    model = merged.values.get("model_name_or_path", model)
+    if not model:
+        raise ConfigError(
+            "--model_name_or_path is required: a Hub id such as meta-llama/Meta-Llama-3-8B, a directory with "
+            "config.json, or a config.json path"
+        )
+    inventory = load_inventory(str(model), env=env)
+    if "adapter_config" in values:
+        from fitcheck.readers.peft_config import lora_values_from_adapter_config
+
+        for k, v in lora_values_from_adapter_config(str(values["adapter_config"])).items():
+            merged.values.setdefault(k, v)
+    return build(
+        merged.values,
+        inventory=inventory,
+        sharding=merged.sharding,
+        provenance=merged.provenance,
+        findings=merged.findings,
+    )
+
+
+def _opt_str(v: object) -> str | None:
+    return None if v is None else str(v)
+
+
+def spec_from_args(args: argparse.Namespace) -> tuple[TrainingSpec, tuple[str, ...]]:
+    """Build the spec from a parsed namespace (reads the process environment: CLI boundary)."""
+    return spec_from_values(explicit_values(args), dict(os.environ))
+
+
+def build_report(
+    args: argparse.Namespace,
+) -> tuple[Report, dict[str, object]]:
+    """Estimate for parsed flags: the report (with device-map findings) and the advisor/compute extras."""
+    spec, assumptions = spec_from_args(args)
+    activations = None
+    if args.trace:
+        from fitcheck.torch_adapters.tracer import traced_activation_components
+
+        activations = traced_activation_components(spec)
+    extra_findings = ()
+    if getattr(args, "device_map", None):
+        from fitcheck.torch_adapters.device_map import device_map_findings, parse_max_memory
+
+        max_memory = parse_max_memory(args.max_memory) if getattr(args, "max_memory", None) else None
+        extra_findings = device_map_findings(spec, str(args.device_map), max_memory)
+    if extra_findings:
+        spec = dataclasses.replace(spec, findings=(*spec.findings, *extra_findings))
+    from fitcheck.core.estimate import estimate
+
+    report = estimate(spec, activations=activations)
+    report = dataclasses.replace(report, assumptions=(*report.assumptions, *assumptions))
+    extras = advice_extras(report, mfu=args.mfu)
+    return report, extras
+
+
+def advice_extras(report: Report, *, mfu: float | None) -> dict[str, object]:
+    """``max_micro_batch``, ``suggestions`` and ``compute`` for the JSON and the table."""
+    from fitcheck.core.advisor import advise
+    from fitcheck.core.batch_search import max_micro_batch
+    from fitcheck.core.compute import compute_estimate
+
+    compute = compute_estimate(report.spec, mfu=mfu)
+    return {
+        "max_micro_batch": max_micro_batch(report.spec),
+        "suggestions": advise(report.spec, report),
+        "compute": compute,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``fitcheck estimate``; exit 0 fits, 1 does not fit (2 is raised as FitcheckError)."""
+    from fitcheck.render.json_out import report_to_dict
+
+    report, extras = build_report(args)
+    if args.plot:
+        from fitcheck.render.plot import plot_report
+
+        plot_report(report, args.plot)
+    if args.json:
+        out = report_to_dict(report)
+        out.update(_extras_to_json(extras))
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from rich.console import Console
+
+        from fitcheck.render.table import print_report
+
+        print_report(report, Console(), extra=_extras_renderables(extras))
+    return 0 if report.fits else 1
+
+
+def _extras_to_json(extras: Mapping[str, object]) -> dict[str, object]:
+    from fitcheck.core.advisor import suggestion_to_dict
+    from fitcheck.core.compute import compute_to_dict
+
+    suggestions = extras["suggestions"]
+    assert isinstance(suggestions, tuple)
+    return {
+        "max_micro_batch": extras["max_micro_batch"],
+        "suggestions": [suggestion_to_dict(s) for s in suggestions],
+        "compute": compute_to_dict(extras["compute"]),  # type: ignore[arg-type]
+    }
+
+
+def _extras_renderables(extras: Mapping[str, object]) -> list[Any]:
+    from fitcheck.core.advisor import suggestions_table
+    from fitcheck.core.compute import compute_line
+
+    return [
+        f"largest micro-batch that fits at this sequence length: {extras['max_micro_batch']}",
+        compute_line(extras["compute"]),  # type: ignore[arg-type]
+        suggestions_table(extras["suggestions"]),  # type: ignore[arg-type]
+    ]

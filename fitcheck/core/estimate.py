@@ -1,0 +1,153 @@
+"""The estimate: every module's components summed per phase, the peak, the verdict.
+
+``estimate(spec) -> Report`` is pure: no torch, no files, no environment. The per-phase model is:
+peak allocated = max over phases of the sum of DEVICE components alive in that phase (what
+``torch.cuda.max_memory_allocated`` reports); reserved comes from the caching-allocator model in
+``overheads.reserved_bytes``; device used (nvidia-smi) = reserved + components outside torch's allocator
+(CUDA context, cuBLAS workspace, NCCL, managed memory of paged optimizers).
+"""
+
+from __future__ import annotations
+
+from fitcheck.core.activations import activation_components, activation_findings
+from fitcheck.core.model_states import (
+    describe_regime,
+    model_state_components,
+    model_state_findings,
+    trainable_params,
+)
+from fitcheck.core.overheads import overhead_components, overhead_findings, reserved_bytes
+from fitcheck.core.sharding import buffer_components, sharding_findings
+from fitcheck.findings import Finding, Severity
+from fitcheck.report import PHASES, Component, Location, Phase, Report
+from fitcheck.spec import TrainingSpec
+from fitcheck.units import format_bytes
+
+_SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
+def collect_components(
+    spec: TrainingSpec, activations: tuple[Component, ...] | None = None
+) -> tuple[Component, ...]:
+    """Every component of the step: model states, activations, buffers and overheads."""
+    return (
+        *model_state_components(spec),
+        *(activation_components(spec) if activations is None else activations),
+        *buffer_components(spec),
+        *overhead_components(spec),
+    )
+
+
+def _peak_phase(components: tuple[Component, ...]) -> tuple[Phase, dict[Phase, int]]:
+    totals = {p: sum(c.at(p) for c in components if c.location is Location.DEVICE) for p in PHASES}
+    # Ties go to the earliest phase (the order of PHASES), so the answer is deterministic.
+    best = max(PHASES, key=lambda p: (totals[p], -PHASES.index(p)))
+    return best, totals
+
+
+def _verdict(
+    spec: TrainingSpec,
+    components: tuple[Component, ...],
+    phase: Phase,
+    device_used: int,
+    budget: int,
+    host: int,
+) -> list[Finding]:
+    out: list[Finding] = []
+    where = spec.hardware.gpu_name or format_bytes(budget)
+    alive = sorted(
+        ((c.at(phase), c.name) for c in components if c.location is Location.DEVICE and c.at(phase)),
+        reverse=True,
+    )
+    top = ", ".join(f"{name} {format_bytes(b)}" for b, name in alive[:3])
+    if device_used > budget:
+        out.append(
+            Finding(
+                "does-not-fit",
+                Severity.ERROR,
+                f"needs {format_bytes(device_used)} per GPU but {where} has {format_bytes(budget)} "
+                f"(short by {format_bytes(device_used - budget)}); the peak is at the {phase.value}, "
+                f"largest then: {top}",
+                "see the suggestions, or try a smaller --per_device_train_batch_size with a larger "
+                "--gradient_accumulation_steps, --gradient_checkpointing, LoRA/QLoRA, or ZeRO/FSDP sharding",
+            )
+        )
+    else:
+        out.append(
+            Finding(
+                "fits",
+                Severity.INFO,
+                f"fits: {format_bytes(device_used)} of {format_bytes(budget)} on {where} "
+                f"({format_bytes(budget - device_used)} free); the peak is at the {phase.value}, "
+                f"largest then: {top}",
+            )
+        )
+    host_limit = spec.hardware.host_memory_bytes
+    if host_limit is not None and host > host_limit:
+        out.append(
+            Finding(
+                "host-memory",
+                Severity.ERROR,
+                f"offload needs {format_bytes(host)} of host RAM per node but --host_memory is "
+                f"{format_bytes(host_limit)}",
+                "offload less (optimizer only, not parameters), use more nodes, or a larger host",
+            )
+        )
+    return out
+
+
+def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = None) -> Report:
+    """Estimate per-GPU peak memory of one steady-state training step.
+
+    Args:
+        spec: The training run.
+        activations: Activation components to use instead of the per-family formulas (from a fake-tensor
+            trace, ``fitcheck estimate --trace``).
+
+    Returns:
+        The itemised report with the peak phase, allocated/reserved/used bytes, the verdict and findings.
+    """
+    components = collect_components(spec, activations)
+    phase, totals = _peak_phase(components)
+    peak_allocated = totals[phase]
+    peak_reserved = reserved_bytes(spec, peak_allocated)
+    outside = sum(c.peak_bytes for c in components if c.location is Location.DEVICE_OTHER)
+    device_used = peak_reserved + outside
+    budget = spec.hardware.gpu_memory_bytes
+    host = sum(c.peak_bytes for c in components if c.location is Location.HOST)
+    host_ok = spec.hardware.host_memory_bytes is None or host <= spec.hardware.host_memory_bytes
+    findings = [
+        *spec.findings,
+        *model_state_findings(spec),
+        *activation_findings(spec),
+        *sharding_findings(spec),
+        *overhead_findings(spec),
+        *_verdict(spec, components, phase, device_used, budget, host),
+    ]
+    findings.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
+    trainable = trainable_params(spec)
+    total = spec.model.total_params + _adapter_params(spec, trainable)
+    return Report(
+        spec=spec,
+        components=components,
+        peak_phase=phase,
+        peak_allocated_bytes=peak_allocated,
+        peak_reserved_bytes=peak_reserved,
+        device_used_bytes=device_used,
+        budget_bytes=budget,
+        host_bytes=host,
+        fits=device_used <= budget and host_ok,
+        findings=tuple(findings),
+        regime=describe_regime(spec),
+        trainable_params=trainable,
+        total_params=total,
+    )
+
+
+def _adapter_params(spec: TrainingSpec, trainable: int) -> int:
+    """Parameters PEFT adds on top of the base model (0 without PEFT)."""
+    if spec.lora is None:
+        return 0
+    from fitcheck.core.lora import adapter_param_count
+
+    return adapter_param_count(spec)

@@ -1,0 +1,59 @@
+"""The report as a JSON-ready dict (``fitcheck estimate --json``).
+
+Field names are a contract other tools rely on: extend, don't rename. ``components`` maps each component's
+name to its bytes in the peak phase (device components) or at its largest (outside the allocator, host).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fitcheck.report import PHASES, Location, Report
+
+
+def report_to_dict(report: Report) -> dict[str, Any]:
+    """Serialise a report.
+
+    Args:
+        report: The estimate.
+
+    Returns:
+        A dict with ``fits``, ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``device_used_bytes``,
+        ``budget_bytes``, ``host_bytes``, ``components`` (name -> bytes), ``findings`` and more detail
+        (``peak_phase``, ``phases``, ``component_detail``, ``regime``, parameter counts, ``assumptions``).
+    """
+    spec = report.spec
+    return {
+        "model": spec.model.model_id,
+        "fits": report.fits,
+        "peak_allocated_bytes": report.peak_allocated_bytes,
+        "peak_reserved_bytes": report.peak_reserved_bytes,
+        "device_used_bytes": report.device_used_bytes,
+        "budget_bytes": report.budget_bytes,
+        "host_bytes": report.host_bytes,
+        "peak_phase": report.peak_phase.value,
+        "components": report.at_peak(),
+        "phases": {p.value: total for p, total in report.phase_totals(Location.DEVICE).items()},
+        "component_detail": [
+            {
+                "name": c.name,
+                "category": c.category.value,
+                "location": c.location.value,
+                "bytes_by_phase": {p.value: c.at(p) for p in PHASES},
+                "source": c.source,
+                "detail": c.detail,
+            }
+            for c in report.components
+        ],
+        "findings": [f.to_dict() for f in report.findings],
+        "regime": report.regime,
+        "total_params": report.total_params,
+        "trainable_params": report.trainable_params,
+        "gpu": spec.hardware.gpu_name,
+        "num_processes": spec.sharding.num_processes,
+        "strategy": spec.sharding.strategy.value,
+        "micro_batch": spec.batch.micro_batch,
+        "seq_len": spec.batch.seq_len,
+        "gradient_accumulation_steps": spec.batch.grad_accum,
+        "assumptions": list(report.assumptions),
+    }

@@ -1,0 +1,103 @@
+"""The report as a readable rich table (the default output of ``fitcheck estimate``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from fitcheck.findings import Severity
+from fitcheck.report import PHASES, Location, Report
+from fitcheck.units import format_bytes
+
+_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+
+
+def _header(report: Report) -> Text:
+    spec = report.spec
+    s = spec.sharding
+    lines = [
+        f"{spec.model.model_id}: {report.total_params / 1e9:.3f}B params, "
+        f"{report.trainable_params / 1e9:.4f}B trainable ({spec.model.counted_by} inventory)",
+        f"micro-batch {spec.batch.micro_batch} x seq {spec.batch.seq_len}, grad accum {spec.batch.grad_accum}, "
+        f"{s.num_processes} process(es) on {s.num_machines} machine(s), {s.strategy.value}",
+        f"regime: {report.regime}",
+    ]
+    return Text("\n".join(lines))
+
+
+def components_table(report: Report) -> Table:
+    """The components alive at the peak phase, plus those outside the allocator and on the host."""
+    table = Table(title=f"per-GPU memory at the peak ({report.peak_phase.value})", show_lines=False)
+    table.add_column("component")
+    table.add_column("where")
+    table.add_column("bytes", justify="right")
+    table.add_column("from")
+    rows = []
+    for c in report.components:
+        value = c.at(report.peak_phase) if c.location is Location.DEVICE else c.peak_bytes
+        if value:
+            rows.append((c.location is not Location.DEVICE, -value, c, value))
+    for _, _, c, value in sorted(rows, key=lambda r: (r[0], r[1])):
+        where = {Location.DEVICE: "GPU", Location.DEVICE_OTHER: "GPU (other)", Location.HOST: "host"}[c.location]
+        detail = f"{c.detail}; {c.source}" if c.detail else c.source
+        table.add_row(c.name, where, format_bytes(value), detail)
+    return table
+
+
+def phases_table(report: Report) -> Table:
+    """Allocated bytes per phase (the peak phase marked)."""
+    table = Table(title="allocated per phase")
+    totals = report.phase_totals(Location.DEVICE)
+    for p in PHASES:
+        table.add_column(p.value + (" *" if p is report.peak_phase else ""), justify="right")
+    table.add_row(*(format_bytes(totals[p]) for p in PHASES))
+    return table
+
+
+def summary_text(report: Report) -> Text:
+    """Peak allocated / reserved / used vs budget, and the verdict."""
+    verdict = Text("FITS" if report.fits else "DOES NOT FIT", style="bold green" if report.fits else "bold red")
+    out = Text()
+    out.append(
+        f"peak allocated {format_bytes(report.peak_allocated_bytes)} | reserved "
+        f"{format_bytes(report.peak_reserved_bytes)} | device used {format_bytes(report.device_used_bytes)} "
+        f"of {format_bytes(report.budget_bytes)}"
+    )
+    if report.host_bytes:
+        out.append(f" | host {format_bytes(report.host_bytes)} per node")
+    out.append("  ->  ")
+    out.append(verdict)
+    return out
+
+
+def findings_text(report: Report, assumptions: Sequence[str] = ()) -> Text:
+    """Findings, worst first, then the assumptions made."""
+    out = Text()
+    for f in report.findings:
+        out.append(f"[{f.severity.value}] {f.code}: ", style=_STYLE[f.severity])
+        out.append(f.message + "\n")
+        if f.hint:
+            out.append(f"    fix: {f.hint}\n", style="dim")
+    for line in (*report.assumptions, *assumptions):
+        out.append(f"assumed: {line}\n", style="dim")
+    return out
+
+
+def render_report(report: Report, *, extra: Sequence[RenderableType] = ()) -> Group:
+    """Everything the table output shows, as one rich renderable."""
+    return Group(
+        _header(report),
+        components_table(report),
+        phases_table(report),
+        summary_text(report),
+        findings_text(report),
+        *extra,
+    )
+
+
+def print_report(report: Report, console: Console, *, extra: Sequence[RenderableType] = ()) -> None:
+    """Print the report to a console."""
+    console.print(render_report(report, extra=extra))

@@ -1,0 +1,167 @@
+"""Build the real transformers model class from a config.json mapping, for a traced or a real CPU step.
+
+The model is built with ``from_config`` (never ``trust_remote_code``), at a chosen depth, with the user's
+attention implementation, dtype, checkpointing, PEFT LoRA wrapping and (emulated) bitsandbytes 4-bit bases.
+Under a ``FakeTensorMode`` every parameter is a fake tensor: no memory, no compute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from fitcheck.errors import ConfigError, UnsupportedModelError
+from fitcheck.spec import LoraSpec, QuantSpec
+
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def config_layers(config: Mapping[str, Any]) -> int:
+    """Number of layers a config.json declares.
+
+    Raises:
+        ConfigError: When none of the usual keys is present.
+    """
+    for key in _LAYER_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ConfigError(f"config.json: no layer count (looked for {', '.join(_LAYER_KEYS)}); add num_hidden_layers")
+
+
+def layer_group(config: Mapping[str, Any]) -> int:
+    """Layers in the smallest repeating group of the stack.
+
+    Gemma-2/3 alternate sliding and full attention (``layer_types``), interleaved MoE stacks put an expert
+    layer every ``decoder_sparse_step`` / ``moe_layer_freq`` layers: tracing 1 and 2 of these groups and
+    extrapolating linearly reproduces the full depth (design note 04).
+    """
+    types = config.get("layer_types")
+    n = config_layers(config)
+    if isinstance(types, list) and types:
+        for period in range(1, len(types) + 1):
+            if all(types[i] == types[i % period] for i in range(len(types))):
+                return period
+    for key in ("decoder_sparse_step", "moe_layer_freq"):
+        step = config.get(key)
+        if isinstance(step, int) and step > 1:
+            return step
+    if config.get("model_type") in ("gemma2", "gemma3_text") and n > 1:
+        return 2  # transformers' default layer_types alternate sliding/full (configuration_gemma2.py)
+    return 1
+
+
+def reduced_config(config: Mapping[str, Any], num_layers: int | None) -> dict[str, Any]:
+    """A copy of the config with ``num_layers`` layers (layer_types truncated to match)."""
+    out = dict(config)
+    if num_layers is None:
+        return out
+    for key in _LAYER_KEYS:
+        if key in out:
+            out[key] = num_layers
+    if not any(k in out for k in _LAYER_KEYS):
+        out["num_hidden_layers"] = num_layers
+    types = out.get("layer_types")
+    if isinstance(types, list):
+        out["layer_types"] = list(types[:num_layers])
+    return out
+
+
+def hf_config(config: Mapping[str, Any], attn_implementation: str) -> Any:
+    """A transformers ``PretrainedConfig`` from a config.json mapping (no remote code)."""
+    from transformers import AutoConfig
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise ConfigError("config.json: missing model_type; fitcheck cannot pick the model class without it")
+    kwargs = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "auto_map")}
+    try:
+        cfg = AutoConfig.for_model(model_type, **kwargs)
+    except (KeyError, ValueError) as exc:
+        raise UnsupportedModelError(f"transformers has no config class for model_type {model_type!r}: {exc}") from exc
+    cfg.use_cache = False
+    cfg._attn_implementation = attn_implementation
+    return cfg
+
+
+def model_class(config: Mapping[str, Any]) -> Any:
+    """The transformers class named by ``architectures[0]``, or AutoModelForCausalLM's choice."""
+    import transformers
+
+    archs = config.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        cls = getattr(transformers, archs[0], None)
+        if cls is not None:
+            return cls
+    return transformers.AutoModelForCausalLM
+
+
+def build_model(
+    config: Mapping[str, Any],
+    *,
+    dtype: Any,
+    attn_implementation: str,
+    checkpointing: bool,
+    every_n_layers: int = 1,
+    lora: LoraSpec | None = None,
+    quant: QuantSpec | None = None,
+    fake: bool = True,
+) -> Any:
+    """Build the model as the training run would have it.
+
+    Args:
+        config: config.json mapping (already reduced in depth if wanted).
+        dtype: torch dtype the model is loaded in.
+        attn_implementation: ``eager`` / ``sdpa``.
+        checkpointing: Activation checkpointing as the Trainer enables it (non-reentrant).
+        every_n_layers: Checkpoint one decoder layer in n.
+        lora: PEFT LoRA wrapping.
+        quant: bitsandbytes 4-bit base (emulated on fake tensors; real bnb on real ones).
+        fake: True when called inside a FakeTensorMode.
+
+    Returns:
+        The ``torch.nn.Module`` in train mode.
+    """
+    from fitcheck.torch_adapters.tracer_patches import module_to_is_noop
+
+    cfg = hf_config(config, attn_implementation)
+    cls = model_class(config)
+    guard = module_to_is_noop() if fake else contextlib.nullcontext()
+    with guard:
+        model = cls._from_config(cfg, dtype=dtype) if hasattr(cls, "_from_config") else cls.from_config(cfg)
+        if quant is not None:
+            from fitcheck.torch_adapters.tracer_quant import quantize_linears
+
+            quantize_linears(model, quant, fake=fake)
+        if lora is not None:
+            model = _wrap_lora(model, lora)
+    if checkpointing:
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every_n_layers
+        )
+    model.train()
+    return model
+
+
+def _wrap_lora(model: Any, lora: LoraSpec) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    targets: Any = list(lora.target_modules) or None
+    if lora.target_modules == ("all-linear",):
+        targets = "all-linear"
+    if lora.target_regex:
+        targets = lora.target_regex
+    cfg = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        modules_to_save=list(lora.modules_to_save) or None,
+        use_dora=lora.use_dora,
+        use_rslora=lora.use_rslora,
+        target_parameters=list(lora.target_parameters) or None,
+        layers_to_transform=list(lora.layers_to_transform) if lora.layers_to_transform else None,
+        rank_pattern=dict(lora.rank_pattern),
+    )
+    return get_peft_model(model, cfg)

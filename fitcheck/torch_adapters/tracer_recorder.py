@@ -1,0 +1,110 @@
+"""A live-tensor recorder: every new storage an ATen op creates, deduplicated, freed via weakref.finalize.
+
+Works the same on real CPU tensors (the truth a CPU benchmark measures) and on FakeTensors (the tracer), so
+that a fake trace and a real step are measured by the same instrument. Storage bytes, not tensor bytes: views
+share their base's storage and are counted once, as the caching allocator would.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+@dataclass
+class RegionStats:
+    """Peak of live bytes inside one region of the step and the event index where it happened."""
+
+    peak: int = 0
+    peak_event: int = -1
+    end: int = 0
+    end_event: int = -1
+
+
+class LiveTensorRecorder(TorchDispatchMode):
+    """Records the live storage bytes over a step, split into named regions.
+
+    Attributes:
+        current: Live bytes now.
+        sizes: serial -> bytes of every storage ever seen.
+        tags: serial -> region in which it was allocated.
+        events: (serial, +1 alloc / -1 free), in order.
+        regions: region name -> peak statistics.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = 0
+        self.sizes: dict[int, int] = {}
+        self.tags: dict[int, str] = {}
+        self.events: list[tuple[int, int]] = []
+        self.regions: dict[str, RegionStats] = {}
+        self.region = "setup"
+        self._serial_of: dict[int, int] = {}
+
+    def enter_region(self, name: str) -> None:
+        """Start a new region; the previous one's end is the current state."""
+        prev = self.regions.setdefault(self.region, RegionStats())
+        prev.end, prev.end_event = self.current, len(self.events) - 1
+        self.region = name
+        stats = self.regions.setdefault(name, RegionStats())
+        stats.peak, stats.peak_event = self.current, len(self.events) - 1
+
+    def track(self, tensors: Iterable[Any]) -> None:
+        """Register the storages of tensors created outside the mode (parameters, buffers, inputs)."""
+        import torch
+
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._add(t)
+
+    def serial(self, t: Any) -> int | None:
+        """Serial of a live tensor's storage, if tracked."""
+        return self._serial_of.get(id(t.untyped_storage()))
+
+    def live_at(self, event_index: int) -> set[int]:
+        """Serials alive just after event ``event_index``."""
+        live: set[int] = set()
+        for serial, sign in self.events[: event_index + 1]:
+            if sign > 0:
+                live.add(serial)
+            else:
+                live.discard(serial)
+        return live
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        import torch
+
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._add(t)
+        return out
+
+    def _add(self, t: Any) -> None:
+        st = t.untyped_storage()
+        key = id(st)
+        if key in self._serial_of:
+            return
+        nbytes = int(st.nbytes())
+        serial = len(self.sizes)
+        self.sizes[serial] = nbytes
+        self.tags[serial] = self.region
+        self._serial_of[key] = serial
+        self.current += nbytes
+        self.events.append((serial, 1))
+        stats = self.regions.setdefault(self.region, RegionStats())
+        if self.current > stats.peak:
+            stats.peak, stats.peak_event = self.current, len(self.events) - 1
+        weakref.finalize(st, self._free, key, serial)
+
+    def _free(self, key: int, serial: int) -> None:
+        if self._serial_of.get(key) == serial:
+            del self._serial_of[key]
+        self.current -= self.sizes[serial]
+        self.events.append((serial, -1))
