@@ -430,6 +430,9 @@ class FsdpSpec:
         wrap_unit_params: Parameters in the largest wrapped unit (0 = one decoder layer).
         use_orig_params: FSDP1 use_orig_params.
         sync_each_batch: Reduce-scatter gradients at every micro-step (no unsharded grads kept).
+        auto_wrap_policy: accelerate's ``fsdp_auto_wrap_policy``: TRANSFORMER_BASED_WRAP (one decoder layer per
+            unit), SIZE_BASED_WRAP (units of at least ``min_num_params``) or NO_WRAP (the whole model is one unit).
+        min_num_params: ``fsdp_min_num_params`` for SIZE_BASED_WRAP.
     """
 
     version: int = 2
@@ -439,6 +442,8 @@ class FsdpSpec:
     wrap_unit_params: int = 0
     use_orig_params: bool = True
     sync_each_batch: bool = False
+    auto_wrap_policy: str = "TRANSFORMER_BASED_WRAP"
+    min_num_params: int = 0
 
 
 @dataclass(frozen=True)

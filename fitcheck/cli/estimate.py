@@ -172,35 +172,34 @@ def spec_from_values(
     from fitcheck.readers.run_args import spec_from_values as build
 
     model = values.get("model_name_or_path")
-    cli = {k: v for k, v in values.items() if k not in FILE_FLAGS}
-    merged = merge_sources(
-        cli,
-        training_args_file=_opt_str(values.get("training_args")),
-        deepspeed_file=_opt_str(values.get("deepspeed")),
-        accelerate_config_file=_opt_str(values.get("config_file")),
-        fsdp=_opt_str(values.get("fsdp")),
-        fsdp_config_file=_opt_str(values.get("fsdp_config")),
-        env=env,
-    )
-    model = merged.values.get("model_name_or_path", model)
     if not model:
         raise ConfigError(
             "--model_name_or_path is required: a Hub id such as meta-llama/Meta-Llama-3-8B, a directory with "
             "config.json, or a config.json path"
         )
     inventory = load_inventory(str(model), env=env)
-    if "adapter_config" in values:
-        from fitcheck.readers.peft_config import lora_values_from_adapter_config
-
-        for k, v in lora_values_from_adapter_config(str(values["adapter_config"])).items():
-            merged.values.setdefault(k, v)
-    return build(
+    cli = {k: v for k, v in values.items() if k not in FILE_FLAGS or k == "fsdp_config"}
+    merged = merge_sources(
+        cli,
+        training_args_file=_opt_str(values.get("training_args")),
+        deepspeed_file=_opt_str(values.get("deepspeed")),
+        accelerate_config_file=_opt_str(values.get("config_file")),
+        fsdp=_opt_str(values.get("fsdp")),
+        env=env,
+        hidden_size=inventory.shape.hidden_size,
+    )
+    spec, assumptions = build(
         merged.values,
         inventory=inventory,
         sharding=merged.sharding,
         provenance=merged.provenance,
         findings=merged.findings,
     )
+    if "adapter_config" in values:
+        from fitcheck.readers.peft_config import read_adapter_config
+
+        spec = dataclasses.replace(spec, lora=read_adapter_config(str(values["adapter_config"])))
+    return spec, assumptions
 
 
 def _opt_str(v: object) -> str | None:
@@ -219,15 +218,14 @@ def build_report(
     spec, assumptions = spec_from_args(args)
     activations = None
     if args.trace:
-        from fitcheck.torch_adapters.tracer import traced_activation_components
+        from fitcheck.torch_adapters.tracer import trace_components
 
-        activations = traced_activation_components(spec)
+        activations = trace_components(spec)
     extra_findings = ()
     if getattr(args, "device_map", None):
-        from fitcheck.torch_adapters.device_map import device_map_findings, parse_max_memory
+        from fitcheck.torch_adapters.device_map import device_map_findings
 
-        max_memory = parse_max_memory(args.max_memory) if getattr(args, "max_memory", None) else None
-        extra_findings = device_map_findings(spec, str(args.device_map), max_memory)
+        extra_findings = device_map_findings(spec, str(args.device_map), getattr(args, "max_memory", None))
     if extra_findings:
         spec = dataclasses.replace(spec, findings=(*spec.findings, *extra_findings))
     from fitcheck.core.estimate import estimate

@@ -33,9 +33,8 @@ def _default_estimate() -> EstimateFn:
 
 def with_micro_batch(spec: TrainingSpec, micro_batch: int, grad_accum: int | None = None) -> TrainingSpec:
     """A copy of the spec with another micro-batch (and optionally gradient accumulation)."""
-    batch = replace(
-        spec.batch, micro_batch=micro_batch, grad_accum=spec.batch.grad_accum if grad_accum is None else grad_accum
-    )
+    gas = spec.batch.grad_accum if grad_accum is None else grad_accum
+    batch = replace(spec.batch, micro_batch=micro_batch, grad_accum=gas)
     return replace(spec, batch=batch)
 
 
@@ -160,7 +159,7 @@ def plan_global_batch(spec: TrainingSpec, micro_batch: int) -> BatchPlan:
         return BatchPlan(m, per_gpu // m, requested, requested)
     d = max(k for k in range(1, m) if per_gpu % k == 0)
     if 2 * d >= m:
-        note = f"micro-batch {d} instead of {m} so that {d} × {per_gpu // d} keeps the global batch {requested}"
+        note = f"micro-batch {d} instead of {m}: {d} × {per_gpu // d} keeps the global batch {requested}"
         return BatchPlan(d, per_gpu // d, requested, requested, note)
     gas = per_gpu // m
     got = m * gas * dp

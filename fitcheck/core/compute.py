@@ -35,7 +35,7 @@ utilisation change with micro-batch size (the MFU is one number per run).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fitcheck.spec import Dtype, MixedPrecision, OffloadDevice, Role, Strategy, TrainingSpec
 
@@ -51,10 +51,10 @@ DEFAULT_HOST_LINK_BYTES_PER_S = 32e9
 DEFAULT_HOST_MEMORY_BYTES_PER_S = 204.8e9
 # NVLink 4 on H100 SXM: 900 GB/s total = 450 GB/s per direction (NVIDIA H100 datasheet).
 DEFAULT_INTRA_NODE_BYTES_PER_S = 450e9
-# 400 Gb/s RDMA per GPU = 50 GB/s (the torchtitan benchmark cluster, benchmarks/llama3_h100_202412_torchtitan.md).
+# 400 Gb/s RDMA per GPU = 50 GB/s (torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Hardware).
 DEFAULT_INTER_NODE_BYTES_PER_S = 50e9
 # DeepSpeed CPU Adam touches fp32 param, grad, exp_avg, exp_avg_sq (read 16 B) and writes param, exp_avg,
-# exp_avg_sq (12 B) = 28 B/param (deepspeed/ops/csrc/adam/cpu_adam_impl.cpp Step_1: one pass over the 4 arrays).
+# exp_avg_sq (12 B) = 28 B/param (deepspeed/ops/csrc/adam/cpu_adam_impl.cpp Step_1: one pass over 4 arrays).
 CPU_ADAM_BYTES_PER_PARAM = 28
 
 
@@ -188,23 +188,25 @@ def _attention_flops_per_token_forward(spec: TrainingSpec) -> float:
 def _trainable_split(
     spec: TrainingSpec, trainable_fn: Callable[[TrainingSpec], int] | None
 ) -> tuple[float, float]:
-    """(adapter parameters, trainable base parameters in matmuls)."""
-    if spec.lora is None and spec.freeze is None:
+    """(adapter parameters: extra forward + backward matmuls, trainable base parameters: weight gradients)."""
+    if spec.lora is not None:
+        from fitcheck.core.lora import plan_lora
+
+        plan = plan_lora(spec)
+        # modules_to_save copies replace the original in forward (no extra forward work) but get weight grads.
+        return float(plan.adapter_params), float(plan.saved_params)
+    if spec.freeze is None:
         return 0.0, _param_split(spec).active
     if trainable_fn is None:
         from fitcheck.core.model_states import trainable_params
 
         trainable_fn = trainable_params
-    trainable = float(trainable_fn(spec))
-    if spec.lora is not None:
-        # PEFT: every trainable tensor is an adapter (or a modules_to_save copy, which we also count as extra
-        # matmul work; it replaces the original in forward, so this overcounts by at most those modules).
-        return trainable, 0.0
-    return 0.0, min(trainable, _param_split(spec).active)
+    # MoE experts are counted in full here: a slight overcount of weight-gradient work when experts train.
+    return 0.0, min(float(trainable_fn(spec)), _param_split(spec).active)
 
 
 def _compute_is_fp32(spec: TrainingSpec) -> bool:
-    return spec.precision.mixed_precision is MixedPrecision.NO and spec.precision.load_dtype is Dtype.FLOAT32
+    return spec.precision.mixed_precision == MixedPrecision.NO and spec.precision.load_dtype == Dtype.FLOAT32
 
 
 def _comm_bytes_per_gpu(spec: TrainingSpec, trainable_total: float) -> float:
@@ -251,7 +253,8 @@ def _offload_seconds(spec: TrainingSpec, trainable_total: float, a: ComputeAssum
         # gradients to host and updated 16-bit weights back (ZeRO-Offload, Ren et al. 2021 fig. 2)
         seconds += 2 * shard * 2 / a.host_link_bytes_per_s
         # CPU Adam over this node's ranks' shards, sharing the node's memory bandwidth
-        seconds += CPU_ADAM_BYTES_PER_PARAM * shard * spec.sharding.processes_per_machine / a.host_memory_bytes_per_s
+        node_bytes = CPU_ADAM_BYTES_PER_PARAM * shard * spec.sharding.processes_per_machine
+        seconds += node_bytes / a.host_memory_bytes_per_s
     if ds.offload_param is not OffloadDevice.NONE:
         # ZeRO-Infinity: each rank fetches its parameter shard from host in forward and in backward
         shard = spec.model.total_params / n * spec.precision.load_dtype.nbytes
@@ -263,6 +266,7 @@ def compute_estimate(
     spec: TrainingSpec,
     assumptions: ComputeAssumptions | None = None,
     *,
+    mfu: float | None = None,
     trainable_fn: Callable[[TrainingSpec], int] | None = None,
 ) -> ComputeEstimate:
     """FLOPs per token and per step, and the step time at an assumed MFU.
@@ -270,14 +274,17 @@ def compute_estimate(
     Args:
         spec: The training run.
         assumptions: MFU, peak and bandwidths; defaults cite their sources.
+        mfu: Overrides ``assumptions.mfu`` (the ``--mfu`` flag).
         trainable_fn: Trainable-parameter counter (default ``fitcheck.core.model_states.trainable_params``),
-            used only for LoRA and partial freezing.
+            used only for partial freezing without PEFT (LoRA adapters come from ``fitcheck.core.lora``).
 
     Returns:
         The compute estimate; times are None when the GPU's peak is unknown (``--gpu_memory`` only, or fp32
         matmuls without autocast, whose peak the GPU table does not carry).
     """
     a = assumptions or ComputeAssumptions()
+    if mfu is not None:
+        a = replace(a, mfu=mfu)
     shape = spec.model.shape
     split = _param_split(spec)
     attn_fwd = _attention_flops_per_token_forward(spec)
@@ -313,7 +320,9 @@ def compute_estimate(
     tokens_per_step = tokens_per_gpu * n
     flops_per_step = executed * tokens_per_step
 
-    trainable_total = adapters + trainable_base if (spec.lora or spec.freeze) else split.active
+    # every trainable tensor (embeddings and all experts too) has a gradient to reduce and a state to update
+    peft_or_frozen = spec.lora is not None or spec.freeze is not None
+    trainable_total = adapters + trainable_base if peft_or_frozen else float(spec.model.total_params)
     comm_bytes = _comm_bytes_per_gpu(spec, trainable_total)
     bw = a.intra_node_bytes_per_s if spec.sharding.num_machines == 1 else a.inter_node_bytes_per_s
     comm_seconds = comm_bytes / bw
@@ -322,7 +331,7 @@ def compute_estimate(
     peak = a.peak_tflops if a.peak_tflops is not None else spec.hardware.peak_tflops_bf16
     if a.peak_tflops is None and _compute_is_fp32(spec):
         peak = None
-        notes.append("fp32 matmuls without autocast: the GPU table has no fp32 peak; pass a peak to get times")
+        notes.append("fp32 matmuls without autocast: the GPU table has no fp32 peak; no time estimate")
     elif peak is None:
         notes.append("GPU peak TFLOP/s unknown (memory given without a GPU name): no time estimate")
     compute_seconds = step_seconds = tokens_per_second = None
@@ -366,3 +375,23 @@ def relative_time_per_token(base: ComputeEstimate, other: ComputeEstimate) -> fl
     if base.tokens_per_second and other.tokens_per_second:
         return base.tokens_per_second / other.tokens_per_second
     return (other.flops_per_token / other.num_gpus) / (base.flops_per_token / base.num_gpus)
+
+
+def compute_to_dict(estimate: ComputeEstimate) -> dict[str, object]:
+    """JSON-ready form of a compute estimate (the ``compute`` key)."""
+    return estimate.to_dict()
+
+
+def compute_line(estimate: ComputeEstimate) -> str:
+    """One human line: FLOPs per token, step time and throughput at the assumed MFU."""
+    head = (
+        f"compute: {estimate.flops_per_token / 1e9:.1f} GFLOP/token executed, "
+        f"{estimate.flops_per_step / 1e12:.1f} TFLOP per optimizer step"
+    )
+    if estimate.step_seconds is None or estimate.tokens_per_second is None:
+        return head + " (no time: " + "; ".join(n for n in estimate.notes if "peak" in n) + ")"
+    return (
+        f"{head}; {estimate.step_seconds:.2f} s/step, {estimate.tokens_per_second:,.0f} tokens/s "
+        f"({estimate.tokens_per_second / estimate.num_gpus:,.0f}/GPU) at {estimate.mfu:.0%} MFU of "
+        f"{estimate.peak_tflops:g} TFLOP/s"
+    )

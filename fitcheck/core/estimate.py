@@ -77,7 +77,7 @@ def _verdict(
             Finding(
                 "fits",
                 Severity.INFO,
-                f"fits: {format_bytes(device_used)} of {format_bytes(budget)} on {where} "
+                f"{format_bytes(device_used)} of {format_bytes(budget)} on {where} "
                 f"({format_bytes(budget - device_used)} free); the peak is at the {phase.value}, "
                 f"largest then: {top}",
             )

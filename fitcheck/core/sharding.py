@@ -1,20 +1,48 @@
-"""Which model states each strategy partitions over the data-parallel group, and which it offloads.
+"""Which model states each strategy partitions over the data-parallel group, which it offloads, and its buffers.
 
-Pure policy: :func:`partition` says, for the spec's strategy, by how much each kind of model state is divided
-per GPU and whether it lives on the host. ``fitcheck.core.model_states`` applies it; communication buffers
-are separate components (:func:`buffer_components`).
+:func:`partition` says, for the spec's strategy, by how much each kind of model state is divided per GPU and
+whether it lives on the host; ``fitcheck.core.model_states`` applies it (to every weight, frozen ones
+included; to gradients/optimizer states of trainable parameters only). :func:`buffer_components` adds what
+the strategy allocates on top: DDP gradient buckets, DeepSpeed reduce buckets and ZeRO-3 gathered
+parameters, FSDP unsharded units. :func:`sharding_findings` says what the user should know.
 
-Sources: ZeRO paper (Rajbhandari et al. 2020, sec. 5: P_os, P_os+g, P_os+g+p); DeepSpeed
-``deepspeed/runtime/zero/stage_1_and_2.py`` / ``stage3.py``; PyTorch FSDP docs (ShardingStrategy).
+Sources: ZeRO paper (Rajbhandari et al. 2020, sec. 5: P_os, P_os+g, P_os+g+p); DeepSpeed 0.19.8
+``deepspeed/runtime/zero/stage_1_and_2.py`` / ``stage3.py`` / ``parameter_offload.py``; torch 2.13
+``torch/nn/parallel/distributed.py`` (DDP) and ``torch/distributed/fsdp`` (FSDP1 ``_runtime_utils.py``,
+FSDP2 ``_fully_shard``); accelerate 1.15 (gradient accumulation ``no_sync``, ``sync_each_batch``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.findings import Finding
-from fitcheck.report import Component
-from fitcheck.spec import OffloadDevice, Strategy, TrainingSpec
+from fitcheck.findings import Finding, Severity
+from fitcheck.report import PHASES, Category, Component, Location, Phase
+from fitcheck.spec import DeepSpeedSpec, MixedPrecision, OffloadDevice, Strategy, TrainingSpec
+from fitcheck.units import format_bytes
+
+_SRC_DDP = (
+    "torch/nn/parallel/distributed.py: Reducer buckets hold a flat copy of every gradient unless "
+    "gradient_as_bucket_view=True ('the saved memory size will be equal to the total gradients size'); "
+    "accelerate DistributedDataParallelKwargs default gradient_as_bucket_view=False"
+)
+_SRC_IPG = (
+    "deepspeed runtime/zero/stage_1_and_2.py setup_buckets: torch.empty(reduce_bucket_size) per comm dtype, "
+    "a second one when overlap_comm (double buffering); released at the backward epilogue"
+)
+_SRC_Z3 = (
+    "deepspeed runtime/zero/stage3.py (ipg bucket of reduce_bucket_size at init) and "
+    "partitioned_param_coordinator.py (fetch the current module + prefetch_bucket_size, capped by "
+    "max_live_parameters); estimate_zero3_model_states_mem_needs counts 4 x largest layer"
+)
+_SRC_PERSIST = "deepspeed runtime/zero/parameter_offload.py mark_persistent_parameters (numel <= threshold)"
+_SRC_OFFLOAD = "deepspeed runtime/zero/stage_1_and_2.py: temp_grad_buffer_for_gpu_offload (largest param)"
+_SRC_FSDP = (
+    "torch FSDP: each wrapped unit is all-gathered into a separate unsharded buffer for its forward and again "
+    "for its backward, with the next unit prefetched; the root unit is not resharded after forward "
+    "(fsdp/_runtime_utils.py _post_forward_reshard; FSDP2 _fsdp_state.py 'For the root, do not reshard')"
+)
+_DS_CPU_FACTOR = 1.5  # deepspeed estimate_zero2/3_model_states_mem_needs additional_buffer_factor default
 
 
 @dataclass(frozen=True)
@@ -22,7 +50,8 @@ class Partition:
     """How model states are split and placed on one GPU.
 
     Attributes:
-        weights: Divisor of the (16-bit / quantized) weights resident on the GPU between uses.
+        weights: Divisor of the (16-bit / quantized) weights resident on the GPU between uses (all weights,
+            frozen ones included: ZeRO-3 and FSDP shard a LoRA run's frozen base too).
         gradients: Divisor of the gradients kept after reduction.
         optimizer: Divisor of optimizer states.
         master: Divisor of fp32 master weights.
@@ -31,6 +60,7 @@ class Partition:
         gradients_on_host: Reduced gradients are copied to host (ZeRO-Offload, FSDP offload).
         full_gradients_between_microsteps: Unsharded gradients are kept across accumulation micro-steps.
         description: One line for the report.
+        shard_group: Processes one copy of the states is split over (N, or GPUs per node for HYBRID_SHARD).
     """
 
     weights: int = 1
@@ -42,6 +72,7 @@ class Partition:
     gradients_on_host: bool = False
     full_gradients_between_microsteps: bool = False
     description: str = "single GPU: every state replicated in full"
+    shard_group: int = 1
 
 
 def partition(spec: TrainingSpec) -> Partition:
@@ -55,27 +86,31 @@ def partition(spec: TrainingSpec) -> Partition:
     """
     sh = spec.sharding
     n = spec.data_parallel_size
-    if sh.strategy is Strategy.SINGLE or n == 1 and sh.strategy is Strategy.DDP:
+    if sh.strategy is Strategy.SINGLE or (n == 1 and sh.strategy is Strategy.DDP):
         return Partition()
     if sh.strategy is Strategy.DDP:
         return Partition(description=f"DDP over {n} GPUs: full replica per GPU")
     if sh.strategy is Strategy.DEEPSPEED:
         ds = sh.deepspeed
         stage = ds.stage if ds is not None else 0
-        off_opt = ds is not None and ds.offload_optimizer is not OffloadDevice.NONE
-        off_par = ds is not None and ds.offload_param is not OffloadDevice.NONE
+        # Offload is done by the ZeRO optimizers (stage >= 1); offload_param only by ZeRO-3 (stage3.py).
+        off_opt = ds is not None and stage >= 1 and ds.offload_optimizer is not OffloadDevice.NONE
+        off_par = ds is not None and stage == 3 and ds.offload_param is not OffloadDevice.NONE
         # ZeRO-1 partitions optimizer states (+fp32 master), ZeRO-2 adds gradients, ZeRO-3 adds parameters.
         return Partition(
             weights=n if stage >= 3 else 1,
-            gradients=n if stage >= 2 else 1,
+            # With offload_optimizer, ZeRO-1 also keeps only its partition's gradients, in the fp32 host partition
+            # (stage_1_and_2.py copy_grads_in_partition -> single_partition_of_fp32_groups[i].grad).
+            gradients=n if stage >= 2 or off_opt else 1,
             optimizer=n if stage >= 1 else 1,
             master=n if stage >= 1 else 1,
             optimizer_on_host=off_opt,
             params_on_host=off_par,
             gradients_on_host=off_opt,
             description=f"DeepSpeed ZeRO-{stage} over {n} GPUs"
-            + (" + optimizer offload" if off_opt else "")
-            + (" + parameter offload" if off_par else ""),
+            + (f" + optimizer offload ({ds.offload_optimizer.value})" if off_opt and ds else "")
+            + (f" + parameter offload ({ds.offload_param.value})" if off_par and ds else ""),
+            shard_group=n if stage >= 1 else 1,
         )
     fs = sh.fsdp
     strategy = fs.sharding_strategy if fs is not None else "FULL_SHARD"
@@ -83,7 +118,7 @@ def partition(spec: TrainingSpec) -> Partition:
     if strategy == "NO_SHARD":
         return Partition(description=f"FSDP NO_SHARD over {n} GPUs (DDP-like)")
     group = n
-    if strategy == "HYBRID_SHARD":
+    if strategy in ("HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
         group = sh.processes_per_machine  # shard within a node, replicate across nodes
     return Partition(
         weights=group,
@@ -93,11 +128,85 @@ def partition(spec: TrainingSpec) -> Partition:
         optimizer_on_host=offload,
         params_on_host=offload,
         gradients_on_host=offload,
+        # accelerate accumulate() -> no_sync / set_requires_gradient_sync(False): unsharded grads accumulate
+        # until the sync micro-step unless GradientAccumulationPlugin(sync_each_batch=True).
         full_gradients_between_microsteps=(
             spec.batch.grad_accum > 1 and not (fs is not None and fs.sync_each_batch)
         ),
-        description=f"FSDP{fs.version if fs else 2} {strategy} over {group} GPUs" + (" + CPU offload" if offload else ""),
+        description=f"FSDP{fs.version if fs else 2} {strategy} over {group} GPUs"
+        + (" + CPU offload" if offload else ""),
+        shard_group=group,
     )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Shapes the buffers depend on
+
+
+def _compute_bytes(spec: TrainingSpec) -> int:
+    """Bytes per element of parameters as computed (and of their gradients before reduction)."""
+    if spec.precision.mixed_precision is not MixedPrecision.NO and spec.sharding.strategy in (
+        Strategy.DEEPSPEED,
+        Strategy.FSDP,
+    ):
+        return 2  # DeepSpeed casts the model to bf16/fp16; accelerate's FSDP MixedPrecision param_dtype
+    return spec.precision.load_dtype.nbytes
+
+
+def _weight_bytes_per_param(spec: TrainingSpec) -> float:
+    """Bytes per element of a gathered weight (4-bit/8-bit storage for a quantized base)."""
+    if spec.quant is not None:
+        return spec.quant.bits / 8  # packed storage; absmax metadata is < 2% and left out here
+    return float(_compute_bytes(spec))
+
+
+def _trainable(spec: TrainingSpec) -> int:
+    from fitcheck.core.model_states import trainable_params  # late import: model_states imports partition
+
+    return trainable_params(spec)
+
+
+def _layer_params(spec: TrainingSpec) -> int:
+    """Parameters of one decoder layer (the per-layer entries of the inventory)."""
+    return sum(p.numel_each for p in spec.model.params if p.per_layer)
+
+
+def _root_params(spec: TrainingSpec) -> int:
+    """Parameters outside the decoder layers (embeddings, final norm, untied LM head): FSDP's root unit."""
+    return sum(p.numel for p in spec.model.params if not p.per_layer)
+
+
+def _largest_tensor(spec: TrainingSpec) -> int:
+    """Largest single parameter: ZeRO-3 fetches parameters module by module."""
+    return max((p.numel_each for p in spec.model.params), default=0)
+
+
+def fsdp_unit_params(spec: TrainingSpec) -> int:
+    """Parameters of the largest non-root FSDP unit under the wrap policy.
+
+    TRANSFORMER_BASED_WRAP: one decoder layer. NO_WRAP: the whole model is one unit. SIZE_BASED_WRAP
+    (torch ``size_based_auto_wrap_policy``): a decoder layer becomes its own unit when it holds at least
+    ``min_num_params``; smaller layers stay unwrapped and are gathered with their parent ModuleList, so
+    every layer forms one unit.
+    """
+    fs = spec.sharding.fsdp
+    if fs is not None and fs.wrap_unit_params > 0:
+        return fs.wrap_unit_params
+    layer = _layer_params(spec)
+    policy = fs.auto_wrap_policy if fs is not None else "TRANSFORMER_BASED_WRAP"
+    if policy == "NO_WRAP":
+        return spec.model.total_params
+    if policy == "SIZE_BASED_WRAP" and fs is not None and layer < fs.min_num_params:
+        return layer * spec.model.shape.num_layers
+    return layer
+
+
+def _phases(values: dict[Phase, int]) -> dict[Phase, int]:
+    return {p: int(values.get(p, 0)) for p in PHASES}
+
+
+# --------------------------------------------------------------------------------------------------------
+# Buffers
 
 
 def buffer_components(spec: TrainingSpec) -> tuple[Component, ...]:
@@ -109,16 +218,280 @@ def buffer_components(spec: TrainingSpec) -> tuple[Component, ...]:
     Returns:
         Components for the buffers (none for a single GPU).
     """
+    sh = spec.sharding
+    if sh.strategy is Strategy.DDP and spec.data_parallel_size > 1:
+        return _ddp(spec)
+    if sh.strategy is Strategy.DEEPSPEED:
+        return _deepspeed(spec)
+    if sh.strategy is Strategy.FSDP:
+        return _fsdp(spec)
     return ()
 
 
+def _ddp(spec: TrainingSpec) -> tuple[Component, ...]:
+    grads = _trainable(spec) * _grad_bytes(spec)
+    return (
+        Component.persistent(
+            "buffers.ddp_buckets",
+            Category.BUFFERS,
+            grads,
+            _SRC_DDP,
+            f"flat all-reduce buckets covering all {_trainable(spec):,} trainable params "
+            "(bucket_cap_mb only sets how many buckets, not their total)",
+        ),
+    )
+
+
+def _grad_bytes(spec: TrainingSpec) -> int:
+    if spec.lora is not None:
+        return 4  # peft autocast_adapter_dtype=True keeps adapters (and their grads) in fp32
+    return spec.precision.load_dtype.nbytes
+
+
+def _deepspeed(spec: TrainingSpec) -> tuple[Component, ...]:
+    ds = spec.sharding.deepspeed
+    if ds is None:
+        return ()
+    n = spec.data_parallel_size
+    elem = _compute_bytes(spec)
+    trainable = _trainable(spec)
+    out: list[Component] = []
+    overlap = ds.overlap_comm if ds.overlap_comm is not None else ds.stage == 3  # zero/config.py default
+    if ds.stage in (1, 2) and trainable:
+        # contiguous_gradients is forced on by cpu offload (stage_1_and_2.py: contiguous_gradients or cpu_offload)
+        if ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
+            copies = 2 if overlap else 1
+            nbytes = copies * ds.reduce_bucket_size * elem
+            out.append(
+                Component(
+                    "buffers.deepspeed_reduce_bucket",
+                    Category.BUFFERS,
+                    Location.DEVICE,
+                    _phases({Phase.BACKWARD: nbytes}),
+                    _SRC_IPG,
+                    f"{copies} x reduce_bucket_size {ds.reduce_bucket_size:,} x {elem} B "
+                    "(allocated in full even when fewer parameters are trainable)",
+                )
+            )
+        if ds.offload_optimizer is not OffloadDevice.NONE:
+            largest = _largest_tensor(spec) if spec.lora is None else 0
+            if largest:
+                out.append(
+                    Component(
+                        "buffers.deepspeed_offload_staging",
+                        Category.BUFFERS,
+                        Location.DEVICE,
+                        _phases({Phase.BACKWARD: largest * elem}),
+                        _SRC_OFFLOAD,
+                        f"GPU staging buffer of the largest parameter ({largest:,} elements)",
+                    )
+                )
+    if ds.stage == 3:
+        out.extend(_zero3(spec, ds.reduce_bucket_size, elem, n, trainable))
+    return tuple(out)
+
+
+def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable: int) -> list[Component]:
+    ds = spec.sharding.deepspeed
+    out: list[Component] = []
+    if ds is None:
+        return out
+    if trainable and ds.contiguous_gradients:
+        out.append(
+            Component.persistent(
+                "buffers.deepspeed_reduce_bucket",
+                Category.BUFFERS,
+                reduce_bucket * elem,
+                _SRC_Z3,
+                f"ipg bucket: reduce_bucket_size {reduce_bucket:,} x {elem} B, allocated at init",
+            )
+        )
+    largest = _largest_tensor(spec)
+    w = _weight_bytes_per_param(spec)
+    # The current module is always fetched; prefetching adds up to prefetch_bucket_size, within
+    # max_live_parameters in total.
+    live = max(largest, min(ds.max_live_parameters, largest + ds.prefetch_bucket_size))
+    gathered = int(live * w)
+    grad_of_largest = largest * elem if trainable and spec.lora is None else 0
+    out.append(
+        Component(
+            "buffers.zero3_gathered_params",
+            Category.BUFFERS,
+            Location.DEVICE,
+            _phases(
+                {
+                    Phase.FORWARD_END: gathered,
+                    Phase.BACKWARD_START: gathered,
+                    Phase.BACKWARD: gathered + grad_of_largest,
+                }
+            ),
+            _SRC_Z3,
+            f"largest module {largest:,} params + prefetch {ds.prefetch_bucket_size:,} (max_live_parameters "
+            f"{ds.max_live_parameters:,}) gathered in full"
+            + (", plus its full gradient in backward" if grad_of_largest else ""),
+        )
+    )
+    small = sum(p.numel for p in spec.model.params if p.numel_each <= ds.param_persistence_threshold)
+    if small and n > 1 and ds.offload_param is OffloadDevice.NONE:
+        extra = int(small * w) - int(small * w) // n  # model_states counts 1/n of them
+        out.append(
+            Component.persistent(
+                "buffers.zero3_persistent_params",
+                Category.BUFFERS,
+                extra,
+                _SRC_PERSIST,
+                f"{small:,} params in tensors <= stage3_param_persistence_threshold "
+                f"{ds.param_persistence_threshold:,} stay unpartitioned",
+            )
+        )
+    return out
+
+
+def _fsdp(spec: TrainingSpec) -> tuple[Component, ...]:
+    fs = spec.sharding.fsdp
+    part = partition(spec)
+    if part.weights == 1:
+        return ()  # NO_SHARD or one process: parameters are never gathered
+    w = _weight_bytes_per_param(spec)
+    unit = int(fsdp_unit_params(spec) * w)
+    root = int(_root_params(spec) * w)
+    layers_total = int(_layer_params(spec) * spec.model.shape.num_layers * w)
+    reshard = fs.reshard_after_forward if fs is not None else True
+    trainable = _trainable(spec)
+    # Unsharded gradients of the unit in backward before its reduce-scatter (full fine-tune only: a LoRA unit's
+    # trainable part is small and left out).
+    unit_grads = int(fsdp_unit_params(spec) * _compute_bytes(spec)) if trainable and spec.lora is None else 0
+    if reshard:
+        fwd_end = root  # every layer resharded; the root unit stays gathered until its backward
+        bwd_start = root + 2 * unit  # the unit being computed + the prefetched next one
+    else:
+        fwd_end = bwd_start = (
+            root + layers_total
+        )  # SHARD_GRAD_OP / reshard_after_forward=False: kept gathered
+    bwd = root + unit + unit_grads  # end of backward: first layer + embeddings (root) still gathered
+    out = [
+        Component(
+            "buffers.fsdp_unsharded_params",
+            Category.BUFFERS,
+            Location.DEVICE,
+            _phases({Phase.FORWARD_END: fwd_end, Phase.BACKWARD_START: bwd_start, Phase.BACKWARD: bwd}),
+            _SRC_FSDP,
+            f"root unit {format_bytes(root)} + unit of {fsdp_unit_params(spec):,} params "
+            f"({fs.auto_wrap_policy if fs else 'TRANSFORMER_BASED_WRAP'}); "
+            + ("reshard_after_forward" if reshard else "kept gathered between forward and backward"),
+        )
+    ]
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Findings
+
+
 def sharding_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
-    """Findings about the sharding setup (unmodelled parallelism, inconsistent settings).
+    """What the user should know about the sharding setup.
 
     Args:
         spec: The training spec.
 
     Returns:
-        Findings (none for a plain single-GPU run).
+        Findings (LoRA under ZeRO-3, FSDP accumulation without sync_each_batch, oversize DeepSpeed buckets,
+        DDP bucket views, host RAM under offload, ZeRO with one process).
     """
-    return ()
+    sh = spec.sharding
+    n = spec.data_parallel_size
+    out: list[Finding] = []
+    trainable = _trainable(spec)
+    if sh.strategy is Strategy.DEEPSPEED and sh.deepspeed is not None:
+        ds = sh.deepspeed
+        if n == 1 and ds.stage >= 1:
+            out.append(
+                Finding(
+                    "zero-single-process",
+                    Severity.INFO,
+                    f"ZeRO-{ds.stage} with one process partitions nothing (1/1 of every state)",
+                    "ZeRO saves memory only with several GPUs, or with offload_optimizer / offload_param",
+                )
+            )
+        if ds.stage == 3 and spec.lora is not None:
+            out.append(
+                Finding(
+                    "zero3-shards-frozen",
+                    Severity.INFO,
+                    "ZeRO-3 partitions the frozen base weights too; only the adapters have gradients "
+                    "and optimizer states",
+                    "",
+                )
+            )
+        if ds.stage in (1, 2) and 0 < trainable < ds.reduce_bucket_size:
+            copies = 2 if (ds.overlap_comm if ds.overlap_comm is not None else False) else 1
+            out.append(
+                Finding(
+                    "deepspeed-bucket-oversize",
+                    Severity.WARNING,
+                    f"zero_optimization.reduce_bucket_size {ds.reduce_bucket_size:,} exceeds the {trainable:,} trainable "
+                    f"params, yet DeepSpeed allocates the whole bucket ({copies} x "
+                    f"{format_bytes(ds.reduce_bucket_size * _compute_bytes(spec))})",
+                    f'set reduce_bucket_size to "auto" or to about {max(trainable, 1):,}',
+                )
+            )
+        if ds.offload_optimizer is not OffloadDevice.NONE:
+            out.append(_deepspeed_host_reference(spec, trainable))
+    if sh.strategy is Strategy.FSDP and n > 1:
+        fs = sh.fsdp
+        if spec.batch.grad_accum > 1 and not (fs is not None and fs.sync_each_batch):
+            out.append(
+                Finding(
+                    "fsdp-accumulation-unsharded-grads",
+                    Severity.WARNING,
+                    f"FSDP with gradient_accumulation_steps={spec.batch.grad_accum}: accelerate skips the "
+                    "reduce-scatter on accumulation micro-steps (no_sync), so full unsharded gradients are kept "
+                    "between micro-steps (a published lit-gpt OOM came from this)",
+                    'set accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": true}}',
+                )
+            )
+        if fs is not None and fs.auto_wrap_policy == "NO_WRAP":
+            out.append(
+                Finding(
+                    "fsdp-no-wrap",
+                    Severity.WARNING,
+                    "fsdp_auto_wrap_policy NO_WRAP: the whole model is one unit and is gathered in "
+                    "full for forward and backward",
+                    "use TRANSFORMER_BASED_WRAP",
+                )
+            )
+    if sh.strategy is Strategy.DDP and n > 1 and trainable:
+        out.append(
+            Finding(
+                "ddp-bucket-copy",
+                Severity.INFO,
+                f"DDP keeps a second copy of all gradients in its buckets "
+                f"({format_bytes(trainable * _grad_bytes(spec))})",
+                "pass ddp kwargs gradient_as_bucket_view=True to make gradients views of the buckets",
+            )
+        )
+    return tuple(out)
+
+
+def _deepspeed_host_reference(spec: TrainingSpec, trainable: int) -> Finding:
+    """DeepSpeed's own host-RAM formula for the offload case, as a cross-check of the host components."""
+    ds = spec.sharding.deepspeed or DeepSpeedSpec()
+    per_node = spec.sharding.processes_per_machine
+    total_gpus = spec.data_parallel_size
+    nodes = spec.sharding.num_machines
+    total = spec.model.total_params
+    if ds.stage == 3:
+        # stage3.py estimate_zero3_model_states_mem_needs, zero_init=True: P x (18 or 16) / nodes x 1.5
+        per = 18 if ds.offload_param is not OffloadDevice.NONE else 16
+        cpu = total * per / nodes * _DS_CPU_FACTOR
+    else:
+        # stage_1_and_2.py estimate_zero2_model_states_mem_needs: P x max(4 x total_gpus, 16) x 1.5
+        cpu = total * max(4 * total_gpus, 16) * _DS_CPU_FACTOR
+    return Finding(
+        "deepspeed-host-reference",
+        Severity.INFO,
+        f"DeepSpeed's own estimator asks for {format_bytes(cpu)} of host RAM per node for this offload setup "
+        f"({per_node} GPU(s) per node; it counts all {total:,} params as trainable and adds a "
+        f"{_DS_CPU_FACTOR}x buffer factor)",
+        "compare with --host_memory; pinned memory needs free physical RAM",
+    )

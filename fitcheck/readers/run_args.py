@@ -266,16 +266,13 @@ def _hardware(values: Mapping[str, object], prov: Mapping[str, str]) -> tuple[Ha
         if gpu_memory is not None
         else (info.memory_bytes if info is not None else 0)
     )
-    kwargs: dict[str, object] = {}
-    if "expandable_segments" in HardwareSpec.__dataclass_fields__:
-        kwargs["expandable_segments"] = expandable
     hw = HardwareSpec(
         gpu_name=info.name if info is not None else None,
         gpu_memory_bytes=memory,
         device_type=device,
         host_memory_bytes=host_bytes,
         peak_tflops_bf16=info.peak_tflops_bf16 if info is not None else None,
-        **kwargs,  # type: ignore[arg-type]
+        expandable_segments=expandable,
     )
     return hw, notes
 

@@ -29,7 +29,14 @@ class Auto(Enum):
 
 AUTO = Auto.AUTO
 
-_TRUE = ("y", "yes", "t", "true", "on", "1")  # transformers.training_args.str_to_bool / accelerate str_to_bool
+_TRUE = (
+    "y",
+    "yes",
+    "t",
+    "true",
+    "on",
+    "1",
+)  # transformers.training_args.str_to_bool / accelerate str_to_bool
 _FALSE = ("n", "no", "f", "false", "off", "0")
 
 
@@ -128,9 +135,7 @@ def as_int(value: object, *, at: str, minimum: int | None = None) -> int:
     number: float
     if isinstance(value, bool):
         raise ConfigError(f"{at}: expected an integer, got {value!r}")
-    if isinstance(value, int):
-        number = value
-    elif isinstance(value, float):
+    if isinstance(value, int) or isinstance(value, float):
         number = value
     elif isinstance(value, str):
         try:

@@ -31,10 +31,10 @@ def _header(report: Report) -> Text:
 def components_table(report: Report) -> Table:
     """The components alive at the peak phase, plus those outside the allocator and on the host."""
     table = Table(title=f"per-GPU memory at the peak ({report.peak_phase.value})", show_lines=False)
-    table.add_column("component")
-    table.add_column("where")
-    table.add_column("bytes", justify="right")
-    table.add_column("from")
+    table.add_column("component", no_wrap=True)
+    table.add_column("where", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("what / from (full sources: --json)", no_wrap=True, overflow="ellipsis", max_width=90)
     rows = []
     for c in report.components:
         value = c.at(report.peak_phase) if c.location is Location.DEVICE else c.peak_bytes
@@ -42,7 +42,7 @@ def components_table(report: Report) -> Table:
             rows.append((c.location is not Location.DEVICE, -value, c, value))
     for _, _, c, value in sorted(rows, key=lambda r: (r[0], r[1])):
         where = {Location.DEVICE: "GPU", Location.DEVICE_OTHER: "GPU (other)", Location.HOST: "host"}[c.location]
-        detail = f"{c.detail}; {c.source}" if c.detail else c.source
+        detail = f"{c.detail} | {c.source}" if c.detail else c.source
         table.add_row(c.name, where, format_bytes(value), detail)
     return table
 

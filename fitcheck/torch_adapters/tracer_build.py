@@ -129,7 +129,14 @@ def build_model(
     cls = model_class(config)
     guard = module_to_is_noop() if fake else contextlib.nullcontext()
     with guard:
-        model = cls._from_config(cfg, dtype=dtype) if hasattr(cls, "_from_config") else cls.from_config(cfg)
+        try:
+            model = cls._from_config(cfg, dtype=dtype)
+        except ValueError as exc:
+            if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+                raise
+            # transformers has no SDPA path for this class (Gemma-2 soft-capping, BLOOM ALiBi): eager runs
+            cfg._attn_implementation = "eager"
+            model = cls._from_config(cfg, dtype=dtype)
         if quant is not None:
             from fitcheck.torch_adapters.tracer_quant import quantize_linears
 
@@ -137,8 +144,9 @@ def build_model(
         if lora is not None:
             model = _wrap_lora(model, lora)
     if checkpointing:
-        model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every_n_layers
+        # what Trainer.train() calls in transformers 5 (trainer.py: activation_checkpointing_enable)
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every_n_layers
         )
     model.train()
     return model

@@ -1,0 +1,93 @@
+"""``fitcheck launch``: print the estimate for an ``accelerate launch`` command, then run it untouched.
+
+Usage: ``fitcheck launch [--check-only] [--strict] [--json] [--gpu NAME | --gpu_memory SIZE]
+[accelerate launch args] script.py [script args]``. See :mod:`fitcheck.integrations.accelerate_launch`.
+Exit codes with ``--check-only``: 0 fits, 1 does not fit, 2 bad input. Otherwise the exit code is
+``accelerate launch``'s; ``--strict`` refuses (exit 1) to launch a run that will not fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from fitcheck.errors import FitcheckError
+
+Launcher = Callable[[Sequence[str]], int]
+
+
+def register(subparsers: Any) -> None:
+    """Register ``fitcheck launch`` (its arguments are parsed by :func:`main`, accelerate's parser included)."""
+    parser = subparsers.add_parser(
+        "launch",
+        help="estimate an `accelerate launch` command, then run it with its arguments untouched",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
+    )
+    parser.add_argument("argv", nargs=argparse.REMAINDER, help="[fitcheck flags] [accelerate launch args] script.py ...")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run from a parsed namespace (``argv`` holds everything after ``launch``)."""
+    return main(list(args.argv))
+
+
+def _print(report: Any, as_json: bool) -> None:
+    if as_json:
+        from fitcheck.render.json_out import report_to_dict
+
+        json.dump(report_to_dict(report), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    from rich.console import Console
+
+    from fitcheck.render.table import print_report
+
+    print_report(report, Console())
+
+
+def main(
+    argv: Sequence[str],
+    *,
+    launcher: Launcher | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """``fitcheck launch`` with the arguments after ``launch``.
+
+    Args:
+        argv: ``[fitcheck flags] [accelerate launch args] script.py [script args]``.
+        launcher: Runs the accelerate command (default: exec it); tests pass a stub.
+        env: Environment (default ``os.environ``).
+
+    Returns:
+        The exit code (with a real launch, exec replaces this process and the code is the child's).
+    """
+    from fitcheck.integrations import accelerate_launch as al
+
+    environ = dict(os.environ if env is None else env)
+    if list(argv)[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    try:
+        plan = al.split_argv(argv)
+        report = al.launch_report(plan, environ)
+    except FitcheckError as exc:
+        print(f"fitcheck: error: {exc}", file=sys.stderr)
+        return 2
+    _print(report, plan.json)
+    fails = not report.fits or bool(report.errors)
+    if plan.check_only:
+        return 0 if report.fits else 1  # the exit codes of `fitcheck estimate`
+    if plan.strict and fails:
+        print("fitcheck: --strict: not launching a run that will not fit (see the report above)", file=sys.stderr)
+        return 1
+    cmd = al.accelerate_command(plan.accelerate_argv, environ)
+    if launcher is not None:
+        return launcher(cmd)
+    return al.exec_command(cmd)

@@ -1,0 +1,315 @@
+"""Activation, logits/loss and autocast-cache memory of one training step, per phase (pure: no torch).
+
+Every constant below was read off a fake-tensor trace of the real transformers 5.23 model
+(``fitcheck.torch_adapters.tracer``; per-op listings of the tensors alive at the end of forward, 2-layer minus
+1-layer) and is pinned by ``tests/test_activations_vs_trace.py``. Notation: b micro-batch, s sequence, h hidden,
+kv = num_kv_heads·head_dim, q = num_heads·head_dim, I intermediate, a heads, V vocab, r LoRA rank, k top-k.
+Bytes per token per layer, HF Llama bf16 SDPA (trace ``llama bf16 sdpa``): 20h + 4kv + 8I + 4a + 8, not
+Korthikanti's 34h (design note 04).
+
+Phase semantics (``fitcheck.report.Phase``), to be summed with ``fitcheck.core.model_states``:
+FORWARD_END = saved activations + the peak of the loss computation (logits, fp32 upcast, log-softmax);
+BACKWARD_START = saved activations + log-softmax output, its gradient and the logits gradient (no parameter
+gradient exists yet); BACKWARD = what is left besides every gradient at the end of backward (the gradient of the
+embedding output), or one recomputed layer under checkpointing; OPTIMIZER_STEP = the input ids only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fitcheck.findings import Finding, Severity
+from fitcheck.report import Category, Component, Location, Phase
+from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainingSpec
+
+_TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
+# Families whose layer recipe below was read off traces and is pinned by tests.
+PINNED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3"})
+# transformers refuses SDPA for these configs (attention soft-capping / ALiBi): eager is what runs.
+_EAGER_ONLY = frozenset({"gemma2", "bloom"})
+_ATTN_LINEARS = ("q_proj", "k_proj", "v_proj")
+_MLP_IN_LINEARS = ("gate_proj", "up_proj")
+
+
+@dataclass(frozen=True)
+class _Mode:
+    """How the activations are stored: element bytes of activations (e), of the residual stream (r)."""
+
+    e: int  # matmul outputs / saved linear inputs
+    r: int  # residual stream / norm inputs
+    autocast: bool
+    half_model: bool
+
+
+def _mode(spec: TrainingSpec) -> _Mode:
+    half = spec.precision.load_dtype.is_half
+    autocast = not half and spec.precision.mixed_precision is not MixedPrecision.NO
+    return _Mode(e=2 if half or autocast else 4, r=2 if half else 4, autocast=autocast, half_model=half)
+
+
+def _lora_targets(spec: TrainingSpec) -> frozenset[str]:
+    lora = spec.lora
+    if lora is None:
+        return frozenset()
+    names = (*_ATTN_LINEARS, "o_proj", *_MLP_IN_LINEARS, "down_proj")
+    if "all-linear" in lora.target_modules:
+        return frozenset(names)
+    return frozenset(n for n in names if n in lora.target_modules)
+
+
+def _attn_impl(spec: TrainingSpec) -> AttnImpl:
+    family = spec.model.shape.family
+    impl = spec.activations.attn_implementation
+    if family in _EAGER_ONLY and impl is AttnImpl.SDPA:
+        return AttnImpl.EAGER
+    return impl
+
+
+def _norm_saved(shape: ModelShape, m: _Mode, trainable_weight: bool, pre: bool = True) -> int:
+    """Bytes per token one RMSNorm saves (trace: rsqrt fp32 per token, fp32 upcast of the input)."""
+    h = shape.hidden_size
+    gemma = shape.family.startswith("gemma")
+    if m.half_model:
+        # x.to(fp32) 4h + rsqrt 4 (+ normed.to(bf16) 2h kept for the weight gradient; Gemma keeps x*rsqrt fp32 4h)
+        if gemma:
+            return 4 * h + 4 + 4 * h  # x.float(), rsqrt, x*rsqrt fp32; the type_as output is the next input
+        return 4 * h + 4 + (2 * h if trainable_weight else 0)
+    # fp32 weights (with or without autocast): the input itself 4h, rsqrt 4, x*rsqrt 4h (weight gradient)
+    return 4 * h + 4 + (4 * h if trainable_weight or gemma else 0)
+
+
+def _linear_inputs(shape: ModelShape, m: _Mode, full: bool, targets: frozenset[str], lora: LoraSpec | None,
+                   consumers: tuple[str, ...], width: int, fused: bool) -> int:
+    """Bytes per token saved for the linears that read one tensor of ``width`` features."""
+    total = 0
+    if full:
+        if m.autocast:
+            total += 2 * width * (1 if fused else len(consumers))  # one bf16 cast per consumer (trace: to_copy)
+        else:
+            total += m.e * width  # the shared input tensor
+    hit = [c for c in consumers if c in targets]
+    if hit and lora is not None:
+        drop = lora.dropout > 0
+        for _ in hit:
+            if drop:
+                total += 8 * width  # fp32 dropout mask + output (trace: empty_like + mul fp32)
+            elif m.half_model:
+                total += 4 * width  # x.to(lora_A.weight.dtype) fp32 copy per adapter (peft _cast_input_dtype)
+            total += 4 * lora.r  # lora_A output kept by lora_B (fp32)
+        if not drop and not m.half_model and not (full and not m.autocast):
+            total += 4 * width  # fp32 model: the adapters read the norm output itself
+    return total
+
+
+def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
+    """(bytes per token, bytes per token per position of the s² term) saved by one decoder layer."""
+    sh = spec.model.shape
+    m = _mode(spec)
+    full = spec.lora is None and spec.quant is None
+    targets = _lora_targets(spec)
+    h, kv, q, a, inter = sh.hidden_size, sh.num_kv_heads * sh.head_dim, sh.num_heads * sh.head_dim, sh.num_heads, sh.intermediate_size
+    fused = sh.family == "phi3"
+    eager = _attn_impl(spec) is AttnImpl.EAGER
+    total = 2 * _norm_saved(sh, m, full)
+    if sh.family == "gemma2":
+        total += 2 * _norm_saved(sh, m, full, pre=False)  # post-attention / post-feedforward norms
+    # attention inputs (q/k/v or fused qkv_proj)
+    if fused:
+        total += _linear_inputs(sh, m, full, targets, spec.lora, ("qkv_proj",), h, True)
+        total += m.e * (q + 2 * kv)  # fused qkv output kept (v is a view of it; trace phi3: mm (b·s, q+2kv))
+    else:
+        total += _linear_inputs(sh, m, full, targets, spec.lora, _ATTN_LINEARS, h, False)
+    if eager:
+        # q, repeat_kv clones of K and V, transpose(1,2).contiguous() of the output (trace: clone ops);
+        # phi3 without GQA: repeat_kv is the identity, K is the rotary cat and V a view of the fused qkv output
+        total += m.e * 4 * q if not (fused and kv == q) else m.e * (2 * q + kv)
+        s2 = 4 * a + (2 * a if m.e == 2 else 0)  # fp32 softmax + its 16-bit cast
+        if sh.family == "gemma2":
+            s2 += m.e * a  # tanh of the soft-capped scores
+        # fused qkv (phi3) keeps the qkv output already counted; rotary q and k are separate cats
+    else:
+        kv_saved = 2 * kv if not fused else kv  # k after rotary + v (phi3: v is a view of qkv)
+        total += m.e * (q + kv_saved) + m.e * q + 4 * a  # rotary q, k, v, SDPA out + logsumexp fp32
+        if fused:
+            total += m.e * q  # o_proj input: transpose(1,2).reshape copy (trace: clone)
+        s2 = 0
+    total += _linear_inputs(sh, m, False, targets, spec.lora, ("o_proj",), q, False)
+    total += _mlp_saved(spec, m, full, targets)
+    return total, s2
+
+
+def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
+    sh = spec.model.shape
+    h, inter = sh.hidden_size, sh.intermediate_size
+    if sh.num_experts:
+        k, n_exp = sh.experts_per_token, sh.num_experts
+        # trace "mixtral bf16": router softmax fp32 (4E) + top-k ids/weights/sort/perm (40k) + sum (4)
+        # + per routed copy: permuted input h, gate_up 2I, silu I, product I, down output h
+        router_in = m.e * h if full else 0  # the trained router keeps its input (the norm output)
+        return router_in + 4 * n_exp + 40 * k + 4 + m.e * k * (2 * h + 4 * inter)
+    fused = sh.family == "phi3"
+    total = _linear_inputs(sh, m, full, targets, spec.lora, ("gate_up_proj",) if fused else _MLP_IN_LINEARS, h, fused)
+    total += 3 * m.e * inter  # gate out, up out, act(gate) out (trace: mm, mm, silu/gelu)
+    if full:
+        total += m.e * inter  # act*up, the down_proj input
+    total += _linear_inputs(sh, m, False, targets, spec.lora, ("down_proj",), inter, False)
+    return total
+
+
+def _outside_saved(spec: TrainingSpec) -> int:
+    """Saved bytes outside the layers (final norm, rotary tables), per micro-batch."""
+    sh = spec.model.shape
+    m = _mode(spec)
+    b, s, h = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size
+    full = spec.lora is None and spec.quant is None
+    # final norm; its output is the LM head input (kept when the head is trained; autocast casts it instead)
+    per_token = _norm_saved(sh, m, full)
+    gemma_half = sh.family.startswith("gemma") and m.half_model
+    if full and not m.autocast:
+        per_token += (2 if gemma_half else m.r) * h  # the norm output, kept by the LM head
+    total = per_token * b * s
+    rot = max(1, round(sh.head_dim * sh.partial_rotary_factor))
+    # cos and sin tables, shape (1, s, head_dim) in the model dtype (trace: to_copy / cos / sin, not per batch)
+    total += 2 * s * rot * (2 if m.half_model else 4)
+    if sh.family.startswith("gemma"):
+        norms = 4 if sh.family == "gemma2" else 2
+        total += 4 * h * (norms * sh.num_layers + 1)  # (1 + weight) in fp32 per norm (trace: add (h,) fp32)
+    if _attn_impl(spec) is AttnImpl.EAGER:
+        total += b * s * s * (2 if m.half_model else 4)  # 4-D additive causal mask (b, 1, s, s), model dtype
+    if sh.num_experts:
+        total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
+    if spec.lora is not None and not spec.activations.checkpointing:
+        # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA)
+        total -= (4 * h + 4) * b * s
+    return total
+
+
+def _logits(spec: TrainingSpec) -> tuple[int, int]:
+    """(forward peak, start-of-backward) bytes of the vocab-sized tensors and the labels."""
+    sh = spec.model.shape
+    m = _mode(spec)
+    b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, sh.vocab_size, sh.hidden_size
+    bsv = b * s * v
+    labels = b * (s + 1) * 8 + 8  # labels padded by one (loss_utils.ForCausalLMLoss) + loss scalars
+    # forward: logits in the model dtype, .float() upcast (a no-op in fp32), log_softmax output fp32
+    fwd = (10 if m.e == 2 else 8) * bsv + labels
+    if spec.lora is not None or spec.quant is not None:
+        fwd += m.e * b * s * h  # final-norm output, held by the CausalLM forward during the loss, not saved
+    # start of backward: log_softmax output + its gradient + the fp32 logits gradient (trace: 12·b·s·V + 8)
+    bwd = 12 * bsv + 8
+    if m.autocast:
+        cast = 2 * v * h + 2 * b * s * h  # bf16 casts of the LM head weight and input, kept until its backward
+        fwd += cast + 4 * b * s * h  # + the fp32 final-norm output, freed once cast
+        bwd += cast
+    return fwd, bwd
+
+
+def _grad_bytes(spec: TrainingSpec, per_layer: bool) -> int:
+    """Gradient bytes of one layer (or of the embeddings) in a full fine-tune, 0 otherwise."""
+    if spec.lora is not None or spec.quant is not None or spec.freeze is not None:
+        return 0
+    nbytes = spec.precision.load_dtype.nbytes
+    inv = spec.model
+    if per_layer:
+        return sum(p.numel_each for p in inv.params if p.per_layer) * nbytes
+    from fitcheck.spec import Role
+
+    return sum(p.numel for p in inv.params if p.role is Role.EMBEDDING) * nbytes
+
+
+def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
+    """Saved activations, logits/loss tensors and autocast weight caches of one step, per phase.
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        Components ``activations.saved``, ``activations.attention_scores`` (eager s² term),
+        ``activations.autocast_weight_cache``, ``logits.forward`` / ``logits.backward`` and ``inputs``.
+    """
+    sh = spec.model.shape
+    m = _mode(spec)
+    b, s, layers = spec.batch.micro_batch, spec.batch.seq_len, sh.num_layers
+    per_token, s2 = layer_saved_per_token(spec)
+    layer = per_token * b * s
+    scores = s2 * b * s * s
+    act = spec.activations
+    n_ckpt = 0
+    if act.checkpointing:
+        n_ckpt = math.ceil(layers / max(1, act.checkpoint_every_n_layers))
+    kept = (layers - n_ckpt) * (layer + scores) + n_ckpt * m.r * sh.hidden_size * b * s
+    kept += _outside_saved(spec)
+    fwd_logits, bwd_logits = _logits(spec)
+    end = m.r * sh.hidden_size * b * s if (spec.lora is None or act.checkpointing) else 0
+    recompute = 0
+    if n_ckpt:
+        recompute = max(0, layer + scores - _grad_bytes(spec, True) - _grad_bytes(spec, False))
+    ids = b * s * 8
+    detail = f"{per_token} B/token/layer x {b}x{s} tokens x {layers - n_ckpt} layers"
+    comps = [
+        Component(
+            "activations.saved",
+            Category.ACTIVATIONS,
+            Location.DEVICE,
+            {Phase.FORWARD_END: kept, Phase.BACKWARD_START: kept, Phase.BACKWARD: end + recompute},
+            _TRACE,
+            detail + (f" + {n_ckpt} checkpointed layer inputs" if n_ckpt else ""),
+        ),
+        Component(
+            "logits.loss",
+            Category.LOGITS,
+            Location.DEVICE,
+            {Phase.FORWARD_END: fwd_logits, Phase.BACKWARD_START: bwd_logits},
+            _TRACE + "; transformers loss_utils.ForCausalLMLoss upcasts logits to fp32",
+            f"{b}x{s}x{sh.vocab_size} logits: bf16/fp32 logits, fp32 upcast, log-softmax; its gradient pair",
+        ),
+        Component.persistent("inputs.ids", Category.ACTIVATIONS, ids, _TRACE, "input ids int64"),
+    ]
+    if m.autocast:
+        cache = _autocast_cache(spec)
+        comps.append(
+            Component(
+                "activations.autocast_weight_cache",
+                Category.ACTIVATIONS,
+                Location.DEVICE,
+                {Phase.FORWARD_END: cache, Phase.BACKWARD_START: cache},
+                _TRACE + "; torch autocast caches 16-bit casts of fp32 leaf weights until backward",
+                "+2 B per layer weight cast to 16-bit under autocast",
+            )
+        )
+    return tuple(comps)
+
+
+def _autocast_cache(spec: TrainingSpec) -> int:
+    """bf16 copies of every layer linear weight made by autocast, kept for backward (+2 B/param)."""
+    from fitcheck.spec import Kind
+
+    layer_linear = sum(p.numel for p in spec.model.params if p.per_layer and p.kind in (Kind.LINEAR, Kind.FUSED_EXPERTS))
+    return 2 * layer_linear
+
+
+def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
+    """What the user should know about activations (unpinned family, forced eager, CPU-only paths)."""
+    out: list[Finding] = []
+    fam = spec.model.shape.family
+    if fam not in PINNED_FAMILIES:
+        out.append(
+            Finding(
+                "activations-not-pinned",
+                Severity.WARNING,
+                f"activation formula for model_type {fam!r} is the Llama-style recipe, not pinned to a trace",
+                "run `fitcheck estimate --trace` to measure the real model's step on fake tensors",
+            )
+        )
+    if fam in _EAGER_ONLY and spec.activations.attn_implementation is AttnImpl.SDPA:
+        out.append(
+            Finding(
+                "attention-eager-forced",
+                Severity.INFO,
+                f"transformers has no SDPA path for {fam}: eager attention (s² scores) is what runs",
+            )
+        )
+    if spec.activations.attn_implementation is AttnImpl.FLASH_ATTENTION_2 and spec.hardware.device_type is DeviceType.CPU:
+        out.append(Finding("flash-attention-cpu", Severity.WARNING, "flash_attention_2 needs CUDA; modelled as SDPA"))
+    return tuple(out)

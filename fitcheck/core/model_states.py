@@ -1,0 +1,360 @@
+"""Model-state memory: weights, gradients, optimizer states and master weights, as the libraries allocate
+them.
+
+Precision regimes (which one applies is said in :func:`describe_regime`):
+
+(a) 16-bit-loaded model + a plain torch optimizer: parameters, gradients and states all in the 16-bit
+  dtype, no
+    fp32 master copy (``torch/optim/adam.py`` ``zeros_like(p)``; the Trainer never adds one).
+(b) fp32-loaded model + bf16 autocast: fp32 parameters, gradients and states (the autocast weight cache is an
+    activation-side component, ``fitcheck.core.activations``).
+(c) DeepSpeed with bf16/fp16 enabled: the engine casts the module to 16 bits (``runtime/engine.py``); ZeRO
+  1-3 keep
+    an fp32 partition clone of the trainable parameters and the optimizer states on it, and build an fp32
+    gradient
+    partition at the step (``runtime/zero/stage_1_and_2.py``: ``single_partition_of_fp32_groups``,
+    ``single_grad_partition``); ZeRO-0 uses ``FP16_Optimizer`` with the same fp32 copies unpartitioned.
+(d) fp32-loaded model + fp16 autocast (AMP + GradScaler): as (b).
+
+Gradients exist only for trainable parameters, in their dtype. Phases: absent at the end of forward / start of
+backward of the first micro-step (the Trainer's ``zero_grad(set_to_none=True)``) unless gradient accumulation
+keeps the previous micro-steps' sums; all present at the end of backward and in the optimizer step.
+Partitioning and host placement come from :func:`fitcheck.core.sharding.partition`.
+"""
+
+from __future__ import annotations
+
+from fitcheck.core.optimizers import OptimizerMemory, TensorGroup
+from fitcheck.core.quantization import SOURCE_4BIT, SOURCE_8BIT, SOURCE_WHICH
+from fitcheck.core.regimes import describe_regime, model_state_findings
+from fitcheck.core.sharding import Partition, partition
+from fitcheck.core.state_layout import (
+    all_trainable,
+    build_layout,
+    has_master,
+    optimizer_for,
+    total_bytes,
+    total_numel,
+)
+from fitcheck.report import PHASES, Category, Component, Location, Phase
+from fitcheck.spec import TrainingSpec
+from fitcheck.units import format_bytes
+
+__all__ = ["describe_regime", "model_state_components", "model_state_findings", "trainable_params"]
+
+_SRC_WEIGHTS = "parameter inventory x resident dtype (transformers from_pretrained dtype=...)"
+_SRC_GRADS = (
+    "torch autograd: .grad in the param dtype, requires_grad params only; Trainer zero_grad(set_to_none)"
+)
+_SRC_DS = "deepspeed 0.19.8 runtime/zero/stage_1_and_2.py (fp32 partition clone, fp32 grad partition at step)"
+_SRC_PEFT = (
+    "peft 0.21.2 tuners_utils.py cast_adapter_dtype (adapters fp32); utils/other.py ModulesToSaveWrapper"
+)
+
+
+def _div(n: int, d: int) -> int:
+    return -(n // -d) if d > 1 else n
+
+
+def trainable_params(spec: TrainingSpec) -> int:
+    """Trainable parameter count: base parameters trained in place, LoRA adapters and modules_to_save copies.
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        The number of parameters with gradients and optimizer states.
+    """
+    return total_numel(all_trainable(build_layout(spec)))
+
+
+def _phases(value: int, *, only: tuple[Phase, ...] = PHASES) -> dict[Phase, int]:
+    return {p: (value if p in only else 0) for p in PHASES}
+
+
+def _placed(
+    name: str,
+    category: Category,
+    nbytes: int,
+    source: str,
+    detail: str,
+    *,
+    on_host: bool,
+    per_node: int,
+    phases: tuple[Phase, ...] = PHASES,
+) -> Component:
+    if on_host:
+        total = nbytes * per_node
+        return Component(
+            name,
+            category,
+            Location.HOST,
+            _phases(total, only=phases),
+            source,
+            f"{detail}; host RAM per node = {per_node} process(es) x {format_bytes(nbytes)}",
+        )
+    return Component(name, category, Location.DEVICE, _phases(nbytes, only=phases), source, detail)
+
+
+def model_state_components(spec: TrainingSpec) -> tuple[Component, ...]:
+    """Weights, quantization metadata, adapters, gradients, optimizer states, master weights and step
+    temporaries.
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        One component per kind of model state, on the busiest GPU (and per node for host-resident states).
+
+    Raises:
+        NotModelledError: If the optimizer is not modelled.
+    """
+    layout = build_layout(spec)
+    part = partition(spec)
+    node = spec.sharding.processes_per_machine
+    comps: list[Component] = []
+    w_host = part.params_on_host
+
+    def weights(name: str, cat: Category, nbytes: int, source: str, detail: str) -> None:
+        if nbytes:
+            comps.append(
+                _placed(
+                    name,
+                    cat,
+                    _div(nbytes, part.weights),
+                    source,
+                    detail + _share(part.weights),
+                    on_host=w_host,
+                    per_node=node,
+                )
+            )
+
+    weights(
+        "weights.frozen",
+        Category.WEIGHTS,
+        layout.frozen_bytes,
+        _SRC_WEIGHTS,
+        f"{layout.frozen_params:,} frozen params",
+    )
+    weights(
+        "weights.trainable",
+        Category.WEIGHTS,
+        total_bytes(layout.trainable),
+        _SRC_WEIGHTS,
+        f"{total_numel(layout.trainable):,} trainable params" + _dtypes(layout.trainable),
+    )
+    if spec.quant is not None:
+        src = SOURCE_4BIT if spec.quant.bits == 4 else SOURCE_8BIT
+        weights(
+            "weights.quantized",
+            Category.WEIGHTS,
+            layout.quant_data,
+            f"{src}; {SOURCE_WHICH}",
+            f"{layout.quant_params:,} params in {spec.quant.bits}-bit",
+        )
+        weights(
+            "quantization.metadata",
+            Category.QUANT_META,
+            layout.quant_meta,
+            src,
+            "absmax / scales / code tables" + (" (double quant)" if spec.quant.double_quant else ""),
+        )
+    weights(
+        "adapters.lora",
+        Category.ADAPTERS,
+        total_bytes(layout.adapters),
+        _SRC_PEFT,
+        f"{total_numel(layout.adapters):,} adapter params" + _dtypes(layout.adapters),
+    )
+    weights(
+        "adapters.modules_to_save",
+        Category.ADAPTERS,
+        total_bytes(layout.saved),
+        _SRC_PEFT,
+        f"{total_numel(layout.saved):,} params in trainable copies (originals stay, frozen)",
+    )
+
+    groups = all_trainable(layout)
+    opt = optimizer_for(spec, groups)
+    comps.extend(_gradient_components(spec, part, groups, opt, node))
+    comps.extend(_optimizer_components(spec, part, groups, opt, node))
+    return tuple(c for c in comps if c.peak_bytes)
+
+
+def _share(divisor: int) -> str:
+    return f", 1/{divisor} per GPU" if divisor > 1 else ""
+
+
+def _dtypes(groups: list[TensorGroup]) -> str:
+    kinds = sorted({g.dtype.value for g in groups})
+    return f" ({', '.join(kinds)})" if kinds else ""
+
+
+def _gradient_components(
+    spec: TrainingSpec, part: Partition, groups: list[TensorGroup], opt: OptimizerMemory, node: int
+) -> list[Component]:
+    grad_bytes = total_bytes(groups)
+    if not grad_bytes:
+        return []
+    accum = spec.batch.grad_accum > 1
+    if opt.in_backward:
+        # LOMO / layer-wise GaLore: each gradient is consumed by its hook as soon as it is produced.
+        largest = max(g.nbytes_each for g in groups)
+        return [
+            Component(
+                "gradients",
+                Category.GRADIENTS,
+                Location.DEVICE,
+                _phases(largest, only=(Phase.BACKWARD,)),
+                _SRC_GRADS + "; update fused into backward",
+                "one parameter's gradient at a time (update in backward)",
+            )
+        ]
+    sharded = _div(grad_bytes, part.gradients)
+    if part.gradients_on_host:
+        # ZeRO-Offload / FSDP offload: reduced gradients go to host (fp32 partition under DeepSpeed).
+        host = _div(total_numel(groups), part.gradients) * 4 if has_master(spec) else sharded
+        return [
+            _placed(
+                "gradients",
+                Category.GRADIENTS,
+                host,
+                _SRC_DS if has_master(spec) else _SRC_GRADS,
+                "gradients offloaded to host" + _share(part.gradients),
+                on_host=True,
+                per_node=node,
+            )
+        ]
+    early = (Phase.FORWARD_END, Phase.BACKWARD_START)
+    by_phase: dict[Phase, int] = {}
+    for p in PHASES:
+        if part.full_gradients_between_microsteps and accum and p is not Phase.OPTIMIZER_STEP:
+            by_phase[p] = grad_bytes  # FSDP no_sync: unsharded gradients kept across micro-steps
+        elif p in early and not accum:
+            by_phase[p] = 0
+        else:
+            by_phase[p] = sharded
+    detail = f"{total_numel(groups):,} trainable params{_dtypes(groups)}{_share(part.gradients)}"
+    if accum:
+        detail += f"; kept across {spec.batch.grad_accum} accumulation micro-steps"
+    comps = [Component("gradients", Category.GRADIENTS, Location.DEVICE, by_phase, _SRC_GRADS, detail)]
+    if has_master(spec):
+        # DeepSpeed: fp32 gradient partition of one param group built for the step (single_grad_partition).
+        largest_group = max(
+            total_numel(g for g in groups if g.decay), total_numel(g for g in groups if not g.decay)
+        )
+        comps.append(
+            Component(
+                "gradients.fp32_partition",
+                Category.GRADIENTS,
+                Location.DEVICE,
+                _phases(_div(largest_group, part.optimizer) * 4, only=(Phase.OPTIMIZER_STEP,)),
+                _SRC_DS,
+                "fp32 copy of the largest param group's gradient partition during the step",
+            )
+        )
+    return comps
+
+
+def _optimizer_components(
+    spec: TrainingSpec, part: Partition, groups: list[TensorGroup], opt: OptimizerMemory, node: int
+) -> list[Component]:
+    comps: list[Component] = []
+    host = part.optimizer_on_host
+    d = part.optimizer
+    if opt.states:
+        comps.append(
+            _placed(
+                "optimizer.states",
+                Category.OPTIMIZER,
+                _div(opt.states, d),
+                opt.source,
+                opt.detail + _share(d),
+                on_host=host,
+                per_node=node,
+            )
+        )
+    if opt.managed:
+        if host:
+            comps.append(
+                _placed(
+                    "optimizer.states_paged",
+                    Category.OPTIMIZER,
+                    _div(opt.managed, d),
+                    opt.source,
+                    opt.detail,
+                    on_host=True,
+                    per_node=node,
+                )
+            )
+        else:
+            comps.append(
+                Component(
+                    "optimizer.states_paged",
+                    Category.OPTIMIZER,
+                    Location.DEVICE_OTHER,
+                    _phases(_div(opt.managed, d)),
+                    opt.source,
+                    "paged states in CUDA managed memory (not in max_memory_allocated; evicted to host "
+                    "under pressure)",
+                )
+            )
+    if opt.projections:
+        comps.append(
+            _placed(
+                "optimizer.projections",
+                Category.OPTIMIZER,
+                _div(opt.projections, d),
+                opt.source,
+                "GaLore projection matrices",
+                on_host=host,
+                per_node=node,
+            )
+        )
+    if opt.step_counters_device:
+        comps.append(
+            Component(
+                "optimizer.step_counters",
+                Category.OPTIMIZER,
+                Location.DEVICE,
+                _phases(opt.step_counters_device),
+                "torch 2.13 optim/adam.py _init_group (fused: fp32 0-d step on the device)",
+                "one 4-byte step tensor per parameter",
+            )
+        )
+    if opt.step_counters_host:
+        comps.append(
+            Component(
+                "optimizer.step_counters",
+                Category.OPTIMIZER,
+                Location.HOST,
+                _phases(opt.step_counters_host * node),
+                "torch 2.13 optim/adam.py _init_group (step on CPU unless fused/capturable)",
+                "one 4-byte CPU step tensor per parameter",
+            )
+        )
+    if has_master(spec):
+        master = _div(total_numel(groups), part.master) * 4
+        comps.append(
+            _placed(
+                "master.fp32",
+                Category.MASTER,
+                master,
+                _SRC_DS,
+                "fp32 copy of the trainable parameters" + _share(part.master),
+                on_host=host,
+                per_node=node,
+            )
+        )
+    if opt.step_temporary and not host:
+        comps.append(
+            Component(
+                "optimizer.step_temporaries",
+                Category.TEMPORARIES,
+                Location.DEVICE,
+                _phases(_div(opt.step_temporary, d), only=(Phase.OPTIMIZER_STEP,)),
+                opt.source,
+                "transient allocations inside optimizer.step()",
+            )
+        )
+    return comps

@@ -1,0 +1,163 @@
+"""The resident tensors of a training run, classified: frozen, quantized, trainable, adapters, saved copies.
+
+Shared by :mod:`fitcheck.core.model_states` (components) and :mod:`fitcheck.core.regimes` (regime,
+findings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from fitcheck.core.lora import LoraPlan, plan_lora
+from fitcheck.core.optimizers import OptimizerMemory, TensorGroup, optimizer_memory
+from fitcheck.core.quantization import base_weights
+from fitcheck.spec import DeviceType, Dtype, Kind, MixedPrecision, ParamEntry, Strategy, TrainingSpec
+
+
+@dataclass
+class Layout:
+    """Every resident tensor, classified (one process, before partitioning)."""
+
+    frozen_bytes: int = 0
+    frozen_params: int = 0
+    quant_data: int = 0
+    quant_meta: int = 0
+    quant_params: int = 0
+    unquantized_params: int = 0
+    upcast_params: int = 0
+    trainable: list[TensorGroup] = field(default_factory=list)  # base params trained in place
+    adapters: list[TensorGroup] = field(default_factory=list)  # LoRA A/B, DoRA magnitudes
+    saved: list[TensorGroup] = field(default_factory=list)  # modules_to_save copies
+    plan: LoraPlan | None = None
+    frozen_experts_bytes: int = 0
+
+
+def ds_mixed_dtype(spec: TrainingSpec) -> Dtype | None:
+    """The 16-bit dtype DeepSpeed casts the model to, or None."""
+    sh = spec.sharding
+    if sh.strategy is not Strategy.DEEPSPEED:
+        return None
+    if spec.precision.mixed_precision is MixedPrecision.BF16:
+        return Dtype.BFLOAT16
+    if spec.precision.mixed_precision is MixedPrecision.FP16:
+        return Dtype.FLOAT16
+    return None
+
+
+def ds_stage(spec: TrainingSpec) -> int:
+    ds = spec.sharding.deepspeed
+    return ds.stage if ds is not None and spec.sharding.strategy is Strategy.DEEPSPEED else -1
+
+
+def has_master(spec: TrainingSpec) -> bool:
+    # ZeRO 1-3 always clone an fp32 partition (even for fp32 models); ZeRO-0 only wraps 16-bit
+    # (FP16_Optimizer).
+    stage = ds_stage(spec)
+    return stage >= 1 or (stage == 0 and ds_mixed_dtype(spec) is not None)
+
+
+def _decay(entry: ParamEntry) -> bool:
+    # transformers Trainer.get_decay_parameter_names: biases and norm weights go to the no-decay group.
+    return entry.kind not in (Kind.NORM, Kind.BIAS) and not entry.name.endswith(".bias")
+
+
+def _selected_instances(spec: TrainingSpec, entry: ParamEntry) -> int:
+    """How many instances of a base parameter are trainable (before quantization rules)."""
+    if spec.lora is not None:
+        return 0
+    freeze = spec.freeze
+    if freeze is None:
+        return entry.repeat
+    if not any(entry.matches(p) for p in freeze.trainable):
+        return 0
+    if freeze.trainable_layers is None or not entry.per_layer:
+        return entry.repeat
+    return len({i for i in freeze.trainable_layers if 0 <= i < entry.repeat})
+
+
+def _group(entry: ParamEntry, dtype: Dtype, repeat: int, spec: TrainingSpec) -> TensorGroup:
+    targets = spec.optimizer.target_modules
+    module = entry.name.rsplit(".", 1)[0]
+    # transformers trainer_optimizer.py _setup_low_rank_optimizer + trainer_utils.check_target_module_exists:
+    # "all-linear" takes every nn.Linear (LM head included); a list matches by substring or full regex.
+    low_rank = (
+        bool(targets)
+        and entry.kind is Kind.LINEAR
+        and len(entry.shape) == 2
+        and ("all-linear" in {t.replace("_", "-") for t in targets} or any(t in module for t in targets))
+    )
+    return TensorGroup(
+        name=entry.name,
+        shape=entry.shape,
+        dtype=dtype,
+        repeat=repeat,
+        embedding=entry.kind is Kind.EMBEDDING,
+        decay=_decay(entry),
+        low_rank=low_rank,
+    )
+
+
+def build_layout(spec: TrainingSpec) -> Layout:
+    """Classify every resident tensor of the model for a spec (one process, before partitioning)."""
+    out = Layout()
+    base = base_weights(spec)
+    out.quant_data, out.quant_meta = base.quantized_data, base.quantized_meta
+    out.quant_params, out.unquantized_params, out.upcast_params = (
+        base.quantized_params,
+        base.unquantized_params,
+        base.upcast_params,
+    )
+    cast = ds_mixed_dtype(spec)
+    for entry in spec.model.params:
+        dtype = base.dtype_of.get(entry.name)
+        if dtype is None:  # quantized
+            continue
+        if cast is not None:
+            dtype = cast
+        n_train = _selected_instances(spec, entry)
+        n_frozen = entry.repeat - n_train
+        if n_train:
+            out.trainable.append(_group(entry, dtype, n_train, spec))
+        out.frozen_bytes += entry.numel_each * n_frozen * dtype.nbytes
+        out.frozen_params += entry.numel_each * n_frozen
+        if entry.kind is Kind.FUSED_EXPERTS:
+            out.frozen_experts_bytes += entry.numel_each * n_frozen * dtype.nbytes
+    if spec.lora is not None:
+        plan = plan_lora(spec)
+        out.plan = plan
+        adapter_dtype = cast or Dtype.FLOAT32  # peft autocast_adapter_dtype=True; DeepSpeed casts the module
+        for t in plan.targets:
+            name = t.entry.name.rsplit(".", 1)[0]
+            out.adapters.append(TensorGroup(f"{name}.lora_A", t.lora_a_shape, adapter_dtype, t.layers))
+            out.adapters.append(TensorGroup(f"{name}.lora_B", t.lora_b_shape, adapter_dtype, t.layers))
+            if t.magnitude:
+                out.adapters.append(
+                    TensorGroup(f"{name}.lora_magnitude_vector", (t.magnitude,), adapter_dtype, t.layers)
+                )
+        for s in plan.saved:
+            dtype = cast or base.dtype_of.get(s.entry.name, spec.precision.load_dtype)
+            out.saved.append(_group(s.entry, dtype, s.entry.repeat, spec))
+    return out
+
+
+def total_bytes(groups: Iterable[TensorGroup]) -> int:
+    return sum(g.nbytes_each * g.repeat for g in groups)
+
+
+def total_numel(groups: Iterable[TensorGroup]) -> int:
+    return sum(g.numel_each * g.repeat for g in groups)
+
+
+def all_trainable(layout: Layout) -> list[TensorGroup]:
+    return [*layout.trainable, *layout.adapters, *layout.saved]
+
+
+def optimizer_for(spec: TrainingSpec, groups: list[TensorGroup]) -> OptimizerMemory:
+    opt_groups = groups
+    if has_master(spec):  # DeepSpeed: the optimizer steps the fp32 partition
+        opt_groups = [
+            TensorGroup(g.name, g.shape, Dtype.FLOAT32, g.repeat, g.embedding, g.decay, g.low_rank)
+            for g in groups
+        ]
+    return optimizer_memory(spec.optimizer, opt_groups, cuda=spec.hardware.device_type is DeviceType.CUDA)

@@ -1,0 +1,213 @@
+"""config.json -> :class:`~fitcheck.spec.ModelInventory`, offline.
+
+``--model_name_or_path`` resolves in this order (the first that exists wins):
+
+1. a directory containing ``config.json``;
+2. a path to a ``config.json`` file;
+3. a Hub id present in the local Hugging Face cache,
+   ``<hub cache>/models--<org>--<name>/snapshots/<rev>/config.json``, where the hub cache is ``HF_HUB_CACHE``,
+   else ``HF_HOME/hub``, else ``XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``
+   (huggingface_hub/constants.py); the snapshot ``refs/main`` names wins, else the newest;
+4. the built-in catalog (:mod:`fitcheck.catalog.models`), matched case-insensitively.
+
+Known families are counted in pure Python (:mod:`fitcheck.readers.families`) without importing torch; any
+other architecture is built on the meta device (:mod:`fitcheck.torch_adapters.meta_inventory`, lazy import)
+when ``allow_meta``. Remote code is never run. The environment comes in as an explicit mapping.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from fitcheck.catalog.models import find_catalog_config
+from fitcheck.errors import ConfigError, UnsupportedModelError
+from fitcheck.readers.families import family_inventory, supported_families
+from fitcheck.spec import ModelInventory, ModelShape, ParamEntry
+
+_PASS_CONFIG_HINT = (
+    "Pass a local config.json instead: --model_name_or_path /path/to/model_dir (a directory containing "
+    "config.json) or --model_name_or_path /path/to/config.json (copy it from the model's Hub page, "
+    "'Files and versions' tab). No network is used."
+)
+
+
+def _expand_user(path: str, env: Mapping[str, str]) -> Path:
+    """Expand a leading ``~`` with ``HOME`` from ``env`` (left as is when ``env`` has no home)."""
+    home = env.get("HOME") or env.get("USERPROFILE")
+    if home and (path == "~" or path.startswith("~/")):
+        path = home + path[1:]
+    return Path(path)
+
+
+def hf_hub_cache(env: Mapping[str, str]) -> Path:
+    """The Hugging Face hub cache directory, as huggingface_hub resolves it (constants.py).
+
+    Args:
+        env: Environment variables (``HF_HUB_CACHE``, ``HF_HOME``, ``XDG_CACHE_HOME``, ``HOME``).
+    """
+    if env.get("HF_HUB_CACHE"):
+        return _expand_user(env["HF_HUB_CACHE"], env)
+    if env.get("HF_HOME"):
+        return _expand_user(env["HF_HOME"], env) / "hub"
+    return _expand_user(env.get("XDG_CACHE_HOME") or "~/.cache", env) / "huggingface" / "hub"
+
+
+def find_cached_config(model_id: str, env: Mapping[str, str]) -> Path | None:
+    """``config.json`` of a Hub id in the local HF cache (newest snapshot), or None."""
+    parts = model_id.strip().strip("/").split("/")
+    if len(parts) > 2 or not all(parts):
+        return None
+    repo = hf_hub_cache(env) / ("models--" + "--".join(parts))
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    # refs/main names the snapshot huggingface_hub would load; else the newest one.
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        main = snapshots / ref.read_text(encoding="utf-8").strip() / "config.json"
+        if main.is_file():
+            return main
+    candidates = [p for p in snapshots.glob("*/config.json") if p.is_file()]
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+
+
+def read_config_file(path: Path) -> dict[str, object]:
+    """Parse a config.json.
+
+    Raises:
+        ConfigError: The file cannot be read or is not a JSON object with a ``model_type``.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the model config ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc}); pass the model's config.json") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: expected a JSON object (a model's config.json), got {type(data).__name__}"
+        )
+    if not isinstance(data.get("model_type"), str) or not data["model_type"]:
+        raise ConfigError(
+            f"{path}: key 'model_type' is missing; this does not look like a transformers config.json "
+            "(adapter_config.json and tokenizer files are not model configs)"
+        )
+    return data
+
+
+def resolve_config(model_name_or_path: str, env: Mapping[str, str]) -> tuple[dict[str, object], str, str]:
+    """Find the config for a model argument, in the documented order.
+
+    Returns:
+        ``(config, source, where)``: the parsed config, a provenance note and the file it came from (empty
+        for the catalog).
+
+    Raises:
+        ConfigError: A local config.json is malformed.
+        UnsupportedModelError: Nothing matches.
+    """
+    text = model_name_or_path.strip()
+    if not text:
+        raise UnsupportedModelError("--model_name_or_path is empty. " + _PASS_CONFIG_HINT)
+    path = _expand_user(text, env)
+    if path.is_dir():
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            raise UnsupportedModelError(f"{path} is a directory without a config.json. " + _PASS_CONFIG_HINT)
+        return read_config_file(config_path), f"local directory {path}", str(config_path)
+    if path.is_file():
+        return read_config_file(path), f"local file {path}", str(path)
+    cached = find_cached_config(text, env)
+    if cached is not None:
+        return read_config_file(cached), f"Hugging Face cache {cached}", str(cached)
+    found = find_catalog_config(text)
+    if found is not None:
+        config, source = found
+        return config, source, ""
+    raise UnsupportedModelError(
+        f"model {text!r} is not a local directory or file, not in the Hugging Face cache "
+        f"({hf_hub_cache(env)}) and not in fitcheck's built-in catalog "
+        "(`fitcheck.catalog.models.catalog_ids()` lists it). " + _PASS_CONFIG_HINT
+    )
+
+
+def _inventory(
+    config: Mapping[str, object], model_id: str, source: str, family: tuple[list[ParamEntry], ModelShape]
+) -> ModelInventory:
+    params, shape = family
+    quant = config.get("quantization_config")
+    return ModelInventory(
+        model_id=model_id,
+        shape=shape,
+        params=tuple(params),
+        source=source,
+        counted_by="pure-python",
+        quantization_config=quant if isinstance(quant, Mapping) else None,
+        config=dict(config),
+    )
+
+
+def inventory_from_config(config: Mapping[str, object], model_id: str, source: str) -> ModelInventory:
+    """Pure-Python inventory of a config of a known family (no torch import).
+
+    Args:
+        config: The parsed config.json.
+        model_id: What the user asked for.
+        source: Where the config came from.
+
+    Raises:
+        UnsupportedModelError: The family has no pure-Python inventory (use the meta path).
+        ConfigError: A key has a value of the wrong type or a required key is missing.
+    """
+    family = family_inventory(config)
+    if family is None:
+        raise UnsupportedModelError(
+            f"{model_id}: model_type {config.get('model_type')!r} has no pure-Python inventory "
+            f"(known: {', '.join(supported_families())}); it needs torch + transformers (meta device)"
+        )
+    return _inventory(config, model_id, source, family)
+
+
+def load_inventory(
+    model_name_or_path: str, *, env: Mapping[str, str], allow_meta: bool = True
+) -> ModelInventory:
+    """Resolve a model argument offline and inventory its parameters.
+
+    Args:
+        model_name_or_path: A directory with config.json, a config.json path, a Hub id in the local HF cache,
+            or a Hub id of the built-in catalog (case-insensitive).
+        env: Environment variables (for the HF cache location and ``~``).
+        allow_meta: Build unknown architectures on the meta device (imports torch and transformers).
+
+    Returns:
+        The inventory, with ``source`` saying where the config came from and ``counted_by`` how.
+
+    Raises:
+        ConfigError: The config.json is malformed (the message names the file and key).
+        UnsupportedModelError: The model cannot be found, or its architecture cannot be inventoried.
+    """
+    config, source, where = resolve_config(model_name_or_path, env)
+    label = where or source
+    try:
+        family = family_inventory(config)
+    except ConfigError as exc:
+        raise ConfigError.collect([f"{label}: {p}" for p in exc.problems]) from None
+    if family is not None:
+        return _inventory(config, model_name_or_path, source, family)
+    model_type = config.get("model_type")
+    if not allow_meta:
+        raise UnsupportedModelError(
+            f"{label}: model_type {model_type!r} has no pure-Python inventory "
+            f"(known: {', '.join(supported_families())}) and the meta-device path is disabled"
+        )
+    try:
+        from fitcheck.torch_adapters.meta_inventory import meta_inventory
+
+        return meta_inventory(config, model_name_or_path, source)
+    except ImportError as exc:
+        raise UnsupportedModelError(
+            f"{label}: model_type {model_type!r} needs torch and transformers to be counted "
+            f"(pip install 'fitcheck[hf]'): {exc}"
+        ) from exc

@@ -1,0 +1,11 @@
+"""``python -m fitcheck.run script.py [args]``: run a training script with a FitcheckCallback in every Trainer.
+
+A shim over :mod:`fitcheck.integrations.run` (the integration lives there).
+"""
+
+import sys
+
+from fitcheck.integrations.run import main
+
+if __name__ == "__main__":
+    sys.exit(main())

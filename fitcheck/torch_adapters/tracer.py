@@ -1,0 +1,375 @@
+"""Trace one real training step of the real transformers model on fake tensors, and measure it by phase.
+
+``trace_step`` builds the model class from config.json (``tracer_build``), runs two steps of forward, loss,
+backward, optimizer step and ``zero_grad`` under ``torch._subclasses.fake_tensor.FakeTensorMode`` (so the
+optimizer states exist, as in the steady state the estimate describes), and records every live storage with
+``tracer_recorder.LiveTensorRecorder``. The second step is split into the phases of ``fitcheck.report.Phase``:
+
+- FORWARD_END: the peak during forward and loss (the logits, their fp32 upcast and log-softmax coexist there);
+- BACKWARD_START: the peak from ``loss.backward()`` until the gradient of the logits is produced (before any
+  parameter gradient exists): every saved activation plus the loss/logits gradient pair;
+- BACKWARD: the peak over the rest of backward (parameter gradients growing, activations being freed);
+- OPTIMIZER_STEP: the peak during ``optimizer.step()``.
+
+Each phase is broken down by category (parameters, gradients, optimizer state, activations, logits/loss,
+temporaries, inputs) at the moment of its peak. ``trace_extrapolated`` traces one and two repeating layer
+groups and extrapolates every number linearly to the full depth (exact, design note 04), and
+``trace_components`` turns that into activation components for the estimate (``fitcheck estimate --trace``).
+The same code runs on real CPU tensors (``fake=False``): that is the truth ``benchmarks/cpu_truth.py`` uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fitcheck.report import Category, Component, Location, Phase
+from fitcheck.spec import LoraSpec, QuantSpec, TrainingSpec
+
+PARAMS = "parameters"
+GRADS = "gradients"
+OPTSTATE = "optimizer_state"
+ACTIVATIONS = "activations"
+LOGITS = "logits"
+TEMPORARIES = "temporaries"
+INPUTS = "inputs"
+CATEGORIES = (PARAMS, GRADS, OPTSTATE, ACTIVATIONS, LOGITS, TEMPORARIES, INPUTS)
+MODEL_STATES = (PARAMS, GRADS, OPTSTATE)
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+@dataclass(frozen=True)
+class PhaseBreakdown:
+    """Live bytes at the peak of one phase.
+
+    Attributes:
+        total: All live bytes at that moment.
+        by_category: Category name -> bytes (sums to ``total``).
+    """
+
+    total: int
+    by_category: Mapping[str, int]
+
+    def get(self, category: str) -> int:
+        """Bytes of one category (0 if absent)."""
+        return int(self.by_category.get(category, 0))
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """What one traced (or real) training step held in memory.
+
+    Attributes:
+        phases: Phase -> breakdown at that phase's peak.
+        num_layers: Depth traced (or extrapolated to).
+        final_grads: Bytes of all gradients at the end of backward.
+        seconds: Wall time of the trace (model build + two steps).
+        peak: The largest live total over the whole step.
+    """
+
+    phases: Mapping[Phase, PhaseBreakdown]
+    num_layers: int
+    final_grads: int
+    seconds: float = 0.0
+    extra: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def peak(self) -> int:
+        """Largest live bytes over the phases."""
+        return max(b.total for b in self.phases.values())
+
+    @property
+    def peak_phase(self) -> Phase:
+        """The phase with the largest live total."""
+        return max(self.phases, key=lambda p: self.phases[p].total)
+
+
+def torch_dtype(name: str) -> Any:
+    """torch dtype from its name (``float32``/``bfloat16``/``float16``)."""
+    import torch
+
+    return getattr(torch, _DTYPES[name])
+
+
+@contextlib.contextmanager
+def _fake_mode(fake: bool) -> Iterator[None]:
+    if not fake:
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fitcheck.torch_adapters.tracer_patches import unpacked_sequences
+
+    with FakeTensorMode(allow_non_fake_inputs=True), unpacked_sequences():
+        yield
+
+
+def _make_optimizer(name: str, params: list[Any]) -> Any:
+    import torch
+
+    lowered = name.lower()
+    if lowered.startswith("sgd"):
+        return torch.optim.SGD(params, lr=1e-3)  # transformers' optim="sgd": torch SGD, no momentum state
+    if lowered in ("adafactor",):
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=1e-3, relative_step=False, scale_parameter=False)
+    # adamw_torch / adamw_torch_fused / adamw_hf: torch AdamW; on CPU torch picks the single-tensor loop
+    # (torch/optim/optimizer.py::_default_to_fused_or_foreach needs CUDA tensors for foreach/fused).
+    return torch.optim.AdamW(params, lr=1e-3)
+
+
+def trace_step(
+    config: Mapping[str, Any],
+    *,
+    seq_len: int,
+    micro_batch: int,
+    dtype: str = "bfloat16",
+    mixed_precision: str = "no",
+    attn_implementation: str = "sdpa",
+    checkpointing: bool = False,
+    every_n_layers: int = 1,
+    lora: LoraSpec | None = None,
+    quant: QuantSpec | None = None,
+    optimizer: str = "adamw_torch",
+    num_layers: int | None = None,
+    fake: bool = True,
+    seed: int = 0,
+) -> TraceResult:
+    """Run two training steps of the real model and record live tensor bytes of the second, by phase.
+
+    Args:
+        config: config.json mapping.
+        seq_len: Tokens per sequence.
+        micro_batch: Sequences per step.
+        dtype: Load dtype name.
+        mixed_precision: ``no`` / ``bf16`` / ``fp16`` (autocast around forward + loss, as accelerate does).
+        attn_implementation: ``eager`` or ``sdpa``.
+        checkpointing: Activation checkpointing (non-reentrant, the transformers 5 default).
+        every_n_layers: Checkpoint one layer in n.
+        lora: PEFT LoRA wrapping.
+        quant: bitsandbytes base.
+        optimizer: ``TrainingArguments.optim`` name.
+        num_layers: Depth to build (None = the config's).
+        fake: Trace on fake tensors (True) or run a real CPU step (False).
+        seed: RNG seed for the real step.
+
+    Returns:
+        The per-phase breakdown of the second step.
+    """
+    import torch
+
+    from fitcheck.torch_adapters.tracer_build import build_model, config_layers, reduced_config
+    from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder
+
+    start = time.perf_counter()
+    cfg = reduced_config(config, num_layers)
+    depth = config_layers(cfg)
+    if quant is not None and fake:
+        from fitcheck.torch_adapters.tracer_patches import warm_bitsandbytes
+
+        warm_bitsandbytes()
+    torch.manual_seed(seed)
+    with _fake_mode(fake):
+        model = build_model(
+            cfg,
+            dtype=torch_dtype(dtype),
+            attn_implementation=attn_implementation,
+            checkpointing=checkpointing,
+            every_n_layers=every_n_layers,
+            lora=lora,
+            quant=quant,
+            fake=fake,
+        )
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = _make_optimizer(optimizer, params)
+        vocab = int(model.config.vocab_size)
+        ids = torch.randint(0, vocab, (micro_batch, seq_len))
+        rec = LiveTensorRecorder()
+        rec.track(model.parameters())
+        rec.track(model.buffers())
+        rec.track([ids])
+        head = model.get_output_embeddings()
+        autocast = mixed_precision in ("bf16", "fp16")
+        ac_dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
+        with rec:
+            for step in range(2):
+                suffix = "" if step else "_warmup"
+                hook = head.register_forward_pre_hook(lambda *_: rec.enter_region("forward_head" + suffix))
+                out_hook = head.register_forward_hook(_grad_marker(rec, "backward" + suffix))
+                rec.enter_region("forward" + suffix)
+                ctx = torch.autocast("cpu", dtype=ac_dtype) if autocast else contextlib.nullcontext()
+                with ctx:
+                    loss = _loss(model, ids)
+                rec.enter_region("backward_start" + suffix)
+                loss.backward()
+                del loss
+                hook.remove()
+                out_hook.remove()
+                rec.enter_region("optimizer" + suffix)
+                opt.step()
+                rec.enter_region("zero_grad" + suffix)
+                if step == 1:
+                    grad_serials = {rec.serial(p.grad) for p in params if p.grad is not None}
+                    state_serials = {
+                        rec.serial(v)
+                        for st in opt.state.values()
+                        for v in st.values()
+                        if isinstance(v, torch.Tensor)
+                    }
+                    param_serials = {rec.serial(p) for p in model.parameters()} | {
+                        rec.serial(b) for b in model.buffers()
+                    }
+                    ids_serial = rec.serial(ids)
+                opt.zero_grad(set_to_none=True)
+            rec.enter_region("done")
+    final_grads = sum(rec.sizes[s] for s in grad_serials if s is not None)
+
+    def classify(serial: int) -> str:
+        if serial in param_serials:
+            return PARAMS
+        if serial in grad_serials:
+            return GRADS
+        if serial in state_serials:
+            return OPTSTATE
+        if serial == ids_serial:
+            return INPUTS
+        tag = rec.tags[serial]
+        if tag == "forward":
+            return ACTIVATIONS
+        if tag in ("forward_head", "backward_start"):
+            return LOGITS
+        return TEMPORARIES
+
+    region_of = {
+        Phase.FORWARD_END: ("forward", "forward_head"),
+        Phase.BACKWARD_START: ("backward_start",),
+        Phase.BACKWARD: ("backward",),
+        Phase.OPTIMIZER_STEP: ("optimizer",),
+    }
+    phases: dict[Phase, PhaseBreakdown] = {}
+    for phase, names in region_of.items():
+        present = [rec.regions[n] for n in names if n in rec.regions]
+        best = max(present, key=lambda r: r.peak)
+        live = rec.live_at(best.peak_event)
+        by_cat: dict[str, int] = {}
+        for s in live:
+            c = classify(s)
+            by_cat[c] = by_cat.get(c, 0) + rec.sizes[s]
+        phases[phase] = PhaseBreakdown(total=sum(by_cat.values()), by_category=by_cat)
+    return TraceResult(phases, depth, final_grads, time.perf_counter() - start)
+
+
+def _grad_marker(rec: Any, region: str) -> Any:
+    """A forward hook on the LM head whose tensor hook opens ``region`` when the logits gradient exists."""
+    import torch
+
+    def hook(_module: Any, _inputs: Any, out: Any) -> None:
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda _grad: rec.enter_region(region))
+
+    return hook
+
+
+def _loss(model: Any, ids: Any) -> Any:
+    """Forward + loss as the Trainer's ``compute_loss`` does: the outputs are dropped, the loss kept."""
+    out = model(input_ids=ids, labels=ids, use_cache=False)
+    return out.loss
+
+
+def extrapolate(one: TraceResult, two: TraceResult, groups: float, depth: int) -> TraceResult:
+    """Linear extrapolation of every per-phase, per-category number from 1 and 2 groups to ``groups``."""
+    phases: dict[Phase, PhaseBreakdown] = {}
+    for phase in one.phases:
+        a, b = one.phases[phase], two.phases[phase]
+        cats = set(a.by_category) | set(b.by_category)
+        by_cat = {c: round(a.get(c) + (b.get(c) - a.get(c)) * (groups - 1)) for c in cats}
+        phases[phase] = PhaseBreakdown(sum(by_cat.values()), by_cat)
+    grads = round(one.final_grads + (two.final_grads - one.final_grads) * (groups - 1))
+    return TraceResult(phases, depth, grads, one.seconds + two.seconds)
+
+
+def trace_extrapolated(config: Mapping[str, Any], **kwargs: Any) -> TraceResult:
+    """Trace one and two repeating layer groups and extrapolate to the config's depth.
+
+    Keyword arguments are those of :func:`trace_step` (``num_layers`` excepted).
+    """
+    from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
+
+    depth = config_layers(config)
+    group = layer_group(config)
+    if depth <= 2 * group:
+        return trace_step(config, num_layers=depth, **kwargs)
+    one = trace_step(config, num_layers=group, **kwargs)
+    two = trace_step(config, num_layers=2 * group, **kwargs)
+    return extrapolate(one, two, depth / group, depth)
+
+
+def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
+    """The :func:`trace_step` arguments that describe a spec's run."""
+    act = spec.activations
+    return {
+        "seq_len": spec.batch.seq_len,
+        "micro_batch": spec.batch.micro_batch,
+        "dtype": spec.precision.load_dtype.value,
+        "mixed_precision": spec.precision.mixed_precision.value,
+        "attn_implementation": "sdpa" if act.attn_implementation.value != "eager" else "eager",
+        "checkpointing": act.checkpointing,
+        "every_n_layers": act.checkpoint_every_n_layers,
+        "lora": spec.lora,
+        "quant": spec.quant,
+        "optimizer": spec.optimizer.name,
+    }
+
+
+def trace_components(spec: TrainingSpec) -> tuple[Component, ...]:
+    """Activation, logits and temporary components of a spec, measured by a fake-tensor trace.
+
+    Same phase semantics as ``fitcheck.core.activations.activation_components``: parameters, gradients and
+    optimizer states are left to ``fitcheck.core.model_states`` (no gradient exists before the logits
+    gradient; all gradients exist in BACKWARD and OPTIMIZER_STEP), so the sum of both reproduces the trace.
+
+    Args:
+        spec: The training spec; its model must carry the raw config.json (``spec.model.config``).
+
+    Returns:
+        Components ``activations.traced``, ``logits.traced`` and ``temporaries.traced``.
+    """
+    from fitcheck.errors import UnsupportedModelError
+
+    if not spec.model.config:
+        raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
+    result = trace_extrapolated(spec.model.config, **trace_kwargs(spec))
+    return components_from_trace(result)
+
+
+def components_from_trace(result: TraceResult) -> tuple[Component, ...]:
+    """Split a trace into components whose per-phase sum with the model states equals the trace."""
+    src = "fake-tensor trace of the real model step (fitcheck.torch_adapters.tracer)"
+    acts: dict[Phase, int] = {}
+    logits: dict[Phase, int] = {}
+    temps: dict[Phase, int] = {}
+    for phase, b in result.phases.items():
+        states = b.get(PARAMS) + b.get(OPTSTATE)
+        if phase is Phase.OPTIMIZER_STEP:
+            # optimizer-step temporaries belong to fitcheck.core.model_states; only leftovers are ours
+            acts[phase] = b.get(ACTIVATIONS) + b.get(INPUTS) + b.get(LOGITS)
+            continue
+        if phase is Phase.BACKWARD:
+            # model_states counts every gradient here; the residual is what else was alive at the peak
+            rest = b.total - states - result.final_grads
+            acts[phase] = min(b.get(ACTIVATIONS) + b.get(INPUTS), max(rest, 0))
+            temps[phase] = max(rest - acts[phase], 0)
+        else:
+            acts[phase] = b.get(ACTIVATIONS) + b.get(INPUTS)
+            logits[phase] = b.get(LOGITS)
+            temps[phase] = b.get(TEMPORARIES) + b.get(GRADS)
+    return (
+        Component("activations.traced", Category.ACTIVATIONS, Location.DEVICE, acts, src),
+        Component("logits.traced", Category.LOGITS, Location.DEVICE, logits, src),
+        Component("temporaries.traced", Category.TEMPORARIES, Location.DEVICE, temps, src),
+    )

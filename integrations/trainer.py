@@ -1,0 +1,445 @@
+"""fitcheck in a ``transformers.Trainer`` script: :func:`preflight` and :class:`FitcheckCallback`.
+
+**Call** :func:`preflight` **before** ``Trainer(...)``. For single-GPU and DDP runs the Trainer moves the
+weights to the GPU inside its constructor (``Trainer.__init__`` -> ``_move_model_to_device``), before any
+callback runs, so a check before the constructor is the only place a weight OOM can be prevented. The callback
+covers the rest: at ``on_init_end`` it reads the loaded model as it really is (dtypes, devices, PEFT layers,
+quantized layers), the TrainingArguments and the resolved DeepSpeed config, prints the report on the main
+process, and with ``strict=True`` raises before the first step. After the first optimizer steps it compares
+the prediction with the measured peak (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``; on a CPU,
+a live-tensor tracker) and writes both to ``record_path`` when asked.
+
+Works with transformers 5.x and 4.x (>= 4.40): only events and attributes both have are relied on
+(``on_init_end``, ``on_train_begin``, ``on_step_end``, ``on_train_end``; ``state.is_world_process_zero``,
+``args.hf_deepspeed_config``); version-specific names are read through the readers, which accept both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from transformers import TrainerCallback
+
+from fitcheck.errors import FitcheckError
+from fitcheck.findings import Finding
+from fitcheck.integrations.spec_build import (
+    apply_live_facts,
+    build_spec,
+    detect_hardware,
+    field_findings,
+    inventory_for,
+    is_live_model,
+    lora_values,
+    quantization_values,
+    training_args_values,
+    transformers_major,
+)
+from fitcheck.report import Report
+from fitcheck.spec import TrainingSpec
+from fitcheck.units import format_bytes
+
+__all__ = ["DoesNotFitError", "FitcheckCallback", "preflight"]
+
+
+class DoesNotFitError(FitcheckError):
+    """The run will not fit (raised only when asked: ``strict=True``).
+
+    Attributes:
+        report: The estimate that says so.
+    """
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        errors = "; ".join(f.message for f in report.errors[:3])
+        super().__init__(
+            f"fitcheck: this run needs {format_bytes(report.device_used_bytes)} per GPU but has "
+            f"{format_bytes(report.budget_bytes)}" + (f" — {errors}" if errors else "")
+        )
+
+
+def _would_fail(report: Report) -> bool:
+    return not report.fits or bool(report.errors)
+
+
+def _estimate(spec: TrainingSpec, extra: tuple[Finding, ...] = ()) -> Report:
+    from fitcheck.core.estimate import estimate
+
+    if extra:
+        spec = dataclasses.replace(spec, findings=(*spec.findings, *extra))
+    return estimate(spec)
+
+
+def _with_findings(report: Report, extra: tuple[Finding, ...], assumptions: tuple[str, ...]) -> Report:
+    return dataclasses.replace(
+        report,
+        findings=(*report.findings, *extra),
+        assumptions=(*report.assumptions, *assumptions),
+    )
+
+
+def _transformers_defaults(values: dict[str, object], prov: dict[str, str]) -> None:
+    """transformers 4.x ``from_pretrained`` loads float32 unless ``torch_dtype`` is given (5.x: "auto")."""
+    if transformers_major() == 4 and "dtype" not in values:
+        values["dtype"] = "float32"
+        prov["dtype"] = "transformers 4.x from_pretrained default (float32 without torch_dtype)"
+
+
+def preflight(
+    model_or_config: Any,
+    args: Any = None,
+    peft_config: Any = None,
+    quantization_config: Any = None,
+    *,
+    gpu: str | None = None,
+    gpu_memory: str | int | None = None,
+    strict: bool = False,
+    device_map: str | None = None,
+    max_memory: Mapping[str, int] | None = None,
+    env: Mapping[str, str] | None = None,
+    **overrides: object,
+) -> Report:
+    """Estimate a run before the Trainer exists — the only point where a weight OOM can still be prevented.
+
+    For single-GPU and DDP runs ``Trainer(...)`` moves the weights to the GPU inside its constructor; call this
+    before it (and before ``model.to("cuda")``).
+
+    Args:
+        model_or_config: A Hub id or local path, a ``PretrainedConfig``, or a loaded model (then its real
+            dtypes, PEFT layers and quantized layers are read).
+        args: A ``TrainingArguments`` (or TRL ``SFTConfig``) object.
+        peft_config: A peft ``LoraConfig`` (ignored for a loaded model that already has adapters).
+        quantization_config: A transformers ``BitsAndBytesConfig``.
+        gpu: GPU name (``"A100-80GB"``, ``"RTX4090-24GB"``...); default: this machine's GPU, else H100-80GB.
+        gpu_memory: Memory per GPU instead of ``gpu`` (``"24GiB"`` or bytes).
+        strict: Raise :class:`DoesNotFitError` when it will not fit.
+        device_map: Also check a ``device_map`` (``"auto"``...) for trainable parameters on cpu/disk.
+        max_memory: ``max_memory`` for that check (``{"0": bytes, "cpu": bytes}``).
+        env: Environment (default ``os.environ``): HF cache, ``PYTORCH_CUDA_ALLOC_CONF``.
+        **overrides: Any ``fitcheck estimate`` flag by name: ``max_seq_length=4096``, ``num_processes=8``,
+            ``dtype="bfloat16"``, ``deepspeed="ds.json"``, ``config_file="accelerate.yaml"``...
+
+    Returns:
+        The report.
+
+    Raises:
+        DoesNotFitError: When ``strict`` and the run does not fit.
+        FitcheckError: Bad input (a message naming the field and the fix).
+    """
+    env = dict(os.environ if env is None else env)
+    values: dict[str, object] = {}
+    prov: dict[str, str] = {}
+    findings: list[Finding] = []
+    if args is not None:
+        values, prov, findings = training_args_values(args)
+    facts = None
+    if is_live_model(model_or_config):
+        from fitcheck.torch_adapters.live_model import inspect_model
+
+        facts = inspect_model(model_or_config)
+    if peft_config is not None and (facts is None or facts.lora is None):
+        values.update(lora_values(peft_config))
+    if quantization_config is not None and (facts is None or facts.quant is None):
+        values.update(quantization_values(quantization_config))
+    _transformers_defaults(values, prov)
+    if gpu is not None:
+        values["gpu"] = gpu
+    if gpu_memory is not None:
+        values["gpu_memory"] = gpu_memory
+    if gpu is None and gpu_memory is None and "gpu" not in overrides and "gpu_memory" not in overrides:
+        hw = _detected_gpu()
+        values.update(hw)
+    for key, value in overrides.items():
+        values[key] = value
+        prov[key] = f"preflight({key}=...)"
+    inventory = inventory_for(model_or_config, env)
+    spec, assumptions = build_spec(inventory, values, prov, findings, env)
+    notes: list[str] = []
+    if facts is not None:
+        spec, notes = apply_live_facts(spec, facts)
+    extra: tuple[Finding, ...] = ()
+    if device_map:
+        from fitcheck.torch_adapters.device_map import device_map_findings
+
+        extra = device_map_findings(spec, device_map, max_memory)
+    if facts is not None:
+        from fitcheck.torch_adapters.device_map import live_device_map_findings
+
+        extra += live_device_map_findings(model_or_config, num_processes=spec.sharding.num_processes)
+    report = _estimate(spec, extra)
+    use_cache = facts.use_cache if facts is not None else _config_use_cache(model_or_config, inventory)
+    more = field_findings(spec, values, env, use_cache=use_cache,
+                          device_used_fraction=report.device_used_bytes / max(1, report.budget_bytes),
+                          existing=report.findings)
+    report = _with_findings(report, more, (*assumptions, *notes))
+    if strict and _would_fail(report):
+        raise DoesNotFitError(report)
+    return report
+
+
+def _detected_gpu() -> dict[str, object]:
+    """This machine's GPU when it has one (a preflight on the training node); else nothing (the default)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return detect_hardware()
+    except Exception:  # no usable torch: the estimate's default GPU applies
+        pass
+    return {}
+
+
+def _config_use_cache(model_or_config: Any, inventory: Any) -> bool | None:
+    value = getattr(model_or_config, "use_cache", None)
+    if isinstance(value, bool):
+        return value
+    raw = inventory.config.get("use_cache") if inventory.config else None
+    return raw if isinstance(raw, bool) else None
+
+
+def _rank_zero(args: Any, state: Any) -> bool:
+    flag = getattr(state, "is_world_process_zero", None)
+    if isinstance(flag, bool):
+        return flag
+    return int(getattr(args, "process_index", 0) or 0) == 0
+
+
+class FitcheckCallback(TrainerCallback):  # type: ignore[misc]
+    """Check a Trainer run at construction, and compare the prediction with the measured peak.
+
+    Args:
+        strict: Raise :class:`DoesNotFitError` at ``on_init_end`` (inside ``Trainer(...)``, before any step)
+            when the run will not fit. Without it, fitcheck only warns, and an internal fitcheck error is a
+            warning too: it never breaks training.
+        record_path: Write predicted and measured peaks to this JSON file (main process only).
+        measure_steps: Optimizer steps to measure (the estimate is the steady state from step 2 on).
+        print_report: Print the full report on the main process.
+        gpu: GPU name to estimate for instead of the detected device.
+        gpu_memory: Memory per GPU instead of the detected device's.
+        **overrides: ``fitcheck estimate`` flags for what the Trainer cannot know, above all
+            ``max_seq_length`` (default: ``args.max_length``/``max_seq_length`` when the config has one).
+
+    Attributes:
+        report: The latest prediction.
+        measured: The measured peaks (``{"step": n, "max_memory_allocated": ..., ...}``), once measured.
+    """
+
+    def __init__(
+        self,
+        *,
+        strict: bool = False,
+        record_path: str | None = None,
+        measure_steps: int = 2,
+        print_report: bool = True,
+        gpu: str | None = None,
+        gpu_memory: str | int | None = None,
+        **overrides: object,
+    ) -> None:
+        self.strict = strict
+        self.record_path = record_path
+        self.measure_steps = max(1, int(measure_steps))
+        self.print_report = print_report
+        self.gpu = gpu
+        self.gpu_memory = gpu_memory
+        self.overrides = dict(overrides)
+        self.report: Report | None = None
+        self.measured: dict[str, Any] | None = None
+        self._spec: TrainingSpec | None = None
+        self._estimated_batch: int | None = None
+        self._train_begins = 0
+        self._tracker: Any = None
+        self._device_type = "cpu"
+        self._main = True
+
+    # ---- helpers -------------------------------------------------------------------------------------------
+    def _guard(self, what: str, exc: BaseException) -> None:
+        if isinstance(exc, DoesNotFitError):
+            raise exc
+        warnings.warn(f"fitcheck: {what} failed and was skipped ({type(exc).__name__}: {exc})", stacklevel=3)
+
+    def _say(self, text: str) -> None:
+        if self._main:
+            print(text, flush=True)
+
+    def _spec_from_trainer(self, args: Any, model: Any) -> tuple[TrainingSpec, Report]:
+        values, prov, findings = training_args_values(args)
+        ds = getattr(args, "hf_deepspeed_config", None)
+        if ds is not None and isinstance(getattr(ds, "config", None), Mapping):
+            values["deepspeed"] = dict(ds.config)  # "auto" already resolved by trainer_config_process
+            prov["deepspeed"] = "args.hf_deepspeed_config"
+        device = getattr(args, "device", None)
+        self._device_type = getattr(device, "type", "cpu") or "cpu"
+        if self.gpu is not None or self.gpu_memory is not None:
+            if self.gpu is not None:
+                values["gpu"] = self.gpu
+            if self.gpu_memory is not None:
+                values["gpu_memory"] = self.gpu_memory
+            values["device_type"] = "cuda"
+        else:
+            values.update(detect_hardware(device))
+        values.setdefault("num_processes", int(getattr(args, "world_size", 1) or 1))
+        for key, value in self.overrides.items():
+            values[key] = value
+            prov[key] = f"FitcheckCallback({key}=...)"
+        env = dict(os.environ)
+        from fitcheck.torch_adapters.device_map import live_device_map_findings
+        from fitcheck.torch_adapters.live_model import inspect_model
+
+        facts = inspect_model(model)
+        spec, assumptions = build_spec(inventory_for(model, env), values, prov, findings, env)
+        spec, notes = apply_live_facts(spec, facts)
+        if self._estimated_batch is not None:
+            spec = dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, micro_batch=self._estimated_batch))
+        extra = live_device_map_findings(model, num_processes=spec.sharding.num_processes)
+        report = _estimate(spec, extra)
+        more = field_findings(spec, values, env, use_cache=facts.use_cache,
+                              device_used_fraction=report.device_used_bytes / max(1, report.budget_bytes),
+                          existing=report.findings)
+        return spec, _with_findings(report, more, (*assumptions, *notes))
+
+    def _print(self, report: Report) -> None:
+        if not (self._main and self.print_report):
+            return
+        from rich.console import Console
+
+        from fitcheck.render.table import print_report
+
+        print_report(report, Console())
+
+    # ---- events --------------------------------------------------------------------------------------------
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """Estimate from the live model and arguments; raise here when strict and it will not fit."""
+        self._main = _rank_zero(args, state)
+        model = kwargs.get("model")
+        if model is None:
+            return control
+        try:
+            self._spec, self.report = self._spec_from_trainer(args, model)
+            self._estimated_batch = self._spec.batch.micro_batch
+            self._print(self.report)
+        except Exception as exc:
+            self._guard("the memory estimate", exc)
+            return control
+        if self.strict and _would_fail(self.report):
+            raise DoesNotFitError(self.report)
+        if _would_fail(self.report):
+            warnings.warn(
+                f"fitcheck: predicted {format_bytes(self.report.device_used_bytes)} per GPU exceeds "
+                f"{format_bytes(self.report.budget_bytes)}; training may run out of memory", stacklevel=2)
+        return control
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """Start measuring; on an ``auto_find_batch_size`` retry re-estimate with the new batch (once each)."""
+        self._main = _rank_zero(args, state)
+        self._train_begins += 1
+        try:
+            batch = int(getattr(state, "train_batch_size", 0) or 0) // max(1, int(getattr(args, "n_gpu", 1) or 1))
+            if self._spec is not None and batch and batch != self._estimated_batch:
+                self._estimated_batch = batch
+                spec = dataclasses.replace(self._spec, batch=dataclasses.replace(self._spec.batch, micro_batch=batch))
+                self._spec = spec
+                self.report = _estimate(spec)
+                verdict = "fits" if self.report.fits else "does NOT fit"
+                self._say(f"fitcheck: micro-batch {batch} (auto_find_batch_size attempt {self._train_begins}): "
+                          f"predicted {format_bytes(self.report.device_used_bytes)} of "
+                          f"{format_bytes(self.report.budget_bytes)} — {verdict}")
+            self.measured = None
+            self._start_measuring(kwargs.get("model"), kwargs.get("optimizer"), retry=self._train_begins > 1)
+        except Exception as exc:
+            self._guard("memory measurement setup", exc)
+        return control
+
+    def _start_measuring(self, model: Any, optimizer: Any, *, retry: bool) -> None:
+        import torch
+
+        if self._device_type == "cuda" and torch.cuda.is_available():
+            if retry:  # the failed attempt's peak must not count for this batch size
+                torch.cuda.reset_peak_memory_stats()
+            return
+        if self._device_type != "cpu" or model is None:
+            return
+        from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
+
+        if self._tracker is not None:
+            self._tracker.stop()
+        self._tracker = LiveTensorTracker()
+        self._tracker.track(model_state_tensors(model, optimizer))
+        self._tracker.start()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """Read the peak after each of the first ``measure_steps`` optimizer steps."""
+        step = int(getattr(state, "global_step", 0) or 0)
+        if self.report is None or step < 1 or step > self.measure_steps:
+            return control
+        try:
+            self._record(step, kwargs.get("model"))
+        except Exception as exc:
+            self._guard("the memory measurement", exc)
+        if step >= self.measure_steps and self._tracker is not None:
+            self._tracker.stop()
+            self._tracker = None
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """Stop the CPU tracker if training ended before the measured steps."""
+        if self._tracker is not None:
+            self._tracker.stop()
+            self._tracker = None
+        return control
+
+    def _record(self, step: int, model: Any) -> None:
+        import torch
+
+        assert self.report is not None
+        report = self.report
+        if self._device_type == "cuda" and torch.cuda.is_available():
+            measured: dict[str, Any] = {
+                "device": "cuda",
+                "max_memory_allocated": int(torch.cuda.max_memory_allocated()),
+                "max_memory_reserved": int(torch.cuda.max_memory_reserved()),
+            }
+            predicted_key, measured_key = "peak_allocated_bytes", "max_memory_allocated"
+        elif self._tracker is not None:
+            measured = {"device": "cpu", "live_tensor_peak": int(self._tracker.peak)}
+            predicted_key, measured_key = "peak_allocated_bytes", "live_tensor_peak"
+        else:
+            return
+        measured["step"] = step
+        self.measured = measured
+        predicted = {
+            "peak_allocated_bytes": report.peak_allocated_bytes,
+            "peak_reserved_bytes": report.peak_reserved_bytes,
+            "device_used_bytes": report.device_used_bytes,
+            "budget_bytes": report.budget_bytes,
+            "peak_phase": report.peak_phase.value,
+        }
+        error = (predicted[predicted_key] - measured[measured_key]) / max(1, measured[measured_key])  # type: ignore[operator]
+        if step == self.measure_steps:
+            self._say(f"fitcheck: step {step}: predicted {format_bytes(predicted[predicted_key])} "  # type: ignore[arg-type]
+                      f"({predicted_key}), measured {format_bytes(measured[measured_key])} ({measured_key}): "
+                      f"{error:+.1%}")
+        if self.record_path and self._main:
+            spec = report.spec
+            record = {
+                "model": spec.model.model_id,
+                "regime": report.regime,
+                "micro_batch": spec.batch.micro_batch,
+                "seq_len": spec.batch.seq_len,
+                "grad_accum": spec.batch.grad_accum,
+                "num_processes": spec.sharding.num_processes,
+                "strategy": spec.sharding.strategy.value,
+                "device_type": spec.hardware.device_type.value,
+                "gpu": spec.hardware.gpu_name,
+                "predicted": predicted,
+                "measured": measured,
+                "relative_error": error,
+                "compared": f"{predicted_key} vs {measured_key}",
+                "transformers_major": transformers_major(),
+            }
+            with open(self.record_path, "w", encoding="utf-8") as fh:
+                json.dump(record, fh, indent=2)
+

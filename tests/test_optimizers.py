@@ -1,0 +1,92 @@
+"""Optimizer state bytes per TrainingArguments.optim value, and the retired-name mapping."""
+
+from __future__ import annotations
+
+import pytest
+
+from fitcheck.core.optimizers import OPTIMIZER_NAMES, TensorGroup, canonical_optimizer, optimizer_memory
+from fitcheck.errors import NotModelledError
+from fitcheck.spec import Dtype, OptimizerSpec
+
+BIG = TensorGroup("w", (4096, 4096), Dtype.BFLOAT16, repeat=2, low_rank=True)
+SMALL = TensorGroup("norm", (1024,), Dtype.BFLOAT16, decay=False)
+EMB = TensorGroup("emb", (32000, 4096), Dtype.BFLOAT16, embedding=True)
+N = 4096 * 4096
+
+
+def test_names_match_installed_transformers() -> None:
+    names = pytest.importorskip("transformers.training_args").OptimizerNames
+    assert tuple(n.value for n in names) == OPTIMIZER_NAMES
+
+
+def test_every_optimizer_is_modelled_or_refused_clearly() -> None:
+    modelled = 0
+    for name in OPTIMIZER_NAMES:
+        spec = OptimizerSpec(name, {"rank": "64"})
+        try:
+            mem = optimizer_memory(spec, [BIG, SMALL, EMB])
+        except NotModelledError as exc:
+            assert name in str(exc)
+            continue
+        modelled += 1
+        assert mem.states + mem.managed >= 0 and mem.source, name
+    assert modelled >= 35
+
+
+def test_retired_names_and_unknown() -> None:
+    assert canonical_optimizer("adamw_torch") == ("adamw_torch", None)
+    name, finding = canonical_optimizer("adamw_hf")
+    assert name == "adamw_torch" and finding is not None and "adamw_hf" in finding.message
+    assert canonical_optimizer("adamw_apex_fused")[0] == "adamw_torch_fused"
+    with pytest.raises(NotModelledError, match="adamw_torch_fused"):
+        canonical_optimizer("adam_w_magic")
+
+
+def test_torch_adamw_states_in_param_dtype() -> None:
+    mem = optimizer_memory(OptimizerSpec("adamw_torch"), [BIG])
+    assert mem.states == 2 * 2 * N * 2
+    assert mem.step_counters_host == 8
+    assert mem.step_temporary == 2 * N * 2  # foreach sqrt copy of the group
+
+
+def test_bnb_8bit_layout_threshold_and_embedding_override() -> None:
+    mem = optimizer_memory(OptimizerSpec("adamw_bnb_8bit"), [BIG, SMALL, EMB])
+    big = 2 * (2 * N + 2 * 4 * (N // 256))
+    small = 2 * 4 * 1024  # < 4096 elements: fp32 states
+    emb = 2 * 4 * 32000 * 4096  # Trainer registers nn.Embedding for 32-bit states
+    assert mem.states == big + small + emb + 2 * 1024  # + the two qmaps
+    assert mem.states / (2 * N * 2 + 1024 + 32000 * 4096) > 2.0
+
+
+def test_paged_states_go_to_managed_memory() -> None:
+    mem = optimizer_memory(OptimizerSpec("paged_adamw_32bit"), [BIG, SMALL])
+    assert mem.managed == 2 * 4 * N * 2  # >= 1e5 elements: managed
+    assert mem.states == 2 * 4 * 1024  # small tensors: ordinary allocation
+
+
+def test_one_and_three_state_optimizers() -> None:
+    lion = optimizer_memory(OptimizerSpec("lion_32bit"), [BIG])
+    assert lion.states == 4 * N * 2
+    ademamix = optimizer_memory(OptimizerSpec("ademamix"), [BIG])
+    assert ademamix.states == 3 * 4 * N * 2
+    sgd = optimizer_memory(OptimizerSpec("sgd"), [BIG])
+    assert sgd.states == 0  # the Trainer passes no momentum
+    assert optimizer_memory(OptimizerSpec("sgd", {"momentum": "0.9"}), [BIG]).states == 2 * N * 2
+
+
+def test_adafactor_factored() -> None:
+    mem = optimizer_memory(OptimizerSpec("adafactor"), [BIG, SMALL])
+    assert mem.states == 2 * 4 * (4096 + 4096) + 4 * 1024 + 4 * 3
+
+
+def test_galore_projected_states() -> None:
+    mem = optimizer_memory(OptimizerSpec("galore_adamw", {"rank": "64"}), [BIG, SMALL])
+    assert mem.projections == 2 * 64 * 4096 * 2
+    assert mem.states == 2 * 2 * 64 * 4096 * 2 + 2 * 1024 * 2
+    with pytest.raises(NotModelledError):
+        optimizer_memory(OptimizerSpec("galore_adamw"), [SMALL])
+
+
+def test_torchao_8bit() -> None:
+    mem = optimizer_memory(OptimizerSpec("adamw_torch_8bit"), [BIG, SMALL])
+    assert mem.states == 2 * 2 * (N + 4 * N // 256 + 1024) + 2 * 1024 * 2

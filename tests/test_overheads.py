@@ -1,0 +1,203 @@
+"""CUDA overheads and the caching-allocator model (fitcheck.core.overheads)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fitcheck.core import overheads as oh
+from fitcheck.report import PHASES, Category, Component, Location, Phase
+from fitcheck.spec import (
+    ActivationSpec,
+    DeepSpeedSpec,
+    DeviceType,
+    FsdpSpec,
+    HardwareSpec,
+    Kind,
+    LoraSpec,
+    ModelInventory,
+    ModelShape,
+    OffloadDevice,
+    ParamEntry,
+    Role,
+    ShardingSpec,
+    Strategy,
+    TrainingSpec,
+)
+
+MIB = 1024**2
+GIB = 1024**3
+
+
+def _spec(**hw: object) -> TrainingSpec:
+    shape = ModelShape("llama", "LlamaForCausalLM", 64, 2, 4, 4, 16, 128, 1000)
+    inv = ModelInventory(
+        "tiny",
+        shape,
+        (ParamEntry("model.layers.*.mlp.up_proj.weight", (128, 64), Role.MLP, Kind.LINEAR, repeat=2),),
+    )
+    return TrainingSpec(model=inv, hardware=HardwareSpec(**hw))  # type: ignore[arg-type]
+
+
+def _by_name(spec: TrainingSpec) -> dict[str, Component]:
+    return {c.name: c for c in oh.overhead_components(spec)}
+
+
+def test_allocator_constants_match_installed_torch_header() -> None:
+    torch = pytest.importorskip("torch")
+    header = Path(torch.__file__).parent / "include" / "c10" / "core" / "AllocatorConfig.h"
+    if not header.exists():
+        pytest.skip("torch headers not installed")
+    text = header.read_text()
+
+    def const(name: str) -> int:
+        m = re.search(rf"constexpr size_t {name} = (\d+);", text)
+        assert m is not None, name
+        return int(m.group(1))
+
+    assert const("kMinBlockSize") == oh.K_MIN_BLOCK_SIZE
+    assert const("kSmallSize") == oh.K_SMALL_SIZE
+    assert const("kSmallBuffer") == oh.K_SMALL_BUFFER
+    assert const("kMinLargeAlloc") == oh.K_MIN_LARGE_ALLOC
+    assert const("kRoundLarge") == oh.K_ROUND_LARGE
+    assert re.search(r"large_segment_size_\{(\d+)\}", text).group(1) == str(oh.K_LARGE_BUFFER)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "block", "segment"),
+    [
+        (1, 512, 2 * MIB),
+        (512, 512, 2 * MIB),
+        (513, 1024, 2 * MIB),
+        (MIB, MIB, 2 * MIB),
+        (MIB + 1, MIB + 512, 20 * MIB),
+        (10 * MIB - 1, 10 * MIB, 20 * MIB),
+        (10 * MIB, 10 * MIB, 10 * MIB),
+        (33 * MIB + 7, 33 * MIB + 512, 34 * MIB),
+    ],
+)
+def test_block_and_segment_sizes(request_bytes: int, block: int, segment: int) -> None:
+    assert oh.block_bytes(request_bytes) == block
+    assert oh.segment_bytes(request_bytes) == segment
+
+
+def test_cpu_has_no_overheads_and_reserved_equals_allocated() -> None:
+    spec = _spec(device_type=DeviceType.CPU)
+    assert oh.overhead_components(spec) == ()
+    assert oh.reserved_bytes(spec, 123_456_789) == 123_456_789
+    assert oh.overhead_findings(replace(spec, lora=LoraSpec(r=8))) == ()
+
+
+def test_cuda_context_outside_allocator_and_cublas_inside() -> None:
+    comps = _by_name(_spec(gpu_name="A100-80GB"))
+    ctx = comps["overhead.cuda_context"]
+    assert ctx.location is Location.DEVICE_OTHER and ctx.category is Category.OVERHEAD
+    assert all(ctx.at(p) == 426 * MIB for p in PHASES)
+    ws = comps["overhead.cublas_workspace"]
+    assert ws.location is Location.DEVICE  # CublasHandlePool allocates it through the caching allocator
+    # ":4096:2:16:8" + 1 MiB cuBLASLt, for the forward thread and the autograd thread
+    assert ws.at(Phase.FORWARD_END) == 2 * (8 * MIB + 128 * 1024 + MIB)
+    assert "overhead.nccl" not in comps
+
+
+def test_hopper_gets_the_32_mib_workspace() -> None:
+    for name in ("H100-80GB", "h200-141gb"):
+        ws = _by_name(_spec(gpu_name=name))["overhead.cublas_workspace"]
+        assert ws.peak_bytes == 2 * (32 * MIB + MIB)
+    mi = _by_name(_spec(gpu_name="MI300X"))["overhead.cublas_workspace"]
+    assert mi.peak_bytes == 2 * (128 * MIB + 76 * MIB)
+
+
+def test_nccl_only_with_several_processes() -> None:
+    two = replace(_spec(), sharding=ShardingSpec(strategy=Strategy.DDP, num_processes=2))
+    eight = replace(_spec(), sharding=ShardingSpec(strategy=Strategy.DDP, num_processes=8))
+    hsdp = replace(
+        _spec(),
+        sharding=ShardingSpec(
+            strategy=Strategy.FSDP,
+            num_processes=16,
+            num_machines=2,
+            fsdp=FsdpSpec(sharding_strategy="HYBRID_SHARD"),
+        ),
+    )
+    assert _by_name(two)["overhead.nccl"].peak_bytes == 544 * MIB
+    assert _by_name(eight)["overhead.nccl"].location is Location.DEVICE_OTHER
+    assert _by_name(eight)["overhead.nccl"].peak_bytes == 688 * MIB
+    assert _by_name(hsdp)["overhead.nccl"].peak_bytes == 2 * 688 * MIB
+
+
+def test_reserved_gap_applies_to_transient_bytes_only() -> None:
+    spec = _spec()
+    alloc = 40 * GIB
+    # all persistent: only segment rounding
+    assert oh.reserved_bytes(spec, alloc, transient_bytes=0) == alloc
+    r = oh.reserved_bytes(spec, alloc, transient_bytes=10 * GIB)
+    assert r == pytest.approx(alloc + oh.FRAGMENTATION_OF_TRANSIENT * 10 * GIB, abs=2 * MIB)
+    assert r % (2 * MIB) == 0
+    # monotone in allocated
+    assert oh.reserved_bytes(spec, alloc + GIB, transient_bytes=10 * GIB) > r
+    with pytest.raises(ValueError):
+        oh.reserved_bytes(spec, -1)
+
+
+def test_expandable_segments_shrink_the_gap() -> None:
+    plain = _spec()
+    exp = _spec(expandable_segments=True)
+    alloc = 40 * GIB + 5
+    r_exp = oh.reserved_bytes(exp, alloc, transient_bytes=20 * GIB)
+    assert alloc <= r_exp < alloc + 20 * MIB
+    assert r_exp < oh.reserved_bytes(plain, alloc, transient_bytes=20 * GIB)
+
+
+def test_transient_bytes_at_counts_components_that_vary_over_the_step() -> None:
+    weights = Component.persistent("weights", Category.WEIGHTS, 100, "x")
+    acts = Component(
+        "acts", Category.ACTIVATIONS, Location.DEVICE, {Phase.FORWARD_END: 40, Phase.BACKWARD: 5}, "x"
+    )
+    ctx = Component.persistent("ctx", Category.OVERHEAD, 7, "x", location=Location.DEVICE_OTHER)
+    grads = Component(
+        "grads", Category.GRADIENTS, Location.DEVICE, {Phase.BACKWARD: 30, Phase.OPTIMIZER_STEP: 30}, "x"
+    )
+    comps = (weights, acts, ctx, grads)
+    assert oh.transient_bytes_at(comps, Phase.FORWARD_END) == 40
+    assert oh.transient_bytes_at(comps, Phase.BACKWARD) == 35
+    assert oh.transient_bytes_at(comps, Phase.OPTIMIZER_STEP) == 30
+
+
+def test_fragmentation_finding_names_the_env_var() -> None:
+    spec = _spec()
+    assert oh.overhead_findings(spec) == ()
+    ck = replace(spec, activations=ActivationSpec(checkpointing=True))
+    (f,) = oh.overhead_findings(ck)
+    assert f.code == "alloc-fragmentation"
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in f.hint and "before" in f.hint
+    off = replace(
+        spec,
+        sharding=ShardingSpec(
+            strategy=Strategy.DEEPSPEED,
+            num_processes=2,
+            deepspeed=DeepSpeedSpec(stage=2, offload_optimizer=OffloadDevice.CPU),
+        ),
+    )
+    assert "offload" in oh.overhead_findings(off)[0].message
+    assert oh.overhead_findings(replace(ck, hardware=HardwareSpec(expandable_segments=True))) == ()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("fitcheck.core.activations") is None, reason="activation formulas not present"
+)
+def test_reserved_without_transient_uses_the_specs_own_components() -> None:
+    from fitcheck.core.estimate import collect_components, estimate
+    from fitcheck.readers.model_config import load_inventory
+
+    spec = TrainingSpec(model=load_inventory("meta-llama/Llama-3.2-1B", env={}))
+    report = estimate(spec)
+    comps = collect_components(spec)
+    transient = oh.transient_bytes_at(comps, report.peak_phase)
+    assert 0 < transient < report.peak_allocated_bytes
+    expected = oh.reserved_bytes(spec, report.peak_allocated_bytes, transient_bytes=transient)
+    assert oh.reserved_bytes(spec, report.peak_allocated_bytes) == expected
