@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 from accelerate.utils import find_executable_batch_size
+from fitcheck.integrations.tuner import tune_micro_batch
 
 from fitcheck.core.batch_search import max_micro_batch, with_micro_batch
 from fitcheck.core.estimate import estimate
-from fitcheck.integrations.tuner import tune_micro_batch
 from fitcheck.spec import TrainingSpec
 
 HF_START = 64
@@ -55,7 +55,8 @@ ROWS = [
     Row("Phi-2 LoRA, seq 2048", "microsoft/phi-2",
         {**COMMON, "use_peft": True, "max_seq_length": 2048, "gpu": "L40S-48GB"}, -0.05),
     Row("GPT-2 large full FT fp32, ckpt, seq 512", "openai-community/gpt2-large",
-        {"dtype": "float32", "gradient_checkpointing": True, "max_seq_length": 512, "gpu": "A10G-24GB"}, +0.03),
+        {"dtype": "float32", "gradient_checkpointing": True, "max_seq_length": 512,
+         "gpu": "A10G-24GB"}, +0.03),
     Row("Falcon-7B QLoRA, seq 2048", "tiiuae/falcon-7b",
         {**COMMON, "use_peft": True, "load_in_4bit": True, "max_seq_length": 2048, "gpu": "A100-40GB"}, 0.0),
     Row("Llama-3.1-8B ZeRO-3 x8, seq 4096", "meta-llama/Llama-3.1-8B",
@@ -87,7 +88,7 @@ def simulated_step(spec: TrainingSpec, error: float) -> tuple[Callable[[int], No
     def step(m: int) -> None:
         calls.append(m)
         if need(m) > budget:
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate (simulated, micro-batch {m})")
+            raise torch.OutOfMemoryError(f"CUDA out of memory (simulated, micro-batch {m})")
 
     return step, calls
 
@@ -138,7 +139,7 @@ def main() -> int:
         good += ok
         print(
             f"{row.name:42} {row.error:+5.0%} {truth:5d} | {predicted:5d} {ours.micro_batch:5d} "
-            f"{ours.trials:6d} | {hf_result:6d} {hf_trials:6d}" + ("" if ok else "   <- more than 2 trials or off")
+            f"{ours.trials:6d} | {hf_result:6d} {hf_trials:6d}" + ("" if ok else "   <- > 2 trials or off")
         )
     print("-" * len(header))
     print(f"true maximum (±0) in <= 2 trials: {good} of {len(ROWS)}  ({time.perf_counter() - t0:.1f} s)")

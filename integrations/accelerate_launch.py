@@ -124,7 +124,7 @@ def split_argv(argv: Sequence[str]) -> LaunchPlan:
         else:
             break
     rest = tokens[i:]
-    if rest == [] or rest[0] == "--" and len(rest) == 1:
+    if rest == [] or (rest[0] == "--" and len(rest) == 1):
         raise ConfigError("fitcheck launch: no training script given; usage: fitcheck launch [--check-only] "
                           "[accelerate launch args] script.py [script args]")
     if rest and rest[0] == "--":
@@ -239,8 +239,9 @@ def launch_report(plan: LaunchPlan, env: Mapping[str, str]) -> Any:
     """The report for a launch command line."""
     import dataclasses
 
-    from fitcheck.core.estimate import estimate
     from fitcheck.integrations.spec_build import build_spec, field_findings
+
+    from fitcheck.core.estimate import estimate
     from fitcheck.readers.model_config import load_inventory
 
     ns = parse_accelerate_args(plan.accelerate_argv)

@@ -57,9 +57,8 @@ def callback_options(argv: Sequence[str], env: Mapping[str, str]) -> tuple[dict[
 
 def install(**callback_kwargs: Any) -> None:
     """Make every Trainer built from now on carry a FitcheckCallback (unless it already has one)."""
-    from transformers import Trainer
-
     from fitcheck.integrations.trainer import FitcheckCallback
+    from transformers import Trainer
 
     original = Trainer.__init__
     if getattr(original, "_fitcheck_wrapped", False):

@@ -94,8 +94,9 @@ def lora_values(peft_config: object) -> dict[str, object]:
     elif targets:
         out["lora_target_modules"] = sorted(str(t) for t in targets)
     for key, flag in (("modules_to_save", "lora_modules_to_save"), ("target_parameters", "lora_target_parameters")):
-        if get(key):
-            out[flag] = list(get(key))
+        items = get(key)
+        if items:
+            out[flag] = [str(x) for x in items]
     layers = get("layers_to_transform")
     if layers is not None:
         out["lora_layers_to_transform"] = [layers] if isinstance(layers, int) else list(layers)
@@ -147,7 +148,7 @@ def detect_hardware(device: Any = None) -> dict[str, object]:
         except Exception:  # an unknown GPU name: its memory size is enough
             pass
         return out
-    import psutil
+    import psutil  # type: ignore[import-untyped]  # (accelerate's dependency)
 
     return {"device_type": "cpu", "gpu_memory": int(psutil.virtual_memory().total)}
 
@@ -201,7 +202,7 @@ def build_spec(
         training_args_file=None,
         deepspeed_file=None,
         accelerate_config_file=str(accelerate_file) if accelerate_file else None,
-        fsdp=" ".join(str(x) for x in fsdp) if isinstance(fsdp, (list, tuple)) else fsdp if fsdp else None,
+        fsdp=" ".join(str(x) for x in fsdp) if isinstance(fsdp, (list, tuple)) else str(fsdp) if fsdp else None,
         env=env if accelerate_file else no_default,
         hidden_size=inventory.shape.hidden_size,
     )
@@ -234,8 +235,8 @@ def _live_sharding(
     ds = vals.pop("deepspeed", None)
     if isinstance(ds, Mapping):
         source = prov.pop("deepspeed", "TrainingArguments.deepspeed")
-        run = {k: vals[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16")
-               if k in vals}
+        keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16")
+        run: dict[str, object] = {k: vals[k] for k in keys if k in vals}
         read = resolve_deepspeed(ds, source=source, run=run, run_provenance=prov, world_size=n,
                                  hidden_size=inventory.shape.hidden_size)
         findings.extend(read.findings)

@@ -23,10 +23,6 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from transformers import TrainerCallback
-
-from fitcheck.errors import FitcheckError
-from fitcheck.findings import Finding
 from fitcheck.integrations.spec_build import (
     apply_live_facts,
     build_spec,
@@ -39,6 +35,10 @@ from fitcheck.integrations.spec_build import (
     training_args_values,
     transformers_major,
 )
+from transformers import TrainerCallback
+
+from fitcheck.errors import FitcheckError
+from fitcheck.findings import Finding
 from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.units import format_bytes
@@ -167,7 +167,7 @@ def preflight(
 
         extra = device_map_findings(spec, device_map, max_memory)
     if facts is not None:
-        from fitcheck.torch_adapters.device_map import live_device_map_findings
+        from fitcheck.torch_adapters.live_model import live_device_map_findings
 
         extra += live_device_map_findings(model_or_config, num_processes=spec.sharding.num_processes)
     report = _estimate(spec, extra)
@@ -187,7 +187,8 @@ def _detected_gpu() -> dict[str, object]:
         import torch
 
         if torch.cuda.is_available():
-            return detect_hardware()
+            detected: dict[str, object] = detect_hardware()
+            return detected
     except Exception:  # no usable torch: the estimate's default GPU applies
         pass
     return {}
@@ -208,7 +209,7 @@ def _rank_zero(args: Any, state: Any) -> bool:
     return int(getattr(args, "process_index", 0) or 0) == 0
 
 
-class FitcheckCallback(TrainerCallback):  # type: ignore[misc]
+class FitcheckCallback(TrainerCallback):
     """Check a Trainer run at construction, and compare the prediction with the measured peak.
 
     Args:
@@ -286,8 +287,7 @@ class FitcheckCallback(TrainerCallback):  # type: ignore[misc]
             values[key] = value
             prov[key] = f"FitcheckCallback({key}=...)"
         env = dict(os.environ)
-        from fitcheck.torch_adapters.device_map import live_device_map_findings
-        from fitcheck.torch_adapters.live_model import inspect_model
+        from fitcheck.torch_adapters.live_model import inspect_model, live_device_map_findings
 
         facts = inspect_model(model)
         spec, assumptions = build_spec(inventory_for(model, env), values, prov, findings, env)
@@ -417,10 +417,11 @@ class FitcheckCallback(TrainerCallback):  # type: ignore[misc]
             "budget_bytes": report.budget_bytes,
             "peak_phase": report.peak_phase.value,
         }
-        error = (predicted[predicted_key] - measured[measured_key]) / max(1, measured[measured_key])  # type: ignore[operator]
+        pred_value, meas_value = int(str(predicted[predicted_key])), int(measured[measured_key])
+        error = (pred_value - meas_value) / max(1, meas_value)
         if step == self.measure_steps:
-            self._say(f"fitcheck: step {step}: predicted {format_bytes(predicted[predicted_key])} "  # type: ignore[arg-type]
-                      f"({predicted_key}), measured {format_bytes(measured[measured_key])} ({measured_key}): "
+            self._say(f"fitcheck: step {step}: predicted {format_bytes(pred_value)} "
+                      f"({predicted_key}), measured {format_bytes(meas_value)} ({measured_key}): "
                       f"{error:+.1%}")
         if self.record_path and self._main:
             spec = report.spec

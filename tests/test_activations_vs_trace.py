@@ -14,8 +14,17 @@ from fitcheck.core.activations import activation_components
 from fitcheck.readers.model_config import inventory_from_config
 from fitcheck.report import Phase
 from fitcheck.spec import (
-    ActivationSpec, AttnImpl, BatchSpec, DeviceType, Dtype, HardwareSpec, LoraSpec, MixedPrecision,
-    OptimizerSpec, PrecisionSpec, TrainingSpec,
+    ActivationSpec,
+    AttnImpl,
+    BatchSpec,
+    DeviceType,
+    Dtype,
+    HardwareSpec,
+    LoraSpec,
+    MixedPrecision,
+    OptimizerSpec,
+    PrecisionSpec,
+    TrainingSpec,
 )
 
 _BASE: dict[str, Any] = {"hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 8,

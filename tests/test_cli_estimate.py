@@ -12,8 +12,21 @@ import pytest
 from fitcheck.cli.main import main
 
 LLAMA3 = ["--model_name_or_path", "meta-llama/Meta-Llama-3-8B"]
-BASE = ["estimate", *LLAMA3, "--dtype", "bfloat16", "--bf16", "--optim", "adamw_torch",
-        "--per_device_train_batch_size", "2", "--max_seq_length", "1024", "--gpu", "H100-80GB"]
+BASE = [
+    "estimate",
+    *LLAMA3,
+    "--dtype",
+    "bfloat16",
+    "--bf16",
+    "--optim",
+    "adamw_torch",
+    "--per_device_train_batch_size",
+    "2",
+    "--max_seq_length",
+    "1024",
+    "--gpu",
+    "H100-80GB",
+]
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict[str, object]]:
@@ -24,9 +37,16 @@ def run_json(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict
 
 def test_json_contract_fields_and_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
     code, j = run_json(capsys)
-    for key, typ in [("fits", bool), ("peak_allocated_bytes", int), ("peak_reserved_bytes", int),
-                     ("device_used_bytes", int), ("budget_bytes", int), ("host_bytes", int),
-                     ("components", dict), ("findings", list)]:
+    for key, typ in [
+        ("fits", bool),
+        ("peak_allocated_bytes", int),
+        ("peak_reserved_bytes", int),
+        ("device_used_bytes", int),
+        ("budget_bytes", int),
+        ("host_bytes", int),
+        ("components", dict),
+        ("findings", list),
+    ]:
         assert isinstance(j[key], typ), key
     assert code == (0 if j["fits"] else 1)
     assert j["peak_reserved_bytes"] >= j["peak_allocated_bytes"]
@@ -95,9 +115,25 @@ def test_explicit_flag_wins_over_training_args_file(capsys: pytest.CaptureFixtur
 
 
 def test_qlora_flags(capsys: pytest.CaptureFixture[str]) -> None:
-    code, j = run_json(capsys, "--use_peft", "--lora_r", "16", "--lora_alpha", "32", "--lora_dropout", "0.05",
-                       "--lora_target_modules", "all-linear", "--load_in_4bit", "--bnb_4bit_quant_type", "nf4",
-                       "--use_bnb_nested_quant", "--gradient_checkpointing", "--attn_implementation", "sdpa")
+    code, j = run_json(
+        capsys,
+        "--use_peft",
+        "--lora_r",
+        "16",
+        "--lora_alpha",
+        "32",
+        "--lora_dropout",
+        "0.05",
+        "--lora_target_modules",
+        "all-linear",
+        "--load_in_4bit",
+        "--bnb_4bit_quant_type",
+        "nf4",
+        "--use_bnb_nested_quant",
+        "--gradient_checkpointing",
+        "--attn_implementation",
+        "sdpa",
+    )
     assert code == 0 and j["fits"] is True
     assert j["trainable_params"] == 41_943_040  # r * (in + out) over every linear but lm_head (design note 04)
 
@@ -108,7 +144,7 @@ def test_known_family_answers_without_importing_torch() -> None:
         "from fitcheck.cli.main import main\n"
         "buf = io.StringIO()\n"
         "with contextlib.redirect_stdout(buf):\n"
-        f"    rc = main({BASE + ['--json']!r})\n"
+        f"    rc = main({[*BASE, '--json']!r})\n"
         "json.loads(buf.getvalue())\n"
         "bad = [m for m in ('torch', 'transformers', 'accelerate', 'peft') if m in sys.modules]\n"
         "assert not bad, bad\n"

@@ -26,6 +26,7 @@ from fitcheck.spec import (
     TrainingSpec,
 )
 from fitcheck.torch_adapters import device_map as dm
+from fitcheck.torch_adapters.live_model import live_device_map_findings
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1024**3
@@ -108,7 +109,9 @@ def test_multi_device_map_on_several_processes_is_refused(llama8b: ModelInventor
     assert "device-map-distributed" in codes
 
 
-def test_accelerate_fallback_path_matches_transformers_5(llama8b: ModelInventory, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_accelerate_fallback_path_matches_transformers_5(
+    llama8b: ModelInventory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """transformers 4.x used accelerate's own functions; without transformers 5's copies the fallback runs."""
     spec = _spec(llama8b, Dtype.FLOAT32)
     v5 = dm.predict_placement(spec, "auto", {"0": 24 * GIB, "cpu": 200 * GIB})
@@ -156,14 +159,14 @@ def test_live_model_offloaded_trainable_params_are_flagged() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY.parent))
-    assert not dm.live_device_map_findings(model)  # all on CPU: CPU training, not offloading
+    assert not live_device_map_findings(model)  # all on CPU: CPU training, not offloading
     model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu",
                            "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
     layer1 = sum(p.numel() for p in model.model.layers[1].parameters())
     expected = layer1 + model.model.norm.weight.numel() + model.lm_head.weight.numel()
-    (f,) = dm.live_device_map_findings(model)
+    (f,) = live_device_map_findings(model)
     assert f.code == "trainable-offloaded" and f"{expected:,}" in f.message
     for p in model.parameters():  # frozen model: nothing trainable is offloaded
         p.requires_grad_(False)
-    assert [f.code for f in dm.live_device_map_findings(model, num_processes=2)] == ["device-map-distributed"]
+    assert [f.code for f in live_device_map_findings(model, num_processes=2)] == ["device-map-distributed"]
     del torch

@@ -13,9 +13,10 @@ import pytest
 
 pytest.importorskip("accelerate")
 
-from fitcheck.cli import launch  # noqa: E402
-from fitcheck.integrations import accelerate_launch as al  # noqa: E402
-from fitcheck.spec import Strategy  # noqa: E402
+from fitcheck.integrations import accelerate_launch as al
+
+from fitcheck.cli import launch
+from fitcheck.spec import Strategy
 
 ROOT = Path(__file__).resolve().parents[1]
 YAML = "examples/launch/accelerate_deepspeed_zero3.yaml"
@@ -136,7 +137,8 @@ def test_run_hook_adds_the_callback_to_every_trainer(tmp_path: Path, monkeypatch
 
     captured: dict[str, object] = {}
     real_run_path = runpy.run_path
-    monkeypatch.setattr(runpy, "run_path", lambda path, run_name: captured.update(real_run_path(path, run_name=run_name)))
+    monkeypatch.setattr(runpy, "run_path",
+                        lambda path, run_name: captured.update(real_run_path(path, run_name=run_name)))
     assert run_hook.main(["--max_seq_length", "32", str(script), str(ROOT / "examples" / "tiny-llama"),
                           str(tmp_path)]) == 0
     callbacks = captured["RESULT"]

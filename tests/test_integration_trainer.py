@@ -13,10 +13,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from fitcheck import FitcheckCallback, preflight  # noqa: E402
 from fitcheck.integrations import spec_build  # noqa: E402
 from fitcheck.integrations import trainer as fc_trainer  # noqa: E402
 from fitcheck.integrations.trainer import DoesNotFitError  # noqa: E402
+
+from fitcheck import FitcheckCallback, preflight  # noqa: E402
 from fitcheck.spec import Dtype, Strategy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,9 +16,23 @@ def test_all_names_resolve_and_are_documented() -> None:
 
 
 def test_all_lists_the_public_names() -> None:
-    public = {n for n in dir(fitcheck) if not n.startswith("_") and n not in {"annotations", "TYPE_CHECKING", "Any"}}
-    public -= {"core", "errors", "findings", "report", "spec", "units", "readers", "catalog", "render", "cli",
-               "torch_adapters", "integrations"}
+    public = {
+        n for n in dir(fitcheck) if not n.startswith("_") and n not in {"annotations", "TYPE_CHECKING", "Any"}
+    }
+    public -= {
+        "core",
+        "errors",
+        "findings",
+        "report",
+        "spec",
+        "units",
+        "readers",
+        "catalog",
+        "render",
+        "cli",
+        "torch_adapters",
+        "integrations",
+    }
     assert public <= set(fitcheck.__all__)
 
 

@@ -9,7 +9,12 @@ import pytest
 
 from fitcheck.errors import ConfigError, NotModelledError
 from fitcheck.findings import Finding
-from fitcheck.readers.peft_config import lora_from_mapping, lora_from_object, lora_from_trl_flags, read_adapter_config
+from fitcheck.readers.peft_config import (
+    lora_from_mapping,
+    lora_from_object,
+    lora_from_trl_flags,
+    read_adapter_config,
+)
 from fitcheck.readers.quantization_config import (
     quant_from_mapping,
     quant_from_model_config,
@@ -22,8 +27,9 @@ from fitcheck.spec import Dtype, QuantSpec
 
 def test_live_lora_config_object() -> None:
     peft = pytest.importorskip("peft")
-    cfg = peft.LoraConfig(r=32, lora_alpha=64, target_modules=["q_proj", "v_proj"], use_dora=True,
-                          modules_to_save=["lm_head"])
+    cfg = peft.LoraConfig(
+        r=32, lora_alpha=64, target_modules=["q_proj", "v_proj"], use_dora=True, modules_to_save=["lm_head"]
+    )
     spec = lora_from_object(cfg)
     assert spec.r == 32 and spec.alpha == 64 and spec.use_dora and spec.modules_to_save == ("lm_head",)
     assert set(spec.target_modules) == {"q_proj", "v_proj"}
@@ -33,8 +39,18 @@ def test_live_lora_config_object() -> None:
 
 def test_adapter_config_json_and_non_lora(tmp_path: Path) -> None:
     path = tmp_path / "adapter_config.json"
-    path.write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["c_attn"],
-                                "layers_to_transform": [0, 1], "rank_pattern": {"c_attn": 4}}))
+    path.write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": 8,
+                "lora_alpha": 16,
+                "target_modules": ["c_attn"],
+                "layers_to_transform": [0, 1],
+                "rank_pattern": {"c_attn": 4},
+            }
+        )
+    )
     spec = read_adapter_config(str(path))
     assert spec.layers_to_transform == (0, 1) and spec.rank_pattern == {"c_attn": 4}
     with pytest.raises(NotModelledError, match="IA3"):
@@ -46,29 +62,51 @@ def test_adapter_config_json_and_non_lora(tmp_path: Path) -> None:
 def test_trl_lora_flags_defaults() -> None:
     assert lora_from_trl_flags({}) is None
     spec = lora_from_trl_flags({"use_peft": True})
-    assert spec is not None and (spec.r, spec.alpha, spec.dropout) == (16, 32.0, 0.05)  # TRL ModelConfig defaults
+    assert spec is not None and (spec.r, spec.alpha, spec.dropout) == (
+        16,
+        32.0,
+        0.05,
+    )  # TRL ModelConfig defaults
 
 
 def test_bitsandbytes_config_object_and_dict() -> None:
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    cfg = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                          bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16,
-                                          bnb_4bit_quant_storage=torch.bfloat16)
+    cfg = transformers.BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+        bnb_4bit_quant_storage=torch.bfloat16,
+    )
     for q in (quant_from_object(cfg), quant_from_mapping(cfg.to_dict(), source="bnb")):
         assert isinstance(q, QuantSpec)
         assert (q.bits, q.quant_type, q.double_quant) == (4, "nf4", True)
         assert q.compute_dtype is Dtype.BFLOAT16 and q.quant_storage is Dtype.BFLOAT16
     default = quant_from_object(transformers.BitsAndBytesConfig(load_in_4bit=True))
     # transformers turns compute dtype None into torch.float32 on the object
-    assert isinstance(default, QuantSpec) and default.quant_type == "fp4" and default.compute_dtype is Dtype.FLOAT32
+    assert (
+        isinstance(default, QuantSpec)
+        and default.quant_type == "fp4"
+        and default.compute_dtype is Dtype.FLOAT32
+    )
 
 
 def test_pre_quantized_checkpoint_and_gptq() -> None:
-    q = quant_from_model_config({"quantization_config": {"quant_method": "bitsandbytes", "_load_in_4bit": True,
-                                                         "bnb_4bit_quant_type": "nf4"}}, source="config.json")
+    q = quant_from_model_config(
+        {
+            "quantization_config": {
+                "quant_method": "bitsandbytes",
+                "_load_in_4bit": True,
+                "bnb_4bit_quant_type": "nf4",
+            }
+        },
+        source="config.json",
+    )
     assert isinstance(q, QuantSpec) and q.pre_quantized
-    gptq = quant_from_model_config({"quantization_config": {"quant_method": "gptq", "bits": 4}}, source="c.json")
+    gptq = quant_from_model_config(
+        {"quantization_config": {"quant_method": "gptq", "bits": 4}}, source="c.json"
+    )
     assert isinstance(gptq, Finding) and "gptq" in gptq.message
     with pytest.raises(ConfigError, match="both true"):
         quant_from_mapping({"load_in_4bit": True, "load_in_8bit": True}, source="q")
@@ -82,9 +120,15 @@ def test_trl_quant_flags_use_dtype_for_storage() -> None:
 
 def test_live_training_arguments_object() -> None:
     transformers = pytest.importorskip("transformers")
-    args = transformers.TrainingArguments(output_dir="/tmp/fitcheck-unused", per_device_train_batch_size=3,
-                                          gradient_accumulation_steps=5, activation_checkpointing=True,
-                                          optim="adamw_torch", use_cpu=True, report_to="none")
+    args = transformers.TrainingArguments(
+        output_dir="/tmp/fitcheck-unused",
+        per_device_train_batch_size=3,
+        gradient_accumulation_steps=5,
+        activation_checkpointing=True,
+        optim="adamw_torch",
+        use_cpu=True,
+        report_to="none",
+    )
     read = read_training_args_object(args)
     v = read.values
     assert v["per_device_train_batch_size"] == 3 and v["gradient_accumulation_steps"] == 5

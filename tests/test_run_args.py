@@ -21,15 +21,41 @@ from fitcheck.spec import (
 
 
 def tiny(family: str = "llama", dtype: Dtype | None = Dtype.BFLOAT16) -> ModelInventory:
-    shape = ModelShape(family=family, architecture="LlamaForCausalLM", hidden_size=64, num_layers=2,
-                       num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, vocab_size=100,
-                       config_dtype=dtype)
+    shape = ModelShape(
+        family=family,
+        architecture="LlamaForCausalLM",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=100,
+        config_dtype=dtype,
+    )
     params = (
-        ParamEntry("model.embed_tokens.weight", (100, 64), Role.EMBEDDING, Kind.EMBEDDING, module="embed_tokens"),
-        ParamEntry("model.layers.*.self_attn.q_proj.weight", (64, 64), Role.ATTENTION, Kind.LINEAR, 2,
-                   "q_proj", 64, 64),
-        ParamEntry("lm_head.weight", (100, 64), Role.LM_HEAD, Kind.LINEAR, module="lm_head",
-                   in_features=64, out_features=100),
+        ParamEntry(
+            "model.embed_tokens.weight", (100, 64), Role.EMBEDDING, Kind.EMBEDDING, module="embed_tokens"
+        ),
+        ParamEntry(
+            "model.layers.*.self_attn.q_proj.weight",
+            (64, 64),
+            Role.ATTENTION,
+            Kind.LINEAR,
+            2,
+            "q_proj",
+            64,
+            64,
+        ),
+        ParamEntry(
+            "lm_head.weight",
+            (100, 64),
+            Role.LM_HEAD,
+            Kind.LINEAR,
+            module="lm_head",
+            in_features=64,
+            out_features=100,
+        ),
     )
     return ModelInventory("tiny", shape, params)
 
@@ -57,8 +83,14 @@ def test_aliases_and_string_coercion() -> None:
     assert canonical_key("activation_checkpointing") == "gradient_checkpointing"
     assert canonical_key("max-length") == "max_seq_length"
     spec, _ = spec_from_values(
-        {"torch_dtype": "float32", "bf16": "true", "activation_checkpointing": True,
-         "per_device_train_batch_size": "4", "max_length": 2048, "num_processes": "4"},
+        {
+            "torch_dtype": "float32",
+            "bf16": "true",
+            "activation_checkpointing": True,
+            "per_device_train_batch_size": "4",
+            "max_length": 2048,
+            "num_processes": "4",
+        },
         inventory=tiny(),
     )
     assert spec.precision.load_dtype is Dtype.FLOAT32
@@ -81,8 +113,9 @@ def test_family_without_peft_default_needs_targets() -> None:
 
 
 def test_quantization_compute_dtype_follows_dtype() -> None:
-    spec, _ = spec_from_values({"load_in_4bit": True, "use_bnb_nested_quant": True, "dtype": "bfloat16"},
-                               inventory=tiny())
+    spec, _ = spec_from_values(
+        {"load_in_4bit": True, "use_bnb_nested_quant": True, "dtype": "bfloat16"}, inventory=tiny()
+    )
     assert spec.quant is not None
     assert (spec.quant.bits, spec.quant.quant_type, spec.quant.double_quant) == (4, "nf4", True)
     assert spec.quant.compute_dtype is Dtype.BFLOAT16
@@ -109,5 +142,8 @@ def test_bad_values_name_the_source(values: dict[str, object], needle: str) -> N
 
 def test_provenance_is_used_in_messages() -> None:
     with pytest.raises(ConfigError, match="args.yaml:per_device_train_batch_size"):
-        spec_from_values({"per_device_train_batch_size": 0}, inventory=tiny(),
-                         provenance={"per_device_train_batch_size": "args.yaml:per_device_train_batch_size"})
+        spec_from_values(
+            {"per_device_train_batch_size": 0},
+            inventory=tiny(),
+            provenance={"per_device_train_batch_size": "args.yaml:per_device_train_batch_size"},
+        )

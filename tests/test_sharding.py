@@ -28,7 +28,9 @@ from fitcheck.spec import (
 )
 
 CATALOG = Path("/work/shared/catalog/meta-llama/Meta-Llama-3-8B/config.json")
-_LOCAL = Path(__file__).resolve().parents[1] / "fitcheck/catalog/models/meta-llama/Meta-Llama-3-8B/config.json"
+_LOCAL = (
+    Path(__file__).resolve().parents[1] / "fitcheck/catalog/models/meta-llama/Meta-Llama-3-8B/config.json"
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +41,17 @@ def llama8b() -> ModelInventory:
     return inventory_from_config(json.loads(path.read_text()), "meta-llama/Meta-Llama-3-8B", str(path))
 
 
-def spec_for(inv: ModelInventory, sharding: ShardingSpec, *, lora: LoraSpec | None = None, gas: int = 1) -> TrainingSpec:
-    return TrainingSpec(model=inv, precision=PrecisionSpec(Dtype.BFLOAT16, MixedPrecision.BF16),
-                        optimizer=OptimizerSpec("adamw_torch"), batch=BatchSpec(1, 1024, gas), sharding=sharding,
-                        lora=lora)
+def spec_for(
+    inv: ModelInventory, sharding: ShardingSpec, *, lora: LoraSpec | None = None, gas: int = 1
+) -> TrainingSpec:
+    return TrainingSpec(
+        model=inv,
+        precision=PrecisionSpec(Dtype.BFLOAT16, MixedPrecision.BF16),
+        optimizer=OptimizerSpec("adamw_torch"),
+        batch=BatchSpec(1, 1024, gas),
+        sharding=sharding,
+        lora=lora,
+    )
 
 
 def ds(n: int, **kw: object) -> ShardingSpec:
@@ -53,7 +62,9 @@ def named(comps: tuple[Component, ...], name: str) -> Component:
     return next(c for c in comps if c.name == name)
 
 
-@pytest.mark.parametrize(("stage", "expect"), [(0, (1, 1, 1)), (1, (1, 1, 8)), (2, (1, 8, 8)), (3, (8, 8, 8))])
+@pytest.mark.parametrize(
+    ("stage", "expect"), [(0, (1, 1, 1)), (1, (1, 1, 8)), (2, (1, 8, 8)), (3, (8, 8, 8))]
+)
 def test_zero_stage_divisors(llama8b: ModelInventory, stage: int, expect: tuple[int, int, int]) -> None:
     p = partition(spec_for(llama8b, ds(8, stage=stage)))
     assert (p.weights, p.gradients, p.optimizer) == expect
@@ -62,8 +73,11 @@ def test_zero_stage_divisors(llama8b: ModelInventory, stage: int, expect: tuple[
 def test_offload_only_where_deepspeed_does_it(llama8b: ModelInventory) -> None:
     p = partition(spec_for(llama8b, ds(8, stage=2, offload_optimizer=OffloadDevice.CPU)))
     assert p.optimizer_on_host and p.gradients_on_host and not p.params_on_host
-    p3 = partition(spec_for(llama8b, ds(8, stage=3, offload_optimizer=OffloadDevice.CPU,
-                                        offload_param=OffloadDevice.CPU)))
+    p3 = partition(
+        spec_for(
+            llama8b, ds(8, stage=3, offload_optimizer=OffloadDevice.CPU, offload_param=OffloadDevice.CPU)
+        )
+    )
     assert p3.params_on_host
     p0 = partition(spec_for(llama8b, ds(8, stage=0, offload_optimizer=OffloadDevice.CPU)))
     assert not p0.optimizer_on_host  # the ZeRO optimizer (stage >= 1) does the offload
@@ -73,16 +87,24 @@ def test_lora_under_zero3_shards_frozen_base(llama8b: ModelInventory) -> None:
     lora = LoraSpec(r=16, target_modules=("q_proj", "v_proj"))
     z2 = model_state_components(spec_for(llama8b, ds(8, stage=2), lora=lora))
     z3 = model_state_components(spec_for(llama8b, ds(8, stage=3), lora=lora))
-    assert named(z3, "weights.frozen").peak_bytes * 8 == pytest.approx(named(z2, "weights.frozen").peak_bytes, rel=1e-6)
-    assert any(f.code == "zero3-shards-frozen" for f in sharding_findings(spec_for(llama8b, ds(8, stage=3),
-                                                                                   lora=lora)))
+    assert named(z3, "weights.frozen").peak_bytes * 8 == pytest.approx(
+        named(z2, "weights.frozen").peak_bytes, rel=1e-6
+    )
+    assert any(
+        f.code == "zero3-shards-frozen"
+        for f in sharding_findings(spec_for(llama8b, ds(8, stage=3), lora=lora))
+    )
 
 
 def test_zero2_reduce_bucket_double_buffered_only_with_overlap(llama8b: ModelInventory) -> None:
     plain = named(buffer_components(spec_for(llama8b, ds(8, stage=2))), "buffers.deepspeed_reduce_bucket")
-    overlap = named(buffer_components(spec_for(llama8b, ds(8, stage=2, overlap_comm=True))),
-                    "buffers.deepspeed_reduce_bucket")
-    assert plain.at(Phase.BACKWARD) == 500_000_000 * 2  # bf16 elements, one buffer (overlap_comm default False)
+    overlap = named(
+        buffer_components(spec_for(llama8b, ds(8, stage=2, overlap_comm=True))),
+        "buffers.deepspeed_reduce_bucket",
+    )
+    assert (
+        plain.at(Phase.BACKWARD) == 500_000_000 * 2
+    )  # bf16 elements, one buffer (overlap_comm default False)
     assert overlap.at(Phase.BACKWARD) == 2 * plain.at(Phase.BACKWARD)
     assert plain.at(Phase.FORWARD_END) == 0
 
@@ -105,8 +127,11 @@ def test_zero3_gathered_params_cover_largest_layer(llama8b: ModelInventory) -> N
 
 
 def test_ddp_buckets_copy_all_gradients(llama8b: ModelInventory) -> None:
-    spec = TrainingSpec(model=llama8b, precision=PrecisionSpec(Dtype.FLOAT32, MixedPrecision.BF16),
-                        sharding=ShardingSpec(Strategy.DDP, 8, 1))
+    spec = TrainingSpec(
+        model=llama8b,
+        precision=PrecisionSpec(Dtype.FLOAT32, MixedPrecision.BF16),
+        sharding=ShardingSpec(Strategy.DDP, 8, 1),
+    )
     (bucket,) = buffer_components(spec)
     assert bucket.at(Phase.FORWARD_END) == llama8b.total_params * 4
     assert any(f.code == "ddp-bucket-copy" for f in sharding_findings(spec))
@@ -114,8 +139,12 @@ def test_ddp_buckets_copy_all_gradients(llama8b: ModelInventory) -> None:
 
 def test_fsdp_units_and_reshard(llama8b: ModelInventory) -> None:
     full = spec_for(llama8b, ShardingSpec(Strategy.FSDP, 8, 1, fsdp=FsdpSpec()))
-    grad_op = spec_for(llama8b, ShardingSpec(Strategy.FSDP, 8, 1, fsdp=FsdpSpec(sharding_strategy="SHARD_GRAD_OP",
-                                                                           reshard_after_forward=False)))
+    grad_op = spec_for(
+        llama8b,
+        ShardingSpec(
+            Strategy.FSDP, 8, 1, fsdp=FsdpSpec(sharding_strategy="SHARD_GRAD_OP", reshard_after_forward=False)
+        ),
+    )
     layer = fsdp_unit_params(full)
     assert layer == sum(p.numel_each for p in llama8b.params if p.per_layer)
     a = named(buffer_components(full), "buffers.fsdp_unsharded_params")
@@ -140,8 +169,12 @@ def test_fsdp_accumulation_keeps_full_grads_unless_sync_each_batch(llama8b: Mode
 
 
 def test_hybrid_shard_shards_within_node(llama8b: ModelInventory) -> None:
-    p = partition(spec_for(llama8b, ShardingSpec(Strategy.FSDP, 16, 2, fsdp=FsdpSpec(version=1,
-                                                                                sharding_strategy="HYBRID_SHARD"))))
+    p = partition(
+        spec_for(
+            llama8b,
+            ShardingSpec(Strategy.FSDP, 16, 2, fsdp=FsdpSpec(version=1, sharding_strategy="HYBRID_SHARD")),
+        )
+    )
     assert p.weights == 8 and p.shard_group == 8
 
 
@@ -162,13 +195,16 @@ def test_model_states_match_deepspeed_estimator_formula(llama8b: ModelInventory)
         if stage == 2:
             _, gpu = stage_1_and_2.estimate_zero2_model_states_mem_needs(p, 8, 1, cpu_offload=False)
         else:
-            _, gpu, largest = stage3.estimate_zero3_model_states_mem_needs(p, 0, 8, 1, cpu_offload=False,
-                                                                           cpu_offload_params=False)
+            _, gpu, _ = stage3.estimate_zero3_model_states_mem_needs(
+                p, 0, 8, 1, cpu_offload=False, cpu_offload_params=False
+            )
         if stage == 2:
             assert ours == pytest.approx(gpu, rel=0.002)
         else:
-            # DeepSpeed's ZeRO-3 formula uses the same 18 B/param as ZeRO-2 although ZeRO-3 also shards the 2 B/param
-            # 16-bit weights: it leaves out one 2 B/param term (its comment lists 2+4+4+8), so we are 2P/N higher.
+            # DeepSpeed's ZeRO-3 formula uses the same 18 B/param as ZeRO-2 although
+            # ZeRO-3 also shards the 2 B/param
+            # 16-bit weights: it leaves out one 2 B/param term (its comment lists
+            # 2+4+4+8), so we are 2P/N higher.
             assert ours - gpu == pytest.approx(2 * p / 8, rel=0.002)
 
 

@@ -12,10 +12,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from fitcheck.report import Phase  # noqa: E402
-from fitcheck.spec import LoraSpec  # noqa: E402
-from fitcheck.torch_adapters import tracer_patches  # noqa: E402
-from fitcheck.torch_adapters.tracer import extrapolate, trace_step  # noqa: E402
+from fitcheck.report import Phase
+from fitcheck.spec import LoraSpec
+from fitcheck.torch_adapters import tracer_patches
+from fitcheck.torch_adapters.tracer import extrapolate, trace_step
 
 TINY: dict[str, Any] = {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 128, "intermediate_size": 344,

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitcheck.errors import ConfigError
+from fitcheck.findings import Finding
 from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
 
@@ -32,16 +33,26 @@ _LIST = "list"
 # (flag, kind, help). kind: "bool" (optional true/false), "list" (one or more), or a type/None (one string).
 _FLAGS: list[tuple[str, str | None, str]] = [
     # model
-    ("model_name_or_path", None, "Hub id (built-in catalog or local HF cache), a directory with config.json, "
-     "or a config.json path"),
-    ("dtype", None, "dtype the model is loaded in: auto (config.json's, transformers 5 default), bfloat16, "
-     "float16, float32; alias --torch_dtype"),
+    (
+        "model_name_or_path",
+        None,
+        "Hub id (built-in catalog or local HF cache), a directory with config.json, or a config.json path",
+    ),
+    (
+        "dtype",
+        None,
+        "dtype the model is loaded in: auto (config.json's, transformers 5 default), bfloat16, "
+        "float16, float32; alias --torch_dtype",
+    ),
     ("attn_implementation", None, "eager, sdpa (default) or flash_attention_2"),
     # batch
     ("per_device_train_batch_size", None, "micro-batch per GPU (default 8, as TrainingArguments)"),
     ("gradient_accumulation_steps", None, "gradient accumulation steps (default 1)"),
-    ("max_seq_length", None, "length of EVERY sequence in the micro-batch (padded/packed to it; default 1024); "
-     "alias --max_length"),
+    (
+        "max_seq_length",
+        None,
+        "length of EVERY sequence in the micro-batch (padded/packed to it; default 1024); alias --max_length",
+    ),
     # precision / optimizer
     ("bf16", _BOOL, "bf16 mixed precision (autocast)"),
     ("fp16", _BOOL, "fp16 mixed precision (autocast)"),
@@ -49,7 +60,11 @@ _FLAGS: list[tuple[str, str | None, str]] = [
     ("optim_args", None, "optimizer arguments as key=value,key=value (e.g. rank=128 for GaLore)"),
     ("optim_target_modules", _LIST, "modules GaLore/APOLLO project"),
     # activations
-    ("gradient_checkpointing", _BOOL, "activation (gradient) checkpointing; alias --activation_checkpointing"),
+    (
+        "gradient_checkpointing",
+        _BOOL,
+        "activation (gradient) checkpointing; alias --activation_checkpointing",
+    ),
     ("checkpoint_every_n_layers", None, "checkpoint one decoder layer in n (transformers 5 every_n_layers)"),
     ("loss", None, "standard (HF cross-entropy on full logits) or chunked (fused/chunked CE kernels)"),
     # peft
@@ -58,7 +73,11 @@ _FLAGS: list[tuple[str, str | None, str]] = [
     ("lora_alpha", None, "LoRA alpha (TRL default 32)"),
     ("lora_dropout", None, "LoRA dropout (TRL default 0.05)"),
     ("lora_target_modules", _LIST, "module names, or all-linear (default: peft's table for the model type)"),
-    ("lora_modules_to_save", _LIST, "modules trained in full next to the adapters (e.g. lm_head embed_tokens)"),
+    (
+        "lora_modules_to_save",
+        _LIST,
+        "modules trained in full next to the adapters (e.g. lm_head embed_tokens)",
+    ),
     ("lora_target_parameters", _LIST, "parameter names for peft's ParamWrapper (fused MoE experts)"),
     ("lora_layers_to_transform", _LIST, "only these layer indices get adapters"),
     ("use_dora", _BOOL, "DoRA"),
@@ -69,12 +88,19 @@ _FLAGS: list[tuple[str, str | None, str]] = [
     ("load_in_8bit", _BOOL, "bitsandbytes LLM.int8 base"),
     ("bnb_4bit_quant_type", None, "nf4 or fp4"),
     ("use_bnb_nested_quant", _BOOL, "double quantization (bnb_4bit_use_double_quant)"),
-    ("bnb_4bit_quant_storage", None, "packing dtype of 4-bit weights (uint8 default; bfloat16 for FSDP-QLoRA)"),
+    (
+        "bnb_4bit_quant_storage",
+        None,
+        "packing dtype of 4-bit weights (uint8 default; bfloat16 for FSDP-QLoRA)",
+    ),
     ("bnb_4bit_compute_dtype", None, "compute dtype of 4-bit layers (default: --dtype)"),
     ("llm_int8_skip_modules", _LIST, "modules kept unquantized"),
     # partial training
-    ("trainable_parameters", _LIST, "train only parameters matching these patterns (e.g. '*.mlp.gate.*'); "
-     "layer index written as *"),
+    (
+        "trainable_parameters",
+        _LIST,
+        "train only parameters matching these patterns (e.g. '*.mlp.gate.*'); layer index written as *",
+    ),
     ("trainable_layers", _LIST, "train only these layer indices"),
     # distributed
     ("num_processes", None, "total processes (GPUs) over all machines, as accelerate counts them"),
@@ -94,7 +120,11 @@ _FLAGS: list[tuple[str, str | None, str]] = [
     ("host_memory", None, "RAM per node, to check CPU offload, e.g. 512GiB"),
     ("expandable_segments", _BOOL, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set"),
     # checks
-    ("device_map", None, "check a device_map (auto, balanced, sequential) for trainable parameters on cpu/disk"),
+    (
+        "device_map",
+        None,
+        "check a device_map (auto, balanced, sequential) for trainable parameters on cpu/disk",
+    ),
     ("max_memory", None, "max_memory for the device_map check, e.g. 0=24GiB,cpu=200GiB"),
 ]
 
@@ -221,7 +251,7 @@ def build_report(
         from fitcheck.torch_adapters.tracer import trace_components
 
         activations = trace_components(spec)
-    extra_findings = ()
+    extra_findings: tuple[Finding, ...] = ()
     if getattr(args, "device_map", None):
         from fitcheck.torch_adapters.device_map import device_map_findings
 
@@ -269,7 +299,10 @@ def run(args: argparse.Namespace) -> int:
 
         from fitcheck.render.table import print_report
 
-        print_report(report, Console(), extra=_extras_renderables(extras))
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=160)  # piped or captured: don't squeeze the table into 80 columns
+        print_report(report, console, extra=_extras_renderables(extras))
     return 0 if report.fits else 1
 
 
@@ -287,8 +320,8 @@ def _extras_to_json(extras: Mapping[str, object]) -> dict[str, object]:
 
 
 def _extras_renderables(extras: Mapping[str, object]) -> list[Any]:
-    from fitcheck.core.advisor import suggestions_table
     from fitcheck.core.compute import compute_line
+    from fitcheck.render.table import suggestions_table
 
     return [
         f"largest micro-batch that fits at this sequence length: {extras['max_micro_batch']}",

@@ -29,7 +29,8 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         add_help=False,
     )
-    parser.add_argument("argv", nargs=argparse.REMAINDER, help="[fitcheck flags] [accelerate launch args] script.py ...")
+    parser.add_argument("argv", nargs=argparse.REMAINDER,
+                        help="[fitcheck flags] [accelerate launch args] script.py ...")
     parser.set_defaults(func=run)
 
 
@@ -90,4 +91,5 @@ def main(
     cmd = al.accelerate_command(plan.accelerate_argv, environ)
     if launcher is not None:
         return launcher(cmd)
-    return al.exec_command(cmd)
+    code: int = al.exec_command(cmd)
+    return code

@@ -108,7 +108,8 @@ def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
     m = _mode(spec)
     full = spec.lora is None and spec.quant is None
     targets = _lora_targets(spec)
-    h, kv, q, a, inter = sh.hidden_size, sh.num_kv_heads * sh.head_dim, sh.num_heads * sh.head_dim, sh.num_heads, sh.intermediate_size
+    h, a = sh.hidden_size, sh.num_heads
+    kv, q = sh.num_kv_heads * sh.head_dim, sh.num_heads * sh.head_dim
     fused = sh.family == "phi3"
     eager = _attn_impl(spec) is AttnImpl.EAGER
     total = 2 * _norm_saved(sh, m, full)
@@ -285,7 +286,8 @@ def _autocast_cache(spec: TrainingSpec) -> int:
     """bf16 copies of every layer linear weight made by autocast, kept for backward (+2 B/param)."""
     from fitcheck.spec import Kind
 
-    layer_linear = sum(p.numel for p in spec.model.params if p.per_layer and p.kind in (Kind.LINEAR, Kind.FUSED_EXPERTS))
+    kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
+    layer_linear = sum(p.numel for p in spec.model.params if p.per_layer and p.kind in kinds)
     return 2 * layer_linear
 
 
@@ -302,6 +304,15 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 "run `fitcheck estimate --trace` to measure the real model's step on fake tensors",
             )
         )
+    if spec.quant is not None or (spec.lora is not None and (spec.lora.dropout > 0 or spec.lora.use_dora)):
+        out.append(
+            Finding(
+                "activations-not-pinned",
+                Severity.INFO,
+                "activations of 4-bit bases, LoRA dropout and DoRA use the LoRA recipe; traces differ by up to ~6 %",
+                "run `fitcheck estimate --trace` for a measured number (not for 4-bit bases yet)",
+            )
+        )
     if fam in _EAGER_ONLY and spec.activations.attn_implementation is AttnImpl.SDPA:
         out.append(
             Finding(
@@ -310,6 +321,7 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 f"transformers has no SDPA path for {fam}: eager attention (s² scores) is what runs",
             )
         )
-    if spec.activations.attn_implementation is AttnImpl.FLASH_ATTENTION_2 and spec.hardware.device_type is DeviceType.CPU:
+    flash = spec.activations.attn_implementation is AttnImpl.FLASH_ATTENTION_2
+    if flash and spec.hardware.device_type is DeviceType.CPU:
         out.append(Finding("flash-attention-cpu", Severity.WARNING, "flash_attention_2 needs CUDA; modelled as SDPA"))
     return tuple(out)

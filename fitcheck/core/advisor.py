@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from fitcheck.core.advisor_levers import CKPT_WORDS, GPUS_PER_NODE, TIER_ORDER, Lever, Tier, ds_stage, levers
 from fitcheck.core.batch_search import (
@@ -33,9 +32,8 @@ from fitcheck.core.batch_search import (
 from fitcheck.core.compute import ComputeEstimate, compute_estimate, relative_time_per_token
 from fitcheck.report import Report
 from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy, TrainingSpec
-from fitcheck.units import format_bytes
 
-__all__ = ["Suggestion", "Tier", "advise", "suggestion_to_dict", "suggestions_table"]
+__all__ = ["Suggestion", "Tier", "advise", "suggestion_to_dict"]
 
 
 @dataclass(frozen=True)
@@ -376,29 +374,3 @@ def advise(
 def suggestion_to_dict(suggestion: Suggestion) -> dict[str, object]:
     """JSON-ready form of a suggestion."""
     return suggestion.to_dict()
-
-
-def suggestions_table(suggestions: Sequence[Suggestion]) -> Any:
-    """A rich Table of the suggestions (rich is imported here, lazily, only for rendering)."""
-    from rich.table import Table
-
-    table = Table(title="What to change", title_justify="left", show_lines=False)
-    for col, justify in (
-        ("#", "right"),
-        ("change", "left"),
-        ("peak used", "right"),
-        ("fits", "center"),
-        ("time/token", "right"),
-        ("flags to append", "left"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for i, s in enumerate(suggestions, 1):
-        table.add_row(
-            str(i),
-            s.title + (f" [dim](host {format_bytes(s.host_bytes)})[/dim]" if s.host_bytes else ""),
-            format_bytes(s.device_used_bytes),
-            "yes" if s.fits else "no",
-            f"{s.relative_step_time:.2f}×",
-            " ".join(s.argv),
-        )
-    return table

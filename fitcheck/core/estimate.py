@@ -16,7 +16,12 @@ from fitcheck.core.model_states import (
     model_state_findings,
     trainable_params,
 )
-from fitcheck.core.overheads import overhead_components, overhead_findings, reserved_bytes
+from fitcheck.core.overheads import (
+    overhead_components,
+    overhead_findings,
+    reserved_bytes,
+    transient_bytes_at,
+)
 from fitcheck.core.sharding import buffer_components, sharding_findings
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import PHASES, Component, Location, Phase, Report
@@ -110,7 +115,9 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
     components = collect_components(spec, activations)
     phase, totals = _peak_phase(components)
     peak_allocated = totals[phase]
-    peak_reserved = reserved_bytes(spec, peak_allocated)
+    peak_reserved = reserved_bytes(
+        spec, peak_allocated, transient_bytes=transient_bytes_at(components, phase)
+    )
     outside = sum(c.peak_bytes for c in components if c.location is Location.DEVICE_OTHER)
     device_used = peak_reserved + outside
     budget = spec.hardware.gpu_memory_bytes

@@ -1,4 +1,5 @@
-"""Which model states each strategy partitions over the data-parallel group, which it offloads, and its buffers.
+"""Which model states each strategy partitions over the data-parallel group, which it offloads, and its
+buffers.
 
 :func:`partition` says, for the spec's strategy, by how much each kind of model state is divided per GPU and
 whether it lives on the host; ``fitcheck.core.model_states`` applies it (to every weight, frozen ones
@@ -38,7 +39,8 @@ _SRC_Z3 = (
 _SRC_PERSIST = "deepspeed runtime/zero/parameter_offload.py mark_persistent_parameters (numel <= threshold)"
 _SRC_OFFLOAD = "deepspeed runtime/zero/stage_1_and_2.py: temp_grad_buffer_for_gpu_offload (largest param)"
 _SRC_FSDP = (
-    "torch FSDP: each wrapped unit is all-gathered into a separate unsharded buffer for its forward and again "
+    "torch FSDP: each wrapped unit is all-gathered into a separate unsharded "
+    "buffer for its forward and again "
     "for its backward, with the next unit prefetched; the root unit is not resharded after forward "
     "(fsdp/_runtime_utils.py _post_forward_reshard; FSDP2 _fsdp_state.py 'For the root, do not reshard')"
 )
@@ -99,7 +101,8 @@ def partition(spec: TrainingSpec) -> Partition:
         # ZeRO-1 partitions optimizer states (+fp32 master), ZeRO-2 adds gradients, ZeRO-3 adds parameters.
         return Partition(
             weights=n if stage >= 3 else 1,
-            # With offload_optimizer, ZeRO-1 also keeps only its partition's gradients, in the fp32 host partition
+            # With offload_optimizer, ZeRO-1 also keeps only its partition's
+            # gradients, in the fp32 host partition
             # (stage_1_and_2.py copy_grads_in_partition -> single_partition_of_fp32_groups[i].grad).
             gradients=n if stage >= 2 or off_opt else 1,
             optimizer=n if stage >= 1 else 1,
@@ -258,7 +261,8 @@ def _deepspeed(spec: TrainingSpec) -> tuple[Component, ...]:
     out: list[Component] = []
     overlap = ds.overlap_comm if ds.overlap_comm is not None else ds.stage == 3  # zero/config.py default
     if ds.stage in (1, 2) and trainable:
-        # contiguous_gradients is forced on by cpu offload (stage_1_and_2.py: contiguous_gradients or cpu_offload)
+        # contiguous_gradients is forced on by cpu offload (stage_1_and_2.py:
+        # contiguous_gradients or cpu_offload)
         if ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
             copies = 2 if overlap else 1
             nbytes = copies * ds.reduce_bucket_size * elem
@@ -358,7 +362,8 @@ def _fsdp(spec: TrainingSpec) -> tuple[Component, ...]:
     layers_total = int(_layer_params(spec) * spec.model.shape.num_layers * w)
     reshard = fs.reshard_after_forward if fs is not None else True
     trainable = _trainable(spec)
-    # Unsharded gradients of the unit in backward before its reduce-scatter (full fine-tune only: a LoRA unit's
+    # Unsharded gradients of the unit in backward before its reduce-scatter
+    # (full fine-tune only: a LoRA unit's
     # trainable part is small and left out).
     unit_grads = int(fsdp_unit_params(spec) * _compute_bytes(spec)) if trainable and spec.lora is None else 0
     if reshard:
@@ -429,7 +434,8 @@ def sharding_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 Finding(
                     "deepspeed-bucket-oversize",
                     Severity.WARNING,
-                    f"zero_optimization.reduce_bucket_size {ds.reduce_bucket_size:,} exceeds the {trainable:,} trainable "
+                    f"zero_optimization.reduce_bucket_size {ds.reduce_bucket_size:,} "
+                    f"exceeds the {trainable:,} trainable "
                     f"params, yet DeepSpeed allocates the whole bucket ({copies} x "
                     f"{format_bytes(ds.reduce_bucket_size * _compute_bytes(spec))})",
                     f'set reduce_bucket_size to "auto" or to about {max(trainable, 1):,}',
@@ -445,7 +451,8 @@ def sharding_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                     "fsdp-accumulation-unsharded-grads",
                     Severity.WARNING,
                     f"FSDP with gradient_accumulation_steps={spec.batch.grad_accum}: accelerate skips the "
-                    "reduce-scatter on accumulation micro-steps (no_sync), so full unsharded gradients are kept "
+                    "reduce-scatter on accumulation micro-steps (no_sync), so full "
+                    "unsharded gradients are kept "
                     "between micro-steps (a published lit-gpt OOM came from this)",
                     'set accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": true}}',
                 )

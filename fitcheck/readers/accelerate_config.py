@@ -234,7 +234,8 @@ def read_accelerate_config(path: str) -> AccelerateRead:
     unknown = sorted(set(raw) - CLUSTER_KEYS)
     if unknown:
         raise ConfigError(
-            f"{path}: unknown keys {unknown} (accelerate refuses them: 'The config file ... had unknown keys'); "
+            f"{path}: unknown keys {unknown} (accelerate refuses them: 'The config "
+            "file ... had unknown keys'); "
             "remove them or upgrade accelerate"
         )
     if "distributed_type" not in raw:
@@ -340,8 +341,10 @@ def _with_deepspeed(read: AccelerateRead, raw: Mapping[str, object], path: str) 
         if inline:
             # accelerate DeepSpeedPlugin._deepspeed_config_checks raises for exactly this.
             raise ConfigError(
-                f"{src}: When using `deepspeed_config_file`, the following accelerate config variables will be "
-                f"ignored: {inline} (accelerate refuses to start); set them in {file_text} and remove them from "
+                f"{src}: When using `deepspeed_config_file`, the following "
+                "accelerate config variables will be "
+                f"ignored: {inline} (accelerate refuses to start); set them in "
+                f"{file_text} and remove them from "
                 f"{path}"
             )
         return replace(read, deepspeed_config_file=file_text, zero3_init=zero3_init, findings=tuple(findings))
@@ -531,7 +534,8 @@ def _strategy_name(value: object, at: str) -> str:
 
 
 def fsdp_option_string(value: object, *, at: str, version: int = 2) -> dict[str, object]:
-    """TrainingArguments' legacy ``fsdp`` value (``"full_shard auto_wrap offload"`` or a list) as fsdp_config keys.
+    """TrainingArguments' legacy ``fsdp`` value (``"full_shard auto_wrap offload"`` or a list) as
+    fsdp_config keys.
 
     transformers ``TrainingArguments._apply_legacy_fsdp_to_config``: for FSDP2 ``full_shard`` ->
     ``reshard_after_forward: True``, ``shard_grad_op`` -> False, other strategies are FSDP1-only (an error);

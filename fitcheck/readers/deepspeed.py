@@ -5,7 +5,8 @@ Resolution follows transformers 5.23 ``transformers/integrations/deepspeed.py``:
 * ``HfTrainerDeepSpeedConfig.trainer_config_process`` (run when TrainingArguments is built):
   ``train_micro_batch_size_per_gpu`` <- ``per_device_train_batch_size``, ``gradient_accumulation_steps`` <-
   ``gradient_accumulation_steps``, ``train_batch_size`` <- world x micro x GAS, ``fp16.enabled`` <- ``fp16``,
-  ``bf16.enabled`` <- ``bf16``. ``fill_match`` fills only keys that are present and ``"auto"``; a concrete value
+  ``bf16.enabled`` <- ``bf16``. ``fill_match`` fills only keys that are present and ``"auto"``; a concrete
+  value
   that differs from TrainingArguments is a mismatch ("- ds {key}={ds} vs hf {hf_key}={hf}"), raised at
   ``trainer_config_finalize`` with "The easiest method is to set these DeepSpeed config values to 'auto'".
 * ``trainer_config_finalize``: ``zero_optimization.reduce_bucket_size`` = hidden²; for ZeRO-3
@@ -27,7 +28,8 @@ from fitcheck.findings import Finding, Severity
 from fitcheck.readers.sources import AUTO, as_bool, as_int, as_str, load_mapping_file, where
 from fitcheck.spec import DeepSpeedSpec, MixedPrecision, OffloadDevice
 
-# deepspeed/runtime/zero/config.py DeepSpeedZeroConfig fields and aliases (deepspeed 0.19.8; pinned by a test).
+# deepspeed/runtime/zero/config.py DeepSpeedZeroConfig fields and aliases
+# (deepspeed 0.19.8; pinned by a test).
 ZERO_KEYS = frozenset(
     [
         "allgather_bucket_size",
@@ -285,7 +287,9 @@ def resolve_deepspeed(
             "train_batch_size (calculated)",
             # transformers fills world x TrainingArguments micro x GAS; after a recorded mismatch transformers
             # stops on that mismatch first, so the DeepSpeed-side product keeps the assertion quiet here.
-            r.world * run_micro * run_gas if mismatches else r.world * (r.micro or run_micro) * (r.gas or run_gas),
+            r.world * run_micro * run_gas
+            if mismatches
+            else r.world * (r.micro or run_micro) * (r.gas or run_gas),
             None,
         ),
         source,
@@ -395,7 +399,8 @@ def _zero_spec(
     removed = sorted(REMOVED_ZERO_KEYS & zero.keys())
     if removed:
         raise ConfigError(
-            f"{source}: {sec}.{removed[0]} was removed from DeepSpeed (0.19 refuses to start with it); delete it"
+            f"{source}: {sec}.{removed[0]} was removed from DeepSpeed (0.19 "
+            "refuses to start with it); delete it"
         )
     unknown = sorted(set(zero) - ZERO_KEYS)
     if unknown:
@@ -517,7 +522,8 @@ def _zero_spec(
             Finding(
                 "offload-optimizer-ignored",
                 Severity.WARNING,
-                f"{source}: {sec}.offload_optimizer is done by the ZeRO optimizer (stage >= 1); stage 0 ignores it",
+                f"{source}: {sec}.offload_optimizer is done by the ZeRO optimizer "
+                "(stage >= 1); stage 0 ignores it",
                 "use stage 1, 2 or 3 to offload the optimizer",
             )
         )

@@ -4,7 +4,8 @@ Precedence, highest first (the same order ``accelerate launch`` and the Trainer 
 
 1. explicit command-line flags (``cli`` holds only the flags the user passed);
 2. the TrainingArguments file (``--training_args``; what the training script would parse);
-3. the DeepSpeed JSON and the accelerate config YAML (``--deepspeed``, ``--config_file`` or accelerate's default
+3. the DeepSpeed JSON and the accelerate config YAML (``--deepspeed``, ``--config_file`` or accelerate's
+default
    location under ``$HF_HOME``/``$XDG_CACHE_HOME``), with DeepSpeed ``"auto"`` values filled from 1-2;
 4. defaults (the libraries' own, applied by ``fitcheck.readers.run_args`` or noted here).
 
@@ -93,14 +94,16 @@ def merge_sources(
         accelerate_config_file: An accelerate config (``--config_file``); None = accelerate's default file
             when it exists.
         fsdp: TrainingArguments' ``fsdp`` option string (``"full_shard auto_wrap offload"``), if passed.
-        env: Environment variables (``HF_HOME``, ``XDG_CACHE_HOME``, ``HOME``) for the default accelerate file.
+        env: Environment variables (``HF_HOME``, ``XDG_CACHE_HOME``, ``HOME``) for the default accelerate
+        file.
         hidden_size: The model's hidden size, for DeepSpeed ``"auto"`` bucket sizes.
 
     Returns:
         The merged run.
 
     Raises:
-        ConfigError: Malformed or missing files, bad values, unresolvable ``"auto"``, inconsistent batch sizes,
+        ConfigError: Malformed or missing files, bad values, unresolvable ``"auto"``, inconsistent batch
+        sizes,
             DeepSpeed and FSDP both configured.
     """
     findings: list[Finding] = []
@@ -117,7 +120,8 @@ def merge_sources(
                     Finding(
                         "conflicting-sources",
                         Severity.WARNING,
-                        f"{key}: {_prov_text(src, spelled, is_cli)}={value!r} overrides {provenance[key]}={values[key]!r}",
+                        f"{key}: {_prov_text(src, spelled, is_cli)}={value!r} overrides "
+                        f"{provenance[key]}={values[key]!r}",
                         "remove one of them",
                     )
                 )
@@ -435,7 +439,8 @@ def _fsdp_read(
 def _sync_each_batch(
     cli: Mapping[str, object], values: dict[str, object], provenance: dict[str, str]
 ) -> bool:
-    """``accelerator_config.gradient_accumulation_kwargs.sync_each_batch`` (accelerate GradientAccumulationPlugin)."""
+    """``accelerator_config.gradient_accumulation_kwargs.sync_each_batch`` (accelerate
+    GradientAccumulationPlugin)."""
     if cli.get("sync_each_batch") is not None:
         return as_bool(cli["sync_each_batch"], at="--sync_each_batch")
     acc_cfg = values.pop("accelerator_config", None)

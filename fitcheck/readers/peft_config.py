@@ -30,7 +30,8 @@ _LORA_FIELDS = (
 
 
 def lora_from_mapping(raw: Mapping[str, object], *, source: str) -> LoraSpec:
-    """A :class:`LoraSpec` from ``LoraConfig`` fields (an ``adapter_config.json`` or ``LoraConfig.to_dict()``).
+    """A :class:`LoraSpec` from ``LoraConfig`` fields (an ``adapter_config.json`` or
+    ``LoraConfig.to_dict()``).
 
     Args:
         raw: Field name -> value.

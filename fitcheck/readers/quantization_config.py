@@ -1,8 +1,11 @@
-"""Read a quantization config: a ``BitsAndBytesConfig`` object or dict, or config.json ``quantization_config``.
+"""Read a quantization config: a ``BitsAndBytesConfig`` object or dict, or config.json
+``quantization_config``.
 
 bitsandbytes 4/8-bit is modelled (:class:`QuantSpec`); other methods (GPTQ, AWQ, fp8, compressed-tensors, HQQ,
-...) are named in a not-modelled finding, never silently read as bitsandbytes. Defaults are transformers 5.23's
-``BitsAndBytesConfig`` (``utils/quantization_config.py``: bnb_4bit_quant_type "fp4", compute dtype None = fp32,
+...) are named in a not-modelled finding, never silently read as bitsandbytes. Defaults are transformers
+5.23's
+``BitsAndBytesConfig`` (``utils/quantization_config.py``: bnb_4bit_quant_type "fp4", compute dtype None =
+fp32,
 quant storage uint8); ``to_dict()`` writes ``_load_in_4bit`` as well as ``load_in_4bit``.
 """
 
@@ -74,7 +77,8 @@ def quant_from_mapping(
         return Finding(
             "quantization-not-modelled",
             Severity.WARNING,
-            f"{where(source, 'quant_method')}: {method} quantization is not modelled (only bitsandbytes 4/8-bit); "
+            f"{where(source, 'quant_method')}: {method} quantization is not "
+            "modelled (only bitsandbytes 4/8-bit); "
             "weights are estimated as if unquantized",
             "the estimate over-counts weight memory for this checkpoint",
         )

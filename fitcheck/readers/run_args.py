@@ -103,14 +103,18 @@ def _bool(values: Mapping[str, object], key: str, default: bool, prov: Mapping[s
     raise ConfigError(f"{_where(key, prov)}: expected true or false, got {v!r}")
 
 
-def _int(values: Mapping[str, object], key: str, default: int, prov: Mapping[str, str], minimum: int = 1) -> int:
+def _int(
+    values: Mapping[str, object], key: str, default: int, prov: Mapping[str, str], minimum: int = 1
+) -> int:
     v = values.get(key)
     if v is None:
         return default
     try:
         if isinstance(v, bool):
             raise ValueError
-        out = int(v) if not isinstance(v, float) or v.is_integer() else int("x")
+        if isinstance(v, float) and not v.is_integer():
+            raise ValueError
+        out = int(v)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         raise ConfigError(f"{_where(key, prov)}: expected an integer, got {v!r}") from None
     if out < minimum:
@@ -178,7 +182,9 @@ def _dtype(name: str) -> Dtype:
     return table[name]
 
 
-def load_dtype(values: Mapping[str, object], model: ModelInventory, prov: Mapping[str, str]) -> tuple[Dtype, str]:
+def load_dtype(
+    values: Mapping[str, object], model: ModelInventory, prov: Mapping[str, str]
+) -> tuple[Dtype, str]:
     """The dtype the model is loaded in, and a line saying why."""
     raw = values.get("dtype")
     if raw is None or str(raw).strip().lower() == "auto":
@@ -233,7 +239,12 @@ def _quant(values: Mapping[str, object], load: Dtype, prov: Mapping[str, str]) -
             double_quant=_bool(values, "use_bnb_nested_quant", False, prov),
             blocksize=_int(values, "bnb_4bit_blocksize", 64, prov),
             quant_storage=_choice(
-                values, "bnb_4bit_quant_storage", _dtype, Dtype.UINT8, prov, "uint8, bfloat16, float16, float32"
+                values,
+                "bnb_4bit_quant_storage",
+                _dtype,
+                Dtype.UINT8,
+                prov,
+                "uint8, bfloat16, float16, float32",
             ),
             compute_dtype=_choice(
                 values, "bnb_4bit_compute_dtype", _dtype, load, prov, "bfloat16, float16, float32"
@@ -386,4 +397,3 @@ def spec_from_values(
         findings=tuple(extra),
     )
     return spec, tuple(assumptions)
-

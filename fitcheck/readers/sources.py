@@ -19,7 +19,8 @@ from fitcheck.errors import ConfigError
 
 
 class Auto(Enum):
-    """The ``"auto"`` placeholder of HF/DeepSpeed configs, kept distinct from every real value until resolved."""
+    """The ``"auto"`` placeholder of HF/DeepSpeed configs, kept distinct from every real value until
+    resolved."""
 
     AUTO = "auto"
 
@@ -135,7 +136,7 @@ def as_int(value: object, *, at: str, minimum: int | None = None) -> int:
     number: float
     if isinstance(value, bool):
         raise ConfigError(f"{at}: expected an integer, got {value!r}")
-    if isinstance(value, int) or isinstance(value, float):
+    if isinstance(value, (int, float)):
         number = value
     elif isinstance(value, str):
         try:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from fitcheck.errors import ConfigError
+from fitcheck.errors import ConfigError, FitcheckError
 from fitcheck.findings import Finding, Severity
 from fitcheck.readers.sources import (
     as_bool,
@@ -233,7 +233,8 @@ def read_training_args_mapping(raw: Mapping[str, object], *, source: str) -> Arg
             problems.extend(exc.problems)
             continue
         provenance[canonical] = (source, chosen)
-        if spec.notes:
+        # Say which spelling was read for files, and for older spellings anywhere; a current-name flag is no news.
+        if spec.notes and not (source == "command line" and chosen == canonical):
             findings.append(
                 Finding(
                     "spelling-read",
@@ -300,7 +301,11 @@ def _map_optimizer(values: dict[str, object], provenance: dict[str, tuple[str, s
     func = _canonical_optimizer()
     if not isinstance(name, str) or func is None:
         return []
-    new_name, finding = func(name)
+    src, spelled = provenance["optim"]
+    try:
+        new_name, finding = func(name)
+    except FitcheckError as exc:  # NotModelledError for a name transformers does not know
+        raise ConfigError(f"{where(src, spelled)}: {exc}") from None
     values["optim"] = new_name
     return [finding] if finding is not None else []
 

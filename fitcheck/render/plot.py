@@ -91,10 +91,10 @@ def _stack(report: Report, keep: int = 9) -> list[tuple[str, float]]:
     if reserved_gap > 0:
         items["allocator reserve (reserved - allocated)"] = reserved_gap
     ordered = sorted(items.items(), key=lambda kv: kv[1], reverse=True)
-    head = [(n, b / GIB) for n, b in ordered[:keep]]
-    tail = sum(b for _, b in ordered[keep:])
-    if tail > 0:
-        head.append((f"other ({len(ordered) - keep})", tail / GIB))
+    head = [(n, b / GIB) for n, b in ordered[:keep] if b >= 0.005 * GIB]
+    tail = sum(b for _, b in ordered[keep:]) + sum(b for _, b in ordered[:keep] if b < 0.005 * GIB)
+    if tail >= 0.01 * GIB:
+        head.append(("other (small components)", tail / GIB))
     return head
 
 
@@ -186,7 +186,7 @@ def plot_report(
         ax3.bar(0, gib, bottom=bottom, color=color, width=0.8, label=f"{name}: {gib:.2f} GiB")
         bottom += gib
     ax3.axhline(budget, color="tab:red", lw=1.5, label=f"GPU capacity {budget:.1f} GiB")
-    ax3.set_xlim(-0.5, 2.6)
+    ax3.set_xlim(-0.5, 3.6)
     ax3.set_xticks([])
     ax3.set_ylim(0, max(budget, bottom) * 1.05)
     ax3.set_ylabel("GiB")

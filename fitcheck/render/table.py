@@ -8,6 +8,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from fitcheck.core.advisor import Suggestion
 from fitcheck.findings import Severity
 from fitcheck.report import PHASES, Location, Report
 from fitcheck.units import format_bytes
@@ -28,20 +29,30 @@ def _header(report: Report) -> Text:
     return Text("\n".join(lines))
 
 
-def components_table(report: Report) -> Table:
-    """The components alive at the peak phase, plus those outside the allocator and on the host."""
+def components_table(report: Report, width: int = 160) -> Table:
+    """The components alive at the peak phase, plus those outside the allocator and on the host.
+
+    Args:
+        report: The estimate.
+        width: Console width; the explanation column is cut to fit it (``--json`` has the full text).
+    """
     table = Table(title=f"per-GPU memory at the peak ({report.peak_phase.value})", show_lines=False)
+    name_width = max((len(c.name) for c in report.components), default=10)
     table.add_column("component", no_wrap=True)
     table.add_column("where", no_wrap=True)
     table.add_column("bytes", justify="right", no_wrap=True)
-    table.add_column("what / from (full sources: --json)", no_wrap=True, overflow="ellipsis", max_width=90)
+    # borders and padding of four columns take 13 characters; "GPU (other)" and "1023.99 MiB" are 11 each
+    rest = max(20, width - name_width - 11 - 11 - 13)
+    table.add_column("what / from (full sources: --json)", no_wrap=True, overflow="ellipsis", max_width=rest)
     rows = []
     for c in report.components:
         value = c.at(report.peak_phase) if c.location is Location.DEVICE else c.peak_bytes
         if value:
             rows.append((c.location is not Location.DEVICE, -value, c, value))
     for _, _, c, value in sorted(rows, key=lambda r: (r[0], r[1])):
-        where = {Location.DEVICE: "GPU", Location.DEVICE_OTHER: "GPU (other)", Location.HOST: "host"}[c.location]
+        where = {Location.DEVICE: "GPU", Location.DEVICE_OTHER: "GPU (other)", Location.HOST: "host"}[
+            c.location
+        ]
         detail = f"{c.detail} | {c.source}" if c.detail else c.source
         table.add_row(c.name, where, format_bytes(value), detail)
     return table
@@ -59,7 +70,9 @@ def phases_table(report: Report) -> Table:
 
 def summary_text(report: Report) -> Text:
     """Peak allocated / reserved / used vs budget, and the verdict."""
-    verdict = Text("FITS" if report.fits else "DOES NOT FIT", style="bold green" if report.fits else "bold red")
+    verdict = Text(
+        "FITS" if report.fits else "DOES NOT FIT", style="bold green" if report.fits else "bold red"
+    )
     out = Text()
     out.append(
         f"peak allocated {format_bytes(report.peak_allocated_bytes)} | reserved "
@@ -86,11 +99,11 @@ def findings_text(report: Report, assumptions: Sequence[str] = ()) -> Text:
     return out
 
 
-def render_report(report: Report, *, extra: Sequence[RenderableType] = ()) -> Group:
+def render_report(report: Report, *, extra: Sequence[RenderableType] = (), width: int = 160) -> Group:
     """Everything the table output shows, as one rich renderable."""
     return Group(
         _header(report),
-        components_table(report),
+        components_table(report, width),
         phases_table(report),
         summary_text(report),
         findings_text(report),
@@ -100,4 +113,27 @@ def render_report(report: Report, *, extra: Sequence[RenderableType] = ()) -> Gr
 
 def print_report(report: Report, console: Console, *, extra: Sequence[RenderableType] = ()) -> None:
     """Print the report to a console."""
-    console.print(render_report(report, extra=extra))
+    console.print(render_report(report, extra=extra, width=console.width))
+
+
+def suggestions_table(suggestions: Sequence[Suggestion]) -> RenderableType:
+    """The advisor's suggestions, best first, with the flags that describe each (nothing when there are none)."""
+    if not suggestions:
+        return Text("")
+    table = Table(title="What to change", title_justify="left", show_lines=False)
+    table.add_column("#", justify="right")
+    table.add_column("change")
+    table.add_column("peak used", justify="right")
+    table.add_column("fits", justify="center")
+    table.add_column("time/token", justify="right")
+    table.add_column("flags to append")
+    for i, s in enumerate(suggestions, 1):
+        table.add_row(
+            str(i),
+            s.title + (f" [dim](host {format_bytes(s.host_bytes)})[/dim]" if s.host_bytes else ""),
+            format_bytes(s.device_used_bytes),
+            "yes" if s.fits else "no",
+            f"{s.relative_step_time:.2f}x",
+            " ".join(s.argv),
+        )
+    return table

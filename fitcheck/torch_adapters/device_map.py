@@ -5,8 +5,8 @@ A model trained in one process with layers on CPU gets no error from accelerate 
 distributed mode, ``Accelerator.prepare_model``, or for 4/8-bit models); the offloaded layers are moved to the
 GPU for every forward and backward, and their gradients and optimizer states live on the CPU. This module
 predicts the placement offline, with the libraries' own placement code on a meta model, and flags every
-trainable parameter that would be offloaded (finding ``trainable-offloaded``). It also reads the placement
-of a live model (``hf_device_map`` or parameter devices).
+trainable parameter that would be offloaded (finding ``trainable-offloaded``). The same check on a loaded
+model (``hf_device_map`` or parameter devices) is ``fitcheck.torch_adapters.live_model.live_device_map_findings``.
 
 Predicted placement, as ``transformers.modeling_utils.PreTrainedModel.from_pretrained`` computes it
 (transformers 5: ``transformers/integrations/accelerate.py::_get_device_map``): ``get_balanced_memory`` for
@@ -83,7 +83,7 @@ def parse_max_memory(
     from fitcheck.errors import ConfigError
     from fitcheck.units import parse_bytes
 
-    items: list[tuple[object, object]]
+    items: list[tuple[Any, Any]]
     if isinstance(max_memory, str):
         items = []
         for part in max_memory.replace(";", ",").split(","):
@@ -109,9 +109,8 @@ def device_for(name: str, device_map: Mapping[str, int | str]) -> int | str | No
     """The device of a parameter or module name: the longest device-map key that is a prefix of it."""
     best: tuple[int, int | str] | None = None
     for key, device in device_map.items():
-        if key == "" or name == key or name.startswith(key + "."):
-            if best is None or len(key) > best[0]:
-                best = (len(key), device)
+        if (key == "" or name == key or name.startswith(key + ".")) and (best is None or len(key) > best[0]):
+            best = (len(key), device)
     return None if best is None else best[1]
 
 
@@ -166,7 +165,7 @@ def _bnb_config(spec: TrainingSpec) -> Any:
     from transformers import BitsAndBytesConfig
 
     compute = spec.quant.compute_dtype
-    return BitsAndBytesConfig(
+    return BitsAndBytesConfig(  # type: ignore[no-untyped-call]
         load_in_4bit=spec.quant.bits == 4,
         load_in_8bit=spec.quant.bits == 8,
         bnb_4bit_quant_type=spec.quant.quant_type,
@@ -192,7 +191,7 @@ def build_meta_model(spec: TrainingSpec) -> tuple[Any, Any]:
     from transformers import AutoConfig
 
     raw = dict(spec.model.config)
-    model_type = raw.pop("model_type", None) or spec.model.shape.family
+    model_type = str(raw.pop("model_type", None) or spec.model.shape.family)
     if not model_type:
         raise ValueError(f"{spec.model.model_id}: config has no model_type; cannot build the model offline")
     raw.pop("auto_map", None)  # never run remote code
@@ -206,9 +205,9 @@ def build_meta_model(spec: TrainingSpec) -> tuple[Any, Any]:
         if model_cls is not None:
             model = model_cls._from_config(config, dtype=dtype)
         elif spec.model.shape.causal_lm:
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
         else:
-            model = transformers.AutoModel.from_config(config, dtype=dtype)
+            model = transformers.AutoModel.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
     quantizer = None
     bnb = _bnb_config(spec)
     if bnb is not None:
@@ -538,67 +537,3 @@ def device_map_findings(
     else:
         label += f" with max_memory {_format_memory(placement.max_memory)} (assumed)"
     return placement_findings(placement, label=label, num_processes=spec.sharding.num_processes)
-
-
-def live_placement(model: Any) -> dict[str, int | str] | None:
-    """The placement of a live model: ``hf_device_map`` when accelerate dispatched it, else None."""
-    for module in model.modules():
-        dm = getattr(module, "hf_device_map", None)
-        if isinstance(dm, Mapping) and dm:
-            prefix = ""
-            for name, m in model.named_modules():
-                if m is module:
-                    prefix = f"{name}." if name else ""
-                    break
-            return {f"{prefix}{k}" if k else prefix.rstrip("."): v for k, v in dm.items()}
-    return None
-
-
-def _param_device(param: Any, module: Any) -> str:
-    hook = getattr(module, "_hf_hook", None)
-    if param.device.type == "meta" and hook is not None and getattr(hook, "offload", False):
-        return "cpu"  # accelerate AlignDevicesHook(offload=True): the weight lives in the hook's weights_map
-    return str(param.device.type)
-
-
-def live_device_map_findings(model: Any, *, num_processes: int = 1) -> tuple[Finding, ...]:
-    """The same check on a loaded model: trainable parameters (``requires_grad``) that sit on cpu/disk.
-
-    Reads ``hf_device_map`` when accelerate dispatched the model (more than one device or disk); otherwise the
-    parameters' own devices (a CPU-only model is not "offloaded").
-    """
-    dm = live_placement(model)
-    trainable: dict[str, int] = {}
-    module_of = dict(model.named_modules())
-    device_types: set[str] = set()
-    for name, param in model.named_parameters():
-        owner = module_of.get(name.rsplit(".", 1)[0] if "." in name else "", model)
-        dev = _param_device(param, owner)
-        device_types.add(dev)
-        if param.requires_grad:
-            trainable[name] = param.numel()
-    offloaded: dict[str, int] = {}
-    if dm is not None:
-        for name, count in trainable.items():
-            if device_for(name, dm) in OFFLOAD_DEVICES:
-                key = max((k for k in dm if k == "" or name == k or name.startswith(k + ".")), key=len)
-                offloaded[key] = offloaded.get(key, 0) + count
-        devices = tuple(dict.fromkeys(dm.values()))
-    else:
-        if device_types & {"cuda", "xpu", "npu", "mps"}:
-            for name, param in model.named_parameters():
-                owner = module_of.get(name.rsplit(".", 1)[0] if "." in name else "", model)
-                if param.requires_grad and _param_device(param, owner) == "cpu":
-                    key = name.rsplit(".", 1)[0]
-                    offloaded[key] = offloaded.get(key, 0) + param.numel()
-        devices = tuple(sorted(device_types))
-    placement = Placement(
-        device_map=dict(dm or {k: "cpu" for k in offloaded}),
-        max_memory={},
-        offloaded_modules=tuple(offloaded),
-        offloaded_trainable_params=sum(offloaded.values()),
-        trainable_params=sum(trainable.values()),
-        devices=devices,
-    )
-    label = "The loaded model's device map" if dm is not None else "The loaded model"
-    return placement_findings(placement, label=label, num_processes=num_processes)

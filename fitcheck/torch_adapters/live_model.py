@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fitcheck.findings import Finding
 from fitcheck.spec import Dtype, FreezeSpec, LoraSpec, QuantSpec
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
@@ -134,7 +136,7 @@ def _lora_spec(model: Any) -> tuple[LoraSpec | None, list[str]]:
         adapter = active[0] if active[0] in module.r else adapter
         ranks[int(module.r[adapter])] += 1
         alpha = float(module.lora_alpha.get(adapter, alpha))
-        drop = module.lora_dropout[adapter] if adapter in module.lora_dropout else None
+        drop = module.lora_dropout[adapter] if adapter in module.lora_dropout.keys() else None  # noqa: SIM118
         dropout = max(dropout, float(getattr(drop, "p", 0.0) or 0.0))
         mags = getattr(module, "lora_magnitude_vector", None)
         dora = dora or bool(mags is not None and adapter in mags)
@@ -171,7 +173,7 @@ def _quant_spec(model: Any, load: Dtype | None) -> tuple[QuantSpec | None, list[
     """bitsandbytes quantization as the modules hold it."""
     four = eight = None
     skip: set[str] = set()
-    for name, module in model.named_modules():
+    for module in model.modules():
         if hasattr(module, "base_layer"):  # peft's LoRA wrappers reuse the class names Linear4bit/Linear8bitLt
             continue
         weight_cls = type(getattr(module, "weight", None)).__name__
@@ -197,7 +199,7 @@ def _quant_spec(model: Any, load: Dtype | None) -> tuple[QuantSpec | None, list[
             quant_type=str(getattr(w, "quant_type", "fp4")),
             double_quant=bool(getattr(w, "compress_statistics", False)),
             blocksize=int(getattr(w, "blocksize", 64) or 64),
-            quant_storage=storage if storage in (Dtype.UINT8, Dtype.BFLOAT16, Dtype.FLOAT16, Dtype.FLOAT32) else Dtype.UINT8,
+            quant_storage=storage if storage is not Dtype.INT8 else Dtype.UINT8,
             compute_dtype=compute,
             skip_modules=tuple(sorted(skip)),
             prepare_for_kbit_training=prepared,
@@ -320,3 +322,69 @@ def config_mapping(config: Any) -> dict[str, Any]:
     if out.get("model_type") is None and getattr(config, "model_type", None):
         out["model_type"] = config.model_type
     return out
+
+
+def live_placement(model: Any) -> dict[str, int | str] | None:
+    """The placement of a live model: ``hf_device_map`` when accelerate dispatched it, else None."""
+    for module in model.modules():
+        dm = getattr(module, "hf_device_map", None)
+        if isinstance(dm, Mapping) and dm:
+            prefix = ""
+            for name, m in model.named_modules():
+                if m is module:
+                    prefix = f"{name}." if name else ""
+                    break
+            return {f"{prefix}{k}" if k else prefix.rstrip("."): v for k, v in dm.items()}
+    return None
+
+
+def _param_device(param: Any, module: Any) -> str:
+    hook = getattr(module, "_hf_hook", None)
+    if param.device.type == "meta" and hook is not None and getattr(hook, "offload", False):
+        return "cpu"  # accelerate AlignDevicesHook(offload=True): the weight lives in the hook's weights_map
+    return str(param.device.type)
+
+
+def live_device_map_findings(model: Any, *, num_processes: int = 1) -> tuple[Finding, ...]:
+    """The same check on a loaded model: trainable parameters (``requires_grad``) that sit on cpu/disk.
+
+    Reads ``hf_device_map`` when accelerate dispatched the model (more than one device or disk); otherwise the
+    parameters' own devices (a CPU-only model is not "offloaded").
+    """
+    from fitcheck.torch_adapters.device_map import OFFLOAD_DEVICES, Placement, device_for, placement_findings
+
+    dm = live_placement(model)
+    trainable: dict[str, int] = {}
+    module_of = dict(model.named_modules())
+    device_types: set[str] = set()
+    for name, param in model.named_parameters():
+        owner = module_of.get(name.rsplit(".", 1)[0] if "." in name else "", model)
+        dev = _param_device(param, owner)
+        device_types.add(dev)
+        if param.requires_grad:
+            trainable[name] = param.numel()
+    offloaded: dict[str, int] = {}
+    if dm is not None:
+        for name, count in trainable.items():
+            if device_for(name, dm) in OFFLOAD_DEVICES:
+                key = max((k for k in dm if k == "" or name == k or name.startswith(k + ".")), key=len)
+                offloaded[key] = offloaded.get(key, 0) + count
+        devices = tuple(dict.fromkeys(dm.values()))
+    else:
+        if device_types & {"cuda", "xpu", "npu", "mps"}:
+            for name, param in model.named_parameters():
+                owner = module_of.get(name.rsplit(".", 1)[0] if "." in name else "", model)
+                if param.requires_grad and _param_device(param, owner) == "cpu":
+                    key = name.rsplit(".", 1)[0]
+                    offloaded[key] = offloaded.get(key, 0) + param.numel()
+        devices = tuple(sorted(device_types))
+    placement = Placement(
+        device_map=dict(dm or {k: "cpu" for k in offloaded}),
+        max_memory={},
+        offloaded_modules=tuple(offloaded),
+        offloaded_trainable_params=sum(offloaded.values()),
+        trainable_params=sum(trainable.values()),
+        devices=devices,
+    )
+    label = "The loaded model's device map" if dm is not None else "The loaded model"
+    return placement_findings(placement, label=label, num_processes=num_processes)

@@ -14,6 +14,7 @@ several callback events; it must be stopped on the thread that started it.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -22,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 
-class LiveTensorTracker(TorchDispatchMode):
+class LiveTensorTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts live storage bytes and their peak.
 
     Attributes:
@@ -31,7 +32,7 @@ class LiveTensorTracker(TorchDispatchMode):
     """
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.current = 0
         self.peak = 0
         self._live: dict[int, int] = {}  # id(storage object) -> bytes
@@ -53,10 +54,8 @@ class LiveTensorTracker(TorchDispatchMode):
         self._live[key] = nbytes
         self.current += nbytes
         self.peak = max(self.peak, self.current)
-        try:
+        with contextlib.suppress(TypeError):  # not weak-referenceable: stays counted (conservative)
             weakref.finalize(storage, self._free, key)
-        except TypeError:  # storage type not weak-referenceable: keep it counted (conservative)
-            pass
 
     def _free(self, key: int) -> None:
         nbytes = self._live.pop(key, 0)
@@ -74,7 +73,7 @@ class LiveTensorTracker(TorchDispatchMode):
     def start(self) -> LiveTensorTracker:
         """Enter the mode (idempotent)."""
         if not self._active:
-            self.__enter__()
+            self.__enter__()  # type: ignore[no-untyped-call]
             self._active = True
         return self
 
@@ -82,7 +81,7 @@ class LiveTensorTracker(TorchDispatchMode):
         """Leave the mode (idempotent)."""
         if self._active:
             self._active = False
-            self.__exit__(None, None, None)
+            self.__exit__(None, None, None)  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Any = (), kwargs: Any = None
@@ -91,6 +90,21 @@ class LiveTensorTracker(TorchDispatchMode):
         for leaf in tree_leaves(out):
             self._add(leaf)
         return out
+
+
+def _quant_state_tensors(state: Any, depth: int = 0) -> list[Any]:
+    """bitsandbytes ``QuantState`` tensors (absmax, code, nested ``state2``): live, but not parameters/buffers."""
+    import torch
+
+    if state is None or depth > 2:
+        return []
+    out: list[Any] = []
+    for value in vars(state).values():
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif type(value).__name__ == "QuantState":
+            out.extend(_quant_state_tensors(value, depth + 1))
+    return out
 
 
 def model_state_tensors(model: Any, optimizer: Any = None) -> list[Any]:
@@ -102,6 +116,7 @@ def model_state_tensors(model: Any, optimizer: Any = None) -> list[Any]:
         out.append(p)
         if p.grad is not None:
             out.append(p.grad)
+        out.extend(_quant_state_tensors(getattr(p, "quant_state", None)))
     out.extend(model.buffers())
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps the torch one
     state = getattr(inner, "state", None)

@@ -117,7 +117,7 @@ def _make_optimizer(name: str, params: list[Any]) -> Any:
     if lowered in ("adafactor",):
         from transformers.optimization import Adafactor
 
-        return Adafactor(params, lr=1e-3, relative_step=False, scale_parameter=False)
+        return Adafactor(params, lr=1e-3, relative_step=False, scale_parameter=False)  # type: ignore[no-untyped-call]
     # adamw_torch / adamw_torch_fused / adamw_hf: torch AdamW; on CPU torch picks the single-tensor loop
     # (torch/optim/optimizer.py::_default_to_fused_or_foreach needs CUDA tensors for foreach/fused).
     return torch.optim.AdamW(params, lr=1e-3)
@@ -199,7 +199,7 @@ def trace_step(
         with rec:
             for step in range(2):
                 suffix = "" if step else "_warmup"
-                hook = head.register_forward_pre_hook(lambda *_: rec.enter_region("forward_head" + suffix))
+                hook = head.register_forward_pre_hook(_region_opener(rec, "forward_head" + suffix))
                 out_hook = head.register_forward_hook(_grad_marker(rec, "backward" + suffix))
                 rec.enter_region("forward" + suffix)
                 ctx = torch.autocast("cpu", dtype=ac_dtype) if autocast else contextlib.nullcontext()
@@ -264,13 +264,22 @@ def trace_step(
     return TraceResult(phases, depth, final_grads, time.perf_counter() - start)
 
 
+def _region_opener(rec: Any, region: str) -> Any:
+    """A forward pre-hook that opens ``region`` (the LM head and loss)."""
+
+    def hook(*_args: Any) -> None:
+        rec.enter_region(region)
+
+    return hook
+
+
 def _grad_marker(rec: Any, region: str) -> Any:
     """A forward hook on the LM head whose tensor hook opens ``region`` when the logits gradient exists."""
     import torch
 
     def hook(_module: Any, _inputs: Any, out: Any) -> None:
         if isinstance(out, torch.Tensor) and out.requires_grad:
-            out.register_hook(lambda _grad: rec.enter_region(region))
+            out.register_hook(lambda _grad: rec.enter_region(region))  # type: ignore[no-untyped-call]
 
     return hook
 

@@ -138,9 +138,11 @@ def build_model(
             cfg._attn_implementation = "eager"
             model = cls._from_config(cfg, dtype=dtype)
         if quant is not None:
-            from fitcheck.torch_adapters.tracer_quant import quantize_linears
+            from fitcheck.errors import NotModelledError
 
-            quantize_linears(model, quant, fake=fake)
+            raise NotModelledError(
+                "tracing a bitsandbytes-quantized base is not implemented yet; the formula path models QLoRA"
+            )
         if lora is not None:
             model = _wrap_lora(model, lora)
     if checkpointing:
@@ -162,7 +164,7 @@ def _wrap_lora(model: Any, lora: LoraSpec) -> Any:
         targets = lora.target_regex
     cfg = LoraConfig(
         r=lora.r,
-        lora_alpha=lora.alpha,
+        lora_alpha=int(lora.alpha),
         lora_dropout=lora.dropout,
         target_modules=targets,
         modules_to_save=list(lora.modules_to_save) or None,

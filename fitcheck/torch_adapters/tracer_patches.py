@@ -62,6 +62,6 @@ def warm_bitsandbytes() -> None:
     """Build bitsandbytes' lookup tables on real tensors, outside fake mode (fix 3)."""
     import bitsandbytes.functional as bnbf
 
-    bnbf.create_dynamic_map(signed=True)
+    bnbf.create_dynamic_map(signed=True)  # type: ignore[no-untyped-call]
     for name in ("nf4", "fp4"):
-        bnbf.get_4bit_type(name, device="cpu")
+        bnbf.get_4bit_type(name, device="cpu")  # type: ignore[no-untyped-call]

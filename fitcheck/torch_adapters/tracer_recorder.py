@@ -26,7 +26,7 @@ class RegionStats:
     end_event: int = -1
 
 
-class LiveTensorRecorder(TorchDispatchMode):
+class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records the live storage bytes over a step, split into named regions.
 
     Attributes:
@@ -38,7 +38,7 @@ class LiveTensorRecorder(TorchDispatchMode):
     """
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.current = 0
         self.sizes: dict[int, int] = {}
         self.tags: dict[int, str] = {}

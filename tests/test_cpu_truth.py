@@ -1,0 +1,29 @@
+"""A subset of benchmarks/cpu_truth.py: real CPU steps vs the full estimate, within 2 %."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_truth.py"
+_SPEC = importlib.util.spec_from_file_location("cpu_truth", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
+cpu_truth = importlib.util.module_from_spec(_SPEC)
+sys.modules["cpu_truth"] = cpu_truth
+_SPEC.loader.exec_module(cpu_truth)
+
+SUBSET = ("llama bf16 LoRA ckpt", "qwen2 bf16 full sgd")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SUBSET)
+def test_real_cpu_step_within_two_percent(name: str) -> None:
+    row = next(r for r in cpu_truth.ROWS if r.name == name)
+    real, est, real_phase, est_phase = cpu_truth.measure(row)
+    assert abs(est - real) <= 0.02 * real, (name, real, est)
+    assert real_phase == est_phase
