@@ -210,3 +210,24 @@ def test_transformers_4_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         is_gradient_checkpointing = True
 
     assert _checkpointing_on(Model4()) and not _checkpointing_on(model)
+
+
+def test_cuda_measurement_path_reads_max_memory_allocated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU here: torch.cuda's counters are stubbed; the record must hold them next to the prediction."""
+    record = tmp_path / "cuda.json"
+    cb = FitcheckCallback(max_seq_length=SEQ, gpu="A100-80GB", record_path=str(record), print_report=False,
+                          measure_steps=1)
+    cb.on_init_end(_args(tmp_path), SimpleNamespace(is_world_process_zero=True), SimpleNamespace(), model=_model())
+    assert cb.report is not None and cb.report.spec.hardware.device_type.value == "cuda"
+    cb._device_type = "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 123_456_789)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 150_000_000)
+    cb.on_step_end(_args(tmp_path), SimpleNamespace(global_step=1), SimpleNamespace())
+    data = json.loads(record.read_text())
+    assert data["measured"] == {"device": "cuda", "max_memory_allocated": 123_456_789,
+                                "max_memory_reserved": 150_000_000, "step": 1}
+    assert data["predicted"]["peak_reserved_bytes"] == cb.report.peak_reserved_bytes
+    assert data["gpu"] == "A100-80GB"
+    cb.on_step_end(_args(tmp_path), SimpleNamespace(global_step=2), SimpleNamespace())  # past measure_steps: no-op
+    assert json.loads(record.read_text())["measured"]["step"] == 1
