@@ -171,6 +171,12 @@ def preflight(
 
         extra += live_device_map_findings(model_or_config, num_processes=spec.sharding.num_processes)
     report = _estimate(spec, extra)
+    if device_map:
+        from fitcheck.core.device_map_plan import weights_only_finding
+
+        note = weights_only_finding(report, device_map)
+        if note is not None:
+            report = _with_findings(report, (note,), ())
     use_cache = facts.use_cache if facts is not None else _config_use_cache(model_or_config, inventory)
     more = field_findings(spec, values, env, use_cache=use_cache,
                           device_used_fraction=report.device_used_bytes / max(1, report.budget_bytes),

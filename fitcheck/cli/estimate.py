@@ -261,6 +261,12 @@ def build_report(
     from fitcheck.core.estimate import estimate
 
     report = estimate(spec, activations=activations)
+    if getattr(args, "device_map", None):
+        from fitcheck.core.device_map_plan import weights_only_finding
+
+        note = weights_only_finding(report, str(args.device_map))
+        if note is not None:
+            report = dataclasses.replace(report, findings=(*report.findings, note))
     report = dataclasses.replace(report, assumptions=(*report.assumptions, *assumptions))
     extras = advice_extras(report, mfu=args.mfu)
     return report, extras

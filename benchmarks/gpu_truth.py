@@ -1,0 +1,567 @@
+"""Real training steps on a CUDA GPU (or a CPU) next to the ``fitcheck estimate`` of the same flags.
+
+Each row is a ``fitcheck estimate`` flag list. The harness parses it with the CLI's own parser
+(``fitcheck.cli.estimate.add_estimate_arguments`` + ``spec_from_values``), estimates it, then runs the same
+training the libraries would run for those flags, with random weights (memory does not depend on values):
+
+* model: ``from_config`` of the catalog's config.json (depth reduced where a row says so), built on the device,
+  in ``--dtype``, with ``--attn_implementation``; ``use_cache`` off, as TRL/Trainer set it for training;
+* ``--load_in_4bit/8bit``: the random weights are saved and reloaded with ``from_pretrained(...,
+  quantization_config=BitsAndBytesConfig(...), device_map={"": device})`` (transformers' own quantizer), then
+  ``peft.prepare_model_for_kbit_training`` as TRL's SFTTrainer calls it for a quantized model;
+* ``--use_peft``: ``peft.get_peft_model`` with the ``LoraConfig`` TRL's ``get_peft_config`` builds;
+* ``--gradient_checkpointing``: ``activation_checkpointing_enable()`` as ``Trainer.train`` calls it;
+* optimizer: ``Trainer.get_optimizer_cls_and_kwargs`` with Trainer's two weight-decay groups, and the
+  bitsandbytes 8-bit embedding override of ``Trainer.create_optimizer``;
+* a step: forward + loss (under ``torch.autocast`` for ``--bf16``/``--fp16``), backward,
+  ``clip_grad_norm_(1.0)`` (TrainingArguments.max_grad_norm default), ``optimizer.step()``, ``zero_grad``.
+
+Three steps run; the peak counters are reset after the first, so the peak is that of steps 2-3 (optimizer
+states exist: the steady state the estimate describes). On CUDA the measured numbers are
+``max_memory_allocated``, ``max_memory_reserved`` and nvidia-smi-style used memory (``mem_get_info``
+total - free); on CPU (``--device cpu``: tiny widths, ``--device_type cpu`` estimates) the peak of live tensor
+bytes from ``fitcheck.torch_adapters.live_tracker``. Each row runs in its own process (clean CUDA context,
+counters and caches); an OOM is a result, not a failure; a time budget bounds the whole run.
+
+GPU:  ``PYTHONPATH=. python benchmarks/gpu_truth.py --quick --out benchmarks/data/``
+CPU:  ``PYTHONPATH=. python benchmarks/gpu_truth.py --device cpu``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT_PREFIX = "GPU_TRUTH_RESULT "
+CPU_SHAPE = "--per_device_train_batch_size 2 --max_seq_length 64"  # appended in CPU mode (tiny widths too)
+CLIP_NORM = 1.0  # transformers/training_args.py: max_grad_norm default
+
+L1, Q05, Q15 = "meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B"
+G2, M7, GPT2, PHI2 = "google/gemma-2-2b", "mistralai/Mistral-7B-v0.1", "openai-community/gpt2", "microsoft/phi-2"
+BF16 = "--dtype bfloat16"
+LORA = "--use_peft --lora_r 16 --lora_alpha 32 --lora_target_modules all-linear"
+QLORA = f"--load_in_4bit --bnb_4bit_quant_type nf4 --use_bnb_nested_quant {LORA}"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One configuration: a model, the flags, optional reduced depth, and which subsets it belongs to."""
+
+    name: str
+    model: str
+    flags: str
+    layers: int | None = None
+    quick: bool = False
+    cpu: bool = False
+
+
+ROWS: tuple[Row, ...] = (
+    Row("llama1b bf16 full adamw_torch", L1, f"{BF16} --optim adamw_torch --per_device_train_batch_size 4 "
+        "--max_seq_length 1024", quick=True, cpu=True),
+    Row("llama1b bf16 full fused", L1, f"{BF16} --optim adamw_torch_fused --per_device_train_batch_size 4 "
+        "--max_seq_length 1024", quick=True),
+    Row("llama1b bf16 full bnb8bit", L1, f"{BF16} --optim adamw_bnb_8bit --per_device_train_batch_size 4 "
+        "--max_seq_length 1024", quick=True, cpu=True),
+    Row("llama1b bf16+autocast full fused", L1, f"{BF16} --bf16 --optim adamw_torch_fused "
+        "--per_device_train_batch_size 4 --max_seq_length 1024", quick=True),
+    Row("llama1b fp32+autocast full fused", L1, "--dtype float32 --bf16 --optim adamw_torch_fused "
+        "--per_device_train_batch_size 4 --max_seq_length 1024", quick=True, cpu=True),
+    Row("llama1b bf16 full eager", L1, f"{BF16} --attn_implementation eager --optim adamw_torch_fused "
+        "--per_device_train_batch_size 2 --max_seq_length 1024"),
+    Row("llama1b bf16 full ckpt b8 s2048", L1, f"{BF16} --gradient_checkpointing --optim adamw_torch_fused "
+        "--per_device_train_batch_size 8 --max_seq_length 2048", quick=True, cpu=True),
+    Row("llama1b bf16 full ckpt b1 s8192", L1, f"{BF16} --gradient_checkpointing --optim adamw_torch_fused "
+        "--per_device_train_batch_size 1 --max_seq_length 8192"),
+    Row("llama1b bf16 full sgd", L1, f"{BF16} --optim sgd --per_device_train_batch_size 4 --max_seq_length 1024"),
+    Row("llama1b LoRA all-linear", L1, f"{BF16} --bf16 {LORA} --optim adamw_torch_fused "
+        "--per_device_train_batch_size 4 --max_seq_length 2048", quick=True, cpu=True),
+    Row("llama1b QLoRA nf4 dq ckpt", L1, f"{BF16} --bf16 {QLORA} --gradient_checkpointing "
+        "--optim adamw_torch_fused --per_device_train_batch_size 4 --max_seq_length 2048", quick=True, cpu=True),
+    Row("llama1b int8 LoRA", L1, f"{BF16} --bf16 --load_in_8bit {LORA} --optim adamw_torch_fused "
+        "--per_device_train_batch_size 4 --max_seq_length 1024"),
+    Row("qwen0.5b bf16 full fused", Q05, f"{BF16} --optim adamw_torch_fused --per_device_train_batch_size 8 "
+        "--max_seq_length 1024", quick=True),
+    Row("qwen1.5b bf16 full ckpt", Q15, f"{BF16} --gradient_checkpointing --optim adamw_torch_fused "
+        "--per_device_train_batch_size 4 --max_seq_length 2048"),
+    Row("qwen1.5b LoRA default targets", Q15, f"{BF16} --bf16 --use_peft --optim adamw_torch_fused "
+        "--per_device_train_batch_size 8 --max_seq_length 1024", cpu=True),
+    Row("gemma2-2b bf16 full eager", G2, f"{BF16} --attn_implementation eager --optim adamw_torch_fused "
+        "--per_device_train_batch_size 2 --max_seq_length 1024", quick=True, cpu=True),
+    Row("gemma2-2b QLoRA ckpt", G2, f"{BF16} --bf16 --attn_implementation eager {QLORA} "
+        "--gradient_checkpointing --optim adamw_torch_fused --per_device_train_batch_size 4 "
+        "--max_seq_length 1024"),
+    Row("mistral7b-8L bf16 full fused", M7, f"{BF16} --optim adamw_torch_fused --per_device_train_batch_size 2 "
+        "--max_seq_length 2048", layers=8, quick=True),
+    Row("mistral7b LoRA ckpt", M7, f"{BF16} --bf16 {LORA} --gradient_checkpointing --optim adamw_torch_fused "
+        "--per_device_train_batch_size 4 --max_seq_length 2048"),
+    Row("mistral7b QLoRA nf4 dq ckpt", M7, f"{BF16} --bf16 {QLORA} --gradient_checkpointing "
+        "--optim adamw_torch_fused --per_device_train_batch_size 4 --max_seq_length 2048"),
+    Row("gpt2 fp32 full adamw_torch", GPT2, "--dtype float32 --optim adamw_torch --per_device_train_batch_size 8 "
+        "--max_seq_length 1024", quick=True, cpu=True),
+    Row("gpt2 fp32+autocast full", GPT2, "--dtype float32 --bf16 --optim adamw_torch_fused "
+        "--per_device_train_batch_size 8 --max_seq_length 1024"),
+    Row("phi2 bf16 full ckpt fused", PHI2, f"{BF16} --gradient_checkpointing --optim adamw_torch_fused "
+        "--per_device_train_batch_size 4 --max_seq_length 2048"),
+    Row("phi2 LoRA default targets", PHI2, f"{BF16} --bf16 --use_peft --optim adamw_torch_fused "
+        "--per_device_train_batch_size 4 --max_seq_length 2048", cpu=True),
+)
+
+
+# ----------------------------------------------------------------------------------------------- configs
+def tiny_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The same architecture at tiny widths (CPU mode): 128 wide, 4 heads (GQA kept), 2 layers, vocab 512."""
+    c = dict(config)
+    heads = c.get("num_attention_heads", c.get("n_head"))
+    kv = c.get("num_key_value_heads")
+    sizes = {"hidden_size": 128, "n_embd": 128, "intermediate_size": 256, "num_attention_heads": 4, "n_head": 4,
+             "head_dim": 32, "query_pre_attn_scalar": 32, "vocab_size": 512}
+    c.update({k: v for k, v in sizes.items() if k in c})
+    if kv is not None:
+        c["num_key_value_heads"] = 4 if kv == heads else 2
+    for key, token in (("pad_token_id", 0), ("bos_token_id", 1), ("eos_token_id", 2)):
+        if c.get(key) is not None:
+            c[key] = token  # ids must stay inside the tiny vocabulary (padding_idx)
+    return c
+
+
+def row_config(row: Row, device: str) -> dict[str, Any]:
+    """config.json of a row: the catalog's, at tiny widths on CPU, reduced in depth as the row says."""
+    from fitcheck.catalog.models import find_catalog_config
+    from fitcheck.torch_adapters.tracer_build import reduced_config
+
+    found = find_catalog_config(row.model)
+    if found is None:
+        raise KeyError(f"{row.model} is not in the fitcheck catalog")
+    config = found[0]
+    if device == "cpu":
+        return reduced_config(tiny_config(config), 2)
+    return reduced_config(config, row.layers)
+
+
+def row_argv(row: Row, device: str) -> list[str]:
+    """The row's estimate flags (CPU mode: tiny batch and sequence appended; a later flag wins)."""
+    argv = shlex.split(row.flags)
+    return argv + shlex.split(CPU_SHAPE) if device == "cpu" else argv
+
+
+def parse_values(argv: Sequence[str]) -> dict[str, object]:
+    """Flag values exactly as ``fitcheck estimate`` reads them (its own parser)."""
+    from fitcheck.cli.estimate import add_estimate_arguments, explicit_values
+
+    parser = argparse.ArgumentParser()
+    add_estimate_arguments(parser)
+    return explicit_values(parser.parse_args(list(argv)))
+
+
+def _flag(values: Mapping[str, object], key: str) -> bool:
+    v = values.get(key)
+    return v is True or (isinstance(v, str) and v.strip().lower() in ("true", "1", "yes", "on", ""))
+
+
+# ------------------------------------------------------------------------------------------------ model
+def _dtype(values: Mapping[str, object], config: Mapping[str, Any]) -> Any:
+    import torch
+
+    name = str(values.get("dtype") or "auto")
+    if name == "auto":  # transformers 5 from_pretrained default: the config's dtype (float32 if none)
+        name = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    return getattr(torch, name)
+
+
+def build_model(config: Mapping[str, Any], values: Mapping[str, object], device: str, work: Path) -> Any:
+    """The model as transformers/peft/TRL would hold it for these flags, on ``device``, in train mode."""
+    import torch
+
+    from fitcheck.torch_adapters.tracer_build import hf_config, model_class
+
+    dtype = _dtype(values, config)
+    attn = str(values.get("attn_implementation") or "sdpa")
+    cls = model_class(config)
+    with torch.device(device):
+        model = cls._from_config(hf_config(config, attn), dtype=dtype)
+    if next(model.parameters()).device.type != device:
+        model.to(device)
+    ckpt = _flag(values, "gradient_checkpointing")
+    if _flag(values, "load_in_4bit") or _flag(values, "load_in_8bit"):
+        from peft import prepare_model_for_kbit_training
+
+        model.save_pretrained(work / "weights")
+        del model
+        _free(device)
+        model = cls.from_pretrained(work / "weights", quantization_config=_bnb_config(values, dtype),
+                                    dtype=dtype, device_map={"": device}, attn_implementation=attn)
+        # TRL SFTTrainer for a k-bit model: prepare_model_for_kbit_training(model, use_gradient_checkpointing=
+        # args.gradient_checkpointing, gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or {})
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt,
+                                                gradient_checkpointing_kwargs={})
+    model.config.use_cache = False
+    if _flag(values, "use_peft"):
+        from peft import get_peft_model
+
+        model = get_peft_model(model, _lora_config(values))
+    if ckpt:
+        model.activation_checkpointing_enable()  # Trainer.train: kwargs None -> use_reentrant=False
+    model.train()
+    return model
+
+
+def _bnb_config(values: Mapping[str, object], dtype: Any) -> Any:
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if _flag(values, "load_in_8bit"):
+        return BitsAndBytesConfig(load_in_8bit=True)
+    compute = values.get("bnb_4bit_compute_dtype")
+    storage = values.get("bnb_4bit_quant_storage")
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=str(values.get("bnb_4bit_quant_type") or "nf4"),
+        bnb_4bit_use_double_quant=_flag(values, "use_bnb_nested_quant"),
+        bnb_4bit_compute_dtype=getattr(torch, str(compute)) if compute else dtype,  # TRL passes model dtype
+        bnb_4bit_quant_storage=getattr(torch, str(storage)) if storage else torch.uint8,
+    )
+
+
+def _lora_config(values: Mapping[str, object]) -> Any:
+    """TRL ``get_peft_config``: LoraConfig from ModelConfig (r 16, alpha 32, dropout 0.05, peft's targets)."""
+    from peft import LoraConfig
+
+    targets: Any = values.get("lora_target_modules")
+    if isinstance(targets, list) and targets == ["all-linear"]:
+        targets = "all-linear"
+    to_save = values.get("lora_modules_to_save")
+    return LoraConfig(
+        task_type="CAUSAL_LM", bias="none", r=int(str(values.get("lora_r") or 16)),
+        lora_alpha=int(float(str(values.get("lora_alpha") or 32))),
+        lora_dropout=float(str(values.get("lora_dropout") or 0.05)), target_modules=targets or None,
+        modules_to_save=list(to_save) if isinstance(to_save, list) else None,
+        use_dora=_flag(values, "use_dora"), use_rslora=_flag(values, "use_rslora"),
+    )
+
+
+def make_optimizer(model: Any, optim: str, work: Path) -> Any:
+    """The optimizer ``Trainer.create_optimizer`` builds for ``TrainingArguments(optim=optim)``."""
+    from torch import nn
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(work / "trainer"), optim=optim, report_to="none")
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    decay = set(Trainer.get_decay_parameter_names(None, model))  # type: ignore[arg-type]  # self unused
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for n, p in named if n in decay], "weight_decay": args.weight_decay},
+              {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+    opt = cls(groups, **kwargs)
+    if "bitsandbytes" in str(cls) and kwargs.get("optim_bits") == 8:
+        import bitsandbytes
+
+        manager = bitsandbytes.optim.GlobalOptimManager.get_instance()
+        for module in model.modules():  # Trainer.create_optimizer keeps embeddings' states in 32 bits
+            if isinstance(module, nn.Embedding):
+                manager.register_module_override(module, "weight", {"optim_bits": 32})
+    return opt
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------------- steps
+def train_steps(model: Any, opt: Any, values: Mapping[str, object], device: str, steps: int = 3) -> dict[str, Any]:
+    """Run ``steps`` real steps; the peak counters are reset after the first. Returns the measurements."""
+    import torch
+
+    batch = int(str(values.get("per_device_train_batch_size") or 8))
+    seq = int(str(values.get("max_seq_length") or 1024))
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(0, vocab, (batch, seq), device=device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    ac_dtype = torch.bfloat16 if _flag(values, "bf16") else torch.float16 if _flag(values, "fp16") else None
+    tracker = None
+    if device == "cpu":
+        from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
+
+        tracker = LiveTensorTracker()
+        tracker.track([*model_state_tensors(model, opt), ids])
+        tracker.start()
+    times: list[float] = []
+    try:
+        for step in range(steps):
+            start = time.perf_counter()
+            ctx = torch.autocast(device, dtype=ac_dtype) if ac_dtype is not None else contextlib.nullcontext()
+            with ctx:
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            del loss
+            torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            if step == 0:
+                if tracker is not None:
+                    tracker.reset_peak()
+                else:
+                    torch.cuda.reset_peak_memory_stats()
+    finally:
+        if tracker is not None:
+            tracker.stop()
+    out: dict[str, Any] = {"step_seconds": statistics.mean(times[1:]) if len(times) > 1 else times[0]}
+    if tracker is not None:
+        out.update(max_allocated=tracker.peak, max_reserved=None, used=None, used_peak=None)
+    else:
+        out.update(_cuda_counters())
+    return out
+
+
+def _cuda_counters() -> dict[str, int]:
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    used = total - free
+    reserved = torch.cuda.memory_reserved()
+    max_reserved = torch.cuda.max_memory_reserved()
+    return {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": max_reserved, "used": used,
+            # nvidia-smi at the reserved peak: memory outside the allocator is unchanged, the pool was larger
+            "used_peak": used - reserved + max_reserved, "allocated_end": torch.cuda.memory_allocated()}
+
+
+# -------------------------------------------------------------------------------------------------- a row
+def _err(est: int | None, meas: int | None) -> float | None:
+    return None if not est or not meas else round((est - meas) / meas * 100, 2)
+
+
+def _environment(device: str) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    env: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__,
+                           "python": sys.version.split()[0],
+                           "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
+    for mod in ("peft", "bitsandbytes", "accelerate"):
+        with contextlib.suppress(Exception):
+            env[mod] = __import__(mod).__version__
+    if device == "cuda":
+        torch.cuda.init()
+        free, total = torch.cuda.mem_get_info()
+        env.update(gpu_name=torch.cuda.get_device_name(0), gpu_total_bytes=total, used_at_init=total - free,
+                   cuda=torch.version.cuda)
+    return env
+
+
+def run_row(row: Row, device: str) -> dict[str, Any]:
+    """Estimate and run one row in this process; never raises (errors and OOMs are recorded)."""
+    result: dict[str, Any] = {"name": row.name, "model": row.model, "layers": row.layers, "device": device,
+                              "argv": ["--model_name_or_path", row.model, *row_argv(row, device)], "status": "ok"}
+    started = time.perf_counter()
+    try:
+        result["environment"] = env = _environment(device)
+        with tempfile.TemporaryDirectory(prefix="gpu_truth_") as tmp:
+            work = Path(tmp)
+            config = row_config(row, device)
+            (work / "model").mkdir()
+            (work / "model" / "config.json").write_text(json.dumps(config), encoding="utf-8")
+            values = parse_values(["--model_name_or_path", str(work / "model"), *row_argv(row, device),
+                                   "--device_type", device])
+            if device == "cuda":
+                values.update(_gpu_flag(str(env["gpu_name"]), int(env["gpu_total_bytes"])))
+            result["estimate"] = _estimate(values)
+            result["measured"] = _measure(config, values, device, work, result)
+    except Exception as exc:  # a row's failure is a result
+        oom = "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
+        result["status"] = "oom" if oom else "error"
+        result["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+        if not oom:
+            result["traceback"] = traceback.format_exc()[-2000:]
+        if oom and device == "cuda":
+            import torch
+
+            result.setdefault("measured", {})["max_allocated"] = torch.cuda.max_memory_allocated()
+    est, meas = result.get("estimate", {}), result.get("measured", {})
+    if result["status"] == "ok":
+        result["error_pct"] = {"allocated": _err(est.get("peak_allocated_bytes"), meas.get("max_allocated")),
+                               "reserved": _err(est.get("peak_reserved_bytes"), meas.get("max_reserved")),
+                               "used": _err(est.get("device_used_bytes"), meas.get("used_peak"))}
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def _gpu_flag(name: str, total: int) -> dict[str, object]:
+    """``--gpu`` when fitcheck's table knows the card (its overheads), else ``--gpu_memory`` in bytes."""
+    from fitcheck.catalog.gpus import lookup_gpu
+    from fitcheck.errors import ConfigError
+
+    try:
+        return {"gpu": lookup_gpu(name).name}
+    except ConfigError:
+        return {"gpu_memory": f"{total}B"}
+
+
+def _estimate(values: Mapping[str, object]) -> dict[str, Any]:
+    from fitcheck.cli.estimate import spec_from_values
+    from fitcheck.core.estimate import estimate
+    from fitcheck.render.json_out import report_to_dict
+
+    spec, _ = spec_from_values(values, {})
+    report = estimate(spec)
+    return {"peak_allocated_bytes": report.peak_allocated_bytes, "peak_reserved_bytes": report.peak_reserved_bytes,
+            "device_used_bytes": report.device_used_bytes, "peak_phase": report.peak_phase.value,
+            "fits": report.fits, "budget_bytes": report.budget_bytes, "trainable_params": report.trainable_params,
+            "regime": report.regime, "components": report_to_dict(report)["components"]}
+
+
+def _measure(config: Mapping[str, Any], values: Mapping[str, object], device: str, work: Path,
+             result: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    torch.manual_seed(0)
+    model = build_model(config, values, device, work)
+    result["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    opt = make_optimizer(model, str(values.get("optim") or "adamw_torch_fused"), work)
+    return train_steps(model, opt, values, device)
+
+
+# ------------------------------------------------------------------------------------------------ driver
+def select(device: str, quick: bool, filters: Sequence[str]) -> list[Row]:
+    """Rows for a run: the CPU subset on CPU, ``--quick`` rows, names containing any filter."""
+    rows = [r for r in ROWS if (device != "cpu" or r.cpu) and (not quick or r.quick)]
+    return [r for r in rows if not filters or any(f.lower() in r.name.lower() for f in filters)]
+
+
+def run_in_subprocess(row: Row, device: str, timeout: float) -> dict[str, Any]:
+    """Run one row in a fresh interpreter (own CUDA context and allocator); a timeout is a result."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", row.name, "--device", device]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return {"name": row.name, "model": row.model, "status": "timeout", "error": f"over {timeout:.0f} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return dict(json.loads(line[len(RESULT_PREFIX):]))
+    return {"name": row.name, "model": row.model, "status": "crash",
+            "error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"}
+
+
+def summary(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Median and largest |error| per measure over the rows that ran, and the OOM verdicts."""
+    out: dict[str, Any] = {"rows": len(results), "ok": sum(r.get("status") == "ok" for r in results)}
+    for key in ("allocated", "reserved", "used"):
+        errs = [abs(e) for r in results if (e := (r.get("error_pct") or {}).get(key)) is not None]
+        if errs:
+            out[f"median_abs_err_{key}_pct"] = round(statistics.median(errs), 2)
+            out[f"max_abs_err_{key}_pct"] = round(max(errs), 2)
+    ooms = [r for r in results if r.get("status") == "oom" and "estimate" in r]
+    out["oom_rows_predicted_not_fit"] = f"{sum(not r['estimate']['fits'] for r in ooms)}/{len(ooms)}"
+    return out
+
+
+def _mib(v: Any) -> str:
+    return f"{v / 2**20:9.1f}" if isinstance(v, int) else f"{'-':>9}"
+
+
+def _pct(v: Any) -> str:
+    return f"{v:+7.2f}%" if isinstance(v, float | int) else f"{'-':>8}"
+
+
+def format_table(results: Sequence[Mapping[str, Any]]) -> str:
+    """Measured vs estimated MiB and signed error per row (allocated, reserved, nvidia-smi used)."""
+    lines = [f"{'row':34} {'status':7}| {'alloc':>9} {'est':>9} {'err':>8} | {'reserved':>9} {'est':>9} "
+             f"{'err':>8} | {'used':>9} {'est':>9} {'err':>8} | est phase"]
+    for r in results:
+        m, e, p = r.get("measured") or {}, r.get("estimate") or {}, r.get("error_pct") or {}
+        lines.append(
+            f"{r['name'][:34]:34} {r.get('status', '?'):7}| {_mib(m.get('max_allocated'))} "
+            f"{_mib(e.get('peak_allocated_bytes'))} {_pct(p.get('allocated'))} | {_mib(m.get('max_reserved'))} "
+            f"{_mib(e.get('peak_reserved_bytes'))} {_pct(p.get('reserved'))} | {_mib(m.get('used_peak'))} "
+            f"{_mib(e.get('device_used_bytes'))} {_pct(p.get('used'))} | {e.get('peak_phase', '')}")
+        if r.get("status") not in ("ok", None):
+            lines.append(f"{'':34} -> {r.get('error', '')[:200]}")
+    return "\n".join(lines)
+
+
+def output_path(out: str | None, device: str, results: Sequence[Mapping[str, Any]]) -> Path:
+    """``--out`` (a file, or a directory to put ``gpu_truth_<gpu>.json`` in); default benchmarks/data/."""
+    gpu = next((r["environment"].get("gpu_name") for r in results if r.get("environment", {}).get("gpu_name")),
+               None)
+    slug = "cpu" if device == "cpu" else re.sub(r"[^a-z0-9]+", "_", str(gpu or "cuda").lower()).strip("_")
+    target = Path(out) if out else ROOT / "benchmarks" / "data"
+    return target / f"gpu_truth_{slug}.json" if target.is_dir() or out is None or out.endswith("/") else target
+
+
+def write_json(path: Path, device: str, results: Sequence[Mapping[str, Any]], argv: Sequence[str]) -> None:
+    """The data file: header (device, versions, command), every row, the summary."""
+    env = next((r["environment"] for r in results if "environment" in r), {})
+    doc = {"schema": 1, "device": device, "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "command": ["benchmarks/gpu_truth.py", *argv], "environment": env,
+           "method": "3 real steps per row, peak counters reset after step 1; see benchmarks/gpu_truth.py",
+           "summary": summary(results), "rows": list(results)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def main(argv: Sequence[str]) -> int:
+    """CLI: run the selected rows, print the table, write the JSON. Exit 0 unless no row ran at all."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--quick", action="store_true", help="the subset that fits in ~5 minutes on an H100")
+    ap.add_argument("--rows", nargs="+", default=[], help="only rows whose name contains one of these")
+    ap.add_argument("--out", default=None, help="JSON file or directory (default benchmarks/data/)")
+    ap.add_argument("--budget_s", type=float, default=540.0, help="stop starting rows after this many seconds")
+    ap.add_argument("--row_timeout_s", type=float, default=300.0)
+    ap.add_argument("--in_process", action="store_true", help="no subprocess per row (CPU debugging)")
+    ap.add_argument("--list", action="store_true", help="print the rows and exit")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(list(argv))
+    if args.worker:
+        row = next(r for r in ROWS if r.name == args.worker)
+        print(RESULT_PREFIX + json.dumps(run_row(row, args.device)), flush=True)
+        return 0
+    rows = select(args.device, args.quick, args.rows)
+    if args.list:
+        for r in rows:
+            print(f"{r.name:34} {r.model:28} layers={r.layers or 'all'} {r.flags}")
+        return 0
+    start, results = time.perf_counter(), []
+    for row in rows:
+        left = args.budget_s - (time.perf_counter() - start)
+        if left < 20:
+            results.append({"name": row.name, "model": row.model, "status": "skipped", "error": "time budget"})
+            continue
+        print(f"... {row.name}", file=sys.stderr, flush=True)
+        res = run_row(row, args.device) if args.in_process else run_in_subprocess(
+            row, args.device, min(args.row_timeout_s, left))
+        results.append(res)
+        write_json(output_path(args.out, args.device, results), args.device, results, argv)
+    if results:
+        write_json(output_path(args.out, args.device, results), args.device, results, argv)
+    print(format_table(results))
+    print(json.dumps(summary(results)))
+    if results:
+        print(f"wrote {output_path(args.out, args.device, results)}")
+    return 0 if any(r.get("status") in ("ok", "oom") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
