@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,65 +62,50 @@ QLORA = f"--load_in_4bit --bnb_4bit_quant_type nf4 --use_bnb_nested_quant {LORA}
 
 @dataclass(frozen=True)
 class Row:
-    """One configuration: a model, the flags, optional reduced depth, and which subsets it belongs to."""
+    """One configuration: a catalog model, its ``fitcheck estimate`` flags, optional reduced depth, subsets."""
 
     name: str
     model: str
     flags: str
+    batch: int = 4
+    seq: int = 1024
+    optim: str = "adamw_torch_fused"  # transformers' default on torch >= 2.8, written out
     layers: int | None = None
-    quick: bool = False
-    cpu: bool = False
+    quick: bool = False  # in --quick (about 5 minutes on an H100)
+    cpu: bool = False  # in the --device cpu subset
+
+    def argv(self, device: str) -> list[str]:
+        """Estimate flags (CPU mode: tiny batch and sequence appended; argparse keeps the last value)."""
+        shape = f"--optim {self.optim} --per_device_train_batch_size {self.batch} --max_seq_length {self.seq}"
+        return shlex.split(f"{self.flags} {shape} {CPU_SHAPE if device == 'cpu' else ''}")
 
 
 ROWS: tuple[Row, ...] = (
-    Row("llama1b bf16 full adamw_torch", L1, f"{BF16} --optim adamw_torch --per_device_train_batch_size 4 "
-        "--max_seq_length 1024", quick=True, cpu=True),
-    Row("llama1b bf16 full fused", L1, f"{BF16} --optim adamw_torch_fused --per_device_train_batch_size 4 "
-        "--max_seq_length 1024", quick=True),
-    Row("llama1b bf16 full bnb8bit", L1, f"{BF16} --optim adamw_bnb_8bit --per_device_train_batch_size 4 "
-        "--max_seq_length 1024", quick=True, cpu=True),
-    Row("llama1b bf16+autocast full fused", L1, f"{BF16} --bf16 --optim adamw_torch_fused "
-        "--per_device_train_batch_size 4 --max_seq_length 1024", quick=True),
-    Row("llama1b fp32+autocast full fused", L1, "--dtype float32 --bf16 --optim adamw_torch_fused "
-        "--per_device_train_batch_size 4 --max_seq_length 1024", quick=True, cpu=True),
-    Row("llama1b bf16 full eager", L1, f"{BF16} --attn_implementation eager --optim adamw_torch_fused "
-        "--per_device_train_batch_size 2 --max_seq_length 1024"),
-    Row("llama1b bf16 full ckpt b8 s2048", L1, f"{BF16} --gradient_checkpointing --optim adamw_torch_fused "
-        "--per_device_train_batch_size 8 --max_seq_length 2048", quick=True, cpu=True),
-    Row("llama1b bf16 full ckpt b1 s8192", L1, f"{BF16} --gradient_checkpointing --optim adamw_torch_fused "
-        "--per_device_train_batch_size 1 --max_seq_length 8192"),
-    Row("llama1b bf16 full sgd", L1, f"{BF16} --optim sgd --per_device_train_batch_size 4 --max_seq_length 1024"),
-    Row("llama1b LoRA all-linear", L1, f"{BF16} --bf16 {LORA} --optim adamw_torch_fused "
-        "--per_device_train_batch_size 4 --max_seq_length 2048", quick=True, cpu=True),
-    Row("llama1b QLoRA nf4 dq ckpt", L1, f"{BF16} --bf16 {QLORA} --gradient_checkpointing "
-        "--optim adamw_torch_fused --per_device_train_batch_size 4 --max_seq_length 2048", quick=True, cpu=True),
-    Row("llama1b int8 LoRA", L1, f"{BF16} --bf16 --load_in_8bit {LORA} --optim adamw_torch_fused "
-        "--per_device_train_batch_size 4 --max_seq_length 1024"),
-    Row("qwen0.5b bf16 full fused", Q05, f"{BF16} --optim adamw_torch_fused --per_device_train_batch_size 8 "
-        "--max_seq_length 1024", quick=True),
-    Row("qwen1.5b bf16 full ckpt", Q15, f"{BF16} --gradient_checkpointing --optim adamw_torch_fused "
-        "--per_device_train_batch_size 4 --max_seq_length 2048"),
-    Row("qwen1.5b LoRA default targets", Q15, f"{BF16} --bf16 --use_peft --optim adamw_torch_fused "
-        "--per_device_train_batch_size 8 --max_seq_length 1024", cpu=True),
-    Row("gemma2-2b bf16 full eager", G2, f"{BF16} --attn_implementation eager --optim adamw_torch_fused "
-        "--per_device_train_batch_size 2 --max_seq_length 1024", quick=True, cpu=True),
-    Row("gemma2-2b QLoRA ckpt", G2, f"{BF16} --bf16 --attn_implementation eager {QLORA} "
-        "--gradient_checkpointing --optim adamw_torch_fused --per_device_train_batch_size 4 "
-        "--max_seq_length 1024"),
-    Row("mistral7b-8L bf16 full fused", M7, f"{BF16} --optim adamw_torch_fused --per_device_train_batch_size 2 "
-        "--max_seq_length 2048", layers=8, quick=True),
-    Row("mistral7b LoRA ckpt", M7, f"{BF16} --bf16 {LORA} --gradient_checkpointing --optim adamw_torch_fused "
-        "--per_device_train_batch_size 4 --max_seq_length 2048"),
-    Row("mistral7b QLoRA nf4 dq ckpt", M7, f"{BF16} --bf16 {QLORA} --gradient_checkpointing "
-        "--optim adamw_torch_fused --per_device_train_batch_size 4 --max_seq_length 2048"),
-    Row("gpt2 fp32 full adamw_torch", GPT2, "--dtype float32 --optim adamw_torch --per_device_train_batch_size 8 "
-        "--max_seq_length 1024", quick=True, cpu=True),
-    Row("gpt2 fp32+autocast full", GPT2, "--dtype float32 --bf16 --optim adamw_torch_fused "
-        "--per_device_train_batch_size 8 --max_seq_length 1024"),
-    Row("phi2 bf16 full ckpt fused", PHI2, f"{BF16} --gradient_checkpointing --optim adamw_torch_fused "
-        "--per_device_train_batch_size 4 --max_seq_length 2048"),
-    Row("phi2 LoRA default targets", PHI2, f"{BF16} --bf16 --use_peft --optim adamw_torch_fused "
-        "--per_device_train_batch_size 4 --max_seq_length 2048", cpu=True),
+    Row("llama1b bf16 full adamw_torch", L1, BF16, optim="adamw_torch", quick=True, cpu=True),
+    Row("llama1b bf16 full fused", L1, BF16, quick=True),
+    Row("llama1b bf16 full bnb8bit", L1, BF16, optim="adamw_bnb_8bit", quick=True, cpu=True),
+    Row("llama1b bf16+autocast full fused", L1, f"{BF16} --bf16", quick=True),
+    Row("llama1b fp32+autocast full fused", L1, "--dtype float32 --bf16", quick=True, cpu=True),
+    Row("llama1b bf16 full eager", L1, f"{BF16} --attn_implementation eager", batch=2),
+    Row("llama1b bf16 full ckpt b8 s2048", L1, f"{BF16} --gradient_checkpointing", 8, 2048, quick=True, cpu=True),
+    Row("llama1b bf16 full ckpt b1 s8192", L1, f"{BF16} --gradient_checkpointing", 1, 8192),
+    Row("llama1b bf16 full sgd", L1, BF16, optim="sgd"),
+    Row("llama1b LoRA all-linear", L1, f"{BF16} --bf16 {LORA}", seq=2048, quick=True, cpu=True),
+    Row("llama1b QLoRA nf4 dq ckpt", L1, f"{BF16} --bf16 {QLORA} --gradient_checkpointing", seq=2048, quick=True,
+        cpu=True),
+    Row("llama1b int8 LoRA", L1, f"{BF16} --bf16 --load_in_8bit {LORA}"),
+    Row("qwen0.5b bf16 full fused", Q05, BF16, batch=8, quick=True),
+    Row("qwen1.5b bf16 full ckpt", Q15, f"{BF16} --gradient_checkpointing", seq=2048),
+    Row("qwen1.5b LoRA default targets", Q15, f"{BF16} --bf16 --use_peft", batch=8, cpu=True),
+    Row("gemma2-2b bf16 full eager", G2, f"{BF16} --attn_implementation eager", batch=2, quick=True, cpu=True),
+    Row("gemma2-2b QLoRA ckpt", G2, f"{BF16} --bf16 --attn_implementation eager {QLORA} --gradient_checkpointing"),
+    Row("mistral7b-8L bf16 full fused", M7, BF16, 2, 2048, layers=8, quick=True),
+    Row("mistral7b LoRA ckpt", M7, f"{BF16} --bf16 {LORA} --gradient_checkpointing", seq=2048),
+    Row("mistral7b QLoRA nf4 dq ckpt", M7, f"{BF16} --bf16 {QLORA} --gradient_checkpointing", seq=2048),
+    Row("gpt2 fp32 full adamw_torch", GPT2, "--dtype float32", batch=8, optim="adamw_torch", quick=True, cpu=True),
+    Row("gpt2 fp32+autocast full", GPT2, "--dtype float32 --bf16", batch=8),
+    Row("phi2 bf16 full ckpt fused", PHI2, f"{BF16} --gradient_checkpointing", seq=2048),
+    Row("phi2 LoRA default targets", PHI2, f"{BF16} --bf16 --use_peft", seq=2048, cpu=True),
 )
 
 
@@ -153,12 +138,6 @@ def row_config(row: Row, device: str) -> dict[str, Any]:
     if device == "cpu":
         return reduced_config(tiny_config(config), 2)
     return reduced_config(config, row.layers)
-
-
-def row_argv(row: Row, device: str) -> list[str]:
-    """The row's estimate flags (CPU mode: tiny batch and sequence appended; a later flag wins)."""
-    argv = shlex.split(row.flags)
-    return argv + shlex.split(CPU_SHAPE) if device == "cpu" else argv
 
 
 def parse_values(argv: Sequence[str]) -> dict[str, object]:
@@ -204,20 +183,24 @@ def build_model(config: Mapping[str, Any], values: Mapping[str, object], device:
 
         model.save_pretrained(work / "weights")
         del model
-        _free(device)
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        where = torch.device(device, 0) if device == "cuda" else device
         model = cls.from_pretrained(work / "weights", quantization_config=_bnb_config(values, dtype),
-                                    dtype=dtype, device_map={"": device}, attn_implementation=attn)
+                                    dtype=dtype, device_map={"": where}, attn_implementation=attn)
         # TRL SFTTrainer for a k-bit model: prepare_model_for_kbit_training(model, use_gradient_checkpointing=
         # args.gradient_checkpointing, gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or {})
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt,
-                                                gradient_checkpointing_kwargs={})
+        model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
+            model, use_gradient_checkpointing=ckpt, gradient_checkpointing_kwargs={})
     model.config.use_cache = False
     if _flag(values, "use_peft"):
         from peft import get_peft_model
 
         model = get_peft_model(model, _lora_config(values))
-    if ckpt:
-        model.activation_checkpointing_enable()  # Trainer.train: kwargs None -> use_reentrant=False
+    if ckpt:  # as Trainer.train calls it (kwargs None -> use_reentrant=False in transformers 5)
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
     model.train()
     return model
 
@@ -227,10 +210,10 @@ def _bnb_config(values: Mapping[str, object], dtype: Any) -> Any:
     from transformers import BitsAndBytesConfig
 
     if _flag(values, "load_in_8bit"):
-        return BitsAndBytesConfig(load_in_8bit=True)
+        return BitsAndBytesConfig(load_in_8bit=True)  # type: ignore[no-untyped-call]
     compute = values.get("bnb_4bit_compute_dtype")
     storage = values.get("bnb_4bit_quant_storage")
-    return BitsAndBytesConfig(
+    return BitsAndBytesConfig(  # type: ignore[no-untyped-call]
         load_in_4bit=True,
         bnb_4bit_quant_type=str(values.get("bnb_4bit_quant_type") or "nf4"),
         bnb_4bit_use_double_quant=_flag(values, "use_bnb_nested_quant"),
@@ -269,21 +252,14 @@ def make_optimizer(model: Any, optim: str, work: Path) -> Any:
               {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
     opt = cls(groups, **kwargs)
     if "bitsandbytes" in str(cls) and kwargs.get("optim_bits") == 8:
-        import bitsandbytes
+        import importlib
 
-        manager = bitsandbytes.optim.GlobalOptimManager.get_instance()
+        bnb_optim: Any = importlib.import_module("bitsandbytes.optim")
+        manager = bnb_optim.GlobalOptimManager.get_instance()
         for module in model.modules():  # Trainer.create_optimizer keeps embeddings' states in 32 bits
             if isinstance(module, nn.Embedding):
                 manager.register_module_override(module, "weight", {"optim_bits": 32})
     return opt
-
-
-def _free(device: str) -> None:
-    gc.collect()
-    if device == "cuda":
-        import torch
-
-        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------------------------------- steps
@@ -363,7 +339,7 @@ def _environment(device: str) -> dict[str, Any]:
         with contextlib.suppress(Exception):
             env[mod] = __import__(mod).__version__
     if device == "cuda":
-        torch.cuda.init()
+        torch.cuda.init()  # type: ignore[no-untyped-call]
         free, total = torch.cuda.mem_get_info()
         env.update(gpu_name=torch.cuda.get_device_name(0), gpu_total_bytes=total, used_at_init=total - free,
                    cuda=torch.version.cuda)
@@ -373,8 +349,13 @@ def _environment(device: str) -> dict[str, Any]:
 def run_row(row: Row, device: str) -> dict[str, Any]:
     """Estimate and run one row in this process; never raises (errors and OOMs are recorded)."""
     result: dict[str, Any] = {"name": row.name, "model": row.model, "layers": row.layers, "device": device,
-                              "argv": ["--model_name_or_path", row.model, *row_argv(row, device)], "status": "ok"}
+                              "argv": ["--model_name_or_path", row.model, *row.argv(device)], "status": "ok",
+                              "shape": "tiny_config() widths, 2 layers" if device == "cpu" else
+                              f"num_hidden_layers={row.layers}" if row.layers else "catalog config.json"}
     started = time.perf_counter()
+    missing = _missing_packages(row)
+    if missing:
+        return {**result, "status": "skipped", "error": f"not installed: {', '.join(missing)}"}
     try:
         result["environment"] = env = _environment(device)
         with tempfile.TemporaryDirectory(prefix="gpu_truth_") as tmp:
@@ -382,7 +363,7 @@ def run_row(row: Row, device: str) -> dict[str, Any]:
             config = row_config(row, device)
             (work / "model").mkdir()
             (work / "model" / "config.json").write_text(json.dumps(config), encoding="utf-8")
-            values = parse_values(["--model_name_or_path", str(work / "model"), *row_argv(row, device),
+            values = parse_values(["--model_name_or_path", str(work / "model"), *row.argv(device),
                                    "--device_type", device])
             if device == "cuda":
                 values.update(_gpu_flag(str(env["gpu_name"]), int(env["gpu_total_bytes"])))
@@ -405,6 +386,18 @@ def run_row(row: Row, device: str) -> dict[str, Any]:
                                "used": _err(est.get("device_used_bytes"), meas.get("used_peak"))}
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result
+
+
+def _missing_packages(row: Row) -> list[str]:
+    """Packages a row needs that this interpreter lacks (bitsandbytes is not in every CUDA image)."""
+    import importlib.util
+
+    needs = ["torch", "transformers"]
+    if "--use_peft" in row.flags:
+        needs.append("peft")
+    if "bnb" in row.optim or "load_in_" in row.flags:
+        needs.append("bitsandbytes")
+    return [n for n in needs if importlib.util.find_spec(n) is None]
 
 
 def _gpu_flag(name: str, total: int) -> dict[str, object]:
@@ -457,11 +450,16 @@ def run_in_subprocess(row: Row, device: str, timeout: float) -> dict[str, Any]:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env, check=False)
     except subprocess.TimeoutExpired:
         return {"name": row.name, "model": row.model, "status": "timeout", "error": f"over {timeout:.0f} s"}
-    for line in reversed(proc.stdout.splitlines()):
+    return worker_result(row, proc.stdout, proc.stderr, proc.returncode)
+
+
+def worker_result(row: Row, stdout: str, stderr: str, returncode: int) -> dict[str, Any]:
+    """The row's result from a worker's output; a worker that died without one is a ``crash`` row."""
+    for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
             return dict(json.loads(line[len(RESULT_PREFIX):]))
     return {"name": row.name, "model": row.model, "status": "crash",
-            "error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"}
+            "error": f"exit {returncode}: {(stderr or stdout)[-1500:]}"}
 
 
 def summary(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -472,13 +470,15 @@ def summary(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if errs:
             out[f"median_abs_err_{key}_pct"] = round(statistics.median(errs), 2)
             out[f"max_abs_err_{key}_pct"] = round(max(errs), 2)
+    out["trainable_params_mismatch"] = [r["name"] for r in results if "trainable_params" in r
+                                        and r["trainable_params"] != r["estimate"]["trainable_params"]]
     ooms = [r for r in results if r.get("status") == "oom" and "estimate" in r]
     out["oom_rows_predicted_not_fit"] = f"{sum(not r['estimate']['fits'] for r in ooms)}/{len(ooms)}"
     return out
 
 
 def _mib(v: Any) -> str:
-    return f"{v / 2**20:9.1f}" if isinstance(v, int) else f"{'-':>9}"
+    return f"{v / 2**20:9.2f}" if isinstance(v, int) else f"{'-':>9}"
 
 
 def _pct(v: Any) -> str:
@@ -512,13 +512,21 @@ def output_path(out: str | None, device: str, results: Sequence[Mapping[str, Any
 
 def write_json(path: Path, device: str, results: Sequence[Mapping[str, Any]], argv: Sequence[str]) -> None:
     """The data file: header (device, versions, command), every row, the summary."""
-    env = next((r["environment"] for r in results if "environment" in r), {})
-    doc = {"schema": 1, "device": device, "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    env: dict[str, Any] = next((r["environment"] for r in results if "environment" in r), {})
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    doc = {"schema": 1, "device": device, "created": now,
            "command": ["benchmarks/gpu_truth.py", *argv], "environment": env,
            "method": "3 real steps per row, peak counters reset after step 1; see benchmarks/gpu_truth.py",
            "summary": summary(results), "rows": list(results)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def _done_rows(path: str | None) -> dict[str, dict[str, Any]]:
+    if not path or not Path(path).is_file():
+        return {}
+    rows = json.loads(Path(path).read_text(encoding="utf-8")).get("rows", [])
+    return {r["name"]: r for r in rows if r.get("status") in ("ok", "oom")}
 
 
 def main(argv: Sequence[str]) -> int:
@@ -530,6 +538,8 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--out", default=None, help="JSON file or directory (default benchmarks/data/)")
     ap.add_argument("--budget_s", type=float, default=540.0, help="stop starting rows after this many seconds")
     ap.add_argument("--row_timeout_s", type=float, default=300.0)
+    ap.add_argument("--resume", default=None, metavar="JSON",
+                    help="reuse the ok/oom rows of an earlier data file; run only the others")
     ap.add_argument("--in_process", action="store_true", help="no subprocess per row (CPU debugging)")
     ap.add_argument("--list", action="store_true", help="print the rows and exit")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -541,10 +551,14 @@ def main(argv: Sequence[str]) -> int:
     rows = select(args.device, args.quick, args.rows)
     if args.list:
         for r in rows:
-            print(f"{r.name:34} {r.model:28} layers={r.layers or 'all'} {r.flags}")
+            print(f"{r.name:34} {r.model:28} layers={r.layers or 'all'} {' '.join(r.argv(args.device))}")
         return 0
     start, results = time.perf_counter(), []
+    done = _done_rows(args.resume)
     for row in rows:
+        if row.name in done:
+            results.append(done[row.name])
+            continue
         left = args.budget_s - (time.perf_counter() - start)
         if left < 20:
             results.append({"name": row.name, "model": row.model, "status": "skipped", "error": "time budget"})

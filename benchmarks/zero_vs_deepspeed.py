@@ -8,7 +8,7 @@ the step) and its ZeRO buffers, next to DeepSpeed's ``estimate_zero2_model_state
 ``estimate_zero3_model_states_mem_needs_all_cold``. Why they differ is printed under the table.
 
 Part 2: torchtitan Llama-3.1-8B FSDP2 on 8 vs 128 GPUs
-(``/work/shared/calibration/published_measurements.json``,
+(``benchmarks/calibration/published_measurements.json``,
 source_group torchtitan-benchmarks): the model-state term per GPU at both sizes, its difference next to the
 published difference of max-reserved memory (activations are the same in both rows: same local batch and
 sequence length).
@@ -42,13 +42,11 @@ from fitcheck.spec import (
 )
 
 GIB = 1024**3
-CATALOG = Path("/work/shared/catalog/meta-llama")
-PUBLISHED = Path("/work/shared/calibration/published_measurements.json")
+PUBLISHED = Path(__file__).resolve().parent / "calibration" / "published_measurements.json"
 
 
 def inventory(name: str) -> ModelInventory:
-    local = Path(__file__).resolve().parents[1] / "fitcheck/catalog/models/meta-llama" / name / "config.json"
-    path = local if local.is_file() else CATALOG / name / "config.json"
+    path = Path(__file__).resolve().parents[1] / "fitcheck/catalog/models/meta-llama" / name / "config.json"
     return inventory_from_config(json.loads(path.read_text()), f"meta-llama/{name}", str(path))
 
 

@@ -16,24 +16,11 @@ import os
 import tempfile
 
 import torch
+from _tiny import SEQ, TINY_LLAMA, RandomTokens  # examples/_tiny.py: tiny config, random data
 from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, Trainer, TrainingArguments
 
 from fitcheck import FitcheckCallback, preflight
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-SEQ = 64
-
-
-class RandomTokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
-    def __init__(self, vocab: int, n: int = 8) -> None:
-        self.data = torch.randint(0, vocab, (n, SEQ), generator=torch.Generator().manual_seed(0))
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.data[i], "labels": self.data[i]}
 
 
 def main() -> None:
@@ -53,7 +40,7 @@ def main() -> None:
           f"{big.trainable_params:,} trainable parameters")
 
     # 2. The same setup, tiny, for real on CPU.
-    config = AutoConfig.from_pretrained(os.path.join(HERE, "tiny-llama"))
+    config = AutoConfig.from_pretrained(TINY_LLAMA)
     weights = os.path.join(out, "tiny-llama-random")
     AutoModelForCausalLM.from_config(config).save_pretrained(weights)
     model = AutoModelForCausalLM.from_pretrained(weights, quantization_config=bnb, dtype=torch.bfloat16,

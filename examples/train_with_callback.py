@@ -13,36 +13,19 @@ weights: nothing is downloaded.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 
-import torch
+from _tiny import SEQ, TINY_LLAMA, RandomTokens  # examples/_tiny.py: tiny config, random data
 from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
 
 from fitcheck import FitcheckCallback, preflight
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-SEQ = 64
-
-
-class RandomTokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
-    """Fixed-length random token sequences (every batch is full length: the worst case fitcheck assumes)."""
-
-    def __init__(self, vocab: int, n: int = 8) -> None:
-        self.data = torch.randint(0, vocab, (n, SEQ), generator=torch.Generator().manual_seed(0))
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.data[i], "labels": self.data[i]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--record", default=None, help="write predicted vs measured peak memory here (JSON)")
     cli = parser.parse_args()
-    config = AutoConfig.from_pretrained(os.path.join(HERE, "tiny-llama"))
+    config = AutoConfig.from_pretrained(TINY_LLAMA)
     args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="fitcheck-example-"),
         per_device_train_batch_size=2,

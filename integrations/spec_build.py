@@ -226,8 +226,8 @@ def _live_sharding(
     fsdp_config: object,
 ) -> Any:
     """DeepSpeed/FSDP settings of a live TrainingArguments (dicts already resolved by transformers)."""
-    from fitcheck.readers.accelerate_config import fsdp_from_config, fsdp_option_string
     from fitcheck.readers.deepspeed import resolve_deepspeed
+    from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
     from fitcheck.spec import ShardingSpec, Strategy
 
     n = int(str(vals.get("num_processes") or 1))

@@ -163,7 +163,7 @@ def preflight(
         spec, notes = apply_live_facts(spec, facts)
     extra: tuple[Finding, ...] = ()
     if device_map:
-        from fitcheck.torch_adapters.device_map import device_map_findings
+        from fitcheck.torch_adapters.device_map_check import device_map_findings
 
         extra = device_map_findings(spec, device_map, max_memory)
     if facts is not None:

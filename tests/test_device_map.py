@@ -26,6 +26,7 @@ from fitcheck.spec import (
     TrainingSpec,
 )
 from fitcheck.torch_adapters import device_map as dm
+from fitcheck.torch_adapters import device_map_check as check
 from fitcheck.torch_adapters.live_model import live_device_map_findings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,7 @@ def test_llama3_8b_full_ft_on_24gib_flags_trainable_modules_on_cpu(llama8b: Mode
     expected = len(offloaded_layers) * layer + 4096 + 128256 * 4096  # + final norm + lm_head
     assert placement.offloaded_trainable_params == expected
     assert placement.trainable_params == 8_030_261_248
-    findings = dm.device_map_findings(spec, "auto", {"0": 24 * GIB, "cpu": 200 * GIB})
+    findings = check.device_map_findings(spec, "auto", {"0": 24 * GIB, "cpu": 200 * GIB})
     (f,) = [f for f in findings if f.code == "trainable-offloaded"]
     assert f.severity is Severity.ERROR
     assert f"{expected:,}" in f.message and "lm_head" in f.message and "model.layers." in f.message
@@ -80,8 +81,8 @@ def test_bf16_weights_fit_24gib_but_not_12gib(llama8b: ModelInventory) -> None:
     """transformers 5 loads Llama-3-8B in bf16 ("auto"): 14.96 GiB of weights fit in 24 GiB, so nothing is
     offloaded there (the training states not fitting is the estimate's does-not-fit, not a placement issue)."""
     spec = _spec(llama8b, Dtype.BFLOAT16)
-    assert not dm.device_map_findings(spec, "auto", "0=24GiB,cpu=200GiB")
-    codes = [f.code for f in dm.device_map_findings(spec, "auto", "0=12GiB,cpu=200GiB")]
+    assert not check.device_map_findings(spec, "auto", "0=24GiB,cpu=200GiB")
+    codes = [f.code for f in check.device_map_findings(spec, "auto", "0=12GiB,cpu=200GiB")]
     assert codes == ["trainable-offloaded"]
 
 
@@ -99,13 +100,13 @@ def test_qlora_offload_is_refused_by_bitsandbytes(llama8b: ModelInventory) -> No
                  quant=QuantSpec(bits=4, compute_dtype=Dtype.BFLOAT16))
     roomy = dm.predict_placement(spec, "auto", {"0": 24 * GIB})
     assert set(roomy.device_map.values()) == {0} and roomy.quantizer_error is None
-    tight = dm.device_map_findings(spec, "auto", {"0": 3 * GIB})
+    tight = check.device_map_findings(spec, "auto", {"0": 3 * GIB})
     assert {"trainable-offloaded", "quantized-offload-refused"} <= {f.code for f in tight}
 
 
 def test_multi_device_map_on_several_processes_is_refused(llama8b: ModelInventory) -> None:
     spec = _spec(llama8b, Dtype.BFLOAT16, sharding=ShardingSpec(strategy=Strategy.DDP, num_processes=2))
-    codes = {f.code for f in dm.device_map_findings(spec, "auto", {"0": 10 * GIB, "1": 10 * GIB})}
+    codes = {f.code for f in check.device_map_findings(spec, "auto", {"0": 10 * GIB, "1": 10 * GIB})}
     assert "device-map-distributed" in codes
 
 
@@ -143,14 +144,14 @@ def test_parse_max_memory_and_errors() -> None:
 
 def test_summarize_modules_collapses_layer_runs() -> None:
     names = [f"model.layers.{i}" for i in (3, 4, 5, 9)] + ["model.norm", "lm_head"]
-    assert dm.summarize_modules(names) == "model.layers.{3-5,9}, model.norm, lm_head"
-    assert dm.summarize_modules(["model.layers.7"]) == "model.layers.7"
+    assert check.summarize_modules(names) == "model.layers.{3-5,9}, model.norm, lm_head"
+    assert check.summarize_modules(["model.layers.7"]) == "model.layers.7"
 
 
 def test_unbuildable_config_is_a_warning_not_a_crash() -> None:
     inv = _inventory(TINY, "tiny")
     broken = ModelInventory(model_id="x", shape=inv.shape, params=(), config={"model_type": "no-such-model"})
-    (f,) = dm.device_map_findings(_spec(broken, Dtype.FLOAT32), "auto", {"0": GIB})
+    (f,) = check.device_map_findings(_spec(broken, Dtype.FLOAT32), "auto", {"0": GIB})
     assert f.code == "device-map-not-checked" and f.severity is Severity.WARNING
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -187,9 +186,6 @@ def test_fragmentation_finding_names_the_env_var() -> None:
     assert oh.overhead_findings(replace(ck, hardware=HardwareSpec(expandable_segments=True))) == ()
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("fitcheck.core.activations") is None, reason="activation formulas not present"
-)
 def test_reserved_without_transient_uses_the_specs_own_components() -> None:
     from fitcheck.core.estimate import collect_components, estimate
     from fitcheck.readers.model_config import load_inventory

@@ -1,8 +1,7 @@
-"""benchmarks/published.py: each published row becomes a spec or a skip with a reason."""
+"""benchmarks/published_rows.py + published.py: each published row becomes a spec or a skip with a reason."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -11,21 +10,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import published as pub  # noqa: E402
+import published_rows as pr  # noqa: E402
 
-if not pub.DEFAULT_DATA.exists():
-    pytest.skip("calibration data not present", allow_module_level=True)
-
-ROWS = pub.load_rows()
-PLANS = {str(r["id"]): pub.plan_row(r) for r in ROWS}
+ROWS = pr.load_rows()
+PLANS = {str(r["id"]): pr.plan_row(r) for r in ROWS}
 
 
 def test_every_row_is_planned_or_skipped_with_a_reason() -> None:
     assert len(PLANS) == len(ROWS) > 0
     for rid, p in PLANS.items():
-        assert isinstance(p, pub.Plan | pub.Skip), rid
-        if isinstance(p, pub.Skip):
+        assert isinstance(p, pr.Plan | pr.Skip), rid
+        if isinstance(p, pr.Skip):
             assert len(p.reason) > 10, rid
-    planned = [p for p in PLANS.values() if isinstance(p, pub.Plan)]
+    planned = [p for p in PLANS.values() if isinstance(p, pr.Plan)]
     assert len(planned) >= 30
     # every HF-stack group with a stated tool is represented
     assert {"ms-swift-benchmark", "peft-MetaMathQA-benchmark"} <= {p.group for p in planned}
@@ -37,7 +34,7 @@ def test_every_row_is_planned_or_skipped_with_a_reason() -> None:
 )
 def test_compares_like_with_like(rid: str, metric: str) -> None:
     p = PLANS[rid]
-    assert isinstance(p, pub.Plan)
+    assert isinstance(p, pr.Plan)
     assert p.metric == metric and p.metric_sure
 
 
@@ -54,18 +51,18 @@ def test_compares_like_with_like(rid: str, metric: str) -> None:
 )
 def test_unexpressible_rows_say_why(rid: str, words: str) -> None:
     p = PLANS[rid]
-    assert isinstance(p, pub.Skip)
+    assert isinstance(p, pr.Skip)
     assert words in p.reason
 
 
 def test_oom_rows_keep_no_measurement() -> None:
     for rid in ("LIT-12", "LIT-15", "LITCH-OOM-1"):
         p = PLANS[rid]
-        assert isinstance(p, pub.Plan) and p.outcome == "OOM" and p.measured_bytes is None
+        assert isinstance(p, pr.Plan) and p.outcome == "OOM" and p.measured_bytes is None
 
 
 def test_lora_targets_are_translated_to_transformers_names() -> None:
-    assert pub._targets({"targets": "q_proj, v_proj, output_proj + MLP (w1,w2,w3)"}) == (
+    assert pr._targets({"targets": "q_proj, v_proj, output_proj + MLP (w1,w2,w3)"}) == (
         "q_proj",
         "v_proj",
         "o_proj",
@@ -73,34 +70,30 @@ def test_lora_targets_are_translated_to_transformers_names() -> None:
         "up_proj",
         "down_proj",
     )
-    assert pub._targets(
+    assert pr._targets(
         {"targets": "query, value (lora_query/lora_value True; key/projection/mlp/head False)"}
     ) == (
         "q_proj",
         "v_proj",
     )
-    assert pub._targets({"targets": "ALL (all linear)"}) == ("all-linear",)
-    assert "lm_head" in pub._targets({"targets": "q_proj, k_proj, v_proj, output_proj + MLP + final output"})
+    assert pr._targets({"targets": "ALL (all linear)"}) == ("all-linear",)
+    assert "lm_head" in pr._targets({"targets": "q_proj, k_proj, v_proj, output_proj + MLP + final output"})
 
 
 def test_hf_stack_groups_sort_first() -> None:
     groups = sorted({str(r["source_group"]) for r in ROWS}, key=pub._group_order)
-    assert groups[: len(pub.HF_GROUPS)] == list(pub.HF_GROUPS)
+    assert groups[: len(pr.HF_GROUPS)] == list(pr.HF_GROUPS)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("fitcheck.readers.model_config") is None,
-    reason="model_config reader not present",
-)
 def test_every_plan_builds_a_spec_and_qwen_v1_geometry_matches_its_stated_size() -> None:
     built = 0
     for p in PLANS.values():
-        if isinstance(p, pub.Plan):
-            spec = p.build(pub._inventory(p.model))
+        if isinstance(p, pr.Plan):
+            spec = p.build(pr.inventory_for(p.model))
             assert spec.batch.micro_batch >= 1
             built += 1
     assert built >= 30
     swift = PLANS["SWIFT-1"]
-    assert isinstance(swift, pub.Plan)
-    params = pub._inventory(swift.model).total_params
+    assert isinstance(swift, pr.Plan)
+    params = pr.inventory_for(swift.model).total_params
     assert params == pytest.approx(7_721_324_500, rel=1e-4)  # "7721.3245M" stated by ms-swift

@@ -8,8 +8,9 @@ import pytest
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
-from fitcheck.readers.accelerate_config import default_config_path, fsdp_option_string, read_accelerate_config
+from fitcheck.readers.accelerate_config import default_config_path, read_accelerate_config
 from fitcheck.readers.deepspeed import load_deepspeed_file, resolve_deepspeed
+from fitcheck.readers.fsdp_config import fsdp_option_string
 from fitcheck.readers.merge import merge_sources
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_file
 from fitcheck.spec import MixedPrecision, OffloadDevice, Strategy
@@ -170,7 +171,7 @@ def test_zero_keys_match_installed_deepspeed() -> None:
     pytest.importorskip("deepspeed")
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-    from fitcheck.readers.deepspeed import ZERO_KEYS
+    from fitcheck.readers.deepspeed_zero import ZERO_KEYS
 
     names = {f.alias or n for n, f in DeepSpeedZeroConfig.model_fields.items()} | set(
         DeepSpeedZeroConfig.model_fields

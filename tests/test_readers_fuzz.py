@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fitcheck.errors import ConfigError, NotModelledError
-from fitcheck.readers.accelerate_config import fsdp_from_config, fsdp_option_string, read_accelerate_config
+from fitcheck.readers.accelerate_config import read_accelerate_config
 from fitcheck.readers.deepspeed import resolve_deepspeed
+from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
 from fitcheck.readers.peft_config import lora_from_mapping, lora_from_trl_flags
 from fitcheck.readers.quantization_config import quant_from_mapping, quant_from_trl_flags
 from fitcheck.readers.sources import parse_mapping_text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fitcheck.errors import ConfigError
@@ -141,7 +143,7 @@ def test_bad_values_name_the_source(values: dict[str, object], needle: str) -> N
 
 
 def test_provenance_is_used_in_messages() -> None:
-    with pytest.raises(ConfigError, match="args.yaml:per_device_train_batch_size"):
+    with pytest.raises(ConfigError, match=re.escape("args.yaml:per_device_train_batch_size")):
         spec_from_values(
             {"per_device_train_batch_size": 0},
             inventory=tiny(),

@@ -27,7 +27,6 @@ from fitcheck.spec import (
     TrainingSpec,
 )
 
-CATALOG = Path("/work/shared/catalog/meta-llama/Meta-Llama-3-8B/config.json")
 _LOCAL = (
     Path(__file__).resolve().parents[1] / "fitcheck/catalog/models/meta-llama/Meta-Llama-3-8B/config.json"
 )
@@ -35,10 +34,7 @@ _LOCAL = (
 
 @pytest.fixture(scope="module")
 def llama8b() -> ModelInventory:
-    path = _LOCAL if _LOCAL.is_file() else CATALOG
-    if not path.is_file():
-        pytest.skip("Llama-3-8B config not available")
-    return inventory_from_config(json.loads(path.read_text()), "meta-llama/Meta-Llama-3-8B", str(path))
+    return inventory_from_config(json.loads(_LOCAL.read_text()), "meta-llama/Meta-Llama-3-8B", str(_LOCAL))
 
 
 def spec_for(

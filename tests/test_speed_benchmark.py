@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import sys
@@ -38,9 +37,6 @@ def test_accelerate_internals_the_benchmark_calls_still_exist() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("fitcheck.cli.estimate") is None, reason="estimate CLI not present"
-)
 def test_known_family_answers_without_importing_torch() -> None:
     mods = speed.modules_imported_by_fitcheck()
     assert mods["exit"] in (0, 1), mods  # answered (fits / does not fit), did not crash

@@ -253,7 +253,7 @@ def build_report(
         activations = trace_components(spec)
     extra_findings: tuple[Finding, ...] = ()
     if getattr(args, "device_map", None):
-        from fitcheck.torch_adapters.device_map import device_map_findings
+        from fitcheck.torch_adapters.device_map_check import device_map_findings
 
         extra_findings = device_map_findings(spec, str(args.device_map), getattr(args, "max_memory", None))
     if extra_findings:

@@ -1,44 +1,62 @@
-"""Optimizer state memory for every ``TrainingArguments.optim`` value, as each implementation allocates it.
+"""Optimizer memory for every ``TrainingArguments.optim`` value, as each implementation allocates it.
 
 Names are transformers 5.23 ``training_args.OptimizerNames``; the Trainer builds them in
-``trainer_optimizer.py`` (``_OPTIMIZER_HANDLERS``) with two parameter groups (weight decay / no decay:
-biases and
-norms) over the parameters with ``requires_grad``. Per implementation:
+``trainer_optimizer.py`` (``_OPTIMIZER_HANDLERS``) with two parameter groups (weight decay / no decay: biases
+and norms) over the parameters with ``requires_grad``. This module maps names and models the torch
+optimizers; :mod:`fitcheck.core.optimizers_extra` the other families; :mod:`fitcheck.core.optimizer_tensors`
+the step order and the transient bytes of one step.
 
-* torch ``AdamW`` (``adamw_torch``, ``adamw_torch_fused``): ``exp_avg`` + ``exp_avg_sq`` ``zeros_like(p)``
-  (param
-  dtype) and a 0-d fp32 ``step`` (CPU unless fused/capturable) per tensor
-  (``torch/optim/adam.py::_init_group``).
-  The foreach path (CUDA default for ``adamw_torch``) allocates ``exp_avg_sq_sqrt =
-  _foreach_sqrt(exp_avg_sqs)``:
-  one state-dtype copy of each param group (``_multi_tensor_adam``); the single-tensor path (CPU) one
-  tensor at a
-  time; the fused kernel (``_fused_adamw_``) updates in place.
-* bitsandbytes (``optim/optimizer.py``): 32-bit states are fp32 whatever the param dtype; 8-bit states are
-  uint8
-  with an fp32 absmax per 256 elements, but tensors under ``min_8bit_size`` = 4096 elements keep fp32
-  states; the
-  Trainer registers every ``nn.Embedding`` weight for 32-bit states (``trainer.py::create_optimizer``). Paged
-  optimizers put state tensors of >= 1e5 elements in CUDA managed memory (``get_state_buffer``) — outside
-  torch's
-  allocator. AdEMAMix keeps a double-size ``state1`` (fast + slow EMA) and ``state2`` (``optim/ademamix.py``).
-* transformers ``Adafactor`` (``optimization.py``): no first moment (``beta1=None``); fp32
-  ``exp_avg_sq_row`` +
-  ``exp_avg_sq_col`` for tensors of >= 2 dims, full fp32 ``exp_avg_sq`` for 1-D; per-parameter fp32
-  temporaries.
+torch ``AdamW`` (``adamw_torch``, ``adamw_torch_fused``): ``exp_avg`` + ``exp_avg_sq`` ``zeros_like(p)`` (param
+dtype) and a 0-d fp32 ``step`` (CPU unless fused/capturable) per tensor (``torch/optim/adam.py::_init_group``).
+Step temporaries (torch 2.13 ``optim/adam.py``, measured in ``tests/test_optimizers_measured.py``):
 
-Everything not listed in :data:`_MODELS` raises :class:`fitcheck.errors.NotModelledError` naming it.
+* single-tensor loop (``_single_tensor_adam``, the CPU default): ``denom = (exp_avg_sq.sqrt() / c).add_(eps)``
+  holds the ``sqrt`` and the quotient of tensor i while tensor i-1's ``denom`` is still bound to the loop
+  variable: ``max_i(bytes[i-1] + 2 * bytes[i])`` over consecutive tensors of one param group;
+* foreach (``_multi_tensor_adam``, the CUDA default): ``exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)`` per
+  (device, dtype) sub-list of a group, the previous sub-list's still bound: ``max_k(S[k-1] + S[k])``;
+* fused (``_fused_adamw_``, ``adamw_torch_fused``, CPU and CUDA): in place, nothing.
+
+Everything not listed raises :class:`fitcheck.errors.NotModelledError` naming it.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
+from fitcheck.core.optimizer_tensors import (
+    OptimizerMemory,
+    TensorGroup,
+    dtype_totals,
+    foreach_peak,
+    pair_peak,
+    single_tensor_peak,
+    trainer_groups,
+)
+from fitcheck.core.optimizers_extra import (
+    BNB_NAMES,
+    adafactor_memory,
+    anyprecision_memory,
+    arg_float,
+    arg_true,
+    bnb_memory,
+    count,
+    galore_memory,
+    other_memory,
+    torch_states,
+    torchao_memory,
+)
 from fitcheck.errors import NotModelledError
 from fitcheck.findings import Finding, Severity
-from fitcheck.spec import Dtype, OptimizerSpec
+from fitcheck.spec import OptimizerSpec
+
+__all__ = [
+    "OPTIMIZER_NAMES",
+    "OptimizerMemory",
+    "TensorGroup",
+    "canonical_optimizer",
+    "optimizer_memory",
+]
 
 # transformers 5.23 training_args.py OptimizerNames, in declaration order.
 OPTIMIZER_NAMES: tuple[str, ...] = (
@@ -135,263 +153,22 @@ def canonical_optimizer(name: str) -> tuple[str, Finding | None]:
     )
 
 
-@dataclass(frozen=True)
-class TensorGroup:
-    """``repeat`` trainable tensors of one shape and dtype, as the optimizer sees them.
-
-    Attributes:
-        name: Parameter name (layer index as ``*``).
-        shape: Shape of one tensor.
-        dtype: Parameter (and gradient) dtype.
-        repeat: Number of tensors.
-        embedding: An ``nn.Embedding`` weight (bnb 8-bit: the Trainer forces 32-bit states).
-        decay: In the Trainer's weight-decay group (not a bias or norm).
-        low_rank: A GaLore target (``optim_target_modules``, an ``nn.Linear`` weight).
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: Dtype
-    repeat: int = 1
-    embedding: bool = False
-    decay: bool = True
-    low_rank: bool = False
-
-    @property
-    def numel_each(self) -> int:
-        """Elements of one tensor."""
-        return math.prod(self.shape)
-
-    @property
-    def nbytes_each(self) -> int:
-        """Bytes of one tensor."""
-        return self.numel_each * self.dtype.nbytes
-
-
-@dataclass(frozen=True)
-class OptimizerMemory:
-    """What an optimizer holds and allocates for a set of trainable tensors (one process, unsharded).
-
-    Attributes:
-        states: State bytes in torch's caching allocator.
-        managed: State bytes in CUDA managed memory (paged optimizers; outside torch's allocator).
-        projections: GaLore projection matrices (torch allocator).
-        step_counters_host: 0-d step tensors kept on the CPU.
-        step_counters_device: 0-d step tensors on the device.
-        step_temporary: Largest transient allocation during ``optimizer.step()``.
-        in_backward: The update runs inside backward (LOMO, layer-wise GaLore): no full gradient set exists.
-        detail: One line on the layout.
-        source: Where the layout comes from.
-    """
-
-    states: int
-    managed: int = 0
-    projections: int = 0
-    step_counters_host: int = 0
-    step_counters_device: int = 0
-    step_temporary: int = 0
-    in_backward: bool = False
-    detail: str = ""
-    source: str = ""
-
-
-_MIN_8BIT = (
-    4096  # bitsandbytes optim/optimizer.py min_8bit_size default; torchao optim/adam.py same threshold
-)
-_BNB_BLOCK = 256  # bitsandbytes Optimizer2State.init_state: blocksize = 256
-_PAGED_MIN = 100_000  # bitsandbytes get_state_buffer: p.numel() < 1e5 -> ordinary torch allocation
-_QMAP = 256 * 4  # bitsandbytes create_dynamic_map: 256 fp32 values
-
-
-def _groups(tensors: Sequence[TensorGroup]) -> list[list[TensorGroup]]:
-    decay = [t for t in tensors if t.decay]
-    no_decay = [t for t in tensors if not t.decay]
-    return [g for g in (decay, no_decay) if g]
-
-
-def _foreach_copy(tensors: Sequence[TensorGroup], dtype_of: Mapping[Dtype, Dtype] | None = None) -> int:
-    """One state-dtype copy of the largest Trainer param group (foreach kernels work per group)."""
-    best = 0
-    for group in _groups(tensors):
-        total = 0
-        for t in group:
-            dt = dtype_of.get(t.dtype, t.dtype) if dtype_of else t.dtype
-            total += t.numel_each * dt.nbytes * t.repeat
-        best = max(best, total)
-    return best
-
-
-def _largest(tensors: Sequence[TensorGroup]) -> int:
-    return max((t.numel_each for t in tensors), default=0)
-
-
-def _count(tensors: Sequence[TensorGroup]) -> int:
-    return sum(t.repeat for t in tensors)
-
-
-def _torch_states(tensors: Sequence[TensorGroup], n_states: int) -> int:
-    return n_states * sum(t.nbytes_each * t.repeat for t in tensors)
-
-
-def _bnb(
-    tensors: Sequence[TensorGroup], *, bits: int, n_states: int, paged: bool, ademamix: bool
-) -> OptimizerMemory:
-    device = managed = 0
-    any_8bit = False
-    for t in tensors:
-        n = t.numel_each
-        eight = bits == 8 and n >= _MIN_8BIT and not t.embedding
-        elem = 1 if eight else 4
-        # AdEMAMix: state1 is (2, *shape), state2 is shape -> 3 state tensors' worth.
-        state_elems = (3 if ademamix else n_states) * n
-        state_bytes = state_elems * elem
-        if paged and n >= _PAGED_MIN:
-            managed += state_bytes * t.repeat
-        else:
-            device += state_bytes * t.repeat
-        if eight:
-            any_8bit = True
-            blocks = -(n // -_BNB_BLOCK)
-            absmax_arrays = 3 if ademamix else n_states  # absmax1 (2,blocks) for AdEMAMix + absmax2
-            device += 4 * blocks * absmax_arrays * t.repeat
-    qmaps = 2 * _QMAP if any_8bit else 0  # name2qmap["dynamic"], ["udynamic"], moved to the device once
-    kind = f"{bits}-bit" + (" paged" if paged else "")
-    return OptimizerMemory(
-        states=device + qmaps,
-        managed=managed,
-        detail=f"bitsandbytes {kind} states ({'3' if ademamix else n_states} per param)",
-        source="bitsandbytes 0.50.2 optim/optimizer.py Optimizer2State/1State.init_state, get_state_buffer",
+def _adagrad_foreach(tensors: Sequence[TensorGroup]) -> int:
+    # _multi_tensor_adagrad: std = _foreach_sqrt(state_sums) then numerator = _foreach_mul(grads, -clr) per
+    # (device, dtype) sub-list; the previous sub-list's std and numerator are rebound one at a time.
+    return max(
+        (max(pair_peak(dtype_totals(g), 2, 1), pair_peak(dtype_totals(g), 1, 2)) for g in trainer_groups(tensors)),
+        default=0,
     )
 
 
-def _torchao(tensors: Sequence[TensorGroup], *, bits: int, block: int) -> OptimizerMemory:
-    states = 0
-    for t in tensors:
-        n = t.numel_each
-        if n >= _MIN_8BIT and n % block == 0:
-            codes = n if bits == 8 else n // 2
-            qmap = 256 * 4 if bits == 8 else 16 * 4  # per-state fp32 lookup table (subclass_8bit/4bit.zeros)
-            per_state = codes + 4 * (n // block) + qmap
-        else:
-            per_state = t.nbytes_each  # torch.zeros_like(p)
-        states += 2 * per_state * t.repeat
-    largest = _largest(tensors)
-    return OptimizerMemory(
-        states=states,
-        step_counters_host=4 * _count(tensors),
-        # single_param_adam under torch.compile: fp32 p, grad, exp_avg, exp_avg_sq of one tensor at a time.
-        step_temporary=4 * 4 * largest,
-        detail=f"torchao {bits}-bit AdamW states (block {block}); step temporaries assumed 4 fp32 "
-        "copies of the largest tensor (compiled kernel, not measured)",
-        source="torchao optim/adam.py _new_buffer + subclass_8bit.py/subclass_4bit.py zeros",
-    )
-
-
-def _adafactor(tensors: Sequence[TensorGroup]) -> int:
-    total = 0
-    for t in tensors:
-        s = t.shape
-        if len(s) >= 2:
-            rows = math.prod(s[:-1])
-            cols = math.prod(s[:-2]) * s[-1]
-            total += 4 * (rows + cols) * t.repeat
-        else:
-            total += 4 * t.numel_each * t.repeat
-    return total
-
-
-def _adafactor_temp(tensors: Sequence[TensorGroup]) -> int:
-    worst = 0
-    for t in tensors:
-        n = t.numel_each
-        # optimization.py Adafactor.step: grad.float() and p.float() copies (16-bit params only), then
-        # (grad**2) and (grad**2)+eps alive together, then _approx_sq_grad's full fp32 product beside
-        # `update`;
-        # plus the previous parameter's `update` still bound to the loop variable (bounded by the largest).
-        copies = 4 if t.dtype.is_half else 2
-        # + row/col means, r/c factors and their intermediates: ~5 fp32 vectors of rows+cols (measured, tests)
-        vectors = (
-            5 * (math.prod(t.shape[:-1]) + math.prod(t.shape[:-2]) * t.shape[-1]) if len(t.shape) >= 2 else 0
-        )
-        worst = max(worst, 4 * (n * copies + vectors))
-    return worst + 4 * _largest(tensors)
-
-
-def _galore_split(
-    tensors: Sequence[TensorGroup], rank: int
-) -> tuple[list[TensorGroup], int, int, tuple[int, int]]:
-    """Non-target tensors, projected-state elements, projection bytes, shape of the largest target."""
-    plain: list[TensorGroup] = []
-    projected = proj_bytes = 0
-    largest = (0, 0)
-    for t in tensors:
-        if not t.low_rank or len(t.shape) != 2:
-            plain.append(t)
-            continue
-        m, n = t.shape
-        r = min(rank, m, n)
-        # galore_projector.py std: m >= n -> right projection B=(r, n), low-rank grad (m, r); else left (m,
-        # r)/(r, n).
-        projected += r * max(m, n) * t.repeat
-        proj_bytes += r * min(m, n) * t.dtype.nbytes * t.repeat
-        if m * n > largest[0] * largest[1]:
-            largest = (m, n)
-    return plain, projected, proj_bytes, largest
-
-
-def _galore(
-    opt: OptimizerSpec, tensors: Sequence[TensorGroup], base: str, layerwise: bool
-) -> OptimizerMemory:
-    if not any(t.low_rank for t in tensors):
-        raise NotModelledError(
-            f"{opt.name} needs optim_target_modules that match nn.Linear weights (transformers raises "
-            "'No target modules found'); none matched"
-        )
-    rank = int(opt.args.get("rank", 128))  # trainer_optimizer.py _get_galore_optimizer default rank 128
-    plain, projected, proj_bytes, largest = _galore_split(tensors, rank)
-    dtype = next(t.dtype for t in tensors if t.low_rank)
-    if base == "adafactor":
-        states = _adafactor(plain)
-        states += 4 * projected  # factored over the (m, r) projected grad: bounded by full fp32 for r << m
-    elif base == "adamw_8bit":
-        states = _bnb(plain, bits=8, n_states=2, paged=False, ademamix=False).states
-        states += 2 * projected + 2 * 4 * (-(projected // -_BNB_BLOCK))
-    else:
-        states = _torch_states(plain, 2) + 2 * projected * dtype.nbytes
-    # get_orthogonal_matrix every update_proj_gap steps: fp32 copy + U (m,k) + Vh (k,n) of the largest target,
-    # plus project_back's full-rank update in the param dtype.
-    m, n = largest
-    k = min(m, n)
-    svd = 4 * (m * n + m * k + k * n) + m * n * dtype.nbytes
-    return OptimizerMemory(
-        states=states,
-        projections=proj_bytes,
-        step_temporary=svd,
-        in_backward=layerwise,
-        detail=f"GaLore ({base}) rank {rank}: states in the projected space for optim_target_modules",
-        source="galore_torch galore_projector.py (std projection) + transformers trainer_optimizer.py",
-    )
-
-
-def _arg_float(args: Mapping[str, str], key: str, default: float) -> float:
-    try:
-        return float(args.get(key, default))
-    except ValueError:
-        return default
-
-
-def _arg_true(args: Mapping[str, str], key: str) -> bool:
-    return str(args.get(key, "false")).lower() in ("true", "1", "yes")
-
-
-def optimizer_memory(
-    opt: OptimizerSpec, tensors: Sequence[TensorGroup], *, cuda: bool = True
-) -> OptimizerMemory:
+def optimizer_memory(opt: OptimizerSpec, tensors: Sequence[TensorGroup], *, cuda: bool = True) -> OptimizerMemory:
     """State, counter and step-temporary bytes the optimizer allocates for these trainable tensors.
 
     Args:
         opt: The optimizer spec (canonical name, ``optim_args``).
-        tensors: The trainable tensors (only these get states).
+        tensors: The trainable tensors (only these get states), in inventory (module) order: the step
+            temporaries depend on which tensors are consecutive in the Trainer's param groups.
         cuda: The step runs on a CUDA device (decides torch's foreach vs single-tensor path).
 
     Returns:
@@ -405,157 +182,67 @@ def optimizer_memory(
         raise NotModelledError(f"optimizer {name!r}: {_NOT_MODELLED[name]}")
     if not tensors:
         return OptimizerMemory(states=0, detail="no trainable parameters", source="")
-    count = _count(tensors)
-    largest_bytes = max(t.nbytes_each for t in tensors)
+    n_tensors = count(tensors)
     args = opt.args
     if name in ("adamw_torch", "adamw_torch_fused"):
         fused = name == "adamw_torch_fused"
         if fused:
-            temp = 0  # _fused_adamw_ updates params and states in place
+            temp, path = 0, "fused kernel, in place"
         elif cuda:
-            temp = _foreach_copy(tensors)  # _multi_tensor_adam: exp_avg_sq_sqrt per param group
+            temp, path = foreach_peak(tensors, 1, 1), "foreach: sqrt of exp_avg_sq per param group and dtype"
         else:
-            # _single_tensor_adam: sqrt and the divided denom of one tensor, while the previous tensor's
-            # `denom`
-            # is still bound to the loop variable (adjacent MLP matrices make this 3x the largest; measured)
-            temp = 3 * largest_bytes
+            temp, path = single_tensor_peak(tensors, 1, 2), "single-tensor loop: sqrt + denom per tensor"
         return OptimizerMemory(
-            states=_torch_states(tensors, 2),
-            step_counters_host=0 if fused else 4 * count,
-            step_counters_device=4 * count if fused else 0,
+            states=torch_states(tensors, 2),
+            step_counters_host=0 if fused else 4 * n_tensors,
+            step_counters_device=4 * n_tensors if fused else 0,
             step_temporary=temp,
-            detail="torch AdamW: exp_avg + exp_avg_sq in param dtype"
-            + (
-                " (fused kernel, in place)"
-                if fused
-                else " (foreach: one state copy per param group)"
-                if cuda
-                else ""
-            ),
-            source="torch 2.13 optim/adam.py _init_group, _multi_tensor_adam, _fused_adam",
-        )
-    if name == "adamw_anyprecision":
-        momentum = Dtype(args.get("momentum_dtype", "float32"))
-        variance = Dtype(args.get("variance_dtype", "float32"))
-        comp = Dtype(args.get("compensation_buffer_dtype", "bfloat16"))
-        numel = sum(t.numel_each * t.repeat for t in tensors)
-        states = numel * (momentum.nbytes + variance.nbytes)
-        if _arg_true(args, "use_kahan_summation"):
-            states += numel * comp.nbytes
-        return OptimizerMemory(
-            states=states,
-            step_counters_host=4 * count,
-            step_temporary=2 * _largest(tensors) * variance.nbytes,
-            detail=f"AnyPrecisionAdamW: momentum {momentum.value}, variance {variance.value}",
-            source="transformers trainer_optimizer.py _get_adamw_anyprecision + torchdistx AnyPrecisionAdamW",
-        )
-    if name == "adafactor":
-        return OptimizerMemory(
-            # + state["RMS"] = self._rms(p): a 0-d fp32 tensor per parameter (measured in the torch test)
-            states=_adafactor(tensors) + 4 * count,
-            step_temporary=_adafactor_temp(tensors),
-            detail="Adafactor (beta1=None): factored fp32 row+col second moment, full fp32 for 1-D",
-            source="transformers 5.23 optimization.py Adafactor.step; trainer_optimizer.py _get_adafactor",
-        )
-    if name in ("adamw_torch_4bit", "adamw_torch_8bit"):
-        block = int(args.get("block_size", 256))  # trainer_optimizer.py _get_torchao_optimizer default 256
-        return _torchao(tensors, bits=4 if name.endswith("4bit") else 8, block=block)
-    if name in (
-        "adamw_bnb_8bit",
-        "adamw_8bit",
-        "paged_adamw_32bit",
-        "paged_adamw_8bit",
-        "lion_8bit",
-        "lion_32bit",
-        "paged_lion_32bit",
-        "paged_lion_8bit",
-        "rmsprop_bnb",
-        "rmsprop_bnb_8bit",
-        "rmsprop_bnb_32bit",
-        "ademamix",
-        "ademamix_8bit",
-        "paged_ademamix_32bit",
-        "paged_ademamix_8bit",
-    ):
-        # trainer_optimizer.py _get_bitsandbytes_optimizer: bits from "8bit" in the name, paged from "paged".
-        one_state = "lion" in name or "rmsprop" in name
-        return _bnb(
-            tensors,
-            bits=8 if "8bit" in name else 32,
-            n_states=1 if one_state else 2,
-            paged="paged" in name,
-            ademamix="ademamix" in name,
+            detail=f"torch AdamW: exp_avg + exp_avg_sq in param dtype ({path})",
+            source="torch 2.13 optim/adam.py _init_group, _single_tensor_adam, _multi_tensor_adam, _fused_adam",
         )
     if name == "sgd":
-        sgd_momentum = _arg_float(args, "momentum", 0.0)  # _get_sgd passes momentum only from optim_args
-        nesterov = _arg_true(args, "nesterov")
+        sgd_momentum = arg_float(args, "momentum", 0.0)  # _get_sgd passes momentum only from optim_args
+        nesterov = arg_true(args, "nesterov") and sgd_momentum > 0
+        # optim/sgd.py: _single_tensor_sgd's nesterov `grad = grad.add(buf)` is one tensor at a time (the
+        # previous copy is unbound first); _multi_tensor_sgd adds into the grads in place.
+        temp = 0 if (cuda or not nesterov) else single_tensor_peak(tensors, 0, 1)
         return OptimizerMemory(
-            states=_torch_states(tensors, 1 if sgd_momentum else 0),
-            step_temporary=_foreach_copy(tensors) if (nesterov and cuda) else 0,
+            states=torch_states(tensors, 1 if sgd_momentum else 0),
+            step_temporary=temp,
             detail=f"torch SGD, momentum={sgd_momentum:g}" + ("" if sgd_momentum else ": no state"),
             source="torch 2.13 optim/sgd.py (momentum_buffer only when momentum != 0)",
         )
     if name == "adagrad":
         return OptimizerMemory(
-            states=_torch_states(tensors, 1),
-            step_counters_host=4 * count,
-            step_temporary=2 * _foreach_copy(tensors) if cuda else 2 * largest_bytes,
+            states=torch_states(tensors, 1),
+            step_counters_host=4 * n_tensors,
+            # _single_tensor_adagrad: std = state_sum.sqrt() beside the previous tensor's std.
+            step_temporary=_adagrad_foreach(tensors) if cuda else single_tensor_peak(tensors, 1, 1),
             detail="torch Adagrad: state 'sum' in param dtype (std + numerator temporaries)",
-            source="torch 2.13 optim/adagrad.py __init__ (state sum), _multi_tensor_adagrad",
+            source="torch 2.13 optim/adagrad.py _single_tensor_adagrad, _multi_tensor_adagrad",
         )
     if name == "rmsprop":
-        n_states = (
-            1
-            + (1 if _arg_float(args, "momentum", 0.0) > 0 else 0)
-            + (1 if _arg_true(args, "centered") else 0)
-        )
+        n_states = 1 + (1 if arg_float(args, "momentum", 0.0) > 0 else 0) + (1 if arg_true(args, "centered") else 0)
         return OptimizerMemory(
-            states=_torch_states(tensors, n_states),
-            step_counters_host=4 * count,
-            step_temporary=_foreach_copy(tensors) if cuda else largest_bytes,
+            states=torch_states(tensors, n_states),
+            step_counters_host=4 * n_tensors,
+            # avg = sqrt(square_avg) (centered: addcmul then sqrt_), beside the previous tensor's / sub-list's.
+            step_temporary=foreach_peak(tensors, 1, 1) if cuda else single_tensor_peak(tensors, 1, 1),
             detail=f"torch RMSprop: {n_states} state(s) in param dtype",
-            source="torch 2.13 optim/rmsprop.py _init_group, _multi_tensor_rmsprop (avg = sqrt(square_avg))",
+            source="torch 2.13 optim/rmsprop.py _single_tensor_rmsprop, _multi_tensor_rmsprop",
         )
+    if name == "adafactor":
+        return adafactor_memory(tensors)
+    if name == "adamw_anyprecision":
+        return anyprecision_memory(opt, tensors)
+    if name in ("adamw_torch_4bit", "adamw_torch_8bit"):
+        block = int(args.get("block_size", 256))  # trainer_optimizer.py _get_torchao_optimizer default 256
+        return torchao_memory(tensors, bits=4 if name.endswith("4bit") else 8, block=block)
+    if name in BNB_NAMES:
+        return bnb_memory(name, tensors, cuda=cuda)
     if name.startswith("galore_"):
-        base = "adafactor" if "adafactor" in name else "adamw_8bit" if "8bit" in name else "adamw"
-        return _galore(opt, tensors, base, layerwise=name.endswith("layerwise"))
-    if name == "lomo":
-        return OptimizerMemory(
-            states=0,
-            in_backward=True,
-            detail="LOMO: no states; the update is fused into backward (no full gradient set)",
-            source="LOMO paper (arXiv 2306.09782) + transformers trainer_optimizer.py _get_lomo_optimizer",
-        )
-    if name == "adalomo":
-        return OptimizerMemory(
-            states=_adafactor(tensors),
-            in_backward=True,
-            detail="AdaLomo: factored fp32 second moment (row+col), update fused into backward",
-            source="AdaLomo paper (arXiv 2310.10195): Adafactor-style factored second moment, "
-            "LOMO fused update",
-        )
-    if name in ("schedule_free_adamw", "schedule_free_radam"):
-        return OptimizerMemory(
-            states=_torch_states(tensors, 2),
-            detail="schedule-free AdamW/RAdam: z + exp_avg_sq in param dtype",
-            source="schedulefree adamw_schedulefree.py / radam_schedulefree.py (state z, exp_avg_sq)",
-        )
-    if name == "schedule_free_sgd":
-        return OptimizerMemory(
-            states=_torch_states(tensors, 1),
-            detail="schedule-free SGD: z in param dtype",
-            source="schedulefree sgd_schedulefree.py (state z)",
-        )
-    if name == "stable_adamw":
-        kahan = args.get("kahan_sum")
-        per_tensor = 0
-        for t in tensors:
-            # optimi: kahan_sum=None enables Kahan compensation automatically for 16-bit params.
-            use = t.dtype.is_half if kahan is None else _arg_true(args, "kahan_sum")
-            per_tensor += (3 if use else 2) * t.nbytes_each * t.repeat
-        return OptimizerMemory(
-            states=per_tensor,
-            detail="optimi StableAdamW: exp_avg + exp_avg_sq (+ Kahan compensation for 16-bit params)",
-            source="torch-optimi stableadamw.py; transformers trainer_optimizer.py _get_stable_adamw",
-        )
-    raise NotModelledError(f"optimizer {name!r} is not modelled")  # pragma: no cover - every name is handled
+        return galore_memory(opt, tensors, name)
+    other = other_memory(name, opt, tensors)
+    if other is None:  # pragma: no cover - every name is handled
+        raise NotModelledError(f"optimizer {name!r} is not modelled")
+    return other

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from fitcheck.core.lora import LoraPlan, plan_lora
+from fitcheck.core.optimizer_tensors import trainer_decays
 from fitcheck.core.optimizers import OptimizerMemory, TensorGroup, optimizer_memory
 from fitcheck.core.quantization import base_weights
 from fitcheck.spec import DeviceType, Dtype, Kind, MixedPrecision, ParamEntry, Strategy, TrainingSpec
@@ -58,8 +59,8 @@ def has_master(spec: TrainingSpec) -> bool:
 
 
 def _decay(entry: ParamEntry) -> bool:
-    # transformers Trainer.get_decay_parameter_names: biases and norm weights go to the no-decay group.
-    return entry.kind not in (Kind.NORM, Kind.BIAS) and not entry.name.endswith(".bias")
+    # transformers Trainer.get_decay_parameter_names: name patterns (bias, norms) + nn.LayerNorm (~ Kind.NORM).
+    return trainer_decays(entry.name, layer_norm=entry.kind is Kind.NORM)
 
 
 def _selected_instances(spec: TrainingSpec, entry: ParamEntry) -> int:

@@ -25,14 +25,12 @@ from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
 from fitcheck.readers.accelerate_config import (
     AccelerateRead,
-    FsdpRead,
     default_config_path,
-    fsdp_from_config,
-    fsdp_option_string,
     parse_mixed_precision,
     read_accelerate_config,
 )
 from fitcheck.readers.deepspeed import deepspeed_precision_conflict, load_deepspeed_file, resolve_deepspeed
+from fitcheck.readers.fsdp_config import FsdpRead, fsdp_from_config, fsdp_option_string
 from fitcheck.readers.sources import as_bool, as_int, as_mapping, as_str, load_mapping_file
 from fitcheck.readers.trainer_args import KEYS, ArgsRead, read_training_args_file, read_training_args_mapping
 from fitcheck.spec import DeepSpeedSpec, FsdpSpec, MixedPrecision, ShardingSpec, Strategy

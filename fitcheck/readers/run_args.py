@@ -110,11 +110,11 @@ def _int(
     if v is None:
         return default
     try:
-        if isinstance(v, bool):
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
             raise ValueError
         if isinstance(v, float) and not v.is_integer():
             raise ValueError
-        out = int(v)  # type: ignore[call-overload]
+        out = int(v)
     except (TypeError, ValueError):
         raise ConfigError(f"{_where(key, prov)}: expected an integer, got {v!r}") from None
     if out < minimum:

@@ -30,6 +30,12 @@ class Auto(Enum):
 
 AUTO = Auto.AUTO
 
+
+def is_auto(value: object) -> bool:
+    """True for the :data:`AUTO` marker and for the string ``"auto"`` in any case, as HF/DeepSpeed write it."""
+    return value is AUTO or (isinstance(value, str) and value.strip().lower() == "auto")
+
+
 _TRUE = (
     "y",
     "yes",

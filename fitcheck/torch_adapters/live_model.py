@@ -351,7 +351,8 @@ def live_device_map_findings(model: Any, *, num_processes: int = 1) -> tuple[Fin
     Reads ``hf_device_map`` when accelerate dispatched the model (more than one device or disk); otherwise the
     parameters' own devices (a CPU-only model is not "offloaded").
     """
-    from fitcheck.torch_adapters.device_map import OFFLOAD_DEVICES, Placement, device_for, placement_findings
+    from fitcheck.torch_adapters.device_map import OFFLOAD_DEVICES, Placement, device_for
+    from fitcheck.torch_adapters.device_map_check import placement_findings
 
     dm = live_placement(model)
     trainable: dict[str, int] = {}

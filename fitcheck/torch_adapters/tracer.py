@@ -108,19 +108,44 @@ def _fake_mode(fake: bool) -> Iterator[None]:
         yield
 
 
-def _make_optimizer(name: str, params: list[Any]) -> Any:
+def trainer_param_groups(model: Any) -> list[dict[str, Any]]:
+    """The HF Trainer's two param groups over the trainable parameters, in ``named_parameters()`` order.
+
+    transformers 5.23 ``trainer.py::create_optimizer``: weight decay for ``get_decay_parameter_names`` (all but
+    biases, norm weights and ``nn.LayerNorm`` parameters), none for the rest; ``weight_decay`` is the
+    ``TrainingArguments`` default 0.0 (``AdamW`` decays in place, so the value changes no memory).
+    """
+    from transformers import Trainer
+
+    # get_decay_parameter_names reads no Trainer state: call the Trainer's own rule on the model.
+    decay = set(Trainer.get_decay_parameter_names(None, model))  # type: ignore[arg-type]
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [
+        {"params": [p for n, p in named if n in decay], "weight_decay": 0.0},
+        {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+    ]
+
+
+def _make_optimizer(name: str, model: Any) -> Any:
+    """The optimizer the Trainer builds for ``optim=name`` (``trainer_optimizer.py`` handlers), lr 1e-3."""
     import torch
 
-    lowered = name.lower()
-    if lowered.startswith("sgd"):
-        return torch.optim.SGD(params, lr=1e-3)  # transformers' optim="sgd": torch SGD, no momentum state
-    if lowered in ("adafactor",):
+    from fitcheck.core.optimizers import canonical_optimizer
+
+    lowered, _ = canonical_optimizer(name)
+    groups = trainer_param_groups(model)
+    if lowered == "sgd":
+        return torch.optim.SGD(groups, lr=1e-3)  # _get_sgd: torch SGD, no momentum unless optim_args say so
+    if lowered == "adafactor":
         from transformers.optimization import Adafactor
 
-        return Adafactor(params, lr=1e-3, relative_step=False, scale_parameter=False)  # type: ignore[no-untyped-call]
-    # adamw_torch / adamw_torch_fused / adamw_hf: torch AdamW; on CPU torch picks the single-tensor loop
-    # (torch/optim/optimizer.py::_default_to_fused_or_foreach needs CUDA tensors for foreach/fused).
-    return torch.optim.AdamW(params, lr=1e-3)
+        # _get_adafactor: scale_parameter=False, relative_step=False
+        return Adafactor(groups, lr=1e-3, relative_step=False, scale_parameter=False)  # type: ignore[no-untyped-call]
+    if lowered in ("adamw_torch", "adamw_torch_fused"):
+        # _get_adamw_torch: torch AdamW, fused=True for adamw_torch_fused; otherwise torch picks the path
+        # (optim/optimizer.py::_default_to_fused_or_foreach: single-tensor on CPU, foreach on CUDA).
+        return torch.optim.AdamW(groups, lr=1e-3, fused=True if lowered == "adamw_torch_fused" else None)
+    raise ValueError(f"the tracer builds only adamw_torch, adamw_torch_fused, sgd and adafactor, not {name!r}")
 
 
 def trace_step(
@@ -186,12 +211,18 @@ def trace_step(
             fake=fake,
         )
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = _make_optimizer(optimizer, params)
+        opt = _make_optimizer(optimizer, model)
         vocab = int(model.config.vocab_size)
         ids = torch.randint(0, vocab, (micro_batch, seq_len))
         rec = LiveTensorRecorder()
         rec.track(model.parameters())
         rec.track(model.buffers())
+        quant_meta: list[Any] = []
+        if quant is not None:  # absmax / code tables / nested state: model state, neither params nor buffers
+            from fitcheck.torch_adapters.tracer_quant import quant_state_tensors
+
+            quant_meta = quant_state_tensors(model)
+            rec.track(quant_meta)
         rec.track([ids])
         head = model.get_output_embeddings()
         autocast = mixed_precision in ("bf16", "fp16")
@@ -223,7 +254,7 @@ def trace_step(
                     }
                     param_serials = {rec.serial(p) for p in model.parameters()} | {
                         rec.serial(b) for b in model.buffers()
-                    }
+                    } | {rec.serial(t) for t in quant_meta}
                     ids_serial = rec.serial(ids)
                 opt.zero_grad(set_to_none=True)
             rec.enter_region("done")

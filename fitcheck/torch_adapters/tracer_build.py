@@ -138,11 +138,9 @@ def build_model(
             cfg._attn_implementation = "eager"
             model = cls._from_config(cfg, dtype=dtype)
         if quant is not None:
-            from fitcheck.errors import NotModelledError
+            from fitcheck.torch_adapters.tracer_quant import prepare_for_kbit_training, quantize_base
 
-            raise NotModelledError(
-                "tracing a bitsandbytes-quantized base is not implemented yet; the formula path models QLoRA"
-            )
+            model = prepare_for_kbit_training(quantize_base(model, quant, fake=fake), quant, checkpointing)
         if lora is not None:
             model = _wrap_lora(model, lora)
     if checkpointing:

@@ -62,6 +62,7 @@ def warm_bitsandbytes() -> None:
     """Build bitsandbytes' lookup tables on real tensors, outside fake mode (fix 3)."""
     import bitsandbytes.functional as bnbf
 
-    bnbf.create_dynamic_map(signed=True)  # type: ignore[no-untyped-call]
+    if "dynamic" not in bnbf.name2qmap:  # the cache functional.quantize_blockwise fills on first use
+        bnbf.name2qmap["dynamic"] = bnbf.create_dynamic_map().to("cpu")  # type: ignore[no-untyped-call]
     for name in ("nf4", "fp4"):
         bnbf.get_4bit_type(name, device="cpu")  # type: ignore[no-untyped-call]

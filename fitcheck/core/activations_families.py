@@ -1,0 +1,314 @@
+"""Saved-activation bytes of the LayerNorm families: GPT-2, BERT, Phi (phi-2), Falcon, BLOOM (pure: no torch).
+
+Read off fake-tensor traces of the transformers 5.23 models (``fitcheck.torch_adapters.tracer``: per-op
+listings of the tensors alive at the end of forward, 2 layers minus 1 layer) and pinned by
+``tests/test_activations_families.py``. Notation as in ``fitcheck.core.activations``: e element bytes of the model
+dtype, h hidden, q = heads·head_dim, kv = kv_heads·head_dim, I intermediate, a heads, per token per layer.
+
+What differs between the CPU trace and a CUDA step is modelled from the kernels' documented behaviour:
+
+- Dropout: on CPU ``at::dropout`` keeps its noise tensor in the input dtype (aten/src/ATen/native/Dropout.cpp
+  ``_dropout_impl``: ``at::empty_like(input).bernoulli_``), on CUDA it calls ``native_dropout`` whose mask is
+  bool (``is_fused_kernel_acceptable`` is true for CUDA tensors): e vs 1 byte per element.
+- LayerNorm mean/rstd: the CPU kernel keeps them in the input dtype when input and weight share it
+  (aten/src/ATen/native/layer_norm.cpp ``param_scalar_type``), the CUDA kernel in fp32 (``acc_type``).
+- SDPA: CPU runs the fused flash kernel only without dropout, mask or a head-count mismatch, and otherwise the
+  math path, which upcasts q/k/v to fp32 and keeps the fp32 s² scores, dropout mask and dropped probabilities
+  (the GPT-2 / BERT configs have attention dropout 0.1). On CUDA flash (16-bit) and memory-efficient kernels
+  (fp32, masks) both support dropout (torch/nn/functional.py ``scaled_dot_product_attention`` notes; aten
+  ``sdp_utils.cpp`` ``check_for_dropout`` only rejects it on the CPU flash path): they keep q, k, v, the output
+  and an fp32 logsumexp (b, a, s) and regenerate the dropout mask from the Philox seed, so no s² tensor is
+  stored. Both fused kernels require equal query and key/value head counts unless ``enable_gqa``
+  (``check_batch_size_and_num_heads_dense``): Falcon's multi-query attention runs the math path there too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fitcheck.spec import AttnImpl, DeviceType, TrainingSpec
+
+FAMILY_FORMULAS = frozenset({"gpt2", "bert", "phi", "falcon", "bloom"})
+# transformers' config-class defaults for the dropout probabilities (configuration_<family>.py, 5.23)
+_DROPOUT_DEFAULTS: Mapping[str, Mapping[str, float]] = {
+    "gpt2": {"attn_pdrop": 0.1, "resid_pdrop": 0.1, "embd_pdrop": 0.1},
+    "bert": {"attention_probs_dropout_prob": 0.1, "hidden_dropout_prob": 0.1},
+    "phi": {"attention_dropout": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0},
+    "falcon": {"attention_dropout": 0.0, "hidden_dropout": 0.0},
+    "bloom": {"attention_dropout": 0.0, "hidden_dropout": 0.0},
+}
+# Linear module names (peft target names) and the width of the tensor each one reads
+_LINEARS: Mapping[str, tuple[str, ...]] = {
+    "gpt2": ("c_attn", "c_proj", "c_fc"),
+    "bert": ("query", "key", "value", "dense"),
+    "phi": ("q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"),
+    "falcon": ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
+    "bloom": ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
+}
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """What decides the saved bytes of one layer."""
+
+    e: int  # element bytes of the model dtype
+    dm: int  # dropout-mask element bytes of a tensor in the model dtype: CPU e, CUDA 1 (bool)
+    dm32: int  # dropout-mask element bytes of an fp32 tensor (SDPA math path, LoRA dropout): CPU 4, CUDA 1
+    ln: int  # LayerNorm mean + rstd bytes per token: CPU 16-bit 2 + 2, otherwise fp32 4 + 4
+    cuda: bool
+    full: bool  # every weight trained: linears keep their inputs
+    eager: bool
+    targets: frozenset[str]
+    r: int
+    lora_dropout: float
+    drop: Mapping[str, float]
+
+
+def dropout_probs(family: str, config: Mapping[str, object]) -> dict[str, float]:
+    """Dropout probabilities from config.json, with transformers' defaults for absent keys."""
+    out: dict[str, float] = {}
+    for key, default in _DROPOUT_DEFAULTS.get(family, {}).items():
+        value = config.get(key, default)
+        out[key] = float(value) if isinstance(value, (int, float)) else default
+    return out
+
+
+def _ctx(spec: TrainingSpec) -> _Ctx:
+    fam = spec.model.shape.family
+    e = 2 if spec.precision.load_dtype.is_half else 4
+    cuda = spec.hardware.device_type is DeviceType.CUDA
+    lora = spec.lora
+    names = _LINEARS[fam]
+    targets: frozenset[str] = frozenset()
+    if lora is not None:
+        targets = frozenset(names) if "all-linear" in lora.target_modules else frozenset(
+            n for n in names if n in lora.target_modules
+        )
+    eager = spec.activations.attn_implementation is AttnImpl.EAGER or fam == "bloom"
+    return _Ctx(
+        e=e,
+        dm=1 if cuda else e,
+        dm32=1 if cuda else 4,
+        ln=8 if cuda or e == 4 else 4,
+        cuda=cuda,
+        full=spec.lora is None and spec.quant is None,
+        eager=eager,
+        targets=targets,
+        r=lora.r if lora is not None else 0,
+        lora_dropout=lora.dropout if lora is not None else 0.0,
+        drop=dropout_probs(fam, spec.model.config),
+    )
+
+
+def _reads(c: _Ctx, width: int, consumers: tuple[str, ...]) -> int:
+    """Bytes per token kept for the linears ``consumers`` reading one tensor of ``width`` features.
+
+    Full fine-tune: the tensor itself (weight gradient). LoRA (peft ``lora.Linear.forward``): per adapter the
+    fp32 cast of the input (``_cast_input_dtype``, 16-bit models) or, with ``lora_dropout``, the dropout mask and
+    its fp32 output, plus the fp32 ``lora_A`` output (r) that ``lora_B`` keeps.
+    """
+    if c.full:
+        return c.e * width
+    total = 0
+    hit = [n for n in consumers if n in c.targets]
+    for _ in hit:
+        if c.lora_dropout > 0:
+            total += (c.dm32 + 4) * width  # dropout mask + fp32 dropout output (lora_A input)
+        elif c.e == 2:
+            total += 4 * width  # fp32 copy of the input per adapter
+        total += 4 * c.r
+    if hit and c.lora_dropout == 0 and c.e == 4:
+        total += 4 * width  # fp32 model: lora_A keeps the input tensor itself (shared by the adapters)
+    return total
+
+
+def _keeps(c: _Ctx, consumers: tuple[str, ...]) -> bool:
+    """Whether a tensor is kept by one of the linears reading it (full fine-tune, or a LoRA on one of them)."""
+    return c.full or any(n in c.targets for n in consumers)
+
+
+def _math_attention(c: _Ctx, q: int, kv: int, a: int, v_fp32: int, p: float) -> tuple[int, int]:
+    """SDPA math path (aten ``_scaled_dot_product_attention_math``): q, k scaled in fp32, v in fp32, s² terms.
+
+    ``v_fp32`` is the storage holding v in an fp32 model (v may be a view of a fused qkv output); 16-bit models
+    keep an fp32 copy of v (kv). s² per position: fp32 softmax, and with dropout its mask and output.
+    """
+    per_token = 4 * q + 4 * kv + (4 * kv if c.e == 2 else v_fp32)
+    s2 = 4 * a + ((c.dm32 + 4) * a if p > 0 else 0)
+    return per_token, s2
+
+
+def _fused_math(c: _Ctx, p: float, heads_match: bool, mask: bool) -> bool:
+    """True when SDPA runs the math path (see the module docstring), False for a fused kernel."""
+    if not heads_match:
+        return True
+    if c.cuda:
+        return False
+    return p > 0 or mask
+
+
+def _gpt2(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
+    sh = spec.model.shape
+    h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
+    pa, pr = c.drop["attn_pdrop"], c.drop["resid_pdrop"]
+    e = c.e
+    total = 2 * c.ln + 2 * e * h  # ln_1 / ln_2 statistics; the two residual sums (LayerNorm inputs)
+    total += _reads(c, h, ("c_attn",)) + _reads(c, h, ("c_fc",))  # ln_1 / ln_2 outputs
+    total += 2 * c.dm * h if pr > 0 else 0  # resid_dropout masks after attention and MLP
+    if c.eager:
+        total += 3 * e * h  # fused c_attn output: q, k, v are views of it (matmuls keep them)
+        s2 = e * a + ((c.dm + e) * a if pa > 0 else 0)  # softmax (model dtype), dropout mask and output
+        total += _reads(c, h, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0  # merged heads (clone)
+    elif _fused_math(c, pa, True, False):
+        math, s2 = _math_attention(c, h, h, a, 3 * 4 * h, pa)
+        total += math + (_reads(c, h, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0)
+    else:
+        # fused kernel: q, k, v views of c_attn output, output (laid out (b, s, a, d): c_proj reads it), logsumexp
+        total += 3 * e * h + e * h + 4 * a
+        total += _lora_only(c, h, ("c_proj",))
+        s2 = 0
+    # MLP: c_fc output, gelu_new's 0.5·x, tanh, 1 + tanh (activations.NewGELUActivation); the product feeds c_proj
+    total += 4 * e * inter + (_reads(c, inter, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0)
+    return total, s2
+
+
+def _lora_only(c: _Ctx, width: int, consumers: tuple[str, ...]) -> int:
+    """Extra bytes a LoRA adapter keeps for a tensor already saved by another op (fp32 casts, lora_A output)."""
+    if c.full:
+        return 0
+    hit = sum(1 for n in consumers if n in c.targets)
+    if not hit:
+        return 0
+    if c.lora_dropout > 0:
+        return hit * ((c.dm32 + 4) * width + 4 * c.r)
+    return hit * ((4 * width if c.e == 2 else 0) + 4 * c.r)
+
+
+def _bert(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
+    sh = spec.model.shape
+    h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
+    q = sh.num_heads * sh.head_dim
+    pa, ph = c.drop["attention_probs_dropout_prob"], c.drop["hidden_dropout_prob"]
+    e = c.e
+    # post-LN: the residual sums (LayerNorm inputs) and statistics; the attention-LN output feeds the
+    # intermediate dense, the output-LN output the next layer's query/key/value
+    total = 2 * e * h + 2 * c.ln
+    total += _reads(c, h, ("dense",)) + _reads(c, h, ("query", "key", "value"))
+    total += 2 * c.dm * h if ph > 0 else 0  # hidden dropout masks (attention output, layer output)
+    if c.eager:
+        total += 3 * e * h  # query, key, value outputs
+        s2 = e * a + ((c.dm + e) * a if pa > 0 else 0)
+        total += _reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0
+    elif _fused_math(c, pa, True, False):
+        math, s2 = _math_attention(c, q, q, a, 4 * q, pa)
+        total += math + (_reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0)
+    else:
+        total += 3 * e * h + e * q + 4 * a + _lora_only(c, q, ("dense",))
+        s2 = 0
+    # intermediate dense output (kept by the erf GELU), GELU output (the output dense input)
+    total += e * inter + (_reads(c, inter, ("dense",)) if _keeps(c, ("dense",)) else 0)
+    return total, s2
+
+
+def _phi(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
+    sh = spec.model.shape
+    h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
+    q, kv = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim
+    pa, pr = c.drop["attention_dropout"], c.drop["resid_pdrop"]
+    e = c.e
+    total = c.ln + _reads(c, h, ("q_proj", "k_proj", "v_proj", "fc1"))  # one LayerNorm: parallel attn + MLP
+    total += 2 * c.dm * h if pr > 0 else 0  # resid_dropout on the attention and MLP outputs
+    total += e * h  # the layer output (residual sum)
+    if c.eager:
+        total += e * (q + 2 * kv)  # rotary q, k (partial rotary: cat of rotated and pass-through) and v
+        s2 = 4 * a + (e * a if e == 2 else 0)  # fp32 softmax and its cast to the model dtype
+        s2 += (c.dm + e) * a if pa > 0 else 0
+        total += _reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0
+    elif _fused_math(c, pa, sh.num_kv_heads == sh.num_heads, False):
+        math, s2 = _math_attention(c, q, kv, a, 4 * kv, pa)
+        total += math + (_reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0)
+    else:
+        total += e * (q + 2 * kv) + e * q + 4 * a  # rotary q, k, v, output, logsumexp
+        s2 = 0
+        # q is a cat (contiguous (b, a, s, d)): CPU flash and CUDA flash lay the output out like q, and
+        # transformers' transpose(1, 2).contiguous() copies it; the memory-efficient kernel (fp32 on CUDA)
+        # writes (b, s, a, d), so the dense layer reads the output itself
+        if c.cuda and e == 4:
+            total += _lora_only(c, q, ("dense",))
+        else:
+            total += _reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0
+    # MLP: fc1 output, gelu_new's 0.5·x, tanh, 1 + tanh; the product feeds fc2
+    total += 4 * e * inter + (_reads(c, inter, ("fc2",)) if _keeps(c, ("fc2",)) else 0)
+    return total, s2
+
+
+def _falcon(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
+    sh = spec.model.shape
+    h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
+    q, kv = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim
+    e = c.e
+    total = c.ln + _reads(c, h, ("query_key_value", "dense_h_to_4h"))  # one LayerNorm (parallel attention)
+    total += e * h  # layer output (residual sum)
+    total += c.dm * h if c.drop["hidden_dropout"] > 0 else 0  # dropout_add at the end of the layer
+    if c.eager:
+        total += e * (q + 2 * kv)  # rotary q, k and v (copies made by _split_heads)
+        s2 = e * a  # softmax in the model dtype; no attention dropout on the rotary path (modeling_falcon.py)
+    else:
+        # the causal mask is always materialised (allow_is_causal_skip=False): CPU takes the math path, and on
+        # CUDA the fused kernels refuse multi-query heads; SDPA is called with dropout_p=0.0 on the rotary path
+        if _fused_math(c, 0.0, sh.num_kv_heads == sh.num_heads, True):
+            total, s2 = _add(total, _math_attention(c, q, kv, a, 4 * kv, 0.0))
+        else:
+            total += e * (q + 2 * kv) + e * q + 4 * a  # memory-efficient kernel: q, k, v, output, logsumexp
+            s2 = 0
+    if c.eager or s2:
+        total += _reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0  # merged heads (reshape copy)
+    else:
+        total += _lora_only(c, q, ("dense",))  # memory-efficient output is laid out (b, s, a, d): no copy
+    # MLP: dense_h_to_4h output (kept by the erf GELU), GELU output (dense_4h_to_h input)
+    total += e * inter + (_reads(c, inter, ("dense_4h_to_h",)) if _keeps(c, ("dense_4h_to_h",)) else 0)
+    return total, s2
+
+
+def _add(total: int, pair: tuple[int, int]) -> tuple[int, int]:
+    return total + pair[0], pair[1]
+
+
+def _bloom(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
+    sh = spec.model.shape
+    h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
+    q = sh.num_heads * sh.head_dim
+    pa, ph = c.drop["attention_dropout"], c.drop["hidden_dropout"]
+    e = c.e
+    total = 2 * c.ln + 2 * e * h  # input / post-attention LayerNorm statistics; residual sums (their inputs)
+    total += _reads(c, h, ("query_key_value",)) + _reads(c, h, ("dense_h_to_4h",))  # LayerNorm outputs
+    total += 2 * c.dm * h if ph > 0 else 0  # dropout_add masks
+    # eager only (ALiBi): fused qkv output (baddbmm keeps q, k; bmm keeps v), fp32 softmax and its cast
+    total += 3 * e * h
+    s2 = 4 * a + (e * a if e == 2 else 0) + ((c.dm + e) * a if pa > 0 else 0)
+    total += _reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0  # merged heads
+    # MLP: dense_h_to_4h output (kept by bloom's GeLUFunction), GELU output (dense_4h_to_h input)
+    total += e * inter + (_reads(c, inter, ("dense_4h_to_h",)) if _keeps(c, ("dense_4h_to_h",)) else 0)
+    return total, s2
+
+
+_LAYERS = {"gpt2": _gpt2, "bert": _bert, "phi": _phi, "falcon": _falcon, "bloom": _bloom}
+
+
+def family_layer_saved(spec: TrainingSpec) -> tuple[int, int]:
+    """(bytes per token, bytes per token per key position) one layer of a LayerNorm family keeps for backward.
+
+    Args:
+        spec: A spec whose model family is in ``FAMILY_FORMULAS``.
+
+    Returns:
+        Per-token bytes and the coefficient of the s² term (eager or math-path attention).
+    """
+    c = _ctx(spec)
+    return _LAYERS[spec.model.shape.family](spec, c)
+
+
+def is_family(spec: TrainingSpec) -> bool:
+    """Whether the spec's model family has a formula here."""
+    return spec.model.shape.family in FAMILY_FORMULAS

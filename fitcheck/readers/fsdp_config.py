@@ -1,0 +1,276 @@
+"""FSDP settings from an accelerate config's ``fsdp_config`` or from TrainingArguments, as each library reads them.
+
+Sources: accelerate 1.15 ``utils/dataclasses.py`` ``FullyShardedDataParallelPlugin`` (FSDP1/FSDP2 keys, which
+strategy spelling each version accepts) and ``utils/constants.py`` (strategy names); transformers 5.23
+``training_args.py`` (``fsdp_config`` keys with or without the ``fsdp_`` prefix, FSDP2 by default, legacy
+``fsdp="full_shard auto_wrap offload"`` strings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from fitcheck.errors import ConfigError
+from fitcheck.findings import Finding, Severity
+from fitcheck.readers.sources import as_bool, as_int, as_str_list, where
+from fitcheck.spec import FsdpSpec
+
+FSDP_STRATEGIES = (
+    "FULL_SHARD",
+    "SHARD_GRAD_OP",
+    "NO_SHARD",
+    "HYBRID_SHARD",
+    "HYBRID_SHARD_ZERO2",
+)  # constants.py
+WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+# fsdp_config keys (without the fsdp_ prefix) read by accelerate's FSDP plugin and transformers.
+FSDP_KEYS = frozenset(
+    [
+        "version",
+        "sharding_strategy",
+        "reshard_after_forward",
+        "offload_params",
+        "cpu_offload",
+        "auto_wrap_policy",
+        "transformer_layer_cls_to_wrap",
+        "min_num_params",
+        "backward_prefetch",
+        "forward_prefetch",
+        "state_dict_type",
+        "use_orig_params",
+        "cpu_ram_efficient_loading",
+        "sync_module_states",
+        "activation_checkpointing",
+        "limit_all_gathers",
+        "xla",
+        "xla_fsdp_v2",
+        "xla_fsdp_grad_ckpt",
+        "xla_fsdp_settings",
+        "ignored_modules",
+        "mixed_precision_policy",
+        "cpu_offload_pin_memory",
+    ]
+)
+
+
+@dataclass(frozen=True)
+class FsdpRead:
+    """FSDP settings from one source.
+
+    Attributes:
+        spec: The memory-relevant settings.
+        activation_checkpointing: ``fsdp_activation_checkpointing`` when set.
+        provenance: Field -> where it was read.
+        findings: Legacy keys read, unknown keys.
+    """
+
+    spec: FsdpSpec
+    activation_checkpointing: bool | None = None
+    provenance: dict[str, str] = field(default_factory=dict)
+    findings: tuple[Finding, ...] = ()
+
+
+def fsdp_from_config(cfg: Mapping[str, object], *, source: str, flavour: str) -> FsdpRead:
+    """Turn an ``fsdp_config`` mapping into an :class:`FsdpSpec`.
+
+    Args:
+        cfg: The mapping; keys with or without the ``fsdp_`` prefix.
+        source: Where it came from.
+        flavour: ``"accelerate"`` (accelerate config: FSDP1 unless ``fsdp_version: 2``, offload key
+            ``offload_params``) or ``"trainer"`` (TrainingArguments: FSDP2 unless ``version: 1``, offload key
+            ``cpu_offload``).
+
+    Returns:
+        The FSDP settings.
+
+    Raises:
+        ConfigError: Bad values, or a setting that version does not accept (as accelerate's plugin refuses).
+    """
+    c: dict[str, object] = {}
+    spelled: dict[str, str] = {}
+    for key, value in cfg.items():
+        short = key[5:] if key.startswith("fsdp_") else key
+        c[short] = value
+        spelled[short] = key
+    prov: dict[str, str] = {}
+    findings: list[Finding] = []
+    unknown = sorted(spelled[k] for k in c if k not in FSDP_KEYS)
+    if unknown:
+        findings.append(
+            Finding(
+                "fsdp-unknown-key",
+                Severity.WARNING,
+                f"{source}: unknown FSDP key(s) {', '.join(unknown)} were passed over",
+                "check the spelling against accelerate's FullyShardedDataParallelPlugin",
+            )
+        )
+
+    def at(short: str) -> str:
+        return where(source, spelled.get(short, short))
+
+    default_version = (
+        2 if flavour == "trainer" else 1
+    )  # training_args.py default 2; accelerate FSDP_VERSION "1"
+    version = as_int(c.get("version", default_version), at=at("version"))
+    if version not in (1, 2):
+        raise ConfigError(f"{at('version')}: must be 1 or 2, got {version}")
+    prov["version"] = at("version") if "version" in c else f"{flavour} default fsdp_version {default_version}"
+    if version == 1:
+        findings.append(
+            Finding(
+                "spelling-read",
+                Severity.INFO,
+                f"{source}: FSDP1 settings read (sharding_strategy / reshard_after_forward as a "
+                "strategy name)",
+                "",
+            )
+        )
+    strategy, reshard = _strategy(c, version, at, prov, findings)
+    offload_key = next((k for k in ("offload_params", "cpu_offload") if c.get(k) is not None), None)
+    offload = as_bool(c[offload_key], at=at(offload_key)) if offload_key else False
+    if offload_key:
+        prov["offload_params"] = at(offload_key)
+    policy = str(c.get("auto_wrap_policy") or "TRANSFORMER_BASED_WRAP").strip().upper()
+    if policy not in WRAP_POLICIES:
+        raise ConfigError(
+            f"{at('auto_wrap_policy')}: must be one of {', '.join(WRAP_POLICIES)}, got {policy!r}"
+        )
+    min_params = 0
+    if policy == "SIZE_BASED_WRAP":
+        min_params = as_int(
+            c.get("min_num_params", 100_000_000), at=at("min_num_params"), minimum=1
+        )  # launch.py
+    if c.get("transformer_layer_cls_to_wrap") is not None:
+        as_str_list(c["transformer_layer_cls_to_wrap"], at=at("transformer_layer_cls_to_wrap"))
+    use_orig = as_bool(c.get("use_orig_params", True), at=at("use_orig_params"))
+    ac = (
+        as_bool(c["activation_checkpointing"], at=at("activation_checkpointing"))
+        if c.get("activation_checkpointing") is not None
+        else None
+    )
+    try:
+        spec = FsdpSpec(
+            version=version,
+            sharding_strategy=strategy,
+            reshard_after_forward=reshard,
+            offload_params=offload,
+            use_orig_params=use_orig,
+            auto_wrap_policy=policy,
+            min_num_params=min_params,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return FsdpRead(spec, ac, prov, tuple(findings))
+
+
+def _strategy(
+    c: Mapping[str, object],
+    version: int,
+    at: Callable[[str], str],
+    prov: dict[str, str],
+    findings: list[Finding],
+) -> tuple[str, bool]:
+    raw_strategy = c.get("sharding_strategy")
+    raw_reshard = c.get("reshard_after_forward")
+    if version == 1:
+        # Plugin: sharding_strategy wins (legacy, int 1-5 or a name); else reshard_after_forward as a name.
+        chosen, key = (
+            (raw_strategy, "sharding_strategy")
+            if raw_strategy is not None
+            else (raw_reshard, "reshard_after_forward")
+        )
+        if chosen is None:
+            return "FULL_SHARD", True
+        if isinstance(chosen, bool):
+            raise ConfigError(
+                f"{at(key)}: reshard_after_forward set to {chosen}. This is not supported with "
+                "FSDP1, please set to a `str` (accelerate); use FULL_SHARD or SHARD_GRAD_OP"
+            )
+        name = _strategy_name(chosen, at(key))
+        prov["sharding_strategy"] = at(key)
+        return name, name in ("FULL_SHARD", "HYBRID_SHARD")
+    if raw_strategy is not None:
+        name = _strategy_name(raw_strategy, at("sharding_strategy"))
+        findings.append(
+            Finding(
+                "deprecated-key",
+                Severity.INFO,
+                f"{at('sharding_strategy')}: sharding_strategy is deprecated in favor of "
+                "reshard_after_forward (accelerate); read for FSDP2",
+                "",
+            )
+        )
+        if raw_reshard is None:
+            if name not in ("FULL_SHARD", "SHARD_GRAD_OP"):
+                raise ConfigError(f"{at('sharding_strategy')}: {name} is FSDP1-only; set fsdp_version 1")
+            prov["sharding_strategy"] = at("sharding_strategy")
+            return name, name == "FULL_SHARD"
+    if raw_reshard is None:
+        return "FULL_SHARD", True
+    if isinstance(raw_reshard, str) and raw_reshard.strip().upper() in FSDP_STRATEGIES:
+        raise ConfigError(
+            f"{at('reshard_after_forward')}: reshard_after_forward set to {raw_reshard}. This is not "
+            "supported with FSDP2, please set to a `bool` (accelerate)"
+        )
+    reshard = as_bool(raw_reshard, at=at("reshard_after_forward"))
+    prov["reshard_after_forward"] = at("reshard_after_forward")
+    return ("FULL_SHARD" if reshard else "SHARD_GRAD_OP"), reshard
+
+
+def _strategy_name(value: object, at: str) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= len(FSDP_STRATEGIES):
+        return FSDP_STRATEGIES[value - 1]  # accelerate: FSDP_SHARDING_STRATEGY.index(name) + 1
+    text = str(value).strip().upper()
+    if text.isdigit() and 1 <= int(text) <= len(FSDP_STRATEGIES):
+        return FSDP_STRATEGIES[int(text) - 1]
+    if text not in FSDP_STRATEGIES:
+        raise ConfigError(f"{at}: {value!r} is not one of {', '.join(FSDP_STRATEGIES)}")
+    return text
+
+
+def fsdp_option_string(value: object, *, at: str, version: int = 2) -> dict[str, object]:
+    """TrainingArguments' legacy ``fsdp`` value (``"full_shard auto_wrap offload"`` or a list) as
+    fsdp_config keys.
+
+    transformers ``TrainingArguments._apply_legacy_fsdp_to_config``: for FSDP2 ``full_shard`` ->
+    ``reshard_after_forward: True``, ``shard_grad_op`` -> False, other strategies are FSDP1-only (an error);
+    for FSDP1 the strategy name itself; ``offload`` -> ``cpu_offload``; ``auto_wrap`` -> nothing.
+
+    Args:
+        value: ``True``, a string or a list of options.
+        at: Where it was read.
+        version: The FSDP version from ``fsdp_config`` (transformers default 2).
+
+    Returns:
+        ``fsdp_config`` entries implied by the options.
+
+    Raises:
+        ConfigError: An unknown option, or an FSDP1-only strategy with FSDP2.
+    """
+    if value is True:
+        return {}
+    items = as_str_list(value, at=at)
+    out: dict[str, object] = {}
+    for item in items:
+        low = item.lower()
+        if low.upper() in FSDP_STRATEGIES:
+            if version == 1:
+                out.setdefault("reshard_after_forward", low.upper())
+            elif low in ("full_shard", "shard_grad_op"):
+                out.setdefault("reshard_after_forward", low == "full_shard")
+            else:
+                raise ConfigError(
+                    f"{at}: `fsdp={low}` is only available with FSDP1 (transformers); set "
+                    "fsdp_config version 1 or use full_shard / shard_grad_op"
+                )
+        elif low == "offload":
+            out["cpu_offload"] = True
+        elif low == "auto_wrap":
+            continue
+        else:
+            raise ConfigError(
+                f"{at}: Unknown `fsdp` option: {item} (transformers); use full_shard, shard_grad_op, "
+                "hybrid_shard, hybrid_shard_zero2, no_shard, offload, auto_wrap"
+            )
+    return out

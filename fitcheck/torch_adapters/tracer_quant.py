@@ -1,0 +1,180 @@
+"""A bitsandbytes 4-bit base for the tracer: real ``Linear4bit`` layers on CPU, an emulated one on fake tensors.
+
+What ``from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True, ...))`` does to a model,
+without a checkpoint (transformers 5.23):
+
+1. ``quantizers/quantizer_bnb_4bit.py::_process_model_before_weight_loading``: the modules to keep
+   (``quantizers/base.py::get_keys_to_not_convert``: LM head, tied weights, the last module;
+   ``llm_int8_skip_modules``; ``_keep_in_fp32_modules``) and ``integrations/bitsandbytes.py::
+   replace_with_bnb_linear`` (every ``nn.Linear``/``Conv1D`` becomes ``bnb.nn.Linear4bit``);
+2. ``integrations/bitsandbytes.py::Bnb4bitQuantize.convert``: each weight becomes
+   ``Params4bit(value, requires_grad=False, **old.__dict__).to(device)``, which quantizes it
+   (``bitsandbytes/nn/modules.py::Params4bit._quantize`` -> ``functional.quantize_4bit``);
+3. ``_process_model_after_weight_loading``: ``model.is_loaded_in_4bit = True`` (peft dispatches its bnb LoRA
+   layers on it).
+
+Then TRL's SFTTrainer (``_prepare_peft_model``) calls peft's ``prepare_model_for_kbit_training`` with the
+run's checkpointing setting: every 16-bit parameter that is not a ``Params4bit`` becomes fp32 and, with
+checkpointing, the input embeddings' output is made to require grad (``enable_input_require_grads``).
+
+Under ``FakeTensorMode`` a ``Params4bit`` cannot wrap a FakeTensor (``_make_subclass`` refuses a tensor already
+bound to a FakeTensor object), so the fake base is a plain ``nn.Parameter`` holding the packed weight from
+``functional.quantize_4bit`` run on the fake weight (bitsandbytes registers fake kernels for its ops,
+``bitsandbytes/_ops.py``) and carrying the same attributes (``quant_state``, ``quant_type``, ...): the module
+class stays ``bnb.nn.Linear4bit``, so its forward, ``MatMul4Bit`` and peft's dispatch are the real code.
+``tests/test_tracer_qlora.py`` proves fake == real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from fitcheck.errors import NotModelledError
+from fitcheck.spec import QuantSpec
+
+
+def bnb_config(quant: QuantSpec) -> Any:
+    """The ``transformers.BitsAndBytesConfig`` that describes a QuantSpec."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    def dtype(d: Any) -> Any:
+        return None if d is None else getattr(torch, d.value)
+
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=quant.quant_type,
+        bnb_4bit_use_double_quant=quant.double_quant,
+        bnb_4bit_compute_dtype=dtype(quant.compute_dtype),  # None -> float32 (BitsAndBytesConfig.__init__)
+        bnb_4bit_quant_storage=dtype(quant.quant_storage),
+        llm_int8_skip_modules=list(quant.skip_modules) or None,
+    )
+
+
+def quantize_base(model: Any, quant: QuantSpec, *, fake: bool) -> Any:
+    """Replace the model's linears by bitsandbytes 4-bit layers holding its (random) weights, quantized.
+
+    Args:
+        model: A transformers model built with ``from_config`` in the load dtype.
+        quant: The 4-bit settings.
+        fake: The model lives in a FakeTensorMode (emulated ``Params4bit``).
+
+    Returns:
+        The same model object, quantized in place.
+
+    Raises:
+        NotModelledError: For 8-bit bases (the tracer emulates 4-bit only).
+    """
+    if quant.bits != 4:
+        raise NotModelledError("tracing an 8-bit (LLM.int8) base is not implemented; the formula path models it")
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bnbf
+    import torch
+    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+
+    config = bnb_config(quant)
+    skip = model_modules_to_not_convert(model, quant)
+    originals = {name: (m.weight, m.bias) for name, m in model.named_modules() if _convertible(m)}
+    # Linear4bit.__init__ wraps a meta weight in Params4bit, which a FakeTensor cannot be: build the layers
+    # outside the fake mode (their meta weights and biases are replaced below)
+    with _outside_fake_mode(fake):
+        replace_with_bnb_linear(model, modules_to_not_convert=skip, quantization_config=config)
+    for name, module in model.named_modules():
+        if not isinstance(module, bnb.nn.Linear4bit) or name not in originals:
+            continue
+        weight, bias = originals[name]
+        if getattr(module, "source_cls", None) is not torch.nn.Linear:  # Conv1D stores (in, out)
+            weight = torch.nn.Parameter(weight.data.T.contiguous(), requires_grad=False)
+        module.bias = bias
+        if not fake:
+            module.weight = bnb.nn.Params4bit(
+                weight.data, requires_grad=False, **{**module.weight.__dict__, "blocksize": quant.blocksize}
+            ).to(weight.device)
+            continue
+        packed, state = bnbf.quantize_4bit(
+            weight.data,
+            blocksize=quant.blocksize,
+            compress_statistics=quant.double_quant,
+            quant_type=quant.quant_type,
+            quant_storage=config.bnb_4bit_quant_storage,
+        )
+        param = torch.nn.Parameter(packed, requires_grad=False)
+        for key, value in module.weight.__dict__.items():
+            setattr(param, key, value)
+        param.quant_state, param.bnb_quantized, param.blocksize = state, True, quant.blocksize
+        module.weight = param
+        module.quant_state = state
+    model.is_loaded_in_4bit = True
+    model.requires_grad_(False)
+    return model
+
+
+@contextlib.contextmanager
+def _outside_fake_mode(fake: bool) -> Iterator[None]:
+    if not fake:
+        yield
+        return
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        yield
+
+
+def model_modules_to_not_convert(model: Any, quant: QuantSpec) -> list[str]:
+    """Modules transformers keeps unquantized (``HfQuantizer.get_modules_to_not_convert``)."""
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    keep = list(get_keys_to_not_convert(model)) + list(quant.skip_modules)
+    keep += list(getattr(model, "_keep_in_fp32_modules", None) or [])
+    return sorted(set(keep))
+
+
+def _convertible(module: Any) -> bool:
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    return type(module) is torch.nn.Linear or isinstance(module, Conv1D)
+
+
+def prepare_for_kbit_training(model: Any, quant: QuantSpec, checkpointing: bool) -> Any:
+    """peft's ``prepare_model_for_kbit_training`` as TRL's SFTTrainer calls it (non-reentrant checkpointing).
+
+    An emulated 16-bit-storage weight (``bnb_4bit_quant_storage=bfloat16``) is a plain Parameter that peft's
+    class-name test would upcast; it is restored to its storage dtype, as a real ``Params4bit`` is left alone.
+    """
+    if not quant.prepare_for_kbit_training:
+        return model
+    from peft import prepare_model_for_kbit_training
+
+    packed = {id(p): p.data for p in packed_weights(model)}
+    model = prepare_model_for_kbit_training(
+        model, use_gradient_checkpointing=checkpointing, gradient_checkpointing_kwargs={"use_reentrant": False}
+    )
+    for p in packed_weights(model):
+        if p.data.dtype != packed[id(p)].dtype:
+            p.data = packed[id(p)]
+    return model
+
+
+def packed_weights(model: Any) -> Iterator[Any]:
+    """The packed weights of every ``bnb.nn.Linear4bit`` (real or emulated)."""
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            yield module.weight
+
+
+def quant_state_tensors(model: Any) -> list[Any]:
+    """absmax, code tables, nested state and offsets of every 4-bit weight (not parameters nor buffers)."""
+    import torch
+
+    out: list[Any] = []
+    for weight in packed_weights(model):
+        state = getattr(weight, "quant_state", None)
+        while state is not None:
+            out += [t for t in (state.absmax, state.code, state.offset) if isinstance(t, torch.Tensor)]
+            state = state.state2
+    return out
