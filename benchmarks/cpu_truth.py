@@ -71,6 +71,8 @@ class Row:
 
 
 ALL_LINEAR = LoraSpec(r=16, alpha=32, target_modules=("all-linear",))
+TRL_LORA = LoraSpec(r=16, alpha=32, dropout=0.05, target_modules=("all-linear",))  # TRL ModelConfig defaults
+NF4_DQ_BF16 = QuantSpec(quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16)
 ROWS: tuple[Row, ...] = (
     Row("llama bf16 full sdpa", LLAMA),
     Row("llama bf16 full eager ckpt", LLAMA, attn="eager", ckpt=True),
@@ -83,6 +85,12 @@ ROWS: tuple[Row, ...] = (
     Row("mixtral bf16 full sdpa", MIXTRAL, seq=128),
     Row("phi3 fp32 full ckpt", PHI3, dtype="float32", ckpt=True),
     Row("phi3 bf16 LoRA qv", PHI3, lora=LoraSpec(r=8, target_modules=("qkv_proj",))),
+    # QLoRA: real bitsandbytes Linear4bit layers quantized on CPU + peft prepare_model_for_kbit_training
+    # (fitcheck/torch_adapters/tracer_quant.py), as TRL's SFTTrainer sets a 4-bit model up
+    Row("llama QLoRA nf4 dq bf16 ckpt", LLAMA, mp="bf16", ckpt=True, lora=TRL_LORA, quant=NF4_DQ_BF16),
+    Row("qwen2 QLoRA nf4 eager", QWEN2, attn="eager", lora=ALL_LINEAR, quant=QuantSpec(quant_type="nf4")),
+    Row("llama QLoRA fp4 qv sdpa", LLAMA, lora=LoraSpec(r=8, target_modules=("q_proj", "v_proj")),
+        quant=QuantSpec(quant_type="fp4", compute_dtype=Dtype.BFLOAT16)),
 )
 
 

@@ -367,7 +367,10 @@ def run_row(row: Row, device: str) -> dict[str, Any]:
                                    "--device_type", device])
             if device == "cuda":
                 values.update(_gpu_flag(str(env["gpu_name"]), int(env["gpu_total_bytes"])))
-            result["estimate"] = _estimate(values)
+            try:  # the measurement is worth keeping even where the estimate fails
+                result["estimate"] = _estimate(values)
+            except Exception as exc:
+                result["estimate_error"] = f"{type(exc).__name__}: {exc}"[:500]
             result["measured"] = _measure(config, values, device, work, result)
     except Exception as exc:  # a row's failure is a result
         oom = "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
@@ -470,7 +473,7 @@ def summary(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if errs:
             out[f"median_abs_err_{key}_pct"] = round(statistics.median(errs), 2)
             out[f"max_abs_err_{key}_pct"] = round(max(errs), 2)
-    out["trainable_params_mismatch"] = [r["name"] for r in results if "trainable_params" in r
+    out["trainable_params_mismatch"] = [r["name"] for r in results if "trainable_params" in r and "estimate" in r
                                         and r["trainable_params"] != r["estimate"]["trainable_params"]]
     ooms = [r for r in results if r.get("status") == "oom" and "estimate" in r]
     out["oom_rows_predicted_not_fit"] = f"{sum(not r['estimate']['fits'] for r in ooms)}/{len(ooms)}"
@@ -496,8 +499,8 @@ def format_table(results: Sequence[Mapping[str, Any]]) -> str:
             f"{_mib(e.get('peak_allocated_bytes'))} {_pct(p.get('allocated'))} | {_mib(m.get('max_reserved'))} "
             f"{_mib(e.get('peak_reserved_bytes'))} {_pct(p.get('reserved'))} | {_mib(m.get('used_peak'))} "
             f"{_mib(e.get('device_used_bytes'))} {_pct(p.get('used'))} | {e.get('peak_phase', '')}")
-        if r.get("status") not in ("ok", None):
-            lines.append(f"{'':34} -> {r.get('error', '')[:200]}")
+        if r.get("status") not in ("ok", None) or "estimate_error" in r:
+            lines.append(f"{'':34} -> {(r.get('error') or r.get('estimate_error') or '')[:200]}")
     return "\n".join(lines)
 
 

@@ -310,11 +310,9 @@ class FitcheckCallback(TrainerCallback):
     def _print(self, report: Report) -> None:
         if not (self._main and self.print_report):
             return
-        from rich.console import Console
+        from fitcheck.render.table import make_console, print_report
 
-        from fitcheck.render.table import print_report
-
-        print_report(report, Console())
+        print_report(report, make_console())
 
     # ---- events --------------------------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

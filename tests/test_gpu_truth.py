@@ -110,9 +110,12 @@ def test_table_summary_json_and_resume(tmp_path: Path) -> None:
     oom = {"name": "b", "status": "oom", "error": "OutOfMemoryError: CUDA out of memory",
            "measured": {"max_allocated": 5}, "estimate": {"fits": False, "trainable_params": 1}}
     late = {"name": "c", "status": "skipped", "error": "time budget"}
-    results = [ok, oom, late]
+    unestimated = {"name": "d", "status": "ok", "trainable_params": 3, "measured": {"max_allocated": 7},
+                   "estimate_error": "NotModelledError: x", "error_pct": {"allocated": None}}
+    results = [ok, oom, late, unestimated]
     table = gpu_truth.format_table(results)
     assert "+10.00%" in table and "-10.00%" in table and "oom" in table and "time budget" in table
+    assert "NotModelledError" in table
     summ = gpu_truth.summary(results)
     assert summ["median_abs_err_allocated_pct"] == 10.0 and summ["oom_rows_predicted_not_fit"] == "1/1"
     assert summ["trainable_params_mismatch"] == []
@@ -120,8 +123,8 @@ def test_table_summary_json_and_resume(tmp_path: Path) -> None:
     assert path.name == "gpu_truth_nvidia_h100_80gb_hbm3.json"
     gpu_truth.write_json(path, "cuda", results, ["--quick"])
     doc = json.loads(path.read_text())
-    assert doc["environment"]["gpu_name"] == "NVIDIA H100 80GB HBM3" and len(doc["rows"]) == 3
-    assert set(gpu_truth._done_rows(str(path))) == {"a", "b"}  # --resume reruns only what did not run
+    assert doc["environment"]["gpu_name"] == "NVIDIA H100 80GB HBM3" and len(doc["rows"]) == 4
+    assert set(gpu_truth._done_rows(str(path))) == {"a", "b", "d"}  # --resume reruns only what did not run
 
 
 @pytest.mark.gpu
@@ -135,3 +138,13 @@ def test_cuda_row_measures_allocator_and_device(tmp_path: Path) -> None:
     assert 0 < m["max_allocated"] <= m["max_reserved"] <= m["used_peak"]
     assert row["environment"]["gpu_name"] and row["environment"]["used_at_init"] > 0
     assert all(abs(e) < 30 for e in row["error_pct"].values()), row["error_pct"]
+
+
+def test_resume_reuses_finished_rows_without_running_them(tmp_path: Path) -> None:
+    rows = gpu_truth.select("cpu", False, [])
+    earlier = tmp_path / "earlier.json"
+    done = [{"name": r.name, "status": "ok", "measured": {"max_allocated": 1}} for r in rows]
+    gpu_truth.write_json(earlier, "cpu", done, [])
+    out = tmp_path / "now.json"
+    assert gpu_truth.main(["--device", "cpu", "--resume", str(earlier), "--out", str(out)]) == 0
+    assert [r["name"] for r in json.loads(out.read_text())["rows"]] == [r.name for r in rows]

@@ -297,22 +297,18 @@ def run(args: argparse.Namespace) -> int:
         plot_report(report, args.plot)
     if args.json:
         out = report_to_dict(report)
-        out.update(_extras_to_json(extras))
+        out.update(extras_to_json(extras))
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        from rich.console import Console
+        from fitcheck.render.table import make_console, print_report
 
-        from fitcheck.render.table import print_report
-
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=160)  # piped or captured: don't squeeze the table into 80 columns
-        print_report(report, console, extra=_extras_renderables(extras))
+        print_report(report, make_console(), extra=extras_renderables(extras))
     return 0 if report.fits else 1
 
 
-def _extras_to_json(extras: Mapping[str, object]) -> dict[str, object]:
+def extras_to_json(extras: Mapping[str, object]) -> dict[str, object]:
+    """The advisor/compute extras as JSON fields (``max_micro_batch``, ``suggestions``, ``compute``)."""
     from fitcheck.core.advisor import suggestion_to_dict
     from fitcheck.core.compute import compute_to_dict
 
@@ -325,7 +321,8 @@ def _extras_to_json(extras: Mapping[str, object]) -> dict[str, object]:
     }
 
 
-def _extras_renderables(extras: Mapping[str, object]) -> list[Any]:
+def extras_renderables(extras: Mapping[str, object]) -> list[Any]:
+    """The advisor/compute extras as rich renderables for the table output."""
     from fitcheck.core.compute import compute_line
     from fitcheck.render.table import suggestions_table
 

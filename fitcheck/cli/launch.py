@@ -40,17 +40,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(report: Any, as_json: bool) -> None:
+    from fitcheck.cli.estimate import advice_extras, extras_renderables, extras_to_json
+
+    extras = advice_extras(report, mfu=None)
     if as_json:
         from fitcheck.render.json_out import report_to_dict
 
-        json.dump(report_to_dict(report), sys.stdout, indent=2)
+        out = report_to_dict(report)
+        out.update(extras_to_json(extras))
+        json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    from rich.console import Console
+    from fitcheck.render.table import make_console, print_report
 
-    from fitcheck.render.table import print_report
-
-    print_report(report, Console())
+    print_report(report, make_console(), extra=extras_renderables(extras))
 
 
 def main(

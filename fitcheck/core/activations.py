@@ -19,13 +19,28 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fitcheck.core.activations_families import (
+    FAMILY_FORMULAS,
+    family_findings_text,
+    family_layer_saved,
+    family_logits,
+    family_outside_saved,
+)
+from fitcheck.core.activations_qlora import (
+    kbit_upcast,
+    lora_layer_params,
+    qlora_cache_after_forward,
+    qlora_frozen_head,
+    qlora_formula_applies,
+    qlora_layer_saved_per_token,
+)
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainingSpec
 
 _TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
 # Families whose layer recipe below was read off traces and is pinned by tests.
-PINNED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3"})
+PINNED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3"}) | FAMILY_FORMULAS
 # transformers refuses SDPA for these configs (attention soft-capping / ALiBi): eager is what runs.
 _EAGER_ONLY = frozenset({"gemma2", "bloom"})
 _ATTN_LINEARS = ("q_proj", "k_proj", "v_proj")
@@ -43,7 +58,8 @@ class _Mode:
 
 
 def _mode(spec: TrainingSpec) -> _Mode:
-    half = spec.precision.load_dtype.is_half
+    # peft's prepare_model_for_kbit_training casts every non-quantized parameter to fp32 (activations_qlora.py)
+    half = spec.precision.load_dtype.is_half and not kbit_upcast(spec)
     autocast = not half and spec.precision.mixed_precision is not MixedPrecision.NO
     return _Mode(e=2 if half or autocast else 4, r=2 if half else 4, autocast=autocast, half_model=half)
 
@@ -105,6 +121,10 @@ def _linear_inputs(shape: ModelShape, m: _Mode, full: bool, targets: frozenset[s
 def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
     """(bytes per token, bytes per token per position of the s² term) saved by one decoder layer."""
     sh = spec.model.shape
+    if sh.family in FAMILY_FORMULAS:
+        return family_layer_saved(spec)  # GPT-2, BERT, Phi, Falcon, BLOOM (activations_families.py)
+    if qlora_formula_applies(spec):  # 4-bit base + LoRA, traced on real bitsandbytes (activations_qlora.py)
+        return qlora_layer_saved_per_token(spec, _attn_impl(spec) is AttnImpl.EAGER)
     m = _mode(spec)
     full = spec.lora is None and spec.quant is None
     targets = _lora_targets(spec)
@@ -161,6 +181,8 @@ def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]
 def _outside_saved(spec: TrainingSpec) -> int:
     """Saved bytes outside the layers (final norm, rotary tables), per micro-batch."""
     sh = spec.model.shape
+    if sh.family in FAMILY_FORMULAS:
+        return family_outside_saved(spec)
     m = _mode(spec)
     b, s, h = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size
     full = spec.lora is None and spec.quant is None
@@ -189,6 +211,8 @@ def _outside_saved(spec: TrainingSpec) -> int:
 def _logits(spec: TrainingSpec) -> tuple[int, int]:
     """(forward peak, start-of-backward) bytes of the vocab-sized tensors and the labels."""
     sh = spec.model.shape
+    if sh.family in FAMILY_FORMULAS:
+        return family_logits(spec)
     m = _mode(spec)
     b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, sh.vocab_size, sh.hidden_size
     bsv = b * s * v
@@ -202,6 +226,8 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
     if m.autocast:
         cast = 2 * v * h + 2 * b * s * h  # bf16 casts of the LM head weight and input, kept until its backward
         fwd += cast + 4 * b * s * h  # + the fp32 final-norm output, freed once cast
+        if qlora_frozen_head(spec):
+            cast -= 2 * b * s * h  # frozen head: its backward needs the weight cast only (trace "llama qlora")
         bwd += cast
     return fwd, bwd
 
@@ -274,7 +300,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
                 "activations.autocast_weight_cache",
                 Category.ACTIVATIONS,
                 Location.DEVICE,
-                {Phase.FORWARD_END: cache, Phase.BACKWARD_START: cache},
+                {Phase.FORWARD_END: cache, Phase.BACKWARD_START: qlora_cache_after_forward(spec, cache)},
                 _TRACE + "; torch autocast caches 16-bit casts of fp32 leaf weights until backward",
                 "+2 B per layer weight cast to 16-bit under autocast",
             )
@@ -286,6 +312,8 @@ def _autocast_cache(spec: TrainingSpec) -> int:
     """bf16 copies of every layer linear weight made by autocast, kept for backward (+2 B/param)."""
     from fitcheck.spec import Kind
 
+    if qlora_formula_applies(spec):  # 4-bit matmuls are no autocast ops: only the LoRA weights are cached
+        return 2 * lora_layer_params(spec)
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
     layer_linear = sum(p.numel for p in spec.model.params if p.per_layer and p.kind in kinds)
     return 2 * layer_linear
@@ -304,13 +332,22 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 "run `fitcheck estimate --trace` to measure the real model's step on fake tensors",
             )
         )
-    if spec.quant is not None or (spec.lora is not None and (spec.lora.dropout > 0 or spec.lora.use_dora)):
+    why = family_findings_text(spec) if fam in FAMILY_FORMULAS else None
+    if why:
+        out.append(Finding("activations-not-pinned", Severity.INFO, why, "run `fitcheck estimate --trace` for a measured number"))
+    lora_unpinned = spec.lora is not None and (spec.lora.dropout > 0 or spec.lora.use_dora)
+    if qlora_formula_applies(spec):
+        lora_unpinned = False  # QLoRA layer traced with and without dropout (activations_qlora.py)
+    elif spec.quant is not None:
+        lora_unpinned = True  # 8-bit, no k-bit preparation, DoRA or an untraced family on a quantized base
+    if lora_unpinned:
         out.append(
             Finding(
                 "activations-not-pinned",
                 Severity.INFO,
-                "activations of 4-bit bases, LoRA dropout and DoRA use the LoRA recipe; traces differ by up to ~6 %",
-                "run `fitcheck estimate --trace` for a measured number (not for 4-bit bases yet)",
+                "activations of this quantized base / LoRA dropout / DoRA use the LoRA recipe; traces differ by up "
+                "to ~6 %",
+                "run `fitcheck estimate --trace` for a measured number (4-bit bases are traced on an emulated base)",
             )
         )
     if fam in _EAGER_ONLY and spec.activations.attn_implementation is AttnImpl.SDPA:

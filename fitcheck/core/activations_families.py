@@ -312,3 +312,123 @@ def family_layer_saved(spec: TrainingSpec) -> tuple[int, int]:
 def is_family(spec: TrainingSpec) -> bool:
     """Whether the spec's model family has a formula here."""
     return spec.model.shape.family in FAMILY_FORMULAS
+
+
+def family_outside_saved(spec: TrainingSpec) -> int:
+    """Bytes kept outside the layers per micro-batch: embeddings side, final LayerNorm, MLM head, rotary tables.
+
+    The layer-0 input is counted here (the layer formulas count each layer's own output); under checkpointing
+    ``fitcheck.core.activations`` counts every checkpointed layer's input instead.
+    """
+    c = _ctx(spec)
+    sh = spec.model.shape
+    fam = sh.family
+    b, s, h = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size
+    e = c.e
+    ckpt = spec.activations.checkpointing
+    # without checkpointing: the layer-0 input, kept by its first op when a gradient flows into it (trained
+    # embeddings); with it, every checkpointed layer's input is counted by fitcheck.core.activations and the
+    # last layer's output (the final LayerNorm input, trace) is what is left to count here
+    first = e * h if ckpt else (e * h if c.full else 0)
+    per_token, fixed = 0, 0
+    if fam == "gpt2":
+        per_token = first + (c.dm * h if c.drop["embd_pdrop"] > 0 and c.full else 0)  # embedding dropout mask
+        per_token += c.ln + (e * h if c.full else 0)  # ln_f statistics and output (the tied LM head input)
+        fixed = 8 * s if c.full else 0  # position_ids arange (s,) int64, kept by the trained wpe
+    elif fam == "bert":
+        if c.full:
+            # word + position + token-type sum (embedding LayerNorm input) and its statistics; dropout mask
+            per_token = e * h + c.ln + (c.dm * h if c.drop["hidden_dropout_prob"] > 0 else 0)
+            fixed = 8 * s  # token_type_ids gathered from the (1, s) buffer (int64)
+        per_token += 0 if ckpt else first
+        # MLM head (BertLMPredictionHead): transform dense output, GELU output, LayerNorm stats and output
+        per_token += 2 * e * h + c.ln + (e * h if c.full else 0)
+        if ckpt:
+            per_token += e * h  # the last layer output, read by the head's transform dense
+    elif fam == "phi":
+        per_token = first + (c.dm * h if c.drop["embd_pdrop"] > 0 and c.full else 0)
+        per_token += c.ln + (e * h if c.full else 0)  # final_layernorm statistics and output
+        rot = int(sh.head_dim * sh.partial_rotary_factor)  # PhiAttention.rotary_ndims
+        fixed = 2 * s * rot * e  # cos and sin (1, s, rot) in the model dtype
+    elif fam == "falcon":
+        per_token = first + c.ln + (e * h if c.full else 0)  # embedding output; ln_f statistics and output
+        fixed = 2 * s * sh.head_dim * e
+    elif fam == "bloom":
+        if c.full:
+            per_token = e * h + c.ln  # embedding output (word_embeddings_layernorm input) and statistics
+        per_token += first + c.ln + (e * h if c.full else 0)  # layer-0 input; ln_f statistics and output
+    if ckpt:
+        fixed += _checkpoint_args(spec, c)
+    elif not c.full:
+        per_token -= _layer0_without_grad(spec, c)
+    return per_token * b * s + fixed
+
+
+def _checkpoint_args(spec: TrainingSpec, c: _Ctx) -> int:
+    """Tensors a non-reentrant checkpoint keeps alive because every layer receives them (trace)."""
+    sh = spec.model.shape
+    b, s = spec.batch.micro_batch, spec.batch.seq_len
+    if sh.family in ("phi", "falcon"):
+        extra = 8 * s  # position_ids (s,) int64
+        if sh.family == "falcon":
+            extra += s * s * (c.e if c.eager else 1)  # materialised causal mask (1, 1, s, s): float / bool
+        return extra
+    if sh.family == "bloom":
+        return b * s * s * c.e + b * sh.num_heads * s * c.e  # float causal mask (b, 1, s, s), ALiBi (b·a, 1, s)
+    return 0
+
+
+def _layer0_without_grad(spec: TrainingSpec, c: _Ctx) -> int:
+    """Bytes per token layer 0 does not keep under LoRA: its input needs no gradient (frozen embeddings).
+
+    The first LayerNorm keeps no statistics, a branch reaching an adapter only through frozen linears keeps
+    nothing (Phi/Falcon parallel MLP), and attention keeps q (k) only when k (q) needs a gradient (trace).
+    """
+    sh = spec.model.shape
+    fam = sh.family
+    q, kv, inter = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim, sh.intermediate_size
+    out = 0 if fam == "bert" else c.ln
+    if fam == "phi" and "fc1" not in c.targets:
+        out += 4 * c.e * inter  # fc1 output and gelu_new intermediates
+    if fam == "falcon" and "dense_h_to_4h" not in c.targets:
+        out += c.e * inter  # dense_h_to_4h output
+    if fam in ("bert", "phi"):
+        qn, kn = ("query", "key") if fam == "bert" else ("q_proj", "k_proj")
+        p = c.drop["attention_probs_dropout_prob" if fam == "bert" else "attention_dropout"]
+        fused = not c.eager and not _fused_math(c, p, sh.num_kv_heads == sh.num_heads, False)
+        if not fused:
+            width = c.e if c.eager else 4
+            out += (width * q if kn not in c.targets else 0) + (width * kv if qn not in c.targets else 0)
+    return out
+
+
+def family_logits(spec: TrainingSpec) -> tuple[int, int]:
+    """(forward peak, start-of-backward) bytes of the vocab-sized tensors and the labels.
+
+    Causal LMs (transformers ``loss_utils.ForCausalLMLoss``): logits in the model dtype, the fp32 upcast
+    (a no-op in fp32) and the fp32 log-softmax; labels padded by one. BERT's ``BertForMaskedLM`` calls
+    ``CrossEntropyLoss`` on the logits in the model dtype: log-softmax, its gradient and the logits gradient all
+    in the model dtype, labels not copied.
+    """
+    c = _ctx(spec)
+    sh = spec.model.shape
+    b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, sh.vocab_size, sh.hidden_size
+    bsv = b * s * v
+    e = c.e
+    held = 0 if c.full else e * b * s * h  # the head input, alive during the loss though not saved (frozen head)
+    if sh.family == "bert":
+        return 2 * e * bsv + 2 * e + held, 3 * e * bsv + 2 * e
+    labels = b * (s + 1) * 8 + 8
+    fwd = (e + 4 + (4 if e == 2 else 0)) * bsv + labels + held
+    return fwd, 12 * bsv + 8
+
+
+def family_findings_text(spec: TrainingSpec) -> str | None:
+    """Why a LayerNorm-family formula is not pinned for this spec, or None when it is."""
+    if spec.precision.mixed_precision.value != "no" and not spec.precision.load_dtype.is_half:
+        return "autocast over fp32 weights is not pinned for this family (16-bit casts per linear are not counted)"
+    if spec.model.shape.family == "falcon":
+        cfg = spec.model.config
+        if cfg.get("alibi") or cfg.get("new_decoder_architecture"):
+            return "Falcon with ALiBi or the new decoder architecture (40B/180B) is not pinned; the 7B recipe is used"
+    return None

@@ -178,6 +178,7 @@ def base_weights(spec: TrainingSpec) -> BaseWeights:
     load = spec.precision.load_dtype
     data = meta = qparams = uparams = upcast = 0
     dtype_of: dict[str, Dtype] = {}
+    quantized_modules = {_module(e) for e in spec.model.params if quant is not None and is_quantized(spec, e)}
     for entry in spec.model.params:
         if quant is not None and is_quantized(spec, entry):
             qb = quantized_bytes(entry.numel_each, quant, entry.out_features or entry.shape[0])
@@ -190,5 +191,9 @@ def base_weights(spec: TrainingSpec) -> BaseWeights:
         if quant is not None and quant.prepare_for_kbit_training and load.is_half:
             dtype = Dtype.FLOAT32
             upcast += entry.numel
+        if quant is not None and quant.bits == 4 and _module(entry) in quantized_modules:
+            # bitsandbytes nn/modules.py Linear4bit.forward: ``bias.data = bias.data.to(x.dtype)`` with x already
+            # cast to bnb_4bit_compute_dtype (None -> fp32): the bias is resident in the compute dtype from step 1
+            dtype = quant.compute_dtype or Dtype.FLOAT32
         dtype_of[entry.name] = dtype
     return BaseWeights(data, meta, qparams, uparams, upcast, dtype_of)

@@ -111,6 +111,14 @@ def render_report(report: Report, *, extra: Sequence[RenderableType] = (), width
     )
 
 
+def make_console(**kwargs: object) -> Console:
+    """A console for reports: the terminal's width, or 160 columns when piped or captured (logs, CI)."""
+    console = Console(**kwargs)  # type: ignore[arg-type]
+    if not console.is_terminal:
+        console = Console(width=160, **kwargs)  # type: ignore[arg-type]
+    return console
+
+
 def print_report(report: Report, console: Console, *, extra: Sequence[RenderableType] = ()) -> None:
     """Print the report to a console."""
     console.print(render_report(report, extra=extra, width=console.width))

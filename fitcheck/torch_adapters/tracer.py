@@ -141,11 +141,11 @@ def _make_optimizer(name: str, model: Any) -> Any:
 
         # _get_adafactor: scale_parameter=False, relative_step=False
         return Adafactor(groups, lr=1e-3, relative_step=False, scale_parameter=False)  # type: ignore[no-untyped-call]
-    if lowered in ("adamw_torch", "adamw_torch_fused"):
-        # _get_adamw_torch: torch AdamW, fused=True for adamw_torch_fused; otherwise torch picks the path
-        # (optim/optimizer.py::_default_to_fused_or_foreach: single-tensor on CPU, foreach on CUDA).
-        return torch.optim.AdamW(groups, lr=1e-3, fused=True if lowered == "adamw_torch_fused" else None)
-    raise ValueError(f"the tracer builds only adamw_torch, adamw_torch_fused, sgd and adafactor, not {name!r}")
+    # _get_adamw_torch: torch AdamW, fused=True for adamw_torch_fused; otherwise torch picks the path
+    # (optim/optimizer.py::_default_to_fused_or_foreach: single-tensor on CPU, foreach on CUDA). Other names
+    # (bitsandbytes, GaLore, ...) are stepped as adamw_torch: only the OPTIMIZER_STEP phase of the trace differs,
+    # and trace_components leaves that phase's optimizer bytes to fitcheck.core.model_states.
+    return torch.optim.AdamW(groups, lr=1e-3, fused=True if lowered == "adamw_torch_fused" else None)
 
 
 def trace_step(

@@ -1,0 +1,141 @@
+"""Saved activations of a QLoRA step (bitsandbytes 4-bit base + LoRA after peft's k-bit preparation); pure.
+
+What the real step does (traced with ``fitcheck.torch_adapters.tracer`` on real bitsandbytes 0.50.2
+``Linear4bit`` layers and on the emulated fake base, fake == real to the byte, ``tests/test_tracer_qlora.py``):
+
+* peft's ``prepare_model_for_kbit_training`` (utils/other.py) casts every 16-bit parameter that is not a
+  ``Params4bit`` to fp32: embeddings, norms and the LM head. The residual stream, the norms and the logits are
+  therefore fp32 whatever ``dtype`` the model was loaded in: the activations are those of an fp32 model.
+* ``bnb.nn.Linear4bit.forward`` computes in ``bnb_4bit_compute_dtype`` (``x.to(compute_dtype)``) and casts its
+  output back to the input dtype (``.to(inp_dtype)``): base linear outputs are fp32 even under autocast.
+* ``MatMul4Bit`` (bitsandbytes/autograd/_functions.py) saves only the packed weight (``ctx.tensors = (None,
+  B)``), never its input; in backward it dequantizes the whole weight into a temporary. So the frozen base
+  saves nothing; the LoRA branches save their inputs.
+* Under autocast (``bf16=True``) every ``lora_A`` casts its input to bf16 separately (autocast caches leaf
+  weights, not activations) and the LoRA weights' bf16 casts stay cached until backward; SDPA saves bf16 casts
+  of q, k and v.
+
+Per-layer bytes per token (trace ``llama qlora`` 2-layer minus 1-layer, h=512, I=1376, r=16: fp32 35816, +
+dropout 61800, autocast 32890, autocast + dropout 50682; eager fp32 38856 + 4a·s, eager autocast 33370 +
+6a·s, Qwen2 eager) are reproduced exactly by :func:`qlora_layer_saved_per_token` plus the autocast LoRA weight
+cache.
+"""
+
+from __future__ import annotations
+
+from fitcheck.spec import LoraSpec, MixedPrecision, TrainingSpec
+
+# Families whose decoder layer is the Llama one (q/k/v/o, gate/up/down, RMSNorm): traced for QLoRA.
+QLORA_FAMILIES = frozenset({"llama", "mistral", "qwen2"})
+_QKV = ("q_proj", "k_proj", "v_proj")
+_GATE_UP = ("gate_proj", "up_proj")
+_ALL = (*_QKV, "o_proj", *_GATE_UP, "down_proj")
+
+
+def kbit_upcast(spec: TrainingSpec) -> bool:
+    """True when peft's k-bit preparation makes every non-quantized parameter, hence the activations, fp32."""
+    quant = spec.quant
+    return quant is not None and quant.prepare_for_kbit_training
+
+
+def qlora_formula_applies(spec: TrainingSpec) -> bool:
+    """A 4-bit base with LoRA, prepared for k-bit training, on a family whose layer was traced."""
+    quant = spec.quant
+    return (
+        quant is not None
+        and quant.bits == 4
+        and kbit_upcast(spec)
+        and spec.lora is not None
+        and not spec.lora.use_dora
+        and spec.model.shape.family in QLORA_FAMILIES
+    )
+
+
+def _targets(lora: LoraSpec) -> frozenset[str]:
+    if "all-linear" in lora.target_modules:
+        return frozenset(_ALL)
+    return frozenset(n for n in _ALL if n in lora.target_modules)
+
+
+def _adapters(lora: LoraSpec, hits: int, width: int, autocast: bool, input_kept: bool) -> int:
+    """Bytes per token the LoRA branches of ``hits`` targets reading one ``width``-wide fp32 tensor save."""
+    if not hits:
+        return 0
+    drop = lora.dropout > 0
+    if drop:
+        # fp32 dropout mask (empty_like) per adapter; its fp32 output is saved by lora_A, or its bf16 cast
+        per_input = 4 * width + (2 * width if autocast else 4 * width)
+        total = hits * per_input
+    elif autocast:
+        total = hits * 2 * width  # each lora_A casts the input to bf16 (trace: _to_copy per adapter)
+    else:
+        total = 0 if input_kept else 4 * width  # the fp32 input itself, shared by the adapters reading it
+    return total + hits * (2 if autocast else 4) * lora.r  # lora_A output, saved by lora_B
+
+
+def qlora_layer_saved_per_token(spec: TrainingSpec, eager: bool) -> tuple[int, int]:
+    """(bytes per token, bytes per token per position of the s² term) one QLoRA decoder layer saves.
+
+    Args:
+        spec: A spec for which :func:`qlora_formula_applies`.
+        eager: Eager attention (else SDPA).
+
+    Returns:
+        The per-token bytes and the eager-attention s² coefficient.
+    """
+    lora = spec.lora
+    if lora is None:
+        return 0, 0
+    sh = spec.model.shape
+    autocast = spec.precision.mixed_precision is not MixedPrecision.NO
+    t = _targets(lora)
+    h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
+    q, kv = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim
+    e = 2 if autocast else 4  # dtype of what attention saves (autocast casts q, k, v to bf16)
+    total = 2 * (4 * h + 4)  # each RMSNorm saves its fp32 input and rsqrt (trace: add, rsqrt)
+    total += _adapters(lora, len(t & set(_QKV)), h, autocast, False)
+    if eager:
+        # fp32: rotary q, repeat_kv clones of K and V, transpose(1,2).contiguous() of the output (4 x q);
+        # autocast: bf16 casts of q and k^T and the bf16 output copy (trace "qwen2 qlora eager": 3 x q)
+        total += 16 * q if not autocast else 6 * q
+        s2 = 4 * a + (2 * a if autocast else 0)  # fp32 softmax (+ its bf16 cast for the second matmul)
+    else:
+        total += e * (q + 2 * kv) + e * q + 4 * a  # rotary q, k, v (or their casts), SDPA out, logsumexp fp32
+        s2 = 0
+    # o_proj reads the attention output, already saved by SDPA / the contiguous copy
+    total += _adapters(lora, len(t & {"o_proj"}), q, autocast, True)
+    total += _adapters(lora, len(t & set(_GATE_UP)), h, autocast, False)
+    total += 3 * 4 * inter  # gate and up outputs (fp32: Linear4bit casts back to the input dtype), act(gate)
+    total += _adapters(lora, len(t & {"down_proj"}), inter, autocast, False)  # act*up, the down_proj input
+    return total, s2
+
+
+def lora_layer_params(spec: TrainingSpec) -> int:
+    """LoRA A and B parameters in the decoder layers (autocast caches their bf16 casts until backward)."""
+    from fitcheck.core.lora import plan_lora
+
+    if spec.lora is None:
+        return 0
+    return sum(t.params for t in plan_lora(spec).targets if t.entry.per_layer)
+
+
+def qlora_frozen_head(spec: TrainingSpec) -> bool:
+    """QLoRA with the LM head frozen: autocast's bf16 cast of the head input is not saved for backward."""
+    lora = spec.lora
+    return qlora_formula_applies(spec) and lora is not None and "lm_head" not in lora.modules_to_save
+
+
+def qlora_cache_after_forward(spec: TrainingSpec, cache: int) -> int:
+    """Autocast LoRA-weight casts still alive at the start of backward.
+
+    Leaving autocast clears its cache (torch/amp/autocast_mode.py ``__exit__``: ``clear_autocast_cache``); a cast
+    survives only when an autograd node saved it. Inside a checkpointed layer nothing is saved, so under full
+    checkpointing no cast is left (trace ``llama qlora ckpt autocast``: 5.129 MiB of activations at the start of
+    backward, 1.098 MiB less than at the end of forward).
+    """
+    act = spec.activations
+    if not qlora_formula_applies(spec) or not act.checkpointing:
+        return cache
+    layers = spec.model.shape.num_layers
+    kept = layers - -(-layers // max(1, act.checkpoint_every_n_layers))  # layers not checkpointed
+    return cache * kept // layers
