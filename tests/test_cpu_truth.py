@@ -17,7 +17,7 @@ cpu_truth = importlib.util.module_from_spec(_SPEC)
 sys.modules["cpu_truth"] = cpu_truth
 _SPEC.loader.exec_module(cpu_truth)
 
-SUBSET = ("llama bf16 LoRA ckpt", "qwen2 bf16 full sgd")
+SUBSET = ("llama bf16 LoRA ckpt", "qwen2 bf16 full sgd", "llama QLoRA nf4 dq bf16 ckpt")
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from fitcheck.spec import (  # noqa: E402
     PrecisionSpec,
     TrainingSpec,
 )
-from fitcheck.torch_adapters.tracer import _make_optimizer, trainer_param_groups  # noqa: E402
+from fitcheck.torch_adapters.tracer import make_trainer_optimizer, trainer_param_groups  # noqa: E402
 from fitcheck.torch_adapters.tracer_build import build_model  # noqa: E402
 from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder  # noqa: E402
 
@@ -112,11 +112,11 @@ def _step_peak(opt: Any) -> int:
 def test_adamw_single_tensor_and_foreach_exact(cfg: dict[str, Any], dtype: Dtype, lora: LoraSpec | None) -> None:
     """CPU single-tensor loop: max(bytes[i-1] + 2 bytes[i]) per group; foreach: max(S[k-1] + S[k]) per group."""
     model = _model(cfg, dtype, lora)
-    single = _step_peak(_make_optimizer("adamw_torch", model))  # the CPU default: _single_tensor_adam
+    single = _step_peak(make_trainer_optimizer("adamw_torch", model))  # the CPU default: _single_tensor_adam
     assert single == _predicted(_spec(cfg, dtype, "adamw_torch", cuda=False, lora=lora))
     foreach = _step_peak(torch.optim.AdamW(trainer_param_groups(model), lr=1e-3, foreach=True))
     assert foreach == _predicted(_spec(cfg, dtype, "adamw_torch", cuda=True, lora=lora))
-    assert _step_peak(_make_optimizer("adamw_torch_fused", model)) == 0  # _fused_adamw_ on CPU: in place
+    assert _step_peak(make_trainer_optimizer("adamw_torch_fused", model)) == 0  # _fused_adamw_ on CPU: in place
     assert _predicted(_spec(cfg, dtype, "adamw_torch_fused", cuda=True, lora=lora)) == 0
 
 
@@ -139,7 +139,7 @@ def test_foreach_splits_a_group_by_dtype() -> None:
 def test_adafactor_exact(cfg: dict[str, Any], dtype: Dtype) -> None:
     """transformers Adafactor as the Trainer builds it: per-tensor fp32 copies + the previous `update`."""
     model = _model(cfg, dtype)
-    measured = _step_peak(_make_optimizer("adafactor", model))
+    measured = _step_peak(make_trainer_optimizer("adafactor", model))
     assert measured == _predicted(_spec(cfg, dtype, "adafactor", cuda=True))
 
 
@@ -205,7 +205,7 @@ def test_step_runs_rebuild_layer_order() -> None:
     assert mem.step_temporary == 384
 
 
-class _NestedRecorder(LiveTensorRecorder):
+class _NestedRecorder(LiveTensorRecorder):  # type: ignore[no-untyped-call]
     """Also records inside bitsandbytes ops: their CPU kernels are Python functions of torch ops, which a
     dispatch mode otherwise sees as one opaque call."""
 

@@ -29,9 +29,10 @@ from fitcheck.core.activations_families import (
 from fitcheck.core.activations_qlora import (
     kbit_upcast,
     lora_layer_params,
+    qlora_backward_working_set,
     qlora_cache_after_forward,
-    qlora_frozen_head,
     qlora_formula_applies,
+    qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
 from fitcheck.findings import Finding, Severity
@@ -40,7 +41,9 @@ from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelS
 
 _TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
 # Families whose layer recipe below was read off traces and is pinned by tests.
-PINNED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3"}) | FAMILY_FORMULAS
+PINNED_FAMILIES = (
+    frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3"}) | FAMILY_FORMULAS
+)
 # transformers refuses SDPA for these configs (attention soft-capping / ALiBi): eager is what runs.
 _EAGER_ONLY = frozenset({"gemma2", "bloom"})
 _ATTN_LINEARS = ("q_proj", "k_proj", "v_proj")
@@ -272,6 +275,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     recompute = 0
     if n_ckpt:
         recompute = max(0, layer + scores - _grad_bytes(spec, True) - _grad_bytes(spec, False))
+        if qlora_formula_applies(spec):  # peak in the first recomputed layer: every checkpoint still held
+            end, recompute = kept, layer + scores + qlora_backward_working_set(spec) * b * s
     ids = b * s * 8
     detail = f"{per_token} B/token/layer x {b}x{s} tokens x {layers - n_ckpt} layers"
     comps = [
@@ -334,7 +339,7 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         )
     why = family_findings_text(spec) if fam in FAMILY_FORMULAS else None
     if why:
-        out.append(Finding("activations-not-pinned", Severity.INFO, why, "run `fitcheck estimate --trace` for a measured number"))
+        out.append(Finding("activations-not-pinned", Severity.INFO, why, "run `fitcheck estimate --trace`"))
     lora_unpinned = spec.lora is not None and (spec.lora.dropout > 0 or spec.lora.use_dora)
     if qlora_formula_applies(spec):
         lora_unpinned = False  # QLoRA layer traced with and without dropout (activations_qlora.py)

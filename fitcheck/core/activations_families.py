@@ -161,7 +161,10 @@ def _gpt2(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
         s2 = e * a + ((c.dm + e) * a if pa > 0 else 0)  # softmax (model dtype), dropout mask and output
         total += _reads(c, h, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0  # merged heads (clone)
     elif _fused_math(c, pa, True, False):
-        math, s2 = _math_attention(c, h, h, a, 3 * 4 * h, pa)
+        # fp32: v is a transposed view of the fused c_attn output; with b = 1 bmm reads the views (the whole
+        # output stays alive), with b > 1 it makes contiguous copies of q, k^T and v instead (trace)
+        v_fp32 = 3 * 4 * h if spec.batch.micro_batch == 1 else 4 * h
+        math, s2 = _math_attention(c, h, h, a, v_fp32, pa)
         total += math + (_reads(c, h, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0)
     else:
         # fused kernel: q, k, v views of c_attn output, output (laid out (b, s, a, d): c_proj reads it), logsumexp
@@ -258,7 +261,10 @@ def _falcon(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
         # the causal mask is always materialised (allow_is_causal_skip=False): CPU takes the math path, and on
         # CUDA the fused kernels refuse multi-query heads; SDPA is called with dropout_p=0.0 on the rotary path
         if _fused_math(c, 0.0, sh.num_kv_heads == sh.num_heads, True):
-            total, s2 = _add(total, _math_attention(c, q, kv, a, 4 * kv, 0.0))
+            # b > 1: bmm cannot broadcast the single k/v head over a batched view and keeps contiguous
+            # copies of k and v expanded to every head (trace)
+            kv_kept = q if spec.batch.micro_batch > 1 else kv
+            total, s2 = _add(total, _math_attention(c, q, kv_kept, a, 4 * kv_kept, 0.0))
         else:
             total += e * (q + 2 * kv) + e * q + 4 * a  # memory-efficient kernel: q, k, v, output, logsumexp
             s2 = 0
@@ -335,14 +341,22 @@ def family_outside_saved(spec: TrainingSpec) -> int:
         per_token = first + (c.dm * h if c.drop["embd_pdrop"] > 0 and c.full else 0)  # embedding dropout mask
         per_token += c.ln + (e * h if c.full else 0)  # ln_f statistics and output (the tied LM head input)
         fixed = 8 * s if c.full else 0  # position_ids arange (s,) int64, kept by the trained wpe
+        if ckpt and not c.full:
+            # peft + checkpointing: transformers' enable_input_require_grads makes the wte output require a
+            # gradient, so the embedding dropout keeps its mask and the wte output stays alive (trace)
+            per_token += e * h + (c.dm * h if c.drop["embd_pdrop"] > 0 else 0)
+            fixed = 8 * s
     elif fam == "bert":
-        if c.full:
+        if c.full or ckpt:
             # word + position + token-type sum (embedding LayerNorm input) and its statistics; dropout mask
+            # (LoRA + checkpointing: enable_input_require_grads makes the embeddings require a gradient)
             per_token = e * h + c.ln + (c.dm * h if c.drop["hidden_dropout_prob"] > 0 else 0)
-            fixed = 8 * s  # token_type_ids gathered from the (1, s) buffer (int64)
+            fixed = 8 * s if c.full else 0  # token_type_ids gathered from the (1, s) buffer (int64)
         per_token += 0 if ckpt else first
         # MLM head (BertLMPredictionHead): transform dense output, GELU output, LayerNorm stats and output
         per_token += 2 * e * h + c.ln + (e * h if c.full else 0)
+        if not c.full:
+            per_token += _reads(c, h, ("dense",))  # an adapter on the head's transform dense ("all-linear")
         if ckpt:
             per_token += e * h  # the last layer output, read by the head's transform dense
     elif fam == "phi":
@@ -354,7 +368,7 @@ def family_outside_saved(spec: TrainingSpec) -> int:
         per_token = first + c.ln + (e * h if c.full else 0)  # embedding output; ln_f statistics and output
         fixed = 2 * s * sh.head_dim * e
     elif fam == "bloom":
-        if c.full:
+        if c.full or ckpt:  # LoRA + checkpointing: enable_input_require_grads (as for BERT)
             per_token = e * h + c.ln  # embedding output (word_embeddings_layernorm input) and statistics
         per_token += first + c.ln + (e * h if c.full else 0)  # layer-0 input; ln_f statistics and output
     if ckpt:
@@ -388,6 +402,12 @@ def _layer0_without_grad(spec: TrainingSpec, c: _Ctx) -> int:
     fam = sh.family
     q, kv, inter = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim, sh.intermediate_size
     out = 0 if fam == "bert" else c.ln
+    if c.lora_dropout > 0:
+        # adapters reading the layer input (through its LayerNorm) keep no dropout mask there
+        first_readers = {"gpt2": ("c_attn",), "bert": ("query", "key", "value"),
+                         "phi": ("q_proj", "k_proj", "v_proj", "fc1"),
+                         "falcon": ("query_key_value", "dense_h_to_4h"), "bloom": ("query_key_value",)}[fam]
+        out += c.dm32 * sh.hidden_size * sum(1 for n in first_readers if n in c.targets)
     if fam == "phi" and "fc1" not in c.targets:
         out += 4 * c.e * inter  # fc1 output and gelu_new intermediates
     if fam == "falcon" and "dense_h_to_4h" not in c.targets:

@@ -139,3 +139,16 @@ def qlora_cache_after_forward(spec: TrainingSpec, cache: int) -> int:
     layers = spec.model.shape.num_layers
     kept = layers - -(-layers // max(1, act.checkpoint_every_n_layers))  # layers not checkpointed
     return cache * kept // layers
+
+
+def qlora_backward_working_set(spec: TrainingSpec) -> int:
+    """Bytes per token in flight during a recomputed QLoRA layer's backward, besides its saved tensors.
+
+    The peak is in the MLP of the last layer (the first one recomputed, every checkpoint still held): the fp32
+    gradient of the down_proj input (``MatMul4Bit.backward`` matmul against the dequantized weight), its cast
+    back through ``x.to(compute_dtype)`` and their sum with the LoRA branch's gradient, 3 x 4I, less the
+    product freed once used (trace ``llama qlora ckpt`` 2-layer minus 1-layer: 10942 B/token at I=1376, 8I =
+    11008; under autocast 13609 ≈ 10I, the bf16 LoRA gradients adding 2I).
+    """
+    autocast = spec.precision.mixed_precision is not MixedPrecision.NO
+    return (10 if autocast else 8) * spec.model.shape.intermediate_size

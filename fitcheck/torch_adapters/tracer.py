@@ -126,8 +126,16 @@ def trainer_param_groups(model: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _make_optimizer(name: str, model: Any) -> Any:
-    """The optimizer the Trainer builds for ``optim=name`` (``trainer_optimizer.py`` handlers), lr 1e-3."""
+def make_trainer_optimizer(name: str, model: Any) -> Any:
+    """The optimizer the Trainer builds for ``optim=name`` (``trainer_optimizer.py`` handlers), lr 1e-3.
+
+    Args:
+        name: ``TrainingArguments.optim`` value.
+        model: The model (or PEFT model) being trained.
+
+    Returns:
+        A torch optimizer over :func:`trainer_param_groups`.
+    """
     import torch
 
     from fitcheck.core.optimizers import canonical_optimizer
@@ -211,7 +219,7 @@ def trace_step(
             fake=fake,
         )
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = _make_optimizer(optimizer, model)
+        opt = make_trainer_optimizer(optimizer, model)
         vocab = int(model.config.vocab_size)
         ids = torch.randint(0, vocab, (micro_batch, seq_len))
         rec = LiveTensorRecorder()

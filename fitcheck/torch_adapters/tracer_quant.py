@@ -28,6 +28,7 @@ class stays ``bnb.nn.Linear4bit``, so its forward, ``MatMul4Bit`` and peft's dis
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,7 +44,7 @@ def bnb_config(quant: QuantSpec) -> Any:
     def dtype(d: Any) -> Any:
         return None if d is None else getattr(torch, d.value)
 
-    return BitsAndBytesConfig(
+    return BitsAndBytesConfig(  # type: ignore[no-untyped-call]
         load_in_4bit=True,
         bnb_4bit_quant_type=quant.quant_type,
         bnb_4bit_use_double_quant=quant.double_quant,
@@ -69,10 +70,11 @@ def quantize_base(model: Any, quant: QuantSpec, *, fake: bool) -> Any:
     """
     if quant.bits != 4:
         raise NotModelledError("tracing an 8-bit (LLM.int8) base is not implemented; the formula path models it")
-    import bitsandbytes as bnb
     import bitsandbytes.functional as bnbf
     import torch
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+
+    bnb_nn: Any = importlib.import_module("bitsandbytes.nn")
 
     config = bnb_config(quant)
     skip = model_modules_to_not_convert(model, quant)
@@ -82,14 +84,14 @@ def quantize_base(model: Any, quant: QuantSpec, *, fake: bool) -> Any:
     with _outside_fake_mode(fake):
         replace_with_bnb_linear(model, modules_to_not_convert=skip, quantization_config=config)
     for name, module in model.named_modules():
-        if not isinstance(module, bnb.nn.Linear4bit) or name not in originals:
+        if not isinstance(module, bnb_nn.Linear4bit) or name not in originals:
             continue
         weight, bias = originals[name]
         if getattr(module, "source_cls", None) is not torch.nn.Linear:  # Conv1D stores (in, out)
             weight = torch.nn.Parameter(weight.data.T.contiguous(), requires_grad=False)
         module.bias = bias
         if not fake:
-            module.weight = bnb.nn.Params4bit(
+            module.weight = bnb_nn.Params4bit(
                 weight.data, requires_grad=False, **{**module.weight.__dict__, "blocksize": quant.blocksize}
             ).to(weight.device)
             continue
@@ -101,9 +103,9 @@ def quantize_base(model: Any, quant: QuantSpec, *, fake: bool) -> Any:
             quant_storage=config.bnb_4bit_quant_storage,
         )
         param = torch.nn.Parameter(packed, requires_grad=False)
-        for key, value in module.weight.__dict__.items():
+        attrs = {**module.weight.__dict__, "quant_state": state, "bnb_quantized": True, "blocksize": quant.blocksize}
+        for key, value in attrs.items():
             setattr(param, key, value)
-        param.quant_state, param.bnb_quantized, param.blocksize = state, True, quant.blocksize
         module.weight = param
         module.quant_state = state
     model.is_loaded_in_4bit = True
@@ -149,7 +151,7 @@ def prepare_for_kbit_training(model: Any, quant: QuantSpec, checkpointing: bool)
     from peft import prepare_model_for_kbit_training
 
     packed = {id(p): p.data for p in packed_weights(model)}
-    model = prepare_model_for_kbit_training(
+    model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
         model, use_gradient_checkpointing=checkpointing, gradient_checkpointing_kwargs={"use_reentrant": False}
     )
     for p in packed_weights(model):
@@ -160,10 +162,9 @@ def prepare_for_kbit_training(model: Any, quant: QuantSpec, checkpointing: bool)
 
 def packed_weights(model: Any) -> Iterator[Any]:
     """The packed weights of every ``bnb.nn.Linear4bit`` (real or emulated)."""
-    import bitsandbytes as bnb
-
+    bnb_nn: Any = importlib.import_module("bitsandbytes.nn")
     for module in model.modules():
-        if isinstance(module, bnb.nn.Linear4bit):
+        if isinstance(module, bnb_nn.Linear4bit):
             yield module.weight
 
 
