@@ -36,7 +36,7 @@ def main() -> None:
     # what the first trace imports lazily: transformers.trainer (the Trainer's parameter groups, which pulls in
     # peft -> bitsandbytes -> torch.compile/inductor), measured separately so the trace times below are the work
     t = time.perf_counter()
-    import transformers.trainer
+    import transformers.trainer  # noqa: F401
 
     print(f"  lazy import transformers.trainer (+ peft, bitsandbytes): {time.perf_counter() - t:.2f} s")
     seen: set[str] = set()
