@@ -88,7 +88,8 @@ def simulated_step(spec: TrainingSpec, error: float) -> tuple[Callable[[int], No
     def step(m: int) -> None:
         calls.append(m)
         if need(m) > budget:
-            raise torch.OutOfMemoryError(f"CUDA out of memory (simulated, micro-batch {m})")
+            # the shape of the real message: accelerate's should_reduce_batch_size matches " out of memory."
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate (simulated, micro-batch {m})")
 
     return step, calls
 
