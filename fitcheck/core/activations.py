@@ -58,13 +58,19 @@ class _Mode:
     r: int  # residual stream / norm inputs
     autocast: bool
     half_model: bool
+    amp: bool = False  # autocast on, whatever the load dtype: LoRA's fp32 adapters run in 16-bit (lora extras)
+    dm: int = 4  # LoRA dropout-mask bytes per element of its fp32 input: CPU fp32 noise, CUDA bool (lora extras)
 
 
 def _mode(spec: TrainingSpec) -> _Mode:
     # peft's prepare_model_for_kbit_training casts every non-quantized parameter to fp32 (activations_qlora.py)
     half = spec.precision.load_dtype.is_half and not kbit_upcast(spec)
-    autocast = not half and spec.precision.mixed_precision is not MixedPrecision.NO
-    return _Mode(e=2 if half or autocast else 4, r=2 if half else 4, autocast=autocast, half_model=half)
+    amp = spec.precision.mixed_precision is not MixedPrecision.NO
+    autocast = not half and amp
+    # aten Dropout.cpp: CUDA takes native_dropout (bool mask), CPU _dropout_impl keeps empty_like(input) noise
+    dm = 1 if spec.hardware.device_type is DeviceType.CUDA else 4
+    return _Mode(e=2 if half or autocast else 4, r=2 if half else 4, autocast=autocast, half_model=half, amp=amp,
+                 dm=dm)
 
 
 def _lora_targets(spec: TrainingSpec) -> frozenset[str]:
@@ -109,16 +115,25 @@ def _linear_inputs(shape: ModelShape, m: _Mode, full: bool, targets: frozenset[s
             total += m.e * width  # the shared input tensor
     hit = [c for c in consumers if c in targets]
     if hit and lora is not None:
-        drop = lora.dropout > 0
-        for _ in hit:
-            if drop:
-                total += 8 * width  # fp32 dropout mask + output (trace: empty_like + mul fp32)
-            elif m.half_model:
-                total += 4 * width  # x.to(lora_A.weight.dtype) fp32 copy per adapter (peft _cast_input_dtype)
-            total += 4 * lora.r  # lora_A output kept by lora_B (fp32)
-        if not drop and not m.half_model and not (full and not m.autocast):
-            total += 4 * width  # fp32 model: the adapters read the norm output itself
+        total += len(hit) * _adapter_input(m, lora, width)
+        if lora.dropout == 0 and not (m.amp or m.half_model or full or kept):
+            total += 4 * width  # fp32 model: the adapters read the input itself, once (trace: mul, norm output)
     return total
+
+
+def _adapter_input(m: _Mode, lora: LoraSpec, width: int) -> int:
+    """Bytes per token one peft ``lora.Linear`` adapter saves for an input of ``width`` features.
+
+    peft 0.21 ``lora.Linear.forward``: ``x = _cast_input_dtype(x, fp32)``, then ``lora_B(lora_A(dropout(x)))``;
+    each wrapped module has its own dropout, so q/k/v reading one tensor keep three masks (trace: 3 empty_like).
+    """
+    drop = lora.dropout > 0
+    total = m.dm * width if drop else 0  # dropout noise of the fp32 input (trace: empty_like fp32; CUDA bool)
+    if m.amp:
+        total += 2 * width  # autocast's 16-bit cast of lora_A's input, one per adapter (trace: _to_copy bf16)
+    elif drop or m.half_model:
+        total += 4 * width  # fp32 dropout output, or the fp32 copy of a 16-bit input (trace: mul / _to_copy)
+    return total + (2 if m.amp else 4) * lora.r  # lora_A output, kept by lora_B (trace: mm (b·s, r))
 
 
 def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:

@@ -1,0 +1,197 @@
+"""The worst point DURING backward (``Phase.BACKWARD``), beyond every gradient: pure, no torch.
+
+``fitcheck.core.model_states`` counts every gradient in ``Phase.BACKWARD``; this module gives what else is alive at
+the worst moment of backward, so that the sum equals the traced peak of the backward region
+(``fitcheck.torch_adapters.tracer``: from the logits gradient to the end of ``loss.backward()``). The candidates,
+read off per-op listings of fake-tensor traces of the transformers 5.23 models (``tests/test_backward_phase.py``
+pins them), each written as (live bytes besides states) − (gradients not yet produced):
+
+- HEAD: the LM head's backward. Everything saved by forward is alive, plus the logits gradient cast back to the
+  logits dtype (e·b·s·V, the fp32 one just freed), the head's input gradient (e·b·s·h) and its weight gradient.
+- LAYER i (no checkpointing): saved activations of layers 0..i, plus the working set of layer i's MLP backward:
+  down_proj's input gradient, the gated product's two gradients (3·e·I, minus down_proj's freed input: +2·e·I
+  per token), the residual-stream gradient (r·h) and down_proj's weight gradient; the layers above have
+  produced their gradients. Under autocast the bf16 weight casts of layers 0..i are still held by saved tensors.
+- LAYER i (checkpointing): the checkpointed inputs of layers 0..i, the recomputed layer i (its first norm reads
+  the checkpoint input itself in an fp32 model: not counted twice; the recompute re-creates an int64 position
+  row, 8·s) and the same working set.
+  Both are linear in i, so the worst layer is the top (i = L−1) or the bottom (i = 0) one.
+- END: the embedding's backward: the gradient of the embedding output (r·b·s·h). On CUDA
+  ``embedding_dense_backward`` also holds fp32 partial sums of (b·s/10 + min(b·s, V)) rows of h and four int64
+  index arrays (``aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu``, two-pass path; not traceable on CPU).
+
+With gradient accumulation (micro-step >= 2) every gradient already exists: nothing is subtracted, and the newly
+computed gradient of the head (and of the embedding) is a temporary summed into ``.grad`` in place
+(``torch/csrc/autograd/functions/accumulate_grad.h``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fitcheck.spec import DeviceType, Kind, Role, TrainingSpec
+
+# Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
+_LOSS_SCALARS = 8
+# Families whose MLP backward working set (+2·e·I per token) is pinned by tests/test_backward_phase.py.
+BACKWARD_PINNED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3"})
+
+
+@dataclass(frozen=True)
+class BackwardInputs:
+    """Byte counts of one micro-batch that ``fitcheck.core.activations`` already derives.
+
+    Attributes:
+        layer: Saved bytes of one decoder layer (s² scores included).
+        kept: Everything saved at the end of forward (layers + outside), as ``activations.saved``.
+        ckpt_input: Bytes of one checkpointed layer input (0 without checkpointing).
+        n_ckpt: Number of checkpointed layers.
+        e: Element bytes of activations (2 under bf16/autocast, 4 in fp32).
+        r: Element bytes of the residual stream.
+        autocast: Whether fp32 weights are cast to 16 bits by autocast.
+        half_model: Whether the model itself is 16-bit.
+        end: What ``activations.saved`` keeps in ``Phase.BACKWARD`` (the embedding-output gradient).
+    """
+
+    layer: int
+    kept: int
+    ckpt_input: int
+    n_ckpt: int
+    e: int
+    r: int
+    autocast: bool
+    half_model: bool
+    end: int
+
+
+def _trainable_full(spec: TrainingSpec) -> bool:
+    return spec.lora is None and spec.quant is None and spec.freeze is None
+
+
+def _param_bytes(spec: TrainingSpec) -> int:
+    return spec.precision.load_dtype.nbytes
+
+
+def _layer_grad(spec: TrainingSpec) -> int:
+    if not _trainable_full(spec):
+        return 0
+    return sum(p.numel_each for p in spec.model.params if p.per_layer) * _param_bytes(spec)
+
+
+def _down_proj_numel(spec: TrainingSpec) -> int:
+    """Elements of one layer's MLP output projection (the first weight gradient of a layer's backward)."""
+    sh = spec.model.shape
+    return sh.intermediate_size * sh.hidden_size
+
+
+def _head_and_embedding(spec: TrainingSpec) -> tuple[int, int]:
+    """(LM head weight gradient bytes, untied embedding gradient bytes) of a full fine-tune."""
+    if not _trainable_full(spec):
+        return 0, 0
+    nbytes = _param_bytes(spec)
+    emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING) * nbytes
+    head = sum(p.numel for p in spec.model.params if p.role is Role.LM_HEAD) * nbytes
+    if spec.model.shape.tied_embeddings:
+        return emb, 0  # the head's backward produces the shared tensor's gradient
+    return head, emb
+
+
+def _layer_cast(spec: TrainingSpec) -> int:
+    """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations)."""
+    kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
+    return 2 * sum(p.numel_each for p in spec.model.params if p.per_layer and p.kind in kinds)
+
+
+def cuda_embedding_backward(spec: TrainingSpec) -> int:
+    """Temporaries of CUDA ``embedding_dense_backward`` (two-pass path) for a trained input embedding."""
+    if spec.hardware.device_type is DeviceType.CPU or not _trainable_full(spec):
+        return 0
+    sh = spec.model.shape
+    n = spec.batch.micro_batch * spec.batch.seq_len
+    segments = min(n, sh.vocab_size)
+    partial = n // 10 + segments  # NROWS_PER_THREAD = 10 (EmbeddingBackwardKernel.cu: max_partial_segment)
+    # fp32 (opmath) partial sums + sorted/orig indices, segment_offsets, partials_per_segment(+offset),
+    # partial_segment_offset (int64): Embedding.cu + EmbeddingBackwardKernel.cu
+    return 4 * partial * sh.hidden_size + 8 * (3 * n + 2 * segments + partial)
+
+
+def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> dict[str, int]:
+    """Bytes alive besides parameters, optimizer states and ALL gradients, at each candidate moment.
+
+    Args:
+        spec: The training spec.
+        q: Quantities from ``fitcheck.core.activations``.
+        head_extra: Logits-side bytes alive at the head's backward besides ``kept`` (logits gradient, casts).
+
+    Returns:
+        Moment name (``head``, ``top layer``, ``bottom layer``, ``embedding``) -> bytes (may be negative: a
+        moment when many gradients do not exist yet).
+    """
+    sh = spec.model.shape
+    b, s = spec.batch.micro_batch, spec.batch.seq_len
+    bs, h, L = b * s, sh.hidden_size, sh.num_layers
+    accum = spec.batch.grad_accum > 1
+    g_layer = _layer_grad(spec)
+    g_head, g_emb = _head_and_embedding(spec)
+    g_down = _down_proj_numel(spec) * _param_bytes(spec) if _trainable_full(spec) else 0
+    cast = _layer_cast(spec) if q.autocast else 0
+    cast_down = 2 * _down_proj_numel(spec) if q.autocast else 0
+    work = 2 * q.e * sh.intermediate_size * bs + q.r * h * bs  # MLP input-grad pair net + residual gradient
+    static = _static_outside(spec, q)
+    norms = _gemma_norms(spec)  # (1 + weight) fp32 copies of one layer's norms (Gemma)
+    moments: dict[str, int] = {}
+    # HEAD: everything forward kept + the logits-side tensors; missing: every gradient but the head's
+    missing = 0 if accum else max(0, _all_grads(spec) - g_head)
+    temp_head = g_head if accum else 0  # the new head gradient before it is summed into .grad
+    moments["head"] = q.kept + (L * cast if q.n_ckpt == 0 else 0) + head_extra + q.e * bs * h + temp_head - missing
+    for name, i in (("top layer", L - 1), ("bottom layer", 0)):
+        missing = 0 if accum else (i + 1) * g_layer - g_down + g_emb
+        if q.n_ckpt == 0:
+            live = static + (i + 1) * (q.layer + cast + norms) - cast_down
+        else:
+            shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
+            live = static + (i + 1) * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
+        moments[name] = live + work - missing + _LOSS_SCALARS
+    temp_emb = g_emb if accum else 0
+    moments["embedding"] = q.end + cuda_embedding_backward(spec) + temp_emb + _LOSS_SCALARS
+    return moments
+
+
+def _all_grads(spec: TrainingSpec) -> int:
+    g_head, g_emb = _head_and_embedding(spec)
+    if not _trainable_full(spec):
+        return 0
+    other = sum(p.numel for p in spec.model.params if not p.per_layer and p.role not in (Role.EMBEDDING, Role.LM_HEAD))
+    return spec.model.shape.num_layers * _layer_grad(spec) + g_head + g_emb + other * _param_bytes(spec)
+
+
+def _static_outside(spec: TrainingSpec, q: BackwardInputs) -> int:
+    """Saved bytes outside the layers that outlive the final norm's backward (rotary tables, Gemma norms)."""
+    sh = spec.model.shape
+    s = spec.batch.seq_len
+    rot = max(1, round(sh.head_dim * sh.partial_rotary_factor))
+    return 2 * s * rot * (2 if q.half_model else 4)  # cos/sin (1, s, rot) in the model dtype (trace)
+
+
+def _gemma_norms(spec: TrainingSpec) -> int:
+    """Gemma's per-layer (1 + weight) fp32 copies, saved by each norm (trace: add (h,) fp32)."""
+    fam = spec.model.shape.family
+    if not fam.startswith("gemma"):
+        return 0
+    return 4 * spec.model.shape.hidden_size * (4 if fam == "gemma2" else 2)
+
+
+def backward_transient(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> tuple[int, str]:
+    """Bytes the worst moment of backward holds beyond ``q.end`` and every gradient, and which moment it is.
+
+    Args:
+        spec: The training spec.
+        q: Quantities from ``fitcheck.core.activations``.
+        head_extra: Logits-side bytes alive at the head's backward besides ``q.kept``.
+
+    Returns:
+        (bytes >= 0, moment name).
+    """
+    moments = backward_moments(spec, q, head_extra)
+    name = max(moments, key=lambda k: moments[k])
+    return max(0, moments[name] - q.end), name
