@@ -149,3 +149,18 @@ def test_provenance_is_used_in_messages() -> None:
             inventory=tiny(),
             provenance={"per_device_train_batch_size": "args.yaml:per_device_train_batch_size"},
         )
+
+
+def test_pre_quantized_checkpoint_quantization_wins_and_other_methods_are_reported() -> None:
+    import dataclasses
+
+    bnb = dataclasses.replace(
+        tiny(),
+        quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "fp4"},
+    )
+    spec, _ = spec_from_values({"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, inventory=bnb)
+    assert spec.quant is not None and spec.quant.pre_quantized and spec.quant.quant_type == "fp4"
+    gptq = dataclasses.replace(tiny(), quantization_config={"quant_method": "gptq", "bits": 4})
+    spec, _ = spec_from_values({}, inventory=gptq)
+    assert spec.quant is None
+    assert "quantization-not-modelled" in [f.code for f in spec.findings]

@@ -26,6 +26,7 @@ from fitcheck.core.activations_families import (
     family_logits,
     family_outside_saved,
 )
+from fitcheck.core.activations_backward import BackwardInputs, backward_transient
 from fitcheck.core.activations_qlora import (
     kbit_upcast,
     lora_layer_params,
@@ -77,7 +78,7 @@ def _lora_targets(spec: TrainingSpec) -> frozenset[str]:
     lora = spec.lora
     if lora is None:
         return frozenset()
-    names = (*_ATTN_LINEARS, "o_proj", *_MLP_IN_LINEARS, "down_proj")
+    names = (*_ATTN_LINEARS, "o_proj", *_MLP_IN_LINEARS, "down_proj", "qkv_proj", "gate_up_proj")  # phi3 fused
     if "all-linear" in lora.target_modules:
         return frozenset(names)
     return frozenset(n for n in names if n in lora.target_modules)
@@ -105,8 +106,8 @@ def _norm_saved(shape: ModelShape, m: _Mode, trainable_weight: bool, pre: bool =
 
 
 def _linear_inputs(shape: ModelShape, m: _Mode, full: bool, targets: frozenset[str], lora: LoraSpec | None,
-                   consumers: tuple[str, ...], width: int, fused: bool) -> int:
-    """Bytes per token saved for the linears that read one tensor of ``width`` features."""
+                   consumers: tuple[str, ...], width: int, fused: bool, kept: bool = False) -> int:
+    """Bytes per token saved for the linears that read one tensor of ``width`` features (``kept``: saved anyway)."""
     total = 0
     if full:
         if m.autocast:
@@ -173,7 +174,8 @@ def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
         if fused:
             total += m.e * q  # o_proj input: transpose(1,2).reshape copy (trace: clone)
         s2 = 0
-    total += _linear_inputs(sh, m, False, targets, spec.lora, ("o_proj",), q, False)
+    # o_proj reads the attention output (a view of SDPA's output or the eager/phi3 copy), saved already (trace)
+    total += _linear_inputs(sh, m, False, targets, spec.lora, ("o_proj",), q, False, kept=True)
     total += _mlp_saved(spec, m, full, targets)
     return total, s2
 
@@ -223,6 +225,9 @@ def _outside_saved(spec: TrainingSpec) -> int:
     if spec.lora is not None and not spec.activations.checkpointing:
         # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA)
         total -= (4 * h + 4) * b * s
+        if spec.lora.dropout > 0:
+            # layer 0's q/k/v adapters drop a tensor that needs no gradient: no mask kept (trace: 3 empty_like less)
+            total -= m.dm * h * len(_lora_targets(spec) & {*_ATTN_LINEARS, "qkv_proj"}) * b * s
     return total
 
 
@@ -248,6 +253,15 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
             cast -= 2 * b * s * h  # frozen head: its backward needs the weight cast only (trace "llama qlora")
         bwd += cast
     return fwd, bwd
+
+
+def _head_backward_logits(spec: TrainingSpec, m: _Mode) -> int:
+    """Logits-side bytes at the LM head's backward: the logits gradient in the logits dtype (+ autocast casts)."""
+    b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, spec.model.shape.vocab_size, spec.model.shape.hidden_size
+    total = m.e * b * s * v  # grad of .float(): cast back to the bf16 logits (fp32 model: the fp32 gradient)
+    if m.autocast:
+        total += 2 * v * h + (0 if qlora_frozen_head(spec) else 2 * b * s * h)  # head weight/input casts
+    return total
 
 
 def _grad_bytes(spec: TrainingSpec, per_layer: bool) -> int:
@@ -287,9 +301,11 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     kept += _outside_saved(spec)
     fwd_logits, bwd_logits = _logits(spec)
     end = m.r * sh.hidden_size * b * s if (spec.lora is None or act.checkpointing) else 0
-    recompute = 0
+    # worst moment during backward besides every gradient (activations_backward.py, tests/test_backward_phase.py)
+    bq = BackwardInputs(layer + scores, kept, m.r * sh.hidden_size * b * s if n_ckpt else 0, n_ckpt, m.e, m.r,
+                        m.autocast, m.half_model, end)
+    recompute, moment = backward_transient(spec, bq, _head_backward_logits(spec, m))
     if n_ckpt:
-        recompute = max(0, layer + scores - _grad_bytes(spec, True) - _grad_bytes(spec, False))
         if qlora_formula_applies(spec):  # peak in the first recomputed layer: every checkpoint still held
             end, recompute = kept, layer + scores + qlora_backward_working_set(spec) * b * s
     ids = b * s * 8
@@ -301,7 +317,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
             Location.DEVICE,
             {Phase.FORWARD_END: kept, Phase.BACKWARD_START: kept, Phase.BACKWARD: end + recompute},
             _TRACE,
-            detail + (f" + {n_ckpt} checkpointed layer inputs" if n_ckpt else ""),
+            detail + (f" + {n_ckpt} checkpointed layer inputs" if n_ckpt else "")
+            + (f"; during backward: worst at the {moment}" if moment else ""),
         ),
         Component(
             "logits.loss",
@@ -313,19 +330,35 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         ),
         Component.persistent("inputs.ids", Category.ACTIVATIONS, ids, _TRACE, "input ids int64"),
     ]
-    if m.autocast:
-        cache = _autocast_cache(spec)
+    if m.autocast or (m.amp and spec.lora is not None):
+        cache, cache_bwd = _autocast_cache_phases(spec, m)
         comps.append(
             Component(
                 "activations.autocast_weight_cache",
                 Category.ACTIVATIONS,
                 Location.DEVICE,
-                {Phase.FORWARD_END: cache, Phase.BACKWARD_START: qlora_cache_after_forward(spec, cache)},
+                {Phase.FORWARD_END: cache, Phase.BACKWARD_START: cache_bwd},
                 _TRACE + "; torch autocast caches 16-bit casts of fp32 leaf weights until backward",
                 "+2 B per layer weight cast to 16-bit under autocast",
             )
         )
     return tuple(comps)
+
+
+def _autocast_cache_phases(spec: TrainingSpec, m: _Mode) -> tuple[int, int]:
+    """16-bit weight casts alive at the end of forward and at the start of backward."""
+    cache = _autocast_cache(spec)
+    if spec.lora is None or spec.quant is not None:
+        return cache, qlora_cache_after_forward(spec, cache)
+    # LoRA: autocast caches the casts of the fp32 adapters (leaves needing a gradient) until it exits; the frozen
+    # fp32 base weights' casts are not cached, only saved by F.linear; a checkpointed layer saves neither
+    # (trace "llama lora autocast": _to_copy (r, h) bf16 per adapter, (out, in) bf16 per base linear)
+    adapters = 2 * lora_layer_params(spec)
+    base = 0 if m.half_model else cache
+    layers = spec.model.shape.num_layers
+    act = spec.activations
+    keep = layers - math.ceil(layers / max(1, act.checkpoint_every_n_layers)) if act.checkpointing else layers
+    return adapters + base * keep // layers, (adapters + base) * keep // layers
 
 
 def _autocast_cache(spec: TrainingSpec) -> int:

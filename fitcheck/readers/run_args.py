@@ -256,6 +256,23 @@ def _quant(values: Mapping[str, object], load: Dtype, prov: Mapping[str, str]) -
         raise ConfigError(f"quantization settings: {exc}") from None
 
 
+def _pre_quantized(inventory: ModelInventory) -> QuantSpec | Finding | None:
+    """A ``quantization_config`` already in config.json: the checkpoint's own quantization wins.
+
+    transformers loads a pre-quantized checkpoint with the quantization stored in it (a
+    ``quantization_config`` passed to ``from_pretrained`` is merged into, not instead of, the checkpoint's;
+    transformers/quantizers/auto.py ``merge_quantization_configs``). Methods other than bitsandbytes come
+    back as a "not modelled" finding, never as a silent 16-bit estimate.
+    """
+    if inventory.quantization_config is None:
+        return None
+    from fitcheck.readers.quantization_config import quant_from_model_config
+
+    return quant_from_model_config(
+        {"quantization_config": inventory.quantization_config}, source=f"{inventory.model_id} config.json"
+    )
+
+
 def _hardware(values: Mapping[str, object], prov: Mapping[str, str]) -> tuple[HardwareSpec, list[str]]:
     from fitcheck.catalog.gpus import lookup_gpu  # data lookup, pure
 
@@ -378,6 +395,12 @@ def spec_from_values(
         freeze = FreezeSpec(
             trainable=trainable or ("*",), trainable_layers=tuple(int(x) for x in layers) if layers else None
         )
+    quant = _quant(vals, load, prov)
+    pre = _pre_quantized(inventory)
+    if isinstance(pre, QuantSpec):
+        quant = pre
+    elif pre is not None:
+        extra.append(pre)
     spec = TrainingSpec(
         model=inventory,
         precision=PrecisionSpec(load_dtype=load, mixed_precision=mixed),
@@ -391,7 +414,7 @@ def spec_from_values(
         sharding=sharding,
         hardware=hardware,
         lora=_lora(vals, inventory, prov),
-        quant=_quant(vals, load, prov),
+        quant=quant,
         freeze=freeze,
         provenance=prov,
         findings=tuple(extra),
