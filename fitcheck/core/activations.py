@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fitcheck.core.activations_backward import BackwardInputs, backward_findings, backward_transient
 from fitcheck.core.activations_families import (
     FAMILY_FORMULAS,
     family_findings_text,
@@ -26,7 +27,7 @@ from fitcheck.core.activations_families import (
     family_logits,
     family_outside_saved,
 )
-from fitcheck.core.activations_backward import BackwardInputs, backward_transient
+from fitcheck.core.activations_lora import dora_fixed, dora_module_pending, dora_per_token, dora_transient
 from fitcheck.core.activations_qlora import (
     kbit_upcast,
     lora_layer_params,
@@ -78,7 +79,9 @@ def _lora_targets(spec: TrainingSpec) -> frozenset[str]:
     lora = spec.lora
     if lora is None:
         return frozenset()
-    names = (*_ATTN_LINEARS, "o_proj", *_MLP_IN_LINEARS, "down_proj", "qkv_proj", "gate_up_proj")  # phi3 fused
+    names: tuple[str, ...] = (*_ATTN_LINEARS, "o_proj", *_MLP_IN_LINEARS, "down_proj")
+    if spec.model.shape.family == "phi3":
+        names = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # modeling_phi3.py: fused linears
     if "all-linear" in lora.target_modules:
         return frozenset(names)
     return frozenset(n for n in names if n in lora.target_modules)
@@ -99,10 +102,12 @@ def _norm_saved(shape: ModelShape, m: _Mode, trainable_weight: bool, pre: bool =
     if m.half_model:
         # x.to(fp32) 4h + rsqrt 4 (+ normed.to(bf16) 2h kept for the weight gradient; Gemma keeps x*rsqrt fp32 4h)
         if gemma:
-            return 4 * h + 4 + 4 * h  # x.float(), rsqrt, x*rsqrt fp32; the type_as output is the next input
+            # x.float(), rsqrt, x*rsqrt fp32 (kept by `* (1 + weight.float())` only for a trained weight:
+            # trace "gemma lora"); the type_as output is the next input
+            return 4 * h + 4 + (4 * h if trainable_weight else 0)
         return 4 * h + 4 + (2 * h if trainable_weight else 0)
     # fp32 weights (with or without autocast): the input itself 4h, rsqrt 4, x*rsqrt 4h (weight gradient)
-    return 4 * h + 4 + (4 * h if trainable_weight or gemma else 0)
+    return 4 * h + 4 + (4 * h if trainable_weight else 0)
 
 
 def _linear_inputs(shape: ModelShape, m: _Mode, full: bool, targets: frozenset[str], lora: LoraSpec | None,
@@ -120,6 +125,20 @@ def _linear_inputs(shape: ModelShape, m: _Mode, full: bool, targets: frozenset[s
         if lora.dropout == 0 and not (m.amp or m.half_model or full or kept):
             total += 4 * width  # fp32 model: the adapters read the input itself, once (trace: mul, norm output)
     return total
+
+
+def _experts_adapted(spec: TrainingSpec) -> bool:
+    """Whether LoRA wraps the fused MoE expert tensors (peft ``target_parameters``)."""
+    from fitcheck.core.lora import plan_lora
+    from fitcheck.spec import Kind
+
+    return spec.lora is not None and any(t.entry.kind is Kind.FUSED_EXPERTS for t in plan_lora(spec).targets)
+
+
+def _reads_input_itself(spec: TrainingSpec, m: _Mode, targets: frozenset[str], name: str) -> bool:
+    """Whether the LoRA adapter on ``name`` saves its input tensor itself (fp32 model, no dropout, no autocast)."""
+    lora = spec.lora
+    return name in targets and lora is not None and lora.dropout == 0 and not (m.amp or m.half_model)
 
 
 def _adapter_input(m: _Mode, lora: LoraSpec, width: int) -> int:
@@ -160,10 +179,13 @@ def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
         total += m.e * (q + 2 * kv)  # fused qkv output kept (v is a view of it; trace phi3: mm (b·s, q+2kv))
     else:
         total += _linear_inputs(sh, m, full, targets, spec.lora, _ATTN_LINEARS, h, False)
+    # the o_proj input copy (eager transpose(1,2).contiguous(), phi3 SDPA reshape) lives only if o_proj's weight
+    # or its fp32 lora_A reads it: a dropout or 16-bit adapter input is a new tensor (trace "llama lora eager")
+    o_copy = q if full or _reads_input_itself(spec, m, targets, "o_proj") else 0
     if eager:
         # q, repeat_kv clones of K and V, transpose(1,2).contiguous() of the output (trace: clone ops);
         # phi3 without GQA: repeat_kv is the identity, K is the rotary cat and V a view of the fused qkv output
-        total += m.e * 4 * q if not (fused and kv == q) else m.e * (2 * q + kv)
+        total += m.e * (3 * q + o_copy) if not (fused and kv == q) else m.e * (q + kv + o_copy)
         s2 = 4 * a + (2 * a if m.e == 2 else 0)  # fp32 softmax + its 16-bit cast
         if sh.family == "gemma2":
             s2 += m.e * a  # tanh of the soft-capped scores
@@ -172,11 +194,12 @@ def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
         kv_saved = 2 * kv if not fused else kv  # k after rotary + v (phi3: v is a view of qkv)
         total += m.e * (q + kv_saved) + m.e * q + 4 * a  # rotary q, k, v, SDPA out + logsumexp fp32
         if fused:
-            total += m.e * q  # o_proj input: transpose(1,2).reshape copy (trace: clone)
+            total += m.e * o_copy  # o_proj input: transpose(1,2).reshape copy (trace: clone)
         s2 = 0
     # o_proj reads the attention output (a view of SDPA's output or the eager/phi3 copy), saved already (trace)
     total += _linear_inputs(sh, m, False, targets, spec.lora, ("o_proj",), q, False, kept=True)
     total += _mlp_saved(spec, m, full, targets)
+    total += dora_per_token(spec, m.e, m.amp)  # DoRA: base and LoRA outputs per wrapped linear (activations_lora)
     return total, s2
 
 
@@ -188,7 +211,10 @@ def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]
         # trace "mixtral bf16": router softmax fp32 (4E) + top-k ids/weights/sort/perm (40k) + sum (4)
         # + per routed copy: permuted input h, gate_up 2I, silu I, product I, down output h
         router_in = m.e * h if full else 0  # the trained router keeps its input (the norm output)
-        return router_in + 4 * n_exp + 40 * k + 4 + m.e * k * (2 * h + 4 * inter)
+        routed = 2 * h + 4 * inter
+        if not full and not _experts_adapted(spec):
+            routed = h + 3 * inter  # frozen experts keep no permuted input nor product (trace "mixtral lora")
+        return router_in + 4 * n_exp + 40 * k + 4 + m.e * k * routed
     fused = sh.family == "phi3"
     total = _linear_inputs(sh, m, full, targets, spec.lora, ("gate_up_proj",) if fused else _MLP_IN_LINEARS, h, fused)
     total += 3 * m.e * inter  # gate out, up out, act(gate) out (trace: mm, mm, silu/gelu)
@@ -218,8 +244,10 @@ def _outside_saved(spec: TrainingSpec) -> int:
     if sh.family.startswith("gemma"):
         norms = 4 if sh.family == "gemma2" else 2
         total += 4 * h * (norms * sh.num_layers + 1)  # (1 + weight) in fp32 per norm (trace: add (h,) fp32)
-    if _attn_impl(spec) is AttnImpl.EAGER:
-        total += b * s * s * (2 if m.half_model else 4)  # 4-D additive causal mask (b, 1, s, s), model dtype
+    if _attn_impl(spec) is AttnImpl.EAGER and spec.activations.checkpointing:
+        # 4-D additive causal mask (b, 1, s, s), model dtype: no op saves it, so it outlives the decoder forward
+        # only as an argument every checkpointed layer holds (trace "llama eager": absent without checkpointing)
+        total += b * s * s * (2 if m.half_model else 4)
     if sh.num_experts:
         total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
     if spec.lora is not None and not spec.activations.checkpointing:
@@ -251,6 +279,11 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
         fwd += cast + 4 * b * s * h  # + the fp32 final-norm output, freed once cast
         if qlora_frozen_head(spec):
             cast -= 2 * b * s * h  # frozen head: its backward needs the weight cast only (trace "llama qlora")
+        if spec.lora is not None and spec.quant is None and "lm_head" not in spec.lora.modules_to_save:
+            # LoRA, fp32 frozen head: the held norm output is the fp32 one counted above, and the input cast is
+            # not saved: at the loss only it and the weight cast live (trace "llama fp32 lora autocast")
+            cast -= 2 * b * s * h
+            fwd -= m.e * b * s * h + 2 * b * s * h
         bwd += cast
     return fwd, bwd
 
@@ -305,9 +338,9 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     bq = BackwardInputs(layer + scores, kept, m.r * sh.hidden_size * b * s if n_ckpt else 0, n_ckpt, m.e, m.r,
                         m.autocast, m.half_model, end)
     recompute, moment = backward_transient(spec, bq, _head_backward_logits(spec, m))
-    if n_ckpt:
-        if qlora_formula_applies(spec):  # peak in the first recomputed layer: every checkpoint still held
-            end, recompute = kept, layer + scores + qlora_backward_working_set(spec) * b * s
+    if n_ckpt and qlora_formula_applies(spec):  # peak in the first recomputed layer: every checkpoint still held
+        end, recompute = kept, layer + scores + qlora_backward_working_set(spec) * b * s
+        moment = "first recomputed layer"
     ids = b * s * 8
     detail = f"{per_token} B/token/layer x {b}x{s} tokens x {layers - n_ckpt} layers"
     comps = [
@@ -330,6 +363,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         ),
         Component.persistent("inputs.ids", Category.ACTIVATIONS, ids, _TRACE, "input ids int64"),
     ]
+    if spec.lora is not None and spec.lora.use_dora and not spec.quant:
+        comps.append(_dora_component(spec, m, layers - n_ckpt, kept, fwd_logits))
     if m.autocast or (m.amp and spec.lora is not None):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
         comps.append(
@@ -345,8 +380,34 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     return tuple(comps)
 
 
+def _dora_component(spec: TrainingSpec, m: _Mode, kept_layers: int, saved: int, fwd_logits: int) -> Component:
+    """DoRA's norm vectors and weight copies, and its per-forward weight-norm transient (activations_lora.py)."""
+    fixed = dora_fixed(spec, m.half_model, m.amp, kept_layers)
+    sh, lora = spec.model.shape, spec.lora
+    tokens = spec.batch.micro_batch * spec.batch.seq_len
+    # get_weight_norm of the last layer's largest module (down_proj) runs with every earlier saved tensor alive,
+    # the final norm not run yet, and the embedding output, the residual and the MLP input held (trace "llama
+    # dora", forward peak); the loss peak is the alternative
+    mlp_in_saved = lora is not None and lora.dropout == 0 and not (m.amp or m.half_model)
+    held = (2 + (0 if mlp_in_saved else 1)) * m.r * sh.hidden_size - _norm_saved(sh, m, False)
+    held -= dora_module_pending(spec, m.e, m.amp, m.half_model)
+    transient, _ = dora_transient(spec, m.half_model, m.amp)
+    excess = max(0, transient + held * tokens - fwd_logits)
+    return Component(
+        "activations.dora",
+        Category.ACTIVATIONS,
+        Location.DEVICE,
+        {Phase.FORWARD_END: fixed + excess, Phase.BACKWARD_START: fixed},
+        _TRACE + "; peft tuners/lora/dora.py DoraLinearLayer.forward / get_weight_norm",
+        "DoRA weight norms (+ weight copies with dropout); forward: W + s·BA built in fp32 per wrapped linear",
+    )
+
+
 def _autocast_cache_phases(spec: TrainingSpec, m: _Mode) -> tuple[int, int]:
     """16-bit weight casts alive at the end of forward and at the start of backward."""
+    from fitcheck.core.lora import plan_lora
+    from fitcheck.spec import Kind
+
     cache = _autocast_cache(spec)
     if spec.lora is None or spec.quant is not None:
         return cache, qlora_cache_after_forward(spec, cache)
@@ -358,7 +419,18 @@ def _autocast_cache_phases(spec: TrainingSpec, m: _Mode) -> tuple[int, int]:
     layers = spec.model.shape.num_layers
     act = spec.activations
     keep = layers - math.ceil(layers / max(1, act.checkpoint_every_n_layers)) if act.checkpointing else layers
-    return adapters + base * keep // layers, (adapters + base) * keep // layers
+    fwd, bwd = adapters + base * keep // layers, (adapters + base) * keep // layers
+    if not act.checkpointing:
+        # layer 0's q/k/v input needs no gradient: F.linear saves neither their base casts nor their lora_A
+        # casts, which die when autocast clears its cache (trace "llama lora autocast", 1 layer)
+        first = {*_ATTN_LINEARS, "qkv_proj"}
+        base0 = 0 if m.half_model else 2 * sum(
+            p.numel_each for p in spec.model.params if p.per_layer and p.module in first and p.kind is Kind.LINEAR
+        )
+        lora_a0 = 2 * sum(math.prod(t.lora_a_shape) for t in plan_lora(spec).targets
+                          if t.entry.per_layer and t.entry.module in first)
+        fwd, bwd = fwd - base0, bwd - base0 - lora_a0
+    return fwd, bwd
 
 
 def _autocast_cache(spec: TrainingSpec) -> int:
@@ -403,6 +475,8 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 "run `fitcheck estimate --trace` for a measured number (4-bit bases are traced on an emulated base)",
             )
         )
+    if not qlora_formula_applies(spec):  # QLoRA's backward working set: activations_qlora.py
+        out.extend(backward_findings(spec))
     if fam in _EAGER_ONLY and spec.activations.attn_implementation is AttnImpl.SDPA:
         out.append(
             Finding(

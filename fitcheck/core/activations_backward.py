@@ -23,13 +23,21 @@ pins them), each written as (live bytes besides states) − (gradients not yet p
 With gradient accumulation (micro-step >= 2) every gradient already exists: nothing is subtracted, and the newly
 computed gradient of the head (and of the embedding) is a temporary summed into ``.grad`` in place
 (``torch/csrc/autograd/functions/accumulate_grad.h``).
+
+Gradient clipping (``TrainingArguments.max_grad_norm`` 1.0: ``Trainer._clip_grad_norm`` ->
+``accelerate.Accelerator.clip_grad_norm_`` -> ``torch.nn.utils.clip_grad_norm_``) runs after backward, before
+``optimizer.step()``: one 0-dim norm per gradient tensor + their ``stack`` + the total, then ``_foreach_mul_`` in
+place. Traced: (2n + 1)·e bytes for n gradient tensors (86 B for a 21-tensor bf16 llama), all freed before the
+step; on CUDA each 0-dim tensor takes a 512 B allocator block (~(n + 2)·512 B: 150 KB for Llama-3-8B's 291
+tensors). That is below any optimizer step's own temporaries, so it adds no component here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.spec import DeviceType, Kind, Role, TrainingSpec
+from fitcheck.findings import Finding, Severity
+from fitcheck.spec import AttnImpl, DeviceType, Kind, Role, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
 _LOSS_SCALARS = 8
@@ -136,14 +144,18 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     g_down = _down_proj_numel(spec) * _param_bytes(spec) if _trainable_full(spec) else 0
     cast = _layer_cast(spec) if q.autocast else 0
     cast_down = 2 * _down_proj_numel(spec) if q.autocast else 0
-    work = 2 * q.e * sh.intermediate_size * bs + q.r * h * bs  # MLP input-grad pair net + residual gradient
+    # gated MLP: down_proj input gradient + the product's two gradients - down_proj's freed input (+2·e·I);
+    # a plain MLP (GPT-2 traced: fc input gradient replaces the freed fc output) nets 0; + the residual gradient
+    gated = sh.mlp_activation == "swiglu"
+    work = (2 * q.e * sh.intermediate_size * bs if gated else 0) + q.r * h * bs
     static = _static_outside(spec, q)
     norms = _gemma_norms(spec)  # (1 + weight) fp32 copies of one layer's norms (Gemma)
     moments: dict[str, int] = {}
-    # HEAD: everything forward kept + the logits-side tensors; missing: every gradient but the head's
-    missing = 0 if accum else max(0, _all_grads(spec) - g_head)
-    temp_head = g_head if accum else 0  # the new head gradient before it is summed into .grad
-    moments["head"] = q.kept + (L * cast if q.n_ckpt == 0 else 0) + head_extra + q.e * bs * h + temp_head - missing
+    # HEAD: everything forward kept + the logits-side tensors + the head's new weight gradient (under autocast
+    # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
+    head_grad = 2 * g_head // _param_bytes(spec) if q.autocast else g_head
+    missing = 0 if accum else _all_grads(spec)
+    moments["head"] = q.kept + (L * cast if q.n_ckpt == 0 else 0) + head_extra + q.e * bs * h + head_grad - missing
     for name, i in (("top layer", L - 1), ("bottom layer", 0)):
         missing = 0 if accum else (i + 1) * g_layer - g_down + g_emb
         if q.n_ckpt == 0:
@@ -195,3 +207,25 @@ def backward_transient(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -
     moments = backward_moments(spec, q, head_extra)
     name = max(moments, key=lambda k: moments[k])
     return max(0, moments[name] - q.end), name
+
+
+def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
+    """An INFO finding where the during-backward working set is not pinned to a trace for this config."""
+    sh = spec.model.shape
+    why = ""
+    if sh.family not in BACKWARD_PINNED or sh.num_experts:
+        why = f"model_type {sh.family!r}"
+    elif spec.activations.attn_implementation is AttnImpl.EAGER:
+        why = "eager attention (its softmax backward, not the MLP's, sets the layer's working set)"
+    elif spec.lora is not None or spec.quant is not None:
+        why = "LoRA/quantized bases (adapter input casts in the recomputed layer)"
+    if not why:
+        return ()
+    return (
+        Finding(
+            "activations-not-pinned",
+            Severity.INFO,
+            f"the peak during backward uses the Llama-recipe MLP working set; not pinned to a trace for {why}",
+            "run `fitcheck estimate --trace` for a measured number",
+        ),
+    )
