@@ -177,7 +177,7 @@ def test_cuda_embedding_backward_temporaries() -> None:
 def test_unpinned_backward_configs_say_so() -> None:
     cfg = FAMILIES["llama"]
     eager = _spec(cfg, 256, 4, "bfloat16", "no", False, attn="eager")
-    codes = [f.message for f in activation_findings(eager) if f.code == "activations-not-pinned"]
+    codes = [f.message for f in activation_findings(eager) if f.code == "backward-not-pinned"]
     assert any("during backward" in m for m in codes)
     plain = _spec(cfg, 256, 4, "bfloat16", "no", True)
     assert not any("during backward" in f.message for f in activation_findings(plain))

@@ -27,7 +27,7 @@ from fitcheck.core.activations_families import (
     family_logits,
     family_outside_saved,
 )
-from fitcheck.core.activations_lora import dora_fixed, dora_module_pending, dora_per_token, dora_transient
+from fitcheck.core.activations_lora import DoraMode, dora_per_token, dora_phases, lora_extras_unpinned
 from fitcheck.core.activations_qlora import (
     kbit_upcast,
     lora_layer_params,
@@ -199,7 +199,7 @@ def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
     # o_proj reads the attention output (a view of SDPA's output or the eager/phi3 copy), saved already (trace)
     total += _linear_inputs(sh, m, False, targets, spec.lora, ("o_proj",), q, False, kept=True)
     total += _mlp_saved(spec, m, full, targets)
-    total += dora_per_token(spec, m.e, m.amp)  # DoRA: base and LoRA outputs per wrapped linear (activations_lora)
+    total += dora_per_token(spec, m.e, m.amp, m.half_model)  # DoRA: base and LoRA outputs (activations_lora)
     return total, s2
 
 
@@ -274,6 +274,11 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
         fwd += m.e * b * s * h  # final-norm output, held by the CausalLM forward during the loss, not saved
     # start of backward: log_softmax output + its gradient + the fp32 logits gradient (trace: 12·b·s·V + 8)
     bwd = 12 * bsv + 8
+    # configuration_gemma2.py: final_logit_softcapping defaults to 30.0 (None turns it off)
+    if spec.model.config.get("final_logit_softcapping", 30.0 if sh.family == "gemma2" else None):
+        # Gemma-2: logits = tanh(logits / cap) * cap; tanh keeps its output, logits-dtype (trace "gemma2 eager":
+        # +2·b·s·V at both phases, modeling_gemma2.py Gemma2ForCausalLM.forward)
+        fwd, bwd = fwd + m.e * bsv, bwd + m.e * bsv
     if m.autocast:
         cast = 2 * v * h + 2 * b * s * h  # bf16 casts of the LM head weight and input, kept until its backward
         fwd += cast + 4 * b * s * h  # + the fp32 final-norm output, freed once cast
@@ -364,7 +369,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         Component.persistent("inputs.ids", Category.ACTIVATIONS, ids, _TRACE, "input ids int64"),
     ]
     if spec.lora is not None and spec.lora.use_dora and not spec.quant:
-        comps.append(_dora_component(spec, m, layers - n_ckpt, kept, fwd_logits))
+        comps.append(_dora_component(spec, m, layers - n_ckpt, fwd_logits))
     if m.autocast or (m.amp and spec.lora is not None):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
         comps.append(
@@ -380,19 +385,11 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     return tuple(comps)
 
 
-def _dora_component(spec: TrainingSpec, m: _Mode, kept_layers: int, saved: int, fwd_logits: int) -> Component:
+def _dora_component(spec: TrainingSpec, m: _Mode, kept_layers: int, fwd_logits: int) -> Component:
     """DoRA's norm vectors and weight copies, and its per-forward weight-norm transient (activations_lora.py)."""
-    fixed = dora_fixed(spec, m.half_model, m.amp, kept_layers)
-    sh, lora = spec.model.shape, spec.lora
-    tokens = spec.batch.micro_batch * spec.batch.seq_len
-    # get_weight_norm of the last layer's largest module (down_proj) runs with every earlier saved tensor alive,
-    # the final norm not run yet, and the embedding output, the residual and the MLP input held (trace "llama
-    # dora", forward peak); the loss peak is the alternative
-    mlp_in_saved = lora is not None and lora.dropout == 0 and not (m.amp or m.half_model)
-    held = (2 + (0 if mlp_in_saved else 1)) * m.r * sh.hidden_size - _norm_saved(sh, m, False)
-    held -= dora_module_pending(spec, m.e, m.amp, m.half_model)
-    transient, _ = dora_transient(spec, m.half_model, m.amp)
-    excess = max(0, transient + held * tokens - fwd_logits)
+    sh = spec.model.shape
+    fixed, excess = dora_phases(spec, DoraMode(m.e, m.r, m.half_model, m.amp), _norm_saved(sh, m, False),
+                                kept_layers, fwd_logits)
     return Component(
         "activations.dora",
         Category.ACTIVATIONS,
@@ -414,7 +411,8 @@ def _autocast_cache_phases(spec: TrainingSpec, m: _Mode) -> tuple[int, int]:
     # LoRA: autocast caches the casts of the fp32 adapters (leaves needing a gradient) until it exits; the frozen
     # fp32 base weights' casts are not cached, only saved by F.linear; a checkpointed layer saves neither
     # (trace "llama lora autocast": _to_copy (r, h) bf16 per adapter, (out, in) bf16 per base linear)
-    adapters = 2 * lora_layer_params(spec)
+    magnitude = sum(t.magnitude * t.layers for t in plan_lora(spec).targets if t.entry.per_layer)
+    adapters = 2 * (lora_layer_params(spec) - magnitude)  # DoRA's magnitude feeds a div: never cast (trace)
     base = 0 if m.half_model else cache
     layers = spec.model.shape.num_layers
     act = spec.activations
@@ -460,18 +458,18 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     why = family_findings_text(spec) if fam in FAMILY_FORMULAS else None
     if why:
         out.append(Finding("activations-not-pinned", Severity.INFO, why, "run `fitcheck estimate --trace`"))
-    lora_unpinned = spec.lora is not None and (spec.lora.dropout > 0 or spec.lora.use_dora)
-    if qlora_formula_applies(spec):
-        lora_unpinned = False  # QLoRA layer traced with and without dropout (activations_qlora.py)
-    elif spec.quant is not None:
-        lora_unpinned = True  # 8-bit, no k-bit preparation, DoRA or an untraced family on a quantized base
-    if lora_unpinned:
+    # LoRA dropout, DoRA, fp32/autocast adapters: pinned for the Llama-like families (tests/
+    # test_activations_lora_extras.py); what is left is listed by lora_extras_unpinned
+    extras = lora_extras_unpinned(spec, fam in FAMILY_FORMULAS) if spec.quant is None else None
+    if extras:
+        out.append(Finding("activations-not-pinned", Severity.INFO, extras, "run `fitcheck estimate --trace`"))
+    lora_unpinned = spec.quant is not None and not qlora_formula_applies(spec)  # QLoRA: activations_qlora.py
+    if lora_unpinned:  # 8-bit, no k-bit preparation, DoRA or an untraced family on a quantized base
         out.append(
             Finding(
                 "activations-not-pinned",
                 Severity.INFO,
-                "activations of this quantized base / LoRA dropout / DoRA use the LoRA recipe; traces differ by up "
-                "to ~6 %",
+                "activations of this quantized base use the LoRA recipe; traces differ by up to ~6 %",
                 "run `fitcheck estimate --trace` for a measured number (4-bit bases are traced on an emulated base)",
             )
         )

@@ -223,7 +223,7 @@ def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         return ()
     return (
         Finding(
-            "activations-not-pinned",
+            "backward-not-pinned",
             Severity.INFO,
             f"the peak during backward uses the Llama-recipe MLP working set; not pinned to a trace for {why}",
             "run `fitcheck estimate --trace` for a measured number",

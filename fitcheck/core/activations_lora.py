@@ -36,6 +36,18 @@ class _Wrapped:
     r: int
     layers: int
     first: bool
+    bias: bool
+
+
+@dataclass(frozen=True)
+class DoraMode:
+    """How the model runs (``fitcheck.core.activations._Mode``): element bytes of the linears' inputs/outputs (e)
+    and of the residual stream (r), 16-bit weights, autocast."""
+
+    e: int
+    r: int
+    half: bool
+    amp: bool
 
 
 def _wrapped(spec: TrainingSpec) -> tuple[_Wrapped, ...]:
@@ -44,21 +56,24 @@ def _wrapped(spec: TrainingSpec) -> tuple[_Wrapped, ...]:
     lora = spec.lora
     if lora is None or not lora.use_dora:
         return ()
+    biased = {p.module for p in spec.model.params if p.kind is Kind.BIAS and p.per_layer}
     out = []
     for t in plan_lora(spec).targets:
         e = t.entry
         if e.per_layer and e.kind is Kind.LINEAR and not t.via_param_wrapper:
-            out.append(_Wrapped(e.in_features, e.out_features, t.rank, t.layers, e.module in _FIRST))
+            first, bias = e.module in _FIRST, e.module in biased
+            out.append(_Wrapped(e.in_features, e.out_features, t.rank, t.layers, first, bias))
     return tuple(out)
 
 
-def dora_per_token(spec: TrainingSpec, e: int, amp: bool) -> int:
+def dora_per_token(spec: TrainingSpec, e: int, amp: bool, half: bool) -> int:
     """Bytes per token per decoder layer DoRA saves besides plain LoRA (the base and LoRA outputs).
 
     Args:
         spec: The training spec (DoRA when ``spec.lora.use_dora``).
         e: Element bytes of the base linears' outputs (model dtype, 2 under autocast).
         amp: Autocast on.
+        half: 16-bit model weights.
 
     Returns:
         Bytes per token of one layer (0 without DoRA).
@@ -69,7 +84,9 @@ def dora_per_token(spec: TrainingSpec, e: int, amp: bool) -> int:
     lo = 2 if amp else 4  # lora_B output: fp32, or 16-bit under autocast (trace: mm (b·s, o))
     base = e if lora.dropout == 0 else lo  # the recomputed base output takes the fp32 input's dtype
     layers = max(1, spec.model.shape.num_layers)
-    return sum((base + lo) * w.o * w.layers for w in _wrapped(spec)) // layers
+    # ``base_result - bias`` (peft, biased linears, no dropout): an fp32 bias promotes a 16-bit autocast output
+    promoted = 4 if amp and not half and lora.dropout == 0 else base
+    return sum(((promoted if w.bias else base) + lo) * w.o * w.layers for w in _wrapped(spec)) // layers
 
 
 def _weight_copy(half: bool, amp: bool, drop: bool) -> int:
@@ -107,7 +124,7 @@ def dora_fixed(spec: TrainingSpec, half: bool, amp: bool, kept_layers: int) -> i
     return total
 
 
-def dora_transient(spec: TrainingSpec, half: bool, amp: bool) -> tuple[int, int]:
+def dora_transient(spec: TrainingSpec, half: bool, amp: bool, ckpt: bool = False) -> tuple[int, int]:
     """The ``get_weight_norm`` peak of the largest wrapped linear, and that module's input width.
 
     Args:
@@ -124,12 +141,19 @@ def dora_transient(spec: TrainingSpec, half: bool, amp: bool) -> tuple[int, int]
         # eye(i), lora_A(eye), the LoRA weight (fp32; autocast: .to(fp32) of its 16-bit output), s·ΔW,
         # W + s·ΔW, + the fp32 copy of a 16-bit W (trace: eye, mm, _to_copy, mul, add)
         wcopy = 4 * p if half else 0
-        t = 2 * i * i + 2 * i * w.r + 12 * p + wcopy if amp else 4 * i * i + 4 * i * w.r + 12 * p + wcopy
+        # inside a checkpointed layer lora_A saves nothing: eye (or its cast) dies with get_lora_weight
+        eye = 0 if ckpt else (2 if amp else 4) * i * i
+        t = eye + 2 * i * w.r + 12 * p + wcopy if amp else eye + 4 * i * w.r + 12 * p + wcopy
         if amp:
-            t = max(t, 6 * i * i)  # eye and its 16-bit cast, both alive inside lora_A
+            # in get_lora_weight: eye, its 16-bit cast (saved unless checkpointed), lora_A/B outputs (trace)
+            inner = max(6 * i * i, (4 if ckpt else 6) * i * i + 2 * p) + 2 * i * w.r
+            t = max(t, inner)
+        elif ckpt:
+            t = max(t, 4 * i * i + 4 * i * w.r + 4 * p)  # in get_lora_weight: eye, lora_A/B outputs (trace)
         # less this module's own norm vectors and weight copy, counted by dora_fixed but made after the peak
         lora = spec.lora
-        t -= 12 * w.o + _weight_copy(half, amp, lora is not None and lora.dropout > 0) * p
+        if not ckpt:
+            t -= 12 * w.o + _weight_copy(half, amp, lora is not None and lora.dropout > 0) * p
         if t > best:
             best, width = t, i
     return best, width
@@ -159,13 +183,79 @@ def dora_module_pending(spec: TrainingSpec, e: int, amp: bool, half: bool) -> in
     drop = lora.dropout > 0
     lo = 2 if amp else 4
     pending = lo * (mod.r + mod.o) + (lo * mod.o if drop else 0)  # lora_A, lora_B (+ recomputed base) outputs
-    if amp and not drop:
+    held = e * mod.o if drop else 0  # the base output, alive until the sum (a recomputed one is saved instead)
+    if amp:
         pending += 2 * mod.i  # lora_A's 16-bit input cast comes after the norm
-    held = 0
-    if not drop and not half and not amp:
-        held = 0  # fp32: the input is what lora_A saves
-    else:
-        held = e * mod.i  # the module input (act(gate)*up), not saved by the frozen base
+        held += 4 * mod.i if drop else 0  # the fp32 dropout output, read by lora_A and F.linear later
+    if drop or half or amp:
+        held += e * mod.i  # the module input (act(gate)*up), not saved by the frozen base
         if e == 2 and (drop or amp):
             held += 4 * mod.i  # peft's fp32 copy of it (the saved tensor is the dropout output or a cast)
     return pending - held
+
+
+def dora_phases(
+    spec: TrainingSpec, dm: DoraMode, norm_bytes: int, kept_layers: int, fwd_logits: int
+) -> tuple[int, int]:
+    """(bytes kept from forward into backward, forward-peak excess over the loss peak) of DoRA.
+
+    Args:
+        spec: The training spec (DoRA).
+        dm: How the model runs.
+        norm_bytes: Bytes per token the final norm saves (counted in the saved total, not run at the DoRA peak).
+        kept_layers: Layers not checkpointed.
+        fwd_logits: The loss-side forward peak (logits, upcast, log-softmax) the DoRA transient competes with.
+
+    Returns:
+        The fixed saved bytes and the excess of ``get_weight_norm``'s peak over the loss peak (0 when lower).
+    """
+    lora = spec.lora
+    if lora is None:
+        return 0, 0
+    fixed = dora_fixed(spec, dm.half, dm.amp, kept_layers)
+    h = spec.model.shape.hidden_size
+    tokens = spec.batch.micro_batch * spec.batch.seq_len
+    drop = lora.dropout > 0
+    ckpt = spec.activations.checkpointing
+    transient, width = dora_transient(spec, dm.half, dm.amp, ckpt)
+    if ckpt:
+        # inside a checkpointed layer nothing is saved: besides the checkpoint inputs (counted) the residual and
+        # MLP input are held, and the module's input, its base output, peft's fp32 copy and dropout output
+        # (trace "llama dora ckpt", forward peak)
+        held = 2 * dm.r * h + (dm.e + (4 if dm.e == 2 else 0) + (4 if drop else 0)) * width + dm.e * h
+    else:
+        # get_weight_norm of the last layer's largest module (down_proj) runs with every earlier saved tensor
+        # alive, and the embedding output, the layer input, the residual and the MLP input held (trace "llama
+        # dora", 2 layers, forward peak); an fp32 norm saves its input itself (layer input, residual counted)
+        mlp_in_saved = not drop and not (dm.amp or dm.half)
+        held = (1 + (2 if dm.half else 0) + (0 if mlp_in_saved else 1)) * dm.r * h
+        held -= dora_module_pending(spec, dm.e, dm.amp, dm.half)
+    held -= norm_bytes  # the final norm has not run yet
+    # + position ids (s,) int64, alive through the decoder forward
+    return fixed, max(0, transient + held * tokens + 8 * spec.batch.seq_len - fwd_logits)
+
+
+def lora_extras_unpinned(spec: TrainingSpec, layernorm_family: bool) -> str | None:
+    """Why the LoRA extras of a (non-quantized) LoRA run are not pinned to a trace, or None when they are.
+
+    Args:
+        spec: The training spec.
+        layernorm_family: The model is one of ``activations_families.FAMILY_FORMULAS`` (GPT-2, BERT, ...).
+
+    Returns:
+        A sentence for the finding, or None.
+    """
+    from fitcheck.core.lora import plan_lora
+
+    lora = spec.lora
+    if lora is None:
+        return None
+    if lora.use_dora and layernorm_family:
+        return f"DoRA on {spec.model.shape.family} is not modelled: its weight norms and outputs are not counted"
+    if any(t.entry.kind is Kind.FUSED_EXPERTS for t in plan_lora(spec).targets):
+        # peft ParamWrapper merges W + BA per expert tensor, and the grouped matmul saves the merged weight
+        # (trace "mixtral all-linear": one model-dtype copy of every layer's experts, -65 % without it)
+        return "LoRA on fused MoE experts (target_parameters) saves merged expert weights that are not counted"
+    if lora.use_dora and spec.activations.checkpointing:
+        return "DoRA under checkpointing: the weight-norm transient re-run in each recomputed layer is not counted"
+    return None
