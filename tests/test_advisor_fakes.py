@@ -192,3 +192,19 @@ def test_fake_estimate_grows_with_micro_batch() -> None:
     small = fake_estimate(llama8b_spec(micro=1)).peak_allocated_bytes
     big = fake_estimate(llama8b_spec(micro=2)).peak_allocated_bytes
     assert big > small
+
+
+
+def test_a_suggestion_that_only_adds_changes_without_gain_is_dropped() -> None:
+    from fitcheck.core.advisor import Suggestion, Tier, _dominates
+
+    def make(argv: tuple[str, ...], used: int) -> Suggestion:
+        return Suggestion(title="t", argv=argv, changes=(), peak_allocated_bytes=used, device_used_bytes=used,
+                          fits=True, relative_step_time=1.0, host_bytes=0, tier=Tier.SAME_TRAINING,
+                          micro_batch=1, grad_accum=2)
+
+    small = make(("--per_device_train_batch_size", "1"), 10)
+    more = make(("--loss", "chunked", "--per_device_train_batch_size", "1"), 10)
+    assert _dominates(small, more) and not _dominates(more, small)
+    better = make(("--loss", "chunked", "--per_device_train_batch_size", "1"), 5)
+    assert not _dominates(small, better)  # the extra change buys memory: keep it

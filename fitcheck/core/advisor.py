@@ -368,7 +368,28 @@ def advise(
         if s.spec is not None and any(u.spec == s.spec for u in unique):
             continue
         unique.append(s)
-    return tuple(unique[:limit])
+    kept = [s for s in unique if not any(_dominates(u, s) for u in unique if u is not s)]
+    return tuple(kept[:limit])
+
+
+def _flag_pairs(s: Suggestion) -> frozenset[tuple[str, str]]:
+    """The suggestion's flags as (flag, value) pairs (a bare boolean flag has value "")."""
+    pairs: list[tuple[str, str]] = []
+    for i, token in enumerate(s.argv):
+        if token.startswith("--"):
+            nxt = s.argv[i + 1] if i + 1 < len(s.argv) else ""
+            pairs.append((token, "" if nxt.startswith("--") else nxt))
+    return frozenset(pairs)
+
+
+def _dominates(a: Suggestion, b: Suggestion) -> bool:
+    """``a`` asks for a strict subset of ``b``'s changes and is no worse in memory, time or verdict."""
+    return (
+        _flag_pairs(a) < _flag_pairs(b)
+        and a.device_used_bytes <= b.device_used_bytes
+        and a.relative_step_time <= b.relative_step_time
+        and (a.fits or not b.fits)
+    )
 
 
 def suggestion_to_dict(suggestion: Suggestion) -> dict[str, object]:

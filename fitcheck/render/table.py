@@ -13,6 +13,8 @@ from fitcheck.findings import Severity
 from fitcheck.report import PHASES, Location, Report
 from fitcheck.units import format_bytes
 
+# Host bytes below this are bookkeeping (e.g. torch AdamW's 4-byte CPU step counters): listed as components only.
+_HOST_WORTH_SAYING = 1024**2
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
 
@@ -79,7 +81,7 @@ def summary_text(report: Report) -> Text:
         f"{format_bytes(report.peak_reserved_bytes)} | device used {format_bytes(report.device_used_bytes)} "
         f"of {format_bytes(report.budget_bytes)}"
     )
-    if report.host_bytes:
+    if report.host_bytes >= _HOST_WORTH_SAYING:
         out.append(f" | host {format_bytes(report.host_bytes)} per node")
     out.append("  ->  ")
     out.append(verdict)
@@ -136,9 +138,10 @@ def suggestions_table(suggestions: Sequence[Suggestion]) -> RenderableType:
     table.add_column("time/token", justify="right")
     table.add_column("flags to append")
     for i, s in enumerate(suggestions, 1):
+        host = f" [dim](host {format_bytes(s.host_bytes)})[/dim]" if s.host_bytes >= _HOST_WORTH_SAYING else ""
         table.add_row(
             str(i),
-            s.title + (f" [dim](host {format_bytes(s.host_bytes)})[/dim]" if s.host_bytes else ""),
+            s.title + host,
             format_bytes(s.device_used_bytes),
             "yes" if s.fits else "no",
             f"{s.relative_step_time:.2f}x",
