@@ -11,24 +11,11 @@ import dataclasses
 from typing import Any
 
 import pytest
+from tiny_models import assert_activations_match_trace, spec_from_config
 
-from fitcheck.core.activations import activation_components, activation_findings
+from fitcheck.core.activations import activation_findings
 from fitcheck.core.activations_families import family_layer_saved
-from fitcheck.readers.model_config import inventory_from_config
-from fitcheck.report import Phase
-from fitcheck.spec import (
-    ActivationSpec,
-    AttnImpl,
-    BatchSpec,
-    DeviceType,
-    Dtype,
-    HardwareSpec,
-    LoraSpec,
-    MixedPrecision,
-    OptimizerSpec,
-    PrecisionSpec,
-    TrainingSpec,
-)
+from fitcheck.spec import DeviceType, Dtype, LoraSpec, MixedPrecision, PrecisionSpec
 
 FAMILIES: dict[str, dict[str, Any]] = {
     "gpt2": dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=256, n_head=8, n_layer=2,
@@ -44,75 +31,47 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "bloom": dict(model_type="bloom", architectures=["BloomForCausalLM"], hidden_size=256, n_head=8, n_layer=2,
                   vocab_size=4000),
 }
-
-
-def _spec(cfg: dict[str, Any], s: int = 64, b: int = 1, dtype: str = "bfloat16", attn: str = "sdpa",
-          ck: bool = False, lora: LoraSpec | None = None, device: str = "cpu") -> TrainingSpec:
-    return TrainingSpec(
-        model=inventory_from_config(cfg, "tiny", "test"),
-        precision=PrecisionSpec(Dtype(dtype), MixedPrecision.NO),
-        batch=BatchSpec(b, s),
-        activations=ActivationSpec(checkpointing=ck, attn_implementation=AttnImpl(attn)),
-        lora=lora,
-        hardware=HardwareSpec(device_type=DeviceType(device)),
-        optimizer=OptimizerSpec("adamw_torch"),
-    )
-
-
-def _check(family: str, s: int = 64, b: int = 1, dtype: str = "bfloat16", attn: str = "sdpa", ck: bool = False,
-           lora: LoraSpec | None = None, **over: Any) -> None:
-    pytest.importorskip("transformers")
-    from fitcheck.torch_adapters.tracer import OPTSTATE, PARAMS, trace_step
-
-    cfg = dict(FAMILIES[family], **over)
-    comps = activation_components(_spec(cfg, s, b, dtype, attn, ck, lora))
-    trace = trace_step(cfg, seq_len=s, micro_batch=b, dtype=dtype, attn_implementation=attn, checkpointing=ck,
-                       lora=lora)
-    for phase in (Phase.FORWARD_END, Phase.BACKWARD_START):
-        br = trace.phases[phase]
-        traced = br.total - br.get(PARAMS) - br.get(OPTSTATE)
-        formula = sum(c.at(phase) for c in comps)
-        assert abs(formula - traced) <= 0.01 * traced, (family, phase, formula, traced)
-
-
 _QV = {"gpt2": ("c_attn",), "bert": ("query", "value"), "phi": ("q_proj", "v_proj"),
        "falcon": ("query_key_value",), "bloom": ("query_key_value",)}
 GRID: list[tuple[str, dict[str, Any]]] = []
 for _fam in FAMILIES:
     GRID += [
         (_fam, {}),
-        (_fam, {"dtype": "float32", "s": 96, "b": 2}),
+        (_fam, {"dtype": "float32", "seq": 96, "batch": 2}),
         (_fam, {"attn": "eager"}),
-        (_fam, {"ck": True}),
+        (_fam, {"checkpointing": True}),
         (_fam, {"lora": LoraSpec(r=8, target_modules=_QV[_fam])}),
-        (_fam, {"lora": LoraSpec(r=8, target_modules=("all-linear",), dropout=0.05), "ck": True}),
+        (_fam, {"lora": LoraSpec(r=8, target_modules=("all-linear",), dropout=0.05), "checkpointing": True}),
     ]
 GRID += [
-    ("gpt2", {"attn_pdrop": 0.0}),  # no attention dropout: the CPU flash kernel instead of the math path
+    ("gpt2", {"config": {"attn_pdrop": 0.0}}),  # no attention dropout: the CPU flash kernel instead of the math path
     ("gpt2", {"lora": LoraSpec(r=8, target_modules=("c_attn",), dropout=0.05)}),
     ("bert", {"lora": LoraSpec(r=8, target_modules=("query", "value")), "dtype": "float32"}),
     ("phi", {"lora": LoraSpec(r=8, target_modules=("all-linear",)), "attn": "eager"}),
-    ("phi", {"attention_dropout": 0.1}),
+    ("phi", {"config": {"attention_dropout": 0.1}}),
     ("bloom", {"lora": LoraSpec(r=16, target_modules=("query_key_value", "dense"), dropout=0.1)}),
 ]
 
 
 @pytest.mark.parametrize(("family", "kw"), GRID, ids=[f"{f}-{i}" for i, (f, _) in enumerate(GRID)])
 def test_formula_matches_trace(family: str, kw: dict[str, Any]) -> None:
-    _check(family, **kw)
+    pytest.importorskip("transformers")
+    settings = dict(kw)
+    config = dict(FAMILIES[family], **settings.pop("config", {}))
+    assert_activations_match_trace(config, family, **settings)
 
 
 def test_families_are_pinned_no_warning() -> None:
     for cfg in FAMILIES.values():
-        codes = [f.code for f in activation_findings(_spec(cfg))]
+        codes = [f.code for f in activation_findings(spec_from_config(cfg))]
         assert "activations-not-pinned" not in codes, codes
 
 
 def test_cuda_fused_kernels_store_no_s2_and_bool_masks() -> None:
     """GPT-2 with attention dropout: CPU math path keeps 12·a s² bytes; CUDA flash keeps none (module docs)."""
     cfg = FAMILIES["gpt2"]
-    cpu_tok, cpu_s2 = family_layer_saved(_spec(cfg))
-    cuda_tok, cuda_s2 = family_layer_saved(_spec(cfg, device="cuda"))
+    cpu_tok, cpu_s2 = family_layer_saved(spec_from_config(cfg))
+    cuda_tok, cuda_s2 = family_layer_saved(spec_from_config(cfg, device=DeviceType.CUDA))
     a, h, inter = 8, 256, 1024
     assert cpu_s2 == 12 * a and cuda_s2 == 0
     # CPU bf16: 26h + 8 + 10I (traced); CUDA: LayerNorm stats fp32 (16), bool resid-dropout masks (2h), and the
@@ -120,11 +79,11 @@ def test_cuda_fused_kernels_store_no_s2_and_bool_masks() -> None:
     assert cpu_tok == 26 * h + 8 + 10 * inter
     assert cuda_tok == 16 + 2 * 2 * h + 2 * 2 * h + 2 * h + 2 * 3 * h + 2 * h + 4 * a + 10 * inter
     # Falcon-7B-style multi-query attention: the fused kernels refuse unequal head counts, math on CUDA too
-    _, falcon_s2 = family_layer_saved(_spec(FAMILIES["falcon"], device="cuda"))
+    _, falcon_s2 = family_layer_saved(spec_from_config(FAMILIES["falcon"], device=DeviceType.CUDA))
     assert falcon_s2 == 4 * a
 
 
 def test_autocast_over_fp32_keeps_a_finding() -> None:
-    spec = dataclasses.replace(_spec(FAMILIES["bert"], dtype="float32"),
+    spec = dataclasses.replace(spec_from_config(FAMILIES["bert"], dtype="float32"),
                                precision=PrecisionSpec(Dtype.FLOAT32, MixedPrecision.BF16))
     assert "activations-not-pinned" in [f.code for f in activation_findings(spec)]

@@ -12,36 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tiny_models import assert_activations_match_trace, llama_like_configs, spec_from_config
 
 from fitcheck.core.activations import activation_components, activation_findings
-from fitcheck.readers.model_config import inventory_from_config
 from fitcheck.report import Phase
-from fitcheck.spec import (
-    ActivationSpec,
-    AttnImpl,
-    BatchSpec,
-    DeviceType,
-    Dtype,
-    HardwareSpec,
-    LoraSpec,
-    MixedPrecision,
-    OptimizerSpec,
-    PrecisionSpec,
-    TrainingSpec,
-)
+from fitcheck.spec import DeviceType, LoraSpec, TrainingSpec
 
-_BASE: dict[str, Any] = {"hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 8,
-                         "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1000}
-CONFIGS: dict[str, dict[str, Any]] = {
-    "llama": dict(_BASE, model_type="llama", architectures=["LlamaForCausalLM"]),
-    "qwen2": dict(_BASE, model_type="qwen2", architectures=["Qwen2ForCausalLM"]),
-    "mistral": dict(_BASE, model_type="mistral", architectures=["MistralForCausalLM"]),
-    "gemma": dict(_BASE, model_type="gemma", architectures=["GemmaForCausalLM"], head_dim=32),
-    "gemma2": dict(_BASE, model_type="gemma2", architectures=["Gemma2ForCausalLM"], head_dim=32),
-    "mixtral": dict(_BASE, model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4,
-                    num_experts_per_tok=2, intermediate_size=512),
-    "phi3": dict(_BASE, model_type="phi3", architectures=["Phi3ForCausalLM"], num_key_value_heads=8, pad_token_id=0),
-}
+CONFIGS = llama_like_configs(
+    {"hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 8, "num_key_value_heads": 2,
+     "num_hidden_layers": 2, "vocab_size": 1000},
+    moe_intermediate=512,
+)
 TRL = LoraSpec(r=8, alpha=16, dropout=0.05, target_modules=("all-linear",))  # TRL ModelConfig: dropout 0.05
 PLAIN = LoraSpec(r=8, target_modules=("all-linear",))
 ATTN = LoraSpec(r=8, dropout=0.05, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))
@@ -49,68 +30,39 @@ QV = LoraSpec(r=8, dropout=0.1, target_modules=("q_proj", "v_proj"))
 DORA = LoraSpec(r=8, target_modules=("all-linear",), use_dora=True)
 DORA_TRL = LoraSpec(r=8, dropout=0.05, target_modules=("all-linear",), use_dora=True)
 
-
-def _spec(cfg: dict[str, Any], s: int, b: int, dtype: str, mp: str, attn: str, ck: bool, lora: LoraSpec | None,
-          device: DeviceType = DeviceType.CPU) -> TrainingSpec:
-    return TrainingSpec(
-        model=inventory_from_config(cfg, "tiny", "test"),
-        precision=PrecisionSpec(Dtype(dtype), MixedPrecision(mp)),
-        batch=BatchSpec(b, s),
-        activations=ActivationSpec(checkpointing=ck, attn_implementation=AttnImpl(attn)),
-        lora=lora,
-        hardware=HardwareSpec(device_type=device),
-        optimizer=OptimizerSpec("adamw_torch"),
-    )
-
-
-def _check(family: str, s: int = 64, b: int = 1, dtype: str = "bfloat16", mp: str = "no", attn: str = "sdpa",
-           ck: bool = False, lora: LoraSpec | None = None) -> None:
-    pytest.importorskip("peft")
-    from fitcheck.torch_adapters.tracer import OPTSTATE, PARAMS, trace_step
-
-    cfg = CONFIGS[family]
-    comps = activation_components(_spec(cfg, s, b, dtype, mp, attn, ck, lora))
-    trace = trace_step(cfg, seq_len=s, micro_batch=b, dtype=dtype, mixed_precision=mp,
-                       attn_implementation=attn, checkpointing=ck, lora=lora)
-    for phase in (Phase.FORWARD_END, Phase.BACKWARD_START):
-        br = trace.phases[phase]
-        traced = br.total - br.get(PARAMS) - br.get(OPTSTATE)
-        formula = sum(c.at(phase) for c in comps)
-        assert abs(formula - traced) <= 0.01 * traced, (family, phase, formula, traced)
-
-
 GRID: list[tuple[str, dict[str, Any]]] = [
     # LoRA dropout: per adapter an fp32 mask and output (CPU), none kept by layer 0's q/k/v
     ("llama", {"lora": TRL}),
-    ("llama", {"lora": TRL, "dtype": "float32", "attn": "eager", "s": 96, "b": 2}),
-    ("llama", {"lora": TRL, "ck": True}),
+    ("llama", {"lora": TRL, "dtype": "float32", "attn": "eager", "seq": 96, "batch": 2}),
+    ("llama", {"lora": TRL, "checkpointing": True}),
     # TRL's usual `--dtype bfloat16 --bf16`: autocast over a 16-bit model, fp32 adapters cast per forward
-    ("llama", {"lora": TRL, "mp": "bf16"}),
-    ("qwen2", {"lora": QV, "mp": "bf16", "s": 96, "b": 2}),
+    ("llama", {"lora": TRL, "mixed": "bf16"}),
+    ("qwen2", {"lora": QV, "mixed": "bf16", "seq": 96, "batch": 2}),
     # LoRA on an fp32 model (o_proj reads the saved attention output) and on fp32 + autocast
     ("llama", {"lora": PLAIN, "dtype": "float32"}),
-    ("mistral", {"lora": PLAIN, "dtype": "float32", "mp": "bf16"}),
-    ("mistral", {"lora": TRL, "dtype": "float32", "mp": "bf16", "attn": "eager"}),
+    ("mistral", {"lora": PLAIN, "dtype": "float32", "mixed": "bf16"}),
+    ("mistral", {"lora": TRL, "dtype": "float32", "mixed": "bf16", "attn": "eager"}),
     ("gemma", {"lora": TRL}),
     ("gemma", {"lora": PLAIN, "dtype": "float32"}),
     ("mixtral", {"lora": ATTN}),
-    ("phi3", {"lora": LoraSpec(r=8, dropout=0.1, target_modules=("qkv_proj", "o_proj")), "mp": "bf16"}),
+    ("phi3", {"lora": LoraSpec(r=8, dropout=0.1, target_modules=("qkv_proj", "o_proj")), "mixed": "bf16"}),
     # DoRA: base and LoRA outputs, norm vectors, weight copies (dropout), get_weight_norm transient
     ("llama", {"lora": DORA}),
-    ("llama", {"lora": DORA_TRL, "mp": "bf16", "s": 128}),
-    ("qwen2", {"lora": DORA, "dtype": "float32", "mp": "bf16", "s": 128}),
-    ("llama", {"lora": DORA_TRL, "ck": True, "s": 128}),
-    ("llama", {"lora": DORA, "ck": True, "dtype": "float32", "s": 128}),
+    ("llama", {"lora": DORA_TRL, "mixed": "bf16", "seq": 128}),
+    ("qwen2", {"lora": DORA, "dtype": "float32", "mixed": "bf16", "seq": 128}),
+    ("llama", {"lora": DORA_TRL, "checkpointing": True, "seq": 128}),
+    ("llama", {"lora": DORA, "checkpointing": True, "dtype": "float32", "seq": 128}),
     # Gemma-2: tanh soft-capped logits
     ("gemma2", {"attn": "eager"}),
-    ("gemma2", {"ck": True}),
-    ("gemma2", {"lora": TRL, "mp": "bf16"}),
+    ("gemma2", {"checkpointing": True}),
+    ("gemma2", {"lora": TRL, "mixed": "bf16"}),
 ]
 
 
 @pytest.mark.parametrize(("family", "kw"), GRID, ids=[f"{f}-{i}" for i, (f, _) in enumerate(GRID)])
 def test_lora_extras_match_trace(family: str, kw: dict[str, Any]) -> None:
-    _check(family, **kw)
+    pytest.importorskip("peft")
+    assert_activations_match_trace(CONFIGS[family], family, **kw)
 
 
 def _saved(spec: TrainingSpec, phase: Phase = Phase.BACKWARD_START) -> int:
@@ -120,8 +72,8 @@ def _saved(spec: TrainingSpec, phase: Phase = Phase.BACKWARD_START) -> int:
 def test_cuda_dropout_mask_is_one_byte() -> None:
     # aten Dropout.cpp: CUDA runs native_dropout (bool mask), CPU keeps an fp32 noise tensor: 3 B less per element
     cfg = dict(CONFIGS["llama"], num_hidden_layers=4)
-    cpu = _saved(_spec(cfg, 512, 2, "bfloat16", "bf16", "sdpa", False, TRL))
-    cuda = _saved(_spec(cfg, 512, 2, "bfloat16", "bf16", "sdpa", False, TRL, DeviceType.CUDA))
+    cpu = _saved(spec_from_config(cfg, seq=512, batch=2, mixed="bf16", lora=TRL))
+    cuda = _saved(spec_from_config(cfg, seq=512, batch=2, mixed="bf16", lora=TRL, device=DeviceType.CUDA))
     h, inter = 256, 688
     # 7 adapters per layer (6 read h-wide tensors, down_proj reads I), layer 0's q/k/v keep no mask
     masks = 4 * (6 * h + inter) - 3 * h
@@ -131,7 +83,7 @@ def test_cuda_dropout_mask_is_one_byte() -> None:
 def test_dora_weight_norm_transient_sets_the_forward_peak_at_8b_width() -> None:
     cfg = dict(CONFIGS["llama"], hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                num_key_value_heads=8, num_hidden_layers=32, vocab_size=128256)
-    comps = {c.name: c for c in activation_components(_spec(cfg, 1024, 1, "bfloat16", "no", "sdpa", False, DORA))}
+    comps = {c.name: c for c in activation_components(spec_from_config(cfg, seq=1024, lora=DORA))}
     dora = comps["activations.dora"]
     # down_proj: eye(14336) fp32 (822 MB) + 4 fp32 (14336, 4096) matrices (939 MB) outgrow the 1.3 GB loss peak
     assert dora.at(Phase.FORWARD_END) > dora.at(Phase.BACKWARD_START) + 400_000_000
@@ -144,11 +96,11 @@ def _codes(spec: TrainingSpec) -> list[str]:
 
 def test_findings_only_for_what_is_still_not_pinned() -> None:
     llama = CONFIGS["llama"]
-    assert _codes(_spec(llama, 64, 1, "bfloat16", "bf16", "sdpa", False, TRL)) == []
-    assert _codes(_spec(llama, 64, 1, "bfloat16", "no", "sdpa", False, DORA_TRL)) == []
-    assert any("recomputed layer" in m for m in _codes(_spec(llama, 64, 1, "bfloat16", "no", "sdpa", True, DORA)))
-    experts = _codes(_spec(CONFIGS["mixtral"], 64, 1, "bfloat16", "no", "sdpa", False, PLAIN))
+    assert _codes(spec_from_config(llama, mixed="bf16", lora=TRL)) == []
+    assert _codes(spec_from_config(llama, lora=DORA_TRL)) == []
+    assert any("recomputed layer" in m for m in _codes(spec_from_config(llama, checkpointing=True, lora=DORA)))
+    experts = _codes(spec_from_config(CONFIGS["mixtral"], lora=PLAIN))
     assert any("fused MoE experts" in m for m in experts)
     gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 256, "n_head": 8, "n_layer": 2,
             "vocab_size": 1000, "n_positions": 512}
-    assert any("DoRA" in m for m in _codes(_spec(gpt2, 64, 1, "bfloat16", "no", "sdpa", False, DORA)))
+    assert any("DoRA" in m for m in _codes(spec_from_config(gpt2, lora=DORA)))

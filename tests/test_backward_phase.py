@@ -13,50 +13,19 @@ import contextlib
 from typing import Any
 
 import pytest
+from tiny_models import llama_like_configs, spec_from_config
 
 from fitcheck.core.activations import activation_components, activation_findings
 from fitcheck.core.activations_backward import cuda_embedding_backward
-from fitcheck.readers.model_config import inventory_from_config
 from fitcheck.report import Phase
-from fitcheck.spec import (
-    ActivationSpec,
-    AttnImpl,
-    BatchSpec,
-    DeviceType,
-    Dtype,
-    HardwareSpec,
-    LoraSpec,
-    MixedPrecision,
-    OptimizerSpec,
-    PrecisionSpec,
-    TrainingSpec,
+from fitcheck.spec import DeviceType, LoraSpec, TrainingSpec
+
+FAMILIES = llama_like_configs(
+    {"hidden_size": 64, "intermediate_size": 172, "num_attention_heads": 4, "num_key_value_heads": 2,
+     "num_hidden_layers": 2, "vocab_size": 1000},
+    moe_intermediate=128,
 )
-
-_SMALL: dict[str, Any] = {"hidden_size": 64, "intermediate_size": 172, "num_attention_heads": 4,
-                          "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1000}
-FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": dict(_SMALL, model_type="llama", architectures=["LlamaForCausalLM"]),
-    "qwen2": dict(_SMALL, model_type="qwen2", architectures=["Qwen2ForCausalLM"]),
-    "mistral": dict(_SMALL, model_type="mistral", architectures=["MistralForCausalLM"]),
-    "gemma": dict(_SMALL, model_type="gemma", architectures=["GemmaForCausalLM"], head_dim=16),
-    "phi3": dict(_SMALL, model_type="phi3", architectures=["Phi3ForCausalLM"], num_key_value_heads=4,
-                 pad_token_id=0),
-    "mixtral": dict(_SMALL, model_type="mixtral", architectures=["MixtralForCausalLM"], intermediate_size=128,
-                    num_local_experts=4, num_experts_per_tok=2),
-}
-
-
-def _spec(cfg: dict[str, Any], s: int, b: int, dtype: str, mp: str, ck: bool, accum: int = 1,
-          lora: LoraSpec | None = None, attn: str = "sdpa", device: DeviceType = DeviceType.CPU) -> TrainingSpec:
-    return TrainingSpec(
-        model=inventory_from_config(cfg, "tiny", "test"),
-        precision=PrecisionSpec(Dtype(dtype), MixedPrecision(mp)),
-        batch=BatchSpec(b, s, grad_accum=accum),
-        activations=ActivationSpec(checkpointing=ck, attn_implementation=AttnImpl(attn)),
-        lora=lora,
-        hardware=HardwareSpec(device_type=device),
-        optimizer=OptimizerSpec("adamw_torch"),
-    )
+SEQ, BATCH = 256, 4  # b·s = 1024 tokens
 
 
 def _formula(spec: TrainingSpec) -> int:
@@ -87,8 +56,8 @@ GRID = [
 def test_backward_phase_matches_trace(family: str, dtype: str, mp: str, ck: bool) -> None:
     pytest.importorskip("transformers")
     cfg = FAMILIES[family]
-    total, rest = _traced_rest(cfg, 256, 4, dtype, mp, ck)
-    formula = _formula(_spec(cfg, 256, 4, dtype, mp, ck))
+    total, rest = _traced_rest(cfg, SEQ, BATCH, dtype, mp, ck)
+    formula = _formula(spec_from_config(cfg, seq=SEQ, batch=BATCH, dtype=dtype, mixed=mp, checkpointing=ck))
     assert abs(formula - rest) <= 0.01 * rest, (family, formula, rest)
     assert abs(formula - rest) <= 0.01 * total
 
@@ -97,10 +66,10 @@ def test_checkpointed_peak_is_the_recomputed_layer_not_the_end() -> None:
     """Under checkpointing the backward peak holds the checkpoints, a recomputed layer and its MLP backward."""
     pytest.importorskip("transformers")
     cfg = dict(FAMILIES["llama"], num_hidden_layers=3)
-    spec = _spec(cfg, 256, 4, "bfloat16", "no", True)
+    spec = spec_from_config(cfg, seq=SEQ, batch=BATCH, checkpointing=True)
     comps = {c.name: c for c in activation_components(spec)}
     assert "top layer" in comps["activations.saved"].detail
-    _, rest = _traced_rest(cfg, 256, 4, "bfloat16", "no", True)
+    _, rest = _traced_rest(cfg, SEQ, BATCH, "bfloat16", "no", True)
     # the previous model (end + recomputed layer - one layer's and the embedding's gradients) was 26 % low here
     layer_only = 2 * 64 * 1024 + 2875392 - 90880 - 128000
     assert layer_only < 0.8 * rest
@@ -156,28 +125,28 @@ def test_gradient_accumulation_micro_step(ck: bool) -> None:
     """Micro-step 2 of 2: every gradient exists; the new head/embedding gradients are summed in place."""
     pytest.importorskip("transformers")
     cfg = FAMILIES["llama"]
-    rest = _accum_rest(cfg, 256, 4, ck, 2)
-    formula = _formula(_spec(cfg, 256, 4, "bfloat16", "no", ck, accum=2))
+    rest = _accum_rest(cfg, SEQ, BATCH, ck, 2)
+    formula = _formula(spec_from_config(cfg, seq=SEQ, batch=BATCH, checkpointing=ck, grad_accum=2))
     assert abs(formula - rest) <= 0.01 * rest, (formula, rest)
 
 
 def test_cuda_embedding_backward_temporaries() -> None:
     """CUDA embedding_dense_backward: fp32 partial sums of (n/10 + min(n, V)) rows + int64 index arrays."""
     cfg = FAMILIES["llama"]
-    cpu = _spec(cfg, 256, 4, "bfloat16", "no", False)
-    cuda = _spec(cfg, 256, 4, "bfloat16", "no", False, device=DeviceType.CUDA)
+    cpu = spec_from_config(cfg, seq=SEQ, batch=BATCH)
+    cuda = spec_from_config(cfg, seq=SEQ, batch=BATCH, device=DeviceType.CUDA)
     n, v, h = 1024, 1000, 64
     partial = n // 10 + min(n, v)
     assert cuda_embedding_backward(cpu) == 0
     assert cuda_embedding_backward(cuda) == 4 * partial * h + 8 * (3 * n + 2 * min(n, v) + partial)
-    lora = _spec(cfg, 256, 4, "bfloat16", "no", False, lora=LoraSpec(r=8), device=DeviceType.CUDA)
+    lora = spec_from_config(cfg, seq=SEQ, batch=BATCH, lora=LoraSpec(r=8), device=DeviceType.CUDA)
     assert cuda_embedding_backward(lora) == 0  # frozen embedding: no weight gradient
 
 
 def test_unpinned_backward_configs_say_so() -> None:
     cfg = FAMILIES["llama"]
-    eager = _spec(cfg, 256, 4, "bfloat16", "no", False, attn="eager")
+    eager = spec_from_config(cfg, seq=SEQ, batch=BATCH, attn="eager")
     codes = [f.message for f in activation_findings(eager) if f.code == "backward-not-pinned"]
     assert any("during backward" in m for m in codes)
-    plain = _spec(cfg, 256, 4, "bfloat16", "no", True)
+    plain = spec_from_config(cfg, seq=SEQ, batch=BATCH, checkpointing=True)
     assert not any("during backward" in f.message for f in activation_findings(plain))

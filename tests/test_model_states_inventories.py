@@ -17,6 +17,35 @@ def _linear(name: str, out_f: int, in_f: int, role: Role, layers: int = 1) -> Pa
     return ParamEntry(name, (out_f, in_f), role, Kind.LINEAR, layers, module, in_f, out_f)
 
 
+_LAYER = "model.layers.*."
+
+
+def _embedding(vocab: int, hidden: int) -> ParamEntry:
+    return ParamEntry("model.embed_tokens.weight", (vocab, hidden), Role.EMBEDDING, Kind.EMBEDDING, 1, "embed_tokens")
+
+
+def _attention(hidden: int, kv: int, layers: int) -> list[ParamEntry]:
+    """q/k/v/o projections of ``layers`` Llama-style attention blocks (no biases)."""
+    return [
+        _linear(_LAYER + "self_attn.q_proj.weight", hidden, hidden, Role.ATTENTION, layers),
+        _linear(_LAYER + "self_attn.k_proj.weight", kv, hidden, Role.ATTENTION, layers),
+        _linear(_LAYER + "self_attn.v_proj.weight", kv, hidden, Role.ATTENTION, layers),
+        _linear(_LAYER + "self_attn.o_proj.weight", hidden, hidden, Role.ATTENTION, layers),
+    ]
+
+
+def _norms(hidden: int, layers: int) -> list[ParamEntry]:
+    """The two RMSNorms of each of ``layers`` decoder layers, then the final ``model.norm``."""
+    return [
+        ParamEntry(_LAYER + "input_layernorm.weight", (hidden,), Role.NORM, Kind.NORM, layers, "input_layernorm"),
+        ParamEntry(
+            _LAYER + "post_attention_layernorm.weight", (hidden,), Role.NORM, Kind.NORM, layers,
+            "post_attention_layernorm",
+        ),
+        ParamEntry("model.norm.weight", (hidden,), Role.NORM, Kind.NORM, 1, "norm"),
+    ]
+
+
 def llama_like(
     *,
     vocab: int = 128256,
@@ -30,31 +59,14 @@ def llama_like(
 ) -> ModelInventory:
     """A Llama-family inventory (defaults: Llama-3-8B)."""
     head_dim = hidden // heads
-    kv = kv_heads * head_dim
-    p = "model.layers.*."
+    p = _LAYER
     params = [
-        ParamEntry(
-            "model.embed_tokens.weight", (vocab, hidden), Role.EMBEDDING, Kind.EMBEDDING, 1, "embed_tokens"
-        )
-    ]
-    params += [
-        _linear(p + "self_attn.q_proj.weight", hidden, hidden, Role.ATTENTION, layers),
-        _linear(p + "self_attn.k_proj.weight", kv, hidden, Role.ATTENTION, layers),
-        _linear(p + "self_attn.v_proj.weight", kv, hidden, Role.ATTENTION, layers),
-        _linear(p + "self_attn.o_proj.weight", hidden, hidden, Role.ATTENTION, layers),
+        _embedding(vocab, hidden),
+        *_attention(hidden, kv_heads * head_dim, layers),
         _linear(p + "mlp.gate_proj.weight", intermediate, hidden, Role.MLP, layers),
         _linear(p + "mlp.up_proj.weight", intermediate, hidden, Role.MLP, layers),
         _linear(p + "mlp.down_proj.weight", hidden, intermediate, Role.MLP, layers),
-        ParamEntry(p + "input_layernorm.weight", (hidden,), Role.NORM, Kind.NORM, layers, "input_layernorm"),
-        ParamEntry(
-            p + "post_attention_layernorm.weight",
-            (hidden,),
-            Role.NORM,
-            Kind.NORM,
-            layers,
-            "post_attention_layernorm",
-        ),
-        ParamEntry("model.norm.weight", (hidden,), Role.NORM, Kind.NORM, 1, "norm"),
+        *_norms(hidden, layers),
     ]
     if not tied:
         params.append(_linear("lm_head.weight", vocab, hidden, Role.LM_HEAD))
@@ -87,16 +99,10 @@ def mixtral_like(
 ) -> ModelInventory:
     """A Mixtral inventory as transformers 5 builds it (defaults: Mixtral-8x7B)."""
     head_dim = hidden // heads
-    kv = kv_heads * head_dim
-    p = "model.layers.*."
+    p = _LAYER
     params = [
-        ParamEntry(
-            "model.embed_tokens.weight", (vocab, hidden), Role.EMBEDDING, Kind.EMBEDDING, 1, "embed_tokens"
-        ),
-        _linear(p + "self_attn.q_proj.weight", hidden, hidden, Role.ATTENTION, layers),
-        _linear(p + "self_attn.k_proj.weight", kv, hidden, Role.ATTENTION, layers),
-        _linear(p + "self_attn.v_proj.weight", kv, hidden, Role.ATTENTION, layers),
-        _linear(p + "self_attn.o_proj.weight", hidden, hidden, Role.ATTENTION, layers),
+        _embedding(vocab, hidden),
+        *_attention(hidden, kv_heads * head_dim, layers),
         ParamEntry(p + "mlp.gate.weight", (experts, hidden), Role.ROUTER, Kind.OTHER, layers, "gate"),
         ParamEntry(
             p + "mlp.experts.gate_up_proj",
@@ -114,16 +120,7 @@ def mixtral_like(
             layers,
             "experts",
         ),
-        ParamEntry(p + "input_layernorm.weight", (hidden,), Role.NORM, Kind.NORM, layers, "input_layernorm"),
-        ParamEntry(
-            p + "post_attention_layernorm.weight",
-            (hidden,),
-            Role.NORM,
-            Kind.NORM,
-            layers,
-            "post_attention_layernorm",
-        ),
-        ParamEntry("model.norm.weight", (hidden,), Role.NORM, Kind.NORM, 1, "norm"),
+        *_norms(hidden, layers),
         _linear("lm_head.weight", vocab, hidden, Role.LM_HEAD),
     ]
     shape = ModelShape(

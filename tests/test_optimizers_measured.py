@@ -15,6 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tiny_models import family_config  # noqa: E402
+
 from fitcheck.core.optimizer_tensors import TensorGroup, step_runs, trainer_decays  # noqa: E402
 from fitcheck.core.optimizers import optimizer_memory  # noqa: E402
 from fitcheck.core.state_layout import all_trainable, build_layout, optimizer_for  # noqa: E402
@@ -37,7 +39,7 @@ LLAMA: dict[str, Any] = {
     "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 640,
     "tie_word_embeddings": False,
 }  # fmt: skip
-QWEN2: dict[str, Any] = dict(LLAMA, model_type="qwen2", architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True)
+QWEN2 = family_config("qwen2", LLAMA, tie_word_embeddings=True)
 MIXTRAL: dict[str, Any] = {
     "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
     "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 320,
@@ -78,13 +80,9 @@ def _model(cfg: dict[str, Any], dtype: Dtype, lora: LoraSpec | None = None) -> A
     )  # fmt: skip
 
 
-def _step_peak(opt: Any) -> int:
-    """Bytes allocated above the step's starting point during a steady-state ``opt.step()``."""
+def _recorded_step_peak(opt: Any, rec: Any) -> int:
+    """Bytes ``rec`` sees allocated above the starting point during one more ``opt.step()`` (states exist)."""
     params = [p for g in opt.param_groups for p in g["params"]]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    opt.step()  # step 1 creates the states
-    rec = LiveTensorRecorder()
     rec.track(params)
     rec.track([p.grad for p in params])
     rec.track([v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)])
@@ -92,7 +90,16 @@ def _step_peak(opt: Any) -> int:
         rec.enter_region("step")
         opt.step()
         rec.enter_region("done")
-    return rec.regions["step"].peak - rec.regions["setup"].end
+    return int(rec.regions["step"].peak - rec.regions["setup"].end)
+
+
+def _step_peak(opt: Any) -> int:
+    """Bytes allocated above the step's starting point during a steady-state ``opt.step()``."""
+    for g in opt.param_groups:
+        for p in g["params"]:
+            p.grad = torch.randn_like(p)
+    opt.step()  # step 1 creates the states
+    return _recorded_step_peak(opt, LiveTensorRecorder())
 
 
 @pytest.mark.parametrize(
@@ -235,15 +242,7 @@ def test_bnb_adamw_cpu_reference_update_exact(optim: str, dtype: Dtype) -> None:
         opt.step()
     except Exception as exc:  # pragma: no cover - depends on the bnb CPU build
         pytest.skip(f"bitsandbytes optimizer step unavailable on CPU: {exc}")
-    rec = _NestedRecorder()
-    rec.track(params)
-    rec.track([p.grad for p in params])
-    rec.track([v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)])
-    with rec:
-        rec.enter_region("step")
-        opt.step()
-        rec.enter_region("done")
-    measured = rec.regions["step"].peak - rec.regions["setup"].end
+    measured = _recorded_step_peak(opt, _NestedRecorder())
     groups = [TensorGroup(f"p{i}", s, dtype) for i, s in enumerate(shapes)]
     assert measured == optimizer_memory(OptimizerSpec(optim), groups, cuda=False).step_temporary > 0
     assert optimizer_memory(OptimizerSpec(optim), groups, cuda=True).step_temporary == 0

@@ -13,70 +13,43 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 pytest.importorskip("bitsandbytes")
 
+from tiny_models import family_config, spec_from_config, trace_spec
+
 from fitcheck.core.activations import activation_findings
 from fitcheck.core.estimate import estimate
 from fitcheck.core.quantization import base_weights
-from fitcheck.readers.model_config import inventory_from_config
 from fitcheck.report import Phase
-from fitcheck.spec import (
-    ActivationSpec,
-    AttnImpl,
-    BatchSpec,
-    DeviceType,
-    Dtype,
-    HardwareSpec,
-    LoraSpec,
-    MixedPrecision,
-    OptimizerSpec,
-    PrecisionSpec,
-    QuantSpec,
-    TrainingSpec,
-)
-from fitcheck.torch_adapters.tracer import trace_step
+from fitcheck.spec import Dtype, LoraSpec, QuantSpec, TrainingSpec
 
 TINY: dict[str, Any] = {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 688,
     "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 8000,
     "max_position_embeddings": 512, "tie_word_embeddings": False,
 }
-TINY_QWEN2: dict[str, Any] = dict(TINY, model_type="qwen2", architectures=["Qwen2ForCausalLM"],
-                                  tie_word_embeddings=True)
+TINY_QWEN2 = family_config("qwen2", TINY, tie_word_embeddings=True)
 NF4_DQ = QuantSpec(quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16)
 ALL = LoraSpec(r=8, alpha=16, target_modules=("all-linear",))
 SEQ, BATCH = 64, 2
 
 
-def _spec(config: dict[str, Any], *, quant: QuantSpec, lora: LoraSpec, mp: str = "no", ckpt: bool = False,
-          attn: str = "sdpa") -> TrainingSpec:
-    return TrainingSpec(
-        model=inventory_from_config(config, "tiny", "tests/test_tracer_qlora.py"),
-        precision=PrecisionSpec(Dtype.BFLOAT16, MixedPrecision(mp)),
-        optimizer=OptimizerSpec("adamw_torch"),
-        batch=BatchSpec(micro_batch=BATCH, seq_len=SEQ),
-        activations=ActivationSpec(checkpointing=ckpt, attn_implementation=AttnImpl(attn)),
-        hardware=HardwareSpec(device_type=DeviceType.CPU),
-        lora=lora,
-        quant=quant,
-    )
-
-
-def _trace(config: dict[str, Any], fake: bool, **kw: Any) -> Any:
-    return trace_step(config, seq_len=SEQ, micro_batch=BATCH, dtype="bfloat16", fake=fake, **kw)
+def _spec(config: dict[str, Any], *, quant: QuantSpec, lora: LoraSpec, **settings: Any) -> TrainingSpec:
+    return spec_from_config(config, seq=SEQ, batch=BATCH, quant=quant, lora=lora, **settings)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kw",
     [
-        {"lora": ALL, "quant": NF4_DQ, "checkpointing": True, "mixed_precision": "bf16"},
+        {"lora": ALL, "quant": NF4_DQ, "checkpointing": True, "mixed": "bf16"},
         {"lora": dataclasses.replace(ALL, dropout=0.1), "quant": QuantSpec(quant_type="fp4")},
     ],
     ids=["nf4-dq-ckpt-autocast", "fp4-dropout-fp32-compute"],
 )
 def test_fake_4bit_base_equals_real_bitsandbytes(kw: dict[str, Any]) -> None:
     """Every phase, every category, to the byte: the emulated Params4bit is what real bnb allocates."""
-    real = _trace(TINY, False, **kw)
-    fake = _trace(TINY, True, **kw)
+    spec = _spec(TINY, **kw)
+    real = trace_spec(TINY, spec, fake=False)
+    fake = trace_spec(TINY, spec, fake=True)
     for phase in real.phases:
         assert fake.phases[phase].by_category == real.phases[phase].by_category, phase
     assert fake.final_grads == real.final_grads
@@ -113,13 +86,13 @@ def test_tracer_build_equals_from_pretrained(tmp_path: Path) -> None:
 
 
 CASES = [
-    ("llama", {"ckpt": True, "mp": "bf16", "lora": dataclasses.replace(ALL, dropout=0.05)}),
-    ("llama", {"ckpt": False}),
-    ("llama", {"ckpt": True}),
-    ("llama", {"ckpt": True, "mp": "bf16"}),
-    ("llama", {"ckpt": False, "mp": "bf16"}),
-    ("llama", {"ckpt": True, "lora": LoraSpec(r=4, dropout=0.1, target_modules=("q_proj", "v_proj"))}),
-    ("qwen2", {"attn": "eager", "mp": "bf16"}),
+    ("llama", {"checkpointing": True, "mixed": "bf16", "lora": dataclasses.replace(ALL, dropout=0.05)}),
+    ("llama", {"checkpointing": False}),
+    ("llama", {"checkpointing": True}),
+    ("llama", {"checkpointing": True, "mixed": "bf16"}),
+    ("llama", {"checkpointing": False, "mixed": "bf16"}),
+    ("llama", {"checkpointing": True, "lora": LoraSpec(r=4, dropout=0.1, target_modules=("q_proj", "v_proj"))}),
+    ("qwen2", {"attn": "eager", "mixed": "bf16"}),
 ]
 
 
@@ -130,9 +103,7 @@ def test_formula_matches_qlora_trace(family: str, kw: dict[str, Any]) -> None:
     kw = dict(kw)
     lora = kw.pop("lora", ALL)
     spec = _spec(config, quant=NF4_DQ, lora=lora, **kw)
-    traced = _trace(config, True, lora=lora, quant=NF4_DQ, checkpointing=spec.activations.checkpointing,
-                    mixed_precision=spec.precision.mixed_precision.value,
-                    attn_implementation=spec.activations.attn_implementation.value)
+    traced = trace_spec(config, spec)
     report = estimate(spec)
     assert report.peak_phase is traced.peak_phase is Phase.BACKWARD_START
     # eager: the formula keeps the 4-D mask alive into backward, the real step frees it (b·s²·4 bytes)
