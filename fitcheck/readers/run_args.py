@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
+from fitcheck.readers.sources import as_bool, as_float, as_int
 from fitcheck.spec import (
     ActivationSpec,
     AttnImpl,
@@ -90,48 +91,17 @@ def _where(key: str, provenance: Mapping[str, str]) -> str:
 
 def _bool(values: Mapping[str, object], key: str, default: bool, prov: Mapping[str, str]) -> bool:
     v = values.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, int) and v in (0, 1):
-        return bool(v)
-    if isinstance(v, str) and v.strip().lower() in ("true", "1", "yes", "on", ""):
-        return True
-    if isinstance(v, str) and v.strip().lower() in ("false", "0", "no", "off"):
-        return False
-    raise ConfigError(f"{_where(key, prov)}: expected true or false, got {v!r}")
+    return default if v is None else as_bool(v, at=_where(key, prov))
 
 
-def _int(
-    values: Mapping[str, object], key: str, default: int, prov: Mapping[str, str], minimum: int = 1
-) -> int:
+def _int(values: Mapping[str, object], key: str, default: int, prov: Mapping[str, str], minimum: int = 1) -> int:
     v = values.get(key)
-    if v is None:
-        return default
-    try:
-        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-            raise ValueError
-        if isinstance(v, float) and not v.is_integer():
-            raise ValueError
-        out = int(v)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{_where(key, prov)}: expected an integer, got {v!r}") from None
-    if out < minimum:
-        raise ConfigError(f"{_where(key, prov)}: must be >= {minimum}, got {out}")
-    return out
+    return default if v is None else as_int(v, at=_where(key, prov), minimum=minimum)
 
 
 def _float(values: Mapping[str, object], key: str, default: float, prov: Mapping[str, str]) -> float:
     v = values.get(key)
-    if v is None:
-        return default
-    try:
-        if isinstance(v, bool):
-            raise ValueError
-        return float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ConfigError(f"{_where(key, prov)}: expected a number, got {v!r}") from None
+    return default if v is None else as_float(v, at=_where(key, prov))
 
 
 def _str_list(values: Mapping[str, object], key: str) -> tuple[str, ...] | None:
