@@ -13,11 +13,15 @@ from fitcheck.errors import ConfigError, NotModelledError
 from fitcheck.readers.accelerate_config import read_accelerate_config
 from fitcheck.readers.deepspeed import resolve_deepspeed
 from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
-from fitcheck.readers.peft_config import lora_from_mapping, lora_from_trl_flags
-from fitcheck.readers.quantization_config import quant_from_mapping, quant_from_trl_flags
+from fitcheck.readers.model_config import load_inventory
+from fitcheck.readers.peft_config import lora_from_mapping
+from fitcheck.readers.quantization_config import quant_from_mapping
+from fitcheck.readers.run_args import spec_from_values
 from fitcheck.readers.sources import parse_mapping_text
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_mapping
 
+# the production TRL-flag reader (run_args) needs an inventory: a small catalog model, read offline
+_TINY = load_inventory("meta-llama/Llama-3.2-1B", env={})
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 scalars = st.one_of(
@@ -239,7 +243,7 @@ def test_fuzz_parse_text(text: str, as_json: bool) -> None:
     )
 )
 def test_fuzz_quantization(raw: dict[str, object]) -> None:
-    for fn in (lambda: quant_from_mapping(raw, source="q"), lambda: quant_from_trl_flags(raw)):
+    for fn in (lambda: quant_from_mapping(raw, source="q"), lambda: spec_from_values(raw, inventory=_TINY)):
         with contextlib.suppress(ConfigError):
             fn()
 
@@ -268,6 +272,6 @@ def test_fuzz_quantization(raw: dict[str, object]) -> None:
     )
 )
 def test_fuzz_peft(raw: dict[str, object]) -> None:
-    for fn in (lambda: lora_from_mapping(raw, source="a"), lambda: lora_from_trl_flags(raw)):
+    for fn in (lambda: lora_from_mapping(raw, source="a"), lambda: spec_from_values(raw, inventory=_TINY)):
         with contextlib.suppress(ConfigError, NotModelledError):
             fn()

@@ -12,14 +12,12 @@ from fitcheck.findings import Finding
 from fitcheck.readers.peft_config import (
     lora_from_mapping,
     lora_from_object,
-    lora_from_trl_flags,
     read_adapter_config,
 )
 from fitcheck.readers.quantization_config import (
     quant_from_mapping,
     quant_from_model_config,
     quant_from_object,
-    quant_from_trl_flags,
 )
 from fitcheck.readers.trainer_args import read_training_args_object
 from fitcheck.spec import Dtype, QuantSpec
@@ -57,16 +55,6 @@ def test_adapter_config_json_and_non_lora(tmp_path: Path) -> None:
         lora_from_mapping({"peft_type": "IA3"}, source="a.json")
     with pytest.raises(ConfigError, match="lora_dropout"):
         lora_from_mapping({"lora_dropout": 1.5}, source="a.json")
-
-
-def test_trl_lora_flags_defaults() -> None:
-    assert lora_from_trl_flags({}) is None
-    spec = lora_from_trl_flags({"use_peft": True})
-    assert spec is not None and (spec.r, spec.alpha, spec.dropout) == (
-        16,
-        32.0,
-        0.05,
-    )  # TRL ModelConfig defaults
 
 
 def test_bitsandbytes_config_object_and_dict() -> None:
@@ -110,12 +98,6 @@ def test_pre_quantized_checkpoint_and_gptq() -> None:
     assert isinstance(gptq, Finding) and "gptq" in gptq.message
     with pytest.raises(ConfigError, match="both true"):
         quant_from_mapping({"load_in_4bit": True, "load_in_8bit": True}, source="q")
-
-
-def test_trl_quant_flags_use_dtype_for_storage() -> None:
-    q = quant_from_trl_flags({"load_in_4bit": True, "dtype": "bfloat16", "use_bnb_nested_quant": True})
-    assert q is not None and q.quant_type == "nf4" and q.double_quant and q.quant_storage is Dtype.BFLOAT16
-    assert quant_from_trl_flags({"load_in_8bit": True}) is not None and quant_from_trl_flags({}) is None
 
 
 def test_live_training_arguments_object() -> None:

@@ -114,31 +114,3 @@ def lora_from_object(config: object, *, source: str = "LoraConfig") -> LoraSpec:
     if isinstance(tm, (set, frozenset)):
         raw["target_modules"] = sorted(str(t) for t in tm)  # peft stores a set after __post_init__
     return lora_from_mapping(raw, source=source)
-
-
-def lora_from_trl_flags(values: Mapping[str, object], *, source: str = "command line") -> LoraSpec | None:
-    """TRL ``ModelConfig`` LoRA flags (``use_peft``, ``lora_r``, ...) as a :class:`LoraSpec`, or None.
-
-    ``lora_target_modules`` unset stays empty: peft then picks its per-architecture default
-    (``fitcheck.readers.run_args.PEFT_DEFAULT_TARGETS``).
-
-    Raises:
-        ConfigError: Bad values.
-    """
-    if not as_bool(values.get("use_peft", False), at=where(source, "use_peft")):
-        return None
-    mapping: dict[str, object] = {
-        "r": values.get("lora_r", 16),
-        "lora_alpha": values.get("lora_alpha", 32),
-        "lora_dropout": values.get("lora_dropout", 0.05),
-        "modules_to_save": values.get("lora_modules_to_save"),
-        "use_dora": values.get("use_dora", False),
-        "use_rslora": values.get("use_rslora", False),
-        "target_parameters": values.get("lora_target_parameters"),
-    }
-    tm = values.get("lora_target_modules")
-    if tm is not None:
-        names = as_str_list(tm, at=where(source, "lora_target_modules"))
-        # TRL passes a one-element ["all-linear"] through as the string "all-linear" (peft's special value).
-        mapping["target_modules"] = list(names)
-    return lora_from_mapping(mapping, source=source)

@@ -137,32 +137,3 @@ def quant_from_model_config(config: Mapping[str, object], *, source: str) -> Qua
     if not isinstance(qc, Mapping):
         raise ConfigError(f"{where(source, 'quantization_config')}: expected a mapping, got {qc!r}")
     return quant_from_mapping(qc, source=f"{source}:quantization_config", pre_quantized=True)
-
-
-def quant_from_trl_flags(values: Mapping[str, object], *, source: str = "command line") -> QuantSpec | None:
-    """TRL ``ModelConfig`` flags as TRL's ``get_quantization_config`` builds a BitsAndBytesConfig.
-
-    TRL: ``bnb_4bit_quant_type`` default "nf4", ``use_bnb_nested_quant`` -> double quant, compute dtype and
-    quant storage = ``dtype`` ("For consistency with model weights, we use the same value as `dtype`").
-
-    Raises:
-        ConfigError: Bad values.
-    """
-    four = as_bool(values.get("load_in_4bit", False), at=where(source, "load_in_4bit"))
-    eight = as_bool(values.get("load_in_8bit", False), at=where(source, "load_in_8bit"))
-    if not (four or eight):
-        return None
-    dtype = values.get("dtype")
-    dtype = None if dtype in (None, "auto") else dtype
-    raw: dict[str, object] = {"load_in_4bit": four, "load_in_8bit": eight}
-    if four:
-        raw.update(
-            {
-                "bnb_4bit_quant_type": values.get("bnb_4bit_quant_type") or "nf4",
-                "bnb_4bit_use_double_quant": values.get("use_bnb_nested_quant", False),
-                "bnb_4bit_compute_dtype": dtype,
-                "bnb_4bit_quant_storage": values.get("bnb_4bit_quant_storage") or dtype,
-            }
-        )
-    result = quant_from_mapping(raw, source=source)
-    return result if isinstance(result, QuantSpec) else None
