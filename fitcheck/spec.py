@@ -36,6 +36,25 @@ class Dtype(str, Enum):
         """True for the 16-bit floating types."""
         return self in (Dtype.BFLOAT16, Dtype.FLOAT16)
 
+    @classmethod
+    def from_name(cls, name: object) -> Dtype | None:
+        """The dtype a name denotes, or None: ``"bfloat16"``, ``"bf16"``, ``"torch.bfloat16"``, ``"half"``...
+
+        Accepts what config.json, TrainingArguments/TRL flags, BitsAndBytesConfig fields and ``str(torch.dtype)``
+        spell (case-insensitive).
+        """
+        text = str(name).strip().lower().removeprefix("torch.")
+        return _DTYPE_ALIASES.get(text) or next((d for d in cls if d.value == text), None)
+
+
+_DTYPE_ALIASES: dict[str, Dtype] = {
+    "fp32": Dtype.FLOAT32,
+    "float": Dtype.FLOAT32,
+    "bf16": Dtype.BFLOAT16,
+    "fp16": Dtype.FLOAT16,
+    "half": Dtype.FLOAT16,
+}
+
 
 class Role(str, Enum):
     """What a parameter does in the model (for the itemised inventory)."""

@@ -62,3 +62,23 @@ def test_spec_rejects_impossible_values(make: object) -> None:
 def test_processes_per_machine_counts_like_accelerate() -> None:
     # accelerate/utils/launch.py: nproc_per_node = num_processes // num_machines (num_processes is the total)
     assert ShardingSpec(num_processes=16, num_machines=2).processes_per_machine == 8
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("bfloat16", Dtype.BFLOAT16),
+        ("BF16", Dtype.BFLOAT16),
+        ("torch.float32", Dtype.FLOAT32),
+        ("float", Dtype.FLOAT32),
+        ("half", Dtype.FLOAT16),
+        ("fp16", Dtype.FLOAT16),
+        ("torch.uint8", Dtype.UINT8),
+        ("int8", Dtype.INT8),
+        ("torch.float8_e4m3fn", None),
+        ("int3", None),
+        (None, None),
+    ],
+)
+def test_dtype_names_as_configs_flags_and_torch_spell_them(name: object, expected: Dtype | None) -> None:
+    assert Dtype.from_name(name) is expected

@@ -121,13 +121,7 @@ class ConfigView:
         transformers 5 keeps ``dtype`` when both are present (configuration_utils.py, PreTrainedConfig).
         """
         value = self.raw("dtype", "torch_dtype")
-        if isinstance(value, str):
-            name = value.removeprefix("torch.")
-            try:
-                return Dtype(name)
-            except ValueError:
-                return {"float": Dtype.FLOAT32, "half": Dtype.FLOAT16, "bf16": Dtype.BFLOAT16}.get(name)
-        return None
+        return Dtype.from_name(value) if isinstance(value, str) else None
 
     def partial_rotary_factor(self, default: float) -> float:
         """``partial_rotary_factor`` at top level, else inside ``rope_parameters``/``rope_scaling``."""

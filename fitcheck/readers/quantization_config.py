@@ -19,18 +19,6 @@ from fitcheck.findings import Finding, Severity
 from fitcheck.readers.sources import as_bool, as_str, as_str_list, where
 from fitcheck.spec import Dtype, QuantSpec
 
-_DTYPES = {
-    "float32": Dtype.FLOAT32,
-    "fp32": Dtype.FLOAT32,
-    "float": Dtype.FLOAT32,
-    "bfloat16": Dtype.BFLOAT16,
-    "bf16": Dtype.BFLOAT16,
-    "float16": Dtype.FLOAT16,
-    "fp16": Dtype.FLOAT16,
-    "half": Dtype.FLOAT16,
-    "uint8": Dtype.UINT8,
-    "int8": Dtype.INT8,
-}
 _BNB_FIELDS = (
     "quant_method",
     "load_in_4bit",
@@ -48,10 +36,10 @@ _BNB_FIELDS = (
 def _dtype(value: object, at: str) -> Dtype | None:
     if value is None:
         return None
-    text = str(value).removeprefix("torch.").strip().lower()  # a torch.dtype prints as "torch.bfloat16"
-    if text not in _DTYPES:
+    dtype = Dtype.from_name(value)  # also a torch.dtype, which prints as "torch.bfloat16"
+    if dtype is None:
         raise ConfigError(f"{at}: unknown dtype {value!r}; use bfloat16, float16, float32 or uint8")
-    return _DTYPES[text]
+    return dtype
 
 
 def quant_from_mapping(

@@ -134,22 +134,10 @@ def _choice(
 
 
 def _dtype(name: str) -> Dtype:
-    table = {
-        "float32": Dtype.FLOAT32,
-        "fp32": Dtype.FLOAT32,
-        "torch.float32": Dtype.FLOAT32,
-        "float": Dtype.FLOAT32,
-        "bfloat16": Dtype.BFLOAT16,
-        "bf16": Dtype.BFLOAT16,
-        "torch.bfloat16": Dtype.BFLOAT16,
-        "float16": Dtype.FLOAT16,
-        "fp16": Dtype.FLOAT16,
-        "half": Dtype.FLOAT16,
-        "torch.float16": Dtype.FLOAT16,
-        "uint8": Dtype.UINT8,
-        "torch.uint8": Dtype.UINT8,
-    }
-    return table[name]
+    dtype = Dtype.from_name(name)
+    if dtype is None or dtype is Dtype.INT8:  # int8 is no load, storage or compute dtype here
+        raise KeyError(name)
+    return dtype
 
 
 def load_dtype(

@@ -26,13 +26,6 @@ from fitcheck.findings import Finding
 from fitcheck.spec import Dtype, FreezeSpec, LoraSpec, QuantSpec
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
-_DTYPES = {
-    "torch.float32": Dtype.FLOAT32,
-    "torch.bfloat16": Dtype.BFLOAT16,
-    "torch.float16": Dtype.FLOAT16,
-    "torch.uint8": Dtype.UINT8,
-    "torch.int8": Dtype.INT8,
-}
 
 
 @dataclass(frozen=True)
@@ -99,7 +92,7 @@ def _numel(param: Any) -> int:
 
 
 def _dtype(param: Any) -> Dtype | None:
-    return _DTYPES.get(str(param.dtype))
+    return Dtype.from_name(param.dtype)
 
 
 def _short(name: str) -> str:
@@ -192,8 +185,8 @@ def _quant_spec(model: Any, load: Dtype | None) -> tuple[QuantSpec | None, list[
     prepared = load is Dtype.FLOAT32
     if four is not None:
         w = four.weight
-        compute = _DTYPES.get(str(getattr(four, "compute_dtype", None)))
-        storage = _DTYPES.get(str(getattr(w, "quant_storage", None) or w.dtype), Dtype.UINT8)
+        compute = Dtype.from_name(getattr(four, "compute_dtype", None))
+        storage = Dtype.from_name(getattr(w, "quant_storage", None) or w.dtype) or Dtype.UINT8
         spec = QuantSpec(
             bits=4,
             quant_type=str(getattr(w, "quant_type", "fp4")),
