@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Literal, get_args
 
 from fitcheck.findings import Finding
 
@@ -231,6 +232,11 @@ class MixedPrecision(str, Enum):
     BF16 = "bf16"
     FP16 = "fp16"
 
+    @classmethod
+    def from_flags(cls, bf16: object, fp16: object) -> MixedPrecision:
+        """TrainingArguments ``bf16``/``fp16`` (truthy values) as one setting; bf16 wins when both are set."""
+        return cls.BF16 if bf16 else cls.FP16 if fp16 else cls.NO
+
 
 @dataclass(frozen=True)
 class PrecisionSpec:
@@ -246,6 +252,54 @@ class PrecisionSpec:
     mixed_precision: MixedPrecision = MixedPrecision.NO
 
 
+# transformers 5.23 training_args.py OptimizerNames, in declaration order.
+OptimizerName = Literal[
+    "adamw_torch",
+    "adamw_torch_fused",
+    "adamw_torch_xla",
+    "adamw_torch_npu_fused",
+    "adafactor",
+    "adamw_anyprecision",
+    "adamw_torch_4bit",
+    "adamw_torch_8bit",
+    "ademamix",
+    "sgd",
+    "adagrad",
+    "adamw_bnb_8bit",
+    "adamw_8bit",
+    "ademamix_8bit",
+    "lion_8bit",
+    "lion_32bit",
+    "paged_adamw_32bit",
+    "paged_adamw_8bit",
+    "paged_ademamix_32bit",
+    "paged_ademamix_8bit",
+    "paged_lion_32bit",
+    "paged_lion_8bit",
+    "rmsprop",
+    "rmsprop_bnb",
+    "rmsprop_bnb_8bit",
+    "rmsprop_bnb_32bit",
+    "galore_adamw",
+    "galore_adamw_8bit",
+    "galore_adafactor",
+    "galore_adamw_layerwise",
+    "galore_adamw_8bit_layerwise",
+    "galore_adafactor_layerwise",
+    "lomo",
+    "adalomo",
+    "grokadamw",
+    "schedule_free_radam",
+    "schedule_free_adamw",
+    "schedule_free_sgd",
+    "apollo_adamw",
+    "apollo_adamw_layerwise",
+    "stable_adamw",
+]
+OPTIMIZER_NAMES: tuple[OptimizerName, ...] = get_args(OptimizerName)
+DEFAULT_OPTIMIZER: OptimizerName = "adamw_torch_fused"  # transformers training_args.py default_optim, torch >= 2.8
+
+
 @dataclass(frozen=True)
 class OptimizerSpec:
     """The optimizer, by its ``TrainingArguments.optim`` name.
@@ -256,7 +310,7 @@ class OptimizerSpec:
         target_modules: ``optim_target_modules`` for GaLore/APOLLO.
     """
 
-    name: str = "adamw_torch_fused"
+    name: OptimizerName = DEFAULT_OPTIMIZER
     args: Mapping[str, str] = field(default_factory=dict)
     target_modules: tuple[str, ...] = ()
 
@@ -375,6 +429,10 @@ class AttnImpl(str, Enum):
     FLASH_ATTENTION_2 = "flash_attention_2"
 
 
+# ``standard``: HF cross-entropy on the full logits; ``chunked``: fused/chunked cross-entropy kernels.
+LossKind = Literal["standard", "chunked"]
+
+
 @dataclass(frozen=True)
 class ActivationSpec:
     """What decides activation memory besides the batch.
@@ -389,7 +447,7 @@ class ActivationSpec:
     checkpointing: bool = False
     checkpoint_every_n_layers: int = 1
     attn_implementation: AttnImpl = AttnImpl.SDPA
-    loss: str = "standard"
+    loss: LossKind = "standard"
 
 
 class Strategy(str, Enum):
@@ -437,6 +495,13 @@ class DeepSpeedSpec:
             raise ValueError("offload_param needs ZeRO stage 3")
 
 
+# FSDP sharding strategies (torch ShardingStrategy names; FSDP2 maps reshard_after_forward onto the first two).
+ShardingStrategy = Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
+SHARDING_STRATEGIES: tuple[ShardingStrategy, ...] = get_args(ShardingStrategy)
+# FSDP wrap policies (accelerate fsdp_auto_wrap_policy).
+AutoWrapPolicy = Literal["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
+
+
 @dataclass(frozen=True)
 class FsdpSpec:
     """FSDP settings (accelerate ``fsdp_config``), FSDP1 and FSDP2.
@@ -455,13 +520,13 @@ class FsdpSpec:
     """
 
     version: int = 2
-    sharding_strategy: str = "FULL_SHARD"
+    sharding_strategy: ShardingStrategy = "FULL_SHARD"
     reshard_after_forward: bool = True
     offload_params: bool = False
     wrap_unit_params: int = 0
     use_orig_params: bool = True
     sync_each_batch: bool = False
-    auto_wrap_policy: str = "TRANSFORMER_BASED_WRAP"
+    auto_wrap_policy: AutoWrapPolicy = "TRANSFORMER_BASED_WRAP"
     min_num_params: int = 0
 
 
@@ -495,6 +560,26 @@ class ShardingSpec:
     def processes_per_machine(self) -> int:
         """GPUs per node."""
         return self.num_processes // self.num_machines
+
+    @property
+    def zero_stage(self) -> int | None:
+        """The ZeRO stage DeepSpeed runs, or None when the run is not under DeepSpeed.
+
+        The one place the stage is derived: a DeepSpeed run without settings runs DeepSpeed's defaults
+        (stage 0, :class:`DeepSpeedSpec`).
+        """
+        if self.strategy is not Strategy.DEEPSPEED:
+            return None
+        return (self.deepspeed or DeepSpeedSpec()).stage
+
+    @property
+    def zero_equivalent_stage(self) -> int:
+        """What is sharded, on ZeRO's scale: the ZeRO stage, FSDP's strategy mapped onto it (NO_SHARD 0,
+        SHARD_GRAD_OP 2, the full and hybrid strategies 3), 0 for DDP and a single GPU."""
+        if self.strategy is Strategy.FSDP:
+            strategy = (self.fsdp or FsdpSpec()).sharding_strategy
+            return {"NO_SHARD": 0, "SHARD_GRAD_OP": 2}.get(strategy, 3)
+        return self.zero_stage or 0
 
 
 class DeviceType(str, Enum):

@@ -208,11 +208,12 @@ def build_spec(
         hidden_size=inventory.shape.hidden_size,
     )
     merged_prov = {**prov, **{k: v for k, v in merged.provenance.items() if not v.startswith("--") or k not in prov}}
-    return spec_from_values(
-        merged.values,
+    from fitcheck.readers import spec_from_settings
+
+    return spec_from_settings(
+        dataclasses.replace(merged.settings, provenance=merged_prov),
         inventory=inventory,
         sharding=merged.sharding,
-        provenance=merged_prov,
         # the values were read (and their spellings reported) before; the merge re-reads them as "command line"
         findings=[*findings, *(f for f in merged.findings if f.code not in ("spelling-read", "keys-passed-over"))],
     )

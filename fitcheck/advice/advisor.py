@@ -28,7 +28,7 @@ from fitcheck.advice.batch_search import (
     plan_global_batch,
     with_micro_batch,
 )
-from fitcheck.advice.levers import CKPT_WORDS, GPUS_PER_NODE, TIER_ORDER, Lever, Tier, ds_stage, levers
+from fitcheck.advice.levers import CKPT_WORDS, GPUS_PER_NODE, TIER_ORDER, Lever, Tier, levers
 from fitcheck.core import ComputeEstimate, compute_estimate, relative_time_per_token
 from fitcheck.report import Report
 from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy, TrainingSpec
@@ -186,7 +186,7 @@ class _Evaluator:
 def _more_gpus(ev: _Evaluator) -> Suggestion | None:
     spec = ev.spec
     n = spec.data_parallel_size
-    stage = max(ds_stage(spec), 3)
+    stage = max(spec.sharding.zero_stage or 0, 3)
     if spec.sharding.strategy is Strategy.FSDP:
         return None
     for factor in (2, 4, 8, 16, 32, 64):

@@ -19,6 +19,7 @@ from fitcheck.spec import (
     DeepSpeedSpec,
     LoraSpec,
     OffloadDevice,
+    OptimizerName,
     QuantSpec,
     Strategy,
     TrainingSpec,
@@ -59,11 +60,6 @@ class Lever:
     pairable: bool = True
 
 
-def ds_stage(spec: TrainingSpec) -> int:
-    ds = spec.sharding.deepspeed
-    return ds.stage if spec.sharding.strategy is Strategy.DEEPSPEED and ds is not None else 0
-
-
 def with_deepspeed(spec: TrainingSpec, **changes: Any) -> TrainingSpec:
     """The spec under DeepSpeed with ``changes`` to its settings.
 
@@ -80,15 +76,9 @@ def with_deepspeed(spec: TrainingSpec, **changes: Any) -> TrainingSpec:
 
 
 def _fresh_deepspeed(spec: TrainingSpec) -> DeepSpeedSpec:
-    from fitcheck.readers import resolve_deepspeed
+    from fitcheck.readers import accelerate_deepspeed_config, resolve_deepspeed
 
-    # accelerate DeepSpeedPlugin defaults without a file (accelerate/utils/dataclasses.py): stage 2, "auto".
-    raw: dict[str, object] = {
-        "train_batch_size": "auto",
-        "train_micro_batch_size_per_gpu": "auto",
-        "gradient_accumulation_steps": "auto",
-        "zero_optimization": {"stage": 2},
-    }
+    raw = accelerate_deepspeed_config()  # what accelerate builds from --zero_stage alone
     run: dict[str, object] = {
         "per_device_train_batch_size": spec.batch.micro_batch,
         "gradient_accumulation_steps": spec.batch.grad_accum,
@@ -151,7 +141,7 @@ def _chunked_loss(s: TrainingSpec) -> TrainingSpec:
     return replace(s, activations=replace(s.activations, loss="chunked"))
 
 
-def _optimizer(name: str) -> Transform:
+def _optimizer(name: OptimizerName) -> Transform:
     def apply(s: TrainingSpec) -> TrainingSpec:
         return replace(s, optimizer=replace(s.optimizer, name=name))
 
@@ -235,7 +225,11 @@ def _memory_levers(spec: TrainingSpec, report: Report) -> list[Lever]:
             )
         )
     if spec.optimizer.name in _ADAM_FULL_STATE:
-        for name, words in (("adamw_bnb_8bit", "8-bit AdamW"), ("paged_adamw_8bit", "paged 8-bit AdamW")):
+        eight_bit: tuple[tuple[OptimizerName, str], ...] = (
+            ("adamw_bnb_8bit", "8-bit AdamW"),
+            ("paged_adamw_8bit", "paged 8-bit AdamW"),
+        )
+        for name, words in eight_bit:
             out.append(
                 Lever(
                     name,
@@ -254,7 +248,7 @@ def _sharding_levers(spec: TrainingSpec) -> list[Lever]:
     """ZeRO stage up (several GPUs) and DeepSpeed CPU offload (any number of GPUs)."""
     out: list[Lever] = []
     sh = spec.sharding
-    stage = ds_stage(spec)
+    stage = spec.sharding.zero_stage or 0
     if spec.data_parallel_size > 1 and sh.strategy in (Strategy.DDP, Strategy.DEEPSPEED):
         for new in range(max(1, stage + 1), 4):
             words = f"DeepSpeed zero_optimization.stage={new} ({_DS_WORDS.format(stage=new)})"

@@ -28,109 +28,7 @@ from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters import meta_inventory
 
-_BOOL = "bool"
-_LIST = "list"
-
-# (flag, kind, help). kind: "bool" (optional true/false), "list" (one or more), or a type/None (one string).
-_FLAGS: list[tuple[str, str | None, str]] = [
-    # model
-    (
-        "model_name_or_path",
-        None,
-        "Hub id (built-in catalog or local HF cache), a directory with config.json, or a config.json path",
-    ),
-    (
-        "dtype",
-        None,
-        "dtype the model is loaded in: auto (config.json's, transformers 5 default), bfloat16, "
-        "float16, float32; alias --torch_dtype",
-    ),
-    ("attn_implementation", None, "eager, sdpa (default) or flash_attention_2"),
-    # batch
-    ("per_device_train_batch_size", None, "micro-batch per GPU (default 8, as TrainingArguments)"),
-    ("gradient_accumulation_steps", None, "gradient accumulation steps (default 1)"),
-    (
-        "max_seq_length",
-        None,
-        "length of EVERY sequence in the micro-batch (padded/packed to it; default 1024); alias --max_length",
-    ),
-    # precision / optimizer
-    ("bf16", _BOOL, "bf16 mixed precision (autocast)"),
-    ("fp16", _BOOL, "fp16 mixed precision (autocast)"),
-    ("optim", None, "TrainingArguments.optim name (default adamw_torch_fused)"),
-    ("optim_args", None, "optimizer arguments as key=value,key=value (e.g. rank=128 for GaLore)"),
-    ("optim_target_modules", _LIST, "modules GaLore/APOLLO project"),
-    # activations
-    (
-        "gradient_checkpointing",
-        _BOOL,
-        "activation (gradient) checkpointing; alias --activation_checkpointing",
-    ),
-    ("checkpoint_every_n_layers", None, "checkpoint one decoder layer in n (transformers 5 every_n_layers)"),
-    ("loss", None, "standard (HF cross-entropy on full logits) or chunked (fused/chunked CE kernels)"),
-    # peft
-    ("use_peft", _BOOL, "train LoRA adapters (TRL)"),
-    ("lora_r", None, "LoRA rank (TRL default 16)"),
-    ("lora_alpha", None, "LoRA alpha (TRL default 32)"),
-    ("lora_dropout", None, "LoRA dropout (TRL default 0.05)"),
-    ("lora_target_modules", _LIST, "module names, or all-linear (default: peft's table for the model type)"),
-    (
-        "lora_modules_to_save",
-        _LIST,
-        "modules trained in full next to the adapters (e.g. lm_head embed_tokens)",
-    ),
-    ("lora_target_parameters", _LIST, "parameter names for peft's ParamWrapper (fused MoE experts)"),
-    ("lora_layers_to_transform", _LIST, "only these layer indices get adapters"),
-    ("use_dora", _BOOL, "DoRA"),
-    ("use_rslora", _BOOL, "rsLoRA"),
-    ("adapter_config", None, "a PEFT adapter_config.json (LoRA settings read from it)"),
-    # quantization
-    ("load_in_4bit", _BOOL, "bitsandbytes 4-bit base (QLoRA)"),
-    ("load_in_8bit", _BOOL, "bitsandbytes LLM.int8 base"),
-    ("bnb_4bit_quant_type", None, "nf4 or fp4"),
-    ("use_bnb_nested_quant", _BOOL, "double quantization (bnb_4bit_use_double_quant)"),
-    (
-        "bnb_4bit_quant_storage",
-        None,
-        "packing dtype of 4-bit weights (uint8 default; bfloat16 for FSDP-QLoRA)",
-    ),
-    ("bnb_4bit_compute_dtype", None, "compute dtype of 4-bit layers (default: --dtype)"),
-    ("llm_int8_skip_modules", _LIST, "modules kept unquantized"),
-    # partial training
-    (
-        "trainable_parameters",
-        _LIST,
-        "train only parameters matching these patterns (e.g. '*.mlp.gate.*'); layer index written as *",
-    ),
-    ("trainable_layers", _LIST, "train only these layer indices"),
-    # distributed
-    ("num_processes", None, "total processes (GPUs) over all machines, as accelerate counts them"),
-    ("num_machines", None, "number of machines (nodes)"),
-    ("training_args", None, "a TrainingArguments JSON or YAML file"),
-    ("deepspeed", None, "a DeepSpeed JSON ('auto' values resolved as transformers does)"),
-    ("config_file", None, "an accelerate config YAML (default: accelerate's default location if it exists)"),
-    ("fsdp", None, "TrainingArguments fsdp string, e.g. 'full_shard auto_wrap offload'"),
-    ("fsdp_config", None, "an FSDP config file (JSON/YAML)"),
-    ("zero_stage", None, "DeepSpeed ZeRO stage 0-3"),
-    ("offload_optimizer", None, "DeepSpeed offload_optimizer device: none, cpu, nvme"),
-    ("offload_param", None, "DeepSpeed offload_param device (ZeRO-3): none, cpu, nvme"),
-    # hardware
-    ("gpu", None, "GPU name, e.g. H100-80GB, A100-40GB, RTX4090-24GB, L40S-48GB (default H100-80GB)"),
-    ("gpu_memory", None, "memory per GPU instead of --gpu, e.g. 80GiB or 24GB"),
-    ("device_type", None, "cuda (default) or cpu (live tensors only: for validation against CPU runs)"),
-    ("host_memory", None, "RAM per node, to check CPU offload, e.g. 512GiB"),
-    ("expandable_segments", _BOOL, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set"),
-    # checks
-    (
-        "device_map",
-        None,
-        "check a device_map (auto, balanced, sequential) for trainable parameters on cpu/disk",
-    ),
-    ("max_memory", None, "max_memory for the device_map check, e.g. 0=24GiB,cpu=200GiB"),
-]
-
 FILE_FLAGS = ("training_args", "deepspeed", "config_file", "fsdp", "fsdp_config")
-SHARDING_FLAGS = ("zero_stage", "offload_optimizer", "offload_param")
 
 
 def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,22 +37,15 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     Unpassed flags are absent from the namespace (``argparse.SUPPRESS``), so readers can tell explicit values
     from defaults.
     """
-    aliases = {
-        "dtype": ["--torch_dtype"],
-        "max_seq_length": ["--max_length"],
-        "gradient_checkpointing": ["--activation_checkpointing"],
-    }
-    for name, kind, help_text in _FLAGS:
-        spellings = [f"--{name}"]
-        if "_" in name:
-            spellings.append(f"--{name.replace('_', '-')}")
-        spellings += aliases.get(name, [])
-        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
-        if kind == _BOOL:
+    from fitcheck.readers import cli_flags
+
+    for flag in cli_flags():
+        kwargs: dict[str, Any] = {"dest": flag.name, "default": argparse.SUPPRESS, "help": flag.help}
+        if flag.kind == "bool":
             kwargs.update(nargs="?", const=True, metavar="true|false")
-        elif kind == _LIST:
+        elif flag.kind == "list":
             kwargs.update(nargs="+")
-        parser.add_argument(*spellings, **kwargs)
+        parser.add_argument(*flag.spellings, **kwargs)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--trace",
@@ -179,7 +70,9 @@ def register(subparsers: Any) -> None:
 
 def explicit_values(args: argparse.Namespace) -> dict[str, object]:
     """The flags the user passed, by canonical name."""
-    names = {name for name, _, _ in _FLAGS}
+    from fitcheck.readers import cli_flags
+
+    names = {flag.name for flag in cli_flags()}
     return {k: v for k, v in vars(args).items() if k in names}
 
 
@@ -198,8 +91,7 @@ def spec_from_values(
     Raises:
         FitcheckError: Bad input (exit 2).
     """
-    from fitcheck.readers import load_inventory, merge_sources
-    from fitcheck.readers import spec_from_values as build
+    from fitcheck.readers import load_inventory, merge_sources, spec_from_settings
 
     model = values.get("model_name_or_path")
     if not model:
@@ -218,12 +110,8 @@ def spec_from_values(
         env=env,
         hidden_size=inventory.shape.hidden_size,
     )
-    spec, assumptions = build(
-        merged.values,
-        inventory=inventory,
-        sharding=merged.sharding,
-        provenance=merged.provenance,
-        findings=merged.findings,
+    spec, assumptions = spec_from_settings(
+        merged.settings, inventory=inventory, sharding=merged.sharding, findings=merged.findings
     )
     if "adapter_config" in values:
         from fitcheck.readers import read_adapter_config

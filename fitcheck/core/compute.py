@@ -219,13 +219,7 @@ def _comm_bytes_per_gpu(spec: TrainingSpec, trainable_total: float) -> float:
     weight_b = float(spec.precision.load_dtype.nbytes)
     gas = spec.batch.grad_accum
     total_params = float(spec.model.total_params)
-    sh = spec.sharding
-    stage = 0
-    if sh.strategy is Strategy.DEEPSPEED and sh.deepspeed is not None:
-        stage = sh.deepspeed.stage
-    elif sh.strategy is Strategy.FSDP:
-        strategy = sh.fsdp.sharding_strategy if sh.fsdp is not None else "FULL_SHARD"
-        stage = {"NO_SHARD": 0, "SHARD_GRAD_OP": 2}.get(strategy, 3)
+    stage = spec.sharding.zero_equivalent_stage
     if stage <= 1:
         return 2 * ring * trainable_total * grad_b  # one all-reduce of the gradients per step (no_sync)
     reduce_scatter = gas * ring * trainable_total * grad_b  # every micro-step

@@ -6,24 +6,35 @@
 - :mod:`.deepspeed` (+ ``deepspeed_zero``, ``deepspeed_batch``): DeepSpeed JSON, ``"auto"`` resolved as
   transformers does; :mod:`.fsdp_config`: FSDP options; :mod:`.accelerate_config`: accelerate's YAML;
 - :mod:`.peft_config`, :mod:`.quantization_config`: adapter and bitsandbytes configs;
-- :mod:`.merge`: every source of one run merged by precedence; :mod:`.run_args`: merged values -> spec.
+- :mod:`.settings_table`: the one table of run settings (names, spellings, kinds, CLI flags);
+  :mod:`.run_settings`: ``RunSettings``, one typed value per setting with its default and provenance;
+- :mod:`.merge`: every source of one run merged by precedence into ``RunSettings``; :mod:`.run_args`:
+  settings -> spec.
 
 Where a new reader goes: a module here returning spec pieces (and findings), merged in :mod:`.merge`.
 """
 
 from fitcheck.readers.accelerate_config import default_config_path
-from fitcheck.readers.deepspeed import resolve_deepspeed
+from fitcheck.readers.deepspeed import accelerate_deepspeed_config, resolve_deepspeed
 from fitcheck.readers.families_base import ConfigView, mlp_kind
 from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
 from fitcheck.readers.merge import merge_sources
 from fitcheck.readers.model_config import MetaFallback, inventory_from_config, load_inventory
 from fitcheck.readers.peft_config import read_adapter_config
-from fitcheck.readers.run_args import spec_from_values
+from fitcheck.readers.run_args import spec_from_settings, spec_from_values
+from fitcheck.readers.run_settings import CliFlag, RunSettings, cli_flags
+from fitcheck.readers.settings_table import SETTINGS, canonical_key
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_object
 
 __all__ = [
+    "SETTINGS",
+    "CliFlag",
     "ConfigView",
     "MetaFallback",
+    "RunSettings",
+    "accelerate_deepspeed_config",
+    "canonical_key",
+    "cli_flags",
     "default_config_path",
     "fsdp_from_config",
     "fsdp_option_string",
@@ -35,5 +46,6 @@ __all__ = [
     "read_script_argv",
     "read_training_args_object",
     "resolve_deepspeed",
+    "spec_from_settings",
     "spec_from_values",
 ]

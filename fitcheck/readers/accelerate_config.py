@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
+from fitcheck.readers.deepspeed import accelerate_deepspeed_config
 from fitcheck.readers.fsdp_config import FsdpRead, fsdp_from_config
 from fitcheck.readers.sources import as_bool, as_int, as_str, load_mapping_file, where
 from fitcheck.spec import MixedPrecision
@@ -301,22 +302,11 @@ def _with_deepspeed(read: AccelerateRead, raw: Mapping[str, object], path: str) 
     gas: object = cfg.get("gradient_accumulation_steps", "auto")
     if gas != "auto":
         gas = as_int(gas, at=where(src, "gradient_accumulation_steps"), minimum=1)
-    ds: dict[str, object] = {
-        "train_batch_size": "auto",
-        "train_micro_batch_size_per_gpu": "auto",
-        "gradient_accumulation_steps": gas,
-        "zero_optimization": {
-            "stage": stage,
-            "offload_optimizer": {
-                "device": cfg.get("offload_optimizer_device") or "none",
-                "nvme_path": cfg.get("offload_optimizer_nvme_path"),
-            },
-            "offload_param": {
-                "device": cfg.get("offload_param_device") or "none",
-                "nvme_path": cfg.get("offload_param_nvme_path"),
-            },
-        },
+    offload = {
+        name: {"device": cfg.get(f"{name}_device") or "none", "nvme_path": cfg.get(f"{name}_nvme_path")}
+        for name in ("offload_optimizer", "offload_param")
     }
+    ds = accelerate_deepspeed_config(stage, gas, offload)
     if read.mixed_precision in (MixedPrecision.BF16, MixedPrecision.FP16):
         ds[read.mixed_precision.value] = {"enabled": True}
     return replace(read, deepspeed=ds, zero3_init=zero3_init, findings=tuple(findings))

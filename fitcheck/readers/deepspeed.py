@@ -57,6 +57,25 @@ class DeepSpeedRead:
     findings: tuple[Finding, ...] = ()
 
 
+def accelerate_deepspeed_config(
+    stage: int = 2, gradient_accumulation_steps: object = "auto", offload: Mapping[str, object] | None = None
+) -> dict[str, object]:
+    """The DeepSpeed dict accelerate builds without a config file (``DeepSpeedPlugin.__post_init__``,
+    accelerate 1.15 utils/dataclasses.py): ``zero_stage`` default 2, batch sizes ``"auto"``.
+
+    Args:
+        stage: ``zero_stage``.
+        gradient_accumulation_steps: accelerate's value (``"auto"`` unless its config sets one).
+        offload: ``offload_optimizer``/``offload_param`` sections, when the accelerate config names them.
+    """
+    return {
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "zero_optimization": {"stage": stage, **(offload or {})},
+    }
+
+
 def load_deepspeed_file(path: str) -> dict[str, object]:
     """Load a DeepSpeed JSON config (DeepSpeed reads it with ``json.load``).
 

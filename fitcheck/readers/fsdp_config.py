@@ -10,20 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import get_args
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
 from fitcheck.readers.sources import as_bool, as_int, as_str_list, where
-from fitcheck.spec import FsdpSpec
+from fitcheck.spec import SHARDING_STRATEGIES, AutoWrapPolicy, FsdpSpec, ShardingStrategy
 
-FSDP_STRATEGIES = (
-    "FULL_SHARD",
-    "SHARD_GRAD_OP",
-    "NO_SHARD",
-    "HYBRID_SHARD",
-    "HYBRID_SHARD_ZERO2",
-)  # constants.py
-WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+FSDP_STRATEGIES = SHARDING_STRATEGIES  # accelerate utils/constants.py FSDP_SHARDING_STRATEGY, in its order
+WRAP_POLICIES: tuple[AutoWrapPolicy, ...] = get_args(AutoWrapPolicy)
 # fsdp_config keys (without the fsdp_ prefix) read by accelerate's FSDP plugin and transformers.
 FSDP_KEYS = frozenset(
     [
@@ -109,38 +104,13 @@ def fsdp_from_config(cfg: Mapping[str, object], *, source: str, flavour: str) ->
     def at(short: str) -> str:
         return where(source, spelled.get(short, short))
 
-    default_version = (
-        2 if flavour == "trainer" else 1
-    )  # training_args.py default 2; accelerate FSDP_VERSION "1"
-    version = as_int(c.get("version", default_version), at=at("version"))
-    if version not in (1, 2):
-        raise ConfigError(f"{at('version')}: must be 1 or 2, got {version}")
-    prov["version"] = at("version") if "version" in c else f"{flavour} default fsdp_version {default_version}"
-    if version == 1:
-        findings.append(
-            Finding(
-                "spelling-read",
-                Severity.INFO,
-                f"{source}: FSDP1 settings read (sharding_strategy / reshard_after_forward as a "
-                "strategy name)",
-                "",
-            )
-        )
+    version = _version(c, flavour, at, prov, source, findings)
     strategy, reshard = _strategy(c, version, at, prov, findings)
     offload_key = next((k for k in ("offload_params", "cpu_offload") if c.get(k) is not None), None)
     offload = as_bool(c[offload_key], at=at(offload_key)) if offload_key else False
     if offload_key:
         prov["offload_params"] = at(offload_key)
-    policy = str(c.get("auto_wrap_policy") or "TRANSFORMER_BASED_WRAP").strip().upper()
-    if policy not in WRAP_POLICIES:
-        raise ConfigError(
-            f"{at('auto_wrap_policy')}: must be one of {', '.join(WRAP_POLICIES)}, got {policy!r}"
-        )
-    min_params = 0
-    if policy == "SIZE_BASED_WRAP":
-        min_params = as_int(
-            c.get("min_num_params", 100_000_000), at=at("min_num_params"), minimum=1
-        )  # launch.py
+    policy, min_params = _wrap_policy(c, at)
     if c.get("transformer_layer_cls_to_wrap") is not None:
         as_str_list(c["transformer_layer_cls_to_wrap"], at=at("transformer_layer_cls_to_wrap"))
     use_orig = as_bool(c.get("use_orig_params", True), at=at("use_orig_params"))
@@ -164,13 +134,56 @@ def fsdp_from_config(cfg: Mapping[str, object], *, source: str, flavour: str) ->
     return FsdpRead(spec, ac, prov, tuple(findings))
 
 
+def _version(
+    c: Mapping[str, object],
+    flavour: str,
+    at: Callable[[str], str],
+    prov: dict[str, str],
+    source: str,
+    findings: list[Finding],
+) -> int:
+    default_version = (
+        2 if flavour == "trainer" else 1
+    )  # training_args.py default 2; accelerate FSDP_VERSION "1"
+    version = as_int(c.get("version", default_version), at=at("version"))
+    if version not in (1, 2):
+        raise ConfigError(f"{at('version')}: must be 1 or 2, got {version}")
+    prov["version"] = at("version") if "version" in c else f"{flavour} default fsdp_version {default_version}"
+    if version == 1:
+        findings.append(
+            Finding(
+                "spelling-read",
+                Severity.INFO,
+                f"{source}: FSDP1 settings read (sharding_strategy / reshard_after_forward as a "
+                "strategy name)",
+                "",
+            )
+        )
+    return version
+
+
+def _wrap_policy(c: Mapping[str, object], at: Callable[[str], str]) -> tuple[AutoWrapPolicy, int]:
+    text = str(c.get("auto_wrap_policy") or "TRANSFORMER_BASED_WRAP").strip().upper()
+    policy = next((p for p in WRAP_POLICIES if p == text), None)
+    if policy is None:
+        raise ConfigError(
+            f"{at('auto_wrap_policy')}: must be one of {', '.join(WRAP_POLICIES)}, got {text!r}"
+        )
+    min_params = 0
+    if policy == "SIZE_BASED_WRAP":
+        min_params = as_int(
+            c.get("min_num_params", 100_000_000), at=at("min_num_params"), minimum=1
+        )  # launch.py
+    return policy, min_params
+
+
 def _strategy(
     c: Mapping[str, object],
     version: int,
     at: Callable[[str], str],
     prov: dict[str, str],
     findings: list[Finding],
-) -> tuple[str, bool]:
+) -> tuple[ShardingStrategy, bool]:
     raw_strategy = c.get("sharding_strategy")
     raw_reshard = c.get("reshard_after_forward")
     if version == 1:
@@ -218,15 +231,16 @@ def _strategy(
     return ("FULL_SHARD" if reshard else "SHARD_GRAD_OP"), reshard
 
 
-def _strategy_name(value: object, at: str) -> str:
+def _strategy_name(value: object, at: str) -> ShardingStrategy:
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= len(FSDP_STRATEGIES):
         return FSDP_STRATEGIES[value - 1]  # accelerate: FSDP_SHARDING_STRATEGY.index(name) + 1
     text = str(value).strip().upper()
     if text.isdigit() and 1 <= int(text) <= len(FSDP_STRATEGIES):
         return FSDP_STRATEGIES[int(text) - 1]
-    if text not in FSDP_STRATEGIES:
+    name = next((s for s in FSDP_STRATEGIES if s == text), None)
+    if name is None:
         raise ConfigError(f"{at}: {value!r} is not one of {', '.join(FSDP_STRATEGIES)}")
-    return text
+    return name
 
 
 def fsdp_option_string(value: object, *, at: str, version: int = 2) -> dict[str, object]:

@@ -48,7 +48,7 @@ from fitcheck.core.optimizers.step_tensors import (
 )
 from fitcheck.errors import NotModelledError
 from fitcheck.findings import Finding, Severity
-from fitcheck.spec import OptimizerSpec
+from fitcheck.spec import OPTIMIZER_NAMES, OptimizerName, OptimizerSpec
 
 __all__ = [
     "OPTIMIZER_NAMES",
@@ -58,53 +58,8 @@ __all__ = [
     "optimizer_memory",
 ]
 
-# transformers 5.23 training_args.py OptimizerNames, in declaration order.
-OPTIMIZER_NAMES: tuple[str, ...] = (
-    "adamw_torch",
-    "adamw_torch_fused",
-    "adamw_torch_xla",
-    "adamw_torch_npu_fused",
-    "adafactor",
-    "adamw_anyprecision",
-    "adamw_torch_4bit",
-    "adamw_torch_8bit",
-    "ademamix",
-    "sgd",
-    "adagrad",
-    "adamw_bnb_8bit",
-    "adamw_8bit",
-    "ademamix_8bit",
-    "lion_8bit",
-    "lion_32bit",
-    "paged_adamw_32bit",
-    "paged_adamw_8bit",
-    "paged_ademamix_32bit",
-    "paged_ademamix_8bit",
-    "paged_lion_32bit",
-    "paged_lion_8bit",
-    "rmsprop",
-    "rmsprop_bnb",
-    "rmsprop_bnb_8bit",
-    "rmsprop_bnb_32bit",
-    "galore_adamw",
-    "galore_adamw_8bit",
-    "galore_adafactor",
-    "galore_adamw_layerwise",
-    "galore_adamw_8bit_layerwise",
-    "galore_adafactor_layerwise",
-    "lomo",
-    "adalomo",
-    "grokadamw",
-    "schedule_free_radam",
-    "schedule_free_adamw",
-    "schedule_free_sgd",
-    "apollo_adamw",
-    "apollo_adamw_layerwise",
-    "stable_adamw",
-)
-
 # Names earlier transformers releases accepted and 5.x rejects, with their current equivalent.
-_RETIRED: dict[str, tuple[str, str]] = {
+_RETIRED: dict[str, tuple[OptimizerName, str]] = {
     # transformers <= 4.4x: "adamw_hf" = transformers.AdamW, removed with that class; torch AdamW is the
     # same math.
     "adamw_hf": ("adamw_torch", "transformers' own AdamW was removed; torch.optim.AdamW is its replacement"),
@@ -124,7 +79,7 @@ _NOT_MODELLED: dict[str, str] = {
 }
 
 
-def canonical_optimizer(name: str) -> tuple[str, Finding | None]:
+def canonical_optimizer(name: str) -> tuple[OptimizerName, Finding | None]:
     """Map an ``optim`` value to the name transformers 5.23 accepts.
 
     Args:
@@ -137,8 +92,9 @@ def canonical_optimizer(name: str) -> tuple[str, Finding | None]:
         NotModelledError: If the name is neither a current nor a known retired optimizer name.
     """
     key = name.strip().lower()
-    if key in OPTIMIZER_NAMES:
-        return key, None
+    current = next((n for n in OPTIMIZER_NAMES if n == key), None)
+    if current is not None:
+        return current, None
     if key in _RETIRED:
         new, why = _RETIRED[key]
         return new, Finding(

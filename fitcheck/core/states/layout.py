@@ -45,16 +45,11 @@ def ds_mixed_dtype(spec: TrainingSpec) -> Dtype | None:
     return None
 
 
-def ds_stage(spec: TrainingSpec) -> int:
-    ds = spec.sharding.deepspeed
-    return ds.stage if ds is not None and spec.sharding.strategy is Strategy.DEEPSPEED else -1
-
-
 def has_master(spec: TrainingSpec) -> bool:
     # ZeRO 1-3 always clone an fp32 partition (even for fp32 models); ZeRO-0 only wraps 16-bit
     # (FP16_Optimizer).
-    stage = ds_stage(spec)
-    return stage >= 1 or (stage == 0 and ds_mixed_dtype(spec) is not None)
+    stage = spec.sharding.zero_stage
+    return stage is not None and (stage >= 1 or ds_mixed_dtype(spec) is not None)
 
 
 def _decay(entry: ParamEntry) -> bool:

@@ -8,7 +8,6 @@ from fitcheck.core.states.layout import (
     all_trainable,
     build_layout,
     ds_mixed_dtype,
-    ds_stage,
     has_master,
     total_bytes,
 )
@@ -34,9 +33,9 @@ def describe_regime(spec: TrainingSpec) -> str:
     cast = ds_mixed_dtype(spec)
     if cast is not None:
         return (
-            f"DeepSpeed {cast.value} (ZeRO-{max(ds_stage(spec), 0)}): 16-bit parameters and gradients, "
+            f"DeepSpeed {cast.value} (ZeRO-{spec.sharding.zero_stage or 0}): 16-bit parameters and gradients, "
             f"fp32 master "
-            "weights and fp32 optimizer states" + (" (partitioned)" if ds_stage(spec) >= 1 else "")
+            "weights and fp32 optimizer states" + (" (partitioned)" if (spec.sharding.zero_stage or 0) >= 1 else "")
         )
     if has_master(spec):
         return "DeepSpeed ZeRO fp32: fp32 parameters, gradients and states, plus ZeRO's fp32 partition copy"

@@ -95,7 +95,7 @@ def partition(spec: TrainingSpec) -> Partition:
         return Partition(description=f"DDP over {n} GPUs: full replica per GPU")
     if sh.strategy is Strategy.DEEPSPEED:
         ds = sh.deepspeed
-        stage = ds.stage if ds is not None else 0
+        stage = sh.zero_stage or 0
         # Offload is done by the ZeRO optimizers (stage >= 1); offload_param only by ZeRO-3 (stage3.py).
         off_opt = ds is not None and stage >= 1 and ds.offload_optimizer is not OffloadDevice.NONE
         off_par = ds is not None and stage == 3 and ds.offload_param is not OffloadDevice.NONE
