@@ -24,11 +24,13 @@ from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
 from fitcheck.readers.deepspeed_batch import batch_int, set_batch_related
 from fitcheck.readers.deepspeed_zero import not_modelled_findings, zero_spec
+from fitcheck.readers.run_settings import DEFAULTS as _RUN_DEFAULTS
 from fitcheck.readers.sources import as_bool, is_auto, load_mapping_file, where
 from fitcheck.spec import DeepSpeedSpec, MixedPrecision
 
-_TA_DEFAULT_MICRO = 8  # transformers training_args.py per_device_train_batch_size default
-_TA_DEFAULT_GAS = 1  # transformers training_args.py gradient_accumulation_steps default
+# TrainingArguments defaults "auto" falls back to (transformers training_args.py), written once in RunSettings.
+_TA_DEFAULT_MICRO = _RUN_DEFAULTS.per_device_train_batch_size
+_TA_DEFAULT_GAS = _RUN_DEFAULTS.gradient_accumulation_steps
 _EASIEST = "The easiest method is to set these DeepSpeed config values to 'auto'."  # transformers' wording
 
 
@@ -143,38 +145,64 @@ def resolve_deepspeed(
         hidden=hidden_size,
         names=run_provenance,
     )
-    findings: list[Finding] = []
-    prov: dict[str, str] = {}
-    problems: list[str] = []
-    mismatches: list[str] = []
-
-    def fill_match(key: str, value: object, hf_key: str, hf_val: object, default: object) -> object:
-        """transformers' fill_match: "auto" takes the run value; a concrete value must equal it."""
-        if value is None:
-            return None
-        if is_auto(value):
-            chosen = hf_val if hf_val is not None else default
-            prov[key] = (
-                f"{source}:{key}=auto <- {r.names.get(hf_key, hf_key)}"
-                if hf_val is not None
-                else f"{source}:{key}=auto <- TrainingArguments default {hf_key}={default}"
-            )
-            return chosen
-        prov[key] = where(source, key)
-        if hf_val is not None and value != hf_val:
-            mismatches.append(
-                f"- ds {key}={value} vs hf {hf_key}={hf_val} (from {r.names.get(hf_key, hf_key)})"
-            )
-        return value
-
     if "zero_optimization" not in raw:
         # accelerate DeepSpeedPlugin.__post_init__ (used by the Trainer too) refuses a file without it.
         raise ConfigError(
             f"{source}: Please specify the ZeRO optimization config in the DeepSpeed config (accelerate's "
             'message); add "zero_optimization": {"stage": 0|1|2|3}'
         )
-    # --- batch -------------------------------------------------------------------------------------------
-    micro_raw = raw.get("train_micro_batch_size_per_gpu")
+    fill = _Filler(source, r.names)
+    findings: list[Finding] = []
+    micro, gas, tbs = _batch(raw, r, fill, findings)
+    mixed, precision_from_file = _precision(raw, r, fill)
+    zero = _section(raw, "zero_optimization", source) or {}
+    spec = zero_spec(zero, source=source, hidden=r.hidden, prov=fill.prov, findings=findings)
+    findings.extend(not_modelled_findings(raw, source))
+    if fill.mismatches:
+        findings.append(
+            Finding(
+                "deepspeed-trainer-mismatch",
+                Severity.ERROR,
+                f"{source}: DeepSpeed config values mismatch TrainingArguments values (transformers raises "
+                "this at Trainer start):\n" + "\n".join(fill.mismatches),
+                _EASIEST,
+            )
+        )
+    return DeepSpeedRead(spec, micro, gas, tbs, mixed, precision_from_file, fill.prov, tuple(findings))
+
+
+class _Filler:
+    """transformers' ``fill_match``: ``"auto"`` takes the run value; a concrete value must equal it."""
+
+    def __init__(self, source: str, names: Mapping[str, str]) -> None:
+        self.source = source
+        self.names = names
+        self.prov: dict[str, str] = {}
+        self.mismatches: list[str] = []
+
+    def __call__(self, key: str, value: object, hf_key: str, hf_val: object, default: object) -> object:
+        source = self.source
+        if value is None:
+            return None
+        if is_auto(value):
+            self.prov[key] = (
+                f"{source}:{key}=auto <- {self.names.get(hf_key, hf_key)}"
+                if hf_val is not None
+                else f"{source}:{key}=auto <- TrainingArguments default {hf_key}={default}"
+            )
+            return hf_val if hf_val is not None else default
+        self.prov[key] = where(source, key)
+        if hf_val is not None and value != hf_val:
+            self.mismatches.append(
+                f"- ds {key}={value} vs hf {hf_key}={hf_val} (from {self.names.get(hf_key, hf_key)})"
+            )
+        return value
+
+
+def _batch(raw: Mapping[str, object], r: _Run, fill: _Filler, findings: list[Finding]) -> tuple[int, int, int]:
+    """Micro-batch, accumulation and train batch size after "auto" and DeepSpeed's own derivation."""
+    source = fill.source
+    problems: list[str] = []
     gas_raw = raw.get("gradient_accumulation_steps")
     gas_missing = gas_raw is None
     if gas_missing:
@@ -189,54 +217,30 @@ def resolve_deepspeed(
                     f'add "gradient_accumulation_steps": "auto" to {source}',
                 )
             )
-    tbs_raw = raw.get("train_batch_size")
-    micro = batch_int(
-        fill_match(
-            "train_micro_batch_size_per_gpu",
-            micro_raw,
-            "per_device_train_batch_size",
-            r.micro,
-            _TA_DEFAULT_MICRO,
-        ),
-        source,
-        "train_micro_batch_size_per_gpu",
-        problems,
-    )
-    gas = batch_int(
-        fill_match(
-            "gradient_accumulation_steps",
-            gas_raw,
-            "gradient_accumulation_steps",
-            None if gas_missing else r.gas,
-            _TA_DEFAULT_GAS,
-        ),
-        source,
-        "gradient_accumulation_steps",
-        problems,
-    )
+    micro_key, gas_key, tbs_key = "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"
+    micro_filled = fill(micro_key, raw.get(micro_key), "per_device_train_batch_size", r.micro, _TA_DEFAULT_MICRO)
+    micro = batch_int(micro_filled, source, micro_key, problems)
+    gas_filled = fill(gas_key, gas_raw, gas_key, None if gas_missing else r.gas, _TA_DEFAULT_GAS)
+    gas = batch_int(gas_filled, source, gas_key, problems)
     run_micro = micro if micro is not None else r.micro if r.micro is not None else _TA_DEFAULT_MICRO
     run_gas = gas if gas is not None else r.gas if r.gas is not None else _TA_DEFAULT_GAS
-    tbs = batch_int(
-        fill_match(
-            "train_batch_size",
-            tbs_raw,
-            "train_batch_size (calculated)",
-            # transformers fills world x TrainingArguments micro x GAS; after a recorded mismatch transformers
-            # stops on that mismatch first, so the DeepSpeed-side product keeps the assertion quiet here.
-            r.world * run_micro * run_gas
-            if mismatches
-            else r.world * (r.micro or run_micro) * (r.gas or run_gas),
-            None,
-        ),
-        source,
-        "train_batch_size",
-        problems,
+    # transformers fills world x TrainingArguments micro x GAS; after a recorded mismatch transformers stops on
+    # that mismatch first, so the DeepSpeed-side product keeps the assertion quiet here.
+    tbs_run = (
+        r.world * run_micro * run_gas
+        if fill.mismatches
+        else r.world * (r.micro or run_micro) * (r.gas or run_gas)
     )
+    tbs = batch_int(fill(tbs_key, raw.get(tbs_key), "train_batch_size (calculated)", tbs_run, None), source,
+                    tbs_key, problems)
     if problems:
         raise ConfigError.collect(problems)
-    micro, gas, tbs = set_batch_related(micro, gas, tbs, r.world, source)
+    return set_batch_related(micro, gas, tbs, r.world, source)
 
-    # --- precision ---------------------------------------------------------------------------------------
+
+def _precision(raw: Mapping[str, object], r: _Run, fill: _Filler) -> tuple[MixedPrecision, bool]:
+    """What ``bf16.enabled``/``fp16.enabled`` imply, and whether the file sets them to concrete values."""
+    source = fill.source
     bf16_sec = _section(raw, "bf16", source) or _section(raw, "bfloat16", source)
     fp16_sec = _section(raw, "fp16", source)
     precision_from_file = False
@@ -244,33 +248,12 @@ def resolve_deepspeed(
     for name, sec, hf in (("bf16", bf16_sec, r.bf16), ("fp16", fp16_sec, r.fp16)):
         if sec is None or "enabled" not in sec:
             continue
-        value = fill_match(f"{name}.enabled", sec["enabled"], name, hf, False)
+        value = fill(f"{name}.enabled", sec["enabled"], name, hf, False)
         enabled[name] = as_bool(value, at=where(source, f"{name}.enabled"))
         precision_from_file = precision_from_file or not is_auto(sec["enabled"])
     if enabled.get("bf16") and enabled.get("fp16"):
         raise ConfigError(f"{source}: bf16.enabled and fp16.enabled are both true; enable only one")
-    mixed = (
-        MixedPrecision.BF16
-        if enabled.get("bf16")
-        else MixedPrecision.FP16
-        if enabled.get("fp16")
-        else MixedPrecision.NO
-    )
-
-    zero = _section(raw, "zero_optimization", source) or {}
-    spec = zero_spec(zero, source=source, hidden=r.hidden, prov=prov, findings=findings)
-    findings.extend(not_modelled_findings(raw, source))
-    if mismatches:
-        findings.append(
-            Finding(
-                "deepspeed-trainer-mismatch",
-                Severity.ERROR,
-                f"{source}: DeepSpeed config values mismatch TrainingArguments values (transformers raises "
-                "this at Trainer start):\n" + "\n".join(mismatches),
-                _EASIEST,
-            )
-        )
-    return DeepSpeedRead(spec, micro, gas, tbs, mixed, precision_from_file, prov, tuple(findings))
+    return MixedPrecision.from_flags(enabled.get("bf16"), enabled.get("fp16")), precision_from_file
 
 
 def _opt_int(value: object) -> int | None:

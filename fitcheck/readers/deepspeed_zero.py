@@ -95,6 +95,10 @@ OFFLOAD_OPTIMIZER_KEYS = frozenset(
 REMOVED_ZERO_KEYS = frozenset({"mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param"})
 
 
+_DS = DeepSpeedSpec()  # DeepSpeed's defaults (deepspeed/runtime/zero/config.py), written once on the spec
+_SEC = "zero_optimization"
+
+
 def zero_spec(
     zero: Mapping[str, object],
     *,
@@ -118,140 +122,31 @@ def zero_spec(
     Raises:
         ConfigError: A removed key, a bad type or range, or an ``"auto"`` that cannot be resolved.
     """
-    sec = "zero_optimization"
-    removed = sorted(REMOVED_ZERO_KEYS & zero.keys())
-    if removed:
-        raise ConfigError(
-            f"{source}: {sec}.{removed[0]} was removed from DeepSpeed (0.19 "
-            "refuses to start with it); delete it"
-        )
-    unknown = sorted(set(zero) - ZERO_KEYS)
-    if unknown:
-        findings.append(
-            Finding(
-                "deepspeed-unknown-key",
-                Severity.WARNING,
-                f"{source}: unknown key(s) in {sec}: {', '.join(unknown)} (DeepSpeed 0.19's config model "
-                "forbids extra keys and will refuse them)",
-                "check the spelling against the DeepSpeed ZeRO config docs",
-            )
-        )
-
-    def get(*names: str) -> tuple[str, object] | None:
-        for name in names:
-            if name in zero and zero[name] is not None:
-                return name, zero[name]
-        return None
-
-    stage_item = get("stage")
-    stage = 0
-    if stage_item is not None:
-        if is_auto(stage_item[1]):
-            raise ConfigError(f'{where(source, sec + ".stage")}: "auto" is not resolvable; set 0, 1, 2 or 3')
-        stage = as_int(stage_item[1], at=where(source, sec + ".stage"))
-        if stage not in (0, 1, 2, 3):
-            raise ConfigError(f"{where(source, sec + '.stage')}: must be 0, 1, 2 or 3, got {stage}")
-        prov["stage"] = where(source, sec + ".stage")
-
-    def size(
-        field_names: tuple[str, ...], default: int, hidden_rule: tuple[str, int] | None, minimum: int
-    ) -> int:
-        item = get(*field_names)
-        if item is None:
-            return default
-        key = f"{sec}.{item[0]}"
-        if is_auto(item[1]):
-            if hidden_rule is None:
-                raise ConfigError(f'{where(source, key)}: "auto" is not filled by transformers; set a number')
-            if hidden is None:
-                raise ConfigError(
-                    f'{where(source, key)}: "auto" is filled from the model\'s hidden_size '
-                    "(transformers trainer_config_finalize), which fitcheck does not know here; "
-                    'give the model or replace "auto" with an integer'
-                )
-            rule, value = hidden_rule
-            prov[item[0]] = f"{where(source, key)}=auto <- {rule} (hidden_size {hidden})"
-            return value
-        prov[item[0]] = where(source, key)
-        return as_int(item[1], at=where(source, key), minimum=minimum)
-
+    _check_keys(zero, source, findings)
+    z = _ZeroSection(zero, source, hidden, prov)
+    stage = z.stage()
     h = hidden or 0
+    z3_rule = stage == 3  # transformers fills the stage-3 keys only for ZeRO-3; DeepSpeed ignores them below 3
     # DeepSpeedZeroConfig: reduce_bucket_size gt=0, others ge=0 (deepspeed/runtime/zero/config.py).
-    reduce_bucket = size(("reduce_bucket_size",), 500_000_000, ("hidden_size²", h * h), 1)
-    allgather_bucket = size(("allgather_bucket_size",), 500_000_000, None, 0)
-    z3_rule = (
-        stage == 3
-    )  # transformers fills the stage-3 keys only for ZeRO-3; DeepSpeed ignores them below 3
-    prefetch = size(
+    reduce_bucket = z.size(("reduce_bucket_size",), _DS.reduce_bucket_size, ("hidden_size²", h * h), 1)
+    allgather_bucket = z.size(("allgather_bucket_size",), _DS.allgather_bucket_size, None, 0)
+    prefetch = z.size(
         ("stage3_prefetch_bucket_size", "prefetch_bucket_size"),
-        50_000_000,
+        _DS.prefetch_bucket_size,
         ("0.9·hidden_size²", int(0.9 * h * h)) if z3_rule else ("unused below ZeRO-3", 0),
         0,
     )
-    persistence = size(
+    persistence = z.size(
         ("stage3_param_persistence_threshold", "param_persistence_threshold"),
-        100_000,
+        _DS.param_persistence_threshold,
         ("10·hidden_size", 10 * h) if z3_rule else ("unused below ZeRO-3", 0),
         0,
     )
-    max_live = size(("stage3_max_live_parameters", "max_live_parameters"), 1_000_000_000, None, 0)
-    sub_group = size(("sub_group_size",), 1_000_000_000, None, 0)
-
-    def flag(name: str, default: bool | None) -> bool | None:
-        item = get(name)
-        if item is None:
-            return default
-        if is_auto(item[1]):
-            raise ConfigError(
-                f'{where(source, sec + "." + name)}: "auto" is not resolvable; set true or false'
-            )
-        prov[name] = where(source, f"{sec}.{name}")
-        return as_bool(item[1], at=where(source, f"{sec}.{name}"))
-
-    overlap = flag("overlap_comm", None)
-    contiguous = flag("contiguous_gradients", True)
-
-    off_opt, pin_opt = _offload(zero, "offload_optimizer", OFFLOAD_OPTIMIZER_KEYS, source, prov, findings)
-    off_par, pin_par = _offload(zero, "offload_param", OFFLOAD_PARAM_KEYS, source, prov, findings)
-    # Deprecated booleans (DeepSpeedZeroConfig cpu_offload / cpu_offload_param, "new_param" offload_*).
-    legacy = [("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")]
-    for old, new in legacy:
-        item = get(old)
-        if item is not None and as_bool(item[1], at=where(source, f"{sec}.{old}")):
-            findings.append(
-                Finding(
-                    "deprecated-key",
-                    Severity.INFO,
-                    f"{source}: {sec}.{old} is deprecated; read as {new}.device=cpu",
-                    f'write "{new}": {{"device": "cpu"}}',
-                )
-            )
-            if new == "offload_optimizer" and off_opt is OffloadDevice.NONE:
-                off_opt = OffloadDevice.CPU
-            if new == "offload_param" and off_par is OffloadDevice.NONE:
-                off_par = OffloadDevice.CPU
-    if off_par is not OffloadDevice.NONE and stage != 3:
-        findings.append(
-            Finding(
-                "offload-param-ignored",
-                Severity.WARNING,
-                f"{source}: {sec}.offload_param is only used by ZeRO-3 (stage3.py); stage {stage} ignores it",
-                "use stage 3 to offload parameters, or remove offload_param",
-            )
-        )
-        off_par = OffloadDevice.NONE
-    if off_opt is not OffloadDevice.NONE and stage == 0:
-        findings.append(
-            Finding(
-                "offload-optimizer-ignored",
-                Severity.WARNING,
-                f"{source}: {sec}.offload_optimizer is done by the ZeRO optimizer "
-                "(stage >= 1); stage 0 ignores it",
-                "use stage 1, 2 or 3 to offload the optimizer",
-            )
-        )
-        off_opt = OffloadDevice.NONE
-    zero3_init = True
+    max_live = z.size(("stage3_max_live_parameters", "max_live_parameters"), _DS.max_live_parameters, None, 0)
+    sub_group = z.size(("sub_group_size",), _DS.sub_group_size, None, 0)
+    overlap = z.flag("overlap_comm", _DS.overlap_comm)
+    contiguous = z.flag("contiguous_gradients", _DS.contiguous_gradients)
+    off_opt, off_par, pin = _offloads(z, stage, findings)
     return DeepSpeedSpec(
         stage=stage,
         offload_optimizer=off_opt,
@@ -264,9 +159,139 @@ def zero_spec(
         max_live_parameters=max_live,
         param_persistence_threshold=persistence,
         sub_group_size=sub_group,
-        zero3_init=zero3_init,
-        pin_memory=pin_opt or pin_par,
+        zero3_init=_DS.zero3_init,
+        pin_memory=pin,
     )
+
+
+def _check_keys(zero: Mapping[str, object], source: str, findings: list[Finding]) -> None:
+    removed = sorted(REMOVED_ZERO_KEYS & zero.keys())
+    if removed:
+        raise ConfigError(
+            f"{source}: {_SEC}.{removed[0]} was removed from DeepSpeed (0.19 "
+            "refuses to start with it); delete it"
+        )
+    unknown = sorted(set(zero) - ZERO_KEYS)
+    if unknown:
+        findings.append(
+            Finding(
+                "deepspeed-unknown-key",
+                Severity.WARNING,
+                f"{source}: unknown key(s) in {_SEC}: {', '.join(unknown)} (DeepSpeed 0.19's config model "
+                "forbids extra keys and will refuse them)",
+                "check the spelling against the DeepSpeed ZeRO config docs",
+            )
+        )
+
+
+class _ZeroSection:
+    """Typed reads of one ``zero_optimization`` section, recording where each value came from."""
+
+    def __init__(self, zero: Mapping[str, object], source: str, hidden: int | None, prov: dict[str, str]) -> None:
+        self.zero, self.source, self.hidden, self.prov = zero, source, hidden, prov
+
+    def get(self, *names: str) -> tuple[str, object] | None:
+        """The first of ``names`` that is set, with its value."""
+        for name in names:
+            if name in self.zero and self.zero[name] is not None:
+                return name, self.zero[name]
+        return None
+
+    def at(self, key: str) -> str:
+        """Where a key of the section is, for messages."""
+        return where(self.source, f"{_SEC}.{key}")
+
+    def stage(self) -> int:
+        """``stage`` (DeepSpeed default 0)."""
+        item = self.get("stage")
+        if item is None:
+            return _DS.stage
+        if is_auto(item[1]):
+            raise ConfigError(f'{self.at("stage")}: "auto" is not resolvable; set 0, 1, 2 or 3')
+        stage = as_int(item[1], at=self.at("stage"))
+        if stage not in (0, 1, 2, 3):
+            raise ConfigError(f"{self.at('stage')}: must be 0, 1, 2 or 3, got {stage}")
+        self.prov["stage"] = self.at("stage")
+        return stage
+
+    def size(
+        self, field_names: tuple[str, ...], default: int, hidden_rule: tuple[str, int] | None, minimum: int
+    ) -> int:
+        """A byte/element count; ``"auto"`` filled by transformers' hidden-size rule where it has one."""
+        item = self.get(*field_names)
+        if item is None:
+            return default
+        at = self.at(item[0])
+        if is_auto(item[1]):
+            if hidden_rule is None:
+                raise ConfigError(f'{at}: "auto" is not filled by transformers; set a number')
+            if self.hidden is None:
+                raise ConfigError(
+                    f'{at}: "auto" is filled from the model\'s hidden_size '
+                    "(transformers trainer_config_finalize), which fitcheck does not know here; "
+                    'give the model or replace "auto" with an integer'
+                )
+            rule, value = hidden_rule
+            self.prov[item[0]] = f"{at}=auto <- {rule} (hidden_size {self.hidden})"
+            return value
+        self.prov[item[0]] = at
+        return as_int(item[1], at=at, minimum=minimum)
+
+    def flag(self, name: str, default: bool | None) -> bool | None:
+        """A boolean (``"auto"`` is not resolvable)."""
+        item = self.get(name)
+        if item is None:
+            return default
+        if is_auto(item[1]):
+            raise ConfigError(f'{self.at(name)}: "auto" is not resolvable; set true or false')
+        self.prov[name] = self.at(name)
+        return as_bool(item[1], at=self.at(name))
+
+
+def _offloads(z: _ZeroSection, stage: int, findings: list[Finding]) -> tuple[OffloadDevice, OffloadDevice, bool]:
+    """``offload_optimizer``/``offload_param`` devices (deprecated booleans read too; what the stage ignores is
+    dropped with a finding) and whether the host buffers are pinned."""
+    source = z.source
+    off_opt, pin_opt = _offload(z.zero, "offload_optimizer", OFFLOAD_OPTIMIZER_KEYS, source, z.prov, findings)
+    off_par, pin_par = _offload(z.zero, "offload_param", OFFLOAD_PARAM_KEYS, source, z.prov, findings)
+    # Deprecated booleans (DeepSpeedZeroConfig cpu_offload / cpu_offload_param, "new_param" offload_*).
+    for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
+        item = z.get(old)
+        if item is not None and as_bool(item[1], at=z.at(old)):
+            findings.append(
+                Finding(
+                    "deprecated-key",
+                    Severity.INFO,
+                    f"{source}: {_SEC}.{old} is deprecated; read as {new}.device=cpu",
+                    f'write "{new}": {{"device": "cpu"}}',
+                )
+            )
+            if new == "offload_optimizer" and off_opt is OffloadDevice.NONE:
+                off_opt = OffloadDevice.CPU
+            if new == "offload_param" and off_par is OffloadDevice.NONE:
+                off_par = OffloadDevice.CPU
+    if off_par is not OffloadDevice.NONE and stage != 3:
+        findings.append(
+            Finding(
+                "offload-param-ignored",
+                Severity.WARNING,
+                f"{source}: {_SEC}.offload_param is only used by ZeRO-3 (stage3.py); stage {stage} ignores it",
+                "use stage 3 to offload parameters, or remove offload_param",
+            )
+        )
+        off_par = OffloadDevice.NONE
+    if off_opt is not OffloadDevice.NONE and stage == 0:
+        findings.append(
+            Finding(
+                "offload-optimizer-ignored",
+                Severity.WARNING,
+                f"{source}: {_SEC}.offload_optimizer is done by the ZeRO optimizer "
+                "(stage >= 1); stage 0 ignores it",
+                "use stage 1, 2 or 3 to offload the optimizer",
+            )
+        )
+        off_opt = OffloadDevice.NONE
+    return off_opt, off_par, pin_opt or pin_par
 
 
 def _offload(
