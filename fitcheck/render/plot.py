@@ -96,6 +96,16 @@ def plot_report(
         fontsize=12,
     )
 
+    _micro_batch_axis(ax1, series, budget, micro, seq, max_fit)
+    _seq_len_axis(ax2, series, budget, micro, seq)
+    _peak_stack_axis(ax3, report, budget, colormaps)
+
+    fig.savefig(out, format=out.suffix.lower().lstrip("."), dpi=110)
+    return out
+
+
+def _micro_batch_axis(ax1: Any, series: Any, budget: float, micro: int, seq: int, max_fit: int) -> None:
+    """Device used and peak allocated against the micro-batch, with the run and the largest that fits."""
     xs = list(series.by_micro_batch.xs)
     used = [b / GIB for b in series.by_micro_batch.used_bytes]
     alloc = [b / GIB for b in series.by_micro_batch.allocated_bytes]
@@ -118,6 +128,9 @@ def plot_report(
     ax1.legend(fontsize=8, loc="upper left")
     ax1.grid(alpha=0.3)
 
+
+def _seq_len_axis(ax2: Any, series: Any, budget: float, micro: int, seq: int) -> None:
+    """Device used and peak allocated against the sequence length."""
     ss = list(series.by_seq_len.xs)
     used_s = [b / GIB for b in series.by_seq_len.used_bytes]
     alloc_s = [b / GIB for b in series.by_seq_len.allocated_bytes]
@@ -132,6 +145,9 @@ def plot_report(
     ax2.legend(fontsize=8, loc="upper left")
     ax2.grid(alpha=0.3)
 
+
+def _peak_stack_axis(ax3: Any, report: Report, budget: float, colormaps: Any) -> None:
+    """What is alive at the peak, as one stacked bar."""
     stack = _stack(report)
     bottom = 0.0
     cmap = colormaps["tab20"]
@@ -147,6 +163,3 @@ def plot_report(
     ax3.set_title(f"what is alive at the peak ({report.peak_phase.value})")
     handles, labels = ax3.get_legend_handles_labels()
     ax3.legend(handles[::-1], labels[::-1], fontsize=7.5, loc="upper right", frameon=False)
-
-    fig.savefig(out, format=out.suffix.lower().lstrip("."), dpi=110)
-    return out

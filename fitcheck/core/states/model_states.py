@@ -248,6 +248,39 @@ def _gradient_components(
 def _optimizer_components(
     spec: TrainingSpec, part: Partition, groups: list[TensorGroup], opt: OptimizerMemory, node: int
 ) -> list[Component]:
+    comps = _state_components(part, opt, node)
+    comps.extend(_step_counter_components(opt, node))
+    host = part.optimizer_on_host
+    d = part.optimizer
+    if has_master(spec):
+        master = _div(total_numel(groups), part.master) * 4
+        comps.append(
+            _placed(
+                "master.fp32",
+                Category.MASTER,
+                master,
+                _SRC_DS,
+                "fp32 copy of the trainable parameters" + _share(part.master),
+                on_host=host,
+                per_node=node,
+            )
+        )
+    if opt.step_temporary and not host:
+        comps.append(
+            Component(
+                "optimizer.step_temporaries",
+                Category.TEMPORARIES,
+                Location.DEVICE,
+                _phases(_div(opt.step_temporary, d), only=(Phase.OPTIMIZER_STEP,)),
+                opt.source,
+                "transient allocations inside optimizer.step()",
+            )
+        )
+    return comps
+
+
+def _state_components(part: Partition, opt: OptimizerMemory, node: int) -> list[Component]:
+    """The optimizer's states (on the device, offloaded, or paged in CUDA managed memory) and projections."""
     comps: list[Component] = []
     host = part.optimizer_on_host
     d = part.optimizer
@@ -300,6 +333,12 @@ def _optimizer_components(
                 per_node=node,
             )
         )
+    return comps
+
+
+def _step_counter_components(opt: OptimizerMemory, node: int) -> list[Component]:
+    """torch's 0-d ``step`` tensors: on the device (fused) or on the CPU."""
+    comps: list[Component] = []
     if opt.step_counters_device:
         comps.append(
             Component(
@@ -320,30 +359,6 @@ def _optimizer_components(
                 _phases(opt.step_counters_host * node),
                 "torch 2.13 optim/adam.py _init_group (step on CPU unless fused/capturable)",
                 "one 4-byte CPU step tensor per parameter",
-            )
-        )
-    if has_master(spec):
-        master = _div(total_numel(groups), part.master) * 4
-        comps.append(
-            _placed(
-                "master.fp32",
-                Category.MASTER,
-                master,
-                _SRC_DS,
-                "fp32 copy of the trainable parameters" + _share(part.master),
-                on_host=host,
-                per_node=node,
-            )
-        )
-    if opt.step_temporary and not host:
-        comps.append(
-            Component(
-                "optimizer.step_temporaries",
-                Category.TEMPORARIES,
-                Location.DEVICE,
-                _phases(_div(opt.step_temporary, d), only=(Phase.OPTIMIZER_STEP,)),
-                opt.source,
-                "transient allocations inside optimizer.step()",
             )
         )
     return comps

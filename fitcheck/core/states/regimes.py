@@ -82,6 +82,26 @@ def model_state_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     if renamed is not None and not any(f.code == renamed.code for f in spec.findings):
         out.append(renamed)
     out.extend(_quant_findings(spec, layout))
+    out.extend(_trainable_findings(spec, layout))
+    out.extend(_optimizer_findings(spec))
+    groups = all_trainable(layout)
+    if groups and all(g.dtype.is_half for g in groups) and ds_mixed_dtype(spec) is None and spec.lora is None:
+        out.append(
+            Finding(
+                "pure-16bit-training",
+                Severity.INFO,
+                "parameters, gradients and optimizer states are all 16-bit (no fp32 master copy): "
+                "memory-lean, but "
+                "updates smaller than the 16-bit resolution of a weight are lost",
+            )
+        )
+    return tuple(out)
+
+
+def _trainable_findings(spec: TrainingSpec, layout: Layout) -> list[Finding]:
+    """What peft or the Trainer refuses about what is trained (no LoRA target, quantized full fine-tune,
+    fp16 AMP on fp16 weights)."""
+    out: list[Finding] = []
     if layout.plan is not None:
         for message, hint in layout.plan.problems:
             out.append(Finding("peft-refuses-config", Severity.ERROR, message, hint))
@@ -125,6 +145,12 @@ def model_state_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 "load the model in float32 (--dtype float32) for --fp16, or use --bf16 with bfloat16 weights",
             )
         )
+    return out
+
+
+def _optimizer_findings(spec: TrainingSpec) -> list[Finding]:
+    """Paged optimizers, and what the layer-wise GaLore variants refuse."""
+    out: list[Finding] = []
     name, _ = canonical_optimizer(spec.optimizer.name)
     if name.startswith("paged_"):
         out.append(
@@ -157,17 +183,7 @@ def model_state_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 "use the non-layerwise variant for multi-GPU runs",
             )
         )
-    if groups and all(g.dtype.is_half for g in groups) and ds_mixed_dtype(spec) is None and spec.lora is None:
-        out.append(
-            Finding(
-                "pure-16bit-training",
-                Severity.INFO,
-                "parameters, gradients and optimizer states are all 16-bit (no fp32 master copy): "
-                "memory-lean, but "
-                "updates smaller than the 16-bit resolution of a weight are lost",
-            )
-        )
-    return tuple(out)
+    return out
 
 
 def _quant_findings(spec: TrainingSpec, layout: Layout) -> list[Finding]:

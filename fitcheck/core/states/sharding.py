@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from fitcheck.core.states.layout import trainable_params
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import PHASES, Category, Component, Location, Phase
-from fitcheck.spec import DeepSpeedSpec, MixedPrecision, OffloadDevice, Strategy, TrainingSpec
+from fitcheck.spec import DeepSpeedSpec, FsdpSpec, MixedPrecision, OffloadDevice, Strategy, TrainingSpec
 from fitcheck.units import format_bytes
 
 _SRC_DDP = (
@@ -407,65 +407,9 @@ def sharding_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     out: list[Finding] = []
     trainable = _trainable(spec)
     if sh.strategy is Strategy.DEEPSPEED and sh.deepspeed is not None:
-        ds = sh.deepspeed
-        if n == 1 and ds.stage >= 1:
-            out.append(
-                Finding(
-                    "zero-single-process",
-                    Severity.INFO,
-                    f"ZeRO-{ds.stage} with one process partitions nothing (1/1 of every state)",
-                    "ZeRO saves memory only with several GPUs, or with offload_optimizer / offload_param",
-                )
-            )
-        if ds.stage == 3 and spec.lora is not None:
-            out.append(
-                Finding(
-                    "zero3-shards-frozen",
-                    Severity.INFO,
-                    "ZeRO-3 partitions the frozen base weights too; only the adapters have gradients "
-                    "and optimizer states",
-                    "",
-                )
-            )
-        if ds.stage in (1, 2) and 0 < trainable < ds.reduce_bucket_size:
-            copies = 2 if (ds.overlap_comm if ds.overlap_comm is not None else False) else 1
-            out.append(
-                Finding(
-                    "deepspeed-bucket-oversize",
-                    Severity.WARNING,
-                    f"zero_optimization.reduce_bucket_size {ds.reduce_bucket_size:,} "
-                    f"exceeds the {trainable:,} trainable "
-                    f"params, yet DeepSpeed allocates the whole bucket ({copies} x "
-                    f"{format_bytes(ds.reduce_bucket_size * _compute_bytes(spec))})",
-                    f'set reduce_bucket_size to "auto" or to about {max(trainable, 1):,}',
-                )
-            )
-        if ds.offload_optimizer is not OffloadDevice.NONE:
-            out.append(_deepspeed_host_reference(spec, trainable))
+        out.extend(_deepspeed_findings(spec, sh.deepspeed, trainable))
     if sh.strategy is Strategy.FSDP and n > 1:
-        fs = sh.fsdp
-        if spec.batch.grad_accum > 1 and not (fs is not None and fs.sync_each_batch):
-            out.append(
-                Finding(
-                    "fsdp-accumulation-unsharded-grads",
-                    Severity.WARNING,
-                    f"FSDP with gradient_accumulation_steps={spec.batch.grad_accum}: accelerate skips the "
-                    "reduce-scatter on accumulation micro-steps (no_sync), so full "
-                    "unsharded gradients are kept "
-                    "between micro-steps (a published lit-gpt OOM came from this)",
-                    'set accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": true}}',
-                )
-            )
-        if fs is not None and fs.auto_wrap_policy == "NO_WRAP":
-            out.append(
-                Finding(
-                    "fsdp-no-wrap",
-                    Severity.WARNING,
-                    "fsdp_auto_wrap_policy NO_WRAP: the whole model is one unit and is gathered in "
-                    "full for forward and backward",
-                    "use TRANSFORMER_BASED_WRAP",
-                )
-            )
+        out.extend(_fsdp_findings(spec, sh.fsdp))
     if sh.strategy is Strategy.DDP and n > 1 and trainable:
         out.append(
             Finding(
@@ -477,6 +421,75 @@ def sharding_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
             )
         )
     return tuple(out)
+
+
+def _deepspeed_findings(spec: TrainingSpec, ds: DeepSpeedSpec, trainable: int) -> list[Finding]:
+    """ZeRO with one process, ZeRO-3 with LoRA, oversize reduce buckets, DeepSpeed's host-RAM reference."""
+    n = spec.data_parallel_size
+    out: list[Finding] = []
+    if n == 1 and ds.stage >= 1:
+        out.append(
+            Finding(
+                "zero-single-process",
+                Severity.INFO,
+                f"ZeRO-{ds.stage} with one process partitions nothing (1/1 of every state)",
+                "ZeRO saves memory only with several GPUs, or with offload_optimizer / offload_param",
+            )
+        )
+    if ds.stage == 3 and spec.lora is not None:
+        out.append(
+            Finding(
+                "zero3-shards-frozen",
+                Severity.INFO,
+                "ZeRO-3 partitions the frozen base weights too; only the adapters have gradients "
+                "and optimizer states",
+                "",
+            )
+        )
+    if ds.stage in (1, 2) and 0 < trainable < ds.reduce_bucket_size:
+        copies = 2 if (ds.overlap_comm if ds.overlap_comm is not None else False) else 1
+        out.append(
+            Finding(
+                "deepspeed-bucket-oversize",
+                Severity.WARNING,
+                f"zero_optimization.reduce_bucket_size {ds.reduce_bucket_size:,} "
+                f"exceeds the {trainable:,} trainable "
+                f"params, yet DeepSpeed allocates the whole bucket ({copies} x "
+                f"{format_bytes(ds.reduce_bucket_size * _compute_bytes(spec))})",
+                f'set reduce_bucket_size to "auto" or to about {max(trainable, 1):,}',
+            )
+        )
+    if ds.offload_optimizer is not OffloadDevice.NONE:
+        out.append(_deepspeed_host_reference(spec, trainable))
+    return out
+
+
+def _fsdp_findings(spec: TrainingSpec, fs: FsdpSpec | None) -> list[Finding]:
+    """FSDP accumulation without sync_each_batch, and NO_WRAP."""
+    out: list[Finding] = []
+    if spec.batch.grad_accum > 1 and not (fs is not None and fs.sync_each_batch):
+        out.append(
+            Finding(
+                "fsdp-accumulation-unsharded-grads",
+                Severity.WARNING,
+                f"FSDP with gradient_accumulation_steps={spec.batch.grad_accum}: accelerate skips the "
+                "reduce-scatter on accumulation micro-steps (no_sync), so full "
+                "unsharded gradients are kept "
+                "between micro-steps (a published lit-gpt OOM came from this)",
+                'set accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": true}}',
+            )
+        )
+    if fs is not None and fs.auto_wrap_policy == "NO_WRAP":
+        out.append(
+            Finding(
+                "fsdp-no-wrap",
+                Severity.WARNING,
+                "fsdp_auto_wrap_policy NO_WRAP: the whole model is one unit and is gathered in "
+                "full for forward and backward",
+                "use TRANSFORMER_BASED_WRAP",
+            )
+        )
+    return out
 
 
 def _deepspeed_host_reference(spec: TrainingSpec, trainable: int) -> Finding:
