@@ -184,7 +184,7 @@ def launch_values(
     Precedence: fitcheck's own flags > the script's TrainingArguments flags > explicit accelerate flags > the
     accelerate config file (read by the merge step).
     """
-    from fitcheck.readers import default_config_path, read_script_argv
+    from fitcheck.readers import ACCELERATE_ZERO_STAGE, default_config_path, read_script_argv
 
     script = str(ns.training_script)
     read = read_script_argv(list(ns.training_script_args or []), source=f"{os.path.basename(script)} arguments")
@@ -203,7 +203,7 @@ def launch_values(
         values[str(ns.mixed_precision)] = True
         prov[str(ns.mixed_precision)] = "accelerate launch --mixed_precision"
     if getattr(ns, "use_deepspeed", False) and "zero_stage" not in values and "deepspeed" not in values:
-        values["zero_stage"] = 2  # accelerate DeepSpeedPlugin default zero_stage=2 (utils/dataclasses.py)
+        values["zero_stage"] = ACCELERATE_ZERO_STAGE  # accelerate DeepSpeedPlugin default (utils/dataclasses.py)
         prov["zero_stage"] = "accelerate launch --use_deepspeed (DeepSpeedPlugin default stage 2)"
     fsdp = {k[len("fsdp_"):]: getattr(ns, k) for k in _FSDP_FLAGS if k in explicit and getattr(ns, k) is not None}
     if getattr(ns, "use_fsdp", False) or fsdp:

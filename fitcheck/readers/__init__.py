@@ -15,7 +15,7 @@ Where a new reader goes: a module here returning spec pieces (and findings), mer
 """
 
 from fitcheck.readers.accelerate_config import default_config_path
-from fitcheck.readers.deepspeed import accelerate_deepspeed_config, resolve_deepspeed
+from fitcheck.readers.deepspeed import ACCELERATE_ZERO_STAGE, accelerate_deepspeed_config, resolve_deepspeed
 from fitcheck.readers.families_base import ConfigView, mlp_kind
 from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
 from fitcheck.readers.merge import merge_sources
@@ -27,6 +27,7 @@ from fitcheck.readers.settings_table import SETTINGS, canonical_key
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_object
 
 __all__ = [
+    "ACCELERATE_ZERO_STAGE",
     "SETTINGS",
     "CliFlag",
     "ConfigView",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
-from fitcheck.readers.deepspeed import accelerate_deepspeed_config
+from fitcheck.readers.deepspeed import ACCELERATE_ZERO_STAGE, accelerate_deepspeed_config
 from fitcheck.readers.fsdp_config import FsdpRead, fsdp_from_config
 from fitcheck.readers.sources import as_bool, as_int, as_str, load_mapping_file, where
 from fitcheck.spec import MixedPrecision
@@ -298,7 +298,7 @@ def _with_deepspeed(read: AccelerateRead, raw: Mapping[str, object], path: str) 
         return replace(read, deepspeed_config_file=file_text, zero3_init=zero3_init, findings=tuple(findings))
     # DeepSpeedPlugin.__post_init__ without a file: zero_stage default 2, offload "none", GAS "auto",
     # micro/train batch "auto"; set_mixed_precision adds bf16/fp16 sections.
-    stage = as_int(cfg.get("zero_stage", 2), at=where(src, "zero_stage"))
+    stage = as_int(cfg.get("zero_stage", ACCELERATE_ZERO_STAGE), at=where(src, "zero_stage"))
     gas: object = cfg.get("gradient_accumulation_steps", "auto")
     if gas != "auto":
         gas = as_int(gas, at=where(src, "gradient_accumulation_steps"), minimum=1)

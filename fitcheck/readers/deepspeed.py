@@ -59,8 +59,14 @@ class DeepSpeedRead:
     findings: tuple[Finding, ...] = ()
 
 
+# accelerate DeepSpeedPlugin zero_stage default (accelerate 1.15 utils/dataclasses.py).
+ACCELERATE_ZERO_STAGE = 2
+
+
 def accelerate_deepspeed_config(
-    stage: int = 2, gradient_accumulation_steps: object = "auto", offload: Mapping[str, object] | None = None
+    stage: int = ACCELERATE_ZERO_STAGE,
+    gradient_accumulation_steps: object = "auto",
+    offload: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
     """The DeepSpeed dict accelerate builds without a config file (``DeepSpeedPlugin.__post_init__``,
     accelerate 1.15 utils/dataclasses.py): ``zero_stage`` default 2, batch sizes ``"auto"``.
