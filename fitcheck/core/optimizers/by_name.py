@@ -138,6 +138,31 @@ def optimizer_memory(opt: OptimizerSpec, tensors: Sequence[TensorGroup], *, cuda
         raise NotModelledError(f"optimizer {name!r}: {_NOT_MODELLED[name]}")
     if not tensors:
         return OptimizerMemory(states=0, detail="no trainable parameters", source="")
+    torch_family = _torch_memory(name, opt, tensors, cuda)
+    if torch_family is not None:
+        return torch_family
+    args = opt.args
+    if name == "adafactor":
+        return adafactor_memory(tensors)
+    if name == "adamw_anyprecision":
+        return anyprecision_memory(opt, tensors)
+    if name in ("adamw_torch_4bit", "adamw_torch_8bit"):
+        block = int(args.get("block_size", 256))  # trainer_optimizer.py _get_torchao_optimizer default 256
+        return torchao_memory(tensors, bits=4 if name.endswith("4bit") else 8, block=block)
+    if name in BNB_NAMES:
+        return bnb_memory(name, tensors, cuda=cuda)
+    if name.startswith("galore_"):
+        return galore_memory(opt, tensors, name)
+    other = other_memory(name, opt, tensors)
+    if other is None:  # pragma: no cover - every name is handled
+        raise NotModelledError(f"optimizer {name!r} is not modelled")
+    return other
+
+
+def _torch_memory(
+    name: OptimizerName, opt: OptimizerSpec, tensors: Sequence[TensorGroup], cuda: bool
+) -> OptimizerMemory | None:
+    """torch's own optimizers (AdamW, SGD, Adagrad, RMSprop); None for the other families."""
     n_tensors = count(tensors)
     args = opt.args
     if name in ("adamw_torch", "adamw_torch_fused"):
@@ -187,18 +212,4 @@ def optimizer_memory(opt: OptimizerSpec, tensors: Sequence[TensorGroup], *, cuda
             detail=f"torch RMSprop: {n_states} state(s) in param dtype",
             source="torch 2.13 optim/rmsprop.py _single_tensor_rmsprop, _multi_tensor_rmsprop",
         )
-    if name == "adafactor":
-        return adafactor_memory(tensors)
-    if name == "adamw_anyprecision":
-        return anyprecision_memory(opt, tensors)
-    if name in ("adamw_torch_4bit", "adamw_torch_8bit"):
-        block = int(args.get("block_size", 256))  # trainer_optimizer.py _get_torchao_optimizer default 256
-        return torchao_memory(tensors, bits=4 if name.endswith("4bit") else 8, block=block)
-    if name in BNB_NAMES:
-        return bnb_memory(name, tensors, cuda=cuda)
-    if name.startswith("galore_"):
-        return galore_memory(opt, tensors, name)
-    other = other_memory(name, opt, tensors)
-    if other is None:  # pragma: no cover - every name is handled
-        raise NotModelledError(f"optimizer {name!r} is not modelled")
-    return other
+    return None
