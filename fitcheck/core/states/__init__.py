@@ -4,6 +4,7 @@
 - :mod:`.quantization`: bitsandbytes 4-/8-bit bytes and which layers stay unquantized;
 - :mod:`.layout`: every parameter tensor with its dtype, trainability and optimizer group;
 - :mod:`.sharding`: how DDP / ZeRO / FSDP divide each kind of state, and the communication buffers;
+  :mod:`.sharding_findings`: what the user should know about the sharding setup;
 - :mod:`.regimes`: which precision regime applies (bf16 pure, autocast, DeepSpeed masters) and its findings;
 - :mod:`.model_states`: the components the report shows.
 
@@ -21,8 +22,8 @@ from fitcheck.core.states.sharding import (
     buffer_components,
     fsdp_unit_params,
     partition,
-    sharding_findings,
 )
+from fitcheck.core.states.sharding_findings import sharding_findings
 
 __all__ = [
     "Layout",

@@ -5,7 +5,7 @@ buffers.
 whether it lives on the host; ``fitcheck.core.states.model_states`` applies it (to every weight, frozen ones
 included; to gradients/optimizer states of trainable parameters only). :func:`buffer_components` adds what
 the strategy allocates on top: DDP gradient buckets, DeepSpeed reduce buckets and ZeRO-3 gathered
-parameters, FSDP unsharded units. :func:`sharding_findings` says what the user should know.
+parameters, FSDP unsharded units. :mod:`.sharding_findings` says what the user should know.
 
 Sources: ZeRO paper (Rajbhandari et al. 2020, sec. 5: P_os, P_os+g, P_os+g+p); DeepSpeed 0.19.8
 ``deepspeed/runtime/zero/stage_1_and_2.py`` / ``stage3.py`` / ``parameter_offload.py``; torch 2.13
@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.core.states.layout import trainable_params
-from fitcheck.findings import Finding, Severity
 from fitcheck.report import PHASES, Category, Component, Location, Phase
-from fitcheck.spec import DeepSpeedSpec, FsdpSpec, MixedPrecision, OffloadDevice, Strategy, TrainingSpec
+from fitcheck.spec import MixedPrecision, OffloadDevice, Strategy, TrainingSpec
 from fitcheck.units import format_bytes
 
 _SRC_DDP = (
@@ -45,7 +44,6 @@ _SRC_FSDP = (
     "for its backward, with the next unit prefetched; the root unit is not resharded after forward "
     "(fsdp/_runtime_utils.py _post_forward_reshard; FSDP2 _fsdp_state.py 'For the root, do not reshard')"
 )
-_DS_CPU_FACTOR = 1.5  # deepspeed estimate_zero2/3_model_states_mem_needs additional_buffer_factor default
 
 
 @dataclass(frozen=True)
@@ -390,127 +388,3 @@ def _fsdp(spec: TrainingSpec) -> tuple[Component, ...]:
 
 # --------------------------------------------------------------------------------------------------------
 # Findings
-
-
-def sharding_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
-    """What the user should know about the sharding setup.
-
-    Args:
-        spec: The training spec.
-
-    Returns:
-        Findings (LoRA under ZeRO-3, FSDP accumulation without sync_each_batch, oversize DeepSpeed buckets,
-        DDP bucket views, host RAM under offload, ZeRO with one process).
-    """
-    sh = spec.sharding
-    n = spec.data_parallel_size
-    out: list[Finding] = []
-    trainable = _trainable(spec)
-    if sh.strategy is Strategy.DEEPSPEED and sh.deepspeed is not None:
-        out.extend(_deepspeed_findings(spec, sh.deepspeed, trainable))
-    if sh.strategy is Strategy.FSDP and n > 1:
-        out.extend(_fsdp_findings(spec, sh.fsdp))
-    if sh.strategy is Strategy.DDP and n > 1 and trainable:
-        out.append(
-            Finding(
-                "ddp-bucket-copy",
-                Severity.INFO,
-                f"DDP keeps a second copy of all gradients in its buckets "
-                f"({format_bytes(trainable * _grad_bytes(spec))})",
-                "pass ddp kwargs gradient_as_bucket_view=True to make gradients views of the buckets",
-            )
-        )
-    return tuple(out)
-
-
-def _deepspeed_findings(spec: TrainingSpec, ds: DeepSpeedSpec, trainable: int) -> list[Finding]:
-    """ZeRO with one process, ZeRO-3 with LoRA, oversize reduce buckets, DeepSpeed's host-RAM reference."""
-    n = spec.data_parallel_size
-    out: list[Finding] = []
-    if n == 1 and ds.stage >= 1:
-        out.append(
-            Finding(
-                "zero-single-process",
-                Severity.INFO,
-                f"ZeRO-{ds.stage} with one process partitions nothing (1/1 of every state)",
-                "ZeRO saves memory only with several GPUs, or with offload_optimizer / offload_param",
-            )
-        )
-    if ds.stage == 3 and spec.lora is not None:
-        out.append(
-            Finding(
-                "zero3-shards-frozen",
-                Severity.INFO,
-                "ZeRO-3 partitions the frozen base weights too; only the adapters have gradients "
-                "and optimizer states",
-                "",
-            )
-        )
-    if ds.stage in (1, 2) and 0 < trainable < ds.reduce_bucket_size:
-        copies = 2 if (ds.overlap_comm if ds.overlap_comm is not None else False) else 1
-        out.append(
-            Finding(
-                "deepspeed-bucket-oversize",
-                Severity.WARNING,
-                f"zero_optimization.reduce_bucket_size {ds.reduce_bucket_size:,} "
-                f"exceeds the {trainable:,} trainable "
-                f"params, yet DeepSpeed allocates the whole bucket ({copies} x "
-                f"{format_bytes(ds.reduce_bucket_size * _compute_bytes(spec))})",
-                f'set reduce_bucket_size to "auto" or to about {max(trainable, 1):,}',
-            )
-        )
-    if ds.offload_optimizer is not OffloadDevice.NONE:
-        out.append(_deepspeed_host_reference(spec, trainable))
-    return out
-
-
-def _fsdp_findings(spec: TrainingSpec, fs: FsdpSpec | None) -> list[Finding]:
-    """FSDP accumulation without sync_each_batch, and NO_WRAP."""
-    out: list[Finding] = []
-    if spec.batch.grad_accum > 1 and not (fs is not None and fs.sync_each_batch):
-        out.append(
-            Finding(
-                "fsdp-accumulation-unsharded-grads",
-                Severity.WARNING,
-                f"FSDP with gradient_accumulation_steps={spec.batch.grad_accum}: accelerate skips the "
-                "reduce-scatter on accumulation micro-steps (no_sync), so full "
-                "unsharded gradients are kept "
-                "between micro-steps (a published lit-gpt OOM came from this)",
-                'set accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": true}}',
-            )
-        )
-    if fs is not None and fs.auto_wrap_policy == "NO_WRAP":
-        out.append(
-            Finding(
-                "fsdp-no-wrap",
-                Severity.WARNING,
-                "fsdp_auto_wrap_policy NO_WRAP: the whole model is one unit and is gathered in "
-                "full for forward and backward",
-                "use TRANSFORMER_BASED_WRAP",
-            )
-        )
-    return out
-
-
-def _deepspeed_host_reference(spec: TrainingSpec, trainable: int) -> Finding:
-    """DeepSpeed's own host-RAM formula for the offload case, as a cross-check of the host components."""
-    ds = spec.sharding.deepspeed or DeepSpeedSpec()
-    per_node = spec.sharding.processes_per_machine
-    total_gpus = spec.data_parallel_size
-    nodes = spec.sharding.num_machines
-    total = spec.model.total_params
-    if ds.stage == 3:
-        # stage3.py estimate_zero3_model_states_mem_needs, zero_init=True: P x (18 or 16) / nodes x 1.5
-        per = 18 if ds.offload_param is not OffloadDevice.NONE else 16
-        cpu = total * per / nodes * _DS_CPU_FACTOR
-    else:
-        # stage_1_and_2.py estimate_zero2_model_states_mem_needs: P x max(4 x total_gpus, 16) x 1.5
-        cpu = total * max(4 * total_gpus, 16) * _DS_CPU_FACTOR
-    return Finding(
-        "deepspeed-host-reference",
-        Severity.INFO,
-        f"DeepSpeed's own estimator asks for {format_bytes(cpu)} of host RAM per node for this offload setup "
-        f"({per_node} GPU(s) per node; it counts all {total:,} params as trainable and adds a "
-        f"{_DS_CPU_FACTOR}x buffer factor)",
-        "compare with --host_memory; pinned memory needs free physical RAM",
-    )
