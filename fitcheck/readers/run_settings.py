@@ -28,7 +28,7 @@ from fitcheck.readers.settings_table import (
     cli_spellings,
     convert,
 )
-from fitcheck.spec import AttnImpl, DeviceType, Dtype, LossKind
+from fitcheck.spec import ActivationSpec, AttnImpl, DeviceType, Dtype, HardwareSpec, LossKind, QuantSpec
 
 DEFAULT_GPU = "H100-80GB"
 
@@ -44,7 +44,7 @@ class RunSettings:
     # model
     model_name_or_path: str | None = None
     dtype: Dtype | None = None  # None: "auto", the config's dtype (transformers 5 from_pretrained default)
-    attn_implementation: AttnImpl = AttnImpl.SDPA
+    attn_implementation: AttnImpl = ActivationSpec.attn_implementation
     trust_remote_code: bool = False
     # batch
     per_device_train_batch_size: int = 8
@@ -69,7 +69,7 @@ class RunSettings:
     # activations
     gradient_checkpointing: bool = False
     gradient_checkpointing_kwargs: Mapping[str, object] | None = None
-    checkpoint_every_n_layers: int = 1
+    checkpoint_every_n_layers: int = ActivationSpec.checkpoint_every_n_layers
     loss: LossKind = "standard"
     # peft
     use_peft: bool = False
@@ -85,13 +85,13 @@ class RunSettings:
     # quantization
     load_in_4bit: bool = False
     load_in_8bit: bool = False
-    bnb_4bit_quant_type: str = "nf4"  # TRL ModelConfig default
+    bnb_4bit_quant_type: str = QuantSpec.quant_type  # nf4, TRL ModelConfig's default too
     use_bnb_nested_quant: bool = False
-    bnb_4bit_quant_storage: Dtype = Dtype.UINT8
+    bnb_4bit_quant_storage: Dtype = QuantSpec.quant_storage
     bnb_4bit_compute_dtype: Dtype | None = None  # None: the load dtype (TRL get_quantization_config)
     llm_int8_skip_modules: tuple[str, ...] = ()
-    bnb_4bit_blocksize: int = 64
-    prepare_for_kbit_training: bool = True
+    bnb_4bit_blocksize: int = QuantSpec.blocksize
+    prepare_for_kbit_training: bool = QuantSpec.prepare_for_kbit_training
     # partial training
     trainable_parameters: tuple[str, ...] | None = None
     trainable_layers: tuple[int, ...] | None = None
@@ -101,7 +101,7 @@ class RunSettings:
     # hardware
     gpu: str | None = None  # None: DEFAULT_GPU unless gpu_memory is given
     gpu_memory: int | None = None  # bytes
-    device_type: DeviceType = DeviceType.CUDA
+    device_type: DeviceType = HardwareSpec.device_type
     host_memory: int | None = None  # bytes
     expandable_segments: bool = False
     # TrainingArguments / TRL fields read (typed, spellings reported) that no formula needs yet
