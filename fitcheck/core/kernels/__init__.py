@@ -1,0 +1,31 @@
+"""Fused kernels and memory levers users switch on: Liger-Kernel, Cut Cross-Entropy, offloading, compile.
+
+Each module derives what an implementation allocates from that library's source (version in the module).
+"""
+
+from fitcheck.core.kernels.levers import lever_findings, offload_applies, offload_split
+from fitcheck.core.kernels.liger import (
+    LIGER_CONFIG_KEYS,
+    LIGER_MODEL_TYPES,
+    FusedLossBytes,
+    liger_applies,
+    liger_mlp_delta,
+    liger_norm_saved,
+)
+from fitcheck.core.kernels.loss import effective_loss, fused_loss, head_trained, liger_cross_entropy
+
+__all__ = [
+    "LIGER_CONFIG_KEYS",
+    "LIGER_MODEL_TYPES",
+    "FusedLossBytes",
+    "effective_loss",
+    "fused_loss",
+    "head_trained",
+    "lever_findings",
+    "liger_applies",
+    "liger_cross_entropy",
+    "liger_mlp_delta",
+    "liger_norm_saved",
+    "offload_applies",
+    "offload_split",
+]
