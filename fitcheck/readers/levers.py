@@ -99,10 +99,19 @@ def lever_fields(values: Mapping[str, object], prov: Mapping[str, str]) -> dict[
         mapping = as_mapping(kwargs, at=at)
         if mapping.get("use_reentrant") is not None:
             reentrant = as_bool(mapping["use_reentrant"], at=f"{at} use_reentrant")
+        if mapping.get("selective"):  # trl 1.16 sft_trainer.py: selective activation checkpointing (SAC)
+            raise ConfigError(f"{at}: selective (TRL selective activation checkpointing) is not modelled; "
+                              "remove it to estimate plain checkpointing, or measure with FitcheckCallback")
+    device = str(values.get("device_type") or "cuda").strip().lower()
+    name = loss_name(values, prov, liger)
+    if device == "cpu" and (liger is not None or name != "torch"):
+        what = "--use_liger_kernel" if liger is not None else f"--loss {name}"
+        raise ConfigError(f"{what}: Liger-Kernel and Cut Cross-Entropy are Triton kernels and need a GPU; "
+                          "--device_type cpu cannot run them (drop one of the two)")
     offload = values.get("activation_offloading")
     compile_ = values.get("torch_compile")
     return {
-        "loss": loss_name(values, prov, liger),
+        "loss": name,
         "liger": liger,
         "offload_activations": False if offload is None else as_bool(offload, at=_where("activation_offloading",
                                                                                           prov)),
