@@ -18,7 +18,7 @@ from benchmarks.cpu_truth import ALL_LINEAR, LLAMA, Row, spec_for
 
 def main() -> int:
     """Print the per-phase table; exit 1 when the end-of-forward bytes differ between the two settings."""
-    from fitcheck.core.estimate import estimate
+    from fitcheck.core import estimate
     from fitcheck.torch_adapters.tracer import trace_step
 
     worst = 0.0
