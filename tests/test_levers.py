@@ -14,7 +14,7 @@ from fitcheck.cli.estimate import spec_from_values
 from fitcheck.cli.main import main
 from fitcheck.core import estimate
 from fitcheck.core.activations import activation_components, layer_saved_per_token
-from fitcheck.core.kernels.liger import flce_chunk_size
+from fitcheck.core.kernels import flce_chunk_size
 from fitcheck.report import Phase
 from fitcheck.spec import LigerSpec, TrainingSpec
 

@@ -3,11 +3,16 @@
 Each module derives what an implementation allocates from that library's source (version in the module).
 """
 
+from fitcheck.core.kernels.cce import CCE_VERSION, cce_bytes
 from fitcheck.core.kernels.levers import lever_findings, offload_applies, offload_split
 from fitcheck.core.kernels.liger import (
+    FLCE_CHUNK_BYTES_PER_LOGIT,
     LIGER_CONFIG_KEYS,
     LIGER_MODEL_TYPES,
+    LIGER_VERSION,
     FusedLossBytes,
+    flce_bytes,
+    flce_chunk_size,
     liger_applies,
     liger_mlp_delta,
     liger_norm_saved,
@@ -15,10 +20,16 @@ from fitcheck.core.kernels.liger import (
 from fitcheck.core.kernels.loss import effective_loss, fused_loss, head_trained, liger_cross_entropy
 
 __all__ = [
+    "CCE_VERSION",
+    "FLCE_CHUNK_BYTES_PER_LOGIT",
     "LIGER_CONFIG_KEYS",
     "LIGER_MODEL_TYPES",
+    "LIGER_VERSION",
     "FusedLossBytes",
+    "cce_bytes",
     "effective_loss",
+    "flce_bytes",
+    "flce_chunk_size",
     "fused_loss",
     "head_trained",
     "lever_findings",
