@@ -53,7 +53,7 @@ def liger_rows() -> list[tuple[str, float, float]]:
             if version == "0.4.2":
                 rows.append((f"Liger FLCE BT={bt} (0.4.2 chunk)", liger_mib, (steady + fwd) / MIB))
             else:
-                rows.append((f"  same, 0.8.5 source (not measured)", liger_mib, (steady + fwd) / MIB))
+                rows.append(("  same, 0.8.5 source (not measured)", liger_mib, (steady + fwd) / MIB))
         rows.append((f"torch CE BT={bt}", torch_mib, (steady + 6 * bt * V) / MIB))
     return rows
 
