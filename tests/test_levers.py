@@ -154,3 +154,37 @@ def test_reentrant_checkpointing_saves_what_non_reentrant_saves_real_cpu_step() 
         spec = spec_for(Row("llama ckpt", LLAMA, seq=128, ckpt=True, lora=lora))
         est = estimate(replace(spec, activations=replace(spec.activations, use_reentrant=True)))
         assert abs(est.peak_allocated_bytes - runs[1].peak) <= 0.02 * runs[1].peak
+
+
+_MOE_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+                  "moe_intermediate_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                  "num_hidden_layers": 2, "vocab_size": 1000, "num_experts": 4, "num_experts_per_tok": 2,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False},
+    "qwen2_moe": {"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+                  "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1000, "num_experts": 4,
+                  "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                  "tie_word_embeddings": False},
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(_MOE_CONFIGS))
+def test_moe_all_linear_lora_counts_what_peft_wraps(model_type: str, tmp_path: Any,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """peft 0.21.2 rewrites all-linear into ParamWrapper targets for the types transformers 5.23 maps to a MoE
+    conversion pattern (qwen3_moe -> qwen2_moe), not for qwen2_moe itself; lora_dropout != 0 is refused."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, **_MOE_CONFIGS[model_type]}))
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tmp_path))
+    pm = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules="all-linear", lora_dropout=0.0))
+    real = sum(p.numel() for p in pm.parameters() if p.requires_grad)
+    values = {"model_name_or_path": str(tmp_path), "use_peft": True, "lora_target_modules": ["all-linear"],
+              "lora_r": 8, "lora_dropout": 0.0}
+    assert estimate(spec_from_values(values, {})[0]).trainable_params == real
+    wraps = any(type(m).__name__ == "ParamWrapper" for m in pm.modules())
+    code = main(["estimate", "--model_name_or_path", str(tmp_path), "--use_peft", "--lora_target_modules",
+                 "all-linear", "--lora_dropout", "0.05"])
+    err = capsys.readouterr().err
+    assert (code == 2 and "lora_dropout" in err and "Traceback" not in err) if wraps else code in (0, 1)

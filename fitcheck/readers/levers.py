@@ -21,7 +21,7 @@ from typing import Any
 
 from fitcheck.errors import ConfigError
 from fitcheck.readers.sources import as_bool, as_mapping
-from fitcheck.spec import LOSS_IMPLEMENTATIONS, LigerSpec
+from fitcheck.spec import LOSS_IMPLEMENTATIONS, LigerSpec, TrainingSpec
 
 _LIGER_KEYS = ("rope", "rms_norm", "swiglu", "geglu", "fused_linear_cross_entropy", "cross_entropy")
 _LOSS_ALIASES = {"standard": "torch"}
@@ -118,3 +118,23 @@ def lever_fields(values: Mapping[str, object], prov: Mapping[str, str]) -> dict[
         "use_reentrant": reentrant,
         "torch_compile": False if compile_ is None else as_bool(compile_, at=_where("torch_compile", prov)),
     }
+
+
+def refuse_peft_problems(spec: TrainingSpec) -> None:
+    """Exit 2 where peft itself raises on the LoRA config (e.g. ``lora_dropout != 0`` on a ``ParamWrapper``).
+
+    peft 0.21.2 tuners/lora/layer.py ``ParamWrapper.update_layer``: ``ValueError("lora.ParamWrapper does not work
+    with lora_dropout != 0.")``; ``all-linear`` on a transformers 5 MoE model wraps the fused experts and the
+    router that way (``fitcheck.core.states.plan_lora``).
+
+    Raises:
+        ConfigError: The message peft's error corresponds to, and the fix.
+    """
+    if spec.lora is None:
+        return
+    from fitcheck.core.states import plan_lora
+
+    problems = plan_lora(spec).problems
+    if problems:
+        message, hint = problems[0]
+        raise ConfigError(f"LoRA settings: {message}; {hint}")

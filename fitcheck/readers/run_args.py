@@ -376,4 +376,7 @@ def spec_from_values(
         provenance=prov,
         findings=tuple(extra),
     )
+    from fitcheck.readers.levers import refuse_peft_problems
+
+    refuse_peft_problems(spec)  # what peft raises on (ParamWrapper + lora_dropout): exit 2, not a traceback
     return spec, tuple(assumptions)
