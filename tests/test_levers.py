@@ -188,3 +188,45 @@ def test_moe_all_linear_lora_counts_what_peft_wraps(model_type: str, tmp_path: A
                  "all-linear", "--lora_dropout", "0.05"])
     err = capsys.readouterr().err
     assert (code == 2 and "lora_dropout" in err and "Traceback" not in err) if wraps else code in (0, 1)
+
+
+@pytest.mark.parametrize("mixed", ["bf16", "fp16"])
+def test_deepspeed_casts_an_fp32_model_instead_of_autocast(mixed: str) -> None:
+    """deepspeed 0.19.8 casts the module's parameters to 16 bits and accelerate runs no autocast under DeepSpeed:
+    the activations of an fp32-loaded model are those of the model loaded in that dtype, with no weight cache."""
+    ds = {"zero_stage": 2, "num_processes": 8, mixed: True}
+    fp32 = _spec(**{**ds, "dtype": "float32", "bf16": mixed == "bf16"})
+    half = _spec(**{**ds, "dtype": "bfloat16" if mixed == "bf16" else "float16", "bf16": mixed == "bf16"})
+    names = {c.name for c in activation_components(fp32)}
+    assert "activations.autocast_weight_cache" not in names
+    assert [(c.name, dict(c.by_phase)) for c in activation_components(fp32)] == [
+        (c.name, dict(c.by_phase)) for c in activation_components(half)]
+
+
+@pytest.mark.slow
+def test_deepspeed_bf16_real_cpu_step_matches_forward_and_backward() -> None:
+    """A real DeepSpeed engine (ZeRO-1, gloo, CPU accelerator) on an fp32-loaded tiny Llama: the estimate's end of
+    forward and backward equal the live-tensor peaks within 2 % (benchmarks/deepspeed_cpu.py prints the table)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("deepspeed")
+    root = Path(__file__).resolve().parents[1]
+    script = root / "benchmarks" / "deepspeed_cpu.py"
+    proc = subprocess.run([sys.executable, str(script), "--measure", "1", "0"], capture_output=True, text=True,
+                          cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, timeout=600, check=True)
+    real = [int(x) for x in proc.stdout.strip().splitlines()[-1].split()]
+    from benchmarks.cpu_truth import LLAMA, Row, spec_for
+    from benchmarks.deepspeed_cpu import BUCKET
+    from fitcheck.report import Location
+    from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy
+
+    spec = spec_for(Row("ds", LLAMA, dtype="float32", mp="bf16"))
+    spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, DeepSpeedSpec(
+        stage=1, reduce_bucket_size=BUCKET, allgather_bucket_size=BUCKET)))
+    rep = estimate(spec)
+    tot = {p: sum(c.at(p) for c in rep.components if c.location is Location.DEVICE) for p in Phase}
+    assert abs(tot[Phase.FORWARD_END] - real[0]) <= 0.02 * real[0]
+    assert abs(max(tot[Phase.BACKWARD_START], tot[Phase.BACKWARD]) - real[1]) <= 0.02 * real[1]

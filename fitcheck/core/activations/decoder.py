@@ -38,6 +38,7 @@ from fitcheck.core.activations.qlora import (
     qlora_layer_saved_per_token,
 )
 from fitcheck.core.kernels import (
+    deepspeed_module_view,
     fused_loss,
     lever_findings,
     liger_applies,
@@ -168,6 +169,7 @@ def _adapter_input(m: _Mode, lora: LoraSpec, width: int) -> int:
 
 def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
     """(bytes per token, bytes per token per position of the s² term) saved by one decoder layer."""
+    spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
     per_token, s2 = _layer_saved(spec)
     liger = liger_applies(spec)
     if liger is None:
@@ -365,6 +367,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         ``activations.autocast_weight_cache``, ``logits.forward`` / ``logits.backward`` and ``inputs``.
     """
     sh = spec.model.shape
+    spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
     m = _mode(spec)
     b, s, layers = spec.batch.micro_batch, spec.batch.seq_len, sh.num_layers
     per_token, s2 = layer_saved_per_token(spec)
@@ -499,6 +502,7 @@ def _autocast_cache(spec: TrainingSpec) -> int:
 
 def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """What the user should know about activations (unpinned family, forced eager, CPU-only paths)."""
+    spec = deepspeed_module_view(spec)
     out: list[Finding] = list(lever_findings(spec))
     fam = spec.model.shape.family
     if fam not in PINNED_FAMILIES:

@@ -18,6 +18,7 @@ from fitcheck.core.kernels.liger import (
     liger_norm_saved,
 )
 from fitcheck.core.kernels.loss import effective_loss, fused_loss, head_trained, liger_cross_entropy
+from fitcheck.core.kernels.module_cast import deepspeed_module_view
 
 __all__ = [
     "CCE_VERSION",
@@ -27,6 +28,7 @@ __all__ = [
     "LIGER_VERSION",
     "FusedLossBytes",
     "cce_bytes",
+    "deepspeed_module_view",
     "effective_loss",
     "flce_bytes",
     "flce_chunk_size",
