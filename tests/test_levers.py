@@ -230,3 +230,13 @@ def test_deepspeed_bf16_real_cpu_step_matches_forward_and_backward() -> None:
     tot = {p: sum(c.at(p) for c in rep.components if c.location is Location.DEVICE) for p in Phase}
     assert abs(tot[Phase.FORWARD_END] - real[0]) <= 0.02 * real[0]
     assert abs(max(tot[Phase.BACKWARD_START], tot[Phase.BACKWARD]) - real[1]) <= 0.02 * real[1]
+
+
+def test_int8_lora_base_gets_no_16bit_weight_cache() -> None:
+    """bitsandbytes 0.50.2 Linear8bitLt runs MatMul8bitLt (a custom Function of int8 ops): autocast never casts
+    the int8 weights; only the fp32 LoRA adapters are cached (as for 4-bit bases)."""
+    spec = _spec(load_in_8bit=True, use_peft=True, lora_target_modules=["all-linear"], gradient_checkpointing=True)
+    cache = _comp(spec, "activations.autocast_weight_cache")
+    adapters = sum(p.numel for p in spec.model.params if p.per_layer)  # every layer weight: what it was before
+    assert 0 < cache[Phase.FORWARD_END] < 0.02 * 2 * adapters
+    assert any(f.code == "activations-not-pinned" and "LLM.int8" in f.message for f in estimate(spec).findings)

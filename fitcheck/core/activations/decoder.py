@@ -495,6 +495,10 @@ def _autocast_cache(spec: TrainingSpec) -> int:
 
     if qlora_formula_applies(spec):  # 4-bit matmuls are no autocast ops: only the LoRA weights are cached
         return 2 * lora_layer_params(spec)
+    if spec.quant is not None and spec.quant.bits == 8 and spec.lora is not None:
+        # bitsandbytes 0.50.2 nn/modules.py Linear8bitLt.forward -> bnb.matmul -> MatMul8bitLt (autograd/
+        # _functions.py): a custom Function running int8 ops, no autocast op: int8 weights are never cast
+        return 2 * lora_layer_params(spec)
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
     layer_linear = sum(p.numel for p in spec.model.params if p.per_layer and p.kind in kinds)
     return 2 * layer_linear
@@ -523,7 +527,18 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     if extras:
         out.append(Finding("activations-not-pinned", Severity.INFO, extras, "run `fitcheck estimate --trace`"))
     lora_unpinned = spec.quant is not None and not qlora_formula_applies(spec)  # QLoRA: activations_qlora.py
-    if lora_unpinned:  # 8-bit, no k-bit preparation, DoRA or an untraced family on a quantized base
+    if spec.quant is not None and spec.quant.bits == 8:
+        out.append(
+            Finding(
+                "activations-not-pinned",
+                Severity.WARNING,
+                "LLM.int8 base: no 16-bit weight cache (int8 matmuls are no autocast op), but the saved "
+                "activations use the LoRA recipe: bitsandbytes' MatMul8bitLt keeps each layer's input and "
+                "returns the input's dtype (fp32 after k-bit preparation), which the recipe does not count",
+                "treat the activations as a lower bound; measure with FitcheckCallback",
+            )
+        )
+    elif lora_unpinned:  # no k-bit preparation, DoRA or an untraced family on a quantized base
         out.append(
             Finding(
                 "activations-not-pinned",
