@@ -203,6 +203,16 @@ def test_deepspeed_casts_an_fp32_model_instead_of_autocast(mixed: str) -> None:
         (c.name, dict(c.by_phase)) for c in activation_components(half)]
 
 
+def test_fsdp_mixed_precision_computes_with_16bit_parameters() -> None:
+    """accelerate's FSDP plugin turns mixed_precision bf16 into MixedPrecision(param_dtype=bf16): the forward reads
+    16-bit unsharded parameters, so autocast caches no weight copies."""
+    fsdp = {"fsdp": "full_shard auto_wrap", "num_processes": 8, "gradient_checkpointing": True}
+    fp32 = _spec(**{**fsdp, "dtype": "float32"})
+    half = _spec(**fsdp)
+    assert "activations.autocast_weight_cache" not in {c.name for c in activation_components(fp32)}
+    assert _comp(fp32, "activations.saved") == _comp(half, "activations.saved")
+
+
 @pytest.mark.slow
 def test_deepspeed_bf16_real_cpu_step_matches_forward_and_backward() -> None:
     """A real DeepSpeed engine (ZeRO-1, gloo, CPU accelerator) on an fp32-loaded tiny Llama: the estimate's end of
