@@ -19,7 +19,7 @@ import fnmatch
 
 from fitcheck.core.kernels.cce import CCE_VERSION, cce_bytes
 from fitcheck.core.kernels.liger import LIGER_VERSION, FusedLossBytes, flce_bytes, liger_applies
-from fitcheck.spec import TrainingSpec
+from fitcheck.spec import Role, TrainingSpec
 
 
 def effective_loss(spec: TrainingSpec) -> str:
@@ -43,7 +43,8 @@ def head_trained(spec: TrainingSpec) -> bool:
     if spec.quant is not None:
         return False
     if spec.freeze is not None:
-        head = [p.name for p in spec.model.params if p.module == "lm_head" or p.name.startswith("lm_head")]
+        role = Role.EMBEDDING if spec.model.shape.tied_embeddings else Role.LM_HEAD  # tied: the embedding is the head
+        head = [p.name for p in spec.model.params if p.role is role]
         return any(fnmatch.fnmatchcase(n, pat) for n in head for pat in spec.freeze.trainable)
     return True
 
