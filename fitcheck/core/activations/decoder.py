@@ -181,7 +181,8 @@ def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
         norms = 4 if sh.family == "gemma2" else 2
         full = spec.lora is None and spec.quant is None
         per_token -= norms * (_norm_saved(sh, m, full) - liger_norm_saved(sh.hidden_size, m.r))
-    return per_token - liger_mlp_delta(spec, m.e), s2
+    # QLoRA: Linear4bit casts back to the (fp32) input dtype, so act(gate) is fp32 (activations/qlora.py)
+    return per_token - liger_mlp_delta(spec, 4 if qlora_formula_applies(spec) else m.e), s2
 
 
 def _layer_saved(spec: TrainingSpec) -> tuple[int, int]:
