@@ -1,0 +1,9 @@
+"""TRL trainers (SFT, DPO, GRPO, Reward) and evaluation: what their step allocates beyond a plain Trainer step.
+
+Pure (no torch). ``trainer_components(spec, base)`` rewrites the plain-Trainer components for the TRL trainer in
+``spec.trainer`` and adds ``reference_model.*``, ``generation.*`` and ``evaluation.*`` components.
+"""
+
+from fitcheck.spec import TrainerKind, TrainerSpec, VllmMode
+
+__all__ = ["TrainerKind", "TrainerSpec", "VllmMode"]
