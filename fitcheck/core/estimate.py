@@ -24,7 +24,8 @@ from fitcheck.core.overheads import (
 )
 from fitcheck.core.sharding import buffer_components, sharding_findings
 from fitcheck.findings import Finding, Severity
-from fitcheck.report import PHASES, Component, Location, Phase, Report
+from fitcheck.core.trainers.steps import step_spec, trainer_components
+from fitcheck.report import Component, Location, Phase, Report, phases_of
 from fitcheck.spec import TrainingSpec
 from fitcheck.units import format_bytes
 
@@ -34,19 +35,22 @@ _SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 def collect_components(
     spec: TrainingSpec, activations: tuple[Component, ...] | None = None
 ) -> tuple[Component, ...]:
-    """Every component of the step: model states, activations, buffers and overheads."""
-    return (
-        *model_state_components(spec),
-        *(activation_components(spec) if activations is None else activations),
-        *buffer_components(spec),
-        *overhead_components(spec),
+    """Every component of the step: model states, activations, buffers and overheads (+ TRL trainer parts)."""
+    run = step_spec(spec)
+    base = (
+        *model_state_components(run),
+        *(activation_components(run) if activations is None else activations),
+        *buffer_components(run),
+        *overhead_components(run),
     )
+    return trainer_components(spec, base)
 
 
 def _peak_phase(components: tuple[Component, ...]) -> tuple[Phase, dict[Phase, int]]:
-    totals = {p: sum(c.at(p) for c in components if c.location is Location.DEVICE) for p in PHASES}
+    phases = phases_of(components)
+    totals = {p: sum(c.at(p) for c in components if c.location is Location.DEVICE) for p in phases}
     # Ties go to the earliest phase (the order of PHASES), so the answer is deterministic.
-    best = max(PHASES, key=lambda p: (totals[p], -PHASES.index(p)))
+    best = max(phases, key=lambda p: (totals[p], -phases.index(p)))
     return best, totals
 
 

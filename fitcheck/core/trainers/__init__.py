@@ -4,6 +4,7 @@ Pure (no torch). ``trainer_components(spec, base)`` rewrites the plain-Trainer c
 ``spec.trainer`` and adds ``reference_model.*``, ``generation.*`` and ``evaluation.*`` components.
 """
 
+from fitcheck.core.trainers.steps import step_spec, trainer_components
 from fitcheck.spec import TrainerKind, TrainerSpec, VllmMode
 
-__all__ = ["TrainerKind", "TrainerSpec", "VllmMode"]
+__all__ = ["TrainerKind", "TrainerSpec", "VllmMode", "step_spec", "trainer_components"]
