@@ -570,10 +570,6 @@ class TrainerSpec:
         use_vllm: GRPO generates with vLLM.
         vllm_mode: ``colocate`` (same GPU) or ``server`` (other GPUs).
         vllm_gpu_memory_utilization: Fraction of the GPU vLLM takes in colocate mode.
-        eval_batch_size: ``per_device_eval_batch_size`` (None = no evaluation phase).
-        eval_accumulation_steps: Eval steps whose outputs stay on the device before moving to CPU (None = all).
-        prediction_loss_only: Evaluation keeps only the loss (no logits accumulated).
-        eval_steps_total: Evaluation steps whose outputs accumulate on the device (eval set / eval batch).
     """
 
     kind: TrainerKind = TrainerKind.TRAINER
@@ -591,10 +587,6 @@ class TrainerSpec:
     use_vllm: bool = False
     vllm_mode: VllmMode = VllmMode.COLOCATE
     vllm_gpu_memory_utilization: float = 0.3
-    eval_batch_size: int | None = None
-    eval_accumulation_steps: int | None = None
-    prediction_loss_only: bool = False
-    eval_steps_total: int = 1
 
     def __post_init__(self) -> None:
         for name in ("prompt_length", "completion_length"):

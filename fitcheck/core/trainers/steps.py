@@ -27,7 +27,17 @@ from fitcheck.core.trainers.fused_head import (
     forward_peak,
 )
 from fitcheck.report import PHASES, Category, Component, Location, Phase
-from fitcheck.spec import DeviceType, MixedPrecision, Role, TrainerKind, TrainingSpec, VllmMode
+from fitcheck.spec import (
+    DeviceType,
+    Kind,
+    MixedPrecision,
+    ModelInventory,
+    ParamEntry,
+    Role,
+    TrainerKind,
+    TrainingSpec,
+    VllmMode,
+)
 
 _TRL = "TRL 1.16 source (trl/trainer/*_trainer.py)"
 # Optional fused-head outputs each trainer asks for (add_fused_lm_head(outputs=...), TRL 1.16)
@@ -50,8 +60,26 @@ def step_spec(spec: TrainingSpec) -> TrainingSpec:
         seq = t.prompt_length + t.completion_length or spec.batch.seq_len
         return dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, seq_len=seq))
     if t.kind is TrainerKind.REWARD:  # chosen + rejected concatenated (reward_trainer.py compute_loss)
-        return dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, micro_batch=2 * spec.batch.micro_batch))
+        batch = dataclasses.replace(spec.batch, micro_batch=2 * spec.batch.micro_batch)
+        return dataclasses.replace(spec, batch=batch, model=_sequence_classifier(spec))
     return spec
+
+
+def _sequence_classifier(spec: TrainingSpec) -> ModelInventory:
+    """The model as ``AutoModelForSequenceClassification`` loads it: the LM head replaced by ``score`` [labels, h].
+
+    RewardTrainer (reward_trainer.py, TRL 1.16) loads the model with ``num_labels=1``; transformers'
+    ``*ForSequenceClassification`` has a bias-free ``score`` Linear and returns ``[rows, seq, labels]`` logits
+    pooled at the last token: the vocabulary-sized tensors are gone (``vocab_size`` of the step = labels).
+    """
+    inv = spec.model
+    labels = int(str(inv.config.get("num_labels", 1) or 1))
+    if any(p.name == "score.weight" for p in inv.params):
+        return inv
+    params = tuple(p for p in inv.params if p.role is not Role.LM_HEAD)
+    params += (ParamEntry("score.weight", (labels, inv.shape.hidden_size), Role.OTHER, Kind.OTHER, module="score"),)
+    shape = dataclasses.replace(inv.shape, vocab_size=labels, tied_embeddings=False)
+    return dataclasses.replace(inv, params=params, shape=shape)
 
 
 def _head(spec: TrainingSpec, *, grad: bool, outputs: tuple[str, ...], scored: int | None) -> FusedHeadInputs:
