@@ -1,0 +1,98 @@
+"""The components of one training step and the phase where their sum peaks.
+
+One place for both: :func:`collect_components` (model states, activations, buffers, CUDA overheads) and
+:func:`peak_phase` (the phase with the most device bytes; ties go to the earliest phase in
+:data:`fitcheck.report.PHASES`, so the answer is deterministic). The estimate and the allocator model read
+them from here.
+
+Pure: no torch import, no environment reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fitcheck.core.activations import activation_components
+from fitcheck.core.overheads import overhead_components
+from fitcheck.core.states import buffer_components, model_state_components
+from fitcheck.core.trainers import step_spec, trainer_components
+from fitcheck.report import PHASES, Component, Location, Phase, phases_of
+from fitcheck.spec import TrainingSpec
+
+
+def collect_components(
+    spec: TrainingSpec, activations: tuple[Component, ...] | None = None
+) -> tuple[Component, ...]:
+    """Every component of the step: model states, activations, buffers and overheads (+ TRL trainer parts).
+
+    A TRL trainer (``spec.trainer``) runs its policy step on :func:`fitcheck.core.trainers.step_spec` (DPO's
+    chosen + rejected rows, GRPO's prompt + completion) and rewrites the components
+    (:func:`fitcheck.core.trainers.trainer_components`: fused LM head, reference model, generation phase).
+
+    Args:
+        spec: The training run.
+        activations: Activation components to use instead of the per-family formulas (from a trace).
+
+    Returns:
+        The components, in report order.
+    """
+    run = step_spec(spec)
+    base = (
+        *model_state_components(run),
+        *(activation_components(run) if activations is None else activations),
+        *buffer_components(run),
+        *overhead_components(run),
+    )
+    return trainer_components(spec, base)
+
+
+def peak_phase(components: Iterable[Component]) -> tuple[Phase, dict[Phase, int]]:
+    """The phase with the most device bytes, and the device total of every phase.
+
+    Args:
+        components: The step's components.
+
+    Returns:
+        ``(phase, totals)``; ties go to the earliest phase of :data:`PHASES`.
+    """
+    device = [c for c in components if c.location is Location.DEVICE]
+    phases = phases_of(tuple(components))  # + generation / evaluation where a trainer fills them
+    totals = {p: sum(c.at(p) for c in device) for p in phases}
+    best = max(phases, key=lambda p: (totals[p], -phases.index(p)))
+    return best, totals
+
+
+def transient_bytes_at(components: Iterable[Component], phase: Phase) -> int:
+    """Bytes at ``phase`` of device components allocated and freed within each step.
+
+    A component is transient when its bytes differ between phases (activations, logits, temporaries,
+    gradients freed by ``zero_grad(set_to_none=True)``); a component constant over the step (weights,
+    optimizer states, workspaces) is persistent.
+
+    Args:
+        components: The step's components.
+        phase: The peak phase.
+
+    Returns:
+        Sum of the transient device components' bytes in that phase.
+    """
+    total = 0
+    for c in components:
+        if c.location is not Location.DEVICE:
+            continue
+        values = {c.at(p) for p in PHASES}
+        if len(values) > 1:
+            total += c.at(phase)
+    return total
+
+
+def transient_at_peak(components: tuple[Component, ...]) -> int:
+    """:func:`transient_bytes_at` the components' own peak phase.
+
+    Args:
+        components: The step's components.
+
+    Returns:
+        Transient device bytes at the peak phase.
+    """
+    return transient_bytes_at(components, peak_phase(components)[0])
