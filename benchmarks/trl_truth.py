@@ -264,7 +264,7 @@ def measure(case: Case) -> dict[str, int]:
 
 def main(argv: list[str]) -> int:
     """Print the table; exit 1 when a row is off by more than 2 %."""
-    from fitcheck.core.estimate import estimate
+    from fitcheck.core.estimator import estimate
 
     cases = [c for c in CASES if not argv or any(a in c.name for a in argv)]
     print(f"{'case':32} {'real MiB':>10} {'est MiB':>10} {'error':>8}  real gen / est gen (MiB), est phase")
@@ -289,4 +289,4 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["CASES", "Case", "dataclasses", "measure", "spec_for"]
+

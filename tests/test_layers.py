@@ -32,6 +32,7 @@ FLOORS: dict[str, int] = {
     "fitcheck.core.optimizers": 2,
     "fitcheck.core.states": 3,
     "fitcheck.core.activations": 4,
+    "fitcheck.core.trainers": 4,
     "fitcheck.core": 5,
     "fitcheck.readers": 6,
     "fitcheck.advice": 7,

@@ -153,9 +153,12 @@ def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
     t, sh = spec.trainer, spec.model.shape
     if t.kind is not TrainerKind.GRPO or (t.use_vllm and t.vllm_mode is VllmMode.SERVER):
         return []
+    held = Component("generation.weights_and_states", Category.WEIGHTS, Location.DEVICE,
+                     {Phase.GENERATION: persistent}, "weights, optimizer states (and reference) stay during generate",
+                     "everything persistent; gradients were freed by zero_grad")
     if t.use_vllm:  # colocate: vLLM holds its share of the GPU for the whole run (grpo_trainer.py vllm_generation)
         share = int(spec.hardware.gpu_memory_bytes * t.vllm_gpu_memory_utilization)
-        return [Component("generation.vllm_colocate", Category.OVERHEAD, Location.DEVICE_OTHER,
+        return [held, Component("generation.vllm_colocate", Category.OVERHEAD, Location.DEVICE_OTHER,
                           {p: share for p in (*PHASES, Phase.GENERATION)},
                           "GRPOConfig.vllm_gpu_memory_utilization (TRL 1.16): vLLM's share of the same GPU",
                           f"{t.vllm_gpu_memory_utilization:.0%} of the GPU")]
@@ -170,9 +173,7 @@ def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
     prefill = 3 * rows * t.prompt_length * sh.intermediate_size * e
     sampling = rows * sh.vocab_size * (4 * 5 + 8)
     return [
-        Component("generation.weights_and_states", Category.WEIGHTS, Location.DEVICE,
-                  {Phase.GENERATION: persistent}, "weights, optimizer states (and reference) stay during generate",
-                  "everything persistent; gradients were freed by zero_grad"),
+        held,
         Component("generation.kv_cache", Category.ACTIVATIONS, Location.DEVICE, {Phase.GENERATION: kv},
                   "transformers DynamicCache: K and V per layer [rows, kv_heads, tokens, head_dim]",
                   f"{rows} sequences x {tokens} tokens x {sh.num_layers} layers"),
