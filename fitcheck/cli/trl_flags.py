@@ -103,6 +103,11 @@ def split_trl_values(values: Mapping[str, object]) -> tuple[dict[str, object], d
             rest[key] = defaults[key]
     if "max_length" in defaults and "max_seq_length" not in rest:
         rest["max_seq_length"] = defaults["max_length"]
+    if kind is TrainerKind.DPO and "max_prompt_length" in trl and "max_completion_length" in trl:
+        # DPOConfig.max_length (given or 1024) truncates prompt + completion
+        total = _num("max_prompt_length", trl["max_prompt_length"], int) + _num(
+            "max_completion_length", trl["max_completion_length"], int)
+        rest["max_seq_length"] = min(total, _num("max_length", rest["max_seq_length"], int))
     if kind is TrainerKind.GRPO and "max_prompt_length" in trl:  # the sequence the policy step runs
         completion = trl.get("max_completion_length", defaults["max_completion_length"])
         rest["max_seq_length"] = _num("max_prompt_length", trl["max_prompt_length"], int) + _num(
