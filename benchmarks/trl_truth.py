@@ -16,7 +16,6 @@ Run: ``PYTHONPATH=. python benchmarks/trl_truth.py [name-substring ...]``
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import tempfile
@@ -160,10 +159,9 @@ def _dataset(case: Case, rows: int) -> Any:
 
 def _build(case: Case, path: str) -> Any:
     import torch
+    import trl
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig
-
-    import trl
 
     config = LlamaConfig(**{k: v for k, v in LLAMA.items() if k not in ("model_type", "architectures")})
     torch.manual_seed(0)

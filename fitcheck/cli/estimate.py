@@ -29,7 +29,6 @@ from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters import meta_inventory
 
-
 _BOOL = "bool"
 _LIST = "list"
 

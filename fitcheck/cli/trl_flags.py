@@ -139,7 +139,8 @@ def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[Traini
         total = min(seq, prompt + completion)  # DPOConfig.max_length truncates prompt + completion
         completion = max(0, total - prompt)
         rpo = trl.get("rpo_alpha")
-        losses = tuple(str(x) for x in trl.get("loss_type", ("sigmoid",)) or ("sigmoid",))  # type: ignore[union-attr]
+        raw = trl.get("loss_type") or ("sigmoid",)
+        losses = tuple(str(x) for x in raw) if isinstance(raw, (list, tuple)) else (str(raw),)
         t = TrainerSpec(kind=kind, prompt_length=min(prompt, total), completion_length=completion,
                         precompute_ref_log_probs=_bool("precompute_ref_log_probs", get("precompute_ref_log_probs")),
                         rpo_alpha=None if rpo is None else _num("rpo_alpha", rpo, float), loss_type=losses)
