@@ -157,7 +157,8 @@ def _dataset(case: Case, rows: int) -> Any:
     return Dataset.from_dict({"prompt": prompt, "chosen": chosen, "rejected": rejected})
 
 
-def _build(case: Case, path: str) -> Any:
+def build_trainer(case: Case, path: str, callbacks: list[Any] | None = None) -> Any:
+    """The real TRL trainer of a case (model and tokenizer saved under ``path``)."""
     import torch
     import trl
     from peft import LoraConfig
@@ -189,22 +190,22 @@ def _build(case: Case, path: str) -> Any:
     if kind is TrainerKind.SFT:
         args = trl.SFTConfig(**common, max_length=case.length, **extra)
         return trl.SFTTrainer(model=path, args=args, train_dataset=_dataset(case, rows), processing_class=tok,
-                              peft_config=peft)
+                              peft_config=peft, callbacks=callbacks)
     if kind is TrainerKind.DPO:
         if "rpo_alpha" in case.extra:
             extra.update(loss_type=["sigmoid", "sft"], loss_weights=[1.0, float(case.extra["rpo_alpha"])])
         args = trl.DPOConfig(**common, max_length=case.length + case.prompt, **extra)
         return trl.DPOTrainer(model=path, args=args, train_dataset=_dataset(case, rows), processing_class=tok,
-                              peft_config=peft)
+                              peft_config=peft, callbacks=callbacks)
     if kind is TrainerKind.GRPO:
         args = trl.GRPOConfig(**common, max_completion_length=case.length,
                               generation_kwargs={"min_new_tokens": case.length}, **extra)
         return trl.GRPOTrainer(model=path, args=args, train_dataset=_dataset(case, rows), processing_class=tok,
                                reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions],
-                               peft_config=peft)
+                               peft_config=peft, callbacks=callbacks)
     args = trl.RewardConfig(**common, max_length=case.length, **extra)
     return trl.RewardTrainer(model=path, args=args, train_dataset=_dataset(case, rows), processing_class=tok,
-                             peft_config=peft)
+                             peft_config=peft, callbacks=callbacks)
 
 
 def measure(case: Case) -> dict[str, int]:
@@ -217,7 +218,7 @@ def measure(case: Case) -> dict[str, int]:
 
     with tempfile.TemporaryDirectory() as path, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = _build(case, path)
+        trainer = build_trainer(case, path)
         state: dict[str, Any] = {"tracker": None}
 
         class Measure(TrainerCallback):  # type: ignore[misc]
