@@ -86,9 +86,13 @@ def dataset_lengths(kind: TrainerKind, trainer: Any) -> dict[str, int]:
 def trainer_spec_from_args(args: Any, lengths: Mapping[str, int]) -> TrainerSpec:
     """The ``TrainerSpec`` of a live TRL config (TRL 1.16 field names)."""
     kind = trainer_kind_of(args)
-    get = lambda name, default=None: getattr(args, name, default)  # noqa: E731
+
+    def get(name: str, default: Any = None) -> Any:
+        return getattr(args, name, default)
+
     if kind is TrainerKind.SFT:
-        return TrainerSpec(kind=kind, packing=bool(get("packing", False)), padding_free=bool(get("padding_free", False)))
+        return TrainerSpec(kind=kind, packing=bool(get("packing", False)),
+                           padding_free=bool(get("padding_free", False)))
     if kind is TrainerKind.DPO:
         max_length = get("max_length")
         prompt, completion = int(lengths.get("prompt", 0)), int(lengths.get("completion", 0))
