@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fitcheck.core.trainers import TrainerKind, TrainerSpec
+from fitcheck.report import Phase
 from fitcheck.spec import (
     ActivationSpec,
     AttnImpl,
@@ -266,7 +267,7 @@ def main(argv: list[str]) -> int:
     from fitcheck.core.estimator import estimate
 
     cases = [c for c in CASES if not argv or any(a in c.name for a in argv)]
-    print(f"{'case':32} {'real MiB':>10} {'est MiB':>10} {'error':>8}  real gen / est gen (MiB), est phase")
+    print(f"{'case':32} {'real MiB':>10} {'est MiB':>10} {'error':>8}  est peak phase; GRPO: real / est generation MiB")
     worst = 0.0
     for case in cases:
         real = measure(case)
@@ -276,10 +277,10 @@ def main(argv: list[str]) -> int:
         worst = max(worst, abs(err))
         gen = ""
         if "generation" in real:
-            est_gen = report.phase_peaks.get("generation", 0) if hasattr(report, "phase_peaks") else 0
-            gen = f"{real['generation'] / 2**20:.2f} / {est_gen / 2**20:.2f}"
-        print(f"{case.name:32} {real['peak'] / 2**20:10.3f} {est / 2**20:10.3f} {err:+7.2f}%  {gen} "
-              f"{report.peak_phase.value}", flush=True)
+            est_gen = report.phase_totals().get(Phase.GENERATION, 0)
+            gen = f"{real['generation'] / 2**20:.3f} / {est_gen / 2**20:.3f}"
+        print(f"{case.name:32} {real['peak'] / 2**20:10.3f} {est / 2**20:10.3f} {err:+7.2f}%  "
+              f"{report.peak_phase.value}  {gen}", flush=True)
     print(f"worst |error| {worst:.2f}%")
     return 0 if worst <= 2.0 else 1
 
