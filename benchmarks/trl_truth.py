@@ -16,6 +16,7 @@ Run: ``PYTHONPATH=. python benchmarks/trl_truth.py [name-substring ...]``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -262,6 +263,57 @@ def measure(case: Case) -> dict[str, int]:
     return out
 
 
+# Evaluation phase: (name, trainer, per_device_eval_batch_size, tokens per eval sample); plain Trainer and SFT
+EVAL_CASES: tuple[tuple[str, TrainerKind, int, int], ...] = (
+    ("eval trainer bs4", TrainerKind.TRAINER, 4, 128),
+    ("eval sft bs4", TrainerKind.SFT, 4, 128),
+)
+
+
+def eval_spec_for(kind: TrainerKind, eval_batch: int, length: int) -> TrainingSpec:
+    """The spec of an evaluation case (training micro-batch 2 of the same length)."""
+    case = Case("eval", TrainerKind.SFT, length=length)
+    spec = spec_for(case)
+    return dataclasses.replace(spec, trainer=TrainerSpec(kind=kind, eval_batch_size=eval_batch))
+
+
+def measure_eval(kind: TrainerKind, eval_batch: int, length: int) -> int:
+    """Live-tensor peak of ``trainer.evaluate()`` after one training step (weights and optimizer states counted)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
+
+    from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
+
+    with tempfile.TemporaryDirectory() as path, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if kind is TrainerKind.SFT:
+            case = Case("eval", TrainerKind.SFT, length=length)
+            trainer = build_trainer(case, path)
+            trainer.args.per_device_eval_batch_size = eval_batch
+            trainer.eval_dataset = trainer.train_dataset
+        else:
+            config = LlamaConfig(**{k: v for k, v in LLAMA.items() if k not in ("model_type", "architectures")})
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+            ids = [[2 + (i * 7 + j) % (VOCAB - 2) for j in range(length)] for i in range(3 * eval_batch)]
+            data = Dataset.from_dict({"input_ids": ids, "labels": ids})
+            args = TrainingArguments(output_dir=path, per_device_train_batch_size=2, max_steps=1, report_to=[],
+                                     per_device_eval_batch_size=eval_batch, use_cpu=True, save_strategy="no",
+                                     optim="adamw_torch", bf16=True, gradient_checkpointing=True)
+            trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data)
+        trainer.args.max_steps = 1
+        trainer.train()
+        tracker = LiveTensorTracker()
+        tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
+        tracker.start()
+        try:
+            trainer.evaluate()
+        finally:
+            tracker.stop()
+        return int(tracker.peak)
+
+
 def main(argv: list[str]) -> int:
     """Print the table; exit 1 when a row is off by more than 2 %."""
     from fitcheck.core.estimator import estimate
@@ -281,6 +333,14 @@ def main(argv: list[str]) -> int:
             gen = f"{real['generation'] / 2**20:.3f} / {est_gen / 2**20:.3f}"
         print(f"{case.name:32} {real['peak'] / 2**20:10.3f} {est / 2**20:10.3f} {err:+7.2f}%  "
               f"{report.peak_phase.value}  {gen}", flush=True)
+    for name, kind, eval_batch, length in EVAL_CASES:
+        if argv and not any(a in name for a in argv):
+            continue
+        real_eval = measure_eval(kind, eval_batch, length)
+        est_eval = estimate(eval_spec_for(kind, eval_batch, length)).phase_totals()[Phase.EVALUATION]
+        err = (est_eval - real_eval) / real_eval * 100
+        worst = max(worst, abs(err))
+        print(f"{name:32} {real_eval / 2**20:10.3f} {est_eval / 2**20:10.3f} {err:+7.2f}%  evaluation", flush=True)
     print(f"worst |error| {worst:.2f}%")
     return 0 if worst <= 2.0 else 1
 

@@ -570,6 +570,11 @@ class TrainerSpec:
         use_vllm: GRPO generates with vLLM.
         vllm_mode: ``colocate`` (same GPU) or ``server`` (other GPUs).
         vllm_gpu_memory_utilization: Fraction of the GPU vLLM takes in colocate mode.
+        eval_batch_size: ``per_device_eval_batch_size`` (None = no evaluation phase is estimated).
+        eval_accumulation_steps: Evaluation steps whose logits stay on the device before moving to the CPU
+            (None = the whole evaluation set).
+        prediction_loss_only: Evaluation keeps only the loss (True: what ``Trainer.evaluate`` does without
+            ``compute_metrics``); False: the logits of every step are gathered on the device.
     """
 
     kind: TrainerKind = TrainerKind.TRAINER
@@ -587,6 +592,9 @@ class TrainerSpec:
     use_vllm: bool = False
     vllm_mode: VllmMode = VllmMode.COLOCATE
     vllm_gpu_memory_utilization: float = 0.3
+    eval_batch_size: int | None = None
+    eval_accumulation_steps: int | None = None
+    prediction_loss_only: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prompt_length", "completion_length"):
@@ -596,6 +604,10 @@ class TrainerSpec:
             raise ValueError(f"num_generations must be positive, got {self.num_generations}")
         if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
             raise ValueError("vllm_gpu_memory_utilization must be in (0, 1]")
+        for name in ("eval_batch_size", "eval_accumulation_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
 
     @property
     def is_trl(self) -> bool:

@@ -90,12 +90,30 @@ def test_cpu_device_type_with_every_trainer(capsys: pytest.CaptureFixture[str]) 
         assert code == 0 and j["trainer"] == extra[1]
 
 
+def test_evaluation_phase_plain_trainer_and_sft(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ("--max_seq_length", "1024", "--bf16", "--gradient_checkpointing")
+    _, plain = run_json(capsys, *base)
+    assert "evaluation" not in plain["phases"]
+    _, loss_only = run_json(capsys, *base, "--per_device_eval_batch_size", "8")
+    assert loss_only["phases"]["evaluation"] > 0
+    _, gathered = run_json(capsys, *base, "--per_device_eval_batch_size", "8", "--prediction_loss_only", "false")
+    assert "eval-logits-accumulate" in {f["code"] for f in gathered["findings"]}
+    _, windowed = run_json(capsys, *base, "--per_device_eval_batch_size", "8", "--prediction_loss_only", "false",
+                           "--eval_accumulation_steps", "4")
+    assert "eval-logits-accumulate" not in {f["code"] for f in windowed["findings"]}
+    assert windowed["phases"]["evaluation"] > loss_only["phases"]["evaluation"]  # 3 steps' logits held
+    _, sft = run_json(capsys, "--trainer", "sft", "--max_length", "1024", "--per_device_eval_batch_size", "8")
+    assert sft["phases"]["evaluation"] < loss_only["phases"]["evaluation"]  # fused head: no full logits
+
+
 @pytest.mark.parametrize(
     "extra",
     [
         ("--packing",),  # a TRL field without --trainer
         ("--trainer", "grpo"),  # no prompt length
-        ("--trainer", "sft", "--per_device_eval_batch_size", "8"),  # evaluation: not modelled, refused
+        ("--trainer", "dpo", "--per_device_eval_batch_size", "8"),  # DPO evaluation: not modelled, refused
+        ("--eval_accumulation_steps", "2"),  # without an evaluation batch
+        ("--per_device_eval_batch_size", "0"),
         ("--trainer", "grpo", "--max_prompt_length", "64", "--vllm_mode", "remote"),
         ("--trainer", "grpo", "--max_prompt_length", "x"),
         ("--trainer", "grpo", "--max_prompt_length", "64", "--use_vllm", "--vllm_gpu_memory_utilization", "1.5"),

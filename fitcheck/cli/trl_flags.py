@@ -1,5 +1,9 @@
 """``--trainer trainer|sft|dpo|grpo|reward`` and TRL 1.16's config fields as ``fitcheck estimate`` flags.
 
+``--per_device_eval_batch_size`` (``--eval_accumulation_steps``, ``--prediction_loss_only``) adds the evaluation
+phase (plain Trainer and SFT). An absent ``--prediction_loss_only`` means loss only: ``Trainer.evaluate`` without
+``compute_metrics``; ``--prediction_loss_only false`` means a ``compute_metrics`` gathers the logits.
+
 With ``--trainer X`` an absent flag takes X's TRL config default. The defaults are a table here (importing TRL
 imports torch: seconds per CLI call); ``tests/test_trl_cli.py`` pins the table against the installed TRL's config
 dataclasses (``trl.SFTConfig``, ``DPOConfig``, ``GRPOConfig``, ``RewardConfig``). Defaults that matter for memory:
@@ -18,6 +22,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from fitcheck.core.trainers import EVAL_TRAINERS
 from fitcheck.errors import ConfigError
 from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec, VllmMode
 
@@ -36,9 +41,9 @@ TRL_DEFAULTS: dict[TrainerKind, dict[str, object]] = {
 _BOOL = ("packing", "padding_free", "precompute_ref_log_probs", "use_vllm")
 _VALUE = ("max_prompt_length", "max_completion_length", "rpo_alpha", "num_generations", "beta",
           "generation_batch_size", "steps_per_generation", "vllm_mode", "vllm_gpu_memory_utilization")
-# Evaluation is not modelled yet: refused (exit 2) rather than accepted and ignored.
-_REFUSED = ("per_device_eval_batch_size", "eval_accumulation_steps", "prediction_loss_only")
-TRL_FLAG_NAMES = ("trainer", *_BOOL, *_VALUE, "loss_type", *_REFUSED)
+# The evaluation phase (fitcheck.core.trainers.evaluation): plain Trainer and SFT; refused for the others
+_EVAL = ("per_device_eval_batch_size", "eval_accumulation_steps", "prediction_loss_only")
+TRL_FLAG_NAMES = ("trainer", *_BOOL, *_VALUE, "loss_type", *_EVAL)
 
 
 def add_trl_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +53,7 @@ def add_trl_arguments(parser: argparse.ArgumentParser) -> None:
     for name in _BOOL:
         parser.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name, nargs="?", const=True,
                             metavar="true|false", help=f"TRL config {name}", **sup)
-    for name in (*_VALUE, *_REFUSED):
+    for name in (*_VALUE, *_EVAL):
         parser.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name, help=f"TRL config {name}", **sup)
     parser.add_argument("--loss_type", "--loss-type", dest="loss_type", nargs="+", help="DPO loss_type", **sup)
 
@@ -74,6 +79,25 @@ def _num(name: str, value: object, kind: type) -> Any:
     return out
 
 
+def _eval_fields(trl: Mapping[str, object]) -> dict[str, object]:
+    """TrainerSpec evaluation fields from the flags (none when no evaluation batch size is given)."""
+    if "per_device_eval_batch_size" not in trl:
+        if "eval_accumulation_steps" in trl or "prediction_loss_only" in trl:
+            raise ConfigError("--eval_accumulation_steps / --prediction_loss_only need --per_device_eval_batch_size "
+                              "(the evaluation batch)")
+        return {}
+    size = _num("per_device_eval_batch_size", trl["per_device_eval_batch_size"], int)
+    steps = trl.get("eval_accumulation_steps")
+    if size < 1 or (steps is not None and _num("eval_accumulation_steps", steps, int) < 1):
+        raise ConfigError("--per_device_eval_batch_size and --eval_accumulation_steps must be positive")
+    return {
+        "eval_batch_size": size,
+        "eval_accumulation_steps": None if steps is None else _num("eval_accumulation_steps", steps, int),
+        # absent: what Trainer.evaluate does without compute_metrics (loss only)
+        "prediction_loss_only": _bool("prediction_loss_only", trl.get("prediction_loss_only", True)),
+    }
+
+
 def trainer_kind(values: Mapping[str, object]) -> TrainerKind:
     """The ``--trainer`` value (plain Trainer when absent)."""
     return TrainerKind(str(values.get("trainer", "trainer")))
@@ -87,13 +111,13 @@ def split_trl_values(values: Mapping[str, object]) -> tuple[dict[str, object], d
     """
     trl = {k: v for k, v in values.items() if k in TRL_FLAG_NAMES}
     rest = {k: v for k, v in values.items() if k not in TRL_FLAG_NAMES}
-    for name in _REFUSED:
-        if name in trl:
-            raise ConfigError(f"--{name}: the evaluation phase is not modelled yet; drop the flag to estimate the "
-                              "training step")
     kind = trainer_kind(trl)
+    evals = sorted(k for k in _EVAL if k in trl)
+    if evals and kind not in EVAL_TRAINERS:
+        raise ConfigError(f"--{evals[0]}: the evaluation phase is modelled for --trainer trainer and sft only (DPO, "
+                          "GRPO and reward evaluation run their own prediction_step); drop the flag")
     if kind is TrainerKind.TRAINER:
-        extra = sorted(k for k in trl if k != "trainer")
+        extra = sorted(k for k in trl if k not in ("trainer", *_EVAL))
         if extra:
             raise ConfigError(f"--{extra[0]} is a TRL config field: add --trainer sft|dpo|grpo|reward")
         return rest, trl
@@ -118,8 +142,11 @@ def split_trl_values(values: Mapping[str, object]) -> tuple[dict[str, object], d
 def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[TrainingSpec, tuple[str, ...]]:
     """The spec with ``spec.trainer`` set from the TRL flags (defaults from :data:`TRL_DEFAULTS`)."""
     kind = trainer_kind(trl)
+    evaluation = _eval_fields(trl)
     if kind is TrainerKind.TRAINER:
-        return spec, ()
+        if not evaluation:
+            return spec, ()
+        return dataclasses.replace(spec, trainer=TrainerSpec(**evaluation)), ()  # type: ignore[arg-type]
     d = TRL_DEFAULTS[kind]
 
     def get(name: str) -> object:
@@ -167,6 +194,7 @@ def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[Traini
                                              float),
         )
         notes.append(f"GRPO: every sequence is {t.prompt_length} prompt + {t.completion_length} completion tokens")
+    t = dataclasses.replace(t, **evaluation)  # type: ignore[arg-type]
     try:
         return dataclasses.replace(spec, trainer=t), tuple(notes)
     except ValueError as exc:  # pragma: no cover - TrainerSpec validation

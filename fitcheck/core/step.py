@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from fitcheck.core.activations import activation_components
 from fitcheck.core.overheads import overhead_components
 from fitcheck.core.states import buffer_components, model_state_components
-from fitcheck.core.trainers import step_spec, trainer_components
+from fitcheck.core.trainers import eval_spec, evaluation_component, step_spec, trainer_components
 from fitcheck.report import PHASES, Component, Location, Phase, phases_of
 from fitcheck.spec import TrainingSpec
 
@@ -43,7 +43,12 @@ def collect_components(
         *buffer_components(run),
         *overhead_components(run),
     )
-    return trainer_components(spec, base)
+    out = trainer_components(spec, base)
+    if spec.trainer.eval_batch_size is None:
+        return out
+    run = step_spec(eval_spec(spec))  # one evaluation step: its batch, as the trainer runs it
+    ev = evaluation_component(run, out, activation_components(run))
+    return out if ev is None else (*out, ev)
 
 
 def peak_phase(components: Iterable[Component]) -> tuple[Phase, dict[Phase, int]]:

@@ -4,7 +4,23 @@ Pure (no torch). ``trainer_components(spec, base)`` rewrites the plain-Trainer c
 ``spec.trainer`` and adds ``reference_model.*``, ``generation.*`` and ``evaluation.*`` components.
 """
 
+from fitcheck.core.trainers.evaluation import (
+    EVAL_TRAINERS,
+    eval_spec,
+    evaluation_component,
+    evaluation_findings,
+)
 from fitcheck.core.trainers.steps import step_spec, trainer_components
 from fitcheck.spec import TrainerKind, TrainerSpec, VllmMode
 
-__all__ = ["TrainerKind", "TrainerSpec", "VllmMode", "step_spec", "trainer_components"]
+__all__ = [
+    "EVAL_TRAINERS",
+    "TrainerKind",
+    "TrainerSpec",
+    "VllmMode",
+    "eval_spec",
+    "evaluation_component",
+    "evaluation_findings",
+    "step_spec",
+    "trainer_components",
+]

@@ -82,7 +82,9 @@ def _sequence_classifier(spec: TrainingSpec) -> ModelInventory:
     return dataclasses.replace(inv, params=params, shape=shape)
 
 
-def _head(spec: TrainingSpec, *, grad: bool, outputs: tuple[str, ...], scored: int | None) -> FusedHeadInputs:
+def fused_head_inputs(spec: TrainingSpec, *, grad: bool, outputs: tuple[str, ...], scored: int | None = None
+                      ) -> FusedHeadInputs:
+    """The fused head's shapes for one call of ``spec``'s step (``scored``: labelled positions, CUDA only)."""
     sh = spec.model.shape
     half = spec.precision.load_dtype.nbytes
     amp = spec.precision.mixed_precision is not MixedPrecision.NO
@@ -123,7 +125,7 @@ def _last_hidden(spec: TrainingSpec) -> int:
 
 def _fused_head_component(spec: TrainingSpec, base: Component) -> Component:
     t = spec.trainer
-    x = _head(spec, grad=True, outputs=_OUTPUTS[t.kind], scored=_scored(spec))
+    x = fused_head_inputs(spec, grad=True, outputs=_OUTPUTS[t.kind], scored=_scored(spec))
     fwd = forward_peak(x)
     bwd, _ = backward_peak(x)
     labels = 8 * spec.batch.micro_batch * spec.batch.seq_len  # labels / completion mask (int64)
@@ -134,7 +136,7 @@ def _fused_head_component(spec: TrainingSpec, base: Component) -> Component:
     if t.kind is TrainerKind.DPO and not t.precompute_ref_log_probs:
         # the reference forward (no_grad, after the policy's): the policy's outputs stay, the reference's
         # backbone output and its fused head's buffers (log-probs only) come on top
-        ref = _head(spec, grad=False, outputs=("log_probs",), scored=_scored(spec))
+        ref = fused_head_inputs(spec, grad=False, outputs=("log_probs",), scored=_scored(spec))
         fwd_phase = max(fwd_phase, forward_outputs(x) + labels + _last_hidden(spec) + forward_peak(ref))
     return Component(
         "logits.fused_head",
