@@ -38,3 +38,12 @@ def test_trl_trainer_peak_within_two_percent(name: str) -> None:
     if "generation" in real:  # GRPO: the generate() phase has its own peak
         totals = report.phase_totals()
         assert totals[Phase.GENERATION] == pytest.approx(real["generation"], rel=0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(trl_truth.EVAL_CASES)))
+def test_evaluation_phase_within_two_percent(index: int) -> None:
+    _, kind, eval_batch, length = trl_truth.EVAL_CASES[index]
+    real = trl_truth.measure_eval(kind, eval_batch, length)
+    est = estimate(trl_truth.eval_spec_for(kind, eval_batch, length)).phase_totals()[Phase.EVALUATION]
+    assert est == pytest.approx(real, rel=0.02)
