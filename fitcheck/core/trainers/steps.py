@@ -59,6 +59,11 @@ def step_spec(spec: TrainingSpec) -> TrainingSpec:
     if t.kind is TrainerKind.GRPO:
         seq = t.prompt_length + t.completion_length or spec.batch.seq_len
         return dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, seq_len=seq))
+    if t.kind is TrainerKind.SFT and t.padding_free:
+        # DataCollatorForLanguageModeling(padding_free=True) flattens the micro-batch into ONE row of b x s tokens
+        # with position_ids (sft_trainer.py); packing alone keeps rows of max_length (the seq_len semantics here)
+        rows, seq = spec.batch.micro_batch, spec.batch.seq_len
+        return dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, micro_batch=1, seq_len=rows * seq))
     if t.kind is TrainerKind.REWARD:  # chosen + rejected concatenated (reward_trainer.py compute_loss)
         batch = dataclasses.replace(spec.batch, micro_batch=2 * spec.batch.micro_batch)
         return dataclasses.replace(spec, batch=batch, model=_sequence_classifier(spec))
