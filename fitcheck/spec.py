@@ -564,8 +564,8 @@ class TrainerSpec:
         loss_type: DPO ``loss_type`` names.
         num_generations: GRPO completions per prompt.
         beta: GRPO KL coefficient (> 0 keeps a reference model).
-        generation_batch_size: GRPO sequences generated at once per device (None = micro-batch x
-            ``steps_per_generation``).
+        generation_batch_size: GRPO ``generation_batch_size``: sequences generated per generation over ALL
+            processes (per device: divided by the process count); None = micro-batch x ``steps_per_generation``.
         steps_per_generation: GRPO (None = ``gradient_accumulation_steps``).
         use_vllm: GRPO generates with vLLM.
         vllm_mode: ``colocate`` (same GPU) or ``server`` (other GPUs).
