@@ -22,6 +22,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from fitcheck.cli.trl_flags import TRL_FLAG_NAMES, add_trl_arguments, apply_trainer, split_trl_values
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
 from fitcheck.report import Report
@@ -174,6 +175,7 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         elif kind == _LIST:
             kwargs.update(nargs="+")
         parser.add_argument(*spellings, **kwargs)
+    add_trl_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--trace",
@@ -198,7 +200,7 @@ def register(subparsers: Any) -> None:
 
 def explicit_values(args: argparse.Namespace) -> dict[str, object]:
     """The flags the user passed, by canonical name."""
-    names = {name for name, _, _ in _FLAGS}
+    names = {name for name, _, _ in _FLAGS} | set(TRL_FLAG_NAMES)
     return {k: v for k, v in vars(args).items() if k in names}
 
 
@@ -220,6 +222,7 @@ def spec_from_values(
     from fitcheck.readers import load_inventory, merge_sources
     from fitcheck.readers import spec_from_values as build
 
+    values, trl = split_trl_values(values)
     model = values.get("model_name_or_path")
     if not model:
         raise ConfigError(
@@ -248,7 +251,11 @@ def spec_from_values(
         from fitcheck.readers import read_adapter_config
 
         spec = dataclasses.replace(spec, lora=read_adapter_config(str(values["adapter_config"])))
-    return spec, assumptions
+    try:
+        spec, notes = apply_trainer(spec, trl)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return spec, (*assumptions, *notes)
 
 
 def _opt_str(v: object) -> str | None:

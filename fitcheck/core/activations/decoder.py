@@ -50,8 +50,10 @@ from fitcheck.core.kernels import (
 )
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainerKind, TrainingSpec
 
+# TRL 1.16 trainers whose loss runs through add_fused_lm_head (trl/trainer/utils.py)
+_FUSED_HEAD = frozenset({TrainerKind.SFT, TrainerKind.DPO, TrainerKind.GRPO})
 _TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
 # Families whose layer recipe below was read off traces and is pinned by tests.
 PINNED_FAMILIES = (
@@ -390,7 +392,10 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     # worst moment during backward besides every gradient (activations_backward.py, tests/test_backward_phase.py)
     bq = BackwardInputs(layer + scores, kept, m.r * sh.hidden_size * b * s if n_ckpt else 0, n_ckpt, m.e, m.r,
                         m.autocast, m.half_model, end, offloaded=bool(host))
-    recompute, moment = backward_transient(spec, bq, _head_backward_logits(spec, m))
+    # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
+    # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
+    head = 0 if spec.trainer.kind in _FUSED_HEAD else _head_backward_logits(spec, m)
+    recompute, moment = backward_transient(spec, bq, head)
     if n_ckpt and qlora_formula_applies(spec):  # peak in the first recomputed layer: every checkpoint still held
         end, recompute = kept, layer + scores + qlora_backward_working_set(spec) * b * s
         moment = "first recomputed layer"
