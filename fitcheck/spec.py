@@ -159,6 +159,11 @@ class ModelShape:
         no_split_module: The decoder-layer class (FSDP wrap unit, device_map no-split class).
         parallel_attn: Falcon/Phi-style parallel attention+MLP block.
         partial_rotary_factor: Fraction of head_dim rotated (Phi-2).
+        task: The head the model carries: ``"causal-lm"`` (vocabulary-sized LM head), ``"seq-cls"`` /
+            ``"token-cls"`` (a ``num_labels``-wide classifier), ``"image-text-to-text"`` (vision-language), or
+            ``"masked-lm"`` (BERT's MLM head); read from ``architectures`` or ``--task``.
+        num_labels: Classifier width for ``seq-cls`` / ``token-cls`` (0 otherwise).
+        image_tokens: Vision-tower patches per image (before the merger) for ``image-text-to-text`` (0 = none).
     """
 
     family: str
@@ -182,6 +187,9 @@ class ModelShape:
     no_split_module: str = ""
     parallel_attn: bool = False
     partial_rotary_factor: float = 1.0
+    task: str = "causal-lm"
+    num_labels: int = 0
+    image_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):

@@ -45,6 +45,9 @@ _FLAGS: list[tuple[str, str | None, str]] = [
         "float16, float32; alias --torch_dtype",
     ),
     ("attn_implementation", None, "eager, sdpa (default) or flash_attention_2"),
+    ("task", None, "causal-lm, seq-cls, token-cls or image-text-to-text (default: what config.json architectures names)"),
+    ("num_labels", None, "classifier width for --task seq-cls/token-cls (default: the config's id2label, else 2)"),
+    ("image_tokens", None, "vision patches per sample for image-text-to-text (before the merger; default 0)"),
     # batch
     ("per_device_train_batch_size", None, "micro-batch per GPU (default 8, as TrainingArguments)"),
     ("gradient_accumulation_steps", None, "gradient accumulation steps (default 1)"),
@@ -129,6 +132,7 @@ _FLAGS: list[tuple[str, str | None, str]] = [
 ]
 
 FILE_FLAGS = ("training_args", "deepspeed", "config_file", "fsdp", "fsdp_config")
+TASK_FLAGS = ("task", "num_labels", "image_tokens")  # read by readers/task_heads.py, not by the merge
 SHARDING_FLAGS = ("zero_stage", "offload_optimizer", "offload_param")
 
 
@@ -207,8 +211,13 @@ def spec_from_values(
             "--model_name_or_path is required: a Hub id such as meta-llama/Meta-Llama-3-8B, a directory with "
             "config.json, or a config.json path"
         )
-    inventory = load_inventory(str(model), env=env)
-    cli = {k: v for k, v in values.items() if k not in FILE_FLAGS or k == "fsdp_config"}
+    from fitcheck.readers.task_heads import resolve_image_tokens, spec_for_task
+
+    inventory = load_inventory(
+        str(model), env=env, task=_opt_str(values.get("task")), num_labels=_opt_int(values.get("num_labels"))
+    )
+    inventory = resolve_image_tokens(inventory, values.get("image_tokens"))
+    cli = {k: v for k, v in values.items() if (k not in FILE_FLAGS or k == "fsdp_config") and k not in TASK_FLAGS}
     merged = merge_sources(
         cli,
         training_args_file=_opt_str(values.get("training_args")),
@@ -229,11 +238,20 @@ def spec_from_values(
         from fitcheck.readers.peft_config import read_adapter_config
 
         spec = dataclasses.replace(spec, lora=read_adapter_config(str(values["adapter_config"])))
-    return spec, assumptions
+    return spec_for_task(spec), assumptions
 
 
 def _opt_str(v: object) -> str | None:
     return None if v is None else str(v)
+
+
+def _opt_int(v: object) -> int | None:
+    if v is None:
+        return None
+    try:
+        return int(str(v))
+    except ValueError:
+        raise ConfigError(f"expected an integer, got {v!r}") from None
 
 
 def spec_from_args(args: argparse.Namespace) -> tuple[TrainingSpec, tuple[str, ...]]:

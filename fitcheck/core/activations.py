@@ -37,6 +37,7 @@ from fitcheck.core.activations_qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
+from fitcheck.core.heads import CLASSIFIER_TASKS, classifier_head_backward, classifier_logits
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainingSpec
@@ -262,6 +263,8 @@ def _outside_saved(spec: TrainingSpec) -> int:
 def _logits(spec: TrainingSpec) -> tuple[int, int]:
     """(forward peak, start-of-backward) bytes of the vocab-sized tensors and the labels."""
     sh = spec.model.shape
+    if sh.task in CLASSIFIER_TASKS:  # no vocabulary-sized tensor (core/heads/classifier.py)
+        return classifier_logits(spec, _mode(spec).e, spec.lora is None and spec.quant is None)
     if sh.family in FAMILY_FORMULAS:
         return family_logits(spec)
     m = _mode(spec)
@@ -295,6 +298,8 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
 
 def _head_backward_logits(spec: TrainingSpec, m: _Mode) -> int:
     """Logits-side bytes at the LM head's backward: the logits gradient in the logits dtype (+ autocast casts)."""
+    if spec.model.shape.task in CLASSIFIER_TASKS:
+        return classifier_head_backward(spec, m.e)
     b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, spec.model.shape.vocab_size, spec.model.shape.hidden_size
     total = m.e * b * s * v  # grad of .float(): cast back to the bf16 logits (fp32 model: the fp32 gradient)
     if m.autocast:

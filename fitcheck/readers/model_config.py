@@ -24,6 +24,15 @@ from pathlib import Path
 from fitcheck.catalog.models import find_catalog_config
 from fitcheck.errors import ConfigError, UnsupportedModelError
 from fitcheck.readers.families import family_inventory, supported_families
+from fitcheck.readers.task_heads import (
+    CLASSIFIER_TASKS,
+    classifier_inventory,
+    pure_task_supported,
+    resolve_num_labels,
+    resolve_task,
+    task_config,
+    with_task,
+)
 from fitcheck.spec import ModelInventory, ModelShape, ParamEntry
 
 _PASS_CONFIG_HINT = (
@@ -171,7 +180,12 @@ def inventory_from_config(config: Mapping[str, object], model_id: str, source: s
 
 
 def load_inventory(
-    model_name_or_path: str, *, env: Mapping[str, str], allow_meta: bool = True
+    model_name_or_path: str,
+    *,
+    env: Mapping[str, str],
+    allow_meta: bool = True,
+    task: str | None = None,
+    num_labels: int | None = None,
 ) -> ModelInventory:
     """Resolve a model argument offline and inventory its parameters.
 
@@ -180,6 +194,8 @@ def load_inventory(
             or a Hub id of the built-in catalog (case-insensitive).
         env: Environment variables (for the HF cache location and ``~``).
         allow_meta: Build unknown architectures on the meta device (imports torch and transformers).
+        task: ``--task`` (None: what config.json ``architectures`` names; :mod:`fitcheck.readers.task_heads`).
+        num_labels: ``--num_labels`` for a classifier task (None: the config's ``id2label``, else 2).
 
     Returns:
         The inventory, with ``source`` saying where the config came from and ``counted_by`` how.
@@ -190,13 +206,18 @@ def load_inventory(
     """
     config, source, where = resolve_config(model_name_or_path, env)
     label = where or source
+    resolved = resolve_task(config, task)
+    labels = resolve_num_labels(config, num_labels) if resolved in CLASSIFIER_TASKS else 0
+    config = task_config(config, resolved, labels)
+    model_type = config.get("model_type")
+    pure = resolved in ("causal-lm", "masked-lm") or pure_task_supported(str(model_type), resolved)
     try:
-        family = family_inventory(config)
+        family = family_inventory(config) if pure else None
     except ConfigError as exc:
         raise ConfigError.collect([f"{label}: {p}" for p in exc.problems]) from None
     if family is not None:
-        return _inventory(config, model_name_or_path, source, family)
-    model_type = config.get("model_type")
+        inv = _inventory(config, model_name_or_path, source, family)
+        return classifier_inventory(inv, resolved, labels) if resolved in CLASSIFIER_TASKS else inv
     if not allow_meta:
         raise UnsupportedModelError(
             f"{label}: model_type {model_type!r} has no pure-Python inventory "
@@ -205,7 +226,8 @@ def load_inventory(
     try:
         from fitcheck.torch_adapters.meta_inventory import meta_inventory
 
-        return meta_inventory(config, model_name_or_path, source)
+        meta_task = None if resolved in ("causal-lm", "masked-lm") else resolved
+        return with_task(meta_inventory(config, model_name_or_path, source, meta_task), resolved, labels)
     except ImportError as exc:
         raise UnsupportedModelError(
             f"{label}: model_type {model_type!r} needs torch and transformers to be counted "
