@@ -16,9 +16,10 @@ import sys
 from typing import Any
 
 from fitcheck.core.activations import activation_components
-from fitcheck.core.estimate import estimate
-from fitcheck.readers.model_config import inventory_from_config
-from fitcheck.readers.task_heads import (
+from fitcheck.core import estimate
+
+from fitcheck.readers import (
+    inventory_from_config,
     classifier_inventory,
     pure_task_supported,
     spec_for_task,
@@ -59,7 +60,7 @@ def inventory(config: dict[str, Any], task: str, labels: int) -> ModelInventory:
     cfg = task_config(config, task, labels)
     if pure_task_supported(str(cfg["model_type"]), task):
         return classifier_inventory(inventory_from_config(cfg, "bench", "benchmarks"), task, labels)
-    from fitcheck.torch_adapters.meta_inventory import meta_inventory
+    from fitcheck.torch_adapters import meta_inventory
 
     return with_task(meta_inventory(cfg, "bench", "benchmarks", task), task, labels)
 

@@ -11,8 +11,9 @@
 4. the built-in catalog (:mod:`fitcheck.catalog.models`), matched case-insensitively.
 
 Known families are counted in pure Python (:mod:`fitcheck.readers.families`) without importing torch; any
-other architecture is built on the meta device (:mod:`fitcheck.torch_adapters.meta_inventory`, lazy import)
-when ``allow_meta``. Remote code is never run. The environment comes in as an explicit mapping.
+other architecture is built on the meta device by a builder the caller passes in (``meta_fallback``:
+:func:`fitcheck.torch_adapters.meta_device.meta_inventory`). Remote code is never run. The environment
+comes in as an explicit mapping.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
-from fitcheck.catalog.models import find_catalog_config
+from fitcheck.catalog import find_catalog_config
 from fitcheck.errors import ConfigError, UnsupportedModelError
 from fitcheck.readers.families import family_inventory, supported_families
 from fitcheck.readers.task_heads import (
@@ -179,11 +181,24 @@ def inventory_from_config(config: Mapping[str, object], model_id: str, source: s
     return _inventory(config, model_id, source, family)
 
 
+class MetaFallback(Protocol):
+    """Builds an inventory of an architecture with no pure-Python family: ``(config, model_id, source, task)``.
+
+    The meta-device builder lives above the readers (``fitcheck.torch_adapters.meta_device.meta_inventory``);
+    callers on higher floors pass it in, so this reader never imports torch or an upper floor. ``task`` is the
+    transformers task class to build (``seq-cls``, ``token-cls``, ``image-text-to-text``; None: causal/MLM)."""
+
+    def __call__(
+        self, config: Mapping[str, object], model_id: str, source: str, task: str | None = None, /
+    ) -> ModelInventory:
+        """Build the inventory."""
+
+
 def load_inventory(
     model_name_or_path: str,
     *,
     env: Mapping[str, str],
-    allow_meta: bool = True,
+    meta_fallback: MetaFallback | None = None,
     task: str | None = None,
     num_labels: int | None = None,
 ) -> ModelInventory:
@@ -193,7 +208,8 @@ def load_inventory(
         model_name_or_path: A directory with config.json, a config.json path, a Hub id in the local HF cache,
             or a Hub id of the built-in catalog (case-insensitive).
         env: Environment variables (for the HF cache location and ``~``).
-        allow_meta: Build unknown architectures on the meta device (imports torch and transformers).
+        meta_fallback: Builds unknown architectures (the meta-device inventory, which imports torch and
+            transformers); None: such architectures raise :class:`UnsupportedModelError`.
         task: ``--task`` (None: what config.json ``architectures`` names; :mod:`fitcheck.readers.task_heads`).
         num_labels: ``--num_labels`` for a classifier task (None: the config's ``id2label``, else 2).
 
@@ -218,16 +234,14 @@ def load_inventory(
     if family is not None:
         inv = _inventory(config, model_name_or_path, source, family)
         return classifier_inventory(inv, resolved, labels) if resolved in CLASSIFIER_TASKS else inv
-    if not allow_meta:
+    if meta_fallback is None:
         raise UnsupportedModelError(
             f"{label}: model_type {model_type!r} has no pure-Python inventory "
             f"(known: {', '.join(supported_families())}) and the meta-device path is disabled"
         )
     try:
-        from fitcheck.torch_adapters.meta_inventory import meta_inventory
-
         meta_task = None if resolved in ("causal-lm", "masked-lm") else resolved
-        return with_task(meta_inventory(config, model_name_or_path, source, meta_task), resolved, labels)
+        return with_task(meta_fallback(config, model_name_or_path, source, meta_task), resolved, labels)
     except ImportError as exc:
         raise UnsupportedModelError(
             f"{label}: model_type {model_type!r} needs torch and transformers to be counted "

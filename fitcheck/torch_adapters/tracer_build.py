@@ -90,7 +90,7 @@ def model_class(config: Mapping[str, Any], task: str | None = None) -> Any:
     whose class ``architectures[0]`` is not (``--task seq-cls`` on a causal-LM config), that task's class."""
     import transformers
 
-    from fitcheck.readers.task_heads import task_from_config
+    from fitcheck.readers import task_from_config
 
     if task is not None and task not in ("causal-lm", "masked-lm") and task_from_config(config) != task:
         from fitcheck.torch_adapters.task_classes import task_class
