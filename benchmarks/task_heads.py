@@ -15,12 +15,11 @@ import dataclasses
 import sys
 from typing import Any
 
-from fitcheck.core.activations import activation_components
 from fitcheck.core import estimate
-
+from fitcheck.core.activations import activation_components
 from fitcheck.readers import (
-    inventory_from_config,
     classifier_inventory,
+    inventory_from_config,
     pure_task_supported,
     spec_for_task,
     task_config,

@@ -46,7 +46,7 @@ _FLAGS: list[tuple[str, str | None, str]] = [
         "float16, float32; alias --torch_dtype",
     ),
     ("attn_implementation", None, "eager, sdpa (default) or flash_attention_2"),
-    ("task", None, "causal-lm, seq-cls, token-cls or image-text-to-text (default: what config.json architectures names)"),
+    ("task", None, "causal-lm, seq-cls, token-cls or image-text-to-text (default: from config.json architectures)"),
     ("num_labels", None, "classifier width for --task seq-cls/token-cls (default: the config's id2label, else 2)"),
     ("image_tokens", None, "vision patches per sample for image-text-to-text (before the merger; default 0)"),
     # batch

@@ -28,6 +28,7 @@ from fitcheck.core.activations.families import (
     family_logits,
     family_outside_saved,
 )
+from fitcheck.core.activations.heads import CLASSIFIER_TASKS, classifier_head_backward, classifier_logits
 from fitcheck.core.activations.qlora import (
     kbit_upcast,
     lora_layer_params,
@@ -37,7 +38,6 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
-from fitcheck.core.activations.heads import CLASSIFIER_TASKS, classifier_head_backward, classifier_logits
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainingSpec
