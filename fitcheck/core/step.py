@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from fitcheck.core.activations import activation_components
 from fitcheck.core.overheads import overhead_components
-from fitcheck.core.states import buffer_components, model_state_components
+from fitcheck.core.states import buffer_components, model_state_components, prequant_components
 from fitcheck.report import PHASES, Component, Location, Phase
 from fitcheck.spec import TrainingSpec
 
@@ -35,6 +35,7 @@ def collect_components(
         *model_state_components(spec),
         *(activation_components(spec) if activations is None else activations),
         *buffer_components(spec),
+        *prequant_components(spec),
         *overhead_components(spec),
     )
 

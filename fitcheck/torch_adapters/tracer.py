@@ -374,7 +374,9 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         "checkpointing": act.checkpointing,
         "every_n_layers": act.checkpoint_every_n_layers,
         "lora": spec.lora,
-        "quant": spec.quant,
+        # a pre-quantized GPTQ/AWQ/FP8 base runs as a frozen 16-bit base (its per-layer dequantized weight is the
+        # separate temporaries.dequantized_weight component); MXFP4 trains dequantized (core/states/mxfp4.py)
+        "quant": spec.quant if spec.quant is None or spec.quant.method == "bitsandbytes" else None,
         "optimizer": spec.optimizer.name,
         "task": spec.model.shape.task,
     }

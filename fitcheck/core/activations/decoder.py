@@ -411,7 +411,8 @@ def _autocast_cache_phases(spec: TrainingSpec, m: _Mode) -> tuple[int, int]:
     from fitcheck.spec import Kind
 
     cache = _autocast_cache(spec)
-    if spec.lora is None or spec.quant is not None:
+    # a pre-quantized GPTQ/AWQ/FP8 base is a frozen 16-bit base to autocast (its matmuls are the kernels' own)
+    if spec.lora is None or (spec.quant is not None and spec.quant.method == "bitsandbytes"):
         return cache, qlora_cache_after_forward(spec, cache)
     # LoRA: autocast caches the casts of the fp32 adapters (leaves needing a gradient) until it exits; the frozen
     # fp32 base weights' casts are not cached, only saved by F.linear; a checkpointed layer saves neither
