@@ -34,8 +34,8 @@ from fitcheck.core.states.layout import (
     total_numel,
     trainable_params,
 )
-from fitcheck.core.states.quantization import SOURCE_4BIT, SOURCE_8BIT, SOURCE_WHICH
 from fitcheck.core.states.prequant import SOURCE as PREQUANT_SOURCE
+from fitcheck.core.states.quantization import SOURCE_4BIT, SOURCE_8BIT, SOURCE_WHICH
 from fitcheck.core.states.regimes import describe_regime, model_state_findings
 from fitcheck.core.states.sharding import Partition, partition
 from fitcheck.report import PHASES, Category, Component, Location, Phase
