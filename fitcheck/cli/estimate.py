@@ -280,15 +280,52 @@ def build_report(
     from fitcheck.core import estimate
 
     report = estimate(spec, activations=activations)
+    gpus: tuple[Any, ...] = ()
     if getattr(args, "device_map", None):
         from fitcheck.advice import weights_only_finding
+        from fitcheck.torch_adapters import multi_gpu_shares
 
-        note = weights_only_finding(report, str(args.device_map))
+        gpus = multi_gpu_shares(spec, str(args.device_map), getattr(args, "max_memory", None))
+        if gpus:
+            report = _busiest_gpu_report(report, gpus)
+        note = weights_only_finding(report, str(args.device_map)) if not gpus else None
         if note is not None:
             report = dataclasses.replace(report, findings=(*report.findings, note))
     report = dataclasses.replace(report, assumptions=(*report.assumptions, *assumptions))
     extras = advice_extras(report, mfu=args.mfu)
+    if gpus:
+        extras["device_map_gpus"] = [g.to_dict() for g in gpus]
     return report, extras
+
+
+def _busiest_gpu_report(whole: Report, gpus: tuple[Any, ...]) -> Report:
+    """The headline report of a multi-GPU device map: the busiest GPU's, with the whole model's counts and
+    findings, and a verdict that needs every GPU to fit (advice/device_map_gpus.py)."""
+    from fitcheck.advice import busiest
+    from fitcheck.findings import Severity
+    from fitcheck.units import format_bytes
+
+    top = busiest(gpus)
+    lines = ", ".join(
+        f"GPU {g.device} (layers {min(g.layers)}-{max(g.layers)}{', head' if g.holds_head else ''}): "
+        f"{format_bytes(g.report.device_used_bytes)} of {format_bytes(g.report.budget_bytes)}"
+        if g.layers else f"GPU {g.device}: {format_bytes(g.report.device_used_bytes)}"
+        for g in gpus
+    )
+    note = Finding(
+        "device-map-per-gpu",
+        Severity.INFO,
+        f"naive model parallelism over {len(gpus)} GPUs: {lines}; the headline numbers are GPU {top.device}'s",
+    )
+    keep = [f for f in whole.findings if f.code not in ("fits", "does-not-fit")]
+    verdict = [f for f in top.report.findings if f.code in ("fits", "does-not-fit")]
+    return dataclasses.replace(
+        top.report,
+        findings=(*keep, note, *verdict),
+        fits=all(g.report.fits for g in gpus),
+        total_params=whole.total_params,
+        trainable_params=whole.trainable_params,
+    )
 
 
 def advice_extras(report: Report, *, mfu: float | None) -> dict[str, object]:
@@ -329,11 +366,14 @@ def extras_to_json(extras: Mapping[str, object]) -> dict[str, object]:
     """The advisor/compute extras as JSON fields (``max_micro_batch``, ``suggestions``, ``compute``)."""
     from fitcheck.render import advice_to_dict
 
-    return advice_to_dict(
+    out = advice_to_dict(
         extras["max_micro_batch"],  # type: ignore[arg-type]
         extras["suggestions"],  # type: ignore[arg-type]
         extras["compute"],  # type: ignore[arg-type]
     )
+    if "device_map_gpus" in extras:  # multi-GPU device_map: one entry per GPU (advice/device_map_gpus.py)
+        out["device_map_gpus"] = extras["device_map_gpus"]
+    return out
 
 
 def extras_renderables(extras: Mapping[str, object]) -> list[Any]:
