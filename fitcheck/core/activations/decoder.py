@@ -38,6 +38,7 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
+from fitcheck.core.activations.vision import vision_components, vision_findings
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainingSpec
@@ -375,6 +376,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     ]
     if spec.lora is not None and spec.lora.use_dora and not spec.quant:
         comps.append(_dora_component(spec, m, layers - n_ckpt, fwd_logits))
+    comps.extend(vision_components(spec, layer_saved_per_token))  # image-text-to-text (activations/vision.py)
     if m.autocast or (m.amp and spec.lora is not None):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
         comps.append(
@@ -492,4 +494,5 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     flash = spec.activations.attn_implementation is AttnImpl.FLASH_ATTENTION_2
     if flash and spec.hardware.device_type is DeviceType.CPU:
         out.append(Finding("flash-attention-cpu", Severity.WARNING, "flash_attention_2 needs CUDA; modelled as SDPA"))
+    out.extend(vision_findings(spec))
     return tuple(out)
