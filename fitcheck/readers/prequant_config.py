@@ -54,12 +54,15 @@ def _not_modelled(method: str, why: str, source: str) -> Finding:
 
 def _compressed_tensors(raw: Mapping[str, object], source: str) -> QuantSpec | Finding:
     groups = raw.get("config_groups")
-    weights = [g.get("weights") for g in groups.values() if isinstance(g, Mapping)] if isinstance(groups, Mapping) \
-        else []
-    weights = [w for w in weights if isinstance(w, Mapping)]
-    if not weights:
+    found: list[Mapping[str, object]] = []
+    if isinstance(groups, Mapping):
+        for group in groups.values():
+            weights = group.get("weights") if isinstance(group, Mapping) else None
+            if isinstance(weights, Mapping):
+                found.append(weights)
+    if not found:
         return _not_modelled("compressed-tensors", "no config_groups weights", source)
-    w = weights[0]
+    w = found[0]
     if w.get("num_bits") != 8 or w.get("type") != "float":
         return _not_modelled("compressed-tensors", f"{w.get('num_bits')}-bit {w.get('type')} weights", source)
     strategy = str(w.get("strategy") or "tensor")

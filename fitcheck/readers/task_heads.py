@@ -95,8 +95,8 @@ def resolve_num_labels(config: Mapping[str, object], flag: object | None) -> int
     id2label = config.get("id2label")
     if isinstance(id2label, Mapping) and id2label:
         return len(id2label)
-    value = config.get("num_labels")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 2
+    raw = config.get("num_labels")
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 2
 
 
 def task_config(config: Mapping[str, object], task: str, num_labels: int) -> dict[str, object]:
