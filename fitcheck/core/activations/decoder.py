@@ -28,7 +28,12 @@ from fitcheck.core.activations.families import (
     family_logits,
     family_outside_saved,
 )
-from fitcheck.core.activations.heads import CLASSIFIER_TASKS, classifier_head_backward, classifier_logits
+from fitcheck.core.activations.heads import (
+    CLASSIFIER_TASKS,
+    bert_layer_alias,
+    classifier_head_backward,
+    classifier_logits,
+)
 from fitcheck.core.activations.qlora import (
     kbit_upcast,
     lora_layer_params,
@@ -331,6 +336,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         Components ``activations.saved``, ``activations.attention_scores`` (eager s² term),
         ``activations.autocast_weight_cache``, ``logits.forward`` / ``logits.backward`` and ``inputs``.
     """
+    spec = bert_layer_alias(spec)  # RoBERTa-like encoders run BERT's layer (activations/heads.py)
     sh = spec.model.shape
     m = _mode(spec)
     b, s, layers = spec.batch.micro_batch, spec.batch.seq_len, sh.num_layers
@@ -453,6 +459,7 @@ def _autocast_cache(spec: TrainingSpec) -> int:
 def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """What the user should know about activations (unpinned family, forced eager, CPU-only paths)."""
     out: list[Finding] = []
+    spec = bert_layer_alias(spec)
     fam = spec.model.shape.family
     if fam not in PINNED_FAMILIES:
         out.append(

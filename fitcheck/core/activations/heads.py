@@ -18,10 +18,27 @@ against the causal head a seq-cls step loses ``~12·b·s·V`` bytes at the start
 
 from __future__ import annotations
 
+import dataclasses
+
 from fitcheck.spec import TrainingSpec
 
 CLASSIFIER_TASKS = frozenset({"seq-cls", "token-cls"})
 _ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "deberta", "deberta-v2", "distilbert", "electra"})
+
+
+# transformers 5.23 modeling_roberta.py / modeling_xlm_roberta.py / modeling_camembert.py: "Copied from
+# transformers.models.bert.modeling_bert.BertLayer" -- the same encoder layer as BERT (embeddings differ by the
+# padding-aware position ids only)
+_BERT_LAYER = frozenset({"roberta", "xlm-roberta", "camembert"})
+
+
+def bert_layer_alias(spec: TrainingSpec) -> TrainingSpec:
+    """The spec with a RoBERTa-like classifier's family read as ``bert`` for the layer formulas."""
+    sh = spec.model.shape
+    if sh.family not in _BERT_LAYER or sh.task not in CLASSIFIER_TASKS:
+        return spec
+    shape = dataclasses.replace(sh, family="bert")
+    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, shape=shape))
 
 
 def _dropout_p(spec: TrainingSpec) -> float:
