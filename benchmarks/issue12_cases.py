@@ -79,7 +79,8 @@ def prequant() -> list[str]:
                   "--per_device_train_batch_size", "1", "--max_seq_length", "2048", "--gpu", "RTX4090-24GB")
         c = out["components"]
         at_rest = c["weights.quantized"] + c["quantization.metadata"] + c["weights.frozen"]
-        rows.append(f"Qwen2.5-7B {'GPTQ-Int4' if 'gptq' in name else 'AWQ'} LoRA all-linear, 1x2048, GC | {top(out)} | peak "
+        label = "GPTQ-Int4" if "gptq" in name else "AWQ"
+        rows.append(f"Qwen2.5-7B {label} LoRA all-linear, 1x2048, GC | {top(out)} | peak "
                     f"{out['peak_allocated_bytes'] / GIB:.2f} GiB; weights at rest {at_rest / GIB:.2f} GiB")
     # SWIFT-2: qwen-7b-chat-int4 (GPTQ, auto_gptq 0.5.1), LoRA r8 on c_attn, bs1 x 2048, GC, flash-attn 2, bf16
     qwen_v1 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 4096,
