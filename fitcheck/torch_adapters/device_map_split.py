@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fitcheck.advice.device_map_gpus import GpuShare, device_of_map, gpu_shares
+from fitcheck.advice import GpuShare, device_of_map, gpu_shares
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters.device_map import parse_max_memory, predict_placement
 

@@ -16,7 +16,7 @@ from fitcheck.core.states.layout import Layout, all_trainable, build_layout, opt
 from fitcheck.core.states.lora import LoraPlan, adapter_param_count, plan_lora
 from fitcheck.core.states.model_states import model_state_components
 from fitcheck.core.states.mxfp4 import mxfp4_findings, mxfp4_load_spike, mxfp4_packed_bytes
-from fitcheck.core.states.prequant import prequant_components, prequant_findings
+from fitcheck.core.states.prequant_step import prequant_components, prequant_findings
 from fitcheck.core.states.quantization import base_weights, bytes_per_param, is_quantized, quantized_bytes
 from fitcheck.core.states.regimes import describe_regime, model_state_findings
 from fitcheck.core.states.sharding import (
