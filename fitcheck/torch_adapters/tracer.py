@@ -174,6 +174,7 @@ def trace_step(
     fake: bool = True,
     seed: int = 0,
     task: str = "causal-lm",
+    use_reentrant: bool = False,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -193,6 +194,7 @@ def trace_step(
         fake: Trace on fake tensors (True) or run a real CPU step (False).
         seed: RNG seed for the real step.
         task: ``causal-lm``, ``seq-cls``, ``token-cls`` (the head and labels of that task).
+        use_reentrant: Reentrant activation checkpointing (``gradient_checkpointing_kwargs``).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -221,6 +223,7 @@ def trace_step(
             quant=quant,
             fake=fake,
             task=task,
+            use_reentrant=use_reentrant,
         )
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_trainer_optimizer(optimizer, model)
