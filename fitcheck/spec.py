@@ -159,6 +159,11 @@ class ModelShape:
         no_split_module: The decoder-layer class (FSDP wrap unit, device_map no-split class).
         parallel_attn: Falcon/Phi-style parallel attention+MLP block.
         partial_rotary_factor: Fraction of head_dim rotated (Phi-2).
+        task: The head the model carries: ``"causal-lm"`` (vocabulary-sized LM head), ``"seq-cls"`` /
+            ``"token-cls"`` (a ``num_labels``-wide classifier), ``"image-text-to-text"`` (vision-language), or
+            ``"masked-lm"`` (BERT's MLM head); read from ``architectures`` or ``--task``.
+        num_labels: Classifier width for ``seq-cls`` / ``token-cls`` (0 otherwise).
+        image_tokens: Vision-tower patches per image (before the merger) for ``image-text-to-text`` (0 = none).
     """
 
     family: str
@@ -182,6 +187,9 @@ class ModelShape:
     no_split_module: str = ""
     parallel_attn: bool = False
     partial_rotary_factor: float = 1.0
+    task: str = "causal-lm"
+    num_labels: int = 0
+    image_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
@@ -313,6 +321,15 @@ class QuantSpec:
         prepare_for_kbit_training: peft's ``prepare_model_for_kbit_training`` is applied (TRL does this for
             quantized models): casts every non-quantized 16-bit parameter to fp32.
         pre_quantized: The checkpoint itself is quantized (its config.json carries quantization_config).
+        method: ``quant_method``: ``"bitsandbytes"``, or a pre-quantized scheme ``"gptq"``, ``"awq"``, ``"fp8"``
+            (finegrained FP8), ``"compressed-tensors"`` (FP8 / int weights), ``"mxfp4"``
+            (:mod:`fitcheck.core.states.prequant`, :mod:`fitcheck.core.states.mxfp4`).
+        group_size: GPTQ/AWQ group size along the input features (-1 = one group per row).
+        desc_act: GPTQ act-order (``g_idx`` is stored either way).
+        zero_point: AWQ/GPTQ asymmetric zeros (stored either way in the GPTQ/AWQ checkpoint layouts).
+        block_size: FP8 ``weight_block_size`` (out, in); None = one scale per tensor (per output channel for
+            compressed-tensors ``strategy: channel``).
+        dequantize: MXFP4 loaded with ``Mxfp4Config(dequantize=True)`` (bf16 experts; what training requires).
     """
 
     bits: int = 4
@@ -324,8 +341,18 @@ class QuantSpec:
     skip_modules: tuple[str, ...] = ()
     prepare_for_kbit_training: bool = True
     pre_quantized: bool = False
+    method: str = "bitsandbytes"
+    group_size: int = 128
+    desc_act: bool = False
+    zero_point: bool = True
+    block_size: tuple[int, int] | None = None
+    dequantize: bool = False
 
     def __post_init__(self) -> None:
+        if self.method != "bitsandbytes":
+            if self.bits not in (2, 3, 4, 8):
+                raise ValueError(f"{self.method}: bits must be 2, 3, 4 or 8, got {self.bits}")
+            return
         if self.bits not in (4, 8):
             raise ValueError(f"quantization bits must be 4 or 8, got {self.bits}")
         if self.quant_type not in ("nf4", "fp4"):

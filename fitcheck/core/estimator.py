@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from fitcheck.core.activations import activation_findings
 from fitcheck.core.allocator import allocator_findings, reserved_bytes
-from fitcheck.core.states import describe_regime, model_state_findings, sharding_findings, trainable_params
+from fitcheck.core.states import (
+    describe_regime,
+    model_state_findings,
+    prequant_findings,
+    sharding_findings,
+    trainable_params,
+)
 from fitcheck.core.step import collect_components, peak_phase, transient_bytes_at
 from fitcheck.core.trainers import evaluation_findings
 from fitcheck.findings import Finding, Severity
@@ -98,6 +104,7 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
     findings = [
         *spec.findings,
         *model_state_findings(spec),
+        *prequant_findings(spec),
         *activation_findings(spec),
         *sharding_findings(spec),
         *allocator_findings(spec),

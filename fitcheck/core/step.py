@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from fitcheck.core.activations import activation_components
 from fitcheck.core.overheads import overhead_components
-from fitcheck.core.states import buffer_components, model_state_components
+from fitcheck.core.states import buffer_components, model_state_components, prequant_components
 from fitcheck.core.trainers import eval_spec, evaluation_component, step_spec, trainer_components
 from fitcheck.report import PHASES, Component, Location, Phase, phases_of
 from fitcheck.spec import TrainingSpec
@@ -41,6 +41,7 @@ def collect_components(
         *model_state_components(run),
         *(activation_components(run) if activations is None else activations),
         *buffer_components(run),
+        *prequant_components(run),
         *overhead_components(run),
     )
     out = trainer_components(spec, base)

@@ -6,6 +6,7 @@
 - :mod:`.deepspeed` (+ ``deepspeed_zero``, ``deepspeed_batch``): DeepSpeed JSON, ``"auto"`` resolved as
   transformers does; :mod:`.fsdp_config`: FSDP options; :mod:`.accelerate_config`: accelerate's YAML;
 - :mod:`.peft_config`, :mod:`.quantization_config`: adapter and bitsandbytes configs;
+- :mod:`.task_heads`: the task head (``architectures`` / ``--task``: seq-cls, token-cls, image-text-to-text);
 - :mod:`.merge`: every source of one run merged by precedence; :mod:`.run_args`: merged values -> spec.
 
 Where a new reader goes: a module here returning spec pieces (and findings), merged in :mod:`.merge`.
@@ -19,11 +20,23 @@ from fitcheck.readers.merge import merge_sources
 from fitcheck.readers.model_config import MetaFallback, inventory_from_config, load_inventory
 from fitcheck.readers.peft_config import read_adapter_config
 from fitcheck.readers.run_args import spec_from_values
+from fitcheck.readers.task_heads import (
+    TASKS,
+    classifier_inventory,
+    pure_task_supported,
+    resolve_image_tokens,
+    spec_for_task,
+    task_config,
+    task_from_config,
+    with_task,
+)
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_object
 
 __all__ = [
+    "TASKS",
     "ConfigView",
     "MetaFallback",
+    "classifier_inventory",
     "default_config_path",
     "fsdp_from_config",
     "fsdp_option_string",
@@ -31,9 +44,15 @@ __all__ = [
     "load_inventory",
     "merge_sources",
     "mlp_kind",
+    "pure_task_supported",
     "read_adapter_config",
     "read_script_argv",
     "read_training_args_object",
     "resolve_deepspeed",
+    "resolve_image_tokens",
+    "spec_for_task",
     "spec_from_values",
+    "task_config",
+    "task_from_config",
+    "with_task",
 ]

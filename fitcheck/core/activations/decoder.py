@@ -28,6 +28,12 @@ from fitcheck.core.activations.families import (
     family_logits,
     family_outside_saved,
 )
+from fitcheck.core.activations.heads import (
+    CLASSIFIER_TASKS,
+    bert_layer_alias,
+    classifier_head_backward,
+    classifier_logits,
+)
 from fitcheck.core.activations.qlora import (
     kbit_upcast,
     lora_layer_params,
@@ -37,6 +43,7 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
+from fitcheck.core.activations.vision import vision_components, vision_findings
 from fitcheck.core.kernels import (
     deepspeed_module_view,
     fused_loss,
@@ -295,6 +302,8 @@ def _outside_saved(spec: TrainingSpec) -> int:
 def _logits(spec: TrainingSpec) -> tuple[int, int]:
     """(forward peak, start-of-backward) bytes of the vocab-sized tensors and the labels."""
     sh = spec.model.shape
+    if sh.task in CLASSIFIER_TASKS:  # no vocabulary-sized tensor (core/heads/classifier.py)
+        return classifier_logits(spec, _mode(spec).e, spec.lora is None and spec.quant is None)
     m = _mode(spec)
     fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
     if fused is not None:  # Liger FLCE / Cut Cross-Entropy: no logits (fitcheck/core/kernels)
@@ -336,6 +345,8 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
 
 def _head_backward_logits(spec: TrainingSpec, m: _Mode) -> int:
     """Logits-side bytes at the LM head's backward: the logits gradient in the logits dtype (+ autocast casts)."""
+    if spec.model.shape.task in CLASSIFIER_TASKS:
+        return classifier_head_backward(spec, m.e)
     fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
     if fused is not None:
         return fused.head_backward
@@ -369,6 +380,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         Components ``activations.saved``, ``activations.attention_scores`` (eager s² term),
         ``activations.autocast_weight_cache``, ``logits.forward`` / ``logits.backward`` and ``inputs``.
     """
+    spec = bert_layer_alias(spec)  # RoBERTa-like encoders run BERT's layer (activations/heads.py)
     sh = spec.model.shape
     spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
     m = _mode(spec)
@@ -434,6 +446,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         ))
     if spec.lora is not None and spec.lora.use_dora and not spec.quant:
         comps.append(_dora_component(spec, m, layers - n_ckpt, fwd_logits))
+    comps.extend(vision_components(spec, layer_saved_per_token))  # image-text-to-text (activations/vision.py)
     if m.autocast or (m.amp and spec.lora is not None):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
         comps.append(
@@ -470,7 +483,8 @@ def _autocast_cache_phases(spec: TrainingSpec, m: _Mode) -> tuple[int, int]:
     from fitcheck.spec import Kind
 
     cache = _autocast_cache(spec)
-    if spec.lora is None or spec.quant is not None:
+    # a pre-quantized GPTQ/AWQ/FP8 base is a frozen 16-bit base to autocast (its matmuls are the kernels' own)
+    if spec.lora is None or (spec.quant is not None and spec.quant.method == "bitsandbytes"):
         return cache, qlora_cache_after_forward(spec, cache)
     # LoRA: autocast caches the casts of the fp32 adapters (leaves needing a gradient) until it exits; the frozen
     # fp32 base weights' casts are not cached, only saved by F.linear; a checkpointed layer saves neither
@@ -512,7 +526,7 @@ def _autocast_cache(spec: TrainingSpec) -> int:
 
 def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """What the user should know about activations (unpinned family, forced eager, CPU-only paths)."""
-    spec = deepspeed_module_view(spec)
+    spec = deepspeed_module_view(bert_layer_alias(spec))
     out: list[Finding] = list(lever_findings(spec))
     fam = spec.model.shape.family
     if fam not in PINNED_FAMILIES:
@@ -566,4 +580,5 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     flash = spec.activations.attn_implementation is AttnImpl.FLASH_ATTENTION_2
     if flash and spec.hardware.device_type is DeviceType.CPU:
         out.append(Finding("flash-attention-cpu", Severity.WARNING, "flash_attention_2 needs CUDA; modelled as SDPA"))
+    out.extend(vision_findings(spec))
     return tuple(out)
