@@ -273,39 +273,11 @@ class FitcheckCallback(TrainerCallback):
             print(text, flush=True)
 
     def _spec_from_trainer(self, args: Any, model: Any) -> tuple[TrainingSpec, Report]:
-        values, prov, findings = training_args_values(args)
-        ds = getattr(args, "hf_deepspeed_config", None)
-        if ds is not None and isinstance(getattr(ds, "config", None), Mapping):
-            values["deepspeed"] = dict(ds.config)  # "auto" already resolved by trainer_config_process
-            prov["deepspeed"] = "args.hf_deepspeed_config"
+        from fitcheck.integrations.trainer_estimate import trainer_spec
+
         device = getattr(args, "device", None)
         self._device_type = getattr(device, "type", "cpu") or "cpu"
-        if self.gpu is not None or self.gpu_memory is not None:
-            if self.gpu is not None:
-                values["gpu"] = self.gpu
-            if self.gpu_memory is not None:
-                values["gpu_memory"] = self.gpu_memory
-            values["device_type"] = "cuda"
-        else:
-            values.update(detect_hardware(device))
-        values.setdefault("num_processes", int(getattr(args, "world_size", 1) or 1))
-        for key, value in self.overrides.items():
-            values[key] = value
-            prov[key] = f"FitcheckCallback({key}=...)"
-        env = dict(os.environ)
-        from fitcheck.torch_adapters.live_model import inspect_model, live_device_map_findings
-
-        facts = inspect_model(model)
-        spec, assumptions = build_spec(inventory_for(model, env), values, prov, findings, env)
-        spec, notes = apply_live_facts(spec, facts)
-        if self._estimated_batch is not None:
-            spec = dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, micro_batch=self._estimated_batch))
-        extra = live_device_map_findings(model, num_processes=spec.sharding.num_processes)
-        report = _estimate(spec, extra)
-        more = field_findings(spec, values, env, use_cache=facts.use_cache,
-                              device_used_fraction=report.device_used_bytes / max(1, report.budget_bytes),
-                          existing=report.findings)
-        return spec, _with_findings(report, more, (*assumptions, *notes))
+        return trainer_spec(args, model, gpu=self.gpu, gpu_memory=self.gpu_memory, overrides=self.overrides)
 
     def _print(self, report: Report) -> None:
         if not (self._main and self.print_report):
