@@ -9,6 +9,7 @@ at the size found without running out of memory.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 pytest.importorskip("trl")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from fitcheck.integrations.tuner import (  # noqa: E402
     TuningError,

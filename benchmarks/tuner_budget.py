@@ -1,4 +1,4 @@
-"""A simulated GPU for the tuner tests and benchmark: real Trainers on CPU under a live-byte budget (no tests here).
+"""A simulated GPU for the tuner benchmark and tests: real Trainers on CPU under a live-byte budget.
 
 :class:`BudgetMode` is a ``TorchDispatchMode`` that counts every live storage (parameters and buffers registered
 up front, everything created under it as it is created, freed when Python frees it) and raises
@@ -145,15 +145,18 @@ def _tokenizer() -> Any:
 
 
 def build_trainer(config: Config, out_dir: str, *, micro: int | None = None, accum: int | None = None,
-                  max_steps: int = 2, callbacks: list[Any] | None = None) -> Any:
-    """A fresh Trainer (same seed, same weights) of ``config``, at ``micro`` × ``accum`` when given."""
+                  max_steps: int = 2, callbacks: list[Any] | None = None, **args_extra: Any) -> Any:
+    """A fresh Trainer (same seed, same weights) of ``config``, at ``micro`` × ``accum`` when given.
+
+    ``args_extra`` goes to the TrainingArguments (``auto_find_batch_size=True`` ...).
+    """
     import transformers
 
     common: dict[str, Any] = dict(
         output_dir=out_dir, per_device_train_batch_size=micro or config.micro,
         gradient_accumulation_steps=accum or config.accum, max_steps=max_steps, optim="adamw_torch",
         use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
-        gradient_checkpointing=config.checkpointing, seed=0, **config.extra,
+        gradient_checkpointing=config.checkpointing, seed=0, **config.extra, **args_extra,
     )
     model = _model(config)
     if config.sft:
