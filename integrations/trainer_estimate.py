@@ -27,7 +27,7 @@ from fitcheck.spec import TrainingSpec
 
 def estimate_with(spec: TrainingSpec, extra: tuple[Finding, ...] = ()) -> Report:
     """The estimate of ``spec`` with ``extra`` findings added to it."""
-    from fitcheck.core.estimate import estimate
+    from fitcheck.core import estimate
 
     if extra:
         spec = dataclasses.replace(spec, findings=(*spec.findings, *extra))
@@ -88,7 +88,7 @@ def trainer_spec(
         values[key] = value
         prov[key] = f"{source}({key}=...)"
     env = dict(os.environ)
-    from fitcheck.torch_adapters.live_model import inspect_model, live_device_map_findings
+    from fitcheck.torch_adapters import inspect_model, live_device_map_findings
 
     facts = inspect_model(model)
     spec, assumptions = build_spec(inventory_for(model, env), values, prov, findings, env)

@@ -138,8 +138,8 @@ def _refuse_sharded(trainer: Any) -> None:
 
 def _predicted_index(spec: Any, sizes: list[int], per_gpu: int) -> tuple[int, list[Any]]:
     """1-based index of the largest size whose estimate (at its own accumulation) fits; 1 when none does."""
-    from fitcheck.core.batch_search import with_micro_batch
-    from fitcheck.core.estimate import estimate
+    from fitcheck.advice import with_micro_batch
+    from fitcheck.core import estimate
 
     reports = [estimate(with_micro_batch(spec, m, per_gpu // m)) for m in sizes]
     best = 1
@@ -281,7 +281,7 @@ class TrainerBatch:
 
 
 def _keep_global(per_gpu: int, micro: int) -> tuple[int, int]:
-    """The rule of ``fitcheck.core.batch_search.plan_global_batch`` on plain numbers."""
+    """The rule of ``fitcheck.advice.batch_search.plan_global_batch`` on plain numbers."""
     m = min(micro, per_gpu)
     if per_gpu % m == 0:
         return m, per_gpu // m
@@ -297,7 +297,7 @@ def set_trainer_micro_batch(
     """Set the micro-batch of a Trainer (or its TrainingArguments) before its dataloader is built.
 
     Sets ``args.per_device_train_batch_size``; with ``keep_global_batch`` rescales
-    ``args.gradient_accumulation_steps`` (rule: ``fitcheck.core.batch_search.plan_global_batch``); updates
+    ``args.gradient_accumulation_steps`` (rule: ``fitcheck.advice.batch_search.plan_global_batch``); updates
     the Trainer's private ``_train_batch_size`` (copied from args in ``Trainer.__init__``; guarded by
     ``hasattr``); and writes DeepSpeed's ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``
     and ``train_batch_size`` into ``args.hf_deepspeed_config.config`` (the dict accelerate's DeepSpeed plugin

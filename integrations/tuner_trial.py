@@ -313,7 +313,7 @@ class TrialSession:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         else:
-            from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
+            from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
 
             tracker = LiveTensorTracker()
             tracker.track(model_state_tensors(self.model, self._optimizer))
