@@ -43,7 +43,7 @@ from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.units import format_bytes
 
-__all__ = ["DoesNotFitError", "FitcheckCallback", "preflight"]
+__all__ = ["DoesNotFitError", "EstimateUnavailableError", "FitcheckCallback", "preflight"]
 
 
 class DoesNotFitError(FitcheckError):
@@ -54,12 +54,14 @@ class DoesNotFitError(FitcheckError):
     """
 
     def __init__(self, report: Report) -> None:
+        from fitcheck.integrations.callback_guard import verdict
+
         self.report = report
-        errors = "; ".join(f.message for f in report.errors[:3])
-        super().__init__(
-            f"fitcheck: this run needs {format_bytes(report.device_used_bytes)} per GPU but has "
-            f"{format_bytes(report.budget_bytes)}" + (f" — {errors}" if errors else "")
-        )
+        super().__init__(f"fitcheck: {verdict(report)}")
+
+
+class EstimateUnavailableError(FitcheckError):
+    """``strict=True`` and the estimate could not be made: strict fails closed."""
 
 
 def _would_fail(report: Report) -> bool:
@@ -277,7 +279,10 @@ class FitcheckCallback(TrainerCallback):
 
         device = getattr(args, "device", None)
         self._device_type = getattr(device, "type", "cpu") or "cpu"
-        return trainer_spec(args, model, gpu=self.gpu, gpu_memory=self.gpu_memory, overrides=self.overrides)
+        spec: TrainingSpec
+        report: Report
+        spec, report = trainer_spec(args, model, gpu=self.gpu, gpu_memory=self.gpu_memory, overrides=self.overrides)
+        return spec, report
 
     def _print(self, report: Report) -> None:
         if not (self._main and self.print_report):
@@ -288,25 +293,42 @@ class FitcheckCallback(TrainerCallback):
 
     # ---- events --------------------------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        """Estimate from the live model and arguments; raise here when strict and it will not fit."""
+        """Estimate from the live model and arguments; raise here when strict and it will not fit.
+
+        Under ``strict`` an estimate that cannot be made raises :class:`EstimateUnavailableError` (fails closed).
+        """
+        from fitcheck.integrations.callback_guard import calling_trainer, guard_train, verdict
+
         self._main = _rank_zero(args, state)
+        guard_train(calling_trainer(), self._stop_tracker)  # the tracker leaves torch's mode stack, also on raise
         model = kwargs.get("model")
-        if model is None:
-            return control
         try:
+            if model is None:
+                raise ValueError("on_init_end got no model")
             self._spec, self.report = self._spec_from_trainer(args, model)
             self._estimated_batch = self._spec.batch.micro_batch
             self._print(self.report)
+        except DoesNotFitError:
+            raise
         except Exception as exc:
+            if self.strict:
+                raise EstimateUnavailableError(
+                    f"fitcheck (strict=True): the memory estimate could not be made, so the run is not let through "
+                    f"({type(exc).__name__}: {exc}); fix the cause, pass the model id/config to preflight(), or "
+                    "drop strict=True"
+                ) from exc
             self._guard("the memory estimate", exc)
             return control
         if self.strict and _would_fail(self.report):
             raise DoesNotFitError(self.report)
         if _would_fail(self.report):
-            warnings.warn(
-                f"fitcheck: predicted {format_bytes(self.report.device_used_bytes)} per GPU exceeds "
-                f"{format_bytes(self.report.budget_bytes)}; training may run out of memory", stacklevel=2)
+            warnings.warn(f"fitcheck: {verdict(self.report)}; training may fail or run out of memory", stacklevel=2)
         return control
+
+    def _stop_tracker(self) -> None:
+        if self._tracker is not None:
+            self._tracker.stop()
+            self._tracker = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """Start measuring; on an ``auto_find_batch_size`` retry re-estimate with the new batch (once each)."""

@@ -80,7 +80,7 @@ def _rng_state() -> dict[str, Any]:
     import torch
 
     out: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         out["cuda"] = torch.cuda.get_rng_state_all()
     try:
         import numpy as np
@@ -140,7 +140,7 @@ def trial_batch(trainer: Any, micro: int, seq_len: int) -> dict[str, Any]:
         raise ValueError("the Trainer has no train_dataset: the tuner measures a real batch from it")
     collator = trainer.data_collator
     try:
-        import datasets
+        import datasets  # type: ignore[import-untyped]
 
         if isinstance(dataset, datasets.Dataset) and hasattr(trainer, "_remove_unused_columns"):
             dataset = trainer._remove_unused_columns(dataset, description="training")
