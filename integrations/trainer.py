@@ -161,13 +161,20 @@ def preflight(
     inventory = inventory_for(model_or_config, env)
     spec, assumptions = build_spec(inventory, values, prov, findings, env)
     notes: list[str] = []
-    if facts is not None:
-        spec, notes = apply_live_facts(spec, facts)
     extra: tuple[Finding, ...] = ()
+    if facts is not None:
+        from fitcheck.integrations.live_checks import architecture_finding, with_pending_lora
+
+        flag_spec = spec
+        spec, notes = apply_live_facts(spec, facts)
+        spec, pending = with_pending_lora(spec, flag_spec, facts)
+        notes += pending
+        mismatch = architecture_finding(model_or_config, inventory)
+        extra = (mismatch,) if mismatch is not None else ()
     if device_map:
         from fitcheck.torch_adapters import device_map_findings
 
-        extra = device_map_findings(spec, device_map, max_memory)
+        extra += device_map_findings(spec, device_map, max_memory)
     if facts is not None:
         from fitcheck.torch_adapters import live_device_map_findings
 

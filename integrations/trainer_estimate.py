@@ -88,12 +88,18 @@ def trainer_spec(
         values[key] = value
         prov[key] = f"{source}({key}=...)"
     env = dict(os.environ)
+    from fitcheck.integrations.live_checks import architecture_finding
+
     from fitcheck.torch_adapters import inspect_model, live_device_map_findings
 
     facts = inspect_model(model)
-    spec, assumptions = build_spec(inventory_for(model, env), values, prov, findings, env)
+    inventory = inventory_for(model, env)
+    spec, assumptions = build_spec(inventory, values, prov, findings, env)
     spec, notes = apply_live_facts(spec, facts)
     extra = live_device_map_findings(model, num_processes=spec.sharding.num_processes)
+    mismatch = architecture_finding(model, inventory)
+    if mismatch is not None:
+        extra = (mismatch, *extra)
     report = estimate_with(spec, extra)
     more = field_findings(spec, values, env, use_cache=facts.use_cache,
                           device_used_fraction=report.device_used_bytes / max(1, report.budget_bytes),
