@@ -69,7 +69,7 @@ def verdict(report: Report) -> str:
     parts: list[str] = []
     used, budget = format_bytes(report.device_used_bytes), format_bytes(report.budget_bytes)
     if not report.fits:
-        parts.append(f"this run needs {used} per GPU but has {budget}")
+        parts.append(f"predicted {used} per GPU exceeds {budget}")
     errors = [f.message for f in report.errors[:3]]
     if errors:
         head = "" if not report.fits else f"the estimate ({used} of {budget}) has errors: "
