@@ -127,3 +127,29 @@ def test_train_with_tuned_micro_batch_trains_once_at_the_size_found(tmp_path: Pa
         output = train_with_tuned_micro_batch(trainer, gpu_memory=budget, device_type="cpu", max_seq_length=SEQ)
     assert output.global_step == MAX_STEPS and mode.ooms <= 1
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (4, 4)
+
+
+def test_every_trial_verdict_is_agreed_over_ranks_gloo_world_1(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    config = CONFIGS[0]
+    trainer = build_trainer(config, str(tmp_path))
+    calls: list[int] = []
+    real = dist.all_reduce
+
+    def spy(tensor: Any, op: Any = dist.ReduceOp.SUM, **kw: Any) -> Any:
+        calls.append(int(tensor.item()))
+        assert op == dist.ReduceOp.MIN
+        return real(tensor, op=op, **kw)
+
+    monkeypatch.setattr(dist, "all_reduce", spy)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29512")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        with budget_for(trainer.model, 10**12):
+            result = tune_micro_batch(trainer, gpu_memory=10**9, device_type="cpu", max_seq_length=SEQ)
+    finally:
+        dist.destroy_process_group()
+    assert len(calls) == len(result.trials) >= 1  # one all-reduce (MIN) per trial, on every rank
