@@ -149,6 +149,14 @@ def _predicted_index(spec: Any, sizes: list[int], per_gpu: int) -> tuple[int, li
     return best, reports
 
 
+def _max_positions(model: Any) -> int | None:
+    """``config.max_position_embeddings`` of the (unwrapped) model, when it has one."""
+    from fitcheck.torch_adapters import unwrap_model
+
+    value = getattr(getattr(unwrap_model(model), "config", None), "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def tune_micro_batch(
     trainer: Any,
     *,
@@ -169,7 +177,8 @@ def tune_micro_batch(
         gpu_memory: Memory per GPU for the starting estimate instead.
         device_type: ``cuda`` or ``cpu`` for the starting estimate.
         max_seq_length: Worst-case sequence length of the trials and the estimate (default: the arguments'
-            ``max_length``/``max_seq_length``, else fitcheck's default).
+            ``max_length``/``max_seq_length``, else fitcheck's default 1024, capped at the model's
+            ``max_position_embeddings``).
 
     Returns:
         The size set and every trial.
@@ -185,6 +194,11 @@ def tune_micro_batch(
     overrides = {"max_seq_length": max_seq_length} if max_seq_length is not None else {}
     spec, _ = trainer_spec(args, trainer.model, gpu=gpu, gpu_memory=gpu_memory, device_type=device_type,
                            overrides=overrides, source="tune_micro_batch")
+    longest = _max_positions(trainer.model)
+    if max_seq_length is None and longest is not None and spec.batch.seq_len > longest:
+        # no length given and the default is longer than the model's positions: tile to what it can take
+        spec, _ = trainer_spec(args, trainer.model, gpu=gpu, gpu_memory=gpu_memory, device_type=device_type,
+                               overrides={"max_seq_length": longest}, source="tune_micro_batch")
     per_gpu = int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps)
     sizes = divisors(per_gpu)
     start, reports = _predicted_index(spec, sizes, per_gpu)

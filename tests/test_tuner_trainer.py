@@ -153,3 +153,11 @@ def test_every_trial_verdict_is_agreed_over_ranks_gloo_world_1(tmp_path: Path,
     finally:
         dist.destroy_process_group()
     assert len(calls) == len(result.trials) >= 1  # one all-reduce (MIN) per trial, on every rank
+
+
+def test_without_a_length_the_trials_run_at_the_models_longest(tmp_path: Path) -> None:
+    trainer = build_trainer(CONFIGS[0], str(tmp_path))  # no max_length: fitcheck's default 1024 > 128 positions
+    with budget_for(trainer.model, 10**12):
+        result = tune_micro_batch(trainer, gpu_memory=10**9, device_type="cpu")
+    assert result.seq_len == trainer.model.config.max_position_embeddings == 128
+    assert result.micro_batch == 16 and len(result.trials) == 1  # the top size: no upward check
