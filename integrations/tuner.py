@@ -187,7 +187,7 @@ def tune_micro_batch(
         TuningError: Nothing fits (even micro-batch 1), or the run is DeepSpeed/FSDP-sharded.
     """
     from fitcheck.integrations.trainer_estimate import trainer_spec
-    from fitcheck.integrations.tuner_trial import TrialSession, all_ranks_ok
+    from fitcheck.integrations.tuner_trial import TrialSession, all_ranks_min, all_ranks_ok
 
     _refuse_sharded(trainer)
     args = trainer.args
@@ -202,6 +202,7 @@ def tune_micro_batch(
     per_gpu = int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps)
     sizes = divisors(per_gpu)
     start, reports = _predicted_index(spec, sizes, per_gpu)
+    start = all_ranks_min(start, getattr(args, "device", None))  # every rank starts where the tightest predicts
     trials: list[TuningTrial] = []
     peak_source = ""
 

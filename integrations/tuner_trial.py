@@ -24,7 +24,7 @@ starts where it would have without tuning. Nothing copies the parameters.
 Under DDP (``torch.distributed`` initialised with more than one process) the model is wrapped in
 ``DistributedDataParallel`` for the trials (its gradient buckets are real memory) and each trial runs under
 ``no_sync()`` (no collective inside a step that may fail on one rank); the verdict of each trial is
-all-reduced (MIN) so every rank takes the same search path and the same answer.
+all-reduced (MIN), as is the starting prediction, so every rank takes the same search path and the same answer.
 """
 
 from __future__ import annotations
@@ -63,17 +63,22 @@ def distributed_world() -> int:
     return 1
 
 
-def all_ranks_ok(ok: bool, device: Any) -> bool:
-    """``ok`` on every rank (an all-reduce MIN when ``torch.distributed`` is initialised; else ``ok``)."""
+def all_ranks_min(value: int, device: Any) -> int:
+    """The smallest ``value`` over the ranks (an all-reduce MIN when ``torch.distributed`` is initialised)."""
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return ok
+        return value
     on = device if dist.get_backend() == "nccl" else "cpu"
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=on)
+    flag = torch.tensor([value], dtype=torch.int64, device=on)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+    return int(flag.item())
+
+
+def all_ranks_ok(ok: bool, device: Any) -> bool:
+    """``ok`` on every rank (an all-reduce MIN when ``torch.distributed`` is initialised; else ``ok``)."""
+    return bool(all_ranks_min(1 if ok else 0, device))
 
 
 def _rng_state() -> dict[str, Any]:

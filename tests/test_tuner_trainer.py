@@ -161,3 +161,24 @@ def test_without_a_length_the_trials_run_at_the_models_longest(tmp_path: Path) -
         result = tune_micro_batch(trainer, gpu_memory=10**9, device_type="cpu")
     assert result.seq_len == trainer.model.config.max_position_embeddings == 128
     assert result.micro_batch == 16 and len(result.trials) == 1  # the top size: no upward check
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_with_different_budgets_agree(tmp_path: Path) -> None:
+    """torch.distributed.run, 2 CPU processes (gloo): rank 1 has less memory; both set the size that fits on it."""
+    import json
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "rank"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29534",
+           str(root / "benchmarks" / "tuner_ddp_worker.py"), str(out), "3000000", "1700000"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads((tmp_path / f"rank.{r}").read_text()) for r in (0, 1)]
+    assert rows[0][:3] == rows[1][:3]  # same micro-batch, accumulation and number of trials on both ranks
+    micro, accum, _, same, initialised, world, kind = rows[0]
+    assert micro * accum == 16 and same is True
+    assert (initialised, world, kind) == (True, 2, "DistributedType.MULTI_CPU")
