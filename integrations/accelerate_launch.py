@@ -30,6 +30,8 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from typing import Any
 
+from fitcheck.integrations.launch_plan import started_processes, unknown_flags_finding
+
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
 from fitcheck.torch_adapters import meta_inventory
@@ -190,7 +192,10 @@ def launch_values(
     read = read_script_argv(list(ns.training_script_args or []), source=f"{os.path.basename(script)} arguments")
     values: dict[str, object] = {}
     prov: dict[str, str] = {}
-    findings: list[Finding] = list(read.findings)
+    findings: list[Finding] = [f for f in read.findings if f.code != "script-flags-passed-over"]
+    unknown = unknown_flags_finding(read.ignored, f"{os.path.basename(script)} arguments")
+    if unknown is not None:  # only what is no TrainingArguments/TRL field (launch_plan.known_script_flags)
+        findings.append(unknown)
     explicit = set(getattr(ns, "nondefault", set()) or set())
     for dest, name in _DIRECT.items():
         if dest in explicit and getattr(ns, dest, None) is not None:
@@ -224,6 +229,16 @@ def launch_values(
         values[key] = value
         src, spelled = read.provenance.get(key, (script, key))
         prov[key] = f"{src}: --{spelled}"
+    started = started_processes(ns)
+    if started.count is not None and "simple launcher" in started.launcher:
+        values["num_processes"] = started.count
+        prov["num_processes"] = f"accelerate launch starts {started.count}: {started.launcher}"
+    if started.cpu:
+        values["device_type"] = "cpu"
+        prov["device_type"] = "accelerate launch --cpu / config use_cpu"
+    if values.get("use_cpu") is True:
+        values["device_type"] = "cpu"
+        prov["device_type"] = prov.get("use_cpu", "the script's --use_cpu")
     for key, value in plan.values.items():
         values[key] = value
         prov[key] = f"fitcheck launch --{key}"
