@@ -31,6 +31,7 @@ from fitcheck.readers.accelerate_config import (
 )
 from fitcheck.readers.deepspeed import deepspeed_precision_conflict, load_deepspeed_file, resolve_deepspeed
 from fitcheck.readers.fsdp_config import FsdpRead, fsdp_from_config, fsdp_option_string
+from fitcheck.readers.parallelism import PARALLELISM_FLAGS, read_parallelism
 from fitcheck.readers.sources import as_bool, as_int, as_mapping, as_str, load_mapping_file
 from fitcheck.readers.trainer_args import KEYS, ArgsRead, read_training_args_file, read_training_args_mapping
 from fitcheck.spec import DeepSpeedSpec, FsdpSpec, MixedPrecision, ShardingSpec, Strategy
@@ -47,6 +48,7 @@ SHARDING_FLAGS = (
     "deepspeed",
     "fsdp",
     "sync_each_batch",
+    *PARALLELISM_FLAGS,
 )
 
 
@@ -156,19 +158,8 @@ def merge_sources(
     if "mixed_precision" in cli:
         mp = parse_mixed_precision(cli["mixed_precision"], at="--mixed_precision")
         _set_precision(values, provenance, mp, "--mixed_precision", findings, override=True)
-    par = values.pop("parallelism_config", None)
-    if isinstance(par, Mapping) and any(
-        isinstance(par.get(k), int) and int(str(par.get(k))) > 1 for k in ("tp_size", "cp_size", "sp_size")
-    ):
-        findings.append(
-            Finding(
-                "not-modelled",
-                Severity.WARNING,
-                f"{provenance.pop('parallelism_config', 'parallelism_config')}: tensor/context "
-                "parallel sizes > 1 are not modelled",
-                "the estimate treats every process as a data-parallel rank",
-            )
-        )
+    ta_par = values.pop("parallelism_config", None)
+    ta_par_where = provenance.pop("parallelism_config", "parallelism_config")
     every = values.get("gradient_checkpointing_kwargs")
     if isinstance(every, Mapping) and every.get("every_n_layers") is not None:
         values["checkpoint_every_n_layers"] = as_int(every["every_n_layers"], at="every_n_layers", minimum=1)
@@ -196,8 +187,13 @@ def merge_sources(
         strategy = Strategy.FSDP
     else:
         strategy = Strategy.DDP if num_processes > 1 else Strategy.SINGLE
+    layout = read_parallelism(
+        cli, ta_par, ta_par_where, acc.parallelism if acc else None, acc.source if acc else "", ds_raw, ds_source
+    )
+    findings.extend(layout.findings)
+    provenance.update({f"parallelism.{k}": w for k, w in layout.provenance.items()})
     try:
-        sharding = ShardingSpec(strategy, num_processes, num_machines, ds_spec, fs_spec)
+        sharding = ShardingSpec(strategy, num_processes, num_machines, ds_spec, fs_spec, layout.spec)
     except ValueError as exc:
         raise ConfigError(f"--num_processes/--num_machines ({provenance['num_processes']}): {exc}") from None
     return MergedRun(values, provenance, sharding, tuple(findings))

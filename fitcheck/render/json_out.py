@@ -52,6 +52,10 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "gpu": spec.hardware.gpu_name,
         "num_processes": spec.sharding.num_processes,
         "strategy": spec.sharding.strategy.value,
+        "parallelism": (
+            spec.sharding.parallelism.as_dict() if spec.sharding.parallelism is not None
+            else {"dp_replicate": 1, "dp_shard": spec.data_parallel_size, "tp": 1, "cp": 1, "sp": 1}
+        ),
         "micro_batch": spec.batch.micro_batch,
         "seq_len": spec.batch.seq_len,
         "gradient_accumulation_steps": spec.batch.grad_accum,
