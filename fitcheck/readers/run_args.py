@@ -23,6 +23,7 @@ from typing import TypeVar
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
 from fitcheck.readers.sources import as_bool, as_float, as_int
+from fitcheck.readers.parallelism import check_layout
 from fitcheck.spec import (
     ActivationSpec,
     AttnImpl,
@@ -232,7 +233,7 @@ def _pre_quantized(inventory: ModelInventory) -> QuantSpec | Finding | None:
 
 
 def _hardware(values: Mapping[str, object], prov: Mapping[str, str]) -> tuple[HardwareSpec, list[str]]:
-    from fitcheck.catalog.gpus import lookup_gpu  # data lookup, pure
+    from fitcheck.catalog import lookup_gpu
 
     notes: list[str] = []
     device = _choice(values, "device_type", DeviceType, DeviceType.CUDA, prov, "cuda, cpu")
@@ -377,4 +378,5 @@ def spec_from_values(
         provenance=prov,
         findings=tuple(extra),
     )
+    check_layout(spec)  # tp/cp/sp/HSDP sizes checked as accelerate checks them (exit 2)
     return spec, tuple(assumptions)
