@@ -145,7 +145,7 @@ def parallel_findings(spec: TrainingSpec, traced: bool = False) -> list[Finding]
             Severity.INFO,
             f"parallelism {describe_layout(spec)}: each rank holds {local_seq_len(spec, par)} of "
             f"{spec.batch.seq_len} tokens per sequence"
-            + (f" and 1/{par.tp} of the tp_plan's projections (embeddings and norms whole)" if par.tp > 1 else ""),
+            + (f" and 1/{par.tp} of the tp_plan's projections and embeddings (norms whole)" if par.tp > 1 else ""),
             "",
         )
     ]

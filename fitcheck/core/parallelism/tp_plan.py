@@ -1,22 +1,27 @@
 """Tensor parallelism as transformers 5.23 applies it: which parameters each rank holds a slice of.
 
-transformers shards a model by its config's ``base_model_tp_plan`` (module pattern -> style) and the model
-class's ``_tp_plan`` (``{"lm_head": "colwise_gather_output"}``), in ``integrations/tensor_parallel.py``:
+transformers shards a model by its config's ``base_model_tp_plan`` (module pattern -> style), the model
+class's ``_tp_plan`` (``{"lm_head": "colwise_gather_output"}``) and, when the base model has a plan and an
+``nn.Embedding`` ``embed_tokens``, ``{"embed_tokens": "embedding_rowwise"}`` (``distributed/mixin.py``); the
+styles are in ``distributed/tensor_parallel.py``:
 
 - ``colwise`` / ``packed_colwise`` / ``colwise_gather_output``: ``nn.Linear`` weight split on dim 0 (output
   features), bias split too; the output stays sharded (``colwise``: heads or MLP columns per rank) or is
   all-gathered (``colwise_gather_output``: the LM head's logits, Phi-3's fused qkv/gate_up).
 - ``rowwise`` / ``rowwise_split_input``: weight split on dim 1 (input features), bias replicated; the output
   is all-reduced (full hidden size on every rank).
-- anything else (``replicated_with_grad_allreduce``, no rule: embeddings, norms, routers): replicated.
+- ``embedding_rowwise`` (``EmbeddingParallel(shard_dim=0)``): the input embedding split by vocabulary rows,
+  the partial lookups summed (an all-reduce of ``b·s·h``).
+- anything else (``replicated_with_grad_allreduce``, no rule: norms, routers): replicated.
 
-So under ``tp_size = t`` a rank holds 1/t of every attention and MLP projection, the full embeddings and
-norms, and 1/t of the LM head; its activations inside attention (heads) and MLP (intermediate columns) are
+So under ``tp_size = t`` a rank holds 1/t of every attention and MLP projection, of the input embedding and
+of the LM head, and the full norms; its activations inside attention (heads) and MLP (intermediate columns) are
 1/t, those on the residual stream (hidden size) are full, and the logits are full (gathered output).
 
 The plans below are transformers 5.23's, per ``model_type`` (``models/*/configuration_*.py``
 ``base_model_tp_plan``; every causal-LM class's ``_tp_plan``); ``tests/test_parallelism.py`` checks them
-against the installed transformers. Families without a plan (GPT-2, BERT, Falcon, BLOOM) cannot be run with
+against the installed transformers and checks every rank-local shape against a real
+``from_pretrained(tp_plan="auto")`` load on torch's fake process group. Families without a plan (GPT-2, BERT, Falcon, BLOOM) cannot be run with
 ``tp_size > 1``.
 """
 
@@ -76,14 +81,17 @@ TP_PLANS: dict[str, dict[str, str]] = {
 }
 # <Family>ForCausalLM._tp_plan (modeling_<family>.py): the LM head is split by vocabulary, logits gathered.
 LM_HEAD_STYLE = "colwise_gather_output"
+# transformers 5.23 distributed/mixin.py: added for an nn.Embedding embed_tokens when the base model has a plan.
+EMBEDDING_STYLE = "embedding_rowwise"
 
-_COLWISE = ("colwise", "packed_colwise", "colwise_gather_output")
+_COLWISE = ("colwise", "packed_colwise", "colwise_gather_output", "embedding_rowwise")
 _ROWWISE = ("rowwise", "rowwise_split_input")
 
 SRC_TP = (
-    "transformers 5.23 integrations/tensor_parallel.py (ColwiseParallel: weight dim 0 and bias split; "
-    "RowwiseParallel: weight dim 1 split, bias replicated, output all-reduced) with the family's "
-    "base_model_tp_plan and _tp_plan {'lm_head': 'colwise_gather_output'}"
+    "transformers 5.23 distributed/tensor_parallel.py (colwise: weight dim 0 and bias split; rowwise: weight "
+    "dim 1 split, bias replicated, output all-reduced; embedding_rowwise: vocabulary rows split) with the "
+    "family's base_model_tp_plan, _tp_plan {'lm_head': 'colwise_gather_output'} and distributed/mixin.py's "
+    "embed_tokens rule"
 )
 
 
@@ -92,7 +100,7 @@ def tp_plan(family: str) -> dict[str, str] | None:
     plan = TP_PLANS.get(family)
     if plan is None:
         return None
-    return {**plan, "lm_head": LM_HEAD_STYLE}
+    return {"embed_tokens": EMBEDDING_STYLE, **plan, "lm_head": LM_HEAD_STYLE}
 
 
 def style_of(entry: ParamEntry, plan: dict[str, str]) -> str | None:
