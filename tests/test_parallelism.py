@@ -192,9 +192,9 @@ def test_layout_from_training_args_and_flag_precedence(tmp_path: Path, capsys: p
     args = tmp_path / "args.json"
     args.write_text(json.dumps({"parallelism_config": {"dp_shard_size": 2, "cp_size": 4}}))
     code, j = _json(capsys, *LONG, *FSDP, "--num_processes", "8", "--training_args", str(args))
-    assert j["parallelism"]["cp"] == 4 and j["parallelism"]["dp_shard"] == 2
-    code, j = _json(capsys, *LONG, *FSDP, "--num_processes", "8", "--training_args", str(args),
-                    "--cp_size", "8", "--dp_shard_size", "1")
+    assert code in (0, 1) and j["parallelism"]["cp"] == 4 and j["parallelism"]["dp_shard"] == 2
+    _, j = _json(capsys, *LONG, *FSDP, "--num_processes", "8", "--training_args", str(args),
+                 "--cp_size", "8", "--dp_shard_size", "1")
     assert j["parallelism"]["cp"] == 8
     assert any(f["code"] == "conflicting-sources" for f in j["findings"])
 
@@ -227,7 +227,7 @@ def test_llama70b_tp8_dp_shard4_itemised(capsys: pytest.CaptureFixture[str]) -> 
     argv = ["--model_name_or_path", "meta-llama/Llama-3.1-70B", "--dtype", "bfloat16", "--bf16",
             "--per_device_train_batch_size", "1", "--max_seq_length", "8192", "--gradient_checkpointing",
             "--gpu", "H100-80GB", "--num_processes", "32", "--num_machines", "4", *FSDP]
-    code, j = _json(capsys, *argv, "--tp_size", "8", "--dp_shard_size", "4")
+    _, j = _json(capsys, *argv, "--tp_size", "8", "--dp_shard_size", "4")
     assert j["parallelism"] == {"dp_replicate": 1, "dp_shard": 4, "tp": 8, "cp": 1, "sp": 1}
     _, fsdp32 = _json(capsys, *argv)
     # tp splits every matrix 8 ways and FSDP then shards over 4: 1/32 of each matrix per GPU, as FSDP over 32
@@ -246,9 +246,10 @@ def test_rank_local_spec_is_identity_without_layout() -> None:
 
 def test_advisor_proposes_context_parallel_for_64k(capsys: pytest.CaptureFixture[str]) -> None:
     code, j = _json(capsys, *LONG, *FSDP, "--num_processes", "8")
+    assert code == 1
     fitting = [s for s in j["suggestions"] if s["fits"]]
     assert fitting and "--cp_size" in fitting[0]["argv"]
     first = fitting[0]
     argv = first["argv"]
-    code, again = _json(capsys, *LONG, *FSDP, "--num_processes", "8", *argv)
+    _, again = _json(capsys, *LONG, *FSDP, "--num_processes", "8", *argv)
     assert again["device_used_bytes"] == first["device_used_bytes"]  # the flags reproduce the estimate

@@ -28,8 +28,8 @@ from fitcheck.advice.batch_search import (
     plan_global_batch,
     with_micro_batch,
 )
-from fitcheck.advice.parallel_levers import parallel_levers
 from fitcheck.advice.levers import CKPT_WORDS, GPUS_PER_NODE, TIER_ORDER, Lever, Tier, ds_stage, levers
+from fitcheck.advice.parallel_levers import parallel_levers
 from fitcheck.core import ComputeEstimate, compute_estimate, relative_time_per_token
 from fitcheck.report import Report
 from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy, TrainingSpec

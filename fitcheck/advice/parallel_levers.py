@@ -17,6 +17,7 @@ collectives (``fitcheck.core.compute``).
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 from fitcheck.advice.levers import GPUS_PER_NODE, Lever, Tier
 from fitcheck.core.parallelism import layout_problems
@@ -45,6 +46,10 @@ def _candidate(spec: TrainingSpec, par: ParallelismSpec, fsdp: bool, k: int) -> 
         sh = replace(sh, strategy=Strategy.FSDP, fsdp=FsdpSpec(), deepspeed=None)
     sh = replace(sh, parallelism=par)
     return replace(spec, sharding=sh, batch=replace(spec.batch, grad_accum=spec.batch.grad_accum * k))
+
+
+def _apply(spec: TrainingSpec, *, par: ParallelismSpec, fsdp: bool, k: int) -> TrainingSpec:
+    return _candidate(spec, par, fsdp, k)
 
 
 def parallel_levers(spec: TrainingSpec) -> list[Lever]:
@@ -93,7 +98,7 @@ def parallel_levers(spec: TrainingSpec) -> list[Lever]:
                     f"{axis}{k}",
                     f"{what} over {k} GPUs ({axis}_size {k})",
                     Tier.SAME_TRAINING,
-                    lambda s, par=par, fsdp=fsdp, k=k: _candidate(s, par, fsdp, k),
+                    partial(_apply, par=par, fsdp=fsdp, k=k),
                     tuple(argv),
                     tuple(changes),
                     "parallelism",

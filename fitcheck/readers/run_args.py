@@ -22,8 +22,8 @@ from typing import TypeVar
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
-from fitcheck.readers.sources import as_bool, as_float, as_int
 from fitcheck.readers.parallelism import check_layout
+from fitcheck.readers.sources import as_bool, as_float, as_int
 from fitcheck.spec import (
     ActivationSpec,
     AttnImpl,

@@ -39,7 +39,7 @@ from fitcheck.core.activations.qlora import (
 )
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, Strategy, TrainingSpec
 
 _TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
 # Families whose layer recipe below was read off traces and is pinned by tests.
@@ -66,8 +66,13 @@ class _Mode:
 
 def _mode(spec: TrainingSpec) -> _Mode:
     # peft's prepare_model_for_kbit_training casts every non-quantized parameter to fp32 (activations_qlora.py)
-    half = spec.precision.load_dtype.is_half and not kbit_upcast(spec)
     amp = spec.precision.mixed_precision is not MixedPrecision.NO
+    # Under bf16/fp16 a DeepSpeed engine casts the module to 16 bits (deepspeed runtime/engine.py _configure_
+    # distributed_model: module.bfloat16()/half()) and FSDP computes with 16-bit unsharded parameters
+    # (accelerate state.py -> FullyShardedDataParallelPlugin.set_mixed_precision: param_dtype=bf16), so the
+    # step runs as a 16-bit model: 16-bit residual stream, no autocast weight casts to cache.
+    sharded_16bit = amp and spec.sharding.strategy in (Strategy.DEEPSPEED, Strategy.FSDP)
+    half = (spec.precision.load_dtype.is_half or sharded_16bit) and not kbit_upcast(spec)
     autocast = not half and amp
     # aten Dropout.cpp: CUDA takes native_dropout (bool mask), CPU _dropout_impl keeps empty_like(input) noise
     dm = 1 if spec.hardware.device_type is DeviceType.CUDA else 4

@@ -59,10 +59,9 @@ def cp_buffer_bytes(spec: TrainingSpec, par: ParallelismSpec) -> tuple[int, int]
     q, kv, d = _heads(spec, par)
     e = _act_bytes(spec)
     local_kv = 2 * b * s_local * kv * d
-    if par.cp_comm_strategy == "allgather":
-        kv_buf = 2 * b * s_full * kv * d * e + local_kv * e  # gathered whole-sequence k, v + the cat sent
-    else:
-        kv_buf = 2 * local_kv * e  # next chunk in flight (sent + received)
+    # allgather: the gathered whole-sequence k, v + the cat sent; alltoall: the next chunk in flight (sent + received)
+    gathered = 2 * b * s_full * kv * d * e + local_kv * e
+    kv_buf = gathered if par.cp_comm_strategy == "allgather" else 2 * local_kv * e
     merger = b * s_local * q * d * 4 + b * q * s_local * 4  # _SDPAMerger fp32 output and log-sum-exp
     grads_f32 = (b * s_local * q * d + local_kv) * 4  # grad_query/key/value accumulators (convert_to_f32)
     dkv_rotation = 2 * local_kv * 4  # cat(grad_key, grad_value) sent and received (all-to-all rotater)
@@ -149,6 +148,17 @@ def parallel_findings(spec: TrainingSpec, traced: bool = False) -> list[Finding]
             "",
         )
     ]
+    if par.tp > 1:
+        out.append(
+            Finding(
+                "tp-residual-replicated",
+                Severity.INFO,
+                f"transformers 5.23 tensor parallel splits heads and MLP columns over tp {par.tp} but keeps the "
+                "residual stream, the checkpointed layer inputs and the gathered logits whole on every rank "
+                "(DistributedConfig.enable_sequence_parallel is not wired up); only attention/MLP internals shrink",
+                "for long sequences cp_size shards every activation and the logits",
+            )
+        )
     if par.sp > 1:
         out.append(
             Finding(

@@ -21,8 +21,8 @@ of the LM head, and the full norms; its activations inside attention (heads) and
 The plans below are transformers 5.23's, per ``model_type`` (``models/*/configuration_*.py``
 ``base_model_tp_plan``; every causal-LM class's ``_tp_plan``); ``tests/test_parallelism.py`` checks them
 against the installed transformers and checks every rank-local shape against a real
-``from_pretrained(tp_plan="auto")`` load on torch's fake process group. Families without a plan (GPT-2, BERT, Falcon, BLOOM) cannot be run with
-``tp_size > 1``.
+``from_pretrained(tp_plan="auto")`` load on torch's fake process group. Families without a plan (GPT-2,
+BERT, Falcon, BLOOM) cannot be run with ``tp_size > 1``.
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ TP_PLANS: dict[str, dict[str, str]] = {
     "gemma3_text": {**_ATTN_MLP, **_QK_NORM},
     "mixtral": {**_ATTN_ONLY, **_MOE_EXPERTS},
     "qwen2_moe": {**_ATTN_ONLY, **_MOE_EXPERTS, **{k: v for k, v in _ATTN_MLP.items() if ".mlp." in k}},
-    "qwen3_moe": {**_ATTN_ONLY, **_QK_NORM, **_MOE_EXPERTS, **{k: v for k, v in _ATTN_MLP.items() if ".mlp." in k}},
+    "qwen3_moe": {
+        **_ATTN_ONLY, **_QK_NORM, **_MOE_EXPERTS, **{k: v for k, v in _ATTN_MLP.items() if ".mlp." in k}
+    },
     "phi": {
         "layers.*.self_attn.q_proj": "colwise",
         "layers.*.self_attn.k_proj": "colwise",
