@@ -253,3 +253,61 @@ def test_advisor_proposes_context_parallel_for_64k(capsys: pytest.CaptureFixture
     argv = first["argv"]
     _, again = _json(capsys, *LONG, *FSDP, "--num_processes", "8", *argv)
     assert again["device_used_bytes"] == first["device_used_bytes"]  # the flags reproduce the estimate
+
+
+def test_tp_rank_step_on_fake_pg_matches_estimate(fake_world: int, tmp_path: Path) -> None:
+    """A real transformers TP forward of rank 0 (fake 4-rank world, CPU, live-tensor tracker): the rank's weights
+    are exact and the bytes alive at the end of forward match the estimate within 1%."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from fitcheck.cli.estimate import spec_from_values
+    from fitcheck.core import estimate
+    from fitcheck.report import Phase
+    from fitcheck.torch_adapters.live_tracker import LiveTensorTracker
+
+    class LocalShardTracker(LiveTensorTracker):
+        def _add(self, tensor: object) -> None:
+            super()._add(tensor._local_tensor if isinstance(tensor, DTensor) else tensor)
+
+    config = {**_TINY, "hidden_size": 128, "intermediate_size": 256, "vocab_size": 512}
+    LlamaForCausalLM(LlamaConfig(**config)).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="sdpa",
+                                                 tp_plan="auto")
+    model.train()
+    local = [p._local_tensor if isinstance(p, DTensor) else p for p in model.parameters()]
+    tracker = LocalShardTracker()
+    tracker.track(local)
+    base = tracker.current
+    tracker.start()
+    try:
+        ids = torch.randint(0, 512, (2, 64))
+        out = model(input_ids=ids, labels=ids)
+        forward_end = tracker.current - base
+        del out
+    finally:
+        tracker.stop()
+    spec, _ = spec_from_values(
+        {"model_name_or_path": str(tmp_path), "dtype": "float32", "per_device_train_batch_size": "2",
+         "max_seq_length": "64", "device_type": "cpu", "attn_implementation": "sdpa", "optim": "sgd",
+         "num_processes": str(fake_world), "tp_size": str(fake_world)},
+        {},
+    )
+    rep = estimate(spec)
+    weights = sum(c.at(Phase.FORWARD_END) for c in rep.components if c.name.startswith("weights"))
+    assert weights == sum(p.numel() * p.element_size() for p in local)
+    assert rep.phase_totals()[Phase.FORWARD_END] - weights == pytest.approx(forward_end, rel=0.01)
+
+
+def test_live_accelerate_parallelism_config_object_is_read() -> None:
+    """TrainingArguments.parallelism_config holds an accelerate ParallelismConfig object, not a mapping."""
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import TorchContextParallelConfig
+
+    from fitcheck.readers.parallelism import read_parallelism
+
+    handler = TorchContextParallelConfig(cp_comm_strategy="alltoall")
+    obj = ParallelismConfig(dp_shard_size=2, cp_size=4, cp_handler=handler)
+    read = read_parallelism({}, obj, "TrainingArguments.parallelism_config", None, "", None, "")
+    assert read.spec == ParallelismSpec(dp_shard=2, cp=4, cp_comm_strategy="alltoall")

@@ -69,6 +69,21 @@ def _mapping_values(raw: Mapping[str, object], source: str) -> dict[str, tuple[o
     return out
 
 
+def _object_fields(value: object) -> object:
+    """A live ``accelerate.ParallelismConfig`` (``TrainingArguments.parallelism_config``) as a mapping of the
+    fields it was given; other values pass through unchanged."""
+    if isinstance(value, Mapping) or not hasattr(value, "dp_shard_size"):
+        return value
+    out: dict[str, object] = {}
+    for key in (*SIZE_KEYS, "sp_backend"):
+        if getattr(value, key, None) is not None:
+            out[key] = getattr(value, key)
+    handler = getattr(value, "cp_handler", None)
+    if getattr(handler, "cp_comm_strategy", None) is not None:
+        out["cp_comm_strategy"] = handler.cp_comm_strategy  # type: ignore[union-attr]
+    return out
+
+
 def read_parallelism(
     cli: Mapping[str, object],
     training_args: object,
@@ -103,7 +118,8 @@ def read_parallelism(
     }
     layers.append(flags)
     if training_args is not None:
-        layers.append(_mapping_values(as_mapping(training_args, at=training_args_where), training_args_where))
+        raw = _object_fields(training_args)
+        layers.append(_mapping_values(as_mapping(raw, at=training_args_where), training_args_where))
     if accelerate_section is not None:
         src = f"{accelerate_source}:parallelism_config"
         layers.append(_mapping_values(as_mapping(accelerate_section, at=src), src))
