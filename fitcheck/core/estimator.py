@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from fitcheck.core.activations import activation_findings
 from fitcheck.core.allocator import allocator_findings, reserved_bytes
+from fitcheck.core.overheads import nccl_group_bytes
 from fitcheck.core.parallelism import (
     describe_layout,
     parallel_components,
@@ -95,7 +96,7 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
     parallel = local is not spec
     components = (
         *collect_components(local, None if parallel else activations),
-        *parallel_components(spec),
+        *parallel_components(spec, nccl_group_bytes),
     )
     phase, totals = peak_phase(components)
     peak_allocated = totals[phase]

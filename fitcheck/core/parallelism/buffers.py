@@ -19,11 +19,13 @@ Backward runs the same exchanges on the gradients.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fitcheck.core.parallelism.local import active_layout, local_seq_len
 from fitcheck.core.parallelism.tp_plan import tp_plan
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import MixedPrecision, ParallelismSpec, TrainingSpec
+from fitcheck.spec import DeviceType, MixedPrecision, ParallelismSpec, TrainingSpec
 
 _SRC_CP = (
     "torch 2.13 distributed/tensor/experimental/_context_parallel/_attention.py: _AllGatherRotater "
@@ -84,12 +86,37 @@ def sp_buffer_bytes(spec: TrainingSpec, par: ParallelismSpec) -> tuple[int, int]
     return out_pair + qkv_pair, extra_kv_saved_per_layer * layers
 
 
-def parallel_components(spec: TrainingSpec) -> tuple[Component, ...]:
-    """CP ring buffers and Ulysses all-to-all buffers (none without cp/sp)."""
+def parallel_components(
+    spec: TrainingSpec, nccl_group: Callable[[int], int] | None = None
+) -> tuple[Component, ...]:
+    """CP ring buffers, Ulysses all-to-all buffers and the tp/cp/sp communicators' NCCL buffers.
+
+    Args:
+        spec: The run with its layout.
+        nccl_group: NCCL bytes per GPU of one communicator of n ranks (``fitcheck.core.overheads``); None
+            leaves the communicators out.
+
+    Returns:
+        Components (none without a tp/cp/sp/HSDP layout).
+    """
     par = active_layout(spec)
     if par is None:
         return ()
     out: list[Component] = []
+    groups = [(name, size) for name, size in (("tp", par.tp), ("cp", par.cp), ("sp", par.sp)) if size > 1]
+    nccl = sum(nccl_group(size) for _, size in groups) if nccl_group is not None else 0
+    if nccl and spec.hardware.device_type is DeviceType.CUDA:
+        out.append(
+            Component.persistent(
+                "parallel.nccl_communicators",
+                Category.OVERHEAD,
+                nccl,
+                "one NCCL communicator per device-mesh dimension that communicates, each with its own buffers "
+                "(NVIDIA/nccl#864; sizes measured in NVIDIA/nccl#964)",
+                ", ".join(f"{name} group of {size}" for name, size in groups) + "; not in max_memory_allocated",
+                location=Location.DEVICE_OTHER,
+            )
+        )
     if par.cp > 1:
         fwd, bwd = cp_buffer_bytes(spec, par)
         out.append(
