@@ -311,3 +311,27 @@ def test_live_accelerate_parallelism_config_object_is_read() -> None:
     obj = ParallelismConfig(dp_shard_size=2, cp_size=4, cp_handler=handler)
     read = read_parallelism({}, obj, "TrainingArguments.parallelism_config", None, "", None, "")
     assert read.spec == ParallelismSpec(dp_shard=2, cp=4, cp_comm_strategy="alltoall")
+
+
+def test_hsdp_shards_within_dp_shard_and_replicates(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*LLAMA8, "--per_device_train_batch_size", "1", "--max_seq_length", "4096", "--gradient_checkpointing",
+            "--num_processes", "16", "--num_machines", "2", *FSDP]
+    _, hsdp = _json(capsys, *argv, "--dp_replicate_size", "2", "--dp_shard_size", "8")
+    _, fsdp16 = _json(capsys, *argv)
+    assert hsdp["parallelism"] == {"dp_replicate": 2, "dp_shard": 8, "tp": 1, "cp": 1, "sp": 1}
+    # one copy of the states over 8 ranks instead of 16
+    assert hsdp["components"]["optimizer.states"] == pytest.approx(2 * fsdp16["components"]["optimizer.states"],
+                                                                   rel=1e-3)
+
+
+def test_cp_ring_buffer_holds_the_whole_sequences_keys_and_values(capsys: pytest.CaptureFixture[str]) -> None:
+    """At a fixed per-rank length, the all-gathered k/v grow with the whole sequence; alltoall keeps one chunk."""
+    def ring(cp: str, seq: str, *extra: str) -> int:
+        _, j = _json(capsys, *LLAMA8, "--per_device_train_batch_size", "1", "--max_seq_length", seq,
+                     "--gradient_checkpointing", "--num_processes", "8", *FSDP, "--dp_shard_size", str(8 // int(cp)),
+                     "--cp_size", cp, *extra)
+        return next(c["bytes_by_phase"]["during backward"] for c in j["component_detail"]
+                    if c["name"] == "parallel.cp_ring_attention")
+    kv_full = 2 * 65536 * 8 * 128 * 2  # k and v of 65,536 tokens, 8 kv heads x 128, bf16
+    assert ring("8", "65536") - ring("4", "32768") == pytest.approx(kv_full - kv_full // 2, rel=1e-6)
+    assert ring("8", "65536", "--cp_comm_strategy", "alltoall") < ring("8", "65536")
