@@ -50,7 +50,8 @@ def main() -> None:
         at = rep.at_peak()
         states = sum(v for k, v in at.items() if k.split(".")[0] in ("weights", "gradients", "optimizer", "master"))
         acts = sum(v for k, v in at.items() if k.startswith("activations") or k == "inputs.ids")
-        buf = sum(c.peak_bytes for c in rep.components if c.name.startswith("parallel."))
+        buf = sum(c.peak_bytes for c in rep.components
+                  if c.name in ("parallel.cp_ring_attention", "parallel.ulysses_all_to_all"))
         est = rep.peak_reserved_bytes / GIB
         err = (est - row["published_gib"]) / row["published_gib"]
         if row.get("comparable", True):
