@@ -335,3 +335,15 @@ def test_cp_ring_buffer_holds_the_whole_sequences_keys_and_values(capsys: pytest
     kv_full = 2 * 65536 * 8 * 128 * 2  # k and v of 65,536 tokens, 8 kv heads x 128, bf16
     assert ring("8", "65536") - ring("4", "32768") == pytest.approx(kv_full - kv_full // 2, rel=1e-6)
     assert ring("8", "65536", "--cp_comm_strategy", "alltoall") < ring("8", "65536")
+
+
+def test_deepspeed_train_batch_size_counts_data_parallel_ranks_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With Ulysses SP, train_batch_size = micro x accumulation x (processes / sp) is consistent."""
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True},
+                              "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+                              "train_batch_size": 4}))
+    code, j = _json(capsys, *LONG, "--num_processes", "8", "--deepspeed", str(ds), "--sp_size", "4")
+    assert code in (0, 1) and j["parallelism"]["sp"] == 4 and j["gradient_accumulation_steps"] == 2

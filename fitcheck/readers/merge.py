@@ -169,12 +169,18 @@ def merge_sources(
     fs_read = _fsdp_read(cli, fsdp, values, provenance, acc)
     if ds_raw is not None and fs_read is not None:
         raise ConfigError(f"DeepSpeed ({ds_source}) and FSDP are both configured; use one of them")
+    layout = read_parallelism(
+        cli, ta_par, ta_par_where, acc.parallelism if acc else None, acc.source if acc else "", ds_raw, ds_source
+    )
+    findings.extend(layout.findings)
     ds_spec: DeepSpeedSpec | None = None
     fs_spec: FsdpSpec | None = None
     if ds_raw is not None:
-        ds_spec = _resolve_ds(
-            ds_raw, ds_source, values, provenance, num_processes, hidden_size, acc, findings
-        )
+        # DeepSpeed's data-parallel world excludes the Ulysses ranks (accelerate sets train_batch_size =
+        # micro x accumulation x ParallelismConfig.data_parallel_size for SP; accelerator.py)
+        sp = layout.spec.sp if layout.spec is not None else 1
+        world = num_processes // sp if sp > 1 and num_processes % sp == 0 else num_processes
+        ds_spec = _resolve_ds(ds_raw, ds_source, values, provenance, world, hidden_size, acc, findings)
         strategy = Strategy.DEEPSPEED
     elif fs_read is not None:
         fs_spec = fs_read.spec
@@ -187,10 +193,6 @@ def merge_sources(
         strategy = Strategy.FSDP
     else:
         strategy = Strategy.DDP if num_processes > 1 else Strategy.SINGLE
-    layout = read_parallelism(
-        cli, ta_par, ta_par_where, acc.parallelism if acc else None, acc.source if acc else "", ds_raw, ds_source
-    )
-    findings.extend(layout.findings)
     provenance.update({f"parallelism.{k}": w for k, w in layout.provenance.items()})
     try:
         sharding = ShardingSpec(strategy, num_processes, num_machines, ds_spec, fs_spec, layout.spec)
