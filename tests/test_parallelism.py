@@ -347,3 +347,17 @@ def test_deepspeed_train_batch_size_counts_data_parallel_ranks_only(
                               "train_batch_size": 4}))
     code, j = _json(capsys, *LONG, "--num_processes", "8", "--deepspeed", str(ds), "--sp_size", "4")
     assert code in (0, 1) and j["parallelism"]["sp"] == 4 and j["gradient_accumulation_steps"] == 2
+
+
+def test_step_time_counts_data_parallel_tokens_and_adds_the_layouts_collectives(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, plain = _json(capsys, *LONG, *FSDP, "--num_processes", "8", "--loss", "chunked")
+    _, cp = _json(capsys, *LONG, *FSDP, "--num_processes", "8", "--cp_size", "8")
+    # 8 data-parallel ranks see 8 sequences per step; cp 8 shares one sequence over the 8 GPUs
+    assert plain["compute"]["tokens_per_step"] == 8 * cp["compute"]["tokens_per_step"] == 8 * 65536
+    assert cp["compute"]["num_gpus"] == 8 and plain["compute"]["parallel_comm_seconds"] == 0
+    assert cp["compute"]["parallel_comm_seconds"] > 0
+    per_token_plain = plain["compute"]["step_seconds"] / plain["compute"]["tokens_per_step"]
+    per_token_cp = cp["compute"]["step_seconds"] / cp["compute"]["tokens_per_step"]
+    assert per_token_plain < per_token_cp < 1.2 * per_token_plain  # same FLOPs per token, plus the k/v gathers
