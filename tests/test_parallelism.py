@@ -361,3 +361,29 @@ def test_step_time_counts_data_parallel_tokens_and_adds_the_layouts_collectives(
     per_token_plain = plain["compute"]["step_seconds"] / plain["compute"]["tokens_per_step"]
     per_token_cp = cp["compute"]["step_seconds"] / cp["compute"]["tokens_per_step"]
     assert per_token_plain < per_token_cp < 1.2 * per_token_plain  # same FLOPs per token, plus the k/v gathers
+
+
+def test_lora_adapters_under_tp_equal_peft_shards_on_fake_pg(fake_world: int, tmp_path: Path) -> None:
+    """peft 0.21 shards lora_B of colwise and lora_A of rowwise layers with the base layer (lora/layer.py
+    _hf_tp_plan); the rank-local inventory gives the same adapter elements per rank."""
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    from fitcheck.cli.estimate import spec_from_values
+    from fitcheck.core.states import adapter_param_count
+
+    config = {**_TINY, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**_TINY)).save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, tp_plan="auto")
+    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    real = sum((p.to_local() if hasattr(p, "to_local") else p).numel()
+               for n, p in peft_model.named_parameters() if "lora_" in n)
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_text(json.dumps(config))
+    spec, _ = spec_from_values(
+        {"model_name_or_path": str(tmp_path / "cfg"), "dtype": "float32", "use_peft": True, "lora_r": "8",
+         "lora_target_modules": ["all-linear"], "num_processes": str(fake_world), "tp_size": str(fake_world),
+         "max_seq_length": "64"},
+        {},
+    )
+    assert adapter_param_count(rank_local_spec(spec)) == real

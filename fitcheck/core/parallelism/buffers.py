@@ -207,6 +207,18 @@ def parallel_findings(spec: TrainingSpec, traced: bool = False) -> list[Finding]
                 "experts are counted whole per rank, or split by tp_size (moe_tp_experts) when tp_size > 1",
             )
         )
+    if par.tp > 1 and spec.lora is not None and spec.quant is None:
+        out.append(
+            Finding(
+                "tp-lora-unverified",
+                Severity.WARNING,
+                "LoRA under tp_size > 1: adapters counted as peft 0.21 shards them (lora_B of colwise and lora_A "
+                "of rowwise layers split, the other replicated; checked against peft on a fake process group), "
+                "but a LoRA forward through transformers' tensor-parallel hooks failed in that check (shape "
+                "error in the adapter matmul), so the run itself is not verified",
+                "prefer dp_shard_size (FSDP) or cp_size for LoRA runs",
+            )
+        )
     if par.tp > 1 and spec.quant is not None:
         out.append(
             Finding(
