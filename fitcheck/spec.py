@@ -376,6 +376,32 @@ class AttnImpl(str, Enum):
 
 
 @dataclass(frozen=True)
+class LigerSpec:
+    """Liger-Kernel patches (TrainingArguments ``use_liger_kernel`` + ``liger_kernel_config``).
+
+    Defaults are liger_kernel 0.8.5 ``apply_liger_kernel_to_llama`` (transformers/monkey_patch.py), which
+    transformers' ``apply_liger_kernel`` calls with the config as keyword arguments.
+
+    Attributes:
+        rope: Liger rotary embedding.
+        rms_norm: Liger RMSNorm (saves its input and an fp32 rstd per row).
+        swiglu: Liger SwiGLU/GEGLU MLP (``swiglu`` or ``geglu`` key: saves gate and up outputs only).
+        fused_linear_cross_entropy: LM head fused with the loss (no logits are materialised).
+        cross_entropy: Liger's (unfused) cross-entropy on materialised logits.
+    """
+
+    rope: bool = True
+    rms_norm: bool = True
+    swiglu: bool = True
+    fused_linear_cross_entropy: bool = True
+    cross_entropy: bool = False
+
+
+# ``--loss`` values: the implementation computing the LM loss (fitcheck/core/kernels/__init__.py documents each).
+LOSS_IMPLEMENTATIONS = ("torch", "liger-flce", "cce")
+
+
+@dataclass(frozen=True)
 class ActivationSpec:
     """What decides activation memory besides the batch.
 
@@ -383,13 +409,22 @@ class ActivationSpec:
         checkpointing: Gradient (activation) checkpointing.
         checkpoint_every_n_layers: Checkpoint one layer in n (transformers 5 ``every_n_layers``).
         attn_implementation: Attention kernel.
-        loss: ``"standard"`` (HF cross-entropy on full logits) or ``"chunked"`` (fused/chunked CE kernels).
+        loss: ``"torch"`` (transformers' ForCausalLMLoss on full logits), ``"liger-flce"`` (Liger's fused
+            linear cross-entropy) or ``"cce"`` (Apple's Cut Cross-Entropy); see ``LOSS_IMPLEMENTATIONS``.
+        liger: Liger-Kernel patches, when ``use_liger_kernel`` is on.
+        offload_activations: TRL ``activation_offloading`` (saved tensors moved to pinned host memory).
+        use_reentrant: ``gradient_checkpointing_kwargs={"use_reentrant": True}``.
+        torch_compile: TrainingArguments ``torch_compile`` (not modelled: a warning finding says so).
     """
 
     checkpointing: bool = False
     checkpoint_every_n_layers: int = 1
     attn_implementation: AttnImpl = AttnImpl.SDPA
-    loss: str = "standard"
+    loss: str = "torch"
+    liger: LigerSpec | None = None
+    offload_activations: bool = False
+    use_reentrant: bool = False
+    torch_compile: bool = False
 
 
 class Strategy(str, Enum):

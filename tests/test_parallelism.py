@@ -352,7 +352,7 @@ def test_deepspeed_train_batch_size_counts_data_parallel_ranks_only(
 def test_step_time_counts_data_parallel_tokens_and_adds_the_layouts_collectives(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    _, plain = _json(capsys, *LONG, *FSDP, "--num_processes", "8", "--loss", "chunked")
+    _, plain = _json(capsys, *LONG, *FSDP, "--num_processes", "8")
     _, cp = _json(capsys, *LONG, *FSDP, "--num_processes", "8", "--cp_size", "8")
     # 8 data-parallel ranks see 8 sequences per step; cp 8 shares one sequence over the 8 GPUs
     assert plain["compute"]["tokens_per_step"] == 8 * cp["compute"]["tokens_per_step"] == 8 * 65536

@@ -67,7 +67,26 @@ _FLAGS: list[tuple[str, str | None, str]] = [
         "activation (gradient) checkpointing; alias --activation_checkpointing",
     ),
     ("checkpoint_every_n_layers", None, "checkpoint one decoder layer in n (transformers 5 every_n_layers)"),
-    ("loss", None, "standard (HF cross-entropy on full logits) or chunked (fused/chunked CE kernels)"),
+    (
+        "loss",
+        None,
+        "LM loss implementation: torch (default; transformers' cross-entropy on full b x s x V logits, alias "
+        "standard), liger-flce (Liger fused linear cross-entropy: no logits, a chunk buffer), cce (Apple's Cut "
+        "Cross-Entropy, cce_patch: no logits)",
+    ),
+    ("gradient_checkpointing_kwargs", None, "JSON, e.g. '{\"use_reentrant\": false}' (every_n_layers read too)"),
+    (
+        "use_liger_kernel",
+        _BOOL,
+        "Liger-Kernel (TrainingArguments): RMSNorm, SwiGLU/GEGLU, RoPE and fused linear cross-entropy",
+    ),
+    (
+        "liger_kernel_config",
+        None,
+        "JSON of Liger switches: rope, rms_norm, swiglu (geglu), fused_linear_cross_entropy, cross_entropy",
+    ),
+    ("activation_offloading", _BOOL, "TRL SFTConfig activation offloading: saved tensors to pinned host memory"),
+    ("torch_compile", _BOOL, "TrainingArguments torch_compile (not modelled: the estimate is eager mode)"),
     # peft
     ("use_peft", _BOOL, "train LoRA adapters (TRL)"),
     ("lora_r", None, "LoRA rank (TRL default 16)"),

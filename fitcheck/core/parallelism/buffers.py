@@ -194,7 +194,7 @@ def parallel_findings(spec: TrainingSpec, traced: bool = False) -> list[Finding]
                 "Ulysses SP via accelerate/Trainer shards the sequence but does not tile the MLP or the "
                 "logits/loss (DeepSpeed's TiledMLP and TiledFusedLogitsLoss are opt-in: ulysses_sp.py); the "
                 "estimate counts the model's MLP and loss on the rank's tokens",
-                "for a chunked loss (Liger fused linear cross-entropy, TiledFusedLogitsLoss) pass --loss chunked",
+                "Liger's fused linear cross-entropy handles Ulysses' shift_labels: --use_liger_kernel true",
             )
         )
     if shape.num_experts:
