@@ -159,6 +159,11 @@ class ModelShape:
         no_split_module: The decoder-layer class (FSDP wrap unit, device_map no-split class).
         parallel_attn: Falcon/Phi-style parallel attention+MLP block.
         partial_rotary_factor: Fraction of head_dim rotated (Phi-2).
+        task: The head the model carries: ``"causal-lm"`` (vocabulary-sized LM head), ``"seq-cls"`` /
+            ``"token-cls"`` (a ``num_labels``-wide classifier), ``"image-text-to-text"`` (vision-language), or
+            ``"masked-lm"`` (BERT's MLM head); read from ``architectures`` or ``--task``.
+        num_labels: Classifier width for ``seq-cls`` / ``token-cls`` (0 otherwise).
+        image_tokens: Vision-tower patches per image (before the merger) for ``image-text-to-text`` (0 = none).
     """
 
     family: str
@@ -182,6 +187,9 @@ class ModelShape:
     no_split_module: str = ""
     parallel_attn: bool = False
     partial_rotary_factor: float = 1.0
+    task: str = "causal-lm"
+    num_labels: int = 0
+    image_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
@@ -313,6 +321,15 @@ class QuantSpec:
         prepare_for_kbit_training: peft's ``prepare_model_for_kbit_training`` is applied (TRL does this for
             quantized models): casts every non-quantized 16-bit parameter to fp32.
         pre_quantized: The checkpoint itself is quantized (its config.json carries quantization_config).
+        method: ``quant_method``: ``"bitsandbytes"``, or a pre-quantized scheme ``"gptq"``, ``"awq"``, ``"fp8"``
+            (finegrained FP8), ``"compressed-tensors"`` (FP8 / int weights), ``"mxfp4"``
+            (:mod:`fitcheck.core.states.prequant`, :mod:`fitcheck.core.states.mxfp4`).
+        group_size: GPTQ/AWQ group size along the input features (-1 = one group per row).
+        desc_act: GPTQ act-order (``g_idx`` is stored either way).
+        zero_point: AWQ/GPTQ asymmetric zeros (stored either way in the GPTQ/AWQ checkpoint layouts).
+        block_size: FP8 ``weight_block_size`` (out, in); None = one scale per tensor (per output channel for
+            compressed-tensors ``strategy: channel``).
+        dequantize: MXFP4 loaded with ``Mxfp4Config(dequantize=True)`` (bf16 experts; what training requires).
     """
 
     bits: int = 4
@@ -324,8 +341,18 @@ class QuantSpec:
     skip_modules: tuple[str, ...] = ()
     prepare_for_kbit_training: bool = True
     pre_quantized: bool = False
+    method: str = "bitsandbytes"
+    group_size: int = 128
+    desc_act: bool = False
+    zero_point: bool = True
+    block_size: tuple[int, int] | None = None
+    dequantize: bool = False
 
     def __post_init__(self) -> None:
+        if self.method != "bitsandbytes":
+            if self.bits not in (2, 3, 4, 8):
+                raise ValueError(f"{self.method}: bits must be 2, 3, 4 or 8, got {self.bits}")
+            return
         if self.bits not in (4, 8):
             raise ValueError(f"quantization bits must be 4 or 8, got {self.bits}")
         if self.quant_type not in ("nf4", "fp4"):
@@ -624,6 +651,91 @@ class HardwareSpec:
             raise ValueError("gpu memory must be positive")
 
 
+class TrainerKind(str, Enum):
+    """Which trainer runs the step: the plain ``transformers.Trainer`` or one of TRL's."""
+
+    TRAINER = "trainer"
+    SFT = "sft"
+    DPO = "dpo"
+    GRPO = "grpo"
+    REWARD = "reward"
+
+
+class VllmMode(str, Enum):
+    """Where GRPO's vLLM engine runs (``GRPOConfig.vllm_mode``)."""
+
+    COLOCATE = "colocate"
+    SERVER = "server"
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """The trainer and its memory-relevant TRL config fields (TRL 1.16 names; ``fitcheck.core.trainers``).
+
+    The default is the plain ``transformers.Trainer`` (no TRL): nothing below applies.
+
+    Attributes:
+        kind: Which trainer.
+        packing: SFT ``packing`` (rows packed to ``max_length``).
+        padding_free: SFT ``padding_free`` (the micro-batch flattened into one row).
+        prompt_length: DPO/GRPO: tokens of every prompt (the worst case; TRL 1.16 has no config field for it).
+        completion_length: DPO: tokens of every chosen/rejected completion; GRPO: ``max_completion_length``.
+        precompute_ref_log_probs: DPO: reference log-probs computed before training (no reference in the step).
+        rpo_alpha: DPO: weight of the added NLL term (TRL 1.16: ``loss_type=[..., "sft"]``), None = none.
+        loss_type: DPO ``loss_type`` names.
+        num_generations: GRPO completions per prompt.
+        beta: GRPO KL coefficient (> 0 keeps a reference model).
+        generation_batch_size: GRPO ``generation_batch_size``: sequences generated per generation over ALL
+            processes (per device: divided by the process count); None = micro-batch x ``steps_per_generation``.
+        steps_per_generation: GRPO (None = ``gradient_accumulation_steps``).
+        use_vllm: GRPO generates with vLLM.
+        vllm_mode: ``colocate`` (same GPU) or ``server`` (other GPUs).
+        vllm_gpu_memory_utilization: Fraction of the GPU vLLM takes in colocate mode.
+        eval_batch_size: ``per_device_eval_batch_size`` (None = no evaluation phase is estimated).
+        eval_accumulation_steps: Evaluation steps whose logits stay on the device before moving to the CPU
+            (None = the whole evaluation set).
+        prediction_loss_only: Evaluation keeps only the loss (True: what ``Trainer.evaluate`` does without
+            ``compute_metrics``); False: the logits of every step are gathered on the device.
+    """
+
+    kind: TrainerKind = TrainerKind.TRAINER
+    packing: bool = False
+    padding_free: bool = False
+    prompt_length: int = 0
+    completion_length: int = 0
+    precompute_ref_log_probs: bool = False
+    rpo_alpha: float | None = None
+    loss_type: tuple[str, ...] = ("sigmoid",)
+    num_generations: int = 8
+    beta: float = 0.0
+    generation_batch_size: int | None = None
+    steps_per_generation: int | None = None
+    use_vllm: bool = False
+    vllm_mode: VllmMode = VllmMode.COLOCATE
+    vllm_gpu_memory_utilization: float = 0.3
+    eval_batch_size: int | None = None
+    eval_accumulation_steps: int | None = None
+    prediction_loss_only: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_length", "completion_length"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.num_generations < 1:
+            raise ValueError(f"num_generations must be positive, got {self.num_generations}")
+        if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
+            raise ValueError("vllm_gpu_memory_utilization must be in (0, 1]")
+        for name in ("eval_batch_size", "eval_accumulation_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+
+    @property
+    def is_trl(self) -> bool:
+        """A TRL trainer (not the plain Trainer)."""
+        return self.kind is not TrainerKind.TRAINER
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """Everything the estimator needs about one training run.
@@ -639,6 +751,7 @@ class TrainingSpec:
         lora: PEFT LoRA, if any.
         quant: bitsandbytes quantized base, if any.
         freeze: Partial training without PEFT, if any.
+        trainer: The trainer (plain Trainer by default; TRL's SFT/DPO/GRPO/Reward: ``fitcheck.core.trainers``).
         provenance: Field path (e.g. ``"batch.micro_batch"``) -> where it was read ("ds.json:train_micro_...").
         findings: Findings the readers already made (conflicts, retired names, spellings read).
     """
@@ -653,6 +766,7 @@ class TrainingSpec:
     lora: LoraSpec | None = None
     quant: QuantSpec | None = None
     freeze: FreezeSpec | None = None
+    trainer: TrainerSpec = TrainerSpec()
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False)
     findings: tuple[Finding, ...] = ()
 

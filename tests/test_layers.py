@@ -34,6 +34,7 @@ FLOORS: dict[str, int] = {
     "fitcheck.core.states": 3,
     "fitcheck.core.activations": 4,
     "fitcheck.core.parallelism": 4,
+    "fitcheck.core.trainers": 4,
     "fitcheck.core": 5,
     "fitcheck.readers": 6,
     "fitcheck.advice": 7,

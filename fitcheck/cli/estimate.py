@@ -22,6 +22,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from fitcheck.cli.trl_flags import TRL_FLAG_NAMES, add_trl_arguments, apply_trainer, split_trl_values
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
 from fitcheck.report import Report
@@ -46,6 +47,9 @@ _FLAGS: list[tuple[str, str | None, str]] = [
         "float16, float32; alias --torch_dtype",
     ),
     ("attn_implementation", None, "eager, sdpa (default) or flash_attention_2"),
+    ("task", None, "causal-lm, seq-cls, token-cls or image-text-to-text (default: from config.json architectures)"),
+    ("num_labels", None, "classifier width for --task seq-cls/token-cls (default: the config's id2label, else 2)"),
+    ("image_tokens", None, "vision patches per sample for image-text-to-text (before the merger; default 0)"),
     # batch
     ("per_device_train_batch_size", None, "micro-batch per GPU (default 8, as TrainingArguments)"),
     ("gradient_accumulation_steps", None, "gradient accumulation steps (default 1)"),
@@ -157,6 +161,7 @@ _FLAGS: list[tuple[str, str | None, str]] = [
 ]
 
 FILE_FLAGS = ("training_args", "deepspeed", "config_file", "fsdp", "fsdp_config")
+TASK_FLAGS = ("task", "num_labels", "image_tokens")  # read by readers/task_heads.py, not by the merge
 SHARDING_FLAGS = ("zero_stage", "offload_optimizer", "offload_param")
 
 
@@ -187,6 +192,7 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         elif kind == _LIST:
             kwargs.update(nargs="+")
         parser.add_argument(*spellings, **kwargs)
+    add_trl_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--trace",
@@ -211,7 +217,7 @@ def register(subparsers: Any) -> None:
 
 def explicit_values(args: argparse.Namespace) -> dict[str, object]:
     """The flags the user passed, by canonical name."""
-    names = {name for name, _, _ in _FLAGS}
+    names = {name for name, _, _ in _FLAGS} | set(TRL_FLAG_NAMES)
     return {k: v for k, v in vars(args).items() if k in names}
 
 
@@ -233,14 +239,21 @@ def spec_from_values(
     from fitcheck.readers import load_inventory, merge_sources
     from fitcheck.readers import spec_from_values as build
 
+    values, trl = split_trl_values(values)
     model = values.get("model_name_or_path")
     if not model:
         raise ConfigError(
             "--model_name_or_path is required: a Hub id such as meta-llama/Meta-Llama-3-8B, a directory with "
             "config.json, or a config.json path"
         )
-    inventory = load_inventory(str(model), env=env, meta_fallback=meta_inventory)
-    cli = {k: v for k, v in values.items() if k not in FILE_FLAGS or k == "fsdp_config"}
+    from fitcheck.readers import resolve_image_tokens, spec_for_task
+
+    inventory = load_inventory(
+        str(model), env=env, meta_fallback=meta_inventory, task=_opt_str(values.get("task")),
+        num_labels=_opt_int(values.get("num_labels")),
+    )
+    inventory = resolve_image_tokens(inventory, values.get("image_tokens"))
+    cli = {k: v for k, v in values.items() if (k not in FILE_FLAGS or k == "fsdp_config") and k not in TASK_FLAGS}
     merged = merge_sources(
         cli,
         training_args_file=_opt_str(values.get("training_args")),
@@ -261,11 +274,24 @@ def spec_from_values(
         from fitcheck.readers import read_adapter_config
 
         spec = dataclasses.replace(spec, lora=read_adapter_config(str(values["adapter_config"])))
-    return spec, assumptions
+    try:
+        spec, notes = apply_trainer(spec_for_task(spec), trl)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return spec, (*assumptions, *notes)
 
 
 def _opt_str(v: object) -> str | None:
     return None if v is None else str(v)
+
+
+def _opt_int(v: object) -> int | None:
+    if v is None:
+        return None
+    try:
+        return int(str(v))
+    except ValueError:
+        raise ConfigError(f"expected an integer, got {v!r}") from None
 
 
 def spec_from_args(args: argparse.Namespace) -> tuple[TrainingSpec, tuple[str, ...]]:
@@ -293,15 +319,52 @@ def build_report(
     from fitcheck.core import estimate
 
     report = estimate(spec, activations=activations)
+    gpus: tuple[Any, ...] = ()
     if getattr(args, "device_map", None):
         from fitcheck.advice import weights_only_finding
+        from fitcheck.torch_adapters import multi_gpu_shares
 
-        note = weights_only_finding(report, str(args.device_map))
+        gpus = multi_gpu_shares(spec, str(args.device_map), getattr(args, "max_memory", None))
+        if gpus:
+            report = _busiest_gpu_report(report, gpus)
+        note = weights_only_finding(report, str(args.device_map)) if not gpus else None
         if note is not None:
             report = dataclasses.replace(report, findings=(*report.findings, note))
     report = dataclasses.replace(report, assumptions=(*report.assumptions, *assumptions))
     extras = advice_extras(report, mfu=args.mfu)
+    if gpus:
+        extras["device_map_gpus"] = [g.to_dict() for g in gpus]
     return report, extras
+
+
+def _busiest_gpu_report(whole: Report, gpus: tuple[Any, ...]) -> Report:
+    """The headline report of a multi-GPU device map: the busiest GPU's, with the whole model's counts and
+    findings, and a verdict that needs every GPU to fit (advice/device_map_gpus.py)."""
+    from fitcheck.advice import busiest
+    from fitcheck.findings import Severity
+    from fitcheck.units import format_bytes
+
+    top = busiest(gpus)
+    lines = ", ".join(
+        f"GPU {g.device} (layers {min(g.layers)}-{max(g.layers)}{', head' if g.holds_head else ''}): "
+        f"{format_bytes(g.report.device_used_bytes)} of {format_bytes(g.report.budget_bytes)}"
+        if g.layers else f"GPU {g.device}: {format_bytes(g.report.device_used_bytes)}"
+        for g in gpus
+    )
+    note = Finding(
+        "device-map-per-gpu",
+        Severity.INFO,
+        f"naive model parallelism over {len(gpus)} GPUs: {lines}; the headline numbers are GPU {top.device}'s",
+    )
+    keep = [f for f in whole.findings if f.code not in ("fits", "does-not-fit")]
+    verdict = [f for f in top.report.findings if f.code in ("fits", "does-not-fit")]
+    return dataclasses.replace(
+        top.report,
+        findings=(*keep, note, *verdict),
+        fits=all(g.report.fits for g in gpus),
+        total_params=whole.total_params,
+        trainable_params=whole.trainable_params,
+    )
 
 
 def advice_extras(report: Report, *, mfu: float | None) -> dict[str, object]:
@@ -342,11 +405,14 @@ def extras_to_json(extras: Mapping[str, object]) -> dict[str, object]:
     """The advisor/compute extras as JSON fields (``max_micro_batch``, ``suggestions``, ``compute``)."""
     from fitcheck.render import advice_to_dict
 
-    return advice_to_dict(
+    out = advice_to_dict(
         extras["max_micro_batch"],  # type: ignore[arg-type]
         extras["suggestions"],  # type: ignore[arg-type]
         extras["compute"],  # type: ignore[arg-type]
     )
+    if "device_map_gpus" in extras:  # multi-GPU device_map: one entry per GPU (advice/device_map_gpus.py)
+        out["device_map_gpus"] = extras["device_map_gpus"]
+    return out
 
 
 def extras_renderables(extras: Mapping[str, object]) -> list[Any]:

@@ -18,8 +18,15 @@ from fitcheck.core.parallelism import (
     parallel_findings,
     rank_local_spec,
 )
-from fitcheck.core.states import describe_regime, model_state_findings, sharding_findings, trainable_params
+from fitcheck.core.states import (
+    describe_regime,
+    model_state_findings,
+    prequant_findings,
+    sharding_findings,
+    trainable_params,
+)
 from fitcheck.core.step import collect_components, peak_phase, transient_bytes_at
+from fitcheck.core.trainers import evaluation_findings
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Location, Phase, Report
 from fitcheck.spec import TrainingSpec
@@ -111,9 +118,11 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
     findings = [
         *spec.findings,
         *model_state_findings(local),
+        *prequant_findings(spec),
         *activation_findings(local),
         *sharding_findings(local),
         *allocator_findings(local),
+        *evaluation_findings(spec, totals),
         *parallel_findings(spec, traced=parallel and activations is not None),
         *_verdict(spec, components, phase, device_used, budget, host),
     ]

@@ -7,6 +7,7 @@
   transformers does; :mod:`.fsdp_config`: FSDP options; :mod:`.accelerate_config`: accelerate's YAML;
 - :mod:`.peft_config`, :mod:`.quantization_config`: adapter and bitsandbytes configs;
 - :mod:`.parallelism`: the tp/cp/sp/HSDP layout (accelerate ``ParallelismConfig``) and accelerate's checks;
+- :mod:`.task_heads`: the task head (``architectures`` / ``--task``: seq-cls, token-cls, image-text-to-text);
 - :mod:`.merge`: every source of one run merged by precedence; :mod:`.run_args`: merged values -> spec.
 
 Where a new reader goes: a module here returning spec pieces (and findings), merged in :mod:`.merge`.
@@ -21,12 +22,24 @@ from fitcheck.readers.model_config import MetaFallback, inventory_from_config, l
 from fitcheck.readers.parallelism import PARALLELISM_FLAGS, read_parallelism
 from fitcheck.readers.peft_config import read_adapter_config
 from fitcheck.readers.run_args import spec_from_values
+from fitcheck.readers.task_heads import (
+    TASKS,
+    classifier_inventory,
+    pure_task_supported,
+    resolve_image_tokens,
+    spec_for_task,
+    task_config,
+    task_from_config,
+    with_task,
+)
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_object
 
 __all__ = [
     "PARALLELISM_FLAGS",
+    "TASKS",
     "ConfigView",
     "MetaFallback",
+    "classifier_inventory",
     "default_config_path",
     "fsdp_from_config",
     "fsdp_option_string",
@@ -34,10 +47,16 @@ __all__ = [
     "load_inventory",
     "merge_sources",
     "mlp_kind",
+    "pure_task_supported",
     "read_adapter_config",
     "read_parallelism",
     "read_script_argv",
     "read_training_args_object",
     "resolve_deepspeed",
+    "resolve_image_tokens",
+    "spec_for_task",
     "spec_from_values",
+    "task_config",
+    "task_from_config",
+    "with_task",
 ]

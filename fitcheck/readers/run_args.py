@@ -355,7 +355,12 @@ def spec_from_values(
         )
     quant = _quant(vals, load, prov)
     pre = _pre_quantized(inventory)
-    if isinstance(pre, QuantSpec):
+    if isinstance(pre, QuantSpec) and pre.method == "mxfp4":
+        # training holds MXFP4 experts dequantized (core/states/mxfp4.py): no quantized base, a finding instead
+        from fitcheck.core.states import mxfp4_findings
+
+        extra.extend(mxfp4_findings(inventory, load))
+    elif isinstance(pre, QuantSpec):
         quant = pre
     elif pre is not None:
         extra.append(pre)

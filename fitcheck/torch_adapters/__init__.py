@@ -5,7 +5,8 @@
   training step under ``FakeTensorMode``, read as activation components;
 - :mod:`.live_model`: facts of a loaded model (dtypes, adapters, quantized layers, device map);
 - :mod:`.live_tracker`: live-tensor peak of a real step (a dispatch mode);
-- :mod:`.device_map`, :mod:`.device_map_check`: accelerate's ``infer_auto_device_map`` and its findings.
+- :mod:`.device_map`, :mod:`.device_map_check`: accelerate's ``infer_auto_device_map`` and its findings;
+  :mod:`.device_map_split`: one estimate per GPU of a multi-GPU map (naive model parallelism).
 
 Importing this package imports no torch; each name imports its module on first use.
 """
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fitcheck.torch_adapters.device_map_check import device_map_findings
+    from fitcheck.torch_adapters.device_map_split import multi_gpu_shares
     from fitcheck.torch_adapters.live_model import (
         config_mapping,
         inspect_model,
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "device_map_findings": "device_map_check",
+    "multi_gpu_shares": "device_map_split",
     "config_mapping": "live_model",
     "inspect_model": "live_model",
     "live_device_map_findings": "live_model",
@@ -47,6 +50,7 @@ __all__ = [
     "live_device_map_findings",
     "meta_inventory",
     "model_state_tensors",
+    "multi_gpu_shares",
     "trace_components",
     "unwrap_model",
 ]

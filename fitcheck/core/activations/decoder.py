@@ -28,6 +28,12 @@ from fitcheck.core.activations.families import (
     family_logits,
     family_outside_saved,
 )
+from fitcheck.core.activations.heads import (
+    CLASSIFIER_TASKS,
+    bert_layer_alias,
+    classifier_head_backward,
+    classifier_logits,
+)
 from fitcheck.core.activations.qlora import (
     kbit_upcast,
     lora_layer_params,
@@ -37,6 +43,7 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
+from fitcheck.core.activations.vision import vision_components, vision_findings
 from fitcheck.core.kernels import (
     deepspeed_module_view,
     fused_loss,
@@ -50,8 +57,10 @@ from fitcheck.core.kernels import (
 )
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainerKind, TrainingSpec
 
+# TRL 1.16 trainers whose loss runs through add_fused_lm_head (trl/trainer/utils.py)
+_FUSED_HEAD = frozenset({TrainerKind.SFT, TrainerKind.DPO, TrainerKind.GRPO})
 _TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
 # Families whose layer recipe below was read off traces and is pinned by tests.
 PINNED_FAMILIES = (
@@ -293,6 +302,8 @@ def _outside_saved(spec: TrainingSpec) -> int:
 def _logits(spec: TrainingSpec) -> tuple[int, int]:
     """(forward peak, start-of-backward) bytes of the vocab-sized tensors and the labels."""
     sh = spec.model.shape
+    if sh.task in CLASSIFIER_TASKS:  # no vocabulary-sized tensor (core/heads/classifier.py)
+        return classifier_logits(spec, _mode(spec).e, spec.lora is None and spec.quant is None)
     m = _mode(spec)
     fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
     if fused is not None:  # Liger FLCE / Cut Cross-Entropy: no logits (fitcheck/core/kernels)
@@ -334,6 +345,8 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
 
 def _head_backward_logits(spec: TrainingSpec, m: _Mode) -> int:
     """Logits-side bytes at the LM head's backward: the logits gradient in the logits dtype (+ autocast casts)."""
+    if spec.model.shape.task in CLASSIFIER_TASKS:
+        return classifier_head_backward(spec, m.e)
     fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
     if fused is not None:
         return fused.head_backward
@@ -367,6 +380,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         Components ``activations.saved``, ``activations.attention_scores`` (eager s² term),
         ``activations.autocast_weight_cache``, ``logits.forward`` / ``logits.backward`` and ``inputs``.
     """
+    spec = bert_layer_alias(spec)  # RoBERTa-like encoders run BERT's layer (activations/heads.py)
     sh = spec.model.shape
     spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
     m = _mode(spec)
@@ -390,7 +404,10 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     # worst moment during backward besides every gradient (activations_backward.py, tests/test_backward_phase.py)
     bq = BackwardInputs(layer + scores, kept, m.r * sh.hidden_size * b * s if n_ckpt else 0, n_ckpt, m.e, m.r,
                         m.autocast, m.half_model, end, offloaded=bool(host))
-    recompute, moment = backward_transient(spec, bq, _head_backward_logits(spec, m))
+    # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
+    # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
+    head = 0 if spec.trainer.kind in _FUSED_HEAD else _head_backward_logits(spec, m)
+    recompute, moment = backward_transient(spec, bq, head)
     if n_ckpt and qlora_formula_applies(spec):  # peak in the first recomputed layer: every checkpoint still held
         end, recompute = kept, layer + scores + qlora_backward_working_set(spec) * b * s
         moment = "first recomputed layer"
@@ -429,6 +446,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         ))
     if spec.lora is not None and spec.lora.use_dora and not spec.quant:
         comps.append(_dora_component(spec, m, layers - n_ckpt, fwd_logits))
+    comps.extend(vision_components(spec, layer_saved_per_token))  # image-text-to-text (activations/vision.py)
     if m.autocast or (m.amp and spec.lora is not None):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
         comps.append(
@@ -465,7 +483,8 @@ def _autocast_cache_phases(spec: TrainingSpec, m: _Mode) -> tuple[int, int]:
     from fitcheck.spec import Kind
 
     cache = _autocast_cache(spec)
-    if spec.lora is None or spec.quant is not None:
+    # a pre-quantized GPTQ/AWQ/FP8 base is a frozen 16-bit base to autocast (its matmuls are the kernels' own)
+    if spec.lora is None or (spec.quant is not None and spec.quant.method == "bitsandbytes"):
         return cache, qlora_cache_after_forward(spec, cache)
     # LoRA: autocast caches the casts of the fp32 adapters (leaves needing a gradient) until it exits; the frozen
     # fp32 base weights' casts are not cached, only saved by F.linear; a checkpointed layer saves neither
@@ -507,7 +526,7 @@ def _autocast_cache(spec: TrainingSpec) -> int:
 
 def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """What the user should know about activations (unpinned family, forced eager, CPU-only paths)."""
-    spec = deepspeed_module_view(spec)
+    spec = deepspeed_module_view(bert_layer_alias(spec))
     out: list[Finding] = list(lever_findings(spec))
     fam = spec.model.shape.family
     if fam not in PINNED_FAMILIES:
@@ -561,4 +580,5 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     flash = spec.activations.attn_implementation is AttnImpl.FLASH_ATTENTION_2
     if flash and spec.hardware.device_type is DeviceType.CPU:
         out.append(Finding("flash-attention-cpu", Severity.WARNING, "flash_attention_2 needs CUDA; modelled as SDPA"))
+    out.extend(vision_findings(spec))
     return tuple(out)
