@@ -528,6 +528,63 @@ class FsdpSpec:
 
 
 @dataclass(frozen=True)
+class ParallelismSpec:
+    """accelerate's ``ParallelismConfig`` sizes (accelerate 1.15 ``parallelism_config.py``), as applied.
+
+    World = ``dp_replicate * dp_shard * tp * cp * sp``. FSDP2 shards over the flattened ``dp_shard x cp``
+    mesh and replicates over ``dp_replicate`` (HSDP); ``tp`` splits weights by transformers' ``tp_plan``;
+    ``cp`` is torch ring attention over the sequence (FSDP2 only); ``sp`` is DeepSpeed Ulysses/ALST.
+
+    Attributes:
+        dp_replicate: ``dp_replicate_size``.
+        dp_shard: ``dp_shard_size``.
+        tp: ``tp_size``.
+        cp: ``cp_size``.
+        sp: ``sp_size``.
+        sp_backend: ``sp_backend`` (accelerate accepts only ``"deepspeed"``).
+        cp_comm_strategy: ``cp_handler.cp_comm_strategy``: ``"allgather"`` (default) or ``"alltoall"``.
+    """
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    cp: int = 1
+    sp: int = 1
+    sp_backend: str = "deepspeed"
+    cp_comm_strategy: str = "allgather"
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}_size must be at least 1, but got {getattr(self, name)}")
+
+    @property
+    def total(self) -> int:
+        """Product of all sizes (accelerate ``total_size``)."""
+        return self.dp_replicate * self.dp_shard * self.tp * self.cp * self.sp
+
+    @property
+    def non_data_parallel(self) -> int:
+        """``tp * cp * sp``: ranks that see the same batch."""
+        return self.tp * self.cp * self.sp
+
+    @property
+    def active(self) -> bool:
+        """True when any model-parallel axis (tp, cp, sp) or HSDP replication is used."""
+        return self.non_data_parallel > 1 or self.dp_replicate > 1
+
+    def as_dict(self) -> dict[str, int]:
+        """``{dp_replicate, dp_shard, tp, cp, sp}`` (the ``parallelism`` key of ``--json``)."""
+        return {
+            "dp_replicate": self.dp_replicate,
+            "dp_shard": self.dp_shard,
+            "tp": self.tp,
+            "cp": self.cp,
+            "sp": self.sp,
+        }
+
+
+@dataclass(frozen=True)
 class ShardingSpec:
     """Processes and the sharding strategy.
 
@@ -537,6 +594,7 @@ class ShardingSpec:
         num_machines: Nodes.
         deepspeed: DeepSpeed settings when strategy is DEEPSPEED.
         fsdp: FSDP settings when strategy is FSDP.
+        parallelism: accelerate ``ParallelismConfig`` sizes (tensor/context/sequence parallel, HSDP), if any.
     """
 
     strategy: Strategy = Strategy.SINGLE
@@ -544,6 +602,7 @@ class ShardingSpec:
     num_machines: int = 1
     deepspeed: DeepSpeedSpec | None = None
     fsdp: FsdpSpec | None = None
+    parallelism: ParallelismSpec | None = None
 
     def __post_init__(self) -> None:
         if self.num_processes <= 0 or self.num_machines <= 0:
@@ -713,5 +772,8 @@ class TrainingSpec:
 
     @property
     def data_parallel_size(self) -> int:
-        """Data-parallel world size (every process is a data-parallel rank: no TP/PP is modelled)."""
-        return self.sharding.num_processes
+        """Data-parallel world size: processes // (tp * cp * sp) (transformers ``Trainer`` dp_world_size)."""
+        par = self.sharding.parallelism
+        if par is None:
+            return self.sharding.num_processes
+        return max(1, self.sharding.num_processes // par.non_data_parallel)

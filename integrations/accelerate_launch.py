@@ -57,6 +57,12 @@ _DIRECT = {
     "offload_param_device": "offload_param",
     "deepspeed_config_file": "deepspeed",
 }
+# accelerate launch --parallelism_config_<name> (commands/launch.py parallelism_config_args); exported to the
+# PARALLELISM_CONFIG_* environment only with --use_parallelism_config (utils/launch.py).
+_PARALLELISM = {
+    f"parallelism_config_{k}": k
+    for k in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "sp_backend", "cp_comm_strategy")
+}
 _FSDP_FLAGS = (
     "fsdp_version", "fsdp_sharding_strategy", "fsdp_reshard_after_forward", "fsdp_offload_params",
     "fsdp_auto_wrap_policy", "fsdp_transformer_layer_cls_to_wrap", "fsdp_min_num_params",
@@ -201,6 +207,17 @@ def launch_values(
         if dest in explicit and getattr(ns, dest, None) is not None:
             values[name] = getattr(ns, dest)
             prov[name] = f"accelerate launch --{dest}"
+    par = {name: getattr(ns, dest) for dest, name in _PARALLELISM.items() if dest in explicit}
+    if par and getattr(ns, "use_parallelism_config", False):
+        values.update(par)
+        prov.update({name: f"accelerate launch --{dest}" for dest, name in _PARALLELISM.items() if name in par})
+    elif par:
+        findings.append(Finding(
+            "parallelism-flags-ignored", Severity.WARNING,
+            "accelerate launch exports --parallelism_config_* only with --use_parallelism_config (utils/launch.py "
+            "prepare_extend_env_parallelism_config): these flags have no effect and are not estimated",
+            "add --use_parallelism_config (with --use_fsdp --fsdp_version 2), or set them in the config file",
+        ))
     if "gradient_accumulation_steps" in explicit and ns.gradient_accumulation_steps is not None:
         values["gradient_accumulation_steps"] = ns.gradient_accumulation_steps
         prov["gradient_accumulation_steps"] = "accelerate launch --gradient_accumulation_steps"

@@ -33,6 +33,7 @@ FLOORS: dict[str, int] = {
     "fitcheck.core.kernels": 2,  # fused kernels and memory levers (Liger, CCE, offloading): spec-only inputs
     "fitcheck.core.states": 3,
     "fitcheck.core.activations": 4,
+    "fitcheck.core.parallelism": 4,
     "fitcheck.core.trainers": 4,
     "fitcheck.core": 5,
     "fitcheck.readers": 6,

@@ -137,6 +137,14 @@ _FLAGS: list[tuple[str, str | None, str]] = [
     ("zero_stage", None, "DeepSpeed ZeRO stage 0-3"),
     ("offload_optimizer", None, "DeepSpeed offload_optimizer device: none, cpu, nvme"),
     ("offload_param", None, "DeepSpeed offload_param device (ZeRO-3): none, cpu, nvme"),
+    # parallelism (accelerate ParallelismConfig; their product must equal --num_processes)
+    ("dp_replicate_size", None, "HSDP replicas (accelerate ParallelismConfig dp_replicate_size)"),
+    ("dp_shard_size", None, "FSDP2 shard group size (dp_shard_size)"),
+    ("tp_size", None, "tensor parallel size: transformers tp_plan, FSDP2 (tp_size)"),
+    ("cp_size", None, "context parallel size: torch ring attention over the sequence, FSDP2 (cp_size)"),
+    ("sp_size", None, "sequence parallel size: DeepSpeed Ulysses/ALST (sp_size)"),
+    ("sp_backend", None, "sequence parallel backend (accelerate accepts only deepspeed)"),
+    ("cp_comm_strategy", None, "context parallel rotation: allgather (default) or alltoall"),
     # hardware
     ("gpu", None, "GPU name, e.g. H100-80GB, A100-40GB, RTX4090-24GB, L40S-48GB (default H100-80GB)"),
     ("gpu_memory", None, "memory per GPU instead of --gpu, e.g. 80GiB or 24GB"),
@@ -167,6 +175,11 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         "dtype": ["--torch_dtype"],
         "max_seq_length": ["--max_length"],
         "gradient_checkpointing": ["--activation_checkpointing"],
+        **{  # accelerate launch spells them --parallelism_config_<name>
+            k: [f"--parallelism_config_{k}"]
+            for k in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "sp_backend",
+                      "cp_comm_strategy")
+        },
     }
     for name, kind, help_text in _FLAGS:
         spellings = [f"--{name}"]

@@ -11,6 +11,13 @@ from __future__ import annotations
 
 from fitcheck.core.activations import activation_findings
 from fitcheck.core.allocator import allocator_findings, reserved_bytes
+from fitcheck.core.overheads import nccl_group_bytes
+from fitcheck.core.parallelism import (
+    describe_layout,
+    parallel_components,
+    parallel_findings,
+    rank_local_spec,
+)
 from fitcheck.core.states import (
     describe_regime,
     model_state_findings,
@@ -90,11 +97,18 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
     Returns:
         The itemised report with the peak phase, allocated/reserved/used bytes, the verdict and findings.
     """
-    components = collect_components(spec, activations)
+    # tp/cp/sp/HSDP: one rank's step is an ordinary step of a smaller problem plus attention buffers
+    # (fitcheck.core.parallelism); `local` is `spec` itself without a layout.
+    local = rank_local_spec(spec)
+    parallel = local is not spec
+    components = (
+        *collect_components(local, None if parallel else activations),
+        *parallel_components(spec, nccl_group_bytes),
+    )
     phase, totals = peak_phase(components)
     peak_allocated = totals[phase]
     peak_reserved = reserved_bytes(
-        spec, peak_allocated, transient_bytes=transient_bytes_at(components, phase)
+        local, peak_allocated, transient_bytes=transient_bytes_at(components, phase)
     )
     outside = sum(c.peak_bytes for c in components if c.location is Location.DEVICE_OTHER)
     device_used = peak_reserved + outside
@@ -103,12 +117,13 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
     host_ok = spec.hardware.host_memory_bytes is None or host <= spec.hardware.host_memory_bytes
     findings = [
         *spec.findings,
-        *model_state_findings(spec),
+        *model_state_findings(local),
         *prequant_findings(spec),
-        *activation_findings(spec),
-        *sharding_findings(spec),
-        *allocator_findings(spec),
+        *activation_findings(local),
+        *sharding_findings(local),
+        *allocator_findings(local),
         *evaluation_findings(spec, totals),
+        *parallel_findings(spec, traced=parallel and activations is not None),
         *_verdict(spec, components, phase, device_used, budget, host),
     ]
     findings.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
@@ -125,7 +140,7 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         host_bytes=host,
         fits=device_used <= budget and host_ok,
         findings=tuple(findings),
-        regime=describe_regime(spec),
+        regime=describe_regime(local) + (f"; parallelism {describe_layout(spec)}" if parallel else ""),
         trainable_params=trainable,
         total_params=total,
     )

@@ -6,6 +6,7 @@
 - :mod:`.deepspeed` (+ ``deepspeed_zero``, ``deepspeed_batch``): DeepSpeed JSON, ``"auto"`` resolved as
   transformers does; :mod:`.fsdp_config`: FSDP options; :mod:`.accelerate_config`: accelerate's YAML;
 - :mod:`.peft_config`, :mod:`.quantization_config`: adapter and bitsandbytes configs;
+- :mod:`.parallelism`: the tp/cp/sp/HSDP layout (accelerate ``ParallelismConfig``) and accelerate's checks;
 - :mod:`.task_heads`: the task head (``architectures`` / ``--task``: seq-cls, token-cls, image-text-to-text);
 - :mod:`.merge`: every source of one run merged by precedence; :mod:`.run_args`: merged values -> spec.
 
@@ -18,6 +19,7 @@ from fitcheck.readers.families_base import ConfigView, mlp_kind
 from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
 from fitcheck.readers.merge import merge_sources
 from fitcheck.readers.model_config import MetaFallback, inventory_from_config, load_inventory
+from fitcheck.readers.parallelism import PARALLELISM_FLAGS, read_parallelism
 from fitcheck.readers.peft_config import read_adapter_config
 from fitcheck.readers.run_args import spec_from_values
 from fitcheck.readers.task_heads import (
@@ -33,6 +35,7 @@ from fitcheck.readers.task_heads import (
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_object
 
 __all__ = [
+    "PARALLELISM_FLAGS",
     "TASKS",
     "ConfigView",
     "MetaFallback",
@@ -46,6 +49,7 @@ __all__ = [
     "mlp_kind",
     "pure_task_supported",
     "read_adapter_config",
+    "read_parallelism",
     "read_script_argv",
     "read_training_args_object",
     "resolve_deepspeed",

@@ -31,6 +31,7 @@ from fitcheck.readers.accelerate_config import (
 )
 from fitcheck.readers.deepspeed import deepspeed_precision_conflict, load_deepspeed_file, resolve_deepspeed
 from fitcheck.readers.fsdp_config import FsdpRead, fsdp_from_config, fsdp_option_string
+from fitcheck.readers.parallelism import PARALLELISM_FLAGS, read_parallelism
 from fitcheck.readers.sources import as_bool, as_int, as_mapping, as_str, load_mapping_file
 from fitcheck.readers.trainer_args import KEYS, ArgsRead, read_training_args_file, read_training_args_mapping
 from fitcheck.spec import DeepSpeedSpec, FsdpSpec, MixedPrecision, ShardingSpec, Strategy
@@ -47,6 +48,7 @@ SHARDING_FLAGS = (
     "deepspeed",
     "fsdp",
     "sync_each_batch",
+    *PARALLELISM_FLAGS,
 )
 
 
@@ -156,19 +158,8 @@ def merge_sources(
     if "mixed_precision" in cli:
         mp = parse_mixed_precision(cli["mixed_precision"], at="--mixed_precision")
         _set_precision(values, provenance, mp, "--mixed_precision", findings, override=True)
-    par = values.pop("parallelism_config", None)
-    if isinstance(par, Mapping) and any(
-        isinstance(par.get(k), int) and int(str(par.get(k))) > 1 for k in ("tp_size", "cp_size", "sp_size")
-    ):
-        findings.append(
-            Finding(
-                "not-modelled",
-                Severity.WARNING,
-                f"{provenance.pop('parallelism_config', 'parallelism_config')}: tensor/context "
-                "parallel sizes > 1 are not modelled",
-                "the estimate treats every process as a data-parallel rank",
-            )
-        )
+    ta_par = values.pop("parallelism_config", None)
+    ta_par_where = provenance.pop("parallelism_config", "parallelism_config")
     every = values.get("gradient_checkpointing_kwargs")
     if isinstance(every, str) and every.strip():  # --gradient_checkpointing_kwargs '{"every_n_layers": 2}'
         every = values["gradient_checkpointing_kwargs"] = as_mapping(
@@ -181,12 +172,18 @@ def merge_sources(
     fs_read = _fsdp_read(cli, fsdp, values, provenance, acc)
     if ds_raw is not None and fs_read is not None:
         raise ConfigError(f"DeepSpeed ({ds_source}) and FSDP are both configured; use one of them")
+    layout = read_parallelism(
+        cli, ta_par, ta_par_where, acc.parallelism if acc else None, acc.source if acc else "", ds_raw, ds_source
+    )
+    findings.extend(layout.findings)
     ds_spec: DeepSpeedSpec | None = None
     fs_spec: FsdpSpec | None = None
     if ds_raw is not None:
-        ds_spec = _resolve_ds(
-            ds_raw, ds_source, values, provenance, num_processes, hidden_size, acc, findings
-        )
+        # DeepSpeed's data-parallel world excludes the Ulysses ranks (accelerate sets train_batch_size =
+        # micro x accumulation x ParallelismConfig.data_parallel_size for SP; accelerator.py)
+        sp = layout.spec.sp if layout.spec is not None else 1
+        world = num_processes // sp if sp > 1 and num_processes % sp == 0 else num_processes
+        ds_spec = _resolve_ds(ds_raw, ds_source, values, provenance, world, hidden_size, acc, findings)
         strategy = Strategy.DEEPSPEED
     elif fs_read is not None:
         fs_spec = fs_read.spec
@@ -199,8 +196,9 @@ def merge_sources(
         strategy = Strategy.FSDP
     else:
         strategy = Strategy.DDP if num_processes > 1 else Strategy.SINGLE
+    provenance.update({f"parallelism.{k}": w for k, w in layout.provenance.items()})
     try:
-        sharding = ShardingSpec(strategy, num_processes, num_machines, ds_spec, fs_spec)
+        sharding = ShardingSpec(strategy, num_processes, num_machines, ds_spec, fs_spec, layout.spec)
     except ValueError as exc:
         raise ConfigError(f"--num_processes/--num_machines ({provenance['num_processes']}): {exc}") from None
     return MergedRun(values, provenance, sharding, tuple(findings))

@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
+from fitcheck.readers.parallelism import check_layout
 from fitcheck.readers.sources import as_bool, as_float, as_int
 from fitcheck.spec import (
     ActivationSpec,
@@ -381,6 +382,7 @@ def spec_from_values(
         provenance=prov,
         findings=tuple(extra),
     )
+    check_layout(spec)  # tp/cp/sp/HSDP sizes checked as accelerate checks them (exit 2)
     from fitcheck.readers.levers import refuse_peft_problems
 
     refuse_peft_problems(spec)  # what peft raises on (ParamWrapper + lora_dropout): exit 2, not a traceback

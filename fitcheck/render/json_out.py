@@ -12,6 +12,7 @@ from typing import Any
 from fitcheck.advice import Suggestion
 from fitcheck.core import ComputeEstimate
 from fitcheck.report import Location, Report, phases_of
+from fitcheck.spec import Strategy, TrainingSpec
 
 
 def report_to_dict(report: Report) -> dict[str, Any]:
@@ -56,6 +57,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "gpu": spec.hardware.gpu_name,
         "num_processes": spec.sharding.num_processes,
         "strategy": spec.sharding.strategy.value,
+        "parallelism": _parallelism(spec),
         "micro_batch": spec.batch.micro_batch,
         "seq_len": spec.batch.seq_len,
         "gradient_accumulation_steps": spec.batch.grad_accum,
@@ -81,3 +83,23 @@ def advice_to_dict(
         "suggestions": [s.to_dict() for s in suggestions],
         "compute": compute.to_dict(),
     }
+
+
+def _parallelism(spec: TrainingSpec) -> dict[str, int]:
+    """The layout as applied: accelerate's ``ParallelismConfig`` sizes, or the data-parallel split the strategy
+    makes without one (DDP and ZeRO-0 replicate; ZeRO >= 1 and FSDP shard; HYBRID_SHARD shards within a node)."""
+    sh = spec.sharding
+    if sh.parallelism is not None:
+        return sh.parallelism.as_dict()
+    n = sh.num_processes
+    replicate, shard = n, 1
+    if sh.strategy is Strategy.FSDP:
+        fs = sh.fsdp
+        kind = fs.sharding_strategy if fs is not None else "FULL_SHARD"
+        if kind.startswith("HYBRID"):
+            replicate, shard = sh.num_machines, sh.processes_per_machine
+        elif kind != "NO_SHARD":
+            replicate, shard = 1, n
+    elif sh.strategy is Strategy.DEEPSPEED and sh.deepspeed is not None and sh.deepspeed.stage >= 1:
+        replicate, shard = 1, n
+    return {"dp_replicate": replicate, "dp_shard": shard, "tp": 1, "cp": 1, "sp": 1}
