@@ -1,7 +1,7 @@
 """The worst point DURING backward (``Phase.BACKWARD``), beyond every gradient: pure, no torch.
 
-``fitcheck.core.model_states`` counts every gradient in ``Phase.BACKWARD``; this module gives what else is alive at
-the worst moment of backward, so that the sum equals the traced peak of the backward region
+``fitcheck.core.states.model_states`` counts every gradient in ``Phase.BACKWARD``; this module gives what else
+is alive at the worst moment of backward, so that the sum equals the traced peak of the backward region
 (``fitcheck.torch_adapters.tracer``: from the logits gradient to the end of ``loss.backward()``). The candidates,
 read off per-op listings of fake-tensor traces of the transformers 5.23 models (``tests/test_backward_phase.py``
 pins them), each written as (live bytes besides states) − (gradients not yet produced):
@@ -47,7 +47,7 @@ BACKWARD_PINNED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "phi
 
 @dataclass(frozen=True)
 class BackwardInputs:
-    """Byte counts of one micro-batch that ``fitcheck.core.activations`` already derives.
+    """Byte counts of one micro-batch that ``fitcheck.core.activations.decoder`` already derives.
 
     Attributes:
         layer: Saved bytes of one decoder layer (s² scores included).
@@ -105,7 +105,7 @@ def _head_and_embedding(spec: TrainingSpec) -> tuple[int, int]:
 
 
 def _layer_cast(spec: TrainingSpec) -> int:
-    """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations)."""
+    """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations.decoder)."""
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
     return 2 * sum(p.numel_each for p in spec.model.params if p.per_layer and p.kind in kinds)
 
@@ -128,7 +128,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
 
     Args:
         spec: The training spec.
-        q: Quantities from ``fitcheck.core.activations``.
+        q: Quantities from ``fitcheck.core.activations.decoder``.
         head_extra: Logits-side bytes alive at the head's backward besides ``kept`` (logits gradient, casts).
 
     Returns:
@@ -198,7 +198,7 @@ def backward_transient(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -
 
     Args:
         spec: The training spec.
-        q: Quantities from ``fitcheck.core.activations``.
+        q: Quantities from ``fitcheck.core.activations.decoder``.
         head_extra: Logits-side bytes alive at the head's backward besides ``q.kept``.
 
     Returns:

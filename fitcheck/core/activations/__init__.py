@@ -1,0 +1,24 @@
+"""Saved activations, logits and loss, and the backward working set of one step, per phase.
+
+- :mod:`.decoder`: the decoder-layer formulas (Llama-style families), the logits/loss term, checkpointing,
+  the autocast weight cache, and the components the report shows;
+- :mod:`.families`: per-family tables for the other architectures (GPT-2, BERT, Phi-2, Falcon, BLOOM);
+- :mod:`.dora`: DoRA's extra saved tensors and transients (and other LoRA extras);
+- :mod:`.qlora`: layers over bitsandbytes 4-bit bases (what ``prepare_model_for_kbit_training`` changes);
+- :mod:`.backward`: the worst moment during backward beyond the gradients.
+
+Where a new model family goes: a formula pinned to a fake-tensor trace in :mod:`.families` (or
+:mod:`.decoder` when it is a Llama-style decoder), with a test against the tracer.
+"""
+
+from fitcheck.core.activations.backward import cuda_embedding_backward
+from fitcheck.core.activations.decoder import activation_components, activation_findings, layer_saved_per_token
+from fitcheck.core.activations.families import family_layer_saved
+
+__all__ = [
+    "activation_components",
+    "activation_findings",
+    "cuda_embedding_backward",
+    "family_layer_saved",
+    "layer_saved_per_token",
+]
