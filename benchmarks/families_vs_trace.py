@@ -72,7 +72,7 @@ def inventory(cfg: Mapping[str, Any], model_id: str) -> ModelInventory:
     try:
         return inventory_from_config(cfg, model_id, "catalog")
     except UnsupportedModelError:
-        from fitcheck.torch_adapters.meta_inventory import meta_inventory
+        from fitcheck.torch_adapters import meta_inventory
 
         return meta_inventory(cfg, model_id, "catalog")
 

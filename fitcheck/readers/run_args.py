@@ -232,7 +232,7 @@ def _pre_quantized(inventory: ModelInventory) -> QuantSpec | Finding | None:
 
 
 def _hardware(values: Mapping[str, object], prov: Mapping[str, str]) -> tuple[HardwareSpec, list[str]]:
-    from fitcheck.catalog import lookup_gpu
+    from fitcheck.catalog import lookup_gpu, resolve_gpu
 
     notes: list[str] = []
     device = _choice(values, "device_type", DeviceType, DeviceType.CUDA, prov, "cuda, cpu")
@@ -243,7 +243,9 @@ def _hardware(values: Mapping[str, object], prov: Mapping[str, str]) -> tuple[Ha
     gpu_name = values.get("gpu")
     info = None
     if gpu_name is not None:
-        info = lookup_gpu(str(gpu_name))
+        info, assumed = resolve_gpu(str(gpu_name))
+        if assumed:
+            notes.append(assumed)
     elif gpu_memory is None:
         info = lookup_gpu(DEFAULT_GPU)
         notes.append(f"no --gpu or --gpu_memory given: assuming {info.name}")
