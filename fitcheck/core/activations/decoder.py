@@ -28,6 +28,7 @@ from fitcheck.core.activations.families import (
     family_logits,
     family_outside_saved,
 )
+from fitcheck.core.activations.recent import qk_norm_saved, recent_family_findings
 from fitcheck.core.activations.qlora import (
     kbit_upcast,
     lora_layer_params,
@@ -44,7 +45,8 @@ from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelS
 _TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
 # Families whose layer recipe below was read off traces and is pinned by tests.
 PINNED_FAMILIES = (
-    frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3"}) | FAMILY_FORMULAS
+    frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "mixtral", "phi3"})
+    | FAMILY_FORMULAS
 )
 # transformers refuses SDPA for these configs (attention soft-capping / ALiBi): eager is what runs.
 _EAGER_ONLY = frozenset({"gemma2", "bloom"})
@@ -179,6 +181,7 @@ def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
         total += m.e * (q + 2 * kv)  # fused qkv output kept (v is a view of it; trace phi3: mm (b·s, q+2kv))
     else:
         total += _linear_inputs(sh, m, full, targets, spec.lora, _ATTN_LINEARS, h, False)
+    total += qk_norm_saved(sh, m.e == 2, full)  # Qwen3 per-head q/k RMSNorms (recent.py)
     # the o_proj input copy (eager transpose(1,2).contiguous(), phi3 SDPA reshape) lives only if o_proj's weight
     # or its fp32 lora_A reads it: a dropout or 16-bit adapter input is a new tensor (trace "llama lora eager")
     o_copy = q if full or _reads_input_itself(spec, m, targets, "o_proj") else 0
@@ -444,9 +447,9 @@ def _autocast_cache(spec: TrainingSpec) -> int:
 
 def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """What the user should know about activations (unpinned family, forced eager, CPU-only paths)."""
-    out: list[Finding] = []
+    out: list[Finding] = list(recent_family_findings(spec))  # 2025 families: what is not pinned (recent.py)
     fam = spec.model.shape.family
-    if fam not in PINNED_FAMILIES:
+    if fam not in PINNED_FAMILIES and not out:
         out.append(
             Finding(
                 "activations-not-pinned",
