@@ -22,7 +22,10 @@ from typing import TypeVar
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
+from fitcheck.readers.checkpoint_dtype import missing_dtype_finding, mxfp4, mxfp4_finding
+from fitcheck.readers.families_legacy import inventory_for_stack
 from fitcheck.readers.sources import as_bool, as_float, as_int
+from fitcheck.readers.versions import stack_from_values
 from fitcheck.spec import (
     ActivationSpec,
     AttnImpl,
@@ -38,6 +41,7 @@ from fitcheck.spec import (
     PrecisionSpec,
     QuantSpec,
     ShardingSpec,
+    StackSpec,
     Strategy,
     TrainingSpec,
 )
@@ -55,6 +59,8 @@ PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "mistral": ("q_proj", "v_proj"),
     "mixtral": ("q_proj", "v_proj"),
     "qwen2": ("q_proj", "v_proj"),
+    "qwen3": ("q_proj", "v_proj"),
+    "gemma3_text": ("q_proj", "v_proj"),
     "gemma": ("q_proj", "v_proj"),
     "gemma2": ("q_proj", "v_proj"),
     "phi": ("q_proj", "v_proj", "fc1", "fc2"),
@@ -141,16 +147,21 @@ def _dtype(name: str) -> Dtype:
 
 
 def load_dtype(
-    values: Mapping[str, object], model: ModelInventory, prov: Mapping[str, str]
+    values: Mapping[str, object], model: ModelInventory, prov: Mapping[str, str], stack: StackSpec | None = None
 ) -> tuple[Dtype, str]:
-    """The dtype the model is loaded in, and a line saying why."""
+    """The dtype the model is loaded in, and a line saying why (``stack``: transformers 4.x loads float32)."""
+    from fitcheck.readers.checkpoint_dtype import auto_dtype_without_config
+
     raw = values.get("dtype")
+    release = stack.release("transformers") if stack is not None else None
+    if raw is None and release is not None and release[0] < 5:
+        return auto_dtype_without_config(model, stack or StackSpec())
     if raw is None or str(raw).strip().lower() == "auto":
         if model.shape.config_dtype is not None:
             return model.shape.config_dtype, (
                 f"dtype 'auto' (transformers 5 default): {model.shape.config_dtype.value} from config.json"
             )
-        return Dtype.FLOAT32, "dtype 'auto': config.json names no dtype, so float32"
+        return auto_dtype_without_config(model, StackSpec())
     dt = _choice(values, "dtype", _dtype, Dtype.FLOAT32, prov, "auto, bfloat16, float16, float32")
     return dt, f"dtype {dt.value} ({_where('dtype', prov)})"
 
@@ -224,6 +235,8 @@ def _pre_quantized(inventory: ModelInventory) -> QuantSpec | Finding | None:
     """
     if inventory.quantization_config is None:
         return None
+    if mxfp4(inventory):  # gpt-oss: trained dequantized to bf16 (checkpoint_dtype.py)
+        return mxfp4_finding(inventory)
     from fitcheck.readers.quantization_config import quant_from_model_config
 
     return quant_from_model_config(
@@ -292,7 +305,9 @@ def spec_from_values(
     prov = dict(provenance or {})
     vals = {canonical_key(k): v for k, v in values.items()}
     assumptions: list[str] = []
-    load, why = load_dtype(vals, inventory, prov)
+    stack = stack_from_values(vals, _where("stack", prov))
+    inventory = inventory_for_stack(inventory, stack)  # transformers 4.x layouts (families_legacy.py)
+    load, why = load_dtype(vals, inventory, prov, stack)
     assumptions.append(why)
     bf16 = _bool(vals, "bf16", False, prov)
     fp16 = _bool(vals, "fp16", False, prov)
@@ -303,6 +318,8 @@ def spec_from_values(
     if vals.get("optim") is None:
         assumptions.append(f"optim {DEFAULT_OPTIM} (TrainingArguments default on torch >= 2.8)")
     extra = list(findings)
+    if vals.get("dtype") is None and inventory.shape.config_dtype is None:
+        extra.append(missing_dtype_finding(inventory, load))  # checkpoint_dtype.py
     from fitcheck.core.optimizers import canonical_optimizer
 
     optim_name, note = canonical_optimizer(optim_name)
@@ -378,5 +395,6 @@ def spec_from_values(
         freeze=freeze,
         provenance=prov,
         findings=tuple(extra),
+        stack=stack,
     )
     return spec, tuple(assumptions)

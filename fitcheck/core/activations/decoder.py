@@ -29,6 +29,7 @@ from fitcheck.core.activations.families import (
     family_outside_saved,
 )
 from fitcheck.core.activations.recent import qk_norm_saved, recent_family_findings
+from fitcheck.core.versions import legacy_logits_extra
 from fitcheck.core.activations.qlora import (
     kbit_upcast,
     lora_layer_params,
@@ -275,6 +276,7 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
     fwd = (10 if m.e == 2 else 8) * bsv + labels
     if spec.lora is not None or spec.quant is not None:
         fwd += m.e * b * s * h  # final-norm output, held by the CausalLM forward during the loss, not saved
+    fwd += legacy_logits_extra(spec, m.e)  # transformers < 4.49: shifted fp32 logits copy (core/versions.py)
     # start of backward: log_softmax output + its gradient + the fp32 logits gradient (trace: 12·b·s·V + 8)
     bwd = 12 * bsv + 8
     # configuration_gemma2.py: final_logit_softcapping defaults to 30.0 (None turns it off)
