@@ -110,7 +110,7 @@ def main() -> None:
                 t0 = time.time()
                 try:
                     tr = trace_step(cfg, seq_len=seq, micro_batch=1, dtype="bfloat16", lora=lora)
-                except Exception as exc:  # noqa: BLE001 - a benchmark row, not a library path
+                except Exception as exc:
                     print(f"| {model_id} | {inv.shape.family} | {inv.counted_by} | {mode} | {seq} | - | - | "
                           f"trace failed: {type(exc).__name__}: {str(exc)[:80]} | - |")
                     continue

@@ -531,7 +531,7 @@ class HardwareSpec:
 
 
 # The library versions the estimate's formulas were read from (installed source, traces); the version-aware
-# differences for older transformers are in fitcheck.core.versions.
+# differences for older transformers are in fitcheck.core.activations.versions.
 MODELLED_VERSIONS: Mapping[str, str] = {
     "torch": "2.13",
     "transformers": "5.23",

@@ -9,8 +9,7 @@ peak allocated = max over phases of the sum of DEVICE components alive in that p
 
 from __future__ import annotations
 
-from fitcheck.core.versions import versions_findings
-from fitcheck.core.activations import activation_findings
+from fitcheck.core.activations import activation_findings, versions_findings
 from fitcheck.core.allocator import allocator_findings, reserved_bytes
 from fitcheck.core.states import describe_regime, model_state_findings, sharding_findings, trainable_params
 from fitcheck.core.step import collect_components, peak_phase, transient_bytes_at
@@ -101,7 +100,7 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *activation_findings(spec),
         *sharding_findings(spec),
         *allocator_findings(spec),
-        *versions_findings(spec),  # library versions vs the modelled ones (core/versions.py)
+        *versions_findings(spec),  # library versions vs the modelled ones (activations/versions.py)
         *_verdict(spec, components, phase, device_used, budget, host),
     ]
     findings.sort(key=lambda f: _SEVERITY_ORDER[f.severity])

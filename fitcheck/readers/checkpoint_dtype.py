@@ -70,12 +70,23 @@ def missing_dtype_finding(inventory: ModelInventory, load: Dtype) -> Finding:
     )
 
 
+def mxfp4_checkpoint_bytes(inventory: ModelInventory) -> tuple[int, int]:
+    """Bytes of an MXFP4 checkpoint: ``(expert bytes as MXFP4, every other tensor in bf16)``.
+
+    Per expert value: half a byte (two 4-bit values per uint8 of ``*_blocks``) plus one uint8 E8M0 scale per
+    32 values (``*_scales``); everything else bf16. gpt-oss-20b: 10,152,345,600 + 3,608,919,168 =
+    13,761,264,768 B, the ``total_size`` of its model.safetensors.index.json (shared/catalog source.txt).
+    """
+    experts = sum(p.numel for p in inventory.params if p.kind is Kind.FUSED_EXPERTS)
+    return experts // 2 + experts // 32, 2 * (inventory.total_params - experts)
+
+
 def mxfp4_finding(inventory: ModelInventory) -> Finding:
     """What MXFP4 experts cost: checkpoint bytes, the bf16 they train in, and the load-time dequantization."""
     experts = [p for p in inventory.params if p.kind is Kind.FUSED_EXPERTS]
     n = sum(p.numel for p in experts)
     largest = max((p.numel_each for p in experts), default=0)
-    packed = n // 2 + n // 32  # 4-bit values + one uint8 E8M0 scale per 32 (integrations/mxfp4.py)
+    packed, _ = mxfp4_checkpoint_bytes(inventory)
     transient = largest // 2 + largest // 8 + 2 * largest  # blocks, int32 scales, int32 indices of one tensor
     return Finding(
         "mxfp4-dequantized",

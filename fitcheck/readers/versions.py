@@ -3,7 +3,7 @@
 ``importlib.metadata.version`` reads the installed distributions' METADATA files: nothing is imported, so this
 stays fast and works without torch. ``--stack transformers=4.46,peft=0.13`` describes another environment
 instead (a cluster, an older container). The result is plain data (:class:`fitcheck.spec.StackSpec`) that the
-core reads (``fitcheck.core.versions``).
+core reads (``fitcheck.core.activations.versions``).
 """
 
 from __future__ import annotations

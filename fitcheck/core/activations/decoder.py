@@ -28,8 +28,6 @@ from fitcheck.core.activations.families import (
     family_logits,
     family_outside_saved,
 )
-from fitcheck.core.activations.recent import qk_norm_saved, recent_family_findings
-from fitcheck.core.versions import legacy_logits_extra
 from fitcheck.core.activations.qlora import (
     kbit_upcast,
     lora_layer_params,
@@ -39,6 +37,8 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
+from fitcheck.core.activations.recent import qk_norm_saved, recent_family_findings
+from fitcheck.core.activations.versions import legacy_logits_extra
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainingSpec
@@ -276,7 +276,7 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
     fwd = (10 if m.e == 2 else 8) * bsv + labels
     if spec.lora is not None or spec.quant is not None:
         fwd += m.e * b * s * h  # final-norm output, held by the CausalLM forward during the loss, not saved
-    fwd += legacy_logits_extra(spec, m.e)  # transformers < 4.49: shifted fp32 logits copy (core/versions.py)
+    fwd += legacy_logits_extra(spec, m.e)  # transformers < 4.49: shifted fp32 logits copy (versions.py)
     # start of backward: log_softmax output + its gradient + the fp32 logits gradient (trace: 12·b·s·V + 8)
     bwd = 12 * bsv + 8
     # configuration_gemma2.py: final_logit_softcapping defaults to 30.0 (None turns it off)

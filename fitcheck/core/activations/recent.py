@@ -10,9 +10,10 @@ transposed experts, clamped SwiGLU), DeepSeek-V3 (MLA, shared experts).
 (``Qwen3RMSNorm`` over ``head_dim``) on the q / k projections before rotary. Each norm keeps what any
 ``*RMSNorm`` keeps (fitcheck.core.activations.decoder ``_norm_saved``) with one ``rsqrt`` per head instead of
 per token: the fp32 input 4·w, rsqrt 4 per row, and, for a trained weight, the normalised tensor (2·w when the
-activations are 16-bit: a 16-bit model or fp32 weights under autocast; 4·w in plain fp32). The q_proj / k_proj outputs themselves are no longer kept (rotary reads
-the norm outputs, counted in their place). Read off fake-tensor traces (``fitcheck.torch_adapters.tracer``) and
-pinned by tests/test_activations_recent.py: 6·(q+kv) + 4·(a+kv_heads) bytes per token per layer, bf16 full.
+activations are 16-bit: a 16-bit model or fp32 weights under autocast; 4·w in plain fp32). The q_proj /
+k_proj outputs themselves are no longer kept: rotary reads the norm outputs, counted in their place. Read off
+fake-tensor traces (``fitcheck.torch_adapters.tracer``) and pinned by tests/test_activations_recent.py:
+6·(q+kv) + 4·(a+kv_heads) bytes per token per layer, bf16 full.
 """
 
 from __future__ import annotations
