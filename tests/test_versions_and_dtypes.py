@@ -122,7 +122,7 @@ def test_qlora_mixtral_quantizes_the_experts_only_on_transformers_4x() -> None:
 
 
 def test_gpt_oss_without_dtype_loads_bf16_and_says_so() -> None:
-    spec, assumptions = _spec(model_name_or_path="openai/gpt-oss-20b", use_peft=True,
+    spec, _ = _spec(model_name_or_path="openai/gpt-oss-20b", use_peft=True,
                               lora_target_modules="all-linear")
     assert spec.precision.load_dtype is Dtype.BFLOAT16
     report = estimate(spec)
