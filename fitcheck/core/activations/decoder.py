@@ -37,7 +37,7 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
-from fitcheck.core.activations.recent import qk_norm_saved, recent_family_findings
+from fitcheck.core.activations.recent import eager_scores, qk_norm_saved, recent_family_findings
 from fitcheck.core.activations.versions import legacy_logits_extra
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
@@ -50,7 +50,7 @@ PINNED_FAMILIES = (
     | FAMILY_FORMULAS
 )
 # transformers refuses SDPA for these configs (attention soft-capping / ALiBi): eager is what runs.
-_EAGER_ONLY = frozenset({"gemma2", "bloom"})
+_EAGER_ONLY = frozenset({"gemma2", "bloom", "gpt_oss"})  # gpt-oss: _supports_sdpa = False (attention sinks)
 _ATTN_LINEARS = ("q_proj", "k_proj", "v_proj")
 _MLP_IN_LINEARS = ("gate_proj", "up_proj")
 
@@ -193,6 +193,7 @@ def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
         s2 = 4 * a + (2 * a if m.e == 2 else 0)  # fp32 softmax + its 16-bit cast
         if sh.family == "gemma2":
             s2 += m.e * a  # tanh of the soft-capped scores
+        s2 = eager_scores(sh, m.e, s2)  # gpt-oss: softmax with sinks in the logits dtype (recent.py)
         # fused qkv (phi3) keeps the qkv output already counted; rotary q and k are separate cats
     else:
         kv_saved = 2 * kv if not fused else kv  # k after rotary + v (phi3: v is a view of qkv)

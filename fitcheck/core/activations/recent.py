@@ -47,6 +47,22 @@ def qk_norm_saved(shape: ModelShape, half_activations: bool, trainable_weight: b
     return total
 
 
+def eager_scores(shape: ModelShape, e: int, llama: int) -> int:
+    """Bytes per score (per token per key position) the eager attention of one layer keeps.
+
+    gpt-oss has no SDPA path (``GptOssPreTrainedModel._supports_sdpa = False``: the per-head sink logit is
+    concatenated to the scores), so eager attention runs; its ``eager_attention_forward`` (modeling_gpt_oss.py)
+    takes the softmax in the logits' own dtype (``dtype=combined_logits.dtype``), and only those probabilities
+    are kept (``matmul`` with V reads a view of them): e·a, not Llama's fp32 softmax plus its 16-bit cast.
+
+    Args:
+        shape: The model's shape.
+        e: Element bytes of the attention logits.
+        llama: The Llama-recipe value, returned for every other family.
+    """
+    return e * shape.num_heads if shape.family == "gpt_oss" else llama
+
+
 # model_type -> what the Llama-style recipe does not match (formula vs trace, benchmarks/families_vs_trace.py)
 _NOT_PINNED: dict[str, str] = {
     "gemma3_text": "Gemma-3's q/k norms, local/global rotary tables and (1 + weight) norms",
