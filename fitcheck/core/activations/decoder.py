@@ -37,7 +37,7 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
-from fitcheck.core.activations.recent import eager_scores, qk_norm_saved, recent_family_findings
+from fitcheck.core.activations.recent import eager_scores, qk_norm_outside, qk_norm_saved, recent_family_findings
 from fitcheck.core.activations.versions import legacy_logits_extra
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
@@ -46,7 +46,8 @@ from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelS
 _TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
 # Families whose layer recipe below was read off traces and is pinned by tests.
 PINNED_FAMILIES = (
-    frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "mixtral", "phi3"})
+    frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "mixtral",
+               "phi3"})
     | FAMILY_FORMULAS
 )
 # transformers refuses SDPA for these configs (attention soft-capping / ALiBi): eager is what runs.
@@ -174,7 +175,7 @@ def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
     fused = sh.family == "phi3"
     eager = _attn_impl(spec) is AttnImpl.EAGER
     total = 2 * _norm_saved(sh, m, full)
-    if sh.family == "gemma2":
+    if sh.family in ("gemma2", "gemma3_text"):
         total += 2 * _norm_saved(sh, m, full, pre=False)  # post-attention / post-feedforward norms
     # attention inputs (q/k/v or fused qkv_proj)
     if fused:
@@ -247,8 +248,9 @@ def _outside_saved(spec: TrainingSpec) -> int:
     # cos and sin tables, shape (1, s, head_dim) in the model dtype (trace: to_copy / cos / sin, not per batch)
     total += 2 * s * rot * (2 if m.half_model else 4)
     if sh.family.startswith("gemma"):
-        norms = 4 if sh.family == "gemma2" else 2
+        norms = 4 if sh.family in ("gemma2", "gemma3_text") else 2
         total += 4 * h * (norms * sh.num_layers + 1)  # (1 + weight) in fp32 per norm (trace: add (h,) fp32)
+        total += qk_norm_outside(sh)  # Gemma-3 q/k norms' (1 + weight) (recent.py)
     if _attn_impl(spec) is AttnImpl.EAGER and spec.activations.checkpointing:
         # 4-D additive causal mask (b, 1, s, s), model dtype: no op saves it, so it outlives the decoder forward
         # only as an argument every checkpointed layer holds (trace "llama eager": absent without checkpointing)

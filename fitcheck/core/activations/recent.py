@@ -1,10 +1,13 @@
 """Activations of the 2025 families: what is pinned, and the q/k RMSNorms of Qwen3 / Qwen3-MoE (pure: no torch).
 
 Pinned against fake-tensor traces (tests/test_activations_recent.py; real widths in
-benchmarks/families_vs_trace.py): Qwen3 in every mode; Qwen3-MoE for full fine-tuning. Not pinned, with a
-warning finding that points at ``--trace``: Qwen3-MoE under LoRA (the trace keeps several times the formula's
-expert tensors), Gemma-3, OLMo-2 (q/k norms over the full width, post-norms), gpt-oss (attention sinks, biased
-transposed experts, clamped SwiGLU), DeepSeek-V3 (MLA, shared experts).
+benchmarks/families_vs_trace.py): Qwen3 in every mode; Qwen3-MoE for full fine-tuning; Gemma-3 text (q/k norms
+with Gemma's fp32 ``(1 + weight)``, four norms per layer as Gemma-2; within 0.73 % at real widths, where the CPU
+trace of a sliding-window layer with s > window keeps ~e·(q + 3·kv) B per token more, not modelled). Not
+pinned, with a warning finding that points at ``--trace``: Qwen3-MoE under LoRA (the trace keeps several times
+the formula's expert tensors), Gemma-3 image-text models, OLMo-2 (q/k norms over the full width, post-norms),
+gpt-oss (sinks in eager attention modelled; biased, clamped-SwiGLU experts not), DeepSeek-V3 (MLA, shared
+experts).
 
 ``Qwen3Attention.forward`` (transformers 5.23 models/qwen3/modeling_qwen3.py) runs ``q_norm`` / ``k_norm``
 (``Qwen3RMSNorm`` over ``head_dim``) on the q / k projections before rotary. Each norm keeps what any
@@ -22,7 +25,10 @@ from fitcheck.findings import Finding, Severity
 from fitcheck.spec import ModelShape, TrainingSpec
 
 # model_type values whose attention has per-head q/k RMSNorms with this recipe
-QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe"})
+QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe", "gemma3_text"})
+# Gemma3RMSNorm (modeling_gemma3.py) computes in fp32 and scales by (1 + weight.float()): a trained weight keeps
+# the fp32 normalised tensor (4·w, not a 16-bit copy), and (1 + weight) is an fp32 (head_dim,) tensor per norm
+_GEMMA_NORM = frozenset({"gemma3_text"})
 
 
 def qk_norm_saved(shape: ModelShape, half_activations: bool, trainable_weight: bool) -> int:
@@ -43,8 +49,13 @@ def qk_norm_saved(shape: ModelShape, half_activations: bool, trainable_weight: b
         width = heads * shape.head_dim
         total += 4 * width + 4 * heads
         if trainable_weight:
-            total += (2 if half_activations else 4) * width
+            total += (2 if half_activations and shape.family not in _GEMMA_NORM else 4) * width
     return total
+
+
+def qk_norm_outside(shape: ModelShape) -> int:
+    """Bytes outside the per-token terms: Gemma-3's fp32 ``(1 + weight)`` of each q/k norm, per layer."""
+    return 4 * shape.head_dim * 2 * shape.num_layers if shape.family in _GEMMA_NORM else 0
 
 
 def eager_scores(shape: ModelShape, e: int, llama: int) -> int:
@@ -65,8 +76,7 @@ def eager_scores(shape: ModelShape, e: int, llama: int) -> int:
 
 # model_type -> what the Llama-style recipe does not match (formula vs trace, benchmarks/families_vs_trace.py)
 _NOT_PINNED: dict[str, str] = {
-    "gemma3_text": "Gemma-3's q/k norms, local/global rotary tables and (1 + weight) norms",
-    "gemma3": "Gemma-3's q/k norms, local/global rotary tables and (1 + weight) norms",
+    "gemma3": "Gemma-3 image-text models (the vision tower, and the text widths of a composite config)",
     "olmo2": "OLMo-2's full-width q/k norms and post-norms",
     "gpt_oss": "gpt-oss's attention sinks and biased, clamped-SwiGLU experts",
     "deepseek_v3": "DeepSeek-V3's latent attention (MLA) and shared experts",
