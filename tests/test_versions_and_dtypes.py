@@ -148,3 +148,11 @@ def test_mxfp4_checkpoint_bytes_match_the_published_index_size() -> None:
     assert found is not None
     packed, rest = mxfp4_checkpoint_bytes(inventory_from_config(found[0], "gpt-oss-20b", "catalog"))
     assert packed + rest == 13_761_264_768  # model.safetensors.index.json total_size (catalog source.txt)
+
+
+def test_default_optimizer_follows_the_torch_version() -> None:
+    # transformers training_args.py: default_optim = "adamw_torch", "adamw_torch_fused" on torch >= 2.8
+    old, notes = _spec(model_name_or_path="gpt2", stack="torch=2.1.1")
+    assert old.optimizer.name == "adamw_torch" and any("torch 2.1.1 < 2.8" in n for n in notes)
+    new, _ = _spec(model_name_or_path="gpt2", stack="torch=2.13")
+    assert new.optimizer.name == "adamw_torch_fused"

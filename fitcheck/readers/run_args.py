@@ -314,9 +314,13 @@ def spec_from_values(
     if bf16 and fp16:
         raise ConfigError(f"{_where('bf16', prov)} and {_where('fp16', prov)}: pass only one of bf16 / fp16")
     mixed = MixedPrecision.BF16 if bf16 else MixedPrecision.FP16 if fp16 else MixedPrecision.NO
-    optim_name = str(vals.get("optim") or DEFAULT_OPTIM).strip().lower()
+    torch_release = stack.release("torch")
+    old_torch = torch_release is not None and torch_release[:2] < (2, 8)
+    default_optim = "adamw_torch" if old_torch else DEFAULT_OPTIM  # training_args.py: fused only on torch >= 2.8
+    optim_name = str(vals.get("optim") or default_optim).strip().lower()
     if vals.get("optim") is None:
-        assumptions.append(f"optim {DEFAULT_OPTIM} (TrainingArguments default on torch >= 2.8)")
+        when = f"torch {stack.get('torch')} < 2.8" if old_torch else "torch >= 2.8"
+        assumptions.append(f"optim {default_optim} (TrainingArguments default on {when})")
     extra = list(findings)
     if vals.get("dtype") is None and inventory.shape.config_dtype is None:
         extra.append(missing_dtype_finding(inventory, load))  # checkpoint_dtype.py
