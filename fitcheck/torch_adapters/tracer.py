@@ -172,6 +172,7 @@ def trace_step(
     num_layers: int | None = None,
     fake: bool = True,
     seed: int = 0,
+    use_reentrant: bool = False,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -190,6 +191,7 @@ def trace_step(
         num_layers: Depth to build (None = the config's).
         fake: Trace on fake tensors (True) or run a real CPU step (False).
         seed: RNG seed for the real step.
+        use_reentrant: Reentrant activation checkpointing (``gradient_checkpointing_kwargs``).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -217,6 +219,7 @@ def trace_step(
             lora=lora,
             quant=quant,
             fake=fake,
+            use_reentrant=use_reentrant,
         )
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_trainer_optimizer(optimizer, model)

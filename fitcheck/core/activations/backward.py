@@ -59,6 +59,8 @@ class BackwardInputs:
         autocast: Whether fp32 weights are cast to 16 bits by autocast.
         half_model: Whether the model itself is 16-bit.
         end: What ``activations.saved`` keeps in ``Phase.BACKWARD`` (the embedding-output gradient).
+        offloaded: TRL activation offloading: layers below the one in backward stay in host memory
+            (fitcheck/core/kernels/levers.py), so only layer i's saved tensors are on the device.
     """
 
     layer: int
@@ -70,6 +72,7 @@ class BackwardInputs:
     autocast: bool
     half_model: bool
     end: int
+    offloaded: bool = False
 
 
 def _trainable_full(spec: TrainingSpec) -> bool:
@@ -158,11 +161,12 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     moments["head"] = q.kept + (L * cast if q.n_ckpt == 0 else 0) + head_extra + q.e * bs * h + head_grad - missing
     for name, i in (("top layer", L - 1), ("bottom layer", 0)):
         missing = 0 if accum else (i + 1) * g_layer - g_down + g_emb
+        below = 1 if q.offloaded else i + 1  # offloaded: only layer i's tensors are brought back
         if q.n_ckpt == 0:
-            live = static + (i + 1) * (q.layer + cast + norms) - cast_down
+            live = static + below * (q.layer + cast + norms) - cast_down
         else:
             shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
-            live = static + (i + 1) * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
+            live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
         moments[name] = live + work - missing + _LOSS_SCALARS
     temp_emb = g_emb if accum else 0
     moments["embedding"] = q.end + cuda_embedding_backward(spec) + temp_emb + _LOSS_SCALARS
