@@ -29,6 +29,10 @@ _IMAGE_TEXT = frozenset({"google/gemma-3-4b-it", "google/gemma-3-12b-it", "googl
                          "Qwen/Qwen2.5-VL-7B-Instruct"})
 
 
+# MoE checkpoints whose all-linear LoRA wraps fused experts/router in peft's ParamWrapper (refuses dropout)
+_FUSED_EXPERTS = ("Mixtral", "Qwen3-30B-A3B", "Qwen3-235B", "DeepSeek-V3", "gpt-oss")
+
+
 def _report(model: str, ckpt: bool, attn: str, regime: str) -> Report:
     values: dict[str, Any] = {
         "model_name_or_path": model,
@@ -39,7 +43,7 @@ def _report(model: str, ckpt: bool, attn: str, regime: str) -> Report:
         "attn_implementation": attn,
         **_REGIMES[regime],
     }
-    if regime != "full" and "Mixtral" in model:
+    if regime != "full" and any(m in model for m in _FUSED_EXPERTS):
         values["lora_dropout"] = 0.0  # peft's ParamWrapper (all-linear on fused experts) refuses dropout: exit 2
     spec, _ = spec_from_values(values, env={})
     return estimate(spec)
