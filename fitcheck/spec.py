@@ -651,6 +651,53 @@ class HardwareSpec:
             raise ValueError("gpu memory must be positive")
 
 
+# The library versions the estimate's formulas were read from (installed source, traces); the version-aware
+# differences for older transformers are in fitcheck.core.activations.versions.
+MODELLED_VERSIONS: Mapping[str, str] = {
+    "torch": "2.13",
+    "transformers": "5.23",
+    "peft": "0.21",
+    "trl": "1.16",
+    "bitsandbytes": "0.50",
+    "accelerate": "1.15",
+    "deepspeed": "0.19",
+}
+
+
+@dataclass(frozen=True)
+class StackSpec:
+    """The library versions of the environment the estimate is for.
+
+    Attributes:
+        versions: Package name -> version string (``"4.46"``, ``"5.23.0"``); a package absent here is not
+            installed (or not given).
+        source: ``"installed"`` (read with importlib.metadata), ``"--stack"`` (given), or ``""`` (unknown: the
+            modelled versions are assumed).
+    """
+
+    versions: tuple[tuple[str, str], ...] = ()
+    source: str = ""
+
+    def get(self, name: str) -> str | None:
+        """The version of ``name``, or None."""
+        return dict(self.versions).get(name)
+
+    def release(self, name: str) -> tuple[int, ...] | None:
+        """``(major, minor, ...)`` of ``name``'s version (leading numeric parts), or None when unknown."""
+        version = self.get(name)
+        if version is None:
+            return None
+        parts: list[int] = []
+        for piece in version.split("."):
+            digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
+            if not digits:
+                break
+            parts.append(int(digits))
+            if not piece.isdigit():
+                break
+        return tuple(parts) or None
+
+
 class TrainerKind(str, Enum):
     """Which trainer runs the step: the plain ``transformers.Trainer`` or one of TRL's."""
 
@@ -754,6 +801,7 @@ class TrainingSpec:
         trainer: The trainer (plain Trainer by default; TRL's SFT/DPO/GRPO/Reward: ``fitcheck.core.trainers``).
         provenance: Field path (e.g. ``"batch.micro_batch"``) -> where it was read ("ds.json:train_micro_...").
         findings: Findings the readers already made (conflicts, retired names, spellings read).
+        stack: Library versions of the environment (installed or ``--stack``); empty = the modelled ones.
     """
 
     model: ModelInventory
@@ -769,6 +817,7 @@ class TrainingSpec:
     trainer: TrainerSpec = TrainerSpec()
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False)
     findings: tuple[Finding, ...] = ()
+    stack: StackSpec = StackSpec()
 
     @property
     def data_parallel_size(self) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
+from fitcheck.advice.load_dtype import load_bf16, wants_bf16_lever
 from fitcheck.report import Category, Location, Report
 from fitcheck.spec import (
     AttnImpl,
@@ -236,6 +237,19 @@ def _memory_levers(spec: TrainingSpec, report: Report) -> list[Lever]:
                     "TrainingArguments use_liger_kernel=True (pip install liger-kernel; needs a GPU: Triton)",
                 ),
                 "loss",
+            )
+        )
+    if wants_bf16_lever(spec):  # fp32 only because no dtype was passed (advice/load_dtype.py)
+        out.append(
+            Lever(
+                "load_bf16",
+                "load the weights in bf16",
+                Tier.SAME_TRAINING if spec.model.shape.config_dtype is not None else Tier.OPTIMIZER_NUMERICS,
+                load_bf16,
+                ("--dtype", "bfloat16"),
+                ("from_pretrained(..., dtype=torch.bfloat16) (TRL: --dtype bfloat16; transformers 4.x: torch_dtype)",),
+                "load_dtype",
+                notes=("the checkpoint's own dtype is not in config.json: bf16 is what most current checkpoints hold",),
             )
         )
     if spec.optimizer.name in _ADAM_FULL_STATE:

@@ -146,11 +146,20 @@ _FLAGS: list[tuple[str, str | None, str]] = [
     ("sp_backend", None, "sequence parallel backend (accelerate accepts only deepspeed)"),
     ("cp_comm_strategy", None, "context parallel rotation: allgather (default) or alltoall"),
     # hardware
-    ("gpu", None, "GPU name, e.g. H100-80GB, A100-40GB, RTX4090-24GB, L40S-48GB (default H100-80GB)"),
+    (
+        "gpu",
+        None,
+        "GPU name, e.g. H100-80GB, B200, RTX5090, or as nvidia-smi --query-gpu=name prints it (default H100-80GB)",
+    ),
     ("gpu_memory", None, "memory per GPU instead of --gpu, e.g. 80GiB or 24GB"),
     ("device_type", None, "cuda (default) or cpu (live tensors only: for validation against CPU runs)"),
     ("host_memory", None, "RAM per node, to check CPU offload, e.g. 512GiB"),
     ("expandable_segments", _BOOL, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set"),
+    (
+        "stack",
+        None,
+        "library versions to estimate for, e.g. transformers=4.46,peft=0.13 (default: the installed ones)",
+    ),
     # checks
     (
         "device_map",

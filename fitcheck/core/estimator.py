@@ -9,7 +9,7 @@ peak allocated = max over phases of the sum of DEVICE components alive in that p
 
 from __future__ import annotations
 
-from fitcheck.core.activations import activation_findings
+from fitcheck.core.activations import activation_findings, versions_findings
 from fitcheck.core.allocator import allocator_findings, reserved_bytes
 from fitcheck.core.overheads import nccl_group_bytes
 from fitcheck.core.parallelism import (
@@ -122,6 +122,7 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *activation_findings(local),
         *sharding_findings(local),
         *allocator_findings(local),
+        *versions_findings(spec),  # library versions vs the modelled ones (activations/versions.py)
         *evaluation_findings(spec, totals),
         *parallel_findings(spec, traced=parallel and activations is not None),
         *_verdict(spec, components, phase, device_used, budget, host),

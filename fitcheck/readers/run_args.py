@@ -22,8 +22,11 @@ from typing import TypeVar
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
+from fitcheck.readers.checkpoint_dtype import missing_dtype_finding
+from fitcheck.readers.families_legacy import inventory_for_stack
 from fitcheck.readers.parallelism import check_layout
 from fitcheck.readers.sources import as_bool, as_float, as_int
+from fitcheck.readers.versions import stack_from_values
 from fitcheck.spec import (
     ActivationSpec,
     AttnImpl,
@@ -39,6 +42,7 @@ from fitcheck.spec import (
     PrecisionSpec,
     QuantSpec,
     ShardingSpec,
+    StackSpec,
     Strategy,
     TrainingSpec,
 )
@@ -56,6 +60,8 @@ PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "mistral": ("q_proj", "v_proj"),
     "mixtral": ("q_proj", "v_proj"),
     "qwen2": ("q_proj", "v_proj"),
+    "qwen3": ("q_proj", "v_proj"),
+    "gemma3_text": ("q_proj", "v_proj"),
     "gemma": ("q_proj", "v_proj"),
     "gemma2": ("q_proj", "v_proj"),
     "phi": ("q_proj", "v_proj", "fc1", "fc2"),
@@ -142,16 +148,21 @@ def _dtype(name: str) -> Dtype:
 
 
 def load_dtype(
-    values: Mapping[str, object], model: ModelInventory, prov: Mapping[str, str]
+    values: Mapping[str, object], model: ModelInventory, prov: Mapping[str, str], stack: StackSpec | None = None
 ) -> tuple[Dtype, str]:
-    """The dtype the model is loaded in, and a line saying why."""
+    """The dtype the model is loaded in, and a line saying why (``stack``: transformers 4.x loads float32)."""
+    from fitcheck.readers.checkpoint_dtype import auto_dtype_without_config
+
     raw = values.get("dtype")
+    release = stack.release("transformers") if stack is not None else None
+    if raw is None and release is not None and release[0] < 5:
+        return auto_dtype_without_config(model, stack or StackSpec())
     if raw is None or str(raw).strip().lower() == "auto":
         if model.shape.config_dtype is not None:
             return model.shape.config_dtype, (
                 f"dtype 'auto' (transformers 5 default): {model.shape.config_dtype.value} from config.json"
             )
-        return Dtype.FLOAT32, "dtype 'auto': config.json names no dtype, so float32"
+        return auto_dtype_without_config(model, StackSpec())
     dt = _choice(values, "dtype", _dtype, Dtype.FLOAT32, prov, "auto, bfloat16, float16, float32")
     return dt, f"dtype {dt.value} ({_where('dtype', prov)})"
 
@@ -233,7 +244,7 @@ def _pre_quantized(inventory: ModelInventory) -> QuantSpec | Finding | None:
 
 
 def _hardware(values: Mapping[str, object], prov: Mapping[str, str]) -> tuple[HardwareSpec, list[str]]:
-    from fitcheck.catalog import lookup_gpu
+    from fitcheck.catalog import lookup_gpu, resolve_gpu
 
     notes: list[str] = []
     device = _choice(values, "device_type", DeviceType, DeviceType.CUDA, prov, "cuda, cpu")
@@ -244,7 +255,9 @@ def _hardware(values: Mapping[str, object], prov: Mapping[str, str]) -> tuple[Ha
     gpu_name = values.get("gpu")
     info = None
     if gpu_name is not None:
-        info = lookup_gpu(str(gpu_name))
+        info, assumed = resolve_gpu(str(gpu_name))
+        if assumed:
+            notes.append(assumed)
     elif gpu_memory is None:
         info = lookup_gpu(DEFAULT_GPU)
         notes.append(f"no --gpu or --gpu_memory given: assuming {info.name}")
@@ -291,17 +304,25 @@ def spec_from_values(
     prov = dict(provenance or {})
     vals = {canonical_key(k): v for k, v in values.items()}
     assumptions: list[str] = []
-    load, why = load_dtype(vals, inventory, prov)
+    stack = stack_from_values(vals, _where("stack", prov))
+    inventory = inventory_for_stack(inventory, stack)  # transformers 4.x layouts (families_legacy.py)
+    load, why = load_dtype(vals, inventory, prov, stack)
     assumptions.append(why)
     bf16 = _bool(vals, "bf16", False, prov)
     fp16 = _bool(vals, "fp16", False, prov)
     if bf16 and fp16:
         raise ConfigError(f"{_where('bf16', prov)} and {_where('fp16', prov)}: pass only one of bf16 / fp16")
     mixed = MixedPrecision.BF16 if bf16 else MixedPrecision.FP16 if fp16 else MixedPrecision.NO
-    optim_name = str(vals.get("optim") or DEFAULT_OPTIM).strip().lower()
+    torch_release = stack.release("torch")
+    old_torch = torch_release is not None and torch_release[:2] < (2, 8)
+    default_optim = "adamw_torch" if old_torch else DEFAULT_OPTIM  # training_args.py: fused only on torch >= 2.8
+    optim_name = str(vals.get("optim") or default_optim).strip().lower()
     if vals.get("optim") is None:
-        assumptions.append(f"optim {DEFAULT_OPTIM} (TrainingArguments default on torch >= 2.8)")
+        when = f"torch {stack.get('torch')} < 2.8" if old_torch else "torch >= 2.8"
+        assumptions.append(f"optim {default_optim} (TrainingArguments default on {when})")
     extra = list(findings)
+    if vals.get("dtype") is None and inventory.shape.config_dtype is None:
+        extra.append(missing_dtype_finding(inventory, load))  # checkpoint_dtype.py
     from fitcheck.core.optimizers import canonical_optimizer
 
     optim_name, note = canonical_optimizer(optim_name)
@@ -381,6 +402,7 @@ def spec_from_values(
         freeze=freeze,
         provenance=prov,
         findings=tuple(extra),
+        stack=stack,
     )
     check_layout(spec)  # tp/cp/sp/HSDP sizes checked as accelerate checks them (exit 2)
     from fitcheck.readers.levers import refuse_peft_problems

@@ -12,7 +12,7 @@ from typing import Any
 from fitcheck.advice import Suggestion
 from fitcheck.core import ComputeEstimate
 from fitcheck.report import Location, Report, phases_of
-from fitcheck.spec import Strategy, TrainingSpec
+from fitcheck.spec import MODELLED_VERSIONS, Strategy, TrainingSpec
 
 
 def report_to_dict(report: Report) -> dict[str, Any]:
@@ -24,7 +24,9 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     Returns:
         A dict with ``fits``, ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``device_used_bytes``,
         ``budget_bytes``, ``host_bytes``, ``components`` (name -> bytes), ``findings`` and more detail
-        (``peak_phase``, ``phases``, ``component_detail``, ``regime``, parameter counts, ``assumptions``).
+        (``peak_phase``, ``phases``, ``component_detail``, ``regime``, parameter counts, ``assumptions``),
+        ``versions`` (the environment's library versions and their ``source``: installed or ``--stack``) and
+        ``modelled_versions`` (the versions the formulas were read from).
     """
     spec = report.spec
     return {
@@ -62,6 +64,8 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "seq_len": spec.batch.seq_len,
         "gradient_accumulation_steps": spec.batch.grad_accum,
         "assumptions": list(report.assumptions),
+        "versions": {"source": spec.stack.source or "unknown", **dict(spec.stack.versions)},
+        "modelled_versions": dict(MODELLED_VERSIONS),
     }
 
 

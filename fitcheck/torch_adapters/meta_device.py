@@ -135,7 +135,10 @@ def _features(module: Any, param: Any, kind: Kind) -> tuple[int, int]:
         # A bare (experts, hidden) router weight used as F.linear(x, weight): hidden -> experts.
         return int(param.shape[1]), int(param.shape[0])
     if kind is Kind.FUSED_EXPERTS:
-        # (experts, out, in) as peft's lora.ParamWrapper reads a non-transposed 3-D expert tensor.
+        # (experts, out, in) as peft's lora.ParamWrapper reads a non-transposed 3-D expert tensor; (experts, in,
+        # out) for a class marked is_transposed (gpt-oss; peft 0.21 tuners/lora/layer.py ParamWrapper.update_layer)
+        if getattr(module, "is_transposed", False):
+            return int(param.shape[1]), int(param.shape[2])
         return int(param.shape[2]), int(param.shape[1])
     if kind is Kind.LINEAR:
         if isinstance(module, Conv1D):
@@ -276,7 +279,9 @@ def _shape(model: Any, config: Mapping[str, object], layers_seen: int) -> ModelS
         num_heads=heads,
         num_kv_heads=_kv_heads(model) or attr("num_key_value_heads", "num_kv_heads") or heads,
         head_dim=attr("head_dim") or max(hidden // heads, 1),
-        intermediate_size=attr("intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden,
+        # MoE: the per-expert width (Qwen3-MoE / DeepSeek moe_intermediate_size; Mixtral's intermediate_size is it)
+        intermediate_size=(attr("moe_intermediate_size") if experts else 0)
+        or attr("intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden,
         vocab_size=attr("vocab_size") or int(embed.num_embeddings),
         max_position_embeddings=attr("max_position_embeddings", "n_positions", "seq_length"),
         mlp_activation=mlp_kind(_activation(model), gated=gated),

@@ -43,6 +43,8 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
+from fitcheck.core.activations.recent import eager_scores, qk_norm_outside, qk_norm_saved, recent_family_findings
+from fitcheck.core.activations.versions import legacy_logits_extra
 from fitcheck.core.activations.vision import vision_components, vision_findings
 from fitcheck.core.kernels import (
     deepspeed_module_view,
@@ -64,10 +66,12 @@ _FUSED_HEAD = frozenset({TrainerKind.SFT, TrainerKind.DPO, TrainerKind.GRPO})
 _TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
 # Families whose layer recipe below was read off traces and is pinned by tests.
 PINNED_FAMILIES = (
-    frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3"}) | FAMILY_FORMULAS
+    frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "mixtral",
+               "phi3"})
+    | FAMILY_FORMULAS
 )
 # transformers refuses SDPA for these configs (attention soft-capping / ALiBi): eager is what runs.
-_EAGER_ONLY = frozenset({"gemma2", "bloom"})
+_EAGER_ONLY = frozenset({"gemma2", "bloom", "gpt_oss"})  # gpt-oss: _supports_sdpa = False (attention sinks)
 _ATTN_LINEARS = ("q_proj", "k_proj", "v_proj")
 _MLP_IN_LINEARS = ("gate_proj", "up_proj")
 
@@ -208,7 +212,7 @@ def _layer_saved(spec: TrainingSpec) -> tuple[int, int]:
     fused = sh.family == "phi3"
     eager = _attn_impl(spec) is AttnImpl.EAGER
     total = 2 * _norm_saved(sh, m, full)
-    if sh.family == "gemma2":
+    if sh.family in ("gemma2", "gemma3_text"):
         total += 2 * _norm_saved(sh, m, full, pre=False)  # post-attention / post-feedforward norms
     # attention inputs (q/k/v or fused qkv_proj)
     if fused:
@@ -216,6 +220,7 @@ def _layer_saved(spec: TrainingSpec) -> tuple[int, int]:
         total += m.e * (q + 2 * kv)  # fused qkv output kept (v is a view of it; trace phi3: mm (b·s, q+2kv))
     else:
         total += _linear_inputs(sh, m, full, targets, spec.lora, _ATTN_LINEARS, h, False)
+    total += qk_norm_saved(sh, m.e == 2, full)  # Qwen3 per-head q/k RMSNorms (recent.py)
     # the o_proj input copy (eager transpose(1,2).contiguous(), phi3 SDPA reshape) lives only if o_proj's weight
     # or its fp32 lora_A reads it: a dropout or 16-bit adapter input is a new tensor (trace "llama lora eager")
     o_copy = q if full or _reads_input_itself(spec, m, targets, "o_proj") else 0
@@ -226,6 +231,7 @@ def _layer_saved(spec: TrainingSpec) -> tuple[int, int]:
         s2 = 4 * a + (2 * a if m.e == 2 else 0)  # fp32 softmax + its 16-bit cast
         if sh.family == "gemma2":
             s2 += m.e * a  # tanh of the soft-capped scores
+        s2 = eager_scores(sh, m.e, s2)  # gpt-oss: softmax with sinks in the logits dtype (recent.py)
         # fused qkv (phi3) keeps the qkv output already counted; rotary q and k are separate cats
     else:
         kv_saved = 2 * kv if not fused else kv  # k after rotary + v (phi3: v is a view of qkv)
@@ -282,8 +288,9 @@ def _outside_saved(spec: TrainingSpec) -> int:
     # cos and sin tables, shape (1, s, head_dim) in the model dtype (trace: to_copy / cos / sin, not per batch)
     total += 2 * s * rot * (2 if m.half_model else 4)
     if sh.family.startswith("gemma"):
-        norms = 4 if sh.family == "gemma2" else 2
+        norms = 4 if sh.family in ("gemma2", "gemma3_text") else 2
         total += 4 * h * (norms * sh.num_layers + 1)  # (1 + weight) in fp32 per norm (trace: add (h,) fp32)
+        total += qk_norm_outside(sh)  # Gemma-3 q/k norms' (1 + weight) (recent.py)
     if _attn_impl(spec) is AttnImpl.EAGER and spec.activations.checkpointing:
         # 4-D additive causal mask (b, 1, s, s), model dtype: no op saves it, so it outlives the decoder forward
         # only as an argument every checkpointed layer holds (trace "llama eager": absent without checkpointing)
@@ -317,6 +324,7 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
     fwd = (10 if m.e == 2 else 8) * bsv + labels
     if spec.lora is not None or spec.quant is not None:
         fwd += m.e * b * s * h  # final-norm output, held by the CausalLM forward during the loss, not saved
+    fwd += legacy_logits_extra(spec, m.e)  # transformers < 4.49: shifted fp32 logits copy (versions.py)
     # start of backward: log_softmax output + its gradient + the fp32 logits gradient (trace: 12·b·s·V + 8)
     bwd = 12 * bsv + 8
     # configuration_gemma2.py: final_logit_softcapping defaults to 30.0 (None turns it off)
@@ -528,8 +536,10 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """What the user should know about activations (unpinned family, forced eager, CPU-only paths)."""
     spec = deepspeed_module_view(bert_layer_alias(spec))
     out: list[Finding] = list(lever_findings(spec))
+    recent = recent_family_findings(spec)  # 2025 families: what is not pinned (recent.py)
+    out.extend(recent)
     fam = spec.model.shape.family
-    if fam not in PINNED_FAMILIES:
+    if fam not in PINNED_FAMILIES and not recent:
         out.append(
             Finding(
                 "activations-not-pinned",
