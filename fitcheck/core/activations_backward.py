@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.findings import Finding, Severity
+from fitcheck.report import Phase
 from fitcheck.spec import AttnImpl, DeviceType, Kind, Role, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
@@ -105,7 +106,16 @@ def _head_and_embedding(spec: TrainingSpec) -> tuple[int, int]:
 
 
 def _layer_cast(spec: TrainingSpec) -> int:
-    """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations)."""
+    """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations).
+
+    A 4-bit base makes none: ``bnb.nn.Linear4bit`` runs ``MatMul4Bit`` (no autocast op), which dequantizes
+    into a temporary and saves only the packed weight (bitsandbytes 0.50.2 autograd/_functions.py
+    ``MatMul4Bit.forward``: ``ctx.tensors = (None, B)``); only the LoRA weights' casts are held.
+    """
+    from fitcheck.core.activations_qlora import lora_layer_params, qlora_formula_applies
+
+    if qlora_formula_applies(spec):
+        return 2 * lora_layer_params(spec) // max(1, spec.model.shape.num_layers)
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
     return 2 * sum(p.numel_each for p in spec.model.params if p.per_layer and p.kind in kinds)
 
@@ -143,7 +153,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     g_head, g_emb = _head_and_embedding(spec)
     g_down = _down_proj_numel(spec) * _param_bytes(spec) if _trainable_full(spec) else 0
     cast = _layer_cast(spec) if q.autocast else 0
-    cast_down = 2 * _down_proj_numel(spec) if q.autocast else 0
+    from fitcheck.core.activations_qlora import qlora_formula_applies
+
+    # the down_proj weight cast freed after its backward (a 4-bit base has no cast: _layer_cast)
+    cast_down = 2 * _down_proj_numel(spec) if q.autocast and not qlora_formula_applies(spec) else 0
     # gated MLP: down_proj input gradient + the product's two gradients - down_proj's freed input (+2·e·I);
     # a plain MLP (GPT-2 traced: fc input gradient replaces the freed fc output) nets 0; + the residual gradient
     gated = sh.mlp_activation == "swiglu"
@@ -171,6 +184,13 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
 
 def _all_grads(spec: TrainingSpec) -> int:
     g_head, g_emb = _head_and_embedding(spec)
+    if spec.lora is not None and "lm_head" not in spec.lora.modules_to_save:
+        # LoRA with a frozen head: at the head's backward no adapter gradient exists yet (trace "llama qlora":
+        # the backward peak at the head holds no gradient); the model states count them all in BACKWARD
+        from fitcheck.core.model_states import model_state_components
+
+        grads = [c for c in model_state_components(spec) if c.name == "gradients"]
+        return sum(c.at(Phase.BACKWARD) for c in grads)
     if not _trainable_full(spec):
         return 0
     other = sum(p.numel for p in spec.model.params if not p.per_layer and p.role not in (Role.EMBEDDING, Role.LM_HEAD))

@@ -97,7 +97,10 @@ def qlora_layer_saved_per_token(spec: TrainingSpec, eager: bool) -> tuple[int, i
     if eager:
         # fp32: rotary q, repeat_kv clones of K and V, transpose(1,2).contiguous() of the output (4 x q);
         # autocast: bf16 casts of q and k^T and the bf16 output copy (trace "qwen2 qlora eager": 3 x q)
-        total += 16 * q if not autocast else 6 * q
+        # (the fp32 output copy is kept only by an o_proj adapter reading it itself: no dropout, no autocast;
+        # MatMul4Bit saves no input)
+        o_copy = 4 * q if "o_proj" in t and lora.dropout == 0 else 0
+        total += 12 * q + o_copy if not autocast else 6 * q
         s2 = 4 * a + (2 * a if autocast else 0)  # fp32 softmax (+ its bf16 cast for the second matmul)
     else:
         total += e * (q + 2 * kv) + e * q + 4 * a  # rotary q, k, v (or their casts), SDPA out, logsumexp fp32

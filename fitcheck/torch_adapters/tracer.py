@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import LoraSpec, QuantSpec, TrainingSpec
+from fitcheck.spec import FreezeSpec, LoraSpec, QuantSpec, TrainingSpec
 
 PARAMS = "parameters"
 GRADS = "gradients"
@@ -172,6 +172,7 @@ def trace_step(
     num_layers: int | None = None,
     fake: bool = True,
     seed: int = 0,
+    freeze: FreezeSpec | None = None,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -190,6 +191,7 @@ def trace_step(
         num_layers: Depth to build (None = the config's).
         fake: Trace on fake tensors (True) or run a real CPU step (False).
         seed: RNG seed for the real step.
+        freeze: Partial training without PEFT (``fitcheck.torch_adapters.tracer_freeze``).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -217,6 +219,7 @@ def trace_step(
             lora=lora,
             quant=quant,
             fake=fake,
+            freeze=freeze,
         )
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_trainer_optimizer(optimizer, model)
@@ -350,7 +353,9 @@ def trace_extrapolated(config: Mapping[str, Any], **kwargs: Any) -> TraceResult:
 
     depth = config_layers(config)
     group = layer_group(config)
-    if depth <= 2 * group:
+    freeze = kwargs.get("freeze")
+    if depth <= 2 * group or (freeze is not None and freeze.trainable_layers is not None):
+        # layers differ when only some are trainable: no repeating group to extrapolate from, trace them all
         return trace_step(config, num_layers=depth, **kwargs)
     one = trace_step(config, num_layers=group, **kwargs)
     two = trace_step(config, num_layers=2 * group, **kwargs)
@@ -371,6 +376,7 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         "lora": spec.lora,
         "quant": spec.quant,
         "optimizer": spec.optimizer.name,
+        "freeze": spec.freeze,
     }
 
 

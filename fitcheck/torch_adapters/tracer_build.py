@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitcheck.errors import ConfigError, UnsupportedModelError
-from fitcheck.spec import LoraSpec, QuantSpec
+from fitcheck.spec import FreezeSpec, LoraSpec, QuantSpec
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
@@ -107,6 +107,7 @@ def build_model(
     lora: LoraSpec | None = None,
     quant: QuantSpec | None = None,
     fake: bool = True,
+    freeze: FreezeSpec | None = None,
 ) -> Any:
     """Build the model as the training run would have it.
 
@@ -119,6 +120,7 @@ def build_model(
         lora: PEFT LoRA wrapping.
         quant: bitsandbytes 4-bit base (emulated on fake tensors; real bnb on real ones).
         fake: True when called inside a FakeTensorMode.
+        freeze: Partial training without PEFT: only the parameters it selects keep ``requires_grad``.
 
     Returns:
         The ``torch.nn.Module`` in train mode.
@@ -143,6 +145,10 @@ def build_model(
             model = prepare_for_kbit_training(quantize_base(model, quant, fake=fake), quant, checkpointing)
         if lora is not None:
             model = _wrap_lora(model, lora)
+    if freeze is not None:
+        from fitcheck.torch_adapters.tracer_freeze import apply_freeze
+
+        apply_freeze(model, freeze)
     if checkpointing:
         # what Trainer.train() calls in transformers 5 (trainer.py: activation_checkpointing_enable)
         model.activation_checkpointing_enable(
