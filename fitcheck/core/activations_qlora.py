@@ -128,16 +128,16 @@ def qlora_frozen_head(spec: TrainingSpec) -> bool:
     return qlora_formula_applies(spec) and lora is not None and "lm_head" not in lora.modules_to_save
 
 
-def qlora_cache_after_forward(spec: TrainingSpec, cache: int) -> int:
+def qlora_cache_after_forward(spec: TrainingSpec, cache: int, *, any_base: bool = False) -> int:
     """Autocast LoRA-weight casts still alive at the start of backward.
 
     Leaving autocast clears its cache (torch/amp/autocast_mode.py ``__exit__``: ``clear_autocast_cache``); a cast
     survives only when an autograd node saved it. Inside a checkpointed layer nothing is saved, so under full
     checkpointing no cast is left (trace ``llama qlora ckpt autocast``: 5.129 MiB of activations at the start of
-    backward, 1.098 MiB less than at the end of forward).
+    backward, 1.098 MiB less than at the end of forward). ``any_base``: the same rule for an unquantized base.
     """
     act = spec.activations
-    if not qlora_formula_applies(spec) or not act.checkpointing:
+    if not (any_base or qlora_formula_applies(spec)) or not act.checkpointing:
         return cache
     layers = spec.model.shape.num_layers
     kept = layers - -(-layers // max(1, act.checkpoint_every_n_layers))  # layers not checkpointed
