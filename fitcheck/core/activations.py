@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from fitcheck.core.activations_backward import BackwardInputs, backward_findings, backward_transient
+from fitcheck.core.activations_freeze import frozen_layers
 from fitcheck.core.activations_families import (
     FAMILY_FORMULAS,
     family_findings_text,
@@ -156,15 +157,19 @@ def _adapter_input(m: _Mode, lora: LoraSpec, width: int) -> int:
     return total + (2 if m.amp else 4) * lora.r  # lora_A output, kept by lora_B (trace: mm (b·s, r))
 
 
-def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
-    """(bytes per token, bytes per token per position of the s² term) saved by one decoder layer."""
+def layer_saved_per_token(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int, int]:
+    """(bytes per token, bytes per token per position of the s² term) saved by one decoder layer.
+
+    ``trainable=False``: a frozen layer of a partial fine-tune whose input needs a gradient
+    (``fitcheck.core.activations_freeze``); None: as the spec says (full fine-tune, LoRA or quantized base).
+    """
     sh = spec.model.shape
     if sh.family in FAMILY_FORMULAS:
         return family_layer_saved(spec)  # GPT-2, BERT, Phi, Falcon, BLOOM (activations_families.py)
     if qlora_formula_applies(spec):  # 4-bit base + LoRA, traced on real bitsandbytes (activations_qlora.py)
         return qlora_layer_saved_per_token(spec, _attn_impl(spec) is AttnImpl.EAGER)
     m = _mode(spec)
-    full = spec.lora is None and spec.quant is None
+    full = spec.lora is None and spec.quant is None if trainable is None else trainable
     targets = _lora_targets(spec)
     h, a = sh.hidden_size, sh.num_heads
     kv, q = sh.num_kv_heads * sh.head_dim, sh.num_heads * sh.head_dim
@@ -336,12 +341,21 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     if act.checkpointing:
         n_ckpt = math.ceil(layers / max(1, act.checkpoint_every_n_layers))
     kept = (layers - n_ckpt) * (layer + scores) + n_ckpt * m.r * sh.hidden_size * b * s
+    frozen = frozen_layers(spec)
+    layers_saved = -1
+    if frozen is not None:  # partial fine-tune by layers (activations_freeze.py)
+        f_token, f_s2 = layer_saved_per_token(spec, trainable=False)
+        if act.checkpointing:  # a checkpointed layer keeps its input only if a gradient flows through it
+            kept = (layers - frozen.no_grad) * m.r * sh.hidden_size * b * s
+        else:
+            kept = frozen.trained * (layer + scores) + frozen.frozen_grad * (f_token * b * s + f_s2 * b * s * s)
+            layers_saved = kept
     kept += _outside_saved(spec)
     fwd_logits, bwd_logits = _logits(spec)
     end = m.r * sh.hidden_size * b * s if (spec.lora is None or act.checkpointing) else 0
     # worst moment during backward besides every gradient (activations_backward.py, tests/test_backward_phase.py)
     bq = BackwardInputs(layer + scores, kept, m.r * sh.hidden_size * b * s if n_ckpt else 0, n_ckpt, m.e, m.r,
-                        m.autocast, m.half_model, end)
+                        m.autocast, m.half_model, end, layers_saved)
     recompute, moment = backward_transient(spec, bq, _head_backward_logits(spec, m))
     if n_ckpt and qlora_formula_applies(spec):  # peak in the first recomputed layer: every checkpoint still held
         end, recompute = kept, layer + scores + qlora_backward_working_set(spec) * b * s
@@ -410,6 +424,11 @@ def _autocast_cache_phases(spec: TrainingSpec, m: _Mode) -> tuple[int, int]:
         # full fine-tune: leaving autocast clears its cache; a cast survives only where an autograd node saved
         # it, and a checkpointed layer saves nothing (differential check "llama full ckpt autocast", Llama-3-8B:
         # 13 GiB of casts at the end of forward, none at the start of backward)
+        frozen = frozen_layers(spec)
+        if frozen is not None:
+            # autocast caches only casts of leaves that require grad (aten/src/ATen/autocast_mode.cpp
+            # cached_cast: arg.requires_grad() && arg.is_leaf()): frozen layers' casts die with their op
+            cache = cache * frozen.trained // max(1, spec.model.shape.num_layers)
         return cache, qlora_cache_after_forward(spec, cache, any_base=True)
     if spec.lora is None or spec.quant is not None:
         return cache, qlora_cache_after_forward(spec, cache)

@@ -60,6 +60,8 @@ class BackwardInputs:
         autocast: Whether fp32 weights are cast to 16 bits by autocast.
         half_model: Whether the model itself is 16-bit.
         end: What ``activations.saved`` keeps in ``Phase.BACKWARD`` (the embedding-output gradient).
+        layers_saved: Saved bytes of all decoder layers together where they differ (partial training by
+            layers, ``activations_freeze``); -1 when every layer saves ``layer``.
     """
 
     layer: int
@@ -71,6 +73,7 @@ class BackwardInputs:
     autocast: bool
     half_model: bool
     end: int
+    layers_saved: int = -1
 
 
 def _trainable_full(spec: TrainingSpec) -> bool:
@@ -171,8 +174,11 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     moments["head"] = q.kept + (L * cast if q.n_ckpt == 0 else 0) + head_extra + q.e * bs * h + head_grad - missing
     for name, i in (("top layer", L - 1), ("bottom layer", 0)):
         missing = 0 if accum else (i + 1) * g_layer - g_down + g_emb
+        if spec.freeze is not None and not accum:
+            missing = _frozen_missing(spec, top=i == L - 1)
         if q.n_ckpt == 0:
-            live = static + (i + 1) * (q.layer + cast + norms) - cast_down
+            saved = (i + 1) * q.layer if q.layers_saved < 0 or i == 0 else q.layers_saved
+            live = static + saved + (i + 1) * (cast + norms) - cast_down
         else:
             shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
             live = static + (i + 1) * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
@@ -182,15 +188,45 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     return moments
 
 
+def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:
+    """Gradients of a partial fine-tune not produced yet at the top (or bottom) layer's MLP backward.
+
+    Top: every gradient but the head's and the top layer's own (less its down_proj weight gradient, the first
+    one the layer produces), when the top layer trains. Bottom: only the embedding's.
+    """
+    from fitcheck.core.activations_freeze import frozen_layers
+
+    frozen = frozen_layers(spec)
+    nbytes = _param_bytes(spec)
+    if frozen is None:
+        return 0
+    if not top:
+        emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING) * nbytes
+        return emb if frozen.embedding_trained and not spec.model.shape.tied_embeddings else 0
+    fz = spec.freeze
+    top_trained = fz is not None and fz.trainable_layers is not None and (
+        spec.model.shape.num_layers - 1 in fz.trainable_layers)
+    own = (sum(p.numel_each for p in spec.model.params if p.per_layer) - _down_proj_numel(spec)) * nbytes
+    return max(_all_grads(spec) - (own if top_trained else 0), 0)
+
+
 def _all_grads(spec: TrainingSpec) -> int:
     g_head, g_emb = _head_and_embedding(spec)
-    if spec.lora is not None and "lm_head" not in spec.lora.modules_to_save:
-        # LoRA with a frozen head: at the head's backward no adapter gradient exists yet (trace "llama qlora":
-        # the backward peak at the head holds no gradient); the model states count them all in BACKWARD
+    if spec.lora is not None or spec.freeze is not None:
+        # LoRA / partial training: at the head's backward no gradient but the head's exists yet (trace "llama
+        # qlora": the backward peak at the head holds no gradient); the model states count them all in BACKWARD
+        from fitcheck.core.activations_freeze import frozen_layers
         from fitcheck.core.model_states import model_state_components
 
-        grads = [c for c in model_state_components(spec) if c.name == "gradients"]
-        return sum(c.at(Phase.BACKWARD) for c in grads)
+        grads = sum(c.at(Phase.BACKWARD) for c in model_state_components(spec) if c.name == "gradients")
+        frozen = frozen_layers(spec)
+        head_trained = spec.lora is not None and "lm_head" in spec.lora.modules_to_save
+        if frozen is not None:
+            head_trained = frozen.head_trained
+        if head_trained:
+            nbytes = 4 if spec.lora is not None else _param_bytes(spec)  # modules_to_save copies are fp32 (peft)
+            grads -= nbytes * sum(p.numel for p in spec.model.params if p.role is Role.LM_HEAD)
+        return max(grads, 0)
     if not _trainable_full(spec):
         return 0
     other = sum(p.numel for p in spec.model.params if not p.per_layer and p.role not in (Role.EMBEDDING, Role.LM_HEAD))
