@@ -14,7 +14,7 @@ that reads it (tools/autograd/gen_variable_type.py, torch 2.13), so for a decode
   (``fitcheck.core.activations.layer_saved_per_token(spec, trainable=False)``);
 * a trainable layer: the full fine-tune layer.
 
-Only layer-granular freezing is modelled this way (every parameter name trainable, ``trainable_layers`` set);
+Only layer-granular freezing is modelled this way (every per-layer name trainable, ``trainable_layers`` set);
 other patterns (router-only, attention-only) fall outside the checked envelope (``fitcheck.core.envelope``).
 """
 
@@ -45,9 +45,12 @@ class FrozenLayers:
 
 
 def layer_granular(spec: TrainingSpec) -> bool:
-    """A FreezeSpec that trains whole layers: every name pattern ``*`` and ``trainable_layers`` set."""
+    """A FreezeSpec that trains whole layers: ``trainable_layers`` set and every per-layer parameter name
+    matching a trainable pattern (embeddings, final norm and head train as their own names match)."""
     fz = spec.freeze
-    return fz is not None and spec.lora is None and fz.trainable_layers is not None and "*" in fz.trainable
+    if fz is None or spec.lora is not None or spec.quant is not None or fz.trainable_layers is None:
+        return False
+    return all(any(p.matches(t) for t in fz.trainable) for p in spec.model.params if p.per_layer)
 
 
 def frozen_layers(spec: TrainingSpec) -> FrozenLayers | None:

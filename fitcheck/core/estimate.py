@@ -10,6 +10,7 @@ peak allocated = max over phases of the sum of DEVICE components alive in that p
 from __future__ import annotations
 
 from fitcheck.core.activations import activation_components, activation_findings
+from fitcheck.core.envelope import in_envelope, not_pinned_finding
 from fitcheck.core.model_states import (
     describe_regime,
     model_state_components,
@@ -107,7 +108,8 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
     Args:
         spec: The training run.
         activations: Activation components to use instead of the per-family formulas (from a fake-tensor
-            trace, ``fitcheck estimate --trace``).
+            trace, ``fitcheck estimate --trace``). Without them, a spec outside the checked envelope
+            (``fitcheck.core.envelope``) gets ``pinned=False`` and a ``not-pinned`` WARNING.
 
     Returns:
         The itemised report with the peak phase, allocated/reserved/used bytes, the verdict and findings.
@@ -131,6 +133,9 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *overhead_findings(spec),
         *_verdict(spec, components, phase, device_used, budget, host),
     ]
+    pinned = activations is not None or in_envelope(spec)
+    if not pinned:
+        findings.append(not_pinned_finding(spec))
     findings.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     trainable = trainable_params(spec)
     total = spec.model.total_params + _adapter_params(spec, trainable)
@@ -148,6 +153,7 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         regime=describe_regime(spec),
         trainable_params=trainable,
         total_params=total,
+        pinned=pinned,
     )
 
 

@@ -50,7 +50,7 @@ FAMILY_MODELS: dict[str, str] = {
     "bloom": "bigscience/bloomz-7b1",
 }
 METHODS = ("full", "lora", "qlora", "int8", "dora", "freeze")
-PRECISIONS = ("bf16", "autocast")
+PRECISIONS = ("bf16", "autocast", "fp32")
 PHASES = (Phase.FORWARD_END, Phase.BACKWARD_START, Phase.BACKWARD)
 # TRL ModelConfig defaults (lora_r 16, alpha 32, dropout 0.05) on every linear layer
 _LORA = LoraSpec(r=16, alpha=32, dropout=0.05, target_modules=("all-linear",))
@@ -70,8 +70,8 @@ class Cell:
             frozen, at ``FREEZE_DEPTH`` layers).
         ckpt: Gradient checkpointing.
         attn: ``sdpa`` / ``eager``.
-        precision: ``bf16`` (16-bit model, no autocast) or ``autocast`` (bf16 autocast over an fp32 model; for
-            quantized bases over a bf16-loaded model, as TRL's ``--bf16`` QLoRA runs).
+        precision: ``bf16`` (16-bit model, no autocast), ``autocast`` (bf16 autocast over an fp32 model; for
+            quantized bases over a bf16-loaded model, as TRL's ``--bf16`` QLoRA runs) or ``fp32`` (no autocast).
         seq: Tokens per sequence.
         batch: Micro-batch.
     """
@@ -134,6 +134,8 @@ def cell_spec(cell: Cell, config: dict[str, object] | None = None) -> TrainingSp
     quantized = cell.method in ("qlora", "int8")
     if cell.precision == "autocast":
         precision = PrecisionSpec(Dtype.BFLOAT16 if quantized else Dtype.FLOAT32, MixedPrecision.BF16)
+    elif cell.precision == "fp32":
+        precision = PrecisionSpec(Dtype.FLOAT32, MixedPrecision.NO)
     else:
         precision = PrecisionSpec(Dtype.BFLOAT16, MixedPrecision.NO)
     lora: LoraSpec | None = None
@@ -179,7 +181,7 @@ def grid(families: tuple[str, ...] = tuple(FAMILY_MODELS), methods: tuple[str, .
     """Every family × method × checkpointing × attention × precision, one (seq, batch) per cell.
 
     The (short/long sequence, micro-batch 1/4) pair rotates over the cells of each (family, method), so every
-    pair is exercised for every method while the grid stays 8 cells per (family, method): activations are
+    pair is exercised for every method while the grid stays 12 cells per (family, method): activations are
     linear in the micro-batch and (SDPA) in the sequence, eager's s² term is checked at the long sequences.
     """
     pairs = [(s, b) for s in seqs for b in batches]
