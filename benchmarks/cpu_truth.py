@@ -3,7 +3,7 @@
 Each row builds a small but realistic model from a config.json dict with random weights, runs two REAL
 training steps on CPU (forward, loss, backward, optimizer step, zero_grad) and measures the live-tensor peak of
 the second with the same dispatch-mode recorder the tracer uses (``fitcheck.torch_adapters.tracer_recorder``,
-real tensors, storages deduplicated). The estimate is ``fitcheck.core.estimate.estimate(spec)`` for the same
+real tensors, storages deduplicated). The estimate is ``fitcheck.core.estimator.estimate(spec)`` for the same
 run, built from the same config through ``fitcheck.readers.model_config.inventory_from_config``.
 
 Run: ``PYTHONPATH=. python benchmarks/cpu_truth.py``
@@ -125,7 +125,7 @@ def spec_for(row: Row) -> TrainingSpec:
 
 def measure(row: Row) -> tuple[int, int, str, str]:
     """(real peak, estimated peak, real peak phase, estimated peak phase) of one row."""
-    from fitcheck.core.estimate import estimate
+    from fitcheck.core.estimator import estimate
     from fitcheck.torch_adapters.tracer import trace_step
 
     real = trace_step(

@@ -243,7 +243,7 @@ def _gpu_flag(name: str, total: int) -> dict[str, object]:
 
 def _estimate(values: Mapping[str, object]) -> dict[str, Any]:
     from fitcheck.cli.estimate import spec_from_values
-    from fitcheck.core.estimate import estimate
+    from fitcheck.core.estimator import estimate
     from fitcheck.render.json_out import report_to_dict
 
     spec, _ = spec_from_values(values, {})

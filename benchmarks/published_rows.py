@@ -415,8 +415,9 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
 def inventory_for(ref: ModelRef) -> ModelInventory:
     """The row's parameter inventory: from the built-in catalog, or from the config built from its ``arch``."""
     from fitcheck.readers import model_config
+    from fitcheck.torch_adapters.meta_device import meta_inventory
 
     if ref.catalog_id is not None:
-        return model_config.load_inventory(ref.catalog_id, env={})
+        return model_config.load_inventory(ref.catalog_id, env={}, meta_fallback=meta_inventory)
     assert ref.config is not None
     return model_config.inventory_from_config(ref.config, "published-row", "row arch (calibration data)")

@@ -23,8 +23,8 @@ import torch
 from accelerate.utils import find_executable_batch_size
 from fitcheck.integrations.tuner import tune_micro_batch
 
-from fitcheck.core.batch_search import max_micro_batch, with_micro_batch
-from fitcheck.core.estimate import estimate
+from fitcheck.advice.batch_search import max_micro_batch, with_micro_batch
+from fitcheck.core.estimator import estimate
 from fitcheck.spec import TrainingSpec
 
 HF_START = 64

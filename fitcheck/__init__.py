@@ -17,8 +17,8 @@ from fitcheck.report import Category, Component, Location, Phase, Report
 from fitcheck.spec import TrainingSpec
 
 if TYPE_CHECKING:
-    from fitcheck.core.estimate import estimate
-    from fitcheck.integrations.trainer import FitcheckCallback, preflight
+    from fitcheck.core import estimate
+    from fitcheck.integrations import FitcheckCallback, preflight
 
 __version__ = "0.1.0"
 
@@ -47,11 +47,11 @@ _LAZY = {"FitcheckCallback", "preflight"}
 def __getattr__(name: str) -> Any:
     """Import on first use: the estimator, and the Trainer integration (which needs transformers and torch)."""
     if name == "estimate":
-        from fitcheck.core.estimate import estimate
+        from fitcheck.core import estimate
 
         return estimate
     if name in _LAZY:
-        from fitcheck.integrations import trainer
+        import fitcheck.integrations as integrations
 
-        return getattr(trainer, name)
+        return getattr(integrations, name)
     raise AttributeError(f"module 'fitcheck' has no attribute {name!r}")

@@ -114,7 +114,7 @@ class Report:
         total_params: Parameter count of the model as loaded (adapters included).
         assumptions: Lines that state what was assumed (defaults taken, spellings read).
         pinned: The activations come from a trace, or from formulas checked against traces for this kind of
-            run (``fitcheck.core.envelope``).
+            run (``fitcheck.core.activations.envelope``).
     """
 
     spec: TrainingSpec

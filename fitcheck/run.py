@@ -5,7 +5,7 @@ A shim over :mod:`fitcheck.integrations.run` (the integration lives there).
 
 import sys
 
-from fitcheck.integrations.run import main
+from fitcheck.integrations import run_main as main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,24 +8,47 @@ folder). Everything here imports transformers/torch lazily, on first use:
 * :class:`FitcheckCallback` — reads the loaded model at ``on_init_end``, prints the report, optionally raises
   (``strict=True``), and records predicted vs measured peak memory after the first optimizer steps.
 * :class:`DoesNotFitError` — raised by both only when ``strict``.
-* ``fitcheck launch`` (``fitcheck.integrations.accelerate_launch``) and ``python -m fitcheck.run``
-  (``fitcheck.integrations.run``).
+* ``fitcheck launch`` (:func:`split_argv`, :func:`launch_report`, :func:`accelerate_command`,
+  :func:`exec_command` from ``fitcheck.integrations.accelerate_launch``) and ``python -m fitcheck.run``
+  (:func:`run_main`, ``fitcheck.integrations.run``).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fitcheck.integrations.accelerate_launch import accelerate_command, exec_command, launch_report, split_argv
+    from fitcheck.integrations.run import main as run_main
     from fitcheck.integrations.trainer import DoesNotFitError, FitcheckCallback, preflight
 
-__all__ = ["DoesNotFitError", "FitcheckCallback", "preflight"]
+_WHERE = {
+    "DoesNotFitError": ("trainer", "DoesNotFitError"),
+    "FitcheckCallback": ("trainer", "FitcheckCallback"),
+    "preflight": ("trainer", "preflight"),
+    "accelerate_command": ("accelerate_launch", "accelerate_command"),
+    "exec_command": ("accelerate_launch", "exec_command"),
+    "launch_report": ("accelerate_launch", "launch_report"),
+    "split_argv": ("accelerate_launch", "split_argv"),
+    "run_main": ("run", "main"),
+}
+
+__all__ = [
+    "DoesNotFitError",
+    "FitcheckCallback",
+    "accelerate_command",
+    "exec_command",
+    "launch_report",
+    "preflight",
+    "run_main",
+    "split_argv",
+]
 
 
 def __getattr__(name: str) -> Any:
-    """Import the Trainer integration (transformers, torch) on first use."""
-    if name in __all__:
-        from fitcheck.integrations import trainer
-
-        return getattr(trainer, name)
+    """Import the integration that defines ``name`` (transformers, torch, accelerate) on first use."""
+    if name in _WHERE:
+        module, attr = _WHERE[name]
+        return getattr(importlib.import_module(f"fitcheck.integrations.{module}"), attr)
     raise AttributeError(f"module 'fitcheck.integrations' has no attribute {name!r}")

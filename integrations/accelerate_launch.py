@@ -32,6 +32,7 @@ from typing import Any
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
+from fitcheck.torch_adapters import meta_inventory
 
 BOOL_FLAGS = {"--check-only": "check_only", "--check_only": "check_only", "--strict": "strict", "--json": "json"}
 VALUE_FLAGS = {
@@ -183,8 +184,7 @@ def launch_values(
     Precedence: fitcheck's own flags > the script's TrainingArguments flags > explicit accelerate flags > the
     accelerate config file (read by the merge step).
     """
-    from fitcheck.readers.accelerate_config import default_config_path
-    from fitcheck.readers.trainer_args import read_script_argv
+    from fitcheck.readers import default_config_path, read_script_argv
 
     script = str(ns.training_script)
     read = read_script_argv(list(ns.training_script_args or []), source=f"{os.path.basename(script)} arguments")
@@ -241,12 +241,12 @@ def launch_report(plan: LaunchPlan, env: Mapping[str, str]) -> Any:
 
     from fitcheck.integrations.spec_build import build_spec, field_findings
 
-    from fitcheck.core.estimate import estimate
-    from fitcheck.readers.model_config import load_inventory
+    from fitcheck.core import estimate
+    from fitcheck.readers import load_inventory
 
     ns = parse_accelerate_args(plan.accelerate_argv)
     values, prov, findings = launch_values(ns, plan, env)
-    inventory = load_inventory(str(values.pop("model_name_or_path")), env=env)
+    inventory = load_inventory(str(values.pop("model_name_or_path")), env=env, meta_fallback=meta_inventory)
     spec, assumptions = build_spec(inventory, values, prov, findings, env)
     report = estimate(spec)
     more = field_findings(spec, values, env,

@@ -16,6 +16,7 @@ from typing import Any
 
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import DeviceType, Dtype, ModelInventory, TrainingSpec
+from fitcheck.torch_adapters import meta_inventory
 from fitcheck.units import format_bytes
 
 
@@ -40,11 +41,11 @@ def inventory_for(model_or_config: object, env: Mapping[str, str]) -> ModelInven
     A loaded model is inventoried from its (base) config: the live parameters add adapters and quantized
     storage, which :func:`apply_live_facts` reads separately.
     """
-    from fitcheck.readers.model_config import inventory_from_config, load_inventory
+    from fitcheck.readers import inventory_from_config, load_inventory
 
     if isinstance(model_or_config, str):
-        return load_inventory(model_or_config, env=env)
-    from fitcheck.torch_adapters.live_model import config_mapping, unwrap_model
+        return load_inventory(model_or_config, env=env, meta_fallback=meta_inventory)
+    from fitcheck.torch_adapters import config_mapping, unwrap_model
 
     source = "PretrainedConfig"
     config: Any = model_or_config
@@ -64,7 +65,7 @@ def inventory_for(model_or_config: object, env: Mapping[str, str]) -> ModelInven
 
 def training_args_values(args: object) -> tuple[dict[str, object], dict[str, str], list[Finding]]:
     """Flat canonical values of a ``TrainingArguments`` (or TRL config) object, with provenance strings."""
-    from fitcheck.readers.trainer_args import read_training_args_object
+    from fitcheck.readers import read_training_args_object
 
     read = read_training_args_object(args, source=type(args).__name__)
     prov = {k: f"{src}.{key}" for k, (src, key) in read.provenance.items()}
@@ -140,7 +141,7 @@ def detect_hardware(device: Any = None) -> dict[str, object]:
         props = torch.cuda.get_device_properties(dev)
         out: dict[str, object] = {"device_type": "cuda", "gpu_memory": int(props.total_memory)}
         try:
-            from fitcheck.catalog.gpus import lookup_gpu
+            from fitcheck.catalog import lookup_gpu
 
             info = lookup_gpu(str(props.name))
             out["gpu"] = info.name
@@ -174,7 +175,7 @@ def build_spec(
     to the DeepSpeed/FSDP readers. accelerate's default config file is read only when named in
     ``config_file``: a script run with ``python`` or inside a launched process does not read it.
     """
-    from fitcheck.readers.run_args import spec_from_values
+    from fitcheck.readers import spec_from_values
 
     vals = dict(values)
     prov = dict(provenance)
@@ -190,7 +191,7 @@ def build_spec(
     if live_ds or live_fsdp:
         sharding = _live_sharding(inventory, vals, prov, findings, fsdp, fsdp_config)
         return spec_from_values(vals, inventory=inventory, sharding=sharding, provenance=prov, findings=findings)
-    from fitcheck.readers.merge import merge_sources
+    from fitcheck.readers import merge_sources
 
     cli = {k: v for k, v in vals.items() if v is not None}
     accelerate_file = cli.pop("config_file", None)
@@ -226,8 +227,7 @@ def _live_sharding(
     fsdp_config: object,
 ) -> Any:
     """DeepSpeed/FSDP settings of a live TrainingArguments (dicts already resolved by transformers)."""
-    from fitcheck.readers.deepspeed import resolve_deepspeed
-    from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
+    from fitcheck.readers import fsdp_from_config, fsdp_option_string, resolve_deepspeed
     from fitcheck.spec import ShardingSpec, Strategy
 
     n = int(str(vals.get("num_processes") or 1))

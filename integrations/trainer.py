@@ -67,7 +67,7 @@ def _would_fail(report: Report) -> bool:
 
 
 def _estimate(spec: TrainingSpec, extra: tuple[Finding, ...] = ()) -> Report:
-    from fitcheck.core.estimate import estimate
+    from fitcheck.core import estimate
 
     if extra:
         spec = dataclasses.replace(spec, findings=(*spec.findings, *extra))
@@ -138,7 +138,7 @@ def preflight(
         values, prov, findings = training_args_values(args)
     facts = None
     if is_live_model(model_or_config):
-        from fitcheck.torch_adapters.live_model import inspect_model
+        from fitcheck.torch_adapters import inspect_model
 
         facts = inspect_model(model_or_config)
     if peft_config is not None and (facts is None or facts.lora is None):
@@ -163,16 +163,16 @@ def preflight(
         spec, notes = apply_live_facts(spec, facts)
     extra: tuple[Finding, ...] = ()
     if device_map:
-        from fitcheck.torch_adapters.device_map_check import device_map_findings
+        from fitcheck.torch_adapters import device_map_findings
 
         extra = device_map_findings(spec, device_map, max_memory)
     if facts is not None:
-        from fitcheck.torch_adapters.live_model import live_device_map_findings
+        from fitcheck.torch_adapters import live_device_map_findings
 
         extra += live_device_map_findings(model_or_config, num_processes=spec.sharding.num_processes)
     report = _estimate(spec, extra)
     if device_map:
-        from fitcheck.core.device_map_plan import weights_only_finding
+        from fitcheck.advice import weights_only_finding
 
         note = weights_only_finding(report, device_map)
         if note is not None:
@@ -293,7 +293,7 @@ class FitcheckCallback(TrainerCallback):
             values[key] = value
             prov[key] = f"FitcheckCallback({key}=...)"
         env = dict(os.environ)
-        from fitcheck.torch_adapters.live_model import inspect_model, live_device_map_findings
+        from fitcheck.torch_adapters import inspect_model, live_device_map_findings
 
         facts = inspect_model(model)
         spec, assumptions = build_spec(inventory_for(model, env), values, prov, findings, env)
@@ -310,7 +310,7 @@ class FitcheckCallback(TrainerCallback):
     def _print(self, report: Report) -> None:
         if not (self._main and self.print_report):
             return
-        from fitcheck.render.table import make_console, print_report
+        from fitcheck.render import make_console, print_report
 
         print_report(report, make_console())
 
@@ -366,7 +366,7 @@ class FitcheckCallback(TrainerCallback):
             return
         if self._device_type != "cpu" or model is None:
             return
-        from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
+        from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
 
         if self._tracker is not None:
             self._tracker.stop()

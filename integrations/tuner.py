@@ -218,7 +218,7 @@ class TrainerBatch:
 
 
 def _keep_global(per_gpu: int, micro: int) -> tuple[int, int]:
-    """The rule of ``fitcheck.core.batch_search.plan_global_batch`` on plain numbers."""
+    """The rule of ``fitcheck.advice.batch_search.plan_global_batch`` on plain numbers."""
     m = min(micro, per_gpu)
     if per_gpu % m == 0:
         return m, per_gpu // m
@@ -234,7 +234,7 @@ def set_trainer_micro_batch(
     """Set the micro-batch of a Trainer (or its TrainingArguments) before its dataloader is built.
 
     Sets ``args.per_device_train_batch_size``; with ``keep_global_batch`` rescales
-    ``args.gradient_accumulation_steps`` (rule: ``fitcheck.core.batch_search.plan_global_batch``); updates
+    ``args.gradient_accumulation_steps`` (rule: ``fitcheck.advice.batch_search.plan_global_batch``); updates
     the Trainer's private ``_train_batch_size`` (copied from args in ``Trainer.__init__``; guarded by
     ``hasattr``); and writes DeepSpeed's ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``
     and ``train_batch_size`` into ``args.hf_deepspeed_config.config`` (the dict accelerate's DeepSpeed plugin

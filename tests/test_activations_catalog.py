@@ -13,7 +13,7 @@ import pytest
 
 from fitcheck.catalog.models import catalog_ids
 from fitcheck.cli.estimate import spec_from_values
-from fitcheck.core.estimate import estimate
+from fitcheck.core.estimator import estimate
 from fitcheck.report import PHASES, Category, Phase, Report
 
 _REGIMES: dict[str, dict[str, Any]] = {

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from tiny_models import assert_activations_match_trace, spec_from_config
 
-from fitcheck.core.activations import activation_findings
-from fitcheck.core.activations_families import family_layer_saved
+from fitcheck.core.activations.decoder import activation_findings
+from fitcheck.core.activations.families import family_layer_saved
 from fitcheck.spec import DeviceType, Dtype, LoraSpec, MixedPrecision, PrecisionSpec
 
 FAMILIES: dict[str, dict[str, Any]] = {

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from tiny_models import assert_activations_match_trace, llama_like_configs, spec_from_config
 
-from fitcheck.core.activations import activation_components
+from fitcheck.core.activations.decoder import activation_components
 from fitcheck.report import Phase
 from fitcheck.spec import LoraSpec
 

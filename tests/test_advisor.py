@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from test_advisor_fakes import fake_estimate, llama8b_spec, with_budget
 
-from fitcheck.core.advisor import Tier, advise
-from fitcheck.core.batch_search import keep_global_batch, max_micro_batch, plan_global_batch, with_micro_batch
+from fitcheck.advice.advisor import Tier, advise
+from fitcheck.advice.batch_search import keep_global_batch, max_micro_batch, plan_global_batch, with_micro_batch
 from fitcheck.spec import AttnImpl, ShardingSpec, Strategy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +120,7 @@ def real_spec():  # type: ignore[no-untyped-def]
 
 
 def test_llama31_8b_seq4096_top_suggestions_fit_by_their_own_estimate() -> None:
-    from fitcheck.core.estimate import estimate
+    from fitcheck.core.estimator import estimate
 
     spec = real_spec()
     report = estimate(spec)

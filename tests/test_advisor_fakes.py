@@ -2,7 +2,7 @@
 
 The stand-in estimate is deliberately simple (Korthikanti-style activations, textbook model states), so that
 the advisor, the batch search and the tuner can be tested on their own logic, independent of the real
-estimator's numbers. Tests of the real pipeline use ``fitcheck.core.estimate.estimate``.
+estimator's numbers. Tests of the real pipeline use ``fitcheck.core.estimator.estimate``.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def llama8b_spec(micro: int = 1, seq: int = 4096, gas: int = 1, **hw: object) ->
 
 def _trainable(spec: TrainingSpec) -> int:
     if spec.lora is not None:
-        from fitcheck.core.lora import adapter_param_count
+        from fitcheck.core.states.lora import adapter_param_count
 
         return adapter_param_count(spec)
     return spec.model.total_params
@@ -196,7 +196,7 @@ def test_fake_estimate_grows_with_micro_batch() -> None:
 
 
 def test_a_suggestion_that_only_adds_changes_without_gain_is_dropped() -> None:
-    from fitcheck.core.advisor import Suggestion, Tier, _dominates
+    from fitcheck.advice.advisor import Suggestion, Tier, _dominates
 
     def make(argv: tuple[str, ...], used: int) -> Suggestion:
         return Suggestion(title="t", argv=argv, changes=(), peak_allocated_bytes=used, device_used_bytes=used,

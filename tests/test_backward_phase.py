@@ -2,7 +2,7 @@
 
 The traced BACKWARD phase is the peak of live bytes from the logits gradient to the end of ``loss.backward()``
 (``fitcheck.torch_adapters.tracer``). Besides parameters, optimizer states and every gradient (counted by
-``fitcheck.core.model_states``), the activation components must hold exactly what the trace holds there. Shapes
+``fitcheck.core.states.model_states``), the activation components must hold exactly what the trace holds there. Shapes
 are small but activation-dominated (b·s = 1024 tokens, h = 64), so that the layer/head moments, not the
 end-of-backward gradients, set the phase.
 """
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from tiny_models import llama_like_configs, spec_from_config
 
-from fitcheck.core.activations import activation_components, activation_findings
-from fitcheck.core.activations_backward import cuda_embedding_backward
+from fitcheck.core.activations.backward import cuda_embedding_backward
+from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.report import Phase
 from fitcheck.spec import DeviceType, LoraSpec, TrainingSpec
 

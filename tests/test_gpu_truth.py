@@ -30,7 +30,7 @@ def _row(name: str) -> Any:
 
 def test_every_row_is_read_by_the_estimate_cli_and_estimated() -> None:
     from fitcheck.cli.estimate import spec_from_values
-    from fitcheck.core.estimate import estimate
+    from fitcheck.core.estimator import estimate
 
     names = [r.name for r in gpu_truth.ROWS]
     assert len(names) == len(set(names))

@@ -22,7 +22,7 @@ from fitcheck.catalog.models import catalog_ids, find_catalog_config
 from fitcheck.errors import UnsupportedModelError
 from fitcheck.readers.model_config import inventory_from_config, load_inventory
 from fitcheck.spec import Kind, ModelInventory, ParamEntry, Role
-from fitcheck.torch_adapters.meta_inventory import build_meta_model, meta_inventory
+from fitcheck.torch_adapters.meta_device import build_meta_model, meta_inventory
 
 ENV: dict[str, str] = {"HOME": "/nonexistent-home-for-tests"}
 
@@ -274,13 +274,13 @@ def test_load_inventory_uses_meta_for_other_architectures(tmp_path: Path) -> Non
         "max_position_embeddings": 64,
     }
     (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    inv = load_inventory(str(tmp_path), env=ENV)
+    inv = load_inventory(str(tmp_path), env=ENV, meta_fallback=meta_inventory)
     assert inv.counted_by == "meta"
     assert inv.shape.num_layers == 3 and inv.shape.no_split_module == "GPTNeoXLayer"
     qkv = next(p for p in inv.params if p.name.endswith("attention.query_key_value.weight"))
     assert (qkv.repeat, qkv.kind, qkv.role, qkv.shape) == (3, Kind.LINEAR, Role.ATTENTION, (192, 64))
     with pytest.raises(UnsupportedModelError, match="meta-device path is disabled"):
-        load_inventory(str(tmp_path), env=ENV, allow_meta=False)
+        load_inventory(str(tmp_path), env=ENV)
 
 
 def test_remote_code_is_never_run(tmp_path: Path) -> None:
@@ -294,7 +294,7 @@ def test_remote_code_is_never_run(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
     (tmp_path / "modeling_acme.py").write_text("raise SystemExit('remote code ran')\n", encoding="utf-8")
     with pytest.raises(UnsupportedModelError, match="remote code"):
-        load_inventory(str(tmp_path), env=ENV)
+        load_inventory(str(tmp_path), env=ENV, meta_fallback=meta_inventory)
 
 
 def test_heterogeneous_layers_are_not_collapsed() -> None:

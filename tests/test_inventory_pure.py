@@ -38,7 +38,7 @@ def _catalog(model_id: str) -> dict[str, object]:
 
 @pytest.mark.parametrize(("model_id", "total"), KNOWN_TOTALS.items())
 def test_known_totals(model_id: str, total: int) -> None:
-    inv = load_inventory(model_id, env=ENV, allow_meta=False)
+    inv = load_inventory(model_id, env=ENV)
     assert inv.total_params == total
     assert inv.counted_by == "pure-python"
 
@@ -238,7 +238,7 @@ def test_remote_code_only_config_is_refused(tmp_path: Path) -> None:
         {"model_type": "acme_secret", "auto_map": {"AutoModelForCausalLM": "modeling_acme.AcmeForCausalLM"}},
     )
     with pytest.raises(UnsupportedModelError) as err:
-        load_inventory(str(path), env=ENV, allow_meta=False)
+        load_inventory(str(path), env=ENV)
     assert "acme_secret" in str(err.value)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from test_model_states_inventories import llama_like, mixtral_like
 
-from fitcheck.core.lora import adapter_param_count, plan_lora
+from fitcheck.core.states.lora import adapter_param_count, plan_lora
 from fitcheck.spec import LoraSpec, TrainingSpec
 
 

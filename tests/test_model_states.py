@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from test_model_states_inventories import catalog, llama_like, mixtral_like
 
-from fitcheck.core.model_states import (
+from fitcheck.core.states.model_states import (
     describe_regime,
     model_state_components,
     model_state_findings,
     trainable_params,
 )
-from fitcheck.core.quantization import quantized_bytes
+from fitcheck.core.states.quantization import quantized_bytes
 from fitcheck.report import Component, Location, Phase
 from fitcheck.spec import (
     DeepSpeedSpec,

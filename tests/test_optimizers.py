@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fitcheck.core.optimizers import OPTIMIZER_NAMES, TensorGroup, canonical_optimizer, optimizer_memory
+from fitcheck.core.optimizers.by_name import OPTIMIZER_NAMES, TensorGroup, canonical_optimizer, optimizer_memory
 from fitcheck.errors import NotModelledError
 from fitcheck.spec import Dtype, OptimizerSpec
 

@@ -17,9 +17,9 @@ transformers = pytest.importorskip("transformers")
 
 from tiny_models import family_config  # noqa: E402
 
-from fitcheck.core.optimizer_tensors import TensorGroup, step_runs, trainer_decays  # noqa: E402
-from fitcheck.core.optimizers import optimizer_memory  # noqa: E402
-from fitcheck.core.state_layout import all_trainable, build_layout, optimizer_for  # noqa: E402
+from fitcheck.core.optimizers.by_name import optimizer_memory  # noqa: E402
+from fitcheck.core.optimizers.step_tensors import TensorGroup, step_runs, trainer_decays  # noqa: E402
+from fitcheck.core.states.layout import all_trainable, build_layout, optimizer_for  # noqa: E402
 from fitcheck.readers.model_config import inventory_from_config  # noqa: E402
 from fitcheck.spec import (  # noqa: E402
     DeviceType,

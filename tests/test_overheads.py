@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from fitcheck.core import allocator as al
 from fitcheck.core import overheads as oh
+from fitcheck.core import step
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import (
     ActivationSpec,
@@ -58,12 +60,12 @@ def test_allocator_constants_match_installed_torch_header() -> None:
         assert m is not None, name
         return int(m.group(1))
 
-    assert const("kMinBlockSize") == oh.K_MIN_BLOCK_SIZE
-    assert const("kSmallSize") == oh.K_SMALL_SIZE
-    assert const("kSmallBuffer") == oh.K_SMALL_BUFFER
-    assert const("kMinLargeAlloc") == oh.K_MIN_LARGE_ALLOC
-    assert const("kRoundLarge") == oh.K_ROUND_LARGE
-    assert re.search(r"large_segment_size_\{(\d+)\}", text).group(1) == str(oh.K_LARGE_BUFFER)  # type: ignore[union-attr]
+    assert const("kMinBlockSize") == al.K_MIN_BLOCK_SIZE
+    assert const("kSmallSize") == al.K_SMALL_SIZE
+    assert const("kSmallBuffer") == al.K_SMALL_BUFFER
+    assert const("kMinLargeAlloc") == al.K_MIN_LARGE_ALLOC
+    assert const("kRoundLarge") == al.K_ROUND_LARGE
+    assert re.search(r"large_segment_size_\{(\d+)\}", text).group(1) == str(al.K_LARGE_BUFFER)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -80,15 +82,15 @@ def test_allocator_constants_match_installed_torch_header() -> None:
     ],
 )
 def test_block_and_segment_sizes(request_bytes: int, block: int, segment: int) -> None:
-    assert oh.block_bytes(request_bytes) == block
-    assert oh.segment_bytes(request_bytes) == segment
+    assert al.block_bytes(request_bytes) == block
+    assert al.segment_bytes(request_bytes) == segment
 
 
 def test_cpu_has_no_overheads_and_reserved_equals_allocated() -> None:
     spec = _spec(device_type=DeviceType.CPU)
     assert oh.overhead_components(spec) == ()
-    assert oh.reserved_bytes(spec, 123_456_789) == 123_456_789
-    assert oh.overhead_findings(replace(spec, lora=LoraSpec(r=8))) == ()
+    assert al.reserved_bytes(spec, 123_456_789) == 123_456_789
+    assert al.allocator_findings(replace(spec, lora=LoraSpec(r=8))) == ()
 
 
 def test_cuda_context_outside_allocator_and_cublas_inside() -> None:
@@ -133,23 +135,23 @@ def test_reserved_gap_applies_to_transient_bytes_only() -> None:
     spec = _spec()
     alloc = 40 * GIB
     # all persistent: only segment rounding
-    assert oh.reserved_bytes(spec, alloc, transient_bytes=0) == alloc
-    r = oh.reserved_bytes(spec, alloc, transient_bytes=10 * GIB)
-    assert r == pytest.approx(alloc + oh.FRAGMENTATION_OF_TRANSIENT * 10 * GIB, abs=2 * MIB)
+    assert al.reserved_bytes(spec, alloc, transient_bytes=0) == alloc
+    r = al.reserved_bytes(spec, alloc, transient_bytes=10 * GIB)
+    assert r == pytest.approx(alloc + al.FRAGMENTATION_OF_TRANSIENT * 10 * GIB, abs=2 * MIB)
     assert r % (2 * MIB) == 0
     # monotone in allocated
-    assert oh.reserved_bytes(spec, alloc + GIB, transient_bytes=10 * GIB) > r
+    assert al.reserved_bytes(spec, alloc + GIB, transient_bytes=10 * GIB) > r
     with pytest.raises(ValueError):
-        oh.reserved_bytes(spec, -1)
+        al.reserved_bytes(spec, -1)
 
 
 def test_expandable_segments_shrink_the_gap() -> None:
     plain = _spec()
     exp = _spec(expandable_segments=True)
     alloc = 40 * GIB + 5
-    r_exp = oh.reserved_bytes(exp, alloc, transient_bytes=20 * GIB)
+    r_exp = al.reserved_bytes(exp, alloc, transient_bytes=20 * GIB)
     assert alloc <= r_exp < alloc + 20 * MIB
-    assert r_exp < oh.reserved_bytes(plain, alloc, transient_bytes=20 * GIB)
+    assert r_exp < al.reserved_bytes(plain, alloc, transient_bytes=20 * GIB)
 
 
 def test_transient_bytes_at_counts_components_that_vary_over_the_step() -> None:
@@ -162,16 +164,16 @@ def test_transient_bytes_at_counts_components_that_vary_over_the_step() -> None:
         "grads", Category.GRADIENTS, Location.DEVICE, {Phase.BACKWARD: 30, Phase.OPTIMIZER_STEP: 30}, "x"
     )
     comps = (weights, acts, ctx, grads)
-    assert oh.transient_bytes_at(comps, Phase.FORWARD_END) == 40
-    assert oh.transient_bytes_at(comps, Phase.BACKWARD) == 35
-    assert oh.transient_bytes_at(comps, Phase.OPTIMIZER_STEP) == 30
+    assert step.transient_bytes_at(comps, Phase.FORWARD_END) == 40
+    assert step.transient_bytes_at(comps, Phase.BACKWARD) == 35
+    assert step.transient_bytes_at(comps, Phase.OPTIMIZER_STEP) == 30
 
 
 def test_fragmentation_finding_names_the_env_var() -> None:
     spec = _spec()
-    assert oh.overhead_findings(spec) == ()
+    assert al.allocator_findings(spec) == ()
     ck = replace(spec, activations=ActivationSpec(checkpointing=True))
-    (f,) = oh.overhead_findings(ck)
+    (f,) = al.allocator_findings(ck)
     assert f.code == "alloc-fragmentation"
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in f.hint and "before" in f.hint
     off = replace(
@@ -182,18 +184,19 @@ def test_fragmentation_finding_names_the_env_var() -> None:
             deepspeed=DeepSpeedSpec(stage=2, offload_optimizer=OffloadDevice.CPU),
         ),
     )
-    assert "offload" in oh.overhead_findings(off)[0].message
-    assert oh.overhead_findings(replace(ck, hardware=HardwareSpec(expandable_segments=True))) == ()
+    assert "offload" in al.allocator_findings(off)[0].message
+    assert al.allocator_findings(replace(ck, hardware=HardwareSpec(expandable_segments=True))) == ()
 
 
 def test_reserved_without_transient_uses_the_specs_own_components() -> None:
-    from fitcheck.core.estimate import collect_components, estimate
+    from fitcheck.core.estimator import estimate
+    from fitcheck.core.step import collect_components
     from fitcheck.readers.model_config import load_inventory
 
     spec = TrainingSpec(model=load_inventory("meta-llama/Llama-3.2-1B", env={}))
     report = estimate(spec)
     comps = collect_components(spec)
-    transient = oh.transient_bytes_at(comps, report.peak_phase)
+    transient = step.transient_bytes_at(comps, report.peak_phase)
     assert 0 < transient < report.peak_allocated_bytes
-    expected = oh.reserved_bytes(spec, report.peak_allocated_bytes, transient_bytes=transient)
-    assert oh.reserved_bytes(spec, report.peak_allocated_bytes) == expected
+    expected = al.reserved_bytes(spec, report.peak_allocated_bytes, transient_bytes=transient)
+    assert al.reserved_bytes(spec, report.peak_allocated_bytes) == expected

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from test_advisor_fakes import fake_estimate, llama8b_spec
 
+from fitcheck.advice.series import micro_batch_points, seq_len_points
 from fitcheck.errors import ConfigError
-from fitcheck.render.plot import micro_batch_points, plot_report, seq_len_points
+from fitcheck.render.plot import plot_report
 
 pytest.importorskip("matplotlib")
 

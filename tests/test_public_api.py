@@ -27,6 +27,7 @@ def test_all_lists_the_public_names() -> None:
         "spec",
         "units",
         "readers",
+        "advice",
         "catalog",
         "render",
         "cli",
@@ -39,7 +40,7 @@ def test_all_lists_the_public_names() -> None:
 def test_core_import_does_not_import_torch() -> None:
     code = (
         "import sys, fitcheck\n"
-        "from fitcheck.core.estimate import estimate\n"
+        "from fitcheck.core.estimator import estimate\n"
         "from fitcheck.readers.model_config import load_inventory\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
     )

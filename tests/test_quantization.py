@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_model_states_inventories import llama_like, mixtral_like
 
-from fitcheck.core.quantization import base_weights, bytes_per_param, is_quantized, quantized_bytes
+from fitcheck.core.states.quantization import base_weights, bytes_per_param, is_quantized, quantized_bytes
 from fitcheck.spec import Dtype, Kind, PrecisionSpec, QuantSpec, Role, TrainingSpec
 
 N = 4096 * 4096

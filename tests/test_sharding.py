@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fitcheck.core.model_states import model_state_components
-from fitcheck.core.sharding import buffer_components, fsdp_unit_params, partition, sharding_findings
+from fitcheck.core.states.model_states import model_state_components
+from fitcheck.core.states.sharding import buffer_components, fsdp_unit_params, partition, sharding_findings
 from fitcheck.readers.model_config import inventory_from_config
 from fitcheck.report import PHASES, Component, Location, Phase
 from fitcheck.spec import (

@@ -1,7 +1,7 @@
 """Cross-checks of the pure model-state core against what torch / peft / bitsandbytes really allocate.
 
 Every test builds real library objects from configs (meta device or FakeTensorMode; no weights, no network)
-and compares storage bytes with ``fitcheck.core.model_states`` to the byte.
+and compares storage bytes with ``fitcheck.core.states.model_states`` to the byte.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ transformers = pytest.importorskip("transformers")
 from test_model_states_inventories import llama_like, mixtral_like  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from fitcheck.core.lora import plan_lora  # noqa: E402
-from fitcheck.core.model_states import model_state_components  # noqa: E402
-from fitcheck.core.optimizers import OptimizerMemory, TensorGroup, optimizer_memory  # noqa: E402
-from fitcheck.core.quantization import quantized_bytes  # noqa: E402
+from fitcheck.core.optimizers.by_name import OptimizerMemory, TensorGroup, optimizer_memory  # noqa: E402
+from fitcheck.core.states.lora import plan_lora  # noqa: E402
+from fitcheck.core.states.model_states import model_state_components  # noqa: E402
+from fitcheck.core.states.quantization import quantized_bytes  # noqa: E402
 from fitcheck.report import Component, Phase  # noqa: E402
 from fitcheck.spec import (  # noqa: E402
     DeviceType,

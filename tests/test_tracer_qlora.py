@@ -15,9 +15,9 @@ pytest.importorskip("bitsandbytes")
 
 from tiny_models import family_config, spec_from_config, trace_spec
 
-from fitcheck.core.activations import activation_findings
-from fitcheck.core.estimate import estimate
-from fitcheck.core.quantization import base_weights
+from fitcheck.core.activations.decoder import activation_findings
+from fitcheck.core.estimator import estimate
+from fitcheck.core.states.quantization import base_weights
 from fitcheck.report import Phase
 from fitcheck.spec import Dtype, LoraSpec, QuantSpec, TrainingSpec
 

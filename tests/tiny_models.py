@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fitcheck.core.activations import activation_components
+from fitcheck.core.activations.decoder import activation_components
 from fitcheck.readers.model_config import inventory_from_config
 from fitcheck.report import Phase
 from fitcheck.spec import (

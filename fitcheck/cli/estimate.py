@@ -26,6 +26,7 @@ from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
 from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters import meta_inventory
 
 _BOOL = "bool"
 _LIST = "list"
@@ -205,9 +206,8 @@ def spec_from_values(
     Raises:
         FitcheckError: Bad input (exit 2).
     """
-    from fitcheck.readers.merge import merge_sources
-    from fitcheck.readers.model_config import load_inventory
-    from fitcheck.readers.run_args import spec_from_values as build
+    from fitcheck.readers import load_inventory, merge_sources
+    from fitcheck.readers import spec_from_values as build
 
     model = values.get("model_name_or_path")
     if not model:
@@ -215,7 +215,7 @@ def spec_from_values(
             "--model_name_or_path is required: a Hub id such as meta-llama/Meta-Llama-3-8B, a directory with "
             "config.json, or a config.json path"
         )
-    inventory = load_inventory(str(model), env=env)
+    inventory = load_inventory(str(model), env=env, meta_fallback=meta_inventory)
     cli = {k: v for k, v in values.items() if k not in FILE_FLAGS or k == "fsdp_config"}
     merged = merge_sources(
         cli,
@@ -234,7 +234,7 @@ def spec_from_values(
         findings=merged.findings,
     )
     if "adapter_config" in values:
-        from fitcheck.readers.peft_config import read_adapter_config
+        from fitcheck.readers import read_adapter_config
 
         spec = dataclasses.replace(spec, lora=read_adapter_config(str(values["adapter_config"])))
     return spec, assumptions
@@ -254,21 +254,21 @@ def build_report(
 ) -> tuple[Report, dict[str, object]]:
     """Estimate for parsed flags: the report (with device-map findings) and the advisor/compute extras."""
     spec, assumptions = spec_from_args(args)
-    from fitcheck.torch_adapters.pinned_path import PinnedPath
+    from fitcheck.torch_adapters import PinnedPath
 
     if args.trace and getattr(args, "no_trace", False):
         raise ConfigError("--trace and --no_trace contradict each other; pass one of them")
     path = PinnedPath("always" if args.trace else "never" if getattr(args, "no_trace", False) else "auto")
     extra_findings: tuple[Finding, ...] = ()
     if getattr(args, "device_map", None):
-        from fitcheck.torch_adapters.device_map_check import device_map_findings
+        from fitcheck.torch_adapters import device_map_findings
 
         extra_findings = device_map_findings(spec, str(args.device_map), getattr(args, "max_memory", None))
     if extra_findings:
         spec = dataclasses.replace(spec, findings=(*spec.findings, *extra_findings))
     report = path(spec)
     if getattr(args, "device_map", None):
-        from fitcheck.core.device_map_plan import weights_only_finding
+        from fitcheck.advice import weights_only_finding
 
         note = weights_only_finding(report, str(args.device_map))
         if note is not None:
@@ -286,9 +286,8 @@ def advice_extras(
     ``estimate_fn`` is the path the headline number took (``fitcheck.torch_adapters.pinned_path``): the
     largest micro-batch and every suggestion are estimated the same way.
     """
-    from fitcheck.core.advisor import advise
-    from fitcheck.core.batch_search import max_micro_batch
-    from fitcheck.core.compute import compute_estimate
+    from fitcheck.advice import advise, max_micro_batch
+    from fitcheck.core import compute_estimate
 
     compute = compute_estimate(report.spec, mfu=mfu)
     return {
@@ -300,11 +299,11 @@ def advice_extras(
 
 def run(args: argparse.Namespace) -> int:
     """Run ``fitcheck estimate``; exit 0 fits, 1 does not fit (2 is raised as FitcheckError)."""
-    from fitcheck.render.json_out import report_to_dict
+    from fitcheck.render import report_to_dict
 
     report, extras = build_report(args)
     if args.plot:
-        from fitcheck.render.plot import plot_report
+        from fitcheck.render import plot_report
 
         plot_report(report, args.plot)
     if args.json:
@@ -313,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        from fitcheck.render.table import make_console, print_report
+        from fitcheck.render import make_console, print_report
 
         print_report(report, make_console(), extra=extras_renderables(extras))
     return 0 if report.fits else 1
@@ -321,22 +320,18 @@ def run(args: argparse.Namespace) -> int:
 
 def extras_to_json(extras: Mapping[str, object]) -> dict[str, object]:
     """The advisor/compute extras as JSON fields (``max_micro_batch``, ``suggestions``, ``compute``)."""
-    from fitcheck.core.advisor import suggestion_to_dict
-    from fitcheck.core.compute import compute_to_dict
+    from fitcheck.render import advice_to_dict
 
-    suggestions = extras["suggestions"]
-    assert isinstance(suggestions, tuple)
-    return {
-        "max_micro_batch": extras["max_micro_batch"],
-        "suggestions": [suggestion_to_dict(s) for s in suggestions],
-        "compute": compute_to_dict(extras["compute"]),  # type: ignore[arg-type]
-    }
+    return advice_to_dict(
+        extras["max_micro_batch"],  # type: ignore[arg-type]
+        extras["suggestions"],  # type: ignore[arg-type]
+        extras["compute"],  # type: ignore[arg-type]
+    )
 
 
 def extras_renderables(extras: Mapping[str, object]) -> list[Any]:
     """The advisor/compute extras as rich renderables for the table output."""
-    from fitcheck.core.compute import compute_line
-    from fitcheck.render.table import suggestions_table
+    from fitcheck.render import compute_line, suggestions_table
 
     return [
         f"largest micro-batch that fits at this sequence length: {extras['max_micro_batch']}",

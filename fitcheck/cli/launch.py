@@ -44,14 +44,14 @@ def _print(report: Any, as_json: bool) -> None:
 
     extras = advice_extras(report, mfu=None)
     if as_json:
-        from fitcheck.render.json_out import report_to_dict
+        from fitcheck.render import report_to_dict
 
         out = report_to_dict(report)
         out.update(extras_to_json(extras))
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    from fitcheck.render.table import make_console, print_report
+    from fitcheck.render import make_console, print_report
 
     print_report(report, make_console(), extra=extras_renderables(extras))
 
@@ -72,7 +72,7 @@ def main(
     Returns:
         The exit code (with a real launch, exec replaces this process and the code is the child's).
     """
-    from fitcheck.integrations import accelerate_launch as al
+    import fitcheck.integrations as al
 
     environ = dict(os.environ if env is None else env)
     if list(argv)[:1] in (["-h"], ["--help"]):

@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Estimate the run (as ``fitcheck estimate`` does), draw the figure; 0 fits, 1 does not fit."""
     from fitcheck.cli.estimate import build_report
-    from fitcheck.render.plot import plot_report
+    from fitcheck.render import plot_report
 
     report, extras = build_report(args)
     max_fit = extras.get("max_micro_batch")

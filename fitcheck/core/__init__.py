@@ -1,0 +1,29 @@
+"""The pure core: a frozen :class:`~fitcheck.spec.TrainingSpec` in, an itemised :class:`~fitcheck.report.Report` out.
+
+No torch import, no files, no environment reads, no printing. The orchestration lives here:
+
+- :mod:`.estimator`: :func:`estimate` sums every component per phase, finds the peak, gives the verdict and findings;
+- :mod:`.step`: the components of one step and the phase where they peak;
+- :mod:`.allocator`: the caching allocator (reserved vs allocated);
+- :mod:`.overheads`: CUDA context, cuBLAS workspaces, NCCL (memory a CPU trace cannot see);
+- :mod:`.compute`: FLOPs, step time and communication.
+
+Rooms: :mod:`.states` (weights, adapters, gradients, optimizer states, sharding), :mod:`.activations`
+(saved activations, logits, backward), :mod:`.optimizers` (every ``optim`` value).
+"""
+
+from fitcheck.core.allocator import reserved_bytes
+from fitcheck.core.compute import ComputeAssumptions, ComputeEstimate, compute_estimate, relative_time_per_token
+from fitcheck.core.estimator import estimate
+from fitcheck.core.step import collect_components, peak_phase
+
+__all__ = [
+    "ComputeAssumptions",
+    "ComputeEstimate",
+    "collect_components",
+    "compute_estimate",
+    "estimate",
+    "peak_phase",
+    "relative_time_per_token",
+    "reserved_bytes",
+]

@@ -190,7 +190,7 @@ def _trainable_split(
 ) -> tuple[float, float]:
     """(adapter parameters: extra forward + backward matmuls, trainable base parameters: weight gradients)."""
     if spec.lora is not None:
-        from fitcheck.core.lora import plan_lora
+        from fitcheck.core.states import plan_lora
 
         plan = plan_lora(spec)
         # modules_to_save copies replace the original in forward (no extra forward work) but get weight grads.
@@ -198,7 +198,7 @@ def _trainable_split(
     if spec.freeze is None:
         return 0.0, _param_split(spec).active
     if trainable_fn is None:
-        from fitcheck.core.model_states import trainable_params
+        from fitcheck.core.states import trainable_params
 
         trainable_fn = trainable_params
     # MoE experts are counted in full here: a slight overcount of weight-gradient work when experts train.
@@ -275,8 +275,8 @@ def compute_estimate(
         spec: The training run.
         assumptions: MFU, peak and bandwidths; defaults cite their sources.
         mfu: Overrides ``assumptions.mfu`` (the ``--mfu`` flag).
-        trainable_fn: Trainable-parameter counter (default ``fitcheck.core.model_states.trainable_params``),
-            used only for partial freezing without PEFT (LoRA adapters come from ``fitcheck.core.lora``).
+        trainable_fn: Trainable-parameter counter (default ``fitcheck.core.states.model_states.trainable_params``),
+            used only for partial freezing without PEFT (LoRA adapters come from ``fitcheck.core.states.lora``).
 
     Returns:
         The compute estimate; times are None when the GPU's peak is unknown (``--gpu_memory`` only, or fp32
@@ -375,23 +375,3 @@ def relative_time_per_token(base: ComputeEstimate, other: ComputeEstimate) -> fl
     if base.tokens_per_second and other.tokens_per_second:
         return base.tokens_per_second / other.tokens_per_second
     return (other.flops_per_token / other.num_gpus) / (base.flops_per_token / base.num_gpus)
-
-
-def compute_to_dict(estimate: ComputeEstimate) -> dict[str, object]:
-    """JSON-ready form of a compute estimate (the ``compute`` key)."""
-    return estimate.to_dict()
-
-
-def compute_line(estimate: ComputeEstimate) -> str:
-    """One human line: FLOPs per token, step time and throughput at the assumed MFU."""
-    head = (
-        f"compute: {estimate.flops_per_token / 1e9:.1f} GFLOP/token executed, "
-        f"{estimate.flops_per_step / 1e12:.1f} TFLOP per optimizer step"
-    )
-    if estimate.step_seconds is None or estimate.tokens_per_second is None:
-        return head + " (no time: " + "; ".join(n for n in estimate.notes if "peak" in n) + ")"
-    return (
-        f"{head}; {estimate.step_seconds:.2f} s/step, {estimate.tokens_per_second:,.0f} tokens/s "
-        f"({estimate.tokens_per_second / estimate.num_gpus:,.0f}/GPU) at {estimate.mfu:.0%} MFU of "
-        f"{estimate.peak_tflops:g} TFLOP/s"
-    )

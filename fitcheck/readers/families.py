@@ -2,7 +2,7 @@
 
 Known families answer without importing torch or transformers, in well under a millisecond per model; every
 other architecture goes through ``from_config`` on the meta device
-(:mod:`fitcheck.torch_adapters.meta_inventory`). The tests prove both paths give the same entries for every
+(:mod:`fitcheck.torch_adapters.meta_device`). The tests prove both paths give the same entries for every
 catalog model.
 """
 

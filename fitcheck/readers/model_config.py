@@ -11,17 +11,18 @@
 4. the built-in catalog (:mod:`fitcheck.catalog.models`), matched case-insensitively.
 
 Known families are counted in pure Python (:mod:`fitcheck.readers.families`) without importing torch; any
-other architecture is built on the meta device (:mod:`fitcheck.torch_adapters.meta_inventory`, lazy import)
-when ``allow_meta``. Remote code is never run. The environment comes in as an explicit mapping.
+other architecture is built on the meta device by a builder the caller passes in (``meta_fallback``:
+:func:`fitcheck.torch_adapters.meta_device.meta_inventory`). Remote code is never run. The environment
+comes in as an explicit mapping.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from fitcheck.catalog.models import find_catalog_config
+from fitcheck.catalog import find_catalog_config
 from fitcheck.errors import ConfigError, UnsupportedModelError
 from fitcheck.readers.families import family_inventory, supported_families
 from fitcheck.spec import ModelInventory, ModelShape, ParamEntry
@@ -170,8 +171,15 @@ def inventory_from_config(config: Mapping[str, object], model_id: str, source: s
     return _inventory(config, model_id, source, family)
 
 
+MetaFallback = Callable[[Mapping[str, object], str, str], ModelInventory]
+"""Builds an inventory of an architecture with no pure-Python family: ``(config, model_id, source)``.
+
+The meta-device builder lives above the readers (``fitcheck.torch_adapters.meta_device.meta_inventory``);
+callers on higher floors pass it in, so this reader never imports torch or an upper floor."""
+
+
 def load_inventory(
-    model_name_or_path: str, *, env: Mapping[str, str], allow_meta: bool = True
+    model_name_or_path: str, *, env: Mapping[str, str], meta_fallback: MetaFallback | None = None
 ) -> ModelInventory:
     """Resolve a model argument offline and inventory its parameters.
 
@@ -179,7 +187,8 @@ def load_inventory(
         model_name_or_path: A directory with config.json, a config.json path, a Hub id in the local HF cache,
             or a Hub id of the built-in catalog (case-insensitive).
         env: Environment variables (for the HF cache location and ``~``).
-        allow_meta: Build unknown architectures on the meta device (imports torch and transformers).
+        meta_fallback: Builds unknown architectures (the meta-device inventory, which imports torch and
+            transformers); None: such architectures raise :class:`UnsupportedModelError`.
 
     Returns:
         The inventory, with ``source`` saying where the config came from and ``counted_by`` how.
@@ -197,15 +206,13 @@ def load_inventory(
     if family is not None:
         return _inventory(config, model_name_or_path, source, family)
     model_type = config.get("model_type")
-    if not allow_meta:
+    if meta_fallback is None:
         raise UnsupportedModelError(
             f"{label}: model_type {model_type!r} has no pure-Python inventory "
             f"(known: {', '.join(supported_families())}) and the meta-device path is disabled"
         )
     try:
-        from fitcheck.torch_adapters.meta_inventory import meta_inventory
-
-        return meta_inventory(config, model_name_or_path, source)
+        return meta_fallback(config, model_name_or_path, source)
     except ImportError as exc:
         raise UnsupportedModelError(
             f"{label}: model_type {model_type!r} needs torch and transformers to be counted "

@@ -232,7 +232,7 @@ def _pre_quantized(inventory: ModelInventory) -> QuantSpec | Finding | None:
 
 
 def _hardware(values: Mapping[str, object], prov: Mapping[str, str]) -> tuple[HardwareSpec, list[str]]:
-    from fitcheck.catalog.gpus import lookup_gpu  # data lookup, pure
+    from fitcheck.catalog import lookup_gpu
 
     notes: list[str] = []
     device = _choice(values, "device_type", DeviceType, DeviceType.CUDA, prov, "cuda, cpu")

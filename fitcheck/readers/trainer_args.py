@@ -15,11 +15,11 @@ deprecated aliases of ``activation_checkpointing*``, used only when the new name
 from __future__ import annotations
 
 import functools
-import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from fitcheck.core.optimizers import canonical_optimizer
 from fitcheck.errors import ConfigError, FitcheckError
 from fitcheck.findings import Finding, Severity
 from fitcheck.readers.sources import (
@@ -184,16 +184,6 @@ def _convert(kind: str, value: object, at: str) -> object:
     return value
 
 
-def _canonical_optimizer() -> Callable[[str], tuple[str, Finding | None]] | None:
-    """H2's ``canonical_optimizer`` when that module exists (it maps retired names such as adamw_hf)."""
-    try:
-        module = importlib.import_module("fitcheck.core.optimizers")
-    except ImportError:
-        return None
-    func = getattr(module, "canonical_optimizer", None)
-    return func if callable(func) else None
-
-
 def read_training_args_mapping(raw: Mapping[str, object], *, source: str) -> ArgsRead:
     """Read a mapping of TrainingArguments/TRL field names (a parsed file, or ``vars(args)``).
 
@@ -298,12 +288,11 @@ def _newer_first(canonical: str) -> bool:
 
 def _map_optimizer(values: dict[str, object], provenance: dict[str, tuple[str, str]]) -> list[Finding]:
     name = values.get("optim")
-    func = _canonical_optimizer()
-    if not isinstance(name, str) or func is None:
+    if not isinstance(name, str):
         return []
     src, spelled = provenance["optim"]
     try:
-        new_name, finding = func(name)
+        new_name, finding = canonical_optimizer(name)
     except FitcheckError as exc:  # NotModelledError for a name transformers does not know
         raise ConfigError(f"{where(src, spelled)}: {exc}") from None
     values["optim"] = new_name

@@ -6,8 +6,11 @@ name to its bytes in the peak phase (device components) or at its largest (outsi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from fitcheck.advice import Suggestion
+from fitcheck.core import ComputeEstimate
 from fitcheck.report import PHASES, Location, Report
 
 
@@ -57,4 +60,24 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "seq_len": spec.batch.seq_len,
         "gradient_accumulation_steps": spec.batch.grad_accum,
         "assumptions": list(report.assumptions),
+    }
+
+
+def advice_to_dict(
+    max_micro_batch: int, suggestions: Sequence[Suggestion], compute: ComputeEstimate
+) -> dict[str, Any]:
+    """The advice fields of ``--json``: ``max_micro_batch``, ``suggestions`` and ``compute``.
+
+    Args:
+        max_micro_batch: The largest micro-batch that fits (0: none).
+        suggestions: The advisor's ranked suggestions.
+        compute: The compute estimate of the run.
+
+    Returns:
+        The three fields, JSON-ready.
+    """
+    return {
+        "max_micro_batch": max_micro_batch,
+        "suggestions": [s.to_dict() for s in suggestions],
+        "compute": compute.to_dict(),
     }

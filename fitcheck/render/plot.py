@@ -1,6 +1,6 @@
 """Pictures of an estimate: where the run stops fitting, and what fills the memory (matplotlib, optional).
 
-One figure, three panels:
+One figure, three panels (the curves come from :func:`fitcheck.advice.memory_series`):
 
 1. device memory used (what must fit) and peak allocated vs micro-batch at the run's sequence length, with
    the GPU's capacity line and the run's own micro-batch marked;
@@ -14,20 +14,15 @@ touches a global backend. Missing matplotlib is a :class:`~fitcheck.errors.Confi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from fitcheck.advice import MAX_POINTS, EstimateFn, memory_series
 from fitcheck.errors import ConfigError
 from fitcheck.report import Location, Report
-from fitcheck.spec import TrainingSpec
 from fitcheck.units import GIB
 
-EstimateFn = Callable[[TrainingSpec], Report]
-
 _FORMATS = (".png", ".svg")
-_MAX_POINTS = 24
 
 
 def _matplotlib() -> tuple[Any, Any, Any]:
@@ -40,42 +35,6 @@ def _matplotlib() -> tuple[Any, Any, Any]:
             "fitcheck plot: matplotlib is not installed; install the extra with pip install 'fitcheck[plot]'"
         ) from None
     return Figure, FigureCanvasAgg, colormaps
-
-
-def micro_batch_points(current: int, max_fit: int) -> list[int]:
-    """Micro-batches to draw: 1 up to past both the current one and the largest that fits."""
-    top = max(8, 2 * current, max_fit + max(2, max_fit // 4))
-    if top <= _MAX_POINTS:
-        return list(range(1, top + 1))
-    pts = {1, current, max_fit, max_fit + 1}
-    x = 1.0
-    ratio = top ** (1.0 / (_MAX_POINTS - 1))
-    while x < top:
-        pts.add(round(x))
-        x *= ratio
-    pts.add(top)
-    return sorted(p for p in pts if p >= 1)
-
-
-def seq_len_points(current: int) -> list[int]:
-    """Sequence lengths to draw: powers of two from 256 past twice the current one, and the current one."""
-    pts = {current}
-    s = 256
-    while s <= max(2 * current, 1024):
-        pts.add(s)
-        s *= 2
-    return sorted(pts)
-
-
-def _curve(
-    spec: TrainingSpec, est: EstimateFn, specs: Sequence[TrainingSpec]
-) -> tuple[list[float], list[float]]:
-    used, alloc = [], []
-    for s in specs:
-        r = est(s)
-        used.append(r.device_used_bytes / GIB)
-        alloc.append(r.peak_allocated_bytes / GIB)
-    return used, alloc
 
 
 def _stack(report: Report, keep: int = 9) -> list[tuple[str, float]]:
@@ -106,7 +65,8 @@ def plot_report(
     Args:
         report: The estimate of the run.
         path: Output file, ``.png`` or ``.svg``.
-        estimate_fn: The estimator for the curves (default ``fitcheck.core.estimate.estimate``).
+        estimate_fn: The estimator for the curves (default ``fitcheck.core.estimator``); the series come from
+            :func:`fitcheck.advice.memory_series`.
         max_fit: The largest fitting micro-batch if already known (else searched).
 
     Returns:
@@ -119,15 +79,9 @@ def plot_report(
     if out.suffix.lower() not in _FORMATS:
         raise ConfigError(f"--output {out}: write .png or .svg, e.g. --output memory.png")
     figure_cls, canvas_cls, colormaps = _matplotlib()
-    if estimate_fn is None:
-        from fitcheck.core.estimate import estimate
-
-        estimate_fn = estimate
-    from fitcheck.core.batch_search import max_micro_batch, with_micro_batch
-
+    series = memory_series(report, estimate_fn=estimate_fn, max_fit=max_fit)
+    max_fit = series.max_fit
     spec = report.spec
-    if max_fit is None:
-        max_fit = max_micro_batch(spec, estimate_fn)
     budget = report.budget_bytes / GIB
     micro = spec.batch.micro_batch
     seq = spec.batch.seq_len
@@ -142,8 +96,9 @@ def plot_report(
         fontsize=12,
     )
 
-    xs = micro_batch_points(micro, max_fit)
-    used, alloc = _curve(spec, estimate_fn, [with_micro_batch(spec, m) for m in xs])
+    xs = list(series.by_micro_batch.xs)
+    used = [b / GIB for b in series.by_micro_batch.used_bytes]
+    alloc = [b / GIB for b in series.by_micro_batch.allocated_bytes]
     ax1.plot(xs, used, "o-", color="tab:blue", ms=3, label="device used (must fit)")
     ax1.plot(xs, alloc, "--", color="tab:gray", lw=1, label="peak allocated")
     ax1.axhline(budget, color="tab:red", lw=1.5, label=f"GPU capacity {budget:.1f} GiB")
@@ -158,15 +113,14 @@ def plot_report(
     ax1.set_xlabel(f"per_device_train_batch_size (seq {seq})")
     ax1.set_ylabel("GiB per GPU")
     ax1.set_title("memory vs micro-batch")
-    if xs[-1] > 4 * xs[0] and len(xs) >= _MAX_POINTS:
+    if xs[-1] > 4 * xs[0] and len(xs) >= MAX_POINTS:
         ax1.set_xscale("log", base=2)
     ax1.legend(fontsize=8, loc="upper left")
     ax1.grid(alpha=0.3)
 
-    ss = seq_len_points(seq)
-    used_s, alloc_s = _curve(
-        spec, estimate_fn, [replace(spec, batch=replace(spec.batch, seq_len=s)) for s in ss]
-    )
+    ss = list(series.by_seq_len.xs)
+    used_s = [b / GIB for b in series.by_seq_len.used_bytes]
+    alloc_s = [b / GIB for b in series.by_seq_len.allocated_bytes]
     ax2.plot(ss, used_s, "o-", color="tab:blue", ms=3, label="device used (must fit)")
     ax2.plot(ss, alloc_s, "--", color="tab:gray", lw=1, label="peak allocated")
     ax2.axhline(budget, color="tab:red", lw=1.5, label="GPU capacity")

@@ -8,7 +8,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from fitcheck.core.advisor import Suggestion
+from fitcheck.advice import Suggestion
+from fitcheck.core import ComputeEstimate
 from fitcheck.findings import Severity
 from fitcheck.report import PHASES, Location, Report
 from fitcheck.units import format_bytes
@@ -148,3 +149,18 @@ def suggestions_table(suggestions: Sequence[Suggestion]) -> RenderableType:
             " ".join(s.argv),
         )
     return table
+
+
+def compute_line(estimate: ComputeEstimate) -> str:
+    """One human line: FLOPs per token, step time and throughput at the assumed MFU."""
+    head = (
+        f"compute: {estimate.flops_per_token / 1e9:.1f} GFLOP/token executed, "
+        f"{estimate.flops_per_step / 1e12:.1f} TFLOP per optimizer step"
+    )
+    if estimate.step_seconds is None or estimate.tokens_per_second is None:
+        return head + " (no time: " + "; ".join(n for n in estimate.notes if "peak" in n) + ")"
+    return (
+        f"{head}; {estimate.step_seconds:.2f} s/step, {estimate.tokens_per_second:,.0f} tokens/s "
+        f"({estimate.tokens_per_second / estimate.num_gpus:,.0f}/GPU) at {estimate.mfu:.0%} MFU of "
+        f"{estimate.peak_tflops:g} TFLOP/s"
+    )

@@ -1,7 +1,7 @@
 """Formula vs fake-tensor trace on the same spec, at real widths: the differential check behind the envelope.
 
 One :class:`Cell` is a (catalog model, method, checkpointing, attention, precision, sequence, micro-batch) run.
-:func:`compare` estimates it twice with ``fitcheck.core.estimate.estimate`` on a CPU device (live tensors only):
+:func:`compare` estimates it twice with ``fitcheck.core.estimate`` on a CPU device (live tensors only):
 once with the pure activation formulas, once with the activation components of a fake-tensor trace of the real
 transformers model (``fitcheck.torch_adapters.tracer.trace_components``: one and two layer groups traced and
 extrapolated to the full depth; the model states are the same pure code in both, and they equal PyTorch's
@@ -9,7 +9,7 @@ allocations to the byte, ``tests/test_torch_model_states.py``). The error of a c
 of the step (end of forward, start of backward, during backward), of |formula − trace| / trace.
 
 ``benchmarks/formula_vs_trace.py`` runs the grid and prints the worst error per family and method; the result
-is written into ``fitcheck.core.envelope`` (the checked envelope the estimate consults).
+is written into ``fitcheck.core.activations.envelope`` (the checked envelope the estimate consults).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class Outcome:
 
 def model_config(family: str) -> dict[str, object]:
     """The catalog config.json of a family's representative model."""
-    from fitcheck.catalog.models import find_catalog_config
+    from fitcheck.catalog import find_catalog_config
 
     found = find_catalog_config(FAMILY_MODELS[family])
     if found is None:
@@ -122,7 +122,7 @@ def model_config(family: str) -> dict[str, object]:
 
 def cell_spec(cell: Cell, config: dict[str, object] | None = None) -> TrainingSpec:
     """The TrainingSpec of a cell: one CPU process, plain AdamW, the catalog model's real widths."""
-    from fitcheck.readers.model_config import inventory_from_config
+    from fitcheck.readers import inventory_from_config
 
     cfg = dict(config if config is not None else model_config(cell.family))
     if cell.method == "freeze":
@@ -160,7 +160,7 @@ def cell_spec(cell: Cell, config: dict[str, object] | None = None) -> TrainingSp
 
 def compare(cell: Cell, config: dict[str, object] | None = None) -> Outcome:
     """Formula vs trace of one cell (a refusal of either side is returned, not raised)."""
-    from fitcheck.core.estimate import estimate
+    from fitcheck.core import estimate
     from fitcheck.errors import FitcheckError
     from fitcheck.torch_adapters.tracer import trace_components
 

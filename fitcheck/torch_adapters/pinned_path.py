@@ -5,7 +5,7 @@
 are computed the same way:
 
 - ``always`` (``--trace``): a fake-tensor trace of the real model (``tracer.trace_components``);
-- ``auto`` (default): the formulas inside the checked envelope (``fitcheck.core.envelope``); outside it a
+- ``auto`` (default): the formulas inside the checked envelope (``fitcheck.core.activations.envelope``); outside it a
   trace when torch and transformers are installed, else the formulas with a ``not-pinned`` WARNING;
 - ``never`` (``--no_trace``): the formulas, with the WARNING outside the envelope.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from fitcheck.core.envelope import in_envelope
+from fitcheck.core.activations import in_envelope
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report
 from fitcheck.spec import TrainingSpec
@@ -80,7 +80,7 @@ class PinnedPath:
 
     def __call__(self, spec: TrainingSpec) -> Report:
         """Estimate a spec on this path (the ``estimate_fn`` of the batch search and the advisor)."""
-        from fitcheck.core.estimate import estimate
+        from fitcheck.core import estimate
 
         comps, failed = self.activations(spec)
         report = estimate(spec, activations=comps)

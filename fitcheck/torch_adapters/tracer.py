@@ -152,7 +152,7 @@ def make_trainer_optimizer(name: str, model: Any) -> Any:
     # _get_adamw_torch: torch AdamW, fused=True for adamw_torch_fused; otherwise torch picks the path
     # (optim/optimizer.py::_default_to_fused_or_foreach: single-tensor on CPU, foreach on CUDA). Other names
     # (bitsandbytes, GaLore, ...) are stepped as adamw_torch: only the OPTIMIZER_STEP phase of the trace differs,
-    # and trace_components leaves that phase's optimizer bytes to fitcheck.core.model_states.
+    # and trace_components leaves that phase's optimizer bytes to fitcheck.core.states.model_states.
     return torch.optim.AdamW(groups, lr=1e-3, fused=True if lowered == "adamw_torch_fused" else None)
 
 
@@ -383,8 +383,8 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
 def trace_components(spec: TrainingSpec) -> tuple[Component, ...]:
     """Activation, logits and temporary components of a spec, measured by a fake-tensor trace.
 
-    Same phase semantics as ``fitcheck.core.activations.activation_components``: parameters, gradients and
-    optimizer states are left to ``fitcheck.core.model_states`` (no gradient exists before the logits
+    Same phase semantics as ``fitcheck.core.activations.decoder.activation_components``: parameters, gradients and
+    optimizer states are left to ``fitcheck.core.states.model_states`` (no gradient exists before the logits
     gradient; all gradients exist in BACKWARD and OPTIMIZER_STEP), so the sum of both reproduces the trace.
 
     Args:
@@ -410,7 +410,7 @@ def components_from_trace(result: TraceResult) -> tuple[Component, ...]:
     for phase, b in result.phases.items():
         states = b.get(PARAMS) + b.get(OPTSTATE)
         if phase is Phase.OPTIMIZER_STEP:
-            # optimizer-step temporaries belong to fitcheck.core.model_states; only leftovers are ours
+            # optimizer-step temporaries belong to fitcheck.core.states.model_states; only leftovers are ours
             acts[phase] = b.get(ACTIVATIONS) + b.get(INPUTS) + b.get(LOGITS)
             continue
         if phase is Phase.BACKWARD:

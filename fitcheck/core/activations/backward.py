@@ -1,7 +1,7 @@
 """The worst point DURING backward (``Phase.BACKWARD``), beyond every gradient: pure, no torch.
 
-``fitcheck.core.model_states`` counts every gradient in ``Phase.BACKWARD``; this module gives what else is alive at
-the worst moment of backward, so that the sum equals the traced peak of the backward region
+``fitcheck.core.states.model_states`` counts every gradient in ``Phase.BACKWARD``; this module gives what else
+is alive at the worst moment of backward, so that the sum equals the traced peak of the backward region
 (``fitcheck.torch_adapters.tracer``: from the logits gradient to the end of ``loss.backward()``). The candidates,
 read off per-op listings of fake-tensor traces of the transformers 5.23 models (``tests/test_backward_phase.py``
 pins them), each written as (live bytes besides states) − (gradients not yet produced):
@@ -48,7 +48,7 @@ BACKWARD_PINNED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "phi
 
 @dataclass(frozen=True)
 class BackwardInputs:
-    """Byte counts of one micro-batch that ``fitcheck.core.activations`` already derives.
+    """Byte counts of one micro-batch that ``fitcheck.core.activations.decoder`` already derives.
 
     Attributes:
         layer: Saved bytes of one decoder layer (s² scores included).
@@ -61,7 +61,7 @@ class BackwardInputs:
         half_model: Whether the model itself is 16-bit.
         end: What ``activations.saved`` keeps in ``Phase.BACKWARD`` (the embedding-output gradient).
         layers_saved: Saved bytes of all decoder layers together where they differ (partial training by
-            layers, ``activations_freeze``); -1 when every layer saves ``layer``.
+            layers, ``activations.freeze``); -1 when every layer saves ``layer``.
     """
 
     layer: int
@@ -109,13 +109,13 @@ def _head_and_embedding(spec: TrainingSpec) -> tuple[int, int]:
 
 
 def _layer_cast(spec: TrainingSpec) -> int:
-    """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations).
+    """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations.decoder).
 
     A 4-bit base makes none: ``bnb.nn.Linear4bit`` runs ``MatMul4Bit`` (no autocast op), which dequantizes
     into a temporary and saves only the packed weight (bitsandbytes 0.50.2 autograd/_functions.py
     ``MatMul4Bit.forward``: ``ctx.tensors = (None, B)``); only the LoRA weights' casts are held.
     """
-    from fitcheck.core.activations_qlora import lora_layer_params, qlora_formula_applies
+    from fitcheck.core.activations.qlora import lora_layer_params, qlora_formula_applies
 
     if qlora_formula_applies(spec):
         return 2 * lora_layer_params(spec) // max(1, spec.model.shape.num_layers)
@@ -141,7 +141,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
 
     Args:
         spec: The training spec.
-        q: Quantities from ``fitcheck.core.activations``.
+        q: Quantities from ``fitcheck.core.activations.decoder``.
         head_extra: Logits-side bytes alive at the head's backward besides ``kept`` (logits gradient, casts).
 
     Returns:
@@ -156,7 +156,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     g_head, g_emb = _head_and_embedding(spec)
     g_down = _down_proj_numel(spec) * _param_bytes(spec) if _trainable_full(spec) else 0
     cast = _layer_cast(spec) if q.autocast else 0
-    from fitcheck.core.activations_qlora import qlora_formula_applies
+    from fitcheck.core.activations.qlora import qlora_formula_applies
 
     # the down_proj weight cast freed after its backward (a 4-bit base has no cast: _layer_cast)
     cast_down = 2 * _down_proj_numel(spec) if q.autocast and not qlora_formula_applies(spec) else 0
@@ -194,7 +194,7 @@ def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:
     Top: every gradient but the head's and the top layer's own (less its down_proj weight gradient, the first
     one the layer produces), when the top layer trains. Bottom: only the embedding's.
     """
-    from fitcheck.core.activations_freeze import frozen_layers
+    from fitcheck.core.activations.freeze import frozen_layers
 
     frozen = frozen_layers(spec)
     nbytes = _param_bytes(spec)
@@ -215,8 +215,8 @@ def _all_grads(spec: TrainingSpec) -> int:
     if spec.lora is not None or spec.freeze is not None:
         # LoRA / partial training: at the head's backward no gradient but the head's exists yet (trace "llama
         # qlora": the backward peak at the head holds no gradient); the model states count them all in BACKWARD
-        from fitcheck.core.activations_freeze import frozen_layers
-        from fitcheck.core.model_states import model_state_components
+        from fitcheck.core.activations.freeze import frozen_layers
+        from fitcheck.core.states import model_state_components
 
         grads = sum(c.at(Phase.BACKWARD) for c in model_state_components(spec) if c.name == "gradients")
         frozen = frozen_layers(spec)
@@ -254,7 +254,7 @@ def backward_transient(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -
 
     Args:
         spec: The training spec.
-        q: Quantities from ``fitcheck.core.activations``.
+        q: Quantities from ``fitcheck.core.activations.decoder``.
         head_extra: Logits-side bytes alive at the head's backward besides ``q.kept``.
 
     Returns:

@@ -26,7 +26,7 @@ MAX_SEARCH_MICRO_BATCH = 65_536
 
 
 def _default_estimate() -> EstimateFn:
-    from fitcheck.core.estimate import estimate
+    from fitcheck.core import estimate
 
     return estimate
 
@@ -64,7 +64,7 @@ def max_micro_batch(
 
     Args:
         spec: The run; its micro-batch is the starting point of the search.
-        estimate_fn: The estimator (default ``fitcheck.core.estimate.estimate``).
+        estimate_fn: The estimator (default ``fitcheck.core.estimator.estimate``).
         safety_margin: Fraction of the GPU budget to keep free (0 = the estimate's own verdict).
         limit: Largest micro-batch considered.
 

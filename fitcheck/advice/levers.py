@@ -2,7 +2,7 @@
 
 A lever is one change a user can make, expressed three ways that must agree: a transform of the frozen spec
 (``dataclasses.replace``), the ``fitcheck estimate`` flags that describe it, and what to change in the
-user's own terms (TrainingArguments field, DeepSpeed key, accelerate config key). ``fitcheck.core.advisor``
+user's own terms (TrainingArguments field, DeepSpeed key, accelerate config key). ``fitcheck.advice.advisor``
 applies them, alone and in pairs, and ranks the results.
 """
 
@@ -80,7 +80,7 @@ def with_deepspeed(spec: TrainingSpec, **changes: Any) -> TrainingSpec:
 
 
 def _fresh_deepspeed(spec: TrainingSpec) -> DeepSpeedSpec:
-    from fitcheck.readers.deepspeed import resolve_deepspeed
+    from fitcheck.readers import resolve_deepspeed
 
     # accelerate DeepSpeedPlugin defaults without a file (accelerate/utils/dataclasses.py): stage 2, "auto".
     raw: dict[str, object] = {

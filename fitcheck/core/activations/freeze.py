@@ -11,11 +11,11 @@ that reads it (tools/autograd/gen_variable_type.py, torch 2.13), so for a decode
 * a frozen layer whose input needs a gradient: it saves what its input gradient needs (norm statistics, the
   attention tensors, the MLP's gate/up outputs) but not the inputs of its frozen linears nor the normalised
   input its frozen norm weight would need: the LoRA-recipe layer without adapters
-  (``fitcheck.core.activations.layer_saved_per_token(spec, trainable=False)``);
+  (``fitcheck.core.activations.decoder.layer_saved_per_token(spec, trainable=False)``);
 * a trainable layer: the full fine-tune layer.
 
 Only layer-granular freezing is modelled this way (every per-layer name trainable, ``trainable_layers`` set);
-other patterns (router-only, attention-only) fall outside the checked envelope (``fitcheck.core.envelope``).
+other patterns (router-only, attention-only) fall outside the checked envelope (``fitcheck.core.activations.envelope``).
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def qlora_layer_saved_per_token(spec: TrainingSpec, eager: bool) -> tuple[int, i
 
 def lora_layer_params(spec: TrainingSpec) -> int:
     """LoRA A and B parameters in the decoder layers (autocast caches their bf16 casts until backward)."""
-    from fitcheck.core.lora import plan_lora
+    from fitcheck.core.states import plan_lora
 
     if spec.lora is None:
         return 0

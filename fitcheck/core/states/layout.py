@@ -1,6 +1,6 @@
 """The resident tensors of a training run, classified: frozen, quantized, trainable, adapters, saved copies.
 
-Shared by :mod:`fitcheck.core.model_states` (components) and :mod:`fitcheck.core.regimes` (regime,
+Shared by :mod:`fitcheck.core.states.model_states` (components) and :mod:`fitcheck.core.states.regimes` (regime,
 findings).
 """
 
@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fitcheck.core.lora import LoraPlan, plan_lora
-from fitcheck.core.optimizer_tensors import trainer_decays
-from fitcheck.core.optimizers import OptimizerMemory, TensorGroup, optimizer_memory
-from fitcheck.core.quantization import base_weights
+from fitcheck.core.optimizers import OptimizerMemory, TensorGroup, optimizer_memory, trainer_decays
+from fitcheck.core.states.lora import LoraPlan, plan_lora
+from fitcheck.core.states.quantization import base_weights
 from fitcheck.spec import DeviceType, Dtype, Kind, MixedPrecision, ParamEntry, Strategy, TrainingSpec
 
 
@@ -162,3 +161,15 @@ def optimizer_for(spec: TrainingSpec, groups: list[TensorGroup]) -> OptimizerMem
             for g in groups
         ]
     return optimizer_memory(spec.optimizer, opt_groups, cuda=spec.hardware.device_type is DeviceType.CUDA)
+
+
+def trainable_params(spec: TrainingSpec) -> int:
+    """Trainable parameter count: base parameters trained in place, LoRA adapters and modules_to_save copies.
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        The number of parameters with gradients and optimizer states.
+    """
+    return total_numel(all_trainable(build_layout(spec)))

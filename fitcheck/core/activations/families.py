@@ -2,8 +2,8 @@
 
 Read off fake-tensor traces of the transformers 5.23 models (``fitcheck.torch_adapters.tracer``: per-op
 listings of the tensors alive at the end of forward, 2 layers minus 1 layer) and pinned by
-``tests/test_activations_families.py``. Notation as in ``fitcheck.core.activations``: e element bytes of the model
-dtype, h hidden, q = heads·head_dim, kv = kv_heads·head_dim, I intermediate, a heads, per token per layer.
+``tests/test_activations_families.py``. Notation as in ``fitcheck.core.activations.decoder``: e element bytes of the
+model dtype, h hidden, q = heads·head_dim, kv = kv_heads·head_dim, I intermediate, a heads, per token per layer.
 
 What differs between the CPU trace and a CUDA step is modelled from the kernels' documented behaviour:
 
@@ -324,7 +324,7 @@ def family_outside_saved(spec: TrainingSpec) -> int:
     """Bytes kept outside the layers per micro-batch: embeddings side, final LayerNorm, MLM head, rotary tables.
 
     The layer-0 input is counted here (the layer formulas count each layer's own output); under checkpointing
-    ``fitcheck.core.activations`` counts every checkpointed layer's input instead.
+    ``fitcheck.core.activations.decoder`` counts every checkpointed layer's input instead.
     """
     c = _ctx(spec)
     sh = spec.model.shape
@@ -333,7 +333,7 @@ def family_outside_saved(spec: TrainingSpec) -> int:
     e = c.e
     ckpt = spec.activations.checkpointing
     # without checkpointing: the layer-0 input, kept by its first op when a gradient flows into it (trained
-    # embeddings); with it, every checkpointed layer's input is counted by fitcheck.core.activations and the
+    # embeddings); with it, every checkpointed layer's input is counted by fitcheck.core.activations.decoder and the
     # last layer's output (the final LayerNorm input, trace) is what is left to count here
     first = e * h if ckpt else (e * h if c.full else 0)
     per_token, fixed = 0, 0

@@ -8,7 +8,7 @@
   slow EMA) and ``state2`` (``optim/ademamix.py``). The CUDA 8-bit/32-bit update kernels write in place.
 * transformers ``Adafactor`` (``optimization.py``): no first moment (``beta1=None``); fp32
   ``exp_avg_sq_row`` + ``exp_avg_sq_col`` for tensors of >= 2 dims, full fp32 ``exp_avg_sq`` for 1-D;
-  per-parameter fp32 temporaries (:func:`fitcheck.core.optimizer_tensors.adafactor_peak`).
+  per-parameter fp32 temporaries (:func:`fitcheck.core.optimizers.step_tensors.adafactor_peak`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from fitcheck.core.optimizer_tensors import OptimizerMemory, TensorGroup, adafactor_peak
+from fitcheck.core.optimizers.step_tensors import OptimizerMemory, TensorGroup, adafactor_peak
 from fitcheck.errors import NotModelledError
 from fitcheck.spec import Dtype, OptimizerSpec
 

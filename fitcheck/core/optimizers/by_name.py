@@ -3,8 +3,8 @@
 Names are transformers 5.23 ``training_args.OptimizerNames``; the Trainer builds them in
 ``trainer_optimizer.py`` (``_OPTIMIZER_HANDLERS``) with two parameter groups (weight decay / no decay: biases
 and norms) over the parameters with ``requires_grad``. This module maps names and models the torch
-optimizers; :mod:`fitcheck.core.optimizers_extra` the other families; :mod:`fitcheck.core.optimizer_tensors`
-the step order and the transient bytes of one step.
+optimizers; :mod:`fitcheck.core.optimizers.other_families` the other families;
+:mod:`fitcheck.core.optimizers.step_tensors` the step order and the transient bytes of one step.
 
 torch ``AdamW`` (``adamw_torch``, ``adamw_torch_fused``): ``exp_avg`` + ``exp_avg_sq`` ``zeros_like(p)`` (param
 dtype) and a 0-d fp32 ``step`` (CPU unless fused/capturable) per tensor (``torch/optim/adam.py::_init_group``).
@@ -24,16 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fitcheck.core.optimizer_tensors import (
-    OptimizerMemory,
-    TensorGroup,
-    dtype_totals,
-    foreach_peak,
-    pair_peak,
-    single_tensor_peak,
-    trainer_groups,
-)
-from fitcheck.core.optimizers_extra import (
+from fitcheck.core.optimizers.other_families import (
     BNB_NAMES,
     adafactor_memory,
     anyprecision_memory,
@@ -45,6 +36,15 @@ from fitcheck.core.optimizers_extra import (
     other_memory,
     torch_states,
     torchao_memory,
+)
+from fitcheck.core.optimizers.step_tensors import (
+    OptimizerMemory,
+    TensorGroup,
+    dtype_totals,
+    foreach_peak,
+    pair_peak,
+    single_tensor_peak,
+    trainer_groups,
 )
 from fitcheck.errors import NotModelledError
 from fitcheck.findings import Finding, Severity

@@ -41,8 +41,10 @@ class _Wrapped:
 
 @dataclass(frozen=True)
 class DoraMode:
-    """How the model runs (``fitcheck.core.activations._Mode``): element bytes of the linears' inputs/outputs (e)
-    and of the residual stream (r), 16-bit weights, autocast."""
+    """How the model runs (``fitcheck.core.activations.decoder._Mode``).
+
+    Element bytes of the linears' inputs/outputs (e) and of the residual stream (r), 16-bit weights, autocast.
+    """
 
     e: int
     r: int
@@ -51,7 +53,7 @@ class DoraMode:
 
 
 def _wrapped(spec: TrainingSpec) -> tuple[_Wrapped, ...]:
-    from fitcheck.core.lora import plan_lora
+    from fitcheck.core.states import plan_lora
 
     lora = spec.lora
     if lora is None or not lora.use_dora:
@@ -245,7 +247,7 @@ def lora_extras_unpinned(spec: TrainingSpec, layernorm_family: bool) -> str | No
     Returns:
         A sentence for the finding, or None.
     """
-    from fitcheck.core.lora import plan_lora
+    from fitcheck.core.states import plan_lora
 
     lora = spec.lora
     if lora is None:

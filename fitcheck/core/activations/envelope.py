@@ -5,13 +5,13 @@
 fake-tensor trace of the real transformers model — and prints the worst |formula − trace| / trace over the
 phases of the step. ``CHECKED`` lists the (family, method, checkpointing, attention, precision) combinations
 whose cell was within ``TOLERANCE`` at the last run; ``envelope_key`` says which combination a spec is.
-A spec outside the envelope is not answered silently from the formula: ``fitcheck.core.estimate`` marks the
+A spec outside the envelope is not answered silently from the formula: ``fitcheck.core.estimator.estimate`` marks the
 report ``pinned=False`` with a WARNING, and the CLI traces instead when torch is installed.
 """
 
 from __future__ import annotations
 
-from fitcheck.core.activations_freeze import layer_granular
+from fitcheck.core.activations.freeze import layer_granular
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import AttnImpl, Dtype, MixedPrecision, TrainingSpec
 

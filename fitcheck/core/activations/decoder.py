@@ -7,7 +7,7 @@ kv = num_kv_heads·head_dim, q = num_heads·head_dim, I intermediate, a heads, V
 Bytes per token per layer, HF Llama bf16 SDPA (trace ``llama bf16 sdpa``): 20h + 4kv + 8I + 4a + 8, not
 Korthikanti's 34h (design note 04).
 
-Phase semantics (``fitcheck.report.Phase``), to be summed with ``fitcheck.core.model_states``:
+Phase semantics (``fitcheck.report.Phase``), to be summed with ``fitcheck.core.states.model_states``:
 FORWARD_END = saved activations + the peak of the loss computation (logits, fp32 upcast, log-softmax);
 BACKWARD_START = saved activations + log-softmax output, its gradient and the logits gradient (no parameter
 gradient exists yet); BACKWARD = what is left besides every gradient at the end of backward (the gradient of the
@@ -19,17 +19,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fitcheck.core.activations_backward import BackwardInputs, backward_findings, backward_transient
-from fitcheck.core.activations_freeze import frozen_layers
-from fitcheck.core.activations_families import (
+from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_transient
+from fitcheck.core.activations.dora import DoraMode, dora_per_token, dora_phases, lora_extras_unpinned
+from fitcheck.core.activations.freeze import frozen_layers
+from fitcheck.core.activations.families import (
     FAMILY_FORMULAS,
     family_findings_text,
     family_layer_saved,
     family_logits,
     family_outside_saved,
 )
-from fitcheck.core.activations_lora import DoraMode, dora_per_token, dora_phases, lora_extras_unpinned
-from fitcheck.core.activations_qlora import (
+from fitcheck.core.activations.qlora import (
     kbit_upcast,
     lora_layer_params,
     qlora_backward_working_set,
@@ -130,7 +130,7 @@ def _linear_inputs(shape: ModelShape, m: _Mode, full: bool, targets: frozenset[s
 
 def _experts_adapted(spec: TrainingSpec) -> bool:
     """Whether LoRA wraps the fused MoE expert tensors (peft ``target_parameters``)."""
-    from fitcheck.core.lora import plan_lora
+    from fitcheck.core.states import plan_lora
     from fitcheck.spec import Kind
 
     return spec.lora is not None and any(t.entry.kind is Kind.FUSED_EXPERTS for t in plan_lora(spec).targets)
@@ -161,7 +161,7 @@ def layer_saved_per_token(spec: TrainingSpec, trainable: bool | None = None) -> 
     """(bytes per token, bytes per token per position of the s² term) saved by one decoder layer.
 
     ``trainable=False``: a frozen layer of a partial fine-tune whose input needs a gradient
-    (``fitcheck.core.activations_freeze``); None: as the spec says (full fine-tune, LoRA or quantized base).
+    (``fitcheck.core.activations.freeze``); None: as the spec says (full fine-tune, LoRA or quantized base).
     """
     sh = spec.model.shape
     if sh.family in FAMILY_FORMULAS:
@@ -343,7 +343,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     kept = (layers - n_ckpt) * (layer + scores) + n_ckpt * m.r * sh.hidden_size * b * s
     frozen = frozen_layers(spec)
     layers_saved = -1
-    if frozen is not None:  # partial fine-tune by layers (activations_freeze.py)
+    if frozen is not None:  # partial fine-tune by layers (freeze.py)
         f_token, f_s2 = layer_saved_per_token(spec, trainable=False)
         if act.checkpointing:  # a checkpointed layer keeps its input only if a gradient flows through it
             kept = (layers - frozen.no_grad) * m.r * sh.hidden_size * b * s
@@ -416,7 +416,7 @@ def _dora_component(spec: TrainingSpec, m: _Mode, kept_layers: int, fwd_logits: 
 
 def _autocast_cache_phases(spec: TrainingSpec, m: _Mode) -> tuple[int, int]:
     """16-bit weight casts alive at the end of forward and at the start of backward."""
-    from fitcheck.core.lora import plan_lora
+    from fitcheck.core.states import plan_lora
     from fitcheck.spec import Kind
 
     cache = _autocast_cache(spec)

@@ -3,7 +3,7 @@
 Each candidate is the user's frozen spec with one or two changes applied through ``dataclasses.replace``,
 estimated again; when it still does not fit at the requested micro-batch, the micro-batch is lowered to the
 largest that fits and gradient accumulation raised so that the global batch is kept
-(:func:`fitcheck.core.batch_search.plan_global_batch`). Every suggestion carries the ``fitcheck estimate``
+(:func:`fitcheck.advice.batch_search.plan_global_batch`). Every suggestion carries the ``fitcheck estimate``
 flags that describe it (appended to the same command, a later flag overrides an earlier one), its own
 estimate, and its time per token relative to the current run (``fitcheck.core.compute``).
 
@@ -21,19 +21,19 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from fitcheck.core.advisor_levers import CKPT_WORDS, GPUS_PER_NODE, TIER_ORDER, Lever, Tier, ds_stage, levers
-from fitcheck.core.batch_search import (
+from fitcheck.advice.batch_search import (
     EstimateFn,
     fits_with_margin,
     max_micro_batch,
     plan_global_batch,
     with_micro_batch,
 )
-from fitcheck.core.compute import ComputeEstimate, compute_estimate, relative_time_per_token
+from fitcheck.advice.levers import CKPT_WORDS, GPUS_PER_NODE, TIER_ORDER, Lever, Tier, ds_stage, levers
+from fitcheck.core import ComputeEstimate, compute_estimate, relative_time_per_token
 from fitcheck.report import Report
 from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy, TrainingSpec
 
-__all__ = ["Suggestion", "Tier", "advise", "suggestion_to_dict"]
+__all__ = ["Suggestion", "Tier", "advise"]
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class Suggestion:
 
 
 def _default_estimate() -> EstimateFn:
-    from fitcheck.core.estimate import estimate
+    from fitcheck.core import estimate
 
     return estimate
 
@@ -323,7 +323,7 @@ def advise(
     Args:
         spec: The run.
         report: Its estimate.
-        estimate_fn: The estimator (default ``fitcheck.core.estimate.estimate``).
+        estimate_fn: The estimator (default ``fitcheck.core.estimator.estimate``).
         limit: Most suggestions returned.
         safety_margin: Fraction of the GPU budget a suggestion must leave free.
         mfu: Assumed MFU for the time ratios (see ``fitcheck.core.compute``).
@@ -390,8 +390,3 @@ def _dominates(a: Suggestion, b: Suggestion) -> bool:
         and a.relative_step_time <= b.relative_step_time
         and (a.fits or not b.fits)
     )
-
-
-def suggestion_to_dict(suggestion: Suggestion) -> dict[str, object]:
-    """JSON-ready form of a suggestion."""
-    return suggestion.to_dict()

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from fitcheck.core.optimizers import canonical_optimizer
-from fitcheck.core.quantization import SOURCE_KBIT
-from fitcheck.core.state_layout import (
+from fitcheck.core.states.layout import (
     Layout,
     all_trainable,
     build_layout,
@@ -13,6 +12,7 @@ from fitcheck.core.state_layout import (
     has_master,
     total_bytes,
 )
+from fitcheck.core.states.quantization import SOURCE_KBIT
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import Dtype, Kind, MixedPrecision, TrainingSpec
 from fitcheck.units import format_bytes

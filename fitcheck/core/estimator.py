@@ -3,52 +3,22 @@
 ``estimate(spec) -> Report`` is pure: no torch, no files, no environment. The per-phase model is:
 peak allocated = max over phases of the sum of DEVICE components alive in that phase (what
 ``torch.cuda.max_memory_allocated`` reports); reserved comes from the caching-allocator model in
-``overheads.reserved_bytes``; device used (nvidia-smi) = reserved + components outside torch's allocator
+``allocator.reserved_bytes``; device used (nvidia-smi) = reserved + components outside torch's allocator
 (CUDA context, cuBLAS workspace, NCCL, managed memory of paged optimizers).
 """
 
 from __future__ import annotations
 
-from fitcheck.core.activations import activation_components, activation_findings
-from fitcheck.core.envelope import in_envelope, not_pinned_finding
-from fitcheck.core.model_states import (
-    describe_regime,
-    model_state_components,
-    model_state_findings,
-    trainable_params,
-)
-from fitcheck.core.overheads import (
-    overhead_components,
-    overhead_findings,
-    reserved_bytes,
-    transient_bytes_at,
-)
-from fitcheck.core.sharding import buffer_components, sharding_findings
+from fitcheck.core.activations import activation_findings, in_envelope, not_pinned_finding
+from fitcheck.core.allocator import allocator_findings, reserved_bytes
+from fitcheck.core.states import describe_regime, model_state_findings, sharding_findings, trainable_params
+from fitcheck.core.step import collect_components, peak_phase, transient_bytes_at
 from fitcheck.findings import Finding, Severity
-from fitcheck.report import PHASES, Component, Location, Phase, Report
+from fitcheck.report import Component, Location, Phase, Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.units import format_bytes
 
 _SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
-
-
-def collect_components(
-    spec: TrainingSpec, activations: tuple[Component, ...] | None = None
-) -> tuple[Component, ...]:
-    """Every component of the step: model states, activations, buffers and overheads."""
-    return (
-        *model_state_components(spec),
-        *(activation_components(spec) if activations is None else activations),
-        *buffer_components(spec),
-        *overhead_components(spec),
-    )
-
-
-def _peak_phase(components: tuple[Component, ...]) -> tuple[Phase, dict[Phase, int]]:
-    totals = {p: sum(c.at(p) for c in components if c.location is Location.DEVICE) for p in PHASES}
-    # Ties go to the earliest phase (the order of PHASES), so the answer is deterministic.
-    best = max(PHASES, key=lambda p: (totals[p], -PHASES.index(p)))
-    return best, totals
 
 
 def _verdict(
@@ -109,13 +79,13 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         spec: The training run.
         activations: Activation components to use instead of the per-family formulas (from a fake-tensor
             trace, ``fitcheck estimate --trace``). Without them, a spec outside the checked envelope
-            (``fitcheck.core.envelope``) gets ``pinned=False`` and a ``not-pinned`` WARNING.
+            (``fitcheck.core.activations.envelope``) gets ``pinned=False`` and a ``not-pinned`` WARNING.
 
     Returns:
         The itemised report with the peak phase, allocated/reserved/used bytes, the verdict and findings.
     """
     components = collect_components(spec, activations)
-    phase, totals = _peak_phase(components)
+    phase, totals = peak_phase(components)
     peak_allocated = totals[phase]
     peak_reserved = reserved_bytes(
         spec, peak_allocated, transient_bytes=transient_bytes_at(components, phase)
@@ -130,7 +100,7 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *model_state_findings(spec),
         *activation_findings(spec),
         *sharding_findings(spec),
-        *overhead_findings(spec),
+        *allocator_findings(spec),
         *_verdict(spec, components, phase, device_used, budget, host),
     ]
     pinned = activations is not None or in_envelope(spec)
@@ -161,6 +131,6 @@ def _adapter_params(spec: TrainingSpec, trainable: int) -> int:
     """Parameters PEFT adds on top of the base model (0 without PEFT)."""
     if spec.lora is None:
         return 0
-    from fitcheck.core.lora import adapter_param_count
+    from fitcheck.core.states import adapter_param_count
 
     return adapter_param_count(spec)

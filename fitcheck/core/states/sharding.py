@@ -2,7 +2,7 @@
 buffers.
 
 :func:`partition` says, for the spec's strategy, by how much each kind of model state is divided per GPU and
-whether it lives on the host; ``fitcheck.core.model_states`` applies it (to every weight, frozen ones
+whether it lives on the host; ``fitcheck.core.states.model_states`` applies it (to every weight, frozen ones
 included; to gradients/optimizer states of trainable parameters only). :func:`buffer_components` adds what
 the strategy allocates on top: DDP gradient buckets, DeepSpeed reduce buckets and ZeRO-3 gathered
 parameters, FSDP unsharded units. :func:`sharding_findings` says what the user should know.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitcheck.core.states.layout import trainable_params
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import DeepSpeedSpec, MixedPrecision, OffloadDevice, Strategy, TrainingSpec
@@ -164,8 +165,6 @@ def _weight_bytes_per_param(spec: TrainingSpec) -> float:
 
 
 def _trainable(spec: TrainingSpec) -> int:
-    from fitcheck.core.model_states import trainable_params  # late import: model_states imports partition
-
     return trainable_params(spec)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitcheck.errors import UnsupportedModelError
-from fitcheck.readers.families_base import ConfigView, mlp_kind
+from fitcheck.readers import ConfigView, mlp_kind
 from fitcheck.spec import Kind, ModelInventory, ModelShape, ParamEntry, Role
 
 _INDEX = re.compile(r"\.(\d+)\.")

@@ -7,7 +7,7 @@ Precision regimes (which one applies is said in :func:`describe_regime`):
   dtype, no
     fp32 master copy (``torch/optim/adam.py`` ``zeros_like(p)``; the Trainer never adds one).
 (b) fp32-loaded model + bf16 autocast: fp32 parameters, gradients and states (the autocast weight cache is an
-    activation-side component, ``fitcheck.core.activations``).
+    activation-side component, ``fitcheck.core.activations.decoder``).
 (c) DeepSpeed with bf16/fp16 enabled: the engine casts the module to 16 bits (``runtime/engine.py``); ZeRO
   1-3 keep
     an fp32 partition clone of the trainable parameters and the optimizer states on it, and build an fp32
@@ -19,23 +19,24 @@ Precision regimes (which one applies is said in :func:`describe_regime`):
 Gradients exist only for trainable parameters, in their dtype. Phases: absent at the end of forward / start of
 backward of the first micro-step (the Trainer's ``zero_grad(set_to_none=True)``) unless gradient accumulation
 keeps the previous micro-steps' sums; all present at the end of backward and in the optimizer step.
-Partitioning and host placement come from :func:`fitcheck.core.sharding.partition`.
+Partitioning and host placement come from :func:`fitcheck.core.states.sharding.partition`.
 """
 
 from __future__ import annotations
 
 from fitcheck.core.optimizers import OptimizerMemory, TensorGroup
-from fitcheck.core.quantization import SOURCE_4BIT, SOURCE_8BIT, SOURCE_WHICH
-from fitcheck.core.regimes import describe_regime, model_state_findings
-from fitcheck.core.sharding import Partition, partition
-from fitcheck.core.state_layout import (
+from fitcheck.core.states.layout import (
     all_trainable,
     build_layout,
     has_master,
     optimizer_for,
     total_bytes,
     total_numel,
+    trainable_params,
 )
+from fitcheck.core.states.quantization import SOURCE_4BIT, SOURCE_8BIT, SOURCE_WHICH
+from fitcheck.core.states.regimes import describe_regime, model_state_findings
+from fitcheck.core.states.sharding import Partition, partition
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import TrainingSpec
 from fitcheck.units import format_bytes
@@ -54,18 +55,6 @@ _SRC_PEFT = (
 
 def _div(n: int, d: int) -> int:
     return -(n // -d) if d > 1 else n
-
-
-def trainable_params(spec: TrainingSpec) -> int:
-    """Trainable parameter count: base parameters trained in place, LoRA adapters and modules_to_save copies.
-
-    Args:
-        spec: The training spec.
-
-    Returns:
-        The number of parameters with gradients and optimizer states.
-    """
-    return total_numel(all_trainable(build_layout(spec)))
 
 
 def _phases(value: int, *, only: tuple[Phase, ...] = PHASES) -> dict[Phase, int]:

@@ -1,0 +1,42 @@
+"""Advice: what to change so that a run fits, each change with its own estimate.
+
+Above the readers and the core: it turns a spec and its report into changed specs and estimates them again.
+
+- :mod:`.levers`: the memory levers (micro-batch with accumulation, checkpointing, ZeRO/FSDP, offload, 8-bit
+  optimizers, QLoRA, fused losses, more GPUs, ...), each a spec transform with the flags that describe it;
+- :mod:`.advisor`: ranks the levers' estimates into :class:`Suggestion` rows;
+- :mod:`.batch_search`: the largest micro-batch that fits, and keeping the global batch;
+- :mod:`.device_map_plan`: findings about ``device_map="auto"`` placements;
+- :mod:`.series`: memory vs micro-batch and sequence length, for plots.
+
+Where a new lever goes: a function in :mod:`.levers` returning :class:`~fitcheck.advice.levers.Lever` rows.
+"""
+
+from fitcheck.advice.advisor import Suggestion, advise
+from fitcheck.advice.batch_search import (
+    BatchPlan,
+    keep_global_batch,
+    max_micro_batch,
+    plan_global_batch,
+    with_micro_batch,
+)
+from fitcheck.advice.device_map_plan import weights_only_finding
+from fitcheck.advice.levers import Tier
+from fitcheck.advice.series import MAX_POINTS, Curve, EstimateFn, MemorySeries, memory_series
+
+__all__ = [
+    "MAX_POINTS",
+    "BatchPlan",
+    "Curve",
+    "EstimateFn",
+    "MemorySeries",
+    "Suggestion",
+    "Tier",
+    "advise",
+    "keep_global_batch",
+    "max_micro_batch",
+    "memory_series",
+    "plan_global_batch",
+    "weights_only_finding",
+    "with_micro_batch",
+]

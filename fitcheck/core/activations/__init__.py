@@ -1,0 +1,31 @@
+"""Saved activations, logits and loss, and the backward working set of one step, per phase.
+
+- :mod:`.decoder`: the decoder-layer formulas (Llama-style families), the logits/loss term, checkpointing,
+  the autocast weight cache, and the components the report shows;
+- :mod:`.families`: per-family tables for the other architectures (GPT-2, BERT, Phi-2, Falcon, BLOOM);
+- :mod:`.dora`: DoRA's extra saved tensors and transients (and other LoRA extras);
+- :mod:`.qlora`: layers over bitsandbytes 4-bit bases (what ``prepare_model_for_kbit_training`` changes);
+- :mod:`.backward`: the worst moment during backward beyond the gradients;
+- :mod:`.freeze`: partial training by layers (which layers save what);
+- :mod:`.envelope`: which kinds of run the formulas were checked for against traces.
+
+Where a new model family goes: a formula pinned to a fake-tensor trace in :mod:`.families` (or
+:mod:`.decoder` when it is a Llama-style decoder), with a test against the tracer.
+"""
+
+from fitcheck.core.activations.backward import cuda_embedding_backward
+from fitcheck.core.activations.decoder import activation_components, activation_findings, layer_saved_per_token
+from fitcheck.core.activations.envelope import CHECKED, envelope_key, in_envelope, not_pinned_finding
+from fitcheck.core.activations.families import family_layer_saved
+
+__all__ = [
+    "CHECKED",
+    "activation_components",
+    "activation_findings",
+    "cuda_embedding_backward",
+    "envelope_key",
+    "family_layer_saved",
+    "in_envelope",
+    "layer_saved_per_token",
+    "not_pinned_finding",
+]

@@ -1,0 +1,48 @@
+"""Model states per GPU: weights (trainable, frozen, quantized), adapters, gradients, optimizer states, masters.
+
+- :mod:`.lora`: which modules PEFT wraps and the adapter tensors it adds;
+- :mod:`.quantization`: bitsandbytes 4-/8-bit bytes and which layers stay unquantized;
+- :mod:`.layout`: every parameter tensor with its dtype, trainability and optimizer group;
+- :mod:`.sharding`: how DDP / ZeRO / FSDP divide each kind of state, and the communication buffers;
+- :mod:`.regimes`: which precision regime applies (bf16 pure, autocast, DeepSpeed masters) and its findings;
+- :mod:`.model_states`: the components the report shows.
+
+Where a new quantization scheme or adapter type goes: its bytes in :mod:`.quantization` / :mod:`.lora` (or a
+new module here), read by :mod:`.layout`.
+"""
+
+from fitcheck.core.states.layout import Layout, all_trainable, build_layout, optimizer_for, trainable_params
+from fitcheck.core.states.lora import LoraPlan, adapter_param_count, plan_lora
+from fitcheck.core.states.model_states import model_state_components
+from fitcheck.core.states.quantization import base_weights, bytes_per_param, is_quantized, quantized_bytes
+from fitcheck.core.states.regimes import describe_regime, model_state_findings
+from fitcheck.core.states.sharding import (
+    Partition,
+    buffer_components,
+    fsdp_unit_params,
+    partition,
+    sharding_findings,
+)
+
+__all__ = [
+    "Layout",
+    "LoraPlan",
+    "Partition",
+    "adapter_param_count",
+    "all_trainable",
+    "base_weights",
+    "buffer_components",
+    "build_layout",
+    "bytes_per_param",
+    "describe_regime",
+    "fsdp_unit_params",
+    "is_quantized",
+    "model_state_components",
+    "model_state_findings",
+    "optimizer_for",
+    "partition",
+    "plan_lora",
+    "quantized_bytes",
+    "sharding_findings",
+    "trainable_params",
+]

@@ -1,0 +1,90 @@
+"""The components of one training step and the phase where their sum peaks.
+
+One place for both: :func:`collect_components` (model states, activations, buffers, CUDA overheads) and
+:func:`peak_phase` (the phase with the most device bytes; ties go to the earliest phase in
+:data:`fitcheck.report.PHASES`, so the answer is deterministic). The estimate and the allocator model read
+them from here.
+
+Pure: no torch import, no environment reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fitcheck.core.activations import activation_components
+from fitcheck.core.overheads import overhead_components
+from fitcheck.core.states import buffer_components, model_state_components
+from fitcheck.report import PHASES, Component, Location, Phase
+from fitcheck.spec import TrainingSpec
+
+
+def collect_components(
+    spec: TrainingSpec, activations: tuple[Component, ...] | None = None
+) -> tuple[Component, ...]:
+    """Every component of the step: model states, activations, buffers and overheads.
+
+    Args:
+        spec: The training run.
+        activations: Activation components to use instead of the per-family formulas (from a trace).
+
+    Returns:
+        The components, in report order.
+    """
+    return (
+        *model_state_components(spec),
+        *(activation_components(spec) if activations is None else activations),
+        *buffer_components(spec),
+        *overhead_components(spec),
+    )
+
+
+def peak_phase(components: Iterable[Component]) -> tuple[Phase, dict[Phase, int]]:
+    """The phase with the most device bytes, and the device total of every phase.
+
+    Args:
+        components: The step's components.
+
+    Returns:
+        ``(phase, totals)``; ties go to the earliest phase of :data:`PHASES`.
+    """
+    device = [c for c in components if c.location is Location.DEVICE]
+    totals = {p: sum(c.at(p) for c in device) for p in PHASES}
+    best = max(PHASES, key=lambda p: (totals[p], -PHASES.index(p)))
+    return best, totals
+
+
+def transient_bytes_at(components: Iterable[Component], phase: Phase) -> int:
+    """Bytes at ``phase`` of device components allocated and freed within each step.
+
+    A component is transient when its bytes differ between phases (activations, logits, temporaries,
+    gradients freed by ``zero_grad(set_to_none=True)``); a component constant over the step (weights,
+    optimizer states, workspaces) is persistent.
+
+    Args:
+        components: The step's components.
+        phase: The peak phase.
+
+    Returns:
+        Sum of the transient device components' bytes in that phase.
+    """
+    total = 0
+    for c in components:
+        if c.location is not Location.DEVICE:
+            continue
+        values = {c.at(p) for p in PHASES}
+        if len(values) > 1:
+            total += c.at(phase)
+    return total
+
+
+def transient_at_peak(components: tuple[Component, ...]) -> int:
+    """:func:`transient_bytes_at` the components' own peak phase.
+
+    Args:
+        components: The step's components.
+
+    Returns:
+        Transient device bytes at the peak phase.
+    """
+    return transient_bytes_at(components, peak_phase(components)[0])
