@@ -7,7 +7,8 @@
 - :mod:`.qlora`: layers over bitsandbytes 4-bit bases (what ``prepare_model_for_kbit_training`` changes);
 - :mod:`.backward`: the worst moment during backward beyond the gradients;
 - :mod:`.freeze`: partial training by layers (which layers save what);
-- :mod:`.envelope`: which kinds of run the formulas were checked for against traces.
+- :mod:`.envelope`: which kinds of run the formulas were checked for against traces;
+- :mod:`.cuda`: the CUDA-vs-CPU differences not modelled (docs/cuda-vs-cpu.md) that apply to a run.
 
 Where a new model family goes: a formula pinned to a fake-tensor trace in :mod:`.families` (or
 :mod:`.decoder` when it is a Llama-style decoder), with a test against the tracer.

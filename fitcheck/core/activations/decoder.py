@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_transient
 from fitcheck.core.activations.dora import DoraMode, dora_per_token, dora_phases, lora_extras_unpinned
+from fitcheck.core.activations.cuda import cuda_gap_findings
 from fitcheck.core.activations.freeze import frozen_layers
 from fitcheck.core.activations.families import (
     FAMILY_FORMULAS,
@@ -507,6 +508,7 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 f"transformers has no SDPA path for {fam}: eager attention (s² scores) is what runs",
             )
         )
+    out.extend(cuda_gap_findings(spec))  # docs/cuda-vs-cpu.md: what a CUDA step runs that was not traced
     flash = spec.activations.attn_implementation is AttnImpl.FLASH_ATTENTION_2
     if flash and spec.hardware.device_type is DeviceType.CPU:
         out.append(Finding("flash-attention-cpu", Severity.WARNING, "flash_attention_2 needs CUDA; modelled as SDPA"))
