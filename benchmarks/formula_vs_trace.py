@@ -6,7 +6,7 @@ with the (short/long sequence, micro-batch 1/4) pair rotating over the cells, th
 with the pure formulas and with traced activations (``differential.compare``). Prints one line per cell with
 ``-v``, then the worst signed error per family × method, and the cells that could not be traced.
 
-Run: ``PYTHONPATH=. python benchmarks/formula_vs_trace.py [-v] [--json FILE] [family ...]``
+Run: ``PYTHONPATH=. python benchmarks/formula_vs_trace.py [-v] [--json FILE] [family ...] [method ...]``
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ def main(argv: list[str]) -> int:
     verbose = "-v" in argv
     out_file = argv[argv.index("--json") + 1] if "--json" in argv else None
     names = [a for a in argv if not a.startswith("-") and a != out_file]
-    families = tuple(f for f in FAMILY_MODELS if not names or f in names)
+    methods = tuple(m for m in METHODS if m in names) or METHODS
+    families = tuple(f for f in FAMILY_MODELS if f in names) or tuple(FAMILY_MODELS)
     results: list[Outcome] = []
     start = time.perf_counter()
     for family in families:
         cfg = model_config(family)
-        for cell in grid((family,)):
+        for cell in grid((family,), methods):
             o = compare(cell, cfg)
             results.append(o)
             if verbose:
@@ -36,11 +37,11 @@ def main(argv: list[str]) -> int:
                 print(f"{cell.label:48} {what}", flush=True)
     print(f"\nworst signed error (formula − trace) / trace per family × method, {len(results)} cells, "
           f"{time.perf_counter() - start:.0f} s; '-' = not traceable")
-    print(f"{'family':8} " + " ".join(f"{m:>8}" for m in METHODS))
+    print(f"{'family':8} " + " ".join(f"{m:>8}" for m in methods))
     worst = 0.0
     for family in families:
         row = []
-        for method in METHODS:
+        for method in methods:
             cells = [o for o in results if o.cell.family == family and o.cell.method == method and not o.refused]
             if not cells:
                 row.append(f"{'-':>8}")

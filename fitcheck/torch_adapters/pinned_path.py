@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+
 from fitcheck.core.activations import in_envelope
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report

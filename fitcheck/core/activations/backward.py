@@ -115,9 +115,9 @@ def _layer_cast(spec: TrainingSpec) -> int:
     into a temporary and saves only the packed weight (bitsandbytes 0.50.2 autograd/_functions.py
     ``MatMul4Bit.forward``: ``ctx.tensors = (None, B)``); only the LoRA weights' casts are held.
     """
-    from fitcheck.core.activations.qlora import lora_layer_params, qlora_formula_applies
+    from fitcheck.core.activations.qlora import four_bit_lora, lora_layer_params
 
-    if qlora_formula_applies(spec):
+    if four_bit_lora(spec):
         return 2 * lora_layer_params(spec) // max(1, spec.model.shape.num_layers)
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
     return 2 * sum(p.numel_each for p in spec.model.params if p.per_layer and p.kind in kinds)
@@ -156,10 +156,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     g_head, g_emb = _head_and_embedding(spec)
     g_down = _down_proj_numel(spec) * _param_bytes(spec) if _trainable_full(spec) else 0
     cast = _layer_cast(spec) if q.autocast else 0
-    from fitcheck.core.activations.qlora import qlora_formula_applies
+    from fitcheck.core.activations.qlora import four_bit_lora
 
     # the down_proj weight cast freed after its backward (a 4-bit base has no cast: _layer_cast)
-    cast_down = 2 * _down_proj_numel(spec) if q.autocast and not qlora_formula_applies(spec) else 0
+    cast_down = 2 * _down_proj_numel(spec) if q.autocast and not four_bit_lora(spec) else 0
     # gated MLP: down_proj input gradient + the product's two gradients - down_proj's freed input (+2·e·I);
     # a plain MLP (GPT-2 traced: fc input gradient replaces the freed fc output) nets 0; + the residual gradient
     gated = sh.mlp_activation == "swiglu"

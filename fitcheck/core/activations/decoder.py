@@ -20,9 +20,8 @@ import math
 from dataclasses import dataclass
 
 from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_transient
-from fitcheck.core.activations.dora import DoraMode, dora_per_token, dora_phases, lora_extras_unpinned
 from fitcheck.core.activations.cuda import cuda_gap_findings
-from fitcheck.core.activations.freeze import frozen_layers
+from fitcheck.core.activations.dora import DoraMode, dora_per_token, dora_phases, lora_extras_unpinned
 from fitcheck.core.activations.families import (
     FAMILY_FORMULAS,
     family_findings_text,
@@ -30,7 +29,9 @@ from fitcheck.core.activations.families import (
     family_logits,
     family_outside_saved,
 )
+from fitcheck.core.activations.freeze import frozen_layers
 from fitcheck.core.activations.qlora import (
+    four_bit_lora,
     kbit_upcast,
     lora_layer_params,
     qlora_backward_working_set,
@@ -460,7 +461,7 @@ def _autocast_cache(spec: TrainingSpec) -> int:
     """bf16 copies of every layer linear weight made by autocast, kept for backward (+2 B/param)."""
     from fitcheck.spec import Kind
 
-    if qlora_formula_applies(spec):  # 4-bit matmuls are no autocast ops: only the LoRA weights are cached
+    if four_bit_lora(spec):  # 4-bit matmuls are no autocast ops: only the LoRA weights are cached
         return 2 * lora_layer_params(spec)
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
     layer_linear = sum(p.numel for p in spec.model.params if p.per_layer and p.kind in kinds)

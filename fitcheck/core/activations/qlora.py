@@ -26,7 +26,7 @@ from __future__ import annotations
 from fitcheck.spec import LoraSpec, MixedPrecision, TrainingSpec
 
 # Families whose decoder layer is the Llama one (q/k/v/o, gate/up/down, RMSNorm): traced for QLoRA.
-QLORA_FAMILIES = frozenset({"llama", "mistral", "qwen2"})
+QLORA_FAMILIES = frozenset({"llama", "mistral", "qwen2", "gemma"})
 _QKV = ("q_proj", "k_proj", "v_proj")
 _GATE_UP = ("gate_proj", "up_proj")
 _ALL = (*_QKV, "o_proj", *_GATE_UP, "down_proj")
@@ -49,6 +49,13 @@ def qlora_formula_applies(spec: TrainingSpec) -> bool:
         and not spec.lora.use_dora
         and spec.model.shape.family in QLORA_FAMILIES
     )
+
+
+def four_bit_lora(spec: TrainingSpec) -> bool:
+    """LoRA over a bitsandbytes 4-bit base, any family: its base matmuls are ``MatMul4Bit`` (no autocast op,
+    bitsandbytes 0.50.2 autograd/_functions.py), so autocast casts and caches only the LoRA weights."""
+    quant = spec.quant
+    return quant is not None and quant.bits == 4 and spec.lora is not None
 
 
 def _targets(lora: LoraSpec) -> frozenset[str]:
@@ -137,7 +144,7 @@ def qlora_cache_after_forward(spec: TrainingSpec, cache: int, *, any_base: bool 
     backward, 1.098 MiB less than at the end of forward). ``any_base``: the same rule for an unquantized base.
     """
     act = spec.activations
-    if not (any_base or qlora_formula_applies(spec)) or not act.checkpointing:
+    if not (any_base or four_bit_lora(spec)) or not act.checkpointing:
         return cache
     layers = spec.model.shape.num_layers
     kept = layers - -(-layers // max(1, act.checkpoint_every_n_layers))  # layers not checkpointed
