@@ -21,7 +21,7 @@ REGRESSIONS = [
     Cell("llama", "qlora", False, "eager", "bf16", 512, 1),
     # partial freezing: frozen layers save only what input gradients need
     Cell("llama", "freeze", False, "sdpa", "bf16", 256, 2),
-    Cell("qwen2", "freeze", True, "sdpa", "autocast", 256, 1),
+    Cell("qwen2", "freeze", True, "eager", "autocast", 256, 1),
     # full fine-tune under autocast with checkpointing: no weight cast survives into backward
     Cell("mistral", "full", True, "sdpa", "autocast", 128, 1),
 ]
