@@ -95,3 +95,11 @@ def test_cli_json_has_pinned() -> None:
     assert rc in (0, 1)
     out = json.loads(buf.getvalue())
     assert isinstance(out["pinned"], bool)
+
+
+def test_bf16_model_under_bf16_autocast_is_the_bf16_kind() -> None:
+    spec = cell_spec(Cell("llama", "full", False, "sdpa", "bf16", 64, 1))
+    amp = dataclasses.replace(spec, precision=PrecisionSpec(Dtype.BFLOAT16, MixedPrecision.BF16))
+    assert envelope_key(amp) == envelope_key(spec)
+    lora = dataclasses.replace(amp, lora=LoraSpec(r=8))  # fp32 adapters are cast: a kind the grid did not run
+    assert envelope_key(lora) is None

@@ -274,7 +274,7 @@ def build_report(
         if note is not None:
             report = dataclasses.replace(report, findings=(*report.findings, note))
     report = dataclasses.replace(report, assumptions=(*report.assumptions, *assumptions))
-    extras = advice_extras(report, mfu=args.mfu, estimate_fn=path)
+    extras = advice_extras(report, mfu=args.mfu, estimate_fn=path.following(report))
     return report, extras
 
 

@@ -1,8 +1,8 @@
 """One path for every number of a run: checked formula, or a fake-tensor trace; never a silent extrapolation.
 
-``PinnedPath`` decides, per spec, where the activation components come from, and is the ``estimate_fn`` that
-``max_micro_batch`` and the advisor get, so the headline number, the largest micro-batch and each suggestion
-are computed the same way:
+``PinnedPath`` decides, per spec, where the activation components come from; ``following(headline)`` is the
+``estimate_fn`` that ``max_micro_batch`` and the advisor get, so the largest micro-batch and each suggestion are
+computed the way the headline number was (traced, or from the formulas):
 
 - ``always`` (``--trace``): a fake-tensor trace of the real model (``tracer.trace_components``);
 - ``auto`` (default): the formulas inside the checked envelope (``fitcheck.core.activations.envelope``); outside it a
@@ -78,6 +78,15 @@ class PinnedPath:
             return trace_components(spec), ""
         except (FitcheckError, NotImplementedError, ValueError, TypeError, RuntimeError, KeyError) as exc:
             return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+
+    def following(self, headline: Report) -> PinnedPath:
+        """The path for the numbers around a headline (largest micro-batch, suggestions): traced when the
+        headline was traced, the formulas when it came from the formulas (its findings say whether those were
+        checked), so the verdict and the largest micro-batch never disagree. Traces are shared."""
+        traced = any(c.name == "activations.traced" for c in headline.components)
+        other = PinnedPath("always" if traced else "never", can_trace=self.can_trace)
+        other._cache = self._cache
+        return other
 
     def __call__(self, spec: TrainingSpec) -> Report:
         """Estimate a spec on this path (the ``estimate_fn`` of the batch search and the advisor)."""
