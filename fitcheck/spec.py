@@ -376,6 +376,32 @@ class AttnImpl(str, Enum):
 
 
 @dataclass(frozen=True)
+class LigerSpec:
+    """Liger-Kernel patches (TrainingArguments ``use_liger_kernel`` + ``liger_kernel_config``).
+
+    Defaults are liger_kernel 0.8.5 ``apply_liger_kernel_to_llama`` (transformers/monkey_patch.py), which
+    transformers' ``apply_liger_kernel`` calls with the config as keyword arguments.
+
+    Attributes:
+        rope: Liger rotary embedding.
+        rms_norm: Liger RMSNorm (saves its input and an fp32 rstd per row).
+        swiglu: Liger SwiGLU/GEGLU MLP (``swiglu`` or ``geglu`` key: saves gate and up outputs only).
+        fused_linear_cross_entropy: LM head fused with the loss (no logits are materialised).
+        cross_entropy: Liger's (unfused) cross-entropy on materialised logits.
+    """
+
+    rope: bool = True
+    rms_norm: bool = True
+    swiglu: bool = True
+    fused_linear_cross_entropy: bool = True
+    cross_entropy: bool = False
+
+
+# ``--loss`` values: the implementation computing the LM loss (fitcheck/core/kernels/__init__.py documents each).
+LOSS_IMPLEMENTATIONS = ("torch", "liger-flce", "cce")
+
+
+@dataclass(frozen=True)
 class ActivationSpec:
     """What decides activation memory besides the batch.
 
@@ -383,13 +409,22 @@ class ActivationSpec:
         checkpointing: Gradient (activation) checkpointing.
         checkpoint_every_n_layers: Checkpoint one layer in n (transformers 5 ``every_n_layers``).
         attn_implementation: Attention kernel.
-        loss: ``"standard"`` (HF cross-entropy on full logits) or ``"chunked"`` (fused/chunked CE kernels).
+        loss: ``"torch"`` (transformers' ForCausalLMLoss on full logits), ``"liger-flce"`` (Liger's fused
+            linear cross-entropy) or ``"cce"`` (Apple's Cut Cross-Entropy); see ``LOSS_IMPLEMENTATIONS``.
+        liger: Liger-Kernel patches, when ``use_liger_kernel`` is on.
+        offload_activations: TRL ``activation_offloading`` (saved tensors moved to pinned host memory).
+        use_reentrant: ``gradient_checkpointing_kwargs={"use_reentrant": True}``.
+        torch_compile: TrainingArguments ``torch_compile`` (not modelled: a warning finding says so).
     """
 
     checkpointing: bool = False
     checkpoint_every_n_layers: int = 1
     attn_implementation: AttnImpl = AttnImpl.SDPA
-    loss: str = "standard"
+    loss: str = "torch"
+    liger: LigerSpec | None = None
+    offload_activations: bool = False
+    use_reentrant: bool = False
+    torch_compile: bool = False
 
 
 class Strategy(str, Enum):
@@ -530,6 +565,91 @@ class HardwareSpec:
             raise ValueError("gpu memory must be positive")
 
 
+class TrainerKind(str, Enum):
+    """Which trainer runs the step: the plain ``transformers.Trainer`` or one of TRL's."""
+
+    TRAINER = "trainer"
+    SFT = "sft"
+    DPO = "dpo"
+    GRPO = "grpo"
+    REWARD = "reward"
+
+
+class VllmMode(str, Enum):
+    """Where GRPO's vLLM engine runs (``GRPOConfig.vllm_mode``)."""
+
+    COLOCATE = "colocate"
+    SERVER = "server"
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """The trainer and its memory-relevant TRL config fields (TRL 1.16 names; ``fitcheck.core.trainers``).
+
+    The default is the plain ``transformers.Trainer`` (no TRL): nothing below applies.
+
+    Attributes:
+        kind: Which trainer.
+        packing: SFT ``packing`` (rows packed to ``max_length``).
+        padding_free: SFT ``padding_free`` (the micro-batch flattened into one row).
+        prompt_length: DPO/GRPO: tokens of every prompt (the worst case; TRL 1.16 has no config field for it).
+        completion_length: DPO: tokens of every chosen/rejected completion; GRPO: ``max_completion_length``.
+        precompute_ref_log_probs: DPO: reference log-probs computed before training (no reference in the step).
+        rpo_alpha: DPO: weight of the added NLL term (TRL 1.16: ``loss_type=[..., "sft"]``), None = none.
+        loss_type: DPO ``loss_type`` names.
+        num_generations: GRPO completions per prompt.
+        beta: GRPO KL coefficient (> 0 keeps a reference model).
+        generation_batch_size: GRPO ``generation_batch_size``: sequences generated per generation over ALL
+            processes (per device: divided by the process count); None = micro-batch x ``steps_per_generation``.
+        steps_per_generation: GRPO (None = ``gradient_accumulation_steps``).
+        use_vllm: GRPO generates with vLLM.
+        vllm_mode: ``colocate`` (same GPU) or ``server`` (other GPUs).
+        vllm_gpu_memory_utilization: Fraction of the GPU vLLM takes in colocate mode.
+        eval_batch_size: ``per_device_eval_batch_size`` (None = no evaluation phase is estimated).
+        eval_accumulation_steps: Evaluation steps whose logits stay on the device before moving to the CPU
+            (None = the whole evaluation set).
+        prediction_loss_only: Evaluation keeps only the loss (True: what ``Trainer.evaluate`` does without
+            ``compute_metrics``); False: the logits of every step are gathered on the device.
+    """
+
+    kind: TrainerKind = TrainerKind.TRAINER
+    packing: bool = False
+    padding_free: bool = False
+    prompt_length: int = 0
+    completion_length: int = 0
+    precompute_ref_log_probs: bool = False
+    rpo_alpha: float | None = None
+    loss_type: tuple[str, ...] = ("sigmoid",)
+    num_generations: int = 8
+    beta: float = 0.0
+    generation_batch_size: int | None = None
+    steps_per_generation: int | None = None
+    use_vllm: bool = False
+    vllm_mode: VllmMode = VllmMode.COLOCATE
+    vllm_gpu_memory_utilization: float = 0.3
+    eval_batch_size: int | None = None
+    eval_accumulation_steps: int | None = None
+    prediction_loss_only: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_length", "completion_length"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.num_generations < 1:
+            raise ValueError(f"num_generations must be positive, got {self.num_generations}")
+        if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
+            raise ValueError("vllm_gpu_memory_utilization must be in (0, 1]")
+        for name in ("eval_batch_size", "eval_accumulation_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+
+    @property
+    def is_trl(self) -> bool:
+        """A TRL trainer (not the plain Trainer)."""
+        return self.kind is not TrainerKind.TRAINER
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """Everything the estimator needs about one training run.
@@ -545,6 +665,7 @@ class TrainingSpec:
         lora: PEFT LoRA, if any.
         quant: bitsandbytes quantized base, if any.
         freeze: Partial training without PEFT, if any.
+        trainer: The trainer (plain Trainer by default; TRL's SFT/DPO/GRPO/Reward: ``fitcheck.core.trainers``).
         provenance: Field path (e.g. ``"batch.micro_batch"``) -> where it was read ("ds.json:train_micro_...").
         findings: Findings the readers already made (conflicts, retired names, spellings read).
     """
@@ -559,6 +680,7 @@ class TrainingSpec:
     lora: LoraSpec | None = None
     quant: QuantSpec | None = None
     freeze: FreezeSpec | None = None
+    trainer: TrainerSpec = TrainerSpec()
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False)
     findings: tuple[Finding, ...] = ()
 

@@ -35,12 +35,20 @@ from fitcheck.integrations.spec_build import (
     training_args_values,
     transformers_major,
 )
+from fitcheck.integrations.trl_live import (
+    dataset_lengths,
+    find_trainer,
+    reference_model_of,
+    trainer_kind_of,
+    trainer_spec_from_args,
+    with_trainer,
+)
 from transformers import TrainerCallback
 
 from fitcheck.errors import FitcheckError
 from fitcheck.findings import Finding
 from fitcheck.report import Report
-from fitcheck.spec import TrainingSpec
+from fitcheck.spec import TrainerKind, TrainingSpec
 from fitcheck.units import format_bytes
 
 __all__ = ["DoesNotFitError", "FitcheckCallback", "preflight"]
@@ -111,7 +119,9 @@ def preflight(
     Args:
         model_or_config: A Hub id or local path, a ``PretrainedConfig``, or a loaded model (then its real
             dtypes, PEFT layers and quantized layers are read).
-        args: A ``TrainingArguments`` (or TRL ``SFTConfig``) object.
+        args: A ``TrainingArguments`` or a TRL ``SFTConfig``/``DPOConfig``/``GRPOConfig``/``RewardConfig`` (the
+            trainer is recognised from its class; pass ``max_prompt_length``/``max_completion_length`` for
+            DPO/GRPO data lengths).
         peft_config: A peft ``LoraConfig`` (ignored for a loaded model that already has adapters).
         quantization_config: A transformers ``BitsAndBytesConfig``.
         gpu: GPU name (``"A100-80GB"``, ``"RTX4090-24GB"``...); default: this machine's GPU, else H100-80GB.
@@ -153,7 +163,11 @@ def preflight(
     if gpu is None and gpu_memory is None and "gpu" not in overrides and "gpu_memory" not in overrides:
         hw = _detected_gpu()
         values.update(hw)
+    trl_lengths = {k: int(str(overrides[o])) for k, o in (("prompt", "max_prompt_length"),
+                   ("completion", "max_completion_length")) if o in overrides}
     for key, value in overrides.items():
+        if key in ("max_prompt_length", "max_completion_length"):
+            continue
         values[key] = value
         prov[key] = f"preflight({key}=...)"
     inventory = inventory_for(model_or_config, env)
@@ -161,6 +175,10 @@ def preflight(
     notes: list[str] = []
     if facts is not None:
         spec, notes = apply_live_facts(spec, facts)
+    kind = trainer_kind_of(args)
+    if kind is not TrainerKind.TRAINER:  # a TRL config: its trainer's step (reference model, generation, ...)
+        spec = with_trainer(spec, trainer_spec_from_args(args, trl_lengths))
+        notes = [*notes, f"TRL {kind.value} trainer recognised from {type(args).__name__}"]
     extra: tuple[Finding, ...] = ()
     if device_map:
         from fitcheck.torch_adapters import device_map_findings
@@ -289,7 +307,17 @@ class FitcheckCallback(TrainerCallback):
         else:
             values.update(detect_hardware(device))
         values.setdefault("num_processes", int(getattr(args, "world_size", 1) or 1))
+        trainer = find_trainer()
+        kind = trainer_kind_of(args)
+        lengths = dataset_lengths(kind, trainer) if trainer is not None else {}
+        if "max_seq_length" in lengths:  # the longest prepared row, instead of a config default
+            values["max_seq_length"] = lengths["max_seq_length"]
+            prov["max_seq_length"] = "trainer.train_dataset (longest row)"
+        trl_lengths = {k: int(str(self.overrides[o])) for k, o in (("prompt", "max_prompt_length"),
+                       ("completion", "max_completion_length")) if o in self.overrides}
         for key, value in self.overrides.items():
+            if key in ("max_prompt_length", "max_completion_length"):
+                continue
             values[key] = value
             prov[key] = f"FitcheckCallback({key}=...)"
         env = dict(os.environ)
@@ -298,6 +326,9 @@ class FitcheckCallback(TrainerCallback):
         facts = inspect_model(model)
         spec, assumptions = build_spec(inventory_for(model, env), values, prov, findings, env)
         spec, notes = apply_live_facts(spec, facts)
+        if kind is not TrainerKind.TRAINER:
+            spec = with_trainer(spec, trainer_spec_from_args(args, {**lengths, **trl_lengths}))
+            notes = [*notes, f"TRL {kind.value} trainer recognised from {type(args).__name__}"]
         if self._estimated_batch is not None:
             spec = dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, micro_batch=self._estimated_batch))
         extra = live_device_map_findings(model, num_processes=spec.sharding.num_processes)
@@ -372,6 +403,9 @@ class FitcheckCallback(TrainerCallback):
             self._tracker.stop()
         self._tracker = LiveTensorTracker()
         self._tracker.track(model_state_tensors(model, optimizer))
+        reference = reference_model_of(find_trainer())  # DPO/GRPO's separate reference copy
+        if reference is not None and reference is not model:
+            self._tracker.track(model_state_tensors(reference))
         self._tracker.start()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -6,7 +6,7 @@ string) may only go down or stay on its floor:
 ground (spec, report, findings, errors, units) < catalog < core < readers < advice < torch_adapters < render
 < integrations < cli < the package facade (``fitcheck/__init__.py``, ``fitcheck/run.py``).
 
-Inside ``core`` the rooms are ordered too: optimizers < states < activations < the orchestration modules.
+Inside ``core`` the rooms are ordered too: optimizers, kernels < states < activations < the orchestration modules.
 A module outside a room imports only the room's surface (its ``__init__``), and the surface lists what it
 offers in ``__all__``. No import circle, lazy imports included.
 """
@@ -30,8 +30,10 @@ FLOORS: dict[str, int] = {
     "fitcheck.units": 0,
     "fitcheck.catalog": 1,
     "fitcheck.core.optimizers": 2,
+    "fitcheck.core.kernels": 2,  # fused kernels and memory levers (Liger, CCE, offloading): spec-only inputs
     "fitcheck.core.states": 3,
     "fitcheck.core.activations": 4,
+    "fitcheck.core.trainers": 4,
     "fitcheck.core": 5,
     "fitcheck.readers": 6,
     "fitcheck.advice": 7,

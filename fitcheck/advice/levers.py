@@ -148,7 +148,9 @@ def _sdpa(s: TrainingSpec) -> TrainingSpec:
 
 
 def _chunked_loss(s: TrainingSpec) -> TrainingSpec:
-    return replace(s, activations=replace(s.activations, loss="chunked"))
+    from fitcheck.spec import LigerSpec
+
+    return replace(s, activations=replace(s.activations, liger=LigerSpec()))
 
 
 def _optimizer(name: str) -> Transform:
@@ -219,17 +221,19 @@ def _memory_levers(spec: TrainingSpec, report: Report) -> list[Lever]:
                 notes=("the FLOPs model counts no speed-up; sdpa is usually faster than eager",),
             )
         )
-    if acts.loss != "chunked" and spec.model.shape.causal_lm and _logits_at_peak(report) > 0:
+    from fitcheck.core.kernels import LIGER_MODEL_TYPES
+
+    liger_ok = spec.model.shape.family in LIGER_MODEL_TYPES and acts.liger is None and acts.loss == "torch"
+    if liger_ok and spec.model.shape.causal_lm and _logits_at_peak(report) > 0:
         out.append(
             Lever(
                 "chunked_loss",
-                "chunked/fused cross-entropy",
+                "Liger kernels (fused linear cross-entropy, RMSNorm, SwiGLU)",
                 Tier.SAME_TRAINING,
                 _chunked_loss,
-                ("--loss", "chunked"),
+                ("--use_liger_kernel", "true"),
                 (
-                    "TrainingArguments use_liger_kernel=True (Liger fused linear cross-entropy, pip install "
-                    "liger-kernel) or Apple's Cut Cross-Entropy",
+                    "TrainingArguments use_liger_kernel=True (pip install liger-kernel; needs a GPU: Triton)",
                 ),
                 "loss",
             )

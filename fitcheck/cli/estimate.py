@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fitcheck.cli.trl_flags import TRL_FLAG_NAMES, add_trl_arguments, apply_trainer, split_trl_values
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
 from fitcheck.report import Report
@@ -67,7 +68,26 @@ _FLAGS: list[tuple[str, str | None, str]] = [
         "activation (gradient) checkpointing; alias --activation_checkpointing",
     ),
     ("checkpoint_every_n_layers", None, "checkpoint one decoder layer in n (transformers 5 every_n_layers)"),
-    ("loss", None, "standard (HF cross-entropy on full logits) or chunked (fused/chunked CE kernels)"),
+    (
+        "loss",
+        None,
+        "LM loss implementation: torch (default; transformers' cross-entropy on full b x s x V logits, alias "
+        "standard), liger-flce (Liger fused linear cross-entropy: no logits, a chunk buffer), cce (Apple's Cut "
+        "Cross-Entropy, cce_patch: no logits)",
+    ),
+    ("gradient_checkpointing_kwargs", None, "JSON, e.g. '{\"use_reentrant\": false}' (every_n_layers read too)"),
+    (
+        "use_liger_kernel",
+        _BOOL,
+        "Liger-Kernel (TrainingArguments): RMSNorm, SwiGLU/GEGLU, RoPE and fused linear cross-entropy",
+    ),
+    (
+        "liger_kernel_config",
+        None,
+        "JSON of Liger switches: rope, rms_norm, swiglu (geglu), fused_linear_cross_entropy, cross_entropy",
+    ),
+    ("activation_offloading", _BOOL, "TRL SFTConfig activation offloading: saved tensors to pinned host memory"),
+    ("torch_compile", _BOOL, "TrainingArguments torch_compile (not modelled: the estimate is eager mode)"),
     # peft
     ("use_peft", _BOOL, "train LoRA adapters (TRL)"),
     ("lora_r", None, "LoRA rank (TRL default 16)"),
@@ -155,6 +175,7 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         elif kind == _LIST:
             kwargs.update(nargs="+")
         parser.add_argument(*spellings, **kwargs)
+    add_trl_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--trace",
@@ -187,7 +208,7 @@ def register(subparsers: Any) -> None:
 
 def explicit_values(args: argparse.Namespace) -> dict[str, object]:
     """The flags the user passed, by canonical name."""
-    names = {name for name, _, _ in _FLAGS}
+    names = {name for name, _, _ in _FLAGS} | set(TRL_FLAG_NAMES)
     return {k: v for k, v in vars(args).items() if k in names}
 
 
@@ -209,6 +230,7 @@ def spec_from_values(
     from fitcheck.readers import load_inventory, merge_sources
     from fitcheck.readers import spec_from_values as build
 
+    values, trl = split_trl_values(values)
     model = values.get("model_name_or_path")
     if not model:
         raise ConfigError(
@@ -237,7 +259,11 @@ def spec_from_values(
         from fitcheck.readers import read_adapter_config
 
         spec = dataclasses.replace(spec, lora=read_adapter_config(str(values["adapter_config"])))
-    return spec, assumptions
+    try:
+        spec, notes = apply_trainer(spec, trl)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return spec, (*assumptions, *notes)
 
 
 def _opt_str(v: object) -> str | None:

@@ -13,6 +13,7 @@ from fitcheck.core.activations import activation_findings, in_envelope, not_pinn
 from fitcheck.core.allocator import allocator_findings, reserved_bytes
 from fitcheck.core.states import describe_regime, model_state_findings, sharding_findings, trainable_params
 from fitcheck.core.step import collect_components, peak_phase, transient_bytes_at
+from fitcheck.core.trainers import evaluation_findings
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Location, Phase, Report
 from fitcheck.spec import TrainingSpec
@@ -101,6 +102,7 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *activation_findings(spec),
         *sharding_findings(spec),
         *allocator_findings(spec),
+        *evaluation_findings(spec, totals),
         *_verdict(spec, components, phase, device_used, budget, host),
     ]
     pinned = activations is not None or in_envelope(spec)

@@ -170,6 +170,9 @@ def merge_sources(
             )
         )
     every = values.get("gradient_checkpointing_kwargs")
+    if isinstance(every, str) and every.strip():  # --gradient_checkpointing_kwargs '{"every_n_layers": 2}'
+        every = values["gradient_checkpointing_kwargs"] = as_mapping(
+            every, at=str(provenance.get("gradient_checkpointing_kwargs", "--gradient_checkpointing_kwargs")))
     if isinstance(every, Mapping) and every.get("every_n_layers") is not None:
         values["checkpoint_every_n_layers"] = as_int(every["every_n_layers"], at="every_n_layers", minimum=1)
         provenance["checkpoint_every_n_layers"] = provenance["gradient_checkpointing_kwargs"]

@@ -326,14 +326,13 @@ def spec_from_values(
     attn = _choice(
         vals, "attn_implementation", AttnImpl, AttnImpl.SDPA, prov, "eager, sdpa, flash_attention_2"
     )
-    loss = str(vals.get("loss") or "standard").lower()
-    if loss not in ("standard", "chunked"):
-        raise ConfigError(f"{_where('loss', prov)}: {loss!r} is not one of standard, chunked")
+    from fitcheck.readers.levers import lever_fields  # --loss, Liger, offloading, use_reentrant, torch_compile
+
     acts = ActivationSpec(
         checkpointing=_bool(vals, "gradient_checkpointing", False, prov),
         checkpoint_every_n_layers=_int(vals, "checkpoint_every_n_layers", 1, prov),
         attn_implementation=attn,
-        loss=loss,
+        **lever_fields(vals, prov),
     )
     if sharding is None:
         n = _int(vals, "num_processes", 1, prov)
@@ -377,4 +376,7 @@ def spec_from_values(
         provenance=prov,
         findings=tuple(extra),
     )
+    from fitcheck.readers.levers import refuse_peft_problems
+
+    refuse_peft_problems(spec)  # what peft raises on (ParamWrapper + lora_dropout): exit 2, not a traceback
     return spec, tuple(assumptions)

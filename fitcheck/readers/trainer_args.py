@@ -91,6 +91,7 @@ KEYS: dict[str, _Key] = {
     ),
     "torch_compile": _Key("bool"),
     "use_liger_kernel": _Key("bool"),
+    "liger_kernel_config": _Key("raw"),
     "auto_find_batch_size": _Key("bool"),
     "torch_empty_cache_steps": _Key("posint"),
     "ddp_bucket_cap_mb": _Key("posint"),

@@ -11,7 +11,7 @@ from typing import Any
 
 from fitcheck.advice import Suggestion
 from fitcheck.core import ComputeEstimate
-from fitcheck.report import PHASES, Location, Report
+from fitcheck.report import Location, Report, phases_of
 
 
 def report_to_dict(report: Report) -> dict[str, Any]:
@@ -28,6 +28,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     spec = report.spec
     return {
         "model": spec.model.model_id,
+        "trainer": spec.trainer.kind.value,
         "fits": report.fits,
         "pinned": report.pinned,
         "peak_allocated_bytes": report.peak_allocated_bytes,
@@ -43,7 +44,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
                 "name": c.name,
                 "category": c.category.value,
                 "location": c.location.value,
-                "bytes_by_phase": {p.value: c.at(p) for p in PHASES},
+                "bytes_by_phase": {p.value: c.at(p) for p in phases_of(report.components)},
                 "source": c.source,
                 "detail": c.detail,
             }

@@ -9,7 +9,8 @@ computed the way the headline number was (traced, or from the formulas):
   trace when torch and transformers are installed, else the formulas with a ``not-pinned`` WARNING;
 - ``never`` (``--no_trace``): the formulas, with the WARNING outside the envelope.
 
-A trace that cannot run (an 8-bit base, remote code) falls back to the formulas with an INFO saying why.
+A trace that cannot run (an 8-bit base, remote code) falls back to the formulas with an INFO saying why; runs
+the tracer does not describe (Liger, fused/TRL losses, activation offloading, DeepSpeed) are never auto-traced.
 Traces are cached per activation-relevant part of the spec (sharding and optimizer changes reuse them).
 """
 
@@ -29,6 +30,17 @@ MODES = ("auto", "always", "never")
 def torch_available() -> bool:
     """Whether torch and transformers can be imported (without importing them)."""
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+
+
+def traceable(spec: TrainingSpec) -> bool:
+    """Whether the tracer describes this run: it runs the plain Trainer step with transformers' loss, without
+    Liger kernels, activation offloading or DeepSpeed's module cast (those are modelled by the formulas only,
+    fitcheck/core/kernels/); a trace of the plain step would be a different run."""
+    from fitcheck.spec import Strategy, TrainerKind
+
+    act = spec.activations
+    return (act.loss == "torch" and act.liger is None and not act.offload_activations
+            and spec.trainer.kind is TrainerKind.TRAINER and spec.sharding.strategy is not Strategy.DEEPSPEED)
 
 
 def _cache_key(spec: TrainingSpec) -> str:
@@ -55,7 +67,7 @@ class PinnedPath:
         """Whether this spec's activations should come from a trace."""
         if self.mode == "always":
             return True
-        if self.mode == "never" or not self.can_trace:
+        if self.mode == "never" or not self.can_trace or not traceable(spec):
             return False
         return not in_envelope(spec) and bool(spec.model.config)
 

@@ -173,6 +173,7 @@ def trace_step(
     fake: bool = True,
     seed: int = 0,
     freeze: FreezeSpec | None = None,
+    use_reentrant: bool = False,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -192,6 +193,7 @@ def trace_step(
         fake: Trace on fake tensors (True) or run a real CPU step (False).
         seed: RNG seed for the real step.
         freeze: Partial training without PEFT (``fitcheck.torch_adapters.tracer_freeze``).
+        use_reentrant: Reentrant activation checkpointing (``gradient_checkpointing_kwargs``).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -220,6 +222,7 @@ def trace_step(
             quant=quant,
             fake=fake,
             freeze=freeze,
+            use_reentrant=use_reentrant,
         )
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_trainer_optimizer(optimizer, model)

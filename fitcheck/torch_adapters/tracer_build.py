@@ -108,6 +108,7 @@ def build_model(
     quant: QuantSpec | None = None,
     fake: bool = True,
     freeze: FreezeSpec | None = None,
+    use_reentrant: bool = False,
 ) -> Any:
     """Build the model as the training run would have it.
 
@@ -121,6 +122,8 @@ def build_model(
         quant: bitsandbytes 4-bit base (emulated on fake tensors; real bnb on real ones).
         fake: True when called inside a FakeTensorMode.
         freeze: Partial training without PEFT: only the parameters it selects keep ``requires_grad``.
+        use_reentrant: ``gradient_checkpointing_kwargs={"use_reentrant": True}`` (with a frozen embedding the
+            inputs are made to require a gradient, as TRL's SFTTrainer does: ``enable_input_require_grads``).
 
     Returns:
         The ``torch.nn.Module`` in train mode.
@@ -152,8 +155,10 @@ def build_model(
     if checkpointing:
         # what Trainer.train() calls in transformers 5 (trainer.py: activation_checkpointing_enable)
         model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every_n_layers
+            activation_checkpointing_kwargs={"use_reentrant": use_reentrant}, every_n_layers=every_n_layers
         )
+        if use_reentrant and (lora is not None or quant is not None):
+            model.enable_input_require_grads()
     model.train()
     return model
 

@@ -62,6 +62,8 @@ class BackwardInputs:
         end: What ``activations.saved`` keeps in ``Phase.BACKWARD`` (the embedding-output gradient).
         layers_saved: Saved bytes of all decoder layers together where they differ (partial training by
             layers, ``activations.freeze``); -1 when every layer saves ``layer``.
+        offloaded: TRL activation offloading: layers below the one in backward stay in host memory
+            (fitcheck/core/kernels/levers.py), so only layer i's saved tensors are on the device.
     """
 
     layer: int
@@ -74,6 +76,7 @@ class BackwardInputs:
     half_model: bool
     end: int
     layers_saved: int = -1
+    offloaded: bool = False
 
 
 def _trainable_full(spec: TrainingSpec) -> bool:
@@ -174,14 +177,16 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     moments["head"] = q.kept + (L * cast if q.n_ckpt == 0 else 0) + head_extra + q.e * bs * h + head_grad - missing
     for name, i in (("top layer", L - 1), ("bottom layer", 0)):
         missing = 0 if accum else (i + 1) * g_layer - g_down + g_emb
+        below = 1 if q.offloaded else i + 1  # offloaded: only layer i's tensors are brought back
         if spec.freeze is not None and not accum:
             missing = _frozen_missing(spec, top=i == L - 1)
         if q.n_ckpt == 0:
-            saved = (i + 1) * q.layer if q.layers_saved < 0 or i == 0 else q.layers_saved
-            live = static + saved + (i + 1) * (cast + norms) - cast_down
+            whole = q.layers_saved < 0 or i == 0 or q.offloaded
+            saved = below * q.layer if whole else q.layers_saved
+            live = static + saved + below * (cast + norms) - cast_down
         else:
             shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
-            live = static + (i + 1) * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
+            live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
         moments[name] = live + work - missing + _LOSS_SCALARS
     temp_emb = g_emb if accum else 0
     moments["embedding"] = q.end + cuda_embedding_backward(spec) + temp_emb + _LOSS_SCALARS

@@ -40,10 +40,23 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
+from fitcheck.core.kernels import (
+    deepspeed_module_view,
+    fused_loss,
+    lever_findings,
+    liger_applies,
+    liger_cross_entropy,
+    liger_mlp_delta,
+    liger_norm_saved,
+    offload_applies,
+    offload_split,
+)
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainerKind, TrainingSpec
 
+# TRL 1.16 trainers whose loss runs through add_fused_lm_head (trl/trainer/utils.py)
+_FUSED_HEAD = frozenset({TrainerKind.SFT, TrainerKind.DPO, TrainerKind.GRPO})
 _TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
 # Families whose layer recipe below was read off traces and is pinned by tests.
 PINNED_FAMILIES = (
@@ -165,6 +178,23 @@ def layer_saved_per_token(spec: TrainingSpec, trainable: bool | None = None) -> 
     ``trainable=False``: a frozen layer of a partial fine-tune whose input needs a gradient
     (``fitcheck.core.activations.freeze``); None: as the spec says (full fine-tune, LoRA or quantized base).
     """
+    spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
+    per_token, s2 = _layer_saved(spec, trainable)
+    liger = liger_applies(spec)
+    if liger is None:
+        return per_token, s2
+    # Liger-Kernel kernels (fitcheck/core/kernels/liger.py): RMSNorm keeps its input + fp32 rstd, the gated MLP
+    # no act(gate) output
+    m, sh = _mode(spec), spec.model.shape
+    if liger.rms_norm:
+        norms = 4 if sh.family == "gemma2" else 2
+        full = spec.lora is None and spec.quant is None
+        per_token -= norms * (_norm_saved(sh, m, full) - liger_norm_saved(sh.hidden_size, m.r))
+    # QLoRA: Linear4bit casts back to the (fp32) input dtype, so act(gate) is fp32 (activations/qlora.py)
+    return per_token - liger_mlp_delta(spec, 4 if qlora_formula_applies(spec) else m.e), s2
+
+
+def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int, int]:
     sh = spec.model.shape
     if sh.family in FAMILY_FORMULAS:
         return family_layer_saved(spec)  # GPT-2, BERT, Phi, Falcon, BLOOM (activations_families.py)
@@ -240,9 +270,12 @@ def _outside_saved(spec: TrainingSpec) -> int:
     b, s, h = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size
     full = spec.lora is None and spec.quant is None
     # final norm; its output is the LM head input (kept when the head is trained; autocast casts it instead)
-    per_token = _norm_saved(sh, m, full)
+    liger = liger_applies(spec)
+    liger_norm = liger is not None and liger.rms_norm
+    per_token = liger_norm_saved(h, m.r) if liger_norm else _norm_saved(sh, m, full)
     gemma_half = sh.family.startswith("gemma") and m.half_model
-    if full and not m.autocast:
+    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast) is not None
+    if full and not m.autocast and not fused:  # a fused loss saves no head input (fitcheck/core/kernels)
         per_token += (2 if gemma_half else m.r) * h  # the norm output, kept by the LM head
     total = per_token * b * s
     rot = max(1, round(sh.head_dim * sh.partial_rotary_factor))
@@ -259,7 +292,7 @@ def _outside_saved(spec: TrainingSpec) -> int:
         total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
     if spec.lora is not None and not spec.activations.checkpointing:
         # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA)
-        total -= (4 * h + 4) * b * s
+        total -= (liger_norm_saved(h, m.r) if liger_norm else 4 * h + 4) * b * s
         if spec.lora.dropout > 0:
             # layer 0's q/k/v adapters drop a tensor that needs no gradient: no mask kept (trace: 3 empty_like less)
             total -= m.dm * h * len(_lora_targets(spec) & {*_ATTN_LINEARS, "qkv_proj"}) * b * s
@@ -269,9 +302,12 @@ def _outside_saved(spec: TrainingSpec) -> int:
 def _logits(spec: TrainingSpec) -> tuple[int, int]:
     """(forward peak, start-of-backward) bytes of the vocab-sized tensors and the labels."""
     sh = spec.model.shape
+    m = _mode(spec)
+    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
+    if fused is not None:  # Liger FLCE / Cut Cross-Entropy: no logits (fitcheck/core/kernels)
+        return fused.forward, fused.backward_start
     if sh.family in FAMILY_FORMULAS:
         return family_logits(spec)
-    m = _mode(spec)
     b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, sh.vocab_size, sh.hidden_size
     bsv = b * s * v
     labels = b * (s + 1) * 8 + 8  # labels padded by one (loss_utils.ForCausalLMLoss) + loss scalars
@@ -286,6 +322,11 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
         # Gemma-2: logits = tanh(logits / cap) * cap; tanh keeps its output, logits-dtype (trace "gemma2 eager":
         # +2·b·s·V at both phases, modeling_gemma2.py Gemma2ForCausalLM.forward)
         fwd, bwd = fwd + m.e * bsv, bwd + m.e * bsv
+    if liger_cross_entropy(spec):
+        # Liger's cross-entropy writes the fp32 logits gradient in place and saves it: no log-softmax output, its
+        # gradient nor a separate logits gradient (kernels/liger.py); backward casts it back to the logits dtype
+        fwd -= 4 * bsv
+        bwd += (4 + (m.e if m.e == 2 else 0) - 12) * bsv
     if m.autocast:
         cast = 2 * v * h + 2 * b * s * h  # bf16 casts of the LM head weight and input, kept until its backward
         fwd += cast + 4 * b * s * h  # + the fp32 final-norm output, freed once cast
@@ -302,6 +343,9 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
 
 def _head_backward_logits(spec: TrainingSpec, m: _Mode) -> int:
     """Logits-side bytes at the LM head's backward: the logits gradient in the logits dtype (+ autocast casts)."""
+    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
+    if fused is not None:
+        return fused.head_backward
     b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, spec.model.shape.vocab_size, spec.model.shape.hidden_size
     total = m.e * b * s * v  # grad of .float(): cast back to the bf16 logits (fp32 model: the fp32 gradient)
     if m.autocast:
@@ -333,6 +377,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         ``activations.autocast_weight_cache``, ``logits.forward`` / ``logits.backward`` and ``inputs``.
     """
     sh = spec.model.shape
+    spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
     m = _mode(spec)
     b, s, layers = spec.batch.micro_batch, spec.batch.seq_len, sh.num_layers
     per_token, s2 = layer_saved_per_token(spec)
@@ -355,35 +400,54 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     kept += _outside_saved(spec)
     fwd_logits, bwd_logits = _logits(spec)
     end = m.r * sh.hidden_size * b * s if (spec.lora is None or act.checkpointing) else 0
+    host = 0
+    if offload_applies(spec):  # TRL activation offloading: saved tensors in pinned host memory (kernels/levers.py)
+        head_in = m.r * sh.hidden_size * b * s if spec.lora is None and spec.quant is None and not m.autocast else 0
+        device_kept, host = offload_split(spec, kept, head_in, m.e)
+        kept = device_kept
     # worst moment during backward besides every gradient (activations_backward.py, tests/test_backward_phase.py)
     bq = BackwardInputs(layer + scores, kept, m.r * sh.hidden_size * b * s if n_ckpt else 0, n_ckpt, m.e, m.r,
-                        m.autocast, m.half_model, end, layers_saved)
-    recompute, moment = backward_transient(spec, bq, _head_backward_logits(spec, m))
+                        m.autocast, m.half_model, end, layers_saved, offloaded=bool(host))
+    # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
+    # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
+    head = 0 if spec.trainer.kind in _FUSED_HEAD else _head_backward_logits(spec, m)
+    recompute, moment = backward_transient(spec, bq, head)
     if n_ckpt and qlora_formula_applies(spec):  # peak in the first recomputed layer: every checkpoint still held
         end, recompute = kept, layer + scores + qlora_backward_working_set(spec) * b * s
         moment = "first recomputed layer"
     ids = b * s * 8
     detail = f"{per_token} B/token/layer x {b}x{s} tokens x {layers - n_ckpt} layers"
+    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
     comps = [
         Component(
             "activations.saved",
             Category.ACTIVATIONS,
             Location.DEVICE,
             {Phase.FORWARD_END: kept, Phase.BACKWARD_START: kept, Phase.BACKWARD: end + recompute},
-            _TRACE,
+            _TRACE + ("; Liger-Kernel 0.8.5 kernels (fitcheck/core/kernels/liger.py)" if liger_applies(spec) else ""),
             detail + (f" + {n_ckpt} checkpointed layer inputs" if n_ckpt else "")
-            + (f"; during backward: worst at the {moment}" if moment else ""),
+            + (f"; during backward: worst at the {moment}" if moment else "")
+            + ("; offloaded to host except the LM head input and 5 in-flight tensors" if host else ""),
         ),
         Component(
             "logits.loss",
             Category.LOGITS,
             Location.DEVICE,
             {Phase.FORWARD_END: fwd_logits, Phase.BACKWARD_START: bwd_logits},
-            _TRACE + "; transformers loss_utils.ForCausalLMLoss upcasts logits to fp32",
-            f"{b}x{s}x{sh.vocab_size} logits: bf16/fp32 logits, fp32 upcast, log-softmax; its gradient pair",
+            "library source (fitcheck/core/kernels)" if fused is not None
+            else _TRACE + "; transformers loss_utils.ForCausalLMLoss upcasts logits to fp32",
+            fused.detail if fused is not None
+            else f"{b}x{s}x{sh.vocab_size} logits: bf16/fp32 logits, fp32 upcast, log-softmax; its gradient pair",
         ),
         Component.persistent("inputs.ids", Category.ACTIVATIONS, ids, _TRACE, "input ids int64"),
     ]
+    if host:
+        comps.append(Component(
+            "activations.offloaded", Category.ACTIVATIONS, Location.HOST,
+            {Phase.FORWARD_END: host, Phase.BACKWARD_START: host},
+            "trl 1.16 models/activation_offloading.py OffloadActivations (pinned host copies)",
+            "saved activations offloaded by TRL activation_offloading",
+        ))
     if spec.lora is not None and spec.lora.use_dora and not spec.quant:
         comps.append(_dora_component(spec, m, layers - n_ckpt, fwd_logits))
     if m.autocast or (m.amp and spec.lora is not None):
@@ -463,6 +527,10 @@ def _autocast_cache(spec: TrainingSpec) -> int:
 
     if four_bit_lora(spec):  # 4-bit matmuls are no autocast ops: only the LoRA weights are cached
         return 2 * lora_layer_params(spec)
+    if spec.quant is not None and spec.quant.bits == 8 and spec.lora is not None:
+        # bitsandbytes 0.50.2 nn/modules.py Linear8bitLt.forward -> bnb.matmul -> MatMul8bitLt (autograd/
+        # _functions.py): a custom Function running int8 ops, no autocast op: int8 weights are never cast
+        return 2 * lora_layer_params(spec)
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
     layer_linear = sum(p.numel for p in spec.model.params if p.per_layer and p.kind in kinds)
     return 2 * layer_linear
@@ -470,7 +538,8 @@ def _autocast_cache(spec: TrainingSpec) -> int:
 
 def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """What the user should know about activations (unpinned family, forced eager, CPU-only paths)."""
-    out: list[Finding] = []
+    spec = deepspeed_module_view(spec)
+    out: list[Finding] = list(lever_findings(spec))
     fam = spec.model.shape.family
     if fam not in PINNED_FAMILIES:
         out.append(
@@ -490,7 +559,18 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     if extras:
         out.append(Finding("activations-not-pinned", Severity.INFO, extras, "run `fitcheck estimate --trace`"))
     lora_unpinned = spec.quant is not None and not qlora_formula_applies(spec)  # QLoRA: activations_qlora.py
-    if lora_unpinned:  # 8-bit, no k-bit preparation, DoRA or an untraced family on a quantized base
+    if spec.quant is not None and spec.quant.bits == 8:
+        out.append(
+            Finding(
+                "activations-not-pinned",
+                Severity.WARNING,
+                "LLM.int8 base: no 16-bit weight cache (int8 matmuls are no autocast op), but the saved "
+                "activations use the LoRA recipe: bitsandbytes' MatMul8bitLt keeps each layer's input and "
+                "returns the input's dtype (fp32 after k-bit preparation), which the recipe does not count",
+                "treat the activations as a lower bound; measure with FitcheckCallback",
+            )
+        )
+    elif lora_unpinned:  # no k-bit preparation, DoRA or an untraced family on a quantized base
         out.append(
             Finding(
                 "activations-not-pinned",
