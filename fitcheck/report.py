@@ -123,6 +123,8 @@ class Report:
         trainable_params: Trainable parameter count (adapters included).
         total_params: Parameter count of the model as loaded (adapters included).
         assumptions: Lines that state what was assumed (defaults taken, spellings read).
+        pinned: The activations come from a trace, or from formulas checked against traces for this kind of
+            run (``fitcheck.core.activations.envelope``).
     """
 
     spec: TrainingSpec
@@ -139,6 +141,7 @@ class Report:
     trainable_params: int
     total_params: int
     assumptions: tuple[str, ...] = field(default=())
+    pinned: bool = False
 
     def phase_totals(self, location: Location = Location.DEVICE) -> dict[Phase, int]:
         """Sum of component bytes per phase for one location (generation/evaluation where they apply)."""

@@ -19,7 +19,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fitcheck.cli.trl_flags import TRL_FLAG_NAMES, add_trl_arguments, apply_trainer, split_trl_values
@@ -206,7 +206,15 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace",
         action="store_true",
-        help="trace one training step of the real model on fake tensors for activations (needs torch)",
+        help="trace one training step of the real model on fake tensors for activations (needs torch); "
+        "by default runs outside the formulas' checked envelope are traced when torch is installed",
+    )
+    parser.add_argument(
+        "--no_trace",
+        "--no-trace",
+        dest="no_trace",
+        action="store_true",
+        help="never trace: answer from the formulas (a not-pinned warning outside the checked envelope)",
     )
     parser.add_argument("--mfu", type=float, default=None, help="assumed model FLOPs utilisation for timing")
     parser.add_argument("--plot", default=None, metavar="FILE", help="also draw the memory plot (PNG or SVG)")
@@ -313,11 +321,11 @@ def build_report(
 ) -> tuple[Report, dict[str, object]]:
     """Estimate for parsed flags: the report (with device-map findings) and the advisor/compute extras."""
     spec, assumptions = spec_from_args(args)
-    activations = None
-    if args.trace:
-        from fitcheck.torch_adapters import trace_components
+    from fitcheck.torch_adapters import PinnedPath
 
-        activations = trace_components(spec)
+    if args.trace and getattr(args, "no_trace", False):
+        raise ConfigError("--trace and --no_trace contradict each other; pass one of them")
+    path = PinnedPath("always" if args.trace else "never" if getattr(args, "no_trace", False) else "auto")
     extra_findings: tuple[Finding, ...] = ()
     if getattr(args, "device_map", None):
         from fitcheck.torch_adapters import device_map_findings
@@ -325,9 +333,7 @@ def build_report(
         extra_findings = device_map_findings(spec, str(args.device_map), getattr(args, "max_memory", None))
     if extra_findings:
         spec = dataclasses.replace(spec, findings=(*spec.findings, *extra_findings))
-    from fitcheck.core import estimate
-
-    report = estimate(spec, activations=activations)
+    report = path(spec)
     gpus: tuple[Any, ...] = ()
     if getattr(args, "device_map", None):
         from fitcheck.advice import weights_only_finding
@@ -340,7 +346,7 @@ def build_report(
         if note is not None:
             report = dataclasses.replace(report, findings=(*report.findings, note))
     report = dataclasses.replace(report, assumptions=(*report.assumptions, *assumptions))
-    extras = advice_extras(report, mfu=args.mfu)
+    extras = advice_extras(report, mfu=args.mfu, estimate_fn=path.following(report))
     if gpus:
         extras["device_map_gpus"] = [g.to_dict() for g in gpus]
     return report, extras
@@ -376,15 +382,21 @@ def _busiest_gpu_report(whole: Report, gpus: tuple[Any, ...]) -> Report:
     )
 
 
-def advice_extras(report: Report, *, mfu: float | None) -> dict[str, object]:
-    """``max_micro_batch``, ``suggestions`` and ``compute`` for the JSON and the table."""
+def advice_extras(
+    report: Report, *, mfu: float | None, estimate_fn: Callable[[TrainingSpec], Report] | None = None
+) -> dict[str, object]:
+    """``max_micro_batch``, ``suggestions`` and ``compute`` for the JSON and the table.
+
+    ``estimate_fn`` is the path the headline number took (``fitcheck.torch_adapters.pinned_path``): the
+    largest micro-batch and every suggestion are estimated the same way.
+    """
     from fitcheck.advice import advise, max_micro_batch
     from fitcheck.core import compute_estimate
 
     compute = compute_estimate(report.spec, mfu=mfu)
     return {
-        "max_micro_batch": max_micro_batch(report.spec),
-        "suggestions": advise(report.spec, report),
+        "max_micro_batch": max_micro_batch(report.spec, estimate_fn),
+        "suggestions": advise(report.spec, report, estimate_fn=estimate_fn),
         "compute": compute,
     }
 

@@ -9,7 +9,7 @@ peak allocated = max over phases of the sum of DEVICE components alive in that p
 
 from __future__ import annotations
 
-from fitcheck.core.activations import activation_findings, versions_findings
+from fitcheck.core.activations import activation_findings, in_envelope, not_pinned_finding, versions_findings
 from fitcheck.core.allocator import allocator_findings, reserved_bytes
 from fitcheck.core.overheads import nccl_group_bytes
 from fitcheck.core.parallelism import (
@@ -92,7 +92,8 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
     Args:
         spec: The training run.
         activations: Activation components to use instead of the per-family formulas (from a fake-tensor
-            trace, ``fitcheck estimate --trace``).
+            trace, ``fitcheck estimate --trace``). Without them, a spec outside the checked envelope
+            (``fitcheck.core.activations.envelope``) gets ``pinned=False`` and a ``not-pinned`` WARNING.
 
     Returns:
         The itemised report with the peak phase, allocated/reserved/used bytes, the verdict and findings.
@@ -127,6 +128,9 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *parallel_findings(spec, traced=parallel and activations is not None),
         *_verdict(spec, components, phase, device_used, budget, host),
     ]
+    pinned = activations is not None or in_envelope(spec)
+    if not pinned:
+        findings.append(not_pinned_finding(spec))
     findings.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     trainable = trainable_params(spec)
     total = spec.model.total_params + _adapter_params(spec, trainable)
@@ -144,6 +148,7 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         regime=describe_regime(local) + (f"; parallelism {describe_layout(spec)}" if parallel else ""),
         trainable_params=trainable,
         total_params=total,
+        pinned=pinned,
     )
 
 

@@ -33,6 +33,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "model": spec.model.model_id,
         "trainer": spec.trainer.kind.value,
         "fits": report.fits,
+        "pinned": report.pinned,
         "peak_allocated_bytes": report.peak_allocated_bytes,
         "peak_reserved_bytes": report.peak_reserved_bytes,
         "device_used_bytes": report.device_used_bytes,

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     )
     from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
     from fitcheck.torch_adapters.meta_device import meta_inventory
+    from fitcheck.torch_adapters.pinned_path import PinnedPath
     from fitcheck.torch_adapters.tracer import trace_components
 
 _WHERE = {
@@ -39,11 +40,13 @@ _WHERE = {
     "LiveTensorTracker": "live_tracker",
     "model_state_tensors": "live_tracker",
     "meta_inventory": "meta_device",
+    "PinnedPath": "pinned_path",
     "trace_components": "tracer",
 }
 
 __all__ = [
     "LiveTensorTracker",
+    "PinnedPath",
     "config_mapping",
     "device_map_findings",
     "inspect_model",

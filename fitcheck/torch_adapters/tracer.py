@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import LoraSpec, QuantSpec, TrainingSpec
+from fitcheck.spec import FreezeSpec, LoraSpec, QuantSpec, TrainingSpec
 from fitcheck.torch_adapters.tracer_task import task_head, task_labels, task_trace_config
 
 PARAMS = "parameters"
@@ -174,6 +174,7 @@ def trace_step(
     fake: bool = True,
     seed: int = 0,
     task: str = "causal-lm",
+    freeze: FreezeSpec | None = None,
     use_reentrant: bool = False,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
@@ -194,6 +195,7 @@ def trace_step(
         fake: Trace on fake tensors (True) or run a real CPU step (False).
         seed: RNG seed for the real step.
         task: ``causal-lm``, ``seq-cls``, ``token-cls`` (the head and labels of that task).
+        freeze: Partial training without PEFT (``fitcheck.torch_adapters.tracer_freeze``).
         use_reentrant: Reentrant activation checkpointing (``gradient_checkpointing_kwargs``).
 
     Returns:
@@ -223,6 +225,7 @@ def trace_step(
             quant=quant,
             fake=fake,
             task=task,
+            freeze=freeze,
             use_reentrant=use_reentrant,
         )
         params = [p for p in model.parameters() if p.requires_grad]
@@ -358,7 +361,9 @@ def trace_extrapolated(config: Mapping[str, Any], **kwargs: Any) -> TraceResult:
 
     depth = config_layers(config)
     group = layer_group(config)
-    if depth <= 2 * group:
+    freeze = kwargs.get("freeze")
+    if depth <= 2 * group or (freeze is not None and freeze.trainable_layers is not None):
+        # layers differ when only some are trainable: no repeating group to extrapolate from, trace them all
         return trace_step(config, num_layers=depth, **kwargs)
     one = trace_step(config, num_layers=group, **kwargs)
     two = trace_step(config, num_layers=2 * group, **kwargs)
@@ -382,6 +387,7 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         "quant": spec.quant if spec.quant is None or spec.quant.method == "bitsandbytes" else None,
         "optimizer": spec.optimizer.name,
         "task": spec.model.shape.task,
+        "freeze": spec.freeze,
     }
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitcheck.errors import ConfigError, UnsupportedModelError
-from fitcheck.spec import LoraSpec, QuantSpec
+from fitcheck.spec import FreezeSpec, LoraSpec, QuantSpec
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
@@ -115,6 +115,7 @@ def build_model(
     quant: QuantSpec | None = None,
     fake: bool = True,
     task: str | None = None,
+    freeze: FreezeSpec | None = None,
     use_reentrant: bool = False,
 ) -> Any:
     """Build the model as the training run would have it.
@@ -129,6 +130,7 @@ def build_model(
         quant: bitsandbytes 4-bit base (emulated on fake tensors; real bnb on real ones).
         fake: True when called inside a FakeTensorMode.
         task: ``--task`` (None: the class ``architectures`` names).
+        freeze: Partial training without PEFT: only the parameters it selects keep ``requires_grad``.
         use_reentrant: ``gradient_checkpointing_kwargs={"use_reentrant": True}`` (with a frozen embedding the
             inputs are made to require a gradient, as TRL's SFTTrainer does: ``enable_input_require_grads``).
 
@@ -155,6 +157,10 @@ def build_model(
             model = prepare_for_kbit_training(quantize_base(model, quant, fake=fake), quant, checkpointing)
         if lora is not None:
             model = _wrap_lora(model, lora, task)
+    if freeze is not None:
+        from fitcheck.torch_adapters.tracer_freeze import apply_freeze
+
+        apply_freeze(model, freeze)
     if checkpointing:
         # what Trainer.train() calls in transformers 5 (trainer.py: activation_checkpointing_enable)
         model.activation_checkpointing_enable(

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_transient
+from fitcheck.core.activations.cuda import cuda_gap_findings
 from fitcheck.core.activations.dora import DoraMode, dora_per_token, dora_phases, lora_extras_unpinned
 from fitcheck.core.activations.families import (
     FAMILY_FORMULAS,
@@ -28,6 +29,7 @@ from fitcheck.core.activations.families import (
     family_logits,
     family_outside_saved,
 )
+from fitcheck.core.activations.freeze import frozen_layers
 from fitcheck.core.activations.heads import (
     CLASSIFIER_TASKS,
     bert_layer_alias,
@@ -35,6 +37,7 @@ from fitcheck.core.activations.heads import (
     classifier_logits,
 )
 from fitcheck.core.activations.qlora import (
+    four_bit_lora,
     kbit_upcast,
     lora_layer_params,
     qlora_backward_working_set,
@@ -180,10 +183,14 @@ def _adapter_input(m: _Mode, lora: LoraSpec, width: int) -> int:
     return total + (2 if m.amp else 4) * lora.r  # lora_A output, kept by lora_B (trace: mm (b·s, r))
 
 
-def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
-    """(bytes per token, bytes per token per position of the s² term) saved by one decoder layer."""
+def layer_saved_per_token(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int, int]:
+    """(bytes per token, bytes per token per position of the s² term) saved by one decoder layer.
+
+    ``trainable=False``: a frozen layer of a partial fine-tune whose input needs a gradient
+    (``fitcheck.core.activations.freeze``); None: as the spec says (full fine-tune, LoRA or quantized base).
+    """
     spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
-    per_token, s2 = _layer_saved(spec)
+    per_token, s2 = _layer_saved(spec, trainable)
     liger = liger_applies(spec)
     if liger is None:
         return per_token, s2
@@ -198,14 +205,14 @@ def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
     return per_token - liger_mlp_delta(spec, 4 if qlora_formula_applies(spec) else m.e), s2
 
 
-def _layer_saved(spec: TrainingSpec) -> tuple[int, int]:
+def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int, int]:
     sh = spec.model.shape
     if sh.family in FAMILY_FORMULAS:
         return family_layer_saved(spec)  # GPT-2, BERT, Phi, Falcon, BLOOM (activations_families.py)
     if qlora_formula_applies(spec):  # 4-bit base + LoRA, traced on real bitsandbytes (activations_qlora.py)
         return qlora_layer_saved_per_token(spec, _attn_impl(spec) is AttnImpl.EAGER)
     m = _mode(spec)
-    full = spec.lora is None and spec.quant is None
+    full = spec.lora is None and spec.quant is None if trainable is None else trainable
     targets = _lora_targets(spec)
     h, a = sh.hidden_size, sh.num_heads
     kv, q = sh.num_kv_heads * sh.head_dim, sh.num_heads * sh.head_dim
@@ -401,6 +408,15 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     if act.checkpointing:
         n_ckpt = math.ceil(layers / max(1, act.checkpoint_every_n_layers))
     kept = (layers - n_ckpt) * (layer + scores) + n_ckpt * m.r * sh.hidden_size * b * s
+    frozen = frozen_layers(spec)
+    layers_saved = -1
+    if frozen is not None:  # partial fine-tune by layers (freeze.py)
+        f_token, f_s2 = layer_saved_per_token(spec, trainable=False)
+        if act.checkpointing:  # a checkpointed layer keeps its input only if a gradient flows through it
+            kept = (layers - frozen.no_grad) * m.r * sh.hidden_size * b * s
+        else:
+            kept = frozen.trained * (layer + scores) + frozen.frozen_grad * (f_token * b * s + f_s2 * b * s * s)
+            layers_saved = kept
     kept += _outside_saved(spec)
     fwd_logits, bwd_logits = _logits(spec)
     end = m.r * sh.hidden_size * b * s if (spec.lora is None or act.checkpointing) else 0
@@ -411,7 +427,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         kept = device_kept
     # worst moment during backward besides every gradient (activations_backward.py, tests/test_backward_phase.py)
     bq = BackwardInputs(layer + scores, kept, m.r * sh.hidden_size * b * s if n_ckpt else 0, n_ckpt, m.e, m.r,
-                        m.autocast, m.half_model, end, offloaded=bool(host))
+                        m.autocast, m.half_model, end, layers_saved, offloaded=bool(host))
     # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
     # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
     head = 0 if spec.trainer.kind in _FUSED_HEAD else _head_backward_logits(spec, m)
@@ -491,6 +507,16 @@ def _autocast_cache_phases(spec: TrainingSpec, m: _Mode) -> tuple[int, int]:
     from fitcheck.spec import Kind
 
     cache = _autocast_cache(spec)
+    if spec.lora is None and spec.quant is None and spec.activations.checkpointing:
+        # full fine-tune: leaving autocast clears its cache; a cast survives only where an autograd node saved
+        # it, and a checkpointed layer saves nothing (differential check "llama full ckpt autocast", Llama-3-8B:
+        # 13 GiB of casts at the end of forward, none at the start of backward)
+        frozen = frozen_layers(spec)
+        if frozen is not None:
+            # autocast caches only casts of leaves that require grad (aten/src/ATen/autocast_mode.cpp
+            # cached_cast: arg.requires_grad() && arg.is_leaf()): frozen layers' casts die with their op
+            cache = cache * frozen.trained // max(1, spec.model.shape.num_layers)
+        return cache, qlora_cache_after_forward(spec, cache, any_base=True)
     # a pre-quantized GPTQ/AWQ/FP8 base is a frozen 16-bit base to autocast (its matmuls are the kernels' own)
     if spec.lora is None or (spec.quant is not None and spec.quant.method == "bitsandbytes"):
         return cache, qlora_cache_after_forward(spec, cache)
@@ -521,7 +547,7 @@ def _autocast_cache(spec: TrainingSpec) -> int:
     """bf16 copies of every layer linear weight made by autocast, kept for backward (+2 B/param)."""
     from fitcheck.spec import Kind
 
-    if qlora_formula_applies(spec):  # 4-bit matmuls are no autocast ops: only the LoRA weights are cached
+    if four_bit_lora(spec):  # 4-bit matmuls are no autocast ops: only the LoRA weights are cached
         return 2 * lora_layer_params(spec)
     if spec.quant is not None and spec.quant.bits == 8 and spec.lora is not None:
         # bitsandbytes 0.50.2 nn/modules.py Linear8bitLt.forward -> bnb.matmul -> MatMul8bitLt (autograd/
@@ -587,6 +613,7 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 f"transformers has no SDPA path for {fam}: eager attention (s² scores) is what runs",
             )
         )
+    out.extend(cuda_gap_findings(spec))  # docs/cuda-vs-cpu.md: what a CUDA step runs that was not traced
     flash = spec.activations.attn_implementation is AttnImpl.FLASH_ATTENTION_2
     if flash and spec.hardware.device_type is DeviceType.CPU:
         out.append(Finding("flash-attention-cpu", Severity.WARNING, "flash_attention_2 needs CUDA; modelled as SDPA"))
