@@ -233,3 +233,11 @@ def test_the_pure_floors_import_no_torch() -> None:
             )
             bad += [f"{module}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in heavy]
     assert not bad, "\n".join(bad)
+
+
+def test_every_package_ships_in_the_wheel() -> None:
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "fitcheck").rglob("__init__.py")}
+    assert found | {"fitcheck.integrations"} == listed, "pyproject.toml [tool.setuptools] packages is out of date"
