@@ -49,7 +49,7 @@ def traceable(spec: TrainingSpec) -> bool:
             # would be a different run; so would one rank of a tp/cp/sp layout (core/parallelism), a
             # GPTQ/AWQ/FP8 base (core/states/prequant) or a vision tower fed images (the tracer has no pixels)
             and deepspeed_module_view(spec) is spec
-            and (layout is None or not layout.active) and not pre and spec.model.shape.image_tokens == 0)
+            and (layout is None or not layout.active) and not pre and spec.model.shape.task != "image-text-to-text")
 
 
 def _cache_key(spec: TrainingSpec) -> str:
@@ -97,7 +97,8 @@ class PinnedPath:
             return trace_components(spec), ""
         try:
             return trace_components(spec), ""
-        except (FitcheckError, NotImplementedError, ValueError, TypeError, RuntimeError, KeyError) as exc:
+        except (FitcheckError, NotImplementedError, ValueError, TypeError, RuntimeError, KeyError,
+                AttributeError) as exc:  # an automatic trace never breaks the estimate: the formulas answer
             return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
 
     def following(self, headline: Report) -> PinnedPath:
