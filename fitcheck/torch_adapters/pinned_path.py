@@ -90,16 +90,20 @@ class PinnedPath:
         return self._cache[key]
 
     def _trace(self, spec: TrainingSpec) -> tuple[tuple[Component, ...] | None, str]:
+        import warnings
+
         from fitcheck.errors import FitcheckError
         from fitcheck.torch_adapters.tracer import trace_components
 
-        if self.mode == "always":
-            return trace_components(spec), ""
-        try:
-            return trace_components(spec), ""
-        except (FitcheckError, NotImplementedError, ValueError, TypeError, RuntimeError, KeyError,
-                AttributeError) as exc:  # an automatic trace never breaks the estimate: the formulas answer
-            return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+        with warnings.catch_warnings():  # transformers' deprecation notices while building the model are noise
+            warnings.simplefilter("ignore", FutureWarning)
+            if self.mode == "always":
+                return trace_components(spec), ""
+            try:
+                return trace_components(spec), ""
+            except (FitcheckError, NotImplementedError, ValueError, TypeError, RuntimeError, KeyError,
+                    AttributeError) as exc:  # an automatic trace never breaks the estimate: the formulas answer
+                return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
 
     def following(self, headline: Report) -> PinnedPath:
         """The path for the numbers around a headline (largest micro-batch, suggestions): traced when the
