@@ -21,6 +21,7 @@ from fitcheck.spec import (
     BatchSpec,
     DeviceType,
     Dtype,
+    FreezeSpec,
     HardwareSpec,
     LoraSpec,
     MixedPrecision,
@@ -68,11 +69,14 @@ class Row:
     lora: LoraSpec | None = None
     quant: QuantSpec | None = None
     optim: str = "adamw_torch"
+    freeze: FreezeSpec | None = None
 
 
 ALL_LINEAR = LoraSpec(r=16, alpha=32, target_modules=("all-linear",))
 TRL_LORA = LoraSpec(r=16, alpha=32, dropout=0.05, target_modules=("all-linear",))  # TRL ModelConfig defaults
 NF4_DQ_BF16 = QuantSpec(quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16)
+# layers 2-3 with the final norm and the head trained; embeddings and layers 0-1 frozen
+LAYERS_ONLY = FreezeSpec(trainable=("model.layers.*", "model.norm.weight", "lm_head.weight"), trainable_layers=(2, 3))
 ROWS: tuple[Row, ...] = (
     Row("llama bf16 full sdpa", LLAMA),
     Row("llama bf16 full eager ckpt", LLAMA, attn="eager", ckpt=True),
@@ -91,6 +95,13 @@ ROWS: tuple[Row, ...] = (
     Row("qwen2 QLoRA nf4 eager", QWEN2, attn="eager", lora=ALL_LINEAR, quant=QuantSpec(quant_type="nf4")),
     Row("llama QLoRA fp4 qv sdpa", LLAMA, lora=LoraSpec(r=8, target_modules=("q_proj", "v_proj")),
         quant=QuantSpec(quant_type="fp4", compute_dtype=Dtype.BFLOAT16)),
+    # issue 10: QLoRA without checkpointing under bf16 autocast (TRL --bf16), SDPA and eager
+    Row("llama QLoRA nf4 bf16 autocast", LLAMA, mp="bf16", lora=TRL_LORA, quant=NF4_DQ_BF16),
+    Row("qwen2 QLoRA nf4 autocast eager", QWEN2, mp="bf16", attn="eager", lora=TRL_LORA, quant=NF4_DQ_BF16),
+    # issue 10: partial freezing by layers (--trainable_layers): embeddings trained, or frozen with them
+    Row("llama bf16 freeze last layer", LLAMA, freeze=FreezeSpec(trainable=("*",), trainable_layers=(3,))),
+    Row("llama bf16 freeze emb frozen", LLAMA, freeze=LAYERS_ONLY),
+    Row("llama fp32+ac freeze ckpt", LLAMA, dtype="float32", mp="bf16", ckpt=True, freeze=LAYERS_ONLY),
 )
 
 
@@ -108,6 +119,7 @@ def spec_for(row: Row) -> TrainingSpec:
         hardware=HardwareSpec(device_type=DeviceType.CPU),
         lora=row.lora,
         quant=row.quant,
+        freeze=row.freeze,
     )
 
 
@@ -119,7 +131,7 @@ def measure(row: Row) -> tuple[int, int, str, str]:
     real = trace_step(
         row.config, seq_len=row.seq, micro_batch=row.batch, dtype=row.dtype, mixed_precision=row.mp,
         attn_implementation=row.attn, checkpointing=row.ckpt, lora=row.lora, quant=row.quant,
-        optimizer=row.optim, fake=False,
+        optimizer=row.optim, fake=False, freeze=row.freeze,
     )
     report = estimate(spec_for(row))
     return real.peak, report.peak_allocated_bytes, real.peak_phase.value, report.peak_phase.value

@@ -1,6 +1,16 @@
-"""fitcheck's verified micro-batch tuner vs HF's auto_find_batch_size on simulated GPUs.
+"""fitcheck's micro-batch tuner vs HF's auto_find_batch_size on simulated GPUs: real Trainers, then big models.
 
-For 10 configurations of different model families and settings, a simulated GPU runs a "training step" at a
+Part 1, real ``transformers.Trainer`` runs (tiny Llama, CPU; benchmarks/tuner_budget.py): full fine-tuning,
+accumulation, LoRA, checkpointing and TRL's SFTTrainer. Each runs under a simulated GPU, a dispatch mode that
+raises ``torch.OutOfMemoryError`` past N live bytes. The true maximum comes from a scan: a real 2-step training
+run at every micro-batch that keeps the global batch (micro × accumulation = the user's), its live-byte peak
+recorded; the budget lies half-way between two sizes' peaks. ``tune_micro_batch(trainer)`` (estimate at that
+budget, trial steps that cannot move the weights) then ``trainer.train()``, against ``auto_find_batch_size=True``
+from the same starting arguments on the same budget. Columns: attempts (training starts for HF, trial steps
+for the tuner), OOMs, optimizer steps taken overall (max_steps = 2), whether the global batch was kept, and
+whether the training that counts started from the initial weights.
+
+Part 2, for 10 configurations of different model families and settings, a simulated GPU runs a "training step" at a
 micro-batch m and raises ``torch.OutOfMemoryError`` when the memory the step needs exceeds the GPU's memory.
 The memory a step "really" needs is fitcheck's own estimate of the device memory used, multiplied by
 (1 + error): the error, fixed per row (between -5% and +5%, the size of the run-to-run spread in published
@@ -9,7 +19,7 @@ starts from fitcheck's prediction (``max_micro_batch`` on the unperturbed estima
 ``accelerate.utils.find_executable_batch_size`` (what ``auto_find_batch_size`` calls) starts from a
 per_device_train_batch_size of 64 and shrinks by x0.9 per OOM.
 
-Run: ``PYTHONPATH=. python benchmarks/tuner_vs_hf.py``.
+Run: ``PYTHONPATH=. python benchmarks/tuner_vs_hf.py`` (``--part 1`` or ``--part 2`` for one part).
 """
 
 from __future__ import annotations
@@ -18,10 +28,11 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from accelerate.utils import find_executable_batch_size
-from fitcheck.integrations.tuner import tune_micro_batch
+from fitcheck.integrations.tuner_search import search_largest
 
 from fitcheck.advice.batch_search import max_micro_batch, with_micro_batch
 from fitcheck.core.estimator import estimate
@@ -120,7 +131,7 @@ def hf(spec: TrainingSpec, error: float) -> tuple[int, int]:
         return 0, len(calls)
 
 
-def main() -> int:
+def big_models() -> int:
     t0 = time.perf_counter()
     header = (
         f"{'config':42} {'err':>5} {'true':>5} | {'pred':>5} {'ours':>5} {'trials':>6} | "
@@ -134,12 +145,12 @@ def main() -> int:
         truth = true_max(spec, row.error)
         predicted = max_micro_batch(spec)
         step, _ = simulated_step(spec, row.error)
-        ours = tune_micro_batch(step, predicted, clear_cache=lambda: None)
+        ours = search_largest(step, predicted, clear_cache=lambda: None)
         hf_result, hf_trials = hf(spec, row.error)
-        ok = ours.micro_batch == truth and ours.trials <= 2
+        ok = ours.size == truth and ours.trials <= 2
         good += ok
         print(
-            f"{row.name:42} {row.error:+5.0%} {truth:5d} | {predicted:5d} {ours.micro_batch:5d} "
+            f"{row.name:42} {row.error:+5.0%} {truth:5d} | {predicted:5d} {ours.size:5d} "
             f"{ours.trials:6d} | {hf_result:6d} {hf_trials:6d}" + ("" if ok else "   <- > 2 trials or off")
         )
     print("-" * len(header))
@@ -147,5 +158,19 @@ def main() -> int:
     return 0 if good >= 8 else 1
 
 
+def main(argv: list[str]) -> int:
+    part = argv[argv.index("--part") + 1] if "--part" in argv else "all"
+    rc = 0
+    if part in ("1", "all"):
+        from tuner_real import real_trainers
+
+        rc |= real_trainers()
+    if part in ("2", "all"):
+        print()
+        rc |= big_models()
+    return rc
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.exit(main(sys.argv[1:]))

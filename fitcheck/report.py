@@ -22,9 +22,19 @@ class Phase(str, Enum):
     BACKWARD_START = "start of backward"
     BACKWARD = "during backward"
     OPTIMIZER_STEP = "optimizer step"
+    GENERATION = "generation"  # GRPO's generate() for the generation batch (fitcheck.core.trainers)
+    EVALUATION = "evaluation"  # an evaluation step (fitcheck.core.trainers)
 
 
-PHASES: tuple[Phase, ...] = tuple(Phase)
+# The phases of the training step; GENERATION/EVALUATION apply only where a component fills them.
+PHASES: tuple[Phase, ...] = tuple(p for p in Phase if p not in (Phase.GENERATION, Phase.EVALUATION))
+EXTRA_PHASES: tuple[Phase, ...] = (Phase.GENERATION, Phase.EVALUATION)
+
+
+def phases_of(components: tuple[Component, ...]) -> tuple[Phase, ...]:
+    """The training phases plus the extra phases some component fills."""
+    extra = tuple(p for p in EXTRA_PHASES if any(p in c.by_phase for c in components))
+    return (*PHASES, *extra)
 
 
 class Category(str, Enum):
@@ -113,6 +123,8 @@ class Report:
         trainable_params: Trainable parameter count (adapters included).
         total_params: Parameter count of the model as loaded (adapters included).
         assumptions: Lines that state what was assumed (defaults taken, spellings read).
+        pinned: The activations come from a trace, or from formulas checked against traces for this kind of
+            run (``fitcheck.core.activations.envelope``).
     """
 
     spec: TrainingSpec
@@ -129,11 +141,13 @@ class Report:
     trainable_params: int
     total_params: int
     assumptions: tuple[str, ...] = field(default=())
+    pinned: bool = False
 
     def phase_totals(self, location: Location = Location.DEVICE) -> dict[Phase, int]:
-        """Sum of component bytes per phase for one location."""
+        """Sum of component bytes per phase for one location (generation/evaluation where they apply)."""
         return {
-            p: sum(c.at(p) for c in self.components if c.location is location) for p in PHASES
+            p: sum(c.at(p) for c in self.components if c.location is location)
+            for p in phases_of(self.components)
         }
 
     def at_peak(self) -> dict[str, int]:

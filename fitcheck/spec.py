@@ -160,6 +160,11 @@ class ModelShape:
         no_split_module: The decoder-layer class (FSDP wrap unit, device_map no-split class).
         parallel_attn: Falcon/Phi-style parallel attention+MLP block.
         partial_rotary_factor: Fraction of head_dim rotated (Phi-2).
+        task: The head the model carries: ``"causal-lm"`` (vocabulary-sized LM head), ``"seq-cls"`` /
+            ``"token-cls"`` (a ``num_labels``-wide classifier), ``"image-text-to-text"`` (vision-language), or
+            ``"masked-lm"`` (BERT's MLM head); read from ``architectures`` or ``--task``.
+        num_labels: Classifier width for ``seq-cls`` / ``token-cls`` (0 otherwise).
+        image_tokens: Vision-tower patches per image (before the merger) for ``image-text-to-text`` (0 = none).
     """
 
     family: str
@@ -183,6 +188,9 @@ class ModelShape:
     no_split_module: str = ""
     parallel_attn: bool = False
     partial_rotary_factor: float = 1.0
+    task: str = "causal-lm"
+    num_labels: int = 0
+    image_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
@@ -367,6 +375,15 @@ class QuantSpec:
         prepare_for_kbit_training: peft's ``prepare_model_for_kbit_training`` is applied (TRL does this for
             quantized models): casts every non-quantized 16-bit parameter to fp32.
         pre_quantized: The checkpoint itself is quantized (its config.json carries quantization_config).
+        method: ``quant_method``: ``"bitsandbytes"``, or a pre-quantized scheme ``"gptq"``, ``"awq"``, ``"fp8"``
+            (finegrained FP8), ``"compressed-tensors"`` (FP8 / int weights), ``"mxfp4"``
+            (:mod:`fitcheck.core.states.prequant`, :mod:`fitcheck.core.states.mxfp4`).
+        group_size: GPTQ/AWQ group size along the input features (-1 = one group per row).
+        desc_act: GPTQ act-order (``g_idx`` is stored either way).
+        zero_point: AWQ/GPTQ asymmetric zeros (stored either way in the GPTQ/AWQ checkpoint layouts).
+        block_size: FP8 ``weight_block_size`` (out, in); None = one scale per tensor (per output channel for
+            compressed-tensors ``strategy: channel``).
+        dequantize: MXFP4 loaded with ``Mxfp4Config(dequantize=True)`` (bf16 experts; what training requires).
     """
 
     bits: int = 4
@@ -378,8 +395,18 @@ class QuantSpec:
     skip_modules: tuple[str, ...] = ()
     prepare_for_kbit_training: bool = True
     pre_quantized: bool = False
+    method: str = "bitsandbytes"
+    group_size: int = 128
+    desc_act: bool = False
+    zero_point: bool = True
+    block_size: tuple[int, int] | None = None
+    dequantize: bool = False
 
     def __post_init__(self) -> None:
+        if self.method != "bitsandbytes":
+            if self.bits not in (2, 3, 4, 8):
+                raise ValueError(f"{self.method}: bits must be 2, 3, 4 or 8, got {self.bits}")
+            return
         if self.bits not in (4, 8):
             raise ValueError(f"quantization bits must be 4 or 8, got {self.bits}")
         if self.quant_type not in ("nf4", "fp4"):
@@ -429,8 +456,31 @@ class AttnImpl(str, Enum):
     FLASH_ATTENTION_2 = "flash_attention_2"
 
 
-# ``standard``: HF cross-entropy on the full logits; ``chunked``: fused/chunked cross-entropy kernels.
-LossKind = Literal["standard", "chunked"]
+@dataclass(frozen=True)
+class LigerSpec:
+    """Liger-Kernel patches (TrainingArguments ``use_liger_kernel`` + ``liger_kernel_config``).
+
+    Defaults are liger_kernel 0.8.5 ``apply_liger_kernel_to_llama`` (transformers/monkey_patch.py), which
+    transformers' ``apply_liger_kernel`` calls with the config as keyword arguments.
+
+    Attributes:
+        rope: Liger rotary embedding.
+        rms_norm: Liger RMSNorm (saves its input and an fp32 rstd per row).
+        swiglu: Liger SwiGLU/GEGLU MLP (``swiglu`` or ``geglu`` key: saves gate and up outputs only).
+        fused_linear_cross_entropy: LM head fused with the loss (no logits are materialised).
+        cross_entropy: Liger's (unfused) cross-entropy on materialised logits.
+    """
+
+    rope: bool = True
+    rms_norm: bool = True
+    swiglu: bool = True
+    fused_linear_cross_entropy: bool = True
+    cross_entropy: bool = False
+
+
+# ``--loss`` values: the implementation computing the LM loss (fitcheck/core/kernels/__init__.py documents each).
+LossKind = Literal["torch", "liger-flce", "cce"]
+LOSS_IMPLEMENTATIONS: tuple[LossKind, ...] = get_args(LossKind)
 
 
 @dataclass(frozen=True)
@@ -441,13 +491,22 @@ class ActivationSpec:
         checkpointing: Gradient (activation) checkpointing.
         checkpoint_every_n_layers: Checkpoint one layer in n (transformers 5 ``every_n_layers``).
         attn_implementation: Attention kernel.
-        loss: ``"standard"`` (HF cross-entropy on full logits) or ``"chunked"`` (fused/chunked CE kernels).
+        loss: ``"torch"`` (transformers' ForCausalLMLoss on full logits), ``"liger-flce"`` (Liger's fused
+            linear cross-entropy) or ``"cce"`` (Apple's Cut Cross-Entropy); see ``LOSS_IMPLEMENTATIONS``.
+        liger: Liger-Kernel patches, when ``use_liger_kernel`` is on.
+        offload_activations: TRL ``activation_offloading`` (saved tensors moved to pinned host memory).
+        use_reentrant: ``gradient_checkpointing_kwargs={"use_reentrant": True}``.
+        torch_compile: TrainingArguments ``torch_compile`` (not modelled: a warning finding says so).
     """
 
     checkpointing: bool = False
     checkpoint_every_n_layers: int = 1
     attn_implementation: AttnImpl = AttnImpl.SDPA
-    loss: LossKind = "standard"
+    loss: LossKind = "torch"
+    liger: LigerSpec | None = None
+    offload_activations: bool = False
+    use_reentrant: bool = False
+    torch_compile: bool = False
 
 
 class Strategy(str, Enum):
@@ -531,6 +590,63 @@ class FsdpSpec:
 
 
 @dataclass(frozen=True)
+class ParallelismSpec:
+    """accelerate's ``ParallelismConfig`` sizes (accelerate 1.15 ``parallelism_config.py``), as applied.
+
+    World = ``dp_replicate * dp_shard * tp * cp * sp``. FSDP2 shards over the flattened ``dp_shard x cp``
+    mesh and replicates over ``dp_replicate`` (HSDP); ``tp`` splits weights by transformers' ``tp_plan``;
+    ``cp`` is torch ring attention over the sequence (FSDP2 only); ``sp`` is DeepSpeed Ulysses/ALST.
+
+    Attributes:
+        dp_replicate: ``dp_replicate_size``.
+        dp_shard: ``dp_shard_size``.
+        tp: ``tp_size``.
+        cp: ``cp_size``.
+        sp: ``sp_size``.
+        sp_backend: ``sp_backend`` (accelerate accepts only ``"deepspeed"``).
+        cp_comm_strategy: ``cp_handler.cp_comm_strategy``: ``"allgather"`` (default) or ``"alltoall"``.
+    """
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    cp: int = 1
+    sp: int = 1
+    sp_backend: str = "deepspeed"
+    cp_comm_strategy: str = "allgather"
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}_size must be at least 1, but got {getattr(self, name)}")
+
+    @property
+    def total(self) -> int:
+        """Product of all sizes (accelerate ``total_size``)."""
+        return self.dp_replicate * self.dp_shard * self.tp * self.cp * self.sp
+
+    @property
+    def non_data_parallel(self) -> int:
+        """``tp * cp * sp``: ranks that see the same batch."""
+        return self.tp * self.cp * self.sp
+
+    @property
+    def active(self) -> bool:
+        """True when any model-parallel axis (tp, cp, sp) or HSDP replication is used."""
+        return self.non_data_parallel > 1 or self.dp_replicate > 1
+
+    def as_dict(self) -> dict[str, int]:
+        """``{dp_replicate, dp_shard, tp, cp, sp}`` (the ``parallelism`` key of ``--json``)."""
+        return {
+            "dp_replicate": self.dp_replicate,
+            "dp_shard": self.dp_shard,
+            "tp": self.tp,
+            "cp": self.cp,
+            "sp": self.sp,
+        }
+
+
+@dataclass(frozen=True)
 class ShardingSpec:
     """Processes and the sharding strategy.
 
@@ -540,6 +656,7 @@ class ShardingSpec:
         num_machines: Nodes.
         deepspeed: DeepSpeed settings when strategy is DEEPSPEED.
         fsdp: FSDP settings when strategy is FSDP.
+        parallelism: accelerate ``ParallelismConfig`` sizes (tensor/context/sequence parallel, HSDP), if any.
     """
 
     strategy: Strategy = Strategy.SINGLE
@@ -547,6 +664,7 @@ class ShardingSpec:
     num_machines: int = 1
     deepspeed: DeepSpeedSpec | None = None
     fsdp: FsdpSpec | None = None
+    parallelism: ParallelismSpec | None = None
 
     def __post_init__(self) -> None:
         if self.num_processes <= 0 or self.num_machines <= 0:
@@ -615,6 +733,138 @@ class HardwareSpec:
             raise ValueError("gpu memory must be positive")
 
 
+# The library versions the estimate's formulas were read from (installed source, traces); the version-aware
+# differences for older transformers are in fitcheck.core.activations.versions.
+MODELLED_VERSIONS: Mapping[str, str] = {
+    "torch": "2.13",
+    "transformers": "5.23",
+    "peft": "0.21",
+    "trl": "1.16",
+    "bitsandbytes": "0.50",
+    "accelerate": "1.15",
+    "deepspeed": "0.19",
+}
+
+
+@dataclass(frozen=True)
+class StackSpec:
+    """The library versions of the environment the estimate is for.
+
+    Attributes:
+        versions: Package name -> version string (``"4.46"``, ``"5.23.0"``); a package absent here is not
+            installed (or not given).
+        source: ``"installed"`` (read with importlib.metadata), ``"--stack"`` (given), or ``""`` (unknown: the
+            modelled versions are assumed).
+    """
+
+    versions: tuple[tuple[str, str], ...] = ()
+    source: str = ""
+
+    def get(self, name: str) -> str | None:
+        """The version of ``name``, or None."""
+        return dict(self.versions).get(name)
+
+    def release(self, name: str) -> tuple[int, ...] | None:
+        """``(major, minor, ...)`` of ``name``'s version (leading numeric parts), or None when unknown."""
+        version = self.get(name)
+        if version is None:
+            return None
+        parts: list[int] = []
+        for piece in version.split("."):
+            digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
+            if not digits:
+                break
+            parts.append(int(digits))
+            if not piece.isdigit():
+                break
+        return tuple(parts) or None
+
+
+class TrainerKind(str, Enum):
+    """Which trainer runs the step: the plain ``transformers.Trainer`` or one of TRL's."""
+
+    TRAINER = "trainer"
+    SFT = "sft"
+    DPO = "dpo"
+    GRPO = "grpo"
+    REWARD = "reward"
+
+
+class VllmMode(str, Enum):
+    """Where GRPO's vLLM engine runs (``GRPOConfig.vllm_mode``)."""
+
+    COLOCATE = "colocate"
+    SERVER = "server"
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """The trainer and its memory-relevant TRL config fields (TRL 1.16 names; ``fitcheck.core.trainers``).
+
+    The default is the plain ``transformers.Trainer`` (no TRL): nothing below applies.
+
+    Attributes:
+        kind: Which trainer.
+        packing: SFT ``packing`` (rows packed to ``max_length``).
+        padding_free: SFT ``padding_free`` (the micro-batch flattened into one row).
+        prompt_length: DPO/GRPO: tokens of every prompt (the worst case; TRL 1.16 has no config field for it).
+        completion_length: DPO: tokens of every chosen/rejected completion; GRPO: ``max_completion_length``.
+        precompute_ref_log_probs: DPO: reference log-probs computed before training (no reference in the step).
+        rpo_alpha: DPO: weight of the added NLL term (TRL 1.16: ``loss_type=[..., "sft"]``), None = none.
+        loss_type: DPO ``loss_type`` names.
+        num_generations: GRPO completions per prompt.
+        beta: GRPO KL coefficient (> 0 keeps a reference model).
+        generation_batch_size: GRPO ``generation_batch_size``: sequences generated per generation over ALL
+            processes (per device: divided by the process count); None = micro-batch x ``steps_per_generation``.
+        steps_per_generation: GRPO (None = ``gradient_accumulation_steps``).
+        use_vllm: GRPO generates with vLLM.
+        vllm_mode: ``colocate`` (same GPU) or ``server`` (other GPUs).
+        vllm_gpu_memory_utilization: Fraction of the GPU vLLM takes in colocate mode.
+        eval_batch_size: ``per_device_eval_batch_size`` (None = no evaluation phase is estimated).
+        eval_accumulation_steps: Evaluation steps whose logits stay on the device before moving to the CPU
+            (None = the whole evaluation set).
+        prediction_loss_only: Evaluation keeps only the loss (True: what ``Trainer.evaluate`` does without
+            ``compute_metrics``); False: the logits of every step are gathered on the device.
+    """
+
+    kind: TrainerKind = TrainerKind.TRAINER
+    packing: bool = False
+    padding_free: bool = False
+    prompt_length: int = 0
+    completion_length: int = 0
+    precompute_ref_log_probs: bool = False
+    rpo_alpha: float | None = None
+    loss_type: tuple[str, ...] = ("sigmoid",)
+    num_generations: int = 8
+    beta: float = 0.0
+    generation_batch_size: int | None = None
+    steps_per_generation: int | None = None
+    use_vllm: bool = False
+    vllm_mode: VllmMode = VllmMode.COLOCATE
+    vllm_gpu_memory_utilization: float = 0.3
+    eval_batch_size: int | None = None
+    eval_accumulation_steps: int | None = None
+    prediction_loss_only: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_length", "completion_length"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.num_generations < 1:
+            raise ValueError(f"num_generations must be positive, got {self.num_generations}")
+        if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
+            raise ValueError("vllm_gpu_memory_utilization must be in (0, 1]")
+        for name in ("eval_batch_size", "eval_accumulation_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+
+    @property
+    def is_trl(self) -> bool:
+        """A TRL trainer (not the plain Trainer)."""
+        return self.kind is not TrainerKind.TRAINER
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """Everything the estimator needs about one training run.
@@ -630,8 +880,10 @@ class TrainingSpec:
         lora: PEFT LoRA, if any.
         quant: bitsandbytes quantized base, if any.
         freeze: Partial training without PEFT, if any.
+        trainer: The trainer (plain Trainer by default; TRL's SFT/DPO/GRPO/Reward: ``fitcheck.core.trainers``).
         provenance: Field path (e.g. ``"batch.micro_batch"``) -> where it was read ("ds.json:train_micro_...").
         findings: Findings the readers already made (conflicts, retired names, spellings read).
+        stack: Library versions of the environment (installed or ``--stack``); empty = the modelled ones.
     """
 
     model: ModelInventory
@@ -644,10 +896,15 @@ class TrainingSpec:
     lora: LoraSpec | None = None
     quant: QuantSpec | None = None
     freeze: FreezeSpec | None = None
+    trainer: TrainerSpec = TrainerSpec()
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False)
     findings: tuple[Finding, ...] = ()
+    stack: StackSpec = StackSpec()
 
     @property
     def data_parallel_size(self) -> int:
-        """Data-parallel world size (every process is a data-parallel rank: no TP/PP is modelled)."""
-        return self.sharding.num_processes
+        """Data-parallel world size: processes // (tp * cp * sp) (transformers ``Trainer`` dp_world_size)."""
+        par = self.sharding.parallelism
+        if par is None:
+            return self.sharding.num_processes
+        return max(1, self.sharding.num_processes // par.non_data_parallel)

@@ -7,7 +7,10 @@ folder). Everything here imports transformers/torch lazily, on first use:
   single-GPU and DDP runs: the Trainer moves the weights to the GPU inside its constructor).
 * :class:`FitcheckCallback` — reads the loaded model at ``on_init_end``, prints the report, optionally raises
   (``strict=True``), and records predicted vs measured peak memory after the first optimizer steps.
-* :class:`DoesNotFitError` — raised by both only when ``strict``.
+* :class:`DoesNotFitError` — raised by both only when ``strict``; :class:`EstimateUnavailableError` — raised by
+  the callback under ``strict`` when no estimate could be made (strict fails closed).
+* :func:`tune_micro_batch` — the largest micro-batch that runs, found by trial steps that cannot move the
+  weights, keeping the global batch; :func:`train_with_tuned_micro_batch` = tune, then ``trainer.train()``.
 * ``fitcheck launch`` (:func:`split_argv`, :func:`launch_report`, :func:`accelerate_command`,
   :func:`exec_command` from ``fitcheck.integrations.accelerate_launch``) and ``python -m fitcheck.run``
   (:func:`run_main`, ``fitcheck.integrations.run``).

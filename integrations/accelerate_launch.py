@@ -30,6 +30,8 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from typing import Any
 
+from fitcheck.integrations.launch_plan import started_processes, unknown_flags_finding
+
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
 from fitcheck.torch_adapters import meta_inventory
@@ -54,6 +56,12 @@ _DIRECT = {
     "offload_optimizer_device": "offload_optimizer",
     "offload_param_device": "offload_param",
     "deepspeed_config_file": "deepspeed",
+}
+# accelerate launch --parallelism_config_<name> (commands/launch.py parallelism_config_args); exported to the
+# PARALLELISM_CONFIG_* environment only with --use_parallelism_config (utils/launch.py).
+_PARALLELISM = {
+    f"parallelism_config_{k}": k
+    for k in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "sp_backend", "cp_comm_strategy")
 }
 _FSDP_FLAGS = (
     "fsdp_version", "fsdp_sharding_strategy", "fsdp_reshard_after_forward", "fsdp_offload_params",
@@ -190,12 +198,26 @@ def launch_values(
     read = read_script_argv(list(ns.training_script_args or []), source=f"{os.path.basename(script)} arguments")
     values: dict[str, object] = {}
     prov: dict[str, str] = {}
-    findings: list[Finding] = list(read.findings)
+    findings: list[Finding] = [f for f in read.findings if f.code != "script-flags-passed-over"]
+    unknown = unknown_flags_finding(read.ignored, f"{os.path.basename(script)} arguments")
+    if unknown is not None:  # only what is no TrainingArguments/TRL field (launch_plan.known_script_flags)
+        findings.append(unknown)
     explicit = set(getattr(ns, "nondefault", set()) or set())
     for dest, name in _DIRECT.items():
         if dest in explicit and getattr(ns, dest, None) is not None:
             values[name] = getattr(ns, dest)
             prov[name] = f"accelerate launch --{dest}"
+    par = {name: getattr(ns, dest) for dest, name in _PARALLELISM.items() if dest in explicit}
+    if par and getattr(ns, "use_parallelism_config", False):
+        values.update(par)
+        prov.update({name: f"accelerate launch --{dest}" for dest, name in _PARALLELISM.items() if name in par})
+    elif par:
+        findings.append(Finding(
+            "parallelism-flags-ignored", Severity.WARNING,
+            "accelerate launch exports --parallelism_config_* only with --use_parallelism_config (utils/launch.py "
+            "prepare_extend_env_parallelism_config): these flags have no effect and are not estimated",
+            "add --use_parallelism_config (with --use_fsdp --fsdp_version 2), or set them in the config file",
+        ))
     if "gradient_accumulation_steps" in explicit and ns.gradient_accumulation_steps is not None:
         values["gradient_accumulation_steps"] = ns.gradient_accumulation_steps
         prov["gradient_accumulation_steps"] = "accelerate launch --gradient_accumulation_steps"
@@ -224,6 +246,16 @@ def launch_values(
         values[key] = value
         src, spelled = read.provenance.get(key, (script, key))
         prov[key] = f"{src}: --{spelled}"
+    started = started_processes(ns)
+    if started.count is not None and "simple launcher" in started.launcher:
+        values["num_processes"] = started.count
+        prov["num_processes"] = f"accelerate launch starts {started.count}: {started.launcher}"
+    if started.cpu:
+        values["device_type"] = "cpu"
+        prov["device_type"] = "accelerate launch --cpu / config use_cpu"
+    if values.get("use_cpu") is True:
+        values["device_type"] = "cpu"
+        prov["device_type"] = prov.get("use_cpu", "the script's --use_cpu")
     for key, value in plan.values.items():
         values[key] = value
         prov[key] = f"fitcheck launch --{key}"

@@ -190,6 +190,7 @@ def build_spec(
     live_fsdp = fsdp is not None and not isinstance(fsdp_config, str)
     if live_ds or live_fsdp:
         sharding = _live_sharding(inventory, vals, prov, findings, fsdp, fsdp_config)
+        sharding = _live_parallelism(sharding, vals, prov, findings)
         return spec_from_values(vals, inventory=inventory, sharding=sharding, provenance=prov, findings=findings)
     from fitcheck.readers import merge_sources
 
@@ -254,6 +255,20 @@ def _live_sharding(
     read_fsdp = fsdp_from_config(cfg, source="TrainingArguments.fsdp_config", flavour="trainer")
     findings.extend(read_fsdp.findings)
     return ShardingSpec(Strategy.FSDP, n, m, fsdp=read_fsdp.spec)
+
+
+def _live_parallelism(sharding: Any, vals: dict[str, object], prov: dict[str, str], findings: list[Finding]) -> Any:
+    """The tp/cp/sp layout from flags and ``TrainingArguments.parallelism_config`` (``fitcheck.readers``)."""
+    import dataclasses
+
+    from fitcheck.readers import PARALLELISM_FLAGS, read_parallelism
+
+    cli = {k: vals.pop(k) for k in PARALLELISM_FLAGS if k in vals}
+    where = prov.pop("parallelism_config", "TrainingArguments.parallelism_config")
+    read = read_parallelism(cli, vals.pop("parallelism_config", None), where, None, "", None, "")
+    findings.extend(read.findings)
+    prov.update({f"parallelism.{k}": (f"--{k}" if k in cli else w) for k, w in read.provenance.items()})
+    return dataclasses.replace(sharding, parallelism=read.spec)
 
 
 def apply_live_facts(spec: TrainingSpec, facts: Any) -> tuple[TrainingSpec, list[str]]:

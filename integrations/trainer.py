@@ -35,15 +35,22 @@ from fitcheck.integrations.spec_build import (
     training_args_values,
     transformers_major,
 )
+from fitcheck.integrations.trl_live import (
+    find_trainer,
+    reference_model_of,
+    trainer_kind_of,
+    trainer_spec_from_args,
+    with_trainer,
+)
 from transformers import TrainerCallback
 
 from fitcheck.errors import FitcheckError
 from fitcheck.findings import Finding
 from fitcheck.report import Report
-from fitcheck.spec import TrainingSpec
+from fitcheck.spec import TrainerKind, TrainingSpec
 from fitcheck.units import format_bytes
 
-__all__ = ["DoesNotFitError", "FitcheckCallback", "preflight"]
+__all__ = ["DoesNotFitError", "EstimateUnavailableError", "FitcheckCallback", "preflight"]
 
 
 class DoesNotFitError(FitcheckError):
@@ -54,12 +61,14 @@ class DoesNotFitError(FitcheckError):
     """
 
     def __init__(self, report: Report) -> None:
+        from fitcheck.integrations.callback_guard import verdict
+
         self.report = report
-        errors = "; ".join(f.message for f in report.errors[:3])
-        super().__init__(
-            f"fitcheck: this run needs {format_bytes(report.device_used_bytes)} per GPU but has "
-            f"{format_bytes(report.budget_bytes)}" + (f" — {errors}" if errors else "")
-        )
+        super().__init__(f"fitcheck: {verdict(report)}")
+
+
+class EstimateUnavailableError(FitcheckError):
+    """``strict=True`` and the estimate could not be made: strict fails closed."""
 
 
 def _would_fail(report: Report) -> bool:
@@ -111,7 +120,9 @@ def preflight(
     Args:
         model_or_config: A Hub id or local path, a ``PretrainedConfig``, or a loaded model (then its real
             dtypes, PEFT layers and quantized layers are read).
-        args: A ``TrainingArguments`` (or TRL ``SFTConfig``) object.
+        args: A ``TrainingArguments`` or a TRL ``SFTConfig``/``DPOConfig``/``GRPOConfig``/``RewardConfig`` (the
+            trainer is recognised from its class; pass ``max_prompt_length``/``max_completion_length`` for
+            DPO/GRPO data lengths).
         peft_config: A peft ``LoraConfig`` (ignored for a loaded model that already has adapters).
         quantization_config: A transformers ``BitsAndBytesConfig``.
         gpu: GPU name (``"A100-80GB"``, ``"RTX4090-24GB"``...); default: this machine's GPU, else H100-80GB.
@@ -153,19 +164,34 @@ def preflight(
     if gpu is None and gpu_memory is None and "gpu" not in overrides and "gpu_memory" not in overrides:
         hw = _detected_gpu()
         values.update(hw)
+    trl_lengths = {k: int(str(overrides[o])) for k, o in (("prompt", "max_prompt_length"),
+                   ("completion", "max_completion_length")) if o in overrides}
     for key, value in overrides.items():
+        if key in ("max_prompt_length", "max_completion_length"):
+            continue
         values[key] = value
         prov[key] = f"preflight({key}=...)"
     inventory = inventory_for(model_or_config, env)
     spec, assumptions = build_spec(inventory, values, prov, findings, env)
     notes: list[str] = []
-    if facts is not None:
-        spec, notes = apply_live_facts(spec, facts)
     extra: tuple[Finding, ...] = ()
+    if facts is not None:
+        from fitcheck.integrations.live_checks import architecture_finding, with_pending_lora
+
+        flag_spec = spec
+        spec, notes = apply_live_facts(spec, facts)
+        spec, pending = with_pending_lora(spec, flag_spec, facts)
+        notes += pending
+        mismatch = architecture_finding(model_or_config, inventory)
+        extra = (mismatch,) if mismatch is not None else ()
+    kind = trainer_kind_of(args)
+    if kind is not TrainerKind.TRAINER:  # a TRL config: its trainer's step (reference model, generation, ...)
+        spec = with_trainer(spec, trainer_spec_from_args(args, trl_lengths))
+        notes = [*notes, f"TRL {kind.value} trainer recognised from {type(args).__name__}"]
     if device_map:
         from fitcheck.torch_adapters import device_map_findings
 
-        extra = device_map_findings(spec, device_map, max_memory)
+        extra += device_map_findings(spec, device_map, max_memory)
     if facts is not None:
         from fitcheck.torch_adapters import live_device_map_findings
 
@@ -273,39 +299,14 @@ class FitcheckCallback(TrainerCallback):
             print(text, flush=True)
 
     def _spec_from_trainer(self, args: Any, model: Any) -> tuple[TrainingSpec, Report]:
-        values, prov, findings = training_args_values(args)
-        ds = getattr(args, "hf_deepspeed_config", None)
-        if ds is not None and isinstance(getattr(ds, "config", None), Mapping):
-            values["deepspeed"] = dict(ds.config)  # "auto" already resolved by trainer_config_process
-            prov["deepspeed"] = "args.hf_deepspeed_config"
+        from fitcheck.integrations.trainer_estimate import trainer_spec
+
         device = getattr(args, "device", None)
         self._device_type = getattr(device, "type", "cpu") or "cpu"
-        if self.gpu is not None or self.gpu_memory is not None:
-            if self.gpu is not None:
-                values["gpu"] = self.gpu
-            if self.gpu_memory is not None:
-                values["gpu_memory"] = self.gpu_memory
-            values["device_type"] = "cuda"
-        else:
-            values.update(detect_hardware(device))
-        values.setdefault("num_processes", int(getattr(args, "world_size", 1) or 1))
-        for key, value in self.overrides.items():
-            values[key] = value
-            prov[key] = f"FitcheckCallback({key}=...)"
-        env = dict(os.environ)
-        from fitcheck.torch_adapters import inspect_model, live_device_map_findings
-
-        facts = inspect_model(model)
-        spec, assumptions = build_spec(inventory_for(model, env), values, prov, findings, env)
-        spec, notes = apply_live_facts(spec, facts)
-        if self._estimated_batch is not None:
-            spec = dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, micro_batch=self._estimated_batch))
-        extra = live_device_map_findings(model, num_processes=spec.sharding.num_processes)
-        report = _estimate(spec, extra)
-        more = field_findings(spec, values, env, use_cache=facts.use_cache,
-                              device_used_fraction=report.device_used_bytes / max(1, report.budget_bytes),
-                          existing=report.findings)
-        return spec, _with_findings(report, more, (*assumptions, *notes))
+        spec: TrainingSpec
+        report: Report
+        spec, report = trainer_spec(args, model, gpu=self.gpu, gpu_memory=self.gpu_memory, overrides=self.overrides)
+        return spec, report
 
     def _print(self, report: Report) -> None:
         if not (self._main and self.print_report):
@@ -316,25 +317,42 @@ class FitcheckCallback(TrainerCallback):
 
     # ---- events --------------------------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        """Estimate from the live model and arguments; raise here when strict and it will not fit."""
+        """Estimate from the live model and arguments; raise here when strict and it will not fit.
+
+        Under ``strict`` an estimate that cannot be made raises :class:`EstimateUnavailableError` (fails closed).
+        """
+        from fitcheck.integrations.callback_guard import calling_trainer, guard_train, verdict
+
         self._main = _rank_zero(args, state)
+        guard_train(calling_trainer(), self._stop_tracker)  # the tracker leaves torch's mode stack, also on raise
         model = kwargs.get("model")
-        if model is None:
-            return control
         try:
+            if model is None:
+                raise ValueError("on_init_end got no model")
             self._spec, self.report = self._spec_from_trainer(args, model)
             self._estimated_batch = self._spec.batch.micro_batch
             self._print(self.report)
+        except DoesNotFitError:
+            raise
         except Exception as exc:
+            if self.strict:
+                raise EstimateUnavailableError(
+                    f"fitcheck (strict=True): the memory estimate could not be made, so the run is not let through "
+                    f"({type(exc).__name__}: {exc}); fix the cause, pass the model id/config to preflight(), or "
+                    "drop strict=True"
+                ) from exc
             self._guard("the memory estimate", exc)
             return control
         if self.strict and _would_fail(self.report):
             raise DoesNotFitError(self.report)
         if _would_fail(self.report):
-            warnings.warn(
-                f"fitcheck: predicted {format_bytes(self.report.device_used_bytes)} per GPU exceeds "
-                f"{format_bytes(self.report.budget_bytes)}; training may run out of memory", stacklevel=2)
+            warnings.warn(f"fitcheck: {verdict(self.report)}; training may fail or run out of memory", stacklevel=2)
         return control
+
+    def _stop_tracker(self) -> None:
+        if self._tracker is not None:
+            self._tracker.stop()
+            self._tracker = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """Start measuring; on an ``auto_find_batch_size`` retry re-estimate with the new batch (once each)."""
@@ -372,6 +390,9 @@ class FitcheckCallback(TrainerCallback):
             self._tracker.stop()
         self._tracker = LiveTensorTracker()
         self._tracker.track(model_state_tensors(model, optimizer))
+        reference = reference_model_of(find_trainer())  # DPO/GRPO's separate reference copy
+        if reference is not None and reference is not model:
+            self._tracker.track(model_state_tensors(reference))
         self._tracker.start()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

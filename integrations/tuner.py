@@ -1,203 +1,281 @@
-"""Verified micro-batch tuning: start at fitcheck's predicted maximum, correct once, bisect only if needed.
+"""Find the largest micro-batch of a ``transformers.Trainer`` run without training the model.
 
-HF's ``auto_find_batch_size`` (accelerate ``find_executable_batch_size``, accelerate/utils/memory.py) starts
-from the configured batch and multiplies it by 0.9 after every out-of-memory error: it never goes up, needs
-many OOMs when the start is far off, does not rescale gradient accumulation (the global batch silently
-shrinks), and transformers refuses it under DeepSpeed ZeRO-3 (trainer.py: "`auto_find_batch_size` isn't
-supported yet with DeepSpeed Zero-3"). This tuner uses the estimate instead:
+:func:`tune_micro_batch` starts at fitcheck's predicted maximum and verifies it with trial steps
+(:mod:`fitcheck.integrations.tuner_trial`: forward + backward + the optimizer's state at real shapes, on a real
+batch at the worst-case length, by steps that cannot move a parameter, everything restored afterwards):
 
-1. run the predicted maximum p;
-2. if it ran, run p + 1 once to confirm p is the largest (skipped when p is the upper bound or when
-   ``verify_upward=False``); if it did not, run p − 1 once;
-3. only when that correction shows the estimate was off by more than one, search: doubling upward from the
-   largest size that ran, or halving downward from the smallest that failed, then bisection.
+* the sizes tried keep the global batch exactly: micro-batch m with accumulation G / m, for the divisors m of
+  the per-GPU batch G = ``per_device_train_batch_size`` × ``gradient_accumulation_steps`` (the number of
+  processes does not change, so micro × accumulation × processes is kept);
+* the prediction is the largest of those whose estimate fits — each estimated at its own accumulation, so the
+  accumulation buffer (gradients held across micro-steps) is counted; trials with accumulation > 1 run two
+  micro-steps, so they hold it too;
+* the search (:func:`fitcheck.integrations.tuner_search.search_largest`) runs the prediction, then one size up
+  (or down): 2 trials when the estimate is right, bisection when it is not;
+* only a size whose trial ran is ever set: ``trainer.args`` (and the DeepSpeed batch keys, the Trainer's
+  ``_train_batch_size``) change once, at the end, through :func:`set_trainer_micro_batch`; when nothing
+  fits, :class:`TuningError` is raised and the arguments are left as they were.
 
-So the answer takes 2 trial steps when the estimate is exact or one too high, 3 when it is one too low, and
-O(log) when it is further off.
+HF's ``auto_find_batch_size`` (accelerate ``find_executable_batch_size``, accelerate/utils/memory.py) instead
+trains from the configured batch and multiplies it by 0.9 after every OOM: it never goes up, does not rescale
+gradient accumulation (the global batch silently shrinks), restarts training after each OOM, and transformers
+refuses it under DeepSpeed ZeRO-3. ``benchmarks/tuner_vs_hf.py`` compares both on the same budgets.
 
-Two entry points:
-
-* :func:`tune_micro_batch` for custom loops: give it ``step_fn(micro_batch)`` that runs one real training
-  step (forward, backward, optimizer step) at that size; it catches ``torch.OutOfMemoryError`` and the
-  ``RuntimeError("... out of memory.")`` forms and empties the CUDA cache between trials.
-* :func:`set_trainer_micro_batch` / :func:`train_with_tuned_micro_batch` for the HF Trainer: they set
-  ``per_device_train_batch_size``, rescale ``gradient_accumulation_steps`` so the global batch is kept, and
-  keep DeepSpeed's three batch keys (``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``,
-  ``train_batch_size``) consistent in ``args.hf_deepspeed_config.config`` — before the dataloader is built,
-  under every ZeRO stage including 3.
+Under DDP every rank runs the same trials and all-reduces each verdict (MIN), so all ranks set the same size.
+DeepSpeed and FSDP shard the model inside ``Trainer.train``; trial steps before it would measure the unsharded
+model, so the tuner refuses them (:class:`TuningError`); :func:`set_trainer_micro_batch` keeps DeepSpeed's
+batch keys consistent for a size chosen otherwise.
 
 torch and transformers are imported lazily.
 """
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-# The messages accelerate treats as out-of-memory (accelerate/utils/memory.py should_reduce_batch_size).
-_OOM_MESSAGES = (
-    " out of memory.",
-    "CUDA out of memory",
-    "MPS backend out of memory",
-    "DefaultCPUAllocator: can't allocate memory",
-    "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed",
-)
+from fitcheck.integrations.tuner_search import SearchResult, is_oom_error, search_largest
+
+from fitcheck.errors import FitcheckError
+
+__all__ = [
+    "TrainerBatch",
+    "TuningError",
+    "TuningResult",
+    "TuningTrial",
+    "set_trainer_micro_batch",
+    "train_with_tuned_micro_batch",
+    "tune_micro_batch",
+]
+
+_log = logging.getLogger("fitcheck")
 
 
 @dataclass(frozen=True)
-class Trial:
+class TuningTrial:
     """One trial step.
 
     Attributes:
-        micro_batch: The size tried.
-        ok: True when the step ran.
-        error: The out-of-memory message when it did not.
+        micro_batch: The micro-batch tried.
+        grad_accum: The accumulation that keeps the global batch at that micro-batch.
+        fits: True when the trial ran (on every rank).
+        peak_bytes: The measured peak (``torch.cuda.max_memory_allocated`` or the CPU live-tensor peak); None
+            when the trial ran out of memory before it ended.
+        error: The out-of-memory message when it did not fit.
     """
 
     micro_batch: int
-    ok: bool
+    grad_accum: int
+    fits: bool
+    peak_bytes: int | None
     error: str = ""
 
 
 @dataclass(frozen=True)
-class TuneResult:
-    """The outcome of tuning.
+class TuningResult:
+    """What :func:`tune_micro_batch` found and set.
 
     Attributes:
-        micro_batch: The largest size that ran (0 when even ``lower`` did not).
-        trials: Number of trial steps run.
-        history: The trials, in order.
-        predicted: The predicted maximum the search started from.
+        micro_batch: The largest micro-batch whose trial ran (now ``per_device_train_batch_size``).
+        grad_accum: Its accumulation (now ``gradient_accumulation_steps``).
+        global_batch: micro × accumulation × processes (unchanged by tuning).
+        predicted_micro_batch: fitcheck's predicted maximum among the sizes that keep the global batch.
+        predicted_peak_bytes: The estimate's peak allocated bytes at the chosen size.
+        seq_len: The worst-case sequence length the trials ran at.
+        trials: Every trial, in order.
+        peak_source: What ``peak_bytes`` measures.
     """
 
     micro_batch: int
-    trials: int
-    history: tuple[Trial, ...]
-    predicted: int
+    grad_accum: int
+    global_batch: int
+    predicted_micro_batch: int
+    predicted_peak_bytes: int
+    seq_len: int
+    trials: tuple[TuningTrial, ...]
+    peak_source: str = ""
+
+    def table(self) -> str:
+        """The trials as a small text table."""
+        lines = [f"{'micro':>5} {'accum':>5} {'fits':>5} {'peak':>12}"]
+        for t in self.trials:
+            peak = f"{t.peak_bytes:,}" if t.peak_bytes is not None else "OOM"
+            lines.append(f"{t.micro_batch:5d} {t.grad_accum:5d} {t.fits!s:>5} {peak:>12}")
+        return "\n".join(lines)
 
 
-def is_oom_error(exc: BaseException) -> bool:
-    """True for torch's OutOfMemoryError and the RuntimeError forms accelerate recognises."""
-    try:
-        import torch
+class TuningError(FitcheckError):
+    """No micro-batch that keeps the global batch ran, or the run cannot be tuned by trial steps.
 
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-    except ImportError:  # pragma: no cover - torch is present wherever a step can run
-        pass
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
+    Attributes:
+        trials: The trials run before giving up.
+    """
+
+    def __init__(self, message: str, trials: tuple[TuningTrial, ...] = ()) -> None:
+        super().__init__(message)
+        self.trials = trials
 
 
-def clear_device_cache() -> None:
-    """Collect garbage and return cached CUDA blocks, as accelerate does between its retries."""
-    gc.collect()
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        return
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+def divisors(n: int) -> list[int]:
+    """The micro-batches that keep a per-GPU batch of ``n`` exactly (ascending)."""
+    return [m for m in range(1, n + 1) if n % m == 0]
+
+
+def _refuse_sharded(trainer: Any) -> None:
+    args = trainer.args
+    deepspeed = getattr(args, "deepspeed", None) or getattr(args, "hf_deepspeed_config", None)
+    fsdp = getattr(args, "fsdp", None)
+    if deepspeed or fsdp:
+        what = "DeepSpeed" if deepspeed else "FSDP"
+        raise TuningError(
+            f"tune_micro_batch: {what} shards the model inside Trainer.train(), so a trial step before it would "
+            "measure the unsharded model; pick the micro-batch with `fitcheck estimate` (max_micro_batch) and "
+            "set it with fitcheck.integrations.tuner.set_trainer_micro_batch(trainer, m), which keeps DeepSpeed's "
+            "batch keys consistent"
+        )
+
+
+def _predicted_index(spec: Any, sizes: list[int], per_gpu: int) -> tuple[int, list[Any]]:
+    """1-based index of the largest size whose estimate (at its own accumulation) fits; 1 when none does."""
+    from fitcheck.advice import with_micro_batch
+    from fitcheck.core import estimate
+
+    reports = [estimate(with_micro_batch(spec, m, per_gpu // m)) for m in sizes]
+    best = 1
+    for i, report in enumerate(reports, start=1):
+        if report.fits:
+            best = i
+    return best, reports
+
+
+def _max_positions(model: Any) -> int | None:
+    """``config.max_position_embeddings`` of the (unwrapped) model, when it has one."""
+    from fitcheck.torch_adapters import unwrap_model
+
+    value = getattr(getattr(unwrap_model(model), "config", None), "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def tune_micro_batch(
-    step_fn: Callable[[int], object],
-    predicted_max: int,
+    trainer: Any,
     *,
-    lower: int = 1,
-    upper: int | None = None,
-    verify_upward: bool = True,
-    max_trials: int = 32,
-    clear_cache: Callable[[], None] = clear_device_cache,
-) -> TuneResult:
-    """Find the largest micro-batch that runs, starting from the predicted maximum.
+    gpu: str | None = None,
+    gpu_memory: str | int | None = None,
+    device_type: str | None = None,
+    max_seq_length: int | None = None,
+) -> TuningResult:
+    """Set the largest micro-batch that runs, keeping the global batch, without training the model.
+
+    Call it after ``Trainer(...)`` and before ``trainer.train()``. Parameters, gradients, optimizer state, RNG
+    and the dataloader are as before when it returns (or raises), so the following ``train()`` starts exactly
+    where it would have without tuning.
 
     Args:
-        step_fn: Runs one real training step at the given micro-batch; raises an out-of-memory error when it
-            does not fit. Other exceptions propagate.
-        predicted_max: fitcheck's predicted maximum (``max_micro_batch``); clamped to [lower, upper].
-        lower: Smallest micro-batch worth trying.
-        upper: Largest micro-batch to consider (e.g. the global batch per GPU); None = unbounded.
-        verify_upward: Try predicted + 1 after the predicted size runs, to confirm it is the largest.
-        max_trials: Stop after this many trials (the largest size that ran so far is returned).
-        clear_cache: Called between trials (default: gc + ``torch.cuda.empty_cache``).
+        trainer: A ``transformers.Trainer`` (or TRL trainer) with a ``train_dataset``, not yet trained.
+        gpu: GPU name for the starting estimate (default: the device ``trainer.args.device`` names).
+        gpu_memory: Memory per GPU for the starting estimate instead.
+        device_type: ``cuda`` or ``cpu`` for the starting estimate.
+        max_seq_length: Worst-case sequence length of the trials and the estimate (default: the arguments'
+            ``max_length``/``max_seq_length``, else fitcheck's default 1024, capped at the model's
+            ``max_position_embeddings``).
 
     Returns:
-        The largest size that ran, the number of trials and their history.
-    """
-    if lower < 1:
-        raise ValueError(f"lower must be >= 1, got {lower}")
-    if upper is not None and upper < lower:
-        raise ValueError(f"upper ({upper}) must be >= lower ({lower})")
-    start = max(lower, predicted_max)
-    if upper is not None:
-        start = min(start, upper)
-    history: list[Trial] = []
-    results: dict[int, bool] = {}
+        The size set and every trial.
 
-    def run(m: int) -> bool:
-        if m in results:
-            return results[m]
+    Raises:
+        TuningError: Nothing fits (even micro-batch 1), or the run is DeepSpeed/FSDP-sharded.
+    """
+    from fitcheck.integrations.trainer_estimate import trainer_spec
+    from fitcheck.integrations.tuner_trial import TrialSession, all_ranks_min, all_ranks_ok
+
+    _refuse_sharded(trainer)
+    args = trainer.args
+    overrides = {"max_seq_length": max_seq_length} if max_seq_length is not None else {}
+    spec, _ = trainer_spec(args, trainer.model, gpu=gpu, gpu_memory=gpu_memory, device_type=device_type,
+                           overrides=overrides, source="tune_micro_batch", trainer=trainer)
+    longest = _max_positions(trainer.model)
+    if max_seq_length is None and longest is not None and spec.batch.seq_len > longest:
+        # no length given and the default is longer than the model's positions: tile to what it can take
+        spec, _ = trainer_spec(args, trainer.model, gpu=gpu, gpu_memory=gpu_memory, device_type=device_type,
+                               overrides={"max_seq_length": longest}, source="tune_micro_batch", trainer=trainer)
+    per_gpu = int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps)
+    sizes = divisors(per_gpu)
+    start, reports = _predicted_index(spec, sizes, per_gpu)
+    start = all_ranks_min(start, getattr(args, "device", None))  # every rank starts where the tightest predicts
+    trials: list[TuningTrial] = []
+    peak_source = ""
+
+    def step(index: int) -> None:
+        nonlocal peak_source
+        micro = sizes[index - 1]
+        gas = per_gpu // micro
+        peak: int | None = None
         error = ""
         try:
-            step_fn(m)
-            ok = True
+            measure = session.run(micro, gas)
+            peak, peak_source = measure.peak_bytes, measure.peak_source
         except Exception as exc:
             if not is_oom_error(exc):
                 raise
-            ok, error = False, str(exc).splitlines()[0][:200]
-            del exc
-        clear_cache()
-        results[m] = ok
-        history.append(Trial(m, ok, error))
-        return ok
-
-    def budget_left() -> bool:
-        return len(history) < max_trials
-
-    best = 0  # largest size known to run
-    worst: int | None = None  # smallest size known to fail
-    if run(start):
-        best = start
-        if verify_upward and (upper is None or start < upper) and budget_left():
-            if run(start + 1):
-                best = start + 1
-                step = 1  # low by one is the likeliest miss: try +1 before doubling
-                while budget_left():  # the estimate was low: double the step upward
-                    cand = best + step
-                    if upper is not None:
-                        cand = min(cand, upper)
-                    if cand <= best:
-                        break
-                    if run(cand):
-                        best, step = cand, step * 2
-                    else:
-                        worst = cand
-                        break
-            else:
-                worst = start + 1
-    else:
-        worst = start
-        if start > lower and budget_left():
-            if run(start - 1):
-                best = start - 1
-            else:
-                worst = start - 1
-                cand = worst
-                while best == 0 and cand > lower and budget_left():  # the estimate was high: halve downward
-                    cand = max(lower, cand // 2)
-                    if run(cand):
-                        best = cand
-                    else:
-                        worst = cand
-    while worst is not None and worst - best > 1 and best >= lower and budget_left():  # bisection
-        mid = (best + worst) // 2
-        if run(mid):
-            best = mid
+            error = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        ok = all_ranks_ok(not error, getattr(args, "device", None))
+        if ok or error:
+            trials.append(TuningTrial(micro, gas, ok, peak if ok else None, error))
         else:
-            worst = mid
-    return TuneResult(micro_batch=best, trials=len(history), history=tuple(history), predicted=predicted_max)
+            trials.append(TuningTrial(micro, gas, False, peak, "out of memory on another rank"))
+        if not ok:
+            import torch
+
+            raise torch.OutOfMemoryError(trials[-1].error)
+
+    with TrialSession(trainer, spec.batch.seq_len) as session:
+        found: SearchResult = search_largest(step, start, lower=1, upper=len(sizes))
+    if found.size == 0:
+        raise TuningError(
+            f"tune_micro_batch: no micro-batch that keeps the global batch of {per_gpu} per GPU fits, not even "
+            f"1 × {per_gpu} at sequence length {spec.batch.seq_len} (tried "
+            f"{', '.join(f'{t.micro_batch}×{t.grad_accum}' for t in trials)}); trainer.args are unchanged. "
+            "See `fitcheck estimate` for changes that fit (LoRA, checkpointing, ZeRO, a shorter sequence)",
+            tuple(trials),
+        )
+    micro = sizes[found.size - 1]
+    set_trainer_micro_batch(trainer, micro)
+    result = TuningResult(
+        micro_batch=micro,
+        grad_accum=per_gpu // micro,
+        global_batch=per_gpu * int(getattr(args, "world_size", 1) or 1),
+        predicted_micro_batch=sizes[start - 1],
+        predicted_peak_bytes=reports[found.size - 1].peak_allocated_bytes,
+        seq_len=spec.batch.seq_len,
+        trials=tuple(trials),
+        peak_source=peak_source,
+    )
+    _log.info("fitcheck: micro-batch %d x accumulation %d (predicted %d) after %d trials",
+              result.micro_batch, result.grad_accum, result.predicted_micro_batch, len(trials))
+    return result
+
+
+def train_with_tuned_micro_batch(
+    trainer: Any,
+    *,
+    gpu: str | None = None,
+    gpu_memory: str | int | None = None,
+    device_type: str | None = None,
+    max_seq_length: int | None = None,
+    **train_kwargs: Any,
+) -> Any:
+    """:func:`tune_micro_batch`, then ``trainer.train(**train_kwargs)`` once, at the size found.
+
+    Returns:
+        What ``trainer.train`` returned.
+
+    Raises:
+        TuningError: Nothing fits (training is not started).
+    """
+    tune_micro_batch(trainer, gpu=gpu, gpu_memory=gpu_memory, device_type=device_type,
+                     max_seq_length=max_seq_length)
+    return trainer.train(**train_kwargs)
 
 
 @dataclass(frozen=True)
@@ -278,61 +356,3 @@ def set_trainer_micro_batch(
     return TrainerBatch(micro, gas, micro * gas * world, micro * gas == per_gpu)
 
 
-def train_with_tuned_micro_batch(
-    trainer: Any,
-    predicted_max: int,
-    *,
-    upper: int | None = None,
-    **train_kwargs: Any,
-) -> Any:
-    """``trainer.train()`` at the predicted maximum micro-batch, stepping down once (then bisecting) on OOM.
-
-    Each attempt is the real training run: the first size that runs trains to the end, so there is no
-    upward verification here (use :func:`tune_micro_batch` with a one-step ``step_fn`` for that). Between
-    attempts the wrapped model is released and the wrapping reset as transformers does for its own retries
-    (trainer.py ``_update_auto_batch_size``), and the batch keys are set with :func:`set_trainer_micro_batch`,
-    which also covers ZeRO-3.
-
-    Args:
-        trainer: A ``transformers.Trainer`` (not yet trained).
-        predicted_max: fitcheck's predicted maximum micro-batch.
-        upper: Largest micro-batch to consider (default: the global batch per GPU).
-        **train_kwargs: Passed to ``trainer.train``.
-
-    Returns:
-        What ``trainer.train`` returned at the size that ran.
-    """
-    args = trainer.args
-    per_gpu = int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps)
-    out: dict[str, Any] = {}
-
-    def attempt(micro: int) -> None:
-        _reset_wrapping(trainer)
-        set_trainer_micro_batch(trainer, micro)
-        out["result"] = trainer.train(**train_kwargs)
-
-    result = tune_micro_batch(attempt, predicted_max, upper=upper or per_gpu, verify_upward=False)
-    if result.micro_batch == 0:
-        raise RuntimeError(
-            f"no micro-batch down to 1 ran (tried {[t.micro_batch for t in result.history]}); "
-            "see fitcheck's suggestions (fitcheck estimate ...) for changes that fit"
-        )
-    return out["result"]
-
-
-def _reset_wrapping(trainer: Any) -> None:
-    """Release the wrapped model (DDP/DeepSpeed engine) from a failed attempt, as transformers does."""
-    wrapped = getattr(trainer, "model_wrapped", None)
-    model = getattr(trainer, "model", None)
-    if wrapped is not None and wrapped is not model:
-        try:
-            from accelerate.utils import release_memory
-
-            release_memory(wrapped)
-        except ImportError:  # pragma: no cover
-            pass
-        trainer.model_wrapped = model
-    accelerator = getattr(trainer, "accelerator", None)
-    if accelerator is not None and hasattr(accelerator, "free_memory"):
-        accelerator.free_memory()
-    clear_device_cache()

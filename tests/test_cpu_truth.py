@@ -17,7 +17,8 @@ cpu_truth = importlib.util.module_from_spec(_SPEC)
 sys.modules["cpu_truth"] = cpu_truth
 _SPEC.loader.exec_module(cpu_truth)
 
-SUBSET = ("llama bf16 LoRA ckpt", "qwen2 bf16 full sgd", "llama QLoRA nf4 dq bf16 ckpt")
+SUBSET = ("llama bf16 LoRA ckpt", "qwen2 bf16 full sgd", "llama QLoRA nf4 dq bf16 ckpt",
+          "llama QLoRA nf4 bf16 autocast", "llama bf16 freeze emb frozen")
 
 
 @pytest.mark.slow

@@ -67,6 +67,18 @@ def test_explicit_accelerate_flags_win_over_the_yaml() -> None:
     assert report.spec.sharding.deepspeed is not None and report.spec.sharding.deepspeed.stage == 3
 
 
+def test_accelerate_parallelism_flags_reach_the_estimate() -> None:
+    flags = ["--use_fsdp", "--fsdp_version", "2", "--num_processes", "8", "--use_parallelism_config",
+             "--parallelism_config_dp_shard_size", "2", "--parallelism_config_cp_size", "4"]
+    report = al.launch_report(al.split_argv([*flags, SCRIPT, *SCRIPT_ARGS]), ENV)
+    par = report.spec.sharding.parallelism
+    assert par is not None and (par.dp_shard, par.cp) == (2, 4)
+    ignored = al.launch_report(al.split_argv([*[f for f in flags if f != "--use_parallelism_config"], SCRIPT,
+                                              *SCRIPT_ARGS]), ENV)
+    assert ignored.spec.sharding.parallelism is None
+    assert "parallelism-flags-ignored" in {f.code for f in ignored.findings}
+
+
 def test_launch_hands_the_exact_argv_to_accelerate(capsys: pytest.CaptureFixture[str]) -> None:
     stub = StubLauncher(code=7)
     accelerate_argv = ["--config_file", YAML, "--num_processes", "8", SCRIPT, *SCRIPT_ARGS, "--json"]

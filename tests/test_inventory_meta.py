@@ -40,11 +40,19 @@ def _assert_same(pure: ModelInventory, meta: ModelInventory) -> None:
     assert dataclasses.asdict(pure.shape) == dataclasses.asdict(meta.shape)
 
 
+# Catalog entries that stay on the meta path (no pure mirror): image-text models, whose vision tower and
+# projector the task-head work models (issue 12); their text part is a pure family (gemma3_text, qwen2).
+META_ONLY = frozenset({
+    "google/gemma-3-4b-it", "google/gemma-3-12b-it", "google/gemma-3-27b-it", "Qwen/Qwen2.5-VL-7B-Instruct",
+})
+PURE_IDS = [m for m in catalog_ids() if m not in META_ONLY]
+
+
 @pytest.fixture(scope="module")
 def catalog_pairs() -> dict[str, tuple[ModelInventory, ModelInventory]]:
     """Both inventories for all catalog models, built once (meta: ~0.1 s per model after imports)."""
     pairs = {}
-    for model_id in catalog_ids():
+    for model_id in PURE_IDS:
         found = find_catalog_config(model_id)
         assert found is not None
         config, source = found
@@ -55,7 +63,37 @@ def catalog_pairs() -> dict[str, tuple[ModelInventory, ModelInventory]]:
     return pairs
 
 
-@pytest.mark.parametrize("model_id", catalog_ids())
+def _published_meta_count(model_id: str) -> int | None:
+    """The meta-device count the shared catalog published for an entry (source.txt), if it gives one."""
+    import re
+
+    from fitcheck.catalog.models import catalog_source_text
+
+    found = re.search(r"Meta-device params \(published\): ([\d,]+)", catalog_source_text(model_id))
+    return int(found.group(1).replace(",", "")) if found else None
+
+
+@pytest.mark.parametrize("model_id", [m for m in PURE_IDS if _published_meta_count(m) is not None])
+def test_new_catalog_entries_match_the_published_meta_count(
+    model_id: str, catalog_pairs: dict[str, tuple[ModelInventory, ModelInventory]]
+) -> None:
+    # shared/catalog/SOURCES.md: counted with transformers 5.23 from_config on meta, tied tensors once
+    assert catalog_pairs[model_id][0].total_params == _published_meta_count(model_id)
+
+
+def test_meta_only_catalog_entries_are_counted_on_meta() -> None:
+    for model_id in sorted(META_ONLY):
+        found = find_catalog_config(model_id)
+        assert found is not None
+        with pytest.raises(UnsupportedModelError):
+            inventory_from_config(found[0], model_id, found[1])
+        inv = meta_inventory(found[0], model_id, found[1])
+        assert inv.counted_by == "meta"
+        if found[0]["model_type"] == "gemma3":  # Gemma3ForConditionalGeneration: vision tower + LM, as published
+            assert inv.total_params == _published_meta_count(model_id)
+
+
+@pytest.mark.parametrize("model_id", PURE_IDS)
 def test_pure_equals_meta_for_every_catalog_entry(
     model_id: str, catalog_pairs: dict[str, tuple[ModelInventory, ModelInventory]]
 ) -> None:
@@ -237,6 +275,47 @@ VARIANTS: dict[str, dict[str, object]] = {
         "vocab_size": 100,
         "tie_word_embeddings": False,
         "seq_length": 64,
+    },
+    # 2025 families (fitcheck/readers/families_recent.py)
+    "qwen3-bias-tied": {
+        "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24, "vocab_size": 100,
+        "attention_bias": True, "tie_word_embeddings": True,
+    },
+    "qwen3-no-head-dim": {
+        "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "vocab_size": 100,
+    },
+    "qwen3-moe-small": {
+        "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 40,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+        "num_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": True,
+    },
+    "gemma3-text-untied": {
+        "model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 100,
+        "tie_word_embeddings": False, "sliding_window": 16,
+    },
+    "olmo2-gqa": {
+        "model_type": "olmo2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "attention_bias": True,
+    },
+    "gpt-oss-small": {
+        "model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 48, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "layer_types": ["sliding_attention", "full_attention"],
+    },
+    "deepseek-v3-no-q-lora-all-moe": {
+        "model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100, "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 0, "q_lora_rank": None,
+        "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8, "n_shared_experts": 2,
+    },
+    "deepseek-v3-one-dense": {
+        "model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+        "q_lora_rank": 24, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
     },
 }
 

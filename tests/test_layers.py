@@ -6,7 +6,7 @@ string) may only go down or stay on its floor:
 ground (spec, report, findings, errors, units) < catalog < core < readers < advice < torch_adapters < render
 < integrations < cli < the package facade (``fitcheck/__init__.py``, ``fitcheck/run.py``).
 
-Inside ``core`` the rooms are ordered too: optimizers < states < activations < the orchestration modules.
+Inside ``core`` the rooms are ordered too: optimizers, kernels < states < activations < the orchestration modules.
 A module outside a room imports only the room's surface (its ``__init__``), and the surface lists what it
 offers in ``__all__``. No import circle, lazy imports included.
 """
@@ -30,8 +30,11 @@ FLOORS: dict[str, int] = {
     "fitcheck.units": 0,
     "fitcheck.catalog": 1,
     "fitcheck.core.optimizers": 2,
+    "fitcheck.core.kernels": 2,  # fused kernels and memory levers (Liger, CCE, offloading): spec-only inputs
     "fitcheck.core.states": 3,
     "fitcheck.core.activations": 4,
+    "fitcheck.core.parallelism": 4,
+    "fitcheck.core.trainers": 4,
     "fitcheck.core": 5,
     "fitcheck.readers": 6,
     "fitcheck.advice": 7,
@@ -230,3 +233,11 @@ def test_the_pure_floors_import_no_torch() -> None:
             )
             bad += [f"{module}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in heavy]
     assert not bad, "\n".join(bad)
+
+
+def test_every_package_ships_in_the_wheel() -> None:
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "fitcheck").rglob("__init__.py")}
+    assert found | {"fitcheck.integrations"} == listed, "pyproject.toml [tool.setuptools] packages is out of date"

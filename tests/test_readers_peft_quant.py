@@ -95,7 +95,9 @@ def test_pre_quantized_checkpoint_and_gptq() -> None:
     gptq = quant_from_model_config(
         {"quantization_config": {"quant_method": "gptq", "bits": 4}}, source="c.json"
     )
-    assert isinstance(gptq, Finding) and "gptq" in gptq.message
+    assert isinstance(gptq, QuantSpec) and gptq.method == "gptq" and gptq.pre_quantized  # issue 12: modelled
+    hqq = quant_from_model_config({"quantization_config": {"quant_method": "hqq", "nbits": 4}}, source="c.json")
+    assert isinstance(hqq, Finding) and "hqq" in hqq.message
     with pytest.raises(ConfigError, match="both true"):
         quant_from_mapping({"load_in_4bit": True, "load_in_8bit": True}, source="q")
 

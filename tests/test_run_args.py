@@ -162,5 +162,8 @@ def test_pre_quantized_checkpoint_quantization_wins_and_other_methods_are_report
     assert spec.quant is not None and spec.quant.pre_quantized and spec.quant.quant_type == "fp4"
     gptq = dataclasses.replace(tiny(), quantization_config={"quant_method": "gptq", "bits": 4})
     spec, _ = spec_from_values({}, inventory=gptq)
+    assert spec.quant is not None and spec.quant.method == "gptq"  # pre-quantized schemes are modelled (issue 12)
+    hqq = dataclasses.replace(tiny(), quantization_config={"quant_method": "hqq", "nbits": 4})
+    spec, _ = spec_from_values({}, inventory=hqq)
     assert spec.quant is None
     assert "quantization-not-modelled" in [f.code for f in spec.findings]

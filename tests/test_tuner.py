@@ -1,4 +1,4 @@
-"""The verified micro-batch tuner on a simulated GPU (a live-byte budget that raises torch's OOM error)."""
+"""The tuner's search (search_largest) on a simulated GPU (a live-byte budget that raises torch's OOM error)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fitcheck.integrations.tuner import (  # noqa: E402
-    is_oom_error,
-    set_trainer_micro_batch,
-    tune_micro_batch,
-)
+from fitcheck.integrations.tuner import set_trainer_micro_batch  # noqa: E402
+from fitcheck.integrations.tuner_search import is_oom_error, search_largest  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
@@ -50,15 +47,15 @@ def hf_search(step: Any, start: int) -> tuple[int, int]:
     [(12, 12, 2), (13, 12, 2), (11, 12, 3), (40, 12, 10), (3, 12, 10), (1, 1, 2), (5, 0, 4)],
 )
 def test_tuner_finds_the_true_max(predicted: int, true_max: int, max_trials: int) -> None:
-    result = tune_micro_batch(threshold_step(true_max), predicted, clear_cache=lambda: None)
-    assert result.micro_batch == true_max
+    result = search_largest(threshold_step(true_max), predicted, clear_cache=lambda: None)
+    assert result.size == true_max
     assert result.trials <= max_trials
-    assert result.history[0].micro_batch == max(1, predicted)
+    assert result.history[0].size == max(1, predicted)
 
 
 def test_tuner_respects_upper_bound_in_one_trial() -> None:
-    result = tune_micro_batch(threshold_step(100), 16, upper=16, clear_cache=lambda: None)
-    assert (result.micro_batch, result.trials) == (16, 1)
+    result = search_largest(threshold_step(100), 16, upper=16, clear_cache=lambda: None)
+    assert (result.size, result.trials) == (16, 1)
 
 
 def test_runtime_error_oom_form_is_recognised_and_other_errors_propagate() -> None:
@@ -69,15 +66,15 @@ def test_runtime_error_oom_form_is_recognised_and_other_errors_propagate() -> No
         raise ValueError("not an OOM")
 
     with pytest.raises(ValueError):
-        tune_micro_batch(bad, 4, clear_cache=lambda: None)
+        search_largest(bad, 4, clear_cache=lambda: None)
 
 
 def test_hf_tuner_on_the_same_budget_shrinks_by_tenths() -> None:
     # Pinned accelerate behaviour: x0.9 per OOM from the starting size, never upward.
     result, trials = hf_search(threshold_step(12), 64)
     assert result <= 12 and trials > 10
-    ours = tune_micro_batch(threshold_step(12), 12, clear_cache=lambda: None)
-    assert ours.micro_batch == 12 and ours.trials == 2
+    ours = search_largest(threshold_step(12), 12, clear_cache=lambda: None)
+    assert ours.size == 12 and ours.trials == 2
 
 
 class BudgetMode(TorchDispatchMode):
@@ -160,8 +157,8 @@ def test_tuner_on_a_real_tracked_step_matches_the_scan() -> None:
     truth = true_max(step, 40)
     assert 2 < truth < 40, truth
     for predicted, limit in ((truth, 2), (truth + 1, 2), (truth - 1, 3), (truth * 3, 8)):
-        r = tune_micro_batch(step, predicted)
-        assert r.micro_batch == truth
+        r = search_largest(step, predicted)
+        assert r.size == truth
         assert r.trials <= limit
     hf_result, _ = hf_search(step, 24)
     assert hf_result <= truth

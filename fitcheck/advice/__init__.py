@@ -6,6 +6,7 @@ Above the readers and the core: it turns a spec and its report into changed spec
   optimizers, QLoRA, fused losses, more GPUs, ...), each a spec transform with the flags that describe it;
 - :mod:`.advisor`: ranks the levers' estimates into :class:`Suggestion` rows;
 - :mod:`.batch_search`: the largest micro-batch that fits, and keeping the global batch;
+- :mod:`.device_map_gpus`: one estimate per GPU of a multi-GPU ``device_map`` (naive model parallelism);
 - :mod:`.device_map_plan`: findings about ``device_map="auto"`` placements;
 - :mod:`.series`: memory vs micro-batch and sequence length, for plots.
 
@@ -20,6 +21,7 @@ from fitcheck.advice.batch_search import (
     plan_global_batch,
     with_micro_batch,
 )
+from fitcheck.advice.device_map_gpus import GpuShare, busiest, device_of_map, gpu_shares
 from fitcheck.advice.device_map_plan import weights_only_finding
 from fitcheck.advice.levers import Tier
 from fitcheck.advice.series import MAX_POINTS, Curve, EstimateFn, MemorySeries, memory_series
@@ -29,10 +31,14 @@ __all__ = [
     "BatchPlan",
     "Curve",
     "EstimateFn",
+    "GpuShare",
     "MemorySeries",
     "Suggestion",
     "Tier",
     "advise",
+    "busiest",
+    "device_of_map",
+    "gpu_shares",
     "keep_global_batch",
     "max_micro_batch",
     "memory_series",

@@ -29,6 +29,7 @@ from fitcheck.advice.batch_search import (
     with_micro_batch,
 )
 from fitcheck.advice.levers import CKPT_WORDS, GPUS_PER_NODE, TIER_ORDER, Lever, Tier, levers
+from fitcheck.advice.parallel_levers import parallel_levers
 from fitcheck.core import ComputeEstimate, compute_estimate, relative_time_per_token
 from fitcheck.report import Report
 from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy, TrainingSpec
@@ -340,7 +341,7 @@ def advise(
     identity = ev.make("", Tier.SAME_TRAINING, spec, [], [], [])
     if identity.argv:  # only the micro-batch changed
         candidates.append(identity)
-    options = levers(spec, report)
+    options = [*levers(spec, report), *parallel_levers(spec)]
     singles: dict[str, Suggestion] = {}
     for lever in options:
         s = ev.levers([lever])

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
+from fitcheck.advice.load_dtype import load_bf16, wants_bf16_lever
 from fitcheck.report import Category, Location, Report
 from fitcheck.spec import (
     AttnImpl,
@@ -138,7 +139,9 @@ def _sdpa(s: TrainingSpec) -> TrainingSpec:
 
 
 def _chunked_loss(s: TrainingSpec) -> TrainingSpec:
-    return replace(s, activations=replace(s.activations, loss="chunked"))
+    from fitcheck.spec import LigerSpec
+
+    return replace(s, activations=replace(s.activations, liger=LigerSpec()))
 
 
 def _optimizer(name: OptimizerName) -> Transform:
@@ -209,19 +212,34 @@ def _memory_levers(spec: TrainingSpec, report: Report) -> list[Lever]:
                 notes=("the FLOPs model counts no speed-up; sdpa is usually faster than eager",),
             )
         )
-    if acts.loss != "chunked" and spec.model.shape.causal_lm and _logits_at_peak(report) > 0:
+    from fitcheck.core.kernels import LIGER_MODEL_TYPES
+
+    liger_ok = spec.model.shape.family in LIGER_MODEL_TYPES and acts.liger is None and acts.loss == "torch"
+    if liger_ok and spec.model.shape.causal_lm and _logits_at_peak(report) > 0:
         out.append(
             Lever(
                 "chunked_loss",
-                "chunked/fused cross-entropy",
+                "Liger kernels (fused linear cross-entropy, RMSNorm, SwiGLU)",
                 Tier.SAME_TRAINING,
                 _chunked_loss,
-                ("--loss", "chunked"),
+                ("--use_liger_kernel", "true"),
                 (
-                    "TrainingArguments use_liger_kernel=True (Liger fused linear cross-entropy, pip install "
-                    "liger-kernel) or Apple's Cut Cross-Entropy",
+                    "TrainingArguments use_liger_kernel=True (pip install liger-kernel; needs a GPU: Triton)",
                 ),
                 "loss",
+            )
+        )
+    if wants_bf16_lever(spec):  # fp32 only because no dtype was passed (advice/load_dtype.py)
+        out.append(
+            Lever(
+                "load_bf16",
+                "load the weights in bf16",
+                Tier.SAME_TRAINING if spec.model.shape.config_dtype is not None else Tier.OPTIMIZER_NUMERICS,
+                load_bf16,
+                ("--dtype", "bfloat16"),
+                ("from_pretrained(..., dtype=torch.bfloat16) (TRL: --dtype bfloat16; transformers 4.x: torch_dtype)",),
+                "load_dtype",
+                notes=("the checkpoint's own dtype is not in config.json: bf16 is what most current checkpoints hold",),
             )
         )
     if spec.optimizer.name in _ADAM_FULL_STATE:

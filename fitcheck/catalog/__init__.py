@@ -4,7 +4,7 @@
 - :mod:`.gpus`: memory and peak throughput per GPU name, with sources.
 """
 
-from fitcheck.catalog.gpus import lookup_gpu
+from fitcheck.catalog.gpus import lookup_gpu, resolve_gpu
 from fitcheck.catalog.models import catalog_ids, find_catalog_config
 
-__all__ = ["catalog_ids", "find_catalog_config", "lookup_gpu"]
+__all__ = ["catalog_ids", "find_catalog_config", "lookup_gpu", "resolve_gpu"]

@@ -32,6 +32,8 @@ class GpuInfo:
         memory_basis: ``"deviceQuery"`` (exact bytes) or ``"torch-total_memory"`` (MiB printout x 2**20).
         aliases: Other names that resolve to this GPU.
         note: Caveats (ambiguous alias, no bf16 support, ...); empty when none.
+        assumed_for: Short names that could mean several cards (``a100``, ``h100``); they resolve to this row
+            by assumption, and :func:`resolve_gpu` says so.
     """
 
     name: str
@@ -42,6 +44,7 @@ class GpuInfo:
     memory_basis: str = ""
     aliases: tuple[str, ...] = ()
     note: str = ""
+    assumed_for: tuple[str, ...] = ()
 
 
 def _normalize(name: str) -> str:
@@ -78,6 +81,7 @@ def _table() -> tuple[tuple[GpuInfo, ...], dict[str, GpuInfo]]:
             memory_basis=row.get("memory_basis", ""),
             aliases=tuple(row.get("aliases", ())),
             note=row.get("note", ""),
+            assumed_for=tuple(row.get("assumed_for", ())),
         )
         infos.append(info)
         for key in _keys(info):
@@ -95,6 +99,32 @@ def known_gpus() -> tuple[GpuInfo, ...]:
 def gpu_names() -> list[str]:
     """Canonical GPU names, in table order."""
     return [g.name for g in known_gpus()]
+
+
+def resolve_gpu(name: str) -> tuple[GpuInfo, str | None]:
+    """Find a GPU like :func:`lookup_gpu`, and say what was assumed when the name could mean several cards.
+
+    Args:
+        name: A table name, an alias, or what ``nvidia-smi --query-gpu=name`` prints
+            (``"NVIDIA H100 80GB HBM3"``, ``"NVIDIA A100-SXM4-40GB"``, ``"NVIDIA GeForce RTX 4090"``).
+
+    Returns:
+        The row and, for an ambiguous short name (``a100``, ``h100``, ``h200``, ``v100``, ``gh200``), one line
+        for the report's "assumed" list; None when the name is exact.
+
+    Raises:
+        ConfigError: If the name is not in the table.
+    """
+    info = lookup_gpu(name)
+    key = _normalize(str(name))
+    if key not in {_normalize(a) for a in info.assumed_for}:
+        return info, None
+    others = [g.name for g in known_gpus() if g is not info and _normalize(g.name).startswith(key)]
+    also = f" (could also be {', '.join(others)})" if others else ""
+    return info, (
+        f"--gpu {name}: ambiguous name{also}; assumed {info.name}, {info.memory_bytes / 2**30:.1f} GiB. "
+        "Name the card as nvidia-smi prints it, or pass --gpu_memory"
+    )
 
 
 def lookup_gpu(name: str) -> GpuInfo:

@@ -19,9 +19,10 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from fitcheck.cli.trl_flags import apply_trainer, split_trl_values
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
 from fitcheck.report import Report
@@ -29,6 +30,7 @@ from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters import meta_inventory
 
 FILE_FLAGS = ("training_args", "deepspeed", "config_file", "fsdp", "fsdp_config")
+TASK_FLAGS = ("task", "num_labels", "image_tokens")  # read by readers/task_heads.py, not by the merge
 
 
 def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,12 +47,22 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs.update(nargs="?", const=True, metavar="true|false")
         elif flag.kind == "list":
             kwargs.update(nargs="+")
+        if flag.choices:
+            kwargs.update(choices=list(flag.choices))
         parser.add_argument(*flag.spellings, **kwargs)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--trace",
         action="store_true",
-        help="trace one training step of the real model on fake tensors for activations (needs torch)",
+        help="trace one training step of the real model on fake tensors for activations (needs torch); "
+        "by default runs outside the formulas' checked envelope are traced when torch is installed",
+    )
+    parser.add_argument(
+        "--no_trace",
+        "--no-trace",
+        dest="no_trace",
+        action="store_true",
+        help="never trace: answer from the formulas (a not-pinned warning outside the checked envelope)",
     )
     parser.add_argument("--mfu", type=float, default=None, help="assumed model FLOPs utilisation for timing")
     parser.add_argument("--plot", default=None, metavar="FILE", help="also draw the memory plot (PNG or SVG)")
@@ -93,14 +105,21 @@ def spec_from_values(
     """
     from fitcheck.readers import load_inventory, merge_sources, spec_from_settings
 
+    values, trl = split_trl_values(values)
     model = values.get("model_name_or_path")
     if not model:
         raise ConfigError(
             "--model_name_or_path is required: a Hub id such as meta-llama/Meta-Llama-3-8B, a directory with "
             "config.json, or a config.json path"
         )
-    inventory = load_inventory(str(model), env=env, meta_fallback=meta_inventory)
-    cli = {k: v for k, v in values.items() if k not in FILE_FLAGS or k == "fsdp_config"}
+    from fitcheck.readers import resolve_image_tokens, spec_for_task
+
+    inventory = load_inventory(
+        str(model), env=env, meta_fallback=meta_inventory, task=_opt_str(values.get("task")),
+        num_labels=_opt_int(values.get("num_labels")),
+    )
+    inventory = resolve_image_tokens(inventory, values.get("image_tokens"))
+    cli = {k: v for k, v in values.items() if (k not in FILE_FLAGS or k == "fsdp_config") and k not in TASK_FLAGS}
     merged = merge_sources(
         cli,
         training_args_file=_opt_str(values.get("training_args")),
@@ -117,11 +136,24 @@ def spec_from_values(
         from fitcheck.readers import read_adapter_config
 
         spec = dataclasses.replace(spec, lora=read_adapter_config(str(values["adapter_config"])))
-    return spec, assumptions
+    try:
+        spec, notes = apply_trainer(spec_for_task(spec), trl)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return spec, (*assumptions, *notes)
 
 
 def _opt_str(v: object) -> str | None:
     return None if v is None else str(v)
+
+
+def _opt_int(v: object) -> int | None:
+    if v is None:
+        return None
+    try:
+        return int(str(v))
+    except ValueError:
+        raise ConfigError(f"expected an integer, got {v!r}") from None
 
 
 def spec_from_args(args: argparse.Namespace) -> tuple[TrainingSpec, tuple[str, ...]]:
@@ -134,11 +166,11 @@ def build_report(
 ) -> tuple[Report, dict[str, object]]:
     """Estimate for parsed flags: the report (with device-map findings) and the advisor/compute extras."""
     spec, assumptions = spec_from_args(args)
-    activations = None
-    if args.trace:
-        from fitcheck.torch_adapters import trace_components
+    from fitcheck.torch_adapters import PinnedPath
 
-        activations = trace_components(spec)
+    if args.trace and getattr(args, "no_trace", False):
+        raise ConfigError("--trace and --no_trace contradict each other; pass one of them")
+    path = PinnedPath("always" if args.trace else "never" if getattr(args, "no_trace", False) else "auto")
     extra_findings: tuple[Finding, ...] = ()
     if getattr(args, "device_map", None):
         from fitcheck.torch_adapters import device_map_findings
@@ -146,29 +178,70 @@ def build_report(
         extra_findings = device_map_findings(spec, str(args.device_map), getattr(args, "max_memory", None))
     if extra_findings:
         spec = dataclasses.replace(spec, findings=(*spec.findings, *extra_findings))
-    from fitcheck.core import estimate
-
-    report = estimate(spec, activations=activations)
+    report = path(spec)
+    gpus: tuple[Any, ...] = ()
     if getattr(args, "device_map", None):
         from fitcheck.advice import weights_only_finding
+        from fitcheck.torch_adapters import multi_gpu_shares
 
-        note = weights_only_finding(report, str(args.device_map))
+        gpus = multi_gpu_shares(spec, str(args.device_map), getattr(args, "max_memory", None))
+        if gpus:
+            report = _busiest_gpu_report(report, gpus)
+        note = weights_only_finding(report, str(args.device_map)) if not gpus else None
         if note is not None:
             report = dataclasses.replace(report, findings=(*report.findings, note))
     report = dataclasses.replace(report, assumptions=(*report.assumptions, *assumptions))
-    extras = advice_extras(report, mfu=args.mfu)
+    extras = advice_extras(report, mfu=args.mfu, estimate_fn=path.following(report))
+    if gpus:
+        extras["device_map_gpus"] = [g.to_dict() for g in gpus]
     return report, extras
 
 
-def advice_extras(report: Report, *, mfu: float | None) -> dict[str, object]:
-    """``max_micro_batch``, ``suggestions`` and ``compute`` for the JSON and the table."""
+def _busiest_gpu_report(whole: Report, gpus: tuple[Any, ...]) -> Report:
+    """The headline report of a multi-GPU device map: the busiest GPU's, with the whole model's counts and
+    findings, and a verdict that needs every GPU to fit (advice/device_map_gpus.py)."""
+    from fitcheck.advice import busiest
+    from fitcheck.findings import Severity
+    from fitcheck.units import format_bytes
+
+    top = busiest(gpus)
+    lines = ", ".join(
+        f"GPU {g.device} (layers {min(g.layers)}-{max(g.layers)}{', head' if g.holds_head else ''}): "
+        f"{format_bytes(g.report.device_used_bytes)} of {format_bytes(g.report.budget_bytes)}"
+        if g.layers else f"GPU {g.device}: {format_bytes(g.report.device_used_bytes)}"
+        for g in gpus
+    )
+    note = Finding(
+        "device-map-per-gpu",
+        Severity.INFO,
+        f"naive model parallelism over {len(gpus)} GPUs: {lines}; the headline numbers are GPU {top.device}'s",
+    )
+    keep = [f for f in whole.findings if f.code not in ("fits", "does-not-fit")]
+    verdict = [f for f in top.report.findings if f.code in ("fits", "does-not-fit")]
+    return dataclasses.replace(
+        top.report,
+        findings=(*keep, note, *verdict),
+        fits=all(g.report.fits for g in gpus),
+        total_params=whole.total_params,
+        trainable_params=whole.trainable_params,
+    )
+
+
+def advice_extras(
+    report: Report, *, mfu: float | None, estimate_fn: Callable[[TrainingSpec], Report] | None = None
+) -> dict[str, object]:
+    """``max_micro_batch``, ``suggestions`` and ``compute`` for the JSON and the table.
+
+    ``estimate_fn`` is the path the headline number took (``fitcheck.torch_adapters.pinned_path``): the
+    largest micro-batch and every suggestion are estimated the same way.
+    """
     from fitcheck.advice import advise, max_micro_batch
     from fitcheck.core import compute_estimate
 
     compute = compute_estimate(report.spec, mfu=mfu)
     return {
-        "max_micro_batch": max_micro_batch(report.spec),
-        "suggestions": advise(report.spec, report),
+        "max_micro_batch": max_micro_batch(report.spec, estimate_fn),
+        "suggestions": advise(report.spec, report, estimate_fn=estimate_fn),
         "compute": compute,
     }
 
@@ -198,11 +271,14 @@ def extras_to_json(extras: Mapping[str, object]) -> dict[str, object]:
     """The advisor/compute extras as JSON fields (``max_micro_batch``, ``suggestions``, ``compute``)."""
     from fitcheck.render import advice_to_dict
 
-    return advice_to_dict(
+    out = advice_to_dict(
         extras["max_micro_batch"],  # type: ignore[arg-type]
         extras["suggestions"],  # type: ignore[arg-type]
         extras["compute"],  # type: ignore[arg-type]
     )
+    if "device_map_gpus" in extras:  # multi-GPU device_map: one entry per GPU (advice/device_map_gpus.py)
+        out["device_map_gpus"] = extras["device_map_gpus"]
+    return out
 
 
 def extras_renderables(extras: Mapping[str, object]) -> list[Any]:

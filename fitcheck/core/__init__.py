@@ -9,7 +9,8 @@ No torch import, no files, no environment reads, no printing. The orchestration 
 - :mod:`.compute`: FLOPs, step time and communication.
 
 Rooms: :mod:`.states` (weights, adapters, gradients, optimizer states, sharding), :mod:`.activations`
-(saved activations, logits, backward), :mod:`.optimizers` (every ``optim`` value).
+(saved activations, logits, backward), :mod:`.optimizers` (every ``optim`` value), :mod:`.trainers` (TRL's
+SFT/DPO/GRPO/Reward steps: fused LM head, reference model, generation phase).
 """
 
 from fitcheck.core.allocator import reserved_bytes

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from fitcheck.core.parallelism import parallel_comm_bytes, rank_local_spec
 from fitcheck.spec import Dtype, MixedPrecision, OffloadDevice, Role, Strategy, TrainingSpec
 
 # torchtitan benchmarks/llama3_h100_202412_torchtitan.md: "1D Llama 3.1 8B model training on 8 or 128 H100
@@ -103,6 +104,8 @@ class ComputeEstimate:
         step_seconds: Wall time of one optimizer step (None when the peak is unknown).
         tokens_per_second: Tokens per second over all GPUs (None when the peak is unknown).
         notes: What is assumed or left out.
+        parallel_comm_seconds: Tensor/context/sequence-parallel collectives per step (on the critical path,
+            added to the step; ``fitcheck.core.parallelism``).
     """
 
     model_flops_per_token: float
@@ -118,6 +121,7 @@ class ComputeEstimate:
     step_seconds: float | None
     tokens_per_second: float | None
     notes: tuple[str, ...] = field(default=())
+    parallel_comm_seconds: float = 0.0
 
     @property
     def tokens_per_second_per_gpu(self) -> float | None:
@@ -144,6 +148,7 @@ class ComputeEstimate:
             "mfu": self.mfu,
             "peak_tflops": self.peak_tflops,
             "num_gpus": self.num_gpus,
+            "parallel_comm_seconds": self.parallel_comm_seconds,
             "notes": list(self.notes),
         }
 
@@ -317,10 +322,24 @@ def compute_estimate(
     # every trainable tensor (embeddings and all experts too) has a gradient to reduce and a state to update
     peft_or_frozen = spec.lora is not None or spec.freeze is not None
     trainable_total = adapters + trainable_base if peft_or_frozen else float(spec.model.total_params)
-    comm_bytes = _comm_bytes_per_gpu(spec, trainable_total)
+    # tp/cp/sp: one data-parallel replica's tokens are shared by tp*cp*sp GPUs; the ZeRO/FSDP traffic is
+    # that of one rank's (tensor-parallel-local) states over its shard group (fitcheck.core.parallelism)
+    local = rank_local_spec(spec)
+    model_parallel = spec.sharding.num_processes // n if local is not spec else 1
+    gpu_tokens = tokens_per_gpu / model_parallel
+    trainable_local = trainable_total * local.model.total_params / max(1, spec.model.total_params)
+    comm_bytes = _comm_bytes_per_gpu(local, trainable_local)
     bw = a.intra_node_bytes_per_s if spec.sharding.num_machines == 1 else a.inter_node_bytes_per_s
     comm_seconds = comm_bytes / bw
-    offload_seconds = _offload_seconds(spec, trainable_total, a)
+    offload_seconds = _offload_seconds(local, trainable_local, a)
+    par_bytes, par_group = parallel_comm_bytes(spec)
+    per_node = spec.sharding.processes_per_machine
+    par_seconds = par_bytes / (a.intra_node_bytes_per_s if par_group <= per_node else a.inter_node_bytes_per_s)
+    if par_bytes:
+        notes.append(
+            f"tensor/context/sequence-parallel collectives {par_bytes / 1e9:.1f} GB per GPU per step "
+            f"({par_seconds:.2f} s) on the critical path, not overlapped"
+        )
 
     peak = a.peak_tflops if a.peak_tflops is not None else spec.hardware.peak_tflops_bf16
     if a.peak_tflops is None and _compute_is_fp32(spec):
@@ -330,8 +349,8 @@ def compute_estimate(
         notes.append("GPU peak TFLOP/s unknown (memory given without a GPU name): no time estimate")
     compute_seconds = step_seconds = tokens_per_second = None
     if peak is not None:
-        compute_seconds = executed * tokens_per_gpu / (peak * 1e12 * a.mfu)
-        step_seconds = max(compute_seconds, comm_seconds) + offload_seconds
+        compute_seconds = executed * gpu_tokens / (peak * 1e12 * a.mfu)
+        step_seconds = max(compute_seconds, comm_seconds) + offload_seconds + par_seconds
         tokens_per_second = tokens_per_step / step_seconds
     notes.append(
         f"assumes {a.mfu:.0%} of peak on the executed FLOPs; communication overlapped with compute; "
@@ -342,7 +361,7 @@ def compute_estimate(
         flops_per_token=executed,
         flops_per_step=flops_per_step,
         tokens_per_step=tokens_per_step,
-        num_gpus=n,
+        num_gpus=n * model_parallel,
         mfu=a.mfu,
         peak_tflops=peak,
         compute_seconds=compute_seconds,
@@ -351,6 +370,7 @@ def compute_estimate(
         step_seconds=step_seconds,
         tokens_per_second=tokens_per_second,
         notes=tuple(notes),
+        parallel_comm_seconds=par_seconds,
     )
 
 

@@ -9,14 +9,31 @@ peak allocated = max over phases of the sum of DEVICE components alive in that p
 
 from __future__ import annotations
 
-from fitcheck.core.activations import activation_findings
+from fitcheck.core.activations import activation_findings, in_envelope, not_pinned_finding, versions_findings
 from fitcheck.core.allocator import allocator_findings, reserved_bytes
-from fitcheck.core.states import describe_regime, model_state_findings, sharding_findings, trainable_params
+from fitcheck.core.overheads import nccl_group_bytes
+from fitcheck.core.parallelism import (
+    describe_layout,
+    parallel_components,
+    parallel_findings,
+    rank_local_spec,
+)
+from fitcheck.core.states import (
+    describe_regime,
+    model_state_findings,
+    prequant_findings,
+    sharding_findings,
+    trainable_params,
+)
 from fitcheck.core.step import collect_components, peak_phase, transient_bytes_at
+from fitcheck.core.trainers import evaluation_findings
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Location, Phase, Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.units import format_bytes
+
+# Warnings the formulas raise about themselves (activations/recent.py, activations/backward.py)
+_FORMULA_UNPINNED = frozenset({"activations-not-pinned", "backward-not-pinned"})
 
 _SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
@@ -78,16 +95,24 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
     Args:
         spec: The training run.
         activations: Activation components to use instead of the per-family formulas (from a fake-tensor
-            trace, ``fitcheck estimate --trace``).
+            trace, ``fitcheck estimate --trace``). Without them, a spec outside the checked envelope
+            (``fitcheck.core.activations.envelope``) gets ``pinned=False`` and a ``not-pinned`` WARNING.
 
     Returns:
         The itemised report with the peak phase, allocated/reserved/used bytes, the verdict and findings.
     """
-    components = collect_components(spec, activations)
+    # tp/cp/sp/HSDP: one rank's step is an ordinary step of a smaller problem plus attention buffers
+    # (fitcheck.core.parallelism); `local` is `spec` itself without a layout.
+    local = rank_local_spec(spec)
+    parallel = local is not spec
+    components = (
+        *collect_components(local, None if parallel else activations),
+        *parallel_components(spec, nccl_group_bytes),
+    )
     phase, totals = peak_phase(components)
     peak_allocated = totals[phase]
     peak_reserved = reserved_bytes(
-        spec, peak_allocated, transient_bytes=transient_bytes_at(components, phase)
+        local, peak_allocated, transient_bytes=transient_bytes_at(components, phase)
     )
     outside = sum(c.peak_bytes for c in components if c.location is Location.DEVICE_OTHER)
     device_used = peak_reserved + outside
@@ -96,12 +121,21 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
     host_ok = spec.hardware.host_memory_bytes is None or host <= spec.hardware.host_memory_bytes
     findings = [
         *spec.findings,
-        *model_state_findings(spec),
-        *activation_findings(spec),
-        *sharding_findings(spec),
-        *allocator_findings(spec),
+        *model_state_findings(local),
+        *prequant_findings(spec),
+        *activation_findings(local),
+        *sharding_findings(local),
+        *allocator_findings(local),
+        *versions_findings(spec),  # library versions vs the modelled ones (activations/versions.py)
+        *evaluation_findings(spec, totals),
+        *parallel_findings(spec, traced=parallel and activations is not None),
         *_verdict(spec, components, phase, device_used, budget, host),
     ]
+    pinned = activations is not None or in_envelope(spec)
+    if activations is not None:  # traced: the formulas' own "not pinned" warnings do not apply to this number
+        findings = [f for f in findings if f.code not in _FORMULA_UNPINNED]
+    if not pinned:
+        findings.append(not_pinned_finding(spec))
     findings.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     trainable = trainable_params(spec)
     total = spec.model.total_params + _adapter_params(spec, trainable)
@@ -116,9 +150,10 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         host_bytes=host,
         fits=device_used <= budget and host_ok,
         findings=tuple(findings),
-        regime=describe_regime(spec),
+        regime=describe_regime(local) + (f"; parallelism {describe_layout(spec)}" if parallel else ""),
         trainable_params=trainable,
         total_params=total,
+        pinned=pinned,
     )
 
 

@@ -93,6 +93,11 @@ def cublas_workspace_bytes(spec: TrainingSpec) -> int:
     return CUBLAS_THREADS * per_thread
 
 
+def nccl_group_bytes(ranks: int) -> int:
+    """NCCL buffers per GPU of one more communicator of ``ranks`` ranks (0 for one rank; NVIDIA/nccl#964)."""
+    return 0 if ranks <= 1 else NCCL_TWO_RANKS_BYTES if ranks == 2 else NCCL_MANY_RANKS_BYTES
+
+
 def nccl_bytes(spec: TrainingSpec) -> int:
     """NCCL buffers per GPU for the data-parallel process group (0 for one process).
 

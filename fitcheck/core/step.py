@@ -14,15 +14,20 @@ from collections.abc import Iterable
 
 from fitcheck.core.activations import activation_components
 from fitcheck.core.overheads import overhead_components
-from fitcheck.core.states import buffer_components, model_state_components
-from fitcheck.report import PHASES, Component, Location, Phase
+from fitcheck.core.states import buffer_components, model_state_components, prequant_components
+from fitcheck.core.trainers import eval_spec, evaluation_component, step_spec, trainer_components
+from fitcheck.report import PHASES, Component, Location, Phase, phases_of
 from fitcheck.spec import TrainingSpec
 
 
 def collect_components(
     spec: TrainingSpec, activations: tuple[Component, ...] | None = None
 ) -> tuple[Component, ...]:
-    """Every component of the step: model states, activations, buffers and overheads.
+    """Every component of the step: model states, activations, buffers and overheads (+ TRL trainer parts).
+
+    A TRL trainer (``spec.trainer``) runs its policy step on :func:`fitcheck.core.trainers.step_spec` (DPO's
+    chosen + rejected rows, GRPO's prompt + completion) and rewrites the components
+    (:func:`fitcheck.core.trainers.trainer_components`: fused LM head, reference model, generation phase).
 
     Args:
         spec: The training run.
@@ -31,12 +36,20 @@ def collect_components(
     Returns:
         The components, in report order.
     """
-    return (
-        *model_state_components(spec),
-        *(activation_components(spec) if activations is None else activations),
-        *buffer_components(spec),
-        *overhead_components(spec),
+    run = step_spec(spec)
+    base = (
+        *model_state_components(run),
+        *(activation_components(run) if activations is None else activations),
+        *buffer_components(run),
+        *prequant_components(run),
+        *overhead_components(run),
     )
+    out = trainer_components(spec, base)
+    if spec.trainer.eval_batch_size is None:
+        return out
+    run = step_spec(eval_spec(spec))  # one evaluation step: its batch, as the trainer runs it
+    ev = evaluation_component(run, out, activation_components(run))
+    return out if ev is None else (*out, ev)
 
 
 def peak_phase(components: Iterable[Component]) -> tuple[Phase, dict[Phase, int]]:
@@ -49,8 +62,9 @@ def peak_phase(components: Iterable[Component]) -> tuple[Phase, dict[Phase, int]
         ``(phase, totals)``; ties go to the earliest phase of :data:`PHASES`.
     """
     device = [c for c in components if c.location is Location.DEVICE]
-    totals = {p: sum(c.at(p) for c in device) for p in PHASES}
-    best = max(PHASES, key=lambda p: (totals[p], -PHASES.index(p)))
+    phases = phases_of(tuple(components))  # + generation / evaluation where a trainer fills them
+    totals = {p: sum(c.at(p) for c in device) for p in phases}
+    best = max(phases, key=lambda p: (totals[p], -phases.index(p)))
     return best, totals
 
 

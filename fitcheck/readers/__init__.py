@@ -6,6 +6,8 @@
 - :mod:`.deepspeed` (+ ``deepspeed_zero``, ``deepspeed_batch``): DeepSpeed JSON, ``"auto"`` resolved as
   transformers does; :mod:`.fsdp_config`: FSDP options; :mod:`.accelerate_config`: accelerate's YAML;
 - :mod:`.peft_config`, :mod:`.quantization_config`: adapter and bitsandbytes configs;
+- :mod:`.task_heads`: the task head (``architectures`` / ``--task``: seq-cls, token-cls, image-text-to-text);
+- :mod:`.parallelism`: the tp/cp/sp/HSDP layout (accelerate ``ParallelismConfig``) and accelerate's checks;
 - :mod:`.settings_table`: the one table of run settings (names, spellings, kinds, CLI flags);
   :mod:`.run_settings`: ``RunSettings``, one typed value per setting with its default and provenance;
 - :mod:`.merge`: every source of one run merged by precedence into ``RunSettings``; :mod:`.run_args`:
@@ -20,21 +22,35 @@ from fitcheck.readers.families_base import ConfigView, mlp_kind
 from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
 from fitcheck.readers.merge import merge_sources
 from fitcheck.readers.model_config import MetaFallback, inventory_from_config, load_inventory
+from fitcheck.readers.parallelism import PARALLELISM_FLAGS, read_parallelism
 from fitcheck.readers.peft_config import read_adapter_config
 from fitcheck.readers.run_args import spec_from_settings, spec_from_values
 from fitcheck.readers.run_settings import CliFlag, RunSettings, cli_flags
 from fitcheck.readers.settings_table import SETTINGS, canonical_key
+from fitcheck.readers.task_heads import (
+    TASKS,
+    classifier_inventory,
+    pure_task_supported,
+    resolve_image_tokens,
+    spec_for_task,
+    task_config,
+    task_from_config,
+    with_task,
+)
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_object
 
 __all__ = [
     "ACCELERATE_ZERO_STAGE",
+    "PARALLELISM_FLAGS",
     "SETTINGS",
+    "TASKS",
     "CliFlag",
     "ConfigView",
     "MetaFallback",
     "RunSettings",
     "accelerate_deepspeed_config",
     "canonical_key",
+    "classifier_inventory",
     "cli_flags",
     "default_config_path",
     "fsdp_from_config",
@@ -43,10 +59,17 @@ __all__ = [
     "load_inventory",
     "merge_sources",
     "mlp_kind",
+    "pure_task_supported",
     "read_adapter_config",
+    "read_parallelism",
     "read_script_argv",
     "read_training_args_object",
     "resolve_deepspeed",
+    "resolve_image_tokens",
+    "spec_for_task",
     "spec_from_settings",
     "spec_from_values",
+    "task_config",
+    "task_from_config",
+    "with_task",
 ]

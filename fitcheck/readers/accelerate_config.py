@@ -115,6 +115,7 @@ class AccelerateRead:
         deepspeed_config_file: ``deepspeed_config.deepspeed_config_file``.
         zero3_init: ``zero3_init_flag``.
         fsdp: FSDP settings when ``distributed_type`` is FSDP.
+        parallelism: The ``parallelism_config`` section (read by ``fitcheck.readers.parallelism``).
         provenance: Field -> where it was read.
         findings: Not-modelled parallelism, legacy keys.
     """
@@ -128,6 +129,7 @@ class AccelerateRead:
     deepspeed_config_file: str | None = None
     zero3_init: bool | None = None
     fsdp: FsdpRead | None = None
+    parallelism: Mapping[str, object] | None = None
     provenance: dict[str, str] = field(default_factory=dict)
     findings: tuple[Finding, ...] = ()
 
@@ -228,8 +230,13 @@ def read_accelerate_config(path: str) -> AccelerateRead:
     elif raw.get("fp16") is not None and as_bool(raw["fp16"], at=where(path, "fp16")):
         mixed = MixedPrecision.FP16  # process_config converts the legacy fp16 key
         prov["mixed_precision"] = where(path, "fp16")
-    findings.extend(_parallelism(raw.get("parallelism_config"), path))
-    read = AccelerateRead(path, dist, num_processes, num_machines, mixed, provenance=prov)
+    section = raw.get("parallelism_config")
+    if section is not None and not isinstance(section, Mapping):
+        raise ConfigError(f"{where(path, 'parallelism_config')}: expected a mapping, got {section!r}")
+    read = AccelerateRead(
+        path, dist, num_processes, num_machines, mixed, provenance=prov,
+        parallelism={str(k): v for k, v in section.items()} if section else None,
+    )
     if dist == "DEEPSPEED":
         read = _with_deepspeed(read, raw, path)
     if dist == "FSDP":
@@ -241,24 +248,6 @@ def read_accelerate_config(path: str) -> AccelerateRead:
         )
         read = replace(read, fsdp=fs)
     return replace(read, findings=(*findings, *read.findings))
-
-
-def _parallelism(cfg: object, path: str) -> list[Finding]:
-    if not isinstance(cfg, Mapping):
-        return []
-    out = []
-    for key in ("parallelism_config_tp_size", "parallelism_config_cp_size", "tp_size", "cp_size"):
-        value = cfg.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
-            out.append(
-                Finding(
-                    "not-modelled",
-                    Severity.WARNING,
-                    f"{path}: parallelism_config {key}={value} (tensor/context parallel) is not modelled",
-                    "the estimate treats every process as a data-parallel rank",
-                )
-            )
-    return out
 
 
 def _with_deepspeed(read: AccelerateRead, raw: Mapping[str, object], path: str) -> AccelerateRead:

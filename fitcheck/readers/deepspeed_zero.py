@@ -383,8 +383,6 @@ def not_modelled_findings(raw: Mapping[str, object], source: str) -> list[Findin
     tp = raw.get("tensor_parallel")
     if isinstance(tp, Mapping) and _gt1(tp.get("autotp_size", tp.get("tp_size"))):
         note("tensor_parallel (AutoTP)")
-    if _gt1(raw.get("sequence_parallel_size")):
-        note("sequence_parallel_size (Ulysses)")
     if "pipeline" in raw:
         note("pipeline parallelism (the pipeline section)")
     zero = raw.get("zero_optimization")

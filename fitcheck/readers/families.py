@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from fitcheck.readers import families_dense, families_other
+from fitcheck.readers import families_dense, families_other, families_recent
 from fitcheck.readers.families_base import ConfigView, NotPureFamilyError
 from fitcheck.spec import ModelShape, ParamEntry
 
@@ -29,6 +29,12 @@ FAMILIES: dict[str, Callable[[ConfigView], Family]] = {
     "bert": families_other.bert,
     "falcon": families_other.falcon,
     "bloom": families_other.bloom,
+    "qwen3": families_recent.qwen3,
+    "qwen3_moe": families_recent.qwen3_moe,
+    "gemma3_text": families_recent.gemma3_text,
+    "olmo2": families_recent.olmo2,
+    "gpt_oss": families_recent.gpt_oss,
+    "deepseek_v3": families_recent.deepseek_v3,
 }
 
 

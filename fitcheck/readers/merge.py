@@ -34,9 +34,10 @@ from fitcheck.readers.accelerate_config import (
 )
 from fitcheck.readers.fsdp_config import FsdpRead
 from fitcheck.readers.merge_sharding import Source, Updates, deepspeed_raw, fsdp_read, resolve_ds, run_precision
+from fitcheck.readers.parallelism import PARALLELISM_FLAGS, read_parallelism
 from fitcheck.readers.run_settings import RunSettings
 from fitcheck.readers.settings_table import SETTINGS, Use
-from fitcheck.readers.sources import as_int
+from fitcheck.readers.sources import as_int, as_mapping
 from fitcheck.readers.trainer_args import ArgsRead, read_training_args_file, read_training_args_mapping
 from fitcheck.spec import DeepSpeedSpec, FsdpSpec, MixedPrecision, ShardingSpec, Strategy
 
@@ -52,6 +53,7 @@ SHARDING_FLAGS = (
     "deepspeed",
     "fsdp",
     "sync_each_batch",
+    *PARALLELISM_FLAGS,
 )
 # TrainingArguments fields that name another source (a file or an inline section), taken out before merging.
 _SOURCE_FIELDS = tuple(name for name, row in SETTINGS.items() if row.use is Use.SOURCE and row.trainer_arg)
@@ -123,17 +125,31 @@ def merge_sources(
     num_processes, num_machines = _processes(cli, acc, provenance)
     values["num_processes"], values["num_machines"] = num_processes, num_machines
     _update(values, provenance, _precision(cli, acc, values, provenance, findings))
-    findings.extend(_parallelism(sources))
     _update(values, provenance, _every_n_layers(values, provenance))
 
     ds_raw, ds_source = deepspeed_raw(cli, deepspeed_file, sources, acc, findings)
     fs_read = fsdp_read(cli, fsdp, sources, acc)
     if ds_raw is not None and fs_read is not None:
         raise ConfigError(f"DeepSpeed ({ds_source}) and FSDP are both configured; use one of them")
+    ta_par = sources.get("parallelism_config")
+    layout = read_parallelism(
+        cli,
+        ta_par.value if ta_par is not None else None,
+        ta_par.where if ta_par is not None else "parallelism_config",
+        acc.parallelism if acc else None,
+        acc.source if acc else "",
+        ds_raw,
+        ds_source,
+    )
+    findings.extend(layout.findings)
     ds_spec: DeepSpeedSpec | None = None
     fs_spec: FsdpSpec | None = None
     if ds_raw is not None:
-        ds = resolve_ds(ds_raw, ds_source, values, provenance, num_processes, hidden_size)
+        # DeepSpeed's data-parallel world excludes the Ulysses ranks (accelerate sets train_batch_size =
+        # micro x accumulation x ParallelismConfig.data_parallel_size for SP; accelerator.py)
+        sp = layout.spec.sp if layout.spec is not None else 1
+        world = num_processes // sp if sp > 1 and num_processes % sp == 0 else num_processes
+        ds = resolve_ds(ds_raw, ds_source, values, provenance, world, hidden_size)
         findings.extend(ds.findings)
         _update(values, provenance, ds.updates)
         provenance.update(ds.notes)
@@ -146,8 +162,9 @@ def merge_sources(
         strategy = Strategy.FSDP
     else:
         strategy = Strategy.DDP if num_processes > 1 else Strategy.SINGLE
+    provenance.update({f"parallelism.{k}": w for k, w in layout.provenance.items()})
     try:
-        sharding = ShardingSpec(strategy, num_processes, num_machines, ds_spec, fs_spec)
+        sharding = ShardingSpec(strategy, num_processes, num_machines, ds_spec, fs_spec, layout.spec)
     except ValueError as exc:
         raise ConfigError(f"--num_processes/--num_machines ({provenance['num_processes']}): {exc}") from None
     return MergedRun(RunSettings.from_values(values, provenance), sharding, tuple(findings))
@@ -216,27 +233,11 @@ def _processes(
     return num_processes, num_machines
 
 
-def _parallelism(sources: Mapping[str, Source]) -> list[Finding]:
-    par = sources.get("parallelism_config")
-    if par is None or not isinstance(par.value, Mapping):
-        return []
-    if not any(
-        isinstance(par.value.get(k), int) and int(str(par.value.get(k))) > 1 for k in ("tp_size", "cp_size", "sp_size")
-    ):
-        return []
-    return [
-        Finding(
-            "not-modelled",
-            Severity.WARNING,
-            f"{par.where or 'parallelism_config'}: tensor/context parallel sizes > 1 are not modelled",
-            "the estimate treats every process as a data-parallel rank",
-        )
-    ]
-
-
 def _every_n_layers(values: Mapping[str, object], provenance: Mapping[str, str]) -> Updates:
     """transformers 5 ``gradient_checkpointing_kwargs.every_n_layers`` -> ``checkpoint_every_n_layers``."""
     every = values.get("gradient_checkpointing_kwargs")
+    if isinstance(every, str) and every.strip():  # --gradient_checkpointing_kwargs '{"every_n_layers": 2}'
+        every = as_mapping(every, at=provenance.get("gradient_checkpointing_kwargs", "--gradient_checkpointing_kwargs"))
     if not isinstance(every, Mapping) or every.get("every_n_layers") is None:
         return {}
     n = as_int(every["every_n_layers"], at="every_n_layers", minimum=1)

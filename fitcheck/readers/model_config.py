@@ -19,12 +19,22 @@ comes in as an explicit mapping.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 from fitcheck.catalog import find_catalog_config
 from fitcheck.errors import ConfigError, UnsupportedModelError
 from fitcheck.readers.families import family_inventory, supported_families
+from fitcheck.readers.task_heads import (
+    CLASSIFIER_TASKS,
+    classifier_inventory,
+    pure_task_supported,
+    resolve_num_labels,
+    resolve_task,
+    task_config,
+    with_task,
+)
 from fitcheck.spec import ModelInventory, ModelShape, ParamEntry
 
 _PASS_CONFIG_HINT = (
@@ -171,15 +181,26 @@ def inventory_from_config(config: Mapping[str, object], model_id: str, source: s
     return _inventory(config, model_id, source, family)
 
 
-MetaFallback = Callable[[Mapping[str, object], str, str], ModelInventory]
-"""Builds an inventory of an architecture with no pure-Python family: ``(config, model_id, source)``.
+class MetaFallback(Protocol):
+    """Builds an inventory of an architecture with no pure-Python family: ``(config, model_id, source, task)``.
 
-The meta-device builder lives above the readers (``fitcheck.torch_adapters.meta_device.meta_inventory``);
-callers on higher floors pass it in, so this reader never imports torch or an upper floor."""
+    The meta-device builder lives above the readers (``fitcheck.torch_adapters.meta_device.meta_inventory``);
+    callers on higher floors pass it in, so this reader never imports torch or an upper floor. ``task`` is the
+    transformers task class to build (``seq-cls``, ``token-cls``, ``image-text-to-text``; None: causal/MLM)."""
+
+    def __call__(
+        self, config: Mapping[str, object], model_id: str, source: str, task: str | None = None, /
+    ) -> ModelInventory:
+        """Build the inventory."""
 
 
 def load_inventory(
-    model_name_or_path: str, *, env: Mapping[str, str], meta_fallback: MetaFallback | None = None
+    model_name_or_path: str,
+    *,
+    env: Mapping[str, str],
+    meta_fallback: MetaFallback | None = None,
+    task: str | None = None,
+    num_labels: int | None = None,
 ) -> ModelInventory:
     """Resolve a model argument offline and inventory its parameters.
 
@@ -189,6 +210,8 @@ def load_inventory(
         env: Environment variables (for the HF cache location and ``~``).
         meta_fallback: Builds unknown architectures (the meta-device inventory, which imports torch and
             transformers); None: such architectures raise :class:`UnsupportedModelError`.
+        task: ``--task`` (None: what config.json ``architectures`` names; :mod:`fitcheck.readers.task_heads`).
+        num_labels: ``--num_labels`` for a classifier task (None: the config's ``id2label``, else 2).
 
     Returns:
         The inventory, with ``source`` saying where the config came from and ``counted_by`` how.
@@ -199,20 +222,26 @@ def load_inventory(
     """
     config, source, where = resolve_config(model_name_or_path, env)
     label = where or source
+    resolved = resolve_task(config, task)
+    labels = resolve_num_labels(config, num_labels) if resolved in CLASSIFIER_TASKS else 0
+    config = task_config(config, resolved, labels)
+    model_type = config.get("model_type")
+    pure = resolved in ("causal-lm", "masked-lm") or pure_task_supported(str(model_type), resolved)
     try:
-        family = family_inventory(config)
+        family = family_inventory(config) if pure else None
     except ConfigError as exc:
         raise ConfigError.collect([f"{label}: {p}" for p in exc.problems]) from None
     if family is not None:
-        return _inventory(config, model_name_or_path, source, family)
-    model_type = config.get("model_type")
+        inv = _inventory(config, model_name_or_path, source, family)
+        return classifier_inventory(inv, resolved, labels) if resolved in CLASSIFIER_TASKS else inv
     if meta_fallback is None:
         raise UnsupportedModelError(
             f"{label}: model_type {model_type!r} has no pure-Python inventory "
             f"(known: {', '.join(supported_families())}) and the meta-device path is disabled"
         )
     try:
-        return meta_fallback(config, model_name_or_path, source)
+        meta_task = None if resolved in ("causal-lm", "masked-lm") else resolved
+        return with_task(meta_fallback(config, model_name_or_path, source, meta_task), resolved, labels)
     except ImportError as exc:
         raise UnsupportedModelError(
             f"{label}: model_type {model_type!r} needs torch and transformers to be counted "

@@ -1,8 +1,9 @@
 """Read a quantization config: a ``BitsAndBytesConfig`` object or dict, or config.json
 ``quantization_config``.
 
-bitsandbytes 4/8-bit is modelled (:class:`QuantSpec`); other methods (GPTQ, AWQ, fp8, compressed-tensors, HQQ,
-...) are named in a not-modelled finding, never silently read as bitsandbytes. Defaults are transformers
+bitsandbytes 4/8-bit is modelled (:class:`QuantSpec`), and so are pre-quantized GPTQ, AWQ, FP8,
+compressed-tensors FP8 and MXFP4 checkpoints (:mod:`fitcheck.readers.prequant_config`); other methods (HQQ, ...)
+are named in a not-modelled finding, never silently read as bitsandbytes. Defaults are transformers
 5.23's
 ``BitsAndBytesConfig`` (``utils/quantization_config.py``: bnb_4bit_quant_type "fp4", compute dtype None =
 fp32,
@@ -16,6 +17,7 @@ from enum import Enum
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
+from fitcheck.readers.prequant_config import PREQUANT_READ, prequant_from_mapping
 from fitcheck.readers.sources import as_bool, as_str, as_str_list, where
 from fitcheck.spec import Dtype, QuantSpec
 
@@ -61,6 +63,8 @@ def quant_from_mapping(
     method = raw.get("quant_method")
     if isinstance(method, Enum):
         method = method.value
+    if method is not None and str(method).lower() in PREQUANT_READ:
+        return prequant_from_mapping(str(method).lower(), raw, source=source)
     if method is not None and str(method).lower() != "bitsandbytes":
         return Finding(
             "quantization-not-modelled",

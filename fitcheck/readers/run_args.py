@@ -23,8 +23,12 @@ from collections.abc import Mapping, Sequence
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
+from fitcheck.readers.checkpoint_dtype import missing_dtype_finding
+from fitcheck.readers.families_legacy import inventory_for_stack
+from fitcheck.readers.parallelism import check_layout
 from fitcheck.readers.run_settings import DEFAULT_GPU, DEFAULTS, RunSettings
 from fitcheck.readers.settings_table import canonical_key
+from fitcheck.readers.versions import stack_from_values
 from fitcheck.spec import (
     DEFAULT_OPTIMIZER,
     ActivationSpec,
@@ -39,6 +43,7 @@ from fitcheck.spec import (
     PrecisionSpec,
     QuantSpec,
     ShardingSpec,
+    StackSpec,
     Strategy,
     TrainingSpec,
 )
@@ -51,6 +56,8 @@ PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "mistral": ("q_proj", "v_proj"),
     "mixtral": ("q_proj", "v_proj"),
     "qwen2": ("q_proj", "v_proj"),
+    "qwen3": ("q_proj", "v_proj"),
+    "gemma3_text": ("q_proj", "v_proj"),
     "gemma": ("q_proj", "v_proj"),
     "gemma2": ("q_proj", "v_proj"),
     "phi": ("q_proj", "v_proj", "fc1", "fc2"),
@@ -61,14 +68,19 @@ PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
 }
 
 
-def load_dtype(settings: RunSettings, model: ModelInventory) -> tuple[Dtype, str]:
-    """The dtype the model is loaded in, and a line saying why."""
+def load_dtype(settings: RunSettings, model: ModelInventory, stack: StackSpec | None = None) -> tuple[Dtype, str]:
+    """The dtype the model is loaded in, and a line saying why (``stack``: transformers 4.x loads float32)."""
+    from fitcheck.readers.checkpoint_dtype import auto_dtype_without_config
+
+    release = stack.release("transformers") if stack is not None else None
+    if not settings.given("dtype") and release is not None and release[0] < 5:
+        return auto_dtype_without_config(model, stack or StackSpec())
     if settings.dtype is None:
         if model.shape.config_dtype is not None:
             return model.shape.config_dtype, (
                 f"dtype 'auto' (transformers 5 default): {model.shape.config_dtype.value} from config.json"
             )
-        return Dtype.FLOAT32, "dtype 'auto': config.json names no dtype, so float32"
+        return auto_dtype_without_config(model, StackSpec())
     return settings.dtype, f"dtype {settings.dtype.value} ({settings.where('dtype')})"
 
 
@@ -137,12 +149,14 @@ def _pre_quantized(inventory: ModelInventory) -> QuantSpec | Finding | None:
 
 
 def _hardware(s: RunSettings) -> tuple[HardwareSpec, list[str]]:
-    from fitcheck.catalog import lookup_gpu
+    from fitcheck.catalog import lookup_gpu, resolve_gpu
 
     notes: list[str] = []
     info = None
     if s.gpu is not None:
-        info = lookup_gpu(s.gpu)
+        info, assumed = resolve_gpu(s.gpu)
+        if assumed:
+            notes.append(assumed)
     elif s.gpu_memory is None:
         info = lookup_gpu(DEFAULT_GPU)
         notes.append(f"no --gpu or --gpu_memory given: assuming {info.name}")
@@ -158,20 +172,28 @@ def _hardware(s: RunSettings) -> tuple[HardwareSpec, list[str]]:
     return hw, notes
 
 
-def _precision(s: RunSettings, inventory: ModelInventory, assumptions: list[str]) -> PrecisionSpec:
-    load, why = load_dtype(s, inventory)
+def _precision(
+    s: RunSettings, inventory: ModelInventory, assumptions: list[str], stack: StackSpec | None = None
+) -> PrecisionSpec:
+    load, why = load_dtype(s, inventory, stack)
     assumptions.append(why)
     if s.bf16 and s.fp16:
         raise ConfigError(f"{s.where('bf16')} and {s.where('fp16')}: pass only one of bf16 / fp16")
     return PrecisionSpec(load_dtype=load, mixed_precision=MixedPrecision.from_flags(s.bf16, s.fp16))
 
 
-def _optimizer(s: RunSettings, assumptions: list[str], findings: list[Finding]) -> OptimizerSpec:
+def _optimizer(
+    s: RunSettings, assumptions: list[str], findings: list[Finding], stack: StackSpec
+) -> OptimizerSpec:
     from fitcheck.core.optimizers import canonical_optimizer
 
+    torch_release = stack.release("torch")
+    old_torch = torch_release is not None and torch_release[:2] < (2, 8)
+    default_optim = "adamw_torch" if old_torch else DEFAULT_OPTIMIZER  # training_args.py: fused only on torch >= 2.8
     if not s.given("optim"):
-        assumptions.append(f"optim {DEFAULT_OPTIMIZER} (TrainingArguments default on torch >= 2.8)")
-    name, note = canonical_optimizer(s.optim or DEFAULT_OPTIMIZER)
+        when = f"torch {stack.get('torch')} < 2.8" if old_torch else "torch >= 2.8"
+        assumptions.append(f"optim {default_optim} (TrainingArguments default on {when})")
+    name, note = canonical_optimizer(s.optim or default_optim)
     if note is not None:
         findings.append(note)
     args: dict[str, str] = {}
@@ -215,9 +237,14 @@ def _freeze(s: RunSettings) -> FreezeSpec | None:
 def _quantization(s: RunSettings, load: Dtype, inventory: ModelInventory, findings: list[Finding]) -> QuantSpec | None:
     quant = _quant(s, load)
     pre = _pre_quantized(inventory)
-    if isinstance(pre, QuantSpec):
+    if isinstance(pre, QuantSpec) and pre.method == "mxfp4":
+        # training holds MXFP4 experts dequantized (core/states/mxfp4.py): no quantized base, a finding instead
+        from fitcheck.core.states import mxfp4_findings
+
+        findings.extend(mxfp4_findings(inventory, load))
+    elif isinstance(pre, QuantSpec):
         return pre
-    if pre is not None:
+    elif pre is not None:
         findings.append(pre)
     return quant
 
@@ -262,14 +289,20 @@ def spec_from_settings(
     s = settings
     assumptions: list[str] = []
     extra = list(findings)
-    precision = _precision(s, inventory, assumptions)
-    optimizer = _optimizer(s, assumptions, extra)
+    stack = stack_from_values({} if s.stack is None else {"stack": s.stack}, s.where("stack"))
+    inventory = inventory_for_stack(inventory, stack)  # transformers 4.x layouts (families_legacy.py)
+    precision = _precision(s, inventory, assumptions, stack)
+    if not s.given("dtype") and inventory.shape.config_dtype is None:
+        extra.append(missing_dtype_finding(inventory, precision.load_dtype))  # checkpoint_dtype.py
+    optimizer = _optimizer(s, assumptions, extra, stack)
     batch = _batch(s, assumptions)
+    from fitcheck.readers.levers import lever_fields  # --loss, Liger, offloading, use_reentrant, torch_compile
+
     acts = ActivationSpec(
         checkpointing=s.gradient_checkpointing,
         checkpoint_every_n_layers=s.checkpoint_every_n_layers,
         attn_implementation=s.attn_implementation,
-        loss=s.loss,
+        **lever_fields(s),
     )
     if sharding is None:
         sharding = _sharding(s)
@@ -290,5 +323,11 @@ def spec_from_settings(
         freeze=freeze,
         provenance=dict(s.provenance),
         findings=tuple(extra),
+        stack=stack,
     )
+    check_layout(spec)  # tp/cp/sp/HSDP sizes checked as accelerate checks them (exit 2)
+    check_layout(spec)  # tp/cp/sp/HSDP sizes checked as accelerate checks them (exit 2)
+    from fitcheck.readers.levers import refuse_peft_problems
+
+    refuse_peft_problems(spec)  # what peft raises on (ParamWrapper + lora_dropout): exit 2, not a traceback
     return spec, tuple(assumptions)

@@ -28,7 +28,7 @@ from fitcheck.readers.settings_table import (
     cli_spellings,
     convert,
 )
-from fitcheck.spec import ActivationSpec, AttnImpl, DeviceType, Dtype, HardwareSpec, LossKind, QuantSpec
+from fitcheck.spec import ActivationSpec, AttnImpl, DeviceType, Dtype, HardwareSpec, QuantSpec
 
 DEFAULT_GPU = "H100-80GB"
 
@@ -70,7 +70,11 @@ class RunSettings:
     gradient_checkpointing: bool = False
     gradient_checkpointing_kwargs: Mapping[str, object] | None = None
     checkpoint_every_n_layers: int = ActivationSpec.checkpoint_every_n_layers
-    loss: LossKind = "standard"
+    loss: str | None = None  # None: transformers' cross-entropy ("torch"); read by readers/levers.py
+    use_liger_kernel: bool = False
+    liger_kernel_config: object = None  # a mapping or its JSON text (readers/levers.py reads it)
+    activation_offloading: bool = False
+    torch_compile: bool = False
     # peft
     use_peft: bool = False
     lora_r: int = 16
@@ -104,10 +108,9 @@ class RunSettings:
     device_type: DeviceType = HardwareSpec.device_type
     host_memory: int | None = None  # bytes
     expandable_segments: bool = False
+    stack: object = None  # "transformers=4.46,peft=0.13" (or a mapping); None: the installed versions
     # TrainingArguments / TRL fields read (typed, spellings reported) that no formula needs yet
     eval_strategy: str | None = None
-    torch_compile: bool = False
-    use_liger_kernel: bool = False
     auto_find_batch_size: bool = False
     torch_empty_cache_steps: int | None = None
     ddp_bucket_cap_mb: int | None = None
@@ -116,7 +119,6 @@ class RunSettings:
     label_smoothing_factor: float | None = None
     packing: bool = False
     padding_free: bool = False
-    activation_offloading: bool = False
     # where each value was read (also "deepspeed.<key>" and other merge notes); the names a source gave
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False)
     given_names: frozenset[str] = field(default=frozenset(), compare=False)
@@ -186,12 +188,14 @@ class CliFlag:
         spellings: ``--name``, ``--name-with-dashes`` and the aliases offered on the command line.
         kind: ``"bool"`` (an optional true/false), ``"list"`` (one or more values) or ``"value"`` (one).
         help: The help text, default filled in.
+        choices: The values argparse accepts (none: any).
     """
 
     name: str
     spellings: tuple[str, ...]
     kind: str
     help: str
+    choices: tuple[str, ...] = ()
 
 
 def cli_flags() -> list[CliFlag]:
@@ -199,7 +203,7 @@ def cli_flags() -> list[CliFlag]:
     out = []
     for name, row in cli_rows():
         kind = "bool" if row.kind is Kind.BOOL else "list" if row.kind in (Kind.NAMES, Kind.INDICES) else "value"
-        out.append(CliFlag(name, tuple(cli_spellings(name)), kind, flag_help(name) or ""))
+        out.append(CliFlag(name, tuple(cli_spellings(name)), kind, flag_help(name) or "", row.cli_choices))
     return out
 
 

@@ -21,11 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import get_args
 
 from fitcheck.errors import ConfigError
 from fitcheck.readers.sources import as_bool, as_float, as_int, as_mapping, as_str, as_str_list
-from fitcheck.spec import AttnImpl, DeviceType, Dtype, LossKind
+from fitcheck.spec import AttnImpl, DeviceType, Dtype, TrainerKind
 from fitcheck.units import parse_bytes
 
 
@@ -101,6 +100,7 @@ class Setting:
         newer_first: The alias is the newer name and wins when one source holds both (transformers 5).
         choice: Read as one of fixed names after ``kind``.
         use: Who consumes it.
+        cli_choices: The values argparse accepts for the flag (none: any).
     """
 
     kind: Kind
@@ -111,6 +111,7 @@ class Setting:
     newer_first: bool = False
     choice: Choice | None = None
     use: Use = Use.RUN
+    cli_choices: tuple[str, ...] = ()
 
     def notes(self, canonical: str) -> dict[str, str]:
         """Spelling -> note, for the spellings that carry one."""
@@ -131,13 +132,6 @@ def _dtype(text: str) -> Dtype:
     if dtype is None or dtype is Dtype.INT8:  # int8 is no load, storage or compute dtype here
         raise KeyError(text)
     return dtype
-
-
-def _loss(text: str) -> LossKind:
-    for name in get_args(LossKind):
-        if text == name:
-            return name  # type: ignore[no-any-return]
-    raise KeyError(text)
 
 
 _TA, _V, _C = True, Reach.VALUES, Reach.CLI
@@ -164,6 +158,12 @@ SETTINGS: dict[str, Setting] = {
     ),
     "attn_implementation": Setting(S, "eager, sdpa (default) or flash_attention_2", trainer_arg=_TA,
                                    choice=Choice(AttnImpl, "eager, sdpa, flash_attention_2")),
+    "task": Setting(S, "causal-lm, seq-cls, token-cls or image-text-to-text (default: from config.json "
+                    "architectures)", use=Use.CLI),  # read by readers/task_heads.py with the inventory
+    "num_labels": Setting(S, "classifier width for --task seq-cls/token-cls (default: the config's id2label, "
+                          "else 2)", use=Use.CLI),
+    "image_tokens": Setting(S, "vision patches per sample for image-text-to-text (before the merger; default 0)",
+                            use=Use.CLI),
     # batch
     "per_device_train_batch_size": Setting(
         P, "micro-batch per GPU (default {default}, as TrainingArguments)",
@@ -192,8 +192,28 @@ SETTINGS: dict[str, Setting] = {
         (Alias("activation_checkpointing", "transformers 5.x name", _C),), _TA, note=_GC_NOTE, newer_first=True,
     ),
     "checkpoint_every_n_layers": Setting(P, "checkpoint one decoder layer in n (transformers 5 every_n_layers)"),
-    "loss": Setting(S, "standard (HF cross-entropy on full logits) or chunked (fused/chunked CE kernels)",
-                    choice=Choice(_loss, "standard, chunked")),
+    "loss": Setting(
+        S, "LM loss implementation: torch (default; transformers' cross-entropy on full b x s x V logits, alias "
+        "standard), liger-flce (Liger fused linear cross-entropy: no logits, a chunk buffer), cce (Apple's Cut "
+        "Cross-Entropy, cce_patch: no logits)"
+    ),  # read by readers/levers.py (aliases, refusals)
+    "gradient_checkpointing_kwargs": Setting(
+        M, "JSON, e.g. '{\"use_reentrant\": false}' (every_n_layers read too)",
+        (Alias("activation_checkpointing_kwargs", "transformers 5.x name"),), _TA,
+        note="transformers 4.x name (deprecated alias in 5.x)", newer_first=True,
+    ),
+    "use_liger_kernel": Setting(
+        B, "Liger-Kernel (TrainingArguments): RMSNorm, SwiGLU/GEGLU, RoPE and fused linear cross-entropy",
+        trainer_arg=_TA,
+    ),
+    "liger_kernel_config": Setting(
+        R, "JSON of Liger switches: rope, rms_norm, swiglu (geglu), fused_linear_cross_entropy, cross_entropy",
+        trainer_arg=_TA,
+    ),
+    "activation_offloading": Setting(B, "TRL SFTConfig activation offloading: saved tensors to pinned host memory",
+                                     trainer_arg=_TA),
+    "torch_compile": Setting(B, "TrainingArguments torch_compile (not modelled: the estimate is eager mode)",
+                             trainer_arg=_TA),
     # peft
     "use_peft": Setting(B, "train LoRA adapters (TRL)", trainer_arg=_TA),
     "lora_r": Setting(P, "LoRA rank (TRL default {default})", (Alias("r", reach=_V),), _TA),
@@ -247,24 +267,67 @@ SETTINGS: dict[str, Setting] = {
     "zero_stage": Setting(INT, "DeepSpeed ZeRO stage 0-3", use=Use.SOURCE),
     "offload_optimizer": Setting(S, "DeepSpeed offload_optimizer device: none, cpu, nvme", use=Use.SOURCE),
     "offload_param": Setting(S, "DeepSpeed offload_param device (ZeRO-3): none, cpu, nvme", use=Use.SOURCE),
+    # parallelism (accelerate ParallelismConfig; their product must equal --num_processes), read by
+    # readers/parallelism.py; accelerate launch spells them --parallelism_config_<name>
+    **{
+        name: Setting(S, text, (Alias(f"parallelism_config_{name}", reach=_C),), use=Use.SOURCE)
+        for name, text in (
+            ("dp_replicate_size", "HSDP replicas (accelerate ParallelismConfig dp_replicate_size)"),
+            ("dp_shard_size", "FSDP2 shard group size (dp_shard_size)"),
+            ("tp_size", "tensor parallel size: transformers tp_plan, FSDP2 (tp_size)"),
+            ("cp_size", "context parallel size: torch ring attention over the sequence, FSDP2 (cp_size)"),
+            ("sp_size", "sequence parallel size: DeepSpeed Ulysses/ALST (sp_size)"),
+            ("sp_backend", "sequence parallel backend (accelerate accepts only deepspeed)"),
+            ("cp_comm_strategy", "context parallel rotation: allgather (default) or alltoall"),
+        )
+    },
     "mixed_precision": Setting(S, use=Use.SOURCE),  # accelerate's name (fitcheck launch, live objects)
     "sync_each_batch": Setting(B, use=Use.SOURCE),  # accelerate GradientAccumulationPlugin
     "accelerator_config": Setting(R, trainer_arg=_TA, use=Use.SOURCE),
     "parallelism_config": Setting(R, trainer_arg=_TA, use=Use.SOURCE),
     # hardware
-    "gpu": Setting(S, "GPU name, e.g. H100-80GB, A100-40GB, RTX4090-24GB, L40S-48GB (default {default})"),
+    "gpu": Setting(
+        S, "GPU name, e.g. H100-80GB, B200, RTX5090, or as nvidia-smi --query-gpu=name prints it (default {default})"
+    ),
     "gpu_memory": Setting(Y, "memory per GPU instead of --gpu, e.g. 80GiB or 24GB"),
     "device_type": Setting(S, "cuda (default) or cpu (live tensors only: for validation against CPU runs)",
                            choice=Choice(DeviceType, "cuda, cpu")),
     "host_memory": Setting(Y, "RAM per node, to check CPU offload, e.g. 512GiB"),
     "expandable_segments": Setting(B, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set"),
+    "stack": Setting(R, "library versions to estimate for, e.g. transformers=4.46,peft=0.13 (default: the installed "
+                     "ones)"),  # read by readers/versions.py
     # checks
     "device_map": Setting(S, "check a device_map (auto, balanced, sequential) for trainable parameters on "
                           "cpu/disk", use=Use.CLI),
     "max_memory": Setting(S, "max_memory for the device_map check, e.g. 0=24GiB,cpu=200GiB", use=Use.CLI),
+    # --trainer and TRL 1.16's config fields (read by cli/trl_flags.py; TRL's defaults for absent flags)
+    "trainer": Setting(S, "trainer (default trainer)", use=Use.CLI,
+                       cli_choices=tuple(k.value for k in TrainerKind)),
+    "packing": Setting(B, "TRL config packing", trainer_arg=_TA),
+    "padding_free": Setting(B, "TRL config padding_free", trainer_arg=_TA),
+    "precompute_ref_log_probs": Setting(B, "TRL config precompute_ref_log_probs", use=Use.CLI),
+    "use_vllm": Setting(B, "TRL config use_vllm", use=Use.CLI),
+    **{
+        name: Setting(S, f"TRL config {name}", use=Use.CLI)
+        for name in (
+            "max_prompt_length",
+            "max_completion_length",
+            "rpo_alpha",
+            "num_generations",
+            "beta",
+            "generation_batch_size",
+            "steps_per_generation",
+            "vllm_mode",
+            "vllm_gpu_memory_utilization",
+        )
+    },
+    "per_device_eval_batch_size": Setting(
+        P, "TRL config per_device_eval_batch_size", (Alias("per_gpu_eval_batch_size"),), trainer_arg=_TA
+    ),
+    "eval_accumulation_steps": Setting(P, "TRL config eval_accumulation_steps", trainer_arg=_TA),
+    "prediction_loss_only": Setting(S, "TRL config prediction_loss_only", use=Use.CLI),
+    "loss_type": Setting(N, "DPO loss_type", use=Use.CLI),
     # TrainingArguments / TRL fields read (type-checked, spellings reported) that no formula needs yet
-    "per_device_eval_batch_size": Setting(P, aliases=(Alias("per_gpu_eval_batch_size"),), trainer_arg=_TA),
-    "eval_accumulation_steps": Setting(P, trainer_arg=_TA),
     "bf16_full_eval": Setting(B, trainer_arg=_TA),
     "fp16_full_eval": Setting(B, trainer_arg=_TA),
     "learning_rate": Setting(F, trainer_arg=_TA),
@@ -273,16 +336,10 @@ SETTINGS: dict[str, Setting] = {
     "adam_beta2": Setting(F, trainer_arg=_TA),
     "adam_epsilon": Setting(F, trainer_arg=_TA),
     "max_grad_norm": Setting(F, trainer_arg=_TA),
-    "gradient_checkpointing_kwargs": Setting(
-        M, aliases=(Alias("activation_checkpointing_kwargs", "transformers 5.x name"),), trainer_arg=_TA,
-        note="transformers 4.x name (deprecated alias in 5.x)", newer_first=True,
-    ),
     "eval_strategy": Setting(
         S, aliases=(Alias("evaluation_strategy", "transformers < 4.46 name"),), trainer_arg=_TA,
         note="transformers >= 4.41 name",
     ),
-    "torch_compile": Setting(B, trainer_arg=_TA),
-    "use_liger_kernel": Setting(B, trainer_arg=_TA),
     "auto_find_batch_size": Setting(B, trainer_arg=_TA),
     "torch_empty_cache_steps": Setting(P, trainer_arg=_TA),
     "ddp_bucket_cap_mb": Setting(P, trainer_arg=_TA),
@@ -290,9 +347,6 @@ SETTINGS: dict[str, Setting] = {
     "use_cpu": Setting(B, aliases=(Alias("no_cuda", "transformers < 4.34 name of use_cpu"),), trainer_arg=_TA),
     "label_smoothing_factor": Setting(F, trainer_arg=_TA),
     "trust_remote_code": Setting(B, trainer_arg=_TA),
-    "packing": Setting(B, trainer_arg=_TA),
-    "padding_free": Setting(B, trainer_arg=_TA),
-    "activation_offloading": Setting(B, trainer_arg=_TA),
 }
 
 

@@ -11,7 +11,7 @@ from rich.text import Text
 from fitcheck.advice import Suggestion
 from fitcheck.core import ComputeEstimate
 from fitcheck.findings import Severity
-from fitcheck.report import PHASES, Location, Report
+from fitcheck.report import Location, Report
 from fitcheck.units import format_bytes
 
 # Host bytes below this are bookkeeping (e.g. torch AdamW's 4-byte CPU step counters): listed as components only.
@@ -65,9 +65,9 @@ def phases_table(report: Report) -> Table:
     """Allocated bytes per phase (the peak phase marked)."""
     table = Table(title="allocated per phase")
     totals = report.phase_totals(Location.DEVICE)
-    for p in PHASES:
+    for p in totals:  # the training phases, + generation / evaluation where a trainer has them
         table.add_column(p.value + (" *" if p is report.peak_phase else ""), justify="right")
-    table.add_row(*(format_bytes(totals[p]) for p in PHASES))
+    table.add_row(*(format_bytes(totals[p]) for p in totals))
     return table
 
 

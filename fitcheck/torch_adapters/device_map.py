@@ -116,8 +116,9 @@ def _torch_dtype(dtype: Dtype) -> Any:
 
 
 def _bnb_config(spec: TrainingSpec) -> Any:
-    """The BitsAndBytesConfig for spec.quant (transformers' class), or None."""
-    if spec.quant is None:
+    """The BitsAndBytesConfig for spec.quant (transformers' class), or None (also for pre-quantized GPTQ/AWQ/FP8
+    bases, which are placed at their 16-bit sizes: their quantizers need gptqmodel/kernels to build)."""
+    if spec.quant is None or spec.quant.method != "bitsandbytes":
         return None
     from transformers import BitsAndBytesConfig
 

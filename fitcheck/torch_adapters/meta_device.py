@@ -24,6 +24,7 @@ _INDEX = re.compile(r"\.(\d+)\.")
 _ATTENTION_WORDS = {"attn", "attention", "self_attn", "self_attention", "crossattention", "cross_attn"}
 _POSITION_WORDS = {"wpe", "position_embeddings", "embed_positions"}
 _ROUTER_WORDS = {"gate", "router"}
+_HEAD_WORDS = {"score", "classifier"}
 # Parameter names of gated (GLU) MLPs in transformers: Llama-style gate_proj, Phi-3 gate_up_proj, MoE experts.
 _GATED_SUFFIXES = ("gate_proj.weight", "gate_up_proj.weight", "experts.gate_up_proj", "w1.weight")
 
@@ -118,7 +119,8 @@ def _role(name: str, module: Any, kind: Kind, is_output_head: bool) -> Role:
     if kind is Kind.EMBEDDING:
         return Role.POSITION if module_name in _POSITION_WORDS else Role.EMBEDDING
     if kind is Kind.LINEAR:
-        if is_output_head or "lm_head" in segments or "predictions" in segments:
+        # score / classifier: the head of *ForSequenceClassification / *ForTokenClassification (no output embeddings)
+        if is_output_head or "lm_head" in segments or "predictions" in segments or segments[0] in _HEAD_WORDS:
             return Role.LM_HEAD
         if "*" not in name and _INDEX.search(name) is None:
             return Role.OTHER
@@ -133,7 +135,10 @@ def _features(module: Any, param: Any, kind: Kind) -> tuple[int, int]:
         # A bare (experts, hidden) router weight used as F.linear(x, weight): hidden -> experts.
         return int(param.shape[1]), int(param.shape[0])
     if kind is Kind.FUSED_EXPERTS:
-        # (experts, out, in) as peft's lora.ParamWrapper reads a non-transposed 3-D expert tensor.
+        # (experts, out, in) as peft's lora.ParamWrapper reads a non-transposed 3-D expert tensor; (experts, in,
+        # out) for a class marked is_transposed (gpt-oss; peft 0.21 tuners/lora/layer.py ParamWrapper.update_layer)
+        if getattr(module, "is_transposed", False):
+            return int(param.shape[1]), int(param.shape[2])
         return int(param.shape[2]), int(param.shape[1])
     if kind is Kind.LINEAR:
         if isinstance(module, Conv1D):
@@ -142,9 +147,18 @@ def _features(module: Any, param: Any, kind: Kind) -> tuple[int, int]:
     return 0, 0
 
 
-def _auto_class(config: Mapping[str, object]) -> Any:
-    """AutoModelForMaskedLM when the checkpoint's architecture is a masked LM (BERT-like), else causal LM."""
+def _auto_class(config: Mapping[str, object], task: str | None = None) -> Any:
+    """The Auto class of ``task`` (seq-cls, token-cls, image-text-to-text); else AutoModelForMaskedLM when the
+    checkpoint's architecture is a masked LM (BERT-like), else causal LM."""
     import transformers
+
+    task_class = {
+        "seq-cls": transformers.AutoModelForSequenceClassification,
+        "token-cls": transformers.AutoModelForTokenClassification,
+        "image-text-to-text": transformers.AutoModelForImageTextToText,
+    }.get(task or "")
+    if task_class is not None:
+        return task_class
 
     archs = config.get("architectures")
     first = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
@@ -158,7 +172,7 @@ def _auto_class(config: Mapping[str, object]) -> Any:
     return transformers.AutoModel
 
 
-def build_meta_model(config: Mapping[str, object]) -> Any:
+def build_meta_model(config: Mapping[str, object], task: str | None = None) -> Any:
     """The transformers model for ``config`` on the meta device (no memory, no remote code).
 
     Raises:
@@ -183,7 +197,7 @@ def build_meta_model(config: Mapping[str, object]) -> Any:
     try:
         cfg = CONFIG_MAPPING[model_type].from_dict(clean)
         with torch.device("meta"):
-            return _auto_class(config).from_config(cfg, trust_remote_code=False)
+            return _auto_class(config, task).from_config(cfg, trust_remote_code=False)
     except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, AssertionError) as exc:
         raise UnsupportedModelError(
             f"transformers could not build model_type {model_type!r} from this config.json: {exc}"
@@ -265,7 +279,9 @@ def _shape(model: Any, config: Mapping[str, object], layers_seen: int) -> ModelS
         num_heads=heads,
         num_kv_heads=_kv_heads(model) or attr("num_key_value_heads", "num_kv_heads") or heads,
         head_dim=attr("head_dim") or max(hidden // heads, 1),
-        intermediate_size=attr("intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden,
+        # MoE: the per-expert width (Qwen3-MoE / DeepSeek moe_intermediate_size; Mixtral's intermediate_size is it)
+        intermediate_size=(attr("moe_intermediate_size") if experts else 0)
+        or attr("intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden,
         vocab_size=attr("vocab_size") or int(embed.num_embeddings),
         max_position_embeddings=attr("max_position_embeddings", "n_positions", "seq_length"),
         mlp_activation=mlp_kind(_activation(model), gated=gated),
@@ -282,7 +298,9 @@ def _shape(model: Any, config: Mapping[str, object], layers_seen: int) -> ModelS
     )
 
 
-def meta_inventory(config: Mapping[str, object], model_id: str, source: str) -> ModelInventory:
+def meta_inventory(
+    config: Mapping[str, object], model_id: str, source: str, task: str | None = None
+) -> ModelInventory:
     """Inventory of any architecture transformers ships, counted on the meta device.
 
     Args:
@@ -297,7 +315,7 @@ def meta_inventory(config: Mapping[str, object], model_id: str, source: str) -> 
     Raises:
         UnsupportedModelError: The architecture is not built into transformers or cannot be built.
     """
-    model = build_meta_model(config)
+    model = build_meta_model(config, task)
     entries, layers_seen = _collapse(model)
     quant = config.get("quantization_config")
     return ModelInventory(

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import LoraSpec, QuantSpec, TrainingSpec
+from fitcheck.spec import FreezeSpec, LoraSpec, QuantSpec, TrainingSpec
+from fitcheck.torch_adapters.tracer_task import task_head, task_labels, task_trace_config
 
 PARAMS = "parameters"
 GRADS = "gradients"
@@ -172,6 +173,9 @@ def trace_step(
     num_layers: int | None = None,
     fake: bool = True,
     seed: int = 0,
+    task: str = "causal-lm",
+    freeze: FreezeSpec | None = None,
+    use_reentrant: bool = False,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -190,6 +194,9 @@ def trace_step(
         num_layers: Depth to build (None = the config's).
         fake: Trace on fake tensors (True) or run a real CPU step (False).
         seed: RNG seed for the real step.
+        task: ``causal-lm``, ``seq-cls``, ``token-cls`` (the head and labels of that task).
+        freeze: Partial training without PEFT (``fitcheck.torch_adapters.tracer_freeze``).
+        use_reentrant: Reentrant activation checkpointing (``gradient_checkpointing_kwargs``).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -200,7 +207,7 @@ def trace_step(
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder
 
     start = time.perf_counter()
-    cfg = reduced_config(config, num_layers)
+    cfg = task_trace_config(reduced_config(config, num_layers), task)
     depth = config_layers(cfg)
     if quant is not None and fake:
         from fitcheck.torch_adapters.tracer_patches import warm_bitsandbytes
@@ -217,6 +224,9 @@ def trace_step(
             lora=lora,
             quant=quant,
             fake=fake,
+            task=task,
+            freeze=freeze,
+            use_reentrant=use_reentrant,
         )
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_trainer_optimizer(optimizer, model)
@@ -231,8 +241,9 @@ def trace_step(
 
             quant_meta = quant_state_tensors(model)
             rec.track(quant_meta)
-        rec.track([ids])
-        head = model.get_output_embeddings()
+        labels = task_labels(model, ids, task)
+        rec.track([ids] if labels is ids else [ids, labels])
+        head = task_head(model)
         autocast = mixed_precision in ("bf16", "fp16")
         ac_dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
         with rec:
@@ -243,7 +254,7 @@ def trace_step(
                 rec.enter_region("forward" + suffix)
                 ctx = torch.autocast("cpu", dtype=ac_dtype) if autocast else contextlib.nullcontext()
                 with ctx:
-                    loss = _loss(model, ids)
+                    loss = _loss(model, ids, labels)
                 rec.enter_region("backward_start" + suffix)
                 loss.backward()
                 del loss
@@ -263,7 +274,7 @@ def trace_step(
                     param_serials = {rec.serial(p) for p in model.parameters()} | {
                         rec.serial(b) for b in model.buffers()
                     } | {rec.serial(t) for t in quant_meta}
-                    ids_serial = rec.serial(ids)
+                    ids_serials = {rec.serial(ids), rec.serial(labels)}
                 opt.zero_grad(set_to_none=True)
             rec.enter_region("done")
     final_grads = sum(rec.sizes[s] for s in grad_serials if s is not None)
@@ -275,7 +286,7 @@ def trace_step(
             return GRADS
         if serial in state_serials:
             return OPTSTATE
-        if serial == ids_serial:
+        if serial in ids_serials:
             return INPUTS
         tag = rec.tags[serial]
         if tag == "forward":
@@ -323,9 +334,9 @@ def _grad_marker(rec: Any, region: str) -> Any:
     return hook
 
 
-def _loss(model: Any, ids: Any) -> Any:
+def _loss(model: Any, ids: Any, labels: Any) -> Any:
     """Forward + loss as the Trainer's ``compute_loss`` does: the outputs are dropped, the loss kept."""
-    out = model(input_ids=ids, labels=ids, use_cache=False)
+    out = model(input_ids=ids, labels=labels, use_cache=False)
     return out.loss
 
 
@@ -350,7 +361,9 @@ def trace_extrapolated(config: Mapping[str, Any], **kwargs: Any) -> TraceResult:
 
     depth = config_layers(config)
     group = layer_group(config)
-    if depth <= 2 * group:
+    freeze = kwargs.get("freeze")
+    if depth <= 2 * group or (freeze is not None and freeze.trainable_layers is not None):
+        # layers differ when only some are trainable: no repeating group to extrapolate from, trace them all
         return trace_step(config, num_layers=depth, **kwargs)
     one = trace_step(config, num_layers=group, **kwargs)
     two = trace_step(config, num_layers=2 * group, **kwargs)
@@ -369,8 +382,12 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         "checkpointing": act.checkpointing,
         "every_n_layers": act.checkpoint_every_n_layers,
         "lora": spec.lora,
-        "quant": spec.quant,
+        # a pre-quantized GPTQ/AWQ/FP8 base runs as a frozen 16-bit base (its per-layer dequantized weight is the
+        # separate temporaries.dequantized_weight component); MXFP4 trains dequantized (core/states/mxfp4.py)
+        "quant": spec.quant if spec.quant is None or spec.quant.method == "bitsandbytes" else None,
         "optimizer": spec.optimizer.name,
+        "task": spec.model.shape.task,
+        "freeze": spec.freeze,
     }
 
 

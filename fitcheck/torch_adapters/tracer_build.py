@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitcheck.errors import ConfigError, UnsupportedModelError
-from fitcheck.spec import LoraSpec, QuantSpec
+from fitcheck.spec import FreezeSpec, LoraSpec, QuantSpec
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
@@ -85,10 +85,17 @@ def hf_config(config: Mapping[str, Any], attn_implementation: str) -> Any:
     return cfg
 
 
-def model_class(config: Mapping[str, Any]) -> Any:
-    """The transformers class named by ``architectures[0]``, or AutoModelForCausalLM's choice."""
+def model_class(config: Mapping[str, Any], task: str | None = None) -> Any:
+    """The transformers class named by ``architectures[0]``, or AutoModelForCausalLM's choice; with a ``task``
+    whose class ``architectures[0]`` is not (``--task seq-cls`` on a causal-LM config), that task's class."""
     import transformers
 
+    from fitcheck.readers import task_from_config
+
+    if task is not None and task not in ("causal-lm", "masked-lm") and task_from_config(config) != task:
+        from fitcheck.torch_adapters.task_classes import task_class
+
+        return task_class(config, task)
     archs = config.get("architectures")
     if isinstance(archs, list) and archs and isinstance(archs[0], str):
         cls = getattr(transformers, archs[0], None)
@@ -107,6 +114,9 @@ def build_model(
     lora: LoraSpec | None = None,
     quant: QuantSpec | None = None,
     fake: bool = True,
+    task: str | None = None,
+    freeze: FreezeSpec | None = None,
+    use_reentrant: bool = False,
 ) -> Any:
     """Build the model as the training run would have it.
 
@@ -119,6 +129,10 @@ def build_model(
         lora: PEFT LoRA wrapping.
         quant: bitsandbytes 4-bit base (emulated on fake tensors; real bnb on real ones).
         fake: True when called inside a FakeTensorMode.
+        task: ``--task`` (None: the class ``architectures`` names).
+        freeze: Partial training without PEFT: only the parameters it selects keep ``requires_grad``.
+        use_reentrant: ``gradient_checkpointing_kwargs={"use_reentrant": True}`` (with a frozen embedding the
+            inputs are made to require a gradient, as TRL's SFTTrainer does: ``enable_input_require_grads``).
 
     Returns:
         The ``torch.nn.Module`` in train mode.
@@ -126,7 +140,7 @@ def build_model(
     from fitcheck.torch_adapters.tracer_patches import module_to_is_noop
 
     cfg = hf_config(config, attn_implementation)
-    cls = model_class(config)
+    cls = model_class(config, task)
     guard = module_to_is_noop() if fake else contextlib.nullcontext()
     with guard:
         try:
@@ -142,17 +156,23 @@ def build_model(
 
             model = prepare_for_kbit_training(quantize_base(model, quant, fake=fake), quant, checkpointing)
         if lora is not None:
-            model = _wrap_lora(model, lora)
+            model = _wrap_lora(model, lora, task)
+    if freeze is not None:
+        from fitcheck.torch_adapters.tracer_freeze import apply_freeze
+
+        apply_freeze(model, freeze)
     if checkpointing:
         # what Trainer.train() calls in transformers 5 (trainer.py: activation_checkpointing_enable)
         model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every_n_layers
+            activation_checkpointing_kwargs={"use_reentrant": use_reentrant}, every_n_layers=every_n_layers
         )
+        if use_reentrant and (lora is not None or quant is not None):
+            model.enable_input_require_grads()
     model.train()
     return model
 
 
-def _wrap_lora(model: Any, lora: LoraSpec) -> Any:
+def _wrap_lora(model: Any, lora: LoraSpec, task: str | None = None) -> Any:
     from peft import LoraConfig, get_peft_model
 
     targets: Any = list(lora.target_modules) or None
@@ -171,5 +191,7 @@ def _wrap_lora(model: Any, lora: LoraSpec) -> Any:
         target_parameters=list(lora.target_parameters) or None,
         layers_to_transform=list(lora.layers_to_transform) if lora.layers_to_transform else None,
         rank_pattern=dict(lora.rank_pattern),
+        # peft peft_model.py: SEQ_CLS / TOKEN_CLS add "classifier"/"score" to modules_to_save (readers/task_heads)
+        task_type={"seq-cls": "SEQ_CLS", "token-cls": "TOKEN_CLS"}.get(task or ""),
     )
     return get_peft_model(model, cfg)

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.findings import Finding, Severity
+from fitcheck.report import Phase
 from fitcheck.spec import AttnImpl, DeviceType, Kind, Role, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
@@ -59,6 +60,10 @@ class BackwardInputs:
         autocast: Whether fp32 weights are cast to 16 bits by autocast.
         half_model: Whether the model itself is 16-bit.
         end: What ``activations.saved`` keeps in ``Phase.BACKWARD`` (the embedding-output gradient).
+        layers_saved: Saved bytes of all decoder layers together where they differ (partial training by
+            layers, ``activations.freeze``); -1 when every layer saves ``layer``.
+        offloaded: TRL activation offloading: layers below the one in backward stay in host memory
+            (fitcheck/core/kernels/levers.py), so only layer i's saved tensors are on the device.
     """
 
     layer: int
@@ -70,6 +75,8 @@ class BackwardInputs:
     autocast: bool
     half_model: bool
     end: int
+    layers_saved: int = -1
+    offloaded: bool = False
 
 
 def _trainable_full(spec: TrainingSpec) -> bool:
@@ -105,7 +112,16 @@ def _head_and_embedding(spec: TrainingSpec) -> tuple[int, int]:
 
 
 def _layer_cast(spec: TrainingSpec) -> int:
-    """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations.decoder)."""
+    """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations.decoder).
+
+    A 4-bit base makes none: ``bnb.nn.Linear4bit`` runs ``MatMul4Bit`` (no autocast op), which dequantizes
+    into a temporary and saves only the packed weight (bitsandbytes 0.50.2 autograd/_functions.py
+    ``MatMul4Bit.forward``: ``ctx.tensors = (None, B)``); only the LoRA weights' casts are held.
+    """
+    from fitcheck.core.activations.qlora import four_bit_lora, lora_layer_params
+
+    if four_bit_lora(spec):
+        return 2 * lora_layer_params(spec) // max(1, spec.model.shape.num_layers)
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
     return 2 * sum(p.numel_each for p in spec.model.params if p.per_layer and p.kind in kinds)
 
@@ -143,7 +159,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     g_head, g_emb = _head_and_embedding(spec)
     g_down = _down_proj_numel(spec) * _param_bytes(spec) if _trainable_full(spec) else 0
     cast = _layer_cast(spec) if q.autocast else 0
-    cast_down = 2 * _down_proj_numel(spec) if q.autocast else 0
+    from fitcheck.core.activations.qlora import four_bit_lora
+
+    # the down_proj weight cast freed after its backward (a 4-bit base has no cast: _layer_cast)
+    cast_down = 2 * _down_proj_numel(spec) if q.autocast and not four_bit_lora(spec) else 0
     # gated MLP: down_proj input gradient + the product's two gradients - down_proj's freed input (+2·e·I);
     # a plain MLP (GPT-2 traced: fc input gradient replaces the freed fc output) nets 0; + the residual gradient
     gated = sh.mlp_activation == "swiglu"
@@ -158,19 +177,61 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     moments["head"] = q.kept + (L * cast if q.n_ckpt == 0 else 0) + head_extra + q.e * bs * h + head_grad - missing
     for name, i in (("top layer", L - 1), ("bottom layer", 0)):
         missing = 0 if accum else (i + 1) * g_layer - g_down + g_emb
+        below = 1 if q.offloaded else i + 1  # offloaded: only layer i's tensors are brought back
+        if spec.freeze is not None and not accum:
+            missing = _frozen_missing(spec, top=i == L - 1)
         if q.n_ckpt == 0:
-            live = static + (i + 1) * (q.layer + cast + norms) - cast_down
+            whole = q.layers_saved < 0 or i == 0 or q.offloaded
+            saved = below * q.layer if whole else q.layers_saved
+            live = static + saved + below * (cast + norms) - cast_down
         else:
             shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
-            live = static + (i + 1) * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
+            live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
         moments[name] = live + work - missing + _LOSS_SCALARS
     temp_emb = g_emb if accum else 0
     moments["embedding"] = q.end + cuda_embedding_backward(spec) + temp_emb + _LOSS_SCALARS
     return moments
 
 
+def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:
+    """Gradients of a partial fine-tune not produced yet at the top (or bottom) layer's MLP backward.
+
+    Top: every gradient but the head's and the top layer's own (less its down_proj weight gradient, the first
+    one the layer produces), when the top layer trains. Bottom: only the embedding's.
+    """
+    from fitcheck.core.activations.freeze import frozen_layers
+
+    frozen = frozen_layers(spec)
+    nbytes = _param_bytes(spec)
+    if frozen is None:
+        return 0
+    if not top:
+        emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING) * nbytes
+        return emb if frozen.embedding_trained and not spec.model.shape.tied_embeddings else 0
+    fz = spec.freeze
+    top_trained = fz is not None and fz.trainable_layers is not None and (
+        spec.model.shape.num_layers - 1 in fz.trainable_layers)
+    own = (sum(p.numel_each for p in spec.model.params if p.per_layer) - _down_proj_numel(spec)) * nbytes
+    return max(_all_grads(spec) - (own if top_trained else 0), 0)
+
+
 def _all_grads(spec: TrainingSpec) -> int:
     g_head, g_emb = _head_and_embedding(spec)
+    if spec.lora is not None or spec.freeze is not None:
+        # LoRA / partial training: at the head's backward no gradient but the head's exists yet (trace "llama
+        # qlora": the backward peak at the head holds no gradient); the model states count them all in BACKWARD
+        from fitcheck.core.activations.freeze import frozen_layers
+        from fitcheck.core.states import model_state_components
+
+        grads = sum(c.at(Phase.BACKWARD) for c in model_state_components(spec) if c.name == "gradients")
+        frozen = frozen_layers(spec)
+        head_trained = spec.lora is not None and "lm_head" in spec.lora.modules_to_save
+        if frozen is not None:
+            head_trained = frozen.head_trained
+        if head_trained:
+            nbytes = 4 if spec.lora is not None else _param_bytes(spec)  # modules_to_save copies are fp32 (peft)
+            grads -= nbytes * sum(p.numel for p in spec.model.params if p.role is Role.LM_HEAD)
+        return max(grads, 0)
     if not _trainable_full(spec):
         return 0
     other = sum(p.numel for p in spec.model.params if not p.per_layer and p.role not in (Role.EMBEDDING, Role.LM_HEAD))

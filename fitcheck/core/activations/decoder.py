@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_transient
+from fitcheck.core.activations.cuda import cuda_gap_findings
 from fitcheck.core.activations.dora import DoraMode, dora_per_token, dora_phases, lora_extras_unpinned
 from fitcheck.core.activations.families import (
     FAMILY_FORMULAS,
@@ -28,7 +29,15 @@ from fitcheck.core.activations.families import (
     family_logits,
     family_outside_saved,
 )
+from fitcheck.core.activations.freeze import frozen_layers
+from fitcheck.core.activations.heads import (
+    CLASSIFIER_TASKS,
+    bert_layer_alias,
+    classifier_head_backward,
+    classifier_logits,
+)
 from fitcheck.core.activations.qlora import (
+    four_bit_lora,
     kbit_upcast,
     lora_layer_params,
     qlora_backward_working_set,
@@ -37,17 +46,35 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
+from fitcheck.core.activations.recent import eager_scores, qk_norm_outside, qk_norm_saved, recent_family_findings
+from fitcheck.core.activations.versions import legacy_logits_extra
+from fitcheck.core.activations.vision import vision_components, vision_findings
+from fitcheck.core.kernels import (
+    deepspeed_module_view,
+    fused_loss,
+    lever_findings,
+    liger_applies,
+    liger_cross_entropy,
+    liger_mlp_delta,
+    liger_norm_saved,
+    offload_applies,
+    offload_split,
+)
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainerKind, TrainingSpec
 
+# TRL 1.16 trainers whose loss runs through add_fused_lm_head (trl/trainer/utils.py)
+_FUSED_HEAD = frozenset({TrainerKind.SFT, TrainerKind.DPO, TrainerKind.GRPO})
 _TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
 # Families whose layer recipe below was read off traces and is pinned by tests.
 PINNED_FAMILIES = (
-    frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3"}) | FAMILY_FORMULAS
+    frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "mixtral",
+               "phi3"})
+    | FAMILY_FORMULAS
 )
 # transformers refuses SDPA for these configs (attention soft-capping / ALiBi): eager is what runs.
-_EAGER_ONLY = frozenset({"gemma2", "bloom"})
+_EAGER_ONLY = frozenset({"gemma2", "bloom", "gpt_oss"})  # gpt-oss: _supports_sdpa = False (attention sinks)
 _ATTN_LINEARS = ("q_proj", "k_proj", "v_proj")
 _MLP_IN_LINEARS = ("gate_proj", "up_proj")
 
@@ -156,22 +183,43 @@ def _adapter_input(m: _Mode, lora: LoraSpec, width: int) -> int:
     return total + (2 if m.amp else 4) * lora.r  # lora_A output, kept by lora_B (trace: mm (b·s, r))
 
 
-def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
-    """(bytes per token, bytes per token per position of the s² term) saved by one decoder layer."""
+def layer_saved_per_token(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int, int]:
+    """(bytes per token, bytes per token per position of the s² term) saved by one decoder layer.
+
+    ``trainable=False``: a frozen layer of a partial fine-tune whose input needs a gradient
+    (``fitcheck.core.activations.freeze``); None: as the spec says (full fine-tune, LoRA or quantized base).
+    """
+    spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
+    per_token, s2 = _layer_saved(spec, trainable)
+    liger = liger_applies(spec)
+    if liger is None:
+        return per_token, s2
+    # Liger-Kernel kernels (fitcheck/core/kernels/liger.py): RMSNorm keeps its input + fp32 rstd, the gated MLP
+    # no act(gate) output
+    m, sh = _mode(spec), spec.model.shape
+    if liger.rms_norm:
+        norms = 4 if sh.family == "gemma2" else 2
+        full = spec.lora is None and spec.quant is None
+        per_token -= norms * (_norm_saved(sh, m, full) - liger_norm_saved(sh.hidden_size, m.r))
+    # QLoRA: Linear4bit casts back to the (fp32) input dtype, so act(gate) is fp32 (activations/qlora.py)
+    return per_token - liger_mlp_delta(spec, 4 if qlora_formula_applies(spec) else m.e), s2
+
+
+def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int, int]:
     sh = spec.model.shape
     if sh.family in FAMILY_FORMULAS:
         return family_layer_saved(spec)  # GPT-2, BERT, Phi, Falcon, BLOOM (activations_families.py)
     if qlora_formula_applies(spec):  # 4-bit base + LoRA, traced on real bitsandbytes (activations_qlora.py)
         return qlora_layer_saved_per_token(spec, _attn_impl(spec) is AttnImpl.EAGER)
     m = _mode(spec)
-    full = spec.lora is None and spec.quant is None
+    full = spec.lora is None and spec.quant is None if trainable is None else trainable
     targets = _lora_targets(spec)
     h, a = sh.hidden_size, sh.num_heads
     kv, q = sh.num_kv_heads * sh.head_dim, sh.num_heads * sh.head_dim
     fused = sh.family == "phi3"
     eager = _attn_impl(spec) is AttnImpl.EAGER
     total = 2 * _norm_saved(sh, m, full)
-    if sh.family == "gemma2":
+    if sh.family in ("gemma2", "gemma3_text"):
         total += 2 * _norm_saved(sh, m, full, pre=False)  # post-attention / post-feedforward norms
     # attention inputs (q/k/v or fused qkv_proj)
     if fused:
@@ -179,6 +227,7 @@ def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
         total += m.e * (q + 2 * kv)  # fused qkv output kept (v is a view of it; trace phi3: mm (b·s, q+2kv))
     else:
         total += _linear_inputs(sh, m, full, targets, spec.lora, _ATTN_LINEARS, h, False)
+    total += qk_norm_saved(sh, m.e == 2, full)  # Qwen3 per-head q/k RMSNorms (recent.py)
     # the o_proj input copy (eager transpose(1,2).contiguous(), phi3 SDPA reshape) lives only if o_proj's weight
     # or its fp32 lora_A reads it: a dropout or 16-bit adapter input is a new tensor (trace "llama lora eager")
     o_copy = q if full or _reads_input_itself(spec, m, targets, "o_proj") else 0
@@ -189,6 +238,7 @@ def layer_saved_per_token(spec: TrainingSpec) -> tuple[int, int]:
         s2 = 4 * a + (2 * a if m.e == 2 else 0)  # fp32 softmax + its 16-bit cast
         if sh.family == "gemma2":
             s2 += m.e * a  # tanh of the soft-capped scores
+        s2 = eager_scores(sh, m.e, s2)  # gpt-oss: softmax with sinks in the logits dtype (recent.py)
         # fused qkv (phi3) keeps the qkv output already counted; rotary q and k are separate cats
     else:
         kv_saved = 2 * kv if not fused else kv  # k after rotary + v (phi3: v is a view of qkv)
@@ -233,17 +283,21 @@ def _outside_saved(spec: TrainingSpec) -> int:
     b, s, h = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size
     full = spec.lora is None and spec.quant is None
     # final norm; its output is the LM head input (kept when the head is trained; autocast casts it instead)
-    per_token = _norm_saved(sh, m, full)
+    liger = liger_applies(spec)
+    liger_norm = liger is not None and liger.rms_norm
+    per_token = liger_norm_saved(h, m.r) if liger_norm else _norm_saved(sh, m, full)
     gemma_half = sh.family.startswith("gemma") and m.half_model
-    if full and not m.autocast:
+    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast) is not None
+    if full and not m.autocast and not fused:  # a fused loss saves no head input (fitcheck/core/kernels)
         per_token += (2 if gemma_half else m.r) * h  # the norm output, kept by the LM head
     total = per_token * b * s
     rot = max(1, round(sh.head_dim * sh.partial_rotary_factor))
     # cos and sin tables, shape (1, s, head_dim) in the model dtype (trace: to_copy / cos / sin, not per batch)
     total += 2 * s * rot * (2 if m.half_model else 4)
     if sh.family.startswith("gemma"):
-        norms = 4 if sh.family == "gemma2" else 2
+        norms = 4 if sh.family in ("gemma2", "gemma3_text") else 2
         total += 4 * h * (norms * sh.num_layers + 1)  # (1 + weight) in fp32 per norm (trace: add (h,) fp32)
+        total += qk_norm_outside(sh)  # Gemma-3 q/k norms' (1 + weight) (recent.py)
     if _attn_impl(spec) is AttnImpl.EAGER and spec.activations.checkpointing:
         # 4-D additive causal mask (b, 1, s, s), model dtype: no op saves it, so it outlives the decoder forward
         # only as an argument every checkpointed layer holds (trace "llama eager": absent without checkpointing)
@@ -252,7 +306,7 @@ def _outside_saved(spec: TrainingSpec) -> int:
         total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
     if spec.lora is not None and not spec.activations.checkpointing:
         # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA)
-        total -= (4 * h + 4) * b * s
+        total -= (liger_norm_saved(h, m.r) if liger_norm else 4 * h + 4) * b * s
         if spec.lora.dropout > 0:
             # layer 0's q/k/v adapters drop a tensor that needs no gradient: no mask kept (trace: 3 empty_like less)
             total -= m.dm * h * len(_lora_targets(spec) & {*_ATTN_LINEARS, "qkv_proj"}) * b * s
@@ -262,9 +316,14 @@ def _outside_saved(spec: TrainingSpec) -> int:
 def _logits(spec: TrainingSpec) -> tuple[int, int]:
     """(forward peak, start-of-backward) bytes of the vocab-sized tensors and the labels."""
     sh = spec.model.shape
+    if sh.task in CLASSIFIER_TASKS:  # no vocabulary-sized tensor (core/heads/classifier.py)
+        return classifier_logits(spec, _mode(spec).e, spec.lora is None and spec.quant is None)
+    m = _mode(spec)
+    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
+    if fused is not None:  # Liger FLCE / Cut Cross-Entropy: no logits (fitcheck/core/kernels)
+        return fused.forward, fused.backward_start
     if sh.family in FAMILY_FORMULAS:
         return family_logits(spec)
-    m = _mode(spec)
     b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, sh.vocab_size, sh.hidden_size
     bsv = b * s * v
     labels = b * (s + 1) * 8 + 8  # labels padded by one (loss_utils.ForCausalLMLoss) + loss scalars
@@ -272,6 +331,7 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
     fwd = (10 if m.e == 2 else 8) * bsv + labels
     if spec.lora is not None or spec.quant is not None:
         fwd += m.e * b * s * h  # final-norm output, held by the CausalLM forward during the loss, not saved
+    fwd += legacy_logits_extra(spec, m.e)  # transformers < 4.49: shifted fp32 logits copy (versions.py)
     # start of backward: log_softmax output + its gradient + the fp32 logits gradient (trace: 12·b·s·V + 8)
     bwd = 12 * bsv + 8
     # configuration_gemma2.py: final_logit_softcapping defaults to 30.0 (None turns it off)
@@ -279,6 +339,11 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
         # Gemma-2: logits = tanh(logits / cap) * cap; tanh keeps its output, logits-dtype (trace "gemma2 eager":
         # +2·b·s·V at both phases, modeling_gemma2.py Gemma2ForCausalLM.forward)
         fwd, bwd = fwd + m.e * bsv, bwd + m.e * bsv
+    if liger_cross_entropy(spec):
+        # Liger's cross-entropy writes the fp32 logits gradient in place and saves it: no log-softmax output, its
+        # gradient nor a separate logits gradient (kernels/liger.py); backward casts it back to the logits dtype
+        fwd -= 4 * bsv
+        bwd += (4 + (m.e if m.e == 2 else 0) - 12) * bsv
     if m.autocast:
         cast = 2 * v * h + 2 * b * s * h  # bf16 casts of the LM head weight and input, kept until its backward
         fwd += cast + 4 * b * s * h  # + the fp32 final-norm output, freed once cast
@@ -295,6 +360,11 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
 
 def _head_backward_logits(spec: TrainingSpec, m: _Mode) -> int:
     """Logits-side bytes at the LM head's backward: the logits gradient in the logits dtype (+ autocast casts)."""
+    if spec.model.shape.task in CLASSIFIER_TASKS:
+        return classifier_head_backward(spec, m.e)
+    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
+    if fused is not None:
+        return fused.head_backward
     b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, spec.model.shape.vocab_size, spec.model.shape.hidden_size
     total = m.e * b * s * v  # grad of .float(): cast back to the bf16 logits (fp32 model: the fp32 gradient)
     if m.autocast:
@@ -325,7 +395,9 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         Components ``activations.saved``, ``activations.attention_scores`` (eager s² term),
         ``activations.autocast_weight_cache``, ``logits.forward`` / ``logits.backward`` and ``inputs``.
     """
+    spec = bert_layer_alias(spec)  # RoBERTa-like encoders run BERT's layer (activations/heads.py)
     sh = spec.model.shape
+    spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
     m = _mode(spec)
     b, s, layers = spec.batch.micro_batch, spec.batch.seq_len, sh.num_layers
     per_token, s2 = layer_saved_per_token(spec)
@@ -336,40 +408,69 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     if act.checkpointing:
         n_ckpt = math.ceil(layers / max(1, act.checkpoint_every_n_layers))
     kept = (layers - n_ckpt) * (layer + scores) + n_ckpt * m.r * sh.hidden_size * b * s
+    frozen = frozen_layers(spec)
+    layers_saved = -1
+    if frozen is not None:  # partial fine-tune by layers (freeze.py)
+        f_token, f_s2 = layer_saved_per_token(spec, trainable=False)
+        if act.checkpointing:  # a checkpointed layer keeps its input only if a gradient flows through it
+            kept = (layers - frozen.no_grad) * m.r * sh.hidden_size * b * s
+        else:
+            kept = frozen.trained * (layer + scores) + frozen.frozen_grad * (f_token * b * s + f_s2 * b * s * s)
+            layers_saved = kept
     kept += _outside_saved(spec)
     fwd_logits, bwd_logits = _logits(spec)
     end = m.r * sh.hidden_size * b * s if (spec.lora is None or act.checkpointing) else 0
+    host = 0
+    if offload_applies(spec):  # TRL activation offloading: saved tensors in pinned host memory (kernels/levers.py)
+        head_in = m.r * sh.hidden_size * b * s if spec.lora is None and spec.quant is None and not m.autocast else 0
+        device_kept, host = offload_split(spec, kept, head_in, m.e)
+        kept = device_kept
     # worst moment during backward besides every gradient (activations_backward.py, tests/test_backward_phase.py)
     bq = BackwardInputs(layer + scores, kept, m.r * sh.hidden_size * b * s if n_ckpt else 0, n_ckpt, m.e, m.r,
-                        m.autocast, m.half_model, end)
-    recompute, moment = backward_transient(spec, bq, _head_backward_logits(spec, m))
+                        m.autocast, m.half_model, end, layers_saved, offloaded=bool(host))
+    # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
+    # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
+    head = 0 if spec.trainer.kind in _FUSED_HEAD else _head_backward_logits(spec, m)
+    recompute, moment = backward_transient(spec, bq, head)
     if n_ckpt and qlora_formula_applies(spec):  # peak in the first recomputed layer: every checkpoint still held
         end, recompute = kept, layer + scores + qlora_backward_working_set(spec) * b * s
         moment = "first recomputed layer"
     ids = b * s * 8
     detail = f"{per_token} B/token/layer x {b}x{s} tokens x {layers - n_ckpt} layers"
+    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
     comps = [
         Component(
             "activations.saved",
             Category.ACTIVATIONS,
             Location.DEVICE,
             {Phase.FORWARD_END: kept, Phase.BACKWARD_START: kept, Phase.BACKWARD: end + recompute},
-            _TRACE,
+            _TRACE + ("; Liger-Kernel 0.8.5 kernels (fitcheck/core/kernels/liger.py)" if liger_applies(spec) else ""),
             detail + (f" + {n_ckpt} checkpointed layer inputs" if n_ckpt else "")
-            + (f"; during backward: worst at the {moment}" if moment else ""),
+            + (f"; during backward: worst at the {moment}" if moment else "")
+            + ("; offloaded to host except the LM head input and 5 in-flight tensors" if host else ""),
         ),
         Component(
             "logits.loss",
             Category.LOGITS,
             Location.DEVICE,
             {Phase.FORWARD_END: fwd_logits, Phase.BACKWARD_START: bwd_logits},
-            _TRACE + "; transformers loss_utils.ForCausalLMLoss upcasts logits to fp32",
-            f"{b}x{s}x{sh.vocab_size} logits: bf16/fp32 logits, fp32 upcast, log-softmax; its gradient pair",
+            "library source (fitcheck/core/kernels)" if fused is not None
+            else _TRACE + "; transformers loss_utils.ForCausalLMLoss upcasts logits to fp32",
+            fused.detail if fused is not None
+            else f"{b}x{s}x{sh.vocab_size} logits: bf16/fp32 logits, fp32 upcast, log-softmax; its gradient pair",
         ),
         Component.persistent("inputs.ids", Category.ACTIVATIONS, ids, _TRACE, "input ids int64"),
     ]
+    if host:
+        comps.append(Component(
+            "activations.offloaded", Category.ACTIVATIONS, Location.HOST,
+            {Phase.FORWARD_END: host, Phase.BACKWARD_START: host},
+            "trl 1.16 models/activation_offloading.py OffloadActivations (pinned host copies)",
+            "saved activations offloaded by TRL activation_offloading",
+        ))
     if spec.lora is not None and spec.lora.use_dora and not spec.quant:
         comps.append(_dora_component(spec, m, layers - n_ckpt, fwd_logits))
+    comps.extend(vision_components(spec, layer_saved_per_token))  # image-text-to-text (activations/vision.py)
     if m.autocast or (m.amp and spec.lora is not None):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
         comps.append(
@@ -406,7 +507,18 @@ def _autocast_cache_phases(spec: TrainingSpec, m: _Mode) -> tuple[int, int]:
     from fitcheck.spec import Kind
 
     cache = _autocast_cache(spec)
-    if spec.lora is None or spec.quant is not None:
+    if spec.lora is None and spec.quant is None and spec.activations.checkpointing:
+        # full fine-tune: leaving autocast clears its cache; a cast survives only where an autograd node saved
+        # it, and a checkpointed layer saves nothing (differential check "llama full ckpt autocast", Llama-3-8B:
+        # 13 GiB of casts at the end of forward, none at the start of backward)
+        frozen = frozen_layers(spec)
+        if frozen is not None:
+            # autocast caches only casts of leaves that require grad (aten/src/ATen/autocast_mode.cpp
+            # cached_cast: arg.requires_grad() && arg.is_leaf()): frozen layers' casts die with their op
+            cache = cache * frozen.trained // max(1, spec.model.shape.num_layers)
+        return cache, qlora_cache_after_forward(spec, cache, any_base=True)
+    # a pre-quantized GPTQ/AWQ/FP8 base is a frozen 16-bit base to autocast (its matmuls are the kernels' own)
+    if spec.lora is None or (spec.quant is not None and spec.quant.method == "bitsandbytes"):
         return cache, qlora_cache_after_forward(spec, cache)
     # LoRA: autocast caches the casts of the fp32 adapters (leaves needing a gradient) until it exits; the frozen
     # fp32 base weights' casts are not cached, only saved by F.linear; a checkpointed layer saves neither
@@ -435,7 +547,11 @@ def _autocast_cache(spec: TrainingSpec) -> int:
     """bf16 copies of every layer linear weight made by autocast, kept for backward (+2 B/param)."""
     from fitcheck.spec import Kind
 
-    if qlora_formula_applies(spec):  # 4-bit matmuls are no autocast ops: only the LoRA weights are cached
+    if four_bit_lora(spec):  # 4-bit matmuls are no autocast ops: only the LoRA weights are cached
+        return 2 * lora_layer_params(spec)
+    if spec.quant is not None and spec.quant.bits == 8 and spec.lora is not None:
+        # bitsandbytes 0.50.2 nn/modules.py Linear8bitLt.forward -> bnb.matmul -> MatMul8bitLt (autograd/
+        # _functions.py): a custom Function running int8 ops, no autocast op: int8 weights are never cast
         return 2 * lora_layer_params(spec)
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
     layer_linear = sum(p.numel for p in spec.model.params if p.per_layer and p.kind in kinds)
@@ -444,9 +560,12 @@ def _autocast_cache(spec: TrainingSpec) -> int:
 
 def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """What the user should know about activations (unpinned family, forced eager, CPU-only paths)."""
-    out: list[Finding] = []
+    spec = deepspeed_module_view(bert_layer_alias(spec))
+    out: list[Finding] = list(lever_findings(spec))
+    recent = recent_family_findings(spec)  # 2025 families: what is not pinned (recent.py)
+    out.extend(recent)
     fam = spec.model.shape.family
-    if fam not in PINNED_FAMILIES:
+    if fam not in PINNED_FAMILIES and not recent:
         out.append(
             Finding(
                 "activations-not-pinned",
@@ -464,7 +583,18 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     if extras:
         out.append(Finding("activations-not-pinned", Severity.INFO, extras, "run `fitcheck estimate --trace`"))
     lora_unpinned = spec.quant is not None and not qlora_formula_applies(spec)  # QLoRA: activations_qlora.py
-    if lora_unpinned:  # 8-bit, no k-bit preparation, DoRA or an untraced family on a quantized base
+    if spec.quant is not None and spec.quant.bits == 8:
+        out.append(
+            Finding(
+                "activations-not-pinned",
+                Severity.WARNING,
+                "LLM.int8 base: no 16-bit weight cache (int8 matmuls are no autocast op), but the saved "
+                "activations use the LoRA recipe: bitsandbytes' MatMul8bitLt keeps each layer's input and "
+                "returns the input's dtype (fp32 after k-bit preparation), which the recipe does not count",
+                "treat the activations as a lower bound; measure with FitcheckCallback",
+            )
+        )
+    elif lora_unpinned:  # no k-bit preparation, DoRA or an untraced family on a quantized base
         out.append(
             Finding(
                 "activations-not-pinned",
@@ -483,7 +613,9 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 f"transformers has no SDPA path for {fam}: eager attention (s² scores) is what runs",
             )
         )
+    out.extend(cuda_gap_findings(spec))  # docs/cuda-vs-cpu.md: what a CUDA step runs that was not traced
     flash = spec.activations.attn_implementation is AttnImpl.FLASH_ATTENTION_2
     if flash and spec.hardware.device_type is DeviceType.CPU:
         out.append(Finding("flash-attention-cpu", Severity.WARNING, "flash_attention_2 needs CUDA; modelled as SDPA"))
+    out.extend(vision_findings(spec))
     return tuple(out)

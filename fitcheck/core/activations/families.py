@@ -353,10 +353,11 @@ def family_outside_saved(spec: TrainingSpec) -> int:
             per_token = e * h + c.ln + (c.dm * h if c.drop["hidden_dropout_prob"] > 0 else 0)
             fixed = 8 * s if c.full else 0  # token_type_ids gathered from the (1, s) buffer (int64)
         per_token += 0 if ckpt else first
-        # MLM head (BertLMPredictionHead): transform dense output, GELU output, LayerNorm stats and output
-        per_token += 2 * e * h + c.ln + (e * h if c.full else 0)
-        if not c.full:
-            per_token += _reads(c, h, ("dense",))  # an adapter on the head's transform dense ("all-linear")
+        if sh.task not in ("seq-cls", "token-cls"):  # a classifier has no MLM head (core/heads/classifier.py)
+            # MLM head (BertLMPredictionHead): transform dense output, GELU output, LayerNorm stats and output
+            per_token += 2 * e * h + c.ln + (e * h if c.full else 0)
+            if not c.full:
+                per_token += _reads(c, h, ("dense",))  # an adapter on the head's transform dense ("all-linear")
         if ckpt:
             per_token += e * h  # the last layer output, read by the head's transform dense
     elif fam == "phi":

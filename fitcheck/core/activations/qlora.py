@@ -26,7 +26,7 @@ from __future__ import annotations
 from fitcheck.spec import LoraSpec, MixedPrecision, TrainingSpec
 
 # Families whose decoder layer is the Llama one (q/k/v/o, gate/up/down, RMSNorm): traced for QLoRA.
-QLORA_FAMILIES = frozenset({"llama", "mistral", "qwen2"})
+QLORA_FAMILIES = frozenset({"llama", "mistral", "qwen2", "gemma"})
 _QKV = ("q_proj", "k_proj", "v_proj")
 _GATE_UP = ("gate_proj", "up_proj")
 _ALL = (*_QKV, "o_proj", *_GATE_UP, "down_proj")
@@ -49,6 +49,13 @@ def qlora_formula_applies(spec: TrainingSpec) -> bool:
         and not spec.lora.use_dora
         and spec.model.shape.family in QLORA_FAMILIES
     )
+
+
+def four_bit_lora(spec: TrainingSpec) -> bool:
+    """LoRA over a bitsandbytes 4-bit base, any family: its base matmuls are ``MatMul4Bit`` (no autocast op,
+    bitsandbytes 0.50.2 autograd/_functions.py), so autocast casts and caches only the LoRA weights."""
+    quant = spec.quant
+    return quant is not None and quant.bits == 4 and spec.lora is not None
 
 
 def _targets(lora: LoraSpec) -> frozenset[str]:
@@ -97,7 +104,10 @@ def qlora_layer_saved_per_token(spec: TrainingSpec, eager: bool) -> tuple[int, i
     if eager:
         # fp32: rotary q, repeat_kv clones of K and V, transpose(1,2).contiguous() of the output (4 x q);
         # autocast: bf16 casts of q and k^T and the bf16 output copy (trace "qwen2 qlora eager": 3 x q)
-        total += 16 * q if not autocast else 6 * q
+        # (the fp32 output copy is kept only by an o_proj adapter reading it itself: no dropout, no autocast;
+        # MatMul4Bit saves no input)
+        o_copy = 4 * q if "o_proj" in t and lora.dropout == 0 else 0
+        total += 12 * q + o_copy if not autocast else 6 * q
         s2 = 4 * a + (2 * a if autocast else 0)  # fp32 softmax (+ its bf16 cast for the second matmul)
     else:
         total += e * (q + 2 * kv) + e * q + 4 * a  # rotary q, k, v (or their casts), SDPA out, logsumexp fp32
@@ -125,16 +135,16 @@ def qlora_frozen_head(spec: TrainingSpec) -> bool:
     return qlora_formula_applies(spec) and lora is not None and "lm_head" not in lora.modules_to_save
 
 
-def qlora_cache_after_forward(spec: TrainingSpec, cache: int) -> int:
+def qlora_cache_after_forward(spec: TrainingSpec, cache: int, *, any_base: bool = False) -> int:
     """Autocast LoRA-weight casts still alive at the start of backward.
 
     Leaving autocast clears its cache (torch/amp/autocast_mode.py ``__exit__``: ``clear_autocast_cache``); a cast
     survives only when an autograd node saved it. Inside a checkpointed layer nothing is saved, so under full
     checkpointing no cast is left (trace ``llama qlora ckpt autocast``: 5.129 MiB of activations at the start of
-    backward, 1.098 MiB less than at the end of forward).
+    backward, 1.098 MiB less than at the end of forward). ``any_base``: the same rule for an unquantized base.
     """
     act = spec.activations
-    if not qlora_formula_applies(spec) or not act.checkpointing:
+    if not (any_base or four_bit_lora(spec)) or not act.checkpointing:
         return cache
     layers = spec.model.shape.num_layers
     kept = layers - -(-layers // max(1, act.checkpoint_every_n_layers))  # layers not checkpointed

@@ -2,6 +2,7 @@
 
 - :mod:`.lora`: which modules PEFT wraps and the adapter tensors it adds;
 - :mod:`.quantization`: bitsandbytes 4-/8-bit bytes and which layers stay unquantized;
+- :mod:`.prequant` / :mod:`.mxfp4`: pre-quantized checkpoints (GPTQ, AWQ, FP8, MXFP4): bytes, layers, load;
 - :mod:`.layout`: every parameter tensor with its dtype, trainability and optimizer group;
 - :mod:`.sharding`: how DDP / ZeRO / FSDP divide each kind of state, and the communication buffers;
   :mod:`.sharding_findings`: what the user should know about the sharding setup;
@@ -15,6 +16,8 @@ new module here), read by :mod:`.layout`.
 from fitcheck.core.states.layout import Layout, all_trainable, build_layout, optimizer_for, trainable_params
 from fitcheck.core.states.lora import LoraPlan, adapter_param_count, plan_lora
 from fitcheck.core.states.model_states import model_state_components
+from fitcheck.core.states.mxfp4 import mxfp4_findings, mxfp4_load_spike, mxfp4_packed_bytes
+from fitcheck.core.states.prequant_step import prequant_components, prequant_findings
 from fitcheck.core.states.quantization import base_weights, bytes_per_param, is_quantized, quantized_bytes
 from fitcheck.core.states.regimes import describe_regime, model_state_findings
 from fitcheck.core.states.sharding import (
@@ -40,9 +43,14 @@ __all__ = [
     "is_quantized",
     "model_state_components",
     "model_state_findings",
+    "mxfp4_findings",
+    "mxfp4_load_spike",
+    "mxfp4_packed_bytes",
     "optimizer_for",
     "partition",
     "plan_lora",
+    "prequant_components",
+    "prequant_findings",
     "quantized_bytes",
     "sharding_findings",
     "trainable_params",

@@ -50,6 +50,18 @@ _MOE_TARGET_MAPPING: dict[str, dict[str, str]] = {
         "down_proj": "down_proj",
     },
 }
+# Which mapping applies to a model type: peft 0.21.2 utils/transformers_weight_conversion.py
+# ``_convert_peft_config_moe`` looks the type up in transformers 5.23 conversion_mapping.py
+# ``_MODEL_TO_CONVERSION_PATTERN`` (+ peft's own ``"mixtral": "mixtral"``); a type absent there (qwen2_moe itself)
+# is not rewritten. The MoE entries of that table:
+_MOE_BASE: dict[str, str] = {
+    "mixtral": "mixtral", "minimax": "mixtral", "minimax_m2": "mixtral",
+    **{t: "qwen2_moe" for t in (
+        "afmoe", "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "glm4_moe", "glm4_moe_lite",
+        "glm_moe_dsa", "glm4v_moe", "longcat_flash", "solar_open", "mellum", "qwen3_moe", "beam", "qwen3_omni_moe",
+        "qwen3_omni_moe_thinker", "qwen3_omni_moe_text", "qwen3_next", "hunyuan_v1_moe", "flex_olmo", "olmoe",
+        "exaone_moe", "cohere2_moe")},
+}
 # Fused targets whose rank peft multiplies by the number of v4 projections fused into them.
 _MOE_FUSED: dict[str, dict[str, tuple[str, ...]]] = {
     "mixtral": {"gate_up_proj": ("w1", "w3")},
@@ -211,7 +223,8 @@ def _moe_rewrite(
     pattern)."""
     rank_pattern = dict(lora.rank_pattern)
     targets: set[str] = set(lora.target_modules)
-    mapping = _MOE_TARGET_MAPPING.get(family)
+    base = _MOE_BASE.get(family, "")
+    mapping = _MOE_TARGET_MAPPING.get(base)
     params_t: set[str] = set(lora.target_parameters)
     if mapping is None or lora.target_regex is not None:
         return (targets if lora.target_regex is None else None), params_t, rank_pattern
@@ -231,7 +244,7 @@ def _moe_rewrite(
             continue
         params_t.add(hit[1])
         matched.setdefault(hit[1], set()).add(hit[0])
-    for fused, olds in _MOE_FUSED.get(family, {}).items():
+    for fused, olds in _MOE_FUSED.get(base, {}).items():
         present = matched.get(fused, set())
         if len(present) == len(olds) and len(olds) > 1:
             rank_pattern[rf".*\.{re.escape(fused)}"] = lora.r * len(olds)

@@ -34,6 +34,7 @@ from fitcheck.core.states.layout import (
     total_numel,
     trainable_params,
 )
+from fitcheck.core.states.prequant import SOURCE as PREQUANT_SOURCE
 from fitcheck.core.states.quantization import SOURCE_4BIT, SOURCE_8BIT, SOURCE_WHICH
 from fitcheck.core.states.regimes import describe_regime, model_state_findings
 from fitcheck.core.states.sharding import Partition, partition
@@ -132,13 +133,18 @@ def model_state_components(spec: TrainingSpec) -> tuple[Component, ...]:
         _SRC_WEIGHTS,
         f"{total_numel(layout.trainable):,} trainable params" + _dtypes(layout.trainable),
     )
-    if spec.quant is not None:
+    if spec.quant is not None and spec.quant.method != "mxfp4":
         src = SOURCE_4BIT if spec.quant.bits == 4 else SOURCE_8BIT
+        which = SOURCE_WHICH
+        meta_what = "absmax / scales / code tables" + (" (double quant)" if spec.quant.double_quant else "")
+        if spec.quant.method in PREQUANT_SOURCE:  # pre-quantized checkpoint (states/prequant.py)
+            src = which = PREQUANT_SOURCE[spec.quant.method]
+            meta_what = f"{spec.quant.method} scales / zeros / g_idx"
         weights(
             "weights.quantized",
             Category.WEIGHTS,
             layout.quant_data,
-            f"{src}; {SOURCE_WHICH}",
+            src if which == src else f"{src}; {which}",
             f"{layout.quant_params:,} params in {spec.quant.bits}-bit",
         )
         weights(
@@ -146,7 +152,7 @@ def model_state_components(spec: TrainingSpec) -> tuple[Component, ...]:
             Category.QUANT_META,
             layout.quant_meta,
             src,
-            "absmax / scales / code tables" + (" (double quant)" if spec.quant.double_quant else ""),
+            meta_what,
         )
     weights(
         "adapters.lora",

@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from fitcheck.core.states.prequant import PREQUANT_METHODS, prequant_converts, prequant_layer_bytes
 from fitcheck.spec import Dtype, Kind, ParamEntry, QuantSpec, Role, TrainingSpec
 
 SOURCE_4BIT = "bitsandbytes 0.50.2 functional.py quantize_4bit + _ops.py fake quantize_4bit (packed + absmax)"
@@ -80,6 +81,9 @@ def quantized_bytes(numel: int, quant: QuantSpec, out_features: int = 0) -> Quan
     Returns:
         Packed data bytes and metadata bytes.
     """
+    if quant.method in PREQUANT_METHODS:  # GPTQ / AWQ / FP8 checkpoints (prequant.py)
+        rows = out_features or 1
+        return QuantBytes(*prequant_layer_bytes(quant, numel // rows, rows))
     if quant.bits == 8:
         rows = out_features or 1
         return QuantBytes(data=numel, meta=4 * rows)
@@ -129,10 +133,15 @@ def is_quantized(spec: TrainingSpec, entry: ParamEntry) -> bool:
     quant = spec.quant
     if quant is None or entry.kind is not Kind.LINEAR or not entry.name.endswith(".weight"):
         return False
+    if quant.method == "mxfp4":  # only the fused experts are MXFP4, and training loads them dequantized (mxfp4.py)
+        return False
     if entry.role in (Role.LM_HEAD, Role.EMBEDDING):  # output embeddings and tied weights
         return False
     params = spec.model.params
-    if params and params[-1] is entry:  # get_keys_to_not_convert: module of the last named parameter
+    last = bool(params) and params[-1] is entry
+    if quant.method in PREQUANT_METHODS and not prequant_converts(quant, entry, last):
+        return False
+    if last:  # get_keys_to_not_convert: module of the last named parameter
         return False
     module = _module(entry)
     if quant.skip_modules:
@@ -191,7 +200,8 @@ def base_weights(spec: TrainingSpec) -> BaseWeights:
         if quant is not None and quant.prepare_for_kbit_training and load.is_half:
             dtype = Dtype.FLOAT32
             upcast += entry.numel
-        if quant is not None and quant.bits == 4 and _module(entry) in quantized_modules:
+        bnb = quant is not None and quant.method == "bitsandbytes"
+        if bnb and quant is not None and quant.bits == 4 and _module(entry) in quantized_modules:
             # bitsandbytes nn/modules.py Linear4bit.forward: ``bias.data = bias.data.to(x.dtype)`` with x already
             # cast to bnb_4bit_compute_dtype (None -> fp32): the bias is resident in the compute dtype from step 1
             dtype = quant.compute_dtype or Dtype.FLOAT32

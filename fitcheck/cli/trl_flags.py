@@ -1,0 +1,196 @@
+"""``--trainer trainer|sft|dpo|grpo|reward`` and TRL 1.16's config fields as ``fitcheck estimate`` flags.
+
+``--per_device_eval_batch_size`` (``--eval_accumulation_steps``, ``--prediction_loss_only``) adds the evaluation
+phase (plain Trainer and SFT). An absent ``--prediction_loss_only`` means loss only: ``Trainer.evaluate`` without
+``compute_metrics``; ``--prediction_loss_only false`` means a ``compute_metrics`` gathers the logits.
+
+With ``--trainer X`` an absent flag takes X's TRL config default. The defaults are a table here (importing TRL
+imports torch: seconds per CLI call); ``tests/test_trl_cli.py`` pins the table against the installed TRL's config
+dataclasses (``trl.SFTConfig``, ``DPOConfig``, ``GRPOConfig``, ``RewardConfig``). Defaults that matter for memory:
+``gradient_checkpointing`` True and ``bf16`` True (``trl/trainer/base_config.py``: ``bf16=None`` becomes
+``not fp16``) in every TRL config; ``max_length`` 1024 (SFT, DPO, reward); GRPO ``num_generations`` 8,
+``max_completion_length`` 512, ``beta`` 0.0, ``vllm_gpu_memory_utilization`` 0.3.
+
+Where TRL 1.16 has no config field for a length (DPO's prompt/completion split, GRPO's prompt), the flag
+describes the data: every prompt/completion is that long (the worst case).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from fitcheck.core.trainers import EVAL_TRAINERS
+from fitcheck.errors import ConfigError
+from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec, VllmMode
+
+# TRL 1.16 config defaults that change memory (pinned by tests/test_trl_cli.py against the installed TRL).
+TRL_DEFAULTS: dict[TrainerKind, dict[str, object]] = {
+    TrainerKind.SFT: {"gradient_checkpointing": True, "bf16": True, "max_length": 1024, "packing": False,
+                      "padding_free": False},
+    TrainerKind.DPO: {"gradient_checkpointing": True, "bf16": True, "max_length": 1024,
+                      "precompute_ref_log_probs": False, "beta": 0.1},
+    TrainerKind.GRPO: {"gradient_checkpointing": True, "bf16": True, "num_generations": 8,
+                       "max_completion_length": 512, "beta": 0.0, "use_vllm": False, "vllm_mode": "colocate",
+                       "vllm_gpu_memory_utilization": 0.3},
+    TrainerKind.REWARD: {"gradient_checkpointing": True, "bf16": True, "max_length": 1024},
+}
+
+_BOOL = ("packing", "padding_free", "precompute_ref_log_probs", "use_vllm")
+_VALUE = ("max_prompt_length", "max_completion_length", "rpo_alpha", "num_generations", "beta",
+          "generation_batch_size", "steps_per_generation", "vllm_mode", "vllm_gpu_memory_utilization")
+# The evaluation phase (fitcheck.core.trainers.evaluation): plain Trainer and SFT; refused for the others
+_EVAL = ("per_device_eval_batch_size", "eval_accumulation_steps", "prediction_loss_only")
+TRL_FLAG_NAMES = ("trainer", *_BOOL, *_VALUE, "loss_type", *_EVAL)
+
+
+def _bool(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"--{name}: expected true or false, got {value!r}")
+
+
+def _num(name: str, value: object, kind: type) -> Any:
+    try:
+        out = kind(str(value))
+    except ValueError:
+        raise ConfigError(f"--{name}: expected a{'n integer' if kind is int else ' number'}, got {value!r}") from None
+    if out < 0:
+        raise ConfigError(f"--{name}: must not be negative, got {value!r}")
+    return out
+
+
+def _eval_fields(trl: Mapping[str, object]) -> dict[str, object]:
+    """TrainerSpec evaluation fields from the flags (none when no evaluation batch size is given)."""
+    if "per_device_eval_batch_size" not in trl:
+        if "eval_accumulation_steps" in trl or "prediction_loss_only" in trl:
+            raise ConfigError("--eval_accumulation_steps / --prediction_loss_only need --per_device_eval_batch_size "
+                              "(the evaluation batch)")
+        return {}
+    size = _num("per_device_eval_batch_size", trl["per_device_eval_batch_size"], int)
+    steps = trl.get("eval_accumulation_steps")
+    if size < 1 or (steps is not None and _num("eval_accumulation_steps", steps, int) < 1):
+        raise ConfigError("--per_device_eval_batch_size and --eval_accumulation_steps must be positive")
+    return {
+        "eval_batch_size": size,
+        "eval_accumulation_steps": None if steps is None else _num("eval_accumulation_steps", steps, int),
+        # absent: what Trainer.evaluate does without compute_metrics (loss only)
+        "prediction_loss_only": _bool("prediction_loss_only", trl.get("prediction_loss_only", True)),
+    }
+
+
+def trainer_kind(values: Mapping[str, object]) -> TrainerKind:
+    """The ``--trainer`` value (plain Trainer when absent)."""
+    return TrainerKind(str(values.get("trainer", "trainer")))
+
+
+def split_trl_values(values: Mapping[str, object]) -> tuple[dict[str, object], dict[str, object]]:
+    """(the run's other flags with the TRL config defaults filled in, the TRL-only flags).
+
+    Raises:
+        ConfigError: An evaluation flag (not modelled), or a TRL flag without ``--trainer``.
+    """
+    trl = {k: v for k, v in values.items() if k in TRL_FLAG_NAMES}
+    rest = {k: v for k, v in values.items() if k not in TRL_FLAG_NAMES}
+    kind = trainer_kind(trl)
+    evals = sorted(k for k in _EVAL if k in trl)
+    if evals and kind not in EVAL_TRAINERS:
+        raise ConfigError(f"--{evals[0]}: the evaluation phase is modelled for --trainer trainer and sft only (DPO, "
+                          "GRPO and reward evaluation run their own prediction_step); drop the flag")
+    if kind is TrainerKind.TRAINER:
+        extra = sorted(k for k in trl if k not in ("trainer", *_EVAL))
+        if extra:
+            raise ConfigError(f"--{extra[0]} is a TRL config field: add --trainer sft|dpo|grpo|reward")
+        return rest, trl
+    defaults = TRL_DEFAULTS[kind]
+    for key in ("gradient_checkpointing", "bf16"):
+        if key not in rest and not (key == "bf16" and "fp16" in rest):
+            rest[key] = defaults[key]
+    if "max_length" in defaults and "max_seq_length" not in rest:
+        rest["max_seq_length"] = defaults["max_length"]
+    if kind is TrainerKind.DPO and "max_prompt_length" in trl and "max_completion_length" in trl:
+        # DPOConfig.max_length (given or 1024) truncates prompt + completion
+        total = _num("max_prompt_length", trl["max_prompt_length"], int) + _num(
+            "max_completion_length", trl["max_completion_length"], int)
+        rest["max_seq_length"] = min(total, _num("max_length", rest["max_seq_length"], int))
+    if kind is TrainerKind.GRPO and "max_prompt_length" in trl:  # the sequence the policy step runs
+        completion = trl.get("max_completion_length", defaults["max_completion_length"])
+        rest["max_seq_length"] = _num("max_prompt_length", trl["max_prompt_length"], int) + _num(
+            "max_completion_length", completion, int)
+    return rest, trl
+
+
+def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[TrainingSpec, tuple[str, ...]]:
+    """The spec with ``spec.trainer`` set from the TRL flags (defaults from :data:`TRL_DEFAULTS`)."""
+    kind = trainer_kind(trl)
+    evaluation = _eval_fields(trl)
+    if kind is TrainerKind.TRAINER:
+        if not evaluation:
+            return spec, ()
+        return dataclasses.replace(spec, trainer=TrainerSpec(**evaluation)), ()  # type: ignore[arg-type]
+    d = TRL_DEFAULTS[kind]
+    if kind in (TrainerKind.SFT, TrainerKind.DPO, TrainerKind.GRPO) and spec.activations.loss != "torch":
+        # TRL 1.16 computes these losses with its own chunked LM head (trl/kernels/chunked_logprob.py); a
+        # --loss implementation would never run (sft_trainer.py also turns Liger's FLCE off, L1134-1140)
+        raise ConfigError(
+            f"--loss {spec.activations.loss} with --trainer {kind.value}: TRL 1.16 computes this trainer's loss "
+            "with its own chunked LM head, so that loss implementation never runs; drop --loss "
+            "(--use_liger_kernel still applies Liger's RMSNorm/SwiGLU/RoPE kernels)"
+        )
+
+    def get(name: str) -> object:
+        return trl.get(name, d.get(name))
+
+    seq = spec.batch.seq_len
+    notes = [f"--trainer {kind.value}: TRL 1.16 {kind.value.upper()}Config defaults for absent flags "
+             "(gradient_checkpointing true, bf16 true" + (", max_length 1024)" if "max_length" in d else ")")]
+    if kind is TrainerKind.SFT:
+        t = TrainerSpec(kind=kind, packing=_bool("packing", get("packing")),
+                        padding_free=_bool("padding_free", get("padding_free")))
+    elif kind is TrainerKind.REWARD:
+        t = TrainerSpec(kind=kind)
+    elif kind is TrainerKind.DPO:
+        prompt = _num("max_prompt_length", trl.get("max_prompt_length", 0), int)
+        completion = _num("max_completion_length", trl.get("max_completion_length", max(0, seq - prompt)), int)
+        total = min(seq, prompt + completion)  # DPOConfig.max_length truncates prompt + completion
+        completion = max(0, total - prompt)
+        rpo = trl.get("rpo_alpha")
+        raw = trl.get("loss_type") or ("sigmoid",)
+        losses = tuple(str(x) for x in raw) if isinstance(raw, (list, tuple)) else (str(raw),)
+        t = TrainerSpec(kind=kind, prompt_length=min(prompt, total), completion_length=completion,
+                        precompute_ref_log_probs=_bool("precompute_ref_log_probs", get("precompute_ref_log_probs")),
+                        rpo_alpha=None if rpo is None else _num("rpo_alpha", rpo, float), loss_type=losses)
+        notes.append(f"DPO: every row is {min(prompt, total)} prompt + {completion} completion tokens; chosen and "
+                     f"rejected run concatenated ({2 * spec.batch.micro_batch} rows)")
+    else:
+        if "max_prompt_length" not in trl:
+            raise ConfigError("--trainer grpo needs --max_prompt_length: the length of every prompt (TRL 1.16's "
+                              "GRPOConfig has no field for it)")
+        mode = str(get("vllm_mode"))
+        if mode not in {m.value for m in VllmMode}:
+            raise ConfigError(f"--vllm_mode: expected colocate or server, got {mode!r}")
+        gbs = trl.get("generation_batch_size")
+        spg = trl.get("steps_per_generation")
+        t = TrainerSpec(
+            kind=kind, prompt_length=_num("max_prompt_length", trl["max_prompt_length"], int),
+            completion_length=_num("max_completion_length", get("max_completion_length"), int),
+            num_generations=max(1, _num("num_generations", get("num_generations"), int)),
+            beta=_num("beta", get("beta"), float),
+            generation_batch_size=None if gbs is None else _num("generation_batch_size", gbs, int),
+            steps_per_generation=None if spg is None else _num("steps_per_generation", spg, int),
+            use_vllm=_bool("use_vllm", get("use_vllm")), vllm_mode=VllmMode(mode),
+            vllm_gpu_memory_utilization=_num("vllm_gpu_memory_utilization", get("vllm_gpu_memory_utilization"),
+                                             float),
+        )
+        notes.append(f"GRPO: every sequence is {t.prompt_length} prompt + {t.completion_length} completion tokens")
+    t = dataclasses.replace(t, **evaluation)  # type: ignore[arg-type]
+    try:
+        return dataclasses.replace(spec, trainer=t), tuple(notes)
+    except ValueError as exc:  # pragma: no cover - TrainerSpec validation
+        raise ConfigError(str(exc)) from None

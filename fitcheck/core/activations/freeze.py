@@ -1,0 +1,71 @@
+"""Saved activations of partial training without PEFT (``--trainable_layers``): which layers save what; pure.
+
+Autograd saves a tensor for backward only where a gradient will flow through it. torch's generated
+``VariableType`` code saves each input of a differentiable op under ``should_compute_output`` of the gradient
+that reads it (tools/autograd/gen_variable_type.py, torch 2.13), so for a decoder layer there are three cases
+(differential check ``llama freeze``, Llama-3-8B widths, 4 layers, fake-tensor trace; and
+``benchmarks/cpu_truth.py`` rows ``llama bf16 freeze ...``):
+
+* nothing before the layer needs a gradient (embeddings frozen, no trainable layer below): the layer saves
+  nothing at all;
+* a frozen layer whose input needs a gradient: it saves what its input gradient needs (norm statistics, the
+  attention tensors, the MLP's gate/up outputs) but not the inputs of its frozen linears nor the normalised
+  input its frozen norm weight would need: the LoRA-recipe layer without adapters
+  (``fitcheck.core.activations.decoder.layer_saved_per_token(spec, trainable=False)``);
+* a trainable layer: the full fine-tune layer.
+
+Only layer-granular freezing is modelled this way (every per-layer name trainable, ``trainable_layers`` set);
+other patterns (router-only, attention-only) fall outside the checked envelope (``fitcheck.core.activations.envelope``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fitcheck.spec import Role, TrainingSpec
+
+
+@dataclass(frozen=True)
+class FrozenLayers:
+    """How many decoder layers of each kind a partially frozen model has.
+
+    Attributes:
+        trained: Layers whose parameters train (save as a full fine-tune).
+        frozen_grad: Frozen layers whose input needs a gradient (save for the input gradient only).
+        no_grad: Frozen layers below every gradient (save nothing).
+        embedding_trained: Whether the input embedding trains.
+        head_trained: Whether the LM head trains.
+    """
+
+    trained: int
+    frozen_grad: int
+    no_grad: int
+    embedding_trained: bool
+    head_trained: bool
+
+
+def layer_granular(spec: TrainingSpec) -> bool:
+    """A FreezeSpec that trains whole layers: ``trainable_layers`` set and every per-layer parameter name
+    matching a trainable pattern (embeddings, final norm and head train as their own names match)."""
+    fz = spec.freeze
+    if fz is None or spec.lora is not None or spec.quant is not None or fz.trainable_layers is None:
+        return False
+    return all(any(p.matches(t) for t in fz.trainable) for p in spec.model.params if p.per_layer)
+
+
+def frozen_layers(spec: TrainingSpec) -> FrozenLayers | None:
+    """The layer kinds of a layer-granular partial fine-tune (None otherwise)."""
+    fz = spec.freeze
+    if fz is None or fz.trainable_layers is None or not layer_granular(spec):
+        return None
+    depth = spec.model.shape.num_layers
+    trained = sorted({i for i in fz.trainable_layers if 0 <= i < depth})
+
+    def trains(role: Role) -> bool:
+        return any(p.role is role and any(p.matches(t) for t in fz.trainable) for p in spec.model.params)
+
+    emb = trains(Role.EMBEDDING)
+    head = trains(Role.LM_HEAD) or (spec.model.shape.tied_embeddings and emb)
+    first_grad = 0 if emb else (trained[0] if trained else depth)
+    no_grad = first_grad
+    return FrozenLayers(len(trained), depth - no_grad - len(trained), no_grad, emb, head)

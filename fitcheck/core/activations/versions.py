@@ -1,0 +1,124 @@
+"""What the library versions of the environment change in the estimate (pure: no torch, no imports of them).
+
+The formulas are read from transformers 5.23 / peft 0.21 / bitsandbytes 0.50 / torch 2.13
+(``fitcheck.spec.MODELLED_VERSIONS``). For transformers 4.40-4.57 the known differences are modelled, each from
+the library source of those versions:
+
+- Default load dtype: 4.x ``from_pretrained`` without ``torch_dtype`` keeps ``torch.get_default_dtype()``
+  (float32); 5.0 made ``dtype="auto"`` the default (5.23 modeling_utils.py: ``if dtype is None: dtype =
+  "auto"``). Read in ``fitcheck.readers.run_args.load_dtype``.
+- Loss path: up to 4.48 ``loss_utils.ForCausalLMLoss`` (4.46-4.48) and the model forwards before it (<= 4.45,
+  e.g. modeling_llama.py ``LlamaForCausalLM.forward``) upcast the logits and make a shifted contiguous copy,
+  ``shift_logits = logits[..., :-1, :].contiguous()``, before ``cross_entropy``: one more fp32
+  ``b·(s-1)·V`` tensor at the loss. transformers PR #35646 (merged 2025-01-13, first released in 4.49.0)
+  removed the copy; 5.x pads the labels instead (``nn.functional.pad(labels, (0, 1))``). Before 4.46 the
+  forward also rebinds ``logits = logits.float()``, so the 16-bit logits are not held during the loss.
+- Mixtral experts: 4.x ``MixtralSparseMoeBlock`` holds ``nn.Linear`` ``gate`` and per-expert ``w1/w2/w3``
+  (quantized by bitsandbytes, targeted by LoRA ``all-linear``); 5.x fuses them into 3-D parameters. Modelled in
+  the inventory (``fitcheck.readers.families_legacy``).
+
+Anything else outside the modelled versions gets a warning finding.
+"""
+
+from __future__ import annotations
+
+from fitcheck.findings import Finding, Severity
+from fitcheck.spec import MODELLED_VERSIONS, TrainingSpec
+
+# transformers releases whose differences from 5.23 are modelled (above); 5.x releases share 5.23's code paths
+# for everything fitcheck models except where a finding says otherwise.
+LEGACY_TRANSFORMERS = ((4, 40), (4, 57))
+_SHIFT_COPY_FIXED = (4, 49)  # PR #35646: ForCausalLMLoss no longer copies the shifted logits
+_LOSS_IN_LOSS_UTILS = (4, 46)  # loss_utils.ForCausalLMLoss; before it, the forward rebinds logits.float()
+
+
+def transformers_release(spec: TrainingSpec) -> tuple[int, ...] | None:
+    """``(major, minor, ...)`` of the environment's transformers, or None (the modelled 5.23 is assumed)."""
+    return spec.stack.release("transformers")
+
+
+def legacy_transformers(spec: TrainingSpec) -> bool:
+    """True for a transformers 4.x environment (the modelled 4.40-4.57 differences apply)."""
+    release = transformers_release(spec)
+    return release is not None and release[0] < 5
+
+
+def legacy_logits_extra(spec: TrainingSpec, e: int) -> int:
+    """Extra bytes at the forward's loss peak from the older causal-LM loss path (0 on transformers >= 4.49).
+
+    Args:
+        spec: The training spec (its ``stack`` says the transformers version).
+        e: Element bytes of the logits the LM head returns (2 for a 16-bit model or under autocast, 4 fp32).
+
+    Returns:
+        ``4·b·(s-1)·V`` for the shifted fp32 copy, less the 16-bit logits the forward no longer holds before
+        4.46 (it rebinds ``logits = logits.float()``).
+    """
+    release = transformers_release(spec)
+    if release is None or release[:2] >= _SHIFT_COPY_FIXED or not spec.model.shape.causal_lm:
+        return 0
+    b, s, v = spec.batch.micro_batch, spec.batch.seq_len, spec.model.shape.vocab_size
+    extra = 4 * b * (s - 1) * v
+    if release[:2] < _LOSS_IN_LOSS_UTILS and e == 2:
+        extra -= 2 * b * s * v
+    return extra
+
+
+def _differences(spec: TrainingSpec) -> list[str]:
+    release = transformers_release(spec)
+    out: list[str] = []
+    if release is None or release[0] >= 5:
+        return out
+    out.append("from_pretrained without torch_dtype loads float32 (see the dtype assumption)")
+    if release[:2] < _SHIFT_COPY_FIXED:
+        out.append("the loss upcasts the logits and copies the shifted logits (+4 B per logit at the loss)")
+    if spec.model.shape.family == "mixtral":
+        out.append("Mixtral experts and router are nn.Linear (quantized by bitsandbytes, targeted by LoRA)")
+    return out
+
+
+def versions_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
+    """Findings about the environment's library versions versus the modelled ones.
+
+    Returns:
+        An info finding listing the modelled transformers-4.x differences applied; a warning per package whose
+        version is outside what is modelled.
+    """
+    stack = spec.stack
+    out: list[Finding] = []
+    release = transformers_release(spec)
+    if release is not None and release[0] < 5:
+        lo, hi = LEGACY_TRANSFORMERS
+        if lo <= release[:2] <= hi:
+            diffs = _differences(spec)
+            out.append(
+                Finding(
+                    "versions-modelled",
+                    Severity.INFO,
+                    f"transformers {stack.get('transformers')} ({stack.source}): modelled differences from 5.23 "
+                    f"applied: {'; '.join(diffs) if diffs else 'none for this run'}",
+                )
+            )
+        else:
+            out.append(_outside(spec, "transformers", f"4.{lo[1]}-4.{hi[1]} and 5.x"))
+    for name, modelled in MODELLED_VERSIONS.items():
+        if name == "transformers" or stack.get(name) is None:
+            continue
+        have = stack.release(name)
+        want = tuple(int(x) for x in modelled.split("."))
+        if have is None or have[: len(want)] != want:
+            out.append(_outside(spec, name, modelled))
+    if release is not None and release[0] >= 5 and release[:2] > (5, 23):
+        out.append(_outside(spec, "transformers", "5.23"))
+    return tuple(out)
+
+
+def _outside(spec: TrainingSpec, name: str, modelled: str) -> Finding:
+    return Finding(
+        "versions-not-modelled",
+        Severity.WARNING,
+        f"{name} {spec.stack.get(name)} ({spec.stack.source}) is outside what is modelled ({name} {modelled}): "
+        f"its allocations are estimated as those of {name} {MODELLED_VERSIONS[name]}",
+        f"check with a measured step on that environment, or pass --stack {name}={MODELLED_VERSIONS[name]} "
+        "to ask about the modelled stack",
+    )

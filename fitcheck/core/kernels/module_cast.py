@@ -1,0 +1,40 @@
+"""DeepSpeed fp16/bf16 and FSDP mixed precision compute with 16-bit parameters: the activations are those of a
+16-bit model, with no autocast weight cache.
+
+deepspeed 0.19.8 runtime/engine.py ``_configure_distributed_model``: with ``fp16``/``bf16`` enabled,
+``_cast_module_mixed_precision(param_dtype, ...)`` sets ``p.data = p.data.to(param_dtype)`` for every floating
+parameter (buffers keep their loaded dtype unless ``buffer_dtype`` is set; HF rotary ``inv_freq`` is fp32 either
+way), and the optimizer keeps fp32 master copies (``fitcheck.core.states``). accelerate 1.15 ``Accelerator.__init__``
+turns native AMP off for ``DistributedType.DEEPSPEED`` (``native_amp`` stays False), so no torch autocast runs and
+no 16-bit weight cache exists. A model loaded in fp32 and trained under DeepSpeed bf16 therefore saves exactly the
+tensors of the same model loaded in bf16 without autocast (pinned by ``cpu_truth.py``'s bf16 rows; real
+DeepSpeed CPU steps: ``benchmarks/deepspeed_cpu.py``).
+
+FSDP: accelerate 1.15 ``FullyShardedDataParallelPlugin.set_mixed_precision`` turns ``mixed_precision`` bf16/fp16
+into ``MixedPrecision(param_dtype=..., reduce_dtype=...)`` (FSDP2: ``MixedPrecisionPolicy``, utils/dataclasses.py),
+so the unsharded parameters the forward reads are 16-bit; native AMP stays on, but autocast caches casts of fp32
+leaves only, and there are none. Not run for real here (FSDP needs several processes); derived from source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fitcheck.spec import Dtype, MixedPrecision, PrecisionSpec, Strategy, TrainingSpec
+
+
+def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
+    """The spec as the activations see it: DeepSpeed fp16/bf16 and FSDP mixed-precision full fine-tunes compute
+    with a 16-bit module (DeepSpeed: no autocast; FSDP: autocast on 16-bit parameters).
+
+    LoRA and quantized bases are returned unchanged (peft's fp32 adapters are cast too; not modelled here).
+    """
+    mp = spec.precision.mixed_precision
+    strategy = spec.sharding.strategy
+    if strategy not in (Strategy.DEEPSPEED, Strategy.FSDP) or mp is MixedPrecision.NO:
+        return spec
+    if spec.lora is not None or spec.quant is not None:
+        return spec
+    dtype = Dtype.BFLOAT16 if mp is MixedPrecision.BF16 else Dtype.FLOAT16
+    keep = mp if strategy is Strategy.FSDP else MixedPrecision.NO
+    return replace(spec, precision=PrecisionSpec(load_dtype=dtype, mixed_precision=keep))

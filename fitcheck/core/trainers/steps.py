@@ -1,0 +1,228 @@
+"""What a TRL 1.16 trainer's step allocates beyond the plain Trainer step: pure functions over components.
+
+``step_spec(spec)`` is the spec the policy's forward/backward actually runs (DPO: chosen + rejected concatenated,
+2 x rows of prompt + completion; GRPO: rows of prompt + max_completion_length). ``trainer_components(spec, base)``
+takes the plain-Trainer components of that step and
+
+- replaces ``logits.loss`` (full-vocabulary logits, transformers' ForCausalLMLoss) by ``logits.fused_head``: TRL
+  1.16 patches every SFT/DPO/GRPO model with ``add_fused_lm_head`` and computes the loss from the chunked
+  log-probs (``fitcheck.core.trainers.fused_head``; ``trl/trainer/sft_trainer.py SFTTrainer.compute_loss``,
+  ``dpo_trainer.py _compute_loss``, ``grpo_trainer.py _get_per_token_logps_and_entropies``);
+- adds ``reference_model.weights`` (DPO without PEFT and without precomputed log-probs: ``create_model_from_path``
+  loads a second copy in the policy's dtype, ``dpo_trainer.py`` L908-927; GRPO with ``beta > 0``, grpo_trainer.py
+  L983-1003; under PEFT the reference is the base with adapters disabled: no copy);
+- adds ``reference_model.forward``: DPO's reference forward runs under ``no_grad`` AFTER the policy forward
+  (``_compute_loss``), so its fused head's buffers stack on the policy's saved activations;
+- adds the GRPO generation phase (``generation.kv_cache``, ``generation.working_set``; ``Phase.GENERATION``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fitcheck.core.trainers.fused_head import (
+    FusedHeadInputs,
+    backward_peak,
+    forward_outputs,
+    forward_peak,
+)
+from fitcheck.report import PHASES, Category, Component, Location, Phase
+from fitcheck.spec import (
+    DeviceType,
+    Kind,
+    MixedPrecision,
+    ModelInventory,
+    ParamEntry,
+    Role,
+    TrainerKind,
+    TrainingSpec,
+    VllmMode,
+)
+
+_TRL = "TRL 1.16 source (trl/trainer/*_trainer.py)"
+# Optional fused-head outputs each trainer asks for (add_fused_lm_head(outputs=...), TRL 1.16)
+_OUTPUTS = {
+    TrainerKind.SFT: ("log_probs", "entropy", "is_top1"),  # sft_trainer.py L1144-1147
+    TrainerKind.DPO: ("log_probs", "entropy", "mean_logits", "is_top1"),  # dpo_trainer.py L956-960
+    TrainerKind.GRPO: ("log_probs", "entropy"),  # grpo_trainer.py L1068-1073
+}
+_FUSED = frozenset(_OUTPUTS)
+
+
+def step_spec(spec: TrainingSpec) -> TrainingSpec:
+    """The spec of the policy's forward/backward as the trainer runs it."""
+    t = spec.trainer
+    if t.kind is TrainerKind.DPO:
+        seq = t.prompt_length + t.completion_length or spec.batch.seq_len
+        batch = dataclasses.replace(spec.batch, micro_batch=2 * spec.batch.micro_batch, seq_len=seq)
+        return dataclasses.replace(spec, batch=batch)
+    if t.kind is TrainerKind.GRPO:
+        seq = t.prompt_length + t.completion_length or spec.batch.seq_len
+        return dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, seq_len=seq))
+    if t.kind is TrainerKind.SFT and t.padding_free:
+        # DataCollatorForLanguageModeling(padding_free=True) flattens the micro-batch into ONE row of b x s tokens
+        # with position_ids (sft_trainer.py); packing alone keeps rows of max_length (the seq_len semantics here)
+        rows, seq = spec.batch.micro_batch, spec.batch.seq_len
+        return dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, micro_batch=1, seq_len=rows * seq))
+    if t.kind is TrainerKind.REWARD:  # chosen + rejected concatenated (reward_trainer.py compute_loss)
+        batch = dataclasses.replace(spec.batch, micro_batch=2 * spec.batch.micro_batch)
+        return dataclasses.replace(spec, batch=batch, model=_sequence_classifier(spec))
+    return spec
+
+
+def _sequence_classifier(spec: TrainingSpec) -> ModelInventory:
+    """The model as ``AutoModelForSequenceClassification`` loads it: the LM head replaced by ``score`` [labels, h].
+
+    RewardTrainer (reward_trainer.py, TRL 1.16) loads the model with ``num_labels=1``; transformers'
+    ``*ForSequenceClassification`` has a bias-free ``score`` Linear and returns ``[rows, seq, labels]`` logits
+    pooled at the last token: the vocabulary-sized tensors are gone (``vocab_size`` of the step = labels).
+    """
+    inv = spec.model
+    labels = int(str(inv.config.get("num_labels", 1) or 1))
+    if any(p.name == "score.weight" for p in inv.params):
+        return inv
+    params = tuple(p for p in inv.params if p.role is not Role.LM_HEAD)
+    params += (ParamEntry("score.weight", (labels, inv.shape.hidden_size), Role.OTHER, Kind.OTHER, module="score"),)
+    shape = dataclasses.replace(inv.shape, vocab_size=labels, tied_embeddings=False)
+    return dataclasses.replace(inv, params=params, shape=shape)
+
+
+def fused_head_inputs(spec: TrainingSpec, *, grad: bool, outputs: tuple[str, ...], scored: int | None = None
+                      ) -> FusedHeadInputs:
+    """The fused head's shapes for one call of ``spec``'s step (``scored``: labelled positions, CUDA only)."""
+    sh = spec.model.shape
+    half = spec.precision.load_dtype.nbytes
+    amp = spec.precision.mixed_precision is not MixedPrecision.NO
+    compute = 2 if amp else half
+    full = spec.lora is None and spec.quant is None and spec.freeze is None
+    return FusedHeadInputs(
+        rows=spec.batch.micro_batch, seq=spec.batch.seq_len, scored=scored, hidden=sh.hidden_size,
+        vocab=sh.vocab_size, compute_bytes=compute, hidden_bytes=half, weight_bytes=half,
+        cuda=spec.hardware.device_type is DeviceType.CUDA, outputs=outputs, weight_grad=full and grad, grad=grad,
+    )
+
+
+def _scored(spec: TrainingSpec) -> int:
+    """Positions with a label (the CUDA path scores only these): completion tokens for DPO/GRPO."""
+    t, b, s = spec.trainer, spec.batch.micro_batch, spec.batch.seq_len
+    if t.kind in (TrainerKind.DPO, TrainerKind.GRPO) and t.completion_length:
+        return b * t.completion_length
+    return b * (s - 1)
+
+
+def _weights_bytes(spec: TrainingSpec) -> int:
+    return spec.model.total_params * spec.precision.load_dtype.nbytes
+
+
+def _has_reference_copy(spec: TrainingSpec) -> bool:
+    t = spec.trainer
+    if spec.lora is not None:
+        return False
+    if t.kind is TrainerKind.DPO:
+        return not t.precompute_ref_log_probs
+    return t.kind is TrainerKind.GRPO and t.beta != 0.0
+
+
+def _last_hidden(spec: TrainingSpec) -> int:
+    sh = spec.model.shape
+    return spec.batch.micro_batch * spec.batch.seq_len * sh.hidden_size * spec.precision.load_dtype.nbytes
+
+
+def _fused_head_component(spec: TrainingSpec, base: Component) -> Component:
+    t = spec.trainer
+    x = fused_head_inputs(spec, grad=True, outputs=_OUTPUTS[t.kind], scored=_scored(spec))
+    fwd = forward_peak(x)
+    bwd, _ = backward_peak(x)
+    labels = 8 * spec.batch.micro_batch * spec.batch.seq_len  # labels / completion mask (int64)
+    # the backbone's last hidden state is held by the patched forward while the head runs, then freed: only the
+    # kernel's own copy is saved (the plain LM head keeps the norm output: counted in activations.saved)
+    fwd_phase = fwd + labels
+    bwd_phase = bwd + labels - _last_hidden(spec)
+    if t.kind is TrainerKind.DPO and not t.precompute_ref_log_probs:
+        # the reference forward (no_grad, after the policy's): the policy's outputs stay, the reference's
+        # backbone output and its fused head's buffers (log-probs only) come on top
+        ref = fused_head_inputs(spec, grad=False, outputs=("log_probs",), scored=_scored(spec))
+        fwd_phase = max(fwd_phase, forward_outputs(x) + labels + _last_hidden(spec) + forward_peak(ref))
+    return Component(
+        "logits.fused_head",
+        Category.LOGITS,
+        Location.DEVICE,
+        {Phase.FORWARD_END: fwd_phase, Phase.BACKWARD_START: bwd_phase},
+        "trl/kernels/chunked_logprob.py ChunkedLogProbFunction (TRL 1.16): mm_buf min(N,4096)x32768 + "
+        + ("Triton folds (CUDA)" if x.cuda else "torch fallback tiles (CPU)"),
+        f"{x.n} positions x {x.vocab} vocab in tiles; buffer {min(x.n, 4096)}x32768 "
+        f"({'scored positions only' if x.cuda else 'every position'})",
+        )
+
+
+def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
+    """GRPO without vLLM: ``model.generate`` for the generation batch (no grad), after the optimizer step."""
+    t, sh = spec.trainer, spec.model.shape
+    if t.kind is not TrainerKind.GRPO or (t.use_vllm and t.vllm_mode is VllmMode.SERVER):
+        return []
+    held = Component("generation.weights_and_states", Category.WEIGHTS, Location.DEVICE,
+                     {Phase.GENERATION: persistent}, "weights, optimizer states (and reference) stay during generate",
+                     "everything persistent; gradients were freed by zero_grad")
+    if t.use_vllm:  # colocate: vLLM holds its share of the GPU for the whole run (grpo_trainer.py vllm_generation)
+        share = int(spec.hardware.gpu_memory_bytes * t.vllm_gpu_memory_utilization)
+        return [held, Component("generation.vllm_colocate", Category.OVERHEAD, Location.DEVICE_OTHER,
+                          {p: share for p in (*PHASES, Phase.GENERATION)},
+                          "GRPOConfig.vllm_gpu_memory_utilization (TRL 1.16): vLLM's share of the same GPU",
+                          f"{t.vllm_gpu_memory_utilization:.0%} of the GPU")]
+    steps = t.steps_per_generation or spec.batch.grad_accum
+    rows = (t.generation_batch_size // spec.data_parallel_size if t.generation_batch_size
+            else spec.batch.micro_batch * steps)
+    e = spec.precision.load_dtype.nbytes
+    tokens = t.prompt_length + t.completion_length - 1  # the last sampled token is never fed back
+    kv = 2 * sh.num_layers * rows * sh.num_kv_heads * sh.head_dim * tokens * e
+    # prefill: one layer's MLP intermediates of the prompt (gate, up, their product) + sampling on [rows, V]:
+    # fp32 next-token logits and the processors' copies (temperature, top-p sort values + int64 indices, softmax)
+    prefill = 3 * rows * t.prompt_length * sh.intermediate_size * e
+    sampling = rows * sh.vocab_size * (4 * 5 + 8)
+    return [
+        held,
+        Component("generation.kv_cache", Category.ACTIVATIONS, Location.DEVICE, {Phase.GENERATION: kv},
+                  "transformers DynamicCache: K and V per layer [rows, kv_heads, tokens, head_dim]",
+                  f"{rows} sequences x {tokens} tokens x {sh.num_layers} layers"),
+        Component("generation.working_set", Category.TEMPORARIES, Location.DEVICE,
+                  {Phase.GENERATION: max(prefill, sampling)},
+                  "transformers generation/utils.py _sample + logits processors (approximate)",
+                  "prefill MLP intermediates or the sampling copies of the next-token logits"),
+    ]
+
+
+def trainer_components(spec: TrainingSpec, base: tuple[Component, ...]) -> tuple[Component, ...]:
+    """The components of a TRL trainer's step, from the plain-Trainer components of ``step_spec(spec)``.
+
+    Args:
+        spec: The training spec as given (``spec.trainer`` says which trainer).
+        base: ``collect_components(step_spec(spec))`` of the plain step.
+
+    Returns:
+        The components with the fused head, the reference model and the generation phase where they apply.
+    """
+    t = spec.trainer
+    if not t.is_trl:
+        return base
+    run = step_spec(spec)
+    out: list[Component] = []
+    for c in base:
+        if c.name == "logits.loss" and t.kind in _FUSED:
+            out.append(_fused_head_component(run, c))
+        else:
+            out.append(c)
+    if _has_reference_copy(spec):
+        nbytes = _weights_bytes(spec)
+        out.append(Component.persistent(
+            "reference_model.weights", Category.WEIGHTS, nbytes, _TRL + ": create_model_from_path(policy id)",
+            f"{spec.model.total_params:,} params frozen copy in {spec.precision.load_dtype.value}"))
+    persistent = sum(c.at(Phase.FORWARD_END) for c in out if c.location is Location.DEVICE
+                     and c.category in (Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META,
+                                        Category.OPTIMIZER, Category.MASTER))
+    out.extend(_generation(run, persistent))
+    return tuple(out)
+
+
+def lm_head_params(spec: TrainingSpec) -> int:
+    """Parameters of the LM head (0 for tied heads)."""
+    return sum(p.numel for p in spec.model.params if p.role is Role.LM_HEAD)

@@ -1,0 +1,86 @@
+"""Which library versions the estimate is for: installed ones (read from package metadata) or ``--stack``.
+
+``importlib.metadata.version`` reads the installed distributions' METADATA files: nothing is imported, so this
+stays fast and works without torch. ``--stack transformers=4.46,peft=0.13`` describes another environment
+instead (a cluster, an older container). The result is plain data (:class:`fitcheck.spec.StackSpec`) that the
+core reads (``fitcheck.core.activations.versions``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from importlib import metadata
+
+from fitcheck.errors import ConfigError
+from fitcheck.spec import MODELLED_VERSIONS, StackSpec
+
+# Distribution names whose version changes what a training step allocates.
+PACKAGES: tuple[str, ...] = tuple(MODELLED_VERSIONS)
+_VERSION = re.compile(r"^\d+(\.\d+){0,3}([.+-]?[0-9A-Za-z.+-]*)?$")
+
+
+def _metadata_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def installed_stack(version_of: Callable[[str], str | None] = _metadata_version) -> StackSpec:
+    """The installed versions of :data:`PACKAGES` (absent packages are left out).
+
+    Args:
+        version_of: Package name -> version or None (default: ``importlib.metadata.version``).
+
+    Returns:
+        A ``StackSpec`` with ``source="installed"``.
+    """
+    found = ((name, version_of(name)) for name in PACKAGES)
+    return StackSpec(versions=tuple((n, v) for n, v in found if v is not None), source="installed")
+
+
+def parse_stack(text: str, *, where: str = "--stack") -> StackSpec:
+    """Read ``NAME=VERSION,NAME=VERSION`` (e.g. ``transformers=4.46,peft=0.13``).
+
+    Packages not named keep no version (the report says the modelled one is assumed for them).
+
+    Raises:
+        ConfigError: An entry is not ``NAME=VERSION``, names a package fitcheck does not know, or repeats one.
+    """
+    versions: dict[str, str] = {}
+    for item in (part.strip() for part in str(text).split(",")):
+        if not item:
+            continue
+        name, sep, version = item.partition("=")
+        name, version = name.strip().lower(), version.strip()
+        if not sep or not name or not version:
+            raise ConfigError(f"{where}: {item!r} is not NAME=VERSION; e.g. --stack transformers=4.46,peft=0.13")
+        if name not in PACKAGES:
+            raise ConfigError(f"{where}: unknown package {name!r}; known: {', '.join(PACKAGES)}")
+        if name in versions:
+            raise ConfigError(f"{where}: {name} is given twice")
+        if not _VERSION.match(version):
+            raise ConfigError(f"{where}: {name}={version!r} is not a version number (e.g. 4.46 or 4.46.3)")
+        versions[name] = version
+    if not versions:
+        raise ConfigError(f"{where}: empty; e.g. --stack transformers=4.46,peft=0.13")
+    return StackSpec(versions=tuple(versions.items()), source="--stack")
+
+
+def stack_from_values(
+    values: Mapping[str, object], where: str, installed: Callable[[], StackSpec] = installed_stack
+) -> StackSpec:
+    """``--stack`` when given, else the installed versions.
+
+    Args:
+        values: Canonical flag values; ``stack`` is read.
+        where: Where ``stack`` came from, for error messages.
+        installed: Reads the installed versions (a parameter so tests can pin an environment).
+    """
+    raw = values.get("stack")
+    if raw is None:
+        return installed()
+    if isinstance(raw, Mapping):
+        raw = ",".join(f"{k}={v}" for k, v in raw.items())
+    return parse_stack(str(raw), where=where)

@@ -1,0 +1,127 @@
+"""One path for every number of a run: checked formula, or a fake-tensor trace; never a silent extrapolation.
+
+``PinnedPath`` decides, per spec, where the activation components come from; ``following(headline)`` is the
+``estimate_fn`` that ``max_micro_batch`` and the advisor get, so the largest micro-batch and each suggestion are
+computed the way the headline number was (traced, or from the formulas):
+
+- ``always`` (``--trace``): a fake-tensor trace of the real model (``tracer.trace_components``);
+- ``auto`` (default): the formulas inside the checked envelope (``fitcheck.core.activations.envelope``); outside it a
+  trace when torch and transformers are installed, else the formulas with a ``not-pinned`` WARNING;
+- ``never`` (``--no_trace``): the formulas, with the WARNING outside the envelope.
+
+A trace that cannot run (an 8-bit base, remote code) falls back to the formulas with an INFO saying why; runs
+the tracer does not describe (Liger, fused/TRL losses, activation offloading, DeepSpeed, FSDP's module cast,
+tp/cp/sp layouts, GPTQ/AWQ/FP8 bases, images) are never auto-traced.
+Traces are cached per activation-relevant part of the spec (sharding and optimizer changes reuse them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+from fitcheck.core.activations import in_envelope
+from fitcheck.findings import Finding, Severity
+from fitcheck.report import Component, Report
+from fitcheck.spec import TrainingSpec
+
+MODES = ("auto", "always", "never")
+
+
+def torch_available() -> bool:
+    """Whether torch and transformers can be imported (without importing them)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+
+
+def traceable(spec: TrainingSpec) -> bool:
+    """Whether the tracer describes this run: it runs the plain Trainer step with transformers' loss, without
+    Liger kernels, activation offloading or DeepSpeed's module cast (those are modelled by the formulas only,
+    fitcheck/core/kernels/); a trace of the plain step would be a different run."""
+    from fitcheck.core.kernels import deepspeed_module_view
+    from fitcheck.spec import Strategy, TrainerKind
+
+    act = spec.activations
+    layout = spec.sharding.parallelism
+    pre = spec.quant is not None and spec.quant.pre_quantized and spec.quant.method != "bitsandbytes"
+    return (act.loss == "torch" and act.liger is None and not act.offload_activations
+            and spec.trainer.kind is TrainerKind.TRAINER and spec.sharding.strategy is not Strategy.DEEPSPEED
+            # FSDP mixed precision casts the module (kernels/module_cast.py): the traced fp32+autocast step
+            # would be a different run; so would one rank of a tp/cp/sp layout (core/parallelism), a
+            # GPTQ/AWQ/FP8 base (core/states/prequant) or a vision tower fed images (the tracer has no pixels)
+            and deepspeed_module_view(spec) is spec
+            and (layout is None or not layout.active) and not pre and spec.model.shape.task != "image-text-to-text")
+
+
+def _cache_key(spec: TrainingSpec) -> str:
+    """What a trace depends on (the model, the batch, precision, activations, adapters, quantization, freeze)."""
+    return repr((spec.model.model_id, spec.model.shape, spec.batch, spec.precision, spec.activations, spec.lora,
+                 spec.quant, spec.freeze, spec.optimizer.name))
+
+
+class PinnedPath:
+    """Chooses formula or trace per spec, and estimates with it (an ``EstimateFn``)."""
+
+    def __init__(self, mode: str = "auto", *, can_trace: bool | None = None) -> None:
+        """Args:
+        mode: ``auto``, ``always`` or ``never``.
+        can_trace: Whether tracing is possible (default: torch and transformers importable).
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.mode = mode
+        self.can_trace = torch_available() if can_trace is None else can_trace
+        self._cache: dict[str, tuple[tuple[Component, ...] | None, str]] = {}
+
+    def wants_trace(self, spec: TrainingSpec) -> bool:
+        """Whether this spec's activations should come from a trace."""
+        if self.mode == "always":
+            return True
+        if self.mode == "never" or not self.can_trace or not traceable(spec):
+            return False
+        return not in_envelope(spec) and bool(spec.model.config)
+
+    def activations(self, spec: TrainingSpec) -> tuple[tuple[Component, ...] | None, str]:
+        """(traced components or None for the formulas, why a wanted trace could not run or '')."""
+        if not self.wants_trace(spec):
+            return None, ""
+        key = _cache_key(spec)
+        if key not in self._cache:
+            self._cache[key] = self._trace(spec)
+        return self._cache[key]
+
+    def _trace(self, spec: TrainingSpec) -> tuple[tuple[Component, ...] | None, str]:
+        import warnings
+
+        from fitcheck.errors import FitcheckError
+        from fitcheck.torch_adapters.tracer import trace_components
+
+        with warnings.catch_warnings():  # transformers' deprecation notices while building the model are noise
+            warnings.simplefilter("ignore", FutureWarning)
+            if self.mode == "always":
+                return trace_components(spec), ""
+            try:
+                return trace_components(spec), ""
+            except (FitcheckError, NotImplementedError, ValueError, TypeError, RuntimeError, KeyError,
+                    AttributeError) as exc:  # an automatic trace never breaks the estimate: the formulas answer
+                return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+
+    def following(self, headline: Report) -> PinnedPath:
+        """The path for the numbers around a headline (largest micro-batch, suggestions): traced when the
+        headline was traced, the formulas when it came from the formulas (its findings say whether those were
+        checked), so the verdict and the largest micro-batch never disagree. Traces are shared."""
+        traced = any(c.name == "activations.traced" for c in headline.components)
+        other = PinnedPath("always" if traced else "never", can_trace=self.can_trace)
+        other._cache = self._cache
+        return other
+
+    def __call__(self, spec: TrainingSpec) -> Report:
+        """Estimate a spec on this path (the ``estimate_fn`` of the batch search and the advisor)."""
+        from fitcheck.core import estimate
+
+        comps, failed = self.activations(spec)
+        report = estimate(spec, activations=comps)
+        if failed:
+            note = Finding("trace-failed", Severity.INFO, f"tracing this run was not possible ({failed})",
+                           "the number is from the formulas; see the not-pinned warning")
+            report = dataclasses.replace(report, findings=(*report.findings, note))
+        return report

@@ -1,0 +1,49 @@
+"""Real TRL 1.16 trainers on CPU (benchmarks/trl_truth.py): a sampled subset within 2% of the live-tensor peak.
+
+Each case runs the real trainer (SFT LoRA, DPO with its implicit reference copy, GRPO with beta > 0 including
+generation, reward) for two steps on a tiny Llama; the full table is ``python benchmarks/trl_truth.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from fitcheck.core.estimator import estimate
+from fitcheck.report import Phase
+
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "trl_truth.py"
+_SPEC = importlib.util.spec_from_file_location("trl_truth", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
+trl_truth = importlib.util.module_from_spec(_SPEC)
+sys.modules["trl_truth"] = trl_truth
+_SPEC.loader.exec_module(trl_truth)
+
+SAMPLED = ("sft LoRA", "dpo full implicit ref", "grpo beta 0.04", "reward")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SAMPLED)
+def test_trl_trainer_peak_within_two_percent(name: str) -> None:
+    case = next(c for c in trl_truth.CASES if c.name == name)
+    real = trl_truth.measure(case)
+    report = estimate(trl_truth.spec_for(case))
+    assert report.peak_allocated_bytes == pytest.approx(real["peak"], rel=0.02)
+    if "generation" in real:  # GRPO: the generate() phase has its own peak
+        totals = report.phase_totals()
+        assert totals[Phase.GENERATION] == pytest.approx(real["generation"], rel=0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(trl_truth.EVAL_CASES)))
+def test_evaluation_phase_within_two_percent(index: int) -> None:
+    _, kind, eval_batch, length = trl_truth.EVAL_CASES[index]
+    real = trl_truth.measure_eval(kind, eval_batch, length)
+    est = estimate(trl_truth.eval_spec_for(kind, eval_batch, length)).phase_totals()[Phase.EVALUATION]
+    assert est == pytest.approx(real, rel=0.02)

@@ -1,0 +1,158 @@
+"""Issue 12: library versions (installed / --stack), the transformers 4.x differences, config.json without a
+dtype (gpt-oss) and its MXFP4 experts."""
+
+from __future__ import annotations
+
+import json
+from importlib import metadata
+from typing import Any
+
+import pytest
+
+from fitcheck.catalog.models import find_catalog_config
+from fitcheck.cli.estimate import spec_from_values
+from fitcheck.core.estimator import estimate
+from fitcheck.errors import ConfigError
+from fitcheck.readers.checkpoint_dtype import mxfp4_checkpoint_bytes
+from fitcheck.readers.families_legacy import inventory_for_stack
+from fitcheck.readers.model_config import inventory_from_config
+from fitcheck.readers.versions import PACKAGES, installed_stack, parse_stack
+from fitcheck.render.json_out import report_to_dict
+from fitcheck.report import Category, Phase
+from fitcheck.spec import MODELLED_VERSIONS, Dtype, Kind, Role, StackSpec
+
+GIB = 2**30
+
+
+def _spec(**values: Any) -> Any:
+    return spec_from_values(values, env={})
+
+
+def test_installed_versions_come_from_package_metadata() -> None:
+    stack = installed_stack()
+    assert stack.source == "installed"
+    assert stack.get("transformers") == metadata.version("transformers")
+    assert set(dict(stack.versions)) <= set(PACKAGES)
+    missing = installed_stack(lambda name: None if name == "deepspeed" else "1.0")
+    assert missing.get("deepspeed") is None and missing.get("peft") == "1.0"
+
+
+def test_parse_stack() -> None:
+    stack = parse_stack("transformers=4.46, peft=0.13.2")
+    assert stack.source == "--stack" and stack.release("transformers") == (4, 46)
+    assert stack.release("peft") == (0, 13, 2) and stack.get("torch") is None
+    assert StackSpec((("transformers", "4.57.0.dev0"),)).release("transformers") == (4, 57, 0)
+
+
+@pytest.mark.parametrize("bad", ["transformers", "transformer=4.46", "transformers=abc", "peft=0.1,peft=0.2", ""])
+def test_bad_stack_is_a_config_error(bad: str) -> None:
+    with pytest.raises(ConfigError, match="--stack"):
+        parse_stack(bad)
+
+
+def test_json_reports_versions_and_modelled_versions() -> None:
+    spec, _ = _spec(model_name_or_path="gpt2", stack="transformers=4.46,peft=0.13")
+    out = json.loads(json.dumps(report_to_dict(estimate(spec))))
+    assert out["versions"] == {"source": "--stack", "transformers": "4.46", "peft": "0.13"}
+    assert out["modelled_versions"] == dict(MODELLED_VERSIONS)
+    installed, _ = _spec(model_name_or_path="gpt2")
+    assert report_to_dict(estimate(installed))["versions"]["source"] == "installed"
+
+
+def test_outside_modelled_versions_warn() -> None:
+    spec, _ = _spec(model_name_or_path="gpt2", stack="transformers=4.30,bitsandbytes=0.41")
+    codes = [(f.code, f.message.split(" ")[0]) for f in estimate(spec).findings]
+    assert ("versions-not-modelled", "transformers") in codes and ("versions-not-modelled", "bitsandbytes") in codes
+    same, _ = _spec(model_name_or_path="gpt2", stack="transformers=5.23.0,peft=0.21.2")
+    assert not any(f.code.startswith("versions") for f in estimate(same).findings)
+
+
+def test_transformers_4x_loads_float32_by_default() -> None:
+    spec, assumptions = _spec(model_name_or_path="meta-llama/Meta-Llama-3-8B", stack="transformers=4.46")
+    assert spec.precision.load_dtype is Dtype.FLOAT32 and any("float32" in a for a in assumptions)
+    given, _ = _spec(model_name_or_path="meta-llama/Meta-Llama-3-8B", stack="transformers=4.46", dtype="bfloat16")
+    assert given.precision.load_dtype is Dtype.BFLOAT16
+    modern, _ = _spec(model_name_or_path="meta-llama/Meta-Llama-3-8B", stack="transformers=5.23")
+    assert modern.precision.load_dtype is Dtype.BFLOAT16  # dtype "auto": config.json says bfloat16
+
+
+@pytest.mark.parametrize(("version", "extra_per_logit"), [("4.48", 4), ("4.46", 4), ("4.44", 2), ("4.49", 0)])
+def test_older_loss_path_adds_the_shifted_logits_copy(version: str, extra_per_logit: int) -> None:
+    base = {"model_name_or_path": "meta-llama/Meta-Llama-3-8B", "dtype": "bfloat16", "use_peft": True,
+            "lora_target_modules": "all-linear", "max_seq_length": 2048, "per_device_train_batch_size": 1}
+    new, _ = _spec(**base, stack="transformers=5.23")
+    old, _ = _spec(**base, stack=f"transformers={version}")
+
+    def logits(spec: Any) -> int:
+        comp = next(c for c in estimate(spec).components if c.category is Category.LOGITS)
+        return comp.at(Phase.FORWARD_END)
+
+    b, s, v = 1, 2048, 128256
+    # 4.46-4.48 loss_utils.ForCausalLMLoss: fp32 shifted copy (4·b·(s-1)·V); <= 4.45 the forward also drops
+    # the bf16 logits it rebinds to fp32 (-2·b·s·V); PR #35646 (4.49) removed the copy
+    expected = {4: 4 * b * (s - 1) * v, 2: 4 * b * (s - 1) * v - 2 * b * s * v, 0: 0}[extra_per_logit]
+    assert logits(old) - logits(new) == expected
+
+
+def test_mixtral_on_transformers_4x_has_per_expert_linears() -> None:
+    found = find_catalog_config("mistralai/Mixtral-8x7B-v0.1")
+    assert found is not None
+    inv = inventory_from_config(found[0], "mixtral", "catalog")
+    legacy = inventory_for_stack(inv, parse_stack("transformers=4.46"))
+    assert legacy.total_params == inv.total_params
+    names = {p.name for p in legacy.params}
+    assert "model.layers.*.block_sparse_moe.experts.7.w2.weight" in names
+    assert not any(p.kind is Kind.FUSED_EXPERTS for p in legacy.params)
+    gate = next(p for p in legacy.params if p.name.endswith("block_sparse_moe.gate.weight"))
+    assert (gate.kind, gate.role, gate.shape) == (Kind.LINEAR, Role.ROUTER, (8, 4096))
+    assert inventory_for_stack(inv, parse_stack("transformers=5.2")) is inv
+
+
+def test_qlora_mixtral_quantizes_the_experts_only_on_transformers_4x() -> None:
+    run = {"model_name_or_path": "mistralai/Mixtral-8x7B-v0.1", "use_peft": True, "lora_target_modules": "q_proj",
+           "load_in_4bit": True, "dtype": "bfloat16", "gpu": "H100-80GB"}
+
+    def weights(stack: str) -> int:
+        spec, _ = _spec(**run, stack=stack)
+        report = estimate(spec)
+        return sum(c.at(report.peak_phase) for c in report.components if c.category is Category.WEIGHTS)
+
+    # 5.x: fused 3-D experts are not nn.Linear, bitsandbytes leaves them in bf16 (~87 GiB); 4.x: 4-bit
+    assert weights("transformers=5.23") > 80 * GIB > 30 * GIB > weights("transformers=4.46")
+
+
+def test_gpt_oss_without_dtype_loads_bf16_and_says_so() -> None:
+    spec, _ = _spec(model_name_or_path="openai/gpt-oss-20b", use_peft=True,
+                              lora_target_modules="all-linear")
+    assert spec.precision.load_dtype is Dtype.BFLOAT16
+    report = estimate(spec)
+    codes = {f.code: f for f in report.findings}
+    assert "dtype-not-in-config" in codes and "--dtype bfloat16" in codes["dtype-not-in-config"].hint
+    assert "mxfp4-dequantized-for-training" in codes and "quantization-not-modelled" not in codes
+    assert spec.quant is None  # trained dequantized: bf16 experts
+
+
+def test_load_bf16_is_suggested_when_fp32_is_only_a_default() -> None:
+    from fitcheck.advice import advise
+
+    spec, _ = _spec(model_name_or_path="openai/gpt-oss-20b", stack="transformers=4.46", gpu="H100-80GB")
+    assert spec.precision.load_dtype is Dtype.FLOAT32
+    suggestions = advise(spec, estimate(spec))
+    assert any("--dtype" in s.to_dict()["argv"] for s in suggestions)
+    given, _ = _spec(model_name_or_path="openai/gpt-oss-20b", dtype="bfloat16", gpu="H100-80GB")
+    assert not any("--dtype" in s.to_dict()["argv"] for s in advise(given, estimate(given)))
+
+
+def test_mxfp4_checkpoint_bytes_match_the_published_index_size() -> None:
+    found = find_catalog_config("openai/gpt-oss-20b")
+    assert found is not None
+    packed, rest = mxfp4_checkpoint_bytes(inventory_from_config(found[0], "gpt-oss-20b", "catalog"))
+    assert packed + rest == 13_761_264_768  # model.safetensors.index.json total_size (catalog source.txt)
+
+
+def test_default_optimizer_follows_the_torch_version() -> None:
+    # transformers training_args.py: default_optim = "adamw_torch", "adamw_torch_fused" on torch >= 2.8
+    old, notes = _spec(model_name_or_path="gpt2", stack="torch=2.1.1")
+    assert old.optimizer.name == "adamw_torch" and any("torch 2.1.1 < 2.8" in n for n in notes)
+    new, _ = _spec(model_name_or_path="gpt2", stack="torch=2.13")
+    assert new.optimizer.name == "adamw_torch_fused"
