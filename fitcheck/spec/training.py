@@ -1,236 +1,19 @@
-"""The typed description of one training run: frozen dataclasses and str-Enums.
+"""How the model is trained: precision, optimizer, adapters, quantization, batch, activations, hardware, and the
+:class:`TrainingSpec` that holds them all (with the sharding of :mod:`.sharding`).
 
-Data flows one way: readers turn raw input (flags, config files, live objects) into a :class:`TrainingSpec`;
-the pure core turns a spec into a :class:`fitcheck.report.Report`. Nothing here imports torch, reads files or
-prints. Specs are frozen so that advice is cheap: ``dataclasses.replace(spec, batch=replace(spec.batch,
-micro_batch=4))`` and estimate again.
+Part of :mod:`fitcheck.spec` (import from there).
 """
 
 from __future__ import annotations
 
-import fnmatch
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal, get_args
 
 from fitcheck.findings import Finding
-
-
-class Dtype(str, Enum):
-    """Element types of parameters, states and activations."""
-
-    FLOAT32 = "float32"
-    BFLOAT16 = "bfloat16"
-    FLOAT16 = "float16"
-    INT8 = "int8"
-    UINT8 = "uint8"
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes per element."""
-        return 4 if self is Dtype.FLOAT32 else 2 if self in (Dtype.BFLOAT16, Dtype.FLOAT16) else 1
-
-    @property
-    def is_half(self) -> bool:
-        """True for the 16-bit floating types."""
-        return self in (Dtype.BFLOAT16, Dtype.FLOAT16)
-
-    @classmethod
-    def from_name(cls, name: object) -> Dtype | None:
-        """The dtype a name denotes, or None: ``"bfloat16"``, ``"bf16"``, ``"torch.bfloat16"``, ``"half"``...
-
-        Accepts what config.json, TrainingArguments/TRL flags, BitsAndBytesConfig fields and ``str(torch.dtype)``
-        spell (case-insensitive).
-        """
-        text = str(name).strip().lower().removeprefix("torch.")
-        return _DTYPE_ALIASES.get(text) or next((d for d in cls if d.value == text), None)
-
-
-_DTYPE_ALIASES: dict[str, Dtype] = {
-    "fp32": Dtype.FLOAT32,
-    "float": Dtype.FLOAT32,
-    "bf16": Dtype.BFLOAT16,
-    "fp16": Dtype.FLOAT16,
-    "half": Dtype.FLOAT16,
-}
-
-
-class Role(str, Enum):
-    """What a parameter does in the model (for the itemised inventory)."""
-
-    EMBEDDING = "embedding"
-    POSITION = "position_embedding"
-    LM_HEAD = "lm_head"
-    ATTENTION = "attention"
-    MLP = "mlp"
-    EXPERTS = "experts"
-    ROUTER = "router"
-    NORM = "norm"
-    BIAS = "bias"
-    OTHER = "other"
-
-
-class Kind(str, Enum):
-    """Which torch module holds a parameter: decides bitsandbytes quantization and LoRA targeting."""
-
-    LINEAR = "linear"  # weight of nn.Linear or GPT-2 Conv1D: quantized by bnb, LoRA-targetable
-    EMBEDDING = "embedding"  # nn.Embedding weight: never quantized by bnb
-    NORM = "norm"  # LayerNorm/RMSNorm weight or bias
-    FUSED_EXPERTS = "fused_experts"  # 3-D MoE expert tensor (transformers 5): not quantized, LoRA via target_parameters
-    BIAS = "bias"  # bias of a Linear (stays in the compute dtype under bnb)
-    OTHER = "other"
-
-
-@dataclass(frozen=True)
-class ParamEntry:
-    """One parameter name (with ``*`` for the layer index) and how many instances of it exist.
-
-    Attributes:
-        name: Full parameter name as transformers names it, layer index replaced by ``*``,
-            e.g. ``"model.layers.*.self_attn.q_proj.weight"``.
-        shape: Shape of one instance.
-        role: What it does.
-        kind: Which module type holds it.
-        repeat: Number of instances (the number of layers for per-layer names, else 1).
-        module: Short module name used by PEFT target matching, e.g. ``"q_proj"``.
-        in_features: For linear weights, the input features (GPT-2 Conv1D stores the transpose).
-        out_features: For linear weights, the output features.
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    role: Role
-    kind: Kind
-    repeat: int = 1
-    module: str = ""
-    in_features: int = 0
-    out_features: int = 0
-
-    def __post_init__(self) -> None:
-        if self.repeat < 1:
-            raise ValueError(f"{self.name}: repeat must be >= 1")
-        if any(d < 0 for d in self.shape):
-            raise ValueError(f"{self.name}: negative dimension in {self.shape}")
-
-    @property
-    def numel_each(self) -> int:
-        """Elements of one instance."""
-        return math.prod(self.shape)
-
-    @property
-    def numel(self) -> int:
-        """Elements of all instances."""
-        return self.numel_each * self.repeat
-
-    @property
-    def per_layer(self) -> bool:
-        """True when the name has a layer index."""
-        return "*" in self.name
-
-    def matches(self, pattern: str) -> bool:
-        """fnmatch the name (layer index as ``*``) against a pattern such as ``"*.mlp.gate"``."""
-        return fnmatch.fnmatchcase(self.name, pattern)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """Architecture numbers the activation and compute formulas need.
-
-    Attributes:
-        family: ``model_type`` from config.json (``"llama"``, ``"mistral"``, ``"qwen2"``, ``"gemma2"``, ...).
-        architecture: The transformers class, e.g. ``"LlamaForCausalLM"``.
-        hidden_size: Model width h.
-        num_layers: Number of decoder/encoder layers L.
-        num_heads: Attention heads a.
-        num_kv_heads: Key/value heads (GQA); equals num_heads for MHA.
-        head_dim: Per-head dimension (may differ from hidden/heads, e.g. Gemma-7B).
-        intermediate_size: MLP inner width (per expert for MoE).
-        vocab_size: Vocabulary size V.
-        max_position_embeddings: Context length the config declares.
-        mlp_activation: ``"swiglu"`` (gated) or ``"gelu"`` / ``"relu"`` (plain two-matrix MLP).
-        norm: ``"rmsnorm"`` or ``"layernorm"``.
-        num_experts: Experts per MoE layer (0 for dense models).
-        experts_per_token: Top-k routing.
-        tied_embeddings: Whether the LM head shares the input embedding tensor.
-        sliding_window: Sliding-window size if the config sets one.
-        causal_lm: False for encoder models (BERT), whose head differs.
-        config_dtype: ``torch_dtype``/``dtype`` in config.json (what ``dtype="auto"`` loads), if any.
-        no_split_module: The decoder-layer class (FSDP wrap unit, device_map no-split class).
-        parallel_attn: Falcon/Phi-style parallel attention+MLP block.
-        partial_rotary_factor: Fraction of head_dim rotated (Phi-2).
-        task: The head the model carries: ``"causal-lm"`` (vocabulary-sized LM head), ``"seq-cls"`` /
-            ``"token-cls"`` (a ``num_labels``-wide classifier), ``"image-text-to-text"`` (vision-language), or
-            ``"masked-lm"`` (BERT's MLM head); read from ``architectures`` or ``--task``.
-        num_labels: Classifier width for ``seq-cls`` / ``token-cls`` (0 otherwise).
-        image_tokens: Vision-tower patches per image (before the merger) for ``image-text-to-text`` (0 = none).
-    """
-
-    family: str
-    architecture: str
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    max_position_embeddings: int = 0
-    mlp_activation: str = "swiglu"
-    norm: str = "rmsnorm"
-    num_experts: int = 0
-    experts_per_token: int = 0
-    tied_embeddings: bool = False
-    sliding_window: int | None = None
-    causal_lm: bool = True
-    config_dtype: Dtype | None = None
-    no_split_module: str = ""
-    parallel_attn: bool = False
-    partial_rotary_factor: float = 1.0
-    task: str = "causal-lm"
-    num_labels: int = 0
-    image_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"model shape: {name} must be positive, got {getattr(self, name)}")
-
-
-@dataclass(frozen=True)
-class ModelInventory:
-    """Every parameter of the model, by name and role, plus its shape numbers.
-
-    Attributes:
-        model_id: What the user asked for (Hub id or path).
-        shape: Architecture numbers.
-        params: The parameter entries; tied tensors appear once.
-        source: Where the config came from (catalog entry with its source, a path, the HF cache).
-        counted_by: ``"pure-python"`` (family formulas) or ``"meta"`` (``from_config`` on the meta device).
-        quantization_config: The ``quantization_config`` already in config.json (pre-quantized checkpoints).
-        config: The raw config.json mapping (kept for adapters that rebuild the model).
-    """
-
-    model_id: str
-    shape: ModelShape
-    params: tuple[ParamEntry, ...]
-    source: str = ""
-    counted_by: str = "pure-python"
-    quantization_config: Mapping[str, object] | None = None
-    config: Mapping[str, object] = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def total_params(self) -> int:
-        """Number of parameters (tied tensors counted once)."""
-        return sum(p.numel for p in self.params)
-
-    def by_role(self) -> dict[Role, int]:
-        """Parameter count per role."""
-        out: dict[Role, int] = {}
-        for p in self.params:
-            out[p.role] = out.get(p.role, 0) + p.numel
-        return out
+from fitcheck.spec.model import Dtype, ModelInventory
+from fitcheck.spec.sharding import ShardingSpec
 
 
 class MixedPrecision(str, Enum):
@@ -304,7 +87,11 @@ OptimizerName = Literal[
     "apollo_adamw_layerwise",
     "stable_adamw",
 ]
+
+
 OPTIMIZER_NAMES: tuple[OptimizerName, ...] = get_args(OptimizerName)
+
+
 DEFAULT_OPTIMIZER: OptimizerName = "adamw_torch_fused"  # transformers training_args.py default_optim, torch >= 2.8
 
 
@@ -480,6 +267,8 @@ class LigerSpec:
 
 # ``--loss`` values: the implementation computing the LM loss (fitcheck/core/kernels/__init__.py documents each).
 LossKind = Literal["torch", "liger-flce", "cce"]
+
+
 LOSS_IMPLEMENTATIONS: tuple[LossKind, ...] = get_args(LossKind)
 
 
@@ -507,197 +296,6 @@ class ActivationSpec:
     offload_activations: bool = False
     use_reentrant: bool = False
     torch_compile: bool = False
-
-
-class Strategy(str, Enum):
-    """How the model is replicated or sharded over processes."""
-
-    SINGLE = "single"
-    DDP = "ddp"
-    DEEPSPEED = "deepspeed"
-    FSDP = "fsdp"
-
-
-class OffloadDevice(str, Enum):
-    """Where DeepSpeed/FSDP offloads to."""
-
-    NONE = "none"
-    CPU = "cpu"
-    NVME = "nvme"
-
-
-@dataclass(frozen=True)
-class DeepSpeedSpec:
-    """The memory-relevant part of a DeepSpeed config (after "auto" is resolved).
-
-    Defaults are DeepSpeed's own (deepspeed/runtime/zero/config.py).
-    """
-
-    stage: int = 0
-    offload_optimizer: OffloadDevice = OffloadDevice.NONE
-    offload_param: OffloadDevice = OffloadDevice.NONE
-    reduce_bucket_size: int = 500_000_000
-    allgather_bucket_size: int = 500_000_000
-    overlap_comm: bool | None = None  # None = DeepSpeed default (True for stage 3 only)
-    contiguous_gradients: bool = True
-    prefetch_bucket_size: int = 50_000_000
-    max_live_parameters: int = 1_000_000_000
-    param_persistence_threshold: int = 100_000
-    sub_group_size: int = 1_000_000_000
-    zero3_init: bool = True
-    pin_memory: bool = False
-
-    def __post_init__(self) -> None:
-        if self.stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_optimization.stage must be 0-3, got {self.stage}")
-        if self.offload_param is not OffloadDevice.NONE and self.stage != 3:
-            raise ValueError("offload_param needs ZeRO stage 3")
-
-
-# FSDP sharding strategies (torch ShardingStrategy names; FSDP2 maps reshard_after_forward onto the first two).
-ShardingStrategy = Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
-SHARDING_STRATEGIES: tuple[ShardingStrategy, ...] = get_args(ShardingStrategy)
-# FSDP wrap policies (accelerate fsdp_auto_wrap_policy).
-AutoWrapPolicy = Literal["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
-
-
-@dataclass(frozen=True)
-class FsdpSpec:
-    """FSDP settings (accelerate ``fsdp_config``), FSDP1 and FSDP2.
-
-    Attributes:
-        version: 1 or 2.
-        sharding_strategy: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD.
-        reshard_after_forward: FSDP2 flag (FULL_SHARD = True, SHARD_GRAD_OP = False).
-        offload_params: CPU offload of parameters, gradients and optimizer states.
-        wrap_unit_params: Parameters in the largest wrapped unit (0 = one decoder layer).
-        use_orig_params: FSDP1 use_orig_params.
-        sync_each_batch: Reduce-scatter gradients at every micro-step (no unsharded grads kept).
-        auto_wrap_policy: accelerate's ``fsdp_auto_wrap_policy``: TRANSFORMER_BASED_WRAP (one decoder layer per
-            unit), SIZE_BASED_WRAP (units of at least ``min_num_params``) or NO_WRAP (the whole model is one unit).
-        min_num_params: ``fsdp_min_num_params`` for SIZE_BASED_WRAP.
-    """
-
-    version: int = 2
-    sharding_strategy: ShardingStrategy = "FULL_SHARD"
-    reshard_after_forward: bool = True
-    offload_params: bool = False
-    wrap_unit_params: int = 0
-    use_orig_params: bool = True
-    sync_each_batch: bool = False
-    auto_wrap_policy: AutoWrapPolicy = "TRANSFORMER_BASED_WRAP"
-    min_num_params: int = 0
-
-
-@dataclass(frozen=True)
-class ParallelismSpec:
-    """accelerate's ``ParallelismConfig`` sizes (accelerate 1.15 ``parallelism_config.py``), as applied.
-
-    World = ``dp_replicate * dp_shard * tp * cp * sp``. FSDP2 shards over the flattened ``dp_shard x cp``
-    mesh and replicates over ``dp_replicate`` (HSDP); ``tp`` splits weights by transformers' ``tp_plan``;
-    ``cp`` is torch ring attention over the sequence (FSDP2 only); ``sp`` is DeepSpeed Ulysses/ALST.
-
-    Attributes:
-        dp_replicate: ``dp_replicate_size``.
-        dp_shard: ``dp_shard_size``.
-        tp: ``tp_size``.
-        cp: ``cp_size``.
-        sp: ``sp_size``.
-        sp_backend: ``sp_backend`` (accelerate accepts only ``"deepspeed"``).
-        cp_comm_strategy: ``cp_handler.cp_comm_strategy``: ``"allgather"`` (default) or ``"alltoall"``.
-    """
-
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-    cp: int = 1
-    sp: int = 1
-    sp_backend: str = "deepspeed"
-    cp_comm_strategy: str = "allgather"
-
-    def __post_init__(self) -> None:
-        for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}_size must be at least 1, but got {getattr(self, name)}")
-
-    @property
-    def total(self) -> int:
-        """Product of all sizes (accelerate ``total_size``)."""
-        return self.dp_replicate * self.dp_shard * self.tp * self.cp * self.sp
-
-    @property
-    def non_data_parallel(self) -> int:
-        """``tp * cp * sp``: ranks that see the same batch."""
-        return self.tp * self.cp * self.sp
-
-    @property
-    def active(self) -> bool:
-        """True when any model-parallel axis (tp, cp, sp) or HSDP replication is used."""
-        return self.non_data_parallel > 1 or self.dp_replicate > 1
-
-    def as_dict(self) -> dict[str, int]:
-        """``{dp_replicate, dp_shard, tp, cp, sp}`` (the ``parallelism`` key of ``--json``)."""
-        return {
-            "dp_replicate": self.dp_replicate,
-            "dp_shard": self.dp_shard,
-            "tp": self.tp,
-            "cp": self.cp,
-            "sp": self.sp,
-        }
-
-
-@dataclass(frozen=True)
-class ShardingSpec:
-    """Processes and the sharding strategy.
-
-    Attributes:
-        strategy: single / DDP / DeepSpeed / FSDP.
-        num_processes: Total processes over all machines (as accelerate counts them).
-        num_machines: Nodes.
-        deepspeed: DeepSpeed settings when strategy is DEEPSPEED.
-        fsdp: FSDP settings when strategy is FSDP.
-        parallelism: accelerate ``ParallelismConfig`` sizes (tensor/context/sequence parallel, HSDP), if any.
-    """
-
-    strategy: Strategy = Strategy.SINGLE
-    num_processes: int = 1
-    num_machines: int = 1
-    deepspeed: DeepSpeedSpec | None = None
-    fsdp: FsdpSpec | None = None
-    parallelism: ParallelismSpec | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_processes <= 0 or self.num_machines <= 0:
-            raise ValueError("num_processes and num_machines must be positive")
-        if self.num_processes % self.num_machines:
-            raise ValueError(
-                f"num_processes ({self.num_processes}) must be a multiple of num_machines ({self.num_machines})"
-            )
-
-    @property
-    def processes_per_machine(self) -> int:
-        """GPUs per node."""
-        return self.num_processes // self.num_machines
-
-    @property
-    def zero_stage(self) -> int | None:
-        """The ZeRO stage DeepSpeed runs, or None when the run is not under DeepSpeed.
-
-        The one place the stage is derived: a DeepSpeed run without settings runs DeepSpeed's defaults
-        (stage 0, :class:`DeepSpeedSpec`).
-        """
-        if self.strategy is not Strategy.DEEPSPEED:
-            return None
-        return (self.deepspeed or DeepSpeedSpec()).stage
-
-    @property
-    def zero_equivalent_stage(self) -> int:
-        """What is sharded, on ZeRO's scale: the ZeRO stage, FSDP's strategy mapped onto it (NO_SHARD 0,
-        SHARD_GRAD_OP 2, the full and hybrid strategies 3), 0 for DDP and a single GPU."""
-        if self.strategy is Strategy.FSDP:
-            strategy = (self.fsdp or FsdpSpec()).sharding_strategy
-            return {"NO_SHARD": 0, "SHARD_GRAD_OP": 2}.get(strategy, 3)
-        return self.zero_stage or 0
 
 
 class DeviceType(str, Enum):
@@ -891,7 +489,7 @@ class TrainingSpec:
     optimizer: OptimizerSpec = OptimizerSpec()
     batch: BatchSpec = BatchSpec()
     activations: ActivationSpec = ActivationSpec()
-    sharding: ShardingSpec = ShardingSpec()
+    sharding: ShardingSpec = ShardingSpec()  # noqa: RUF009 (a frozen dataclass: one shared default is safe)
     hardware: HardwareSpec = HardwareSpec()
     lora: LoraSpec | None = None
     quant: QuantSpec | None = None

@@ -1,0 +1,206 @@
+"""How the model is spread over processes: the strategy (single, DDP, DeepSpeed, FSDP), DeepSpeed's and FSDP's
+memory-relevant settings, and where the effective ZeRO stage is derived (:attr:`ShardingSpec.zero_stage`).
+
+Part of :mod:`fitcheck.spec` (import from there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal, get_args
+
+
+class Strategy(str, Enum):
+    """How the model is replicated or sharded over processes."""
+
+    SINGLE = "single"
+    DDP = "ddp"
+    DEEPSPEED = "deepspeed"
+    FSDP = "fsdp"
+
+
+class OffloadDevice(str, Enum):
+    """Where DeepSpeed/FSDP offloads to."""
+
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+@dataclass(frozen=True)
+class DeepSpeedSpec:
+    """The memory-relevant part of a DeepSpeed config (after "auto" is resolved).
+
+    Defaults are DeepSpeed's own (deepspeed/runtime/zero/config.py).
+    """
+
+    stage: int = 0
+    offload_optimizer: OffloadDevice = OffloadDevice.NONE
+    offload_param: OffloadDevice = OffloadDevice.NONE
+    reduce_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000
+    overlap_comm: bool | None = None  # None = DeepSpeed default (True for stage 3 only)
+    contiguous_gradients: bool = True
+    prefetch_bucket_size: int = 50_000_000
+    max_live_parameters: int = 1_000_000_000
+    param_persistence_threshold: int = 100_000
+    sub_group_size: int = 1_000_000_000
+    zero3_init: bool = True
+    pin_memory: bool = False
+
+    def __post_init__(self) -> None:
+        if self.stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_optimization.stage must be 0-3, got {self.stage}")
+        if self.offload_param is not OffloadDevice.NONE and self.stage != 3:
+            raise ValueError("offload_param needs ZeRO stage 3")
+
+
+# FSDP sharding strategies (torch ShardingStrategy names; FSDP2 maps reshard_after_forward onto the first two).
+ShardingStrategy = Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
+
+
+SHARDING_STRATEGIES: tuple[ShardingStrategy, ...] = get_args(ShardingStrategy)
+
+
+# FSDP wrap policies (accelerate fsdp_auto_wrap_policy).
+AutoWrapPolicy = Literal["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
+
+
+@dataclass(frozen=True)
+class FsdpSpec:
+    """FSDP settings (accelerate ``fsdp_config``), FSDP1 and FSDP2.
+
+    Attributes:
+        version: 1 or 2.
+        sharding_strategy: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD.
+        reshard_after_forward: FSDP2 flag (FULL_SHARD = True, SHARD_GRAD_OP = False).
+        offload_params: CPU offload of parameters, gradients and optimizer states.
+        wrap_unit_params: Parameters in the largest wrapped unit (0 = one decoder layer).
+        use_orig_params: FSDP1 use_orig_params.
+        sync_each_batch: Reduce-scatter gradients at every micro-step (no unsharded grads kept).
+        auto_wrap_policy: accelerate's ``fsdp_auto_wrap_policy``: TRANSFORMER_BASED_WRAP (one decoder layer per
+            unit), SIZE_BASED_WRAP (units of at least ``min_num_params``) or NO_WRAP (the whole model is one unit).
+        min_num_params: ``fsdp_min_num_params`` for SIZE_BASED_WRAP.
+    """
+
+    version: int = 2
+    sharding_strategy: ShardingStrategy = "FULL_SHARD"
+    reshard_after_forward: bool = True
+    offload_params: bool = False
+    wrap_unit_params: int = 0
+    use_orig_params: bool = True
+    sync_each_batch: bool = False
+    auto_wrap_policy: AutoWrapPolicy = "TRANSFORMER_BASED_WRAP"
+    min_num_params: int = 0
+
+
+@dataclass(frozen=True)
+class ParallelismSpec:
+    """accelerate's ``ParallelismConfig`` sizes (accelerate 1.15 ``parallelism_config.py``), as applied.
+
+    World = ``dp_replicate * dp_shard * tp * cp * sp``. FSDP2 shards over the flattened ``dp_shard x cp``
+    mesh and replicates over ``dp_replicate`` (HSDP); ``tp`` splits weights by transformers' ``tp_plan``;
+    ``cp`` is torch ring attention over the sequence (FSDP2 only); ``sp`` is DeepSpeed Ulysses/ALST.
+
+    Attributes:
+        dp_replicate: ``dp_replicate_size``.
+        dp_shard: ``dp_shard_size``.
+        tp: ``tp_size``.
+        cp: ``cp_size``.
+        sp: ``sp_size``.
+        sp_backend: ``sp_backend`` (accelerate accepts only ``"deepspeed"``).
+        cp_comm_strategy: ``cp_handler.cp_comm_strategy``: ``"allgather"`` (default) or ``"alltoall"``.
+    """
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    cp: int = 1
+    sp: int = 1
+    sp_backend: str = "deepspeed"
+    cp_comm_strategy: str = "allgather"
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}_size must be at least 1, but got {getattr(self, name)}")
+
+    @property
+    def total(self) -> int:
+        """Product of all sizes (accelerate ``total_size``)."""
+        return self.dp_replicate * self.dp_shard * self.tp * self.cp * self.sp
+
+    @property
+    def non_data_parallel(self) -> int:
+        """``tp * cp * sp``: ranks that see the same batch."""
+        return self.tp * self.cp * self.sp
+
+    @property
+    def active(self) -> bool:
+        """True when any model-parallel axis (tp, cp, sp) or HSDP replication is used."""
+        return self.non_data_parallel > 1 or self.dp_replicate > 1
+
+    def as_dict(self) -> dict[str, int]:
+        """``{dp_replicate, dp_shard, tp, cp, sp}`` (the ``parallelism`` key of ``--json``)."""
+        return {
+            "dp_replicate": self.dp_replicate,
+            "dp_shard": self.dp_shard,
+            "tp": self.tp,
+            "cp": self.cp,
+            "sp": self.sp,
+        }
+
+
+@dataclass(frozen=True)
+class ShardingSpec:
+    """Processes and the sharding strategy.
+
+    Attributes:
+        strategy: single / DDP / DeepSpeed / FSDP.
+        num_processes: Total processes over all machines (as accelerate counts them).
+        num_machines: Nodes.
+        deepspeed: DeepSpeed settings when strategy is DEEPSPEED.
+        fsdp: FSDP settings when strategy is FSDP.
+        parallelism: accelerate ``ParallelismConfig`` sizes (tensor/context/sequence parallel, HSDP), if any.
+    """
+
+    strategy: Strategy = Strategy.SINGLE
+    num_processes: int = 1
+    num_machines: int = 1
+    deepspeed: DeepSpeedSpec | None = None
+    fsdp: FsdpSpec | None = None
+    parallelism: ParallelismSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_processes <= 0 or self.num_machines <= 0:
+            raise ValueError("num_processes and num_machines must be positive")
+        if self.num_processes % self.num_machines:
+            raise ValueError(
+                f"num_processes ({self.num_processes}) must be a multiple of num_machines ({self.num_machines})"
+            )
+
+    @property
+    def processes_per_machine(self) -> int:
+        """GPUs per node."""
+        return self.num_processes // self.num_machines
+
+    @property
+    def zero_stage(self) -> int | None:
+        """The ZeRO stage DeepSpeed runs, or None when the run is not under DeepSpeed.
+
+        The one place the stage is derived: a DeepSpeed run without settings runs DeepSpeed's defaults
+        (stage 0, :class:`DeepSpeedSpec`).
+        """
+        if self.strategy is not Strategy.DEEPSPEED:
+            return None
+        return (self.deepspeed or DeepSpeedSpec()).stage
+
+    @property
+    def zero_equivalent_stage(self) -> int:
+        """What is sharded, on ZeRO's scale: the ZeRO stage, FSDP's strategy mapped onto it (NO_SHARD 0,
+        SHARD_GRAD_OP 2, the full and hybrid strategies 3), 0 for DDP and a single GPU."""
+        if self.strategy is Strategy.FSDP:
+            strategy = (self.fsdp or FsdpSpec()).sharding_strategy
+            return {"NO_SHARD": 0, "SHARD_GRAD_OP": 2}.get(strategy, 3)
+        return self.zero_stage or 0
