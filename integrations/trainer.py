@@ -35,6 +35,7 @@ from fitcheck.integrations.spec_build import (
     training_args_values,
     transformers_major,
 )
+from fitcheck.integrations.trainer_estimate import estimate_with, with_findings
 from fitcheck.integrations.trl_live import (
     find_trainer,
     reference_model_of,
@@ -73,22 +74,6 @@ class EstimateUnavailableError(FitcheckError):
 
 def _would_fail(report: Report) -> bool:
     return not report.fits or bool(report.errors)
-
-
-def _estimate(spec: TrainingSpec, extra: tuple[Finding, ...] = ()) -> Report:
-    from fitcheck.core import estimate
-
-    if extra:
-        spec = dataclasses.replace(spec, findings=(*spec.findings, *extra))
-    return estimate(spec)
-
-
-def _with_findings(report: Report, extra: tuple[Finding, ...], assumptions: tuple[str, ...]) -> Report:
-    return dataclasses.replace(
-        report,
-        findings=(*report.findings, *extra),
-        assumptions=(*report.assumptions, *assumptions),
-    )
 
 
 def _transformers_defaults(values: dict[str, object], prov: dict[str, str]) -> None:
@@ -196,18 +181,18 @@ def preflight(
         from fitcheck.torch_adapters import live_device_map_findings
 
         extra += live_device_map_findings(model_or_config, num_processes=spec.sharding.num_processes)
-    report = _estimate(spec, extra)
+    report: Report = estimate_with(spec, extra)
     if device_map:
         from fitcheck.advice import weights_only_finding
 
         note = weights_only_finding(report, device_map)
         if note is not None:
-            report = _with_findings(report, (note,), ())
+            report = with_findings(report, (note,), ())
     use_cache = facts.use_cache if facts is not None else _config_use_cache(model_or_config, inventory)
     more = field_findings(spec, values, env, use_cache=use_cache,
                           device_used_fraction=report.device_used_bytes / max(1, report.budget_bytes),
                           existing=report.findings)
-    report = _with_findings(report, more, (*assumptions, *notes))
+    report = with_findings(report, more, (*assumptions, *notes))
     if strict and _would_fail(report):
         raise DoesNotFitError(report)
     return report
@@ -364,7 +349,7 @@ class FitcheckCallback(TrainerCallback):
                 self._estimated_batch = batch
                 spec = dataclasses.replace(self._spec, batch=dataclasses.replace(self._spec.batch, micro_batch=batch))
                 self._spec = spec
-                self.report = _estimate(spec)
+                self.report = estimate_with(spec)
                 verdict = "fits" if self.report.fits else "does NOT fit"
                 self._say(f"fitcheck: micro-batch {batch} (auto_find_batch_size attempt {self._train_begins}): "
                           f"predicted {format_bytes(self.report.device_used_bytes)} of "
