@@ -6,15 +6,23 @@ with the (short/long sequence, micro-batch 1/4) pair rotating over the cells, th
 with the pure formulas and with traced activations (``differential.compare``). Prints one line per cell with
 ``-v``, then the worst signed error per family × method, and the cells that could not be traced.
 
-Run: ``PYTHONPATH=. python benchmarks/formula_vs_trace.py [-v] [--json FILE] [family ...] [method ...]``
+Run: ``PYTHONPATH=. python benchmarks/formula_vs_trace.py [-v] [--json FILE] [--update] [family ...] [method ...]``
+
+``--update`` merges this run's cells into ``benchmarks/data/formula_vs_trace_cells.json`` (label -> signed error
+in %, or the refusal) and rewrites ``CHECKED`` in ``fitcheck/core/activations/envelope.py`` from that whole file:
+the envelope is exactly the cells within 2 % at their last run, never edited by hand.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
+from datetime import date
+from pathlib import Path
 
+from fitcheck.core.activations.envelope import TOLERANCE
 from fitcheck.torch_adapters.differential import FAMILY_MODELS, METHODS, Outcome, compare, grid, model_config
 
 
@@ -60,7 +68,35 @@ def main(argv: list[str]) -> int:
         rows = [{"cell": o.cell.label, "error": o.error, "refused": o.refused} for o in results]
         with open(out_file, "w") as fh:
             json.dump(rows, fh, indent=1)
+    if "--update" in argv:
+        update_envelope(results)
     return 0 if worst <= 0.02 else 1
+
+
+CELLS = Path(__file__).parent / "data" / "formula_vs_trace_cells.json"
+ENVELOPE = Path(__file__).parents[1] / "fitcheck" / "core" / "activations" / "envelope.py"
+
+
+def update_envelope(results: list[Outcome]) -> None:
+    """Merge the run into the cells file and regenerate the envelope's CHECKED set from all cells."""
+    cells: dict[str, float | str] = json.loads(CELLS.read_text()) if CELLS.exists() else {}
+    for o in results:
+        cells[o.cell.label] = o.refused or round(o.error * 100, 2)
+    CELLS.write_text(json.dumps(cells, indent=0))
+    keys = set()
+    for label, err in cells.items():
+        family, method, ck, attn, precision, _ = label.split("/")
+        if isinstance(err, float | int) and abs(err) <= TOLERANCE * 100:
+            keys.add((family, method, ck == "ckpt", attn, precision))
+    within = sum(1 for e in cells.values() if isinstance(e, float | int) and abs(e) <= TOLERANCE * 100)
+    body = "".join(f"    {k!r},\n" for k in sorted(keys))
+    src = ENVELOPE.read_text()
+    head, rest = src.split("CHECKED: frozenset[EnvelopeKey] = frozenset({\n", 1)
+    _, tail = rest.split("})\n", 1)
+    head = re.sub(r"benchmarks/formula_vs_trace.py, [0-9-]+: \d+ of \d+ cells",
+                  f"benchmarks/formula_vs_trace.py, {date.today()}: {within} of {len(cells)} cells", head)
+    ENVELOPE.write_text(head + "CHECKED: frozenset[EnvelopeKey] = frozenset({\n" + body + "})\n" + tail)
+    print(f"\nenvelope: {len(keys)} kinds of run from {within} of {len(cells)} cells within 2 % ({CELLS.name})")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,10 @@ FAMILY_MODELS: dict[str, str] = {
 }
 METHODS = ("full", "lora", "qlora", "int8", "dora", "freeze")
 PRECISIONS = ("bf16", "autocast", "fp32")
+# bf16-loaded model + bf16 autocast (``torch_dtype=bfloat16`` and ``TrainingArguments(bf16=True)``): the usual LoRA
+# recipe. Only adapters differ from plain bf16 there (their fp32 weights are cast): run for LoRA and DoRA only.
+ADAPTER_PRECISIONS = ("bf16amp",)
+_ADAPTER_METHODS = ("lora", "dora")
 PHASES = (Phase.FORWARD_END, Phase.BACKWARD_START, Phase.BACKWARD)
 # TRL ModelConfig defaults (lora_r 16, alpha 32, dropout 0.05) on every linear layer
 _LORA = LoraSpec(r=16, alpha=32, dropout=0.05, target_modules=("all-linear",))
@@ -132,7 +136,9 @@ def cell_spec(cell: Cell, config: dict[str, object] | None = None) -> TrainingSp
         if isinstance(cfg.get("layer_types"), list):
             cfg["layer_types"] = list(cfg["layer_types"])[:FREEZE_DEPTH]  # type: ignore[call-overload]
     quantized = cell.method in ("qlora", "int8")
-    if cell.precision == "autocast":
+    if cell.precision == "bf16amp":
+        precision = PrecisionSpec(Dtype.BFLOAT16, MixedPrecision.BF16)
+    elif cell.precision == "autocast":
         precision = PrecisionSpec(Dtype.BFLOAT16 if quantized else Dtype.FLOAT32, MixedPrecision.BF16)
     elif cell.precision == "fp32":
         precision = PrecisionSpec(Dtype.FLOAT32, MixedPrecision.NO)
@@ -191,6 +197,14 @@ def grid(families: tuple[str, ...] = tuple(FAMILY_MODELS), methods: tuple[str, .
             for ckpt in (False, True):
                 for attn in ("sdpa", "eager"):
                     for precision in PRECISIONS:
+                        seq, batch = pairs[i % len(pairs)]
+                        i += 1
+                        yield Cell(family, method, ckpt, attn, precision, seq, batch)
+            if method not in _ADAPTER_METHODS:
+                continue
+            for ckpt in (False, True):  # after the others, so that their (seq, batch) rotation is unchanged
+                for attn in ("sdpa", "eager"):
+                    for precision in ADAPTER_PRECISIONS:
                         seq, batch = pairs[i % len(pairs)]
                         i += 1
                         yield Cell(family, method, ckpt, attn, precision, seq, batch)

@@ -19,9 +19,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_transient
+from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_moments, backward_transient
 from fitcheck.core.activations.cuda import cuda_gap_findings
-from fitcheck.core.activations.dora import DoraMode, dora_per_token, dora_phases, lora_extras_unpinned
+from fitcheck.core.activations.dora import (
+    DoraMode,
+    dora_per_token,
+    dora_phases,
+    dora_recompute_excess,
+    lora_extras_unpinned,
+)
 from fitcheck.core.activations.families import (
     FAMILY_FORMULAS,
     family_findings_text,
@@ -469,7 +475,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
             "saved activations offloaded by TRL activation_offloading",
         ))
     if spec.lora is not None and spec.lora.use_dora and not spec.quant:
-        comps.append(_dora_component(spec, m, layers - n_ckpt, fwd_logits))
+        comps.append(_dora_component(spec, m, layers - n_ckpt, fwd_logits, (bq, head, end + recompute)))
     comps.extend(vision_components(spec, layer_saved_per_token))  # image-text-to-text (activations/vision.py)
     if m.autocast or (m.amp and spec.lora is not None):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
@@ -486,16 +492,19 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     return tuple(comps)
 
 
-def _dora_component(spec: TrainingSpec, m: _Mode, kept_layers: int, fwd_logits: int) -> Component:
+def _dora_component(spec: TrainingSpec, m: _Mode, kept_layers: int, fwd_logits: int,
+                    bwd: tuple[BackwardInputs, int, int]) -> Component:
     """DoRA's norm vectors and weight copies, and its per-forward weight-norm transient (activations_lora.py)."""
     sh = spec.model.shape
-    fixed, excess = dora_phases(spec, DoraMode(m.e, m.r, m.half_model, m.amp), _norm_saved(sh, m, False),
-                                kept_layers, fwd_logits)
+    dm = DoraMode(m.e, m.r, m.half_model, m.amp)
+    fixed, excess = dora_phases(spec, dm, _norm_saved(sh, m, False), kept_layers, fwd_logits)
+    bq, head, chosen = bwd
+    during = fixed if kept_layers else dora_recompute_excess(spec, dm, backward_moments(spec, bq, head), chosen)
     return Component(
         "activations.dora",
         Category.ACTIVATIONS,
         Location.DEVICE,
-        {Phase.FORWARD_END: fixed + excess, Phase.BACKWARD_START: fixed},
+        {Phase.FORWARD_END: fixed + excess, Phase.BACKWARD_START: fixed, Phase.BACKWARD: during},
         _TRACE + "; peft tuners/lora/dora.py DoraLinearLayer.forward / get_weight_norm",
         "DoRA weight norms (+ weight copies with dropout); forward: W + s·BA built in fp32 per wrapped linear",
     )

@@ -261,3 +261,34 @@ def lora_extras_unpinned(spec: TrainingSpec, layernorm_family: bool) -> str | No
     if lora.use_dora and spec.activations.checkpointing:
         return "DoRA under checkpointing: the weight-norm transient re-run in each recomputed layer is not counted"
     return None
+
+
+def dora_recompute_excess(spec: TrainingSpec, dm: DoraMode, moments: dict[str, int], chosen: int) -> int:
+    """DoRA's excess, under checkpointing, of the top layer's recompute over the backward moment already counted.
+
+    In backward, the checkpointed top layer re-runs its forward with gradients enabled, so ``get_weight_norm``
+    of its largest module (down_proj) runs as in an uncheckpointed forward: ``lora_A`` saves ``eye(i)`` while the
+    LoRA weight lives, and the layer's earlier modules already hold their norm vectors and weight copies
+    (trace "llama dora ckpt", backward peak at down_proj's ``add`` of W + s·ΔW). The MLP backward working set
+    of the top-layer moment does not exist yet; the residual-stream gradient flowing into the layer does.
+
+    Args:
+        spec: The training spec (DoRA under checkpointing).
+        dm: How the model runs.
+        moments: ``fitcheck.core.activations.backward.backward_moments`` of the run.
+        chosen: The backward bytes ``activations.saved`` already counts (its worst moment, besides gradients).
+
+    Returns:
+        Bytes to add during backward (0 when the recompute is not the worst moment).
+    """
+    lora = spec.lora
+    if lora is None or "top layer" not in moments:
+        return 0
+    sh = spec.model.shape
+    bs = spec.batch.micro_batch * spec.batch.seq_len
+    gated = sh.mlp_activation == "swiglu"
+    work = (2 * dm.e * sh.intermediate_size * bs if gated else 0) + dm.r * sh.hidden_size * bs
+    one_layer = dora_fixed(spec, dm.half, dm.amp, max(1, sh.num_layers)) // max(1, sh.num_layers)
+    transient, _ = dora_transient(spec, dm.half, dm.amp, ckpt=False)
+    at_recompute = moments["top layer"] - work + dm.r * sh.hidden_size * bs + one_layer + transient
+    return max(0, at_recompute - chosen)

@@ -313,7 +313,8 @@ def method_of(spec: TrainingSpec) -> str | None:
 
 def precision_of(spec: TrainingSpec) -> str | None:
     """``bf16`` (16-bit model), ``autocast`` (bf16 autocast; fp32 model, or bf16-loaded quantized base) or
-    ``fp32``; None for fp16 and other mixes (not in the grid)."""
+    ``fp32``, or ``bf16amp`` (a bf16 model with adapters under bf16 autocast); None for fp16 and other mixes (not
+    in the grid)."""
     load, mixed = spec.precision.load_dtype, spec.precision.mixed_precision
     if mixed is MixedPrecision.BF16:
         if load is Dtype.FLOAT32 or (spec.quant is not None and load is Dtype.BFLOAT16):
@@ -323,6 +324,8 @@ def precision_of(spec: TrainingSpec) -> str | None:
             # tensor already in the target dtype), the step is the bf16 one (trace: Llama-3-8B, Qwen2.5-7B
             # with and without checkpointing, 0.00 %); LoRA's fp32 adapters do get cast: not in the grid
             return "bf16"
+        if load is Dtype.BFLOAT16 and spec.quant is None:
+            return "bf16amp"  # bf16 model, bf16 autocast, fp32 adapters cast (differential.ADAPTER_PRECISIONS)
         return None
     if mixed is not MixedPrecision.NO:
         return None
