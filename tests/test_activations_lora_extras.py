@@ -98,9 +98,22 @@ def test_findings_only_for_what_is_still_not_pinned() -> None:
     llama = CONFIGS["llama"]
     assert _codes(spec_from_config(llama, mixed="bf16", lora=TRL)) == []
     assert _codes(spec_from_config(llama, lora=DORA_TRL)) == []
-    assert any("recomputed layer" in m for m in _codes(spec_from_config(llama, checkpointing=True, lora=DORA)))
+    # the recomputed layer's get_weight_norm is counted (dora.dora_recompute_excess): no finding left for it
+    assert _codes(spec_from_config(llama, checkpointing=True, lora=DORA)) == []
     experts = _codes(spec_from_config(CONFIGS["mixtral"], lora=PLAIN))
     assert any("fused MoE experts" in m for m in experts)
     gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 256, "n_head": 8, "n_layer": 2,
             "vocab_size": 1000, "n_positions": 512}
     assert any("DoRA" in m for m in _codes(spec_from_config(gpt2, lora=DORA)))
+
+
+@pytest.mark.parametrize("ckpt", [False, True], ids=["no-ckpt", "ckpt"])
+def test_dora_during_backward_matches_trace_at_8b_width(ckpt: bool) -> None:
+    # Phase.BACKWARD: the weight copies stay until their layer's backward; under checkpointing the top layer's
+    # recompute re-runs get_weight_norm with eye(14336) saved by lora_A (was -54 % / -11 % before)
+    pytest.importorskip("peft")
+    from fitcheck.torch_adapters.differential import Cell, compare
+
+    out = compare(Cell("llama", "dora", ckpt, "sdpa", "bf16", 256, 1))
+    assert not out.refused, out.refused
+    assert abs(out.error) <= 0.02, (out.formula, out.trace)

@@ -258,8 +258,6 @@ def lora_extras_unpinned(spec: TrainingSpec, layernorm_family: bool) -> str | No
         # peft ParamWrapper merges W + BA per expert tensor, and the grouped matmul saves the merged weight
         # (trace "mixtral all-linear": one model-dtype copy of every layer's experts, -65 % without it)
         return "LoRA on fused MoE experts (target_parameters) saves merged expert weights that are not counted"
-    if lora.use_dora and spec.activations.checkpointing:
-        return "DoRA under checkpointing: the weight-norm transient re-run in each recomputed layer is not counted"
     return None
 
 
