@@ -39,6 +39,8 @@ from fitcheck.core.activations.heads import (
 from fitcheck.core.activations.olmo2_gpt_oss import (
     FP32_PRODUCT_NORMS,
     POST_NORM_ONLY,
+    eager_masks,
+    embedding_cast_cached,
     gpt_oss_moe_saved,
     rotary_tables,
     sink_attention_extra,
@@ -311,7 +313,7 @@ def _outside_saved(spec: TrainingSpec) -> int:
     if _attn_impl(spec) is AttnImpl.EAGER and spec.activations.checkpointing:
         # 4-D additive causal mask (b, 1, s, s), model dtype: no op saves it, so it outlives the decoder forward
         # only as an argument every checkpointed layer holds (trace "llama eager": absent without checkpointing)
-        total += b * s * s * (2 if m.half_model else 4)
+        total += b * s * s * (2 if m.half_model else 4) * eager_masks(sh, spec.model.config)  # gpt-oss: 2
     if sh.num_experts:
         total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
     if spec.lora is not None and not spec.activations.checkpointing:
@@ -485,6 +487,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     comps.extend(vision_components(spec, layer_saved_per_token))  # image-text-to-text (activations/vision.py)
     if m.autocast or (m.amp and spec.lora is not None):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
+        cache += embedding_cast_cached(spec, m.autocast)  # OLMo-2 + LoRA + checkpointing (olmo2_gpt_oss.py)
         comps.append(
             Component(
                 "activations.autocast_weight_cache",

@@ -34,7 +34,9 @@ bytes per token per layer.
 
 from __future__ import annotations
 
-from fitcheck.spec import ModelShape
+from collections.abc import Mapping
+
+from fitcheck.spec import ModelShape, TrainingSpec
 
 # RMSNorms that scale the fp32 normalised tensor by the weight before casting back (see the module docstring)
 FP32_PRODUCT_NORMS = frozenset({"olmo2", "gpt_oss"})
@@ -95,3 +97,32 @@ def gpt_oss_moe_saved(shape: ModelShape, e: int, full: bool) -> int:
     scores = 2 * e * k  # softmax over the top-k logits, and its gather sample_weights[perm]
     routed = 2 * h + 7 * inter if full else h + 6 * inter
     return router_in + ids + scores + e * k * routed
+
+
+def eager_masks(shape: ModelShape, config: Mapping[str, object]) -> int:
+    """How many 4-D (b, 1, s, s) eager masks every checkpointed layer's arguments keep alive.
+
+    gpt-oss builds a full and a sliding-window causal mask (``GptOssModel.forward``, modeling_gpt_oss.py
+    l.466-469: ``causal_mask_mapping``) and hands each layer the one of its ``layer_types``; the others one.
+    """
+    if shape.family != "gpt_oss":
+        return 1
+    kinds = config.get("layer_types")
+    return len(set(kinds)) if isinstance(kinds, list) and kinds else 2  # GptOssConfig alternates by default
+
+
+def embedding_cast_cached(spec: TrainingSpec, autocast: bool) -> int:
+    """Bytes of the autocast-cached 16-bit cast of OLMo-2's embedding output, alive until autocast exits.
+
+    With checkpointing, ``activation_checkpointing_enable`` calls ``enable_input_require_grads``
+    (transformers 5.23 modeling_utils.py l.3181-3189): the frozen embedding's output becomes a leaf that
+    requires a gradient, and autocast caches the casts of such fp32 leaves (aten/src/ATen/autocast_mode.cpp
+    ``cached_cast``: ``arg.requires_grad() && arg.is_leaf()``). OLMo-2's first q/k/v projections read that
+    output directly (no norm before attention), so one (b, s, h) 16-bit cast stays in the cache through the
+    loss (trace: ``_to_copy`` bf16 from layer 0's q_proj at the end of forward, gone at the start of backward).
+    """
+    sh = spec.model.shape
+    frozen_embedding = spec.lora is not None and spec.quant is None
+    if sh.family not in POST_NORM_ONLY or not (autocast and frozen_embedding and spec.activations.checkpointing):
+        return 0
+    return 2 * spec.batch.micro_batch * spec.batch.seq_len * sh.hidden_size
