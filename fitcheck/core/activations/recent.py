@@ -3,11 +3,11 @@
 Pinned against fake-tensor traces (tests/test_activations_recent.py; real widths in
 benchmarks/families_vs_trace.py): Qwen3 in every mode; Qwen3-MoE for full fine-tuning; Gemma-3 text (q/k norms
 with Gemma's fp32 ``(1 + weight)``, four norms per layer as Gemma-2; within 0.73 % at real widths, where the CPU
-trace of a sliding-window layer with s > window keeps ~e·(q + 3·kv) B per token more, not modelled). Not
-pinned, with a warning finding that points at ``--trace``: Qwen3-MoE under LoRA (the trace keeps several times
-the formula's expert tensors), Gemma-3 image-text models, OLMo-2 (q/k norms over the full width, post-norms),
-gpt-oss (sinks in eager attention modelled; biased, clamped-SwiGLU experts not), DeepSeek-V3 (MLA, shared
-experts).
+trace of a sliding-window layer with s > window keeps ~e·(q + 3·kv) B per token more, not modelled); OLMo-2
+and gpt-oss, full and LoRA (``fitcheck.core.activations.olmo2_gpt_oss``: full-width q/k norms, post-norms, fp32
+norm products, attention sinks, clamped-SwiGLU grouped_mm experts). Not pinned, with a warning finding that
+points at ``--trace``: Qwen3-MoE under LoRA (the trace keeps several times the formula's expert tensors), gpt-oss
+with LoRA on its fused experts, Gemma-3 image-text models, DeepSeek-V3 (MLA, shared experts).
 
 ``Qwen3Attention.forward`` (transformers 5.23 models/qwen3/modeling_qwen3.py) runs ``q_norm`` / ``k_norm``
 (``Qwen3RMSNorm`` over ``head_dim``) on the q / k projections before rotary. Each norm keeps what any
