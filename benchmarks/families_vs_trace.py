@@ -4,7 +4,10 @@ For each model: its catalog config.json with ``num_hidden_layers`` cut to a few 
 what is compared; depth scales it linearly), LoRA (r=16, all-linear) and full fine-tuning, bf16, SDPA, batch 1,
 at two sequence lengths. Prints FORWARD_END and BACKWARD_START of ``activation_components`` (the formula) next
 to what ``fitcheck.torch_adapters.tracer.trace_step`` holds besides parameters and optimizer states, and the
-signed error. Rows outside 2 % are families whose estimate is not pinned (the report says so).
+signed error; then the whole step (``fitcheck.core.estimate`` on a CPU spec, formula vs the same estimate with
+the traced activations, ``components_from_trace``; model states are the same pure code in both): the device
+total during backward (``step: during backward``) and the step's peak allocated bytes (``step: peak``, which a
+full fine-tune's optimizer step sets). Rows outside 2 % are families whose estimate is not pinned (the report says so).
 
     python benchmarks/families_vs_trace.py [--seqs 512 2048] [--models Qwen/Qwen3-8B ...]
 """
@@ -13,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from fitcheck.catalog.models import find_catalog_config
+from fitcheck.core import estimate
 from fitcheck.core.activations import activation_components
 from fitcheck.errors import UnsupportedModelError
 from fitcheck.readers.model_config import inventory_from_config
@@ -26,7 +31,9 @@ from fitcheck.spec import (
     ActivationSpec,
     AttnImpl,
     BatchSpec,
+    DeviceType,
     Dtype,
+    HardwareSpec,
     LoraSpec,
     MixedPrecision,
     ModelInventory,
@@ -94,7 +101,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     args = parser.parse_args()
-    from fitcheck.torch_adapters.tracer import OPTSTATE, PARAMS, trace_step
+    from fitcheck.torch_adapters.tracer import OPTSTATE, PARAMS, components_from_trace, trace_step
 
     print("| model | family | counted by | mode | seq | phase | formula MiB | trace MiB | error |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -121,6 +128,13 @@ def main() -> None:
                     err = (formula - traced) / traced
                     print(f"| {model_id} | {inv.shape.family} | {inv.counted_by} | {mode} | {seq} | {phase.value} | "
                           f"{formula / 2**20:,.1f} | {traced / 2**20:,.1f} | {err:+.2%} |", flush=True)
+                cpu = dataclasses.replace(sp, hardware=HardwareSpec(device_type=DeviceType.CPU))
+                f_rep, t_rep = estimate(cpu), estimate(cpu, activations=components_from_trace(tr))
+                rows = (("during backward", f_rep.phase_totals()[Phase.BACKWARD], t_rep.phase_totals()[Phase.BACKWARD]),
+                        ("peak", f_rep.peak_allocated_bytes, t_rep.peak_allocated_bytes))
+                for what, f_b, t_b in rows:
+                    print(f"| {model_id} | {inv.shape.family} | {inv.counted_by} | {mode} | {seq} | step: {what} | "
+                          f"{f_b / 2**20:,.1f} | {t_b / 2**20:,.1f} | {(f_b - t_b) / t_b:+.2%} |", flush=True)
                 _ = time.time() - t0
 
 

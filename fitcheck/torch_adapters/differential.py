@@ -48,6 +48,8 @@ FAMILY_MODELS: dict[str, str] = {
     "gpt2": "openai-community/gpt2-large",
     "falcon": "tiiuae/falcon-7b",
     "bloom": "bigscience/bloomz-7b1",
+    "olmo2": "allenai/OLMo-2-1124-7B",  # issue 12 (branch i12pin)
+    "gpt_oss": "openai/gpt-oss-20b",
 }
 METHODS = ("full", "lora", "qlora", "int8", "dora", "freeze")
 PRECISIONS = ("bf16", "autocast", "fp32")

@@ -7,6 +7,7 @@
 - :mod:`.qlora`: layers over bitsandbytes 4-bit bases (what ``prepare_model_for_kbit_training`` changes);
 - :mod:`.backward`: the worst moment during backward beyond the gradients;
 - :mod:`.recent`: the 2025 families (Qwen3 q/k norms; what is not pinned);
+- :mod:`.olmo2_gpt_oss`: what OLMo-2 and gpt-oss layers keep beyond the Llama recipe;
 - :mod:`.versions`: what older library versions change (transformers 4.x loss path) and version findings.
 - :mod:`.freeze`: partial training by layers (which layers save what);
 - :mod:`.envelope`: which kinds of run the formulas were checked for against traces;

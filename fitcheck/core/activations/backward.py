@@ -240,10 +240,10 @@ def _all_grads(spec: TrainingSpec) -> int:
 
 def _static_outside(spec: TrainingSpec, q: BackwardInputs) -> int:
     """Saved bytes outside the layers that outlive the final norm's backward (rotary tables, Gemma norms)."""
-    sh = spec.model.shape
-    s = spec.batch.seq_len
-    rot = max(1, round(sh.head_dim * sh.partial_rotary_factor))
-    return 2 * s * rot * (2 if q.half_model else 4)  # cos/sin (1, s, rot) in the model dtype (trace)
+    from fitcheck.core.activations.olmo2_gpt_oss import rotary_tables
+
+    # cos/sin (1, s, rot) in the model dtype (trace); OLMo-2 fp32, gpt-oss rot = head_dim / 2 (olmo2_gpt_oss.py)
+    return rotary_tables(spec.model.shape, spec.batch.seq_len, q.half_model)
 
 
 def _gemma_norms(spec: TrainingSpec) -> int:

@@ -42,6 +42,15 @@ from fitcheck.core.activations.heads import (
     classifier_head_backward,
     classifier_logits,
 )
+from fitcheck.core.activations.olmo2_gpt_oss import (
+    FP32_PRODUCT_NORMS,
+    POST_NORM_ONLY,
+    eager_masks,
+    embedding_cast_cached,
+    gpt_oss_moe_saved,
+    rotary_tables,
+    sink_attention_extra,
+)
 from fitcheck.core.activations.qlora import (
     four_bit_lora,
     kbit_upcast,
@@ -76,7 +85,7 @@ _TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapt
 # Families whose layer recipe below was read off traces and is pinned by tests.
 PINNED_FAMILIES = (
     frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "mixtral",
-               "phi3"})
+               "phi3", "olmo2", "gpt_oss"})
     | FAMILY_FORMULAS
 )
 # transformers refuses SDPA for these configs (attention soft-capping / ALiBi): eager is what runs.
@@ -131,7 +140,8 @@ def _attn_impl(spec: TrainingSpec) -> AttnImpl:
 def _norm_saved(shape: ModelShape, m: _Mode, trainable_weight: bool, pre: bool = True) -> int:
     """Bytes per token one RMSNorm saves (trace: rsqrt fp32 per token, fp32 upcast of the input)."""
     h = shape.hidden_size
-    gemma = shape.family.startswith("gemma")
+    # OLMo-2 / gpt-oss multiply the fp32 normalised tensor by the weight, as Gemma does (olmo2_gpt_oss.py)
+    gemma = shape.family.startswith("gemma") or shape.family in FP32_PRODUCT_NORMS
     if m.half_model:
         # x.to(fp32) 4h + rsqrt 4 (+ normed.to(bf16) 2h kept for the weight gradient; Gemma keeps x*rsqrt fp32 4h)
         if gemma:
@@ -245,6 +255,7 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
         if sh.family == "gemma2":
             s2 += m.e * a  # tanh of the soft-capped scores
         s2 = eager_scores(sh, m.e, s2)  # gpt-oss: softmax with sinks in the logits dtype (recent.py)
+        total += sink_attention_extra(sh, m.e)  # gpt-oss: sink column, max indices (olmo2_gpt_oss.py)
         # fused qkv (phi3) keeps the qkv output already counted; rotary q and k are separate cats
     else:
         kv_saved = 2 * kv if not fused else kv  # k after rotary + v (phi3: v is a view of qkv)
@@ -262,6 +273,8 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
 def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
     sh = spec.model.shape
     h, inter = sh.hidden_size, sh.intermediate_size
+    if sh.num_experts and sh.family == "gpt_oss" and not _experts_adapted(spec):
+        return gpt_oss_moe_saved(sh, m.e, full)  # clamped-SwiGLU grouped_mm experts (olmo2_gpt_oss.py)
     if sh.num_experts:
         k, n_exp = sh.experts_per_token, sh.num_experts
         # trace "mixtral bf16": router softmax fp32 (4E) + top-k ids/weights/sort/perm (40k) + sum (4)
@@ -297,9 +310,8 @@ def _outside_saved(spec: TrainingSpec) -> int:
     if full and not m.autocast and not fused:  # a fused loss saves no head input (fitcheck/core/kernels)
         per_token += (2 if gemma_half else m.r) * h  # the norm output, kept by the LM head
     total = per_token * b * s
-    rot = max(1, round(sh.head_dim * sh.partial_rotary_factor))
     # cos and sin tables, shape (1, s, head_dim) in the model dtype (trace: to_copy / cos / sin, not per batch)
-    total += 2 * s * rot * (2 if m.half_model else 4)
+    total += rotary_tables(sh, s, m.half_model)  # OLMo-2 fp32, gpt-oss head_dim / 2 (olmo2_gpt_oss.py)
     if sh.family.startswith("gemma"):
         norms = 4 if sh.family in ("gemma2", "gemma3_text") else 2
         total += 4 * h * (norms * sh.num_layers + 1)  # (1 + weight) in fp32 per norm (trace: add (h,) fp32)
@@ -307,12 +319,14 @@ def _outside_saved(spec: TrainingSpec) -> int:
     if _attn_impl(spec) is AttnImpl.EAGER and spec.activations.checkpointing:
         # 4-D additive causal mask (b, 1, s, s), model dtype: no op saves it, so it outlives the decoder forward
         # only as an argument every checkpointed layer holds (trace "llama eager": absent without checkpointing)
-        total += b * s * s * (2 if m.half_model else 4)
+        total += b * s * s * (2 if m.half_model else 4) * eager_masks(sh, spec.model.config)  # gpt-oss: 2
     if sh.num_experts:
         total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
     if spec.lora is not None and not spec.activations.checkpointing:
-        # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA)
-        total -= (liger_norm_saved(h, m.r) if liger_norm else 4 * h + 4) * b * s
+        # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA);
+        # OLMo-2 has no norm before its first attention (olmo2_gpt_oss.py)
+        if sh.family not in POST_NORM_ONLY:
+            total -= (liger_norm_saved(h, m.r) if liger_norm else 4 * h + 4) * b * s
         if spec.lora.dropout > 0:
             # layer 0's q/k/v adapters drop a tensor that needs no gradient: no mask kept (trace: 3 empty_like less)
             total -= m.dm * h * len(_lora_targets(spec) & {*_ATTN_LINEARS, "qkv_proj"}) * b * s
@@ -479,6 +493,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     comps.extend(vision_components(spec, layer_saved_per_token))  # image-text-to-text (activations/vision.py)
     if m.autocast or (m.amp and spec.lora is not None):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
+        cache += embedding_cast_cached(spec, m.autocast)  # OLMo-2 + LoRA + checkpointing (olmo2_gpt_oss.py)
         comps.append(
             Component(
                 "activations.autocast_weight_cache",

@@ -3,11 +3,11 @@
 Pinned against fake-tensor traces (tests/test_activations_recent.py; real widths in
 benchmarks/families_vs_trace.py): Qwen3 in every mode; Qwen3-MoE for full fine-tuning; Gemma-3 text (q/k norms
 with Gemma's fp32 ``(1 + weight)``, four norms per layer as Gemma-2; within 0.73 % at real widths, where the CPU
-trace of a sliding-window layer with s > window keeps ~e·(q + 3·kv) B per token more, not modelled). Not
-pinned, with a warning finding that points at ``--trace``: Qwen3-MoE under LoRA (the trace keeps several times
-the formula's expert tensors), Gemma-3 image-text models, OLMo-2 (q/k norms over the full width, post-norms),
-gpt-oss (sinks in eager attention modelled; biased, clamped-SwiGLU experts not), DeepSeek-V3 (MLA, shared
-experts).
+trace of a sliding-window layer with s > window keeps ~e·(q + 3·kv) B per token more, not modelled); OLMo-2
+and gpt-oss, full and LoRA (``fitcheck.core.activations.olmo2_gpt_oss``: full-width q/k norms, post-norms, fp32
+norm products, attention sinks, clamped-SwiGLU grouped_mm experts). Not pinned, with a warning finding that
+points at ``--trace``: Qwen3-MoE under LoRA (the trace keeps several times the formula's expert tensors), gpt-oss
+with LoRA on its fused experts, Gemma-3 image-text models, DeepSeek-V3 (MLA, shared experts).
 
 ``Qwen3Attention.forward`` (transformers 5.23 models/qwen3/modeling_qwen3.py) runs ``q_norm`` / ``k_norm``
 (``Qwen3RMSNorm`` over ``head_dim``) on the q / k projections before rotary. Each norm keeps what any
@@ -21,6 +21,7 @@ fake-tensor traces (``fitcheck.torch_adapters.tracer``) and pinned by tests/test
 
 from __future__ import annotations
 
+from fitcheck.core.activations.olmo2_gpt_oss import olmo2_qk_norms
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import ModelShape, TrainingSpec
 
@@ -40,8 +41,10 @@ def qk_norm_saved(shape: ModelShape, half_activations: bool, trainable_weight: b
         trainable_weight: The norm weights are trained (full fine-tuning): the normalised tensor is kept.
 
     Returns:
-        0 for families without per-head q/k norms.
+        0 for families without per-head q/k norms; OLMo-2's full-width q/k norms (olmo2_gpt_oss.py).
     """
+    if shape.family == "olmo2":
+        return olmo2_qk_norms(shape, trainable_weight)
     if shape.family not in QK_NORM_FAMILIES:
         return 0
     total = 0
@@ -77,8 +80,6 @@ def eager_scores(shape: ModelShape, e: int, llama: int) -> int:
 # model_type -> what the Llama-style recipe does not match (formula vs trace, benchmarks/families_vs_trace.py)
 _NOT_PINNED: dict[str, str] = {
     "gemma3": "Gemma-3 image-text models (the vision tower, and the text widths of a composite config)",
-    "olmo2": "OLMo-2's full-width q/k norms and post-norms",
-    "gpt_oss": "gpt-oss's attention sinks and biased, clamped-SwiGLU experts",
     "deepseek_v3": "DeepSeek-V3's latent attention (MLA) and shared experts",
 }
 
@@ -93,6 +94,8 @@ def recent_family_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     why = _NOT_PINNED.get(fam)
     if why is None and fam == "qwen3_moe" and spec.lora is not None:
         why = "Qwen3-MoE under LoRA (the routed experts keep more than the Mixtral recipe)"
+    if why is None and fam == "gpt_oss" and _experts_adapted(spec):
+        why = "gpt-oss with LoRA on its fused experts (peft target_parameters; only frozen experts are pinned)"
     if why is None:
         return ()
     return (
@@ -104,3 +107,11 @@ def recent_family_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
             "run `fitcheck estimate --trace` to measure the real model's step on fake tensors",
         ),
     )
+
+
+def _experts_adapted(spec: TrainingSpec) -> bool:
+    """Whether LoRA wraps fused MoE expert tensors (peft ``target_parameters``), as decoder._experts_adapted."""
+    from fitcheck.core.states import plan_lora
+    from fitcheck.spec import Kind
+
+    return spec.lora is not None and any(t.entry.kind is Kind.FUSED_EXPERTS for t in plan_lora(spec).targets)
