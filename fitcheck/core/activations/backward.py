@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Phase
 from fitcheck.spec import AttnImpl, DeviceType, Kind, Role, TrainingSpec
@@ -188,6 +189,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
             live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
         moments[name] = live + work - missing + _LOSS_SCALARS
+    wrapped = param_wrapper_backward(spec, q.e, q.r)  # LoRA on fused experts (activations/param_wrapper.py)
+    if wrapped:
+        moments["top MoE layer"] = q.kept + wrapped - (0 if accum else _all_grads(spec)) + _LOSS_SCALARS
     temp_emb = g_emb if accum else 0
     moments["embedding"] = q.end + cuda_embedding_backward(spec) + temp_emb + _LOSS_SCALARS
     return moments

@@ -30,6 +30,7 @@ from fitcheck.core.activations.families import (
     family_outside_saved,
 )
 from fitcheck.core.activations.freeze import frozen_layers
+from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
 from fitcheck.core.activations.heads import (
     CLASSIFIER_TASKS,
     bert_layer_alias,
@@ -260,7 +261,9 @@ def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]
         k, n_exp = sh.experts_per_token, sh.num_experts
         # trace "mixtral bf16": router softmax fp32 (4E) + top-k ids/weights/sort/perm (40k) + sum (4)
         # + per routed copy: permuted input h, gate_up 2I, silu I, product I, down output h
-        router_in = m.e * h if full else 0  # the trained router keeps its input (the norm output)
+        # the trained router keeps its input (the norm output); so does a LoRA-wrapped one (W + delta needs a
+        # gradient: activations/param_wrapper.py)
+        router_in = m.e * h if full or wrapped_router(spec) else 0
         routed = 2 * h + 4 * inter
         if not full and not _experts_adapted(spec):
             routed = h + 3 * inter  # frozen experts keep no permuted input nor product (trace "mixtral lora")
@@ -304,6 +307,7 @@ def _outside_saved(spec: TrainingSpec) -> int:
         total += b * s * s * (2 if m.half_model else 4)
     if sh.num_experts:
         total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
+        total += param_wrapper_saved(spec)  # peft ParamWrapper merged experts (activations/param_wrapper.py)
     if spec.lora is not None and not spec.activations.checkpointing:
         # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA)
         total -= (liger_norm_saved(h, m.r) if liger_norm else 4 * h + 4) * b * s
