@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fitcheck.report import Phase
+from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import (
     ActivationSpec,
     AttnImpl,
@@ -33,11 +33,13 @@ from fitcheck.spec import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from families_vs_trace import inventory, reduced  # noqa: E402
+from families_vs_trace import inventory, reduced
 
 MODELS = ("Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3")
 PHASES = (Phase.FORWARD_END, Phase.BACKWARD_START, Phase.BACKWARD)
 LORA = LoraSpec(r=16, target_modules=("all-linear",))
+_STATES = frozenset({Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META, Category.GRADIENTS,
+                     Category.OPTIMIZER, Category.MASTER})
 
 
 def cpu_spec(cfg: dict[str, object], model_id: str, seq: int, lora: LoraSpec | None) -> TrainingSpec:
@@ -53,9 +55,11 @@ def cpu_spec(cfg: dict[str, object], model_id: str, seq: int, lora: LoraSpec | N
     )
 
 
-def device_bytes(components: object, phase: Phase) -> int:
-    """Device bytes of a report's components at one phase."""
-    return sum(c.at(phase) for c in components if c.location.value == "device")  # type: ignore[attr-defined]
+def device_bytes(components: tuple[Component, ...], phase: Phase, states: bool = True) -> int:
+    """Device bytes of a report's components at one phase (``states=False``: without the model states,
+    which both estimates share: what is left is activations, logits and temporaries)."""
+    return sum(c.at(phase) for c in components
+               if c.location is Location.DEVICE and (states or c.category not in _STATES))
 
 
 def main() -> None:
@@ -69,8 +73,9 @@ def main() -> None:
     from fitcheck.core import estimate
     from fitcheck.torch_adapters.tracer import components_from_trace, trace_step
 
-    print("| model | layers | method | seq | phase | formula MiB | trace MiB | error |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | layers | method | seq | phase | formula MiB | trace MiB | error | activations: formula MiB "
+          "| trace MiB | error |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for model_id in args.models:
         found = find_catalog_config(model_id)
         assert found is not None, model_id
@@ -84,8 +89,10 @@ def main() -> None:
                     trace_step(cfg, seq_len=seq, micro_batch=1, dtype="bfloat16", lora=lora))).components
                 for phase in PHASES:
                     f, t = device_bytes(formula, phase), device_bytes(traced, phase)
+                    fa, ta = device_bytes(formula, phase, False), device_bytes(traced, phase, False)
                     print(f"| {model_id} | {args.layers} | {method} | {seq} | {phase.value} | {f / 2**20:,.1f} | "
-                          f"{t / 2**20:,.1f} | {(f - t) / t:+.2%} |", flush=True)
+                          f"{t / 2**20:,.1f} | {(f - t) / t:+.2%} | {fa / 2**20:,.1f} | {ta / 2**20:,.1f} | "
+                          f"{(fa - ta) / ta:+.2%} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def test_formula_matches_trace(config: dict[str, Any], kw: dict[str, Any]) -> No
     [
         (QWEN3, ALL_LINEAR, False),
         (QWEN3_MOE, None, False),
-        (QWEN3_MOE, ALL_LINEAR, True),
+        (QWEN3_MOE, ALL_LINEAR, False),  # pinned: activations/param_wrapper.py (i12moe)
         (GEMMA3, None, False),
         ({**WIDTHS, "model_type": "olmo2"}, None, True),
         ({**WIDTHS, "model_type": "gpt_oss", "num_local_experts": 4}, None, True),

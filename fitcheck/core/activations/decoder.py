@@ -30,13 +30,14 @@ from fitcheck.core.activations.families import (
     family_outside_saved,
 )
 from fitcheck.core.activations.freeze import frozen_layers
-from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
 from fitcheck.core.activations.heads import (
     CLASSIFIER_TASKS,
     bert_layer_alias,
     classifier_head_backward,
     classifier_logits,
 )
+from fitcheck.core.activations.mla import MLA_FAMILIES, MlaMode, mla_attention, mla_dims, mla_mlp, mla_outside
+from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
 from fitcheck.core.activations.qlora import (
     four_bit_lora,
     kbit_upcast,
@@ -217,6 +218,8 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
     targets = _lora_targets(spec)
     h, a = sh.hidden_size, sh.num_heads
     kv, q = sh.num_kv_heads * sh.head_dim, sh.num_heads * sh.head_dim
+    if sh.family in MLA_FAMILIES:  # DeepSeek-V3: latent attention, MoE layer (activations/mla.py)
+        return _mla_layer(spec, m, full)
     fused = sh.family == "phi3"
     eager = _attn_impl(spec) is AttnImpl.EAGER
     total = 2 * _norm_saved(sh, m, full)
@@ -252,6 +255,21 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
     total += _mlp_saved(spec, m, full, targets)
     total += dora_per_token(spec, m.e, m.amp, m.half_model)  # DoRA: base and LoRA outputs (activations_lora)
     return total, s2
+
+
+def _mla_mode(spec: TrainingSpec, m: _Mode, full: bool) -> MlaMode:
+    lora = spec.lora
+    reads = lora is not None and lora.dropout == 0 and not (m.amp or m.half_model)
+    return MlaMode(m.e, m.half_model, full, lambda w: _adapter_input(m, lora, w) if lora is not None else 0, reads)
+
+
+def _mla_layer(spec: TrainingSpec, m: _Mode, full: bool) -> tuple[int, int]:
+    """One DeepSeek-V3 MoE layer (the dense ones: ``mla_outside``), activations/mla.py."""
+    mode, dims = _mla_mode(spec, m, full), mla_dims(spec)
+    per_token, s2 = mla_attention(spec, mode, dims)
+    per_token += mla_mlp(spec, mode, dims, moe=True, experts_trained=full or _experts_adapted(spec),
+                         router_trained=full or wrapped_router(spec))
+    return per_token, s2
 
 
 def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
@@ -308,6 +326,11 @@ def _outside_saved(spec: TrainingSpec) -> int:
     if sh.num_experts:
         total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
         total += param_wrapper_saved(spec)  # peft ParamWrapper merged experts (activations/param_wrapper.py)
+    if sh.family in MLA_FAMILIES and not spec.activations.checkpointing and spec.freeze is None:
+        full_ft = spec.lora is None and spec.quant is None
+        total += mla_outside(spec, _mla_mode(spec, m, full_ft), mla_dims(spec),
+                             experts_trained=full_ft or _experts_adapted(spec),
+                             router_trained=full_ft or wrapped_router(spec))  # dense layers (activations/mla.py)
     if spec.lora is not None and not spec.activations.checkpointing:
         # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA)
         total -= (liger_norm_saved(h, m.r) if liger_norm else 4 * h + 4) * b * s

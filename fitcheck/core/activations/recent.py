@@ -1,13 +1,14 @@
 """Activations of the 2025 families: what is pinned, and the q/k RMSNorms of Qwen3 / Qwen3-MoE (pure: no torch).
 
 Pinned against fake-tensor traces (tests/test_activations_recent.py; real widths in
-benchmarks/families_vs_trace.py): Qwen3 in every mode; Qwen3-MoE for full fine-tuning; Gemma-3 text (q/k norms
+benchmarks/families_vs_trace.py): Qwen3 in every mode; Qwen3-MoE for full fine-tuning, and under LoRA on
+its fused experts without checkpointing (activations/param_wrapper.py); DeepSeek-V3 without checkpointing
+(activations/mla.py, benchmarks/moe_mla_vs_trace.py); Gemma-3 text (q/k norms
 with Gemma's fp32 ``(1 + weight)``, four norms per layer as Gemma-2; within 0.73 % at real widths, where the CPU
 trace of a sliding-window layer with s > window keeps ~e·(q + 3·kv) B per token more, not modelled). Not
-pinned, with a warning finding that points at ``--trace``: Qwen3-MoE under LoRA (the trace keeps several times
-the formula's expert tensors), Gemma-3 image-text models, OLMo-2 (q/k norms over the full width, post-norms),
-gpt-oss (sinks in eager attention modelled; biased, clamped-SwiGLU experts not), DeepSeek-V3 (MLA, shared
-experts).
+pinned, with a warning finding that points at ``--trace``: Qwen3-MoE LoRA and DeepSeek-V3 under
+checkpointing or freezing, Gemma-3 image-text models, OLMo-2 (q/k norms over the full width, post-norms),
+gpt-oss (sinks in eager attention modelled; biased, clamped-SwiGLU experts not).
 
 ``Qwen3Attention.forward`` (transformers 5.23 models/qwen3/modeling_qwen3.py) runs ``q_norm`` / ``k_norm``
 (``Qwen3RMSNorm`` over ``head_dim``) on the q / k projections before rotary. Each norm keeps what any
@@ -79,7 +80,6 @@ _NOT_PINNED: dict[str, str] = {
     "gemma3": "Gemma-3 image-text models (the vision tower, and the text widths of a composite config)",
     "olmo2": "OLMo-2's full-width q/k norms and post-norms",
     "gpt_oss": "gpt-oss's attention sinks and biased, clamped-SwiGLU experts",
-    "deepseek_v3": "DeepSeek-V3's latent attention (MLA) and shared experts",
 }
 
 
@@ -91,8 +91,13 @@ def recent_family_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """
     fam = spec.model.shape.family
     why = _NOT_PINNED.get(fam)
-    if why is None and fam == "qwen3_moe" and spec.lora is not None:
-        why = "Qwen3-MoE under LoRA (the routed experts keep more than the Mixtral recipe)"
+    # i12moe: Qwen3-MoE LoRA (peft ParamWrapper, activations/param_wrapper.py) and DeepSeek-V3 (activations/mla.py)
+    # are pinned without activation checkpointing or partial freezing, where the layers were traced
+    ckpt_or_freeze = spec.activations.checkpointing or spec.freeze is not None
+    if why is None and fam == "qwen3_moe" and spec.lora is not None and ckpt_or_freeze:
+        why = "Qwen3-MoE under LoRA with checkpointing or freezing (peft's merged expert stacks per layer)"
+    if why is None and fam == "deepseek_v3" and ckpt_or_freeze:
+        why = "DeepSeek-V3 with checkpointing or freezing (its dense and MoE layers differ)"
     if why is None:
         return ()
     return (
