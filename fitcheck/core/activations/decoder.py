@@ -272,6 +272,15 @@ def _mla_layer(spec: TrainingSpec, m: _Mode, full: bool) -> tuple[int, int]:
     return per_token, s2
 
 
+def _mla_outside(spec: TrainingSpec, m: _Mode) -> int:
+    """What DeepSeek-V3's layers keep beyond L x the MoE-layer recipe (0 for other families, or when not modelled)."""
+    if spec.model.shape.family not in MLA_FAMILIES or spec.activations.checkpointing or spec.freeze is not None:
+        return 0
+    full = spec.lora is None and spec.quant is None
+    return mla_outside(spec, _mla_mode(spec, m, full), mla_dims(spec), experts_trained=full or _experts_adapted(spec),
+                       router_trained=full or wrapped_router(spec))
+
+
 def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
     sh = spec.model.shape
     h, inter = sh.hidden_size, sh.intermediate_size
@@ -326,11 +335,7 @@ def _outside_saved(spec: TrainingSpec) -> int:
     if sh.num_experts:
         total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
         total += param_wrapper_saved(spec)  # peft ParamWrapper merged experts (activations/param_wrapper.py)
-    if sh.family in MLA_FAMILIES and not spec.activations.checkpointing and spec.freeze is None:
-        full_ft = spec.lora is None and spec.quant is None
-        total += mla_outside(spec, _mla_mode(spec, m, full_ft), mla_dims(spec),
-                             experts_trained=full_ft or _experts_adapted(spec),
-                             router_trained=full_ft or wrapped_router(spec))  # dense layers (activations/mla.py)
+    total += _mla_outside(spec, m)  # DeepSeek-V3's dense layers, router weight copies (activations/mla.py)
     if spec.lora is not None and not spec.activations.checkpointing:
         # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA)
         total -= (liger_norm_saved(h, m.r) if liger_norm else 4 * h + 4) * b * s
@@ -444,6 +449,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         else:
             kept = frozen.trained * (layer + scores) + frozen.frozen_grad * (f_token * b * s + f_s2 * b * s * s)
             layers_saved = kept
+    elif sh.family in MLA_FAMILIES and not act.checkpointing:
+        layers_saved = kept + _mla_outside(spec, m)  # dense and MoE layers differ (activations/mla.py)
     kept += _outside_saved(spec)
     fwd_logits, bwd_logits = _logits(spec)
     end = m.r * sh.hidden_size * b * s if (spec.lora is None or act.checkpointing) else 0
