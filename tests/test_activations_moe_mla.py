@@ -88,3 +88,29 @@ def test_real_width_qwen3_moe_lora_sampled() -> None:
         f = sum(c.at(phase) for c in estimate(spec).components if c.location is Location.DEVICE)
         t = sum(c.at(phase) for c in estimate(spec, activations=traced).components if c.location is Location.DEVICE)
         assert abs(f - t) <= 0.02 * t, (phase, f, t)
+
+
+STEP_GRID: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("qwen3_moe-lora", QWEN3_MOE, {"lora": ALL_LINEAR, "seq": 128}),
+    ("deepseek-full-long", {**DEEPSEEK_V3, "num_hidden_layers": 3, "first_k_dense_replace": 2}, {"seq": 512}),
+    ("deepseek-lora", DEEPSEEK_V3, {"lora": ALL_LINEAR, "seq": 128}),
+]
+
+
+@pytest.mark.parametrize(("label", "config", "kw"), STEP_GRID, ids=[g[0] for g in STEP_GRID])
+def test_whole_step_matches_trace(label: str, config: dict[str, Any], kw: dict[str, Any]) -> None:
+    """Every phase of the step, the backward moments included (ParamWrapper's top MoE layer, DeepSeek's CPU math
+    attention backward): formula = trace within 2 % of the step."""
+    pytest.importorskip("transformers")
+    from tiny_models import trace_spec
+
+    from fitcheck.core import estimate
+    from fitcheck.report import Location, Phase
+    from fitcheck.torch_adapters.tracer import components_from_trace
+
+    spec = spec_from_config(config, **kw)
+    traced = components_from_trace(trace_spec(config, spec))
+    for phase in (Phase.FORWARD_END, Phase.BACKWARD_START, Phase.BACKWARD):
+        f = sum(c.at(phase) for c in estimate(spec).components if c.location is Location.DEVICE)
+        t = sum(c.at(phase) for c in estimate(spec, activations=traced).components if c.location is Location.DEVICE)
+        assert abs(f - t) <= 0.02 * t, (label, phase, f, t)

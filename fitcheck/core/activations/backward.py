@@ -65,6 +65,9 @@ class BackwardInputs:
             layers, ``activations.freeze``); -1 when every layer saves ``layer``.
         offloaded: TRL activation offloading: layers below the one in backward stay in host memory
             (fitcheck/core/kernels/levers.py), so only layer i's saved tensors are on the device.
+        attention_moment: Where the top layer's attention backward is modelled (DeepSeek-V3's CPU math SDPA,
+            ``fitcheck.core.activations.mla.mla_attention_backward``): bytes alive then, with the gradients
+            produced so far; None elsewhere.
     """
 
     layer: int
@@ -78,6 +81,7 @@ class BackwardInputs:
     end: int
     layers_saved: int = -1
     offloaded: bool = False
+    attention_moment: int | None = None  # i12moe: live bytes + produced gradients at an attention backward
 
 
 def _trainable_full(spec: TrainingSpec) -> bool:
@@ -189,6 +193,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
             live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
         moments[name] = live + work - missing + _LOSS_SCALARS
+    if q.attention_moment is not None:  # DeepSeek-V3's CPU math attention (activations/mla.py)
+        moments["top layer attention"] = q.attention_moment - _all_grads(spec) + _LOSS_SCALARS
     wrapped = param_wrapper_backward(spec, q.e, q.r)  # LoRA on fused experts (activations/param_wrapper.py)
     if wrapped:
         moments["top MoE layer"] = q.kept + wrapped - (0 if accum else _all_grads(spec)) + _LOSS_SCALARS

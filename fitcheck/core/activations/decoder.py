@@ -36,7 +36,15 @@ from fitcheck.core.activations.heads import (
     classifier_head_backward,
     classifier_logits,
 )
-from fitcheck.core.activations.mla import MLA_FAMILIES, MlaMode, mla_attention, mla_dims, mla_mlp, mla_outside
+from fitcheck.core.activations.mla import (
+    MLA_FAMILIES,
+    MlaMode,
+    mla_attention,
+    mla_attention_backward,
+    mla_dims,
+    mla_mlp,
+    mla_outside,
+)
 from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
 from fitcheck.core.activations.qlora import (
     four_bit_lora,
@@ -281,6 +289,18 @@ def _mla_outside(spec: TrainingSpec, m: _Mode) -> int:
                        router_trained=full or wrapped_router(spec))
 
 
+def _mla_attention_moment(spec: TrainingSpec, m: _Mode, layers_saved: int) -> int | None:
+    """DeepSeek-V3's top-layer attention backward on CPU (activations/mla.py), or None."""
+    if spec.model.shape.family not in MLA_FAMILIES or layers_saved < 0:
+        return None
+    full, dims = spec.lora is None and spec.quant is None, mla_dims(spec)
+    n_moe = spec.model.shape.num_layers - dims.n_dense
+    return mla_attention_backward(spec, _mla_mode(spec, m, full), dims, layers_saved,
+                                  experts_trained=full or _experts_adapted(spec),
+                                  router_trained=full or wrapped_router(spec),
+                                  wrapped_per_layer=param_wrapper_saved(spec) // max(1, n_moe))
+
+
 def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
     sh = spec.model.shape
     h, inter = sh.hidden_size, sh.intermediate_size
@@ -461,7 +481,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         kept = device_kept
     # worst moment during backward besides every gradient (activations_backward.py, tests/test_backward_phase.py)
     bq = BackwardInputs(layer + scores, kept, m.r * sh.hidden_size * b * s if n_ckpt else 0, n_ckpt, m.e, m.r,
-                        m.autocast, m.half_model, end, layers_saved, offloaded=bool(host))
+                        m.autocast, m.half_model, end, layers_saved, offloaded=bool(host),
+                        attention_moment=_mla_attention_moment(spec, m, layers_saved))
     # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
     # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
     head = 0 if spec.trainer.kind in _FUSED_HEAD else _head_backward_logits(spec, m)

@@ -199,3 +199,71 @@ def mla_outside(spec: TrainingSpec, m: MlaMode, d: MlaDims, *, experts_trained: 
     n_moe = sh.num_layers - d.n_dense
     # decoder._outside_saved counts the expert offsets (cumsum int32, 4E) for every layer: dense ones have none
     return d.n_dense * ((dense - sparse) * bs - 4 * sh.num_experts) + n_moe * 4 * sh.num_experts * sh.hidden_size
+
+
+def _produced_grads(spec: TrainingSpec, top: int) -> int:
+    """Gradient bytes that exist when the top layer's attention backward runs: the head and final norm, the top
+    layer's MLP block, post-attention norm and o_proj (full); their fp32 adapters (LoRA: peft adapters are fp32)."""
+    from fitcheck.core.states import plan_lora
+
+    def top_part(name: str) -> bool:
+        top_mlp = name.startswith(f"model.layers.{top}.mlp.") or name.startswith("model.layers.*.mlp.")
+        return top_mlp or (name.startswith("model.layers.*.") and (".o_proj." in name
+                                                                    or ".post_attention_layernorm." in name))
+
+    if spec.lora is not None:
+        return 4 * sum(t.params_each for t in plan_lora(spec).targets if top_part(t.entry.name))
+    produced = 0
+    for p in spec.model.params:
+        if top_part(p.name):
+            produced += p.numel_each
+        elif not p.name.startswith("model.layers.") and not p.name.startswith("model.embed_tokens"):
+            produced += p.numel  # LM head and final norm
+    return produced * spec.precision.load_dtype.nbytes
+
+
+def mla_attention_backward(spec: TrainingSpec, m: MlaMode, d: MlaDims, layers_saved: int, *,
+                           experts_trained: bool, router_trained: bool, wrapped_per_layer: int) -> int | None:
+    """Bytes alive besides parameters, optimizer states and the gradients not produced yet, when the top layer's
+    CPU math attention runs its backward (16-bit model, SDPA on CPU, no checkpointing).
+
+    Traced (DeepSeek-V3, 2 and 4 layers, 2048 tokens, full): the peak of backward is the top layer's softmax
+    backward in aten ``_scaled_dot_product_attention_math``: the gradient of the probabilities (``bmm``) and of
+    the scores (``_softmax_backward_data``), fp32 a·s² each, and the fp32 gradient of v (4·a·dv per token), next
+    to every layer's saved tensors except what the top layer's backward has already released (its MLP block,
+    post-attention norm, router weight copy, merged LoRA expert stacks, o_proj's input and the fp32 v) and the
+    residual-stream gradients (3·e·h per token). The gradients of the head, the final norm, the top MLP block,
+    its post-attention norm and o_proj (or their adapters') exist by then; ``backward.backward_moments``
+    subtracts all gradients, so the produced ones are added back here.
+
+    Args:
+        spec: The training spec.
+        m: Storage mode.
+        d: Widths.
+        layers_saved: Saved bytes of all decoder layers (``activation_components``).
+        experts_trained: Routed experts trained or LoRA-wrapped.
+        router_trained: Router weight trained or LoRA-wrapped.
+        wrapped_per_layer: Bytes of one MoE layer's ParamWrapper tensors (activations/param_wrapper.py).
+
+    Returns:
+        None where this moment is not modelled (another kind of run).
+    """
+    sh = spec.model.shape
+    cpu_math = spec.hardware.device_type is DeviceType.CPU and spec.activations.attn_implementation is AttnImpl.SDPA
+    if not (m.half_model and cpu_math) or spec.activations.checkpointing or spec.freeze is not None:
+        return None
+    if spec.batch.grad_accum > 1 or spec.quant is not None:
+        return None  # every gradient exists already / a quantized base: not traced
+    bs, s = spec.batch.micro_batch * spec.batch.seq_len, spec.batch.seq_len
+    h, a, top = sh.hidden_size, sh.num_heads, sh.num_layers - 1
+    moe = top >= d.n_dense
+    block = mla_mlp(spec, m, d, moe=moe, experts_trained=experts_trained, router_trained=router_trained)
+    attn, _ = _adapted(spec)
+    o_in = m.e * a * d.dv if m.full else _reads(m, attn, ("o_proj",), a * d.dv)
+    released = (block + _rms(h, m) + o_in + 4 * a * d.dv) * bs
+    if moe:
+        released += 4 * sh.num_experts * h + wrapped_per_layer
+    work = 8 * a * s * bs + (4 * a * d.dv + 3 * m.e * h) * bs
+    rot = max(1, round(sh.head_dim * sh.partial_rotary_factor))
+    static = 2 * s * rot * 2  # cos / sin tables
+    return static + layers_saved - released + work + _produced_grads(spec, top)

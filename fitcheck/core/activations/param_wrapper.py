@@ -86,6 +86,7 @@ def param_wrapper_backward(spec: TrainingSpec, e: int, r: int) -> int:
     ``grouped_mm``'s autograd: ``grad_weight`` like ``weight``), next to the gradient of the routed outputs
     (k·h per token), the down projection's input gradient (k·I per token) and the residual-stream gradient
     (h per token). The gate_up backward that follows frees the merged down stack first, so it is no higher.
+    Where the stack is small against the tokens (tiny widths), the moment just before it is higher.
 
     Args:
         spec: The training spec.
@@ -104,4 +105,11 @@ def param_wrapper_backward(spec: TrainingSpec, e: int, r: int) -> int:
     bs = spec.batch.micro_batch * spec.batch.seq_len
     k, h, inter = sh.experts_per_token, sh.hidden_size, sh.intermediate_size
     stack = spec.precision.load_dtype.nbytes * downs[0].entry.numel_each
-    return stack + (k * e * (h + inter) + r * h) * bs
+    down = stack + (k * e * (h + inter) + r * h) * bs
+    # just before: the backward of ``proj_out * sample_weights_g`` and of ``weighted_out[inv_perm]``
+    # (integrations/moe.py grouped_mm_experts_forward): index_put and two products of (k·tokens, h) in the routing
+    # weights' dtype (fp32 for DeepSeek-V3, whose router returns fp32 weights; traced at tiny widths), the
+    # product's cast back to the activations' dtype, and two residual-stream gradients
+    w = 4 if sh.family in _ROUTER_CASTS_TO_FP32 else e
+    weighting = (3 * w * k * h + (e * k * h if w != e else 0) + 2 * e * h) * bs
+    return max(down, weighting)
