@@ -82,6 +82,7 @@ PINNED_FAMILIES = (
     frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "mixtral",
                "phi3"})
     | FAMILY_FORMULAS
+    | MLA_FAMILIES  # i12moe: DeepSeek-V3's own recipe (activations/mla.py)
 )
 # transformers refuses SDPA for these configs (attention soft-capping / ALiBi): eager is what runs.
 _EAGER_ONLY = frozenset({"gemma2", "bloom", "gpt_oss"})  # gpt-oss: _supports_sdpa = False (attention sinks)
