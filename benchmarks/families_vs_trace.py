@@ -92,6 +92,7 @@ def spec(inv: ModelInventory, seq: int, lora: LoraSpec | None) -> TrainingSpec:
         batch=BatchSpec(micro_batch=1, seq_len=seq, grad_accum=1),
         activations=ActivationSpec(checkpointing=False, attn_implementation=AttnImpl.SDPA),
         lora=lora,
+        hardware=HardwareSpec(device_type=DeviceType.CPU),  # the trace is a CPU step (DeepSeek's SDPA differs on CUDA)
     )
 
 

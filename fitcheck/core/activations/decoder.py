@@ -51,6 +51,16 @@ from fitcheck.core.activations.olmo2_gpt_oss import (
     rotary_tables,
     sink_attention_extra,
 )
+from fitcheck.core.activations.mla import (
+    MLA_FAMILIES,
+    MlaMode,
+    mla_attention,
+    mla_attention_backward,
+    mla_dims,
+    mla_mlp,
+    mla_outside,
+)
+from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
 from fitcheck.core.activations.qlora import (
     four_bit_lora,
     kbit_upcast,
@@ -87,6 +97,7 @@ PINNED_FAMILIES = (
     frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "mixtral",
                "phi3", "olmo2", "gpt_oss"})
     | FAMILY_FORMULAS
+    | MLA_FAMILIES  # i12moe: DeepSeek-V3's own recipe (activations/mla.py)
 )
 # transformers refuses SDPA for these configs (attention soft-capping / ALiBi): eager is what runs.
 _EAGER_ONLY = frozenset({"gemma2", "bloom", "gpt_oss"})  # gpt-oss: _supports_sdpa = False (attention sinks)
@@ -232,6 +243,8 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
     targets = _lora_targets(spec)
     h, a = sh.hidden_size, sh.num_heads
     kv, q = sh.num_kv_heads * sh.head_dim, sh.num_heads * sh.head_dim
+    if sh.family in MLA_FAMILIES:  # DeepSeek-V3: latent attention, MoE layer (activations/mla.py)
+        return _mla_layer(spec, m, full)
     fused = sh.family == "phi3"
     eager = _attn_impl(spec) is AttnImpl.EAGER
     total = 2 * _norm_saved(sh, m, full)
@@ -270,6 +283,42 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
     return total, s2
 
 
+def _mla_mode(spec: TrainingSpec, m: _Mode, full: bool) -> MlaMode:
+    lora = spec.lora
+    reads = lora is not None and lora.dropout == 0 and not (m.amp or m.half_model)
+    return MlaMode(m.e, m.half_model, full, lambda w: _adapter_input(m, lora, w) if lora is not None else 0, reads)
+
+
+def _mla_layer(spec: TrainingSpec, m: _Mode, full: bool) -> tuple[int, int]:
+    """One DeepSeek-V3 MoE layer (the dense ones: ``mla_outside``), activations/mla.py."""
+    mode, dims = _mla_mode(spec, m, full), mla_dims(spec)
+    per_token, s2 = mla_attention(spec, mode, dims)
+    per_token += mla_mlp(spec, mode, dims, moe=True, experts_trained=full or _experts_adapted(spec),
+                         router_trained=full or wrapped_router(spec))
+    return per_token, s2
+
+
+def _mla_outside(spec: TrainingSpec, m: _Mode) -> int:
+    """What DeepSeek-V3's layers keep beyond L x the MoE-layer recipe (0 for other families, or when not modelled)."""
+    if spec.model.shape.family not in MLA_FAMILIES or spec.activations.checkpointing or spec.freeze is not None:
+        return 0
+    full = spec.lora is None and spec.quant is None
+    return mla_outside(spec, _mla_mode(spec, m, full), mla_dims(spec), experts_trained=full or _experts_adapted(spec),
+                       router_trained=full or wrapped_router(spec))
+
+
+def _mla_attention_moment(spec: TrainingSpec, m: _Mode, layers_saved: int) -> int | None:
+    """DeepSeek-V3's top-layer attention backward on CPU (activations/mla.py), or None."""
+    if spec.model.shape.family not in MLA_FAMILIES or layers_saved < 0:
+        return None
+    full, dims = spec.lora is None and spec.quant is None, mla_dims(spec)
+    n_moe = spec.model.shape.num_layers - dims.n_dense
+    return mla_attention_backward(spec, _mla_mode(spec, m, full), dims, layers_saved,
+                                  experts_trained=full or _experts_adapted(spec),
+                                  router_trained=full or wrapped_router(spec),
+                                  wrapped_per_layer=param_wrapper_saved(spec) // max(1, n_moe))
+
+
 def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
     sh = spec.model.shape
     h, inter = sh.hidden_size, sh.intermediate_size
@@ -279,7 +328,9 @@ def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]
         k, n_exp = sh.experts_per_token, sh.num_experts
         # trace "mixtral bf16": router softmax fp32 (4E) + top-k ids/weights/sort/perm (40k) + sum (4)
         # + per routed copy: permuted input h, gate_up 2I, silu I, product I, down output h
-        router_in = m.e * h if full else 0  # the trained router keeps its input (the norm output)
+        # the trained router keeps its input (the norm output); so does a LoRA-wrapped one (W + delta needs a
+        # gradient: activations/param_wrapper.py)
+        router_in = m.e * h if full or wrapped_router(spec) else 0
         routed = 2 * h + 4 * inter
         if not full and not _experts_adapted(spec):
             routed = h + 3 * inter  # frozen experts keep no permuted input nor product (trace "mixtral lora")
@@ -322,6 +373,8 @@ def _outside_saved(spec: TrainingSpec) -> int:
         total += b * s * s * (2 if m.half_model else 4) * eager_masks(sh, spec.model.config)  # gpt-oss: 2
     if sh.num_experts:
         total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
+        total += param_wrapper_saved(spec)  # peft ParamWrapper merged experts (activations/param_wrapper.py)
+    total += _mla_outside(spec, m)  # DeepSeek-V3's dense layers, router weight copies (activations/mla.py)
     if spec.lora is not None and not spec.activations.checkpointing:
         # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA);
         # OLMo-2 has no norm before its first attention (olmo2_gpt_oss.py)
@@ -437,6 +490,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         else:
             kept = frozen.trained * (layer + scores) + frozen.frozen_grad * (f_token * b * s + f_s2 * b * s * s)
             layers_saved = kept
+    elif sh.family in MLA_FAMILIES and not act.checkpointing:
+        layers_saved = kept + _mla_outside(spec, m)  # dense and MoE layers differ (activations/mla.py)
     kept += _outside_saved(spec)
     fwd_logits, bwd_logits = _logits(spec)
     end = m.r * sh.hidden_size * b * s if (spec.lora is None or act.checkpointing) else 0
@@ -447,7 +502,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         kept = device_kept
     # worst moment during backward besides every gradient (activations_backward.py, tests/test_backward_phase.py)
     bq = BackwardInputs(layer + scores, kept, m.r * sh.hidden_size * b * s if n_ckpt else 0, n_ckpt, m.e, m.r,
-                        m.autocast, m.half_model, end, layers_saved, offloaded=bool(host))
+                        m.autocast, m.half_model, end, layers_saved, offloaded=bool(host),
+                        attention_moment=_mla_attention_moment(spec, m, layers_saved))
     # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
     # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
     head = 0 if spec.trainer.kind in _FUSED_HEAD else _head_backward_logits(spec, m)

@@ -254,10 +254,14 @@ def lora_extras_unpinned(spec: TrainingSpec, layernorm_family: bool) -> str | No
         return None
     if lora.use_dora and layernorm_family:
         return f"DoRA on {spec.model.shape.family} is not modelled: its weight norms and outputs are not counted"
-    if any(t.entry.kind is Kind.FUSED_EXPERTS for t in plan_lora(spec).targets):
+    fused = any(t.entry.kind is Kind.FUSED_EXPERTS for t in plan_lora(spec).targets)
+    if fused and not spec.activations.checkpointing:
+        return None  # i12moe: counted (activations/param_wrapper.py; envelope.py says which families are checked)
+    if fused:
         # peft ParamWrapper merges W + BA per expert tensor, and the grouped matmul saves the merged weight
         # (trace "mixtral all-linear": one model-dtype copy of every layer's experts, -65 % without it)
-        return "LoRA on fused MoE experts (target_parameters) saves merged expert weights that are not counted"
+        return ("LoRA on fused MoE experts (target_parameters) under checkpointing: the merged expert weights of "
+                "the recomputed layers are not modelled")
     return None
 
 

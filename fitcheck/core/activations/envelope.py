@@ -423,6 +423,12 @@ CHECKED: frozenset[EnvelopeKey] = frozenset({
     ('olmo2', 'lora', True, 'eager', 'fp32'),
     ('olmo2', 'lora', True, 'sdpa', 'bf16'),
     ('olmo2', 'lora', True, 'sdpa', 'fp32'),
+    # i12moe: checked at real widths (Qwen3-30B-A3B; DeepSeek-V3 with its real 256 experts, a dense and a MoE layer)
+    # at 2 and 4 layers, 512 and 2048 tokens, by benchmarks/moe_mla_vs_trace.py, 2026-11-23 (table in the CHANGELOG)
+    ('deepseek_v3', 'full', False, 'sdpa', 'bf16'),
+    ('deepseek_v3', 'lora', False, 'sdpa', 'bf16'),
+    ('qwen3_moe', 'full', False, 'sdpa', 'bf16'),
+    ('qwen3_moe', 'lora', False, 'sdpa', 'bf16'),
 })
 
 

@@ -1,13 +1,16 @@
 """Activations of the 2025 families: what is pinned, and the q/k RMSNorms of Qwen3 / Qwen3-MoE (pure: no torch).
 
 Pinned against fake-tensor traces (tests/test_activations_recent.py; real widths in
-benchmarks/families_vs_trace.py): Qwen3 in every mode; Qwen3-MoE for full fine-tuning; Gemma-3 text (q/k norms
+benchmarks/families_vs_trace.py): Qwen3 in every mode; Qwen3-MoE for full fine-tuning, and under LoRA on
+its fused experts without checkpointing (activations/param_wrapper.py); DeepSeek-V3 without checkpointing
+(activations/mla.py, benchmarks/moe_mla_vs_trace.py); Gemma-3 text (q/k norms
 with Gemma's fp32 ``(1 + weight)``, four norms per layer as Gemma-2; within 0.73 % at real widths, where the CPU
 trace of a sliding-window layer with s > window keeps ~e·(q + 3·kv) B per token more, not modelled); OLMo-2
 and gpt-oss, full and LoRA (``fitcheck.core.activations.olmo2_gpt_oss``: full-width q/k norms, post-norms, fp32
-norm products, attention sinks, clamped-SwiGLU grouped_mm experts). Not pinned, with a warning finding that
-points at ``--trace``: Qwen3-MoE under LoRA (the trace keeps several times the formula's expert tensors), gpt-oss
-with LoRA on its fused experts, Gemma-3 image-text models, DeepSeek-V3 (MLA, shared experts).
+norm products, attention sinks, clamped-SwiGLU grouped_mm experts); Qwen3-MoE LoRA and DeepSeek-V3 without
+checkpointing or freezing (``param_wrapper``, ``mla``). Not pinned, with a warning finding that points at
+``--trace``: Qwen3-MoE LoRA and DeepSeek-V3 under checkpointing or freezing, gpt-oss with LoRA on its fused
+experts, Gemma-3 image-text models.
 
 ``Qwen3Attention.forward`` (transformers 5.23 models/qwen3/modeling_qwen3.py) runs ``q_norm`` / ``k_norm``
 (``Qwen3RMSNorm`` over ``head_dim``) on the q / k projections before rotary. Each norm keeps what any
@@ -80,7 +83,6 @@ def eager_scores(shape: ModelShape, e: int, llama: int) -> int:
 # model_type -> what the Llama-style recipe does not match (formula vs trace, benchmarks/families_vs_trace.py)
 _NOT_PINNED: dict[str, str] = {
     "gemma3": "Gemma-3 image-text models (the vision tower, and the text widths of a composite config)",
-    "deepseek_v3": "DeepSeek-V3's latent attention (MLA) and shared experts",
 }
 
 
@@ -92,10 +94,15 @@ def recent_family_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """
     fam = spec.model.shape.family
     why = _NOT_PINNED.get(fam)
-    if why is None and fam == "qwen3_moe" and spec.lora is not None:
-        why = "Qwen3-MoE under LoRA (the routed experts keep more than the Mixtral recipe)"
     if why is None and fam == "gpt_oss" and _experts_adapted(spec):
         why = "gpt-oss with LoRA on its fused experts (peft target_parameters; only frozen experts are pinned)"
+    # i12moe: Qwen3-MoE LoRA (peft ParamWrapper, activations/param_wrapper.py) and DeepSeek-V3 (activations/mla.py)
+    # are pinned without activation checkpointing or partial freezing, where the layers were traced
+    ckpt_or_freeze = spec.activations.checkpointing or spec.freeze is not None
+    if why is None and fam == "qwen3_moe" and spec.lora is not None and ckpt_or_freeze:
+        why = "Qwen3-MoE under LoRA with checkpointing or freezing (peft's merged expert stacks per layer)"
+    if why is None and fam == "deepseek_v3" and ckpt_or_freeze:
+        why = "DeepSeek-V3 with checkpointing or freezing (its dense and MoE layers differ)"
     if why is None:
         return ()
     return (
