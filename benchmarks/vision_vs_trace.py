@@ -90,11 +90,12 @@ def row(method: str, ckpt: bool, image_tokens: int, seq: int, text_layers: int) 
     fv = {p: _device(formula, p, ("activations.vision",)) for p in PHASES}
     tv = {p: t[p] - _device(traced_text, p) for p in PHASES}
     worst = max(PHASES, key=lambda p: abs(f[p] - t[p]) / max(t[p], 1))
+    errors = "/".join(f"{(f[p] - t[p]) / max(t[p], 1):+.2%}" for p in PHASES)
     worst_v = max(PHASES, key=lambda p: abs(fv[p] - tv[p]))
     return {
         "method": method, "ckpt": ckpt, "image_tokens": image_tokens, "seq": seq,
         "formula": f[worst], "trace": t[worst], "error": (f[worst] - t[worst]) / max(t[worst], 1),
-        "phase": worst.value, "vision_formula": fv[worst_v], "vision_trace": tv[worst_v],
+        "phase": worst.value, "errors": errors, "vision_formula": fv[worst_v], "vision_trace": tv[worst_v],
         "vision_phase": worst_v.value, "seconds": seconds,
     }
 
@@ -110,14 +111,14 @@ def main() -> None:
     gib = 1024**3
     print(f"Qwen2.5-VL-7B, {args.text_layers} text layers + 32 vision blocks, bf16, SDPA, 1 x {args.seq} tokens")
     print(f"{'method':16} {'ckpt':5} {'patches':>7} | {'formula':>9} {'trace':>9} {'error':>8} {'phase':18} | "
-          f"{'vision f':>9} {'vision t':>9} {'v.error':>8} | {'s':>5}")
+          f"{'fwd/bwd-start/bwd errors':26} | {'vision f':>9} {'vision t':>9} {'v.error':>8} | {'s':>5}")
     for method in args.methods:
         for ckpt in (False, True):
             for n in args.image_tokens:
                 r = row(method, ckpt, n, args.seq, args.text_layers)
                 ve = (r["vision_formula"] - r["vision_trace"]) / max(r["vision_trace"], 1)
-                print(f"{method:16} {str(ckpt):5} {n:7d} | {r['formula'] / gib:9.3f} {r['trace'] / gib:9.3f} "
-                      f"{r['error']:+8.2%} {r['phase']:18} | {r['vision_formula'] / gib:9.3f} "
+                print(f"{method:16} {ckpt!s:5} {n:7d} | {r['formula'] / gib:9.3f} {r['trace'] / gib:9.3f} "
+                      f"{r['error']:+8.2%} {r['phase']:18} {r['errors']:26} | {r['vision_formula'] / gib:9.3f} "
                       f"{r['vision_trace'] / gib:9.3f} {ve:+8.2%} | {r['seconds']:5.1f}", flush=True)
 
 

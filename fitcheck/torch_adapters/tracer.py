@@ -205,8 +205,8 @@ def trace_step(
     """
     import torch
 
-    from fitcheck.torch_adapters.tracer_build import build_model, config_layers, reduced_config
     from fitcheck.torch_adapters.trace_inputs_vlm import check_traceable, image_inputs, image_metadata_constants
+    from fitcheck.torch_adapters.tracer_build import build_model, config_layers, reduced_config
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder
 
     start = time.perf_counter()
