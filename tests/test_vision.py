@@ -78,8 +78,17 @@ def _tiny_spec(cfg: dict[str, object], image_tokens: int, lora: object, ckpt: bo
     import dataclasses
 
     from fitcheck.readers import with_task
-    from fitcheck.spec import (ActivationSpec, BatchSpec, DeviceType, Dtype, HardwareSpec, MixedPrecision,
-                               OptimizerSpec, PrecisionSpec, TrainingSpec)
+    from fitcheck.spec import (
+        ActivationSpec,
+        BatchSpec,
+        DeviceType,
+        Dtype,
+        HardwareSpec,
+        MixedPrecision,
+        OptimizerSpec,
+        PrecisionSpec,
+        TrainingSpec,
+    )
     from fitcheck.torch_adapters.meta_device import meta_inventory
 
     inv = with_task(meta_inventory(cfg, "tiny-vl", "test", "image-text-to-text"), "image-text-to-text", 0)
