@@ -33,7 +33,7 @@ from fitcheck.spec import TrainingSpec
 from fitcheck.units import format_bytes
 
 # Warnings the formulas raise about themselves (activations/recent.py, activations/backward.py)
-_FORMULA_UNPINNED = frozenset({"activations-not-pinned", "backward-not-pinned"})
+_FORMULA_UNPINNED = frozenset({"activations-not-pinned", "backward-not-pinned", "vision-not-pinned"})
 
 _SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 

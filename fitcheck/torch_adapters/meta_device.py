@@ -253,12 +253,16 @@ def _collapse(model: Any) -> tuple[list[ParamEntry], int]:
 def _shape(model: Any, config: Mapping[str, object], layers_seen: int) -> ModelShape:
     cfg = model.config
     view = ConfigView(config)
+    # composite (vision-language) configs keep the language model's widths in text_config (transformers 5.23
+    # configuration_utils.py get_text_config; Qwen2_5_VLConfig has no top-level num_attention_heads)
+    text = cfg.get_text_config(decoder=True)
 
     def attr(*names: str) -> int:
         for n in names:
-            value = getattr(cfg, n, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
+            for owner in (text, cfg):
+                value = getattr(owner, n, None)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
         return 0
 
     embed = model.get_input_embeddings()

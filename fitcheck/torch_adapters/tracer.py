@@ -176,6 +176,7 @@ def trace_step(
     task: str = "causal-lm",
     freeze: FreezeSpec | None = None,
     use_reentrant: bool = False,
+    image_tokens: int = 0,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -197,24 +198,27 @@ def trace_step(
         task: ``causal-lm``, ``seq-cls``, ``token-cls`` (the head and labels of that task).
         freeze: Partial training without PEFT (``fitcheck.torch_adapters.tracer_freeze``).
         use_reentrant: Reentrant activation checkpointing (``gradient_checkpointing_kwargs``).
+        image_tokens: Vision patches per sample of an ``image-text-to-text`` step (``trace_inputs_vlm``).
 
     Returns:
         The per-phase breakdown of the second step.
     """
     import torch
 
+    from fitcheck.torch_adapters.trace_inputs_vlm import check_traceable, image_inputs, image_metadata_constants
     from fitcheck.torch_adapters.tracer_build import build_model, config_layers, reduced_config
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder
 
     start = time.perf_counter()
     cfg = task_trace_config(reduced_config(config, num_layers), task)
     depth = config_layers(cfg)
+    check_traceable(cfg, image_tokens)
     if quant is not None and fake:
         from fitcheck.torch_adapters.tracer_patches import warm_bitsandbytes
 
         warm_bitsandbytes()
     torch.manual_seed(seed)
-    with _fake_mode(fake):
+    with _fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)):
         model = build_model(
             cfg,
             dtype=torch_dtype(dtype),
@@ -230,8 +234,9 @@ def trace_step(
         )
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_trainer_optimizer(optimizer, model)
-        vocab = int(model.config.vocab_size)
+        vocab = int(model.config.get_text_config(decoder=True).vocab_size)  # composite VLM configs nest it
         ids = torch.randint(0, vocab, (micro_batch, seq_len))
+        ids, images = image_inputs(model, ids, image_tokens)  # {} unless image-text-to-text with images
         rec = LiveTensorRecorder()
         rec.track(model.parameters())
         rec.track(model.buffers())
@@ -243,6 +248,7 @@ def trace_step(
             rec.track(quant_meta)
         labels = task_labels(model, ids, task)
         rec.track([ids] if labels is ids else [ids, labels])
+        rec.track(images.values())
         head = task_head(model)
         autocast = mixed_precision in ("bf16", "fp16")
         ac_dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
@@ -254,7 +260,7 @@ def trace_step(
                 rec.enter_region("forward" + suffix)
                 ctx = torch.autocast("cpu", dtype=ac_dtype) if autocast else contextlib.nullcontext()
                 with ctx:
-                    loss = _loss(model, ids, labels)
+                    loss = _loss(model, ids, labels, images)
                 rec.enter_region("backward_start" + suffix)
                 loss.backward()
                 del loss
@@ -274,7 +280,7 @@ def trace_step(
                     param_serials = {rec.serial(p) for p in model.parameters()} | {
                         rec.serial(b) for b in model.buffers()
                     } | {rec.serial(t) for t in quant_meta}
-                    ids_serials = {rec.serial(ids), rec.serial(labels)}
+                    ids_serials = {rec.serial(ids), rec.serial(labels)} | {rec.serial(t) for t in images.values()}
                 opt.zero_grad(set_to_none=True)
             rec.enter_region("done")
     final_grads = sum(rec.sizes[s] for s in grad_serials if s is not None)
@@ -334,9 +340,9 @@ def _grad_marker(rec: Any, region: str) -> Any:
     return hook
 
 
-def _loss(model: Any, ids: Any, labels: Any) -> Any:
+def _loss(model: Any, ids: Any, labels: Any, images: Mapping[str, Any] | None = None) -> Any:
     """Forward + loss as the Trainer's ``compute_loss`` does: the outputs are dropped, the loss kept."""
-    out = model(input_ids=ids, labels=labels, use_cache=False)
+    out = model(input_ids=ids, labels=labels, use_cache=False, **(images or {}))
     return out.loss
 
 
@@ -388,6 +394,7 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         "optimizer": spec.optimizer.name,
         "task": spec.model.shape.task,
         "freeze": spec.freeze,
+        "image_tokens": spec.model.shape.image_tokens if spec.model.shape.task == "image-text-to-text" else 0,
     }
 
 

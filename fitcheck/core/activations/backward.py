@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Phase
-from fitcheck.spec import AttnImpl, DeviceType, Kind, Role, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, Kind, ParamEntry, Role, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
 _LOSS_SCALARS = 8
@@ -84,6 +84,11 @@ class BackwardInputs:
     attention_moment: int | None = None  # i12moe: live bytes + produced gradients at an attention backward
 
 
+def _text_layer(p: ParamEntry) -> bool:
+    """A per-layer parameter of the language model (a vision-language model's vision blocks are per-layer too)."""
+    return p.per_layer and "visual" not in p.name and "vision" not in p.name
+
+
 def _trainable_full(spec: TrainingSpec) -> bool:
     return spec.lora is None and spec.quant is None and spec.freeze is None
 
@@ -95,7 +100,7 @@ def _param_bytes(spec: TrainingSpec) -> int:
 def _layer_grad(spec: TrainingSpec) -> int:
     if not _trainable_full(spec):
         return 0
-    return sum(p.numel_each for p in spec.model.params if p.per_layer) * _param_bytes(spec)
+    return sum(p.numel_each for p in spec.model.params if _text_layer(p)) * _param_bytes(spec)
 
 
 def _down_proj_numel(spec: TrainingSpec) -> int:
@@ -128,7 +133,7 @@ def _layer_cast(spec: TrainingSpec) -> int:
     if four_bit_lora(spec):
         return 2 * lora_layer_params(spec) // max(1, spec.model.shape.num_layers)
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
-    return 2 * sum(p.numel_each for p in spec.model.params if p.per_layer and p.kind in kinds)
+    return 2 * sum(p.numel_each for p in spec.model.params if _text_layer(p) and p.kind in kinds)
 
 
 def cuda_embedding_backward(spec: TrainingSpec) -> int:
@@ -221,7 +226,7 @@ def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:
     fz = spec.freeze
     top_trained = fz is not None and fz.trainable_layers is not None and (
         spec.model.shape.num_layers - 1 in fz.trainable_layers)
-    own = (sum(p.numel_each for p in spec.model.params if p.per_layer) - _down_proj_numel(spec)) * nbytes
+    own = (sum(p.numel_each for p in spec.model.params if _text_layer(p)) - _down_proj_numel(spec)) * nbytes
     return max(_all_grads(spec) - (own if top_trained else 0), 0)
 
 
@@ -244,7 +249,8 @@ def _all_grads(spec: TrainingSpec) -> int:
         return max(grads, 0)
     if not _trainable_full(spec):
         return 0
-    other = sum(p.numel for p in spec.model.params if not p.per_layer and p.role not in (Role.EMBEDDING, Role.LM_HEAD))
+    heads = (Role.EMBEDDING, Role.LM_HEAD)
+    other = sum(p.numel for p in spec.model.params if not _text_layer(p) and p.role not in heads)
     return spec.model.shape.num_layers * _layer_grad(spec) + g_head + g_emb + other * _param_bytes(spec)
 
 

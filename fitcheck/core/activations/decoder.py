@@ -546,7 +546,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         ))
     if spec.lora is not None and spec.lora.use_dora and not spec.quant:
         comps.append(_dora_component(spec, m, layers - n_ckpt, fwd_logits, (bq, head, end + recompute)))
-    comps.extend(vision_components(spec, layer_saved_per_token))  # image-text-to-text (activations/vision.py)
+    comps.extend(vision_components(spec, bq, head))  # image-text-to-text (activations/vision.py)
     if m.autocast or (m.amp and spec.lora is not None):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
         cache += embedding_cast_cached(spec, m.autocast)  # OLMo-2 + LoRA + checkpointing (olmo2_gpt_oss.py)
