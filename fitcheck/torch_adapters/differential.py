@@ -49,7 +49,7 @@ FAMILY_MODELS: dict[str, str] = {
     "falcon": "tiiuae/falcon-7b",
     "bloom": "bigscience/bloomz-7b1",
 }
-METHODS = ("full", "lora", "qlora", "int8", "dora", "freeze")
+METHODS = ("full", "lora", "qlora", "int8", "dora", "freeze", "qlora_noprep")
 PRECISIONS = ("bf16", "autocast", "fp32")
 PHASES = (Phase.FORWARD_END, Phase.BACKWARD_START, Phase.BACKWARD)
 # TRL ModelConfig defaults (lora_r 16, alpha 32, dropout 0.05) on every linear layer
@@ -67,7 +67,8 @@ class Cell:
     Attributes:
         family: Key of ``FAMILY_MODELS``.
         method: ``full`` / ``lora`` / ``qlora`` / ``int8`` / ``dora`` / ``freeze`` (last layer trained, the rest
-            frozen, at ``FREEZE_DEPTH`` layers).
+            frozen, at ``FREEZE_DEPTH`` layers) / ``qlora_noprep`` (QLoRA without peft's k-bit preparation, as
+            TRL 1.16 runs it).
         ckpt: Gradient checkpointing.
         attn: ``sdpa`` / ``eager``.
         precision: ``bf16`` (16-bit model, no autocast), ``autocast`` (bf16 autocast over an fp32 model; for
@@ -131,7 +132,7 @@ def cell_spec(cell: Cell, config: dict[str, object] | None = None) -> TrainingSp
                 cfg[key] = FREEZE_DEPTH
         if isinstance(cfg.get("layer_types"), list):
             cfg["layer_types"] = list(cfg["layer_types"])[:FREEZE_DEPTH]  # type: ignore[call-overload]
-    quantized = cell.method in ("qlora", "int8")
+    quantized = cell.method in ("qlora", "int8", "qlora_noprep")
     if cell.precision == "autocast":
         precision = PrecisionSpec(Dtype.BFLOAT16 if quantized else Dtype.FLOAT32, MixedPrecision.BF16)
     elif cell.precision == "fp32":
@@ -139,11 +140,13 @@ def cell_spec(cell: Cell, config: dict[str, object] | None = None) -> TrainingSp
     else:
         precision = PrecisionSpec(Dtype.BFLOAT16, MixedPrecision.NO)
     lora: LoraSpec | None = None
-    if cell.method in ("lora", "qlora", "int8"):
+    if cell.method in ("lora", "qlora", "int8", "qlora_noprep"):
         lora = _LORA
     elif cell.method == "dora":
         lora = dataclasses.replace(_LORA, use_dora=True)
     quant = _NF4 if cell.method == "qlora" else QuantSpec(bits=8) if cell.method == "int8" else None
+    if cell.method == "qlora_noprep":  # TRL 1.16 never calls prepare_model_for_kbit_training
+        quant = dataclasses.replace(_NF4, prepare_for_kbit_training=False)
     freeze = FreezeSpec(trainable=("*",), trainable_layers=(FREEZE_DEPTH - 1,)) if cell.method == "freeze" else None
     return TrainingSpec(
         model=inventory_from_config(cfg, FAMILY_MODELS[cell.family], "fitcheck/catalog"),

@@ -36,6 +36,7 @@ from fitcheck.core.activations.heads import (
     classifier_head_backward,
     classifier_logits,
 )
+from fitcheck.core.activations.qlora16 import qlora16_applies, qlora16_backward_working_set
 from fitcheck.core.activations.qlora import (
     four_bit_lora,
     kbit_upcast,
@@ -434,6 +435,9 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     recompute, moment = backward_transient(spec, bq, head)
     if n_ckpt and qlora_formula_applies(spec):  # peak in the first recomputed layer: every checkpoint still held
         end, recompute = kept, layer + scores + qlora_backward_working_set(spec) * b * s
+        moment = "first recomputed layer"
+    elif n_ckpt and qlora16_applies(spec):  # the same, 16-bit working set (activations/qlora16.py)
+        end, recompute = kept, layer + scores + qlora16_backward_working_set(spec) * b * s
         moment = "first recomputed layer"
     ids = b * s * 8
     detail = f"{per_token} B/token/layer x {b}x{s} tokens x {layers - n_ckpt} layers"

@@ -12,6 +12,7 @@ report ``pinned=False`` with a WARNING, and the CLI traces instead when torch is
 from __future__ import annotations
 
 from fitcheck.core.activations.freeze import layer_granular
+from fitcheck.core.activations.qlora import kbit_upcast
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import AttnImpl, Dtype, MixedPrecision, TrainingSpec
 
@@ -303,8 +304,10 @@ def method_of(spec: TrainingSpec) -> str | None:
                              or lora.rank_pattern or lora.target_regex):
         return None  # adapters on fused experts, trained copies, per-layer subsets: not in the grid
     if quant is not None:
-        if lora is None or lora.use_dora or not quant.prepare_for_kbit_training:
+        if lora is None or lora.use_dora:
             return None
+        if not kbit_upcast(spec):  # no k-bit preparation on a 16-bit load (activations/qlora16.py)
+            return "qlora_noprep" if quant.bits == 4 and not quant.pre_quantized else None
         return "qlora" if quant.bits == 4 else "int8"
     if lora is not None:
         return "dora" if lora.use_dora else "lora"
