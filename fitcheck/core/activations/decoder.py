@@ -36,7 +36,6 @@ from fitcheck.core.activations.heads import (
     classifier_head_backward,
     classifier_logits,
 )
-from fitcheck.core.activations.qlora16 import qlora16_applies, qlora16_backward_working_set
 from fitcheck.core.activations.qlora import (
     four_bit_lora,
     kbit_upcast,
@@ -47,6 +46,7 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
+from fitcheck.core.activations.qlora16 import qlora16_applies, qlora16_backward_working_set
 from fitcheck.core.activations.recent import eager_scores, qk_norm_outside, qk_norm_saved, recent_family_findings
 from fitcheck.core.activations.versions import legacy_logits_extra
 from fitcheck.core.activations.vision import vision_components, vision_findings

@@ -295,6 +295,36 @@ CHECKED: frozenset[EnvelopeKey] = frozenset({
 })
 
 
+# branch i12place: QLoRA without peft's k-bit preparation (TRL 1.16's trainers; activations/qlora16.py), cells
+# within 2 % in `benchmarks/formula_vs_trace.py llama qwen2 mistral gemma qlora_noprep` (2026-11-23, 48 cells;
+# fp32 loads are the prepared step, keyed "qlora"). Outside: 16-bit checkpointed cells at 1-2k tokens (+2.1 to
+# +3.0 %: a per-layer constant of the recomputed layer not modelled) and Mistral/Gemma eager + checkpointing.
+CHECKED = CHECKED | frozenset({
+    ('gemma', 'qlora_noprep', False, 'eager', 'autocast'),
+    ('gemma', 'qlora_noprep', False, 'eager', 'bf16'),
+    ('gemma', 'qlora_noprep', False, 'sdpa', 'autocast'),
+    ('gemma', 'qlora_noprep', False, 'sdpa', 'bf16'),
+    ('gemma', 'qlora_noprep', True, 'sdpa', 'autocast'),
+    ('llama', 'qlora_noprep', False, 'eager', 'autocast'),
+    ('llama', 'qlora_noprep', False, 'eager', 'bf16'),
+    ('llama', 'qlora_noprep', False, 'sdpa', 'autocast'),
+    ('llama', 'qlora_noprep', False, 'sdpa', 'bf16'),
+    ('llama', 'qlora_noprep', True, 'eager', 'autocast'),
+    ('llama', 'qlora_noprep', True, 'sdpa', 'autocast'),
+    ('mistral', 'qlora_noprep', False, 'eager', 'autocast'),
+    ('mistral', 'qlora_noprep', False, 'eager', 'bf16'),
+    ('mistral', 'qlora_noprep', False, 'sdpa', 'autocast'),
+    ('mistral', 'qlora_noprep', False, 'sdpa', 'bf16'),
+    ('mistral', 'qlora_noprep', True, 'sdpa', 'autocast'),
+    ('qwen2', 'qlora_noprep', False, 'eager', 'autocast'),
+    ('qwen2', 'qlora_noprep', False, 'eager', 'bf16'),
+    ('qwen2', 'qlora_noprep', False, 'sdpa', 'autocast'),
+    ('qwen2', 'qlora_noprep', False, 'sdpa', 'bf16'),
+    ('qwen2', 'qlora_noprep', True, 'eager', 'autocast'),
+    ('qwen2', 'qlora_noprep', True, 'sdpa', 'autocast'),
+})
+
+
 def method_of(spec: TrainingSpec) -> str | None:
     """The grid's method name of a spec (None: a kind of run the grid does not cover)."""
     lora, quant, freeze = spec.lora, spec.quant, spec.freeze
