@@ -116,3 +116,17 @@ def test_compressed_tensors_int4_is_refused(tmp_path: Path, capsys: pytest.Captu
     assert code == 2
     assert "compressed-tensors 4-bit integer weights" in err and "pack-quantized" in err
     assert "Traceback" not in err
+
+
+def test_trl_casts_a_quantized_models_adapters_to_bf16() -> None:
+    plain, _ = _spec({**QLORA, "prepare_for_kbit_training": False})
+    sft, _ = _spec({**QLORA, "trainer": "sft", "max_seq_length": 2048})
+    from fitcheck.report import Phase
+
+    def at_step(spec):  # type: ignore[no-untyped-def]
+        return {c.name: c.at(Phase.OPTIMIZER_STEP) for c in estimate(spec).components}
+
+    a_plain, a_sft = at_step(plain), at_step(sft)
+    assert a_sft["adapters.lora"] * 2 == a_plain["adapters.lora"]  # bf16 vs peft's fp32
+    assert a_sft["gradients"] * 2 == a_plain["gradients"]
+    assert a_sft["optimizer.states"] * 2 == a_plain["optimizer.states"]  # AdamW states zeros_like the param

@@ -552,7 +552,10 @@ def _autocast_cache(spec: TrainingSpec) -> int:
     from fitcheck.spec import Kind
 
     if four_bit_lora(spec):  # 4-bit matmuls are no autocast ops: only the LoRA weights are cached
-        return 2 * lora_layer_params(spec)
+        from fitcheck.core.states import trl_bf16_trainables
+
+        # TRL's bf16 adapters: a cast to their own dtype is a no-op, nothing cached (core/states/trl_adapters.py)
+        return 0 if trl_bf16_trainables(spec) else 2 * lora_layer_params(spec)
     if spec.quant is not None and spec.quant.bits == 8 and spec.lora is not None:
         # bitsandbytes 0.50.2 nn/modules.py Linear8bitLt.forward -> bnb.matmul -> MatMul8bitLt (autograd/
         # _functions.py): a custom Function running int8 ops, no autocast op: int8 weights are never cast
