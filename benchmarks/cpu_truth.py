@@ -75,6 +75,8 @@ class Row:
 ALL_LINEAR = LoraSpec(r=16, alpha=32, target_modules=("all-linear",))
 TRL_LORA = LoraSpec(r=16, alpha=32, dropout=0.05, target_modules=("all-linear",))  # TRL ModelConfig defaults
 NF4_DQ_BF16 = QuantSpec(quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16)
+NF4_NOPREP = QuantSpec(quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16,
+                       prepare_for_kbit_training=False)
 # layers 2-3 with the final norm and the head trained; embeddings and layers 0-1 frozen
 LAYERS_ONLY = FreezeSpec(trainable=("model.layers.*", "model.norm.weight", "lm_head.weight"), trainable_layers=(2, 3))
 ROWS: tuple[Row, ...] = (
@@ -98,6 +100,11 @@ ROWS: tuple[Row, ...] = (
     # issue 10: QLoRA without checkpointing under bf16 autocast (TRL --bf16), SDPA and eager
     Row("llama QLoRA nf4 bf16 autocast", LLAMA, mp="bf16", lora=TRL_LORA, quant=NF4_DQ_BF16),
     Row("qwen2 QLoRA nf4 autocast eager", QWEN2, mp="bf16", attn="eager", lora=TRL_LORA, quant=NF4_DQ_BF16),
+    # issue 12 (branch i12place): QLoRA WITHOUT prepare_model_for_kbit_training, as TRL 1.16's SFTTrainer runs it
+    # (norms, embeddings and head stay bf16; activations/qlora16.py)
+    Row("llama QLoRA nf4 no-prep bf16 ckpt", LLAMA, ckpt=True, lora=TRL_LORA, quant=NF4_NOPREP),
+    Row("llama QLoRA nf4 no-prep autocast ckpt", LLAMA, mp="bf16", ckpt=True, lora=TRL_LORA, quant=NF4_NOPREP),
+    Row("qwen2 QLoRA nf4 no-prep autocast", QWEN2, mp="bf16", lora=TRL_LORA, quant=NF4_NOPREP),
     # issue 10: partial freezing by layers (--trainable_layers): embeddings trained, or frozen with them
     Row("llama bf16 freeze last layer", LLAMA, freeze=FreezeSpec(trainable=("*",), trainable_layers=(3,))),
     Row("llama bf16 freeze emb frozen", LLAMA, freeze=LAYERS_ONLY),

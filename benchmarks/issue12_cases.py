@@ -119,18 +119,25 @@ def gpt_oss() -> list[str]:
 
 
 def llama70b() -> list[str]:
-    out = run("--model_name_or_path", "meta-llama/Meta-Llama-3-70B", "--load_in_4bit", "--bnb_4bit_quant_type",
-              "nf4", "--bnb_4bit_compute_dtype", "bfloat16", "--use_bnb_nested_quant", "--dtype", "bfloat16",
-              "--bf16", "--use_peft", "--lora_target_modules", "all-linear", "--lora_r", "16",
-              "--gradient_checkpointing", "--per_device_train_batch_size", "1", "--max_seq_length", "512",
-              "--gpu", "RTX4090-24GB", "--device_map", "auto", "--max_memory", "0=22GiB,1=22GiB,cpu=200GiB")
     rows = []
-    for g in out["device_map_gpus"]:
-        rows.append(f"Llama-3-70B QLoRA 2x24GB device_map auto, 1x512 | GPU {g['device']} layers {g['layers']}"
-                    f"{' + head' if g['holds_head'] else ''} | weights {g['weights_bytes'] / GIB:.2f} GiB, peak "
-                    f"{g['peak_allocated_bytes'] / GIB:.2f} GiB, used {g['device_used_bytes'] / GIB:.2f} of "
-                    f"{g['budget_bytes'] / GIB:.0f} GiB ({g['peak_phase']}), fits={g['fits']}")
-    rows.append(f"  headline (busiest GPU): {top(out)}; verdict fits={out['fits']}")
+    # the plain Trainer with peft's prepare_model_for_kbit_training (fp32 norms/embeddings/head, fp32 adapters) vs
+    # TRL 1.16 SFTTrainer defaults (no k-bit preparation, bf16 adapters); 22 GiB reserved per card, or the whole
+    # 24 GB card (22.35 GiB)
+    for label, extra in (("Trainer + kbit prep", ()), ("TRL SFT defaults", ("--trainer", "sft"))):
+        for budget in ("22GiB", "24GB"):
+            out = run("--model_name_or_path", "meta-llama/Meta-Llama-3-70B", "--load_in_4bit", "--bnb_4bit_quant_type",
+                      "nf4", "--bnb_4bit_compute_dtype", "bfloat16", "--use_bnb_nested_quant", "--dtype", "bfloat16",
+                      "--bf16", "--use_peft", "--lora_target_modules", "all-linear", "--lora_r", "16",
+                      "--gradient_checkpointing", "--per_device_train_batch_size", "1", "--max_seq_length", "512",
+                      "--gpu", "RTX4090-24GB", "--device_map", "auto",
+                      "--max_memory", f"0={budget},1={budget},cpu=200GiB", *extra)
+            for g in out["device_map_gpus"]:
+                rows.append(f"Llama-3-70B QLoRA 2x24GB auto, 1x512, {label}, max_memory {budget} | GPU {g['device']} "
+                            f"layers {g['layers']}{' + head' if g['holds_head'] else ''} | weights "
+                            f"{g['weights_bytes'] / GIB:.2f} GiB, peak {g['peak_allocated_bytes'] / GIB:.2f} GiB, used "
+                            f"{g['device_used_bytes'] / GIB:.2f} of {g['budget_bytes'] / GIB:.2f} GiB "
+                            f"({g['peak_phase']}), fits={g['fits']}")
+            rows.append(f"  headline (busiest GPU): {top(out)}; verdict fits={out['fits']}")
     return rows
 
 

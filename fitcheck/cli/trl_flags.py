@@ -112,6 +112,10 @@ def split_trl_values(values: Mapping[str, object]) -> tuple[dict[str, object], d
     for key in ("gradient_checkpointing", "bf16"):
         if key not in rest and not (key == "bf16" and "fp16" in rest):
             rest[key] = defaults[key]
+    if "prepare_for_kbit_training" not in rest:
+        # TRL 1.16's trainers never call peft's prepare_model_for_kbit_training (trl/trainer/sft_trainer.py,
+        # dpo_trainer.py, grpo_trainer.py, reward_trainer.py build the PEFT model with get_peft_model only)
+        rest["prepare_for_kbit_training"] = False
     if "max_length" in defaults and "max_seq_length" not in rest:
         rest["max_seq_length"] = defaults["max_length"]
     if kind is TrainerKind.DPO and "max_prompt_length" in trl and "max_completion_length" in trl:
@@ -126,14 +130,28 @@ def split_trl_values(values: Mapping[str, object]) -> tuple[dict[str, object], d
     return rest, trl
 
 
+def _kbit_note(spec: TrainingSpec, kind: TrainerKind) -> tuple[str, ...]:
+    """The assumption about peft's ``prepare_model_for_kbit_training`` for a bitsandbytes base (branch i12place)."""
+    quant = spec.quant
+    if quant is None or quant.pre_quantized:
+        return ()
+    if quant.prepare_for_kbit_training:
+        return ("prepare_model_for_kbit_training assumed (peft's QLoRA recipe): non-quantized 16-bit parameters "
+                "are fp32; pass --prepare_kbit_training false if the script does not call it",)
+    who = "TRL 1.16 never calls it" if kind is not TrainerKind.TRAINER else "as given"
+    return (f"no prepare_model_for_kbit_training ({who}): norms, embeddings and LM head stay "
+            f"{spec.precision.load_dtype.value}",)
+
+
 def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[TrainingSpec, tuple[str, ...]]:
     """The spec with ``spec.trainer`` set from the TRL flags (defaults from :data:`TRL_DEFAULTS`)."""
     kind = trainer_kind(trl)
     evaluation = _eval_fields(trl)
+    kbit = _kbit_note(spec, kind)
     if kind is TrainerKind.TRAINER:
         if not evaluation:
-            return spec, ()
-        return dataclasses.replace(spec, trainer=TrainerSpec(**evaluation)), ()  # type: ignore[arg-type]
+            return spec, kbit
+        return dataclasses.replace(spec, trainer=TrainerSpec(**evaluation)), kbit  # type: ignore[arg-type]
     d = TRL_DEFAULTS[kind]
     if kind in (TrainerKind.SFT, TrainerKind.DPO, TrainerKind.GRPO) and spec.activations.loss != "torch":
         # TRL 1.16 computes these losses with its own chunked LM head (trl/kernels/chunked_logprob.py); a
@@ -148,7 +166,7 @@ def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[Traini
         return trl.get(name, d.get(name))
 
     seq = spec.batch.seq_len
-    notes = [f"--trainer {kind.value}: TRL 1.16 {kind.value.upper()}Config defaults for absent flags "
+    notes = [*kbit, f"--trainer {kind.value}: TRL 1.16 {kind.value.upper()}Config defaults for absent flags "
              "(gradient_checkpointing true, bf16 true" + (", max_length 1024)" if "max_length" in d else ")")]
     if kind is TrainerKind.SFT:
         t = TrainerSpec(kind=kind, packing=_bool("packing", get("packing")),

@@ -52,6 +52,28 @@ def _not_modelled(method: str, why: str, source: str) -> Finding:
     )
 
 
+def _ct_int_refusal(w: Mapping[str, object], raw: Mapping[str, object], source: str) -> str:
+    """Why integer compressed-tensors weights (pack-quantized int4, W4A16/W8A16) are refused (branch i12place).
+
+    The checkpoint layout is known (compressed-tensors ``compressors/quantized_compressors/pack_quantized.py``
+    ``compression_param_info``: ``weight_packed`` int32 ``[out, ceil(in·bits/32)]``, ``weight_shape``, a
+    ``weight_scale`` per group, ``weight_zero_point`` int32 ``[ceil(out·bits/32), in/group]`` when asymmetric,
+    ``weight_g_idx`` with group act-order), but what stays resident while training is not: transformers 5.23
+    ``quantizers/quantizer_compressed_tensors.py`` either dequantizes at load (``dequantize=True``) or leaves the
+    weights packed "and lets compressed-tensors decompress them on the first forward pass", which the installed
+    stack does not include (compressed-tensors is not installed), so neither the packed nor the dense size can
+    be checked.
+    """
+    fmt = raw.get("format") or "?"
+    return (
+        f"{where(source, 'config_groups')}: compressed-tensors {w.get('num_bits')}-bit integer weights (format "
+        f"{fmt}, group_size {w.get('group_size')}, symmetric {w.get('symmetric')}) are not modelled: transformers "
+        "5.23 decompresses them through compressed-tensors on the first forward pass (or at load with "
+        "CompressedTensorsConfig(dequantize=True)), and what that keeps resident is not pinned. Estimate the "
+        "unquantized base model instead (its dense weights are the upper bound), or a GPTQ/AWQ export of it"
+    )
+
+
 def _compressed_tensors(raw: Mapping[str, object], source: str) -> QuantSpec | Finding:
     groups = raw.get("config_groups")
     found: list[Mapping[str, object]] = []
@@ -63,6 +85,8 @@ def _compressed_tensors(raw: Mapping[str, object], source: str) -> QuantSpec | F
     if not found:
         return _not_modelled("compressed-tensors", "no config_groups weights", source)
     w = found[0]
+    if w.get("type") == "int":
+        raise ConfigError(_ct_int_refusal(w, raw, source))
     if w.get("num_bits") != 8 or w.get("type") != "float":
         return _not_modelled("compressed-tensors", f"{w.get('num_bits')}-bit {w.get('type')} weights", source)
     strategy = str(w.get("strategy") or "tensor")

@@ -247,7 +247,13 @@ SETTINGS: dict[str, Setting] = {
                                       choice=Choice(_dtype, "bfloat16, float16, float32")),
     "llm_int8_skip_modules": Setting(N, "modules kept unquantized"),
     "bnb_4bit_blocksize": Setting(P),
-    "prepare_for_kbit_training": Setting(B),
+    # branch i12place: peft prepare_model_for_kbit_training as a flag (default: the trainer's; cli/trl_flags.py)
+    "prepare_for_kbit_training": Setting(
+        B, "peft prepare_model_for_kbit_training on the quantized base: non-quantized 16-bit parameters (norms, "
+        "embeddings, LM head) cast to fp32 (default true for --trainer trainer, as peft's QLoRA recipes; false for "
+        "TRL trainers, which never call it in TRL 1.16); alias --prepare_kbit_training",
+        (Alias("prepare_kbit_training", reach=_C),),
+    ),
     # partial training
     "trainable_parameters": Setting(
         N, "train only parameters matching these patterns (e.g. '*.mlp.gate.*'); layer index written as *"

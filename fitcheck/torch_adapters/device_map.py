@@ -117,7 +117,7 @@ def _torch_dtype(dtype: Dtype) -> Any:
 
 def _bnb_config(spec: TrainingSpec) -> Any:
     """The BitsAndBytesConfig for spec.quant (transformers' class), or None (also for pre-quantized GPTQ/AWQ/FP8
-    bases, which are placed at their 16-bit sizes: their quantizers need gptqmodel/kernels to build)."""
+    bases, which are sized by ``device_map_prequant.PackedSizes``: their quantizers need gptqmodel/kernels)."""
     if spec.quant is None or spec.quant.method != "bitsandbytes":
         return None
     from transformers import BitsAndBytesConfig
@@ -176,6 +176,10 @@ def build_meta_model(spec: TrainingSpec) -> tuple[Any, Any]:
             quantizer.preprocess_model(
                 model=model, dtype=dtype, device_map="auto", checkpoint_files=None, use_kernels=False
             )
+    if quantizer is None:  # GPTQ / AWQ / FP8: placed at their packed bytes (device_map_prequant.py)
+        from fitcheck.torch_adapters.device_map_prequant import packed_sizes
+
+        quantizer = packed_sizes(spec)
     return model, quantizer
 
 
@@ -395,7 +399,8 @@ def _placement_from_map(
             size = quantizer.param_element_size(model, pname, param) if quantizer is not None else None
             off_bytes += int(param.numel() * (size if size is not None else param.element_size()))
     q_error = None
-    if quantizer is not None and any(d in OFFLOAD_DEVICES for d in dm.values()) and set(dm.values()) != {"cpu"}:
+    bnb = quantizer is not None and hasattr(quantizer, "quantization_config")
+    if bnb and any(d in OFFLOAD_DEVICES for d in dm.values()) and set(dm.values()) != {"cpu"}:
         # transformers quantizers/quantizer_bnb_4bit.py validate_environment raises this for such a map.
         q_error = (
             "from_pretrained refuses this map for a bitsandbytes model: 'Some modules are dispatched on the CPU "

@@ -51,7 +51,7 @@ FAMILY_MODELS: dict[str, str] = {
     "olmo2": "allenai/OLMo-2-1124-7B",  # issue 12 (branch i12pin)
     "gpt_oss": "openai/gpt-oss-20b",
 }
-METHODS = ("full", "lora", "qlora", "int8", "dora", "freeze")
+METHODS = ("full", "lora", "qlora", "int8", "dora", "freeze", "qlora_noprep")
 PRECISIONS = ("bf16", "autocast", "fp32")
 # bf16-loaded model + bf16 autocast (``torch_dtype=bfloat16`` and ``TrainingArguments(bf16=True)``): the usual LoRA
 # recipe. Only adapters differ from plain bf16 there (their fp32 weights are cast): run for LoRA and DoRA only.
@@ -73,7 +73,8 @@ class Cell:
     Attributes:
         family: Key of ``FAMILY_MODELS``.
         method: ``full`` / ``lora`` / ``qlora`` / ``int8`` / ``dora`` / ``freeze`` (last layer trained, the rest
-            frozen, at ``FREEZE_DEPTH`` layers).
+            frozen, at ``FREEZE_DEPTH`` layers) / ``qlora_noprep`` (QLoRA without peft's k-bit preparation, as
+            TRL 1.16 runs it).
         ckpt: Gradient checkpointing.
         attn: ``sdpa`` / ``eager``.
         precision: ``bf16`` (16-bit model, no autocast), ``autocast`` (bf16 autocast over an fp32 model; for
@@ -137,7 +138,7 @@ def cell_spec(cell: Cell, config: dict[str, object] | None = None) -> TrainingSp
                 cfg[key] = FREEZE_DEPTH
         if isinstance(cfg.get("layer_types"), list):
             cfg["layer_types"] = list(cfg["layer_types"])[:FREEZE_DEPTH]  # type: ignore[call-overload]
-    quantized = cell.method in ("qlora", "int8")
+    quantized = cell.method in ("qlora", "int8", "qlora_noprep")
     if cell.precision == "bf16amp":
         precision = PrecisionSpec(Dtype.BFLOAT16, MixedPrecision.BF16)
     elif cell.precision == "autocast":
@@ -147,11 +148,13 @@ def cell_spec(cell: Cell, config: dict[str, object] | None = None) -> TrainingSp
     else:
         precision = PrecisionSpec(Dtype.BFLOAT16, MixedPrecision.NO)
     lora: LoraSpec | None = None
-    if cell.method in ("lora", "qlora", "int8"):
+    if cell.method in ("lora", "qlora", "int8", "qlora_noprep"):
         lora = _LORA
     elif cell.method == "dora":
         lora = dataclasses.replace(_LORA, use_dora=True)
     quant = _NF4 if cell.method == "qlora" else QuantSpec(bits=8) if cell.method == "int8" else None
+    if cell.method == "qlora_noprep":  # TRL 1.16 never calls prepare_model_for_kbit_training
+        quant = dataclasses.replace(_NF4, prepare_for_kbit_training=False)
     freeze = FreezeSpec(trainable=("*",), trainable_layers=(FREEZE_DEPTH - 1,)) if cell.method == "freeze" else None
     return TrainingSpec(
         model=inventory_from_config(cfg, FAMILY_MODELS[cell.family], "fitcheck/catalog"),

@@ -71,6 +71,7 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
+from fitcheck.core.activations.qlora16 import qlora16_applies, qlora16_backward_working_set
 from fitcheck.core.activations.recent import eager_scores, qk_norm_outside, qk_norm_saved, recent_family_findings
 from fitcheck.core.activations.versions import legacy_logits_extra
 from fitcheck.core.activations.vision import vision_components, vision_findings
@@ -511,6 +512,9 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     if n_ckpt and qlora_formula_applies(spec):  # peak in the first recomputed layer: every checkpoint still held
         end, recompute = kept, layer + scores + qlora_backward_working_set(spec) * b * s
         moment = "first recomputed layer"
+    elif n_ckpt and qlora16_applies(spec):  # the same, 16-bit working set (activations/qlora16.py)
+        end, recompute = kept, layer + scores + qlora16_backward_working_set(spec) * b * s
+        moment = "first recomputed layer"
     ids = b * s * 8
     detail = f"{per_token} B/token/layer x {b}x{s} tokens x {layers - n_ckpt} layers"
     fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
@@ -628,7 +632,10 @@ def _autocast_cache(spec: TrainingSpec) -> int:
     from fitcheck.spec import Kind
 
     if four_bit_lora(spec):  # 4-bit matmuls are no autocast ops: only the LoRA weights are cached
-        return 2 * lora_layer_params(spec)
+        from fitcheck.core.states import trl_bf16_trainables
+
+        # TRL's bf16 adapters: a cast to their own dtype is a no-op, nothing cached (core/states/trl_adapters.py)
+        return 0 if trl_bf16_trainables(spec) else 2 * lora_layer_params(spec)
     if spec.quant is not None and spec.quant.bits == 8 and spec.lora is not None:
         # bitsandbytes 0.50.2 nn/modules.py Linear8bitLt.forward -> bnb.matmul -> MatMul8bitLt (autograd/
         # _functions.py): a custom Function running int8 ops, no autocast op: int8 weights are never cast

@@ -23,7 +23,7 @@ cache.
 
 from __future__ import annotations
 
-from fitcheck.spec import LoraSpec, MixedPrecision, TrainingSpec
+from fitcheck.spec import Dtype, LoraSpec, MixedPrecision, TrainingSpec
 
 # Families whose decoder layer is the Llama one (q/k/v/o, gate/up/down, RMSNorm): traced for QLoRA.
 QLORA_FAMILIES = frozenset({"llama", "mistral", "qwen2", "gemma"})
@@ -33,9 +33,12 @@ _ALL = (*_QKV, "o_proj", *_GATE_UP, "down_proj")
 
 
 def kbit_upcast(spec: TrainingSpec) -> bool:
-    """True when peft's k-bit preparation makes every non-quantized parameter, hence the activations, fp32."""
+    """True when every non-quantized parameter, hence the activations, is fp32: peft's k-bit preparation ran, or
+    the model was loaded in fp32 (then the preparation casts nothing: the same step)."""
     quant = spec.quant
-    return quant is not None and quant.prepare_for_kbit_training
+    if quant is None:
+        return False
+    return quant.prepare_for_kbit_training or spec.precision.load_dtype is Dtype.FLOAT32
 
 
 def qlora_formula_applies(spec: TrainingSpec) -> bool:

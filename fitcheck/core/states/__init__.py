@@ -27,6 +27,7 @@ from fitcheck.core.states.sharding import (
     partition,
 )
 from fitcheck.core.states.sharding_findings import sharding_findings
+from fitcheck.core.states.trl_adapters import trl_bf16_trainables
 
 __all__ = [
     "Layout",
@@ -54,4 +55,5 @@ __all__ = [
     "quantized_bytes",
     "sharding_findings",
     "trainable_params",
+    "trl_bf16_trainables",
 ]

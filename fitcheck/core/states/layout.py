@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from fitcheck.core.optimizers import OptimizerMemory, TensorGroup, optimizer_memory, trainer_decays
 from fitcheck.core.states.lora import LoraPlan, plan_lora
 from fitcheck.core.states.quantization import base_weights
+from fitcheck.core.states.trl_adapters import trl_bf16_trainables
 from fitcheck.spec import DeviceType, Dtype, Kind, MixedPrecision, ParamEntry, Strategy, TrainingSpec
 
 
@@ -122,16 +123,22 @@ def build_layout(spec: TrainingSpec) -> Layout:
         plan = plan_lora(spec)
         out.plan = plan
         adapter_dtype = cast or Dtype.FLOAT32  # peft autocast_adapter_dtype=True; DeepSpeed casts the module
+        trl_bf16 = trl_bf16_trainables(spec)  # TRL 1.16 casts a quantized model's trainables to bf16
+        if trl_bf16:
+            adapter_dtype = Dtype.BFLOAT16
         for t in plan.targets:
             name = t.entry.name.rsplit(".", 1)[0]
             out.adapters.append(TensorGroup(f"{name}.lora_A", t.lora_a_shape, adapter_dtype, t.layers))
             out.adapters.append(TensorGroup(f"{name}.lora_B", t.lora_b_shape, adapter_dtype, t.layers))
             if t.magnitude:
                 out.adapters.append(
-                    TensorGroup(f"{name}.lora_magnitude_vector", (t.magnitude,), adapter_dtype, t.layers)
+                    TensorGroup(f"{name}.lora_magnitude_vector", (t.magnitude,),
+                                (cast or Dtype.FLOAT32) if trl_bf16 else adapter_dtype, t.layers)
                 )
         for s in plan.saved:
             dtype = cast or base.dtype_of.get(s.entry.name, spec.precision.load_dtype)
+            if trl_bf16:
+                dtype = Dtype.BFLOAT16
             out.saved.append(_group(s.entry, dtype, s.entry.repeat, spec))
     return out
 
