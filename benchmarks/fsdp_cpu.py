@@ -170,7 +170,7 @@ def measure(mp: str, port: int = 29611, breakdown: bool = False) -> list[dict[st
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "peaks")
-        mp_.start_processes(_rank, args=(2, mp, out, port, breakdown), nprocs=2, join=True, start_method="spawn")
+        mp_.start_processes(_rank, args=(2, mp, out, port, breakdown), nprocs=2, join=True, start_method="fork")
         rows = []
         for rank in range(2):
             with open(f"{out}.{rank}", encoding="utf-8") as fh:
