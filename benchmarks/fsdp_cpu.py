@@ -41,7 +41,9 @@ def _recorder() -> Any:
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder, RegionStats
 
     class ShardRecorder(LiveTensorRecorder):
-        shapes: dict[int, str] = {}
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: dict[int, str] = {}
 
         def _add(self, t: Any) -> None:
             t = t._local_tensor if isinstance(t, DTensor) else t
@@ -155,9 +157,10 @@ def _rank(rank: int, world: int, mp: str, out: str, port: int, breakdown: bool =
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             rec.enter_region("done")
-        peaks = {r: rec.regions[f"{r}1"].peak for r in ("forward", "backward", "layers", "optimizer")}
+        regions = ("forward", "backward", "layers", "optimizer")
+        peaks = {r: rec.regions[f"{r}1"].peak for r in regions}
         if breakdown and rank == 0:
-            print("\n".join(_breakdown(rec, f"{r}1") for r in ("forward", "backward", "layers", "optimizer")), flush=True)
+            print("\n".join(_breakdown(rec, f"{r}1") for r in regions), flush=True)
         with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
             json.dump(peaks, fh)
     finally:

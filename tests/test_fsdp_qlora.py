@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fitcheck.cli.estimate import spec_from_values
 from fitcheck.core import estimate
 from fitcheck.core.states.fsdp_qlora import gathered_layer_bytes, load_peak, quant_placement
 from fitcheck.core.states.quantization import base_weights, quantized_bytes
@@ -22,7 +23,6 @@ from fitcheck.core.states.sharding import _compute_bytes, buffer_components, par
 from fitcheck.errors import ConfigError
 from fitcheck.readers.fsdp_config import fsdp_from_config
 from fitcheck.readers.model_config import inventory_from_config
-from fitcheck.cli.estimate import spec_from_values
 from fitcheck.report import Location, Phase
 from fitcheck.spec import (
     BatchSpec,

@@ -51,10 +51,7 @@ def fsdp2_components(spec: TrainingSpec, compute_bytes: int, unit_params: int, s
     fs = spec.sharding.fsdp
     reshard = fs.reshard_after_forward if fs is not None else True
     tail = _tail_params(spec) * compute_bytes
-    if is_fsdp_4bit(spec):
-        unit = gathered_layer_bytes(spec, compute_bytes)
-    else:
-        unit = unit_params * compute_bytes
+    unit = gathered_layer_bytes(spec, compute_bytes) if is_fsdp_4bit(spec) else unit_params * compute_bytes
     layers = sum(p.numel for p in spec.model.params if p.per_layer) * compute_bytes
     trained = trainable_params(spec) > 0 and spec.lora is None
     grads = 2 * unit_params * compute_bytes if trained else 0  # unsharded grads + reduce-scatter input
