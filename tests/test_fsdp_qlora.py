@@ -153,6 +153,12 @@ def test_offload_moves_the_packed_shard_to_host_and_keeps_the_state_on_gpu(llama
     report = estimate(qlora_spec(llama70b, offload=True))
     assert component(report, "weights.quantized").location is Location.HOST  # type: ignore[attr-defined]
     assert component(report, "quantization.metadata").location is Location.DEVICE  # type: ignore[attr-defined]
+    # FSDP parameter offload: parameters, adapters, gradients and optimizer states on host; on the GPU only the
+    # quantization state, the gathered units and the step's own tensors
+    on_gpu = {c.name for c in report.components if c.location is Location.DEVICE}
+    for name in ("weights.frozen", "adapters.lora", "gradients", "optimizer.states"):
+        assert name not in on_gpu and component(report, name).location is Location.HOST  # type: ignore[attr-defined]
+    assert "buffers.fsdp_unsharded_params" in on_gpu
 
 
 def test_uint8_storage_under_fsdp2_is_not_sharded(llama70b: ModelInventory) -> None:
