@@ -108,14 +108,16 @@ def test_real_params4bit_bf16_storage_bytes_and_state_outside_parameters() -> No
     assert [n for n, _ in lin.named_parameters()] == ["weight"] and not list(lin.named_buffers())
 
 
+@pytest.mark.slow
 def test_fsdp1_refuses_uint8_storage_for_real_and_fitcheck_says_so(llama70b: ModelInventory) -> None:
     """torch 2.13 FSDP1 (world size 1, gloo) cannot flatten a uint8-stored Params4bit; bf16 storage flattens."""
     code = textwrap.dedent(
         """
         import os, torch, torch.distributed as dist, bitsandbytes as bnb
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29677")
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        import tempfile
+        store = tempfile.mktemp()
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
         for storage in (torch.uint8, torch.bfloat16):
             lin = bnb.nn.Linear4bit(64, 64, bias=False, quant_storage=storage)
             lin.weight = bnb.nn.Params4bit(torch.randn(64, 64), requires_grad=False,
@@ -237,6 +239,6 @@ def test_real_fsdp2_step_on_cpu_matches_the_estimate() -> None:
     from benchmarks.fsdp_cpu import estimate_for, measure
 
     est = estimate_for("bf16").peak_allocated_bytes
-    for peaks in measure("bf16", 29655):
+    for peaks in measure("bf16"):
         real = max(peaks.values())
         assert abs(est - real) / real <= 0.02, (est, peaks)
