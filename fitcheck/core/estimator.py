@@ -20,6 +20,8 @@ from fitcheck.core.parallelism import (
 )
 from fitcheck.core.states import (
     describe_regime,
+    fsdp_qlora_findings,
+    load_peak,
     model_state_findings,
     prequant_findings,
     sharding_findings,
@@ -119,12 +121,14 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
     budget = spec.hardware.gpu_memory_bytes
     host = sum(c.peak_bytes for c in components if c.location is Location.HOST)
     host_ok = spec.hardware.host_memory_bytes is None or host <= spec.hardware.host_memory_bytes
+    host_ok = host_ok and _load_fits(local, budget, spec.hardware.host_memory_bytes)
     findings = [
         *spec.findings,
         *model_state_findings(local),
         *prequant_findings(spec),
         *activation_findings(local),
         *sharding_findings(local),
+        *fsdp_qlora_findings(local, budget, spec.hardware.host_memory_bytes),  # FSDP-QLoRA, FSDP loading
         *allocator_findings(local),
         *versions_findings(spec),  # library versions vs the modelled ones (activations/versions.py)
         *evaluation_findings(spec, totals),
@@ -155,6 +159,14 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         total_params=total,
         pinned=pinned,
     )
+
+
+def _load_fits(spec: TrainingSpec, budget: int, host_limit: int | None) -> bool:
+    """Loading under FSDP fits: a 4-bit model loaded whole on each GPU, the host copies (fsdp_qlora.py)."""
+    peak = load_peak(spec)
+    if peak is None:
+        return True
+    return peak.gpu_bytes <= budget and (host_limit is None or peak.host_bytes <= host_limit)
 
 
 def _adapter_params(spec: TrainingSpec, trainable: int) -> int:

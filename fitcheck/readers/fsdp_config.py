@@ -114,6 +114,10 @@ def fsdp_from_config(cfg: Mapping[str, object], *, source: str, flavour: str) ->
     if c.get("transformer_layer_cls_to_wrap") is not None:
         as_str_list(c["transformer_layer_cls_to_wrap"], at=at("transformer_layer_cls_to_wrap"))
     use_orig = as_bool(c.get("use_orig_params", True), at=at("use_orig_params"))
+    # accelerate 1.15 plugin default False (env FSDP_CPU_RAM_EFFICIENT_LOADING); transformers fsdp_config too
+    ram_efficient = as_bool(c.get("cpu_ram_efficient_loading", False), at=at("cpu_ram_efficient_loading"))
+    if c.get("cpu_ram_efficient_loading") is not None:
+        prov["cpu_ram_efficient_loading"] = at("cpu_ram_efficient_loading")
     ac = (
         as_bool(c["activation_checkpointing"], at=at("activation_checkpointing"))
         if c.get("activation_checkpointing") is not None
@@ -128,6 +132,7 @@ def fsdp_from_config(cfg: Mapping[str, object], *, source: str, flavour: str) ->
             use_orig_params=use_orig,
             auto_wrap_policy=policy,
             min_num_params=min_params,
+            cpu_ram_efficient_loading=ram_efficient,
         )
     except ValueError as exc:
         raise ConfigError(f"{source}: {exc}") from None

@@ -20,6 +20,7 @@ module turns them into the frozen spec: the values are read once into typed
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
@@ -129,6 +130,19 @@ def _quant(s: RunSettings, load: Dtype) -> QuantSpec | None:
         )
     except ValueError as exc:
         raise ConfigError(f"quantization settings: {exc}") from None
+
+
+def fsdp_qlora_skips_kbit(quant: QuantSpec, sharding: ShardingSpec) -> bool:
+    """FSDP-QLoRA (a float ``bnb_4bit_quant_storage`` under FSDP) runs without peft's fp32 upcast of the other
+    weights: TRL 1.16's SFTTrainer never calls ``prepare_model_for_kbit_training`` (trl/trainer/sft_trainer.py),
+    and torch FSDP1 refuses to flatten fp32 norms with the 16-bit packed weights of a layer ("Must flatten
+    tensors with uniform dtype", distributed/fsdp/_flat_param.py)."""
+    return (
+        sharding.strategy is Strategy.FSDP
+        and quant.method == "bitsandbytes"
+        and quant.bits == 4
+        and quant.quant_storage in (Dtype.BFLOAT16, Dtype.FLOAT16, Dtype.FLOAT32)
+    )
 
 
 def _pre_quantized(inventory: ModelInventory) -> QuantSpec | Finding | None:
@@ -310,6 +324,8 @@ def spec_from_settings(
     assumptions.extend(hw_notes)
     freeze = _freeze(s)
     quant = _quantization(s, precision.load_dtype, inventory, extra)
+    if quant is not None and not s.given("prepare_for_kbit_training") and fsdp_qlora_skips_kbit(quant, sharding):
+        quant = replace(quant, prepare_for_kbit_training=False)
     spec = TrainingSpec(
         model=inventory,
         precision=precision,

@@ -82,6 +82,8 @@ class FsdpSpec:
         auto_wrap_policy: accelerate's ``fsdp_auto_wrap_policy``: TRANSFORMER_BASED_WRAP (one decoder layer per
             unit), SIZE_BASED_WRAP (units of at least ``min_num_params``) or NO_WRAP (the whole model is one unit).
         min_num_params: ``fsdp_min_num_params`` for SIZE_BASED_WRAP.
+        cpu_ram_efficient_loading: ``fsdp_cpu_ram_efficient_loading``: only local rank 0 loads the checkpoint
+            into host RAM, the other ranks hold empty weights (accelerate 1.15 ``FullyShardedDataParallelPlugin``).
     """
 
     version: int = 2
@@ -93,6 +95,7 @@ class FsdpSpec:
     sync_each_batch: bool = False
     auto_wrap_policy: AutoWrapPolicy = "TRANSFORMER_BASED_WRAP"
     min_num_params: int = 0
+    cpu_ram_efficient_loading: bool = False
 
 
 @dataclass(frozen=True)

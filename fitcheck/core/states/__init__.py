@@ -5,7 +5,9 @@
 - :mod:`.prequant` / :mod:`.mxfp4`: pre-quantized checkpoints (GPTQ, AWQ, FP8, MXFP4): bytes, layers, load;
 - :mod:`.layout`: every parameter tensor with its dtype, trainability and optimizer group;
 - :mod:`.sharding`: how DDP / ZeRO / FSDP divide each kind of state, and the communication buffers;
-  :mod:`.sharding_findings`: what the user should know about the sharding setup;
+  :mod:`.sharding_findings`: what the user should know about the sharding setup; :mod:`.fsdp2_units`: the
+  units accelerate gives FSDP2 and what each keeps gathered; :mod:`.fsdp_qlora`: FSDP over a 4-bit base
+  (quant storage, replicated quantization state, loading);
 - :mod:`.regimes`: which precision regime applies (bf16 pure, autocast, DeepSpeed masters) and its findings;
 - :mod:`.model_states`: the components the report shows.
 
@@ -13,6 +15,7 @@ Where a new quantization scheme or adapter type goes: its bytes in :mod:`.quanti
 new module here), read by :mod:`.layout`.
 """
 
+from fitcheck.core.states.fsdp_qlora import LoadPeak, fsdp_qlora_findings, load_peak
 from fitcheck.core.states.layout import Layout, all_trainable, build_layout, optimizer_for, trainable_params
 from fitcheck.core.states.lora import LoraPlan, adapter_param_count, plan_lora
 from fitcheck.core.states.model_states import model_state_components
@@ -31,6 +34,7 @@ from fitcheck.core.states.trl_adapters import trl_bf16_trainables
 
 __all__ = [
     "Layout",
+    "LoadPeak",
     "LoraPlan",
     "Partition",
     "adapter_param_count",
@@ -40,8 +44,10 @@ __all__ = [
     "build_layout",
     "bytes_per_param",
     "describe_regime",
+    "fsdp_qlora_findings",
     "fsdp_unit_params",
     "is_quantized",
+    "load_peak",
     "model_state_components",
     "model_state_findings",
     "mxfp4_findings",

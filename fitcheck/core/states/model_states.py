@@ -25,6 +25,8 @@ Partitioning and host placement come from :func:`fitcheck.core.states.sharding.p
 from __future__ import annotations
 
 from fitcheck.core.optimizers import OptimizerMemory, TensorGroup
+from fitcheck.core.states.fsdp_qlora import SOURCE as FSDP_QUANT_SOURCE
+from fitcheck.core.states.fsdp_qlora import quant_placement
 from fitcheck.core.states.layout import (
     all_trainable,
     build_layout,
@@ -105,16 +107,19 @@ def model_state_components(spec: TrainingSpec) -> tuple[Component, ...]:
     comps: list[Component] = []
     w_host = part.params_on_host
 
-    def weights(name: str, cat: Category, nbytes: int, source: str, detail: str) -> None:
+    def weights(
+        name: str, cat: Category, nbytes: int, source: str, detail: str, placed: tuple[int, bool] | None = None
+    ) -> None:
+        divisor, on_host = placed or (part.weights, w_host)
         if nbytes:
             comps.append(
                 _placed(
                     name,
                     cat,
-                    _div(nbytes, part.weights),
+                    _div(nbytes, divisor),
                     source,
-                    detail + _share(part.weights),
-                    on_host=w_host,
+                    detail + _share(divisor),
+                    on_host=on_host,
                     per_node=node,
                 )
             )
@@ -140,19 +145,24 @@ def model_state_components(spec: TrainingSpec) -> tuple[Component, ...]:
         if spec.quant.method in PREQUANT_SOURCE:  # pre-quantized checkpoint (states/prequant.py)
             src = which = PREQUANT_SOURCE[spec.quant.method]
             meta_what = f"{spec.quant.method} scales / zeros / g_idx"
+        # FSDP-QLoRA (fsdp_qlora.py): packed bytes sharded only with a float quant_storage; the quantization
+        # state is a module attribute, whole on every GPU and never offloaded.
+        fq = quant_placement(spec, part.weights, w_host)
         weights(
             "weights.quantized",
             Category.WEIGHTS,
             layout.quant_data,
             src if which == src else f"{src}; {which}",
-            f"{layout.quant_params:,} params in {spec.quant.bits}-bit",
+            f"{layout.quant_params:,} params in {spec.quant.bits}-bit" + (f" ({fq.detail})" if fq else ""),
+            (fq.data_divisor, fq.data_on_host) if fq else None,
         )
         weights(
             "quantization.metadata",
             Category.QUANT_META,
             layout.quant_meta,
-            src,
-            meta_what,
+            src + (f"; {FSDP_QUANT_SOURCE}" if fq else ""),
+            meta_what + (" (not sharded by FSDP: whole on every GPU)" if fq else ""),
+            (1, False) if fq else None,
         )
     weights(
         "adapters.lora",

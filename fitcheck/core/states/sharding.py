@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitcheck.core.states.fsdp2_units import fsdp2_components
+from fitcheck.core.states.fsdp_qlora import compute_dtype_override, gathered_layer_bytes, is_fsdp_4bit
 from fitcheck.core.states.layout import trainable_params
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import MixedPrecision, OffloadDevice, Strategy, TrainingSpec
@@ -147,6 +149,9 @@ def partition(spec: TrainingSpec) -> Partition:
 
 def _compute_bytes(spec: TrainingSpec) -> int:
     """Bytes per element of parameters as computed (and of their gradients before reduction)."""
+    forced = compute_dtype_override(spec)  # FSDP-QLoRA: transformers sets FSDP mixed precision to quant_storage
+    if forced is not None:
+        return forced.nbytes
     if spec.precision.mixed_precision is not MixedPrecision.NO and spec.sharding.strategy in (
         Strategy.DEEPSPEED,
         Strategy.FSDP,
@@ -353,9 +358,14 @@ def _fsdp(spec: TrainingSpec) -> tuple[Component, ...]:
     part = partition(spec)
     if part.weights == 1:
         return ()  # NO_SHARD or one process: parameters are never gathered
+    if fs is None or fs.version == 2:
+        return fsdp2_components(spec, _compute_bytes(spec), fsdp_unit_params(spec), _SRC_FSDP)
     w = _weight_bytes_per_param(spec)
     unit = int(fsdp_unit_params(spec) * w)
     root = int(_root_params(spec) * w)
+    if is_fsdp_4bit(spec):  # packed 4-bit layers, unquantized root (fsdp_qlora.py)
+        unit = gathered_layer_bytes(spec, _compute_bytes(spec))
+        root = _root_params(spec) * _compute_bytes(spec)
     layers_total = int(_layer_params(spec) * spec.model.shape.num_layers * w)
     reshard = fs.reshard_after_forward if fs is not None else True
     trainable = _trainable(spec)

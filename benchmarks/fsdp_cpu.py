@@ -1,0 +1,228 @@
+"""A REAL FSDP2 (``torch.distributed.fsdp.fully_shard``) training step on CPU, 2 gloo processes: each rank's
+live-tensor peak vs ``fitcheck estimate --device_type cpu``, without and with FSDP mixed precision.
+
+The tiny Llama of ``cpu_truth.py`` (random weights, fp32) is wrapped the way accelerate 1.15 does it
+(``utils/fsdp_utils.py`` ``fsdp2_prepare_model``): every decoder layer its own unit, the input embedding its own
+unit, ``[final norm, lm_head]`` one unit with ``reshard_after_forward=False``, then the root. Mixed precision is
+accelerate's ``FullyShardedDataParallelPlugin.set_mixed_precision("bf16")``:
+``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16)``, with the forward under
+``torch.autocast`` (accelerate keeps native AMP on for FSDP). Each rank runs two steps (forward, loss,
+backward, AdamW step, ``zero_grad(set_to_none=True)``) and records the second with the tracer's live-tensor
+recorder (``fitcheck.torch_adapters.tracer_recorder``; DTensor shards counted by their local tensor).
+
+Run: ``PYTHONPATH=. python benchmarks/fsdp_cpu.py [no|bf16] [--breakdown]`` (exit 1 when a row is off by more than 2 %).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import warnings
+from dataclasses import replace
+from typing import Any
+
+SEQ, BATCH = 256, 2
+MODES = ("no", "bf16")
+
+
+def _recorder() -> Any:
+    """The tracer's recorder, counting a DTensor by its local shard and following FSDP2's storage resizes.
+
+    FSDP2 frees an unsharded parameter by ``untyped_storage().resize_(0)`` and re-allocates it in place
+    (torch 2.13 ``fsdp/_fully_shard/_fsdp_param.py`` ``free_storage`` / ``alloc_storage``): the storage object
+    stays alive, so the dispatch-mode recorder alone would count it as live. Both functions are wrapped to
+    report the new size.
+    """
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    from torch.distributed.tensor import DTensor
+
+    from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder, RegionStats
+
+    class ShardRecorder(LiveTensorRecorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: dict[int, str] = {}
+
+        def _add(self, t: Any) -> None:
+            t = t._local_tensor if isinstance(t, DTensor) else t
+            super()._add(t)
+            serial = self._serial_of.get(id(t.untyped_storage()))
+            if serial is not None and serial not in self.shapes:
+                self.shapes[serial] = f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+
+        def resized(self, t: Any) -> None:
+            st = t.untyped_storage()
+            serial = self._serial_of.get(id(st))
+            if serial is None:
+                return
+            nbytes = int(st.nbytes())
+            self.current += nbytes - self.sizes[serial]
+            self.sizes[serial] = nbytes
+            stats = self.regions.setdefault(self.region, RegionStats())
+            if self.current > stats.peak:
+                stats.peak, stats.peak_event = self.current, len(self.events) - 1
+
+    rec = ShardRecorder()
+    alloc, free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+
+    def alloc_storage(t: Any) -> None:
+        alloc(t)
+        rec.resized(t)
+
+    def free_storage(t: Any) -> None:
+        free(t)
+        rec.resized(t)
+
+    _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc_storage
+    _fsdp_param.free_storage = free_storage
+    return rec
+
+
+def _wrap(model: Any, mp: str) -> None:
+    """accelerate 1.15 fsdp2_prepare_model's units, with its MixedPrecisionPolicy for ``mp``."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy()
+    if mp == "bf16":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
+                                      output_dtype=torch.bfloat16)
+    for layer in model.model.layers:
+        fully_shard(layer, reshard_after_forward=True, mp_policy=policy)
+    fully_shard(model.model.embed_tokens, reshard_after_forward=True, mp_policy=policy)
+    fully_shard([model.model.norm, model.lm_head], reshard_after_forward=False, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+
+
+def _breakdown(rec: Any, region: str) -> str:
+    """Storages alive at a region's peak, grouped by (region allocated in, size), largest first."""
+    from collections import Counter
+
+    stats = rec.regions[region]
+    live = rec.live_at(stats.peak_event)
+    groups = Counter((rec.tags[s], rec.sizes[s], rec.shapes.get(s, "")) for s in live)
+    lines = [f"{region}: peak {stats.peak / 2**20:.2f} MiB"]
+    for (tag, size, shape), n in sorted(groups.items(), key=lambda kv: -kv[0][1] * kv[1]):
+        if size * n >= 2**19:
+            lines.append(f"    {tag:12} {size / 2**20:9.3f} MiB x {n}  {shape}")
+    return "\n".join(lines)
+
+
+def _rank(rank: int, world: int, mp: str, out: str, port: int, breakdown: bool = False) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    warnings.filterwarnings("ignore")
+    import gc
+
+    import torch
+    import torch.distributed as dist
+    import transformers
+
+    from benchmarks.cpu_truth import LLAMA
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        cfg = transformers.LlamaConfig(**{k: v for k, v in LLAMA.items() if k not in ("model_type", "architectures")})
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        model.train()
+        _wrap(model, mp)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if mp == "bf16" else torch.autocast("cpu", enabled=False)
+        gc.collect()
+        rec = _recorder()
+        rec.track(o for o in gc.get_objects() if isinstance(o, torch.Tensor) and not o.is_meta)
+        rec.track([ids])
+        # "layers": from the gradient reaching the final norm's output (the LM head's backward is done) on
+        step_of = {"n": 0}
+
+        def mark(_m: Any, _i: Any, out: Any) -> None:
+            out.register_hook(lambda _g: rec.enter_region(f"layers{step_of['n']}"))
+
+        model.model.norm.register_forward_hook(mark)
+        with rec:
+            for step in range(2):
+                step_of["n"] = step
+                rec.enter_region(f"forward{step}")
+                with ctx:
+                    loss = model(input_ids=ids, labels=ids).loss
+                rec.enter_region(f"backward{step}")
+                loss.backward()
+                del loss
+                rec.enter_region(f"optimizer{step}")
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            rec.enter_region("done")
+        regions = ("forward", "backward", "layers", "optimizer")
+        peaks = {r: rec.regions[f"{r}1"].peak for r in regions}
+        if breakdown and rank == 0:
+            print("\n".join(_breakdown(rec, f"{r}1") for r in regions), flush=True)
+        with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
+            json.dump(peaks, fh)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def measure(mp: str, port: int | None = None, breakdown: bool = False) -> list[dict[str, int]]:
+    """Per-rank live-tensor peaks of the second real FSDP2 step, by region (forward, backward, optimizer)."""
+    import torch.multiprocessing as mp_
+
+    port = port or _free_port()  # other runs on the machine may hold a fixed port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "peaks")
+        mp_.start_processes(_rank, args=(2, mp, out, port, breakdown), nprocs=2, join=True, start_method="fork")
+        rows = []
+        for rank in range(2):
+            with open(f"{out}.{rank}", encoding="utf-8") as fh:
+                rows.append(json.load(fh))
+    return rows
+
+
+def estimate_for(mp: str) -> Any:
+    """fitcheck's report for the same run (2 processes, FSDP2 FULL_SHARD, fp32 load, device_type cpu)."""
+    from benchmarks.cpu_truth import LLAMA, Row, spec_for
+    from fitcheck.core import estimate
+    from fitcheck.spec import FsdpSpec, ShardingSpec, Strategy
+
+    spec = spec_for(Row("fsdp", LLAMA, seq=SEQ, batch=BATCH, dtype="float32", mp=mp, optim="adamw_torch"))
+    spec = replace(spec, sharding=ShardingSpec(Strategy.FSDP, 2, 1, None, FsdpSpec(version=2)))
+    return estimate(spec)
+
+
+def main(argv: list[str]) -> int:
+    """Print estimate vs real per rank and mode; exit 1 when a row is off by more than 2 %.
+
+    ``--breakdown`` also prints rank 0's live storages at each region's peak; ``no`` / ``bf16`` run one mode.
+    """
+    breakdown = "--breakdown" in argv
+    print(f"{'mixed precision':16} {'rank':>4} {'real MiB':>10} {'est MiB':>10} {'error':>8}  real by region")
+    worst = 0.0
+    for mp in [m for m in MODES if m in argv] or MODES:
+        report = estimate_for(mp)
+        est = report.peak_allocated_bytes
+        for rank, peaks in enumerate(measure(mp, None, breakdown)):
+            real = max(peaks.values())
+            err = (est - real) / real * 100
+            worst = max(worst, abs(err))
+            regions = ", ".join(f"{k} {v / 2**20:.2f}" for k, v in peaks.items())
+            print(f"{mp:16} {rank:>4} {real / 2**20:10.2f} {est / 2**20:10.2f} {err:+7.2f}%  {regions}")
+        print(f"{'':16} estimate peak phase: {report.peak_phase.value}")
+    print(f"worst |error| {worst:.2f}%")
+    return 0 if worst <= 2.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,80 @@
+"""FSDP2 (``fully_shard``) units as accelerate 1.15 wraps a transformers model, and what each keeps gathered.
+
+accelerate 1.15 ``utils/fsdp_utils.py`` ``fsdp2_prepare_model``: every decoder layer (the wrap policy) is a unit
+(``reshard_after_forward`` from the config); the input embedding is its own unit when it is not tied; the
+"tail" ``[final norm, lm_head]`` (with the embedding when tied) is one unit with ``reshard_after_forward=False``;
+then the root, whose own parameters are none left.
+
+torch 2.13 ``distributed/fsdp/_fully_shard/_fsdp_param_group.py`` ``wait_for_unshard``: in forward the flat
+all-gather output of the last gathered unit is kept (``comm_ctx.all_gather_state``, "Defer free to allow for
+overlap of this copy-out with next all-gather") until the next unit's copy-out or the root's post-forward
+(``_fsdp_state.py`` "Free the last all-gather result"). The loss is computed inside the root's forward, so at
+the end of forward the tail is held twice (its unsharded parameters + its flat all-gather output). At the start
+of backward only the tail's unsharded parameters remain (the embedding unit was resharded after its forward).
+During backward a layer unit is gathered while the next is prefetched, and its post-backward reduce-scatter
+copies the unsharded gradients into a flat input (``_fsdp_collectives.py`` ``foreach_reduce``): two units of
+parameters and, for trained weights, two units of gradients.
+
+Pinned by a real 2-process FSDP2 run on CPU (``benchmarks/fsdp_cpu.py``, with and without
+``MixedPrecisionPolicy``).
+"""
+
+from __future__ import annotations
+
+from fitcheck.core.states.fsdp_qlora import gathered_layer_bytes, is_fsdp_4bit
+from fitcheck.core.states.layout import trainable_params
+from fitcheck.report import PHASES, Category, Component, Location, Phase
+from fitcheck.spec import Role, TrainingSpec
+from fitcheck.units import format_bytes
+
+
+def _tail_params(spec: TrainingSpec) -> int:
+    """Parameters outside the decoder layers that stay gathered from the end of forward: the final norm and the
+    LM head, plus the input embedding when it is tied (it is then the same tensor)."""
+    outside = [p for p in spec.model.params if not p.per_layer]
+    tied = not any(p.role is Role.LM_HEAD for p in outside)
+    return sum(p.numel for p in outside if tied or p.role is not Role.EMBEDDING)
+
+
+def fsdp2_components(spec: TrainingSpec, compute_bytes: int, unit_params: int, source: str) -> tuple[Component, ...]:
+    """The gathered-parameter buffer of an FSDP2 run, by phase.
+
+    Args:
+        spec: The training spec (FSDP2, more than one shard).
+        compute_bytes: Bytes per element of gathered parameters (MixedPrecisionPolicy ``param_dtype``).
+        unit_params: Parameters of the largest layer unit (``sharding.fsdp_unit_params``).
+        source: The FSDP source line.
+
+    Returns:
+        One component: the tail, layer units and their unsharded gradients.
+    """
+    fs = spec.sharding.fsdp
+    reshard = fs.reshard_after_forward if fs is not None else True
+    tail = _tail_params(spec) * compute_bytes
+    unit = gathered_layer_bytes(spec, compute_bytes) if is_fsdp_4bit(spec) else unit_params * compute_bytes
+    layers = sum(p.numel for p in spec.model.params if p.per_layer) * compute_bytes
+    trained = trainable_params(spec) > 0 and spec.lora is None
+    grads = 2 * unit_params * compute_bytes if trained else 0  # unsharded grads + reduce-scatter input
+    if reshard:
+        values = {Phase.FORWARD_END: 2 * tail, Phase.BACKWARD_START: tail, Phase.BACKWARD: 2 * unit + grads}
+        how = "layers resharded after forward; in backward a unit + the prefetched next"
+    else:
+        values = {
+            Phase.FORWARD_END: 2 * tail + layers,
+            Phase.BACKWARD_START: tail + layers,
+            Phase.BACKWARD: layers + grads,
+        }
+        how = "reshard_after_forward=False: every layer kept gathered until its backward"
+    return (
+        Component(
+            "buffers.fsdp_unsharded_params",
+            Category.BUFFERS,
+            Location.DEVICE,
+            {p: int(values.get(p, 0)) for p in PHASES},
+            source + "; accelerate 1.15 fsdp2_prepare_model units, torch 2.13 _fsdp_param_group.py "
+            "all_gather_state (fitcheck/core/states/fsdp2_units.py)",
+            f"tail unit (final norm + LM head) {format_bytes(tail)}, twice at the end of forward (its all-gather "
+            f"output is held until the root's post-forward); layer unit {format_bytes(unit)}; {how}"
+            + ("; unsharded grads + reduce-scatter input of a unit" if grads else ""),
+        ),
+    )
