@@ -53,9 +53,10 @@ def test_never_mode_keeps_the_formula_and_warns() -> None:
     assert report.pinned is False and "not-pinned" in [f.code for f in report.findings]
 
 
-def test_auto_mode_traces_outside_the_envelope_and_falls_back_with_a_reason() -> None:
+def test_auto_mode_traces_outside_the_envelope_and_falls_back_with_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("transformers")
-    from fitcheck.torch_adapters import PinnedPath
+    from fitcheck.errors import NotModelledError
+    from fitcheck.torch_adapters import PinnedPath, tracer
 
     path = PinnedPath("auto", can_trace=True)
     dora = cell_spec(Cell("llama", "dora", False, "sdpa", "bf16", 32, 1))
@@ -63,7 +64,14 @@ def test_auto_mode_traces_outside_the_envelope_and_falls_back_with_a_reason() ->
     traced = path(dora)
     assert traced.pinned is True and any(c.name == "activations.traced" for c in traced.components)
     int8 = cell_spec(Cell("llama", "int8", False, "sdpa", "bf16", 32, 1))
-    fallback = path(int8)  # the tracer refuses 8-bit bases: formula + warning + why
+    if not in_envelope(int8):  # 8-bit bases are traced since issue 10 (tracer_int8.py)
+        assert path(int8).pinned is True
+
+    def refuse(_spec: object) -> None:
+        raise NotModelledError("refused for the test")
+
+    monkeypatch.setattr(tracer, "trace_components", refuse)
+    fallback = PinnedPath("auto", can_trace=True)(int8)  # a trace that cannot run: formula + warning + why
     codes = [f.code for f in fallback.findings]
     assert fallback.pinned is False and "not-pinned" in codes and "trace-failed" in codes
 
