@@ -23,17 +23,20 @@ DROP = LoraSpec(r=8, alpha=16, dropout=0.05, target_modules=("all-linear",))
 
 
 def test_int8_base_is_real_bitsandbytes_and_runs_matmul8bitfp_on_cpu() -> None:
-    import bitsandbytes as bnb
+    import importlib
+
     import torch
-    from bitsandbytes.autograd import _functions as bnb_functions
+
+    bnb_nn: Any = importlib.import_module("bitsandbytes.nn")
+    bnb_functions: Any = importlib.import_module("bitsandbytes.autograd._functions")
 
     from fitcheck.torch_adapters.tracer_build import build_model
 
     model = build_model(TINY, dtype=torch.bfloat16, attn_implementation="sdpa", checkpointing=False,
                         lora=DROP, quant=INT8, fake=False)
-    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear8bitLt)]
+    layers = [m for m in model.modules() if isinstance(m, bnb_nn.Linear8bitLt)]
     assert len(layers) == 2 * 7  # every decoder linear; the LM head is kept (get_keys_to_not_convert)
-    weight = layers[0].weight
+    weight: Any = layers[0].weight
     assert type(weight).__name__ == "Int8Params" and weight.dtype == torch.int8 and weight.SCB.dtype == torch.float32
     seen: list[str] = []
     original = bnb_functions.MatMul8bitFp.apply
@@ -42,13 +45,13 @@ def test_int8_base_is_real_bitsandbytes_and_runs_matmul8bitfp_on_cpu() -> None:
         seen.append("fp")
         return original(*args)
 
-    bnb_functions.MatMul8bitFp.apply = spy  # type: ignore[method-assign]
+    bnb_functions.MatMul8bitFp.apply = spy
     try:
         model.train()
         out = model(input_ids=torch.randint(0, 2000, (1, 8)), labels=torch.randint(0, 2000, (1, 8)))
         out.loss.backward()
     finally:
-        bnb_functions.MatMul8bitFp.apply = original  # type: ignore[method-assign]
+        bnb_functions.MatMul8bitFp.apply = original
     assert len(seen) == 14  # training on CPU: bnb.matmul dispatches to MatMul8bitFp, not MatMul8bitLt
 
 
