@@ -107,3 +107,18 @@ def test_reentrant_checkpointing_keeps_no_ctx_a() -> None:
 
     layers = TINY["num_hidden_layers"]
     assert saved(spec) - saved(re) == layers * int8_checkpointed_inputs(spec) * SEQ
+
+
+def test_int8_lora_is_pinned_on_cpu_and_from_source_on_cuda() -> None:
+    from fitcheck.core.activations import in_envelope
+    from fitcheck.core.estimator import estimate
+    from fitcheck.torch_adapters.differential import Cell, cell_spec
+
+    cpu = cell_spec(Cell("llama", "int8", True, "sdpa", "autocast", 64, 1))
+    assert in_envelope(cpu) and estimate(cpu).pinned
+    assert not any("lower bound" in f.hint for f in estimate(cpu).findings)
+    cuda = dataclasses.replace(cpu, hardware=HardwareSpec(device_type=DeviceType.CUDA))
+    report = estimate(cuda)
+    assert not in_envelope(cuda) and not report.pinned
+    assert any(f.code == "not-pinned" and "MatMul8bitLt" in f.message for f in report.findings)
+    assert any(f.code == "cuda-not-traced" and "subA" in f.message for f in report.findings)
