@@ -36,10 +36,12 @@ from fitcheck.core.activations.heads import (
     classifier_head_backward,
     classifier_logits,
 )
+from fitcheck.core.activations.int8 import SOURCE as SOURCE_INT8
 from fitcheck.core.activations.int8 import (
     int8_checkpointed_inputs,
     int8_ctx_through_checkpoint,
     int8_formula_applies,
+    int8_forward_temporary,
     int8_layer_extra,
     int8_layer_saved_per_token,
 )
@@ -484,6 +486,13 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         ),
         Component.persistent("inputs.ids", Category.ACTIVATIONS, ids, _TRACE, "input ids int64"),
     ]
+    dequantized = int8_forward_temporary(spec) if int8_formula_applies(spec) else 0
+    if dequantized > fwd_logits:  # the forward peak inside the largest 8-bit linear (activations/int8.py)
+        comps.append(Component(
+            "temporaries.int8_dequantized_weight", Category.TEMPORARIES, Location.DEVICE,
+            {Phase.FORWARD_END: dequantized - fwd_logits}, SOURCE_INT8 + "; MatMul8bitFp.forward: CB.to(A.dtype)",
+            "the largest 8-bit weight dequantized for F.linear, above the logits of the end of forward",
+        ))
     if host:
         comps.append(Component(
             "activations.offloaded", Category.ACTIVATIONS, Location.HOST,

@@ -134,3 +134,15 @@ def int8_checkpointed_inputs(spec: TrainingSpec) -> int:
     attn_out = 2 if amp else 4  # SDPA/eager output dtype (autocast casts q, k, v to bf16)
     product = 2 if _cpu_autocast(spec) else 4
     return 4 * h + attn_out * q + 4 * h + product * inter
+
+
+def int8_forward_temporary(spec: TrainingSpec) -> int:
+    """Bytes of the largest 8-bit weight dequantized by ``MatMul8bitFp.forward`` (CPU only; CUDA's int8 GEMM makes
+    none): ``state.CB.to(A.dtype)`` in fp32 (4 B per element after k-bit preparation), plus F.linear's bf16 cast
+    of it under autocast (2 B). It is alive inside the forward of the layer's largest linear, before the logits
+    exist: the forward peak when it exceeds the logits (trace: Mistral-7B, 1 x 256, -171.5 MiB without it)."""
+    if spec.hardware.device_type is not DeviceType.CPU:
+        return 0
+    sh = spec.model.shape
+    amp = spec.precision.mixed_precision is not MixedPrecision.NO
+    return (6 if amp else 4) * sh.hidden_size * max(sh.intermediate_size, sh.hidden_size)
