@@ -77,6 +77,7 @@ TRL_LORA = LoraSpec(r=16, alpha=32, dropout=0.05, target_modules=("all-linear",)
 NF4_DQ_BF16 = QuantSpec(quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16)
 NF4_NOPREP = QuantSpec(quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16,
                        prepare_for_kbit_training=False)
+INT8 = QuantSpec(bits=8)  # BitsAndBytesConfig(load_in_8bit=True): threshold 6.0, int8 weights
 # layers 2-3 with the final norm and the head trained; embeddings and layers 0-1 frozen
 LAYERS_ONLY = FreezeSpec(trainable=("model.layers.*", "model.norm.weight", "lm_head.weight"), trainable_layers=(2, 3))
 ROWS: tuple[Row, ...] = (
@@ -109,6 +110,12 @@ ROWS: tuple[Row, ...] = (
     Row("llama bf16 freeze last layer", LLAMA, freeze=FreezeSpec(trainable=("*",), trainable_layers=(3,))),
     Row("llama bf16 freeze emb frozen", LLAMA, freeze=LAYERS_ONLY),
     Row("llama fp32+ac freeze ckpt", LLAMA, dtype="float32", mp="bf16", ckpt=True, freeze=LAYERS_ONLY),
+    # issue 10: LLM.int8 LoRA: real bitsandbytes Linear8bitLt on CPU (MatMul8bitFp, fitcheck/torch_adapters/
+    # tracer_int8.py) + peft prepare_model_for_kbit_training, checkpointing off and on, fp32 and bf16 autocast
+    Row("llama int8 LoRA", LLAMA, lora=ALL_LINEAR, quant=INT8),
+    Row("llama int8 LoRA ckpt", LLAMA, ckpt=True, lora=ALL_LINEAR, quant=INT8),
+    Row("llama int8 LoRA bf16 autocast", LLAMA, mp="bf16", lora=TRL_LORA, quant=INT8),
+    Row("llama int8 LoRA autocast ckpt", LLAMA, mp="bf16", ckpt=True, lora=TRL_LORA, quant=INT8),
 )
 
 

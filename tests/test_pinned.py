@@ -10,7 +10,7 @@ import pytest
 from fitcheck.advice import max_micro_batch
 from fitcheck.core import estimate
 from fitcheck.core.activations import CHECKED, envelope_key, in_envelope
-from fitcheck.spec import Dtype, FreezeSpec, LoraSpec, MixedPrecision, PrecisionSpec, QuantSpec
+from fitcheck.spec import Dtype, FreezeSpec, LoraSpec, MixedPrecision, PrecisionSpec
 from fitcheck.torch_adapters.differential import Cell, cell_spec
 
 
@@ -29,7 +29,7 @@ def test_envelope_keys_name_the_grid_kinds() -> None:
 
 def test_outside_the_envelope_the_formula_answer_is_not_pinned() -> None:
     spec = cell_spec(Cell("llama", "full", False, "sdpa", "bf16", 64, 1))
-    unchecked = dataclasses.replace(spec, quant=QuantSpec(bits=8), lora=LoraSpec(r=8))
+    unchecked = dataclasses.replace(spec, lora=LoraSpec(r=8, use_dora=True))  # (8-bit LoRA is checked: issue 10)
     assert not in_envelope(unchecked)
     report = estimate(unchecked)
     assert report.pinned is False
@@ -48,14 +48,16 @@ def test_inside_the_envelope_the_formula_answer_is_pinned() -> None:
 def test_never_mode_keeps_the_formula_and_warns() -> None:
     from fitcheck.torch_adapters import PinnedPath
 
-    spec = cell_spec(Cell("llama", "int8", False, "sdpa", "bf16", 64, 1))
+    spec = cell_spec(Cell("llama", "dora", False, "sdpa", "bf16", 64, 1))
+    assert not in_envelope(spec)
     report = PinnedPath("never")(spec)
     assert report.pinned is False and "not-pinned" in [f.code for f in report.findings]
 
 
-def test_auto_mode_traces_outside_the_envelope_and_falls_back_with_a_reason() -> None:
+def test_auto_mode_traces_outside_the_envelope_and_falls_back_with_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("transformers")
-    from fitcheck.torch_adapters import PinnedPath
+    from fitcheck.errors import NotModelledError
+    from fitcheck.torch_adapters import PinnedPath, tracer
 
     path = PinnedPath("auto", can_trace=True)
     dora = cell_spec(Cell("llama", "dora", False, "sdpa", "bf16", 32, 1))
@@ -63,7 +65,13 @@ def test_auto_mode_traces_outside_the_envelope_and_falls_back_with_a_reason() ->
     traced = path(dora)
     assert traced.pinned is True and any(c.name == "activations.traced" for c in traced.components)
     int8 = cell_spec(Cell("llama", "int8", False, "sdpa", "bf16", 32, 1))
-    fallback = path(int8)  # the tracer refuses 8-bit bases: formula + warning + why
+    assert in_envelope(int8)  # 8-bit LoRA is traced and checked since issue 10 (tracer_int8.py, activations/int8.py)
+
+    def refuse(_spec: object) -> None:
+        raise NotModelledError("refused for the test")
+
+    monkeypatch.setattr(tracer, "trace_components", refuse)
+    fallback = PinnedPath("auto", can_trace=True)(dora)  # a trace that cannot run: formula + warning + why
     codes = [f.code for f in fallback.findings]
     assert fallback.pinned is False and "not-pinned" in codes and "trace-failed" in codes
 

@@ -38,7 +38,7 @@ def traceable(spec: TrainingSpec) -> bool:
     Liger kernels, activation offloading or DeepSpeed's module cast (those are modelled by the formulas only,
     fitcheck/core/kernels/); a trace of the plain step would be a different run."""
     from fitcheck.core.kernels import deepspeed_module_view
-    from fitcheck.spec import Strategy, TrainerKind
+    from fitcheck.spec import DeviceType, Strategy, TrainerKind
 
     act = spec.activations
     layout = spec.sharding.parallelism
@@ -50,7 +50,10 @@ def traceable(spec: TrainingSpec) -> bool:
             # GPTQ/AWQ/FP8 base (core/states/prequant); a vision-language model only where the tracer feeds its
             # images (trace_inputs_vlm: Qwen2.5-VL)
             and deepspeed_module_view(spec) is spec
-            and (layout is None or not layout.active) and not pre and _images_traceable(spec))
+            and (layout is None or not layout.active) and not pre and _images_traceable(spec)
+            # an 8-bit base traces CPU's MatMul8bitFp; CUDA runs MatMul8bitLt (core/activations/int8.py, source)
+            and not (spec.quant is not None and spec.quant.bits == 8
+                     and spec.hardware.device_type is not DeviceType.CPU))
 
 
 def _images_traceable(spec: TrainingSpec) -> bool:

@@ -66,10 +66,10 @@ def quantize_base(model: Any, quant: QuantSpec, *, fake: bool) -> Any:
         The same model object, quantized in place.
 
     Raises:
-        NotModelledError: For 8-bit bases (the tracer emulates 4-bit only).
+        NotModelledError: For bits other than 4 and 8.
     """
-    if quant.bits != 4:
-        raise NotModelledError("tracing an 8-bit (LLM.int8) base is not implemented; the formula path models it")
+    if quant.bits not in (4, 8):
+        raise NotModelledError(f"tracing a {quant.bits}-bit bitsandbytes base is not implemented")
     import bitsandbytes.functional as bnbf
     import torch
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
@@ -79,9 +79,13 @@ def quantize_base(model: Any, quant: QuantSpec, *, fake: bool) -> Any:
     config = bnb_config(quant)
     skip = model_modules_to_not_convert(model, quant)
     originals = {name: (m.weight, m.bias) for name, m in model.named_modules() if _convertible(m)}
+    if quant.bits == 8:  # LLM.int8: tracer_int8.py
+        from fitcheck.torch_adapters.tracer_int8 import quantize_base_8bit
+
+        return quantize_base_8bit(model, quant, fake=fake, skip=skip, originals=originals)
     # Linear4bit.__init__ wraps a meta weight in Params4bit, which a FakeTensor cannot be: build the layers
     # outside the fake mode (their meta weights and biases are replaced below)
-    with _outside_fake_mode(fake):
+    with outside_fake_mode(fake):
         replace_with_bnb_linear(model, modules_to_not_convert=skip, quantization_config=config)
     for name, module in model.named_modules():
         if not isinstance(module, bnb_nn.Linear4bit) or name not in originals:
@@ -114,7 +118,7 @@ def quantize_base(model: Any, quant: QuantSpec, *, fake: bool) -> Any:
 
 
 @contextlib.contextmanager
-def _outside_fake_mode(fake: bool) -> Iterator[None]:
+def outside_fake_mode(fake: bool) -> Iterator[None]:
     if not fake:
         yield
         return
@@ -178,4 +182,6 @@ def quant_state_tensors(model: Any) -> list[Any]:
         while state is not None:
             out += [t for t in (state.absmax, state.code, state.offset) if isinstance(t, torch.Tensor)]
             state = state.state2
-    return out
+    from fitcheck.torch_adapters.tracer_int8 import int8_scales
+
+    return out + list(int8_scales(model))  # LLM.int8: the fp32 SCB row scales

@@ -82,6 +82,7 @@ class BackwardInputs:
     layers_saved: int = -1
     offloaded: bool = False
     attention_moment: int | None = None  # i12moe: live bytes + produced gradients at an attention backward
+    retained: int = 0  # per layer already through backward: what autograd attributes keep (8-bit ctx.A, int8.py)
 
 
 def _text_layer(p: ParamEntry) -> bool:
@@ -121,6 +122,12 @@ def _head_and_embedding(spec: TrainingSpec) -> tuple[int, int]:
     return head, emb
 
 
+def _full_cast(spec: TrainingSpec) -> int:
+    """bf16 casts of one layer's linear weights, every one of them."""
+    kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
+    return 2 * sum(p.numel_each for p in spec.model.params if p.per_layer and p.kind in kinds)
+
+
 def _layer_cast(spec: TrainingSpec) -> int:
     """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations.decoder).
 
@@ -130,7 +137,9 @@ def _layer_cast(spec: TrainingSpec) -> int:
     """
     from fitcheck.core.activations.qlora import four_bit_lora, lora_layer_params
 
-    if four_bit_lora(spec):
+    quant = spec.quant
+    int8 = quant is not None and quant.bits == 8 and quant.method == "bitsandbytes" and spec.lora is not None
+    if four_bit_lora(spec) or int8:  # 8-bit: F.linear casts the dequantized temporary, never cached (int8.py)
         return 2 * lora_layer_params(spec) // max(1, spec.model.shape.num_layers)
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
     return 2 * sum(p.numel_each for p in spec.model.params if _text_layer(p) and p.kind in kinds)
@@ -172,7 +181,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     from fitcheck.core.activations.qlora import four_bit_lora
 
     # the down_proj weight cast freed after its backward (a 4-bit base has no cast: _layer_cast)
-    cast_down = 2 * _down_proj_numel(spec) if q.autocast and not four_bit_lora(spec) else 0
+    cast_down = 2 * _down_proj_numel(spec) if q.autocast and not four_bit_lora(spec) and cast == _full_cast(spec) else 0
     # gated MLP: down_proj input gradient + the product's two gradients - down_proj's freed input (+2·e·I);
     # a plain MLP (GPT-2 traced: fc input gradient replaces the freed fc output) nets 0; + the residual gradient
     gated = sh.mlp_activation == "swiglu"
@@ -197,6 +206,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
         else:
             shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
             live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
+        live += (L - below) * q.retained
         moments[name] = live + work - missing + _LOSS_SCALARS
     if q.attention_moment is not None:  # DeepSeek-V3's CPU math attention (activations/mla.py)
         moments["top layer attention"] = q.attention_moment - _all_grads(spec) + _LOSS_SCALARS

@@ -28,7 +28,11 @@ def cuda_gaps(spec: TrainingSpec) -> tuple[str, ...]:
         # bitsandbytes 0.50.2 backends/cuda/ops.py gemm_4bit: custom kernel (no dequantized temporary) for few rows
         out.append("bitsandbytes' CUDA gemm_4bit may skip the dequantized-weight temporary at this token count")
     if quant is not None and quant.bits == 8:
-        out.append("LLM.int8 layers (MatMul8bitLt) are not traced on CPU")
+        # bitsandbytes 0.50.2 autograd/_functions.py matmul: training on CUDA runs MatMul8bitLt (int8 GEMM,
+        # output in the input's dtype, ctx.tensors = (None, subA, A)); modelled from source in activations/int8.py
+        out.append("LLM.int8 layers run MatMul8bitLt on CUDA, modelled from its source (not traced: CPU runs "
+                   "MatMul8bitFp); the fp16/16-bit outlier columns it keeps (subA, |x| > llm_int8_threshold) "
+                   "depend on the data and are not counted")
     if spec.activations.attn_implementation is AttnImpl.FLASH_ATTENTION_2:
         out.append("flash_attention_2 (flash-attn package) is modelled as SDPA's flash backend, not traced")
     return tuple(out)

@@ -61,6 +61,15 @@ from fitcheck.core.activations.mla import (
     mla_outside,
 )
 from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
+from fitcheck.core.activations.int8 import SOURCE as SOURCE_INT8
+from fitcheck.core.activations.int8 import (
+    int8_checkpointed_inputs,
+    int8_ctx_through_checkpoint,
+    int8_formula_applies,
+    int8_forward_temporary,
+    int8_layer_extra,
+    int8_layer_saved_per_token,
+)
 from fitcheck.core.activations.qlora import (
     four_bit_lora,
     kbit_upcast,
@@ -239,6 +248,8 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
         return family_layer_saved(spec)  # GPT-2, BERT, Phi, Falcon, BLOOM (activations_families.py)
     if qlora_formula_applies(spec):  # 4-bit base + LoRA, traced on real bitsandbytes (activations_qlora.py)
         return qlora_layer_saved_per_token(spec, _attn_impl(spec) is AttnImpl.EAGER)
+    if int8_formula_applies(spec):  # LLM.int8 base + LoRA, traced on real bitsandbytes (activations/int8.py)
+        return int8_layer_saved_per_token(spec, _attn_impl(spec) is AttnImpl.EAGER)
     m = _mode(spec)
     full = spec.lora is None and spec.quant is None if trainable is None else trainable
     targets = _lora_targets(spec)
@@ -482,6 +493,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     if act.checkpointing:
         n_ckpt = math.ceil(layers / max(1, act.checkpoint_every_n_layers))
     kept = (layers - n_ckpt) * (layer + scores) + n_ckpt * m.r * sh.hidden_size * b * s
+    if n_ckpt and int8_ctx_through_checkpoint(spec):  # MatMul8bitFp/Lt keep ctx.A through checkpointing (int8.py)
+        kept += n_ckpt * int8_checkpointed_inputs(spec) * b * s
     frozen = frozen_layers(spec)
     layers_saved = -1
     if frozen is not None:  # partial fine-tune by layers (freeze.py)
@@ -502,9 +515,14 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         device_kept, host = offload_split(spec, kept, head_in, m.e)
         kept = device_kept
     # worst moment during backward besides every gradient (activations_backward.py, tests/test_backward_phase.py)
-    bq = BackwardInputs(layer + scores, kept, m.r * sh.hidden_size * b * s if n_ckpt else 0, n_ckpt, m.e, m.r,
+    int8_ckpt = int8_checkpointed_inputs(spec) if int8_ctx_through_checkpoint(spec) else 0
+    ckpt_input = (m.r * sh.hidden_size + int8_ckpt) * b * s
+    recomputed = layer
+    if n_ckpt and int8_ctx_through_checkpoint(spec):  # the recomputed layer keeps no ctx.A-only input (int8.py)
+        recomputed -= int8_layer_extra(spec, _attn_impl(spec) is AttnImpl.EAGER, ctx_only=True) * b * s
+    bq = BackwardInputs(recomputed + scores, kept, ckpt_input if n_ckpt else 0, n_ckpt, m.e, m.r,
                         m.autocast, m.half_model, end, layers_saved, offloaded=bool(host),
-                        attention_moment=_mla_attention_moment(spec, m, layers_saved))
+                        attention_moment=_mla_attention_moment(spec, m, layers_saved), **_int8_backward(spec, b * s))
     # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
     # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
     head = 0 if spec.trainer.kind in _FUSED_HEAD else _head_backward_logits(spec, m)
@@ -515,6 +533,12 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     elif n_ckpt and qlora16_applies(spec):  # the same, 16-bit working set (activations/qlora16.py)
         end, recompute = kept, layer + scores + qlora16_backward_working_set(spec) * b * s
         moment = "first recomputed layer"
+    elif n_ckpt and int8_formula_applies(spec) and (bw := backward_transient(spec, bq, head))[1] != "embedding":
+        # 8-bit: the QLoRA rule (its MLP backward runs the same fp32 input gradient) on the recomputed layer
+        # without its ctx.A-only inputs; every checkpoint and ctx.A still held (differential check, int8 cells)
+        first = kept + bq.layer + qlora_backward_working_set(spec) * b * s
+        end, recompute, moment = (kept, first - kept, "first recomputed layer") if first >= bw[0] + end else \
+            (end, bw[0], bw[1])
     ids = b * s * 8
     detail = f"{per_token} B/token/layer x {b}x{s} tokens x {layers - n_ckpt} layers"
     fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
@@ -541,6 +565,13 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         ),
         Component.persistent("inputs.ids", Category.ACTIVATIONS, ids, _TRACE, "input ids int64"),
     ]
+    dequantized = int8_forward_temporary(spec) if int8_formula_applies(spec) else 0
+    if dequantized > fwd_logits:  # the forward peak inside the largest 8-bit linear (activations/int8.py)
+        comps.append(Component(
+            "temporaries.int8_dequantized_weight", Category.TEMPORARIES, Location.DEVICE,
+            {Phase.FORWARD_END: dequantized - fwd_logits}, SOURCE_INT8 + "; MatMul8bitFp.forward: CB.to(A.dtype)",
+            "the largest 8-bit weight dequantized for F.linear, above the logits of the end of forward",
+        ))
     if host:
         comps.append(Component(
             "activations.offloaded", Category.ACTIVATIONS, Location.HOST,
@@ -565,6 +596,15 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
             )
         )
     return tuple(comps)
+
+
+def _int8_backward(spec: TrainingSpec, tokens: int) -> dict[str, int]:
+    """8-bit LoRA: the ctx.A inputs each layer keeps after its backward (the graph lives until the step ends,
+    activations/int8.py). The dequantized weight of the backward matmul never sets the peak in the traced grid
+    (benchmarks/formula_vs_trace.py int8 cells): it is not added."""
+    if not int8_formula_applies(spec) or (spec.activations.checkpointing and not int8_ctx_through_checkpoint(spec)):
+        return {}
+    return {"retained": int8_checkpointed_inputs(spec) * tokens}
 
 
 def _dora_component(spec: TrainingSpec, m: _Mode, kept_layers: int, fwd_logits: int,
@@ -603,7 +643,8 @@ def _autocast_cache_phases(spec: TrainingSpec, m: _Mode) -> tuple[int, int]:
         return cache, qlora_cache_after_forward(spec, cache, any_base=True)
     # a pre-quantized GPTQ/AWQ/FP8 base is a frozen 16-bit base to autocast (its matmuls are the kernels' own)
     if spec.lora is None or (spec.quant is not None and spec.quant.method == "bitsandbytes"):
-        return cache, qlora_cache_after_forward(spec, cache)
+        # an 8-bit base: the same rule as 4-bit (trace "llama int8 ckpt autocast": no cast left at backward start)
+        return cache, qlora_cache_after_forward(spec, cache, any_base=int8_formula_applies(spec))
     # LoRA: autocast caches the casts of the fp32 adapters (leaves needing a gradient) until it exits; the frozen
     # fp32 base weights' casts are not cached, only saved by F.linear; a checkpointed layer saves neither
     # (trace "llama lora autocast": _to_copy (r, h) bf16 per adapter, (out, in) bf16 per base linear)
@@ -669,16 +710,17 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     extras = lora_extras_unpinned(spec, fam in FAMILY_FORMULAS) if spec.quant is None else None
     if extras:
         out.append(Finding("activations-not-pinned", Severity.INFO, extras, "run `fitcheck estimate --trace`"))
-    lora_unpinned = spec.quant is not None and not qlora_formula_applies(spec)  # QLoRA: activations_qlora.py
-    if spec.quant is not None and spec.quant.bits == 8:
+    int8 = int8_formula_applies(spec)  # LLM.int8 LoRA: activations/int8.py
+    lora_unpinned = spec.quant is not None and not qlora_formula_applies(spec) and not int8
+    if spec.quant is not None and spec.quant.bits == 8 and not int8:
         out.append(
             Finding(
                 "activations-not-pinned",
                 Severity.WARNING,
-                "LLM.int8 base: no 16-bit weight cache (int8 matmuls are no autocast op), but the saved "
-                "activations use the LoRA recipe: bitsandbytes' MatMul8bitLt keeps each layer's input and "
-                "returns the input's dtype (fp32 after k-bit preparation), which the recipe does not count",
-                "treat the activations as a lower bound; measure with FitcheckCallback",
+                "LLM.int8 base outside the traced recipe (LoRA after prepare_model_for_kbit_training on a "
+                "Llama/Mistral/Qwen2/Gemma layer): the saved activations use the LoRA recipe, which does not "
+                "count the input bitsandbytes' MatMul8bitFp/MatMul8bitLt keeps for each 8-bit linear",
+                "treat the activations as a lower bound; run `fitcheck estimate --trace` (8-bit bases are traced)",
             )
         )
     elif lora_unpinned:  # no k-bit preparation, DoRA or an untraced family on a quantized base
@@ -690,7 +732,7 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 "run `fitcheck estimate --trace` for a measured number (4-bit bases are traced on an emulated base)",
             )
         )
-    if not qlora_formula_applies(spec):  # QLoRA's backward working set: activations_qlora.py
+    if not qlora_formula_applies(spec) and not int8:  # QLoRA's backward working set: activations_qlora.py
         out.extend(backward_findings(spec))
     if fam in _EAGER_ONLY and spec.activations.attn_implementation is AttnImpl.SDPA:
         out.append(
