@@ -124,15 +124,12 @@ def divisors(n: int) -> list[int]:
 
 def _refuse_sharded(trainer: Any) -> None:
     args = trainer.args
-    deepspeed = getattr(args, "deepspeed", None) or getattr(args, "hf_deepspeed_config", None)
-    fsdp = getattr(args, "fsdp", None)
-    if deepspeed or fsdp:
-        what = "DeepSpeed" if deepspeed else "FSDP"
+    if getattr(args, "fsdp", None) or getattr(trainer, "is_fsdp_enabled", False):
         raise TuningError(
-            f"tune_micro_batch: {what} shards the model inside Trainer.train(), so a trial step before it would "
-            "measure the unsharded model; pick the micro-batch with `fitcheck estimate` (max_micro_batch) and "
-            "set it with fitcheck.integrations.tuner.set_trainer_micro_batch(trainer, m), which keeps DeepSpeed's "
-            "batch keys consistent"
+            "tune_micro_batch: FSDP shards the model inside Trainer.train() and trial steps on an FSDP-prepared "
+            "model are not supported yet (see fitcheck.integrations.tuner_engine); pick the micro-batch with "
+            "`fitcheck estimate` (max_micro_batch) and set it with "
+            "fitcheck.integrations.tuner.set_trainer_micro_batch(trainer, m)"
         )
 
 
@@ -187,6 +184,7 @@ def tune_micro_batch(
         TuningError: Nothing fits (even micro-batch 1), or the run is DeepSpeed/FSDP-sharded.
     """
     from fitcheck.integrations.trainer_estimate import trainer_spec
+    from fitcheck.integrations.tuner_engine import EngineTrialSession, is_deepspeed_trainer
     from fitcheck.integrations.tuner_trial import TrialSession, all_ranks_min, all_ranks_ok
 
     _refuse_sharded(trainer)
@@ -229,7 +227,9 @@ def tune_micro_batch(
 
             raise torch.OutOfMemoryError(trials[-1].error)
 
-    with TrialSession(trainer, spec.batch.seq_len) as session:
+    session_type: type[TrialSession] | type[EngineTrialSession] = (
+        EngineTrialSession if is_deepspeed_trainer(trainer) else TrialSession)
+    with session_type(trainer, spec.batch.seq_len) as session:
         found: SearchResult = search_largest(step, start, lower=1, upper=len(sizes))
     if found.size == 0:
         raise TuningError(
@@ -343,9 +343,9 @@ def set_trainer_micro_batch(
     if trainer_or_args is not args and hasattr(trainer_or_args, "_train_batch_size"):
         n_gpu = max(1, int(getattr(args, "n_gpu", 1) or 1))  # DataParallel multiplies (training_args.py)
         trainer_or_args._train_batch_size = micro * n_gpu
-    ds = getattr(args, "hf_deepspeed_config", None)
-    config = getattr(ds, "config", None)
-    if isinstance(config, dict):
+    from fitcheck.integrations.tuner_engine import deepspeed_configs
+
+    for config in deepspeed_configs(trainer_or_args):
         config["train_micro_batch_size_per_gpu"] = micro
         config["gradient_accumulation_steps"] = gas
         config["train_batch_size"] = micro * gas * world
