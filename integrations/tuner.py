@@ -22,9 +22,11 @@ gradient accumulation (the global batch silently shrinks), restarts training aft
 refuses it under DeepSpeed ZeRO-3. ``benchmarks/tuner_vs_hf.py`` compares both on the same budgets.
 
 Under DDP every rank runs the same trials and all-reduces each verdict (MIN), so all ranks set the same size.
-DeepSpeed and FSDP shard the model inside ``Trainer.train``; trial steps before it would measure the unsharded
-model, so the tuner refuses them (:class:`TuningError`); :func:`set_trainer_micro_batch` keeps DeepSpeed's
-batch keys consistent for a size chosen otherwise.
+DeepSpeed (ZeRO-1/2/3) shards the model inside ``Trainer.train``: each trial prepares a real engine the way
+``train()`` does and tears it down (:mod:`fitcheck.integrations.tuner_engine`, where the design is argued), and
+:func:`set_trainer_micro_batch` keeps DeepSpeed's three batch keys consistent with the size set. FSDP-prepared
+Trainers are refused (:class:`TuningError`): accelerate 1.15 enables FSDP only on GPU backends, so no trial path
+for it could be run here.
 
 torch and transformers are imported lazily.
 """
@@ -123,12 +125,17 @@ def divisors(n: int) -> list[int]:
 
 
 def _refuse_sharded(trainer: Any) -> None:
-    args = trainer.args
-    if getattr(args, "fsdp", None) or getattr(trainer, "is_fsdp_enabled", False):
+    """FSDP-prepared Trainers are refused: trial steps on them are not built (see tuner_engine's docstring).
+
+    The Trainer's own ``is_fsdp_enabled`` decides, not ``args.fsdp``: accelerate 1.15 (state.py, the
+    ``distributed_type`` branch) turns FSDP on only for GPU-type backends, so on CPU (``MULTI_CPU`` or one
+    process) a Trainer given ``fsdp=`` trains unsharded (DDP) and is tuned as such.
+    """
+    if getattr(trainer, "is_fsdp_enabled", False):
         raise TuningError(
-            "tune_micro_batch: FSDP shards the model inside Trainer.train() and trial steps on an FSDP-prepared "
-            "model are not supported yet (see fitcheck.integrations.tuner_engine); pick the micro-batch with "
-            "`fitcheck estimate` (max_micro_batch) and set it with "
+            "tune_micro_batch: FSDP shards the model inside Trainer.train(), and trial steps on an FSDP-prepared "
+            "model are not supported (only DeepSpeed engines are re-prepared for trials); pick the micro-batch "
+            "with `fitcheck estimate` (max_micro_batch) and set it with "
             "fitcheck.integrations.tuner.set_trainer_micro_batch(trainer, m)"
         )
 
@@ -181,7 +188,7 @@ def tune_micro_batch(
         The size set and every trial.
 
     Raises:
-        TuningError: Nothing fits (even micro-batch 1), or the run is DeepSpeed/FSDP-sharded.
+        TuningError: Nothing fits (even micro-batch 1), or the Trainer is FSDP-prepared.
     """
     from fitcheck.integrations.trainer_estimate import trainer_spec
     from fitcheck.integrations.tuner_engine import EngineTrialSession, is_deepspeed_trainer
