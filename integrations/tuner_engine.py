@@ -18,7 +18,13 @@ gradient buckets. Three designs were weighed:
 (b) run the search from inside ``train()`` at the first step: the engine's batch size is fixed at
     ``deepspeed.initialize`` (``train_micro_batch_size_per_gpu`` sizes its buffers, the dataloader is built before
     it), so changing the micro-batch there means re-preparing anyway, inside a loop the Trainer owns;
-(c) estimate only, no trials: no verification, the tuner's promise.
+(c) estimate only, no trials: no verification, against the tuner's promise.
+
+FSDP is not handled here (the tuner refuses an FSDP-prepared Trainer): it cannot run on CPU with these versions.
+In one process transformers 5.23 raises "Using fsdp only works in distributed training." (trainer.py ``__init__``);
+under a gloo group (``MULTI_CPU``) accelerate 1.15 state.py enables FSDP only for GPU-type distributed types, so
+``is_fsdp_enabled`` stays False and the Trainer trains under ``DistributedDataParallel`` (checked with
+``fsdp="full_shard"``, FSDP2 config, 1 gloo process), which the plain trial path handles.
 
 A trial (``run``): the engine is prepared (its allocation is part of what must fit: ``train()`` does the same),
 every param group's ``lr`` and ``weight_decay`` are set to 0, one micro-step with a boundary allocates the
