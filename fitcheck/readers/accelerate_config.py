@@ -118,6 +118,9 @@ class AccelerateRead:
         parallelism: The ``parallelism_config`` section (read by ``fitcheck.readers.parallelism``).
         provenance: Field -> where it was read.
         findings: Not-modelled parallelism, legacy keys.
+        use_cpu: ``use_cpu`` (``accelerate config`` writes true for MULTI_CPU): the script trains on the CPU.
+        mpirun_hostfile: ``mpirun_config.mpirun_hostfile`` (the simple launcher then starts ``num_processes``
+            through mpirun; :mod:`fitcheck.readers.accelerate_processes`).
     """
 
     source: str
@@ -132,6 +135,8 @@ class AccelerateRead:
     parallelism: Mapping[str, object] | None = None
     provenance: dict[str, str] = field(default_factory=dict)
     findings: tuple[Finding, ...] = ()
+    use_cpu: bool = False
+    mpirun_hostfile: str | None = None
 
 
 def default_config_path(env: Mapping[str, str]) -> str:
@@ -236,6 +241,7 @@ def read_accelerate_config(path: str) -> AccelerateRead:
     read = AccelerateRead(
         path, dist, num_processes, num_machines, mixed, provenance=prov,
         parallelism={str(k): v for k, v in section.items()} if section else None,
+        **_cpu_keys(raw, path, prov),
     )
     if dist == "DEEPSPEED":
         read = _with_deepspeed(read, raw, path)
@@ -248,6 +254,20 @@ def read_accelerate_config(path: str) -> AccelerateRead:
         )
         read = replace(read, fsdp=fs)
     return replace(read, findings=(*findings, *read.findings))
+
+
+def _cpu_keys(raw: Mapping[str, object], path: str, prov: dict[str, str]) -> dict[str, object]:
+    """``use_cpu`` and ``mpirun_config.mpirun_hostfile`` (accelerate 1.15 ClusterConfig)."""
+    out: dict[str, object] = {}
+    if raw.get("use_cpu") is not None:
+        out["use_cpu"] = as_bool(raw["use_cpu"], at=where(path, "use_cpu"))
+        prov["use_cpu"] = where(path, "use_cpu")
+    mpirun = raw.get("mpirun_config") or {}
+    if not isinstance(mpirun, Mapping):
+        raise ConfigError(f"{where(path, 'mpirun_config')}: expected a mapping, got {mpirun!r}")
+    if mpirun.get("mpirun_hostfile"):
+        out["mpirun_hostfile"] = as_str(mpirun["mpirun_hostfile"], at=where(path, "mpirun_config.mpirun_hostfile"))
+    return out
 
 
 def _with_deepspeed(read: AccelerateRead, raw: Mapping[str, object], path: str) -> AccelerateRead:
