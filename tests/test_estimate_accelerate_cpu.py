@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
 
-from fitcheck.cli.estimate import spec_from_values
 from fitcheck.integrations import accelerate_launch as al
 
+from fitcheck.cli.estimate import spec_from_values
 from fitcheck.spec import DeviceType
 
 ENV = {"HOME": "/nonexistent-home", "HF_HOME": "/nonexistent-hf-home"}

@@ -16,7 +16,7 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from tuner_deepspeed import MAX_STEPS, measure  # noqa: E402
+from tuner_deepspeed import MAX_STEPS, measure
 
 
 @pytest.mark.slow

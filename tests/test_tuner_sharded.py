@@ -25,6 +25,6 @@ from tuner_budget import CONFIGS, SEQ, build_trainer  # noqa: E402
 def test_an_fsdp_prepared_trainer_is_refused_with_a_clear_message(tmp_path: Path) -> None:
     trainer = build_trainer(CONFIGS[0], str(tmp_path))
     trainer.is_fsdp_enabled = True  # what Trainer.__init__ sets when accelerate's state has an FSDP plugin (GPU)
-    with pytest.raises(TuningError, match="FSDP-prepared model are not supported.*set_trainer_micro_batch"):
+    with pytest.raises(TuningError, match=r"FSDP-prepared model are not supported.*set_trainer_micro_batch"):
         tune_micro_batch(trainer, gpu_memory=10**9, device_type="cpu", max_seq_length=SEQ)
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (16, 1)

@@ -241,8 +241,9 @@ def read_accelerate_config(path: str) -> AccelerateRead:
     read = AccelerateRead(
         path, dist, num_processes, num_machines, mixed, provenance=prov,
         parallelism={str(k): v for k, v in section.items()} if section else None,
-        **_cpu_keys(raw, path, prov),
     )
+    use_cpu, hostfile = _cpu_keys(raw, path, prov)
+    read = replace(read, use_cpu=use_cpu, mpirun_hostfile=hostfile)
     if dist == "DEEPSPEED":
         read = _with_deepspeed(read, raw, path)
     if dist == "FSDP":
@@ -256,18 +257,17 @@ def read_accelerate_config(path: str) -> AccelerateRead:
     return replace(read, findings=(*findings, *read.findings))
 
 
-def _cpu_keys(raw: Mapping[str, object], path: str, prov: dict[str, str]) -> dict[str, object]:
+def _cpu_keys(raw: Mapping[str, object], path: str, prov: dict[str, str]) -> tuple[bool, str | None]:
     """``use_cpu`` and ``mpirun_config.mpirun_hostfile`` (accelerate 1.15 ClusterConfig)."""
-    out: dict[str, object] = {}
+    use_cpu = False
     if raw.get("use_cpu") is not None:
-        out["use_cpu"] = as_bool(raw["use_cpu"], at=where(path, "use_cpu"))
+        use_cpu = as_bool(raw["use_cpu"], at=where(path, "use_cpu"))
         prov["use_cpu"] = where(path, "use_cpu")
     mpirun = raw.get("mpirun_config") or {}
     if not isinstance(mpirun, Mapping):
         raise ConfigError(f"{where(path, 'mpirun_config')}: expected a mapping, got {mpirun!r}")
-    if mpirun.get("mpirun_hostfile"):
-        out["mpirun_hostfile"] = as_str(mpirun["mpirun_hostfile"], at=where(path, "mpirun_config.mpirun_hostfile"))
-    return out
+    hostfile = mpirun.get("mpirun_hostfile")
+    return use_cpu, as_str(hostfile, at=where(path, "mpirun_config.mpirun_hostfile")) if hostfile else None
 
 
 def _with_deepspeed(read: AccelerateRead, raw: Mapping[str, object], path: str) -> AccelerateRead:
