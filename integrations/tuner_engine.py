@@ -35,6 +35,12 @@ min(2, accumulation) micro-steps through ``trainer.training_step`` (accelerate's
 resident. Gradient-accumulation boundaries are set through accelerate's ``gradient_state`` as
 ``Trainer._run_epoch`` sets them.
 
+Several processes: every rank prepares the same engine and runs the same trials (the verdicts are all-reduced by
+the tuner). Unlike the DDP trials (``no_sync``), a DeepSpeed step has collectives inside it (ZeRO's
+reduce-scatter at the boundary, ZeRO-3's all-gathers in forward), so a rank that runs out of memory in the middle
+of a trial while the others do not leaves them waiting in that collective until the process group's timeout.
+Ranks with the same memory fail at the same allocation (same batch, same shapes).
+
 The engine casts the module to the run's 16-bit dtype in place (deepspeed 0.19.8 runtime/engine.py
 ``_configure_distributed_model``); ``train()`` would do the same first thing, so the training that follows
 starts from the same bits (``tests/test_tuner_deepspeed.py`` compares with an untuned run).

@@ -38,3 +38,25 @@ def test_tuner_on_a_real_deepspeed_engine_finds_the_max_without_training(stage: 
     if stage == 2:
         nothing = r["nothing_fits"]
         assert nothing["raised"] and nothing["trials"] >= 1 and nothing["args_kept"] and nothing["config_kept"]
+
+
+@pytest.mark.slow
+def test_two_deepspeed_ranks_agree_and_set_the_world_batch(tmp_path: Path) -> None:
+    """torch.distributed.run, 2 CPU processes (gloo), ZeRO-2, the same simulated budget on both ranks."""
+    import json
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "rank"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29562",
+           str(root / "benchmarks" / "tuner_deepspeed_ddp_worker.py"), str(out), "1215008"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads((tmp_path / f"rank.{r}").read_text()) for r in (0, 1)]
+    assert rows[0] == rows[1]  # same size, same trials, same engine batch on both ranks
+    micro, accum, trials, engine_batch, steps, world = rows[0]
+    assert world == 2 and micro * accum == 16 and len(trials) <= 3
+    assert engine_batch == [micro, accum, micro * accum * world]  # DeepSpeed's train_batch_size counts the world
+    assert steps == MAX_STEPS
