@@ -31,14 +31,25 @@ MAX_STEPS = 2
 
 
 def ds_config(stage: int) -> dict[str, Any]:
-    """A DeepSpeed config with the batch keys on ``auto`` (filled from the TrainingArguments)."""
-    return {
+    """A DeepSpeed config with the batch keys on ``auto`` (filled from the TrainingArguments).
+
+    The three stages cover the three optimizer/scheduler paths of transformers' ``deepspeed_optim_sched``:
+    ZeRO-1 the Trainer's own AdamW and scheduler (no ``optimizer`` section), ZeRO-2 DeepSpeed's AdamW with the
+    Trainer's scheduler, ZeRO-3 DeepSpeed's AdamW and ``WarmupLR`` (``auto`` keys filled per engine).
+    """
+    config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
         "train_batch_size": "auto", "bf16": {"enabled": "auto"},
         "zero_optimization": {"stage": stage, "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET,
                               "stage3_prefetch_bucket_size": BUCKET, "stage3_param_persistence_threshold": 0},
-        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True}},
     }
+    if stage >= 2:
+        config["optimizer"] = {"type": "AdamW",
+                               "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True}}
+    if stage == 3:
+        config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                              "warmup_num_steps": "auto"}}
+    return config
 
 
 def _env(stage: int) -> None:
@@ -74,7 +85,7 @@ def run_stage(stage: int, out: str) -> dict[str, Any]:
         return (ds if ds is not None else p).detach()
 
     config = Config(f"DeepSpeed ZeRO-{stage}, 8 x 2", 8, 2, target=1,
-                    extra={"deepspeed": ds_config(stage), "bf16": True})
+                    extra={"deepspeed": ds_config(stage), "bf16": True, "weight_decay": 0.1})
     per_gpu = config.micro * config.accum
     sizes = divisors(per_gpu)
 

@@ -53,6 +53,7 @@ import math
 from contextlib import suppress
 from typing import Any
 
+from fitcheck.integrations.tuner_batch import deepspeed_configs, set_trainer_micro_batch
 from fitcheck.integrations.tuner_trial import (
     _BOOKKEEPING,
     TrialMeasure,
@@ -70,26 +71,6 @@ _PREPARED = ("model_wrapped", "deepspeed", "optimizer", "lr_scheduler", "_create
 def is_deepspeed_trainer(trainer: Any) -> bool:
     """True when the Trainer runs under DeepSpeed (transformers' ``is_deepspeed_enabled``)."""
     return bool(getattr(trainer, "is_deepspeed_enabled", False))
-
-
-def deepspeed_configs(trainer_or_args: Any) -> list[dict[str, Any]]:
-    """The DeepSpeed config dicts a Trainer (or its TrainingArguments) reads; often one object.
-
-    ``args.hf_deepspeed_config.config`` (TrainingArguments ``__post_init__``), the accelerator plugin's
-    ``hf_ds_config.config`` and ``deepspeed_config`` (accelerate 1.15 ``DeepSpeedPlugin``; a new object when
-    ``propagate_args_to_deepspeed`` re-made it).
-    """
-    args = getattr(trainer_or_args, "args", trainer_or_args)
-    accelerator = getattr(trainer_or_args, "accelerator", None)
-    plugin = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None)
-    out: list[dict[str, Any]] = []
-    candidates = (getattr(getattr(args, "hf_deepspeed_config", None), "config", None),
-                  getattr(getattr(plugin, "hf_ds_config", None), "config", None),
-                  getattr(plugin, "deepspeed_config", None))
-    for config in candidates:
-        if isinstance(config, dict) and all(config is not c for c in out):
-            out.append(config)
-    return out
 
 
 def _trial_max_steps(trainer: Any, micro: int, grad_accum: int) -> int:
@@ -218,8 +199,6 @@ class EngineTrialSession:
             release_memory()  # gc.collect() + the device cache
 
     def _prepare(self, micro: int, grad_accum: int) -> Any:
-        from fitcheck.integrations.tuner import set_trainer_micro_batch
-
         t = self.trainer
         for config, snapshot in self._saved["configs"]:  # train() finalizes the config from its "auto" state
             config.clear()
