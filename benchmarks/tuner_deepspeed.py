@@ -121,6 +121,7 @@ def run_stage(stage: int, out: str) -> dict[str, Any]:
         trainer = build_trainer(config, out, max_steps=MAX_STEPS)
         tight = sum(p.numel() * p.element_size() for p in trainer.model.parameters()) + 1024
         before = dict(trainer.args.hf_deepspeed_config.config)
+        hooks = _hook_count(trainer.model)
         try:
             with budget_for(trainer.model, tight):
                 tune_micro_batch(trainer, gpu_memory=tight, device_type="cpu", max_seq_length=SEQ)
@@ -129,7 +130,8 @@ def run_stage(stage: int, out: str) -> dict[str, Any]:
             nothing = {"raised": True, "trials": len(exc.trials),
                        "args_kept": (trainer.args.per_device_train_batch_size,
                                      trainer.args.gradient_accumulation_steps) == (config.micro, config.accum),
-                       "config_kept": dict(trainer.args.hf_deepspeed_config.config) == before}
+                       "config_kept": dict(trainer.args.hf_deepspeed_config.config) == before,
+                       "hooks_kept": _hook_count(trainer.model) == hooks}
     return {
         "stage": stage, "budget": budget, "true": sizes[config.target], "predicted": tuned["predicted"],
         "micro": tuned["micro"], "accum": tuned["accum"], "trials": tuned["trials"],
@@ -140,6 +142,14 @@ def run_stage(stage: int, out: str) -> dict[str, Any]:
         "end_equal": all(torch.equal(a, b) for a, b in zip(tuned["end"], untuned["end"], strict=True)),
         "nothing_fits": nothing,
     }
+
+
+def _hook_count(model: Any) -> int:
+    """Forward/backward hooks on the model's modules and parameters (a failed engine build must leave none)."""
+    names = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
+             "_post_accumulate_grad_hooks")
+    owners = [*model.modules(), *model.parameters()]
+    return sum(len(getattr(o, n, None) or {}) for o in owners for n in names)
 
 
 def measure(stage: int) -> dict[str, Any]:

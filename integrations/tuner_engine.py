@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from contextlib import suppress
 from typing import Any
 
@@ -110,6 +111,33 @@ def _remove_module_hooks(engine: Any) -> None:
         if handle is not None:
             handle.remove()
             setattr(engine, name, None)
+
+
+_MODULE_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+_TENSOR_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
+
+
+def _hook_keys(model: Any) -> dict[tuple[int, str], set[int]]:
+    """The hook handles on every submodule and parameter of ``model`` (torch keeps them in dicts by id)."""
+    out: dict[tuple[int, str], set[int]] = {}
+    for owners, names in ((model.modules(), _MODULE_HOOKS), (model.parameters(), _TENSOR_HOOKS)):
+        for owner in owners:
+            for name in names:
+                hooks = getattr(owner, name, None)
+                if isinstance(hooks, dict):
+                    out[(id(owner), name)] = set(hooks)
+    return out
+
+
+def _drop_new_hooks(model: Any, before: Mapping[tuple[int, str], set[int]]) -> None:
+    """Remove the hooks added since ``before``: an engine whose build ran out of memory is never destroyed."""
+    for owners, names in ((model.modules(), _MODULE_HOOKS), (model.parameters(), _TENSOR_HOOKS)):
+        for owner in owners:
+            for name in names:
+                hooks = getattr(owner, name, None)
+                if isinstance(hooks, dict):
+                    for key in set(hooks) - before.get((id(owner), name), set()):
+                        del hooks[key]
 
 
 class EngineTrialSession:
@@ -247,6 +275,7 @@ class EngineTrialSession:
             tracker = LiveTensorTracker()
             tracker.track(model_state_tensors(self.model))
         t.current_gradient_accumulation_steps = grad_accum
+        hooks = _hook_keys(self.model)
         try:
             if tracker is not None:
                 tracker.start()
@@ -257,6 +286,7 @@ class EngineTrialSession:
             if tracker is not None:
                 tracker.stop()
             self._teardown()
+            _drop_new_hooks(self.model, hooks)
         if cuda:
             return TrialMeasure(int(torch.cuda.max_memory_allocated()), "torch.cuda.max_memory_allocated")
         assert tracker is not None

@@ -38,6 +38,7 @@ def test_tuner_on_a_real_deepspeed_engine_finds_the_max_without_training(stage: 
     if stage == 2:
         nothing = r["nothing_fits"]
         assert nothing["raised"] and nothing["trials"] >= 1 and nothing["args_kept"] and nothing["config_kept"]
+        assert nothing["hooks_kept"]
 
 
 @pytest.mark.slow
