@@ -22,9 +22,11 @@ gradient accumulation (the global batch silently shrinks), restarts training aft
 refuses it under DeepSpeed ZeRO-3. ``benchmarks/tuner_vs_hf.py`` compares both on the same budgets.
 
 Under DDP every rank runs the same trials and all-reduces each verdict (MIN), so all ranks set the same size.
-DeepSpeed and FSDP shard the model inside ``Trainer.train``; trial steps before it would measure the unsharded
-model, so the tuner refuses them (:class:`TuningError`); :func:`set_trainer_micro_batch` keeps DeepSpeed's
-batch keys consistent for a size chosen otherwise.
+DeepSpeed (ZeRO-1/2/3) shards the model inside ``Trainer.train``: each trial prepares a real engine the way
+``train()`` does and tears it down (:mod:`fitcheck.integrations.tuner_engine`, where the design is argued), and
+:func:`set_trainer_micro_batch` keeps DeepSpeed's three batch keys consistent with the size set. FSDP-prepared
+Trainers are refused (:class:`TuningError`): accelerate 1.15 enables FSDP only on GPU backends, so no trial path
+for it could be run here.
 
 torch and transformers are imported lazily.
 """
@@ -35,6 +37,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from fitcheck.integrations.tuner_batch import TrainerBatch, set_trainer_micro_batch
 from fitcheck.integrations.tuner_search import SearchResult, is_oom_error, search_largest
 
 from fitcheck.errors import FitcheckError
@@ -123,16 +126,18 @@ def divisors(n: int) -> list[int]:
 
 
 def _refuse_sharded(trainer: Any) -> None:
-    args = trainer.args
-    deepspeed = getattr(args, "deepspeed", None) or getattr(args, "hf_deepspeed_config", None)
-    fsdp = getattr(args, "fsdp", None)
-    if deepspeed or fsdp:
-        what = "DeepSpeed" if deepspeed else "FSDP"
+    """FSDP-prepared Trainers are refused: trial steps on them are not built (see tuner_engine's docstring).
+
+    The Trainer's own ``is_fsdp_enabled`` decides, not ``args.fsdp``: accelerate 1.15 (state.py, the
+    ``distributed_type`` branch) turns FSDP on only for GPU-type backends, so on CPU (``MULTI_CPU`` or one
+    process) a Trainer given ``fsdp=`` trains unsharded (DDP) and is tuned as such.
+    """
+    if getattr(trainer, "is_fsdp_enabled", False):
         raise TuningError(
-            f"tune_micro_batch: {what} shards the model inside Trainer.train(), so a trial step before it would "
-            "measure the unsharded model; pick the micro-batch with `fitcheck estimate` (max_micro_batch) and "
-            "set it with fitcheck.integrations.tuner.set_trainer_micro_batch(trainer, m), which keeps DeepSpeed's "
-            "batch keys consistent"
+            "tune_micro_batch: FSDP shards the model inside Trainer.train(), and trial steps on an FSDP-prepared "
+            "model are not supported (only DeepSpeed engines are re-prepared for trials); pick the micro-batch "
+            "with `fitcheck estimate` (max_micro_batch) and set it with "
+            "fitcheck.integrations.tuner.set_trainer_micro_batch(trainer, m)"
         )
 
 
@@ -184,9 +189,10 @@ def tune_micro_batch(
         The size set and every trial.
 
     Raises:
-        TuningError: Nothing fits (even micro-batch 1), or the run is DeepSpeed/FSDP-sharded.
+        TuningError: Nothing fits (even micro-batch 1), or the Trainer is FSDP-prepared.
     """
     from fitcheck.integrations.trainer_estimate import trainer_spec
+    from fitcheck.integrations.tuner_engine import EngineTrialSession, is_deepspeed_trainer
     from fitcheck.integrations.tuner_trial import TrialSession, all_ranks_min, all_ranks_ok
 
     _refuse_sharded(trainer)
@@ -229,7 +235,9 @@ def tune_micro_batch(
 
             raise torch.OutOfMemoryError(trials[-1].error)
 
-    with TrialSession(trainer, spec.batch.seq_len) as session:
+    session_type: type[TrialSession] | type[EngineTrialSession] = (
+        EngineTrialSession if is_deepspeed_trainer(trainer) else TrialSession)
+    with session_type(trainer, spec.batch.seq_len) as session:
         found: SearchResult = search_largest(step, start, lower=1, upper=len(sizes))
     if found.size == 0:
         raise TuningError(
@@ -276,83 +284,3 @@ def train_with_tuned_micro_batch(
     tune_micro_batch(trainer, gpu=gpu, gpu_memory=gpu_memory, device_type=device_type,
                      max_seq_length=max_seq_length)
     return trainer.train(**train_kwargs)
-
-
-@dataclass(frozen=True)
-class TrainerBatch:
-    """What :func:`set_trainer_micro_batch` set.
-
-    Attributes:
-        micro_batch: ``per_device_train_batch_size``.
-        grad_accum: ``gradient_accumulation_steps``.
-        train_batch_size: micro × accumulation × world size (DeepSpeed ``train_batch_size``).
-        exact: True when the global batch before the change is kept exactly.
-    """
-
-    micro_batch: int
-    grad_accum: int
-    train_batch_size: int
-    exact: bool
-
-
-def _keep_global(per_gpu: int, micro: int) -> tuple[int, int]:
-    """The rule of ``fitcheck.advice.batch_search.plan_global_batch`` on plain numbers."""
-    m = min(micro, per_gpu)
-    if per_gpu % m == 0:
-        return m, per_gpu // m
-    d = max(k for k in range(1, m) if per_gpu % k == 0)
-    if 2 * d >= m:
-        return d, per_gpu // d
-    return m, per_gpu // m
-
-
-def set_trainer_micro_batch(
-    trainer_or_args: Any, micro_batch: int, *, keep_global_batch: bool = True
-) -> TrainerBatch:
-    """Set the micro-batch of a Trainer (or its TrainingArguments) before its dataloader is built.
-
-    Sets ``args.per_device_train_batch_size``; with ``keep_global_batch`` rescales
-    ``args.gradient_accumulation_steps`` (rule: ``fitcheck.advice.batch_search.plan_global_batch``); updates
-    the Trainer's private ``_train_batch_size`` (copied from args in ``Trainer.__init__``; guarded by
-    ``hasattr``); and writes DeepSpeed's ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``
-    and ``train_batch_size`` into ``args.hf_deepspeed_config.config`` (the dict accelerate's DeepSpeed plugin
-    shares, transformers/integrations/deepspeed.py ``propagate_args_to_deepspeed``), so DeepSpeed's check
-    ``train_batch_size == micro × accumulation × world`` holds at every ZeRO stage.
-
-    Args:
-        trainer_or_args: A ``transformers.Trainer`` or ``TrainingArguments``.
-        micro_batch: The micro-batch to use.
-        keep_global_batch: Rescale gradient accumulation to keep micro × accumulation.
-
-    Returns:
-        What was set.
-    """
-    if micro_batch < 1:
-        raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
-    args = getattr(trainer_or_args, "args", trainer_or_args)
-    old_micro = int(args.per_device_train_batch_size)
-    old_gas = int(args.gradient_accumulation_steps)
-    per_gpu = old_micro * old_gas
-    if keep_global_batch:
-        micro, gas = _keep_global(per_gpu, micro_batch)
-    else:
-        micro, gas = micro_batch, old_gas
-    world = int(getattr(args, "world_size", 1) or 1)
-    args.per_device_train_batch_size = micro
-    args.gradient_accumulation_steps = gas
-    if trainer_or_args is not args and hasattr(trainer_or_args, "_train_batch_size"):
-        n_gpu = max(1, int(getattr(args, "n_gpu", 1) or 1))  # DataParallel multiplies (training_args.py)
-        trainer_or_args._train_batch_size = micro * n_gpu
-    ds = getattr(args, "hf_deepspeed_config", None)
-    config = getattr(ds, "config", None)
-    if isinstance(config, dict):
-        config["train_micro_batch_size_per_gpu"] = micro
-        config["gradient_accumulation_steps"] = gas
-        config["train_batch_size"] = micro * gas * world
-    accelerator = getattr(trainer_or_args, "accelerator", None)
-    state = getattr(getattr(accelerator, "gradient_state", None), "plugin_kwargs", None)
-    if isinstance(state, dict) and "num_steps" in state:
-        state["num_steps"] = gas  # accelerate GradientAccumulationPlugin, built in Trainer.__init__
-    return TrainerBatch(micro, gas, micro * gas * world, micro * gas == per_gpu)
-
-

@@ -118,6 +118,9 @@ class AccelerateRead:
         parallelism: The ``parallelism_config`` section (read by ``fitcheck.readers.parallelism``).
         provenance: Field -> where it was read.
         findings: Not-modelled parallelism, legacy keys.
+        use_cpu: ``use_cpu`` (``accelerate config`` writes true for MULTI_CPU): the script trains on the CPU.
+        mpirun_hostfile: ``mpirun_config.mpirun_hostfile`` (the simple launcher then starts ``num_processes``
+            through mpirun; :mod:`fitcheck.readers.accelerate_processes`).
     """
 
     source: str
@@ -132,6 +135,8 @@ class AccelerateRead:
     parallelism: Mapping[str, object] | None = None
     provenance: dict[str, str] = field(default_factory=dict)
     findings: tuple[Finding, ...] = ()
+    use_cpu: bool = False
+    mpirun_hostfile: str | None = None
 
 
 def default_config_path(env: Mapping[str, str]) -> str:
@@ -237,6 +242,8 @@ def read_accelerate_config(path: str) -> AccelerateRead:
         path, dist, num_processes, num_machines, mixed, provenance=prov,
         parallelism={str(k): v for k, v in section.items()} if section else None,
     )
+    use_cpu, hostfile = _cpu_keys(raw, path, prov)
+    read = replace(read, use_cpu=use_cpu, mpirun_hostfile=hostfile)
     if dist == "DEEPSPEED":
         read = _with_deepspeed(read, raw, path)
     if dist == "FSDP":
@@ -248,6 +255,19 @@ def read_accelerate_config(path: str) -> AccelerateRead:
         )
         read = replace(read, fsdp=fs)
     return replace(read, findings=(*findings, *read.findings))
+
+
+def _cpu_keys(raw: Mapping[str, object], path: str, prov: dict[str, str]) -> tuple[bool, str | None]:
+    """``use_cpu`` and ``mpirun_config.mpirun_hostfile`` (accelerate 1.15 ClusterConfig)."""
+    use_cpu = False
+    if raw.get("use_cpu") is not None:
+        use_cpu = as_bool(raw["use_cpu"], at=where(path, "use_cpu"))
+        prov["use_cpu"] = where(path, "use_cpu")
+    mpirun = raw.get("mpirun_config") or {}
+    if not isinstance(mpirun, Mapping):
+        raise ConfigError(f"{where(path, 'mpirun_config')}: expected a mapping, got {mpirun!r}")
+    hostfile = mpirun.get("mpirun_hostfile")
+    return use_cpu, as_str(hostfile, at=where(path, "mpirun_config.mpirun_hostfile")) if hostfile else None
 
 
 def _with_deepspeed(read: AccelerateRead, raw: Mapping[str, object], path: str) -> AccelerateRead:

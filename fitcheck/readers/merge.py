@@ -32,6 +32,7 @@ from fitcheck.readers.accelerate_config import (
     parse_mixed_precision,
     read_accelerate_config,
 )
+from fitcheck.readers.accelerate_processes import launched_processes
 from fitcheck.readers.fsdp_config import FsdpRead
 from fitcheck.readers.merge_sharding import Source, Updates, deepspeed_raw, fsdp_read, resolve_ds, run_precision
 from fitcheck.readers.parallelism import PARALLELISM_FLAGS, read_parallelism
@@ -122,8 +123,10 @@ def merge_sources(
     values, provenance = _layered(cli, training_args_file, findings)
     sources = {k: Source(values.pop(k), provenance.pop(k)) for k in _SOURCE_FIELDS if k in values}
     acc = _accelerate(accelerate_config_file, env, findings)
-    num_processes, num_machines = _processes(cli, acc, provenance)
+    num_processes, num_machines = _processes(cli, acc, provenance, findings)
     values["num_processes"], values["num_machines"] = num_processes, num_machines
+    if acc is not None and acc.use_cpu and "device_type" not in cli:  # ACCELERATE_USE_CPU for the script
+        _update(values, provenance, {"device_type": ("cpu", acc.provenance["use_cpu"] + " (accelerate use_cpu)")})
     _update(values, provenance, _precision(cli, acc, values, provenance, findings))
     _update(values, provenance, _every_n_layers(values, provenance))
 
@@ -208,11 +211,18 @@ def _layered(
 
 
 def _processes(
-    cli: Mapping[str, object], acc: AccelerateRead | None, provenance: dict[str, str]
+    cli: Mapping[str, object], acc: AccelerateRead | None, provenance: dict[str, str], findings: list[Finding]
 ) -> tuple[int, int]:
     """``num_processes`` (total over machines) and ``num_machines``: flags, else accelerate's file, else 1."""
     num_machines = _flag_int(cli, "num_machines") or (acc.num_machines if acc else 1)
     num_processes = _flag_int(cli, "num_processes") or (acc.num_processes if acc else None)
+    launched = launched_processes(acc, num_processes) if acc is not None else None
+    if acc is not None and launched is not None and launched.count is not None:  # NO / MULTI_CPU: one process
+        if launched.finding is not None:
+            findings.append(launched.finding)
+        provenance["num_processes"] = launched.where
+        provenance["num_machines"] = "--num_machines" if "num_machines" in cli else acc.source
+        return launched.count, num_machines
     if num_processes is None:
         if acc is not None and acc.distributed_type != "NO":
             raise ConfigError(

@@ -1,0 +1,109 @@
+"""Set a Trainer's micro-batch before its dataloader is built, DeepSpeed's three batch keys included.
+
+Used by :func:`fitcheck.integrations.tuner.tune_micro_batch` (once, at the end) and by the DeepSpeed trial
+engines (:mod:`fitcheck.integrations.tuner_engine`, once per trial); users call :func:`set_trainer_micro_batch`
+for a size they pick (it is re-exported by :mod:`fitcheck.integrations.tuner`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+def deepspeed_configs(trainer_or_args: Any) -> list[dict[str, Any]]:
+    """The DeepSpeed config dicts a Trainer (or its TrainingArguments) reads; often one object.
+
+    ``args.hf_deepspeed_config.config`` (TrainingArguments ``__post_init__``), the accelerator plugin's
+    ``hf_ds_config.config`` and ``deepspeed_config`` (accelerate 1.15 ``DeepSpeedPlugin``; a new object when
+    ``propagate_args_to_deepspeed`` re-made it).
+    """
+    args = getattr(trainer_or_args, "args", trainer_or_args)
+    accelerator = getattr(trainer_or_args, "accelerator", None)
+    plugin = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None)
+    out: list[dict[str, Any]] = []
+    candidates = (getattr(getattr(args, "hf_deepspeed_config", None), "config", None),
+                  getattr(getattr(plugin, "hf_ds_config", None), "config", None),
+                  getattr(plugin, "deepspeed_config", None))
+    for config in candidates:
+        if isinstance(config, dict) and all(config is not c for c in out):
+            out.append(config)
+    return out
+
+
+@dataclass(frozen=True)
+class TrainerBatch:
+    """What :func:`set_trainer_micro_batch` set.
+
+    Attributes:
+        micro_batch: ``per_device_train_batch_size``.
+        grad_accum: ``gradient_accumulation_steps``.
+        train_batch_size: micro × accumulation × world size (DeepSpeed ``train_batch_size``).
+        exact: True when the global batch before the change is kept exactly.
+    """
+
+    micro_batch: int
+    grad_accum: int
+    train_batch_size: int
+    exact: bool
+
+
+def _keep_global(per_gpu: int, micro: int) -> tuple[int, int]:
+    """The rule of ``fitcheck.advice.batch_search.plan_global_batch`` on plain numbers."""
+    m = min(micro, per_gpu)
+    if per_gpu % m == 0:
+        return m, per_gpu // m
+    d = max(k for k in range(1, m) if per_gpu % k == 0)
+    if 2 * d >= m:
+        return d, per_gpu // d
+    return m, per_gpu // m
+
+
+def set_trainer_micro_batch(
+    trainer_or_args: Any, micro_batch: int, *, keep_global_batch: bool = True
+) -> TrainerBatch:
+    """Set the micro-batch of a Trainer (or its TrainingArguments) before its dataloader is built.
+
+    Sets ``args.per_device_train_batch_size``; with ``keep_global_batch`` rescales
+    ``args.gradient_accumulation_steps`` (rule: ``fitcheck.advice.batch_search.plan_global_batch``); updates
+    the Trainer's private ``_train_batch_size`` (copied from args in ``Trainer.__init__``; guarded by
+    ``hasattr``); and writes DeepSpeed's ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``
+    and ``train_batch_size`` into ``args.hf_deepspeed_config.config`` (the dict accelerate's DeepSpeed plugin
+    shares, transformers/integrations/deepspeed.py ``propagate_args_to_deepspeed``), so DeepSpeed's check
+    ``train_batch_size == micro × accumulation × world`` holds at every ZeRO stage.
+
+    Args:
+        trainer_or_args: A ``transformers.Trainer`` or ``TrainingArguments``.
+        micro_batch: The micro-batch to use.
+        keep_global_batch: Rescale gradient accumulation to keep micro × accumulation.
+
+    Returns:
+        What was set.
+    """
+    if micro_batch < 1:
+        raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
+    args = getattr(trainer_or_args, "args", trainer_or_args)
+    old_micro = int(args.per_device_train_batch_size)
+    old_gas = int(args.gradient_accumulation_steps)
+    per_gpu = old_micro * old_gas
+    if keep_global_batch:
+        micro, gas = _keep_global(per_gpu, micro_batch)
+    else:
+        micro, gas = micro_batch, old_gas
+    world = int(getattr(args, "world_size", 1) or 1)
+    args.per_device_train_batch_size = micro
+    args.gradient_accumulation_steps = gas
+    if trainer_or_args is not args and hasattr(trainer_or_args, "_train_batch_size"):
+        n_gpu = max(1, int(getattr(args, "n_gpu", 1) or 1))  # DataParallel multiplies (training_args.py)
+        trainer_or_args._train_batch_size = micro * n_gpu
+    for config in deepspeed_configs(trainer_or_args):
+        config["train_micro_batch_size_per_gpu"] = micro
+        config["gradient_accumulation_steps"] = gas
+        config["train_batch_size"] = micro * gas * world
+    accelerator = getattr(trainer_or_args, "accelerator", None)
+    state = getattr(getattr(accelerator, "gradient_state", None), "plugin_kwargs", None)
+    if isinstance(state, dict) and "num_steps" in state:
+        state["num_steps"] = gas  # accelerate GradientAccumulationPlugin, built in Trainer.__init__
+    return TrainerBatch(micro, gas, micro * gas * world, micro * gas == per_gpu)
+
+
