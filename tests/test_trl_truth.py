@@ -47,3 +47,12 @@ def test_evaluation_phase_within_two_percent(index: int) -> None:
     real = trl_truth.measure_eval(kind, eval_batch, length)
     est = estimate(trl_truth.eval_spec_for(kind, eval_batch, length)).phase_totals()[Phase.EVALUATION]
     assert est == pytest.approx(real, rel=0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["eval dpo bs4 implicit ref", "eval grpo beta 0.04 bs8", "eval reward bs8"])
+def test_trl_evaluation_within_two_percent(name: str) -> None:
+    _, case, eval_batch, metrics = next(c for c in trl_truth.TRL_EVAL_CASES if c[0] == name)
+    real = trl_truth.measure_trl_eval(case, eval_batch, metrics)
+    est = estimate(trl_truth.trl_eval_spec_for(case, eval_batch, metrics)).phase_totals()[Phase.EVALUATION]
+    assert est == pytest.approx(real, rel=0.02)

@@ -1,8 +1,10 @@
 """``--trainer trainer|sft|dpo|grpo|reward`` and TRL 1.16's config fields as ``fitcheck estimate`` flags.
 
 ``--per_device_eval_batch_size`` (``--eval_accumulation_steps``, ``--prediction_loss_only``) adds the evaluation
-phase (plain Trainer and SFT). An absent ``--prediction_loss_only`` means loss only: ``Trainer.evaluate`` without
-``compute_metrics``; ``--prediction_loss_only false`` means a ``compute_metrics`` gathers the logits.
+phase (every trainer: DPO, GRPO and reward through their own ``prediction_step``,
+``fitcheck.core.trainers.evaluation_trl``). An absent ``--prediction_loss_only`` means loss only:
+``Trainer.evaluate`` without ``compute_metrics``; ``--prediction_loss_only false`` means a ``compute_metrics``
+gathers the logits.
 
 With ``--trainer X`` an absent flag takes X's TRL config default. The defaults are a table here (importing TRL
 imports torch: seconds per CLI call); ``tests/test_trl_cli.py`` pins the table against the installed TRL's config
@@ -40,7 +42,7 @@ TRL_DEFAULTS: dict[TrainerKind, dict[str, object]] = {
 _BOOL = ("packing", "padding_free", "precompute_ref_log_probs", "use_vllm")
 _VALUE = ("max_prompt_length", "max_completion_length", "rpo_alpha", "num_generations", "beta",
           "generation_batch_size", "steps_per_generation", "vllm_mode", "vllm_gpu_memory_utilization")
-# The evaluation phase (fitcheck.core.trainers.evaluation): plain Trainer and SFT; refused for the others
+# The evaluation phase (fitcheck.core.trainers.evaluation): every trainer in EVAL_TRAINERS
 _EVAL = ("per_device_eval_batch_size", "eval_accumulation_steps", "prediction_loss_only")
 TRL_FLAG_NAMES = ("trainer", *_BOOL, *_VALUE, "loss_type", *_EVAL)
 

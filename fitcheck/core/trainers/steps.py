@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from fitcheck.core.states import partition
 from fitcheck.core.trainers.fused_head import (
     FusedHeadInputs,
     backward_peak,
@@ -123,6 +124,29 @@ def _has_reference_copy(spec: TrainingSpec) -> bool:
     return t.kind is TrainerKind.GRPO and t.beta != 0.0
 
 
+def reference_weights(spec: TrainingSpec) -> Component:
+    """The reference copy's weights on one GPU, placed as TRL 1.16 prepares it under the run's sharding.
+
+    ``dpo_trainer.py`` L984-990 / ``grpo_trainer.py`` L1182-1188 (TRL 1.16): with DeepSpeed the reference goes
+    through ``trl/models/utils.py prepare_deepspeed``, which keeps ZeRO-3 (and its ``offload_param``: only
+    ``offload_optimizer`` is dropped) and sets every other stage to 0 -- ZeRO-1/2 keep a whole copy per GPU; with
+    FSDP ``prepare_fsdp`` wraps it with the run's own plugin (sharding strategy, CPU offload); otherwise
+    ``accelerator.prepare_model(evaluation_mode=True)``: a whole copy (DDP replicas). The policy's weights are
+    divided the same way (``fitcheck.core.states.partition``: ZeRO-3 / FSDP divide by the shard group).
+    """
+    part = partition(spec)
+    nbytes = -(-_weights_bytes(spec) // part.weights)
+    share = f", 1/{part.weights} per GPU ({part.description})" if part.weights > 1 else ""
+    location = Location.HOST if part.params_on_host else Location.DEVICE
+    source = (_TRL + ": create_model_from_path(policy id); trl/models/utils.py prepare_deepspeed (stage 3 kept, "
+              "else 0) / prepare_fsdp")
+    detail = f"{spec.model.total_params:,} params frozen copy in {spec.precision.load_dtype.value}{share}"
+    if location is Location.HOST:  # host components are per node, as the policy's (states/model_states.py)
+        nbytes *= spec.sharding.processes_per_machine
+        detail += "; offloaded to host RAM with the policy's (per node)"
+    return Component.persistent("reference_model.weights", Category.WEIGHTS, nbytes, source, detail, location)
+
+
 def _last_hidden(spec: TrainingSpec) -> int:
     sh = spec.model.shape
     return spec.batch.micro_batch * spec.batch.seq_len * sh.hidden_size * spec.precision.load_dtype.nbytes
@@ -155,6 +179,19 @@ def _fused_head_component(spec: TrainingSpec, base: Component) -> Component:
         )
 
 
+def generation_bytes(spec: TrainingSpec, rows: int) -> tuple[int, int]:
+    """(KV cache, working set) of ``model.generate`` for ``rows`` sequences of prompt + completion (no vLLM)."""
+    t, sh = spec.trainer, spec.model.shape
+    e = spec.precision.load_dtype.nbytes
+    tokens = t.prompt_length + t.completion_length - 1  # the last sampled token is never fed back
+    kv = 2 * sh.num_layers * rows * sh.num_kv_heads * sh.head_dim * tokens * e
+    # prefill: one layer's MLP intermediates of the prompt (gate, up, their product) + sampling on [rows, V]:
+    # fp32 next-token logits and the processors' copies (temperature, top-p sort values + int64 indices, softmax)
+    prefill = 3 * rows * t.prompt_length * sh.intermediate_size * e
+    sampling = rows * sh.vocab_size * (4 * 5 + 8)
+    return kv, max(prefill, sampling)
+
+
 def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
     """GRPO without vLLM: ``model.generate`` for the generation batch (no grad), after the optimizer step."""
     t, sh = spec.trainer, spec.model.shape
@@ -172,20 +209,15 @@ def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
     steps = t.steps_per_generation or spec.batch.grad_accum
     rows = (t.generation_batch_size // spec.data_parallel_size if t.generation_batch_size
             else spec.batch.micro_batch * steps)
-    e = spec.precision.load_dtype.nbytes
-    tokens = t.prompt_length + t.completion_length - 1  # the last sampled token is never fed back
-    kv = 2 * sh.num_layers * rows * sh.num_kv_heads * sh.head_dim * tokens * e
-    # prefill: one layer's MLP intermediates of the prompt (gate, up, their product) + sampling on [rows, V]:
-    # fp32 next-token logits and the processors' copies (temperature, top-p sort values + int64 indices, softmax)
-    prefill = 3 * rows * t.prompt_length * sh.intermediate_size * e
-    sampling = rows * sh.vocab_size * (4 * 5 + 8)
+    tokens = t.prompt_length + t.completion_length - 1
+    kv, working = generation_bytes(spec, rows)
     return [
         held,
         Component("generation.kv_cache", Category.ACTIVATIONS, Location.DEVICE, {Phase.GENERATION: kv},
                   "transformers DynamicCache: K and V per layer [rows, kv_heads, tokens, head_dim]",
                   f"{rows} sequences x {tokens} tokens x {sh.num_layers} layers"),
         Component("generation.working_set", Category.TEMPORARIES, Location.DEVICE,
-                  {Phase.GENERATION: max(prefill, sampling)},
+                  {Phase.GENERATION: working},
                   "transformers generation/utils.py _sample + logits processors (approximate)",
                   "prefill MLP intermediates or the sampling copies of the next-token logits"),
     ]
@@ -212,10 +244,7 @@ def trainer_components(spec: TrainingSpec, base: tuple[Component, ...]) -> tuple
         else:
             out.append(c)
     if _has_reference_copy(spec):
-        nbytes = _weights_bytes(spec)
-        out.append(Component.persistent(
-            "reference_model.weights", Category.WEIGHTS, nbytes, _TRL + ": create_model_from_path(policy id)",
-            f"{spec.model.total_params:,} params frozen copy in {spec.precision.load_dtype.value}"))
+        out.append(reference_weights(spec))
     persistent = sum(c.at(Phase.FORWARD_END) for c in out if c.location is Location.DEVICE
                      and c.category in (Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META,
                                         Category.OPTIMIZER, Category.MASTER))
