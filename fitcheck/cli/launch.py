@@ -2,7 +2,8 @@
 
 Usage: ``fitcheck launch [--check-only] [--strict] [--json] [--gpu NAME | --gpu_memory SIZE]
 [--trainer sft|dpo|grpo|reward] [--max_prompt_length N] [accelerate launch args] script.py [script args]``.
-A TRL script's trainer and config flags are read with TRL's own parser (``fitcheck.cli.launch_trl``). See :mod:`fitcheck.integrations.accelerate_launch`.
+A TRL script's trainer and config flags are read with TRL's own parser (``fitcheck.cli.launch_trl``).
+See :mod:`fitcheck.integrations.accelerate_launch`.
 Exit codes with ``--check-only``: 0 fits, 1 does not fit, 2 bad input. Otherwise the exit code is
 ``accelerate launch``'s; ``--strict`` refuses (exit 1) to launch a run that will not fit.
 """

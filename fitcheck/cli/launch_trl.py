@@ -84,8 +84,9 @@ def parse_trl_flags(kind: TrainerKind, argv: Sequence[str]) -> dict[str, object]
     except ImportError:
         raise ConfigError("fitcheck launch: the script runs a TRL trainer but trl is not installed here; "
                           "pip install 'fitcheck[trl]'") from None
-    cls = getattr(trl, next(name for name, k in _CONFIGS.items() if k is kind))
-    parser = trl.TrlParser((trl.ScriptArguments, cls, trl.ModelConfig))
+    lib: Any = trl
+    cls = getattr(lib, next(name for name, k in _CONFIGS.items() if k is kind))
+    parser = lib.TrlParser((lib.ScriptArguments, cls, lib.ModelConfig))
     args = list(argv)
     if "--config" in args:  # TrlParser's YAML: defaults the command line overrides (its `env` block is not applied)
         at = args.index("--config")
