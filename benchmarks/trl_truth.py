@@ -89,6 +89,10 @@ CASES: tuple[Case, ...] = (
     Case("grpo beta 0.04", TrainerKind.GRPO, batch=4, length=32, prompt=16,
          extra={"num_generations": 4, "beta": 0.04}),
     Case("reward", TrainerKind.REWARD, length=64),
+    Case("kto full implicit ref", TrainerKind.KTO, length=48, prompt=32),
+    Case("kto LoRA adapters-off ref", TrainerKind.KTO, length=48, prompt=32, lora=TRL_LORA),
+    Case("kto precompute_ref_log_probs", TrainerKind.KTO, length=48, prompt=32,
+         extra={"precompute_ref_log_probs": True}),
 )
 
 
@@ -99,7 +103,7 @@ def trainer_spec_for(case: Case) -> TrainerSpec:
     if kind is TrainerKind.GRPO:
         return TrainerSpec(kind=kind, prompt_length=case.prompt, completion_length=case.length,
                            num_generations=int(extra.get("num_generations", 8)), beta=float(extra.get("beta", 0.0)))
-    if kind is TrainerKind.DPO:
+    if kind in (TrainerKind.DPO, TrainerKind.KTO):
         return TrainerSpec(kind=kind, prompt_length=case.prompt, completion_length=case.length,
                            precompute_ref_log_probs=bool(extra.get("precompute_ref_log_probs", False)),
                            rpo_alpha=extra.get("rpo_alpha"))
@@ -153,6 +157,8 @@ def _dataset(case: Case, rows: int) -> Any:
     prompt = [_words(case.prompt, i) for i in range(rows)]
     chosen = [" " + _words(case.length - 1, i + 100) for i in range(rows)]  # + EOS appended by the trainer
     rejected = [" " + _words(case.length - 1, i + 200) for i in range(rows)]
+    if kind is TrainerKind.KTO:  # unpaired: one completion per row, half desirable
+        return Dataset.from_dict({"prompt": prompt, "completion": chosen, "label": [i % 2 == 0 for i in range(rows)]})
     if kind is TrainerKind.REWARD:
         return Dataset.from_dict({"chosen": [_words(case.length - 1, i) for i in range(rows)],
                                   "rejected": [_words(case.length - 1, i + 50) for i in range(rows)]})
@@ -205,6 +211,10 @@ def build_trainer(case: Case, path: str, callbacks: list[Any] | None = None) -> 
         return trl.GRPOTrainer(model=path, args=args, train_dataset=_dataset(case, rows), processing_class=tok,
                                reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions],
                                peft_config=peft, callbacks=callbacks)
+    if kind is TrainerKind.KTO:
+        args = trl.KTOConfig(**common, max_length=case.length + case.prompt, **extra)
+        return trl.KTOTrainer(model=path, args=args, train_dataset=_dataset(case, rows), processing_class=tok,
+                              peft_config=peft, callbacks=callbacks)
     args = trl.RewardConfig(**common, max_length=case.length, **extra)
     return trl.RewardTrainer(model=path, args=args, train_dataset=_dataset(case, rows), processing_class=tok,
                              peft_config=peft, callbacks=callbacks)
@@ -325,6 +335,7 @@ TRL_EVAL_CASES: tuple[tuple[str, Case, int, bool], ...] = (
     ("eval grpo beta 0 bs8", Case("eval grpo", TrainerKind.GRPO, batch=4, length=32, prompt=16,
                                   extra={"num_generations": 4}), 8, False),
     ("eval reward bs8", Case("eval reward", TrainerKind.REWARD, length=64), 8, False),
+    ("eval kto bs8 implicit ref", Case("eval kto", TrainerKind.KTO, length=48, prompt=32), 8, False),
 )
 
 

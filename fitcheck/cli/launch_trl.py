@@ -30,9 +30,9 @@ from fitcheck.errors import ConfigError
 from fitcheck.spec import TrainerKind, TrainingSpec
 
 _CONFIGS = {"SFTConfig": TrainerKind.SFT, "DPOConfig": TrainerKind.DPO, "GRPOConfig": TrainerKind.GRPO,
-            "RewardConfig": TrainerKind.REWARD}
+            "RewardConfig": TrainerKind.REWARD, "KTOConfig": TrainerKind.KTO}
 # TRL configs of trainers fitcheck does not model (trl 1.16 trl/__init__.py and trl/experimental)
-_NOT_MODELLED = ("KTOConfig", "ORPOConfig", "CPOConfig", "PPOConfig", "RLOOConfig", "OnlineDPOConfig", "GKDConfig",
+_NOT_MODELLED = ("ORPOConfig", "CPOConfig", "PPOConfig", "RLOOConfig", "OnlineDPOConfig", "GKDConfig",
                  "PRMConfig", "XPOConfig", "NashMDConfig", "BCOConfig")
 # The TRL config fields each trainer's estimate reads (names as in fitcheck.cli.trl_flags)
 _FIELDS = {
@@ -41,6 +41,7 @@ _FIELDS = {
     TrainerKind.GRPO: ("num_generations", "max_completion_length", "beta", "generation_batch_size",
                        "steps_per_generation", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"),
     TrainerKind.REWARD: (),
+    TrainerKind.KTO: ("precompute_ref_log_probs",),
 }
 
 
@@ -65,11 +66,11 @@ def detect_trainer(script: str, forced: object | None) -> TrainerKind | None:
     other = sorted(name for name in _NOT_MODELLED if re.search(rf"\b{name}\b", text))
     if len(found) > 1:
         raise ConfigError(f"{script} names {' and '.join(found)}: say which trainer runs with fitcheck launch "
-                          "--trainer sft|dpo|grpo|reward")
+                          "--trainer sft|dpo|grpo|reward|kto")
     if not found and other:
         raise ConfigError(f"{script} uses TRL's {other[0]}: that trainer is not modelled (fitcheck models the SFT, "
-                          "DPO, GRPO and reward trainers); pass --trainer trainer to estimate it as a plain Trainer "
-                          "step, knowing its own allocations are left out")
+                          "DPO, GRPO, reward and KTO trainers); pass --trainer trainer to estimate it as a plain "
+                          "Trainer step, knowing its own allocations are left out")
     return _CONFIGS[found[0]] if found else None
 
 

@@ -31,12 +31,13 @@ _SOURCE = "transformers 5.23 trainer.py evaluate / evaluation_loop / prediction_
 _STATE = (Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META, Category.OPTIMIZER, Category.MASTER)
 # Measured against real Trainer.evaluate / SFTTrainer.evaluate on CPU (benchmarks/trl_truth.py EVAL_CASES) and
 # DPO / GRPO / reward evaluate (TRL_EVAL_CASES)
-_TRL_EVAL = frozenset({TrainerKind.DPO, TrainerKind.GRPO, TrainerKind.REWARD})
+_TRL_EVAL = frozenset({TrainerKind.DPO, TrainerKind.GRPO, TrainerKind.REWARD, TrainerKind.KTO})
 EVAL_TRAINERS = frozenset({TrainerKind.TRAINER, TrainerKind.SFT}) | _TRL_EVAL
 _TRL_SOURCE = {
     TrainerKind.DPO: "trl/trainer/dpo_trainer.py prediction_step / _compute_loss (TRL 1.16)",
     TrainerKind.GRPO: "trl/trainer/grpo_trainer.py prediction_step / _generate_and_score_completions (TRL 1.16)",
     TrainerKind.REWARD: "trl/trainer/reward_trainer.py compute_loss (can_return_loss, TRL 1.16)",
+    TrainerKind.KTO: "trl/trainer/kto_trainer.py prediction_step / _compute_loss (TRL 1.16)",
 }
 
 
@@ -72,7 +73,7 @@ def evaluation_component(run: TrainingSpec, train: tuple[Component, ...],
     if t.kind in _TRL_EVAL:  # their own prediction_step (fitcheck.core.trainers.evaluation_trl)
         forward, detail = trl_eval_forward(run, _logits_bytes(run))
         steps = t.eval_accumulation_steps or 1
-        if not t.prediction_loss_only and t.kind is TrainerKind.DPO:  # the metrics logits kept, as below
+        if not t.prediction_loss_only and t.kind in (TrainerKind.DPO, TrainerKind.KTO):  # metrics logits kept
             forward = max((steps - 1) * _logits_bytes(run) + forward, 2 * steps * _logits_bytes(run))
         return Component("evaluation.step", Category.ACTIVATIONS, Location.DEVICE,
                          {Phase.EVALUATION: held + forward}, _SOURCE + "; " + _TRL_SOURCE[t.kind],

@@ -13,6 +13,8 @@ copy, and what one ``no_grad`` evaluation step allocates on ``per_device_eval_ba
   ``_generate_and_score_completions`` for the evaluation batch itself: ``per_device_eval_batch_size`` sequences,
   no buffering): ``generate`` with its KV cache, then the reference log-prob pass (``beta`` > 0) and the loss
   forward, both ``no_grad`` fused-head forwards over the rows. The logits are never returned (``None``).
+- KTO (``kto_trainer.py prediction_step``, TRL 1.16): DPO's structure on its unpaired rows: the policy's KL and
+  completion forwards, then the reference's two, each ``no_grad`` and of the same size.
 - Reward (``Trainer.prediction_step``; ``reward_trainer.py`` sets ``can_return_loss`` and empty
   ``label_names`` so ``compute_loss`` runs): the ``*ForSequenceClassification`` forward on chosen + rejected;
   its ``[2 x rows, 1]`` logits are what ``compute_metrics`` would get (nothing vocabulary-sized).
@@ -57,7 +59,7 @@ def _dpo(run: TrainingSpec, logits: int) -> tuple[int, str]:
     t = run.trainer
     hidden = _hidden(run)
     ids = 4 * 8 * run.batch.micro_batch * run.batch.seq_len  # input_ids, attention/completion masks, labels
-    policy = fused_head_inputs(run, grad=False, outputs=_OUTPUTS[TrainerKind.DPO], scored=_scored(run))
+    policy = fused_head_inputs(run, grad=False, outputs=_OUTPUTS[t.kind], scored=_scored(run))
     peak = hidden + max(forward_peak(policy), _layer(run))
     detail = "policy fused forward"
     if not t.precompute_ref_log_probs:
@@ -101,8 +103,8 @@ def trl_eval_forward(run: TrainingSpec, logits: int) -> tuple[int, str]:
         logits: One step's ``[rows, seq, vocab]`` logits in the model dtype (DPO's metrics forward).
     """
     kind = run.trainer.kind
-    if kind is TrainerKind.DPO:
-        return _dpo(run, logits)
+    if kind in (TrainerKind.DPO, TrainerKind.KTO):  # KTO: the same forwards on its unpaired rows (+ KL passes
+        return _dpo(run, logits)  # of the same size, one after the other: kto_trainer.py _compute_loss)
     if kind is TrainerKind.GRPO:
         return _grpo(run)
     return _reward(run)

@@ -46,7 +46,10 @@ _OUTPUTS = {
     TrainerKind.SFT: ("log_probs", "entropy", "is_top1"),  # sft_trainer.py L1144-1147
     TrainerKind.DPO: ("log_probs", "entropy", "mean_logits", "is_top1"),  # dpo_trainer.py L956-960
     TrainerKind.GRPO: ("log_probs", "entropy"),  # grpo_trainer.py L1068-1073
+    TrainerKind.KTO: ("log_probs", "entropy", "mean_logits"),  # kto_trainer.py L967-970
 }
+# Trainers whose reference forward runs after the policy's, in the same step (DPO, KTO: _compute_loss)
+_REF_IN_STEP = frozenset({TrainerKind.DPO, TrainerKind.KTO})
 _FUSED = frozenset(_OUTPUTS)
 
 
@@ -57,7 +60,7 @@ def step_spec(spec: TrainingSpec) -> TrainingSpec:
         seq = t.prompt_length + t.completion_length or spec.batch.seq_len
         batch = dataclasses.replace(spec.batch, micro_batch=2 * spec.batch.micro_batch, seq_len=seq)
         return dataclasses.replace(spec, batch=batch)
-    if t.kind is TrainerKind.GRPO:
+    if t.kind in (TrainerKind.GRPO, TrainerKind.KTO):  # KTO: one (unpaired) completion per row
         seq = t.prompt_length + t.completion_length or spec.batch.seq_len
         return dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, seq_len=seq))
     if t.kind is TrainerKind.SFT and t.padding_free:
@@ -106,7 +109,7 @@ def fused_head_inputs(spec: TrainingSpec, *, grad: bool, outputs: tuple[str, ...
 def _scored(spec: TrainingSpec) -> int:
     """Positions with a label (the CUDA path scores only these): completion tokens for DPO/GRPO."""
     t, b, s = spec.trainer, spec.batch.micro_batch, spec.batch.seq_len
-    if t.kind in (TrainerKind.DPO, TrainerKind.GRPO) and t.completion_length:
+    if t.kind in (TrainerKind.DPO, TrainerKind.GRPO, TrainerKind.KTO) and t.completion_length:
         return b * t.completion_length
     return b * (s - 1)
 
@@ -119,7 +122,7 @@ def _has_reference_copy(spec: TrainingSpec) -> bool:
     t = spec.trainer
     if spec.lora is not None:
         return False
-    if t.kind is TrainerKind.DPO:
+    if t.kind in _REF_IN_STEP:  # KTO: kto_trainer.py L919-938, the same create_model_from_path copy as DPO
         return not t.precompute_ref_log_probs
     return t.kind is TrainerKind.GRPO and t.beta != 0.0
 
@@ -162,9 +165,11 @@ def _fused_head_component(spec: TrainingSpec, base: Component) -> Component:
     # kernel's own copy is saved (the plain LM head keeps the norm output: counted in activations.saved)
     fwd_phase = fwd + labels
     bwd_phase = bwd + labels - _last_hidden(spec)
-    if t.kind is TrainerKind.DPO and not t.precompute_ref_log_probs:
+    if t.kind in _REF_IN_STEP and not t.precompute_ref_log_probs:
         # the reference forward (no_grad, after the policy's): the policy's outputs stay, the reference's
-        # backbone output and its fused head's buffers (log-probs only) come on top
+        # backbone output and its fused head's buffers (log-probs only) come on top. KTO runs two of them one after
+        # the other (the KL batch's, then the completions'; kto_trainer.py _compute_loss), of the same size; its
+        # policy KL pass (no_grad, before the policy forward) is smaller than the policy's own forward
         ref = fused_head_inputs(spec, grad=False, outputs=("log_probs",), scored=_scored(spec))
         fwd_phase = max(fwd_phase, forward_outputs(x) + labels + _last_hidden(spec) + forward_peak(ref))
     return Component(
