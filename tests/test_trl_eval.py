@@ -131,3 +131,28 @@ def test_reference_copy_sharded_as_trl_prepares_it(capsys: pytest.CaptureFixture
     per_node = 4 if host else 1
     assert ref["bytes_by_phase"]["end of forward"] == -(-full // share) * per_node
     assert (ref["location"] == "host") is host
+
+
+def test_kto_defaults_match_installed_trl_and_step(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    trl = pytest.importorskip("trl")
+    from fitcheck.cli.trl_flags import TRL_DEFAULTS
+    from fitcheck.integrations.trl_live import trainer_kind_of
+
+    config = trl.KTOConfig(output_dir=str(tmp_path), use_cpu=True)
+    for key, value in TRL_DEFAULTS[TrainerKind.KTO].items():
+        assert getattr(config, key) == value, key
+    assert trainer_kind_of(config) is TrainerKind.KTO
+    args = ("--trainer", "kto", "--max_prompt_length", "256", "--max_completion_length", "256")
+    code, kto = run_json(capsys, *args)
+    _, dpo = run_json(capsys, "--trainer", "dpo", *args[2:])
+    assert code == 0 and kto["trainer"] == "kto" and "reference_model.weights" in kto["components"]
+    assert kto["peak_allocated_bytes"] < dpo["peak_allocated_bytes"]  # one completion per row, DPO runs two
+    _, peft = run_json(capsys, *args, "--use_peft")
+    assert "reference_model.weights" not in peft["components"]
+
+
+@pytest.mark.parametrize("name", ["orpo", "cpo"])
+def test_orpo_cpo_refused_with_the_reason(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    assert main([*MODEL, "--trainer", name]) == 2
+    err = capsys.readouterr().err
+    assert "not modelled" in err and "full-vocabulary logits" in err and "Traceback" not in err
