@@ -135,8 +135,9 @@ def test_reference_copy_sharded_as_trl_prepares_it(capsys: pytest.CaptureFixture
 
 def test_kto_defaults_match_installed_trl_and_step(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
     trl = pytest.importorskip("trl")
-    from fitcheck.cli.trl_flags import TRL_DEFAULTS
     from fitcheck.integrations.trl_live import trainer_kind_of
+
+    from fitcheck.cli.trl_flags import TRL_DEFAULTS
 
     config = trl.KTOConfig(output_dir=str(tmp_path), use_cpu=True)
     for key, value in TRL_DEFAULTS[TrainerKind.KTO].items():

@@ -27,7 +27,7 @@ and the loss head (pinned against the real trainers: ``benchmarks/trl_truth.py T
 from __future__ import annotations
 
 from fitcheck.core.trainers.fused_head import forward_outputs, forward_peak
-from fitcheck.core.trainers.steps import _OUTPUTS, fused_head_inputs, generation_bytes
+from fitcheck.core.trainers.steps import fused_head_inputs, fused_outputs, generation_bytes
 from fitcheck.spec import TrainerKind, TrainingSpec
 
 
@@ -59,7 +59,7 @@ def _dpo(run: TrainingSpec, logits: int) -> tuple[int, str]:
     t = run.trainer
     hidden = _hidden(run)
     ids = 4 * 8 * run.batch.micro_batch * run.batch.seq_len  # input_ids, attention/completion masks, labels
-    policy = fused_head_inputs(run, grad=False, outputs=_OUTPUTS[t.kind], scored=_scored(run))
+    policy = fused_head_inputs(run, grad=False, outputs=fused_outputs(t.kind), scored=_scored(run))
     peak = hidden + max(forward_peak(policy), _layer(run))
     detail = "policy fused forward"
     if not t.precompute_ref_log_probs:
@@ -81,7 +81,7 @@ def _grpo(run: TrainingSpec) -> tuple[int, str]:
     kv, working = (0, 0) if t.use_vllm else generation_bytes(run, run.batch.micro_batch)
     hidden = _hidden(run)
     ids = 4 * 8 * run.batch.micro_batch * run.batch.seq_len  # prompt-completion ids, attention/completion masks
-    loss = fused_head_inputs(run, grad=False, outputs=_OUTPUTS[TrainerKind.GRPO], scored=_scored(run))
+    loss = fused_head_inputs(run, grad=False, outputs=fused_outputs(TrainerKind.GRPO), scored=_scored(run))
     ref = fused_head_inputs(run, grad=False, outputs=("log_probs", "entropy"), scored=_scored(run))
     forward = hidden + max(forward_peak(loss), forward_peak(ref), _layer(run))
     ref_logps = 4 * _scored(run) if t.beta != 0.0 else 0  # held into the loss forward

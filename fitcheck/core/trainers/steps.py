@@ -62,6 +62,11 @@ _REF_IN_STEP = frozenset({TrainerKind.DPO, TrainerKind.KTO})
 _FUSED = frozenset(_OUTPUTS)
 
 
+def fused_outputs(kind: TrainerKind) -> tuple[str, ...]:
+    """The fused-head outputs the trainer's policy model is patched with (``add_fused_lm_head(outputs=...)``)."""
+    return _OUTPUTS[kind]
+
+
 def step_spec(spec: TrainingSpec) -> TrainingSpec:
     """The spec of the policy's forward/backward as the trainer runs it."""
     t = spec.trainer
