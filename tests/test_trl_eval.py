@@ -157,3 +157,20 @@ def test_orpo_cpo_refused_with_the_reason(capsys: pytest.CaptureFixture[str], na
     assert main([*MODEL, "--trainer", name]) == 2
     err = capsys.readouterr().err
     assert "not modelled" in err and "full-vocabulary logits" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (("--fsdp", "full_shard", "--num_processes", "8"), True),  # FSDP2 (default): one unit, gathered whole
+    (("--fsdp", "full_shard", "--num_processes", "8", "--use_peft"), False),  # no reference copy
+    (("--zero_stage", "3", "--num_processes", "8"), False),  # DeepSpeed ZeRO-3 gathers per module
+])
+def test_fsdp2_reference_gathered_whole_finding(capsys: pytest.CaptureFixture[str], flags: tuple[str, ...],
+                                                expected: bool) -> None:
+    _, j = run_json(capsys, "--trainer", "dpo", *flags)
+    found = [f for f in j["findings"] if f["code"] == "fsdp2-reference-gathered-whole"]
+    assert bool(found) is expected
+    if found:  # the whole bf16 copy minus this GPU's shard
+        from fitcheck.units import format_bytes
+
+        full = 494_032_768 * 2  # Qwen2.5-0.5B in bf16
+        assert format_bytes(full - -(-full // 8)) in found[0]["message"]

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from fitcheck.core.trainers.evaluation_trl import trl_eval_forward
 from fitcheck.core.trainers.fused_head import forward_peak
 from fitcheck.core.trainers.grpo_batch import grpo_batch_error
-from fitcheck.core.trainers.steps import fused_head_inputs
+from fitcheck.core.trainers.reference_fsdp import reference_fsdp2_finding
+from fitcheck.core.trainers.steps import fused_head_inputs, has_reference_copy
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import TrainerKind, TrainingSpec
@@ -95,9 +96,13 @@ def evaluation_component(run: TrainingSpec, train: tuple[Component, ...],
 
 
 def evaluation_findings(spec: TrainingSpec, totals: Mapping[Phase, int]) -> tuple[Finding, ...]:
-    """Evaluation above every training phase; evaluation logits accumulating; a GRPO batch GRPOConfig refuses."""
+    """The trainer's findings: evaluation above every training phase; evaluation logits accumulating; a GRPO batch
+    GRPOConfig refuses; the FSDP2 reference gathered whole (``reference_fsdp``)."""
     t = spec.trainer
     out: list[Finding] = []
+    gathered = reference_fsdp2_finding(spec, has_reference_copy(spec))
+    if gathered is not None:
+        out.append(gathered)
     batch = grpo_batch_error(spec)
     if batch is not None:  # GRPOConfig's batch rules (grpo_batch.py), evaluation batch included
         out.append(Finding("grpo-batch-refused", Severity.WARNING, f"GRPOConfig would refuse this run: {batch}",

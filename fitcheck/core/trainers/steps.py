@@ -132,7 +132,8 @@ def _weights_bytes(spec: TrainingSpec) -> int:
     return spec.model.total_params * spec.precision.load_dtype.nbytes
 
 
-def _has_reference_copy(spec: TrainingSpec) -> bool:
+def has_reference_copy(spec: TrainingSpec) -> bool:
+    """The trainer keeps a separate reference copy (DPO/KTO without PEFT or precomputed log-probs, GRPO beta > 0)."""
     t = spec.trainer
     if spec.lora is not None:
         return False
@@ -262,7 +263,7 @@ def trainer_components(spec: TrainingSpec, base: tuple[Component, ...]) -> tuple
             out.append(_fused_head_component(run, c))
         else:
             out.append(c)
-    if _has_reference_copy(spec):
+    if has_reference_copy(spec):
         out.append(reference_weights(spec))
     persistent = sum(c.at(Phase.FORWARD_END) for c in out if c.location is Location.DEVICE
                      and c.category in (Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META,
