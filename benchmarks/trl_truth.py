@@ -89,6 +89,10 @@ CASES: tuple[Case, ...] = (
     Case("grpo beta 0.04", TrainerKind.GRPO, batch=4, length=32, prompt=16,
          extra={"num_generations": 4, "beta": 0.04}),
     Case("reward", TrainerKind.REWARD, length=64),
+    Case("kto full implicit ref", TrainerKind.KTO, length=48, prompt=32),
+    Case("kto LoRA adapters-off ref", TrainerKind.KTO, length=48, prompt=32, lora=TRL_LORA),
+    Case("kto precompute_ref_log_probs", TrainerKind.KTO, length=48, prompt=32,
+         extra={"precompute_ref_log_probs": True}),
 )
 
 
@@ -99,7 +103,7 @@ def trainer_spec_for(case: Case) -> TrainerSpec:
     if kind is TrainerKind.GRPO:
         return TrainerSpec(kind=kind, prompt_length=case.prompt, completion_length=case.length,
                            num_generations=int(extra.get("num_generations", 8)), beta=float(extra.get("beta", 0.0)))
-    if kind is TrainerKind.DPO:
+    if kind in (TrainerKind.DPO, TrainerKind.KTO):
         return TrainerSpec(kind=kind, prompt_length=case.prompt, completion_length=case.length,
                            precompute_ref_log_probs=bool(extra.get("precompute_ref_log_probs", False)),
                            rpo_alpha=extra.get("rpo_alpha"))
@@ -153,6 +157,8 @@ def _dataset(case: Case, rows: int) -> Any:
     prompt = [_words(case.prompt, i) for i in range(rows)]
     chosen = [" " + _words(case.length - 1, i + 100) for i in range(rows)]  # + EOS appended by the trainer
     rejected = [" " + _words(case.length - 1, i + 200) for i in range(rows)]
+    if kind is TrainerKind.KTO:  # unpaired: one completion per row, half desirable
+        return Dataset.from_dict({"prompt": prompt, "completion": chosen, "label": [i % 2 == 0 for i in range(rows)]})
     if kind is TrainerKind.REWARD:
         return Dataset.from_dict({"chosen": [_words(case.length - 1, i) for i in range(rows)],
                                   "rejected": [_words(case.length - 1, i + 50) for i in range(rows)]})
@@ -205,6 +211,10 @@ def build_trainer(case: Case, path: str, callbacks: list[Any] | None = None) -> 
         return trl.GRPOTrainer(model=path, args=args, train_dataset=_dataset(case, rows), processing_class=tok,
                                reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions],
                                peft_config=peft, callbacks=callbacks)
+    if kind is TrainerKind.KTO:
+        args = trl.KTOConfig(**common, max_length=case.length + case.prompt, **extra)
+        return trl.KTOTrainer(model=path, args=args, train_dataset=_dataset(case, rows), processing_class=tok,
+                              peft_config=peft, callbacks=callbacks)
     args = trl.RewardConfig(**common, max_length=case.length, **extra)
     return trl.RewardTrainer(model=path, args=args, train_dataset=_dataset(case, rows), processing_class=tok,
                              peft_config=peft, callbacks=callbacks)
@@ -314,6 +324,59 @@ def measure_eval(kind: TrainerKind, eval_batch: int, length: int) -> int:
         return int(tracker.peak)
 
 
+# Evaluation of the other TRL trainers (their own prediction_step): (name, training case, per_device_eval_batch_size,
+# compute_metrics given -- prediction_loss_only false)
+TRL_EVAL_CASES: tuple[tuple[str, Case, int, bool], ...] = (
+    ("eval dpo bs4 implicit ref", Case("eval dpo", TrainerKind.DPO, length=48, prompt=32), 4, False),
+    ("eval dpo LoRA bs4", Case("eval dpo lora", TrainerKind.DPO, length=48, prompt=32, lora=TRL_LORA), 4, False),
+    ("eval dpo bs4 compute_metrics", Case("eval dpo", TrainerKind.DPO, length=48, prompt=32), 4, True),
+    ("eval grpo beta 0.04 bs8", Case("eval grpo", TrainerKind.GRPO, batch=4, length=32, prompt=16,
+                                     extra={"num_generations": 4, "beta": 0.04}), 8, False),
+    ("eval grpo beta 0 bs8", Case("eval grpo", TrainerKind.GRPO, batch=4, length=32, prompt=16,
+                                  extra={"num_generations": 4}), 8, False),
+    ("eval reward bs8", Case("eval reward", TrainerKind.REWARD, length=64), 8, False),
+    ("eval kto bs8 implicit ref", Case("eval kto", TrainerKind.KTO, length=48, prompt=32), 8, False),
+)
+
+
+def trl_eval_spec_for(case: Case, eval_batch: int, metrics: bool = False) -> TrainingSpec:
+    """The spec of a TRL evaluation case: the training case with its evaluation batch."""
+    spec = spec_for(case)
+    trainer = dataclasses.replace(spec.trainer, eval_batch_size=eval_batch, prediction_loss_only=not metrics,
+                                  eval_accumulation_steps=1 if metrics else None)
+    return dataclasses.replace(spec, trainer=trainer)
+
+
+def measure_trl_eval(case: Case, eval_batch: int, metrics: bool = False) -> int:
+    """Live-tensor peak of the real trainer's ``evaluate()`` after one training step (reference model counted)."""
+    from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
+
+    with tempfile.TemporaryDirectory() as path, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = build_trainer(case, path)
+        trainer.args.per_device_eval_batch_size = eval_batch
+        trainer.eval_dataset = trainer.train_dataset
+        if metrics:  # prediction_loss_only false: evaluation_loop gathers the logits for compute_metrics. One
+            # evaluation step only: on a CPU run the logits "moved to the CPU" (nested_numpify: an fp32 copy of
+            # bf16 logits) stay in the measured process memory, where a GPU run frees them from the device
+            trainer.compute_metrics = lambda pred: {}
+            trainer.args.eval_accumulation_steps = 1
+            trainer.eval_dataset = trainer.train_dataset.select(range(eval_batch))
+        trainer.args.max_steps = 1
+        trainer.train()
+        tracker = LiveTensorTracker()
+        tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
+        ref = getattr(trainer, "ref_model", None)
+        if ref is not None:
+            tracker.track(model_state_tensors(ref))
+        tracker.start()
+        try:
+            trainer.evaluate()
+        finally:
+            tracker.stop()
+        return int(tracker.peak)
+
+
 def main(argv: list[str]) -> int:
     """Print the table; exit 1 when a row is off by more than 2 %."""
     from fitcheck.core.estimator import estimate
@@ -341,6 +404,17 @@ def main(argv: list[str]) -> int:
         err = (est_eval - real_eval) / real_eval * 100
         worst = max(worst, abs(err))
         print(f"{name:32} {real_eval / 2**20:10.3f} {est_eval / 2**20:10.3f} {err:+7.2f}%  evaluation", flush=True)
+    for name, case, eval_batch, metrics in TRL_EVAL_CASES:
+        if argv and not any(a in name for a in argv):
+            continue
+        real_eval = measure_trl_eval(case, eval_batch, metrics)
+        report = estimate(trl_eval_spec_for(case, eval_batch, metrics))
+        est_eval = report.phase_totals()[Phase.EVALUATION]
+        err = (est_eval - real_eval) / real_eval * 100
+        worst = max(worst, abs(err))
+        flag = "  (the peak: above training)" if report.peak_phase is Phase.EVALUATION else ""
+        print(f"{name:32} {real_eval / 2**20:10.3f} {est_eval / 2**20:10.3f} {err:+7.2f}%  evaluation{flag}",
+              flush=True)
     print(f"worst |error| {worst:.2f}%")
     return 0 if worst <= 2.0 else 1
 

@@ -47,6 +47,9 @@ VALUE_FLAGS = {
     "--model-name-or-path": "model_name_or_path",
     "--max_seq_length": "max_seq_length",
     "--max-seq-length": "max_seq_length",
+    # a TRL script (fitcheck.cli.launch_trl): which trainer, and the prompt length TRL has no config field for
+    "--trainer": "trainer",
+    "--max_prompt_length": "max_prompt_length",
 }
 # accelerate launch flag (dest) -> fitcheck value name, for explicitly passed flags (launch.py argument names).
 _DIRECT = {
@@ -267,8 +270,13 @@ def launch_values(
     return values, prov, findings
 
 
-def launch_report(plan: LaunchPlan, env: Mapping[str, str]) -> Any:
-    """The report for a launch command line."""
+def launch_report(plan: LaunchPlan, env: Mapping[str, str], trainer_hook: Any | None = None) -> Any:
+    """The report for a launch command line.
+
+    ``trainer_hook`` (``fitcheck.cli.launch_trl.TrlLaunchHook``): ``split(ns, values)`` takes the TRL trainer's
+    flags out of the values (read from the script's arguments with TRL's parser), ``apply(spec, flags)`` sets the
+    spec's trainer.
+    """
     import dataclasses
 
     from fitcheck.integrations.spec_build import build_spec, field_findings
@@ -278,8 +286,14 @@ def launch_report(plan: LaunchPlan, env: Mapping[str, str]) -> Any:
 
     ns = parse_accelerate_args(plan.accelerate_argv)
     values, prov, findings = launch_values(ns, plan, env)
+    trl: dict[str, object] = {}
+    if trainer_hook is not None:
+        values, trl = trainer_hook.split(ns, values)
     inventory = load_inventory(str(values.pop("model_name_or_path")), env=env, meta_fallback=meta_inventory)
     spec, assumptions = build_spec(inventory, values, prov, findings, env)
+    if trainer_hook is not None and trl:
+        spec, notes = trainer_hook.apply(spec, trl)
+        assumptions = (*assumptions, *notes)
     report = estimate(spec)
     more = field_findings(spec, values, env,
                           device_used_fraction=report.device_used_bytes / max(1, report.budget_bytes),

@@ -18,7 +18,7 @@ from typing import Any
 from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec, VllmMode
 
 _CONFIGS = {"SFTConfig": TrainerKind.SFT, "DPOConfig": TrainerKind.DPO, "GRPOConfig": TrainerKind.GRPO,
-            "RewardConfig": TrainerKind.REWARD}
+            "RewardConfig": TrainerKind.REWARD, "KTOConfig": TrainerKind.KTO}
 
 
 def trainer_kind_of(args: Any) -> TrainerKind:
@@ -68,6 +68,9 @@ def dataset_lengths(kind: TrainerKind, trainer: Any) -> dict[str, int]:
         prompt = _longest(dataset, "prompt_ids")
         completion = max(_longest(dataset, "chosen_ids"), _longest(dataset, "rejected_ids"))
         return {"prompt": prompt, "completion": completion} if completion else {}
+    if kind is TrainerKind.KTO:  # kto_trainer.py _prepare_dataset: prompt_ids / completion_ids
+        prompt, completion = _longest(dataset, "prompt_ids"), _longest(dataset, "completion_ids")
+        return {"prompt": prompt, "completion": completion} if completion else {}
     if kind is TrainerKind.REWARD:
         n = max(_longest(dataset, "chosen_ids"), _longest(dataset, "rejected_ids"))
         return {"max_seq_length": n} if n else {}
@@ -93,7 +96,7 @@ def trainer_spec_from_args(args: Any, lengths: Mapping[str, int]) -> TrainerSpec
     if kind is TrainerKind.SFT:
         return TrainerSpec(kind=kind, packing=bool(get("packing", False)),
                            padding_free=bool(get("padding_free", False)))
-    if kind is TrainerKind.DPO:
+    if kind in (TrainerKind.DPO, TrainerKind.KTO):
         max_length = get("max_length")
         prompt, completion = int(lengths.get("prompt", 0)), int(lengths.get("completion", 0))
         if max_length and prompt + completion > max_length:  # truncation_mode keep_start: the completion is cut
@@ -127,6 +130,7 @@ def reference_model_of(trainer: Any) -> Any | None:
 def with_trainer(spec: TrainingSpec, trainer: TrainerSpec) -> TrainingSpec:
     """``spec`` with its trainer set; DPO/GRPO rows are prompt + completion long when both are known."""
     seq = trainer.prompt_length + trainer.completion_length
-    if trainer.kind in (TrainerKind.DPO, TrainerKind.GRPO) and trainer.prompt_length and trainer.completion_length:
+    kinds = (TrainerKind.DPO, TrainerKind.GRPO, TrainerKind.KTO)
+    if trainer.kind in kinds and trainer.prompt_length and trainer.completion_length:
         spec = dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, seq_len=seq))
     return dataclasses.replace(spec, trainer=trainer)

@@ -24,7 +24,7 @@ _SPEC.loader.exec_module(trl_truth)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dpo full implicit ref", "grpo beta 0.04"])
+@pytest.mark.parametrize("name", ["dpo full implicit ref", "grpo beta 0.04", "kto full implicit ref"])
 def test_callback_recognises_trl_trainer_and_counts_reference(name: str) -> None:
     from fitcheck.integrations import FitcheckCallback
 

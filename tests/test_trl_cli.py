@@ -111,7 +111,6 @@ def test_evaluation_phase_plain_trainer_and_sft(capsys: pytest.CaptureFixture[st
     [
         ("--packing",),  # a TRL field without --trainer
         ("--trainer", "grpo"),  # no prompt length
-        ("--trainer", "dpo", "--per_device_eval_batch_size", "8"),  # DPO evaluation: not modelled, refused
         ("--eval_accumulation_steps", "2"),  # without an evaluation batch
         ("--per_device_eval_batch_size", "0"),
         ("--trainer", "grpo", "--max_prompt_length", "64", "--vllm_mode", "remote"),

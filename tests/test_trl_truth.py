@@ -25,7 +25,7 @@ trl_truth = importlib.util.module_from_spec(_SPEC)
 sys.modules["trl_truth"] = trl_truth
 _SPEC.loader.exec_module(trl_truth)
 
-SAMPLED = ("sft LoRA", "dpo full implicit ref", "grpo beta 0.04", "reward")
+SAMPLED = ("sft LoRA", "dpo full implicit ref", "grpo beta 0.04", "reward", "kto full implicit ref")
 
 
 @pytest.mark.slow
@@ -46,4 +46,14 @@ def test_evaluation_phase_within_two_percent(index: int) -> None:
     _, kind, eval_batch, length = trl_truth.EVAL_CASES[index]
     real = trl_truth.measure_eval(kind, eval_batch, length)
     est = estimate(trl_truth.eval_spec_for(kind, eval_batch, length)).phase_totals()[Phase.EVALUATION]
+    assert est == pytest.approx(real, rel=0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["eval dpo bs4 implicit ref", "eval grpo beta 0.04 bs8", "eval reward bs8",
+                                  "eval kto bs8 implicit ref"])
+def test_trl_evaluation_within_two_percent(name: str) -> None:
+    _, case, eval_batch, metrics = next(c for c in trl_truth.TRL_EVAL_CASES if c[0] == name)
+    real = trl_truth.measure_trl_eval(case, eval_batch, metrics)
+    est = estimate(trl_truth.trl_eval_spec_for(case, eval_batch, metrics)).phase_totals()[Phase.EVALUATION]
     assert est == pytest.approx(real, rel=0.02)

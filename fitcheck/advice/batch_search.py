@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from fitcheck.core.trainers import grpo_valid_micro_batch
 from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
 
@@ -69,8 +70,13 @@ def max_micro_batch(
         limit: Largest micro-batch considered.
 
     Returns:
-        The largest fitting micro-batch, 0 when not even 1 fits, ``limit`` when everything up to it fits.
+        The largest fitting micro-batch, 0 when not even 1 fits, ``limit`` when everything up to it fits. For GRPO,
+        the largest fitting one that ``GRPOConfig`` accepts (``fitcheck.core.trainers.grpo_batch``).
     """
+    return grpo_valid_micro_batch(spec, _max_fitting(spec, estimate_fn, safety_margin, limit))
+
+
+def _max_fitting(spec: TrainingSpec, estimate_fn: EstimateFn | None, safety_margin: float, limit: int) -> int:
     est = estimate_fn or _default_estimate()
 
     def ok(m: int) -> bool:

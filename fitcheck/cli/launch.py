@@ -1,7 +1,9 @@
 """``fitcheck launch``: print the estimate for an ``accelerate launch`` command, then run it untouched.
 
 Usage: ``fitcheck launch [--check-only] [--strict] [--json] [--gpu NAME | --gpu_memory SIZE]
-[accelerate launch args] script.py [script args]``. See :mod:`fitcheck.integrations.accelerate_launch`.
+[--trainer sft|dpo|grpo|reward] [--max_prompt_length N] [accelerate launch args] script.py [script args]``.
+A TRL script's trainer and config flags are read with TRL's own parser (``fitcheck.cli.launch_trl``).
+See :mod:`fitcheck.integrations.accelerate_launch`.
 Exit codes with ``--check-only``: 0 fits, 1 does not fit, 2 bad input. Otherwise the exit code is
 ``accelerate launch``'s; ``--strict`` refuses (exit 1) to launch a run that will not fit.
 """
@@ -80,7 +82,9 @@ def main(
         return 0
     try:
         plan = al.split_argv(argv)
-        report = al.launch_report(plan, environ)
+        from fitcheck.cli.launch_trl import TrlLaunchHook
+
+        report = al.launch_report(plan, environ, TrlLaunchHook())
     except FitcheckError as exc:
         print(f"fitcheck: error: {exc}", file=sys.stderr)
         return 2

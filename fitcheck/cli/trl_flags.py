@@ -1,8 +1,10 @@
-"""``--trainer trainer|sft|dpo|grpo|reward`` and TRL 1.16's config fields as ``fitcheck estimate`` flags.
+"""``--trainer trainer|sft|dpo|grpo|reward|kto`` and TRL 1.16's config fields as ``fitcheck estimate`` flags.
 
 ``--per_device_eval_batch_size`` (``--eval_accumulation_steps``, ``--prediction_loss_only``) adds the evaluation
-phase (plain Trainer and SFT). An absent ``--prediction_loss_only`` means loss only: ``Trainer.evaluate`` without
-``compute_metrics``; ``--prediction_loss_only false`` means a ``compute_metrics`` gathers the logits.
+phase (every trainer: DPO, GRPO and reward through their own ``prediction_step``,
+``fitcheck.core.trainers.evaluation_trl``). An absent ``--prediction_loss_only`` means loss only:
+``Trainer.evaluate`` without ``compute_metrics``; ``--prediction_loss_only false`` means a ``compute_metrics``
+gathers the logits.
 
 With ``--trainer X`` an absent flag takes X's TRL config default. The defaults are a table here (importing TRL
 imports torch: seconds per CLI call); ``tests/test_trl_cli.py`` pins the table against the installed TRL's config
@@ -35,12 +37,14 @@ TRL_DEFAULTS: dict[TrainerKind, dict[str, object]] = {
                        "max_completion_length": 512, "beta": 0.0, "use_vllm": False, "vllm_mode": "colocate",
                        "vllm_gpu_memory_utilization": 0.3},
     TrainerKind.REWARD: {"gradient_checkpointing": True, "bf16": True, "max_length": 1024},
+    TrainerKind.KTO: {"gradient_checkpointing": True, "bf16": True, "max_length": 1024,
+                      "precompute_ref_log_probs": False, "beta": 0.1},  # trl/trainer/kto_config.py
 }
 
 _BOOL = ("packing", "padding_free", "precompute_ref_log_probs", "use_vllm")
 _VALUE = ("max_prompt_length", "max_completion_length", "rpo_alpha", "num_generations", "beta",
           "generation_batch_size", "steps_per_generation", "vllm_mode", "vllm_gpu_memory_utilization")
-# The evaluation phase (fitcheck.core.trainers.evaluation): plain Trainer and SFT; refused for the others
+# The evaluation phase (fitcheck.core.trainers.evaluation): every trainer in EVAL_TRAINERS
 _EVAL = ("per_device_eval_batch_size", "eval_accumulation_steps", "prediction_loss_only")
 TRL_FLAG_NAMES = ("trainer", *_BOOL, *_VALUE, "loss_type", *_EVAL)
 
@@ -85,9 +89,31 @@ def _eval_fields(trl: Mapping[str, object]) -> dict[str, object]:
     }
 
 
+# TRL 1.16 trainers that are no small step from the modelled ones: refused with the reason
+NOT_MODELLED = {
+    "orpo": "ORPOTrainer",
+    "cpo": "CPOTrainer",
+}
+
+
 def trainer_kind(values: Mapping[str, object]) -> TrainerKind:
-    """The ``--trainer`` value (plain Trainer when absent)."""
-    return TrainerKind(str(values.get("trainer", "trainer")))
+    """The ``--trainer`` value (plain Trainer when absent).
+
+    Raises:
+        ConfigError: ``orpo`` / ``cpo``: TRL 1.16 keeps them in ``trl.experimental``, where their
+            ``concatenated_forward`` builds the full ``[2 x rows, seq, vocab]`` logits and runs
+            ``selective_log_softmax`` and a cross-entropy NLL over them (``trl/experimental/orpo/orpo_trainer.py``,
+            ``cpo/cpo_trainer.py``), not TRL's fused LM head: a loss path of its own, not measured here.
+    """
+    name = str(values.get("trainer", "trainer"))
+    if name in NOT_MODELLED:
+        raise ConfigError(
+            f"--trainer {name}: not modelled. TRL 1.16's {NOT_MODELLED[name]} (trl.experimental) has no reference "
+            "model but computes its loss from full-vocabulary logits of chosen + rejected (concatenated_forward, "
+            "selective_log_softmax, an NLL cross-entropy), not from the fused LM head the modelled TRL trainers use; "
+            "its step was not measured. Estimate it as --trainer trainer with the doubled batch "
+            "(--per_device_train_batch_size 2 x yours) for a rough figure")
+    return TrainerKind(name)
 
 
 def split_trl_values(values: Mapping[str, object]) -> tuple[dict[str, object], dict[str, object]]:
@@ -106,7 +132,7 @@ def split_trl_values(values: Mapping[str, object]) -> tuple[dict[str, object], d
     if kind is TrainerKind.TRAINER:
         extra = sorted(k for k in trl if k not in ("trainer", *_EVAL))
         if extra:
-            raise ConfigError(f"--{extra[0]} is a TRL config field: add --trainer sft|dpo|grpo|reward")
+            raise ConfigError(f"--{extra[0]} is a TRL config field: add --trainer sft|dpo|grpo|reward|kto")
         return rest, trl
     defaults = TRL_DEFAULTS[kind]
     for key in ("gradient_checkpointing", "bf16"):
@@ -118,8 +144,8 @@ def split_trl_values(values: Mapping[str, object]) -> tuple[dict[str, object], d
         rest["prepare_for_kbit_training"] = False
     if "max_length" in defaults and "max_seq_length" not in rest:
         rest["max_seq_length"] = defaults["max_length"]
-    if kind is TrainerKind.DPO and "max_prompt_length" in trl and "max_completion_length" in trl:
-        # DPOConfig.max_length (given or 1024) truncates prompt + completion
+    if kind in (TrainerKind.DPO, TrainerKind.KTO) and "max_prompt_length" in trl and "max_completion_length" in trl:
+        # DPOConfig/KTOConfig.max_length (given or 1024) truncates prompt + completion
         total = _num("max_prompt_length", trl["max_prompt_length"], int) + _num(
             "max_completion_length", trl["max_completion_length"], int)
         rest["max_seq_length"] = min(total, _num("max_length", rest["max_seq_length"], int))
@@ -153,7 +179,8 @@ def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[Traini
             return spec, kbit
         return dataclasses.replace(spec, trainer=TrainerSpec(**evaluation)), kbit  # type: ignore[arg-type]
     d = TRL_DEFAULTS[kind]
-    if kind in (TrainerKind.SFT, TrainerKind.DPO, TrainerKind.GRPO) and spec.activations.loss != "torch":
+    fused = (TrainerKind.SFT, TrainerKind.DPO, TrainerKind.GRPO, TrainerKind.KTO)
+    if kind in fused and spec.activations.loss != "torch":
         # TRL 1.16 computes these losses with its own chunked LM head (trl/kernels/chunked_logprob.py); a
         # --loss implementation would never run (sft_trainer.py also turns Liger's FLCE off, L1134-1140)
         raise ConfigError(
@@ -173,7 +200,7 @@ def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[Traini
                         padding_free=_bool("padding_free", get("padding_free")))
     elif kind is TrainerKind.REWARD:
         t = TrainerSpec(kind=kind)
-    elif kind is TrainerKind.DPO:
+    elif kind in (TrainerKind.DPO, TrainerKind.KTO):
         prompt = _num("max_prompt_length", trl.get("max_prompt_length", 0), int)
         completion = _num("max_completion_length", trl.get("max_completion_length", max(0, seq - prompt)), int)
         total = min(seq, prompt + completion)  # DPOConfig.max_length truncates prompt + completion
@@ -181,11 +208,18 @@ def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[Traini
         rpo = trl.get("rpo_alpha")
         raw = trl.get("loss_type") or ("sigmoid",)
         losses = tuple(str(x) for x in raw) if isinstance(raw, (list, tuple)) else (str(raw),)
+        if kind is TrainerKind.KTO and (rpo is not None or "loss_type" in trl):
+            raise ConfigError("--rpo_alpha / --loss_type are DPO fields; KTO's loss types (kto, apo_zero_unpaired) "
+                              "allocate the same step here: drop the flag")
         t = TrainerSpec(kind=kind, prompt_length=min(prompt, total), completion_length=completion,
                         precompute_ref_log_probs=_bool("precompute_ref_log_probs", get("precompute_ref_log_probs")),
                         rpo_alpha=None if rpo is None else _num("rpo_alpha", rpo, float), loss_type=losses)
-        notes.append(f"DPO: every row is {min(prompt, total)} prompt + {completion} completion tokens; chosen and "
-                     f"rejected run concatenated ({2 * spec.batch.micro_batch} rows)")
+        if kind is TrainerKind.KTO:
+            notes.append(f"KTO: every row is {min(prompt, total)} prompt + {completion} completion tokens (one "
+                         "completion per row); the KL batch runs no_grad forwards of the same size")
+        else:
+            notes.append(f"DPO: every row is {min(prompt, total)} prompt + {completion} completion tokens; chosen "
+                         f"and rejected run concatenated ({2 * spec.batch.micro_batch} rows)")
     else:
         if "max_prompt_length" not in trl:
             raise ConfigError("--trainer grpo needs --max_prompt_length: the length of every prompt (TRL 1.16's "

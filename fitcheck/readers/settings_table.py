@@ -308,7 +308,8 @@ SETTINGS: dict[str, Setting] = {
     "max_memory": Setting(S, "max_memory for the device_map check, e.g. 0=24GiB,cpu=200GiB", use=Use.CLI),
     # --trainer and TRL 1.16's config fields (read by cli/trl_flags.py; TRL's defaults for absent flags)
     "trainer": Setting(S, "trainer (default trainer)", use=Use.CLI,
-                       cli_choices=tuple(k.value for k in TrainerKind)),
+                       # orpo/cpo: accepted only to be refused with the reason (cli/trl_flags.py NOT_MODELLED)
+                       cli_choices=(*(k.value for k in TrainerKind), "orpo", "cpo")),
     "packing": Setting(B, "TRL config packing", trainer_arg=_TA),
     "padding_free": Setting(B, "TRL config padding_free", trainer_arg=_TA),
     "precompute_ref_log_probs": Setting(B, "TRL config precompute_ref_log_probs", use=Use.CLI),

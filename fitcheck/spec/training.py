@@ -386,6 +386,7 @@ class TrainerKind(str, Enum):
     DPO = "dpo"
     GRPO = "grpo"
     REWARD = "reward"
+    KTO = "kto"  # issue 13 (branch i13trl): unpaired completions, reference model, KL pass
 
 
 class VllmMode(str, Enum):

@@ -10,6 +10,7 @@ from fitcheck.core.trainers.evaluation import (
     evaluation_component,
     evaluation_findings,
 )
+from fitcheck.core.trainers.grpo_batch import grpo_batch_error, grpo_valid_micro_batch
 from fitcheck.core.trainers.steps import step_spec, trainer_components
 from fitcheck.spec import TrainerKind, TrainerSpec, VllmMode
 
@@ -21,6 +22,8 @@ __all__ = [
     "eval_spec",
     "evaluation_component",
     "evaluation_findings",
+    "grpo_batch_error",
+    "grpo_valid_micro_batch",
     "step_spec",
     "trainer_components",
 ]

@@ -19,16 +19,27 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from fitcheck.core.trainers.evaluation_trl import trl_eval_forward
 from fitcheck.core.trainers.fused_head import forward_peak
-from fitcheck.core.trainers.steps import fused_head_inputs
+from fitcheck.core.trainers.grpo_batch import grpo_batch_error
+from fitcheck.core.trainers.reference_fsdp import reference_fsdp2_finding
+from fitcheck.core.trainers.steps import fused_head_inputs, has_reference_copy
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import TrainerKind, TrainingSpec
 
 _SOURCE = "transformers 5.23 trainer.py evaluate / evaluation_loop / prediction_step (no_grad forward)"
 _STATE = (Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META, Category.OPTIMIZER, Category.MASTER)
-# Measured against real Trainer.evaluate / SFTTrainer.evaluate on CPU (benchmarks/trl_truth.py EVAL_CASES)
-EVAL_TRAINERS = frozenset({TrainerKind.TRAINER, TrainerKind.SFT})
+# Measured against real Trainer.evaluate / SFTTrainer.evaluate on CPU (benchmarks/trl_truth.py EVAL_CASES) and
+# DPO / GRPO / reward evaluate (TRL_EVAL_CASES)
+_TRL_EVAL = frozenset({TrainerKind.DPO, TrainerKind.GRPO, TrainerKind.REWARD, TrainerKind.KTO})
+EVAL_TRAINERS = frozenset({TrainerKind.TRAINER, TrainerKind.SFT}) | _TRL_EVAL
+_TRL_SOURCE = {
+    TrainerKind.DPO: "trl/trainer/dpo_trainer.py prediction_step / _compute_loss (TRL 1.16)",
+    TrainerKind.GRPO: "trl/trainer/grpo_trainer.py prediction_step / _generate_and_score_completions (TRL 1.16)",
+    TrainerKind.REWARD: "trl/trainer/reward_trainer.py compute_loss (can_return_loss, TRL 1.16)",
+    TrainerKind.KTO: "trl/trainer/kto_trainer.py prediction_step / _compute_loss (TRL 1.16)",
+}
 
 
 def eval_spec(spec: TrainingSpec) -> TrainingSpec:
@@ -60,6 +71,14 @@ def evaluation_component(run: TrainingSpec, train: tuple[Component, ...],
     b, s = run.batch.micro_batch, run.batch.seq_len
     hidden = b * s * sh.hidden_size * run.precision.load_dtype.nbytes  # the backbone output, held at the loss
     ids = 8 * b * s
+    if t.kind in _TRL_EVAL:  # their own prediction_step (fitcheck.core.trainers.evaluation_trl)
+        forward, detail = trl_eval_forward(run, _logits_bytes(run))
+        steps = t.eval_accumulation_steps or 1
+        if not t.prediction_loss_only and t.kind in (TrainerKind.DPO, TrainerKind.KTO):  # metrics logits kept
+            forward = max((steps - 1) * _logits_bytes(run) + forward, 2 * steps * _logits_bytes(run))
+        return Component("evaluation.step", Category.ACTIVATIONS, Location.DEVICE,
+                         {Phase.EVALUATION: held + forward}, _SOURCE + "; " + _TRL_SOURCE[t.kind],
+                         f"{b} rows x {s} tokens: {detail}; weights and optimizer states stay, gradients were freed")
     if t.kind is TrainerKind.SFT:
         loss = forward_peak(fused_head_inputs(run, grad=False, outputs=("log_probs", "entropy", "is_top1")))
     else:
@@ -77,11 +96,20 @@ def evaluation_component(run: TrainingSpec, train: tuple[Component, ...],
 
 
 def evaluation_findings(spec: TrainingSpec, totals: Mapping[Phase, int]) -> tuple[Finding, ...]:
-    """Evaluation above every training phase; evaluation logits accumulating over the whole evaluation set."""
+    """The trainer's findings: evaluation above every training phase; evaluation logits accumulating; a GRPO batch
+    GRPOConfig refuses; the FSDP2 reference gathered whole (``reference_fsdp``)."""
     t = spec.trainer
-    if t.eval_batch_size is None:
-        return ()
     out: list[Finding] = []
+    gathered = reference_fsdp2_finding(spec, has_reference_copy(spec))
+    if gathered is not None:
+        out.append(gathered)
+    batch = grpo_batch_error(spec)
+    if batch is not None:  # GRPOConfig's batch rules (grpo_batch.py), evaluation batch included
+        out.append(Finding("grpo-batch-refused", Severity.WARNING, f"GRPOConfig would refuse this run: {batch}",
+                           "use a per_device_train_batch_size (x processes x steps_per_generation) and a "
+                           "per_device_eval_batch_size (x processes) that are multiples of num_generations"))
+    if t.eval_batch_size is None:
+        return tuple(out)
     train = max((v for p, v in totals.items() if p is not Phase.EVALUATION), default=0)
     if totals.get(Phase.EVALUATION, 0) > train:
         out.append(Finding(

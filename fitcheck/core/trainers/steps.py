@@ -14,12 +14,22 @@ takes the plain-Trainer components of that step and
 - adds ``reference_model.forward``: DPO's reference forward runs under ``no_grad`` AFTER the policy forward
   (``_compute_loss``), so its fused head's buffers stack on the policy's saved activations;
 - adds the GRPO generation phase (``generation.kv_cache``, ``generation.working_set``; ``Phase.GENERATION``).
+
+GRPO's log-prob pre-pass (``grpo_trainer.py _generate_and_score_completions``, TRL 1.16): after ``generate`` (its KV
+cache freed), the reference log-probs (``beta`` > 0) and the old-policy log-probs (when ``gradient_accumulation_steps``
+is not a multiple of ``steps_per_generation x num_iterations``, or with vLLM's importance-sampling correction,
+default on) run as ``no_grad`` fused forwards over the generation batch in chunks of
+``per_device_train_batch_size`` rows (``_get_per_token_logps_and_entropies(batch_size=...)``). Each chunk is the
+training forward's own shapes without saved activations, gradients or ``log_z``, so its peak is below the training
+step's (``forward_peak(grad=False) <= forward_peak(grad=True)``, and nothing is saved yet): it never sets the peak
+and is not a component of its own (measured: ``benchmarks/trl_truth.py`` GRPO rows, beta 0.04, within 0.01%).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from fitcheck.core.states import partition
 from fitcheck.core.trainers.fused_head import (
     FusedHeadInputs,
     backward_peak,
@@ -45,8 +55,16 @@ _OUTPUTS = {
     TrainerKind.SFT: ("log_probs", "entropy", "is_top1"),  # sft_trainer.py L1144-1147
     TrainerKind.DPO: ("log_probs", "entropy", "mean_logits", "is_top1"),  # dpo_trainer.py L956-960
     TrainerKind.GRPO: ("log_probs", "entropy"),  # grpo_trainer.py L1068-1073
+    TrainerKind.KTO: ("log_probs", "entropy", "mean_logits"),  # kto_trainer.py L967-970
 }
+# Trainers whose reference forward runs after the policy's, in the same step (DPO, KTO: _compute_loss)
+_REF_IN_STEP = frozenset({TrainerKind.DPO, TrainerKind.KTO})
 _FUSED = frozenset(_OUTPUTS)
+
+
+def fused_outputs(kind: TrainerKind) -> tuple[str, ...]:
+    """The fused-head outputs the trainer's policy model is patched with (``add_fused_lm_head(outputs=...)``)."""
+    return _OUTPUTS[kind]
 
 
 def step_spec(spec: TrainingSpec) -> TrainingSpec:
@@ -56,7 +74,7 @@ def step_spec(spec: TrainingSpec) -> TrainingSpec:
         seq = t.prompt_length + t.completion_length or spec.batch.seq_len
         batch = dataclasses.replace(spec.batch, micro_batch=2 * spec.batch.micro_batch, seq_len=seq)
         return dataclasses.replace(spec, batch=batch)
-    if t.kind is TrainerKind.GRPO:
+    if t.kind in (TrainerKind.GRPO, TrainerKind.KTO):  # KTO: one (unpaired) completion per row
         seq = t.prompt_length + t.completion_length or spec.batch.seq_len
         return dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, seq_len=seq))
     if t.kind is TrainerKind.SFT and t.padding_free:
@@ -105,7 +123,7 @@ def fused_head_inputs(spec: TrainingSpec, *, grad: bool, outputs: tuple[str, ...
 def _scored(spec: TrainingSpec) -> int:
     """Positions with a label (the CUDA path scores only these): completion tokens for DPO/GRPO."""
     t, b, s = spec.trainer, spec.batch.micro_batch, spec.batch.seq_len
-    if t.kind in (TrainerKind.DPO, TrainerKind.GRPO) and t.completion_length:
+    if t.kind in (TrainerKind.DPO, TrainerKind.GRPO, TrainerKind.KTO) and t.completion_length:
         return b * t.completion_length
     return b * (s - 1)
 
@@ -114,13 +132,37 @@ def _weights_bytes(spec: TrainingSpec) -> int:
     return spec.model.total_params * spec.precision.load_dtype.nbytes
 
 
-def _has_reference_copy(spec: TrainingSpec) -> bool:
+def has_reference_copy(spec: TrainingSpec) -> bool:
+    """The trainer keeps a separate reference copy (DPO/KTO without PEFT or precomputed log-probs, GRPO beta > 0)."""
     t = spec.trainer
     if spec.lora is not None:
         return False
-    if t.kind is TrainerKind.DPO:
+    if t.kind in _REF_IN_STEP:  # KTO: kto_trainer.py L919-938, the same create_model_from_path copy as DPO
         return not t.precompute_ref_log_probs
     return t.kind is TrainerKind.GRPO and t.beta != 0.0
+
+
+def reference_weights(spec: TrainingSpec) -> Component:
+    """The reference copy's weights on one GPU, placed as TRL 1.16 prepares it under the run's sharding.
+
+    ``dpo_trainer.py`` L984-990 / ``grpo_trainer.py`` L1182-1188 (TRL 1.16): with DeepSpeed the reference goes
+    through ``trl/models/utils.py prepare_deepspeed``, which keeps ZeRO-3 (and its ``offload_param``: only
+    ``offload_optimizer`` is dropped) and sets every other stage to 0 -- ZeRO-1/2 keep a whole copy per GPU; with
+    FSDP ``prepare_fsdp`` wraps it with the run's own plugin (sharding strategy, CPU offload); otherwise
+    ``accelerator.prepare_model(evaluation_mode=True)``: a whole copy (DDP replicas). The policy's weights are
+    divided the same way (``fitcheck.core.states.partition``: ZeRO-3 / FSDP divide by the shard group).
+    """
+    part = partition(spec)
+    nbytes = -(-_weights_bytes(spec) // part.weights)
+    share = f", 1/{part.weights} per GPU ({part.description})" if part.weights > 1 else ""
+    location = Location.HOST if part.params_on_host else Location.DEVICE
+    source = (_TRL + ": create_model_from_path(policy id); trl/models/utils.py prepare_deepspeed (stage 3 kept, "
+              "else 0) / prepare_fsdp")
+    detail = f"{spec.model.total_params:,} params frozen copy in {spec.precision.load_dtype.value}{share}"
+    if location is Location.HOST:  # host components are per node, as the policy's (states/model_states.py)
+        nbytes *= spec.sharding.processes_per_machine
+        detail += "; offloaded to host RAM with the policy's (per node)"
+    return Component.persistent("reference_model.weights", Category.WEIGHTS, nbytes, source, detail, location)
 
 
 def _last_hidden(spec: TrainingSpec) -> int:
@@ -138,9 +180,11 @@ def _fused_head_component(spec: TrainingSpec, base: Component) -> Component:
     # kernel's own copy is saved (the plain LM head keeps the norm output: counted in activations.saved)
     fwd_phase = fwd + labels
     bwd_phase = bwd + labels - _last_hidden(spec)
-    if t.kind is TrainerKind.DPO and not t.precompute_ref_log_probs:
+    if t.kind in _REF_IN_STEP and not t.precompute_ref_log_probs:
         # the reference forward (no_grad, after the policy's): the policy's outputs stay, the reference's
-        # backbone output and its fused head's buffers (log-probs only) come on top
+        # backbone output and its fused head's buffers (log-probs only) come on top. KTO runs two of them one after
+        # the other (the KL batch's, then the completions'; kto_trainer.py _compute_loss), of the same size; its
+        # policy KL pass (no_grad, before the policy forward) is smaller than the policy's own forward
         ref = fused_head_inputs(spec, grad=False, outputs=("log_probs",), scored=_scored(spec))
         fwd_phase = max(fwd_phase, forward_outputs(x) + labels + _last_hidden(spec) + forward_peak(ref))
     return Component(
@@ -153,6 +197,19 @@ def _fused_head_component(spec: TrainingSpec, base: Component) -> Component:
         f"{x.n} positions x {x.vocab} vocab in tiles; buffer {min(x.n, 4096)}x32768 "
         f"({'scored positions only' if x.cuda else 'every position'})",
         )
+
+
+def generation_bytes(spec: TrainingSpec, rows: int) -> tuple[int, int]:
+    """(KV cache, working set) of ``model.generate`` for ``rows`` sequences of prompt + completion (no vLLM)."""
+    t, sh = spec.trainer, spec.model.shape
+    e = spec.precision.load_dtype.nbytes
+    tokens = t.prompt_length + t.completion_length - 1  # the last sampled token is never fed back
+    kv = 2 * sh.num_layers * rows * sh.num_kv_heads * sh.head_dim * tokens * e
+    # prefill: one layer's MLP intermediates of the prompt (gate, up, their product) + sampling on [rows, V]:
+    # fp32 next-token logits and the processors' copies (temperature, top-p sort values + int64 indices, softmax)
+    prefill = 3 * rows * t.prompt_length * sh.intermediate_size * e
+    sampling = rows * sh.vocab_size * (4 * 5 + 8)
+    return kv, max(prefill, sampling)
 
 
 def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
@@ -172,20 +229,15 @@ def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
     steps = t.steps_per_generation or spec.batch.grad_accum
     rows = (t.generation_batch_size // spec.data_parallel_size if t.generation_batch_size
             else spec.batch.micro_batch * steps)
-    e = spec.precision.load_dtype.nbytes
-    tokens = t.prompt_length + t.completion_length - 1  # the last sampled token is never fed back
-    kv = 2 * sh.num_layers * rows * sh.num_kv_heads * sh.head_dim * tokens * e
-    # prefill: one layer's MLP intermediates of the prompt (gate, up, their product) + sampling on [rows, V]:
-    # fp32 next-token logits and the processors' copies (temperature, top-p sort values + int64 indices, softmax)
-    prefill = 3 * rows * t.prompt_length * sh.intermediate_size * e
-    sampling = rows * sh.vocab_size * (4 * 5 + 8)
+    tokens = t.prompt_length + t.completion_length - 1
+    kv, working = generation_bytes(spec, rows)
     return [
         held,
         Component("generation.kv_cache", Category.ACTIVATIONS, Location.DEVICE, {Phase.GENERATION: kv},
                   "transformers DynamicCache: K and V per layer [rows, kv_heads, tokens, head_dim]",
                   f"{rows} sequences x {tokens} tokens x {sh.num_layers} layers"),
         Component("generation.working_set", Category.TEMPORARIES, Location.DEVICE,
-                  {Phase.GENERATION: max(prefill, sampling)},
+                  {Phase.GENERATION: working},
                   "transformers generation/utils.py _sample + logits processors (approximate)",
                   "prefill MLP intermediates or the sampling copies of the next-token logits"),
     ]
@@ -211,11 +263,8 @@ def trainer_components(spec: TrainingSpec, base: tuple[Component, ...]) -> tuple
             out.append(_fused_head_component(run, c))
         else:
             out.append(c)
-    if _has_reference_copy(spec):
-        nbytes = _weights_bytes(spec)
-        out.append(Component.persistent(
-            "reference_model.weights", Category.WEIGHTS, nbytes, _TRL + ": create_model_from_path(policy id)",
-            f"{spec.model.total_params:,} params frozen copy in {spec.precision.load_dtype.value}"))
+    if has_reference_copy(spec):
+        out.append(reference_weights(spec))
     persistent = sum(c.at(Phase.FORWARD_END) for c in out if c.location is Location.DEVICE
                      and c.category in (Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META,
                                         Category.OPTIMIZER, Category.MASTER))
