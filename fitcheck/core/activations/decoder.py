@@ -42,14 +42,14 @@ from fitcheck.core.activations.heads import (
     classifier_head_backward,
     classifier_logits,
 )
-from fitcheck.core.activations.olmo2_gpt_oss import (
-    FP32_PRODUCT_NORMS,
-    POST_NORM_ONLY,
-    eager_masks,
-    embedding_cast_cached,
-    gpt_oss_moe_saved,
-    rotary_tables,
-    sink_attention_extra,
+from fitcheck.core.activations.int8 import SOURCE as SOURCE_INT8
+from fitcheck.core.activations.int8 import (
+    int8_checkpointed_inputs,
+    int8_ctx_through_checkpoint,
+    int8_formula_applies,
+    int8_forward_temporary,
+    int8_layer_extra,
+    int8_layer_saved_per_token,
 )
 from fitcheck.core.activations.mla import (
     MLA_FAMILIES,
@@ -60,16 +60,16 @@ from fitcheck.core.activations.mla import (
     mla_mlp,
     mla_outside,
 )
-from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
-from fitcheck.core.activations.int8 import SOURCE as SOURCE_INT8
-from fitcheck.core.activations.int8 import (
-    int8_checkpointed_inputs,
-    int8_ctx_through_checkpoint,
-    int8_formula_applies,
-    int8_forward_temporary,
-    int8_layer_extra,
-    int8_layer_saved_per_token,
+from fitcheck.core.activations.olmo2_gpt_oss import (
+    FP32_PRODUCT_NORMS,
+    POST_NORM_ONLY,
+    eager_masks,
+    embedding_cast_cached,
+    gpt_oss_moe_saved,
+    rotary_tables,
+    sink_attention_extra,
 )
+from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
 from fitcheck.core.activations.qlora import (
     four_bit_lora,
     kbit_upcast,
