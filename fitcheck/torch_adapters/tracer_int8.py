@@ -57,7 +57,7 @@ def quantize_base_8bit(model: Any, quant: QuantSpec, *, fake: bool, skip: list[s
     import torch
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
 
-    from fitcheck.torch_adapters.tracer_quant import outside_fake_mode
+    from fitcheck.torch_adapters.tracer_fake_mode import outside_fake_mode
 
     bnb_nn: Any = importlib.import_module("bitsandbytes.nn")
     with outside_fake_mode(fake):  # Linear8bitLt.__init__ wraps its weight in Int8Params

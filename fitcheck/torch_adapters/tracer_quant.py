@@ -27,13 +27,13 @@ class stays ``bnb.nn.Linear4bit``, so its forward, ``MatMul4Bit`` and peft's dis
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 from collections.abc import Iterator
 from typing import Any
 
 from fitcheck.errors import NotModelledError
 from fitcheck.spec import QuantSpec
+from fitcheck.torch_adapters.tracer_fake_mode import outside_fake_mode
 
 
 def bnb_config(quant: QuantSpec) -> Any:
@@ -115,17 +115,6 @@ def quantize_base(model: Any, quant: QuantSpec, *, fake: bool) -> Any:
     model.is_loaded_in_4bit = True
     model.requires_grad_(False)
     return model
-
-
-@contextlib.contextmanager
-def outside_fake_mode(fake: bool) -> Iterator[None]:
-    if not fake:
-        yield
-        return
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily():
-        yield
 
 
 def model_modules_to_not_convert(model: Any, quant: QuantSpec) -> list[str]:
