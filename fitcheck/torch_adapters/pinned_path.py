@@ -11,7 +11,8 @@ computed the way the headline number was (traced, or from the formulas):
 
 A trace that cannot run (an 8-bit base, remote code) falls back to the formulas with an INFO saying why; runs
 the tracer does not describe (Liger, fused/TRL losses, activation offloading, DeepSpeed, FSDP's module cast,
-tp/cp/sp layouts, GPTQ/AWQ/FP8 bases, vision-language models other than Qwen2.5-VL) are never auto-traced.
+tp/cp/sp layouts, GPTQ/AWQ/FP8 bases, vision-language models: ``--trace`` feeds Qwen2.5-VL images) are never
+auto-traced.
 Traces are cached per activation-relevant part of the spec (sharding and optimizer changes reuse them).
 """
 
@@ -47,8 +48,8 @@ def traceable(spec: TrainingSpec) -> bool:
             and spec.trainer.kind is TrainerKind.TRAINER and spec.sharding.strategy is not Strategy.DEEPSPEED
             # FSDP mixed precision casts the module (kernels/module_cast.py): the traced fp32+autocast step
             # would be a different run; so would one rank of a tp/cp/sp layout (core/parallelism), a
-            # GPTQ/AWQ/FP8 base (core/states/prequant); a vision-language model only where the tracer feeds its
-            # images (trace_inputs_vlm: Qwen2.5-VL)
+            # GPTQ/AWQ/FP8 base (core/states/prequant); a vision-language model only on --trace (its images:
+            # trace_inputs_vlm, Qwen2.5-VL)
             and deepspeed_module_view(spec) is spec
             and (layout is None or not layout.active) and not pre and _images_traceable(spec)
             # an 8-bit base traces CPU's MatMul8bitFp; CUDA runs MatMul8bitLt (core/activations/int8.py, source)
@@ -57,10 +58,10 @@ def traceable(spec: TrainingSpec) -> bool:
 
 
 def _images_traceable(spec: TrainingSpec) -> bool:
-    """A text model, or a vision-language model whose image inputs the tracer builds."""
-    from fitcheck.torch_adapters.trace_inputs_vlm import SUPPORTED
-
-    return spec.model.shape.task != "image-text-to-text" or spec.model.shape.family in SUPPORTED
+    """A text model. A vision-language step is traced only on ``--trace`` (Qwen2.5-VL, trace_inputs_vlm): tracing
+    its 32-block tower twice per micro-batch size tried takes minutes on a loaded CPU, and the vision formula is
+    checked against that trace (benchmarks/vision_vs_trace.py)."""
+    return spec.model.shape.task != "image-text-to-text"
 
 
 def _cache_key(spec: TrainingSpec) -> str:
