@@ -25,6 +25,7 @@ real code. ``tests/test_tracer_int8.py`` checks fake == real.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Iterator
 from typing import Any
@@ -57,10 +58,8 @@ def quantize_base_8bit(model: Any, quant: QuantSpec, *, fake: bool, skip: list[s
     import torch
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
 
-    from fitcheck.torch_adapters.tracer_quant import outside_fake_mode
-
     bnb_nn: Any = importlib.import_module("bitsandbytes.nn")
-    with outside_fake_mode(fake):  # Linear8bitLt.__init__ wraps its weight in Int8Params
+    with _outside_fake_mode(fake):  # Linear8bitLt.__init__ wraps its weight in Int8Params
         replace_with_bnb_linear(model, modules_to_not_convert=skip, quantization_config=bnb_config_8bit(quant))
     for name, module in model.named_modules():
         if not isinstance(module, bnb_nn.Linear8bitLt) or name not in originals:
@@ -82,6 +81,17 @@ def quantize_base_8bit(model: Any, quant: QuantSpec, *, fake: bool, skip: list[s
     model.is_loaded_in_8bit = True
     model.requires_grad_(False)
     return model
+
+
+@contextlib.contextmanager
+def _outside_fake_mode(fake: bool) -> Iterator[None]:
+    if not fake:
+        yield
+        return
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        yield
 
 
 def int8_scales(model: Any) -> Iterator[Any]:
