@@ -15,6 +15,7 @@ itself does not fit a 24 GB GPU (the ``load-does-not-fit`` finding), so the step
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -23,23 +24,11 @@ from fitcheck.core import estimate
 from fitcheck.errors import ConfigError
 from fitcheck.report import Location, Report
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from parallelism_published import _values  # the same argv -> estimate values reader
+
 DATA = Path(__file__).resolve().parent / "data" / "fsdp_qlora_published.json"
 GIB = 1024**3
-
-
-def _values(argv: list[str]) -> dict[str, object]:
-    """``--flag value`` pairs (a flag followed by another flag is a bare boolean) as estimate values."""
-    out: dict[str, object] = {}
-    i = 0
-    while i < len(argv):
-        key = argv[i].lstrip("-")
-        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            out[key] = argv[i + 1]
-            i += 2
-        else:
-            out[key] = True
-            i += 1
-    return out
 
 
 def _estimate(row: dict[str, object], tmp: Path, **extra: object) -> Report:
