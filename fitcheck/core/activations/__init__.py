@@ -2,6 +2,7 @@
 
 - :mod:`.decoder`: the decoder-layer formulas (Llama-style families), the logits/loss term, checkpointing,
   the autocast weight cache, and the components the report shows;
+- :mod:`.layer_saved`: what one decoder layer (and the model outside its layers) saves per token, the logits;
 - :mod:`.families`: per-family tables for the other architectures (GPT-2, BERT, Phi-2, Falcon, BLOOM);
 - :mod:`.dora`: DoRA's extra saved tensors and transients (and other LoRA extras);
 - :mod:`.qlora`: layers over bitsandbytes 4-bit bases (what ``prepare_model_for_kbit_training`` changes);
@@ -18,9 +19,10 @@ Where a new model family goes: a formula pinned to a fake-tensor trace in :mod:`
 """
 
 from fitcheck.core.activations.backward import cuda_embedding_backward
-from fitcheck.core.activations.decoder import activation_components, activation_findings, layer_saved_per_token
+from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.core.activations.envelope import CHECKED, envelope_key, in_envelope, not_pinned_finding
 from fitcheck.core.activations.families import family_layer_saved
+from fitcheck.core.activations.layer_saved import layer_saved_per_token
 from fitcheck.core.activations.versions import versions_findings
 
 __all__ = [

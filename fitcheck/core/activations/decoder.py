@@ -17,13 +17,11 @@ embedding output), or one recomputed layer under checkpointing; OPTIMIZER_STEP =
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_moments, backward_transient
 from fitcheck.core.activations.cuda import cuda_gap_findings
 from fitcheck.core.activations.dora import (
     DoraMode,
-    dora_per_token,
     dora_phases,
     dora_recompute_excess,
     lora_extras_unpinned,
@@ -31,16 +29,10 @@ from fitcheck.core.activations.dora import (
 from fitcheck.core.activations.families import (
     FAMILY_FORMULAS,
     family_findings_text,
-    family_layer_saved,
-    family_logits,
-    family_outside_saved,
 )
 from fitcheck.core.activations.freeze import frozen_layers
 from fitcheck.core.activations.heads import (
-    CLASSIFIER_TASKS,
     bert_layer_alias,
-    classifier_head_backward,
-    classifier_logits,
 )
 from fitcheck.core.activations.int8 import SOURCE as SOURCE_INT8
 from fitcheck.core.activations.int8 import (
@@ -49,425 +41,51 @@ from fitcheck.core.activations.int8 import (
     int8_formula_applies,
     int8_forward_temporary,
     int8_layer_extra,
-    int8_layer_saved_per_token,
+)
+from fitcheck.core.activations.layer_saved import (
+    _ATTN_LINEARS,
+    _EAGER_ONLY,
+    _FUSED_HEAD,
+    _TRACE,
+    PINNED_FAMILIES,
+    _attn_impl,
+    _head_backward_logits,
+    _logits,
+    _mla_attention_moment,
+    _mla_outside,
+    _Mode,
+    _mode,
+    _norm_saved,
+    _outside_saved,
+    layer_saved_per_token,
 )
 from fitcheck.core.activations.mla import (
     MLA_FAMILIES,
-    MlaMode,
-    mla_attention,
-    mla_attention_backward,
-    mla_dims,
-    mla_mlp,
-    mla_outside,
 )
 from fitcheck.core.activations.olmo2_gpt_oss import (
-    FP32_PRODUCT_NORMS,
-    POST_NORM_ONLY,
-    eager_masks,
     embedding_cast_cached,
-    gpt_oss_moe_saved,
-    rotary_tables,
-    sink_attention_extra,
 )
-from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
 from fitcheck.core.activations.qlora import (
     four_bit_lora,
-    kbit_upcast,
     lora_layer_params,
     qlora_backward_working_set,
     qlora_cache_after_forward,
     qlora_formula_applies,
-    qlora_frozen_head,
-    qlora_layer_saved_per_token,
 )
 from fitcheck.core.activations.qlora16 import qlora16_applies, qlora16_backward_working_set
-from fitcheck.core.activations.recent import eager_scores, qk_norm_outside, qk_norm_saved, recent_family_findings
-from fitcheck.core.activations.versions import legacy_logits_extra
+from fitcheck.core.activations.recent import recent_family_findings
 from fitcheck.core.activations.vision import vision_components, vision_findings
 from fitcheck.core.kernels import (
     deepspeed_module_view,
     fused_loss,
     lever_findings,
     liger_applies,
-    liger_cross_entropy,
-    liger_mlp_delta,
-    liger_norm_saved,
     offload_applies,
     offload_split,
 )
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainerKind, TrainingSpec
-
-# TRL 1.16 trainers whose loss runs through add_fused_lm_head (trl/trainer/utils.py)
-_FUSED_HEAD = frozenset({TrainerKind.SFT, TrainerKind.DPO, TrainerKind.GRPO})
-_TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
-# Families whose layer recipe below was read off traces and is pinned by tests.
-PINNED_FAMILIES = (
-    frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "mixtral",
-               "phi3", "olmo2", "gpt_oss"})
-    | FAMILY_FORMULAS
-    | MLA_FAMILIES  # i12moe: DeepSeek-V3's own recipe (activations/mla.py)
-)
-# transformers refuses SDPA for these configs (attention soft-capping / ALiBi): eager is what runs.
-_EAGER_ONLY = frozenset({"gemma2", "bloom", "gpt_oss"})  # gpt-oss: _supports_sdpa = False (attention sinks)
-_ATTN_LINEARS = ("q_proj", "k_proj", "v_proj")
-_MLP_IN_LINEARS = ("gate_proj", "up_proj")
-
-
-@dataclass(frozen=True)
-class _Mode:
-    """How the activations are stored: element bytes of activations (e), of the residual stream (r)."""
-
-    e: int  # matmul outputs / saved linear inputs
-    r: int  # residual stream / norm inputs
-    autocast: bool
-    half_model: bool
-    amp: bool = False  # autocast on, whatever the load dtype: LoRA's fp32 adapters run in 16-bit (lora extras)
-    dm: int = 4  # LoRA dropout-mask bytes per element of its fp32 input: CPU fp32 noise, CUDA bool (lora extras)
-
-
-def _mode(spec: TrainingSpec) -> _Mode:
-    # peft's prepare_model_for_kbit_training casts every non-quantized parameter to fp32 (activations_qlora.py)
-    half = spec.precision.load_dtype.is_half and not kbit_upcast(spec)
-    amp = spec.precision.mixed_precision is not MixedPrecision.NO
-    autocast = not half and amp
-    # aten Dropout.cpp: CUDA takes native_dropout (bool mask), CPU _dropout_impl keeps empty_like(input) noise
-    dm = 1 if spec.hardware.device_type is DeviceType.CUDA else 4
-    return _Mode(e=2 if half or autocast else 4, r=2 if half else 4, autocast=autocast, half_model=half, amp=amp,
-                 dm=dm)
-
-
-def _lora_targets(spec: TrainingSpec) -> frozenset[str]:
-    lora = spec.lora
-    if lora is None:
-        return frozenset()
-    names: tuple[str, ...] = (*_ATTN_LINEARS, "o_proj", *_MLP_IN_LINEARS, "down_proj")
-    if spec.model.shape.family == "phi3":
-        names = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # modeling_phi3.py: fused linears
-    if "all-linear" in lora.target_modules:
-        return frozenset(names)
-    return frozenset(n for n in names if n in lora.target_modules)
-
-
-def _attn_impl(spec: TrainingSpec) -> AttnImpl:
-    family = spec.model.shape.family
-    impl = spec.activations.attn_implementation
-    if family in _EAGER_ONLY and impl is AttnImpl.SDPA:
-        return AttnImpl.EAGER
-    return impl
-
-
-def _norm_saved(shape: ModelShape, m: _Mode, trainable_weight: bool, pre: bool = True) -> int:
-    """Bytes per token one RMSNorm saves (trace: rsqrt fp32 per token, fp32 upcast of the input)."""
-    h = shape.hidden_size
-    # OLMo-2 / gpt-oss multiply the fp32 normalised tensor by the weight, as Gemma does (olmo2_gpt_oss.py)
-    gemma = shape.family.startswith("gemma") or shape.family in FP32_PRODUCT_NORMS
-    if m.half_model:
-        # x.to(fp32) 4h + rsqrt 4 (+ normed.to(bf16) 2h kept for the weight gradient; Gemma keeps x*rsqrt fp32 4h)
-        if gemma:
-            # x.float(), rsqrt, x*rsqrt fp32 (kept by `* (1 + weight.float())` only for a trained weight:
-            # trace "gemma lora"); the type_as output is the next input
-            return 4 * h + 4 + (4 * h if trainable_weight else 0)
-        return 4 * h + 4 + (2 * h if trainable_weight else 0)
-    # fp32 weights (with or without autocast): the input itself 4h, rsqrt 4, x*rsqrt 4h (weight gradient)
-    return 4 * h + 4 + (4 * h if trainable_weight else 0)
-
-
-def _linear_inputs(shape: ModelShape, m: _Mode, full: bool, targets: frozenset[str], lora: LoraSpec | None,
-                   consumers: tuple[str, ...], width: int, fused: bool, kept: bool = False) -> int:
-    """Bytes per token saved for the linears that read one tensor of ``width`` features (``kept``: saved anyway)."""
-    total = 0
-    if full:
-        if m.autocast:
-            total += 2 * width * (1 if fused else len(consumers))  # one bf16 cast per consumer (trace: to_copy)
-        else:
-            total += m.e * width  # the shared input tensor
-    hit = [c for c in consumers if c in targets]
-    if hit and lora is not None:
-        total += len(hit) * _adapter_input(m, lora, width)
-        if lora.dropout == 0 and not (m.amp or m.half_model or full or kept):
-            total += 4 * width  # fp32 model: the adapters read the input itself, once (trace: mul, norm output)
-    return total
-
-
-def _experts_adapted(spec: TrainingSpec) -> bool:
-    """Whether LoRA wraps the fused MoE expert tensors (peft ``target_parameters``)."""
-    from fitcheck.core.states import plan_lora
-    from fitcheck.spec import Kind
-
-    return spec.lora is not None and any(t.entry.kind is Kind.FUSED_EXPERTS for t in plan_lora(spec).targets)
-
-
-def _reads_input_itself(spec: TrainingSpec, m: _Mode, targets: frozenset[str], name: str) -> bool:
-    """Whether the LoRA adapter on ``name`` saves its input tensor itself (fp32 model, no dropout, no autocast)."""
-    lora = spec.lora
-    return name in targets and lora is not None and lora.dropout == 0 and not (m.amp or m.half_model)
-
-
-def _adapter_input(m: _Mode, lora: LoraSpec, width: int) -> int:
-    """Bytes per token one peft ``lora.Linear`` adapter saves for an input of ``width`` features.
-
-    peft 0.21 ``lora.Linear.forward``: ``x = _cast_input_dtype(x, fp32)``, then ``lora_B(lora_A(dropout(x)))``;
-    each wrapped module has its own dropout, so q/k/v reading one tensor keep three masks (trace: 3 empty_like).
-    """
-    drop = lora.dropout > 0
-    total = m.dm * width if drop else 0  # dropout noise of the fp32 input (trace: empty_like fp32; CUDA bool)
-    if m.amp:
-        total += 2 * width  # autocast's 16-bit cast of lora_A's input, one per adapter (trace: _to_copy bf16)
-    elif drop or m.half_model:
-        total += 4 * width  # fp32 dropout output, or the fp32 copy of a 16-bit input (trace: mul / _to_copy)
-    return total + (2 if m.amp else 4) * lora.r  # lora_A output, kept by lora_B (trace: mm (b·s, r))
-
-
-def layer_saved_per_token(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int, int]:
-    """(bytes per token, bytes per token per position of the s² term) saved by one decoder layer.
-
-    ``trainable=False``: a frozen layer of a partial fine-tune whose input needs a gradient
-    (``fitcheck.core.activations.freeze``); None: as the spec says (full fine-tune, LoRA or quantized base).
-    """
-    spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
-    per_token, s2 = _layer_saved(spec, trainable)
-    liger = liger_applies(spec)
-    if liger is None:
-        return per_token, s2
-    # Liger-Kernel kernels (fitcheck/core/kernels/liger.py): RMSNorm keeps its input + fp32 rstd, the gated MLP
-    # no act(gate) output
-    m, sh = _mode(spec), spec.model.shape
-    if liger.rms_norm:
-        norms = 4 if sh.family == "gemma2" else 2
-        full = spec.lora is None and spec.quant is None
-        per_token -= norms * (_norm_saved(sh, m, full) - liger_norm_saved(sh.hidden_size, m.r))
-    # QLoRA: Linear4bit casts back to the (fp32) input dtype, so act(gate) is fp32 (activations/qlora.py)
-    return per_token - liger_mlp_delta(spec, 4 if qlora_formula_applies(spec) else m.e), s2
-
-
-def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int, int]:
-    sh = spec.model.shape
-    if sh.family in FAMILY_FORMULAS:
-        return family_layer_saved(spec)  # GPT-2, BERT, Phi, Falcon, BLOOM (activations_families.py)
-    if qlora_formula_applies(spec):  # 4-bit base + LoRA, traced on real bitsandbytes (activations_qlora.py)
-        return qlora_layer_saved_per_token(spec, _attn_impl(spec) is AttnImpl.EAGER)
-    if int8_formula_applies(spec):  # LLM.int8 base + LoRA, traced on real bitsandbytes (activations/int8.py)
-        return int8_layer_saved_per_token(spec, _attn_impl(spec) is AttnImpl.EAGER)
-    m = _mode(spec)
-    full = spec.lora is None and spec.quant is None if trainable is None else trainable
-    targets = _lora_targets(spec)
-    h, a = sh.hidden_size, sh.num_heads
-    kv, q = sh.num_kv_heads * sh.head_dim, sh.num_heads * sh.head_dim
-    if sh.family in MLA_FAMILIES:  # DeepSeek-V3: latent attention, MoE layer (activations/mla.py)
-        return _mla_layer(spec, m, full)
-    fused = sh.family == "phi3"
-    eager = _attn_impl(spec) is AttnImpl.EAGER
-    total = 2 * _norm_saved(sh, m, full)
-    if sh.family in ("gemma2", "gemma3_text"):
-        total += 2 * _norm_saved(sh, m, full, pre=False)  # post-attention / post-feedforward norms
-    # attention inputs (q/k/v or fused qkv_proj)
-    if fused:
-        total += _linear_inputs(sh, m, full, targets, spec.lora, ("qkv_proj",), h, True)
-        total += m.e * (q + 2 * kv)  # fused qkv output kept (v is a view of it; trace phi3: mm (b·s, q+2kv))
-    else:
-        total += _linear_inputs(sh, m, full, targets, spec.lora, _ATTN_LINEARS, h, False)
-    total += qk_norm_saved(sh, m.e == 2, full)  # Qwen3 per-head q/k RMSNorms (recent.py)
-    # the o_proj input copy (eager transpose(1,2).contiguous(), phi3 SDPA reshape) lives only if o_proj's weight
-    # or its fp32 lora_A reads it: a dropout or 16-bit adapter input is a new tensor (trace "llama lora eager")
-    o_copy = q if full or _reads_input_itself(spec, m, targets, "o_proj") else 0
-    if eager:
-        # q, repeat_kv clones of K and V, transpose(1,2).contiguous() of the output (trace: clone ops);
-        # phi3 without GQA: repeat_kv is the identity, K is the rotary cat and V a view of the fused qkv output
-        total += m.e * (3 * q + o_copy) if not (fused and kv == q) else m.e * (q + kv + o_copy)
-        s2 = 4 * a + (2 * a if m.e == 2 else 0)  # fp32 softmax + its 16-bit cast
-        if sh.family == "gemma2":
-            s2 += m.e * a  # tanh of the soft-capped scores
-        s2 = eager_scores(sh, m.e, s2)  # gpt-oss: softmax with sinks in the logits dtype (recent.py)
-        total += sink_attention_extra(sh, m.e)  # gpt-oss: sink column, max indices (olmo2_gpt_oss.py)
-        # fused qkv (phi3) keeps the qkv output already counted; rotary q and k are separate cats
-    else:
-        kv_saved = 2 * kv if not fused else kv  # k after rotary + v (phi3: v is a view of qkv)
-        total += m.e * (q + kv_saved) + m.e * q + 4 * a  # rotary q, k, v, SDPA out + logsumexp fp32
-        if fused:
-            total += m.e * o_copy  # o_proj input: transpose(1,2).reshape copy (trace: clone)
-        s2 = 0
-    # o_proj reads the attention output (a view of SDPA's output or the eager/phi3 copy), saved already (trace)
-    total += _linear_inputs(sh, m, False, targets, spec.lora, ("o_proj",), q, False, kept=True)
-    total += _mlp_saved(spec, m, full, targets)
-    total += dora_per_token(spec, m.e, m.amp, m.half_model)  # DoRA: base and LoRA outputs (activations_lora)
-    return total, s2
-
-
-def _mla_mode(spec: TrainingSpec, m: _Mode, full: bool) -> MlaMode:
-    lora = spec.lora
-    reads = lora is not None and lora.dropout == 0 and not (m.amp or m.half_model)
-    return MlaMode(m.e, m.half_model, full, lambda w: _adapter_input(m, lora, w) if lora is not None else 0, reads)
-
-
-def _mla_layer(spec: TrainingSpec, m: _Mode, full: bool) -> tuple[int, int]:
-    """One DeepSeek-V3 MoE layer (the dense ones: ``mla_outside``), activations/mla.py."""
-    mode, dims = _mla_mode(spec, m, full), mla_dims(spec)
-    per_token, s2 = mla_attention(spec, mode, dims)
-    per_token += mla_mlp(spec, mode, dims, moe=True, experts_trained=full or _experts_adapted(spec),
-                         router_trained=full or wrapped_router(spec))
-    return per_token, s2
-
-
-def _mla_outside(spec: TrainingSpec, m: _Mode) -> int:
-    """What DeepSeek-V3's layers keep beyond L x the MoE-layer recipe (0 for other families, or when not modelled)."""
-    if spec.model.shape.family not in MLA_FAMILIES or spec.activations.checkpointing or spec.freeze is not None:
-        return 0
-    full = spec.lora is None and spec.quant is None
-    return mla_outside(spec, _mla_mode(spec, m, full), mla_dims(spec), experts_trained=full or _experts_adapted(spec),
-                       router_trained=full or wrapped_router(spec))
-
-
-def _mla_attention_moment(spec: TrainingSpec, m: _Mode, layers_saved: int) -> int | None:
-    """DeepSeek-V3's top-layer attention backward on CPU (activations/mla.py), or None."""
-    if spec.model.shape.family not in MLA_FAMILIES or layers_saved < 0:
-        return None
-    full, dims = spec.lora is None and spec.quant is None, mla_dims(spec)
-    n_moe = spec.model.shape.num_layers - dims.n_dense
-    return mla_attention_backward(spec, _mla_mode(spec, m, full), dims, layers_saved,
-                                  experts_trained=full or _experts_adapted(spec),
-                                  router_trained=full or wrapped_router(spec),
-                                  wrapped_per_layer=param_wrapper_saved(spec) // max(1, n_moe))
-
-
-def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
-    sh = spec.model.shape
-    h, inter = sh.hidden_size, sh.intermediate_size
-    if sh.num_experts and sh.family == "gpt_oss" and not _experts_adapted(spec):
-        return gpt_oss_moe_saved(sh, m.e, full)  # clamped-SwiGLU grouped_mm experts (olmo2_gpt_oss.py)
-    if sh.num_experts:
-        k, n_exp = sh.experts_per_token, sh.num_experts
-        # trace "mixtral bf16": router softmax fp32 (4E) + top-k ids/weights/sort/perm (40k) + sum (4)
-        # + per routed copy: permuted input h, gate_up 2I, silu I, product I, down output h
-        # the trained router keeps its input (the norm output); so does a LoRA-wrapped one (W + delta needs a
-        # gradient: activations/param_wrapper.py)
-        router_in = m.e * h if full or wrapped_router(spec) else 0
-        routed = 2 * h + 4 * inter
-        if not full and not _experts_adapted(spec):
-            routed = h + 3 * inter  # frozen experts keep no permuted input nor product (trace "mixtral lora")
-        return router_in + 4 * n_exp + 40 * k + 4 + m.e * k * routed
-    fused = sh.family == "phi3"
-    total = _linear_inputs(sh, m, full, targets, spec.lora, ("gate_up_proj",) if fused else _MLP_IN_LINEARS, h, fused)
-    total += 3 * m.e * inter  # gate out, up out, act(gate) out (trace: mm, mm, silu/gelu)
-    if full:
-        total += m.e * inter  # act*up, the down_proj input
-    total += _linear_inputs(sh, m, False, targets, spec.lora, ("down_proj",), inter, False)
-    return total
-
-
-def _outside_saved(spec: TrainingSpec) -> int:
-    """Saved bytes outside the layers (final norm, rotary tables), per micro-batch."""
-    sh = spec.model.shape
-    if sh.family in FAMILY_FORMULAS:
-        return family_outside_saved(spec)
-    m = _mode(spec)
-    b, s, h = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size
-    full = spec.lora is None and spec.quant is None
-    # final norm; its output is the LM head input (kept when the head is trained; autocast casts it instead)
-    liger = liger_applies(spec)
-    liger_norm = liger is not None and liger.rms_norm
-    per_token = liger_norm_saved(h, m.r) if liger_norm else _norm_saved(sh, m, full)
-    gemma_half = sh.family.startswith("gemma") and m.half_model
-    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast) is not None
-    if full and not m.autocast and not fused:  # a fused loss saves no head input (fitcheck/core/kernels)
-        per_token += (2 if gemma_half else m.r) * h  # the norm output, kept by the LM head
-    total = per_token * b * s
-    # cos and sin tables, shape (1, s, head_dim) in the model dtype (trace: to_copy / cos / sin, not per batch)
-    total += rotary_tables(sh, s, m.half_model)  # OLMo-2 fp32, gpt-oss head_dim / 2 (olmo2_gpt_oss.py)
-    if sh.family.startswith("gemma"):
-        norms = 4 if sh.family in ("gemma2", "gemma3_text") else 2
-        total += 4 * h * (norms * sh.num_layers + 1)  # (1 + weight) in fp32 per norm (trace: add (h,) fp32)
-        total += qk_norm_outside(sh)  # Gemma-3 q/k norms' (1 + weight) (recent.py)
-    if _attn_impl(spec) is AttnImpl.EAGER and spec.activations.checkpointing:
-        # 4-D additive causal mask (b, 1, s, s), model dtype: no op saves it, so it outlives the decoder forward
-        # only as an argument every checkpointed layer holds (trace "llama eager": absent without checkpointing)
-        total += b * s * s * (2 if m.half_model else 4) * eager_masks(sh, spec.model.config)  # gpt-oss: 2
-    if sh.num_experts:
-        total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
-        total += param_wrapper_saved(spec)  # peft ParamWrapper merged experts (activations/param_wrapper.py)
-    total += _mla_outside(spec, m)  # DeepSeek-V3's dense layers, router weight copies (activations/mla.py)
-    if spec.lora is not None and not spec.activations.checkpointing:
-        # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA);
-        # OLMo-2 has no norm before its first attention (olmo2_gpt_oss.py)
-        if sh.family not in POST_NORM_ONLY:
-            total -= (liger_norm_saved(h, m.r) if liger_norm else 4 * h + 4) * b * s
-        if spec.lora.dropout > 0:
-            # layer 0's q/k/v adapters drop a tensor that needs no gradient: no mask kept (trace: 3 empty_like less)
-            total -= m.dm * h * len(_lora_targets(spec) & {*_ATTN_LINEARS, "qkv_proj"}) * b * s
-    return total
-
-
-def _logits(spec: TrainingSpec) -> tuple[int, int]:
-    """(forward peak, start-of-backward) bytes of the vocab-sized tensors and the labels."""
-    sh = spec.model.shape
-    if sh.task in CLASSIFIER_TASKS:  # no vocabulary-sized tensor (core/heads/classifier.py)
-        return classifier_logits(spec, _mode(spec).e, spec.lora is None and spec.quant is None)
-    m = _mode(spec)
-    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
-    if fused is not None:  # Liger FLCE / Cut Cross-Entropy: no logits (fitcheck/core/kernels)
-        return fused.forward, fused.backward_start
-    if sh.family in FAMILY_FORMULAS:
-        return family_logits(spec)
-    b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, sh.vocab_size, sh.hidden_size
-    bsv = b * s * v
-    labels = b * (s + 1) * 8 + 8  # labels padded by one (loss_utils.ForCausalLMLoss) + loss scalars
-    # forward: logits in the model dtype, .float() upcast (a no-op in fp32), log_softmax output fp32
-    fwd = (10 if m.e == 2 else 8) * bsv + labels
-    if spec.lora is not None or spec.quant is not None:
-        fwd += m.e * b * s * h  # final-norm output, held by the CausalLM forward during the loss, not saved
-    fwd += legacy_logits_extra(spec, m.e)  # transformers < 4.49: shifted fp32 logits copy (versions.py)
-    # start of backward: log_softmax output + its gradient + the fp32 logits gradient (trace: 12·b·s·V + 8)
-    bwd = 12 * bsv + 8
-    # configuration_gemma2.py: final_logit_softcapping defaults to 30.0 (None turns it off)
-    if spec.model.config.get("final_logit_softcapping", 30.0 if sh.family == "gemma2" else None):
-        # Gemma-2: logits = tanh(logits / cap) * cap; tanh keeps its output, logits-dtype (trace "gemma2 eager":
-        # +2·b·s·V at both phases, modeling_gemma2.py Gemma2ForCausalLM.forward)
-        fwd, bwd = fwd + m.e * bsv, bwd + m.e * bsv
-    if liger_cross_entropy(spec):
-        # Liger's cross-entropy writes the fp32 logits gradient in place and saves it: no log-softmax output, its
-        # gradient nor a separate logits gradient (kernels/liger.py); backward casts it back to the logits dtype
-        fwd -= 4 * bsv
-        bwd += (4 + (m.e if m.e == 2 else 0) - 12) * bsv
-    if m.autocast:
-        cast = 2 * v * h + 2 * b * s * h  # bf16 casts of the LM head weight and input, kept until its backward
-        fwd += cast + 4 * b * s * h  # + the fp32 final-norm output, freed once cast
-        if qlora_frozen_head(spec):
-            cast -= 2 * b * s * h  # frozen head: its backward needs the weight cast only (trace "llama qlora")
-        if spec.lora is not None and spec.quant is None and "lm_head" not in spec.lora.modules_to_save:
-            # LoRA, fp32 frozen head: the held norm output is the fp32 one counted above, and the input cast is
-            # not saved: at the loss only it and the weight cast live (trace "llama fp32 lora autocast")
-            cast -= 2 * b * s * h
-            fwd -= m.e * b * s * h + 2 * b * s * h
-        bwd += cast
-    return fwd, bwd
-
-
-def _head_backward_logits(spec: TrainingSpec, m: _Mode) -> int:
-    """Logits-side bytes at the LM head's backward: the logits gradient in the logits dtype (+ autocast casts)."""
-    if spec.model.shape.task in CLASSIFIER_TASKS:
-        return classifier_head_backward(spec, m.e)
-    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
-    if fused is not None:
-        return fused.head_backward
-    b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, spec.model.shape.vocab_size, spec.model.shape.hidden_size
-    total = m.e * b * s * v  # grad of .float(): cast back to the bf16 logits (fp32 model: the fp32 gradient)
-    if m.autocast:
-        total += 2 * v * h + (0 if qlora_frozen_head(spec) else 2 * b * s * h)  # head weight/input casts
-    return total
-
-
-def _grad_bytes(spec: TrainingSpec, per_layer: bool) -> int:
-    """Gradient bytes of one layer (or of the embeddings) in a full fine-tune, 0 otherwise."""
-    if spec.lora is not None or spec.quant is not None or spec.freeze is not None:
-        return 0
-    nbytes = spec.precision.load_dtype.nbytes
-    inv = spec.model
-    if per_layer:
-        return sum(p.numel_each for p in inv.params if p.per_layer) * nbytes
-    from fitcheck.spec import Role
-
-    return sum(p.numel for p in inv.params if p.role is Role.EMBEDDING) * nbytes
+from fitcheck.spec import AttnImpl, DeviceType, TrainingSpec
 
 
 def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
