@@ -293,7 +293,6 @@ def measure_eval(kind: TrainerKind, eval_batch: int, length: int) -> int:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
 
-    from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
 
     with tempfile.TemporaryDirectory() as path, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -312,16 +311,7 @@ def measure_eval(kind: TrainerKind, eval_batch: int, length: int) -> int:
                                      per_device_eval_batch_size=eval_batch, use_cpu=True, save_strategy="no",
                                      optim="adamw_torch", bf16=True, gradient_checkpointing=True)
             trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data)
-        trainer.args.max_steps = 1
-        trainer.train()
-        tracker = LiveTensorTracker()
-        tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
-        tracker.start()
-        try:
-            trainer.evaluate()
-        finally:
-            tracker.stop()
-        return int(tracker.peak)
+        return _evaluate_peak(trainer)
 
 
 # Evaluation of the other TRL trainers (their own prediction_step): (name, training case, per_device_eval_batch_size,
@@ -349,7 +339,6 @@ def trl_eval_spec_for(case: Case, eval_batch: int, metrics: bool = False) -> Tra
 
 def measure_trl_eval(case: Case, eval_batch: int, metrics: bool = False) -> int:
     """Live-tensor peak of the real trainer's ``evaluate()`` after one training step (reference model counted)."""
-    from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
 
     with tempfile.TemporaryDirectory() as path, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -362,19 +351,27 @@ def measure_trl_eval(case: Case, eval_batch: int, metrics: bool = False) -> int:
             trainer.compute_metrics = lambda pred: {}
             trainer.args.eval_accumulation_steps = 1
             trainer.eval_dataset = trainer.train_dataset.select(range(eval_batch))
-        trainer.args.max_steps = 1
-        trainer.train()
-        tracker = LiveTensorTracker()
-        tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
-        ref = getattr(trainer, "ref_model", None)
-        if ref is not None:
-            tracker.track(model_state_tensors(ref))
-        tracker.start()
-        try:
-            trainer.evaluate()
-        finally:
-            tracker.stop()
-        return int(tracker.peak)
+        return _evaluate_peak(trainer)
+
+
+def _evaluate_peak(trainer: Any) -> int:
+    """One training step, then the live-tensor peak of ``evaluate()`` (weights, optimizer states and a TRL
+    reference model counted as resident)."""
+    from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
+
+    trainer.args.max_steps = 1
+    trainer.train()
+    tracker = LiveTensorTracker()
+    tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
+    ref = getattr(trainer, "ref_model", None)
+    if ref is not None:
+        tracker.track(model_state_tensors(ref))
+    tracker.start()
+    try:
+        trainer.evaluate()
+    finally:
+        tracker.stop()
+    return int(tracker.peak)
 
 
 def main(argv: list[str]) -> int:
