@@ -173,3 +173,16 @@ def build_trainer(config: Config, out_dir: str, *, micro: int | None = None, acc
                           callbacks=callbacks)
     return transformers.Trainer(model=model, args=transformers.TrainingArguments(**common),
                                 train_dataset=Tokens(), callbacks=callbacks)
+
+
+MAX_STEPS = 2  # optimizer steps of every real run in the tuner benchmarks and tests
+UNBOUNDED = 10**12  # a budget nothing reaches: measures the real peak
+
+
+def real_peak(config: Config, out: str, micro: int) -> int:
+    """Live-byte peak of real training (MAX_STEPS optimizer steps) at ``micro`` × (per-GPU batch / micro)."""
+    per_gpu = config.micro * config.accum
+    trainer = build_trainer(config, out, micro=micro, accum=per_gpu // micro, max_steps=MAX_STEPS)
+    with budget_for(trainer.model, UNBOUNDED) as mode:
+        trainer.train()
+    return int(mode.peak)

@@ -14,10 +14,7 @@ from typing import Any
 import torch
 import transformers
 from fitcheck.integrations.tuner import TuningError, divisors, tune_micro_batch
-from tuner_budget import CONFIGS, SEQ, Config, budget_for, build_trainer
-
-MAX_STEPS = 2
-UNBOUNDED = 10**12
+from tuner_budget import CONFIGS, MAX_STEPS, SEQ, Config, budget_for, build_trainer, real_peak
 
 
 class Watch(transformers.TrainerCallback):  # type: ignore[misc]
@@ -45,13 +42,6 @@ def watched(config: Config, out: str, **kw: Any) -> tuple[Any, Watch]:
     watch.initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     return trainer, watch
 
-
-def real_peak(config: Config, out: str, micro: int) -> int:
-    per_gpu = config.micro * config.accum
-    trainer = build_trainer(config, out, micro=micro, accum=per_gpu // micro, max_steps=MAX_STEPS)
-    with budget_for(trainer.model, UNBOUNDED) as mode:
-        trainer.train()
-    return int(mode.peak)
 
 
 @dataclass

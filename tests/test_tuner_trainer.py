@@ -27,19 +27,7 @@ from fitcheck.integrations.tuner import (  # noqa: E402
     train_with_tuned_micro_batch,
     tune_micro_batch,
 )
-from tuner_budget import CONFIGS, SEQ, Config, budget_for, build_trainer  # noqa: E402
-
-MAX_STEPS = 2
-UNBOUNDED = 10**12
-
-
-def real_peak(config: Config, out: str, micro: int) -> int:
-    """Live-byte peak of real training (MAX_STEPS optimizer steps) at ``micro`` × (per-GPU batch / micro)."""
-    per_gpu = config.micro * config.accum
-    trainer = build_trainer(config, out, micro=micro, accum=per_gpu // micro, max_steps=MAX_STEPS)
-    with budget_for(trainer.model, UNBOUNDED) as mode:
-        trainer.train()
-    return int(mode.peak)
+from tuner_budget import CONFIGS, MAX_STEPS, SEQ, Config, budget_for, build_trainer, real_peak  # noqa: E402
 
 
 def scan(config: Config, out: str) -> tuple[int, int]:
