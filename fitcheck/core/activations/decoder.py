@@ -145,18 +145,16 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
     head = 0 if spec.trainer.kind in _FUSED_HEAD else _head_backward_logits(spec, m)
     recompute, moment = backward_transient(spec, bq, head)
-    if n_ckpt and qlora_formula_applies(spec):  # peak in the first recomputed layer: every checkpoint still held
-        end, recompute = kept, layer + scores + qlora_backward_working_set(spec) * b * s
-        moment = "first recomputed layer"
-    elif n_ckpt and qlora16_applies(spec):  # the same, 16-bit working set (activations/qlora16.py)
-        end, recompute = kept, layer + scores + qlora16_backward_working_set(spec) * b * s
-        moment = "first recomputed layer"
-    elif n_ckpt and int8_formula_applies(spec) and (bw := backward_transient(spec, bq, head))[1] != "embedding":
+    if n_ckpt and (qlora_formula_applies(spec) or qlora16_applies(spec)):
+        # peak in the first recomputed layer: every checkpoint still held (qlora.py; 16-bit working set: qlora16.py)
+        ws = qlora_backward_working_set(spec) if qlora_formula_applies(spec) else qlora16_backward_working_set(spec)
+        end, recompute, moment = kept, layer + scores + ws * b * s, "first recomputed layer"
+    elif n_ckpt and int8_formula_applies(spec) and moment != "embedding":
         # 8-bit: the QLoRA rule (its MLP backward runs the same fp32 input gradient) on the recomputed layer
         # without its ctx.A-only inputs; every checkpoint and ctx.A still held (differential check, int8 cells)
         first = kept + bq.layer + qlora_backward_working_set(spec) * b * s
-        end, recompute, moment = (kept, first - kept, "first recomputed layer") if first >= bw[0] + end else \
-            (end, bw[0], bw[1])
+        if first >= recompute + end:
+            end, recompute, moment = kept, first - kept, "first recomputed layer"
     ids = b * s * 8
     detail = f"{per_token} B/token/layer x {b}x{s} tokens x {layers - n_ckpt} layers"
     fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
