@@ -23,8 +23,8 @@ from datetime import date
 from pathlib import Path
 
 from fitcheck.catalog import ENVELOPE_CELLS_FILE, CellBlock, EnvelopeKey, dump_envelope_blocks, parse_envelope_blocks
-from fitcheck.core.activations.envelope import TOLERANCE
-from fitcheck.torch_adapters.differential import FAMILY_MODELS, METHODS, Outcome, compare, grid, model_config
+from fitcheck.core.activations import TOLERANCE
+from fitcheck.torch_adapters import FAMILY_MODELS, METHODS, Outcome, compare, grid, model_config
 
 
 def main(argv: list[str]) -> int:
