@@ -14,9 +14,8 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from fitcheck.core.compute import compute_estimate
-from fitcheck.readers.model_config import load_inventory
-from fitcheck.readers.run_args import spec_from_values
+from fitcheck.core import compute_estimate
+from fitcheck.readers import load_inventory, spec_from_values
 from fitcheck.spec import FsdpSpec, ShardingSpec, Strategy
 
 ROWS = [  # (label, GPUs, published TPS/GPU, MFU the page states for the row)

@@ -121,7 +121,7 @@ ROWS: tuple[Row, ...] = (
 
 def spec_for(row: Row) -> TrainingSpec:
     """The TrainingSpec describing a row's run."""
-    from fitcheck.readers.model_config import inventory_from_config
+    from fitcheck.readers import inventory_from_config
 
     inv = inventory_from_config(row.config, row.name, "benchmarks/cpu_truth.py")
     return TrainingSpec(
@@ -139,8 +139,8 @@ def spec_for(row: Row) -> TrainingSpec:
 
 def measure(row: Row) -> tuple[int, int, str, str]:
     """(real peak, estimated peak, real peak phase, estimated peak phase) of one row."""
-    from fitcheck.core.estimator import estimate
-    from fitcheck.torch_adapters.tracer import trace_step
+    from fitcheck.core import estimate
+    from fitcheck.torch_adapters import trace_step
 
     real = trace_step(
         row.config, seq_len=row.seq, micro_batch=row.batch, dtype=row.dtype, mixed_precision=row.mp,

@@ -33,7 +33,7 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False) -> t
     import torch
     import transformers
 
-    from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder
+    from fitcheck.torch_adapters import LiveTensorRecorder
 
     cfg = transformers.LlamaConfig(**{k: v for k, v in LLAMA.items() if k not in ("model_type", "architectures")})
     torch.manual_seed(0)

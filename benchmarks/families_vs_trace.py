@@ -21,11 +21,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from fitcheck.catalog.models import find_catalog_config
+from fitcheck.catalog import find_catalog_config
 from fitcheck.core import estimate
 from fitcheck.core.activations import activation_components
 from fitcheck.errors import UnsupportedModelError
-from fitcheck.readers.model_config import inventory_from_config
+from fitcheck.readers import inventory_from_config
 from fitcheck.report import Phase
 from fitcheck.spec import (
     ActivationSpec,
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     args = parser.parse_args()
-    from fitcheck.torch_adapters.tracer import OPTSTATE, PARAMS, components_from_trace, trace_step
+    from fitcheck.torch_adapters import OPTSTATE, PARAMS, components_from_trace, trace_step
 
     print("| model | family | counted by | mode | seq | phase | formula MiB | trace MiB | error |")
     print("|---|---|---|---|---|---|---|---|---|")

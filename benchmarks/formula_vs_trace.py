@@ -9,21 +9,22 @@ with the pure formulas and with traced activations (``differential.compare``). P
 Run: ``PYTHONPATH=. python benchmarks/formula_vs_trace.py [-v] [--json FILE] [--update] [family ...] [method ...]``
 
 ``--update`` merges this run's cells into ``benchmarks/data/formula_vs_trace_cells.json`` (label -> signed error
-in %, or the refusal) and rewrites ``CHECKED`` in ``fitcheck/core/activations/envelope.py`` from that whole file:
-the envelope is exactly the cells within 2 % at their last run, never edited by hand.
+in %, or the refusal) and rewrites the ``formula_vs_trace`` block of ``fitcheck/catalog/envelope_cells.json`` (the
+data ``fitcheck.core.activations.envelope.CHECKED`` reads) from that whole file: the block is exactly the cells
+within 2 % at their last run, never edited by hand.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from datetime import date
 from pathlib import Path
 
-from fitcheck.core.activations.envelope import CHECKED, TOLERANCE
-from fitcheck.torch_adapters.differential import FAMILY_MODELS, METHODS, Outcome, compare, grid, model_config
+from fitcheck.catalog import ENVELOPE_CELLS_FILE, CellBlock, EnvelopeKey, dump_envelope_blocks, parse_envelope_blocks
+from fitcheck.core.activations import TOLERANCE
+from fitcheck.torch_adapters import FAMILY_MODELS, METHODS, Outcome, compare, grid, model_config
 
 
 def main(argv: list[str]) -> int:
@@ -74,34 +75,32 @@ def main(argv: list[str]) -> int:
 
 
 CELLS = Path(__file__).parent / "data" / "formula_vs_trace_cells.json"
-ENVELOPE = Path(__file__).parents[1] / "fitcheck" / "core" / "activations" / "envelope.py"
+ENVELOPE = Path(__file__).parents[1] / "fitcheck" / "catalog" / ENVELOPE_CELLS_FILE
 
 
 def update_envelope(results: list[Outcome]) -> None:
-    """Merge the run into the cells file and regenerate the envelope's CHECKED set from all cells."""
+    """Merge the run into the cells file and regenerate this grid's block of the envelope data from all cells.
+
+    The other blocks of ``fitcheck/catalog/envelope_cells.json`` (cells checked by other benchmarks:
+    ``moe_mla_vs_trace.py``, ``int8_vs_trace.py``, the QLoRA-without-preparation run) are kept as they are.
+    """
     cells: dict[str, float | str] = json.loads(CELLS.read_text()) if CELLS.exists() else {}
     for o in results:
         cells[o.cell.label] = o.refused or round(o.error * 100, 2)
     CELLS.write_text(json.dumps(cells, indent=0))
-    keys = set()
+    keys: set[EnvelopeKey] = set()
     for label, err in cells.items():
         family, method, ck, attn, precision, _ = label.split("/")
         if isinstance(err, float | int) and abs(err) <= TOLERANCE * 100:
             keys.add((family, method, ck == "ckpt", attn, precision))
     within = sum(1 for e in cells.values() if isinstance(e, float | int) and abs(e) <= TOLERANCE * 100)
-    body = "".join(f"    {k!r},\n" for k in sorted(keys))
-    # families this grid has no cell for were checked by other benchmarks (moe_mla_vs_trace.py): kept as they are
-    gridded = {label.split("/")[0] for label in cells}
-    kept = sorted(k for k in CHECKED if k[0] not in gridded)
-    if kept:
-        body += "    # checked by benchmarks/moe_mla_vs_trace.py (families not in this grid), kept as they are\n"
-        body += "".join(f"    {k!r},\n" for k in kept)
-    src = ENVELOPE.read_text()
-    head, rest = src.split("CHECKED: frozenset[EnvelopeKey] = frozenset({\n", 1)
-    _, tail = rest.split("})\n", 1)
-    head = re.sub(r"benchmarks/formula_vs_trace.py, [0-9-]+: \d+ of \d+ cells",
-                  f"benchmarks/formula_vs_trace.py, {date.today()}: {within} of {len(cells)} cells", head)
-    ENVELOPE.write_text(head + "CHECKED: frozenset[EnvelopeKey] = frozenset({\n" + body + "})\n" + tail)
+    blocks = parse_envelope_blocks(ENVELOPE.read_text(encoding="utf-8"))
+    source = (f"benchmarks/formula_vs_trace.py --update, {date.today()}: {within} of {len(cells)} cells within 2 % "
+              "of the trace (the table is in benchmarks/README.md). Refused by the tracer, hence never here: 8-bit "
+              "bases, LoRA on Mixtral's fused experts with dropout (peft ParamWrapper).")
+    grid_block = CellBlock(name="formula_vs_trace", source=source, cells=frozenset(keys))
+    blocks = tuple(grid_block if b.name == grid_block.name else b for b in blocks)
+    ENVELOPE.write_text(dump_envelope_blocks(blocks), encoding="utf-8")
     print(f"\nenvelope: {len(keys)} kinds of run from {within} of {len(cells)} cells within 2 % ({CELLS.name})")
 
 

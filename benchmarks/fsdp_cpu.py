@@ -38,7 +38,7 @@ def _recorder() -> Any:
     from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
     from torch.distributed.tensor import DTensor
 
-    from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder, RegionStats
+    from fitcheck.torch_adapters import LiveTensorRecorder, RegionStats
 
     class ShardRecorder(LiveTensorRecorder):
         def __init__(self) -> None:

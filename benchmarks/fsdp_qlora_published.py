@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fitcheck.cli.estimate import spec_from_values
+from fitcheck.cli import spec_from_values
 from fitcheck.core import estimate
 from fitcheck.errors import ConfigError
 from fitcheck.report import Location, Report

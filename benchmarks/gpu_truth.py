@@ -129,8 +129,8 @@ def tiny_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def row_config(row: Row, device: str) -> dict[str, Any]:
     """config.json of a row: the catalog's, at tiny widths on CPU, reduced in depth as the row says."""
-    from fitcheck.catalog.models import find_catalog_config
-    from fitcheck.torch_adapters.tracer_build import reduced_config
+    from fitcheck.catalog import find_catalog_config
+    from fitcheck.torch_adapters import reduced_config
 
     found = find_catalog_config(row.model)
     if found is None:
@@ -143,7 +143,7 @@ def row_config(row: Row, device: str) -> dict[str, Any]:
 
 def parse_values(argv: Sequence[str]) -> dict[str, object]:
     """Flag values exactly as ``fitcheck estimate`` reads them (its own parser)."""
-    from fitcheck.cli.estimate import add_estimate_arguments, explicit_values
+    from fitcheck.cli import add_estimate_arguments, explicit_values
 
     parser = argparse.ArgumentParser()
     add_estimate_arguments(parser)
@@ -232,7 +232,7 @@ def _missing_packages(row: Row) -> list[str]:
 
 def _gpu_flag(name: str, total: int) -> dict[str, object]:
     """``--gpu`` when fitcheck's table knows the card (its overheads), else ``--gpu_memory`` in bytes."""
-    from fitcheck.catalog.gpus import lookup_gpu
+    from fitcheck.catalog import lookup_gpu
     from fitcheck.errors import ConfigError
 
     try:
@@ -242,9 +242,9 @@ def _gpu_flag(name: str, total: int) -> dict[str, object]:
 
 
 def _estimate(values: Mapping[str, object]) -> dict[str, Any]:
-    from fitcheck.cli.estimate import spec_from_values
-    from fitcheck.core.estimator import estimate
-    from fitcheck.render.json_out import report_to_dict
+    from fitcheck.cli import spec_from_values
+    from fitcheck.core import estimate
+    from fitcheck.render import report_to_dict
 
     spec, _ = spec_from_values(values, {})
     report = estimate(spec)

@@ -37,7 +37,7 @@ def build_model(config: Mapping[str, Any], values: Mapping[str, object], device:
     """The model as transformers/peft/TRL would hold it for these flags, on ``device``, in train mode."""
     import torch
 
-    from fitcheck.torch_adapters.tracer_build import hf_config, model_class
+    from fitcheck.torch_adapters import hf_config, model_class
 
     dtype = _dtype(values, config)
     attn = str(values.get("attn_implementation") or "sdpa")
@@ -144,7 +144,7 @@ def train_steps(model: Any, opt: Any, values: Mapping[str, object], device: str,
     ac_dtype = torch.bfloat16 if _flag(values, "bf16") else torch.float16 if _flag(values, "fp16") else None
     tracker = None
     if device == "cpu":
-        from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
+        from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
 
         tracker = LiveTensorTracker()
         tracker.track([*model_state_tensors(model, opt), ids])

@@ -20,7 +20,7 @@ from fitcheck.catalog import find_catalog_config
 from fitcheck.core import estimate
 from fitcheck.report import Phase
 from fitcheck.spec import DeviceType, HardwareSpec
-from fitcheck.torch_adapters.differential import Cell, cell_spec, compare, grid, model_config
+from fitcheck.torch_adapters import Cell, cell_spec, compare, grid, model_config
 
 LLAMA2 = "meta-llama/Llama-2-7b-hf"
 

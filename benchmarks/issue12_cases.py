@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fitcheck.cli.main import main as cli
+from fitcheck.cli import cli_main as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path("/work/shared/catalog")
@@ -56,7 +56,7 @@ def roberta() -> list[str]:
 def qwen_vl() -> list[str]:
     from peft import LoraConfig, get_peft_model
 
-    from fitcheck.torch_adapters.meta_device import build_meta_model
+    from fitcheck.torch_adapters import build_meta_model
 
     cfg = SHARED / "Qwen/Qwen2.5-VL-7B-Instruct/config.json"
     out = run("--model_name_or_path", str(cfg), "--use_peft", "--lora_target_modules", "all-linear",

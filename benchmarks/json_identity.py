@@ -275,12 +275,12 @@ def build_set() -> list[list[str]]:
 
 
 def _run_one(argv: list[str]) -> dict[str, object]:
-    from fitcheck.cli.main import main
+    from fitcheck.cli import cli_main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = main(argv)
+            code = cli_main(argv)
         except SystemExit as exc:  # pragma: no cover - recorded, not raised
             code = int(exc.code or 0)
         except Exception as exc:  # a traceback is recorded as such, so both sides can be compared

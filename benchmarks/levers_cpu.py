@@ -19,7 +19,7 @@ from benchmarks.cpu_truth import ALL_LINEAR, LLAMA, Row, spec_for
 def main() -> int:
     """Print the per-phase table; exit 1 when the end-of-forward bytes differ between the two settings."""
     from fitcheck.core import estimate
-    from fitcheck.torch_adapters.tracer import trace_step
+    from fitcheck.torch_adapters import trace_step
 
     worst = 0.0
     print(f"{'config':26} {'phase':18} {'non-reentrant MiB':>18} {'reentrant MiB':>14} {'diff MiB':>9}")

@@ -69,9 +69,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--methods", nargs="+", default=["full", "lora"])
     args = parser.parse_args()
-    from fitcheck.catalog.models import find_catalog_config
+    from fitcheck.catalog import find_catalog_config
     from fitcheck.core import estimate
-    from fitcheck.torch_adapters.tracer import components_from_trace, trace_step
+    from fitcheck.torch_adapters import components_from_trace, trace_step
 
     print("| model | layers | method | seq | phase | formula MiB | trace MiB | error | activations: formula MiB "
           "| trace MiB | error |")

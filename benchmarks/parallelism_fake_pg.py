@@ -39,7 +39,7 @@ def measure(tp: int) -> dict[str, int]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    from fitcheck.torch_adapters.live_tracker import LiveTensorTracker
+    from fitcheck.torch_adapters import LiveTensorTracker
 
     class LocalShardTracker(LiveTensorTracker):
         def _add(self, tensor: object) -> None:
@@ -69,7 +69,7 @@ def measure(tp: int) -> dict[str, int]:
 
 def estimated(tp: int) -> dict[str, int]:
     """fitcheck's numbers for the same rank."""
-    from fitcheck.cli.estimate import spec_from_values
+    from fitcheck.cli import spec_from_values
     from fitcheck.core import estimate
     from fitcheck.report import Phase
 

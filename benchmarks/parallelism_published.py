@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fitcheck.cli.estimate import spec_from_values
+from fitcheck.cli import spec_from_values
 from fitcheck.core import estimate
 
 DATA = Path(__file__).resolve().parent / "data" / "parallelism_published.json"

@@ -45,7 +45,7 @@ class Result:
 
 def run_plan(plan: Plan) -> Result:
     """Estimate one planned row and compare it with its measurement."""
-    from fitcheck.core.estimator import estimate
+    from fitcheck.core import estimate
 
     spec = plan.build(inventory_for(plan.model))
     report = estimate(spec)

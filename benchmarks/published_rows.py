@@ -229,7 +229,7 @@ def _quant(row: Mapping[str, Any]) -> QuantSpec | str | None:
 
 
 def _gpu(row: Mapping[str, Any]) -> HardwareSpec:
-    from fitcheck.catalog.gpus import lookup_gpu
+    from fitcheck.catalog import lookup_gpu
 
     text = str(row["gpu"]).lower()
     if "96gb" in text:
@@ -414,10 +414,10 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
 
 def inventory_for(ref: ModelRef) -> ModelInventory:
     """The row's parameter inventory: from the built-in catalog, or from the config built from its ``arch``."""
-    from fitcheck.readers import model_config
-    from fitcheck.torch_adapters.meta_device import meta_inventory
+    from fitcheck.readers import inventory_from_config, load_inventory
+    from fitcheck.torch_adapters import meta_inventory
 
     if ref.catalog_id is not None:
-        return model_config.load_inventory(ref.catalog_id, env={}, meta_fallback=meta_inventory)
+        return load_inventory(ref.catalog_id, env={}, meta_fallback=meta_inventory)
     assert ref.config is not None
-    return model_config.inventory_from_config(ref.config, "published-row", "row arch (calibration data)")
+    return inventory_from_config(ref.config, "published-row", "row arch (calibration data)")

@@ -18,9 +18,8 @@ from pathlib import Path
 
 from published_rows import DEFAULT_DATA, GIB, Plan, inventory_for, load_rows, plan_row
 
-from fitcheck.core.estimator import estimate
-from fitcheck.readers.families_legacy import inventory_for_stack
-from fitcheck.readers.versions import parse_stack
+from fitcheck.core import estimate
+from fitcheck.readers import inventory_for_stack, parse_stack
 from fitcheck.spec import StackSpec, TrainingSpec
 
 # source_group -> (--stack text, where the versions come from)

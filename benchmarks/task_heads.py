@@ -66,7 +66,7 @@ def inventory(config: dict[str, Any], task: str, labels: int) -> ModelInventory:
 
 def row(name: str, config: dict[str, Any], task: str, *, seq: int, batch: int, lora: LoraSpec | None = None,
         dtype: str = "bfloat16", labels: int = 3) -> tuple[str, ...]:
-    from fitcheck.torch_adapters.tracer import OPTSTATE, PARAMS, trace_step
+    from fitcheck.torch_adapters import OPTSTATE, PARAMS, trace_step
 
     inv = inventory(config, task, labels)
     spec = spec_for_task(TrainingSpec(

@@ -28,8 +28,7 @@ def main() -> None:
     import torch  # noqa: F401
     import transformers
 
-    from fitcheck.torch_adapters.tracer import trace_extrapolated
-    from fitcheck.torch_adapters.tracer_build import model_class
+    from fitcheck.torch_adapters import model_class, trace_extrapolated
 
     imports = time.perf_counter() - t0
     print(f"imports (torch, transformers, fitcheck tracer): {imports:.2f} s")

@@ -113,7 +113,7 @@ def trainer_spec_for(case: Case) -> TrainerSpec:
 
 def spec_for(case: Case) -> TrainingSpec:
     """The TrainingSpec for a case: bf16 model, TRL's bf16 autocast, AdamW (torch), CPU."""
-    from fitcheck.readers.model_config import inventory_from_config
+    from fitcheck.readers import inventory_from_config
 
     config = dict(LLAMA)
     if case.trainer is TrainerKind.REWARD:
@@ -224,7 +224,7 @@ def measure(case: Case) -> dict[str, int]:
     """Live-tensor peaks of the second optimizer step: ``{"peak": ..., "generation": ...}``."""
     from transformers import TrainerCallback
 
-    from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
+    from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
 
     out: dict[str, int] = {}
 
@@ -357,7 +357,7 @@ def measure_trl_eval(case: Case, eval_batch: int, metrics: bool = False) -> int:
 def _evaluate_peak(trainer: Any) -> int:
     """One training step, then the live-tensor peak of ``evaluate()`` (weights, optimizer states and a TRL
     reference model counted as resident)."""
-    from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
+    from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
 
     trainer.args.max_steps = 1
     trainer.train()
@@ -376,7 +376,7 @@ def _evaluate_peak(trainer: Any) -> int:
 
 def main(argv: list[str]) -> int:
     """Print the table; exit 1 when a row is off by more than 2 %."""
-    from fitcheck.core.estimator import estimate
+    from fitcheck.core import estimate
 
     cases = [c for c in CASES if not argv or any(a in c.name for a in argv)]
     print(f"{'case':32} {'real MiB':>10} {'est MiB':>10} {'error':>8}  est peak phase; GRPO: real / est generation MiB")

@@ -64,7 +64,7 @@ def run_stage(stage: int, out: str) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import torch
     import transformers
-    from fitcheck.integrations.tuner import TuningError, divisors, tune_micro_batch
+    from fitcheck.integrations import TuningError, divisors, tune_micro_batch
     from tuner_budget import SEQ, Config, budget_for, build_trainer
 
     class Record(transformers.TrainerCallback):  # type: ignore[misc]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fitcheck.integrations.tuner import tune_micro_batch
+from fitcheck.integrations import tune_micro_batch
 from tuner_budget import SEQ, Config, budget_for, build_trainer
 from tuner_deepspeed import MAX_STEPS, ds_config
 

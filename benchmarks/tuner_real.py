@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 import transformers
-from fitcheck.integrations.tuner import TuningError, divisors, tune_micro_batch
+from fitcheck.integrations import TuningError, divisors, tune_micro_batch
 from tuner_budget import CONFIGS, MAX_STEPS, SEQ, Config, budget_for, build_trainer, real_peak
 
 

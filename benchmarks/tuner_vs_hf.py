@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import find_executable_batch_size
-from fitcheck.integrations.tuner_search import search_largest
+from fitcheck.integrations import search_largest
 
-from fitcheck.advice.batch_search import max_micro_batch, with_micro_batch
-from fitcheck.core.estimator import estimate
+from fitcheck.advice import max_micro_batch, with_micro_batch
+from fitcheck.core import estimate
 from fitcheck.spec import TrainingSpec
 
 HF_START = 64
@@ -80,7 +80,7 @@ ROWS = [
 
 def build_spec(row: Row) -> TrainingSpec:
     """The spec ``fitcheck estimate`` builds from these flags (the CLI's own reader path)."""
-    from fitcheck.cli.estimate import spec_from_values
+    from fitcheck.cli import spec_from_values
 
     values = {"model_name_or_path": row.model, "per_device_train_batch_size": 1, **row.values}
     return spec_from_values(values, env={})[0]

@@ -50,7 +50,7 @@ METHODS = {
 def vlm_spec(method: str, ckpt: bool, image_tokens: int, seq: int, text_layers: int) -> TrainingSpec:
     """A CPU spec of Qwen2.5-VL-7B with ``text_layers`` language-model layers and the full vision tower."""
     from fitcheck.readers import with_task
-    from fitcheck.torch_adapters.meta_device import meta_inventory
+    from fitcheck.torch_adapters import meta_inventory
 
     cfg: dict[str, Any] = json.loads(CONFIG.read_text())
     cfg["num_hidden_layers"] = text_layers
@@ -76,7 +76,7 @@ def _device(report: Any, phase: Phase, names: tuple[str, ...] | None = None) -> 
 def row(method: str, ckpt: bool, image_tokens: int, seq: int, text_layers: int) -> dict[str, Any]:
     """Formula vs trace of one run (totals and the vision share)."""
     from fitcheck.core import estimate
-    from fitcheck.torch_adapters.tracer import trace_components
+    from fitcheck.torch_adapters import trace_components
 
     spec = vlm_spec(method, ckpt, image_tokens, seq, text_layers)
     text = vlm_spec(method, ckpt, 0, seq, text_layers)

@@ -22,9 +22,8 @@ import json
 import sys
 from pathlib import Path
 
-from fitcheck.core.states.model_states import model_state_components
-from fitcheck.core.states.sharding import buffer_components
-from fitcheck.readers.model_config import inventory_from_config
+from fitcheck.core.states import buffer_components, model_state_components
+from fitcheck.readers import inventory_from_config
 from fitcheck.report import PHASES, Category, Component, Location
 from fitcheck.spec import (
     BatchSpec,

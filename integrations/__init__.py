@@ -25,8 +25,14 @@ if TYPE_CHECKING:
     from fitcheck.integrations.accelerate_launch import accelerate_command, exec_command, launch_report, split_argv
     from fitcheck.integrations.run import main as run_main
     from fitcheck.integrations.trainer import DoesNotFitError, FitcheckCallback, preflight
+    from fitcheck.integrations.tuner import TuningError, divisors, tune_micro_batch
+    from fitcheck.integrations.tuner_search import search_largest
 
 _WHERE = {
+    "TuningError": ("tuner", "TuningError"),
+    "divisors": ("tuner", "divisors"),
+    "tune_micro_batch": ("tuner", "tune_micro_batch"),
+    "search_largest": ("tuner_search", "search_largest"),
     "DoesNotFitError": ("trainer", "DoesNotFitError"),
     "FitcheckCallback": ("trainer", "FitcheckCallback"),
     "preflight": ("trainer", "preflight"),
@@ -40,12 +46,16 @@ _WHERE = {
 __all__ = [
     "DoesNotFitError",
     "FitcheckCallback",
+    "TuningError",
     "accelerate_command",
+    "divisors",
     "exec_command",
     "launch_report",
     "preflight",
     "run_main",
+    "search_largest",
     "split_argv",
+    "tune_micro_batch",
 ]
 
 

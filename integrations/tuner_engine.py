@@ -56,12 +56,12 @@ from typing import Any
 
 from fitcheck.integrations.tuner_batch import deepspeed_configs, set_trainer_micro_batch
 from fitcheck.integrations.tuner_trial import (
-    _BOOKKEEPING,
+    TRAINER_BOOKKEEPING,
     TrialMeasure,
-    _disable_checkpointing,
-    _enable_checkpointing,
-    _rng_state,
-    _set_rng_state,
+    disable_checkpointing,
+    enable_checkpointing,
+    restore_rng_state,
+    save_rng_state,
     trial_batch,
 )
 
@@ -159,9 +159,9 @@ class EngineTrialSession:
         t, args = self.trainer, self.trainer.args
         gradient_state = t.accelerator.gradient_state
         self._saved = {
-            "rng": _rng_state(),
+            "rng": save_rng_state(),
             "training": self.model.training,
-            "attrs": {a: copy.deepcopy(getattr(t, a)) for a in _BOOKKEEPING if hasattr(t, a)},
+            "attrs": {a: copy.deepcopy(getattr(t, a)) for a in TRAINER_BOOKKEEPING if hasattr(t, a)},
             "prepared": {a: getattr(t, a) for a in _PREPARED if hasattr(t, a)},
             "handler": {a: getattr(t.callback_handler, a, None)
                         for a in ("model", "optimizer", "lr_scheduler", "train_dataloader")},
@@ -173,7 +173,7 @@ class EngineTrialSession:
             "plugin_kwargs": dict(getattr(gradient_state, "plugin_kwargs", {}) or {}),
             "sync": gradient_state.sync_gradients,
         }
-        self._saved["checkpointing_enabled"] = _enable_checkpointing(t)
+        self._saved["checkpointing_enabled"] = enable_checkpointing(t)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -198,13 +198,13 @@ class EngineTrialSession:
         gradient_state._set_sync_gradients(saved["sync"])
         self.model.train(saved["training"])
         if saved["checkpointing_enabled"]:
-            _disable_checkpointing(self.model)
-        for name in _BOOKKEEPING:
+            disable_checkpointing(self.model)
+        for name in TRAINER_BOOKKEEPING:
             if name in saved["attrs"]:
                 setattr(t, name, saved["attrs"][name])
             elif hasattr(t, name):
                 delattr(t, name)
-        _set_rng_state(saved["rng"])
+        restore_rng_state(saved["rng"])
         self._saved = {}
 
     def _teardown(self) -> None:

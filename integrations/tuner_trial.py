@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Trainer attributes a training step (Trainer or TRL SFTTrainer.compute_loss) may write: restored after the trials.
-_BOOKKEEPING = ("state", "control", "_metrics", "_total_train_tokens", "current_gradient_accumulation_steps")
+TRAINER_BOOKKEEPING = ("state", "control", "_metrics", "_total_train_tokens", "current_gradient_accumulation_steps")
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def all_ranks_ok(ok: bool, device: Any) -> bool:
     return bool(all_ranks_min(1 if ok else 0, device))
 
 
-def _rng_state() -> dict[str, Any]:
+def save_rng_state() -> dict[str, Any]:
     import torch
 
     out: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -96,7 +96,7 @@ def _rng_state() -> dict[str, Any]:
     return out
 
 
-def _set_rng_state(saved: Mapping[str, Any]) -> None:
+def restore_rng_state(saved: Mapping[str, Any]) -> None:
     import torch
 
     torch.set_rng_state(saved["torch"])
@@ -175,7 +175,7 @@ def _checkpointing_on(model: Any) -> bool:
     return False
 
 
-def _enable_checkpointing(trainer: Any) -> bool:
+def enable_checkpointing(trainer: Any) -> bool:
     """Turn activation checkpointing on as ``Trainer.train`` does (True when this call turned it on).
 
     transformers 5.23 trainer.py ``train``: ``args.activation_checkpointing`` → ``model.activation_checkpointing_
@@ -204,7 +204,7 @@ def _enable_checkpointing(trainer: Any) -> bool:
     return True
 
 
-def _disable_checkpointing(model: Any) -> None:
+def disable_checkpointing(model: Any) -> None:
     for name in ("activation_checkpointing_disable", "gradient_checkpointing_disable"):
         if hasattr(model, name):
             getattr(model, name)()
@@ -231,12 +231,12 @@ class TrialSession:
     def __enter__(self) -> TrialSession:
         t, model = self.trainer, self.model
         self._saved = {
-            "rng": _rng_state(),
+            "rng": save_rng_state(),
             "training": model.training,
             "grads": [(p, p.grad) for p in model.parameters()],
             "buffers": [(b, b.detach().clone()) for b in model.buffers() if b.is_floating_point()],
             "optimizer": t.optimizer,
-            "attrs": {a: copy.deepcopy(getattr(t, a)) for a in _BOOKKEEPING if hasattr(t, a)},
+            "attrs": {a: copy.deepcopy(getattr(t, a)) for a in TRAINER_BOOKKEEPING if hasattr(t, a)},
         }
         for p in model.parameters():
             p.grad = None
@@ -249,7 +249,7 @@ class TrialSession:
             self._optimizer = inner
         else:
             self._optimizer = _inner_optimizer(t.create_optimizer())
-        self._saved["checkpointing_enabled"] = _enable_checkpointing(t)
+        self._saved["checkpointing_enabled"] = enable_checkpointing(t)
         if distributed_world() > 1:
             self._step_model = self._ddp(model)
         return self
@@ -275,13 +275,13 @@ class TrialSession:
                 b.copy_(value)
         model.train(saved["training"])
         if saved["checkpointing_enabled"]:
-            _disable_checkpointing(model)
-        for name in _BOOKKEEPING:
+            disable_checkpointing(model)
+        for name in TRAINER_BOOKKEEPING:
             if name in saved["attrs"]:
                 setattr(t, name, saved["attrs"][name])
             elif hasattr(t, name):
                 delattr(t, name)
-        _set_rng_state(saved["rng"])
+        restore_rng_state(saved["rng"])
         self._saved = {}
 
     def _ddp(self, model: Any) -> Any:

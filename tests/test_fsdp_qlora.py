@@ -19,7 +19,7 @@ from fitcheck.cli.estimate import spec_from_values
 from fitcheck.core import estimate
 from fitcheck.core.states.fsdp_qlora import gathered_layer_bytes, load_peak, quant_placement
 from fitcheck.core.states.quantization import base_weights, quantized_bytes
-from fitcheck.core.states.sharding import _compute_bytes, buffer_components, partition
+from fitcheck.core.states.sharding import buffer_components, param_compute_bytes, partition
 from fitcheck.errors import ConfigError
 from fitcheck.readers.fsdp_config import fsdp_from_config
 from fitcheck.readers.model_config import inventory_from_config
@@ -191,8 +191,8 @@ def test_gathered_unit_is_the_packed_layer(llama70b: ModelInventory) -> None:
 def test_compute_dtype_follows_float_quant_storage(llama70b: ModelInventory) -> None:
     """transformers 5.23 update_fsdp_plugin_peft: FSDP mixed precision = quant storage dtype."""
     spec = qlora_spec(llama70b, storage=Dtype.FLOAT32)
-    assert _compute_bytes(spec) == 4
-    assert _compute_bytes(qlora_spec(llama70b)) == 2
+    assert param_compute_bytes(spec) == 4
+    assert param_compute_bytes(qlora_spec(llama70b)) == 2
 
 
 def test_a_70b_4bit_model_is_loaded_whole_on_each_gpu(llama70b: ModelInventory) -> None:

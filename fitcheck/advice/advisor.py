@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from fitcheck.advice.advisor_changes import CKPT_WORDS, GPUS_PER_NODE, TIER_ORDER, Lever, Tier, levers
 from fitcheck.advice.batch_search import (
     EstimateFn,
     fits_with_margin,
@@ -28,7 +29,6 @@ from fitcheck.advice.batch_search import (
     plan_global_batch,
     with_micro_batch,
 )
-from fitcheck.advice.levers import CKPT_WORDS, GPUS_PER_NODE, TIER_ORDER, Lever, Tier, levers
 from fitcheck.advice.parallel_levers import parallel_levers
 from fitcheck.core import ComputeEstimate, compute_estimate, relative_time_per_token
 from fitcheck.report import Report

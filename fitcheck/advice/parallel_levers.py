@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 
-from fitcheck.advice.levers import GPUS_PER_NODE, Lever, Tier
+from fitcheck.advice.advisor_changes import GPUS_PER_NODE, Lever, Tier
 from fitcheck.core.parallelism import layout_problems
 from fitcheck.spec import FsdpSpec, ParallelismSpec, Strategy, TrainingSpec
 

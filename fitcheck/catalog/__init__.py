@@ -1,10 +1,33 @@
 """Built-in data: official model configs (with where each came from) and GPU datasheet numbers.
 
 - :mod:`.models`: ``config.json`` files of common models, found offline by Hub id;
-- :mod:`.gpus`: memory and peak throughput per GPU name, with sources.
+- :mod:`.gpus`: memory and peak throughput per GPU name, with sources;
+- :mod:`.envelope_cells`: the checked envelope's cells (kinds of run whose formulas match a trace), written by
+  the benchmarks that check them.
 """
 
+from fitcheck.catalog.envelope_cells import (
+    ENVELOPE_CELLS_FILE,
+    CellBlock,
+    EnvelopeKey,
+    dump_envelope_blocks,
+    envelope_blocks,
+    envelope_cells,
+    parse_envelope_blocks,
+)
 from fitcheck.catalog.gpus import lookup_gpu, resolve_gpu
 from fitcheck.catalog.models import catalog_ids, find_catalog_config
 
-__all__ = ["catalog_ids", "find_catalog_config", "lookup_gpu", "resolve_gpu"]
+__all__ = [
+    "ENVELOPE_CELLS_FILE",
+    "CellBlock",
+    "EnvelopeKey",
+    "catalog_ids",
+    "dump_envelope_blocks",
+    "envelope_blocks",
+    "envelope_cells",
+    "find_catalog_config",
+    "lookup_gpu",
+    "parse_envelope_blocks",
+    "resolve_gpu",
+]

@@ -19,6 +19,7 @@ Where a new reader goes: a module here returning spec pieces (and findings), mer
 from fitcheck.readers.accelerate_config import default_config_path
 from fitcheck.readers.deepspeed import ACCELERATE_ZERO_STAGE, accelerate_deepspeed_config, resolve_deepspeed
 from fitcheck.readers.families_base import ConfigView, mlp_kind
+from fitcheck.readers.families_legacy import inventory_for_stack
 from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
 from fitcheck.readers.merge import merge_sources
 from fitcheck.readers.model_config import MetaFallback, inventory_from_config, load_inventory
@@ -38,6 +39,7 @@ from fitcheck.readers.task_heads import (
     with_task,
 )
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_object
+from fitcheck.readers.versions import parse_stack
 
 __all__ = [
     "ACCELERATE_ZERO_STAGE",
@@ -55,10 +57,12 @@ __all__ = [
     "default_config_path",
     "fsdp_from_config",
     "fsdp_option_string",
+    "inventory_for_stack",
     "inventory_from_config",
     "load_inventory",
     "merge_sources",
     "mlp_kind",
+    "parse_stack",
     "pure_task_supported",
     "read_adapter_config",
     "read_parallelism",

@@ -310,7 +310,7 @@ def spec_from_settings(
         extra.append(missing_dtype_finding(inventory, precision.load_dtype))  # checkpoint_dtype.py
     optimizer = _optimizer(s, assumptions, extra, stack)
     batch = _batch(s, assumptions)
-    from fitcheck.readers.levers import lever_fields  # --loss, Liger, offloading, use_reentrant, torch_compile
+    from fitcheck.readers.kernel_settings import lever_fields  # --loss, Liger, offloading, use_reentrant, torch_compile
 
     acts = ActivationSpec(
         checkpointing=s.gradient_checkpointing,
@@ -343,7 +343,7 @@ def spec_from_settings(
     )
     check_layout(spec)  # tp/cp/sp/HSDP sizes checked as accelerate checks them (exit 2)
     check_layout(spec)  # tp/cp/sp/HSDP sizes checked as accelerate checks them (exit 2)
-    from fitcheck.readers.levers import refuse_peft_problems
+    from fitcheck.readers.kernel_settings import refuse_peft_problems
 
     refuse_peft_problems(spec)  # what peft raises on (ParamWrapper + lora_dropout): exit 2, not a traceback
     return spec, tuple(assumptions)

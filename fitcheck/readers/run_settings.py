@@ -70,9 +70,9 @@ class RunSettings:
     gradient_checkpointing: bool = False
     gradient_checkpointing_kwargs: Mapping[str, object] | None = None
     checkpoint_every_n_layers: int = ActivationSpec.checkpoint_every_n_layers
-    loss: str | None = None  # None: transformers' cross-entropy ("torch"); read by readers/levers.py
+    loss: str | None = None  # None: transformers' cross-entropy ("torch"); read by readers/kernel_settings.py
     use_liger_kernel: bool = False
-    liger_kernel_config: object = None  # a mapping or its JSON text (readers/levers.py reads it)
+    liger_kernel_config: object = None  # a mapping or its JSON text (readers/kernel_settings.py reads it)
     activation_offloading: bool = False
     torch_compile: bool = False
     # peft

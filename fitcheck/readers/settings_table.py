@@ -196,7 +196,7 @@ SETTINGS: dict[str, Setting] = {
         S, "LM loss implementation: torch (default; transformers' cross-entropy on full b x s x V logits, alias "
         "standard), liger-flce (Liger fused linear cross-entropy: no logits, a chunk buffer), cce (Apple's Cut "
         "Cross-Entropy, cce_patch: no logits)"
-    ),  # read by readers/levers.py (aliases, refusals)
+    ),  # read by readers/kernel_settings.py (aliases, refusals)
     "gradient_checkpointing_kwargs": Setting(
         M, "JSON, e.g. '{\"use_reentrant\": false}' (every_n_layers read too)",
         (Alias("activation_checkpointing_kwargs", "transformers 5.x name"),), _TA,

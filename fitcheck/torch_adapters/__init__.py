@@ -3,6 +3,7 @@
 - :mod:`.meta_inventory`: any transformers architecture built on the meta device -> ``ModelInventory``;
 - :mod:`.tracer` (+ ``tracer_build``, ``tracer_patches``, ``tracer_quant``, ``tracer_recorder``): one
   training step under ``FakeTensorMode``, read as activation components;
+- :mod:`.differential`: the formula-vs-trace grid (cells, specs, comparison) the benchmarks and tests run;
 - :mod:`.live_model`: facts of a loaded model (dtypes, adapters, quantized layers, device map);
 - :mod:`.live_tracker`: live-tensor peak of a real step (a dispatch mode);
 - :mod:`.device_map`, :mod:`.device_map_check`: accelerate's ``infer_auto_device_map`` and its findings;
@@ -19,6 +20,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fitcheck.torch_adapters.device_map_check import device_map_findings
     from fitcheck.torch_adapters.device_map_split import multi_gpu_shares
+    from fitcheck.torch_adapters.differential import (
+        FAMILY_MODELS,
+        METHODS,
+        Cell,
+        Outcome,
+        cell_spec,
+        compare,
+        grid,
+        model_config,
+    )
     from fitcheck.torch_adapters.live_model import (
         config_mapping,
         inspect_model,
@@ -26,11 +37,39 @@ if TYPE_CHECKING:
         unwrap_model,
     )
     from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
-    from fitcheck.torch_adapters.meta_device import meta_inventory
+    from fitcheck.torch_adapters.meta_device import build_meta_model, meta_inventory
     from fitcheck.torch_adapters.pinned_path import PinnedPath
-    from fitcheck.torch_adapters.tracer import trace_components
+    from fitcheck.torch_adapters.tracer import (
+        OPTSTATE,
+        PARAMS,
+        components_from_trace,
+        trace_components,
+        trace_extrapolated,
+        trace_step,
+    )
+    from fitcheck.torch_adapters.tracer_build import hf_config, model_class, reduced_config
+    from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder, RegionStats
 
 _WHERE = {
+    "Cell": "differential",
+    "FAMILY_MODELS": "differential",
+    "METHODS": "differential",
+    "Outcome": "differential",
+    "cell_spec": "differential",
+    "compare": "differential",
+    "grid": "differential",
+    "model_config": "differential",
+    "OPTSTATE": "tracer",
+    "PARAMS": "tracer",
+    "components_from_trace": "tracer",
+    "trace_extrapolated": "tracer",
+    "trace_step": "tracer",
+    "LiveTensorRecorder": "tracer_recorder",
+    "RegionStats": "tracer_recorder",
+    "hf_config": "tracer_build",
+    "model_class": "tracer_build",
+    "reduced_config": "tracer_build",
+    "build_meta_model": "meta_device",
     "device_map_findings": "device_map_check",
     "multi_gpu_shares": "device_map_split",
     "config_mapping": "live_model",
@@ -45,16 +84,35 @@ _WHERE = {
 }
 
 __all__ = [
+    "FAMILY_MODELS",
+    "METHODS",
+    "OPTSTATE",
+    "PARAMS",
+    "Cell",
+    "LiveTensorRecorder",
     "LiveTensorTracker",
+    "Outcome",
     "PinnedPath",
+    "RegionStats",
+    "build_meta_model",
+    "cell_spec",
+    "compare",
+    "components_from_trace",
     "config_mapping",
     "device_map_findings",
+    "grid",
+    "hf_config",
     "inspect_model",
     "live_device_map_findings",
     "meta_inventory",
+    "model_class",
+    "model_config",
     "model_state_tensors",
     "multi_gpu_shares",
+    "reduced_config",
     "trace_components",
+    "trace_extrapolated",
+    "trace_step",
     "unwrap_model",
 ]
 

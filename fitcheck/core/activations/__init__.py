@@ -20,13 +20,14 @@ Where a new model family goes: a formula pinned to a fake-tensor trace in :mod:`
 
 from fitcheck.core.activations.backward import cuda_embedding_backward
 from fitcheck.core.activations.decoder import activation_components, activation_findings
-from fitcheck.core.activations.envelope import CHECKED, envelope_key, in_envelope, not_pinned_finding
+from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
 from fitcheck.core.activations.families import family_layer_saved
 from fitcheck.core.activations.layer_saved import layer_saved_per_token
 from fitcheck.core.activations.versions import versions_findings
 
 __all__ = [
     "CHECKED",
+    "TOLERANCE",
     "activation_components",
     "activation_findings",
     "cuda_embedding_backward",

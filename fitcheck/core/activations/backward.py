@@ -64,7 +64,7 @@ class BackwardInputs:
         layers_saved: Saved bytes of all decoder layers together where they differ (partial training by
             layers, ``activations.freeze``); -1 when every layer saves ``layer``.
         offloaded: TRL activation offloading: layers below the one in backward stay in host memory
-            (fitcheck/core/kernels/levers.py), so only layer i's saved tensors are on the device.
+            (fitcheck/core/kernels/offloading.py), so only layer i's saved tensors are on the device.
         attention_moment: Where the top layer's attention backward is modelled (DeepSeek-V3's CPU math SDPA,
             ``fitcheck.core.activations.mla.mla_attention_backward``): bytes alive then, with the gradients
             produced so far; None elsewhere.

@@ -128,7 +128,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     fwd_logits, bwd_logits = _logits(spec)
     end = m.r * sh.hidden_size * b * s if (spec.lora is None or act.checkpointing) else 0
     host = 0
-    if offload_applies(spec):  # TRL activation offloading: saved tensors in pinned host memory (kernels/levers.py)
+    if offload_applies(spec):  # TRL activation offloading: saved tensors in pinned host memory (kernels/offloading.py)
         head_in = m.r * sh.hidden_size * b * s if spec.lora is None and spec.quant is None and not m.autocast else 0
         device_kept, host = offload_split(spec, kept, head_in, m.e)
         kept = device_kept

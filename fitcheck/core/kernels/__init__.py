@@ -4,7 +4,6 @@ Each module derives what an implementation allocates from that library's source 
 """
 
 from fitcheck.core.kernels.cce import CCE_VERSION, cce_bytes
-from fitcheck.core.kernels.levers import lever_findings, offload_applies, offload_split
 from fitcheck.core.kernels.liger import (
     FLCE_CHUNK_BYTES_PER_LOGIT,
     LIGER_CONFIG_KEYS,
@@ -19,6 +18,7 @@ from fitcheck.core.kernels.liger import (
 )
 from fitcheck.core.kernels.loss import effective_loss, fused_loss, head_trained, liger_cross_entropy
 from fitcheck.core.kernels.module_cast import deepspeed_module_view
+from fitcheck.core.kernels.offloading import lever_findings, offload_applies, offload_split
 
 __all__ = [
     "CCE_VERSION",

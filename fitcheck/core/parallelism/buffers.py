@@ -38,14 +38,14 @@ _SRC_SP = (
 )
 
 
-def _act_bytes(spec: TrainingSpec) -> int:
+def attention_input_bytes(spec: TrainingSpec) -> int:
     """Bytes per element of attention inputs (16-bit under autocast or a 16-bit model)."""
     if spec.precision.mixed_precision is not MixedPrecision.NO or spec.precision.load_dtype.is_half:
         return 2
     return 4
 
 
-def _heads(spec: TrainingSpec, par: ParallelismSpec) -> tuple[int, int, int]:
+def rank_attention_heads(spec: TrainingSpec, par: ParallelismSpec) -> tuple[int, int, int]:
     """(query heads, kv heads, head_dim) of one rank's attention (split by tp when the plan splits heads)."""
     sh = spec.model.shape
     q, kv = sh.num_heads, sh.num_kv_heads
@@ -58,8 +58,8 @@ def _heads(spec: TrainingSpec, par: ParallelismSpec) -> tuple[int, int, int]:
 def cp_buffer_bytes(spec: TrainingSpec, par: ParallelismSpec) -> tuple[int, int]:
     """(forward, backward) working set of one context-parallel attention call, in bytes."""
     b, s_local, s_full = spec.batch.micro_batch, local_seq_len(spec, par), spec.batch.seq_len
-    q, kv, d = _heads(spec, par)
-    e = _act_bytes(spec)
+    q, kv, d = rank_attention_heads(spec, par)
+    e = attention_input_bytes(spec)
     local_kv = 2 * b * s_local * kv * d
     # allgather: the gathered whole-sequence k, v + the cat sent; alltoall: the next chunk in flight (sent + received)
     gathered = 2 * b * s_full * kv * d * e + local_kv * e
@@ -74,8 +74,8 @@ def sp_buffer_bytes(spec: TrainingSpec, par: ParallelismSpec) -> tuple[int, int]
     """(backward all-to-all working set of one Ulysses attention call, extra saved bytes over all layers)."""
     b, s_full = spec.batch.micro_batch, spec.batch.seq_len
     s_local = local_seq_len(spec, par)
-    q, kv, d = _heads(spec, par)
-    e = _act_bytes(spec)
+    q, kv, d = rank_attention_heads(spec, par)
+    e = attention_input_bytes(spec)
     kv_eff = max(kv, par.sp)  # kv heads after repeat_interleave when kv < sp, summed over the sp ranks
     out_pair = 2 * b * s_local * q * d * e  # grad of the attention output: before and after the all-to-all
     qkv_pair = 2 * b * s_local * (q + 2 * kv_eff) * d * e  # q/k/v gradients before and after

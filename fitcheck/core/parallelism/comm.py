@@ -17,7 +17,7 @@ algorithm; Megatron-LM, Shoeybi et al. 2019 sec. 3 for the two all-reduces per l
 
 from __future__ import annotations
 
-from fitcheck.core.parallelism.buffers import _act_bytes, _heads
+from fitcheck.core.parallelism.buffers import attention_input_bytes, rank_attention_heads
 from fitcheck.core.parallelism.local import active_layout, local_seq_len
 from fitcheck.spec import TrainingSpec
 
@@ -36,12 +36,12 @@ def parallel_comm_bytes(spec: TrainingSpec) -> tuple[float, int]:
         return 0.0, 1
     sh = spec.model.shape
     b, s = spec.batch.micro_batch, local_seq_len(spec, par)
-    e = _act_bytes(spec)
+    e = attention_input_bytes(spec)
     layers = sh.num_layers
     act = spec.activations
     recomputed = layers / max(1, act.checkpoint_every_n_layers) if act.checkpointing else 0.0
     fwd_passes = layers + recomputed  # forward runs of a layer per micro-step
-    q, kv, d = _heads(spec, par)
+    q, kv, d = rank_attention_heads(spec, par)
     total = 0.0
     if par.tp > 1:
         t = par.tp

@@ -147,7 +147,7 @@ def partition(spec: TrainingSpec) -> Partition:
 # Shapes the buffers depend on
 
 
-def _compute_bytes(spec: TrainingSpec) -> int:
+def param_compute_bytes(spec: TrainingSpec) -> int:
     """Bytes per element of parameters as computed (and of their gradients before reduction)."""
     forced = compute_dtype_override(spec)  # FSDP-QLoRA: transformers sets FSDP mixed precision to quant_storage
     if forced is not None:
@@ -164,10 +164,10 @@ def _weight_bytes_per_param(spec: TrainingSpec) -> float:
     """Bytes per element of a gathered weight (4-bit/8-bit storage for a quantized base)."""
     if spec.quant is not None:
         return spec.quant.bits / 8  # packed storage; absmax metadata is < 2% and left out here
-    return float(_compute_bytes(spec))
+    return float(param_compute_bytes(spec))
 
 
-def _trainable(spec: TrainingSpec) -> int:
+def trainable_count(spec: TrainingSpec) -> int:
     return trainable_params(spec)
 
 
@@ -234,20 +234,20 @@ def buffer_components(spec: TrainingSpec) -> tuple[Component, ...]:
 
 
 def _ddp(spec: TrainingSpec) -> tuple[Component, ...]:
-    grads = _trainable(spec) * _grad_bytes(spec)
+    grads = trainable_count(spec) * grad_element_bytes(spec)
     return (
         Component.persistent(
             "buffers.ddp_buckets",
             Category.BUFFERS,
             grads,
             _SRC_DDP,
-            f"flat all-reduce buckets covering all {_trainable(spec):,} trainable params "
+            f"flat all-reduce buckets covering all {trainable_count(spec):,} trainable params "
             "(bucket_cap_mb only sets how many buckets, not their total)",
         ),
     )
 
 
-def _grad_bytes(spec: TrainingSpec) -> int:
+def grad_element_bytes(spec: TrainingSpec) -> int:
     if spec.lora is not None:
         return 4  # peft autocast_adapter_dtype=True keeps adapters (and their grads) in fp32
     return spec.precision.load_dtype.nbytes
@@ -258,8 +258,8 @@ def _deepspeed(spec: TrainingSpec) -> tuple[Component, ...]:
     if ds is None:
         return ()
     n = spec.data_parallel_size
-    elem = _compute_bytes(spec)
-    trainable = _trainable(spec)
+    elem = param_compute_bytes(spec)
+    trainable = trainable_count(spec)
     out: list[Component] = []
     overlap = ds.overlap_comm if ds.overlap_comm is not None else ds.stage == 3  # zero/config.py default
     if ds.stage in (1, 2) and trainable:
@@ -359,20 +359,20 @@ def _fsdp(spec: TrainingSpec) -> tuple[Component, ...]:
     if part.weights == 1:
         return ()  # NO_SHARD or one process: parameters are never gathered
     if fs is None or fs.version == 2:
-        return fsdp2_components(spec, _compute_bytes(spec), fsdp_unit_params(spec), _SRC_FSDP)
+        return fsdp2_components(spec, param_compute_bytes(spec), fsdp_unit_params(spec), _SRC_FSDP)
     w = _weight_bytes_per_param(spec)
     unit = int(fsdp_unit_params(spec) * w)
     root = int(_root_params(spec) * w)
     if is_fsdp_4bit(spec):  # packed 4-bit layers, unquantized root (fsdp_qlora.py)
-        unit = gathered_layer_bytes(spec, _compute_bytes(spec))
-        root = _root_params(spec) * _compute_bytes(spec)
+        unit = gathered_layer_bytes(spec, param_compute_bytes(spec))
+        root = _root_params(spec) * param_compute_bytes(spec)
     layers_total = int(_layer_params(spec) * spec.model.shape.num_layers * w)
     reshard = fs.reshard_after_forward if fs is not None else True
-    trainable = _trainable(spec)
+    trainable = trainable_count(spec)
     # Unsharded gradients of the unit in backward before its reduce-scatter
     # (full fine-tune only: a LoRA unit's
     # trainable part is small and left out).
-    unit_grads = int(fsdp_unit_params(spec) * _compute_bytes(spec)) if trainable and spec.lora is None else 0
+    unit_grads = int(fsdp_unit_params(spec) * param_compute_bytes(spec)) if trainable and spec.lora is None else 0
     if reshard:
         fwd_end = root  # every layer resharded; the root unit stays gathered until its backward
         bwd_start = root + 2 * unit  # the unit being computed + the prefetched next one

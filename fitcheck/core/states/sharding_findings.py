@@ -7,7 +7,7 @@ The divisions and buffers themselves are :mod:`fitcheck.core.states.sharding`'s.
 
 from __future__ import annotations
 
-from fitcheck.core.states.sharding import _compute_bytes, _grad_bytes, _trainable
+from fitcheck.core.states.sharding import grad_element_bytes, param_compute_bytes, trainable_count
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import DeepSpeedSpec, FsdpSpec, OffloadDevice, Strategy, TrainingSpec
 from fitcheck.units import format_bytes
@@ -28,7 +28,7 @@ def sharding_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     sh = spec.sharding
     n = spec.data_parallel_size
     out: list[Finding] = []
-    trainable = _trainable(spec)
+    trainable = trainable_count(spec)
     if sh.strategy is Strategy.DEEPSPEED and sh.deepspeed is not None:
         out.extend(_deepspeed_findings(spec, sh.deepspeed, trainable))
     if sh.strategy is Strategy.FSDP and n > 1:
@@ -39,7 +39,7 @@ def sharding_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 "ddp-bucket-copy",
                 Severity.INFO,
                 f"DDP keeps a second copy of all gradients in its buckets "
-                f"({format_bytes(trainable * _grad_bytes(spec))})",
+                f"({format_bytes(trainable * grad_element_bytes(spec))})",
                 "pass ddp kwargs gradient_as_bucket_view=True to make gradients views of the buckets",
             )
         )
@@ -78,7 +78,7 @@ def _deepspeed_findings(spec: TrainingSpec, ds: DeepSpeedSpec, trainable: int) -
                 f"zero_optimization.reduce_bucket_size {ds.reduce_bucket_size:,} "
                 f"exceeds the {trainable:,} trainable "
                 f"params, yet DeepSpeed allocates the whole bucket ({copies} x "
-                f"{format_bytes(ds.reduce_bucket_size * _compute_bytes(spec))})",
+                f"{format_bytes(ds.reduce_bucket_size * param_compute_bytes(spec))})",
                 f'set reduce_bucket_size to "auto" or to about {max(trainable, 1):,}',
             )
         )

@@ -1,0 +1,105 @@
+"""The checked envelope's cells as data: ``envelope_cells.json`` beside this module, read once at import.
+
+Each block of the file is one benchmark's result, written by that benchmark (``benchmarks/formula_vs_trace.py
+--update`` rewrites its own block; the others were checked by the scripts their ``source`` names and are kept as
+they are). A cell is a kind of run: (family, method, checkpointing, attention, precision). The rules that read
+the cells (which spec is which cell, what a cell outside means) live in ``fitcheck.core.activations.envelope``;
+this module only loads and writes the table. Data is read with :mod:`importlib.resources`, so it works from a
+wheel. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+EnvelopeKey = tuple[str, str, bool, str, str]
+
+ENVELOPE_CELLS_FILE = "envelope_cells.json"
+
+
+@dataclass(frozen=True)
+class CellBlock:
+    """One benchmark's checked cells.
+
+    Attributes:
+        name: The block's key (``"formula_vs_trace"``, ``"moe_mla_vs_trace"``, ``"qlora_noprep"``,
+            ``"int8_vs_trace"``).
+        source: Which run checked the cells, when, and what stays outside.
+        cells: The (family, method, checkpointing, attention, precision) kinds within tolerance at that run.
+    """
+
+    name: str
+    source: str
+    cells: frozenset[EnvelopeKey]
+
+
+def _cell(raw: Any, where: str) -> EnvelopeKey:
+    """One cell from its JSON list, checked for shape and types."""
+    ok = (isinstance(raw, list) and len(raw) == 5 and isinstance(raw[2], bool)
+          and all(isinstance(raw[i], str) for i in (0, 1, 3, 4)))
+    if not ok:
+        raise ValueError(f"{ENVELOPE_CELLS_FILE}: {where}: a cell is [family, method, checkpointing (bool), "
+                         f"attention, precision], got {raw!r}")
+    return (raw[0], raw[1], raw[2], raw[3], raw[4])
+
+
+def parse_envelope_blocks(text: str) -> tuple[CellBlock, ...]:
+    """The blocks of an ``envelope_cells.json`` text.
+
+    Args:
+        text: The file's JSON: ``{"blocks": [{"name", "source", "cells": [[...], ...]}, ...]}``.
+
+    Returns:
+        The blocks in file order.
+
+    Raises:
+        ValueError: If a block or cell is malformed, or two blocks share a name.
+    """
+    blocks: list[CellBlock] = []
+    for raw in json.loads(text)["blocks"]:
+        name = raw["name"]
+        if any(b.name == name for b in blocks):
+            raise ValueError(f"{ENVELOPE_CELLS_FILE}: block {name!r} appears twice")
+        cells = frozenset(_cell(c, f"block {name!r}") for c in raw["cells"])
+        blocks.append(CellBlock(name=name, source=raw["source"], cells=cells))
+    return tuple(blocks)
+
+
+def dump_envelope_blocks(blocks: tuple[CellBlock, ...]) -> str:
+    """The JSON text of ``blocks``, one sorted cell per line (stable diffs when a benchmark rewrites it)."""
+    parts = []
+    for block in blocks:
+        cells = ",\n".join(f"    {json.dumps(list(c))}" for c in sorted(block.cells))
+        parts.append(f'  {{"name": {json.dumps(block.name)},\n   "source": {json.dumps(block.source)},\n'
+                     f'   "cells": [\n{cells}\n   ]}}')
+    return '{"blocks": [\n' + ",\n".join(parts) + "\n]}\n"
+
+
+@lru_cache(maxsize=1)
+def envelope_blocks() -> tuple[CellBlock, ...]:
+    """Every block of the shipped ``envelope_cells.json``, loaded once."""
+    text = resources.files("fitcheck.catalog").joinpath(ENVELOPE_CELLS_FILE).read_text(encoding="utf-8")
+    return parse_envelope_blocks(text)
+
+
+def envelope_cells(*names: str) -> frozenset[EnvelopeKey]:
+    """The union of the named blocks' cells.
+
+    Args:
+        names: Block names; each must be in the file.
+
+    Returns:
+        Every cell of those blocks.
+
+    Raises:
+        KeyError: If a name is not a block of the file.
+    """
+    by_name = {b.name: b for b in envelope_blocks()}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise KeyError(f"{ENVELOPE_CELLS_FILE} has no block {missing} (blocks: {sorted(by_name)})")
+    return frozenset().union(*(by_name[n].cells for n in names))
