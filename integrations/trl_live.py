@@ -59,19 +59,13 @@ def dataset_lengths(kind: TrainerKind, trainer: Any) -> dict[str, int]:
     dataset = getattr(trainer, "train_dataset", None)
     if dataset is None or not hasattr(dataset, "column_names"):
         return {}
-    if kind is TrainerKind.SFT or kind is TrainerKind.TRAINER:
-        n = _longest(dataset, "input_ids")
+    columns = trainer_row(kind).dataset_columns
+    if columns and not trainer_row(kind).prompt_completion:  # Trainer / SFT: input_ids; reward: chosen/rejected
+        n = max(_longest(dataset, c) for c in columns)
         return {"max_seq_length": n} if n else {}
-    if kind is TrainerKind.DPO:
-        prompt = _longest(dataset, "prompt_ids")
-        completion = max(_longest(dataset, "chosen_ids"), _longest(dataset, "rejected_ids"))
+    if columns:  # DPO: chosen/rejected ids; KTO: completion_ids (kto_trainer.py _prepare_dataset)
+        prompt, completion = _longest(dataset, "prompt_ids"), max(_longest(dataset, c) for c in columns)
         return {"prompt": prompt, "completion": completion} if completion else {}
-    if kind is TrainerKind.KTO:  # kto_trainer.py _prepare_dataset: prompt_ids / completion_ids
-        prompt, completion = _longest(dataset, "prompt_ids"), _longest(dataset, "completion_ids")
-        return {"prompt": prompt, "completion": completion} if completion else {}
-    if kind is TrainerKind.REWARD:
-        n = max(_longest(dataset, "chosen_ids"), _longest(dataset, "rejected_ids"))
-        return {"max_seq_length": n} if n else {}
     if kind is TrainerKind.GRPO:  # prompts stay text until generation: tokenize them as _tokenize_prompts does
         tok = getattr(trainer, "processing_class", None)
         tok = getattr(tok, "tokenizer", tok)

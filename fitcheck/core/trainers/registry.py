@@ -16,6 +16,8 @@ Columns (:class:`TrainerRow`):
 - ``evaluation``: which evaluation step runs (:class:`EvalRule`) and ``eval_source``, the TRL source it follows.
 - ``defaults``: the TRL config defaults that change memory (pinned by ``tests/test_trl_cli.py`` against the
   installed TRL's dataclasses); ``script_fields``: the config fields ``fitcheck launch`` reads off a script.
+- ``dataset_columns``: the prepared dataset's token-id columns whose longest row is the sequence (or, with
+  ``prompt_completion``, the completion next to ``prompt_ids``); empty when the prompts stay text (GRPO).
 
 Trainers TRL 1.16 ships that are no small step from these are refused with the reason (:data:`REFUSED`).
 """
@@ -66,6 +68,7 @@ class TrainerRow:
     eval_source: str
     defaults: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
     script_fields: tuple[str, ...] = ()
+    dataset_columns: tuple[str, ...] = ()
 
     @property
     def trl(self) -> bool:
@@ -81,17 +84,18 @@ def _defaults(**fields: object) -> Mapping[str, object]:
 
 _TRL_EVAL = "transformers 5.23 trainer.py evaluate / evaluation_loop / prediction_step (no_grad forward)"
 _ROWS = (
-    TrainerRow(TrainerKind.TRAINER, None, None, ReferenceRule.NONE, 1, False, EvalRule.TRAINER, _TRL_EVAL),
+    TrainerRow(TrainerKind.TRAINER, None, None, ReferenceRule.NONE, 1, False, EvalRule.TRAINER, _TRL_EVAL,
+               dataset_columns=("input_ids",)),
     TrainerRow(
         TrainerKind.SFT, "SFTConfig", ("log_probs", "entropy", "is_top1"),  # sft_trainer.py L1144-1147
         ReferenceRule.NONE, 1, False, EvalRule.SFT, _TRL_EVAL,
-        _defaults(max_length=1024, packing=False, padding_free=False), ("packing", "padding_free")),
+        _defaults(max_length=1024, packing=False, padding_free=False), ("packing", "padding_free"), ("input_ids",)),
     TrainerRow(
         TrainerKind.DPO, "DPOConfig", ("log_probs", "entropy", "mean_logits", "is_top1"),  # dpo_trainer.py L956-960
         ReferenceRule.IN_STEP, 2, True, EvalRule.PAIRED,
         "trl/trainer/dpo_trainer.py prediction_step / _compute_loss (TRL 1.16)",
         _defaults(max_length=1024, precompute_ref_log_probs=False, beta=0.1),
-        ("precompute_ref_log_probs", "loss_type")),
+        ("precompute_ref_log_probs", "loss_type"), ("chosen_ids", "rejected_ids")),
     TrainerRow(
         TrainerKind.GRPO, "GRPOConfig", ("log_probs", "entropy"),  # grpo_trainer.py L1068-1073
         ReferenceRule.WHEN_BETA, 1, True, EvalRule.GENERATE,
@@ -103,13 +107,14 @@ _ROWS = (
     TrainerRow(
         TrainerKind.REWARD, "RewardConfig", None,  # AutoModelForSequenceClassification: no LM head at all
         ReferenceRule.NONE, 2, False, EvalRule.CLASSIFIER,
-        "trl/trainer/reward_trainer.py compute_loss (can_return_loss, TRL 1.16)", _defaults(max_length=1024)),
+        "trl/trainer/reward_trainer.py compute_loss (can_return_loss, TRL 1.16)", _defaults(max_length=1024),
+        dataset_columns=("chosen_ids", "rejected_ids")),
     TrainerRow(
         TrainerKind.KTO, "KTOConfig", ("log_probs", "entropy", "mean_logits"),  # kto_trainer.py L967-970
         ReferenceRule.IN_STEP, 1, True, EvalRule.PAIRED,  # one (unpaired) completion per row
         "trl/trainer/kto_trainer.py prediction_step / _compute_loss (TRL 1.16)",
         _defaults(max_length=1024, precompute_ref_log_probs=False, beta=0.1),  # trl/trainer/kto_config.py
-        ("precompute_ref_log_probs",)),
+        ("precompute_ref_log_probs",), ("completion_ids",)),
 )
 TRAINERS: Mapping[TrainerKind, TrainerRow] = MappingProxyType({row.kind: row for row in _ROWS})
 assert set(TRAINERS) == set(TrainerKind), "every TrainerKind needs a row in fitcheck/core/trainers/registry.py"
