@@ -10,7 +10,7 @@ GRPOConfig | RewardConfig, ModelConfig))``. fitcheck never imports or runs the s
    dataclasses (``parse_known_args``: no ``TrainingArguments.__post_init__``, no device probing, no environment
    changes); ``--config FILE`` (TrlParser's YAML) sets defaults the same way ``set_defaults_with_config`` does;
 3. hands the memory-relevant TRL fields to the same code as ``fitcheck estimate --trainer X``
-   (:mod:`fitcheck.cli.trl_flags`): TRL's defaults for absent flags, DPO's reference copy, GRPO's generation.
+   (:mod:`fitcheck.readers.trl_settings`): TRL's defaults for absent flags, DPO's reference copy, GRPO's generation.
 
 ``model_name_or_path``, ``--use_peft``, ``--lora_r``, ``--lora_alpha``, ``--lora_target_modules``,
 ``--load_in_4bit`` (``ModelConfig``) are read by the script-argv reader as for every script. Lengths TRL 1.16 has no
@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from contextlib import redirect_stderr
 from typing import Any
 
-from fitcheck.cli.trl_flags import TRL_FLAG_NAMES, apply_trainer, split_trl_values
 from fitcheck.core.trainers import CONFIG_CLASSES, trainer_row
 from fitcheck.errors import ConfigError
+from fitcheck.readers import TRL_FLAG_NAMES, apply_trainer, split_trl_values
 from fitcheck.spec import TrainerKind, TrainingSpec
 
 # TRL configs of trainers fitcheck does not model (trl 1.16 trl/__init__.py and trl/experimental)

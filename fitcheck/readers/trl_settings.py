@@ -1,4 +1,9 @@
-"""``--trainer trainer|sft|dpo|grpo|reward|kto`` and TRL 1.16's config fields as ``fitcheck estimate`` flags.
+"""``--trainer trainer|sft|dpo|grpo|reward|kto`` and TRL 1.16's config fields: read into the run's ``TrainerSpec``.
+
+The readers' floor builds the ``TrainerSpec`` (``fitcheck estimate`` and ``fitcheck launch`` call
+:func:`split_trl_values` before the merge and :func:`apply_trainer` after ``spec_from_settings``); what each
+trainer is -- its TRL config class, defaults, fused head, reference rule -- is its row in
+``fitcheck.core.trainers.registry``.
 
 ``--per_device_eval_batch_size`` (``--eval_accumulation_steps``, ``--prediction_loss_only``) adds the evaluation
 phase (every trainer: DPO, GRPO and reward through their own ``prediction_step``,
