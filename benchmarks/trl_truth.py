@@ -63,6 +63,7 @@ class Case:
         lora: Train a LoRA adapter (peft) instead of the full model.
         ckpt: ``gradient_checkpointing`` (TRL configs default it to True).
         extra: Further TRL config fields.
+        vocab: Vocabulary size of the tiny Llama (and of its word-level tokenizer).
     """
 
     name: str
@@ -73,6 +74,7 @@ class Case:
     lora: LoraSpec | None = None
     ckpt: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    vocab: int = VOCAB
 
 
 CASES: tuple[Case, ...] = (
@@ -115,7 +117,7 @@ def spec_for(case: Case) -> TrainingSpec:
     """The TrainingSpec for a case: bf16 model, TRL's bf16 autocast, AdamW (torch), CPU."""
     from fitcheck.readers import inventory_from_config
 
-    config = dict(LLAMA)
+    config = {**LLAMA, "vocab_size": case.vocab}
     if case.trainer is TrainerKind.REWARD:
         config.update(architectures=["LlamaForSequenceClassification"], num_labels=1)
     inv = inventory_from_config(config, case.name, "benchmarks/trl_truth.py")
@@ -132,11 +134,11 @@ def spec_for(case: Case) -> TrainingSpec:
     )
 
 
-def _tokenizer() -> Any:
+def _tokenizer(vocab_size: int = VOCAB) -> Any:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<pad>": 0, "<eos>": 1, **{f"w{i}": i for i in range(2, VOCAB)}}
+    vocab = {"<pad>": 0, "<eos>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
@@ -173,6 +175,7 @@ def build_trainer(case: Case, path: str, callbacks: list[Any] | None = None) -> 
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig
 
     config = LlamaConfig(**{k: v for k, v in LLAMA.items() if k not in ("model_type", "architectures")})
+    config.vocab_size = case.vocab
     torch.manual_seed(0)
     if case.trainer is TrainerKind.REWARD:
         config.num_labels = 1
@@ -180,7 +183,7 @@ def build_trainer(case: Case, path: str, callbacks: list[Any] | None = None) -> 
     else:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(path)
-    tok = _tokenizer()
+    tok = _tokenizer(case.vocab)
     tok.save_pretrained(path)
     common: dict[str, Any] = {
         "output_dir": os.path.join(path, "out"), "max_steps": 2, "per_device_train_batch_size": case.batch,
@@ -271,6 +274,71 @@ def measure(case: Case) -> dict[str, int]:
         trainer.add_callback(Measure())
         trainer.train()
     return out
+
+
+def measure_backward(case: Case) -> int:
+    """Live-tensor peak of the second step's backward AFTER TRL's fused LM head has run its backward.
+
+    The window opens when ``ChunkedLogProbFunction.backward`` (trl/kernels/chunked_logprob.py, TRL 1.16) returns
+    and closes at ``on_pre_optimizer_step``: the layers' backward with every gradient so far. It is what the
+    estimate's ``Phase.BACKWARD`` total describes (the fused head's own backward is ``Phase.BACKWARD_START``).
+    """
+    from transformers import TrainerCallback
+    from trl.kernels import chunked_logprob
+
+    from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
+
+    state: dict[str, Any] = {"tracker": None, "backward": None}
+    fn = chunked_logprob.ChunkedLogProbFunction
+    original = fn.__dict__["backward"]
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        result = original.__func__(ctx, *grads)
+        tracker = state["tracker"]
+        if tracker is not None:
+            tracker.reset_peak()  # the window opens with the head's gradients handed back
+            state["backward"] = tracker.peak
+        return result
+
+    with tempfile.TemporaryDirectory() as path, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = build_trainer(case, path)
+
+        class Measure(TrainerCallback):  # type: ignore[misc]
+            def on_step_begin(self, args: Any, st: Any, control: Any, **kw: Any) -> Any:
+                if st.global_step == 1:
+                    tracker = LiveTensorTracker()
+                    tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
+                    ref = getattr(trainer, "ref_model", None)
+                    if ref is not None:
+                        tracker.track(model_state_tensors(ref))
+                    state["tracker"] = tracker.start()
+                return control
+
+            def on_pre_optimizer_step(self, args: Any, st: Any, control: Any, **kw: Any) -> Any:
+                tracker = state["tracker"]
+                if tracker is not None and state["backward"] is not None:
+                    state["backward"] = tracker.peak
+                    tracker.stop()
+                    state["tracker"] = None
+                return control
+
+        trainer.add_callback(Measure())
+        fn.backward = staticmethod(backward)
+        try:
+            trainer.train()
+        finally:
+            fn.backward = original
+    if state["backward"] is None:
+        raise RuntimeError(f"{case.name}: the fused LM head's backward never ran")
+    return int(state["backward"])
+
+
+# The fused-head trainers' backward after the head (measure_backward): a vocabulary whose full-logits gradient
+# would stand out (32000, Llama-2's) and enough positions (4 rows x 128 tokens)
+BACKWARD_CASES: tuple[Case, ...] = (
+    Case("kto backward vocab 32000", TrainerKind.KTO, batch=4, length=96, prompt=32, vocab=32000),
+)
 
 
 # Evaluation phase: (name, trainer, per_device_eval_batch_size, tokens per eval sample); plain Trainer and SFT
@@ -412,6 +480,15 @@ def main(argv: list[str]) -> int:
         flag = "  (the peak: above training)" if report.peak_phase is Phase.EVALUATION else ""
         print(f"{name:32} {real_eval / 2**20:10.3f} {est_eval / 2**20:10.3f} {err:+7.2f}%  evaluation{flag}",
               flush=True)
+    for case in BACKWARD_CASES:
+        if argv and not any(a in case.name for a in argv):
+            continue
+        real_bwd = measure_backward(case)
+        est_bwd = estimate(spec_for(case)).phase_totals()[Phase.BACKWARD]
+        err = (est_bwd - real_bwd) / real_bwd * 100
+        worst = max(worst, abs(err))
+        print(f"{case.name:32} {real_bwd / 2**20:10.3f} {est_bwd / 2**20:10.3f} {err:+7.2f}%  during backward "
+              "(after the fused head)", flush=True)
     print(f"worst |error| {worst:.2f}%")
     return 0 if worst <= 2.0 else 1
 

@@ -15,17 +15,15 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+from fitcheck.core.trainers import CONFIG_CLASSES, ReferenceRule, trainer_row
 from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec, VllmMode
-
-_CONFIGS = {"SFTConfig": TrainerKind.SFT, "DPOConfig": TrainerKind.DPO, "GRPOConfig": TrainerKind.GRPO,
-            "RewardConfig": TrainerKind.REWARD, "KTOConfig": TrainerKind.KTO}
 
 
 def trainer_kind_of(args: Any) -> TrainerKind:
     """The trainer a config object belongs to (by class, subclasses included); plain Trainer otherwise."""
     for cls in type(args).__mro__:
-        if cls.__name__ in _CONFIGS and cls.__module__.startswith("trl"):
-            return _CONFIGS[cls.__name__]
+        if cls.__name__ in CONFIG_CLASSES and cls.__module__.startswith("trl"):
+            return CONFIG_CLASSES[cls.__name__]
     return TrainerKind.TRAINER
 
 
@@ -61,19 +59,13 @@ def dataset_lengths(kind: TrainerKind, trainer: Any) -> dict[str, int]:
     dataset = getattr(trainer, "train_dataset", None)
     if dataset is None or not hasattr(dataset, "column_names"):
         return {}
-    if kind in (TrainerKind.SFT, TrainerKind.TRAINER):
-        n = _longest(dataset, "input_ids")
+    columns = trainer_row(kind).dataset_columns
+    if columns and not trainer_row(kind).prompt_completion:  # Trainer / SFT: input_ids; reward: chosen/rejected
+        n = max(_longest(dataset, c) for c in columns)
         return {"max_seq_length": n} if n else {}
-    if kind is TrainerKind.DPO:
-        prompt = _longest(dataset, "prompt_ids")
-        completion = max(_longest(dataset, "chosen_ids"), _longest(dataset, "rejected_ids"))
+    if columns:  # DPO: chosen/rejected ids; KTO: completion_ids (kto_trainer.py _prepare_dataset)
+        prompt, completion = _longest(dataset, "prompt_ids"), max(_longest(dataset, c) for c in columns)
         return {"prompt": prompt, "completion": completion} if completion else {}
-    if kind is TrainerKind.KTO:  # kto_trainer.py _prepare_dataset: prompt_ids / completion_ids
-        prompt, completion = _longest(dataset, "prompt_ids"), _longest(dataset, "completion_ids")
-        return {"prompt": prompt, "completion": completion} if completion else {}
-    if kind is TrainerKind.REWARD:
-        n = max(_longest(dataset, "chosen_ids"), _longest(dataset, "rejected_ids"))
-        return {"max_seq_length": n} if n else {}
     if kind is TrainerKind.GRPO:  # prompts stay text until generation: tokenize them as _tokenize_prompts does
         tok = getattr(trainer, "processing_class", None)
         tok = getattr(tok, "tokenizer", tok)
@@ -96,7 +88,7 @@ def trainer_spec_from_args(args: Any, lengths: Mapping[str, int]) -> TrainerSpec
     if kind is TrainerKind.SFT:
         return TrainerSpec(kind=kind, packing=bool(get("packing", False)),
                            padding_free=bool(get("padding_free", False)))
-    if kind in (TrainerKind.DPO, TrainerKind.KTO):
+    if trainer_row(kind).reference is ReferenceRule.IN_STEP:  # DPO, KTO
         max_length = get("max_length")
         prompt, completion = int(lengths.get("prompt", 0)), int(lengths.get("completion", 0))
         if max_length and prompt + completion > max_length:  # truncation_mode keep_start: the completion is cut
@@ -130,7 +122,6 @@ def reference_model_of(trainer: Any) -> Any | None:
 def with_trainer(spec: TrainingSpec, trainer: TrainerSpec) -> TrainingSpec:
     """``spec`` with its trainer set; DPO/GRPO rows are prompt + completion long when both are known."""
     seq = trainer.prompt_length + trainer.completion_length
-    kinds = (TrainerKind.DPO, TrainerKind.GRPO, TrainerKind.KTO)
-    if trainer.kind in kinds and trainer.prompt_length and trainer.completion_length:
+    if trainer_row(trainer.kind).prompt_completion and trainer.prompt_length and trainer.completion_length:
         spec = dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, seq_len=seq))
     return dataclasses.replace(spec, trainer=trainer)

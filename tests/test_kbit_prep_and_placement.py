@@ -10,8 +10,8 @@ import pytest
 
 from fitcheck.cli.estimate import spec_from_values
 from fitcheck.cli.main import main
-from fitcheck.cli.trl_flags import apply_trainer, split_trl_values
 from fitcheck.core import estimate
+from fitcheck.readers import apply_trainer, split_trl_values
 from fitcheck.spec import Dtype, Role
 
 FIXTURES = Path(__file__).parent / "fixtures" / "prequant"

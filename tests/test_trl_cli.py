@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from fitcheck.cli.main import main
-from fitcheck.cli.trl_flags import TRL_DEFAULTS
+from fitcheck.core.trainers import TRAINERS
 from fitcheck.spec import TrainerKind
 
 MODEL = ["estimate", "--model_name_or_path", "Qwen/Qwen2.5-0.5B", "--per_device_train_batch_size", "2",
@@ -31,7 +31,7 @@ def test_defaults_table_matches_installed_trl(tmp_path: Any) -> None:
                TrainerKind.REWARD: trl.RewardConfig}
     for kind, cls in configs.items():
         fields = {f.name: f.default for f in dataclasses.fields(cls)}
-        for key, value in TRL_DEFAULTS[kind].items():
+        for key, value in TRAINERS[kind].defaults.items():
             if key == "bf16":  # None in the dataclass, resolved in __post_init__ (trl/trainer/base_config.py)
                 kwargs = {"use_cpu": True, "output_dir": str(tmp_path)}
                 assert cls(**kwargs).bf16 is value, kind

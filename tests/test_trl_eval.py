@@ -137,10 +137,10 @@ def test_kto_defaults_match_installed_trl_and_step(capsys: pytest.CaptureFixture
     trl = pytest.importorskip("trl")
     from fitcheck.integrations.trl_live import trainer_kind_of
 
-    from fitcheck.cli.trl_flags import TRL_DEFAULTS
+    from fitcheck.core.trainers import TRAINERS
 
     config = trl.KTOConfig(output_dir=str(tmp_path), use_cpu=True)
-    for key, value in TRL_DEFAULTS[TrainerKind.KTO].items():
+    for key, value in TRAINERS[TrainerKind.KTO].defaults.items():
         assert getattr(config, key) == value, key
     assert trainer_kind_of(config) is TrainerKind.KTO
     args = ("--trainer", "kto", "--max_prompt_length", "256", "--max_completion_length", "256")

@@ -22,9 +22,9 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fitcheck.cli.trl_flags import apply_trainer, split_trl_values
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
+from fitcheck.readers import apply_trainer, split_trl_values
 from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters import meta_inventory

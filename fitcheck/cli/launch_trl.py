@@ -10,7 +10,7 @@ GRPOConfig | RewardConfig, ModelConfig))``. fitcheck never imports or runs the s
    dataclasses (``parse_known_args``: no ``TrainingArguments.__post_init__``, no device probing, no environment
    changes); ``--config FILE`` (TrlParser's YAML) sets defaults the same way ``set_defaults_with_config`` does;
 3. hands the memory-relevant TRL fields to the same code as ``fitcheck estimate --trainer X``
-   (:mod:`fitcheck.cli.trl_flags`): TRL's defaults for absent flags, DPO's reference copy, GRPO's generation.
+   (:mod:`fitcheck.readers.trl_settings`): TRL's defaults for absent flags, DPO's reference copy, GRPO's generation.
 
 ``model_name_or_path``, ``--use_peft``, ``--lora_r``, ``--lora_alpha``, ``--lora_target_modules``,
 ``--load_in_4bit`` (``ModelConfig``) are read by the script-argv reader as for every script. Lengths TRL 1.16 has no
@@ -25,25 +25,14 @@ from collections.abc import Mapping, Sequence
 from contextlib import redirect_stderr
 from typing import Any
 
-from fitcheck.cli.trl_flags import TRL_FLAG_NAMES, apply_trainer, split_trl_values
+from fitcheck.core.trainers import CONFIG_CLASSES, trainer_row
 from fitcheck.errors import ConfigError
+from fitcheck.readers import TRL_FLAG_NAMES, apply_trainer, split_trl_values
 from fitcheck.spec import TrainerKind, TrainingSpec
 
-_CONFIGS = {"SFTConfig": TrainerKind.SFT, "DPOConfig": TrainerKind.DPO, "GRPOConfig": TrainerKind.GRPO,
-            "RewardConfig": TrainerKind.REWARD, "KTOConfig": TrainerKind.KTO}
 # TRL configs of trainers fitcheck does not model (trl 1.16 trl/__init__.py and trl/experimental)
 _NOT_MODELLED = ("ORPOConfig", "CPOConfig", "PPOConfig", "RLOOConfig", "OnlineDPOConfig", "GKDConfig",
                  "PRMConfig", "XPOConfig", "NashMDConfig", "BCOConfig")
-# The TRL config fields each trainer's estimate reads (names as in fitcheck.cli.trl_flags)
-_FIELDS = {
-    TrainerKind.SFT: ("packing", "padding_free"),
-    TrainerKind.DPO: ("precompute_ref_log_probs", "loss_type"),
-    TrainerKind.GRPO: ("num_generations", "max_completion_length", "beta", "generation_batch_size",
-                       "steps_per_generation", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"),
-    TrainerKind.REWARD: (),
-    TrainerKind.KTO: ("precompute_ref_log_probs",),
-}
-
 
 def detect_trainer(script: str, forced: object | None) -> TrainerKind | None:
     """The TRL trainer a script runs: ``--trainer`` given to fitcheck, else the one TRL config its text names.
@@ -62,7 +51,7 @@ def detect_trainer(script: str, forced: object | None) -> TrainerKind | None:
             text = f.read()
     except OSError:
         return None  # not readable here (a module path, a remote file): a plain TrainingArguments script
-    found = sorted(name for name in _CONFIGS if re.search(rf"\b{name}\b", text))
+    found = sorted(name for name in CONFIG_CLASSES if re.search(rf"\b{name}\b", text))
     other = sorted(name for name in _NOT_MODELLED if re.search(rf"\b{name}\b", text))
     if len(found) > 1:
         raise ConfigError(f"{script} names {' and '.join(found)}: say which trainer runs with fitcheck launch "
@@ -71,7 +60,7 @@ def detect_trainer(script: str, forced: object | None) -> TrainerKind | None:
         raise ConfigError(f"{script} uses TRL's {other[0]}: that trainer is not modelled (fitcheck models the SFT, "
                           "DPO, GRPO, reward and KTO trainers); pass --trainer trainer to estimate it as a plain "
                           "Trainer step, knowing its own allocations are left out")
-    return _CONFIGS[found[0]] if found else None
+    return CONFIG_CLASSES[found[0]] if found else None
 
 
 def parse_trl_flags(kind: TrainerKind, argv: Sequence[str]) -> dict[str, object]:
@@ -86,7 +75,7 @@ def parse_trl_flags(kind: TrainerKind, argv: Sequence[str]) -> dict[str, object]
         raise ConfigError("fitcheck launch: the script runs a TRL trainer but trl is not installed here; "
                           "pip install 'fitcheck[trl]'") from None
     lib: Any = trl
-    cls = getattr(lib, next(name for name, k in _CONFIGS.items() if k is kind))
+    cls = getattr(lib, str(trainer_row(kind).config_class))
     parser = lib.TrlParser((lib.ScriptArguments, cls, lib.ModelConfig))
     args = list(argv)
     if "--config" in args:  # TrlParser's YAML: defaults the command line overrides (its `env` block is not applied)
@@ -103,7 +92,7 @@ def parse_trl_flags(kind: TrainerKind, argv: Sequence[str]) -> dict[str, object]
         raise ConfigError(f"the script's arguments, as TRL's TrlParser ({cls.__name__}) reads them: {msg}") from None
     given = {a[2:].split("=")[0].replace("-", "_") for a in args if a.startswith("--")}
     out: dict[str, object] = {"trainer": kind.value}
-    for name in _FIELDS[kind]:
+    for name in trainer_row(kind).script_fields:  # the config fields the estimate reads
         value = getattr(ns, name, None)
         if value is not None:
             out[name] = value
@@ -136,7 +125,7 @@ class TrlLaunchHook:
         """(values for the spec, TRL flags) from the launch's values and the script's own arguments."""
         vals = dict(values)
         kind = detect_trainer(str(ns.training_script), vals.pop("trainer", None))
-        if kind is None or kind is TrainerKind.TRAINER:  # a plain TrainingArguments script: read as before
+        if kind is None or not trainer_row(kind).trl:  # a plain TrainingArguments script: read as before
             vals.pop("max_prompt_length", None)
             return vals, {}
         script = parse_trl_flags(kind, list(ns.training_script_args or []))

@@ -11,7 +11,7 @@
 - :mod:`.settings_table`: the one table of run settings (names, spellings, kinds, CLI flags);
   :mod:`.run_settings`: ``RunSettings``, one typed value per setting with its default and provenance;
 - :mod:`.merge`: every source of one run merged by precedence into ``RunSettings``; :mod:`.run_args`:
-  settings -> spec.
+  settings -> spec; :mod:`.trl_settings`: ``--trainer`` and TRL's config fields -> ``TrainerSpec``.
 
 Where a new reader goes: a module here returning spec pieces (and findings), merged in :mod:`.merge`.
 """
@@ -39,6 +39,7 @@ from fitcheck.readers.task_heads import (
     with_task,
 )
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_object
+from fitcheck.readers.trl_settings import TRL_FLAG_NAMES, apply_trainer, split_trl_values, trainer_kind
 from fitcheck.readers.versions import parse_stack
 
 __all__ = [
@@ -46,11 +47,13 @@ __all__ = [
     "PARALLELISM_FLAGS",
     "SETTINGS",
     "TASKS",
+    "TRL_FLAG_NAMES",
     "CliFlag",
     "ConfigView",
     "MetaFallback",
     "RunSettings",
     "accelerate_deepspeed_config",
+    "apply_trainer",
     "canonical_key",
     "classifier_inventory",
     "cli_flags",
@@ -73,7 +76,9 @@ __all__ = [
     "spec_for_task",
     "spec_from_settings",
     "spec_from_values",
+    "split_trl_values",
     "task_config",
     "task_from_config",
+    "trainer_kind",
     "with_task",
 ]

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from fitcheck.core.trainers import REFUSED
 from fitcheck.errors import ConfigError
 from fitcheck.readers.sources import as_bool, as_float, as_int, as_mapping, as_str, as_str_list
 from fitcheck.spec import AttnImpl, DeviceType, Dtype, TrainerKind
@@ -247,7 +248,7 @@ SETTINGS: dict[str, Setting] = {
                                       choice=Choice(_dtype, "bfloat16, float16, float32")),
     "llm_int8_skip_modules": Setting(N, "modules kept unquantized"),
     "bnb_4bit_blocksize": Setting(P),
-    # branch i12place: peft prepare_model_for_kbit_training as a flag (default: the trainer's; cli/trl_flags.py)
+    # branch i12place: peft prepare_model_for_kbit_training as a flag (default: the trainer's; readers/trl_settings.py)
     "prepare_for_kbit_training": Setting(
         B, "peft prepare_model_for_kbit_training on the quantized base: non-quantized 16-bit parameters (norms, "
         "embeddings, LM head) cast to fp32 (default true for --trainer trainer, as peft's QLoRA recipes; false for "
@@ -306,10 +307,10 @@ SETTINGS: dict[str, Setting] = {
     "device_map": Setting(S, "check a device_map (auto, balanced, sequential) for trainable parameters on "
                           "cpu/disk", use=Use.CLI),
     "max_memory": Setting(S, "max_memory for the device_map check, e.g. 0=24GiB,cpu=200GiB", use=Use.CLI),
-    # --trainer and TRL 1.16's config fields (read by cli/trl_flags.py; TRL's defaults for absent flags)
+    # --trainer and TRL 1.16's config fields (read by readers/trl_settings.py; TRL's defaults for absent flags)
     "trainer": Setting(S, "trainer (default trainer)", use=Use.CLI,
-                       # orpo/cpo: accepted only to be refused with the reason (cli/trl_flags.py NOT_MODELLED)
-                       cli_choices=(*(k.value for k in TrainerKind), "orpo", "cpo")),
+                       # orpo/cpo: accepted only to be refused with the reason (core/trainers/registry.py REFUSED)
+                       cli_choices=(*(k.value for k in TrainerKind), *REFUSED)),
     "packing": Setting(B, "TRL config packing", trainer_arg=_TA),
     "padding_free": Setting(B, "TRL config padding_free", trainer_arg=_TA),
     "precompute_ref_log_probs": Setting(B, "TRL config precompute_ref_log_probs", use=Use.CLI),

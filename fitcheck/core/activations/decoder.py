@@ -45,7 +45,6 @@ from fitcheck.core.activations.int8 import (
 from fitcheck.core.activations.layer_saved import (
     _ATTN_LINEARS,
     _EAGER_ONLY,
-    _FUSED_HEAD,
     _TRACE,
     PINNED_FAMILIES,
     _attn_impl,
@@ -83,6 +82,7 @@ from fitcheck.core.kernels import (
     offload_applies,
     offload_split,
 )
+from fitcheck.core.trainers import runs_fused_head
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import AttnImpl, DeviceType, TrainingSpec
@@ -143,7 +143,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
                         attention_moment=_mla_attention_moment(spec, m, layers_saved), **_int8_backward(spec, b * s))
     # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
     # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
-    head = 0 if spec.trainer.kind in _FUSED_HEAD else _head_backward_logits(spec, m)
+    # (which trainers: the registry's fused-head column, fitcheck.core.trainers.registry)
+    head = 0 if runs_fused_head(spec.trainer.kind) else _head_backward_logits(spec, m)
     recompute, moment = backward_transient(spec, bq, head)
     if n_ckpt and (qlora_formula_applies(spec) or qlora16_applies(spec)):
         # peak in the first recomputed layer: every checkpoint still held (qlora.py; 16-bit working set: qlora16.py)

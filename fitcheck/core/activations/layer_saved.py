@@ -63,10 +63,8 @@ from fitcheck.core.kernels import (
     liger_mlp_delta,
     liger_norm_saved,
 )
-from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainerKind, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainingSpec
 
-# TRL 1.16 trainers whose loss runs through add_fused_lm_head (trl/trainer/utils.py)
-_FUSED_HEAD = frozenset({TrainerKind.SFT, TrainerKind.DPO, TrainerKind.GRPO})
 _TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
 # Families whose layer recipe below was read off traces and is pinned by tests.
 PINNED_FAMILIES = (

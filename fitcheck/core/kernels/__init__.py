@@ -16,7 +16,7 @@ from fitcheck.core.kernels.liger import (
     liger_mlp_delta,
     liger_norm_saved,
 )
-from fitcheck.core.kernels.loss import effective_loss, fused_loss, head_trained, liger_cross_entropy
+from fitcheck.core.kernels.loss import LOSSES, effective_loss, fused_loss, head_trained, liger_cross_entropy
 from fitcheck.core.kernels.module_cast import deepspeed_module_view
 from fitcheck.core.kernels.offloading import lever_findings, offload_applies, offload_split
 
@@ -26,6 +26,7 @@ __all__ = [
     "LIGER_CONFIG_KEYS",
     "LIGER_MODEL_TYPES",
     "LIGER_VERSION",
+    "LOSSES",
     "FusedLossBytes",
     "cce_bytes",
     "deepspeed_module_view",

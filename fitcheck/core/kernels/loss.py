@@ -16,10 +16,14 @@ torchtitan's chunked loss and Liger's FLCE allocate different tensors).
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from fitcheck.core.kernels.cce import CCE_VERSION, cce_bytes
 from fitcheck.core.kernels.liger import LIGER_VERSION, FusedLossBytes, flce_bytes, liger_applies
-from fitcheck.spec import Role, TrainingSpec
+from fitcheck.errors import NotModelledError
+from fitcheck.spec import LOSS_IMPLEMENTATIONS, Role, TrainingSpec
 
 
 def effective_loss(spec: TrainingSpec) -> str:
@@ -49,6 +53,66 @@ def head_trained(spec: TrainingSpec) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class _LossShapes:
+    """What every fused loss reads: tokens, hidden and vocabulary sizes, element bytes, the shared terms."""
+
+    b: int
+    s: int
+    h: int
+    v: int
+    act_bytes: int
+    residual_bytes: int
+    labels: int  # labels padded by one, the shifted copy, the loss scalars (int64)
+    cast: int  # autocast's 16-bit copy of the fp32 head weight during the matmuls
+    trained: bool  # the LM head weight gets a gradient
+
+    @property
+    def tokens(self) -> int:
+        """Positions in the micro-batch."""
+        return self.b * self.s
+
+
+def _liger_flce(x: _LossShapes) -> FusedLossBytes:
+    """Liger-Kernel's fused linear cross-entropy (``fitcheck.core.kernels.liger``)."""
+    hidden = x.tokens * x.h * x.residual_bytes  # the final-norm output, alive while the loss runs
+    fwd, saved, buffer = flce_bytes(x.tokens, x.h, x.v, input_bytes=x.residual_bytes, logit_bytes=x.act_bytes,
+                                    weight_bytes=x.residual_bytes, head_trained=x.trained)
+    return FusedLossBytes(
+        forward=fwd + hidden + x.labels + x.cast,
+        backward_start=saved + 8,
+        head_backward=0,  # its backward hands back grad_input/grad_weight: the head moment counts both
+        detail=f"Liger {LIGER_VERSION} fused linear cross-entropy: no {x.b}x{x.s}x{x.v} logits; a "
+        f"{buffer // max(1, x.v * x.act_bytes)}x{x.v} logits chunk, grad_input"
+        + (" and grad_weight" if x.trained else "") + " computed in the forward",
+    )
+
+
+def _cce(x: _LossShapes) -> FusedLossBytes:
+    """Apple's Cut Cross-Entropy (``fitcheck.core.kernels.cce``)."""
+    e16 = 2  # CCE's backward requires 16-bit hidden states (cce_backward.py assert)
+    fwd, saved, bwd_extra = cce_bytes(x.tokens, x.h, x.v, input_bytes=e16, head_trained=x.trained)
+    # saved e (+ the fp32 norm output)
+    kept = x.tokens * x.h * e16 + (x.tokens * x.h * 4 if x.residual_bytes == 4 else 0)
+    return FusedLossBytes(
+        forward=fwd + kept + x.labels + x.cast,
+        backward_start=saved + kept + bwd_extra + 8,
+        head_backward=0,  # de/dc are the head's input and weight gradients, counted by the head moment
+        detail=f"Cut Cross-Entropy {CCE_VERSION}: no {x.b}x{x.s}x{x.v} logits; lse/logit_avg in the forward, "
+        "de" + (" and dc" if x.trained else "") + " in the backward",
+    )
+
+
+# One row per ``LossKind``: the bytes of its fused head + loss, or None for ``torch`` (the full-logits terms of
+# ``fitcheck.core.activations``). A loss without a row is an error, never another loss's bytes.
+LOSSES: Mapping[str, Callable[[_LossShapes], FusedLossBytes] | None] = MappingProxyType({
+    "torch": None,
+    "liger-flce": _liger_flce,
+    "cce": _cce,
+})
+assert set(LOSSES) == set(LOSS_IMPLEMENTATIONS), "every LossKind needs a row in fitcheck/core/kernels/loss.py"
+
+
 def fused_loss(spec: TrainingSpec, *, act_bytes: int, residual_bytes: int, autocast: bool) -> FusedLossBytes | None:
     """Bytes of the LM head + loss when a fused implementation replaces them; None for ``torch``.
 
@@ -60,35 +124,19 @@ def fused_loss(spec: TrainingSpec, *, act_bytes: int, residual_bytes: int, autoc
 
     Returns:
         The loss's forward peak, what it keeps for backward, and what is alive at the head's backward.
+
+    Raises:
+        NotModelledError: A loss implementation without a row in :data:`LOSSES`.
     """
     loss = effective_loss(spec)
-    if loss == "torch":
+    if loss not in LOSSES:
+        raise NotModelledError(f"loss implementation {loss!r}: not modelled; expected one of "
+                               + ", ".join(LOSSES) + " (fitcheck/core/kernels/loss.py LOSSES)")
+    row = LOSSES[loss]
+    if row is None:
         return None
     sh = spec.model.shape
     b, s, h, v = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size, sh.vocab_size
-    tokens = b * s
-    hidden = tokens * h * residual_bytes  # the final-norm output, alive while the loss runs
-    labels = b * (s + 1) * 8 + tokens * 8 + 8  # labels padded by one, the shifted copy, the loss scalars
-    cast = 2 * v * h if autocast else 0  # autocast's 16-bit copy of the fp32 head weight during the matmuls
-    trained = head_trained(spec)
-    if loss == "liger-flce":
-        fwd, saved, buffer = flce_bytes(tokens, h, v, input_bytes=residual_bytes, logit_bytes=act_bytes,
-                                        weight_bytes=residual_bytes, head_trained=trained)
-        return FusedLossBytes(
-            forward=fwd + hidden + labels + cast,
-            backward_start=saved + 8,
-            head_backward=0,  # its backward hands back grad_input/grad_weight: the head moment counts both
-            detail=f"Liger {LIGER_VERSION} fused linear cross-entropy: no {b}x{s}x{v} logits; a "
-            f"{buffer // max(1, v * act_bytes)}x{v} logits chunk, grad_input"
-            + (" and grad_weight" if trained else "") + " computed in the forward",
-        )
-    e16 = 2  # CCE's backward requires 16-bit hidden states (cce_backward.py assert)
-    fwd, saved, bwd_extra = cce_bytes(tokens, h, v, input_bytes=e16, head_trained=trained)
-    kept = tokens * h * e16 + (tokens * h * 4 if residual_bytes == 4 else 0)  # saved e (+ the fp32 norm output)
-    return FusedLossBytes(
-        forward=fwd + kept + labels + cast,
-        backward_start=saved + kept + bwd_extra + 8,
-        head_backward=0,  # de/dc are the head's input and weight gradients, counted by the head moment
-        detail=f"Cut Cross-Entropy {CCE_VERSION}: no {b}x{s}x{v} logits; lse/logit_avg in the forward, "
-        "de" + (" and dc" if trained else "") + " in the backward",
-    )
+    return row(_LossShapes(
+        b=b, s=s, h=h, v=v, act_bytes=act_bytes, residual_bytes=residual_bytes,
+        labels=b * (s + 1) * 8 + b * s * 8 + 8, cast=2 * v * h if autocast else 0, trained=head_trained(spec)))

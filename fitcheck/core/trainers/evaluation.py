@@ -23,23 +23,16 @@ from fitcheck.core.trainers.evaluation_trl import trl_eval_forward
 from fitcheck.core.trainers.fused_head import forward_peak
 from fitcheck.core.trainers.grpo_batch import grpo_batch_error
 from fitcheck.core.trainers.reference_fsdp import reference_fsdp2_finding
+from fitcheck.core.trainers.registry import EvalRule, fused_outputs, trainer_row
 from fitcheck.core.trainers.steps import fused_head_inputs, has_reference_copy
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import TrainerKind, TrainingSpec
+from fitcheck.spec import TrainingSpec
 
 _SOURCE = "transformers 5.23 trainer.py evaluate / evaluation_loop / prediction_step (no_grad forward)"
 _STATE = (Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META, Category.OPTIMIZER, Category.MASTER)
 # Measured against real Trainer.evaluate / SFTTrainer.evaluate on CPU (benchmarks/trl_truth.py EVAL_CASES) and
 # DPO / GRPO / reward evaluate (TRL_EVAL_CASES)
-_TRL_EVAL = frozenset({TrainerKind.DPO, TrainerKind.GRPO, TrainerKind.REWARD, TrainerKind.KTO})
-EVAL_TRAINERS = frozenset({TrainerKind.TRAINER, TrainerKind.SFT}) | _TRL_EVAL
-_TRL_SOURCE = {
-    TrainerKind.DPO: "trl/trainer/dpo_trainer.py prediction_step / _compute_loss (TRL 1.16)",
-    TrainerKind.GRPO: "trl/trainer/grpo_trainer.py prediction_step / _generate_and_score_completions (TRL 1.16)",
-    TrainerKind.REWARD: "trl/trainer/reward_trainer.py compute_loss (can_return_loss, TRL 1.16)",
-    TrainerKind.KTO: "trl/trainer/kto_trainer.py prediction_step / _compute_loss (TRL 1.16)",
-}
 
 
 def eval_spec(spec: TrainingSpec) -> TrainingSpec:
@@ -71,21 +64,22 @@ def evaluation_component(run: TrainingSpec, train: tuple[Component, ...],
     b, s = run.batch.micro_batch, run.batch.seq_len
     hidden = b * s * sh.hidden_size * run.precision.load_dtype.nbytes  # the backbone output, held at the loss
     ids = 8 * b * s
-    if t.kind in _TRL_EVAL:  # their own prediction_step (fitcheck.core.trainers.evaluation_trl)
+    row = trainer_row(t.kind)
+    if row.evaluation not in (EvalRule.TRAINER, EvalRule.SFT):  # their own prediction_step (evaluation_trl)
         forward, detail = trl_eval_forward(run, _logits_bytes(run))
         steps = t.eval_accumulation_steps or 1
-        if not t.prediction_loss_only and t.kind in (TrainerKind.DPO, TrainerKind.KTO):  # metrics logits kept
+        if not t.prediction_loss_only and row.evaluation is EvalRule.PAIRED:  # metrics logits kept
             forward = max((steps - 1) * _logits_bytes(run) + forward, 2 * steps * _logits_bytes(run))
         return Component("evaluation.step", Category.ACTIVATIONS, Location.DEVICE,
-                         {Phase.EVALUATION: held + forward}, _SOURCE + "; " + _TRL_SOURCE[t.kind],
+                         {Phase.EVALUATION: held + forward}, _SOURCE + "; " + row.eval_source,
                          f"{b} rows x {s} tokens: {detail}; weights and optimizer states stay, gradients were freed")
-    if t.kind is TrainerKind.SFT:
-        loss = forward_peak(fused_head_inputs(run, grad=False, outputs=("log_probs", "entropy", "is_top1")))
+    if row.evaluation is EvalRule.SFT:
+        loss = forward_peak(fused_head_inputs(run, grad=False, outputs=fused_outputs(t.kind)))
     else:
         loss = next((c.at(Phase.FORWARD_END) for c in step if c.name == "logits.loss"), 0)
     forward = hidden + loss + ids
     detail = f"{b} rows x {s} tokens, no_grad forward with the loss"
-    if not t.prediction_loss_only and t.kind is TrainerKind.TRAINER:
+    if not t.prediction_loss_only and row.evaluation is EvalRule.TRAINER:
         steps = t.eval_accumulation_steps or 1
         logits = _logits_bytes(run)
         # step k of an accumulation window: (k-1) held + this step's forward, or at the concat (k-1)+1+k copies

@@ -27,8 +27,9 @@ and the loss head (pinned against the real trainers: ``benchmarks/trl_truth.py T
 from __future__ import annotations
 
 from fitcheck.core.trainers.fused_head import forward_outputs, forward_peak
-from fitcheck.core.trainers.steps import fused_head_inputs, fused_outputs, generation_bytes
-from fitcheck.spec import TrainerKind, TrainingSpec
+from fitcheck.core.trainers.registry import EvalRule, fused_outputs, trainer_row
+from fitcheck.core.trainers.steps import fused_head_inputs, generation_bytes
+from fitcheck.spec import TrainingSpec
 
 
 def _hidden(run: TrainingSpec) -> int:
@@ -81,7 +82,7 @@ def _grpo(run: TrainingSpec) -> tuple[int, str]:
     kv, working = (0, 0) if t.use_vllm else generation_bytes(run, run.batch.micro_batch)
     hidden = _hidden(run)
     ids = 4 * 8 * run.batch.micro_batch * run.batch.seq_len  # prompt-completion ids, attention/completion masks
-    loss = fused_head_inputs(run, grad=False, outputs=fused_outputs(TrainerKind.GRPO), scored=_scored(run))
+    loss = fused_head_inputs(run, grad=False, outputs=fused_outputs(run.trainer.kind), scored=_scored(run))
     ref = fused_head_inputs(run, grad=False, outputs=("log_probs", "entropy"), scored=_scored(run))
     forward = hidden + max(forward_peak(loss), forward_peak(ref), _layer(run))
     ref_logps = 4 * _scored(run) if t.beta != 0.0 else 0  # held into the loss forward
@@ -102,9 +103,9 @@ def trl_eval_forward(run: TrainingSpec, logits: int) -> tuple[int, str]:
         run: The evaluation step as the trainer runs it (``step_spec(eval_spec(spec))``).
         logits: One step's ``[rows, seq, vocab]`` logits in the model dtype (DPO's metrics forward).
     """
-    kind = run.trainer.kind
-    if kind in (TrainerKind.DPO, TrainerKind.KTO):  # KTO: the same forwards on its unpaired rows (+ KL passes
+    rule = trainer_row(run.trainer.kind).evaluation
+    if rule is EvalRule.PAIRED:  # KTO: the same forwards on its unpaired rows (+ KL passes
         return _dpo(run, logits)  # of the same size, one after the other: kto_trainer.py _compute_loss)
-    if kind is TrainerKind.GRPO:
+    if rule is EvalRule.GENERATE:
         return _grpo(run)
     return _reward(run)

@@ -36,6 +36,7 @@ from fitcheck.core.trainers.fused_head import (
     forward_outputs,
     forward_peak,
 )
+from fitcheck.core.trainers.registry import ReferenceRule, fused_outputs, runs_fused_head, trainer_row
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import (
     DeviceType,
@@ -50,33 +51,16 @@ from fitcheck.spec import (
 )
 
 _TRL = "TRL 1.16 source (trl/trainer/*_trainer.py)"
-# Optional fused-head outputs each trainer asks for (add_fused_lm_head(outputs=...), TRL 1.16)
-_OUTPUTS = {
-    TrainerKind.SFT: ("log_probs", "entropy", "is_top1"),  # sft_trainer.py L1144-1147
-    TrainerKind.DPO: ("log_probs", "entropy", "mean_logits", "is_top1"),  # dpo_trainer.py L956-960
-    TrainerKind.GRPO: ("log_probs", "entropy"),  # grpo_trainer.py L1068-1073
-    TrainerKind.KTO: ("log_probs", "entropy", "mean_logits"),  # kto_trainer.py L967-970
-}
-# Trainers whose reference forward runs after the policy's, in the same step (DPO, KTO: _compute_loss)
-_REF_IN_STEP = frozenset({TrainerKind.DPO, TrainerKind.KTO})
-_FUSED = frozenset(_OUTPUTS)
-
-
-def fused_outputs(kind: TrainerKind) -> tuple[str, ...]:
-    """The fused-head outputs the trainer's policy model is patched with (``add_fused_lm_head(outputs=...)``)."""
-    return _OUTPUTS[kind]
 
 
 def step_spec(spec: TrainingSpec) -> TrainingSpec:
     """The spec of the policy's forward/backward as the trainer runs it."""
     t = spec.trainer
-    if t.kind is TrainerKind.DPO:
+    row = trainer_row(t.kind)
+    if row.prompt_completion:  # DPO: chosen + rejected concatenated; GRPO, KTO: one completion per row
         seq = t.prompt_length + t.completion_length or spec.batch.seq_len
-        batch = dataclasses.replace(spec.batch, micro_batch=2 * spec.batch.micro_batch, seq_len=seq)
-        return dataclasses.replace(spec, batch=batch)
-    if t.kind in (TrainerKind.GRPO, TrainerKind.KTO):  # KTO: one (unpaired) completion per row
-        seq = t.prompt_length + t.completion_length or spec.batch.seq_len
-        return dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, seq_len=seq))
+        rows = row.rows_per_example * spec.batch.micro_batch
+        return dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, micro_batch=rows, seq_len=seq))
     if t.kind is TrainerKind.SFT and t.padding_free:
         # DataCollatorForLanguageModeling(padding_free=True) flattens the micro-batch into ONE row of b x s tokens
         # with position_ids (sft_trainer.py); packing alone keeps rows of max_length (the seq_len semantics here)
@@ -123,7 +107,7 @@ def fused_head_inputs(spec: TrainingSpec, *, grad: bool, outputs: tuple[str, ...
 def _scored(spec: TrainingSpec) -> int:
     """Positions with a label (the CUDA path scores only these): completion tokens for DPO/GRPO."""
     t, b, s = spec.trainer, spec.batch.micro_batch, spec.batch.seq_len
-    if t.kind in (TrainerKind.DPO, TrainerKind.GRPO, TrainerKind.KTO) and t.completion_length:
+    if trainer_row(t.kind).prompt_completion and t.completion_length:
         return b * t.completion_length
     return b * (s - 1)
 
@@ -137,9 +121,10 @@ def has_reference_copy(spec: TrainingSpec) -> bool:
     t = spec.trainer
     if spec.lora is not None:
         return False
-    if t.kind in _REF_IN_STEP:  # KTO: kto_trainer.py L919-938, the same create_model_from_path copy as DPO
+    rule = trainer_row(t.kind).reference
+    if rule is ReferenceRule.IN_STEP:  # KTO: kto_trainer.py L919-938, the same create_model_from_path copy as DPO
         return not t.precompute_ref_log_probs
-    return t.kind is TrainerKind.GRPO and t.beta != 0.0
+    return rule is ReferenceRule.WHEN_BETA and t.beta != 0.0
 
 
 def reference_weights(spec: TrainingSpec) -> Component:
@@ -172,7 +157,7 @@ def _last_hidden(spec: TrainingSpec) -> int:
 
 def _fused_head_component(spec: TrainingSpec, base: Component) -> Component:
     t = spec.trainer
-    x = fused_head_inputs(spec, grad=True, outputs=_OUTPUTS[t.kind], scored=_scored(spec))
+    x = fused_head_inputs(spec, grad=True, outputs=fused_outputs(t.kind), scored=_scored(spec))
     fwd = forward_peak(x)
     bwd, _ = backward_peak(x)
     labels = 8 * spec.batch.micro_batch * spec.batch.seq_len  # labels / completion mask (int64)
@@ -180,7 +165,7 @@ def _fused_head_component(spec: TrainingSpec, base: Component) -> Component:
     # kernel's own copy is saved (the plain LM head keeps the norm output: counted in activations.saved)
     fwd_phase = fwd + labels
     bwd_phase = bwd + labels - _last_hidden(spec)
-    if t.kind in _REF_IN_STEP and not t.precompute_ref_log_probs:
+    if trainer_row(t.kind).reference is ReferenceRule.IN_STEP and not t.precompute_ref_log_probs:
         # the reference forward (no_grad, after the policy's): the policy's outputs stay, the reference's
         # backbone output and its fused head's buffers (log-probs only) come on top. KTO runs two of them one after
         # the other (the KL batch's, then the completions'; kto_trainer.py _compute_loss), of the same size; its
@@ -259,7 +244,7 @@ def trainer_components(spec: TrainingSpec, base: tuple[Component, ...]) -> tuple
     run = step_spec(spec)
     out: list[Component] = []
     for c in base:
-        if c.name == "logits.loss" and t.kind in _FUSED:
+        if c.name == "logits.loss" and runs_fused_head(t.kind):
             out.append(_fused_head_component(run, c))
         else:
             out.append(c)

@@ -1,4 +1,9 @@
-"""``--trainer trainer|sft|dpo|grpo|reward|kto`` and TRL 1.16's config fields as ``fitcheck estimate`` flags.
+"""``--trainer trainer|sft|dpo|grpo|reward|kto`` and TRL 1.16's config fields: read into the run's ``TrainerSpec``.
+
+The readers' floor builds the ``TrainerSpec`` (``fitcheck estimate`` and ``fitcheck launch`` call
+:func:`split_trl_values` before the merge and :func:`apply_trainer` after ``spec_from_settings``); what each
+trainer is -- its TRL config class, defaults, fused head, reference rule -- is its row in
+``fitcheck.core.trainers.registry``.
 
 ``--per_device_eval_batch_size`` (``--eval_accumulation_steps``, ``--prediction_loss_only``) adds the evaluation
 phase (every trainer: DPO, GRPO and reward through their own ``prediction_step``,
@@ -23,28 +28,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from fitcheck.core.trainers import EVAL_TRAINERS
+from fitcheck.core.trainers import REFUSED, ReferenceRule, trainer_row
 from fitcheck.errors import ConfigError
 from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec, VllmMode
 
-# TRL 1.16 config defaults that change memory (pinned by tests/test_trl_cli.py against the installed TRL).
-TRL_DEFAULTS: dict[TrainerKind, dict[str, object]] = {
-    TrainerKind.SFT: {"gradient_checkpointing": True, "bf16": True, "max_length": 1024, "packing": False,
-                      "padding_free": False},
-    TrainerKind.DPO: {"gradient_checkpointing": True, "bf16": True, "max_length": 1024,
-                      "precompute_ref_log_probs": False, "beta": 0.1},
-    TrainerKind.GRPO: {"gradient_checkpointing": True, "bf16": True, "num_generations": 8,
-                       "max_completion_length": 512, "beta": 0.0, "use_vllm": False, "vllm_mode": "colocate",
-                       "vllm_gpu_memory_utilization": 0.3},
-    TrainerKind.REWARD: {"gradient_checkpointing": True, "bf16": True, "max_length": 1024},
-    TrainerKind.KTO: {"gradient_checkpointing": True, "bf16": True, "max_length": 1024,
-                      "precompute_ref_log_probs": False, "beta": 0.1},  # trl/trainer/kto_config.py
-}
-
+# TRL 1.16 config defaults that change memory: the registry's ``defaults`` column (fitcheck.core.trainers.registry)
 _BOOL = ("packing", "padding_free", "precompute_ref_log_probs", "use_vllm")
 _VALUE = ("max_prompt_length", "max_completion_length", "rpo_alpha", "num_generations", "beta",
           "generation_batch_size", "steps_per_generation", "vllm_mode", "vllm_gpu_memory_utilization")
-# The evaluation phase (fitcheck.core.trainers.evaluation): every trainer in EVAL_TRAINERS
+# The evaluation phase (fitcheck.core.trainers.evaluation): every trainer (the registry's evaluation column)
 _EVAL = ("per_device_eval_batch_size", "eval_accumulation_steps", "prediction_loss_only")
 TRL_FLAG_NAMES = ("trainer", *_BOOL, *_VALUE, "loss_type", *_EVAL)
 
@@ -89,13 +81,6 @@ def _eval_fields(trl: Mapping[str, object]) -> dict[str, object]:
     }
 
 
-# TRL 1.16 trainers that are no small step from the modelled ones: refused with the reason
-NOT_MODELLED = {
-    "orpo": "ORPOTrainer",
-    "cpo": "CPOTrainer",
-}
-
-
 def trainer_kind(values: Mapping[str, object]) -> TrainerKind:
     """The ``--trainer`` value (plain Trainer when absent).
 
@@ -106,13 +91,11 @@ def trainer_kind(values: Mapping[str, object]) -> TrainerKind:
             ``cpo/cpo_trainer.py``), not TRL's fused LM head: a loss path of its own, not measured here.
     """
     name = str(values.get("trainer", "trainer"))
-    if name in NOT_MODELLED:
+    if name in REFUSED:
+        cls, reason = REFUSED[name]
         raise ConfigError(
-            f"--trainer {name}: not modelled. TRL 1.16's {NOT_MODELLED[name]} (trl.experimental) has no reference "
-            "model but computes its loss from full-vocabulary logits of chosen + rejected (concatenated_forward, "
-            "selective_log_softmax, an NLL cross-entropy), not from the fused LM head the modelled TRL trainers use; "
-            "its step was not measured. Estimate it as --trainer trainer with the doubled batch "
-            "(--per_device_train_batch_size 2 x yours) for a rough figure")
+            f"--trainer {name}: not modelled. TRL 1.16's {cls} (trl.experimental) {reason}. Estimate it as "
+            "--trainer trainer with the doubled batch (--per_device_train_batch_size 2 x yours) for a rough figure")
     return TrainerKind(name)
 
 
@@ -125,16 +108,13 @@ def split_trl_values(values: Mapping[str, object]) -> tuple[dict[str, object], d
     trl = {k: v for k, v in values.items() if k in TRL_FLAG_NAMES}
     rest = {k: v for k, v in values.items() if k not in TRL_FLAG_NAMES}
     kind = trainer_kind(trl)
-    evals = sorted(k for k in _EVAL if k in trl)
-    if evals and kind not in EVAL_TRAINERS:
-        raise ConfigError(f"--{evals[0]}: the evaluation phase is modelled for --trainer trainer and sft only (DPO, "
-                          "GRPO and reward evaluation run their own prediction_step); drop the flag")
-    if kind is TrainerKind.TRAINER:
+    row = trainer_row(kind)
+    if not row.trl:
         extra = sorted(k for k in trl if k not in ("trainer", *_EVAL))
         if extra:
             raise ConfigError(f"--{extra[0]} is a TRL config field: add --trainer sft|dpo|grpo|reward|kto")
         return rest, trl
-    defaults = TRL_DEFAULTS[kind]
+    defaults = row.defaults
     for key in ("gradient_checkpointing", "bf16"):
         if key not in rest and not (key == "bf16" and "fp16" in rest):
             rest[key] = defaults[key]
@@ -144,12 +124,13 @@ def split_trl_values(values: Mapping[str, object]) -> tuple[dict[str, object], d
         rest["prepare_for_kbit_training"] = False
     if "max_length" in defaults and "max_seq_length" not in rest:
         rest["max_seq_length"] = defaults["max_length"]
-    if kind in (TrainerKind.DPO, TrainerKind.KTO) and "max_prompt_length" in trl and "max_completion_length" in trl:
+    if row.prompt_completion and "max_length" in defaults and "max_prompt_length" in trl \
+            and "max_completion_length" in trl:
         # DPOConfig/KTOConfig.max_length (given or 1024) truncates prompt + completion
         total = _num("max_prompt_length", trl["max_prompt_length"], int) + _num(
             "max_completion_length", trl["max_completion_length"], int)
         rest["max_seq_length"] = min(total, _num("max_length", rest["max_seq_length"], int))
-    if kind is TrainerKind.GRPO and "max_prompt_length" in trl:  # the sequence the policy step runs
+    if row.prompt_completion and "max_length" not in defaults and "max_prompt_length" in trl:  # GRPO
         completion = trl.get("max_completion_length", defaults["max_completion_length"])
         rest["max_seq_length"] = _num("max_prompt_length", trl["max_prompt_length"], int) + _num(
             "max_completion_length", completion, int)
@@ -170,17 +151,17 @@ def _kbit_note(spec: TrainingSpec, kind: TrainerKind) -> tuple[str, ...]:
 
 
 def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[TrainingSpec, tuple[str, ...]]:
-    """The spec with ``spec.trainer`` set from the TRL flags (defaults from :data:`TRL_DEFAULTS`)."""
+    """The spec with ``spec.trainer`` set from the TRL flags (defaults: the registry's ``defaults`` column)."""
     kind = trainer_kind(trl)
     evaluation = _eval_fields(trl)
     kbit = _kbit_note(spec, kind)
-    if kind is TrainerKind.TRAINER:
+    row = trainer_row(kind)
+    if not row.trl:
         if not evaluation:
             return spec, kbit
         return dataclasses.replace(spec, trainer=TrainerSpec(**evaluation)), kbit  # type: ignore[arg-type]
-    d = TRL_DEFAULTS[kind]
-    fused = (TrainerKind.SFT, TrainerKind.DPO, TrainerKind.GRPO, TrainerKind.KTO)
-    if kind in fused and spec.activations.loss != "torch":
+    d = row.defaults
+    if row.fused_head is not None and spec.activations.loss != "torch":
         # TRL 1.16 computes these losses with its own chunked LM head (trl/kernels/chunked_logprob.py); a
         # --loss implementation would never run (sft_trainer.py also turns Liger's FLCE off, L1134-1140)
         raise ConfigError(
@@ -200,7 +181,7 @@ def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[Traini
                         padding_free=_bool("padding_free", get("padding_free")))
     elif kind is TrainerKind.REWARD:
         t = TrainerSpec(kind=kind)
-    elif kind in (TrainerKind.DPO, TrainerKind.KTO):
+    elif row.reference is ReferenceRule.IN_STEP:  # DPO, KTO
         prompt = _num("max_prompt_length", trl.get("max_prompt_length", 0), int)
         completion = _num("max_completion_length", trl.get("max_completion_length", max(0, seq - prompt)), int)
         total = min(seq, prompt + completion)  # DPOConfig.max_length truncates prompt + completion
