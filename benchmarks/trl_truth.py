@@ -286,7 +286,7 @@ def measure_backward(case: Case) -> int:
     from transformers import TrainerCallback
     from trl.kernels import chunked_logprob
 
-    from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
+    from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
 
     state: dict[str, Any] = {"tracker": None, "backward": None}
     fn = chunked_logprob.ChunkedLogProbFunction
