@@ -21,8 +21,8 @@ Where a new model family goes: a formula pinned to a fake-tensor trace in :mod:`
 from fitcheck.core.activations.backward import cuda_embedding_backward
 from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.core.activations.envelope import CHECKED, envelope_key, in_envelope, not_pinned_finding
-from fitcheck.core.activations.families import family_layer_saved
 from fitcheck.core.activations.layer_saved import layer_saved_per_token
+from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved
 from fitcheck.core.activations.versions import versions_findings
 
 __all__ = [
@@ -31,9 +31,9 @@ __all__ = [
     "activation_findings",
     "cuda_embedding_backward",
     "envelope_key",
-    "family_layer_saved",
     "in_envelope",
     "layer_saved_per_token",
+    "layernorm_block_saved",
     "not_pinned_finding",
     "versions_findings",
 ]

@@ -34,14 +34,7 @@ bytes per token per layer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from fitcheck.spec import ModelShape, TrainingSpec
-
-# RMSNorms that scale the fp32 normalised tensor by the weight before casting back (see the module docstring)
-FP32_PRODUCT_NORMS = frozenset({"olmo2", "gpt_oss"})
-# Decoders without a norm before attention / MLP: the first layer has no norm over the (frozen) embedding output
-POST_NORM_ONLY = frozenset({"olmo2"})
+from fitcheck.spec import AttentionKind, ModelShape, NormPlacement, RotaryTables, TrainingSpec
 
 
 def product_norm_saved(width: int, trainable_weight: bool) -> int:
@@ -69,16 +62,16 @@ def rotary_tables(shape: ModelShape, seq: int, half_model: bool) -> int:
     Llama recipe: rot = head_dim·partial_rotary_factor in the model dtype (``cos.to(x.dtype)``); OLMo-2: fp32
     tables; gpt-oss: rot = head_dim / 2 (see the module docstring).
     """
-    if shape.family == "gpt_oss":
+    if shape.traits.rotary is RotaryTables.HALF_HEAD_DIM:
         return 2 * seq * (shape.head_dim // 2) * (2 if half_model else 4)
     rot = max(1, round(shape.head_dim * shape.partial_rotary_factor))
-    return 2 * seq * rot * (4 if shape.family == "olmo2" else 2 if half_model else 4)
+    return 2 * seq * rot * (4 if shape.traits.rotary is RotaryTables.FP32 else 2 if half_model else 4)
 
 
 def sink_attention_extra(shape: ModelShape, e: int) -> int:
     """Bytes per token per layer gpt-oss's eager attention keeps besides Llama's s² terms: the sink column of
     the softmax output (e·a) and the int64 indices of ``combined_logits.max(dim=-1)`` (8·a); 0 otherwise."""
-    return (e + 8) * shape.num_heads if shape.family == "gpt_oss" else 0
+    return (e + 8) * shape.num_heads if shape.traits.attention is AttentionKind.SINKS else 0
 
 
 def gpt_oss_moe_saved(shape: ModelShape, e: int, full: bool) -> int:
@@ -99,18 +92,6 @@ def gpt_oss_moe_saved(shape: ModelShape, e: int, full: bool) -> int:
     return router_in + ids + scores + e * k * routed
 
 
-def eager_masks(shape: ModelShape, config: Mapping[str, object]) -> int:
-    """How many 4-D (b, 1, s, s) eager masks every checkpointed layer's arguments keep alive.
-
-    gpt-oss builds a full and a sliding-window causal mask (``GptOssModel.forward``, modeling_gpt_oss.py
-    l.466-469: ``causal_mask_mapping``) and hands each layer the one of its ``layer_types``; the others one.
-    """
-    if shape.family != "gpt_oss":
-        return 1
-    kinds = config.get("layer_types")
-    return len(set(kinds)) if isinstance(kinds, list) and kinds else 2  # GptOssConfig alternates by default
-
-
 def embedding_cast_cached(spec: TrainingSpec, autocast: bool) -> int:
     """Bytes of the autocast-cached 16-bit cast of OLMo-2's embedding output, alive until autocast exits.
 
@@ -123,6 +104,7 @@ def embedding_cast_cached(spec: TrainingSpec, autocast: bool) -> int:
     """
     sh = spec.model.shape
     frozen_embedding = spec.lora is not None and spec.quant is None
-    if sh.family not in POST_NORM_ONLY or not (autocast and frozen_embedding and spec.activations.checkpointing):
+    post_only = sh.traits.norm_placement is NormPlacement.POST
+    if not post_only or not (autocast and frozen_embedding and spec.activations.checkpointing):
         return 0
     return 2 * spec.batch.micro_batch * spec.batch.seq_len * sh.hidden_size

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from fitcheck.core.activations.olmo2_gpt_oss import olmo2_qk_norms
 from fitcheck.findings import Finding, Severity
-from fitcheck.spec import ModelShape, TrainingSpec
+from fitcheck.spec import AttentionKind, ModelShape, NormKind, QkNorm, TrainingSpec
 
-# model_type values whose attention has per-head q/k RMSNorms with this recipe
-QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe", "gemma3_text"})
-# Gemma3RMSNorm (modeling_gemma3.py) computes in fp32 and scales by (1 + weight.float()): a trained weight keeps
-# the fp32 normalised tensor (4·w, not a 16-bit copy), and (1 + weight) is an fp32 (head_dim,) tensor per norm
-_GEMMA_NORM = frozenset({"gemma3_text"})
+
+def _gemma_qk(shape: ModelShape) -> bool:
+    """Gemma3RMSNorm q/k norms (modeling_gemma3.py) compute in fp32 and scale by (1 + weight.float()): a trained
+    weight keeps the fp32 normalised tensor (4·w, not a 16-bit copy), and (1 + weight) is an fp32 (head_dim,)
+    tensor per norm."""
+    return shape.traits.qk_norm is QkNorm.PER_HEAD and shape.traits.norm_kind is NormKind.RMS_ONE_PLUS
 
 
 def qk_norm_saved(shape: ModelShape, half_activations: bool, trainable_weight: bool) -> int:
@@ -46,22 +47,22 @@ def qk_norm_saved(shape: ModelShape, half_activations: bool, trainable_weight: b
     Returns:
         0 for families without per-head q/k norms; OLMo-2's full-width q/k norms (olmo2_gpt_oss.py).
     """
-    if shape.family == "olmo2":
+    if shape.traits.qk_norm is QkNorm.FULL_WIDTH:
         return olmo2_qk_norms(shape, trainable_weight)
-    if shape.family not in QK_NORM_FAMILIES:
+    if shape.traits.qk_norm is not QkNorm.PER_HEAD:
         return 0
     total = 0
     for heads in (shape.num_heads, shape.num_kv_heads):
         width = heads * shape.head_dim
         total += 4 * width + 4 * heads
         if trainable_weight:
-            total += (2 if half_activations and shape.family not in _GEMMA_NORM else 4) * width
+            total += (2 if half_activations and not _gemma_qk(shape) else 4) * width
     return total
 
 
 def qk_norm_outside(shape: ModelShape) -> int:
     """Bytes outside the per-token terms: Gemma-3's fp32 ``(1 + weight)`` of each q/k norm, per layer."""
-    return 4 * shape.head_dim * 2 * shape.num_layers if shape.family in _GEMMA_NORM else 0
+    return 4 * shape.head_dim * 2 * shape.num_layers if _gemma_qk(shape) else 0
 
 
 def eager_scores(shape: ModelShape, e: int, llama: int) -> int:
@@ -77,13 +78,9 @@ def eager_scores(shape: ModelShape, e: int, llama: int) -> int:
         e: Element bytes of the attention logits.
         llama: The Llama-recipe value, returned for every other family.
     """
-    return e * shape.num_heads if shape.family == "gpt_oss" else llama
+    return e * shape.num_heads if shape.traits.attention is AttentionKind.SINKS else llama
 
 
-# model_type -> what the Llama-style recipe does not match (formula vs trace, benchmarks/families_vs_trace.py)
-_NOT_PINNED: dict[str, str] = {
-    "gemma3": "Gemma-3 image-text models (the vision tower, and the text widths of a composite config)",
-}
 
 
 def recent_family_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
@@ -92,17 +89,17 @@ def recent_family_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     Returns:
         One ``activations-not-pinned`` warning naming what is not modelled, or nothing.
     """
-    fam = spec.model.shape.family
-    why = _NOT_PINNED.get(fam)
-    if why is None and fam == "gpt_oss" and _experts_adapted(spec):
-        why = "gpt-oss with LoRA on its fused experts (peft target_parameters; only frozen experts are pinned)"
+    gaps = spec.model.shape.traits.gaps  # what each family's recipe was not traced for (fitcheck.families)
+    why = gaps.always
+    if why is None and gaps.lora_on_experts and _experts_adapted(spec):
+        why = gaps.lora_on_experts
     # i12moe: Qwen3-MoE LoRA (peft ParamWrapper, activations/param_wrapper.py) and DeepSeek-V3 (activations/mla.py)
     # are pinned without activation checkpointing or partial freezing, where the layers were traced
     ckpt_or_freeze = spec.activations.checkpointing or spec.freeze is not None
-    if why is None and fam == "qwen3_moe" and spec.lora is not None and ckpt_or_freeze:
-        why = "Qwen3-MoE under LoRA with checkpointing or freezing (peft's merged expert stacks per layer)"
-    if why is None and fam == "deepseek_v3" and ckpt_or_freeze:
-        why = "DeepSeek-V3 with checkpointing or freezing (its dense and MoE layers differ)"
+    if why is None and spec.lora is not None and ckpt_or_freeze:
+        why = gaps.lora_ckpt_or_freeze
+    if why is None and ckpt_or_freeze:
+        why = gaps.ckpt_or_freeze
     if why is None:
         return ()
     return (
