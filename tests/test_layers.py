@@ -3,7 +3,7 @@
 Floors, lowest first; an import (module level, inside a function, ``TYPE_CHECKING`` or an ``importlib``
 string) may only go down or stay on its floor:
 
-ground (spec, report, findings, errors, units) < catalog < core < readers < advice < torch_adapters < render
+ground (spec, report, findings, errors, units) < catalog, families < core < readers < advice < torch_adapters < render
 < integrations < cli < the package facade (``fitcheck/__init__.py``, ``fitcheck/run.py``).
 
 Inside ``core`` the rooms are ordered too: optimizers, kernels < states < activations < the orchestration modules.
@@ -29,6 +29,7 @@ FLOORS: dict[str, int] = {
     "fitcheck.errors": 0,
     "fitcheck.units": 0,
     "fitcheck.catalog": 1,
+    "fitcheck.families": 1,  # model families (inventory + traits): imports only spec, errors, units
     "fitcheck.core.optimizers": 2,
     "fitcheck.core.kernels": 2,  # fused kernels and memory levers (Liger, CCE, offloading): spec-only inputs
     "fitcheck.core.states": 3,
@@ -241,3 +242,68 @@ def test_every_package_ships_in_the_wheel() -> None:
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "fitcheck").rglob("__init__.py")}
     assert found | {"fitcheck.integrations"} == listed, "pyproject.toml [tool.setuptools] packages is out of date"
+
+
+def test_families_stand_on_the_ground_only() -> None:
+    """fitcheck.families imports only spec, errors, units (and itself): the readers fill traits from it."""
+    allowed = ("fitcheck.spec", "fitcheck.errors", "fitcheck.units", "fitcheck.families")
+    bad = [
+        f"{src}:{line} imports {dst}"
+        for src, dst, line, _ in EDGES
+        if src.startswith("fitcheck.families") and dst.startswith("fitcheck") and not dst.startswith(allowed)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_core_reads_traits_not_the_family_registry() -> None:
+    """The core reads ``ModelShape.traits``; it never looks a family up (fitcheck.families) itself."""
+    bad = [f"{src}:{line} imports {dst}" for src, dst, line, _ in EDGES
+           if src.startswith("fitcheck.core") and dst.startswith("fitcheck.families")]
+    assert not bad, "\n".join(bad)
+
+
+# The envelope's checked cells are generated data keyed by model_type (moved out of source separately).
+_CORE_NAME_EXEMPT = {"fitcheck.core.activations.envelope"}
+MAX_MODEL_TYPE_LITERALS_IN_CORE = 5
+
+
+def _core_trees() -> Iterator[tuple[str, ast.AST]]:
+    for module, path in MODULES.items():
+        if module.startswith("fitcheck.core") and module not in _CORE_NAME_EXEMPT:
+            yield module, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def test_core_names_almost_no_model_type() -> None:
+    """String literals equal to a ``model_type`` in fitcheck/core: at most 5 (the core reads traits instead)."""
+    from fitcheck.families import FAMILIES
+
+    names = set(FAMILIES) | {"gemma3", "qwen2_5_vl", "qwen2_moe", "roberta", "deepseek_v3"}
+    found = [
+        f"{module}:{node.lineno} {node.value!r}"
+        for module, tree in _core_trees()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+    ]
+    assert len(found) <= MAX_MODEL_TYPE_LITERALS_IN_CORE, "model_type literals in core:\n" + "\n".join(found)
+
+
+def _is_model_config(node: ast.AST) -> bool:
+    """``<...>.model.config`` or ``inv.config`` / ``inventory.config`` / ``model.config``: the raw config.json."""
+    if not (isinstance(node, ast.Attribute) and node.attr == "config"):
+        return False
+    owner = node.value
+    return (isinstance(owner, ast.Attribute) and owner.attr == "model") or (
+        isinstance(owner, ast.Name) and owner.id in {"inv", "inventory", "model"}
+    )
+
+
+def test_core_reads_no_raw_config() -> None:
+    """No ``spec.model.config`` (``[...]``, ``.get(...)`` or passed on) in fitcheck/core: the readers turn
+    config.json into typed ``ModelShape`` fields and traits."""
+    found = [
+        f"{module}:{node.lineno}"
+        for module, tree in _core_trees()
+        for node in ast.walk(tree)
+        if _is_model_config(node)
+    ]
+    assert not found, "raw config.json reads in core:\n" + "\n".join(found)
