@@ -264,9 +264,9 @@ def _all_grads(spec: TrainingSpec) -> int:
 
 def _static_outside(spec: TrainingSpec, q: BackwardInputs) -> int:
     """Saved bytes outside the layers that outlive the final norm's backward (rotary tables, Gemma norms)."""
-    from fitcheck.core.activations.olmo2_gpt_oss import rotary_tables
+    from fitcheck.core.activations.attention_variants import rotary_tables
 
-    # cos/sin (1, s, rot) in the model dtype (trace); OLMo-2 fp32, gpt-oss rot = head_dim / 2 (olmo2_gpt_oss.py)
+    # cos/sin (1, s, rot) in the model dtype (trace); OLMo-2 fp32, gpt-oss rot = head_dim / 2 (attention_variants.py)
     return rotary_tables(spec.model.shape, spec.batch.seq_len, q.half_model)
 
 

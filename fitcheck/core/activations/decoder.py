@@ -56,7 +56,7 @@ from fitcheck.core.activations.layer_saved import (
 from fitcheck.core.activations.layernorm_blocks import (
     layernorm_findings_text,
 )
-from fitcheck.core.activations.olmo2_gpt_oss import (
+from fitcheck.core.activations.norms import (
     embedding_cast_cached,
 )
 from fitcheck.core.activations.qlora import (
@@ -67,7 +67,7 @@ from fitcheck.core.activations.qlora import (
     qlora_formula_applies,
 )
 from fitcheck.core.activations.qlora16 import qlora16_applies, qlora16_backward_working_set
-from fitcheck.core.activations.recent import recent_family_findings
+from fitcheck.core.activations.recipe_gaps import recipe_gap_findings
 from fitcheck.core.activations.vision import vision_components, vision_findings
 from fitcheck.core.kernels import (
     deepspeed_module_view,
@@ -194,7 +194,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     comps.extend(vision_components(spec, bq, head))  # image-text-to-text (activations/vision.py)
     if m.autocast or (m.amp and spec.lora is not None):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
-        cache += embedding_cast_cached(spec, m.autocast)  # OLMo-2 + LoRA + checkpointing (olmo2_gpt_oss.py)
+        cache += embedding_cast_cached(spec, m.autocast)  # OLMo-2 + LoRA + checkpointing (norms.py)
         comps.append(
             Component(
                 "activations.autocast_weight_cache",
@@ -300,7 +300,7 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """What the user should know about activations (unpinned family, forced eager, CPU-only paths)."""
     spec = deepspeed_module_view(bert_layer_alias(spec))
     out: list[Finding] = list(lever_findings(spec))
-    recent = recent_family_findings(spec)  # 2025 families: what is not pinned (recent.py)
+    recent = recipe_gap_findings(spec)  # what each family's recipe was not traced for (recipe_gaps.py)
     out.extend(recent)
     fam = spec.model.shape.family
     traits = spec.model.shape.traits

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitcheck.core.activations.attention_variants import eager_scores, rotary_tables, sink_attention_extra
 from fitcheck.core.activations.dora import (
     dora_per_token,
 )
@@ -36,11 +37,8 @@ from fitcheck.core.activations.mla import (
     mla_mlp,
     mla_outside,
 )
-from fitcheck.core.activations.olmo2_gpt_oss import (
-    gpt_oss_moe_saved,
-    rotary_tables,
-    sink_attention_extra,
-)
+from fitcheck.core.activations.moe_grouped_mm import gpt_oss_moe_saved
+from fitcheck.core.activations.norms import qk_norm_outside, qk_norm_saved
 from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
 from fitcheck.core.activations.qlora import (
     kbit_upcast,
@@ -48,7 +46,6 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
-from fitcheck.core.activations.recent import eager_scores, qk_norm_outside, qk_norm_saved
 from fitcheck.core.activations.versions import legacy_logits_extra
 from fitcheck.core.kernels import (
     deepspeed_module_view,
@@ -126,7 +123,7 @@ def _attn_impl(spec: TrainingSpec) -> AttnImpl:
 def _norm_saved(shape: ModelShape, m: _Mode, trainable_weight: bool, pre: bool = True) -> int:
     """Bytes per token one RMSNorm saves (trace: rsqrt fp32 per token, fp32 upcast of the input)."""
     h = shape.hidden_size
-    # OLMo-2 / gpt-oss multiply the fp32 normalised tensor by the weight, as Gemma does (olmo2_gpt_oss.py)
+    # OLMo-2 / gpt-oss multiply the fp32 normalised tensor by the weight, as Gemma does (norms.py)
     gemma = shape.traits.norm_kind in (NormKind.RMS_ONE_PLUS, NormKind.RMS_FP32_PRODUCT)
     if m.half_model:
         # x.to(fp32) 4h + rsqrt 4 (+ normed.to(bf16) 2h kept for the weight gradient; Gemma keeps x*rsqrt fp32 4h)
@@ -233,7 +230,7 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
         total += m.e * (q + 2 * kv)  # fused qkv output kept (v is a view of it; trace phi3: mm (b·s, q+2kv))
     else:
         total += _linear_inputs(sh, m, full, targets, spec.lora, _ATTN_LINEARS, h, False)
-    total += qk_norm_saved(sh, m.e == 2, full)  # Qwen3 per-head q/k RMSNorms (recent.py)
+    total += qk_norm_saved(sh, m.e == 2, full)  # Qwen3 per-head q/k RMSNorms (norms.py)
     # the o_proj input copy (eager transpose(1,2).contiguous(), phi3 SDPA reshape) lives only if o_proj's weight
     # or its fp32 lora_A reads it: a dropout or 16-bit adapter input is a new tensor (trace "llama lora eager")
     o_copy = q if full or _reads_input_itself(spec, m, targets, "o_proj") else 0
@@ -244,8 +241,8 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
         s2 = 4 * a + (2 * a if m.e == 2 else 0)  # fp32 softmax + its 16-bit cast
         if sh.traits.attention is AttentionKind.SOFTCAPPED:
             s2 += m.e * a  # tanh of the soft-capped scores
-        s2 = eager_scores(sh, m.e, s2)  # gpt-oss: softmax with sinks in the logits dtype (recent.py)
-        total += sink_attention_extra(sh, m.e)  # gpt-oss: sink column, max indices (olmo2_gpt_oss.py)
+        s2 = eager_scores(sh, m.e, s2)  # gpt-oss: softmax with sinks in the logits dtype (attention_variants.py)
+        total += sink_attention_extra(sh, m.e)  # gpt-oss: sink column, max indices (attention_variants.py)
         # fused qkv (phi3) keeps the qkv output already counted; rotary q and k are separate cats
     else:
         kv_saved = 2 * kv if not fused else kv  # k after rotary + v (phi3: v is a view of qkv)
@@ -301,7 +298,7 @@ def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]
     sh = spec.model.shape
     h, inter = sh.hidden_size, sh.intermediate_size
     if sh.num_experts and sh.traits.moe is MoeLayout.GROUPED_MM_CLAMPED and not _experts_adapted(spec):
-        return gpt_oss_moe_saved(sh, m.e, full)  # clamped-SwiGLU grouped_mm experts (olmo2_gpt_oss.py)
+        return gpt_oss_moe_saved(sh, m.e, full)  # clamped-SwiGLU grouped_mm experts (moe_grouped_mm.py)
     if sh.num_experts:
         k, n_exp = sh.experts_per_token, sh.num_experts
         # trace "mixtral bf16": router softmax fp32 (4E) + top-k ids/weights/sort/perm (40k) + sum (4)
@@ -340,11 +337,11 @@ def _outside_saved(spec: TrainingSpec) -> int:
         per_token += (2 if gemma_half else m.r) * h  # the norm output, kept by the LM head
     total = per_token * b * s
     # cos and sin tables, shape (1, s, head_dim) in the model dtype (trace: to_copy / cos / sin, not per batch)
-    total += rotary_tables(sh, s, m.half_model)  # OLMo-2 fp32, gpt-oss head_dim / 2 (olmo2_gpt_oss.py)
+    total += rotary_tables(sh, s, m.half_model)  # OLMo-2 fp32, gpt-oss head_dim / 2 (attention_variants.py)
     if sh.traits.norm_kind is NormKind.RMS_ONE_PLUS:
         norms = 4 if sh.traits.norm_placement is NormPlacement.PRE_AND_POST else 2
         total += 4 * h * (norms * sh.num_layers + 1)  # (1 + weight) in fp32 per norm (trace: add (h,) fp32)
-        total += qk_norm_outside(sh)  # Gemma-3 q/k norms' (1 + weight) (recent.py)
+        total += qk_norm_outside(sh)  # Gemma-3 q/k norms' (1 + weight) (norms.py)
     if _attn_impl(spec) is AttnImpl.EAGER and spec.activations.checkpointing:
         # 4-D additive causal mask (b, 1, s, s), model dtype: no op saves it, so it outlives the decoder forward
         # only as an argument every checkpointed layer holds (trace "llama eager": absent without checkpointing)
@@ -355,7 +352,7 @@ def _outside_saved(spec: TrainingSpec) -> int:
     total += _mla_outside(spec, m)  # DeepSeek-V3's dense layers, router weight copies (activations/mla.py)
     if spec.lora is not None and not spec.activations.checkpointing:
         # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA);
-        # OLMo-2 has no norm before its first attention (olmo2_gpt_oss.py)
+        # OLMo-2 has no norm before its first attention (norms.py)
         if sh.traits.norm_placement is not NormPlacement.POST:
             total -= (liger_norm_saved(h, m.r) if liger_norm else 4 * h + 4) * b * s
         if spec.lora.dropout > 0:
