@@ -12,8 +12,8 @@ trace of a sliding-window layer with s > window keeps ~e·(q + 3·kv) B per toke
 and gpt-oss, full and LoRA (full-width q/k norms, post-norms, fp32 norm products: :mod:`.norms`; attention
 sinks: :mod:`.attention_variants`; clamped-SwiGLU grouped_mm experts: :mod:`.moe_grouped_mm`); Qwen3-MoE LoRA
 and DeepSeek-V3 without checkpointing or freezing (``param_wrapper``, ``mla``). Not pinned, with a warning
-finding that points at ``--trace``: Qwen3-MoE LoRA and DeepSeek-V3 under checkpointing or freezing, gpt-oss with LoRA on its fused
-experts, Gemma-3 image-text models.
+finding that points at ``--trace``: Qwen3-MoE LoRA and DeepSeek-V3 under checkpointing or freezing, gpt-oss
+with LoRA on its fused experts, Gemma-3 image-text models.
 """
 
 from __future__ import annotations
