@@ -1,8 +1,8 @@
 """Llama (``model_type`` llama): inventory and traits.
 
 The reference decoder: RMSNorm before attention and MLP, rotary GQA attention, SwiGLU MLP. Its activation
-recipe (``fitcheck.core.activations.decoder_layer``) was read off traces of this family; so were the backward
-MLP working set, the QLoRA / LLM.int8 layers, and Liger-Kernel patches it (liger_kernel 0.6.4
+recipe (``fitcheck.core.activations.layer_saved``) was read off traces of this family; so were the backward
+MLP working set, the QLoRA / LLM.int8 layers, and Liger-Kernel patches it (liger_kernel 0.8.5
 ``transformers/monkey_patch.py`` ``MODEL_TYPE_TO_APPLY_LIGER_FN``).
 """
 
