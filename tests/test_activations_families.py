@@ -14,7 +14,7 @@ import pytest
 from tiny_models import assert_activations_match_trace, spec_from_config
 
 from fitcheck.core.activations.decoder import activation_findings
-from fitcheck.core.activations.families import family_layer_saved
+from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved
 from fitcheck.spec import DeviceType, Dtype, LoraSpec, MixedPrecision, PrecisionSpec
 
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -70,8 +70,8 @@ def test_families_are_pinned_no_warning() -> None:
 def test_cuda_fused_kernels_store_no_s2_and_bool_masks() -> None:
     """GPT-2 with attention dropout: CPU math path keeps 12·a s² bytes; CUDA flash keeps none (module docs)."""
     cfg = FAMILIES["gpt2"]
-    cpu_tok, cpu_s2 = family_layer_saved(spec_from_config(cfg))
-    cuda_tok, cuda_s2 = family_layer_saved(spec_from_config(cfg, device=DeviceType.CUDA))
+    cpu_tok, cpu_s2 = layernorm_block_saved(spec_from_config(cfg))
+    cuda_tok, cuda_s2 = layernorm_block_saved(spec_from_config(cfg, device=DeviceType.CUDA))
     a, h, inter = 8, 256, 1024
     assert cpu_s2 == 12 * a and cuda_s2 == 0
     # CPU bf16: 26h + 8 + 10I (traced); CUDA: LayerNorm stats fp32 (16), bool resid-dropout masks (2h), and the
@@ -79,7 +79,7 @@ def test_cuda_fused_kernels_store_no_s2_and_bool_masks() -> None:
     assert cpu_tok == 26 * h + 8 + 10 * inter
     assert cuda_tok == 16 + 2 * 2 * h + 2 * 2 * h + 2 * h + 2 * 3 * h + 2 * h + 4 * a + 10 * inter
     # Falcon-7B-style multi-query attention: the fused kernels refuse unequal head counts, math on CUDA too
-    _, falcon_s2 = family_layer_saved(spec_from_config(FAMILIES["falcon"], device=DeviceType.CUDA))
+    _, falcon_s2 = layernorm_block_saved(spec_from_config(FAMILIES["falcon"], device=DeviceType.CUDA))
     assert falcon_s2 == 4 * a
 
 

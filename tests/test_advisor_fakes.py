@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from fitcheck.families import traits_of_type
 from fitcheck.report import PHASES, Category, Component, Location, Phase, Report
 from fitcheck.spec import (
     ActivationSpec,
@@ -71,6 +72,7 @@ def llama_inventory(
         )
     shape = ModelShape(
         family="llama",
+        traits=traits_of_type("llama"),
         architecture="LlamaForCausalLM",
         hidden_size=h,
         num_layers=layers,

@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from fitcheck.errors import ConfigError
+from fitcheck.families import traits_of_type
 from fitcheck.findings import Severity
 from fitcheck.spec import (
     Dtype,
@@ -38,7 +39,7 @@ TINY = ROOT / "examples" / "tiny-llama" / "config.json"
 def _inventory(path: Path, model_id: str) -> ModelInventory:
     cfg = json.loads(path.read_text())
     shape = ModelShape(
-        family="llama", architecture="LlamaForCausalLM", hidden_size=cfg["hidden_size"],
+        family="llama", traits=traits_of_type("llama"), architecture="LlamaForCausalLM", hidden_size=cfg["hidden_size"],
         num_layers=cfg["num_hidden_layers"], num_heads=cfg["num_attention_heads"],
         num_kv_heads=cfg["num_key_value_heads"], head_dim=cfg.get("head_dim", 128),
         intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],

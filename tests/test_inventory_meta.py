@@ -276,7 +276,7 @@ VARIANTS: dict[str, dict[str, object]] = {
         "tie_word_embeddings": False,
         "seq_length": 64,
     },
-    # 2025 families (fitcheck/readers/families_recent.py)
+    # 2025 families (fitcheck/families/)
     "qwen3-bias-tied": {
         "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24, "vocab_size": 100,

@@ -3,7 +3,7 @@
 Floors, lowest first; an import (module level, inside a function, ``TYPE_CHECKING`` or an ``importlib``
 string) may only go down or stay on its floor:
 
-ground (spec, report, findings, errors, units) < catalog < core < readers < advice < torch_adapters < render
+ground (spec, report, findings, errors, units) < catalog, families < core < readers < advice < torch_adapters < render
 < integrations < cli < the package facade (``fitcheck/__init__.py``, ``fitcheck/run.py``).
 
 Inside ``core`` the rooms are ordered too: optimizers, kernels < states < activations < the orchestration modules.
@@ -34,6 +34,7 @@ FLOORS: dict[str, int] = {
     "fitcheck.errors": 0,
     "fitcheck.units": 0,
     "fitcheck.catalog": 1,
+    "fitcheck.families": 1,  # model families (inventory + traits): imports only spec, errors, units
     "fitcheck.core.optimizers": 2,
     "fitcheck.core.kernels": 2,  # fused kernels and memory levers (Liger, CCE, offloading): spec-only inputs
     "fitcheck.core.states": 3,
@@ -60,10 +61,9 @@ ROOMS = [name for name in FLOORS if (ROOT / name.replace(".", "/") / "__init__.p
 # shrink (an entry that no longer exists fails too). module -> names it imports privately.
 PRIVATE_IMPORTS_PENDING: dict[str, frozenset[str]] = {
     "fitcheck.core.activations.decoder": frozenset({
-        "_ATTN_LINEARS", "_EAGER_ONLY", "_TRACE", "_attn_impl", "_head_backward_logits", "_logits",
+        "_ATTN_LINEARS", "_TRACE", "_attn_impl", "_head_backward_logits", "_logits",
         "_mla_attention_moment", "_mla_outside", "_Mode", "_mode", "_norm_saved", "_outside_saved",
     }),
-    "fitcheck.readers.families_recent": frozenset({"_attention", "_gated_mlp", "_layer_norms", "_shape"}),
 }
 
 # The orchestration modules that stay flat in fitcheck/core/.
@@ -479,3 +479,68 @@ def test_a_benchmark_past_a_surface_or_importing_a_private_name_is_caught(tmp_pa
         "deep.py:1 imports f from fitcheck.core.activations.a; import it from fitcheck.core.activations",
         "private.py:1 imports the private name _f from fitcheck.core.activations",
     ]
+
+
+def test_families_stand_on_the_ground_only() -> None:
+    """fitcheck.families imports only spec, errors, units (and itself): the readers fill traits from it."""
+    allowed = ("fitcheck.spec", "fitcheck.errors", "fitcheck.units", "fitcheck.families")
+    bad = [
+        f"{e.src}:{e.line} imports {e.dst}"
+        for e in EDGES
+        if e.src.startswith("fitcheck.families") and e.dst.startswith("fitcheck") and not e.dst.startswith(allowed)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_core_reads_traits_not_the_family_registry() -> None:
+    """The core reads ``ModelShape.traits``; it never looks a family up (fitcheck.families) itself."""
+    bad = [f"{e.src}:{e.line} imports {e.dst}" for e in EDGES
+           if e.src.startswith("fitcheck.core") and e.dst.startswith("fitcheck.families")]
+    assert not bad, "\n".join(bad)
+
+
+# The envelope's checked cells are generated data keyed by model_type (moved out of source separately).
+_CORE_NAME_EXEMPT = {"fitcheck.core.activations.envelope"}
+MAX_MODEL_TYPE_LITERALS_IN_CORE = 5
+
+
+def _core_trees() -> Iterator[tuple[str, ast.AST]]:
+    for module, path in MODULES.items():
+        if module.startswith("fitcheck.core") and module not in _CORE_NAME_EXEMPT:
+            yield module, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def test_core_names_almost_no_model_type() -> None:
+    """String literals equal to a ``model_type`` in fitcheck/core: at most 5 (the core reads traits instead)."""
+    from fitcheck.families import FAMILIES
+
+    names = set(FAMILIES) | {"gemma3", "qwen2_5_vl", "qwen2_moe", "roberta", "deepseek_v3"}
+    found = [
+        f"{module}:{node.lineno} {node.value!r}"
+        for module, tree in _core_trees()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+    ]
+    assert len(found) <= MAX_MODEL_TYPE_LITERALS_IN_CORE, "model_type literals in core:\n" + "\n".join(found)
+
+
+def _is_model_config(node: ast.AST) -> bool:
+    """``<...>.model.config`` or ``inv.config`` / ``inventory.config`` / ``model.config``: the raw config.json."""
+    if not (isinstance(node, ast.Attribute) and node.attr == "config"):
+        return False
+    owner = node.value
+    return (isinstance(owner, ast.Attribute) and owner.attr == "model") or (
+        isinstance(owner, ast.Name) and owner.id in {"inv", "inventory", "model"}
+    )
+
+
+def test_core_reads_no_raw_config() -> None:
+    """No ``spec.model.config`` (``[...]``, ``.get(...)`` or passed on) in fitcheck/core: the readers turn
+    config.json into typed ``ModelShape`` fields and traits."""
+    found = [
+        f"{module}:{node.lineno}"
+        for module, tree in _core_trees()
+        for node in ast.walk(tree)
+        if _is_model_config(node)
+    ]
+    assert not found, "raw config.json reads in core:\n" + "\n".join(found)

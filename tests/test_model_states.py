@@ -12,6 +12,7 @@ from fitcheck.core.states.model_states import (
     trainable_params,
 )
 from fitcheck.core.states.quantization import quantized_bytes
+from fitcheck.families import traits_of_type
 from fitcheck.report import Component, Location, Phase
 from fitcheck.spec import (
     DeepSpeedSpec,
@@ -48,7 +49,7 @@ def _device_at(spec: TrainingSpec, phase: Phase) -> int:
 def _synthetic(params: int) -> ModelInventory:
     """`params` parameters in four equal Linear weights (for the seeds' round-number arithmetic)."""
     rows = params // 4 // 20000
-    shape = ModelShape("llama", "LlamaForCausalLM", 4096, 4, 32, 32, 128, 11008, 32000)
+    shape = ModelShape("llama", "LlamaForCausalLM", 4096, 4, 32, 32, 128, 11008, 32000, traits=traits_of_type("llama"))
     entry = ParamEntry(
         "model.layers.*.mlp.up_proj.weight", (rows, 20000), Role.MLP, Kind.LINEAR, 4, "up_proj", 20000, rows
     )

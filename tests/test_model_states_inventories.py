@@ -9,6 +9,7 @@ the meta-device counts in design note 04 by ``tests/test_model_states.py`` and, 
 
 from __future__ import annotations
 
+from fitcheck.families import traits_of_type
 from fitcheck.spec import Kind, ModelInventory, ModelShape, ParamEntry, Role
 
 
@@ -72,6 +73,7 @@ def llama_like(
         params.append(_linear("lm_head.weight", vocab, hidden, Role.LM_HEAD))
     shape = ModelShape(
         family="llama",
+        traits=traits_of_type("llama"),
         architecture="LlamaForCausalLM",
         hidden_size=hidden,
         num_layers=layers,
@@ -125,6 +127,7 @@ def mixtral_like(
     ]
     shape = ModelShape(
         family="mixtral",
+        traits=traits_of_type("mixtral"),
         architecture="MixtralForCausalLM",
         hidden_size=hidden,
         num_layers=layers,

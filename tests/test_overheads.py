@@ -11,6 +11,7 @@ import pytest
 from fitcheck.core import allocator as al
 from fitcheck.core import overheads as oh
 from fitcheck.core import step
+from fitcheck.families import traits_of_type
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import (
     ActivationSpec,
@@ -35,7 +36,7 @@ GIB = 1024**3
 
 
 def _spec(**hw: object) -> TrainingSpec:
-    shape = ModelShape("llama", "LlamaForCausalLM", 64, 2, 4, 4, 16, 128, 1000)
+    shape = ModelShape("llama", "LlamaForCausalLM", 64, 2, 4, 4, 16, 128, 1000, traits=traits_of_type("llama"))
     inv = ModelInventory(
         "tiny",
         shape,

@@ -13,7 +13,8 @@ import pytest
 
 from fitcheck.cli.main import main
 from fitcheck.core.parallelism import layout_problems, rank_local_spec, size_problems
-from fitcheck.core.parallelism.tp_plan import LM_HEAD_STYLE, TP_PLANS, local_inventory, style_of, tp_plan
+from fitcheck.core.parallelism.tp_plan import LM_HEAD_STYLE, local_inventory, style_of, tp_plan
+from fitcheck.families import FAMILIES, traits_of_type
 from fitcheck.readers import inventory_from_config
 from fitcheck.spec import ParallelismSpec, Strategy
 
@@ -28,6 +29,10 @@ def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str
 
 
 # ---------------------------------------------------------------------------------------------- tp_plan
+
+
+# the base_model_tp_plan each family module declares (fitcheck/families)
+TP_PLANS = {t: dict(plan) for t in FAMILIES if (plan := traits_of_type(t).tp_plan) is not None}
 
 
 @pytest.mark.parametrize("family", sorted(TP_PLANS))
@@ -111,7 +116,7 @@ def test_families_without_a_plan_are_refused(capsys: pytest.CaptureFixture[str])
 
 def test_style_lookup_norms_replicated_embeddings_vocab_parallel() -> None:
     inv = inventory_from_config({**_TINY, "model_type": "llama"}, "llama", "test")
-    plan = tp_plan("llama")
+    plan = tp_plan(inv.shape)
     assert plan is not None
     styles = {p.name: style_of(p, plan) for p in inv.params}
     assert styles["model.embed_tokens.weight"] == "embedding_rowwise" and styles["model.norm.weight"] is None

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from fitcheck.errors import ConfigError
+from fitcheck.families import traits_of_type
 from fitcheck.readers.run_args import canonical_key, spec_from_values
 from fitcheck.spec import (
     AttnImpl,
@@ -25,6 +26,7 @@ from fitcheck.spec import (
 def tiny(family: str = "llama", dtype: Dtype | None = Dtype.BFLOAT16) -> ModelInventory:
     shape = ModelShape(
         family=family,
+        traits=traits_of_type(family),
         architecture="LlamaForCausalLM",
         hidden_size=64,
         num_layers=2,

@@ -212,9 +212,7 @@ def _memory_levers(spec: TrainingSpec, report: Report) -> list[Lever]:
                 notes=("the FLOPs model counts no speed-up; sdpa is usually faster than eager",),
             )
         )
-    from fitcheck.core.kernels import LIGER_MODEL_TYPES
-
-    liger_ok = spec.model.shape.family in LIGER_MODEL_TYPES and acts.liger is None and acts.loss == "torch"
+    liger_ok = spec.model.shape.traits.liger_patched and acts.liger is None and acts.loss == "torch"
     if liger_ok and spec.model.shape.causal_lm and _logits_at_peak(report) > 0:
         out.append(
             Lever(

@@ -34,7 +34,7 @@ from fitcheck.report import Component, Location, Phase, Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.units import format_bytes
 
-# Warnings the formulas raise about themselves (activations/recent.py, activations/backward.py)
+# Warnings the formulas raise about themselves (activations/recipe_gaps.py, activations/backward.py)
 _FORMULA_UNPINNED = frozenset({"activations-not-pinned", "backward-not-pinned", "vision-not-pinned"})
 
 _SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}

@@ -16,9 +16,9 @@
 Where a new reader goes: a module here returning spec pieces (and findings), merged in :mod:`.merge`.
 """
 
+from fitcheck.families import ConfigView, mlp_kind
 from fitcheck.readers.accelerate_config import default_config_path
 from fitcheck.readers.deepspeed import ACCELERATE_ZERO_STAGE, accelerate_deepspeed_config, resolve_deepspeed
-from fitcheck.readers.families_base import ConfigView, mlp_kind
 from fitcheck.readers.families_legacy import inventory_for_stack
 from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
 from fitcheck.readers.merge import merge_sources

@@ -5,7 +5,7 @@ transformers 4.x ``MixtralSparseMoeBlock`` (models/mixtral/modeling_mixtral.py, 
 ``nn.Linear``: ``w1`` (hidden -> ffn), ``w3`` (hidden -> ffn), ``w2`` (ffn -> hidden), under
 ``model.layers.N.block_sparse_moe``. Being ``nn.Linear``, bitsandbytes quantizes them and peft ``all-linear``
 targets them; transformers 5 fuses the experts into 3-D parameters that neither touches
-(``fitcheck.readers.families_dense.mixtral``). Pure: no torch.
+(``fitcheck.families.mixtral``). Pure: no torch.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
    (huggingface_hub/constants.py); the snapshot ``refs/main`` names wins, else the newest;
 4. the built-in catalog (:mod:`fitcheck.catalog.models`), matched case-insensitively.
 
-Known families are counted in pure Python (:mod:`fitcheck.readers.families`) without importing torch; any
+Known families are counted in pure Python (:mod:`fitcheck.families`) without importing torch; any
 other architecture is built on the meta device by a builder the caller passes in (``meta_fallback``:
 :func:`fitcheck.torch_adapters.meta_device.meta_inventory`). Remote code is never run. The environment
 comes in as an explicit mapping.
@@ -25,7 +25,7 @@ from typing import Protocol
 
 from fitcheck.catalog import find_catalog_config
 from fitcheck.errors import ConfigError, UnsupportedModelError
-from fitcheck.readers.families import family_inventory, supported_families
+from fitcheck.families import family_inventory, supported_families
 from fitcheck.readers.task_heads import (
     CLASSIFIER_TASKS,
     classifier_inventory,

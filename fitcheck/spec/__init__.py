@@ -6,7 +6,8 @@ prints. Specs are frozen so that advice is cheap: ``dataclasses.replace(spec, ba
 micro_batch=4))`` and estimate again.
 
 Room layout: :mod:`.model` (what the model is: dtypes, parameters, shape, inventory), :mod:`.sharding`
-(strategy, DeepSpeed, FSDP, processes) and :mod:`.training` (precision, optimizer, adapters, quantization,
+(strategy, DeepSpeed, FSDP, processes), :mod:`.traits` (the typed traits of a model family) and
+:mod:`.training` (precision, optimizer, adapters, quantization,
 batch, activations, hardware, :class:`TrainingSpec`). Import from here.
 """
 
@@ -54,6 +55,21 @@ from fitcheck.spec.training import (
     TrainingSpec,
     VllmMode,
 )
+from fitcheck.spec.traits import (
+    AttentionKind,
+    Dropout,
+    FamilyTraits,
+    LayerRecipe,
+    MlaConfig,
+    MoeConversion,
+    MoeLayout,
+    NormKind,
+    NormPlacement,
+    QkNorm,
+    RecipeGaps,
+    RotaryTables,
+    VisionConfig,
+)
 
 __all__ = [
     "DEFAULT_OPTIMIZER",
@@ -62,30 +78,42 @@ __all__ = [
     "OPTIMIZER_NAMES",
     "SHARDING_STRATEGIES",
     "ActivationSpec",
+    "AttentionKind",
     "AttnImpl",
     "AutoWrapPolicy",
     "BatchSpec",
     "DeepSpeedSpec",
     "DeviceType",
+    "Dropout",
     "Dtype",
+    "FamilyTraits",
     "FreezeSpec",
     "FsdpSpec",
     "HardwareSpec",
     "Kind",
+    "LayerRecipe",
     "LigerSpec",
     "LoraSpec",
     "LossKind",
     "MixedPrecision",
+    "MlaConfig",
     "ModelInventory",
     "ModelShape",
+    "MoeConversion",
+    "MoeLayout",
+    "NormKind",
+    "NormPlacement",
     "OffloadDevice",
     "OptimizerName",
     "OptimizerSpec",
     "ParallelismSpec",
     "ParamEntry",
     "PrecisionSpec",
+    "QkNorm",
     "QuantSpec",
+    "RecipeGaps",
     "Role",
+    "RotaryTables",
     "ShardingSpec",
     "ShardingStrategy",
     "StackSpec",
@@ -93,5 +121,6 @@ __all__ = [
     "TrainerKind",
     "TrainerSpec",
     "TrainingSpec",
+    "VisionConfig",
     "VllmMode",
 ]

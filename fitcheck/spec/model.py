@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from fitcheck.spec.traits import FamilyTraits
+
 
 class Dtype(str, Enum):
     """Element types of parameters, states and activations."""
@@ -160,6 +162,8 @@ class ModelShape:
             ``"masked-lm"`` (BERT's MLM head); read from ``architectures`` or ``--task``.
         num_labels: Classifier width for ``seq-cls`` / ``token-cls`` (0 otherwise).
         image_tokens: Vision-tower patches per image (before the merger) for ``image-text-to-text`` (0 = none).
+        traits: What kind of model the family builds (filled by the readers from :mod:`fitcheck.families`);
+            the formulas read these, never ``family``.
     """
 
     family: str
@@ -186,6 +190,7 @@ class ModelShape:
     task: str = "causal-lm"
     num_labels: int = 0
     image_tokens: int = 0
+    traits: FamilyTraits = field(default_factory=FamilyTraits)
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitcheck.errors import UnsupportedModelError
+from fitcheck.families import traits_of
 from fitcheck.readers import ConfigView, mlp_kind
 from fitcheck.spec import Kind, ModelInventory, ModelShape, ParamEntry, Role
 
@@ -299,6 +300,7 @@ def _shape(model: Any, config: Mapping[str, object], layers_seen: int) -> ModelS
         no_split_module=layer_class,
         parallel_attn=_parallel_block(model, layer_class),
         partial_rotary_factor=_partial_rotary(cfg),
+        traits=traits_of(config),
     )
 
 

@@ -3,26 +3,31 @@
 - :mod:`.decoder`: the decoder-layer formulas (Llama-style families), the logits/loss term, checkpointing,
   the autocast weight cache, and the components the report shows;
 - :mod:`.layer_saved`: what one decoder layer (and the model outside its layers) saves per token, the logits;
-- :mod:`.families`: per-family tables for the other architectures (GPT-2, BERT, Phi-2, Falcon, BLOOM);
+- :mod:`.layernorm_blocks`: the LayerNorm blocks (GPT-2, BERT, Phi-2, Falcon, BLOOM), chosen by ``traits.recipe``;
+- :mod:`.norms`: fp32-product RMSNorms, q/k norms, post-norm-only layers; :mod:`.attention_variants`: attention
+  sinks and their eager softmax, the rotary tables; :mod:`.moe_grouped_mm`: grouped_mm clamped-SwiGLU experts;
+  :mod:`.mla`: latent attention and DeepSeek's dense/MoE layers; :mod:`.param_wrapper`: peft's MoE adapters;
+- :mod:`.heads`: classifier heads (and the BERT layer a RoBERTa-like classifier runs); :mod:`.vision`: the tower;
 - :mod:`.dora`: DoRA's extra saved tensors and transients (and other LoRA extras);
-- :mod:`.qlora`: layers over bitsandbytes 4-bit bases (what ``prepare_model_for_kbit_training`` changes);
+- :mod:`.qlora`, :mod:`.qlora16`, :mod:`.int8`: layers over bitsandbytes 4-/8-bit bases;
 - :mod:`.backward`: the worst moment during backward beyond the gradients;
-- :mod:`.recent`: the 2025 families (Qwen3 q/k norms; what is not pinned);
-- :mod:`.olmo2_gpt_oss`: what OLMo-2 and gpt-oss layers keep beyond the Llama recipe;
+- :mod:`.recipe_gaps`: what each family's recipe was not checked for (the ``activations-not-pinned`` warning);
 - :mod:`.versions`: what older library versions change (transformers 4.x loss path) and version findings.
 - :mod:`.freeze`: partial training by layers (which layers save what);
 - :mod:`.envelope`: which kinds of run the formulas were checked for against traces;
 - :mod:`.cuda`: the CUDA-vs-CPU differences not modelled (docs/cuda-vs-cpu.md) that apply to a run.
 
-Where a new model family goes: a formula pinned to a fake-tensor trace in :mod:`.families` (or
-:mod:`.decoder` when it is a Llama-style decoder), with a test against the tracer.
+The formulas read ``ModelShape.traits`` (:mod:`fitcheck.families`), never a ``model_type``. Where a new model
+family goes: its module in :mod:`fitcheck.families` declaring its traits; a new mechanism (a norm, an attention
+variant, an MoE layout) here, in the module of that mechanism, selected by a new trait, with a test against the
+tracer.
 """
 
 from fitcheck.core.activations.backward import cuda_embedding_backward
 from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
-from fitcheck.core.activations.families import family_layer_saved
 from fitcheck.core.activations.layer_saved import layer_saved_per_token
+from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved
 from fitcheck.core.activations.versions import versions_findings
 
 __all__ = [
@@ -32,9 +37,9 @@ __all__ = [
     "activation_findings",
     "cuda_embedding_backward",
     "envelope_key",
-    "family_layer_saved",
     "in_envelope",
     "layer_saved_per_token",
+    "layernorm_block_saved",
     "not_pinned_finding",
     "versions_findings",
 ]

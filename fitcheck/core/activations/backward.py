@@ -39,12 +39,10 @@ from dataclasses import dataclass
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Phase
-from fitcheck.spec import AttnImpl, DeviceType, Kind, ParamEntry, Role, TrainingSpec
+from fitcheck.spec import AttentionKind, AttnImpl, DeviceType, Kind, NormKind, ParamEntry, Role, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
 _LOSS_SCALARS = 8
-# Families whose MLP backward working set (+2·e·I per token) is pinned by tests/test_backward_phase.py.
-BACKWARD_PINNED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3"})
 
 
 @dataclass(frozen=True)
@@ -266,18 +264,20 @@ def _all_grads(spec: TrainingSpec) -> int:
 
 def _static_outside(spec: TrainingSpec, q: BackwardInputs) -> int:
     """Saved bytes outside the layers that outlive the final norm's backward (rotary tables, Gemma norms)."""
-    from fitcheck.core.activations.olmo2_gpt_oss import rotary_tables
+    from fitcheck.core.activations.attention_variants import rotary_tables
 
-    # cos/sin (1, s, rot) in the model dtype (trace); OLMo-2 fp32, gpt-oss rot = head_dim / 2 (olmo2_gpt_oss.py)
+    # cos/sin (1, s, rot) in the model dtype (trace); OLMo-2 fp32, gpt-oss rot = head_dim / 2 (attention_variants.py)
     return rotary_tables(spec.model.shape, spec.batch.seq_len, q.half_model)
 
 
 def _gemma_norms(spec: TrainingSpec) -> int:
     """Gemma's per-layer (1 + weight) fp32 copies, saved by each norm (trace: add (h,) fp32)."""
-    fam = spec.model.shape.family
-    if not fam.startswith("gemma"):
+    traits = spec.model.shape.traits
+    if traits.norm_kind is not NormKind.RMS_ONE_PLUS:
         return 0
-    return 4 * spec.model.shape.hidden_size * (4 if fam == "gemma2" else 2)
+    # 4 copies where the Gemma-2 trace set them; Gemma-3 text (also four norms per layer) keeps the 2 it had
+    # before the traits, not re-checked against a trace
+    return 4 * spec.model.shape.hidden_size * (4 if traits.attention is AttentionKind.SOFTCAPPED else 2)
 
 
 def backward_transient(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> tuple[int, str]:
@@ -299,7 +299,7 @@ def backward_transient(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -
 def _moe_moments_traced(spec: TrainingSpec) -> bool:
     """i12moe: Qwen3-MoE and DeepSeek-V3, full or LoRA, 16-bit, SDPA, no checkpointing: the backward moments
     (ParamWrapper's top MoE layer, DeepSeek's attention) are within 0.8 % of traces (benchmarks/moe_mla_vs_trace.py)."""
-    return (spec.model.shape.family in ("qwen3_moe", "deepseek_v3") and spec.quant is None and spec.freeze is None
+    return (spec.model.shape.traits.moe_backward_traced and spec.quant is None and spec.freeze is None
             and not spec.activations.checkpointing and spec.activations.attn_implementation is AttnImpl.SDPA
             and spec.precision.load_dtype.is_half and spec.precision.mixed_precision.value == "no")
 
@@ -310,7 +310,8 @@ def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     why = ""
     if _moe_moments_traced(spec):
         return ()
-    if sh.family not in BACKWARD_PINNED or sh.num_experts:
+    # the MLP backward working set (+2·e·I per token) is pinned by tests/test_backward_phase.py per family
+    if not sh.traits.backward_pinned or sh.num_experts:
         why = f"model_type {sh.family!r}"
     elif spec.activations.attn_implementation is AttnImpl.EAGER:
         why = "eager attention (its softmax backward, not the MLP's, sets the layer's working set)"

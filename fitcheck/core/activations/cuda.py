@@ -10,9 +10,6 @@ from __future__ import annotations
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import AttnImpl, DeviceType, MixedPrecision, TrainingSpec
 
-# LayerNorm families (fitcheck.core.activations.families): CUDA autocast runs layer_norm in fp32
-_LAYER_NORM_FAMILIES = frozenset({"gpt2", "bert", "phi", "falcon", "bloom"})
-
 
 def cuda_gaps(spec: TrainingSpec) -> tuple[str, ...]:
     """The unmodelled CUDA differences (docs/cuda-vs-cpu.md sections) that apply to ``spec``."""
@@ -20,7 +17,9 @@ def cuda_gaps(spec: TrainingSpec) -> tuple[str, ...]:
         return ()
     out: list[str] = []
     autocast = spec.precision.mixed_precision is not MixedPrecision.NO
-    if autocast and not spec.precision.load_dtype.is_half and spec.model.shape.family in _LAYER_NORM_FAMILIES:
+    # LayerNorm blocks (fitcheck.core.activations.layernorm_blocks): CUDA autocast runs layer_norm in fp32
+    layernorm = spec.model.shape.traits.recipe.layernorm_block
+    if autocast and not spec.precision.load_dtype.is_half and layernorm:
         # aten/src/ATen/autocast_mode.cpp: KERNEL_CUDA(layer_norm, fp32); the CPU list keeps it in bf16
         out.append("CUDA autocast runs layer_norm in fp32 (its output 4 B/element, CPU trace 2 B)")
     quant = spec.quant

@@ -26,10 +26,6 @@ from fitcheck.core.activations.dora import (
     dora_recompute_excess,
     lora_extras_unpinned,
 )
-from fitcheck.core.activations.families import (
-    FAMILY_FORMULAS,
-    family_findings_text,
-)
 from fitcheck.core.activations.freeze import frozen_layers
 from fitcheck.core.activations.heads import (
     bert_layer_alias,
@@ -44,9 +40,7 @@ from fitcheck.core.activations.int8 import (
 )
 from fitcheck.core.activations.layer_saved import (
     _ATTN_LINEARS,
-    _EAGER_ONLY,
     _TRACE,
-    PINNED_FAMILIES,
     _attn_impl,
     _head_backward_logits,
     _logits,
@@ -58,10 +52,10 @@ from fitcheck.core.activations.layer_saved import (
     _outside_saved,
     layer_saved_per_token,
 )
-from fitcheck.core.activations.mla import (
-    MLA_FAMILIES,
+from fitcheck.core.activations.layernorm_blocks import (
+    layernorm_findings_text,
 )
-from fitcheck.core.activations.olmo2_gpt_oss import (
+from fitcheck.core.activations.norms import (
     embedding_cast_cached,
 )
 from fitcheck.core.activations.qlora import (
@@ -72,7 +66,7 @@ from fitcheck.core.activations.qlora import (
     qlora_formula_applies,
 )
 from fitcheck.core.activations.qlora16 import qlora16_applies, qlora16_backward_working_set
-from fitcheck.core.activations.recent import recent_family_findings
+from fitcheck.core.activations.recipe_gaps import recipe_gap_findings
 from fitcheck.core.activations.vision import vision_components, vision_findings
 from fitcheck.core.kernels import (
     deepspeed_module_view,
@@ -85,7 +79,7 @@ from fitcheck.core.kernels import (
 from fitcheck.core.trainers import runs_fused_head
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import AttnImpl, DeviceType, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, LayerRecipe, TrainingSpec
 
 
 def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
@@ -122,7 +116,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         else:
             kept = frozen.trained * (layer + scores) + frozen.frozen_grad * (f_token * b * s + f_s2 * b * s * s)
             layers_saved = kept
-    elif sh.family in MLA_FAMILIES and not act.checkpointing:
+    elif sh.traits.recipe is LayerRecipe.LATENT_MOE and not act.checkpointing:
         layers_saved = kept + _mla_outside(spec, m)  # dense and MoE layers differ (activations/mla.py)
     kept += _outside_saved(spec)
     fwd_logits, bwd_logits = _logits(spec)
@@ -201,7 +195,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     comps.extend(vision_components(spec, bq, head))  # image-text-to-text (activations/vision.py)
     if m.autocast or (m.amp and spec.lora is not None):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
-        cache += embedding_cast_cached(spec, m.autocast)  # OLMo-2 + LoRA + checkpointing (olmo2_gpt_oss.py)
+        cache += embedding_cast_cached(spec, m.autocast)  # OLMo-2 + LoRA + checkpointing (norms.py)
         comps.append(
             Component(
                 "activations.autocast_weight_cache",
@@ -307,10 +301,11 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """What the user should know about activations (unpinned family, forced eager, CPU-only paths)."""
     spec = deepspeed_module_view(bert_layer_alias(spec))
     out: list[Finding] = list(lever_findings(spec))
-    recent = recent_family_findings(spec)  # 2025 families: what is not pinned (recent.py)
+    recent = recipe_gap_findings(spec)  # what each family's recipe was not traced for (recipe_gaps.py)
     out.extend(recent)
     fam = spec.model.shape.family
-    if fam not in PINNED_FAMILIES and not recent:
+    traits = spec.model.shape.traits
+    if not traits.activations_pinned and not recent:
         out.append(
             Finding(
                 "activations-not-pinned",
@@ -319,12 +314,12 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 "run `fitcheck estimate --trace` to measure the real model's step on fake tensors",
             )
         )
-    why = family_findings_text(spec) if fam in FAMILY_FORMULAS else None
+    why = layernorm_findings_text(spec) if traits.recipe.layernorm_block else None
     if why:
         out.append(Finding("activations-not-pinned", Severity.INFO, why, "run `fitcheck estimate --trace`"))
     # LoRA dropout, DoRA, fp32/autocast adapters: pinned for the Llama-like families (tests/
     # test_activations_lora_extras.py); what is left is listed by lora_extras_unpinned
-    extras = lora_extras_unpinned(spec, fam in FAMILY_FORMULAS) if spec.quant is None else None
+    extras = lora_extras_unpinned(spec, traits.recipe.layernorm_block) if spec.quant is None else None
     if extras:
         out.append(Finding("activations-not-pinned", Severity.INFO, extras, "run `fitcheck estimate --trace`"))
     int8 = int8_formula_applies(spec)  # LLM.int8 LoRA: activations/int8.py
@@ -351,7 +346,7 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         )
     if not qlora_formula_applies(spec) and not int8:  # QLoRA's backward working set: activations_qlora.py
         out.extend(backward_findings(spec))
-    if fam in _EAGER_ONLY and spec.activations.attn_implementation is AttnImpl.SDPA:
+    if traits.eager_only and spec.activations.attn_implementation is AttnImpl.SDPA:
         out.append(
             Finding(
                 "attention-eager-forced",

@@ -23,32 +23,19 @@ import dataclasses
 from fitcheck.spec import TrainingSpec
 
 CLASSIFIER_TASKS = frozenset({"seq-cls", "token-cls"})
-_ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "deberta", "deberta-v2", "distilbert", "electra"})
-
-
-# transformers 5.23 modeling_roberta.py / modeling_xlm_roberta.py / modeling_camembert.py: "Copied from
-# transformers.models.bert.modeling_bert.BertLayer" -- the same encoder layer as BERT (embeddings differ by the
-# padding-aware position ids only)
-_BERT_LAYER = frozenset({"roberta", "xlm-roberta", "camembert"})
+# The family a classifier's layer formulas name when it runs another family's layer (``traits.classifier_layer``:
+# RoBERTa-likes run BERT's, fitcheck/families/bert.py)
+_CLASSIFIER_LAYER_FAMILY = "bert"
 
 
 def bert_layer_alias(spec: TrainingSpec) -> TrainingSpec:
-    """The spec with a RoBERTa-like classifier's family read as ``bert`` for the layer formulas."""
+    """The spec with a RoBERTa-like classifier read as BERT (its ``classifier_layer`` traits) for the formulas."""
     sh = spec.model.shape
-    if sh.family not in _BERT_LAYER or sh.task not in CLASSIFIER_TASKS:
+    alias = sh.traits.classifier_layer
+    if alias is None or sh.task not in CLASSIFIER_TASKS:
         return spec
-    shape = dataclasses.replace(sh, family="bert")
+    shape = dataclasses.replace(sh, family=_CLASSIFIER_LAYER_FAMILY, traits=alias)
     return dataclasses.replace(spec, model=dataclasses.replace(spec.model, shape=shape))
-
-
-def _dropout_p(spec: TrainingSpec) -> float:
-    cfg = spec.model.config
-    for key in ("classifier_dropout", "hidden_dropout", "hidden_dropout_prob"):
-        value = cfg.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    # GenericForTokenClassification: 0.1 when the config names neither; BERT's hidden_dropout_prob default 0.1
-    return 0.1
 
 
 def classifier_logits(spec: TrainingSpec, e: int, full: bool) -> tuple[int, int]:
@@ -65,7 +52,7 @@ def classifier_logits(spec: TrainingSpec, e: int, full: bool) -> tuple[int, int]
     sh = spec.model.shape
     b, s, h, n = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size, max(sh.num_labels, 1)
     token = sh.task == "token-cls"
-    encoder = sh.family in _ENCODERS
+    encoder = sh.traits.encoder
     fwd = bwd = 0
     if not full:
         # the trained head (modules_to_save copy) saves its input: the final hidden states, every token
@@ -83,7 +70,7 @@ def classifier_logits(spec: TrainingSpec, e: int, full: bool) -> tuple[int, int]
         upcast = 4 * b * s * n  # ForTokenClassification: logits.float(); log_softmax fp32
         head = logits + 2 * upcast + labels
         bwd += 2 * upcast + labels
-        if _dropout_p(spec) > 0:
+        if sh.traits.classifier_dropout > 0:  # GenericForTokenClassification: 0.1 when the config names none
             head += e * b * s * h  # dropout output (+ mask), kept as the head's input
             bwd += e * b * s * h
         return fwd + max(head, norm), bwd

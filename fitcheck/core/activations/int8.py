@@ -25,7 +25,7 @@ are reproduced to the byte.
 
 from __future__ import annotations
 
-from fitcheck.core.activations.qlora import QLORA_FAMILIES, kbit_upcast, qlora_layer_saved_per_token
+from fitcheck.core.activations.qlora import kbit_upcast, qlora_layer_saved_per_token
 from fitcheck.spec import DeviceType, MixedPrecision, TrainingSpec
 
 _QKV = ("q_proj", "k_proj", "v_proj")
@@ -44,7 +44,7 @@ def int8_formula_applies(spec: TrainingSpec) -> bool:
         and kbit_upcast(spec)
         and spec.lora is not None
         and not spec.lora.use_dora
-        and spec.model.shape.family in QLORA_FAMILIES
+        and spec.model.shape.traits.kbit_pinned
     )
 
 

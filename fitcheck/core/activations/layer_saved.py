@@ -11,14 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitcheck.core.activations.attention_variants import eager_scores, rotary_tables, sink_attention_extra
 from fitcheck.core.activations.dora import (
     dora_per_token,
-)
-from fitcheck.core.activations.families import (
-    FAMILY_FORMULAS,
-    family_layer_saved,
-    family_logits,
-    family_outside_saved,
 )
 from fitcheck.core.activations.heads import (
     CLASSIFIER_TASKS,
@@ -29,8 +24,12 @@ from fitcheck.core.activations.int8 import (
     int8_formula_applies,
     int8_layer_saved_per_token,
 )
+from fitcheck.core.activations.layernorm_blocks import (
+    layernorm_block_saved,
+    layernorm_logits,
+    layernorm_outside_saved,
+)
 from fitcheck.core.activations.mla import (
-    MLA_FAMILIES,
     MlaMode,
     mla_attention,
     mla_attention_backward,
@@ -38,14 +37,8 @@ from fitcheck.core.activations.mla import (
     mla_mlp,
     mla_outside,
 )
-from fitcheck.core.activations.olmo2_gpt_oss import (
-    FP32_PRODUCT_NORMS,
-    POST_NORM_ONLY,
-    eager_masks,
-    gpt_oss_moe_saved,
-    rotary_tables,
-    sink_attention_extra,
-)
+from fitcheck.core.activations.moe_grouped_mm import gpt_oss_moe_saved
+from fitcheck.core.activations.norms import qk_norm_outside, qk_norm_saved
 from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
 from fitcheck.core.activations.qlora import (
     kbit_upcast,
@@ -53,7 +46,6 @@ from fitcheck.core.activations.qlora import (
     qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
-from fitcheck.core.activations.recent import eager_scores, qk_norm_outside, qk_norm_saved
 from fitcheck.core.activations.versions import legacy_logits_extra
 from fitcheck.core.kernels import (
     deepspeed_module_view,
@@ -63,18 +55,21 @@ from fitcheck.core.kernels import (
     liger_mlp_delta,
     liger_norm_saved,
 )
-from fitcheck.spec import AttnImpl, DeviceType, LoraSpec, MixedPrecision, ModelShape, TrainingSpec
+from fitcheck.spec import (
+    AttentionKind,
+    AttnImpl,
+    DeviceType,
+    LayerRecipe,
+    LoraSpec,
+    MixedPrecision,
+    ModelShape,
+    MoeLayout,
+    NormKind,
+    NormPlacement,
+    TrainingSpec,
+)
 
 _TRACE = "fake-tensor trace of the transformers 5.23 model (fitcheck.torch_adapters.tracer)"
-# Families whose layer recipe below was read off traces and is pinned by tests.
-PINNED_FAMILIES = (
-    frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "mixtral",
-               "phi3", "olmo2", "gpt_oss"})
-    | FAMILY_FORMULAS
-    | MLA_FAMILIES  # i12moe: DeepSeek-V3's own recipe (activations/mla.py)
-)
-# transformers refuses SDPA for these configs (attention soft-capping / ALiBi): eager is what runs.
-_EAGER_ONLY = frozenset({"gemma2", "bloom", "gpt_oss"})  # gpt-oss: _supports_sdpa = False (attention sinks)
 _ATTN_LINEARS = ("q_proj", "k_proj", "v_proj")
 _MLP_IN_LINEARS = ("gate_proj", "up_proj")
 
@@ -107,7 +102,7 @@ def _lora_targets(spec: TrainingSpec) -> frozenset[str]:
     if lora is None:
         return frozenset()
     names: tuple[str, ...] = (*_ATTN_LINEARS, "o_proj", *_MLP_IN_LINEARS, "down_proj")
-    if spec.model.shape.family == "phi3":
+    if spec.model.shape.traits.fused_projections:
         names = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # modeling_phi3.py: fused linears
     if "all-linear" in lora.target_modules:
         return frozenset(names)
@@ -115,9 +110,9 @@ def _lora_targets(spec: TrainingSpec) -> frozenset[str]:
 
 
 def _attn_impl(spec: TrainingSpec) -> AttnImpl:
-    family = spec.model.shape.family
     impl = spec.activations.attn_implementation
-    if family in _EAGER_ONLY and impl is AttnImpl.SDPA:
+    # transformers refuses SDPA for these configs (soft-capping, ALiBi, sinks): eager is what runs
+    if spec.model.shape.traits.eager_only and impl is AttnImpl.SDPA:
         return AttnImpl.EAGER
     return impl
 
@@ -125,8 +120,8 @@ def _attn_impl(spec: TrainingSpec) -> AttnImpl:
 def _norm_saved(shape: ModelShape, m: _Mode, trainable_weight: bool, pre: bool = True) -> int:
     """Bytes per token one RMSNorm saves (trace: rsqrt fp32 per token, fp32 upcast of the input)."""
     h = shape.hidden_size
-    # OLMo-2 / gpt-oss multiply the fp32 normalised tensor by the weight, as Gemma does (olmo2_gpt_oss.py)
-    gemma = shape.family.startswith("gemma") or shape.family in FP32_PRODUCT_NORMS
+    # OLMo-2 / gpt-oss multiply the fp32 normalised tensor by the weight, as Gemma does (norms.py)
+    gemma = shape.traits.norm_kind in (NormKind.RMS_ONE_PLUS, NormKind.RMS_FP32_PRODUCT)
     if m.half_model:
         # x.to(fp32) 4h + rsqrt 4 (+ normed.to(bf16) 2h kept for the weight gradient; Gemma keeps x*rsqrt fp32 4h)
         if gemma:
@@ -199,7 +194,7 @@ def layer_saved_per_token(spec: TrainingSpec, trainable: bool | None = None) -> 
     # no act(gate) output
     m, sh = _mode(spec), spec.model.shape
     if liger.rms_norm:
-        norms = 4 if sh.family == "gemma2" else 2
+        norms = 4 if sh.traits.norm_placement is NormPlacement.PRE_AND_POST else 2
         full = spec.lora is None and spec.quant is None
         per_token -= norms * (_norm_saved(sh, m, full) - liger_norm_saved(sh.hidden_size, m.r))
     # QLoRA: Linear4bit casts back to the (fp32) input dtype, so act(gate) is fp32 (activations/qlora.py)
@@ -208,8 +203,8 @@ def layer_saved_per_token(spec: TrainingSpec, trainable: bool | None = None) -> 
 
 def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int, int]:
     sh = spec.model.shape
-    if sh.family in FAMILY_FORMULAS:
-        return family_layer_saved(spec)  # GPT-2, BERT, Phi, Falcon, BLOOM (activations_families.py)
+    if sh.traits.recipe.layernorm_block:
+        return layernorm_block_saved(spec)  # GPT-2, BERT, Phi, Falcon, BLOOM (activations_families.py)
     if qlora_formula_applies(spec):  # 4-bit base + LoRA, traced on real bitsandbytes (activations_qlora.py)
         return qlora_layer_saved_per_token(spec, _attn_impl(spec) is AttnImpl.EAGER)
     if int8_formula_applies(spec):  # LLM.int8 base + LoRA, traced on real bitsandbytes (activations/int8.py)
@@ -219,12 +214,12 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
     targets = _lora_targets(spec)
     h, a = sh.hidden_size, sh.num_heads
     kv, q = sh.num_kv_heads * sh.head_dim, sh.num_heads * sh.head_dim
-    if sh.family in MLA_FAMILIES:  # DeepSeek-V3: latent attention, MoE layer (activations/mla.py)
+    if sh.traits.recipe is LayerRecipe.LATENT_MOE:  # DeepSeek-V3: latent attention, MoE layer (activations/mla.py)
         return _mla_layer(spec, m, full)
-    fused = sh.family == "phi3"
+    fused = sh.traits.fused_projections
     eager = _attn_impl(spec) is AttnImpl.EAGER
     total = 2 * _norm_saved(sh, m, full)
-    if sh.family in ("gemma2", "gemma3_text"):
+    if sh.traits.norm_placement is NormPlacement.PRE_AND_POST:
         total += 2 * _norm_saved(sh, m, full, pre=False)  # post-attention / post-feedforward norms
     # attention inputs (q/k/v or fused qkv_proj)
     if fused:
@@ -232,7 +227,7 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
         total += m.e * (q + 2 * kv)  # fused qkv output kept (v is a view of it; trace phi3: mm (b·s, q+2kv))
     else:
         total += _linear_inputs(sh, m, full, targets, spec.lora, _ATTN_LINEARS, h, False)
-    total += qk_norm_saved(sh, m.e == 2, full)  # Qwen3 per-head q/k RMSNorms (recent.py)
+    total += qk_norm_saved(sh, m.e == 2, full)  # Qwen3 per-head q/k RMSNorms (norms.py)
     # the o_proj input copy (eager transpose(1,2).contiguous(), phi3 SDPA reshape) lives only if o_proj's weight
     # or its fp32 lora_A reads it: a dropout or 16-bit adapter input is a new tensor (trace "llama lora eager")
     o_copy = q if full or _reads_input_itself(spec, m, targets, "o_proj") else 0
@@ -241,10 +236,10 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
         # phi3 without GQA: repeat_kv is the identity, K is the rotary cat and V a view of the fused qkv output
         total += m.e * (3 * q + o_copy) if not (fused and kv == q) else m.e * (q + kv + o_copy)
         s2 = 4 * a + (2 * a if m.e == 2 else 0)  # fp32 softmax + its 16-bit cast
-        if sh.family == "gemma2":
+        if sh.traits.attention is AttentionKind.SOFTCAPPED:
             s2 += m.e * a  # tanh of the soft-capped scores
-        s2 = eager_scores(sh, m.e, s2)  # gpt-oss: softmax with sinks in the logits dtype (recent.py)
-        total += sink_attention_extra(sh, m.e)  # gpt-oss: sink column, max indices (olmo2_gpt_oss.py)
+        s2 = eager_scores(sh, m.e, s2)  # gpt-oss: softmax with sinks in the logits dtype (attention_variants.py)
+        total += sink_attention_extra(sh, m.e)  # gpt-oss: sink column, max indices (attention_variants.py)
         # fused qkv (phi3) keeps the qkv output already counted; rotary q and k are separate cats
     else:
         kv_saved = 2 * kv if not fused else kv  # k after rotary + v (phi3: v is a view of qkv)
@@ -276,7 +271,8 @@ def _mla_layer(spec: TrainingSpec, m: _Mode, full: bool) -> tuple[int, int]:
 
 def _mla_outside(spec: TrainingSpec, m: _Mode) -> int:
     """What DeepSeek-V3's layers keep beyond L x the MoE-layer recipe (0 for other families, or when not modelled)."""
-    if spec.model.shape.family not in MLA_FAMILIES or spec.activations.checkpointing or spec.freeze is not None:
+    latent = spec.model.shape.traits.recipe is LayerRecipe.LATENT_MOE
+    if not latent or spec.activations.checkpointing or spec.freeze is not None:
         return 0
     full = spec.lora is None and spec.quant is None
     return mla_outside(spec, _mla_mode(spec, m, full), mla_dims(spec), experts_trained=full or _experts_adapted(spec),
@@ -285,7 +281,7 @@ def _mla_outside(spec: TrainingSpec, m: _Mode) -> int:
 
 def _mla_attention_moment(spec: TrainingSpec, m: _Mode, layers_saved: int) -> int | None:
     """DeepSeek-V3's top-layer attention backward on CPU (activations/mla.py), or None."""
-    if spec.model.shape.family not in MLA_FAMILIES or layers_saved < 0:
+    if spec.model.shape.traits.recipe is not LayerRecipe.LATENT_MOE or layers_saved < 0:
         return None
     full, dims = spec.lora is None and spec.quant is None, mla_dims(spec)
     n_moe = spec.model.shape.num_layers - dims.n_dense
@@ -298,8 +294,8 @@ def _mla_attention_moment(spec: TrainingSpec, m: _Mode, layers_saved: int) -> in
 def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
     sh = spec.model.shape
     h, inter = sh.hidden_size, sh.intermediate_size
-    if sh.num_experts and sh.family == "gpt_oss" and not _experts_adapted(spec):
-        return gpt_oss_moe_saved(sh, m.e, full)  # clamped-SwiGLU grouped_mm experts (olmo2_gpt_oss.py)
+    if sh.num_experts and sh.traits.moe is MoeLayout.GROUPED_MM_CLAMPED and not _experts_adapted(spec):
+        return gpt_oss_moe_saved(sh, m.e, full)  # clamped-SwiGLU grouped_mm experts (moe_grouped_mm.py)
     if sh.num_experts:
         k, n_exp = sh.experts_per_token, sh.num_experts
         # trace "mixtral bf16": router softmax fp32 (4E) + top-k ids/weights/sort/perm (40k) + sum (4)
@@ -311,7 +307,7 @@ def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]
         if not full and not _experts_adapted(spec):
             routed = h + 3 * inter  # frozen experts keep no permuted input nor product (trace "mixtral lora")
         return router_in + 4 * n_exp + 40 * k + 4 + m.e * k * routed
-    fused = sh.family == "phi3"
+    fused = sh.traits.fused_projections
     total = _linear_inputs(sh, m, full, targets, spec.lora, ("gate_up_proj",) if fused else _MLP_IN_LINEARS, h, fused)
     total += 3 * m.e * inter  # gate out, up out, act(gate) out (trace: mm, mm, silu/gelu)
     if full:
@@ -323,8 +319,8 @@ def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]
 def _outside_saved(spec: TrainingSpec) -> int:
     """Saved bytes outside the layers (final norm, rotary tables), per micro-batch."""
     sh = spec.model.shape
-    if sh.family in FAMILY_FORMULAS:
-        return family_outside_saved(spec)
+    if sh.traits.recipe.layernorm_block:
+        return layernorm_outside_saved(spec)
     m = _mode(spec)
     b, s, h = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size
     full = spec.lora is None and spec.quant is None
@@ -332,29 +328,29 @@ def _outside_saved(spec: TrainingSpec) -> int:
     liger = liger_applies(spec)
     liger_norm = liger is not None and liger.rms_norm
     per_token = liger_norm_saved(h, m.r) if liger_norm else _norm_saved(sh, m, full)
-    gemma_half = sh.family.startswith("gemma") and m.half_model
+    gemma_half = sh.traits.norm_kind is NormKind.RMS_ONE_PLUS and m.half_model
     fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast) is not None
     if full and not m.autocast and not fused:  # a fused loss saves no head input (fitcheck/core/kernels)
         per_token += (2 if gemma_half else m.r) * h  # the norm output, kept by the LM head
     total = per_token * b * s
     # cos and sin tables, shape (1, s, head_dim) in the model dtype (trace: to_copy / cos / sin, not per batch)
-    total += rotary_tables(sh, s, m.half_model)  # OLMo-2 fp32, gpt-oss head_dim / 2 (olmo2_gpt_oss.py)
-    if sh.family.startswith("gemma"):
-        norms = 4 if sh.family in ("gemma2", "gemma3_text") else 2
+    total += rotary_tables(sh, s, m.half_model)  # OLMo-2 fp32, gpt-oss head_dim / 2 (attention_variants.py)
+    if sh.traits.norm_kind is NormKind.RMS_ONE_PLUS:
+        norms = 4 if sh.traits.norm_placement is NormPlacement.PRE_AND_POST else 2
         total += 4 * h * (norms * sh.num_layers + 1)  # (1 + weight) in fp32 per norm (trace: add (h,) fp32)
-        total += qk_norm_outside(sh)  # Gemma-3 q/k norms' (1 + weight) (recent.py)
+        total += qk_norm_outside(sh)  # Gemma-3 q/k norms' (1 + weight) (norms.py)
     if _attn_impl(spec) is AttnImpl.EAGER and spec.activations.checkpointing:
         # 4-D additive causal mask (b, 1, s, s), model dtype: no op saves it, so it outlives the decoder forward
         # only as an argument every checkpointed layer holds (trace "llama eager": absent without checkpointing)
-        total += b * s * s * (2 if m.half_model else 4) * eager_masks(sh, spec.model.config)  # gpt-oss: 2
+        total += b * s * s * (2 if m.half_model else 4) * sh.traits.eager_mask_kinds  # gpt-oss: 2
     if sh.num_experts:
         total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
         total += param_wrapper_saved(spec)  # peft ParamWrapper merged experts (activations/param_wrapper.py)
     total += _mla_outside(spec, m)  # DeepSeek-V3's dense layers, router weight copies (activations/mla.py)
     if spec.lora is not None and not spec.activations.checkpointing:
         # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA);
-        # OLMo-2 has no norm before its first attention (olmo2_gpt_oss.py)
-        if sh.family not in POST_NORM_ONLY:
+        # OLMo-2 has no norm before its first attention (norms.py)
+        if sh.traits.norm_placement is not NormPlacement.POST:
             total -= (liger_norm_saved(h, m.r) if liger_norm else 4 * h + 4) * b * s
         if spec.lora.dropout > 0:
             # layer 0's q/k/v adapters drop a tensor that needs no gradient: no mask kept (trace: 3 empty_like less)
@@ -371,8 +367,8 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
     fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
     if fused is not None:  # Liger FLCE / Cut Cross-Entropy: no logits (fitcheck/core/kernels)
         return fused.forward, fused.backward_start
-    if sh.family in FAMILY_FORMULAS:
-        return family_logits(spec)
+    if sh.traits.recipe.layernorm_block:
+        return layernorm_logits(spec)
     b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, sh.vocab_size, sh.hidden_size
     bsv = b * s * v
     labels = b * (s + 1) * 8 + 8  # labels padded by one (loss_utils.ForCausalLMLoss) + loss scalars
@@ -383,8 +379,8 @@ def _logits(spec: TrainingSpec) -> tuple[int, int]:
     fwd += legacy_logits_extra(spec, m.e)  # transformers < 4.49: shifted fp32 logits copy (versions.py)
     # start of backward: log_softmax output + its gradient + the fp32 logits gradient (trace: 12·b·s·V + 8)
     bwd = 12 * bsv + 8
-    # configuration_gemma2.py: final_logit_softcapping defaults to 30.0 (None turns it off)
-    if spec.model.config.get("final_logit_softcapping", 30.0 if sh.family == "gemma2" else None):
+    # final_logit_softcapping (configuration_gemma2.py: defaults to 30.0; None turns it off)
+    if sh.traits.logit_softcapping:
         # Gemma-2: logits = tanh(logits / cap) * cap; tanh keeps its output, logits-dtype (trace "gemma2 eager":
         # +2·b·s·V at both phases, modeling_gemma2.py Gemma2ForCausalLM.forward)
         fwd, bwd = fwd + m.e * bsv, bwd + m.e * bsv

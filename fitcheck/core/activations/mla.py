@@ -37,18 +37,13 @@ E routed experts, k top-k.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from fitcheck.spec import AttnImpl, DeviceType, Kind, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, Kind, MlaConfig, TrainingSpec
 
-MLA_FAMILIES = frozenset({"deepseek_v3"})
-# DeepseekV3Config defaults (transformers 5.23 configuration_deepseek_v3.py) for keys config.json may omit
-_DEFAULTS: Mapping[str, int] = {
-    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-    "v_head_dim": 128, "intermediate_size": 18432, "n_shared_experts": 1, "first_k_dense_replace": 3,
-}
-
+# A spec without MLA traits (never a DeepSeek-V3 shape: its family always fills them) reads zero widths
+_NO_MLA = MlaConfig(0, 0, 0, 0, 0, 0, 0, 0)
 
 @dataclass(frozen=True)
 class MlaDims:
@@ -64,23 +59,16 @@ class MlaDims:
     n_dense: int  # dense layers among spec.model.shape.num_layers
 
 
-def _int(config: Mapping[str, object], key: str) -> int:
-    value = config.get(key, _DEFAULTS[key])
-    if value is None:
-        return 0  # q_lora_rank: null (DeepSeek-V2-Lite style q_proj)
-    return int(value) if isinstance(value, (int, float)) else _DEFAULTS[key]
-
-
 def mla_dims(spec: TrainingSpec) -> MlaDims:
-    """MLA and MLP widths from config.json, with DeepseekV3Config's defaults."""
-    cfg = spec.model.config
-    nope, rope = _int(cfg, "qk_nope_head_dim"), _int(cfg, "qk_rope_head_dim")
-    moe_inter = spec.model.shape.intermediate_size  # the per-expert width (readers/families_recent.py)
+    """MLA and MLP widths from the DeepSeek-V3 traits (config.json with DeepseekV3Config's defaults)."""
+    sh = spec.model.shape
+    cfg = sh.traits.mla if sh.traits.mla is not None else _NO_MLA
+    moe_inter = sh.intermediate_size  # the per-expert width (fitcheck/families/deepseek_v3.py)
     return MlaDims(
-        q_rank=_int(cfg, "q_lora_rank"), kv_rank=_int(cfg, "kv_lora_rank"), dq=nope + rope,
-        dv=_int(cfg, "v_head_dim"), nope=nope, dense_inter=_int(cfg, "intermediate_size"),
-        shared_inter=moe_inter * _int(cfg, "n_shared_experts"),
-        n_dense=min(max(_int(cfg, "first_k_dense_replace"), 0), spec.model.shape.num_layers),
+        q_rank=cfg.q_rank, kv_rank=cfg.kv_rank, dq=cfg.nope + cfg.rope,
+        dv=cfg.v_head_dim, nope=cfg.nope, dense_inter=cfg.dense_intermediate,
+        shared_inter=moe_inter * cfg.shared_experts,
+        n_dense=min(max(cfg.first_dense, 0), sh.num_layers),
     )
 
 

@@ -29,9 +29,10 @@ backward; that case is not traced here and not in the checked envelope.
 
 from __future__ import annotations
 
-from fitcheck.spec import Kind, TrainingSpec
+from fitcheck.spec import Kind, MoeLayout, TrainingSpec
 
-_ROUTER_CASTS_TO_FP32 = frozenset({"deepseek_v3"})  # DeepseekV3TopkRouter: weight.type(torch.float32)
+# DeepseekV3TopkRouter: weight.type(torch.float32)
+_ROUTER_CASTS_TO_FP32 = MoeLayout.SHARED_FP32_ROUTER
 
 
 def wrapped_router(spec: TrainingSpec) -> bool:
@@ -69,7 +70,7 @@ def param_wrapper_saved(spec: TrainingSpec) -> int:
             each = param_bytes * experts * d1 * d2  # baddbmm(W, lhs, rhs): the merged expert stack
             if casts:
                 each += param_bytes * experts * t.rank * (d1 + d2)  # lhs / rhs .to(param.dtype)
-        elif spec.model.shape.family in _ROUTER_CASTS_TO_FP32:
+        elif spec.model.shape.traits.moe is _ROUTER_CASTS_TO_FP32:
             each = 0  # the fp32 copy of W + delta is the one kept (activations/mla.py)
         else:
             each = param_bytes * e.numel_each  # W + delta (_LoraParameterProxy), kept by F.linear
@@ -110,6 +111,6 @@ def param_wrapper_backward(spec: TrainingSpec, e: int, r: int) -> int:
     # (integrations/moe.py grouped_mm_experts_forward): index_put and two products of (k·tokens, h) in the routing
     # weights' dtype (fp32 for DeepSeek-V3, whose router returns fp32 weights; traced at tiny widths), the
     # product's cast back to the activations' dtype, and two residual-stream gradients
-    w = 4 if sh.family in _ROUTER_CASTS_TO_FP32 else e
+    w = 4 if sh.traits.moe is _ROUTER_CASTS_TO_FP32 else e
     weighting = (3 * w * k * h + (e * k * h if w != e else 0) + 2 * e * h) * bs
     return max(down, weighting)

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 from fitcheck.spec import Dtype, LoraSpec, MixedPrecision, TrainingSpec
 
-# Families whose decoder layer is the Llama one (q/k/v/o, gate/up/down, RMSNorm): traced for QLoRA.
-QLORA_FAMILIES = frozenset({"llama", "mistral", "qwen2", "gemma"})
+# Families whose decoder layer is the Llama one (q/k/v/o, gate/up/down, RMSNorm) declare ``kbit_pinned``.
 _QKV = ("q_proj", "k_proj", "v_proj")
 _GATE_UP = ("gate_proj", "up_proj")
 _ALL = (*_QKV, "o_proj", *_GATE_UP, "down_proj")
@@ -50,7 +49,7 @@ def qlora_formula_applies(spec: TrainingSpec) -> bool:
         and kbit_upcast(spec)
         and spec.lora is not None
         and not spec.lora.use_dora
-        and spec.model.shape.family in QLORA_FAMILIES
+        and spec.model.shape.traits.kbit_pinned
     )
 
 

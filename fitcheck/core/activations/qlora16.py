@@ -29,7 +29,7 @@ mask/output and the cast gradients of the LoRA inputs, which peft computes in fp
 
 from __future__ import annotations
 
-from fitcheck.core.activations.qlora import QLORA_FAMILIES, kbit_upcast
+from fitcheck.core.activations.qlora import kbit_upcast
 from fitcheck.spec import MixedPrecision, TrainingSpec
 
 
@@ -44,7 +44,7 @@ def qlora16_applies(spec: TrainingSpec) -> bool:
         and spec.precision.load_dtype.is_half
         and lora is not None
         and not lora.use_dora
-        and spec.model.shape.family in QLORA_FAMILIES
+        and spec.model.shape.traits.kbit_pinned
     )
 
 

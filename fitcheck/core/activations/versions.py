@@ -72,7 +72,7 @@ def _differences(spec: TrainingSpec) -> list[str]:
     out.append("from_pretrained without torch_dtype loads float32 (see the dtype assumption)")
     if release[:2] < _SHIFT_COPY_FIXED:
         out.append("the loss upcasts the logits and copies the shifted logits (+4 B per logit at the loss)")
-    if spec.model.shape.family == "mixtral":
+    if spec.model.shape.traits.v4_linear_experts:
         out.append("Mixtral experts and router are nn.Linear (quantized by bitsandbytes, targeted by LoRA)")
     return out
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,8 +52,6 @@ SOURCE = "transformers 5.23 models/qwen2_5_vl/modeling_qwen2_5_vl.py (patch embe
 ADAPTER_BYTES = 4
 _BLOCK_LINEARS = ("qkv", "proj", "gate_proj", "up_proj", "down_proj")
 _MERGER_LINEARS = ("mlp.0", "mlp.2")
-# model_types whose tower this recipe describes (checked against the trace)
-PINNED = frozenset({"qwen2_5_vl"})
 
 
 @dataclass(frozen=True)
@@ -81,34 +78,12 @@ class VisionWidths:
         return max(self.hidden // max(self.heads, 1), 1)
 
 
-def _vision_config(spec: TrainingSpec) -> Mapping[str, object] | None:
-    vc = spec.model.config.get("vision_config")
-    return vc if isinstance(vc, Mapping) else None
-
-
-def _int(vc: Mapping[str, object], *keys: str, default: int = 0) -> int:
-    for key in keys:
-        value = vc.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return default
-
-
 def vision_widths(spec: TrainingSpec) -> VisionWidths | None:
-    """The tower's widths from ``vision_config`` (transformers' ``Qwen2_5_VLVisionConfig`` defaults if absent)."""
-    vc = _vision_config(spec)
+    """The tower's widths from the ``vision`` traits (``Qwen2_5_VLVisionConfig`` defaults for absent keys)."""
+    vc = spec.model.shape.traits.vision
     if vc is None:
         return None
-    hidden = _int(vc, "hidden_size", "embed_dim", default=1280)
-    patch = _int(vc, "patch_size", "spatial_patch_size", default=14)
-    channels = _int(vc, "in_channels", "in_chans", default=3)
-    return VisionWidths(
-        hidden=hidden,
-        heads=_int(vc, "num_heads", "num_attention_heads", default=16),
-        inter=_int(vc, "intermediate_size", default=3420),
-        depth=_int(vc, "depth", "num_hidden_layers", default=32),
-        patch_in=channels * _int(vc, "temporal_patch_size", default=2) * patch * patch,
-    )
+    return VisionWidths(hidden=vc.hidden, heads=vc.heads, inter=vc.intermediate, depth=vc.depth, patch_in=vc.patch_in)
 
 
 def _is_vision(name: str) -> bool:
@@ -251,7 +226,8 @@ def vision_saved(spec: TrainingSpec) -> VisionSaved:
         # the frozen patch embedding's output, made a leaf that requires grad by enable_input_require_grads, is
         # held by its AccumulateGrad node (a trained Conv3d's output is no leaf and is freed)
         per_patch += e * w.hidden
-    merged = patches // max(1, _int(_vision_config(spec) or {}, "spatial_merge_size", default=2) ** 2)
+    vc = spec.model.shape.traits.vision
+    merged = patches // max(1, (vc.spatial_merge_size if vc is not None else 2) ** 2)
     kept = per_patch * patches + 8 * merged + _text_side(spec, e)
     detail = f"{block} B/patch/block x {patches} patches x {plain} blocks" + (
         f" + {n_ckpt} checkpointed block inputs" if n_ckpt else "") + ("" if trained else " (frozen tower, "
@@ -396,7 +372,7 @@ def vision_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
 
 def _not_pinned(spec: TrainingSpec) -> str:
     """Why the vision recipe is outside what the trace checked ('' when inside)."""
-    if spec.model.shape.family not in PINNED:
+    if not spec.model.shape.traits.vision_pinned:  # the families whose tower was checked against a trace
         return f"{spec.model.shape.family} is not Qwen2.5-VL"
     if spec.precision.mixed_precision.value != "no":
         return "autocast over the tower is not modelled"

@@ -7,7 +7,6 @@ from fitcheck.core.kernels.cce import CCE_VERSION, cce_bytes
 from fitcheck.core.kernels.liger import (
     FLCE_CHUNK_BYTES_PER_LOGIT,
     LIGER_CONFIG_KEYS,
-    LIGER_MODEL_TYPES,
     LIGER_VERSION,
     FusedLossBytes,
     flce_bytes,
@@ -24,7 +23,6 @@ __all__ = [
     "CCE_VERSION",
     "FLCE_CHUNK_BYTES_PER_LOGIT",
     "LIGER_CONFIG_KEYS",
-    "LIGER_MODEL_TYPES",
     "LIGER_VERSION",
     "LOSSES",
     "FusedLossBytes",

@@ -7,7 +7,7 @@ calls e.g. ``apply_liger_kernel_to_llama(rope=True, cross_entropy=False, fused_l
 rms_norm=True, swiglu=True)``. Per kernel, from liger_kernel 0.8.5's source:
 
 * RMSNorm (ops/rms_norm.py ``LigerRMSNormFunction.forward``): ``ctx.save_for_backward(X, W, RSTD)``: the input in
-  its own dtype and one fp32 rstd per row ("llama"/"gemma" casting modes). transformers' RMSNorm instead keeps the
+  its own dtype and one fp32 rstd per row (``llama`` / ``gemma`` casting modes). transformers' RMSNorm instead keeps the
   fp32 upcast of the input, the rsqrt and (for a trained weight) the normalised tensor.
 * SwiGLU / GEGLU (ops/swiglu.py ``LigerSiLUMulFunction``, ops/geglu.py ``LigerGELUMulFunction``):
   ``ctx.save_for_backward(a, b)``: gate and up outputs; the activation output is recomputed in backward, so the
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from fitcheck.spec import LigerSpec, TrainingSpec
 
 LIGER_VERSION = "0.8.5"
-# liger_kernel 0.8.5 transformers/monkey_patch.py MODEL_TYPE_TO_APPLY_LIGER_FN, for the families fitcheck models.
-LIGER_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"})
+# Which families liger_kernel 0.8.5 transformers/monkey_patch.py MODEL_TYPE_TO_APPLY_LIGER_FN patches: each family
+# module declares it (``FamilyTraits.liger_patched``, fitcheck/families).
 # liger_kernel_config keys the apply functions of those families take (monkey_patch.py signatures); ``geglu`` is
 # Gemma's name for the gated MLP.
 LIGER_CONFIG_KEYS = ("rope", "rms_norm", "swiglu", "geglu", "fused_linear_cross_entropy", "cross_entropy")
@@ -47,7 +47,7 @@ FLCE_CHUNK_BYTES_PER_LOGIT = {"0.8.5": None, "0.4.2": 8}
 def liger_applies(spec: TrainingSpec) -> LigerSpec | None:
     """The Liger patches in effect: None without ``use_liger_kernel`` or for a model type Liger does not patch."""
     liger = spec.activations.liger
-    if liger is None or spec.model.shape.family not in LIGER_MODEL_TYPES:
+    if liger is None or not spec.model.shape.traits.liger_patched:
         return None
     return liger
 

@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from fitcheck.core.kernels.liger import LIGER_MODEL_TYPES, LIGER_VERSION
+from fitcheck.core.kernels.liger import LIGER_VERSION
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import DeviceType, TrainingSpec
 
@@ -55,7 +55,7 @@ def lever_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     act = spec.activations
     out: list[Finding] = []
     fam = spec.model.shape.family
-    if act.liger is not None and fam not in LIGER_MODEL_TYPES:
+    if act.liger is not None and not spec.model.shape.traits.liger_patched:
         out.append(Finding(
             "liger-not-applied", Severity.INFO,
             f"use_liger_kernel: liger_kernel {LIGER_VERSION} has no patch for model_type {fam!r} "

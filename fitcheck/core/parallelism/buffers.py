@@ -49,7 +49,7 @@ def rank_attention_heads(spec: TrainingSpec, par: ParallelismSpec) -> tuple[int,
     """(query heads, kv heads, head_dim) of one rank's attention (split by tp when the plan splits heads)."""
     sh = spec.model.shape
     q, kv = sh.num_heads, sh.num_kv_heads
-    plan = tp_plan(sh.family) if par.tp > 1 else None
+    plan = tp_plan(sh) if par.tp > 1 else None
     if plan is not None and any(v == "colwise" for k, v in plan.items() if "attn" in k):
         q, kv = max(1, q // par.tp), max(1, kv // par.tp)
     return q, kv, sh.head_dim

@@ -114,7 +114,7 @@ def strategy_problems(spec: TrainingSpec, par: ParallelismSpec) -> list[str]:
         )
     shape = spec.model.shape
     if par.tp > 1:
-        if tp_plan(shape.family) is None:
+        if tp_plan(shape) is None:
             out.append(
                 f"model_type {shape.family!r} has no tp_plan in transformers 5.23 (base_model_tp_plan is "
                 "unset), so tp_size > 1 cannot shard it; use dp_shard_size (FSDP) instead"

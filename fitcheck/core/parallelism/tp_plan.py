@@ -32,55 +32,7 @@ from dataclasses import replace
 
 from fitcheck.spec import Kind, ModelInventory, ModelShape, ParamEntry
 
-_ATTN_MLP = {
-    "layers.*.self_attn.q_proj": "colwise",
-    "layers.*.self_attn.k_proj": "colwise",
-    "layers.*.self_attn.v_proj": "colwise",
-    "layers.*.self_attn.o_proj": "rowwise",
-    "layers.*.mlp.gate_proj": "colwise",
-    "layers.*.mlp.up_proj": "colwise",
-    "layers.*.mlp.down_proj": "rowwise",
-}
-_QK_NORM = {
-    "layers.*.self_attn.q_norm": "replicated_with_grad_allreduce",
-    "layers.*.self_attn.k_norm": "replicated_with_grad_allreduce",
-}
-_MOE_EXPERTS = {
-    "layers.*.mlp.experts.gate_up_proj": "packed_colwise",
-    "layers.*.mlp.experts.down_proj": "rowwise",
-    "layers.*.mlp.experts": "moe_tp_experts",
-}
-_ATTN_ONLY = {k: v for k, v in _ATTN_MLP.items() if "self_attn" in k}
-
-# transformers 5.23 base_model_tp_plan by model_type (configuration_<family>.py).
-TP_PLANS: dict[str, dict[str, str]] = {
-    "llama": _ATTN_MLP,
-    "mistral": _ATTN_MLP,
-    "qwen2": _ATTN_MLP,
-    "gemma": _ATTN_MLP,
-    "gemma2": _ATTN_MLP,
-    "qwen3": {**_ATTN_MLP, **_QK_NORM},
-    "gemma3_text": {**_ATTN_MLP, **_QK_NORM},
-    "mixtral": {**_ATTN_ONLY, **_MOE_EXPERTS},
-    "qwen2_moe": {**_ATTN_ONLY, **_MOE_EXPERTS, **{k: v for k, v in _ATTN_MLP.items() if ".mlp." in k}},
-    "qwen3_moe": {
-        **_ATTN_ONLY, **_QK_NORM, **_MOE_EXPERTS, **{k: v for k, v in _ATTN_MLP.items() if ".mlp." in k}
-    },
-    "phi": {
-        "layers.*.self_attn.q_proj": "colwise",
-        "layers.*.self_attn.k_proj": "colwise",
-        "layers.*.self_attn.v_proj": "colwise",
-        "layers.*.self_attn.dense": "rowwise",
-        "layers.*.mlp.fc1": "colwise",
-        "layers.*.mlp.fc2": "rowwise",
-    },
-    "phi3": {
-        "layers.*.self_attn.qkv_proj": "colwise_gather_output",
-        "layers.*.self_attn.o_proj": "rowwise_split_input",
-        "layers.*.mlp.gate_up_proj": "colwise_gather_output",
-        "layers.*.mlp.down_proj": "rowwise_split_input",
-    },
-}
+# transformers 5.23 base_model_tp_plan of each family: ``ModelShape.traits.tp_plan`` (fitcheck/families).
 # <Family>ForCausalLM._tp_plan (modeling_<family>.py): the LM head is split by vocabulary, logits gathered.
 LM_HEAD_STYLE = "colwise_gather_output"
 # transformers 5.23 distributed/mixin.py: added for an nn.Embedding embed_tokens when the base model has a plan.
@@ -97,12 +49,12 @@ SRC_TP = (
 )
 
 
-def tp_plan(family: str) -> dict[str, str] | None:
+def tp_plan(shape: ModelShape) -> dict[str, str] | None:
     """The family's ``base_model_tp_plan`` plus the LM head rule, or None when transformers has none."""
-    plan = TP_PLANS.get(family)
+    plan = shape.traits.tp_plan
     if plan is None:
         return None
-    return {"embed_tokens": EMBEDDING_STYLE, **plan, "lm_head": LM_HEAD_STYLE}
+    return {"embed_tokens": EMBEDDING_STYLE, **dict(plan), "lm_head": LM_HEAD_STYLE}
 
 
 def style_of(entry: ParamEntry, plan: dict[str, str]) -> str | None:
@@ -174,7 +126,7 @@ def local_inventory(inventory: ModelInventory, tp: int) -> ModelInventory:
     if tp == 1:
         return inventory
     shape = inventory.shape
-    plan = tp_plan(shape.family)
+    plan = tp_plan(shape)
     if plan is None:
         raise ValueError(f"model_type {shape.family!r} has no tp_plan in transformers 5.23")
     params = tuple(local_entry(p, style_of(p, plan), tp) for p in inventory.params)

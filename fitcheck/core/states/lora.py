@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from fitcheck.spec import Kind, LoraSpec, ParamEntry, Role, TrainingSpec
+from fitcheck.spec import Kind, LoraSpec, MoeConversion, ParamEntry, Role, TrainingSpec
 
 _SRC_LINEAR = "peft 0.21.2 tuners/lora/layer.py LoraLayer.update_layer: lora_A (r,in) + lora_B (out,r)"
 _SRC_PARAM = (
@@ -41,31 +41,20 @@ _SRC_PARAM = (
 
 # peft utils/transformers_weight_conversion.py: v4 target names rewritten for transformers-5 fused MoE
 # tensors.
-_MOE_TARGET_MAPPING: dict[str, dict[str, str]] = {
-    "mixtral": {"gate": "gate.weight", "w1": "gate_up_proj", "w3": "gate_up_proj", "w2": "down_proj"},
-    "qwen2_moe": {
+_MOE_TARGET_MAPPING: dict[MoeConversion, dict[str, str]] = {
+    MoeConversion.MIXTRAL: {"gate": "gate.weight", "w1": "gate_up_proj", "w3": "gate_up_proj", "w2": "down_proj"},
+    MoeConversion.QWEN2_MOE: {
         "gate": "gate.weight",
         "gate_proj": "gate_up_proj",
         "up_proj": "gate_up_proj",
         "down_proj": "down_proj",
     },
 }
-# Which mapping applies to a model type: peft 0.21.2 utils/transformers_weight_conversion.py
-# ``_convert_peft_config_moe`` looks the type up in transformers 5.23 conversion_mapping.py
-# ``_MODEL_TO_CONVERSION_PATTERN`` (+ peft's own ``"mixtral": "mixtral"``); a type absent there (qwen2_moe itself)
-# is not rewritten. The MoE entries of that table:
-_MOE_BASE: dict[str, str] = {
-    "mixtral": "mixtral", "minimax": "mixtral", "minimax_m2": "mixtral",
-    **{t: "qwen2_moe" for t in (
-        "afmoe", "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "glm4_moe", "glm4_moe_lite",
-        "glm_moe_dsa", "glm4v_moe", "longcat_flash", "solar_open", "mellum", "qwen3_moe", "beam", "qwen3_omni_moe",
-        "qwen3_omni_moe_thinker", "qwen3_omni_moe_text", "qwen3_next", "hunyuan_v1_moe", "flex_olmo", "olmoe",
-        "exaone_moe", "cohere2_moe")},
-}
+# Which mapping applies to a model type: ``ModelShape.traits.moe_conversion`` (fitcheck/families/peft_moe.py).
 # Fused targets whose rank peft multiplies by the number of v4 projections fused into them.
-_MOE_FUSED: dict[str, dict[str, tuple[str, ...]]] = {
-    "mixtral": {"gate_up_proj": ("w1", "w3")},
-    "qwen2_moe": {"gate_up_proj": ("gate_proj", "up_proj")},
+_MOE_FUSED: dict[MoeConversion, dict[str, tuple[str, ...]]] = {
+    MoeConversion.MIXTRAL: {"gate_up_proj": ("w1", "w3")},
+    MoeConversion.QWEN2_MOE: {"gate_up_proj": ("gate_proj", "up_proj")},
 }
 
 
@@ -217,13 +206,12 @@ def _param_target(entry: ParamEntry, layers: int, rank: int) -> AdapterTarget:
 
 
 def _moe_rewrite(
-    lora: LoraSpec, family: str, params: tuple[ParamEntry, ...]
+    lora: LoraSpec, base: MoeConversion, params: tuple[ParamEntry, ...]
 ) -> tuple[set[str] | None, set[str], dict[str, int]]:
     """peft's v4->v5 MoE rewrite: (remaining module targets or None for regex, parameter targets, rank
     pattern)."""
     rank_pattern = dict(lora.rank_pattern)
     targets: set[str] = set(lora.target_modules)
-    base = _MOE_BASE.get(family, "")
     mapping = _MOE_TARGET_MAPPING.get(base)
     params_t: set[str] = set(lora.target_parameters)
     if mapping is None or lora.target_regex is not None:
@@ -264,8 +252,8 @@ def plan_lora(spec: TrainingSpec) -> LoraPlan:
     if lora is None:
         return LoraPlan((), ())
     params = spec.model.params
-    family = spec.model.shape.family
-    module_targets, param_targets, rank_pattern = _moe_rewrite(lora, family, params)
+    conversion = spec.model.shape.traits.moe_conversion
+    module_targets, param_targets, rank_pattern = _moe_rewrite(lora, conversion, params)
     all_linear = module_targets is not None and {t.lower() for t in module_targets} == {"all-linear"}
     regex = re.compile(lora.target_regex) if lora.target_regex else None
     layer_filter = set(lora.layers_to_transform) if lora.layers_to_transform is not None else None

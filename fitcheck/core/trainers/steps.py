@@ -80,7 +80,7 @@ def _sequence_classifier(spec: TrainingSpec) -> ModelInventory:
     pooled at the last token: the vocabulary-sized tensors are gone (``vocab_size`` of the step = labels).
     """
     inv = spec.model
-    labels = int(str(inv.config.get("num_labels", 1) or 1))
+    labels = inv.shape.traits.config_num_labels
     if any(p.name == "score.weight" for p in inv.params):
         return inv
     params = tuple(p for p in inv.params if p.role is not Role.LM_HEAD)

@@ -1,16 +1,24 @@
-"""Building blocks of the pure-Python parameter inventories: a typed view of config.json and an entry builder.
+"""What every family module shares: a typed view of config.json, an entry builder, the :class:`Family` record.
 
-The per-family modules (:mod:`fitcheck.readers.families_dense`, :mod:`fitcheck.readers.families_other`) mirror
-the ``__init__`` of each transformers 5.23 model class parameter by parameter; this module holds what they
-share. Pure: no torch, no file or env reads.
+The family modules (:mod:`fitcheck.families.llama`, ...) mirror the ``__init__`` of each transformers 5.23 model
+class parameter by parameter and declare the family's traits; this module holds what they share. Pure: no
+torch, no file or env reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from fitcheck.errors import ConfigError
-from fitcheck.spec import Dtype, Kind, ParamEntry, Role
+from fitcheck.spec import Dtype, FamilyTraits, Kind, ModelShape, ParamEntry, Role
+
+__all__ = ["ConfigView", "Family", "Inventory", "InventoryBuilder", "NotPureFamilyError", "TraitsFn", "mlp_kind"]
+
+# A family's inventory: the parameter entries and the shape numbers (traits are attached by the registry).
+Inventory = tuple[list[ParamEntry], ModelShape]
+# A family's traits: from its config and the config-wide traits every family starts from.
+TraitsFn = Callable[["ConfigView", FamilyTraits], FamilyTraits]
 
 
 class NotPureFamilyError(Exception):
@@ -34,6 +42,10 @@ class ConfigView:
     def present(self, key: str) -> bool:
         """True when config.json has the key at all (even with a null value)."""
         return key in self._config
+
+    def get(self, key: str, default: object = None) -> object:
+        """``config.get(key, default)``: a key present with ``null`` gives None, not the default."""
+        return self._config.get(key, default)
 
     def raw(self, *keys: str) -> object:
         """The first present, non-null value among ``keys``, or None."""
@@ -234,3 +246,18 @@ class InventoryBuilder:
             )
         if bias:
             self.add("lm_head.bias", (vocab,), Role.BIAS, Kind.BIAS)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One ``model_type``: its traits and, when mirrored in pure Python, its parameter inventory.
+
+    Attributes:
+        model_type: config.json ``model_type``.
+        traits: Builds the family's :class:`FamilyTraits` from its config.
+        inventory: The pure-Python inventory, or None (counted on the meta device).
+    """
+
+    model_type: str
+    traits: TraitsFn
+    inventory: Callable[[ConfigView], Inventory] | None = None

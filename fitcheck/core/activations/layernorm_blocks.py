@@ -1,4 +1,6 @@
-"""Saved-activation bytes of the LayerNorm families: GPT-2, BERT, Phi (phi-2), Falcon, BLOOM (pure: no torch).
+"""Saved-activation bytes of the LayerNorm blocks: GPT-2, BERT, Phi (phi-2), Falcon, BLOOM (pure: no torch).
+
+Which block a model runs is its ``ModelShape.traits.recipe`` (:mod:`fitcheck.families`).
 
 Read off fake-tensor traces of the transformers 5.23 models (``fitcheck.torch_adapters.tracer``: per-op
 listings of the tensors alive at the end of forward, 2 layers minus 1 layer) and pinned by
@@ -27,24 +29,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fitcheck.spec import AttnImpl, DeviceType, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, Dropout, LayerRecipe, TrainingSpec
 
-FAMILY_FORMULAS = frozenset({"gpt2", "bert", "phi", "falcon", "bloom"})
-# transformers' config-class defaults for the dropout probabilities (configuration_<family>.py, 5.23)
-_DROPOUT_DEFAULTS: Mapping[str, Mapping[str, float]] = {
-    "gpt2": {"attn_pdrop": 0.1, "resid_pdrop": 0.1, "embd_pdrop": 0.1},
-    "bert": {"attention_probs_dropout_prob": 0.1, "hidden_dropout_prob": 0.1},
-    "phi": {"attention_dropout": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0},
-    "falcon": {"attention_dropout": 0.0, "hidden_dropout": 0.0},
-    "bloom": {"attention_dropout": 0.0, "hidden_dropout": 0.0},
+R = LayerRecipe
+# Linear module names (peft target names) of each block
+_LINEARS: Mapping[LayerRecipe, tuple[str, ...]] = {
+    R.GPT2_BLOCK: ("c_attn", "c_proj", "c_fc"),
+    R.BERT_BLOCK: ("query", "key", "value", "dense"),
+    R.PHI_PARALLEL: ("q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"),
+    R.FALCON_PARALLEL: ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
+    R.BLOOM_ALIBI: ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
 }
-# Linear module names (peft target names) and the width of the tensor each one reads
-_LINEARS: Mapping[str, tuple[str, ...]] = {
-    "gpt2": ("c_attn", "c_proj", "c_fc"),
-    "bert": ("query", "key", "value", "dense"),
-    "phi": ("q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"),
-    "falcon": ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
-    "bloom": ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
+# The linears reading the layer input (through its LayerNorm)
+_FIRST_READERS: Mapping[LayerRecipe, tuple[str, ...]] = {
+    R.GPT2_BLOCK: ("c_attn",), R.BERT_BLOCK: ("query", "key", "value"),
+    R.PHI_PARALLEL: ("q_proj", "k_proj", "v_proj", "fc1"),
+    R.FALCON_PARALLEL: ("query_key_value", "dense_h_to_4h"), R.BLOOM_ALIBI: ("query_key_value",),
 }
 
 
@@ -62,30 +62,22 @@ class _Ctx:
     targets: frozenset[str]
     r: int
     lora_dropout: float
-    drop: Mapping[str, float]
+    drop: Dropout
 
-
-def dropout_probs(family: str, config: Mapping[str, object]) -> dict[str, float]:
-    """Dropout probabilities from config.json, with transformers' defaults for absent keys."""
-    out: dict[str, float] = {}
-    for key, default in _DROPOUT_DEFAULTS.get(family, {}).items():
-        value = config.get(key, default)
-        out[key] = float(value) if isinstance(value, (int, float)) else default
-    return out
 
 
 def _ctx(spec: TrainingSpec) -> _Ctx:
-    fam = spec.model.shape.family
+    traits = spec.model.shape.traits
     e = 2 if spec.precision.load_dtype.is_half else 4
     cuda = spec.hardware.device_type is DeviceType.CUDA
     lora = spec.lora
-    names = _LINEARS[fam]
+    names = _LINEARS[traits.recipe]
     targets: frozenset[str] = frozenset()
     if lora is not None:
         targets = frozenset(names) if "all-linear" in lora.target_modules else frozenset(
             n for n in names if n in lora.target_modules
         )
-    eager = spec.activations.attn_implementation is AttnImpl.EAGER or fam == "bloom"
+    eager = spec.activations.attn_implementation is AttnImpl.EAGER or traits.eager_only
     return _Ctx(
         e=e,
         dm=1 if cuda else e,
@@ -97,7 +89,7 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
         targets=targets,
         r=lora.r if lora is not None else 0,
         lora_dropout=lora.dropout if lora is not None else 0.0,
-        drop=dropout_probs(fam, spec.model.config),
+        drop=traits.dropout,
     )
 
 
@@ -151,7 +143,7 @@ def _fused_math(c: _Ctx, p: float, heads_match: bool, mask: bool) -> bool:
 def _gpt2(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
     sh = spec.model.shape
     h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
-    pa, pr = c.drop["attn_pdrop"], c.drop["resid_pdrop"]
+    pa, pr = c.drop.attention, c.drop.hidden
     e = c.e
     total = 2 * c.ln + 2 * e * h  # ln_1 / ln_2 statistics; the two residual sums (LayerNorm inputs)
     total += _reads(c, h, ("c_attn",)) + _reads(c, h, ("c_fc",))  # ln_1 / ln_2 outputs
@@ -192,7 +184,7 @@ def _bert(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
     sh = spec.model.shape
     h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
     q = sh.num_heads * sh.head_dim
-    pa, ph = c.drop["attention_probs_dropout_prob"], c.drop["hidden_dropout_prob"]
+    pa, ph = c.drop.attention, c.drop.hidden
     e = c.e
     # post-LN: the residual sums (LayerNorm inputs) and statistics; the attention-LN output feeds the
     # intermediate dense, the output-LN output the next layer's query/key/value
@@ -218,7 +210,7 @@ def _phi(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
     sh = spec.model.shape
     h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
     q, kv = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim
-    pa, pr = c.drop["attention_dropout"], c.drop["resid_pdrop"]
+    pa, pr = c.drop.attention, c.drop.hidden
     e = c.e
     total = c.ln + _reads(c, h, ("q_proj", "k_proj", "v_proj", "fc1"))  # one LayerNorm: parallel attn + MLP
     total += 2 * c.dm * h if pr > 0 else 0  # resid_dropout on the attention and MLP outputs
@@ -253,7 +245,7 @@ def _falcon(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
     e = c.e
     total = c.ln + _reads(c, h, ("query_key_value", "dense_h_to_4h"))  # one LayerNorm (parallel attention)
     total += e * h  # layer output (residual sum)
-    total += c.dm * h if c.drop["hidden_dropout"] > 0 else 0  # dropout_add at the end of the layer
+    total += c.dm * h if c.drop.hidden > 0 else 0  # dropout_add at the end of the layer
     if c.eager:
         total += e * (q + 2 * kv)  # rotary q, k and v (copies made by _split_heads)
         s2 = e * a  # softmax in the model dtype; no attention dropout on the rotary path (modeling_falcon.py)
@@ -285,7 +277,7 @@ def _bloom(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
     sh = spec.model.shape
     h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
     q = sh.num_heads * sh.head_dim
-    pa, ph = c.drop["attention_dropout"], c.drop["hidden_dropout"]
+    pa, ph = c.drop.attention, c.drop.hidden
     e = c.e
     total = 2 * c.ln + 2 * e * h  # input / post-attention LayerNorm statistics; residual sums (their inputs)
     total += _reads(c, h, ("query_key_value",)) + _reads(c, h, ("dense_h_to_4h",))  # LayerNorm outputs
@@ -299,28 +291,29 @@ def _bloom(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
     return total, s2
 
 
-_LAYERS = {"gpt2": _gpt2, "bert": _bert, "phi": _phi, "falcon": _falcon, "bloom": _bloom}
+_LAYERS = {R.GPT2_BLOCK: _gpt2, R.BERT_BLOCK: _bert, R.PHI_PARALLEL: _phi, R.FALCON_PARALLEL: _falcon,
+           R.BLOOM_ALIBI: _bloom}
 
 
-def family_layer_saved(spec: TrainingSpec) -> tuple[int, int]:
+def layernorm_block_saved(spec: TrainingSpec) -> tuple[int, int]:
     """(bytes per token, bytes per token per key position) one layer of a LayerNorm family keeps for backward.
 
     Args:
-        spec: A spec whose model family is in ``FAMILY_FORMULAS``.
+        spec: A spec whose ``traits.recipe`` is a LayerNorm block.
 
     Returns:
         Per-token bytes and the coefficient of the s² term (eager or math-path attention).
     """
     c = _ctx(spec)
-    return _LAYERS[spec.model.shape.family](spec, c)
+    return _LAYERS[spec.model.shape.traits.recipe](spec, c)
 
 
-def is_family(spec: TrainingSpec) -> bool:
-    """Whether the spec's model family has a formula here."""
-    return spec.model.shape.family in FAMILY_FORMULAS
+def runs_layernorm_block(spec: TrainingSpec) -> bool:
+    """Whether the spec's model runs one of the LayerNorm blocks here."""
+    return spec.model.shape.traits.recipe.layernorm_block
 
 
-def family_outside_saved(spec: TrainingSpec) -> int:
+def layernorm_outside_saved(spec: TrainingSpec) -> int:
     """Bytes kept outside the layers per micro-batch: embeddings side, final LayerNorm, MLM head, rotary tables.
 
     The layer-0 input is counted here (the layer formulas count each layer's own output); under checkpointing
@@ -328,7 +321,7 @@ def family_outside_saved(spec: TrainingSpec) -> int:
     """
     c = _ctx(spec)
     sh = spec.model.shape
-    fam = sh.family
+    fam = sh.traits.recipe
     b, s, h = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size
     e = c.e
     ckpt = spec.activations.checkpointing
@@ -337,20 +330,20 @@ def family_outside_saved(spec: TrainingSpec) -> int:
     # last layer's output (the final LayerNorm input, trace) is what is left to count here
     first = e * h if ckpt else (e * h if c.full else 0)
     per_token, fixed = 0, 0
-    if fam == "gpt2":
-        per_token = first + (c.dm * h if c.drop["embd_pdrop"] > 0 and c.full else 0)  # embedding dropout mask
+    if fam is R.GPT2_BLOCK:
+        per_token = first + (c.dm * h if c.drop.embedding > 0 and c.full else 0)  # embedding dropout mask
         per_token += c.ln + (e * h if c.full else 0)  # ln_f statistics and output (the tied LM head input)
         fixed = 8 * s if c.full else 0  # position_ids arange (s,) int64, kept by the trained wpe
         if ckpt and not c.full:
             # peft + checkpointing: transformers' enable_input_require_grads makes the wte output require a
             # gradient, so the embedding dropout keeps its mask and the wte output stays alive (trace)
-            per_token += e * h + (c.dm * h if c.drop["embd_pdrop"] > 0 else 0)
+            per_token += e * h + (c.dm * h if c.drop.embedding > 0 else 0)
             fixed = 8 * s
-    elif fam == "bert":
+    elif fam is R.BERT_BLOCK:
         if c.full or ckpt:
             # word + position + token-type sum (embedding LayerNorm input) and its statistics; dropout mask
             # (LoRA + checkpointing: enable_input_require_grads makes the embeddings require a gradient)
-            per_token = e * h + c.ln + (c.dm * h if c.drop["hidden_dropout_prob"] > 0 else 0)
+            per_token = e * h + c.ln + (c.dm * h if c.drop.hidden > 0 else 0)
             fixed = 8 * s if c.full else 0  # token_type_ids gathered from the (1, s) buffer (int64)
         per_token += 0 if ckpt else first
         if sh.task not in ("seq-cls", "token-cls"):  # a classifier has no MLM head (core/heads/classifier.py)
@@ -360,15 +353,15 @@ def family_outside_saved(spec: TrainingSpec) -> int:
                 per_token += _reads(c, h, ("dense",))  # an adapter on the head's transform dense ("all-linear")
         if ckpt:
             per_token += e * h  # the last layer output, read by the head's transform dense
-    elif fam == "phi":
-        per_token = first + (c.dm * h if c.drop["embd_pdrop"] > 0 and c.full else 0)
+    elif fam is R.PHI_PARALLEL:
+        per_token = first + (c.dm * h if c.drop.embedding > 0 and c.full else 0)
         per_token += c.ln + (e * h if c.full else 0)  # final_layernorm statistics and output
         rot = int(sh.head_dim * sh.partial_rotary_factor)  # PhiAttention.rotary_ndims
         fixed = 2 * s * rot * e  # cos and sin (1, s, rot) in the model dtype
-    elif fam == "falcon":
+    elif fam is R.FALCON_PARALLEL:
         per_token = first + c.ln + (e * h if c.full else 0)  # embedding output; ln_f statistics and output
         fixed = 2 * s * sh.head_dim * e
-    elif fam == "bloom":
+    elif fam is R.BLOOM_ALIBI:
         if c.full or ckpt:  # LoRA + checkpointing: enable_input_require_grads (as for BERT)
             per_token = e * h + c.ln  # embedding output (word_embeddings_layernorm input) and statistics
         per_token += first + c.ln + (e * h if c.full else 0)  # layer-0 input; ln_f statistics and output
@@ -383,12 +376,12 @@ def _checkpoint_args(spec: TrainingSpec, c: _Ctx) -> int:
     """Tensors a non-reentrant checkpoint keeps alive because every layer receives them (trace)."""
     sh = spec.model.shape
     b, s = spec.batch.micro_batch, spec.batch.seq_len
-    if sh.family in ("phi", "falcon"):
+    if sh.traits.recipe in (R.PHI_PARALLEL, R.FALCON_PARALLEL):
         extra = 8 * s  # position_ids (s,) int64
-        if sh.family == "falcon":
+        if sh.traits.recipe is R.FALCON_PARALLEL:
             extra += s * s * (c.e if c.eager else 1)  # materialised causal mask (1, 1, s, s): float / bool
         return extra
-    if sh.family == "bloom":
+    if sh.traits.recipe is R.BLOOM_ALIBI:
         return b * s * s * c.e + b * sh.num_heads * s * c.e  # float causal mask (b, 1, s, s), ALiBi (b·a, 1, s)
     return 0
 
@@ -400,22 +393,20 @@ def _layer0_without_grad(spec: TrainingSpec, c: _Ctx) -> int:
     nothing (Phi/Falcon parallel MLP), and attention keeps q (k) only when k (q) needs a gradient (trace).
     """
     sh = spec.model.shape
-    fam = sh.family
+    fam = sh.traits.recipe
     q, kv, inter = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim, sh.intermediate_size
-    out = 0 if fam == "bert" else c.ln
+    out = 0 if fam is R.BERT_BLOCK else c.ln
     if c.lora_dropout > 0:
         # adapters reading the layer input (through its LayerNorm) keep no dropout mask there
-        first_readers = {"gpt2": ("c_attn",), "bert": ("query", "key", "value"),
-                         "phi": ("q_proj", "k_proj", "v_proj", "fc1"),
-                         "falcon": ("query_key_value", "dense_h_to_4h"), "bloom": ("query_key_value",)}[fam]
+        first_readers = _FIRST_READERS[fam]
         out += c.dm32 * sh.hidden_size * sum(1 for n in first_readers if n in c.targets)
-    if fam == "phi" and "fc1" not in c.targets:
+    if fam is R.PHI_PARALLEL and "fc1" not in c.targets:
         out += 4 * c.e * inter  # fc1 output and gelu_new intermediates
-    if fam == "falcon" and "dense_h_to_4h" not in c.targets:
+    if fam is R.FALCON_PARALLEL and "dense_h_to_4h" not in c.targets:
         out += c.e * inter  # dense_h_to_4h output
-    if fam in ("bert", "phi"):
-        qn, kn = ("query", "key") if fam == "bert" else ("q_proj", "k_proj")
-        p = c.drop["attention_probs_dropout_prob" if fam == "bert" else "attention_dropout"]
+    if fam in (R.BERT_BLOCK, R.PHI_PARALLEL):
+        qn, kn = ("query", "key") if fam is R.BERT_BLOCK else ("q_proj", "k_proj")
+        p = c.drop.attention
         fused = not c.eager and not _fused_math(c, p, sh.num_kv_heads == sh.num_heads, False)
         if not fused:
             width = c.e if c.eager else 4
@@ -423,7 +414,7 @@ def _layer0_without_grad(spec: TrainingSpec, c: _Ctx) -> int:
     return out
 
 
-def family_logits(spec: TrainingSpec) -> tuple[int, int]:
+def layernorm_logits(spec: TrainingSpec) -> tuple[int, int]:
     """(forward peak, start-of-backward) bytes of the vocab-sized tensors and the labels.
 
     Causal LMs (transformers ``loss_utils.ForCausalLMLoss``): logits in the model dtype, the fp32 upcast
@@ -437,19 +428,15 @@ def family_logits(spec: TrainingSpec) -> tuple[int, int]:
     bsv = b * s * v
     e = c.e
     held = 0 if c.full else e * b * s * h  # the head input, alive during the loss though not saved (frozen head)
-    if sh.family == "bert":
+    if sh.traits.recipe is R.BERT_BLOCK:
         return 2 * e * bsv + 2 * e + held, 3 * e * bsv + 2 * e
     labels = b * (s + 1) * 8 + 8
     fwd = (e + 4 + (4 if e == 2 else 0)) * bsv + labels + held
     return fwd, 12 * bsv + 8
 
 
-def family_findings_text(spec: TrainingSpec) -> str | None:
+def layernorm_findings_text(spec: TrainingSpec) -> str | None:
     """Why a LayerNorm-family formula is not pinned for this spec, or None when it is."""
     if spec.precision.mixed_precision.value != "no" and not spec.precision.load_dtype.is_half:
         return "autocast over fp32 weights is not pinned for this family (16-bit casts per linear are not counted)"
-    if spec.model.shape.family == "falcon":
-        cfg = spec.model.config
-        if cfg.get("alibi") or cfg.get("new_decoder_architecture"):
-            return "Falcon with ALiBi or the new decoder architecture (40B/180B) is not pinned; the 7B recipe is used"
-    return None
+    return spec.model.shape.traits.gaps.config
