@@ -27,6 +27,7 @@ def test_all_lists_the_public_names() -> None:
         "spec",
         "units",
         "readers",
+        "families",
         "advice",
         "catalog",
         "render",
