@@ -44,8 +44,6 @@ def _assert_same(pure: ModelInventory, meta: ModelInventory) -> None:
 # projector the task-head work models (issue 12); their text part is a pure family (gemma3_text, qwen2).
 META_ONLY = frozenset({
     "google/gemma-3-4b-it", "google/gemma-3-12b-it", "google/gemma-3-27b-it", "Qwen/Qwen2.5-VL-7B-Instruct",
-    # issue 18: on the meta path until its family module (fitcheck/families/) lands
-    "ibm-granite/granite-3.3-8b-instruct",
 })
 PURE_IDS = [m for m in catalog_ids() if m not in META_ONLY]
 

@@ -279,11 +279,13 @@ def _all_grads(spec: TrainingSpec) -> int:
 
 
 def _static_outside(spec: TrainingSpec, q: BackwardInputs) -> int:
-    """Saved bytes outside the layers that outlive the final norm's backward (rotary tables, Gemma norms)."""
+    """Saved bytes outside the layers that outlive the final norm's backward (rotary tables, Gemma norms, the
+    leaf of a scaled frozen embedding)."""
     from fitcheck.core.activations.attention_variants import rotary_tables
+    from fitcheck.core.activations.embedding import scaled_embedding_leaf
 
     # cos/sin (1, s, rot) in the model dtype (trace); OLMo-2 fp32, gpt-oss rot = head_dim / 2 (attention_variants.py)
-    return rotary_tables(spec.model.shape, spec.batch.seq_len, q.half_model)
+    return rotary_tables(spec.model.shape, spec.batch.seq_len, q.half_model) + scaled_embedding_leaf(spec, q.r)
 
 
 def _gemma_norms(spec: TrainingSpec) -> int:
