@@ -86,8 +86,8 @@ def _two_layers(model_type: str = "granite") -> dict[str, Any]:
     return config
 
 
-def _spec(cell: Cell, config: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> TrainingSpec:
-    monkeypatch.setitem(differential.FAMILY_MODELS, cell.family, GRANITE)
+def _spec(cell: Cell, config: dict[str, Any]) -> TrainingSpec:
+    assert differential.FAMILY_MODELS[cell.family] == GRANITE  # the grid's model of the family
     return cell_spec(cell, config)
 
 
@@ -109,21 +109,21 @@ CELLS = [
 
 
 @pytest.mark.parametrize("cell", CELLS, ids=["/".join(map(str, c)) for c in CELLS])
-def test_formula_equals_trace_at_real_width(cell: tuple[str, bool, str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_formula_equals_trace_at_real_width(cell: tuple[str, bool, str, str]) -> None:
     method, ckpt, attn, precision = cell
-    spec = _spec(Cell("granite", method, ckpt, attn, precision, 256, 1), _two_layers(), monkeypatch)
+    spec = _spec(Cell("granite", method, ckpt, attn, precision, 256, 1), _two_layers())
     formula, traced = _device(spec, traced=False), _device(spec, traced=True)
     for phase in PHASES:
         assert abs(formula[phase] - traced[phase]) <= 0.01 * traced[phase], (cell, phase, formula, traced)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_scaled_embedding_leaf_under_lora_checkpointing(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scaled_embedding_leaf_under_lora_checkpointing(precision: str) -> None:
     # enable_input_require_grads makes the embedding module's output a leaf; Granite multiplies it into a new
     # tensor, so its AccumulateGrad node keeps it alive: one b x s x h tensor more than Llama at the same widths
     cell = Cell("granite", "lora", True, "sdpa", precision, 256, 1)
-    granite = _spec(cell, _two_layers(), monkeypatch)
-    llama = _spec(cell, _two_layers("llama"), monkeypatch)
+    granite = _spec(cell, _two_layers())
+    llama = _spec(cell, _two_layers("llama"))
     leaf = (2 if precision == "bf16" else 4) * 256 * 4096
     for side in (True, False):  # the trace, then the formula
         g, ll = _device(granite, side), _device(llama, side)
@@ -131,10 +131,10 @@ def test_scaled_embedding_leaf_under_lora_checkpointing(precision: str, monkeypa
         assert g[Phase.BACKWARD_START] - ll[Phase.BACKWARD_START] == leaf, side
 
 
-def test_tied_embedding_backward_holds_two_more_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tied_embedding_backward_holds_two_more_gradients() -> None:
     # A trained tied embedding (Granite, Llama-3.2, Gemma): the LM head's weight gradient waits in the autograd
     # input buffer of the shared weight, the embedding's backward makes another vocab x hidden gradient and the
     # buffer adds them into a third. Before the fix the formula missed 2 x 402 MB here (-14 % during backward).
-    spec = _spec(Cell("granite", "full", False, "sdpa", "bf16", 256, 1), _two_layers(), monkeypatch)
+    spec = _spec(Cell("granite", "full", False, "sdpa", "bf16", 256, 1), _two_layers())
     formula, traced = _device(spec, traced=False), _device(spec, traced=True)
     assert abs(formula[Phase.BACKWARD] - traced[Phase.BACKWARD]) <= 0.001 * traced[Phase.BACKWARD]
