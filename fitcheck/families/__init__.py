@@ -4,7 +4,7 @@ Ground floor (imports only :mod:`fitcheck.spec`, :mod:`fitcheck.errors`): the re
 ``ModelShape.traits`` from here, and the core reads those typed traits, never a ``model_type`` name (the model
 of litgpt's ``Config`` traits and peft's one-place method registry).
 
-- :mod:`.llama`, :mod:`.mistral`, :mod:`.mixtral`, :mod:`.qwen2`, :mod:`.qwen3`, :mod:`.qwen_moe`,
+- :mod:`.llama`, :mod:`.granite`, :mod:`.mistral`, :mod:`.mixtral`, :mod:`.qwen2`, :mod:`.qwen3`, :mod:`.qwen_moe`,
   :mod:`.gemma`, :mod:`.phi3`, :mod:`.olmo2`, :mod:`.gpt_oss`, :mod:`.deepseek_v3`: the RMSNorm decoders;
 - :mod:`.phi`, :mod:`.gpt2`, :mod:`.bert` (with the RoBERTa-like encoders), :mod:`.falcon`, :mod:`.bloom`: the
   LayerNorm families; :mod:`.qwen2_5_vl`: a vision-language family (traits only);
@@ -29,6 +29,7 @@ from fitcheck.families import (
     gemma,
     gpt2,
     gpt_oss,
+    granite,
     llama,
     mistral,
     mixtral,
@@ -79,6 +80,7 @@ _MODULES: tuple[tuple[Family, ...], ...] = (
     (deepseek_v3.FAMILY,),
     (qwen2_5_vl.FAMILY,),
     qwen_moe.FAMILIES[1:],
+    (granite.FAMILY,),
 )
 # The one registry: model_type -> family (in this order: ``supported_families`` lists them in error messages).
 FAMILIES: dict[str, Family] = {f.model_type: f for group in _MODULES for f in group}

@@ -203,6 +203,9 @@ class FamilyTraits:
         kbit_pinned: The QLoRA / LLM.int8 layer recipes were traced on this family (Llama-style layer).
         vision_pinned: The vision-tower recipe was checked against a trace of this family.
         liger_patched: Liger-Kernel has a monkey patch for this model_type.
+        embedding_scaled_outside: The embedding output is scaled outside the input-embedding module (Granite's
+            ``inputs_embeds * embedding_multiplier``), so the leaf ``enable_input_require_grads`` makes of a frozen
+            embedding's output is not the first layer's input: its AccumulateGrad node keeps it through backward.
         gaps: What the recipe was not checked for.
     """
 
@@ -233,4 +236,5 @@ class FamilyTraits:
     kbit_pinned: bool = False
     vision_pinned: bool = False
     liger_patched: bool = False
+    embedding_scaled_outside: bool = False
     gaps: RecipeGaps = RecipeGaps()

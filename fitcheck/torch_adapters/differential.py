@@ -51,6 +51,7 @@ FAMILY_MODELS: dict[str, str] = {
     "olmo2": "allenai/OLMo-2-1124-7B",  # issue 12 (branch i12pin)
     "gpt_oss": "openai/gpt-oss-20b",
     "qwen3": "Qwen/Qwen3-8B",  # the current dense Qwen (q/k norms per head): session 3
+    "granite": "ibm-granite/granite-3.3-8b-instruct",  # issue 18: the family added by walking the recipe
 }
 METHODS = ("full", "lora", "qlora", "int8", "dora", "freeze", "qlora_noprep")
 PRECISIONS = ("bf16", "autocast", "fp32")

@@ -156,6 +156,21 @@ def cuda_embedding_backward(spec: TrainingSpec) -> int:
     return 4 * partial * sh.hidden_size + 8 * (3 * n + 2 * segments + partial)
 
 
+def tied_embedding_backward(spec: TrainingSpec) -> int:
+    """Two more gradient-sized tensors at a trained tied embedding's backward (full fine-tune), 0 otherwise.
+
+    The LM head's weight gradient waits in the autograd engine's input buffer of the shared weight's
+    AccumulateGrad node (counted as that weight's gradient); the embedding's backward makes a second
+    ``vocab x hidden`` gradient and the buffer adds the two into a third (fake-tensor traces: Llama-3.2-1B,
+    gemma-7b and granite-3.3-8b-instruct, 2 x the embedding's gradient bytes above the formula before this term,
+    at the end of backward).
+    """
+    if not spec.model.shape.tied_embeddings:
+        return 0
+    g_head, _ = _head_and_embedding(spec)  # tied: the shared tensor's gradient bytes (0 unless a full fine-tune)
+    return 2 * g_head
+
+
 def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> dict[str, int]:
     """Bytes alive besides parameters, optimizer states and ALL gradients, at each candidate moment.
 
@@ -212,6 +227,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     if wrapped:
         moments["top MoE layer"] = q.kept + wrapped - (0 if accum else _all_grads(spec)) + _LOSS_SCALARS
     temp_emb = g_emb if accum else 0
+    temp_emb += tied_embedding_backward(spec)
     moments["embedding"] = q.end + cuda_embedding_backward(spec) + temp_emb + _LOSS_SCALARS
     return moments
 
@@ -263,11 +279,13 @@ def _all_grads(spec: TrainingSpec) -> int:
 
 
 def _static_outside(spec: TrainingSpec, q: BackwardInputs) -> int:
-    """Saved bytes outside the layers that outlive the final norm's backward (rotary tables, Gemma norms)."""
+    """Saved bytes outside the layers that outlive the final norm's backward (rotary tables, Gemma norms, the
+    leaf of a scaled frozen embedding)."""
     from fitcheck.core.activations.attention_variants import rotary_tables
+    from fitcheck.core.activations.embedding import scaled_embedding_leaf
 
     # cos/sin (1, s, rot) in the model dtype (trace); OLMo-2 fp32, gpt-oss rot = head_dim / 2 (attention_variants.py)
-    return rotary_tables(spec.model.shape, spec.batch.seq_len, q.half_model)
+    return rotary_tables(spec.model.shape, spec.batch.seq_len, q.half_model) + scaled_embedding_leaf(spec, q.r)
 
 
 def _gemma_norms(spec: TrainingSpec) -> int:

@@ -26,6 +26,7 @@ from fitcheck.core.activations.dora import (
     dora_recompute_excess,
     lora_extras_unpinned,
 )
+from fitcheck.core.activations.embedding import scaled_embedding_leaf
 from fitcheck.core.activations.freeze import frozen_layers
 from fitcheck.core.activations.heads import (
     bert_layer_alias,
@@ -121,6 +122,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     kept += _outside_saved(spec)
     fwd_logits, bwd_logits = _logits(spec)
     end = m.r * sh.hidden_size * b * s if (spec.lora is None or act.checkpointing) else 0
+    end += scaled_embedding_leaf(spec, m.r)  # Granite: the leaf's gradient meets the scaled copy's (embedding.py)
     host = 0
     if offload_applies(spec):  # TRL activation offloading: saved tensors in pinned host memory (kernels/offloading.py)
         head_in = m.r * sh.hidden_size * b * s if spec.lora is None and spec.quant is None and not m.autocast else 0

@@ -15,6 +15,7 @@ from fitcheck.core.activations.attention_variants import eager_scores, rotary_ta
 from fitcheck.core.activations.dora import (
     dora_per_token,
 )
+from fitcheck.core.activations.embedding import scaled_embedding_leaf
 from fitcheck.core.activations.heads import (
     CLASSIFIER_TASKS,
     classifier_head_backward,
@@ -347,6 +348,7 @@ def _outside_saved(spec: TrainingSpec) -> int:
         total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
         total += param_wrapper_saved(spec)  # peft ParamWrapper merged experts (activations/param_wrapper.py)
     total += _mla_outside(spec, m)  # DeepSeek-V3's dense layers, router weight copies (activations/mla.py)
+    total += scaled_embedding_leaf(spec, m.r)  # Granite: the embedding scaled outside its module (embedding.py)
     if spec.lora is not None and not spec.activations.checkpointing:
         # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA);
         # OLMo-2 has no norm before its first attention (norms.py)
