@@ -67,31 +67,36 @@ REFUSED: dict[str, str] = {
     "use_asft_loss": "the ASFT loss is not modelled",
     "freeze_extra_modules": "extra trainable modules in freeze tuning are not translated",
 }
-_NO_MEMORY = frozenset("""
-do_train do_eval do_predict dataset eval_dataset dataset_dir media_dir template max_samples overwrite_cache
-preprocessing_num_workers dataloader_num_workers output_dir logging_steps save_steps plot_loss
-overwrite_output_dir save_only_model report_to learning_rate num_train_epochs max_steps lr_scheduler_type
-warmup_ratio warmup_steps ddp_timeout resume_from_checkpoint trust_remote_code val_size eval_strategy eval_steps
-per_device_eval_batch_size tokenized_path enable_thinking mask_history train_on_prompt streaming buffer_size
-mix_strategy interleave_probs ignore_pad_token_for_loss tool_format default_system image_max_pixels
-image_min_pixels video_max_pixels video_min_pixels video_fps video_maxlen infer_backend infer_dtype
-max_new_tokens print_param_status include_num_input_tokens_seen adapter_name_or_path loraplus_lr_ratio
-loraplus_lr_embedding pissa_init pissa_iter pissa_convert create_new_adapter logging_dir run_name seed
-weight_decay max_grad_norm adam_beta1 adam_beta2 adam_epsilon save_strategy save_total_limit
-load_best_model_at_end metric_for_best_model ray_run_name ray_storage_path ray_num_workers resources_per_worker
-placement_strategy hub_model_id push_to_hub cache_dir model_revision rope_scaling predict_with_generate
-compute_accuracy disable_shuffling export_dir pref_ftx pref_bco_weight kto_chosen_weight kto_rejected_weight
-simpo_gamma ref_model ref_model_adapters ref_model_quantization_bit reward_model reward_model_adapters
-reward_model_type ld_alpha freeze_vision_tower freeze_multi_modal_projector freeze_language_model
-quantization_device_map new_special_tokens resize_vocab split_special_tokens add_tokens add_special_tokens
-low_cpu_mem_usage use_fast_tokenizer moe_aux_loss_coef enable_thinking dataset_shards
-""".split())
-_MAPPED = frozenset("""
-model_name_or_path stage finetuning_type lora_rank lora_alpha lora_dropout lora_target additional_target use_dora
-use_rslora freeze_trainable_layers freeze_trainable_modules quantization_bit quantization_method quantization_type
-double_quantization cutoff_len packing neat_packing enable_liger_kernel flash_attn disable_gradient_checkpointing
-use_reentrant_gc pure_bf16 pref_beta pref_loss deepspeed bf16 fp16
-""".split())
+_NO_MEMORY = frozenset([
+    "do_train", "do_eval", "do_predict", "dataset", "eval_dataset", "dataset_dir", "media_dir", "template",
+    "max_samples", "overwrite_cache", "preprocessing_num_workers", "dataloader_num_workers", "output_dir",
+    "logging_steps", "save_steps", "plot_loss", "overwrite_output_dir", "save_only_model", "report_to",
+    "learning_rate", "num_train_epochs", "max_steps", "lr_scheduler_type", "warmup_ratio", "warmup_steps",
+    "ddp_timeout", "resume_from_checkpoint", "trust_remote_code", "val_size", "eval_strategy", "eval_steps",
+    "per_device_eval_batch_size", "tokenized_path", "enable_thinking", "mask_history", "train_on_prompt",
+    "streaming", "buffer_size", "mix_strategy", "interleave_probs", "ignore_pad_token_for_loss", "tool_format",
+    "default_system", "image_max_pixels", "image_min_pixels", "video_max_pixels", "video_min_pixels", "video_fps",
+    "video_maxlen", "infer_backend", "infer_dtype", "max_new_tokens", "print_param_status",
+    "include_num_input_tokens_seen", "adapter_name_or_path", "loraplus_lr_ratio", "loraplus_lr_embedding",
+    "pissa_init", "pissa_iter", "pissa_convert", "create_new_adapter", "logging_dir", "run_name", "seed",
+    "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon", "save_strategy",
+    "save_total_limit", "load_best_model_at_end", "metric_for_best_model", "ray_run_name", "ray_storage_path",
+    "ray_num_workers", "resources_per_worker", "placement_strategy", "hub_model_id", "push_to_hub", "cache_dir",
+    "model_revision", "rope_scaling", "predict_with_generate", "compute_accuracy", "disable_shuffling",
+    "export_dir", "pref_ftx", "pref_bco_weight", "kto_chosen_weight", "kto_rejected_weight", "simpo_gamma",
+    "ref_model", "ref_model_adapters", "ref_model_quantization_bit", "reward_model", "reward_model_adapters",
+    "reward_model_type", "ld_alpha", "freeze_vision_tower", "freeze_multi_modal_projector", "freeze_language_model",
+    "quantization_device_map", "new_special_tokens", "resize_vocab", "split_special_tokens", "add_tokens",
+    "add_special_tokens", "low_cpu_mem_usage", "use_fast_tokenizer", "moe_aux_loss_coef", "enable_thinking",
+    "dataset_shards",
+])
+_MAPPED = frozenset([
+    "model_name_or_path", "stage", "finetuning_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target",
+    "additional_target", "use_dora", "use_rslora", "freeze_trainable_layers", "freeze_trainable_modules",
+    "quantization_bit", "quantization_method", "quantization_type", "double_quantization", "cutoff_len", "packing",
+    "neat_packing", "enable_liger_kernel", "flash_attn", "disable_gradient_checkpointing", "use_reentrant_gc",
+    "pure_bf16", "pref_beta", "pref_loss", "deepspeed", "bf16", "fp16",
+])
 
 
 class _Out:
@@ -299,7 +304,8 @@ def _finetuning(raw: Mapping[str, object], out: _Out, dtype: str, cast: bool) ->
 
 
 def _checkpointing(raw: Mapping[str, object], out: _Out) -> None:
-    disabled = as_bool(_get(raw, "disable_gradient_checkpointing", False), at=_at(out, "disable_gradient_checkpointing"))
+    at = _at(out, "disable_gradient_checkpointing")
+    disabled = as_bool(_get(raw, "disable_gradient_checkpointing", False), at=at)
     on = not disabled or bool(out.values.get("gradient_checkpointing"))
     out.set("gradient_checkpointing", on, "disable_gradient_checkpointing")
     if on and "gradient_checkpointing_kwargs" not in out.values:
