@@ -301,3 +301,35 @@ def test_named_deepspeed_file_missing_is_exit_2(tmp_path: Path, capsys: pytest.C
     path = _write(tmp_path, "base_model: meta-llama/Llama-3.2-1B\ndeepspeed: nowhere/zero3.json\n")
     assert main(["estimate", "--axolotl", path]) == 2
     assert "deepspeed: file 'nowhere/zero3.json' not found" in capsys.readouterr().err
+
+
+def test_launch_axolotl_train_estimates_then_runs_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    from fitcheck.cli import launch
+
+    ran: list[list[str]] = []
+    cfg = str(AX / "llama-3/qlora-1b-kto.yaml")
+    code = launch.main(["--json", "axolotl", "train", cfg, "--micro_batch_size", "4"],
+                       launcher=lambda cmd: ran.append(list(cmd)) or 0, env={})
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and ran == [["axolotl", "train", cfg, "--micro_batch_size", "4"]]
+    assert (report["micro_batch"], report["seq_len"], report["trainer"]) == (4, 2048, "kto")
+
+
+def test_launch_accelerate_module_and_llamafactory_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    from fitcheck.cli import launch
+
+    ran: list[list[str]] = []
+    cfg = str(AX / "mistral/qlora.yml")
+    env = {"FITCHECK_ACCELERATE_LAUNCHER": "accelerate-stub"}
+    code = launch.main(["--json", "--num_processes", "2", "-m", "axolotl.cli.train", cfg],
+                       launcher=lambda cmd: ran.append(list(cmd)) or 0, env=env)
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and ran == [["accelerate-stub", "-m", "axolotl.cli.train", cfg]]
+    assert (report["micro_batch"], report["num_processes"], report["strategy"]) == (2, 2, "ddp")
+    lf = str(LF / "train_lora/qwen3_lora_sft.yaml")
+    code = launch.main(["--check-only", "--json", "--model_name_or_path", QWEN3_4B, "llamafactory-cli", "train", lf,
+                        "cutoff_len=4096"], env={})
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["seq_len"] == 4096
+    assert launch.main(["--check-only", "llamafactory-cli", "train", lf, "--json"], env={}) == 2
+    assert "overrides are key=value" in capsys.readouterr().err

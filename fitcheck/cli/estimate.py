@@ -92,13 +92,15 @@ def explicit_values(args: argparse.Namespace) -> dict[str, object]:
 
 
 def spec_from_values(
-    values: Mapping[str, object], env: Mapping[str, str]
+    values: Mapping[str, object], env: Mapping[str, str], framework_overrides: Mapping[str, object] | None = None
 ) -> tuple[TrainingSpec, tuple[str, ...]]:
     """Build the spec from explicit flag values (plus the files they name).
 
     Args:
         values: Explicit flags, canonical names.
         env: Environment (for the HF cache and accelerate's default config location).
+        framework_overrides: Keys of an ``--axolotl``/``--llamafactory`` file given on the framework's own
+            command line.
 
     Returns:
         The spec and the assumptions made.
@@ -108,7 +110,7 @@ def spec_from_values(
     """
     from fitcheck.readers import load_inventory, merge_sources, spec_from_settings
 
-    values, framework = framework_values(values, os.getcwd())
+    values, framework = framework_values(values, os.getcwd(), framework_overrides)
     values, trl = split_trl_values(values)
     model = values.get("model_name_or_path")
     if not model:
@@ -156,13 +158,14 @@ def spec_from_values(
 
 
 def framework_values(
-    values: Mapping[str, object], cwd: str
+    values: Mapping[str, object], cwd: str, overrides: Mapping[str, object] | None = None
 ) -> tuple[dict[str, object], FrameworkRun | None]:
     """The flags with an ``--axolotl`` / ``--llamafactory`` file's settings under them (flags given win).
 
     Args:
         values: Explicit flags, canonical names.
         cwd: Working directory (where the frameworks open the files a config names).
+        overrides: Framework keys given on the framework's own command line (``fitcheck launch``).
 
     Returns:
         The combined values and the framework read (None without a framework file); its ``where`` says where
@@ -180,7 +183,7 @@ def framework_values(
     from fitcheck.readers import read_axolotl, read_llamafactory
 
     reader = read_axolotl if given[0] == "axolotl" else read_llamafactory
-    run = reader(str(values[given[0]]), cwd=cwd)
+    run = reader(str(values[given[0]]), cwd=cwd, overrides=overrides)
     where = {k: w for k, w in run.where.items() if k not in rest}
     combined = {**run.values, **rest}
     return combined, dataclasses.replace(run, where=where)

@@ -69,12 +69,14 @@ class _Out:
         self.problems.append(f"{self.path}: {key}: not modelled: {reason}")
 
 
-def read_axolotl(path: str, *, cwd: str) -> FrameworkRun:
+def read_axolotl(path: str, *, cwd: str, overrides: Mapping[str, object] | None = None) -> FrameworkRun:
     """Read an axolotl config file as ``fitcheck estimate`` settings.
 
     Args:
         path: The YAML file (what ``axolotl train FILE`` takes).
         cwd: Working directory, the last place a named DeepSpeed file is looked for.
+        overrides: Keys given on the framework's own command line (they replace the file's, as the framework's
+            CLI does).
 
     Returns:
         The settings with where each was read, findings and the defaults applied.
@@ -82,7 +84,7 @@ def read_axolotl(path: str, *, cwd: str) -> FrameworkRun:
     Raises:
         ConfigError: Bad values, and every key that changes memory and is not modelled (each named, with why).
     """
-    raw = load_framework_yaml(path, what="axolotl config (--axolotl)")
+    raw = {**load_framework_yaml(path, what="axolotl config (--axolotl)"), **(overrides or {})}
     out = _Out(path)
     try:
         _read(raw, out, cwd)
@@ -101,6 +103,8 @@ def read_axolotl(path: str, *, cwd: str) -> FrameworkRun:
             "passed over: " + ", ".join(unknown[:20]) + (" ..." if len(unknown) > 20 else ""),
             "check the spelling; a key that changes memory would need to be modelled",
         ))
+    if overrides:
+        out.notes.append(f"{path}: command-line overrides " + ", ".join(f"{k}={v!r}" for k, v in overrides.items()))
     return FrameworkRun(out.values, out.where, tuple(out.findings), tuple(out.notes))
 
 

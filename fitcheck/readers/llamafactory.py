@@ -116,7 +116,7 @@ class _Out:
         self.problems.append(f"{self.path}: {key}: not modelled: {reason}")
 
 
-def read_llamafactory(path: str, *, cwd: str) -> FrameworkRun:
+def read_llamafactory(path: str, *, cwd: str, overrides: Mapping[str, object] | None = None) -> FrameworkRun:
     """Read a LLaMA-Factory training YAML (``llamafactory-cli train FILE``) as ``fitcheck estimate`` settings.
 
     Freeze tuning leaves :data:`FREEZE_KEY` (the signed ``freeze_trainable_layers``) in the values: the layer
@@ -125,6 +125,8 @@ def read_llamafactory(path: str, *, cwd: str) -> FrameworkRun:
     Args:
         path: The YAML file.
         cwd: Working directory, the last place a named DeepSpeed file is looked for.
+        overrides: Keys given on the framework's own command line (they replace the file's, as the framework's
+            CLI does).
 
     Returns:
         The settings with where each was read, findings and the defaults applied.
@@ -132,7 +134,7 @@ def read_llamafactory(path: str, *, cwd: str) -> FrameworkRun:
     Raises:
         ConfigError: Bad values, and every key that changes memory and is not modelled.
     """
-    raw = load_framework_yaml(path, what="LLaMA-Factory config (--llamafactory)")
+    raw = {**load_framework_yaml(path, what="LLaMA-Factory config (--llamafactory)"), **(overrides or {})}
     out = _Out(path)
     try:
         _read(raw, out, cwd)
@@ -153,6 +155,8 @@ def read_llamafactory(path: str, *, cwd: str) -> FrameworkRun:
             + (" ..." if len(unknown) > 20 else ""),
             "check the spelling; a key that changes memory would need to be modelled",
         ))
+    if overrides:
+        out.notes.append(f"{path}: command-line overrides " + ", ".join(f"{k}={v!r}" for k, v in overrides.items()))
     return FrameworkRun(out.values, out.where, tuple(out.findings), tuple(out.notes))
 
 
