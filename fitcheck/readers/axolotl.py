@@ -368,7 +368,7 @@ def _plugins(raw: Mapping[str, object], out: _Out) -> None:
             if any(config.values()):
                 out.set("use_liger_kernel", True, "plugins")
                 out.set("liger_kernel_config", config, "plugins")
-        elif plugin in (FITCHECK_PLUGIN, "fitcheck.integrations.axolotl_plugin.FitcheckAxolotlPlugin"):
+        elif plugin == FITCHECK_PLUGIN:
             continue
         else:
             out.refuse("plugins", f"{plugin}: what this plugin changes in the step is not modelled")
