@@ -54,7 +54,7 @@ REFUSED: dict[str, str] = {
 # Keys read and known to change nothing a training step allocates on the GPU (data, logging, saving, schedule,
 # tokenizer, hub, evaluation cadence, loading-only switches).
 NO_MEMORY = frozenset([
-    "datasets", "test_datasets", "val_set_size", "dataset_prepared_path", "dataset_processes", "dataset_num_proc",
+    "datasets", "eval_batch_size", "test_datasets", "val_set_size", "dataset_prepared_path", "dataset_processes", "dataset_num_proc",
     "dataset_exact_deduplication", "shuffle_merged_datasets", "shuffle_before_merging_datasets",
     "push_dataset_to_hub", "hf_use_auth_token", "output_dir", "wandb_project", "wandb_entity", "wandb_watch",
     "wandb_name", "wandb_log_model", "wandb_run_id", "mlflow_tracking_uri", "mlflow_experiment_name",
@@ -98,6 +98,6 @@ MAPPED = frozenset([
     "fsdp_config", "fsdp_version", "rl", "rl_beta", "trl", "max_prompt_len", "dpo_loss_type",
     "precompute_ref_log_probs", "sample_packing", "torch_compile", "cut_cross_entropy", "lora_mlp_kernel",
     "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel", "model_quantization_config",
-    "model_quantization_config_kwargs", "eval_batch_size", "liger_rms_norm_gated", "liger_layer_norm",
+    "model_quantization_config_kwargs", "liger_rms_norm_gated", "liger_layer_norm",
     "liger_use_token_scaling",
 ]) | frozenset(LIGER_SWITCHES)
