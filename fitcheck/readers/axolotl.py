@@ -95,7 +95,8 @@ def read_axolotl(path: str, *, cwd: str, overrides: Mapping[str, object] | None 
             out.refuse(key, REFUSED[key])
     if out.problems:
         raise ConfigError.collect(sorted(set(out.problems), key=out.problems.index))
-    unknown = sorted(k for k in raw if raw[k] is not None and k not in MAPPED and k not in NO_MEMORY and k not in REFUSED)
+    unknown = sorted(
+        k for k in raw if raw[k] is not None and k not in MAPPED and k not in NO_MEMORY and k not in REFUSED)
     if unknown:
         out.findings.append(Finding(
             "unknown-keys", Severity.WARNING,

@@ -54,7 +54,8 @@ REFUSED: dict[str, str] = {
 # Keys read and known to change nothing a training step allocates on the GPU (data, logging, saving, schedule,
 # tokenizer, hub, evaluation cadence, loading-only switches).
 NO_MEMORY = frozenset([
-    "datasets", "eval_batch_size", "test_datasets", "val_set_size", "dataset_prepared_path", "dataset_processes", "dataset_num_proc",
+    "datasets", "eval_batch_size", "test_datasets",
+    "val_set_size", "dataset_prepared_path", "dataset_processes", "dataset_num_proc",
     "dataset_exact_deduplication", "shuffle_merged_datasets", "shuffle_before_merging_datasets",
     "push_dataset_to_hub", "hf_use_auth_token", "output_dir", "wandb_project", "wandb_entity", "wandb_watch",
     "wandb_name", "wandb_log_model", "wandb_run_id", "mlflow_tracking_uri", "mlflow_experiment_name",

@@ -145,7 +145,8 @@ def read_llamafactory(path: str, *, cwd: str, overrides: Mapping[str, object] | 
             out.refuse(key, REFUSED[key])
     if out.problems:
         raise ConfigError.collect(sorted(set(out.problems), key=out.problems.index))
-    unknown = sorted(k for k in raw if raw[k] is not None and k not in _MAPPED and k not in _NO_MEMORY and k not in REFUSED
+    unknown = sorted(
+        k for k in raw if raw[k] is not None and k not in _MAPPED and k not in _NO_MEMORY and k not in REFUSED
                      and k not in SPELLINGS)
     if unknown:
         out.findings.append(Finding(
