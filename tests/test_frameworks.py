@@ -243,8 +243,8 @@ def test_unknown_keys_one_warning(tmp_path: Path) -> None:
     ("gradient_checkpointing: offload\n", "gradient_checkpointing"),
     ("rl: orpo\n", "rl"),
     ("plugins: [some.other.Plugin]\n", "plugins"),
-    ("adapter: lora\nload_in_4bit: true\n", "load_in_4bit"),
-    ("adapter: lora\ngradient_checkpointing: false\n", "lora_mlp_kernel"),
+    ("adapter: lora\nlora_r: 8\nload_in_4bit: true\n", "load_in_4bit"),
+    ("adapter: lora\nlora_r: 8\ngradient_checkpointing: false\n", "lora_mlp_kernel"),
 ])
 def test_axolotl_refusals_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     path = _write(tmp_path, "base_model: meta-llama/Llama-3.2-1B\n" + text)

@@ -180,8 +180,9 @@ def _adapter(raw: Mapping[str, object], out: _Out) -> str | None:
         out.refuse("adapter", f"{adapter!r}: only lora and qlora adapters are modelled")
         return None
     out.set("use_peft", True, "adapter")
-    if raw.get("lora_r") is not None:
-        out.set("lora_r", as_int(raw["lora_r"], at=_at(out, "lora_r"), minimum=1), "lora_r")
+    if raw.get("lora_r") is None:  # loaders/adapter.py passes r=cfg.lora_r to peft's LoraConfig
+        raise ConfigError(f"{_at(out, 'lora_r')}: adapter: {adapter} needs lora_r (the LoRA rank); add it")
+    out.set("lora_r", as_int(raw["lora_r"], at=_at(out, "lora_r"), minimum=1), "lora_r")
     if raw.get("lora_alpha") is not None:
         out.set("lora_alpha", as_float(raw["lora_alpha"], at=_at(out, "lora_alpha")), "lora_alpha")
     out.set("lora_dropout", as_float(_get(raw, "lora_dropout", 0.0), at=_at(out, "lora_dropout")), "lora_dropout")
