@@ -130,6 +130,21 @@ def _get(cfg: Any, key: str) -> Any:
     return cfg.get(key) if isinstance(cfg, Mapping) else getattr(cfg, key, None)
 
 
+def _this_gpu() -> dict[str, object]:
+    """This machine's GPU when it has one (the plugin runs on the training node); else the estimate's default."""
+    from fitcheck.integrations.spec_build import detect_hardware
+
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            found: dict[str, object] = detect_hardware()
+            return found
+    except Exception:  # no usable torch: the default GPU applies
+        pass
+    return {}
+
+
 def axolotl_preflight(cfg: Any, env: Mapping[str, str]) -> Report:
     """The estimate of the axolotl run whose config ``cfg`` was loaded from ``cfg.axolotl_config_path``.
 
@@ -144,10 +159,9 @@ def axolotl_preflight(cfg: Any, env: Mapping[str, str]) -> Report:
         ConfigError: No config file, or what :func:`fitcheck.readers.read_axolotl` refuses.
     """
     from fitcheck.integrations.spec_build import build_spec, inventory_for
-    from fitcheck.integrations.trainer import _detected_gpu
 
     from fitcheck.core import estimate
-    from fitcheck.readers import read_axolotl
+    from fitcheck.readers import apply_trainer, read_axolotl, split_trl_values
 
     path = _get(cfg, "axolotl_config_path")
     if not path or not Path(str(path)).is_file():
@@ -165,13 +179,18 @@ def axolotl_preflight(cfg: Any, env: Mapping[str, str]) -> Report:
             values[key] = _get(cfg, f"fitcheck_{key}")
             where[key] = f"{path}:fitcheck_{key}"
     if "gpu" not in values and "gpu_memory" not in values:
-        values.update(_detected_gpu())
+        values.update(_this_gpu())
     if "fsdp_config" in values and "fsdp" not in values:
         values["fsdp"] = "full_shard"  # axolotl's FSDP section: fully sharded unless it says otherwise
     model = str(values.pop("model_name_or_path"))
     findings = list(run.findings)
+    values, trl = split_trl_values(values)  # rl: dpo/kto/grpo -> the TRL trainer, as `fitcheck estimate` does
     spec, assumptions = build_spec(inventory_for(model, env), values, where, findings, env)
+    try:
+        spec, notes = apply_trainer(spec, trl)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     report = estimate(spec)
     import dataclasses
 
-    return dataclasses.replace(report, assumptions=(*report.assumptions, *run.notes, *assumptions))
+    return dataclasses.replace(report, assumptions=(*report.assumptions, *run.notes, *assumptions, *notes))

@@ -78,6 +78,13 @@ def test_preflight_counts_world_size_and_the_zero3_file() -> None:
     assert report.spec.sharding.num_processes == 8 and report.spec.sharding.zero_stage == 3
 
 
+def test_preflight_reads_the_rl_trainer() -> None:
+    from fitcheck.spec import TrainerKind
+
+    report = axolotl_preflight(_cfg("llama-3/qlora-1b-kto.yaml"), env={})
+    assert report.spec.trainer.kind is TrainerKind.KTO and report.spec.batch.seq_len == 2048
+
+
 def test_refused_config_warns_or_stops(capsys: pytest.CaptureFixture[str]) -> None:
     plugin = FitcheckPlugin()
     plugin.pre_model_load(cfg=_cfg("qwen3/32b-qlora.yaml"))
