@@ -20,7 +20,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
@@ -28,6 +28,9 @@ from fitcheck.readers import apply_trainer, split_trl_values
 from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters import meta_inventory
+
+if TYPE_CHECKING:
+    from fitcheck.readers import FrameworkRun
 
 FILE_FLAGS = ("training_args", "deepspeed", "config_file", "fsdp", "fsdp_config")
 TASK_FLAGS = ("task", "num_labels", "image_tokens")  # read by readers/task_heads.py, not by the merge
@@ -89,13 +92,15 @@ def explicit_values(args: argparse.Namespace) -> dict[str, object]:
 
 
 def spec_from_values(
-    values: Mapping[str, object], env: Mapping[str, str]
+    values: Mapping[str, object], env: Mapping[str, str], framework_overrides: Mapping[str, object] | None = None
 ) -> tuple[TrainingSpec, tuple[str, ...]]:
     """Build the spec from explicit flag values (plus the files they name).
 
     Args:
         values: Explicit flags, canonical names.
         env: Environment (for the HF cache and accelerate's default config location).
+        framework_overrides: Keys of an ``--axolotl``/``--llamafactory`` file given on the framework's own
+            command line.
 
     Returns:
         The spec and the assumptions made.
@@ -105,6 +110,7 @@ def spec_from_values(
     """
     from fitcheck.readers import load_inventory, merge_sources, spec_from_settings
 
+    values, framework = framework_values(values, os.getcwd(), framework_overrides)
     values, trl = split_trl_values(values)
     model = values.get("model_name_or_path")
     if not model:
@@ -119,6 +125,10 @@ def spec_from_values(
         num_labels=_opt_int(values.get("num_labels")),
     )
     inventory = resolve_image_tokens(inventory, values.get("image_tokens"))
+    if framework is not None:
+        from fitcheck.readers import resolve_freeze
+
+        values = resolve_freeze(values, inventory.shape.num_layers)
     cli = {k: v for k, v in values.items() if (k not in FILE_FLAGS or k == "fsdp_config") and k not in TASK_FLAGS}
     merged = merge_sources(
         cli,
@@ -128,6 +138,7 @@ def spec_from_values(
         fsdp=_opt_str(values.get("fsdp")),
         env=env,
         hidden_size=inventory.shape.hidden_size,
+        where_read=framework.where if framework is not None else None,
     )
     spec, assumptions = spec_from_settings(
         merged.settings, inventory=inventory, sharding=merged.sharding, findings=merged.findings
@@ -140,7 +151,42 @@ def spec_from_values(
         spec, notes = apply_trainer(spec_for_task(spec), trl)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if framework is not None:
+        spec = dataclasses.replace(spec, findings=(*spec.findings, *framework.findings))
+        notes = (*framework.notes, *notes)
     return spec, (*assumptions, *notes)
+
+
+def framework_values(
+    values: Mapping[str, object], cwd: str, overrides: Mapping[str, object] | None = None
+) -> tuple[dict[str, object], FrameworkRun | None]:
+    """The flags with an ``--axolotl`` / ``--llamafactory`` file's settings under them (flags given win).
+
+    Args:
+        values: Explicit flags, canonical names.
+        cwd: Working directory (where the frameworks open the files a config names).
+        overrides: Framework keys given on the framework's own command line (``fitcheck launch``).
+
+    Returns:
+        The combined values and the framework read (None without a framework file); its ``where`` says where
+        each value that no flag gave was read.
+
+    Raises:
+        ConfigError: Both files given, or what the framework reader refuses.
+    """
+    given = [k for k in ("axolotl", "llamafactory") if values.get(k)]
+    rest = {k: v for k, v in values.items() if k not in ("axolotl", "llamafactory")}
+    if not given:
+        return rest, None
+    if len(given) > 1:
+        raise ConfigError("--axolotl and --llamafactory are both given; pass the config of the framework you run")
+    from fitcheck.readers import read_axolotl, read_llamafactory
+
+    reader = read_axolotl if given[0] == "axolotl" else read_llamafactory
+    run = reader(str(values[given[0]]), cwd=cwd, overrides=overrides)
+    where = {k: w for k, w in run.where.items() if k not in rest}
+    combined = {**run.values, **rest}
+    return combined, dataclasses.replace(run, where=where)
 
 
 def _opt_str(v: object) -> str | None:

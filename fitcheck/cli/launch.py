@@ -2,6 +2,10 @@
 
 Usage: ``fitcheck launch [--check-only] [--strict] [--json] [--gpu NAME | --gpu_memory SIZE]
 [--trainer sft|dpo|grpo|reward] [--max_prompt_length N] [accelerate launch args] script.py [script args]``.
+A framework's entry point is estimated from its YAML (``fitcheck.cli.launch_frameworks``):
+``fitcheck launch [--check-only] [--num_processes N] axolotl train cfg.yml``,
+``fitcheck launch [accelerate launch args] -m axolotl.cli.train cfg.yml``,
+``fitcheck launch llamafactory-cli train cfg.yaml``.
 A TRL script's trainer and config flags are read with TRL's own parser (``fitcheck.cli.launch_trl``).
 See :mod:`fitcheck.integrations.accelerate_launch`.
 Exit codes with ``--check-only``: 0 fits, 1 does not fit, 2 bad input. Otherwise the exit code is
@@ -80,6 +84,15 @@ def main(
     if list(argv)[:1] in (["-h"], ["--help"]):
         print(__doc__)
         return 0
+    from fitcheck.cli.launch_frameworks import split_framework_argv
+
+    try:
+        framework = split_framework_argv(argv)
+    except FitcheckError as exc:
+        print(f"fitcheck: error: {exc}", file=sys.stderr)
+        return 2
+    if framework is not None:
+        return _framework_main(framework, environ, launcher)
     try:
         plan = al.split_argv(argv)
         from fitcheck.cli.launch_trl import TrlLaunchHook
@@ -96,6 +109,35 @@ def main(
         print("fitcheck: --strict: not launching a run that will not fit (see the report above)", file=sys.stderr)
         return 1
     cmd = al.accelerate_command(plan.accelerate_argv, environ)
+    if launcher is not None:
+        return launcher(cmd)
+    code: int = al.exec_command(cmd)
+    return code
+
+
+def _framework_main(fw: Any, environ: dict[str, str], launcher: Launcher | None) -> int:
+    """Estimate a framework's YAML (``axolotl train``, ``-m axolotl.cli.train``, ``llamafactory-cli train``),
+    then run the command as given."""
+    import dataclasses
+
+    import fitcheck.integrations as al
+    from fitcheck.cli.estimate import spec_from_values
+    from fitcheck.core import estimate
+
+    try:
+        spec, assumptions = spec_from_values({fw.framework: fw.config, **fw.values}, environ, fw.overrides)
+        report = estimate(spec)
+    except FitcheckError as exc:
+        print(f"fitcheck: error: {exc}", file=sys.stderr)
+        return 2
+    report = dataclasses.replace(report, assumptions=(*report.assumptions, *assumptions))
+    _print(report, fw.json)
+    if fw.check_only:
+        return 0 if report.fits else 1
+    if fw.strict and (not report.fits or bool(report.errors)):
+        print("fitcheck: --strict: not launching a run that will not fit (see the report above)", file=sys.stderr)
+        return 1
+    cmd = al.accelerate_command(fw.command, environ) if fw.through_accelerate else list(fw.command)
     if launcher is not None:
         return launcher(cmd)
     code: int = al.exec_command(cmd)

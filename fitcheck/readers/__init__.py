@@ -7,6 +7,8 @@
   transformers does; :mod:`.fsdp_config`: FSDP options; :mod:`.accelerate_config`: accelerate's YAML;
 - :mod:`.peft_config`, :mod:`.quantization_config`: adapter and bitsandbytes configs;
 - :mod:`.task_heads`: the task head (``architectures`` / ``--task``: seq-cls, token-cls, image-text-to-text);
+- :mod:`.axolotl`, :mod:`.llamafactory` (+ :mod:`.framework_yaml`): a framework's YAML read as the same
+  settings the flags give, with the framework's defaults;
 - :mod:`.parallelism`: the tp/cp/sp/HSDP layout (accelerate ``ParallelismConfig``) and accelerate's checks;
 - :mod:`.settings_table`: the one table of run settings (names, spellings, kinds, CLI flags);
   :mod:`.run_settings`: ``RunSettings``, one typed value per setting with its default and provenance;
@@ -18,9 +20,12 @@ Where a new reader goes: a module here returning spec pieces (and findings), mer
 
 from fitcheck.families import ConfigView, mlp_kind
 from fitcheck.readers.accelerate_config import default_config_path
+from fitcheck.readers.axolotl import read_axolotl
 from fitcheck.readers.deepspeed import ACCELERATE_ZERO_STAGE, accelerate_deepspeed_config, resolve_deepspeed
 from fitcheck.readers.families_legacy import inventory_for_stack
+from fitcheck.readers.framework_yaml import FrameworkRun
 from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
+from fitcheck.readers.llamafactory import read_llamafactory, resolve_freeze
 from fitcheck.readers.merge import merge_sources
 from fitcheck.readers.model_config import MetaFallback, inventory_from_config, load_inventory
 from fitcheck.readers.parallelism import PARALLELISM_FLAGS, read_parallelism
@@ -50,6 +55,7 @@ __all__ = [
     "TRL_FLAG_NAMES",
     "CliFlag",
     "ConfigView",
+    "FrameworkRun",
     "MetaFallback",
     "RunSettings",
     "accelerate_deepspeed_config",
@@ -68,10 +74,13 @@ __all__ = [
     "parse_stack",
     "pure_task_supported",
     "read_adapter_config",
+    "read_axolotl",
+    "read_llamafactory",
     "read_parallelism",
     "read_script_argv",
     "read_training_args_object",
     "resolve_deepspeed",
+    "resolve_freeze",
     "resolve_image_tokens",
     "spec_for_task",
     "spec_from_settings",

@@ -98,6 +98,7 @@ def merge_sources(
     fsdp: str | None,
     env: Mapping[str, str],
     hidden_size: int | None = None,
+    where_read: Mapping[str, str] | None = None,
 ) -> MergedRun:
     """Read and merge the command line, TrainingArguments file, DeepSpeed JSON and accelerate config.
 
@@ -111,6 +112,8 @@ def merge_sources(
         env: Environment variables (``HF_HOME``, ``XDG_CACHE_HOME``, ``HOME``) for the default accelerate
             file.
         hidden_size: The model's hidden size, for DeepSpeed ``"auto"`` bucket sizes.
+        where_read: Where a value in ``cli`` was really read when it was no flag (a framework file,
+            ``"cfg.yml:micro_batch_size"``: ``readers/axolotl.py``, ``readers/llamafactory.py``).
 
     Returns:
         The merged run.
@@ -120,7 +123,8 @@ def merge_sources(
             sizes, DeepSpeed and FSDP both configured.
     """
     findings: list[Finding] = []
-    values, provenance = _layered(cli, training_args_file, findings)
+    where_read = where_read or {}
+    values, provenance = _layered(cli, training_args_file, findings, where_read)
     sources = {k: Source(values.pop(k), provenance.pop(k)) for k in _SOURCE_FIELDS if k in values}
     acc = _accelerate(accelerate_config_file, env, findings)
     num_processes, num_machines = _processes(cli, acc, provenance, findings)
@@ -131,7 +135,7 @@ def merge_sources(
     _update(values, provenance, _every_n_layers(values, provenance))
 
     ds_raw, ds_source = deepspeed_raw(cli, deepspeed_file, sources, acc, findings)
-    fs_read = fsdp_read(cli, fsdp, sources, acc)
+    fs_read = fsdp_read(cli, fsdp, sources, acc, where_read.get("fsdp_config", "--fsdp_config"))
     if ds_raw is not None and fs_read is not None:
         raise ConfigError(f"DeepSpeed ({ds_source}) and FSDP are both configured; use one of them")
     ta_par = sources.get("parallelism_config")
@@ -180,7 +184,7 @@ def _update(values: dict[str, object], provenance: dict[str, str], updates: Upda
 
 
 def _layered(
-    cli: Mapping[str, object], training_args_file: str | None, findings: list[Finding]
+    cli: Mapping[str, object], training_args_file: str | None, findings: list[Finding], where_read: Mapping[str, str]
 ) -> tuple[dict[str, object], dict[str, str]]:
     """The TrainingArguments file, then the command line over it (a finding per value they disagree on)."""
     cli_known = {k: v for k, v in cli.items() if k not in SHARDING_FLAGS}
@@ -202,11 +206,12 @@ def _layered(
                     )
                 )
             values[key] = value
-            provenance[key] = _prov_text(src, spelled, is_cli)
+            provenance[key] = where_read.get(key, _prov_text(src, spelled, is_cli)) if is_cli else _prov_text(
+                src, spelled, is_cli)
         findings.extend(f for f in read.findings if f.code != "keys-passed-over" or not is_cli)
     for key in cli_read.ignored:  # flags of fitcheck itself (gpu, host_memory, model, ...) pass through
         values[key] = cli[key]
-        provenance[key] = f"--{key}"
+        provenance[key] = where_read.get(key, f"--{key}")
     return values, provenance
 
 

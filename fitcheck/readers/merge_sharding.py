@@ -176,14 +176,17 @@ def fsdp_read(
     fsdp: str | None,
     sources: Mapping[str, Source],
     acc: AccelerateRead | None,
+    cfg_where: str = "--fsdp_config",
 ) -> FsdpRead | None:
-    """FSDP from ``--fsdp``/``--fsdp_config``, the TrainingArguments fields, or accelerate's file."""
+    """FSDP from ``--fsdp``/``--fsdp_config``, the TrainingArguments fields, or accelerate's file.
+
+    ``cfg_where`` names an inline ``fsdp_config`` mapping in ``cli`` (a framework file's section)."""
     ta_fsdp, ta_cfg = sources.get("fsdp"), sources.get("fsdp_config")
     option = fsdp if fsdp is not None else cli.get("fsdp")
     option_where = "--fsdp"
     if option is None and ta_fsdp is not None and ta_fsdp.value not in (None, False, ""):
         option, option_where = ta_fsdp.value, ta_fsdp.where
-    cfg, cfg_source = _fsdp_config(cli, ta_cfg)
+    cfg, cfg_source = _fsdp_config(cli, ta_cfg, cfg_where)
     sync = _sync_each_batch(cli, sources)
     if option is None and cfg is None:
         if acc is None or acc.fsdp is None:
@@ -206,8 +209,12 @@ def fsdp_read(
     return read
 
 
-def _fsdp_config(cli: Mapping[str, object], ta_cfg: Source | None) -> tuple[dict[str, object] | None, str]:
+def _fsdp_config(
+    cli: Mapping[str, object], ta_cfg: Source | None, cfg_where: str
+) -> tuple[dict[str, object] | None, str]:
     cfg_file = cli.get("fsdp_config")
+    if isinstance(cfg_file, Mapping):
+        return as_mapping(cfg_file, at=cfg_where), cfg_where
     if cfg_file is not None:
         cfg_source = as_str(cfg_file, at="--fsdp_config")
         return load_mapping_file(cfg_source, what="FSDP config (--fsdp_config)"), cfg_source

@@ -264,6 +264,11 @@ SETTINGS: dict[str, Setting] = {
     "num_processes": Setting(P, "total processes (GPUs) over all machines, as accelerate counts them"),
     "num_machines": Setting(P, "number of machines (nodes)"),
     "training_args": Setting(S, "a TrainingArguments JSON or YAML file", use=Use.CLI),
+    # framework configs (readers/axolotl.py, readers/llamafactory.py): read as these flags; flags given too win
+    "axolotl": Setting(S, "an axolotl config YAML (what `axolotl train FILE` takes), read as these flags; "
+                       "flags given too win", use=Use.CLI),
+    "llamafactory": Setting(S, "a LLaMA-Factory training YAML (what `llamafactory-cli train FILE` takes), read as "
+                            "these flags; flags given too win", use=Use.CLI),
     "deepspeed": Setting(R, "a DeepSpeed JSON ('auto' values resolved as transformers does)", trainer_arg=_TA,
                          use=Use.SOURCE),
     "config_file": Setting(S, "an accelerate config YAML (default: accelerate's default location if it exists)",
