@@ -25,7 +25,6 @@ import dataclasses
 import importlib.util
 from typing import Any
 
-from fitcheck.core.activations import in_envelope
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report
 from fitcheck.spec import TrainingSpec
@@ -103,7 +102,9 @@ class PinnedPath:
             return True
         if self.mode == "never" or not self.can_trace or not traceable(spec):
             return False
-        return not in_envelope(spec) and bool(spec.model.config)
+        # in auto mode __call__ first asks the formula: a trace runs when its answer is not pinned (outside the
+        # envelope, or a "not modelled" note of its own)
+        return bool(spec.model.config)
 
     def activations(self, spec: TrainingSpec) -> tuple[tuple[Component, ...] | None, str]:
         """(traced components or None for the formulas, why a wanted trace could not run or '')."""
@@ -150,6 +151,10 @@ class PinnedPath:
         """Estimate a spec on this path (the ``estimate_fn`` of the batch search and the advisor)."""
         from fitcheck.core import estimate
 
+        if self.mode == "auto" and self.wants_trace(spec):
+            formula = estimate(spec)  # inside the envelope with no "not modelled" note: the formula is pinned
+            if formula.pinned:
+                return formula
         comps, failed = self.activations(spec)
         report = estimate(spec, activations=comps)
         if failed:

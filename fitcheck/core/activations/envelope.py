@@ -13,6 +13,8 @@ report ``pinned=False`` with a WARNING, and the CLI traces instead when torch is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fitcheck.catalog import EnvelopeKey, envelope_cells
 from fitcheck.core.activations.freeze import layer_granular
 from fitcheck.core.activations.qlora import kbit_upcast
@@ -94,9 +96,22 @@ def in_envelope(spec: TrainingSpec) -> bool:
     return key is not None and (key in CHECKED or key in CHECKED_INT8)
 
 
-def not_pinned_finding(spec: TrainingSpec) -> Finding:
-    """The WARNING a formula answer outside the envelope carries."""
+def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding:
+    """The WARNING an answer that is not pinned carries.
+
+    Args:
+        spec: The run.
+        notes: Codes of the findings that say part of the run is not modelled (then the answer is not pinned
+            even inside the envelope or traced).
+    """
     key = envelope_key(spec)
+    if notes:
+        return Finding(
+            "not-pinned",
+            Severity.WARNING,
+            f"activation memory is not pinned: part of this run is not modelled (see {', '.join(notes)})",
+            "measure one step (FitcheckCallback, benchmarks/gpu_truth.py) if the margin is small",
+        )
     if key is None:
         what = "this kind of run (method, precision or attention) is not in the formula-vs-trace grid"
     elif key in CHECKED_INT8:  # on CUDA (in_envelope)
