@@ -96,7 +96,7 @@ def check_kind(kind: tuple[str, str, bool, str, str]) -> dict[str, Any]:
                     if traces is None:
                         traces = BatchTraces(spec.model.config, activation_trace_kwargs(spec))
                     errs = phase_errors(spec, components_from_trace(traces.result(batch)))
-                except Exception as exc:  # noqa: BLE001 - a refusal is recorded, the grid goes on
+                except Exception as exc:  # a refusal is recorded, the grid goes on
                     refused = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
                     continue
                 shapes.append([int(config.get("hidden_size") or config.get("n_embd") or 0), seq, batch])

@@ -115,7 +115,7 @@ class PinnedPath:
             return None, self._failed[key]
         try:
             return self._trace(key, spec), ""
-        except Exception as exc:  # noqa: BLE001 - a trace that cannot run never breaks the answer: the formulas do
+        except Exception as exc:  # a trace that cannot run never breaks the answer: the formulas do
             if self.strict:
                 raise
             self._failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
