@@ -13,7 +13,9 @@ also counts the time waiting for a core, the CPU time does not):
 Also the in-process time of each part after the imports (``--inproc``), and the number of traces run.
 Issue 20's targets: formula <= 0.3 s, traced answer <= 3 s, full report <= 5 s.
 
-Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [case ...]`` (CPU, no network).
+Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [case ...]`` (CPU, no network). To time
+another checkout (e.g. ``main`` before issue 20), run it with ``PYTHONPATH=<that checkout>``: the children
+inherit it.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ args = build_parser().parse_args(["estimate", *sys.argv[1:]])
 spec, _ = spec_from_args(args)
 path = PinnedPath("auto")
 report = path(spec)
-print("traced" if path.traced_answers else "formula", report.pinned, report.peak_allocated_bytes)
+traced = any(c.name == "activations.traced" for c in report.components)
+print("traced" if traced else "formula", "pinned" if report.pinned else "not pinned", report.peak_allocated_bytes)
 """
 
 

@@ -8,7 +8,8 @@ temporary bytes (``differential.phase_errors``), not on device totals. The trace
 shared by both micro-batches' formulas (``trace_batch.BatchTraces``).
 
 Writes ``benchmarks/data/envelope_ranges.json``: kind -> the shapes checked (width, sequence, micro-batch), the
-worst signed error per phase, and whether every shape was within 2 %. A kind is pinned only inside the range of
+worst signed error per phase, whether every shape was within 2 %, and (``errors``) each shape's error per phase
+in % (end of forward, start of backward, during backward). A kind is pinned only inside the range of
 shapes it was checked at (``fitcheck``'s envelope reads the ranges from this file, ``--update``).
 
 The full grid is hours on a 2-core machine; ``--sample N`` runs N kinds (the most used first: LoRA/QLoRA/DoRA/full
@@ -81,6 +82,7 @@ def check_kind(kind: tuple[str, str, bool, str, str]) -> dict[str, Any]:
     family, method, ckpt, attn, precision = kind
     worst = {p: 0.0 for p in PHASES}
     shapes: list[list[Any]] = []
+    per_shape: list[list[Any]] = []
     refused = ""
     for model in WIDTHS[family]:
         found = find_catalog_config(model)
@@ -99,13 +101,15 @@ def check_kind(kind: tuple[str, str, bool, str, str]) -> dict[str, Any]:
                 except Exception as exc:  # a refusal is recorded, the grid goes on
                     refused = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
                     continue
-                shapes.append([int(config.get("hidden_size") or config.get("n_embd") or 0), seq, batch])
+                width = int(config.get("hidden_size") or config.get("n_embd") or 0)
+                shapes.append([width, seq, batch])
+                per_shape.append([width, seq, batch, *(round(errs[p] * 100, 2) for p in PHASES)])
                 for p, e in errs.items():
                     if abs(e) > abs(worst[p]):
                         worst[p] = e
     within = bool(shapes) and not refused and all(abs(e) <= TOLERANCE for e in worst.values())
     return {"shapes": shapes, "worst": {p.value: round(e * 100, 2) for p, e in worst.items()},
-            "within": within, "refused": refused}
+            "within": within, "refused": refused, "errors": per_shape}
 
 
 def label(kind: tuple[str, str, bool, str, str]) -> str:
