@@ -7,7 +7,7 @@ the family's two catalog widths (``WIDTHS``), and measures the error per phase o
 temporary bytes (``differential.phase_errors``), not on device totals. The traces at one (width, sequence) are
 shared by both micro-batches' formulas (``trace_batch.BatchTraces``).
 
-Writes ``benchmarks/data/envelope_ranges.json``: kind -> the shapes checked (width, sequence, micro-batch), the
+Writes ``fitcheck/catalog/envelope_ranges.json`` (package data the envelope reads): kind -> the shapes checked (width, sequence, micro-batch), the
 worst signed error per phase, whether every shape was within 2 %, and (``errors``) each shape's error per phase
 in % (end of forward, start of backward, during backward). A kind is pinned only inside the range of
 shapes it was checked at (``fitcheck``'s envelope reads the ranges from this file, ``--update``).
@@ -32,7 +32,7 @@ from fitcheck.report import Phase
 from fitcheck.torch_adapters.differential import PHASES, Cell, cell_spec, phase_errors
 
 TOLERANCE = 0.02
-OUT = Path(__file__).parent / "data" / "envelope_ranges.json"
+OUT = Path(__file__).parents[1] / "fitcheck" / "catalog" / "envelope_ranges.json"
 # two real widths per family (catalog models), the first the formula_vs_trace grid's model where it allows 32k
 WIDTHS: dict[str, tuple[str, ...]] = {
     "llama": ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B"),
