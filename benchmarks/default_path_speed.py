@@ -42,8 +42,7 @@ CASES: dict[str, list[str]] = {
 _ANSWER = """
 import sys, warnings
 warnings.simplefilter("ignore")
-from fitcheck.cli.main import build_parser
-from fitcheck.cli.estimate import spec_from_args
+from fitcheck.cli import build_parser, spec_from_args
 from fitcheck.torch_adapters import PinnedPath
 args = build_parser().parse_args(["estimate", *sys.argv[1:]])
 spec, _ = spec_from_args(args)
@@ -87,38 +86,27 @@ def inproc(flags: list[str]) -> None:
     import transformers  # noqa: F401
 
     from fitcheck.advice import advise, max_micro_batch
-    from fitcheck.cli.estimate import spec_from_args
-    from fitcheck.cli.main import build_parser
+    from fitcheck.cli import build_parser, spec_from_args
     from fitcheck.torch_adapters import PinnedPath
-    from fitcheck.torch_adapters import tracer as tracer_mod
 
     print(f"  imports (torch, transformers, fitcheck): {time.perf_counter() - t:.2f} s")
-    calls: list[str] = []
-    original = tracer_mod.trace_step
 
-    def counted(*a: object, **k: object) -> object:
-        calls.append(f"layers={k.get('num_layers')} b={k.get('micro_batch')} ckpt={k.get('checkpointing')} "
-                     f"attn={k.get('attn_implementation')} s={k.get('seq_len')}")
-        return original(*a, **k)  # type: ignore[arg-type]
+    def traces() -> int:  # traces run so far: one per depth of each micro-batch traced, per kind of step
+        return sum(len(b.traced) * len(b.plan) for b in path._traces.values())
 
-    import fitcheck.torch_adapters.trace_batch as tb
-
-    tb.trace_step = counted  # type: ignore[assignment]
     spec, _ = spec_from_args(build_parser().parse_args(["estimate", *flags]))
     path = PinnedPath("auto")
     t = time.perf_counter()
     report = path(spec)
-    t1, n1 = time.perf_counter(), len(calls)
+    t1, n1 = time.perf_counter(), traces()
     follow = path.following(report)
     m = max_micro_batch(report.spec, follow)
-    t2, n2 = time.perf_counter(), len(calls)
+    t2, n2 = time.perf_counter(), traces()
     sugg = advise(report.spec, report, estimate_fn=follow)
     t3 = time.perf_counter()
     print(f"  headline {t1 - t:.2f} s ({n1} traces, first-use imports included), largest micro-batch {m}: "
-          f"{t2 - t1:.2f} s ({n2 - n1} traces), {len(sugg)} suggestions: {t3 - t2:.2f} s ({len(calls) - n2} "
+          f"{t2 - t1:.2f} s ({n2 - n1} traces), {len(sugg)} suggestions: {t3 - t2:.2f} s ({traces() - n2} "
           f"traces)")
-    if "-v" in sys.argv:
-        print("   ", "\n    ".join(calls))
 
 
 def main(argv: list[str]) -> int:
@@ -126,7 +114,6 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--inproc", action="store_true")
-    ap.add_argument("-v", action="store_true", help="with --inproc: list the traces")
     ap.add_argument("cases", nargs="*")
     ns = ap.parse_args(argv)
     names = ns.cases or list(CASES)

@@ -7,10 +7,11 @@ the family's two catalog widths (``WIDTHS``), and measures the error per phase o
 temporary bytes (``differential.phase_errors``), not on device totals. The traces at one (width, sequence) are
 shared by both micro-batches' formulas (``trace_batch.BatchTraces``).
 
-Writes ``fitcheck/catalog/envelope_ranges.json`` (package data the envelope reads): kind -> the shapes checked (width, sequence, micro-batch), the
-worst signed error per phase, whether every shape was within 2 %, and (``errors``) each shape's error per phase
-in % (end of forward, start of backward, during backward). A kind is pinned only inside the range of
-shapes it was checked at (``fitcheck``'s envelope reads the ranges from this file, ``--update``).
+Writes ``fitcheck/catalog/envelope_ranges.json`` (package data the envelope reads): kind -> the shapes checked
+(width, sequence, micro-batch), the worst signed error per phase, whether every shape was within 2 %, and
+(``errors``) each shape's error per phase in % (end of forward, start of backward, during backward). A kind is
+pinned only inside the range of shapes it was checked at, and only when it was within 2 % at all of them
+(``fitcheck.core.activations.envelope.in_envelope``).
 
 The full grid is hours on a 2-core machine; ``--sample N`` runs N kinds (the most used first: LoRA/QLoRA/DoRA/full
 with checkpointing, SDPA, 16-bit), and each run merges into the file, so it grows over runs.
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fitcheck.report import Phase
-from fitcheck.torch_adapters.differential import PHASES, Cell, cell_spec, phase_errors
+from fitcheck.torch_adapters import PHASES, Cell, cell_spec, phase_errors
 
 TOLERANCE = 0.02
 OUT = Path(__file__).parents[1] / "fitcheck" / "catalog" / "envelope_ranges.json"
@@ -76,8 +77,7 @@ def kinds(families: tuple[str, ...], methods: tuple[str, ...]) -> list[tuple[str
 def check_kind(kind: tuple[str, str, bool, str, str]) -> dict[str, Any]:
     """Every shape of one kind: the worst signed error per phase and the shapes checked."""
     from fitcheck.catalog import find_catalog_config
-    from fitcheck.torch_adapters.trace_batch import BatchTraces
-    from fitcheck.torch_adapters.tracer import activation_trace_kwargs, components_from_trace
+    from fitcheck.torch_adapters import BatchTraces, activation_trace_kwargs, components_from_trace
 
     family, method, ckpt, attn, precision = kind
     worst = {p: 0.0 for p in PHASES}
