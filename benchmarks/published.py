@@ -15,7 +15,11 @@ It prints one line per row (signed error = (estimate - measured) / measured), ro
 reason, OOM rows with the verdict, and the median and p90 absolute error by source group, HF-stack groups
 (ms-swift, PEFT, LLaMA-Factory) first. Nothing here is tuned to these numbers.
 
-Run: ``python benchmarks/published.py [--data PATH] [--group NAME]``.
+``--path default`` estimates every row the way ``fitcheck estimate`` answers by default (the formula where it is
+pinned, otherwise a fake-tensor trace, ``fitcheck.torch_adapters.PinnedPath``); each row then says whether it
+was traced and whether it is pinned.
+
+Run: ``python benchmarks/published.py [--data PATH] [--group NAME] [--path formula|default]``.
 """
 
 from __future__ import annotations
@@ -43,19 +47,27 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def run_plan(plan: Plan) -> Result:
-    """Estimate one planned row and compare it with its measurement."""
+def run_plan(plan: Plan, default_path: Any = None) -> Result:
+    """Estimate one planned row and compare it with its measurement.
+
+    Args:
+        plan: The row.
+        default_path: A ``fitcheck.torch_adapters.PinnedPath`` to estimate with (the CLI's default path: the
+            formula where pinned, else a trace); None for the pure formulas.
+    """
     from fitcheck.core import estimate
 
     spec = plan.build(inventory_for(plan.model))
-    report = estimate(spec)
+    report = estimate(spec) if default_path is None else default_path(spec)
     value = {
         "allocated": report.peak_allocated_bytes,
         "reserved": report.peak_reserved_bytes,
         "used": report.device_used_bytes,
     }[plan.metric]
     err = None if plan.measured_bytes is None else (value - plan.measured_bytes) / plan.measured_bytes
-    return Result(plan, value, report.fits, spec.model.total_params, err, {"phase": report.peak_phase.value})
+    traced = any(c.name == "activations.traced" for c in report.components)
+    return Result(plan, value, report.fits, spec.model.total_params, err,
+                  {"phase": report.peak_phase.value, "traced": traced, "pinned": report.pinned})
 
 
 def _pct(x: float) -> str:
@@ -81,7 +93,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--group", default=None, help="only rows of this source_group")
+    parser.add_argument("--path", choices=("formula", "default"), default="formula",
+                        help="formula: the pure formulas; default: the CLI's default path (PinnedPath auto: the "
+                             "formula where pinned, else a fake-tensor trace when torch is installed)")
     args = parser.parse_args(argv)
+    path = None
+    if args.path == "default":
+        from fitcheck.torch_adapters import PinnedPath
+
+        path = PinnedPath("auto")
     rows = [r for r in load_rows(args.data) if args.group is None or r["source_group"] == args.group]
     plans = [plan_row(r) for r in rows]
     results: list[Result] = []
@@ -89,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for p in plans:
         if isinstance(p, Plan):
             try:
-                results.append(run_plan(p))
+                results.append(run_plan(p, path))
             except Exception as exc:  # a benchmark reports every row, even a failing one
                 skipped.append(Skip(p.row_id, p.group, f"estimate failed: {type(exc).__name__}: {exc}"))
     results.sort(key=lambda r: (_group_order(r.plan.group), r.plan.row_id))
@@ -107,7 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         assert r.error is not None
         print(
             f"{p.row_id:<16}{p.group[:30]:<31}{metric:<11}{p.measured_bytes / GIB:>10.2f}"
-            f"{r.estimate_bytes / GIB:>10.2f}{_pct(r.error):>9}  {r.extra['phase']}; {', '.join(p.notes)}"
+            f"{r.estimate_bytes / GIB:>10.2f}{_pct(r.error):>9}  {r.extra['phase']}"
+            f"{'; traced' if r.extra['traced'] else ''}{'' if r.extra['pinned'] else '; not pinned'}; "
+            f"{', '.join(p.notes)}"
         )
     print(f"\nskipped ({len(skipped)}):")
     for s in sorted(skipped, key=lambda s: (_group_order(s.group), s.row_id)):

@@ -370,8 +370,11 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
         else (AttnImpl.FLASH_ATTENTION_2 if "flash-attention" in attn_text else AttnImpl.SDPA)
     )
     chunked = "chunked" in inferred and "standard ce" not in inferred
+    # "torch": transformers' ForCausalLMLoss (the reader's spelling of "standard"; this spec bypasses the reader,
+    # and the default path traces only "torch" steps: "standard" here kept every row off it); "chunked" names
+    # no implementation the spec knows (core/kernels/loss.py): that one row stays a formula answer
     acts = ActivationSpec(
-        checkpointing=ckpt, attn_implementation=attn, loss="chunked" if chunked else "standard"
+        checkpointing=ckpt, attn_implementation=attn, loss="chunked" if chunked else "torch"  # type: ignore[arg-type]
     )
     kind = str(row.get("seq_len_kind") or "").lower()
     if "unpacked" in kind or not any(w in kind for w in ("packed", "fixed", "forced")):

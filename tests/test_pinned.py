@@ -59,7 +59,7 @@ def test_never_mode_keeps_the_formula_and_warns() -> None:
 def test_auto_mode_traces_outside_the_envelope_and_falls_back_with_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("transformers")
     from fitcheck.errors import NotModelledError
-    from fitcheck.torch_adapters import PinnedPath, tracer
+    from fitcheck.torch_adapters import PinnedPath, trace_batch
 
     path = PinnedPath("auto", can_trace=True)
     dora = cell_spec(dataclasses.replace(OUTSIDE, seq=32))  # (DoRA is pinned since session 3: not the example)
@@ -69,10 +69,10 @@ def test_auto_mode_traces_outside_the_envelope_and_falls_back_with_a_reason(monk
     int8 = cell_spec(Cell("llama", "int8", False, "sdpa", "bf16", 32, 1))
     assert in_envelope(int8)  # 8-bit LoRA is traced and checked since issue 10 (tracer_int8.py, activations/int8.py)
 
-    def refuse(_spec: object) -> None:
+    def refuse(_self: object, _micro_batch: int) -> None:
         raise NotModelledError("refused for the test")
 
-    monkeypatch.setattr(tracer, "trace_components", refuse)
+    monkeypatch.setattr(trace_batch.BatchTraces, "result", refuse)
     fallback = PinnedPath("auto", can_trace=True)(dora)  # a trace that cannot run: formula + warning + why
     codes = [f.code for f in fallback.findings]
     assert fallback.pinned is False and "not-pinned" in codes and "trace-failed" in codes

@@ -3,7 +3,7 @@
 - :mod:`.models`: ``config.json`` files of common models, found offline by Hub id;
 - :mod:`.gpus`: memory and peak throughput per GPU name, with sources;
 - :mod:`.envelope_cells`: the checked envelope's cells (kinds of run whose formulas match a trace), written by
-  the benchmarks that check them.
+  the benchmarks that check them, and the ranges of shapes each kind was checked over (``envelope_ranges.json``).
 """
 
 from fitcheck.catalog.envelope_cells import (
@@ -13,6 +13,7 @@ from fitcheck.catalog.envelope_cells import (
     dump_envelope_blocks,
     envelope_blocks,
     envelope_cells,
+    envelope_ranges,
     parse_envelope_blocks,
 )
 from fitcheck.catalog.gpus import lookup_gpu, resolve_gpu
@@ -26,6 +27,7 @@ __all__ = [
     "dump_envelope_blocks",
     "envelope_blocks",
     "envelope_cells",
+    "envelope_ranges",
     "find_catalog_config",
     "lookup_gpu",
     "parse_envelope_blocks",

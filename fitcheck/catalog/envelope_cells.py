@@ -103,3 +103,23 @@ def envelope_cells(*names: str) -> frozenset[EnvelopeKey]:
     if missing:
         raise KeyError(f"{ENVELOPE_CELLS_FILE} has no block {missing} (blocks: {sorted(by_name)})")
     return frozenset().union(*(by_name[n].cells for n in names))
+
+
+ENVELOPE_RANGES_FILE = "envelope_ranges.json"
+
+
+@lru_cache(maxsize=1)
+def envelope_ranges() -> dict[str, dict[str, Any]]:
+    """The shipped ``envelope_ranges.json``: kind label (``family/method/ckpt|nockpt/attn/precision``) -> the
+    shapes it was checked at (``[width, sequence, micro-batch]``), the worst error per phase, whether it was within
+    tolerance at every shape and phase. Written by ``benchmarks/envelope_ranges.py``; loaded once.
+
+    Raises:
+        ValueError: If a row has no ``shapes`` list or no boolean ``within``.
+    """
+    text = resources.files("fitcheck.catalog").joinpath(ENVELOPE_RANGES_FILE).read_text(encoding="utf-8")
+    rows: dict[str, dict[str, Any]] = json.loads(text)
+    for label, row in rows.items():
+        if not isinstance(row.get("shapes"), list) or not isinstance(row.get("within"), bool):
+            raise ValueError(f"{ENVELOPE_RANGES_FILE}: {label}: a row needs a 'shapes' list and a boolean 'within'")
+    return rows

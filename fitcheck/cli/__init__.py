@@ -16,17 +16,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fitcheck.cli.estimate import add_estimate_arguments, explicit_values, spec_from_values
+    from fitcheck.cli.estimate import add_estimate_arguments, explicit_values, spec_from_args, spec_from_values
+    from fitcheck.cli.main import build_parser
     from fitcheck.cli.main import main as cli_main
 
 _WHERE = {
     "add_estimate_arguments": ("estimate", "add_estimate_arguments"),
     "explicit_values": ("estimate", "explicit_values"),
     "spec_from_values": ("estimate", "spec_from_values"),
+    "spec_from_args": ("estimate", "spec_from_args"),
+    "build_parser": ("main", "build_parser"),
     "cli_main": ("main", "main"),
 }
 
-__all__ = ["add_estimate_arguments", "cli_main", "explicit_values", "spec_from_values"]
+__all__ = ["add_estimate_arguments", "build_parser", "cli_main", "explicit_values", "spec_from_args",
+           "spec_from_values"]
 
 
 def __getattr__(name: str) -> Any:

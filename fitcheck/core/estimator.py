@@ -36,6 +36,9 @@ from fitcheck.units import format_bytes
 
 # Warnings the formulas raise about themselves (activations/recipe_gaps.py, activations/backward.py)
 _FORMULA_UNPINNED = frozenset({"activations-not-pinned", "backward-not-pinned", "vision-not-pinned"})
+# Notes that say part of this run is not modelled, traced or not: a CUDA kernel the CPU trace cannot see
+# (activations/cuda.py), torch.compile, Liger's fused experts (kernels/levers.py). None is ever pinned (issue 20).
+_NOT_MODELLED = frozenset({"cuda-not-traced", "not-modelled"})
 
 _SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
@@ -135,11 +138,14 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *parallel_findings(spec, traced=parallel and activations is not None),
         *_verdict(spec, components, phase, device_used, budget, host),
     ]
-    pinned = activations is not None or in_envelope(spec)
     if activations is not None:  # traced: the formulas' own "not pinned" warnings do not apply to this number
         findings = [f for f in findings if f.code not in _FORMULA_UNPINNED]
+    # pinned: traced or inside the checked envelope, and no note saying that part of the run is not modelled
+    unpinning = _NOT_MODELLED if activations is not None else _NOT_MODELLED | _FORMULA_UNPINNED
+    notes = sorted({f.code for f in findings if f.code in unpinning})
+    pinned = (activations is not None or in_envelope(spec)) and not notes
     if not pinned:
-        findings.append(not_pinned_finding(spec))
+        findings.append(not_pinned_finding(spec, notes))
     findings.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     trainable = trainable_params(spec)
     total = spec.model.total_params + _adapter_params(spec, trainable)

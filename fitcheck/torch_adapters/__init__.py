@@ -23,12 +23,14 @@ if TYPE_CHECKING:
     from fitcheck.torch_adapters.differential import (
         FAMILY_MODELS,
         METHODS,
+        PHASES,
         Cell,
         Outcome,
         cell_spec,
         compare,
         grid,
         model_config,
+        phase_errors,
     )
     from fitcheck.torch_adapters.live_model import (
         config_mapping,
@@ -39,9 +41,11 @@ if TYPE_CHECKING:
     from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
     from fitcheck.torch_adapters.meta_device import build_meta_model, meta_inventory
     from fitcheck.torch_adapters.pinned_path import PinnedPath
+    from fitcheck.torch_adapters.trace_batch import BatchTraces, at_micro_batch
     from fitcheck.torch_adapters.tracer import (
         OPTSTATE,
         PARAMS,
+        activation_trace_kwargs,
         components_from_trace,
         trace_components,
         trace_extrapolated,
@@ -59,6 +63,11 @@ _WHERE = {
     "compare": "differential",
     "grid": "differential",
     "model_config": "differential",
+    "PHASES": "differential",
+    "phase_errors": "differential",
+    "BatchTraces": "trace_batch",
+    "at_micro_batch": "trace_batch",
+    "activation_trace_kwargs": "tracer",
     "OPTSTATE": "tracer",
     "PARAMS": "tracer",
     "components_from_trace": "tracer",
@@ -88,12 +97,16 @@ __all__ = [
     "METHODS",
     "OPTSTATE",
     "PARAMS",
+    "PHASES",
+    "BatchTraces",
     "Cell",
     "LiveTensorRecorder",
     "LiveTensorTracker",
     "Outcome",
     "PinnedPath",
     "RegionStats",
+    "activation_trace_kwargs",
+    "at_micro_batch",
     "build_meta_model",
     "cell_spec",
     "compare",
@@ -109,6 +122,7 @@ __all__ = [
     "model_config",
     "model_state_tensors",
     "multi_gpu_shares",
+    "phase_errors",
     "reduced_config",
     "trace_components",
     "trace_extrapolated",

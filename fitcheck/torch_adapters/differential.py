@@ -215,3 +215,36 @@ def grid(families: tuple[str, ...] = tuple(FAMILY_MODELS), methods: tuple[str, .
                         seq, batch = pairs[i % len(pairs)]
                         i += 1
                         yield Cell(family, method, ckpt, attn, precision, seq, batch)
+
+
+# The categories a trace measures (activation, logits and temporary components): the error of a shape is measured
+# on them, not on device totals that also hold the model states (the same pure code on both sides).
+_MEASURED = ("activations", "logits and loss", "temporaries")
+
+
+def phase_errors(spec: TrainingSpec, traced_components: tuple[object, ...]) -> dict[Phase, float]:
+    """Signed error of the formulas per phase, relative to the traced activation, logits and temporary bytes.
+
+    Args:
+        spec: A CPU spec (live tensors only).
+        traced_components: ``tracer.components_from_trace`` of a trace of that spec's step.
+
+    Returns:
+        Phase -> (formula total − traced total) / traced (activations + logits + temporaries), for ``PHASES``.
+        The model states are the same pure components on both sides, so the difference is the activation
+        formulas' alone; dividing by the activation part, not the device total, keeps a large model's weights
+        and optimizer states from hiding a wrong activation term.
+    """
+    from fitcheck.core import estimate
+    from fitcheck.report import Component
+
+    comps = tuple(c for c in traced_components if isinstance(c, Component))
+    formula, traced = estimate(spec), estimate(spec, activations=comps)
+    out: dict[Phase, float] = {}
+    for p in PHASES:
+        f = sum(c.at(p) for c in formula.components if c.location.value == "device")
+        t = sum(c.at(p) for c in traced.components if c.location.value == "device")
+        act = sum(c.at(p) for c in traced.components
+                  if c.location.value == "device" and c.category.value in _MEASURED)
+        out[p] = (f - t) / max(act, 1)
+    return out

@@ -13,15 +13,18 @@ A trace that cannot run (an 8-bit base, remote code) falls back to the formulas 
 the tracer does not describe (Liger, fused/TRL losses, activation offloading, DeepSpeed, FSDP's module cast,
 tp/cp/sp layouts, GPTQ/AWQ/FP8 bases, vision-language models: ``--trace`` feeds Qwen2.5-VL images) are never
 auto-traced.
-Traces are cached per activation-relevant part of the spec (sharding and optimizer changes reuse them).
+Traces are cached per activation-relevant part of the spec, the micro-batch excepted: the optimizer, sharding,
+offload of states and accumulation reuse them, and every micro-batch after the first two of a kind of step is
+interpolated from their traces (``trace_batch``: sizes are affine in the micro-batch). A trace that cannot run
+(any exception) never fails the answer outside ``--trace``: the formulas answer, with the reason as a finding.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from typing import Any
 
-from fitcheck.core.activations import in_envelope
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report
 from fitcheck.spec import TrainingSpec
@@ -65,24 +68,33 @@ def _images_traceable(spec: TrainingSpec) -> bool:
 
 
 def _cache_key(spec: TrainingSpec) -> str:
-    """What a trace depends on (the model, the batch, precision, activations, adapters, quantization, freeze)."""
-    return repr((spec.model.model_id, spec.model.shape, spec.batch, spec.precision, spec.activations, spec.lora,
-                 spec.quant, spec.freeze, spec.optimizer.name))
+    """What the activations of a trace depend on, the micro-batch excepted (``trace_batch.BatchTraces`` answers
+    every micro-batch of one key): the model, the sequence length, precision, attention, checkpointing,
+    adapters, quantization, freeze, task. Not the optimizer, the sharding, offload of states or accumulation."""
+    from fitcheck.torch_adapters.tracer import activation_trace_kwargs
+
+    kwargs = {k: v for k, v in activation_trace_kwargs(spec).items() if k != "micro_batch"}
+    return repr((spec.model.model_id, spec.model.shape, sorted(kwargs.items())))
 
 
 class PinnedPath:
     """Chooses formula or trace per spec, and estimates with it (an ``EstimateFn``)."""
 
-    def __init__(self, mode: str = "auto", *, can_trace: bool | None = None) -> None:
+    def __init__(self, mode: str = "auto", *, can_trace: bool | None = None, strict: bool | None = None) -> None:
         """Args:
         mode: ``auto``, ``always`` or ``never``.
         can_trace: Whether tracing is possible (default: torch and transformers importable).
+        strict: Whether a trace that cannot run is an error (default: only for ``always``, the user's
+            ``--trace``); otherwise the formulas answer with the reason.
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
+        self.strict = mode == "always" if strict is None else strict
         self.can_trace = torch_available() if can_trace is None else can_trace
-        self._cache: dict[str, tuple[tuple[Component, ...] | None, str]] = {}
+        self._traces: dict[str, Any] = {}  # cache key -> trace_batch.BatchTraces
+        self._failed: dict[str, str] = {}  # cache key -> why its trace could not run
+        self.traced_answers = 0
 
     def wants_trace(self, spec: TrainingSpec) -> bool:
         """Whether this spec's activations should come from a trace."""
@@ -90,46 +102,59 @@ class PinnedPath:
             return True
         if self.mode == "never" or not self.can_trace or not traceable(spec):
             return False
-        return not in_envelope(spec) and bool(spec.model.config)
+        # in auto mode __call__ first asks the formula: a trace runs when its answer is not pinned (outside the
+        # envelope, or a "not modelled" note of its own)
+        return bool(spec.model.config)
 
     def activations(self, spec: TrainingSpec) -> tuple[tuple[Component, ...] | None, str]:
         """(traced components or None for the formulas, why a wanted trace could not run or '')."""
         if not self.wants_trace(spec):
             return None, ""
         key = _cache_key(spec)
-        if key not in self._cache:
-            self._cache[key] = self._trace(spec)
-        return self._cache[key]
+        if key in self._failed:
+            return None, self._failed[key]
+        try:
+            return self._trace(key, spec), ""
+        except Exception as exc:  # a trace that cannot run never breaks the answer: the formulas do
+            if self.strict:
+                raise
+            self._failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+            return None, self._failed[key]
 
-    def _trace(self, spec: TrainingSpec) -> tuple[tuple[Component, ...] | None, str]:
+    def _trace(self, key: str, spec: TrainingSpec) -> tuple[Component, ...]:
         import warnings
 
-        from fitcheck.errors import FitcheckError
-        from fitcheck.torch_adapters.tracer import trace_components
+        from fitcheck.errors import UnsupportedModelError
+        from fitcheck.torch_adapters.trace_batch import BatchTraces
+        from fitcheck.torch_adapters.tracer import activation_trace_kwargs, components_from_trace
 
+        if not spec.model.config:
+            raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
         with warnings.catch_warnings():  # transformers' deprecation notices while building the model are noise
             warnings.simplefilter("ignore", FutureWarning)
-            if self.mode == "always":
-                return trace_components(spec), ""
-            try:
-                return trace_components(spec), ""
-            except (FitcheckError, NotImplementedError, ValueError, TypeError, RuntimeError, KeyError,
-                    AttributeError) as exc:  # an automatic trace never breaks the estimate: the formulas answer
-                return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+            if key not in self._traces:
+                self._traces[key] = BatchTraces(spec.model.config, activation_trace_kwargs(spec))
+            result = self._traces[key].result(spec.batch.micro_batch)
+        self.traced_answers += 1
+        return components_from_trace(result)
 
     def following(self, headline: Report) -> PinnedPath:
         """The path for the numbers around a headline (largest micro-batch, suggestions): traced when the
         headline was traced, the formulas when it came from the formulas (its findings say whether those were
         checked), so the verdict and the largest micro-batch never disagree. Traces are shared."""
         traced = any(c.name == "activations.traced" for c in headline.components)
-        other = PinnedPath("always" if traced else "never", can_trace=self.can_trace)
-        other._cache = self._cache
+        other = PinnedPath("always" if traced else "never", can_trace=self.can_trace, strict=False)
+        other._traces, other._failed = self._traces, self._failed
         return other
 
     def __call__(self, spec: TrainingSpec) -> Report:
         """Estimate a spec on this path (the ``estimate_fn`` of the batch search and the advisor)."""
         from fitcheck.core import estimate
 
+        if self.mode == "auto" and self.wants_trace(spec):
+            formula = estimate(spec)  # inside the envelope with no "not modelled" note: the formula is pinned
+            if formula.pinned:
+                return formula
         comps, failed = self.activations(spec)
         report = estimate(spec, activations=comps)
         if failed:

@@ -69,7 +69,12 @@ class TraceResult:
         num_layers: Depth traced (or extrapolated to).
         final_grads: Bytes of all gradients at the end of backward.
         seconds: Wall time of the trace (model build + two steps).
-        peak: The largest live total over the whole step.
+        extra: Benchmark measurements attached to it.
+        series: Phase -> live bytes by category (``CATEGORIES`` order) after every event of that phase; the
+            phase's breakdown is the one at its largest total (``breakdown_at_peak``).
+        structure: A hash of the measured step's allocation sequence (category and alloc/free of each event,
+            not sizes): two traces with equal structure ran the same allocations, so their series align event
+            by event (``fitcheck.torch_adapters.trace_batch``).
     """
 
     phases: Mapping[Phase, PhaseBreakdown]
@@ -77,6 +82,8 @@ class TraceResult:
     final_grads: int
     seconds: float = 0.0
     extra: Mapping[str, float] = field(default_factory=dict)
+    series: Mapping[Phase, tuple[tuple[int, ...], ...]] = field(default_factory=dict, compare=False, repr=False)
+    structure: int = field(default=0, compare=False)
 
     @property
     def peak(self) -> int:
@@ -169,7 +176,7 @@ def trace_step(
     every_n_layers: int = 1,
     lora: LoraSpec | None = None,
     quant: QuantSpec | None = None,
-    optimizer: str = "adamw_torch",
+    optimizer: str | None = "adamw_torch",
     num_layers: int | None = None,
     fake: bool = True,
     seed: int = 0,
@@ -177,6 +184,7 @@ def trace_step(
     freeze: FreezeSpec | None = None,
     use_reentrant: bool = False,
     image_tokens: int = 0,
+    steps: int = 2,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -191,7 +199,9 @@ def trace_step(
         every_n_layers: Checkpoint one layer in n.
         lora: PEFT LoRA wrapping.
         quant: bitsandbytes base.
-        optimizer: ``TrainingArguments.optim`` name.
+        optimizer: ``TrainingArguments.optim`` name; None runs no optimizer step (gradients are set to None
+            between the steps, as ``zero_grad`` does): the activation, logits and temporary bytes of every
+            phase are the same, and ``transformers.trainer`` is not imported (``trace_components``).
         num_layers: Depth to build (None = the config's).
         fake: Trace on fake tensors (True) or run a real CPU step (False).
         seed: RNG seed for the real step.
@@ -199,6 +209,7 @@ def trace_step(
         freeze: Partial training without PEFT (``fitcheck.torch_adapters.tracer_freeze``).
         use_reentrant: Reentrant activation checkpointing (``gradient_checkpointing_kwargs``).
         image_tokens: Vision patches per sample of an ``image-text-to-text`` step (``trace_inputs_vlm``).
+        steps: Steps run; the last one is measured (2: the optimizer states of the first exist in the second).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -233,7 +244,7 @@ def trace_step(
             use_reentrant=use_reentrant,
         )
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = make_trainer_optimizer(optimizer, model)
+        opt = make_trainer_optimizer(optimizer, model) if optimizer is not None else None
         vocab = int(model.config.get_text_config(decoder=True).vocab_size)  # composite VLM configs nest it
         ids = torch.randint(0, vocab, (micro_batch, seq_len))
         ids, images = image_inputs(model, ids, image_tokens)  # {} unless image-text-to-text with images
@@ -253,8 +264,8 @@ def trace_step(
         autocast = mixed_precision in ("bf16", "fp16")
         ac_dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
         with rec:
-            for step in range(2):
-                suffix = "" if step else "_warmup"
+            for step in range(steps):
+                suffix = "" if step == steps - 1 else "_warmup"
                 hook = head.register_forward_pre_hook(_region_opener(rec, "forward_head" + suffix))
                 out_hook = head.register_forward_hook(_grad_marker(rec, "backward" + suffix))
                 rec.enter_region("forward" + suffix)
@@ -267,13 +278,14 @@ def trace_step(
                 hook.remove()
                 out_hook.remove()
                 rec.enter_region("optimizer" + suffix)
-                opt.step()
+                if opt is not None:
+                    opt.step()
                 rec.enter_region("zero_grad" + suffix)
-                if step == 1:
+                if step == steps - 1:
                     grad_serials = {rec.serial(p.grad) for p in params if p.grad is not None}
                     state_serials = {
                         rec.serial(v)
-                        for st in opt.state.values()
+                        for st in (opt.state.values() if opt is not None else ())
                         for v in st.values()
                         if isinstance(v, torch.Tensor)
                     }
@@ -281,7 +293,10 @@ def trace_step(
                         rec.serial(b) for b in model.buffers()
                     } | {rec.serial(t) for t in quant_meta}
                     ids_serials = {rec.serial(ids), rec.serial(labels)} | {rec.serial(t) for t in images.values()}
-                opt.zero_grad(set_to_none=True)
+                if opt is not None:
+                    opt.zero_grad(set_to_none=True)
+                else:
+                    model.zero_grad(set_to_none=True)
             rec.enter_region("done")
     final_grads = sum(rec.sizes[s] for s in grad_serials if s is not None)
 
@@ -301,23 +316,37 @@ def trace_step(
             return LOGITS
         return TEMPORARIES
 
-    region_of = {
-        Phase.FORWARD_END: ("forward", "forward_head"),
-        Phase.BACKWARD_START: ("backward_start",),
-        Phase.BACKWARD: ("backward",),
-        Phase.OPTIMIZER_STEP: ("optimizer",),
-    }
+    index = {c: i for i, c in enumerate(CATEGORIES)}
+    cat_of: dict[int, int] = {}
+
+    def category(serial: int) -> int:
+        if serial not in cat_of:
+            cat_of[serial] = index[classify(serial)]
+        return cat_of[serial]
+
+    series: dict[Phase, tuple[tuple[int, ...], ...]] = {}
     phases: dict[Phase, PhaseBreakdown] = {}
-    for phase, names in region_of.items():
-        present = [rec.regions[n] for n in names if n in rec.regions]
-        best = max(present, key=lambda r: r.peak)
-        live = rec.live_at(best.peak_event)
-        by_cat: dict[str, int] = {}
-        for s in live:
-            c = classify(s)
-            by_cat[c] = by_cat.get(c, 0) + rec.sizes[s]
-        phases[phase] = PhaseBreakdown(total=sum(by_cat.values()), by_category=by_cat)
-    return TraceResult(phases, depth, final_grads, time.perf_counter() - start)
+    for phase, names in REGIONS.items():
+        series[phase] = tuple(rec.series(names, category, len(CATEGORIES)))
+        phases[phase] = breakdown_at_peak(series[phase])
+    structure = hash(tuple((category(s), sign) for s, sign in rec.events[rec.regions["forward"].start_event + 1:]))
+    return TraceResult(phases, depth, final_grads, time.perf_counter() - start, series=series, structure=structure)
+
+
+# The recorder's regions of the measured (second) step that make up each phase.
+REGIONS: Mapping[Phase, tuple[str, ...]] = {
+    Phase.FORWARD_END: ("forward", "forward_head"),
+    Phase.BACKWARD_START: ("backward_start",),
+    Phase.BACKWARD: ("backward",),
+    Phase.OPTIMIZER_STEP: ("optimizer",),
+}
+
+
+def breakdown_at_peak(series: tuple[tuple[int, ...], ...]) -> PhaseBreakdown:
+    """The breakdown at the first event with the largest live total of a phase's series."""
+    best = max(range(len(series)), key=lambda i: sum(series[i]))
+    by_cat = {c: n for c, n in zip(CATEGORIES, series[best], strict=True) if n}
+    return PhaseBreakdown(total=sum(by_cat.values()), by_category=by_cat)
 
 
 def _region_opener(rec: Any, region: str) -> Any:
@@ -358,22 +387,34 @@ def extrapolate(one: TraceResult, two: TraceResult, groups: float, depth: int) -
     return TraceResult(phases, depth, grads, one.seconds + two.seconds)
 
 
+def depth_plan(config: Mapping[str, Any], freeze: FreezeSpec | None = None) -> tuple[int, ...]:
+    """The depths to trace for a config: one and two repeating layer groups, or the whole stack when it is at
+    most two groups deep or only some layers are trainable (no repeating group to extrapolate from)."""
+    from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
+
+    depth, group = config_layers(config), layer_group(config)
+    if depth <= 2 * group or (freeze is not None and freeze.trainable_layers is not None):
+        return (depth,)
+    return (group, 2 * group)
+
+
+def combine_depths(config: Mapping[str, Any], results: tuple[TraceResult, ...]) -> TraceResult:
+    """The full-depth result from the traces of :func:`depth_plan` (extrapolated linearly from two groups)."""
+    from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
+
+    if len(results) == 1:
+        return results[0]
+    depth = config_layers(config)
+    return extrapolate(results[0], results[1], depth / layer_group(config), depth)
+
+
 def trace_extrapolated(config: Mapping[str, Any], **kwargs: Any) -> TraceResult:
     """Trace one and two repeating layer groups and extrapolate to the config's depth.
 
     Keyword arguments are those of :func:`trace_step` (``num_layers`` excepted).
     """
-    from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
-
-    depth = config_layers(config)
-    group = layer_group(config)
-    freeze = kwargs.get("freeze")
-    if depth <= 2 * group or (freeze is not None and freeze.trainable_layers is not None):
-        # layers differ when only some are trainable: no repeating group to extrapolate from, trace them all
-        return trace_step(config, num_layers=depth, **kwargs)
-    one = trace_step(config, num_layers=group, **kwargs)
-    two = trace_step(config, num_layers=2 * group, **kwargs)
-    return extrapolate(one, two, depth / group, depth)
+    plan = depth_plan(config, kwargs.get("freeze"))
+    return combine_depths(config, tuple(trace_step(config, num_layers=n, **kwargs) for n in plan))
 
 
 def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
@@ -415,8 +456,18 @@ def trace_components(spec: TrainingSpec) -> tuple[Component, ...]:
 
     if not spec.model.config:
         raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
-    result = trace_extrapolated(spec.model.config, **trace_kwargs(spec))
+    result = trace_extrapolated(spec.model.config, **activation_trace_kwargs(spec))
     return components_from_trace(result)
+
+
+def activation_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
+    """:func:`trace_kwargs` of one step without an optimizer: ``components_from_trace`` leaves parameters,
+    gradients and optimizer states to the formulas, and the activation, logits and temporary bytes of every
+    phase are the same with and without the optimizer and the warm-up step (``tests/test_trace_batch.py``; at
+    real width Qwen3-8B, Gemma-2-9B, Phi-2, Falcon-7B full / LoRA / DoRA / QLoRA, eager and SDPA, with and
+    without checkpointing: equal), at half the time; the levers that only change the optimizer or the sharding
+    share the trace."""
+    return {**trace_kwargs(spec), "optimizer": None, "steps": 1}
 
 
 def components_from_trace(result: TraceResult) -> tuple[Component, ...]:

@@ -8,7 +8,7 @@ share their base's storage and are counted once, as the caching allocator would.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ class RegionStats:
     peak_event: int = -1
     end: int = 0
     end_event: int = -1
+    start_event: int = -1
 
 
 class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -54,6 +55,7 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.region = name
         stats = self.regions.setdefault(name, RegionStats())
         stats.peak, stats.peak_event = self.current, len(self.events) - 1
+        stats.start_event = len(self.events) - 1
 
     def track(self, tensors: Iterable[Any]) -> None:
         """Register the storages of tensors created outside the mode (parameters, buffers, inputs)."""
@@ -76,6 +78,34 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             else:
                 live.discard(serial)
         return live
+
+    def series(self, regions: Sequence[str], classify: Callable[[int], int], width: int) -> list[tuple[int, ...]]:
+        """Live bytes by category after every event of ``regions`` (each from its entry state to its end).
+
+        Args:
+            regions: Region names, in the order they ran (absent ones are skipped).
+            classify: serial -> category index in ``range(width)``.
+            width: Number of categories.
+
+        Returns:
+            One tuple of ``width`` byte counts per event, region after region; the first of each region is the
+            state at its entry. Its element-wise argmax of the sum is the region's ``peak_event``.
+        """
+        windows = [(r.start_event, r.end_event if r.end_event >= r.start_event else len(self.events) - 1)
+                   for r in (self.regions[n] for n in regions if n in self.regions)]
+        if not windows:
+            return []
+        last = max(end for _, end in windows)
+        live = [0] * width
+        snapshots: dict[int, tuple[int, ...]] = {}
+        wanted = {i for start, end in windows for i in range(start, end + 1)}
+        if -1 in wanted:
+            snapshots[-1] = tuple(live)
+        for i, (serial, sign) in enumerate(self.events[: last + 1]):
+            live[classify(serial)] += sign * self.sizes[serial]
+            if i in wanted:
+                snapshots[i] = tuple(live)
+        return [snapshots[i] for start, end in windows for i in range(start, end + 1)]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))

@@ -13,7 +13,17 @@ report ``pinned=False`` with a WARNING, and the CLI traces instead when torch is
 
 from __future__ import annotations
 
-from fitcheck.catalog import EnvelopeKey, envelope_cells
+from collections.abc import Sequence
+
+from fitcheck.catalog import EnvelopeKey, envelope_cells, envelope_ranges
+from fitcheck.core.activations.envelope_range import (
+    CHECKED_RECIPE,
+    NO_ADAPTER_RECIPE,
+    RANK_CLASS_LIMIT,
+    checked_at_shape,
+    range_label,
+    recipe_of,
+)
 from fitcheck.core.activations.freeze import layer_granular
 from fitcheck.core.activations.qlora import kbit_upcast
 from fitcheck.findings import Finding, Severity
@@ -87,19 +97,39 @@ def envelope_key(spec: TrainingSpec) -> EnvelopeKey | None:
 
 
 def in_envelope(spec: TrainingSpec) -> bool:
-    """Whether the activation formulas were checked against traces for this kind of run."""
+    """Whether the activation formulas were checked against traces for this run: its kind, its per-token recipe
+    and (where the kind was range-checked) its shape.
+
+    - The recipe must be the one the grids ran (``envelope_range.recipe_of``: TRL's default adapters on every
+      linear layer, r <= 64, dropout on; no Liger, fused/chunked loss, activation offloading or vision inputs).
+    - A kind checked over a range of shapes (``fitcheck/catalog/envelope_ranges.json``, written by
+      ``benchmarks/envelope_ranges.py``) is pinned only inside that range, and only when every shape and phase was
+      within 2 % on the activation and logits bytes.
+    - A kind not range-checked yet keeps its single-shape check (``CHECKED``, total bytes): the ranges are
+      sampled, the file says which kinds and shapes were run.
+    """
     key = envelope_key(spec)
     if key is not None and key[1] == "int8" and spec.hardware.device_type is not DeviceType.CPU:
         return False  # CUDA runs MatMul8bitLt, modelled from source; the traces ran MatMul8bitFp (activations/int8.py)
-    return key is not None and (key in CHECKED or key in CHECKED_INT8)
+    if key is None or recipe_of(spec) != (NO_ADAPTER_RECIPE if spec.lora is None else CHECKED_RECIPE):
+        return False
+    ranges = envelope_ranges()
+    if range_label(key) in ranges:
+        return checked_at_shape(spec, key, ranges)
+    return key in CHECKED or key in CHECKED_INT8
 
 
-def not_pinned_finding(spec: TrainingSpec) -> Finding:
-    """The WARNING a formula answer outside the envelope carries."""
+def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding:
+    """The WARNING an answer that is not pinned carries.
+
+    Args:
+        spec: The run.
+        notes: Codes of the findings that say part of the run is not modelled (then the answer is not pinned
+            even inside the envelope or traced).
+    """
     key = envelope_key(spec)
-    if key is None:
-        what = "this kind of run (method, precision or attention) is not in the formula-vs-trace grid"
-    elif key in CHECKED_INT8:  # on CUDA (in_envelope)
+    recipe = recipe_of(spec)
+    if key in CHECKED_INT8 and spec.hardware.device_type is not DeviceType.CPU:  # (in_envelope)
         return Finding(
             "not-pinned",
             Severity.WARNING,
@@ -107,6 +137,28 @@ def not_pinned_finding(spec: TrainingSpec) -> Finding:
             "traced: the CPU trace runs MatMul8bitFp, which matches the formula within 2 % on CPU",
             "measure one step on the GPU (benchmarks/gpu_truth.py) if the margin is small",
         )
+    if notes:
+        return Finding(
+            "not-pinned",
+            Severity.WARNING,
+            f"activation memory is not pinned: part of this run is not modelled (see {', '.join(notes)})",
+            "measure one step (FitcheckCallback, benchmarks/gpu_truth.py) if the margin is small",
+        )
+    ranges = envelope_ranges()
+    if key is None:
+        what = "this kind of run (method, precision or attention) is not in the formula-vs-trace grid"
+    elif recipe is None:
+        what = ("Liger kernels, a fused or chunked loss, activation offloading and vision inputs are not in the "
+                "formula-vs-trace grids")
+    elif recipe != (NO_ADAPTER_RECIPE if spec.lora is None else CHECKED_RECIPE):
+        what = (f"the adapters ({', '.join(recipe)}) are not the checked recipe (every linear layer, r <= "
+                f"{RANK_CLASS_LIMIT}, dropout on)")
+    elif range_label(key) in ranges:
+        row = ranges[range_label(key)]
+        what = (f"{range_label(key)} was checked at {len(row['shapes'])} shapes (benchmarks/envelope_ranges.py): "
+                + ("this shape is outside them" if row["within"] else
+                   "not within 2 % at every shape and phase (worst: " + ", ".join(
+                       f"{phase} {err:+.1f} %" for phase, err in row["worst"].items()) + ")"))
     else:
         family, method, ckpt, attn, precision = key
         what = (f"{family} / {method} / checkpointing {'on' if ckpt else 'off'} / {attn} / {precision} was not "

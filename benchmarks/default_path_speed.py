@@ -1,0 +1,137 @@
+"""Time of the default answer in a fresh process: the formula, one traced answer, the full traced report.
+
+For each case (kinds of run outside the checked envelope, so that the default path traces), three fresh
+interpreters per mode, median of 3, wall and CPU (user + sys of the child: on a shared machine the wall time
+also counts the time waiting for a core, the CPU time does not):
+
+- ``formula``: ``fitcheck estimate ... --no_trace --json`` (the formula answer with suggestions);
+- ``traced answer``: the headline of the default path only (``PinnedPath("auto")(spec)``, what ``fitcheck.
+  estimate`` and the callback ask), traces included;
+- ``full report``: ``fitcheck estimate ... --json`` (the default path: headline, largest micro-batch,
+  suggestions, every one traced the way the headline was).
+
+Also the in-process time of each part after the imports (``--inproc``), and the number of traces run.
+Issue 20's targets: formula <= 0.3 s, traced answer <= 3 s, full report <= 5 s.
+
+Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [case ...]`` (CPU, no network). To time
+another checkout (e.g. ``main`` before issue 20), run it with ``PYTHONPATH=<that checkout>``: the children
+inherit it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+CASES: dict[str, list[str]] = {
+    # QLoRA on an fp32 load under bf16 autocast with checkpointing: not in the envelope (2026-11-23)
+    "qwen3-8b-qlora": ["--model_name_or_path", "Qwen/Qwen3-8B", "--max_seq_length", "4096",
+                       "--per_device_train_batch_size", "2", "--gradient_checkpointing", "--use_peft",
+                       "--load_in_4bit", "--dtype", "float32", "--bf16", "--gpu", "H100-80GB"],
+    # a full fine-tune of Gemma-7B with SDPA and checkpointing: not in the envelope
+    "gemma-7b-full": ["--model_name_or_path", "google/gemma-7b", "--max_seq_length", "2048",
+                      "--per_device_train_batch_size", "2", "--gradient_checkpointing", "--dtype", "bfloat16",
+                      "--gpu", "H100-80GB"],
+}
+
+_ANSWER = """
+import sys, warnings
+warnings.simplefilter("ignore")
+from fitcheck.cli import build_parser, spec_from_args
+from fitcheck.torch_adapters import PinnedPath
+args = build_parser().parse_args(["estimate", *sys.argv[1:]])
+spec, _ = spec_from_args(args)
+path = PinnedPath("auto")
+report = path(spec)
+traced = any(c.name == "activations.traced" for c in report.components)
+print("traced" if traced else "formula", "pinned" if report.pinned else "not pinned", report.peak_allocated_bytes)
+"""
+
+
+def _child(argv: list[str]) -> tuple[float, float, str]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    out = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+                         check=False)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    if out.returncode not in (0, 1):
+        raise RuntimeError(f"{argv}: exit {out.returncode}\n{out.stderr[-2000:]}")
+    return wall, cpu, out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+
+
+def modes(flags: list[str]) -> dict[str, list[str]]:
+    """argv per mode for one case."""
+    cli = [sys.executable, "-m", "fitcheck.cli.main", "estimate", *flags, "--json"]
+    return {
+        "formula": [*cli, "--no_trace"],
+        "traced answer": [sys.executable, "-c", _ANSWER, *flags],
+        "full report": cli,
+    }
+
+
+def inproc(flags: list[str]) -> None:
+    """Time the parts in one process after the imports: the headline, the largest micro-batch, suggestions."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    t = time.perf_counter()
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    from fitcheck.advice import advise, max_micro_batch
+    from fitcheck.cli import build_parser, spec_from_args
+    from fitcheck.torch_adapters import PinnedPath
+
+    print(f"  imports (torch, transformers, fitcheck): {time.perf_counter() - t:.2f} s")
+
+    def traces() -> int:  # traces run so far: one per depth of each micro-batch traced, per kind of step
+        return sum(len(b.traced) * len(b.plan) for b in path._traces.values())
+
+    spec, _ = spec_from_args(build_parser().parse_args(["estimate", *flags]))
+    path = PinnedPath("auto")
+    t = time.perf_counter()
+    report = path(spec)
+    t1, n1 = time.perf_counter(), traces()
+    follow = path.following(report)
+    m = max_micro_batch(report.spec, follow)
+    t2, n2 = time.perf_counter(), traces()
+    sugg = advise(report.spec, report, estimate_fn=follow)
+    t3 = time.perf_counter()
+    print(f"  headline {t1 - t:.2f} s ({n1} traces, first-use imports included), largest micro-batch {m}: "
+          f"{t2 - t1:.2f} s ({n2 - n1} traces), {len(sugg)} suggestions: {t3 - t2:.2f} s ({traces() - n2} "
+          f"traces)")
+
+
+def main(argv: list[str]) -> int:
+    """Print the table (median of --repeat fresh processes per mode)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--inproc", action="store_true")
+    ap.add_argument("cases", nargs="*")
+    ns = ap.parse_args(argv)
+    names = ns.cases or list(CASES)
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"{'case':16} {'mode':14} {'wall (median)':>14} {'cpu (median)':>13}  answer")
+    for name in names:
+        if ns.inproc:
+            print(name)
+            inproc(CASES[name])
+            continue
+        for mode, cmd in modes(CASES[name]).items():
+            runs = [_child(cmd) for _ in range(ns.repeat)]
+            wall = statistics.median(r[0] for r in runs)
+            cpu = statistics.median(r[1] for r in runs)
+            answer = runs[-1][2][:60] if mode == "traced answer" else ""
+            print(f"{name:16} {mode:14} {wall:12.2f} s {cpu:11.2f} s  {answer}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,88 @@
+"""Pinned means checked at this shape: the recipe part of a kind's key and the range of shapes it was checked at.
+
+A kind of run (``envelope.envelope_key``: family, method, checkpointing, attention, precision) is checked by
+``benchmarks/envelope_ranges.py`` with one per-token recipe — TRL's LoRA defaults (r 16, alpha 32, dropout 0.05,
+every linear layer), transformers' loss, no Liger, no activation offloading, text inputs — over a range of shapes
+(sequence lengths, micro-batches, widths). ``recipe_of`` says which recipe a spec runs; a spec is pinned only
+when its recipe is the one checked and its shape is inside the range its kind was checked over
+(``shape_in_range``), with every phase's activation/logits error within 2 % at every shape checked. Pure: the
+checked ranges are data, passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from fitcheck.spec import TrainingSpec
+
+# The recipe the range grid runs (differential._LORA: TRL ModelConfig defaults on every linear layer).
+CHECKED_RECIPE = ("all-linear", "r<=64", "dropout")
+NO_ADAPTER_RECIPE = ("-", "-", "-")
+# Above this rank the adapters' own activations (b·s·r per adapted layer) stop being negligible next to the
+# layer's; the grid ran r 16 (peft tuners/lora/layer.py: lora_A's output is saved for lora_B's backward).
+RANK_CLASS_LIMIT = 64
+
+
+def recipe_of(spec: TrainingSpec) -> tuple[str, str, str] | None:
+    """What changes the per-token recipe besides the envelope key: adapter targets, rank class, dropout.
+
+    Returns:
+        ``(targets, rank class, dropout)``: ``("all-linear", "r<=64", "dropout")`` for TRL's default adapters,
+        ``NO_ADAPTER_RECIPE`` without adapters; None for runs no range was checked for (Liger kernels, a fused
+        or chunked loss, activation offloading, vision inputs).
+    """
+    act = spec.activations
+    if act.liger is not None or act.loss != "torch" or act.offload_activations:
+        return None
+    if spec.model.shape.task == "image-text-to-text":
+        return None
+    lora = spec.lora
+    if lora is None:
+        return NO_ADAPTER_RECIPE
+    targets = "all-linear" if tuple(lora.target_modules) == ("all-linear",) else "subset"
+    rank = f"r<={RANK_CLASS_LIMIT}" if lora.r <= RANK_CLASS_LIMIT else f"r>{RANK_CLASS_LIMIT}"
+    return (targets, rank, "dropout" if lora.dropout > 0 else "no-dropout")
+
+
+def shape_of(spec: TrainingSpec) -> tuple[int, int, int]:
+    """``(width, sequence, micro-batch)`` of a spec, as the range grid records its shapes."""
+    return (spec.model.shape.hidden_size, spec.batch.seq_len, spec.batch.micro_batch)
+
+
+def shape_in_range(spec: TrainingSpec, shapes: Sequence[Sequence[int]]) -> bool:
+    """Whether a spec's shape lies inside the shapes its kind was checked at.
+
+    Inside means: the width between the narrowest and the widest model checked, the sequence between the
+    shortest and the longest checked, the micro-batch at most the largest checked (activations are affine in
+    the micro-batch at a fixed sequence, ``torch_adapters/trace_batch.py``; 1 is always checked).
+
+    Args:
+        spec: The run.
+        shapes: ``(width, sequence, micro-batch)`` of every shape checked.
+    """
+    if not shapes:
+        return False
+    width, seq, batch = shape_of(spec)
+    widths = [s[0] for s in shapes]
+    seqs = [s[1] for s in shapes]
+    return (min(widths) <= width <= max(widths) and min(seqs) <= seq <= max(seqs)
+            and 1 <= batch <= max(s[2] for s in shapes))
+
+
+def range_label(key: tuple[str, str, bool, str, str]) -> str:
+    """The label of a kind in the range data: ``family/method/ckpt|nockpt/attn/precision``."""
+    family, method, ckpt, attn, precision = key
+    return f"{family}/{method}/{'ckpt' if ckpt else 'nockpt'}/{attn}/{precision}"
+
+
+def checked_at_shape(spec: TrainingSpec, key: tuple[str, str, bool, str, str] | None,
+                     ranges: Mapping[str, Mapping[str, object]]) -> bool:
+    """Whether the range data pins this spec: its recipe is the checked one, its kind was within 2 % at every
+    shape and phase checked, and its shape is inside that range."""
+    if key is None or recipe_of(spec) != (NO_ADAPTER_RECIPE if spec.lora is None else CHECKED_RECIPE):
+        return False
+    row = ranges.get(range_label(key))
+    if row is None or row.get("within") is not True:
+        return False
+    shapes = row.get("shapes")
+    return isinstance(shapes, list) and shape_in_range(spec, shapes)
