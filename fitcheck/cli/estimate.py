@@ -24,7 +24,6 @@ from typing import Any
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
-from fitcheck.readers import apply_trainer, split_trl_values
 from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters import meta_inventory
@@ -105,7 +104,6 @@ def spec_from_values(
     """
     from fitcheck.readers import load_inventory, merge_sources, spec_from_settings
 
-    values, trl = split_trl_values(values)
     model = values.get("model_name_or_path")
     if not model:
         raise ConfigError(
@@ -136,11 +134,7 @@ def spec_from_values(
         from fitcheck.readers import read_adapter_config
 
         spec = dataclasses.replace(spec, lora=read_adapter_config(str(values["adapter_config"])))
-    try:
-        spec, notes = apply_trainer(spec_for_task(spec), trl)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return spec, (*assumptions, *notes)
+    return spec_for_task(spec), assumptions
 
 
 def _opt_str(v: object) -> str | None:

@@ -7,7 +7,10 @@ Precedence, highest first (the same order ``accelerate launch`` and the Trainer 
 3. the DeepSpeed JSON and the accelerate config YAML (``--deepspeed``, ``--config_file`` or accelerate's
    default location under ``$HF_HOME``/``$XDG_CACHE_HOME``), with DeepSpeed ``"auto"`` values filled from 1-2
    (:mod:`fitcheck.readers.merge_sharding`);
-4. defaults (the libraries' own, on :class:`~fitcheck.readers.run_settings.RunSettings`, or noted here).
+4. the trainer's TRL config defaults (``--trainer sft|dpo|...``;
+   :func:`fitcheck.readers.trl_settings.trl_default_layer`, provenance ``"TRL <Config> default"``), for settings
+   1-3 leave absent;
+5. defaults (the libraries' own, on :class:`~fitcheck.readers.run_settings.RunSettings`, or noted here).
 
 The values of 1-3 are layered into one mapping here, each step returning what it sets, and read into
 ``RunSettings`` once at the end.
@@ -40,6 +43,7 @@ from fitcheck.readers.run_settings import RunSettings
 from fitcheck.readers.settings_table import SETTINGS, Use
 from fitcheck.readers.sources import as_int, as_mapping
 from fitcheck.readers.trainer_args import ArgsRead, read_training_args_file, read_training_args_mapping
+from fitcheck.readers.trl_settings import trl_default_layer
 from fitcheck.spec import DeepSpeedSpec, FsdpSpec, MixedPrecision, ShardingSpec, Strategy
 
 # Flags the merge step reads itself (files, sharding, accelerate's names), never as TrainingArguments values.
@@ -121,6 +125,7 @@ def merge_sources(
     """
     findings: list[Finding] = []
     values, provenance = _layered(cli, training_args_file, findings)
+    _update(values, provenance, trl_default_layer(values))  # below 1-3; before precision and DeepSpeed "auto"
     sources = {k: Source(values.pop(k), provenance.pop(k)) for k in _SOURCE_FIELDS if k in values}
     acc = _accelerate(accelerate_config_file, env, findings)
     num_processes, num_machines = _processes(cli, acc, provenance, findings)
