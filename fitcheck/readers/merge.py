@@ -102,6 +102,7 @@ def merge_sources(
     fsdp: str | None,
     env: Mapping[str, str],
     hidden_size: int | None = None,
+    cli_provenance: Mapping[str, str] | None = None,
 ) -> MergedRun:
     """Read and merge the command line, TrainingArguments file, DeepSpeed JSON and accelerate config.
 
@@ -115,6 +116,8 @@ def merge_sources(
         env: Environment variables (``HF_HOME``, ``XDG_CACHE_HOME``, ``HOME``) for the default accelerate
             file.
         hidden_size: The model's hidden size, for DeepSpeed ``"auto"`` bucket sizes.
+        cli_provenance: Where the ``cli`` values were read when they are not flags (a live
+            ``TrainingArguments``, a script's argv: ``integrations/spec_build.py``); default ``--name``.
 
     Returns:
         The merged run.
@@ -125,6 +128,7 @@ def merge_sources(
     """
     findings: list[Finding] = []
     values, provenance = _layered(cli, training_args_file, findings)
+    provenance.update({k: w for k, w in (cli_provenance or {}).items() if k in values})
     _update(values, provenance, trl_default_layer(values))  # below 1-3; before precision and DeepSpeed "auto"
     sources = {k: Source(values.pop(k), provenance.pop(k)) for k in _SOURCE_FIELDS if k in values}
     acc = _accelerate(accelerate_config_file, env, findings)

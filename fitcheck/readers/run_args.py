@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
@@ -346,7 +347,7 @@ def spec_from_settings(
         lora=_lora(s, inventory),
         quant=quant,
         freeze=freeze,
-        provenance=dict(s.provenance),
+        provenance=MappingProxyType(dict(s.provenance)),  # read-only after the readers
         findings=tuple(extra),
         stack=stack,
     )

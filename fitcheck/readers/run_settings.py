@@ -139,6 +139,14 @@ class RunSettings:
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False)
     given_names: frozenset[str] = field(default=frozenset(), compare=False)
 
+    def __post_init__(self) -> None:
+        """No mutable dict leaves the readers: provenance and mapping-valued settings become read-only views."""
+        object.__setattr__(self, "provenance", MappingProxyType(dict(self.provenance)))
+        for name in _MAPPING_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, Mapping) and not isinstance(value, MappingProxyType):
+                object.__setattr__(self, name, MappingProxyType(dict(value)))
+
     def given(self, name: str) -> bool:
         """True when a source gave the setting (False: it holds its default)."""
         return name in self.given_names
@@ -187,6 +195,8 @@ class RunSettings:
 
 
 _RUN_NAMES: frozenset[str] = frozenset(n for n, row in SETTINGS.items() if row.use is Use.RUN)
+# settings whose value may be a mapping (read-only views once typed)
+_MAPPING_FIELDS = ("gradient_checkpointing_kwargs", "liger_kernel_config", "stack")
 _FIELDS = frozenset(f.name for f in fields(RunSettings)) - {"provenance", "given_names"}
 if _FIELDS != _RUN_NAMES:  # the table and the settings must list the same names
     raise AssertionError(
