@@ -282,12 +282,14 @@ def launch_report(plan: LaunchPlan, env: Mapping[str, str], trainer_hook: Any | 
     from fitcheck.integrations.spec_build import build_spec, field_findings
 
     from fitcheck.core import estimate
-    from fitcheck.readers import load_inventory
+    from fitcheck.readers import TRL_FLAG_NAMES, load_inventory
 
     ns = parse_accelerate_args(plan.accelerate_argv)
     values, prov, findings = launch_values(ns, plan, env)
     if trainer_hook is not None:
         values = trainer_hook.split(ns, values)
+    if values.get("trainer") is not None:  # a TRL script: its TRL fields were read as flags by TRL's own parser
+        prov = {k: w for k, w in prov.items() if k not in TRL_FLAG_NAMES}
     inventory = load_inventory(str(values.pop("model_name_or_path")), env=env, meta_fallback=meta_inventory)
     spec, assumptions = build_spec(inventory, values, prov, findings, env)
     report = estimate(spec)

@@ -12,8 +12,9 @@ floor, both pure:
 
 ``--per_device_eval_batch_size`` (``--eval_accumulation_steps``, ``--prediction_loss_only``) adds the evaluation
 phase (every trainer: DPO, GRPO and reward through their own ``prediction_step``,
-``fitcheck.core.trainers.evaluation_trl``) unless ``eval_strategy`` is ``"no"`` (a TrainingArguments file or object
-carries ``per_device_eval_batch_size`` 8, its default, whether or not the script evaluates). An absent
+``fitcheck.core.trainers.evaluation_trl``) when given as a flag (``fitcheck estimate``, a TRL script's own flags
+read by ``fitcheck launch``): a TrainingArguments file or object carries ``per_device_eval_batch_size`` (8, its
+default) whether or not the script evaluates. An absent
 ``--prediction_loss_only`` means loss only: ``Trainer.evaluate`` without ``compute_metrics``;
 ``--prediction_loss_only false`` means a ``compute_metrics`` gathers the logits.
 
@@ -131,17 +132,15 @@ def _flag(s: RunSettings, name: str) -> bool:
 
 
 def _eval_fields(s: RunSettings) -> dict[str, object]:
-    """TrainerSpec evaluation fields (none without an evaluation batch size, or with ``eval_strategy`` "no")."""
-    if not s.given("per_device_eval_batch_size"):
-        if s.given("eval_accumulation_steps") or s.given("prediction_loss_only"):
+    """TrainerSpec evaluation fields from the flags (none when no evaluation batch size is given as a flag)."""
+    if not _flag(s, "per_device_eval_batch_size"):
+        if _flag(s, "eval_accumulation_steps") or _flag(s, "prediction_loss_only"):
             raise ConfigError("--eval_accumulation_steps / --prediction_loss_only need --per_device_eval_batch_size "
                               "(the evaluation batch)")
         return {}
-    if str(s.eval_strategy or "").lower() in ("no", "intervalstrategy.no"):  # the Trainer never evaluates
-        return {}
     return {
         "eval_batch_size": s.per_device_eval_batch_size,
-        "eval_accumulation_steps": s.eval_accumulation_steps,
+        "eval_accumulation_steps": s.eval_accumulation_steps if _flag(s, "eval_accumulation_steps") else None,
         # absent: what Trainer.evaluate does without compute_metrics (loss only)
         "prediction_loss_only": s.prediction_loss_only,
     }
