@@ -1,4 +1,4 @@
-"""Issue 18: TRL settings are typed RunSettings fields; TRL defaults a merge layer; no mutable dicts after the readers."""
+"""Issue 18: TRL settings are typed RunSettings fields, TRL defaults a merge layer, read-only after the readers."""
 
 from __future__ import annotations
 
