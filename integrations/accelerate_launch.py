@@ -273,27 +273,25 @@ def launch_values(
 def launch_report(plan: LaunchPlan, env: Mapping[str, str], trainer_hook: Any | None = None) -> Any:
     """The report for a launch command line.
 
-    ``trainer_hook`` (``fitcheck.cli.launch_trl.TrlLaunchHook``): ``split(ns, values)`` takes the TRL trainer's
-    flags out of the values (read from the script's arguments with TRL's parser), ``apply(spec, flags)`` sets the
-    spec's trainer.
+    ``trainer_hook`` (``fitcheck.cli.launch_trl.TrlLaunchHook``): ``split(ns, values)`` returns the values with the
+    TRL trainer's fields read from the script's arguments with TRL's parser (run settings like any other: the
+    readers build the spec's trainer from them).
     """
     import dataclasses
 
     from fitcheck.integrations.spec_build import build_spec, field_findings
 
     from fitcheck.core import estimate
-    from fitcheck.readers import load_inventory
+    from fitcheck.readers import TRL_FLAG_NAMES, load_inventory
 
     ns = parse_accelerate_args(plan.accelerate_argv)
     values, prov, findings = launch_values(ns, plan, env)
-    trl: dict[str, object] = {}
     if trainer_hook is not None:
-        values, trl = trainer_hook.split(ns, values)
+        values = trainer_hook.split(ns, values)
+    if values.get("trainer") is not None:  # a TRL script: its TRL fields were read as flags by TRL's own parser
+        prov = {k: w for k, w in prov.items() if k not in TRL_FLAG_NAMES}
     inventory = load_inventory(str(values.pop("model_name_or_path")), env=env, meta_fallback=meta_inventory)
     spec, assumptions = build_spec(inventory, values, prov, findings, env)
-    if trainer_hook is not None and trl:
-        spec, notes = trainer_hook.apply(spec, trl)
-        assumptions = (*assumptions, *notes)
     report = estimate(spec)
     more = field_findings(spec, values, env,
                           device_used_fraction=report.device_used_bytes / max(1, report.budget_bytes),

@@ -161,7 +161,7 @@ def axolotl_preflight(cfg: Any, env: Mapping[str, str]) -> Report:
     from fitcheck.integrations.spec_build import build_spec, inventory_for
 
     from fitcheck.core import estimate
-    from fitcheck.readers import apply_trainer, read_axolotl, split_trl_values
+    from fitcheck.readers import read_axolotl
 
     path = _get(cfg, "axolotl_config_path")
     if not path or not Path(str(path)).is_file():
@@ -184,13 +184,9 @@ def axolotl_preflight(cfg: Any, env: Mapping[str, str]) -> Report:
         values["fsdp"] = "full_shard"  # axolotl's FSDP section: fully sharded unless it says otherwise
     model = str(values.pop("model_name_or_path"))
     findings = list(run.findings)
-    values, trl = split_trl_values(values)  # rl: dpo/kto/grpo -> the TRL trainer, as `fitcheck estimate` does
+    # rl: dpo/kto/grpo arrive as the `trainer` setting: the readers' merge builds the TRL trainer from it
     spec, assumptions = build_spec(inventory_for(model, env), values, where, findings, env)
-    try:
-        spec, notes = apply_trainer(spec, trl)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
     report = estimate(spec)
     import dataclasses
 
-    return dataclasses.replace(report, assumptions=(*report.assumptions, *run.notes, *assumptions, *notes))
+    return dataclasses.replace(report, assumptions=(*report.assumptions, *run.notes, *assumptions))

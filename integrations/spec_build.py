@@ -171,12 +171,11 @@ def build_spec(
 
     ``values`` may carry ``deepspeed`` (a file, or the resolved dict of a live ``TrainingArguments``),
     ``fsdp``/``fsdp_config`` (TrainingArguments fields) and ``config_file`` (an accelerate YAML). Files go
-    through ``fitcheck.readers.merge.merge_sources`` (explicit values win over files); a live dict goes straight
-    to the DeepSpeed/FSDP readers. accelerate's default config file is read only when named in
-    ``config_file``: a script run with ``python`` or inside a launched process does not read it.
+    through ``fitcheck.readers.merge.merge_sources`` (explicit values win over files), and so does a live
+    ``deepspeed``/``fsdp_config`` dict (``TrainingArguments`` accepts a dict for both). accelerate's default
+    config file is read only when named in ``config_file``: a script run with ``python`` or inside a launched
+    process does not read it.
     """
-    from fitcheck.readers import spec_from_values
-
     vals = dict(values)
     prov = dict(provenance)
     if "expandable_segments" not in vals and expandable_segments_set(env):
@@ -186,12 +185,6 @@ def build_spec(
     fsdp_config = vals.pop("fsdp_config", None)
     if not fsdp:  # TrainingArguments always carries an fsdp_config dict; it matters only with fsdp set
         fsdp, fsdp_config = None, (fsdp_config if isinstance(fsdp_config, str) else None)
-    live_ds = isinstance(vals.get("deepspeed"), Mapping)
-    live_fsdp = fsdp is not None and not isinstance(fsdp_config, str)
-    if live_ds or live_fsdp:
-        sharding = _live_sharding(inventory, vals, prov, findings, fsdp, fsdp_config)
-        sharding = _live_parallelism(sharding, vals, prov, findings)
-        return spec_from_values(vals, inventory=inventory, sharding=sharding, provenance=prov, findings=findings)
     from fitcheck.readers import merge_sources
 
     cli = {k: v for k, v in vals.items() if v is not None}
@@ -204,9 +197,11 @@ def build_spec(
         training_args_file=None,
         deepspeed_file=None,
         accelerate_config_file=str(accelerate_file) if accelerate_file else None,
-        fsdp=" ".join(str(x) for x in fsdp) if isinstance(fsdp, (list, tuple)) else str(fsdp) if fsdp else None,
+        fsdp=" ".join(str(getattr(x, "value", x)) for x in fsdp) if isinstance(fsdp, (list, tuple))
+        else str(fsdp) if fsdp else None,
         env=env if accelerate_file else no_default,
         hidden_size=inventory.shape.hidden_size,
+        cli_provenance=prov,
     )
     merged_prov = {**prov, **{k: v for k, v in merged.provenance.items() if not v.startswith("--") or k not in prov}}
     from fitcheck.readers import spec_from_settings
@@ -218,57 +213,6 @@ def build_spec(
         # the values were read (and their spellings reported) before; the merge re-reads them as "command line"
         findings=[*findings, *(f for f in merged.findings if f.code not in ("spelling-read", "keys-passed-over"))],
     )
-
-
-def _live_sharding(
-    inventory: ModelInventory,
-    vals: dict[str, object],
-    prov: dict[str, str],
-    findings: list[Finding],
-    fsdp: object,
-    fsdp_config: object,
-) -> Any:
-    """DeepSpeed/FSDP settings of a live TrainingArguments (dicts already resolved by transformers)."""
-    from fitcheck.readers import fsdp_from_config, fsdp_option_string, resolve_deepspeed
-    from fitcheck.spec import ShardingSpec, Strategy
-
-    n = int(str(vals.get("num_processes") or 1))
-    m = int(str(vals.get("num_machines") or 1))
-    ds = vals.pop("deepspeed", None)
-    if isinstance(ds, Mapping):
-        source = prov.pop("deepspeed", "TrainingArguments.deepspeed")
-        keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16")
-        run: dict[str, object] = {k: vals[k] for k in keys if k in vals}
-        read = resolve_deepspeed(ds, source=source, run=run, run_provenance=prov, world_size=n,
-                                 hidden_size=inventory.shape.hidden_size)
-        findings.extend(read.findings)
-        vals.setdefault("per_device_train_batch_size", read.micro_batch)
-        vals.setdefault("gradient_accumulation_steps", read.grad_accum)
-        if not vals.get("bf16") and not vals.get("fp16") and read.mixed_precision.value in ("bf16", "fp16"):
-            vals[read.mixed_precision.value] = True
-        return ShardingSpec(Strategy.DEEPSPEED, n, m, deepspeed=read.spec)
-    cfg = dict(fsdp_config) if isinstance(fsdp_config, Mapping) else {}
-    version = int(str(cfg.get("version", cfg.get("fsdp_version", 2))))
-    option = " ".join(str(getattr(x, "value", x)) for x in fsdp) if isinstance(fsdp, (list, tuple)) else fsdp
-    for key, value in fsdp_option_string(option, at="TrainingArguments.fsdp", version=version).items():
-        cfg.setdefault(key, value)
-    read_fsdp = fsdp_from_config(cfg, source="TrainingArguments.fsdp_config", flavour="trainer")
-    findings.extend(read_fsdp.findings)
-    return ShardingSpec(Strategy.FSDP, n, m, fsdp=read_fsdp.spec)
-
-
-def _live_parallelism(sharding: Any, vals: dict[str, object], prov: dict[str, str], findings: list[Finding]) -> Any:
-    """The tp/cp/sp layout from flags and ``TrainingArguments.parallelism_config`` (``fitcheck.readers``)."""
-    import dataclasses
-
-    from fitcheck.readers import PARALLELISM_FLAGS, read_parallelism
-
-    cli = {k: vals.pop(k) for k in PARALLELISM_FLAGS if k in vals}
-    where = prov.pop("parallelism_config", "TrainingArguments.parallelism_config")
-    read = read_parallelism(cli, vals.pop("parallelism_config", None), where, None, "", None, "")
-    findings.extend(read.findings)
-    prov.update({f"parallelism.{k}": (f"--{k}" if k in cli else w) for k, w in read.provenance.items()})
-    return dataclasses.replace(sharding, parallelism=read.spec)
 
 
 def apply_live_facts(spec: TrainingSpec, facts: Any) -> tuple[TrainingSpec, list[str]]:

@@ -11,7 +11,6 @@ import pytest
 from fitcheck.cli.estimate import spec_from_values
 from fitcheck.cli.main import main
 from fitcheck.core import estimate
-from fitcheck.readers import apply_trainer, split_trl_values
 from fitcheck.spec import Dtype, Role
 
 FIXTURES = Path(__file__).parent / "fixtures" / "prequant"
@@ -20,9 +19,7 @@ QLORA = {"model_name_or_path": "meta-llama/Meta-Llama-3-8B", "load_in_4bit": Tru
 
 
 def _spec(values: dict[str, object]):  # type: ignore[no-untyped-def]
-    rest, trl = split_trl_values(values)
-    spec, _ = spec_from_values(rest, {})
-    return apply_trainer(spec, trl)
+    return spec_from_values(values, {})  # the TRL fields are run settings: the readers build spec.trainer
 
 
 def test_trainer_defaults_to_kbit_prep_and_trl_does_not() -> None:

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
-from fitcheck.readers import apply_trainer, split_trl_values
 from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters import meta_inventory
@@ -111,7 +110,6 @@ def spec_from_values(
     from fitcheck.readers import load_inventory, merge_sources, spec_from_settings
 
     values, framework = framework_values(values, os.getcwd(), framework_overrides)
-    values, trl = split_trl_values(values)
     model = values.get("model_name_or_path")
     if not model:
         raise ConfigError(
@@ -147,14 +145,11 @@ def spec_from_values(
         from fitcheck.readers import read_adapter_config
 
         spec = dataclasses.replace(spec, lora=read_adapter_config(str(values["adapter_config"])))
-    try:
-        spec, notes = apply_trainer(spec_for_task(spec), trl)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if framework is not None:
-        spec = dataclasses.replace(spec, findings=(*spec.findings, *framework.findings))
-        notes = (*framework.notes, *notes)
-    return spec, (*assumptions, *notes)
+    spec = spec_for_task(spec)
+    if framework is None:
+        return spec, assumptions
+    spec = dataclasses.replace(spec, findings=(*spec.findings, *framework.findings))
+    return spec, (*assumptions, *framework.notes)
 
 
 def framework_values(

@@ -9,7 +9,7 @@ GRPOConfig | RewardConfig, ModelConfig))``. fitcheck never imports or runs the s
    ``trl/scripts/utils.py``: field names, types, ``--no_<flag>`` and defaults are TRL's), without building the
    dataclasses (``parse_known_args``: no ``TrainingArguments.__post_init__``, no device probing, no environment
    changes); ``--config FILE`` (TrlParser's YAML) sets defaults the same way ``set_defaults_with_config`` does;
-3. hands the memory-relevant TRL fields to the same code as ``fitcheck estimate --trainer X``
+3. hands the memory-relevant TRL fields on as run settings, read like ``fitcheck estimate --trainer X``
    (:mod:`fitcheck.readers.trl_settings`): TRL's defaults for absent flags, DPO's reference copy, GRPO's generation.
 
 ``model_name_or_path``, ``--use_peft``, ``--lora_r``, ``--lora_alpha``, ``--lora_target_modules``,
@@ -27,10 +27,11 @@ from typing import Any
 
 from fitcheck.core.trainers import CONFIG_CLASSES, trainer_row
 from fitcheck.errors import ConfigError
-from fitcheck.readers import TRL_FLAG_NAMES, apply_trainer, split_trl_values
-from fitcheck.spec import TrainerKind, TrainingSpec
+from fitcheck.readers import TRL_FLAG_NAMES
+from fitcheck.spec import TrainerKind
 
 # TRL configs of trainers fitcheck does not model (trl 1.16 trl/__init__.py and trl/experimental)
+_EVAL_FLAGS = ("per_device_eval_batch_size", "eval_accumulation_steps", "prediction_loss_only")
 _NOT_MODELLED = ("ORPOConfig", "CPOConfig", "PPOConfig", "RLOOConfig", "OnlineDPOConfig", "GKDConfig",
                  "PRMConfig", "XPOConfig", "NashMDConfig", "BCOConfig")
 
@@ -121,20 +122,16 @@ def _yaml(path: str) -> dict[str, Any]:
 class TrlLaunchHook:
     """What ``integrations.launch_report`` calls for the TRL part of a launch (cli is above integrations)."""
 
-    def split(self, ns: Any, values: Mapping[str, object]) -> tuple[dict[str, object], dict[str, object]]:
-        """(values for the spec, TRL flags) from the launch's values and the script's own arguments."""
+    def split(self, ns: Any, values: Mapping[str, object]) -> dict[str, object]:
+        """The launch's values with the TRL trainer's fields read from the script's own arguments.
+
+        The TRL fields are run settings: ``run_args.spec_from_settings`` builds the ``TrainerSpec`` from them
+        (TRL's defaults for absent fields: ``readers/trl_settings.py``).
+        """
         vals = dict(values)
         kind = detect_trainer(str(ns.training_script), vals.pop("trainer", None))
-        if kind is None or not trainer_row(kind).trl:  # a plain TrainingArguments script: read as before
-            vals.pop("max_prompt_length", None)
-            return vals, {}
+        if kind is None or not trainer_row(kind).trl:  # a plain TrainingArguments script: no evaluation phase
+            return {k: v for k, v in vals.items() if k not in ("max_prompt_length", *_EVAL_FLAGS)}
         script = parse_trl_flags(kind, list(ns.training_script_args or []))
         keep = {k: v for k, v in vals.items() if k not in TRL_FLAG_NAMES or k == "max_prompt_length"}
-        return split_trl_values({**script, **keep})
-
-    def apply(self, spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[TrainingSpec, tuple[str, ...]]:
-        """The spec with its trainer set (TRL defaults for absent fields), and the notes saying so."""
-        try:
-            return apply_trainer(spec, trl)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        return {**script, **keep}

@@ -44,7 +44,7 @@ from fitcheck.readers.task_heads import (
     with_task,
 )
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_object
-from fitcheck.readers.trl_settings import TRL_FLAG_NAMES, apply_trainer, split_trl_values, trainer_kind
+from fitcheck.readers.trl_settings import TRL_FLAG_NAMES, trainer_kind, trainer_spec, trl_default_layer
 from fitcheck.readers.versions import parse_stack
 
 __all__ = [
@@ -59,7 +59,6 @@ __all__ = [
     "MetaFallback",
     "RunSettings",
     "accelerate_deepspeed_config",
-    "apply_trainer",
     "canonical_key",
     "classifier_inventory",
     "cli_flags",
@@ -85,9 +84,10 @@ __all__ = [
     "spec_for_task",
     "spec_from_settings",
     "spec_from_values",
-    "split_trl_values",
     "task_config",
     "task_from_config",
     "trainer_kind",
+    "trainer_spec",
+    "trl_default_layer",
     "with_task",
 ]

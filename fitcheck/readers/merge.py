@@ -7,7 +7,10 @@ Precedence, highest first (the same order ``accelerate launch`` and the Trainer 
 3. the DeepSpeed JSON and the accelerate config YAML (``--deepspeed``, ``--config_file`` or accelerate's
    default location under ``$HF_HOME``/``$XDG_CACHE_HOME``), with DeepSpeed ``"auto"`` values filled from 1-2
    (:mod:`fitcheck.readers.merge_sharding`);
-4. defaults (the libraries' own, on :class:`~fitcheck.readers.run_settings.RunSettings`, or noted here).
+4. the trainer's TRL config defaults (``--trainer sft|dpo|...``;
+   :func:`fitcheck.readers.trl_settings.trl_default_layer`, provenance ``"TRL <Config> default"``), for settings
+   1-3 leave absent;
+5. defaults (the libraries' own, on :class:`~fitcheck.readers.run_settings.RunSettings`, or noted here).
 
 The values of 1-3 are layered into one mapping here, each step returning what it sets, and read into
 ``RunSettings`` once at the end.
@@ -40,6 +43,7 @@ from fitcheck.readers.run_settings import RunSettings
 from fitcheck.readers.settings_table import SETTINGS, Use
 from fitcheck.readers.sources import as_int, as_mapping
 from fitcheck.readers.trainer_args import ArgsRead, read_training_args_file, read_training_args_mapping
+from fitcheck.readers.trl_settings import trl_default_layer
 from fitcheck.spec import DeepSpeedSpec, FsdpSpec, MixedPrecision, ShardingSpec, Strategy
 
 # Flags the merge step reads itself (files, sharding, accelerate's names), never as TrainingArguments values.
@@ -99,6 +103,7 @@ def merge_sources(
     env: Mapping[str, str],
     hidden_size: int | None = None,
     where_read: Mapping[str, str] | None = None,
+    cli_provenance: Mapping[str, str] | None = None,
 ) -> MergedRun:
     """Read and merge the command line, TrainingArguments file, DeepSpeed JSON and accelerate config.
 
@@ -114,6 +119,8 @@ def merge_sources(
         hidden_size: The model's hidden size, for DeepSpeed ``"auto"`` bucket sizes.
         where_read: Where a value in ``cli`` was really read when it was no flag (a framework file,
             ``"cfg.yml:micro_batch_size"``: ``readers/axolotl.py``, ``readers/llamafactory.py``).
+        cli_provenance: Where the ``cli`` values were read when they are not flags (a live
+            ``TrainingArguments``, a script's argv: ``integrations/spec_build.py``); default ``--name``.
 
     Returns:
         The merged run.
@@ -125,6 +132,8 @@ def merge_sources(
     findings: list[Finding] = []
     where_read = where_read or {}
     values, provenance = _layered(cli, training_args_file, findings, where_read)
+    provenance.update({k: w for k, w in (cli_provenance or {}).items() if k in values})
+    _update(values, provenance, trl_default_layer(values))  # below 1-3; before precision and DeepSpeed "auto"
     sources = {k: Source(values.pop(k), provenance.pop(k)) for k in _SOURCE_FIELDS if k in values}
     acc = _accelerate(accelerate_config_file, env, findings)
     num_processes, num_machines = _processes(cli, acc, provenance, findings)
@@ -135,7 +144,8 @@ def merge_sources(
     _update(values, provenance, _every_n_layers(values, provenance))
 
     ds_raw, ds_source = deepspeed_raw(cli, deepspeed_file, sources, acc, findings)
-    fs_read = fsdp_read(cli, fsdp, sources, acc, where_read.get("fsdp_config", "--fsdp_config"))
+    fsdp_where = where_read.get("fsdp_config") or (cli_provenance or {}).get("fsdp_config", "--fsdp_config")
+    fs_read = fsdp_read(cli, fsdp, sources, acc, fsdp_where)
     if ds_raw is not None and fs_read is not None:
         raise ConfigError(f"DeepSpeed ({ds_source}) and FSDP are both configured; use one of them")
     ta_par = sources.get("parallelism_config")

@@ -97,10 +97,13 @@ def _deepspeed_file(
     source = ""
     ta = sources.get("deepspeed")
     ta_ds, ta_where = (ta.value, ta.where) if ta is not None else (None, "")
+    cli_ds = cli.get("deepspeed")
     cli_file = deepspeed_file or (
-        as_str(cli["deepspeed"], at="--deepspeed") if cli.get("deepspeed") else None
+        as_str(cli_ds, at="--deepspeed") if cli_ds and not isinstance(cli_ds, Mapping) else None
     )
-    if cli_file:
+    if isinstance(cli_ds, Mapping) and not deepspeed_file:  # a live TrainingArguments' dict (transformers accepts it)
+        raw, source = as_mapping(cli_ds, at="TrainingArguments.deepspeed"), "TrainingArguments.deepspeed"
+    elif cli_file:
         raw, source = load_deepspeed_file(cli_file), cli_file
     elif isinstance(ta_ds, str) and ta_ds:
         raw, source = load_deepspeed_file(ta_ds), ta_ds
@@ -213,7 +216,7 @@ def _fsdp_config(
     cli: Mapping[str, object], ta_cfg: Source | None, cfg_where: str
 ) -> tuple[dict[str, object] | None, str]:
     cfg_file = cli.get("fsdp_config")
-    if isinstance(cfg_file, Mapping):
+    if isinstance(cfg_file, Mapping):  # a live TrainingArguments' or a framework file's fsdp_config dict
         return as_mapping(cfg_file, at=cfg_where), cfg_where
     if cfg_file is not None:
         cfg_source = as_str(cfg_file, at="--fsdp_config")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
@@ -29,6 +30,7 @@ from fitcheck.readers.families_legacy import inventory_for_stack
 from fitcheck.readers.parallelism import check_layout
 from fitcheck.readers.run_settings import DEFAULT_GPU, DEFAULTS, RunSettings
 from fitcheck.readers.settings_table import canonical_key
+from fitcheck.readers.trl_settings import sequence_length, trainer_spec, trl_default_layer
 from fitcheck.readers.versions import stack_from_values
 from fitcheck.spec import (
     DEFAULT_OPTIMIZER,
@@ -288,7 +290,12 @@ def spec_from_values(
     Raises:
         ConfigError: A value cannot be read; the message names where it came from and the fix.
     """
-    settings = RunSettings.from_values(values, provenance)
+    layered = {canonical_key(k): v for k, v in values.items() if v is not None}
+    prov = dict(provenance or {})
+    trl = trl_default_layer(layered)  # the trainer's TRL config defaults for absent settings
+    settings = RunSettings.from_values(
+        {**values, **{k: v for k, (v, _) in trl.items()}}, {**prov, **{k: w for k, (_, w) in trl.items()}}
+    )
     return spec_from_settings(settings, inventory=inventory, sharding=sharding, findings=findings)
 
 
@@ -299,8 +306,11 @@ def spec_from_settings(
     sharding: ShardingSpec | None = None,
     findings: Sequence[Finding] = (),
 ) -> tuple[TrainingSpec, tuple[str, ...]]:
-    """Build the spec from typed settings (see :func:`spec_from_values`)."""
+    """Build the spec from typed settings (see :func:`spec_from_values`); ``spec.trainer`` from the TRL fields."""
     s = settings
+    seq = sequence_length(s)  # DPO/KTO/GRPO: prompt + completion
+    if seq != s.max_seq_length:
+        s = replace(s, max_seq_length=seq)
     assumptions: list[str] = []
     extra = list(findings)
     stack = stack_from_values({} if s.stack is None else {"stack": s.stack}, s.where("stack"))
@@ -337,7 +347,7 @@ def spec_from_settings(
         lora=_lora(s, inventory),
         quant=quant,
         freeze=freeze,
-        provenance=dict(s.provenance),
+        provenance=MappingProxyType(dict(s.provenance)),  # read-only after the readers
         findings=tuple(extra),
         stack=stack,
     )
@@ -346,4 +356,12 @@ def spec_from_settings(
     from fitcheck.readers.kernel_settings import refuse_peft_problems
 
     refuse_peft_problems(spec)  # what peft raises on (ParamWrapper + lora_dropout): exit 2, not a traceback
-    return spec, tuple(assumptions)
+    try:
+        trainer, notes = trainer_spec(s, spec)  # --trainer and TRL's config fields (readers/trl_settings.py)
+    except ConfigError:
+        raise
+    except ValueError as exc:  # TrainerSpec's own checks (vllm_gpu_memory_utilization in (0, 1], ...)
+        raise ConfigError(str(exc)) from None
+    if trainer is not None:
+        spec = replace(spec, trainer=trainer)
+    return spec, (*assumptions, *notes)

@@ -28,7 +28,7 @@ from fitcheck.readers.settings_table import (
     cli_spellings,
     convert,
 )
-from fitcheck.spec import ActivationSpec, AttnImpl, DeviceType, Dtype, HardwareSpec, QuantSpec
+from fitcheck.spec import ActivationSpec, AttnImpl, DeviceType, Dtype, HardwareSpec, QuantSpec, TrainerKind
 
 DEFAULT_GPU = "H100-80GB"
 
@@ -117,11 +117,35 @@ class RunSettings:
     ddp_find_unused_parameters: bool | None = None
     use_cpu: bool = False
     label_smoothing_factor: float | None = None
+    # --trainer and TRL 1.16's config fields; None: the trainer's TRL config default, layered by
+    # readers/trl_settings.py trl_default_layer (core/trainers/registry.py ``defaults`` column)
+    trainer: str = TrainerKind.TRAINER.value  # a TrainerKind value, or orpo/cpo (refused with the reason)
     packing: bool = False
     padding_free: bool = False
+    precompute_ref_log_probs: bool = False
+    use_vllm: bool = False
+    max_prompt_length: int | None = None
+    max_completion_length: int | None = None
+    rpo_alpha: float | None = None
+    num_generations: int | None = None
+    beta: float | None = None
+    generation_batch_size: int | None = None
+    steps_per_generation: int | None = None
+    vllm_mode: str | None = None
+    vllm_gpu_memory_utilization: float | None = None
+    prediction_loss_only: bool = True  # absent: Trainer.evaluate without compute_metrics (loss only)
+    loss_type: tuple[str, ...] | None = None  # None: DPOConfig's ("sigmoid",)
     # where each value was read (also "deepspeed.<key>" and other merge notes); the names a source gave
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False)
     given_names: frozenset[str] = field(default=frozenset(), compare=False)
+
+    def __post_init__(self) -> None:
+        """No mutable dict leaves the readers: provenance and mapping-valued settings become read-only views."""
+        object.__setattr__(self, "provenance", MappingProxyType(dict(self.provenance)))
+        for name in _MAPPING_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, Mapping) and not isinstance(value, MappingProxyType):
+                object.__setattr__(self, name, MappingProxyType(dict(value)))
 
     def given(self, name: str) -> bool:
         """True when a source gave the setting (False: it holds its default)."""
@@ -171,6 +195,8 @@ class RunSettings:
 
 
 _RUN_NAMES: frozenset[str] = frozenset(n for n, row in SETTINGS.items() if row.use is Use.RUN)
+# settings whose value may be a mapping (read-only views once typed)
+_MAPPING_FIELDS = ("gradient_checkpointing_kwargs", "liger_kernel_config", "stack")
 _FIELDS = frozenset(f.name for f in fields(RunSettings)) - {"provenance", "given_names"}
 if _FIELDS != _RUN_NAMES:  # the table and the settings must list the same names
     raise AssertionError(

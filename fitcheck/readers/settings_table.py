@@ -312,34 +312,35 @@ SETTINGS: dict[str, Setting] = {
     "device_map": Setting(S, "check a device_map (auto, balanced, sequential) for trainable parameters on "
                           "cpu/disk", use=Use.CLI),
     "max_memory": Setting(S, "max_memory for the device_map check, e.g. 0=24GiB,cpu=200GiB", use=Use.CLI),
-    # --trainer and TRL 1.16's config fields (read by readers/trl_settings.py; TRL's defaults for absent flags)
-    "trainer": Setting(S, "trainer (default trainer)", use=Use.CLI,
+    # --trainer and TRL 1.16's config fields (RunSettings fields; readers/trl_settings.py layers TRL's defaults for
+    # absent ones and builds the TrainerSpec from them)
+    "trainer": Setting(S, "trainer (default trainer)",
                        # orpo/cpo: accepted only to be refused with the reason (core/trainers/registry.py REFUSED)
                        cli_choices=(*(k.value for k in TrainerKind), *REFUSED)),
     "packing": Setting(B, "TRL config packing", trainer_arg=_TA),
     "padding_free": Setting(B, "TRL config padding_free", trainer_arg=_TA),
-    "precompute_ref_log_probs": Setting(B, "TRL config precompute_ref_log_probs", use=Use.CLI),
-    "use_vllm": Setting(B, "TRL config use_vllm", use=Use.CLI),
+    "precompute_ref_log_probs": Setting(B, "TRL config precompute_ref_log_probs"),
+    "use_vllm": Setting(B, "TRL config use_vllm"),
     **{
-        name: Setting(S, f"TRL config {name}", use=Use.CLI)
-        for name in (
-            "max_prompt_length",
-            "max_completion_length",
-            "rpo_alpha",
-            "num_generations",
-            "beta",
-            "generation_batch_size",
-            "steps_per_generation",
-            "vllm_mode",
-            "vllm_gpu_memory_utilization",
+        name: Setting(kind, f"TRL config {name}")
+        for name, kind in (
+            ("max_prompt_length", INT),
+            ("max_completion_length", INT),
+            ("rpo_alpha", F),
+            ("num_generations", INT),
+            ("beta", F),
+            ("generation_batch_size", INT),
+            ("steps_per_generation", INT),
+            ("vllm_mode", S),
+            ("vllm_gpu_memory_utilization", F),
         )
     },
     "per_device_eval_batch_size": Setting(
         P, "TRL config per_device_eval_batch_size", (Alias("per_gpu_eval_batch_size"),), trainer_arg=_TA
     ),
     "eval_accumulation_steps": Setting(P, "TRL config eval_accumulation_steps", trainer_arg=_TA),
-    "prediction_loss_only": Setting(S, "TRL config prediction_loss_only", use=Use.CLI),
-    "loss_type": Setting(N, "DPO loss_type", use=Use.CLI),
+    "prediction_loss_only": Setting(B, "TRL config prediction_loss_only"),
+    "loss_type": Setting(N, "DPO loss_type"),
     # TrainingArguments / TRL fields read (type-checked, spellings reported) that no formula needs yet
     "bf16_full_eval": Setting(B, trainer_arg=_TA),
     "fp16_full_eval": Setting(B, trainer_arg=_TA),

@@ -1,21 +1,27 @@
-"""``--trainer trainer|sft|dpo|grpo|reward|kto`` and TRL 1.16's config fields: read into the run's ``TrainerSpec``.
+"""``--trainer trainer|sft|dpo|grpo|reward|kto`` and TRL 1.16's config fields: typed settings -> ``TrainerSpec``.
 
-The readers' floor builds the ``TrainerSpec`` (``fitcheck estimate`` and ``fitcheck launch`` call
-:func:`split_trl_values` before the merge and :func:`apply_trainer` after ``spec_from_settings``); what each
-trainer is -- its TRL config class, defaults, fused head, reference rule -- is its row in
-``fitcheck.core.trainers.registry``.
+The TRL fields are :class:`~fitcheck.readers.run_settings.RunSettings` fields like every other setting (rows of
+:data:`fitcheck.readers.settings_table.SETTINGS`, converted there). This module adds two steps on the readers'
+floor, both pure:
+
+* :func:`trl_default_layer`: the merge layer of TRL's config defaults for absent settings, each with provenance
+  ``"TRL <Config> default"`` (``readers/merge.py`` and ``run_args.spec_from_values`` apply it below the
+  explicit values); what each trainer is -- its TRL config class, defaults, fused head, reference rule -- is its
+  row in ``fitcheck.core.trainers.registry``.
+* :func:`trainer_spec`: the run's ``TrainerSpec`` from the typed settings (``run_args.spec_from_settings``).
 
 ``--per_device_eval_batch_size`` (``--eval_accumulation_steps``, ``--prediction_loss_only``) adds the evaluation
 phase (every trainer: DPO, GRPO and reward through their own ``prediction_step``,
-``fitcheck.core.trainers.evaluation_trl``). An absent ``--prediction_loss_only`` means loss only:
-``Trainer.evaluate`` without ``compute_metrics``; ``--prediction_loss_only false`` means a ``compute_metrics``
-gathers the logits.
+``fitcheck.core.trainers.evaluation_trl``) when given as a flag (``fitcheck estimate``, a TRL script's own flags
+read by ``fitcheck launch``): a TrainingArguments file or object carries ``per_device_eval_batch_size`` (8, its
+default) whether or not the script evaluates. An absent
+``--prediction_loss_only`` means loss only: ``Trainer.evaluate`` without ``compute_metrics``;
+``--prediction_loss_only false`` means a ``compute_metrics`` gathers the logits.
 
-With ``--trainer X`` an absent flag takes X's TRL config default. The defaults are a table here (importing TRL
-imports torch: seconds per CLI call); ``tests/test_trl_cli.py`` pins the table against the installed TRL's config
-dataclasses (``trl.SFTConfig``, ``DPOConfig``, ``GRPOConfig``, ``RewardConfig``). Defaults that matter for memory:
-``gradient_checkpointing`` True and ``bf16`` True (``trl/trainer/base_config.py``: ``bf16=None`` becomes
-``not fp16``) in every TRL config; ``max_length`` 1024 (SFT, DPO, reward); GRPO ``num_generations`` 8,
+With ``--trainer X`` an absent flag takes X's TRL config default (the registry's ``defaults`` column;
+``tests/test_trl_cli.py`` pins it against the installed TRL's config dataclasses). Defaults that matter for
+memory: ``gradient_checkpointing`` True and ``bf16`` True (``trl/trainer/base_config.py``: ``bf16=None`` becomes
+``not fp16``) in every TRL config; ``max_length`` 1024 (SFT, DPO, reward, KTO); GRPO ``num_generations`` 8,
 ``max_completion_length`` 512, ``beta`` 0.0, ``vllm_gpu_memory_utilization`` 0.3.
 
 Where TRL 1.16 has no config field for a length (DPO's prompt/completion split, GRPO's prompt), the flag
@@ -25,64 +31,30 @@ describes the data: every prompt/completion is that long (the worst case).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
-from fitcheck.core.trainers import REFUSED, ReferenceRule, trainer_row
+from fitcheck.core.trainers import REFUSED, ReferenceRule, TrainerRow, trainer_row
 from fitcheck.errors import ConfigError
 from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec, VllmMode
 
-# TRL 1.16 config defaults that change memory: the registry's ``defaults`` column (fitcheck.core.trainers.registry)
+if TYPE_CHECKING:  # run_settings imports the settings table, which imports nothing from here
+    from collections.abc import Mapping
+
+    from fitcheck.readers.run_settings import RunSettings
+
+# TRL 1.16 config fields (RunSettings fields; the registry's ``defaults`` column gives their defaults)
 _BOOL = ("packing", "padding_free", "precompute_ref_log_probs", "use_vllm")
 _VALUE = ("max_prompt_length", "max_completion_length", "rpo_alpha", "num_generations", "beta",
           "generation_batch_size", "steps_per_generation", "vllm_mode", "vllm_gpu_memory_utilization")
 # The evaluation phase (fitcheck.core.trainers.evaluation): every trainer (the registry's evaluation column)
 _EVAL = ("per_device_eval_batch_size", "eval_accumulation_steps", "prediction_loss_only")
 TRL_FLAG_NAMES = ("trainer", *_BOOL, *_VALUE, "loss_type", *_EVAL)
+# TrainingArguments settings whose TRL config default differs from the Trainer's
+_RUN_DEFAULTS = ("gradient_checkpointing", "bf16")
 
 
-def _bool(name: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"--{name}: expected true or false, got {value!r}")
-
-
-def _num(name: str, value: object, kind: type) -> Any:
-    try:
-        out = kind(str(value))
-    except ValueError:
-        raise ConfigError(f"--{name}: expected a{'n integer' if kind is int else ' number'}, got {value!r}") from None
-    if out < 0:
-        raise ConfigError(f"--{name}: must not be negative, got {value!r}")
-    return out
-
-
-def _eval_fields(trl: Mapping[str, object]) -> dict[str, object]:
-    """TrainerSpec evaluation fields from the flags (none when no evaluation batch size is given)."""
-    if "per_device_eval_batch_size" not in trl:
-        if "eval_accumulation_steps" in trl or "prediction_loss_only" in trl:
-            raise ConfigError("--eval_accumulation_steps / --prediction_loss_only need --per_device_eval_batch_size "
-                              "(the evaluation batch)")
-        return {}
-    size = _num("per_device_eval_batch_size", trl["per_device_eval_batch_size"], int)
-    steps = trl.get("eval_accumulation_steps")
-    if size < 1 or (steps is not None and _num("eval_accumulation_steps", steps, int) < 1):
-        raise ConfigError("--per_device_eval_batch_size and --eval_accumulation_steps must be positive")
-    return {
-        "eval_batch_size": size,
-        "eval_accumulation_steps": None if steps is None else _num("eval_accumulation_steps", steps, int),
-        # absent: what Trainer.evaluate does without compute_metrics (loss only)
-        "prediction_loss_only": _bool("prediction_loss_only", trl.get("prediction_loss_only", True)),
-    }
-
-
-def trainer_kind(values: Mapping[str, object]) -> TrainerKind:
-    """The ``--trainer`` value (plain Trainer when absent).
+def trainer_kind(name: object) -> TrainerKind:
+    """The ``--trainer`` value as a kind (plain Trainer when None).
 
     Raises:
         ConfigError: ``orpo`` / ``cpo``: TRL 1.16 keeps them in ``trl.experimental``, where their
@@ -90,51 +62,88 @@ def trainer_kind(values: Mapping[str, object]) -> TrainerKind:
             ``selective_log_softmax`` and a cross-entropy NLL over them (``trl/experimental/orpo/orpo_trainer.py``,
             ``cpo/cpo_trainer.py``), not TRL's fused LM head: a loss path of its own, not measured here.
     """
-    name = str(values.get("trainer", "trainer"))
-    if name in REFUSED:
-        cls, reason = REFUSED[name]
+    text = "trainer" if name is None else str(name)
+    if text in REFUSED:
+        cls, reason = REFUSED[text]
         raise ConfigError(
-            f"--trainer {name}: not modelled. TRL 1.16's {cls} (trl.experimental) {reason}. Estimate it as "
+            f"--trainer {text}: not modelled. TRL 1.16's {cls} (trl.experimental) {reason}. Estimate it as "
             "--trainer trainer with the doubled batch (--per_device_train_batch_size 2 x yours) for a rough figure")
-    return TrainerKind(name)
+    return TrainerKind(text)
 
 
-def split_trl_values(values: Mapping[str, object]) -> tuple[dict[str, object], dict[str, object]]:
-    """(the run's other flags with the TRL config defaults filled in, the TRL-only flags).
+def trl_default_layer(values: Mapping[str, object]) -> dict[str, tuple[object, str]]:
+    """The merge layer of the trainer's TRL config defaults: ``name -> (value, "TRL <Config> default")``.
+
+    Only names absent from ``values`` (canonical names, the layers above) are returned; ``values`` is read,
+    never changed.
 
     Raises:
-        ConfigError: An evaluation flag (not modelled), or a TRL flag without ``--trainer``.
+        ConfigError: ``--trainer orpo|cpo`` (see :func:`trainer_kind`).
     """
-    trl = {k: v for k, v in values.items() if k in TRL_FLAG_NAMES}
-    rest = {k: v for k, v in values.items() if k not in TRL_FLAG_NAMES}
-    kind = trainer_kind(trl)
-    row = trainer_row(kind)
+    row = trainer_row(trainer_kind(values.get("trainer")))
     if not row.trl:
-        extra = sorted(k for k in trl if k not in ("trainer", *_EVAL))
-        if extra:
-            raise ConfigError(f"--{extra[0]} is a TRL config field: add --trainer sft|dpo|grpo|reward|kto")
-        return rest, trl
-    defaults = row.defaults
-    for key in ("gradient_checkpointing", "bf16"):
-        if key not in rest and not (key == "bf16" and "fp16" in rest):
-            rest[key] = defaults[key]
-    if "prepare_for_kbit_training" not in rest:
+        return {}
+    where = f"TRL {row.config_class} default"
+    d = row.defaults
+    out: dict[str, tuple[object, str]] = {}
+    for key in _RUN_DEFAULTS:
+        if key not in values and not (key == "bf16" and "fp16" in values):
+            out[key] = (d[key], where)
+    if "prepare_for_kbit_training" not in values:
         # TRL 1.16's trainers never call peft's prepare_model_for_kbit_training (trl/trainer/sft_trainer.py,
         # dpo_trainer.py, grpo_trainer.py, reward_trainer.py build the PEFT model with get_peft_model only)
-        rest["prepare_for_kbit_training"] = False
-    if "max_length" in defaults and "max_seq_length" not in rest:
-        rest["max_seq_length"] = defaults["max_length"]
-    if row.prompt_completion and "max_length" in defaults and "max_prompt_length" in trl \
-            and "max_completion_length" in trl:
-        # DPOConfig/KTOConfig.max_length (given or 1024) truncates prompt + completion
-        total = _num("max_prompt_length", trl["max_prompt_length"], int) + _num(
-            "max_completion_length", trl["max_completion_length"], int)
-        rest["max_seq_length"] = min(total, _num("max_length", rest["max_seq_length"], int))
-    if row.prompt_completion and "max_length" not in defaults and "max_prompt_length" in trl:  # GRPO
-        completion = trl.get("max_completion_length", defaults["max_completion_length"])
-        rest["max_seq_length"] = _num("max_prompt_length", trl["max_prompt_length"], int) + _num(
-            "max_completion_length", completion, int)
-    return rest, trl
+        out["prepare_for_kbit_training"] = (False, where)
+    if "max_length" in d and "max_seq_length" not in values:
+        out["max_seq_length"] = (d["max_length"], where)
+    out.update({k: (d[k], where) for k in (*_BOOL, *_VALUE) if k in d and k not in values})
+    return out
+
+
+def _nonneg(s: RunSettings, name: str) -> None:
+    value = getattr(s, name)
+    if value is not None and value < 0:
+        raise ConfigError(f"{s.where(name)}: must not be negative, got {value!r}")
+
+
+def sequence_length(s: RunSettings) -> int:
+    """The sequence length a prompt/completion trainer trains on (``max_seq_length`` otherwise).
+
+    DPO/KTO: ``max_prompt_length`` + ``max_completion_length`` when both are given, truncated to
+    ``DPOConfig/KTOConfig.max_length`` (given or 1024). GRPO: ``max_prompt_length`` + ``max_completion_length``
+    (given or 512) when the prompt length is given.
+    """
+    for name in ("max_prompt_length", "max_completion_length"):
+        _nonneg(s, name)
+    row = trainer_row(trainer_kind(s.trainer))
+    if not (row.trl and row.prompt_completion and s.max_prompt_length is not None):
+        return s.max_seq_length
+    if "max_length" in row.defaults:  # DPO, KTO
+        if not s.given("max_completion_length") or s.max_completion_length is None:
+            return s.max_seq_length
+        return min(s.max_prompt_length + s.max_completion_length, s.max_seq_length)
+    completion = row.defaults["max_completion_length"] if s.max_completion_length is None \
+        else s.max_completion_length
+    return s.max_prompt_length + int(str(completion))  # GRPO
+
+
+def _flag(s: RunSettings, name: str) -> bool:
+    """Given as a flag (``--name``), not by a TrainingArguments file or object."""
+    return s.given(name) and s.where(name).startswith("--")
+
+
+def _eval_fields(s: RunSettings) -> dict[str, object]:
+    """TrainerSpec evaluation fields from the flags (none when no evaluation batch size is given as a flag)."""
+    if not _flag(s, "per_device_eval_batch_size"):
+        if _flag(s, "eval_accumulation_steps") or _flag(s, "prediction_loss_only"):
+            raise ConfigError("--eval_accumulation_steps / --prediction_loss_only need --per_device_eval_batch_size "
+                              "(the evaluation batch)")
+        return {}
+    return {
+        "eval_batch_size": s.per_device_eval_batch_size,
+        "eval_accumulation_steps": s.eval_accumulation_steps if _flag(s, "eval_accumulation_steps") else None,
+        # absent: what Trainer.evaluate does without compute_metrics (loss only)
+        "prediction_loss_only": s.prediction_loss_only,
+    }
 
 
 def _kbit_note(spec: TrainingSpec, kind: TrainerKind) -> tuple[str, ...]:
@@ -150,17 +159,23 @@ def _kbit_note(spec: TrainingSpec, kind: TrainerKind) -> tuple[str, ...]:
             f"{spec.precision.load_dtype.value}",)
 
 
-def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[TrainingSpec, tuple[str, ...]]:
-    """The spec with ``spec.trainer`` set from the TRL flags (defaults: the registry's ``defaults`` column)."""
-    kind = trainer_kind(trl)
-    evaluation = _eval_fields(trl)
-    kbit = _kbit_note(spec, kind)
+def trainer_spec(s: RunSettings, spec: TrainingSpec) -> tuple[TrainerSpec | None, tuple[str, ...]]:
+    """The run's ``TrainerSpec`` from the typed settings (None: the plain Trainer, no evaluation), and notes.
+
+    Raises:
+        ConfigError: A TRL field without ``--trainer``, a loss implementation TRL never runs, DPO fields with KTO,
+            GRPO without ``--max_prompt_length``, a bad ``--vllm_mode`` or a negative value.
+    """
+    kind = trainer_kind(s.trainer)
     row = trainer_row(kind)
     if not row.trl:
-        if not evaluation:
-            return spec, kbit
-        return dataclasses.replace(spec, trainer=TrainerSpec(**evaluation)), kbit  # type: ignore[arg-type]
-    d = row.defaults
+        extra = sorted(k for k in (*_BOOL, *_VALUE, "loss_type") if _flag(s, k))
+        if extra:
+            raise ConfigError(f"--{extra[0]} is a TRL config field: add --trainer sft|dpo|grpo|reward|kto")
+    evaluation = _eval_fields(s)
+    kbit = _kbit_note(spec, kind)
+    if not row.trl:
+        return (TrainerSpec(**evaluation) if evaluation else None), kbit  # type: ignore[arg-type]
     if row.fused_head is not None and spec.activations.loss != "torch":
         # TRL 1.16 computes these losses with its own chunked LM head (trl/kernels/chunked_logprob.py); a
         # --loss implementation would never run (sft_trainer.py also turns Liger's FLCE off, L1134-1140)
@@ -169,61 +184,55 @@ def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[Traini
             "with its own chunked LM head, so that loss implementation never runs; drop --loss "
             "(--use_liger_kernel still applies Liger's RMSNorm/SwiGLU/RoPE kernels)"
         )
-
-    def get(name: str) -> object:
-        return trl.get(name, d.get(name))
-
-    seq = spec.batch.seq_len
+    for name in ("rpo_alpha", "num_generations", "beta", "generation_batch_size", "steps_per_generation",
+                 "vllm_gpu_memory_utilization"):
+        _nonneg(s, name)
     notes = [*kbit, f"--trainer {kind.value}: TRL 1.16 {kind.value.upper()}Config defaults for absent flags "
-             "(gradient_checkpointing true, bf16 true" + (", max_length 1024)" if "max_length" in d else ")")]
+             "(gradient_checkpointing true, bf16 true" + (", max_length 1024)" if "max_length" in row.defaults
+                                                            else ")")]
+    t = _kind_spec(s, spec, row, notes)
+    return dataclasses.replace(t, **evaluation), tuple(notes)  # type: ignore[arg-type]
+
+
+def _kind_spec(s: RunSettings, spec: TrainingSpec, row: TrainerRow, notes: list[str]) -> TrainerSpec:
+    """The trainer-kind fields of the ``TrainerSpec`` (``notes`` gets the line describing the rows)."""
+    kind = row.kind
     if kind is TrainerKind.SFT:
-        t = TrainerSpec(kind=kind, packing=_bool("packing", get("packing")),
-                        padding_free=_bool("padding_free", get("padding_free")))
-    elif kind is TrainerKind.REWARD:
-        t = TrainerSpec(kind=kind)
-    elif row.reference is ReferenceRule.IN_STEP:  # DPO, KTO
-        prompt = _num("max_prompt_length", trl.get("max_prompt_length", 0), int)
-        completion = _num("max_completion_length", trl.get("max_completion_length", max(0, seq - prompt)), int)
+        return TrainerSpec(kind=kind, packing=s.packing, padding_free=s.padding_free)
+    if kind is TrainerKind.REWARD:
+        return TrainerSpec(kind=kind)
+    seq = spec.batch.seq_len
+    if row.reference is ReferenceRule.IN_STEP:  # DPO, KTO
+        prompt = s.max_prompt_length or 0
+        given_completion = s.max_completion_length if s.given("max_completion_length") else None
+        completion = max(0, seq - prompt) if given_completion is None else given_completion
         total = min(seq, prompt + completion)  # DPOConfig.max_length truncates prompt + completion
         completion = max(0, total - prompt)
-        rpo = trl.get("rpo_alpha")
-        raw = trl.get("loss_type") or ("sigmoid",)
-        losses = tuple(str(x) for x in raw) if isinstance(raw, (list, tuple)) else (str(raw),)
-        if kind is TrainerKind.KTO and (rpo is not None or "loss_type" in trl):
+        if kind is TrainerKind.KTO and (s.rpo_alpha is not None or s.given("loss_type")):
             raise ConfigError("--rpo_alpha / --loss_type are DPO fields; KTO's loss types (kto, apo_zero_unpaired) "
                               "allocate the same step here: drop the flag")
         t = TrainerSpec(kind=kind, prompt_length=min(prompt, total), completion_length=completion,
-                        precompute_ref_log_probs=_bool("precompute_ref_log_probs", get("precompute_ref_log_probs")),
-                        rpo_alpha=None if rpo is None else _num("rpo_alpha", rpo, float), loss_type=losses)
+                        precompute_ref_log_probs=s.precompute_ref_log_probs, rpo_alpha=s.rpo_alpha,
+                        loss_type=s.loss_type or ("sigmoid",))
         if kind is TrainerKind.KTO:
             notes.append(f"KTO: every row is {min(prompt, total)} prompt + {completion} completion tokens (one "
                          "completion per row); the KL batch runs no_grad forwards of the same size")
         else:
             notes.append(f"DPO: every row is {min(prompt, total)} prompt + {completion} completion tokens; chosen "
                          f"and rejected run concatenated ({2 * spec.batch.micro_batch} rows)")
-    else:
-        if "max_prompt_length" not in trl:
-            raise ConfigError("--trainer grpo needs --max_prompt_length: the length of every prompt (TRL 1.16's "
-                              "GRPOConfig has no field for it)")
-        mode = str(get("vllm_mode"))
-        if mode not in {m.value for m in VllmMode}:
-            raise ConfigError(f"--vllm_mode: expected colocate or server, got {mode!r}")
-        gbs = trl.get("generation_batch_size")
-        spg = trl.get("steps_per_generation")
-        t = TrainerSpec(
-            kind=kind, prompt_length=_num("max_prompt_length", trl["max_prompt_length"], int),
-            completion_length=_num("max_completion_length", get("max_completion_length"), int),
-            num_generations=max(1, _num("num_generations", get("num_generations"), int)),
-            beta=_num("beta", get("beta"), float),
-            generation_batch_size=None if gbs is None else _num("generation_batch_size", gbs, int),
-            steps_per_generation=None if spg is None else _num("steps_per_generation", spg, int),
-            use_vllm=_bool("use_vllm", get("use_vllm")), vllm_mode=VllmMode(mode),
-            vllm_gpu_memory_utilization=_num("vllm_gpu_memory_utilization", get("vllm_gpu_memory_utilization"),
-                                             float),
-        )
-        notes.append(f"GRPO: every sequence is {t.prompt_length} prompt + {t.completion_length} completion tokens")
-    t = dataclasses.replace(t, **evaluation)  # type: ignore[arg-type]
-    try:
-        return dataclasses.replace(spec, trainer=t), tuple(notes)
-    except ValueError as exc:  # pragma: no cover - TrainerSpec validation
-        raise ConfigError(str(exc)) from None
+        return t
+    if s.max_prompt_length is None:
+        raise ConfigError("--trainer grpo needs --max_prompt_length: the length of every prompt (TRL 1.16's "
+                          "GRPOConfig has no field for it)")
+    mode = str(s.vllm_mode)
+    if mode not in {m.value for m in VllmMode}:
+        raise ConfigError(f"--vllm_mode: expected colocate or server, got {mode!r}")
+    t = TrainerSpec(
+        kind=kind, prompt_length=s.max_prompt_length, completion_length=int(str(s.max_completion_length)),
+        num_generations=max(1, int(str(s.num_generations))), beta=float(str(s.beta)),
+        generation_batch_size=s.generation_batch_size, steps_per_generation=s.steps_per_generation,
+        use_vllm=s.use_vllm, vllm_mode=VllmMode(mode),
+        vllm_gpu_memory_utilization=float(str(s.vllm_gpu_memory_utilization)),
+    )
+    notes.append(f"GRPO: every sequence is {t.prompt_length} prompt + {t.completion_length} completion tokens")
+    return t
