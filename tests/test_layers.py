@@ -36,6 +36,7 @@ FLOORS: dict[str, int] = {
     "fitcheck.catalog": 1,
     "fitcheck.families": 1,  # model families (inventory + traits): imports only spec, errors, units
     "fitcheck.core.optimizers": 2,
+    "fitcheck.core.caching": 2,  # the CUDA caching allocator replayed: events in, statistics out
     "fitcheck.core.kernels": 2,  # fused kernels and memory levers (Liger, CCE, offloading): spec-only inputs
     "fitcheck.core.states": 3,
     "fitcheck.core.activations": 4,
