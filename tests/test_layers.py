@@ -41,6 +41,7 @@ FLOORS: dict[str, int] = {
     "fitcheck.core.states": 3,
     "fitcheck.core.activations": 4,
     "fitcheck.core.parallelism": 4,
+    "fitcheck.core.loading": 4,  # from_pretrained and preparation replayed through the caching allocator
     "fitcheck.core.trainers": 4,
     "fitcheck.core": 5,
     "fitcheck.readers": 6,

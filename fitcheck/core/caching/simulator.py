@@ -234,6 +234,17 @@ class CachingAllocator:
             block.size += other.size
         pool.insert(block)
 
+    def inactive_split_bytes(self) -> int:
+        """``inactive_split_bytes``: cached free blocks inside segments that also hold live blocks.
+
+        ``release_cached_blocks`` cannot return them (only unsplit blocks are ``cudaFree``'d), so they stay
+        reserved whatever the next allocations need; torch leaves expandable segments out of this statistic
+        (their free pages can be unmapped).
+        """
+        return sum(
+            b.size for pool in self.pools.values() for b in pool.by_key.values() if b.is_split and not b.expandable
+        )
+
     # --- malloc's steps ------------------------------------------------------------------------------
     def _get_free_block(self, pool: _Pool, size: int) -> _Block | None:
         """``get_free_block``: best fit, with the oversize rules of ``max_split_size``."""
