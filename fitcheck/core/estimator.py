@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from fitcheck.core.activations import activation_findings, in_envelope, not_pinned_finding, versions_findings
 from fitcheck.core.allocator import allocator_findings, reserved_bytes
+from fitcheck.core.loading import load_component, load_findings, load_phase, run_reserved
 from fitcheck.core.overheads import nccl_group_bytes
 from fitcheck.core.parallelism import (
     describe_layout,
@@ -111,11 +112,17 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *collect_components(local, None if parallel else activations),
         *parallel_components(spec, nccl_group_bytes),
     )
+    # the load phase (from_pretrained, k-bit preparation) on a model loaded whole onto the GPU (core/loading)
+    loaded = None if parallel else load_phase(local)
+    step_phase, step_totals = peak_phase(components)
+    step_reserved = reserved_bytes(
+        local, step_totals[step_phase], transient_bytes=transient_bytes_at(components, step_phase)
+    )
+    if loaded is not None:
+        components = (*components, load_component(loaded))
     phase, totals = peak_phase(components)
     peak_allocated = totals[phase]
-    peak_reserved = reserved_bytes(
-        local, peak_allocated, transient_bytes=transient_bytes_at(components, phase)
-    )
+    peak_reserved = run_reserved(step_reserved, loaded)
     outside = sum(c.peak_bytes for c in components if c.location is Location.DEVICE_OTHER)
     device_used = peak_reserved + outside
     budget = spec.hardware.gpu_memory_bytes
@@ -130,6 +137,7 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *sharding_findings(local),
         *fsdp_qlora_findings(local, budget, spec.hardware.host_memory_bytes),  # FSDP-QLoRA, FSDP loading
         *allocator_findings(local),
+        *load_findings(loaded, step_reserved),
         *versions_findings(spec),  # library versions vs the modelled ones (activations/versions.py)
         *evaluation_findings(spec, totals),
         *parallel_findings(spec, traced=parallel and activations is not None),

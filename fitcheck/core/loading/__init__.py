@@ -7,16 +7,28 @@
 """
 
 from fitcheck.core.loading.events import LoadEvent, load_events, natural_key, prepare_events
-from fitcheck.core.loading.phase import SOURCE, LoadPhase, allocator_conf, load_phase, loads_on_one_device
+from fitcheck.core.loading.phase import (
+    SOURCE,
+    LoadPhase,
+    allocator_conf,
+    load_component,
+    load_findings,
+    load_phase,
+    loads_on_one_device,
+    run_reserved,
+)
 
 __all__ = [
     "SOURCE",
     "LoadEvent",
     "LoadPhase",
     "allocator_conf",
+    "load_component",
     "load_events",
+    "load_findings",
     "load_phase",
     "loads_on_one_device",
     "natural_key",
     "prepare_events",
+    "run_reserved",
 ]

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 
 from fitcheck.core.caching import AllocatorConf, CachingAllocator, parse_alloc_conf
 from fitcheck.core.loading.events import LoadEvent, load_events, prepare_events
+from fitcheck.findings import Finding, Severity
+from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import DeviceType, Strategy, TrainingSpec
+from fitcheck.units import format_bytes
+
+_ROUND = 2 * 1024**2  # kRoundLarge: reserved memory moves in segments of at least 2 MiB
 
 SOURCE = (
     "transformers 5.23 core_model_loading.py convert_and_load_state_dict_in_model + integrations/bitsandbytes.py; "
@@ -102,3 +107,48 @@ def load_phase(spec: TrainingSpec) -> LoadPhase | None:
         how += "; prepare_model_for_kbit_training's fp32 copies"
     return LoadPhase(s.peak_allocated, s.peak_reserved, s.allocated, s.reserved, alloc.inactive_split_bytes(),
                      how)
+
+
+def load_component(lp: LoadPhase) -> Component:
+    """The load phase as a component of ``Phase.LOAD``: the allocated peak while loading and preparing."""
+    cached = lp.end_reserved - lp.end_allocated
+    return Component(
+        "load.from_pretrained", Category.WEIGHTS, Location.DEVICE, {Phase.LOAD: lp.peak_allocated}, SOURCE,
+        f"{lp.detail}; peak {format_bytes(lp.peak_allocated)} allocated / {format_bytes(lp.peak_reserved)} "
+        f"reserved; {format_bytes(cached)} stays cached after loading, {format_bytes(lp.stuck)} of it in "
+        "segments that hold weights",
+    )
+
+
+def run_reserved(step_reserved: int, lp: LoadPhase | None) -> int:
+    """``max_memory_reserved`` over the run: the load's peak, or the step's on top of the load's stuck cache.
+
+    The step reuses or releases the load's unsplit cached segments (``release_cached_blocks`` when a
+    ``cudaMalloc`` fails), but not the free blocks inside segments that hold weights.
+
+    Args:
+        step_reserved: The step's reserved bytes on a fresh allocator.
+        lp: The load phase (None: no load phase modelled).
+
+    Returns:
+        Peak reserved bytes of the run.
+    """
+    if lp is None:
+        return step_reserved
+    return max(lp.peak_reserved, -(-(step_reserved + lp.stuck) // _ROUND) * _ROUND)
+
+
+def load_findings(lp: LoadPhase | None, step_reserved: int) -> tuple[Finding, ...]:
+    """A finding when loading reserves more than the training step (the run's peak is before step 1)."""
+    if lp is None or lp.peak_reserved <= step_reserved:
+        return ()
+    return (
+        Finding(
+            "load-peak",
+            Severity.INFO,
+            f"loading reserves {format_bytes(lp.peak_reserved)} ({format_bytes(lp.peak_allocated)} allocated at "
+            f"its peak), more than the training step's {format_bytes(step_reserved)}: {lp.detail}; "
+            "torch.cuda.max_memory_reserved and nvidia-smi show the load's figure",
+            "call torch.cuda.empty_cache() after loading to return the cached blocks before training",
+        ),
+    )
