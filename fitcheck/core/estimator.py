@@ -113,7 +113,8 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *parallel_components(spec, nccl_group_bytes),
     )
     # the load phase (from_pretrained, k-bit preparation) on a model loaded whole onto the GPU (core/loading)
-    loaded = None if parallel else load_phase(local)
+    outside_step = sum(c.peak_bytes for c in components if c.location is Location.DEVICE_OTHER)
+    loaded = None if parallel else load_phase(local, spec.hardware.gpu_memory_bytes - outside_step)
     step_phase, step_totals = peak_phase(components)
     step_reserved = reserved_bytes(
         local, step_totals[step_phase], transient_bytes=transient_bytes_at(components, step_phase)

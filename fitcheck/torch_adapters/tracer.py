@@ -70,6 +70,8 @@ class TraceResult:
         final_grads: Bytes of all gradients at the end of backward.
         seconds: Wall time of the trace (model build + two steps).
         peak: The largest live total over the whole step.
+        alloc_events: Every storage allocation and free of the trace in order, as ``(serial, +bytes / -bytes,
+            region allocated in)``: the sequence the caching-allocator replay runs (``allocator_replay``).
     """
 
     phases: Mapping[Phase, PhaseBreakdown]
@@ -77,6 +79,7 @@ class TraceResult:
     final_grads: int
     seconds: float = 0.0
     extra: Mapping[str, float] = field(default_factory=dict)
+    alloc_events: tuple[tuple[int, int, str], ...] = ()
 
     @property
     def peak(self) -> int:
@@ -317,7 +320,8 @@ def trace_step(
             c = classify(s)
             by_cat[c] = by_cat.get(c, 0) + rec.sizes[s]
         phases[phase] = PhaseBreakdown(total=sum(by_cat.values()), by_category=by_cat)
-    return TraceResult(phases, depth, final_grads, time.perf_counter() - start)
+    events = tuple((s, sign * rec.sizes[s], rec.tags[s]) for s, sign in rec.events)
+    return TraceResult(phases, depth, final_grads, time.perf_counter() - start, alloc_events=events)
 
 
 def _region_opener(rec: Any, region: str) -> Any:

@@ -8,22 +8,20 @@ settings. What comes out:
 * what stays reserved after loading: the freed 16-bit weights stay in the allocator's cache (torch returns cached
   memory only on ``empty_cache`` or when a ``cudaMalloc`` fails, ``CUDACachingAllocator.cpp`` ``malloc``),
 * the part of that cache that no later allocation can release: free blocks inside segments that also hold live
-  weights (``inactive_split_bytes``); the unsplit cached segments are released when the step needs the room
-  (``release_cached_blocks``), so only the split part adds to the step's reserved memory.
+  weights (``inactive_split_bytes``, reported); the unsplit cached segments are released when the step needs the
+  room (``release_cached_blocks``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.core.caching import AllocatorConf, CachingAllocator, parse_alloc_conf
+from fitcheck.core.caching import AllocatorConf, CachingAllocator, OutOfMemory, parse_alloc_conf
 from fitcheck.core.loading.events import LoadEvent, load_events, prepare_events
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import DeviceType, Strategy, TrainingSpec
 from fitcheck.units import format_bytes
-
-_ROUND = 2 * 1024**2  # kRoundLarge: reserved memory moves in segments of at least 2 MiB
 
 SOURCE = (
     "transformers 5.23 core_model_loading.py convert_and_load_state_dict_in_model + integrations/bitsandbytes.py; "
@@ -80,11 +78,14 @@ def _replay(alloc: CachingAllocator, events: list[LoadEvent]) -> None:
             alloc.free(ev.handle)
 
 
-def load_phase(spec: TrainingSpec) -> LoadPhase | None:
+def load_phase(spec: TrainingSpec, capacity: int | None = None) -> LoadPhase | None:
     """Replay ``from_pretrained`` and peft's preparation through the caching allocator.
 
     Args:
         spec: The training spec.
+        capacity: Bytes torch's allocator can get (the GPU less what lives outside it). Near it, the allocator
+            releases its unsplit cached segments and retries (``release_cached_blocks``), as on the GPU; a load
+            that does not fit even then is replayed without the limit, so its need shows.
 
     Returns:
         The load phase's peaks and what it leaves reserved; None where the model is not loaded whole onto one
@@ -94,9 +95,14 @@ def load_phase(spec: TrainingSpec) -> LoadPhase | None:
         return None
     events = load_events(spec)
     prep = prepare_events(spec, events)
-    alloc = CachingAllocator(allocator_conf(spec))
-    _replay(alloc, events)
-    _replay(alloc, prep)
+    alloc = CachingAllocator(allocator_conf(spec), capacity)
+    try:
+        _replay(alloc, events)
+        _replay(alloc, prep)
+    except OutOfMemory:
+        alloc = CachingAllocator(allocator_conf(spec))
+        _replay(alloc, events)
+        _replay(alloc, prep)
     s = alloc.stats
     q = spec.quant
     how = "parameters materialised in their resident dtype"
@@ -121,10 +127,13 @@ def load_component(lp: LoadPhase) -> Component:
 
 
 def run_reserved(step_reserved: int, lp: LoadPhase | None) -> int:
-    """``max_memory_reserved`` over the run: the load's peak, or the step's on top of the load's stuck cache.
+    """``max_memory_reserved`` over the run: the larger of the load's peak and the step's.
 
-    The step reuses or releases the load's unsplit cached segments (``release_cached_blocks`` when a
-    ``cudaMalloc`` fails), but not the free blocks inside segments that hold weights.
+    Reserved memory only grows between ``empty_cache`` calls, so the load's peak stays in
+    ``max_memory_reserved``. The step's own figure is not raised by the load's cache: the unsplit cached segments
+    are reused or released when a ``cudaMalloc`` fails (``release_cached_blocks``), and the free blocks left inside
+    segments that hold weights (``LoadPhase.stuck``, reported in the component's detail) take step tensors of
+    their size (best fit), which the step's allocated peak already counts.
 
     Args:
         step_reserved: The step's reserved bytes on a fresh allocator.
@@ -135,7 +144,7 @@ def run_reserved(step_reserved: int, lp: LoadPhase | None) -> int:
     """
     if lp is None:
         return step_reserved
-    return max(lp.peak_reserved, -(-(step_reserved + lp.stuck) // _ROUND) * _ROUND)
+    return max(lp.peak_reserved, step_reserved)
 
 
 def load_findings(lp: LoadPhase | None, step_reserved: int) -> tuple[Finding, ...]:
