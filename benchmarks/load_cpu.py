@@ -67,7 +67,7 @@ def measure(kind: str) -> dict[str, int]:
     import torch
     import transformers
 
-    from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder
+    from fitcheck.torch_adapters import LiveTensorRecorder
 
     warnings.filterwarnings("ignore")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
