@@ -65,7 +65,6 @@ def test_bf16_and_fp32_loads_give_one_estimate_and_verdict(config: str) -> None:
 
 def test_qlora_lever_under_fsdp_stores_4bit_weights_in_a_float_dtype() -> None:
     from fitcheck.advice.advisor_changes import levers
-
     from fitcheck.cli.estimate import spec_from_values
     from fitcheck.core import estimate
 
