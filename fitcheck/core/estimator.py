@@ -92,7 +92,9 @@ def _verdict(
     return out
 
 
-def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = None) -> Report:
+def estimate(
+    spec: TrainingSpec, *, activations: tuple[Component, ...] | None = None, gap_fraction: float | None = None
+) -> Report:
     """Estimate per-GPU peak memory of one steady-state training step.
 
     Args:
@@ -100,6 +102,9 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         activations: Activation components to use instead of the per-family formulas (from a fake-tensor
             trace, ``fitcheck estimate --trace``). Without them, a spec outside the checked envelope
             (``fitcheck.core.activations.envelope``) gets ``pinned=False`` and a ``not-pinned`` WARNING.
+        gap_fraction: The caching allocator's reserved-over-allocated gap as a fraction of the step's transient
+            bytes, replayed from the traced step's allocation sequence (``torch_adapters.allocator_replay``);
+            None: the published fraction of ``core/allocator.py``.
 
     Returns:
         The itemised report with the peak phase, allocated/reserved/used bytes, the verdict and findings.
@@ -117,7 +122,8 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
     loaded = None if parallel else load_phase(local, spec.hardware.gpu_memory_bytes - outside_step)
     step_phase, step_totals = peak_phase(components)
     step_reserved = reserved_bytes(
-        local, step_totals[step_phase], transient_bytes=transient_bytes_at(components, step_phase)
+        local, step_totals[step_phase], transient_bytes=transient_bytes_at(components, step_phase),
+        gap_fraction=gap_fraction,
     )
     if loaded is not None:
         components = (*components, load_component(loaded))
@@ -137,7 +143,7 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *activation_findings(local),
         *sharding_findings(local),
         *fsdp_qlora_findings(local, budget, spec.hardware.host_memory_bytes),  # FSDP-QLoRA, FSDP loading
-        *allocator_findings(local),
+        *allocator_findings(local, gap_fraction),
         *load_findings(loaded, step_reserved),
         *versions_findings(spec),  # library versions vs the modelled ones (activations/versions.py)
         *evaluation_findings(spec, totals),

@@ -83,6 +83,7 @@ class PinnedPath:
         self.mode = mode
         self.can_trace = torch_available() if can_trace is None else can_trace
         self._cache: dict[str, tuple[tuple[Component, ...] | None, str]] = {}
+        self._gaps: dict[str, float] = {}  # the traced step's allocator gap fraction (allocator_replay)
 
     def wants_trace(self, spec: TrainingSpec) -> bool:
         """Whether this spec's activations should come from a trace."""
@@ -98,24 +99,38 @@ class PinnedPath:
             return None, ""
         key = _cache_key(spec)
         if key not in self._cache:
-            self._cache[key] = self._trace(spec)
+            self._cache[key] = self._trace(spec, key)
         return self._cache[key]
 
-    def _trace(self, spec: TrainingSpec) -> tuple[tuple[Component, ...] | None, str]:
+    def gap_fraction(self, spec: TrainingSpec) -> float | None:
+        """The caching allocator's gap over the traced step's transient bytes (None: not traced)."""
+        return self._gaps.get(_cache_key(spec)) if self.wants_trace(spec) else None
+
+    def _trace(self, spec: TrainingSpec, key: str) -> tuple[tuple[Component, ...] | None, str]:
         import warnings
 
         from fitcheck.errors import FitcheckError
-        from fitcheck.torch_adapters.tracer import trace_components
 
         with warnings.catch_warnings():  # transformers' deprecation notices while building the model are noise
             warnings.simplefilter("ignore", FutureWarning)
             if self.mode == "always":
-                return trace_components(spec), ""
+                return self._traced(spec, key), ""
             try:
-                return trace_components(spec), ""
+                return self._traced(spec, key), ""
             except (FitcheckError, NotImplementedError, ValueError, TypeError, RuntimeError, KeyError,
                     AttributeError) as exc:  # an automatic trace never breaks the estimate: the formulas answer
                 return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+
+    def _traced(self, spec: TrainingSpec, key: str) -> tuple[Component, ...]:
+        """The trace's components; its allocation sequence replayed through the caching allocator."""
+        from fitcheck.core.loading import allocator_conf
+        from fitcheck.torch_adapters.allocator_replay import replay_events
+        from fitcheck.torch_adapters.tracer import components_from_trace, trace_result
+
+        result = trace_result(spec)
+        if result.alloc_events:
+            self._gaps[key] = replay_events([result.alloc_events], allocator_conf(spec)).gap_fraction
+        return components_from_trace(result)
 
     def following(self, headline: Report) -> PinnedPath:
         """The path for the numbers around a headline (largest micro-batch, suggestions): traced when the
@@ -124,6 +139,7 @@ class PinnedPath:
         traced = any(c.name == "activations.traced" for c in headline.components)
         other = PinnedPath("always" if traced else "never", can_trace=self.can_trace)
         other._cache = self._cache
+        other._gaps = self._gaps
         return other
 
     def __call__(self, spec: TrainingSpec) -> Report:
@@ -131,7 +147,7 @@ class PinnedPath:
         from fitcheck.core import estimate
 
         comps, failed = self.activations(spec)
-        report = estimate(spec, activations=comps)
+        report = estimate(spec, activations=comps, gap_fraction=self.gap_fraction(spec) if comps else None)
         if failed:
             note = Finding("trace-failed", Severity.INFO, f"tracing this run was not possible ({failed})",
                            "the number is from the formulas; see the not-pinned warning")

@@ -21,6 +21,7 @@ The same code runs on real CPU tensors (``fake=False``): that is the truth ``ben
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -377,7 +378,8 @@ def trace_extrapolated(config: Mapping[str, Any], **kwargs: Any) -> TraceResult:
         return trace_step(config, num_layers=depth, **kwargs)
     one = trace_step(config, num_layers=group, **kwargs)
     two = trace_step(config, num_layers=2 * group, **kwargs)
-    return extrapolate(one, two, depth / group, depth)
+    # the allocation sequence is the deeper trace's (allocator_replay replays it at that depth)
+    return dataclasses.replace(extrapolate(one, two, depth / group, depth), alloc_events=two.alloc_events)
 
 
 def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
@@ -419,8 +421,16 @@ def trace_components(spec: TrainingSpec) -> tuple[Component, ...]:
 
     if not spec.model.config:
         raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
-    result = trace_extrapolated(spec.model.config, **trace_kwargs(spec))
-    return components_from_trace(result)
+    return components_from_trace(trace_result(spec))
+
+
+def trace_result(spec: TrainingSpec) -> TraceResult:
+    """The extrapolated trace of a spec's step (its ``alloc_events`` are those of the deepest trace run)."""
+    from fitcheck.errors import UnsupportedModelError
+
+    if not spec.model.config:
+        raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
+    return trace_extrapolated(spec.model.config, **trace_kwargs(spec))
 
 
 def components_from_trace(result: TraceResult) -> tuple[Component, ...]:
