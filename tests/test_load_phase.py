@@ -78,3 +78,21 @@ def test_no_load_phase_where_other_rules_apply() -> None:
     cpu = replace(spec, hardware=replace(spec.hardware, device_type=spec.hardware.device_type.__class__("cpu")))  # type: ignore[attr-defined]
     assert load_phase(cpu) is None  # type: ignore[arg-type]
     assert Phase.LOAD not in estimate(cpu).phase_totals()  # type: ignore[arg-type]
+
+
+def test_alloc_conf_flag_and_environment() -> None:
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "fitcheck.cli.main", "estimate", "--model_name_or_path", "Qwen/Qwen3-8B",
+            "--gpu", "A100-40GB", "--no_trace"]
+    bad = subprocess.run([*base, "--cuda_alloc_conf", "max_split_size_mb:10"], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert bad.returncode == 2 and "max_split_size_mb" in bad.stderr and "Traceback" not in bad.stderr
+    import os
+
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:maybe"}
+    read = subprocess.run(base, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert read.returncode == 2 and "PYTORCH_CUDA_ALLOC_CONF" in read.stderr
+    spec = _spec(cuda_alloc_conf="expandable_segments:True")
+    assert spec.hardware.expandable_segments  # type: ignore[attr-defined]
