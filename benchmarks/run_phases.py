@@ -101,10 +101,10 @@ def _summary(errors: list[float]) -> str:
     if not errors:
         return "no rows"
     med = statistics.median(errors)
-    above = sum(e > 0 for e in errors)
+    above, below = sum(e > 0 for e in errors), sum(e < 0 for e in errors)
     mid = statistics.median(abs(e) for e in errors)
     return (f"{len(errors)} rows, median error {med:+.1%}, median |error| {mid:.1%}, "
-            f"{above} above / {len(errors) - above} below")
+            f"{above} above / {below} below / {len(errors) - above - below} equal")
 
 
 def main(argv: list[str]) -> int:
