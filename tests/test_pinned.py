@@ -73,6 +73,7 @@ def test_auto_mode_traces_outside_the_envelope_and_falls_back_with_a_reason(monk
         raise NotModelledError("refused for the test")
 
     monkeypatch.setattr(tracer, "trace_components", refuse)
+    monkeypatch.setattr(tracer, "trace_result", refuse)  # PinnedPath traces through trace_result (issue 19)
     fallback = PinnedPath("auto", can_trace=True)(dora)  # a trace that cannot run: formula + warning + why
     codes = [f.code for f in fallback.findings]
     assert fallback.pinned is False and "not-pinned" in codes and "trace-failed" in codes
