@@ -33,7 +33,6 @@ def test_all_lists_the_public_names() -> None:
         "render",
         "cli",
         "torch_adapters",
-        "families",  # a sub-package (issue 18), an attribute once any module has imported it
         "integrations",
     }
     assert public <= set(fitcheck.__all__)
