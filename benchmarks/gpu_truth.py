@@ -16,12 +16,14 @@ training the libraries would run for those flags, with random weights (memory do
 * a step: forward + loss (under ``torch.autocast`` for ``--bf16``/``--fp16``), backward,
   ``clip_grad_norm_(1.0)`` (TrainingArguments.max_grad_norm default), ``optimizer.step()``, ``zero_grad``.
 
-Three steps run; the peak counters are reset after the first, so the peak is that of steps 2-3 (optimizer
-states exist: the steady state the estimate describes). On CUDA the measured numbers are
-``max_memory_allocated``, ``max_memory_reserved`` and nvidia-smi-style used memory (``mem_get_info``
-total - free); on CPU (``--device cpu``: tiny widths, ``--device_type cpu`` estimates) the peak of live tensor
-bytes from ``fitcheck.torch_adapters.live_tracker``. Each row runs in its own process (clean CUDA context,
-counters and caches); an OOM is a result, not a failure; a time budget bounds the whole run.
+On CUDA the model is loaded with ``from_pretrained`` onto the GPU (the load phase: the allocator's counters after
+loading and after ``prepare_model_for_kbit_training`` are recorded under ``measured.phases`` and compared with
+``fitcheck.core.loading.load_phase``). Three steps run; the peak counters are reset after the first, so the
+peak is that of steps 2-3 (optimizer states exist: the steady state the estimate describes). On CUDA the
+measured numbers are ``max_memory_allocated``, ``max_memory_reserved`` and nvidia-smi-style used memory
+(``mem_get_info`` total - free); on CPU (``--device cpu``: tiny widths, ``--device_type cpu`` estimates) the
+peak of live tensor bytes from ``fitcheck.torch_adapters.live_tracker``. Each row runs in its own process (clean
+CUDA context, counters and caches); an OOM is a result, not a failure; a time budget bounds the whole run.
 
 GPU:  ``PYTHONPATH=. python benchmarks/gpu_truth.py --quick --out benchmarks/data/``
 CPU:  ``PYTHONPATH=. python benchmarks/gpu_truth.py --device cpu``
@@ -214,6 +216,13 @@ def run_row(row: Row, device: str) -> dict[str, Any]:
         result["error_pct"] = {"allocated": _err(est.get("peak_allocated_bytes"), meas.get("max_allocated")),
                                "reserved": _err(est.get("peak_reserved_bytes"), meas.get("max_reserved")),
                                "used": _err(est.get("device_used_bytes"), meas.get("used_peak"))}
+        load = meas.get("phases", {}).get("prepare") or meas.get("phases", {}).get("load")
+        if load and "load_peak_allocated" in est:  # the load phase: estimate vs the allocator's counters
+            result["error_pct"].update({
+                "load_allocated": _err(est.get("load_peak_allocated"), load.get("max_allocated")),
+                "load_reserved": _err(est.get("load_peak_reserved"), load.get("max_reserved")),
+                "load_end_reserved": _err(est.get("load_end_reserved"), load.get("reserved")),
+            })
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result
 
@@ -244,11 +253,16 @@ def _gpu_flag(name: str, total: int) -> dict[str, object]:
 def _estimate(values: Mapping[str, object]) -> dict[str, Any]:
     from fitcheck.cli import spec_from_values
     from fitcheck.core import estimate
+    from fitcheck.core.loading import load_phase
     from fitcheck.render import report_to_dict
 
     spec, _ = spec_from_values(values, {})
     report = estimate(spec)
-    return {"peak_allocated_bytes": report.peak_allocated_bytes, "peak_reserved_bytes": report.peak_reserved_bytes,
+    lp = load_phase(spec, spec.hardware.gpu_memory_bytes)
+    load = {} if lp is None else {"load_peak_allocated": lp.peak_allocated, "load_peak_reserved": lp.peak_reserved,
+                                  "load_end_allocated": lp.end_allocated, "load_end_reserved": lp.end_reserved}
+    return {**load, "peak_allocated_bytes": report.peak_allocated_bytes,
+            "peak_reserved_bytes": report.peak_reserved_bytes,
             "device_used_bytes": report.device_used_bytes, "peak_phase": report.peak_phase.value,
             "fits": report.fits, "budget_bytes": report.budget_bytes, "trainable_params": report.trainable_params,
             "regime": report.regime, "components": report_to_dict(report)["components"]}
@@ -259,10 +273,14 @@ def _measure(config: Mapping[str, Any], values: Mapping[str, object], device: st
     import torch
 
     torch.manual_seed(0)
-    model = build_model(config, values, device, work)
+    phases: dict[str, dict[str, int]] = {}
+    model = build_model(config, values, device, work, phases)
     result["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     opt = make_optimizer(model, str(values.get("optim") or "adamw_torch_fused"), work)
-    return train_steps(model, opt, values, device)
+    measured: dict[str, Any] = train_steps(model, opt, values, device)
+    if phases:  # CUDA: the load and preparation phases, before step 1 (gpu_truth_step.build_model)
+        measured["phases"] = phases
+    return measured
 
 
 # ------------------------------------------------------------------------------------------------ driver

@@ -33,8 +33,23 @@ def _dtype(values: Mapping[str, object], config: Mapping[str, Any]) -> Any:
     return getattr(torch, name)
 
 
-def build_model(config: Mapping[str, Any], values: Mapping[str, object], device: str, work: Path) -> Any:
-    """The model as transformers/peft/TRL would hold it for these flags, on ``device``, in train mode."""
+def _cuda_counters() -> dict[str, int]:
+    """The caching allocator's counters now (peaks since the last reset)."""
+    import torch
+
+    return {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
+            "allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}
+
+
+def build_model(config: Mapping[str, Any], values: Mapping[str, object], device: str, work: Path,
+                phases: dict[str, dict[str, int]] | None = None) -> Any:
+    """The model as transformers/peft/TRL would hold it for these flags, on ``device``, in train mode.
+
+    On CUDA every model is loaded as a user's script loads it: random weights built on the CPU and saved, then
+    ``from_pretrained(..., device_map={"": cuda})`` (with the row's ``BitsAndBytesConfig``), and the allocator's
+    counters are recorded in ``phases``: ``load`` (after ``from_pretrained``, peaks since an emptied cache) and
+    ``prepare`` (after ``prepare_model_for_kbit_training``), next to ``fitcheck.core.loading.load_phase``.
+    """
     import torch
 
     from fitcheck.torch_adapters import hf_config, model_class
@@ -42,26 +57,34 @@ def build_model(config: Mapping[str, Any], values: Mapping[str, object], device:
     dtype = _dtype(values, config)
     attn = str(values.get("attn_implementation") or "sdpa")
     cls = model_class(config)
-    with torch.device(device):
+    quantized = _flag(values, "load_in_4bit") or _flag(values, "load_in_8bit")
+    build_on = "cpu" if device == "cuda" else device
+    with torch.device(build_on):
         model = cls._from_config(hf_config(config, attn), dtype=dtype)
-    if next(model.parameters()).device.type != device:
-        model.to(device)
+    if next(model.parameters()).device.type != build_on:
+        model.to(build_on)
     ckpt = _flag(values, "gradient_checkpointing")
-    if _flag(values, "load_in_4bit") or _flag(values, "load_in_8bit"):
-        from peft import prepare_model_for_kbit_training
-
+    if device == "cuda" or quantized:
         model.save_pretrained(work / "weights")
         del model
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
         where = torch.device(device, 0) if device == "cuda" else device
-        model = cls.from_pretrained(work / "weights", quantization_config=_bnb_config(values, dtype),
-                                    dtype=dtype, device_map={"": where}, attn_implementation=attn)
+        model = cls.from_pretrained(work / "weights", quantization_config=_bnb_config(values, dtype) if quantized
+                                    else None, dtype=dtype, device_map={"": where}, attn_implementation=attn)
+        if device == "cuda" and phases is not None:
+            phases["load"] = _cuda_counters()
+    if quantized:
+        from peft import prepare_model_for_kbit_training
+
         # TRL SFTTrainer for a k-bit model: prepare_model_for_kbit_training(model, use_gradient_checkpointing=
         # args.gradient_checkpointing, gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or {})
         model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
             model, use_gradient_checkpointing=ckpt, gradient_checkpointing_kwargs={})
+        if device == "cuda" and phases is not None:
+            phases["prepare"] = _cuda_counters()
     model.config.use_cache = False
     if _flag(values, "use_peft"):
         from peft import get_peft_model

@@ -370,12 +370,12 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
         else (AttnImpl.FLASH_ATTENTION_2 if "flash-attention" in attn_text else AttnImpl.SDPA)
     )
     chunked = "chunked" in inferred and "standard ce" not in inferred
-    # "torch": transformers' ForCausalLMLoss (the reader's spelling of "standard"; this spec bypasses the reader,
-    # and the default path traces only "torch" steps: "standard" here kept every row off it); "chunked" names
-    # no implementation the spec knows (core/kernels/loss.py): that one row stays a formula answer
-    acts = ActivationSpec(
-        checkpointing=ckpt, attn_implementation=attn, loss="chunked" if chunked else "torch"  # type: ignore[arg-type]
-    )
+    # "standard"/"chunked" are not LossKind values: since issue 18 the LOSSES table refuses them (before, they fell
+    # through to Cut Cross-Entropy's bytes). Both are estimated as torch cross-entropy; torchtune's chunked CE
+    # upcasts one chunk of logits at a time, so for those rows the estimate is an upper bound.
+    acts = ActivationSpec(checkpointing=ckpt, attn_implementation=attn, loss="torch")
+    if chunked:
+        notes.append("chunked CE as torch CE (upper bound)")
     kind = str(row.get("seq_len_kind") or "").lower()
     if "unpacked" in kind or not any(w in kind for w in ("packed", "fixed", "forced")):
         notes.append("seq is a max")  # dynamic padding: the run's longest batch may be shorter

@@ -24,11 +24,12 @@ class Phase(str, Enum):
     OPTIMIZER_STEP = "optimizer step"
     GENERATION = "generation"  # GRPO's generate() for the generation batch (fitcheck.core.trainers)
     EVALUATION = "evaluation"  # an evaluation step (fitcheck.core.trainers)
+    LOAD = "load"  # from_pretrained and the preparation before step 1 (fitcheck.core.loading)
 
 
-# The phases of the training step; GENERATION/EVALUATION apply only where a component fills them.
-PHASES: tuple[Phase, ...] = tuple(p for p in Phase if p not in (Phase.GENERATION, Phase.EVALUATION))
-EXTRA_PHASES: tuple[Phase, ...] = (Phase.GENERATION, Phase.EVALUATION)
+# The phases of the training step; LOAD/GENERATION/EVALUATION apply only where a component fills them.
+PHASES: tuple[Phase, ...] = tuple(p for p in Phase if p not in (Phase.GENERATION, Phase.EVALUATION, Phase.LOAD))
+EXTRA_PHASES: tuple[Phase, ...] = (Phase.LOAD, Phase.GENERATION, Phase.EVALUATION)
 
 
 def phases_of(components: tuple[Component, ...]) -> tuple[Phase, ...]:

@@ -181,6 +181,10 @@ def build_spec(
     if "expandable_segments" not in vals and expandable_segments_set(env):
         vals["expandable_segments"] = True
         prov["expandable_segments"] = "environment PYTORCH_CUDA_ALLOC_CONF"
+    conf = env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF")
+    if "cuda_alloc_conf" not in vals and conf:
+        vals["cuda_alloc_conf"] = conf
+        prov["cuda_alloc_conf"] = "environment PYTORCH_CUDA_ALLOC_CONF"
     fsdp = vals.pop("fsdp", None)
     fsdp_config = vals.pop("fsdp_config", None)
     if not fsdp:  # TrainingArguments always carries an fsdp_config dict; it matters only with fsdp set

@@ -36,10 +36,12 @@ FLOORS: dict[str, int] = {
     "fitcheck.catalog": 1,
     "fitcheck.families": 1,  # model families (inventory + traits): imports only spec, errors, units
     "fitcheck.core.optimizers": 2,
+    "fitcheck.core.caching": 2,  # the CUDA caching allocator replayed: events in, statistics out
     "fitcheck.core.kernels": 2,  # fused kernels and memory levers (Liger, CCE, offloading): spec-only inputs
     "fitcheck.core.states": 3,
     "fitcheck.core.activations": 4,
     "fitcheck.core.parallelism": 4,
+    "fitcheck.core.loading": 4,  # from_pretrained and preparation replayed through the caching allocator
     "fitcheck.core.trainers": 4,
     "fitcheck.core": 5,
     "fitcheck.readers": 6,

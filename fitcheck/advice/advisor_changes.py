@@ -18,6 +18,7 @@ from fitcheck.report import Category, Location, Report
 from fitcheck.spec import (
     AttnImpl,
     DeepSpeedSpec,
+    Dtype,
     LoraSpec,
     OffloadDevice,
     OptimizerName,
@@ -341,16 +342,29 @@ def _method_levers(spec: TrainingSpec) -> list[Lever]:
                 notes=("trains adapters, not the full model: results differ from full fine-tuning",),
             )
         )
-    quant = QuantSpec(bits=4, quant_type="nf4", double_quant=True, compute_dtype=spec.precision.load_dtype)
+    load = spec.precision.load_dtype
+    # Under FSDP the 4-bit weights must be stored in a float dtype: FSDP1 refuses to flatten uint8 ("Cannot
+    # flatten integer dtype tensors", torch 2.13 distributed/fsdp/_flat_param.py, and a flat parameter's tensors
+    # must share one dtype: the load dtype); FSDP2 would leave uint8 weights unsharded (accelerate 1.15
+    # fsdp2_prepare_model). The FSDP-QLoRA recipe (bitsandbytes 0.50.2 docs/source/fsdp_qlora.md) stores them
+    # in the model's dtype.
+    fsdp = spec.sharding.strategy is Strategy.FSDP and spec.data_parallel_size > 1
+    storage = load if fsdp and (load.is_half or load is Dtype.FLOAT32) else Dtype.UINT8
+    quant = QuantSpec(
+        bits=4, quant_type="nf4", double_quant=True, compute_dtype=load, quant_storage=storage
+    )
     argv = (
         *(() if spec.lora is not None else _lora_argv(lora)),
         "--load_in_4bit",
         "--bnb_4bit_quant_type",
         "nf4",
         "--use_bnb_nested_quant",
+        *(("--bnb_4bit_quant_storage", storage.value) if fsdp else ()),
     )
+    storage_word = f", bnb_4bit_quant_storage=torch.{storage.value}" if fsdp else ""
     words = [
-        "BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True)"
+        "BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True"
+        f"{storage_word})"
     ]
     if spec.lora is None:
         words.append(lora_words)

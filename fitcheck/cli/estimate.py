@@ -128,6 +128,9 @@ def spec_from_values(
 
         values = resolve_freeze(values, inventory.shape.num_layers)
     cli = {k: v for k, v in values.items() if (k not in FILE_FLAGS or k == "fsdp_config") and k not in TASK_FLAGS}
+    alloc_conf = env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF")
+    if alloc_conf and "cuda_alloc_conf" not in cli:  # the caching allocator's settings of the launching shell
+        cli["cuda_alloc_conf"] = alloc_conf
     merged = merge_sources(
         cli,
         training_args_file=_opt_str(values.get("training_args")),

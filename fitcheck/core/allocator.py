@@ -75,7 +75,9 @@ def segment_bytes(request: int) -> int:
     return _round_up(request, K_ROUND_LARGE)
 
 
-def reserved_bytes(spec: TrainingSpec, peak_allocated: int, *, transient_bytes: int | None = None) -> int:
+def reserved_bytes(
+    spec: TrainingSpec, peak_allocated: int, *, transient_bytes: int | None = None, gap_fraction: float | None = None
+) -> int:
     """``max_memory_reserved`` at the peak: allocated + the allocator's cached free blocks.
 
     Model (see the constants above for what each number rests on):
@@ -89,6 +91,9 @@ def reserved_bytes(spec: TrainingSpec, peak_allocated: int, *, transient_bytes: 
         transient_bytes: Part of ``peak_allocated`` allocated and freed within each step (from
             :func:`transient_bytes_at` on the estimate's components at the peak phase). None: computed here
             from the spec's components (:func:`fitcheck.core.step.collect_components`, formula path).
+        gap_fraction: The allocator's gap over the transient bytes, replayed from the traced step's own
+            allocation sequence through torch's allocator rules (``fitcheck.torch_adapters.allocator_replay``);
+            None: :data:`FRAGMENTATION_OF_TRANSIENT` (no trace).
 
     Returns:
         Peak reserved bytes (>= peak_allocated).
@@ -102,15 +107,17 @@ def reserved_bytes(spec: TrainingSpec, peak_allocated: int, *, transient_bytes: 
     if transient_bytes is None:
         transient_bytes = transient_at_peak(collect_components(spec))
     transient = min(max(transient_bytes, 0), peak_allocated)
-    gap = int(FRAGMENTATION_OF_TRANSIENT * transient)
+    fraction = FRAGMENTATION_OF_TRANSIENT if gap_fraction is None else max(gap_fraction, 0.0)
+    gap = int(fraction * transient)
     return _round_up(peak_allocated + gap, K_ROUND_LARGE)
 
 
-def allocator_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
+def allocator_findings(spec: TrainingSpec, gap_fraction: float | None = None) -> tuple[Finding, ...]:
     """Findings about the caching allocator.
 
     Args:
         spec: The training spec.
+        gap_fraction: The replayed gap fraction, when the step was traced.
 
     Returns:
         An ``alloc-fragmentation`` hint when expandable segments are off and the run uses techniques known to
@@ -134,12 +141,18 @@ def allocator_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         reasons.append("offload")
     if not reasons:
         return ()
+    rule = (
+        f"{FRAGMENTATION_OF_TRANSIENT:.0%} of the per-step tensors (a published ratio; no trace)"
+        if gap_fraction is None
+        else f"{gap_fraction:.0%} of the per-step tensors (the traced step's allocations replayed through torch's "
+        "caching-allocator rules)"
+    )
     return (
         Finding(
             "alloc-fragmentation",
             Severity.INFO,
             f"{', '.join(reasons)} make many differently sized allocations; the caching allocator's reserved "
-            f"memory is modelled at allocated + {FRAGMENTATION_OF_TRANSIENT:.0%} of the per-step tensors",
+            f"memory is modelled at allocated + {rule}",
             "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment before Python imports "
             "torch (in the launch command, not in the script after `import torch`) to shrink that gap",
         ),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from fitcheck.core.activations import activation_findings, in_envelope, not_pinned_finding, versions_findings
 from fitcheck.core.allocator import allocator_findings, reserved_bytes
+from fitcheck.core.loading import load_component, load_findings, load_phase, run_reserved
 from fitcheck.core.overheads import nccl_group_bytes
 from fitcheck.core.parallelism import (
     describe_layout,
@@ -94,7 +95,9 @@ def _verdict(
     return out
 
 
-def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = None) -> Report:
+def estimate(
+    spec: TrainingSpec, *, activations: tuple[Component, ...] | None = None, gap_fraction: float | None = None
+) -> Report:
     """Estimate per-GPU peak memory of one steady-state training step.
 
     Args:
@@ -102,6 +105,9 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         activations: Activation components to use instead of the per-family formulas (from a fake-tensor
             trace, ``fitcheck estimate --trace``). Without them, a spec outside the checked envelope
             (``fitcheck.core.activations.envelope``) gets ``pinned=False`` and a ``not-pinned`` WARNING.
+        gap_fraction: The caching allocator's reserved-over-allocated gap as a fraction of the step's transient
+            bytes, replayed from the traced step's allocation sequence (``torch_adapters.allocator_replay``);
+            None: the published fraction of ``core/allocator.py``.
 
     Returns:
         The itemised report with the peak phase, allocated/reserved/used bytes, the verdict and findings.
@@ -114,11 +120,19 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *collect_components(local, None if parallel else activations),
         *parallel_components(spec, nccl_group_bytes),
     )
+    # the load phase (from_pretrained, k-bit preparation) on a model loaded whole onto the GPU (core/loading)
+    outside_step = sum(c.peak_bytes for c in components if c.location is Location.DEVICE_OTHER)
+    loaded = None if parallel else load_phase(local, spec.hardware.gpu_memory_bytes - outside_step)
+    step_phase, step_totals = peak_phase(components)
+    step_reserved = reserved_bytes(
+        local, step_totals[step_phase], transient_bytes=transient_bytes_at(components, step_phase),
+        gap_fraction=gap_fraction,
+    )
+    if loaded is not None:
+        components = (*components, load_component(loaded))
     phase, totals = peak_phase(components)
     peak_allocated = totals[phase]
-    peak_reserved = reserved_bytes(
-        local, peak_allocated, transient_bytes=transient_bytes_at(components, phase)
-    )
+    peak_reserved = run_reserved(step_reserved, loaded)
     outside = sum(c.peak_bytes for c in components if c.location is Location.DEVICE_OTHER)
     device_used = peak_reserved + outside
     budget = spec.hardware.gpu_memory_bytes
@@ -132,7 +146,8 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *activation_findings(local),
         *sharding_findings(local),
         *fsdp_qlora_findings(local, budget, spec.hardware.host_memory_bytes),  # FSDP-QLoRA, FSDP loading
-        *allocator_findings(local),
+        *allocator_findings(local, gap_fraction),
+        *load_findings(loaded, step_reserved),
         *versions_findings(spec),  # library versions vs the modelled ones (activations/versions.py)
         *evaluation_findings(spec, totals),
         *parallel_findings(spec, traced=parallel and activations is not None),

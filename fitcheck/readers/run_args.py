@@ -183,9 +183,24 @@ def _hardware(s: RunSettings) -> tuple[HardwareSpec, list[str]]:
         device_type=s.device_type,
         host_memory_bytes=s.host_memory,
         peak_tflops_bf16=info.peak_tflops_bf16 if info is not None else None,
-        expandable_segments=s.expandable_segments,
+        expandable_segments=s.expandable_segments or _alloc_conf(s.cuda_alloc_conf),
+        cuda_alloc_conf=s.cuda_alloc_conf,
     )
     return hw, notes
+
+
+def _alloc_conf(text: str) -> bool:
+    """Check a ``PYTORCH_CUDA_ALLOC_CONF`` value as torch parses it (``fitcheck.core.caching``); True when it turns
+    expandable segments on."""
+    from fitcheck.core.caching import AllocConfError, parse_alloc_conf
+
+    try:
+        return parse_alloc_conf(text).expandable_segments
+    except AllocConfError as exc:
+        raise ConfigError(
+            f"--cuda_alloc_conf / PYTORCH_CUDA_ALLOC_CONF {text!r}: {exc}; torch refuses it at its first CUDA "
+            "allocation: fix the value (e.g. 'expandable_segments:True,max_split_size_mb:128')"
+        ) from None
 
 
 def _precision(

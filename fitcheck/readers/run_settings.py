@@ -108,6 +108,7 @@ class RunSettings:
     device_type: DeviceType = HardwareSpec.device_type
     host_memory: int | None = None  # bytes
     expandable_segments: bool = False
+    cuda_alloc_conf: str = ""
     stack: object = None  # "transformers=4.46,peft=0.13" (or a mapping); None: the installed versions
     # TrainingArguments / TRL fields read (typed, spellings reported) that no formula needs yet
     eval_strategy: str | None = None

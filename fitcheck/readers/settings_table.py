@@ -306,6 +306,9 @@ SETTINGS: dict[str, Setting] = {
                            choice=Choice(DeviceType, "cuda, cpu")),
     "host_memory": Setting(Y, "RAM per node, to check CPU offload, e.g. 512GiB"),
     "expandable_segments": Setting(B, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set"),
+    "cuda_alloc_conf": Setting(S, "the PYTORCH_CUDA_ALLOC_CONF value the run uses, e.g. "
+                               "'expandable_segments:True,max_split_size_mb:128' (default: the environment's)",
+                               aliases=(Alias("pytorch_cuda_alloc_conf", "the environment variable's name"),)),
     "stack": Setting(R, "library versions to estimate for, e.g. transformers=4.46,peft=0.13 (default: the installed "
                      "ones)"),  # read by readers/versions.py
     # checks

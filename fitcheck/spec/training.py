@@ -317,6 +317,9 @@ class HardwareSpec:
         peak_tflops_bf16: Dense bf16 peak of the GPU (compute estimate), when known.
         expandable_segments: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` is set (the caching
             allocator grows segments instead of creating new ones: less reserved-vs-allocated gap).
+        cuda_alloc_conf: The ``PYTORCH_CUDA_ALLOC_CONF`` value (``max_split_size_mb``, ``roundup_power2_divisions``,
+            ``garbage_collection_threshold``, ``expandable_segments``), as read by the CLI or an integration; the
+            core parses it (``fitcheck.core.caching``) and reads no environment.
     """
 
     gpu_name: str | None = None
@@ -325,6 +328,7 @@ class HardwareSpec:
     host_memory_bytes: int | None = None
     peak_tflops_bf16: float | None = None
     expandable_segments: bool = False
+    cuda_alloc_conf: str = ""
 
     def __post_init__(self) -> None:
         if self.gpu_memory_bytes <= 0:

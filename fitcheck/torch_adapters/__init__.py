@@ -3,6 +3,7 @@
 - :mod:`.meta_inventory`: any transformers architecture built on the meta device -> ``ModelInventory``;
 - :mod:`.tracer` (+ ``tracer_build``, ``tracer_patches``, ``tracer_quant``, ``tracer_recorder``): one
   training step under ``FakeTensorMode``, read as activation components;
+- :mod:`.allocator_replay`: the traced step's own allocations and frees replayed through the caching allocator;
 - :mod:`.differential`: the formula-vs-trace grid (cells, specs, comparison) the benchmarks and tests run;
 - :mod:`.live_model`: facts of a loaded model (dtypes, adapters, quantized layers, device map);
 - :mod:`.live_tracker`: live-tensor peak of a real step (a dispatch mode);
@@ -18,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fitcheck.torch_adapters.allocator_replay import StepReplay, replay_events, replay_step
     from fitcheck.torch_adapters.device_map_check import device_map_findings
     from fitcheck.torch_adapters.device_map_split import multi_gpu_shares
     from fitcheck.torch_adapters.differential import (
@@ -74,6 +76,9 @@ _WHERE = {
     "trace_extrapolated": "tracer",
     "trace_step": "tracer",
     "LiveTensorRecorder": "tracer_recorder",
+    "StepReplay": "allocator_replay",
+    "replay_events": "allocator_replay",
+    "replay_step": "allocator_replay",
     "RegionStats": "tracer_recorder",
     "hf_config": "tracer_build",
     "model_class": "tracer_build",
@@ -105,6 +110,7 @@ __all__ = [
     "Outcome",
     "PinnedPath",
     "RegionStats",
+    "StepReplay",
     "activation_trace_kwargs",
     "at_micro_batch",
     "build_meta_model",
@@ -124,6 +130,8 @@ __all__ = [
     "multi_gpu_shares",
     "phase_errors",
     "reduced_config",
+    "replay_events",
+    "replay_step",
     "trace_components",
     "trace_extrapolated",
     "trace_step",

@@ -95,6 +95,7 @@ class PinnedPath:
         self._traces: dict[str, Any] = {}  # cache key -> trace_batch.BatchTraces
         self._failed: dict[str, str] = {}  # cache key -> why its trace could not run
         self.traced_answers = 0
+        self._gaps: dict[str, float] = {}  # cache key -> the traced step's allocator gap (allocator_replay)
 
     def wants_trace(self, spec: TrainingSpec) -> bool:
         """Whether this spec's activations should come from a trace."""
@@ -121,6 +122,10 @@ class PinnedPath:
             self._failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
             return None, self._failed[key]
 
+    def gap_fraction(self, spec: TrainingSpec) -> float | None:
+        """The caching allocator's gap over the traced step's transient bytes (None: not traced)."""
+        return self._gaps.get(_cache_key(spec)) if self.wants_trace(spec) else None
+
     def _trace(self, key: str, spec: TrainingSpec) -> tuple[Component, ...]:
         import warnings
 
@@ -135,6 +140,11 @@ class PinnedPath:
             if key not in self._traces:
                 self._traces[key] = BatchTraces(spec.model.config, activation_trace_kwargs(spec))
             result = self._traces[key].result(spec.batch.micro_batch)
+        if result.alloc_events and key not in self._gaps:  # a micro-batch traced, not interpolated
+            from fitcheck.core.loading import allocator_conf
+            from fitcheck.torch_adapters.allocator_replay import replay_events
+
+            self._gaps[key] = replay_events([result.alloc_events], allocator_conf(spec)).gap_fraction
         self.traced_answers += 1
         return components_from_trace(result)
 
@@ -145,6 +155,7 @@ class PinnedPath:
         traced = any(c.name == "activations.traced" for c in headline.components)
         other = PinnedPath("always" if traced else "never", can_trace=self.can_trace, strict=False)
         other._traces, other._failed = self._traces, self._failed
+        other._gaps = self._gaps
         return other
 
     def __call__(self, spec: TrainingSpec) -> Report:
@@ -156,7 +167,7 @@ class PinnedPath:
             if formula.pinned:
                 return formula
         comps, failed = self.activations(spec)
-        report = estimate(spec, activations=comps)
+        report = estimate(spec, activations=comps, gap_fraction=self.gap_fraction(spec) if comps else None)
         if failed:
             note = Finding("trace-failed", Severity.INFO, f"tracing this run was not possible ({failed})",
                            "the number is from the formulas; see the not-pinned warning")

@@ -21,6 +21,7 @@ The same code runs on real CPU tensors (``fake=False``): that is the truth ``ben
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -75,6 +76,8 @@ class TraceResult:
         structure: A hash of the measured step's allocation sequence (category and alloc/free of each event,
             not sizes): two traces with equal structure ran the same allocations, so their series align event
             by event (``fitcheck.torch_adapters.trace_batch``).
+        alloc_events: Every storage allocation and free of the trace in order, as ``(serial, +bytes / -bytes,
+            region allocated in)``: the sequence the caching-allocator replay runs (``allocator_replay``).
     """
 
     phases: Mapping[Phase, PhaseBreakdown]
@@ -84,6 +87,7 @@ class TraceResult:
     extra: Mapping[str, float] = field(default_factory=dict)
     series: Mapping[Phase, tuple[tuple[int, ...], ...]] = field(default_factory=dict, compare=False, repr=False)
     structure: int = field(default=0, compare=False)
+    alloc_events: tuple[tuple[int, int, str], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def peak(self) -> int:
@@ -330,7 +334,9 @@ def trace_step(
         series[phase] = tuple(rec.series(names, category, len(CATEGORIES)))
         phases[phase] = breakdown_at_peak(series[phase])
     structure = hash(tuple((category(s), sign) for s, sign in rec.events[rec.regions["forward"].start_event + 1:]))
-    return TraceResult(phases, depth, final_grads, time.perf_counter() - start, series=series, structure=structure)
+    events = tuple((s, sign * rec.sizes[s], rec.tags[s]) for s, sign in rec.events)
+    return TraceResult(phases, depth, final_grads, time.perf_counter() - start, series=series, structure=structure,
+                       alloc_events=events)
 
 
 # The recorder's regions of the measured (second) step that make up each phase.
@@ -414,7 +420,9 @@ def trace_extrapolated(config: Mapping[str, Any], **kwargs: Any) -> TraceResult:
     Keyword arguments are those of :func:`trace_step` (``num_layers`` excepted).
     """
     plan = depth_plan(config, kwargs.get("freeze"))
-    return combine_depths(config, tuple(trace_step(config, num_layers=n, **kwargs) for n in plan))
+    results = tuple(trace_step(config, num_layers=n, **kwargs) for n in plan)
+    # the allocation sequence is the deepest trace's (allocator_replay replays it at that depth)
+    return dataclasses.replace(combine_depths(config, results), alloc_events=results[-1].alloc_events)
 
 
 def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
@@ -456,8 +464,16 @@ def trace_components(spec: TrainingSpec) -> tuple[Component, ...]:
 
     if not spec.model.config:
         raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
-    result = trace_extrapolated(spec.model.config, **activation_trace_kwargs(spec))
-    return components_from_trace(result)
+    return components_from_trace(trace_result(spec, activation_trace_kwargs(spec)))
+
+
+def trace_result(spec: TrainingSpec, kwargs: Mapping[str, Any] | None = None) -> TraceResult:
+    """The extrapolated trace of a spec's step (its ``alloc_events`` are those of the deepest trace run)."""
+    from fitcheck.errors import UnsupportedModelError
+
+    if not spec.model.config:
+        raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
+    return trace_extrapolated(spec.model.config, **(trace_kwargs(spec) if kwargs is None else kwargs))
 
 
 def activation_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:

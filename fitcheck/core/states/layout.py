@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from fitcheck.core.optimizers import OptimizerMemory, TensorGroup, optimizer_memory, trainer_decays
+from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
 from fitcheck.core.states.lora import LoraPlan, plan_lora
 from fitcheck.core.states.quantization import base_weights
 from fitcheck.core.states.trl_adapters import trl_bf16_trainables
@@ -105,6 +106,7 @@ def build_layout(spec: TrainingSpec) -> Layout:
         base.upcast_params,
     )
     cast = ds_mixed_dtype(spec)
+    upcast = fsdp_fp32_upcast(spec)  # accelerate under FSDP + mixed precision: trainables become fp32
     for entry in spec.model.params:
         dtype = base.dtype_of.get(entry.name)
         if dtype is None:  # quantized
@@ -114,7 +116,7 @@ def build_layout(spec: TrainingSpec) -> Layout:
         n_train = _selected_instances(spec, entry)
         n_frozen = entry.repeat - n_train
         if n_train:
-            out.trainable.append(_group(entry, dtype, n_train, spec))
+            out.trainable.append(_group(entry, Dtype.FLOAT32 if upcast else dtype, n_train, spec))
         out.frozen_bytes += entry.numel_each * n_frozen * dtype.nbytes
         out.frozen_params += entry.numel_each * n_frozen
         if entry.kind is Kind.FUSED_EXPERTS:
@@ -126,6 +128,8 @@ def build_layout(spec: TrainingSpec) -> Layout:
         trl_bf16 = trl_bf16_trainables(spec)  # TRL 1.16 casts a quantized model's trainables to bf16
         if trl_bf16:
             adapter_dtype = Dtype.BFLOAT16
+        if upcast:
+            adapter_dtype = Dtype.FLOAT32
         for t in plan.targets:
             name = t.entry.name.rsplit(".", 1)[0]
             out.adapters.append(TensorGroup(f"{name}.lora_A", t.lora_a_shape, adapter_dtype, t.layers))
@@ -139,6 +143,8 @@ def build_layout(spec: TrainingSpec) -> Layout:
             dtype = cast or base.dtype_of.get(s.entry.name, spec.precision.load_dtype)
             if trl_bf16:
                 dtype = Dtype.BFLOAT16
+            if upcast:
+                dtype = Dtype.FLOAT32
             out.saved.append(_group(s.entry, dtype, s.entry.repeat, spec))
     return out
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from fitcheck.core.optimizers import canonical_optimizer
+from fitcheck.core.states.fsdp_upcast import SOURCE as SOURCE_UPCAST
+from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
 from fitcheck.core.states.layout import (
     Layout,
     all_trainable,
@@ -51,6 +53,12 @@ def describe_regime(spec: TrainingSpec) -> str:
             "gradients and optimizer states in the same 16-bit dtype, no fp32 master copy"
         )
     if dtypes == {Dtype.FLOAT32}:
+        if fsdp_fp32_upcast(spec):
+            return base + (
+                f"FSDP {mp.value} mixed precision: fp32 trainable shards, gradients and optimizer states "
+                f"(accelerate upcasts trainable low-precision parameters to fp32), {mp.value} gathered "
+                "parameters for compute"
+            )
         if mp is MixedPrecision.BF16:
             return base + "fp32 trainable parameters under bf16 autocast: fp32 gradients and optimizer states"
         if mp is MixedPrecision.FP16:
@@ -84,6 +92,7 @@ def model_state_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     out.extend(_quant_findings(spec, layout))
     out.extend(_trainable_findings(spec, layout))
     out.extend(_optimizer_findings(spec))
+    out.extend(_upcast_findings(spec, layout))
     groups = all_trainable(layout)
     if groups and all(g.dtype.is_half for g in groups) and ds_mixed_dtype(spec) is None and spec.lora is None:
         out.append(
@@ -226,3 +235,22 @@ def _quant_findings(spec: TrainingSpec, layout: Layout) -> list[Finding]:
             )
         )
     return out
+
+
+def _upcast_findings(spec: TrainingSpec, layout: Layout) -> list[Finding]:
+    """accelerate's fp32 upcast under FSDP mixed precision, when the model was loaded in 16 bits."""
+    if not fsdp_fp32_upcast(spec) or not spec.precision.load_dtype.is_half:
+        return []
+    n = sum(g.numel_each * g.repeat for g in all_trainable(layout))
+    if not n:
+        return []
+    return [
+        Finding(
+            "fsdp-fp32-upcast",
+            Severity.INFO,
+            f"accelerate upcasts the {n:,} trainable {spec.precision.load_dtype.value} parameters to fp32 "
+            f"before FSDP shards them (mixed_precision={spec.precision.mixed_precision.value}): trainable "
+            f"shards, gradients and optimizer states are fp32, as if the model were loaded in float32 "
+            f"({SOURCE_UPCAST})",
+        )
+    ]

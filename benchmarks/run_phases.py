@@ -1,0 +1,154 @@
+"""The whole run, phase by phase: fitcheck's estimate vs real CPU runs and vs published GPU figures.
+
+Phases and what measures them here (no GPU was lent; every GPU figure is a published one, cited per row):
+
+* ``load``: a real ``from_pretrained`` of tiny checkpoints on CPU (``load_cpu.py``): bytes kept after loading
+  and, for unquantized checkpoints, the peak.
+* ``prepare``: the real ``Accelerator.prepare`` under FSDP1/FSDP2 + bf16 on 2 gloo ranks (``fsdp_upcast_cpu.py``):
+  trainable shard and AdamW-state bytes after the fp32 upcast.
+* ``step``: a real CPU training step of the tiny Llama (``cpu_truth.py``, live tensors, two rows).
+* ``eval`` / ``save``: ``trl_truth.py`` measures ``evaluate()``; save-time gathers are not modelled (say so).
+* ``published``: every row of ``published_measurements.json`` whose metric is reserved memory or nvidia-smi
+  (``published.py``'s planning, ``published_rows.py``), estimated now: error = (estimate - measured) / measured,
+  with the phase that sets the estimate.
+
+Prints one table per phase and the median error and its sign; ``--write`` stores the tables in
+``benchmarks/data/run_phases.json`` with their sources.
+
+Run: ``PYTHONPATH=.:benchmarks python benchmarks/run_phases.py [--write] [--no-cpu]``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+OUT = ROOT / "data" / "run_phases.json"
+GIB = 1024**3
+
+
+def _err(est: float, real: float) -> float:
+    return (est - real) / real if real else 0.0
+
+
+def load_rows() -> list[dict[str, Any]]:
+    """Real from_pretrained on CPU vs the load events."""
+    from benchmarks.load_cpu import KINDS, events_for, measure
+
+    rows = []
+    for kind in KINDS:
+        real, model = measure(kind), events_for(kind)
+        rows.append({"case": kind, "real_end": real["end"], "est_end": model["end"],
+                     "end_error": _err(model["end"], real["end"]), "real_peak_cpu": real["peak"],
+                     "est_peak_cuda_sequence": model["peak"]})
+    return rows
+
+
+def prepare_rows() -> list[dict[str, Any]]:
+    """Real Accelerator.prepare (FSDP1/FSDP2, bf16) vs the estimate's shard and state bytes."""
+    from benchmarks.fsdp_upcast_cpu import component, estimate_for, measure
+
+    rows = []
+    for version in (1, 2):
+        for dtype in ("bfloat16", "float32"):
+            real = measure(version, dtype)[0]
+            rep = estimate_for(version, dtype)
+            est = component(rep, "weights.trainable") + component(rep, "optimizer.states")
+            got = sum(real["params"].values()) + sum(real["states"].values())
+            rows.append({"case": f"FSDP{version} {dtype} load, bf16", "real": got, "est": est,
+                         "error": _err(est, got), "real_dtypes": sorted({*real["params"], *real["states"]})})
+    return rows
+
+
+def step_rows() -> list[dict[str, Any]]:
+    """Two rows of the real CPU step (cpu_truth.py)."""
+    from benchmarks.cpu_truth import ROWS, measure
+
+    rows = []
+    for row in ROWS[:2]:
+        real, est, real_phase, est_phase = measure(row)
+        rows.append({"case": row.name, "real": real, "est": est, "error": _err(est, real),
+                     "real_phase": real_phase, "est_phase": est_phase})
+    return rows
+
+
+def published_rows_now() -> list[dict[str, Any]]:
+    """Published reserved / nvidia-smi rows, estimated by this tree."""
+    from published import run_plan
+    from published_rows import Plan, load_rows, plan_row
+
+    out = []
+    for row in load_rows():
+        plan = plan_row(row)
+        if not isinstance(plan, Plan) or plan.metric not in ("reserved", "used") or plan.measured_bytes is None:
+            continue
+        try:
+            res = run_plan(plan)
+        except Exception as exc:  # every row is reported
+            out.append({"id": plan.row_id, "skipped": f"{type(exc).__name__}: {exc}"})
+            continue
+        out.append({"id": plan.row_id, "group": plan.group, "metric": plan.metric + ("" if plan.metric_sure else "?"),
+                    "measured_gib": plan.measured_bytes / GIB, "estimate_gib": res.estimate_bytes / GIB,
+                    "error": res.error, "phase": res.extra["phase"], "source": row.get("source", "")})
+    return out
+
+
+def _summary(errors: list[float]) -> str:
+    if not errors:
+        return "no rows"
+    med = statistics.median(errors)
+    above, below = sum(e > 0 for e in errors), sum(e < 0 for e in errors)
+    mid = statistics.median(abs(e) for e in errors)
+    return (f"{len(errors)} rows, median error {med:+.1%}, median |error| {mid:.1%}, "
+            f"{above} above / {below} below / {len(errors) - above - below} equal")
+
+
+def main(argv: list[str]) -> int:
+    """Print the tables; ``--write`` stores them; ``--no-cpu`` runs the published rows only."""
+    tables: dict[str, Any] = {}
+    if "--no-cpu" not in argv:
+        tables["load"] = load_rows()
+        print("load (real from_pretrained on CPU)")
+        print(f"  {'checkpoint':20}{'real end':>12}{'est end':>12}{'error':>9}"
+              f"{'real peak (CPU)':>17}{'CUDA seq peak':>15}")
+        for r in tables["load"]:
+            print(f"  {r['case']:20}{r['real_end']:>12}{r['est_end']:>12}{r['end_error']:>+9.2%}"
+                  f"{r['real_peak_cpu']:>17}{r['est_peak_cuda_sequence']:>15}")
+        print("  " + _summary([r["end_error"] for r in tables["load"]]))
+        tables["prepare"] = prepare_rows()
+        print("prepare (real Accelerator.prepare, 2 gloo ranks)")
+        for r in tables["prepare"]:
+            print(f"  {r['case']:26}{r['real']:>10}{r['est']:>10}{r['error']:>+9.2%}  real dtypes {r['real_dtypes']}")
+        print("  " + _summary([r["error"] for r in tables["prepare"]]))
+        tables["step"] = step_rows()
+        print("step (real CPU step, live tensors)")
+        for r in tables["step"]:
+            print(f"  {r['case'][:40]:40}{r['real']:>12}{r['est']:>12}{r['error']:>+9.2%}")
+        print("  " + _summary([r["error"] for r in tables["step"]]))
+        tables["eval"] = "benchmarks/trl_truth.py measures Trainer/TRL evaluate() after a step (not rerun here)"
+        tables["save"] = "not modelled: FSDP FULL_STATE_DICT, ZeRO-3 16-bit gather and peft merge peaks"
+        print(f"eval: {tables['eval']}\nsave: {tables['save']}")
+    tables["published"] = published_rows_now()
+    print("published GPU figures (reserved / nvidia-smi), this tree's estimate")
+    print(f"  {'row':<14}{'group':<28}{'metric':<10}{'measured':>9}{'estimate':>9}{'error':>9}  phase")
+    errs = []
+    for r in tables["published"]:
+        if "skipped" in r:
+            print(f"  {r['id']:<14}skipped: {r['skipped']}")
+            continue
+        errs.append(r["error"])
+        print(f"  {r['id']:<14}{r['group'][:27]:<28}{r['metric']:<10}{r['measured_gib']:>9.2f}{r['estimate_gib']:>9.2f}"
+              f"{r['error']:>+9.1%}  {r['phase']}")
+    print("  " + _summary(errs))
+    if "--write" in argv:
+        OUT.write_text(json.dumps({"source": "benchmarks/run_phases.py", "tables": tables}, indent=1) + "\n")
+        print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

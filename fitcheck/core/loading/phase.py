@@ -1,0 +1,163 @@
+"""The load phase: ``from_pretrained`` (and peft's k-bit preparation) replayed through the caching allocator.
+
+The events (:mod:`.events`) drive :class:`fitcheck.core.caching.CachingAllocator` with the run's allocator
+settings. What comes out:
+
+* the peak allocated while loading (a 4-bit model quantized on load holds one 16-bit weight at a time on top of
+  what is already quantized),
+* what stays reserved after loading: the freed 16-bit weights stay in the allocator's cache (torch returns cached
+  memory only on ``empty_cache`` or when a ``cudaMalloc`` fails, ``CUDACachingAllocator.cpp`` ``malloc``),
+* the part of that cache that no later allocation can release: free blocks inside segments that also hold live
+  weights (``inactive_split_bytes``, reported); the unsplit cached segments are released when the step needs the
+  room (``release_cached_blocks``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fitcheck.core.caching import AllocatorConf, CachingAllocator, OutOfMemory, parse_alloc_conf
+from fitcheck.core.loading.events import LoadEvent, load_events, prepare_events
+from fitcheck.findings import Finding, Severity
+from fitcheck.report import Category, Component, Location, Phase
+from fitcheck.spec import DeviceType, Strategy, TrainingSpec
+from fitcheck.units import format_bytes
+
+SOURCE = (
+    "transformers 5.23 core_model_loading.py convert_and_load_state_dict_in_model + integrations/bitsandbytes.py; "
+    "bitsandbytes 0.50.2 Params4bit/Int8Params._quantize; peft 0.21.2 prepare_model_for_kbit_training; replayed "
+    "through torch's CUDACachingAllocator.cpp rules (fitcheck.core.caching)"
+)
+
+
+@dataclass(frozen=True)
+class LoadPhase:
+    """Memory on the device while the model is loaded and prepared, before step 1.
+
+    Attributes:
+        peak_allocated: ``max_memory_allocated`` during loading and preparation.
+        peak_reserved: ``max_memory_reserved`` during loading and preparation.
+        end_allocated: Allocated when preparation ends (the resident base weights).
+        end_reserved: Reserved when preparation ends (what nvidia-smi shows before step 1, less the context).
+        stuck: Cached free bytes in segments that also hold weights (``inactive_split_bytes``): they stay
+            reserved through training.
+        detail: How it was counted.
+    """
+
+    peak_allocated: int
+    peak_reserved: int
+    end_allocated: int
+    end_reserved: int
+    stuck: int
+    detail: str
+
+
+def allocator_conf(spec: TrainingSpec) -> AllocatorConf:
+    """The run's caching-allocator settings (``HardwareSpec.cuda_alloc_conf``, or the expandable-segments flag)."""
+    text = spec.hardware.cuda_alloc_conf
+    conf = parse_alloc_conf(text) if text else AllocatorConf()
+    if spec.hardware.expandable_segments and not conf.expandable_segments:
+        conf = parse_alloc_conf(",".join(filter(None, (text, "expandable_segments:True"))))
+    return conf
+
+
+def loads_on_one_device(spec: TrainingSpec) -> bool:
+    """Whether the whole model is loaded onto the (each) GPU: one device or plain data parallel, on CUDA."""
+    return (
+        spec.hardware.device_type is DeviceType.CUDA
+        and spec.sharding.strategy not in (Strategy.FSDP, Strategy.DEEPSPEED)
+        and spec.sharding.parallelism is None
+    )
+
+
+def _replay(alloc: CachingAllocator, events: list[LoadEvent]) -> None:
+    for ev in events:
+        if ev.kind == "alloc":
+            alloc.malloc(ev.handle, ev.nbytes)
+        else:
+            alloc.free(ev.handle)
+
+
+def load_phase(spec: TrainingSpec, capacity: int | None = None) -> LoadPhase | None:
+    """Replay ``from_pretrained`` and peft's preparation through the caching allocator.
+
+    Args:
+        spec: The training spec.
+        capacity: Bytes torch's allocator can get (the GPU less what lives outside it). Near it, the allocator
+            releases its unsplit cached segments and retries (``release_cached_blocks``), as on the GPU; a load
+            that does not fit even then is replayed without the limit, so its need shows.
+
+    Returns:
+        The load phase's peaks and what it leaves reserved; None where the model is not loaded whole onto one
+        GPU (FSDP, DeepSpeed, tp/cp/sp layouts, CPU runs: their own rules apply).
+    """
+    if not loads_on_one_device(spec):
+        return None
+    events = load_events(spec)
+    prep = prepare_events(spec, events)
+    alloc = CachingAllocator(allocator_conf(spec), capacity)
+    try:
+        _replay(alloc, events)
+        _replay(alloc, prep)
+    except OutOfMemory:
+        alloc = CachingAllocator(allocator_conf(spec))
+        _replay(alloc, events)
+        _replay(alloc, prep)
+    s = alloc.stats
+    q = spec.quant
+    how = "parameters materialised in their resident dtype"
+    if q is not None and q.method == "bitsandbytes" and not q.pre_quantized:
+        how = (f"{q.bits}-bit quantized on load: each weight materialised in {spec.precision.load_dtype.value}, "
+               "quantized, the copy freed (its blocks stay cached)")
+    if prep:
+        how += "; prepare_model_for_kbit_training's fp32 copies"
+    return LoadPhase(s.peak_allocated, s.peak_reserved, s.allocated, s.reserved, alloc.inactive_split_bytes(),
+                     how)
+
+
+def load_component(lp: LoadPhase) -> Component:
+    """The load phase as a component of ``Phase.LOAD``: the allocated peak while loading and preparing."""
+    cached = lp.end_reserved - lp.end_allocated
+    return Component(
+        "load.from_pretrained", Category.WEIGHTS, Location.DEVICE, {Phase.LOAD: lp.peak_allocated}, SOURCE,
+        f"{lp.detail}; peak {format_bytes(lp.peak_allocated)} allocated / {format_bytes(lp.peak_reserved)} "
+        f"reserved; {format_bytes(cached)} stays cached after loading, {format_bytes(lp.stuck)} of it in "
+        "segments that hold weights",
+    )
+
+
+def run_reserved(step_reserved: int, lp: LoadPhase | None) -> int:
+    """``max_memory_reserved`` over the run: the larger of the load's peak and the step's.
+
+    Reserved memory only grows between ``empty_cache`` calls, so the load's peak stays in
+    ``max_memory_reserved``. The step's own figure is not raised by the load's cache: the unsplit cached segments
+    are reused or released when a ``cudaMalloc`` fails (``release_cached_blocks``), and the free blocks left inside
+    segments that hold weights (``LoadPhase.stuck``, reported in the component's detail) take step tensors of
+    their size (best fit), which the step's allocated peak already counts.
+
+    Args:
+        step_reserved: The step's reserved bytes on a fresh allocator.
+        lp: The load phase (None: no load phase modelled).
+
+    Returns:
+        Peak reserved bytes of the run.
+    """
+    if lp is None:
+        return step_reserved
+    return max(lp.peak_reserved, step_reserved)
+
+
+def load_findings(lp: LoadPhase | None, step_reserved: int) -> tuple[Finding, ...]:
+    """A finding when loading reserves more than the training step (the run's peak is before step 1)."""
+    if lp is None or lp.peak_reserved <= step_reserved:
+        return ()
+    return (
+        Finding(
+            "load-peak",
+            Severity.INFO,
+            f"loading reserves {format_bytes(lp.peak_reserved)} ({format_bytes(lp.peak_allocated)} allocated at "
+            f"its peak), more than the training step's {format_bytes(step_reserved)}: {lp.detail}; "
+            "torch.cuda.max_memory_reserved and nvidia-smi show the load's figure",
+            "call torch.cuda.empty_cache() after loading to return the cached blocks before training",
+        ),
+    )
