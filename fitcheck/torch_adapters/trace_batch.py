@@ -21,6 +21,7 @@ interpolated from them (one trace per depth of ``tracer.depth_plan`` each).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -100,7 +101,9 @@ class BatchTraces:
         # copy fewer; Qwen3-8B, Llama-2-7B, every method tried): it is traced, and never a probe for the others
         probes = [b for b in self.traced if b >= 2]
         if micro_batch in self.traced or micro_batch < 2 or len(probes) < 2:
-            return combine_depths(self.config, self._trace(micro_batch))
+            runs = self._trace(micro_batch)
+            # traced: the deepest run's allocation sequence goes with it (allocator_replay replays it)
+            return dataclasses.replace(combine_depths(self.config, runs), alloc_events=runs[-1].alloc_events)
         near = sorted(probes, key=lambda b: (abs(b - micro_batch), b))[:2]
         parts = [at_micro_batch(self.traced[near[0]][i], near[0], self.traced[near[1]][i], near[1], micro_batch)
                  for i in range(len(self.plan))]
