@@ -64,8 +64,19 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="never trace: answer from the formulas (a not-pinned warning outside the checked envelope)",
     )
-    parser.add_argument("--mfu", type=float, default=None, help="assumed model FLOPs utilisation for timing")
+    parser.add_argument(
+        "--mfu", type=_mfu, default=None, metavar="FRACTION",
+        help="assumed model FLOPs utilisation for timing, a number in (0, 1] such as 0.4",
+    )
     parser.add_argument("--plot", default=None, metavar="FILE", help="also draw the memory plot (PNG or SVG)")
+
+
+def _mfu(text: str) -> float:
+    """``--mfu``: a fraction in (0, 1] (argparse reports the ValueError as a bad value for --mfu, exit 2)."""
+    value = float(text) if len(text) <= 32 else float("nan")
+    if not 0.0 < value <= 1.0:  # also false for nan
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1] such as 0.4, got {text[:32]!r}")
+    return value
 
 
 def register(subparsers: Any) -> None:
@@ -247,7 +258,8 @@ def advice_extras(
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``fitcheck estimate``; exit 0 fits, 1 does not fit (2 is raised as FitcheckError)."""
+    """Run ``fitcheck estimate``; exit 0 fits, 1 does not fit or an error finding stands, 2 a library refuses
+    the run (``Report.exit_code``; bad input is raised as FitcheckError, exit 2)."""
     from fitcheck.render import report_to_dict
 
     report, extras = build_report(args)
@@ -264,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
         from fitcheck.render import make_console, print_report
 
         print_report(report, make_console(), extra=extras_renderables(extras))
-    return 0 if report.fits else 1
+    return report.exit_code
 
 
 def extras_to_json(extras: Mapping[str, object]) -> dict[str, object]:

@@ -1,6 +1,8 @@
 """``fitcheck`` command line: argparse subcommands, one module each (``register`` + ``run``).
 
-Exit codes: 0 the run fits, 1 it does not fit, 2 bad input (a message on stderr, never a traceback).
+Exit codes: 0 the run fits, 1 it does not fit (or an error finding stands), 2 bad input or a run a library
+refuses (a message on stderr, never a traceback). Any exception that escapes a subcommand is caught here as a
+last resort and answered with exit 2 and a bounded message: exit 1 keeps meaning "does not fit".
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from fitcheck.errors import FitcheckError
+from fitcheck.errors import FitcheckError, bounded_message
 
 
 def _subcommands() -> list[ModuleType]:
@@ -42,6 +44,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code.
     """
     args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(args_list)
+    except FitcheckError as exc:
+        print(f"fitcheck: error: {bounded_message(str(exc))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fitcheck: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        return last_resort(exc)
+
+
+def last_resort(exc: BaseException) -> int:
+    """Answer an exception nothing else caught: exit 2 with a bounded one-line message, never a traceback."""
+    text = bounded_message(f"{type(exc).__name__}: {exc}", 500)
+    print(
+        f"fitcheck: error: unexpected failure on this input ({text}). Check the flags and files given; if they "
+        "are right, please report this with the command line",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def _dispatch(args_list: list[str]) -> int:
     if args_list and args_list[0] == "launch":
         # launch passes everything after its own flags through to accelerate untouched.
         from fitcheck.cli import launch
@@ -52,11 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(args_list)
     except SystemExit as exc:  # argparse: bad flags -> exit 2 (its own message already printed)
         return 2 if exc.code not in (0, None) else 0
-    try:
-        code: int = args.func(args)
-    except FitcheckError as exc:
-        print(f"fitcheck: error: {exc}", file=sys.stderr)
-        return 2
+    code: int = args.func(args)
     return code
 
 

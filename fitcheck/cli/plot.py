@@ -37,4 +37,4 @@ def run(args: argparse.Namespace) -> int:
     path = plot_report(report, args.output, max_fit=max_fit if isinstance(max_fit, int) else None)
     verdict = "fits" if report.fits else "does not fit"
     sys.stdout.write(f"wrote {path} ({verdict}; curves from the formula estimate)\n")
-    return 0 if report.fits else 1
+    return report.exit_code
