@@ -150,6 +150,16 @@ def split_argv(argv: Sequence[str]) -> LaunchPlan:
             setattr(plan, BOOL_FLAGS[tok], True)
             continue
         keep.append(tok)
+    misplaced = [tok for tok in rest[script_at + 1 :] if tok.partition("=")[0] in BOOL_FLAGS]
+    if misplaced:
+        # After the script a token is the script's own argument: `fitcheck launch train.py --check-only` would
+        # launch the run and hand --check-only to train.py. Refused (exit 2), nothing launched.
+        raise ConfigError(
+            f"fitcheck launch: {' '.join(dict.fromkeys(misplaced))} comes after the training script "
+            f"{rest[script_at] if script_at < len(rest) else ''}, where it is the script's own argument; nothing "
+            "was launched. Put fitcheck's flags before the script: fitcheck launch --check-only [accelerate "
+            "args] script.py [script args]"
+        )
     plan.accelerate_argv = keep
     return plan
 
@@ -171,6 +181,7 @@ def parse_accelerate_args(accelerate_argv: Sequence[str]) -> Any:
         ConfigError: accelerate would refuse these arguments.
     """
     ns = _parse(_launch_parser(), accelerate_argv, known=False)
+    _check_config_file(ns)
     try:
         from accelerate.commands import launch as acc_launch
     except ImportError:  # pragma: no cover - accelerate is needed for the parser already
@@ -185,6 +196,33 @@ def parse_accelerate_args(accelerate_argv: Sequence[str]) -> Any:
         except Exception:  # a private function's other changes: skip its validation, keep our own reading
             pass
     return ns
+
+
+def _check_config_file(ns: Any) -> None:
+    """Read ``--config_file`` with fitcheck's bounded reader before accelerate's parser reads it.
+
+    accelerate 1.15 ``commands/config/config_args.py`` loads it with ``yaml.safe_load`` and then walks and
+    prints its values: a 200-byte alias bomb grows without bound there. fitcheck's reader refuses it (exit 2).
+    """
+    from fitcheck.readers import read_text_file, safe_yaml_load
+
+    path = getattr(ns, "config_file", None)
+    if path is None:  # accelerate reads its default file then (commands/config/__init__.py default_config_file)
+        try:
+            from accelerate.commands.config import default_config_file
+        except ImportError:  # pragma: no cover - accelerate's parser is needed already
+            return
+        path = default_config_file if os.path.isfile(default_config_file) else None
+    if path is None:
+        return
+    what = "accelerate config (accelerate launch --config_file)"
+    text = read_text_file(str(path), what=what)
+    if str(path).lower().endswith(".json"):
+        from fitcheck.readers import safe_json_load
+
+        safe_json_load(text, source=str(path), what=what)
+    else:
+        safe_yaml_load(text, source=str(path), what=what)
 
 
 def launch_values(

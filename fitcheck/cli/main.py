@@ -49,11 +49,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FitcheckError as exc:
         print(f"fitcheck: error: {bounded_message(str(exc))}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of stdout went away (`fitcheck ... | head`): no message, no traceback
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
     except KeyboardInterrupt:
         print("fitcheck: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
         return last_resort(exc)
+
+
+def _silence_stdout() -> None:
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def last_resort(exc: BaseException) -> int:
