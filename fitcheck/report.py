@@ -26,6 +26,11 @@ class Phase(str, Enum):
     EVALUATION = "evaluation"  # an evaluation step (fitcheck.core.trainers)
 
 
+def phase_phrase(phase: Phase) -> str:
+    """The phase as words after "the peak is": ``"during backward"``, ``"at the optimizer step"``."""
+    return phase.value if phase.value.startswith("during") else f"at the {phase.value}"
+
+
 # The phases of the training step; GENERATION/EVALUATION apply only where a component fills them.
 PHASES: tuple[Phase, ...] = tuple(p for p in Phase if p not in (Phase.GENERATION, Phase.EVALUATION))
 EXTRA_PHASES: tuple[Phase, ...] = (Phase.GENERATION, Phase.EVALUATION)

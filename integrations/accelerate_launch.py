@@ -30,7 +30,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from typing import Any
 
-from fitcheck.integrations.launch_plan import started_processes, unknown_flags_finding
+from fitcheck.integrations.launch_plan import started_processes, unknown_flags_finding, with_cpu_budget
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
@@ -300,6 +300,7 @@ def launch_values(
     for key, value in plan.values.items():
         values[key] = value
         prov[key] = f"fitcheck launch --{key}"
+    with_cpu_budget(values, prov)
     if not values.get("model_name_or_path"):
         raise ConfigError(
             f"{script}: its arguments do not name the model (--model_name_or_path); pass it to the script or "

@@ -65,11 +65,10 @@ def test_full_finetune_of_a_4bit_base_exits_2(capsys: pytest.CaptureFixture[str]
 
 
 def test_error_finding_is_never_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
-    from fitcheck.findings import Finding, Severity
-    from fitcheck.report import Report
-
     from fitcheck.core import estimate
+    from fitcheck.findings import Finding, Severity
     from fitcheck.readers import load_inventory, spec_from_values
+    from fitcheck.report import Report
 
     spec, _ = spec_from_values({"per_device_train_batch_size": 1, "gpu_memory": "80GiB"},
                                inventory=load_inventory(MODEL, env={}))

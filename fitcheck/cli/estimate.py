@@ -52,6 +52,10 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(*flag.spellings, **kwargs)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
+        "--brief", action="store_true",
+        help="print only the verdict, the peak, the headroom and the best fix (at most 8 lines)",
+    )
+    parser.add_argument(
         "--trace",
         action="store_true",
         help="trace one training step of the real model on fake tensors for activations (needs torch); "
@@ -117,6 +121,10 @@ def spec_from_values(
     from fitcheck.readers import load_inventory, merge_sources, spec_from_settings
 
     values, trl = split_trl_values(values)
+    from fitcheck.integrations.launch_plan import with_cpu_budget
+
+    values = dict(values)
+    cpu_note = with_cpu_budget(values)
     model = values.get("model_name_or_path")
     if not model:
         raise ConfigError(
@@ -151,7 +159,7 @@ def spec_from_values(
         spec, notes = apply_trainer(spec_for_task(spec), trl)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return spec, (*assumptions, *notes)
+    return spec, (*assumptions, *notes, *((cpu_note,) if cpu_note else ()))
 
 
 def _opt_str(v: object) -> str | None:
@@ -272,6 +280,11 @@ def run(args: argparse.Namespace) -> int:
         out.update(extras_to_json(extras))
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
+    elif getattr(args, "brief", False):
+        from fitcheck.render import brief_lines
+
+        lines = brief_lines(report, extras["suggestions"], extras["max_micro_batch"])  # type: ignore[arg-type]
+        sys.stdout.write("\n".join(lines) + "\n")
     else:
         from fitcheck.render import make_console, print_report
 

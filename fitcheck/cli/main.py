@@ -16,9 +16,9 @@ from fitcheck.errors import FitcheckError, bounded_message
 
 
 def _subcommands() -> list[ModuleType]:
-    from fitcheck.cli import estimate, launch, plot
+    from fitcheck.cli import catalog, estimate, launch, plot
 
-    return [estimate, launch, plot]
+    return [estimate, launch, plot, catalog]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fitcheck",
         description="Will this training run fit on these GPUs, and if not, what should I change?",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{estimate,launch,plot}")
+    sub = parser.add_subparsers(dest="command", metavar="{estimate,launch,plot,models,gpus}")
     sub.required = True
     for module in _subcommands():
         module.register(sub)
@@ -60,12 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _silence_stdout() -> None:
+    import contextlib
     import os
 
-    try:
+    with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
 
 
 def last_resort(exc: BaseException) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from fitcheck.catalog import find_catalog_config
-from fitcheck.errors import ConfigError, UnsupportedModelError
+from fitcheck.errors import ConfigError, UnsupportedModelError, short_repr
 from fitcheck.families import family_inventory, supported_families
 from fitcheck.readers.sources import read_text_file, safe_json_load
 from fitcheck.readers.task_heads import (
@@ -133,8 +133,13 @@ def resolve_config(model_name_or_path: str, env: Mapping[str, str]) -> tuple[dic
     if found is not None:
         config, source = found
         return config, source, ""
+    from fitcheck.catalog import similar_catalog_ids
+
+    close = similar_catalog_ids(text)
+    mean = f" Did you mean {' or '.join(close)}?" if close else ""
     raise UnsupportedModelError(
-        f"model {text!r} is not a local directory or file, not in the Hugging Face cache "
+        f"model {short_repr(text)} was not found.{mean} It is not a local directory or file, not in the "
+        "Hugging Face cache "
         f"({hf_hub_cache(env)}) and not in fitcheck's built-in catalog "
         "(`fitcheck.catalog.models.catalog_ids()` lists it). " + _PASS_CONFIG_HINT
     )
