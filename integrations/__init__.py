@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fitcheck.integrations.accelerate_launch import accelerate_command, exec_command, launch_report, split_argv
+    from fitcheck.integrations.launch_plan import machine_ram_bytes, with_cpu_budget
     from fitcheck.integrations.run import main as run_main
     from fitcheck.integrations.trainer import DoesNotFitError, FitcheckCallback, preflight
     from fitcheck.integrations.tuner import (
@@ -48,6 +49,8 @@ _WHERE = {
     "launch_report": ("accelerate_launch", "launch_report"),
     "split_argv": ("accelerate_launch", "split_argv"),
     "run_main": ("run", "main"),
+    "with_cpu_budget": ("launch_plan", "with_cpu_budget"),
+    "machine_ram_bytes": ("launch_plan", "machine_ram_bytes"),
     "train_with_tuned_micro_batch": ("tuner", "train_with_tuned_micro_batch"),
     "set_trainer_micro_batch": ("tuner", "set_trainer_micro_batch"),
     "TuningResult": ("tuner", "TuningResult"),
@@ -62,6 +65,7 @@ __all__ = [
     "divisors",
     "exec_command",
     "launch_report",
+    "machine_ram_bytes",
     "preflight",
     "run_main",
     "search_largest",
@@ -69,6 +73,7 @@ __all__ = [
     "split_argv",
     "train_with_tuned_micro_batch",
     "tune_micro_batch",
+    "with_cpu_budget",
 ]
 
 

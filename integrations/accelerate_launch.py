@@ -150,10 +150,11 @@ def split_argv(argv: Sequence[str]) -> LaunchPlan:
             setattr(plan, BOOL_FLAGS[tok], True)
             continue
         keep.append(tok)
-    misplaced = [tok for tok in rest[script_at + 1 :] if tok.partition("=")[0] in BOOL_FLAGS]
+    misplaced = [tok for tok in rest[script_at + 1 :] if tok.partition("=")[0] in ("--check-only", "--check_only")]
     if misplaced:
-        # After the script a token is the script's own argument: `fitcheck launch train.py --check-only` would
-        # launch the run and hand --check-only to train.py. Refused (exit 2), nothing launched.
+        # After the script a token is the script's own argument (the script's --json, --strict pass through), but
+        # `fitcheck launch train.py --check-only` would launch the very run the user asked only to check, and hand
+        # --check-only to train.py: refused (exit 2), nothing launched.
         raise ConfigError(
             f"fitcheck launch: {' '.join(dict.fromkeys(misplaced))} comes after the training script "
             f"{rest[script_at] if script_at < len(rest) else ''}, where it is the script's own argument; nothing "

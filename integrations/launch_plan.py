@@ -81,6 +81,16 @@ def started_processes(ns: Any) -> StartedProcesses:
                                + (" under --cpu" if cpu_flag and multi else "") + ")", cpu)
 
 
+def machine_ram_bytes() -> int | None:
+    """This machine's physical RAM (``os.sysconf``: pages x page size, POSIX); None where it cannot be read."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def with_cpu_budget(values: dict[str, object], prov: dict[str, str] | None = None) -> str | None:
     """A CPU run given no memory gets this machine's RAM as its budget (``os.sysconf``: physical pages x page
     size, POSIX), in ``values["host_memory"]``; returns the assumption line, or None when nothing was added.
@@ -92,11 +102,8 @@ def with_cpu_budget(values: dict[str, object], prov: dict[str, str] | None = Non
         return None
     if values.get("gpu_memory") is not None or values.get("host_memory") is not None:
         return None
-    import os
-
-    try:
-        ram = int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):  # no sysconf: the readers ask for --host_memory
+    ram = machine_ram_bytes()
+    if ram is None:
         return None
     values["host_memory"] = ram
     if prov is not None:

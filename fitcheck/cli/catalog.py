@@ -11,18 +11,20 @@ import argparse
 import sys
 from typing import Any
 
+from fitcheck.cli.help_text import plain
+
 
 def register(subparsers: Any) -> None:
     """Register ``fitcheck models`` and ``fitcheck gpus``."""
     models = subparsers.add_parser(
         "models", help="list the models of the built-in catalog (estimated offline, no download)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     models.add_argument("text", nargs="?", default=None, help="list only ids containing this text")
     models.set_defaults(func=run_models)
     gpus = subparsers.add_parser(
         "gpus", help="list the GPU table: memory and bf16 peak per card, with sources",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     gpus.add_argument("text", nargs="?", default=None, help="list only GPUs whose name or alias contains this")
     gpus.add_argument("--sources", action="store_true", help="also print where each number comes from")

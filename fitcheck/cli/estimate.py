@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fitcheck.cli.help_text import plain
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
 from fitcheck.readers import apply_trainer, split_trl_values
@@ -42,7 +43,7 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     from fitcheck.readers import cli_flags
 
     for flag in cli_flags():
-        kwargs: dict[str, Any] = {"dest": flag.name, "default": argparse.SUPPRESS, "help": flag.help}
+        kwargs: dict[str, Any] = {"dest": flag.name, "default": argparse.SUPPRESS, "help": plain(flag.help)}
         if flag.kind == "bool":
             kwargs.update(nargs="?", const=True, metavar="true|false")
         elif flag.kind == "list":
@@ -88,7 +89,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "estimate",
         help="estimate per-GPU peak memory of one training step",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_estimate_arguments(parser)
@@ -121,7 +122,7 @@ def spec_from_values(
     from fitcheck.readers import load_inventory, merge_sources, spec_from_settings
 
     values, trl = split_trl_values(values)
-    from fitcheck.integrations.launch_plan import with_cpu_budget
+    from fitcheck.integrations import with_cpu_budget
 
     values = dict(values)
     cpu_note = with_cpu_budget(values)
@@ -148,8 +149,17 @@ def spec_from_values(
         env=env,
         hidden_size=inventory.shape.hidden_size,
     )
+    settings = merged.settings
+    if cpu_note is None and settings.device_type.value == "cpu" and settings.gpu is None \
+            and settings.gpu_memory is None and settings.host_memory is None:  # CPU from a file (accelerate use_cpu)
+        from fitcheck.integrations import machine_ram_bytes
+
+        ram = machine_ram_bytes()
+        if ram is not None:
+            settings = dataclasses.replace(settings, host_memory=ram)
+            cpu_note = f"CPU run with no --host_memory: the budget is this machine's RAM, {ram / 2**30:.2f} GiB"
     spec, assumptions = spec_from_settings(
-        merged.settings, inventory=inventory, sharding=merged.sharding, findings=merged.findings
+        settings, inventory=inventory, sharding=merged.sharding, findings=merged.findings
     )
     if "adapter_config" in values:
         from fitcheck.readers import read_adapter_config

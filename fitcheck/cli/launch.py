@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from fitcheck.cli.help_text import plain
 from fitcheck.errors import FitcheckError, bounded_message
 
 Launcher = Callable[[Sequence[str]], int]
@@ -52,7 +53,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "launch",
         help="estimate an `accelerate launch` command, then run it with its arguments untouched",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         add_help=False,
     )

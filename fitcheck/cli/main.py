@@ -8,8 +8,11 @@ last resort and answered with exit 2 and a bounded message: exit 1 keeps meaning
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 
 from fitcheck.errors import FitcheckError, bounded_message
@@ -45,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _dispatch(args_list)
+        with quiet_third_parties():
+            return _dispatch(args_list)
     except FitcheckError as exc:
         print(f"fitcheck: error: {bounded_message(str(exc))}", file=sys.stderr)
         return 2
@@ -59,8 +63,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return last_resort(exc)
 
 
+# Loggers of libraries fitcheck runs (tracing, meta-device builds) that print to stderr on their own: the report
+# says what matters. bitsandbytes 0.50 backends/cpu/ops.py warns "Failed to load CPU gemm_4bit_forward from
+# kernels-community" on import on CPUs with AVX512-BF16; transformers/peft/accelerate log load-time notes.
+_QUIET_LOGGERS = ("bitsandbytes", "transformers", "peft", "accelerate", "torch", "trl", "deepspeed", "datasets")
+
+
+@contextlib.contextmanager
+def quiet_third_parties() -> Iterator[None]:
+    """Silence other libraries' warnings and log records below ERROR for one CLI run (restored afterwards)."""
+    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peft RuntimeWarnings, torch UserWarnings, transformers FutureWarnings
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
+
+
 def _silence_stdout() -> None:
-    import contextlib
     import os
 
     with contextlib.suppress(OSError, ValueError):

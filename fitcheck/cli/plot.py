@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import Any
 
+from fitcheck.cli.help_text import plain
+
 
 def register(subparsers: Any) -> None:
     """Register ``fitcheck plot``."""
@@ -19,7 +21,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "plot",
         help="draw peak memory vs micro-batch and sequence length, and what fills it (PNG or SVG)",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_estimate_arguments(parser)

@@ -96,6 +96,24 @@ def _verdict(
     return out
 
 
+def _context_findings(spec: TrainingSpec) -> list[Finding]:
+    """A sequence longer than the context the config declares (``max_position_embeddings``)."""
+    declared = spec.model.shape.max_position_embeddings
+    seq = spec.batch.seq_len
+    if declared <= 0 or seq <= declared:
+        return []
+    return [
+        Finding(
+            "seq-beyond-context",
+            Severity.WARNING,
+            f"--max_seq_length {seq} is longer than the {declared} positions config.json declares "
+            "(max_position_embeddings): a model with learned position embeddings (GPT-2, BERT, OPT) raises an "
+            "index error, a RoPE model runs but was not trained at this length",
+            f"use --max_seq_length {declared} or less, or a model (or RoPE scaling) made for {seq} tokens",
+        )
+    ]
+
+
 def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = None) -> Report:
     """Estimate per-GPU peak memory of one steady-state training step.
 
@@ -138,6 +156,7 @@ def estimate(spec: TrainingSpec, *, activations: tuple[Component, ...] | None = 
         *versions_findings(spec),  # library versions vs the modelled ones (activations/versions.py)
         *evaluation_findings(spec, totals),
         *parallel_findings(spec, traced=parallel and activations is not None),
+        *_context_findings(spec),
         *_verdict(spec, components, phase, device_used, budget, host),
     ]
     pinned = activations is not None or in_envelope(spec)

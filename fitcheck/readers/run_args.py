@@ -172,12 +172,12 @@ def _hardware(s: RunSettings) -> tuple[HardwareSpec, list[str]]:
         # A CPU run (--device_type cpu, TrainingArguments use_cpu): no GPU; its budget is the RAM given
         # (--gpu_memory, else --host_memory). An H100's memory would be another machine's answer.
         memory = s.gpu_memory if s.gpu_memory is not None else s.host_memory
-        if memory is None:
-            raise ConfigError(
-                f"{s.where('device_type')}: a CPU run has no GPU; give the memory it may use: --host_memory "
-                "SIZE (e.g. --host_memory 64GiB)"
-            )
-        notes.append(f"CPU run: the budget is {'--gpu_memory' if s.gpu_memory is not None else '--host_memory'}")
+        if memory is None:  # the command line and the integrations pass this machine's RAM; a library caller may not
+            memory = lookup_gpu(DEFAULT_GPU).memory_bytes
+            notes.append(f"CPU run given no memory: budget {memory / 2**30:.2f} GiB assumed; pass --host_memory")
+        else:
+            notes.append(
+                f"CPU run: the budget is {'--gpu_memory' if s.gpu_memory is not None else '--host_memory'}")
         hw = HardwareSpec(gpu_name=None, gpu_memory_bytes=memory, device_type=s.device_type,
                           host_memory_bytes=s.host_memory, peak_tflops_bf16=None,
                           expandable_segments=s.expandable_segments)

@@ -48,6 +48,9 @@ def brief_lines(report: Report, suggestions: Sequence[Suggestion], max_micro_bat
             lines.append(f"  fix: {finding.hint}")
     if report.refused:
         return [_cut(line) for line in lines[:MAX_LINES]]
+    warned = [f.code for f in report.findings if f.severity.value == "warning"]
+    if warned:
+        lines.append(f"warnings: {', '.join(dict.fromkeys(warned))} (the full report, without --brief, says more)")
     if isinstance(max_micro_batch, int) and max_micro_batch > 0:
         lines.append(f"largest micro-batch that fits at this length: {max_micro_batch}")
     fitting = [s for s in suggestions if s.fits]
