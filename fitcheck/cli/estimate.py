@@ -220,7 +220,8 @@ def build_report(
         if note is not None:
             report = dataclasses.replace(report, findings=(*report.findings, note))
     report = dataclasses.replace(report, assumptions=(*report.assumptions, *assumptions))
-    extras = advice_extras(report, mfu=args.mfu, estimate_fn=path.following(report))
+    extras = advice_extras(report, mfu=args.mfu, estimate_fn=path.following(report),
+                           device_map=getattr(args, "device_map", None))
     if gpus:
         extras["device_map_gpus"] = [g.to_dict() for g in gpus]
     return report, extras
@@ -257,7 +258,11 @@ def _busiest_gpu_report(whole: Report, gpus: tuple[Any, ...]) -> Report:
 
 
 def advice_extras(
-    report: Report, *, mfu: float | None, estimate_fn: Callable[[TrainingSpec], Report] | None = None
+    report: Report,
+    *,
+    mfu: float | None,
+    estimate_fn: Callable[[TrainingSpec], Report] | None = None,
+    device_map: str | None = None,
 ) -> dict[str, object]:
     """``max_micro_batch``, ``suggestions`` and ``compute`` for the JSON and the table.
 
@@ -268,11 +273,28 @@ def advice_extras(
     from fitcheck.core import compute_estimate
 
     compute = compute_estimate(report.spec, mfu=mfu)
+    suggestions = advise(report.spec, report, estimate_fn=estimate_fn)
+    if device_map:
+        suggestions = [s for s in suggestions if not distributed_mode(s.spec)]
     return {
         "max_micro_batch": max_micro_batch(report.spec, estimate_fn),
-        "suggestions": advise(report.spec, report, estimate_fn=estimate_fn),
+        "suggestions": suggestions,
         "compute": compute,
     }
+
+
+def distributed_mode(spec: TrainingSpec) -> bool:
+    """The run is in one of accelerate's distributed modes (DeepSpeed, FSDP, several processes).
+
+    A ``device_map`` model cannot be trained in any of them: accelerate 1.15 accelerator.py ``prepare_model``
+    raises "You can't train a model that has been loaded with `device_map='auto'` in any distributed mode", and
+    transformers 5.23 integrations/accelerate.py raises "DeepSpeed Zero-3 is not compatible with passing a
+    `device_map`". Such a suggestion is not printed for a device_map run.
+    """
+    from fitcheck.spec import Strategy
+
+    sharding = spec.sharding
+    return sharding.strategy in (Strategy.DEEPSPEED, Strategy.FSDP) or sharding.num_processes > 1
 
 
 def run(args: argparse.Namespace) -> int:
