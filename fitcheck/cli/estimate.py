@@ -275,7 +275,7 @@ def advice_extras(
     compute = compute_estimate(report.spec, mfu=mfu)
     suggestions = advise(report.spec, report, estimate_fn=estimate_fn)
     if device_map:
-        suggestions = [s for s in suggestions if not distributed_mode(s.spec)]
+        suggestions = tuple(s for s in suggestions if s.spec is None or not distributed_mode(s.spec))
     return {
         "max_micro_batch": max_micro_batch(report.spec, estimate_fn),
         "suggestions": suggestions,

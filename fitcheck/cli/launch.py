@@ -116,7 +116,8 @@ def main(
         return 2
     _print(report, plan.json)
     if plan.check_only:
-        return report.exit_code  # the exit codes of `fitcheck estimate`
+        checked: int = report.exit_code  # the exit codes of `fitcheck estimate`
+        return checked
     if report.refused:
         print("fitcheck: not launching a run that a library refuses (see the [error] findings above)",
               file=sys.stderr)
