@@ -33,6 +33,7 @@ def test_all_lists_the_public_names() -> None:
         "cli",
         "torch_adapters",
         "integrations",
+        "families",
     }
     assert public <= set(fitcheck.__all__)
 

@@ -169,6 +169,9 @@ def spec_from_values(
         spec, notes = apply_trainer(spec_for_task(spec), trl)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    from fitcheck.torch_adapters import check_trl_config
+
+    check_trl_config(spec, trl)  # TRL's own config class validates its fields (when TRL is installed)
     return spec, (*assumptions, *notes, *((cpu_note,) if cpu_note else ()))
 
 

@@ -25,11 +25,12 @@ describes the data: every prompt/completion is that long (the worst case).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from fitcheck.core.trainers import REFUSED, ReferenceRule, trainer_row
-from fitcheck.errors import ConfigError
+from fitcheck.errors import ConfigError, short_repr
 from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec, VllmMode
 
 # TRL 1.16 config defaults that change memory: the registry's ``defaults`` column (fitcheck.core.trainers.registry)
@@ -39,6 +40,14 @@ _VALUE = ("max_prompt_length", "max_completion_length", "rpo_alpha", "num_genera
 # The evaluation phase (fitcheck.core.trainers.evaluation): every trainer (the registry's evaluation column)
 _EVAL = ("per_device_eval_batch_size", "eval_accumulation_steps", "prediction_loss_only")
 TRL_FLAG_NAMES = ("trainer", *_BOOL, *_VALUE, "loss_type", *_EVAL)
+# Counts a run cannot have zero of (TRL 1.16 GRPOConfig accepts steps_per_generation=0 and then samples nothing;
+# num_generations=0 divides by zero in GRPOConfig.__post_init__)
+_COUNTS = ("num_generations", "generation_batch_size", "steps_per_generation", "per_device_eval_batch_size",
+           "eval_accumulation_steps")
+# The loss types TRL 1.16's DPOTrainer computes (trl/trainer/dpo_trainer.py _compute_loss: one branch each; any
+# other name raises "Unknown loss type" at the first step; DPOConfig itself accepts any string)
+DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
+                  "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm")
 
 
 def _bool(name: str, value: object) -> bool:
@@ -55,10 +64,15 @@ def _bool(name: str, value: object) -> bool:
 def _num(name: str, value: object, kind: type) -> Any:
     try:
         out = kind(str(value))
-    except ValueError:
-        raise ConfigError(f"--{name}: expected a{'n integer' if kind is int else ' number'}, got {value!r}") from None
+    except (ValueError, OverflowError):
+        raise ConfigError(
+            f"--{name}: expected a{'n integer' if kind is int else ' number'}, got {short_repr(value)}") from None
+    if not math.isfinite(out):
+        raise ConfigError(f"--{name}: must be a finite number, got {short_repr(value)}")
     if out < 0:
-        raise ConfigError(f"--{name}: must not be negative, got {value!r}")
+        raise ConfigError(f"--{name}: must not be negative, got {short_repr(value)}")
+    if name in _COUNTS and out < 1:
+        raise ConfigError(f"--{name}: must be at least 1, got {short_repr(value)}")
     return out
 
 
@@ -153,6 +167,11 @@ def _kbit_note(spec: TrainingSpec, kind: TrainerKind) -> tuple[str, ...]:
 def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[TrainingSpec, tuple[str, ...]]:
     """The spec with ``spec.trainer`` set from the TRL flags (defaults: the registry's ``defaults`` column)."""
     kind = trainer_kind(trl)
+    for name, value in trl.items():  # every number given is read, also those this trainer's memory ignores
+        if name in ("beta", "rpo_alpha", "vllm_gpu_memory_utilization"):
+            _num(name, value, float)
+        elif name in ("max_prompt_length", "max_completion_length", *_COUNTS):
+            _num(name, value, int)
     evaluation = _eval_fields(trl)
     kbit = _kbit_note(spec, kind)
     row = trainer_row(kind)
@@ -189,6 +208,10 @@ def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[Traini
         rpo = trl.get("rpo_alpha")
         raw = trl.get("loss_type") or ("sigmoid",)
         losses = tuple(str(x) for x in raw) if isinstance(raw, (list, tuple)) else (str(raw),)
+        unknown = [x for x in losses if x not in DPO_LOSS_TYPES]
+        if kind is TrainerKind.DPO and unknown:
+            raise ConfigError(f"--loss_type {short_repr(unknown[0])}: TRL 1.16's DPOTrainer computes "
+                              f"{', '.join(DPO_LOSS_TYPES)} (any other raises at the first step)")
         if kind is TrainerKind.KTO and (rpo is not None or "loss_type" in trl):
             raise ConfigError("--rpo_alpha / --loss_type are DPO fields; KTO's loss types (kto, apo_zero_unpaired) "
                               "allocate the same step here: drop the flag")
@@ -213,7 +236,7 @@ def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[Traini
         t = TrainerSpec(
             kind=kind, prompt_length=_num("max_prompt_length", trl["max_prompt_length"], int),
             completion_length=_num("max_completion_length", get("max_completion_length"), int),
-            num_generations=max(1, _num("num_generations", get("num_generations"), int)),
+            num_generations=_num("num_generations", get("num_generations"), int),
             beta=_num("beta", get("beta"), float),
             generation_batch_size=None if gbs is None else _num("generation_batch_size", gbs, int),
             steps_per_generation=None if spg is None else _num("steps_per_generation", spg, int),
