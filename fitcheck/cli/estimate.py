@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fitcheck.cli.help_text import plain
+from fitcheck.core.trainers import REFUSED
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
 from fitcheck.readers import apply_trainer, split_trl_values
@@ -50,6 +51,9 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs.update(nargs="+")
         if flag.choices:
             kwargs.update(choices=list(flag.choices))
+            shown = [c for c in flag.choices if c not in REFUSED]  # accepted only to be refused with the reason
+            if len(shown) < len(flag.choices):
+                kwargs.update(metavar="{" + ",".join(shown) + "}")
         parser.add_argument(*flag.spellings, **kwargs)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(

@@ -193,7 +193,7 @@ def apply_trainer(spec: TrainingSpec, trl: Mapping[str, object]) -> tuple[Traini
         return trl.get(name, d.get(name))
 
     seq = spec.batch.seq_len
-    notes = [*kbit, f"--trainer {kind.value}: TRL 1.16 {kind.value.upper()}Config defaults for absent flags "
+    notes = [*kbit, f"--trainer {kind.value}: TRL 1.16 {row.config_class} defaults for absent flags "
              "(gradient_checkpointing true, bf16 true" + (", max_length 1024)" if "max_length" in d else ")")]
     if kind is TrainerKind.SFT:
         t = TrainerSpec(kind=kind, packing=_bool("packing", get("packing")),
