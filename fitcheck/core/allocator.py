@@ -138,7 +138,8 @@ def allocator_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         Finding(
             "alloc-fragmentation",
             Severity.INFO,
-            f"{', '.join(reasons)} {'make' if len(reasons) > 1 else 'makes'} many differently sized allocations; the caching allocator's reserved "
+            f"{', '.join(reasons)} {'make' if len(reasons) > 1 else 'makes'} many differently sized allocations; "
+            "the caching allocator's reserved "
             f"memory is modelled at allocated + {FRAGMENTATION_OF_TRANSIENT:.0%} of the per-step tensors",
             "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment before Python imports "
             "torch (in the launch command, not in the script after `import torch`) to shrink that gap",
