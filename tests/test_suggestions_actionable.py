@@ -23,8 +23,9 @@ MODEL = "meta-llama/Llama-3.2-1B"
 BIG = "meta-llama/Llama-3.2-3B"
 
 # Fitcheck flags that are no TrainingArguments/TRL field: each is checked by the library it configures below.
+_PARALLELISM = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
 _FITCHECK_ONLY = {"zero_stage", "offload_optimizer", "offload_param", "checkpoint_every_n_layers", "num_processes",
-                  "fsdp_version", "gpu", "gpu_memory", "max_seq_length", "tp_size", "cp_size", "sp_size"}
+                  "fsdp_version", "gpu", "gpu_memory", "max_seq_length", *_PARALLELISM}
 
 
 def _configs() -> list[list[str]]:
@@ -90,6 +91,11 @@ def _validate(argv: list[str], tmp: str) -> None:
             if key in values:
                 zero[key] = {"device": values[key][0]}
         DeepSpeedZeroConfig(**zero)  # pydantic validation of the zero_optimization section
+    sizes = {k: int(values[k][0]) for k in _PARALLELISM if k in values}
+    if sizes:
+        from accelerate.parallelism_config import ParallelismConfig
+
+        ParallelismConfig(**sizes)  # accelerate's own checks of the layout sizes
     if "checkpoint_every_n_layers" in values:
         assert int(values["checkpoint_every_n_layers"][0]) >= 1 and sft.gradient_checkpointing
 
