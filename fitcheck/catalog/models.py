@@ -111,15 +111,17 @@ def find_catalog_config(model_id: str) -> tuple[dict[str, Any], str] | None:
 
 
 def similar_catalog_ids(text: str, n: int = 3) -> list[str]:
-    """Catalog ids close to ``text`` (a mistyped id), best first (``difflib``, case-insensitive; the part after
-    the organisation is compared too, so ``llama-3.2-1b`` finds ``meta-llama/Llama-3.2-1B``)."""
+    """Catalog ids close to ``text`` (a mistyped id), best first (``difflib`` ratios, case-insensitive; the part
+    after the organisation is compared too, so ``llama-3.2-1b`` finds ``meta-llama/Llama-3.2-1B``)."""
     import difflib
 
-    ids = catalog_ids()
-    lowered = {i.lower(): i for i in ids}
-    short = {i.split("/")[-1].lower(): i for i in ids}
     key = text.strip().lower()[:200]
-    found = difflib.get_close_matches(key, list(lowered), n=n, cutoff=0.6)
-    found += difflib.get_close_matches(key.split("/")[-1], list(short), n=n, cutoff=0.6)
-    out = [lowered.get(f) or short[f] for f in found]
-    return list(dict.fromkeys(out))[:n]
+    short = key.split("/")[-1]
+
+    def score(model_id: str) -> float:
+        low = model_id.lower()
+        return max(difflib.SequenceMatcher(None, key, low).ratio(),
+                   difflib.SequenceMatcher(None, short, low.split("/")[-1]).ratio())
+
+    scored = sorted(((score(i), i) for i in catalog_ids()), key=lambda p: (-p[0], p[1]))
+    return [i for s, i in scored if s >= 0.6][:n]
