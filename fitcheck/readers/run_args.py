@@ -22,13 +22,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from fitcheck.errors import ConfigError
+from fitcheck.errors import ConfigError, short_repr
 from fitcheck.findings import Finding
 from fitcheck.readers.checkpoint_dtype import missing_dtype_finding
 from fitcheck.readers.families_legacy import inventory_for_stack
 from fitcheck.readers.parallelism import check_layout
 from fitcheck.readers.run_settings import DEFAULT_GPU, DEFAULTS, RunSettings
-from fitcheck.readers.settings_table import canonical_key
+from fitcheck.readers.settings_table import SETTINGS, canonical_key
 from fitcheck.readers.versions import stack_from_values
 from fitcheck.spec import (
     DEFAULT_OPTIMIZER,
@@ -303,6 +303,15 @@ def spec_from_values(
     Raises:
         ConfigError: A value cannot be read; the message names where it came from and the fix.
     """
+    unknown = [k for k in values if canonical_key(str(k)) not in SETTINGS]
+    if unknown:  # a misspelt name would be passed over and its default estimated
+        import difflib
+
+        hints = [f"{short_repr(k)}" + "".join(f" (did you mean {c!r}?)" for c in
+                                              difflib.get_close_matches(str(k), sorted(SETTINGS), n=1))
+                 for k in unknown[:5]]
+        raise ConfigError("unknown setting " + ", ".join(hints) + "; names are `fitcheck estimate` flags, "
+                          "TrainingArguments or TRL fields (fitcheck.readers.SETTINGS)")
     settings = RunSettings.from_values(values, provenance)
     return spec_from_settings(settings, inventory=inventory, sharding=sharding, findings=findings)
 
