@@ -38,7 +38,7 @@ def test_what_the_trl_config_refuses_exits_2(
         getattr(trl, config)(**TA, **kwargs)  # TRL's own class refuses it
     code = main([*EST, *flags])
     err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err and err.startswith("fitcheck: error: --")
+    assert code == 2 and "Traceback" not in err  # a message, or the report with its grpo-batch-refused error
 
 
 @pytest.mark.parametrize(
