@@ -4,7 +4,8 @@ Per-GPU peak memory of one training step from a model's config.json alone (no we
 for runs with Hugging Face transformers, accelerate, DeepSpeed, PEFT and bitsandbytes.
 
 The pure core (``estimate``, the spec and report types) imports no torch. ``FitcheckCallback`` and
-``preflight`` live in ``fitcheck.integrations`` and are imported lazily (they need transformers).
+``preflight`` (and the micro-batch tuner, ``tune_micro_batch``) live in ``fitcheck.integrations`` and are
+imported lazily (they need transformers).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fitcheck.spec import TrainingSpec
 
 if TYPE_CHECKING:
     from fitcheck.core import estimate
-    from fitcheck.integrations import FitcheckCallback, preflight
+    from fitcheck.integrations import FitcheckCallback, preflight, train_with_tuned_micro_batch, tune_micro_batch
 
 __version__ = "0.1.0"
 
@@ -39,9 +40,11 @@ __all__ = [
     "__version__",
     "estimate",
     "preflight",
+    "train_with_tuned_micro_batch",
+    "tune_micro_batch",
 ]
 
-_LAZY = {"FitcheckCallback", "preflight"}
+_LAZY = {"FitcheckCallback", "preflight", "tune_micro_batch", "train_with_tuned_micro_batch"}
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,38 @@ The tree::
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Sequence
+
+# The longest message the CLI prints for one error (characters): an error about a hostile value (a 5,000-digit
+# version, a 200-byte YAML alias bomb) must not print or build something unbounded.
+MAX_MESSAGE_CHARS = 2000
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = 80
+_SHORT.maxother = 80
+_SHORT.maxlong = 40
+_SHORT.maxlist = _SHORT.maxdict = _SHORT.maxtuple = _SHORT.maxset = 6
+_SHORT.maxlevel = 3
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)`` bounded in length and depth (for error messages about user-supplied values).
+
+    ``reprlib`` never walks more than a few items per level and a few levels, so a deeply nested or
+    alias-expanded value costs no more to describe than a small one.
+    """
+    try:
+        return _SHORT.repr(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+
+
+def bounded_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} ... ({len(text) - limit:,} more characters)"
 
 
 class FitcheckError(Exception):

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from fitcheck.findings import Finding, Severity
+from fitcheck.findings import REFUSED_CODES, Finding, Severity
 from fitcheck.spec import TrainingSpec
 
 
@@ -25,6 +25,11 @@ class Phase(str, Enum):
     GENERATION = "generation"  # GRPO's generate() for the generation batch (fitcheck.core.trainers)
     EVALUATION = "evaluation"  # an evaluation step (fitcheck.core.trainers)
     LOAD = "load"  # from_pretrained and the preparation before step 1 (fitcheck.core.loading)
+
+
+def phase_phrase(phase: Phase) -> str:
+    """The phase as words after "the peak is": ``"during backward"``, ``"at the optimizer step"``."""
+    return phase.value if phase.value.startswith("during") else f"at the {phase.value}"
 
 
 # The phases of the training step; LOAD/GENERATION/EVALUATION apply only where a component fills them.
@@ -169,3 +174,16 @@ class Report:
     def errors(self) -> tuple[Finding, ...]:
         """Findings of severity error."""
         return tuple(f for f in self.findings if f.severity is Severity.ERROR)
+
+    @property
+    def refused(self) -> tuple[Finding, ...]:
+        """Error findings that mean a library refuses the run outright (``fitcheck.findings.REFUSED_CODES``)."""
+        return tuple(f for f in self.errors if f.code in REFUSED_CODES)
+
+    @property
+    def exit_code(self) -> int:
+        """The CLI's exit code for this report: 2 a library refuses the run, 1 it does not fit or an error
+        finding stands, 0 it fits with no error."""
+        if self.refused:
+            return 2
+        return 0 if self.fits and not self.errors else 1

@@ -7,9 +7,10 @@ A bare number is bytes.
 
 from __future__ import annotations
 
+import math
 import re
 
-from fitcheck.errors import ConfigError
+from fitcheck.errors import ConfigError, short_repr
 
 _UNITS: dict[str, int] = {
     "": 1,
@@ -48,20 +49,23 @@ def parse_bytes(text: str | int | float, *, what: str = "size") -> int:
         ConfigError: If the text is not a positive size.
     """
     if isinstance(text, bool):
-        raise ConfigError(f"{what}: expected a size such as 80GiB, got {text!r}")
+        raise ConfigError(f"{what}: expected a size such as 80GiB, got {short_repr(text)}")
     if isinstance(text, (int, float)):
         value = float(text)
         unit = ""
     else:
-        match = _SIZE_RE.match(text)
+        # a size is a few characters; a long value is refused before the regex (which backtracks on it)
+        match = _SIZE_RE.match(text) if len(text) <= 64 else None
         if match is None or match.group(2).lower() not in _UNITS:
             raise ConfigError(
-                f"{what}: cannot read {text!r} as a size; write it like 80GiB, 24GB or 512MiB"
+                f"{what}: cannot read {short_repr(text)} as a size; write it like 80GiB, 24GB or 512MiB"
             )
         value = float(match.group(1))
         unit = match.group(2).lower()
+    if not math.isfinite(value) or not math.isfinite(value * _UNITS[unit]):
+        raise ConfigError(f"{what}: size must be a finite number of bytes, got {short_repr(text)}")
     if value <= 0:
-        raise ConfigError(f"{what}: size must be positive, got {text!r}")
+        raise ConfigError(f"{what}: size must be positive, got {short_repr(text)}")
     return int(value * _UNITS[unit])
 
 

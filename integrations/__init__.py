@@ -23,9 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fitcheck.integrations.accelerate_launch import accelerate_command, exec_command, launch_report, split_argv
+    from fitcheck.integrations.launch_plan import machine_ram_bytes, with_cpu_budget
     from fitcheck.integrations.run import main as run_main
     from fitcheck.integrations.trainer import DoesNotFitError, FitcheckCallback, preflight
-    from fitcheck.integrations.tuner import TuningError, divisors, tune_micro_batch
+    from fitcheck.integrations.tuner import (
+        TuningError,
+        TuningResult,
+        divisors,
+        set_trainer_micro_batch,
+        train_with_tuned_micro_batch,
+        tune_micro_batch,
+    )
     from fitcheck.integrations.tuner_search import search_largest
 
 _WHERE = {
@@ -41,21 +49,31 @@ _WHERE = {
     "launch_report": ("accelerate_launch", "launch_report"),
     "split_argv": ("accelerate_launch", "split_argv"),
     "run_main": ("run", "main"),
+    "with_cpu_budget": ("launch_plan", "with_cpu_budget"),
+    "machine_ram_bytes": ("launch_plan", "machine_ram_bytes"),
+    "train_with_tuned_micro_batch": ("tuner", "train_with_tuned_micro_batch"),
+    "set_trainer_micro_batch": ("tuner", "set_trainer_micro_batch"),
+    "TuningResult": ("tuner", "TuningResult"),
 }
 
 __all__ = [
     "DoesNotFitError",
     "FitcheckCallback",
     "TuningError",
+    "TuningResult",
     "accelerate_command",
     "divisors",
     "exec_command",
     "launch_report",
+    "machine_ram_bytes",
     "preflight",
     "run_main",
     "search_largest",
+    "set_trainer_micro_batch",
     "split_argv",
+    "train_with_tuned_micro_batch",
     "tune_micro_batch",
+    "with_cpu_budget",
 ]
 
 

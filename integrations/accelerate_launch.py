@@ -30,7 +30,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from typing import Any
 
-from fitcheck.integrations.launch_plan import started_processes, unknown_flags_finding
+from fitcheck.integrations.launch_plan import started_processes, unknown_flags_finding, with_cpu_budget
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
@@ -150,6 +150,17 @@ def split_argv(argv: Sequence[str]) -> LaunchPlan:
             setattr(plan, BOOL_FLAGS[tok], True)
             continue
         keep.append(tok)
+    misplaced = [tok for tok in rest[script_at + 1 :] if tok.partition("=")[0] in ("--check-only", "--check_only")]
+    if misplaced:
+        # After the script a token is the script's own argument (the script's --json, --strict pass through), but
+        # `fitcheck launch train.py --check-only` would launch the very run the user asked only to check, and hand
+        # --check-only to train.py: refused (exit 2), nothing launched.
+        raise ConfigError(
+            f"fitcheck launch: {' '.join(dict.fromkeys(misplaced))} comes after the training script "
+            f"{rest[script_at] if script_at < len(rest) else ''}, where it is the script's own argument; nothing "
+            "was launched. Put fitcheck's flags before the script: fitcheck launch --check-only [accelerate "
+            "args] script.py [script args]"
+        )
     plan.accelerate_argv = keep
     return plan
 
@@ -171,6 +182,7 @@ def parse_accelerate_args(accelerate_argv: Sequence[str]) -> Any:
         ConfigError: accelerate would refuse these arguments.
     """
     ns = _parse(_launch_parser(), accelerate_argv, known=False)
+    _check_config_file(ns)
     try:
         from accelerate.commands import launch as acc_launch
     except ImportError:  # pragma: no cover - accelerate is needed for the parser already
@@ -185,6 +197,33 @@ def parse_accelerate_args(accelerate_argv: Sequence[str]) -> Any:
         except Exception:  # a private function's other changes: skip its validation, keep our own reading
             pass
     return ns
+
+
+def _check_config_file(ns: Any) -> None:
+    """Read ``--config_file`` with fitcheck's bounded reader before accelerate's parser reads it.
+
+    accelerate 1.15 ``commands/config/config_args.py`` loads it with ``yaml.safe_load`` and then walks and
+    prints its values: a 200-byte alias bomb grows without bound there. fitcheck's reader refuses it (exit 2).
+    """
+    from fitcheck.readers import read_text_file, safe_yaml_load
+
+    path = getattr(ns, "config_file", None)
+    if path is None:  # accelerate reads its default file then (commands/config/__init__.py default_config_file)
+        try:
+            from accelerate.commands.config import default_config_file
+        except ImportError:  # pragma: no cover - accelerate's parser is needed already
+            return
+        path = default_config_file if os.path.isfile(default_config_file) else None
+    if path is None:
+        return
+    what = "accelerate config (accelerate launch --config_file)"
+    text = read_text_file(str(path), what=what)
+    if str(path).lower().endswith(".json"):
+        from fitcheck.readers import safe_json_load
+
+        safe_json_load(text, source=str(path), what=what)
+    else:
+        safe_yaml_load(text, source=str(path), what=what)
 
 
 def launch_values(
@@ -262,6 +301,7 @@ def launch_values(
     for key, value in plan.values.items():
         values[key] = value
         prov[key] = f"fitcheck launch --{key}"
+    with_cpu_budget(values, prov)
     if not values.get("model_name_or_path"):
         raise ConfigError(
             f"{script}: its arguments do not name the model (--model_name_or_path); pass it to the script or "

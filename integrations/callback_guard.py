@@ -64,6 +64,45 @@ def guard_train(trainer: Any, on_exit: Callable[[], None]) -> bool:
     return True
 
 
+def guard_running_train(trainer: Any, on_error: Callable[[], None]) -> bool:
+    """Make an exception in the ``train()`` that is already running call ``on_error()`` before it propagates.
+
+    A callback added with ``trainer.add_callback`` after ``Trainer(...)`` sees no ``on_init_end``; its first event
+    is ``on_train_begin``, inside ``train()``, too late to wrap that call. Everything after ``on_train_begin``
+    runs in ``_run_epoch`` (transformers 5.23 trainer.py ``_inner_training_loop``: data, forward, backward,
+    optimizer step, the other callbacks), so that is wrapped (an instance attribute shadowing the method), with
+    ``get_batch_samples`` and ``training_step`` as well should a later version rename it; the next ``train()``
+    call is guarded by :func:`guard_train`.
+
+    Returns:
+        True when the guard is (already) in place.
+    """
+    if trainer is None or getattr(trainer, "_fitcheck_step_guard", None) is not None:
+        return trainer is not None
+    hooks = [on_error]
+    trainer._fitcheck_step_guard = hooks
+
+    def wrap(owner: Any, name: str) -> None:
+        original = getattr(owner, name, None)
+        if not callable(original):
+            return
+
+        @functools.wraps(original)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            except BaseException:
+                for hook in list(hooks):
+                    hook()
+                raise
+
+        setattr(owner, name, call)
+
+    for name in ("_run_epoch", "get_batch_samples", "training_step"):
+        wrap(trainer, name)
+    return True
+
+
 def verdict(report: Report) -> str:
     """What makes the report fail, in its own words: the budget overrun, then the error findings."""
     parts: list[str] = []

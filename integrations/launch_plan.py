@@ -81,6 +81,36 @@ def started_processes(ns: Any) -> StartedProcesses:
                                + (" under --cpu" if cpu_flag and multi else "") + ")", cpu)
 
 
+def machine_ram_bytes() -> int | None:
+    """This machine's physical RAM (``os.sysconf``: pages x page size, POSIX); None where it cannot be read."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def with_cpu_budget(values: dict[str, object], prov: dict[str, str] | None = None) -> str | None:
+    """A CPU run given no memory gets this machine's RAM as its budget (``os.sysconf``: physical pages x page
+    size, POSIX), in ``values["host_memory"]``; returns the assumption line, or None when nothing was added.
+
+    The readers refuse a CPU run with no memory at all (no GPU's memory is the answer for it); the command
+    line and the integrations run on the machine itself, so they can say how much it has.
+    """
+    if str(values.get("device_type", "")).lower() != "cpu" or values.get("gpu") is not None:
+        return None
+    if values.get("gpu_memory") is not None or values.get("host_memory") is not None:
+        return None
+    ram = machine_ram_bytes()
+    if ram is None:
+        return None
+    values["host_memory"] = ram
+    if prov is not None:
+        prov["host_memory"] = "this machine's RAM (CPU run)"
+    return f"CPU run with no --host_memory: the budget is this machine's RAM, {ram / 2**30:.2f} GiB"
+
+
 @cache
 def known_script_flags() -> frozenset[str]:
     """Field names of ``transformers.TrainingArguments`` and the installed TRL config/script dataclasses."""

@@ -126,12 +126,19 @@ def preflight(
         DoesNotFitError: When ``strict`` and the run does not fit.
         FitcheckError: Bad input (a message naming the field and the fix).
     """
+    check_preflight_inputs(model_or_config, args, overrides)
     env = dict(os.environ if env is None else env)
     values: dict[str, object] = {}
     prov: dict[str, str] = {}
     findings: list[Finding] = []
     if args is not None:
         values, prov, findings = training_args_values(args)
+    if values.get("use_cpu") is True and "device_type" not in overrides:
+        # TrainingArguments(use_cpu=True) trains on the CPU (training_args.py _setup_devices): estimate the CPU
+        values["device_type"] = "cpu"
+        prov["device_type"] = f"{type(args).__name__}.use_cpu"
+        if gpu is None and gpu_memory is None and not {"gpu", "gpu_memory", "host_memory"} & set(overrides):
+            values.update(detect_hardware("cpu"))  # this machine's RAM is the CPU run's budget
     facts = None
     if is_live_model(model_or_config):
         from fitcheck.torch_adapters import inspect_model
@@ -196,6 +203,44 @@ def preflight(
     if strict and _would_fail(report):
         raise DoesNotFitError(report)
     return report
+
+
+def check_preflight_inputs(model_or_config: Any, args: Any, overrides: Mapping[str, object]) -> None:
+    """Refuse what :func:`preflight` cannot read instead of estimating something else.
+
+    Raises:
+        ConfigError: No model, an ``args`` that is no ``TrainingArguments`` (or TRL config, a subclass), or a
+            keyword that is no ``fitcheck estimate`` setting (a misspelt ``max_seq_lenght`` would otherwise be
+            dropped and the default length estimated).
+    """
+    import difflib
+
+    from fitcheck.errors import ConfigError, short_repr
+    from fitcheck.readers import SETTINGS, canonical_key
+
+    if model_or_config is None or (isinstance(model_or_config, str) and not model_or_config.strip()):
+        raise ConfigError("preflight(model_or_config=...): give a Hub id or local path, a PretrainedConfig or a "
+                          "loaded model; got " + short_repr(model_or_config))
+    if args is not None:
+        from transformers import TrainingArguments
+
+        if not isinstance(args, TrainingArguments):
+            raise ConfigError(
+                f"preflight(args=...): expected a transformers TrainingArguments or a TRL config (SFTConfig, "
+                f"DPOConfig, GRPOConfig, ...), got {type(args).__name__} {short_repr(args)}; pass settings that "
+                "are not in a TrainingArguments as keywords, e.g. preflight(model, max_seq_length=4096)"
+            )
+    known = {*SETTINGS, "max_prompt_length", "max_completion_length"}
+    unknown = [k for k in overrides if canonical_key(k) not in known]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigError(
+            "preflight: unknown keyword " + ", ".join(hints) + "; keywords are `fitcheck estimate` flag names "
+            "(fitcheck estimate --help lists them)"
+        )
 
 
 def _detected_gpu() -> dict[str, object]:
@@ -272,6 +317,7 @@ class FitcheckCallback(TrainerCallback):
         self._tracker: Any = None
         self._device_type = "cpu"
         self._main = True
+        self._initialised = False
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def _guard(self, what: str, exc: BaseException) -> None:
@@ -306,11 +352,17 @@ class FitcheckCallback(TrainerCallback):
 
         Under ``strict`` an estimate that cannot be made raises :class:`EstimateUnavailableError` (fails closed).
         """
-        from fitcheck.integrations.callback_guard import calling_trainer, guard_train, verdict
+        from fitcheck.integrations.callback_guard import calling_trainer, guard_train
 
         self._main = _rank_zero(args, state)
         guard_train(calling_trainer(), self._stop_tracker)  # the tracker leaves torch's mode stack, also on raise
-        model = kwargs.get("model")
+        return self._check(args, control, kwargs.get("model"))
+
+    def _check(self, args: Any, control: Any, model: Any) -> Any:
+        """Estimate the run; under ``strict`` raise when it will not fit or cannot be estimated."""
+        from fitcheck.integrations.callback_guard import verdict
+
+        self._initialised = True
         try:
             if model is None:
                 raise ValueError("on_init_end got no model")
@@ -342,6 +394,13 @@ class FitcheckCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """Start measuring; on an ``auto_find_batch_size`` retry re-estimate with the new batch (once each)."""
         self._main = _rank_zero(args, state)
+        if not self._initialised:  # added with trainer.add_callback(...): on_init_end never ran
+            from fitcheck.integrations.callback_guard import calling_trainer, guard_running_train, guard_train
+
+            trainer = calling_trainer()
+            guard_train(trainer, self._stop_tracker)  # the next train() call
+            guard_running_train(trainer, self._stop_tracker)  # this one: a step that raises stops the tracker
+            self._check(args, control, kwargs.get("model"))  # strict raises here, before any step
         self._train_begins += 1
         try:
             batch = int(getattr(state, "train_batch_size", 0) or 0) // max(1, int(getattr(args, "n_gpu", 1) or 1))

@@ -41,6 +41,7 @@ from fitcheck.integrations.tuner_batch import TrainerBatch, set_trainer_micro_ba
 from fitcheck.integrations.tuner_search import SearchResult, is_oom_error, search_largest
 
 from fitcheck.errors import FitcheckError
+from fitcheck.units import format_bytes
 
 __all__ = [
     "TrainerBatch",
@@ -211,6 +212,8 @@ def tune_micro_batch(
     start = all_ranks_min(start, getattr(args, "device", None))  # every rank starts where the tightest predicts
     trials: list[TuningTrial] = []
     peak_source = ""
+    on_cpu = getattr(getattr(args, "device", None), "type", "cpu") == "cpu"
+    cpu_budget = spec.hardware.gpu_memory_bytes if on_cpu and (gpu_memory is not None or gpu is not None) else None
 
     def step(index: int) -> None:
         nonlocal peak_source
@@ -225,6 +228,10 @@ def tune_micro_batch(
             if not is_oom_error(exc):
                 raise
             error = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        if not error and cpu_budget is not None and peak is not None and peak > cpu_budget:
+            # no allocator refuses anything on the CPU: the given budget is held against the measured peak
+            error = (f"CPU: live-tensor peak {format_bytes(peak)} is over the budget {format_bytes(cpu_budget)} "
+                     "(gpu_memory)")
         ok = all_ranks_ok(not error, getattr(args, "device", None))
         if ok or error:
             trials.append(TuningTrial(micro, gas, ok, peak if ok else None, error))

@@ -138,3 +138,43 @@ def test_the_cpu_tracker_leaves_the_mode_stack_when_train_raises(tmp_path: Path)
     finally:
         while _len_torch_dispatch_stack() > before:  # the old code's leak must not slow the other tests
             _pop_mode()
+
+
+def test_a_callback_added_after_init_keeps_its_safeguards(tmp_path: Path) -> None:
+    """Issue 21: ``trainer.add_callback(FitcheckCallback(strict=True))`` gets no on_init_end; it still fails closed on
+    a model it cannot estimate, and its tracker still leaves torch's mode stack when training raises."""
+    from torch.utils._python_dispatch import _len_torch_dispatch_stack, _pop_mode
+
+    trainer = transformers.Trainer(model=Plain(), args=_args(tmp_path), train_dataset=Tokens())
+    trainer.add_callback(FitcheckCallback(strict=True, max_seq_length=SEQ, print_report=False))
+    before_params = [p.detach().clone() for p in trainer.model.parameters()]
+    with pytest.raises(FitcheckError, match="could not be made"):
+        trainer.train()
+    assert all(torch.equal(a, b) for a, b in zip(before_params, trainer.model.parameters(), strict=True))
+
+    trainer = transformers.Trainer(model=_llama(), args=_args(tmp_path), train_dataset=Tokens(fail_at=0))
+    trainer.add_callback(FitcheckCallback(max_seq_length=SEQ, print_report=False))
+    before = _len_torch_dispatch_stack()
+    try:
+        with warnings.catch_warnings(), pytest.raises(RuntimeError, match="broken dataset"):
+            warnings.simplefilter("ignore")
+            trainer.train()
+        assert _len_torch_dispatch_stack() == before
+    finally:
+        while _len_torch_dispatch_stack() > before:
+            _pop_mode()
+
+
+def test_preflight_refuses_what_it_cannot_read(tmp_path: Path) -> None:
+    """Issue 21: preflight(None), a misspelt keyword and a non-TrainingArguments ``args`` are refused; use_cpu=True
+    estimates the CPU (its RAM), not an H100."""
+    with pytest.raises(FitcheckError, match="model_or_config"):
+        preflight(None)
+    with pytest.raises(FitcheckError, match="did you mean 'max_seq_length'"):
+        preflight(_llama().config, max_seq_lenght=131072)
+    with pytest.raises(FitcheckError, match="TrainingArguments"):
+        preflight(_llama().config, args={"per_device_train_batch_size": 2})
+    report = preflight(_llama().config, _args(tmp_path), max_seq_length=SEQ)
+    assert report.spec.hardware.device_type.value == "cpu"
+    assert report.spec.hardware.gpu_name is None
+    assert report.budget_bytes != 85027979264  # not the H100-80GB's total_memory

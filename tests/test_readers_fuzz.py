@@ -275,3 +275,42 @@ def test_fuzz_peft(raw: dict[str, object]) -> None:
     for fn in (lambda: lora_from_mapping(raw, source="a"), lambda: spec_from_values(raw, inventory=_TINY)):
         with contextlib.suppress(ConfigError, NotModelledError):
             fn()
+
+
+def test_hostile_inputs_under_a_memory_cap(tmp_path: Path) -> None:
+    """Issue 21: >= 250 hostile or mistaken inputs over every reader, flag and API entry point
+    (``tests/hostile_inputs.py``), run in a subprocess capped at 8 GB of address space with a time limit per case:
+    no traceback, no hang, no memory blow-up, nothing written outside the inputs, no code run."""
+    import json
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    work = tmp_path / "work"
+    work.mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    cap = 8 * 10**9  # torch + transformers map ~3 GB of address space; an alias bomb grew past 6 GB a minute
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    driver = Path(__file__).with_name("hostile_inputs.py")
+    env = {**os.environ, "HOME": str(home), "HF_HOME": str(home / "hf"), "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": str(Path(__file__).parent.parent)}
+    proc = subprocess.run([sys.executable, str(driver), str(work)], capture_output=True, text=True,
+                          timeout=3000, preexec_fn=limit, env=env, cwd=work)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [r for r in lines if "name" in r]
+    assert lines[-1] == {"written": []}  # no file written beside the inputs
+    assert len(rows) >= 250
+    bad = [r for r in rows if r["traceback"] or (r["outcome"] not in ("exit 0", "exit 1", "exit 2")
+           and not r["outcome"].startswith("refused"))]
+    assert not bad, bad[:10]
+    inputs_only = {p.name for p in work.iterdir()}
+    assert "pwned-by-fitcheck-input" not in inputs_only  # no YAML tag, shell value or remote code ran
+    written = [p for p in home.rglob("*") if p.is_file()]
+    assert not written, written[:5]  # nothing cached, logged or plotted anywhere
+    assert not (work / "missing").exists()

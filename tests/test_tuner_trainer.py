@@ -171,3 +171,16 @@ def test_two_ddp_ranks_with_different_budgets_agree(tmp_path: Path) -> None:
     micro, accum, _, same, initialised, world, kind = rows[0]
     assert micro * accum == 16 and same is True
     assert (initialised, world, kind) == (True, 2, "DistributedType.MULTI_CPU")
+
+
+def test_cpu_budget_is_honoured_without_a_simulated_allocator(tmp_path: Path) -> None:
+    """Issue 21: on the CPU nothing refuses an allocation, so ``gpu_memory`` was ignored (16 x 1 kept at a measured
+    33.8 MB with an 18 MiB budget). The measured live-tensor peak of each trial is now held against it."""
+    config = CONFIGS[0]  # full FT, 16 x 1
+    out = str(tmp_path)
+    budget, _ = scan(config, out)
+    trainer = build_trainer(config, out)
+    result = tune_micro_batch(trainer, gpu_memory=budget, device_type="cpu", max_seq_length=SEQ)
+    assert result.micro_batch < config.micro * config.accum
+    assert all(t.peak_bytes is not None and t.peak_bytes <= budget for t in result.trials if t.fits)
+    assert any(not t.fits for t in result.trials) or result.micro_batch == 1

@@ -107,6 +107,26 @@ def _batch_changes(spec: TrainingSpec, micro: int, gas: int) -> tuple[str, ...]:
     return tuple(words)
 
 
+def merge_flags(argv: Sequence[str]) -> tuple[str, ...]:
+    """Each flag once: a flag given again (two levers, or a lever and the batch plan, both setting
+    ``--gradient_accumulation_steps``) keeps its last value, as argparse would, at its first place.
+
+    A flag is a token starting with ``--``; the tokens after it up to the next flag are its values.
+    """
+    order: list[str] = []
+    values: dict[str, list[str]] = {}
+    current: str | None = None
+    for token in argv:
+        if token.startswith("--"):
+            current = token.split("=", 1)[0].replace("-", "_").lstrip("_")
+            if current not in values:
+                order.append(current)
+            values[current] = [token]
+        elif current is not None:
+            values[current].append(token)
+    return tuple(t for name in order for t in values[name])
+
+
 class _Evaluator:
     def __init__(self, spec: TrainingSpec, est: EstimateFn, margin: float, mfu: float | None) -> None:
         self.spec = spec
@@ -155,7 +175,7 @@ class _Evaluator:
         rel = relative_time_per_token(self.base_compute, self.compute(spec))
         return Suggestion(
             title=title[:1].upper() + title[1:],
-            argv=tuple(argv),
+            argv=merge_flags(argv),
             changes=tuple(changes),
             peak_allocated_bytes=report.peak_allocated_bytes,
             device_used_bytes=report.device_used_bytes,

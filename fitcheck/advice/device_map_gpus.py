@@ -9,8 +9,8 @@ parameter's device). Each GPU is its own caching allocator and CUDA context.
 
 So each GPU is estimated as its own run: the model restricted to the parameters placed on it (per-layer
 entries repeated once per layer it holds), the same batch, the logits only on the head's GPU. The busiest GPU
-(the largest share of its budget) decides the verdict. Budgets are ``--max_memory``'s per-GPU values when
-given (what the user reserved), else the GPU's memory.
+(the largest share of its budget) decides the verdict. Each GPU's budget is the card's memory, as for one GPU:
+``--max_memory`` bounds only where accelerate places the weights, not what the training step may use.
 """
 
 from __future__ import annotations

@@ -16,20 +16,24 @@ from fitcheck.catalog.envelope_cells import (
     envelope_ranges,
     parse_envelope_blocks,
 )
-from fitcheck.catalog.gpus import lookup_gpu, resolve_gpu
-from fitcheck.catalog.models import catalog_ids, find_catalog_config
+from fitcheck.catalog.gpus import GpuInfo, known_gpus, lookup_gpu, resolve_gpu, similar_gpus
+from fitcheck.catalog.models import catalog_ids, find_catalog_config, similar_catalog_ids
 
 __all__ = [
     "ENVELOPE_CELLS_FILE",
     "CellBlock",
     "EnvelopeKey",
+    "GpuInfo",
     "catalog_ids",
     "dump_envelope_blocks",
     "envelope_blocks",
     "envelope_cells",
     "envelope_ranges",
     "find_catalog_config",
+    "known_gpus",
     "lookup_gpu",
     "parse_envelope_blocks",
     "resolve_gpu",
+    "similar_catalog_ids",
+    "similar_gpus",
 ]

@@ -140,11 +140,22 @@ def lookup_gpu(name: str) -> GpuInfo:
         ConfigError: If the name is not in the table; the message lists the known names and suggests
             ``--gpu_memory``.
     """
-    info = _table()[1].get(_normalize(str(name)))
+    info = _table()[1].get(_normalize(str(name)[:200]))
     if info is None:
+        close = similar_gpus(str(name))
+        mean = f" Did you mean {' or '.join(close)}?" if close else ""
         raise ConfigError(
-            f"--gpu: unknown GPU {name!r}. Known GPUs: {', '.join(gpu_names())}. "
+            f"--gpu: unknown GPU {str(name)[:80]!r}.{mean} Known GPUs: {', '.join(gpu_names())}. "
             "For another GPU pass its memory instead, e.g. --gpu_memory 80GiB "
             "(torch.cuda.get_device_properties(0).total_memory on that machine)."
         )
     return info
+
+
+def similar_gpus(name: str, n: int = 3) -> list[str]:
+    """Table names close to a mistyped GPU name, best first (``difflib`` on the normalized spellings)."""
+    import difflib
+
+    index = _table()[1]
+    found = difflib.get_close_matches(_normalize(name[:200]), list(index), n=n * 3, cutoff=0.5)
+    return list(dict.fromkeys(index[k].name for k in found))[:n]

@@ -108,3 +108,20 @@ def find_catalog_config(model_id: str) -> tuple[dict[str, Any], str] | None:
     config = json.loads(folder.joinpath("config.json").read_text(encoding="utf-8"))
     source = _one_line_source(official, folder.joinpath("source.txt").read_text(encoding="utf-8"))
     return config, source
+
+
+def similar_catalog_ids(text: str, n: int = 3) -> list[str]:
+    """Catalog ids close to ``text`` (a mistyped id), best first (``difflib`` ratios, case-insensitive; the part
+    after the organisation is compared too, so ``llama-3.2-1b`` finds ``meta-llama/Llama-3.2-1B``)."""
+    import difflib
+
+    key = text.strip().lower()[:200]
+    short = key.split("/")[-1]
+
+    def score(model_id: str) -> float:
+        low = model_id.lower()
+        return max(difflib.SequenceMatcher(None, key, low).ratio(),
+                   difflib.SequenceMatcher(None, short, low.split("/")[-1]).ratio())
+
+    scored = sorted(((score(i), i) for i in catalog_ids()), key=lambda p: (-p[0], p[1]))
+    return [i for s, i in scored if s >= 0.6][:n]

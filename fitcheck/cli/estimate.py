@@ -22,6 +22,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from fitcheck.cli.help_text import plain
+from fitcheck.core.trainers import REFUSED
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
 from fitcheck.report import Report
@@ -44,15 +46,22 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     from fitcheck.readers import cli_flags
 
     for flag in cli_flags():
-        kwargs: dict[str, Any] = {"dest": flag.name, "default": argparse.SUPPRESS, "help": flag.help}
+        kwargs: dict[str, Any] = {"dest": flag.name, "default": argparse.SUPPRESS, "help": plain(flag.help)}
         if flag.kind == "bool":
             kwargs.update(nargs="?", const=True, metavar="true|false")
         elif flag.kind == "list":
             kwargs.update(nargs="+")
         if flag.choices:
             kwargs.update(choices=list(flag.choices))
+            shown = [c for c in flag.choices if c not in REFUSED]  # accepted only to be refused with the reason
+            if len(shown) < len(flag.choices):
+                kwargs.update(metavar="{" + ",".join(shown) + "}")
         parser.add_argument(*flag.spellings, **kwargs)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--brief", action="store_true",
+        help="print only the verdict, the peak, the headroom and the best fix (at most 8 lines)",
+    )
     parser.add_argument(
         "--trace",
         action="store_true",
@@ -66,8 +75,19 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="never trace: answer from the formulas (a not-pinned warning outside the checked envelope)",
     )
-    parser.add_argument("--mfu", type=float, default=None, help="assumed model FLOPs utilisation for timing")
+    parser.add_argument(
+        "--mfu", type=_mfu, default=None, metavar="FRACTION",
+        help="assumed model FLOPs utilisation for timing, a number in (0, 1] such as 0.4",
+    )
     parser.add_argument("--plot", default=None, metavar="FILE", help="also draw the memory plot (PNG or SVG)")
+
+
+def _mfu(text: str) -> float:
+    """``--mfu``: a fraction in (0, 1] (argparse reports the ValueError as a bad value for --mfu, exit 2)."""
+    value = float(text) if len(text) <= 32 else float("nan")
+    if not 0.0 < value <= 1.0:  # also false for nan
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1] such as 0.4, got {text[:32]!r}")
+    return value
 
 
 def register(subparsers: Any) -> None:
@@ -75,7 +95,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "estimate",
         help="estimate per-GPU peak memory of one training step",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_estimate_arguments(parser)
@@ -110,6 +130,10 @@ def spec_from_values(
     from fitcheck.readers import load_inventory, merge_sources, spec_from_settings
 
     values, framework = framework_values(values, os.getcwd(), framework_overrides)
+    from fitcheck.integrations import with_cpu_budget
+
+    values = dict(values)
+    cpu_note = with_cpu_budget(values)
     model = values.get("model_name_or_path")
     if not model:
         raise ConfigError(
@@ -141,18 +165,33 @@ def spec_from_values(
         hidden_size=inventory.shape.hidden_size,
         where_read=framework.where if framework is not None else None,
     )
+    settings = merged.settings
+    if cpu_note is None and settings.device_type.value == "cpu" and settings.gpu is None \
+            and settings.gpu_memory is None and settings.host_memory is None:  # CPU from a file (accelerate use_cpu)
+        from fitcheck.integrations import machine_ram_bytes
+
+        ram = machine_ram_bytes()
+        if ram is not None:
+            settings = dataclasses.replace(settings, host_memory=ram)
+            cpu_note = f"CPU run with no --host_memory: the budget is this machine's RAM, {ram / 2**30:.2f} GiB"
     spec, assumptions = spec_from_settings(
-        merged.settings, inventory=inventory, sharding=merged.sharding, findings=merged.findings
+        settings, inventory=inventory, sharding=merged.sharding, findings=merged.findings
     )
     if "adapter_config" in values:
         from fitcheck.readers import read_adapter_config
 
         spec = dataclasses.replace(spec, lora=read_adapter_config(str(values["adapter_config"])))
     spec = spec_for_task(spec)
+    from fitcheck.readers import TRL_FLAG_NAMES
+    from fitcheck.torch_adapters import check_trl_config
+
+    # TRL's own config class validates its fields (when TRL is installed)
+    check_trl_config(spec, {k: v for k, v in values.items() if k in TRL_FLAG_NAMES})
+    notes = (cpu_note,) if cpu_note else ()
     if framework is None:
-        return spec, assumptions
+        return spec, (*assumptions, *notes)
     spec = dataclasses.replace(spec, findings=(*spec.findings, *framework.findings))
-    return spec, (*assumptions, *framework.notes)
+    return spec, (*assumptions, *framework.notes, *notes)
 
 
 def framework_values(
@@ -235,7 +274,8 @@ def build_report(
         if note is not None:
             report = dataclasses.replace(report, findings=(*report.findings, note))
     report = dataclasses.replace(report, assumptions=(*report.assumptions, *assumptions))
-    extras = advice_extras(report, mfu=args.mfu, estimate_fn=path.following(report))
+    extras = advice_extras(report, mfu=args.mfu, estimate_fn=path.following(report),
+                           device_map=getattr(args, "device_map", None))
     if gpus:
         extras["device_map_gpus"] = [g.to_dict() for g in gpus]
     return report, extras
@@ -272,7 +312,11 @@ def _busiest_gpu_report(whole: Report, gpus: tuple[Any, ...]) -> Report:
 
 
 def advice_extras(
-    report: Report, *, mfu: float | None, estimate_fn: Callable[[TrainingSpec], Report] | None = None
+    report: Report,
+    *,
+    mfu: float | None,
+    estimate_fn: Callable[[TrainingSpec], Report] | None = None,
+    device_map: str | None = None,
 ) -> dict[str, object]:
     """``max_micro_batch``, ``suggestions`` and ``compute`` for the JSON and the table.
 
@@ -283,15 +327,33 @@ def advice_extras(
     from fitcheck.core import compute_estimate
 
     compute = compute_estimate(report.spec, mfu=mfu)
+    suggestions = advise(report.spec, report, estimate_fn=estimate_fn)
+    if device_map:
+        suggestions = tuple(s for s in suggestions if s.spec is None or not distributed_mode(s.spec))
     return {
         "max_micro_batch": max_micro_batch(report.spec, estimate_fn),
-        "suggestions": advise(report.spec, report, estimate_fn=estimate_fn),
+        "suggestions": suggestions,
         "compute": compute,
     }
 
 
+def distributed_mode(spec: TrainingSpec) -> bool:
+    """The run is in one of accelerate's distributed modes (DeepSpeed, FSDP, several processes).
+
+    A ``device_map`` model cannot be trained in any of them: accelerate 1.15 accelerator.py ``prepare_model``
+    raises "You can't train a model that has been loaded with `device_map='auto'` in any distributed mode", and
+    transformers 5.23 integrations/accelerate.py raises "DeepSpeed Zero-3 is not compatible with passing a
+    `device_map`". Such a suggestion is not printed for a device_map run.
+    """
+    from fitcheck.spec import Strategy
+
+    sharding = spec.sharding
+    return sharding.strategy in (Strategy.DEEPSPEED, Strategy.FSDP) or sharding.num_processes > 1
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run ``fitcheck estimate``; exit 0 fits, 1 does not fit (2 is raised as FitcheckError)."""
+    """Run ``fitcheck estimate``; exit 0 fits, 1 does not fit or an error finding stands, 2 a library refuses
+    the run (``Report.exit_code``; bad input is raised as FitcheckError, exit 2)."""
     from fitcheck.render import report_to_dict
 
     report, extras = build_report(args)
@@ -304,11 +366,16 @@ def run(args: argparse.Namespace) -> int:
         out.update(extras_to_json(extras))
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
+    elif getattr(args, "brief", False):
+        from fitcheck.render import brief_lines
+
+        lines = brief_lines(report, extras["suggestions"], extras["max_micro_batch"])  # type: ignore[arg-type]
+        sys.stdout.write("\n".join(lines) + "\n")
     else:
         from fitcheck.render import make_console, print_report
 
         print_report(report, make_console(), extra=extras_renderables(extras))
-    return 0 if report.fits else 1
+    return report.exit_code
 
 
 def extras_to_json(extras: Mapping[str, object]) -> dict[str, object]:

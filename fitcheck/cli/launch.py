@@ -21,9 +21,35 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fitcheck.errors import FitcheckError
+from fitcheck.cli.help_text import plain
+from fitcheck.errors import FitcheckError, bounded_message
 
 Launcher = Callable[[Sequence[str]], int]
+
+HELP = """usage: fitcheck launch [fitcheck options] [accelerate launch options] script.py [script arguments]
+
+Estimate the run an `accelerate launch` command starts (the script's TrainingArguments/TRL flags, accelerate's
+flags and config file, DeepSpeed/FSDP configs), print the report, then run the command untouched.
+fitcheck's options come first, before the training script: after it every token is the script's own.
+
+fitcheck options:
+  -h, --help                show this help and exit
+  --check-only              print the estimate and exit without launching (exit 0 fits, 1 does not fit or an
+                            error finding stands, 2 bad input or a run a library refuses)
+  --strict                  do not launch a run that does not fit or has an error finding (exit 1)
+  --json                    print the report as JSON
+  --gpu NAME                the GPU (e.g. H100-80GB, A100-40GB, RTX4090-24GB; `fitcheck gpus` lists them)
+  --gpu_memory SIZE         the per-GPU memory instead of a named GPU (e.g. 24GiB)
+  --host_memory SIZE        host RAM per machine, for CPU offload (e.g. 512GiB)
+  --model_name_or_path ID   the model, when the script's arguments do not name it
+  --max_seq_length N        the sequence length, when the script's arguments do not give it
+  --trainer sft|dpo|grpo|reward|kto
+                            which TRL trainer the script runs (default: read from the script)
+  --max_prompt_length N     the prompt length of a DPO/GRPO/KTO run (TRL 1.16 has no config field for it)
+
+Without --check-only the exit code is `accelerate launch`'s. A run a library refuses (an [error] finding such
+as quantized-full-finetune or device-map-distributed) is not launched (exit 2).
+Run `accelerate launch --help` for accelerate's own options."""
 
 
 def register(subparsers: Any) -> None:
@@ -31,7 +57,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "launch",
         help="estimate an `accelerate launch` command, then run it with its arguments untouched",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         add_help=False,
     )
@@ -82,7 +108,7 @@ def main(
 
     environ = dict(os.environ if env is None else env)
     if list(argv)[:1] in (["-h"], ["--help"]):
-        print(__doc__)
+        print(HELP)
         return 0
     from fitcheck.cli.launch_frameworks import split_framework_argv
 
@@ -99,13 +125,17 @@ def main(
 
         report = al.launch_report(plan, environ, TrlLaunchHook())
     except FitcheckError as exc:
-        print(f"fitcheck: error: {exc}", file=sys.stderr)
+        print(f"fitcheck: error: {bounded_message(str(exc))}", file=sys.stderr)
         return 2
     _print(report, plan.json)
-    fails = not report.fits or bool(report.errors)
     if plan.check_only:
-        return 0 if report.fits else 1  # the exit codes of `fitcheck estimate`
-    if plan.strict and fails:
+        checked: int = report.exit_code  # the exit codes of `fitcheck estimate`
+        return checked
+    if report.refused:
+        print("fitcheck: not launching a run that a library refuses (see the [error] findings above)",
+              file=sys.stderr)
+        return 2
+    if plan.strict and report.exit_code:
         print("fitcheck: --strict: not launching a run that will not fit (see the report above)", file=sys.stderr)
         return 1
     cmd = al.accelerate_command(plan.accelerate_argv, environ)

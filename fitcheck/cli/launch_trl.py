@@ -20,6 +20,7 @@ config field for (GRPO's prompt, DPO's prompt/completion split) come from ``fitc
 from __future__ import annotations
 
 import io
+import os
 import re
 from collections.abc import Mapping, Sequence
 from contextlib import redirect_stderr
@@ -30,6 +31,7 @@ from fitcheck.errors import ConfigError
 from fitcheck.readers import TRL_FLAG_NAMES
 from fitcheck.spec import TrainerKind
 
+_MAX_SCRIPT_CHARS = 4 * 1024 * 1024  # a training script is read for its TRL config names; no script is larger
 # TRL configs of trainers fitcheck does not model (trl 1.16 trl/__init__.py and trl/experimental)
 _EVAL_FLAGS = ("per_device_eval_batch_size", "eval_accumulation_steps", "prediction_loss_only")
 _NOT_MODELLED = ("ORPOConfig", "CPOConfig", "PPOConfig", "RLOOConfig", "OnlineDPOConfig", "GKDConfig",
@@ -47,9 +49,11 @@ def detect_trainer(script: str, forced: object | None) -> TrainerKind | None:
         except ValueError:
             raise ConfigError(f"fitcheck launch --trainer {forced}: expected one of "
                               + ", ".join(k.value for k in TrainerKind)) from None
+    if not os.path.isfile(script):  # a FIFO, a device, a module path: never opened (a FIFO blocks on open)
+        return None
     try:
         with open(script, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+            text = f.read(_MAX_SCRIPT_CHARS)
     except OSError:
         return None  # not readable here (a module path, a remote file): a plain TrainingArguments script
     found = sorted(name for name in CONFIG_CLASSES if re.search(rf"\b{name}\b", text))
@@ -107,13 +111,9 @@ def parse_trl_flags(kind: TrainerKind, argv: Sequence[str]) -> dict[str, object]
 
 
 def _yaml(path: str) -> dict[str, Any]:
-    import yaml
+    from fitcheck.readers import read_text_file, safe_yaml_load
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--config {path}: {exc}") from None
+    data = safe_yaml_load(read_text_file(path, what="--config"), source=path, what="--config")
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: must contain a YAML mapping (TrlParser)")
     return data

@@ -1,22 +1,27 @@
 """``fitcheck`` command line: argparse subcommands, one module each (``register`` + ``run``).
 
-Exit codes: 0 the run fits, 1 it does not fit, 2 bad input (a message on stderr, never a traceback).
+Exit codes: 0 the run fits, 1 it does not fit (or an error finding stands), 2 bad input or a run a library
+refuses (a message on stderr, never a traceback). Any exception that escapes a subcommand is caught here as a
+last resort and answered with exit 2 and a bounded message: exit 1 keeps meaning "does not fit".
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 
-from fitcheck.errors import FitcheckError
+from fitcheck.errors import FitcheckError, bounded_message
 
 
 def _subcommands() -> list[ModuleType]:
-    from fitcheck.cli import estimate, launch, plot
+    from fitcheck.cli import catalog, estimate, launch, plot
 
-    return [estimate, launch, plot]
+    return [estimate, launch, plot, catalog]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fitcheck",
         description="Will this training run fit on these GPUs, and if not, what should I change?",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{estimate,launch,plot}")
+    sub = parser.add_subparsers(dest="command", metavar="{estimate,launch,plot,models,gpus}")
     sub.required = True
     for module in _subcommands():
         module.register(sub)
@@ -42,6 +47,63 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code.
     """
     args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        with quiet_third_parties():
+            return _dispatch(args_list)
+    except FitcheckError as exc:
+        print(f"fitcheck: error: {bounded_message(str(exc))}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader of stdout went away (`fitcheck ... | head`): no message, no traceback
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
+    except KeyboardInterrupt:
+        print("fitcheck: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        return last_resort(exc)
+
+
+# Loggers of libraries fitcheck runs (tracing, meta-device builds) that print to stderr on their own: the report
+# says what matters. bitsandbytes 0.50 backends/cpu/ops.py warns "Failed to load CPU gemm_4bit_forward from
+# kernels-community" on import on CPUs with AVX512-BF16; transformers/peft/accelerate log load-time notes.
+_QUIET_LOGGERS = ("bitsandbytes", "transformers", "peft", "accelerate", "torch", "trl", "deepspeed", "datasets")
+
+
+@contextlib.contextmanager
+def quiet_third_parties() -> Iterator[None]:
+    """Silence other libraries' warnings and log records below ERROR for one CLI run (restored afterwards)."""
+    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peft RuntimeWarnings, torch UserWarnings, transformers FutureWarnings
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
+
+
+def _silence_stdout() -> None:
+    import os
+
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def last_resort(exc: BaseException) -> int:
+    """Answer an exception nothing else caught: exit 2 with a bounded one-line message, never a traceback."""
+    text = bounded_message(f"{type(exc).__name__}: {exc}", 500)
+    print(
+        f"fitcheck: error: unexpected failure on this input ({text}). Check the flags and files given; if they "
+        "are right, please report this with the command line",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def _dispatch(args_list: list[str]) -> int:
     if args_list and args_list[0] == "launch":
         # launch passes everything after its own flags through to accelerate untouched.
         from fitcheck.cli import launch
@@ -52,11 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(args_list)
     except SystemExit as exc:  # argparse: bad flags -> exit 2 (its own message already printed)
         return 2 if exc.code not in (0, None) else 0
-    try:
-        code: int = args.func(args)
-    except FitcheckError as exc:
-        print(f"fitcheck: error: {exc}", file=sys.stderr)
-        return 2
+    code: int = args.func(args)
     return code
 
 

@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import Any
 
+from fitcheck.cli.help_text import plain
+
 
 def register(subparsers: Any) -> None:
     """Register ``fitcheck plot``."""
@@ -19,7 +21,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "plot",
         help="draw peak memory vs micro-batch and sequence length, and what fills it (PNG or SVG)",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_estimate_arguments(parser)
@@ -37,4 +39,4 @@ def run(args: argparse.Namespace) -> int:
     path = plot_report(report, args.output, max_fit=max_fit if isinstance(max_fit, int) else None)
     verdict = "fits" if report.fits else "does not fit"
     sys.stdout.write(f"wrote {path} ({verdict}; curves from the formula estimate)\n")
-    return 0 if report.fits else 1
+    return report.exit_code

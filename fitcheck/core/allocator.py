@@ -151,8 +151,8 @@ def allocator_findings(spec: TrainingSpec, gap_fraction: float | None = None) ->
         Finding(
             "alloc-fragmentation",
             Severity.INFO,
-            f"{', '.join(reasons)} make many differently sized allocations; the caching allocator's reserved "
-            f"memory is modelled at allocated + {rule}",
+            f"{', '.join(reasons)} {'make' if len(reasons) > 1 else 'makes'} many differently sized allocations; "
+            f"the caching allocator's reserved memory is modelled at allocated + {rule}",
             "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment before Python imports "
             "torch (in the launch command, not in the script after `import torch`) to shrink that gap",
         ),

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from fitcheck.core.parallelism import parallel_comm_bytes, rank_local_spec
-from fitcheck.spec import Dtype, MixedPrecision, OffloadDevice, Role, Strategy, TrainingSpec
+from fitcheck.spec import DeviceType, Dtype, MixedPrecision, OffloadDevice, Role, Strategy, TrainingSpec
 
 # torchtitan benchmarks/llama3_h100_202412_torchtitan.md: "1D Llama 3.1 8B model training on 8 or 128 H100
 # GPUs without Float8 achieves 33% to 39% MFU (with or without torch.compile)". 0.33 = the eager figure,
@@ -345,6 +345,8 @@ def compute_estimate(
     if a.peak_tflops is None and _compute_is_fp32(spec):
         peak = None
         notes.append("fp32 matmuls without autocast: the GPU table has no fp32 peak; no time estimate")
+    elif peak is None and spec.hardware.device_type is DeviceType.CPU:
+        notes.append("CPU run: fitcheck has no CPU peak TFLOP/s table: no time estimate")
     elif peak is None:
         notes.append("GPU peak TFLOP/s unknown (memory given without a GPU name): no time estimate")
     compute_seconds = step_seconds = tokens_per_second = None

@@ -31,8 +31,8 @@ from fitcheck.core.states import (
 from fitcheck.core.step import collect_components, peak_phase, transient_bytes_at
 from fitcheck.core.trainers import evaluation_findings
 from fitcheck.findings import Finding, Severity
-from fitcheck.report import Component, Location, Phase, Report
-from fitcheck.spec import TrainingSpec
+from fitcheck.report import Component, Location, Phase, Report, phase_phrase
+from fitcheck.spec import DeviceType, TrainingSpec
 from fitcheck.units import format_bytes
 
 # Warnings the formulas raise about themselves (activations/recipe_gaps.py, activations/backward.py)
@@ -53,7 +53,12 @@ def _verdict(
     host: int,
 ) -> list[Finding]:
     out: list[Finding] = []
-    where = spec.hardware.gpu_name or format_bytes(budget)
+    cpu = spec.hardware.device_type is DeviceType.CPU
+    name = spec.hardware.gpu_name
+    where = name or ("the CPU run" if cpu else "the GPU")
+    on = f" on {name}" if name else (" of RAM (CPU run)" if cpu else " (--gpu_memory)")
+    per = "per process" if cpu else "per GPU"
+    when = phase_phrase(phase)
     alive = sorted(
         ((c.at(phase), c.name) for c in components if c.location is Location.DEVICE and c.at(phase)),
         reverse=True,
@@ -64,8 +69,8 @@ def _verdict(
             Finding(
                 "does-not-fit",
                 Severity.ERROR,
-                f"needs {format_bytes(device_used)} per GPU but {where} has {format_bytes(budget)} "
-                f"(short by {format_bytes(device_used - budget)}); the peak is at the {phase.value}, "
+                f"needs {format_bytes(device_used)} {per} but {where} has {format_bytes(budget)} "
+                f"(short by {format_bytes(device_used - budget)}); the peak is {when}, "
                 f"largest then: {top}",
                 "see the suggestions, or try a smaller --per_device_train_batch_size with a larger "
                 "--gradient_accumulation_steps, --gradient_checkpointing, LoRA/QLoRA, or ZeRO/FSDP sharding",
@@ -76,8 +81,8 @@ def _verdict(
             Finding(
                 "fits",
                 Severity.INFO,
-                f"{format_bytes(device_used)} of {format_bytes(budget)} on {where} "
-                f"({format_bytes(budget - device_used)} free); the peak is at the {phase.value}, "
+                f"{format_bytes(device_used)} of {format_bytes(budget)}{on} "
+                f"({format_bytes(budget - device_used)} free); the peak is {when}, "
                 f"largest then: {top}",
             )
         )
@@ -93,6 +98,24 @@ def _verdict(
             )
         )
     return out
+
+
+def _context_findings(spec: TrainingSpec) -> list[Finding]:
+    """A sequence longer than the context the config declares (``max_position_embeddings``)."""
+    declared = spec.model.shape.max_position_embeddings
+    seq = spec.batch.seq_len
+    if declared <= 0 or seq <= declared:
+        return []
+    return [
+        Finding(
+            "seq-beyond-context",
+            Severity.WARNING,
+            f"--max_seq_length {seq} is longer than the {declared} positions config.json declares "
+            "(max_position_embeddings): a model with learned position embeddings (GPT-2, BERT, OPT) raises an "
+            "index error, a RoPE model runs but was not trained at this length",
+            f"use --max_seq_length {declared} or less, or a model (or RoPE scaling) made for {seq} tokens",
+        )
+    ]
 
 
 def estimate(
@@ -151,6 +174,7 @@ def estimate(
         *versions_findings(spec),  # library versions vs the modelled ones (activations/versions.py)
         *evaluation_findings(spec, totals),
         *parallel_findings(spec, traced=parallel and activations is not None),
+        *_context_findings(spec),
         *_verdict(spec, components, phase, device_used, budget, host),
     ]
     if activations is not None:  # traced: the formulas' own "not pinned" warnings do not apply to this number

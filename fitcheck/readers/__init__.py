@@ -33,6 +33,7 @@ from fitcheck.readers.peft_config import read_adapter_config
 from fitcheck.readers.run_args import spec_from_settings, spec_from_values
 from fitcheck.readers.run_settings import CliFlag, RunSettings, cli_flags
 from fitcheck.readers.settings_table import SETTINGS, canonical_key
+from fitcheck.readers.sources import read_text_file, safe_json_load, safe_yaml_load
 from fitcheck.readers.task_heads import (
     TASKS,
     classifier_inventory,
@@ -77,10 +78,13 @@ __all__ = [
     "read_llamafactory",
     "read_parallelism",
     "read_script_argv",
+    "read_text_file",
     "read_training_args_object",
     "resolve_deepspeed",
     "resolve_freeze",
     "resolve_image_tokens",
+    "safe_json_load",
+    "safe_yaml_load",
     "spec_for_task",
     "spec_from_settings",
     "spec_from_values",

@@ -58,6 +58,7 @@ def deepspeed_raw(
     }
     if raw is None and not overrides:
         return None, ""
+    from_file = raw is not None
     if raw is None:
         raw, source = accelerate_deepspeed_config(), "command line"
     raw = dict(raw)
@@ -73,7 +74,7 @@ def deepspeed_raw(
             section["device"] = device
             section.setdefault("nvme_path", "/local_nvme" if device == "nvme" else None)
             zero[key] = section
-    if overrides:
+    if overrides and from_file:  # nothing is overridden when the flags are the only DeepSpeed source
         findings.append(
             Finding(
                 "cli-override",

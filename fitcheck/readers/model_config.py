@@ -18,14 +18,14 @@ comes in as an explicit mapping.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
 from fitcheck.catalog import find_catalog_config
-from fitcheck.errors import ConfigError, UnsupportedModelError
+from fitcheck.errors import ConfigError, UnsupportedModelError, short_repr
 from fitcheck.families import family_inventory, supported_families
+from fitcheck.readers.sources import read_text_file, safe_json_load
 from fitcheck.readers.task_heads import (
     CLASSIFIER_TASKS,
     classifier_inventory,
@@ -90,12 +90,8 @@ def read_config_file(path: Path) -> dict[str, object]:
     Raises:
         ConfigError: The file cannot be read or is not a JSON object with a ``model_type``.
     """
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the model config ({exc.strerror or exc})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc}); pass the model's config.json") from None
+    text = read_text_file(path, what="model config")
+    data = safe_json_load(text, source=str(path), what="model config (pass the model's config.json)")
     if not isinstance(data, dict):
         raise ConfigError(
             f"{path}: expected a JSON object (a model's config.json), got {type(data).__name__}"
@@ -137,8 +133,13 @@ def resolve_config(model_name_or_path: str, env: Mapping[str, str]) -> tuple[dic
     if found is not None:
         config, source = found
         return config, source, ""
+    from fitcheck.catalog import similar_catalog_ids
+
+    close = similar_catalog_ids(text)
+    mean = f" Did you mean {' or '.join(close)}?" if close else ""
     raise UnsupportedModelError(
-        f"model {text!r} is not a local directory or file, not in the Hugging Face cache "
+        f"model {short_repr(text)} was not found.{mean} It is not a local directory or file, not in the "
+        "Hugging Face cache "
         f"({hf_hub_cache(env)}) and not in fitcheck's built-in catalog "
         "(`fitcheck.catalog.models.catalog_ids()` lists it). " + _PASS_CONFIG_HINT
     )
@@ -179,6 +180,43 @@ def inventory_from_config(config: Mapping[str, object], model_id: str, source: s
             f"(known: {', '.join(supported_families())}); it needs torch + transformers (meta device)"
         )
     return _inventory(config, model_id, source, family)
+
+
+# Keys of config.json that are sizes of the model (transformers' config classes and the GPT-2/Falcon/BLOOM
+# spellings): a value must be a positive integer, or transformers builds no model (torch.empty refuses a
+# negative size; a zero head count divides by zero in the attention classes).
+_DIMENSION_KEYS = (
+    "hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_layer", "num_layers", "num_attention_heads",
+    "n_head", "num_key_value_heads", "intermediate_size", "vocab_size", "moe_intermediate_size",
+)
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+# The most layers fitcheck reads. The deepest published decoders have about 126 (Llama-3.1-405B: 126,
+# catalog/models); the estimate does per-layer work, so 10^6 layers would take minutes for no real model.
+MAX_LAYERS = 10_000
+
+
+def check_dimensions(config: Mapping[str, object], label: str) -> None:
+    """Refuse a config.json whose sizes no model can have (zero or negative, or more than MAX_LAYERS layers),
+    in the top level and in ``text_config`` / ``vision_config``.
+
+    Raises:
+        ConfigError: Naming the file, the key and the value.
+    """
+    for section in ("", "text_config", "vision_config"):
+        cfg = config.get(section) if section else config
+        if not isinstance(cfg, Mapping):
+            continue
+        for key in _DIMENSION_KEYS:
+            value = cfg.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue  # absent, null or a wrong type (the family reader names the wrong type)
+            name = f"{section}.{key}" if section else key
+            if value <= 0:
+                raise ConfigError(f"{label}: key {name!r} must be a positive integer, got {value!r}; "
+                                  "copy the model's config.json from its Hub repo")
+            if key in _LAYER_KEYS and value > MAX_LAYERS:
+                raise ConfigError(f"{label}: key {name!r} is {value:,}: more than {MAX_LAYERS:,} layers is no "
+                                  "published model; check the value")
 
 
 class MetaFallback(Protocol):
@@ -226,11 +264,14 @@ def load_inventory(
     labels = resolve_num_labels(config, num_labels) if resolved in CLASSIFIER_TASKS else 0
     config = task_config(config, resolved, labels)
     model_type = config.get("model_type")
+    check_dimensions(config, label)
     pure = resolved in ("causal-lm", "masked-lm") or pure_task_supported(str(model_type), resolved)
     try:
         family = family_inventory(config) if pure else None
     except ConfigError as exc:
         raise ConfigError.collect([f"{label}: {p}" for p in exc.problems]) from None
+    except ValueError as exc:  # a shape the spec refuses (spec/model.py ModelShape, ParamEntry)
+        raise ConfigError(f"{label}: {exc}; this config.json describes no model transformers can build") from None
     if family is not None:
         inv = _inventory(config, model_name_or_path, source, family)
         return classifier_inventory(inv, resolved, labels) if resolved in CLASSIFIER_TASKS else inv

@@ -23,19 +23,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 
-from fitcheck.errors import ConfigError
+from fitcheck.errors import ConfigError, short_repr
 from fitcheck.findings import Finding
 from fitcheck.readers.checkpoint_dtype import missing_dtype_finding
 from fitcheck.readers.families_legacy import inventory_for_stack
 from fitcheck.readers.parallelism import check_layout
 from fitcheck.readers.run_settings import DEFAULT_GPU, DEFAULTS, RunSettings
-from fitcheck.readers.settings_table import canonical_key
+from fitcheck.readers.settings_table import SETTINGS, canonical_key
 from fitcheck.readers.trl_settings import sequence_length, trainer_spec, trl_default_layer
 from fitcheck.readers.versions import stack_from_values
 from fitcheck.spec import (
     DEFAULT_OPTIMIZER,
     ActivationSpec,
     BatchSpec,
+    DeviceType,
     Dtype,
     FreezeSpec,
     HardwareSpec,
@@ -169,6 +170,20 @@ def _hardware(s: RunSettings) -> tuple[HardwareSpec, list[str]]:
 
     notes: list[str] = []
     info = None
+    if s.device_type is DeviceType.CPU and s.gpu is None:
+        # A CPU run (--device_type cpu, TrainingArguments use_cpu): no GPU; its budget is the RAM given
+        # (--gpu_memory, else --host_memory). An H100's memory would be another machine's answer.
+        memory = s.gpu_memory if s.gpu_memory is not None else s.host_memory
+        if memory is None:  # the command line and the integrations pass this machine's RAM; a library caller may not
+            memory = lookup_gpu(DEFAULT_GPU).memory_bytes
+            notes.append(f"CPU run given no memory: budget {memory / 2**30:.2f} GiB assumed; pass --host_memory")
+        else:
+            notes.append(
+                f"CPU run: the budget is {'--gpu_memory' if s.gpu_memory is not None else '--host_memory'}")
+        hw = HardwareSpec(gpu_name=None, gpu_memory_bytes=memory, device_type=s.device_type,
+                          host_memory_bytes=s.host_memory, peak_tflops_bf16=None,
+                          expandable_segments=s.expandable_segments)
+        return hw, notes
     if s.gpu is not None:
         info, assumed = resolve_gpu(s.gpu)
         if assumed:
@@ -305,6 +320,15 @@ def spec_from_values(
     Raises:
         ConfigError: A value cannot be read; the message names where it came from and the fix.
     """
+    unknown = [k for k in values if canonical_key(str(k)) not in SETTINGS]
+    if unknown:  # a misspelt name would be passed over and its default estimated
+        import difflib
+
+        hints = [f"{short_repr(k)}" + "".join(f" (did you mean {c!r}?)" for c in
+                                              difflib.get_close_matches(str(k), sorted(SETTINGS), n=1))
+                 for k in unknown[:5]]
+        raise ConfigError("unknown setting " + ", ".join(hints) + "; names are `fitcheck estimate` flags, "
+                          "TrainingArguments or TRL fields (fitcheck.readers.SETTINGS)")
     layered = {canonical_key(k): v for k, v in values.items() if v is not None}
     prov = dict(provenance or {})
     trl = trl_default_layer(layered)  # the trainer's TRL config defaults for absent settings

@@ -433,7 +433,9 @@ def convert(kind: Kind, value: object, at: str) -> object:
     if kind is Kind.MAPPING:
         return as_mapping(value, at=at)
     if kind is Kind.BYTES:
-        return value if isinstance(value, int) and not isinstance(value, bool) else parse_bytes(str(value), what=at)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        return parse_bytes(value if isinstance(value, (int, float)) else str(value), what=at)
     return value
 
 

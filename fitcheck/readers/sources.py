@@ -15,7 +15,16 @@ from pathlib import Path
 
 import yaml
 
-from fitcheck.errors import ConfigError
+from fitcheck.errors import ConfigError, short_repr
+
+# Bounds on what a reader reads. A config file (config.json, TrainingArguments, DeepSpeed, accelerate, TRL YAML)
+# is a few kB; 16 MiB leaves room for any real one. A YAML document may share nodes through anchors and aliases:
+# a 200-byte "billion laughs" document expands to ~10^9 values when walked (repr, str, deepcopy, json.dumps), so
+# a document whose expansion exceeds MAX_YAML_VALUES is refused before it is built. Nesting deeper than
+# MAX_NESTING is refused too (json/yaml recurse per level).
+MAX_FILE_BYTES = 16 * 1024 * 1024
+MAX_YAML_VALUES = 100_000
+MAX_NESTING = 200
 
 
 class Auto(Enum):
@@ -65,14 +74,98 @@ def load_mapping_file(path: str, *, what: str) -> dict[str, object]:
     Raises:
         ConfigError: If the file is missing, unreadable, malformed, or not a mapping.
     """
+    text = read_text_file(path, what=what)
+    return parse_mapping_text(text, source=path, what=what, prefer_json=Path(path).suffix.lower() == ".json")
+
+
+def read_text_file(path: str | Path, *, what: str, limit: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most ``limit`` bytes.
+
+    A FIFO, a device or a directory is refused without opening it (opening a FIFO blocks until a writer comes).
+
+    Raises:
+        ConfigError: Missing, not a regular file, too large, or unreadable.
+    """
     p = Path(path)
+    shown = short_repr(str(path))
     if not p.is_file():
-        raise ConfigError(f"{what}: file {path!r} does not exist; check the path")
+        kind = "is not a regular file" if p.exists() else "does not exist"
+        raise ConfigError(f"{what}: {shown} {kind}; check the path")
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{what}: cannot read {path!r} ({exc}); pass a readable UTF-8 text file") from None
-    return parse_mapping_text(text, source=path, what=what, prefer_json=p.suffix.lower() == ".json")
+        with p.open("rb") as fh:
+            raw = fh.read(limit + 1)
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {shown} ({exc.strerror or exc}); pass a readable file") from None
+    if len(raw) > limit:
+        raise ConfigError(f"{what}: {shown} is larger than {limit // 2**20} MiB; this is not a config file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what}: {shown} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def safe_yaml_load(text: str, *, source: str, what: str) -> object:
+    """``yaml.safe_load`` that refuses alias expansion beyond :data:`MAX_YAML_VALUES` values and nesting deeper
+    than :data:`MAX_NESTING` (checked on the composed node graph, before any Python object is built).
+
+    Raises:
+        ConfigError: Malformed YAML, an alias bomb, or too deep.
+    """
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{what}: {source} is not valid YAML ({short_repr(first)}); fix the syntax") from None
+    if node is None:
+        return None
+    _check_yaml_size(node, source=source, what=what)
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_document(node)
+    except (yaml.YAMLError, RecursionError, ValueError, TypeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{what}: {source} is not valid YAML ({short_repr(first)}); fix the syntax") from None
+    finally:
+        loader.dispose()
+
+
+def _check_yaml_size(root: yaml.Node, *, source: str, what: str) -> None:
+    """Count the values the document expands to (aliases counted at every use) without recursion."""
+    expanded: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    on_path: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            kids = _children(node)
+            expanded[key] = 1 + sum(expanded[id(k)] for k in kids)
+            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
+            if expanded[key] > MAX_YAML_VALUES:
+                raise ConfigError(
+                    f"{what}: {source} expands to more than {MAX_YAML_VALUES:,} values through YAML anchors and "
+                    "aliases (&name / *name); write the values out, or drop the aliases"
+                )
+            if depth[key] > MAX_NESTING:
+                raise ConfigError(f"{what}: {source} nests deeper than {MAX_NESTING} levels; this is no config")
+            continue
+        if key in expanded:
+            continue
+        if key in on_path:
+            raise ConfigError(f"{what}: {source} has a recursive YAML alias; write the values out")
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in _children(node) if id(k) not in expanded)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def parse_mapping_text(text: str, *, source: str, what: str, prefer_json: bool) -> dict[str, object]:
@@ -92,16 +185,9 @@ def parse_mapping_text(text: str, *, source: str, what: str, prefer_json: bool) 
     """
     data: object
     if prefer_json:
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise ConfigError(f"{what}: {source} is not valid JSON ({exc}); fix the syntax") from None
+        data = safe_json_load(text, source=source, what=what)
     else:
-        try:
-            data = yaml.safe_load(text)
-        except (yaml.YAMLError, RecursionError, ValueError) as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ConfigError(f"{what}: {source} is not valid YAML ({first}); fix the syntax") from None
+        data = safe_yaml_load(text, source=source, what=what)
     if not isinstance(data, dict):
         raise ConfigError(
             f"{what}: {source} must contain a mapping of keys to values at the top level, "
@@ -109,8 +195,46 @@ def parse_mapping_text(text: str, *, source: str, what: str, prefer_json: bool) 
         )
     bad = [k for k in data if not isinstance(k, str)]
     if bad:
-        raise ConfigError(f"{what}: {source} has non-string keys {bad[:3]!r}; quote them")
+        raise ConfigError(f"{what}: {source} has non-string keys {short_repr(bad[:3])}; quote them")
     return {str(k): v for k, v in data.items()}
+
+
+def safe_json_load(text: str, *, source: str, what: str) -> object:
+    """``json.loads`` that refuses nesting deeper than :data:`MAX_NESTING` (json recurses per level: a
+    200k-deep document would raise RecursionError, or exhaust the C stack) and non-finite or oversized numbers.
+
+    Raises:
+        ConfigError: Malformed JSON or nested too deep.
+    """
+    if _max_bracket_depth(text) > MAX_NESTING:
+        raise ConfigError(f"{what}: {source} nests deeper than {MAX_NESTING} levels; this is no config")
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError, ValueError) as exc:
+        raise ConfigError(f"{what}: {source} is not valid JSON ({short_repr(str(exc))}); fix the syntax") from None
+
+
+def _max_bracket_depth(text: str) -> int:
+    """An upper bound of a JSON document's nesting (brackets inside strings counted too: conservative only
+    for documents with thousands of brackets in strings)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 def as_bool(value: object, *, at: str) -> bool:

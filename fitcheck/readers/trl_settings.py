@@ -31,10 +31,11 @@ describes the data: every prompt/completion is that long (the worst case).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 from fitcheck.core.trainers import REFUSED, ReferenceRule, TrainerRow, trainer_row
-from fitcheck.errors import ConfigError
+from fitcheck.errors import ConfigError, short_repr
 from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec, VllmMode
 
 if TYPE_CHECKING:  # run_settings imports the settings table, which imports nothing from here
@@ -99,10 +100,25 @@ def trl_default_layer(values: Mapping[str, object]) -> dict[str, tuple[object, s
     return out
 
 
+# Counts a run cannot have zero of (TRL 1.16 GRPOConfig accepts steps_per_generation=0 and then samples nothing;
+# num_generations=0 divides by zero in GRPOConfig.__post_init__)
+_COUNTS = ("num_generations", "generation_batch_size", "steps_per_generation")
+# The loss types TRL 1.16's DPOTrainer computes (trl/trainer/dpo_trainer.py _compute_loss: one branch each; any
+# other name raises "Unknown loss type" at the first step; DPOConfig itself accepts any string)
+DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
+                  "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm")
+
+
 def _nonneg(s: RunSettings, name: str) -> None:
     value = getattr(s, name)
-    if value is not None and value < 0:
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{s.where(name)}: must be a finite number, got {value!r}")
+    if value < 0:
         raise ConfigError(f"{s.where(name)}: must not be negative, got {value!r}")
+    if name in _COUNTS and s.given(name) and value < 1:
+        raise ConfigError(f"{s.where(name)}: must be at least 1, got {value!r}")
 
 
 def sequence_length(s: RunSettings) -> int:
@@ -208,6 +224,10 @@ def _kind_spec(s: RunSettings, spec: TrainingSpec, row: TrainerRow, notes: list[
         completion = max(0, seq - prompt) if given_completion is None else given_completion
         total = min(seq, prompt + completion)  # DPOConfig.max_length truncates prompt + completion
         completion = max(0, total - prompt)
+        unknown = [x for x in (s.loss_type or ()) if x not in DPO_LOSS_TYPES]
+        if kind is TrainerKind.DPO and unknown:
+            raise ConfigError(f"--loss_type {short_repr(unknown[0])}: TRL 1.16's DPOTrainer computes "
+                              f"{', '.join(DPO_LOSS_TYPES)} (any other raises at the first step)")
         if kind is TrainerKind.KTO and (s.rpo_alpha is not None or s.given("loss_type")):
             raise ConfigError("--rpo_alpha / --loss_type are DPO fields; KTO's loss types (kto, apo_zero_unpaired) "
                               "allocate the same step here: drop the flag")

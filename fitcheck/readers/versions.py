@@ -12,12 +12,15 @@ import re
 from collections.abc import Callable, Mapping
 from importlib import metadata
 
-from fitcheck.errors import ConfigError
+from fitcheck.errors import ConfigError, short_repr
 from fitcheck.spec import MODELLED_VERSIONS, StackSpec
 
 # Distribution names whose version changes what a training step allocates.
 PACKAGES: tuple[str, ...] = tuple(MODELLED_VERSIONS)
-_VERSION = re.compile(r"^\d+(\.\d+){0,3}([.+-]?[0-9A-Za-z.+-]*)?$")
+_VERSION = re.compile(r"^\d{1,6}(\.\d{1,6}){0,3}([.+-]?[0-9A-Za-z.+-]{0,40})?$")
+# The longest --stack value read (characters): a few packages with their versions; a longer one is refused
+# before it is split or matched.
+MAX_STACK_CHARS = 1000
 
 
 def _metadata_version(name: str) -> str | None:
@@ -49,19 +52,29 @@ def parse_stack(text: str, *, where: str = "--stack") -> StackSpec:
         ConfigError: An entry is not ``NAME=VERSION``, names a package fitcheck does not know, or repeats one.
     """
     versions: dict[str, str] = {}
-    for item in (part.strip() for part in str(text).split(",")):
+    text = str(text)
+    if len(text) > MAX_STACK_CHARS:
+        raise ConfigError(
+            f"{where}: {len(text):,} characters is too long for NAME=VERSION pairs; "
+            "e.g. --stack transformers=4.46,peft=0.13"
+        )
+    for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
         name, sep, version = item.partition("=")
         name, version = name.strip().lower(), version.strip()
         if not sep or not name or not version:
-            raise ConfigError(f"{where}: {item!r} is not NAME=VERSION; e.g. --stack transformers=4.46,peft=0.13")
+            raise ConfigError(
+                f"{where}: {short_repr(item)} is not NAME=VERSION; e.g. --stack transformers=4.46,peft=0.13"
+            )
         if name not in PACKAGES:
-            raise ConfigError(f"{where}: unknown package {name!r}; known: {', '.join(PACKAGES)}")
+            raise ConfigError(f"{where}: unknown package {short_repr(name)}; known: {', '.join(PACKAGES)}")
         if name in versions:
             raise ConfigError(f"{where}: {name} is given twice")
         if not _VERSION.match(version):
-            raise ConfigError(f"{where}: {name}={version!r} is not a version number (e.g. 4.46 or 4.46.3)")
+            raise ConfigError(
+                f"{where}: {name}={short_repr(version)} is not a version number (e.g. 4.46 or 4.46.3)"
+            )
         versions[name] = version
     if not versions:
         raise ConfigError(f"{where}: empty; e.g. --stack transformers=4.46,peft=0.13")

@@ -78,6 +78,8 @@ def plot_report(
     out = Path(path)
     if out.suffix.lower() not in _FORMATS:
         raise ConfigError(f"--output {out}: write .png or .svg, e.g. --output memory.png")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--output {out}: the folder {out.parent} does not exist; create it or write elsewhere")
     figure_cls, canvas_cls, colormaps = _matplotlib()
     series = memory_series(report, estimate_fn=estimate_fn, max_fit=max_fit)
     max_fit = series.max_fit
@@ -100,7 +102,10 @@ def plot_report(
     _seq_len_axis(ax2, series, budget, micro, seq)
     _peak_stack_axis(ax3, report, budget, colormaps)
 
-    fig.savefig(out, format=out.suffix.lower().lstrip("."), dpi=110)
+    try:
+        fig.savefig(out, format=out.suffix.lower().lstrip("."), dpi=110)
+    except OSError as exc:
+        raise ConfigError(f"--output {out}: cannot write it ({exc.strerror or exc}); write elsewhere") from None
     return out
 
 

@@ -12,6 +12,7 @@ from fitcheck.advice import Suggestion
 from fitcheck.core import ComputeEstimate
 from fitcheck.findings import Severity
 from fitcheck.report import Location, Report
+from fitcheck.spec import DeviceType
 from fitcheck.units import format_bytes
 
 # Host bytes below this are bookkeeping (e.g. torch AdamW's 4-byte CPU step counters): listed as components only.
@@ -39,7 +40,10 @@ def components_table(report: Report, width: int = 160) -> Table:
         report: The estimate.
         width: Console width; the explanation column is cut to fit it (``--json`` has the full text).
     """
-    table = Table(title=f"per-GPU memory at the peak ({report.peak_phase.value})", show_lines=False)
+    cpu = report.spec.hardware.device_type is DeviceType.CPU
+    device = "CPU" if cpu else "GPU"
+    title = "memory of the CPU run" if cpu else "per-GPU memory"
+    table = Table(title=f"{title} at the peak ({report.peak_phase.value})", show_lines=False)
     name_width = max((len(c.name) for c in report.components), default=10)
     table.add_column("component", no_wrap=True)
     table.add_column("where", no_wrap=True)
@@ -53,7 +57,7 @@ def components_table(report: Report, width: int = 160) -> Table:
         if value:
             rows.append((c.location is not Location.DEVICE, -value, c, value))
     for _, _, c, value in sorted(rows, key=lambda r: (r[0], r[1])):
-        where = {Location.DEVICE: "GPU", Location.DEVICE_OTHER: "GPU (other)", Location.HOST: "host"}[
+        where = {Location.DEVICE: device, Location.DEVICE_OTHER: f"{device} (other)", Location.HOST: "host"}[
             c.location
         ]
         detail = f"{c.detail} | {c.source}" if c.detail else c.source

@@ -8,7 +8,8 @@
 - :mod:`.live_model`: facts of a loaded model (dtypes, adapters, quantized layers, device map);
 - :mod:`.live_tracker`: live-tensor peak of a real step (a dispatch mode);
 - :mod:`.device_map`, :mod:`.device_map_check`: accelerate's ``infer_auto_device_map`` and its findings;
-  :mod:`.device_map_split`: one estimate per GPU of a multi-GPU map (naive model parallelism).
+  :mod:`.device_map_split`: one estimate per GPU of a multi-GPU map (naive model parallelism);
+- :mod:`.trl_config_check`: TRL's own config classes validate a run's TRL settings.
 
 Importing this package imports no torch; each name imports its module on first use.
 """
@@ -55,8 +56,10 @@ if TYPE_CHECKING:
     )
     from fitcheck.torch_adapters.tracer_build import hf_config, model_class, reduced_config
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder, RegionStats
+    from fitcheck.torch_adapters.trl_config_check import check_trl_config
 
 _WHERE = {
+    "check_trl_config": "trl_config_check",
     "Cell": "differential",
     "FAMILY_MODELS": "differential",
     "METHODS": "differential",
@@ -115,6 +118,7 @@ __all__ = [
     "at_micro_batch",
     "build_meta_model",
     "cell_spec",
+    "check_trl_config",
     "compare",
     "components_from_trace",
     "config_mapping",

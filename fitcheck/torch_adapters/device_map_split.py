@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from fitcheck.advice import GpuShare, device_of_map, gpu_shares
 from fitcheck.spec import TrainingSpec
-from fitcheck.torch_adapters.device_map import parse_max_memory, predict_placement
+from fitcheck.torch_adapters.device_map import predict_placement
 
 
 def multi_gpu_shares(
@@ -16,13 +16,13 @@ def multi_gpu_shares(
 ) -> tuple[GpuShare, ...]:
     """One estimate per GPU when the predicted map spreads the model over several GPUs (else empty).
 
-    Budgets: the per-GPU ``max_memory`` values the user gave, else the GPU's memory. Errors building the
-    placement are reported by ``device_map_check``; here they mean no split (empty).
+    Budgets: each GPU's memory (the card), as on one GPU. ``max_memory`` only bounds where accelerate places
+    the weights (accelerate 1.15 utils/modeling.py ``infer_auto_device_map`` fills each device up to it with
+    parameters); the activations, gradients and optimizer states of the step may use the rest of the card.
+    Errors building the placement are reported by ``device_map_check``; here they mean no split (empty).
     """
     try:
         placement = predict_placement(spec, device_map, max_memory)
     except (ImportError, ValueError, KeyError, AttributeError, TypeError, RuntimeError):
         return ()
-    given = parse_max_memory(max_memory)
-    budgets = {k: v for k, v in given.items() if isinstance(k, int)}
-    return gpu_shares(spec, device_of_map(placement.device_map), budgets)
+    return gpu_shares(spec, device_of_map(placement.device_map), {})

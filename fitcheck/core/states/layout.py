@@ -6,15 +6,31 @@ findings).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fitcheck.core.optimizers import OptimizerMemory, TensorGroup, optimizer_memory, trainer_decays
+from fitcheck.core.optimizers import (
+    OptimizerMemory,
+    TensorGroup,
+    canonical_optimizer,
+    optimizer_memory,
+    trainer_decays,
+)
 from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
 from fitcheck.core.states.lora import LoraPlan, plan_lora
 from fitcheck.core.states.quantization import base_weights
 from fitcheck.core.states.trl_adapters import trl_bf16_trainables
-from fitcheck.spec import DeviceType, Dtype, Kind, MixedPrecision, ParamEntry, Strategy, TrainingSpec
+from fitcheck.spec import (
+    DeviceType,
+    Dtype,
+    Kind,
+    MixedPrecision,
+    OffloadDevice,
+    ParamEntry,
+    Strategy,
+    TrainingSpec,
+)
 
 
 @dataclass
@@ -168,7 +184,33 @@ def optimizer_for(spec: TrainingSpec, groups: list[TensorGroup]) -> OptimizerMem
             TensorGroup(g.name, g.shape, Dtype.FLOAT32, g.repeat, g.embedding, g.decay, g.low_rank)
             for g in groups
         ]
-    return optimizer_memory(spec.optimizer, opt_groups, cuda=spec.hardware.device_type is DeviceType.CUDA)
+    opt = spec.optimizer
+    if ds_cpu_optimizer(spec) is not None:  # accelerate swaps the Trainer's optimizer for DeepSpeedCPUAdam
+        opt = dataclasses.replace(opt, name="adamw_torch", args={})
+    return optimizer_memory(opt, opt_groups, cuda=spec.hardware.device_type is DeviceType.CUDA)
+
+
+# What accelerate 1.15 utils/deepspeed.py map_pytorch_optim_to_deepspeed keeps as a CPU optimizer of its own kind:
+# torch Adagrad -> DeepSpeedCPUAdagrad (one fp32 state, as torch's), bitsandbytes Lion 32-bit -> DeepSpeedCPULion
+# (one fp32 state). Every other optimizer becomes DeepSpeedCPUAdam.
+_KEPT_UNDER_CPU_OFFLOAD = ("adagrad", "lion_32bit", "paged_lion_32bit")
+
+
+def ds_cpu_optimizer(spec: TrainingSpec) -> str | None:
+    """``"DeepSpeedCPUAdam"`` when accelerate replaces the Trainer's optimizer under ZeRO optimizer offload, else
+    None.
+
+    accelerate 1.15 accelerator.py ``_prepare_deepspeed``: with ``offload_optimizer.device != "none"`` (and
+    ``zero_force_ds_cpu_optimizer``, default true) the optimizer the Trainer built is passed through
+    ``map_pytorch_optim_to_deepspeed``, which returns DeepSpeedCPUAdam (fp32 ``exp_avg`` + ``exp_avg_sq`` per
+    parameter of the fp32 host partition, deepspeed/ops/adam/cpu_adam.py) for every optimizer but torch Adagrad
+    and bitsandbytes' 32-bit Lion: a bitsandbytes 8-bit or paged optimizer keeps none of its 8-bit states.
+    """
+    ds = spec.sharding.deepspeed
+    if ds is None or not has_master(spec) or ds.offload_optimizer is OffloadDevice.NONE:
+        return None
+    name, _ = canonical_optimizer(spec.optimizer.name)
+    return None if name in _KEPT_UNDER_CPU_OFFLOAD else "DeepSpeedCPUAdam"
 
 
 def trainable_params(spec: TrainingSpec) -> int:

@@ -28,8 +28,9 @@ Rules (peft source, ``site-packages/peft``):
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
 
 from fitcheck.spec import Kind, LoraSpec, MoeConversion, ParamEntry, Role, TrainingSpec
@@ -242,6 +243,9 @@ def _moe_rewrite(
 def plan_lora(spec: TrainingSpec) -> LoraPlan:
     """Resolve a LoRA spec against the model inventory the way peft does.
 
+    The plan depends on the LoRA spec and the model's parameters only; it is computed once per pair (the
+    advisor and the batch search estimate hundreds of variants of one run, and the plan walks every layer).
+
     Args:
         spec: The training spec (``spec.lora`` must be set).
 
@@ -251,8 +255,38 @@ def plan_lora(spec: TrainingSpec) -> LoraPlan:
     lora = spec.lora
     if lora is None:
         return LoraPlan((), ())
-    params = spec.model.params
+    key = _frozen(lora)
+    if key is None:
+        return _plan(lora, spec.model.params, spec.model.shape.traits.moe_conversion)
     conversion = spec.model.shape.traits.moe_conversion
+    full = (key, spec.model.params, conversion)
+    plan = _PLANS.get(full)
+    if plan is None:
+        if len(_PLANS) >= 64:
+            _PLANS.clear()
+        plan = _PLANS[full] = _plan(lora, spec.model.params, conversion)
+    return plan
+
+
+# plan_lora's results by (LoRA spec, parameters, MoE conversion): a pure function's memo (LoraPlan is frozen).
+_PLANS: dict[Hashable, LoraPlan] = {}
+
+
+def _frozen(lora: LoraSpec) -> Hashable | None:
+    """A hashable key equal for equal LoRA specs (mappings as sorted items), or None."""
+    parts: list[object] = []
+    for f in dataclasses.fields(lora):
+        value = getattr(lora, f.name)
+        parts.append(tuple(sorted(value.items())) if isinstance(value, Mapping) else value)
+    key = tuple(parts)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _plan(lora: LoraSpec, params: tuple[ParamEntry, ...], conversion: MoeConversion) -> LoraPlan:
     module_targets, param_targets, rank_pattern = _moe_rewrite(lora, conversion, params)
     all_linear = module_targets is not None and {t.lower() for t in module_targets} == {"all-linear"}
     regex = re.compile(lora.target_regex) if lora.target_regex else None

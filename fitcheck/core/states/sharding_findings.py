@@ -7,6 +7,7 @@ The divisions and buffers themselves are :mod:`fitcheck.core.states.sharding`'s.
 
 from __future__ import annotations
 
+from fitcheck.core.states.layout import ds_cpu_optimizer
 from fitcheck.core.states.sharding import grad_element_bytes, param_compute_bytes, trainable_count
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import DeepSpeedSpec, FsdpSpec, OffloadDevice, Strategy, TrainingSpec
@@ -50,6 +51,19 @@ def _deepspeed_findings(spec: TrainingSpec, ds: DeepSpeedSpec, trainable: int) -
     """ZeRO with one process, ZeRO-3 with LoRA, oversize reduce buckets, DeepSpeed's host-RAM reference."""
     n = spec.data_parallel_size
     out: list[Finding] = []
+    name = spec.optimizer.name
+    if ds_cpu_optimizer(spec) is not None and not name.startswith("adamw_torch"):
+        out.append(
+            Finding(
+                "ds-cpu-optimizer",
+                Severity.WARNING if "8bit" in name or name.startswith("paged_") else Severity.INFO,
+                f"optim {name} under ZeRO optimizer offload: accelerate replaces it with DeepSpeedCPUAdam "
+                "(accelerate utils/deepspeed.py map_pytorch_optim_to_deepspeed): fp32 exp_avg + exp_avg_sq, "
+                f"8 B per trainable parameter on the host, are counted, not {name}'s own states",
+                "keep it (the host holds the fp32 states), or drop --offload_optimizer to keep this optimizer's "
+                "states on the GPU",
+            )
+        )
     if n == 1 and ds.stage >= 1:
         out.append(
             Finding(

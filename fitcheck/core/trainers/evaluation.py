@@ -99,7 +99,7 @@ def evaluation_findings(spec: TrainingSpec, totals: Mapping[Phase, int]) -> tupl
         out.append(gathered)
     batch = grpo_batch_error(spec)
     if batch is not None:  # GRPOConfig's batch rules (grpo_batch.py), evaluation batch included
-        out.append(Finding("grpo-batch-refused", Severity.WARNING, f"GRPOConfig would refuse this run: {batch}",
+        out.append(Finding("grpo-batch-refused", Severity.ERROR, f"GRPOConfig would refuse this run: {batch}",
                            "use a per_device_train_batch_size (x processes x steps_per_generation) and a "
                            "per_device_eval_batch_size (x processes) that are multiples of num_generations"))
     if t.eval_batch_size is None:
