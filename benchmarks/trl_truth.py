@@ -223,11 +223,22 @@ def build_trainer(case: Case, path: str, callbacks: list[Any] | None = None) -> 
                              peft_config=peft, callbacks=callbacks)
 
 
+def _start_tracker(trainer: Any) -> Any:
+    """A live-tensor tracker started on the trainer's model, optimizer and reference model (if any)."""
+    from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
+
+    tracker = LiveTensorTracker()
+    tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
+    ref = getattr(trainer, "ref_model", None)
+    if ref is not None:
+        tracker.track(model_state_tensors(ref))
+    return tracker.start()
+
+
 def measure(case: Case) -> dict[str, int]:
     """Live-tensor peaks of the second optimizer step: ``{"peak": ..., "generation": ...}``."""
     from transformers import TrainerCallback
 
-    from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
 
     out: dict[str, int] = {}
 
@@ -239,12 +250,7 @@ def measure(case: Case) -> dict[str, int]:
         class Measure(TrainerCallback):  # type: ignore[misc]
             def on_step_begin(self, args: Any, st: Any, control: Any, **kw: Any) -> Any:
                 if st.global_step == 1:
-                    tracker = LiveTensorTracker()
-                    tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
-                    ref = getattr(trainer, "ref_model", None)
-                    if ref is not None:
-                        tracker.track(model_state_tensors(ref))
-                    state["tracker"] = tracker.start()
+                    state["tracker"] = _start_tracker(trainer)
                 return control
 
             def on_step_end(self, args: Any, st: Any, control: Any, **kw: Any) -> Any:
@@ -286,7 +292,6 @@ def measure_backward(case: Case) -> int:
     from transformers import TrainerCallback
     from trl.kernels import chunked_logprob
 
-    from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
 
     state: dict[str, Any] = {"tracker": None, "backward": None}
     fn = chunked_logprob.ChunkedLogProbFunction
@@ -307,12 +312,7 @@ def measure_backward(case: Case) -> int:
         class Measure(TrainerCallback):  # type: ignore[misc]
             def on_step_begin(self, args: Any, st: Any, control: Any, **kw: Any) -> Any:
                 if st.global_step == 1:
-                    tracker = LiveTensorTracker()
-                    tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
-                    ref = getattr(trainer, "ref_model", None)
-                    if ref is not None:
-                        tracker.track(model_state_tensors(ref))
-                    state["tracker"] = tracker.start()
+                    state["tracker"] = _start_tracker(trainer)
                 return control
 
             def on_pre_optimizer_step(self, args: Any, st: Any, control: Any, **kw: Any) -> Any:
@@ -425,16 +425,9 @@ def measure_trl_eval(case: Case, eval_batch: int, metrics: bool = False) -> int:
 def _evaluate_peak(trainer: Any) -> int:
     """One training step, then the live-tensor peak of ``evaluate()`` (weights, optimizer states and a TRL
     reference model counted as resident)."""
-    from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
-
     trainer.args.max_steps = 1
     trainer.train()
-    tracker = LiveTensorTracker()
-    tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
-    ref = getattr(trainer, "ref_model", None)
-    if ref is not None:
-        tracker.track(model_state_tensors(ref))
-    tracker.start()
+    tracker = _start_tracker(trainer)
     try:
         trainer.evaluate()
     finally:
