@@ -213,7 +213,7 @@ def test_directory_without_config(tmp_path: Path) -> None:
 def test_malformed_config_names_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "config.json"
     bad.write_text("{not json", encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"config\.json: not valid JSON"):
+    with pytest.raises(ConfigError, match=r"config\.json is not valid JSON"):
         load_inventory(str(bad), env=ENV)
     bad.write_text("[1, 2]", encoding="utf-8")
     with pytest.raises(ConfigError, match="expected a JSON object"):

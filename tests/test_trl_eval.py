@@ -40,9 +40,11 @@ def test_evaluation_phase_for_dpo_grpo_reward(capsys: pytest.CaptureFixture[str]
     code, base = run_json(capsys, *trainer)
     assert code == 0 and "evaluation" not in base["phases"]
     _, small = run_json(capsys, *trainer, "--per_device_eval_batch_size", "2")
-    _, big = run_json(capsys, *trainer, "--per_device_eval_batch_size", "64")
+    _, big = run_json(capsys, *trainer, "--per_device_eval_batch_size", "128")
     assert 0 < small["phases"]["evaluation"] < big["phases"]["evaluation"]
-    assert "evaluation-peak" in {f["code"] for f in big["findings"]}  # 64 rows no_grad > 2 rows with backward
+    # 128 rows no_grad > 2 rows with backward (Qwen2.5-0.5B is tied: its training step holds the two
+    # vocab x hidden embedding gradients since the tied-embedding fix, so 64 rows no longer exceed it for GRPO)
+    assert "evaluation-peak" in {f["code"] for f in big["findings"]}
     assert "evaluation-peak" not in {f["code"] for f in small["findings"]}
 
 

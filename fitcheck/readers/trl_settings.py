@@ -203,7 +203,7 @@ def trainer_spec(s: RunSettings, spec: TrainingSpec) -> tuple[TrainerSpec | None
     for name in ("rpo_alpha", "num_generations", "beta", "generation_batch_size", "steps_per_generation",
                  "vllm_gpu_memory_utilization"):
         _nonneg(s, name)
-    notes = [*kbit, f"--trainer {kind.value}: TRL 1.16 {kind.value.upper()}Config defaults for absent flags "
+    notes = [*kbit, f"--trainer {kind.value}: TRL 1.16 {row.config_class} defaults for absent flags "
              "(gradient_checkpointing true, bf16 true" + (", max_length 1024)" if "max_length" in row.defaults
                                                             else ")")]
     t = _kind_spec(s, spec, row, notes)
