@@ -40,6 +40,7 @@ from fitcheck.core.optimizers import canonical_optimizer
 from fitcheck.errors import ConfigError, FitcheckError
 from fitcheck.findings import Finding, Severity
 from fitcheck.readers.axolotl_keys import LIGER_SWITCHES, MAPPED, NO_MEMORY, REFUSED
+from fitcheck.readers.framework_yaml import Collected as _Out
 from fitcheck.readers.framework_yaml import FrameworkRun, load_framework_yaml, resolve_named_file
 from fitcheck.readers.sources import as_bool, as_float, as_int, as_mapping, as_str, as_str_list
 
@@ -49,25 +50,6 @@ LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
 FITCHECK_PLUGIN = "fitcheck.integrations.axolotl_plugin.FitcheckPlugin"
 _FLASH = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn", "kernels-community/flash-attn3",
           "kernels-community/vllm-flash-attn3")
-
-class _Out:
-    """Values with where each was read, findings, notes and refusals, collected while reading."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.values: dict[str, object] = {}
-        self.where: dict[str, str] = {}
-        self.findings: list[Finding] = []
-        self.notes: list[str] = []
-        self.problems: list[str] = []
-
-    def set(self, name: str, value: object, key: str) -> None:
-        self.values[name] = value
-        self.where[name] = f"{self.path}:{key}"
-
-    def refuse(self, key: str, reason: str) -> None:
-        self.problems.append(f"{self.path}: {key}: not modelled: {reason}")
-
 
 def read_axolotl(path: str, *, cwd: str, overrides: Mapping[str, object] | None = None) -> FrameworkRun:
     """Read an axolotl config file as ``fitcheck estimate`` settings.

@@ -121,3 +121,27 @@ def resolve_named_file(name: str, yaml_path: str, cwd: str, *, at: str) -> str:
         f"{at}: file {name!r} not found next to {yaml_path}, in a directory above it, or in {cwd}; "
         "give its path relative to the YAML or an absolute path"
     )
+
+
+class Collected:
+    """Values with where each was read, findings, notes and refusals, collected while reading."""
+
+    def __init__(self, path: str) -> None:
+        """Args:
+        path: The framework file being read.
+        """
+        self.path = path
+        self.values: dict[str, object] = {}
+        self.where: dict[str, str] = {}
+        self.findings: list[Finding] = []
+        self.notes: list[str] = []
+        self.problems: list[str] = []
+
+    def set(self, name: str, value: object, key: str) -> None:
+        """Record setting ``name`` read from the file's ``key``."""
+        self.values[name] = value
+        self.where[name] = f"{self.path}:{key}"
+
+    def refuse(self, key: str, reason: str) -> None:
+        """Record a key that changes memory and is not modelled (reported together, exit 2)."""
+        self.problems.append(f"{self.path}: {key}: not modelled: {reason}")

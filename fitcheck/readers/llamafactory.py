@@ -31,6 +31,7 @@ from typing import Any
 
 from fitcheck.errors import ConfigError, FitcheckError
 from fitcheck.findings import Finding, Severity
+from fitcheck.readers.framework_yaml import Collected as _Out
 from fitcheck.readers.framework_yaml import FrameworkRun, load_framework_yaml, resolve_named_file
 from fitcheck.readers.settings_table import SPELLINGS
 from fitcheck.readers.sources import as_bool, as_float, as_int, as_mapping, as_str, as_str_list, load_mapping_file
@@ -97,23 +98,6 @@ _MAPPED = frozenset([
     "neat_packing", "enable_liger_kernel", "flash_attn", "disable_gradient_checkpointing", "use_reentrant_gc",
     "pure_bf16", "pref_beta", "pref_loss", "deepspeed", "bf16", "fp16",
 ])
-
-
-class _Out:
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.values: dict[str, object] = {}
-        self.where: dict[str, str] = {}
-        self.findings: list[Finding] = []
-        self.notes: list[str] = []
-        self.problems: list[str] = []
-
-    def set(self, name: str, value: object, key: str) -> None:
-        self.values[name] = value
-        self.where[name] = f"{self.path}:{key}"
-
-    def refuse(self, key: str, reason: str) -> None:
-        self.problems.append(f"{self.path}: {key}: not modelled: {reason}")
 
 
 def read_llamafactory(path: str, *, cwd: str, overrides: Mapping[str, object] | None = None) -> FrameworkRun:
