@@ -29,31 +29,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fitcheck.families.base import ConfigView, Family, Inventory
-from fitcheck.families.decoder_blocks import PRE_POST, llama_like
+from fitcheck.families.llama import llama
 from fitcheck.families.tp_plans import ATTN_MLP
 from fitcheck.spec import FamilyTraits
 
 
 def granite(cfg: ConfigView) -> Inventory:
-    """GraniteForCausalLM (configuration_granite.py defaults; ``attention_bias`` on q/k/v/o, ``mlp_bias``)."""
-    attention_bias = cfg.get_bool("attention_bias", default=False)
-    return llama_like(
-        cfg,
-        prefix="Granite",
-        vocab_default=32000,
-        hidden_default=4096,
-        inter_default=11008,
-        layers_default=32,
-        heads_default=32,
-        kv_default=None,
-        head_dim_default=None,
-        max_pos_default=2048,
-        tie_default=False,
-        qkv_bias=attention_bias,
-        o_bias=attention_bias,
-        mlp_bias=cfg.get_bool("mlp_bias", default=False),
-        norms=PRE_POST,
-    )
+    """GraniteForCausalLM: configuration_granite.py has Llama's parameters and defaults (``attention_bias`` on
+    q/k/v/o, ``mlp_bias``); the multipliers change no tensor."""
+    return llama(cfg, prefix="Granite")
 
 
 def traits(cfg: ConfigView, base: FamilyTraits) -> FamilyTraits:

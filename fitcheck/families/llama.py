@@ -16,12 +16,13 @@ from fitcheck.families.tp_plans import ATTN_MLP
 from fitcheck.spec import FamilyTraits
 
 
-def llama(cfg: ConfigView) -> Inventory:
-    """LlamaForCausalLM (configuration_llama.py defaults; attention_bias / mlp_bias flags)."""
+def llama(cfg: ConfigView, prefix: str = "Llama") -> Inventory:
+    """LlamaForCausalLM (configuration_llama.py defaults; attention_bias / mlp_bias flags); ``prefix`` names a
+    family whose config class has the same parameters and defaults (GraniteConfig)."""
     attention_bias = cfg.get_bool("attention_bias", default=False)
     return llama_like(
         cfg,
-        prefix="Llama",
+        prefix=prefix,
         vocab_default=32000,
         hidden_default=4096,
         inter_default=11008,
