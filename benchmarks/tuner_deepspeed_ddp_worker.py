@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fitcheck.integrations import tune_micro_batch
+from rank_exit import finish_rank
 from tuner_budget import SEQ, Config, budget_for, build_trainer
 from tuner_deepspeed import MAX_STEPS, ds_config
 
@@ -39,3 +40,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    finish_rank()

@@ -42,7 +42,7 @@ def test_tuner_on_a_real_deepspeed_engine_finds_the_max_without_training(stage: 
 
 
 @pytest.mark.slow
-def test_two_deepspeed_ranks_agree_and_set_the_world_batch(tmp_path: Path) -> None:
+def test_two_deepspeed_ranks_agree_and_set_the_world_batch(tmp_path: Path, free_port: int) -> None:
     """torch.distributed.run, 2 CPU processes (gloo), ZeRO-2, the same simulated budget on both ranks."""
     import json
     import os
@@ -51,7 +51,7 @@ def test_two_deepspeed_ranks_agree_and_set_the_world_batch(tmp_path: Path) -> No
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "rank"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29562",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port),
            str(root / "benchmarks" / "tuner_deepspeed_ddp_worker.py"), str(out), "1215008"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

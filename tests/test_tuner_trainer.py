@@ -153,7 +153,7 @@ def test_without_a_length_the_trials_run_at_the_models_longest(tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_two_ddp_ranks_with_different_budgets_agree(tmp_path: Path) -> None:
+def test_two_ddp_ranks_with_different_budgets_agree(tmp_path: Path, free_port: int) -> None:
     """torch.distributed.run, 2 CPU processes (gloo): rank 1 has less memory; both set the size that fits on it."""
     import json
     import os
@@ -162,7 +162,7 @@ def test_two_ddp_ranks_with_different_budgets_agree(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "rank"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29534",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port),
            str(root / "benchmarks" / "tuner_ddp_worker.py"), str(out), "3000000", "1700000"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
