@@ -101,7 +101,8 @@ def test_alloc_conf_flag_and_environment() -> None:
 @pytest.mark.parametrize("change", [{"per_device_train_batch_size": 7}, {"optim": "adamw_8bit"},
                                     {"use_bnb_nested_quant": False}, {"dtype": "float16", "bf16": False, "fp16": True},
                                     {"load_in_4bit": False, "load_in_8bit": True},
-                                    {"cuda_alloc_conf": "expandable_segments:True"}])
+                                    {"cuda_alloc_conf": "expandable_segments:True"},
+                                    {"model_name_or_path": "openai/gpt-oss-20b", "load_in_4bit": False}])
 def test_memoised_replay_equals_a_fresh_one(change: dict[str, object]) -> None:
     """The advisor estimates 100+ candidates; ``load_phase`` replays once per (model, quantization, load dtype,
     allocator settings, capacity). A memo hit must equal a fresh replay for every spec it serves."""

@@ -101,7 +101,10 @@ def load_phase(spec: TrainingSpec, capacity: int | None = None) -> LoadPhase | N
         return None
     key = (spec.model, spec.quant, spec.precision.load_dtype, spec.hardware.cuda_alloc_conf,
            spec.hardware.expandable_segments, capacity)
-    hit = _MEMO.get(key)
+    try:
+        hit = _MEMO.get(key)
+    except TypeError:  # a pre-quantized checkpoint's quantization_config keeps dicts: replay without the memo
+        return _load_phase(spec, capacity)
     if hit is None:
         if len(_MEMO) >= _MEMO_LIMIT:
             _MEMO.clear()
