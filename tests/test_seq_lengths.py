@@ -112,3 +112,30 @@ def test_the_replayed_gap_enters_the_reserved_figure() -> None:
     assert report.peak_allocated_bytes == expected.peak_allocated_bytes
     said = [f.message for f in report.findings if f.code == "seq-lengths-replayed"]
     assert said and f"{replayed.gap_fraction:.0%} of the step's own tensors" in said[0]
+
+
+def test_above_the_gpu_the_allocator_releases_its_cache_and_retries() -> None:
+    """Between the sequence's figure and the longest step's own, the run fits: torch frees its unsplit cached
+    segments when a cudaMalloc fails and retries (``release_cached_blocks``), so the verdict follows the longest
+    step alone and a finding says so."""
+    from dataclasses import replace
+
+    from benchmarks.cpu_truth import Row, spec_for
+    from fitcheck.core import estimate
+    from fitcheck.spec import DeviceType
+    from fitcheck.torch_adapters import PinnedPath, replay_lengths
+
+    spec = spec_for(Row("lengths", LLAMA, seq=256, batch=2, dtype="bfloat16", optim="adamw_torch"))
+    spec = replace(spec, hardware=replace(spec.hardware, device_type=DeviceType.CUDA, gpu_memory_bytes=80 * 2**30))
+    lengths = (64, 128, 192, 256)
+    sequence, alone = replay_lengths(spec, lengths)
+    assert sequence.gap_fraction > alone.gap_fraction  # shortest first leaves segments the longest cannot reuse
+    comps, _ = PinnedPath("always").activations(spec)
+    high = estimate(spec, activations=comps, gap_fraction=sequence.gap_fraction).device_used_bytes
+    low = estimate(spec, activations=comps, gap_fraction=alone.gap_fraction).device_used_bytes
+    assert high > low
+    tight = replace(spec, hardware=replace(spec.hardware, gpu_memory_bytes=(high + low) // 2))
+    report = PinnedPath("always", seq_lengths=lengths)(tight)
+    assert report.fits and report.device_used_bytes == low
+    said = [f.message for f in report.findings if f.code == "seq-lengths-replayed"]
+    assert said and "release_cached_blocks" in said[0]

@@ -167,8 +167,27 @@ class PinnedPath:
         other._headline_replay = self._headline_replay
         return other
 
+    def _with_lengths(self, spec: TrainingSpec, comps: tuple[Component, ...] | None) -> Report:
+        """The estimate with the allocator gap of the ``seq_lengths`` replay.
+
+        Above the GPU's memory, torch's allocator releases its unsplit cached segments and retries
+        (``release_cached_blocks``, CUDACachingAllocator.cpp) before it raises: where the longest step replayed
+        alone fits, that is the answer, and a finding says nvidia-smi will show the GPU nearly full.
+        """
+        from fitcheck.core import estimate
+
+        sequence, alone = self.length_replay(spec)
+        report = estimate(spec, activations=comps, gap_fraction=sequence.gap_fraction)
+        released = None
+        if report.device_used_bytes > report.budget_bytes:
+            retry = estimate(spec, activations=comps, gap_fraction=alone.gap_fraction)
+            if retry.device_used_bytes <= retry.budget_bytes:
+                released, report = report, retry
+        note = _lengths_finding(spec, sequence, alone, released)
+        return dataclasses.replace(report, findings=(*report.findings, note))
+
     def length_replay(self, spec: TrainingSpec) -> Any:
-        """The ``StepReplay`` of ``seq_lengths`` for a spec (None without ``seq_lengths``).
+        """``allocator_replay.replay_lengths`` of ``seq_lengths`` for a spec: (the sequence, the longest alone).
 
         The first spec asked (the headline) is replayed: its step traced at two layer groups at each length
         (capped at the spec's ``max_seq_length``) and run through the caching allocator in order. Later specs
@@ -178,8 +197,6 @@ class PinnedPath:
         Raises:
             ConfigError: The replay cannot run (torch missing, a model the tracer cannot build).
         """
-        if not self.seq_lengths:
-            return None
         if self._headline_replay is not None:
             return self._length_gaps.get(_cache_key(spec), self._headline_replay)
         from fitcheck.errors import ConfigError
@@ -191,11 +208,11 @@ class PinnedPath:
         try:
             import warnings
 
-            from fitcheck.torch_adapters.allocator_replay import replay_step
+            from fitcheck.torch_adapters.allocator_replay import replay_lengths
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
-                replay = replay_step(spec, lengths)
+                replay = replay_lengths(spec, lengths)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
             raise ConfigError(f"--seq_lengths: the step of this model could not be traced for the allocator replay "
@@ -212,15 +229,12 @@ class PinnedPath:
             if formula.pinned and not self.seq_lengths:
                 return formula
             if formula.pinned:  # the pinned formula's activations, the replayed lengths' gap
-                replay = self.length_replay(spec)
-                report = estimate(spec, gap_fraction=replay.gap_fraction)
-                return dataclasses.replace(report, findings=(*report.findings, _lengths_finding(spec, replay)))
+                return self._with_lengths(spec, None)
         comps, failed = self.activations(spec)
-        replay = self.length_replay(spec)
-        gap = replay.gap_fraction if replay is not None else self.gap_fraction(spec) if comps else None
-        report = estimate(spec, activations=comps, gap_fraction=gap)
-        if replay is not None:
-            report = dataclasses.replace(report, findings=(*report.findings, _lengths_finding(spec, replay)))
+        if self.seq_lengths:
+            report = self._with_lengths(spec, comps)
+        else:
+            report = estimate(spec, activations=comps, gap_fraction=self.gap_fraction(spec) if comps else None)
         if failed:
             note = Finding("trace-failed", Severity.INFO, f"tracing this run was not possible ({failed})",
                            "the number is from the formulas; see the not-pinned warning")
@@ -228,14 +242,22 @@ class PinnedPath:
         return report
 
 
-def _lengths_finding(spec: TrainingSpec, replay: Any) -> Finding:
+def _lengths_finding(spec: TrainingSpec, replay: Any, alone: Any, released: Report | None) -> Finding:
     """INFO: what the replay over ``--seq_lengths`` gave, and where it does not enter the number."""
     from fitcheck.spec import DeviceType
+    from fitcheck.units import format_bytes
 
     lengths = ",".join(str(n) for n in replay.lengths)
     said = (f"the caching allocator replayed {len(replay.lengths)} steps padded to {lengths} tokens (this run's "
             f"step traced at two layer groups, torch's allocator rules: fitcheck/core/caching): reserved - "
-            f"allocated = {replay.gap_fraction:.0%} of the step's own tensors, applied to this estimate's step")
+            f"allocated = {replay.gap_fraction:.0%} of the step's own tensors ({alone.gap_fraction:.0%} for the "
+            f"longest step alone)")
+    if released is not None:
+        said += (f"; that is {format_bytes(released.device_used_bytes)}, above the GPU, so torch releases its "
+                 "cached segments and retries (release_cached_blocks): the number uses the longest step's gap, "
+                 "and nvidia-smi will show the GPU nearly full")
+    else:
+        said += ", applied to this estimate's step"
     if spec.hardware.device_type is DeviceType.CPU:
         said += "; on CPU there is no caching allocator, so it does not enter the number"
     elif spec.hardware.expandable_segments:
