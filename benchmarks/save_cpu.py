@@ -189,7 +189,7 @@ def estimate_for(path: str) -> Any:
     from dataclasses import replace
 
     from benchmarks.cpu_truth import Row, spec_for
-    from fitcheck.core.saving import save_cost
+    from fitcheck.core import save_cost
     from fitcheck.spec import DeepSpeedSpec, FsdpSpec, ShardingSpec, Strategy
 
     if path == "zero3-16bit":
