@@ -177,7 +177,9 @@ def measure(path: str, port: int | None = None) -> list[dict[str, int]]:
 # Paths compared with the estimate, and why the others are not (read from source only).
 COMPARED = ("fsdp2-full-model", "zero3-16bit")
 NOT_COMPARED = {
-    "fsdp1-full-model": "FSDP1 FULL_STATE_DICT with offload_to_cpu segfaults in rank 0 on CPU (torch 2.13, gloo)",
+    "fsdp1-full-model": "FSDP1 FULL_STATE_DICT with offload_to_cpu segfaults on CPU: torch 2.13 "
+                        "distributed/fsdp/_flat_param.py to_cpu() moves the unit to the CPU (a no-op there) and then "
+                        "frees the storage it still uses; the GPU rule is read from source only",
     "fsdp1-sharded-ckpt": "SHARDED_STATE_DICT: each rank writes its own shards; estimated as no gather (source)",
     "fsdp2-sharded-ckpt": "SHARDED_STATE_DICT via DCP: the tracker still sees a full-size copy of every parameter "
                           "on both ranks after the save (not explained; estimated as no gather, from source)",
