@@ -7,10 +7,9 @@ is false (then each rank saves its own partitions: nothing is gathered). Read fr
 
 - **FSDP2, full** (accelerate 1.15 accelerator.py ``get_state_dict``: ``StateDictOptions(full_state_dict=True,
   cpu_offload=True)``; torch 2.13 distributed/_state_dict_utils.py ``_iterate_state_dict``): one parameter at a time
-  is all-gathered on the device and, on rank 0, copied to the host (other ranks drop it). Device: twice the
-  largest parameter, full: the redistribute to ``Replicate`` holds two full-size buffers at once (measured, not
-  read: ``benchmarks/save_cpu.py`` rank 1, 2 gloo ranks, 131,072 B for a 65,536 B parameter). Host (rank 0): the
-  whole model.
+  is all-gathered on the device and, on rank 0, copied to the host (other ranks drop it). Device: the largest
+  parameter, full (an unevenly sharded one is also narrowed out of a padded buffer: up to one more copy, not
+  modelled). Host (rank 0): the whole model.
 - **FSDP1, full** (``FullStateDictConfig(offload_to_cpu=True, rank0_only=True)``; torch 2.13
   distributed/fsdp/_unshard_param_utils.py ``_unshard_params_for_summon``: ``handle.to_cpu()`` moves each
   unsharded unit to the CPU and frees the device copy; ``_state_dict_utils.py`` ``_full_post_state_dict_hook``
@@ -41,10 +40,6 @@ from fitcheck.units import format_bytes
 SOURCE = ("transformers 5.23 trainer.py save_model; accelerate 1.15 accelerator.py get_state_dict; torch 2.13 "
           "distributed/_state_dict_utils.py, distributed/fsdp/_state_dict_utils.py; deepspeed 0.19.8 "
           "runtime/engine.py _zero3_consolidated_16bit_state_dict")
-
-# Full-size buffers of one parameter alive at once while FSDP2 gathers it for a full state dict: measured on 2 gloo
-# CPU ranks (benchmarks/save_cpu.py, fsdp2-full-model, rank 1: peak - held = 2 x the largest fp32 parameter).
-FSDP2_GATHER_COPIES = 2
 
 # Categories whose bytes stay on the device between steps (what is there when the Trainer saves: after
 # optimizer.step() and zero_grad(set_to_none=True), no gradients, activations or step temporaries).
@@ -97,7 +92,7 @@ def save_cost(spec: TrainingSpec) -> SaveCost | None:
         whole = spec.model.total_params * elem
         if sh.fsdp.version == 2:
             return SaveCost("FSDP2 FULL_STATE_DICT: one parameter gathered at a time, copied to rank 0's host",
-                            FSDP2_GATHER_COPIES * _largest_param(spec) * elem, whole)
+                            _largest_param(spec) * elem, whole)
         unit = max(fsdp_unit_params(spec), _root_params(spec)) * elem
         return SaveCost("FSDP1 FULL_STATE_DICT: one unit unsharded at a time, moved to rank 0's host and cloned",
                         unit, whole + unit)
