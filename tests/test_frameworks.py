@@ -50,6 +50,7 @@ AXOLOTL_CASES = [
     ("mistral/lora.yml", None, 2, 8192, TrainerKind.TRAINER, "lora", 8, Strategy.SINGLE),
     ("mistral/qlora.yml", None, 2, 8192, TrainerKind.TRAINER, "lora", 4, Strategy.SINGLE),
     ("qwen3/qlora-fsdp.yaml", None, 1, 2048, TrainerKind.TRAINER, "lora", 4, Strategy.FSDP),
+    ("qwen3/32b-qlora.yaml", None, 1, 2048, TrainerKind.TRAINER, "lora", 4, Strategy.SINGLE),
 ]
 
 
@@ -91,9 +92,17 @@ def test_axolotl_example_details() -> None:
     assert kto.trainer.kind is TrainerKind.KTO and kto.precision.mixed_precision.value == "bf16"
 
 
+def test_axolotl_gradient_checkpointing_offload_is_checkpointing_plus_trl_offloading() -> None:
+    """axolotl@067b021 utils/schemas/validation.py check_gradient_checkpointing_w_offload: ``offload`` is
+    rewritten to gradient_checkpointing true + activation_offloading true (not the legacy CPU wrapper)."""
+    spec = _spec("axolotl", AX / "qwen3/32b-qlora.yaml")
+    assert spec.activations.checkpointing and spec.activations.offload_activations
+    assert spec.activations.loss == "cce" and spec.lora is not None and spec.lora.r == 16
+    assert spec.provenance["activation_offloading"].endswith("32b-qlora.yaml:gradient_checkpointing")
+
+
 @pytest.mark.parametrize(("name", "key"), [
     ("gpt-oss/gpt-oss-20b-sft-lora-singlegpu.yaml", "use_kernels"),
-    ("qwen3/32b-qlora.yaml", "gradient_checkpointing"),
 ])
 def test_axolotl_examples_refused_by_key(name: str, key: str, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["estimate", "--axolotl", str(AX / name), "--no_trace"])
@@ -183,6 +192,14 @@ EQUIVALENT = [
       "--lora_alpha", "16", "--lora_dropout", "0", "--lora_target_modules", "all-linear",
       "--load_in_4bit", "--use_bnb_nested_quant", "--bnb_4bit_quant_storage", "bfloat16",
       "--bnb_4bit_compute_dtype", "bfloat16", "--prepare_for_kbit_training", "false"]),
+    (["--axolotl", str(AX / "qwen3/32b-qlora.yaml")],  # gradient_checkpointing: offload (validation.py)
+     ["--model_name_or_path", "Qwen/Qwen3-32B", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps",
+      "2", "--max_seq_length", "2048", "--dtype", "bfloat16", "--bf16", "--optim", "adamw_torch_4bit",
+      "--gradient_checkpointing", "--gradient_checkpointing_kwargs", '{"use_reentrant": false}',
+      "--activation_offloading", "--loss", "cce", "--attn_implementation", "flash_attention_2", "--use_peft",
+      "--lora_r", "16", "--lora_alpha", "32", "--lora_dropout", "0", "--lora_target_modules", "q_proj", "k_proj",
+      "v_proj", "o_proj", "down_proj", "up_proj", "--load_in_4bit", "--bnb_4bit_quant_type", "nf4",
+      "--use_bnb_nested_quant", "--bnb_4bit_quant_storage", "bfloat16", "--prepare_for_kbit_training", "false"]),
 ]
 
 
@@ -203,7 +220,7 @@ def _comparable(report: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("from_file", "as_flags"), EQUIVALENT, ids=[
     "axolotl-lora-1b", "axolotl-qlora-1b", "axolotl-fft-8b", "axolotl-dpo-int8-8b", "axolotl-gpt-oss-zero3",
-    "lf-lora-sft", "lf-full-zero3", "lf-qlora"])
+    "lf-lora-sft", "lf-full-zero3", "lf-qlora", "axolotl-qwen3-32b-qlora-gc-offload"])
 def test_file_equals_flags(from_file: list[str], as_flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code_file, by_file = _json(capsys, from_file)
     code_flags, by_flags = _json(capsys, as_flags)
@@ -240,7 +257,7 @@ def test_unknown_keys_one_warning(tmp_path: Path) -> None:
     ("chunked_cross_entropy: true\n", "chunked_cross_entropy"),
     ("activation_offloading: disk\n", "activation_offloading"),
     ("activation_offloading: legacy\n", "activation_offloading"),
-    ("gradient_checkpointing: offload\n", "gradient_checkpointing"),
+    ("gradient_checkpointing: offload_disk\n", "gradient_checkpointing"),
     ("rl: orpo\n", "rl"),
     ("plugins: [some.other.Plugin]\n", "plugins"),
     ("adapter: lora\nlora_r: 8\nload_in_4bit: true\n", "load_in_4bit"),
