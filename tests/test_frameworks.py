@@ -110,23 +110,26 @@ def test_axolotl_examples_refused_by_key(name: str, key: str, capsys: pytest.Cap
     assert code == 2 and f"{key}: not modelled" in err and "Traceback" not in err
 
 
-# (file, micro-batch, seq, method, bits, strategy); every stage here is sft/pt (the plain Trainer)
+# (file, micro-batch, seq, trainer, method, bits, strategy); sft/pt are the plain Trainer, dpo TRL's DPOTrainer
+# with LLaMA-Factory's full-logits log-probs (--loss full-logits)
 LF_CASES = [
-    ("train_lora/qwen3_lora_sft.yaml", 1, 2048, "lora", None, Strategy.SINGLE),
-    ("train_lora/qwen3_lora_pretrain.yaml", 1, 2048, "lora", None, Strategy.SINGLE),
-    ("train_lora/qwen3_lora_sft_ds3.yaml", 1, 2048, "lora", None, Strategy.DEEPSPEED),
-    ("train_full/qwen3_full_sft.yaml", 1, 2048, "full", None, Strategy.DEEPSPEED),
-    ("train_qlora/qwen3_lora_sft_otfq.yaml", 1, 2048, "lora", 4, Strategy.SINGLE),
+    ("train_lora/qwen3_lora_sft.yaml", 1, 2048, TrainerKind.TRAINER, "lora", None, Strategy.SINGLE),
+    ("train_lora/qwen3_lora_pretrain.yaml", 1, 2048, TrainerKind.TRAINER, "lora", None, Strategy.SINGLE),
+    ("train_lora/qwen3_lora_sft_ds3.yaml", 1, 2048, TrainerKind.TRAINER, "lora", None, Strategy.DEEPSPEED),
+    ("train_full/qwen3_full_sft.yaml", 1, 2048, TrainerKind.TRAINER, "full", None, Strategy.DEEPSPEED),
+    ("train_qlora/qwen3_lora_sft_otfq.yaml", 1, 2048, TrainerKind.TRAINER, "lora", 4, Strategy.SINGLE),
+    ("train_lora/qwen3_lora_dpo.yaml", 1, 2048, TrainerKind.DPO, "lora", None, Strategy.SINGLE),
 ]
 
 
-@pytest.mark.parametrize(("name", "mbs", "seq", "method", "bits", "strategy"), LF_CASES)
+@pytest.mark.parametrize(("name", "mbs", "seq", "trainer", "method", "bits", "strategy"), LF_CASES)
 def test_llamafactory_example_fields(
-    name: str, mbs: int, seq: int, method: str, bits: int | None, strategy: Strategy
+    name: str, mbs: int, seq: int, trainer: TrainerKind, method: str, bits: int | None, strategy: Strategy
 ) -> None:
     spec = _spec("llamafactory", LF / name, model_name_or_path=QWEN3_4B)
     assert (spec.batch.micro_batch, spec.batch.seq_len) == (mbs, seq)
-    assert spec.trainer.kind is TrainerKind.TRAINER
+    assert spec.trainer.kind is trainer
+    assert (spec.activations.loss == "full-logits") is (trainer is TrainerKind.DPO)
     assert _method(spec) == method
     assert (spec.quant.bits if spec.quant is not None else None) == bits
     assert spec.sharding.strategy is strategy
@@ -135,7 +138,7 @@ def test_llamafactory_example_fields(
         assert (spec.lora.r, spec.lora.alpha, spec.lora.dropout) == (8, 16.0, 0.0)
 
 
-@pytest.mark.parametrize("stage", ["dpo", "kto", "reward"])
+@pytest.mark.parametrize("stage", ["kto", "reward"])
 def test_llamafactory_other_stages_refused(stage: str, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["estimate", "--llamafactory", str(LF / f"train_lora/qwen3_lora_{stage}.yaml"), "--no_trace"])
     err = capsys.readouterr().err
@@ -192,6 +195,12 @@ EQUIVALENT = [
       "--lora_alpha", "16", "--lora_dropout", "0", "--lora_target_modules", "all-linear",
       "--load_in_4bit", "--use_bnb_nested_quant", "--bnb_4bit_quant_storage", "bfloat16",
       "--bnb_4bit_compute_dtype", "bfloat16", "--prepare_for_kbit_training", "false"]),
+    (["--llamafactory", str(LF / "train_lora/qwen3_lora_dpo.yaml"), "--model_name_or_path", QWEN3_4B],
+     ["--model_name_or_path", QWEN3_4B, "--trainer", "dpo", "--loss", "full-logits",
+      "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "8", "--max_seq_length", "2048",
+      "--dtype", "bfloat16", "--bf16", "--gradient_checkpointing", "--gradient_checkpointing_kwargs",
+      '{"use_reentrant": true}', "--use_peft", "--lora_r", "8", "--lora_alpha", "16", "--lora_dropout", "0",
+      "--lora_target_modules", "all-linear"]),
     (["--axolotl", str(AX / "qwen3/32b-qlora.yaml")],  # gradient_checkpointing: offload (validation.py)
      ["--model_name_or_path", "Qwen/Qwen3-32B", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps",
       "2", "--max_seq_length", "2048", "--dtype", "bfloat16", "--bf16", "--optim", "adamw_torch_4bit",
@@ -220,7 +229,7 @@ def _comparable(report: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("from_file", "as_flags"), EQUIVALENT, ids=[
     "axolotl-lora-1b", "axolotl-qlora-1b", "axolotl-fft-8b", "axolotl-dpo-int8-8b", "axolotl-gpt-oss-zero3",
-    "lf-lora-sft", "lf-full-zero3", "lf-qlora", "axolotl-qwen3-32b-qlora-gc-offload"])
+    "lf-lora-sft", "lf-full-zero3", "lf-qlora", "lf-dpo-full-logits", "axolotl-qwen3-32b-qlora-gc-offload"])
 def test_file_equals_flags(from_file: list[str], as_flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code_file, by_file = _json(capsys, from_file)
     code_flags, by_flags = _json(capsys, as_flags)
@@ -276,6 +285,9 @@ def test_axolotl_refusals_name_the_key(tmp_path: Path, text: str, key: str) -> N
     ("finetuning_type: freeze\n", "finetuning_type"),
     ("stage: ppo\n", "stage"),
     ("upcast_lmhead_output: true\n", "upcast_lmhead_output"),
+    ("stage: dpo\npref_loss: orpo\n", "pref_loss"),
+    ("stage: dpo\nfinetuning_type: full\n", "finetuning_type"),
+    ("stage: dpo\nref_model: Qwen/Qwen3-8B\n", "ref_model"),
 ])
 def test_llamafactory_refusals_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     path = _write(tmp_path, "model_name_or_path: Qwen/Qwen3-4B\nbf16: true\n" + text)

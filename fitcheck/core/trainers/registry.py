@@ -16,6 +16,8 @@ Columns (:class:`TrainerRow`):
 - ``evaluation``: which evaluation step runs (:class:`EvalRule`) and ``eval_source``, the TRL source it follows.
 - ``defaults``: the TRL config defaults that change memory (pinned by ``tests/test_trl_cli.py`` against the
   installed TRL's dataclasses); ``script_fields``: the config fields ``fitcheck launch`` reads off a script.
+- ``full_logits``: the subclass whose loss reads the full fp32 logits instead of the fused head (``--loss
+  full-logits``, ``fitcheck.core.trainers.full_logits``), with its source; None where no such variant is modelled.
 - ``dataset_columns``: the prepared dataset's token-id columns whose longest row is the sequence (or, with
   ``prompt_completion``, the completion next to ``prompt_ids``); empty when the prompts stay text (GRPO).
 
@@ -69,6 +71,7 @@ class TrainerRow:
     defaults: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
     script_fields: tuple[str, ...] = ()
     dataset_columns: tuple[str, ...] = ()
+    full_logits: str | None = None
 
     @property
     def trl(self) -> bool:
@@ -95,7 +98,9 @@ _ROWS = (
         ReferenceRule.IN_STEP, 2, True, EvalRule.PAIRED,
         "trl/trainer/dpo_trainer.py prediction_step / _compute_loss (TRL 1.16)",
         _defaults(max_length=1024, precompute_ref_log_probs=False, beta=0.1),
-        ("precompute_ref_log_probs", "loss_type"), ("chosen_ids", "rejected_ids")),
+        ("precompute_ref_log_probs", "loss_type"), ("chosen_ids", "rejected_ids"),
+        full_logits="LLaMA-Factory@ff6d4d1 CustomDPOTrainer (src/llamafactory/train/dpo/trainer.py "
+        "concatenated_forward L219-253, compute_reference_log_probs L255-275)"),
     TrainerRow(
         TrainerKind.GRPO, "GRPOConfig", ("log_probs", "entropy"),  # grpo_trainer.py L1068-1073
         ReferenceRule.WHEN_BETA, 1, True, EvalRule.GENERATE,
@@ -151,6 +156,9 @@ def fused_outputs(kind: TrainerKind) -> tuple[str, ...]:
     return outputs
 
 
-def runs_fused_head(kind: TrainerKind) -> bool:
-    """The trainer's loss runs through TRL's chunked LM head (no ``[rows, seq, vocab]`` logits, no head moment)."""
-    return TRAINERS[kind].fused_head is not None
+def runs_fused_head(kind: TrainerKind, loss: str = "torch") -> bool:
+    """The trainer's loss runs through TRL's chunked LM head (no ``[rows, seq, vocab]`` logits, no head moment).
+
+    ``loss`` is ``--loss``: ``full-logits`` is the subclass that reads the full logits instead (``full_logits``).
+    """
+    return TRAINERS[kind].fused_head is not None and not (loss == "full-logits" and TRAINERS[kind].full_logits)
