@@ -110,8 +110,8 @@ def test_axolotl_examples_refused_by_key(name: str, key: str, capsys: pytest.Cap
     assert code == 2 and f"{key}: not modelled" in err and "Traceback" not in err
 
 
-# (file, micro-batch, seq, trainer, method, bits, strategy); sft/pt are the plain Trainer, dpo TRL's DPOTrainer
-# with LLaMA-Factory's full-logits log-probs (--loss full-logits)
+# (file, micro-batch, seq, trainer, method, bits, strategy); sft/pt are the plain Trainer, dpo/kto TRL's
+# DPOTrainer/KTOTrainer with LLaMA-Factory's full-logits log-probs (--loss full-logits)
 LF_CASES = [
     ("train_lora/qwen3_lora_sft.yaml", 1, 2048, TrainerKind.TRAINER, "lora", None, Strategy.SINGLE),
     ("train_lora/qwen3_lora_pretrain.yaml", 1, 2048, TrainerKind.TRAINER, "lora", None, Strategy.SINGLE),
@@ -119,6 +119,7 @@ LF_CASES = [
     ("train_full/qwen3_full_sft.yaml", 1, 2048, TrainerKind.TRAINER, "full", None, Strategy.DEEPSPEED),
     ("train_qlora/qwen3_lora_sft_otfq.yaml", 1, 2048, TrainerKind.TRAINER, "lora", 4, Strategy.SINGLE),
     ("train_lora/qwen3_lora_dpo.yaml", 1, 2048, TrainerKind.DPO, "lora", None, Strategy.SINGLE),
+    ("train_lora/qwen3_lora_kto.yaml", 1, 2048, TrainerKind.KTO, "lora", None, Strategy.SINGLE),
 ]
 
 
@@ -129,7 +130,7 @@ def test_llamafactory_example_fields(
     spec = _spec("llamafactory", LF / name, model_name_or_path=QWEN3_4B)
     assert (spec.batch.micro_batch, spec.batch.seq_len) == (mbs, seq)
     assert spec.trainer.kind is trainer
-    assert (spec.activations.loss == "full-logits") is (trainer is TrainerKind.DPO)
+    assert (spec.activations.loss == "full-logits") is (trainer is not TrainerKind.TRAINER)
     assert _method(spec) == method
     assert (spec.quant.bits if spec.quant is not None else None) == bits
     assert spec.sharding.strategy is strategy
@@ -138,7 +139,7 @@ def test_llamafactory_example_fields(
         assert (spec.lora.r, spec.lora.alpha, spec.lora.dropout) == (8, 16.0, 0.0)
 
 
-@pytest.mark.parametrize("stage", ["kto", "reward"])
+@pytest.mark.parametrize("stage", ["reward"])
 def test_llamafactory_other_stages_refused(stage: str, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["estimate", "--llamafactory", str(LF / f"train_lora/qwen3_lora_{stage}.yaml"), "--no_trace"])
     err = capsys.readouterr().err
@@ -201,6 +202,12 @@ EQUIVALENT = [
       "--dtype", "bfloat16", "--bf16", "--gradient_checkpointing", "--gradient_checkpointing_kwargs",
       '{"use_reentrant": true}', "--use_peft", "--lora_r", "8", "--lora_alpha", "16", "--lora_dropout", "0",
       "--lora_target_modules", "all-linear"]),
+    (["--llamafactory", str(LF / "train_lora/qwen3_lora_kto.yaml"), "--model_name_or_path", QWEN3_4B],
+     ["--model_name_or_path", QWEN3_4B, "--trainer", "kto", "--loss", "full-logits",
+      "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "8", "--max_seq_length", "2048",
+      "--dtype", "bfloat16", "--bf16", "--gradient_checkpointing", "--gradient_checkpointing_kwargs",
+      '{"use_reentrant": true}', "--use_peft", "--lora_r", "8", "--lora_alpha", "16", "--lora_dropout", "0",
+      "--lora_target_modules", "all-linear"]),
     (["--axolotl", str(AX / "qwen3/32b-qlora.yaml")],  # gradient_checkpointing: offload (validation.py)
      ["--model_name_or_path", "Qwen/Qwen3-32B", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps",
       "2", "--max_seq_length", "2048", "--dtype", "bfloat16", "--bf16", "--optim", "adamw_torch_4bit",
@@ -229,7 +236,8 @@ def _comparable(report: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("from_file", "as_flags"), EQUIVALENT, ids=[
     "axolotl-lora-1b", "axolotl-qlora-1b", "axolotl-fft-8b", "axolotl-dpo-int8-8b", "axolotl-gpt-oss-zero3",
-    "lf-lora-sft", "lf-full-zero3", "lf-qlora", "lf-dpo-full-logits", "axolotl-qwen3-32b-qlora-gc-offload"])
+    "lf-lora-sft", "lf-full-zero3", "lf-qlora", "lf-dpo-full-logits", "lf-kto-full-logits",
+    "axolotl-qwen3-32b-qlora-gc-offload"])
 def test_file_equals_flags(from_file: list[str], as_flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code_file, by_file = _json(capsys, from_file)
     code_flags, by_flags = _json(capsys, as_flags)
@@ -288,6 +296,8 @@ def test_axolotl_refusals_name_the_key(tmp_path: Path, text: str, key: str) -> N
     ("stage: dpo\npref_loss: orpo\n", "pref_loss"),
     ("stage: dpo\nfinetuning_type: full\n", "finetuning_type"),
     ("stage: dpo\nref_model: Qwen/Qwen3-8B\n", "ref_model"),
+    ("stage: kto\nfinetuning_type: full\n", "finetuning_type"),
+    ("stage: kto\nenable_liger_kernel: true\n", "enable_liger_kernel"),
 ])
 def test_llamafactory_refusals_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     path = _write(tmp_path, "model_name_or_path: Qwen/Qwen3-4B\nbf16: true\n" + text)

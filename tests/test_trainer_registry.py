@@ -66,10 +66,11 @@ def test_kto_runs_the_fused_head() -> None:
     assert not runs_fused_head(TrainerKind.TRAINER) and not runs_fused_head(TrainerKind.REWARD)
 
 
-def test_full_logits_is_a_dpo_variant_only() -> None:
-    # --loss full-logits: LLaMA-Factory's CustomDPOTrainer (train/dpo/trainer.py L219-253) reads the full logits
+def test_full_logits_is_a_dpo_and_kto_variant_only() -> None:
+    # --loss full-logits: LLaMA-Factory's CustomDPOTrainer / CustomKTOTrainer read the full logits
     assert not runs_fused_head(TrainerKind.DPO, "full-logits") and runs_fused_head(TrainerKind.DPO)
-    assert runs_fused_head(TrainerKind.KTO, "full-logits")  # no such KTO variant is modelled
+    assert not runs_fused_head(TrainerKind.KTO, "full-logits") and runs_fused_head(TrainerKind.KTO)
+    assert runs_fused_head(TrainerKind.SFT, "full-logits") and runs_fused_head(TrainerKind.GRPO, "full-logits")
 
 
 def test_every_loss_kind_has_a_row() -> None:

@@ -192,12 +192,12 @@ def trainer_spec(s: RunSettings, spec: TrainingSpec) -> tuple[TrainerSpec | None
     kbit = _kbit_note(spec, kind)
     if spec.activations.loss == "full-logits":
         if row.full_logits is None:
-            raise ConfigError(f"--loss full-logits is the log-probs-from-full-fp32-logits variant of --trainer dpo "
-                              f"(LLaMA-Factory's CustomDPOTrainer); --trainer {kind.value} has no such variant: "
-                              "drop --loss")
+            raise ConfigError(f"--loss full-logits is the log-probs-from-full-fp32-logits variant of --trainer "
+                              f"dpo|kto (LLaMA-Factory's CustomDPOTrainer / CustomKTOTrainer); --trainer "
+                              f"{kind.value} has no such variant: drop --loss")
         if evaluation.get("eval_batch_size") is not None:
             raise ConfigError("--loss full-logits with --per_device_eval_batch_size: the evaluation step of the "
-                              "full-logits DPO variant is not modelled; drop the evaluation flags")
+                              "full-logits variant is not modelled; drop the evaluation flags")
     if not row.trl:
         return (TrainerSpec(**evaluation) if evaluation else None), kbit  # type: ignore[arg-type]
     if row.fused_head is not None and spec.activations.loss not in ("torch", "full-logits"):

@@ -1,4 +1,4 @@
-"""LLaMA-Factory's DPO step (full fp32 logits) on a real TRL 1.16 DPOTrainer on CPU vs ``--loss full-logits``.
+"""LLaMA-Factory's DPO / KTO steps (full fp32 logits) on real TRL 1.16 trainers on CPU vs ``--loss full-logits``.
 
 LLaMA-Factory does not install with fitcheck's pinned stack (llamafactory 0.9.5 needs transformers <= 5.6), and its
 ``CustomDPOTrainer`` calls TRL < 1.0 methods (``dpo_loss``, ``get_batch_loss_metrics``) that TRL 1.16's
@@ -13,9 +13,15 @@ LLaMA-Factory does not install with fitcheck's pinned stack (llamafactory 0.9.5 
 * ``get_batch_loss_metrics`` L277-318: ``dpo_loss`` with ``pref_loss: sigmoid`` (``-logsigmoid(beta * margin)``);
 * ``src/llamafactory/train/trainer_utils.py`` ``get_batch_logps`` L592-636 (copied below).
 
+KTO likewise subclasses TRL 1.16's ``KTOTrainer`` (whose collator builds the ``KL_`` batch) with
+``src/llamafactory/train/kto/trainer.py``: ``forward`` L149-181 (fp32 logits, ``get_batch_logps``),
+``concatenated_forward`` L184-199 (the target forward with grad, the KL forward under ``no_grad``, chosen /
+rejected logits by boolean indexing: copies), ``compute_reference_log_probs`` L202-218 and
+``get_batch_loss_metrics`` L221-258 (``kto_loss``: TRL < 1.0's formula, ``logits/*_sum`` metrics).
+
 The live-tensor peak of the second optimizer step is measured as in ``benchmarks/trl_truth.py``.
 
-Run: ``PYTHONPATH=. python benchmarks/llamafactory_dpo_truth.py``
+Run: ``PYTHONPATH=. python benchmarks/llamafactory_truth.py``
 """
 
 from __future__ import annotations
@@ -49,6 +55,10 @@ CASES = (
     trl_truth.Case("lf dpo LoRA vocab 8000", trl_truth.TrainerKind.DPO, length=48, prompt=32, lora=LF_LORA,
                    vocab=8000),
     trl_truth.Case("lf dpo full implicit ref", trl_truth.TrainerKind.DPO, length=48, prompt=32),
+    trl_truth.Case("lf kto LoRA", trl_truth.TrainerKind.KTO, length=48, prompt=32, lora=LF_LORA),
+    trl_truth.Case("lf kto LoRA vocab 8000", trl_truth.TrainerKind.KTO, length=48, prompt=32, lora=LF_LORA,
+                   vocab=8000),
+    trl_truth.Case("lf kto full implicit ref", trl_truth.TrainerKind.KTO, length=48, prompt=32),
 )
 
 
@@ -120,6 +130,51 @@ def _trainer_class() -> Any:
     return LlamaFactoryDPO
 
 
+def _kto_trainer_class() -> Any:
+    import torch
+    import trl
+
+    class LlamaFactoryKTO(trl.KTOTrainer):  # type: ignore[misc]
+        """TRL 1.16's KTOTrainer with LLaMA-Factory's loss path (module docstring)."""
+
+        def _forward(self, model: Any, inputs: dict[str, Any], prefix: str) -> tuple[Any, Any, Any]:
+            batch = {k: v.detach().clone() for k, v in inputs.items() if torch.is_tensor(v)}  # L153
+            labels = batch[f"{prefix}input_ids"].masked_fill(batch[f"{prefix}completion_mask"] == 0, IGNORE_INDEX)
+            logits = model(input_ids=batch[f"{prefix}input_ids"], attention_mask=batch[f"{prefix}attention_mask"],
+                           return_dict=True, use_cache=False).logits.to(torch.float32)  # L179
+            logps, valid_length = get_batch_logps(logits, labels)
+            return logits, logps, logps / valid_length
+
+        def _concatenated_forward(self, model: Any, inputs: dict[str, Any]) -> tuple[Any, ...]:  # L184-199
+            target_logits, target_logps, target_logps_avg = self._forward(model, inputs, "")
+            with torch.no_grad():
+                _, kl_logps, _ = self._forward(model, inputs, "KL_")
+            tags = torch.as_tensor(inputs["label"], dtype=torch.bool)
+            return (target_logps[tags], target_logps[~tags], target_logits[tags], target_logits[~tags], kl_logps,
+                    target_logps_avg[tags])
+
+        def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            _mark("before policy")
+            chosen, rejected, chosen_logits, rejected_logits, kl_logps, _ = self._concatenated_forward(model, inputs)
+            _mark("policy forward")
+            if self.ref_model is None:  # L206-208
+                ref_model, ref_context = model, self.accelerator.unwrap_model(model).disable_adapter()
+            else:
+                ref_model, ref_context = self.ref_model, contextlib.nullcontext()
+            with torch.no_grad(), ref_context:  # L213-216
+                ref_chosen, ref_rejected, _, _, ref_kl, _ = self._concatenated_forward(ref_model, inputs)
+            _mark("reference forward")
+            kl = (kl_logps - ref_kl).mean().clamp(min=0).detach()  # TRL < 1.0 kto_loss
+            chosen_losses = 1 - torch.sigmoid(self.beta * ((chosen - ref_chosen) - kl))
+            rejected_losses = 1 - torch.sigmoid(self.beta * (kl - (rejected - ref_rejected)))
+            losses = torch.cat((chosen_losses, rejected_losses), 0).nanmean()
+            _ = chosen_logits.nansum().item(), rejected_logits.nansum().item()  # L252-262 metrics
+            return losses
+
+    return LlamaFactoryKTO
+
+
 def measure(case: Any) -> int:
     """Live-tensor peak of the second optimizer step of LLaMA-Factory's DPO step."""
     import trl
@@ -127,14 +182,15 @@ def measure(case: Any) -> int:
 
     out: dict[str, int] = {}
     PROBE["marks"] = []
-    original = trl.DPOTrainer
+    name = "KTOTrainer" if case.trainer is trl_truth.TrainerKind.KTO else "DPOTrainer"
+    original = getattr(trl, name)
     with tempfile.TemporaryDirectory() as path, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trl.DPOTrainer = _trainer_class()
+        setattr(trl, name, _kto_trainer_class() if name == "KTOTrainer" else _trainer_class())
         try:
             trainer = trl_truth.build_trainer(case, path)
         finally:
-            trl.DPOTrainer = original
+            setattr(trl, name, original)
         state: dict[str, Any] = {"tracker": None}
 
         class Measure(TrainerCallback):  # type: ignore[misc]
@@ -160,7 +216,7 @@ def measure(case: Any) -> int:
 
 
 def main() -> int:
-    from fitcheck.core.estimator import estimate
+    from fitcheck.core import estimate
 
     print(f"{'case':28} {'measured':>12} {'estimate':>12} {'error':>8}")
     for case in CASES:
