@@ -47,8 +47,9 @@ LLAMAFACTORY_COMMIT = "ff6d4d12eeb035d6ce06805a5733dd7b29f2ac30"
 FREEZE_KEY = "llamafactory_freeze_layers"  # a FrameworkRun value resolved with the model's layer count
 
 _STAGE_REFUSED = {
-    "rm": "LLaMA-Factory's PairwiseTrainer runs a value-head model (AutoModelForCausalLMWithValueHead) over "
-    "chosen + rejected, not a sequence-classification reward model",
+    "rm": "LLaMA-Factory's PairwiseTrainer runs a value-head model (trl.AutoModelForCausalLMWithValueHead, "
+    "model/loader.py) over chosen + rejected, not a sequence-classification reward model; that class is gone from "
+    "TRL 1.16 (LLaMA-Factory@ff6d4d1 pins trl<=0.24), so there is no library to check a model of it against",
     "ppo": "PPO (policy, reference, reward and value models with generation) is not modelled",
 }
 REFUSED: dict[str, str] = {
