@@ -149,6 +149,10 @@ def test_llamafactory_other_stages_refused(stage: str, capsys: pytest.CaptureFix
     code = main(["estimate", "--llamafactory", str(LF / f"train_lora/qwen3_lora_{stage}.yaml"), "--no_trace"])
     err = capsys.readouterr().err
     assert code == 2 and "stage: not modelled" in err
+    import trl
+
+    # why it is refused and not modelled: the value-head class LLaMA-Factory's loader imports is not in the pinned TRL
+    assert not hasattr(trl, "AutoModelForCausalLMWithValueHead") and "TRL 1.16" in err
 
 
 # The same runs written as flags (what a user would type without the file).
