@@ -137,11 +137,14 @@ def build_model(
     Returns:
         The ``torch.nn.Module`` in train mode.
     """
-    from fitcheck.torch_adapters.tracer_patches import module_to_is_noop
+    from fitcheck.torch_adapters.tracer_patches import fake_deepcopy, module_to_is_noop
 
     cfg = hf_config(config, attn_implementation)
     cls = model_class(config, task)
-    guard = module_to_is_noop() if fake else contextlib.nullcontext()
+    guard = contextlib.ExitStack()
+    if fake:
+        guard.enter_context(module_to_is_noop())
+        guard.enter_context(fake_deepcopy())
     with guard:
         try:
             model = cls._from_config(cfg, dtype=dtype)
