@@ -106,6 +106,6 @@ def fake_deepcopy() -> Iterator[None]:
         yield
     finally:
         if had:
-            FakeTensor.__deepcopy__ = original  # type: ignore[method-assign]
+            FakeTensor.__deepcopy__ = original  # type: ignore[assignment,method-assign]
         else:
             del FakeTensor.__deepcopy__
