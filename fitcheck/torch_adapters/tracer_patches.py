@@ -23,6 +23,11 @@ live-tensor peak of a tiny model equals the real CPU step's, without it the two 
    (``fake_deepcopy``): a FakeTensor copies as ``Tensor.__deepcopy__``'s clone branch does, but the copy shares
    its FakeTensorMode (as torch's own ``fake_tensor.py::FakeCopyMode`` makes copies with ``fake_mode.from_tensor``)
    and no data pointer is read.
+5. torch 2.13 ``nn/init.py::_no_grad_trunc_normal_`` samples by rejection (``.item()`` of the bounds,
+   ``mask.any()``), which fake tensors cannot answer (``DataDependentOutputException``); transformers 5.23 calls
+   it through ``initialization.TORCH_INIT_FUNCTIONS["trunc_normal_"]`` to initialise SigLIP's weights (the
+   vision tower of Gemma-3 image-text models). Fix (``fake_trunc_normal``): an in-place ``normal_`` while the
+   model is built under fake mode: same tensor, shape and dtype; values mean nothing on fake tensors.
 """
 
 from __future__ import annotations
@@ -109,3 +114,22 @@ def fake_deepcopy() -> Iterator[None]:
             FakeTensor.__deepcopy__ = original  # type: ignore[assignment,method-assign]
         else:
             del FakeTensor.__deepcopy__
+
+
+@contextlib.contextmanager
+def fake_trunc_normal() -> Iterator[None]:
+    """Initialise weights with ``normal_`` instead of rejection-sampled ``trunc_normal_`` (fix 5)."""
+    import transformers.initialization as hf_init
+
+    table = hf_init.TORCH_INIT_FUNCTIONS
+    original = table["trunc_normal_"]
+
+    def _trunc_normal(tensor: Any, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
+                      generator: Any = None) -> Any:
+        return tensor.normal_(mean, std, generator=generator)
+
+    table["trunc_normal_"] = _trunc_normal
+    try:
+        yield
+    finally:
+        table["trunc_normal_"] = original
