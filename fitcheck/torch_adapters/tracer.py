@@ -482,8 +482,19 @@ def activation_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     phase are the same with and without the optimizer and the warm-up step (``tests/test_trace_batch.py``; at
     real width Qwen3-8B, Gemma-2-9B, Phi-2, Falcon-7B full / LoRA / DoRA / QLoRA, eager and SDPA, with and
     without checkpointing: equal), at half the time; the levers that only change the optimizer or the sharding
-    share the trace."""
-    return {**trace_kwargs(spec), "optimizer": None, "steps": 1}
+    share the trace.
+
+    A TRL trainer's policy step is traced at its own shape (``core.trainers.step_spec``: DPO's chosen + rejected
+    rows, GRPO/KTO's prompt + completion tokens, SFT padding-free's one flattened row); RewardTrainer's
+    ``AutoModelForSequenceClassification`` as the seq-cls task. Its LM head and loss are the formula's
+    (``core/step.py traced_body_formula_head``)."""
+    from fitcheck.core.trainers import step_spec
+
+    policy = step_spec(spec)
+    kwargs = {**trace_kwargs(policy), "optimizer": None, "steps": 1}
+    if policy.model is not spec.model:  # reward_trainer.py: the model loaded with num_labels=1 (steps.py)
+        kwargs["task"] = "seq-cls"
+    return kwargs
 
 
 def components_from_trace(result: TraceResult) -> tuple[Component, ...]:
@@ -502,7 +513,10 @@ def components_from_trace(result: TraceResult) -> tuple[Component, ...]:
             # model_states counts every gradient here; the residual is what else was alive at the peak
             rest = b.total - states - result.final_grads
             acts[phase] = min(b.get(ACTIVATIONS) + b.get(INPUTS), max(rest, 0))
-            temps[phase] = max(rest - acts[phase], 0)
+            # the logits' gradient still alive early in backward (vocab-sized): logits, so that a TRL trainer's
+            # fused head replaces it too (core/step.py traced_body_formula_head); the sum is unchanged
+            logits[phase] = min(b.get(LOGITS), max(rest - acts[phase], 0))
+            temps[phase] = max(rest - acts[phase] - logits[phase], 0)
         else:
             acts[phase] = b.get(ACTIVATIONS) + b.get(INPUTS)
             logits[phase] = b.get(LOGITS)
