@@ -189,6 +189,7 @@ def trace_step(
     use_reentrant: bool = False,
     image_tokens: int = 0,
     steps: int = 2,
+    count_logits: bool = True,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -214,6 +215,9 @@ def trace_step(
         use_reentrant: Reentrant activation checkpointing (``gradient_checkpointing_kwargs``).
         image_tokens: Vision patches per sample of an ``image-text-to-text`` step (``trace_inputs_vlm``).
         steps: Steps run; the last one is measured (2: the optimizer states of the first exist in the second).
+        count_logits: False leaves the LM head's logits and loss (the ``logits`` category) out of every series,
+            so each phase's peak is the body's own (a TRL trainer runs its chunked head instead:
+            ``activation_trace_kwargs``).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -331,7 +335,11 @@ def trace_step(
     series: dict[Phase, tuple[tuple[int, ...], ...]] = {}
     phases: dict[Phase, PhaseBreakdown] = {}
     for phase, names in REGIONS.items():
-        series[phase] = tuple(rec.series(names, category, len(CATEGORIES)))
+        rows = tuple(rec.series(names, category, len(CATEGORIES)))
+        if not count_logits:
+            at = index[LOGITS]
+            rows = tuple(tuple(0 if i == at else n for i, n in enumerate(row)) for row in rows)
+        series[phase] = rows
         phases[phase] = breakdown_at_peak(series[phase])
     structure = hash(tuple((category(s), sign) for s, sign in rec.events[rec.regions["forward"].start_event + 1:]))
     events = tuple((s, sign * rec.sizes[s], rec.tags[s]) for s, sign in rec.events)
@@ -488,12 +496,14 @@ def activation_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     rows, GRPO/KTO's prompt + completion tokens, SFT padding-free's one flattened row); RewardTrainer's
     ``AutoModelForSequenceClassification`` as the seq-cls task. Its LM head and loss are the formula's
     (``core/step.py traced_body_formula_head``)."""
-    from fitcheck.core.trainers import step_spec
+    from fitcheck.core.trainers import runs_fused_head, step_spec
 
     policy = step_spec(spec)
     kwargs = {**trace_kwargs(policy), "optimizer": None, "steps": 1}
     if policy.model is not spec.model:  # reward_trainer.py: the model loaded with num_labels=1 (steps.py)
         kwargs["task"] = "seq-cls"
+    if spec.trainer.is_trl and runs_fused_head(spec.trainer.kind):
+        kwargs["count_logits"] = False  # the body's own peaks; the chunked head is the formula's
     return kwargs
 
 
