@@ -53,3 +53,18 @@ def test_trl_trace_keeps_the_trainers_head(tmp_path: Path, capsys: pytest.Captur
     assert abs(traced["peak_allocated_bytes"] / formula["peak_allocated_bytes"] - 1) < 0.01
     assert plain["peak_allocated_bytes"] > 2 * traced["peak_allocated_bytes"]
     assert traced["max_micro_batch"] == formula["max_micro_batch"] > 10 * plain["max_micro_batch"]
+
+
+def test_body_peaks_leave_the_models_logits_out() -> None:
+    """``count_logits=False``: no phase holds the model's logits, and each phase's peak is the body's own moment
+    (at least the body at the moment the logits peaked)."""
+    from fitcheck.torch_adapters.tracer import LOGITS, trace_step
+
+    args: dict[str, Any] = {"seq_len": 128, "micro_batch": 2, "checkpointing": True, "optimizer": None, "steps": 1,
+                            "dtype": "float32"}
+    full = trace_step(TINY, **args)
+    body = trace_step(TINY, count_logits=False, **args)
+    assert any(b.get(LOGITS) for b in full.phases.values())
+    for phase, b in body.phases.items():
+        assert b.get(LOGITS) == 0
+        assert b.total >= full.phases[phase].total - full.phases[phase].get(LOGITS)
