@@ -7,7 +7,10 @@ Phases and what measures them here (no GPU was lent; every GPU figure is a publi
 * ``prepare``: the real ``Accelerator.prepare`` under FSDP1/FSDP2 + bf16 on 2 gloo ranks (``fsdp_upcast_cpu.py``):
   trainable shard and AdamW-state bytes after the fp32 upcast.
 * ``step``: a real CPU training step of the tiny Llama (``cpu_truth.py``, live tensors, two rows).
-* ``eval`` / ``save``: ``trl_truth.py`` measures ``evaluate()``; save-time gathers are not modelled (say so).
+* ``eval``: ``trl_truth.py`` measures ``evaluate()``.
+* ``save``: the real save calls on 2 gloo CPU ranks (``save_cpu.py``: accelerate FSDP2 ``get_state_dict`` with
+  ``FULL_STATE_DICT``, DeepSpeed ZeRO-3 ``_zero3_consolidated_16bit_state_dict``): the largest gather (rank 1) and
+  rank 0's host state dict vs ``fitcheck.core.saving``; the paths not compared say why.
 * ``published``: every row of ``published_measurements.json`` whose metric is reserved memory or nvidia-smi
   (``published.py``'s planning, ``published_rows.py``), estimated now: error = (estimate - measured) / measured,
   with the phase that sets the estimate.
@@ -15,7 +18,8 @@ Phases and what measures them here (no GPU was lent; every GPU figure is a publi
 Prints one table per phase and the median error and its sign; ``--write`` stores the tables in
 ``benchmarks/data/run_phases.json`` with their sources.
 
-Run: ``PYTHONPATH=.:benchmarks python benchmarks/run_phases.py [--write] [--no-cpu]``.
+Run: ``PYTHONPATH=.:benchmarks python benchmarks/run_phases.py [--write] [--no-cpu] [--save-only]``
+(``--save-only --write``: rerun the save rows and replace only that table in the stored file).
 """
 
 from __future__ import annotations
@@ -76,6 +80,24 @@ def step_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def save_table() -> list[dict[str, Any]]:
+    """Real save calls on 2 gloo ranks vs fitcheck's save cost (save_cpu.py)."""
+    from benchmarks.save_cpu import save_rows
+
+    return [{k: v for k, v in r.items() if k != "ranks"} for r in save_rows()]
+
+
+def _print_save(rows: list[dict[str, Any]]) -> None:
+    print("save (real save calls, 2 gloo ranks; gather = rank 1 peak - held, host = rank 0's state dict)")
+    print(f"  {'path':20}{'real gather':>12}{'est':>10}{'error':>9}{'real host':>11}{'est':>10}{'error':>9}")
+    for r in rows:
+        if "not_compared" in r:
+            print(f"  {r['case']:20}not compared: {r['not_compared']}")
+            continue
+        print(f"  {r['case']:20}{r['real_gather']:>12}{r['est_gather']:>10}{r['gather_error']:>+9.2%}"
+              f"{r['real_host']:>11}{r['est_host']:>10}{r['host_error']:>+9.2%}")
+
+
 def published_rows_now() -> list[dict[str, Any]]:
     """Published reserved / nvidia-smi rows, estimated by this tree."""
     from published import run_plan
@@ -108,8 +130,18 @@ def _summary(errors: list[float]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """Print the tables; ``--write`` stores them; ``--no-cpu`` runs the published rows only."""
+    """Print the tables; ``--write`` stores them; ``--no-cpu`` runs the published rows only; ``--save-only`` the
+    save rows only."""
     tables: dict[str, Any] = {}
+    if "--save-only" in argv:
+        rows = save_table()
+        _print_save(rows)
+        if "--write" in argv:
+            stored = json.loads(OUT.read_text())
+            stored["tables"]["save"] = rows
+            OUT.write_text(json.dumps(stored, indent=1) + "\n")
+            print(f"wrote the save table into {OUT}")
+        return 0
     if "--no-cpu" not in argv:
         tables["load"] = load_rows()
         print("load (real from_pretrained on CPU)")
@@ -130,8 +162,9 @@ def main(argv: list[str]) -> int:
             print(f"  {r['case'][:40]:40}{r['real']:>12}{r['est']:>12}{r['error']:>+9.2%}")
         print("  " + _summary([r["error"] for r in tables["step"]]))
         tables["eval"] = "benchmarks/trl_truth.py measures Trainer/TRL evaluate() after a step (not rerun here)"
-        tables["save"] = "not modelled: FSDP FULL_STATE_DICT, ZeRO-3 16-bit gather and peft merge peaks"
-        print(f"eval: {tables['eval']}\nsave: {tables['save']}")
+        print(f"eval: {tables['eval']}")
+        tables["save"] = save_table()
+        _print_save(tables["save"])
     tables["published"] = published_rows_now()
     print("published GPU figures (reserved / nvidia-smi), this tree's estimate")
     print(f"  {'row':<14}{'group':<28}{'metric':<10}{'measured':>9}{'estimate':>9}{'error':>9}  phase")

@@ -25,6 +25,7 @@ class Phase(str, Enum):
     GENERATION = "generation"  # GRPO's generate() for the generation batch (fitcheck.core.trainers)
     EVALUATION = "evaluation"  # an evaluation step (fitcheck.core.trainers)
     LOAD = "load"  # from_pretrained and the preparation before step 1 (fitcheck.core.loading)
+    SAVE = "save"  # Trainer.save_model's gathers (fitcheck.core.saving)
 
 
 def phase_phrase(phase: Phase) -> str:
@@ -32,9 +33,10 @@ def phase_phrase(phase: Phase) -> str:
     return phase.value if phase.value.startswith("during") else f"at the {phase.value}"
 
 
-# The phases of the training step; LOAD/GENERATION/EVALUATION apply only where a component fills them.
-PHASES: tuple[Phase, ...] = tuple(p for p in Phase if p not in (Phase.GENERATION, Phase.EVALUATION, Phase.LOAD))
-EXTRA_PHASES: tuple[Phase, ...] = (Phase.LOAD, Phase.GENERATION, Phase.EVALUATION)
+# The phases of the training step; LOAD/GENERATION/EVALUATION/SAVE apply only where a component fills them.
+PHASES: tuple[Phase, ...] = tuple(
+    p for p in Phase if p not in (Phase.GENERATION, Phase.EVALUATION, Phase.LOAD, Phase.SAVE))
+EXTRA_PHASES: tuple[Phase, ...] = (Phase.LOAD, Phase.GENERATION, Phase.EVALUATION, Phase.SAVE)
 
 
 def phases_of(components: tuple[Component, ...]) -> tuple[Phase, ...]:

@@ -50,6 +50,7 @@ AXOLOTL_CASES = [
     ("mistral/lora.yml", None, 2, 8192, TrainerKind.TRAINER, "lora", 8, Strategy.SINGLE),
     ("mistral/qlora.yml", None, 2, 8192, TrainerKind.TRAINER, "lora", 4, Strategy.SINGLE),
     ("qwen3/qlora-fsdp.yaml", None, 1, 2048, TrainerKind.TRAINER, "lora", 4, Strategy.FSDP),
+    ("qwen3/32b-qlora.yaml", None, 1, 2048, TrainerKind.TRAINER, "lora", 4, Strategy.SINGLE),
 ]
 
 
@@ -91,33 +92,50 @@ def test_axolotl_example_details() -> None:
     assert kto.trainer.kind is TrainerKind.KTO and kto.precision.mixed_precision.value == "bf16"
 
 
+def test_axolotl_gradient_checkpointing_offload_is_checkpointing_plus_trl_offloading() -> None:
+    """axolotl@067b021 utils/schemas/validation.py check_gradient_checkpointing_w_offload: ``offload`` is
+    rewritten to gradient_checkpointing true + activation_offloading true (not the legacy CPU wrapper)."""
+    spec = _spec("axolotl", AX / "qwen3/32b-qlora.yaml")
+    assert spec.activations.checkpointing and spec.activations.offload_activations
+    assert spec.activations.loss == "cce" and spec.lora is not None and spec.lora.r == 16
+    assert spec.provenance["activation_offloading"].endswith("32b-qlora.yaml:gradient_checkpointing")
+
+
 @pytest.mark.parametrize(("name", "key"), [
     ("gpt-oss/gpt-oss-20b-sft-lora-singlegpu.yaml", "use_kernels"),
-    ("qwen3/32b-qlora.yaml", "gradient_checkpointing"),
 ])
 def test_axolotl_examples_refused_by_key(name: str, key: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """gpt-oss ``use_kernels: true`` stays refused: transformers 5.23 ``kernelize`` (integrations/hub_kernels.py)
+    replaces GptOssMLP by kernels-community/megablocks' MegaBlocksMoeMLP, a Hub build fetched at run time whose
+    source is in no pinned package (``kernels`` itself is not installed), so its saved tensors cannot be modelled."""
     code = main(["estimate", "--axolotl", str(AX / name), "--no_trace"])
     err = capsys.readouterr().err
     assert code == 2 and f"{key}: not modelled" in err and "Traceback" not in err
+    if key == "use_kernels":
+        assert "MegaBlocks" in err
 
 
-# (file, micro-batch, seq, method, bits, strategy); every stage here is sft/pt (the plain Trainer)
+# (file, micro-batch, seq, trainer, method, bits, strategy); sft/pt are the plain Trainer, dpo/kto TRL's
+# DPOTrainer/KTOTrainer with LLaMA-Factory's full-logits log-probs (--loss full-logits)
 LF_CASES = [
-    ("train_lora/qwen3_lora_sft.yaml", 1, 2048, "lora", None, Strategy.SINGLE),
-    ("train_lora/qwen3_lora_pretrain.yaml", 1, 2048, "lora", None, Strategy.SINGLE),
-    ("train_lora/qwen3_lora_sft_ds3.yaml", 1, 2048, "lora", None, Strategy.DEEPSPEED),
-    ("train_full/qwen3_full_sft.yaml", 1, 2048, "full", None, Strategy.DEEPSPEED),
-    ("train_qlora/qwen3_lora_sft_otfq.yaml", 1, 2048, "lora", 4, Strategy.SINGLE),
+    ("train_lora/qwen3_lora_sft.yaml", 1, 2048, TrainerKind.TRAINER, "lora", None, Strategy.SINGLE),
+    ("train_lora/qwen3_lora_pretrain.yaml", 1, 2048, TrainerKind.TRAINER, "lora", None, Strategy.SINGLE),
+    ("train_lora/qwen3_lora_sft_ds3.yaml", 1, 2048, TrainerKind.TRAINER, "lora", None, Strategy.DEEPSPEED),
+    ("train_full/qwen3_full_sft.yaml", 1, 2048, TrainerKind.TRAINER, "full", None, Strategy.DEEPSPEED),
+    ("train_qlora/qwen3_lora_sft_otfq.yaml", 1, 2048, TrainerKind.TRAINER, "lora", 4, Strategy.SINGLE),
+    ("train_lora/qwen3_lora_dpo.yaml", 1, 2048, TrainerKind.DPO, "lora", None, Strategy.SINGLE),
+    ("train_lora/qwen3_lora_kto.yaml", 1, 2048, TrainerKind.KTO, "lora", None, Strategy.SINGLE),
 ]
 
 
-@pytest.mark.parametrize(("name", "mbs", "seq", "method", "bits", "strategy"), LF_CASES)
+@pytest.mark.parametrize(("name", "mbs", "seq", "trainer", "method", "bits", "strategy"), LF_CASES)
 def test_llamafactory_example_fields(
-    name: str, mbs: int, seq: int, method: str, bits: int | None, strategy: Strategy
+    name: str, mbs: int, seq: int, trainer: TrainerKind, method: str, bits: int | None, strategy: Strategy
 ) -> None:
     spec = _spec("llamafactory", LF / name, model_name_or_path=QWEN3_4B)
     assert (spec.batch.micro_batch, spec.batch.seq_len) == (mbs, seq)
-    assert spec.trainer.kind is TrainerKind.TRAINER
+    assert spec.trainer.kind is trainer
+    assert (spec.activations.loss == "full-logits") is (trainer is not TrainerKind.TRAINER)
     assert _method(spec) == method
     assert (spec.quant.bits if spec.quant is not None else None) == bits
     assert spec.sharding.strategy is strategy
@@ -126,7 +144,7 @@ def test_llamafactory_example_fields(
         assert (spec.lora.r, spec.lora.alpha, spec.lora.dropout) == (8, 16.0, 0.0)
 
 
-@pytest.mark.parametrize("stage", ["dpo", "kto", "reward"])
+@pytest.mark.parametrize("stage", ["reward"])
 def test_llamafactory_other_stages_refused(stage: str, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["estimate", "--llamafactory", str(LF / f"train_lora/qwen3_lora_{stage}.yaml"), "--no_trace"])
     err = capsys.readouterr().err
@@ -183,6 +201,26 @@ EQUIVALENT = [
       "--lora_alpha", "16", "--lora_dropout", "0", "--lora_target_modules", "all-linear",
       "--load_in_4bit", "--use_bnb_nested_quant", "--bnb_4bit_quant_storage", "bfloat16",
       "--bnb_4bit_compute_dtype", "bfloat16", "--prepare_for_kbit_training", "false"]),
+    (["--llamafactory", str(LF / "train_lora/qwen3_lora_dpo.yaml"), "--model_name_or_path", QWEN3_4B],
+     ["--model_name_or_path", QWEN3_4B, "--trainer", "dpo", "--loss", "full-logits",
+      "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "8", "--max_seq_length", "2048",
+      "--dtype", "bfloat16", "--bf16", "--gradient_checkpointing", "--gradient_checkpointing_kwargs",
+      '{"use_reentrant": true}', "--use_peft", "--lora_r", "8", "--lora_alpha", "16", "--lora_dropout", "0",
+      "--lora_target_modules", "all-linear"]),
+    (["--llamafactory", str(LF / "train_lora/qwen3_lora_kto.yaml"), "--model_name_or_path", QWEN3_4B],
+     ["--model_name_or_path", QWEN3_4B, "--trainer", "kto", "--loss", "full-logits",
+      "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "8", "--max_seq_length", "2048",
+      "--dtype", "bfloat16", "--bf16", "--gradient_checkpointing", "--gradient_checkpointing_kwargs",
+      '{"use_reentrant": true}', "--use_peft", "--lora_r", "8", "--lora_alpha", "16", "--lora_dropout", "0",
+      "--lora_target_modules", "all-linear"]),
+    (["--axolotl", str(AX / "qwen3/32b-qlora.yaml")],  # gradient_checkpointing: offload (validation.py)
+     ["--model_name_or_path", "Qwen/Qwen3-32B", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps",
+      "2", "--max_seq_length", "2048", "--dtype", "bfloat16", "--bf16", "--optim", "adamw_torch_4bit",
+      "--gradient_checkpointing", "--gradient_checkpointing_kwargs", '{"use_reentrant": false}',
+      "--activation_offloading", "--loss", "cce", "--attn_implementation", "flash_attention_2", "--use_peft",
+      "--lora_r", "16", "--lora_alpha", "32", "--lora_dropout", "0", "--lora_target_modules", "q_proj", "k_proj",
+      "v_proj", "o_proj", "down_proj", "up_proj", "--load_in_4bit", "--bnb_4bit_quant_type", "nf4",
+      "--use_bnb_nested_quant", "--bnb_4bit_quant_storage", "bfloat16", "--prepare_for_kbit_training", "false"]),
 ]
 
 
@@ -203,7 +241,8 @@ def _comparable(report: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("from_file", "as_flags"), EQUIVALENT, ids=[
     "axolotl-lora-1b", "axolotl-qlora-1b", "axolotl-fft-8b", "axolotl-dpo-int8-8b", "axolotl-gpt-oss-zero3",
-    "lf-lora-sft", "lf-full-zero3", "lf-qlora"])
+    "lf-lora-sft", "lf-full-zero3", "lf-qlora", "lf-dpo-full-logits", "lf-kto-full-logits",
+    "axolotl-qwen3-32b-qlora-gc-offload"])
 def test_file_equals_flags(from_file: list[str], as_flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code_file, by_file = _json(capsys, from_file)
     code_flags, by_flags = _json(capsys, as_flags)
@@ -240,7 +279,7 @@ def test_unknown_keys_one_warning(tmp_path: Path) -> None:
     ("chunked_cross_entropy: true\n", "chunked_cross_entropy"),
     ("activation_offloading: disk\n", "activation_offloading"),
     ("activation_offloading: legacy\n", "activation_offloading"),
-    ("gradient_checkpointing: offload\n", "gradient_checkpointing"),
+    ("gradient_checkpointing: offload_disk\n", "gradient_checkpointing"),
     ("rl: orpo\n", "rl"),
     ("plugins: [some.other.Plugin]\n", "plugins"),
     ("adapter: lora\nlora_r: 8\nload_in_4bit: true\n", "load_in_4bit"),
@@ -259,6 +298,11 @@ def test_axolotl_refusals_name_the_key(tmp_path: Path, text: str, key: str) -> N
     ("finetuning_type: freeze\n", "finetuning_type"),
     ("stage: ppo\n", "stage"),
     ("upcast_lmhead_output: true\n", "upcast_lmhead_output"),
+    ("stage: dpo\npref_loss: orpo\n", "pref_loss"),
+    ("stage: dpo\nfinetuning_type: full\n", "finetuning_type"),
+    ("stage: dpo\nref_model: Qwen/Qwen3-8B\n", "ref_model"),
+    ("stage: kto\nfinetuning_type: full\n", "finetuning_type"),
+    ("stage: kto\nenable_liger_kernel: true\n", "enable_liger_kernel"),
 ])
 def test_llamafactory_refusals_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     path = _write(tmp_path, "model_name_or_path: Qwen/Qwen3-4B\nbf16: true\n" + text)

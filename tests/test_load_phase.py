@@ -96,3 +96,21 @@ def test_alloc_conf_flag_and_environment() -> None:
     assert read.returncode == 2 and "PYTORCH_CUDA_ALLOC_CONF" in read.stderr
     spec = _spec(cuda_alloc_conf="expandable_segments:True")
     assert spec.hardware.expandable_segments  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("change", [{"per_device_train_batch_size": 7}, {"optim": "adamw_8bit"},
+                                    {"use_bnb_nested_quant": False}, {"dtype": "float16", "bf16": False, "fp16": True},
+                                    {"load_in_4bit": False, "load_in_8bit": True},
+                                    {"cuda_alloc_conf": "expandable_segments:True"},
+                                    {"model_name_or_path": "openai/gpt-oss-20b", "load_in_4bit": False}])
+def test_memoised_replay_equals_a_fresh_one(change: dict[str, object]) -> None:
+    """The advisor estimates 100+ candidates; ``load_phase`` replays once per (model, quantization, load dtype,
+    allocator settings, capacity). A memo hit must equal a fresh replay for every spec it serves."""
+    from fitcheck.core.loading import phase
+
+    load_phase(_spec())  # type: ignore[arg-type]  # fill the memo with the base run
+    spec = _spec(**change)
+    served = load_phase(spec)  # type: ignore[arg-type]
+    assert served is not None
+    phase._MEMO.clear()
+    assert served == load_phase(spec)  # type: ignore[arg-type]

@@ -66,9 +66,17 @@ def test_kto_runs_the_fused_head() -> None:
     assert not runs_fused_head(TrainerKind.TRAINER) and not runs_fused_head(TrainerKind.REWARD)
 
 
+def test_full_logits_is_a_dpo_and_kto_variant_only() -> None:
+    # --loss full-logits: LLaMA-Factory's CustomDPOTrainer / CustomKTOTrainer read the full logits
+    assert not runs_fused_head(TrainerKind.DPO, "full-logits") and runs_fused_head(TrainerKind.DPO)
+    assert not runs_fused_head(TrainerKind.KTO, "full-logits") and runs_fused_head(TrainerKind.KTO)
+    assert runs_fused_head(TrainerKind.SFT, "full-logits") and runs_fused_head(TrainerKind.GRPO, "full-logits")
+
+
 def test_every_loss_kind_has_a_row() -> None:
     assert set(LOSSES) == set(LOSS_IMPLEMENTATIONS)
-    assert LOSSES["torch"] is None and all(LOSSES[k] is not None for k in LOSS_IMPLEMENTATIONS if k != "torch")
+    full = ("torch", "full-logits")  # the full-logits terms of fitcheck.core.activations, not a fused row
+    assert all((LOSSES[k] is None) == (k in full) for k in LOSS_IMPLEMENTATIONS)
 
 
 def _spec(loss: str):  # type: ignore[no-untyped-def]
@@ -84,7 +92,7 @@ def _spec(loss: str):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("loss", LOSS_IMPLEMENTATIONS)
 def test_each_loss_answers_its_own_bytes(loss: str) -> None:
     out = fused_loss(_spec(loss), act_bytes=2, residual_bytes=2, autocast=False)
-    assert (out is None) == (loss == "torch")
+    assert (out is None) == (loss in ("torch", "full-logits"))
     if out is not None:
         assert ("Liger" in out.detail) == (loss == "liger-flce") and ("Cut Cross" in out.detail) == (loss == "cce")
 

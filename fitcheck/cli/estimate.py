@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 FILE_FLAGS = ("training_args", "deepspeed", "config_file", "fsdp", "fsdp_config")
 TASK_FLAGS = ("task", "num_labels", "image_tokens")  # read by readers/task_heads.py, not by the merge
+LENGTH_FILES = ("training_args", "axolotl", "llamafactory")  # files that may set max_seq_length themselves
 
 
 def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -151,7 +152,9 @@ def spec_from_values(
         from fitcheck.readers import resolve_freeze
 
         values = resolve_freeze(values, inventory.shape.num_layers)
-    cli = {k: v for k, v in values.items() if (k not in FILE_FLAGS or k == "fsdp_config") and k not in TASK_FLAGS}
+    length_note = _lengths_set_max(values)
+    cli = {k: v for k, v in values.items()
+           if (k not in FILE_FLAGS or k == "fsdp_config") and k not in TASK_FLAGS and k != "seq_lengths"}
     alloc_conf = env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF")
     if alloc_conf and "cuda_alloc_conf" not in cli:  # the caching allocator's settings of the launching shell
         cli["cuda_alloc_conf"] = alloc_conf
@@ -187,11 +190,23 @@ def spec_from_values(
 
     # TRL's own config class validates its fields (when TRL is installed)
     check_trl_config(spec, {k: v for k, v in values.items() if k in TRL_FLAG_NAMES})
-    notes = (cpu_note,) if cpu_note else ()
+    notes = tuple(n for n in (cpu_note, length_note) if n)
     if framework is None:
         return spec, (*assumptions, *notes)
     spec = dataclasses.replace(spec, findings=(*spec.findings, *framework.findings))
     return spec, (*assumptions, *framework.notes, *notes)
+
+
+def _lengths_set_max(values: dict[str, object]) -> str | None:
+    """With ``--seq_lengths`` and no ``--max_seq_length`` (nor a file that may give it), the longest of the
+    lengths is the run's ``max_seq_length``; returns the assumption said, or None."""
+    if "seq_lengths" not in values or "max_seq_length" in values or any(f in values for f in LENGTH_FILES):
+        return None
+    from fitcheck.readers import parse_seq_lengths
+
+    longest = max(parse_seq_lengths(str(values["seq_lengths"])))
+    values["max_seq_length"] = longest
+    return f"max_seq_length {longest}: the longest of --seq_lengths (pass --max_seq_length to set it)"
 
 
 def framework_values(
@@ -253,7 +268,17 @@ def build_report(
 
     if args.trace and getattr(args, "no_trace", False):
         raise ConfigError("--trace and --no_trace contradict each other; pass one of them")
-    path = PinnedPath("always" if args.trace else "never" if getattr(args, "no_trace", False) else "auto")
+    lengths: tuple[int, ...] = ()
+    if getattr(args, "seq_lengths", None):
+        from fitcheck.readers import check_seq_lengths, parse_seq_lengths
+
+        if getattr(args, "no_trace", False):
+            raise ConfigError("--seq_lengths replays the traced step through the caching allocator and --no_trace "
+                              "forbids tracing: drop one of them")
+        lengths = parse_seq_lengths(str(args.seq_lengths))
+        check_seq_lengths(lengths, spec.batch.seq_len)
+    path = PinnedPath("always" if args.trace else "never" if getattr(args, "no_trace", False) else "auto",
+                      seq_lengths=lengths)
     extra_findings: tuple[Finding, ...] = ()
     if getattr(args, "device_map", None):
         from fitcheck.torch_adapters import device_map_findings

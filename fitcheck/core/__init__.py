@@ -10,12 +10,14 @@ No torch import, no files, no environment reads, no printing. The orchestration 
 
 Rooms: :mod:`.states` (weights, adapters, gradients, optimizer states, sharding), :mod:`.activations`
 (saved activations, logits, backward), :mod:`.optimizers` (every ``optim`` value), :mod:`.trainers` (TRL's
-SFT/DPO/GRPO/Reward steps: fused LM head, reference model, generation phase).
+SFT/DPO/GRPO/Reward steps: fused LM head, reference model, generation phase), :mod:`.loading` (the load phase),
+:mod:`.saving` (the save phase: :func:`save_cost`).
 """
 
 from fitcheck.core.allocator import reserved_bytes
 from fitcheck.core.compute import ComputeAssumptions, ComputeEstimate, compute_estimate, relative_time_per_token
 from fitcheck.core.estimator import estimate
+from fitcheck.core.saving import save_cost
 from fitcheck.core.step import collect_components, peak_phase
 
 __all__ = [
@@ -27,4 +29,5 @@ __all__ = [
     "peak_phase",
     "relative_time_per_token",
     "reserved_bytes",
+    "save_cost",
 ]

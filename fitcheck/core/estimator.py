@@ -19,6 +19,7 @@ from fitcheck.core.parallelism import (
     parallel_findings,
     rank_local_spec,
 )
+from fitcheck.core.saving import save_components, save_cost, save_findings
 from fitcheck.core.states import (
     describe_regime,
     fsdp_qlora_findings,
@@ -153,9 +154,13 @@ def estimate(
     )
     if loaded is not None:
         components = (*components, load_component(loaded))
+    # Trainer.save_model's gathers on rank 0 (core/saving): the resident states plus the largest gather
+    saving = None if parallel else save_cost(local)
+    components = (*components, *save_components(saving, components))
     phase, totals = peak_phase(components)
     peak_allocated = totals[phase]
-    peak_reserved = run_reserved(step_reserved, loaded)
+    peak_reserved = max(run_reserved(step_reserved, loaded), reserved_bytes(local, totals.get(Phase.SAVE, 0),
+                                                                            transient_bytes=0))
     outside = sum(c.peak_bytes for c in components if c.location is Location.DEVICE_OTHER)
     device_used = peak_reserved + outside
     budget = spec.hardware.gpu_memory_bytes
@@ -171,6 +176,7 @@ def estimate(
         *fsdp_qlora_findings(local, budget, spec.hardware.host_memory_bytes),  # FSDP-QLoRA, FSDP loading
         *allocator_findings(local, gap_fraction),
         *load_findings(loaded, step_reserved),
+        *save_findings(saving, spec.hardware.host_memory_bytes),
         *versions_findings(spec),  # library versions vs the modelled ones (activations/versions.py)
         *evaluation_findings(spec, totals),
         *parallel_findings(spec, traced=parallel and activations is not None),

@@ -32,6 +32,7 @@ from fitcheck.readers.parallelism import PARALLELISM_FLAGS, read_parallelism
 from fitcheck.readers.peft_config import read_adapter_config
 from fitcheck.readers.run_args import spec_from_settings, spec_from_values
 from fitcheck.readers.run_settings import CliFlag, RunSettings, cli_flags
+from fitcheck.readers.seq_lengths import check_seq_lengths, parse_seq_lengths
 from fitcheck.readers.settings_table import SETTINGS, canonical_key
 from fitcheck.readers.sources import read_text_file, safe_json_load, safe_yaml_load
 from fitcheck.readers.task_heads import (
@@ -61,6 +62,7 @@ __all__ = [
     "RunSettings",
     "accelerate_deepspeed_config",
     "canonical_key",
+    "check_seq_lengths",
     "classifier_inventory",
     "cli_flags",
     "default_config_path",
@@ -71,6 +73,7 @@ __all__ = [
     "load_inventory",
     "merge_sources",
     "mlp_kind",
+    "parse_seq_lengths",
     "parse_stack",
     "pure_task_supported",
     "read_adapter_config",

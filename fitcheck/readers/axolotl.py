@@ -20,7 +20,8 @@ accelerate==1.13.0, trl==1.9.0), so its source is read at commit ``067b021c8b87a
 * checkpointing: ``core/builders/base.py`` ``_configure_gradient_checkpointing`` (``use_reentrant`` false when no
   kwargs are given); ``activation_offloading: true`` is TRL's ``OffloadActivations`` with CUDA streams
   (``core/trainers/mixins/activation_checkpointing.py``) and, without an adapter, every decoder layer is
-  checkpointed too (``loaders/model.py`` ``_apply_activation_checkpointing``);
+  checkpointed too (``loaders/model.py`` ``_apply_activation_checkpointing``); ``gradient_checkpointing: offload``
+  is rewritten to both (``utils/schemas/validation.py`` ``check_gradient_checkpointing_w_offload``);
 * ``sample_packing``: the multipack sampler packs ``micro_batch_size x sequence_len`` tokens per step
   (``core/trainers/base.py`` ``_create_multipack_sampler``): the same tokens as ``micro_batch_size`` rows of
   ``sequence_len``;
@@ -238,12 +239,22 @@ def _optimizer(raw: Mapping[str, object], out: _Out) -> None:
 
 def _checkpointing(raw: Mapping[str, object], out: _Out, adapter: str | None) -> None:
     gc = raw.get("gradient_checkpointing", False)
-    if gc in ("offload", "offload_disk"):
-        out.refuse("gradient_checkpointing", f"{gc!r}: axolotl's checkpointing with the checkpointed inputs "
-                   "offloaded (monkeypatch/gradient_checkpointing) is not modelled; use true")
+    ao = raw.get("activation_offloading", False)
+    gc_offload = gc == "offload"
+    if gc_offload:
+        # utils/schemas/validation.py check_gradient_checkpointing_w_offload (axolotl@067b021, L1425-1442): the
+        # deprecated ``offload`` becomes gradient_checkpointing true + activation_offloading true (TRL's
+        # OffloadActivations with streams; the CPU_Offloaded_Gradient_Checkpointer wrapper of
+        # monkeypatch/gradient_checkpointing/offload_cpu.py is patched in only for activation_offloading: legacy,
+        # loaders/patch_manager.py _apply_gradient_checkpointing_patches L651-661). One home: the same spec as
+        # ``--gradient_checkpointing --activation_offloading``.
+        gc, ao = True, True
+    elif gc == "offload_disk":
+        out.refuse("gradient_checkpointing", "'offload_disk': axolotl turns it into activation_offloading: disk "
+                   "(utils/schemas/validation.py check_gradient_checkpointing_w_offload): saved tensors written to "
+                   "disk are not modelled; use offload or true")
         gc = True
     checkpointing = as_bool(gc if gc is not None else False, at=_at(out, "gradient_checkpointing"))
-    ao = raw.get("activation_offloading", False)
     if ao in ("legacy", "disk", "hidden_states"):
         why = {"legacy": "synchronous offloading without the CUDA-stream stash",
                "disk": "saved tensors written to disk",
@@ -253,7 +264,10 @@ def _checkpointing(raw: Mapping[str, object], out: _Out, adapter: str | None) ->
         ao = False
     offload = as_bool(ao if ao is not None else False, at=_at(out, "activation_offloading"))
     if offload:
-        out.set("activation_offloading", True, "activation_offloading")
+        out.set("activation_offloading", True, "gradient_checkpointing" if gc_offload else "activation_offloading")
+        if gc_offload:
+            out.notes.append("gradient_checkpointing: offload is axolotl's deprecated spelling of "
+                             "gradient_checkpointing: true + activation_offloading: true (validation.py)")
         if adapter is None:  # loaders/model.py: every decoder layer checkpointed, the boundaries offloaded
             checkpointing = True
             out.notes.append("activation_offloading without an adapter: axolotl checkpoints every decoder layer "

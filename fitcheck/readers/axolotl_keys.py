@@ -20,8 +20,15 @@ REFUSED: dict[str, str] = {
     "_apply_chunked_cross_entropy_patch) is not modelled; use the Cut Cross-Entropy plugin (--loss cce) or the "
     "Liger plugin with liger_fused_linear_cross_entropy, or drop the key",
     "chunked_cross_entropy_num_chunks": "belongs to chunked_cross_entropy, which is not modelled",
-    "use_kernels": "Hub kernels (kernels.kernelize) replace the MLP/MoE forward; what they save for backward is "
-    "not modelled; set use_kernels: false",
+    # axolotl@067b021 loaders/model.py L225-228 passes use_kernels to from_pretrained; transformers 5.23
+    # modeling_utils.py set_use_kernels -> integrations/hub_kernels.py kernelize: in training mode on CUDA the
+    # default mapping swaps GptOssMLP for kernels-community/megablocks MegaBlocksMoeMLP v1, every RMSNorm for
+    # kernels-community/liger-kernels LigerRMSNorm v3 and ForCausalLMLoss for LigerForCausalLMLossLayer v3.
+    # Those are Hub builds fetched at kernelize time: their source is in no pinned package (the `kernels` package
+    # itself is not in the stack), so what MegaBlocks' dropless MoE saves for backward cannot be read or traced.
+    "use_kernels": "transformers' kernelize swaps in Hub kernels (gpt-oss: MegaBlocks' MoE MLP, Liger's RMSNorm "
+    "and loss from kernels-community builds fetched at run time, in no pinned package), whose saved tensors "
+    "cannot be read from source or traced; set use_kernels: false",
     "tiled_mlp": "axolotl's tiled MLP (ALST) recomputes the MLP in tiles; not modelled",
     "layer_offloading": "parameters offloaded to CPU between layers are not modelled",
     "selective_checkpointing": "selective activation checkpointing (saved attention ops) is not modelled",

@@ -147,6 +147,7 @@ def zero_spec(
     overlap = z.flag("overlap_comm", _DS.overlap_comm)
     contiguous = z.flag("contiguous_gradients", _DS.contiguous_gradients)
     off_opt, off_par, pin = _offloads(z, stage, findings)
+    gather = _gather_on_save(z)
     return DeepSpeedSpec(
         stage=stage,
         offload_optimizer=off_opt,
@@ -161,7 +162,23 @@ def zero_spec(
         sub_group_size=sub_group,
         zero3_init=_DS.zero3_init,
         pin_memory=pin,
+        gather_16bit_on_save=bool(gather) and stage == 3,
     )
+
+
+_GATHER_KEYS = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+                "stage3_gather_fp16_weights_on_model_save")
+
+
+def _gather_on_save(z: _ZeroSection) -> bool:
+    """``stage3_gather_16bit_weights_on_model_save`` (deepspeed 0.19.8 zero/config.py, default False; aliases read).
+    ``"auto"`` is filled by accelerate 1.15 from ``zero3_save_16bit_model`` (utils/dataclasses.py; its env default
+    ``ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL`` false): read as False."""
+    item = z.get(*_GATHER_KEYS)
+    if item is None:
+        return False
+    z.prov["gather_16bit_on_save"] = z.at(item[0])
+    return False if is_auto(item[1]) else as_bool(item[1], at=z.at(item[0]))
 
 
 def _check_keys(zero: Mapping[str, object], source: str, findings: list[Finding]) -> None:

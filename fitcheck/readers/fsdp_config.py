@@ -123,6 +123,7 @@ def fsdp_from_config(cfg: Mapping[str, object], *, source: str, flavour: str) ->
         if c.get("activation_checkpointing") is not None
         else None
     )
+    state_dict_type = _state_dict_type(c, version, flavour, at, prov)
     try:
         spec = FsdpSpec(
             version=version,
@@ -133,10 +134,36 @@ def fsdp_from_config(cfg: Mapping[str, object], *, source: str, flavour: str) ->
             auto_wrap_policy=policy,
             min_num_params=min_params,
             cpu_ram_efficient_loading=ram_efficient,
+            state_dict_type=state_dict_type,
         )
     except ValueError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return FsdpRead(spec, ac, prov, tuple(findings))
+
+
+_STATE_DICT_TYPES = {"1": "FULL_STATE_DICT", "2": "LOCAL_STATE_DICT", "3": "SHARDED_STATE_DICT"}  # torch StateDictType
+
+
+def _state_dict_type(c: Mapping[str, object], version: int, flavour: str, at: Callable[[str], str],
+                     prov: dict[str, str]) -> str:
+    """``state_dict_type``, or the default: transformers 5.23 training_args.py ``fsdp_config.get("state_dict_type",
+    "FULL_STATE_DICT")`` for the Trainer's fsdp_config; accelerate 1.15 ``set_state_dict_type`` (FULL for FSDP1,
+    SHARDED for FSDP2) for an accelerate config."""
+    raw = c.get("state_dict_type")
+    if raw is None:
+        default = "FULL_STATE_DICT" if flavour == "trainer" or version == 1 else "SHARDED_STATE_DICT"
+        prov["state_dict_type"] = f"{flavour} default {default}"
+        return default
+    text = str(raw).strip().upper()
+    text = _STATE_DICT_TYPES.get(text, text)
+    if text not in _STATE_DICT_TYPES.values():
+        raise ConfigError(f"{at('state_dict_type')}: {raw!r} is not a state dict type; use FULL_STATE_DICT, "
+                          "SHARDED_STATE_DICT or LOCAL_STATE_DICT")
+    if version == 2 and text == "LOCAL_STATE_DICT":
+        raise ConfigError(f"{at('state_dict_type')}: FSDP2 does not support LOCAL_STATE_DICT (accelerate 1.15 "
+                          "refuses it); use SHARDED_STATE_DICT or FULL_STATE_DICT")
+    prov["state_dict_type"] = at("state_dict_type")
+    return text
 
 
 def _version(

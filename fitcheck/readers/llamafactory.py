@@ -21,7 +21,13 @@ DataArguments, FinetuningArguments and ``Seq2SeqTrainingArguments``: the Trainin
 * ``model/adapter.py`` ``init_adapter``: trainable parameters are cast to fp32 unless ``pure_bf16``, BAdam, or
   ZeRO-3 without quantization;
 * ``model/model_utils/checkpointing.py``: checkpointing is on unless ``disable_gradient_checkpointing``;
-* ``model/loader.py``: Liger with ``fused_linear_cross_entropy`` for stages pt and sft.
+* ``model/loader.py``: Liger with ``fused_linear_cross_entropy`` for stages pt and sft;
+* ``stage: dpo|kto``: ``train/{dpo,kto}/workflow.py`` and ``trainer.py``: TRL's DPOTrainer / KTOTrainer
+  subclassed with log-probs from the full fp32 logits (``--trainer dpo|kto --loss full-logits``,
+  ``fitcheck.core.trainers.full_logits``); every row up to ``cutoff_len`` (``data/processor/pairwise.py``,
+  ``feedback.py``); dropout disabled in the model (``disable_dropout_in_model`` in both trainers' ``__init__``);
+  under LoRA the reference is the base with the adapters disabled (``trainer_utils.py`` ``create_ref_model``
+  returns None for lora).
 """
 
 from __future__ import annotations
@@ -41,10 +47,6 @@ LLAMAFACTORY_COMMIT = "ff6d4d12eeb035d6ce06805a5733dd7b29f2ac30"
 FREEZE_KEY = "llamafactory_freeze_layers"  # a FrameworkRun value resolved with the model's layer count
 
 _STAGE_REFUSED = {
-    "dpo": "LLaMA-Factory's CustomDPOTrainer computes full fp32 logits of chosen + rejected "
-    "(train/dpo/trainer.py concatenated_forward), not TRL 1.16's chunked LM head that --trainer dpo models",
-    "kto": "LLaMA-Factory's CustomKTOTrainer computes full fp32 logits (train/kto/trainer.py), not TRL 1.16's "
-    "chunked LM head that --trainer kto models",
     "rm": "LLaMA-Factory's PairwiseTrainer runs a value-head model (AutoModelForCausalLMWithValueHead) over "
     "chosen + rejected, not a sequence-classification reward model",
     "ppo": "PPO (policy, reference, reward and value models with generation) is not modelled",
@@ -172,7 +174,7 @@ def _read(raw: Mapping[str, object], out: _Out, cwd: str) -> None:
     if stage in _STAGE_REFUSED:
         out.refuse("stage", f"{stage}: {_STAGE_REFUSED[stage]}")
         return
-    if stage not in ("sft", "pt"):
+    if stage not in ("sft", "pt", "dpo", "kto"):
         raise ConfigError(f"{_at(out, 'stage')}: {stage!r} is not one of pt, sft, rm, ppo, dpo, kto")
     ta_keys = {k: v for k, v in raw.items() if k in SPELLINGS and k not in _MAPPED}
     ta = read_training_args_mapping(ta_keys, source=out.path)
@@ -182,6 +184,8 @@ def _read(raw: Mapping[str, object], out: _Out, cwd: str) -> None:
     out.set("model_name_or_path", as_str(raw["model_name_or_path"], at=_at(out, "model_name_or_path")),
             "model_name_or_path")
     out.set("trainer", "trainer", "stage")
+    if stage in ("dpo", "kto"):
+        _preference(raw, out, stage)
     out.set("max_seq_length", as_int(_get(raw, "cutoff_len", 2048), at=_at(out, "cutoff_len"), minimum=1),
             "cutoff_len")
     pure_bf16 = as_bool(_get(raw, "pure_bf16", False), at=_at(out, "pure_bf16"))
@@ -194,6 +198,8 @@ def _read(raw: Mapping[str, object], out: _Out, cwd: str) -> None:
     quant = _quantization(raw, out, dtype)
     cast = not pure_bf16 and not (quant is None and zero3)
     _finetuning(raw, out, dtype, cast)
+    if stage in ("dpo", "kto") and out.values.get("lora_dropout"):  # Custom{DPO,KTO}Trainer.__init__
+        out.set("lora_dropout", 0.0, "stage (its trainer runs disable_dropout_in_model)")
     _checkpointing(raw, out)
     _attention(raw, out)
     if raw.get("enable_liger_kernel"):
@@ -201,6 +207,31 @@ def _read(raw: Mapping[str, object], out: _Out, cwd: str) -> None:
     if raw.get("packing") or raw.get("neat_packing") or (raw.get("packing") is None and stage == "pt"):
         out.notes.append(f"packing: every row holds cutoff_len = {out.values['max_seq_length']} tokens "
                          "(data/processor packing)")
+
+
+def _preference(raw: Mapping[str, object], out: _Out, stage: str) -> None:
+    """``stage: dpo|kto`` (LLaMA-Factory@ff6d4d1 train/dpo/, train/kto/): TRL's DPOTrainer / KTOTrainer kind with
+    the full-logits log-probs (``--loss full-logits``)."""
+    loss = as_str(_get(raw, "pref_loss", "sigmoid"), at=_at(out, "pref_loss"))
+    if stage == "dpo" and loss in ("orpo", "simpo"):  # hparams/finetuning_args.py L593: no reference model
+        out.refuse("pref_loss", f"{loss}: no reference forward (use_ref_model false), a step not modelled; "
+                   "sigmoid, hinge, ipo and kto_pair are")
+    if raw.get("ref_model"):
+        out.refuse("ref_model", "a reference model loaded from another checkpoint (trainer_utils.py "
+                   "create_ref_model) is not modelled")
+    if as_str(_get(raw, "finetuning_type", "lora"), at=_at(out, "finetuning_type")) != "lora":
+        out.refuse("finetuning_type", f"stage {stage} with full/freeze tuning: the reference copy is loaded untrained "
+                   "in the compute dtype next to an fp32-cast policy (trainer_utils.py create_ref_model), not "
+                   "modelled; lora is")
+    if raw.get("enable_liger_kernel"):
+        out.refuse("enable_liger_kernel", f"with stage {stage} (Liger's kernels around LLaMA-Factory's "
+                   "full-logits loss) is not modelled")
+    out.set("trainer", stage, "stage")
+    out.set("loss", "full-logits", "stage")
+    rows = ("chosen + rejected (train/dpo/trainer.py concatenated_forward)" if stage == "dpo"
+            else "the completions and the KL rows (train/kto/trainer.py concatenated_forward)")
+    out.notes.append(f"stage: {stage} is TRL's {stage.upper()}Trainer with LLaMA-Factory's log-probs from the full "
+                     f"fp32 logits of {rows}, each row up to cutoff_len")
 
 
 def _deepspeed(raw: Mapping[str, object], out: _Out, cwd: str) -> bool:

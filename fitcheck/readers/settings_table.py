@@ -309,6 +309,10 @@ SETTINGS: dict[str, Setting] = {
     "cuda_alloc_conf": Setting(S, "the PYTORCH_CUDA_ALLOC_CONF value the run uses, e.g. "
                                "'expandable_segments:True,max_split_size_mb:128' (default: the environment's)",
                                aliases=(Alias("pytorch_cuda_alloc_conf", "the environment variable's name"),)),
+    "seq_lengths": Setting(S, "padded lengths of successive batches (padded to the longest), replayed through "
+                           "the caching allocator for what they leave reserved: 512,1024,768,2048 (that order) or "
+                           "MIN:MAX[:STEPS] (STEPS lengths, default 4, shortest first); at most 16; needs torch",
+                           use=Use.CLI),  # read by readers/seq_lengths.py in the CLI
     "stack": Setting(R, "library versions to estimate for, e.g. transformers=4.46,peft=0.13 (default: the installed "
                      "ones)"),  # read by readers/versions.py
     # checks

@@ -190,9 +190,17 @@ def trainer_spec(s: RunSettings, spec: TrainingSpec) -> tuple[TrainerSpec | None
             raise ConfigError(f"--{extra[0]} is a TRL config field: add --trainer sft|dpo|grpo|reward|kto")
     evaluation = _eval_fields(s)
     kbit = _kbit_note(spec, kind)
+    if spec.activations.loss == "full-logits":
+        if row.full_logits is None:
+            raise ConfigError(f"--loss full-logits is the log-probs-from-full-fp32-logits variant of --trainer "
+                              f"dpo|kto (LLaMA-Factory's CustomDPOTrainer / CustomKTOTrainer); --trainer "
+                              f"{kind.value} has no such variant: drop --loss")
+        if evaluation.get("eval_batch_size") is not None:
+            raise ConfigError("--loss full-logits with --per_device_eval_batch_size: the evaluation step of the "
+                              "full-logits variant is not modelled; drop the evaluation flags")
     if not row.trl:
         return (TrainerSpec(**evaluation) if evaluation else None), kbit  # type: ignore[arg-type]
-    if row.fused_head is not None and spec.activations.loss != "torch":
+    if row.fused_head is not None and spec.activations.loss not in ("torch", "full-logits"):
         # TRL 1.16 computes these losses with its own chunked LM head (trl/kernels/chunked_logprob.py); a
         # --loss implementation would never run (sft_trainer.py also turns Liger's FLCE off, L1134-1140)
         raise ConfigError(

@@ -48,6 +48,7 @@ class DeepSpeedSpec:
     sub_group_size: int = 1_000_000_000
     zero3_init: bool = True
     pin_memory: bool = False
+    gather_16bit_on_save: bool = False  # stage3_gather_16bit_weights_on_model_save (DeepSpeed default False)
 
     def __post_init__(self) -> None:
         if self.stage not in (0, 1, 2, 3):
@@ -84,6 +85,9 @@ class FsdpSpec:
         min_num_params: ``fsdp_min_num_params`` for SIZE_BASED_WRAP.
         cpu_ram_efficient_loading: ``fsdp_cpu_ram_efficient_loading``: only local rank 0 loads the checkpoint
             into host RAM, the other ranks hold empty weights (accelerate 1.15 ``FullyShardedDataParallelPlugin``).
+        state_dict_type: ``fsdp_state_dict_type``: ``FULL_STATE_DICT``, ``SHARDED_STATE_DICT`` or
+            ``LOCAL_STATE_DICT``; empty: accelerate 1.15's default (``set_state_dict_type``: FULL for FSDP1,
+            SHARDED for FSDP2).
     """
 
     version: int = 2
@@ -96,6 +100,13 @@ class FsdpSpec:
     auto_wrap_policy: AutoWrapPolicy = "TRANSFORMER_BASED_WRAP"
     min_num_params: int = 0
     cpu_ram_efficient_loading: bool = False
+    state_dict_type: str = ""
+
+    @property
+    def saves_full_state_dict(self) -> bool:
+        """Whether saving gathers the full state dict (``FULL_STATE_DICT``, explicit or accelerate's default)."""
+        return (self.state_dict_type or ("FULL_STATE_DICT" if self.version == 1 else "SHARDED_STATE_DICT")) \
+            == "FULL_STATE_DICT"
 
 
 @dataclass(frozen=True)

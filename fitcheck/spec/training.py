@@ -266,7 +266,7 @@ class LigerSpec:
 
 
 # ``--loss`` values: the implementation computing the LM loss (fitcheck/core/kernels/__init__.py documents each).
-LossKind = Literal["torch", "liger-flce", "cce"]
+LossKind = Literal["torch", "liger-flce", "cce", "full-logits"]
 
 
 LOSS_IMPLEMENTATIONS: tuple[LossKind, ...] = get_args(LossKind)
@@ -281,7 +281,9 @@ class ActivationSpec:
         checkpoint_every_n_layers: Checkpoint one layer in n (transformers 5 ``every_n_layers``).
         attn_implementation: Attention kernel.
         loss: ``"torch"`` (transformers' ForCausalLMLoss on full logits), ``"liger-flce"`` (Liger's fused
-            linear cross-entropy) or ``"cce"`` (Apple's Cut Cross-Entropy); see ``LOSS_IMPLEMENTATIONS``.
+            linear cross-entropy), ``"cce"`` (Apple's Cut Cross-Entropy) or ``"full-logits"`` (a TRL DPO subclass
+            computing log-probs from the full fp32 logits: LLaMA-Factory's CustomDPOTrainer); see
+            ``LOSS_IMPLEMENTATIONS``.
         liger: Liger-Kernel patches, when ``use_liger_kernel`` is on.
         offload_activations: TRL ``activation_offloading`` (saved tensors moved to pinned host memory).
         use_reentrant: ``gradient_checkpointing_kwargs={"use_reentrant": True}``.

@@ -20,7 +20,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fitcheck.torch_adapters.allocator_replay import StepReplay, replay_events, replay_step
+    from fitcheck.torch_adapters.allocator_replay import StepReplay, replay_events, replay_lengths, replay_step
     from fitcheck.torch_adapters.device_map_check import device_map_findings
     from fitcheck.torch_adapters.device_map_split import multi_gpu_shares
     from fitcheck.torch_adapters.differential import (
@@ -81,6 +81,7 @@ _WHERE = {
     "LiveTensorRecorder": "tracer_recorder",
     "StepReplay": "allocator_replay",
     "replay_events": "allocator_replay",
+    "replay_lengths": "allocator_replay",
     "replay_step": "allocator_replay",
     "RegionStats": "tracer_recorder",
     "hf_config": "tracer_build",
@@ -135,6 +136,7 @@ __all__ = [
     "phase_errors",
     "reduced_config",
     "replay_events",
+    "replay_lengths",
     "replay_step",
     "trace_components",
     "trace_extrapolated",

@@ -93,6 +93,42 @@ def _after_warmup(events: Sequence[tuple[int, int, str]], alloc: CachingAllocato
     return sum(sizes.values())
 
 
+def replay_lengths(spec: TrainingSpec, seq_lengths: Sequence[int]) -> tuple[StepReplay, StepReplay]:
+    """The steps of ``seq_lengths`` replayed in order, and the longest of them replayed alone (same traces).
+
+    The second is what stays reserved once the allocator has released its cached segments: when a ``cudaMalloc``
+    fails, ``CUDACachingAllocator.cpp`` frees every unsplit cached segment (``release_cached_blocks``) and retries,
+    so near the GPU's capacity the blocks earlier, shorter steps left cached do not stop the longest step.
+
+    Args:
+        spec: The training spec (its model must carry config.json).
+        seq_lengths: Padded lengths of successive steps.
+
+    Returns:
+        (the sequence's replay, the longest length's replay alone).
+    """
+    traces = _traces(spec, tuple(seq_lengths))
+    conf = allocator_conf(spec)
+    longest = max(range(len(traces)), key=lambda k: seq_lengths[k])
+    return (replay_events(traces, conf, tuple(seq_lengths)),
+            replay_events([traces[longest]], conf, (seq_lengths[longest],)))
+
+
+def _traces(spec: TrainingSpec, lengths: tuple[int, ...]) -> list[Sequence[tuple[int, int, str]]]:
+    """``alloc_events`` of the spec's step traced at two repeating layer groups, one trace per length."""
+    from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
+    from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
+
+    config = spec.model.config
+    depth = min(config_layers(config), 2 * layer_group(config))
+    kwargs = trace_kwargs(spec)
+    traces: list[Sequence[tuple[int, int, str]]] = []
+    for length in lengths:
+        kwargs["seq_len"] = length
+        traces.append(trace_step(config, num_layers=depth, **kwargs).alloc_events)
+    return traces
+
+
 def replay_step(spec: TrainingSpec, seq_lengths: Sequence[int] | None = None) -> StepReplay:
     """Trace the spec's step (two repeating layer groups) at each length and replay it through the allocator.
 
@@ -103,15 +139,5 @@ def replay_step(spec: TrainingSpec, seq_lengths: Sequence[int] | None = None) ->
     Returns:
         The replay's peaks and gap fraction.
     """
-    from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
-    from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
-
-    config = spec.model.config
-    depth = min(config_layers(config), 2 * layer_group(config))
     lengths = tuple(seq_lengths or (spec.batch.seq_len,))
-    kwargs = trace_kwargs(spec)
-    traces = []
-    for length in lengths:
-        kwargs["seq_len"] = length
-        traces.append(trace_step(config, num_layers=depth, **kwargs).alloc_events)
-    return replay_events(traces, allocator_conf(spec), lengths)
+    return replay_events(_traces(spec, lengths), allocator_conf(spec), lengths)

@@ -80,12 +80,15 @@ def _cache_key(spec: TrainingSpec) -> str:
 class PinnedPath:
     """Chooses formula or trace per spec, and estimates with it (an ``EstimateFn``)."""
 
-    def __init__(self, mode: str = "auto", *, can_trace: bool | None = None, strict: bool | None = None) -> None:
+    def __init__(self, mode: str = "auto", *, can_trace: bool | None = None, strict: bool | None = None,
+                 seq_lengths: tuple[int, ...] = ()) -> None:
         """Args:
         mode: ``auto``, ``always`` or ``never``.
         can_trace: Whether tracing is possible (default: torch and transformers importable).
         strict: Whether a trace that cannot run is an error (default: only for ``always``, the user's
             ``--trace``); otherwise the formulas answer with the reason.
+        seq_lengths: ``--seq_lengths``: padded lengths of successive steps; when given, the allocator's gap is
+            replayed over them (``allocator_replay.replay_step``) whichever path gives the activations.
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -96,6 +99,9 @@ class PinnedPath:
         self._failed: dict[str, str] = {}  # cache key -> why its trace could not run
         self.traced_answers = 0
         self._gaps: dict[str, float] = {}  # cache key -> the traced step's allocator gap (allocator_replay)
+        self.seq_lengths = seq_lengths
+        self._length_gaps: dict[str, Any] = {}  # cache key -> allocator_replay.StepReplay over seq_lengths
+        self._headline_replay: Any = None  # the first spec's replay: what following() paths reuse
 
     def wants_trace(self, spec: TrainingSpec) -> bool:
         """Whether this spec's activations should come from a trace."""
@@ -158,7 +164,63 @@ class PinnedPath:
         other = PinnedPath("always" if traced else "never", can_trace=self.can_trace, strict=False)
         other._traces, other._failed = self._traces, self._failed
         other._gaps = self._gaps
+        other.seq_lengths = self.seq_lengths
+        other._length_gaps = self._length_gaps
+        other._headline_replay = self._headline_replay
         return other
+
+    def _with_lengths(self, spec: TrainingSpec, comps: tuple[Component, ...] | None) -> Report:
+        """The estimate with the allocator gap of the ``seq_lengths`` replay.
+
+        Above the GPU's memory, torch's allocator releases its unsplit cached segments and retries
+        (``release_cached_blocks``, CUDACachingAllocator.cpp) before it raises: where the longest step replayed
+        alone fits, that is the answer, and a finding says nvidia-smi will show the GPU nearly full.
+        """
+        from fitcheck.core import estimate
+
+        sequence, alone = self.length_replay(spec)
+        report = estimate(spec, activations=comps, gap_fraction=sequence.gap_fraction)
+        released = None
+        if report.device_used_bytes > report.budget_bytes:
+            retry = estimate(spec, activations=comps, gap_fraction=alone.gap_fraction)
+            if retry.device_used_bytes <= retry.budget_bytes:
+                released, report = report, retry
+        note = _lengths_finding(spec, sequence, alone, released)
+        return dataclasses.replace(report, findings=(*report.findings, note))
+
+    def length_replay(self, spec: TrainingSpec) -> Any:
+        """``allocator_replay.replay_lengths`` of ``seq_lengths`` for a spec: (the sequence, the longest alone).
+
+        The first spec asked (the headline) is replayed: its step traced at two layer groups at each length
+        (capped at the spec's ``max_seq_length``) and run through the caching allocator in order. Later specs
+        (the largest micro-batch, the advisor's suggestions) reuse the headline's gap fraction rather than
+        replaying N more steps each.
+
+        Raises:
+            ConfigError: The replay cannot run (torch missing, a model the tracer cannot build).
+        """
+        if self._headline_replay is not None:
+            return self._length_gaps.get(_cache_key(spec), self._headline_replay)
+        from fitcheck.errors import ConfigError
+
+        if not self.can_trace:
+            raise ConfigError("--seq_lengths replays the traced step through the caching allocator and needs torch "
+                              "and transformers: install them, or drop --seq_lengths")
+        lengths = tuple(min(n, spec.batch.seq_len) for n in self.seq_lengths)
+        try:
+            import warnings
+
+            from fitcheck.torch_adapters.allocator_replay import replay_lengths
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                replay = replay_lengths(spec, lengths)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+            raise ConfigError(f"--seq_lengths: the step of this model could not be traced for the allocator replay "
+                              f"({reason}); drop --seq_lengths to use the published 11 % gap") from None
+        self._length_gaps[_cache_key(spec)] = self._headline_replay = replay
+        return replay
 
     def __call__(self, spec: TrainingSpec) -> Report:
         """Estimate a spec on this path (the ``estimate_fn`` of the batch search and the advisor)."""
@@ -166,12 +228,44 @@ class PinnedPath:
 
         if self.mode == "auto" and self.wants_trace(spec):
             formula = estimate(spec)  # inside the envelope with no "not modelled" note: the formula is pinned
-            if formula.pinned:
+            if formula.pinned and not self.seq_lengths:
                 return formula
+            if formula.pinned:  # the pinned formula's activations, the replayed lengths' gap
+                return self._with_lengths(spec, None)
         comps, failed = self.activations(spec)
-        report = estimate(spec, activations=comps, gap_fraction=self.gap_fraction(spec) if comps else None)
+        if self.seq_lengths:
+            report = self._with_lengths(spec, comps)
+        else:
+            report = estimate(spec, activations=comps, gap_fraction=self.gap_fraction(spec) if comps else None)
         if failed:
             note = Finding("trace-failed", Severity.INFO, f"tracing this run was not possible ({failed})",
                            "the number is from the formulas; see the not-pinned warning")
             report = dataclasses.replace(report, findings=(*report.findings, note))
         return report
+
+
+def _lengths_finding(spec: TrainingSpec, replay: Any, alone: Any, released: Report | None) -> Finding:
+    """INFO: what the replay over ``--seq_lengths`` gave, and where it does not enter the number."""
+    from fitcheck.spec import DeviceType
+    from fitcheck.units import format_bytes
+
+    lengths = ",".join(str(n) for n in replay.lengths)
+    said = (f"the caching allocator replayed {len(replay.lengths)} steps padded to {lengths} tokens (this run's "
+            f"step traced at two layer groups, torch's allocator rules: fitcheck/core/caching): reserved - "
+            f"allocated = {replay.gap_fraction:.0%} of the step's own tensors ({alone.gap_fraction:.0%} for the "
+            f"longest step alone)")
+    if released is not None:
+        said += (f"; that is {format_bytes(released.device_used_bytes)}, above the GPU, so torch releases its "
+                 "cached segments and retries (release_cached_blocks): the number uses the longest step's gap, "
+                 "and nvidia-smi will show the GPU nearly full")
+    else:
+        said += ", applied to this estimate's step"
+    if spec.hardware.device_type is DeviceType.CPU:
+        said += "; on CPU there is no caching allocator, so it does not enter the number"
+    elif spec.hardware.expandable_segments:
+        said += "; with expandable segments the gap is not applied (segments grow in place)"
+    if not traceable(spec):
+        said += "; the replayed sequence is the plain Trainer step's (the tracer does not describe this run's " \
+                "sharding or kernels), so take it as an approximation"
+    return Finding("seq-lengths-replayed", Severity.INFO, said,
+                   "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to shrink a large gap")

@@ -140,7 +140,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
     # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
     # (which trainers: the registry's fused-head column, fitcheck.core.trainers.registry)
-    head = 0 if runs_fused_head(spec.trainer.kind) else _head_backward_logits(spec, m)
+    head = 0 if runs_fused_head(spec.trainer.kind, spec.activations.loss) else _head_backward_logits(spec, m)
     recompute, moment = backward_transient(spec, bq, head)
     if n_ckpt and (qlora_formula_applies(spec) or qlora16_applies(spec)):
         # peak in the first recomputed layer: every checkpoint still held (qlora.py; 16-bit working set: qlora16.py)

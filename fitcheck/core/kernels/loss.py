@@ -9,6 +9,11 @@
 * ``cce``: Apple's Cut Cross-Entropy (``cut_cross_entropy.transformers.cce_patch``, axolotl's
   ``cut_cross_entropy`` plugin): ``fitcheck.core.kernels.cce``.
 
+* ``full-logits`` (``--trainer dpo`` only): the policy's log-probs from the full-vocabulary logits upcast to fp32
+  instead of TRL 1.16's chunked LM head, as LLaMA-Factory@ff6d4d1's ``CustomDPOTrainer`` computes them
+  (``train/dpo/trainer.py`` ``concatenated_forward`` L219-253, ``train/trainer_utils.py`` ``get_batch_logps``):
+  no fused row here (full logits, like ``torch``); the trainer's bytes are ``fitcheck.core.trainers.full_logits``.
+
 ``chunked`` is refused by the reader: it names no implementation (torchtune's ``CEWithChunkedOutputLoss``,
 torchtitan's chunked loss and Liger's FLCE allocate different tensors).
 """
@@ -109,6 +114,7 @@ LOSSES: Mapping[str, Callable[[_LossShapes], FusedLossBytes] | None] = MappingPr
     "torch": None,
     "liger-flce": _liger_flce,
     "cce": _cce,
+    "full-logits": None,  # full logits; the DPO step's own terms: fitcheck.core.trainers.full_logits
 })
 assert set(LOSSES) == set(LOSS_IMPLEMENTATIONS), "every LossKind needs a row in fitcheck/core/kernels/loss.py"
 

@@ -78,6 +78,12 @@ def _replay(alloc: CachingAllocator, events: list[LoadEvent]) -> None:
             alloc.free(ev.handle)
 
 
+# The replay reads only these parts of a spec (``load_events``, ``prepare_events``, ``allocator_conf``); the advisor
+# and the micro-batch search estimate 100+ candidates that share them, so one replay answers them all.
+_MEMO: dict[tuple[object, ...], LoadPhase] = {}
+_MEMO_LIMIT = 64
+
+
 def load_phase(spec: TrainingSpec, capacity: int | None = None) -> LoadPhase | None:
     """Replay ``from_pretrained`` and peft's preparation through the caching allocator.
 
@@ -93,6 +99,20 @@ def load_phase(spec: TrainingSpec, capacity: int | None = None) -> LoadPhase | N
     """
     if not loads_on_one_device(spec):
         return None
+    key = (spec.model, spec.quant, spec.precision.load_dtype, spec.hardware.cuda_alloc_conf,
+           spec.hardware.expandable_segments, capacity)
+    try:
+        hit = _MEMO.get(key)
+    except TypeError:  # a pre-quantized checkpoint's quantization_config keeps dicts: replay without the memo
+        return _load_phase(spec, capacity)
+    if hit is None:
+        if len(_MEMO) >= _MEMO_LIMIT:
+            _MEMO.clear()
+        hit = _MEMO[key] = _load_phase(spec, capacity)
+    return hit
+
+
+def _load_phase(spec: TrainingSpec, capacity: int | None) -> LoadPhase:
     events = load_events(spec)
     prep = prepare_events(spec, events)
     alloc = CachingAllocator(allocator_conf(spec), capacity)

@@ -16,6 +16,7 @@ new module here), read by :mod:`.layout`.
 """
 
 from fitcheck.core.states.fsdp_qlora import LoadPeak, fsdp_qlora_findings, load_peak
+from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
 from fitcheck.core.states.layout import Layout, all_trainable, build_layout, optimizer_for, trainable_params
 from fitcheck.core.states.lora import LoraPlan, adapter_param_count, plan_lora
 from fitcheck.core.states.model_states import model_state_components
@@ -44,6 +45,7 @@ __all__ = [
     "build_layout",
     "bytes_per_param",
     "describe_regime",
+    "fsdp_fp32_upcast",
     "fsdp_qlora_findings",
     "fsdp_unit_params",
     "is_quantized",

@@ -16,6 +16,9 @@ Columns (:class:`TrainerRow`):
 - ``evaluation``: which evaluation step runs (:class:`EvalRule`) and ``eval_source``, the TRL source it follows.
 - ``defaults``: the TRL config defaults that change memory (pinned by ``tests/test_trl_cli.py`` against the
   installed TRL's dataclasses); ``script_fields``: the config fields ``fitcheck launch`` reads off a script.
+- ``full_logits``: the subclass whose loss reads the full fp32 logits instead of the fused head (``--loss
+  full-logits``, ``fitcheck.core.trainers.full_logits``): :class:`FullLogits`; None where no such variant is
+  modelled.
 - ``dataset_columns``: the prepared dataset's token-id columns whose longest row is the sequence (or, with
   ``prompt_completion``, the completion next to ``prompt_ids``); empty when the prompts stay text (GRPO).
 
@@ -55,6 +58,23 @@ class EvalRule(str, Enum):
 
 
 @dataclass(frozen=True)
+class FullLogits:
+    """A trainer subclass computing its log-probs from the full fp32 logits (``fitcheck.core.trainers.full_logits``).
+
+    Attributes:
+        source: The subclass and the lines it follows.
+        kept: fp32 ``[rows, seq, vocab]`` tensors of the policy alive through the reference forward (besides the
+            saved log-softmax).
+        reference: fp32 ``[rows, seq, vocab]`` logits alive at the reference forward's peak (besides the one
+            log-softmax being computed).
+    """
+
+    source: str
+    kept: int
+    reference: int
+
+
+@dataclass(frozen=True)
 class TrainerRow:
     """Everything fitcheck reads about one trainer kind (module docstring: the columns)."""
 
@@ -69,6 +89,7 @@ class TrainerRow:
     defaults: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
     script_fields: tuple[str, ...] = ()
     dataset_columns: tuple[str, ...] = ()
+    full_logits: FullLogits | None = None
 
     @property
     def trl(self) -> bool:
@@ -95,7 +116,10 @@ _ROWS = (
         ReferenceRule.IN_STEP, 2, True, EvalRule.PAIRED,
         "trl/trainer/dpo_trainer.py prediction_step / _compute_loss (TRL 1.16)",
         _defaults(max_length=1024, precompute_ref_log_probs=False, beta=0.1),
-        ("precompute_ref_log_probs", "loss_type"), ("chosen_ids", "rejected_ids")),
+        ("precompute_ref_log_probs", "loss_type"), ("chosen_ids", "rejected_ids"),
+        # the policy's fp32 logits (returned for the metrics, L311-312); the reference's own
+        full_logits=FullLogits("LLaMA-Factory@ff6d4d1 CustomDPOTrainer (src/llamafactory/train/dpo/trainer.py "
+                               "concatenated_forward L219-253, compute_reference_log_probs L255-275)", 1, 1)),
     TrainerRow(
         TrainerKind.GRPO, "GRPOConfig", ("log_probs", "entropy"),  # grpo_trainer.py L1068-1073
         ReferenceRule.WHEN_BETA, 1, True, EvalRule.GENERATE,
@@ -114,7 +138,12 @@ _ROWS = (
         ReferenceRule.IN_STEP, 1, True, EvalRule.PAIRED,  # one (unpaired) completion per row
         "trl/trainer/kto_trainer.py prediction_step / _compute_loss (TRL 1.16)",
         _defaults(max_length=1024, precompute_ref_log_probs=False, beta=0.1),  # trl/trainer/kto_config.py
-        ("precompute_ref_log_probs",), ("completion_ids",)),
+        ("precompute_ref_log_probs",), ("completion_ids",),
+        # the policy's chosen / rejected logits (boolean-index copies, L194-197); at the reference's KL forward its
+        # target logits and the KL logits (concatenated_forward L187-189 under no_grad)
+        full_logits=FullLogits("LLaMA-Factory@ff6d4d1 CustomKTOTrainer (src/llamafactory/train/kto/trainer.py "
+                               "forward L149-181, concatenated_forward L184-199, compute_reference_log_probs "
+                               "L202-218)", 1, 2)),
 )
 TRAINERS: Mapping[TrainerKind, TrainerRow] = MappingProxyType({row.kind: row for row in _ROWS})
 assert set(TRAINERS) == set(TrainerKind), "every TrainerKind needs a row in fitcheck/core/trainers/registry.py"
@@ -151,6 +180,9 @@ def fused_outputs(kind: TrainerKind) -> tuple[str, ...]:
     return outputs
 
 
-def runs_fused_head(kind: TrainerKind) -> bool:
-    """The trainer's loss runs through TRL's chunked LM head (no ``[rows, seq, vocab]`` logits, no head moment)."""
-    return TRAINERS[kind].fused_head is not None
+def runs_fused_head(kind: TrainerKind, loss: str = "torch") -> bool:
+    """The trainer's loss runs through TRL's chunked LM head (no ``[rows, seq, vocab]`` logits, no head moment).
+
+    ``loss`` is ``--loss``: ``full-logits`` is the subclass that reads the full logits instead (``full_logits``).
+    """
+    return TRAINERS[kind].fused_head is not None and not (loss == "full-logits" and TRAINERS[kind].full_logits)

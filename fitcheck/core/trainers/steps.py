@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 
 from fitcheck.core.states import partition
+from fitcheck.core.trainers.full_logits import full_logits_component, outside_forward
 from fitcheck.core.trainers.fused_head import (
     FusedHeadInputs,
     backward_peak,
@@ -244,8 +245,10 @@ def trainer_components(spec: TrainingSpec, base: tuple[Component, ...]) -> tuple
     run = step_spec(spec)
     out: list[Component] = []
     for c in base:
-        if c.name == "logits.loss" and runs_fused_head(t.kind):
+        if c.name == "logits.loss" and runs_fused_head(t.kind, spec.activations.loss):
             out.append(_fused_head_component(run, c))
+        elif spec.activations.loss == "full-logits" and trainer_row(t.kind).full_logits:
+            out.append(full_logits_component(run, c) if c.name == "logits.loss" else outside_forward(c))
         else:
             out.append(c)
     if has_reference_copy(spec):

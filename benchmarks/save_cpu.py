@@ -1,0 +1,259 @@
+"""REAL save paths on 2 gloo CPU ranks: the bytes each rank allocates while saving, by a live-tensor tracker.
+
+For each path, after one real step, every storage created while saving is counted
+(``fitcheck.torch_adapters.LiveTensorTracker`` started with nothing tracked): ``peak`` is the most such bytes alive
+at once, ``held`` what is still alive when the state dict has been built (before it is written). On CPU a
+``.cpu()`` of a CPU tensor is the tensor itself, so what a GPU rank 0 would copy to the host stays in ``held``;
+rank 1 (``rank0_only``: it keeps nothing) shows the transient gather a GPU rank makes on the device.
+
+Paths (the calls transformers 5.23 ``Trainer.save_model`` / ``_save_optimizer_and_scheduler`` make):
+
+- ``fsdp{1,2}-full-model``: ``Accelerator.get_state_dict(model)`` (accelerate 1.15 accelerator.py: FSDP1
+  ``FullStateDictConfig(offload_to_cpu=True, rank0_only=True)``; FSDP2 ``get_model_state_dict`` with
+  ``full_state_dict=True, cpu_offload=True``), what ``Trainer.save_model`` saves under ``FULL_STATE_DICT``;
+- ``fsdp{1,2}-sharded-ckpt``: ``save_fsdp_model`` under ``SHARDED_STATE_DICT`` (DCP), the checkpoint's model part;
+- ``zero3-16bit``: DeepSpeed 0.19.8 ``engine._zero3_consolidated_16bit_state_dict()`` (runtime/engine.py: one
+  module's own parameters gathered at a time, copied to rank 0's CPU), ZeRO-3 bf16 on 2 gloo ranks.
+
+Run: ``PYTHONPATH=. python benchmarks/save_cpu.py [PATH ...]`` (a JSON row per path and rank), or ``--compare``
+(estimate vs real for :data:`COMPARED`; ``benchmarks/run_phases.py`` stores them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import warnings
+from typing import Any
+
+from benchmarks.fsdp_upcast_cpu import TINY, WORLD
+
+PATHS = ("fsdp1-full-model", "fsdp2-full-model", "fsdp1-sharded-ckpt", "fsdp2-sharded-ckpt", "zero3-16bit")
+
+
+def _plain_tracker() -> Any:
+    """A live-tensor tracker that counts plain tensors only.
+
+    A DTensor is a wrapper subclass: its storage reports the global size while its memory is its local tensor's,
+    and the ops DTensor runs on local tensors inside its own dispatch (the all-gather buffer, for one) are not seen
+    by a dispatch mode above it. Counting the wrappers would add every parameter's global size; the tensors a
+    full state dict holds (``to_local()`` of a replicated DTensor) are plain and counted.
+    """
+    import torch
+
+    from fitcheck.torch_adapters import LiveTensorTracker
+
+    class PlainTracker(LiveTensorTracker):
+        def _add(self, tensor: Any) -> None:
+            if isinstance(tensor, torch.Tensor) and type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+                return
+            super()._add(tensor)
+
+    return PlainTracker()
+
+
+def _fsdp_rank(rank: int, path: str, port: int, out: str) -> None:
+    for key in [k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_"))]:
+        del os.environ[key]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+    import transformers
+    from accelerate import Accelerator
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import save_fsdp_model
+
+    from benchmarks.rank_exit import finish_rank
+
+    torch.set_num_threads(1)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    version = int(path[4])
+    full = "-full-" in path
+    cfg = transformers.LlamaConfig(**{k: v for k, v in TINY.items() if k not in ("model_type", "architectures")})
+    kw: dict[str, Any] = {"fsdp_version": version, "auto_wrap_policy": "transformer_based_wrap",
+                          "transformer_cls_names_to_wrap": ["LlamaDecoderLayer"],
+                          "state_dict_type": "FULL_STATE_DICT" if full else "SHARDED_STATE_DICT"}
+    if version == 1:
+        kw["use_orig_params"] = True
+    plugin = FullyShardedDataParallelPlugin(**kw)
+    acc = Accelerator(cpu=True, mixed_precision="bf16")
+    acc.state.distributed_type = DistributedType.FSDP
+    PartialState().distributed_type = DistributedType.FSDP
+    PartialState().device = torch.device("cpu")
+    acc.state.device = torch.device("cpu")
+    plugin.set_mixed_precision("bf16")
+    acc.state.fsdp_plugin = plugin
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, opt = acc.prepare(model, opt)
+    ids = torch.randint(0, cfg.vocab_size, (2, 16))
+    acc.backward(model(input_ids=ids, labels=ids).loss)
+    opt.step()
+    opt.zero_grad()
+    tracker = _plain_tracker().start()
+    try:
+        if full:
+            state = acc.get_state_dict(model)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                save_fsdp_model(plugin, acc, model, tmp)
+            state = None
+        import gc
+
+        gc.collect()  # storages in reference cycles (DTensor/funcol wrappers) go now, as a GPU run's would later
+        held = tracker.current
+    finally:
+        tracker.stop()
+    keys = len(state) if state else 0
+    with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
+        json.dump({"peak": tracker.peak, "held": held, "keys": keys}, fh)
+    del state
+    finish_rank()
+
+
+def _zero3_rank(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
+    warnings.filterwarnings("ignore")
+    import deepspeed
+    import torch
+    import transformers
+
+    from benchmarks.rank_exit import finish_rank
+    from fitcheck.torch_adapters import LiveTensorTracker
+
+    torch.set_num_threads(1)
+    cfg = transformers.LlamaConfig(**{k: v for k, v in TINY.items() if k not in ("model_type", "architectures")})
+    ds: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True,
+                              "stage3_param_persistence_threshold": 0},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+    }
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+    ids = torch.randint(0, cfg.vocab_size, (2, 16))
+    engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()
+    tracker = LiveTensorTracker().start()
+    try:
+        state = engine._zero3_consolidated_16bit_state_dict()
+        import gc
+
+        gc.collect()
+        held = tracker.current
+    finally:
+        tracker.stop()
+    with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
+        json.dump({"peak": tracker.peak, "held": held, "keys": len(state) if state else 0}, fh)
+    del state
+    finish_rank()
+
+
+def _spawned(rank: int, path: str, port: int, out: str) -> None:
+    if path == "zero3-16bit":
+        _zero3_rank(rank, port, out)
+    else:
+        _fsdp_rank(rank, path, port, out)
+
+
+def measure(path: str, port: int | None = None) -> list[dict[str, int]]:
+    """Per rank: ``peak`` and ``held`` bytes created while building the state dict of ``path`` (see the module).
+
+    Args:
+        path: One of :data:`PATHS`.
+        port: A free TCP port for the gloo rendezvous (default: one the OS picks).
+
+    Returns:
+        One ``{"peak", "held", "keys"}`` per rank.
+    """
+    import socket
+
+    import torch.multiprocessing as mp_
+
+    if port is None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "save")
+        mp_.start_processes(_spawned, args=(path, port, out), nprocs=WORLD, join=True, start_method="fork")
+        rows = []
+        for rank in range(WORLD):
+            with open(f"{out}.{rank}", encoding="utf-8") as fh:
+                rows.append(json.load(fh))
+    return rows
+
+
+# Paths compared with the estimate, and why the others are not (read from source only).
+COMPARED = ("fsdp2-full-model", "zero3-16bit")
+NOT_COMPARED = {
+    "fsdp1-full-model": "FSDP1 FULL_STATE_DICT with offload_to_cpu segfaults on CPU: torch 2.13 "
+                        "distributed/fsdp/_flat_param.py to_cpu() moves the unit to the CPU (a no-op there) and then "
+                        "frees the storage it still uses; the GPU rule is read from source only",
+    "fsdp1-sharded-ckpt": "SHARDED_STATE_DICT: each rank writes its own shards; estimated as no gather (source)",
+    "fsdp2-sharded-ckpt": "SHARDED_STATE_DICT via DCP: no gather; each rank holds a host copy of its own shards "
+                          "(cpu_offload=True; measured: 213,632 B = half the fp32 model per rank), not modelled",
+}
+
+
+def estimate_for(path: str) -> Any:
+    """fitcheck's save cost for the measured run (tiny Llama, 2 processes, bf16 mixed precision)."""
+    from dataclasses import replace
+
+    from benchmarks.cpu_truth import Row, spec_for
+    from fitcheck.core import save_cost
+    from fitcheck.spec import DeepSpeedSpec, FsdpSpec, ShardingSpec, Strategy
+
+    if path == "zero3-16bit":
+        spec = spec_for(Row("zero3-save", TINY, seq=16, batch=2, dtype="float32", mp="bf16", optim="adamw_torch"))
+        ds = DeepSpeedSpec(stage=3, gather_16bit_on_save=True)
+        spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, WORLD, 1, ds))
+    else:
+        spec = spec_for(Row("fsdp-save", TINY, seq=16, batch=2, dtype="bfloat16", mp="bf16", optim="adamw_torch"))
+        fsdp = FsdpSpec(version=int(path[4]), state_dict_type="FULL_STATE_DICT")
+        spec = replace(spec, sharding=ShardingSpec(Strategy.FSDP, WORLD, 1, None, fsdp))
+    return save_cost(spec)
+
+
+def save_rows() -> list[dict[str, Any]]:
+    """Estimate vs real, per compared path: the device gather and rank 0's host state dict.
+
+    Real device gather: rank 1's ``peak - held`` (rank 1 keeps nothing; ``held`` there is what it re-allocates in
+    place of storages made before the tracker started: ZeRO-3's re-partitioned shards). Real host state dict:
+    rank 0's ``held`` minus rank 1's.
+    """
+    rows: list[dict[str, Any]] = []
+    for path in COMPARED:
+        r0, r1 = measure(path)
+        cost = estimate_for(path)
+        real_gather, real_host = r1["peak"] - r1["held"], r0["held"] - r1["held"]
+        rows.append({"case": path, "real_gather": real_gather, "est_gather": cost.device_gather,
+                     "gather_error": (cost.device_gather - real_gather) / real_gather, "real_host": real_host,
+                     "est_host": cost.host, "host_error": (cost.host - real_host) / real_host, "ranks": [r0, r1]})
+    rows.extend({"case": path, "not_compared": why} for path, why in NOT_COMPARED.items())
+    return rows
+
+
+def main() -> int:
+    """Print the measured rows as JSON lines (``--compare``: estimate vs real per compared path)."""
+    if sys.argv[1:2] == ["--compare"]:
+        for row in save_rows():
+            print(json.dumps(row), flush=True)
+        return 0
+    for path in (sys.argv[1:] or PATHS):
+        print(json.dumps({"path": path, "ranks": measure(path)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""``--seq_lengths``: the padded lengths of successive batches, replayed through the caching allocator.
+
+The flag did not exist before issue 19's session 5: every CLI test here fails on that code (argparse refuses an
+unknown flag). The replay itself is ``allocator_replay.replay_step`` (the real fake-tensor trace of the model's step
+at each length) run through ``fitcheck/core/caching`` (torch's ``CUDACachingAllocator.cpp`` rules, read from
+source, not measured on a GPU).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fitcheck.errors import ConfigError
+from fitcheck.readers import check_seq_lengths, parse_seq_lengths
+
+
+def test_comma_list_keeps_its_order() -> None:
+    assert parse_seq_lengths("512,1024, 768 ,2048") == (512, 1024, 768, 2048)
+    assert parse_seq_lengths("300") == (300,)
+
+
+def test_range_is_evenly_spaced_shortest_first() -> None:
+    assert parse_seq_lengths("256:1024") == (256, 512, 768, 1024)
+    assert parse_seq_lengths("100:400:3") == (100, 256, 400)  # the middle one padded to a multiple of 8
+    assert parse_seq_lengths("64:64:2") == (64, 64)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "empty"),
+    ("512,abc", "'abc' is not a whole number"),
+    ("0,512", "at least 1"),
+    ("1024:256", "write 256:1024"),
+    ("1:2:3:4", "MIN:MAX"),
+    ("256:1024:1", "STEPS must be 2 to 16"),
+    (",".join(["64"] * 17), "at most 16"),
+])
+def test_bad_values_name_the_flag_and_the_fix(text: str, words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_seq_lengths(text)
+    assert "--seq_lengths" in str(err.value) and words in str(err.value)
+
+
+def test_lengths_above_max_seq_length_are_refused() -> None:
+    check_seq_lengths((512, 1024), 1024)
+    with pytest.raises(ConfigError, match="--max_seq_length 2048"):
+        check_seq_lengths((512, 2048), 1024)
+
+
+pytest.importorskip("transformers")
+
+from benchmarks.cpu_truth import LLAMA  # noqa: E402
+from fitcheck.cli.main import main  # noqa: E402
+
+
+def _run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA))
+    code = main(["estimate", "--model_name_or_path", str(config), "--bf16", "--per_device_train_batch_size", "2",
+                 "--gpu_memory", "2GiB", "--json", *extra])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("extra, words", [
+    (("--seq_lengths", "128,x"), "--seq_lengths '128,x': 'x' is not a whole number"),
+    (("--seq_lengths", "128,512", "--max_seq_length", "256"), "pass --max_seq_length 512"),
+    (("--seq_lengths", "128,256", "--no_trace"), "drop one of them"),
+])
+def test_cli_bad_values_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: tuple[str, ...],
+                               words: str) -> None:
+    code, _, err = _run(tmp_path, capsys, *extra)
+    assert code == 2 and words in err and "Traceback" not in err
+
+
+def test_cli_replays_lengths_that_vary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Shorter steps before the longest one leave cached segments the longest step cannot reuse: the reserved
+    figure over 64,128,192,256 is above the single-length figure at 256, with the same allocated peak."""
+    code, out, _ = _run(tmp_path, capsys, "--max_seq_length", "256", "--trace")
+    single = json.loads(out)
+    assert code in (0, 1)
+    code, out, _ = _run(tmp_path, capsys, "--seq_lengths", "64:256", "--trace")
+    varied = json.loads(out)
+    assert code in (0, 1)
+    assert varied["peak_allocated_bytes"] == single["peak_allocated_bytes"]  # max_seq_length 256 from the flag
+    assert varied["peak_reserved_bytes"] > single["peak_reserved_bytes"]
+    said = [f["message"] for f in varied["findings"] if f["code"] == "seq-lengths-replayed"]
+    assert said and "4 steps padded to 64,128,192,256 tokens" in said[0]
+    assert any("the longest of --seq_lengths" in a for a in varied["assumptions"])
+
+
+def test_the_replayed_gap_enters_the_reserved_figure() -> None:
+    """The estimate's reserved bytes are allocated + the replay's gap fraction x the step's transient bytes
+    (``core/allocator.py reserved_bytes``), with the fraction from ``replay_step`` over the given lengths."""
+    from dataclasses import replace
+
+    from benchmarks.cpu_truth import Row, spec_for
+    from fitcheck.core import estimate
+    from fitcheck.spec import DeviceType
+    from fitcheck.torch_adapters import PinnedPath, replay_step
+
+    spec = spec_for(Row("lengths", LLAMA, seq=256, batch=2, dtype="bfloat16", optim="adamw_torch"))
+    spec = replace(spec, hardware=replace(spec.hardware, device_type=DeviceType.CUDA))
+    lengths = (64, 256, 128, 256)
+    report = PinnedPath("always", seq_lengths=lengths)(spec)
+    replayed = replay_step(spec, lengths)
+    comps, _ = PinnedPath("always").activations(spec)
+    expected = estimate(spec, activations=comps, gap_fraction=replayed.gap_fraction)
+    assert report.peak_reserved_bytes == expected.peak_reserved_bytes
+    assert report.peak_allocated_bytes == expected.peak_allocated_bytes
+    said = [f.message for f in report.findings if f.code == "seq-lengths-replayed"]
+    assert said and f"{replayed.gap_fraction:.0%} of the step's own tensors" in said[0]
+
+
+def test_above_the_gpu_the_allocator_releases_its_cache_and_retries() -> None:
+    """Between the sequence's figure and the longest step's own, the run fits: torch frees its unsplit cached
+    segments when a cudaMalloc fails and retries (``release_cached_blocks``), so the verdict follows the longest
+    step alone and a finding says so."""
+    from dataclasses import replace
+
+    from benchmarks.cpu_truth import Row, spec_for
+    from fitcheck.core import estimate
+    from fitcheck.spec import DeviceType
+    from fitcheck.torch_adapters import PinnedPath, replay_lengths
+
+    spec = spec_for(Row("lengths", LLAMA, seq=256, batch=2, dtype="bfloat16", optim="adamw_torch"))
+    spec = replace(spec, hardware=replace(spec.hardware, device_type=DeviceType.CUDA, gpu_memory_bytes=80 * 2**30))
+    lengths = (64, 128, 192, 256)
+    sequence, alone = replay_lengths(spec, lengths)
+    assert sequence.gap_fraction > alone.gap_fraction  # shortest first leaves segments the longest cannot reuse
+    comps, _ = PinnedPath("always").activations(spec)
+    high = estimate(spec, activations=comps, gap_fraction=sequence.gap_fraction).device_used_bytes
+    low = estimate(spec, activations=comps, gap_fraction=alone.gap_fraction).device_used_bytes
+    assert high > low
+    tight = replace(spec, hardware=replace(spec.hardware, gpu_memory_bytes=(high + low) // 2))
+    report = PinnedPath("always", seq_lengths=lengths)(tight)
+    assert report.fits and report.device_used_bytes == low
+    said = [f.message for f in report.findings if f.code == "seq-lengths-replayed"]
+    assert said and "release_cached_blocks" in said[0]
