@@ -15,8 +15,16 @@ from collections.abc import Iterable
 from fitcheck.core.activations import activation_components
 from fitcheck.core.overheads import overhead_components
 from fitcheck.core.states import buffer_components, model_state_components, prequant_components
-from fitcheck.core.trainers import eval_spec, evaluation_component, step_spec, trainer_components
-from fitcheck.report import PHASES, Component, Location, Phase, phases_of
+from fitcheck.core.trainers import (
+    eval_spec,
+    evaluation_component,
+    has_reference_copy,
+    runs_fused_head,
+    step_spec,
+    trainer_components,
+)
+from fitcheck.findings import Finding, Severity
+from fitcheck.report import PHASES, Category, Component, Location, Phase, phases_of
 from fitcheck.spec import TrainingSpec
 
 
@@ -37,6 +45,8 @@ def collect_components(
         The components, in report order.
     """
     run = step_spec(spec)
+    if activations is not None and spec.trainer.is_trl and runs_fused_head(spec.trainer.kind):
+        activations = traced_body_formula_head(run, activations)
     base = (
         *model_state_components(run),
         *(activation_components(run) if activations is None else activations),
@@ -50,6 +60,47 @@ def collect_components(
     run = step_spec(eval_spec(spec))  # one evaluation step: its batch, as the trainer runs it
     ev = evaluation_component(run, out, activation_components(run))
     return out if ev is None else (*out, ev)
+
+
+def traced_body_formula_head(run: TrainingSpec, traced: tuple[Component, ...]) -> tuple[Component, ...]:
+    """A trace of a TRL trainer's policy step with the trainer's own LM head and loss.
+
+    The tracer runs the model's forward with its ``lm_head`` and transformers' loss (the ``[rows, seq, vocab]``
+    logits, their fp32 upcast and gradient: its ``Category.LOGITS`` components). TRL 1.16's SFT / DPO / KTO /
+    GRPO trainers replace that head with the chunked one (``trl/kernels/chunked_logprob.py``): the traced logits
+    are dropped and the formula's ``logits.loss`` is kept in their place, which :func:`trainer_components`
+    then swaps for the fused head (``core/trainers/fused_head.py``). The body (every layer's activations,
+    inputs, temporaries) stays traced.
+    """
+    head = tuple(c for c in activation_components(run) if c.name == "logits.loss")
+    return (*(c for c in traced if c.category is not Category.LOGITS), *head)
+
+
+def traced_trainer_finding(spec: TrainingSpec) -> tuple[Finding, ...]:
+    """What a traced TRL run took from the trace and what from the formulas (the trace runs the plain step)."""
+    t = spec.trainer
+    if not t.is_trl:
+        return ()
+    run = step_spec(spec)
+    formula = []
+    if runs_fused_head(t.kind):
+        formula.append("TRL's chunked LM head and loss (core/trainers/fused_head.py)")
+    if has_reference_copy(spec):
+        formula.append("the reference model")
+    if any(c.at(Phase.GENERATION) for c in trainer_components(spec, ())):
+        formula.append("the generation phase")
+    shape = f"{run.batch.micro_batch} rows x {run.batch.seq_len} tokens"
+    if run.model is not spec.model:
+        shape += ", the sequence-classification model the trainer loads"
+    return (
+        Finding(
+            "trace-trainer-parts",
+            Severity.INFO,
+            f"traced: the {t.kind.value} trainer's policy forward and backward through the model ({shape}); "
+            f"from the formulas: {', '.join(formula) if formula else 'nothing else'}",
+            "",
+        ),
+    )
 
 
 def peak_phase(components: Iterable[Component]) -> tuple[Phase, dict[Phase, int]]:

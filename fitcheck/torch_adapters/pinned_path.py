@@ -135,6 +135,7 @@ class PinnedPath:
     def _trace(self, key: str, spec: TrainingSpec) -> tuple[Component, ...]:
         import warnings
 
+        from fitcheck.core.trainers import step_spec
         from fitcheck.errors import UnsupportedModelError
         from fitcheck.torch_adapters.trace_batch import BatchTraces
         from fitcheck.torch_adapters.tracer import activation_trace_kwargs, components_from_trace
@@ -145,7 +146,8 @@ class PinnedPath:
             warnings.simplefilter("ignore", FutureWarning)
             if key not in self._traces:
                 self._traces[key] = BatchTraces(spec.model.config, activation_trace_kwargs(spec))
-            result = self._traces[key].result(spec.batch.micro_batch)
+            # a TRL trainer's policy step runs its own rows (core.trainers.step_spec: DPO's chosen + rejected)
+            result = self._traces[key].result(step_spec(spec).batch.micro_batch)
         if result.alloc_events and key not in self._gaps:  # a micro-batch traced, not interpolated
             from fitcheck.core.loading import allocator_conf
             from fitcheck.torch_adapters.allocator_replay import replay_events

@@ -189,6 +189,7 @@ def trace_step(
     use_reentrant: bool = False,
     image_tokens: int = 0,
     steps: int = 2,
+    count_logits: bool = True,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -214,6 +215,9 @@ def trace_step(
         use_reentrant: Reentrant activation checkpointing (``gradient_checkpointing_kwargs``).
         image_tokens: Vision patches per sample of an ``image-text-to-text`` step (``trace_inputs_vlm``).
         steps: Steps run; the last one is measured (2: the optimizer states of the first exist in the second).
+        count_logits: False leaves the LM head's logits and loss (the ``logits`` category) out of every series,
+            so each phase's peak is the body's own (a TRL trainer runs its chunked head instead:
+            ``activation_trace_kwargs``).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -331,7 +335,11 @@ def trace_step(
     series: dict[Phase, tuple[tuple[int, ...], ...]] = {}
     phases: dict[Phase, PhaseBreakdown] = {}
     for phase, names in REGIONS.items():
-        series[phase] = tuple(rec.series(names, category, len(CATEGORIES)))
+        rows = tuple(rec.series(names, category, len(CATEGORIES)))
+        if not count_logits:
+            at = index[LOGITS]
+            rows = tuple(tuple(0 if i == at else n for i, n in enumerate(row)) for row in rows)
+        series[phase] = rows
         phases[phase] = breakdown_at_peak(series[phase])
     structure = hash(tuple((category(s), sign) for s, sign in rec.events[rec.regions["forward"].start_event + 1:]))
     events = tuple((s, sign * rec.sizes[s], rec.tags[s]) for s, sign in rec.events)
@@ -513,8 +521,21 @@ def activation_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     phase are the same with and without the optimizer and the warm-up step (``tests/test_trace_batch.py``; at
     real width Qwen3-8B, Gemma-2-9B, Phi-2, Falcon-7B full / LoRA / DoRA / QLoRA, eager and SDPA, with and
     without checkpointing: equal), at half the time; the levers that only change the optimizer or the sharding
-    share the trace."""
-    return {**trace_kwargs(spec), "optimizer": None, "steps": 1}
+    share the trace.
+
+    A TRL trainer's policy step is traced at its own shape (``core.trainers.step_spec``: DPO's chosen + rejected
+    rows, GRPO/KTO's prompt + completion tokens, SFT padding-free's one flattened row); RewardTrainer's
+    ``AutoModelForSequenceClassification`` as the seq-cls task. Its LM head and loss are the formula's
+    (``core/step.py traced_body_formula_head``)."""
+    from fitcheck.core.trainers import runs_fused_head, step_spec
+
+    policy = step_spec(spec)
+    kwargs = {**trace_kwargs(policy), "optimizer": None, "steps": 1}
+    if policy.model is not spec.model:  # reward_trainer.py: the model loaded with num_labels=1 (steps.py)
+        kwargs["task"] = "seq-cls"
+    if spec.trainer.is_trl and runs_fused_head(spec.trainer.kind):
+        kwargs["count_logits"] = False  # the body's own peaks; the chunked head is the formula's
+    return kwargs
 
 
 def components_from_trace(result: TraceResult) -> tuple[Component, ...]:
@@ -533,7 +554,10 @@ def components_from_trace(result: TraceResult) -> tuple[Component, ...]:
             # model_states counts every gradient here; the residual is what else was alive at the peak
             rest = b.total - states - result.final_grads
             acts[phase] = min(b.get(ACTIVATIONS) + b.get(INPUTS), max(rest, 0))
-            temps[phase] = max(rest - acts[phase], 0)
+            # the logits' gradient still alive early in backward (vocab-sized): logits, so that a TRL trainer's
+            # fused head replaces it too (core/step.py traced_body_formula_head); the sum is unchanged
+            logits[phase] = min(b.get(LOGITS), max(rest - acts[phase], 0))
+            temps[phase] = max(rest - acts[phase] - logits[phase], 0)
         else:
             acts[phase] = b.get(ACTIVATIONS) + b.get(INPUTS)
             logits[phase] = b.get(LOGITS)

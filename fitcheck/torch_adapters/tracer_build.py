@@ -17,17 +17,33 @@ from fitcheck.spec import FreezeSpec, LoraSpec, QuantSpec
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
 
+def _layer_holder(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The mapping that declares the decoder's layers: the config itself, or the ``text_config`` of a composite
+    vision-language config that declares none at the top (Gemma-3 image-text: transformers 5.23
+    ``configuration_gemma3.py`` ``Gemma3Config`` keeps ``num_hidden_layers`` in ``text_config`` only)."""
+    if any(key in config for key in _LAYER_KEYS):
+        return config
+    text = config.get("text_config")
+    if isinstance(text, Mapping) and any(key in text for key in _LAYER_KEYS):
+        return text
+    return config
+
+
 def config_layers(config: Mapping[str, Any]) -> int:
-    """Number of layers a config.json declares.
+    """Number of (text) layers a config.json declares (the ``text_config``'s in a composite config without them).
 
     Raises:
         ConfigError: When none of the usual keys is present.
     """
+    holder = _layer_holder(config)
     for key in _LAYER_KEYS:
-        value = config.get(key)
+        value = holder.get(key)
         if isinstance(value, int) and value > 0:
             return value
-    raise ConfigError(f"config.json: no layer count (looked for {', '.join(_LAYER_KEYS)}); add num_hidden_layers")
+    raise ConfigError(
+        f"config.json: no layer count (looked for {', '.join(_LAYER_KEYS)}, also in text_config); "
+        "add num_hidden_layers"
+    )
 
 
 def layer_group(config: Mapping[str, Any]) -> int:
@@ -37,8 +53,9 @@ def layer_group(config: Mapping[str, Any]) -> int:
     layer every ``decoder_sparse_step`` / ``moe_layer_freq`` layers: tracing 1 and 2 of these groups and
     extrapolating linearly reproduces the full depth (design note 04).
     """
-    types = config.get("layer_types")
     n = config_layers(config)
+    config = _layer_holder(config)
+    types = config.get("layer_types")
     if isinstance(types, list) and types:
         for period in range(1, len(types) + 1):
             if all(types[i] == types[i % period] for i in range(len(types))):
@@ -53,9 +70,14 @@ def layer_group(config: Mapping[str, Any]) -> int:
 
 
 def reduced_config(config: Mapping[str, Any], num_layers: int | None) -> dict[str, Any]:
-    """A copy of the config with ``num_layers`` layers (layer_types truncated to match)."""
+    """A copy of the config with ``num_layers`` (text) layers (layer_types truncated to match); in a composite
+    config whose layers are declared in ``text_config`` only, that ``text_config`` is reduced (the vision
+    tower keeps its depth)."""
     out = dict(config)
     if num_layers is None:
+        return out
+    if _layer_holder(config) is not config:
+        out["text_config"] = reduced_config(config["text_config"], num_layers)
         return out
     for key in _LAYER_KEYS:
         if key in out:
@@ -137,11 +159,15 @@ def build_model(
     Returns:
         The ``torch.nn.Module`` in train mode.
     """
-    from fitcheck.torch_adapters.tracer_patches import module_to_is_noop
+    from fitcheck.torch_adapters.tracer_patches import fake_deepcopy, fake_trunc_normal, module_to_is_noop
 
     cfg = hf_config(config, attn_implementation)
     cls = model_class(config, task)
-    guard = module_to_is_noop() if fake else contextlib.nullcontext()
+    guard = contextlib.ExitStack()
+    if fake:
+        guard.enter_context(module_to_is_noop())
+        guard.enter_context(fake_deepcopy())
+        guard.enter_context(fake_trunc_normal())
     with guard:
         try:
             model = cls._from_config(cfg, dtype=dtype)

@@ -14,6 +14,20 @@ live-tensor peak of a tiny model equals the real CPU step's, without it the two 
    mode (the fake tensors already sit on the one fake CPU device, in the dtype peft created them in).
 3. bitsandbytes' ``create_dynamic_map`` / ``get_4bit_type`` call ``.tolist()`` / build real tables; they are
    computed once outside fake mode (``warm_bitsandbytes``) so that the cached tables are real tensors.
+4. ``copy.deepcopy`` of a FakeTensor (peft 0.21.2 ``utils/other.py::ModulesToSaveWrapper.update`` deep-copies
+   the head of a seq-cls / token-cls LoRA run, e.g. RoBERTa's ``classifier``) goes through torch 2.13
+   ``_tensor.py::Tensor.__deepcopy__``, which reads ``data_ptr()`` of the fake tensor and then deep-copies its
+   ``__dict__``, whose ``fake_mode`` entry is the whole FakeTensorMode (its dispatch caches hold tensors and
+   C++ state). The copied mode corrupted the heap: the process died with a segfault or "corrupted
+   double-linked list" at the next trace or at exit (RoBERTa-large seq-cls LoRA, ``--trace``). Fix
+   (``fake_deepcopy``): a FakeTensor copies as ``Tensor.__deepcopy__``'s clone branch does, but the copy shares
+   its FakeTensorMode (as torch's own ``fake_tensor.py::FakeCopyMode`` makes copies with ``fake_mode.from_tensor``)
+   and no data pointer is read.
+5. torch 2.13 ``nn/init.py::_no_grad_trunc_normal_`` samples by rejection (``.item()`` of the bounds,
+   ``mask.any()``), which fake tensors cannot answer (``DataDependentOutputException``); transformers 5.23 calls
+   it through ``initialization.TORCH_INIT_FUNCTIONS["trunc_normal_"]`` to initialise SigLIP's weights (the
+   vision tower of Gemma-3 image-text models). Fix (``fake_trunc_normal``): an in-place ``normal_`` while the
+   model is built under fake mode: same tensor, shape and dtype; values mean nothing on fake tensors.
 """
 
 from __future__ import annotations
@@ -66,3 +80,56 @@ def warm_bitsandbytes() -> None:
         bnbf.name2qmap["dynamic"] = bnbf.create_dynamic_map().to("cpu")  # type: ignore[no-untyped-call]
     for name in ("nf4", "fp4"):
         bnbf.get_4bit_type(name, device="cpu")  # type: ignore[no-untyped-call]
+
+
+@contextlib.contextmanager
+def fake_deepcopy() -> Iterator[None]:
+    """Deep-copy a FakeTensor without copying its FakeTensorMode or reading its data pointer (fix 4)."""
+    import copy
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def _deepcopy(self: Any, memo: dict[int, Any]) -> Any:
+        if id(self) in memo:
+            return memo[id(self)]
+        memo.setdefault(id(self.fake_mode), self.fake_mode)  # the copy lives in the same fake mode
+        with torch.no_grad():  # torch/_tensor.py Tensor.__deepcopy__, the branch of a storage-less subclass
+            new = self.clone()
+        if self.requires_grad:
+            new.requires_grad_()
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        new.__dict__ = copy.deepcopy(self.__dict__, memo)  # _is_param, the fake device; fake_mode is shared
+        memo[id(self)] = new
+        return new
+
+    had = "__deepcopy__" in FakeTensor.__dict__
+    original = FakeTensor.__dict__.get("__deepcopy__")
+    FakeTensor.__deepcopy__ = _deepcopy  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if had:
+            FakeTensor.__deepcopy__ = original  # type: ignore[assignment,method-assign]
+        else:
+            del FakeTensor.__deepcopy__
+
+
+@contextlib.contextmanager
+def fake_trunc_normal() -> Iterator[None]:
+    """Initialise weights with ``normal_`` instead of rejection-sampled ``trunc_normal_`` (fix 5)."""
+    import transformers.initialization as hf_init
+
+    table = hf_init.TORCH_INIT_FUNCTIONS
+    original = table["trunc_normal_"]
+
+    def _trunc_normal(tensor: Any, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
+                      generator: Any = None) -> Any:
+        return tensor.normal_(mean, std, generator=generator)
+
+    table["trunc_normal_"] = _trunc_normal
+    try:
+        yield
+    finally:
+        table["trunc_normal_"] = original

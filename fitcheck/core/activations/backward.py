@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
+from fitcheck.core.activations.recipe_gaps import trace_fix
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Phase
 from fitcheck.spec import AttentionKind, AttnImpl, DeviceType, Kind, NormKind, ParamEntry, Role, TrainingSpec
@@ -342,6 +343,6 @@ def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
             "backward-not-pinned",
             Severity.INFO,
             f"the peak during backward uses the Llama-recipe MLP working set; not pinned to a trace for {why}",
-            "run `fitcheck estimate --trace` for a measured number",
+            trace_fix(spec, "run `fitcheck estimate --trace` for a measured number"),
         ),
     )

@@ -47,9 +47,21 @@ def recipe_gap_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
             Severity.WARNING,
             f"activations of {why} are not modelled: the Llama-style recipe is used and differs from a trace "
             "by more than 2 %",
-            "run `fitcheck estimate --trace` to measure the real model's step on fake tensors",
+            trace_fix(spec, "run `fitcheck estimate --trace` to measure the real model's step on fake tensors"),
         ),
     )
+
+
+def trace_fix(spec: TrainingSpec, fix: str) -> str:
+    """A "run --trace" fix, or what to run instead where ``--trace`` refuses the run: the tracer feeds images to
+    the vision-language families whose tower was traced (``traits.vision_pinned``: Qwen2.5-VL,
+    torch_adapters/trace_inputs_vlm.py) only; for another family (Gemma-3) it traces the text step."""
+    sh = spec.model.shape
+    if sh.task == "image-text-to-text" and sh.image_tokens > 0 and not sh.traits.vision_pinned:
+        return ("`--trace` feeds images to Qwen2.5-VL only and refuses this run; `fitcheck estimate --trace "
+                "--image_tokens 0` measures the text step without images (the vision tower's activations are "
+                "then not counted)")
+    return fix
 
 
 def _experts_adapted(spec: TrainingSpec) -> bool:

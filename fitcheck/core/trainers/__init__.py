@@ -20,7 +20,7 @@ from fitcheck.core.trainers.registry import (
     runs_fused_head,
     trainer_row,
 )
-from fitcheck.core.trainers.steps import step_spec, trainer_components
+from fitcheck.core.trainers.steps import has_reference_copy, step_spec, trainer_components
 from fitcheck.spec import TrainerKind, TrainerSpec, VllmMode
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "evaluation_findings",
     "grpo_batch_error",
     "grpo_valid_micro_batch",
+    "has_reference_copy",
     "runs_fused_head",
     "step_spec",
     "trainer_components",
