@@ -31,12 +31,9 @@ WORLD = 2
 
 
 def _rank(rank: int, version: int, dtype: str, mp: str, port: int, out: str) -> None:
-    # a spawned rank inherits the parent's environment: accelerate/FSDP switches a test process set before
-    # (ACCELERATE_USE_DEEPSPEED, FSDP_*, ...) would change what Accelerator builds here
-    for key in [k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_"))]:
-        del os.environ[key]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
+    from benchmarks.gloo_rank import start_rank
+
+    start_rank(rank, WORLD, port)  # without inherited accelerate/FSDP switches, in an explicit gloo group
     warnings.filterwarnings("ignore")
     import torch
     import torch.distributed as dist
@@ -46,9 +43,6 @@ def _rank(rank: int, version: int, dtype: str, mp: str, port: int, out: str) -> 
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
     from torch.distributed.tensor import DTensor
 
-    torch.set_num_threads(1)
-    if not dist.is_initialized():  # the gloo group FSDP shards over (accelerate reuses an initialized one)
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     cfg = transformers.LlamaConfig(**{k: v for k, v in TINY.items() if k not in ("model_type", "architectures")})
     kw: dict[str, Any] = {"fsdp_version": version, "auto_wrap_policy": "transformer_based_wrap",
                           "transformer_cls_names_to_wrap": ["LlamaDecoderLayer"]}

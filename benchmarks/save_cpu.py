@@ -55,24 +55,17 @@ def _plain_tracker() -> Any:
 
 
 def _fsdp_rank(rank: int, path: str, port: int, out: str) -> None:
-    for key in [k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_"))]:
-        del os.environ[key]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
+    from benchmarks.gloo_rank import finish_rank, start_rank
+
+    start_rank(rank, WORLD, port)
     warnings.filterwarnings("ignore")
     import torch
-    import torch.distributed as dist
     import transformers
     from accelerate import Accelerator
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
     from accelerate.utils.fsdp_utils import save_fsdp_model
 
-    from benchmarks.rank_exit import finish_rank
-
-    torch.set_num_threads(1)
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     version = int(path[4])
     full = "-full-" in path
     cfg = transformers.LlamaConfig(**{k: v for k, v in TINY.items() if k not in ("model_type", "architectures")})
@@ -126,7 +119,7 @@ def _zero3_rank(rank: int, port: int, out: str) -> None:
     import torch
     import transformers
 
-    from benchmarks.rank_exit import finish_rank
+    from benchmarks.gloo_rank import finish_rank
     from fitcheck.torch_adapters import LiveTensorTracker
 
     torch.set_num_threads(1)

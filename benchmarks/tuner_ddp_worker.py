@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from fitcheck.integrations import tune_micro_batch
-from rank_exit import finish_rank
+from gloo_rank import finish_rank
 from tuner_budget import CONFIGS, SEQ, budget_for, build_trainer
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fitcheck.integrations import tune_micro_batch
-from rank_exit import finish_rank
+from gloo_rank import finish_rank
 from tuner_budget import SEQ, Config, budget_for, build_trainer
 from tuner_deepspeed import MAX_STEPS, ds_config
 

@@ -1,0 +1,48 @@
+"""How a CPU (gloo) rank of a multi-process benchmark starts and ends.
+
+Start (:func:`start_rank`): a spawned rank inherits the parent's environment, and accelerate/FSDP switches a test
+process set before (``ACCELERATE_USE_DEEPSPEED``, ``FSDP_*``, ...) would change what ``Accelerator`` builds; so
+they are dropped, the rendezvous variables are set and an explicit gloo group is joined (accelerate reuses an
+initialised one). Its FSDP1 row once failed inside the full suite with "Default process group has not been
+initialized" without this.
+
+End (:func:`finish_rank`): wait for every rank, tear the group down, leave.
+
+CI once saw rank 0 of the 2-process DeepSpeed tuning run die with ``terminate called without an active
+exception`` (SIGABRT) after its work was done: a C++ thread of the gloo process group was still joinable when
+the interpreter's static destructors ran. torch documents that a process group should be destroyed before
+exit (``torch/distributed/distributed_c10d.py``, ``destroy_process_group``); the barrier first makes sure no
+rank tears down while the other still talks to it, and ``os._exit`` skips the remaining static destructors once
+the result file is on disk and the streams are flushed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def start_rank(rank: int, world: int, port: int) -> None:
+    """Drop inherited accelerate/FSDP switches, set the rendezvous variables, join a gloo group of ``world``."""
+    for key in [k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_"))]:
+        del os.environ[key]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def finish_rank() -> None:
+    """Barrier, destroy the default process group if one is up, flush, and exit 0 without static destructors."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
