@@ -179,7 +179,10 @@ def measure(path: str, port: int | None = None) -> list[dict[str, int]]:
             port = int(sock.getsockname()[1])
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "save")
-        mp_.start_processes(_spawned, args=(path, port, out), nprocs=WORLD, join=True, start_method="fork")
+        # spawn, not fork: a forked rank inherits the parent's globals, and after a test process built a Trainer
+        # with a DeepSpeed config (transformers' HfDeepSpeedConfig weak reference) the ZeRO-3 rank's gather came
+        # out 0 bytes (tests/test_save_phase.py failed after test_levers/test_integration_trainer, passed alone)
+        mp_.start_processes(_spawned, args=(path, port, out), nprocs=WORLD, join=True, start_method="spawn")
         rows = []
         for rank in range(WORLD):
             with open(f"{out}.{rank}", encoding="utf-8") as fh:

@@ -120,5 +120,10 @@ def test_real_save_on_two_gloo_ranks(path: str, free_port: int) -> None:
     cost = estimate_for(path)
     assert cost is not None
     assert rank0["keys"] > 0 and rank1["keys"] == 0  # rank0_only / ranks_only=(0,): only rank 0 keeps the dict
-    assert rank1["peak"] - rank1["held"] == cost.device_gather  # the largest gather, rank 1 (it keeps nothing)
+    # the largest gather, on rank 1 (it keeps nothing). The estimate is exact when one gather is alive at a time
+    # (every run alone); inside a loaded suite gloo once released the previous all-gather's output late (its Work
+    # object), and rank 1 held 81,920 = 65,536 + 16,384 B: two gathers overlapping. Never below one, never two
+    # of the largest.
+    gather = rank1["peak"] - rank1["held"]
+    assert cost.device_gather <= gather < 2 * cost.device_gather, (gather, cost.device_gather)
     assert rank0["held"] - rank1["held"] == cost.host  # rank 0's state dict
