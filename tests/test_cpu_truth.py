@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from benchmark_module import load_benchmark
 
 pytest.importorskip("transformers")
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_truth.py"
-_SPEC = importlib.util.spec_from_file_location("cpu_truth", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-cpu_truth = importlib.util.module_from_spec(_SPEC)
-sys.modules["cpu_truth"] = cpu_truth
-_SPEC.loader.exec_module(cpu_truth)
+cpu_truth = load_benchmark("cpu_truth")
 
 SUBSET = ("llama bf16 LoRA ckpt", "qwen2 bf16 full sgd", "llama QLoRA nf4 dq bf16 ckpt",
           "llama QLoRA nf4 bf16 autocast", "llama bf16 freeze emb frozen")

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from benchmark_module import load_benchmark
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_truth.py"
-_SPEC = importlib.util.spec_from_file_location("gpu_truth", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-gpu_truth = importlib.util.module_from_spec(_SPEC)
-sys.modules["gpu_truth"] = gpu_truth
-_SPEC.loader.exec_module(gpu_truth)
+gpu_truth = load_benchmark("gpu_truth")
 
 FULL = "llama1b bf16 full adamw_torch"
 QLORA = "llama1b QLoRA nf4 dq ckpt"

@@ -3,24 +3,17 @@ read from the prepared dataset, the reference model in both the estimate and the
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import tempfile
 import warnings
-from pathlib import Path
 
 import pytest
+from benchmark_module import load_benchmark
 
 from fitcheck.spec import TrainerKind
 
 pytest.importorskip("trl")
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "trl_truth.py"
-_SPEC = importlib.util.spec_from_file_location("trl_truth", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-trl_truth = importlib.util.module_from_spec(_SPEC)
-sys.modules["trl_truth"] = trl_truth
-_SPEC.loader.exec_module(trl_truth)
+trl_truth = load_benchmark("trl_truth")
 
 
 @pytest.mark.slow

@@ -8,12 +8,10 @@ tiny Llama on CPU (every case of the benchmark is within 0.15 %).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_module import load_benchmark
 
 from fitcheck.cli.main import main
 from fitcheck.core.estimator import estimate
@@ -21,12 +19,7 @@ from fitcheck.core.estimator import estimate
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "llamafactory_truth.py"
-_SPEC = importlib.util.spec_from_file_location("llamafactory_truth", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-lf_truth = importlib.util.module_from_spec(_SPEC)
-sys.modules["llamafactory_truth"] = lf_truth
-_SPEC.loader.exec_module(lf_truth)
+lf_truth = load_benchmark("llamafactory_truth")
 
 
 @pytest.mark.slow

@@ -6,11 +6,8 @@ generation, reward) for two steps on a tiny Llama; the full table is ``python be
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from benchmark_module import load_benchmark
 
 from fitcheck.core.estimator import estimate
 from fitcheck.report import Phase
@@ -18,12 +15,7 @@ from fitcheck.report import Phase
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "trl_truth.py"
-_SPEC = importlib.util.spec_from_file_location("trl_truth", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-trl_truth = importlib.util.module_from_spec(_SPEC)
-sys.modules["trl_truth"] = trl_truth
-_SPEC.loader.exec_module(trl_truth)
+trl_truth = load_benchmark("trl_truth")
 
 SAMPLED = ("sft LoRA", "dpo full implicit ref", "grpo beta 0.04", "reward", "kto full implicit ref")
 
