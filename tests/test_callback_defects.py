@@ -123,12 +123,10 @@ def test_error_messages_say_what_the_finding_says(tmp_path: Path) -> None:
     assert "but has" not in message and "exceeds" not in message
 
 
-def test_the_cpu_tracker_leaves_the_mode_stack_when_train_raises(tmp_path: Path) -> None:
+def _train_raises_and_the_mode_stack_is_restored(trainer: Any) -> None:
+    """``trainer.train()`` raises on the broken dataset and leaves torch's dispatch-mode stack as it found it."""
     from torch.utils._python_dispatch import _len_torch_dispatch_stack, _pop_mode
 
-    cb = FitcheckCallback(max_seq_length=SEQ, print_report=False)  # CPU: the live-tensor tracker measures
-    trainer = transformers.Trainer(model=_llama(), args=_args(tmp_path), train_dataset=Tokens(fail_at=0),
-                                   callbacks=[cb])
     before = _len_torch_dispatch_stack()
     try:
         with warnings.catch_warnings(), pytest.raises(RuntimeError, match="broken dataset"):
@@ -140,11 +138,16 @@ def test_the_cpu_tracker_leaves_the_mode_stack_when_train_raises(tmp_path: Path)
             _pop_mode()
 
 
+def test_the_cpu_tracker_leaves_the_mode_stack_when_train_raises(tmp_path: Path) -> None:
+    cb = FitcheckCallback(max_seq_length=SEQ, print_report=False)  # CPU: the live-tensor tracker measures
+    trainer = transformers.Trainer(model=_llama(), args=_args(tmp_path), train_dataset=Tokens(fail_at=0),
+                                   callbacks=[cb])
+    _train_raises_and_the_mode_stack_is_restored(trainer)
+
+
 def test_a_callback_added_after_init_keeps_its_safeguards(tmp_path: Path) -> None:
     """Issue 21: ``trainer.add_callback(FitcheckCallback(strict=True))`` gets no on_init_end; it still fails closed on
     a model it cannot estimate, and its tracker still leaves torch's mode stack when training raises."""
-    from torch.utils._python_dispatch import _len_torch_dispatch_stack, _pop_mode
-
     trainer = transformers.Trainer(model=Plain(), args=_args(tmp_path), train_dataset=Tokens())
     trainer.add_callback(FitcheckCallback(strict=True, max_seq_length=SEQ, print_report=False))
     before_params = [p.detach().clone() for p in trainer.model.parameters()]
@@ -154,15 +157,7 @@ def test_a_callback_added_after_init_keeps_its_safeguards(tmp_path: Path) -> Non
 
     trainer = transformers.Trainer(model=_llama(), args=_args(tmp_path), train_dataset=Tokens(fail_at=0))
     trainer.add_callback(FitcheckCallback(max_seq_length=SEQ, print_report=False))
-    before = _len_torch_dispatch_stack()
-    try:
-        with warnings.catch_warnings(), pytest.raises(RuntimeError, match="broken dataset"):
-            warnings.simplefilter("ignore")
-            trainer.train()
-        assert _len_torch_dispatch_stack() == before
-    finally:
-        while _len_torch_dispatch_stack() > before:
-            _pop_mode()
+    _train_raises_and_the_mode_stack_is_restored(trainer)
 
 
 def test_preflight_refuses_what_it_cannot_read(tmp_path: Path) -> None:
