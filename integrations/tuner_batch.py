@@ -100,10 +100,11 @@ def set_trainer_micro_batch(
         config["train_micro_batch_size_per_gpu"] = micro
         config["gradient_accumulation_steps"] = gas
         config["train_batch_size"] = micro * gas * world
-    accelerator = getattr(trainer_or_args, "accelerator", None)
-    state = getattr(getattr(accelerator, "gradient_state", None), "plugin_kwargs", None)
-    if isinstance(state, dict) and "num_steps" in state:
-        state["num_steps"] = gas  # accelerate GradientAccumulationPlugin, built in Trainer.__init__
+    # accelerate's GradientAccumulationPlugin is left alone: transformers 5.23 (trainer.py
+    # ``create_accelerator_and_postprocess``) builds it with ``num_steps=1`` and divides the loss by the
+    # accumulation itself; writing the accumulation there made ``accelerator.backward`` divide it a second time
+    # (accelerator.py ``backward``, accelerate 1.15), so a run tuned from 16 x 1 to 4 x 4 trained on gradients
+    # 4x too small. Under DeepSpeed, ``Accelerator._prepare_deepspeed`` copies the DeepSpeed config's value in.
     return TrainerBatch(micro, gas, micro * gas * world, micro * gas == per_gpu)
 
 
