@@ -10,6 +10,9 @@ batch at the worst-case length, by steps that cannot move a parameter, everythin
 * the prediction is the largest of those whose estimate fits — each estimated at its own accumulation, so the
   accumulation buffer (gradients held across micro-steps) is counted; trials with accumulation > 1 run two
   micro-steps, so they hold it too;
+* TRL's GRPOTrainer keeps its generation batch too: only the sizes ``GRPOConfig`` accepts are tried
+  (``generation_batch_size`` a multiple of micro × processes) and ``steps_per_generation`` follows the
+  micro-batch; its trials generate and then train (:mod:`fitcheck.integrations.tuner_grpo`);
 * the search (:func:`fitcheck.integrations.tuner_search.search_largest`) runs the prediction, then one size up
   (or down): 2 trials when the estimate is right, bisection when it is not;
 * only a size whose trial ran is ever set: ``trainer.args`` (and the DeepSpeed batch keys, the Trainer's
@@ -194,6 +197,7 @@ def tune_micro_batch(
     """
     from fitcheck.integrations.trainer_estimate import trainer_spec
     from fitcheck.integrations.tuner_engine import EngineTrialSession, is_deepspeed_trainer
+    from fitcheck.integrations.tuner_grpo import GRPOTrialSession, grpo_sizes, is_grpo_trainer
     from fitcheck.integrations.tuner_trial import TrialSession, all_ranks_min, all_ranks_ok
 
     _refuse_sharded(trainer)
@@ -208,6 +212,13 @@ def tune_micro_batch(
                                overrides={"max_seq_length": longest}, source="tune_micro_batch", trainer=trainer)
     per_gpu = int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps)
     sizes = divisors(per_gpu)
+    grpo = is_grpo_trainer(trainer)
+    if grpo:
+        if is_deepspeed_trainer(trainer):
+            raise TuningError("tune_micro_batch: GRPOTrainer trials under DeepSpeed are not built (the generation "
+                              "runs on the engine's gathered weights); pick the micro-batch with `fitcheck "
+                              "estimate` and set it with fitcheck.integrations.tuner.set_trainer_micro_batch")
+        sizes = grpo_sizes(args, sizes)
     start, reports = _predicted_index(spec, sizes, per_gpu)
     start = all_ranks_min(start, getattr(args, "device", None))  # every rank starts where the tightest predicts
     trials: list[TuningTrial] = []
@@ -243,13 +254,13 @@ def tune_micro_batch(
             raise torch.OutOfMemoryError(trials[-1].error)
 
     session_type: type[TrialSession] | type[EngineTrialSession] = (
-        EngineTrialSession if is_deepspeed_trainer(trainer) else TrialSession)
+        GRPOTrialSession if grpo else EngineTrialSession if is_deepspeed_trainer(trainer) else TrialSession)
     with session_type(trainer, spec.batch.seq_len) as session:
         found: SearchResult = search_largest(step, start, lower=1, upper=len(sizes))
     if found.size == 0:
         raise TuningError(
             f"tune_micro_batch: no micro-batch that keeps the global batch of {per_gpu} per GPU fits, not even "
-            f"1 × {per_gpu} at sequence length {spec.batch.seq_len} (tried "
+            f"{sizes[0]} × {per_gpu // sizes[0]} at sequence length {spec.batch.seq_len} (tried "
             f"{', '.join(f'{t.micro_batch}×{t.grad_accum}' for t in trials)}); trainer.args are unchanged. "
             "See `fitcheck estimate` for changes that fit (LoRA, checkpointing, ZeRO, a shorter sequence)",
             tuple(trials),

@@ -67,9 +67,11 @@ def set_trainer_micro_batch(
     Sets ``args.per_device_train_batch_size``; with ``keep_global_batch`` rescales
     ``args.gradient_accumulation_steps`` (rule: ``fitcheck.advice.batch_search.plan_global_batch``); updates
     the Trainer's private ``_train_batch_size`` (copied from args in ``Trainer.__init__``; guarded by
-    ``hasattr``); and writes DeepSpeed's ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``
-    and ``train_batch_size`` into ``args.hf_deepspeed_config.config`` (the dict accelerate's DeepSpeed plugin
-    shares, transformers/integrations/deepspeed.py ``propagate_args_to_deepspeed``), so DeepSpeed's check
+    ``hasattr``); for TRL's GRPO, ``steps_per_generation`` at the same ``generation_batch_size`` (a ValueError
+    when GRPOConfig would refuse the size); and writes DeepSpeed's ``train_micro_batch_size_per_gpu``,
+    ``gradient_accumulation_steps`` and ``train_batch_size`` into ``args.hf_deepspeed_config.config`` (the dict
+    accelerate's DeepSpeed plugin shares, transformers/integrations/deepspeed.py ``propagate_args_to_deepspeed``),
+    so DeepSpeed's check
     ``train_batch_size == micro × accumulation × world`` holds at every ZeRO stage.
 
     Args:
@@ -91,7 +93,15 @@ def set_trainer_micro_batch(
     else:
         micro, gas = micro_batch, old_gas
     world = int(getattr(args, "world_size", 1) or 1)
+    grpo_steps = None
+    if getattr(args, "steps_per_generation", None) and getattr(args, "generation_batch_size", None):
+        # TRL GRPOConfig: the generation batch is kept, steps_per_generation follows (its __post_init__ rule)
+        from fitcheck.integrations.tuner_grpo import steps_per_generation
+
+        grpo_steps = steps_per_generation(args, micro)
     args.per_device_train_batch_size = micro
+    if grpo_steps is not None:
+        args.steps_per_generation = grpo_steps
     args.gradient_accumulation_steps = gas
     if trainer_or_args is not args and hasattr(trainer_or_args, "_train_batch_size"):
         n_gpu = max(1, int(getattr(args, "n_gpu", 1) or 1))  # DataParallel multiplies (training_args.py)

@@ -253,7 +253,7 @@ class EngineTrialSession:
             self._zero_lr()
             gradient_state._set_sync_gradients(i == n - 1)  # Trainer._run_epoch: sync at the last micro-step
             batch = trial_batch(t, micro, self.seq_len)
-            t.training_step(self._engine, batch)
+            t.training_step(self._engine, batch, None)  # num_items_in_batch: see tuner_trial
             del batch
 
     def run(self, micro: int, grad_accum: int) -> TrialMeasure:

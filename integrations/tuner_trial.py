@@ -128,7 +128,7 @@ def _tile(value: Any, micro: int, seq_len: int) -> Any:
     return value
 
 
-def trial_batch(trainer: Any, micro: int, seq_len: int) -> dict[str, Any]:
+def trial_batch(trainer: Any, micro: int, seq_len: int) -> Any:
     """``micro`` real samples of the train dataset, collated as the Trainer collates them, at ``seq_len``.
 
     The samples are the dataset's first ones (an iterable dataset: the first ones it yields), cycled when
@@ -165,6 +165,8 @@ def trial_batch(trainer: Any, micro: int, seq_len: int) -> dict[str, Any]:
     if not samples:
         raise ValueError("the Trainer's train_dataset is empty")
     batch = collator(samples)
+    if not isinstance(batch, Mapping):  # a collator that keeps the samples (TRL's GRPO ``identity``): as is
+        return batch
     return {k: _tile(v, micro, seq_len) for k, v in dict(batch).items()}
 
 
@@ -323,15 +325,17 @@ class TrialSession:
             tracker = LiveTensorTracker()
             tracker.track(model_state_tensors(self.model, self._optimizer))
         sync = model.no_sync() if hasattr(model, "no_sync") else nullcontext()
-        t.current_gradient_accumulation_steps = grad_accum
+        self._before_trial(micro, grad_accum)
         try:
             if tracker is not None:
                 tracker.start()
             self._allocate_optimizer_state()
             with sync:
                 for _ in range(min(2, grad_accum)):
-                    batch = trial_batch(t, micro, self.seq_len)
-                    t.training_step(model, batch)
+                    batch = self._batch(micro)
+                    # num_items_in_batch: None (the loss is divided by the accumulation, trainer.py
+                    # ``training_step``); TRL's GRPOTrainer.training_step takes it without a default
+                    t.training_step(model, batch, None)
                     del batch
             self._frozen_optimizer_step()
         finally:
@@ -342,6 +346,14 @@ class TrialSession:
             return TrialMeasure(int(torch.cuda.max_memory_allocated()), "torch.cuda.max_memory_allocated")
         assert tracker is not None
         return TrialMeasure(int(tracker.peak), "live-tensor peak (CPU)")
+
+    def _before_trial(self, micro: int, grad_accum: int) -> None:
+        """What ``Trainer.train`` sets before a step of this shape (the accumulation the loss is divided by)."""
+        self.trainer.current_gradient_accumulation_steps = grad_accum
+
+    def _batch(self, micro: int) -> Any:
+        """One micro-step's input, as the train dataloader would give it."""
+        return trial_batch(self.trainer, micro, self.seq_len)
 
     def _allocate_optimizer_state(self) -> None:
         """The optimizer state as it is resident from the second training step on, before the forward."""
