@@ -113,15 +113,17 @@ def _inner_optimizer(optimizer: Any) -> Any:
     return getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps the torch one
 
 
-def _tile(value: Any, micro: int, seq_len: int) -> Any:
-    """A batch tensor at ``micro`` rows and, for 2-D ones, ``seq_len`` columns (rows and columns tiled)."""
+def _tile(value: Any, seq_len: int) -> Any:
+    """A batch tensor with, for 2-D ones, ``seq_len`` columns (tiled along the sequence).
+
+    Rows are the collator's own: ``micro`` samples collate to ``micro`` rows for most trainers but to
+    ``2 × micro`` for TRL's DPOTrainer (chosen and rejected stacked, trl/trainer/dpo_trainer.py
+    ``DataCollatorForPreference``); cutting them to ``micro`` measured half a DPO step.
+    """
     import torch
 
     if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return value
-    if value.shape[0] != micro:
-        reps = -(-micro // value.shape[0])
-        value = value.repeat(reps, *([1] * (value.dim() - 1)))[:micro]
     if value.dim() == 2 and value.shape[1] < seq_len:
         reps = -(-seq_len // value.shape[1])
         value = value.repeat(1, reps)[:, :seq_len]
@@ -164,10 +166,11 @@ def trial_batch(trainer: Any, micro: int, seq_len: int) -> Any:
         samples = [dataset[i % n] for i in range(min(micro, n))]
     if not samples:
         raise ValueError("the Trainer's train_dataset is empty")
+    samples = [samples[i % len(samples)] for i in range(micro)]  # a dataset smaller than micro: cycled
     batch = collator(samples)
     if not isinstance(batch, Mapping):  # a collator that keeps the samples (TRL's GRPO ``identity``): as is
         return batch
-    return {k: _tile(v, micro, seq_len) for k, v in dict(batch).items()}
+    return {k: _tile(v, seq_len) for k, v in dict(batch).items()}
 
 
 def _checkpointing_on(model: Any) -> bool:
