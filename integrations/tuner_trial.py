@@ -323,10 +323,15 @@ class TrialSession:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         else:
+            from fitcheck.integrations.trl_live import reference_model_of
+
             from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
 
             tracker = LiveTensorTracker()
             tracker.track(model_state_tensors(self.model, self._optimizer))
+            ref = reference_model_of(t)  # TRL's separate reference model (DPO, KTO, GRPO with beta > 0)
+            if ref is not None and ref is not self.model:
+                tracker.track(model_state_tensors(ref))
         sync = model.no_sync() if hasattr(model, "no_sync") else nullcontext()
         self._before_trial(micro, grad_accum)
         try:
