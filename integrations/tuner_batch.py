@@ -102,8 +102,12 @@ def set_trainer_micro_batch(
         config["train_batch_size"] = micro * gas * world
     accelerator = getattr(trainer_or_args, "accelerator", None)
     state = getattr(getattr(accelerator, "gradient_state", None), "plugin_kwargs", None)
-    if isinstance(state, dict) and "num_steps" in state:
-        state["num_steps"] = gas  # accelerate GradientAccumulationPlugin, built in Trainer.__init__
+    if isinstance(state, dict) and "num_steps" in state and deepspeed_configs(trainer_or_args):
+        # DeepSpeed only: accelerate 1.15 _prepare_deepspeed takes the config's accumulation as num_steps. Any
+        # other Trainer keeps num_steps 1 (transformers 5.23 create_accelerator_and_postprocess: "The Trainer
+        # handles GAS itself, so GAS=1 in Accelerate to avoid any double-division"); num_steps = gas made
+        # Accelerator.backward divide every loss by gas a second time after tuning (half the gradient at 4 x 2).
+        state["num_steps"] = gas
     return TrainerBatch(micro, gas, micro * gas * world, micro * gas == per_gpu)
 
 
