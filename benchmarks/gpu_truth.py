@@ -213,16 +213,7 @@ def run_row(row: Row, device: str) -> dict[str, Any]:
             result.setdefault("measured", {})["max_allocated"] = torch.cuda.max_memory_allocated()
     est, meas = result.get("estimate", {}), result.get("measured", {})
     if result["status"] == "ok":
-        result["error_pct"] = {"allocated": _err(est.get("peak_allocated_bytes"), meas.get("max_allocated")),
-                               "reserved": _err(est.get("peak_reserved_bytes"), meas.get("max_reserved")),
-                               "used": _err(est.get("device_used_bytes"), meas.get("used_peak"))}
-        load = meas.get("phases", {}).get("prepare") or meas.get("phases", {}).get("load")
-        if load and "load_peak_allocated" in est:  # the load phase: estimate vs the allocator's counters
-            result["error_pct"].update({
-                "load_allocated": _err(est.get("load_peak_allocated"), load.get("max_allocated")),
-                "load_reserved": _err(est.get("load_peak_reserved"), load.get("max_reserved")),
-                "load_end_reserved": _err(est.get("load_end_reserved"), load.get("reserved")),
-            })
+        result["error_pct"] = error_pct(est, meas)
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result
 
@@ -255,9 +246,11 @@ def _estimate(values: Mapping[str, object]) -> dict[str, Any]:
     from fitcheck.core import estimate
     from fitcheck.core.loading import load_phase
     from fitcheck.render import report_to_dict
+    from fitcheck.torch_adapters import PinnedPath
 
     spec, _ = spec_from_values(values, {})
-    report = estimate(spec)
+    formula = estimate(spec)
+    report = PinnedPath("auto")(spec)  # what `fitcheck estimate` answers for these flags (fitcheck.cli.estimate)
     lp = load_phase(spec, spec.hardware.gpu_memory_bytes)
     load = {} if lp is None else {"load_peak_allocated": lp.peak_allocated, "load_peak_reserved": lp.peak_reserved,
                                   "load_end_allocated": lp.end_allocated, "load_end_reserved": lp.end_reserved}
@@ -265,7 +258,10 @@ def _estimate(values: Mapping[str, object]) -> dict[str, Any]:
             "peak_reserved_bytes": report.peak_reserved_bytes,
             "device_used_bytes": report.device_used_bytes, "peak_phase": report.peak_phase.value,
             "fits": report.fits, "budget_bytes": report.budget_bytes, "trainable_params": report.trainable_params,
-            "regime": report.regime, "components": report_to_dict(report)["components"]}
+            "regime": report.regime, "pinned": report_to_dict(report).get("pinned"),
+            "formula_peak_allocated_bytes": formula.peak_allocated_bytes,
+            "formula_peak_reserved_bytes": formula.peak_reserved_bytes,
+            "components": report_to_dict(report)["components"]}
 
 
 def _measure(config: Mapping[str, Any], values: Mapping[str, object], device: str, work: Path,
@@ -370,6 +366,45 @@ def write_json(path: Path, device: str, results: Sequence[Mapping[str, Any]], ar
     path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
+def error_pct(est: Mapping[str, Any], meas: Mapping[str, Any]) -> dict[str, float | None]:
+    """Signed estimate-vs-measured error per measure (step, and the load phase when both have it)."""
+    out = {"allocated": _err(est.get("peak_allocated_bytes"), meas.get("max_allocated")),
+           "reserved": _err(est.get("peak_reserved_bytes"), meas.get("max_reserved")),
+           "used": _err(est.get("device_used_bytes"), meas.get("used_peak"))}
+    load = meas.get("phases", {}).get("prepare") or meas.get("phases", {}).get("load")
+    if load and "load_peak_allocated" in est:  # the load phase: estimate vs the allocator's counters
+        out.update({"load_allocated": _err(est.get("load_peak_allocated"), load.get("max_allocated")),
+                    "load_reserved": _err(est.get("load_peak_reserved"), load.get("max_reserved")),
+                    "load_end_reserved": _err(est.get("load_end_reserved"), load.get("reserved"))})
+    return out
+
+
+def rescore(path: Path) -> list[dict[str, Any]]:
+    """The measured rows of a data file with estimates recomputed by this checkout (measurements untouched).
+
+    GPU time is scarce and the estimate is a pure function of the flags: a formula change is re-scored against
+    the committed measurements instead of re-measured. Each row records the commit-independent inputs (argv,
+    layers, gpu name and memory) it is re-estimated from.
+    """
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    out = []
+    for r in doc["rows"]:
+        row = next((x for x in ROWS if x.name == r["name"]), None)
+        env = r.get("environment") or doc.get("environment") or {}
+        if row is None or r.get("status") != "ok" or not r.get("measured"):
+            out.append(r)
+            continue
+        with tempfile.TemporaryDirectory(prefix="gpu_truth_") as tmp:
+            (Path(tmp) / "config.json").write_text(json.dumps(row_config(row, "cuda")), encoding="utf-8")
+            values = parse_values(["--model_name_or_path", tmp, *row.argv("cuda"), "--device_type", "cuda"])
+            values.update(_gpu_flag(str(env.get("gpu_name", "H100")), int(env.get("gpu_total_bytes", 0) or 0)))
+            est = _estimate(values)
+        r = {**r, "estimate": est, "error_pct": error_pct(est, r["measured"])}
+        r.pop("estimate_error", None)
+        out.append(r)
+    return out
+
+
 def _done_rows(path: str | None) -> dict[str, dict[str, Any]]:
     if not path or not Path(path).is_file():
         return {}
@@ -390,11 +425,23 @@ def main(argv: Sequence[str]) -> int:
                     help="reuse the ok/oom rows of an earlier data file; run only the others")
     ap.add_argument("--in_process", action="store_true", help="no subprocess per row (CPU debugging)")
     ap.add_argument("--list", action="store_true", help="print the rows and exit")
+    ap.add_argument("--rescore", default=None, metavar="JSON",
+                    help="re-estimate a data file's measured rows with this checkout (no GPU), print, rewrite it")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(list(argv))
     if args.worker:
         row = next(r for r in ROWS if r.name == args.worker)
         print(RESULT_PREFIX + json.dumps(run_row(row, args.device)), flush=True)
+        return 0
+    if args.rescore:
+        rescored = rescore(Path(args.rescore))
+        doc = json.loads(Path(args.rescore).read_text(encoding="utf-8"))
+        doc.update(rows=rescored, summary=summary(rescored),
+                   rescored={"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                             "command": ["benchmarks/gpu_truth.py", *argv]})
+        Path(args.rescore).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        print(format_table(rescored))
+        print(json.dumps(summary(rescored)))
         return 0
     rows = select(args.device, args.quick, args.rows)
     if args.list:

@@ -195,6 +195,8 @@ def build_spec(
     accelerate_file = cli.pop("config_file", None)
     if fsdp_config is not None:
         cli["fsdp_config"] = fsdp_config
+    if fsdp is True:  # transformers 5.23 _process_fsdp_args: `fsdp` becomes True, its options moved to fsdp_config
+        cli["fsdp"], fsdp = True, None
     no_default = {**env, "HF_HOME": "/nonexistent/fitcheck-no-default-accelerate-config"}
     merged = merge_sources(
         cli,

@@ -27,9 +27,9 @@ refuses it under DeepSpeed ZeRO-3. ``benchmarks/tuner_vs_hf.py`` compares both o
 Under DDP every rank runs the same trials and all-reduces each verdict (MIN), so all ranks set the same size.
 DeepSpeed (ZeRO-1/2/3) shards the model inside ``Trainer.train``: each trial prepares a real engine the way
 ``train()`` does and tears it down (:mod:`fitcheck.integrations.tuner_engine`, where the design is argued), and
-:func:`set_trainer_micro_batch` keeps DeepSpeed's three batch keys consistent with the size set. FSDP-prepared
-Trainers are refused (:class:`TuningError`): accelerate 1.15 enables FSDP only on GPU backends, so no trial path
-for it could be run here.
+:func:`set_trainer_micro_batch` keeps DeepSpeed's three batch keys consistent with the size set. FSDP2 shards the
+module in place: trials run on the Trainer's own preparation, kept sharded (:mod:`fitcheck.integrations.tuner_fsdp`;
+run on an H100, benchmarks/data/tuner_fsdp_gpu_h100.json). FSDP1 Trainers are refused (:class:`TuningError`).
 
 torch and transformers are imported lazily.
 """
@@ -130,16 +130,19 @@ def divisors(n: int) -> list[int]:
 
 
 def _refuse_sharded(trainer: Any) -> None:
-    """FSDP-prepared Trainers are refused: trial steps on them are not built (see tuner_engine's docstring).
+    """FSDP1 Trainers are refused (a wrapper object with flat parameters; FSDP2 has :mod:`.tuner_fsdp`).
 
     The Trainer's own ``is_fsdp_enabled`` decides, not ``args.fsdp``: accelerate 1.15 (state.py, the
     ``distributed_type`` branch) turns FSDP on only for GPU-type backends, so on CPU (``MULTI_CPU`` or one
     process) a Trainer given ``fsdp=`` trains unsharded (DDP) and is tuned as such.
     """
-    if getattr(trainer, "is_fsdp_enabled", False):
+    from fitcheck.integrations.tuner_fsdp import fsdp_version
+
+    if fsdp_version(trainer) == 1:
         raise TuningError(
-            "tune_micro_batch: FSDP shards the model inside Trainer.train(), and trial steps on an FSDP-prepared "
-            "model are not supported (only DeepSpeed engines are re-prepared for trials); pick the micro-batch "
+            "tune_micro_batch: FSDP1 wraps the model inside Trainer.train(), and trial steps on an FSDP1-prepared "
+            "model are not supported (DeepSpeed engines and FSDP2 are prepared for trials); use FSDP2 "
+            "(fsdp_config fsdp_version: 2) or pick the micro-batch "
             "with `fitcheck estimate` (max_micro_batch) and set it with "
             "fitcheck.integrations.tuner.set_trainer_micro_batch(trainer, m)"
         )
@@ -193,10 +196,11 @@ def tune_micro_batch(
         The size set and every trial.
 
     Raises:
-        TuningError: Nothing fits (even micro-batch 1), or the Trainer is FSDP-prepared.
+        TuningError: Nothing fits (even micro-batch 1), or the Trainer runs FSDP1.
     """
     from fitcheck.integrations.trainer_estimate import trainer_spec
     from fitcheck.integrations.tuner_engine import EngineTrialSession, is_deepspeed_trainer
+    from fitcheck.integrations.tuner_fsdp import FsdpTrialSession, fsdp_version
     from fitcheck.integrations.tuner_grpo import GRPOTrialSession, grpo_sizes, is_grpo_trainer
     from fitcheck.integrations.tuner_trial import TrialSession, all_ranks_min, all_ranks_ok
 
@@ -214,9 +218,9 @@ def tune_micro_batch(
     sizes = divisors(per_gpu)
     grpo = is_grpo_trainer(trainer)
     if grpo:
-        if is_deepspeed_trainer(trainer):
-            raise TuningError("tune_micro_batch: GRPOTrainer trials under DeepSpeed are not built (the generation "
-                              "runs on the engine's gathered weights); pick the micro-batch with `fitcheck "
+        if is_deepspeed_trainer(trainer) or fsdp_version(trainer):
+            raise TuningError("tune_micro_batch: GRPOTrainer trials under DeepSpeed or FSDP are not built (the "
+                              "generation runs on gathered weights); pick the micro-batch with `fitcheck "
                               "estimate` and set it with fitcheck.integrations.tuner.set_trainer_micro_batch")
         sizes = grpo_sizes(args, sizes)
     start, reports = _predicted_index(spec, sizes, per_gpu)
@@ -254,7 +258,8 @@ def tune_micro_batch(
             raise torch.OutOfMemoryError(trials[-1].error)
 
     session_type: type[TrialSession] | type[EngineTrialSession] = (
-        GRPOTrialSession if grpo else EngineTrialSession if is_deepspeed_trainer(trainer) else TrialSession)
+        GRPOTrialSession if grpo else FsdpTrialSession if fsdp_version(trainer) == 2
+        else EngineTrialSession if is_deepspeed_trainer(trainer) else TrialSession)
     with session_type(trainer, spec.batch.seq_len) as session:
         found: SearchResult = search_largest(step, start, lower=1, upper=len(sizes))
     if found.size == 0:

@@ -110,11 +110,14 @@ def set_trainer_micro_batch(
         config["train_micro_batch_size_per_gpu"] = micro
         config["gradient_accumulation_steps"] = gas
         config["train_batch_size"] = micro * gas * world
-    # accelerate's GradientAccumulationPlugin is left alone: transformers 5.23 (trainer.py
-    # ``create_accelerator_and_postprocess``) builds it with ``num_steps=1`` and divides the loss by the
-    # accumulation itself; writing the accumulation there made ``accelerator.backward`` divide it a second time
-    # (accelerator.py ``backward``, accelerate 1.15), so a run tuned from 16 x 1 to 4 x 4 trained on gradients
-    # 4x too small. Under DeepSpeed, ``Accelerator._prepare_deepspeed`` copies the DeepSpeed config's value in.
+    accelerator = getattr(trainer_or_args, "accelerator", None)
+    state = getattr(getattr(accelerator, "gradient_state", None), "plugin_kwargs", None)
+    if isinstance(state, dict) and "num_steps" in state and deepspeed_configs(trainer_or_args):
+        # DeepSpeed only: accelerate 1.15 _prepare_deepspeed takes the config's accumulation as num_steps. Any
+        # other Trainer keeps num_steps 1 (transformers 5.23 create_accelerator_and_postprocess: "The Trainer
+        # handles GAS itself, so GAS=1 in Accelerate to avoid any double-division"); num_steps = gas made
+        # Accelerator.backward divide every loss by gas a second time after tuning (half the gradient at 4 x 2).
+        state["num_steps"] = gas
     return TrainerBatch(micro, gas, micro * gas * world, micro * gas == per_gpu)
 
 

@@ -20,11 +20,12 @@ gradient buckets. Three designs were weighed:
     it), so changing the micro-batch there means re-preparing anyway, inside a loop the Trainer owns;
 (c) estimate only, no trials: no verification, against the tuner's promise.
 
-FSDP is not handled here (the tuner refuses an FSDP-prepared Trainer): it cannot run on CPU with these versions.
-In one process transformers 5.23 raises "Using fsdp only works in distributed training." (trainer.py ``__init__``);
-under a gloo group (``MULTI_CPU``) accelerate 1.15 state.py enables FSDP only for GPU-type distributed types, so
-``is_fsdp_enabled`` stays False and the Trainer trains under ``DistributedDataParallel`` (checked with
-``fsdp="full_shard"``, FSDP2 config, 1 gloo process), which the plain trial path handles.
+FSDP2 is handled by :mod:`.tuner_fsdp` (a subclass of this session that keeps the in-place sharded module). On
+CPU, FSDP does not turn on: in one process transformers 5.23 raises "Using fsdp only works in distributed
+training." (trainer.py ``__init__``); under a gloo group (``MULTI_CPU``) accelerate 1.15 state.py enables FSDP
+only for GPU-type distributed types, so ``is_fsdp_enabled`` stays False and the Trainer trains under
+``DistributedDataParallel`` (checked with ``fsdp="full_shard"``, FSDP2 config, 1 gloo process), which the plain
+trial path handles.
 
 A trial (``run``): the engine is prepared (its allocation is part of what must fit: ``train()`` does the same),
 every param group's ``lr`` and ``weight_decay`` are set to 0, one micro-step with a boundary allocates the
@@ -147,6 +148,8 @@ class EngineTrialSession:
         trainer: A constructed, not yet trained ``transformers.Trainer`` with ``is_deepspeed_enabled``.
         seq_len: The worst-case sequence length of the trial batches.
     """
+
+    drops_new_hooks = True  # an engine whose build ran out of memory left hooks on the module (see run)
 
     def __init__(self, trainer: Any, seq_len: int) -> None:
         self.trainer = trainer
@@ -286,7 +289,8 @@ class EngineTrialSession:
             if tracker is not None:
                 tracker.stop()
             self._teardown()
-            _drop_new_hooks(self.model, hooks)
+            if self.drops_new_hooks:
+                _drop_new_hooks(self.model, hooks)
         if cuda:
             return TrialMeasure(int(torch.cuda.max_memory_allocated()), "torch.cuda.max_memory_allocated")
         assert tracker is not None

@@ -185,6 +185,20 @@ def test_deepspeed_dict_of_a_live_trainer_is_read(tmp_path: Path) -> None:
     assert sh.deepspeed is not None and sh.deepspeed.stage == 3
 
 
+@pytest.mark.parametrize("fsdp", ["full_shard auto_wrap", True])
+def test_fsdp_training_arguments_as_transformers_resolves_them(tmp_path: Path, fsdp: object) -> None:
+    """transformers 5.23 ``_process_fsdp_args`` turns any ``fsdp`` into True and moves its options into
+    ``fsdp_config``; the estimate of a live Trainer's arguments read that True as an unknown option (exit 2 on the
+    first real FSDP Trainer, found on an H100: benchmarks/data/tuner_fsdp_gpu.json)."""
+    args = _args(tmp_path, fsdp=fsdp, bf16=True,
+                 fsdp_config={"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
+    assert args.fsdp is True and args.fsdp_config["version"] == 2
+    spec, _ = trainer_estimate.trainer_spec(args, _model(), gpu="A100-80GB", device_type="cuda")
+    fs = spec.sharding.fsdp
+    assert spec.sharding.strategy is Strategy.FSDP and fs is not None
+    assert fs.version == 2 and fs.reshard_after_forward and fs.auto_wrap_policy == "TRANSFORMER_BASED_WRAP"
+
+
 def test_transformers_4_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """4.x: from_pretrained defaults to float32; TrainingArguments spell gradient_checkpointing and
     evaluation_strategy; models expose is_gradient_checkpointing. Exercised without a second install."""

@@ -163,6 +163,19 @@ def test_fsdp_units_and_reshard(llama8b: ModelInventory) -> None:
     assert fsdp_unit_params(no_wrap) == llama8b.total_params
 
 
+def test_fsdp_on_one_gpu_still_unshards_into_the_mixed_precision_dtype(llama8b: ModelInventory) -> None:
+    """One process: no all-gather partner, but MixedPrecisionPolicy still casts each unit into bf16 copies. An
+    H100 run (benchmarks/data/fsdp_gpu_nvidia_h100_80gb_hbm3.json, FSDP2 and FSDP1, 1 GPU) measured the step
+    peak 524.4 MB above fitcheck's old estimate: Llama-3.2-1B's tied embedding/LM-head tail unit in bf16."""
+    one = spec_for(llama8b, ShardingSpec(Strategy.FSDP, 1, 1, fsdp=FsdpSpec()))
+    tail = sum(p.numel for p in llama8b.params if not p.per_layer and p.role is not Role.EMBEDDING) * 2
+    assert named(buffer_components(one), "buffers.fsdp_unsharded_params").at(Phase.BACKWARD_START) == tail
+    no_cast = TrainingSpec(model=llama8b, precision=PrecisionSpec(Dtype.FLOAT32, MixedPrecision.NO),
+                           optimizer=OptimizerSpec("adamw_torch"), batch=BatchSpec(1, 1024, 1),
+                           sharding=ShardingSpec(Strategy.FSDP, 1, 1, fsdp=FsdpSpec()))
+    assert not [c for c in buffer_components(no_cast) if c.name == "buffers.fsdp_unsharded_params"]
+
+
 def test_fsdp_accumulation_keeps_full_grads_unless_sync_each_batch(llama8b: ModelInventory) -> None:
     acc = spec_for(llama8b, ShardingSpec(Strategy.FSDP, 8, 1, fsdp=FsdpSpec()), gas=4)
     synced = spec_for(llama8b, ShardingSpec(Strategy.FSDP, 8, 1, fsdp=FsdpSpec(sync_each_batch=True)), gas=4)

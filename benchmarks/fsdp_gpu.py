@@ -1,0 +1,266 @@
+"""A real ``transformers.Trainer`` under FSDP on one CUDA GPU, next to ``fitcheck estimate`` of the same flags.
+
+Issue 19 asks whether a bf16-loaded and an fp32-loaded model under FSDP + ``bf16=True`` really take the same
+memory (accelerate 1.15 upcasts trainable low-precision parameters to fp32 before sharding:
+``utils/fsdp_utils.py`` ``fsdp2_prepare_model``; FSDP1: ``accelerator.py`` ``prepare_model``). This runs the
+real thing: ``torch.distributed.run`` with one process (NCCL), ``TrainingArguments(fsdp="full_shard auto_wrap",
+fsdp_config={"fsdp_version": V, ...}, bf16=True)``, the model built with random weights on the CPU in the load
+dtype (``from_pretrained`` without ``device_map`` keeps it there; FSDP moves it to the GPU in
+``accelerator.prepare``), three optimizer steps. A callback reads the allocator's counters:
+
+* ``prepare``: at ``on_train_begin`` (after ``_prepare_for_training``: FSDP wrapping, upcast, optimizer built);
+* ``step``: steps 2-3 (peaks reset after step 1, so the optimizer states exist);
+* after ``train()``: ``trainer.save_model()`` (the FULL_STATE_DICT gather) as ``save``.
+
+One process per case (clean CUDA context). ``PYTHONPATH=. python benchmarks/fsdp_gpu.py --out DIR`` (GPU only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+PREFIX = "FSDP_GPU_RESULT "
+MODEL = "meta-llama/Llama-3.2-1B"
+# name: (load dtype, fsdp_version, gradient checkpointing)
+CASES: dict[str, tuple[str, int, bool]] = {
+    "fsdp2 bf16-loaded": ("bfloat16", 2, False),
+    "fsdp2 fp32-loaded": ("float32", 2, False),
+    "fsdp1 bf16-loaded": ("bfloat16", 1, False),
+    "fsdp2 bf16-loaded ckpt": ("bfloat16", 2, True),
+}
+BATCH, SEQ = 4, 1024
+
+
+def _counters() -> dict[str, int]:
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
+            "allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+            "used": total - free}
+
+
+def build_on_cpu(config: dict[str, Any], dtype: Any) -> Any:
+    """The model with random weights (seed 0) in ``dtype`` on the CPU, where ``from_pretrained`` without a
+    ``device_map`` leaves it and FSDP's prepare finds it; the init runs on the GPU (fast), then the GPU is emptied."""
+    import torch
+
+    from fitcheck.torch_adapters import hf_config, model_class
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = model_class(config)._from_config(hf_config(config, "sdpa"), dtype=dtype)
+    model.to("cpu")
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return model
+
+
+def _fsdp_config(version: int, work: Path) -> Path:
+    cfg: dict[str, Any] = {"fsdp_version": version, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}
+    if version == 1:
+        cfg["use_orig_params"] = True
+    path = work / "fsdp_config.json"
+    path.write_text(json.dumps(cfg), encoding="utf-8")
+    return path
+
+
+def estimate_argv(model_dir: Path, dtype: str, fsdp_config: Path, ckpt: bool) -> list[str]:
+    """``fitcheck estimate`` flags of the run."""
+    return [*(["--gradient_checkpointing"] if ckpt else []),
+            "--model_name_or_path", str(model_dir), "--dtype", dtype, "--bf16", "--fsdp", "full_shard auto_wrap",
+            "--fsdp_config", str(fsdp_config), "--num_processes", "1", "--optim", "adamw_torch_fused",
+            "--per_device_train_batch_size", str(BATCH), "--max_seq_length", str(SEQ), "--device_type", "cuda"]
+
+
+def _phases(values: Any) -> dict[str, int]:
+    """fitcheck's allocated bytes per phase (the report's ``phases``)."""
+    from fitcheck.cli import spec_from_values
+    from fitcheck.core import estimate
+    from fitcheck.render import report_to_dict
+
+    spec, _ = spec_from_values(values, {})
+    return dict(report_to_dict(estimate(spec))["phases"])
+
+
+def worker(case: str) -> dict[str, Any]:
+    """One case under ``torch.distributed.run`` (1 process): estimate, then the real Trainer run."""
+    dtype, version, ckpt = CASES[case]
+    out: dict[str, Any] = {"case": case, "model": MODEL, "load_dtype": dtype, "fsdp_version": version,
+                           "fsdp_activation_checkpointing": ckpt, "batch": BATCH, "seq": SEQ, "status": "ok"}
+    started = time.perf_counter()
+    try:
+        import torch
+        import transformers
+        from gpu_truth import _environment, _estimate, _gpu_flag, parse_values
+
+        from fitcheck.catalog import find_catalog_config
+
+        out["environment"] = env = _environment("cuda")
+        with tempfile.TemporaryDirectory(prefix="fsdp_gpu_") as tmp:
+            work = Path(tmp)
+            found = find_catalog_config(MODEL)
+            assert found is not None
+            config = found[0]
+            (work / "model").mkdir()
+            (work / "model" / "config.json").write_text(json.dumps(config), encoding="utf-8")
+            values = parse_values(estimate_argv(work / "model", dtype, _fsdp_config(version, work), ckpt))
+            values.update(_gpu_flag(str(env["gpu_name"]), int(env["gpu_total_bytes"])))
+            try:
+                out["estimate"] = _estimate(values)
+                out["estimate_phases"] = _phases(values)
+            except Exception as exc:  # the measurement is worth keeping even where the estimate fails
+                out["estimate_error"] = f"{type(exc).__name__}: {exc}"[:500]
+            model = build_on_cpu(config, getattr(torch, dtype))
+            model.config.use_cache = False
+            ids = torch.randint(0, int(config["vocab_size"]), (BATCH * 3, SEQ))
+            data = [{"input_ids": r, "labels": r} for r in ids]
+            measured: dict[str, Any] = {}
+
+            class Probe(transformers.TrainerCallback):  # type: ignore[misc]
+                def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                    measured["prepare"] = _counters()
+                    measured["param_dtypes"] = sorted({str(p.dtype) for p in kw["model"].parameters()})
+                    torch.cuda.reset_peak_memory_stats()
+
+                def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                    if state.global_step == 1:
+                        measured["step1"] = _counters()
+                        torch.cuda.reset_peak_memory_stats()
+
+            targs = transformers.TrainingArguments(
+                output_dir=str(work / "out"), per_device_train_batch_size=BATCH, max_steps=3, bf16=True,
+                fsdp="full_shard auto_wrap", fsdp_config=str(work / "fsdp_config.json"), optim="adamw_torch_fused",
+                save_strategy="no", report_to="none", logging_steps=1000, dataloader_num_workers=0,
+                gradient_checkpointing=ckpt)
+            trainer = transformers.Trainer(model=model, args=targs, train_dataset=data, callbacks=[Probe()])
+            torch.cuda.reset_peak_memory_stats()
+            trainer.train()
+            measured["step"] = _counters()
+            torch.cuda.reset_peak_memory_stats()
+            trainer.save_model(str(work / "saved"))
+            measured["save"] = _counters()
+            out["measured"] = measured
+    except Exception as exc:
+        oom = "out of memory" in str(exc).lower()
+        out.update(status="oom" if oom else "error", error=f"{type(exc).__name__}: {exc}"[:800],
+                   traceback=traceback.format_exc()[-3000:])
+    out["seconds"] = round(time.perf_counter() - started, 1)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_case(case: str, timeout: float) -> dict[str, Any]:
+    """One case in a fresh ``torch.distributed.run --nproc_per_node 1`` process."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port",
+           str(_free_port()), str(Path(__file__).resolve()), "--worker", case]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return {"case": case, "status": "timeout"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(PREFIX):
+            return dict(json.loads(line[len(PREFIX):]))
+    return {"case": case, "status": "crash", "error": (proc.stderr or proc.stdout)[-3000:]}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Measured vs estimated GiB per phase."""
+    g = 2**30
+    lines = [f"{'case':24} {'status':6} | {'prep alloc':>10} | {'step alloc':>10} {'est':>7} {'err':>7} | "
+             f"{'step resv':>9} {'est':>7} | {'save':>6} {'est':>6} | dtypes"]
+    for r in rows:
+        m, e = r.get("measured") or {}, r.get("estimate") or {}
+        step, prep, save = m.get("step") or {}, m.get("prepare") or {}, m.get("save") or {}
+        sa, ea = step.get("max_allocated"), e.get("peak_allocated_bytes")
+        err = f"{(ea - sa) / sa * 100:+6.1f}%" if sa and ea else "-"
+        save_est = (r.get("estimate_phases") or {}).get("save")
+        lines.append(
+            f"{r['case']:24} {r.get('status', '?'):6} | {(prep.get('max_allocated') or 0) / g:10.2f} | "
+            f"{(sa or 0) / g:10.2f} {(ea or 0) / g:7.2f} {err:>7} | {(step.get('max_reserved') or 0) / g:9.2f} "
+            f"{(e.get('peak_reserved_bytes') or 0) / g:7.2f} | {(save.get('max_allocated') or 0) / g:6.2f} "
+            f"{(save_est or 0) / g:6.2f} | {m.get('param_dtypes', '')}")
+        if r.get("status") != "ok":
+            lines.append(f"   -> {(r.get('error') or '')[:600]}")
+    return "\n".join(lines)
+
+
+def rescore(path: Path) -> list[dict[str, Any]]:
+    """The measured rows of a data file with estimates recomputed by this checkout (measurements untouched)."""
+    from gpu_truth import _estimate, _gpu_flag, parse_values
+
+    from fitcheck.catalog import find_catalog_config
+
+    rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+    out = []
+    for r in rows:
+        if r.get("status") != "ok" or r.get("case") not in CASES:
+            out.append(r)
+            continue
+        dtype, version, ckpt = CASES[r["case"]]
+        env = r.get("environment") or {}
+        with tempfile.TemporaryDirectory(prefix="fsdp_gpu_") as tmp:
+            work = Path(tmp)
+            found = find_catalog_config(MODEL)
+            assert found is not None
+            (work / "model").mkdir()
+            (work / "model" / "config.json").write_text(json.dumps(found[0]), encoding="utf-8")
+            values = parse_values(estimate_argv(work / "model", dtype, _fsdp_config(version, work), ckpt))
+            values.update(_gpu_flag(str(env.get("gpu_name", "H100")), int(env.get("gpu_total_bytes", 0) or 0)))
+            out.append({**r, "estimate": _estimate(values), "estimate_phases": _phases(values)})
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """Run the cases (or one, as a worker), print the table, write ``fsdp_gpu_<gpu>.json``."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--worker", default=None)
+    ap.add_argument("--cases", nargs="+", default=list(CASES))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "data"))
+    ap.add_argument("--timeout_s", type=float, default=150.0)
+    ap.add_argument("--rescore", default=None, metavar="JSON", help="re-estimate a data file's rows (no GPU)")
+    args = ap.parse_args(argv)
+    if args.rescore:
+        rows = rescore(Path(args.rescore))
+        doc = json.loads(Path(args.rescore).read_text(encoding="utf-8"))
+        doc["rows"] = rows
+        Path(args.rescore).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        print(table(rows))
+        return 0
+    if args.worker:
+        print(PREFIX + json.dumps(worker(args.worker)), flush=True)
+        return 0
+    rows = []
+    for case in args.cases:
+        print(f"... {case}", file=sys.stderr, flush=True)
+        rows.append(run_case(case, args.timeout_s))
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        gpu = next((r["environment"]["gpu_name"] for r in rows if r.get("environment")), "cuda")
+        slug = "".join(c if c.isalnum() else "_" for c in str(gpu).lower()).strip("_")
+        (Path(args.out) / f"fsdp_gpu_{slug}.json").write_text(
+            json.dumps({"schema": 1, "command": ["benchmarks/fsdp_gpu.py", *argv], "rows": rows}, indent=1) + "\n",
+            encoding="utf-8")
+    print(table(rows))
+    return 0 if any(r.get("status") == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
