@@ -1,7 +1,8 @@
 """Issue 21: after tune_micro_batch, training ends with the weights of an untuned run at the tuned size.
 
-Run A: a Trainer built at 16 x 1 is tuned under a simulated budget (tests/tuner_budget.py) that puts the largest
-micro-batch at 4 (the 8 x 2 trial runs out of memory part-way), then trains. Run B: a fresh Trainer built at
+Run A: a Trainer (plain, LoRA, checkpointed, SFT) is tuned under a simulated budget (tests/tuner_budget.py) that
+puts the largest micro-batch at a quarter of the per-GPU batch (the next size's trial runs out of memory part-way),
+then trains. Run B: a fresh Trainer built at
 the size found trains the same number of steps. Both start from the same seed; attention dropout is on, so the
 trials' use of torch's RNG matters, and the data are shuffled by the Trainer's sampler. The final parameters
 must be equal bit for bit.
@@ -36,20 +37,22 @@ def _weights(trainer: Any) -> dict[str, Any]:
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
 
-@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[4]], ids=["Trainer", "SFTTrainer"])
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[2], CONFIGS[3], CONFIGS[4]],
+                         ids=["Trainer", "LoRA", "checkpointing", "SFTTrainer"])
 def test_tuned_run_trains_to_the_weights_of_an_untuned_run(config: Any, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(tuner_budget.WIDTHS, "attention_dropout", 0.2)
     out = str(tmp_path)
-    assert (config.micro, config.accum) == (16, 1)
-    budget = (real_peak(config, out, 4) + real_peak(config, out, 8)) // 2
+    per_gpu = config.micro * config.accum  # 16 in each config; the budget lets per_gpu / 4 train, not more
+    micro = per_gpu // 4
+    budget = (real_peak(config, out, micro) + real_peak(config, out, 2 * micro)) // 2
     tuned = build_trainer(config, out, max_steps=STEPS)
     with budget_for(tuned.model, budget):
         result = tune_micro_batch(tuned, gpu_memory=budget, device_type="cpu", max_seq_length=SEQ)
-    assert (result.micro_batch, result.grad_accum) == (4, 4), result.table()
+    assert (result.micro_batch, result.grad_accum) == (micro, 4), result.table()
     assert any(not t.fits for t in result.trials)  # a trial ran out of memory part-way: that path restores too
     tuned.train()
-    untuned = build_trainer(config, out, micro=4, accum=4, max_steps=STEPS)
+    untuned = build_trainer(config, out, micro=micro, accum=4, max_steps=STEPS)
     untuned.train()
     a, b = _weights(tuned), _weights(untuned)
     differ = [n for n in a if not torch.equal(a[n], b[n])]
