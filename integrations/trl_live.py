@@ -57,8 +57,8 @@ def _longest(dataset: Any, column: str, limit: int = 100_000) -> int:
 def dataset_lengths(kind: TrainerKind, trainer: Any) -> dict[str, int]:
     """Real lengths read off the trainer's prepared train dataset: ``max_seq_length`` / prompt / completion."""
     dataset = getattr(trainer, "train_dataset", None)
-    if dataset is None or not hasattr(dataset, "column_names"):
-        return {}
+    if dataset is None or not hasattr(dataset, "column_names") or not hasattr(dataset, "__len__"):
+        return {}  # absent, or a streamed ``datasets.IterableDataset`` (no length, no ``select``): not read
     columns = trainer_row(kind).dataset_columns
     if columns and not trainer_row(kind).prompt_completion:  # Trainer / SFT: input_ids; reward: chosen/rejected
         n = max(_longest(dataset, c) for c in columns)

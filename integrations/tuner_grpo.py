@@ -135,8 +135,10 @@ class GRPOTrialSession(TrialSession):  # type: ignore[misc]  # fitcheck.integrat
             raise ValueError("the GRPOTrainer has no train_dataset: the tuner generates from its prompts")
         n = micro * int(t.args.steps_per_generation)
         repeat = int(getattr(t, "num_generations", 1) or 1)
+        import torch
+
         prompts: list[Any] = []
-        if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+        if not isinstance(dataset, torch.utils.data.IterableDataset) and hasattr(dataset, "__len__"):
             size = len(dataset)
             if size == 0:
                 raise ValueError("the GRPOTrainer's train_dataset is empty")

@@ -28,7 +28,7 @@ COMPLETION = 8
 SEQ = 20  # prompt (8-12 words) + completion
 
 
-def build_grpo(out: str, micro: int, accum: int, max_steps: int = 2, **extra: Any) -> Any:
+def build_grpo(out: str, micro: int, accum: int, max_steps: int = 2, stream: bool = False, **extra: Any) -> Any:
     """A GRPOTrainer (4 generations per prompt, attention dropout on) on a seeded tiny Llama."""
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**WIDTHS, "attention_dropout": 0.1}))
@@ -38,7 +38,8 @@ def build_grpo(out: str, micro: int, accum: int, max_steps: int = 2, **extra: An
         num_generations=4, max_completion_length=COMPLETION, use_cpu=True, report_to="none", save_strategy="no",
         logging_strategy="no", disable_tqdm=True, seed=0, optim="adamw_torch", bf16=False, **extra,
     )
-    return trl.GRPOTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
+    data = datasets.Dataset.from_dict({"prompt": prompts})
+    return trl.GRPOTrainer(model=model, args=args, train_dataset=data.to_iterable_dataset() if stream else data,
                            processing_class=_tokenizer(),
                            reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions])
 
@@ -94,3 +95,13 @@ def test_grpo_sizes_grpoconfig_refuses_are_not_tried(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="generation_batch_size"):
         set_trainer_micro_batch(trainer, 8)
     assert trainer.args.per_device_train_batch_size == 4
+
+
+def test_grpo_on_a_streamed_dataset(tmp_path: Path) -> None:
+    """A ``datasets.IterableDataset`` (no length): its lengths are not read (``dataset_lengths`` called ``len``
+    on it), the trial takes the first prompts it yields, and training runs after tuning."""
+    trainer = build_grpo(str(tmp_path), 4, 2, stream=True)
+    with budget_for(trainer.model, UNBOUNDED):
+        result = tune_micro_batch(trainer, gpu_memory=10**9, device_type="cpu", max_seq_length=SEQ)
+    assert (result.micro_batch, result.grad_accum) == (8, 1), result.table()
+    assert trainer.train().global_step == 2
