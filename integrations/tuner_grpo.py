@@ -11,12 +11,14 @@ slice ``_step % steps_per_generation``; ``training_step`` then runs forward + ba
 to ``_step``.
 
 A trial therefore runs ``training_step`` with ``_step = 0`` and no buffer on one real generation batch (the
-dataset's first prompts, each repeated ``num_generations`` times as ``RepeatSampler`` repeats them): the
+dataset's longest prompt among its first 1,000 rows — a streamed dataset: its first prompts — each repeated
+``num_generations`` times as ``RepeatSampler`` repeats them): the
 generation at the run's own generation batch, then forward + backward at the trial micro-batch, and (with
 accumulation > 1) the next slice from the buffer, as ``train()`` does. Completions are generated at their
 worst case: ``min_new_tokens = max_new_tokens`` (``max_completion_length``) for the trials, so an early EOS does
-not make a size look cheaper than its longest step. Prompts are the dataset's own (GRPO has no prompt
-truncation to tile to in TRL 1.16).
+not make a size look cheaper than its longest step; the longest prompt does the same for the prompt side
+(TRL 1.16 grpo_trainer.py ``_generate_single_turn`` left-pads a batch's prompts to the longest and does not
+truncate them).
 
 The sizes tried keep the generation batch: ``generation_batch_size`` stays, ``steps_per_generation`` becomes
 ``generation_batch_size / (micro × processes)``; ``GRPOConfig.__post_init__`` refuses a generation batch that is
@@ -78,6 +80,7 @@ class GRPOTrialSession(TrialSession):  # type: ignore[misc]  # fitcheck.integrat
 
     def __enter__(self) -> GRPOTrialSession:
         t = self.trainer
+        self._longest: int | None = None
         self._dict = dict(vars(t))
         self._appended = {n: copy.deepcopy(getattr(t, n)) for n in _APPENDED if hasattr(t, n)}
         self._args = {n: getattr(t.args, n) for n in _ARGS}
@@ -142,7 +145,8 @@ class GRPOTrialSession(TrialSession):  # type: ignore[misc]  # fitcheck.integrat
             size = len(dataset)
             if size == 0:
                 raise ValueError("the GRPOTrainer's train_dataset is empty")
-            prompts = [dataset[i % size] for i in range(-(-n // repeat))]
+            longest = dataset[self._longest_row()]
+            prompts = [longest] * -(-n // repeat)
         else:
             for sample in dataset:
                 prompts.append(sample)
@@ -153,6 +157,30 @@ class GRPOTrialSession(TrialSession):  # type: ignore[misc]  # fitcheck.integrat
             prompts = [prompts[i % len(prompts)] for i in range(-(-n // repeat))]
         samples = [p for p in prompts for _ in range(repeat)][:n]  # RepeatSampler: mini_repeat_count in a row
         return t.data_collator(samples)
+
+    def _longest_row(self) -> int:
+        """Index of the longest prompt among the first 1,000 rows (tokenized as ``dataset_lengths`` does).
+
+        GRPO pads the prompts of a generation batch to the longest one (left padding) and TRL 1.16 does not
+        truncate them, so a batch of the longest prompt is the worst case a generation round can meet.
+        Prompts that are not text (conversations) are ranked by the length of their ``str``.
+        """
+        if self._longest is None:
+            t = self.trainer
+            dataset = t.train_dataset
+            tok = getattr(t, "processing_class", None)
+            tok = getattr(tok, "tokenizer", tok)
+            best, index = -1, 0
+            for i in range(min(len(dataset), 1000)):
+                prompt = dataset[i].get("prompt", "") if isinstance(dataset[i], dict) else dataset[i]
+                if isinstance(prompt, str) and callable(tok):
+                    length = len(tok(prompt, add_special_tokens=False)["input_ids"])
+                else:
+                    length = len(str(prompt))
+                if length > best:
+                    best, index = length, i
+            self._longest = index
+        return self._longest
 
     def _clear(self) -> None:
         """Drop the trial's gradients, optimizer state and generation buffer."""

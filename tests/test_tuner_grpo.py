@@ -28,11 +28,17 @@ COMPLETION = 8
 SEQ = 20  # prompt (8-12 words) + completion
 
 
-def build_grpo(out: str, micro: int, accum: int, max_steps: int = 2, stream: bool = False, **extra: Any) -> Any:
-    """A GRPOTrainer (4 generations per prompt, attention dropout on) on a seeded tiny Llama."""
+def build_grpo(out: str, micro: int, accum: int, max_steps: int = 2, stream: bool = False, spread: int = 1,
+               **extra: Any) -> Any:
+    """A GRPOTrainer (4 generations per prompt, attention dropout on) on a seeded tiny Llama.
+
+    Prompts are 10 words (``spread`` 1: every prompt as long as the longest, so two real steps meet the worst
+    case the trials run at), or 8 to 8 + ``spread`` - 1 words.
+    """
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**WIDTHS, "attention_dropout": 0.1}))
-    prompts = [" ".join(f"t{2 + (7 * i + j) % 250}" for j in range(8 + i % 5)) for i in range(32)]
+    words = [10] * 32 if spread == 1 else [8 + i % spread for i in range(32)]
+    prompts = [" ".join(f"t{2 + (7 * i + j) % 250}" for j in range(n)) for i, n in enumerate(words)]
     args = trl.GRPOConfig(
         output_dir=out, per_device_train_batch_size=micro, gradient_accumulation_steps=accum, max_steps=max_steps,
         num_generations=4, max_completion_length=COMPLETION, use_cpu=True, report_to="none", save_strategy="no",
@@ -105,3 +111,19 @@ def test_grpo_on_a_streamed_dataset(tmp_path: Path) -> None:
         result = tune_micro_batch(trainer, gpu_memory=10**9, device_type="cpu", max_seq_length=SEQ)
     assert (result.micro_batch, result.grad_accum) == (8, 1), result.table()
     assert trainer.train().global_step == 2
+
+
+def test_grpo_trials_generate_from_the_longest_prompt(tmp_path: Path) -> None:
+    """GRPO left-pads a generation batch's prompts to the longest and does not truncate them (TRL 1.16), so the
+    trial's generation batch is the dataset's longest prompt, repeated."""
+    from fitcheck.integrations.tuner_grpo import GRPOTrialSession
+
+    trainer = build_grpo(str(tmp_path), 4, 2, spread=5)
+    prompts = list(trainer.train_dataset["prompt"])
+    tok = trainer.processing_class
+    longest = max(prompts, key=lambda p: len(tok(p, add_special_tokens=False)["input_ids"]))
+    assert len(set(map(len, prompts))) > 1
+    with GRPOTrialSession(trainer, SEQ) as session:
+        session._before_trial(2, 4)
+        batch = session._batch(2)
+    assert len(batch) == 8 and {row["prompt"] for row in batch} == {longest}
