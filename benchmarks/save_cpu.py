@@ -30,7 +30,10 @@ from typing import Any
 
 from benchmarks.fsdp_upcast_cpu import TINY, WORLD
 
-PATHS = ("fsdp1-full-model", "fsdp2-full-model", "fsdp1-sharded-ckpt", "fsdp2-sharded-ckpt", "zero3-16bit")
+PATHS = ("fsdp1-full-model", "fsdp2-full-model", "fsdp1-sharded-ckpt", "fsdp2-sharded-ckpt", "zero3-16bit",
+         "fsdp2-full-optim", "fsdp2-sharded-optim", "peft-trainer", "full-trainer", "zero1-trainer", "zero2-trainer")
+# Trainer paths: one process (plain Trainer) or 2 gloo ranks (DeepSpeed ZeRO-1/2 under the Trainer)
+TRAINER_PATHS = {"peft-trainer": 1, "full-trainer": 1, "zero1-trainer": WORLD, "zero2-trainer": WORLD}
 
 
 def _plain_tracker() -> Any:
@@ -46,6 +49,15 @@ def _plain_tracker() -> Any:
     from fitcheck.torch_adapters import LiveTensorTracker
 
     class PlainTracker(LiveTensorTracker):
+        log: list[Any] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            before = self.current
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if os.environ.get("SAVE_DEBUG") and self.current > before:
+                print("NEW", str(func), self.current - before, flush=True)
+            return out
+
         def _add(self, tensor: Any) -> None:
             if isinstance(tensor, torch.Tensor) and type(tensor) not in (torch.Tensor, torch.nn.Parameter):
                 return
@@ -64,10 +76,11 @@ def _fsdp_rank(rank: int, path: str, port: int, out: str) -> None:
     from accelerate import Accelerator
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-    from accelerate.utils.fsdp_utils import save_fsdp_model
+    from accelerate.utils.fsdp_utils import save_fsdp_model, save_fsdp_optimizer
 
     version = int(path[4])
     full = "-full-" in path
+    optim = path.endswith("-optim")
     cfg = transformers.LlamaConfig(**{k: v for k, v in TINY.items() if k not in ("model_type", "architectures")})
     kw: dict[str, Any] = {"fsdp_version": version, "auto_wrap_policy": "transformer_based_wrap",
                           "transformer_cls_names_to_wrap": ["LlamaDecoderLayer"],
@@ -90,9 +103,15 @@ def _fsdp_rank(rank: int, path: str, port: int, out: str) -> None:
     acc.backward(model(input_ids=ids, labels=ids).loss)
     opt.step()
     opt.zero_grad()
-    tracker = _plain_tracker().start()
+    tracker = _plain_tracker()
+    base = _count_live(tracker)
+    tracker.start()
     try:
-        if full:
+        if optim:  # what Trainer._save_optimizer_and_scheduler calls after save_fsdp_model (transformers 5.23)
+            with tempfile.TemporaryDirectory() as tmp:
+                save_fsdp_optimizer(plugin, acc, opt, model, tmp)
+            state = None
+        elif full:
             state = acc.get_state_dict(model)
         else:
             with tempfile.TemporaryDirectory() as tmp:
@@ -106,7 +125,7 @@ def _fsdp_rank(rank: int, path: str, port: int, out: str) -> None:
         tracker.stop()
     keys = len(state) if state else 0
     with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
-        json.dump({"peak": tracker.peak, "held": held, "keys": keys}, fh)
+        json.dump({"peak": tracker.peak - base, "held": held - base, "keys": keys}, fh)
     del state
     finish_rank()
 
@@ -152,8 +171,101 @@ def _zero3_rank(rank: int, port: int, out: str) -> None:
     finish_rank()
 
 
+def _count_live(tracker: Any) -> int:
+    """Count every tensor alive now (parameters, their local shards, gradients, optimizer states, DeepSpeed's flat
+    buffers) in ``tracker`` and return its bytes: a view of one of them (``state_dict``'s ``detach()``, a DTensor's
+    ``to_local()``) is then no new storage, and ``peak``/``current`` minus that is what saving creates."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    tracker.track(o for o in gc.get_objects() if isinstance(o, torch.Tensor))
+    return int(tracker.current)
+
+
+def _tracker_over_live() -> Any:
+    """A live-tensor tracker with every tensor alive now already counted (parameters, gradients, optimizer states,
+    DeepSpeed's flat buffers): a view of one of them (``state_dict``'s ``detach()``) is then no new storage, and
+    ``peak - current`` at the start is what saving creates."""
+    import gc
+
+    import torch
+
+    from fitcheck.torch_adapters import LiveTensorTracker
+
+    gc.collect()
+    tracker = LiveTensorTracker()
+    tracker.track(o for o in gc.get_objects() if isinstance(o, torch.Tensor))
+    return tracker
+
+
+def _trainer_rank(rank: int, path: str, port: int, out: str) -> None:
+    """A real Trainer (LoRA, full, or DeepSpeed ZeRO-1/2 bf16) after one step: each save call under the tracker."""
+    from benchmarks.gloo_rank import finish_rank, start_rank
+
+    world = TRAINER_PATHS[path]
+    if world > 1:
+        start_rank(rank, world, port)
+    warnings.filterwarnings("ignore")
+    import torch
+    import transformers
+
+    from benchmarks.tuner_budget import Tokens
+
+    torch.set_num_threads(1)
+    cfg = transformers.LlamaConfig(**{k: v for k, v in TINY.items() if k not in ("model_type", "architectures")})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    extra: dict[str, Any] = {}
+    if path == "peft-trainer":
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
+                                                 lora_dropout=0.0, task_type="CAUSAL_LM"))
+    if path.startswith("zero"):
+        stage = int(path[4])
+        extra = {"bf16": True, "deepspeed": {
+            "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto", "bf16": {"enabled": "auto"},
+            "zero_optimization": {"stage": stage},
+            "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True}}}}
+    rows: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        args = transformers.TrainingArguments(
+            output_dir=tmp, per_device_train_batch_size=2, max_steps=1, optim="adamw_torch", use_cpu=True,
+            report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0, **extra)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens())
+        trainer.train()
+        os.makedirs(os.path.join(tmp, "ckpt"), exist_ok=True)  # as _save_checkpoint's save_model makes it
+        calls = (("save_model", lambda: trainer.save_model(os.path.join(tmp, "model"))),
+                 ("optimizer_and_scheduler",
+                  lambda: trainer._save_optimizer_and_scheduler(os.path.join(tmp, "ckpt"))),
+                 ("rng_state", lambda: trainer._save_rng_state(os.path.join(tmp, "ckpt"))))
+        for name, call in calls:
+            tracker = _tracker_over_live()
+            base = tracker.current
+            tracker.start()
+            try:
+                call()
+                import gc
+
+                gc.collect()
+                held = tracker.current
+            finally:
+                tracker.stop()
+            rows[name] = {"peak": tracker.peak - base, "held": held - base}
+        rows["model_bytes"] = sum(p.numel() * p.element_size() for p in trainer.model_wrapped.parameters())
+    with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
+        json.dump(rows, fh)
+    if world > 1:
+        finish_rank()
+
+
 def _spawned(rank: int, path: str, port: int, out: str) -> None:
-    if path == "zero3-16bit":
+    if path in TRAINER_PATHS:
+        _trainer_rank(rank, path, port, out)
+    elif path == "zero3-16bit":
         _zero3_rank(rank, port, out)
     else:
         _fsdp_rank(rank, path, port, out)
@@ -182,9 +294,10 @@ def measure(path: str, port: int | None = None) -> list[dict[str, int]]:
         # spawn, not fork: a forked rank inherits the parent's globals, and after a test process built a Trainer
         # with a DeepSpeed config (transformers' HfDeepSpeedConfig weak reference) the ZeRO-3 rank's gather came
         # out 0 bytes (tests/test_save_phase.py failed after test_levers/test_integration_trainer, passed alone)
-        mp_.start_processes(_spawned, args=(path, port, out), nprocs=WORLD, join=True, start_method="spawn")
+        world = TRAINER_PATHS.get(path, WORLD)
+        mp_.start_processes(_spawned, args=(path, port, out), nprocs=world, join=True, start_method="spawn")
         rows = []
-        for rank in range(WORLD):
+        for rank in range(world):
             with open(f"{out}.{rank}", encoding="utf-8") as fh:
                 rows.append(json.load(fh))
     return rows
