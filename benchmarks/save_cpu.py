@@ -304,51 +304,112 @@ def measure(path: str, port: int | None = None) -> list[dict[str, int]]:
 
 
 # Paths compared with the estimate, and why the others are not (read from source only).
-COMPARED = ("fsdp2-full-model", "zero3-16bit")
+COMPARED = ("fsdp2-full-model", "zero3-16bit", "fsdp2-full-optim", "zero1-trainer", "zero2-trainer", "peft-trainer",
+            "full-trainer")
 NOT_COMPARED = {
     "fsdp1-full-model": "FSDP1 FULL_STATE_DICT with offload_to_cpu segfaults on CPU: torch 2.13 "
                         "distributed/fsdp/_flat_param.py to_cpu() moves the unit to the CPU (a no-op there) and then "
                         "frees the storage it still uses; the GPU rule is read from source only",
     "fsdp1-sharded-ckpt": "SHARDED_STATE_DICT: each rank writes its own shards; estimated as no gather (source)",
-    "fsdp2-sharded-ckpt": "SHARDED_STATE_DICT via DCP: no gather; each rank holds a host copy of its own shards "
-                          "(cpu_offload=True; measured: 213,632 B = half the fp32 model per rank), not modelled",
+    "fsdp2-sharded-ckpt": "SHARDED_STATE_DICT via DCP: no gather (measured new bytes per rank: 15,912 / 11,363 B, DCP's "
+                          "pickled save plans in object collectives, not modelled); the host copy of each rank's "
+                          "shards (cpu_offload=True) is a no-op on CPU: estimated from source",
+    "fsdp2-sharded-optim": "as fsdp2-sharded-ckpt for the optimizer (measured new bytes per rank: 48,129 / 33,475 B of "
+                           "pickled plans); the host copy of each rank's optimizer shards is from source",
+    "fsdp1-full-optim": "FSDP.optim_state_dict runs on CPU, but storages alive before the call are freed inside it "
+                        "(held -213,632 B): the gather is not isolated; FSDP1's optimizer gather is not modelled",
 }
 
 
+# What a compared row's difference is.
+_TAG = ("the 80 B are deepspeed 0.19.8 engine.py _checkpoint_tag_validation's 20-byte tag-hash tensors (bhash, two "
+        "clones, two comparisons); not modelled")
+NOTES = {"zero1-trainer": _TAG, "zero2-trainer": _TAG,
+         "peft-trainer": "adapter state dict = views of the LoRA weights; the host copy (safetensors .to('cpu')) is a "
+                         "no-op on CPU",
+         "full-trainer": "save_pretrained's state dict = views; the host copy is a no-op on CPU"}
+
+
 def estimate_for(path: str) -> Any:
-    """fitcheck's save cost for the measured run (tiny Llama, 2 processes, bf16 mixed precision)."""
+    """fitcheck's save cost for the measured run (tiny Llama, 2 processes or one, bf16 mixed precision)."""
     from dataclasses import replace
 
     from benchmarks.cpu_truth import Row, spec_for
     from fitcheck.core import save_cost
-    from fitcheck.spec import DeepSpeedSpec, FsdpSpec, ShardingSpec, Strategy
+    from fitcheck.spec import DeepSpeedSpec, FsdpSpec, LoraSpec, ShardingSpec, Strategy
 
-    if path == "zero3-16bit":
-        spec = spec_for(Row("zero3-save", TINY, seq=16, batch=2, dtype="float32", mp="bf16", optim="adamw_torch"))
-        ds = DeepSpeedSpec(stage=3, gather_16bit_on_save=True)
+    if path == "zero3-16bit" or path.startswith("zero"):
+        spec = spec_for(Row("zero-save", TINY, seq=16, batch=2, dtype="float32", mp="bf16", optim="adamw_torch"))
+        ds = DeepSpeedSpec(stage=3, gather_16bit_on_save=True) if path == "zero3-16bit" else DeepSpeedSpec(
+            stage=int(path[4]))
         spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, WORLD, 1, ds))
+    elif path in TRAINER_PATHS:  # one process, fp32, LoRA r16 all-linear or full
+        lora = LoraSpec(r=16, alpha=32, target_modules=("all-linear",)) if path == "peft-trainer" else None
+        spec = spec_for(Row("trainer-save", TINY, seq=32, batch=2, dtype="float32", lora=lora))
     else:
         spec = spec_for(Row("fsdp-save", TINY, seq=16, batch=2, dtype="bfloat16", mp="bf16", optim="adamw_torch"))
-        fsdp = FsdpSpec(version=int(path[4]), state_dict_type="FULL_STATE_DICT")
+        fsdp = FsdpSpec(version=int(path[4]),
+                        state_dict_type="FULL_STATE_DICT" if "-full-" in path else "SHARDED_STATE_DICT")
         spec = replace(spec, sharding=ShardingSpec(Strategy.FSDP, WORLD, 1, None, fsdp))
     return save_cost(spec)
 
 
-def save_rows() -> list[dict[str, Any]]:
-    """Estimate vs real, per compared path: the device gather and rank 0's host state dict.
+def _real(path: str, ranks: list[dict[str, Any]]) -> tuple[int, int | None]:
+    """(real device bytes, real host bytes per node or None where a CPU run cannot show it) of one path.
 
-    Real device gather: rank 1's ``peak - held`` (rank 1 keeps nothing; ``held`` there is what it re-allocates in
-    place of storages made before the tracker started: ZeRO-3's re-partitioned shards). Real host state dict:
-    rank 0's ``held`` minus rank 1's.
+    - full state dicts (``fsdp2-full-model``, ``zero3-16bit``): the gather is rank 1's ``peak - held`` (rank 1 keeps
+      nothing; ``held`` there is what it re-allocates in place of storages made before the tracker started:
+      ZeRO-3's re-partitioned shards), the host copy rank 0's ``held`` minus rank 1's;
+    - ``fsdp2-full-optim``: the dict is gone when ``save_fsdp_optimizer`` returns: the gather is rank 1's peak, the
+      host copy rank 0's peak (on CPU rank 0's last gather is its host copy);
+    - Trainer paths: what ``save_model`` and ``_save_optimizer_and_scheduler`` create. Under ZeRO-1/2 ``save_model``'s
+      new bytes are accelerate's clone to the host (``.to("cpu")`` on a GPU): host = their sum over the ranks (one
+      node), device = ``save_checkpoint``'s. One process: both calls, on the device (``.to("cpu")`` copies are a
+      no-op on CPU, so the host side is not seen).
+    """
+    if path in ("fsdp2-full-model", "zero3-16bit"):
+        r0, r1 = ranks
+        return r1["peak"] - r1["held"], r0["held"] - r1["held"]
+    if path == "fsdp2-full-optim":
+        return ranks[1]["peak"], ranks[0]["peak"]
+    if path.startswith("zero"):
+        return max(r["optimizer_and_scheduler"]["peak"] for r in ranks), sum(r["save_model"]["peak"] for r in ranks)
+    r = ranks[0]
+    return r["save_model"]["peak"] + r["optimizer_and_scheduler"]["peak"], None
+
+
+def _error(est: int, real: int | None) -> float | None:
+    if real is None:
+        return None
+    if real == 0:
+        return 0.0 if est == 0 else None
+    return (est - real) / real
+
+
+def save_rows() -> list[dict[str, Any]]:
+    """Estimate vs real, per compared path: the device gather and the host state dict per node (see :func:`_real`).
+
+    A path fitcheck gives no save phase (one process, DDP) is estimated as 0 on the device.
     """
     rows: list[dict[str, Any]] = []
     for path in COMPARED:
-        r0, r1 = measure(path)
+        ranks = measure(path)
         cost = estimate_for(path)
-        real_gather, real_host = r1["peak"] - r1["held"], r0["held"] - r1["held"]
-        rows.append({"case": path, "real_gather": real_gather, "est_gather": cost.device_gather,
-                     "gather_error": (cost.device_gather - real_gather) / real_gather, "real_host": real_host,
-                     "est_host": cost.host, "host_error": (cost.host - real_host) / real_host, "ranks": [r0, r1]})
+        if cost is None:
+            est_gather, est_host = 0, 0
+        elif path.endswith("-model") or path == "zero3-16bit":  # the model's state dict alone
+            est_gather, est_host = cost.model_gather, cost.model_host
+        elif path.endswith("-optim"):
+            est_gather, est_host = cost.optimizer_gather, cost.optimizer_host
+        else:
+            est_gather, est_host = cost.device_gather, cost.host
+        real_gather, real_host = _real(path, ranks)
+        row = {"case": path, "real_gather": real_gather, "est_gather": est_gather,
+               "gather_error": _error(est_gather, real_gather), "real_host": real_host,
+               "est_host": est_host, "host_error": _error(est_host, real_host), "ranks": ranks}
+        if path in NOTES:
+            row["note"] = NOTES[path]
+        rows.append(row)
     rows.extend({"case": path, "not_compared": why} for path, why in NOT_COMPARED.items())
     return rows
 

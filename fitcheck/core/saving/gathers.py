@@ -86,20 +86,35 @@ _RESIDENT = (Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META, Category.
 
 @dataclass(frozen=True)
 class SaveCost:
-    """Rank 0's memory while the Trainer saves the model.
+    """Rank 0's memory while the Trainer saves the model (``save_model``) and a checkpoint's optimizer state dict
+    (``_save_optimizer_and_scheduler``), one after the other.
 
     Attributes:
         path: The save path, in words.
-        device_gather: Bytes gathered at once on the device, over the resident states.
-        host: Bytes of the state dicts held on the host at once, per node.
+        model_gather: Bytes gathered at once on the device for the model's state dict, over the resident states.
+        model_host: Bytes of the model's state dicts held on the host at once, per node.
         hint: How to save with less host memory.
+        optimizer_gather: Bytes gathered at once on the device for the optimizer's state dict.
+        optimizer_host: Bytes of the optimizer's state dicts held on the host at once, per node.
     """
 
     path: str
-    device_gather: int
-    host: int
+    model_gather: int
+    model_host: int
     hint: str = ("save a sharded checkpoint (fsdp_state_dict_type SHARDED_STATE_DICT) or, under ZeRO-3, set "
                  "stage3_gather_16bit_weights_on_model_save false and run zero_to_fp32.py afterwards")
+    optimizer_gather: int = 0
+    optimizer_host: int = 0
+
+    @property
+    def device_gather(self) -> int:
+        """The larger gather of the two calls (they run one after the other)."""
+        return max(self.model_gather, self.optimizer_gather)
+
+    @property
+    def host(self) -> int:
+        """The larger host copy of the two calls (the model's state dict is freed before the optimizer's)."""
+        return max(self.model_host, self.optimizer_host)
 
 
 def _largest_param(spec: TrainingSpec) -> int:
@@ -133,10 +148,10 @@ def _sharded_cost(spec: TrainingSpec) -> SaveCost:
     model = (adapter_param_count(spec) * 4 if spec.lora is not None
              else spec.model.total_params * _fsdp_elem(spec))  # peft: adapter_only (fp32 adapters)
     optim, _ = _optimizer_state(spec)
-    per_rank = -(-max(model, optim) // group)
+    ranks = sh.processes_per_machine
     return SaveCost("SHARDED_STATE_DICT: each rank copies its own model and optimizer shards to its host "
-                    "(cpu_offload), nothing gathered", 0, per_rank * sh.processes_per_machine,
-                    "save less often, or on nodes with more host RAM")
+                    "(cpu_offload), nothing gathered", 0, -(-model // group) * ranks,
+                    "save less often, or on nodes with more host RAM", 0, -(-optim // group) * ranks)
 
 
 def save_cost(spec: TrainingSpec) -> SaveCost | None:
@@ -158,14 +173,14 @@ def save_cost(spec: TrainingSpec) -> SaveCost | None:
     if sh.strategy is Strategy.FSDP and sh.fsdp is not None:
         elem = _fsdp_elem(spec)
         whole = spec.model.total_params * elem
-        optim, optim_largest = _optimizer_state(spec)
+        optim, optim_largest = _optimizer_state(spec)  # save_fsdp_optimizer, after save_fsdp_model
         if sh.fsdp.version == 2:
             return SaveCost("FSDP2 FULL_STATE_DICT: one parameter, then one optimizer state, gathered at a time and "
-                            "copied to rank 0's host", max(_largest_param(spec) * elem, optim_largest),
-                            max(whole, optim))
+                            "copied to rank 0's host", _largest_param(spec) * elem, whole,
+                            optimizer_gather=optim_largest, optimizer_host=optim)
         unit = max(fsdp_unit_params(spec), _root_params(spec)) * elem
         return SaveCost("FSDP1 FULL_STATE_DICT: one unit unsharded at a time, moved to rank 0's host and cloned; then "
-                        "the optimizer state dict on rank 0's host", unit, max(whole + unit, optim))
+                        "the optimizer state dict on rank 0's host", unit, whole + unit, optimizer_host=optim)
     ds = sh.deepspeed
     if sh.strategy is Strategy.DEEPSPEED and ds is not None and ds.stage < 3:
         elem = 2 if spec.precision.mixed_precision is not MixedPrecision.NO else spec.precision.load_dtype.nbytes
