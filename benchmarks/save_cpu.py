@@ -1,10 +1,13 @@
-"""REAL save paths on 2 gloo CPU ranks: the bytes each rank allocates while saving, by a live-tensor tracker.
+"""REAL save paths on 2 gloo CPU ranks (or one process): the bytes each rank allocates while saving, by a
+live-tensor tracker.
 
 For each path, after one real step, every storage created while saving is counted
-(``fitcheck.torch_adapters.LiveTensorTracker`` started with nothing tracked): ``peak`` is the most such bytes alive
-at once, ``held`` what is still alive when the state dict has been built (before it is written). On CPU a
-``.cpu()`` of a CPU tensor is the tensor itself, so what a GPU rank 0 would copy to the host stays in ``held``;
-rank 1 (``rank0_only``: it keeps nothing) shows the transient gather a GPU rank makes on the device.
+(``fitcheck.torch_adapters.LiveTensorTracker``, with every tensor alive before the call counted first, so that a view
+of a parameter or state — ``state_dict``'s ``detach()``, a DTensor's ``to_local()`` — is no new storage): ``peak`` is
+the most new bytes alive at once, ``held`` what is still alive when the call returns. On CPU a ``.cpu()`` of a CPU
+tensor is the tensor itself: what a GPU rank would copy to the host is seen only where it is a ``clone`` (rank 0's
+full state dict, accelerate's ZeRO-1/2 clone); rank 1 (``rank0_only``: it keeps nothing) shows the transient gather
+a GPU rank makes on the device.
 
 Paths (the calls transformers 5.23 ``Trainer.save_model`` / ``_save_optimizer_and_scheduler`` make):
 
@@ -12,11 +15,16 @@ Paths (the calls transformers 5.23 ``Trainer.save_model`` / ``_save_optimizer_an
   ``FullStateDictConfig(offload_to_cpu=True, rank0_only=True)``; FSDP2 ``get_model_state_dict`` with
   ``full_state_dict=True, cpu_offload=True``), what ``Trainer.save_model`` saves under ``FULL_STATE_DICT``;
 - ``fsdp{1,2}-sharded-ckpt``: ``save_fsdp_model`` under ``SHARDED_STATE_DICT`` (DCP), the checkpoint's model part;
+- ``fsdp{1,2}-{full,sharded}-optim``: ``save_fsdp_optimizer`` (accelerate 1.15 utils/fsdp_utils.py), the checkpoint's
+  optimizer part;
 - ``zero3-16bit``: DeepSpeed 0.19.8 ``engine._zero3_consolidated_16bit_state_dict()`` (runtime/engine.py: one
-  module's own parameters gathered at a time, copied to rank 0's CPU), ZeRO-3 bf16 on 2 gloo ranks.
+  module's own parameters gathered at a time, copied to rank 0's CPU), ZeRO-3 bf16 on 2 gloo ranks;
+- ``{peft,full}-trainer`` (one process) and ``zero{1,2}-trainer`` (2 ranks, DeepSpeed bf16): a real ``Trainer``
+  after one step; ``save_model``, ``_save_optimizer_and_scheduler`` and ``_save_rng_state`` each under the tracker
+  (the RNG states are CPU tensors made outside torch's dispatch: 0 here, host-side on a GPU too).
 
 Run: ``PYTHONPATH=. python benchmarks/save_cpu.py [PATH ...]`` (a JSON row per path and rank), or ``--compare``
-(estimate vs real for :data:`COMPARED`; ``benchmarks/run_phases.py`` stores them).
+(estimate vs real for :data:`COMPARED`; ``benchmarks/run_phases.py --save-only --write`` stores them).
 """
 
 from __future__ import annotations
@@ -49,15 +57,6 @@ def _plain_tracker() -> Any:
     from fitcheck.torch_adapters import LiveTensorTracker
 
     class PlainTracker(LiveTensorTracker):
-        log: list[Any] = []
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            before = self.current
-            out = super().__torch_dispatch__(func, types, args, kwargs)
-            if os.environ.get("SAVE_DEBUG") and self.current > before:
-                print("NEW", str(func), self.current - before, flush=True)
-            return out
-
         def _add(self, tensor: Any) -> None:
             if isinstance(tensor, torch.Tensor) and type(tensor) not in (torch.Tensor, torch.nn.Parameter):
                 return
@@ -310,9 +309,10 @@ NOT_COMPARED = {
     "fsdp1-full-model": "FSDP1 FULL_STATE_DICT with offload_to_cpu segfaults on CPU: torch 2.13 "
                         "distributed/fsdp/_flat_param.py to_cpu() moves the unit to the CPU (a no-op there) and then "
                         "frees the storage it still uses; the GPU rule is read from source only",
-    "fsdp1-sharded-ckpt": "SHARDED_STATE_DICT: each rank writes its own shards; estimated as no gather (source)",
-    "fsdp2-sharded-ckpt": "SHARDED_STATE_DICT via DCP: no gather (measured new bytes per rank: 15,912 / 11,363 B, DCP's "
-                          "pickled save plans in object collectives, not modelled); the host copy of each rank's "
+    "fsdp1-sharded-ckpt": "SHARDED_STATE_DICT: each rank writes its own shards; estimated as no gather and a host "
+                          "copy of each rank's shards (source)",
+    "fsdp2-sharded-ckpt": "SHARDED_STATE_DICT via DCP: no gather (measured new bytes per rank: 15,912 / 11,363 B, "
+                          "DCP's pickled save plans in object collectives, not modelled); the host copy of each rank's "
                           "shards (cpu_offload=True) is a no-op on CPU: estimated from source",
     "fsdp2-sharded-optim": "as fsdp2-sharded-ckpt for the optimizer (measured new bytes per rank: 48,129 / 33,475 B of "
                            "pickled plans); the host copy of each rank's optimizer shards is from source",

@@ -27,8 +27,8 @@ The gathered dtype under FSDP is the sharded parameters' (fp32 where accelerate 
 ``core/states/fsdp_upcast.py``).
 
 A checkpoint (``Trainer._save_checkpoint``, every ``save_steps`` under the default ``save_strategy="steps"``) also
-runs ``_save_optimizer_and_scheduler`` unless ``save_only_model`` (not read by fitcheck: the default, optimizer
-saved, is modelled). Read from the installed sources and measured on CPU (``benchmarks/save_cpu.py``):
+runs ``_save_optimizer_and_scheduler`` unless ``save_only_model`` (``TrainerSpec.save_only_model``; with
+``save_strategy="no"`` only the final ``save_model`` runs: pass ``--save_only_model`` for it too). Read from the installed sources and measured on CPU (``benchmarks/save_cpu.py``):
 
 - **FSDP, full, optimizer** (accelerate 1.15 fsdp_utils.py ``save_fsdp_optimizer``; FSDP2: torch 2.13
   ``get_optimizer_state_dict`` with ``StateDictOptions(full_state_dict=True, cpu_offload=True)`` from
@@ -132,7 +132,9 @@ def _fsdp_elem(spec: TrainingSpec) -> int:
 
 def _optimizer_state(spec: TrainingSpec) -> tuple[int, int]:
     """The full (unsharded) optimizer state dict's bytes and its largest tensor's (the largest trainable tensor:
-    torch's Adam-family states have the parameter's shape and dtype)."""
+    torch's Adam-family states have the parameter's shape and dtype); nothing under ``save_only_model``."""
+    if spec.trainer.save_only_model:
+        return 0, 0
     groups = all_trainable(build_layout(spec))
     mem = optimizer_for(spec, groups)
     return mem.states + mem.managed, max((g.nbytes_each for g in groups), default=0)
