@@ -62,6 +62,16 @@ def test_fsdp1_full_gathers_the_largest_unit() -> None:
     assert cost.host == cost.optimizer_host == spec.model.total_params * 8  # type: ignore[attr-defined]
 
 
+def test_save_only_model_leaves_the_optimizer_out() -> None:
+    full = save_cost(_fsdp(2, "FULL_STATE_DICT"))  # type: ignore[arg-type]
+    only = save_cost(_fsdp(2, "FULL_STATE_DICT", save_only_model=True))  # type: ignore[arg-type]
+    assert full is not None and only is not None
+    assert only.optimizer_host == only.optimizer_gather == 0
+    assert only.host == only.model_host == full.model_host < full.host
+    sharded = save_cost(_fsdp(2, save_only_model=True))  # type: ignore[arg-type]
+    assert sharded is not None and sharded.host == sharded.model_host
+
+
 def test_sharded_state_dict_gathers_nothing_but_copies_shards_to_every_rank_host() -> None:
     for spec in (_fsdp(2), _fsdp(1, "SHARDED_STATE_DICT")):  # accelerate's FSDP2 default: SHARDED
         cost = save_cost(spec)  # type: ignore[arg-type]

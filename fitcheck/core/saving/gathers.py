@@ -28,7 +28,8 @@ The gathered dtype under FSDP is the sharded parameters' (fp32 where accelerate 
 
 A checkpoint (``Trainer._save_checkpoint``, every ``save_steps`` under the default ``save_strategy="steps"``) also
 runs ``_save_optimizer_and_scheduler`` unless ``save_only_model`` (``TrainerSpec.save_only_model``; with
-``save_strategy="no"`` only the final ``save_model`` runs: pass ``--save_only_model`` for it too). Read from the installed sources and measured on CPU (``benchmarks/save_cpu.py``):
+``save_strategy="no"`` only the final ``save_model`` runs: pass ``--save_only_model`` for it too). Read from the
+installed sources and measured on CPU (``benchmarks/save_cpu.py``):
 
 - **FSDP, full, optimizer** (accelerate 1.15 fsdp_utils.py ``save_fsdp_optimizer``; FSDP2: torch 2.13
   ``get_optimizer_state_dict`` with ``StateDictOptions(full_state_dict=True, cpu_offload=True)`` from
