@@ -89,11 +89,14 @@ def _verdict(
         )
     host_limit = spec.hardware.host_memory_bytes
     if host_limit is not None and host > host_limit:
+        on_host = sorted((c for c in components if c.location is Location.HOST and c.peak_bytes),
+                         key=lambda c: -c.peak_bytes)
+        what = ", ".join(f"{c.name} {format_bytes(c.peak_bytes)}" for c in on_host[:3])
         out.append(
             Finding(
                 "host-memory",
                 Severity.ERROR,
-                f"offload needs {format_bytes(host)} of host RAM per node but --host_memory is "
+                f"the run needs {format_bytes(host)} of host RAM per node ({what}) but --host_memory is "
                 f"{format_bytes(host_limit)}",
                 "offload less (optimizer only, not parameters), use more nodes, or a larger host",
             )
