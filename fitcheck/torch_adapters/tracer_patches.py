@@ -157,7 +157,7 @@ def cuda_dropout() -> Iterator[None]:
             return torch.native_dropout(input, p, True)[0]
         return original(input, p, training, inplace)
 
-    F.dropout = _dropout  # type: ignore[assignment]
+    F.dropout = _dropout
     try:
         yield
     finally:
