@@ -208,6 +208,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     head_grad = 2 * g_head // _param_bytes(spec) if q.autocast else g_head
     missing = 0 if accum else _all_grads(spec)
     moments["head"] = q.kept + (L * cast if q.n_ckpt == 0 else 0) + head_extra + q.e * bs * h + head_grad - missing
+    lora = _lora_recompute(spec, q)
     for name, i in (("top layer", L - 1), ("bottom layer", 0)):
         missing = 0 if accum else (i + 1) * g_layer - g_down + g_emb
         below = 1 if q.offloaded else i + 1  # offloaded: only layer i's tensors are brought back
@@ -221,6 +222,12 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
             live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
         live += (L - below) * q.retained
+        if lora is not None:  # LoRA + checkpointing: the layer's recompute and its MLP backward (lora_recompute.py)
+            rec, lora_work, g_lora, g_lora_down = lora
+            unmade = 0 if accum else _all_grads(spec) - (L - 1 - i) * g_lora  # layer i made none yet
+            moments[name + " recompute"] = live + cast_down + rec - unmade + _LOSS_SCALARS
+            moments[name] = live + lora_work - (0 if accum else unmade - g_lora_down) + _LOSS_SCALARS
+            continue
         moments[name] = live + work - missing + _LOSS_SCALARS
     if q.attention_moment is not None:  # DeepSeek-V3's CPU math attention (activations/mla.py)
         moments["top layer attention"] = q.attention_moment - _all_grads(spec) + _LOSS_SCALARS
@@ -231,6 +238,19 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     temp_emb += tied_embedding_backward(spec)
     moments["embedding"] = q.end + cuda_embedding_backward(spec) + temp_emb + _LOSS_SCALARS
     return moments
+
+
+def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, int, int] | None:
+    """(recompute-stop bytes, MLP backward bytes, one layer's adapter gradients, its down_proj adapter's) of a
+    checkpointed LoRA layer (``fitcheck.core.activations.lora_recompute``); None where those moments do not apply."""
+    from fitcheck.core.activations import lora_recompute as lr
+
+    if q.n_ckpt == 0 or q.offloaded or not lr.lora_recompute_applies(spec):
+        return None
+    bs = spec.batch.micro_batch * spec.batch.seq_len
+    casts = lr.adapter_casts(spec)
+    rec = lr.recompute_tokens(spec, q.e, q.r, q.half_model) * bs + casts
+    return (rec, lr.mlp_work_tokens(spec, q.e, q.r) * bs + casts, *lr.layer_grads(spec))
 
 
 def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:

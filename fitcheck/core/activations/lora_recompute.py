@@ -1,0 +1,115 @@
+"""LoRA under gradient checkpointing: the worst moment of backward is inside the top layer's recompute (pure).
+
+Under non-reentrant checkpointing (transformers 5.23 ``GradientCheckpointingLayer`` -> torch 2.13
+``torch/utils/checkpoint.py``), the first backward node of a layer that unpacks a saved tensor re-runs the
+layer's forward under ``_recomputation_hook``; the pack hook stores each re-made saved tensor and raises
+``_StopRecomputationError`` as soon as the last one is packed (``early_stop``, the default). In a peft 0.21.2
+LoRA layer the first such node is down_proj's ``lora_B`` (``tuners/lora/layer.py`` ``Linear.forward``:
+``result = base_layer(x)``, ``x = _cast_input_dtype(x, lora_A.weight.dtype)``,
+``result = result + lora_B(lora_A(dropout(x))) * scaling``, ``result.to(torch_result_dtype)``) and the last
+tensor packed is down_proj's ``lora_A`` output, so at that instant the recomputed layer's Python locals are all
+alive besides every saved tensor (fake-tensor traces of Llama-3.1-8B at 8 x 4096, per-op listings of the live
+storages at the during-backward peak, ``benchmarks/lora_recompute_trace.py``):
+
+- gradients in flight: the residual-stream gradient (r·h), the base output's cast of it when the LoRA branch
+  returns fp32 to a 16-bit base (``AddBackward`` type promotion, e·h) and ``grad * scaling`` for ``lora_B``
+  (fp32 adapters: 4·h; 16-bit under autocast);
+- the layer's locals: the post-attention residual (r·h; an fp32 model's norm saves it anyway), the
+  post-attention norm output (r·h), the down_proj input ``act(gate) * up`` (e·I), down_proj's base output
+  (e·h), peft's fp32 copy of a 16-bit down_proj input (4·I; saved by ``lora_A`` itself without dropout and
+  autocast) and, under autocast with dropout, the fp32 dropout output that ``lora_A`` is reading (4·I);
+- under autocast, the 16-bit casts of the layer's adapter weights (saved by their linears).
+
+No LoRA gradient exists yet in that layer (``lora_B``'s weight gradient is computed by the node that triggered
+the recompute). After the recompute the MLP backward frees down_proj's adapter tensors before the gated
+product's two gradients exist, so its working set is r·h + 3·e·I less what that adapter saved.
+"""
+
+from __future__ import annotations
+
+from fitcheck.core.activations.layer_saved import down_adapter_saved, lora_reads_input_itself
+from fitcheck.core.activations.qlora import lora_layer_params
+from fitcheck.core.kernels import liger_applies
+from fitcheck.spec import LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
+
+_DOWN = "down_proj"
+_MLP_IN = ("gate_proj", "up_proj")
+# adapters are fp32: get_peft_model(autocast_adapter_dtype=True) (core/states/lora.py)
+_ADAPTER_BYTES = 4
+
+
+def _targets(spec: TrainingSpec) -> frozenset[str]:
+    lora = spec.lora
+    if lora is None:
+        return frozenset()
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", *_MLP_IN, _DOWN)
+    if "all-linear" in lora.target_modules:
+        return frozenset(names)
+    return frozenset(n for n in names if n in lora.target_modules)
+
+
+def lora_recompute_applies(spec: TrainingSpec) -> bool:
+    """Plain LoRA (no quantized base, no DoRA) on a Llama-style pre-norm RMSNorm decoder with a gated MLP whose
+    down_proj is wrapped, every layer checkpointed: the layers this module's moments were traced on."""
+    sh, lora, act = spec.model.shape, spec.lora, spec.activations
+    t = sh.traits
+    return (
+        lora is not None and spec.quant is None and not lora.use_dora and spec.freeze is None
+        and act.checkpointing and act.checkpoint_every_n_layers == 1
+        and t.recipe is LayerRecipe.DECODER and t.norm_kind is NormKind.RMS and t.norm_placement is NormPlacement.PRE
+        and not t.fused_projections and not sh.num_experts and t.vision is None and t.dropout.hidden == 0
+        and sh.mlp_activation == "swiglu" and liger_applies(spec) is None and _DOWN in _targets(spec)
+        and not lora.modules_to_save
+    )
+
+
+def _amp(spec: TrainingSpec) -> bool:
+    return spec.precision.mixed_precision is not MixedPrecision.NO
+
+
+def recompute_tokens(spec: TrainingSpec, e: int, r: int, half: bool) -> int:
+    """Bytes per token alive at the top recomputed layer's stop besides its saved tensors and checkpoints.
+
+    Args:
+        spec: A spec for which :func:`lora_recompute_applies`.
+        e: Element bytes of matmul outputs (2 under a 16-bit model or autocast).
+        r: Element bytes of the residual stream.
+        half: 16-bit model weights.
+    """
+    sh = spec.model.shape
+    h, inter = sh.hidden_size, sh.intermediate_size
+    lora = spec.lora
+    amp = _amp(spec)
+    drop = lora is not None and lora.dropout > 0
+    targets = _targets(spec)
+    reads = lora_reads_input_itself(spec)  # fp32, no dropout, no autocast: lora_A saves its input itself
+    grads = r * h + (e * h if e == 2 and not amp else 0) + (2 if amp else _ADAPTER_BYTES) * h
+    residual = r * h if half else 0  # a 16-bit model's norm saves its fp32 cast, not the residual
+    norm_out = 0 if reads and targets & set(_MLP_IN) else r * h
+    down_in = 0 if reads else e * inter
+    cast = _ADAPTER_BYTES * inter if e == 2 and (drop or amp) else 0  # lora_A saves it only without both
+    dropped = _ADAPTER_BYTES * inter if drop and amp else 0  # autocast saves lora_A's 16-bit cast instead
+    return grads + residual + norm_out + down_in + e * h + cast + dropped
+
+
+def mlp_work_tokens(spec: TrainingSpec, e: int, r: int) -> int:
+    """Bytes per token of the MLP backward after the recompute: r·h + 3·e·I less down_proj's adapter tensors."""
+    return r * spec.model.shape.hidden_size + 3 * e * spec.model.shape.intermediate_size - down_adapter_saved(spec)
+
+
+def adapter_casts(spec: TrainingSpec) -> int:
+    """Autocast's 16-bit casts of one layer's adapter weights (saved by their linears), 0 without autocast."""
+    if not _amp(spec):
+        return 0
+    return 2 * lora_layer_params(spec) // max(1, spec.model.shape.num_layers)
+
+
+def layer_grads(spec: TrainingSpec) -> tuple[int, int]:
+    """(adapter gradient bytes of one decoder layer, of its down_proj adapter alone)."""
+    from fitcheck.core.states import plan_lora
+
+    layers = max(1, spec.model.shape.num_layers)
+    per_layer = [t for t in plan_lora(spec).targets if t.entry.per_layer]
+    total = sum(t.params for t in per_layer) // layers
+    down = sum(t.params for t in per_layer if t.entry.module == _DOWN) // layers
+    return _ADAPTER_BYTES * total, _ADAPTER_BYTES * down
