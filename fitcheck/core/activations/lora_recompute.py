@@ -11,9 +11,10 @@ tensor packed is down_proj's ``lora_A`` output, so at that instant the recompute
 alive besides every saved tensor (fake-tensor traces of Llama-3.1-8B at 8 x 4096, per-op listings of the live
 storages at the during-backward peak, ``benchmarks/lora_recompute_trace.py``):
 
-- gradients in flight: the residual-stream gradient (r·h), the base output's cast of it when the LoRA branch
-  returns fp32 to a 16-bit base (``AddBackward`` type promotion, e·h) and ``grad * scaling`` for ``lora_B``
-  (fp32 adapters: 4·h; 16-bit under autocast);
+- gradients in flight: the residual-stream gradient (r·h), its 16-bit cast where an add promoted a 16-bit
+  input (``AddBackward``: down_proj's base output under an fp32 LoRA branch; the autocast layer output added to
+  an fp32 residual stream; e·h each) and ``grad * scaling`` for ``lora_B`` (fp32 adapters: 4·h; 16-bit under
+  autocast);
 - the layer's locals: the post-attention residual (r·h; an fp32 model's norm saves it anyway), the
   post-attention norm output (r·h), the down_proj input ``act(gate) * up`` (e·I), down_proj's base output
   (e·h), peft's fp32 copy of a 16-bit down_proj input (4·I; saved by ``lora_A`` itself without dropout and
@@ -83,7 +84,10 @@ def recompute_tokens(spec: TrainingSpec, e: int, r: int, half: bool) -> int:
     drop = lora is not None and lora.dropout > 0
     targets = _targets(spec)
     reads = lora_reads_input_itself(spec)  # fp32, no dropout, no autocast: lora_A saves its input itself
-    grads = r * h + (e * h if e == 2 and not amp else 0) + (2 if amp else _ADAPTER_BYTES) * h
+    # type promotion in an add casts the gradient for its lower-precision input: down_proj's ``result +`` fp32
+    # LoRA branch on a 16-bit base; the residual add of an fp32 stream and the layer's 16-bit (autocast) output
+    promoted = (e * h if e == 2 and not amp else 0) + (e * h if r != e else 0)
+    grads = r * h + promoted + (2 if amp else _ADAPTER_BYTES) * h
     residual = r * h if half else 0  # a 16-bit model's norm saves its fp32 cast, not the residual
     norm_out = 0 if reads and targets & set(_MLP_IN) else r * h
     down_in = 0 if reads else e * inter
