@@ -249,7 +249,8 @@ def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, in
         return None
     bs = spec.batch.micro_batch * spec.batch.seq_len
     casts = lr.adapter_casts(spec)
-    rec = lr.recompute_tokens(spec, q.e, q.r, q.half_model) * bs + casts
+    up = lr.recompute_up_tokens(spec, q.e, q.r, q.half_model)
+    rec = max(lr.recompute_tokens(spec, q.e, q.r, q.half_model), up if up is not None else 0) * bs + casts
     return (rec, lr.mlp_work_tokens(spec, q.e, q.r) * bs + casts, *lr.layer_grads(spec))
 
 

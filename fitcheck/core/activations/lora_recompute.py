@@ -77,23 +77,49 @@ def recompute_tokens(spec: TrainingSpec, e: int, r: int, half: bool) -> int:
         r: Element bytes of the residual stream.
         half: 16-bit model weights.
     """
-    sh = spec.model.shape
-    h, inter = sh.hidden_size, sh.intermediate_size
+    inter = spec.model.shape.intermediate_size
     lora = spec.lora
     amp = _amp(spec)
     drop = lora is not None and lora.dropout > 0
-    targets = _targets(spec)
-    reads = lora_reads_input_itself(spec)  # fp32, no dropout, no autocast: lora_A saves its input itself
+    down_in = 0 if lora_reads_input_itself(spec) else e * inter
+    cast = _ADAPTER_BYTES * inter if e == 2 and (drop or amp) else 0  # lora_A saves it only without both
+    dropped = _ADAPTER_BYTES * inter if drop and amp else 0  # autocast saves lora_A's 16-bit cast instead
+    return _in_flight(spec, e, r, half) + down_in + e * spec.model.shape.hidden_size + cast + dropped
+
+
+def _in_flight(spec: TrainingSpec, e: int, r: int, half: bool) -> int:
+    """Per token: the gradients in flight into the recomputed layer's MLP and the MLP input's locals."""
+    h = spec.model.shape.hidden_size
+    amp = _amp(spec)
     # type promotion in an add casts the gradient for its lower-precision input: down_proj's ``result +`` fp32
     # LoRA branch on a 16-bit base; the residual add of an fp32 stream and the layer's 16-bit (autocast) output
     promoted = (e * h if e == 2 and not amp else 0) + (e * h if r != e else 0)
     grads = r * h + promoted + (2 if amp else _ADAPTER_BYTES) * h
     residual = r * h if half else 0  # a 16-bit model's norm saves its fp32 cast, not the residual
-    norm_out = 0 if reads and targets & set(_MLP_IN) else r * h
-    down_in = 0 if reads else e * inter
-    cast = _ADAPTER_BYTES * inter if e == 2 and (drop or amp) else 0  # lora_A saves it only without both
-    dropped = _ADAPTER_BYTES * inter if drop and amp else 0  # autocast saves lora_A's 16-bit cast instead
-    return grads + residual + norm_out + down_in + e * h + cast + dropped
+    norm_out = 0 if lora_reads_input_itself(spec) and _targets(spec) & set(_MLP_IN) else r * h
+    return grads + residual + norm_out
+
+
+def recompute_up_tokens(spec: TrainingSpec, e: int, r: int, half: bool) -> int | None:
+    """Bytes per token alive inside up_proj's LoRA branch during the recompute, relative to the whole layer's
+    saved tensors (down_proj's adapter tensors and the up output are not made yet); None when up_proj is not
+    wrapped.
+
+    At ``lora_B(...) * scaling`` the base output (e·I), ``lora_B``'s output and its scaled copy (fp32 adapters:
+    4·I each; 16-bit under autocast) are alive, and with dropout or autocast peft's fp32 copy of a 16-bit input
+    (4·h). Without dropout this is the recompute's peak of a 16-bit model: ``lora_A`` of down_proj saves the
+    fp32 copy of its input, so nothing larger is alive at the stop (trace Llama-3.1-8B bf16, dropout 0).
+    """
+    if "up_proj" not in _targets(spec):
+        return None
+    sh = spec.model.shape
+    h, inter = sh.hidden_size, sh.intermediate_size
+    lora = spec.lora
+    amp = _amp(spec)
+    drop = lora is not None and lora.dropout > 0
+    c = 2 if amp else _ADAPTER_BYTES  # lora_B's output dtype
+    cast = _ADAPTER_BYTES * h if e == 2 and (drop or amp) else 0
+    return _in_flight(spec, e, r, half) + cast + 2 * c * inter - down_adapter_saved(spec)
 
 
 def mlp_work_tokens(spec: TrainingSpec, e: int, r: int) -> int:
