@@ -223,10 +223,12 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
         live += (L - below) * q.retained
         if lora is not None:  # LoRA + checkpointing: the layer's recompute and its MLP backward (lora_recompute.py)
-            rec, lora_work, g_lora, g_lora_down = lora
+            rec, lora_work, g_lora, g_lora_down, base = lora
             unmade = 0 if accum else _all_grads(spec) - (L - 1 - i) * g_lora  # layer i made none yet
             moments[name + " recompute"] = live + cast_down + rec - unmade + _LOSS_SCALARS
             moments[name] = live + lora_work - (0 if accum else unmade - g_lora_down) + _LOSS_SCALARS
+            if base is not None:  # QLoRA: down_proj's MatMul4Bit backward (dequantized weight)
+                moments[name + " 4-bit backward"] = live + base - (0 if accum else unmade - g_lora_down) + _LOSS_SCALARS
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
     if q.attention_moment is not None:  # DeepSeek-V3's CPU math attention (activations/mla.py)
@@ -240,9 +242,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     return moments
 
 
-def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, int, int] | None:
-    """(recompute-stop bytes, MLP backward bytes, one layer's adapter gradients, its down_proj adapter's) of a
-    checkpointed LoRA layer (``fitcheck.core.activations.lora_recompute``); None where those moments do not apply."""
+def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, int, int, int | None] | None:
+    """(recompute-stop bytes, MLP backward bytes, one layer's adapter gradients, its down_proj adapter's, QLoRA's
+    down_proj 4-bit backward bytes) of a checkpointed LoRA layer (``fitcheck.core.activations.lora_recompute``);
+    None where those moments do not apply."""
     from fitcheck.core.activations import lora_recompute as lr
 
     if q.n_ckpt == 0 or q.offloaded or not lr.lora_recompute_applies(spec):
@@ -251,7 +254,8 @@ def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, in
     casts = lr.adapter_casts(spec)
     up = lr.recompute_up_tokens(spec, q.e, q.r, q.half_model)
     rec = max(lr.recompute_tokens(spec, q.e, q.r, q.half_model), up if up is not None else 0) * bs + casts
-    return (rec, lr.mlp_work_tokens(spec, q.e, q.r) * bs + casts, *lr.layer_grads(spec))
+    base = lr.base_backward(spec, q.r)
+    return (rec, lr.mlp_work_tokens(spec, q.e, q.r) * bs + casts, *lr.layer_grads(spec), base)
 
 
 def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:

@@ -29,7 +29,7 @@ product's two gradients exist, so its working set is r·h + 3·e·I less what th
 from __future__ import annotations
 
 from fitcheck.core.activations.layer_saved import down_adapter_saved, lora_reads_input_itself
-from fitcheck.core.activations.qlora import lora_layer_params
+from fitcheck.core.activations.qlora import lora_layer_params, qlora_formula_applies
 from fitcheck.core.kernels import liger_applies
 from fitcheck.spec import LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
 
@@ -55,13 +55,19 @@ def lora_recompute_applies(spec: TrainingSpec) -> bool:
     sh, lora, act = spec.model.shape, spec.lora, spec.activations
     t = sh.traits
     return (
-        lora is not None and spec.quant is None and not lora.use_dora and spec.freeze is None
+        lora is not None and (spec.quant is None or _kbit_fp32(spec)) and not lora.use_dora and spec.freeze is None
         and act.checkpointing and act.checkpoint_every_n_layers == 1
         and t.recipe is LayerRecipe.DECODER and t.norm_kind is NormKind.RMS and t.norm_placement is NormPlacement.PRE
         and not t.fused_projections and not sh.num_experts and t.vision is None and t.dropout.hidden == 0
         and sh.mlp_activation == "swiglu" and liger_applies(spec) is None and _DOWN in _targets(spec)
         and not lora.modules_to_save
     )
+
+
+def _kbit_fp32(spec: TrainingSpec) -> bool:
+    """QLoRA after peft's k-bit preparation without autocast: an fp32 layer around frozen 4-bit matmuls
+    (``MatMul4Bit`` saves no input; ``Linear4bit`` returns the input dtype: activations/qlora.py)."""
+    return qlora_formula_applies(spec) and not _amp(spec)
 
 
 def _amp(spec: TrainingSpec) -> bool:
@@ -120,6 +126,31 @@ def recompute_up_tokens(spec: TrainingSpec, e: int, r: int, half: bool) -> int |
     c = 2 if amp else _ADAPTER_BYTES  # lora_B's output dtype
     cast = _ADAPTER_BYTES * h if e == 2 and (drop or amp) else 0
     return _in_flight(spec, e, r, half) + cast + 2 * c * inter - down_adapter_saved(spec)
+
+
+def base_backward(spec: TrainingSpec, r: int) -> int | None:
+    """QLoRA: bytes at down_proj's ``MatMul4Bit`` backward beyond the layer's saved tensors; None for a 16-bit base.
+
+    bitsandbytes 0.50.2 ``autograd/_functions.py`` ``MatMul4Bit.backward``: ``grad_output @
+    dequantize_4bit(B, ctx.state).to(grad_output.dtype).t()``: the whole weight dequantized in the dtype it was
+    loaded in (``quant_state.dtype``), then its cast to the compute dtype (the dequantized copy freed before the
+    matmul's output exists) and the input gradient in the compute dtype, while the residual-stream gradient, the
+    LoRA branch's fp32 gradient of the down_proj input (4·I) and ``Linear4bit``'s compute-dtype cast of the
+    output gradient are alive and down_proj's adapter tensors are freed. At short sequences this is the worst
+    moment (trace Llama-3.1-8B QLoRA 1 x 512: the weight's 112-336 MiB against 60 MiB of per-token locals).
+    """
+    quant = spec.quant
+    if quant is None or not _kbit_fp32(spec):
+        return None
+    sh = spec.model.shape
+    h, inter = sh.hidden_size, sh.intermediate_size
+    bs = spec.batch.micro_batch * spec.batch.seq_len
+    comp = 4 if quant.compute_dtype is None else quant.compute_dtype.nbytes  # None: fp32 (transformers)
+    load = spec.precision.load_dtype.nbytes
+    tokens = (r * h + _ADAPTER_BYTES * inter + (comp * h if comp != r else 0) - down_adapter_saved(spec)) * bs
+    weight = comp * inter * h
+    dequantized = load * inter * h + weight if load != comp else 0  # before the cast's source is freed
+    return tokens + max(dequantized, weight + comp * inter * bs)
 
 
 def mlp_work_tokens(spec: TrainingSpec, e: int, r: int) -> int:
