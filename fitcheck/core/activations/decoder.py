@@ -56,10 +56,10 @@ from fitcheck.core.activations.layer_saved import (
 from fitcheck.core.activations.layernorm_blocks import (
     layernorm_findings_text,
 )
+from fitcheck.core.activations.lora_recompute import lora_recompute_applies
 from fitcheck.core.activations.norms import (
     embedding_cast_cached,
 )
-from fitcheck.core.activations.lora_recompute import lora_recompute_applies
 from fitcheck.core.activations.qlora import (
     four_bit_lora,
     lora_layer_params,
