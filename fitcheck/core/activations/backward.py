@@ -350,6 +350,8 @@ def _moe_moments_traced(spec: TrainingSpec) -> bool:
 
 def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """An INFO finding where the during-backward working set is not pinned to a trace for this config."""
+    from fitcheck.core.activations.lora_recompute import lora_recompute_applies
+
     sh = spec.model.shape
     why = ""
     if _moe_moments_traced(spec):
@@ -359,7 +361,8 @@ def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         why = f"model_type {sh.family!r}"
     elif spec.activations.attn_implementation is AttnImpl.EAGER:
         why = "eager attention (its softmax backward, not the MLP's, sets the layer's working set)"
-    elif spec.lora is not None or spec.quant is not None:
+    elif (spec.lora is not None or spec.quant is not None) and not lora_recompute_applies(spec):
+        # checkpointed LoRA / k-bit QLoRA on the Llama layer: traced moments (activations/lora_recompute.py)
         why = "LoRA/quantized bases (adapter input casts in the recomputed layer)"
     if not why:
         return ()
