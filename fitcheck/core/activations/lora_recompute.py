@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from fitcheck.core.activations.layer_saved import down_adapter_saved, lora_reads_input_itself
 from fitcheck.core.activations.qlora import lora_layer_params, qlora_formula_applies
-from fitcheck.core.kernels import liger_applies
+from fitcheck.core.kernels import liger_applies, offload_applies
 from fitcheck.spec import LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
 
 _DOWN = "down_proj"
@@ -59,7 +59,8 @@ def lora_recompute_applies(spec: TrainingSpec) -> bool:
         and act.checkpointing and act.checkpoint_every_n_layers == 1
         and t.recipe is LayerRecipe.DECODER and t.norm_kind is NormKind.RMS and t.norm_placement is NormPlacement.PRE
         and not t.fused_projections and not sh.num_experts and t.vision is None and t.dropout.hidden == 0
-        and sh.mlp_activation == "swiglu" and liger_applies(spec) is None and _DOWN in _targets(spec)
+        and sh.mlp_activation == "swiglu" and liger_applies(spec) is None and not offload_applies(spec)
+        and _DOWN in _targets(spec)
         and not lora.modules_to_save
     )
 
