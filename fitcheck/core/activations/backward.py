@@ -16,6 +16,9 @@ pins them), each written as (live bytes besides states) − (gradients not yet p
   the checkpoint input itself in an fp32 model: not counted twice; the recompute re-creates an int64 position
   row, 8·s) and the same working set.
   Both are linear in i, so the worst layer is the top (i = L−1) or the bottom (i = 0) one.
+- LAYER i RECOMPUTE (checkpointed LoRA / k-bit QLoRA on the Llama layer): the instant the recompute stops, and
+  for a 4-bit base down_proj's ``MatMul4Bit`` backward; none of layer i's adapter gradients exists yet
+  (``fitcheck.core.activations.lora_recompute``).
 - END: the embedding's backward: the gradient of the embedding output (r·b·s·h). On CUDA
   ``embedding_dense_backward`` also holds fp32 partial sums of (b·s/10 + min(b·s, V)) rows of h and four int64
   index arrays (``aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu``, two-pass path; not traceable on CPU).
