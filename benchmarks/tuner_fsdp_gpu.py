@@ -77,7 +77,7 @@ def worker(mode: str, micro: int) -> dict[str, Any]:
             trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
             out["fsdp_enabled"] = bool(trainer.is_fsdp_enabled)
             if mode == "tuned":
-                from fitcheck.integrations.tuner import tune_micro_batch
+                from fitcheck.integrations import tune_micro_batch
 
                 t0 = time.perf_counter()
                 result = tune_micro_batch(trainer, max_seq_length=SEQ)
