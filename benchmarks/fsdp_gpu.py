@@ -161,25 +161,29 @@ def worker(case: str) -> dict[str, Any]:
     return out
 
 
-def _free_port() -> int:
+def run_worker(script: str, worker_args: list[str], prefix: str, timeout: float,
+               row: dict[str, Any]) -> dict[str, Any]:
+    """``script --worker ...`` in a fresh ``torch.distributed.run --nproc_per_node 1`` process (own CUDA context,
+    NCCL group on a free port); its ``prefix`` result line, or ``row`` marked timeout / crash."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def run_case(case: str, timeout: float) -> dict[str, Any]:
-    """One case in a fresh ``torch.distributed.run --nproc_per_node 1`` process."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port",
-           str(_free_port()), str(Path(__file__).resolve()), "--worker", case]
+        port = int(s.getsockname()[1])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(port),
+           script, "--worker", *worker_args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env, check=False)
     except subprocess.TimeoutExpired:
-        return {"case": case, "status": "timeout"}
+        return {**row, "status": "timeout"}
     for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(PREFIX):
-            return dict(json.loads(line[len(PREFIX):]))
-    return {"case": case, "status": "crash", "error": (proc.stderr or proc.stdout)[-3000:]}
+        if line.startswith(prefix):
+            return dict(json.loads(line[len(prefix):]))
+    return {**row, "status": "crash", "error": (proc.stderr or proc.stdout)[-4000:]}
+
+
+def run_case(case: str, timeout: float) -> dict[str, Any]:
+    """One case in a fresh ``torch.distributed.run --nproc_per_node 1`` process."""
+    return run_worker(str(Path(__file__).resolve()), [case], PREFIX, timeout, {"case": case})
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -88,14 +88,18 @@ def save_table() -> list[dict[str, Any]]:
 
 
 def _print_save(rows: list[dict[str, Any]]) -> None:
-    print("save (real save calls, 2 gloo ranks; gather = rank 1 peak - held, host = rank 0's state dict)")
+    print("save (real save calls on 2 gloo ranks or one process; device gather and host per node: save_cpu._real)")
     print(f"  {'path':20}{'real gather':>12}{'est':>10}{'error':>9}{'real host':>11}{'est':>10}{'error':>9}")
     for r in rows:
         if "not_compared" in r:
             print(f"  {r['case']:20}not compared: {r['not_compared']}")
             continue
-        print(f"  {r['case']:20}{r['real_gather']:>12}{r['est_gather']:>10}{r['gather_error']:>+9.2%}"
-              f"{r['real_host']:>11}{r['est_host']:>10}{r['host_error']:>+9.2%}")
+        def err(value: float | None) -> str:
+            return f"{value:>+9.2%}" if value is not None else f"{'n/a':>9}"
+
+        host = "n/a" if r["real_host"] is None else r["real_host"]
+        print(f"  {r['case']:20}{r['real_gather']:>12}{r['est_gather']:>10}{err(r['gather_error'])}"
+              f"{host:>11}{r['est_host']:>10}{err(r['host_error'])}" + (f"  ({r['note']})" if "note" in r else ""))
 
 
 def published_rows_now() -> list[dict[str, Any]]:

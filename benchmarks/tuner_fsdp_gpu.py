@@ -18,9 +18,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -77,7 +74,7 @@ def worker(mode: str, micro: int) -> dict[str, Any]:
             trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
             out["fsdp_enabled"] = bool(trainer.is_fsdp_enabled)
             if mode == "tuned":
-                from fitcheck.integrations.tuner import tune_micro_batch
+                from fitcheck.integrations import tune_micro_batch
 
                 t0 = time.perf_counter()
                 result = tune_micro_batch(trainer, max_seq_length=SEQ)
@@ -101,20 +98,9 @@ def worker(mode: str, micro: int) -> dict[str, Any]:
 
 
 def _launch(mode: str, micro: int, timeout: float) -> dict[str, Any]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(port),
-           str(Path(__file__).resolve()), "--worker", mode, "--micro", str(micro)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        return {"mode": mode, "status": "timeout"}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(PREFIX):
-            return dict(json.loads(line[len(PREFIX):]))
-    return {"mode": mode, "status": "crash", "error": (proc.stderr or proc.stdout)[-4000:]}
+    from fsdp_gpu import run_worker
+
+    return run_worker(str(Path(__file__).resolve()), [mode, "--micro", str(micro)], PREFIX, timeout, {"mode": mode})
 
 
 def main(argv: list[str]) -> int:

@@ -212,12 +212,17 @@ class EngineTrialSession:
 
     def _teardown(self) -> None:
         """Release the trial engine as ``auto_find_batch_size`` does between attempts; put the Trainer back."""
-        t, saved = self.trainer, self._saved
+        t = self.trainer
         wrapped = getattr(t.accelerator, "deepspeed_engine_wrapped", None)
         engine = getattr(wrapped, "engine", None) or self._engine
         self._engine = None
         _remove_module_hooks(engine)
         t.accelerator.free_memory()  # engine.destroy(): ZeRO hooks and buffers; accelerate's lists emptied
+        self._restore_prepared()
+
+    def _restore_prepared(self) -> None:
+        """The Trainer's prepared objects and callback handler as before the trial; gradients and cache freed."""
+        t, saved = self.trainer, self._saved
         for name, value in saved.get("prepared", {}).items():
             setattr(t, name, value)
         for name, value in saved.get("handler", {}).items():

@@ -23,7 +23,6 @@ what ``train()`` would do first. FSDP1 (a wrapper object, flat parameters) is no
 
 from __future__ import annotations
 
-from contextlib import suppress
 from typing import Any
 
 from fitcheck.integrations.tuner_engine import EngineTrialSession
@@ -91,19 +90,9 @@ class FsdpTrialSession(EngineTrialSession):  # type: ignore[misc]  # fitcheck.in
 
     def _teardown(self) -> None:
         """Drop the trial's optimizer and scheduler as ``auto_find_batch_size`` does; keep the sharded module."""
-        t, saved = self.trainer, self._saved
         self._engine = None
-        t.accelerator.free_memory()  # accelerator.py free_memory: _models/_optimizers/_schedulers emptied
-        for name, value in saved.get("prepared", {}).items():  # model_wrapped: FSDP2 sharded that object in place
-            setattr(t, name, value)
-        for name, value in saved.get("handler", {}).items():
-            setattr(t.callback_handler, name, value)
-        for p in t.model.parameters():
-            p.grad = None
-        with suppress(Exception):
-            from accelerate.utils import release_memory
-
-            release_memory()  # gc.collect() + the device cache
+        self.trainer.accelerator.free_memory()  # accelerator.py free_memory: _models/_optimizers/_schedulers
+        self._restore_prepared()  # model_wrapped is the module FSDP2 sharded in place: the same object
 
     def _micro_steps(self, micro: int, n: int) -> None:
         """``n`` micro-steps through ``trainer.training_step``, then the optimizer step of the boundary at lr 0.

@@ -73,7 +73,7 @@ def main(mode: str, port: str, micro: int) -> dict[str, Any]:
         else:
             trainer.model.model.layers[0].mlp.register_full_backward_hook(lambda m, gi, go: raise_oom(go[0]))
     if mode == "tuned":
-        from fitcheck.integrations.tuner import tune_micro_batch
+        from fitcheck.integrations import tune_micro_batch
 
         result = tune_micro_batch(trainer, max_seq_length=32, device_type="cpu",
                                   gpu_memory=os.environ.get("FITCHECK_TEST_BUDGET", "8GiB"))

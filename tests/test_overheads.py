@@ -201,3 +201,18 @@ def test_reserved_without_transient_uses_the_specs_own_components() -> None:
     assert 0 < transient < report.peak_allocated_bytes
     expected = al.reserved_bytes(spec, report.peak_allocated_bytes, transient_bytes=transient)
     assert al.reserved_bytes(spec, report.peak_allocated_bytes) == expected
+
+
+def test_a_fit_inside_the_measured_reserved_ratio_is_flagged() -> None:
+    """Checkpointing measured reserved at 1.258 x allocated on an H100 (fitcheck's model: lower). A run that fits
+    by the model but not at that ratio gets a warning; one with room, expandable segments or no such regime not."""
+    gib = 1024**3
+    ck = replace(_spec(), activations=ActivationSpec(checkpointing=True))
+    ratio = al.MEASURED_RESERVED_RATIO["gradient checkpointing"][0]
+    (f,) = al.reserved_risk_findings(ck, 60 * gib, 70 * gib, 0, 74 * gib)  # 60 x 1.258 = 75.5 > 74
+    assert f.code == "reserved-measured-higher" and f.severity.value == "warning" and f"{ratio:.3f}" in f.message
+    assert al.reserved_risk_findings(ck, 60 * gib, 70 * gib, 0, 80 * gib) == ()  # room for the measured ratio
+    assert al.reserved_risk_findings(ck, 60 * gib, 75 * gib, 0, 74 * gib) == ()  # does not fit anyway
+    assert al.reserved_risk_findings(_spec(), 60 * gib, 70 * gib, 0, 74 * gib) == ()
+    exp = replace(ck, hardware=HardwareSpec(expandable_segments=True))
+    assert al.reserved_risk_findings(exp, 60 * gib, 70 * gib, 0, 74 * gib) == ()

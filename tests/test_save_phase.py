@@ -37,10 +37,14 @@ def test_fsdp_full_state_dict_gathers_on_rank0() -> None:
     spec = _fsdp(2, "FULL_STATE_DICT")
     cost = save_cost(spec)  # type: ignore[arg-type]
     assert cost is not None
-    # accelerate upcasts the bf16 model to fp32 under FSDP + bf16: the host copy is the fp32 model
-    assert cost.host == spec.model.total_params * 4  # type: ignore[attr-defined]
+    # accelerate upcasts the bf16 model to fp32 under FSDP + bf16: the model's host copy is the fp32 model
+    assert cost.model_host == spec.model.total_params * 4  # type: ignore[attr-defined]
+    # then a checkpoint's save_fsdp_optimizer: AdamW's two fp32 states of every parameter on rank 0's host
+    assert cost.optimizer_host == spec.model.total_params * 8  # type: ignore[attr-defined]
+    assert cost.host == cost.optimizer_host
     embed = 128256 * 4096
-    assert cost.device_gather == embed * 4  # the largest parameter, gathered in fp32
+    assert cost.model_gather == embed * 4  # the largest parameter, gathered in fp32
+    assert cost.optimizer_gather == embed * 4 == cost.device_gather  # its exp_avg, one state at a time
     report = estimate(spec)  # type: ignore[arg-type]
     assert Phase.SAVE in report.phase_totals()
     host = [c for c in report.components if c.name == "save.host_state_dict"]
@@ -54,14 +58,44 @@ def test_fsdp1_full_gathers_the_largest_unit() -> None:
     assert cost is not None
     root = 2 * 128256 * 4096 + 4096  # embeddings, untied LM head, final norm: FSDP1's root unit
     assert cost.device_gather == root * 4
-    assert cost.host == spec.model.total_params * 4 + root * 4  # type: ignore[attr-defined]
+    assert cost.model_host == spec.model.total_params * 4 + root * 4  # type: ignore[attr-defined]
+    assert cost.host == cost.optimizer_host == spec.model.total_params * 8  # type: ignore[attr-defined]
 
 
-def test_sharded_state_dict_gathers_nothing() -> None:
-    assert save_cost(_fsdp(2)) is None  # type: ignore[arg-type]  # accelerate's FSDP2 default: SHARDED
-    assert save_cost(_fsdp(1, "SHARDED_STATE_DICT")) is None  # type: ignore[arg-type]
+def test_save_only_model_leaves_the_optimizer_out() -> None:
+    full = save_cost(_fsdp(2, "FULL_STATE_DICT"))  # type: ignore[arg-type]
+    only = save_cost(_fsdp(2, "FULL_STATE_DICT", save_only_model=True))  # type: ignore[arg-type]
+    assert full is not None and only is not None
+    assert only.optimizer_host == only.optimizer_gather == 0
+    assert only.host == only.model_host == full.model_host < full.host
+    sharded = save_cost(_fsdp(2, save_only_model=True))  # type: ignore[arg-type]
+    assert sharded is not None and sharded.host == sharded.model_host
+
+
+def test_sharded_state_dict_gathers_nothing_but_copies_shards_to_every_rank_host() -> None:
+    for spec in (_fsdp(2), _fsdp(1, "SHARDED_STATE_DICT")):  # accelerate's FSDP2 default: SHARDED
+        cost = save_cost(spec)  # type: ignore[arg-type]
+        assert cost is not None and cost.device_gather == 0
+        total = spec.model.total_params  # type: ignore[attr-defined]
+        # every rank offloads its fp32 shard (1/4) to the host, 4 ranks on the node: model, then AdamW's two states
+        assert cost.model_host == -(-total * 4 // 4) * 4
+        assert cost.host == cost.optimizer_host == -(-total * 8 // 4) * 4
     report = estimate(_fsdp(2))  # type: ignore[arg-type]
-    assert Phase.SAVE not in report.phase_totals()
+    save = report.phase_totals()[Phase.SAVE]
+    assert save <= report.peak_allocated_bytes  # the resident states, nothing gathered
+
+
+def test_zero2_save_model_clones_the_16bit_model_on_every_rank() -> None:
+    spec = spec_from_values({**LLAMA_FULL, "host_memory": "96GiB"}, env={})[0]
+    for stage in (0, 1, 2):
+        z = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, 8, 1, DeepSpeedSpec(stage=stage)))
+        cost = save_cost(z)
+        assert cost is not None and cost.device_gather == 0
+        assert cost.host == spec.model.total_params * 2 * 8  # bf16, 8 ranks on one node
+    report = estimate(z)
+    assert not report.fits  # 128 GB of host RAM > 96 GiB
+    said = [f for f in report.findings if f.code == "save-host"]
+    assert said and "save_steps" in said[0].hint
 
 
 def test_host_copy_above_the_host_memory_does_not_fit() -> None:
@@ -126,4 +160,42 @@ def test_real_save_on_two_gloo_ranks(path: str, free_port: int) -> None:
     # of the largest.
     gather = rank1["peak"] - rank1["held"]
     assert cost.device_gather <= gather < 2 * cost.device_gather, (gather, cost.device_gather)
-    assert rank0["held"] - rank1["held"] == cost.host  # rank 0's state dict
+    assert rank0["held"] - rank1["held"] == cost.model_host  # rank 0's state dict
+
+
+@pytest.mark.slow
+def test_real_fsdp2_optimizer_full_state_dict(free_port: int) -> None:
+    """accelerate's save_fsdp_optimizer under FULL_STATE_DICT: one state gathered at a time, all on rank 0."""
+    from benchmarks.save_cpu import estimate_for, measure
+
+    rank0, rank1 = measure("fsdp2-full-optim", free_port)
+    cost = estimate_for("fsdp2-full-optim")
+    assert rank1["peak"] == cost.optimizer_gather  # the embedding's exp_avg, gathered and dropped
+    assert rank0["peak"] == cost.optimizer_host == 2 * 4 * 106_816  # AdamW's two fp32 states on rank 0
+
+
+@pytest.mark.slow
+def test_real_zero2_trainer_save(free_port: int) -> None:
+    """Trainer.save_model under ZeRO-2: accelerate clones the 16-bit model on every rank; save_checkpoint adds only
+    DeepSpeed's 20-byte tag-hash tensors."""
+    from benchmarks.save_cpu import estimate_for, measure
+
+    ranks = measure("zero2-trainer", free_port)
+    cost = estimate_for("zero2-trainer")
+    assert cost is not None and cost.device_gather == 0
+    assert [r["save_model"]["peak"] for r in ranks] == [106_816 * 2] * 2  # the bf16 model, on both ranks
+    assert sum(r["save_model"]["peak"] for r in ranks) == cost.host
+    assert all(r["optimizer_and_scheduler"]["peak"] <= 80 for r in ranks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["peft-trainer", "full-trainer"])
+def test_real_one_process_trainer_save_creates_nothing(path: str) -> None:
+    """save_model (peft: the adapter state dict) and the optimizer checkpoint create no tensor: views, copied to the
+    host tensor by tensor (a no-op on CPU); fitcheck gives no save phase."""
+    from benchmarks.save_cpu import estimate_for, measure
+
+    (rank,) = measure(path)
+    assert rank["save_model"] == {"peak": 0, "held": 0}
+    assert rank["optimizer_and_scheduler"] == {"peak": 0, "held": 0}
+    assert estimate_for(path) is None

@@ -10,7 +10,7 @@ peak allocated = max over phases of the sum of DEVICE components alive in that p
 from __future__ import annotations
 
 from fitcheck.core.activations import activation_findings, in_envelope, not_pinned_finding, versions_findings
-from fitcheck.core.allocator import allocator_findings, reserved_bytes
+from fitcheck.core.allocator import allocator_findings, reserved_bytes, reserved_risk_findings
 from fitcheck.core.loading import load_component, load_findings, load_phase, run_reserved
 from fitcheck.core.overheads import nccl_group_bytes
 from fitcheck.core.parallelism import (
@@ -89,11 +89,14 @@ def _verdict(
         )
     host_limit = spec.hardware.host_memory_bytes
     if host_limit is not None and host > host_limit:
+        on_host = sorted((c for c in components if c.location is Location.HOST and c.peak_bytes),
+                         key=lambda c: -c.peak_bytes)
+        what = ", ".join(f"{c.name} {format_bytes(c.peak_bytes)}" for c in on_host[:3])
         out.append(
             Finding(
                 "host-memory",
                 Severity.ERROR,
-                f"offload needs {format_bytes(host)} of host RAM per node but --host_memory is "
+                f"the run needs {format_bytes(host)} of host RAM per node ({what}) but --host_memory is "
                 f"{format_bytes(host_limit)}",
                 "offload less (optimizer only, not parameters), use more nodes, or a larger host",
             )
@@ -175,6 +178,7 @@ def estimate(
         *sharding_findings(local),
         *fsdp_qlora_findings(local, budget, spec.hardware.host_memory_bytes),  # FSDP-QLoRA, FSDP loading
         *allocator_findings(local, gap_fraction),
+        *reserved_risk_findings(local, peak_allocated, peak_reserved, outside, budget),
         *load_findings(loaded, step_reserved),
         *save_findings(saving, spec.hardware.host_memory_bytes),
         *versions_findings(spec),  # library versions vs the modelled ones (activations/versions.py)

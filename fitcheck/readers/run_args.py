@@ -403,4 +403,6 @@ def spec_from_settings(
         raise ConfigError(str(exc)) from None
     if trainer is not None:
         spec = replace(spec, trainer=trainer)
+    if s.save_only_model:  # checkpoints without the optimizer (core/saving)
+        spec = replace(spec, trainer=replace(spec.trainer, save_only_model=True))
     return spec, (*assumptions, *notes)

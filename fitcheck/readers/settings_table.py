@@ -347,6 +347,9 @@ SETTINGS: dict[str, Setting] = {
     ),
     "eval_accumulation_steps": Setting(P, "TRL config eval_accumulation_steps", trainer_arg=_TA),
     "prediction_loss_only": Setting(B, "TRL config prediction_loss_only"),
+    "save_only_model": Setting(
+        B, "TrainingArguments save_only_model: checkpoints without the optimizer (under FSDP no optimizer state "
+           "dict is gathered to the host)", trainer_arg=_TA),
     "loss_type": Setting(N, "DPO loss_type"),
     # TrainingArguments / TRL fields read (type-checked, spellings reported) that no formula needs yet
     "bf16_full_eval": Setting(B, trainer_arg=_TA),

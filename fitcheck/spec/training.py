@@ -430,6 +430,8 @@ class TrainerSpec:
             (None = the whole evaluation set).
         prediction_loss_only: Evaluation keeps only the loss (True: what ``Trainer.evaluate`` does without
             ``compute_metrics``); False: the logits of every step are gathered on the device.
+        save_only_model: TrainingArguments ``save_only_model``: checkpoints leave the optimizer and scheduler out
+            (transformers 5.23 ``Trainer._save_checkpoint``; ``core/saving``).
     """
 
     kind: TrainerKind = TrainerKind.TRAINER
@@ -450,6 +452,7 @@ class TrainerSpec:
     eval_batch_size: int | None = None
     eval_accumulation_steps: int | None = None
     prediction_loss_only: bool = True
+    save_only_model: bool = False
 
     def __post_init__(self) -> None:
         for name in ("prompt_length", "completion_length"):

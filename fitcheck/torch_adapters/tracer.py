@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import FreezeSpec, LoraSpec, QuantSpec, TrainingSpec
+from fitcheck.spec import DeviceType, FreezeSpec, LoraSpec, QuantSpec, TrainingSpec
 from fitcheck.torch_adapters.tracer_task import task_head, task_labels, task_trace_config
 
 PARAMS = "parameters"
@@ -190,6 +190,7 @@ def trace_step(
     image_tokens: int = 0,
     steps: int = 2,
     count_logits: bool = True,
+    cuda_kernels: bool = False,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -218,6 +219,8 @@ def trace_step(
         count_logits: False leaves the LM head's logits and loss (the ``logits`` category) out of every series,
             so each phase's peak is the body's own (a TRL trainer runs its chunked head instead:
             ``activation_trace_kwargs``).
+        cuda_kernels: Trace the ops whose CUDA kernel keeps other tensors than the CPU one as CUDA runs them
+            (``tracer_patches.cuda_dropout``); False for a real CPU step and ``device_type cpu`` estimates.
 
     Returns:
         The per-phase breakdown of the second step.
@@ -237,7 +240,10 @@ def trace_step(
 
         warm_bitsandbytes()
     torch.manual_seed(seed)
-    with _fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)):
+    from fitcheck.torch_adapters.tracer_patches import cuda_dropout
+
+    kernels = cuda_dropout() if cuda_kernels else contextlib.nullcontext()
+    with _fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
         model = build_model(
             cfg,
             dtype=torch_dtype(dtype),
@@ -483,6 +489,7 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         "task": spec.model.shape.task,
         "freeze": spec.freeze,
         "image_tokens": spec.model.shape.image_tokens if spec.model.shape.task == "image-text-to-text" else 0,
+        "cuda_kernels": spec.hardware.device_type is not DeviceType.CPU,
     }
 
 

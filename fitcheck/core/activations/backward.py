@@ -16,6 +16,9 @@ pins them), each written as (live bytes besides states) − (gradients not yet p
   the checkpoint input itself in an fp32 model: not counted twice; the recompute re-creates an int64 position
   row, 8·s) and the same working set.
   Both are linear in i, so the worst layer is the top (i = L−1) or the bottom (i = 0) one.
+- LAYER i RECOMPUTE (checkpointed LoRA / k-bit QLoRA on the Llama layer): the instant the recompute stops, and
+  for a 4-bit base down_proj's ``MatMul4Bit`` backward; none of layer i's adapter gradients exists yet
+  (``fitcheck.core.activations.lora_recompute``).
 - END: the embedding's backward: the gradient of the embedding output (r·b·s·h). On CUDA
   ``embedding_dense_backward`` also holds fp32 partial sums of (b·s/10 + min(b·s, V)) rows of h and four int64
   index arrays (``aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu``, two-pass path; not traceable on CPU).
@@ -208,6 +211,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     head_grad = 2 * g_head // _param_bytes(spec) if q.autocast else g_head
     missing = 0 if accum else _all_grads(spec)
     moments["head"] = q.kept + (L * cast if q.n_ckpt == 0 else 0) + head_extra + q.e * bs * h + head_grad - missing
+    lora = _lora_recompute(spec, q)
     for name, i in (("top layer", L - 1), ("bottom layer", 0)):
         missing = 0 if accum else (i + 1) * g_layer - g_down + g_emb
         below = 1 if q.offloaded else i + 1  # offloaded: only layer i's tensors are brought back
@@ -221,6 +225,14 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
             live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
         live += (L - below) * q.retained
+        if lora is not None:  # LoRA + checkpointing: the layer's recompute and its MLP backward (lora_recompute.py)
+            rec, lora_work, g_lora, g_lora_down, base = lora
+            unmade = 0 if accum else _all_grads(spec) - (L - 1 - i) * g_lora  # layer i made none yet
+            moments[name + " recompute"] = live + cast_down + rec - unmade + _LOSS_SCALARS
+            moments[name] = live + lora_work - (0 if accum else unmade - g_lora_down) + _LOSS_SCALARS
+            if base is not None:  # QLoRA: down_proj's MatMul4Bit backward (dequantized weight)
+                moments[name + " 4-bit backward"] = live + base - (0 if accum else unmade - g_lora_down) + _LOSS_SCALARS
+            continue
         moments[name] = live + work - missing + _LOSS_SCALARS
     if q.attention_moment is not None:  # DeepSeek-V3's CPU math attention (activations/mla.py)
         moments["top layer attention"] = q.attention_moment - _all_grads(spec) + _LOSS_SCALARS
@@ -231,6 +243,22 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     temp_emb += tied_embedding_backward(spec)
     moments["embedding"] = q.end + cuda_embedding_backward(spec) + temp_emb + _LOSS_SCALARS
     return moments
+
+
+def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, int, int, int | None] | None:
+    """(recompute-stop bytes, MLP backward bytes, one layer's adapter gradients, its down_proj adapter's, QLoRA's
+    down_proj 4-bit backward bytes) of a checkpointed LoRA layer (``fitcheck.core.activations.lora_recompute``);
+    None where those moments do not apply."""
+    from fitcheck.core.activations import lora_recompute as lr
+
+    if q.n_ckpt == 0 or q.offloaded or not lr.lora_recompute_applies(spec):
+        return None
+    bs = spec.batch.micro_batch * spec.batch.seq_len
+    casts = lr.adapter_casts(spec)
+    up = lr.recompute_up_tokens(spec, q.e, q.r, q.half_model)
+    rec = max(lr.recompute_tokens(spec, q.e, q.r, q.half_model), up if up is not None else 0) * bs + casts
+    base = lr.base_backward(spec, q.r)
+    return (rec, lr.mlp_work_tokens(spec, q.e, q.r) * bs + casts, *lr.layer_grads(spec), base)
 
 
 def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:
@@ -325,6 +353,8 @@ def _moe_moments_traced(spec: TrainingSpec) -> bool:
 
 def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """An INFO finding where the during-backward working set is not pinned to a trace for this config."""
+    from fitcheck.core.activations.lora_recompute import lora_recompute_applies
+
     sh = spec.model.shape
     why = ""
     if _moe_moments_traced(spec):
@@ -334,7 +364,8 @@ def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         why = f"model_type {sh.family!r}"
     elif spec.activations.attn_implementation is AttnImpl.EAGER:
         why = "eager attention (its softmax backward, not the MLP's, sets the layer's working set)"
-    elif spec.lora is not None or spec.quant is not None:
+    elif (spec.lora is not None or spec.quant is not None) and not lora_recompute_applies(spec):
+        # checkpointed LoRA / k-bit QLoRA on the Llama layer: traced moments (activations/lora_recompute.py)
         why = "LoRA/quantized bases (adapter input casts in the recomputed layer)"
     if not why:
         return ()

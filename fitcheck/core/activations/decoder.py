@@ -56,6 +56,7 @@ from fitcheck.core.activations.layer_saved import (
 from fitcheck.core.activations.layernorm_blocks import (
     layernorm_findings_text,
 )
+from fitcheck.core.activations.lora_recompute import lora_recompute_applies
 from fitcheck.core.activations.norms import (
     embedding_cast_cached,
 )
@@ -142,7 +143,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     # (which trainers: the registry's fused-head column, fitcheck.core.trainers.registry)
     head = 0 if runs_fused_head(spec.trainer.kind, spec.activations.loss) else _head_backward_logits(spec, m)
     recompute, moment = backward_transient(spec, bq, head)
-    if n_ckpt and (qlora_formula_applies(spec) or qlora16_applies(spec)):
+    if n_ckpt and (qlora_formula_applies(spec) or qlora16_applies(spec)) and not lora_recompute_applies(spec):
         # peak in the first recomputed layer: every checkpoint still held (qlora.py; 16-bit working set: qlora16.py)
         ws = qlora_backward_working_set(spec) if qlora_formula_applies(spec) else qlora16_backward_working_set(spec)
         end, recompute, moment = kept, layer + scores + ws * b * s, "first recomputed layer"

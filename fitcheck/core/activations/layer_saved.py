@@ -165,6 +165,22 @@ def _reads_input_itself(spec: TrainingSpec, m: _Mode, targets: frozenset[str], n
     return name in targets and lora is not None and lora.dropout == 0 and not (m.amp or m.half_model)
 
 
+def lora_reads_input_itself(spec: TrainingSpec) -> bool:
+    """Whether peft's ``lora_A`` saves the tensor it reads itself (fp32 model, no dropout, no autocast)."""
+    return _reads_input_itself(spec, _mode(spec), _lora_targets(spec), "down_proj")
+
+
+def down_adapter_saved(spec: TrainingSpec) -> int:
+    """Bytes per token down_proj's LoRA adapter saves (its input copies, dropout mask, ``lora_A`` output; an fp32
+    model without dropout: the input itself), all freed once its backward has run (``lora_recompute.py``)."""
+    lora, m = spec.lora, _mode(spec)
+    if lora is None or "down_proj" not in _lora_targets(spec):
+        return 0
+    inter = spec.model.shape.intermediate_size
+    itself = 4 * inter if _reads_input_itself(spec, m, _lora_targets(spec), "down_proj") else 0
+    return _adapter_input(m, lora, inter) + itself
+
+
 def _adapter_input(m: _Mode, lora: LoraSpec, width: int) -> int:
     """Bytes per token one peft ``lora.Linear`` adapter saves for an input of ``width`` features.
 

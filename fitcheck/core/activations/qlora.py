@@ -154,7 +154,8 @@ def qlora_cache_after_forward(spec: TrainingSpec, cache: int, *, any_base: bool 
 
 
 def qlora_backward_working_set(spec: TrainingSpec) -> int:
-    """Bytes per token in flight during a recomputed QLoRA layer's backward, besides its saved tensors.
+    """Bytes per token in flight during a recomputed QLoRA layer's backward, besides its saved tensors (under
+    autocast; without it the traced moments of ``lora_recompute`` are used on the Llama layer).
 
     The peak is in the MLP of the last layer (the first one recomputed, every checkpoint still held): the fp32
     gradient of the down_proj input (``MatMul4Bit.backward`` matmul against the dequantized weight), its cast

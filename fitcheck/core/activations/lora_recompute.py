@@ -1,0 +1,177 @@
+"""LoRA under gradient checkpointing: the worst moment of backward is inside the top layer's recompute (pure).
+
+Under non-reentrant checkpointing (transformers 5.23 ``GradientCheckpointingLayer`` -> torch 2.13
+``torch/utils/checkpoint.py``), the first backward node of a layer that unpacks a saved tensor re-runs the
+layer's forward under ``_recomputation_hook``; the pack hook stores each re-made saved tensor and raises
+``_StopRecomputationError`` as soon as the last one is packed (``early_stop``, the default). In a peft 0.21.2
+LoRA layer the first such node is down_proj's ``lora_B`` (``tuners/lora/layer.py`` ``Linear.forward``:
+``result = base_layer(x)``, ``x = _cast_input_dtype(x, lora_A.weight.dtype)``,
+``result = result + lora_B(lora_A(dropout(x))) * scaling``, ``result.to(torch_result_dtype)``) and the last
+tensor packed is down_proj's ``lora_A`` output, so at that instant the recomputed layer's Python locals are all
+alive besides every saved tensor (fake-tensor traces of Llama-3.1-8B at 8 x 4096, per-op listings of the live
+storages at the during-backward peak, ``benchmarks/lora_recompute_trace.py``):
+
+- gradients in flight: the residual-stream gradient (r·h), its 16-bit cast where an add promoted a 16-bit
+  input (``AddBackward``: down_proj's base output under an fp32 LoRA branch; the autocast layer output added to
+  an fp32 residual stream; e·h each) and ``grad * scaling`` for ``lora_B`` (fp32 adapters: 4·h; 16-bit under
+  autocast);
+- the layer's locals: the post-attention residual (r·h; an fp32 model's norm saves it anyway), the
+  post-attention norm output (r·h), the down_proj input ``act(gate) * up`` (e·I), down_proj's base output
+  (e·h), peft's fp32 copy of a 16-bit down_proj input (4·I; saved by ``lora_A`` itself without dropout and
+  autocast) and, under autocast with dropout, the fp32 dropout output that ``lora_A`` is reading (4·I);
+- under autocast, the 16-bit casts of the layer's adapter weights (saved by their linears).
+
+No LoRA gradient exists yet in that layer (``lora_B``'s weight gradient is computed by the node that triggered
+the recompute). After the recompute the MLP backward frees down_proj's adapter tensors before the gated
+product's two gradients exist, so its working set is r·h + 3·e·I less what that adapter saved.
+"""
+
+from __future__ import annotations
+
+from fitcheck.core.activations.layer_saved import down_adapter_saved, lora_reads_input_itself
+from fitcheck.core.activations.qlora import lora_layer_params, qlora_formula_applies
+from fitcheck.core.kernels import liger_applies, offload_applies
+from fitcheck.spec import LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
+
+_DOWN = "down_proj"
+_MLP_IN = ("gate_proj", "up_proj")
+# adapters are fp32: get_peft_model(autocast_adapter_dtype=True) (core/states/lora.py)
+_ADAPTER_BYTES = 4
+
+
+def _targets(spec: TrainingSpec) -> frozenset[str]:
+    lora = spec.lora
+    if lora is None:
+        return frozenset()
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", *_MLP_IN, _DOWN)
+    if "all-linear" in lora.target_modules:
+        return frozenset(names)
+    return frozenset(n for n in names if n in lora.target_modules)
+
+
+def lora_recompute_applies(spec: TrainingSpec) -> bool:
+    """Plain LoRA (no quantized base, no DoRA) on a Llama-style pre-norm RMSNorm decoder with a gated MLP whose
+    down_proj is wrapped, every layer checkpointed: the layers this module's moments were traced on."""
+    sh, lora, act = spec.model.shape, spec.lora, spec.activations
+    t = sh.traits
+    return (
+        lora is not None and (spec.quant is None or _kbit_fp32(spec)) and not lora.use_dora and spec.freeze is None
+        and act.checkpointing and act.checkpoint_every_n_layers == 1
+        and t.recipe is LayerRecipe.DECODER and t.norm_kind is NormKind.RMS and t.norm_placement is NormPlacement.PRE
+        and not t.fused_projections and not sh.num_experts and t.vision is None and t.dropout.hidden == 0
+        and sh.mlp_activation == "swiglu" and liger_applies(spec) is None and not offload_applies(spec)
+        and _DOWN in _targets(spec)
+        and not lora.modules_to_save
+    )
+
+
+def _kbit_fp32(spec: TrainingSpec) -> bool:
+    """QLoRA after peft's k-bit preparation without autocast: an fp32 layer around frozen 4-bit matmuls
+    (``MatMul4Bit`` saves no input; ``Linear4bit`` returns the input dtype: activations/qlora.py)."""
+    return qlora_formula_applies(spec) and not _amp(spec)
+
+
+def _amp(spec: TrainingSpec) -> bool:
+    return spec.precision.mixed_precision is not MixedPrecision.NO
+
+
+def recompute_tokens(spec: TrainingSpec, e: int, r: int, half: bool) -> int:
+    """Bytes per token alive at the top recomputed layer's stop besides its saved tensors and checkpoints.
+
+    Args:
+        spec: A spec for which :func:`lora_recompute_applies`.
+        e: Element bytes of matmul outputs (2 under a 16-bit model or autocast).
+        r: Element bytes of the residual stream.
+        half: 16-bit model weights.
+    """
+    inter = spec.model.shape.intermediate_size
+    lora = spec.lora
+    amp = _amp(spec)
+    drop = lora is not None and lora.dropout > 0
+    down_in = 0 if lora_reads_input_itself(spec) else e * inter
+    cast = _ADAPTER_BYTES * inter if e == 2 and (drop or amp) else 0  # lora_A saves it only without both
+    dropped = _ADAPTER_BYTES * inter if drop and amp else 0  # autocast saves lora_A's 16-bit cast instead
+    return _in_flight(spec, e, r, half) + down_in + e * spec.model.shape.hidden_size + cast + dropped
+
+
+def _in_flight(spec: TrainingSpec, e: int, r: int, half: bool) -> int:
+    """Per token: the gradients in flight into the recomputed layer's MLP and the MLP input's locals."""
+    h = spec.model.shape.hidden_size
+    amp = _amp(spec)
+    # type promotion in an add casts the gradient for its lower-precision input: down_proj's ``result +`` fp32
+    # LoRA branch on a 16-bit base; the residual add of an fp32 stream and the layer's 16-bit (autocast) output
+    promoted = (e * h if e == 2 and not amp else 0) + (e * h if r != e else 0)
+    grads = r * h + promoted + (2 if amp else _ADAPTER_BYTES) * h
+    residual = r * h if half else 0  # a 16-bit model's norm saves its fp32 cast, not the residual
+    norm_out = 0 if lora_reads_input_itself(spec) and _targets(spec) & set(_MLP_IN) else r * h
+    return grads + residual + norm_out
+
+
+def recompute_up_tokens(spec: TrainingSpec, e: int, r: int, half: bool) -> int | None:
+    """Bytes per token alive inside up_proj's LoRA branch during the recompute, relative to the whole layer's
+    saved tensors (down_proj's adapter tensors and the up output are not made yet); None when up_proj is not
+    wrapped.
+
+    At ``lora_B(...) * scaling`` the base output (e·I), ``lora_B``'s output and its scaled copy (fp32 adapters:
+    4·I each; 16-bit under autocast) are alive, and with dropout or autocast peft's fp32 copy of a 16-bit input
+    (4·h). Without dropout this is the recompute's peak of a 16-bit model: ``lora_A`` of down_proj saves the
+    fp32 copy of its input, so nothing larger is alive at the stop (trace Llama-3.1-8B bf16, dropout 0).
+    """
+    if "up_proj" not in _targets(spec):
+        return None
+    sh = spec.model.shape
+    h, inter = sh.hidden_size, sh.intermediate_size
+    lora = spec.lora
+    amp = _amp(spec)
+    drop = lora is not None and lora.dropout > 0
+    c = 2 if amp else _ADAPTER_BYTES  # lora_B's output dtype
+    cast = _ADAPTER_BYTES * h if e == 2 and (drop or amp) else 0
+    return _in_flight(spec, e, r, half) + cast + 2 * c * inter - down_adapter_saved(spec)
+
+
+def base_backward(spec: TrainingSpec, r: int) -> int | None:
+    """QLoRA: bytes at down_proj's ``MatMul4Bit`` backward beyond the layer's saved tensors; None for a 16-bit base.
+
+    bitsandbytes 0.50.2 ``autograd/_functions.py`` ``MatMul4Bit.backward``: ``grad_output @
+    dequantize_4bit(B, ctx.state).to(grad_output.dtype).t()``: the whole weight dequantized in the dtype it was
+    loaded in (``quant_state.dtype``), then its cast to the compute dtype (the dequantized copy freed before the
+    matmul's output exists) and the input gradient in the compute dtype, while the residual-stream gradient, the
+    LoRA branch's fp32 gradient of the down_proj input (4·I) and ``Linear4bit``'s compute-dtype cast of the
+    output gradient are alive and down_proj's adapter tensors are freed. At short sequences this is the worst
+    moment (trace Llama-3.1-8B QLoRA 1 x 512: the weight's 112-336 MiB against 60 MiB of per-token locals).
+    """
+    quant = spec.quant
+    if quant is None or not _kbit_fp32(spec):
+        return None
+    sh = spec.model.shape
+    h, inter = sh.hidden_size, sh.intermediate_size
+    bs = spec.batch.micro_batch * spec.batch.seq_len
+    comp = 4 if quant.compute_dtype is None else quant.compute_dtype.nbytes  # None: fp32 (transformers)
+    load = spec.precision.load_dtype.nbytes
+    tokens = (r * h + _ADAPTER_BYTES * inter + (comp * h if comp != r else 0) - down_adapter_saved(spec)) * bs
+    weight = comp * inter * h
+    dequantized = load * inter * h + weight if load != comp else 0  # before the cast's source is freed
+    return tokens + max(dequantized, weight + comp * inter * bs)
+
+
+def mlp_work_tokens(spec: TrainingSpec, e: int, r: int) -> int:
+    """Bytes per token of the MLP backward after the recompute: r·h + 3·e·I less down_proj's adapter tensors."""
+    return r * spec.model.shape.hidden_size + 3 * e * spec.model.shape.intermediate_size - down_adapter_saved(spec)
+
+
+def adapter_casts(spec: TrainingSpec) -> int:
+    """Autocast's 16-bit casts of one layer's adapter weights (saved by their linears), 0 without autocast."""
+    if not _amp(spec):
+        return 0
+    return 2 * lora_layer_params(spec) // max(1, spec.model.shape.num_layers)
+
+
+def layer_grads(spec: TrainingSpec) -> tuple[int, int]:
+    """(adapter gradient bytes of one decoder layer, of its down_proj adapter alone)."""
+    from fitcheck.core.states import plan_lora
+
+    layers = max(1, spec.model.shape.num_layers)
+    per_layer = [t for t in plan_lora(spec).targets if t.entry.per_layer]
+    total = sum(t.params for t in per_layer) // layers
+    down = sum(t.params for t in per_layer if t.entry.module == _DOWN) // layers
+    return _ADAPTER_BYTES * total, _ADAPTER_BYTES * down
