@@ -85,16 +85,6 @@ def estimate_argv(model_dir: Path, dtype: str, fsdp_config: Path, ckpt: bool) ->
             "--per_device_train_batch_size", str(BATCH), "--max_seq_length", str(SEQ), "--device_type", "cuda"]
 
 
-def _phases(values: Any) -> dict[str, int]:
-    """fitcheck's allocated bytes per phase (the report's ``phases``)."""
-    from fitcheck.cli import spec_from_values
-    from fitcheck.core import estimate
-    from fitcheck.render import report_to_dict
-
-    spec, _ = spec_from_values(values, {})
-    return dict(report_to_dict(estimate(spec))["phases"])
-
-
 def worker(case: str) -> dict[str, Any]:
     """One case under ``torch.distributed.run`` (1 process): estimate, then the real Trainer run."""
     dtype, version, ckpt = CASES[case]
@@ -120,7 +110,6 @@ def worker(case: str) -> dict[str, Any]:
             values.update(_gpu_flag(str(env["gpu_name"]), int(env["gpu_total_bytes"])))
             try:
                 out["estimate"] = _estimate(values)
-                out["estimate_phases"] = _phases(values)
             except Exception as exc:  # the measurement is worth keeping even where the estimate fails
                 out["estimate_error"] = f"{type(exc).__name__}: {exc}"[:500]
             model = build_on_cpu(config, getattr(torch, dtype))
@@ -196,7 +185,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         step, prep, save = m.get("step") or {}, m.get("prepare") or {}, m.get("save") or {}
         sa, ea = step.get("max_allocated"), e.get("peak_allocated_bytes")
         err = f"{(ea - sa) / sa * 100:+6.1f}%" if sa and ea else "-"
-        save_est = (r.get("estimate_phases") or {}).get("save")
+        save_est = (e.get("phases") or {}).get("save")
         lines.append(
             f"{r['case']:24} {r.get('status', '?'):6} | {(prep.get('max_allocated') or 0) / g:10.2f} | "
             f"{(sa or 0) / g:10.2f} {(ea or 0) / g:7.2f} {err:>7} | {(step.get('max_reserved') or 0) / g:9.2f} "
@@ -229,7 +218,8 @@ def rescore(path: Path) -> list[dict[str, Any]]:
             (work / "model" / "config.json").write_text(json.dumps(found[0]), encoding="utf-8")
             values = parse_values(estimate_argv(work / "model", dtype, _fsdp_config(version, work), ckpt))
             values.update(_gpu_flag(str(env.get("gpu_name", "H100")), int(env.get("gpu_total_bytes", 0) or 0)))
-            out.append({**r, "estimate": _estimate(values), "estimate_phases": _phases(values)})
+            row = {k: v for k, v in r.items() if k != "estimate_phases"}  # now inside the estimate ("phases")
+            out.append({**row, "estimate": _estimate(values)})
     return out
 
 

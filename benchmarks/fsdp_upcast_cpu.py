@@ -31,7 +31,7 @@ WORLD = 2
 
 
 def _rank(rank: int, version: int, dtype: str, mp: str, port: int, out: str) -> None:
-    from benchmarks.gloo_rank import start_rank
+    from benchmarks.gloo_rank import fsdp_on_cpu, start_rank
 
     start_rank(rank, WORLD, port)  # without inherited accelerate/FSDP switches, in an explicit gloo group
     warnings.filterwarnings("ignore")
@@ -39,8 +39,7 @@ def _rank(rank: int, version: int, dtype: str, mp: str, port: int, out: str) -> 
     import torch.distributed as dist
     import transformers
     from accelerate import Accelerator
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from accelerate.utils import FullyShardedDataParallelPlugin
     from torch.distributed.tensor import DTensor
 
     cfg = transformers.LlamaConfig(**{k: v for k, v in TINY.items() if k not in ("model_type", "architectures")})
@@ -50,13 +49,7 @@ def _rank(rank: int, version: int, dtype: str, mp: str, port: int, out: str) -> 
         kw["use_orig_params"] = True
     plugin = FullyShardedDataParallelPlugin(**kw)
     acc = Accelerator(cpu=True, mixed_precision=mp)
-    acc.state.distributed_type = DistributedType.FSDP
-    PartialState().distributed_type = DistributedType.FSDP
-    PartialState().device = torch.device("cpu")
-    acc.state.device = torch.device("cpu")
-    if mp != "no":
-        plugin.set_mixed_precision(mp)
-    acc.state.fsdp_plugin = plugin
+    fsdp_on_cpu(acc, plugin)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -111,7 +104,7 @@ def measure(version: int, dtype: str, mp: str = "bf16") -> list[dict[str, dict[s
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "dtypes")
         mp_.start_processes(_rank, args=(version, dtype, mp, port, out), nprocs=WORLD, join=True,
-                            start_method="fork")
+                            start_method="spawn")  # forked ranks inherited the parent's AcceleratorState
         rows = []
         for rank in range(WORLD):
             with open(f"{out}.{rank}", encoding="utf-8") as fh:

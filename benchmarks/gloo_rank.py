@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 
 def start_rank(rank: int, world: int, port: int) -> None:
@@ -46,3 +47,22 @@ def finish_rank() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def fsdp_on_cpu(accelerator: Any, plugin: Any) -> None:
+    """Set on a CPU ``Accelerator`` what accelerate 1.15 ``AcceleratorState.__init__`` sets only for GPU-type
+    backends (state.py: the FSDP branch sits under MULTI_GPU/...): distributed type FSDP, the plugin with the run's
+    mixed precision (``set_mixed_precision``), and the CPU as device (FSDP1 refuses ``device_id=cpu:0`` against
+    the CPU compute device). Everything after it (``prepare``, the Trainer) is the real code."""
+    import torch
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    accelerator.state.distributed_type = DistributedType.FSDP
+    PartialState().distributed_type = DistributedType.FSDP
+    PartialState().device = torch.device("cpu")
+    accelerator.state.device = torch.device("cpu")
+    if accelerator.state.mixed_precision != "no":
+        plugin.set_mixed_precision(accelerator.state.mixed_precision)
+    accelerator.state.fsdp_plugin = plugin
+

@@ -251,6 +251,7 @@ def _estimate(values: Mapping[str, object]) -> dict[str, Any]:
     spec, _ = spec_from_values(values, {})
     formula = estimate(spec)
     report = PinnedPath("auto")(spec)  # what `fitcheck estimate` answers for these flags (fitcheck.cli.estimate)
+    as_dict = report_to_dict(report)
     lp = load_phase(spec, spec.hardware.gpu_memory_bytes)
     load = {} if lp is None else {"load_peak_allocated": lp.peak_allocated, "load_peak_reserved": lp.peak_reserved,
                                   "load_end_allocated": lp.end_allocated, "load_end_reserved": lp.end_reserved}
@@ -258,10 +259,10 @@ def _estimate(values: Mapping[str, object]) -> dict[str, Any]:
             "peak_reserved_bytes": report.peak_reserved_bytes,
             "device_used_bytes": report.device_used_bytes, "peak_phase": report.peak_phase.value,
             "fits": report.fits, "budget_bytes": report.budget_bytes, "trainable_params": report.trainable_params,
-            "regime": report.regime, "pinned": report_to_dict(report).get("pinned"),
+            "regime": report.regime, "pinned": as_dict.get("pinned"),
             "formula_peak_allocated_bytes": formula.peak_allocated_bytes,
             "formula_peak_reserved_bytes": formula.peak_reserved_bytes,
-            "components": report_to_dict(report)["components"]}
+            "components": as_dict["components"], "phases": as_dict["phases"]}
 
 
 def _measure(config: Mapping[str, Any], values: Mapping[str, object], device: str, work: Path,

@@ -66,15 +66,14 @@ def _plain_tracker() -> Any:
 
 
 def _fsdp_rank(rank: int, path: str, port: int, out: str) -> None:
-    from benchmarks.gloo_rank import finish_rank, start_rank
+    from benchmarks.gloo_rank import finish_rank, fsdp_on_cpu, start_rank
 
     start_rank(rank, WORLD, port)
     warnings.filterwarnings("ignore")
     import torch
     import transformers
     from accelerate import Accelerator
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.fsdp_utils import save_fsdp_model, save_fsdp_optimizer
 
     version = int(path[4])
@@ -88,12 +87,7 @@ def _fsdp_rank(rank: int, path: str, port: int, out: str) -> None:
         kw["use_orig_params"] = True
     plugin = FullyShardedDataParallelPlugin(**kw)
     acc = Accelerator(cpu=True, mixed_precision="bf16")
-    acc.state.distributed_type = DistributedType.FSDP
-    PartialState().distributed_type = DistributedType.FSDP
-    PartialState().device = torch.device("cpu")
-    acc.state.device = torch.device("cpu")
-    plugin.set_mixed_precision("bf16")
-    acc.state.fsdp_plugin = plugin
+    fsdp_on_cpu(acc, plugin)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

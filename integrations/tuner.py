@@ -201,8 +201,10 @@ def tune_micro_batch(
     from fitcheck.integrations.trainer_estimate import trainer_spec
     from fitcheck.integrations.tuner_engine import EngineTrialSession, is_deepspeed_trainer
     from fitcheck.integrations.tuner_fsdp import FsdpTrialSession, fsdp_version
-    from fitcheck.integrations.tuner_grpo import GRPOTrialSession, grpo_sizes, is_grpo_trainer
+    from fitcheck.integrations.tuner_grpo import GRPOTrialSession, is_grpo_trainer
     from fitcheck.integrations.tuner_trial import TrialSession, all_ranks_min, all_ranks_ok
+
+    from fitcheck.core.trainers import grpo_batch_error
 
     _refuse_sharded(trainer)
     args = trainer.args
@@ -222,7 +224,7 @@ def tune_micro_batch(
             raise TuningError("tune_micro_batch: GRPOTrainer trials under DeepSpeed or FSDP are not built (the "
                               "generation runs on gathered weights); pick the micro-batch with `fitcheck "
                               "estimate` and set it with fitcheck.integrations.tuner.set_trainer_micro_batch")
-        sizes = grpo_sizes(args, sizes)
+        sizes = [m for m in sizes if grpo_batch_error(spec, m) is None]  # GRPOConfig's rule (core/trainers)
     start, reports = _predicted_index(spec, sizes, per_gpu)
     start = all_ranks_min(start, getattr(args, "device", None))  # every rank starts where the tightest predicts
     trials: list[TuningTrial] = []

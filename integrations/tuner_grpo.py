@@ -22,9 +22,10 @@ truncate them).
 
 The sizes tried keep the generation batch: ``generation_batch_size`` stays, ``steps_per_generation`` becomes
 ``generation_batch_size / (micro × processes)``; ``GRPOConfig.__post_init__`` refuses a generation batch that is
-not a multiple of ``micro × processes`` (``fitcheck.core.trainers.grpo_batch.grpo_batch_error`` holds that rule),
-so only those sizes are tried. The ratio ``steps_per_generation / gradient_accumulation_steps`` (generations per
-optimizer step) is unchanged, as are the prompts of each generation round.
+not a multiple of ``micro × processes`` (``fitcheck.core.trainers.grpo_batch.grpo_batch_error`` holds that rule,
+and the tuner filters its sizes with it), so only those sizes are tried. The ratio
+``steps_per_generation / gradient_accumulation_steps`` (generations per optimizer step) is unchanged, as are the
+prompts of each generation round.
 
 :class:`GRPOTrialSession` restores, on top of what :class:`~fitcheck.integrations.tuner_trial.TrialSession`
 restores (RNG — generation samples with torch's — gradients, optimizer, ``state``, ``_metrics``): every trainer
@@ -67,12 +68,6 @@ def steps_per_generation(args: Any, micro: int) -> int:
                          f"({micro} x {world} processes) (GRPOConfig, TRL 1.16): micro-batch {micro} is not "
                          "one GRPO accepts")
     return gbs // (micro * world)
-
-
-def grpo_sizes(args: Any, sizes: list[int]) -> list[int]:
-    """The micro-batches of ``sizes`` that ``GRPOConfig`` accepts at the run's generation batch."""
-    world = int(getattr(args, "world_size", 1) or 1)
-    return [m for m in sizes if int(args.generation_batch_size) % (m * world) == 0]
 
 
 class GRPOTrialSession(TrialSession):  # type: ignore[misc]  # fitcheck.integrations.* is Any to mypy

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 
@@ -29,19 +30,16 @@ def main(mode: str, port: str, micro: int) -> dict[str, Any]:
     import accelerate
     import torch
     import transformers
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType
     from torch.distributed.tensor import DTensor
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.gloo_rank import fsdp_on_cpu
 
     class FsdpOnCpuAccelerator(accelerate.Accelerator):  # type: ignore[misc]
         def __init__(self, *args: Any, fsdp_plugin: Any = None, **kwargs: Any) -> None:
             super().__init__(*args, fsdp_plugin=fsdp_plugin, **kwargs)
             if fsdp_plugin is not None:  # what AcceleratorState.__init__ does for GPU-type backends
-                self.state.distributed_type = DistributedType.FSDP
-                PartialState().distributed_type = DistributedType.FSDP
-                if self.state.mixed_precision != "no":
-                    fsdp_plugin.set_mixed_precision(self.state.mixed_precision)
-                self.state.fsdp_plugin = fsdp_plugin
+                fsdp_on_cpu(self, fsdp_plugin)
 
     transformers.trainer.Accelerator = FsdpOnCpuAccelerator
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
