@@ -13,9 +13,9 @@ also counts the time waiting for a core, the CPU time does not):
 Also the in-process time of each part after the imports (``--inproc``), and the number of traces run.
 Issue 20's targets: formula <= 0.3 s, traced answer <= 3 s, full report <= 5 s.
 
-Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [case ...]`` (CPU, no network). To time
-another checkout (e.g. ``main`` before issue 20), run it with ``PYTHONPATH=<that checkout>``: the children
-inherit it.
+Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [--compile] [case ...]`` (CPU, no
+network). To time another checkout (e.g. ``main`` before issue 20), run it with ``PYTHONPATH=<that checkout>``:
+the children inherit it.
 """
 
 from __future__ import annotations
@@ -109,16 +109,41 @@ def inproc(flags: list[str]) -> None:
           f"traces)")
 
 
+def _bytecode(compile_first: bool) -> None:
+    """Say whether the children read cached bytecode, and write it first if asked.
+
+    With ``PYTHONDONTWRITEBYTECODE`` set (as on the CI machine) and no ``__pycache__`` in a source checkout, every
+    fresh process compiles fitcheck's ~170 modules again: about 0.6 s of CPU that an installed package (``pip
+    install`` writes the bytecode) does not pay.
+    """
+    import compileall
+
+    import fitcheck
+
+    root = os.path.dirname(fitcheck.__file__)
+    if compile_first:
+        compileall.compile_dir(root, quiet=1)
+    cached = os.path.isdir(os.path.join(root, "__pycache__"))
+    print(f"fitcheck at {root}: bytecode {'cached' if cached else 'NOT cached (compiled in every child)'}; "
+          f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}")
+
+
 def main(argv: list[str]) -> int:
     """Print the table (median of --repeat fresh processes per mode)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--inproc", action="store_true")
+    ap.add_argument("--compile", action="store_true",
+                    help="write fitcheck's bytecode first, as `pip install` does (compileall)")
     ap.add_argument("cases", nargs="*")
     ns = ap.parse_args(argv)
     names = ns.cases or list(CASES)
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    _bytecode(ns.compile)
     print(f"{'case':16} {'mode':14} {'wall (median)':>14} {'cpu (median)':>13}  answer")
+    floor = [_child([sys.executable, "-c", "pass"]) for _ in range(ns.repeat)]
+    print(f"{'(python alone)':16} {'':14} {statistics.median(r[0] for r in floor):12.2f} s "
+          f"{statistics.median(r[1] for r in floor):11.2f} s  the interpreter and site, no fitcheck")
     for name in names:
         if ns.inproc:
             print(name)

@@ -85,7 +85,7 @@ except SystemExit as exc:
     code = exc.code if isinstance(exc.code, int) else 2
 except BaseException as exc:
     code = f"{type(exc).__name__}: {exc}"
-heavy = ("torch", "transformers", "accelerate", "peft")
+heavy = ("torch", "transformers", "accelerate", "peft", "rich", "yaml", "importlib.metadata")
 with open(out, "w") as fh:
     json.dump({"exit": code, **{m: m in sys.modules for m in heavy}}, fh)
 """
@@ -111,7 +111,8 @@ def time_command(argv: Sequence[str], repeat: int) -> tuple[list[float], subproc
 
 
 def modules_imported_by_fitcheck(model: str = MODEL_ID) -> dict[str, object]:
-    """Which of torch/transformers/accelerate/peft ``fitcheck estimate`` imported for ``model``.
+    """Which of torch/transformers/accelerate/peft (and rich, PyYAML, importlib.metadata, which a ``--json`` answer
+    from config.json does not need) ``fitcheck estimate`` imported for ``model``.
 
     Returns:
         ``{"exit": <exit code or error>, "torch": bool, "transformers": bool, ...}``.

@@ -156,3 +156,20 @@ def test_default_optimizer_follows_the_torch_version() -> None:
     assert old.optimizer.name == "adamw_torch" and any("torch 2.1.1 < 2.8" in n for n in notes)
     new, _ = _spec(model_name_or_path="gpt2", stack="torch=2.13")
     assert new.optimizer.name == "adamw_torch_fused"
+
+
+def test_installed_versions_read_from_dist_info_folders_equal_importlib_metadata() -> None:
+    """The fast path (the ``NAME-VERSION.dist-info`` folder name) answers what ``importlib.metadata`` answers, for
+    every installed distribution and for an absent one."""
+    from importlib import metadata
+
+    from fitcheck.readers.versions import _metadata_version
+
+    names = {d.metadata["Name"] for d in metadata.distributions() if d.metadata["Name"]}
+    assert len(names) > 20
+    for name in sorted(names | set(PACKAGES) | {"no-such-distribution-xyz"}):
+        try:
+            expected: str | None = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            expected = None
+        assert _metadata_version(name) == expected, name

@@ -13,11 +13,10 @@ axolotl ``deepspeed_configs/zero3_bf16.json``), then in the working directory (w
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
@@ -43,19 +42,27 @@ class FrameworkRun:
     notes: tuple[str, ...] = field(default=())
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """``SafeLoader`` that refuses more than :data:`MAX_ALIASES` alias references."""
+@functools.cache
+def _bounded_loader() -> Any:
+    """``SafeLoader`` that refuses more than :data:`MAX_ALIASES` alias references (built on first use, so that
+    importing this module does not import PyYAML)."""
+    import yaml
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self.aliases_seen = 0
+    class _BoundedLoader(yaml.SafeLoader):
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self.aliases_seen = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            self.aliases_seen += 1
-            if self.aliases_seen > MAX_ALIASES:
-                raise ConfigError(f"more than {MAX_ALIASES} YAML alias references (*name); write the values out")
-        return super().compose_node(parent, index)
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                self.aliases_seen += 1
+                if self.aliases_seen > MAX_ALIASES:
+                    raise ConfigError(
+                        f"more than {MAX_ALIASES} YAML alias references (*name); write the values out"
+                    )
+            return super().compose_node(parent, index)
+
+    return _BoundedLoader
 
 
 def load_framework_yaml(path: str, *, what: str) -> dict[str, object]:
@@ -80,7 +87,9 @@ def load_framework_yaml(path: str, *, what: str) -> dict[str, object]:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{what}: cannot read {path!r} ({exc}); pass a readable UTF-8 text file") from None
-    loader = _BoundedLoader(text)
+    import yaml
+
+    loader = _bounded_loader()(text)
     try:
         data = loader.get_single_data()
     except ConfigError as exc:

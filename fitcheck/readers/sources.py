@@ -12,8 +12,7 @@ import math
 from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
-
-import yaml
+from typing import TYPE_CHECKING
 
 from fitcheck.errors import ConfigError, short_repr
 
@@ -25,6 +24,9 @@ from fitcheck.errors import ConfigError, short_repr
 MAX_FILE_BYTES = 16 * 1024 * 1024
 MAX_YAML_VALUES = 100_000
 MAX_NESTING = 200
+
+if TYPE_CHECKING:
+    import yaml
 
 
 class Auto(Enum):
@@ -111,6 +113,8 @@ def safe_yaml_load(text: str, *, source: str, what: str) -> object:
     Raises:
         ConfigError: Malformed YAML, an alias bomb, or too deep.
     """
+    import yaml  # here, not at the top: a JSON-only run does not import PyYAML (issue 20's 0.3 s formula answer)
+
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except (yaml.YAMLError, RecursionError, ValueError) as exc:
@@ -161,6 +165,8 @@ def _check_yaml_size(root: yaml.Node, *, source: str, what: str) -> None:
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
+    import yaml
+
     if isinstance(node, yaml.MappingNode):
         return [n for pair in node.value for n in pair]
     if isinstance(node, yaml.SequenceNode):

@@ -1,16 +1,20 @@
 """Which library versions the estimate is for: installed ones (read from package metadata) or ``--stack``.
 
-``importlib.metadata.version`` reads the installed distributions' METADATA files: nothing is imported, so this
-stays fast and works without torch. ``--stack transformers=4.46,peft=0.13`` describes another environment
+The installed version is read from the name of the distribution's ``NAME-VERSION.dist-info`` folder on
+``sys.path`` (the wheel and PEP 376 layout that ``importlib.metadata`` itself searches); only where no such
+folder is found does ``importlib.metadata.version`` parse METADATA. Nothing is imported, so this stays fast (no
+``importlib.metadata``/``email`` import: about 0.05 s of CPU in a fresh process on the CI machine) and works
+without torch. ``--stack transformers=4.46,peft=0.13`` describes another environment
 instead (a cluster, an older container). The result is plain data (:class:`fitcheck.spec.StackSpec`) that the
 core reads (``fitcheck.core.activations.versions``).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping
-from importlib import metadata
 
 from fitcheck.errors import ConfigError, short_repr
 from fitcheck.spec import MODELLED_VERSIONS, StackSpec
@@ -23,7 +27,38 @@ _VERSION = re.compile(r"^\d{1,6}(\.\d{1,6}){0,3}([.+-]?[0-9A-Za-z.+-]{0,40})?$")
 MAX_STACK_CHARS = 1000
 
 
+def _normal(dist: str) -> str:
+    return re.sub(r"[-_.]+", "_", dist).lower()
+
+
+def _dist_info_version(name: str, paths: list[str]) -> tuple[str | None, bool]:
+    """The version in the first ``NAME-VERSION.dist-info`` folder for ``name`` on ``paths``, as
+    ``importlib.metadata`` finds it (first on the path wins; names compare with ``-``/``.`` as ``_``, any case);
+    and whether some other layout (``.egg-info``, ``.egg``) names it, which only METADATA can tell."""
+    want = _normal(name)
+    other = False
+    for entry in paths:
+        try:
+            folders = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for folder in folders:
+            stem, dot, kind = folder.rpartition(".")
+            dist, _, version = stem.partition("-")
+            if not dot or _normal(dist) != want:
+                continue
+            if kind == "dist-info" and version:
+                return version, other
+            other = other or kind in ("egg-info", "egg", "dist-info")
+    return None, other
+
+
 def _metadata_version(name: str) -> str | None:
+    found, other = _dist_info_version(name, sys.path)
+    if found is not None or not other:
+        return found
+    from importlib import metadata  # an egg-info or other layout: let importlib.metadata parse it
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
