@@ -7,7 +7,8 @@ For each measured row of a ``benchmarks/gpu_truth.py`` data file (CPU only; the 
 * ``two-group replay``: ``allocator_replay.replay_step`` -- the step traced at two repeating layer groups, replayed
   through ``fitcheck.core.caching``, its gap fraction applied to the estimate (``core.estimate(gap_fraction=)``);
 * ``full depth``: ``allocator_replay.replay_steady_state`` -- the run as the GPU ran it (every layer, the optimizer,
-  two warm-up steps), replayed: its own ``max_memory_reserved``, and its gap fraction applied to the estimate.
+  two warm-up steps), replayed: its own ``max_memory_reserved``, and its gap fraction applied to the estimate
+  (``--deepened``: the same sequence built from one and two layer groups, ``allocator_replay.replay_deepened``).
 
 ``--depths 1,2,4,8`` also prints the replay's gap (peak reserved - peak allocated) at those depths, to show
 whether the two-group number can be extrapolated.
@@ -50,11 +51,16 @@ def _err(est: float, meas: float) -> float:
     return round(100.0 * (est - meas) / meas, 2)
 
 
-def score_row(r: dict[str, Any], env: dict[str, Any], depths: Sequence[int]) -> dict[str, Any]:
+def score_row(r: dict[str, Any], env: dict[str, Any], depths: Sequence[int], deepened: bool = False) -> dict[str, Any]:
     """The three reserved numbers of one measured row, with their errors and costs."""
     from fitcheck.core import estimate
     from fitcheck.core.loading import allocator_conf
-    from fitcheck.torch_adapters.allocator_replay import replay_events, replay_step, replay_steady_state
+    from fitcheck.torch_adapters.allocator_replay import (
+        replay_deepened,
+        replay_events,
+        replay_steady_state,
+        replay_step,
+    )
     from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
 
     row = next(x for x in ROWS if x.name == r["name"])
@@ -65,7 +71,7 @@ def score_row(r: dict[str, Any], env: dict[str, Any], depths: Sequence[int]) -> 
         t0 = time.perf_counter()
         two = replay_step(spec)
         t1 = time.perf_counter()
-        full = replay_steady_state(spec)
+        full = replay_deepened(spec) if deepened else replay_steady_state(spec)
         t2 = time.perf_counter()
         sweep = {}
         for d in depths:
@@ -83,7 +89,8 @@ def score_row(r: dict[str, Any], env: dict[str, Any], depths: Sequence[int]) -> 
             "full_depth_replay_reserved": full.peak_reserved,
             "full_depth_replay_err_pct": _err(full.peak_reserved, measured),
             "full_depth_reserved": full_res, "full_depth_err_pct": _err(full_res, measured),
-            "full_depth_seconds": round(t2 - t1, 1), "gap_by_depth": sweep}
+            "full_depth_seconds": round(t2 - t1, 1), "full_depth_method": "deepened" if deepened else "traced",
+            "gap_by_depth": sweep}
 
 
 def main(argv: Sequence[str]) -> int:
@@ -92,6 +99,8 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="a gpu_truth.py data file with measured rows")
     ap.add_argument("--rows", nargs="+", default=[], help="only rows whose name contains one of these")
     ap.add_argument("--depths", default="", help="comma-separated depths for the gap-by-depth sweep")
+    ap.add_argument("--deepened", action="store_true",
+                    help="full depth built from one and two layer groups (allocator_replay.replay_deepened)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     args = ap.parse_args(list(argv))
     warnings.simplefilter("ignore", FutureWarning)
@@ -104,10 +113,11 @@ def main(argv: Sequence[str]) -> int:
     print(f"{'row (MiB)':34} {'measured':>9} | {'estimate':>9} {'err':>7} | {'2-group':>9} {'err':>7} | "
           f"{'full':>9} {'err':>7} {'replay':>9} {'err':>7} {'s':>5}")
     for r in rows:
-        s = score_row(r, r.get("environment") or env, depths)
+        s = score_row(r, r.get("environment") or env, depths, args.deepened)
         out.append(s)
         print(f"{s['name']:34} {s['measured_reserved'] / MIB:9.0f} | {s['estimate_reserved'] / MIB:9.0f} "
-              f"{s['estimate_err_pct']:+6.2f}% | {s['two_group_reserved'] / MIB:9.0f} {s['two_group_err_pct']:+6.2f}% | "
+              f"{s['estimate_err_pct']:+6.2f}% | {s['two_group_reserved'] / MIB:9.0f} "
+              f"{s['two_group_err_pct']:+6.2f}% | "
               f"{s['full_depth_reserved'] / MIB:9.0f} {s['full_depth_err_pct']:+6.2f}% "
               f"{s['full_depth_replay_reserved'] / MIB:9.0f} {s['full_depth_replay_err_pct']:+6.2f}% "
               f"{s['full_depth_seconds']:5.1f}", flush=True)

@@ -159,6 +159,38 @@ def replay_steady_state(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepRe
     return replay_events([events], allocator_conf(spec), (spec.batch.seq_len,))
 
 
+def replay_deepened(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepReplay:
+    """:func:`replay_steady_state` from the traces of one and two layer groups (``allocator_deepen.deepen``).
+
+    Equal to the full-depth trace's replay where the two traces differ by repeated layer blocks (tested on tiny
+    Llama bf16, checkpointed and fp32 + autocast steps; at real width, Llama-3.2-1B's checkpointed 8 x 2048 and
+    bf16 full rows replay to the same peaks as their 16-layer traces); a stack the builder cannot deepen (a
+    depth that is not a whole number of groups, ``DeepenError``) is traced at full depth instead.
+
+    Args:
+        spec: The training spec (its model must carry config.json).
+        steps: Steps traced (the last is the measured one).
+
+    Returns:
+        The replay's peaks over all steps.
+    """
+    from fitcheck.torch_adapters.allocator_deepen import DeepenError, deepen
+    from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
+    from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
+
+    config = spec.model.config
+    depth, group = config_layers(config), layer_group(config)
+    kwargs = {**trace_kwargs(spec), "steps": steps}
+    if depth > 2 * group and depth % group == 0:
+        try:
+            one = trace_step(config, num_layers=group, **kwargs).alloc_events
+            two = trace_step(config, num_layers=2 * group, **kwargs).alloc_events
+            return replay_events([deepen(one, two, depth // group)], allocator_conf(spec), (spec.batch.seq_len,))
+        except DeepenError:
+            pass
+    return replay_steady_state(spec, steps)
+
+
 def replay_step(spec: TrainingSpec, seq_lengths: Sequence[int] | None = None) -> StepReplay:
     """Trace the spec's step (two repeating layer groups) at each length and replay it through the allocator.
 
