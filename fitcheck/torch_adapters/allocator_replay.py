@@ -10,11 +10,12 @@ allocator's gap (peak reserved - peak allocated) as a fraction of the step's tra
 fraction this model's own sequence leaves, where ``core/allocator.py`` otherwise applies a published 11 %.
 
 That fraction does not carry from two layer groups to the full depth: replayed at 1, 2, 3, 4, 8 and 16 layers,
-Llama-3.2-1B's gap under checkpointing (8 x 2048) is 3673, 3377, 3081, 2785, 2113 and 8272 MiB (a new segment
-for the logits once the 16 checkpointed hidden states hold the cached blocks). :func:`replay_steady_state`
-replays the run as the H100 measured it -- full depth, the optimizer, two warm-up steps -- and reproduces
-``max_memory_reserved`` of all 8 measured rows within -0.7 % .. -0.2 % (``benchmarks/reserved_replay.py``), at
-12-34 s of tracing per row on a CPU: too slow for the default answer, which keeps the two-group fraction.
+Llama-3.2-1B's gap under checkpointing (8 x 2048) is 3673, 3377, 3081, 2785, 2113 and 8272 MiB: not linear in
+depth, so not extrapolable from two groups. :func:`replay_steady_state` replays the run as the H100 measured
+it -- full depth, the optimizer, two warm-up steps -- and reproduces ``max_memory_reserved`` of all 8 measured
+rows within -0.73 % .. -0.14 % (``benchmarks/reserved_replay.py``), at 23-79 s of tracing per row on a shared
+CPU: too slow for the default answer, which keeps the two-group fraction. :func:`replay_deepened` builds the
+same sequence from the one- and two-group traces (``allocator_deepen``).
 """
 
 from __future__ import annotations
