@@ -55,13 +55,14 @@ def score_row(r: dict[str, Any], env: dict[str, Any], depths: Sequence[int], dee
     """The three reserved numbers of one measured row, with their errors and costs."""
     from fitcheck.core import estimate
     from fitcheck.core.loading import allocator_conf
-    from fitcheck.torch_adapters.allocator_replay import (
+    from fitcheck.torch_adapters import (
         replay_deepened,
         replay_events,
         replay_steady_state,
         replay_step,
+        trace_kwargs,
+        trace_step,
     )
-    from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
 
     row = next(x for x in ROWS if x.name == r["name"])
     measured = int(r["measured"]["max_reserved"])
