@@ -20,7 +20,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fitcheck.torch_adapters.allocator_replay import StepReplay, replay_events, replay_lengths, replay_step
+    from fitcheck.torch_adapters.allocator_replay import (
+        StepReplay,
+        replay_deepened,
+        replay_events,
+        replay_lengths,
+        replay_steady_state,
+        replay_step,
+    )
     from fitcheck.torch_adapters.device_map_check import device_map_findings
     from fitcheck.torch_adapters.device_map_split import multi_gpu_shares
     from fitcheck.torch_adapters.differential import (
@@ -52,6 +59,7 @@ if TYPE_CHECKING:
         components_from_trace,
         trace_components,
         trace_extrapolated,
+        trace_kwargs,
         trace_step,
     )
     from fitcheck.torch_adapters.tracer_build import hf_config, model_class, reduced_config
@@ -77,12 +85,15 @@ _WHERE = {
     "PARAMS": "tracer",
     "components_from_trace": "tracer",
     "trace_extrapolated": "tracer",
+    "trace_kwargs": "tracer",
     "trace_step": "tracer",
     "LiveTensorRecorder": "tracer_recorder",
     "StepReplay": "allocator_replay",
     "replay_events": "allocator_replay",
     "replay_lengths": "allocator_replay",
     "replay_step": "allocator_replay",
+    "replay_deepened": "allocator_replay",
+    "replay_steady_state": "allocator_replay",
     "RegionStats": "tracer_recorder",
     "hf_config": "tracer_build",
     "model_class": "tracer_build",
@@ -135,11 +146,14 @@ __all__ = [
     "multi_gpu_shares",
     "phase_errors",
     "reduced_config",
+    "replay_deepened",
     "replay_events",
     "replay_lengths",
+    "replay_steady_state",
     "replay_step",
     "trace_components",
     "trace_extrapolated",
+    "trace_kwargs",
     "trace_step",
     "unwrap_model",
 ]

@@ -14,7 +14,8 @@ is false (then each rank saves its own partitions: nothing is gathered). Read fr
   distributed/fsdp/_unshard_param_utils.py ``_unshard_params_for_summon``: ``handle.to_cpu()`` moves each
   unsharded unit to the CPU and frees the device copy; ``_state_dict_utils.py`` ``_full_post_state_dict_hook``
   clones every parameter there). Device: the largest FSDP unit's flat parameter, full (the root unit holds the
-  embeddings, final norm and LM head). Host (rank 0): the whole model plus that unit's CPU copy.
+  embeddings, final norm and LM head), beside the gradient shard FSDP1 still holds after ``zero_grad`` under
+  ``use_orig_params`` (``_fsdp1_kept_grads``). Host (rank 0): the whole model plus that unit's CPU copy.
 - **Sharded** (``SHARDED_STATE_DICT``, accelerate ``save_fsdp_model`` with DCP; the plugin's
   ``ShardedStateDictConfig(offload_to_cpu=True)``): each rank writes its own shards; nothing is gathered.
 - **ZeRO-3, 16-bit** (deepspeed 0.19.8 runtime/engine.py ``_zero3_consolidated_16bit_state_dict``): one module's
@@ -141,6 +142,29 @@ def _optimizer_state(spec: TrainingSpec) -> tuple[int, int]:
     return mem.states + mem.managed, max((g.nbytes_each for g in groups), default=0)
 
 
+def _fsdp1_kept_grads(spec: TrainingSpec) -> int:
+    """The sharded gradient FSDP1 still holds on the device when ``save_model`` runs after training.
+
+    With ``use_orig_params=True`` (transformers 5.23 training_args.py: the Trainer's default), ``zero_grad(
+    set_to_none=True)`` clears the original parameters' ``.grad`` only; the flat parameter's ``.grad`` is freed
+    later, by ``_reset_flat_param_grad_info_if_needed`` (torch 2.13 distributed/fsdp/_flat_param.py), which runs
+    in the next pre-forward or state-dict hook. Measured on the H100 (``benchmarks/data/
+    fsdp_gpu_nvidia_h100_80gb_hbm3.json``, FSDP1, Llama-3.2-1B, bf16 mixed precision, one GPU): 19,840,216,064 B
+    allocated after ``train()`` against FSDP2's 14,896,957,952 (4,943,257,600 B more: every trainable parameter in
+    fp32), and ``save_model``'s peak is 20,890,889,216 B = the resident states + those gradients + the fp32
+    embedding unit (1,050,673,152 B), to the byte; after the save they are gone. Without ``use_orig_params`` the
+    optimizer clears the flat gradient itself; with parameter offload it is on the host.
+    """
+    fsdp = spec.sharding.fsdp
+    if fsdp is None or not fsdp.use_orig_params or fsdp.offload_params:
+        return 0
+    sh = spec.sharding
+    group = sh.processes_per_machine if fsdp.sharding_strategy.startswith("HYBRID") else sh.num_processes
+    group = 1 if fsdp.sharding_strategy == "NO_SHARD" else max(group, 1)
+    grads = sum(g.nbytes_each * g.repeat for g in all_trainable(build_layout(spec)))
+    return -(-grads // group)
+
+
 def _sharded_cost(spec: TrainingSpec) -> SaveCost:
     """``SHARDED_STATE_DICT``: each rank's model then optimizer shards copied to its host, nothing gathered."""
     sh = spec.sharding
@@ -182,8 +206,9 @@ def save_cost(spec: TrainingSpec) -> SaveCost | None:
                             "copied to rank 0's host", _largest_param(spec) * elem, whole,
                             optimizer_gather=optim_largest, optimizer_host=optim)
         unit = max(fsdp_unit_params(spec), _root_params(spec)) * elem
-        return SaveCost("FSDP1 FULL_STATE_DICT: one unit unsharded at a time, moved to rank 0's host and cloned; then "
-                        "the optimizer state dict on rank 0's host", unit, whole + unit, optimizer_host=optim)
+        return SaveCost("FSDP1 FULL_STATE_DICT: one unit unsharded at a time, moved to rank 0's host and cloned, "
+                        "beside the gradient FSDP1 keeps after zero_grad; then the optimizer state dict on rank 0's "
+                        "host", unit + _fsdp1_kept_grads(spec), whole + unit, optimizer_host=optim)
     ds = sh.deepspeed
     if sh.strategy is Strategy.DEEPSPEED and ds is not None and ds.stage < 3:
         elem = 2 if spec.precision.mixed_precision is not MixedPrecision.NO else spec.precision.load_dtype.nbytes

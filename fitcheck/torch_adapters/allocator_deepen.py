@@ -1,0 +1,237 @@
+"""A traced step's allocations and frees at full depth, built from its traces at one and two layer groups.
+
+The caching allocator's gap does not scale with depth (``allocator_replay``: Llama-3.2-1B with checkpointing
+leaves 3377 MiB at two layers and 8272 MiB at sixteen), so the replay needs every layer's events; tracing all of
+them takes 12-34 s on a CPU. The events of a deeper stack are those of two layer groups with each group's block
+repeated: :func:`deepen` aligns the one-group trace with the two-group trace (``difflib``: the second group's
+events are insertions, one block per pass over the layers -- forward, checkpoint recompute, backward, optimizer,
+``zero_grad``, in every step), repeats each inserted block, and renames the storages each copy allocates and frees
+so that a block frees its own layer's tensors, takes its input from the block before it in time and leaves its
+output to the block after it. Which layer a block is (forward and parameter order ascend, backward descends)
+follows from the region its allocations were made in, or, for blocks that only free, from the layer of what
+they free. Checked equal, event for event up to storage renaming, to real deeper traces
+(``tests/test_allocator_deepen.py``); where the alignment is not of that shape, :class:`DeepenError`.
+
+Pure Python: no torch import.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Event = tuple[int, int, str]  # (storage serial, +bytes allocated / -bytes freed, region allocated in)
+
+
+class DeepenError(ValueError):
+    """The two traces do not differ by repeated layer blocks: the deeper sequence cannot be built."""
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One inserted block of the two-group trace and its twin (the other group's block of the same pass).
+
+    Attributes:
+        start: Position of the inserted block in the two-group trace.
+        size: Its number of events.
+        twin: Block offset -> position of the twin's event at that offset (signature-aligned; boundary events of the
+            first or last layer may have none).
+        twin_after: Whether the twin comes after the block in time.
+        descending: Whether the pass runs the layers from the last to the first (backward).
+    """
+
+    start: int
+    size: int
+    twin: dict[int, int]
+    twin_after: bool
+    descending: bool
+
+    def layer(self, copy: int | None, depth: int) -> int:
+        """The layer group a copy of this block (None: its twin) stands for in a stack ``depth`` groups deep."""
+        last = depth - 1 if self.twin_after else 0
+        rank = last if copy is None else copy + (0 if self.twin_after else 1)
+        return depth - 1 - rank if self.descending else rank
+
+
+def canonical(events: Sequence[Event]) -> list[Event]:
+    """The events with storages renumbered in order of first appearance (equal sequences up to renaming)."""
+    ids: dict[int, int] = {}
+    return [(ids.setdefault(s, len(ids)), n, tag) for s, n, tag in events]
+
+
+def deepen(one: Sequence[Event], two: Sequence[Event], groups: int) -> list[Event]:
+    """The events of a stack of ``groups`` layer groups, from the traces of one and two groups.
+
+    Args:
+        one: ``alloc_events`` of the trace at one layer group.
+        two: ``alloc_events`` of the same step traced at two layer groups.
+        groups: Layer groups of the stack wanted (>= 2).
+
+    Returns:
+        The deeper trace's events (new serials for the storages of the added groups).
+
+    Raises:
+        DeepenError: The two traces do not differ by repeated blocks.
+    """
+    if groups < 2:
+        raise DeepenError(f"groups must be >= 2, got {groups}")
+    sig = [(n, tag) for _, n, tag in two]
+    ops = difflib.SequenceMatcher(None, [(n, tag) for _, n, tag in one], sig, autojunk=False).get_opcodes()
+    if any(op not in ("equal", "insert") for op, *_ in ops):
+        raise DeepenError("the two-group trace is not the one-group trace with blocks inserted")
+    region: list[str] = []
+    current = "setup"
+    for _, n, tag in two:
+        current = tag if n > 0 else current
+        region.append(current)
+    blocks = [_place(sig, a, b - a, region) for op, _i1, _i2, a, b in ops if op == "insert"]
+    role = _roles(blocks)
+    alloc_at = {s: p for p, (s, n, _t) in enumerate(two) if n > 0}
+    blocks = _free_only_directions(two, blocks, role, alloc_at)
+    return _Builder(two, blocks, role, alloc_at, groups).build()
+
+
+def _place(sig: list[tuple[int, str]], a: int, n: int, region: list[str]) -> _Block:
+    """The inserted block among its equivalent placements whose twin aligns best (an insertion into a run of
+    repeated blocks can be placed at any rotation; the one that lines up with the neighbouring block is the
+    layer's)."""
+    slack = max(4, n // 8)
+    lo = hi = a
+    while lo > 0 and sig[lo - 1] == sig[lo - 1 + n]:
+        lo -= 1
+    while hi + n < len(sig) and sig[hi] == sig[hi + n]:
+        hi += 1
+    best: tuple[int, bool, dict[int, int]] | None = None
+    for start in range(lo, hi + 1):
+        end = start + n
+        for after, (w0, w1) in ((True, (end, min(len(sig), end + n + slack))),
+                                (False, (max(0, start - n - slack), start))):
+            sm = difflib.SequenceMatcher(None, sig[start:end], sig[w0:w1], autojunk=False)
+            pos = {i + t: w0 + j + t for i, j, size in sm.get_matching_blocks() for t in range(size)}
+            if best is None or len(pos) > len(best[2]):
+                best = (start, after, pos)
+    assert best is not None
+    start, after, twin = best
+    return _Block(start, n, twin, after, region[start].startswith("backward"))
+
+
+def _roles(blocks: list[_Block]) -> dict[int, tuple[int, int, bool]]:
+    """Position -> (block index, offset, in the twin) for every event of an inserted block or its twin."""
+    role: dict[int, tuple[int, int, bool]] = {}
+    for k, blk in enumerate(blocks):
+        for o in range(blk.size):
+            for p, in_twin in ((blk.start + o, False), (blk.twin.get(o), True)):
+                if p is None:
+                    continue
+                if role.get(p, (k, o, in_twin)) != (k, o, in_twin):
+                    raise DeepenError(f"event {p} belongs to two blocks")
+                role[p] = (k, o, in_twin)
+    return role
+
+
+def _free_only_directions(two: Sequence[Event], blocks: list[_Block], role: dict[int, tuple[int, int, bool]],
+                          alloc_at: dict[int, int]) -> list[_Block]:
+    """Blocks that only free (``zero_grad``, the end of backward) take their layer from what they free."""
+    out: list[_Block] = []
+    for k, blk in enumerate(blocks):
+        if any(two[blk.start + o][1] > 0 for o in range(blk.size)):
+            out.append(blk)
+            continue
+        votes = []
+        for o in range(blk.size):
+            q = alloc_at.get(two[blk.start + o][0])
+            if q is not None and q in role and role[q][0] < k:
+                kq, _oq, in_twin = role[q]
+                votes.append(out[kq].layer(None if in_twin else 0, 2))
+        if votes:
+            mine = max(set(votes), key=votes.count)
+            blk = _Block(blk.start, blk.size, blk.twin, blk.twin_after, (mine == 1) == blk.twin_after)
+        out.append(blk)
+    return out
+
+
+class _Builder:
+    """Emits the deeper sequence: each inserted block repeated, every free resolved to the right copy."""
+
+    def __init__(self, two: Sequence[Event], blocks: list[_Block], role: dict[int, tuple[int, int, bool]],
+                 alloc_at: dict[int, int], groups: int) -> None:
+        self.two, self.blocks, self.role, self.alloc_at, self.groups = two, blocks, role, alloc_at, groups
+        self.top = max((s for s, _, _ in two), default=0) + 1
+        self.fresh: dict[tuple[int, int, int], int] = {}
+
+    def build(self) -> list[Event]:
+        out: list[Event] = []
+        starts = {blk.start: k for k, blk in enumerate(self.blocks)}
+        p = 0
+        while p < len(self.two):
+            if p in starts:
+                k = starts[p]
+                blk = self.blocks[k]
+                for copy in range(self.groups - 1):
+                    for o in range(blk.size):
+                        out.append(self._emit(blk.start + o, blk.layer(copy, self.groups), copy))
+                p = blk.start + blk.size
+                continue
+            r = self.role.get(p)
+            layer = self.blocks[r[0]].layer(None, self.groups) if r is not None and r[2] else None
+            out.append(self._emit(p, layer, None))
+            p += 1
+        return out
+
+    def _serial(self, k: int, offset: int, copy: int | None) -> int:
+        blk = self.blocks[k]
+        if copy is None:
+            if offset not in blk.twin:
+                raise DeepenError("a freed storage of the twin block has no aligned allocation")
+            return self.two[blk.twin[offset]][0]
+        if copy == 0:
+            return self.two[blk.start + offset][0]
+        key = (k, offset, copy)
+        if key not in self.fresh:
+            self.fresh[key] = self.top
+            self.top += 1
+        return self.fresh[key]
+
+    def _copy_of(self, k: int, layer: int) -> int | None:
+        blk = self.blocks[k]
+        for copy in range(self.groups - 1):
+            if blk.layer(copy, self.groups) == layer:
+                return copy
+        if blk.layer(None, self.groups) == layer:
+            return None
+        raise DeepenError(f"block {k} has no layer {layer}")
+
+    def _two_layer(self, p: int) -> int | None:
+        r = self.role.get(p)
+        return None if r is None else self.blocks[r[0]].layer(None if r[2] else 0, 2)
+
+    def _emit(self, p: int, layer: int | None, copy: int | None) -> Event:
+        s, n, tag = self.two[p]
+        r = self.role.get(p)
+        if n > 0:
+            return (s if r is None else self._serial(r[0], r[1], copy if not r[2] else None), n, tag)
+        q = self.alloc_at.get(s)
+        if r is None or layer is None:  # outside the blocks: the first group's, or the last's
+            if q is None or q not in self.role:
+                return (s, n, tag)
+            kq, oq, _ = self.role[q]
+            return (self._serial(kq, oq, self._copy_of(kq, 0 if self._two_layer(q) == 0 else self.groups - 1)),
+                    n, tag)
+        k, o, in_twin = r
+        other = self.blocks[k].start + o if in_twin else self.blocks[k].twin.get(o)
+        cands = [(q, self._two_layer(p))]
+        if other is not None:
+            cands.append((self.alloc_at.get(self.two[other][0]), self._two_layer(other)))
+        for qq, lb in cands:  # a storage of a layer: the same relative layer as in the two-group trace
+            if qq is not None and qq in self.role and lb is not None:
+                lq = self._two_layer(qq)
+                assert lq is not None
+                target = layer + lq - lb
+                if 0 <= target < self.groups:
+                    kq, oq, _ = self.role[qq]
+                    return (self._serial(kq, oq, self._copy_of(kq, target)), n, tag)
+        for qq, _lb in cands:  # the first or last layer's input or output: outside the stack
+            if qq is None or qq not in self.role:
+                return (self.two[qq][0] if qq is not None else s, n, tag)
+        raise DeepenError(f"the storage freed at event {p} has no layer in the deeper stack")
