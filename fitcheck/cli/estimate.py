@@ -77,6 +77,15 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         help="never trace: answer from the formulas (a not-pinned warning outside the checked envelope)",
     )
     parser.add_argument(
+        "--reserved_replay",
+        "--reserved-replay",
+        dest="reserved_replay",
+        action="store_true",
+        help="replay the whole run (every layer, the optimizer, warm-up steps) through torch's caching allocator "
+        "for the reserved figure (needs torch; seconds to a minute on a laptop CPU); by default the allocator's "
+        "gap is replayed at two layer groups, or a published 11 %%",
+    )
+    parser.add_argument(
         "--mfu", type=_mfu, default=None, metavar="FRACTION",
         help="assumed model FLOPs utilisation for timing, a number in (0, 1] such as 0.4",
     )
@@ -277,8 +286,12 @@ def build_report(
                               "forbids tracing: drop one of them")
         lengths = parse_seq_lengths(str(args.seq_lengths))
         check_seq_lengths(lengths, spec.batch.seq_len)
+    replay_all = bool(getattr(args, "reserved_replay", False))
+    if replay_all and (getattr(args, "no_trace", False) or lengths):
+        raise ConfigError("--reserved_replay traces the whole run for the caching allocator: it cannot be combined "
+                          f"with {'--no_trace' if getattr(args, 'no_trace', False) else '--seq_lengths'}; drop one")
     path = PinnedPath("always" if args.trace else "never" if getattr(args, "no_trace", False) else "auto",
-                      seq_lengths=lengths)
+                      seq_lengths=lengths, reserved_replay=replay_all)
     extra_findings: tuple[Finding, ...] = ()
     if getattr(args, "device_map", None):
         from fitcheck.torch_adapters import device_map_findings

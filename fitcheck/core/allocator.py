@@ -91,7 +91,9 @@ def reserved_risk_findings(spec: TrainingSpec, peak_allocated: int, peak_reserve
             f"measured reserved at {ratio:.3f} x allocated ({where}); at that ratio this run needs "
             f"{format_bytes(at_ratio + outside)} of {format_bytes(budget)}",
             "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch environment (reserved then stays "
-            "within a 20 MiB page of allocated), or leave that much headroom (a smaller micro-batch)",
+            "within a 20 MiB page of allocated), or leave that much headroom (a smaller micro-batch)"
+            + (", or estimate again with --reserved_replay (this run's whole step replayed through the allocator; "
+               "needs torch)" if regime == "gradient checkpointing" else ""),
         ),
     )
 
