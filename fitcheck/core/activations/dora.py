@@ -301,10 +301,16 @@ def dora_recompute_excess(spec: TrainingSpec, dm: DoraMode, moments: dict[str, i
         at_recompute = base + dm.r * sh.hidden_size * bs + transient
     else:
         from fitcheck.core.activations.backward import grads_unmade
+        from fitcheck.core.activations.lora_recompute import layer_grads
 
-        # "top layer" counts the adapters' gradients as made (LoRA: none of a full fine-tune's layer gradients)
+        # "top layer" / "bottom layer" count every adapter gradient as made (their ``missing`` is a full
+        # fine-tune's): at the top layer's recompute none is, at the bottom layer's those of the L - 1 above are
+        # (and their checkpoint inputs are freed): the bottom wins at short sequences (1 x 512 at real width)
         stop, weight_norm = rec
-        at_recompute = base - grads_unmade(spec) + max(stop, weight_norm + transient)
+        unmade = grads_unmade(spec)
+        above = (max(1, sh.num_layers) - 1) * layer_grads(spec)[0] if unmade else 0
+        worst = max(moments["top layer"] - unmade, moments.get("bottom layer", 0) - unmade + above)
+        at_recompute = worst - work + one_layer + max(stop, weight_norm + transient)
     return max(0, at_recompute - chosen)
 
 
