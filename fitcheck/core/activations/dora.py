@@ -358,7 +358,12 @@ def dora_recompute_moments(spec: TrainingSpec, dm: DoraMode) -> tuple[int, int] 
     # down_proj's lora_A / lora_B / recomputed base outputs (counted as saved) and the product: not made yet
     pending = lo * (down.r + 2 * down.o) + 4 * down.o
     eye = (2 if dm.amp else 4) * down.i * down.i
-    stop = tokens * bs + eye + 4 * down.i * down.r + 4 * down.o * down.i
+    # autocast: ``weight.to(x.dtype)``, the fp32 copy of a 16-bit W, stays a local (F.linear saves its 16-bit
+    # cast); ``F.linear``'s 16-bit cast of x (2·i) is alive while it runs, before the product exists (trace
+    # Llama-3.1-8B DoRA bf16 + autocast 8 x 4096: the peak at down_proj's base matmul)
+    local_w = 4 * down.o * down.i if dm.amp and dm.half else 0
+    linear = 2 * down.i - 4 * down.o if dm.amp else 0
+    stop = (tokens + max(0, linear)) * bs + eye + 4 * down.i * down.r + 4 * down.o * down.i + local_w
     return stop, (tokens - pending) * bs
 
 
