@@ -68,7 +68,7 @@ from fitcheck.core.activations.qlora import (
     qlora_formula_applies,
 )
 from fitcheck.core.activations.qlora16 import qlora16_applies, qlora16_backward_working_set
-from fitcheck.core.activations.recipe_gaps import recipe_gap_findings
+from fitcheck.core.activations.recipe_gaps import recipe_gap_findings, sliding_window_findings
 from fitcheck.core.activations.vision import vision_components, vision_findings
 from fitcheck.core.kernels import (
     deepspeed_module_view,
@@ -306,6 +306,7 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     out: list[Finding] = list(lever_findings(spec))
     recent = recipe_gap_findings(spec)  # what each family's recipe was not traced for (recipe_gaps.py)
     out.extend(recent)
+    out.extend(sliding_window_findings(spec))  # the banded mask from the window on (recipe_gaps.py)
     fam = spec.model.shape.family
     traits = spec.model.shape.traits
     if not traits.activations_pinned and not recent:
