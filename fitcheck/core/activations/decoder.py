@@ -22,6 +22,7 @@ from fitcheck.core.activations.backward import BackwardInputs, backward_findings
 from fitcheck.core.activations.cuda import cuda_gap_findings
 from fitcheck.core.activations.dora import (
     DoraMode,
+    RecomputeInputs,
     dora_phases,
     dora_recompute_excess,
     lora_extras_unpinned,
@@ -228,7 +229,14 @@ def _dora_component(spec: TrainingSpec, m: _Mode, kept_layers: int, fwd_logits: 
     dm = DoraMode(m.e, m.r, m.half_model, m.amp)
     fixed, excess = dora_phases(spec, dm, _norm_saved(sh, m, False), kept_layers, fwd_logits)
     bq, head, chosen = bwd
-    during = fixed if kept_layers else dora_recompute_excess(spec, dm, backward_moments(spec, bq, head), chosen)
+    during = fixed
+    if not kept_layers:
+        from fitcheck.core.activations import lora_recompute as lr
+        from fitcheck.core.activations.backward import grads_unmade
+
+        stop = lr.recompute_tokens(spec, m.e, m.r, m.half_model) if lr.dora_recompute_applies(spec) else None
+        rec_in = RecomputeInputs(stop, grads_unmade(spec), lr.layer_grads(spec)[0])
+        during = dora_recompute_excess(spec, dm, backward_moments(spec, bq, head), chosen, rec_in)
     return Component(
         "activations.dora",
         Category.ACTIVATIONS,

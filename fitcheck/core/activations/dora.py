@@ -265,7 +265,25 @@ def lora_extras_unpinned(spec: TrainingSpec, layernorm_family: bool) -> str | No
     return None
 
 
-def dora_recompute_excess(spec: TrainingSpec, dm: DoraMode, moments: dict[str, int], chosen: int) -> int:
+@dataclass(frozen=True)
+class RecomputeInputs:
+    """What ``fitcheck.core.activations.decoder`` derives for DoRA's recompute moments (its other modules).
+
+    Attributes:
+        lora_stop: ``lora_recompute.recompute_tokens`` of the run (bytes per token alive at a LoRA layer's
+            recompute stop besides its saved tensors), None where ``lora_recompute.dora_recompute_applies`` is
+            false.
+        unmade: ``backward.grads_unmade``: gradient bytes not made before the top layer's first one.
+        layer_grad: ``lora_recompute.layer_grads``: one decoder layer's adapter gradient bytes.
+    """
+
+    lora_stop: int | None
+    unmade: int
+    layer_grad: int
+
+
+def dora_recompute_excess(spec: TrainingSpec, dm: DoraMode, moments: dict[str, int], chosen: int,
+                          rec_in: RecomputeInputs) -> int:
     """DoRA's excess, under checkpointing, of the top layer's recompute over the backward moment already counted.
 
     In backward, the checkpointed top layer re-runs its forward with gradients enabled, so ``get_weight_norm``
@@ -282,6 +300,7 @@ def dora_recompute_excess(spec: TrainingSpec, dm: DoraMode, moments: dict[str, i
         dm: How the model runs.
         moments: ``fitcheck.core.activations.backward.backward_moments`` of the run.
         chosen: The backward bytes ``activations.saved`` already counts (its worst moment, besides gradients).
+        rec_in: The LoRA recompute quantities of the run.
 
     Returns:
         Bytes to add during backward (0 when the recompute is not the worst moment).
@@ -296,25 +315,22 @@ def dora_recompute_excess(spec: TrainingSpec, dm: DoraMode, moments: dict[str, i
     one_layer = dora_fixed(spec, dm.half, dm.amp, max(1, sh.num_layers)) // max(1, sh.num_layers)
     transient, _ = dora_transient(spec, dm.half, dm.amp, ckpt=False)
     base = moments["top layer"] - work + one_layer
-    rec = dora_recompute_moments(spec, dm)
+    rec = dora_recompute_moments(spec, dm, rec_in.lora_stop)
     if rec is None:
         at_recompute = base + dm.r * sh.hidden_size * bs + transient
     else:
-        from fitcheck.core.activations.backward import grads_unmade
-        from fitcheck.core.activations.lora_recompute import layer_grads
-
         # "top layer" / "bottom layer" count every adapter gradient as made (their ``missing`` is a full
         # fine-tune's): at the top layer's recompute none is, at the bottom layer's those of the L - 1 above are
         # (and their checkpoint inputs are freed): the bottom wins at short sequences (1 x 512 at real width)
         stop, weight_norm = rec
-        unmade = grads_unmade(spec)
-        above = (max(1, sh.num_layers) - 1) * layer_grads(spec)[0] if unmade else 0
+        unmade = rec_in.unmade
+        above = (max(1, sh.num_layers) - 1) * rec_in.layer_grad if unmade else 0
         worst = max(moments["top layer"] - unmade, moments.get("bottom layer", 0) - unmade + above)
         at_recompute = worst - work + one_layer + max(stop, weight_norm + transient)
     return max(0, at_recompute - chosen)
 
 
-def dora_recompute_moments(spec: TrainingSpec, dm: DoraMode) -> tuple[int, int] | None:
+def dora_recompute_moments(spec: TrainingSpec, dm: DoraMode, lora_stop: int | None) -> tuple[int, int] | None:
     """The top recomputed layer's two DoRA moments beyond its saved tensors (Llama layer, LoRA dropout on).
 
     peft 0.21.2 ``DoraLinearVariant.forward`` (tuners/lora/variants.py) with dropout runs
@@ -338,15 +354,14 @@ def dora_recompute_moments(spec: TrainingSpec, dm: DoraMode) -> tuple[int, int] 
     Args:
         spec: The training spec.
         dm: How the model runs.
+        lora_stop: ``lora_recompute.recompute_tokens`` of the run; None where the layer was not traced so.
 
     Returns:
         (bytes at the stop, bytes at the weight norm less its weight transient) beyond the layer's saved
         tensors, residual-stream gradient included; None where the layer or recipe was not traced so.
     """
-    from fitcheck.core.activations.lora_recompute import dora_recompute_applies, recompute_tokens
-
     lora = spec.lora
-    if lora is None or lora.dropout == 0 or not dora_recompute_applies(spec):
+    if lora is None or lora.dropout == 0 or lora_stop is None:
         return None
     sh = spec.model.shape
     down = next((w for w in _wrapped(spec) if w.i == sh.intermediate_size and w.o == sh.hidden_size), None)
@@ -354,7 +369,7 @@ def dora_recompute_moments(spec: TrainingSpec, dm: DoraMode) -> tuple[int, int] 
         return None
     bs = spec.batch.micro_batch * spec.batch.seq_len
     lo = 2 if dm.amp else 4
-    tokens = recompute_tokens(spec, dm.e, dm.r, dm.half) + _dora_in_flight(dm, down.o) + 4 * down.o
+    tokens = lora_stop + _dora_in_flight(dm, down.o) + 4 * down.o
     # down_proj's lora_A / lora_B / recomputed base outputs (counted as saved) and the product: not made yet
     pending = lo * (down.r + 2 * down.o) + 4 * down.o
     eye = (2 if dm.amp else 4) * down.i * down.i

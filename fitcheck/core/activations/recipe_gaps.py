@@ -21,12 +21,6 @@ from __future__ import annotations
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import AttnImpl, TrainingSpec
 
-# Families whose transformers 5.23 model builds every layer's mask with ``create_sliding_window_causal_mask`` when
-# the config sets a window (modeling_mistral.py / modeling_mixtral.py / modeling_phi3.py / modeling_qwen3_moe.py
-# ``mask_function``; Qwen2 / Qwen2-MoE on their ``sliding_attention`` layers): the readers set
-# ``ModelShape.sliding_window`` only then (Qwen2: ``use_sliding_window``).
-_SLIDING_MASK_FAMILIES = frozenset({"mistral", "mixtral", "phi3", "qwen2", "qwen2_moe", "qwen3_moe"})
-
 
 def recipe_gap_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """Warnings for the families (or modes) whose activations the formula does not match.
@@ -90,7 +84,7 @@ def sliding_window_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """
     sh = spec.model.shape
     window = sh.sliding_window
-    if window is None or sh.family not in _SLIDING_MASK_FAMILIES or spec.batch.seq_len < window:
+    if window is None or not sh.traits.banded_sliding_mask or spec.batch.seq_len < window:
         return ()
     if spec.activations.attn_implementation is not AttnImpl.SDPA or sh.traits.eager_only:
         return ()
