@@ -372,14 +372,18 @@ def dora_recompute_moments(spec: TrainingSpec, dm: DoraMode, lora_stop: int | No
     tokens = lora_stop + _dora_in_flight(dm, down.o) + 4 * down.o
     # down_proj's lora_A / lora_B / recomputed base outputs (counted as saved) and the product: not made yet
     pending = lo * (down.r + 2 * down.o) + 4 * down.o
+    pending += 2 * down.i if dm.amp else 0  # autocast: lora_A's 16-bit input cast (saved) comes after the norm
     eye = (2 if dm.amp else 4) * down.i * down.i
     # autocast: ``weight.to(x.dtype)``, the fp32 copy of a 16-bit W, stays a local (F.linear saves its 16-bit
     # cast); ``F.linear``'s 16-bit cast of x (2·i) is alive while it runs, before the product exists (trace
     # Llama-3.1-8B DoRA bf16 + autocast 8 x 4096: the peak at down_proj's base matmul)
     local_w = 4 * down.o * down.i if dm.amp and dm.half else 0
     linear = 2 * down.i - 4 * down.o if dm.amp else 0
+    # an fp32 model under autocast: the base down_proj's 16-bit weight cast, saved by its matmul, is alive from
+    # ``base_layer(x)`` on (the "top layer" moment counts it freed, ``backward.backward_moments`` cast_down)
+    cast_down = 2 * down.o * down.i if dm.amp and not dm.half else 0
     stop = (tokens + max(0, linear)) * bs + eye + 4 * down.i * down.r + 4 * down.o * down.i + local_w
-    return stop, (tokens - pending) * bs
+    return stop + cast_down, (tokens - pending) * bs + cast_down
 
 
 def _dora_in_flight(dm: DoraMode, o: int) -> int:
