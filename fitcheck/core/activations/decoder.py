@@ -145,9 +145,11 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     head = 0 if runs_fused_head(spec.trainer.kind, spec.activations.loss) else _head_backward_logits(spec, m)
     recompute, moment = backward_transient(spec, bq, head)
     if n_ckpt and (qlora_formula_applies(spec) or qlora16_applies(spec)) and not lora_recompute_applies(spec):
-        # peak in the first recomputed layer: every checkpoint still held (qlora.py; 16-bit working set: qlora16.py)
+        # peak in the first recomputed layer: every checkpoint still held (qlora.py; 16-bit working set: qlora16.py),
+        # unless the LM head's backward is worse (k-bit prep's fp32 head: autocast's saved 16-bit cast of it)
         ws = qlora_backward_working_set(spec) if qlora_formula_applies(spec) else qlora16_backward_working_set(spec)
-        end, recompute, moment = kept, layer + scores + ws * b * s, "first recomputed layer"
+        if moment != "head" or kept + layer + scores + ws * b * s >= end + recompute:
+            end, recompute, moment = kept, layer + scores + ws * b * s, "first recomputed layer"
     elif n_ckpt and int8_formula_applies(spec) and moment != "embedding":
         # 8-bit: the QLoRA rule (its MLP backward runs the same fp32 input gradient) on the recomputed layer
         # without its ctx.A-only inputs; every checkpoint and ctx.A still held (differential check, int8 cells)
