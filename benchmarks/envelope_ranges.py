@@ -55,9 +55,19 @@ PRIORITY_PRECISIONS = ("bf16", "bf16amp", "autocast", "fp32")
 
 
 def sequences(config: dict[str, Any]) -> tuple[int, ...]:
-    """3 sequence lengths up to the longest the model allows (32k when it allows that much)."""
+    """3 sequence lengths up to the longest the model allows (32k when it allows that much).
+
+    A Mistral-style sliding window (``sliding_window`` on a family that bands every layer's mask, not switched
+    off by ``use_sliding_window``) is checked
+    below the window only: from the window on the estimate says it is not modelled and is never pinned
+    (``core/activations/recipe_gaps.py`` ``sliding_window_findings``)."""
     longest = int(config.get("max_position_embeddings") or config.get("n_positions") or 2048)
     top = min(longest, 32768)
+    window = config.get("sliding_window")
+    banded = config.get("model_type") in ("mistral", "mixtral", "phi3", "qwen2", "qwen2_moe", "qwen3_moe")
+    if banded and isinstance(window, int) and config.get("use_sliding_window", True) is not False:
+        top = min(top, window - 1)
+        return (512, max(1024, top // 4), top)
     return (512, max(1024, top // 8), top)
 
 

@@ -37,7 +37,7 @@ def mistral(cfg: ConfigView) -> Inventory:
 def traits(cfg: ConfigView, base: FamilyTraits) -> FamilyTraits:
     """Mistral's traits: Llama's recipe, traced in every mode."""
     return replace(base, activations_pinned=True, backward_pinned=True, kbit_pinned=True, liger_patched=True,
-                   tp_plan=ATTN_MLP)
+                   banded_sliding_mask=True, tp_plan=ATTN_MLP)
 
 
 FAMILY = Family("mistral", traits, mistral)

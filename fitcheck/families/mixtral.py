@@ -90,7 +90,7 @@ def mixtral(cfg: ConfigView) -> Inventory:
 def traits(cfg: ConfigView, base: FamilyTraits) -> FamilyTraits:
     """Mixtral's traits: fused experts with a softmax router, traced for the layer recipe."""
     return replace(base, moe=MoeLayout.FUSED_EXPERTS, v4_linear_experts=True, activations_pinned=True,
-                   liger_patched=True, tp_plan=ATTN_ONLY + MOE_EXPERTS)
+                   banded_sliding_mask=True, liger_patched=True, tp_plan=ATTN_ONLY + MOE_EXPERTS)
 
 
 FAMILY = Family("mixtral", traits, mixtral)

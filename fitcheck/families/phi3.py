@@ -64,7 +64,7 @@ _TP_PLAN = (
 def traits(cfg: ConfigView, base: FamilyTraits) -> FamilyTraits:
     """Phi-3's traits: fused projections, traced for the layer recipe and the backward working set."""
     return replace(base, fused_projections=True, activations_pinned=True, backward_pinned=True, liger_patched=True,
-                   tp_plan=_TP_PLAN)
+                   banded_sliding_mask=True, tp_plan=_TP_PLAN)
 
 
 FAMILY = Family("phi3", traits, phi3)

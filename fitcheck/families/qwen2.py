@@ -37,7 +37,7 @@ def qwen2(cfg: ConfigView) -> Inventory:
 def traits(cfg: ConfigView, base: FamilyTraits) -> FamilyTraits:
     """Qwen2's traits: Llama's recipe, traced in every mode."""
     return replace(base, activations_pinned=True, backward_pinned=True, kbit_pinned=True, liger_patched=True,
-                   tp_plan=ATTN_MLP)
+                   banded_sliding_mask=True, tp_plan=ATTN_MLP)
 
 
 FAMILY = Family("qwen2", traits, qwen2)

@@ -64,13 +64,14 @@ def qwen3_moe_traits(cfg: ConfigView, base: FamilyTraits) -> FamilyTraits:
     """Qwen3-MoE's traits."""
     why = "Qwen3-MoE under LoRA with checkpointing or freezing (peft's merged expert stacks per layer)"
     return replace(base, qk_norm=QkNorm.PER_HEAD, moe=MoeLayout.FUSED_EXPERTS, activations_pinned=True,
-                   moe_backward_traced=True, gaps=RecipeGaps(lora_ckpt_or_freeze=why),
+                   banded_sliding_mask=True, moe_backward_traced=True, gaps=RecipeGaps(lora_ckpt_or_freeze=why),
                    tp_plan=ATTN_ONLY + QK_NORM + MOE_EXPERTS + MLP)
 
 
 def qwen2_moe_traits(cfg: ConfigView, base: FamilyTraits) -> FamilyTraits:
     """Qwen2-MoE's traits (meta-device inventory; the Llama-style recipe, not pinned)."""
-    return replace(base, moe=MoeLayout.FUSED_EXPERTS, tp_plan=ATTN_ONLY + MOE_EXPERTS + MLP)
+    return replace(base, banded_sliding_mask=True, moe=MoeLayout.FUSED_EXPERTS,
+                   tp_plan=ATTN_ONLY + MOE_EXPERTS + MLP)
 
 
 FAMILIES = (Family("qwen3_moe", qwen3_moe_traits, qwen3_moe), Family("qwen2_moe", qwen2_moe_traits))

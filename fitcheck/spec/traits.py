@@ -193,6 +193,9 @@ class FamilyTraits:
         classifier_dropout: The dropout before a classifier head.
         logit_softcapping: The LM head's logits are soft-capped (``final_logit_softcapping``).
         eager_mask_kinds: Distinct 4-D causal masks every layer's arguments hold (gpt-oss: full and sliding).
+        banded_sliding_mask: With ``ModelShape.sliding_window`` set, transformers builds the layers' masks with
+            ``create_sliding_window_causal_mask`` (Mistral, Mixtral, Phi-3, Qwen2, Qwen-MoE): from the window on,
+            SDPA runs with a materialised banded mask (``core/activations/recipe_gaps.py``).
         config_num_labels: ``num_labels`` of config.json (1 when absent).
         mla: Latent-attention widths (DeepSeek-V3), else None.
         vision: The vision tower's widths when config.json has a ``vision_config``, else None.
@@ -226,6 +229,7 @@ class FamilyTraits:
     classifier_dropout: float = 0.1
     logit_softcapping: bool = False
     eager_mask_kinds: int = 1
+    banded_sliding_mask: bool = False
     config_num_labels: int = 1
     mla: MlaConfig | None = None
     vision: VisionConfig | None = None

@@ -283,6 +283,12 @@ def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:
     return max(_all_grads(spec) - (own if top_trained else 0), 0)
 
 
+def grads_unmade(spec: TrainingSpec) -> int:
+    """Gradient bytes not made yet before the top layer's first gradient (every one; 0 with accumulation, when
+    last micro-step's exist): what a top-layer recompute moment subtracts from ``model_states``' gradients."""
+    return 0 if spec.batch.grad_accum > 1 else _all_grads(spec)
+
+
 def _all_grads(spec: TrainingSpec) -> int:
     g_head, g_emb = _head_and_embedding(spec)
     if spec.lora is not None or spec.freeze is not None:

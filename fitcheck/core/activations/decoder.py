@@ -22,6 +22,7 @@ from fitcheck.core.activations.backward import BackwardInputs, backward_findings
 from fitcheck.core.activations.cuda import cuda_gap_findings
 from fitcheck.core.activations.dora import (
     DoraMode,
+    RecomputeInputs,
     dora_phases,
     dora_recompute_excess,
     lora_extras_unpinned,
@@ -68,7 +69,7 @@ from fitcheck.core.activations.qlora import (
     qlora_formula_applies,
 )
 from fitcheck.core.activations.qlora16 import qlora16_applies, qlora16_backward_working_set
-from fitcheck.core.activations.recipe_gaps import recipe_gap_findings
+from fitcheck.core.activations.recipe_gaps import recipe_gap_findings, sliding_window_findings
 from fitcheck.core.activations.vision import vision_components, vision_findings
 from fitcheck.core.kernels import (
     deepspeed_module_view,
@@ -144,9 +145,11 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     head = 0 if runs_fused_head(spec.trainer.kind, spec.activations.loss) else _head_backward_logits(spec, m)
     recompute, moment = backward_transient(spec, bq, head)
     if n_ckpt and (qlora_formula_applies(spec) or qlora16_applies(spec)) and not lora_recompute_applies(spec):
-        # peak in the first recomputed layer: every checkpoint still held (qlora.py; 16-bit working set: qlora16.py)
+        # peak in the first recomputed layer: every checkpoint still held (qlora.py; 16-bit working set: qlora16.py),
+        # unless the LM head's backward is worse (k-bit prep's fp32 head: autocast's saved 16-bit cast of it)
         ws = qlora_backward_working_set(spec) if qlora_formula_applies(spec) else qlora16_backward_working_set(spec)
-        end, recompute, moment = kept, layer + scores + ws * b * s, "first recomputed layer"
+        if moment != "head" or kept + layer + scores + ws * b * s >= end + recompute:
+            end, recompute, moment = kept, layer + scores + ws * b * s, "first recomputed layer"
     elif n_ckpt and int8_formula_applies(spec) and moment != "embedding":
         # 8-bit: the QLoRA rule (its MLP backward runs the same fp32 input gradient) on the recomputed layer
         # without its ctx.A-only inputs; every checkpoint and ctx.A still held (differential check, int8 cells)
@@ -228,7 +231,14 @@ def _dora_component(spec: TrainingSpec, m: _Mode, kept_layers: int, fwd_logits: 
     dm = DoraMode(m.e, m.r, m.half_model, m.amp)
     fixed, excess = dora_phases(spec, dm, _norm_saved(sh, m, False), kept_layers, fwd_logits)
     bq, head, chosen = bwd
-    during = fixed if kept_layers else dora_recompute_excess(spec, dm, backward_moments(spec, bq, head), chosen)
+    during = fixed
+    if not kept_layers:
+        from fitcheck.core.activations import lora_recompute as lr
+        from fitcheck.core.activations.backward import grads_unmade
+
+        stop = lr.recompute_tokens(spec, m.e, m.r, m.half_model) if lr.dora_recompute_applies(spec) else None
+        rec_in = RecomputeInputs(stop, grads_unmade(spec), lr.layer_grads(spec)[0])
+        during = dora_recompute_excess(spec, dm, backward_moments(spec, bq, head), chosen, rec_in)
     return Component(
         "activations.dora",
         Category.ACTIVATIONS,
@@ -306,6 +316,7 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     out: list[Finding] = list(lever_findings(spec))
     recent = recipe_gap_findings(spec)  # what each family's recipe was not traced for (recipe_gaps.py)
     out.extend(recent)
+    out.extend(sliding_window_findings(spec))  # the banded mask from the window on (recipe_gaps.py)
     fam = spec.model.shape.family
     traits = spec.model.shape.traits
     if not traits.activations_pinned and not recent:

@@ -265,20 +265,42 @@ def lora_extras_unpinned(spec: TrainingSpec, layernorm_family: bool) -> str | No
     return None
 
 
-def dora_recompute_excess(spec: TrainingSpec, dm: DoraMode, moments: dict[str, int], chosen: int) -> int:
+@dataclass(frozen=True)
+class RecomputeInputs:
+    """What ``fitcheck.core.activations.decoder`` derives for DoRA's recompute moments (its other modules).
+
+    Attributes:
+        lora_stop: ``lora_recompute.recompute_tokens`` of the run (bytes per token alive at a LoRA layer's
+            recompute stop besides its saved tensors), None where ``lora_recompute.dora_recompute_applies`` is
+            false.
+        unmade: ``backward.grads_unmade``: gradient bytes not made before the top layer's first one.
+        layer_grad: ``lora_recompute.layer_grads``: one decoder layer's adapter gradient bytes.
+    """
+
+    lora_stop: int | None
+    unmade: int
+    layer_grad: int
+
+
+def dora_recompute_excess(spec: TrainingSpec, dm: DoraMode, moments: dict[str, int], chosen: int,
+                          rec_in: RecomputeInputs) -> int:
     """DoRA's excess, under checkpointing, of the top layer's recompute over the backward moment already counted.
 
     In backward, the checkpointed top layer re-runs its forward with gradients enabled, so ``get_weight_norm``
     of its largest module (down_proj) runs as in an uncheckpointed forward: ``lora_A`` saves ``eye(i)`` while the
     LoRA weight lives, and the layer's earlier modules already hold their norm vectors and weight copies
     (trace "llama dora ckpt", backward peak at down_proj's ``add`` of W + s·ΔW). The MLP backward working set
-    of the top-layer moment does not exist yet; the residual-stream gradient flowing into the layer does.
+    of the top-layer moment does not exist yet; the gradients in flight into the layer do.
+
+    On the Llama layer with LoRA dropout (:func:`dora_recompute_moments`) the recompute's two moments are
+    counted with the layer's locals; elsewhere the weight-norm moment with the residual-stream gradient only.
 
     Args:
         spec: The training spec (DoRA under checkpointing).
         dm: How the model runs.
         moments: ``fitcheck.core.activations.backward.backward_moments`` of the run.
         chosen: The backward bytes ``activations.saved`` already counts (its worst moment, besides gradients).
+        rec_in: The LoRA recompute quantities of the run.
 
     Returns:
         Bytes to add during backward (0 when the recompute is not the worst moment).
@@ -292,5 +314,88 @@ def dora_recompute_excess(spec: TrainingSpec, dm: DoraMode, moments: dict[str, i
     work = (2 * dm.e * sh.intermediate_size * bs if gated else 0) + dm.r * sh.hidden_size * bs
     one_layer = dora_fixed(spec, dm.half, dm.amp, max(1, sh.num_layers)) // max(1, sh.num_layers)
     transient, _ = dora_transient(spec, dm.half, dm.amp, ckpt=False)
-    at_recompute = moments["top layer"] - work + dm.r * sh.hidden_size * bs + one_layer + transient
+    base = moments["top layer"] - work + one_layer
+    rec = dora_recompute_moments(spec, dm, rec_in.lora_stop)
+    if rec is None:
+        at_recompute = base + dm.r * sh.hidden_size * bs + transient
+    else:
+        # "top layer" / "bottom layer" count every adapter gradient as made (their ``missing`` is a full
+        # fine-tune's): at the top layer's recompute none is, at the bottom layer's those of the L - 1 above are
+        # (and their checkpoint inputs are freed): the bottom wins at short sequences (1 x 512 at real width)
+        stop, weight_norm = rec
+        unmade = rec_in.unmade
+        above = (max(1, sh.num_layers) - 1) * rec_in.layer_grad if unmade else 0
+        worst = max(moments["top layer"] - unmade, moments.get("bottom layer", 0) - unmade + above)
+        at_recompute = worst - work + one_layer + max(stop, weight_norm + transient)
     return max(0, at_recompute - chosen)
+
+
+def dora_recompute_moments(spec: TrainingSpec, dm: DoraMode, lora_stop: int | None) -> tuple[int, int] | None:
+    """The top recomputed layer's two DoRA moments beyond its saved tensors (Llama layer, LoRA dropout on).
+
+    peft 0.21.2 ``DoraLinearVariant.forward`` (tuners/lora/variants.py) with dropout runs
+    ``DoraLinearLayer.forward`` (tuners/lora/dora.py) on the dropped fp32 input: ``lora_weight =
+    lora_B(lora_A(eye(i))).T`` (``lora_A`` saves ``eye`` in a recompute, which runs with gradients on),
+    ``get_weight_norm`` (W + s·ΔW and its norm), ``lora_result = lora_B(lora_A(x))``, ``base_result =
+    F.linear(x, W)``, then ``(m/‖·‖ - 1) * base_result``: the last tensor the layer saves is packed there and the
+    recompute stops (torch 2.13 ``utils/checkpoint.py`` early stop). Fake-tensor trace of Llama-3.1-8B DoRA bf16
+    at 8 x 4096, top layer's recompute, every live storage listed: besides the layer's saved tensors and
+    norm vectors / weight copies, 43·h bytes per token and down_proj's ``eye`` (4·I²), ``lora_A(eye)`` and its
+    LoRA weight (4·h·I) are alive:
+
+    - LoRA's recompute-stop locals and gradients in flight (``lora_recompute.recompute_tokens``: 35·h);
+    - the gradients in flight differ from LoRA's (:func:`_dora_in_flight`: +4·h here);
+    - the ``(m/‖·‖ - 1) * base_result`` product at the stop (fp32: the magnitude is an fp32 parameter, and a
+      product with it promotes a 16-bit operand, autocast or not: 4·h).
+
+    The weight-norm moment (``get_weight_norm``'s ``add``) comes before down_proj's ``lora_A`` / ``lora_B`` /
+    ``F.linear`` outputs and the product exist; its weight transient is :func:`dora_transient`'s.
+
+    Args:
+        spec: The training spec.
+        dm: How the model runs.
+        lora_stop: ``lora_recompute.recompute_tokens`` of the run; None where the layer was not traced so.
+
+    Returns:
+        (bytes at the stop, bytes at the weight norm less its weight transient) beyond the layer's saved
+        tensors, residual-stream gradient included; None where the layer or recipe was not traced so.
+    """
+    lora = spec.lora
+    if lora is None or lora.dropout == 0 or lora_stop is None:
+        return None
+    sh = spec.model.shape
+    down = next((w for w in _wrapped(spec) if w.i == sh.intermediate_size and w.o == sh.hidden_size), None)
+    if down is None:
+        return None
+    bs = spec.batch.micro_batch * spec.batch.seq_len
+    lo = 2 if dm.amp else 4
+    tokens = lora_stop + _dora_in_flight(dm, down.o) + 4 * down.o
+    # down_proj's lora_A / lora_B / recomputed base outputs (counted as saved) and the product: not made yet
+    pending = lo * (down.r + 2 * down.o) + 4 * down.o
+    pending += 2 * down.i if dm.amp else 0  # autocast: lora_A's 16-bit input cast (saved) comes after the norm
+    eye = (2 if dm.amp else 4) * down.i * down.i
+    # autocast: ``weight.to(x.dtype)``, the fp32 copy of a 16-bit W, stays a local (F.linear saves its 16-bit
+    # cast); ``F.linear``'s 16-bit cast of x (2·i) is alive while it runs, before the product exists (trace
+    # Llama-3.1-8B DoRA bf16 + autocast 8 x 4096: the peak at down_proj's base matmul)
+    local_w = 4 * down.o * down.i if dm.amp and dm.half else 0
+    linear = 2 * down.i - 4 * down.o if dm.amp else 0
+    # an fp32 model under autocast: the base down_proj's 16-bit weight cast, saved by its matmul, is alive from
+    # ``base_layer(x)`` on (the "top layer" moment counts it freed, ``backward.backward_moments`` cast_down)
+    cast_down = 2 * down.o * down.i if dm.amp and not dm.half else 0
+    stop = (tokens + max(0, linear)) * bs + eye + 4 * down.i * down.r + 4 * down.o * down.i + local_w
+    return stop + cast_down, (tokens - pending) * bs + cast_down
+
+
+def _dora_in_flight(dm: DoraMode, o: int) -> int:
+    """Bytes per token of gradients in flight at the recompute's stop, beyond LoRA's (``lora_recompute``).
+
+    ``result + result_dora`` adds the fp32 DoRA term to a 16-bit base output (a 16-bit model, or autocast): the
+    layer output's gradient is cast to fp32 (``.to(torch_result_dtype)``'s backward, 4·o) and kept for the
+    ``(m/‖·‖ - 1) * base_result`` branch, the base output gets its 16-bit cast (e·o), and ``* scaling``'s
+    backward makes the fp32 gradient of ``mag_norm_scale * lora_result`` (4·o). LoRA's own counts the cast
+    (not under autocast: its 16-bit LoRA branch adds without promotion) and ``* scaling``'s gradient (2·o under
+    autocast). An fp32 model makes no cast.
+    """
+    dora = (4 + dm.e) * o if dm.e == 2 else 0
+    lora = (dm.e * o if dm.e == 2 and not dm.amp else 0) + (2 if dm.amp else 4) * o
+    return dora + 4 * o - lora

@@ -52,10 +52,23 @@ def _targets(spec: TrainingSpec) -> frozenset[str]:
 def lora_recompute_applies(spec: TrainingSpec) -> bool:
     """Plain LoRA (no quantized base, no DoRA) on a Llama-style pre-norm RMSNorm decoder with a gated MLP whose
     down_proj is wrapped, every layer checkpointed: the layers this module's moments were traced on."""
+    lora = spec.lora
+    return (lora is not None and (spec.quant is None or _kbit_fp32(spec)) and not lora.use_dora
+            and _recomputed_layer_traced(spec))
+
+
+def dora_recompute_applies(spec: TrainingSpec) -> bool:
+    """DoRA on a 16-bit or fp32 base, on the layer :func:`lora_recompute_applies` was traced on
+    (``fitcheck.core.activations.dora.dora_recompute_moments``)."""
+    lora = spec.lora
+    return lora is not None and spec.quant is None and lora.use_dora and _recomputed_layer_traced(spec)
+
+
+def _recomputed_layer_traced(spec: TrainingSpec) -> bool:
     sh, lora, act = spec.model.shape, spec.lora, spec.activations
     t = sh.traits
     return (
-        lora is not None and (spec.quant is None or _kbit_fp32(spec)) and not lora.use_dora and spec.freeze is None
+        lora is not None and spec.freeze is None
         and act.checkpointing and act.checkpoint_every_n_layers == 1
         and t.recipe is LayerRecipe.DECODER and t.norm_kind is NormKind.RMS and t.norm_placement is NormPlacement.PRE
         and not t.fused_projections and not sh.num_experts and t.vision is None and t.dropout.hidden == 0
