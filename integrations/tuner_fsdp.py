@@ -116,7 +116,7 @@ def _reset_fsdp1_after_error(model: Any) -> bool:
     states = FullyShardedDataParallel.fsdp_modules(model)
     if not states or not getattr(states[0], "_is_root", False):
         return False
-    root = states[0]
+    root: Any = states[0]  # torch's private FSDP1 state attributes are not in its type stubs
     busy = bool(getattr(root, "_post_backward_callback_queued", False)) or any(
         s.training_state != TrainingState.IDLE for s in root._all_fsdp_states)
     if not busy:
@@ -124,10 +124,10 @@ def _reset_fsdp1_after_error(model: Any) -> bool:
     for state in root._all_fsdp_states:
         _catch_all_reshard(state)
         state.training_state = TrainingState.IDLE
-        handle = state._handle
+        handle: Any = state._handle
         if handle is None:
             continue
-        flat = handle.flat_param
+        flat: Any = handle.flat_param
         hooks = getattr(flat, "_post_backward_hook_state", None)
         if hooks:
             hooks[-1].remove()
@@ -161,10 +161,10 @@ class FsdpTrialSession(EngineTrialSession):  # type: ignore[misc]  # fitcheck.in
         return super()._prepare(micro, grad_accum)
 
     def __enter__(self) -> FsdpTrialSession:
-        session = super().__enter__()
+        super().__enter__()
         if hasattr(self.trainer, "_set_signature_columns_if_needed"):
             self.trainer._set_signature_columns_if_needed()  # from the unwrapped model: see FSDP1 above
-        return session
+        return self
 
     def __exit__(self, *exc: object) -> None:
         reset_after_error(self.trainer.model)
