@@ -130,6 +130,17 @@ def divisors(n: int) -> list[int]:
     return [m for m in range(1, n + 1) if n % m == 0]
 
 
+def _zero_stage(trainer: Any) -> int | None:
+    """The DeepSpeed ZeRO stage of a DeepSpeed Trainer's config (None without DeepSpeed)."""
+    from fitcheck.integrations.tuner_batch import deepspeed_configs
+
+    for config in deepspeed_configs(trainer):
+        stage = (config.get("zero_optimization") or {}).get("stage")
+        if isinstance(stage, int):
+            return stage
+    return None
+
+
 def _predicted_index(spec: Any, sizes: list[int], per_gpu: int) -> tuple[int, list[Any]]:
     """1-based index of the largest size whose estimate (at its own accumulation) fits; 1 when none does."""
     from fitcheck.advice import with_micro_batch
@@ -178,12 +189,12 @@ def tune_micro_batch(
         The size set and every trial.
 
     Raises:
-        TuningError: Nothing fits (even micro-batch 1), or a GRPOTrainer runs under DeepSpeed or FSDP.
+        TuningError: Nothing fits (even micro-batch 1), or a GRPOTrainer runs under FSDP or ZeRO-3.
     """
     from fitcheck.integrations.trainer_estimate import trainer_spec
     from fitcheck.integrations.tuner_engine import EngineTrialSession, is_deepspeed_trainer
     from fitcheck.integrations.tuner_fsdp import FsdpTrialSession, fsdp_version
-    from fitcheck.integrations.tuner_grpo import GRPOTrialSession, is_grpo_trainer
+    from fitcheck.integrations.tuner_grpo import GRPOEngineTrialSession, GRPOTrialSession, is_grpo_trainer
     from fitcheck.integrations.tuner_trial import TrialSession, all_ranks_min, all_ranks_ok
 
     from fitcheck.core.trainers import grpo_batch_error
@@ -201,10 +212,11 @@ def tune_micro_batch(
     sizes = divisors(per_gpu)
     grpo = is_grpo_trainer(trainer)
     if grpo:
-        if is_deepspeed_trainer(trainer) or fsdp_version(trainer):
-            raise TuningError("tune_micro_batch: GRPOTrainer trials under DeepSpeed or FSDP are not built (the "
-                              "generation runs on gathered weights); pick the micro-batch with `fitcheck "
-                              "estimate` and set it with fitcheck.integrations.tuner.set_trainer_micro_batch")
+        if fsdp_version(trainer) or _zero_stage(trainer) == 3:
+            raise TuningError("tune_micro_batch: GRPOTrainer trials under FSDP or DeepSpeed ZeRO-3 are not built "
+                              "(the generation runs on gathered weights; ZeRO-1/2 trials are); pick the "
+                              "micro-batch with `fitcheck estimate` and set it with "
+                              "fitcheck.integrations.tuner.set_trainer_micro_batch(trainer, m)")
         sizes = [m for m in sizes if grpo_batch_error(spec, m) is None]  # GRPOConfig's rule (core/trainers)
     start, reports = _predicted_index(spec, sizes, per_gpu)
     start = all_ranks_min(start, getattr(args, "device", None))  # every rank starts where the tightest predicts
@@ -241,7 +253,8 @@ def tune_micro_batch(
             raise torch.OutOfMemoryError(trials[-1].error)
 
     session_type: type[TrialSession] | type[EngineTrialSession] = (
-        GRPOTrialSession if grpo else FsdpTrialSession if fsdp_version(trainer)
+        (GRPOEngineTrialSession if is_deepspeed_trainer(trainer) else GRPOTrialSession) if grpo
+        else FsdpTrialSession if fsdp_version(trainer)
         else EngineTrialSession if is_deepspeed_trainer(trainer) else TrialSession)
     with session_type(trainer, spec.batch.seq_len) as session:
         found: SearchResult = search_largest(step, start, lower=1, upper=len(sizes))

@@ -253,6 +253,10 @@ class EngineTrialSession:
             if "weight_decay" in group:
                 group["weight_decay"] = 0.0
 
+    def _batch(self, micro: int) -> Any:
+        """One micro-step's input, as the train dataloader would give it."""
+        return trial_batch(self.trainer, micro, self.seq_len)
+
     def _micro_steps(self, micro: int, n: int) -> None:
         """``n`` micro-steps through ``trainer.training_step``; the last one is an accumulation boundary."""
         t = self.trainer
@@ -260,7 +264,7 @@ class EngineTrialSession:
         for i in range(n):
             self._zero_lr()
             gradient_state._set_sync_gradients(i == n - 1)  # Trainer._run_epoch: sync at the last micro-step
-            batch = trial_batch(t, micro, self.seq_len)
+            batch = self._batch(micro)
             t.training_step(self._engine, batch, None)  # num_items_in_batch: see tuner_trial
             del batch
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from fitcheck.integrations.tuner_engine import EngineTrialSession
 from fitcheck.integrations.tuner_trial import TRAINER_BOOKKEEPING, TrialSession
 
 # GRPOTrainer containers a step appends to in place (``_generate_and_score_completions``): deep-copied.
@@ -70,23 +71,27 @@ def steps_per_generation(args: Any, micro: int) -> int:
     return gbs // (micro * world)
 
 
-class GRPOTrialSession(TrialSession):  # type: ignore[misc]  # fitcheck.integrations.* is Any to mypy
-    """Trial steps of a ``GRPOTrainer``; everything a step changes is put back when the ``with`` block ends."""
+class _GRPOTrial:
+    """What a GRPO trial adds to a session (plain or DeepSpeed engine): the snapshot of everything a GRPO step
+    rebinds, worst-case generation, the generation batch from the longest prompt. Mixed in before the session."""
 
-    def __enter__(self) -> GRPOTrialSession:
+    trainer: Any
+    _longest: int | None
+
+    def __enter__(self) -> Any:
         t = self.trainer
         self._longest: int | None = None
         self._dict = dict(vars(t))
         self._appended = {n: copy.deepcopy(getattr(t, n)) for n in _APPENDED if hasattr(t, n)}
         self._args = {n: getattr(t.args, n) for n in _ARGS}
-        super().__enter__()
+        super().__enter__()  # type: ignore[misc]  # the session class mixed in after this one
         self._worst_case_generation()
         return self
 
     def __exit__(self, *exc: object) -> None:
         t = self.trainer
         try:
-            super().__exit__(*exc)
+            super().__exit__(*exc)  # type: ignore[misc]
         finally:
             now = vars(t)
             for name in [n for n in now if n not in self._dict]:
@@ -112,18 +117,6 @@ class GRPOTrialSession(TrialSession):  # type: ignore[misc]  # fitcheck.integrat
         kwargs = getattr(t, "generation_kwargs", None)
         if isinstance(kwargs, dict):
             t.generation_kwargs = {**kwargs, "min_new_tokens": longest}
-
-    def _before_trial(self, micro: int, grad_accum: int) -> None:
-        """The trial's shape in ``args``; the step counter and buffer as at the start of a generation round."""
-        t = self.trainer
-        t.args.steps_per_generation = steps_per_generation(t.args, micro)
-        t.args.per_device_train_batch_size = micro
-        t.args.gradient_accumulation_steps = grad_accum
-        if hasattr(t, "_train_batch_size"):
-            t._train_batch_size = micro
-        t._step = 0
-        t._buffered_inputs = None
-        super()._before_trial(micro, grad_accum)
 
     def _batch(self, micro: int) -> Any:
         """One generation batch (``micro × steps_per_generation`` samples), as GRPO's dataloader yields it."""
@@ -177,7 +170,48 @@ class GRPOTrialSession(TrialSession):  # type: ignore[misc]  # fitcheck.integrat
             self._longest = index
         return self._longest
 
+
+class GRPOTrialSession(_GRPOTrial, TrialSession):  # type: ignore[misc]  # fitcheck.integrations.* is Any to mypy
+    """Trial steps of a ``GRPOTrainer``; everything a step changes is put back when the ``with`` block ends."""
+
+    def _before_trial(self, micro: int, grad_accum: int) -> None:
+        """The trial's shape in ``args``; the step counter and buffer as at the start of a generation round."""
+        t = self.trainer
+        t.args.steps_per_generation = steps_per_generation(t.args, micro)
+        t.args.per_device_train_batch_size = micro
+        t.args.gradient_accumulation_steps = grad_accum
+        if hasattr(t, "_train_batch_size"):
+            t._train_batch_size = micro
+        t._step = 0
+        t._buffered_inputs = None
+        super()._before_trial(micro, grad_accum)
+
     def _clear(self) -> None:
         """Drop the trial's gradients, optimizer state and generation buffer."""
         self.trainer._buffered_inputs = None
         super()._clear()
+
+
+class GRPOEngineTrialSession(_GRPOTrial, EngineTrialSession):  # type: ignore[misc]  # integrations: Any to mypy
+    """GRPO trial steps on a DeepSpeed engine (ZeRO-1/2) prepared as ``Trainer.train`` prepares it.
+
+    The engine session (:mod:`.tuner_engine`) prepares and tears down the engine and allocates the optimizer
+    state by a boundary step at lr 0; each of its step sequences here starts a generation round as ``train()``
+    does (``_step`` 0, no buffer: ``_prepare_inputs`` generates the generation batch on the engine's module, then
+    trains slice 0; the next micro-step trains slice 1 from the buffer). TRL 1.16 ``GRPOTrainer`` generates under
+    ``unwrap_model_for_generation(self.model_wrapped, ...)``, the engine ``_prepare_for_training`` set.
+    """
+
+    def _prepare(self, micro: int, grad_accum: int) -> Any:
+        self.trainer._buffered_inputs = None
+        return super()._prepare(micro, grad_accum)  # set_trainer_micro_batch: steps_per_generation follows
+
+    def _micro_steps(self, micro: int, n: int) -> None:
+        t = self.trainer
+        t._step = 0  # the start of a generation round
+        t._buffered_inputs = None
+        super()._micro_steps(micro, n)
+
+    def _teardown(self) -> None:
+        self.trainer._buffered_inputs = None  # the generation batch's tensors
+        super()._teardown()
