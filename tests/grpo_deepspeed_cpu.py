@@ -23,11 +23,10 @@ def main(port: str, out: str) -> dict[str, Any]:
     root = Path(__file__).resolve().parents[1]
     sys.path[:0] = [str(root / "benchmarks"), str(root / "tests"), str(root)]
     import torch
+    from fitcheck.integrations import tune_micro_batch
     from test_tuner_grpo import SEQ, build_grpo
     from tuner_budget import UNBOUNDED, budget_for
     from tuner_deepspeed import ds_config
-
-    from fitcheck.integrations import tune_micro_batch
 
     config = ds_config(2)
     config["bf16"] = {"enabled": False}  # fp32 as tests/test_tuner_grpo.py's runs
@@ -48,7 +47,8 @@ def main(port: str, out: str) -> dict[str, Any]:
     rng = torch.get_rng_state()
     with budget_for(tuned.model, budget) as mode:
         result = tune_micro_batch(tuned, gpu_memory=budget, device_type="cpu", max_seq_length=SEQ)
-        row.update(trials=[[t.micro_batch, t.fits, t.peak_bytes] for t in result.trials], predicted=result.predicted_micro_batch,
+        row.update(trials=[[t.micro_batch, t.fits, t.peak_bytes] for t in result.trials],
+                   predicted=result.predicted_micro_batch,
                    batch=[tuned.args.per_device_train_batch_size, tuned.args.gradient_accumulation_steps,
                           tuned.args.steps_per_generation, tuned.args.generation_batch_size],
                    restored=[tuned._step == 0, tuned._buffered_inputs is None,
