@@ -130,17 +130,6 @@ def divisors(n: int) -> list[int]:
     return [m for m in range(1, n + 1) if n % m == 0]
 
 
-def _zero_stage(trainer: Any) -> int | None:
-    """The DeepSpeed ZeRO stage of a DeepSpeed Trainer's config (None without DeepSpeed)."""
-    from fitcheck.integrations.tuner_batch import deepspeed_configs
-
-    for config in deepspeed_configs(trainer):
-        stage = (config.get("zero_optimization") or {}).get("stage")
-        if isinstance(stage, int):
-            return stage
-    return None
-
-
 def _predicted_index(spec: Any, sizes: list[int], per_gpu: int) -> tuple[int, list[Any]]:
     """1-based index of the largest size whose estimate (at its own accumulation) fits; 1 when none does."""
     from fitcheck.advice import with_micro_batch
@@ -189,7 +178,7 @@ def tune_micro_batch(
         The size set and every trial.
 
     Raises:
-        TuningError: Nothing fits (even micro-batch 1), or a GRPOTrainer runs under FSDP or ZeRO-3.
+        TuningError: Nothing fits (even micro-batch 1), or a GRPOTrainer runs under FSDP.
     """
     from fitcheck.integrations.trainer_estimate import trainer_spec
     from fitcheck.integrations.tuner_engine import EngineTrialSession, is_deepspeed_trainer
@@ -212,10 +201,9 @@ def tune_micro_batch(
     sizes = divisors(per_gpu)
     grpo = is_grpo_trainer(trainer)
     if grpo:
-        if fsdp_version(trainer) or _zero_stage(trainer) == 3:
-            raise TuningError("tune_micro_batch: GRPOTrainer trials under FSDP or DeepSpeed ZeRO-3 are not built "
-                              "(the generation runs on gathered weights; ZeRO-1/2 trials are); pick the "
-                              "micro-batch with `fitcheck estimate` and set it with "
+        if fsdp_version(trainer):
+            raise TuningError("tune_micro_batch: GRPOTrainer trials under FSDP are not built (GRPO under DeepSpeed "
+                              "ZeRO-1/2/3 is); pick the micro-batch with `fitcheck estimate` and set it with "
                               "fitcheck.integrations.tuner.set_trainer_micro_batch(trainer, m)")
         sizes = [m for m in sizes if grpo_batch_error(spec, m) is None]  # GRPOConfig's rule (core/trainers)
     start, reports = _predicted_index(spec, sizes, per_gpu)

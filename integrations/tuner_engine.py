@@ -107,6 +107,13 @@ def _remove_module_hooks(engine: Any) -> None:
         for p in module.parameters():
             if getattr(p, "_z3_optimizer", None) is not None:
                 p._z3_optimizer = None
+            active = getattr(p, "ds_active_sub_modules", None)
+            if active:
+                # a trial that ran out of memory inside a ZeRO-3 forward left the parameter marked in use by the
+                # submodule whose pre-forward hook gathered it (its post-forward hook never ran): the next engine's
+                # partition() then refuses to free it ("Cannot free a ZeRO-3 parameter while it is still active
+                # in submodules", deepspeed 0.19.8 runtime/zero/partition_parameters.py free_param)
+                active.clear()
     for name in ("module_forward_pre_hook", "module_forward_post_hook", "first_dataloader_check"):
         handle = getattr(engine, name, None)
         if handle is not None:

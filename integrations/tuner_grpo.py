@@ -193,13 +193,14 @@ class GRPOTrialSession(_GRPOTrial, TrialSession):  # type: ignore[misc]  # fitch
 
 
 class GRPOEngineTrialSession(_GRPOTrial, EngineTrialSession):  # type: ignore[misc]  # integrations: Any to mypy
-    """GRPO trial steps on a DeepSpeed engine (ZeRO-1/2) prepared as ``Trainer.train`` prepares it.
+    """GRPO trial steps on a DeepSpeed engine (ZeRO-1/2/3) prepared as ``Trainer.train`` prepares it.
 
     The engine session (:mod:`.tuner_engine`) prepares and tears down the engine and allocates the optimizer
     state by a boundary step at lr 0; each of its step sequences here starts a generation round as ``train()``
     does (``_step`` 0, no buffer: ``_prepare_inputs`` generates the generation batch on the engine's module, then
     trains slice 0; the next micro-step trains slice 1 from the buffer). TRL 1.16 ``GRPOTrainer`` generates under
-    ``unwrap_model_for_generation(self.model_wrapped, ...)``, the engine ``_prepare_for_training`` set.
+    ``unwrap_model_for_generation(self.model_wrapped, ...)``, the engine ``_prepare_for_training`` set (under
+    ZeRO-3 on gathered parameters). Tested on CPU gloo with ZeRO-2 and ZeRO-3 (tests/test_tuner_grpo.py).
     """
 
     def _prepare(self, micro: int, grad_accum: int) -> Any:

@@ -1,10 +1,11 @@
-"""A real TRL 1.16 ``GRPOTrainer`` under DeepSpeed 0.19.8 ZeRO-2 on the CPU (one gloo process), for
+"""A real TRL 1.16 ``GRPOTrainer`` under DeepSpeed 0.19.8 ZeRO-2 or ZeRO-3 on the CPU (one gloo process), for
 tests/test_tuner_grpo.py (run as a script: DeepSpeed initialises ``torch.distributed`` in the process).
 
-``python tests/grpo_deepspeed_cpu.py PORT``: the real peaks of untuned ``train()`` runs at 2 × 4 and 4 × 2 under
-the simulated allocator (benchmarks/tuner_budget.py ``budget_for``: a live-byte limit that raises torch's
-out-of-memory error), a budget half-way between them (so 2 is the true maximum), ``tune_micro_batch`` on a fresh
-Trainer at 8 × 1 under that budget, ``train()`` under it, and an untuned run at the size found. Prints one JSON line.
+``python tests/grpo_deepspeed_cpu.py PORT OUT [STAGE]`` (stage 2 by default): the real peaks of untuned
+``train()`` runs at 2 × 4 and 4 × 2 under the simulated allocator (benchmarks/tuner_budget.py ``budget_for``: a
+live-byte limit that raises torch's out-of-memory error), a budget half-way between them (so 2 is the true
+maximum), ``tune_micro_batch`` on a fresh Trainer at 8 × 1 under that budget, ``train()`` under it, and an
+untuned run at the size found. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 
-def main(port: str, out: str) -> dict[str, Any]:
+def main(port: str, out: str, stage: int = 2) -> dict[str, Any]:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     warnings.filterwarnings("ignore")
     root = Path(__file__).resolve().parents[1]
@@ -28,7 +29,7 @@ def main(port: str, out: str) -> dict[str, Any]:
     from tuner_budget import UNBOUNDED, budget_for
     from tuner_deepspeed import ds_config
 
-    config = ds_config(2)
+    config = ds_config(stage)
     config["bf16"] = {"enabled": False}  # fp32 as tests/test_tuner_grpo.py's runs
 
     def build(micro: int) -> Any:
@@ -70,7 +71,7 @@ def main(port: str, out: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    res = main(sys.argv[1], sys.argv[2])
+    res = main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2)
     print("GRPO_DS_RESULT " + json.dumps(res), flush=True)
     sys.stderr.flush()
     os._exit(0)
