@@ -178,12 +178,17 @@ def tune_micro_batch(
         The size set and every trial.
 
     Raises:
-        TuningError: Nothing fits (even micro-batch 1), or a GRPOTrainer runs under FSDP.
+        TuningError: Nothing fits (even micro-batch 1).
     """
     from fitcheck.integrations.trainer_estimate import trainer_spec
     from fitcheck.integrations.tuner_engine import EngineTrialSession, is_deepspeed_trainer
     from fitcheck.integrations.tuner_fsdp import FsdpTrialSession, fsdp_version
-    from fitcheck.integrations.tuner_grpo import GRPOEngineTrialSession, GRPOTrialSession, is_grpo_trainer
+    from fitcheck.integrations.tuner_grpo import (
+        GRPOEngineTrialSession,
+        GRPOFsdpTrialSession,
+        GRPOTrialSession,
+        is_grpo_trainer,
+    )
     from fitcheck.integrations.tuner_trial import TrialSession, all_ranks_min, all_ranks_ok
 
     from fitcheck.core.trainers import grpo_batch_error
@@ -201,10 +206,6 @@ def tune_micro_batch(
     sizes = divisors(per_gpu)
     grpo = is_grpo_trainer(trainer)
     if grpo:
-        if fsdp_version(trainer):
-            raise TuningError("tune_micro_batch: GRPOTrainer trials under FSDP are not built (GRPO under DeepSpeed "
-                              "ZeRO-1/2/3 is); pick the micro-batch with `fitcheck estimate` and set it with "
-                              "fitcheck.integrations.tuner.set_trainer_micro_batch(trainer, m)")
         sizes = [m for m in sizes if grpo_batch_error(spec, m) is None]  # GRPOConfig's rule (core/trainers)
     start, reports = _predicted_index(spec, sizes, per_gpu)
     start = all_ranks_min(start, getattr(args, "device", None))  # every rank starts where the tightest predicts
@@ -241,7 +242,8 @@ def tune_micro_batch(
             raise torch.OutOfMemoryError(trials[-1].error)
 
     session_type: type[TrialSession] | type[EngineTrialSession] = (
-        (GRPOEngineTrialSession if is_deepspeed_trainer(trainer) else GRPOTrialSession) if grpo
+        (GRPOEngineTrialSession if is_deepspeed_trainer(trainer) else GRPOFsdpTrialSession if fsdp_version(trainer)
+         else GRPOTrialSession) if grpo
         else FsdpTrialSession if fsdp_version(trainer)
         else EngineTrialSession if is_deepspeed_trainer(trainer) else TrialSession)
     with session_type(trainer, spec.batch.seq_len) as session:

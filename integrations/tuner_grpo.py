@@ -41,6 +41,7 @@ import copy
 from typing import Any
 
 from fitcheck.integrations.tuner_engine import EngineTrialSession
+from fitcheck.integrations.tuner_fsdp import FsdpTrialSession
 from fitcheck.integrations.tuner_trial import TRAINER_BOOKKEEPING, TrialSession
 
 # GRPOTrainer containers a step appends to in place (``_generate_and_score_completions``): deep-copied.
@@ -192,27 +193,48 @@ class GRPOTrialSession(_GRPOTrial, TrialSession):  # type: ignore[misc]  # fitch
         super()._clear()
 
 
-class GRPOEngineTrialSession(_GRPOTrial, EngineTrialSession):  # type: ignore[misc]  # integrations: Any to mypy
-    """GRPO trial steps on a DeepSpeed engine (ZeRO-1/2/3) prepared as ``Trainer.train`` prepares it.
+class _GRPOOnPrepared:
+    """GRPO on a session that prepares the Trainer per trial (DeepSpeed engine, FSDP): each of the session's step
+    sequences starts a generation round as ``train()`` does (``_step`` 0, no buffer: ``_prepare_inputs``
+    generates the generation batch on the prepared model, then trains slice 0; the next micro-step trains slice 1
+    from the buffer). TRL 1.16 ``GRPOTrainer`` generates under ``unwrap_model_for_generation(self.model_wrapped,
+    ...)``, the model ``_prepare_for_training`` set (ZeRO-3: gathered parameters; FSDP2: ``generate`` registered
+    as an FSDP forward method by transformers 5.23 ``_prepare_for_training``)."""
 
-    The engine session (:mod:`.tuner_engine`) prepares and tears down the engine and allocates the optimizer
-    state by a boundary step at lr 0; each of its step sequences here starts a generation round as ``train()``
-    does (``_step`` 0, no buffer: ``_prepare_inputs`` generates the generation batch on the engine's module, then
-    trains slice 0; the next micro-step trains slice 1 from the buffer). TRL 1.16 ``GRPOTrainer`` generates under
-    ``unwrap_model_for_generation(self.model_wrapped, ...)``, the engine ``_prepare_for_training`` set (under
-    ZeRO-3 on gathered parameters). Tested on CPU gloo with ZeRO-2 and ZeRO-3 (tests/test_tuner_grpo.py).
-    """
+    trainer: Any
 
     def _prepare(self, micro: int, grad_accum: int) -> Any:
         self.trainer._buffered_inputs = None
-        return super()._prepare(micro, grad_accum)  # set_trainer_micro_batch: steps_per_generation follows
+        return super()._prepare(micro, grad_accum)  # type: ignore[misc]  # set_trainer_micro_batch: spg follows
 
     def _micro_steps(self, micro: int, n: int) -> None:
         t = self.trainer
         t._step = 0  # the start of a generation round
         t._buffered_inputs = None
-        super()._micro_steps(micro, n)
+        super()._micro_steps(micro, n)  # type: ignore[misc]
 
     def _teardown(self) -> None:
         self.trainer._buffered_inputs = None  # the generation batch's tensors
-        super()._teardown()
+        super()._teardown()  # type: ignore[misc]
+
+
+class GRPOEngineTrialSession(_GRPOTrial, _GRPOOnPrepared, EngineTrialSession):  # type: ignore[misc]
+    """GRPO trial steps on a DeepSpeed engine (ZeRO-1/2/3) prepared as ``Trainer.train`` prepares it (tested on
+    CPU gloo with ZeRO-2 and ZeRO-3, tests/test_tuner_grpo.py)."""
+
+
+class GRPOFsdpTrialSession(_GRPOTrial, _GRPOOnPrepared, FsdpTrialSession):  # type: ignore[misc]
+    """GRPO trial steps on the Trainer's own FSDP2/FSDP1 preparation (tested on CPU gloo, tests/test_tuner_grpo.py)."""
+
+    _KEPT = ("model", "model_wrapped", "_signature_columns")
+
+    def __exit__(self, *exc: object) -> None:
+        """As the GRPO session, except what the FSDP session leaves as ``train()`` would: under FSDP1 the wrapper
+        as ``model`` / ``model_wrapped`` (the snapshot of the Trainer's ``__dict__`` would put the unwrapped
+        module back, which ``train()`` then wraps a second time: "FSDP auto wrapping requires modules to not
+        already have FSDP applied"), and the signature columns read from the unwrapped model."""
+        t = self.trainer
+        kept = {name: getattr(t, name) for name in self._KEPT if hasattr(t, name)}
+        super().__exit__(*exc)
+        for name, value in kept.items():
+            setattr(t, name, value)
