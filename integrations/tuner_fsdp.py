@@ -127,6 +127,11 @@ def _reset_fsdp1_after_error(model: Any) -> bool:
         handle: Any = state._handle
         if handle is None:
             continue
+        if handle._use_orig_params:
+            # forward leaves the original parameters as plain (non-leaf) views of the unsharded flat parameter;
+            # _catch_all_reshard skips a unit whose flat parameter already is its shard (one rank), so the next
+            # optimizer built over them raised "can't optimize a non-leaf Tensor": back to sharded Parameter views
+            handle._use_sharded_views()
         flat: Any = handle.flat_param
         hooks = getattr(flat, "_post_backward_hook_state", None)
         if hooks:

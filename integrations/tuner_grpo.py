@@ -40,6 +40,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from fitcheck.integrations.tuner_batch import steps_per_generation
 from fitcheck.integrations.tuner_engine import EngineTrialSession
 from fitcheck.integrations.tuner_fsdp import FsdpTrialSession
 from fitcheck.integrations.tuner_trial import TRAINER_BOOKKEEPING, TrialSession
@@ -55,21 +56,6 @@ def is_grpo_trainer(trainer: Any) -> bool:
     """True for TRL's GRPOTrainer (and trainers built the same way: a generation buffer, a step counter)."""
     return hasattr(trainer, "_buffered_inputs") and hasattr(trainer, "_generate_and_score_completions") \
         and hasattr(getattr(trainer, "args", None), "steps_per_generation")
-
-
-def steps_per_generation(args: Any, micro: int) -> int:
-    """``generation_batch_size / (micro × processes)``: the slices of one generation batch at ``micro``.
-
-    Raises:
-        ValueError: The generation batch is not a multiple of ``micro × processes`` (GRPOConfig refuses it).
-    """
-    world = int(getattr(args, "world_size", 1) or 1)
-    gbs = int(args.generation_batch_size)
-    if gbs % (micro * world):
-        raise ValueError(f"generation_batch_size ({gbs}) must be divisible by the global batch size "
-                         f"({micro} x {world} processes) (GRPOConfig, TRL 1.16): micro-batch {micro} is not "
-                         "one GRPO accepts")
-    return gbs // (micro * world)
 
 
 class _GRPOTrial:
