@@ -28,8 +28,9 @@ Under DDP every rank runs the same trials and all-reduces each verdict (MIN), so
 DeepSpeed (ZeRO-1/2/3) shards the model inside ``Trainer.train``: each trial prepares a real engine the way
 ``train()`` does and tears it down (:mod:`fitcheck.integrations.tuner_engine`, where the design is argued), and
 :func:`set_trainer_micro_batch` keeps DeepSpeed's three batch keys consistent with the size set. FSDP2 shards the
-module in place: trials run on the Trainer's own preparation, kept sharded (:mod:`fitcheck.integrations.tuner_fsdp`;
-run on an H100, benchmarks/data/tuner_fsdp_gpu_h100.json). FSDP1 Trainers are refused (:class:`TuningError`).
+module in place, FSDP1 wraps it once: either way trials run on the Trainer's own preparation, kept sharded
+(:mod:`fitcheck.integrations.tuner_fsdp`; FSDP2 run on an H100, benchmarks/data/tuner_fsdp_gpu_h100.json; both
+checked on CPU gloo against an untuned run, tests/test_tuner_fsdp.py).
 
 torch and transformers are imported lazily.
 """
@@ -129,25 +130,6 @@ def divisors(n: int) -> list[int]:
     return [m for m in range(1, n + 1) if n % m == 0]
 
 
-def _refuse_sharded(trainer: Any) -> None:
-    """FSDP1 Trainers are refused (a wrapper object with flat parameters; FSDP2 has :mod:`.tuner_fsdp`).
-
-    The Trainer's own ``is_fsdp_enabled`` decides, not ``args.fsdp``: accelerate 1.15 (state.py, the
-    ``distributed_type`` branch) turns FSDP on only for GPU-type backends, so on CPU (``MULTI_CPU`` or one
-    process) a Trainer given ``fsdp=`` trains unsharded (DDP) and is tuned as such.
-    """
-    from fitcheck.integrations.tuner_fsdp import fsdp_version
-
-    if fsdp_version(trainer) == 1:
-        raise TuningError(
-            "tune_micro_batch: FSDP1 wraps the model inside Trainer.train(), and trial steps on an FSDP1-prepared "
-            "model are not supported (DeepSpeed engines and FSDP2 are prepared for trials); use FSDP2 "
-            "(fsdp_config fsdp_version: 2) or pick the micro-batch "
-            "with `fitcheck estimate` (max_micro_batch) and set it with "
-            "fitcheck.integrations.tuner.set_trainer_micro_batch(trainer, m)"
-        )
-
-
 def _predicted_index(spec: Any, sizes: list[int], per_gpu: int) -> tuple[int, list[Any]]:
     """1-based index of the largest size whose estimate (at its own accumulation) fits; 1 when none does."""
     from fitcheck.advice import with_micro_batch
@@ -196,17 +178,21 @@ def tune_micro_batch(
         The size set and every trial.
 
     Raises:
-        TuningError: Nothing fits (even micro-batch 1), or the Trainer runs FSDP1.
+        TuningError: Nothing fits (even micro-batch 1).
     """
     from fitcheck.integrations.trainer_estimate import trainer_spec
     from fitcheck.integrations.tuner_engine import EngineTrialSession, is_deepspeed_trainer
     from fitcheck.integrations.tuner_fsdp import FsdpTrialSession, fsdp_version
-    from fitcheck.integrations.tuner_grpo import GRPOTrialSession, is_grpo_trainer
+    from fitcheck.integrations.tuner_grpo import (
+        GRPOEngineTrialSession,
+        GRPOFsdpTrialSession,
+        GRPOTrialSession,
+        is_grpo_trainer,
+    )
     from fitcheck.integrations.tuner_trial import TrialSession, all_ranks_min, all_ranks_ok
 
     from fitcheck.core.trainers import grpo_batch_error
 
-    _refuse_sharded(trainer)
     args = trainer.args
     overrides = {"max_seq_length": max_seq_length} if max_seq_length is not None else {}
     spec, _ = trainer_spec(args, trainer.model, gpu=gpu, gpu_memory=gpu_memory, device_type=device_type,
@@ -220,10 +206,6 @@ def tune_micro_batch(
     sizes = divisors(per_gpu)
     grpo = is_grpo_trainer(trainer)
     if grpo:
-        if is_deepspeed_trainer(trainer) or fsdp_version(trainer):
-            raise TuningError("tune_micro_batch: GRPOTrainer trials under DeepSpeed or FSDP are not built (the "
-                              "generation runs on gathered weights); pick the micro-batch with `fitcheck "
-                              "estimate` and set it with fitcheck.integrations.tuner.set_trainer_micro_batch")
         sizes = [m for m in sizes if grpo_batch_error(spec, m) is None]  # GRPOConfig's rule (core/trainers)
     start, reports = _predicted_index(spec, sizes, per_gpu)
     start = all_ranks_min(start, getattr(args, "device", None))  # every rank starts where the tightest predicts
@@ -260,7 +242,9 @@ def tune_micro_batch(
             raise torch.OutOfMemoryError(trials[-1].error)
 
     session_type: type[TrialSession] | type[EngineTrialSession] = (
-        GRPOTrialSession if grpo else FsdpTrialSession if fsdp_version(trainer) == 2
+        (GRPOEngineTrialSession if is_deepspeed_trainer(trainer) else GRPOFsdpTrialSession if fsdp_version(trainer)
+         else GRPOTrialSession) if grpo
+        else FsdpTrialSession if fsdp_version(trainer)
         else EngineTrialSession if is_deepspeed_trainer(trainer) else TrialSession)
     with session_type(trainer, spec.batch.seq_len) as session:
         found: SearchResult = search_largest(step, start, lower=1, upper=len(sizes))

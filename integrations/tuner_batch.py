@@ -59,6 +59,21 @@ def _keep_global(per_gpu: int, micro: int) -> tuple[int, int]:
     return m, per_gpu // m
 
 
+def steps_per_generation(args: Any, micro: int) -> int:
+    """``generation_batch_size / (micro × processes)``: the slices of one generation batch at ``micro``.
+
+    Raises:
+        ValueError: The generation batch is not a multiple of ``micro × processes`` (GRPOConfig refuses it).
+    """
+    world = int(getattr(args, "world_size", 1) or 1)
+    gbs = int(args.generation_batch_size)
+    if gbs % (micro * world):
+        raise ValueError(f"generation_batch_size ({gbs}) must be divisible by the global batch size "
+                         f"({micro} x {world} processes) (GRPOConfig, TRL 1.16): micro-batch {micro} is not "
+                         "one GRPO accepts")
+    return gbs // (micro * world)
+
+
 def set_trainer_micro_batch(
     trainer_or_args: Any, micro_batch: int, *, keep_global_batch: bool = True
 ) -> TrainerBatch:
@@ -96,8 +111,6 @@ def set_trainer_micro_batch(
     grpo_steps = None
     if getattr(args, "steps_per_generation", None) and getattr(args, "generation_batch_size", None):
         # TRL GRPOConfig: the generation batch is kept, steps_per_generation follows (its __post_init__ rule)
-        from fitcheck.integrations.tuner_grpo import steps_per_generation
-
         grpo_steps = steps_per_generation(args, micro)
     args.per_device_train_batch_size = micro
     if grpo_steps is not None:

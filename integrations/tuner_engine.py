@@ -107,6 +107,13 @@ def _remove_module_hooks(engine: Any) -> None:
         for p in module.parameters():
             if getattr(p, "_z3_optimizer", None) is not None:
                 p._z3_optimizer = None
+            active = getattr(p, "ds_active_sub_modules", None)
+            if active:
+                # a trial that ran out of memory inside a ZeRO-3 forward left the parameter marked in use by the
+                # submodule whose pre-forward hook gathered it (its post-forward hook never ran): the next engine's
+                # partition() then refuses to free it ("Cannot free a ZeRO-3 parameter while it is still active
+                # in submodules", deepspeed 0.19.8 runtime/zero/partition_parameters.py free_param)
+                active.clear()
     for name in ("module_forward_pre_hook", "module_forward_post_hook", "first_dataloader_check"):
         handle = getattr(engine, name, None)
         if handle is not None:
@@ -253,6 +260,10 @@ class EngineTrialSession:
             if "weight_decay" in group:
                 group["weight_decay"] = 0.0
 
+    def _batch(self, micro: int) -> Any:
+        """One micro-step's input, as the train dataloader would give it."""
+        return trial_batch(self.trainer, micro, self.seq_len)
+
     def _micro_steps(self, micro: int, n: int) -> None:
         """``n`` micro-steps through ``trainer.training_step``; the last one is an accumulation boundary."""
         t = self.trainer
@@ -260,7 +271,7 @@ class EngineTrialSession:
         for i in range(n):
             self._zero_lr()
             gradient_state._set_sync_gradients(i == n - 1)  # Trainer._run_epoch: sync at the last micro-step
-            batch = trial_batch(t, micro, self.seq_len)
+            batch = self._batch(micro)
             t.training_step(self._engine, batch, None)  # num_items_in_batch: see tuner_trial
             del batch
 

@@ -1,4 +1,4 @@
-"""Trial steps of an FSDP2-prepared ``transformers.Trainer`` (GPU only: accelerate enables FSDP on GPU backends).
+"""Trial steps of an FSDP-prepared ``transformers.Trainer`` (accelerate enables FSDP on GPU backends only).
 
 FSDP2 shards the user's module **in place** inside ``Trainer.train`` (transformers 5.23 trainer.py
 ``_prepare_for_training`` → ``accelerator.prepare(model, optimizer)`` → accelerate 1.15 accelerator.py
@@ -18,7 +18,31 @@ second ``fsdp2_prepare_model`` on an ``FSDPModule`` returns it unchanged (``is_t
 
 Unlike the DeepSpeed session, FSDP's hooks are never removed (the sharded module needs them, and ``train()``
 then re-prepares the already sharded module exactly as above), and the model stays on the GPU in fp32 shards:
-what ``train()`` would do first. FSDP1 (a wrapper object, flat parameters) is not handled and stays refused.
+what ``train()`` would do first.
+
+FSDP1 wraps instead of sharding in place: ``_prepare_for_training`` (FSDP1 delays the optimizer) runs
+``accelerator.prepare(self.model)`` → accelerate 1.15 accelerator.py ``prepare_model``, FSDP branch:
+``FullyShardedDataParallel(model, ...)`` (flat parameters replace the module's own; trainable low-precision flat
+parameters upcast to fp32), then ``create_optimizer(model)`` over the wrapper's parameters and
+``self.model = self.model_wrapped = model`` (trainer.py, "breaking convention for FSDP model"). The same session
+works because both halves are idempotent too: ``prepare_model`` skips the wrapping of a model that already is an
+``FullyShardedDataParallel`` (its ``is_type_fsdp`` check) and the upcast of an fp32 flat parameter, and
+``_wrap_model`` returns an already wrapped ``model_wrapped`` as is. So the first trial wraps the model once, for
+good (what ``train()`` would do first), and the session leaves the Trainer as ``train()``'s own first
+``_prepare_for_training`` leaves it: ``model`` and ``model_wrapped`` the wrapper, optimizer and scheduler None. Two
+more things differ from FSDP2:
+
+* the Trainer's ``_signature_columns`` (which batch keys ``model.forward`` accepts, cached on first use by
+  ``_set_signature_columns_if_needed``) would be read from the wrapper's ``forward(*args, **kwargs)`` once the
+  model is wrapped, dropping ``input_ids`` from every batch, the trials' and ``train()``'s: they are cached from
+  the unwrapped model when the session starts, as an untuned ``train()`` caches them (its dataloader is built
+  before the model is prepared);
+* a step that raised (out of memory) is reset by FSDP1's own end-of-backward bookkeeping
+  (:func:`_reset_fsdp1_after_error`).
+
+Checked on CPU gloo with a real Trainer (tests/test_tuner_fsdp.py: FSDP1 with and without ``use_orig_params``,
+an out-of-memory in forward or backward, the trained weights equal to an untuned run's). One process only: with
+several, every rank runs the same trials as under DeepSpeed (see :mod:`.tuner_engine`), not run here.
 """
 
 from __future__ import annotations
@@ -37,7 +61,7 @@ def fsdp_version(trainer: Any) -> int | None:
 
 
 def reset_after_error(model: Any) -> bool:
-    """Put FSDP2's per-iteration state back to idle after a step that raised (an out-of-memory trial).
+    """Put FSDP2's per-iteration state back to idle after a step that raised (an out-of-memory trial); FSDP1: below.
 
     A forward or backward that raises leaves FSDP2 mid-iteration: parameter groups unsharded (their bf16 copies
     registered on the modules), states in FORWARD/PRE_BACKWARD, and, after a backward started,
@@ -55,7 +79,7 @@ def reset_after_error(model: Any) -> bool:
 
     modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not modules:
-        return False
+        return _reset_fsdp1_after_error(model)
     root = modules[0]._get_fsdp_state()  # modules() starts at the root
     ctx = root._state_ctx
     idle = [str(getattr(s, "_training_state", "")).endswith("IDLE") for s in ctx.all_states]
@@ -70,11 +94,68 @@ def reset_after_error(model: Any) -> bool:
     return busy
 
 
+def _reset_fsdp1_after_error(model: Any) -> bool:
+    """FSDP1's counterpart of :func:`reset_after_error`: every FSDP state of ``model`` back to idle, resharded.
+
+    A step that raised leaves FSDP1 (torch 2.13 ``distributed/fsdp/_runtime_utils.py``) with the root in
+    ``FORWARD_BACKWARD``, flat parameters unsharded, post-backward hooks registered on them
+    (``_post_backward_hook_state``), ``_saved_grad_shard`` on the units whose backward ran (the next backward would
+    add to it, ``_accumulate_sharded_grad``), and, after a backward started, ``_post_backward_callback_queued`` set,
+    so no later backward queues the callback that finalises the step. This does what that callback
+    (``_post_backward_final_callback``) does, without its gradient hand-over to the optimizer (the failed step's
+    gradients are dropped): ``_catch_all_reshard``, the hooks removed, every state and handle IDLE, the execution
+    order advanced (``_exec_order_data.next_iter``), the queued flag cleared.
+
+    Returns:
+        True when something was mid-iteration and was reset.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp._common_utils import HandleTrainingState, TrainingState
+    from torch.distributed.fsdp._runtime_utils import _catch_all_reshard
+
+    states = FullyShardedDataParallel.fsdp_modules(model)
+    if not states or not getattr(states[0], "_is_root", False):
+        return False
+    root: Any = states[0]  # torch's private FSDP1 state attributes are not in its type stubs
+    busy = bool(getattr(root, "_post_backward_callback_queued", False)) or any(
+        s.training_state != TrainingState.IDLE for s in root._all_fsdp_states)
+    if not busy:
+        return False
+    for state in root._all_fsdp_states:
+        _catch_all_reshard(state)
+        state.training_state = TrainingState.IDLE
+        handle: Any = state._handle
+        if handle is None:
+            continue
+        if handle._use_orig_params:
+            # forward leaves the original parameters as plain (non-leaf) views of the unsharded flat parameter;
+            # _catch_all_reshard skips a unit whose flat parameter already is its shard (one rank), so the next
+            # optimizer built over them raised "can't optimize a non-leaf Tensor": back to sharded Parameter views
+            handle._use_sharded_views()
+        flat: Any = handle.flat_param
+        hooks = getattr(flat, "_post_backward_hook_state", None)
+        if hooks:
+            hooks[-1].remove()
+            delattr(flat, "_post_backward_hook_state")
+        if hasattr(flat, "_saved_grad_shard"):
+            delattr(flat, "_saved_grad_shard")
+        flat.grad = None
+        flat._post_backward_called = False
+        handle._ran_pre_backward_hook = False
+        handle._needs_pre_backward_unshard = False
+        handle._post_forward_index = None
+        handle._training_state = HandleTrainingState.IDLE
+        handle._prefetched = False
+    root._exec_order_data.next_iter()
+    root._post_backward_callback_queued = False
+    return True
+
+
 class FsdpTrialSession(EngineTrialSession):  # type: ignore[misc]  # fitcheck.integrations is Any to mypy
-    """Trial steps on the Trainer's own FSDP2 preparation of its model, kept sharded between trials.
+    """Trial steps on the Trainer's own FSDP2 (or FSDP1) preparation of its model, kept sharded between trials.
 
     Args:
-        trainer: A constructed, not yet trained ``transformers.Trainer`` with FSDP2 enabled.
+        trainer: A constructed, not yet trained ``transformers.Trainer`` with FSDP enabled (version 2 or 1).
         seq_len: The worst-case sequence length of the trial batches.
     """
 
@@ -83,6 +164,12 @@ class FsdpTrialSession(EngineTrialSession):  # type: ignore[misc]  # fitcheck.in
     def _prepare(self, micro: int, grad_accum: int) -> Any:
         reset_after_error(self.trainer.model)  # an earlier trial ran out of memory mid-step
         return super()._prepare(micro, grad_accum)
+
+    def __enter__(self) -> FsdpTrialSession:
+        super().__enter__()
+        if hasattr(self.trainer, "_set_signature_columns_if_needed"):
+            self.trainer._set_signature_columns_if_needed()  # from the unwrapped model: see FSDP1 above
+        return self
 
     def __exit__(self, *exc: object) -> None:
         reset_after_error(self.trainer.model)
@@ -93,6 +180,9 @@ class FsdpTrialSession(EngineTrialSession):  # type: ignore[misc]  # fitcheck.in
         self._engine = None
         self.trainer.accelerator.free_memory()  # accelerator.py free_memory: _models/_optimizers/_schedulers
         self._restore_prepared()  # model_wrapped is the module FSDP2 sharded in place: the same object
+        t = self.trainer
+        if t.model is not self.model:  # FSDP1: the wrapper _prepare_for_training set as model and model_wrapped
+            t.model_wrapped = t.model
 
     def _micro_steps(self, micro: int, n: int) -> None:
         """``n`` micro-steps through ``trainer.training_step``, then the optimizer step of the boundary at lr 0.

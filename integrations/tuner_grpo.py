@@ -40,6 +40,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from fitcheck.integrations.tuner_batch import steps_per_generation
+from fitcheck.integrations.tuner_engine import EngineTrialSession
+from fitcheck.integrations.tuner_fsdp import FsdpTrialSession
 from fitcheck.integrations.tuner_trial import TRAINER_BOOKKEEPING, TrialSession
 
 # GRPOTrainer containers a step appends to in place (``_generate_and_score_completions``): deep-copied.
@@ -55,38 +58,27 @@ def is_grpo_trainer(trainer: Any) -> bool:
         and hasattr(getattr(trainer, "args", None), "steps_per_generation")
 
 
-def steps_per_generation(args: Any, micro: int) -> int:
-    """``generation_batch_size / (micro × processes)``: the slices of one generation batch at ``micro``.
+class _GRPOTrial:
+    """What a GRPO trial adds to a session (plain or DeepSpeed engine): the snapshot of everything a GRPO step
+    rebinds, worst-case generation, the generation batch from the longest prompt. Mixed in before the session."""
 
-    Raises:
-        ValueError: The generation batch is not a multiple of ``micro × processes`` (GRPOConfig refuses it).
-    """
-    world = int(getattr(args, "world_size", 1) or 1)
-    gbs = int(args.generation_batch_size)
-    if gbs % (micro * world):
-        raise ValueError(f"generation_batch_size ({gbs}) must be divisible by the global batch size "
-                         f"({micro} x {world} processes) (GRPOConfig, TRL 1.16): micro-batch {micro} is not "
-                         "one GRPO accepts")
-    return gbs // (micro * world)
+    trainer: Any
+    _longest: int | None
 
-
-class GRPOTrialSession(TrialSession):  # type: ignore[misc]  # fitcheck.integrations.* is Any to mypy
-    """Trial steps of a ``GRPOTrainer``; everything a step changes is put back when the ``with`` block ends."""
-
-    def __enter__(self) -> GRPOTrialSession:
+    def __enter__(self) -> Any:
         t = self.trainer
         self._longest: int | None = None
         self._dict = dict(vars(t))
         self._appended = {n: copy.deepcopy(getattr(t, n)) for n in _APPENDED if hasattr(t, n)}
         self._args = {n: getattr(t.args, n) for n in _ARGS}
-        super().__enter__()
+        super().__enter__()  # type: ignore[misc]  # the session class mixed in after this one
         self._worst_case_generation()
         return self
 
     def __exit__(self, *exc: object) -> None:
         t = self.trainer
         try:
-            super().__exit__(*exc)
+            super().__exit__(*exc)  # type: ignore[misc]
         finally:
             now = vars(t)
             for name in [n for n in now if n not in self._dict]:
@@ -112,18 +104,6 @@ class GRPOTrialSession(TrialSession):  # type: ignore[misc]  # fitcheck.integrat
         kwargs = getattr(t, "generation_kwargs", None)
         if isinstance(kwargs, dict):
             t.generation_kwargs = {**kwargs, "min_new_tokens": longest}
-
-    def _before_trial(self, micro: int, grad_accum: int) -> None:
-        """The trial's shape in ``args``; the step counter and buffer as at the start of a generation round."""
-        t = self.trainer
-        t.args.steps_per_generation = steps_per_generation(t.args, micro)
-        t.args.per_device_train_batch_size = micro
-        t.args.gradient_accumulation_steps = grad_accum
-        if hasattr(t, "_train_batch_size"):
-            t._train_batch_size = micro
-        t._step = 0
-        t._buffered_inputs = None
-        super()._before_trial(micro, grad_accum)
 
     def _batch(self, micro: int) -> Any:
         """One generation batch (``micro × steps_per_generation`` samples), as GRPO's dataloader yields it."""
@@ -177,7 +157,70 @@ class GRPOTrialSession(TrialSession):  # type: ignore[misc]  # fitcheck.integrat
             self._longest = index
         return self._longest
 
+
+class GRPOTrialSession(_GRPOTrial, TrialSession):  # type: ignore[misc]  # fitcheck.integrations.* is Any to mypy
+    """Trial steps of a ``GRPOTrainer``; everything a step changes is put back when the ``with`` block ends."""
+
+    def _before_trial(self, micro: int, grad_accum: int) -> None:
+        """The trial's shape in ``args``; the step counter and buffer as at the start of a generation round."""
+        t = self.trainer
+        t.args.steps_per_generation = steps_per_generation(t.args, micro)
+        t.args.per_device_train_batch_size = micro
+        t.args.gradient_accumulation_steps = grad_accum
+        if hasattr(t, "_train_batch_size"):
+            t._train_batch_size = micro
+        t._step = 0
+        t._buffered_inputs = None
+        super()._before_trial(micro, grad_accum)
+
     def _clear(self) -> None:
         """Drop the trial's gradients, optimizer state and generation buffer."""
         self.trainer._buffered_inputs = None
         super()._clear()
+
+
+class _GRPOOnPrepared:
+    """GRPO on a session that prepares the Trainer per trial (DeepSpeed engine, FSDP): each of the session's step
+    sequences starts a generation round as ``train()`` does (``_step`` 0, no buffer: ``_prepare_inputs``
+    generates the generation batch on the prepared model, then trains slice 0; the next micro-step trains slice 1
+    from the buffer). TRL 1.16 ``GRPOTrainer`` generates under ``unwrap_model_for_generation(self.model_wrapped,
+    ...)``, the model ``_prepare_for_training`` set (ZeRO-3: gathered parameters; FSDP2: ``generate`` registered
+    as an FSDP forward method by transformers 5.23 ``_prepare_for_training``)."""
+
+    trainer: Any
+
+    def _prepare(self, micro: int, grad_accum: int) -> Any:
+        self.trainer._buffered_inputs = None
+        return super()._prepare(micro, grad_accum)  # type: ignore[misc]  # set_trainer_micro_batch: spg follows
+
+    def _micro_steps(self, micro: int, n: int) -> None:
+        t = self.trainer
+        t._step = 0  # the start of a generation round
+        t._buffered_inputs = None
+        super()._micro_steps(micro, n)  # type: ignore[misc]
+
+    def _teardown(self) -> None:
+        self.trainer._buffered_inputs = None  # the generation batch's tensors
+        super()._teardown()  # type: ignore[misc]
+
+
+class GRPOEngineTrialSession(_GRPOTrial, _GRPOOnPrepared, EngineTrialSession):  # type: ignore[misc]
+    """GRPO trial steps on a DeepSpeed engine (ZeRO-1/2/3) prepared as ``Trainer.train`` prepares it (tested on
+    CPU gloo with ZeRO-2 and ZeRO-3, tests/test_tuner_grpo.py)."""
+
+
+class GRPOFsdpTrialSession(_GRPOTrial, _GRPOOnPrepared, FsdpTrialSession):  # type: ignore[misc]
+    """GRPO trial steps on the Trainer's own FSDP2/FSDP1 preparation (tested on CPU gloo, tests/test_tuner_grpo.py)."""
+
+    _KEPT = ("model", "model_wrapped", "_signature_columns")
+
+    def __exit__(self, *exc: object) -> None:
+        """As the GRPO session, except what the FSDP session leaves as ``train()`` would: under FSDP1 the wrapper
+        as ``model`` / ``model_wrapped`` (the snapshot of the Trainer's ``__dict__`` would put the unwrapped
+        module back, which ``train()`` then wraps a second time: "FSDP auto wrapping requires modules to not
+        already have FSDP applied"), and the signature columns read from the unwrapped model."""
+        t = self.trainer
+        kept = {name: getattr(t, name) for name in self._KEPT if hasattr(t, name)}
+        super().__exit__(*exc)
+        for name, value in kept.items():
+            setattr(t, name, value)

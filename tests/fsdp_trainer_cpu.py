@@ -50,12 +50,18 @@ def main(mode: str, port: str, micro: int) -> dict[str, Any]:
     model.config.use_cache = False
     ids = torch.randint(0, 256, (32, 32), generator=torch.Generator().manual_seed(1))
     data = [{"input_ids": r, "labels": r} for r in ids]
+    version = int(os.environ.get("FITCHECK_TEST_FSDP_VERSION", "2"))
+    # FSDP1's sync_module_states (transformers' default True) asks accelerate for an accelerator device
+    # (accelerate 1.15 utils/dataclasses.py FullyShardedDataParallelPlugin.__post_init__); one rank needs no sync
+    fsdp1 = {"sync_module_states": False} if version == 1 else {}
+    fsdp1.update(json.loads(os.environ.get("FITCHECK_TEST_FSDP_CONFIG", "{}")))  # e.g. {"use_orig_params": false}
     args = transformers.TrainingArguments(
         output_dir=os.environ.get("FITCHECK_TEST_OUT", "/tmp/fitcheck-fsdp-cpu"),
         per_device_train_batch_size=8 if mode == "tuned" else micro,
         gradient_accumulation_steps=1 if mode == "tuned" else 8 // micro, max_steps=2, bf16=True, use_cpu=True,
         fsdp="full_shard auto_wrap",
-        fsdp_config={"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
+        fsdp_config={"fsdp_version": version,
+                     "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], **fsdp1},
         optim="adamw_torch", save_strategy="no", report_to="none", logging_strategy="no", disable_tqdm=True,
         seed=0, data_seed=0)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data)

@@ -164,6 +164,16 @@ def cases(work: Path) -> Iterator[tuple[str, list[str] | Callable[[], object]]]:
     for flag in flags:
         for vname, value in values.items():
             yield f"flag{flag}={vname}", [*est, flag, value]
+    import argparse
+
+    from fitcheck.cli.estimate import add_estimate_arguments
+
+    parser = argparse.ArgumentParser()
+    add_estimate_arguments(parser)
+    every = sorted({o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"})
+    for flag in (f for f in every if f not in flags):  # every other spelling of every estimate flag: 3 values
+        for vname in ("nan", "digits", "nul"):
+            yield f"flag-all{flag}={vname}", [*est, flag, values[vname]]
     for name in sorted(k for k in f if k.startswith("m_")) + [k for k in ("fifo", "loop") if k in f]:
         yield f"model:{name}", ["estimate", "--model_name_or_path", str(f[name]), "--no_trace", "--json"]
     for name in ("", " ", "meta-lama/Llama-3.2-1b", "x" * 100_000, "/dev/zero", "/dev/null", "/proc/self/mem",

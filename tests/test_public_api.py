@@ -47,3 +47,12 @@ def test_core_import_does_not_import_torch() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_readmes_integrations_import_works() -> None:
+    """Issue 21: README's ``from fitcheck.integrations import tune_micro_batch`` raised ImportError."""
+    pytest = __import__("pytest")
+    pytest.importorskip("torch")
+    from fitcheck.integrations import FitcheckCallback, preflight, tune_micro_batch
+
+    assert callable(tune_micro_batch) and callable(preflight) and isinstance(FitcheckCallback, type)

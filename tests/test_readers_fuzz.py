@@ -279,7 +279,8 @@ def test_fuzz_peft(raw: dict[str, object]) -> None:
 
 def test_hostile_inputs_under_a_memory_cap(tmp_path: Path) -> None:
     """Issue 21: >= 250 hostile or mistaken inputs over every reader, flag and API entry point
-    (``tests/hostile_inputs.py``), run in a subprocess capped at 8 GB of address space with a time limit per case:
+    (``tests/hostile_inputs.py``; session 7: every spelling of every ``estimate`` flag gets 3 hostile values, 18
+    flags 14 each), run in a subprocess capped at 8 GB of address space with a time limit per case:
     no traceback, no hang, no memory blow-up, nothing written outside the inputs, no code run."""
     import json
     import os
@@ -306,6 +307,7 @@ def test_hostile_inputs_under_a_memory_cap(tmp_path: Path) -> None:
     rows = [r for r in lines if "name" in r]
     assert lines[-1] == {"written": []}  # no file written beside the inputs
     assert len(rows) >= 250
+    assert sum(r["name"].startswith("flag-all--") for r in rows) >= 3 * 150  # every estimate flag
     bad = [r for r in rows if r["traceback"] or (r["outcome"] not in ("exit 0", "exit 1", "exit 2")
            and not r["outcome"].startswith("refused"))]
     assert not bad, bad[:10]

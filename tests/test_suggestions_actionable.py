@@ -183,3 +183,36 @@ def test_accelerate_replaces_a_bitsandbytes_optimizer_under_offload() -> None:
     except Exception as exc:  # DeepSpeed's cpu_adam op could not be built on this machine
         pytest.skip(f"DeepSpeedCPUAdam unavailable here: {exc}")
     assert type(replaced).__name__ == "DeepSpeedCPUAdam"
+
+
+@pytest.mark.parametrize("accelerate_flags", [[], ["--num_processes", "2"],
+                                              ["--num_processes", "4", "--use_deepspeed", "--zero_stage", "2"]],
+                         ids=["one-gpu", "ddp-2", "zero2-4"])
+def test_launch_suggestions_carry_each_flag_once_and_pass_the_libraries_checks(
+    accelerate_flags: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    """The issue saw ``--gradient_accumulation_steps 4 … --gradient_accumulation_steps 16`` in ``fitcheck launch``
+    and in sequence-parallel suggestions: every suggestion ``fitcheck launch --check-only`` prints for a run that
+    does not fit (with sequence-parallel ones on 4 GPUs) carries each flag once and, merged into the script's
+    arguments, passes the same checks as above."""
+    pytest.importorskip("accelerate")
+    pytest.importorskip("deepspeed")
+    from fitcheck.cli import launch
+
+    script_args = ["--model_name_or_path", BIG, "--per_device_train_batch_size", "8",
+                   "--gradient_accumulation_steps", "4", "--bf16", "--max_seq_length", "4096"]
+    argv = ["--check-only", "--json", "--gpu", "T4-16GB", *accelerate_flags, "examples/launch/train.py",
+            *script_args]
+    capsys.readouterr()
+    code = launch.main(argv, env={"HOME": "/nonexistent-home", "HF_HOME": "/nonexistent-hf-home"})
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1 and not out["fits"]
+    suggestions = out["suggestions"]
+    assert suggestions
+    for s in suggestions:
+        names = [t for t in s["argv"] if t.startswith("--")]
+        assert len(names) == len(set(names)), s["argv"]
+        full = _flag_values([*script_args, *s["argv"]])
+        _validate([t for name, vals in full.items() for t in (f"--{name}", *vals)], str(tmp_path))
+    if "--zero_stage" in accelerate_flags:
+        assert any("--sp_size" in s["argv"] for s in suggestions)  # sequence-parallel suggestions were checked

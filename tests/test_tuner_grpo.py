@@ -127,3 +127,36 @@ def test_grpo_trials_generate_from_the_longest_prompt(tmp_path: Path) -> None:
         session._before_trial(2, 4)
         batch = session._batch(2)
     assert len(batch) == 8 and {row["prompt"] for row in batch} == {longest}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["zero2", "zero3", "fsdp2", "fsdp1"])
+def test_grpo_under_deepspeed_or_fsdp_lands_on_the_max_and_trains_like_an_untuned_run(
+        tmp_path: Path, free_port: int, backend: str) -> None:
+    """GRPO trials on a real ZeRO-2/3 engine or the Trainer's FSDP2/FSDP1 preparation (all refused before session
+    7): 2 trials, the true maximum under the simulated allocator, no out-of-memory in train() at that size, the
+    weights of an untuned run at 2 × 4. ZeRO-3 also failed before the ``ds_active_sub_modules`` reset
+    (tuner_engine): after the trial at 4 ran out of memory inside a forward, train()'s engine raised "Cannot free
+    a ZeRO-3 parameter while it is still active in submodules"; FSDP1 before ``GRPOFsdpTrialSession.__exit__``
+    kept the wrapper: "FSDP auto wrapping requires modules to not already have FSDP applied"."""
+    import json
+    import os
+    import subprocess
+
+    pytest.importorskip("deepspeed" if backend.startswith("zero") else "accelerate")
+    script = Path(__file__).resolve().parent / "grpo_sharded_cpu.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
+    proc = subprocess.run([sys.executable, str(script), str(free_port), str(tmp_path), backend],
+                          capture_output=True, text=True, timeout=600, env={**env, "OMP_NUM_THREADS": "1"},
+                          check=False)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("GRPO_SHARDED_RESULT ")]
+    assert rows, proc.stderr[-3000:]
+    r = json.loads(rows[0][len("GRPO_SHARDED_RESULT "):])
+    assert r["sharded"]
+    low, high = r["peaks"]
+    assert [t[:2] for t in r["trials"]] == [[2, True], [4, False]] and r["predicted"] == 2
+    assert low * 0.99 <= r["trials"][0][2] <= high  # the trial costs what a real 2 x 4 GRPO step costs
+    assert r["batch"] == [2, 4, 4, 8]  # micro, accumulation, steps_per_generation, generation batch kept
+    assert all(r["restored"])  # _step, buffer, generation config, optimizer, RNG
+    assert r["train_ooms"] == 0 and r["steps"] == 2
+    assert r["equal"]
