@@ -66,3 +66,18 @@ def fsdp_on_cpu(accelerator: Any, plugin: Any) -> None:
         plugin.set_mixed_precision(accelerator.state.mixed_precision)
     accelerator.state.fsdp_plugin = plugin
 
+
+def install_fsdp_on_cpu_trainer() -> None:
+    """Make ``transformers.Trainer`` build its Accelerator with :func:`fsdp_on_cpu` applied (a subclass installed
+    as ``transformers.trainer.Accelerator``), so that a real Trainer with an ``fsdp_config`` runs FSDP on CPU
+    gloo ranks. Call it in the rank's own process, before the Trainer is built."""
+    import accelerate
+    import transformers
+
+    class FsdpOnCpuAccelerator(accelerate.Accelerator):  # type: ignore[misc]
+        def __init__(self, *args: Any, fsdp_plugin: Any = None, **kwargs: Any) -> None:
+            super().__init__(*args, fsdp_plugin=fsdp_plugin, **kwargs)
+            if fsdp_plugin is not None:  # what AcceleratorState.__init__ does for GPU-type backends
+                fsdp_on_cpu(self, fsdp_plugin)
+
+    transformers.trainer.Accelerator = FsdpOnCpuAccelerator

@@ -27,21 +27,14 @@ from typing import Any
 def main(mode: str, port: str, micro: int) -> dict[str, Any]:
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     warnings.filterwarnings("ignore")
-    import accelerate
     import torch
     import transformers
     from torch.distributed.tensor import DTensor
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmarks.gloo_rank import fsdp_on_cpu
+    from benchmarks.gloo_rank import install_fsdp_on_cpu_trainer
 
-    class FsdpOnCpuAccelerator(accelerate.Accelerator):  # type: ignore[misc]
-        def __init__(self, *args: Any, fsdp_plugin: Any = None, **kwargs: Any) -> None:
-            super().__init__(*args, fsdp_plugin=fsdp_plugin, **kwargs)
-            if fsdp_plugin is not None:  # what AcceleratorState.__init__ does for GPU-type backends
-                fsdp_on_cpu(self, fsdp_plugin)
-
-    transformers.trainer.Accelerator = FsdpOnCpuAccelerator
+    install_fsdp_on_cpu_trainer()
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                    num_key_value_heads=2, num_hidden_layers=2, vocab_size=256,
                                    max_position_embeddings=128, tie_word_embeddings=False)

@@ -36,17 +36,9 @@ def main(port: str, out: str, backend: str) -> dict[str, Any]:
         config["bf16"] = {"enabled": False}  # fp32 as tests/test_tuner_grpo.py's runs
         extra = {"deepspeed": config}
     else:
-        import accelerate
-        import transformers
-        from gloo_rank import fsdp_on_cpu
+        from gloo_rank import install_fsdp_on_cpu_trainer
 
-        class FsdpOnCpuAccelerator(accelerate.Accelerator):  # type: ignore[misc]
-            def __init__(self, *args: Any, fsdp_plugin: Any = None, **kwargs: Any) -> None:
-                super().__init__(*args, fsdp_plugin=fsdp_plugin, **kwargs)
-                if fsdp_plugin is not None:  # what AcceleratorState.__init__ does for GPU-type backends
-                    fsdp_on_cpu(self, fsdp_plugin)
-
-        transformers.trainer.Accelerator = FsdpOnCpuAccelerator
+        install_fsdp_on_cpu_trainer()
         version = int(backend[-1])
         fsdp_config: dict[str, Any] = {"fsdp_version": version, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}
         if version == 1:

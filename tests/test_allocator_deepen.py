@@ -14,15 +14,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from tiny_models import LLAMA_8_LAYERS
+
 from fitcheck.core.caching import AllocatorConf
 from fitcheck.torch_adapters.allocator_deepen import DeepenError, canonical, deepen
 from fitcheck.torch_adapters.allocator_replay import replay_events
 from fitcheck.torch_adapters.tracer import trace_step
 
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-          "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 8,
-          "vocab_size": 256, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
-          "torch_dtype": "bfloat16"}
+CONFIG = LLAMA_8_LAYERS
 STEP = {"seq_len": 32, "micro_batch": 2, "optimizer": "adamw_torch_fused", "steps": 3, "cuda_kernels": True}
 
 

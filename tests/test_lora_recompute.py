@@ -20,7 +20,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from fitcheck.catalog import find_catalog_config
+from tiny_models import narrow_catalog_config
+
 from fitcheck.report import Phase
 from fitcheck.torch_adapters import Cell, activation_trace_kwargs, cell_spec, components_from_trace, phase_errors
 from fitcheck.torch_adapters.tracer import trace_step
@@ -31,11 +32,7 @@ BOUND = 0.005
 
 
 def _narrow_llama() -> dict[str, Any]:
-    found = find_catalog_config("meta-llama/Llama-3.1-8B")
-    assert found is not None
-    cfg: dict[str, Any] = dict(found[0])
-    cfg.update(hidden_size=256, intermediate_size=688, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-               num_hidden_layers=2, vocab_size=1024, bos_token_id=1, eos_token_id=2)
+    cfg = narrow_catalog_config("meta-llama/Llama-3.1-8B", bos_token_id=1, eos_token_id=2)
     cfg.pop("rope_scaling", None)
     return cfg
 

@@ -17,6 +17,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from tiny_models import LLAMA_8_LAYERS
+
 from benchmarks.cpu_truth import Row, spec_for
 from fitcheck.cli.main import main
 from fitcheck.core import estimate
@@ -24,10 +26,7 @@ from fitcheck.spec import DeviceType, TrainingSpec
 from fitcheck.torch_adapters import PinnedPath, replay_steady_state
 
 # eight layers of one group each: the whole run is built from the one- and two-layer traces (allocator_deepen)
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-          "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 8,
-          "vocab_size": 256, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
-          "torch_dtype": "bfloat16"}
+CONFIG = LLAMA_8_LAYERS
 
 
 def _spec(ckpt: bool) -> TrainingSpec:

@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from fitcheck.catalog import find_catalog_config
+from tiny_models import narrow_catalog_config
+
 from fitcheck.core import estimate
 from fitcheck.report import Phase
 from fitcheck.torch_adapters import Cell, activation_trace_kwargs, cell_spec, components_from_trace, phase_errors
@@ -27,12 +28,7 @@ WINDOW = 128
 
 
 def _narrow_mistral() -> dict[str, Any]:
-    found = find_catalog_config("mistralai/Mistral-7B-v0.1")
-    assert found is not None
-    cfg: dict[str, Any] = dict(found[0])
-    cfg.update(hidden_size=256, intermediate_size=688, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-               num_hidden_layers=2, vocab_size=1024, sliding_window=WINDOW)
-    return cfg
+    return narrow_catalog_config("mistralai/Mistral-7B-v0.1", sliding_window=WINDOW)
 
 
 def _not_pinned_notes(spec: Any) -> list[str]:

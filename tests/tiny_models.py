@@ -180,3 +180,25 @@ def assert_activations_match_trace(config: Mapping[str, Any], label: str, **sett
         traced = br.total - br.get(PARAMS) - br.get(OPTSTATE)
         formula = sum(c.at(phase) for c in comps)
         assert abs(formula - traced) <= 0.01 * traced, (label, phase, formula, traced)
+
+
+# Eight one-layer groups of a narrow Llama: the allocator replay builds its whole run from the one- and two-layer
+# traces (tests/test_allocator_deepen.py, tests/test_reserved_replay.py).
+LLAMA_8_LAYERS: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 8, "vocab_size": 256,
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+
+
+def narrow_catalog_config(model_id: str, **overrides: Any) -> dict[str, Any]:
+    """A catalog model's config.json at width 256 (4 heads of 64, 2 KV heads), 2 layers, vocabulary 1024: its
+    family's real code paths at a size a formula-vs-trace test can run; ``overrides`` set more keys."""
+    from fitcheck.catalog import find_catalog_config
+
+    found = find_catalog_config(model_id)
+    assert found is not None, model_id
+    cfg: dict[str, Any] = dict(found[0])
+    cfg.update(hidden_size=256, intermediate_size=688, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+               num_hidden_layers=2, vocab_size=1024, **overrides)
+    return cfg
