@@ -380,6 +380,15 @@ def error_pct(est: Mapping[str, Any], meas: Mapping[str, Any]) -> dict[str, floa
     return out
 
 
+def rescore_values(row: Row, env: Mapping[str, Any], tmp: str) -> dict[str, object]:
+    """The CLI values a measured CUDA row is re-estimated from: its config.json written to ``tmp``, its flags, and
+    the GPU it ran on (``env``: the row's recorded environment)."""
+    (Path(tmp) / "config.json").write_text(json.dumps(row_config(row, "cuda")), encoding="utf-8")
+    values = parse_values(["--model_name_or_path", tmp, *row.argv("cuda"), "--device_type", "cuda"])
+    values.update(_gpu_flag(str(env.get("gpu_name", "H100")), int(env.get("gpu_total_bytes", 0) or 0)))
+    return values
+
+
 def rescore(path: Path) -> list[dict[str, Any]]:
     """The measured rows of a data file with estimates recomputed by this checkout (measurements untouched).
 
@@ -396,10 +405,7 @@ def rescore(path: Path) -> list[dict[str, Any]]:
             out.append(r)
             continue
         with tempfile.TemporaryDirectory(prefix="gpu_truth_") as tmp:
-            (Path(tmp) / "config.json").write_text(json.dumps(row_config(row, "cuda")), encoding="utf-8")
-            values = parse_values(["--model_name_or_path", tmp, *row.argv("cuda"), "--device_type", "cuda"])
-            values.update(_gpu_flag(str(env.get("gpu_name", "H100")), int(env.get("gpu_total_bytes", 0) or 0)))
-            est = _estimate(values)
+            est = _estimate(rescore_values(row, env, tmp))
         r = {**r, "estimate": est, "error_pct": error_pct(est, r["measured"])}
         r.pop("estimate_error", None)
         out.append(r)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_truth import ROWS, _estimate, _gpu_flag, parse_values, row_config
+from gpu_truth import ROWS, _estimate, rescore_values
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT / "benchmarks" / "data" / "gpu_truth_nvidia_h100_80gb_hbm3.json"
@@ -40,9 +40,7 @@ MIB = 2**20
 def _spec_and_values(row: Any, env: dict[str, Any], tmp: str) -> tuple[Any, dict[str, object]]:
     from fitcheck.cli import spec_from_values
 
-    (Path(tmp) / "config.json").write_text(json.dumps(row_config(row, "cuda")), encoding="utf-8")
-    values = parse_values(["--model_name_or_path", tmp, *row.argv("cuda"), "--device_type", "cuda"])
-    values.update(_gpu_flag(str(env.get("gpu_name", "H100")), int(env.get("gpu_total_bytes", 0) or 0)))
+    values = rescore_values(row, env, tmp)
     spec, _ = spec_from_values(values, {})
     return spec, values
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 from fitcheck.findings import Finding, Severity
@@ -131,7 +132,7 @@ class PinnedPath:
         except Exception as exc:  # a trace that cannot run never breaks the answer: the formulas do
             if self.strict:
                 raise
-            self._failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+            self._failed[key] = _reason(exc)
             return None, self._failed[key]
 
     def gap_fraction(self, spec: TrainingSpec) -> float | None:
@@ -207,26 +208,33 @@ class PinnedPath:
         """
         if self._headline_replay is not None:
             return self._length_gaps.get(_cache_key(spec), self._headline_replay)
+        from fitcheck.torch_adapters.allocator_replay import replay_lengths
+
+        lengths = tuple(min(n, spec.batch.seq_len) for n in self.seq_lengths)
+        replay = self._replay_asked(
+            lambda: replay_lengths(spec, lengths),
+            "--seq_lengths replays the traced step through the caching allocator and needs torch and transformers: "
+            "install them, or drop --seq_lengths",
+            "--seq_lengths: the step of this model could not be traced for the allocator replay ({}); drop "
+            "--seq_lengths to use the published 11 % gap")
+        self._length_gaps[_cache_key(spec)] = self._headline_replay = replay
+        return replay
+
+    def _replay_asked(self, replay: Callable[[], Any], no_torch: str, failed: str) -> Any:
+        """An allocator replay a flag asked for: torch missing (``no_torch``) or a trace that cannot run
+        (``failed``, its ``{}`` the reason) is a ``ConfigError`` naming the flag, never a silent fallback."""
+        import warnings
+
         from fitcheck.errors import ConfigError
 
         if not self.can_trace:
-            raise ConfigError("--seq_lengths replays the traced step through the caching allocator and needs torch "
-                              "and transformers: install them, or drop --seq_lengths")
-        lengths = tuple(min(n, spec.batch.seq_len) for n in self.seq_lengths)
+            raise ConfigError(no_torch)
         try:
-            import warnings
-
-            from fitcheck.torch_adapters.allocator_replay import replay_lengths
-
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
-                replay = replay_lengths(spec, lengths)
+                return replay()
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
-            raise ConfigError(f"--seq_lengths: the step of this model could not be traced for the allocator replay "
-                              f"({reason}); drop --seq_lengths to use the published 11 % gap") from None
-        self._length_gaps[_cache_key(spec)] = self._headline_replay = replay
-        return replay
+            raise ConfigError(failed.format(_reason(exc))) from None
 
     def __call__(self, spec: TrainingSpec) -> Report:
         """Estimate a spec on this path (the ``estimate_fn`` of the batch search and the advisor)."""
@@ -244,23 +252,13 @@ class PinnedPath:
         the run cannot be traced (the flag asked for it).
         """
         from fitcheck.core import estimate
-        from fitcheck.errors import ConfigError
+        from fitcheck.torch_adapters.allocator_replay import replay_deepened
 
-        if not self.can_trace:
-            raise ConfigError("--reserved_replay traces the whole run and needs torch and transformers: install "
-                              "them, or drop --reserved_replay")
-        try:
-            import warnings
-
-            from fitcheck.torch_adapters.allocator_replay import replay_deepened
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                self.whole_run_replay = replay = replay_deepened(spec)
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
-            raise ConfigError(f"--reserved_replay: this run could not be traced for the allocator ({reason}); "
-                              "drop --reserved_replay") from None
+        self.whole_run_replay = replay = self._replay_asked(
+            lambda: replay_deepened(spec),
+            "--reserved_replay traces the whole run and needs torch and transformers: install them, or drop "
+            "--reserved_replay",
+            "--reserved_replay: this run could not be traced for the allocator ({}); drop --reserved_replay")
         traced = any(c.name == "activations.traced" for c in report.components)
         comps = self.activations(spec)[0] if traced else None
         again = estimate(spec, activations=comps, gap_fraction=replay.gap_fraction)
@@ -288,15 +286,30 @@ class PinnedPath:
         return report
 
 
+def _reason(exc: BaseException) -> str:
+    """An exception as one short line for a message: its type and first line."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+
+
+def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
+    """The caveat a replay finding adds where the allocator's gap does not enter the number."""
+    from fitcheck.spec import DeviceType
+
+    if spec.hardware.device_type is DeviceType.CPU:
+        return "; on CPU there is no caching allocator, so it does not enter the number"
+    if spec.hardware.expandable_segments:
+        return "; with expandable segments the gap is not applied (segments grow in place)"
+    return ""
+
+
 def _extra_findings(before: Report, after: Report) -> tuple[Finding, ...]:
-    """Findings the path added to ``before`` (trace-failed, seq-lengths) that a re-estimate does not make."""
+    """Findings the path added to ``before`` (trace-failed) that a re-estimate does not make."""
     have = {f.code for f in after.findings}
     return tuple(f for f in before.findings if f.code not in have)
 
 
 def _whole_run_finding(spec: TrainingSpec, replay: Any, fast: Report) -> Finding:
     """INFO: what ``--reserved_replay`` replayed, and the reserved figure it replaced."""
-    from fitcheck.spec import DeviceType
     from fitcheck.torch_adapters.allocator_replay import STEADY_STEPS
     from fitcheck.units import format_bytes
 
@@ -305,17 +318,13 @@ def _whole_run_finding(spec: TrainingSpec, replay: Any, fast: Report) -> Finding
             f"{format_bytes(replay.peak_reserved - replay.peak_allocated)}, {replay.gap_fraction:.0%} of the "
             f"step's own tensors (the fast answer: reserved {format_bytes(fast.peak_reserved_bytes)}); the largest "
             "micro-batch and the suggestions keep the fast gap")
-    if spec.hardware.device_type is DeviceType.CPU:
-        said += "; on CPU there is no caching allocator, so it does not enter the number"
-    elif spec.hardware.expandable_segments:
-        said += "; with expandable segments the gap is not applied (segments grow in place)"
+    said += _where_the_gap_does_not_apply(spec)
     return Finding("reserved-replayed", Severity.INFO, said,
                    "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to shrink a large gap")
 
 
 def _lengths_finding(spec: TrainingSpec, replay: Any, alone: Any, released: Report | None) -> Finding:
     """INFO: what the replay over ``--seq_lengths`` gave, and where it does not enter the number."""
-    from fitcheck.spec import DeviceType
     from fitcheck.units import format_bytes
 
     lengths = ",".join(str(n) for n in replay.lengths)
@@ -329,10 +338,7 @@ def _lengths_finding(spec: TrainingSpec, replay: Any, alone: Any, released: Repo
                  "and nvidia-smi will show the GPU nearly full")
     else:
         said += ", applied to this estimate's step"
-    if spec.hardware.device_type is DeviceType.CPU:
-        said += "; on CPU there is no caching allocator, so it does not enter the number"
-    elif spec.hardware.expandable_segments:
-        said += "; with expandable segments the gap is not applied (segments grow in place)"
+    said += _where_the_gap_does_not_apply(spec)
     if not traceable(spec):
         said += "; the replayed sequence is the plain Trainer step's (the tracer does not describe this run's " \
                 "sharding or kernels), so take it as an approximation"
