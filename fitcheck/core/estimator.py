@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fitcheck.core.activations import activation_findings, in_envelope, not_pinned_finding, versions_findings
 from fitcheck.core.allocator import allocator_findings, reserved_bytes, reserved_risk_findings
-from fitcheck.core.loading import load_component, load_findings, load_phase, run_reserved
+from fitcheck.core.loading import allocator_conf, load_component, load_findings, load_phase, run_reserved
 from fitcheck.core.overheads import nccl_group_bytes
 from fitcheck.core.parallelism import (
     describe_layout,
@@ -21,8 +21,10 @@ from fitcheck.core.parallelism import (
 )
 from fitcheck.core.saving import save_components, save_cost, save_findings
 from fitcheck.core.states import (
+    SidePools,
     describe_regime,
     fsdp_qlora_findings,
+    fsdp_side_pools,
     load_peak,
     model_state_findings,
     prequant_findings,
@@ -122,6 +124,18 @@ def _context_findings(spec: TrainingSpec) -> list[Finding]:
     ]
 
 
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _side_pool_findings(side: SidePools | None) -> list[Finding]:
+    """Where the FSDP side-stream part of reserved comes from (INFO)."""
+    if side is None or side.gather + side.reduce == 0:
+        return []
+    return [Finding("fsdp-side-streams", Severity.INFO, f"{side.detail} ({side.source})",
+                    "nothing to change: with expandable_segments:True these pools grow by 20 MiB pages instead")]
+
+
 def estimate(
     spec: TrainingSpec, *, activations: tuple[Component, ...] | None = None, gap_fraction: float | None = None
 ) -> Report:
@@ -155,6 +169,10 @@ def estimate(
         local, step_totals[step_phase], transient_bytes=transient_bytes_at(components, step_phase),
         gap_fraction=gap_fraction,
     )
+    # FSDP's side streams keep their own cached segments (gathers, sharded gradients) beside the step's pool
+    side = fsdp_side_pools(local, allocator_conf(local))
+    if side is not None:
+        step_reserved = _round_up(step_reserved + side.beyond_allocated(step_phase), 2 * 1024**2)
     if loaded is not None:
         components = (*components, load_component(loaded))
     # Trainer.save_model's gathers on rank 0 (core/saving): the resident states plus the largest gather
@@ -178,6 +196,7 @@ def estimate(
         *sharding_findings(local),
         *fsdp_qlora_findings(local, budget, spec.hardware.host_memory_bytes),  # FSDP-QLoRA, FSDP loading
         *allocator_findings(local, gap_fraction),
+        *_side_pool_findings(side),
         *reserved_risk_findings(local, peak_allocated, peak_reserved, outside, budget),
         *load_findings(loaded, step_reserved),
         *save_findings(saving, spec.hardware.host_memory_bytes),

@@ -6,7 +6,8 @@
 - :mod:`.layout`: every parameter tensor with its dtype, trainability and optimizer group;
 - :mod:`.sharding`: how DDP / ZeRO / FSDP divide each kind of state, and the communication buffers;
   :mod:`.sharding_findings`: what the user should know about the sharding setup; :mod:`.fsdp2_units`: the
-  units accelerate gives FSDP2 and what each keeps gathered; :mod:`.fsdp_qlora`: FSDP over a 4-bit base
+  units accelerate gives FSDP2 and what each keeps gathered; :mod:`.fsdp_streams`: what FSDP's side CUDA
+  streams keep reserved beside the step; :mod:`.fsdp_qlora`: FSDP over a 4-bit base
   (quant storage, replicated quantization state, loading);
 - :mod:`.regimes`: which precision regime applies (bf16 pure, autocast, DeepSpeed masters) and its findings;
 - :mod:`.model_states`: the components the report shows.
@@ -16,6 +17,7 @@ new module here), read by :mod:`.layout`.
 """
 
 from fitcheck.core.states.fsdp_qlora import LoadPeak, fsdp_qlora_findings, load_peak
+from fitcheck.core.states.fsdp_streams import SidePools, fsdp_side_pools
 from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
 from fitcheck.core.states.layout import Layout, all_trainable, build_layout, optimizer_for, trainable_params
 from fitcheck.core.states.lora import LoraPlan, adapter_param_count, plan_lora
@@ -38,6 +40,7 @@ __all__ = [
     "LoadPeak",
     "LoraPlan",
     "Partition",
+    "SidePools",
     "adapter_param_count",
     "all_trainable",
     "base_weights",
@@ -47,6 +50,7 @@ __all__ = [
     "describe_regime",
     "fsdp_fp32_upcast",
     "fsdp_qlora_findings",
+    "fsdp_side_pools",
     "fsdp_unit_params",
     "is_quantized",
     "load_peak",
