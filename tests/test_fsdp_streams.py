@@ -149,3 +149,18 @@ def test_pools_follow_the_setup() -> None:
     fp32 = replace(_fsdp_spec(version=1), precision=PrecisionSpec(load_dtype=Dtype.FLOAT32))
     v1 = fsdp_side_pools(fp32, AllocatorConf())
     assert v1 is not None and v1.gather == 0 and v1.reduce == 0
+
+
+def test_above_the_gpu_the_side_pools_are_released_not_an_oom() -> None:
+    """Where the side pools alone push the run over the GPU, torch releases their free segments and retries
+    (release_cached_blocks): the run fits, with a WARNING; below what the step itself needs it does not fit."""
+    roomy = estimate(_fsdp_spec())
+    assert roomy.fits
+    tight = estimate(replace(_fsdp_spec(), hardware=HardwareSpec(device_type=DeviceType.CUDA,
+                                                                 gpu_memory_bytes=roomy.device_used_bytes - 1)))
+    assert tight.fits and tight.device_used_bytes < roomy.device_used_bytes
+    (note,) = [f for f in tight.findings if f.code == "fsdp-side-streams"]
+    assert note.severity.value == "warning" and "release_cached_blocks" in note.message
+    short = estimate(replace(_fsdp_spec(), hardware=HardwareSpec(device_type=DeviceType.CUDA,
+                                                                 gpu_memory_bytes=roomy.peak_allocated_bytes)))
+    assert not short.fits

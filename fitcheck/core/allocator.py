@@ -105,6 +105,11 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def plus_side_pools(reserved: int, side_bytes: int) -> int:
+    """``reserved`` plus what other streams' pools keep cached (FSDP's side streams), in 2 MiB segments."""
+    return reserved if side_bytes <= 0 else _round_up(reserved + side_bytes, K_ROUND_LARGE)
+
+
 def block_bytes(request: int) -> int:
     """Bytes the caching allocator charges one request (``round_size``: multiple of 512 B).
 

@@ -10,7 +10,7 @@ peak allocated = max over phases of the sum of DEVICE components alive in that p
 from __future__ import annotations
 
 from fitcheck.core.activations import activation_findings, in_envelope, not_pinned_finding, versions_findings
-from fitcheck.core.allocator import allocator_findings, reserved_bytes, reserved_risk_findings
+from fitcheck.core.allocator import allocator_findings, plus_side_pools, reserved_bytes, reserved_risk_findings
 from fitcheck.core.loading import allocator_conf, load_component, load_findings, load_phase, run_reserved
 from fitcheck.core.overheads import nccl_group_bytes
 from fitcheck.core.parallelism import (
@@ -124,14 +124,18 @@ def _context_findings(spec: TrainingSpec) -> list[Finding]:
     ]
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def _side_pool_findings(side: SidePools | None) -> list[Finding]:
-    """Where the FSDP side-stream part of reserved comes from (INFO)."""
+def _side_pool_findings(side: SidePools | None, released: bool) -> list[Finding]:
+    """Where the FSDP side-stream part of reserved comes from (INFO), or that it is released to fit (WARNING)."""
     if side is None or side.gather + side.reduce == 0:
         return []
+    if released:
+        return [Finding(
+            "fsdp-side-streams", Severity.WARNING,
+            f"{side.detail}: with them the run would need more than the GPU, so torch's allocator releases the "
+            "cached free segments and retries (CUDACachingAllocator.cpp release_cached_blocks) at each step's "
+            "peak; the number leaves them out, nvidia-smi will show the GPU nearly full and steps run slower "
+            f"(torch.cuda.memory_stats()['num_alloc_retries'] > 0) ({side.source})",
+            "leave headroom (a smaller micro-batch with more accumulation) to avoid the per-step cache flushes")]
     return [Finding("fsdp-side-streams", Severity.INFO, f"{side.detail} ({side.source})",
                     "nothing to change: with expandable_segments:True these pools grow by 20 MiB pages instead")]
 
@@ -171,8 +175,9 @@ def estimate(
     )
     # FSDP's side streams keep their own cached segments (gathers, sharded gradients) beside the step's pool
     side = fsdp_side_pools(local, allocator_conf(local))
+    own_reserved = step_reserved
     if side is not None:
-        step_reserved = _round_up(step_reserved + side.beyond_allocated(step_phase), 2 * 1024**2)
+        step_reserved = plus_side_pools(step_reserved, side.beyond_allocated(step_phase))
     if loaded is not None:
         components = (*components, load_component(loaded))
     # Trainer.save_model's gathers on rank 0 (core/saving): the resident states plus the largest gather
@@ -180,11 +185,18 @@ def estimate(
     components = (*components, *save_components(saving, components))
     phase, totals = peak_phase(components)
     peak_allocated = totals[phase]
-    peak_reserved = max(run_reserved(step_reserved, loaded), reserved_bytes(local, totals.get(Phase.SAVE, 0),
-                                                                            transient_bytes=0))
+    save_reserved = reserved_bytes(local, totals.get(Phase.SAVE, 0), transient_bytes=0)
+    peak_reserved = max(run_reserved(step_reserved, loaded), save_reserved)
     outside = sum(c.peak_bytes for c in components if c.location is Location.DEVICE_OTHER)
     device_used = peak_reserved + outside
     budget = spec.hardware.gpu_memory_bytes
+    released = False
+    if device_used > budget and step_reserved > own_reserved:
+        # above the GPU, torch's allocator releases every unsplit cached segment, the side streams' free ones
+        # included, and retries (CUDACachingAllocator.cpp malloc -> release_cached_blocks) before it raises
+        without = max(run_reserved(own_reserved, loaded), save_reserved)
+        if without + outside <= budget:
+            released, peak_reserved, device_used = True, without, without + outside
     host = sum(c.peak_bytes for c in components if c.location is Location.HOST)
     host_ok = spec.hardware.host_memory_bytes is None or host <= spec.hardware.host_memory_bytes
     host_ok = host_ok and _load_fits(local, budget, spec.hardware.host_memory_bytes)
@@ -196,7 +208,7 @@ def estimate(
         *sharding_findings(local),
         *fsdp_qlora_findings(local, budget, spec.hardware.host_memory_bytes),  # FSDP-QLoRA, FSDP loading
         *allocator_findings(local, gap_fraction),
-        *_side_pool_findings(side),
+        *_side_pool_findings(side, released),
         *reserved_risk_findings(local, peak_allocated, peak_reserved, outside, budget),
         *load_findings(loaded, step_reserved),
         *save_findings(saving, spec.hardware.host_memory_bytes),

@@ -218,7 +218,10 @@ def fsdp_side_pools(spec: TrainingSpec, conf: AllocatorConf) -> SidePools | None
     else:  # pre-unshard stream: the _mp_shard casts (kept to the reshard under NO_SHARD); unshard stream: gathers
         layers = [(0, u.cast_bytes) for u in units[1:]]
         gather = 0
-        if mixed and units[0].cast_bytes:
+        if mixed and units[0].cast_bytes and sharded:  # freed once gathered: the root's too
+            gather = replay(_gather_events([(0, units[0].cast_bytes), *layers], layers[::-1], None, steps),
+                            conf).peak_reserved
+        elif mixed and units[0].cast_bytes:  # NO_SHARD: the cast is the unsharded parameter until the reshard
             gather = replay(_gather_events(layers, layers[::-1], (0, units[0].cast_bytes), steps), conf).peak_reserved
         if sharded:
             layers = [(0, u.gather_bytes) for u in units[1:]]
