@@ -90,11 +90,13 @@ class Plan:
     group: str
     model: ModelRef
     build: Callable[[ModelInventory], TrainingSpec]
-    metric: str  # "allocated" | "reserved" | "used"
+    metric: str  # "allocated" | "reserved" | "used" | "resident"
     metric_sure: bool
     measured_bytes: int | None
     outcome: str
     notes: tuple[str, ...] = ()
+    stack: str = "other"  # the row's "stack": "hf" (transformers' model code + peft/TRL/Trainer) or "other"
+    stated_trainable: int | None = None  # the source's own trainable-parameter count, when it gives one
 
 
 @dataclass(frozen=True)
@@ -104,15 +106,26 @@ class Skip:
     row_id: str
     group: str
     reason: str
-
+    stack: str = "other"
 
 
 def load_rows(path: Path = DEFAULT_DATA) -> list[dict[str, Any]]:
-    """The published rows, as a list of dicts."""
+    """The published rows, as a list of dicts.
+
+    A row with ``extra_metrics`` (a source that reports several figures for one run, e.g. peft's MetaMathQA
+    results: the whole-run reserved maximum, the 99th percentile of the per-step reserved, the allocated bytes
+    after the step) becomes one row per figure; the extra rows' ids are ``<id>@<suffix>``.
+    """
     rows = json.loads(path.read_text())
     if not isinstance(rows, list):
         raise ValueError(f"{path}: expected a JSON list of rows")
-    return rows
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        out.append(row)
+        for extra in row.get("extra_metrics") or ():
+            out.append({**row, **{k: v for k, v in extra.items() if k != "suffix"},
+                        "id": f"{row['id']}@{extra['suffix']}", "extra_metrics": None})
+    return out
 
 
 def _norm(text: str) -> str:
@@ -151,6 +164,8 @@ def _model_ref(row: Mapping[str, Any]) -> ModelRef | str:
 
 def _metric(row: Mapping[str, Any]) -> tuple[str, bool] | str:
     m = str(row["memory_metric"]).lower()
+    if m.startswith("resident"):
+        return ("resident", True)
     if "not stated" in m and "tool" in m:
         return "measurement tool not stated"
     if "active vs reserved not stated" in m or "alloc vs reserved not stated" in m:
@@ -308,10 +323,15 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     Returns:
         A :class:`Plan` (everything but the parameter inventory) or a :class:`Skip` with the reason.
     """
-    rid, group = str(row["id"]), str(row["source_group"])
+    rid, group, stack = str(row["id"]), str(row["source_group"]), str(row.get("stack") or "other")
 
     def skip(reason: str) -> Skip:
-        return Skip(rid, group, reason)
+        return Skip(rid, group, reason, stack)
+
+    if row.get("no_result"):
+        return skip("no result file at the source's commit (the experiment is defined but was not run)")
+    if row.get("compile"):
+        return skip("torch.compile is not modelled")
 
     notes: list[str] = []
     text = " ".join(str(row.get(k) or "") for k in ("location", "cpu_offload", "distributed")).lower()
@@ -323,8 +343,6 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     if row.get("micro_batch_size") is None or row.get("seq_len") is None:
         return skip("micro-batch or sequence length not stated")
     method = str(row["method"]).lower()
-    if "tinylora" in method:
-        return skip("TinyLoRA is not a LoRA variant fitcheck models")
     metric = _metric(row)
     if isinstance(metric, str):
         return skip(metric)
@@ -347,7 +365,12 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     if isinstance(model, str):
         return skip(model)
     lora: LoraSpec | None = None
-    if row.get("lora"):
+    if row.get("peft_config"):
+        read = _lora_by_fitcheck_reader(row["peft_config"])
+        if isinstance(read, str):
+            return skip(read)
+        lora = read
+    elif row.get("lora"):
         lr = row["lora"]
         targets = _targets(lr)
         if isinstance(targets, str):
@@ -381,6 +404,8 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
         notes.append("seq is a max")  # dynamic padding: the run's longest batch may be shorter
     if model.note:
         notes.append(model.note)
+    if "lorafa" in str(row["optimizer"]).lower():
+        notes.append("LoRA-FA freezes lora_A: fitcheck counts its gradients and moments")
     hardware = _gpu(row)
     batch = BatchSpec(
         micro_batch=int(row["micro_batch_size"]),
@@ -412,7 +437,26 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
         None if measured is None else int(float(measured) * GIB),
         str(row.get("outcome")),
         tuple(notes),
+        stack,
+        None if row.get("trainable_params") is None else int(row["trainable_params"]),
     )
+
+
+def _lora_by_fitcheck_reader(peft_config: Mapping[str, Any]) -> LoraSpec | str:
+    """The row's ``adapter_config.json`` read by fitcheck's own reader, as ``fitcheck estimate --adapter_config``
+    reads it; the reader's refusal (another PEFT method) is the skip reason."""
+    import tempfile
+
+    from fitcheck.errors import FitcheckError
+    from fitcheck.readers import read_adapter_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "adapter_config.json"
+        path.write_text(json.dumps(peft_config))
+        try:
+            return read_adapter_config(str(path))
+        except FitcheckError as exc:
+            return "fitcheck's PEFT reader refuses it: " + str(exc).replace(str(path), "adapter_config.json")
 
 
 def inventory_for(ref: ModelRef) -> ModelInventory:
