@@ -10,10 +10,15 @@ estimates it, and compares LIKE WITH LIKE per the row's ``memory_metric``:
 - ``max_memory_reserved`` / "reserved"               -> ``Report.peak_reserved_bytes``
 - nvidia-smi "used"                                  -> ``Report.device_used_bytes``
 - torchtune "Peak Memory per GPU" that does not say which -> reserved, flagged ``?`` in the table
+- "resident": ``memory_allocated()`` right after ``optimizer.step()`` (peft's MetaMathQA results log it) -> the
+  model states and allocator-counted overheads at the optimizer-step phase; not a peak, summarised on its own line
 
 It prints one line per row (signed error = (estimate - measured) / measured), rows it cannot express with the
-reason, OOM rows with the verdict, and the median and p90 absolute error by source group, HF-stack groups
-(ms-swift, PEFT, LLaMA-Factory) first. Nothing here is tuned to these numbers.
+reason (a run's several figures skipped for one reason are one line), OOM rows with the verdict, the median and
+p90 absolute error by source group, and the same by stack: each row's ``stack`` says whether the run used the
+Hugging Face stack (transformers' modelling code with peft / TRL / the Trainer: ``"hf"``) or another framework
+(``"other"``: torchtune, litgpt, torchtitan, torchao, and ms-swift, whose Qwen-v1 models are remote code), with
+the false "fits" (OOM rows predicted to fit) per stack. Nothing here is tuned to these numbers.
 
 ``--path default`` estimates every row the way ``fitcheck estimate`` answers by default (the formula where it is
 pinned, otherwise a fake-tensor trace, ``fitcheck.torch_adapters.PinnedPath``); each row then says whether it
