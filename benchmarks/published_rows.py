@@ -35,7 +35,12 @@ from fitcheck.spec import (
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "calibration" / "published_measurements.json"
 GIB = 1024**3
-HF_GROUPS = ("ms-swift-benchmark", "peft-MetaMathQA-benchmark", "llamafactory-wiki-via-unsloth")
+HF_GROUPS = (
+    "ms-swift-benchmark",
+    "peft-MetaMathQA-benchmark",
+    "transformers-docs-perf-train-gpu-one-2022",
+    "llamafactory-wiki-via-unsloth",
+)
 
 # Row "model" (lower-cased, spaces/underscores to "-") -> built-in catalog id.
 _CATALOG = {
@@ -52,6 +57,7 @@ _CATALOG = {
     "meta-llama-3-8b": "meta-llama/Meta-Llama-3-8B",
     "meta-llama-3-8b-instruct": "meta-llama/Meta-Llama-3-8B",
     "mistral-7b-v0.1": "mistralai/Mistral-7B-v0.1",
+    "google-bert/bert-large-uncased": "google-bert/bert-large-uncased",
 }
 
 # torchtune / litgpt / Qwen-v1 module names -> transformers Llama/Qwen2 names.
@@ -80,6 +86,8 @@ class ModelRef:
     catalog_id: str | None = None
     config: Mapping[str, object] | None = None
     note: str = ""
+    task: str = "causal-lm"  # the row's "task" (e.g. "seq-cls": the catalog model with its classifier head)
+    num_labels: int = 2
 
 
 @dataclass(frozen=True)
@@ -135,7 +143,8 @@ def _norm(text: str) -> str:
 def _model_ref(row: Mapping[str, Any]) -> ModelRef | str:
     name = _norm(str(row["model"]))
     if name in _CATALOG:
-        return ModelRef(catalog_id=_CATALOG[name])
+        return ModelRef(catalog_id=_CATALOG[name], task=str(row.get("task") or "causal-lm"),
+                        num_labels=int(row.get("num_labels") or 2))
     arch = row.get("arch") or {}
     if name.startswith("qwen-") and "-int4" not in name and arch.get("hidden"):
         # Qwen (v1) is remote code (QWenLMHeadModel); same parameter geometry as a Qwen2 config: RMSNorm,
@@ -166,6 +175,8 @@ def _metric(row: Mapping[str, Any]) -> tuple[str, bool] | str:
     m = str(row["memory_metric"]).lower()
     if m.startswith("resident"):
         return ("resident", True)
+    if m.startswith("reserved (derived)"):
+        return ("reserved", False)
     if "not stated" in m and "tool" in m:
         return "measurement tool not stated"
     if "active vs reserved not stated" in m or "alloc vs reserved not stated" in m:
@@ -185,6 +196,8 @@ def _optimizer(row: Mapping[str, Any]) -> str:
         return "!optimizer fused into backward (optimizer_in_bwd) is not modelled"
     if "unknown" in o or (o.startswith("not stated") and "default" not in o) or "not stated which" in o:
         return "!optimizer not stated"
+    if "adafactor" in o:
+        return "adafactor"
     if "stepped on cpu" in o:
         return "adamw_torch_fused"
     if "torchao 8-bit" in o:
@@ -258,6 +271,7 @@ def _gpu(row: Mapping[str, Any]) -> HardwareSpec:
         ("l40s", "L40S-48GB"),
         ("h200", "H200-141GB"),
         ("h100", "H100-80GB"),
+        ("v100-sxm2-16gb", "V100-16GB"),
     )
     # default: "A100 (80GB ...)", "A100", "not stated (A100-class presumed)"
     name = next((n for k, n in keys if k in text), "A100-80GB")
@@ -307,6 +321,8 @@ def _checkpointing(row: Mapping[str, Any]) -> bool | str:
 
 def _precision(row: Mapping[str, Any]) -> PrecisionSpec:
     p = str(row["precision"]).lower()
+    if p.startswith("fp32"):  # fp32 weights, with or without the Trainer's fp16 autocast (native amp)
+        return PrecisionSpec(Dtype.FLOAT32, MixedPrecision.FP16 if "fp16 autocast" in p else MixedPrecision.NO)
     if "fsdp2 mixed precision" in p:
         return PrecisionSpec(Dtype.FLOAT32, MixedPrecision.BF16)
     if "trainer bf16" in p:
@@ -461,10 +477,11 @@ def _lora_by_fitcheck_reader(peft_config: Mapping[str, Any]) -> LoraSpec | str:
 
 def inventory_for(ref: ModelRef) -> ModelInventory:
     """The row's parameter inventory: from the built-in catalog, or from the config built from its ``arch``."""
-    from fitcheck.readers import inventory_from_config, load_inventory
+    from fitcheck.readers import classifier_inventory, inventory_from_config, load_inventory
     from fitcheck.torch_adapters import meta_inventory
 
     if ref.catalog_id is not None:
-        return load_inventory(ref.catalog_id, env={}, meta_fallback=meta_inventory)
+        inv = load_inventory(ref.catalog_id, env={}, meta_fallback=meta_inventory)
+        return inv if ref.task == "causal-lm" else classifier_inventory(inv, ref.task, ref.num_labels)
     assert ref.config is not None
     return inventory_from_config(ref.config, "published-row", "row arch (calibration data)")
