@@ -39,6 +39,8 @@ HF_GROUPS = (
     "ms-swift-benchmark",
     "peft-MetaMathQA-benchmark",
     "transformers-docs-perf-train-gpu-one-2022",
+    "peft-docs-accelerate-guides",
+    "accelerate-fsdp2-benchmark",
     "llamafactory-wiki-via-unsloth",
 )
 
