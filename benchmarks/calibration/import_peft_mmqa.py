@@ -47,9 +47,9 @@ NOTE_STATES = ("run.py keeps the loop's `outputs` (and so its bf16 logits, 4 x L
                "the next forward returns; fitcheck's model states do not include that tensor. measured - estimate "
                "is 0.32-0.33 GiB for every run whose trainable count fitcheck reproduces (full FT and LoRA alike), "
                "i.e. logits at a mean padded length of ~330 tokens: the states themselves agree.")
-NOTE_READER = ("fitcheck's adapter reader accepts this config but does not model the variant (MiCA init, BD-LoRA "
-               "blocks, or the LoRA-FA optimizer's frozen lora_A): it counts all LoRA factors as trainable (see the "
-               "trainable note), 59-88 MB of gradients and AdamW moments too many.")
+NOTE_READER = ("The LoRA-FA optimizer (peft optimizers/lorafa.py) sets lora_A.requires_grad=False; fitcheck, given "
+               "this adapter config and AdamW, counts lora_A's fp32 gradients and AdamW moments: 5,505,024 "
+               "parameters x 12 B = 66 MB too many.")
 rows = []
 seen = set()
 for f in sorted(files):
@@ -89,8 +89,7 @@ for f in sorted(files):
              else "adapter weights in the base dtype (autocast_adapter_dtype=False)")
     harness = f"{BASE}/run.py, utils.py, data.py"
     mean_tokens = sum(m.get("train total tokens", 0) for m in ti["metrics"]) / (tc["max_steps"] * tc["batch_size"])
-    unmodelled_variant = (pc or {}).get("peft_type") == "LORA" and (
-        opt == "lora-fa" or bool(pc.get("use_bdlora")) or pc.get("init_lora_weights") == "mica")
+    unmodelled_variant = opt == "lora-fa"
     row = {
         "id": f"MMQA-{stem}",
         "source_group": "peft-MetaMathQA-benchmark",
