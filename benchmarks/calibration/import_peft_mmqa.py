@@ -32,10 +32,13 @@ ARCH = {"params_B": 3.2127, "hidden": 3072, "layers": 28, "heads": 24, "kv_heads
 NOTE_MAX = ("Compared with fitcheck's peak_reserved at 4 x 768. The harness pads each batch to its longest sample "
             "(tokenizer.pad) and data.py keeps only samples of <= 1300 characters (+ ~37 of template), which reach 768 "
             "tokens only below 1.75 characters per token: the run's longest batch is probably well below 768 tokens "
-            "(the source does not state it; mean 210 tokens per sample), and the estimate "
-            "at 768 is an upper bound of the step. fitcheck at 4 x 512 gives 16.18 GiB (LoRA r32 q,v) and 31.26 GiB "
+            "(the source does not state it; mean 210 tokens per sample), so the estimate "
+            "at 768 overstates the step's activations. fitcheck at 4 x 512 gives 16.18 GiB (LoRA r32 q,v) and 31.26 GiB "
             "(full FT), 10-22 % below the measured figures, so the agreement at 768 is not evidence that the step is "
-            "right. The maximum also covers from_pretrained (modelled) and the generation evals at batch 50 "
+            "right. The same `outputs` (see the @states row) keep the previous batch's logits and K/V cache alive "
+            "through the next step's forward and loss, 4 x L x 371200 B (1.06 GiB at L = 768), which fitcheck does "
+            "not model (the Trainer drops them). The maximum also covers from_pretrained (modelled) and the "
+            "generation evals at batch 50 "
             "(run.py evaluate: a KV cache of up to 50 x 800 tokens x 112 KiB = 4.3 GiB next to the training pool's "
             "cached blocks; not modelled for this custom loop).")
 NOTE_P99 = ("Not a peak: the 99th percentile of 5000 post-step samples drops the 50 highest, and with "
@@ -43,10 +46,13 @@ NOTE_P99 = ("Not a peak: the 99th percentile of 5000 post-step samples drops the
             "of the training steps' peak reserved; the row without @p99 is the run's maximum. The estimate is for a "
             "4 x 768 batch, so this figure sits 12-18 % below it for every LoRA row (full FT: its optimizer step, "
             "which does not depend on length, is most of the peak).")
-NOTE_STATES = ("run.py keeps the loop's `outputs` (and so its bf16 logits, 4 x L x 128256 x 2 B) referenced until "
-               "the next forward returns; fitcheck's model states do not include that tensor. measured - estimate "
-               "is 0.32-0.33 GiB for every run whose trainable count fitcheck reproduces (full FT and LoRA alike), "
-               "i.e. logits at a mean padded length of ~330 tokens: the states themselves agree.")
+NOTE_STATES = ("run.py keeps the loop's `outputs` referenced until the next forward returns: its bf16 logits "
+               "(4 x L x 128256 x 2 B) and, since Llama-3.2-3B's config has use_cache=true and the run has no "
+               "gradient checkpointing, a DynamicCache whose K/V copies (transformers 5.x DynamicLayer.update: "
+               "torch.cat) cover all 28 layers (4 x L x 114688 B): 4 x L x 371200 B. fitcheck's model states do "
+               "not include them. measured - estimate is 0.32-0.33 GiB for every run whose trainable count "
+               "fitcheck reproduces (full FT and LoRA alike), i.e. a mean padded length of ~235 tokens against "
+               "210 real tokens per sample: the states themselves agree.")
 NOTE_READER = ("The LoRA-FA optimizer (peft optimizers/lorafa.py) sets lora_A.requires_grad=False; fitcheck, given "
                "this adapter config and AdamW, counts lora_A's fp32 gradients and AdamW moments: 5,505,024 "
                "parameters x 12 B = 66 MB too many.")
