@@ -43,6 +43,7 @@ from fitcheck.report import Category, Location, Phase
 
 STACKS = (("hf", "Hugging Face stack"), ("other", "other frameworks"))
 PEAK_METRICS = ("allocated", "reserved", "used")
+LABEL = 43  # width of the summary's first column (the longest source group fits)
 
 
 @dataclass
@@ -130,7 +131,7 @@ def _print_skipped(skipped: Sequence[Skip]) -> None:
 
 def _stats_line(label: str, errs: Sequence[float], false_fits: int | None = None) -> str:
     absd = [abs(e) for e in errs]
-    line = (f"{label:<33}{len(errs):>5}{100 * statistics.median(absd):>13.1f}%"
+    line = (f"{label:<{LABEL}}{len(errs):>5}{100 * statistics.median(absd):>13.1f}%"
             f"{100 * _quantile(absd, 0.9):>10.1f}%{_pct(statistics.median(errs)):>12}")
     above = sum(e > 0 for e in errs)
     line += f"{f'{above}/{len(errs) - above}':>11}"
@@ -141,7 +142,7 @@ def _print_summary(results: Sequence[Result], path: str) -> None:
     """Median / p90 |error| and the signed median by source group, then by stack (``row["stack"]``) with the
     false "fits" (OOM rows predicted to fit), then ALL."""
     peak = [r for r in results if r.plan.metric in PEAK_METRICS]
-    head = f"{'group':<33}{'rows':>5}{'median |err|':>14}{'p90 |err|':>11}{'median err':>12}{'over/under':>11}"
+    head = f"{'group':<{LABEL}}{'rows':>5}{'median |err|':>14}{'p90 |err|':>11}{'median err':>12}{'over/under':>11}"
     print(head)
     for g in sorted({r.plan.group for r in peak}, key=_group_order):
         errs = [r.error for r in peak if r.plan.group == g and r.error is not None]
@@ -156,7 +157,7 @@ def _print_summary(results: Sequence[Result], path: str) -> None:
         if errs:
             print(_stats_line(label, errs, wrong) + f" of {ooms} OOM rows")
         elif ooms:
-            print(f"{label:<33}{0:>5}{'':>48}{wrong:>12} of {ooms} OOM rows")
+            print(f"{label:<{LABEL}}{0:>5}{'':>48}{wrong:>12} of {ooms} OOM rows")
     errs = [r.error for r in peak if r.error is not None]
     if errs:
         wrong = sum(1 for r in peak if r.plan.measured_bytes is None and r.fits)
