@@ -133,3 +133,16 @@ def test_summary_splits_hf_stack_from_other_frameworks(capsys: pytest.CaptureFix
     for label in ("Hugging Face stack", "other frameworks", "ALL"):
         assert label in lines and "OOM rows" in lines[label], label
     assert "allocated right after the optimizer step" in out
+
+
+def test_transformers_guide_rows_are_bert_large_classifiers_as_run_in_2022() -> None:
+    vanilla, fp16_ada = PLANS["TFDOC-1"], PLANS["TFDOC-7"]
+    assert isinstance(vanilla, pr.Plan) and isinstance(fp16_ada, pr.Plan)
+    assert vanilla.stack == "hf" and vanilla.metric == "reserved" and not vanilla.metric_sure  # derived from used
+    inv = pr.inventory_for(vanilla.model)
+    assert inv.shape.task == "seq-cls" and inv.total_params == pytest.approx(335_143_938, rel=1e-6)
+    spec = vanilla.build(inv)
+    assert spec.activations.attn_implementation.value == "eager" and spec.precision.load_dtype.value == "float32"
+    ada = fp16_ada.build(inv)
+    assert ada.optimizer.name == "adafactor" and ada.precision.mixed_precision.value == "fp16"
+    assert ada.batch.grad_accum == 4 and ada.activations.checkpointing
