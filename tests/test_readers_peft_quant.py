@@ -157,3 +157,18 @@ def test_live_training_arguments_object() -> None:
     assert v["per_device_train_batch_size"] == 3 and v["gradient_accumulation_steps"] == 5
     assert v["gradient_checkpointing"] is True and v["optim"] == "adamw_torch"
     assert read.provenance["gradient_checkpointing"] == ("TrainingArguments", "activation_checkpointing")
+
+
+def test_preflight_refuses_a_peft_config_it_does_not_model() -> None:
+    """The same refusal on preflight's/FitcheckCallback's ``peft_config`` path (integrations/spec_build.lora_values)."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from fitcheck import preflight
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    mica = peft.LoraConfig(target_modules=["q_proj", "v_proj"], init_lora_weights="mica")
+    with pytest.raises(NotModelledError, match="LoraConfig:init_lora_weights"):
+        preflight(config, peft_config=mica, gpu="H100-80GB", max_seq_length=128)
+    plain = peft.LoraConfig(target_modules=["q_proj", "v_proj"])
+    assert preflight(config, peft_config=plain, gpu="H100-80GB", max_seq_length=128).spec.lora is not None
