@@ -100,7 +100,7 @@ class Plan:
     group: str
     model: ModelRef
     build: Callable[[ModelInventory], TrainingSpec]
-    metric: str  # "allocated" | "reserved" | "used" | "resident"
+    metric: str  # "allocated" | "reserved" | "used" | "resident" | "reserved-p99"
     metric_sure: bool
     measured_bytes: int | None
     outcome: str
@@ -177,6 +177,8 @@ def _metric(row: Mapping[str, Any]) -> tuple[str, bool] | str:
     m = str(row["memory_metric"]).lower()
     if m.startswith("resident"):
         return ("resident", True)
+    if m.startswith("reserved: 99th percentile"):
+        return ("reserved-p99", True)
     if m.startswith("reserved (derived)"):
         return ("reserved", False)
     if "not stated" in m and "tool" in m:
