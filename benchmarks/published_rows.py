@@ -35,7 +35,14 @@ from fitcheck.spec import (
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "calibration" / "published_measurements.json"
 GIB = 1024**3
-HF_GROUPS = ("ms-swift-benchmark", "peft-MetaMathQA-benchmark", "llamafactory-wiki-via-unsloth")
+HF_GROUPS = (
+    "ms-swift-benchmark",
+    "peft-MetaMathQA-benchmark",
+    "transformers-docs-perf-train-gpu-one-2022",
+    "peft-docs-accelerate-guides",
+    "accelerate-fsdp2-benchmark",
+    "llamafactory-wiki-via-unsloth",
+)
 
 # Row "model" (lower-cased, spaces/underscores to "-") -> built-in catalog id.
 _CATALOG = {
@@ -52,6 +59,7 @@ _CATALOG = {
     "meta-llama-3-8b": "meta-llama/Meta-Llama-3-8B",
     "meta-llama-3-8b-instruct": "meta-llama/Meta-Llama-3-8B",
     "mistral-7b-v0.1": "mistralai/Mistral-7B-v0.1",
+    "google-bert/bert-large-uncased": "google-bert/bert-large-uncased",
 }
 
 # torchtune / litgpt / Qwen-v1 module names -> transformers Llama/Qwen2 names.
@@ -80,6 +88,8 @@ class ModelRef:
     catalog_id: str | None = None
     config: Mapping[str, object] | None = None
     note: str = ""
+    task: str = "causal-lm"  # the row's "task" (e.g. "seq-cls": the catalog model with its classifier head)
+    num_labels: int = 2
 
 
 @dataclass(frozen=True)
@@ -90,11 +100,13 @@ class Plan:
     group: str
     model: ModelRef
     build: Callable[[ModelInventory], TrainingSpec]
-    metric: str  # "allocated" | "reserved" | "used"
+    metric: str  # "allocated" | "reserved" | "used" | "resident" | "reserved-p99"
     metric_sure: bool
     measured_bytes: int | None
     outcome: str
     notes: tuple[str, ...] = ()
+    stack: str = "other"  # the row's "stack": "hf" (transformers' model code + peft/TRL/Trainer) or "other"
+    stated_trainable: int | None = None  # the source's own trainable-parameter count, when it gives one
 
 
 @dataclass(frozen=True)
@@ -104,15 +116,26 @@ class Skip:
     row_id: str
     group: str
     reason: str
-
+    stack: str = "other"
 
 
 def load_rows(path: Path = DEFAULT_DATA) -> list[dict[str, Any]]:
-    """The published rows, as a list of dicts."""
+    """The published rows, as a list of dicts.
+
+    A row with ``extra_metrics`` (a source that reports several figures for one run, e.g. peft's MetaMathQA
+    results: the whole-run reserved maximum, the 99th percentile of the per-step reserved, the allocated bytes
+    after the step) becomes one row per figure; the extra rows' ids are ``<id>@<suffix>``.
+    """
     rows = json.loads(path.read_text())
     if not isinstance(rows, list):
         raise ValueError(f"{path}: expected a JSON list of rows")
-    return rows
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        out.append(row)
+        for extra in row.get("extra_metrics") or ():
+            out.append({**row, **{k: v for k, v in extra.items() if k != "suffix"},
+                        "id": f"{row['id']}@{extra['suffix']}", "extra_metrics": None})
+    return out
 
 
 def _norm(text: str) -> str:
@@ -122,7 +145,8 @@ def _norm(text: str) -> str:
 def _model_ref(row: Mapping[str, Any]) -> ModelRef | str:
     name = _norm(str(row["model"]))
     if name in _CATALOG:
-        return ModelRef(catalog_id=_CATALOG[name])
+        return ModelRef(catalog_id=_CATALOG[name], task=str(row.get("task") or "causal-lm"),
+                        num_labels=int(row.get("num_labels") or 2))
     arch = row.get("arch") or {}
     if name.startswith("qwen-") and "-int4" not in name and arch.get("hidden"):
         # Qwen (v1) is remote code (QWenLMHeadModel); same parameter geometry as a Qwen2 config: RMSNorm,
@@ -151,6 +175,12 @@ def _model_ref(row: Mapping[str, Any]) -> ModelRef | str:
 
 def _metric(row: Mapping[str, Any]) -> tuple[str, bool] | str:
     m = str(row["memory_metric"]).lower()
+    if m.startswith("resident"):
+        return ("resident", True)
+    if m.startswith("reserved: 99th percentile"):
+        return ("reserved-p99", True)
+    if m.startswith("reserved (derived)"):
+        return ("reserved", False)
     if "not stated" in m and "tool" in m:
         return "measurement tool not stated"
     if "active vs reserved not stated" in m or "alloc vs reserved not stated" in m:
@@ -170,6 +200,8 @@ def _optimizer(row: Mapping[str, Any]) -> str:
         return "!optimizer fused into backward (optimizer_in_bwd) is not modelled"
     if "unknown" in o or (o.startswith("not stated") and "default" not in o) or "not stated which" in o:
         return "!optimizer not stated"
+    if "adafactor" in o:
+        return "adafactor"
     if "stepped on cpu" in o:
         return "adamw_torch_fused"
     if "torchao 8-bit" in o:
@@ -243,6 +275,7 @@ def _gpu(row: Mapping[str, Any]) -> HardwareSpec:
         ("l40s", "L40S-48GB"),
         ("h200", "H200-141GB"),
         ("h100", "H100-80GB"),
+        ("v100-sxm2-16gb", "V100-16GB"),
     )
     # default: "A100 (80GB ...)", "A100", "not stated (A100-class presumed)"
     name = next((n for k, n in keys if k in text), "A100-80GB")
@@ -292,6 +325,8 @@ def _checkpointing(row: Mapping[str, Any]) -> bool | str:
 
 def _precision(row: Mapping[str, Any]) -> PrecisionSpec:
     p = str(row["precision"]).lower()
+    if p.startswith("fp32"):  # fp32 weights, with or without the Trainer's fp16 autocast (native amp)
+        return PrecisionSpec(Dtype.FLOAT32, MixedPrecision.FP16 if "fp16 autocast" in p else MixedPrecision.NO)
     if "fsdp2 mixed precision" in p:
         return PrecisionSpec(Dtype.FLOAT32, MixedPrecision.BF16)
     if "trainer bf16" in p:
@@ -308,10 +343,15 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     Returns:
         A :class:`Plan` (everything but the parameter inventory) or a :class:`Skip` with the reason.
     """
-    rid, group = str(row["id"]), str(row["source_group"])
+    rid, group, stack = str(row["id"]), str(row["source_group"]), str(row.get("stack") or "other")
 
     def skip(reason: str) -> Skip:
-        return Skip(rid, group, reason)
+        return Skip(rid, group, reason, stack)
+
+    if row.get("no_result"):
+        return skip("no result file at the source's commit (the experiment is defined but was not run)")
+    if row.get("compile"):
+        return skip("torch.compile is not modelled")
 
     notes: list[str] = []
     text = " ".join(str(row.get(k) or "") for k in ("location", "cpu_offload", "distributed")).lower()
@@ -323,8 +363,6 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     if row.get("micro_batch_size") is None or row.get("seq_len") is None:
         return skip("micro-batch or sequence length not stated")
     method = str(row["method"]).lower()
-    if "tinylora" in method:
-        return skip("TinyLoRA is not a LoRA variant fitcheck models")
     metric = _metric(row)
     if isinstance(metric, str):
         return skip(metric)
@@ -347,7 +385,12 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     if isinstance(model, str):
         return skip(model)
     lora: LoraSpec | None = None
-    if row.get("lora"):
+    if row.get("peft_config"):
+        read = _lora_by_fitcheck_reader(row["peft_config"])
+        if isinstance(read, str):
+            return skip(read)
+        lora = read
+    elif row.get("lora"):
         lr = row["lora"]
         targets = _targets(lr)
         if isinstance(targets, str):
@@ -381,6 +424,8 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
         notes.append("seq is a max")  # dynamic padding: the run's longest batch may be shorter
     if model.note:
         notes.append(model.note)
+    if "lorafa" in str(row["optimizer"]).lower():
+        notes.append("LoRA-FA freezes lora_A: fitcheck counts its gradients and moments")
     hardware = _gpu(row)
     batch = BatchSpec(
         micro_batch=int(row["micro_batch_size"]),
@@ -412,15 +457,35 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
         None if measured is None else int(float(measured) * GIB),
         str(row.get("outcome")),
         tuple(notes),
+        stack,
+        None if row.get("trainable_params") is None else int(row["trainable_params"]),
     )
+
+
+def _lora_by_fitcheck_reader(peft_config: Mapping[str, Any]) -> LoraSpec | str:
+    """The row's ``adapter_config.json`` read by fitcheck's own reader, as ``fitcheck estimate --adapter_config``
+    reads it; the reader's refusal (another PEFT method) is the skip reason."""
+    import tempfile
+
+    from fitcheck.errors import FitcheckError
+    from fitcheck.readers import read_adapter_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "adapter_config.json"
+        path.write_text(json.dumps(peft_config))
+        try:
+            return read_adapter_config(str(path))
+        except FitcheckError as exc:
+            return "fitcheck's PEFT reader refuses it: " + str(exc).replace(str(path), "adapter_config.json")
 
 
 def inventory_for(ref: ModelRef) -> ModelInventory:
     """The row's parameter inventory: from the built-in catalog, or from the config built from its ``arch``."""
-    from fitcheck.readers import inventory_from_config, load_inventory
+    from fitcheck.readers import classifier_inventory, inventory_from_config, load_inventory
     from fitcheck.torch_adapters import meta_inventory
 
     if ref.catalog_id is not None:
-        return load_inventory(ref.catalog_id, env={}, meta_fallback=meta_inventory)
+        inv = load_inventory(ref.catalog_id, env={}, meta_fallback=meta_inventory)
+        return inv if ref.task == "causal-lm" else classifier_inventory(inv, ref.task, ref.num_labels)
     assert ref.config is not None
     return inventory_from_config(ref.config, "published-row", "row arch (calibration data)")

@@ -85,8 +85,12 @@ def _plain(value: object) -> object:
 
 def lora_values(peft_config: object) -> dict[str, object]:
     """TRL-style flat values (``use_peft``, ``lora_r``, ...) of a peft ``LoraConfig`` (attribute names from
-    peft/tuners/lora/config.py)."""
+    peft/tuners/lora/config.py); a setting fitcheck does not model (``refuse_unmodelled_lora_settings``) raises
+    ``NotModelledError``."""
+    from fitcheck.readers import refuse_unmodelled_lora_settings
+
     get = peft_config.get if isinstance(peft_config, Mapping) else lambda k, d=None: getattr(peft_config, k, d)
+    refuse_unmodelled_lora_settings(get, source=type(peft_config).__name__)
     targets = get("target_modules")
     out: dict[str, object] = {"use_peft": True, "lora_r": get("r", 8), "lora_alpha": get("lora_alpha", 8),
                               "lora_dropout": get("lora_dropout", 0.0)}

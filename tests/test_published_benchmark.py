@@ -30,7 +30,14 @@ def test_every_row_is_planned_or_skipped_with_a_reason() -> None:
 
 @pytest.mark.parametrize(
     ("rid", "metric"),
-    [("SWIFT-1", "reserved"), ("MMQA-FULL", "reserved"), ("LIT-8", "allocated"), ("TT32-1", "allocated")],
+    [
+        ("SWIFT-1", "reserved"),
+        ("MMQA-full-finetuning-lr_0.00001", "reserved"),
+        ("MMQA-full-finetuning-lr_0.00001@p99", "reserved-p99"),
+        ("MMQA-full-finetuning-lr_0.00001@states", "resident"),
+        ("LIT-8", "allocated"),
+        ("TT32-1", "allocated"),
+    ],
 )
 def test_compares_like_with_like(rid: str, metric: str) -> None:
     p = PLANS[rid]
@@ -53,6 +60,26 @@ def test_unexpressible_rows_say_why(rid: str, words: str) -> None:
     p = PLANS[rid]
     assert isinstance(p, pr.Skip)
     assert words in p.reason
+
+
+def test_mmqa_results_go_through_fitcheck_s_adapter_reader() -> None:
+    """Every peft MetaMathQA result is a row: LoRA configs are read by fitcheck's reader, other PEFT methods are
+    skipped with the reader's refusal, experiments without a result say so."""
+    mmqa = {rid: p for rid, p in PLANS.items() if rid.startswith("MMQA-")}
+    assert len(mmqa) >= 63 * 3
+    dora = mmqa["MMQA-lora-rank32-dora"]
+    assert isinstance(dora, pr.Plan) and dora.stack == "hf" and dora.stated_trainable == 9_289_728
+    spec = dora.build(pr.inventory_for(dora.model))
+    assert spec.lora is not None and spec.lora.use_dora and spec.lora.target_modules == ("q_proj", "v_proj")
+    ia3 = mmqa["MMQA-ia3-default"]
+    assert isinstance(ia3, pr.Skip) and "IA3" in ia3.reason and "reader refuses" in ia3.reason
+    kasa = mmqa["MMQA-lora-rank32-kasa"]
+    assert isinstance(kasa, pr.Skip) and "no result" in kasa.reason
+
+
+def test_every_row_names_its_stack() -> None:
+    assert {str(r.get("stack")) for r in ROWS} == {"hf", "other"}
+    assert {str(r["stack"]) for r in ROWS if r["source_group"] == "ms-swift-benchmark"} == {"other"}
 
 
 def test_oom_rows_keep_no_measurement() -> None:
@@ -97,3 +124,25 @@ def test_every_plan_builds_a_spec_and_qwen_v1_geometry_matches_its_stated_size()
     assert isinstance(swift, pr.Plan)
     params = pr.inventory_for(swift.model).total_params
     assert params == pytest.approx(7_721_324_500, rel=1e-4)  # "7721.3245M" stated by ms-swift
+
+
+def test_summary_splits_hf_stack_from_other_frameworks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert pub.main(["--path", "formula"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split("  ")[0].strip(): line for line in out.splitlines()}
+    for label in ("Hugging Face stack", "other frameworks", "ALL"):
+        assert label in lines and "OOM rows" in lines[label], label
+    assert "allocated right after the optimizer step" in out and "99th percentile of the per-step reserved" in out
+
+
+def test_transformers_guide_rows_are_bert_large_classifiers_as_run_in_2022() -> None:
+    vanilla, fp16_ada = PLANS["TFDOC-1"], PLANS["TFDOC-7"]
+    assert isinstance(vanilla, pr.Plan) and isinstance(fp16_ada, pr.Plan)
+    assert vanilla.stack == "hf" and vanilla.metric == "reserved" and not vanilla.metric_sure  # derived from used
+    inv = pr.inventory_for(vanilla.model)
+    assert inv.shape.task == "seq-cls" and inv.total_params == pytest.approx(335_143_938, rel=1e-6)
+    spec = vanilla.build(inv)
+    assert spec.activations.attn_implementation.value == "eager" and spec.precision.load_dtype.value == "float32"
+    ada = fp16_ada.build(inv)
+    assert ada.optimizer.name == "adafactor" and ada.precision.mixed_precision.value == "fp16"
+    assert ada.batch.grad_accum == 4 and ada.activations.checkpointing

@@ -57,6 +57,45 @@ def test_adapter_config_json_and_non_lora(tmp_path: Path) -> None:
         lora_from_mapping({"lora_dropout": 1.5}, source="a.json")
 
 
+_UNMODELLED_KEYS = ("exclude_modules", "bias", "lora_bias", "layer_replication", "trainable_token_indices",
+                    "use_bdlora", "init_lora_weights", "kasa_config", "use_qalora")
+
+
+@pytest.mark.parametrize("key", _UNMODELLED_KEYS)
+def test_lora_settings_that_change_the_trained_tensors_are_refused(tmp_path: Path, key: str) -> None:
+    """peft 0.21.2 accepts these LoraConfig settings and trains something other than plain LoRA (MiCA freezes B,
+    BD-LoRA splits the factors into blocks, ...); read from the adapter_config.json peft itself writes, each is
+    refused naming the key (it used to be estimated as plain LoRA)."""
+    peft = pytest.importorskip("peft")
+    from peft.tuners.lora.config import BdLoraConfig, KasaConfig
+
+    value = {
+        "exclude_modules": ["v_proj"],
+        "bias": "lora_only",
+        "lora_bias": True,
+        "layer_replication": [(0, 2), (1, 3)],
+        "trainable_token_indices": [0, 1],
+        "use_bdlora": BdLoraConfig(target_modules_bd_a=["q_proj"], target_modules_bd_b=["v_proj"], nblocks=2),
+        "init_lora_weights": "mica",
+        "kasa_config": KasaConfig(),
+        "use_qalora": True,
+    }[key]
+    cfg = peft.LoraConfig(target_modules=["q_proj", "v_proj"], **{key: value})
+    cfg.save_pretrained(str(tmp_path))
+    with pytest.raises(NotModelledError, match=rf"adapter_config.json:{key}: {key}="):
+        read_adapter_config(str(tmp_path / "adapter_config.json"))
+    with pytest.raises(NotModelledError, match=rf"LoraConfig:{key}"):
+        lora_from_object(cfg)
+
+
+def test_init_only_lora_settings_are_estimated_as_plain_lora(tmp_path: Path) -> None:
+    peft = pytest.importorskip("peft")
+    for init in ("gaussian", "pissa", "olora", "orthogonal", False):
+        cfg = peft.LoraConfig(target_modules=["q_proj"], init_lora_weights=init)
+        cfg.save_pretrained(str(tmp_path))
+        assert read_adapter_config(str(tmp_path / "adapter_config.json")).r == 8
+
+
 def test_bitsandbytes_config_object_and_dict() -> None:
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
@@ -118,3 +157,18 @@ def test_live_training_arguments_object() -> None:
     assert v["per_device_train_batch_size"] == 3 and v["gradient_accumulation_steps"] == 5
     assert v["gradient_checkpointing"] is True and v["optim"] == "adamw_torch"
     assert read.provenance["gradient_checkpointing"] == ("TrainingArguments", "activation_checkpointing")
+
+
+def test_preflight_refuses_a_peft_config_it_does_not_model() -> None:
+    """The same refusal on preflight's/FitcheckCallback's ``peft_config`` path (integrations/spec_build.lora_values)."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from fitcheck import preflight
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    mica = peft.LoraConfig(target_modules=["q_proj", "v_proj"], init_lora_weights="mica")
+    with pytest.raises(NotModelledError, match="LoraConfig:init_lora_weights"):
+        preflight(config, peft_config=mica, gpu="H100-80GB", max_seq_length=128)
+    plain = peft.LoraConfig(target_modules=["q_proj", "v_proj"])
+    assert preflight(config, peft_config=plain, gpu="H100-80GB", max_seq_length=128).spec.lora is not None

@@ -29,7 +29,7 @@ from fitcheck.readers.llamafactory import read_llamafactory, resolve_freeze
 from fitcheck.readers.merge import merge_sources
 from fitcheck.readers.model_config import MetaFallback, inventory_from_config, load_inventory
 from fitcheck.readers.parallelism import PARALLELISM_FLAGS, read_parallelism
-from fitcheck.readers.peft_config import read_adapter_config
+from fitcheck.readers.peft_config import read_adapter_config, refuse_unmodelled_lora_settings
 from fitcheck.readers.run_args import spec_from_settings, spec_from_values
 from fitcheck.readers.run_settings import CliFlag, RunSettings, cli_flags
 from fitcheck.readers.seq_lengths import check_seq_lengths, parse_seq_lengths
@@ -83,6 +83,7 @@ __all__ = [
     "read_script_argv",
     "read_text_file",
     "read_training_args_object",
+    "refuse_unmodelled_lora_settings",
     "resolve_deepspeed",
     "resolve_freeze",
     "resolve_image_tokens",

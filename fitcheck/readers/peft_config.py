@@ -2,17 +2,69 @@
 
 Field names and defaults are peft 0.21's ``LoraConfig`` (``peft/tuners/lora/config.py``: r=8, lora_alpha=8,
 lora_dropout=0.0) and TRL's ``ModelConfig`` for the flags (``trl/trainer/model_config.py``: lora_r=16,
-lora_alpha=32, lora_dropout=0.05). Other PEFT methods (``peft_type`` other than LORA) are not modelled.
+lora_alpha=32, lora_dropout=0.05). Other PEFT methods (``peft_type`` other than LORA) are not modelled, nor are
+the ``LoraConfig`` settings in :data:`UNMODELLED_LORA_SETTINGS` (refused rather than estimated as plain LoRA).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import Enum
 
 from fitcheck.errors import ConfigError, NotModelledError
 from fitcheck.readers.sources import as_bool, as_float, as_int, as_str_list, load_mapping_file, where
 from fitcheck.spec import LoraSpec
+
+
+def _set(value: object) -> bool:
+    return value not in (None, False, "none", "", [], {}, ())
+
+
+def _mica(value: object) -> bool:
+    return isinstance(value, str) and value.lower() == "mica"
+
+
+# peft 0.21.2 ``tuners/lora/config.py`` LoraConfig fields that change which tensors exist, which are trained, or
+# what the forward saves, and that fitcheck does not model (field, is it set, what it does). Estimating such a
+# config as plain LoRA would be silently wrong, so it is refused. Init-only settings (``init_lora_weights`` other
+# than "mica", ``loftq_config``, ``eva_config``, ``corda_config``, ``lora_ga_config``) leave the trained tensors'
+# shapes and trainability as plain LoRA's and are accepted.
+UNMODELLED_LORA_SETTINGS: tuple[tuple[str, Callable[[object], bool], str], ...] = (
+    ("exclude_modules", _set, "modules excluded from the targets"),
+    ("bias", _set, "training the base model's biases"),
+    ("lora_bias", _set, "a trainable bias on every lora_B"),
+    ("layer_replication", _set, "replicated decoder layers"),
+    ("trainable_token_indices", _set, "trainable token rows of the embeddings"),
+    ("use_bdlora", _set, "block-diagonal LoRA factors (BD-LoRA)"),
+    ("init_lora_weights", _mica, "MiCA, a LoRA variant whose B factor is frozen"),
+    ("kasa_config", _set, "KaSA, a LoRA variant with a trainable diagonal between A and B"),
+    ("use_qalora", _set, "QA-LoRA's pooled adapter input"),
+    ("velora_config", _set, "VeLoRA's compressed saved activations"),
+    ("monteclora_config", _set, "MonteCLoRA's sampled adapters"),
+    ("arrow_config", _set, "Arrow routing over several adapters"),
+    ("alora_invocation_tokens", _set, "activated LoRA (aLoRA)"),
+    ("megatron_config", _set, "Megatron-LM parallel linear layers"),
+)
+
+
+def refuse_unmodelled_lora_settings(get: Callable[[str], object], *, source: str) -> None:
+    """Refuse a LoRA config that sets a field of :data:`UNMODELLED_LORA_SETTINGS`.
+
+    Args:
+        get: Field name -> value (``None`` when absent).
+        source: Where the config came from.
+
+    Raises:
+        NotModelledError: Naming the first such field and how to estimate without it.
+    """
+    for key, is_set, what in UNMODELLED_LORA_SETTINGS:
+        value = get(key)
+        if is_set(value):
+            raise NotModelledError(
+                f"{where(source, key)}: {key}={value!r} ({what}) is not modelled; only plain LoRA and DoRA are. "
+                f"To estimate the run as plain LoRA anyway, remove '{key}' from the config"
+            )
+
 
 _LORA_FIELDS = (
     "r",
@@ -26,6 +78,7 @@ _LORA_FIELDS = (
     "layers_to_transform",
     "rank_pattern",
     "peft_type",
+    *(key for key, _, _ in UNMODELLED_LORA_SETTINGS),
 )
 
 
@@ -42,7 +95,7 @@ def lora_from_mapping(raw: Mapping[str, object], *, source: str) -> LoraSpec:
 
     Raises:
         ConfigError: Bad values.
-        NotModelledError: A PEFT method other than LoRA.
+        NotModelledError: A PEFT method other than LoRA, or a setting of :data:`UNMODELLED_LORA_SETTINGS`.
     """
     peft_type = raw.get("peft_type")
     if isinstance(peft_type, Enum):
@@ -52,6 +105,7 @@ def lora_from_mapping(raw: Mapping[str, object], *, source: str) -> LoraSpec:
             f"{where(source, 'peft_type')}: {peft_type} adapters are not modelled; only LoRA "
             "(and DoRA via use_dora) are"
         )
+    refuse_unmodelled_lora_settings(raw.get, source=source)
     r = as_int(raw.get("r", 8), at=where(source, "r"), minimum=1)
     alpha = as_float(raw.get("lora_alpha", 8), at=where(source, "lora_alpha"))
     dropout = as_float(raw.get("lora_dropout", 0.0) or 0.0, at=where(source, "lora_dropout"))
