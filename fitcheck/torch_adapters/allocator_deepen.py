@@ -18,6 +18,7 @@ Pure Python: no torch import.
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -95,7 +96,12 @@ def deepen(one: Sequence[Event], two: Sequence[Event], groups: int) -> list[Even
 def _place(sig: list[tuple[int, str]], a: int, n: int, region: list[str]) -> _Block:
     """The inserted block among its equivalent placements whose twin aligns best (an insertion into a run of
     repeated blocks can be placed at any rotation; the one that lines up with the neighbouring block is the
-    layer's)."""
+    layer's).
+
+    The first placement with the most matched events wins. Two shortcuts leave that choice unchanged: a placement
+    whose events and window share no more signatures (as multisets) than the best so far matched cannot match
+    more, so ``difflib`` is not run for it; a placement whose every event matched cannot be beaten, so the search
+    stops there (``tests/test_allocator_deepen.py`` checks the blocks against the exhaustive search)."""
     slack = max(4, n // 8)
     lo = hi = a
     while lo > 0 and sig[lo - 1] == sig[lo - 1 + n]:
@@ -105,15 +111,26 @@ def _place(sig: list[tuple[int, str]], a: int, n: int, region: list[str]) -> _Bl
     best: tuple[int, bool, dict[int, int]] | None = None
     for start in range(lo, hi + 1):
         end = start + n
+        block = sig[start:end]
+        have = Counter(block)
         for after, (w0, w1) in ((True, (end, min(len(sig), end + n + slack))),
                                 (False, (max(0, start - n - slack), start))):
-            sm = difflib.SequenceMatcher(None, sig[start:end], sig[w0:w1], autojunk=False)
+            if best is not None and _shared(have, sig[w0:w1]) <= len(best[2]):
+                continue
+            sm = difflib.SequenceMatcher(None, block, sig[w0:w1], autojunk=False)
             pos = {i + t: w0 + j + t for i, j, size in sm.get_matching_blocks() for t in range(size)}
             if best is None or len(pos) > len(best[2]):
                 best = (start, after, pos)
+        if best is not None and len(best[2]) == n:
+            break
     assert best is not None
     start, after, twin = best
     return _Block(start, n, twin, after, region[start].startswith("backward"))
+
+
+def _shared(have: Counter[tuple[int, str]], window: list[tuple[int, str]]) -> int:
+    """How many events of a block (``have``: its signatures counted) can match a window: the multiset overlap."""
+    return sum(min(k, have[s]) for s, k in Counter(window).items() if s in have)
 
 
 def _roles(blocks: list[_Block]) -> dict[int, tuple[int, int, bool]]:
