@@ -78,6 +78,9 @@ class TraceResult:
             by event (``fitcheck.torch_adapters.trace_batch``).
         alloc_events: Every storage allocation and free of the trace in order, as ``(serial, +bytes / -bytes,
             region allocated in)``: the sequence the caching-allocator replay runs (``allocator_replay``).
+        region_starts: Index in ``alloc_events`` of the first event of each region of each step (forward, head,
+            backward, optimizer, ``zero_grad``), in order: where one pass over the layers ends and the next begins
+            (``allocator_deepen``).
     """
 
     phases: Mapping[Phase, PhaseBreakdown]
@@ -88,6 +91,7 @@ class TraceResult:
     series: Mapping[Phase, tuple[tuple[int, ...], ...]] = field(default_factory=dict, compare=False, repr=False)
     structure: int = field(default=0, compare=False)
     alloc_events: tuple[tuple[int, int, str], ...] = field(default=(), compare=False, repr=False)
+    region_starts: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def peak(self) -> int:
@@ -350,7 +354,7 @@ def trace_step(
     structure = hash(tuple((category(s), sign) for s, sign in rec.events[rec.regions["forward"].start_event + 1:]))
     events = tuple((s, sign * rec.sizes[s], rec.tags[s]) for s, sign in rec.events)
     return TraceResult(phases, depth, final_grads, time.perf_counter() - start, series=series, structure=structure,
-                       alloc_events=events)
+                       alloc_events=events, region_starts=tuple(rec.region_starts))
 
 
 # The recorder's regions of the measured (second) step that make up each phase.
