@@ -183,13 +183,12 @@ def replay_deepened(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepReplay
     config = spec.model.config
     depth, group = config_layers(config), layer_group(config)
     kwargs = {**trace_kwargs(spec), "steps": steps}
-    # adapters: a tiny LoRA stack deepens without complaint yet not event for event (the optimizer's per-adapter
-    # state allocations reorder); at Llama-3.2-1B width LoRA and QLoRA raise DeepenError. Traced whole instead.
-    if depth > 2 * group and depth % group == 0 and spec.lora is None and spec.quant is None:
+    if depth > 2 * group and depth % group == 0:
         try:
-            one = trace_step(config, num_layers=group, **kwargs).alloc_events
-            two = trace_step(config, num_layers=2 * group, **kwargs).alloc_events
-            return replay_events([deepen(one, two, depth // group)], allocator_conf(spec), (spec.batch.seq_len,))
+            one = trace_step(config, num_layers=group, **kwargs)
+            two = trace_step(config, num_layers=2 * group, **kwargs)
+            events = deepen(one.alloc_events, two.alloc_events, depth // group, (one.region_starts, two.region_starts))
+            return replay_events([events], allocator_conf(spec), (spec.batch.seq_len,))
         except DeepenError:
             pass
     return replay_steady_state(spec, steps)
