@@ -112,7 +112,8 @@ def torch_dtype(name: str) -> Any:
 
 
 @contextlib.contextmanager
-def _fake_mode(fake: bool) -> Iterator[None]:
+def fake_mode(fake: bool) -> Iterator[None]:
+    """torch's ``FakeTensorMode`` (with the tracer's sequence patch) when ``fake``, else nothing."""
     if not fake:
         yield
         return
@@ -247,7 +248,7 @@ def trace_step(
     from fitcheck.torch_adapters.tracer_patches import cuda_dropout
 
     kernels = cuda_dropout() if cuda_kernels else contextlib.nullcontext()
-    with _fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
+    with fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
         model = build_model(
             cfg,
             dtype=torch_dtype(dtype),
