@@ -24,7 +24,7 @@ from benchmarks.cpu_truth import Row, spec_for
 from fitcheck.core.caching import AllocatorConf
 from fitcheck.spec import DeviceType, Dtype, LoraSpec, QuantSpec, TrainingSpec
 from fitcheck.torch_adapters.allocator_compose import ComposeError, whole_run
-from fitcheck.torch_adapters.allocator_deepen import canonical, frees_in_allocation_order
+from fitcheck.torch_adapters.allocator_deepen import DeepenError, canonical, deepen, frees_in_allocation_order
 from fitcheck.torch_adapters.allocator_replay import replay_events, replay_steady_state, replay_whole_run
 from fitcheck.torch_adapters.tracer import trace_step, trainer_param_groups
 from fitcheck.torch_adapters.tracer_optimizer import trace_optimizer
@@ -104,3 +104,43 @@ def test_param_groups_are_the_trainers() -> None:
         groups = trainer_param_groups(model)
         assert [id(p) for p in groups[0]["params"]] == [id(p) for n, p in named if n in decay]
         assert [id(p) for p in groups[1]["params"]] == [id(p) for n, p in named if n not in decay]
+
+
+QV = LoraSpec(r=8)  # peft's default targets for Llama: q_proj, v_proj
+
+
+def _composed(extra: dict[str, object], optim: str, depth: int) -> tuple[list[tuple[int, int, str]], tuple[int, ...]]:
+    step = trace_step(CONFIG, num_layers=depth, **{**STEP, **extra, "optimizer": None, "steps": 1})
+    opt, opt_starts = trace_optimizer(CONFIG, num_layers=depth, **{**STEP, **extra, "optimizer": optim, "steps": 3})
+    return whole_run(step.alloc_events, step.region_starts, opt, opt_starts, 3)
+
+
+@pytest.mark.parametrize("extra, optim", [({"lora": QV}, "adamw_torch"), ({"lora": LORA}, "adamw_torch_fused")],
+                         ids=["lora-qv-adamw", "lora-fused"])
+def test_composed_runs_deepen_to_the_deeper_trace(extra: dict[str, object], optim: str) -> None:
+    """Composed at one and two layers, deepened to three: the real three-layer three-step trace. The non-fused
+    AdamW frees a parameter's ``denom`` while stepping the next one; ``difflib`` cuts the layer's block around that
+    free and ``allocator_deepen`` joins it again (``_merged``: fails without it)."""
+    one, two = _composed(extra, optim, 1), _composed(extra, optim, 2)
+    built = deepen(one[0], two[0], 3, (one[1], two[1]))
+    real = trace_step(CONFIG, num_layers=3, **{**STEP, **extra, "optimizer": optim, "steps": 3}).alloc_events
+    assert _normal(built) == _normal(real)
+    a, b = replay_events([built]), replay_events([real])
+    assert (a.peak_allocated, a.peak_reserved) == (b.peak_allocated, b.peak_reserved)
+
+
+def test_what_does_not_deepen_falls_back_with_the_reason() -> None:
+    """All-linear LoRA under a non-fused AdamW does not deepen (its optimizer's state and update loops align
+    ambiguously): ``DeepenError``, never a wrong sequence; the default path then uses the two-group gap and says
+    so (``reserved-two-groups``)."""
+    from fitcheck.torch_adapters import PinnedPath
+
+    extra = {"lora": LORA, "mixed_precision": "bf16"}
+    one, two = _composed(extra, "adamw_torch", 1), _composed(extra, "adamw_torch", 2)
+    with pytest.raises(DeepenError):
+        deepen(one[0], two[0], 3, (one[1], two[1]))
+    spec = _spec(lora=LORA, mp="bf16")
+    spec = replace(spec, optimizer=replace(spec.optimizer, name="adamw_torch"))
+    report = PinnedPath("always")(spec)
+    said = [f.message for f in report.findings if f.code == "reserved-two-groups"]
+    assert said and "DeepenError" in said[0]

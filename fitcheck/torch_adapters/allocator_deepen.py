@@ -90,11 +90,49 @@ def deepen(one: Sequence[Event], two: Sequence[Event], groups: int,
     """
     if groups < 2:
         raise DeepenError(f"groups must be >= 2, got {groups}")
-    try:
-        return _deepen(one, two, groups, starts[1])
-    except DeepenError:
-        return _deepen(frees_in_allocation_order(one, starts[0]), frees_in_allocation_order(two, starts[1]), groups,
-                       starts[1])
+    normal = (frees_in_allocation_order(one, starts[0]), frees_in_allocation_order(two, starts[1]))
+    tries = [(one, two, False), (*normal, False), (one, two, True), (*normal, True)]
+    for k, (a, b, merge) in enumerate(tries):
+        try:
+            return _deepen(a, b, groups, starts[1], merge)
+        except DeepenError:
+            if k == len(tries) - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _inserts(one: Sequence[Event], sig: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """(start, end) in the two-group trace of each block ``difflib`` finds inserted."""
+    ops = difflib.SequenceMatcher(None, [(n, tag) for _, n, tag in one], sig, autojunk=False).get_opcodes()
+    if any(op not in ("equal", "insert") for op, *_ in ops):
+        raise DeepenError("the two-group trace is not the one-group trace with blocks inserted")
+    return [(a, b) for op, _i1, _i2, a, b in ops if op == "insert"]
+
+
+def _merged(spans: list[tuple[int, int]], sig: list[tuple[int, str]], cuts: list[int]) -> list[tuple[int, int]]:
+    """Two insertions of one region with a short equal run between them, as one where that run's events also end
+    (or start) the pair.
+
+    A non-fused AdamW frees a parameter's ``denom`` while it steps the next parameter, so the first parameter of
+    layer 1 frees layer 0's last ``denom``; ``difflib`` may match that free inside the layer's block and cut the
+    block in two around it.
+    """
+    out = list(spans)
+    k = 0
+    while k + 1 < len(out):
+        (a1, b1), (a2, b2) = out[k], out[k + 1]
+        e = a2 - b1
+        same_region = bisect.bisect_right(cuts, a1) == bisect.bisect_right(cuts, b2 - 1)
+        if same_region and e <= _MERGE_GAP and sig[b2 - e:b2] == sig[b1:a2]:
+            out[k:k + 2] = [(a1, b2 - e)]
+        elif same_region and e <= _MERGE_GAP and sig[a1:a1 + e] == sig[b1:a2]:
+            out[k:k + 2] = [(a1 + e, b2)]
+        else:
+            k += 1
+    return out
+
+
+_MERGE_GAP = 4  # events of an equal run _inserts closes (one parameter's steps: AdamW's four events)
 
 
 def frees_in_allocation_order(events: Sequence[Event], starts: Sequence[int] = ()) -> list[Event]:
@@ -110,11 +148,10 @@ def frees_in_allocation_order(events: Sequence[Event], starts: Sequence[int] = (
     return out + sorted(run)
 
 
-def _deepen(one: Sequence[Event], two: Sequence[Event], groups: int, starts: Sequence[int]) -> list[Event]:
+def _deepen(one: Sequence[Event], two: Sequence[Event], groups: int, starts: Sequence[int],
+            merge: bool) -> list[Event]:
     sig = [(n, tag) for _, n, tag in two]
-    ops = difflib.SequenceMatcher(None, [(n, tag) for _, n, tag in one], sig, autojunk=False).get_opcodes()
-    if any(op not in ("equal", "insert") for op, *_ in ops):
-        raise DeepenError("the two-group trace is not the one-group trace with blocks inserted")
+    inserts = _inserts(one, sig)
     region: list[str] = []
     current = "setup"
     for _, n, tag in two:
@@ -122,10 +159,11 @@ def _deepen(one: Sequence[Event], two: Sequence[Event], groups: int, starts: Seq
         region.append(current)
     cuts = sorted({0, len(two), *starts})
     spans: list[tuple[int, int]] = []
-    for op, _i1, _i2, a, b in ops:
-        if op == "insert":
-            edges = [a, *(c for c in cuts if a < c < b), b]
-            spans += (part for a1, b1 in itertools.pairwise(edges) for part in _one_pass(sig, a1, b1))
+    for a, b in inserts:  # cut where a region begins
+        spans += itertools.pairwise([a, *(c for c in cuts if a < c < b), b])
+    if merge:
+        spans = _merged(spans, sig, cuts)
+    spans = [part for a, b in spans for part in _one_pass(sig, a, b)]
     blocks = []
     for a, b in spans:
         k = bisect.bisect_right(cuts, a)
