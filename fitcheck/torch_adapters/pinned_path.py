@@ -169,11 +169,17 @@ class PinnedPath:
         """The allocator's gap of a traced step: its whole run replayed (every layer, the optimizer, three steps:
         ``allocator_replay.replay_whole_run``, from the activation traces ``runs`` just run), or where that cannot
         run (a run the tracer does not describe as the plain Trainer step, traces that do not compose or deepen)
-        the deepest trace's step replayed alone (two layer groups: ``deepest``), with the reason kept."""
+        the deepest trace's step replayed alone (two layer groups: ``deepest``), with the reason kept. Where the gap
+        does not enter the number (CPU, expandable segments, ``--seq_lengths``' own replay) the cheap one."""
         from fitcheck.core.loading import allocator_conf
+        from fitcheck.spec import DeviceType
         from fitcheck.torch_adapters.allocator_replay import replay_events, replay_whole_run
 
-        if traceable(spec):
+        # where the gap enters the number: a CUDA device without expandable segments, no --seq_lengths (its own
+        # replay gives the gap: _with_lengths)
+        applies = (spec.hardware.device_type is not DeviceType.CPU and not spec.hardware.expandable_segments
+                   and not self.seq_lengths)
+        if applies and traceable(spec):
             try:
                 self._whole[key] = replay_whole_run(spec, runs, optimizer_traces=self._optimizer_traces)
                 return float(self._whole[key].gap_fraction)
