@@ -14,8 +14,9 @@ Llama-3.2-1B's gap under checkpointing (8 x 2048) is 3673, 3377, 3081, 2785, 211
 depth, so not extrapolable from two groups. :func:`replay_steady_state` replays the run as the H100 measured
 it -- full depth, the optimizer, two warm-up steps -- and reproduces ``max_memory_reserved`` of all 8 measured
 rows within -0.73 % .. -0.14 % (``benchmarks/reserved_replay.py``), at 23-79 s of tracing per row on a shared
-CPU: too slow for the default answer, which keeps the two-group fraction. :func:`replay_deepened` builds the
-same sequence from the one- and two-group traces (``allocator_deepen``).
+CPU. :func:`replay_deepened` builds the same sequence from the one- and two-group traces of those steps
+(``allocator_deepen``); :func:`replay_whole_run`, what the default path runs for a traced answer, from the
+one-step activation traces it has already run and the optimizer traced alone (``allocator_compose``), 0.2-0.8 s.
 """
 
 from __future__ import annotations
@@ -165,10 +166,10 @@ def replay_deepened(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepReplay
     """:func:`replay_steady_state` from the traces of one and two layer groups (``allocator_deepen.deepen``).
 
     Equal to the full-depth trace's replay where the two traces differ by repeated layer blocks (tested on tiny
-    Llama bf16, checkpointed and fp32 + autocast steps; at real width, Llama-3.2-1B's checkpointed 8 x 2048 and
-    bf16 full rows replay to the same peaks as their 16-layer traces); a stack the builder cannot deepen (a
-    depth that is not a whole number of groups, ``DeepenError``) and adapter or quantized runs (not yet shown
-    equal) are traced at full depth instead.
+    Llama bf16, checkpointed, fp32 + autocast, LoRA and QLoRA steps; at real width, Llama-3.2-1B's bf16 full,
+    checkpointed, LoRA and QLoRA rows replay to the same peaks as their 16-layer traces); a stack the builder
+    cannot deepen (a depth that is not a whole number of groups, ``DeepenError``) is traced at full depth
+    instead.
 
     Args:
         spec: The training spec (its model must carry config.json).
