@@ -14,7 +14,8 @@ Also the in-process time of each part after the imports (``--inproc``), and the 
 Issue 20's targets: formula <= 0.3 s, traced answer <= 3 s, full report <= 5 s.
 
 Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [--compile] [case ...]`` (CPU, no
-network). To time another checkout (e.g. ``main`` before issue 20), run it with ``PYTHONPATH=<that checkout>``:
+network). Cases: those of ``CASES`` (the default), and the four H100 rows of ``H100_ROWS`` by name. To time
+another checkout (e.g. ``main`` before issue 20), run it with ``PYTHONPATH=<that checkout>``:
 the children inherit it.
 """
 
@@ -38,6 +39,20 @@ CASES: dict[str, list[str]] = {
                       "--per_device_train_batch_size", "2", "--gradient_checkpointing", "--dtype", "bfloat16",
                       "--gpu", "H100-80GB"],
 }
+# the four Llama-3.2-1B rows measured on an H100 whose reserved memory the whole-run allocator replay answers
+# (benchmarks/gpu_truth.py ROWS; the bf16 row is inside the checked envelope: the formula answers it, no trace)
+_L1 = ["--model_name_or_path", "meta-llama/Llama-3.2-1B", "--dtype", "bfloat16", "--optim", "adamw_torch_fused",
+       "--device_type", "cuda", "--gpu", "H100-80GB"]
+_LORA = ["--use_peft", "--lora_r", "16", "--lora_alpha", "32", "--lora_target_modules", "all-linear"]
+H100_ROWS: dict[str, list[str]] = {
+    "h100-llama1b-bf16": [*_L1, "--per_device_train_batch_size", "4", "--max_seq_length", "1024"],
+    "h100-llama1b-ckpt": [*_L1, "--gradient_checkpointing", "--per_device_train_batch_size", "8",
+                          "--max_seq_length", "2048"],
+    "h100-llama1b-lora": [*_L1, "--bf16", *_LORA, "--per_device_train_batch_size", "4", "--max_seq_length", "2048"],
+    "h100-llama1b-qlora": [*_L1, "--bf16", "--load_in_4bit", "--bnb_4bit_quant_type", "nf4",
+                           "--use_bnb_nested_quant", *_LORA, "--gradient_checkpointing",
+                           "--per_device_train_batch_size", "4", "--max_seq_length", "2048"],
+}
 
 _ANSWER = """
 import sys, warnings
@@ -49,7 +64,8 @@ spec, _ = spec_from_args(args)
 path = PinnedPath("auto")
 report = path(spec)
 traced = any(c.name == "activations.traced" for c in report.components)
-print("traced" if traced else "formula", "pinned" if report.pinned else "not pinned", report.peak_allocated_bytes)
+print("traced" if traced else "formula", "pinned" if report.pinned else "not pinned", report.peak_allocated_bytes,
+      report.peak_reserved_bytes)
 """
 
 
@@ -104,7 +120,8 @@ def inproc(flags: list[str]) -> None:
     t2, n2 = time.perf_counter(), traces()
     sugg = advise(report.spec, report, estimate_fn=follow)
     t3 = time.perf_counter()
-    print(f"  headline {t1 - t:.2f} s ({n1} traces, first-use imports included), largest micro-batch {m}: "
+    print(f"  headline {t1 - t:.2f} s ({n1} traces, first-use imports included; reserved "
+          f"{report.peak_reserved_bytes}), largest micro-batch {m}: "
           f"{t2 - t1:.2f} s ({n2 - n1} traces), {len(sugg)} suggestions: {t3 - t2:.2f} s ({traces() - n2} "
           f"traces)")
 
@@ -137,6 +154,7 @@ def main(argv: list[str]) -> int:
                     help="write fitcheck's bytecode first, as `pip install` does (compileall)")
     ap.add_argument("cases", nargs="*")
     ns = ap.parse_args(argv)
+    cases = {**CASES, **H100_ROWS}
     names = ns.cases or list(CASES)
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     _bytecode(ns.compile)
@@ -147,9 +165,9 @@ def main(argv: list[str]) -> int:
     for name in names:
         if ns.inproc:
             print(name)
-            inproc(CASES[name])
+            inproc(cases[name])
             continue
-        for mode, cmd in modes(CASES[name]).items():
+        for mode, cmd in modes(cases[name]).items():
             runs = [_child(cmd) for _ in range(ns.repeat)]
             wall = statistics.median(r[0] for r in runs)
             cpu = statistics.median(r[1] for r in runs)

@@ -3,7 +3,7 @@
 For each measured row of a ``benchmarks/gpu_truth.py`` data file (CPU only; the measurements are not re-run):
 
 * ``estimate``: what ``fitcheck estimate`` answers now (``gpu_truth._estimate``: the default path, whose reserved
-  is the formula's 11 % or the two-layer-group replay's gap fraction, applied to the full-depth transient bytes);
+  is the formula's 11 % where the checked formulas answer, else the whole run's gap: ``replay_whole_run``);
 * ``two-group replay``: ``allocator_replay.replay_step`` -- the step traced at two repeating layer groups, replayed
   through ``fitcheck.core.caching``, its gap fraction applied to the estimate (``core.estimate(gap_fraction=)``);
 * ``full depth``: ``allocator_replay.replay_steady_state`` -- the run as the GPU ran it (every layer, the optimizer,

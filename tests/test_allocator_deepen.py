@@ -17,7 +17,8 @@ pytest.importorskip("transformers")
 from tiny_models import LLAMA_8_LAYERS
 
 from fitcheck.core.caching import AllocatorConf
-from fitcheck.torch_adapters.allocator_deepen import DeepenError, canonical, deepen
+from fitcheck.spec import Dtype, LoraSpec, QuantSpec
+from fitcheck.torch_adapters.allocator_deepen import DeepenError, canonical, deepen, frees_in_allocation_order
 from fitcheck.torch_adapters.allocator_replay import replay_events
 from fitcheck.torch_adapters.tracer import trace_step
 
@@ -28,13 +29,59 @@ STEP = {"seq_len": 32, "micro_batch": 2, "optimizer": "adamw_torch_fused", "step
 @pytest.mark.parametrize("extra", [{}, {"checkpointing": True}, {"dtype": "float32", "mixed_precision": "bf16"}],
                          ids=["bf16", "checkpointing", "fp32-autocast"])
 def test_deepened_sequence_is_the_deeper_trace(extra: dict[str, object]) -> None:
-    events = {d: trace_step(CONFIG, num_layers=d, **{**STEP, **extra}).alloc_events for d in (1, 2, 3)}
-    built = deepen(events[1], events[2], 3)
-    assert len(built) == len(events[3])
-    assert canonical(built) == canonical(events[3])
+    runs = {d: trace_step(CONFIG, num_layers=d, **{**STEP, **extra}) for d in (1, 2, 3)}
+    events = {d: r.alloc_events for d, r in runs.items()}
+    for starts in (((), ()), (runs[1].region_starts, runs[2].region_starts)):
+        built = deepen(events[1], events[2], 3, starts)
+        assert len(built) == len(events[3])
+        assert canonical(built) == canonical(events[3])
     conf = AllocatorConf()
     real, synth = replay_events([events[3]], conf), replay_events([built], conf)
     assert (synth.peak_allocated, synth.peak_reserved) == (real.peak_allocated, real.peak_reserved)
+
+
+LORA = LoraSpec(r=8, alpha=16, target_modules=("all-linear",))
+NF4 = QuantSpec(bits=4, quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16)
+
+
+@pytest.mark.parametrize("extra", [
+    {"lora": LORA, "mixed_precision": "bf16"},
+    {"lora": LORA, "quant": NF4, "mixed_precision": "bf16", "checkpointing": True},
+], ids=["lora", "qlora-checkpointing"])
+def test_adapter_runs_deepen_to_the_deeper_trace(extra: dict[str, object]) -> None:
+    """LoRA and QLoRA: the built sequence equals the real depth-3 trace up to the order of frees inside each run
+    of consecutive frees, an order the allocator's state does not depend on (``frees_in_allocation_order``), and
+    replays to the same peaks. Fails on the code before session 8: LoRA's last layer's optimizer states and
+    ``zero_grad``'s first frees were one inserted block (DeepenError at Llama-3.2-1B width, a wrong sequence here),
+    and QLoRA's end-of-forward frees come in an order that differs with the depth."""
+    runs = {d: trace_step(CONFIG, num_layers=d, **{**STEP, **extra}) for d in (1, 2, 3)}
+    built = deepen(runs[1].alloc_events, runs[2].alloc_events, 3, (runs[1].region_starts, runs[2].region_starts))
+    three = runs[3].alloc_events
+    assert frees_in_allocation_order(canonical(built)) == frees_in_allocation_order(canonical(three))
+    conf = AllocatorConf()
+    real, synth = replay_events([three], conf), replay_events([built], conf)
+    assert (synth.peak_allocated, synth.peak_reserved) == (real.peak_allocated, real.peak_reserved)
+
+
+def test_free_runs_reordered_replay_the_same() -> None:
+    """The caching allocator ends a run of frees in the same state whatever their order: the normal form the
+    adapter test compares in loses nothing the replay sees (here: frees reversed in every run of a real trace)."""
+    events = list(trace_step(CONFIG, num_layers=2, **{**STEP, "checkpointing": True}).alloc_events)
+    reversed_runs: list[tuple[int, int, str]] = []
+    run: list[tuple[int, int, str]] = []
+    for ev in [*events, (-1, 1, "end")]:
+        if ev[1] > 0:
+            reversed_runs += run[::-1]
+            run = []
+            reversed_runs.append(ev)
+        else:
+            run.append(ev)
+    reversed_runs.pop()
+    assert reversed_runs != events
+    conf = AllocatorConf()
+    a = replay_events([events], conf)
+    b = replay_events([reversed_runs], conf)
+    assert (a.peak_allocated, a.peak_reserved) == (b.peak_allocated, b.peak_reserved)
 
 
 def test_deepen_refuses_what_is_not_an_insertion() -> None:

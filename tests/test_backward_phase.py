@@ -81,11 +81,11 @@ def _accum_rest(cfg: dict[str, Any], s: int, b: int, ck: bool, accum: int) -> in
     and gradients (the loss is divided by ``accum`` as the Trainer does)."""
     import torch
 
-    from fitcheck.torch_adapters.tracer import _fake_mode, make_trainer_optimizer
+    from fitcheck.torch_adapters.tracer import fake_mode, make_trainer_optimizer
     from fitcheck.torch_adapters.tracer_build import build_model
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder
 
-    with _fake_mode(True):
+    with fake_mode(True):
         model = build_model(cfg, dtype=torch.bfloat16, attn_implementation="sdpa", checkpointing=ck,
                             every_n_layers=1, lora=None, quant=None, fake=True)
         params = [p for p in model.parameters() if p.requires_grad]

@@ -82,8 +82,8 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         dest="reserved_replay",
         action="store_true",
         help="replay the whole run (every layer, the optimizer, warm-up steps) through torch's caching allocator "
-        "for the reserved figure (needs torch; seconds to a minute on a laptop CPU); by default the allocator's "
-        "gap is replayed at two layer groups, or a published 11 %%",
+        "for the reserved figure even where the answer comes from the checked formulas (needs torch; a traced "
+        "answer replays it by default, a formula answer keeps a published 11 %% gap)",
     )
     parser.add_argument(
         "--mfu", type=_mfu, default=None, metavar="FRACTION",

@@ -96,7 +96,8 @@ def reserved_risk_findings(spec: TrainingSpec, peak_allocated: int, peak_reserve
             "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch environment (reserved then stays "
             "within a 20 MiB page of allocated), or leave that much headroom (a smaller micro-batch)"
             + (", or estimate again with --reserved_replay (this run's whole step replayed through the allocator; "
-               "needs torch)" if regime == "gradient checkpointing" else ""),
+               "needs torch; a traced answer has replayed it already)" if regime == "gradient checkpointing"
+               else ""),
         ),
     )
 

@@ -3,7 +3,8 @@
 - :mod:`.meta_inventory`: any transformers architecture built on the meta device -> ``ModelInventory``;
 - :mod:`.tracer` (+ ``tracer_build``, ``tracer_patches``, ``tracer_quant``, ``tracer_recorder``): one
   training step under ``FakeTensorMode``, read as activation components;
-- :mod:`.allocator_replay`: the traced step's own allocations and frees replayed through the caching allocator;
+- :mod:`.allocator_replay`: the traced step's own allocations and frees replayed through the caching allocator
+  (the whole run: ``allocator_compose`` composes the steps and the optimizer, ``allocator_deepen`` deepens them);
 - :mod:`.differential`: the formula-vs-trace grid (cells, specs, comparison) the benchmarks and tests run;
 - :mod:`.live_model`: facts of a loaded model (dtypes, adapters, quantized layers, device map);
 - :mod:`.live_tracker`: live-tensor peak of a real step (a dispatch mode);
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
         replay_lengths,
         replay_steady_state,
         replay_step,
+        replay_whole_run,
     )
     from fitcheck.torch_adapters.device_map_check import device_map_findings
     from fitcheck.torch_adapters.device_map_split import multi_gpu_shares
@@ -94,6 +96,7 @@ _WHERE = {
     "replay_step": "allocator_replay",
     "replay_deepened": "allocator_replay",
     "replay_steady_state": "allocator_replay",
+    "replay_whole_run": "allocator_replay",
     "RegionStats": "tracer_recorder",
     "hf_config": "tracer_build",
     "model_class": "tracer_build",
@@ -151,6 +154,7 @@ __all__ = [
     "replay_lengths",
     "replay_steady_state",
     "replay_step",
+    "replay_whole_run",
     "trace_components",
     "trace_extrapolated",
     "trace_kwargs",

@@ -17,7 +17,10 @@ Pure Python: no torch import.
 
 from __future__ import annotations
 
+import bisect
 import difflib
+import itertools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,13 +63,24 @@ def canonical(events: Sequence[Event]) -> list[Event]:
     return [(ids.setdefault(s, len(ids)), n, tag) for s, n, tag in events]
 
 
-def deepen(one: Sequence[Event], two: Sequence[Event], groups: int) -> list[Event]:
+def deepen(one: Sequence[Event], two: Sequence[Event], groups: int,
+           starts: tuple[Sequence[int], Sequence[int]] = ((), ())) -> list[Event]:
     """The events of a stack of ``groups`` layer groups, from the traces of one and two groups.
+
+    Where the two traces do not align as they are, their runs of consecutive frees are put in allocation order
+    (:func:`frees_in_allocation_order`) and aligned again. The caching allocator's state after a run of frees does
+    not depend on their order (``fitcheck.core.caching``: a freed block merges with its free neighbours, so the
+    run leaves each segment's maximal free ranges, and no peak moves while bytes are freed), so the replay is the
+    same; QLoRA's end of forward frees bitsandbytes' per-layer tensors in an order that differs with the depth.
 
     Args:
         one: ``alloc_events`` of the trace at one layer group.
         two: ``alloc_events`` of the same step traced at two layer groups.
         groups: Layer groups of the stack wanted (>= 2).
+        starts: ``region_starts`` of the two traces (``TraceResult.region_starts``): an inserted block is cut
+            where a region begins and placed inside its region. Without them a LoRA stack fails: its last
+            layer's optimizer states are allocated right before ``zero_grad`` frees the first layer's gradients,
+            and ``difflib`` sees one insertion across the two passes.
 
     Returns:
         The deeper trace's events (new serials for the storages of the added groups).
@@ -76,44 +90,146 @@ def deepen(one: Sequence[Event], two: Sequence[Event], groups: int) -> list[Even
     """
     if groups < 2:
         raise DeepenError(f"groups must be >= 2, got {groups}")
-    sig = [(n, tag) for _, n, tag in two]
+    normal = (frees_in_allocation_order(one, starts[0]), frees_in_allocation_order(two, starts[1]))
+    tries = [(one, two, False), (*normal, False), (one, two, True), (*normal, True)]
+    for k, (a, b, merge) in enumerate(tries):
+        try:
+            return _deepen(a, b, groups, starts[1], merge)
+        except DeepenError:
+            if k == len(tries) - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _inserts(one: Sequence[Event], sig: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """(start, end) in the two-group trace of each block ``difflib`` finds inserted."""
     ops = difflib.SequenceMatcher(None, [(n, tag) for _, n, tag in one], sig, autojunk=False).get_opcodes()
     if any(op not in ("equal", "insert") for op, *_ in ops):
         raise DeepenError("the two-group trace is not the one-group trace with blocks inserted")
+    return [(a, b) for op, _i1, _i2, a, b in ops if op == "insert"]
+
+
+def _merged(spans: list[tuple[int, int]], sig: list[tuple[int, str]], cuts: list[int]) -> list[tuple[int, int]]:
+    """Two insertions of one region with a short equal run between them, as one where that run's events also end
+    (or start) the pair.
+
+    A non-fused AdamW frees a parameter's ``denom`` while it steps the next parameter, so the first parameter of
+    layer 1 frees layer 0's last ``denom``; ``difflib`` may match that free inside the layer's block and cut the
+    block in two around it.
+    """
+    out = list(spans)
+    k = 0
+    while k + 1 < len(out):
+        (a1, b1), (a2, b2) = out[k], out[k + 1]
+        e = a2 - b1
+        same_region = bisect.bisect_right(cuts, a1) == bisect.bisect_right(cuts, b2 - 1)
+        if same_region and e <= _MERGE_GAP and sig[b2 - e:b2] == sig[b1:a2]:
+            out[k:k + 2] = [(a1, b2 - e)]
+        elif same_region and e <= _MERGE_GAP and sig[a1:a1 + e] == sig[b1:a2]:
+            out[k:k + 2] = [(a1 + e, b2)]
+        else:
+            k += 1
+    return out
+
+
+_MERGE_GAP = 4  # events of an equal run _inserts closes (one parameter's steps: AdamW's four events)
+
+
+def frees_in_allocation_order(events: Sequence[Event], starts: Sequence[int] = ()) -> list[Event]:
+    """The events with each run of consecutive frees (inside one region) sorted by serial: allocation order."""
+    cuts = set(starts)
+    out: list[Event] = []
+    run: list[Event] = []
+    for p, ev in enumerate(events):
+        if run and (ev[1] > 0 or p in cuts):
+            out += sorted(run)
+            run = []
+        (run if ev[1] <= 0 else out).append(ev)
+    return out + sorted(run)
+
+
+def _deepen(one: Sequence[Event], two: Sequence[Event], groups: int, starts: Sequence[int],
+            merge: bool) -> list[Event]:
+    sig = [(n, tag) for _, n, tag in two]
+    inserts = _inserts(one, sig)
     region: list[str] = []
     current = "setup"
     for _, n, tag in two:
         current = tag if n > 0 else current
         region.append(current)
-    blocks = [_place(sig, a, b - a, region) for op, _i1, _i2, a, b in ops if op == "insert"]
+    cuts = sorted({0, len(two), *starts})
+    spans: list[tuple[int, int]] = []
+    for a, b in inserts:  # cut where a region begins
+        spans += itertools.pairwise([a, *(c for c in cuts if a < c < b), b])
+    if merge:
+        spans = _merged(spans, sig, cuts)
+    spans = [part for a, b in spans for part in _one_pass(sig, a, b)]
+    blocks = []
+    for a, b in spans:
+        k = bisect.bisect_right(cuts, a)
+        blocks.append(_place(sig, a, b - a, region, (cuts[k - 1], cuts[k])))
     role = _roles(blocks)
     alloc_at = {s: p for p, (s, n, _t) in enumerate(two) if n > 0}
     blocks = _free_only_directions(two, blocks, role, alloc_at)
     return _Builder(two, blocks, role, alloc_at, groups).build()
 
 
-def _place(sig: list[tuple[int, str]], a: int, n: int, region: list[str]) -> _Block:
+def _one_pass(sig: list[tuple[int, str]], a: int, b: int) -> list[tuple[int, int]]:
+    """An inserted block cut in two where it holds the end of one pass and the start of the next.
+
+    Trainer's optimizer has two parameter groups (weight decay, then norms and biases without), so at two layers
+    its states are [decay 0][decay 1][no-decay 0][no-decay 1] and ``difflib`` inserts [decay 1][no-decay 0] into
+    the one-layer sequence as one block. Such a block has no equal block next to it; its head equals the events
+    just before it and its tail the events just after: it is cut there. A block with an equal neighbour is one
+    layer's and is kept whole."""
+    n = b - a
+    block = sig[a:b]
+    if sig[max(0, a - n):a] == block or sig[b:b + n] == block:
+        return [(a, b)]
+    for k in range(1, min(n, a + 1)):
+        if sig[a - k:a] == block[:k] and sig[b:b + n - k] == block[k:]:
+            return [(a, a + k), (a + k, b)]
+    return [(a, b)]
+
+
+def _place(sig: list[tuple[int, str]], a: int, n: int, region: list[str], bounds: tuple[int, int]) -> _Block:
     """The inserted block among its equivalent placements whose twin aligns best (an insertion into a run of
     repeated blocks can be placed at any rotation; the one that lines up with the neighbouring block is the
-    layer's)."""
+    layer's). Placements and their twins stay inside ``bounds``, the region the block was inserted in.
+
+    The first placement with the most matched events wins. Two shortcuts leave that choice unchanged: a placement
+    whose events and window share no more signatures (as multisets) than the best so far matched cannot match
+    more, so ``difflib`` is not run for it; a placement whose every event matched cannot be beaten, so the search
+    stops there (``tests/test_allocator_deepen.py`` checks the blocks against the exhaustive search)."""
     slack = max(4, n // 8)
     lo = hi = a
-    while lo > 0 and sig[lo - 1] == sig[lo - 1 + n]:
+    while lo > bounds[0] and sig[lo - 1] == sig[lo - 1 + n]:
         lo -= 1
-    while hi + n < len(sig) and sig[hi] == sig[hi + n]:
+    while hi + n < bounds[1] and sig[hi] == sig[hi + n]:
         hi += 1
     best: tuple[int, bool, dict[int, int]] | None = None
     for start in range(lo, hi + 1):
         end = start + n
-        for after, (w0, w1) in ((True, (end, min(len(sig), end + n + slack))),
-                                (False, (max(0, start - n - slack), start))):
-            sm = difflib.SequenceMatcher(None, sig[start:end], sig[w0:w1], autojunk=False)
+        block = sig[start:end]
+        have = Counter(block)
+        for after, (w0, w1) in ((True, (end, min(bounds[1], end + n + slack))),
+                                (False, (max(bounds[0], start - n - slack), start))):
+            if best is not None and _shared(have, sig[w0:w1]) <= len(best[2]):
+                continue
+            sm = difflib.SequenceMatcher(None, block, sig[w0:w1], autojunk=False)
             pos = {i + t: w0 + j + t for i, j, size in sm.get_matching_blocks() for t in range(size)}
             if best is None or len(pos) > len(best[2]):
                 best = (start, after, pos)
+        if best is not None and len(best[2]) == n:
+            break
     assert best is not None
     start, after, twin = best
     return _Block(start, n, twin, after, region[start].startswith("backward"))
+
+
+def _shared(have: Counter[tuple[int, str]], window: list[tuple[int, str]]) -> int:
+    """How many events of a block (``have``: its signatures counted) can match a window: the multiset overlap."""
+    return sum(min(k, have[s]) for s, k in Counter(window).items() if s in have)
 
 
 def _roles(blocks: list[_Block]) -> dict[int, tuple[int, int, bool]]:

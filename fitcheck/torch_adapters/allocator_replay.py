@@ -14,8 +14,9 @@ Llama-3.2-1B's gap under checkpointing (8 x 2048) is 3673, 3377, 3081, 2785, 211
 depth, so not extrapolable from two groups. :func:`replay_steady_state` replays the run as the H100 measured
 it -- full depth, the optimizer, two warm-up steps -- and reproduces ``max_memory_reserved`` of all 8 measured
 rows within -0.73 % .. -0.14 % (``benchmarks/reserved_replay.py``), at 23-79 s of tracing per row on a shared
-CPU: too slow for the default answer, which keeps the two-group fraction. :func:`replay_deepened` builds the
-same sequence from the one- and two-group traces (``allocator_deepen``).
+CPU. :func:`replay_deepened` builds the same sequence from the one- and two-group traces of those steps
+(``allocator_deepen``); :func:`replay_whole_run`, what the default path runs for a traced answer, from the
+one-step activation traces it has already run and the optimizer traced alone (``allocator_compose``), 0.2-0.8 s.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fitcheck.core.caching import AllocatorConf, CachingAllocator
 from fitcheck.core.loading import allocator_conf
@@ -164,10 +166,10 @@ def replay_deepened(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepReplay
     """:func:`replay_steady_state` from the traces of one and two layer groups (``allocator_deepen.deepen``).
 
     Equal to the full-depth trace's replay where the two traces differ by repeated layer blocks (tested on tiny
-    Llama bf16, checkpointed and fp32 + autocast steps; at real width, Llama-3.2-1B's checkpointed 8 x 2048 and
-    bf16 full rows replay to the same peaks as their 16-layer traces); a stack the builder cannot deepen (a
-    depth that is not a whole number of groups, ``DeepenError``) and adapter or quantized runs (not yet shown
-    equal) are traced at full depth instead.
+    Llama bf16, checkpointed, fp32 + autocast, LoRA and QLoRA steps; at real width, Llama-3.2-1B's bf16 full,
+    checkpointed, LoRA and QLoRA rows replay to the same peaks as their 16-layer traces); a stack the builder
+    cannot deepen (a depth that is not a whole number of groups, ``DeepenError``) is traced at full depth
+    instead.
 
     Args:
         spec: The training spec (its model must carry config.json).
@@ -183,16 +185,71 @@ def replay_deepened(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepReplay
     config = spec.model.config
     depth, group = config_layers(config), layer_group(config)
     kwargs = {**trace_kwargs(spec), "steps": steps}
-    # adapters: a tiny LoRA stack deepens without complaint yet not event for event (the optimizer's per-adapter
-    # state allocations reorder); at Llama-3.2-1B width LoRA and QLoRA raise DeepenError. Traced whole instead.
-    if depth > 2 * group and depth % group == 0 and spec.lora is None and spec.quant is None:
+    if depth > 2 * group and depth % group == 0:
         try:
-            one = trace_step(config, num_layers=group, **kwargs).alloc_events
-            two = trace_step(config, num_layers=2 * group, **kwargs).alloc_events
-            return replay_events([deepen(one, two, depth // group)], allocator_conf(spec), (spec.batch.seq_len,))
+            one = trace_step(config, num_layers=group, **kwargs)
+            two = trace_step(config, num_layers=2 * group, **kwargs)
+            events = deepen(one.alloc_events, two.alloc_events, depth // group, (one.region_starts, two.region_starts))
+            return replay_events([events], allocator_conf(spec), (spec.batch.seq_len,))
         except DeepenError:
             pass
     return replay_steady_state(spec, steps)
+
+
+def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: int = STEADY_STEPS,
+                     optimizer_traces: dict[str, Any] | None = None) -> StepReplay:
+    """:func:`replay_steady_state` from the one-step activation traces the answer has already run.
+
+    The forward and backward of every step are those of the spec's step traced without an optimizer at the depths
+    of ``tracer.depth_plan`` (``PinnedPath``'s activation traces: ``step_runs``); only the optimizer's steps are
+    traced here (``tracer_optimizer.trace_optimizer``: no forward, no backward). The steps are composed
+    (``allocator_compose.whole_run``) at each depth, deepened to the full depth (``allocator_deepen.deepen``) and
+    replayed. Equal to the full-depth three-step trace's replay on every H100 row of
+    ``benchmarks/data/reserved_replay_nvidia_h100_80gb_hbm3.json`` (``benchmarks/reserved_replay.py --check``).
+
+    Args:
+        spec: The training spec (a plain Trainer step: ``pinned_path.traceable``).
+        step_runs: ``tracer.trace_step(optimizer=None, steps=1)`` results at the depths of ``depth_plan``, or
+            empty to trace them here.
+        steps: Steps in the run (the last is the measured one).
+        optimizer_traces: A cache of optimizer traces (they depend on the model, the depth, the adapters and
+            the optimizer, not on the sequence, micro-batch or checkpointing), shared between calls.
+
+    Returns:
+        The replay's peaks over all steps.
+
+    Raises:
+        ComposeError, DeepenError: The traces do not compose or deepen (the caller falls back).
+    """
+    from fitcheck.torch_adapters.allocator_compose import whole_run
+    from fitcheck.torch_adapters.allocator_deepen import DeepenError, deepen
+    from fitcheck.torch_adapters.tracer import depth_plan, trace_kwargs, trace_step
+    from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
+    from fitcheck.torch_adapters.tracer_optimizer import trace_optimizer
+
+    config = spec.model.config
+    kwargs = trace_kwargs(spec)
+    plan = depth_plan(config, spec.freeze)
+    if len(plan) == 2 and config_layers(config) % layer_group(config):
+        raise DeepenError(f"{config_layers(config)} layers are not whole {layer_group(config)}-layer groups")
+    if len(step_runs) != len(plan):
+        step_runs = [trace_step(config, num_layers=d, **{**kwargs, "optimizer": None, "steps": 1}) for d in plan]
+    cache = {} if optimizer_traces is None else optimizer_traces
+    composed = []
+    for depth, run in zip(plan, step_runs, strict=True):
+        opt_kwargs = {k: v for k, v in kwargs.items() if k not in ("seq_len", "micro_batch", "checkpointing",
+                                                                   "every_n_layers", "use_reentrant", "image_tokens")}
+        key = repr((spec.model.model_id, spec.model.shape, depth, steps, sorted(opt_kwargs.items())))
+        if key not in cache:
+            cache[key] = trace_optimizer(config, num_layers=depth, steps=steps, **opt_kwargs)
+        opt_events, opt_starts = cache[key]
+        composed.append(whole_run(run.alloc_events, run.region_starts, opt_events, opt_starts, steps))
+    if len(composed) == 1:
+        events = composed[0][0]
+    else:
+        (one, one_starts), (two, two_starts) = composed
+        events = deepen(one, two, config_layers(config) // layer_group(config), (one_starts, two_starts))
+    return replay_events([events], allocator_conf(spec), (spec.batch.seq_len,))
 
 
 def replay_step(spec: TrainingSpec, seq_lengths: Sequence[int] | None = None) -> StepReplay:

@@ -91,9 +91,10 @@ class PinnedPath:
         seq_lengths: ``--seq_lengths``: padded lengths of successive steps; when given, the allocator's gap is
             replayed over them (``allocator_replay.replay_step``) whichever path gives the activations.
         reserved_replay: ``--reserved_replay``: the first spec asked (the headline) gets the allocator's gap from
-            its whole run replayed (``allocator_replay.replay_deepened``: every layer, the optimizer, warm-up
-            steps), not from two layer groups or the published 11 %; later specs (the largest micro-batch,
-            suggestions) keep the fast gap.
+            its whole run replayed (every layer, the optimizer, warm-up steps) even where the default path does
+            not replay it (a headline from the checked formulas, or a run the tracer does not describe as the
+            plain Trainer step), not the published 11 %. Every traced spec gets the whole run's gap without it
+            (``_traced_gap``).
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -109,6 +110,9 @@ class PinnedPath:
         self._headline_replay: Any = None  # the first spec's replay: what following() paths reuse
         self.reserved_replay = reserved_replay
         self.whole_run_replay: Any = None  # --reserved_replay: the headline's allocator_replay.StepReplay
+        self._whole: dict[str, Any] = {}  # cache key -> the whole run replayed (allocator_replay.replay_whole_run)
+        self._whole_failed: dict[str, str] = {}  # cache key -> why the whole run could not be replayed
+        self._optimizer_traces: dict[str, Any] = {}  # tracer_optimizer traces, shared by every replay
 
     def wants_trace(self, spec: TrainingSpec) -> bool:
         """Whether this spec's activations should come from a trace."""
@@ -156,12 +160,32 @@ class PinnedPath:
             # a TRL trainer's policy step runs its own rows (core.trainers.step_spec: DPO's chosen + rejected)
             result = self._traces[key].result(step_spec(spec).batch.micro_batch)
         if result.alloc_events and key not in self._gaps:  # a micro-batch traced, not interpolated
-            from fitcheck.core.loading import allocator_conf
-            from fitcheck.torch_adapters.allocator_replay import replay_events
-
-            self._gaps[key] = replay_events([result.alloc_events], allocator_conf(spec)).gap_fraction
+            runs = self._traces[key].traced.get(step_spec(spec).batch.micro_batch, ())
+            self._gaps[key] = self._traced_gap(key, spec, runs, result.alloc_events)
         self.traced_answers += 1
         return components_from_trace(result)
+
+    def _traced_gap(self, key: str, spec: TrainingSpec, runs: Any, deepest: Any) -> float:
+        """The allocator's gap of a traced step: its whole run replayed (every layer, the optimizer, three steps:
+        ``allocator_replay.replay_whole_run``, from the activation traces ``runs`` just run), or where that cannot
+        run (a run the tracer does not describe as the plain Trainer step, traces that do not compose or deepen)
+        the deepest trace's step replayed alone (two layer groups: ``deepest``), with the reason kept. Where the gap
+        does not enter the number (CPU, expandable segments, ``--seq_lengths``' own replay) the cheap one."""
+        from fitcheck.core.loading import allocator_conf
+        from fitcheck.spec import DeviceType
+        from fitcheck.torch_adapters.allocator_replay import replay_events, replay_whole_run
+
+        # where the gap enters the number: a CUDA device without expandable segments, no --seq_lengths (its own
+        # replay gives the gap: _with_lengths)
+        applies = (spec.hardware.device_type is not DeviceType.CPU and not spec.hardware.expandable_segments
+                   and not self.seq_lengths)
+        if applies and traceable(spec):
+            try:
+                self._whole[key] = replay_whole_run(spec, runs, optimizer_traces=self._optimizer_traces)
+                return float(self._whole[key].gap_fraction)
+            except Exception as exc:  # the two-group gap answers, with the reason as a finding
+                self._whole_failed[key] = _reason(exc)
+        return replay_events([deepest], allocator_conf(spec)).gap_fraction
 
     def following(self, headline: Report) -> PinnedPath:
         """The path for the numbers around a headline (largest micro-batch, suggestions): traced when the
@@ -171,6 +195,8 @@ class PinnedPath:
         other = PinnedPath("always" if traced else "never", can_trace=self.can_trace, strict=False)
         other._traces, other._failed = self._traces, self._failed
         other._gaps = self._gaps
+        other._whole, other._whole_failed = self._whole, self._whole_failed
+        other._optimizer_traces = self._optimizer_traces
         other.seq_lengths = self.seq_lengths
         other._length_gaps = self._length_gaps
         other._headline_replay = self._headline_replay
@@ -246,16 +272,18 @@ class PinnedPath:
     def _with_whole_run_replay(self, spec: TrainingSpec, report: Report) -> Report:
         """The headline with the allocator gap of its whole run replayed (``--reserved_replay``).
 
-        Two layer groups replayed do not scale to the full depth: on the H100 rows of
+        A traced headline already has it (``_traced_gap``); the flag forces it where the default does not
+        replay: a headline the checked formulas answer (its step is traced for the replay only), a run the tracer
+        does not describe as the plain Trainer step (its plain step replayed, ``replay_deepened``). Two layer
+        groups replayed do not scale to the full depth: on the H100 rows of
         ``benchmarks/data/reserved_replay_nvidia_h100_80gb_hbm3.json`` the two-group gap is -12 % .. +13 % off the
         measured ``max_memory_reserved`` and the whole run replayed -0.7 % .. -0.1 %. Raises ``ConfigError`` when
         the run cannot be traced (the flag asked for it).
         """
         from fitcheck.core import estimate
-        from fitcheck.torch_adapters.allocator_replay import replay_deepened
 
         self.whole_run_replay = replay = self._replay_asked(
-            lambda: replay_deepened(spec),
+            lambda: self._whole_run(spec),
             "--reserved_replay traces the whole run and needs torch and transformers: install them, or drop "
             "--reserved_replay",
             "--reserved_replay: this run could not be traced for the allocator ({}); drop --reserved_replay")
@@ -264,6 +292,26 @@ class PinnedPath:
         again = estimate(spec, activations=comps, gap_fraction=replay.gap_fraction)
         note = _whole_run_finding(spec, replay, report)
         return dataclasses.replace(again, findings=(*again.findings, *_extra_findings(report, again), note))
+
+    def _whole_run(self, spec: TrainingSpec) -> Any:
+        """The spec's whole run replayed: the traced headline's, else replayed now."""
+        from fitcheck.core.trainers import step_spec
+        from fitcheck.torch_adapters.allocator_compose import ComposeError
+        from fitcheck.torch_adapters.allocator_deepen import DeepenError
+        from fitcheck.torch_adapters.allocator_replay import replay_deepened, replay_whole_run
+
+        key = _cache_key(spec)
+        if key in self._whole:
+            return self._whole[key]
+        if traceable(spec):
+            traces = self._traces.get(key)
+            runs = traces.traced.get(step_spec(spec).batch.micro_batch, ()) if traces is not None else ()
+            try:
+                self._whole[key] = replay_whole_run(spec, runs, optimizer_traces=self._optimizer_traces)
+                return self._whole[key]
+            except (ComposeError, DeepenError):
+                pass
+        return replay_deepened(spec)
 
     def _answer(self, spec: TrainingSpec) -> Report:
         from fitcheck.core import estimate
@@ -282,6 +330,14 @@ class PinnedPath:
         if failed:
             note = Finding("trace-failed", Severity.INFO, f"tracing this run was not possible ({failed})",
                            "the number is from the formulas; see the not-pinned warning")
+            report = dataclasses.replace(report, findings=(*report.findings, note))
+        elif comps and not self.seq_lengths and _cache_key(spec) in self._whole_failed:
+            note = Finding("reserved-two-groups", Severity.INFO,
+                           f"the whole run could not be replayed through the caching allocator "
+                           f"({self._whole_failed[_cache_key(spec)]}); reserved uses the gap of the traced step at "
+                           "two layer groups, which does not scale with depth (-12 % .. +13 % on the H100 rows of "
+                           "benchmarks/data/reserved_replay_nvidia_h100_80gb_hbm3.json)",
+                           "--reserved_replay replays the run traced at its full depth")
             report = dataclasses.replace(report, findings=(*report.findings, note))
         return report
 
@@ -316,8 +372,7 @@ def _whole_run_finding(spec: TrainingSpec, replay: Any, fast: Report) -> Finding
     said = (f"the whole run was replayed through torch's caching allocator (every layer, the optimizer, "
             f"{STEADY_STEPS} steps; fitcheck/core/caching): reserved - allocated = "
             f"{format_bytes(replay.peak_reserved - replay.peak_allocated)}, {replay.gap_fraction:.0%} of the "
-            f"step's own tensors (the fast answer: reserved {format_bytes(fast.peak_reserved_bytes)}); the largest "
-            "micro-batch and the suggestions keep the fast gap")
+            f"step's own tensors (without the flag: reserved {format_bytes(fast.peak_reserved_bytes)})")
     said += _where_the_gap_does_not_apply(spec)
     return Finding("reserved-replayed", Severity.INFO, said,
                    "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to shrink a large gap")

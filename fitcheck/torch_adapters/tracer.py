@@ -78,6 +78,9 @@ class TraceResult:
             by event (``fitcheck.torch_adapters.trace_batch``).
         alloc_events: Every storage allocation and free of the trace in order, as ``(serial, +bytes / -bytes,
             region allocated in)``: the sequence the caching-allocator replay runs (``allocator_replay``).
+        region_starts: Index in ``alloc_events`` of the first event of each region of each step (forward, head,
+            backward, optimizer, ``zero_grad``), in order: where one pass over the layers ends and the next begins
+            (``allocator_deepen``).
     """
 
     phases: Mapping[Phase, PhaseBreakdown]
@@ -88,6 +91,7 @@ class TraceResult:
     series: Mapping[Phase, tuple[tuple[int, ...], ...]] = field(default_factory=dict, compare=False, repr=False)
     structure: int = field(default=0, compare=False)
     alloc_events: tuple[tuple[int, int, str], ...] = field(default=(), compare=False, repr=False)
+    region_starts: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def peak(self) -> int:
@@ -108,7 +112,8 @@ def torch_dtype(name: str) -> Any:
 
 
 @contextlib.contextmanager
-def _fake_mode(fake: bool) -> Iterator[None]:
+def fake_mode(fake: bool) -> Iterator[None]:
+    """torch's ``FakeTensorMode`` (with the tracer's sequence patch) when ``fake``, else nothing."""
     if not fake:
         yield
         return
@@ -127,10 +132,16 @@ def trainer_param_groups(model: Any) -> list[dict[str, Any]]:
     biases, norm weights and ``nn.LayerNorm`` parameters), none for the rest; ``weight_decay`` is the
     ``TrainingArguments`` default 0.0 (``AdamW`` decays in place, so the value changes no memory).
     """
-    from transformers import Trainer
+    import torch
 
-    # get_decay_parameter_names reads no Trainer state: call the Trainer's own rule on the model.
-    decay = set(Trainer.get_decay_parameter_names(None, model))  # type: ignore[arg-type]
+    from fitcheck.core.optimizers import trainer_decays
+
+    # the Trainer's own rule (its name patterns and nn.LayerNorm; tests/test_optimizers_measured.py checks it
+    # against Trainer.get_decay_parameter_names), without importing transformers.trainer: 0.7 s of CPU in a fresh
+    # process that the optimizer-free activation traces do not pay
+    norms = {f"{m}.{n}" if m else n for m, mod in model.named_modules() if isinstance(mod, torch.nn.LayerNorm)
+             for n, _ in mod.named_parameters(recurse=False)}
+    decay = {n for n, _ in model.named_parameters() if trainer_decays(n, layer_norm=n in norms)}
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     return [
         {"params": [p for n, p in named if n in decay], "weight_decay": 0.0},
@@ -243,7 +254,7 @@ def trace_step(
     from fitcheck.torch_adapters.tracer_patches import cuda_dropout
 
     kernels = cuda_dropout() if cuda_kernels else contextlib.nullcontext()
-    with _fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
+    with fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
         model = build_model(
             cfg,
             dtype=torch_dtype(dtype),
@@ -350,7 +361,7 @@ def trace_step(
     structure = hash(tuple((category(s), sign) for s, sign in rec.events[rec.regions["forward"].start_event + 1:]))
     events = tuple((s, sign * rec.sizes[s], rec.tags[s]) for s, sign in rec.events)
     return TraceResult(phases, depth, final_grads, time.perf_counter() - start, series=series, structure=structure,
-                       alloc_events=events)
+                       alloc_events=events, region_starts=tuple(rec.region_starts))
 
 
 # The recorder's regions of the measured (second) step that make up each phase.

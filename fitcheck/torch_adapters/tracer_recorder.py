@@ -36,6 +36,8 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         tags: serial -> region in which it was allocated.
         events: (serial, +1 alloc / -1 free), in order.
         regions: region name -> peak statistics.
+        region_starts: Index in ``events`` of the first event of each region entered, in order (a name entered
+            again, as every warm-up step's, starts again).
     """
 
     def __init__(self) -> None:
@@ -46,6 +48,7 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.events: list[tuple[int, int]] = []
         self.regions: dict[str, RegionStats] = {}
         self.region = "setup"
+        self.region_starts: list[int] = []
         self._serial_of: dict[int, int] = {}
 
     def enter_region(self, name: str) -> None:
@@ -56,6 +59,7 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         stats = self.regions.setdefault(name, RegionStats())
         stats.peak, stats.peak_event = self.current, len(self.events) - 1
         stats.start_event = len(self.events) - 1
+        self.region_starts.append(len(self.events))
 
     def track(self, tensors: Iterable[Any]) -> None:
         """Register the storages of tensors created outside the mode (parameters, buffers, inputs)."""

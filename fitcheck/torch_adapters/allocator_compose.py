@@ -1,0 +1,93 @@
+"""A run of several training steps' allocations, composed from one step's trace and the optimizer's own trace.
+
+The whole-run replay (``allocator_replay.replay_whole_run``) needs what ``tracer.trace_step(steps=3)`` with the
+optimizer records; the headline has already traced one step without an optimizer (its activation trace, the
+same forward and backward: ``tracer.activation_trace_kwargs``). :func:`whole_run` repeats that step's forward
+and backward once per step, with storages renamed per step and the warm-up steps' regions suffixed as
+``trace_step`` names them, puts the optimizer's events of the same step (``tracer_optimizer.trace_optimizer``)
+between backward and ``zero_grad``, and returns the region starts ``allocator_deepen.deepen`` cuts at. Checked
+against real multi-step traces in ``tests/test_allocator_compose.py``: equal, event for event up to storage
+renaming and the order of frees inside a run of consecutive frees (an order the caching allocator's state does
+not depend on: ``allocator_deepen.frees_in_allocation_order``).
+
+Pure Python: no torch import.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+Event = tuple[int, int, str]  # (storage serial, +bytes allocated / -bytes freed, region allocated in)
+
+# the regions trace_step enters in every step, in order, then "done" (tracer.trace_step)
+STEP_REGIONS = ("forward", "forward_head", "backward_start", "backward", "optimizer", "zero_grad")
+
+
+class ComposeError(ValueError):
+    """A trace does not have the regions of ``tracer.trace_step`` (one step) or ``trace_optimizer``."""
+
+
+def whole_run(step: Sequence[Event], step_starts: Sequence[int], opt: Sequence[Event], opt_starts: Sequence[int],
+              steps: int) -> tuple[list[Event], tuple[int, ...]]:
+    """The events of ``steps`` training steps.
+
+    Args:
+        step: ``alloc_events`` of one step traced without an optimizer (``optimizer=None, steps=1``).
+        step_starts: Its ``region_starts`` (the six regions of :data:`STEP_REGIONS`, then ``done``).
+        opt: ``alloc_events`` of ``trace_optimizer`` over ``steps`` steps at the same depth.
+        opt_starts: Its region starts (``optimizer`` and ``zero_grad`` per step, then ``done``).
+        steps: Steps in the run.
+
+    Returns:
+        (the events, the index of the first event of each region of each step, then of ``done``).
+
+    Raises:
+        ComposeError: The traces do not have those regions, or the step frees a storage it did not allocate
+            outside the setup.
+    """
+    if len(step_starts) != len(STEP_REGIONS) + 1 or len(opt_starts) != 2 * steps + 1:
+        raise ComposeError(f"region starts {len(step_starts)} / {len(opt_starts)} do not match one step and "
+                           f"{steps} optimizer steps")
+    fwd, _fh, _bs, _bw, opt_at, zero_at, done_at = step_starts
+    setup = step[:fwd]
+    before = {s for s, n, _ in setup if n > 0}
+    top = 1 + max((s for s, _, _ in step), default=0)
+    opt_base = top * (steps + 1)
+    out: list[Event] = list(setup)
+    starts: list[int] = []
+    for k in range(steps):
+        suffix = "" if k == steps - 1 else "_warmup"
+
+        def renamed(ev: Event, k: int = k, suffix: str = suffix) -> Event:
+            s, n, tag = ev
+            if s in before:
+                return ev
+            return (s + (k + 1) * top, n, tag + suffix if tag != "setup" else tag)
+
+        for a, b in itertools.pairwise(step_starts[:5]):  # forward .. backward
+            starts.append(len(out))
+            out += [renamed(ev) for ev in step[a:b]]
+        # this step's optimizer events (its optimizer region; anything in its zero_grad region follows zero_grad)
+        o_at, z_at, next_at = opt_starts[2 * k], opt_starts[2 * k + 1], opt_starts[2 * k + 2]
+        starts.append(len(out))
+        out += [(s + opt_base, n, tag) for s, n, tag in opt[o_at:z_at]]
+        out += [renamed(ev) for ev in step[opt_at:zero_at]]
+        starts.append(len(out))
+        out += [renamed(ev) for ev in step[zero_at:done_at]]
+        out += [(s + opt_base, n, tag) for s, n, tag in opt[z_at:next_at]]
+    starts.append(len(out))
+    out += [renamed(ev) for ev in step[done_at:]]  # the last step's renaming
+    _check_frees(out)
+    return out, tuple(starts)
+
+
+def _check_frees(events: Sequence[Event]) -> None:
+    live: set[int] = set()
+    for s, n, _ in events:
+        if n > 0:
+            live.add(s)
+        elif s in live:
+            live.discard(s)
+        else:
+            raise ComposeError(f"storage {s} is freed but was not allocated in the composed run")
