@@ -21,7 +21,8 @@ pytest.importorskip("transformers")
 from fitcheck.catalog import find_catalog_config
 from fitcheck.report import Phase
 from fitcheck.torch_adapters import Cell, activation_trace_kwargs, cell_spec
-from fitcheck.torch_adapters.tracer import combine_depths, depth_plan, trace_step
+from fitcheck.torch_adapters.tracer import trace_step
+from fitcheck.torch_adapters.tracer_depth import combine_depths, depth_plan
 
 
 @pytest.mark.parametrize(("method", "batch"), [("full", 8), ("full", 1), ("lora", 8)])

@@ -27,7 +27,7 @@ from fitcheck.spec import ModelInventory, ParamEntry, TrainingSpec
 from fitcheck.torch_adapters import differential
 from fitcheck.torch_adapters.differential import Cell, cell_spec
 from fitcheck.torch_adapters.meta_device import meta_inventory
-from fitcheck.torch_adapters.tracer import trace_components
+from fitcheck.torch_adapters.tracer_depth import trace_components
 
 GRANITE = "ibm-granite/granite-3.3-8b-instruct"
 PHASES = (Phase.FORWARD_END, Phase.BACKWARD_START, Phase.BACKWARD)

@@ -71,7 +71,7 @@ def test_micro_batch_one_is_traced_not_interpolated() -> None:
     """A micro-batch of 1 runs other allocations (one copy fewer): it is never interpolated, and BatchTraces
     answers it with its own trace."""
     from fitcheck.torch_adapters.trace_batch import BatchTraces, at_micro_batch
-    from fitcheck.torch_adapters.tracer import trace_extrapolated
+    from fitcheck.torch_adapters.tracer_depth import trace_extrapolated
 
     kw = {"seq_len": SEQ, "optimizer": None, "steps": 1, "lora": LoraSpec(r=8)}
     one, two = _trace(LLAMA, 1, lora=LoraSpec(r=8)), _trace(LLAMA, 2, lora=LoraSpec(r=8))

@@ -15,7 +15,8 @@ pytest.importorskip("transformers")
 from fitcheck.report import PHASES, Phase
 from fitcheck.spec import LoraSpec
 from fitcheck.torch_adapters import tracer_patches
-from fitcheck.torch_adapters.tracer import extrapolate, trace_step
+from fitcheck.torch_adapters.tracer import trace_step
+from fitcheck.torch_adapters.tracer_depth import extrapolate
 
 TINY: dict[str, Any] = {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 128, "intermediate_size": 344,

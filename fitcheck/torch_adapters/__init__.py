@@ -59,12 +59,11 @@ if TYPE_CHECKING:
         PARAMS,
         activation_trace_kwargs,
         components_from_trace,
-        trace_components,
-        trace_extrapolated,
         trace_kwargs,
         trace_step,
     )
     from fitcheck.torch_adapters.tracer_build import hf_config, model_class, reduced_config
+    from fitcheck.torch_adapters.tracer_depth import trace_components, trace_extrapolated
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder, RegionStats
     from fitcheck.torch_adapters.trl_config_check import check_trl_config
 
@@ -86,7 +85,7 @@ _WHERE = {
     "OPTSTATE": "tracer",
     "PARAMS": "tracer",
     "components_from_trace": "tracer",
-    "trace_extrapolated": "tracer",
+    "trace_extrapolated": "tracer_depth",
     "trace_kwargs": "tracer",
     "trace_step": "tracer",
     "LiveTensorRecorder": "tracer_recorder",
@@ -112,7 +111,7 @@ _WHERE = {
     "model_state_tensors": "live_tracker",
     "meta_inventory": "meta_device",
     "PinnedPath": "pinned_path",
-    "trace_components": "tracer",
+    "trace_components": "tracer_depth",
 }
 
 __all__ = [

@@ -201,7 +201,7 @@ def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
     """:func:`replay_steady_state` from the one-step activation traces the answer has already run.
 
     The forward and backward of every step are those of the spec's step traced without an optimizer at the depths
-    of ``tracer.depth_plan`` (``PinnedPath``'s activation traces: ``step_runs``); only the optimizer's steps are
+    of ``tracer_depth.depth_plan`` (``PinnedPath``'s activation traces: ``step_runs``); only the optimizer's steps are
     traced here (``tracer_optimizer.trace_optimizer``: no forward, no backward). The steps are composed
     (``allocator_compose.whole_run``) at each depth, deepened to the full depth (``allocator_deepen.deepen``) and
     replayed. Equal to the full-depth three-step trace's replay on every H100 row of
@@ -223,8 +223,9 @@ def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
     """
     from fitcheck.torch_adapters.allocator_compose import whole_run
     from fitcheck.torch_adapters.allocator_deepen import DeepenError, deepen
-    from fitcheck.torch_adapters.tracer import depth_plan, trace_kwargs, trace_step
+    from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
     from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
+    from fitcheck.torch_adapters.tracer_depth import depth_plan
     from fitcheck.torch_adapters.tracer_optimizer import trace_optimizer
 
     config = spec.model.config

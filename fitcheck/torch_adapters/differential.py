@@ -3,7 +3,7 @@
 One :class:`Cell` is a (catalog model, method, checkpointing, attention, precision, sequence, micro-batch) run.
 :func:`compare` estimates it twice with ``fitcheck.core.estimate`` on a CPU device (live tensors only):
 once with the pure activation formulas, once with the activation components of a fake-tensor trace of the real
-transformers model (``fitcheck.torch_adapters.tracer.trace_components``: one and two layer groups traced and
+transformers model (``fitcheck.torch_adapters.tracer_depth.trace_components``: one and two layer groups traced and
 extrapolated to the full depth; the model states are the same pure code in both, and they equal PyTorch's
 allocations to the byte, ``tests/test_torch_model_states.py``). The error of a cell is the worst, over the phases
 of the step (end of forward, start of backward, during backward), of |formula − trace| / trace.
@@ -175,7 +175,7 @@ def compare(cell: Cell, config: dict[str, object] | None = None) -> Outcome:
     """Formula vs trace of one cell (a refusal of either side is returned, not raised)."""
     from fitcheck.core import estimate
     from fitcheck.errors import FitcheckError
-    from fitcheck.torch_adapters.tracer import trace_components
+    from fitcheck.torch_adapters.tracer_depth import trace_components
 
     try:
         spec = cell_spec(cell, config)

@@ -4,7 +4,7 @@
 ``estimate_fn`` that ``max_micro_batch`` and the advisor get, so the largest micro-batch and each suggestion are
 computed the way the headline number was (traced, or from the formulas):
 
-- ``always`` (``--trace``): a fake-tensor trace of the real model (``tracer.trace_components``);
+- ``always`` (``--trace``): a fake-tensor trace of the real model (``tracer_depth.trace_components``);
 - ``auto`` (default): the formulas inside the checked envelope (``fitcheck.core.activations.envelope``); outside it a
   trace when torch and transformers are installed, else the formulas with a ``not-pinned`` WARNING;
 - ``never`` (``--no_trace``): the formulas, with the WARNING outside the envelope.

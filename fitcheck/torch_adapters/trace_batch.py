@@ -16,7 +16,7 @@ same allocations for any other reason, nothing is interpolated: the micro-batch 
 
 ``BatchTraces`` keeps the traces of one kind of step (everything of ``tracer.trace_kwargs`` but the
 micro-batch) and answers any micro-batch: the first two asked of 2 or more are traced, every later one is
-interpolated from them (one trace per depth of ``tracer.depth_plan`` each).
+interpolated from them (one trace per depth of ``tracer_depth.depth_plan`` each).
 """
 
 from __future__ import annotations
@@ -26,13 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitcheck.report import Phase
-from fitcheck.torch_adapters.tracer import (
-    TraceResult,
-    breakdown_at_peak,
-    combine_depths,
-    depth_plan,
-    trace_step,
-)
+from fitcheck.torch_adapters.tracer import TraceResult, breakdown_at_peak, trace_step
+from fitcheck.torch_adapters.tracer_depth import combine_depths, depth_plan
 
 
 def at_micro_batch(first: TraceResult, b_first: int, second: TraceResult, b_second: int,
@@ -73,7 +68,7 @@ class BatchTraces:
     """The traces of one kind of step at one sequence length, answering any micro-batch.
 
     Attributes:
-        traced: micro-batch -> the depth traces run at it (``tracer.depth_plan``).
+        traced: micro-batch -> the depth traces run at it (``tracer_depth.depth_plan``).
         interpolated: How many answers came from interpolation.
     """
 

@@ -12,16 +12,15 @@ optimizer states exist, as in the steady state the estimate describes), and reco
 - OPTIMIZER_STEP: the peak during ``optimizer.step()``.
 
 Each phase is broken down by category (parameters, gradients, optimizer state, activations, logits/loss,
-temporaries, inputs) at the moment of its peak. ``trace_extrapolated`` traces one and two repeating layer
-groups and extrapolates every number linearly to the full depth (exact, design note 04), and
-``trace_components`` turns that into activation components for the estimate (``fitcheck estimate --trace``).
+temporaries, inputs) at the moment of its peak. ``tracer_depth.trace_extrapolated`` traces one and two repeating
+layer groups and extrapolates every number linearly to the full depth (exact, design note 04), and
+``tracer_depth.trace_components`` turns that into activation components for the estimate (``--trace``).
 The same code runs on real CPU tensors (``fake=False``): that is the truth ``benchmarks/cpu_truth.py`` uses.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -406,81 +405,6 @@ def _loss(model: Any, ids: Any, labels: Any, images: Mapping[str, Any] | None = 
     return out.loss
 
 
-def _line(a: PhaseBreakdown, b: PhaseBreakdown, groups: float) -> PhaseBreakdown:
-    cats = set(a.by_category) | set(b.by_category)
-    by_cat = {c: round(a.get(c) + (b.get(c) - a.get(c)) * (groups - 1)) for c in cats}
-    return PhaseBreakdown(sum(by_cat.values()), by_cat)
-
-
-def _head_and_layer_peaks(series: tuple[tuple[int, ...], ...]) -> tuple[PhaseBreakdown | None, PhaseBreakdown | None]:
-    """The peak of a phase's series while vocabulary-sized logits are alive, and the peak after they are freed."""
-    at = CATEGORIES.index(LOGITS)
-    # "alive": at least half the phase's largest logits bytes (the loss scalars stay in the category after the
-    # vocabulary-sized tensors are freed)
-    big = max(row[at] for row in series) / 2
-    head = tuple(row for row in series if row[at] > big)
-    rest = tuple(row for row in series if row[at] <= big)
-    return (breakdown_at_peak(head) if head else None), (breakdown_at_peak(rest) if rest else None)
-
-
-def extrapolate(one: TraceResult, two: TraceResult, groups: float, depth: int) -> TraceResult:
-    """Linear extrapolation of every per-phase, per-category number from 1 and 2 groups to ``groups``.
-
-    A phase's peak is the largest of several moments, each affine in the depth, and the one that wins at one or
-    two groups need not win at the full depth. During backward, the LM head's moment (the vocabulary-sized logits
-    and their gradient alive, no layer gradient yet) wins at shallow depths, while the bottom layer's (a recomputed
-    layer with every other layer's gradient) wins at 32 layers: Llama-3.1-8B full fine-tune, checkpointing,
-    8 x 4096, extrapolated from 1 and 2 layers gave 34.0 GB where the 32-layer trace holds 37.9 GB (the formula's
-    figure). So, where the series are kept, the peak while logits are alive and the peak after they are freed are
-    each extrapolated on their own line and the larger is taken; inside each, the moments are equal at one group
-    (top layer = bottom layer) and the larger slope wins at every depth, so the moment that wins at two groups
-    wins at all of them.
-    """
-    phases: dict[Phase, PhaseBreakdown] = {}
-    for phase in one.phases:
-        line = _line(one.phases[phase], two.phases[phase], groups)
-        if one.series.get(phase) and two.series.get(phase):
-            pairs = zip(_head_and_layer_peaks(one.series[phase]), _head_and_layer_peaks(two.series[phase]),
-                        strict=True)
-            lines = [_line(a, b, groups) for a, b in pairs if a is not None and b is not None]
-            line = max(lines, key=lambda br: br.total, default=line)
-        phases[phase] = line
-    grads = round(one.final_grads + (two.final_grads - one.final_grads) * (groups - 1))
-    return TraceResult(phases, depth, grads, one.seconds + two.seconds)
-
-
-def depth_plan(config: Mapping[str, Any], freeze: FreezeSpec | None = None) -> tuple[int, ...]:
-    """The depths to trace for a config: one and two repeating layer groups, or the whole stack when it is at
-    most two groups deep or only some layers are trainable (no repeating group to extrapolate from)."""
-    from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
-
-    depth, group = config_layers(config), layer_group(config)
-    if depth <= 2 * group or (freeze is not None and freeze.trainable_layers is not None):
-        return (depth,)
-    return (group, 2 * group)
-
-
-def combine_depths(config: Mapping[str, Any], results: tuple[TraceResult, ...]) -> TraceResult:
-    """The full-depth result from the traces of :func:`depth_plan` (extrapolated linearly from two groups)."""
-    from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
-
-    if len(results) == 1:
-        return results[0]
-    depth = config_layers(config)
-    return extrapolate(results[0], results[1], depth / layer_group(config), depth)
-
-
-def trace_extrapolated(config: Mapping[str, Any], **kwargs: Any) -> TraceResult:
-    """Trace one and two repeating layer groups and extrapolate to the config's depth.
-
-    Keyword arguments are those of :func:`trace_step` (``num_layers`` excepted).
-    """
-    plan = depth_plan(config, kwargs.get("freeze"))
-    results = tuple(trace_step(config, num_layers=n, **kwargs) for n in plan)
-    # the allocation sequence is the deepest trace's (allocator_replay replays it at that depth)
-    return dataclasses.replace(combine_depths(config, results), alloc_events=results[-1].alloc_events)
-
-
 def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     """The :func:`trace_step` arguments that describe a spec's run."""
     act = spec.activations
@@ -502,35 +426,6 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         "image_tokens": spec.model.shape.image_tokens if spec.model.shape.task == "image-text-to-text" else 0,
         "cuda_kernels": spec.hardware.device_type is not DeviceType.CPU,
     }
-
-
-def trace_components(spec: TrainingSpec) -> tuple[Component, ...]:
-    """Activation, logits and temporary components of a spec, measured by a fake-tensor trace.
-
-    Same phase semantics as ``fitcheck.core.activations.decoder.activation_components``: parameters, gradients and
-    optimizer states are left to ``fitcheck.core.states.model_states`` (no gradient exists before the logits
-    gradient; all gradients exist in BACKWARD and OPTIMIZER_STEP), so the sum of both reproduces the trace.
-
-    Args:
-        spec: The training spec; its model must carry the raw config.json (``spec.model.config``).
-
-    Returns:
-        Components ``activations.traced``, ``logits.traced`` and ``temporaries.traced``.
-    """
-    from fitcheck.errors import UnsupportedModelError
-
-    if not spec.model.config:
-        raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
-    return components_from_trace(trace_result(spec, activation_trace_kwargs(spec)))
-
-
-def trace_result(spec: TrainingSpec, kwargs: Mapping[str, Any] | None = None) -> TraceResult:
-    """The extrapolated trace of a spec's step (its ``alloc_events`` are those of the deepest trace run)."""
-    from fitcheck.errors import UnsupportedModelError
-
-    if not spec.model.config:
-        raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
-    return trace_extrapolated(spec.model.config, **(trace_kwargs(spec) if kwargs is None else kwargs))
 
 
 def activation_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
