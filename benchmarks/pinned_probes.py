@@ -49,7 +49,7 @@ def family_models(family: str) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for path in sorted(MODELS.rglob("config.json")):
         config = json.loads(path.read_text())
-        if config.get("model_type") == family and (config.get("hidden_size") or config.get("n_embd")):
+        if config.get("model_type") == family:
             out.append((str(path.parent.relative_to(MODELS)), config))
     return out
 
