@@ -10,8 +10,10 @@ and skipped, a pinned one is traced at its own micro-batch (fitcheck's fake-tens
 + peft model, nothing interpolated) and the error is measured per phase on the activation, logits and temporary
 bytes (``torch_adapters.phase_errors``: end of forward, start of backward, during backward).
 
-Prints one line per pinned probe, then a table per kind (probes, within 2 %, worst error), the count of pinned
-probes within 2 % and the worst error. Exit code 1 when a pinned probe is outside 2 %.
+Prints one line per pinned probe, then a table per kind (the spec's envelope key; "(1 cell)": pinned by the
+single-shape grid of ``formula_vs_trace.py``, not by a checked range) with its probes, how many were within 2 %
+and the worst error, then the count of pinned probes within 2 % and the worst error. Exit code 1 when a pinned
+probe is outside 2 %.
 
 Run: ``python benchmarks/pinned_probes.py [--seed 0] [--probes 40] [--budget 900] [--families a,b]
 [--methods a,b] [--json out.json]``.
@@ -82,19 +84,25 @@ def draw(rng: random.Random, families: tuple[str, ...], methods: tuple[str, ...]
                     batch), model, config
 
 
-def probe(cell: Cell, config: dict[str, Any]) -> tuple[bool, dict[Phase, float] | str]:
-    """Whether the formula answer is pinned, and if so its error per phase against a trace at the same shape."""
+def probe(cell: Cell, config: dict[str, Any]) -> tuple[str, dict[Phase, float] | str]:
+    """The envelope kind of a pinned formula answer (``""``: not pinned) and its error per phase against a trace
+    at the same shape (or why the trace refused)."""
+    from fitcheck.catalog import envelope_ranges
     from fitcheck.core import estimate
+    from fitcheck.core.activations import envelope_key
     from fitcheck.torch_adapters import BatchTraces, activation_trace_kwargs, components_from_trace
 
     spec = cell_spec(cell, config)
     if not estimate(spec).pinned:
-        return False, ""
+        return "", ""
+    key = envelope_key(spec)
+    kind = "?" if key is None else "/".join((key[0], key[1], "ckpt" if key[2] else "nockpt", key[3], key[4]))
+    kind += "" if kind in envelope_ranges() else " (1 cell)"  # pinned by the single-shape grid, not a range
     try:
         traced = BatchTraces(spec.model.config, activation_trace_kwargs(spec)).result(cell.batch)
-        return True, phase_errors(spec, components_from_trace(traced))
+        return kind, phase_errors(spec, components_from_trace(traced))
     except Exception as exc:  # the trace refused: reported, not counted as within
-        return True, f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+        return kind, f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
 
 
 def flags(cell: Cell, model: str) -> str:
@@ -135,11 +143,10 @@ def main(argv: list[str]) -> int:
             break
         cell, model, config = draw(rng, families, tuple(ns.methods.split(",")))
         draws += 1
-        pinned, result = probe(cell, config)
-        if not pinned:
+        kind, result = probe(cell, config)
+        if not kind:
             unpinned += 1
             continue
-        kind = "/".join((cell.family, cell.method, "ckpt" if cell.ckpt else "nockpt", cell.attn, cell.precision))
         row: dict[str, Any] = {"kind": kind, "model": model, "seq": cell.seq, "batch": cell.batch,
                                "flags": flags(cell, model)}
         if isinstance(result, str):
@@ -150,16 +157,16 @@ def main(argv: list[str]) -> int:
         rows.append(row)
         mark = "REFUSED" if row["worst"] is None else "in " if abs(row["worst"]) <= TOLERANCE * 100 else "OUT"
         errs = " ".join(f"{row['errors'][p.value]:+7.2f}%" for p in PHASES) if "errors" in row else row["refused"]
-        print(f"{mark:7} {kind:36} {model:40} {cell.batch} x {cell.seq:<6} {errs}", flush=True)
+        print(f"{mark:7} {kind:45} {model:40} {cell.batch} x {cell.seq:<6} {errs}", flush=True)
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_kind[row["kind"]].append(row)
-    print(f"\n| kind | pinned probes | within 2 % | worst error (%) |\n|---|---|---|---|")
+    print("\n| kind | pinned probes | within 2 % | worst error (%) |\n|---|---|---|---|")
     for kind, kr in sorted(by_kind.items()):
         scored = [r["worst"] for r in kr if r["worst"] is not None]
         ok = sum(1 for w in scored if abs(w) <= TOLERANCE * 100)
-        worst = f"{max(scored, key=abs):+.2f}" if scored else "refused"
-        print(f"| {kind} | {len(kr)} | {ok} | {worst} |")
+        kind_worst = f"{max(scored, key=abs):+.2f}" if scored else "refused"
+        print(f"| {kind} | {len(kr)} | {ok} | {kind_worst} |")
     scored = [r["worst"] for r in rows if r["worst"] is not None]
     ok = sum(1 for w in scored if abs(w) <= TOLERANCE * 100)
     worst = max(scored, key=abs) if scored else 0.0
