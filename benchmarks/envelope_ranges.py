@@ -50,6 +50,7 @@ WIDTHS: dict[str, tuple[str, ...]] = {
     "falcon": ("tiiuae/falcon-7b",),
     "bloom": ("bigscience/bloomz-7b1",),
     "olmo2": ("allenai/OLMo-2-1124-7B",),
+    "granite": ("ibm-granite/granite-3.3-8b-instruct",),
 }
 BATCHES = (1, 8)
 PRIORITY_METHODS = ("lora", "qlora", "full", "dora", "qlora_noprep", "freeze")
@@ -141,11 +142,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--attn", default="sdpa,eager", help="attention implementations to run")
     ap.add_argument("--ckpt", default="ckpt,nockpt", help="checkpointing on (ckpt) and/or off (nockpt)")
     ap.add_argument("--precisions", default=",".join(PRIORITY_PRECISIONS))
+    ap.add_argument("--out", default=str(OUT), help="data file to merge into (default: the package's)")
     ap.add_argument("--kinds", default="", help="exact labels to run (family/method/ckpt/attn/precision, comma "
                     "separated); overrides the filters above")
     ns = ap.parse_args(argv)
     warnings.simplefilter("ignore")
-    data: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {}
+    out = Path(ns.out)
+    data: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     wanted = set(ns.kinds.split(",")) if ns.kinds else None
     todo = [k for k in kinds(tuple(ns.families.split(",")), tuple(ns.methods.split(",")))
             if (label(k) in wanted if wanted is not None else
@@ -162,12 +165,12 @@ def main(argv: list[str]) -> int:
         row = check_kind(kind)
         row["seconds"] = round(time.perf_counter() - t, 1)
         data[label(kind)] = row
-        OUT.write_text(json.dumps(data, indent=1, sort_keys=True))
+        out.write_text(json.dumps(data, indent=1, sort_keys=True))
         phases = " ".join(f"{v:+6.2f}%" for v in row["worst"].values())
         print(f"{label(kind):42} {'in ' if row['within'] else 'OUT'} {phases}  {len(row['shapes'])} shapes "
               f"{row['seconds']:.0f} s {row['refused']}", flush=True)
     ok = sum(1 for r in data.values() if r["within"])
-    print(f"\n{ok} of {len(data)} kinds within {TOLERANCE:.0%} over their ranges ({OUT.name}); phases: "
+    print(f"\n{ok} of {len(data)} kinds within {TOLERANCE:.0%} over their ranges ({out.name}); phases: "
           f"{', '.join(p.value for p in (Phase.FORWARD_END, Phase.BACKWARD_START, Phase.BACKWARD))}")
     return 0
 
