@@ -16,7 +16,9 @@ pinned only inside the range of shapes it was checked at, and only when it was w
 The full grid is hours on a 2-core machine; ``--sample N`` runs N kinds (the most used first: LoRA/QLoRA/DoRA/full
 with checkpointing, SDPA, 16-bit), and each run merges into the file, so it grows over runs.
 
-Run: ``python benchmarks/envelope_ranges.py [--sample N] [--families a,b] [--methods a,b] [--update]``.
+Run: ``python benchmarks/envelope_ranges.py [--sample N] [--families a,b] [--methods a,b] [--attn sdpa,eager]
+[--ckpt ckpt,nockpt] [--precisions a,b] [--kinds label,label] [--redo] [--budget S]`` (``--kinds`` runs those
+labels again, in the file or not).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ WIDTHS: dict[str, tuple[str, ...]] = {
     "falcon": ("tiiuae/falcon-7b",),
     "bloom": ("bigscience/bloomz-7b1",),
     "olmo2": ("allenai/OLMo-2-1124-7B",),
+    "granite": ("ibm-granite/granite-3.3-8b-instruct",),
 }
 BATCHES = (1, 8)
 PRIORITY_METHODS = ("lora", "qlora", "full", "dora", "qlora_noprep", "freeze")
@@ -136,11 +139,22 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--methods", default=",".join(PRIORITY_METHODS))
     ap.add_argument("--budget", type=float, default=0.0, help="stop after this many seconds")
     ap.add_argument("--redo", action="store_true", help="run kinds already in the file again")
+    ap.add_argument("--attn", default="sdpa,eager", help="attention implementations to run")
+    ap.add_argument("--ckpt", default="ckpt,nockpt", help="checkpointing on (ckpt) and/or off (nockpt)")
+    ap.add_argument("--precisions", default=",".join(PRIORITY_PRECISIONS))
+    ap.add_argument("--out", default=str(OUT), help="data file to merge into (default: the package's)")
+    ap.add_argument("--kinds", default="", help="exact labels to run (family/method/ckpt/attn/precision, comma "
+                    "separated); overrides the filters above")
     ns = ap.parse_args(argv)
     warnings.simplefilter("ignore")
-    data: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {}
+    out = Path(ns.out)
+    data: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    wanted = set(ns.kinds.split(",")) if ns.kinds else None
     todo = [k for k in kinds(tuple(ns.families.split(",")), tuple(ns.methods.split(",")))
-            if ns.redo or label(k) not in data]
+            if (label(k) in wanted if wanted is not None else
+                k[3] in ns.attn.split(",") and ("ckpt" if k[2] else "nockpt") in ns.ckpt.split(",")
+                and k[4] in ns.precisions.split(","))
+            and (ns.redo or wanted is not None or label(k) not in data)]
     if ns.sample:
         todo = todo[: ns.sample]
     start = time.perf_counter()
@@ -151,12 +165,12 @@ def main(argv: list[str]) -> int:
         row = check_kind(kind)
         row["seconds"] = round(time.perf_counter() - t, 1)
         data[label(kind)] = row
-        OUT.write_text(json.dumps(data, indent=1, sort_keys=True))
+        out.write_text(json.dumps(data, indent=1, sort_keys=True))
         phases = " ".join(f"{v:+6.2f}%" for v in row["worst"].values())
         print(f"{label(kind):42} {'in ' if row['within'] else 'OUT'} {phases}  {len(row['shapes'])} shapes "
               f"{row['seconds']:.0f} s {row['refused']}", flush=True)
     ok = sum(1 for r in data.values() if r["within"])
-    print(f"\n{ok} of {len(data)} kinds within {TOLERANCE:.0%} over their ranges ({OUT.name}); phases: "
+    print(f"\n{ok} of {len(data)} kinds within {TOLERANCE:.0%} over their ranges ({out.name}); phases: "
           f"{', '.join(p.value for p in (Phase.FORWARD_END, Phase.BACKWARD_START, Phase.BACKWARD))}")
     return 0
 

@@ -47,9 +47,10 @@ def qwen3(cfg: ConfigView) -> Inventory:
 
 
 def traits(cfg: ConfigView, base: FamilyTraits) -> FamilyTraits:
-    """Qwen3's traits: per-head q/k norms, traced in every mode."""
+    """Qwen3's traits: per-head q/k norms, traced in every mode; its QLoRA layer is the Llama one plus the q/k
+    norms (``kbit_pinned``: ``core/activations/qlora.py``)."""
     return replace(base, qk_norm=QkNorm.PER_HEAD, activations_pinned=True, backward_pinned=True,
-                   liger_patched=True, tp_plan=ATTN_MLP + QK_NORM)
+                   kbit_pinned=True, liger_patched=True, tp_plan=ATTN_MLP + QK_NORM)
 
 
 FAMILY = Family("qwen3", traits, qwen3)

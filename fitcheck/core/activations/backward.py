@@ -167,7 +167,9 @@ def tied_embedding_backward(spec: TrainingSpec) -> int:
     AccumulateGrad node (counted as that weight's gradient); the embedding's backward makes a second
     ``vocab x hidden`` gradient and the buffer adds the two into a third (fake-tensor traces: Llama-3.2-1B,
     gemma-7b and granite-3.3-8b-instruct, 2 x the embedding's gradient bytes above the formula before this term,
-    at the end of backward).
+    at the end of backward). The embedding output's gradient is freed by then: ``backward_moments`` takes the
+    larger of the embedding's backward (that gradient + one new tensor) and the sum (two tensors; traces:
+    Phi-4-mini 3 x 3712 and Qwen3-1.7B 6 x 1280, b·s·h below the old sum of the three).
     """
     if not spec.model.shape.tied_embeddings:
         return 0
@@ -240,8 +242,12 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     if wrapped:
         moments["top MoE layer"] = q.kept + wrapped - (0 if accum else _all_grads(spec)) + _LOSS_SCALARS
     temp_emb = g_emb if accum else 0
-    temp_emb += tied_embedding_backward(spec)
-    moments["embedding"] = q.end + cuda_embedding_backward(spec) + temp_emb + _LOSS_SCALARS
+    tied = tied_embedding_backward(spec)
+    # tied: the embedding's own backward holds its output gradient and its new vocab x hidden gradient; the sum
+    # with the head's buffered gradient comes after the node returned, its output gradient freed (engine.cpp
+    # evaluate_function: the node's inputs are released before its outputs enter the next input buffer)
+    during = q.end + cuda_embedding_backward(spec) + temp_emb + tied // 2
+    moments["embedding"] = max(during, tied + temp_emb) + _LOSS_SCALARS
     return moments
 
 

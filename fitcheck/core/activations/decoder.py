@@ -57,7 +57,7 @@ from fitcheck.core.activations.layer_saved import (
 from fitcheck.core.activations.layernorm_blocks import (
     layernorm_findings_text,
 )
-from fitcheck.core.activations.lora_recompute import lora_recompute_applies
+from fitcheck.core.activations.lora_recompute import lora_recompute_applies, top_layer_forward_tokens
 from fitcheck.core.activations.norms import (
     embedding_cast_cached,
 )
@@ -183,6 +183,13 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         Component.persistent("inputs.ids", Category.ACTIVATIONS, ids, _TRACE, "input ids int64"),
     ]
     dequantized = int8_forward_temporary(spec) if int8_formula_applies(spec) else 0
+    top_mlp = top_layer_forward_tokens(spec) * b * s  # fp32 LoRA + checkpointing: up_proj's sum (lora_recompute.py)
+    if top_mlp > fwd_logits:
+        comps.append(Component(
+            "temporaries.top_layer_forward", Category.TEMPORARIES, Location.DEVICE,
+            {Phase.FORWARD_END: top_mlp - fwd_logits}, _TRACE + "; peft 0.21.2 tuners/lora/layer.py Linear.forward",
+            "the top checkpointed layer's no-grad MLP forward (up_proj's LoRA sum), above the logits",
+        ))
     if dequantized > fwd_logits:  # the forward peak inside the largest 8-bit linear (activations/int8.py)
         comps.append(Component(
             "temporaries.int8_dequantized_weight", Category.TEMPORARIES, Location.DEVICE,

@@ -26,7 +26,7 @@ are reproduced to the byte.
 from __future__ import annotations
 
 from fitcheck.core.activations.qlora import kbit_upcast, qlora_layer_saved_per_token
-from fitcheck.spec import DeviceType, MixedPrecision, TrainingSpec
+from fitcheck.spec import DeviceType, MixedPrecision, QkNorm, TrainingSpec
 
 _QKV = ("q_proj", "k_proj", "v_proj")
 _GATE_UP = ("gate_proj", "up_proj")
@@ -45,6 +45,7 @@ def int8_formula_applies(spec: TrainingSpec) -> bool:
         and spec.lora is not None
         and not spec.lora.use_dora
         and spec.model.shape.traits.kbit_pinned
+        and spec.model.shape.traits.qk_norm is QkNorm.NONE  # Qwen3's q/k norms: traced with 4-bit + k-bit prep only
     )
 
 

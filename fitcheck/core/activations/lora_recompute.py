@@ -31,7 +31,7 @@ from __future__ import annotations
 from fitcheck.core.activations.layer_saved import down_adapter_saved, lora_reads_input_itself
 from fitcheck.core.activations.qlora import lora_layer_params, qlora_formula_applies
 from fitcheck.core.kernels import liger_applies, offload_applies
-from fitcheck.spec import LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
+from fitcheck.spec import Dtype, LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
 
 _DOWN = "down_proj"
 _MLP_IN = ("gate_proj", "up_proj")
@@ -188,3 +188,25 @@ def layer_grads(spec: TrainingSpec) -> tuple[int, int]:
     total = sum(t.params for t in per_layer) // layers
     down = sum(t.params for t in per_layer if t.entry.module == _DOWN) // layers
     return _ADAPTER_BYTES * total, _ADAPTER_BYTES * down
+
+
+def top_layer_forward_tokens(spec: TrainingSpec) -> int:
+    """Bytes per token alive inside the top checkpointed layer's no-grad forward besides every checkpoint, at
+    up_proj's LoRA sum, for fp32 activations (fp32 model, or k-bit-prepared QLoRA without autocast) with LoRA
+    dropout; 0 elsewhere (not traced).
+
+    ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (transformers 5.23 ``LlamaMLP``) under ``no_grad``: act(gate)
+    is alive while up_proj's peft ``Linear.forward`` adds ``lora_B(lora_A(dropout(x))) * scaling`` to its base
+    result, so act(gate), the base result, the scaled branch and their sum (4·I each) and the norm output x (4·h)
+    are alive. It is the end-of-forward peak where it exceeds the logits: a wide layer over a small vocabulary
+    (trace: Llama-2-70B, LoRA and QLoRA, fp32, checkpointing, 4 x 960 and 6 x 960: 16·I + 4·h per token above the
+    checkpoints, -6.44 % at end of forward without it, ``benchmarks/pinned_probes.py`` seed 1).
+    """
+    lora = spec.lora
+    if (lora is None or not lora_recompute_applies(spec) or _amp(spec) or lora.dropout == 0
+            or "up_proj" not in _targets(spec)):
+        return 0
+    fp32 = spec.precision.load_dtype is Dtype.FLOAT32 or _kbit_fp32(spec)
+    sh = spec.model.shape
+    return 16 * sh.intermediate_size + 4 * sh.hidden_size if fp32 else 0
+

@@ -23,6 +23,7 @@ cache.
 
 from __future__ import annotations
 
+from fitcheck.core.activations.norms import qk_norm_saved
 from fitcheck.spec import Dtype, LoraSpec, MixedPrecision, TrainingSpec
 
 # Families whose decoder layer is the Llama one (q/k/v/o, gate/up/down, RMSNorm) declare ``kbit_pinned``.
@@ -119,6 +120,10 @@ def qlora_layer_saved_per_token(spec: TrainingSpec, eager: bool) -> tuple[int, i
     total += _adapters(lora, len(t & set(_GATE_UP)), h, autocast, False)
     total += 3 * 4 * inter  # gate and up outputs (fp32: Linear4bit casts back to the input dtype), act(gate)
     total += _adapters(lora, len(t & {"down_proj"}), inter, autocast, False)  # act*up, the down_proj input
+    # Qwen3's per-head q/k RMSNorms read fp32 q and k (Linear4bit's output, + the LoRA branch): each keeps its
+    # input and rsqrt; their frozen weights keep nothing (trace Qwen3-8B / Qwen3-32B, 1 x 512, checkpointed:
+    # 4·(q + kv) + 4·(heads + kv heads) per token in the top recomputed layer, norms.py)
+    total += qk_norm_saved(sh, False, False)
     return total, s2
 
 

@@ -30,7 +30,7 @@ mask/output and the cast gradients of the LoRA inputs, which peft computes in fp
 from __future__ import annotations
 
 from fitcheck.core.activations.qlora import kbit_upcast
-from fitcheck.spec import MixedPrecision, TrainingSpec
+from fitcheck.spec import MixedPrecision, QkNorm, TrainingSpec
 
 
 def qlora16_applies(spec: TrainingSpec) -> bool:
@@ -45,6 +45,7 @@ def qlora16_applies(spec: TrainingSpec) -> bool:
         and lora is not None
         and not lora.use_dora
         and spec.model.shape.traits.kbit_pinned
+        and spec.model.shape.traits.qk_norm is QkNorm.NONE  # Qwen3's q/k norms: traced with 4-bit + k-bit prep only
     )
 
 

@@ -1,0 +1,186 @@
+"""Issue 20's done-check: at shapes off the envelope's grids, is every ``pinned: true`` answer within 2 % of the trace?
+
+Draws runs at random (seeded): a kind (family, method, checkpointing, attention, precision), a catalog model of
+that family (its real width, often not one of the grids' models), a sequence length and a micro-batch, never one
+of the exact points the envelope was checked at (``envelope_ranges.py``: its two widths x 3 sequences x
+micro-batch 1 and 8; ``formula_vs_trace.py``: its one model x sequence 256/2048 x micro-batch 1/4). Each draw is
+estimated from the formula (the CPU spec the grids run, ``torch_adapters.cell_spec``: the answer
+``fitcheck estimate --no_trace --device_type cpu`` gives); a draw whose answer says ``pinned: false`` is counted
+and skipped, a pinned one is traced at its own micro-batch (fitcheck's fake-tensor trace of the real transformers
++ peft model, nothing interpolated) and the error is measured per phase on the activation, logits and temporary
+bytes (``torch_adapters.phase_errors``: end of forward, start of backward, during backward).
+
+Prints one line per pinned probe, then a table per kind (the spec's envelope key; "(1 cell)": pinned by the
+single-shape grid of ``formula_vs_trace.py``, not by a checked range) with its probes, how many were within 2 %
+and the worst error, then the count of pinned probes within 2 % and the worst error. Exit code 1 when a pinned
+probe is outside 2 %.
+
+Run: ``python benchmarks/pinned_probes.py [--seed 0] [--probes 40] [--budget 900] [--families a,b]
+[--methods a,b] [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from fitcheck.report import Phase
+from fitcheck.torch_adapters import FAMILY_MODELS, PHASES, Cell, cell_spec, phase_errors
+
+TOLERANCE = 0.02
+MODELS = Path(__file__).parents[1] / "fitcheck" / "catalog" / "models"
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
+METHODS = ("full", "lora", "qlora", "dora", "qlora_noprep")
+PRECISIONS = ("bf16", "autocast", "fp32", "bf16amp")
+MICRO_BATCHES = (1, 2, 3, 4, 6)
+# the grids' own shapes (envelope_ranges.py BATCHES / sequences(); formula_vs_trace.py grid())
+GRID_BATCHES = (1, 4, 8)
+GRID_SEQS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def family_models(family: str) -> list[tuple[str, dict[str, Any]]]:
+    """Catalog models of a family (text-only): (Hub id, config.json)."""
+    out = []
+    for path in sorted(MODELS.rglob("config.json")):
+        config = json.loads(path.read_text())
+        if config.get("model_type") == family:
+            out.append((str(path.parent.relative_to(MODELS)), config))
+    return out
+
+
+def longest(config: dict[str, Any]) -> int:
+    """The longest sequence a probe uses: the model's limit, at most 32k, below a banded sliding window
+    (beyond it the estimate is never pinned: ``recipe_gaps.sliding_window_findings``)."""
+    top = min(int(config.get("max_position_embeddings") or config.get("n_positions") or 2048), 32768)
+    window = config.get("sliding_window")
+    if isinstance(window, int) and config.get("use_sliding_window", True) is not False:
+        top = min(top, window - 1)
+    return top
+
+
+def draw(rng: random.Random, families: tuple[str, ...], methods: tuple[str, ...]) -> tuple[Cell, str, dict[str, Any]]:
+    """One random run off the grids' points: the cell, its model id and config."""
+    while True:
+        family = rng.choice(families)
+        method = rng.choice(methods)
+        precision = rng.choice(PRECISIONS)
+        if precision == "bf16amp" and method not in ("lora", "dora"):
+            continue
+        model, config = rng.choice(family_models(family))
+        top = longest(config)
+        seq = 64 * round(2 ** rng.uniform(math.log2(384), math.log2(top)) / 64)
+        batch = rng.choice(MICRO_BATCHES)
+        if seq in GRID_SEQS and batch in GRID_BATCHES:
+            continue  # an exact grid point (at some width): not a probe
+        return Cell(family, method, rng.random() < 0.6, rng.choice(("sdpa", "sdpa", "eager")), precision, seq,
+                    batch), model, config
+
+
+def probe(cell: Cell, config: dict[str, Any]) -> tuple[str, dict[Phase, float] | str]:
+    """The envelope kind of a pinned formula answer (``""``: not pinned) and its error per phase against a trace
+    at the same shape (or why the trace refused)."""
+    from fitcheck.catalog import envelope_ranges
+    from fitcheck.core import estimate
+    from fitcheck.core.activations import envelope_key
+    from fitcheck.torch_adapters import BatchTraces, activation_trace_kwargs, components_from_trace
+
+    spec = cell_spec(cell, config)
+    if not estimate(spec).pinned:
+        return "", ""
+    key = envelope_key(spec)
+    kind = "?" if key is None else "/".join((key[0], key[1], "ckpt" if key[2] else "nockpt", key[3], key[4]))
+    kind += "" if kind in envelope_ranges() else " (1 cell)"  # pinned by the single-shape grid, not a range
+    try:
+        traced = BatchTraces(spec.model.config, activation_trace_kwargs(spec)).result(cell.batch)
+        return kind, phase_errors(spec, components_from_trace(traced))
+    except Exception as exc:  # the trace refused: reported, not counted as within
+        return kind, f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+
+
+def flags(cell: Cell, model: str) -> str:
+    """The ``fitcheck estimate`` flags of a probe (to rerun it with ``--no_trace`` and ``--trace``)."""
+    out = [f"--model_name_or_path {model} --device_type cpu --per_device_train_batch_size {cell.batch}",
+           f"--max_seq_length {cell.seq} --attn_implementation {cell.attn}"]
+    quantized = cell.method in ("qlora", "qlora_noprep")
+    dtype = {"bf16": "bfloat16", "bf16amp": "bfloat16", "fp32": "float32",
+             "autocast": "bfloat16" if quantized else "float32"}[cell.precision]
+    out.append(f"--dtype {dtype}" + (" --bf16" if cell.precision in ("autocast", "bf16amp") else ""))
+    if cell.ckpt:
+        out.append("--gradient_checkpointing")
+    if cell.method != "full":
+        out.append("--use_peft --lora_target_modules all-linear" + (" --use_dora" if cell.method == "dora" else ""))
+    if quantized:
+        out.append("--load_in_4bit --bnb_4bit_quant_type nf4 --use_bnb_nested_quant")
+    return " ".join(out)
+
+
+def main(argv: list[str]) -> int:
+    """Draw, estimate, trace the pinned probes, print the tables."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--probes", type=int, default=40, help="pinned probes to trace")
+    ap.add_argument("--budget", type=float, default=0.0, help="stop after this many seconds (0: no limit)")
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--json", default="", help="write every probe here")
+    ns = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    families = tuple(f for f in ns.families.split(",") if f in FAMILY_MODELS)
+    rng = random.Random(ns.seed)
+    start = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    unpinned = draws = 0
+    while len(rows) < ns.probes and draws < 50 * ns.probes:
+        if ns.budget and time.perf_counter() - start > ns.budget:
+            break
+        cell, model, config = draw(rng, families, tuple(ns.methods.split(",")))
+        draws += 1
+        kind, result = probe(cell, config)
+        if not kind:
+            unpinned += 1
+            continue
+        row: dict[str, Any] = {"kind": kind, "model": model, "seq": cell.seq, "batch": cell.batch,
+                               "flags": flags(cell, model)}
+        if isinstance(result, str):
+            row.update(refused=result, worst=None)
+        else:
+            row["errors"] = {p.value: round(e * 100, 2) for p, e in result.items()}
+            row["worst"] = round(max(result.values(), key=abs) * 100, 2)
+        rows.append(row)
+        mark = "REFUSED" if row["worst"] is None else "in " if abs(row["worst"]) <= TOLERANCE * 100 else "OUT"
+        errs = " ".join(f"{row['errors'][p.value]:+7.2f}%" for p in PHASES) if "errors" in row else row["refused"]
+        print(f"{mark:7} {kind:45} {model:40} {cell.batch} x {cell.seq:<6} {errs}", flush=True)
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_kind[row["kind"]].append(row)
+    print("\n| kind | pinned probes | within 2 % | worst error (%) |\n|---|---|---|---|")
+    for kind, kr in sorted(by_kind.items()):
+        scored = [r["worst"] for r in kr if r["worst"] is not None]
+        ok = sum(1 for w in scored if abs(w) <= TOLERANCE * 100)
+        kind_worst = f"{max(scored, key=abs):+.2f}" if scored else "refused"
+        print(f"| {kind} | {len(kr)} | {ok} | {kind_worst} |")
+    scored = [r["worst"] for r in rows if r["worst"] is not None]
+    ok = sum(1 for w in scored if abs(w) <= TOLERANCE * 100)
+    worst = max(scored, key=abs) if scored else 0.0
+    print(f"\nseed {ns.seed}: {draws} draws, {unpinned} not pinned; {len(rows)} pinned probes over {len(by_kind)} "
+          f"kinds, {ok} within {TOLERANCE:.0%}, {len(rows) - len(scored)} refused by the tracer; worst "
+          f"{worst:+.2f} %; {time.perf_counter() - start:.0f} s")
+    for row in rows:
+        if row["worst"] is None or abs(row["worst"]) > TOLERANCE * 100:
+            print(f"  {row['kind']} {row['worst']}: fitcheck estimate {row['flags']}")
+    if ns.json:
+        Path(ns.json).write_text(json.dumps({"seed": ns.seed, "draws": draws, "unpinned": unpinned,
+                                             "probes": rows}, indent=1))
+    return 0 if ok == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
