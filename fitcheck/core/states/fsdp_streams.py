@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from fitcheck.core.caching import AllocatorConf, replay
+from fitcheck.core.optimizers import TensorGroup
 from fitcheck.core.states.fsdp_qlora import gathered_layer_bytes, is_fsdp_4bit
 from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
 from fitcheck.core.states.layout import all_trainable, build_layout
@@ -92,12 +93,11 @@ def _ceil(n: int, d: int) -> int:
     return -(-n // d)
 
 
-def _units(spec: TrainingSpec, compute: int, shard: int, version: int) -> list[_Unit]:
+def _units(spec: TrainingSpec, trainable: list[TensorGroup], compute: int, shard: int, version: int) -> list[_Unit]:
     """The units in forward order, as accelerate 1.15 wraps a transformers model (FSDP2: ``fsdp2_units.py``, an
     untied input embedding its own first unit, the final norm + LM head last; FSDP1: one root unit first with
     everything outside the decoder layers)."""
     params = spec.model.params
-    trainable = all_trainable(build_layout(spec))
     layer_grad = sum(g.numel_each for g in trainable if "*" in g.name)
     layers_trained = max((g.repeat for g in trainable if "*" in g.name), default=0)
     outside_grad = sum(g.numel_each * g.repeat for g in trainable if "*" not in g.name)
@@ -204,8 +204,8 @@ def fsdp_side_pools(spec: TrainingSpec, conf: AllocatorConf) -> SidePools | None
     mixed = spec.precision.mixed_precision is not MixedPrecision.NO
     compute = param_compute_bytes(spec)
     version = fs.version if fs is not None else 2
-    units = _units(spec, compute, shard, version)
     trainable = all_trainable(build_layout(spec))
+    units = _units(spec, trainable, compute, shard, version)
     grad_bytes = max((g.dtype.nbytes for g in trainable), default=compute)
     reduce_bytes = compute if mixed else grad_bytes
     sharded = part.weights > 1
