@@ -28,7 +28,7 @@ from fitcheck.spec import Role, TrainingSpec
 from fitcheck.units import format_bytes
 
 
-def _tail_params(spec: TrainingSpec) -> int:
+def tail_params(spec: TrainingSpec) -> int:
     """Parameters outside the decoder layers that stay gathered from the end of forward: the final norm and the
     LM head, plus the input embedding when it is tied (it is then the same tensor)."""
     outside = [p for p in spec.model.params if not p.per_layer]
@@ -50,7 +50,7 @@ def fsdp2_components(spec: TrainingSpec, compute_bytes: int, unit_params: int, s
     """
     fs = spec.sharding.fsdp
     reshard = fs.reshard_after_forward if fs is not None else True
-    tail = _tail_params(spec) * compute_bytes
+    tail = tail_params(spec) * compute_bytes
     unit = gathered_layer_bytes(spec, compute_bytes) if is_fsdp_4bit(spec) else unit_params * compute_bytes
     layers = sum(p.numel for p in spec.model.params if p.per_layer) * compute_bytes
     trained = trainable_params(spec) > 0 and spec.lora is None

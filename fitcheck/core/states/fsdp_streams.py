@@ -42,12 +42,13 @@ from dataclasses import dataclass
 
 from fitcheck.core.caching import AllocatorConf, replay
 from fitcheck.core.optimizers import TensorGroup
+from fitcheck.core.states.fsdp2_units import tail_params
 from fitcheck.core.states.fsdp_qlora import gathered_layer_bytes, is_fsdp_4bit
 from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
 from fitcheck.core.states.layout import all_trainable, build_layout
 from fitcheck.core.states.sharding import param_compute_bytes, partition
 from fitcheck.report import PHASES, Phase
-from fitcheck.spec import DeviceType, MixedPrecision, Role, Strategy, TrainingSpec
+from fitcheck.spec import DeviceType, MixedPrecision, Strategy, TrainingSpec
 from fitcheck.units import format_bytes
 
 _SRC = ("torch 2.13 CUDACachingAllocator.cpp get_free_block (a freed block serves only its own stream); "
@@ -108,10 +109,10 @@ def _units(spec: TrainingSpec, trainable: list[TensorGroup], compute: int, shard
     # every parameter when the model is loaded in another dtype, else the fp32-upcast trainables
     every = spec.precision.load_dtype.nbytes != compute and not quant
     upcast = fsdp_fp32_upcast(spec)
-    outside = [p for p in params if not p.per_layer]
-    tied = not any(p.role is Role.LM_HEAD for p in outside)
-    embedding = 0 if version == 1 or tied else sum(p.numel for p in outside if p.role is Role.EMBEDDING)
-    rest = sum(p.numel for p in outside) - embedding
+    # FSDP2: accelerate's tail unit (fsdp2_units.tail_params), an untied embedding its own unit; FSDP1: one root
+    outside = sum(p.numel for p in params if not p.per_layer)
+    rest = tail_params(spec) if version == 2 else outside
+    embedding = outside - rest
     emb_grad = min(outside_grad, embedding)
     rest_grad = outside_grad - emb_grad
 
