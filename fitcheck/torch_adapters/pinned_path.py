@@ -39,26 +39,54 @@ def torch_available() -> bool:
 
 
 def traceable(spec: TrainingSpec) -> bool:
-    """Whether the tracer describes this run: it runs the plain Trainer step with transformers' loss, without
-    Liger kernels, activation offloading or DeepSpeed's module cast (those are modelled by the formulas only,
-    fitcheck/core/kernels/); a trace of the plain step would be a different run."""
+    """Whether the default path may trace this run: a Trainer step with transformers' loss (``untraced_parts`` is
+    empty) of a text model. DeepSpeed fp16/bf16 and FSDP mixed precision are traced as the 16-bit module they run
+    (``tracer.activation_trace_kwargs``). ``--trace`` also traces a TRL trainer's policy step and a vision-language
+    model."""
+    from fitcheck.spec import TrainerKind
+
+    return not untraced_parts(spec) and spec.trainer.kind is TrainerKind.TRAINER and _images_traceable(spec)
+
+
+def plain_trainer_run(spec: TrainingSpec) -> bool:
+    """Whether the whole run is the plain Trainer's, as ``allocator_replay.replay_whole_run`` composes it from the
+    traces (torch's optimizer on the module's own parameters): a traceable run without DeepSpeed's engine (its
+    optimizer, buckets and partitions) or a module cast (``kernels/module_cast.py``)."""
     from fitcheck.core.kernels import deepspeed_module_view
-    from fitcheck.spec import DeviceType, Strategy, TrainerKind
+    from fitcheck.spec import Strategy
+
+    return (traceable(spec) and spec.sharding.strategy is not Strategy.DEEPSPEED
+            and deepspeed_module_view(spec) is spec)
+
+
+def untraced_parts(spec: TrainingSpec) -> tuple[str, ...]:
+    """What of this run the tracer cannot describe, each with the flag that asks for it: Liger kernels, a fused or
+    chunked loss and activation offloading (modelled by the formulas only: fitcheck/core/kernels/), one rank of a
+    tp/cp/sp layout (core/parallelism), a GPTQ/AWQ/FP8 base (core/states/prequant) and an 8-bit base on CUDA. A
+    trace of the plain step would be a different run: ``--trace`` refuses these (``PinnedPath.activations``). The
+    paths following a traced headline (a Liger or sequence-parallel suggestion) trace the plain step: no saving
+    is claimed for the part the trace leaves out, where the formulas' saving could rest on activations that the
+    traced headline showed to be off."""
+    from fitcheck.spec import DeviceType
 
     act = spec.activations
     layout = spec.sharding.parallelism
-    pre = spec.quant is not None and spec.quant.pre_quantized and spec.quant.method != "bitsandbytes"
-    return (act.loss == "torch" and act.liger is None and not act.offload_activations
-            and spec.trainer.kind is TrainerKind.TRAINER and spec.sharding.strategy is not Strategy.DEEPSPEED
-            # FSDP mixed precision casts the module (kernels/module_cast.py): the traced fp32+autocast step
-            # would be a different run; so would one rank of a tp/cp/sp layout (core/parallelism), a
-            # GPTQ/AWQ/FP8 base (core/states/prequant); a vision-language model only on --trace (its images:
-            # trace_inputs_vlm, Qwen2.5-VL)
-            and deepspeed_module_view(spec) is spec
-            and (layout is None or not layout.active) and not pre and _images_traceable(spec)
-            # an 8-bit base traces CPU's MatMul8bitFp; CUDA runs MatMul8bitLt (core/activations/int8.py, source)
-            and not (spec.quant is not None and spec.quant.bits == 8
-                     and spec.hardware.device_type is not DeviceType.CPU))
+    quant = spec.quant
+    parts = []
+    if act.liger is not None:
+        parts.append("Liger kernels (--use_liger_kernel)")
+    if act.loss != "torch":
+        parts.append(f"the {act.loss} loss (--loss)")
+    if act.offload_activations:
+        parts.append("activation offloading (--activation_offloading)")
+    if layout is not None and layout.active:
+        parts.append("one rank of a tp/cp/sp layout (--tp_size / --cp_size / --sp_size)")
+    if quant is not None and quant.pre_quantized and quant.method != "bitsandbytes":
+        parts.append(f"a pre-quantized {quant.method} base")
+    # an 8-bit base traces CPU's MatMul8bitFp; CUDA runs MatMul8bitLt (core/activations/int8.py, source)
+    if quant is not None and quant.bits == 8 and spec.hardware.device_type is not DeviceType.CPU:
+        parts.append("the CUDA 8-bit matmul of an 8-bit base (MatMul8bitLt; --load_in_8bit)")
+    return tuple(parts)
 
 
 def _images_traceable(spec: TrainingSpec) -> bool:
@@ -128,6 +156,12 @@ class PinnedPath:
         """(traced components or None for the formulas, why a wanted trace could not run or '')."""
         if not self.wants_trace(spec):
             return None, ""
+        parts = untraced_parts(spec) if self.strict else ()
+        if parts:  # the user's --trace of a run the tracer does not describe (traceable() keeps auto off them)
+            from fitcheck.errors import ConfigError
+
+            raise ConfigError(f"--trace: the tracer runs the plain Trainer step and does not describe "
+                              f"{', '.join(parts)}; the formulas model this run: drop --trace")
         key = _cache_key(spec)
         if key in self._failed:
             return None, self._failed[key]
@@ -179,12 +213,15 @@ class PinnedPath:
         # replay gives the gap: _with_lengths)
         applies = (spec.hardware.device_type is not DeviceType.CPU and not spec.hardware.expandable_segments
                    and not self.seq_lengths)
-        if applies and traceable(spec):
+        if applies and plain_trainer_run(spec):
             try:
                 self._whole[key] = replay_whole_run(spec, runs, optimizer_traces=self._optimizer_traces)
                 return float(self._whole[key].gap_fraction)
             except Exception as exc:  # the two-group gap answers, with the reason as a finding
                 self._whole_failed[key] = _reason(exc)
+        elif applies:
+            self._whole_failed[key] = ("the whole-run replay composes the plain Trainer's run; DeepSpeed's engine "
+                                       "and FSDP's module cast keep other buffers and optimizer tensors")
         return replay_events([deepest], allocator_conf(spec)).gap_fraction
 
     def following(self, headline: Report) -> PinnedPath:
@@ -303,7 +340,7 @@ class PinnedPath:
         key = _cache_key(spec)
         if key in self._whole:
             return self._whole[key]
-        if traceable(spec):
+        if plain_trainer_run(spec):
             traces = self._traces.get(key)
             runs = traces.traced.get(step_spec(spec).batch.micro_batch, ()) if traces is not None else ()
             try:
@@ -394,7 +431,7 @@ def _lengths_finding(spec: TrainingSpec, replay: Any, alone: Any, released: Repo
     else:
         said += ", applied to this estimate's step"
     said += _where_the_gap_does_not_apply(spec)
-    if not traceable(spec):
+    if not plain_trainer_run(spec):
         said += "; the replayed sequence is the plain Trainer step's (the tracer does not describe this run's " \
                 "sharding or kernels), so take it as an approximation"
     return Finding("seq-lengths-replayed", Severity.INFO, said,

@@ -439,10 +439,13 @@ def activation_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     A TRL trainer's policy step is traced at its own shape (``core.trainers.step_spec``: DPO's chosen + rejected
     rows, GRPO/KTO's prompt + completion tokens, SFT padding-free's one flattened row); RewardTrainer's
     ``AutoModelForSequenceClassification`` as the seq-cls task. Its LM head and loss are the formula's
-    (``core/step.py traced_body_formula_head``)."""
+    (``core/step.py traced_body_formula_head``). DeepSpeed fp16/bf16 and FSDP mixed precision are traced as the
+    16-bit module they run (``core.kernels.deepspeed_module_view``: DeepSpeed's cast, checked by
+    ``benchmarks/deepspeed_cpu.py``'s real engine steps)."""
+    from fitcheck.core.kernels import deepspeed_module_view
     from fitcheck.core.trainers import runs_fused_head, step_spec
 
-    policy = step_spec(spec)
+    policy = step_spec(deepspeed_module_view(spec))  # DeepSpeed / FSDP mixed precision run a 16-bit module
     kwargs = {**trace_kwargs(policy), "optimizer": None, "steps": 1}
     if policy.model is not spec.model:  # reward_trainer.py: the model loaded with num_labels=1 (steps.py)
         kwargs["task"] = "seq-cls"
