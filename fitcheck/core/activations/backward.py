@@ -278,10 +278,11 @@ def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:
     """Gradients of a partial fine-tune not produced yet at the top (or bottom) layer's MLP backward.
 
     Top: every gradient but the head's and the top layer's down_proj weight gradient (the first one the layer
-    produces), when the top layer trains. Bottom: only the embedding's. (Until session 9 the top moment counted
-    the top layer's other gradients as made too: -1 layer of gradients, +15.2 % on the during-backward
-    activations of Llama-3.1-70B, 4 layers, top one trained, 8 x 512, bf16; now exact at every shape of
-    ``benchmarks/envelope_ranges.py``'s llama/freeze rows.)
+    produces), when the top layer trains. Bottom: the embedding's, and when the bottom layer trains its own
+    but down_proj's. (Until session 9 both counted the layer's other gradients as made: -1 layer of gradients,
+    +15.2 % on the during-backward activations of Llama-3.1-70B, 4 layers, top one trained, 8 x 512, bf16,
+    +121 % with the bottom one trained and checkpointing at Llama-3.1-8B; now exact at every shape of
+    ``benchmarks/envelope_ranges.py``'s llama/freeze rows and with layer 0 trained.)
     """
     from fitcheck.core.activations.freeze import frozen_layers
 
@@ -289,14 +290,16 @@ def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:
     nbytes = _param_bytes(spec)
     if frozen is None:
         return 0
+    fz = spec.freeze
+    index = spec.model.shape.num_layers - 1 if top else 0
+    trained = fz is not None and fz.trainable_layers is not None and index in fz.trainable_layers
+    own = sum(p.numel_each for p in spec.model.params if _text_layer(p)) * nbytes
+    made = _down_proj_numel(spec) * nbytes  # at the MLP backward only down_proj's weight gradient exists
     if not top:
         emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING) * nbytes
-        return emb if frozen.embedding_trained and not spec.model.shape.tied_embeddings else 0
-    fz = spec.freeze
-    top_trained = fz is not None and fz.trainable_layers is not None and (
-        spec.model.shape.num_layers - 1 in fz.trainable_layers)
-    made = _down_proj_numel(spec) * nbytes  # at the MLP backward only down_proj's weight gradient exists
-    return max(_all_grads(spec) - (made if top_trained else 0), 0)
+        emb = emb if frozen.embedding_trained and not spec.model.shape.tied_embeddings else 0
+        return emb + (own - made if trained else 0)
+    return max(_all_grads(spec) - (made if trained else 0), 0)
 
 
 def _bottom_frozen(spec: TrainingSpec) -> bool:
