@@ -310,15 +310,18 @@ def _bottom_frozen(spec: TrainingSpec) -> bool:
 def _frozen_recompute(spec: TrainingSpec, q: BackwardInputs, static: int, norms: int,
                       cast: int) -> tuple[int, int] | None:
     """(index, bytes) of the MLP backward moment of the top-most frozen layer a gradient flows through, for a
-    layer-granular partial fine-tune with every layer checkpointed and a gated MLP; None otherwise.
+    layer-granular partial fine-tune with a gated MLP, every layer checkpointed or none; None otherwise.
 
-    A frozen layer recomputes only what its input gradient needs (``layer_saved_per_token(trainable=False)``:
-    no linear inputs, ``freeze.py``), so its down_proj input is never saved and its MLP backward adds the
+    A frozen layer saves only what its input gradient needs (``layer_saved_per_token(trainable=False)``: no
+    linear inputs, ``freeze.py``), so its down_proj input is never saved and its MLP backward adds the
     down_proj input gradient and the product's two gradients (3·e·I per token) + the residual gradient. Held
-    besides: the checkpoint inputs of it and every layer below, and every gradient but those of the trainable
-    layers not reached yet (and the embedding's). Trace (``benchmarks/envelope_ranges.py``, Llama-3.1-8B, 4
-    layers, top one trained, 8 x 512 tokens, bf16): 1008.8 MiB beyond the 1418 MiB of gradients then made, the
-    same as this sum; the trained-layer recompute counted before was +64 MiB (+121 % of that phase).
+    besides: with checkpointing the inputs of it and every layer below a gradient flows through, and its
+    recomputed tensors; without, the saved tensors of it and every layer below; and every gradient but those of
+    the trainable layers not reached yet (and the embedding's). Traces (``benchmarks/envelope_ranges.py``, 4
+    layers, top one trained, bf16): Llama-3.1-8B checkpointed at 8 x 512, 1008.8 MiB beyond the 1418 MiB of
+    gradients then made, the same as this sum (the trained-layer recompute counted before: +64 MiB, +121 % of
+    the phase); Mistral-7B without checkpointing at 1 x 1024, 262.9 MiB beyond every gradient (a small
+    vocabulary: this moment, not the head's, is the phase's peak; not modelled before: -56 %).
     """
     from fitcheck.core.activations.freeze import frozen_layers
     from fitcheck.core.activations.layer_saved import layer_saved_per_token
@@ -326,7 +329,7 @@ def _frozen_recompute(spec: TrainingSpec, q: BackwardInputs, static: int, norms:
     frozen = frozen_layers(spec)
     fz = spec.freeze
     sh = spec.model.shape
-    if (frozen is None or fz is None or fz.trainable_layers is None or q.n_ckpt != sh.num_layers
+    if (frozen is None or fz is None or fz.trainable_layers is None or q.n_ckpt not in (0, sh.num_layers)
             or q.offloaded or frozen.frozen_grad == 0 or sh.mlp_activation != "swiglu"
             or spec.batch.grad_accum > 1):
         return None
@@ -336,8 +339,13 @@ def _frozen_recompute(spec: TrainingSpec, q: BackwardInputs, static: int, norms:
     per_token, s2 = layer_saved_per_token(spec, trainable=False)
     layer = per_token * bs + s2 * bs * spec.batch.seq_len
     work = 3 * q.e * sh.intermediate_size * bs + q.r * sh.hidden_size * bs
-    shared = 0 if q.half_model else 4 * sh.hidden_size * bs
-    live = static + (top + 1) * q.ckpt_input + layer + norms - shared + 8 * spec.batch.seq_len + cast
+    reached = top + 1 - frozen.no_grad  # layers at or below it that a gradient flows through
+    if q.n_ckpt:
+        shared = 0 if q.half_model else 4 * sh.hidden_size * bs
+        live = static + reached * q.ckpt_input + layer + norms - shared + 8 * spec.batch.seq_len + cast
+    else:
+        below_trained = sum(1 for i in trained if i < top)
+        live = static + (reached - below_trained) * layer + below_trained * q.layer + reached * norms + cast
     own = sum(p.numel_each for p in spec.model.params if _text_layer(p)) * _param_bytes(spec)
     made = own * sum(1 for i in trained if i > top)  # the trainable layers above it are done
     return top, live + work - max(_all_grads(spec) - made, 0) + _LOSS_SCALARS
