@@ -134,7 +134,7 @@ def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding
     """
     key = envelope_key(spec)
     recipe = recipe_of(spec)
-    if key in CHECKED_INT8 and spec.hardware.device_type is not DeviceType.CPU:  # (in_envelope)
+    if key is not None and key[1] == "int8" and spec.hardware.device_type is not DeviceType.CPU:  # (in_envelope)
         return Finding(
             "not-pinned",
             Severity.WARNING,
