@@ -139,7 +139,7 @@ def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding
             "not-pinned",
             Severity.WARNING,
             "activation memory of the 8-bit layers is modelled from bitsandbytes' CUDA source (MatMul8bitLt), not "
-            "traced: the CPU trace runs MatMul8bitFp, which matches the formula within 2 % on CPU",
+            "traced: the CPU trace runs MatMul8bitFp instead (checked against the formula on CPU only)",
             "measure one step on the GPU (benchmarks/gpu_truth.py) if the margin is small",
         )
     if notes:
