@@ -131,6 +131,15 @@ def label(kind: tuple[str, str, bool, str, str]) -> str:
     return f"{family}/{method}/{'ckpt' if ckpt else 'nockpt'}/{attn}/{precision}"
 
 
+def _parse(text: str) -> tuple[str, str, bool, str, str]:
+    """A kind from its label (``family/method/ckpt|nockpt/attn/precision``); exits 2 on a malformed one."""
+    parts = text.split("/")
+    if len(parts) != 5 or parts[0] not in WIDTHS or parts[2] not in ("ckpt", "nockpt"):
+        raise SystemExit(f"--kinds: {text!r} is not family/method/ckpt|nockpt/attn/precision with a family of "
+                         f"WIDTHS ({', '.join(WIDTHS)})")
+    return (parts[0], parts[1], parts[2] == "ckpt", parts[3], parts[4])
+
+
 def main(argv: list[str]) -> int:
     """Run the sampled kinds, print one line each, merge into the data file."""
     ap = argparse.ArgumentParser()
@@ -149,12 +158,12 @@ def main(argv: list[str]) -> int:
     warnings.simplefilter("ignore")
     out = Path(ns.out)
     data: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
-    wanted = set(ns.kinds.split(",")) if ns.kinds else None
-    todo = [k for k in kinds(tuple(ns.families.split(",")), tuple(ns.methods.split(",")))
-            if (label(k) in wanted if wanted is not None else
-                k[3] in ns.attn.split(",") and ("ckpt" if k[2] else "nockpt") in ns.ckpt.split(",")
-                and k[4] in ns.precisions.split(","))
-            and (ns.redo or wanted is not None or label(k) not in data)]
+    if ns.kinds:  # exactly these labels, in this order (any method the grid has: int8 too)
+        todo = [_parse(x) for x in ns.kinds.split(",") if x]
+    else:
+        todo = [k for k in kinds(tuple(ns.families.split(",")), tuple(ns.methods.split(",")))
+                if k[3] in ns.attn.split(",") and ("ckpt" if k[2] else "nockpt") in ns.ckpt.split(",")
+                and k[4] in ns.precisions.split(",") and (ns.redo or label(k) not in data)]
     if ns.sample:
         todo = todo[: ns.sample]
     start = time.perf_counter()

@@ -10,9 +10,9 @@ and skipped, a pinned one is traced at its own micro-batch (fitcheck's fake-tens
 + peft model, nothing interpolated) and the error is measured per phase on the activation, logits and temporary
 bytes (``torch_adapters.phase_errors``: end of forward, start of backward, during backward).
 
-Prints one line per pinned probe, then a table per kind (the spec's envelope key; "(1 cell)": pinned by the
-single-shape grid of ``formula_vs_trace.py``, not by a checked range) with its probes, how many were within 2 %
-and the worst error, then the count of pinned probes within 2 % and the worst error. Exit code 1 when a pinned
+Prints one line per pinned probe, then a table per kind (the spec's envelope key; since session 9 only a kind
+with a checked range is pinned) with its probes, how many were within 2 % and the worst error, then the count
+of pinned probes within 2 % and the worst error. Exit code 1 when a pinned
 probe is outside 2 %.
 
 Run: ``python benchmarks/pinned_probes.py [--seed 0] [--probes 40] [--budget 900] [--families a,b]
@@ -87,7 +87,6 @@ def draw(rng: random.Random, families: tuple[str, ...], methods: tuple[str, ...]
 def probe(cell: Cell, config: dict[str, Any]) -> tuple[str, dict[Phase, float] | str]:
     """The envelope kind of a pinned formula answer (``""``: not pinned) and its error per phase against a trace
     at the same shape (or why the trace refused)."""
-    from fitcheck.catalog import envelope_ranges
     from fitcheck.core import estimate
     from fitcheck.core.activations import envelope_key
     from fitcheck.torch_adapters import BatchTraces, activation_trace_kwargs, components_from_trace
@@ -97,7 +96,6 @@ def probe(cell: Cell, config: dict[str, Any]) -> tuple[str, dict[Phase, float] |
         return "", ""
     key = envelope_key(spec)
     kind = "?" if key is None else "/".join((key[0], key[1], "ckpt" if key[2] else "nockpt", key[3], key[4]))
-    kind += "" if kind in envelope_ranges() else " (1 cell)"  # pinned by the single-shape grid, not a range
     try:
         traced = BatchTraces(spec.model.config, activation_trace_kwargs(spec)).result(cell.batch)
         return kind, phase_errors(spec, components_from_trace(traced))
@@ -109,16 +107,20 @@ def flags(cell: Cell, model: str) -> str:
     """The ``fitcheck estimate`` flags of a probe (to rerun it with ``--no_trace`` and ``--trace``)."""
     out = [f"--model_name_or_path {model} --device_type cpu --per_device_train_batch_size {cell.batch}",
            f"--max_seq_length {cell.seq} --attn_implementation {cell.attn}"]
-    quantized = cell.method in ("qlora", "qlora_noprep")
+    quantized = cell.method in ("qlora", "qlora_noprep", "int8")
     dtype = {"bf16": "bfloat16", "bf16amp": "bfloat16", "fp32": "float32",
              "autocast": "bfloat16" if quantized else "float32"}[cell.precision]
     out.append(f"--dtype {dtype}" + (" --bf16" if cell.precision in ("autocast", "bf16amp") else ""))
     if cell.ckpt:
         out.append("--gradient_checkpointing")
+    if cell.method == "freeze":  # the grids' freeze runs a 4-layer copy (differential.FREEZE_DEPTH): no CLI twin
+        return " ".join(out) + " --trainable_layers 3 (on a 4-layer copy of the model)"
     if cell.method != "full":
         out.append("--use_peft --lora_target_modules all-linear" + (" --use_dora" if cell.method == "dora" else ""))
-    if quantized:
+    if quantized and cell.method != "int8":
         out.append("--load_in_4bit --bnb_4bit_quant_type nf4 --use_bnb_nested_quant")
+    if cell.method == "int8":
+        out.append("--load_in_8bit")
     return " ".join(out)
 
 

@@ -72,7 +72,10 @@ def test_qlora_without_prep_is_in_the_envelope_only_where_checked() -> None:
     spec, _ = _spec({**QLORA, "prepare_for_kbit_training": False, "lora_target_modules": ["all-linear"]})
     key = envelope_key(spec)
     assert key is not None and key[1] == "qlora_noprep"
-    assert in_envelope(spec)
+    # pinned only where range-checked (issue 20): the checkpointed kind was +48.8 % during backward at 1 x 512
+    # (fitcheck/catalog/envelope_ranges.json llama/qlora_noprep/ckpt/sdpa/autocast), so it is not pinned; its
+    # single grid cell (4 x 2048) pinned it before
+    assert not in_envelope(spec)
     fp32, _ = _spec({**QLORA, "prepare_for_kbit_training": False, "dtype": "float32", "bf16": False})
     key32 = envelope_key(fp32)
     assert key32 is not None and key32[1] == "qlora"  # fp32 load: the preparation casts nothing

@@ -323,6 +323,7 @@ def _busiest_gpu_report(whole: Report, gpus: tuple[Any, ...]) -> Report:
     """The headline report of a multi-GPU device map: the busiest GPU's, with the whole model's counts and
     findings, and a verdict that needs every GPU to fit (advice/device_map_gpus.py)."""
     from fitcheck.advice import busiest
+    from fitcheck.core.activations import in_envelope, not_pinned_finding
     from fitcheck.findings import Severity
     from fitcheck.units import format_bytes
 
@@ -340,9 +341,16 @@ def _busiest_gpu_report(whole: Report, gpus: tuple[Any, ...]) -> Report:
     )
     keep = [f for f in whole.findings if f.code not in ("fits", "does-not-fit")]
     verdict = [f for f in top.report.findings if f.code in ("fits", "does-not-fit")]
+    # pinned as the whole run's answer says (the per-GPU estimates take the formula's activations as given, which
+    # would read as traced); a traced whole run does not pin the per-GPU formula split outside the envelope
+    pinned = whole.pinned
+    if pinned and any(c.name == "activations.traced" for c in whole.components) and not in_envelope(whole.spec):
+        pinned = False
+        keep.append(not_pinned_finding(whole.spec))
     return dataclasses.replace(
         top.report,
         findings=(*keep, note, *verdict),
+        pinned=pinned,
         fits=all(g.report.fits for g in gpus),
         total_params=whole.total_params,
         trainable_params=whole.trainable_params,

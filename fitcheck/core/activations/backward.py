@@ -236,6 +236,13 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
                 moments[name + " 4-bit backward"] = live + base - (0 if accum else unmade - g_lora_down) + _LOSS_SCALARS
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
+    frozen_moment = _frozen_recompute(spec, q, static, norms, cast - cast_down)
+    if frozen_moment is not None:
+        top_frozen, moments["top frozen layer"] = frozen_moment
+        if top_frozen == L - 1:
+            del moments["top layer"]  # the trained-layer recipe does not describe a frozen top layer
+        if _bottom_frozen(spec):
+            del moments["bottom layer"]  # a frozen bottom layer: the frozen moment with fewer checkpoints held
     if q.attention_moment is not None:  # DeepSeek-V3's CPU math attention (activations/mla.py)
         moments["top layer attention"] = q.attention_moment - _all_grads(spec) + _LOSS_SCALARS
     wrapped = param_wrapper_backward(spec, q.e, q.r)  # LoRA on fused experts (activations/param_wrapper.py)
@@ -270,8 +277,12 @@ def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, in
 def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:
     """Gradients of a partial fine-tune not produced yet at the top (or bottom) layer's MLP backward.
 
-    Top: every gradient but the head's and the top layer's own (less its down_proj weight gradient, the first
-    one the layer produces), when the top layer trains. Bottom: only the embedding's.
+    Top: every gradient but the head's and the top layer's down_proj weight gradient (the first one the layer
+    produces), when the top layer trains. Bottom: the embedding's, and when the bottom layer trains its own
+    but down_proj's. (Until session 9 both counted the layer's other gradients as made: -1 layer of gradients,
+    +15.2 % on the during-backward activations of Llama-3.1-70B, 4 layers, top one trained, 8 x 512, bf16,
+    +121 % with the bottom one trained and checkpointing at Llama-3.1-8B; now exact at every shape of
+    ``benchmarks/envelope_ranges.py``'s llama/freeze rows and with layer 0 trained.)
     """
     from fitcheck.core.activations.freeze import frozen_layers
 
@@ -279,14 +290,65 @@ def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:
     nbytes = _param_bytes(spec)
     if frozen is None:
         return 0
+    fz = spec.freeze
+    index = spec.model.shape.num_layers - 1 if top else 0
+    trained = fz is not None and fz.trainable_layers is not None and index in fz.trainable_layers
+    own = sum(p.numel_each for p in spec.model.params if _text_layer(p)) * nbytes
+    made = _down_proj_numel(spec) * nbytes  # at the MLP backward only down_proj's weight gradient exists
     if not top:
         emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING) * nbytes
-        return emb if frozen.embedding_trained and not spec.model.shape.tied_embeddings else 0
+        emb = emb if frozen.embedding_trained and not spec.model.shape.tied_embeddings else 0
+        return emb + (own - made if trained else 0)
+    return max(_all_grads(spec) - (made if trained else 0), 0)
+
+
+def _bottom_frozen(spec: TrainingSpec) -> bool:
     fz = spec.freeze
-    top_trained = fz is not None and fz.trainable_layers is not None and (
-        spec.model.shape.num_layers - 1 in fz.trainable_layers)
-    own = (sum(p.numel_each for p in spec.model.params if _text_layer(p)) - _down_proj_numel(spec)) * nbytes
-    return max(_all_grads(spec) - (own if top_trained else 0), 0)
+    return fz is not None and fz.trainable_layers is not None and 0 not in fz.trainable_layers
+
+
+def _frozen_recompute(spec: TrainingSpec, q: BackwardInputs, static: int, norms: int,
+                      cast: int) -> tuple[int, int] | None:
+    """(index, bytes) of the MLP backward moment of the top-most frozen layer a gradient flows through, for a
+    layer-granular partial fine-tune with a gated MLP, every layer checkpointed or none; None otherwise.
+
+    A frozen layer saves only what its input gradient needs (``layer_saved_per_token(trainable=False)``: no
+    linear inputs, ``freeze.py``), so its down_proj input is never saved and its MLP backward adds the
+    down_proj input gradient and the product's two gradients (3·e·I per token) + the residual gradient. Held
+    besides: with checkpointing the inputs of it and every layer below a gradient flows through, and its
+    recomputed tensors; without, the saved tensors of it and every layer below; and every gradient but those of
+    the trainable layers not reached yet (and the embedding's). Traces (``benchmarks/envelope_ranges.py``, 4
+    layers, top one trained, bf16): Llama-3.1-8B checkpointed at 8 x 512, 1008.8 MiB beyond the 1418 MiB of
+    gradients then made, the same as this sum (the trained-layer recompute counted before: +64 MiB, +121 % of
+    the phase); Mistral-7B without checkpointing at 1 x 1024, 262.9 MiB beyond every gradient (a small
+    vocabulary: this moment, not the head's, is the phase's peak; not modelled before: -56 %).
+    """
+    from fitcheck.core.activations.freeze import frozen_layers
+    from fitcheck.core.activations.layer_saved import layer_saved_per_token
+
+    frozen = frozen_layers(spec)
+    fz = spec.freeze
+    sh = spec.model.shape
+    if (frozen is None or fz is None or fz.trainable_layers is None or q.n_ckpt not in (0, sh.num_layers)
+            or q.offloaded or frozen.frozen_grad == 0 or sh.mlp_activation != "swiglu"
+            or spec.batch.grad_accum > 1):
+        return None
+    L, bs = sh.num_layers, spec.batch.micro_batch * spec.batch.seq_len
+    trained = {i for i in fz.trainable_layers if 0 <= i < L}
+    top = max(i for i in range(frozen.no_grad, L) if i not in trained)
+    per_token, s2 = layer_saved_per_token(spec, trainable=False)
+    layer = per_token * bs + s2 * bs * spec.batch.seq_len
+    work = 3 * q.e * sh.intermediate_size * bs + q.r * sh.hidden_size * bs
+    reached = top + 1 - frozen.no_grad  # layers at or below it that a gradient flows through
+    if q.n_ckpt:
+        shared = 0 if q.half_model else 4 * sh.hidden_size * bs
+        live = static + reached * q.ckpt_input + layer + norms - shared + 8 * spec.batch.seq_len + cast
+    else:
+        below_trained = sum(1 for i in trained if i < top)
+        live = static + (reached - below_trained) * layer + below_trained * q.layer + reached * norms + cast
+    own = sum(p.numel_each for p in spec.model.params if _text_layer(p)) * _param_bytes(spec)
+    made = own * sum(1 for i in trained if i > top)  # the trainable layers above it are done
+    return top, live + work - max(_all_grads(spec) - made, 0) + _LOSS_SCALARS
 
 
 def grads_unmade(spec: TrainingSpec) -> int:

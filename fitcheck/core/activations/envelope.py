@@ -9,6 +9,12 @@ whose cell was within ``TOLERANCE`` at the last run — data read from ``fitchec
 spec is.
 A spec outside the envelope is not answered silently from the formula: ``fitcheck.core.estimator.estimate`` marks the
 report ``pinned=False`` with a WARNING, and the CLI traces instead when torch is installed.
+
+Pinned means checked at this shape (issue 20): only a kind with a row in ``fitcheck/catalog/envelope_ranges.json``
+(``benchmarks/envelope_ranges.py``: 3 sequences up to >= 32k, micro-batch 1 and 8, two widths, per phase on the
+activation and logits bytes) is pinned, and only inside its checked range. ``CHECKED`` / ``CHECKED_INT8`` (one
+shape each, compared on device totals) no longer pin anything: they say which kinds the single-cell grids found
+within 2 %, and a kind never range-checked is ``pinned: false``.
 """
 
 from __future__ import annotations
@@ -105,18 +111,17 @@ def in_envelope(spec: TrainingSpec) -> bool:
     - A kind checked over a range of shapes (``fitcheck/catalog/envelope_ranges.json``, written by
       ``benchmarks/envelope_ranges.py``) is pinned only inside that range, and only when every shape and phase was
       within 2 % on the activation and logits bytes.
-    - A kind not range-checked yet keeps its single-shape check (``CHECKED``, total bytes): the ranges are
-      sampled, the file says which kinds and shapes were run.
+    - A kind never range-checked is not pinned (issue 20: its single grid cell, ``CHECKED`` / ``CHECKED_INT8``,
+      was one shape compared on total bytes, which hides a wrong activation term behind the model states).
+    - LLM.int8 on CUDA is never pinned (MatMul8bitLt, modelled from source; the traces run MatMul8bitFp); on CPU
+      it is pinned where its range was checked, like any other kind.
     """
     key = envelope_key(spec)
     if key is not None and key[1] == "int8" and spec.hardware.device_type is not DeviceType.CPU:
         return False  # CUDA runs MatMul8bitLt, modelled from source; the traces ran MatMul8bitFp (activations/int8.py)
     if key is None or recipe_of(spec) != (NO_ADAPTER_RECIPE if spec.lora is None else CHECKED_RECIPE):
         return False
-    ranges = envelope_ranges()
-    if range_label(key) in ranges:
-        return checked_at_shape(spec, key, ranges)
-    return key in CHECKED or key in CHECKED_INT8
+    return checked_at_shape(spec, key, envelope_ranges())  # no range row: never range-checked, not pinned
 
 
 def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding:
@@ -129,12 +134,12 @@ def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding
     """
     key = envelope_key(spec)
     recipe = recipe_of(spec)
-    if key in CHECKED_INT8 and spec.hardware.device_type is not DeviceType.CPU:  # (in_envelope)
+    if key is not None and key[1] == "int8" and spec.hardware.device_type is not DeviceType.CPU:  # (in_envelope)
         return Finding(
             "not-pinned",
             Severity.WARNING,
             "activation memory of the 8-bit layers is modelled from bitsandbytes' CUDA source (MatMul8bitLt), not "
-            "traced: the CPU trace runs MatMul8bitFp, which matches the formula within 2 % on CPU",
+            "traced: the CPU trace runs MatMul8bitFp instead (checked against the formula on CPU only)",
             "measure one step on the GPU (benchmarks/gpu_truth.py) if the margin is small",
         )
     if notes:
@@ -160,9 +165,9 @@ def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding
                    "not within 2 % at every shape and phase (worst: " + ", ".join(
                        f"{phase} {err:+.1f} %" for phase, err in row["worst"].items()) + ")"))
     else:
-        family, method, ckpt, attn, precision = key
-        what = (f"{family} / {method} / checkpointing {'on' if ckpt else 'off'} / {attn} / {precision} was not "
-                f"within {TOLERANCE:.0%} of a fake-tensor trace in benchmarks/formula_vs_trace.py")
+        what = (f"{range_label(key)} was never range-checked (benchmarks/envelope_ranges.py has no row for it: "
+                + ("one grid shape was within 2 % on total bytes, not a range of shapes per phase)"
+                   if key in CHECKED or key in CHECKED_INT8 else "nor was it within 2 % at its one grid shape)"))
     return Finding(
         "not-pinned",
         Severity.WARNING,
