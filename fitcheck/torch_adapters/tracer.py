@@ -161,6 +161,7 @@ def make_trainer_optimizer(name: str, model: Any) -> Any:
     import torch
 
     from fitcheck.core.optimizers import canonical_optimizer
+    from fitcheck.torch_adapters.tracer_bnb_optim import BNB_OPTIMIZERS, make_bnb_optimizer
 
     lowered, _ = canonical_optimizer(name)
     groups = trainer_param_groups(model)
@@ -171,9 +172,11 @@ def make_trainer_optimizer(name: str, model: Any) -> Any:
 
         # _get_adafactor: scale_parameter=False, relative_step=False
         return Adafactor(groups, lr=1e-3, relative_step=False, scale_parameter=False)  # type: ignore[no-untyped-call]
+    if lowered in BNB_OPTIMIZERS:  # bitsandbytes' own optimizer, allocating as on CUDA (tracer_bnb_optim)
+        return make_bnb_optimizer(lowered, groups, model)
     # _get_adamw_torch: torch AdamW, fused=True for adamw_torch_fused; otherwise torch picks the path
     # (optim/optimizer.py::_default_to_fused_or_foreach: single-tensor on CPU, foreach on CUDA). Other names
-    # (bitsandbytes, GaLore, ...) are stepped as adamw_torch: only the OPTIMIZER_STEP phase of the trace differs,
+    # (GaLore, ...) are stepped as adamw_torch: only the OPTIMIZER_STEP phase of the trace differs,
     # and trace_components leaves that phase's optimizer bytes to fitcheck.core.states.model_states.
     return torch.optim.AdamW(groups, lr=1e-3, fused=True if lowered == "adamw_torch_fused" else None)
 
