@@ -130,17 +130,21 @@ def test_composed_runs_deepen_to_the_deeper_trace(extra: dict[str, object], opti
 
 
 def test_what_does_not_deepen_falls_back_with_the_reason() -> None:
-    """All-linear LoRA under a non-fused AdamW does not deepen (its optimizer's state and update loops align
-    ambiguously): ``DeepenError``, never a wrong sequence; the default path then uses the two-group gap and says
-    so (``reserved-two-groups``)."""
+    """All-linear LoRA under AdamW's single-tensor path (a CPU step) does not deepen (its optimizer's state and
+    update loops align ambiguously): ``DeepenError``, never a wrong sequence. A CUDA run steps the foreach path,
+    which deepens (``tests/test_allocator_bnb_optim.py``). A stack that is not whole repeating groups (Gemma-3-1B:
+    26 layers, a 6-layer sliding/full period) does not deepen either; the default path then uses the two-group gap
+    and says so (``reserved-two-groups``)."""
     from fitcheck.torch_adapters import PinnedPath
 
-    extra = {"lora": LORA, "mixed_precision": "bf16"}
+    extra = {"lora": LORA, "mixed_precision": "bf16", "cuda_kernels": False}
     one, two = _composed(extra, "adamw_torch", 1), _composed(extra, "adamw_torch", 2)
     with pytest.raises(DeepenError):
         deepen(one[0], two[0], 3, (one[1], two[1]))
-    spec = _spec(lora=LORA, mp="bf16")
-    spec = replace(spec, optimizer=replace(spec.optimizer, name="adamw_torch"))
+    period = ["full_attention", "full_attention", "sliding_attention"]
+    config = {**CONFIG, "num_hidden_layers": 7, "layer_types": (period * 3)[:7]}
+    spec = spec_for(Row("compose", config, seq=32, batch=2, dtype="bfloat16", optim="adamw_torch_fused"))
+    spec = replace(spec, hardware=replace(spec.hardware, device_type=DeviceType.CUDA))
     report = PinnedPath("always")(spec)
     said = [f.message for f in report.findings if f.code == "reserved-two-groups"]
     assert said and "DeepenError" in said[0]
