@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 
-_ACTIVE: ContextVar[LiveTensorRecorder | None] = ContextVar("fitcheck_active_recorder", default=None)
+_ACTIVE: list[LiveTensorRecorder] = []  # the recorders entered, innermost last
 _OUTSIDE = -1  # the serial of a storage the recorder knows but does not count
 
 
@@ -26,10 +25,10 @@ _OUTSIDE = -1  # the serial of a storage the recorder knows but does not count
 def outside_allocator() -> Iterator[None]:
     """Storages created inside are known to the active recorder but not counted: memory CUDA takes outside
     torch's caching allocator (bitsandbytes' paged optimizer states, ``cudaMallocManaged``)."""
-    rec = _ACTIVE.get()
-    if rec is None:
+    if not _ACTIVE:
         yield
         return
+    rec = _ACTIVE[-1]
     rec.outside, was = True, rec.outside
     try:
         yield
@@ -72,15 +71,14 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.region_starts: list[int] = []
         self._serial_of: dict[int, int] = {}
         self.outside = False
-        self._token: Any = None
 
     def __enter__(self) -> LiveTensorRecorder:
-        self._token = _ACTIVE.set(self)
+        _ACTIVE.append(self)
         return super().__enter__()  # type: ignore[no-any-return, no-untyped-call]
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)  # type: ignore[no-untyped-call]
-        _ACTIVE.reset(self._token)
+        _ACTIVE.pop(len(_ACTIVE) - 1 - _ACTIVE[::-1].index(self))
 
     def enter_region(self, name: str) -> None:
         """Start a new region; the previous one's end is the current state."""
