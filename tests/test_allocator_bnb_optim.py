@@ -46,7 +46,8 @@ def _composed(config: dict[str, object], extra: dict[str, object], optim: str,
 
 def test_bnb_8bit_lora_run_composes_and_deepens_to_the_real_traces() -> None:
     """The reported failure (``adamw_bnb_8bit``, all-linear LoRA): composed at one and two layers, deepened to
-    three, the real three-layer three-step trace. Fails on the old code (``DeepenError``: AdamW's states and ``denom`` loops align ambiguously)."""
+    three, the real three-layer three-step trace. Fails on the old code (``DeepenError``: AdamW's states and
+    ``denom`` loops align ambiguously)."""
     one, two = (_composed(CONFIG, LORA_RUN, "adamw_bnb_8bit", d) for d in (1, 2))
     built = deepen(one[0], two[0], 3, (one[1], two[1]))
     real3 = trace_step(CONFIG, num_layers=3, **{**STEP, **LORA_RUN, "optimizer": "adamw_bnb_8bit", "steps": 3})

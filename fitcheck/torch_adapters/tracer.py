@@ -169,7 +169,8 @@ def make_trainer_optimizer(name: str, model: Any, cuda: bool = False) -> Any:
     groups = trainer_param_groups(model)
     foreach = True if cuda else None
     if lowered == "sgd":
-        return torch.optim.SGD(groups, lr=1e-3, foreach=foreach)  # _get_sgd: torch SGD, no momentum unless optim_args say so
+        # _get_sgd: torch SGD, no momentum unless optim_args say so
+        return torch.optim.SGD(groups, lr=1e-3, foreach=foreach)
     if lowered == "adafactor":
         from transformers.optimization import Adafactor
 

@@ -64,12 +64,12 @@ def make_bnb_optimizer(name: str, groups: list[dict[str, Any]], model: Any) -> A
     with unset_fake_temporarily():
         opt = cls(groups, **kwargs)
     mng = GlobalOptimManager.__new__(GlobalOptimManager)  # as get_instance() makes it, but this optimizer's own
-    mng.initialize()
+    mng.initialize()  # type: ignore[no-untyped-call]
     opt.mng = mng
     if kwargs.get("optim_bits") == 8:  # trainer.py create_optimizer
         for module in model.modules():
             if isinstance(module, torch.nn.Embedding):
-                mng.register_module_override(module, "weight", {"optim_bits": 32})
+                mng.register_module_override(module, "weight", {"optim_bits": 32})  # type: ignore[no-untyped-call]
     if opt.is_paged:
         opt.get_state_buffer = _paged_state_buffer
     return opt

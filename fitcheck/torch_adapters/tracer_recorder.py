@@ -16,7 +16,6 @@ from typing import Any
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-
 _ACTIVE: list[LiveTensorRecorder] = []  # the recorders entered, innermost last
 _OUTSIDE = -1  # the serial of a storage the recorder knows but does not count
 
