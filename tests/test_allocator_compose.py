@@ -115,12 +115,15 @@ def _composed(extra: dict[str, object], optim: str, depth: int) -> tuple[list[tu
     return whole_run(step.alloc_events, step.region_starts, opt, opt_starts, 3)
 
 
-@pytest.mark.parametrize("extra, optim", [({"lora": QV}, "adamw_torch"), ({"lora": LORA}, "adamw_torch_fused")],
-                         ids=["lora-qv-adamw", "lora-fused"])
+@pytest.mark.parametrize("extra, optim", [({"lora": QV}, "adamw_torch"), ({"lora": LORA}, "adamw_torch_fused"),
+                                          ({"lora": LORA}, "adamw_torch")],
+                         ids=["lora-qv-adamw", "lora-fused", "lora-adamw-foreach"])
 def test_composed_runs_deepen_to_the_deeper_trace(extra: dict[str, object], optim: str) -> None:
     """Composed at one and two layers, deepened to three: the real three-layer three-step trace. The non-fused
     AdamW frees a parameter's ``denom`` while stepping the next one; ``difflib`` cuts the layer's block around that
-    free and ``allocator_deepen`` joins it again (``_merged``: fails without it)."""
+    free and ``allocator_deepen`` joins it again (``_merged``: fails without it). All-linear LoRA under AdamW on
+    CUDA steps the foreach path (``make_trainer_optimizer``), as torch does there; the single-tensor path the old
+    code traced did not deepen (``DeepenError``)."""
     one, two = _composed(extra, optim, 1), _composed(extra, optim, 2)
     built = deepen(one[0], two[0], 3, (one[1], two[1]))
     real = trace_step(CONFIG, num_layers=3, **{**STEP, **extra, "optimizer": optim, "steps": 3}).alloc_events
