@@ -115,12 +115,15 @@ def _composed(extra: dict[str, object], optim: str, depth: int) -> tuple[list[tu
     return whole_run(step.alloc_events, step.region_starts, opt, opt_starts, 3)
 
 
-@pytest.mark.parametrize("extra, optim", [({"lora": QV}, "adamw_torch"), ({"lora": LORA}, "adamw_torch_fused")],
-                         ids=["lora-qv-adamw", "lora-fused"])
+@pytest.mark.parametrize("extra, optim", [({"lora": QV}, "adamw_torch"), ({"lora": LORA}, "adamw_torch_fused"),
+                                          ({"lora": LORA}, "adamw_torch")],
+                         ids=["lora-qv-adamw", "lora-fused", "lora-adamw-foreach"])
 def test_composed_runs_deepen_to_the_deeper_trace(extra: dict[str, object], optim: str) -> None:
     """Composed at one and two layers, deepened to three: the real three-layer three-step trace. The non-fused
     AdamW frees a parameter's ``denom`` while stepping the next one; ``difflib`` cuts the layer's block around that
-    free and ``allocator_deepen`` joins it again (``_merged``: fails without it)."""
+    free and ``allocator_deepen`` joins it again (``_merged``: fails without it). All-linear LoRA under AdamW on
+    CUDA steps the foreach path (``make_trainer_optimizer``), as torch does there; the single-tensor path the old
+    code traced did not deepen (``DeepenError``)."""
     one, two = _composed(extra, optim, 1), _composed(extra, optim, 2)
     built = deepen(one[0], two[0], 3, (one[1], two[1]))
     real = trace_step(CONFIG, num_layers=3, **{**STEP, **extra, "optimizer": optim, "steps": 3}).alloc_events
@@ -130,17 +133,21 @@ def test_composed_runs_deepen_to_the_deeper_trace(extra: dict[str, object], opti
 
 
 def test_what_does_not_deepen_falls_back_with_the_reason() -> None:
-    """All-linear LoRA under a non-fused AdamW does not deepen (its optimizer's state and update loops align
-    ambiguously): ``DeepenError``, never a wrong sequence; the default path then uses the two-group gap and says
-    so (``reserved-two-groups``)."""
+    """All-linear LoRA under AdamW's single-tensor path (a CPU step) does not deepen (its optimizer's state and
+    update loops align ambiguously): ``DeepenError``, never a wrong sequence. A CUDA run steps the foreach path,
+    which deepens (``tests/test_allocator_bnb_optim.py``). A stack that is not whole repeating groups (Gemma-3-1B:
+    26 layers, a 6-layer sliding/full period) does not deepen either; the default path then uses the two-group gap
+    and says so (``reserved-two-groups``)."""
     from fitcheck.torch_adapters import PinnedPath
 
-    extra = {"lora": LORA, "mixed_precision": "bf16"}
+    extra = {"lora": LORA, "mixed_precision": "bf16", "cuda_kernels": False}
     one, two = _composed(extra, "adamw_torch", 1), _composed(extra, "adamw_torch", 2)
     with pytest.raises(DeepenError):
         deepen(one[0], two[0], 3, (one[1], two[1]))
-    spec = _spec(lora=LORA, mp="bf16")
-    spec = replace(spec, optimizer=replace(spec.optimizer, name="adamw_torch"))
+    period = ["full_attention", "full_attention", "sliding_attention"]
+    config = {**CONFIG, "num_hidden_layers": 7, "layer_types": (period * 3)[:7]}
+    spec = spec_for(Row("compose", config, seq=32, batch=2, dtype="bfloat16", optim="adamw_torch_fused"))
+    spec = replace(spec, hardware=replace(spec.hardware, device_type=DeviceType.CUDA))
     report = PinnedPath("always")(spec)
     said = [f.message for f in report.findings if f.code == "reserved-two-groups"]
     assert said and "DeepenError" in said[0]

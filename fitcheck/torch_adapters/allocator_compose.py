@@ -52,6 +52,7 @@ def whole_run(step: Sequence[Event], step_starts: Sequence[int], opt: Sequence[E
     fwd, _fh, _bs, _bw, opt_at, zero_at, done_at = step_starts
     setup = step[:fwd]
     before = {s for s, n, _ in setup if n > 0}
+    once = _first_step_only(step[fwd:], before)
     top = 1 + max((s for s, _, _ in step), default=0)
     opt_base = top * (steps + 1)
     out: list[Event] = list(setup)
@@ -65,21 +66,36 @@ def whole_run(step: Sequence[Event], step_starts: Sequence[int], opt: Sequence[E
                 return ev
             return (s + (k + 1) * top, n, tag + suffix if tag != "setup" else tag)
 
+        def again(ev: Event, k: int = k) -> bool:
+            return k == 0 or ev[0] not in once
+
         for a, b in itertools.pairwise(step_starts[:5]):  # forward .. backward
             starts.append(len(out))
-            out += [renamed(ev) for ev in step[a:b]]
+            out += [renamed(ev) for ev in step[a:b] if again(ev)]
         # this step's optimizer events (its optimizer region; anything in its zero_grad region follows zero_grad)
         o_at, z_at, next_at = opt_starts[2 * k], opt_starts[2 * k + 1], opt_starts[2 * k + 2]
         starts.append(len(out))
         out += [(s + opt_base, n, tag) for s, n, tag in opt[o_at:z_at]]
-        out += [renamed(ev) for ev in step[opt_at:zero_at]]
+        out += [renamed(ev) for ev in step[opt_at:zero_at] if again(ev)]
         starts.append(len(out))
-        out += [renamed(ev) for ev in step[zero_at:done_at]]
+        out += [renamed(ev) for ev in step[zero_at:done_at] if again(ev)]
         out += [(s + opt_base, n, tag) for s, n, tag in opt[z_at:next_at]]
     starts.append(len(out))
     out += [renamed(ev) for ev in step[done_at:]]  # the last step's renaming
     _check_frees(out)
     return out, tuple(starts)
+
+
+def _first_step_only(events: Sequence[Event], before: set[int]) -> set[int]:
+    """Storages whose events happen in the first step only: a parameter the step frees (re-cast in place) and
+    what the step allocates and never frees (its replacement).
+
+    bitsandbytes 0.50.2 ``nn/modules.py`` ``Linear4bit.forward`` (line 634) and ``Linear8bitLt.forward`` (1187) run
+    ``bias.data = bias.data.to(x.dtype)`` when the bias is not in the input's dtype: a QLoRA model whose
+    ``prepare_model_for_kbit_training`` made the biases fp32 (Qwen2's q/k/v) frees each fp32 bias and keeps a
+    16-bit copy in the first forward; from the second step on the dtypes agree and nothing happens."""
+    freed = {s for s, n, _ in events if n <= 0}
+    return {s for s, n, _ in events if (n <= 0 and s in before) or (n > 0 and s not in freed)}
 
 
 def _check_frees(events: Sequence[Event]) -> None:

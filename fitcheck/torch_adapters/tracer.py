@@ -148,12 +148,14 @@ def trainer_param_groups(model: Any) -> list[dict[str, Any]]:
     ]
 
 
-def make_trainer_optimizer(name: str, model: Any) -> Any:
+def make_trainer_optimizer(name: str, model: Any, cuda: bool = False) -> Any:
     """The optimizer the Trainer builds for ``optim=name`` (``trainer_optimizer.py`` handlers), lr 1e-3.
 
     Args:
         name: ``TrainingArguments.optim`` value.
         model: The model (or PEFT model) being trained.
+        cuda: Step it as on CUDA: torch's non-fused optimizers take their foreach path there
+            (``torch/optim/optimizer.py`` ``_default_to_fused_or_foreach``), the single-tensor one on a CPU.
 
     Returns:
         A torch optimizer over :func:`trainer_param_groups`.
@@ -161,21 +163,28 @@ def make_trainer_optimizer(name: str, model: Any) -> Any:
     import torch
 
     from fitcheck.core.optimizers import canonical_optimizer
+    from fitcheck.torch_adapters.tracer_bnb_optim import BNB_OPTIMIZERS, make_bnb_optimizer
 
     lowered, _ = canonical_optimizer(name)
     groups = trainer_param_groups(model)
+    foreach = True if cuda else None
     if lowered == "sgd":
-        return torch.optim.SGD(groups, lr=1e-3)  # _get_sgd: torch SGD, no momentum unless optim_args say so
+        # _get_sgd: torch SGD, no momentum unless optim_args say so
+        return torch.optim.SGD(groups, lr=1e-3, foreach=foreach)
     if lowered == "adafactor":
         from transformers.optimization import Adafactor
 
         # _get_adafactor: scale_parameter=False, relative_step=False
         return Adafactor(groups, lr=1e-3, relative_step=False, scale_parameter=False)  # type: ignore[no-untyped-call]
+    if lowered in BNB_OPTIMIZERS:  # bitsandbytes' own optimizer, allocating as on CUDA (tracer_bnb_optim)
+        return make_bnb_optimizer(lowered, groups, model)
     # _get_adamw_torch: torch AdamW, fused=True for adamw_torch_fused; otherwise torch picks the path
     # (optim/optimizer.py::_default_to_fused_or_foreach: single-tensor on CPU, foreach on CUDA). Other names
-    # (bitsandbytes, GaLore, ...) are stepped as adamw_torch: only the OPTIMIZER_STEP phase of the trace differs,
+    # (GaLore, ...) are stepped as adamw_torch: only the OPTIMIZER_STEP phase of the trace differs,
     # and trace_components leaves that phase's optimizer bytes to fitcheck.core.states.model_states.
-    return torch.optim.AdamW(groups, lr=1e-3, fused=True if lowered == "adamw_torch_fused" else None)
+    if lowered == "adamw_torch_fused":
+        return torch.optim.AdamW(groups, lr=1e-3, fused=True)
+    return torch.optim.AdamW(groups, lr=1e-3, foreach=foreach)
 
 
 def trace_step(
@@ -230,7 +239,8 @@ def trace_step(
             so each phase's peak is the body's own (a TRL trainer runs its chunked head instead:
             ``activation_trace_kwargs``).
         cuda_kernels: Trace the ops whose CUDA kernel keeps other tensors than the CPU one as CUDA runs them
-            (``tracer_patches.cuda_dropout``); False for a real CPU step and ``device_type cpu`` estimates.
+            (``tracer_patches.cuda_dropout``), and step the optimizer on its CUDA path (foreach for a non-fused
+            torch optimizer: ``make_trainer_optimizer``); False for a real CPU step and ``device_type cpu`` estimates.
 
     Returns:
         The per-phase breakdown of the second step.
@@ -268,7 +278,7 @@ def trace_step(
             use_reentrant=use_reentrant,
         )
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = make_trainer_optimizer(optimizer, model) if optimizer is not None else None
+        opt = make_trainer_optimizer(optimizer, model, cuda_kernels) if optimizer is not None else None
         vocab = int(model.config.get_text_config(decoder=True).vocab_size)  # composite VLM configs nest it
         ids = torch.randint(0, vocab, (micro_batch, seq_len))
         ids, images = image_inputs(model, ids, image_tokens)  # {} unless image-text-to-text with images

@@ -34,6 +34,7 @@ def trace_optimizer(
     task: str = "causal-lm",
     freeze: FreezeSpec | None = None,
     use_reentrant: bool = False,
+    cuda_kernels: bool = False,
     **_step_only: Any,
 ) -> tuple[tuple[tuple[int, int, str], ...], tuple[int, ...]]:
     """``steps`` optimizer steps of the model ``trace_step`` would build, on fake tensors.
@@ -52,6 +53,7 @@ def trace_optimizer(
         task: As ``trace_step``.
         freeze: As ``trace_step``.
         use_reentrant: As ``trace_step``.
+        cuda_kernels: As ``trace_step``: the optimizer steps as on CUDA (``tracer.make_trainer_optimizer``).
         **_step_only: The other ``trace_step`` arguments (sequence, micro-batch, autocast, ...): no optimizer
             allocation depends on them.
 
@@ -79,7 +81,7 @@ def trace_optimizer(
         for p in model.parameters():
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
-        opt = make_trainer_optimizer(optimizer, model)
+        opt = make_trainer_optimizer(optimizer, model, cuda_kernels)
         rec = LiveTensorRecorder()
         # known before the steps, as in trace_step: an in-place update's output is then not a new storage
         rec.track(model.parameters())

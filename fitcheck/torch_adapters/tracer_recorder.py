@@ -7,13 +7,32 @@ share their base's storage and are counted once, as the caching allocator would.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+_ACTIVE: list[LiveTensorRecorder] = []  # the recorders entered, innermost last
+_OUTSIDE = -1  # the serial of a storage the recorder knows but does not count
+
+
+@contextlib.contextmanager
+def outside_allocator() -> Iterator[None]:
+    """Storages created inside are known to the active recorder but not counted: memory CUDA takes outside
+    torch's caching allocator (bitsandbytes' paged optimizer states, ``cudaMallocManaged``)."""
+    if not _ACTIVE:
+        yield
+        return
+    rec = _ACTIVE[-1]
+    rec.outside, was = True, rec.outside
+    try:
+        yield
+    finally:
+        rec.outside = was
 
 
 @dataclass
@@ -50,6 +69,15 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.region = "setup"
         self.region_starts: list[int] = []
         self._serial_of: dict[int, int] = {}
+        self.outside = False
+
+    def __enter__(self) -> LiveTensorRecorder:
+        _ACTIVE.append(self)
+        return super().__enter__()  # type: ignore[no-any-return, no-untyped-call]
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)  # type: ignore[no-untyped-call]
+        _ACTIVE.pop(len(_ACTIVE) - 1 - _ACTIVE[::-1].index(self))
 
     def enter_region(self, name: str) -> None:
         """Start a new region; the previous one's end is the current state."""
@@ -70,8 +98,9 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 self._add(t)
 
     def serial(self, t: Any) -> int | None:
-        """Serial of a live tensor's storage, if tracked."""
-        return self._serial_of.get(id(t.untyped_storage()))
+        """Serial of a live tensor's storage, if tracked (and counted: not made :func:`outside_allocator`)."""
+        serial = self._serial_of.get(id(t.untyped_storage()))
+        return None if serial == _OUTSIDE else serial
 
     def live_at(self, event_index: int) -> set[int]:
         """Serials alive just after event ``event_index``."""
@@ -125,6 +154,10 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         key = id(st)
         if key in self._serial_of:
             return
+        if self.outside:
+            self._serial_of[key] = _OUTSIDE
+            weakref.finalize(st, self._free, key, _OUTSIDE)
+            return
         nbytes = int(st.nbytes())
         serial = len(self.sizes)
         self.sizes[serial] = nbytes
@@ -140,5 +173,7 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _free(self, key: int, serial: int) -> None:
         if self._serial_of.get(key) == serial:
             del self._serial_of[key]
+        if serial == _OUTSIDE:
+            return
         self.current -= self.sizes[serial]
         self.events.append((serial, -1))
