@@ -16,7 +16,13 @@ of pinned probes within 2 % and the worst error. Exit code 1 when a pinned
 probe is outside 2 %.
 
 Run: ``python benchmarks/pinned_probes.py [--seed 0] [--probes 40] [--budget 900] [--families a,b]
-[--methods a,b] [--json out.json]``.
+[--methods a,b] [--json out.json] [--record-misses]``.
+
+``--record-misses`` merges every probe more than 2 % off into ``fitcheck/catalog/envelope_probe_misses.json``
+(package data): a kind listed there is not pinned (``core.activations.envelope.in_envelope``). ``--from-json
+a.json ...`` records the misses of earlier ``--json`` runs without probing again. ``--recheck`` traces every
+recorded miss again at its own model and shape (pinned or not) and drops those now within 2 %: run it after a
+formula fix.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from fitcheck.torch_adapters import FAMILY_MODELS, PHASES, Cell, cell_spec, phas
 
 TOLERANCE = 0.02
 MODELS = Path(__file__).parents[1] / "fitcheck" / "catalog" / "models"
+MISSES = Path(__file__).parents[1] / "fitcheck" / "catalog" / "envelope_probe_misses.json"
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
 METHODS = ("full", "lora", "qlora", "dora", "qlora_noprep")
 PRECISIONS = ("bf16", "autocast", "fp32", "bf16amp")
@@ -84,15 +91,15 @@ def draw(rng: random.Random, families: tuple[str, ...], methods: tuple[str, ...]
                     batch), model, config
 
 
-def probe(cell: Cell, config: dict[str, Any]) -> tuple[str, dict[Phase, float] | str]:
-    """The envelope kind of a pinned formula answer (``""``: not pinned) and its error per phase against a trace
-    at the same shape (or why the trace refused)."""
+def probe(cell: Cell, config: dict[str, Any], *, pinned_only: bool = True) -> tuple[str, dict[Phase, float] | str]:
+    """The envelope kind of a pinned formula answer (``""``: not pinned; every answer with ``pinned_only`` off) and
+    its error per phase against a trace at the same shape (or why the trace refused)."""
     from fitcheck.core import estimate
     from fitcheck.core.activations import envelope_key
     from fitcheck.torch_adapters import BatchTraces, activation_trace_kwargs, components_from_trace
 
     spec = cell_spec(cell, config)
-    if not estimate(spec).pinned:
+    if pinned_only and not estimate(spec).pinned:
         return "", ""
     key = envelope_key(spec)
     kind = "?" if key is None else "/".join((key[0], key[1], "ckpt" if key[2] else "nockpt", key[3], key[4]))
@@ -124,6 +131,48 @@ def flags(cell: Cell, model: str) -> str:
     return " ".join(out)
 
 
+def record_misses(rows: list[dict[str, Any]], seed: int | None) -> int:
+    """Merge the probes more than 2 % off into ``MISSES``; the number recorded."""
+    misses: dict[str, list[dict[str, Any]]] = json.loads(MISSES.read_text()) if MISSES.is_file() else {}
+    added = 0
+    for row in rows:
+        if row.get("worst") is None or abs(row["worst"]) <= TOLERANCE * 100:
+            continue
+        entry = {"model": row["model"], "seq": row["seq"], "batch": row["batch"], "errors": row["errors"],
+                 "seed": row.get("seed", seed)}
+        known = misses.setdefault(row["kind"], [])
+        if not any((m["model"], m["seq"], m["batch"]) == (entry["model"], entry["seq"], entry["batch"]) for m in known):
+            known.append(entry)
+            added += 1
+    MISSES.write_text(json.dumps(misses, indent=1, sort_keys=True) + "\n")
+    return added
+
+
+def recheck() -> int:
+    """Trace every recorded miss again at its model and shape; keep those still more than 2 % off. Exit code 1
+    when one is kept."""
+    misses: dict[str, list[dict[str, Any]]] = json.loads(MISSES.read_text()) if MISSES.is_file() else {}
+    kept: dict[str, list[dict[str, Any]]] = {}
+    for kind, probes in sorted(misses.items()):
+        family, method, ckpt, attn, precision = kind.split("/")
+        for miss in probes:
+            config = json.loads((MODELS / miss["model"] / "config.json").read_text())
+            cell = Cell(family, method, ckpt == "ckpt", attn, precision, miss["seq"], miss["batch"])
+            _, result = probe(cell, config, pinned_only=False)
+            if isinstance(result, str):
+                worst, errors = None, miss["errors"]
+            else:
+                errors = {p.value: round(e * 100, 2) for p, e in result.items()}
+                worst = max(errors.values(), key=abs)
+            still = worst is None or abs(worst) > TOLERANCE * 100
+            print(f"{'KEPT' if still else 'fixed':6} {kind:45} {miss['model']:40} {miss['batch']} x {miss['seq']:<6} "
+                  f"{worst if worst is not None else result}")
+            if still:
+                kept.setdefault(kind, []).append({**miss, "errors": errors})
+    MISSES.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    return 1 if kept else 0
+
+
 def main(argv: list[str]) -> int:
     """Draw, estimate, trace the pinned probes, print the tables."""
     ap = argparse.ArgumentParser()
@@ -133,8 +182,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--json", default="", help="write every probe here")
+    ap.add_argument("--record-misses", action="store_true", help=f"merge the probes outside 2 %% into {MISSES.name}")
+    ap.add_argument("--from-json", nargs="+", default=(), help="record the misses of these --json outputs")
+    ap.add_argument("--recheck", action="store_true", help="trace the recorded misses again; drop the fixed ones")
     ns = ap.parse_args(argv)
     warnings.simplefilter("ignore")
+    if ns.recheck:
+        return recheck()
+    if ns.from_json:
+        old = [dict(r, seed=json.loads(Path(f).read_text())["seed"]) for f in ns.from_json
+               for r in json.loads(Path(f).read_text())["probes"]]
+        print(f"{record_misses(old, None)} misses recorded in {MISSES}")
+        return 0
     families = tuple(f for f in ns.families.split(",") if f in FAMILY_MODELS)
     rng = random.Random(ns.seed)
     start = time.perf_counter()
@@ -178,6 +237,8 @@ def main(argv: list[str]) -> int:
     for row in rows:
         if row["worst"] is None or abs(row["worst"]) > TOLERANCE * 100:
             print(f"  {row['kind']} {row['worst']}: fitcheck estimate {row['flags']}")
+    if ns.record_misses:
+        print(f"{record_misses(rows, ns.seed)} misses recorded in {MISSES}")
     if ns.json:
         Path(ns.json).write_text(json.dumps({"seed": ns.seed, "draws": draws, "unpinned": unpinned,
                                              "probes": rows}, indent=1))

@@ -13,6 +13,7 @@ from fitcheck.catalog.envelope_cells import (
     dump_envelope_blocks,
     envelope_blocks,
     envelope_cells,
+    envelope_probe_misses,
     envelope_ranges,
     parse_envelope_blocks,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "dump_envelope_blocks",
     "envelope_blocks",
     "envelope_cells",
+    "envelope_probe_misses",
     "envelope_ranges",
     "find_catalog_config",
     "known_gpus",

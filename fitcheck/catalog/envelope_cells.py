@@ -106,6 +106,7 @@ def envelope_cells(*names: str) -> frozenset[EnvelopeKey]:
 
 
 ENVELOPE_RANGES_FILE = "envelope_ranges.json"
+ENVELOPE_PROBE_MISSES_FILE = "envelope_probe_misses.json"
 
 
 @lru_cache(maxsize=1)
@@ -122,4 +123,24 @@ def envelope_ranges() -> dict[str, dict[str, Any]]:
     for label, row in rows.items():
         if not isinstance(row.get("shapes"), list) or not isinstance(row.get("within"), bool):
             raise ValueError(f"{ENVELOPE_RANGES_FILE}: {label}: a row needs a 'shapes' list and a boolean 'within'")
+    return rows
+
+
+@lru_cache(maxsize=1)
+def envelope_probe_misses() -> dict[str, list[dict[str, Any]]]:
+    """The shipped ``envelope_probe_misses.json``: kind label -> the off-grid probes of it that were more than 2 % off
+    a trace (``{"model", "seq", "batch", "errors": {phase: %}, "seed"}``), written by ``benchmarks/pinned_probes.py
+    --record-misses`` and cleared by its ``--recheck``; loaded once. A kind listed here is not pinned, whatever its
+    range row says (``core.activations.envelope.in_envelope``).
+
+    Raises:
+        ValueError: If an entry is not a non-empty list of probes.
+    """
+    path = resources.files("fitcheck.catalog").joinpath(ENVELOPE_PROBE_MISSES_FILE)
+    if not path.is_file():
+        return {}
+    rows: dict[str, list[dict[str, Any]]] = json.loads(path.read_text(encoding="utf-8"))
+    for label, probes in rows.items():
+        if not isinstance(probes, list) or not probes or not all(isinstance(p, dict) for p in probes):
+            raise ValueError(f"{ENVELOPE_PROBE_MISSES_FILE}: {label}: expected a non-empty list of probes")
     return rows

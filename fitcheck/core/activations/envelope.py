@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fitcheck.catalog import EnvelopeKey, envelope_cells, envelope_ranges
+from fitcheck.catalog import EnvelopeKey, envelope_cells, envelope_probe_misses, envelope_ranges
 from fitcheck.core.activations.envelope_range import (
     CHECKED_RECIPE,
     NO_ADAPTER_RECIPE,
@@ -113,6 +113,9 @@ def in_envelope(spec: TrainingSpec) -> bool:
       within 2 % on the activation and logits bytes.
     - A kind never range-checked is not pinned (issue 20: its single grid cell, ``CHECKED`` / ``CHECKED_INT8``,
       was one shape compared on total bytes, which hides a wrong activation term behind the model states).
+    - A kind an off-grid probe found more than 2 % off its trace (``fitcheck/catalog/envelope_probe_misses.json``,
+      written by ``benchmarks/pinned_probes.py --record-misses``) is not pinned anywhere: its range was checked at
+      two widths, and the probe's model (another width, vocabulary or ratio) showed a term the range missed.
     - LLM.int8 on CUDA is never pinned (MatMul8bitLt, modelled from source; the traces run MatMul8bitFp); on CPU
       it is pinned where its range was checked, like any other kind.
     """
@@ -121,6 +124,8 @@ def in_envelope(spec: TrainingSpec) -> bool:
         return False  # CUDA runs MatMul8bitLt, modelled from source; the traces ran MatMul8bitFp (activations/int8.py)
     if key is None or recipe_of(spec) != (NO_ADAPTER_RECIPE if spec.lora is None else CHECKED_RECIPE):
         return False
+    if range_label(key) in envelope_probe_misses():
+        return False  # an off-grid probe of this kind was more than 2 % off its trace (benchmarks/pinned_probes.py)
     return checked_at_shape(spec, key, envelope_ranges())  # no range row: never range-checked, not pinned
 
 
@@ -158,6 +163,13 @@ def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding
     elif recipe != (NO_ADAPTER_RECIPE if spec.lora is None else CHECKED_RECIPE):
         what = (f"the adapters ({', '.join(recipe)}) are not the checked recipe (every linear layer, r <= "
                 f"{RANK_CLASS_LIMIT}, dropout on)")
+    elif range_label(key) in envelope_probe_misses():
+        miss = max(envelope_probe_misses()[range_label(key)],
+                   key=lambda p: max(abs(e) for e in p["errors"].values()))
+        phase, err = max(miss["errors"].items(), key=lambda kv: abs(kv[1]))
+        what = (f"{range_label(key)} was within 2 % over its checked range, but an off-grid probe "
+                f"(benchmarks/pinned_probes.py) of {miss['model']} at {miss['batch']} x {miss['seq']} was {err:+.1f} % "
+                f"off the trace {phase}")
     elif range_label(key) in ranges:
         row = ranges[range_label(key)]
         what = (f"{range_label(key)} was checked at {len(row['shapes'])} shapes (benchmarks/envelope_ranges.py): "
