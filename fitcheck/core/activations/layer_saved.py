@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.core.activations.attention_variants import eager_scores, rotary_tables, sink_attention_extra
+from fitcheck.core.activations.attention_variants import (
+    eager_scores,
+    eager_working_set,
+    rotary_tables,
+    sink_attention_extra,
+)
 from fitcheck.core.activations.dora import (
     dora_per_token,
 )
@@ -235,9 +240,7 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
         return _mla_layer(spec, m, full)
     fused = sh.traits.fused_projections
     eager = _attn_impl(spec) is AttnImpl.EAGER
-    total = 2 * _norm_saved(sh, m, full)
-    if sh.traits.norm_placement is NormPlacement.PRE_AND_POST:
-        total += 2 * _norm_saved(sh, m, full, pre=False)  # post-attention / post-feedforward norms
+    total = _norm_saved(sh, m, full)  # input_layernorm; the others: _after_attention
     # attention inputs (q/k/v or fused qkv_proj)
     if fused:
         total += _linear_inputs(sh, m, full, targets, spec.lora, ("qkv_proj",), h, True)
@@ -264,11 +267,99 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
         if fused:
             total += m.e * o_copy  # o_proj input: transpose(1,2).reshape copy (trace: clone)
         s2 = 0
-    # o_proj reads the attention output (a view of SDPA's output or the eager/phi3 copy), saved already (trace)
-    total += _linear_inputs(sh, m, False, targets, spec.lora, ("o_proj",), q, False, kept=True)
-    total += _mlp_saved(spec, m, full, targets)
+    total += _after_attention(spec, m, full, targets)
     total += dora_per_token(spec, m.e, m.amp, m.half_model)  # DoRA: base and LoRA outputs (activations_lora)
     return total, s2
+
+
+def _after_attention(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
+    """Bytes per token a Llama-recipe layer saves after its attention's output: o_proj's adapter input, the
+    post-attention norm(s), the MLP; all freed before the attention's own backward runs (``eager_moments``)."""
+    sh = spec.model.shape
+    q = sh.num_heads * sh.head_dim
+    # o_proj reads the attention output (a view of SDPA's output or the eager/phi3 copy), saved already (trace)
+    total = _linear_inputs(sh, m, False, targets, spec.lora, ("o_proj",), q, False, kept=True)
+    total += _norm_saved(sh, m, full)  # post_attention_layernorm
+    if sh.traits.norm_placement is NormPlacement.PRE_AND_POST:
+        total += 2 * _norm_saved(sh, m, full, pre=False)  # post-attention / post-feedforward norms
+    return total + _mlp_saved(spec, m, full, targets)
+
+
+@dataclass(frozen=True)
+class EagerMoments:
+    """Eager attention's worst ops (``attention_variants.eager_working_set``), in bytes of one micro-batch.
+
+    Attributes:
+        forward: Alive at the top layer's forward softmax beyond ``activations.saved`` at the end of forward.
+        backward: Alive at a layer's softmax backward beyond that layer's MLP-backward moment, gradients apart
+            (``backward.backward_moments``): the s² working set less the layer's saved s² terms, less what the
+            layer saved after its attention (freed by then), plus the residual-stream gradient.
+        mask: The 4-D causal mask every checkpointed layer holds as an argument (0 without checkpointing).
+        made: Gradient bytes one layer has made before its attention's backward (o_proj, the MLP, post norms) in
+            a full fine-tune, 0 otherwise.
+    """
+
+    forward: int
+    backward: int
+    mask: int
+    made: int
+
+
+def eager_moments(spec: TrainingSpec) -> EagerMoments | None:
+    """Eager attention's forward and backward working set (Llama-recipe layers, 4-bit QLoRA included); None where
+    it is not modelled (SDPA, the LayerNorm blocks, latent attention, 8-bit bases, soft-capping, sinks).
+
+    Traced on a 2-layer Llama (``attention_variants.eager_working_set``); checked on the real widths by
+    ``benchmarks/envelope_ranges.py --attn eager`` and ``tests/test_eager_working_set.py``.
+    """
+    from fitcheck.core.activations.qlora import qlora_saved_after_attention
+    from fitcheck.spec import Role
+
+    spec = deepspeed_module_view(spec)
+    sh = spec.model.shape
+    if (_attn_impl(spec) is not AttnImpl.EAGER or sh.traits.recipe.layernorm_block
+            or sh.traits.recipe is LayerRecipe.LATENT_MOE or int8_formula_applies(spec)):
+        return None
+    m = _mode(spec)
+    fp16_cuda = spec.hardware.device_type is DeviceType.CUDA and (
+        spec.precision.load_dtype.value == "float16" and m.half_model)
+    ws = eager_working_set(sh, m.e, m.half_model, fp16_cuda)
+    if ws is None:
+        return None
+    fwd, bwd = ws
+    b, s, h = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size
+    q, kv = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim
+    _, s2 = layer_saved_per_token(spec)
+    full = spec.lora is None and spec.quant is None
+    targets = _lora_targets(spec)
+    if qlora_formula_applies(spec):
+        after = qlora_saved_after_attention(spec)
+    else:
+        after = _after_attention(spec, m, full, targets)
+        if full or _reads_input_itself(spec, m, targets, "o_proj"):
+            after += m.e * q  # the o_proj input copy (transpose(1,2).contiguous()), read by its weight gradient
+    mask = b * s * s * (2 if m.half_model else 4) * sh.traits.eager_mask_kinds  # (b, 1, s, s), model dtype
+    ckpt = spec.activations.checkpointing
+    # activations.saved holds the final norm's saved tensors and the LM head's input, not made yet (trace)
+    forward = -(_norm_saved(sh, m, full) + (m.r * h if full and not m.autocast else 0)) * b * s
+    if ckpt:
+        # the top layer recomputes nothing yet: besides every checkpoint, its norm output, q, the repeat_kv clones
+        # of K and V and the rotary K / projected V they came from (trace: mul, add, clone x 2, add, mm); under
+        # autocast q and k leave the rotary in fp32 (bf16 x fp32 cos/sin), v stays bf16
+        qk = 4 if m.autocast else m.e
+        clones = (qk + m.e) * q if kv != q else 0
+        forward += fwd * b * s * s + (m.r * h + qk * (q + kv) + m.e * kv + clones) * b * s
+    else:
+        # the top layer's saved s² terms and what it saves after its attention are in activations.saved
+        forward += (fwd - s2) * b * s * s + mask - after * b * s
+    made = 0
+    if full and spec.freeze is None:
+        own = ("q_proj", "k_proj", "v_proj", "qkv_proj", "input_layernorm", "q_norm", "k_norm")
+        made = sum(p.numel_each for p in spec.model.params
+                   if p.per_layer and p.role is not Role.EMBEDDING and p.module not in own
+                   and "visual" not in p.name and "vision" not in p.name) * spec.precision.load_dtype.nbytes
+    backward = (bwd - s2) * b * s * s + (m.r * h - after) * b * s
+    return EagerMoments(forward, backward, mask if ckpt else 0, made)
 
 
 def _mla_mode(spec: TrainingSpec, m: _Mode, full: bool) -> MlaMode:
