@@ -51,7 +51,8 @@ def sink_attention_extra(shape: ModelShape, e: int) -> int:
     return (e + 8) * shape.num_heads if shape.traits.attention is AttentionKind.SINKS else 0
 
 
-def eager_working_set(shape: ModelShape, e: int, half_model: bool, half_softmax: bool = False) -> tuple[int, int] | None:
+def eager_working_set(shape: ModelShape, e: int, half_model: bool,
+                      half_softmax: bool = False) -> tuple[int, int] | None:
     """Bytes per score position (b·s² of them) alive at the worst op of one layer's eager attention.
 
     transformers 5.23 ``eager_attention_forward`` (modeling_llama.py l.180-202, copied by Mistral, Qwen2/3, Gemma,

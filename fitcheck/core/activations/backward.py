@@ -378,6 +378,15 @@ def _moe_moments_traced(spec: TrainingSpec) -> bool:
             and spec.precision.load_dtype.is_half and spec.precision.mixed_precision.value == "no")
 
 
+def _eager_modelled(spec: TrainingSpec) -> bool:
+    """Whether a layer's eager softmax backward is a moment of ``backward_moments`` (``layer_saved.eager_moments``;
+    not under activation offloading)."""
+    from fitcheck.core.activations.layer_saved import eager_moments
+    from fitcheck.core.kernels import offload_applies
+
+    return eager_moments(spec) is not None and not offload_applies(spec)
+
+
 def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """An INFO finding where the during-backward working set is not pinned to a trace for this config."""
     from fitcheck.core.activations.lora_recompute import lora_recompute_applies
@@ -389,7 +398,7 @@ def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     # the MLP backward working set (+2·e·I per token) is pinned by tests/test_backward_phase.py per family
     if not sh.traits.backward_pinned or sh.num_experts:
         why = f"model_type {sh.family!r}"
-    elif spec.activations.attn_implementation is AttnImpl.EAGER:
+    elif spec.activations.attn_implementation is AttnImpl.EAGER and not _eager_modelled(spec):
         why = "eager attention (its softmax backward, not the MLP's, sets the layer's working set)"
     elif (spec.lora is not None or spec.quant is not None) and not lora_recompute_applies(spec):
         # checkpointed LoRA / k-bit QLoRA on the Llama layer: traced moments (activations/lora_recompute.py)

@@ -99,7 +99,7 @@ def qlora_layer_saved_per_token(spec: TrainingSpec, eager: bool) -> tuple[int, i
     sh = spec.model.shape
     autocast = spec.precision.mixed_precision is not MixedPrecision.NO
     t = _targets(lora)
-    h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
+    h, a = sh.hidden_size, sh.num_heads
     q, kv = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim
     e = 2 if autocast else 4  # dtype of what attention saves (autocast casts q, k, v to bf16)
     total = 2 * (4 * h + 4)  # each RMSNorm saves its fp32 input and rsqrt (trace: add, rsqrt)
