@@ -3,7 +3,7 @@
 ``transformers`` 5.23 ``eager_attention_forward`` makes (b, a, s, s) scores, an fp32 softmax and its 16-bit cast;
 the worst ops are the top layer's forward softmax (10·a or 8·a bytes per score position) and each layer's softmax
 backward (12·a), with the (b, 1, s, s) mask held by every checkpointed layer
-(``fitcheck.core.activations.attention_variants.eager_working_set``, ``layer_saved.eager_moments``). Before it the
+(``fitcheck.core.activations.eager``). Before it the
 formula kept only the saved terms: -4 .. -6·a·s² during backward on these tiny models, -46 .. -85 % at 32k on
 Llama-3.1-8B (``benchmarks/envelope_ranges.py --attn eager``). Each case varies the sequence, the micro-batch, the
 precision and checkpointing, and checks end of forward and during backward.

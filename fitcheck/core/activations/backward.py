@@ -85,7 +85,7 @@ class BackwardInputs:
     offloaded: bool = False
     attention_moment: int | None = None  # i12moe: live bytes + produced gradients at an attention backward
     retained: int = 0  # per layer already through backward: what autograd attributes keep (8-bit ctx.A, int8.py)
-    # eager attention (layer_saved.eager_moments): bytes at a layer's softmax backward beyond its MLP moment, the
+    # eager attention (eager.eager_moments): bytes at a layer's softmax backward beyond its MLP moment, the
     # gradient bytes a layer made before it, the 4-D mask every checkpointed layer holds
     eager_backward: int | None = None
     eager_made: int = 0
@@ -233,7 +233,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down + q.ckpt_mask
         live += (L - below) * q.retained
         # eager attention: the layer's softmax backward, after its o_proj / MLP / post norms made their gradients
-        # (and, under autocast, freed their weight casts): attention_variants.eager_working_set
+        # (and, under autocast, freed their weight casts): eager.eager_working_set
         attn = None if q.eager_backward is None else live + q.eager_backward + _LOSS_SCALARS
         if attn is not None and cast_down and q.eager_made:
             attn -= 2 * q.eager_made // _param_bytes(spec) - cast_down
@@ -379,9 +379,9 @@ def _moe_moments_traced(spec: TrainingSpec) -> bool:
 
 
 def _eager_modelled(spec: TrainingSpec) -> bool:
-    """Whether a layer's eager softmax backward is a moment of ``backward_moments`` (``layer_saved.eager_moments``;
+    """Whether a layer's eager softmax backward is a moment of ``backward_moments`` (``eager.eager_moments``;
     not under activation offloading)."""
-    from fitcheck.core.activations.layer_saved import eager_moments
+    from fitcheck.core.activations.eager import eager_moments
     from fitcheck.core.kernels import offload_applies
 
     return eager_moments(spec) is not None and not offload_applies(spec)

@@ -27,6 +27,7 @@ from fitcheck.core.activations.dora import (
     dora_recompute_excess,
     lora_extras_unpinned,
 )
+from fitcheck.core.activations.eager import eager_moments
 from fitcheck.core.activations.embedding import scaled_embedding_leaf
 from fitcheck.core.activations.freeze import frozen_layers
 from fitcheck.core.activations.heads import (
@@ -52,7 +53,6 @@ from fitcheck.core.activations.layer_saved import (
     _mode,
     _norm_saved,
     _outside_saved,
-    eager_moments,
     layer_saved_per_token,
 )
 from fitcheck.core.activations.layernorm_blocks import (
@@ -137,7 +137,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     recomputed = layer
     if n_ckpt and int8_ctx_through_checkpoint(spec):  # the recomputed layer keeps no ctx.A-only input (int8.py)
         recomputed -= int8_layer_extra(spec, _attn_impl(spec) is AttnImpl.EAGER, ctx_only=True) * b * s
-    eager = None if host else eager_moments(spec)  # eager attention's worst ops (layer_saved.py)
+    eager = None if host else eager_moments(spec)  # eager attention's worst ops (eager.py)
     eager_kw = {} if eager is None else {"eager_backward": eager.backward, "eager_made": eager.made,
                                          "ckpt_mask": eager.mask}
     bq = BackwardInputs(recomputed + scores, kept, ckpt_input if n_ckpt else 0, n_ckpt, m.e, m.r,
@@ -154,7 +154,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         # unless the LM head's backward is worse (k-bit prep's fp32 head: autocast's saved 16-bit cast of it)
         ws = qlora_backward_working_set(spec) if qlora_formula_applies(spec) else qlora16_backward_working_set(spec)
         ws *= b * s
-        if eager is not None and eager.backward > ws:  # the layer's eager softmax backward (layer_saved.py)
+        if eager is not None and eager.backward > ws:  # the layer's eager softmax backward (eager.py)
             ws = eager.backward
         if moment != "head" or kept + layer + scores + ws >= end + recompute:
             end, recompute, moment = kept, layer + scores + ws, "first recomputed layer"
@@ -192,7 +192,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     ]
     dequantized = int8_forward_temporary(spec) if int8_formula_applies(spec) else 0
     top_mlp = top_layer_forward_tokens(spec) * b * s  # fp32 LoRA + checkpointing: up_proj's sum (lora_recompute.py)
-    top_attn = eager.forward if eager is not None else 0  # the top layer's eager softmax (layer_saved.py)
+    top_attn = eager.forward if eager is not None else 0  # the top layer's eager softmax (eager.py)
     if max(top_mlp, top_attn) > fwd_logits:
         attn_top = top_attn > top_mlp
         comps.append(Component(

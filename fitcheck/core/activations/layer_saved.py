@@ -11,12 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.core.activations.attention_variants import (
-    eager_scores,
-    eager_working_set,
-    rotary_tables,
-    sink_attention_extra,
-)
+from fitcheck.core.activations.attention_variants import eager_scores, rotary_tables, sink_attention_extra
 from fitcheck.core.activations.dora import (
     dora_per_token,
 )
@@ -274,7 +269,7 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
 
 def _after_attention(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
     """Bytes per token a Llama-recipe layer saves after its attention's output: o_proj's adapter input, the
-    post-attention norm(s), the MLP; all freed before the attention's own backward runs (``eager_moments``)."""
+    post-attention norm(s), the MLP; all freed before the attention's own backward runs (``eager.eager_moments``)."""
     sh = spec.model.shape
     q = sh.num_heads * sh.head_dim
     # o_proj reads the attention output (a view of SDPA's output or the eager/phi3 copy), saved already (trace)
@@ -286,50 +281,34 @@ def _after_attention(spec: TrainingSpec, m: _Mode, full: bool, targets: frozense
 
 
 @dataclass(frozen=True)
-class EagerMoments:
-    """Eager attention's worst ops (``attention_variants.eager_working_set``), in bytes of one micro-batch.
+class EagerLayerTerms:
+    """What eager attention's working set (``activations/eager.py``) reads of a layer's recipe.
 
     Attributes:
-        forward: Alive at the top layer's forward softmax beyond ``activations.saved`` at the end of forward.
-        backward: Alive at a layer's softmax backward beyond that layer's MLP-backward moment, gradients apart
-            (``backward.backward_moments``): the s² working set less the layer's saved s² terms, less what the
-            layer saved after its attention (freed by then), plus the residual-stream gradient.
-        mask: The 4-D causal mask every checkpointed layer holds as an argument (0 without checkpointing).
-        made: Gradient bytes one layer has made before its attention's backward (o_proj, the MLP, post norms) in
-            a full fine-tune, 0 otherwise.
+        e: Element bytes of activations; r: of the residual stream; autocast; half_model: as ``_Mode``.
+        after: Bytes per token the layer saves after its attention's output (o_proj's input and adapters, the
+            post-attention norm(s), the MLP), freed before the attention's own backward runs.
+        final_norm: Bytes per token of the final norm's saved tensors and the LM head's input.
     """
 
-    forward: int
-    backward: int
-    mask: int
-    made: int
+    e: int
+    r: int
+    autocast: bool
+    half_model: bool
+    after: int
+    final_norm: int
 
 
-def eager_moments(spec: TrainingSpec) -> EagerMoments | None:
-    """Eager attention's forward and backward working set (Llama-recipe layers, 4-bit QLoRA included); None where
-    it is not modelled (SDPA, the LayerNorm blocks, latent attention, 8-bit bases, soft-capping, sinks).
-
-    Traced on a 2-layer Llama (``attention_variants.eager_working_set``); checked on the real widths by
-    ``benchmarks/envelope_ranges.py --attn eager`` and ``tests/test_eager_working_set.py``.
-    """
+def eager_layer_terms(spec: TrainingSpec) -> EagerLayerTerms | None:
+    """The recipe terms eager attention's working set needs, or None where the layer does not run the Llama
+    recipe's eager attention (SDPA, the LayerNorm blocks, latent attention, an 8-bit base)."""
     from fitcheck.core.activations.qlora import qlora_saved_after_attention
-    from fitcheck.spec import Role
 
-    spec = deepspeed_module_view(spec)
     sh = spec.model.shape
     if (_attn_impl(spec) is not AttnImpl.EAGER or sh.traits.recipe.layernorm_block
             or sh.traits.recipe is LayerRecipe.LATENT_MOE or int8_formula_applies(spec)):
         return None
     m = _mode(spec)
-    fp16_cuda = spec.hardware.device_type is DeviceType.CUDA and (
-        spec.precision.load_dtype.value == "float16" and m.half_model)
-    ws = eager_working_set(sh, m.e, m.half_model, fp16_cuda)
-    if ws is None:
-        return None
-    fwd, bwd = ws
-    b, s, h = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size
-    q, kv = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim
-    _, s2 = layer_saved_per_token(spec)
     full = spec.lora is None and spec.quant is None
     targets = _lora_targets(spec)
     if qlora_formula_applies(spec):
@@ -337,29 +316,10 @@ def eager_moments(spec: TrainingSpec) -> EagerMoments | None:
     else:
         after = _after_attention(spec, m, full, targets)
         if full or _reads_input_itself(spec, m, targets, "o_proj"):
-            after += m.e * q  # the o_proj input copy (transpose(1,2).contiguous()), read by its weight gradient
-    mask = b * s * s * (2 if m.half_model else 4) * sh.traits.eager_mask_kinds  # (b, 1, s, s), model dtype
-    ckpt = spec.activations.checkpointing
-    # activations.saved holds the final norm's saved tensors and the LM head's input, not made yet (trace)
-    forward = -(_norm_saved(sh, m, full) + (m.r * h if full and not m.autocast else 0)) * b * s
-    if ckpt:
-        # the top layer recomputes nothing yet: besides every checkpoint, its norm output, q, the repeat_kv clones
-        # of K and V and the rotary K / projected V they came from (trace: mul, add, clone x 2, add, mm); under
-        # autocast q and k leave the rotary in fp32 (bf16 x fp32 cos/sin), v stays bf16
-        qk = 4 if m.autocast else m.e
-        clones = (qk + m.e) * q if kv != q else 0
-        forward += fwd * b * s * s + (m.r * h + qk * (q + kv) + m.e * kv + clones) * b * s
-    else:
-        # the top layer's saved s² terms and what it saves after its attention are in activations.saved
-        forward += (fwd - s2) * b * s * s + mask - after * b * s
-    made = 0
-    if full and spec.freeze is None:
-        own = ("q_proj", "k_proj", "v_proj", "qkv_proj", "input_layernorm", "q_norm", "k_norm")
-        made = sum(p.numel_each for p in spec.model.params
-                   if p.per_layer and p.role is not Role.EMBEDDING and p.module not in own
-                   and "visual" not in p.name and "vision" not in p.name) * spec.precision.load_dtype.nbytes
-    backward = (bwd - s2) * b * s * s + (m.r * h - after) * b * s
-    return EagerMoments(forward, backward, mask if ckpt else 0, made)
+            # the o_proj input copy (transpose(1,2).contiguous()), read by its weight gradient
+            after += m.e * sh.num_heads * sh.head_dim
+    final = _norm_saved(sh, m, full) + (m.r * sh.hidden_size if full and not m.autocast else 0)
+    return EagerLayerTerms(m.e, m.r, m.autocast, m.half_model, after, final)
 
 
 def _mla_mode(spec: TrainingSpec, m: _Mode, full: bool) -> MlaMode:
