@@ -122,5 +122,6 @@ def eager_moments(spec: TrainingSpec) -> EagerMoments | None:
         made = sum(p.numel_each for p in spec.model.params
                    if p.per_layer and p.role is not Role.EMBEDDING and p.module not in own
                    and "visual" not in p.name and "vision" not in p.name) * spec.precision.load_dtype.nbytes
-    backward = (bwd - s2) * b * s * s + (m.r * h - after) * b * s
+    # the layer moments count every layer below as saving q.layer: the first one saves less (LoRA, no checkpointing)
+    backward = (bwd - s2) * b * s * s + (m.r * h - after - m.first_unsaved) * b * s
     return EagerMoments(forward, backward, mask if ckpt else 0, made)

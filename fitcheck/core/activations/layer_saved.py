@@ -289,6 +289,7 @@ class EagerLayerTerms:
         after: Bytes per token the layer saves after its attention's output (o_proj's input and adapters, the
             post-attention norm(s), the MLP), freed before the attention's own backward runs.
         final_norm: Bytes per token of the final norm's saved tensors and the LM head's input.
+        first_unsaved: Bytes per token the first layer saves less than the others (LoRA without checkpointing).
     """
 
     e: int
@@ -297,6 +298,7 @@ class EagerLayerTerms:
     half_model: bool
     after: int
     final_norm: int
+    first_unsaved: int
 
 
 def eager_layer_terms(spec: TrainingSpec) -> EagerLayerTerms | None:
@@ -319,7 +321,9 @@ def eager_layer_terms(spec: TrainingSpec) -> EagerLayerTerms | None:
             # the o_proj input copy (transpose(1,2).contiguous()), read by its weight gradient
             after += m.e * sh.num_heads * sh.head_dim
     final = _norm_saved(sh, m, full) + (m.r * sh.hidden_size if full and not m.autocast else 0)
-    return EagerLayerTerms(m.e, m.r, m.autocast, m.half_model, after, final)
+    liger = liger_applies(spec)
+    first = _first_layer_unsaved(spec, m, liger is not None and liger.rms_norm)
+    return EagerLayerTerms(m.e, m.r, m.autocast, m.half_model, after, final, first)
 
 
 def _mla_mode(spec: TrainingSpec, m: _Mode, full: bool) -> MlaMode:
@@ -416,14 +420,22 @@ def _outside_saved(spec: TrainingSpec) -> int:
         total += param_wrapper_saved(spec)  # peft ParamWrapper merged experts (activations/param_wrapper.py)
     total += _mla_outside(spec, m)  # DeepSeek-V3's dense layers, router weight copies (activations/mla.py)
     total += scaled_embedding_leaf(spec, m.r)  # Granite: the embedding scaled outside its module (embedding.py)
-    if spec.lora is not None and not spec.activations.checkpointing:
-        # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA);
-        # OLMo-2 has no norm before its first attention (norms.py)
-        if sh.traits.norm_placement is not NormPlacement.POST:
-            total -= (liger_norm_saved(h, m.r) if liger_norm else 4 * h + 4) * b * s
-        if spec.lora.dropout > 0:
-            # layer 0's q/k/v adapters drop a tensor that needs no gradient: no mask kept (trace: 3 empty_like less)
-            total -= m.dm * h * len(_lora_targets(spec) & {*_ATTN_LINEARS, "qkv_proj"}) * b * s
+    return total - _first_layer_unsaved(spec, m, liger_norm) * b * s
+
+
+def _first_layer_unsaved(spec: TrainingSpec, m: _Mode, liger_norm: bool) -> int:
+    """Bytes per token the first layer of a LoRA run without checkpointing saves less than the others."""
+    lora, sh = spec.lora, spec.model.shape
+    if lora is None or spec.activations.checkpointing:
+        return 0
+    total = 0
+    # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA);
+    # OLMo-2 has no norm before its first attention (norms.py)
+    if sh.traits.norm_placement is not NormPlacement.POST:
+        total += liger_norm_saved(sh.hidden_size, m.r) if liger_norm else 4 * sh.hidden_size + 4
+    if lora.dropout > 0:
+        # layer 0's q/k/v adapters drop a tensor that needs no gradient: no mask kept (trace: 3 empty_like less)
+        total += m.dm * sh.hidden_size * len(_lora_targets(spec) & {*_ATTN_LINEARS, "qkv_proj"})
     return total
 
 
