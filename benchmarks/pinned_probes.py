@@ -16,12 +16,13 @@ and the worst error, then the count of pinned probes within 2 % and the worst er
 probe is outside 2 %.
 
 Run: ``python benchmarks/pinned_probes.py [--seed 0] [--probes 40] [--budget 900] [--families a,b]
-[--methods a,b] [--json out.json]``.
+[--methods a,b] [--attn eager] [--json out.json]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -131,6 +132,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--json", default="", help="write every probe here")
+    ap.add_argument("--attn", default="", help="force this attention (sdpa / eager) on every draw (default: the "
+                    "draw's own, eager one time in three)")
     ns = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     families = tuple(f for f in ns.families.split(",") if f in FAMILY_MODELS)
@@ -142,6 +145,8 @@ def main(argv: list[str]) -> int:
         if ns.budget and time.perf_counter() - start > ns.budget:
             break
         cell, model, config = draw(rng, families, tuple(ns.methods.split(",")))
+        if ns.attn:  # the same draws, the attention forced (the random sequence is unchanged)
+            cell = dataclasses.replace(cell, attn=ns.attn)
         draws += 1
         kind, result = probe(cell, config)
         if not kind:

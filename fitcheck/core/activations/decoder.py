@@ -192,6 +192,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     ]
     dequantized = int8_forward_temporary(spec) if int8_formula_applies(spec) else 0
     top_mlp = top_layer_forward_tokens(spec) * b * s  # fp32 LoRA + checkpointing: up_proj's sum (lora_recompute.py)
+    if top_mlp and eager is not None:  # its MLP runs with the eager attention weights still held (eager.py)
+        top_mlp += eager.weights
     top_attn = eager.forward if eager is not None else 0  # the top layer's eager softmax (eager.py)
     if max(top_mlp, top_attn) > fwd_logits:
         attn_top = top_attn > top_mlp

@@ -71,12 +71,17 @@ class EagerMoments:
         mask: The 4-D causal mask every checkpointed layer holds as an argument (0 without checkpointing).
         made: Gradient bytes one layer has made before its attention's backward (o_proj, the MLP, post norms) in
             a full fine-tune, 0 otherwise.
+        weights: The attention weights the top checkpointed layer still holds during its MLP forward: the decoder
+            layer unpacks ``hidden_states, _ = self.self_attn(...)`` (modeling_llama.py l.297), so the returned
+            ``attn_weights`` (the probabilities in the query's dtype) live until the layer returns (0 without
+            checkpointing, where they are saved anyway).
     """
 
     forward: int
     backward: int
     mask: int
     made: int
+    weights: int
 
 
 def eager_moments(spec: TrainingSpec) -> EagerMoments | None:
@@ -124,4 +129,5 @@ def eager_moments(spec: TrainingSpec) -> EagerMoments | None:
                    and "visual" not in p.name and "vision" not in p.name) * spec.precision.load_dtype.nbytes
     # the layer moments count every layer below as saving q.layer: the first one saves less (LoRA, no checkpointing)
     backward = (bwd - s2) * b * s * s + (m.r * h - after - m.first_unsaved) * b * s
-    return EagerMoments(forward, backward, mask if ckpt else 0, made)
+    weights = (2 if m.half_model else 4) * sh.num_heads * b * s * s if ckpt else 0  # query dtype (trace)
+    return EagerMoments(forward, backward, mask if ckpt else 0, made, weights)
