@@ -86,7 +86,8 @@ class EagerMoments:
 
 def eager_moments(spec: TrainingSpec) -> EagerMoments | None:
     """Eager attention's forward and backward working set (Llama-recipe layers, 4-bit QLoRA included); None where
-    it is not modelled (SDPA, the LayerNorm blocks, latent attention, 8-bit bases, soft-capping, sinks).
+    it is not modelled (SDPA, the LayerNorm blocks, latent attention, soft-capping, sinks, quantized bases other
+    than 4-bit QLoRA with k-bit preparation: ``layer_saved.eager_layer_terms``).
 
     Traced on a 2-layer Llama (:func:`eager_working_set`); checked on the real widths by
     ``benchmarks/envelope_ranges.py --attn eager`` and ``tests/test_eager_working_set.py``.
