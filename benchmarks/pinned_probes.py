@@ -16,7 +16,7 @@ of pinned probes within 2 % and the worst error. Exit code 1 when a pinned
 probe is outside 2 %.
 
 Run: ``python benchmarks/pinned_probes.py [--seed 0] [--probes 40] [--budget 900] [--families a,b]
-[--methods a,b] [--json out.json] [--record-misses]``.
+[--methods a,b] [--attn eager] [--json out.json] [--record-misses]``.
 
 ``--record-misses`` merges every probe more than 2 % off into ``fitcheck/catalog/envelope_probe_misses.json``
 (package data): a kind listed there is not pinned (``core.activations.envelope.in_envelope``). ``--from-json
@@ -28,6 +28,7 @@ formula fix.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -185,6 +186,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--record-misses", action="store_true", help=f"merge the probes outside 2 %% into {MISSES.name}")
     ap.add_argument("--from-json", nargs="+", default=(), help="record the misses of these --json outputs")
     ap.add_argument("--recheck", action="store_true", help="trace the recorded misses again; drop the fixed ones")
+    ap.add_argument("--attn", default="", help="force this attention (sdpa / eager) on every draw (default: the "
+                    "draw's own, eager one time in three)")
     ns = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     if ns.recheck:
@@ -203,6 +206,8 @@ def main(argv: list[str]) -> int:
         if ns.budget and time.perf_counter() - start > ns.budget:
             break
         cell, model, config = draw(rng, families, tuple(ns.methods.split(",")))
+        if ns.attn:  # the same draws, the attention forced (the random sequence is unchanged)
+            cell = dataclasses.replace(cell, attn=ns.attn)
         draws += 1
         kind, result = probe(cell, config)
         if not kind:

@@ -11,6 +11,8 @@
 - :mod:`.dora`: DoRA's extra saved tensors and transients (and other LoRA extras);
 - :mod:`.qlora`, :mod:`.qlora16`, :mod:`.int8`: layers over bitsandbytes 4-/8-bit bases;
 - :mod:`.backward`: the worst moment during backward beyond the gradients;
+- :mod:`.eager`: eager attention's working set (the top layer's forward softmax, each layer's softmax backward,
+  the mask checkpointed layers hold);
 - :mod:`.recipe_gaps`: what each family's recipe was not checked for (the ``activations-not-pinned`` warning);
 - :mod:`.versions`: what older library versions change (transformers 4.x loss path) and version findings.
 - :mod:`.freeze`: partial training by layers (which layers save what);

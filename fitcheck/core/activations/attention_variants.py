@@ -47,3 +47,4 @@ def sink_attention_extra(shape: ModelShape, e: int) -> int:
     """Bytes per token per layer gpt-oss's eager attention keeps besides Llama's s² terms: the sink column of
     the softmax output (e·a) and the int64 indices of ``combined_logits.max(dim=-1)`` (8·a); 0 otherwise."""
     return (e + 8) * shape.num_heads if shape.traits.attention is AttentionKind.SINKS else 0
+

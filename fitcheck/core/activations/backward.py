@@ -85,6 +85,11 @@ class BackwardInputs:
     offloaded: bool = False
     attention_moment: int | None = None  # i12moe: live bytes + produced gradients at an attention backward
     retained: int = 0  # per layer already through backward: what autograd attributes keep (8-bit ctx.A, int8.py)
+    # eager attention (eager.eager_moments): bytes at a layer's softmax backward beyond its MLP moment, the
+    # gradient bytes a layer made before it, the 4-D mask every checkpointed layer holds
+    eager_backward: int | None = None
+    eager_made: int = 0
+    ckpt_mask: int = 0
 
 
 def _text_layer(p: ParamEntry) -> bool:
@@ -225,8 +230,13 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             live = static + saved + below * (cast + norms) - cast_down
         else:
             shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
-            live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down
+            live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down + q.ckpt_mask
         live += (L - below) * q.retained
+        # eager attention: the layer's softmax backward, after its o_proj / MLP / post norms made their gradients
+        # (and, under autocast, freed their weight casts): eager.eager_working_set
+        attn = None if q.eager_backward is None else live + q.eager_backward + _LOSS_SCALARS
+        if attn is not None and cast_down and q.eager_made:
+            attn -= 2 * q.eager_made // _param_bytes(spec) - cast_down
         if lora is not None:  # LoRA + checkpointing: the layer's recompute and its MLP backward (lora_recompute.py)
             rec, lora_work, g_lora, g_lora_down, base = lora
             unmade = 0 if accum else _all_grads(spec) - (L - 1 - i) * g_lora  # layer i made none yet
@@ -234,8 +244,13 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             moments[name] = live + lora_work - (0 if accum else unmade - g_lora_down) + _LOSS_SCALARS
             if base is not None:  # QLoRA: down_proj's MatMul4Bit backward (dequantized weight)
                 moments[name + " 4-bit backward"] = live + base - (0 if accum else unmade - g_lora_down) + _LOSS_SCALARS
+            if attn is not None:  # every adapter gradient of layer i but q/k/v's (a few r-wide rows) made
+                moments[name + " attention"] = attn - (0 if accum else unmade - g_lora)
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
+        if attn is not None:
+            made = q.eager_made - g_down if not accum and spec.freeze is None else 0
+            moments[name + " attention"] = attn - missing + made
     frozen_moment = _frozen_recompute(spec, q, static, norms, cast - cast_down)
     if frozen_moment is not None:
         top_frozen, moments["top frozen layer"] = frozen_moment
@@ -425,6 +440,15 @@ def _moe_moments_traced(spec: TrainingSpec) -> bool:
             and spec.precision.load_dtype.is_half and spec.precision.mixed_precision.value == "no")
 
 
+def _eager_modelled(spec: TrainingSpec) -> bool:
+    """Whether a layer's eager softmax backward is a moment of ``backward_moments`` (``eager.eager_moments``;
+    not under activation offloading)."""
+    from fitcheck.core.activations.eager import eager_moments
+    from fitcheck.core.kernels import offload_applies
+
+    return eager_moments(spec) is not None and not offload_applies(spec)
+
+
 def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """An INFO finding where the during-backward working set is not pinned to a trace for this config."""
     from fitcheck.core.activations.lora_recompute import lora_recompute_applies
@@ -436,7 +460,7 @@ def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     # the MLP backward working set (+2·e·I per token) is pinned by tests/test_backward_phase.py per family
     if not sh.traits.backward_pinned or sh.num_experts:
         why = f"model_type {sh.family!r}"
-    elif spec.activations.attn_implementation is AttnImpl.EAGER:
+    elif spec.activations.attn_implementation is AttnImpl.EAGER and not _eager_modelled(spec):
         why = "eager attention (its softmax backward, not the MLP's, sets the layer's working set)"
     elif (spec.lora is not None or spec.quant is not None) and not lora_recompute_applies(spec):
         # checkpointed LoRA / k-bit QLoRA on the Llama layer: traced moments (activations/lora_recompute.py)

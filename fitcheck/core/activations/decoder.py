@@ -27,6 +27,7 @@ from fitcheck.core.activations.dora import (
     dora_recompute_excess,
     lora_extras_unpinned,
 )
+from fitcheck.core.activations.eager import eager_moments
 from fitcheck.core.activations.embedding import scaled_embedding_leaf
 from fitcheck.core.activations.freeze import frozen_layers
 from fitcheck.core.activations.heads import (
@@ -136,9 +137,13 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     recomputed = layer
     if n_ckpt and int8_ctx_through_checkpoint(spec):  # the recomputed layer keeps no ctx.A-only input (int8.py)
         recomputed -= int8_layer_extra(spec, _attn_impl(spec) is AttnImpl.EAGER, ctx_only=True) * b * s
+    eager = None if host else eager_moments(spec)  # eager attention's worst ops (eager.py)
+    eager_kw = {} if eager is None else {"eager_backward": eager.backward, "eager_made": eager.made,
+                                         "ckpt_mask": eager.mask}
     bq = BackwardInputs(recomputed + scores, kept, ckpt_input if n_ckpt else 0, n_ckpt, m.e, m.r,
                         m.autocast, m.half_model, end, layers_saved, offloaded=bool(host),
-                        attention_moment=_mla_attention_moment(spec, m, layers_saved), **_int8_backward(spec, b * s))
+                        attention_moment=_mla_attention_moment(spec, m, layers_saved), **_int8_backward(spec, b * s),
+                        **eager_kw)
     # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
     # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
     # (which trainers: the registry's fused-head column, fitcheck.core.trainers.registry)
@@ -148,8 +153,11 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         # peak in the first recomputed layer: every checkpoint still held (qlora.py; 16-bit working set: qlora16.py),
         # unless the LM head's backward is worse (k-bit prep's fp32 head: autocast's saved 16-bit cast of it)
         ws = qlora_backward_working_set(spec) if qlora_formula_applies(spec) else qlora16_backward_working_set(spec)
-        if moment != "head" or kept + layer + scores + ws * b * s >= end + recompute:
-            end, recompute, moment = kept, layer + scores + ws * b * s, "first recomputed layer"
+        ws *= b * s
+        if eager is not None and eager.backward > ws:  # the layer's eager softmax backward (eager.py)
+            ws = eager.backward
+        if moment != "head" or kept + layer + scores + ws >= end + recompute:
+            end, recompute, moment = kept, layer + scores + ws, "first recomputed layer"
     elif n_ckpt and int8_formula_applies(spec) and moment != "embedding":
         # 8-bit: the QLoRA rule (its MLP backward runs the same fp32 input gradient) on the recomputed layer
         # without its ctx.A-only inputs; every checkpoint and ctx.A still held (differential check, int8 cells)
@@ -184,11 +192,18 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     ]
     dequantized = int8_forward_temporary(spec) if int8_formula_applies(spec) else 0
     top_mlp = top_layer_forward_tokens(spec) * b * s  # fp32 LoRA + checkpointing: up_proj's sum (lora_recompute.py)
-    if top_mlp > fwd_logits:
+    if top_mlp and eager is not None:  # its MLP runs with the eager attention weights still held (eager.py)
+        top_mlp += eager.weights
+    top_attn = eager.forward if eager is not None else 0  # the top layer's eager softmax (eager.py)
+    if max(top_mlp, top_attn) > fwd_logits:
+        attn_top = top_attn > top_mlp
         comps.append(Component(
             "temporaries.top_layer_forward", Category.TEMPORARIES, Location.DEVICE,
-            {Phase.FORWARD_END: top_mlp - fwd_logits}, _TRACE + "; peft 0.21.2 tuners/lora/layer.py Linear.forward",
-            "the top checkpointed layer's no-grad MLP forward (up_proj's LoRA sum), above the logits",
+            {Phase.FORWARD_END: max(top_mlp, top_attn) - fwd_logits},
+            _TRACE + ("; transformers 5.23 eager_attention_forward" if attn_top
+                      else "; peft 0.21.2 tuners/lora/layer.py Linear.forward"),
+            "the top layer's eager attention softmax (s² scores), above the logits" if attn_top
+            else "the top checkpointed layer's no-grad MLP forward (up_proj's LoRA sum), above the logits",
         ))
     if dequantized > fwd_logits:  # the forward peak inside the largest 8-bit linear (activations/int8.py)
         comps.append(Component(

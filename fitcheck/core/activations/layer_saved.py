@@ -235,9 +235,7 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
         return _mla_layer(spec, m, full)
     fused = sh.traits.fused_projections
     eager = _attn_impl(spec) is AttnImpl.EAGER
-    total = 2 * _norm_saved(sh, m, full)
-    if sh.traits.norm_placement is NormPlacement.PRE_AND_POST:
-        total += 2 * _norm_saved(sh, m, full, pre=False)  # post-attention / post-feedforward norms
+    total = _norm_saved(sh, m, full)  # input_layernorm; the others: _after_attention
     # attention inputs (q/k/v or fused qkv_proj)
     if fused:
         total += _linear_inputs(sh, m, full, targets, spec.lora, ("qkv_proj",), h, True)
@@ -264,11 +262,73 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
         if fused:
             total += m.e * o_copy  # o_proj input: transpose(1,2).reshape copy (trace: clone)
         s2 = 0
-    # o_proj reads the attention output (a view of SDPA's output or the eager/phi3 copy), saved already (trace)
-    total += _linear_inputs(sh, m, False, targets, spec.lora, ("o_proj",), q, False, kept=True)
-    total += _mlp_saved(spec, m, full, targets)
+    total += _after_attention(spec, m, full, targets)
     total += dora_per_token(spec, m.e, m.amp, m.half_model)  # DoRA: base and LoRA outputs (activations_lora)
     return total, s2
+
+
+def _after_attention(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
+    """Bytes per token a Llama-recipe layer saves after its attention's output: o_proj's adapter input, the
+    post-attention norm(s), the MLP; all freed before the attention's own backward runs (``eager.eager_moments``)."""
+    sh = spec.model.shape
+    q = sh.num_heads * sh.head_dim
+    # o_proj reads the attention output (a view of SDPA's output or the eager/phi3 copy), saved already (trace)
+    total = _linear_inputs(sh, m, False, targets, spec.lora, ("o_proj",), q, False, kept=True)
+    total += _norm_saved(sh, m, full)  # post_attention_layernorm
+    if sh.traits.norm_placement is NormPlacement.PRE_AND_POST:
+        total += 2 * _norm_saved(sh, m, full, pre=False)  # post-attention / post-feedforward norms
+    return total + _mlp_saved(spec, m, full, targets)
+
+
+@dataclass(frozen=True)
+class EagerLayerTerms:
+    """What eager attention's working set (``activations/eager.py``) reads of a layer's recipe.
+
+    Attributes:
+        e: Element bytes of activations; r: of the residual stream; autocast; half_model: as ``_Mode``.
+        after: Bytes per token the layer saves after its attention's output (o_proj's input and adapters, the
+            post-attention norm(s), the MLP), freed before the attention's own backward runs.
+        final_norm: Bytes per token of the final norm's saved tensors and the LM head's input.
+        first_unsaved: Bytes per token the first layer saves less than the others (LoRA without checkpointing).
+    """
+
+    e: int
+    r: int
+    autocast: bool
+    half_model: bool
+    after: int
+    final_norm: int
+    first_unsaved: int
+
+
+def eager_layer_terms(spec: TrainingSpec) -> EagerLayerTerms | None:
+    """The recipe terms eager attention's working set needs, or None where the layer does not run the Llama
+    recipe's eager attention (SDPA, the LayerNorm blocks, latent attention, MoE layers, partial training by
+    layers), or a quantized base other than 4-bit
+    QLoRA with k-bit preparation (8-bit, no k-bit preparation, pre-quantized: their layers' backward was not traced
+    at the attention; a 4-bit base without preparation came out +1.6 .. +2.4 % during backward, Llama-3.1-8B and
+    OLMo-2-7B at 2048-4096 tokens)."""
+    from fitcheck.core.activations.qlora import qlora_saved_after_attention
+
+    sh = spec.model.shape
+    if (_attn_impl(spec) is not AttnImpl.EAGER or sh.traits.recipe.layernorm_block
+            or sh.traits.recipe is LayerRecipe.LATENT_MOE or sh.num_experts or spec.freeze is not None
+            or (spec.quant is not None and not qlora_formula_applies(spec))):
+        return None  # MoE layers and partial training by layers: the attention moment not traced yet
+    m = _mode(spec)
+    full = spec.lora is None and spec.quant is None
+    targets = _lora_targets(spec)
+    if qlora_formula_applies(spec):
+        after = qlora_saved_after_attention(spec)
+    else:
+        after = _after_attention(spec, m, full, targets)
+        if full or _reads_input_itself(spec, m, targets, "o_proj"):
+            # the o_proj input copy (transpose(1,2).contiguous()), read by its weight gradient
+            after += m.e * sh.num_heads * sh.head_dim
+    final = _norm_saved(sh, m, full) + (m.r * sh.hidden_size if full and not m.autocast else 0)
+    liger = liger_applies(spec)
+    first = _first_layer_unsaved(spec, m, liger is not None and liger.rms_norm)
+    return EagerLayerTerms(m.e, m.r, m.autocast, m.half_model, after, final, first)
 
 
 def _mla_mode(spec: TrainingSpec, m: _Mode, full: bool) -> MlaMode:
@@ -365,14 +425,22 @@ def _outside_saved(spec: TrainingSpec) -> int:
         total += param_wrapper_saved(spec)  # peft ParamWrapper merged experts (activations/param_wrapper.py)
     total += _mla_outside(spec, m)  # DeepSeek-V3's dense layers, router weight copies (activations/mla.py)
     total += scaled_embedding_leaf(spec, m.r)  # Granite: the embedding scaled outside its module (embedding.py)
-    if spec.lora is not None and not spec.activations.checkpointing:
-        # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA);
-        # OLMo-2 has no norm before its first attention (norms.py)
-        if sh.traits.norm_placement is not NormPlacement.POST:
-            total -= (liger_norm_saved(h, m.r) if liger_norm else 4 * h + 4) * b * s
-        if spec.lora.dropout > 0:
-            # layer 0's q/k/v adapters drop a tensor that needs no gradient: no mask kept (trace: 3 empty_like less)
-            total -= m.dm * h * len(_lora_targets(spec) & {*_ATTN_LINEARS, "qkv_proj"}) * b * s
+    return total - _first_layer_unsaved(spec, m, liger_norm) * b * s
+
+
+def _first_layer_unsaved(spec: TrainingSpec, m: _Mode, liger_norm: bool) -> int:
+    """Bytes per token the first layer of a LoRA run without checkpointing saves less than the others."""
+    lora, sh = spec.lora, spec.model.shape
+    if lora is None or spec.activations.checkpointing:
+        return 0
+    total = 0
+    # nothing needs the first norm's input gradient: embeddings frozen, no input grad hook (trace: LoRA);
+    # OLMo-2 has no norm before its first attention (norms.py)
+    if sh.traits.norm_placement is not NormPlacement.POST:
+        total += liger_norm_saved(sh.hidden_size, m.r) if liger_norm else 4 * sh.hidden_size + 4
+    if lora.dropout > 0:
+        # layer 0's q/k/v adapters drop a tensor that needs no gradient: no mask kept (trace: 3 empty_like less)
+        total += m.dm * sh.hidden_size * len(_lora_targets(spec) & {*_ATTN_LINEARS, "qkv_proj"})
     return total
 
 

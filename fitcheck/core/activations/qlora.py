@@ -99,7 +99,7 @@ def qlora_layer_saved_per_token(spec: TrainingSpec, eager: bool) -> tuple[int, i
     sh = spec.model.shape
     autocast = spec.precision.mixed_precision is not MixedPrecision.NO
     t = _targets(lora)
-    h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
+    h, a = sh.hidden_size, sh.num_heads
     q, kv = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim
     e = 2 if autocast else 4  # dtype of what attention saves (autocast casts q, k, v to bf16)
     total = 2 * (4 * h + 4)  # each RMSNorm saves its fp32 input and rsqrt (trace: add, rsqrt)
@@ -115,16 +115,30 @@ def qlora_layer_saved_per_token(spec: TrainingSpec, eager: bool) -> tuple[int, i
     else:
         total += e * (q + 2 * kv) + e * q + 4 * a  # rotary q, k, v (or their casts), SDPA out, logsumexp fp32
         s2 = 0
-    # o_proj reads the attention output, already saved by SDPA / the contiguous copy
-    total += _adapters(lora, len(t & {"o_proj"}), q, autocast, True)
-    total += _adapters(lora, len(t & set(_GATE_UP)), h, autocast, False)
-    total += 3 * 4 * inter  # gate and up outputs (fp32: Linear4bit casts back to the input dtype), act(gate)
-    total += _adapters(lora, len(t & {"down_proj"}), inter, autocast, False)  # act*up, the down_proj input
+    total += qlora_saved_after_attention(spec) - (4 * h + 4)  # its post-attention norm counted above
     # Qwen3's per-head q/k RMSNorms read fp32 q and k (Linear4bit's output, + the LoRA branch): each keeps its
     # input and rsqrt; their frozen weights keep nothing (trace Qwen3-8B / Qwen3-32B, 1 x 512, checkpointed:
     # 4·(q + kv) + 4·(heads + kv heads) per token in the top recomputed layer, norms.py)
     total += qk_norm_saved(sh, False, False)
     return total, s2
+
+
+def qlora_saved_after_attention(spec: TrainingSpec) -> int:
+    """Bytes per token a QLoRA layer saves after its attention's output (o_proj's adapter, the post-attention norm,
+    the MLP): all freed before the attention's own backward runs (the eager working set, ``layer_saved``)."""
+    lora = spec.lora
+    if lora is None:
+        return 0
+    sh = spec.model.shape
+    autocast = spec.precision.mixed_precision is not MixedPrecision.NO
+    t = _targets(lora)
+    h, q, inter = sh.hidden_size, sh.num_heads * sh.head_dim, sh.intermediate_size
+    total = 4 * h + 4  # the post-attention RMSNorm's fp32 input and rsqrt (trace: add, rsqrt)
+    # o_proj reads the attention output, already saved by SDPA / the contiguous copy
+    total += _adapters(lora, len(t & {"o_proj"}), q, autocast, True)
+    total += _adapters(lora, len(t & set(_GATE_UP)), h, autocast, False)
+    total += 3 * 4 * inter  # gate and up outputs (fp32: Linear4bit casts back to the input dtype), act(gate)
+    return total + _adapters(lora, len(t & {"down_proj"}), inter, autocast, False)  # act*up, the down_proj input
 
 
 def lora_layer_params(spec: TrainingSpec) -> int:
