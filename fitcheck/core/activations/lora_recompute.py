@@ -34,6 +34,12 @@ from fitcheck.core.kernels import liger_applies, offload_applies
 from fitcheck.spec import Dtype, LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
 
 _DOWN = "down_proj"
+# Gemma's ``(1 + weight.float())`` RMSNorm (transformers 5.23 modeling_gemma.py ``GemmaRMSNorm``) saves what
+# Llama's does (its fp32 input and rsqrt) plus the fp32 ``1 + weight`` vector, counted once per layer by
+# ``backward._gemma_norms``; its GeGLU MLP (``gelu_pytorch_tanh`` on the gate) saves the gate output as SiLU does.
+# So the same moments hold (benchmarks/envelope_ranges.py gemma/{lora,qlora,dora}/ckpt/sdpa: within 0.6 % at
+# gemma-7b and gemma-2b, 512-8192 tokens, micro-batch 1 and 8; QLoRA bf16 was +28.9 % at 1 x 512 without them)
+_NORMS = (NormKind.RMS, NormKind.RMS_ONE_PLUS)
 _MLP_IN = ("gate_proj", "up_proj")
 # adapters are fp32: get_peft_model(autocast_adapter_dtype=True) (core/states/lora.py)
 _ADAPTER_BYTES = 4
@@ -70,7 +76,7 @@ def _recomputed_layer_traced(spec: TrainingSpec) -> bool:
     return (
         lora is not None and spec.freeze is None
         and act.checkpointing and act.checkpoint_every_n_layers == 1
-        and t.recipe is LayerRecipe.DECODER and t.norm_kind is NormKind.RMS and t.norm_placement is NormPlacement.PRE
+        and t.recipe is LayerRecipe.DECODER and t.norm_kind in _NORMS and t.norm_placement is NormPlacement.PRE
         and not t.fused_projections and not sh.num_experts and t.vision is None and t.dropout.hidden == 0
         and sh.mlp_activation == "swiglu" and liger_applies(spec) is None and not offload_applies(spec)
         and _DOWN in _targets(spec)
