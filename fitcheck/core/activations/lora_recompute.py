@@ -28,8 +28,8 @@ product's two gradients exist, so its working set is r·h + 3·e·I less what th
 
 from __future__ import annotations
 
-from fitcheck.core.activations.layer_saved import down_adapter_saved, lora_reads_input_itself
-from fitcheck.core.activations.qlora import lora_layer_params, qlora_formula_applies
+from fitcheck.core.activations.layer_saved import adapter_mlp_saved, down_adapter_saved, lora_reads_input_itself
+from fitcheck.core.activations.qlora import four_bit_lora, kbit_upcast, lora_layer_params
 from fitcheck.core.kernels import liger_applies, offload_applies
 from fitcheck.spec import Dtype, LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
 
@@ -71,13 +71,15 @@ def dora_recompute_applies(spec: TrainingSpec) -> bool:
 
 
 def _recomputed_layer_traced(spec: TrainingSpec) -> bool:
+    """The Llama-style layer the moments were traced on: pre-norm RMSNorm (Llama's or Gemma's), gated MLP,
+    separate or fused (Phi-3's qkv_proj / gate_up_proj: the same tensors saved, gate_up's output one storage)."""
     sh, lora, act = spec.model.shape, spec.lora, spec.activations
     t = sh.traits
     return (
         lora is not None and spec.freeze is None
         and act.checkpointing and act.checkpoint_every_n_layers == 1
         and t.recipe is LayerRecipe.DECODER and t.norm_kind in _NORMS and t.norm_placement is NormPlacement.PRE
-        and not t.fused_projections and not sh.num_experts and t.vision is None and t.dropout.hidden == 0
+        and not sh.num_experts and t.vision is None and t.dropout.hidden == 0
         and sh.mlp_activation == "swiglu" and liger_applies(spec) is None and not offload_applies(spec)
         and _DOWN in _targets(spec)
         and not lora.modules_to_save
@@ -86,8 +88,15 @@ def _recomputed_layer_traced(spec: TrainingSpec) -> bool:
 
 def _kbit_fp32(spec: TrainingSpec) -> bool:
     """QLoRA after peft's k-bit preparation without autocast: an fp32 layer around frozen 4-bit matmuls
-    (``MatMul4Bit`` saves no input; ``Linear4bit`` returns the input dtype: activations/qlora.py)."""
-    return qlora_formula_applies(spec) and not _amp(spec)
+    (``MatMul4Bit`` saves no input; ``Linear4bit`` returns the input dtype: activations/qlora.py).
+
+    Any family whose recomputed layer is traced here, not only those with the QLoRA layer recipe
+    (``kbit_pinned``): Phi-3's saved layer is the LoRA recipe in fp32 (``layer_saved``), its moments these
+    (benchmarks/envelope_ranges.py phi3/qlora/ckpt/sdpa bf16 and fp32: within 1.2 % over 512-16384 tokens at
+    Phi-3-mini and phi-4; +27.7 % / -44.9 % at 1 x 512 before)."""
+    lora = spec.lora
+    return (four_bit_lora(spec) and kbit_upcast(spec) and lora is not None and not lora.use_dora
+            and not _amp(spec))
 
 
 def _amp(spec: TrainingSpec) -> bool:
@@ -170,7 +179,20 @@ def base_backward(spec: TrainingSpec, r: int) -> int | None:
     tokens = (r * h + _ADAPTER_BYTES * inter + (comp * h if comp != r else 0) - down_adapter_saved(spec)) * bs
     weight = comp * inter * h
     dequantized = load * inter * h + weight if load != comp else 0  # before the cast's source is freed
-    return tokens + max(dequantized, weight + comp * inter * bs)
+    down = tokens + max(dequantized, weight + comp * inter * bs)
+    if not sh.traits.fused_projections:
+        return down
+    # Phi-3's fused gate_up_proj (transformers 5.23 modeling_phi3.py ``Phi3MLP``: ``gate_up_proj`` then
+    # ``chunk(2)``) is a 2I x h 4-bit weight, dequantized the same way in its own MatMul4Bit backward, twice
+    # down_proj's. By then the MLP's saved tensors are freed; alive besides the rest of the layer: the
+    # residual-stream gradient (r·h), the LoRA branch's fp32 gradient of the input waiting for the base one (4·h)
+    # and Linear4bit's compute-dtype cast of the 2I-wide output gradient (trace phi-4 QLoRA, fp32 load,
+    # 1 x 512: 700 MiB fp32 dequantized + 350 MiB bf16 cast + 35 MiB output gradient cast; -29.4 % without it)
+    wide = 2 * inter
+    gu_tokens = (r * h + _ADAPTER_BYTES * h + comp * wide - adapter_mlp_saved(spec)) * bs
+    gu_weight = comp * wide * h
+    gu_deq = load * wide * h + gu_weight if load != comp else 0
+    return max(down, gu_tokens + max(gu_deq, gu_weight + comp * h * bs))
 
 
 def mlp_work_tokens(spec: TrainingSpec, e: int, r: int) -> int:
