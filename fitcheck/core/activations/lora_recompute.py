@@ -40,6 +40,11 @@ _DOWN = "down_proj"
 # So the same moments hold (benchmarks/envelope_ranges.py gemma/{lora,qlora,dora}/ckpt/sdpa: within 0.6 % at
 # gemma-7b and gemma-2b, 512-8192 tokens, micro-batch 1 and 8; QLoRA bf16 was +28.9 % at 1 x 512 without them)
 _NORMS = (NormKind.RMS, NormKind.RMS_ONE_PLUS)
+# Gemma-2's post-attention / post-feedforward norms (modeling_gemma2.py ``Gemma2DecoderLayer``) are counted in
+# the layer's saved tensors (``layer_saved``); the moments hold at short sequences (gemma-2-9b / 27b QLoRA and
+# LoRA, 512-1024 tokens: within 1.4 %, +30.9 % before). From ~8k tokens its eager soft-capped softmax backward
+# (tanh, softmax, their gradients: s² each) is larger and not modelled here (-20.6 % at 1 x 8192).
+_PLACEMENTS = (NormPlacement.PRE, NormPlacement.PRE_AND_POST)
 _MLP_IN = ("gate_proj", "up_proj")
 # adapters are fp32: get_peft_model(autocast_adapter_dtype=True) (core/states/lora.py)
 _ADAPTER_BYTES = 4
@@ -71,14 +76,15 @@ def dora_recompute_applies(spec: TrainingSpec) -> bool:
 
 
 def _recomputed_layer_traced(spec: TrainingSpec) -> bool:
-    """The Llama-style layer the moments were traced on: pre-norm RMSNorm (Llama's or Gemma's), gated MLP,
+    """The Llama-style layer the moments were traced on: pre-norm RMSNorm (Llama's or Gemma's, Gemma-2's post
+    norms too), gated MLP,
     separate or fused (Phi-3's qkv_proj / gate_up_proj: the same tensors saved, gate_up's output one storage)."""
     sh, lora, act = spec.model.shape, spec.lora, spec.activations
     t = sh.traits
     return (
         lora is not None and spec.freeze is None
         and act.checkpointing and act.checkpoint_every_n_layers == 1
-        and t.recipe is LayerRecipe.DECODER and t.norm_kind in _NORMS and t.norm_placement is NormPlacement.PRE
+        and t.recipe is LayerRecipe.DECODER and t.norm_kind in _NORMS and t.norm_placement in _PLACEMENTS
         and not sh.num_experts and t.vision is None and t.dropout.hidden == 0
         and sh.mlp_activation == "swiglu" and liger_applies(spec) is None and not offload_applies(spec)
         and _DOWN in _targets(spec)
