@@ -93,16 +93,17 @@ def _recomputed_layer_traced(spec: TrainingSpec) -> bool:
 
 
 def _kbit_fp32(spec: TrainingSpec) -> bool:
-    """QLoRA after peft's k-bit preparation without autocast: an fp32 layer around frozen 4-bit matmuls
-    (``MatMul4Bit`` saves no input; ``Linear4bit`` returns the input dtype: activations/qlora.py).
+    """QLoRA after peft's k-bit preparation: an fp32 layer around frozen 4-bit matmuls (``MatMul4Bit`` saves no
+    input; ``Linear4bit`` returns the input dtype: activations/qlora.py), with or without autocast.
 
     Any family whose recomputed layer is traced here, not only those with the QLoRA layer recipe
     (``kbit_pinned``): Phi-3's saved layer is the LoRA recipe in fp32 (``layer_saved``), its moments these
     (benchmarks/envelope_ranges.py phi3/qlora/ckpt/sdpa bf16 and fp32: within 1.2 % over 512-16384 tokens at
-    Phi-3-mini and phi-4; +27.7 % / -44.9 % at 1 x 512 before)."""
-    lora = spec.lora
-    return (four_bit_lora(spec) and kbit_upcast(spec) and lora is not None and not lora.use_dora
-            and not _amp(spec))
+    Phi-3-mini and phi-4; +27.7 % / -44.9 % at 1 x 512 before). Under autocast the 4-bit backward and the
+    recompute's stop are the same moments with the MLP in fp32 (:func:`_mlp_bytes`): before, the first
+    recomputed layer's whole saved tensors plus 10·I per token were counted with no dequantized weight
+    (Mistral-7B 1 x 512: +27.1 %, Qwen3-32B 1 x 4096: +6.8 %)."""
+    return _kbit(spec)
 
 
 def _amp(spec: TrainingSpec) -> bool:
@@ -122,10 +123,25 @@ def recompute_tokens(spec: TrainingSpec, e: int, r: int, half: bool) -> int:
     lora = spec.lora
     amp = _amp(spec)
     drop = lora is not None and lora.dropout > 0
-    down_in = 0 if lora_reads_input_itself(spec) else e * inter
-    cast = _ADAPTER_BYTES * inter if e == 2 and (drop or amp) else 0  # lora_A saves it only without both
+    f = _mlp_bytes(spec, e)
+    down_in = 0 if lora_reads_input_itself(spec) else f * inter
+    cast = _ADAPTER_BYTES * inter if f == 2 and (drop or amp) else 0  # lora_A saves it only without both
     dropped = _ADAPTER_BYTES * inter if drop and amp else 0  # autocast saves lora_A's 16-bit cast instead
     return _in_flight(spec, e, r, half) + down_in + e * spec.model.shape.hidden_size + cast + dropped
+
+
+def _mlp_bytes(spec: TrainingSpec, e: int) -> int:
+    """Element bytes of the MLP's gate/up outputs, their product and its gradients: fp32 over a k-bit-prepared
+    4-bit base even under autocast (``Linear4bit.forward`` casts its output back to the fp32 input's dtype,
+    bitsandbytes 0.50.2 nn/modules.py; activations/qlora.py), else ``e``. Under autocast the fp32 product is
+    down_proj's input, so peft makes no fp32 copy of it (trace Mistral-7B QLoRA autocast, 1 x 4095, at the
+    recompute's stop: act·up and the dropout output fp32, 8·I per token; +2.7 % with 16-bit ones)."""
+    return 4 if _kbit(spec) else e
+
+
+def _kbit(spec: TrainingSpec) -> bool:
+    lora = spec.lora
+    return four_bit_lora(spec) and kbit_upcast(spec) and lora is not None and not lora.use_dora
 
 
 def _in_flight(spec: TrainingSpec, e: int, r: int, half: bool) -> int:
@@ -159,7 +175,7 @@ def recompute_up_tokens(spec: TrainingSpec, e: int, r: int, half: bool) -> int |
     amp = _amp(spec)
     drop = lora is not None and lora.dropout > 0
     c = 2 if amp else _ADAPTER_BYTES  # lora_B's output dtype
-    cast = _ADAPTER_BYTES * h if e == 2 and (drop or amp) else 0
+    cast = _ADAPTER_BYTES * h if _mlp_bytes(spec, e) == 2 and (drop or amp) else 0
     return _in_flight(spec, e, r, half) + cast + 2 * c * inter - down_adapter_saved(spec)
 
 
@@ -203,7 +219,8 @@ def base_backward(spec: TrainingSpec, r: int) -> int | None:
 
 def mlp_work_tokens(spec: TrainingSpec, e: int, r: int) -> int:
     """Bytes per token of the MLP backward after the recompute: r·h + 3·e·I less down_proj's adapter tensors."""
-    return r * spec.model.shape.hidden_size + 3 * e * spec.model.shape.intermediate_size - down_adapter_saved(spec)
+    inter = spec.model.shape.intermediate_size
+    return r * spec.model.shape.hidden_size + 3 * _mlp_bytes(spec, e) * inter - down_adapter_saved(spec)
 
 
 def adapter_casts(spec: TrainingSpec) -> int:
