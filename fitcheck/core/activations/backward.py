@@ -219,8 +219,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
         below = 1 if q.offloaded else i + 1  # offloaded: only layer i's tensors are brought back
         if spec.freeze is not None and not accum:
             missing = _frozen_missing(spec, top=i == L - 1)
-        elif spec.lora is not None and not accum:
-            missing = _lora_missing(spec, i)
+        elif spec.lora is not None and not accum and q.n_ckpt == 0:
+            missing = _lora_missing(spec, i)  # checkpointed adapters: lora_recompute / dora moments
         if q.n_ckpt == 0:
             whole = q.layers_saved < 0 or i == 0 or q.offloaded
             saved = below * q.layer if whole else q.layers_saved
