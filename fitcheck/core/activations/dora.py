@@ -197,7 +197,7 @@ def dora_module_pending(spec: TrainingSpec, e: int, amp: bool, half: bool) -> in
 
 
 def dora_phases(
-    spec: TrainingSpec, dm: DoraMode, norm_bytes: int, kept_layers: int, fwd_logits: int
+    spec: TrainingSpec, dm: DoraMode, norm_bytes: int, kept_layers: int, fwd_logits: int, layer_traced: bool = False
 ) -> tuple[int, int]:
     """(bytes kept from forward into backward, forward-peak excess over the loss peak) of DoRA.
 
@@ -207,6 +207,8 @@ def dora_phases(
         norm_bytes: Bytes per token the final norm saves (counted in the saved total, not run at the DoRA peak).
         kept_layers: Layers not checkpointed.
         fwd_logits: The loss-side forward peak (logits, upcast, log-softmax) the DoRA transient competes with.
+        layer_traced: The recomputed layer is the one ``lora_recompute.dora_recompute_applies`` was traced on
+            (then the top checkpointed layer's up_proj moment, :func:`_top_up_proj`, applies).
 
     Returns:
         The fixed saved bytes and the excess of ``get_weight_norm``'s peak over the loss peak (0 when lower).
@@ -233,14 +235,15 @@ def dora_phases(
         held = (1 + (2 if dm.half else 0) + (0 if mlp_in_saved else 1)) * dm.r * h
         held -= dora_module_pending(spec, dm.e, dm.amp, dm.half)
     held -= norm_bytes  # the final norm has not run yet
-    peak = max(transient + held * tokens, _top_up_proj(spec, dm) - norm_bytes * tokens)
+    top = _top_up_proj(spec, dm) if layer_traced else 0
+    peak = max(transient + held * tokens, top - norm_bytes * tokens)
     # + position ids (s,) int64, alive through the decoder forward
     return fixed, max(0, peak + 8 * spec.batch.seq_len - fwd_logits)
 
 
 def _top_up_proj(spec: TrainingSpec, dm: DoraMode) -> int:
     """Bytes besides the checkpoints at up_proj's DoRA output in the top checkpointed layer's no-grad forward
-    (16-bit or fp32 model, LoRA dropout on, no autocast; 0 elsewhere, not traced).
+    (16-bit or fp32 model, LoRA dropout on, no autocast, the Llama-style layer; 0 elsewhere, not traced).
 
     ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (transformers 5.23 ``LlamaMLP``): act(gate) (e·I) is alive
     while peft 0.21.2 ``DoraLinearLayer.forward`` (tuners/lora/dora.py; dropout on, so ``base_result`` is None)
@@ -253,10 +256,8 @@ def _top_up_proj(spec: TrainingSpec, dm: DoraMode) -> int:
     logits' 2.5 GiB were the formula's peak: -14.9 % / -18.6 %, benchmarks/envelope_ranges.py
     mistral/dora/ckpt/sdpa).
     """
-    from fitcheck.core.activations.lora_recompute import dora_recompute_applies
-
     lora = spec.lora
-    if lora is None or lora.dropout == 0 or dm.amp or not dora_recompute_applies(spec):
+    if lora is None or lora.dropout == 0 or dm.amp or not spec.activations.checkpointing:
         return 0
     if "up_proj" not in lora.target_modules and "all-linear" not in lora.target_modules:
         return 0
