@@ -58,7 +58,11 @@ from fitcheck.core.activations.layer_saved import (
 from fitcheck.core.activations.layernorm_blocks import (
     layernorm_findings_text,
 )
-from fitcheck.core.activations.lora_recompute import lora_recompute_applies, top_layer_forward_tokens
+from fitcheck.core.activations.lora_recompute import (
+    dora_recompute_applies,
+    lora_recompute_applies,
+    top_layer_forward_tokens,
+)
 from fitcheck.core.activations.norms import (
     embedding_cast_cached,
 )
@@ -251,7 +255,8 @@ def _dora_component(spec: TrainingSpec, m: _Mode, kept_layers: int, fwd_logits: 
     """DoRA's norm vectors and weight copies, and its per-forward weight-norm transient (activations_lora.py)."""
     sh = spec.model.shape
     dm = DoraMode(m.e, m.r, m.half_model, m.amp)
-    fixed, excess = dora_phases(spec, dm, _norm_saved(sh, m, False), kept_layers, fwd_logits)
+    fixed, excess = dora_phases(spec, dm, _norm_saved(sh, m, False), kept_layers, fwd_logits,
+                                dora_recompute_applies(spec))
     bq, head, chosen = bwd
     during = fixed
     if not kept_layers:

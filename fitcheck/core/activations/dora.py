@@ -197,7 +197,7 @@ def dora_module_pending(spec: TrainingSpec, e: int, amp: bool, half: bool) -> in
 
 
 def dora_phases(
-    spec: TrainingSpec, dm: DoraMode, norm_bytes: int, kept_layers: int, fwd_logits: int
+    spec: TrainingSpec, dm: DoraMode, norm_bytes: int, kept_layers: int, fwd_logits: int, layer_traced: bool = False
 ) -> tuple[int, int]:
     """(bytes kept from forward into backward, forward-peak excess over the loss peak) of DoRA.
 
@@ -207,6 +207,8 @@ def dora_phases(
         norm_bytes: Bytes per token the final norm saves (counted in the saved total, not run at the DoRA peak).
         kept_layers: Layers not checkpointed.
         fwd_logits: The loss-side forward peak (logits, upcast, log-softmax) the DoRA transient competes with.
+        layer_traced: The recomputed layer is the one ``lora_recompute.dora_recompute_applies`` was traced on
+            (then the top checkpointed layer's up_proj moment, :func:`_top_up_proj`, applies).
 
     Returns:
         The fixed saved bytes and the excess of ``get_weight_norm``'s peak over the loss peak (0 when lower).
@@ -233,8 +235,37 @@ def dora_phases(
         held = (1 + (2 if dm.half else 0) + (0 if mlp_in_saved else 1)) * dm.r * h
         held -= dora_module_pending(spec, dm.e, dm.amp, dm.half)
     held -= norm_bytes  # the final norm has not run yet
+    top = _top_up_proj(spec, dm) if layer_traced else 0
+    peak = max(transient + held * tokens, top - norm_bytes * tokens)
     # + position ids (s,) int64, alive through the decoder forward
-    return fixed, max(0, transient + held * tokens + 8 * spec.batch.seq_len - fwd_logits)
+    return fixed, max(0, peak + 8 * spec.batch.seq_len - fwd_logits)
+
+
+def _top_up_proj(spec: TrainingSpec, dm: DoraMode) -> int:
+    """Bytes besides the checkpoints at up_proj's DoRA output in the top checkpointed layer's no-grad forward
+    (16-bit or fp32 model, LoRA dropout on, no autocast, the Llama-style layer; 0 elsewhere, not traced).
+
+    ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (transformers 5.23 ``LlamaMLP``): act(gate) (e·I) is alive
+    while peft 0.21.2 ``DoraLinearLayer.forward`` (tuners/lora/dora.py; dropout on, so ``base_result`` is None)
+    builds ``lora_weight = B @ A`` (fp32 out x in), casts the base weight to fp32 (16-bit model), runs
+    ``F.linear`` of the fp32 dropped input (4·I), ``lora_B`` (4·I), its scaled copy (4·I) and the two
+    ``mag_norm_scale`` products (8·I), besides up_proj's base output (e·I); the residual (r·h), the norm output
+    (e·h), peft's fp32 input copy (4·h, 16-bit model) and the dropout output (4·h) are alive. With a small
+    vocabulary this is the end-of-forward peak (trace Mistral-7B DoRA, checkpointing, 8 x 1024: bf16 3520 MiB =
+    (24·I + 12·h)·b·s + 8·I·h, fp32 3744 MiB = (28·I + 12·h)·b·s + 4·I·h above the checkpoints, exactly; the
+    logits' 2.5 GiB were the formula's peak: -14.9 % / -18.6 %, benchmarks/envelope_ranges.py
+    mistral/dora/ckpt/sdpa).
+    """
+    lora = spec.lora
+    if lora is None or lora.dropout == 0 or dm.amp or not spec.activations.checkpointing:
+        return 0
+    if "up_proj" not in lora.target_modules and "all-linear" not in lora.target_modules:
+        return 0
+    sh = spec.model.shape
+    h, inter = sh.hidden_size, sh.intermediate_size
+    per_token = (2 * dm.e + 20) * inter + dm.r * h + dm.e * h + 4 * h + (4 * h if dm.half else 0)
+    weights = 4 * inter * h + (4 * inter * h if dm.half else 0)  # B @ A, and the 16-bit weight's fp32 cast
+    return per_token * spec.batch.micro_batch * spec.batch.seq_len + weights
 
 
 def lora_extras_unpinned(spec: TrainingSpec, layernorm_family: bool) -> str | None:

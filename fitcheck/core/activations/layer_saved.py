@@ -181,6 +181,13 @@ def down_adapter_saved(spec: TrainingSpec) -> int:
     return _adapter_input(m, lora, inter) + itself
 
 
+def adapter_mlp_saved(spec: TrainingSpec) -> int:
+    """Bytes per token the MLP of one adapter-wrapped (LoRA / QLoRA) layer saves: its linears' adapter inputs,
+    the gate/up outputs, act(gate) and down_proj's adapter tensors, all freed by the time the MLP's input
+    projection runs its backward (``lora_recompute.base_backward``)."""
+    return _mlp_saved(spec, _mode(spec), False, _lora_targets(spec))
+
+
 def _adapter_input(m: _Mode, lora: LoraSpec, width: int) -> int:
     """Bytes per token one peft ``lora.Linear`` adapter saves for an input of ``width`` features.
 

@@ -28,12 +28,23 @@ product's two gradients exist, so its working set is r·h + 3·e·I less what th
 
 from __future__ import annotations
 
-from fitcheck.core.activations.layer_saved import down_adapter_saved, lora_reads_input_itself
-from fitcheck.core.activations.qlora import lora_layer_params, qlora_formula_applies
+from fitcheck.core.activations.layer_saved import adapter_mlp_saved, down_adapter_saved, lora_reads_input_itself
+from fitcheck.core.activations.qlora import four_bit_lora, kbit_upcast, lora_layer_params
 from fitcheck.core.kernels import liger_applies, offload_applies
 from fitcheck.spec import Dtype, LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
 
 _DOWN = "down_proj"
+# Gemma's ``(1 + weight.float())`` RMSNorm (transformers 5.23 modeling_gemma.py ``GemmaRMSNorm``) saves what
+# Llama's does (its fp32 input and rsqrt) plus the fp32 ``1 + weight`` vector, counted once per layer by
+# ``backward._gemma_norms``; its GeGLU MLP (``gelu_pytorch_tanh`` on the gate) saves the gate output as SiLU does.
+# So the same moments hold (benchmarks/envelope_ranges.py gemma/{lora,qlora,dora}/ckpt/sdpa: within 0.6 % at
+# gemma-7b and gemma-2b, 512-8192 tokens, micro-batch 1 and 8; QLoRA bf16 was +28.9 % at 1 x 512 without them)
+_NORMS = (NormKind.RMS, NormKind.RMS_ONE_PLUS)
+# Gemma-2's post-attention / post-feedforward norms (modeling_gemma2.py ``Gemma2DecoderLayer``) are counted in
+# the layer's saved tensors (``layer_saved``); the moments hold at short sequences (gemma-2-9b / 27b QLoRA and
+# LoRA, 512-1024 tokens: within 1.4 %, +30.9 % before). From ~8k tokens its eager soft-capped softmax backward
+# (tanh, softmax, their gradients: s² each) is larger and not modelled here (-20.6 % at 1 x 8192).
+_PLACEMENTS = (NormPlacement.PRE, NormPlacement.PRE_AND_POST)
 _MLP_IN = ("gate_proj", "up_proj")
 # adapters are fp32: get_peft_model(autocast_adapter_dtype=True) (core/states/lora.py)
 _ADAPTER_BYTES = 4
@@ -65,13 +76,16 @@ def dora_recompute_applies(spec: TrainingSpec) -> bool:
 
 
 def _recomputed_layer_traced(spec: TrainingSpec) -> bool:
+    """The Llama-style layer the moments were traced on: pre-norm RMSNorm (Llama's or Gemma's, Gemma-2's post
+    norms too), gated MLP,
+    separate or fused (Phi-3's qkv_proj / gate_up_proj: the same tensors saved, gate_up's output one storage)."""
     sh, lora, act = spec.model.shape, spec.lora, spec.activations
     t = sh.traits
     return (
         lora is not None and spec.freeze is None
         and act.checkpointing and act.checkpoint_every_n_layers == 1
-        and t.recipe is LayerRecipe.DECODER and t.norm_kind is NormKind.RMS and t.norm_placement is NormPlacement.PRE
-        and not t.fused_projections and not sh.num_experts and t.vision is None and t.dropout.hidden == 0
+        and t.recipe is LayerRecipe.DECODER and t.norm_kind in _NORMS and t.norm_placement in _PLACEMENTS
+        and not sh.num_experts and t.vision is None and t.dropout.hidden == 0
         and sh.mlp_activation == "swiglu" and liger_applies(spec) is None and not offload_applies(spec)
         and _DOWN in _targets(spec)
         and not lora.modules_to_save
@@ -79,9 +93,17 @@ def _recomputed_layer_traced(spec: TrainingSpec) -> bool:
 
 
 def _kbit_fp32(spec: TrainingSpec) -> bool:
-    """QLoRA after peft's k-bit preparation without autocast: an fp32 layer around frozen 4-bit matmuls
-    (``MatMul4Bit`` saves no input; ``Linear4bit`` returns the input dtype: activations/qlora.py)."""
-    return qlora_formula_applies(spec) and not _amp(spec)
+    """QLoRA after peft's k-bit preparation: an fp32 layer around frozen 4-bit matmuls (``MatMul4Bit`` saves no
+    input; ``Linear4bit`` returns the input dtype: activations/qlora.py), with or without autocast.
+
+    Any family whose recomputed layer is traced here, not only those with the QLoRA layer recipe
+    (``kbit_pinned``): Phi-3's saved layer is the LoRA recipe in fp32 (``layer_saved``), its moments these
+    (benchmarks/envelope_ranges.py phi3/qlora/ckpt/sdpa bf16 and fp32: within 1.2 % over 512-16384 tokens at
+    Phi-3-mini and phi-4; +27.7 % / -44.9 % at 1 x 512 before). Under autocast the 4-bit backward and the
+    recompute's stop are the same moments with the MLP in fp32 (:func:`_mlp_bytes`): before, the first
+    recomputed layer's whole saved tensors plus 10·I per token were counted with no dequantized weight
+    (Mistral-7B 1 x 512: +27.1 %, Qwen3-32B 1 x 4096: +6.8 %)."""
+    return _kbit(spec)
 
 
 def _amp(spec: TrainingSpec) -> bool:
@@ -101,10 +123,25 @@ def recompute_tokens(spec: TrainingSpec, e: int, r: int, half: bool) -> int:
     lora = spec.lora
     amp = _amp(spec)
     drop = lora is not None and lora.dropout > 0
-    down_in = 0 if lora_reads_input_itself(spec) else e * inter
-    cast = _ADAPTER_BYTES * inter if e == 2 and (drop or amp) else 0  # lora_A saves it only without both
+    f = _mlp_bytes(spec, e)
+    down_in = 0 if lora_reads_input_itself(spec) else f * inter
+    cast = _ADAPTER_BYTES * inter if f == 2 and (drop or amp) else 0  # lora_A saves it only without both
     dropped = _ADAPTER_BYTES * inter if drop and amp else 0  # autocast saves lora_A's 16-bit cast instead
     return _in_flight(spec, e, r, half) + down_in + e * spec.model.shape.hidden_size + cast + dropped
+
+
+def _mlp_bytes(spec: TrainingSpec, e: int) -> int:
+    """Element bytes of the MLP's gate/up outputs, their product and its gradients: fp32 over a k-bit-prepared
+    4-bit base even under autocast (``Linear4bit.forward`` casts its output back to the fp32 input's dtype,
+    bitsandbytes 0.50.2 nn/modules.py; activations/qlora.py), else ``e``. Under autocast the fp32 product is
+    down_proj's input, so peft makes no fp32 copy of it (trace Mistral-7B QLoRA autocast, 1 x 4095, at the
+    recompute's stop: act·up and the dropout output fp32, 8·I per token; +2.7 % with 16-bit ones)."""
+    return 4 if _kbit(spec) else e
+
+
+def _kbit(spec: TrainingSpec) -> bool:
+    lora = spec.lora
+    return four_bit_lora(spec) and kbit_upcast(spec) and lora is not None and not lora.use_dora
 
 
 def _in_flight(spec: TrainingSpec, e: int, r: int, half: bool) -> int:
@@ -138,7 +175,7 @@ def recompute_up_tokens(spec: TrainingSpec, e: int, r: int, half: bool) -> int |
     amp = _amp(spec)
     drop = lora is not None and lora.dropout > 0
     c = 2 if amp else _ADAPTER_BYTES  # lora_B's output dtype
-    cast = _ADAPTER_BYTES * h if e == 2 and (drop or amp) else 0
+    cast = _ADAPTER_BYTES * h if _mlp_bytes(spec, e) == 2 and (drop or amp) else 0
     return _in_flight(spec, e, r, half) + cast + 2 * c * inter - down_adapter_saved(spec)
 
 
@@ -164,12 +201,26 @@ def base_backward(spec: TrainingSpec, r: int) -> int | None:
     tokens = (r * h + _ADAPTER_BYTES * inter + (comp * h if comp != r else 0) - down_adapter_saved(spec)) * bs
     weight = comp * inter * h
     dequantized = load * inter * h + weight if load != comp else 0  # before the cast's source is freed
-    return tokens + max(dequantized, weight + comp * inter * bs)
+    down = tokens + max(dequantized, weight + comp * inter * bs)
+    if not sh.traits.fused_projections:
+        return down
+    # Phi-3's fused gate_up_proj (transformers 5.23 modeling_phi3.py ``Phi3MLP``: ``gate_up_proj`` then
+    # ``chunk(2)``) is a 2I x h 4-bit weight, dequantized the same way in its own MatMul4Bit backward, twice
+    # down_proj's. By then the MLP's saved tensors are freed; alive besides the rest of the layer: the
+    # residual-stream gradient (r·h), the LoRA branch's fp32 gradient of the input waiting for the base one (4·h)
+    # and Linear4bit's compute-dtype cast of the 2I-wide output gradient (trace phi-4 QLoRA, fp32 load,
+    # 1 x 512: 700 MiB fp32 dequantized + 350 MiB bf16 cast + 35 MiB output gradient cast; -29.4 % without it)
+    wide = 2 * inter
+    gu_tokens = (r * h + _ADAPTER_BYTES * h + comp * wide - adapter_mlp_saved(spec)) * bs
+    gu_weight = comp * wide * h
+    gu_deq = load * wide * h + gu_weight if load != comp else 0
+    return max(down, gu_tokens + max(gu_deq, gu_weight + comp * h * bs))
 
 
 def mlp_work_tokens(spec: TrainingSpec, e: int, r: int) -> int:
     """Bytes per token of the MLP backward after the recompute: r·h + 3·e·I less down_proj's adapter tensors."""
-    return r * spec.model.shape.hidden_size + 3 * e * spec.model.shape.intermediate_size - down_adapter_saved(spec)
+    inter = spec.model.shape.intermediate_size
+    return r * spec.model.shape.hidden_size + 3 * _mlp_bytes(spec, e) * inter - down_adapter_saved(spec)
 
 
 def adapter_casts(spec: TrainingSpec) -> int:
