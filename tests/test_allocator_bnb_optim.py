@@ -16,9 +16,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("bitsandbytes")
 
-from tiny_models import LLAMA_8_LAYERS, family_config
+from tiny_models import LLAMA_8_LAYERS, REPLAY_LORA, REPLAY_NF4, REPLAY_STEP, family_config
 
-from fitcheck.spec import Dtype, LoraSpec, QuantSpec
 from fitcheck.torch_adapters.allocator_compose import whole_run
 from fitcheck.torch_adapters.allocator_deepen import canonical, deepen, frees_in_allocation_order
 from fitcheck.torch_adapters.allocator_replay import replay_events
@@ -26,9 +25,7 @@ from fitcheck.torch_adapters.tracer import trace_step
 from fitcheck.torch_adapters.tracer_optimizer import trace_optimizer
 
 CONFIG = LLAMA_8_LAYERS
-STEP = {"seq_len": 32, "micro_batch": 2, "cuda_kernels": True}
-LORA = LoraSpec(r=8, alpha=16, target_modules=("all-linear",))
-NF4 = QuantSpec(bits=4, quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16)
+STEP, LORA, NF4 = REPLAY_STEP, REPLAY_LORA, REPLAY_NF4
 LORA_RUN = {"lora": LORA, "mixed_precision": "bf16"}
 QLORA_RUN = {"lora": LORA, "quant": NF4, "mixed_precision": "bf16", "checkpointing": True}
 

@@ -18,11 +18,11 @@ pytest.importorskip("transformers")
 
 from dataclasses import replace
 
-from tiny_models import LLAMA_8_LAYERS
+from tiny_models import LLAMA_8_LAYERS, REPLAY_LORA, REPLAY_NF4, REPLAY_STEP
 
 from benchmarks.cpu_truth import Row, spec_for
 from fitcheck.core.caching import AllocatorConf
-from fitcheck.spec import DeviceType, Dtype, LoraSpec, QuantSpec, TrainingSpec
+from fitcheck.spec import DeviceType, LoraSpec, TrainingSpec
 from fitcheck.torch_adapters.allocator_compose import ComposeError, whole_run
 from fitcheck.torch_adapters.allocator_deepen import DeepenError, canonical, deepen, frees_in_allocation_order
 from fitcheck.torch_adapters.allocator_replay import replay_events, replay_steady_state, replay_whole_run
@@ -30,9 +30,7 @@ from fitcheck.torch_adapters.tracer import trace_step, trainer_param_groups
 from fitcheck.torch_adapters.tracer_optimizer import trace_optimizer
 
 CONFIG = LLAMA_8_LAYERS
-STEP = {"seq_len": 32, "micro_batch": 2, "cuda_kernels": True}
-LORA = LoraSpec(r=8, alpha=16, target_modules=("all-linear",))
-NF4 = QuantSpec(bits=4, quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16)
+STEP, LORA, NF4 = REPLAY_STEP, REPLAY_LORA, REPLAY_NF4
 KINDS = {
     "bf16": {},
     "checkpointing": {"checkpointing": True},

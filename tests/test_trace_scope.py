@@ -22,13 +22,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from tiny_models import family_config
+
 from fitcheck.cli.main import main
 
-TINY: dict[str, Any] = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 512,
-    "max_position_embeddings": 1024, "tie_word_embeddings": False, "torch_dtype": "float32",
-}
+# a tiny Llama (the TRL-head tests' widths, a small vocabulary, fp32 weights)
+TINY = family_config("llama", hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                     num_hidden_layers=2, vocab_size=512, max_position_embeddings=1024, tie_word_embeddings=False,
+                     torch_dtype="float32")
 BASE = ("--max_seq_length", "128", "--per_device_train_batch_size", "2", "--gpu", "A100-80GB")
 
 

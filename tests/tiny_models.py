@@ -190,6 +190,12 @@ LLAMA_8_LAYERS: dict[str, Any] = {
     "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
 }
 
+# the allocator-replay tests' step on LLAMA_8_LAYERS (test_allocator_compose.py, test_allocator_bnb_optim.py):
+# a CUDA trace (cuda_kernels) of a short batch, all-linear LoRA r 8, a double-quantized nf4 base
+REPLAY_STEP: dict[str, Any] = {"seq_len": 32, "micro_batch": 2, "cuda_kernels": True}
+REPLAY_LORA = LoraSpec(r=8, alpha=16, target_modules=("all-linear",))
+REPLAY_NF4 = QuantSpec(bits=4, quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16)
+
 
 def narrow_catalog_config(model_id: str, **overrides: Any) -> dict[str, Any]:
     """A catalog model's config.json at width 256 (4 heads of 64, 2 KV heads), 2 layers, vocabulary 1024: its
