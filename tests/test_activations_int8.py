@@ -114,9 +114,10 @@ def test_int8_lora_is_pinned_on_cpu_and_from_source_on_cuda() -> None:
     from fitcheck.core.estimator import estimate
     from fitcheck.torch_adapters.differential import Cell, cell_spec
 
-    cpu = cell_spec(Cell("llama", "int8", True, "sdpa", "autocast", 2048, 2))
+    # bf16: the autocast kind is in envelope_probe_misses.json (Llama-2-7B 1 x 1152: +2.9 %), not pinned anywhere
+    cpu = cell_spec(Cell("llama", "int8", True, "sdpa", "bf16", 2048, 2))
     assert in_envelope(cpu) and estimate(cpu).pinned  # inside its checked range (envelope_ranges.json, issue 20)
-    short = cell_spec(Cell("llama", "int8", True, "sdpa", "autocast", 64, 1))
+    short = cell_spec(Cell("llama", "int8", True, "sdpa", "bf16", 64, 1))
     assert not in_envelope(short)  # below it: its single grid cell pinned this before
     assert not any("lower bound" in f.hint for f in estimate(cpu).findings)
     cuda = dataclasses.replace(cpu, hardware=HardwareSpec(device_type=DeviceType.CUDA))

@@ -10,6 +10,8 @@ trace; the deepened run equals the real deeper trace; paged states of at least 1
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 pytest.importorskip("torch")
@@ -39,6 +41,18 @@ def _composed(config: dict[str, object], extra: dict[str, object], optim: str,
     step = trace_step(config, num_layers=depth, **{**STEP, **extra, "optimizer": None, "steps": 1})
     opt, starts = trace_optimizer(config, num_layers=depth, **{**STEP, **extra, "optimizer": optim, "steps": 3})
     return whole_run(step.alloc_events, step.region_starts, opt, starts, 3)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_bnb_manager() -> Iterator[None]:
+    """bitsandbytes' ``GlobalOptimManager`` is a process-wide singleton: a real Trainer with a bnb optimizer
+    registers its embeddings' 32-bit overrides there (transformers ``Trainer.create_optimizer``), keyed by the
+    module and by ``id(param)``, and a later bnb optimizer in the same process (another test) could match them.
+    Each test here leaves it as a fresh process has it."""
+    yield
+    import bitsandbytes as bnb
+
+    bnb.optim.GlobalOptimManager.get_instance().initialize()  # type: ignore[no-untyped-call]
 
 
 def test_bnb_8bit_lora_run_composes_and_deepens_to_the_real_traces() -> None:
