@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # One lent-GPU session (the `device` tool), prepared to run as one command in the repo root:
-#   bash benchmarks/gpu_session.sh [GPU_TRUTH_BUDGET_S [FSDP_CASE ...]]
-# 1. the environment (GPU, driver, versions); the pinned transformers/peft/bitsandbytes wheels carried in .whl/
-#    (the image has other versions; bitsandbytes not at all) are unpacked in front of the image's packages;
-# 2. benchmarks/tuner_fsdp_gpu.py: tune_micro_batch on a real FSDP2 Trainer, then training vs an untuned run;
-# 3. benchmarks/fsdp_gpu.py: a real FSDP Trainer, bf16- vs fp32-loaded (accelerate's upcast), prepare/step/save;
-# 4. benchmarks/gpu_truth.py --quick: load and step, allocated/reserved/used vs the estimate (rows in order,
-#    stopped by a time budget; rows in the committed data file are kept).
+#   bash benchmarks/gpu_session.sh [STAGE ...]        (default: new trainer rest)
+# Stages, each bounded by its own time budget so a slow one cannot starve the next:
+#   new      gpu_truth.py rows never measured before, the issue-19 ones first: steps of other padded lengths
+#            (--seq_lengths), the allocator settings (expandable_segments, max_split_size_mb), LLM.int8 at 4k;
+#   trainer  trainer_gpu.py: a real Trainer run phase by phase (prepare, step, evaluate, save), plain, LoRA and
+#            DeepSpeed ZeRO-2/3 on one process;
+#   rest     gpu_truth.py: the other rows no GPU has measured yet, until the budget;
+#   tuner    tuner_fsdp_gpu.py (session 6, H100: done);  fsdp  fsdp_gpu.py (session 6, H100: done).
+# Rows are measured only (--measure_only): `gpu_truth.py --rescore` / `trainer_gpu.py --rescore` add the estimates
+# on any machine. The pinned transformers/peft/bitsandbytes/deepspeed wheels carried in .whl/ (the image has other
+# versions; bitsandbytes and deepspeed not at all) are unpacked in front of the image's packages.
 # Results land in $OUT (the device tool's folder) or /tmp/gpu_out, then go to benchmarks/data/.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export DS_ACCELERATOR=cuda
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT" /tmp/site
-BUDGET=${1:-200}
-shift || true
-FSDP_CASES=("${@:-fsdp2 bf16-loaded}")
+STAGES=("${@:-new trainer rest}")
+read -r -a STAGES <<<"${STAGES[*]}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 for w in .whl/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
 # installed, fitcheck.integrations is the integrations/ folder (pyproject package-dir); here a copy in place
@@ -24,19 +28,28 @@ python3 - <<'EOF'
 import importlib, sys, torch
 print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no cuda")
-for m in ("transformers", "accelerate", "peft", "bitsandbytes", "fitcheck"):
+for m in ("transformers", "accelerate", "peft", "bitsandbytes", "deepspeed", "fitcheck"):
     try:
         mod = importlib.import_module(m)
         print(m, getattr(mod, "__version__", "?"), mod.__file__)
     except Exception as exc:
         print(m, "IMPORT FAILED", type(exc).__name__, str(exc)[:300])
 EOF
-echo "=== tuner_fsdp_gpu $(date +%T)"
-timeout 170 python3 benchmarks/tuner_fsdp_gpu.py --out "$OUT" --timeout_s 80
-echo "=== fsdp_gpu $(date +%T)"
-timeout 150 python3 benchmarks/fsdp_gpu.py --out "$OUT" --timeout_s 70 --cases "${FSDP_CASES[@]}"
-echo "=== gpu_truth --quick (budget ${BUDGET}s) $(date +%T)"
-# rows already measured in the committed data file are kept (--resume); the others run until the budget
-timeout $((BUDGET + 40)) python3 benchmarks/gpu_truth.py --quick --budget_s "$BUDGET" --row_timeout_s 90 \
-  --resume benchmarks/data/gpu_truth_nvidia_h100_80gb_hbm3.json --out "$OUT/"
+NEW=("fused lengths" "QLoRA ckpt lengths" "fused expandable" "int8 LoRA")
+REST=("qwen0.5b bf16 full fused" "gemma2-2b bf16 full eager" "mistral7b-8L" "gpt2 fp32 full adamw_torch"
+      "llama1b bf16 full eager" "ckpt b1 s8192" "qwen1.5b bf16 full ckpt" "phi2 bf16 full ckpt"
+      "gemma2-2b QLoRA" "mistral7b LoRA ckpt" "llama1b bf16 full sgd" "gpt2 fp32+autocast")
+for stage in "${STAGES[@]}"; do
+  echo "=== $stage $(date +%T)"
+  case $stage in
+    new) timeout 200 python3 benchmarks/gpu_truth.py --measure_only --budget_s 165 --row_timeout_s 75 \
+           --rows "${NEW[@]}" --out "$OUT/gpu_truth_new.json" ;;
+    trainer) timeout 200 python3 benchmarks/trainer_gpu.py --budget_s 170 --timeout_s 75 --out "$OUT" ;;
+    rest) timeout 190 python3 benchmarks/gpu_truth.py --measure_only --budget_s 160 --row_timeout_s 70 \
+            --rows "${REST[@]}" --out "$OUT/gpu_truth_rest.json" ;;
+    tuner) timeout 170 python3 benchmarks/tuner_fsdp_gpu.py --out "$OUT" --timeout_s 80 ;;
+    fsdp) timeout 150 python3 benchmarks/fsdp_gpu.py --out "$OUT" --timeout_s 70 ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
 echo "=== done $(date +%T)"

@@ -54,11 +54,14 @@ from gpu_truth_step import build_model, make_optimizer, train_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_PREFIX = "GPU_TRUTH_RESULT "
+MEASURE_ONLY = "GPU_TRUTH_MEASURE_ONLY"  # set (--measure_only): rows are measured, not estimated (see --rescore)
 CPU_SHAPE = "--per_device_train_batch_size 2 --max_seq_length 64"  # appended in CPU mode (tiny widths too)
 
 L1, Q05, Q15 = "meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B"
 G2, M7, GPT2, PHI2 = "google/gemma-2-2b", "mistralai/Mistral-7B-v0.1", "openai-community/gpt2", "microsoft/phi-2"
-BF16 = "--dtype bfloat16"
+BF16, FP16 = "--dtype bfloat16", "--dtype float16"
+L2 = "meta-llama/Llama-2-7b-hf"
+LENGTHS = (512, 2048, 1024, 1536, 768, 2048)  # padded lengths of successive steps (a dataset's spread)
 LORA = "--use_peft --lora_r 16 --lora_alpha 32 --lora_target_modules all-linear"
 QLORA = f"--load_in_4bit --bnb_4bit_quant_type nf4 --use_bnb_nested_quant {LORA}"
 
@@ -76,11 +79,15 @@ class Row:
     layers: int | None = None
     quick: bool = False  # in --quick (about 5 minutes on an H100)
     cpu: bool = False  # in the --device cpu subset
+    lengths: tuple[int, ...] = ()  # one step per padded length, in order (``--seq_lengths``); seq = the longest
+    alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF of the worker (and ``--cuda_alloc_conf``)
 
     def argv(self, device: str) -> list[str]:
         """Estimate flags (CPU mode: tiny batch and sequence appended; argparse keeps the last value)."""
         shape = f"--optim {self.optim} --per_device_train_batch_size {self.batch} --max_seq_length {self.seq}"
-        return shlex.split(f"{self.flags} {shape} {CPU_SHAPE if device == 'cpu' else ''}")
+        extra = (f" --seq_lengths {','.join(map(str, self.lengths))}" if self.lengths and device != "cpu" else "") + (
+            f" --cuda_alloc_conf {self.alloc_conf}" if self.alloc_conf else "")
+        return shlex.split(f"{self.flags} {shape}{extra} {CPU_SHAPE if device == 'cpu' else ''}")
 
 
 ROWS: tuple[Row, ...] = (
@@ -109,6 +116,18 @@ ROWS: tuple[Row, ...] = (
     Row("gpt2 fp32+autocast full", GPT2, "--dtype float32 --bf16", batch=8),
     Row("phi2 bf16 full ckpt fused", PHI2, f"{BF16} --gradient_checkpointing", seq=2048),
     Row("phi2 LoRA default targets", PHI2, f"{BF16} --bf16 --use_peft", seq=2048, cpu=True),
+    # issue 19: batches of other padded lengths, the allocator's settings, the CUDA LLM.int8 path at 4k
+    Row("llama1b bf16 full fused lengths", L1, BF16, seq=2048, lengths=LENGTHS),
+    Row("llama1b bf16 full fused lengths expandable", L1, BF16, seq=2048, lengths=LENGTHS,
+        alloc_conf="expandable_segments:True"),
+    Row("llama1b bf16 full fused expandable", L1, BF16, alloc_conf="expandable_segments:True"),
+    Row("llama1b bf16 full fused lengths split128", L1, BF16, seq=2048, lengths=LENGTHS,
+        alloc_conf="max_split_size_mb:128"),
+    Row("llama1b QLoRA ckpt lengths", L1, f"{BF16} --bf16 {QLORA} --gradient_checkpointing", seq=2048,
+        lengths=LENGTHS),
+    Row("llama2-7b-8L int8 LoRA ckpt b1 s4096", L2, f"{FP16} --fp16 --load_in_8bit {LORA} --gradient_checkpointing",
+        1, 4096, layers=8),
+    Row("llama2-7b-8L int8 LoRA b1 s4096", L2, f"{FP16} --fp16 --load_in_8bit {LORA}", 1, 4096, layers=8),
 )
 
 
@@ -197,10 +216,11 @@ def run_row(row: Row, device: str) -> dict[str, Any]:
             if device == "cuda":
                 values.update(_gpu_flag(str(env["gpu_name"]), int(env["gpu_total_bytes"])))
             try:  # the measurement is worth keeping even where the estimate fails
-                result["estimate"] = _estimate(values)
+                if not os.environ.get(MEASURE_ONLY):  # device time is scarce: --rescore estimates on any machine
+                    result["estimate"] = _estimate(values)
             except Exception as exc:
                 result["estimate_error"] = f"{type(exc).__name__}: {exc}"[:500]
-            result["measured"] = _measure(config, values, device, work, result)
+            result["measured"] = _measure(config, values, device, work, result, row.lengths)
     except Exception as exc:  # a row's failure is a result
         oom = "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
         result["status"] = "oom" if oom else "error"
@@ -266,7 +286,7 @@ def _estimate(values: Mapping[str, object]) -> dict[str, Any]:
 
 
 def _measure(config: Mapping[str, Any], values: Mapping[str, object], device: str, work: Path,
-             result: dict[str, Any]) -> dict[str, Any]:
+             result: dict[str, Any], lengths: tuple[int, ...] = ()) -> dict[str, Any]:
     import torch
 
     torch.manual_seed(0)
@@ -274,7 +294,7 @@ def _measure(config: Mapping[str, Any], values: Mapping[str, object], device: st
     model = build_model(config, values, device, work, phases)
     result["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     opt = make_optimizer(model, str(values.get("optim") or "adamw_torch_fused"), work)
-    measured: dict[str, Any] = train_steps(model, opt, values, device)
+    measured: dict[str, Any] = train_steps(model, opt, values, device, lengths=lengths if device == "cuda" else ())
     if phases:  # CUDA: the load and preparation phases, before step 1 (gpu_truth_step.build_model)
         measured["phases"] = phases
     return measured
@@ -291,6 +311,8 @@ def run_in_subprocess(row: Row, device: str, timeout: float) -> dict[str, Any]:
     """Run one row in a fresh interpreter (own CUDA context and allocator); a timeout is a result."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", row.name, "--device", device]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    if row.alloc_conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = row.alloc_conf
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env, check=False)
     except subprocess.TimeoutExpired:
@@ -431,6 +453,7 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--resume", default=None, metavar="JSON",
                     help="reuse the ok/oom rows of an earlier data file; run only the others")
     ap.add_argument("--in_process", action="store_true", help="no subprocess per row (CPU debugging)")
+    ap.add_argument("--measure_only", action="store_true", help="no estimate on the device; --rescore adds it")
     ap.add_argument("--list", action="store_true", help="print the rows and exit")
     ap.add_argument("--rescore", default=None, metavar="JSON",
                     help="re-estimate a data file's measured rows with this checkout (no GPU), print, rewrite it")
@@ -450,6 +473,8 @@ def main(argv: Sequence[str]) -> int:
         print(format_table(rescored))
         print(json.dumps(summary(rescored)))
         return 0
+    if args.measure_only:
+        os.environ[MEASURE_ONLY] = "1"
     rows = select(args.device, args.quick, args.rows)
     if args.list:
         for r in rows:

@@ -147,14 +147,20 @@ def make_optimizer(model: Any, optim: str, work: Path) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------- steps
-def train_steps(model: Any, opt: Any, values: Mapping[str, object], device: str, steps: int = 3) -> dict[str, Any]:
-    """Run ``steps`` real steps; the peak counters are reset after the first. Returns the measurements."""
+def train_steps(model: Any, opt: Any, values: Mapping[str, object], device: str, steps: int = 3,
+                lengths: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Run ``steps`` real steps; the peak counters are reset after the first. Returns the measurements.
+
+    With ``lengths`` (a row's ``--seq_lengths``), one step per length in that order, as a run over batches padded
+    to those lengths: nothing is reset (the estimate is the whole sequence's peak, the first step's optimizer
+    states included), and the counters after each step are kept under ``per_step``.
+    """
     import torch
 
     batch = int(str(values.get("per_device_train_batch_size") or 8))
     seq = int(str(values.get("max_seq_length") or 1024))
     vocab = int(model.config.vocab_size)
-    ids = torch.randint(0, vocab, (batch, seq), device=device)
+    ids = torch.randint(0, vocab, (batch, max((seq, *lengths))), device=device)
     params = [p for p in model.parameters() if p.requires_grad]
     ac_dtype = torch.bfloat16 if _flag(values, "bf16") else torch.float16 if _flag(values, "fp16") else None
     tracker = None
@@ -165,21 +171,26 @@ def train_steps(model: Any, opt: Any, values: Mapping[str, object], device: str,
         tracker.track([*model_state_tensors(model, opt), ids])
         tracker.start()
     times: list[float] = []
+    per_step: list[dict[str, int]] = []
     try:
-        for step in range(steps):
+        for step, n in enumerate(lengths or (seq,) * steps):
             start = time.perf_counter()
             ctx = torch.autocast(device, dtype=ac_dtype) if ac_dtype is not None else contextlib.nullcontext()
+            x = ids[:, :n].contiguous() if n != ids.shape[1] else ids
             with ctx:
-                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                loss = model(input_ids=x, labels=x, use_cache=False).loss
             loss.backward()
-            del loss
+            del loss, x
             torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
             opt.step()
             opt.zero_grad(set_to_none=True)
             if device == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
-            if step == 0:
+            if lengths:
+                now = _cuda_counters() if tracker is None else {"max_allocated": tracker.peak}
+                per_step.append({"seq": n, **now})
+            elif step == 0:
                 if tracker is not None:
                     tracker.reset_peak()
                 else:
@@ -192,6 +203,8 @@ def train_steps(model: Any, opt: Any, values: Mapping[str, object], device: str,
         out.update(max_allocated=tracker.peak, max_reserved=None, used=None, used_peak=None)
     else:
         out.update(_cuda_counters())
+    if per_step:
+        out["per_step"] = per_step
     return out
 
 
@@ -207,4 +220,5 @@ def _cuda_counters() -> dict[str, int]:
     return {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": max_reserved, "used": used,
             # nvidia-smi at the reserved peak: memory outside the allocator is unchanged, the pool was larger
             "used_peak": used - reserved + max_reserved, "allocated_end": allocated,
-            "allocated": allocated, "reserved": reserved}
+            "allocated": allocated, "reserved": reserved,
+            "num_alloc_retries": int(torch.cuda.memory_stats().get("num_alloc_retries", 0))}
