@@ -1,6 +1,7 @@
 """The whole run, phase by phase: fitcheck's estimate vs real CPU runs and vs published GPU figures.
 
-Phases and what measures them here (no GPU was lent; every GPU figure is a published one, cited per row):
+Phases and what measures them here (the CPU ones; the GPU ones are this repo's
+committed measurements and published figures, cited per row):
 
 * ``load``: a real ``from_pretrained`` of tiny checkpoints on CPU (``load_cpu.py``): bytes kept after loading
   and, for unquantized checkpoints, the peak.
@@ -18,7 +19,10 @@ Phases and what measures them here (no GPU was lent; every GPU figure is a publi
 Prints one table per phase and the median error and its sign; ``--write`` stores the tables in
 ``benchmarks/data/run_phases.json`` with their sources.
 
-Run: ``PYTHONPATH=.:benchmarks python benchmarks/run_phases.py [--write] [--no-cpu] [--save-only]``
+* ``gpu``: the real CUDA runs committed in ``data/`` (``trainer_gpu.py``: a Trainer's prepare, step, evaluate and
+  save, plain and under DeepSpeed; ``gpu_truth.py``: the load phase of every row), estimated by this tree.
+
+Run: ``PYTHONPATH=.:benchmarks python benchmarks/run_phases.py [--write] [--no-cpu] [--save-only] [--gpu-only]``
 (``--save-only --write``: rerun the save rows and replace only that table in the stored file).
 """
 
@@ -123,6 +127,74 @@ def published_rows_now() -> list[dict[str, Any]]:
     return out
 
 
+GPU_PHASES = (("prepare", "load"), ("step", None), ("eval", "evaluation"), ("save", "save"))
+
+
+def gpu_rows() -> list[dict[str, Any]]:
+    """Real CUDA runs committed in data/ (no GPU needed), estimated by this tree: the Trainer runs of
+    ``trainer_gpu.py`` phase by phase, and the load phase of every ``gpu_truth.py`` row.
+
+    Measured: ``max_memory_allocated`` / ``max_memory_reserved`` of the phase (peaks reset before it); estimate: the
+    report's phase of that name (``step``: the step's peak allocated and reserved)."""
+    import shutil
+    import tempfile
+
+    from gpu_truth import rescore as truth_rescore
+    from trainer_gpu import rescore as trainer_rescore
+
+    out: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="run_phases_") as tmp:
+        for path in sorted((ROOT / "data").glob("trainer_gpu_*.json")):
+            copy = Path(tmp) / path.name
+            shutil.copy(path, copy)
+            for r in trainer_rescore(copy):
+                if r.get("status") != "ok":
+                    continue
+                m, e = r["measured"], r["estimate"]
+                for phase, est_phase in GPU_PHASES:
+                    real = m.get(phase) or {}
+                    if "max_allocated" not in real:
+                        continue
+                    est = (e["peak_allocated_bytes"] if phase == "step" else (e["phases"] or {}).get(est_phase or ""))
+                    est_res = e["peak_reserved_bytes"] if phase == "step" else None
+                    out.append({"file": path.name, "case": r["case"], "phase": phase,
+                                "real_allocated": real["max_allocated"], "real_reserved": real["max_reserved"],
+                                "est_allocated": est, "est_reserved": est_res,
+                                "error": _err(est, real["max_allocated"]) if est else None,
+                                "reserved_error": _err(est_res, real["max_reserved"]) if est_res else None})
+        for path in sorted((ROOT / "data").glob("gpu_truth_nvidia_*.json")):
+            copy = Path(tmp) / path.name
+            shutil.copy(path, copy)
+            for r in truth_rescore(copy):
+                load = ((r.get("measured") or {}).get("phases") or {})
+                real = load.get("prepare") or load.get("load")
+                e = r.get("estimate") or {}
+                if r.get("status") != "ok" or not real or "load_peak_allocated" not in e:
+                    continue
+                out.append({"file": path.name, "case": r["name"], "phase": "load",
+                            "real_allocated": real["max_allocated"], "real_reserved": real["max_reserved"],
+                            "est_allocated": e["load_peak_allocated"], "est_reserved": e["load_peak_reserved"],
+                            "error": _err(e["load_peak_allocated"], real["max_allocated"]),
+                            "reserved_error": _err(e["load_peak_reserved"], real["max_reserved"])})
+    return out
+
+
+def _print_gpu(rows: list[dict[str, Any]]) -> None:
+    print("GPU runs (committed measurements in benchmarks/data/, this tree's estimate; GiB allocated / reserved)")
+    print(f"  {'file':34}{'case':42}{'phase':8}{'real':>14}{'est':>14}{'error':>16}")
+    for r in rows:
+        def gib(a: Any, b: Any) -> str:
+            return (f"{a / GIB:6.2f}/" + (f"{b / GIB:6.2f}" if b else f"{'-':>6}")) if a else f"{'-':>13}"
+
+        err = "/".join(f"{e:+.1%}" if e is not None else "-" for e in (r["error"], r["reserved_error"]))
+        real, est = gib(r["real_allocated"], r["real_reserved"]), gib(r["est_allocated"], r["est_reserved"])
+        print(f"  {r['file'][:33]:34}{r['case'][:41]:42}{r['phase']:8}{real:>14}{est:>14}{err:>16}")
+    for phase in ("load", "prepare", "step", "eval", "save"):
+        errs = [r["error"] for r in rows if r["phase"] == phase and r["error"] is not None]
+        res = [r["reserved_error"] for r in rows if r["phase"] == phase and r["reserved_error"] is not None]
+        print(f"  {phase:8} allocated: {_summary(errs)}; reserved: {_summary(res)}")
+
+
 def _summary(errors: list[float]) -> str:
     if not errors:
         return "no rows"
@@ -169,6 +241,10 @@ def main(argv: list[str]) -> int:
         print(f"eval: {tables['eval']}")
         tables["save"] = save_table()
         _print_save(tables["save"])
+    tables["gpu"] = gpu_rows()
+    _print_gpu(tables["gpu"])
+    if "--gpu-only" in argv:
+        return 0
     tables["published"] = published_rows_now()
     print("published GPU figures (reserved / nvidia-smi), this tree's estimate")
     print(f"  {'row':<14}{'group':<28}{'metric':<10}{'measured':>9}{'estimate':>9}{'error':>9}  phase")
