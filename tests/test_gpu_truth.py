@@ -142,3 +142,53 @@ def test_resume_reuses_finished_rows_without_running_them(tmp_path: Path) -> Non
     out = tmp_path / "now.json"
     assert gpu_truth.main(["--device", "cpu", "--resume", str(earlier), "--out", str(out)]) == 0
     assert [r["name"] for r in json.loads(out.read_text())["rows"]] == [r.name for r in rows]
+
+
+def test_length_and_allocator_rows_reach_the_estimate_and_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``lengths`` row is estimated with ``--seq_lengths`` (its longest as ``--max_seq_length``) and an
+    ``alloc_conf`` row with ``--cuda_alloc_conf``; the worker process runs under that ``PYTORCH_CUDA_ALLOC_CONF``."""
+    row = _row("llama1b bf16 full fused lengths split128")
+    values = gpu_truth.parse_values(["--model_name_or_path", row.model, *row.argv("cuda")])
+    assert values["seq_lengths"] == ",".join(map(str, row.lengths))
+    assert int(values["max_seq_length"]) == max(row.lengths)
+    assert values["cuda_alloc_conf"] == row.alloc_conf == "max_split_size_mb:128"
+    seen: dict[str, Any] = {}
+
+    def fake_run(cmd: list[str], **kw: Any) -> Any:
+        seen.update(kw["env"])
+        raise gpu_truth.subprocess.TimeoutExpired(cmd, 1)
+
+    monkeypatch.setattr(gpu_truth.subprocess, "run", fake_run)
+    assert gpu_truth.run_in_subprocess(row, "cuda", 1)["status"] == "timeout"
+    assert seen["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+
+
+def test_steps_of_other_lengths_run_in_order_and_keep_each_steps_counters(tmp_path: Path) -> None:
+    """``train_steps(lengths=...)``: one real step per length, in order, nothing reset (CPU: live-tensor peak)."""
+    step = load_benchmark("gpu_truth_step")
+    row = _row("llama1b bf16 full fused lengths")
+    config = gpu_truth.row_config(row, "cpu")
+    values = gpu_truth.parse_values(row.argv("cpu"))
+    model = step.build_model(config, values, "cpu", tmp_path)
+    out = step.train_steps(model, step.make_optimizer(model, "adamw_torch", tmp_path), values, "cpu",
+                           lengths=(16, 64, 32))
+    assert [s["seq"] for s in out["per_step"]] == [16, 64, 32]
+    peaks = [s["max_allocated"] for s in out["per_step"]]
+    assert peaks[0] < peaks[1] == peaks[2] == out["max_allocated"]  # the longest step sets the run's peak
+
+
+def test_trainer_gpu_cases_are_estimated_with_their_deepspeed_configs(tmp_path: Path) -> None:
+    """Every ``trainer_gpu.py`` case's flags (and DeepSpeed config file) are read by the estimate CLI."""
+    from fitcheck.cli.estimate import spec_from_values
+    from fitcheck.core.estimator import estimate
+
+    trainer_gpu = load_benchmark("trainer_gpu")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(gpu_truth.row_config(_row(FULL), "cpu")))
+    stages = set()
+    for case, (ds, _, _) in trainer_gpu.CASES.items():
+        values = gpu_truth.parse_values(trainer_gpu.estimate_argv(tmp_path / "model", case, tmp_path))
+        spec, _ = spec_from_values(values, {})
+        assert estimate(spec).peak_allocated_bytes > 0, case
+        stages.add(spec.sharding.zero_stage if ds else None)
+    assert stages == {None, 2, 3}
