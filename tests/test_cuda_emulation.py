@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from fitcheck.core import estimate
-from fitcheck.core.activations import in_envelope
 from fitcheck.core.activations import envelope as envelope_module
+from fitcheck.core.activations import in_envelope
 from fitcheck.report import Phase
 from fitcheck.spec import DeviceType, HardwareSpec, MixedPrecision
 from fitcheck.torch_adapters.differential import Cell, cell_spec

@@ -185,7 +185,7 @@ def cuda_autocast_lists() -> Iterator[None]:
     """Give CPU autocast CUDA autocast's fp32 policies for the ops it does not list itself (item 3)."""
     import torch
 
-    lib = torch.library.Library("aten", "IMPL")
+    lib = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
     try:
         for name in emulated_ops():
             if name in CUDA_FP32_APPEND_DTYPE_OPS:
@@ -194,7 +194,7 @@ def cuda_autocast_lists() -> Iterator[None]:
                 kernel = _set_opt_dtype_kernel(_overload(name))
             else:
                 kernel = _fp32_kernel(_overload(name))
-            lib.impl(name, kernel, "AutocastCPU")
+            lib.impl(name, kernel, "AutocastCPU")  # type: ignore[no-untyped-call]
         yield
     finally:
-        lib._destroy()
+        lib._destroy()  # type: ignore[no-untyped-call]
