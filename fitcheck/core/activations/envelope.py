@@ -211,7 +211,7 @@ def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding
                 + ("this shape is outside them" if row["within"] else
                    "not within 2 % at every shape and phase (worst: " + ", ".join(
                        f"{phase} {err:+.1f} %" for phase, err in row["worst"].items()) + ")"))
-    elif (cuda_why := cuda_only_terms(spec)) is not None:
+    elif checked_at_shape(spec, key, ranges) and (cuda_why := cuda_only_terms(spec)) is not None:
         what = (f"{range_label(key)} was range-checked on CPU only, and this CUDA step differs from it ({cuda_why}; "
                 "benchmarks/envelope_ranges.py --device cuda has no row for it)")
     elif range_label(key) in ranges:
