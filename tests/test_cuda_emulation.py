@@ -120,7 +120,7 @@ def _cuda(spec: Any) -> Any:
     return dataclasses.replace(spec, hardware=HardwareSpec(device_type=DeviceType.CUDA))
 
 
-def test_a_cuda_layernorm_autocast_answer_needs_a_cuda_check() -> None:
+def test_a_cuda_layernorm_autocast_answer_needs_a_cuda_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """phi full bf16 under bf16 autocast: its CPU row pins a CPU answer, not a CUDA one (CUDA autocast keeps fp32
     LayerNorm/pow tensors the formula does not count); the CUDA check of phi LoRA bf16amp was -9.3 % (out)."""
     cpu = cell_spec(Cell("phi", "full", False, "sdpa", "bf16", 1024, 1))
@@ -131,6 +131,12 @@ def test_a_cuda_layernorm_autocast_answer_needs_a_cuda_check() -> None:
     assert "range-checked on CPU only" in message and "layer_norm" in message
     lora_amp = _cuda(cell_spec(Cell("phi", "lora", False, "sdpa", "bf16amp", 1024, 1)))
     assert not in_envelope(lora_amp)
+    # a bf16 @cuda row (its cells run no autocast) does not pin 16-bit weights under autocast either
+    rows = dict(envelope_module.envelope_ranges())
+    rows["phi/full/nockpt/sdpa/bf16@cuda"] = rows["phi/full/nockpt/sdpa/bf16"]
+    monkeypatch.setattr(envelope_module, "envelope_ranges", lambda: rows)
+    assert not in_envelope(_cuda(cpu)) and in_envelope(_cuda(cell_spec(Cell("phi", "full", False, "sdpa", "bf16",
+                                                                             1024, 1))))
 
 
 def test_a_cuda_gpt2_sdpa_answer_is_pinned_by_its_cuda_row(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,7 @@ within 2 %, and a kind never range-checked is ``pinned: false``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from fitcheck.catalog import EnvelopeKey, envelope_cells, envelope_probe_misses, envelope_ranges
 from fitcheck.core.activations.envelope_range import (
@@ -128,6 +128,14 @@ def cuda_only_terms(spec: TrainingSpec) -> str | None:
     return None
 
 
+def _cuda_row_applies(spec: TrainingSpec, key: EnvelopeKey, ranges: Mapping[str, object]) -> bool:
+    """Whether the kind's ``@cuda`` row describes this CUDA spec: it exists, and the spec is not 16-bit weights
+    under autocast in a family where CUDA autocast changes the step (the grid's ``bf16`` cells run no autocast)."""
+    if key[4] == "bf16" and spec.precision.mixed_precision is not MixedPrecision.NO and cuda_only_terms(spec):
+        return False
+    return range_label(key, CUDA_SUFFIX) in ranges
+
+
 def in_envelope(spec: TrainingSpec) -> bool:
     """Whether the activation formulas were checked against traces for this run: its kind, its per-token recipe
     and (where the kind was range-checked) its shape.
@@ -145,7 +153,9 @@ def in_envelope(spec: TrainingSpec) -> bool:
     - LLM.int8 on CUDA is never pinned (MatMul8bitLt, modelled from source; the traces run MatMul8bitFp); on CPU
       it is pinned where its range was checked, like any other kind.
     - A CUDA spec is pinned by its kind's ``@cuda`` row where one exists (checked on CUDA specs against the
-      CUDA-emulating trace), and needs one where ``cuda_only_terms`` says the CPU row did not check it.
+      CUDA-emulating trace), and needs one where ``cuda_only_terms`` says the CPU row did not check it; a
+      LayerNorm family's 16-bit weights under autocast (the ``bf16`` kind, whose cells run without autocast) are
+      not pinned on CUDA.
     """
     key = envelope_key(spec)
     if key is not None and key[1] == "int8" and spec.hardware.device_type is not DeviceType.CPU:
@@ -156,7 +166,7 @@ def in_envelope(spec: TrainingSpec) -> bool:
         return False  # an off-grid probe of this kind was more than 2 % off its trace (benchmarks/pinned_probes.py)
     ranges = envelope_ranges()
     if spec.hardware.device_type is not DeviceType.CPU:
-        if range_label(key, CUDA_SUFFIX) in ranges:
+        if _cuda_row_applies(spec, key, ranges):
             return checked_at_shape(spec, key, ranges, CUDA_SUFFIX)
         if cuda_only_terms(spec) is not None:
             return False
@@ -204,7 +214,7 @@ def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding
         what = (f"{range_label(key)} was within 2 % over its checked range, but an off-grid probe "
                 f"(benchmarks/pinned_probes.py) of {miss['model']} at {miss['batch']} x {miss['seq']} was {err:+.1f} % "
                 f"off the trace {phase}")
-    elif spec.hardware.device_type is not DeviceType.CPU and range_label(key, CUDA_SUFFIX) in ranges:
+    elif spec.hardware.device_type is not DeviceType.CPU and _cuda_row_applies(spec, key, ranges):
         row = ranges[range_label(key, CUDA_SUFFIX)]
         what = (f"{range_label(key)} was checked on CUDA specs against the CUDA-emulating trace at "
                 f"{len(row['shapes'])} shapes (benchmarks/envelope_ranges.py --device cuda): "
