@@ -89,7 +89,10 @@ def cuda_sdpa() -> Iterator[None]:
 
     def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
               is_causal: bool = False, *args: Any, **kwargs: Any) -> Any:
-        return original(query, key, value, attn_mask, 0.0, is_causal, *args, **kwargs)
+        # both fused kernels need equal query and key/value head counts unless enable_gqa (sdp_utils.cpp
+        # check_batch_size_and_num_heads_dense): otherwise CUDA runs the math path, with its dropout, too
+        fused = query.dim() < 3 or query.size(-3) == key.size(-3) or bool(kwargs.get("enable_gqa", False))
+        return original(query, key, value, attn_mask, 0.0 if fused else dropout_p, is_causal, *args, **kwargs)
 
     F.scaled_dot_product_attention = _sdpa
     try:
