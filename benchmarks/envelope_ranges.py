@@ -16,14 +16,19 @@ pinned only inside the range of shapes it was checked at, and only when it was w
 The full grid is hours on a 2-core machine; ``--sample N`` runs N kinds (the most used first: LoRA/QLoRA/DoRA/full
 with checkpointing, SDPA, 16-bit), and each run merges into the file, so it grows over runs.
 
+``--device cuda`` checks the kinds on CUDA specs instead (the formulas' CUDA branch against the CUDA-emulating
+trace, ``fitcheck/torch_adapters/cuda_emulation.py``) and writes their rows as ``label@cuda``: a CUDA answer of a kind
+with such a row is pinned by it (``fitcheck.core.activations.envelope.in_envelope``).
+
 Run: ``python benchmarks/envelope_ranges.py [--sample N] [--families a,b] [--methods a,b] [--attn sdpa,eager]
-[--ckpt ckpt,nockpt] [--precisions a,b] [--kinds label,label] [--redo] [--budget S]`` (``--kinds`` runs those
-labels again, in the file or not).
+[--ckpt ckpt,nockpt] [--precisions a,b] [--kinds label,label] [--redo] [--budget S] [--device cpu|cuda]``
+(``--kinds`` runs those labels again, in the file or not).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fitcheck.report import Phase
+from fitcheck.spec import DeviceType, HardwareSpec
 from fitcheck.torch_adapters import PHASES, Cell, cell_spec, phase_errors
 
 TOLERANCE = 0.02
@@ -87,8 +93,8 @@ def kinds(families: tuple[str, ...], methods: tuple[str, ...]) -> list[tuple[str
     return out
 
 
-def check_kind(kind: tuple[str, str, bool, str, str]) -> dict[str, Any]:
-    """Every shape of one kind: the worst signed error per phase and the shapes checked."""
+def check_kind(kind: tuple[str, str, bool, str, str], device: str = "cpu") -> dict[str, Any]:
+    """Every shape of one kind (on ``device`` specs): the worst signed error per phase and the shapes checked."""
     from fitcheck.catalog import find_catalog_config
     from fitcheck.torch_adapters import BatchTraces, activation_trace_kwargs, components_from_trace
 
@@ -108,6 +114,8 @@ def check_kind(kind: tuple[str, str, bool, str, str]) -> dict[str, Any]:
                 cell = Cell(family, method, ckpt, attn, precision, seq, batch)
                 try:
                     spec = cell_spec(cell, config)
+                    if device == "cuda":  # the formulas' CUDA branch, the trace emulating CUDA (trace_kwargs)
+                        spec = dataclasses.replace(spec, hardware=HardwareSpec(device_type=DeviceType.CUDA))
                     if traces is None:
                         traces = BatchTraces(spec.model.config, activation_trace_kwargs(spec))
                     errs = phase_errors(spec, components_from_trace(traces.result(batch)))
@@ -152,18 +160,21 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--ckpt", default="ckpt,nockpt", help="checkpointing on (ckpt) and/or off (nockpt)")
     ap.add_argument("--precisions", default=",".join(PRIORITY_PRECISIONS))
     ap.add_argument("--out", default=str(OUT), help="data file to merge into (default: the package's)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="check on CUDA specs against the CUDA-emulating trace (rows labelled label@cuda)")
     ap.add_argument("--kinds", default="", help="exact labels to run (family/method/ckpt/attn/precision, comma "
                     "separated); overrides the filters above")
     ns = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     out = Path(ns.out)
+    suffix = "@cuda" if ns.device == "cuda" else ""  # envelope_range.CUDA_SUFFIX
     data: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     if ns.kinds:  # exactly these labels, in this order (any method the grid has: int8 too)
         todo = [_parse(x) for x in ns.kinds.split(",") if x]
     else:
         todo = [k for k in kinds(tuple(ns.families.split(",")), tuple(ns.methods.split(",")))
                 if k[3] in ns.attn.split(",") and ("ckpt" if k[2] else "nockpt") in ns.ckpt.split(",")
-                and k[4] in ns.precisions.split(",") and (ns.redo or label(k) not in data)]
+                and k[4] in ns.precisions.split(",") and (ns.redo or label(k) + suffix not in data)]
     if ns.sample:
         todo = todo[: ns.sample]
     start = time.perf_counter()
@@ -171,12 +182,12 @@ def main(argv: list[str]) -> int:
         if ns.budget and time.perf_counter() - start > ns.budget:
             break
         t = time.perf_counter()
-        row = check_kind(kind)
+        row = check_kind(kind, ns.device)
         row["seconds"] = round(time.perf_counter() - t, 1)
-        data[label(kind)] = row
+        data[label(kind) + suffix] = row
         out.write_text(json.dumps(data, indent=1, sort_keys=True))
         phases = " ".join(f"{v:+6.2f}%" for v in row["worst"].values())
-        print(f"{label(kind):42} {'in ' if row['within'] else 'OUT'} {phases}  {len(row['shapes'])} shapes "
+        print(f"{label(kind) + suffix:47} {'in ' if row['within'] else 'OUT'} {phases}  {len(row['shapes'])} shapes "
               f"{row['seconds']:.0f} s {row['refused']}", flush=True)
     ok = sum(1 for r in data.values() if r["within"])
     print(f"\n{ok} of {len(data)} kinds within {TOLERANCE:.0%} over their ranges ({out.name}); phases: "

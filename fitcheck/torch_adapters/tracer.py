@@ -239,8 +239,9 @@ def trace_step(
             so each phase's peak is the body's own (a TRL trainer runs its chunked head instead:
             ``activation_trace_kwargs``).
         cuda_kernels: Trace the ops whose CUDA kernel keeps other tensors than the CPU one as CUDA runs them
-            (``tracer_patches.cuda_dropout``), and step the optimizer on its CUDA path (foreach for a non-fused
-            torch optimizer: ``make_trainer_optimizer``); False for a real CPU step and ``device_type cpu`` estimates.
+            (``cuda_emulation``: dropout's bool mask, SDPA's in-kernel dropout, CUDA autocast's fp32 lists), and
+            step the optimizer on its CUDA path (foreach for a non-fused torch optimizer:
+            ``make_trainer_optimizer``); False for a real CPU step and ``device_type cpu`` estimates.
 
     Returns:
         The per-phase breakdown of the second step.
@@ -260,9 +261,9 @@ def trace_step(
 
         warm_bitsandbytes()
     torch.manual_seed(seed)
-    from fitcheck.torch_adapters.tracer_patches import cuda_dropout
+    from fitcheck.torch_adapters.cuda_emulation import cuda_kernels as cuda_emulation
 
-    kernels = cuda_dropout() if cuda_kernels else contextlib.nullcontext()
+    kernels = cuda_emulation() if cuda_kernels else contextlib.nullcontext()
     with fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
         model = build_model(
             cfg,

@@ -19,11 +19,12 @@ within 2 %, and a kind never range-checked is ``pinned: false``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from fitcheck.catalog import EnvelopeKey, envelope_cells, envelope_probe_misses, envelope_ranges
 from fitcheck.core.activations.envelope_range import (
     CHECKED_RECIPE,
+    CUDA_SUFFIX,
     NO_ADAPTER_RECIPE,
     RANK_CLASS_LIMIT,
     checked_at_shape,
@@ -33,7 +34,7 @@ from fitcheck.core.activations.envelope_range import (
 from fitcheck.core.activations.freeze import layer_granular
 from fitcheck.core.activations.qlora import kbit_upcast
 from fitcheck.findings import Finding, Severity
-from fitcheck.spec import AttnImpl, DeviceType, Dtype, MixedPrecision, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, Dtype, MixedPrecision, NormKind, TrainingSpec
 
 TOLERANCE = 0.02
 
@@ -102,6 +103,39 @@ def envelope_key(spec: TrainingSpec) -> EnvelopeKey | None:
     return (spec.model.shape.family, method, act.checkpointing, attn.value, precision)
 
 
+def cuda_only_terms(spec: TrainingSpec) -> str | None:
+    """What a CUDA step of this spec keeps that a CPU-checked range row did not check, or None.
+
+    The range rows without ``@cuda`` were checked on CPU specs against CPU traces. Where the CUDA step keeps other
+    tensors than the CPU one in a way the formulas' CUDA branch was never checked for, only a row checked on CUDA
+    specs against the CUDA-emulating trace (``torch_adapters/cuda_emulation.py``; ``benchmarks/envelope_ranges.py
+    --device cuda``) pins the answer:
+
+    - CUDA autocast runs ``layer_norm`` and ``pow`` (``gelu_new``) in fp32 (torch 2.13 ``ATen/autocast_mode.h``
+      ``AT_FORALL_FP32``; CPU autocast lists neither), so a LayerNorm family under autocast keeps fp32 tensors the
+      formulas count in 16 bits (H200, Phi-2 LoRA bf16 autocast 4 x 2048: the formula was -11 %).
+    - SDPA with attention dropout runs a fused kernel on CUDA (no s x s tensor) and the math path on a CPU: the
+      formulas' CUDA branch of it (``layernorm_blocks._fused_math``) was not checked by the CPU rows.
+    """
+    if spec.hardware.device_type is DeviceType.CPU:
+        return None
+    traits = spec.model.shape.traits
+    if spec.precision.mixed_precision is not MixedPrecision.NO and traits.norm_kind is NormKind.LAYERNORM:
+        return "CUDA autocast runs layer_norm and pow (gelu_new) in fp32, where CPU autocast keeps 16 bits"
+    eager = spec.activations.attn_implementation is AttnImpl.EAGER or traits.eager_only
+    if not eager and traits.dropout.attention > 0:
+        return "SDPA with attention dropout runs a fused kernel on CUDA and the math path on a CPU"
+    return None
+
+
+def _cuda_row_applies(spec: TrainingSpec, key: EnvelopeKey, ranges: Mapping[str, object]) -> bool:
+    """Whether the kind's ``@cuda`` row describes this CUDA spec: it exists, and the spec is not 16-bit weights
+    under autocast in a family where CUDA autocast changes the step (the grid's ``bf16`` cells run no autocast)."""
+    if key[4] == "bf16" and spec.precision.mixed_precision is not MixedPrecision.NO and cuda_only_terms(spec):
+        return False
+    return range_label(key, CUDA_SUFFIX) in ranges
+
+
 def in_envelope(spec: TrainingSpec) -> bool:
     """Whether the activation formulas were checked against traces for this run: its kind, its per-token recipe
     and (where the kind was range-checked) its shape.
@@ -118,6 +152,10 @@ def in_envelope(spec: TrainingSpec) -> bool:
       two widths, and the probe's model (another width, vocabulary or ratio) showed a term the range missed.
     - LLM.int8 on CUDA is never pinned (MatMul8bitLt, modelled from source; the traces run MatMul8bitFp); on CPU
       it is pinned where its range was checked, like any other kind.
+    - A CUDA spec is pinned by its kind's ``@cuda`` row where one exists (checked on CUDA specs against the
+      CUDA-emulating trace), and needs one where ``cuda_only_terms`` says the CPU row did not check it; a
+      LayerNorm family's 16-bit weights under autocast (the ``bf16`` kind, whose cells run without autocast) are
+      not pinned on CUDA.
     """
     key = envelope_key(spec)
     if key is not None and key[1] == "int8" and spec.hardware.device_type is not DeviceType.CPU:
@@ -126,7 +164,13 @@ def in_envelope(spec: TrainingSpec) -> bool:
         return False
     if range_label(key) in envelope_probe_misses():
         return False  # an off-grid probe of this kind was more than 2 % off its trace (benchmarks/pinned_probes.py)
-    return checked_at_shape(spec, key, envelope_ranges())  # no range row: never range-checked, not pinned
+    ranges = envelope_ranges()
+    if spec.hardware.device_type is not DeviceType.CPU:
+        if _cuda_row_applies(spec, key, ranges):
+            return checked_at_shape(spec, key, ranges, CUDA_SUFFIX)
+        if cuda_only_terms(spec) is not None:
+            return False
+    return checked_at_shape(spec, key, ranges)  # no range row: never range-checked, not pinned
 
 
 def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding:
@@ -170,6 +214,16 @@ def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding
         what = (f"{range_label(key)} was within 2 % over its checked range, but an off-grid probe "
                 f"(benchmarks/pinned_probes.py) of {miss['model']} at {miss['batch']} x {miss['seq']} was {err:+.1f} % "
                 f"off the trace {phase}")
+    elif spec.hardware.device_type is not DeviceType.CPU and _cuda_row_applies(spec, key, ranges):
+        row = ranges[range_label(key, CUDA_SUFFIX)]
+        what = (f"{range_label(key)} was checked on CUDA specs against the CUDA-emulating trace at "
+                f"{len(row['shapes'])} shapes (benchmarks/envelope_ranges.py --device cuda): "
+                + ("this shape is outside them" if row["within"] else
+                   "not within 2 % at every shape and phase (worst: " + ", ".join(
+                       f"{phase} {err:+.1f} %" for phase, err in row["worst"].items()) + ")"))
+    elif checked_at_shape(spec, key, ranges) and (cuda_why := cuda_only_terms(spec)) is not None:
+        what = (f"{range_label(key)} was range-checked on CPU only, and this CUDA step differs from it ({cuda_why}; "
+                "benchmarks/envelope_ranges.py --device cuda has no row for it)")
     elif range_label(key) in ranges:
         row = ranges[range_label(key)]
         what = (f"{range_label(key)} was checked at {len(row['shapes'])} shapes (benchmarks/envelope_ranges.py): "

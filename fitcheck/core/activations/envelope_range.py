@@ -69,19 +69,24 @@ def shape_in_range(spec: TrainingSpec, shapes: Sequence[Sequence[int]]) -> bool:
             and 1 <= batch <= max(s[2] for s in shapes))
 
 
-def range_label(key: tuple[str, str, bool, str, str]) -> str:
-    """The label of a kind in the range data: ``family/method/ckpt|nockpt/attn/precision``."""
+# Suffix of a label checked on CUDA specs against the CUDA-emulating trace (``benchmarks/envelope_ranges.py
+# --device cuda``; ``torch_adapters/cuda_emulation.py``); a label without it was checked on CPU specs and traces.
+CUDA_SUFFIX = "@cuda"
+
+
+def range_label(key: tuple[str, str, bool, str, str], suffix: str = "") -> str:
+    """The label of a kind in the range data: ``family/method/ckpt|nockpt/attn/precision`` (+ ``suffix``)."""
     family, method, ckpt, attn, precision = key
-    return f"{family}/{method}/{'ckpt' if ckpt else 'nockpt'}/{attn}/{precision}"
+    return f"{family}/{method}/{'ckpt' if ckpt else 'nockpt'}/{attn}/{precision}{suffix}"
 
 
 def checked_at_shape(spec: TrainingSpec, key: tuple[str, str, bool, str, str] | None,
-                     ranges: Mapping[str, Mapping[str, object]]) -> bool:
-    """Whether the range data pins this spec: its recipe is the checked one, its kind was within 2 % at every
-    shape and phase checked, and its shape is inside that range."""
+                     ranges: Mapping[str, Mapping[str, object]], suffix: str = "") -> bool:
+    """Whether the range data pins this spec: its recipe is the checked one, its kind (the row ``range_label(key,
+    suffix)``) was within 2 % at every shape and phase checked, and its shape is inside that range."""
     if key is None or recipe_of(spec) != (NO_ADAPTER_RECIPE if spec.lora is None else CHECKED_RECIPE):
         return False
-    row = ranges.get(range_label(key))
+    row = ranges.get(range_label(key, suffix))
     if row is None or row.get("within") is not True:
         return False
     shapes = row.get("shapes")

@@ -1,0 +1,203 @@
+"""Trace a step on the CPU as CUDA runs it: the kernels and autocast lists whose CUDA behaviour keeps other tensors.
+
+A trace describes a CUDA run unless the spec says ``device_type cpu`` (``tracer.trace_kwargs``: ``cuda_kernels``).
+Three places where torch's CPU and CUDA paths keep different tensors for backward are emulated while such a step is
+traced (``cuda_kernels``); a ``device_type cpu`` trace and a real CPU step (``benchmarks/cpu_truth.py``) keep CPU
+behaviour.
+
+1. Dropout (``tracer_patches.cuda_dropout``): CUDA's ``native_dropout`` keeps a bool mask, the CPU kernel its noise.
+2. SDPA with dropout (``cuda_sdpa``). torch 2.13 ``aten/src/ATen/native/transformers/sdp_utils_cpp.cpp``
+   ``use_flash_attention_cpp`` rejects ``dropout_p > 0`` (``check_for_dropout``), so on a CPU the attention of a
+   model with attention dropout (GPT-2, BERT: ``attn_pdrop`` 0.1) runs ``_scaled_dot_product_attention_math``,
+   which keeps the fp32 s x s softmax, its dropout noise and the dropped probabilities per layer. On CUDA
+   (``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``: flash for fp16/bf16, memory-efficient for fp32, both
+   accept dropout) the kernel draws the mask with Philox inside and saves only q, k, v, the output, an fp32
+   logsumexp (b, heads, s; memory-efficient pads s to a multiple of 32) and the seed/offset
+   (``tools/autograd/derivatives.yaml`` ``_scaled_dot_product_flash_attention`` /
+   ``_scaled_dot_product_efficient_attention``: their backward takes exactly those). The CPU flash kernel of the
+   same call without dropout saves the same tensors (q, k, v, output, fp32 logsumexp), so the trace runs SDPA with
+   ``dropout_p=0``: dropout there changes values, not what is kept. Measured on an H200
+   (``benchmarks/data/gpu_truth_nvidia_h200.json``, GPT-2 fp32 full, 8 x 1024): the CPU-kernel trace answered
+   28289 MiB against 14470 MiB measured (+95.5 %).
+3. CUDA autocast's fp32 lists (``cuda_autocast_lists``). torch 2.13 ``torch/include/ATen/autocast_mode.h``
+   ``AT_FORALL_FP32`` (``layer_norm``, ``native_layer_norm``, ``rms_norm``, ``group_norm``, ``pow``, ``exp``,
+   ``log``, ``rsqrt``, ``softplus``, ...), ``AT_FORALL_FP32_SET_OPT_DTYPE`` (``softmax``, ``log_softmax``,
+   ``sum``, ``cumsum``, ...) and ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE`` (``norm``) are registered for the
+   ``AutocastCUDA`` key only (``aten/src/ATen/autocast_mode.cpp``: ``KERNEL_CUDA(..., fp32)``); the ``AutocastCPU``
+   registrations there have no such entries, so under CPU autocast a bf16 ``layer_norm`` or ``x.pow(3)``
+   (``gelu_new``) stays bf16 while CUDA autocast runs it in fp32 and keeps fp32 tensors. The emulation registers, for
+   the ``AutocastCPU`` key and only for the ops that key has no kernel for, the CUDA wrapper's policy
+   (``autocast_mode.h`` ``WrapFunction_``): cast every floating, non-double tensor argument to fp32 (``fp32``), set
+   an unset ``dtype`` argument to fp32 when the first argument is eligible (``fp32_set_opt_dtype``), or redispatch
+   ``norm`` with an fp32 dtype (``fp32_append_dtype``). Being an autocast kernel it sits above autograd (the casts
+   are recorded, the op saves the fp32 tensors, as on CUDA) and is off wherever autocast is disabled
+   (``torch.autocast("cpu", enabled=False)`` in the rotary embeddings). Measured on an H200 (Phi-2 LoRA default
+   targets, bf16 autocast, 4 x 2048): the CPU-list trace answered 52018 MiB against 68659 MiB measured (-24.2 %).
+   The ``promote`` list (``addcdiv``, ``index_put``, ...) and the lower-precision ops CUDA lists and the CPU does
+   not (``einsum``, ``addmv``, ``mv``, ``addr``, ``chain_matmul``, ``linalg_multi_dot``) are not emulated.
+
+The device ran torch 2.11; the lists above are read from the installed torch 2.13 (``tests/test_cuda_emulation.py``
+checks that every emulated op has an ``AutocastCUDA`` kernel and no ``AutocastCPU`` one in the installed build).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+# torch 2.13 torch/include/ATen/autocast_mode.h AT_FORALL_FP32 (aten overload names; "" is the default overload)
+CUDA_FP32_OPS: tuple[str, ...] = (
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+    "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus", "layer_norm",
+    "native_layer_norm", "rms_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim",
+    "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
+    "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
+    "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
+    "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp", "upsample_nearest1d",
+    "_upsample_nearest_exact1d", "upsample_nearest2d", "_upsample_nearest_exact2d", "upsample_nearest3d",
+    "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa",
+    "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
+)
+# the same header's AT_FORALL_FP32_SET_OPT_DTYPE
+CUDA_FP32_SET_OPT_DTYPE_OPS: tuple[str, ...] = (
+    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "linalg_vector_norm",
+    "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList",
+)
+# the same header's AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE (fp32_append_dtype): registered op -> redispatch
+CUDA_FP32_APPEND_DTYPE_OPS: dict[str, str] = {
+    "norm.Scalar": "norm.ScalarOpt_dtype",
+    "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype",
+}
+
+
+@contextlib.contextmanager
+def cuda_kernels() -> Iterator[None]:
+    """Trace as CUDA runs the step: dropout's bool mask, SDPA's in-kernel dropout, CUDA autocast's fp32 lists."""
+    from fitcheck.torch_adapters.tracer_patches import cuda_dropout
+
+    with cuda_dropout(), cuda_sdpa(), cuda_autocast_lists():
+        yield
+
+
+@contextlib.contextmanager
+def cuda_sdpa() -> Iterator[None]:
+    """Run ``F.scaled_dot_product_attention`` with ``dropout_p=0`` (what CUDA's fused kernels keep; item 2)."""
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+
+    def _sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+              is_causal: bool = False, *args: Any, **kwargs: Any) -> Any:
+        # both fused kernels need equal query and key/value head counts unless enable_gqa (sdp_utils.cpp
+        # check_batch_size_and_num_heads_dense): otherwise CUDA runs the math path, with its dropout, too
+        fused = query.dim() < 3 or query.size(-3) == key.size(-3) or bool(kwargs.get("enable_gqa", False))
+        return original(query, key, value, attn_mask, 0.0 if fused else dropout_p, is_causal, *args, **kwargs)
+
+    F.scaled_dot_product_attention = _sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def _overload(name: str) -> Any:
+    """``torch.ops.aten`` overload of ``op.overload`` (the default overload for a bare name)."""
+    import torch
+
+    op, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, op), overload or "default")
+
+
+def _eligible(t: Any) -> bool:
+    """``autocast_mode.h`` ``is_eligible`` for the emulated device: a floating, non-double tensor."""
+    import torch
+
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype is not torch.float64
+
+
+def _to_fp32(arg: Any) -> Any:
+    """``cached_cast(kFloat, arg)``: eligible tensors (also inside lists) to fp32; fp32 casts are never cached."""
+    import torch
+
+    if _eligible(arg) and arg.dtype is not torch.float32:
+        return arg.to(torch.float32)
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_to_fp32(a) for a in arg)
+    return arg
+
+
+def _fp32_kernel(op: Any) -> Any:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        with _below_autocast():
+            return op(*(_to_fp32(a) for a in args), **{k: _to_fp32(v) for k, v in kwargs.items()})
+
+    return kernel
+
+
+def _set_opt_dtype_kernel(op: Any) -> Any:
+    import torch
+
+    names = [a.name for a in op._schema.arguments]
+    kwarg_only = {a.name for a in op._schema.arguments if a.kwarg_only}
+    at = names.index("dtype")
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        with _below_autocast():
+            if not (args and _eligible(args[0])):
+                return op(*args, **kwargs)
+            if "dtype" in kwarg_only or len(args) <= at:
+                if kwargs.get("dtype") is None:
+                    kwargs = {**kwargs, "dtype": torch.float32}
+            elif args[at] is None:
+                args = (*args[:at], torch.float32, *args[at + 1:])
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _append_dtype_kernel(redispatch: Any) -> Any:
+    import torch
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        with _below_autocast():
+            to_type = torch.float32 if _eligible(args[0]) else args[0].dtype  # type_from_firstarg
+            return redispatch(*args, **kwargs, dtype=to_type)
+
+    return kernel
+
+
+def _below_autocast() -> Any:
+    """Exclude the CPU autocast key while the wrapped op runs (``ExcludeDispatchKeyGuard no_autocast``)."""
+    import torch
+
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU))
+
+
+def emulated_ops() -> tuple[str, ...]:
+    """The listed ops the installed torch has no ``AutocastCPU`` kernel for: the ones ``cuda_autocast_lists``
+    registers (the CPU's own fp32 entries, the losses and ``prod``, already run in fp32)."""
+    import torch
+
+    listed = (*CUDA_FP32_OPS, *CUDA_FP32_SET_OPT_DTYPE_OPS, *CUDA_FP32_APPEND_DTYPE_OPS)
+    return tuple(n for n in listed if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{n}", "AutocastCPU"))
+
+
+@contextlib.contextmanager
+def cuda_autocast_lists() -> Iterator[None]:
+    """Give CPU autocast CUDA autocast's fp32 policies for the ops it does not list itself (item 3)."""
+    import torch
+
+    lib = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
+    try:
+        for name in emulated_ops():
+            if name in CUDA_FP32_APPEND_DTYPE_OPS:
+                kernel = _append_dtype_kernel(_overload(CUDA_FP32_APPEND_DTYPE_OPS[name]))
+            elif name in CUDA_FP32_SET_OPT_DTYPE_OPS:
+                kernel = _set_opt_dtype_kernel(_overload(name))
+            else:
+                kernel = _fp32_kernel(_overload(name))
+            lib.impl(name, kernel, "AutocastCPU")  # type: ignore[no-untyped-call]
+        yield
+    finally:
+        lib._destroy()  # type: ignore[no-untyped-call]
