@@ -62,6 +62,11 @@ class Partition:
         params_on_host: Weights live in host RAM between uses (offload_param / FSDP cpu offload).
         gradients_on_host: Reduced gradients are copied to host (ZeRO-Offload, FSDP offload).
         full_gradients_between_microsteps: Unsharded gradients are kept across accumulation micro-steps.
+        gradients_resident: The gradient partition lives in a flat buffer allocated once and never freed (ZeRO-3
+            on the device: deepspeed 0.19.8 ``runtime/zero/stage3.py`` ``grad_partitions_flat_buffer =
+            torch.zeros(sum(p.partition_numel()), dtype=gradient_accumulation_dtype)`` at optimizer init; every
+            parameter's reduced gradient is a ``narrow`` of it), so it is alive in every phase, evaluation and
+            saving included.
         description: One line for the report.
         shard_group: Processes one copy of the states is split over (N, or GPUs per node for HYBRID_SHARD).
     """
@@ -74,6 +79,7 @@ class Partition:
     params_on_host: bool = False
     gradients_on_host: bool = False
     full_gradients_between_microsteps: bool = False
+    gradients_resident: bool = False
     description: str = "single GPU: every state replicated in full"
     shard_group: int = 1
 
@@ -111,6 +117,8 @@ def partition(spec: TrainingSpec) -> Partition:
             optimizer_on_host=off_opt,
             params_on_host=off_par,
             gradients_on_host=off_opt,
+            # offload_optimizer: the flat buffer is on the host (stage3.py self.device = cpu), pinned
+            gradients_resident=stage == 3 and not off_opt,
             description=f"DeepSpeed ZeRO-{stage} over {n} GPUs"
             + (f" + optimizer offload ({ds.offload_optimizer.value})" if off_opt and ds else "")
             + (f" + parameter offload ({ds.offload_param.value})" if off_par and ds else ""),
