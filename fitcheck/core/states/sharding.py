@@ -34,9 +34,10 @@ _SRC_IPG = (
     "a second one when overlap_comm (double buffering); released at the backward epilogue"
 )
 _SRC_Z3 = (
-    "deepspeed runtime/zero/stage3.py (ipg bucket of reduce_bucket_size at init) and "
-    "partitioned_param_coordinator.py (fetch the current module + prefetch_bucket_size, capped by "
-    "max_live_parameters); estimate_zero3_model_states_mem_needs counts 4 x largest layer"
+    "deepspeed runtime/zero/stage3.py (ipg bucket of reduce_bucket_size at init), partition_parameters.py "
+    "all_gather_coalesced (no gather at partition world size 1) and partitioned_param_coordinator.py (fetch the "
+    "current module + prefetch_bucket_size, capped by max_live_parameters); estimate_zero3_model_states_mem_needs "
+    "counts 4 x largest layer"
 )
 _SRC_PERSIST = "deepspeed runtime/zero/parameter_offload.py mark_persistent_parameters (numel <= threshold)"
 _SRC_OFFLOAD = "deepspeed runtime/zero/stage_1_and_2.py: temp_grad_buffer_for_gpu_offload (largest param)"
@@ -325,7 +326,11 @@ def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable:
     # The current module is always fetched; prefetching adds up to prefetch_bucket_size, within
     # max_live_parameters in total.
     live = max(largest, min(ds.max_live_parameters, largest + ds.prefetch_bucket_size))
-    gathered = int(live * w)
+    # One process: nothing is gathered. partition_parameters.py all_gather_coalesced returns
+    # _no_gather_coalesced when every partition world size is 1 (param.data = a view of ds_tensor, no copy);
+    # measured on a real ZeRO-3 engine on CPU (benchmarks/deepspeed_cpu.py: forward peak = ZeRO-2's + the
+    # flat gradient buffer + the ipg bucket, to 0.1 MiB).
+    gathered = int(live * w) if n > 1 else 0
     grad_of_largest = largest * elem if trainable and spec.lora is None else 0
     out.append(
         Component(
@@ -340,8 +345,8 @@ def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable:
                 }
             ),
             _SRC_Z3,
-            f"largest module {largest:,} params + prefetch {ds.prefetch_bucket_size:,} (max_live_parameters "
-            f"{ds.max_live_parameters:,}) gathered in full"
+            (f"largest module {largest:,} params + prefetch {ds.prefetch_bucket_size:,} (max_live_parameters "
+             f"{ds.max_live_parameters:,}) gathered in full" if gathered else "one process: nothing gathered")
             + (", plus its full gradient in backward" if grad_of_largest else ""),
         )
     )
