@@ -84,3 +84,35 @@ def test_zero3_one_process_gathers_nothing(facts: dict[str, Any]) -> None:
     report = _report()
     for phase in (Phase.FORWARD_END, Phase.BACKWARD_START):
         assert _at(report, "buffers.zero3_gathered_params", phase) == 0, phase
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_side_stream_pools_add_to_reserved_on_cuda_only(stage: int) -> None:
+    """ZeRO-2 ``overlap_comm``: ``grads_in_partition`` is allocated in ``reduction_stream`` (stage_1_and_2.py
+    ``reduce_ipg_grads`` -> ``copy_grads_in_partition``), so its block stays in that stream's pool while the
+    default stream peaks; ZeRO-3: one concatenated bucket in ``reduce_and_partition_stream``. CPU has no streams."""
+    from cpu_truth import Row, spec_for
+    from deepspeed_cpu import TINY
+
+    from fitcheck.core.caching import allocation_size
+    from fitcheck.core.states import deepspeed_side_pools
+    from fitcheck.core.loading import allocator_conf
+
+    base = spec_for(Row("tiny llama", TINY, seq=16, batch=2, dtype="bfloat16", mp="bf16"))
+
+    def spec(overlap: bool, device: DeviceType = DeviceType.CUDA) -> Any:
+        ds = DeepSpeedSpec(stage=stage, reduce_bucket_size=10_000, overlap_comm=overlap)
+        return replace(base, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, ds),
+                       hardware=replace(base.hardware, device_type=device))
+
+    on, off = spec(True), spec(False)
+    side = deepspeed_side_pools(on, allocator_conf(on))
+    assert side is not None and side.gather == 0
+    numel = 557_696  # TINY's parameters (the real engine's grad_partitions_flat_buffer / 2 B)
+    block = numel * 2 if stage == 2 else 10_000 * 2
+    assert side.reduce == allocation_size(block)
+    assert deepspeed_side_pools(off, allocator_conf(off)) is None
+    assert deepspeed_side_pools(spec(True, DeviceType.CPU), allocator_conf(on)) is None
+    with_pool, without = estimate(on), estimate(off)
+    assert "deepspeed-side-streams" in {f.code for f in with_pool.findings}
+    assert with_pool.peak_reserved_bytes >= without.peak_reserved_bytes + side.reduce - 2 * 2**20
