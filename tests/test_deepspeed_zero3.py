@@ -95,8 +95,8 @@ def test_side_stream_pools_add_to_reserved_on_cuda_only(stage: int) -> None:
     from deepspeed_cpu import TINY
 
     from fitcheck.core.caching import allocation_size
-    from fitcheck.core.states import deepspeed_side_pools
     from fitcheck.core.loading import allocator_conf
+    from fitcheck.core.states import deepspeed_side_pools
 
     base = spec_for(Row("tiny llama", TINY, seq=16, batch=2, dtype="bfloat16", mp="bf16"))
 

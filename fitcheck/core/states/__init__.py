@@ -7,8 +7,8 @@
 - :mod:`.sharding`: how DDP / ZeRO / FSDP divide each kind of state, and the communication buffers;
   :mod:`.sharding_findings`: what the user should know about the sharding setup; :mod:`.fsdp2_units`: the
   units accelerate gives FSDP2 and what each keeps gathered; :mod:`.fsdp_streams`: what FSDP's side CUDA
-  streams keep reserved beside the step (:mod:`.deepspeed_streams`: DeepSpeed's); :mod:`.fsdp_qlora`: FSDP over a 4-bit base
-  (quant storage, replicated quantization state, loading);
+  streams keep reserved beside the step (:mod:`.deepspeed_streams`: DeepSpeed's); :mod:`.fsdp_qlora`: FSDP over
+  a 4-bit base (quant storage, replicated quantization state, loading);
 - :mod:`.regimes`: which precision regime applies (bf16 pure, autocast, DeepSpeed masters) and its findings;
 - :mod:`.model_states`: the components the report shows.
 
