@@ -22,6 +22,7 @@ from fitcheck.core.parallelism import (
 from fitcheck.core.saving import save_components, save_cost, save_findings
 from fitcheck.core.states import (
     SidePools,
+    deepspeed_side_pools,
     describe_regime,
     fsdp_qlora_findings,
     fsdp_side_pools,
@@ -125,18 +126,18 @@ def _context_findings(spec: TrainingSpec) -> list[Finding]:
 
 
 def _side_pool_findings(side: SidePools | None, released: bool) -> list[Finding]:
-    """Where the FSDP side-stream part of reserved comes from (INFO), or that it is released to fit (WARNING)."""
+    """Where the side-stream part of reserved comes from (INFO), or that it is released to fit (WARNING)."""
     if side is None or side.gather + side.reduce == 0:
         return []
     if released:
         return [Finding(
-            "fsdp-side-streams", Severity.WARNING,
+            side.code, Severity.WARNING,
             f"{side.detail}: with them the run would need more than the GPU, so torch's allocator releases the "
             "cached free segments and retries (CUDACachingAllocator.cpp release_cached_blocks) at each step's "
             "peak; the number leaves them out, nvidia-smi will show the GPU nearly full and steps run slower "
             f"(torch.cuda.memory_stats()['num_alloc_retries'] > 0) ({side.source})",
             "leave headroom (a smaller micro-batch with more accumulation) to avoid the per-step cache flushes")]
-    return [Finding("fsdp-side-streams", Severity.INFO, f"{side.detail} ({side.source})",
+    return [Finding(side.code, Severity.INFO, f"{side.detail} ({side.source})",
                     "nothing to change: with expandable_segments:True these pools grow by 20 MiB pages instead")]
 
 
@@ -173,8 +174,8 @@ def estimate(
         local, step_totals[step_phase], transient_bytes=transient_bytes_at(components, step_phase),
         gap_fraction=gap_fraction,
     )
-    # FSDP's side streams keep their own cached segments (gathers, sharded gradients) beside the step's pool
-    side = fsdp_side_pools(local, allocator_conf(local))
+    # FSDP's and DeepSpeed's side streams keep their own cached segments (gathers, gradients) beside the step's pool
+    side = fsdp_side_pools(local, allocator_conf(local)) or deepspeed_side_pools(local, allocator_conf(local))
     own_reserved = step_reserved
     if side is not None:
         step_reserved = plus_side_pools(step_reserved, side.beyond_allocated(step_phase))

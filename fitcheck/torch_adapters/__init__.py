@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         replay_steady_state,
         replay_step,
         replay_whole_run,
+        whole_run_events,
     )
     from fitcheck.torch_adapters.device_map_check import device_map_findings
     from fitcheck.torch_adapters.device_map_split import multi_gpu_shares
@@ -96,6 +97,7 @@ _WHERE = {
     "replay_deepened": "allocator_replay",
     "replay_steady_state": "allocator_replay",
     "replay_whole_run": "allocator_replay",
+    "whole_run_events": "allocator_replay",
     "RegionStats": "tracer_recorder",
     "hf_config": "tracer_build",
     "model_class": "tracer_build",
@@ -159,6 +161,7 @@ __all__ = [
     "trace_kwargs",
     "trace_step",
     "unwrap_model",
+    "whole_run_events",
 ]
 
 

@@ -196,9 +196,11 @@ def replay_deepened(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepReplay
     return replay_steady_state(spec, steps)
 
 
-def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: int = STEADY_STEPS,
-                     optimizer_traces: dict[str, Any] | None = None) -> StepReplay:
-    """:func:`replay_steady_state` from the one-step activation traces the answer has already run.
+def whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: int = STEADY_STEPS,
+                     optimizer_traces: dict[str, Any] | None = None) -> list[tuple[int, int, str]]:
+    """The allocation events :func:`replay_whole_run` replays: the whole run at the full depth, composed from the
+    one-step activation traces and the optimizer traced alone (``benchmarks/deepspeed_reserved_replay.py`` rewrites
+    them into DeepSpeed's run).
 
     The forward and backward of every step are those of the spec's step traced without an optimizer at the depths
     of ``tracer_depth.depth_plan`` (``PinnedPath``'s activation traces: ``step_runs``); only the optimizer's steps are
@@ -216,7 +218,7 @@ def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
             the optimizer, not on the sequence, micro-batch or checkpointing), shared between calls.
 
     Returns:
-        The replay's peaks over all steps.
+        ``(storage serial, +bytes allocated / -bytes freed, region allocated in)`` for every event of the run.
 
     Raises:
         ComposeError, DeepenError: The traces do not compose or deepen (the caller falls back).
@@ -246,10 +248,30 @@ def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
         opt_events, opt_starts = cache[key]
         composed.append(whole_run(run.alloc_events, run.region_starts, opt_events, opt_starts, steps))
     if len(composed) == 1:
-        events = composed[0][0]
-    else:
-        (one, one_starts), (two, two_starts) = composed
-        events = deepen(one, two, config_layers(config) // layer_group(config), (one_starts, two_starts))
+        return list(composed[0][0])
+    (one, one_starts), (two, two_starts) = composed
+    return deepen(one, two, config_layers(config) // layer_group(config), (one_starts, two_starts))
+
+
+def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: int = STEADY_STEPS,
+                     optimizer_traces: dict[str, Any] | None = None) -> StepReplay:
+    """:func:`replay_steady_state` from the one-step activation traces the answer has already run
+    (:func:`whole_run_events` replayed).
+
+    Args:
+        spec: The training spec (a plain Trainer step: ``pinned_path.traceable``).
+        step_runs: ``tracer.trace_step(optimizer=None, steps=1)`` results at the depths of ``depth_plan``, or
+            empty to trace them here.
+        steps: Steps in the run (the last is the measured one).
+        optimizer_traces: A cache of optimizer traces, shared between calls.
+
+    Returns:
+        The replay's peaks over all steps.
+
+    Raises:
+        ComposeError, DeepenError: The traces do not compose or deepen (the caller falls back).
+    """
+    events = whole_run_events(spec, step_runs, steps, optimizer_traces)
     return replay_events([events], allocator_conf(spec), (spec.batch.seq_len,))
 
 

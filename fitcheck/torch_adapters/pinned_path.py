@@ -369,9 +369,10 @@ class PinnedPath:
         elif comps and not plain_trainer_run(spec) and _gap_applies(spec, self.seq_lengths):
             note = Finding("reserved-published-gap", Severity.INFO,
                            "activations are traced (as the 16-bit module DeepSpeed or FSDP mixed precision runs); "
-                           "the caching allocator's gap is the published fraction (core/allocator.py): the "
-                           "whole-run replay composes the plain Trainer's run, not DeepSpeed's engine or FSDP's "
-                           "module cast", "measure one step (FitcheckCallback, benchmarks/gpu_truth.py)")
+                           "the default stream's caching-allocator gap is the published fraction (core/allocator.py): "
+                           "the whole-run replay composes the plain Trainer's run, not DeepSpeed's engine or FSDP's "
+                           "module cast (their side streams' pools are added: deepspeed-side-streams / "
+                           "fsdp-side-streams)", "measure one step (FitcheckCallback, benchmarks/gpu_truth.py)")
             report = dataclasses.replace(report, findings=(*report.findings, note))
         elif comps and not self.seq_lengths and _cache_key(spec) in self._whole_failed:
             note = Finding("reserved-two-groups", Severity.INFO,

@@ -212,6 +212,13 @@ class CachingAllocator:
         self.stats.allocated += block.size
         self._note()
 
+    def empty_cache(self) -> None:
+        """``torch.cuda.empty_cache`` (``release_cached_blocks`` outside an allocation): every unsplit cached block
+        goes back to the driver; no retry is counted."""
+        retries = self.stats.retries
+        self._release_cached()
+        self.stats.retries = retries
+
     def free(self, handle: int) -> None:
         """Free the storage named ``handle`` (``free_block``: merge with free neighbours, back to its pool)."""
         block = self._live.pop(handle)

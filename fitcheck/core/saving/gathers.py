@@ -70,6 +70,7 @@ from fitcheck.core.states import (
     fsdp_fp32_upcast,
     fsdp_unit_params,
     optimizer_for,
+    partition,
 )
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
@@ -98,6 +99,8 @@ class SaveCost:
         hint: How to save with less host memory.
         optimizer_gather: Bytes gathered at once on the device for the optimizer's state dict.
         optimizer_host: Bytes of the optimizer's state dicts held on the host at once, per node.
+        gradients_resident: The gradient partition stays on the device while saving (ZeRO-3's flat buffer:
+            ``core/states/sharding.py`` ``Partition.gradients_resident``).
     """
 
     path: str
@@ -107,6 +110,7 @@ class SaveCost:
                  "stage3_gather_16bit_weights_on_model_save false and run zero_to_fp32.py afterwards")
     optimizer_gather: int = 0
     optimizer_host: int = 0
+    gradients_resident: bool = False
 
     @property
     def device_gather(self) -> int:
@@ -220,7 +224,8 @@ def save_cost(spec: TrainingSpec) -> SaveCost | None:
         elem = 2 if spec.precision.mixed_precision is not MixedPrecision.NO else spec.precision.load_dtype.nbytes
         kept = adapter_param_count(spec) if spec.lora is not None else spec.model.total_params
         return SaveCost("ZeRO-3 stage3_gather_16bit_weights_on_model_save: one module gathered at a time, copied "
-                        "to rank 0's host", _largest_param(spec) * elem, kept * elem)
+                        "to rank 0's host", _largest_param(spec) * elem, kept * elem,
+                        gradients_resident=partition(spec).gradients_resident)
     return None
 
 
@@ -237,8 +242,9 @@ def save_components(cost: SaveCost | None, components: tuple[Component, ...]) ->
     """
     if cost is None:
         return ()
-    resident = sum(c.at(Phase.OPTIMIZER_STEP) for c in components
-                   if c.location is Location.DEVICE and c.category in _RESIDENT)
+    # ZeRO-3's flat gradient partition buffer stays (core/states/sharding.py Partition.gradients_resident)
+    resident = sum(c.at(Phase.OPTIMIZER_STEP) for c in components if c.location is Location.DEVICE
+                   and (c.category in _RESIDENT or (cost.gradients_resident and c.name == "gradients")))
     return (
         Component("save.gather", Category.WEIGHTS, Location.DEVICE, {Phase.SAVE: resident + cost.device_gather},
                   SOURCE, f"{cost.path}: {format_bytes(cost.device_gather)} gathered over "

@@ -7,8 +7,8 @@
 - :mod:`.sharding`: how DDP / ZeRO / FSDP divide each kind of state, and the communication buffers;
   :mod:`.sharding_findings`: what the user should know about the sharding setup; :mod:`.fsdp2_units`: the
   units accelerate gives FSDP2 and what each keeps gathered; :mod:`.fsdp_streams`: what FSDP's side CUDA
-  streams keep reserved beside the step; :mod:`.fsdp_qlora`: FSDP over a 4-bit base
-  (quant storage, replicated quantization state, loading);
+  streams keep reserved beside the step (:mod:`.deepspeed_streams`: DeepSpeed's); :mod:`.fsdp_qlora`: FSDP over
+  a 4-bit base (quant storage, replicated quantization state, loading);
 - :mod:`.regimes`: which precision regime applies (bf16 pure, autocast, DeepSpeed masters) and its findings;
 - :mod:`.model_states`: the components the report shows.
 
@@ -16,6 +16,7 @@ Where a new quantization scheme or adapter type goes: its bytes in :mod:`.quanti
 new module here), read by :mod:`.layout`.
 """
 
+from fitcheck.core.states.deepspeed_streams import deepspeed_side_pools
 from fitcheck.core.states.fsdp_qlora import LoadPeak, fsdp_qlora_findings, load_peak
 from fitcheck.core.states.fsdp_streams import SidePools, fsdp_side_pools
 from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
@@ -47,6 +48,7 @@ __all__ = [
     "buffer_components",
     "build_layout",
     "bytes_per_param",
+    "deepspeed_side_pools",
     "describe_regime",
     "fsdp_fp32_upcast",
     "fsdp_qlora_findings",

@@ -77,6 +77,7 @@ class SidePools:
             sharded gradients, gathered units held on a side stream).
         detail: One line for the report.
         source: Where the rules come from.
+        code: The finding's code (``deepspeed_streams.py`` gives DeepSpeed's pools its own).
     """
 
     gather: int
@@ -84,6 +85,7 @@ class SidePools:
     live: dict[Phase, int]
     detail: str
     source: str = _SRC
+    code: str = "fsdp-side-streams"
 
     def beyond_allocated(self, phase: Phase) -> int:
         """Reserved bytes the side pools add at ``phase`` beyond what the step counts as allocated."""

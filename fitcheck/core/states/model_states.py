@@ -50,6 +50,12 @@ _SRC_WEIGHTS = "parameter inventory x resident dtype (transformers from_pretrain
 _SRC_GRADS = (
     "torch autograd: .grad in the param dtype, requires_grad params only; Trainer zero_grad(set_to_none)"
 )
+_SRC_Z3_GRADS = (
+    "deepspeed 0.19.8 runtime/zero/stage3.py: grad_partitions_flat_buffer (torch.zeros of the partition's numel in "
+    "gradient_accumulation_dtype = the model dtype unless data_types.grad_accum_dtype, engine.py get_data_types) "
+    "made at optimizer init, never freed; measured on an H200: +2.47e9 B resident for Llama-3.2-1B bf16 "
+    "(benchmarks/data/trainer_gpu_nvidia_h200.json)"
+)
 _SRC_DS = "deepspeed 0.19.8 runtime/zero/stage_1_and_2.py (fp32 partition clone, fp32 grad partition at step)"
 _SRC_PEFT = (
     "peft 0.21.2 tuners_utils.py cast_adapter_dtype (adapters fp32); utils/other.py ModulesToSaveWrapper"
@@ -235,14 +241,18 @@ def _gradient_components(
     for p in PHASES:
         if part.full_gradients_between_microsteps and accum and p is not Phase.OPTIMIZER_STEP:
             by_phase[p] = grad_bytes  # FSDP no_sync: unsharded gradients kept across micro-steps
-        elif p in early and not accum:
+        elif p in early and not accum and not part.gradients_resident:
             by_phase[p] = 0
         else:
             by_phase[p] = sharded
     detail = f"{total_numel(groups):,} trainable params{_dtypes(groups)}{_share(part.gradients)}"
-    if accum:
+    source = _SRC_GRADS
+    if part.gradients_resident:
+        detail += "; ZeRO-3's flat gradient partition buffer, allocated at initialize and never freed"
+        source = _SRC_Z3_GRADS
+    elif accum:
         detail += f"; kept across {spec.batch.grad_accum} accumulation micro-steps"
-    comps = [Component("gradients", Category.GRADIENTS, Location.DEVICE, by_phase, _SRC_GRADS, detail)]
+    comps = [Component("gradients", Category.GRADIENTS, Location.DEVICE, by_phase, source, detail)]
     if has_master(spec):
         # DeepSpeed: fp32 gradient partition of one param group built for the step (single_grad_partition).
         largest_group = max(

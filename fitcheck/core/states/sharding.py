@@ -34,9 +34,10 @@ _SRC_IPG = (
     "a second one when overlap_comm (double buffering); released at the backward epilogue"
 )
 _SRC_Z3 = (
-    "deepspeed runtime/zero/stage3.py (ipg bucket of reduce_bucket_size at init) and "
-    "partitioned_param_coordinator.py (fetch the current module + prefetch_bucket_size, capped by "
-    "max_live_parameters); estimate_zero3_model_states_mem_needs counts 4 x largest layer"
+    "deepspeed runtime/zero/stage3.py (ipg bucket of reduce_bucket_size at init), partition_parameters.py "
+    "all_gather_coalesced (no gather at partition world size 1) and partitioned_param_coordinator.py (fetch the "
+    "current module + prefetch_bucket_size, capped by max_live_parameters); estimate_zero3_model_states_mem_needs "
+    "counts 4 x largest layer"
 )
 _SRC_PERSIST = "deepspeed runtime/zero/parameter_offload.py mark_persistent_parameters (numel <= threshold)"
 _SRC_OFFLOAD = "deepspeed runtime/zero/stage_1_and_2.py: temp_grad_buffer_for_gpu_offload (largest param)"
@@ -62,6 +63,11 @@ class Partition:
         params_on_host: Weights live in host RAM between uses (offload_param / FSDP cpu offload).
         gradients_on_host: Reduced gradients are copied to host (ZeRO-Offload, FSDP offload).
         full_gradients_between_microsteps: Unsharded gradients are kept across accumulation micro-steps.
+        gradients_resident: The gradient partition lives in a flat buffer allocated once and never freed (ZeRO-3
+            on the device: deepspeed 0.19.8 ``runtime/zero/stage3.py`` ``grad_partitions_flat_buffer =
+            torch.zeros(sum(p.partition_numel()), dtype=gradient_accumulation_dtype)`` at optimizer init; every
+            parameter's reduced gradient is a ``narrow`` of it), so it is alive in every phase, evaluation and
+            saving included.
         description: One line for the report.
         shard_group: Processes one copy of the states is split over (N, or GPUs per node for HYBRID_SHARD).
     """
@@ -74,6 +80,7 @@ class Partition:
     params_on_host: bool = False
     gradients_on_host: bool = False
     full_gradients_between_microsteps: bool = False
+    gradients_resident: bool = False
     description: str = "single GPU: every state replicated in full"
     shard_group: int = 1
 
@@ -111,6 +118,8 @@ def partition(spec: TrainingSpec) -> Partition:
             optimizer_on_host=off_opt,
             params_on_host=off_par,
             gradients_on_host=off_opt,
+            # offload_optimizer: the flat buffer is on the host (stage3.py self.device = cpu), pinned
+            gradients_resident=stage == 3 and not off_opt,
             description=f"DeepSpeed ZeRO-{stage} over {n} GPUs"
             + (f" + optimizer offload ({ds.offload_optimizer.value})" if off_opt and ds else "")
             + (f" + parameter offload ({ds.offload_param.value})" if off_par and ds else ""),
@@ -317,7 +326,11 @@ def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable:
     # The current module is always fetched; prefetching adds up to prefetch_bucket_size, within
     # max_live_parameters in total.
     live = max(largest, min(ds.max_live_parameters, largest + ds.prefetch_bucket_size))
-    gathered = int(live * w)
+    # One process: nothing is gathered. partition_parameters.py all_gather_coalesced returns
+    # _no_gather_coalesced when every partition world size is 1 (param.data = a view of ds_tensor, no copy);
+    # measured on a real ZeRO-3 engine on CPU (benchmarks/deepspeed_cpu.py: forward peak = ZeRO-2's + the
+    # flat gradient buffer + the ipg bucket, to 0.1 MiB).
+    gathered = int(live * w) if n > 1 else 0
     grad_of_largest = largest * elem if trainable and spec.lora is None else 0
     out.append(
         Component(
@@ -332,8 +345,8 @@ def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable:
                 }
             ),
             _SRC_Z3,
-            f"largest module {largest:,} params + prefetch {ds.prefetch_bucket_size:,} (max_live_parameters "
-            f"{ds.max_live_parameters:,}) gathered in full"
+            (f"largest module {largest:,} params + prefetch {ds.prefetch_bucket_size:,} (max_live_parameters "
+             f"{ds.max_live_parameters:,}) gathered in full" if gathered else "one process: nothing gathered")
             + (", plus its full gradient in backward" if grad_of_largest else ""),
         )
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from fitcheck.core.states import partition
 from fitcheck.core.trainers.evaluation_trl import trl_eval_forward
 from fitcheck.core.trainers.fused_head import forward_peak
 from fitcheck.core.trainers.grpo_batch import grpo_batch_error
@@ -60,7 +61,10 @@ def evaluation_component(run: TrainingSpec, train: tuple[Component, ...],
     if t.eval_batch_size is None:
         return None
     sh = run.model.shape
-    held = sum(c.at(Phase.FORWARD_END) for c in train if c.location is Location.DEVICE and c.category in _STATE)
+    # ZeRO-3's flat gradient partition buffer is never freed (core/states/sharding.py Partition.gradients_resident)
+    grads = partition(run).gradients_resident
+    held = sum(c.at(Phase.FORWARD_END) for c in train if c.location is Location.DEVICE
+               and (c.category in _STATE or (grads and c.name == "gradients")))
     b, s = run.batch.micro_batch, run.batch.seq_len
     hidden = b * s * sh.hidden_size * run.precision.load_dtype.nbytes  # the backbone output, held at the loss
     ids = 8 * b * s
