@@ -210,7 +210,7 @@ class PinnedPath:
         ``allocator_replay.replay_whole_run``, from the activation traces ``runs`` just run), or where that cannot
         run (a run the tracer does not describe as the plain Trainer step, traces that do not compose or deepen)
         the deepest trace's step replayed alone (two layer groups: ``deepest``), with the reason kept. Where the gap
-        does not enter the number (CPU, expandable segments, ``--seq_lengths``' own replay) the cheap one."""
+        does not enter the number (CPU, ``--seq_lengths``' own replay) the cheap one."""
         from fitcheck.core.loading import allocator_conf
         from fitcheck.torch_adapters.allocator_replay import replay_events, replay_whole_run
 
@@ -385,12 +385,12 @@ class PinnedPath:
 
 
 def _gap_applies(spec: TrainingSpec, seq_lengths: tuple[int, ...]) -> bool:
-    """Whether the caching allocator's gap enters the number: a CUDA device without expandable segments, and no
-    ``--seq_lengths`` (its own replay gives the gap: ``PinnedPath._with_lengths``)."""
+    """Whether the whole run's replayed gap enters the number: a CUDA device and no ``--seq_lengths`` (its own
+    replay gives the gap: ``PinnedPath._with_lengths``). With expandable segments too: the replay maps pages onto
+    one segment per pool and keeps its free holes (``core/caching``), as the H200 measured."""
     from fitcheck.spec import DeviceType
 
-    return (spec.hardware.device_type is not DeviceType.CPU and not spec.hardware.expandable_segments
-            and not seq_lengths)
+    return spec.hardware.device_type is not DeviceType.CPU and not seq_lengths
 
 
 def _reason(exc: BaseException) -> str:
@@ -404,8 +404,6 @@ def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
 
     if spec.hardware.device_type is DeviceType.CPU:
         return "; on CPU there is no caching allocator, so it does not enter the number"
-    if spec.hardware.expandable_segments:
-        return "; with expandable segments the gap is not applied (segments grow in place)"
     return ""
 
 
