@@ -269,17 +269,30 @@ class PinnedPath:
         """
         if self._headline_replay is not None:
             return self._length_gaps.get(_cache_key(spec), self._headline_replay)
-        from fitcheck.torch_adapters.allocator_replay import replay_lengths
-
         lengths = tuple(min(n, spec.batch.seq_len) for n in self.seq_lengths)
         replay = self._replay_asked(
-            lambda: replay_lengths(spec, lengths),
+            lambda: self._lengths_replayed(spec, lengths),
             "--seq_lengths replays the traced step through the caching allocator and needs torch and transformers: "
             "install them, or drop --seq_lengths",
             "--seq_lengths: the step of this model could not be traced for the allocator replay ({}); drop "
             "--seq_lengths to use the published 11 % gap")
         self._length_gaps[_cache_key(spec)] = self._headline_replay = replay
         return replay
+
+    def _lengths_replayed(self, spec: TrainingSpec, lengths: tuple[int, ...]) -> Any:
+        """The steps of ``lengths`` replayed at the full depth with the optimizer (``replay_whole_lengths``) where
+        the run is the plain Trainer's and its traces compose and deepen, else each length's step at two layer
+        groups (``replay_lengths``)."""
+        from fitcheck.torch_adapters.allocator_compose import ComposeError
+        from fitcheck.torch_adapters.allocator_deepen import DeepenError
+        from fitcheck.torch_adapters.allocator_replay import replay_lengths, replay_whole_lengths
+
+        if plain_trainer_run(spec):
+            try:
+                return replay_whole_lengths(spec, lengths, optimizer_traces=self._optimizer_traces)
+            except (ComposeError, DeepenError):
+                pass
+        return replay_lengths(spec, lengths)
 
     def _replay_asked(self, replay: Callable[[], Any], no_torch: str, failed: str) -> Any:
         """An allocator replay a flag asked for: torch missing (``no_torch``) or a trace that cannot run
@@ -433,7 +446,7 @@ def _lengths_finding(spec: TrainingSpec, replay: Any, alone: Any, released: Repo
 
     lengths = ",".join(str(n) for n in replay.lengths)
     said = (f"the caching allocator replayed {len(replay.lengths)} steps padded to {lengths} tokens (this run's "
-            f"step traced at two layer groups, torch's allocator rules: fitcheck/core/caching): reserved - "
+            f"steps traced, torch's allocator rules: fitcheck/core/caching): reserved - "
             f"allocated = {replay.gap_fraction:.0%} of the step's own tensors ({alone.gap_fraction:.0%} for the "
             f"longest step alone)")
     if released is not None:

@@ -234,6 +234,16 @@ class CachingAllocator:
             block.size += other.size
         pool.insert(block)
 
+    def empty_cache(self) -> None:
+        """``emptyCache``: ``release_cached_blocks``, what a failed ``cudaMalloc`` also runs before its retry."""
+        self._release_cached()
+        self.stats.retries -= 1  # emptyCache is not a retry (alloc_block counts num_alloc_retries)
+
+    def reset_peak_stats(self) -> None:
+        """``resetPeakStats``: the peaks start again from the current figures."""
+        self.stats.peak_allocated, self.stats.peak_reserved = self.stats.allocated, self.stats.reserved
+        self.stats.region_peaks.clear()
+
     def inactive_split_bytes(self) -> int:
         """``inactive_split_bytes``: cached free blocks inside segments that also hold live blocks.
 
