@@ -113,7 +113,7 @@ def load_phase(spec: TrainingSpec, capacity: int | None = None) -> LoadPhase | N
 
 
 def _load_phase(spec: TrainingSpec, capacity: int | None) -> LoadPhase:
-    events = load_events(spec)
+    events = load_events(spec, capacity)
     prep = prepare_events(spec, events)
     alloc = CachingAllocator(allocator_conf(spec), capacity)
     try:
