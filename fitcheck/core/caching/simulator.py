@@ -244,6 +244,16 @@ class CachingAllocator:
         self.stats.peak_allocated, self.stats.peak_reserved = self.stats.allocated, self.stats.reserved
         self.stats.region_peaks.clear()
 
+    def oversize_cached_bytes(self) -> int:
+        """Cached free blocks of at least ``max_split_size`` (0 without it): ``get_free_block`` gives them only to a
+        request within ``max_non_split_rounding`` of their size, and they go back to the driver only when a
+        ``cudaMalloc`` fails (``release_available_cached_blocks``, oversize blocks first) or on ``emptyCache``."""
+        split_max = self.conf.max_split_size
+        if split_max is None:
+            return 0
+        return sum(b.size for pool in self.pools.values() for b in pool.by_key.values()
+                   if b.size >= split_max and not b.expandable)
+
     def inactive_split_bytes(self) -> int:
         """``inactive_split_bytes``: cached free blocks inside segments that also hold live blocks.
 
