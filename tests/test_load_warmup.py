@@ -33,6 +33,7 @@ def test_warmup_block_is_every_parameter_once() -> None:
     assert warmup_bytes(spec) == 2 * spec.model.total_params  # bf16, the tied head not counted again
     nf4 = _spec(load_in_4bit=True, bnb_4bit_quant_type="nf4")
     assert warmup_bytes(nf4) < warmup_bytes(spec) // 2  # quantized linear weights at 0.5 byte per element
+    assert warmup_bytes(_spec(num_processes=2)) == 0  # DDP: TRL loads with device_map=None, no warm-up
 
 
 def test_weights_are_carved_out_of_the_warmup_block() -> None:

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.core.states import base_weights, is_quantized, quantized_bytes
-from fitcheck.spec import Dtype, ParamEntry, TrainingSpec
+from fitcheck.spec import Dtype, ParamEntry, Strategy, TrainingSpec
 
 _CODE_4BIT = 16 * 4  # get_4bit_type: 16 fp32 code values, a new tensor per weight
 _CODE_DYNAMIC = 256 * 4  # quantize_blockwise: QuantState(code=code.to(A.device, copy=True)): a copy per weight
@@ -154,11 +154,13 @@ def warmup_bytes(spec: TrainingSpec, capacity: int | None = None) -> int:
         capacity: The device's bytes, if known (the block is at most that less 1.2 GiB).
 
     Returns:
-        Bytes requested: ``byte_count // 2`` fp16 elements. A non-bitsandbytes quantized base is left at 0 (its
-        quantizers size their parameters their own way; not modelled).
+        Bytes requested: ``byte_count // 2`` fp16 elements. 0 under DDP: trl 1.16 ``SFTTrainer`` loads with
+        ``device_map=None`` for ``MULTI_GPU`` (``sft_trainer.py``: "Distributed training requires device_map=None"),
+        and without a ``device_map`` there is no warm-up; 0 for a non-bitsandbytes quantized base (its quantizers
+        size their parameters their own way; not modelled).
     """
     quant = spec.quant
-    if quant is not None and quant.method != "bitsandbytes":
+    if (quant is not None and quant.method != "bitsandbytes") or spec.sharding.strategy is Strategy.DDP:
         return 0
     load = spec.precision.load_dtype.nbytes
     total = 0.0
