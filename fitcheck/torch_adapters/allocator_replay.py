@@ -43,6 +43,8 @@ class StepReplay:
         transient: The steps' own bytes at the allocated peak (``peak_allocated - persistent``).
         gap_fraction: ``(peak_reserved - peak_allocated) / transient``.
         lengths: The sequence lengths replayed, in order.
+        step_reserved: ``max_memory_reserved`` after each replayed trace (one per length), what
+            ``benchmarks/gpu_truth_step.py`` records per step (``measured.per_step``).
     """
 
     peak_allocated: int
@@ -51,6 +53,7 @@ class StepReplay:
     transient: int
     gap_fraction: float
     lengths: tuple[int, ...]
+    step_reserved: tuple[int, ...] = ()
 
 
 def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: AllocatorConf | None = None,
@@ -76,6 +79,7 @@ def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: Alloca
     alloc = CachingAllocator(conf)
     handles = itertools.count(1)
     persistent = 0
+    step_reserved: list[int] = []
     for k, events in enumerate(traces):
         if k == release_before:
             alloc.empty_cache()
@@ -96,10 +100,11 @@ def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: Alloca
             persistent = max(persistent, _after_warmup(events, alloc))
             if persistent_after_first:
                 persistent = max(persistent, alloc.stats.allocated)
+        step_reserved.append(alloc.stats.peak_reserved)
     s = alloc.stats
     transient = max(s.peak_allocated - persistent, 1)
     return StepReplay(s.peak_allocated, s.peak_reserved, persistent, transient,
-                      (s.peak_reserved - s.peak_allocated) / transient, tuple(lengths))
+                      (s.peak_reserved - s.peak_allocated) / transient, tuple(lengths), tuple(step_reserved))
 
 
 def _after_warmup(events: Sequence[tuple[int, int, str]], alloc: CachingAllocator) -> int:
