@@ -265,12 +265,16 @@ def _estimate(values: Mapping[str, object]) -> dict[str, Any]:
     from fitcheck.cli import spec_from_values
     from fitcheck.core import estimate
     from fitcheck.core.loading import load_phase
+    from fitcheck.readers import parse_seq_lengths
     from fitcheck.render import report_to_dict
     from fitcheck.torch_adapters import PinnedPath
 
     spec, _ = spec_from_values(values, {})
     formula = estimate(spec)
-    report = PinnedPath("auto")(spec)  # what `fitcheck estimate` answers for these flags (fitcheck.cli.estimate)
+    # what `fitcheck estimate` answers for these flags (fitcheck.cli.estimate build_report: --seq_lengths goes to
+    # the path, not the spec)
+    lengths = parse_seq_lengths(str(values["seq_lengths"])) if values.get("seq_lengths") else ()
+    report = PinnedPath("auto", seq_lengths=lengths)(spec)
     as_dict = report_to_dict(report)
     lp = load_phase(spec, spec.hardware.gpu_memory_bytes)
     load = {} if lp is None else {"load_peak_allocated": lp.peak_allocated, "load_peak_reserved": lp.peak_reserved,

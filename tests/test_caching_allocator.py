@@ -107,6 +107,66 @@ def test_max_split_size_keeps_oversize_blocks_whole() -> None:
     assert (s.allocated, s.reserved) == (20 * MIB, 40 * MIB)
 
 
+EXPANDABLE = parse_alloc_conf("expandable_segments:True")
+
+
+def test_expandable_release_unmaps_free_pages_anywhere() -> None:
+    # release_blocks -> unmap_block on every free block of the segment: a free hole between live blocks returns
+    # its whole pages (the old replay unmapped only free pages at the segment's end: 80 MiB stayed reserved)
+    alloc = CachingAllocator(EXPANDABLE)
+    alloc.malloc(1, 40 * MIB)
+    alloc.malloc(2, 40 * MIB)
+    alloc.free(1)
+    alloc.empty_cache()
+    assert (alloc.stats.reserved, alloc.stats.retries) == (40 * MIB, 0)  # emptyCache is not an alloc retry
+    # find_expandable_block: the lowest-addressed unmapped range with room is mapped again before the end
+    alloc.malloc(3, 30 * MIB)
+    alloc.malloc(4, 10 * MIB)  # the rest of the 2 remapped 20 MiB pages (should_split: any remainder >= 512 B)
+    assert alloc.stats.reserved == 80 * MIB
+
+
+def test_expandable_unmap_keeps_pages_shared_with_live_blocks() -> None:
+    # ExpandableSegment::unmap rounds in: of a free 25 MiB block from 15 MiB to 40 MiB only the page 20-40 MiB
+    # goes; 15-20 MiB stays mapped (its page holds the live 15 MiB block)
+    alloc = CachingAllocator(EXPANDABLE)
+    alloc.malloc(1, 15 * MIB)
+    alloc.malloc(2, 25 * MIB)
+    alloc.malloc(3, 20 * MIB)
+    alloc.free(2)
+    alloc.empty_cache()
+    assert alloc.stats.reserved == 40 * MIB
+    # a 5 MiB request is served by the mapped 5 MiB left before the hole: nothing mapped
+    alloc.malloc(4, 5 * MIB)
+    assert alloc.stats.reserved == 40 * MIB
+
+
+def test_expandable_allocation_maps_across_a_hole() -> None:
+    # try_allocate_expandable_block: a free block, the unmapped hole after it and the free space beyond are one
+    # candidate when together they hold the request; only the hole's pages are mapped
+    alloc = CachingAllocator(EXPANDABLE)
+    alloc.malloc(1, 15 * MIB)
+    alloc.malloc(2, 25 * MIB)
+    alloc.malloc(3, 20 * MIB)
+    alloc.free(2)
+    alloc.empty_cache()  # 15-20 MiB free and mapped, 20-40 MiB unmapped
+    alloc.malloc(5, 25 * MIB)  # 15-40 MiB: maps the one page back, not two pages at the end
+    assert (alloc.stats.reserved, alloc.stats.allocated) == (60 * MIB, 60 * MIB)
+
+
+def test_oversize_cached_blocks() -> None:
+    # with max_split_size a freed oversize block is cached whole and serves no smaller request (get_free_block);
+    # release_available_cached_blocks returns it when a cudaMalloc fails, without counting a retry
+    alloc = CachingAllocator(parse_alloc_conf("max_split_size_mb:128"), capacity=400 * MIB)
+    alloc.malloc(1, 300 * MIB)
+    alloc.free(1)
+    assert alloc.oversize_cached_bytes() == 300 * MIB
+    alloc.malloc(2, 100 * MIB)
+    assert alloc.stats.reserved == 400 * MIB
+    alloc.malloc(3, 150 * MIB)  # 300 >= 150 + kLargeBuffer: not taken; no room: the oversize block is released
+    assert (alloc.stats.reserved, alloc.stats.retries, alloc.oversize_cached_bytes()) == (250 * MIB, 0, 0)
+    assert CachingAllocator().oversize_cached_bytes() == 0
+
+
 def test_release_cached_blocks_before_out_of_memory() -> None:
     # malloc: alloc_block fails at the capacity -> release_cached_blocks (unsplit cached blocks) -> retry
     alloc = CachingAllocator(capacity=40 * MIB)

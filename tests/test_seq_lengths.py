@@ -93,19 +93,20 @@ def test_cli_replays_lengths_that_vary(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_the_replayed_gap_enters_the_reserved_figure() -> None:
     """The estimate's reserved bytes are allocated + the replay's gap fraction x the step's transient bytes
-    (``core/allocator.py reserved_bytes``), with the fraction from ``replay_step`` over the given lengths."""
+    (``core/allocator.py reserved_bytes``), with the fraction from the whole run over the given lengths
+    (``replay_whole_lengths``: every layer, the optimizer)."""
     from dataclasses import replace
 
     from benchmarks.cpu_truth import Row, spec_for
     from fitcheck.core import estimate
     from fitcheck.spec import DeviceType
-    from fitcheck.torch_adapters import PinnedPath, replay_step
+    from fitcheck.torch_adapters import PinnedPath, replay_whole_lengths
 
     spec = spec_for(Row("lengths", LLAMA, seq=256, batch=2, dtype="bfloat16", optim="adamw_torch"))
     spec = replace(spec, hardware=replace(spec.hardware, device_type=DeviceType.CUDA))
     lengths = (64, 256, 128, 256)
     report = PinnedPath("always", seq_lengths=lengths)(spec)
-    replayed = replay_step(spec, lengths)
+    replayed = replay_whole_lengths(spec, lengths)[0]
     comps, _ = PinnedPath("always").activations(spec)
     expected = estimate(spec, activations=comps, gap_fraction=replayed.gap_fraction)
     assert report.peak_reserved_bytes == expected.peak_reserved_bytes
@@ -123,12 +124,12 @@ def test_above_the_gpu_the_allocator_releases_its_cache_and_retries() -> None:
     from benchmarks.cpu_truth import Row, spec_for
     from fitcheck.core import estimate
     from fitcheck.spec import DeviceType
-    from fitcheck.torch_adapters import PinnedPath, replay_lengths
+    from fitcheck.torch_adapters import PinnedPath, replay_whole_lengths
 
     spec = spec_for(Row("lengths", LLAMA, seq=256, batch=2, dtype="bfloat16", optim="adamw_torch"))
     spec = replace(spec, hardware=replace(spec.hardware, device_type=DeviceType.CUDA, gpu_memory_bytes=80 * 2**30))
     lengths = (64, 128, 192, 256)
-    sequence, alone = replay_lengths(spec, lengths)
+    sequence, alone = replay_whole_lengths(spec, lengths)
     assert sequence.gap_fraction > alone.gap_fraction  # shortest first leaves segments the longest cannot reuse
     comps, _ = PinnedPath("always").activations(spec)
     high = estimate(spec, activations=comps, gap_fraction=sequence.gap_fraction).device_used_bytes

@@ -192,10 +192,11 @@ def estimate(
     device_used = peak_reserved + outside
     budget = spec.hardware.gpu_memory_bytes
     released = False
-    if device_used > budget and step_reserved > own_reserved:
-        # above the GPU, torch's allocator releases every unsplit cached segment, the side streams' free ones
-        # included, and retries (CUDACachingAllocator.cpp malloc -> release_cached_blocks) before it raises
-        without = max(run_reserved(own_reserved, loaded), save_reserved)
+    if device_used > budget and (step_reserved > own_reserved or (loaded is not None and loaded.oversize_cached)):
+        # above the GPU, torch's allocator releases the oversize cached blocks, then every unsplit cached segment,
+        # the side streams' free ones included, and retries (CUDACachingAllocator.cpp malloc ->
+        # release_available_cached_blocks, release_cached_blocks) before it raises
+        without = max(run_reserved(own_reserved, loaded, released=True), save_reserved)
         if without + outside <= budget:
             released, peak_reserved, device_used = True, without, without + outside
     host = sum(c.peak_bytes for c in components if c.location is Location.HOST)

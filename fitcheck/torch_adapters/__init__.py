@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         replay_lengths,
         replay_steady_state,
         replay_step,
+        replay_whole_lengths,
         replay_whole_run,
         whole_run_events,
     )
@@ -94,6 +95,7 @@ _WHERE = {
     "replay_events": "allocator_replay",
     "replay_lengths": "allocator_replay",
     "replay_step": "allocator_replay",
+    "replay_whole_lengths": "allocator_replay",
     "replay_deepened": "allocator_replay",
     "replay_steady_state": "allocator_replay",
     "replay_whole_run": "allocator_replay",
@@ -155,6 +157,7 @@ __all__ = [
     "replay_lengths",
     "replay_steady_state",
     "replay_step",
+    "replay_whole_lengths",
     "replay_whole_run",
     "trace_components",
     "trace_extrapolated",

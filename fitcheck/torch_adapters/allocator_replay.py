@@ -43,6 +43,8 @@ class StepReplay:
         transient: The steps' own bytes at the allocated peak (``peak_allocated - persistent``).
         gap_fraction: ``(peak_reserved - peak_allocated) / transient``.
         lengths: The sequence lengths replayed, in order.
+        step_reserved: ``max_memory_reserved`` after each replayed trace (one per length), what
+            ``benchmarks/gpu_truth_step.py`` records per step (``measured.per_step``).
     """
 
     peak_allocated: int
@@ -51,10 +53,12 @@ class StepReplay:
     transient: int
     gap_fraction: float
     lengths: tuple[int, ...]
+    step_reserved: tuple[int, ...] = ()
 
 
 def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: AllocatorConf | None = None,
-                  lengths: Sequence[int] = ()) -> StepReplay:
+                  lengths: Sequence[int] = (), persistent_after_first: bool = False,
+                  release_before: int = -1) -> StepReplay:
     """Replay traced steps through the caching allocator.
 
     Args:
@@ -63,6 +67,11 @@ def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: Alloca
             first trace's).
         conf: Allocator settings.
         lengths: The sequence length of each trace (for the result).
+        persistent_after_first: Count what the first trace leaves allocated as persistent (its optimizer states
+            included, where its step is not a warm-up step).
+        release_before: Before this trace, return the cached blocks (``empty_cache``: what a failed
+            ``cudaMalloc`` does before its retry) and restart the peaks: the peaks are that trace's and the later
+            ones'.
 
     Returns:
         Peaks and the allocator's gap over the transient bytes.
@@ -70,7 +79,11 @@ def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: Alloca
     alloc = CachingAllocator(conf)
     handles = itertools.count(1)
     persistent = 0
+    step_reserved: list[int] = []
     for k, events in enumerate(traces):
+        if k == release_before:
+            alloc.empty_cache()
+            alloc.reset_peak_stats()
         live: dict[int, int] = {}
         for serial, signed, tag in events:
             if k and (tag == "setup" or tag.endswith("_warmup")):
@@ -85,10 +98,13 @@ def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: Alloca
                 alloc.free(live.pop(serial))
         if k == 0:
             persistent = max(persistent, _after_warmup(events, alloc))
+            if persistent_after_first:
+                persistent = max(persistent, alloc.stats.allocated)
+        step_reserved.append(alloc.stats.peak_reserved)
     s = alloc.stats
     transient = max(s.peak_allocated - persistent, 1)
     return StepReplay(s.peak_allocated, s.peak_reserved, persistent, transient,
-                      (s.peak_reserved - s.peak_allocated) / transient, tuple(lengths))
+                      (s.peak_reserved - s.peak_allocated) / transient, tuple(lengths), tuple(step_reserved))
 
 
 def _after_warmup(events: Sequence[tuple[int, int, str]], alloc: CachingAllocator) -> int:
@@ -196,11 +212,51 @@ def replay_deepened(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepReplay
     return replay_steady_state(spec, steps)
 
 
-def whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: int = STEADY_STEPS,
-                     optimizer_traces: dict[str, Any] | None = None) -> list[tuple[int, int, str]]:
-    """The allocation events :func:`replay_whole_run` replays: the whole run at the full depth, composed from the
-    one-step activation traces and the optimizer traced alone (``benchmarks/deepspeed_reserved_replay.py`` rewrites
-    them into DeepSpeed's run).
+def replay_whole_lengths(spec: TrainingSpec, seq_lengths: Sequence[int],
+                         optimizer_traces: dict[str, Any] | None = None) -> tuple[StepReplay, StepReplay]:
+    """The run's steps at ``seq_lengths`` (one step per padded length, in order), every layer and the optimizer.
+
+    What a dataloader that pads each batch to its longest row runs, and what ``benchmarks/gpu_truth_step.py``
+    runs for a row with ``lengths``: the first step creates the optimizer's states, each later step starts from
+    the blocks the earlier ones left cached. Each length's run is composed and deepened as in
+    :func:`replay_whole_run` (the first as one step, the others as a warm-up step and the measured one, of which
+    only the measured one is replayed: :func:`replay_events`). Two layer groups do not carry to the full depth
+    (the module docstring; on the H200's Llama-3.2-1B rows the two-group replay of these lengths was +5 % .. +20 %
+    over ``max_memory_reserved``), so the whole depth is replayed.
+
+    Args:
+        spec: The training spec (a plain Trainer step: ``pinned_path.traceable``).
+        seq_lengths: Padded lengths of successive steps.
+        optimizer_traces: A cache of optimizer traces shared between calls.
+
+    Returns:
+        (the sequence's replay, the longest length's step after the earlier steps' cached blocks were returned
+        (``release_cached_blocks``, what a failed ``cudaMalloc`` runs before its retry): its peaks alone). In
+        both ``persistent`` is what the first step leaves allocated (parameters and optimizer states), so
+        ``gap_fraction`` is over the bytes a step allocates and frees, as the estimate's transient components
+        count them.
+
+    Raises:
+        ComposeError, DeepenError: The traces do not compose or deepen (the caller falls back).
+    """
+    cache = {} if optimizer_traces is None else optimizer_traces
+    runs: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
+    traces = []
+    for k, n in enumerate(seq_lengths):
+        key = (n, 1 if k == 0 else 2)
+        if key not in runs:
+            runs[key] = _whole_run_events(spec, (), key[1], cache, seq_len=n)
+        traces.append(runs[key])
+    conf = allocator_conf(spec)
+    at = list(seq_lengths).index(max(seq_lengths))
+    return (replay_events(traces, conf, tuple(seq_lengths), persistent_after_first=True),
+            replay_events(traces[:at + 1], conf, tuple(seq_lengths[:at + 1]), persistent_after_first=True,
+                          release_before=at))
+
+
+def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: int = STEADY_STEPS,
+                     optimizer_traces: dict[str, Any] | None = None) -> StepReplay:
+    """:func:`replay_steady_state` from the one-step activation traces the answer has already run.
 
     The forward and backward of every step are those of the spec's step traced without an optimizer at the depths
     of ``tracer_depth.depth_plan`` (``PinnedPath``'s activation traces: ``step_runs``); only the optimizer's steps are
@@ -218,11 +274,41 @@ def whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
             the optimizer, not on the sequence, micro-batch or checkpointing), shared between calls.
 
     Returns:
+        The replay's peaks over all steps.
+
+    Raises:
+        ComposeError, DeepenError: The traces do not compose or deepen (the caller falls back).
+    """
+    events = _whole_run_events(spec, step_runs, steps, optimizer_traces)
+    return replay_events([events], allocator_conf(spec), (spec.batch.seq_len,))
+
+
+def whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: int = STEADY_STEPS,
+                     optimizer_traces: dict[str, Any] | None = None) -> list[tuple[int, int, str]]:
+    """The allocation events :func:`replay_whole_run` replays: the whole run at the full depth, composed from the
+    one-step activation traces and the optimizer traced alone (``benchmarks/deepspeed_reserved_replay.py`` rewrites
+    them into DeepSpeed's run).
+
+    Args:
+        spec: The training spec (a plain Trainer step: ``pinned_path.traceable``).
+        step_runs: ``tracer.trace_step(optimizer=None, steps=1)`` results at the depths of ``depth_plan``, or
+            empty to trace them here.
+        steps: Steps in the run (the last is the measured one).
+        optimizer_traces: A cache of optimizer traces, shared between calls.
+
+    Returns:
         ``(storage serial, +bytes allocated / -bytes freed, region allocated in)`` for every event of the run.
 
     Raises:
         ComposeError, DeepenError: The traces do not compose or deepen (the caller falls back).
     """
+    return _whole_run_events(spec, step_runs, steps, optimizer_traces)
+
+
+def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
+                      optimizer_traces: dict[str, Any] | None, seq_len: int | None = None,
+                      ) -> list[tuple[int, int, str]]:
+    """The events of :func:`replay_whole_run` (at ``seq_len`` when given, else the spec's length)."""
     from fitcheck.torch_adapters.allocator_compose import whole_run
     from fitcheck.torch_adapters.allocator_deepen import DeepenError, deepen
     from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
@@ -232,6 +318,8 @@ def whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
 
     config = spec.model.config
     kwargs = trace_kwargs(spec)
+    if seq_len is not None:
+        kwargs["seq_len"] = seq_len
     plan = depth_plan(config, spec.freeze)
     if len(plan) == 2 and config_layers(config) % layer_group(config):
         raise DeepenError(f"{config_layers(config)} layers are not whole {layer_group(config)}-layer groups")
@@ -250,29 +338,7 @@ def whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
     if len(composed) == 1:
         return list(composed[0][0])
     (one, one_starts), (two, two_starts) = composed
-    return deepen(one, two, config_layers(config) // layer_group(config), (one_starts, two_starts))
-
-
-def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: int = STEADY_STEPS,
-                     optimizer_traces: dict[str, Any] | None = None) -> StepReplay:
-    """:func:`replay_steady_state` from the one-step activation traces the answer has already run
-    (:func:`whole_run_events` replayed).
-
-    Args:
-        spec: The training spec (a plain Trainer step: ``pinned_path.traceable``).
-        step_runs: ``tracer.trace_step(optimizer=None, steps=1)`` results at the depths of ``depth_plan``, or
-            empty to trace them here.
-        steps: Steps in the run (the last is the measured one).
-        optimizer_traces: A cache of optimizer traces, shared between calls.
-
-    Returns:
-        The replay's peaks over all steps.
-
-    Raises:
-        ComposeError, DeepenError: The traces do not compose or deepen (the caller falls back).
-    """
-    events = whole_run_events(spec, step_runs, steps, optimizer_traces)
-    return replay_events([events], allocator_conf(spec), (spec.batch.seq_len,))
+    return list(deepen(one, two, config_layers(config) // layer_group(config), (one_starts, two_starts)))
 
 
 def replay_step(spec: TrainingSpec, seq_lengths: Sequence[int] | None = None) -> StepReplay:

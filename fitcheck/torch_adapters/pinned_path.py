@@ -210,7 +210,7 @@ class PinnedPath:
         ``allocator_replay.replay_whole_run``, from the activation traces ``runs`` just run), or where that cannot
         run (a run the tracer does not describe as the plain Trainer step, traces that do not compose or deepen)
         the deepest trace's step replayed alone (two layer groups: ``deepest``), with the reason kept. Where the gap
-        does not enter the number (CPU, expandable segments, ``--seq_lengths``' own replay) the cheap one."""
+        does not enter the number (CPU, ``--seq_lengths``' own replay) the cheap one."""
         from fitcheck.core.loading import allocator_conf
         from fitcheck.torch_adapters.allocator_replay import replay_events, replay_whole_run
 
@@ -269,17 +269,30 @@ class PinnedPath:
         """
         if self._headline_replay is not None:
             return self._length_gaps.get(_cache_key(spec), self._headline_replay)
-        from fitcheck.torch_adapters.allocator_replay import replay_lengths
-
         lengths = tuple(min(n, spec.batch.seq_len) for n in self.seq_lengths)
         replay = self._replay_asked(
-            lambda: replay_lengths(spec, lengths),
+            lambda: self._lengths_replayed(spec, lengths),
             "--seq_lengths replays the traced step through the caching allocator and needs torch and transformers: "
             "install them, or drop --seq_lengths",
             "--seq_lengths: the step of this model could not be traced for the allocator replay ({}); drop "
             "--seq_lengths to use the published 11 % gap")
         self._length_gaps[_cache_key(spec)] = self._headline_replay = replay
         return replay
+
+    def _lengths_replayed(self, spec: TrainingSpec, lengths: tuple[int, ...]) -> Any:
+        """The steps of ``lengths`` replayed at the full depth with the optimizer (``replay_whole_lengths``) where
+        the run is the plain Trainer's and its traces compose and deepen, else each length's step at two layer
+        groups (``replay_lengths``)."""
+        from fitcheck.torch_adapters.allocator_compose import ComposeError
+        from fitcheck.torch_adapters.allocator_deepen import DeepenError
+        from fitcheck.torch_adapters.allocator_replay import replay_lengths, replay_whole_lengths
+
+        if plain_trainer_run(spec):
+            try:
+                return replay_whole_lengths(spec, lengths, optimizer_traces=self._optimizer_traces)
+            except (ComposeError, DeepenError):
+                pass
+        return replay_lengths(spec, lengths)
 
     def _replay_asked(self, replay: Callable[[], Any], no_torch: str, failed: str) -> Any:
         """An allocator replay a flag asked for: torch missing (``no_torch``) or a trace that cannot run
@@ -386,12 +399,12 @@ class PinnedPath:
 
 
 def _gap_applies(spec: TrainingSpec, seq_lengths: tuple[int, ...]) -> bool:
-    """Whether the caching allocator's gap enters the number: a CUDA device without expandable segments, and no
-    ``--seq_lengths`` (its own replay gives the gap: ``PinnedPath._with_lengths``)."""
+    """Whether the whole run's replayed gap enters the number: a CUDA device and no ``--seq_lengths`` (its own
+    replay gives the gap: ``PinnedPath._with_lengths``). With expandable segments too: the replay maps pages onto
+    one segment per pool and keeps its free holes (``core/caching``), as the H200 measured."""
     from fitcheck.spec import DeviceType
 
-    return (spec.hardware.device_type is not DeviceType.CPU and not spec.hardware.expandable_segments
-            and not seq_lengths)
+    return spec.hardware.device_type is not DeviceType.CPU and not seq_lengths
 
 
 def _reason(exc: BaseException) -> str:
@@ -405,8 +418,6 @@ def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
 
     if spec.hardware.device_type is DeviceType.CPU:
         return "; on CPU there is no caching allocator, so it does not enter the number"
-    if spec.hardware.expandable_segments:
-        return "; with expandable segments the gap is not applied (segments grow in place)"
     return ""
 
 
@@ -436,7 +447,7 @@ def _lengths_finding(spec: TrainingSpec, replay: Any, alone: Any, released: Repo
 
     lengths = ",".join(str(n) for n in replay.lengths)
     said = (f"the caching allocator replayed {len(replay.lengths)} steps padded to {lengths} tokens (this run's "
-            f"step traced at two layer groups, torch's allocator rules: fitcheck/core/caching): reserved - "
+            f"steps traced, torch's allocator rules: fitcheck/core/caching): reserved - "
             f"allocated = {replay.gap_fraction:.0%} of the step's own tensors ({alone.gap_fraction:.0%} for the "
             f"longest step alone)")
     if released is not None:

@@ -1,8 +1,9 @@
 """torch's CUDA caching allocator, replayed: what ``max_memory_reserved`` holds for a sequence of allocations.
 
 - :mod:`.conf`: ``PYTORCH_CUDA_ALLOC_CONF`` parsed from a string the caller passes in (torch's ``AllocatorConfig``);
-- :mod:`.simulator`: the allocator's pools, rounding, best-fit, splitting, merging, releasing and expandable
-  segments (torch's ``CUDACachingAllocator.cpp``), driven by ``(alloc, free)`` events.
+- :mod:`.simulator`: the allocator's pools, rounding, best-fit, splitting, merging and releasing (torch's
+  ``CUDACachingAllocator.cpp``), driven by ``(alloc, free)`` events; :mod:`.blocks` its blocks and pools;
+  :mod:`.expandable` expandable segments (pages mapped and unmapped anywhere in one segment per pool).
 
 Pure: no torch, no environment.
 """

@@ -20,11 +20,10 @@ torch 2.13; quoted names are its functions), single stream, no CUDA graphs:
 * ``free_block`` / ``try_merge_blocks``: a freed block merges with free neighbours of its segment.
 * ``malloc``: free block, else (``garbage_collect_cached_blocks`` when a memory fraction is set and
   ``garbage_collection_threshold > 0``) ``alloc_block``, else ``release_available_cached_blocks`` (oversize
-  blocks, with ``max_split_size`` set) and retry, else ``release_cached_blocks`` (every unsplit cached block)
-  and retry, else out of memory.
-* Expandable segments (``try_allocate_expandable_block``, ``map_block``): one segment per pool that maps pages
-  (2 MiB small pool, 20 MiB large pool) at its end, merging with a free tail block. Simplification: on a
-  retry, only free whole pages at the segment's end are unmapped (torch unmaps free pages anywhere).
+  blocks, with ``max_split_size`` set) and retry, else ``release_cached_blocks`` (every unsplit cached block,
+  every free page of an expandable segment) and retry (``num_alloc_retries`` counts only this one:
+  ``alloc_block(..., isRetry=true)``), else out of memory.
+* Expandable segments: :mod:`.expandable` (``find_expandable_block``, ``map_block``, ``unmap_block``).
 
 Pure: no torch, no environment.
 """
@@ -35,7 +34,9 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from fitcheck.core.caching.blocks import Block, BlockPool
 from fitcheck.core.caching.conf import K_LARGE_BUFFER, AllocatorConf
+from fitcheck.core.caching.expandable import try_allocate_expandable_block, unmap_block
 
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize
 K_SMALL_SIZE = 1024**2  # kSmallSize
@@ -86,46 +87,6 @@ def allocation_size(size: int) -> int:
     return _round_up(size, K_ROUND_LARGE)
 
 
-@dataclass(eq=False)
-class _Block:
-    ptr: int
-    size: int
-    small: bool
-    allocated: bool = False
-    mapped: bool = True
-    expandable: bool = False
-    prev: _Block | None = None
-    next: _Block | None = None
-    gc_base: int = 0
-
-    @property
-    def is_split(self) -> bool:
-        return self.prev is not None or self.next is not None
-
-    def key(self) -> tuple[int, int]:
-        return (self.size, self.ptr)
-
-
-@dataclass
-class _Pool:
-    small: bool
-    free: list[tuple[int, int]] = field(default_factory=list)  # (size, ptr), sorted
-    by_key: dict[tuple[int, int], _Block] = field(default_factory=dict)
-    calls: int = 0  # get_free_blocks_call_count
-    tail: _Block | None = None  # expandable segment: its last (unmapped) block
-
-    def insert(self, b: _Block) -> None:
-        b.gc_base = self.calls
-        bisect.insort(self.free, b.key())
-        self.by_key[b.key()] = b
-
-    def remove(self, b: _Block) -> None:
-        k = b.key()
-        i = bisect.bisect_left(self.free, k)
-        del self.free[i]
-        del self.by_key[k]
-
-
 @dataclass
 class AllocatorStats:
     """What ``torch.cuda.memory_stats`` would report after a replay.
@@ -165,10 +126,10 @@ class CachingAllocator:
         self.conf = conf or AllocatorConf()
         self.capacity = capacity
         self.limit = memory_fraction_limit
-        self.pools = {True: _Pool(True), False: _Pool(False)}
+        self.pools = {True: BlockPool(True), False: BlockPool(False)}
         self.stats = AllocatorStats()
         self._next_ptr = 0
-        self._live: dict[int, _Block] = {}
+        self._live: dict[int, Block] = {}
         self._region = ""
 
     # --- the public surface --------------------------------------------------------------------------
@@ -200,11 +161,8 @@ class CachingAllocator:
             if block is None:
                 raise OutOfMemory(f"{nbytes} B requested with {self.stats.reserved} B reserved")
         if self._should_split(block, size):
-            rest = _Block(block.ptr + size, block.size - size, small, expandable=block.expandable,
-                          prev=block, next=block.next)
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
+            rest = Block(block.ptr + size, block.size - size, small, expandable=block.expandable)
+            rest.splice(block, block.next)
             block.size = size
             pool.insert(rest)
         block.allocated = True
@@ -225,21 +183,24 @@ class CachingAllocator:
         block.allocated = False
         self.stats.allocated -= block.size
         pool = self.pools[block.small]
-        for other in (block.prev, block.next):
-            if other is None or other.allocated or other.mapped != block.mapped:
-                continue
-            if other.mapped:
-                pool.remove(other)
-            if other is block.prev:
-                block.ptr, block.prev = other.ptr, other.prev
-                if block.prev is not None:
-                    block.prev.next = block
-            else:
-                block.next = other.next
-                if block.next is not None:
-                    block.next.prev = block
-            block.size += other.size
+        pool.merge(block, block.prev)
+        pool.merge(block, block.next)
         pool.insert(block)
+
+    def reset_peak_stats(self) -> None:
+        """``resetPeakStats``: the peaks start again from the current figures."""
+        self.stats.peak_allocated, self.stats.peak_reserved = self.stats.allocated, self.stats.reserved
+        self.stats.region_peaks.clear()
+
+    def oversize_cached_bytes(self) -> int:
+        """Cached free blocks of at least ``max_split_size`` (0 without it): ``get_free_block`` gives them only to a
+        request within ``max_non_split_rounding`` of their size, and they go back to the driver only when a
+        ``cudaMalloc`` fails (``release_available_cached_blocks``, oversize blocks first) or on ``emptyCache``."""
+        split_max = self.conf.max_split_size
+        if split_max is None:
+            return 0
+        return sum(b.size for pool in self.pools.values() for b in pool.by_key.values()
+                   if b.size >= split_max and not b.expandable)
 
     def inactive_split_bytes(self) -> int:
         """``inactive_split_bytes``: cached free blocks inside segments that also hold live blocks.
@@ -253,7 +214,7 @@ class CachingAllocator:
         )
 
     # --- malloc's steps ------------------------------------------------------------------------------
-    def _get_free_block(self, pool: _Pool, size: int) -> _Block | None:
+    def _get_free_block(self, pool: BlockPool, size: int) -> Block | None:
         """``get_free_block``: best fit, with the oversize rules of ``max_split_size``."""
         if self.conf.garbage_collection_threshold > 0 and self.limit is not None:
             pool.calls += 1
@@ -262,7 +223,7 @@ class CachingAllocator:
             return None
         block = pool.by_key[pool.free[i]]
         if block.expandable and self.conf.expandable_segments:
-            def reach(b: _Block) -> int:
+            def reach(b: Block) -> int:
                 return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
 
             j = i + 1
@@ -277,7 +238,7 @@ class CachingAllocator:
         pool.remove(block)
         return block
 
-    def _should_split(self, block: _Block, size: int) -> bool:
+    def _should_split(self, block: Block, size: int) -> bool:
         remaining = block.size - size
         if block.small or self.conf.expandable_segments:
             return remaining >= K_MIN_BLOCK_SIZE
@@ -287,50 +248,39 @@ class CachingAllocator:
         cap = min(self.capacity or _UNLIMITED, self.limit or _UNLIMITED)
         return self.stats.reserved + extra <= cap
 
-    def _alloc_block(self, pool: _Pool, size: int) -> _Block | None:
-        """``alloc_block``: a new segment (``cudaMalloc``), or pages mapped onto an expandable segment."""
+    def _alloc_block(self, pool: BlockPool, size: int) -> Block | None:
+        """``alloc_block``: a new segment (``cudaMalloc``), or pages mapped onto an expandable segment
+        (``try_allocate_expandable_block``, which takes the rounded size, not ``get_allocation_size``)."""
         if self.conf.expandable_segments:
-            return self._map_expandable(pool, size)
+            return try_allocate_expandable_block(pool, size, self._charge, self._address)
         seg = allocation_size(size)
         if not self._fits(seg):
             return None
-        block = _Block(self._next_ptr, seg, pool.small)
-        self._next_ptr += seg + K_ROUND_LARGE
+        block = Block(self._address(seg), seg, pool.small)
         self.stats.reserved += seg
         self.stats.segments += 1
         return block
 
-    def _map_expandable(self, pool: _Pool, size: int) -> _Block | None:
-        page = K_SMALL_BUFFER if pool.small else K_LARGE_BUFFER
-        if pool.tail is None:
-            pool.tail = _Block(self._next_ptr, _UNLIMITED, pool.small, mapped=False, expandable=True)
-            self._next_ptr += 1 << 50
-        tail = pool.tail
-        before = tail.prev if tail.prev is not None and not tail.prev.allocated else None
-        have = before.size if before is not None else 0
-        mapped = _round_up(max(size - have, 0), page)
-        if not self._fits(mapped):
-            return None
-        if before is not None:
-            pool.remove(before)
-            block = before
-            block.size += mapped
-        else:
-            block = _Block(tail.ptr, mapped, pool.small, expandable=True, prev=tail.prev, next=tail)
-            if tail.prev is not None:
-                tail.prev.next = block
-            tail.prev = block
-        tail.ptr += mapped
-        self.stats.reserved += mapped
-        self.stats.segments += 1
-        return block
+    def _address(self, size: int) -> int:
+        """A fresh device address range of ``size`` bytes, aligned to the largest page."""
+        ptr = -(-self._next_ptr // K_LARGE_BUFFER) * K_LARGE_BUFFER
+        self._next_ptr = ptr + size + K_ROUND_LARGE
+        return ptr
 
-    def _release_available(self, pool: _Pool, size: int) -> bool:
+    def _charge(self, delta: int) -> bool:
+        """Pages mapped (``delta > 0``, if they fit: ``cuMemCreate``) or unmapped onto an expandable segment."""
+        if delta > 0 and not self._fits(delta):
+            return False
+        self.stats.reserved += delta
+        if delta > 0:
+            self.stats.segments += 1  # num_device_alloc counts each map_block
+        return True
+
+    def _release_available(self, pool: BlockPool, size: int) -> bool:
         """``release_available_cached_blocks``: free oversize cached blocks (only with ``max_split_size``)."""
         split_max = self.conf.max_split_size
         if split_max is None or self.conf.expandable_segments:
             return False
-        self.stats.retries += 1
         want = max(size, split_max)
         i = bisect.bisect_left(pool.free, (want, -1))
         if i < len(pool.free):
@@ -346,41 +296,25 @@ class CachingAllocator:
                 self._release(pool, b)
         return released >= want
 
-    def _release(self, pool: _Pool, block: _Block) -> None:
+    def _release(self, pool: BlockPool, block: Block) -> None:
         pool.remove(block)
         self.stats.reserved -= block.size
 
     def _release_cached(self) -> bool:
-        """``release_cached_blocks``: every unsplit cached block goes back to the driver."""
+        """``release_cached_blocks`` / ``release_blocks``: every unsplit cached block goes back to the driver, and
+        every free block of an expandable segment returns its whole pages (``unmap_block``)."""
         self.stats.retries += 1
         for pool in self.pools.values():
+            to_unmap = []
             for key in list(pool.free):
                 b = pool.by_key[key]
                 if b.expandable:
-                    self._unmap_tail(pool, b)
+                    to_unmap.append(b)
                 elif not b.is_split:
                     self._release(pool, b)
+            for b in to_unmap:
+                unmap_block(pool, b, self._charge)
         return True
-
-    def _unmap_tail(self, pool: _Pool, b: _Block) -> None:
-        tail = pool.tail
-        if tail is None or b.next is not tail:
-            return
-        page = K_SMALL_BUFFER if pool.small else K_LARGE_BUFFER
-        keep = b.ptr % page and page - b.ptr % page  # the part of b inside a partly used page stays mapped
-        drop = (b.size - keep) // page * page
-        if drop <= 0:
-            return
-        pool.remove(b)
-        b.size -= drop
-        tail.ptr -= drop
-        self.stats.reserved -= drop
-        if b.size:
-            pool.insert(b)
-        else:
-            tail.prev = b.prev
-            if b.prev is not None:
-                b.prev.next = tail
 
     def _garbage_collect(self) -> None:
         """``garbage_collect_cached_blocks``: above threshold x limit, release old unsplit large blocks."""

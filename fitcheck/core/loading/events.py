@@ -10,6 +10,16 @@ Sources (the installed versions):
   on load keeps the load dtype (``needs_quantization`` skips the cast to the empty parameter's dtype).
   With on-the-fly quantization the loading is synchronous ("avoid worker threads loading full-precision tensors
   to GPU faster than the main thread can quantize them"), so one 16-bit weight at a time is on the device.
+* transformers 5.23 ``modeling_utils.py`` ``caching_allocator_warmup`` (called by ``_load_pretrained_model`` when a
+  ``device_map`` is given, unless the quantizer is HQQ or Quark): before any weight is loaded, one
+  ``torch.empty(byte_count // 2, dtype=float16)`` on the device, freed at once, where ``byte_count`` is
+  ``get_total_byte_count``: every parameter's ``numel x element size`` (tied parameters once; a bitsandbytes
+  quantizer's ``quantized_element_size``: 0.5 for 4-bit, 1 for 8-bit, for the weights it quantizes), less what the
+  allocator already caches unused, at most the device's memory less 1.2 GiB. The block stays cached: the weights
+  are then carved out of it (best fit, split), and with ``max_split_size_mb`` below its size it is an oversize
+  block that no smaller weight may take (``CUDACachingAllocator.cpp`` ``get_free_block``), so the weights get
+  segments of their own beside it: the H200 measured 4718 MiB reserved after loading Llama-3.2-1B bf16 with
+  ``max_split_size_mb:128`` against 2360 MiB without (``benchmarks/data/gpu_truth_nvidia_h200.json``).
 * transformers 5.23 ``integrations/bitsandbytes.py`` ``Bnb4bitQuantize.convert``: ``Params4bit(value,
   ...).to(value.device)``; bitsandbytes 0.50.2 ``nn/modules.py`` ``Params4bit._quantize`` calls
   ``functional.quantize_4bit``: the packed weight and the fp32 ``absmax`` (one per ``blocksize`` block) are
@@ -35,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.core.states import base_weights, is_quantized, quantized_bytes
-from fitcheck.spec import Dtype, ParamEntry, TrainingSpec
+from fitcheck.spec import Dtype, ParamEntry, Strategy, TrainingSpec
 
 _CODE_4BIT = 16 * 4  # get_4bit_type: 16 fp32 code values, a new tensor per weight
 _CODE_DYNAMIC = 256 * 4  # quantize_blockwise: QuantState(code=code.to(A.device, copy=True)): a copy per weight
@@ -133,20 +143,55 @@ def _quantize_8bit(seq: _Seq, entry: ParamEntry, load: Dtype) -> None:
     seq.free(w)
 
 
-def load_events(spec: TrainingSpec) -> list[LoadEvent]:
+_WARMUP_HEADROOM = int(1.2 * 1024**3)  # caching_allocator_warmup: byte_count <= total memory - 1.2 GiB
+
+
+def warmup_bytes(spec: TrainingSpec, capacity: int | None = None) -> int:
+    """The block ``caching_allocator_warmup`` allocates and frees before loading (0: no warm-up).
+
+    Args:
+        spec: The training spec.
+        capacity: The device's bytes, if known (the block is at most that less 1.2 GiB).
+
+    Returns:
+        Bytes requested: ``byte_count // 2`` fp16 elements. 0 under DDP: trl 1.16 ``SFTTrainer`` loads with
+        ``device_map=None`` for ``MULTI_GPU`` (``sft_trainer.py``: "Distributed training requires device_map=None"),
+        and without a ``device_map`` there is no warm-up; 0 for a non-bitsandbytes quantized base (its quantizers
+        size their parameters their own way; not modelled).
+    """
+    quant = spec.quant
+    if (quant is not None and quant.method != "bitsandbytes") or spec.sharding.strategy is Strategy.DDP:
+        return 0
+    load = spec.precision.load_dtype.nbytes
+    total = 0.0
+    for e in spec.model.params:
+        count = e.numel_each * (e.repeat if e.per_layer else 1)
+        size = (0.5 if quant.bits == 4 else 1.0) if quant is not None and is_quantized(spec, e) else load
+        total += count * size
+    if capacity is not None:
+        total = min(total, capacity - _WARMUP_HEADROOM)
+    return max(int(total // 2) * 2, 0)
+
+
+def load_events(spec: TrainingSpec, capacity: int | None = None) -> list[LoadEvent]:
     """The device allocations and frees of ``from_pretrained`` for a model loaded onto one GPU.
 
     Args:
         spec: The training spec.
+        capacity: The device's bytes, if known (caps ``caching_allocator_warmup``'s block).
 
     Returns:
-        Events in order: unquantized parameters in their resident dtype, bitsandbytes weights quantized on load
+        Events in order: ``caching_allocator_warmup``'s block allocated and freed, unquantized parameters in
+        their resident dtype, bitsandbytes weights quantized on load
         (16-bit copy, packed weight and statistics, the copy freed), or pre-quantized weights as stored.
     """
     seq = _Seq()
     quant = spec.quant
     load = spec.precision.load_dtype
     bnb = quant is not None and quant.method == "bitsandbytes"
+    warm = warmup_bytes(spec, capacity)
+    if warm:
+        seq.free(seq.alloc(warm, "caching_allocator_warmup"))
     for _name, entry in _instances(spec):
         if quant is not None and is_quantized(spec, entry):
             qb = quantized_bytes(entry.numel_each, quant, entry.out_features or entry.shape[0])

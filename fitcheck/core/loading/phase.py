@@ -42,6 +42,11 @@ class LoadPhase:
         stuck: Cached free bytes in segments that also hold weights (``inactive_split_bytes``): they stay
             reserved through training.
         detail: How it was counted.
+        oversize_cached: Cached free blocks of at least ``max_split_size_mb`` when loading ends
+            (``CachingAllocator.oversize_cached_bytes``: ``caching_allocator_warmup``'s block, which no smaller
+            weight may take): the step's tensors cannot take them either (unless within
+            ``max_non_split_rounding_mb`` of their size), so they stay reserved beside the step's segments until
+            a ``cudaMalloc`` fails.
     """
 
     peak_allocated: int
@@ -50,6 +55,7 @@ class LoadPhase:
     end_reserved: int
     stuck: int
     detail: str
+    oversize_cached: int = 0
 
 
 def allocator_conf(spec: TrainingSpec) -> AllocatorConf:
@@ -113,7 +119,7 @@ def load_phase(spec: TrainingSpec, capacity: int | None = None) -> LoadPhase | N
 
 
 def _load_phase(spec: TrainingSpec, capacity: int | None) -> LoadPhase:
-    events = load_events(spec)
+    events = load_events(spec, capacity)
     prep = prepare_events(spec, events)
     alloc = CachingAllocator(allocator_conf(spec), capacity)
     try:
@@ -132,7 +138,7 @@ def _load_phase(spec: TrainingSpec, capacity: int | None) -> LoadPhase:
     if prep:
         how += "; prepare_model_for_kbit_training's fp32 copies"
     return LoadPhase(s.peak_allocated, s.peak_reserved, s.allocated, s.reserved, alloc.inactive_split_bytes(),
-                     how)
+                     how, alloc.oversize_cached_bytes())
 
 
 def load_component(lp: LoadPhase) -> Component:
@@ -146,25 +152,30 @@ def load_component(lp: LoadPhase) -> Component:
     )
 
 
-def run_reserved(step_reserved: int, lp: LoadPhase | None) -> int:
+def run_reserved(step_reserved: int, lp: LoadPhase | None, released: bool = False) -> int:
     """``max_memory_reserved`` over the run: the larger of the load's peak and the step's.
 
     Reserved memory only grows between ``empty_cache`` calls, so the load's peak stays in
-    ``max_memory_reserved``. The step's own figure is not raised by the load's cache: the unsplit cached segments
-    are reused or released when a ``cudaMalloc`` fails (``release_cached_blocks``), and the free blocks left inside
-    segments that hold weights (``LoadPhase.stuck``, reported in the component's detail) take step tensors of
-    their size (best fit), which the step's allocated peak already counts.
+    ``max_memory_reserved``. The step's own figure is not raised by the load's ordinary cache: the unsplit cached
+    segments are reused or released when a ``cudaMalloc`` fails (``release_cached_blocks``), and the free blocks
+    left inside segments that hold weights (``LoadPhase.stuck``, reported in the component's detail) take step
+    tensors of their size (best fit), which the step's allocated peak already counts. The oversize blocks
+    ``max_split_size_mb`` leaves cached (``LoadPhase.oversize_cached``) are neither reused nor released while
+    every ``cudaMalloc`` succeeds: they add to the step's figure (H200, Llama-3.2-1B with
+    ``max_split_size_mb:128``: the 2358 MiB warm-up block stayed reserved through the steps).
 
     Args:
         step_reserved: The step's reserved bytes on a fresh allocator.
         lp: The load phase (None: no load phase modelled).
+        released: Above the GPU, a failed ``cudaMalloc`` returns the oversize blocks first
+            (``release_available_cached_blocks``): they do not add.
 
     Returns:
         Peak reserved bytes of the run.
     """
     if lp is None:
         return step_reserved
-    return max(lp.peak_reserved, step_reserved)
+    return max(lp.peak_reserved, step_reserved + (0 if released else lp.oversize_cached))
 
 
 def load_findings(lp: LoadPhase | None, step_reserved: int) -> tuple[Finding, ...]:
