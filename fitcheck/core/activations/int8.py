@@ -142,6 +142,24 @@ def int8_layer_extra(spec: TrainingSpec, eager: bool, *, ctx_only: bool) -> int:
     return extra
 
 
+def int8_first_layer_unsaved(spec: TrainingSpec) -> int:
+    """Bytes per token the first layer's q/k/v ``ctx.A`` does not keep without checkpointing.
+
+    Its input is the frozen embedding's output, and k-bit preparation adds no input-gradient hook without
+    gradient checkpointing (peft 0.21.2 ``utils/other.py`` ``prepare_model_for_kbit_training`` calls
+    ``enable_input_require_grads`` only when ``use_gradient_checkpointing``). So the input norm's output needs no
+    gradient, no q/k/v ``MatMul8bitLt`` / ``MatMul8bitFp`` node is recorded (torch ``autograd.Function.apply``
+    records none when no input requires grad: bitsandbytes 0.50.2 ``autograd/_functions.py``) and no ``ctx`` keeps
+    that fp32 tensor. An adapter that reads it itself (fp32, no dropout) still keeps it.
+    """
+    if not int8_formula_applies(spec) or spec.activations.checkpointing:
+        return 0
+    lora = spec.lora
+    amp = spec.precision.mixed_precision is not MixedPrecision.NO
+    kept_by_adapter = lora is not None and lora.dropout == 0 and not amp and bool(_targets(spec) & set(_QKV))
+    return 0 if kept_by_adapter else 4 * spec.model.shape.hidden_size
+
+
 def int8_checkpointed_inputs(spec: TrainingSpec) -> int:
     """Bytes per token a checkpointed 8-bit layer keeps besides its input: every 8-bit linear's ``ctx.A``.
 
