@@ -16,6 +16,29 @@ What bitsandbytes 0.50.2 runs (``nn/modules.py::Linear8bitLt.forward`` -> ``auto
   width; not modelled). Backward: the same dequantized ``CB`` in ``dtype_A`` as on CPU. No dequantized weight in
   forward. The CUDA side is from source, not traced (the bitsandbytes CUDA kernels do not run here).
 
+How the CUDA answer is derived (bitsandbytes 0.50.2, peft 0.21.2, torch aten; checked against an H200, below):
+
+* ``MatMul8bitLt.forward`` with frozen int8 weights takes the fast path (``needs_input_grad[1]`` False):
+  ``int8_vectorwise_quant(A.to(float16))`` (``backends/cuda/ops.py``: int8 ``CA`` and fp32 row scales; with
+  ``threshold`` 6.0 the columns holding an element ``|x| >= 6`` are outlier columns), then
+  ``int8_mixed_scaled_mm`` (``backends/default/ops.py``, no CUDA override): ``int8_linear_matmul`` (int32) and
+  ``int8_mm_dequant`` (fp16, then ``.to(A.dtype)``). All of it is transient except the output (``A.dtype``:
+  fp32 for the fp32 norm outputs and MLP product after k-bit preparation, 16-bit for the autocast attention
+  output, autocast or not: custom ops are no autocast ops) and ``ctx.tensors = (None, subA, A)``.
+* So each 8-bit layer keeps the same ``A`` tensors as on CPU (:func:`int8_layer_extra`) and the same outputs as the
+  traced 4-bit layer (``Linear4bit`` casts back to the input dtype). ``MatMul8bitLt.backward`` dequantizes
+  ``CB`` in ``dtype_A`` for ``grad_A`` exactly as ``MatMul8bitFp.backward`` does.
+* What differs from the CPU trace: peft's LoRA dropout (``nn.Dropout``, p = 0.05) runs ``native_dropout`` on
+  CUDA (bool mask, 1 B/element; CPU keeps fp32 noise): :func:`int8_cuda_dropout_mask_excess`. ``subA``, a copy of
+  the outlier columns in ``A.dtype``, depends on the values and is not counted (a trained model has a few
+  outlier features; the random weights of ``benchmarks/gpu_truth.py`` put one in almost every down_proj input
+  column, ``benchmarks/int8_cuda_outliers.py``). Layer 0 without checkpointing records no q/k/v node
+  (:func:`int8_first_layer_unsaved`), on both devices.
+* H200, ``benchmarks/data/gpu_truth_nvidia_h200.json`` (max_allocated): Llama-3.2-1B 4 x 1024 -1.39 %, Llama-2-7B
+  8 layers 1 x 4096 -7.62 % (checkpointed -17.54 %); with the outlier columns counted on the rows' own random
+  models +0.03 %, +0.16 % (-2.89 %: the checkpointed row peaks in the top layer's recomputation, where the
+  outlier weight columns are dequantized too).
+
 So an 8-bit layer saves what the traced QLoRA layer saves (:func:`qlora_layer_saved_per_token`: peft's 8-bit
 LoRA wrapper keeps the same adapter tensors as its 4-bit one) plus the input of every 8-bit linear that no
 adapter keeps itself, and, on CPU under autocast, a bf16 MLP where 4-bit returns fp32. Traces of the real
