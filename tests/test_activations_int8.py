@@ -199,3 +199,21 @@ def test_matmul8bitlt_keeps_its_input_and_its_outlier_columns() -> None:
     assert tuple(out.grad_fn.tensors[1].shape) == (10, 2)  # every row of the two outlier columns, fp32
     assert out.grad_fn.tensors[1].dtype == torch.float32
     assert MatMul8bitLt.apply(x.detach(), layer.weight, None, None, layer.state).grad_fn is None
+
+
+def test_first_layer_keeps_no_qkv_input_without_checkpointing() -> None:
+    """Layer 0's norm output needs no gradient without checkpointing (frozen embeddings, no input-gradient hook):
+    no MatMul8bitFp node keeps it. The whole Llama-3.1-8B step traced on real bitsandbytes layers (1 and 2 layers,
+    extrapolated) equals the formula to the byte at the end of forward and the start of backward (before:
+    +4·hidden_size per token)."""
+    pytest.importorskip("bitsandbytes")
+    from fitcheck.core.activations.int8 import int8_first_layer_unsaved
+    from fitcheck.report import Phase
+    from fitcheck.torch_adapters import Cell, cell_spec, compare
+
+    cell = Cell("llama", "int8", False, "sdpa", "fp32", 256, 1)
+    assert int8_first_layer_unsaved(cell_spec(cell)) == 4 * 4096
+    out = compare(cell)
+    for phase in (Phase.FORWARD_END, Phase.BACKWARD_START):
+        assert out.formula[phase] == out.trace[phase]
+    assert int8_first_layer_unsaved(cell_spec(Cell("llama", "int8", True, "sdpa", "fp32", 256, 1))) == 0
