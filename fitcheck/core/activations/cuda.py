@@ -26,7 +26,7 @@ def cuda_gaps(spec: TrainingSpec) -> tuple[str, ...]:
     if quant is not None and quant.bits == 4 and spec.batch.micro_batch * spec.batch.seq_len <= 512:
         # bitsandbytes 0.50.2 backends/cuda/ops.py gemm_4bit: custom kernel (no dequantized temporary) for few rows
         out.append("bitsandbytes' CUDA gemm_4bit may skip the dequantized-weight temporary at this token count")
-    if quant is not None and quant.bits == 8:
+    if quant is not None and quant.bits == 8 and quant.method == "bitsandbytes":  # not FP8 / GPTQ bases
         # bitsandbytes 0.50.2 autograd/_functions.py matmul: training on CUDA runs MatMul8bitLt (int8 GEMM,
         # output in the input's dtype, ctx.tensors = (None, subA, A)); modelled from source in activations/int8.py
         # outliers: backends/cuda/ops.py int8_vectorwise_quant (columns with |A| >= threshold), backends/default/
