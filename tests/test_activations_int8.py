@@ -12,6 +12,7 @@ from tiny_models import spec_from_config
 
 from fitcheck.core.activations.int8 import (
     int8_checkpointed_inputs,
+    int8_cuda_dropout_mask_excess,
     int8_formula_applies,
     int8_layer_saved_per_token,
 )
@@ -88,8 +89,52 @@ def test_cuda_int8_autocast_keeps_fp32_mlp_outputs() -> None:
     cpu = spec_from_config(TINY, seq=SEQ, mixed="bf16", lora=DROP, quant=INT8)
     cuda = dataclasses.replace(cpu, hardware=HardwareSpec(device_type=DeviceType.CUDA))
     inter = TINY["intermediate_size"]
-    assert int8_layer_saved_per_token(cuda, False)[0] - int8_layer_saved_per_token(cpu, False)[0] == 8 * inter
+    masks = int8_cuda_dropout_mask_excess(cuda)  # CUDA's bool dropout masks (below)
+    assert int8_layer_saved_per_token(cuda, False)[0] - int8_layer_saved_per_token(cpu, False)[0] == 8 * inter - masks
     assert int8_checkpointed_inputs(cuda) - int8_checkpointed_inputs(cpu) == 2 * inter
+
+
+def test_cuda_lora_dropout_keeps_a_bool_mask_not_fp32_noise() -> None:
+    """torch: CPU ``F.dropout`` saves fp32 noise of its input's size; ``native_dropout`` (what CUDA runs for
+    0 < p < 1, aten Dropout.cpp ``is_fused_kernel_acceptable``) returns a bool mask. The int8 CUDA layer counts
+    1 B per dropped element where the CPU trace counts 4 (7 adapters: q/k/v/gate/up on h, o_proj on q, down on I)."""
+    import torch
+
+    x = torch.randn(8, 32, requires_grad=True)
+    saved: list[torch.dtype] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
+        torch.nn.functional.dropout(x, 0.05, training=True)
+    assert saved == [torch.float32]  # _dropout_impl: input * noise saves the fp32 noise
+    assert torch.native_dropout(x.detach(), 0.05, True)[1].dtype == torch.bool
+    cpu = spec_from_config(TINY, seq=SEQ, mixed="bf16", lora=DROP, quant=INT8)
+    cuda = dataclasses.replace(cpu, hardware=HardwareSpec(device_type=DeviceType.CUDA))
+    h, inter = TINY["hidden_size"], TINY["intermediate_size"]
+    q = TINY["hidden_size"]  # 4 heads x 64
+    assert int8_cuda_dropout_mask_excess(cpu) == 0
+    assert int8_cuda_dropout_mask_excess(cuda) == 3 * (5 * h + q + inter)
+    assert int8_cuda_dropout_mask_excess(dataclasses.replace(cuda, lora=PLAIN)) == 0
+
+
+def test_cuda_int8_llama2_7b_layer_from_source() -> None:
+    """The CUDA LLM.int8 LoRA layer of Llama-2-7B (fp16 autocast, TRL's LoRA r16 all-linear, dropout 0.05), term by
+    term from source (bytes per token; h = q = 4096, I = 11008): two RMSNorms' fp32 input and rsqrt 2(4h+4); seven
+    adapters' bool dropout masks (5h + q + I) and fp16 casts for lora_A 2(5h + q + I), lora_A outputs 7·2r; SDPA's
+    fp16 q, k, v, output 2·4q and logsumexp 4·heads; gate/up outputs and act(gate) in fp32 (MatMul8bitLt returns
+    A.dtype) 12I; ctx.A of q/k/v and gate/up (fp32 norm outputs, 8h) and of down_proj (the fp32 product, 4I).
+    The old formula counted the CPU trace's fp32 dropout noise: 488296 B/token."""
+    from fitcheck.catalog import find_catalog_config
+
+    found = find_catalog_config("meta-llama/Llama-2-7b-hf")
+    assert found is not None
+    lora = LoraSpec(r=16, alpha=32, dropout=0.05, target_modules=("all-linear",))
+    spec = spec_from_config(dict(found[0]), seq=4096, mixed="fp16", lora=lora, quant=INT8, dtype="float16")
+    spec = dataclasses.replace(spec, hardware=HardwareSpec(device_type=DeviceType.CUDA))
+    h, q, inter, r, heads = 4096, 4096, 11008, 16, 32
+    dropped = 5 * h + q + inter
+    expected = (2 * (4 * h + 4) + dropped + 2 * dropped + 7 * 2 * r + 2 * 4 * q + 4 * heads + 12 * inter
+                + 8 * h + 4 * inter)
+    assert expected == 381544
+    assert int8_layer_saved_per_token(spec, False) == (expected, 0)
 
 
 @pytest.mark.slow
@@ -125,3 +170,50 @@ def test_int8_lora_is_pinned_on_cpu_and_from_source_on_cuda() -> None:
     assert not in_envelope(cuda) and not report.pinned
     assert any(f.code == "not-pinned" and "MatMul8bitLt" in f.message for f in report.findings)
     assert any(f.code == "cuda-not-traced" and "subA" in f.message for f in report.findings)
+
+
+def test_matmul8bitlt_keeps_its_input_and_its_outlier_columns() -> None:
+    """Real bitsandbytes ``MatMul8bitLt`` (the CUDA training path), run on CPU through its default kernels
+    (``backends/default/ops.py``; CUDA runs the same ``int8_mixed_scaled_mm``): ``ctx.tensors = (None, subA, A)``
+    keeps the input itself and ``subA``, a copy of the input's outlier columns (|x| >= threshold); the output is
+    in the input's dtype under autocast; with no input needing a gradient no node (no ctx) is recorded."""
+    torch = pytest.importorskip("torch")
+    bnb = pytest.importorskip("bitsandbytes")
+    from bitsandbytes.autograd._functions import MatMul8bitLt
+
+    layer = bnb.nn.Linear8bitLt(32, 24, bias=False, has_fp16_weights=False, threshold=6.0)
+    layer.weight = bnb.nn.Int8Params(torch.randn(24, 32) * 0.02, requires_grad=False,
+                                     has_fp16_weights=False).to("cpu")
+    layer.init_8bit_state()
+    x = torch.randn(2, 5, 32).clamp(-3, 3).requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = MatMul8bitLt.apply(x, layer.weight, None, None, layer.state)
+    assert out.dtype == torch.float32  # int8_scaled_mm(..., dtype=A.dtype): autocast does not apply
+    _cat, sub_a, a = out.grad_fn.tensors
+    assert _cat is None and a.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert sub_a.numel() == 0  # no outlier column
+    y = x.detach().clone()
+    y[..., 3] = 10.0
+    y[0, 1, 7] = -8.0
+    out = MatMul8bitLt.apply(y.requires_grad_(True), layer.weight, None, None, layer.state)
+    assert tuple(out.grad_fn.tensors[1].shape) == (10, 2)  # every row of the two outlier columns, fp32
+    assert out.grad_fn.tensors[1].dtype == torch.float32
+    assert MatMul8bitLt.apply(x.detach(), layer.weight, None, None, layer.state).grad_fn is None
+
+
+def test_first_layer_keeps_no_qkv_input_without_checkpointing() -> None:
+    """Layer 0's norm output needs no gradient without checkpointing (frozen embeddings, no input-gradient hook):
+    no MatMul8bitFp node keeps it. The whole Llama-3.1-8B step traced on real bitsandbytes layers (1 and 2 layers,
+    extrapolated) equals the formula to the byte at the end of forward and the start of backward (before:
+    +4·hidden_size per token)."""
+    pytest.importorskip("bitsandbytes")
+    from fitcheck.core.activations.int8 import int8_first_layer_unsaved
+    from fitcheck.report import Phase
+    from fitcheck.torch_adapters import Cell, cell_spec, compare
+
+    cell = Cell("llama", "int8", False, "sdpa", "fp32", 256, 1)
+    assert int8_first_layer_unsaved(cell_spec(cell)) == 4 * 4096
+    out = compare(cell)
+    for phase in (Phase.FORWARD_END, Phase.BACKWARD_START):
+        assert out.formula[phase] == out.trace[phase]
+    assert int8_first_layer_unsaved(cell_spec(Cell("llama", "int8", True, "sdpa", "fp32", 256, 1))) == 0

@@ -26,12 +26,16 @@ def cuda_gaps(spec: TrainingSpec) -> tuple[str, ...]:
     if quant is not None and quant.bits == 4 and spec.batch.micro_batch * spec.batch.seq_len <= 512:
         # bitsandbytes 0.50.2 backends/cuda/ops.py gemm_4bit: custom kernel (no dequantized temporary) for few rows
         out.append("bitsandbytes' CUDA gemm_4bit may skip the dequantized-weight temporary at this token count")
-    if quant is not None and quant.bits == 8:
+    if quant is not None and quant.bits == 8 and quant.method == "bitsandbytes":  # not FP8 / GPTQ bases
         # bitsandbytes 0.50.2 autograd/_functions.py matmul: training on CUDA runs MatMul8bitLt (int8 GEMM,
         # output in the input's dtype, ctx.tensors = (None, subA, A)); modelled from source in activations/int8.py
+        # outliers: backends/cuda/ops.py int8_vectorwise_quant (columns with |A| >= threshold), backends/default/
+        # ops.py int8_mixed_scaled_mm (subA = A[:, outlier_cols].contiguous(), kept in ctx.tensors)
         out.append("LLM.int8 layers run MatMul8bitLt on CUDA, modelled from its source (not traced: CPU runs "
-                   "MatMul8bitFp); the fp16/16-bit outlier columns it keeps (subA, |x| > llm_int8_threshold) "
-                   "depend on the data and are not counted")
+                   "MatMul8bitFp); the input columns with an outlier (|x| >= llm_int8_threshold) it copies and "
+                   "keeps until the step ends (subA, the input's dtype) depend on the data and are not counted: a "
+                   "few columns in a trained model, up to a full copy of each down_proj input (4 B x "
+                   "intermediate_size per token per layer) with random weights")
     if spec.activations.attn_implementation is AttnImpl.FLASH_ATTENTION_2:
         out.append("flash_attention_2 (flash-attn package) is modelled as SDPA's flash backend, not traced")
     return tuple(out)

@@ -16,6 +16,29 @@ What bitsandbytes 0.50.2 runs (``nn/modules.py::Linear8bitLt.forward`` -> ``auto
   width; not modelled). Backward: the same dequantized ``CB`` in ``dtype_A`` as on CPU. No dequantized weight in
   forward. The CUDA side is from source, not traced (the bitsandbytes CUDA kernels do not run here).
 
+How the CUDA answer is derived (bitsandbytes 0.50.2, peft 0.21.2, torch aten; checked against an H200, below):
+
+* ``MatMul8bitLt.forward`` with frozen int8 weights takes the fast path (``needs_input_grad[1]`` False):
+  ``int8_vectorwise_quant(A.to(float16))`` (``backends/cuda/ops.py``: int8 ``CA`` and fp32 row scales; with
+  ``threshold`` 6.0 the columns holding an element ``|x| >= 6`` are outlier columns), then
+  ``int8_mixed_scaled_mm`` (``backends/default/ops.py``, no CUDA override): ``int8_linear_matmul`` (int32) and
+  ``int8_mm_dequant`` (fp16, then ``.to(A.dtype)``). All of it is transient except the output (``A.dtype``:
+  fp32 for the fp32 norm outputs and MLP product after k-bit preparation, 16-bit for the autocast attention
+  output, autocast or not: custom ops are no autocast ops) and ``ctx.tensors = (None, subA, A)``.
+* So each 8-bit layer keeps the same ``A`` tensors as on CPU (:func:`int8_layer_extra`) and the same outputs as the
+  traced 4-bit layer (``Linear4bit`` casts back to the input dtype). ``MatMul8bitLt.backward`` dequantizes
+  ``CB`` in ``dtype_A`` for ``grad_A`` exactly as ``MatMul8bitFp.backward`` does.
+* What differs from the CPU trace: peft's LoRA dropout (``nn.Dropout``, p = 0.05) runs ``native_dropout`` on
+  CUDA (bool mask, 1 B/element; CPU keeps fp32 noise): :func:`int8_cuda_dropout_mask_excess`. ``subA``, a copy of
+  the outlier columns in ``A.dtype``, depends on the values and is not counted (a trained model has a few
+  outlier features; the random weights of ``benchmarks/gpu_truth.py`` put one in almost every down_proj input
+  column, ``benchmarks/int8_cuda_outliers.py``). Layer 0 without checkpointing records no q/k/v node
+  (:func:`int8_first_layer_unsaved`), on both devices.
+* H200, ``benchmarks/data/gpu_truth_nvidia_h200.json`` (max_allocated): Llama-3.2-1B 4 x 1024 -1.39 %, Llama-2-7B
+  8 layers 1 x 4096 -7.62 % (checkpointed -17.54 %); with the outlier columns counted on the rows' own random
+  models +0.03 %, +0.16 % (-2.89 %: the checkpointed row peaks in the top layer's recomputation, where the
+  outlier weight columns are dequantized too).
+
 So an 8-bit layer saves what the traced QLoRA layer saves (:func:`qlora_layer_saved_per_token`: peft's 8-bit
 LoRA wrapper keeps the same adapter tensors as its 4-bit one) plus the input of every 8-bit linear that no
 adapter keeps itself, and, on CPU under autocast, a bf16 MLP where 4-bit returns fp32. Traces of the real
@@ -86,7 +109,28 @@ def int8_layer_saved_per_token(spec: TrainingSpec, eager: bool) -> tuple[int, in
         The per-token bytes and the eager-attention s² coefficient.
     """
     per_token, s2 = qlora_layer_saved_per_token(spec, eager)
-    return per_token + int8_layer_extra(spec, eager, ctx_only=False), s2
+    return per_token + int8_layer_extra(spec, eager, ctx_only=False) - int8_cuda_dropout_mask_excess(spec), s2
+
+
+def int8_cuda_dropout_mask_excess(spec: TrainingSpec) -> int:
+    """Bytes per token the traced (CPU) QLoRA layer counts for LoRA dropout masks beyond what CUDA keeps.
+
+    peft 0.21.2 ``tuners/lora/bnb.py`` ``Linear8bitLt.forward`` runs ``lora_B(lora_A(dropout(x)))`` per adapter,
+    each with its own ``nn.Dropout``. torch's ``at::dropout`` (aten/src/ATen/native/Dropout.cpp) takes
+    ``native_dropout`` for a CUDA tensor with 0 < p < 1 (``is_fused_kernel_acceptable``), which saves a bool mask
+    (1 B per element); on CPU ``_dropout_impl`` keeps ``empty_like(input).bernoulli_()`` in the input dtype, the
+    fp32 noise (4 B) :func:`qlora_layer_saved_per_token` counts from the CPU trace. The dropout output (fp32, or
+    its 16-bit autocast cast kept by ``lora_A``) is the same on both. So on CUDA each adapter's mask is 3 B per
+    input element less: q/k/v and gate/up read ``hidden_size``-wide inputs, o_proj the attention output, down_proj
+    the ``intermediate_size``-wide product.
+    """
+    lora = spec.lora
+    if lora is None or lora.dropout <= 0 or spec.hardware.device_type is not DeviceType.CUDA:
+        return 0
+    sh = spec.model.shape
+    h, inter, q = sh.hidden_size, sh.intermediate_size, sh.num_heads * sh.head_dim
+    widths = {"q_proj": h, "k_proj": h, "v_proj": h, "o_proj": q, "gate_proj": h, "up_proj": h, "down_proj": inter}
+    return (4 - 1) * sum(widths[n] for n in _targets(spec))
 
 
 def int8_layer_extra(spec: TrainingSpec, eager: bool, *, ctx_only: bool) -> int:
@@ -119,6 +163,24 @@ def int8_layer_extra(spec: TrainingSpec, eager: bool, *, ctx_only: bool) -> int:
         # the QLoRA layer counts it already when a plain fp32 o_proj adapter saves it
         extra += (2 if amp else 0 if kept_by_adapter(("o_proj",)) else 4) * q
     return extra
+
+
+def int8_first_layer_unsaved(spec: TrainingSpec) -> int:
+    """Bytes per token the first layer's q/k/v ``ctx.A`` does not keep without checkpointing.
+
+    Its input is the frozen embedding's output, and k-bit preparation adds no input-gradient hook without
+    gradient checkpointing (peft 0.21.2 ``utils/other.py`` ``prepare_model_for_kbit_training`` calls
+    ``enable_input_require_grads`` only when ``use_gradient_checkpointing``). So the input norm's output needs no
+    gradient, no q/k/v ``MatMul8bitLt`` / ``MatMul8bitFp`` node is recorded (torch ``autograd.Function.apply``
+    records none when no input requires grad: bitsandbytes 0.50.2 ``autograd/_functions.py``) and no ``ctx`` keeps
+    that fp32 tensor. An adapter that reads it itself (fp32, no dropout) still keeps it.
+    """
+    if not int8_formula_applies(spec) or spec.activations.checkpointing:
+        return 0
+    lora = spec.lora
+    amp = spec.precision.mixed_precision is not MixedPrecision.NO
+    kept_by_adapter = lora is not None and lora.dropout == 0 and not amp and bool(_targets(spec) & set(_QKV))
+    return 0 if kept_by_adapter else 4 * spec.model.shape.hidden_size
 
 
 def int8_checkpointed_inputs(spec: TrainingSpec) -> int:

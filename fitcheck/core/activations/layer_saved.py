@@ -22,6 +22,7 @@ from fitcheck.core.activations.heads import (
     classifier_logits,
 )
 from fitcheck.core.activations.int8 import (
+    int8_first_layer_unsaved,
     int8_formula_applies,
     int8_layer_saved_per_token,
 )
@@ -448,7 +449,7 @@ def _first_layer_unsaved(spec: TrainingSpec, m: _Mode, liger_norm: bool) -> int:
     if lora.dropout > 0:
         # layer 0's q/k/v adapters drop a tensor that needs no gradient: no mask kept (trace: 3 empty_like less)
         total += m.dm * sh.hidden_size * len(_lora_targets(spec) & {*_ATTN_LINEARS, "qkv_proj"})
-    return total
+    return total + int8_first_layer_unsaved(spec)  # LLM.int8: no q/k/v ctx.A in layer 0 (activations/int8.py)
 
 
 def _logits(spec: TrainingSpec) -> tuple[int, int]:
