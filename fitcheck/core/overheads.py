@@ -29,12 +29,16 @@ MIB = 1024**2
 # --- CUDA context (outside the allocator: visible to nvidia-smi, not to torch) ---------------------
 # torch sets CUDA_MODULE_LOADING=LAZY unless the user set it (pytorch/pytorch PR #86509, torch >= 1.13), and
 # CUDA >= 12.2 loads lazily by default on Linux (CUDA C++ Programming Guide, "Lazy Loading").
-# Most recent published figure: 426 MiB in nvidia-smi for a bare context, PyTorch 2.10.0+cu130, RTX 6000 Ada
-# (unslothai/unsloth-zoo PR #1053); 287,047,680 B after one small op with LAZY vs 666,632,192 B with EAGER in
-# PR #86509; "~400MB" with lazy loading (ptrblck, pytorch/pytorch#109888). Kernels that the step loads later
-# (cuBLAS, attention, optimizer) add to it; no published per-generation split was found, so one number serves
-# every GPU generation.
-CUDA_CONTEXT_LAZY_BYTES = 426 * MIB
+# Measured in this repo (benchmarks/data/gpu_truth_nvidia_h100_80gb_hbm3.json and gpu_truth_nvidia_h200.json,
+# torch 2.11.0+cu130, driver 580.159): nvidia-smi-style used memory (mem_get_info total - free) minus
+# max_memory_reserved at a training step's peak is 766.8 MiB on all 8 H100 rows and on 9 of 21 H200 rows
+# (750.8 on 5 eager/GPT-2/Gemma-2 rows, 768.8 on 4, 830.8 on the 3 LLM.int8 rows, whose bitsandbytes kernels
+# load on top). Right after torch.cuda.init() it is 526.8 MiB (`used_at_init`): the step's kernels (cuBLAS,
+# attention, optimizer) load lazily on top of the bare context. Published bare-context figures are lower:
+# 426 MiB, PyTorch 2.10.0+cu130, RTX 6000 Ada (unslothai/unsloth-zoo PR #1053); 287,047,680 B after one small
+# op with LAZY vs 666,632,192 B with EAGER (pytorch/pytorch PR #86509); "~400MB" (ptrblck, pytorch#109888).
+# The step-time figure is what a run shows; no per-generation split was measured, so it serves every GPU.
+CUDA_CONTEXT_LAZY_BYTES = 767 * MIB
 
 # --- cuBLAS workspaces (inside the allocator) ------------------------------------------------------
 # aten/src/ATen/cuda/CublasHandlePool.cpp parseChosenWorkspaceSize(): default ":4096:2:16:8" =
@@ -136,8 +140,8 @@ def overhead_components(spec: TrainingSpec) -> tuple[Component, ...]:
             "overhead.cuda_context",
             Category.OVERHEAD,
             CUDA_CONTEXT_LAZY_BYTES,
-            "426 MiB bare context with lazy module loading, torch 2.10+cu130 (unsloth-zoo PR #1053); torch "
-            "sets CUDA_MODULE_LOADING=LAZY (pytorch PR #86509)",
+            "767 MiB: nvidia-smi used minus max_memory_reserved at a step's peak, measured on H100 and H200, "
+            "torch 2.11+cu130 (benchmarks/data/gpu_truth_nvidia_*.json); lazy module loading (pytorch PR #86509)",
             "CUDA context (driver state and loaded kernels); not in max_memory_allocated/reserved",
             location=Location.DEVICE_OTHER,
         )
