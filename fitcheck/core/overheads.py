@@ -64,6 +64,11 @@ CUBLAS_THREADS = 2
 # (NVIDIA/nccl#986, sjeaugey). Each extra communicator adds its own buffers (NVIDIA/nccl#864).
 NCCL_TWO_RANKS_BYTES = 544 * MIB
 NCCL_MANY_RANKS_BYTES = 688 * MIB
+# DeepSpeed initialises a NCCL process group even for one process (deepspeed.init_distributed, which the
+# Trainer's accelerate state calls), and its engine's collectives create communicators on it. Measured in this repo
+# (benchmarks/data/trainer_gpu_nvidia_h200.json, a real Trainer + ZeRO-2 and ZeRO-3 on one H200 process):
+# used minus max_memory_reserved at steps 2-3 is 1716.8 MiB, the CUDA context (767 MiB) plus 950 MiB.
+NCCL_DEEPSPEED_ONE_PROCESS_BYTES = 950 * MIB
 
 
 def _gpu_family(spec: TrainingSpec) -> str:
@@ -112,7 +117,11 @@ def nccl_bytes(spec: TrainingSpec) -> int:
         Bytes outside torch's allocator.
     """
     n = spec.sharding.num_processes
-    if spec.hardware.device_type is DeviceType.CPU or n <= 1 or spec.sharding.strategy is Strategy.SINGLE:
+    if spec.hardware.device_type is DeviceType.CPU:
+        return 0
+    if n <= 1 and spec.sharding.strategy is Strategy.DEEPSPEED:
+        return NCCL_DEEPSPEED_ONE_PROCESS_BYTES
+    if n <= 1 or spec.sharding.strategy is Strategy.SINGLE:
         return 0
     per_group = NCCL_TWO_RANKS_BYTES if n == 2 else NCCL_MANY_RANKS_BYTES
     groups = 1
@@ -166,6 +175,8 @@ def overhead_components(spec: TrainingSpec) -> tuple[Component, ...]:
                 "overhead.nccl",
                 Category.OVERHEAD,
                 nccl,
+                "NCCL buffers: DeepSpeed on one process, 950 MiB measured on an H200 (benchmarks/data/"
+                "trainer_gpu_nvidia_h200.json)" if spec.sharding.num_processes <= 1 else
                 "NCCL buffers measured per process group after an all-reduce, 4x A100 NVLink: 544 MiB for 2 "
                 "ranks, 688 MiB for 3+ (NVIDIA/nccl#964)",
                 f"{spec.sharding.num_processes} processes; not in max_memory_allocated/reserved",
