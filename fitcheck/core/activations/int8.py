@@ -29,7 +29,8 @@ How the CUDA answer is derived (bitsandbytes 0.50.2, peft 0.21.2, torch aten; ch
   traced 4-bit layer (``Linear4bit`` casts back to the input dtype). ``MatMul8bitLt.backward`` dequantizes
   ``CB`` in ``dtype_A`` for ``grad_A`` exactly as ``MatMul8bitFp.backward`` does.
 * What differs from the CPU trace: peft's LoRA dropout (``nn.Dropout``, p = 0.05) runs ``native_dropout`` on
-  CUDA (bool mask, 1 B/element; CPU keeps fp32 noise): :func:`int8_cuda_dropout_mask_excess`. ``subA``, a copy of
+  CUDA (bool mask, 1 B/element; CPU keeps fp32 noise), counted by the QLoRA layer it shares
+  (:func:`fitcheck.core.activations.qlora.lora_dropout_mask_bytes`). ``subA``, a copy of
   the outlier columns in ``A.dtype``, depends on the values and is not counted (a trained model has a few
   outlier features; the random weights of ``benchmarks/gpu_truth.py`` put one in almost every down_proj input
   column, ``benchmarks/int8_cuda_outliers.py``). Layer 0 without checkpointing records no q/k/v node
@@ -109,28 +110,7 @@ def int8_layer_saved_per_token(spec: TrainingSpec, eager: bool) -> tuple[int, in
         The per-token bytes and the eager-attention s² coefficient.
     """
     per_token, s2 = qlora_layer_saved_per_token(spec, eager)
-    return per_token + int8_layer_extra(spec, eager, ctx_only=False) - int8_cuda_dropout_mask_excess(spec), s2
-
-
-def int8_cuda_dropout_mask_excess(spec: TrainingSpec) -> int:
-    """Bytes per token the traced (CPU) QLoRA layer counts for LoRA dropout masks beyond what CUDA keeps.
-
-    peft 0.21.2 ``tuners/lora/bnb.py`` ``Linear8bitLt.forward`` runs ``lora_B(lora_A(dropout(x)))`` per adapter,
-    each with its own ``nn.Dropout``. torch's ``at::dropout`` (aten/src/ATen/native/Dropout.cpp) takes
-    ``native_dropout`` for a CUDA tensor with 0 < p < 1 (``is_fused_kernel_acceptable``), which saves a bool mask
-    (1 B per element); on CPU ``_dropout_impl`` keeps ``empty_like(input).bernoulli_()`` in the input dtype, the
-    fp32 noise (4 B) :func:`qlora_layer_saved_per_token` counts from the CPU trace. The dropout output (fp32, or
-    its 16-bit autocast cast kept by ``lora_A``) is the same on both. So on CUDA each adapter's mask is 3 B per
-    input element less: q/k/v and gate/up read ``hidden_size``-wide inputs, o_proj the attention output, down_proj
-    the ``intermediate_size``-wide product.
-    """
-    lora = spec.lora
-    if lora is None or lora.dropout <= 0 or spec.hardware.device_type is not DeviceType.CUDA:
-        return 0
-    sh = spec.model.shape
-    h, inter, q = sh.hidden_size, sh.intermediate_size, sh.num_heads * sh.head_dim
-    widths = {"q_proj": h, "k_proj": h, "v_proj": h, "o_proj": q, "gate_proj": h, "up_proj": h, "down_proj": inter}
-    return (4 - 1) * sum(widths[n] for n in _targets(spec))
+    return per_token + int8_layer_extra(spec, eager, ctx_only=False), s2
 
 
 def int8_layer_extra(spec: TrainingSpec, eager: bool, *, ctx_only: bool) -> int:

@@ -44,6 +44,7 @@ from fitcheck.core.activations.norms import qk_norm_outside, qk_norm_saved
 from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
 from fitcheck.core.activations.qlora import (
     kbit_upcast,
+    lora_dropout_mask_bytes,
     qlora_formula_applies,
     qlora_frozen_head,
     qlora_layer_saved_per_token,
@@ -60,7 +61,6 @@ from fitcheck.core.kernels import (
 from fitcheck.spec import (
     AttentionKind,
     AttnImpl,
-    DeviceType,
     LayerRecipe,
     LoraSpec,
     MixedPrecision,
@@ -93,8 +93,7 @@ def _mode(spec: TrainingSpec) -> _Mode:
     half = spec.precision.load_dtype.is_half and not kbit_upcast(spec)
     amp = spec.precision.mixed_precision is not MixedPrecision.NO
     autocast = not half and amp
-    # aten Dropout.cpp: CUDA takes native_dropout (bool mask), CPU _dropout_impl keeps empty_like(input) noise
-    dm = 1 if spec.hardware.device_type is DeviceType.CUDA else 4
+    dm = lora_dropout_mask_bytes(spec)  # aten Dropout.cpp: CUDA native_dropout's bool mask, CPU fp32 noise
     return _Mode(e=2 if half or autocast else 4, r=2 if half else 4, autocast=autocast, half_model=half, amp=amp,
                  dm=dm)
 

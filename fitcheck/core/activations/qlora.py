@@ -24,7 +24,7 @@ cache.
 from __future__ import annotations
 
 from fitcheck.core.activations.norms import qk_norm_saved
-from fitcheck.spec import Dtype, LoraSpec, MixedPrecision, TrainingSpec
+from fitcheck.spec import DeviceType, Dtype, LoraSpec, MixedPrecision, TrainingSpec
 
 # Families whose decoder layer is the Llama one (q/k/v/o, gate/up/down, RMSNorm) declare ``kbit_pinned``.
 _QKV = ("q_proj", "k_proj", "v_proj")
@@ -61,20 +61,35 @@ def four_bit_lora(spec: TrainingSpec) -> bool:
     return quant is not None and quant.bits == 4 and spec.lora is not None
 
 
+def lora_dropout_mask_bytes(spec: TrainingSpec) -> int:
+    """Bytes per input element the dropout of a LoRA branch keeps for backward: 1 on CUDA, 4 on CPU (fp32 input).
+
+    peft 0.21.2 ``tuners/lora/bnb.py`` ``Linear4bit.forward`` / ``Linear8bitLt.forward`` (and ``layer.py``
+    ``Linear.forward``) run ``lora_B(lora_A(dropout(x)))`` per adapter, each with its own ``nn.Dropout``. torch's
+    ``at::dropout`` (aten/src/ATen/native/Dropout.cpp) takes ``native_dropout`` for a CUDA tensor with 0 < p < 1
+    (``is_fused_kernel_acceptable``), which saves a bool mask (1 B per element); on CPU ``_dropout_impl`` keeps
+    ``at::empty_like(input).bernoulli_()`` noise in the input's dtype (fp32 after k-bit preparation: 4 B). The
+    dropout output is the same on both. Traces: ``tests/test_tracer_cuda_dropout.py`` (CUDA-emulating kernel).
+    """
+    return 1 if spec.hardware.device_type is DeviceType.CUDA else 4
+
+
 def _targets(lora: LoraSpec) -> frozenset[str]:
     if "all-linear" in lora.target_modules:
         return frozenset(_ALL)
     return frozenset(n for n in _ALL if n in lora.target_modules)
 
 
-def _adapters(lora: LoraSpec, hits: int, width: int, autocast: bool, input_kept: bool) -> int:
-    """Bytes per token the LoRA branches of ``hits`` targets reading one ``width``-wide fp32 tensor save."""
+def _adapters(lora: LoraSpec, hits: int, width: int, autocast: bool, input_kept: bool, mask: int) -> int:
+    """Bytes per token the LoRA branches of ``hits`` targets reading one ``width``-wide fp32 tensor save
+    (``mask``: :func:`lora_dropout_mask_bytes`)."""
     if not hits:
         return 0
     drop = lora.dropout > 0
     if drop:
-        # fp32 dropout mask (empty_like) per adapter; its fp32 output is saved by lora_A, or its bf16 cast
-        per_input = 4 * width + (2 * width if autocast else 4 * width)
+        # dropout mask per adapter (CPU: fp32 empty_like noise; CUDA: bool); its fp32 output is saved by lora_A,
+        # or its bf16 cast
+        per_input = mask * width + (2 * width if autocast else 4 * width)
         total = hits * per_input
     elif autocast:
         total = hits * 2 * width  # each lora_A casts the input to bf16 (trace: _to_copy per adapter)
@@ -103,7 +118,8 @@ def qlora_layer_saved_per_token(spec: TrainingSpec, eager: bool) -> tuple[int, i
     q, kv = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim
     e = 2 if autocast else 4  # dtype of what attention saves (autocast casts q, k, v to bf16)
     total = 2 * (4 * h + 4)  # each RMSNorm saves its fp32 input and rsqrt (trace: add, rsqrt)
-    total += _adapters(lora, len(t & set(_QKV)), h, autocast, False)
+    mask = lora_dropout_mask_bytes(spec)
+    total += _adapters(lora, len(t & set(_QKV)), h, autocast, False, mask)
     if eager:
         # fp32: rotary q, repeat_kv clones of K and V, transpose(1,2).contiguous() of the output (4 x q);
         # autocast: bf16 casts of q and k^T and the bf16 output copy (trace "qwen2 qlora eager": 3 x q)
@@ -135,10 +151,11 @@ def qlora_saved_after_attention(spec: TrainingSpec) -> int:
     h, q, inter = sh.hidden_size, sh.num_heads * sh.head_dim, sh.intermediate_size
     total = 4 * h + 4  # the post-attention RMSNorm's fp32 input and rsqrt (trace: add, rsqrt)
     # o_proj reads the attention output, already saved by SDPA / the contiguous copy
-    total += _adapters(lora, len(t & {"o_proj"}), q, autocast, True)
-    total += _adapters(lora, len(t & set(_GATE_UP)), h, autocast, False)
+    mask = lora_dropout_mask_bytes(spec)
+    total += _adapters(lora, len(t & {"o_proj"}), q, autocast, True, mask)
+    total += _adapters(lora, len(t & set(_GATE_UP)), h, autocast, False, mask)
     total += 3 * 4 * inter  # gate and up outputs (fp32: Linear4bit casts back to the input dtype), act(gate)
-    return total + _adapters(lora, len(t & {"down_proj"}), inter, autocast, False)  # act*up, the down_proj input
+    return total + _adapters(lora, len(t & {"down_proj"}), inter, autocast, False, mask)  # act*up, down_proj in
 
 
 def lora_layer_params(spec: TrainingSpec) -> int:
