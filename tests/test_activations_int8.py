@@ -12,7 +12,6 @@ from tiny_models import spec_from_config
 
 from fitcheck.core.activations.int8 import (
     int8_checkpointed_inputs,
-    int8_cuda_dropout_mask_excess,
     int8_formula_applies,
     int8_layer_saved_per_token,
 )
@@ -88,8 +87,8 @@ def test_cuda_int8_autocast_keeps_fp32_mlp_outputs() -> None:
     MatMul8bitFp runs F.linear under autocast (bf16 outputs)."""
     cpu = spec_from_config(TINY, seq=SEQ, mixed="bf16", lora=DROP, quant=INT8)
     cuda = dataclasses.replace(cpu, hardware=HardwareSpec(device_type=DeviceType.CUDA))
-    inter = TINY["intermediate_size"]
-    masks = int8_cuda_dropout_mask_excess(cuda)  # CUDA's bool dropout masks (below)
+    h, inter = TINY["hidden_size"], TINY["intermediate_size"]
+    masks = 3 * (6 * h + inter)  # CUDA's bool dropout masks (below; o_proj reads q = h wide)
     assert int8_layer_saved_per_token(cuda, False)[0] - int8_layer_saved_per_token(cpu, False)[0] == 8 * inter - masks
     assert int8_checkpointed_inputs(cuda) - int8_checkpointed_inputs(cpu) == 2 * inter
 
@@ -97,7 +96,8 @@ def test_cuda_int8_autocast_keeps_fp32_mlp_outputs() -> None:
 def test_cuda_lora_dropout_keeps_a_bool_mask_not_fp32_noise() -> None:
     """torch: CPU ``F.dropout`` saves fp32 noise of its input's size; ``native_dropout`` (what CUDA runs for
     0 < p < 1, aten Dropout.cpp ``is_fused_kernel_acceptable``) returns a bool mask. The int8 CUDA layer counts
-    1 B per dropped element where the CPU trace counts 4 (7 adapters: q/k/v/gate/up on h, o_proj on q, down on I)."""
+    1 B per dropped element where the CPU trace counts 4 (7 adapters: q/k/v/gate/up on h, o_proj on q, down on I),
+    through the QLoRA layer it shares (``qlora.lora_dropout_mask_bytes``)."""
     import torch
 
     x = torch.randn(8, 32, requires_grad=True)
@@ -110,9 +110,15 @@ def test_cuda_lora_dropout_keeps_a_bool_mask_not_fp32_noise() -> None:
     cuda = dataclasses.replace(cpu, hardware=HardwareSpec(device_type=DeviceType.CUDA))
     h, inter = TINY["hidden_size"], TINY["intermediate_size"]
     q = TINY["hidden_size"]  # 4 heads x 64
-    assert int8_cuda_dropout_mask_excess(cpu) == 0
-    assert int8_cuda_dropout_mask_excess(cuda) == 3 * (5 * h + q + inter)
-    assert int8_cuda_dropout_mask_excess(dataclasses.replace(cuda, lora=PLAIN)) == 0
+
+    def gap(cpu_spec: Any) -> int:
+        cuda_spec = dataclasses.replace(cpu_spec, hardware=HardwareSpec(device_type=DeviceType.CUDA))
+        return qlora_layer_saved_per_token(cpu_spec, False)[0] - qlora_layer_saved_per_token(cuda_spec, False)[0]
+
+    assert gap(cpu) == 3 * (5 * h + q + inter)
+    assert gap(dataclasses.replace(cpu, lora=PLAIN)) == 0
+    assert int8_layer_saved_per_token(cpu, False)[0] - int8_layer_saved_per_token(cuda, False)[0] == (
+        gap(cpu) - 8 * inter)  # the masks, less the fp32 MLP of MatMul8bitLt (above)
 
 
 def test_cuda_int8_llama2_7b_layer_from_source() -> None:
