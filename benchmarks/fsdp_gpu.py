@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,33 @@ def _counters() -> dict[str, int]:
     return {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
             "allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
             "used": total - free}
+
+
+def failed(out: dict[str, Any], exc: BaseException) -> None:
+    """Record a case's failure in its row: ``oom`` (a result) or ``error`` with the traceback's end."""
+    oom = "out of memory" in str(exc).lower()
+    out.update(status="oom" if oom else "error", error=f"{type(exc).__name__}: {exc}"[:800],
+               traceback=traceback.format_exc()[-3000:])
+
+
+def probe(measured: dict[str, Any], counters: Callable[[], dict[str, int]]) -> Any:
+    """A ``TrainerCallback`` that records ``counters()`` into ``measured`` at ``on_train_begin`` (``prepare``, with the
+    parameters' dtypes) and after step 1 (``step1``), resetting the peaks after each."""
+    import torch
+    import transformers
+
+    class Probe(transformers.TrainerCallback):  # type: ignore[misc]
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            measured["prepare"] = counters()
+            measured["param_dtypes"] = sorted({str(p.dtype) for p in kw["model"].parameters()})
+            torch.cuda.reset_peak_memory_stats()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step == 1:
+                measured["step1"] = counters()
+                torch.cuda.reset_peak_memory_stats()
+
+    return Probe()
 
 
 def build_on_cpu(config: dict[str, Any], dtype: Any) -> Any:
@@ -118,23 +146,13 @@ def worker(case: str) -> dict[str, Any]:
             data = [{"input_ids": r, "labels": r} for r in ids]
             measured: dict[str, Any] = {}
 
-            class Probe(transformers.TrainerCallback):  # type: ignore[misc]
-                def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-                    measured["prepare"] = _counters()
-                    measured["param_dtypes"] = sorted({str(p.dtype) for p in kw["model"].parameters()})
-                    torch.cuda.reset_peak_memory_stats()
-
-                def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-                    if state.global_step == 1:
-                        measured["step1"] = _counters()
-                        torch.cuda.reset_peak_memory_stats()
-
             targs = transformers.TrainingArguments(
                 output_dir=str(work / "out"), per_device_train_batch_size=BATCH, max_steps=3, bf16=True,
                 fsdp="full_shard auto_wrap", fsdp_config=str(work / "fsdp_config.json"), optim="adamw_torch_fused",
                 save_strategy="no", report_to="none", logging_steps=1000, dataloader_num_workers=0,
                 gradient_checkpointing=ckpt)
-            trainer = transformers.Trainer(model=model, args=targs, train_dataset=data, callbacks=[Probe()])
+            trainer = transformers.Trainer(model=model, args=targs, train_dataset=data,
+                                           callbacks=[probe(measured, _counters)])
             torch.cuda.reset_peak_memory_stats()
             trainer.train()
             measured["step"] = _counters()
@@ -143,9 +161,7 @@ def worker(case: str) -> dict[str, Any]:
             measured["save"] = _counters()
             out["measured"] = measured
     except Exception as exc:
-        oom = "out of memory" in str(exc).lower()
-        out.update(status="oom" if oom else "error", error=f"{type(exc).__name__}: {exc}"[:800],
-                   traceback=traceback.format_exc()[-3000:])
+        failed(out, exc)
     out["seconds"] = round(time.perf_counter() - started, 1)
     return out
 
@@ -196,12 +212,35 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def rescore(path: Path) -> list[dict[str, Any]]:
-    """The measured rows of a data file with estimates recomputed by this checkout (measurements untouched)."""
-    from gpu_truth import _estimate, _gpu_flag, parse_values
-
+def model_dir(work: Path, model: str = MODEL) -> Path:
+    """``work/model`` holding the catalog's config.json of ``model`` (what an estimate of a row reads)."""
     from fitcheck.catalog import find_catalog_config
 
+    found = find_catalog_config(model)
+    assert found is not None
+    (work / "model").mkdir()
+    (work / "model" / "config.json").write_text(json.dumps(found[0]), encoding="utf-8")
+    return work / "model"
+
+
+def estimate_row(argv: list[str], env: dict[str, Any]) -> dict[str, Any]:
+    """``fitcheck estimate`` of a row's flags on the GPU the row ran on (``env``: its recorded environment)."""
+    from gpu_truth import _estimate, _gpu_flag, parse_values
+
+    values = parse_values(argv)
+    values.update(_gpu_flag(str(env.get("gpu_name", "H100")), int(env.get("gpu_total_bytes", 0) or 0)))
+    return _estimate(values)
+
+
+def rewrite_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Replace a data file's rows (``--rescore``: measurements untouched, estimates by this checkout)."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc["rows"] = rows
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def rescore(path: Path) -> list[dict[str, Any]]:
+    """The measured rows of a data file with estimates recomputed by this checkout (measurements untouched)."""
     rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
     out = []
     for r in rows:
@@ -209,51 +248,59 @@ def rescore(path: Path) -> list[dict[str, Any]]:
             out.append(r)
             continue
         dtype, version, ckpt = CASES[r["case"]]
-        env = r.get("environment") or {}
         with tempfile.TemporaryDirectory(prefix="fsdp_gpu_") as tmp:
             work = Path(tmp)
-            found = find_catalog_config(MODEL)
-            assert found is not None
-            (work / "model").mkdir()
-            (work / "model" / "config.json").write_text(json.dumps(found[0]), encoding="utf-8")
-            values = parse_values(estimate_argv(work / "model", dtype, _fsdp_config(version, work), ckpt))
-            values.update(_gpu_flag(str(env.get("gpu_name", "H100")), int(env.get("gpu_total_bytes", 0) or 0)))
+            argv = estimate_argv(model_dir(work), dtype, _fsdp_config(version, work), ckpt)
             row = {k: v for k, v in r.items() if k != "estimate_phases"}  # now inside the estimate ("phases")
-            out.append({**row, "estimate": _estimate(values)})
+            out.append({**row, "estimate": estimate_row(argv, r.get("environment") or {})})
     return out
+
+
+def cases_main(argv: list[str], name: str, cases: list[str], prefix: str,
+               worker_fn: Callable[[str], dict[str, Any]], rescore_fn: Callable[[Path], list[dict[str, Any]]],
+               table_fn: Callable[[list[dict[str, Any]]], str], timeout_s: float, method: str | None = None) -> int:
+    """The CLI of a per-case GPU benchmark (``fsdp_gpu.py``, ``trainer_gpu.py``): run the cases (each in its own
+    1-process ``torch.distributed.run``) or one as a worker, or ``--rescore`` a data file; print the table, write
+    ``<name>_<gpu>.json`` after every case."""
+    ap = argparse.ArgumentParser(description=method)
+    ap.add_argument("--worker", default=None)
+    ap.add_argument("--cases", nargs="+", default=cases)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "data"))
+    ap.add_argument("--timeout_s", type=float, default=timeout_s)
+    ap.add_argument("--budget_s", type=float, default=3600.0, help="start no case after this many seconds")
+    ap.add_argument("--rescore", default=None, metavar="JSON", help="re-estimate a data file's rows (no GPU)")
+    args = ap.parse_args(argv)
+    if args.rescore:
+        rows = rescore_fn(Path(args.rescore))
+        rewrite_rows(Path(args.rescore), rows)
+        print(table_fn(rows))
+        return 0
+    if args.worker:
+        print(prefix + json.dumps(worker_fn(args.worker)), flush=True)
+        return 0
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    script = str(ROOT / "benchmarks" / f"{name}.py")
+    for case in args.cases:
+        left = args.budget_s - (time.perf_counter() - start)
+        if left < 30:
+            rows.append({"case": case, "status": "skipped", "error": "time budget"})
+            continue
+        print(f"... {case}", file=sys.stderr, flush=True)
+        rows.append(run_worker(script, [case], prefix, min(args.timeout_s, left), {"case": case}))
+        gpu = next((r["environment"].get("gpu_name") for r in rows if r.get("environment")), None) or "cuda"
+        slug = "".join(c if c.isalnum() else "_" for c in str(gpu).lower()).strip("_")
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        doc = {"schema": 1, "command": [f"benchmarks/{name}.py", *argv], **({"method": method} if method else {}),
+               "rows": rows}
+        (Path(args.out) / f"{name}_{slug}.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(table_fn(rows))
+    return 0 if any(r.get("status") == "ok" for r in rows) else 1
 
 
 def main(argv: list[str]) -> int:
     """Run the cases (or one, as a worker), print the table, write ``fsdp_gpu_<gpu>.json``."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--worker", default=None)
-    ap.add_argument("--cases", nargs="+", default=list(CASES))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "data"))
-    ap.add_argument("--timeout_s", type=float, default=150.0)
-    ap.add_argument("--rescore", default=None, metavar="JSON", help="re-estimate a data file's rows (no GPU)")
-    args = ap.parse_args(argv)
-    if args.rescore:
-        rows = rescore(Path(args.rescore))
-        doc = json.loads(Path(args.rescore).read_text(encoding="utf-8"))
-        doc["rows"] = rows
-        Path(args.rescore).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-        print(table(rows))
-        return 0
-    if args.worker:
-        print(PREFIX + json.dumps(worker(args.worker)), flush=True)
-        return 0
-    rows = []
-    for case in args.cases:
-        print(f"... {case}", file=sys.stderr, flush=True)
-        rows.append(run_case(case, args.timeout_s))
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        gpu = next((r["environment"]["gpu_name"] for r in rows if r.get("environment")), "cuda")
-        slug = "".join(c if c.isalnum() else "_" for c in str(gpu).lower()).strip("_")
-        (Path(args.out) / f"fsdp_gpu_{slug}.json").write_text(
-            json.dumps({"schema": 1, "command": ["benchmarks/fsdp_gpu.py", *argv], "rows": rows}, indent=1) + "\n",
-            encoding="utf-8")
-    print(table(rows))
-    return 0 if any(r.get("status") == "ok" for r in rows) else 1
+    return cases_main(argv, "fsdp_gpu", list(CASES), PREFIX, worker, rescore, table, 150.0, __doc__)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ CPU:  ``PYTHONPATH=. python benchmarks/gpu_truth.py --device cpu``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -50,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_truth_step import build_model, make_optimizer, train_steps
+from gpu_truth_step import _environment, build_model, make_optimizer, train_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_PREFIX = "GPU_TRUTH_RESULT "
@@ -174,24 +173,6 @@ def parse_values(argv: Sequence[str]) -> dict[str, object]:
 # -------------------------------------------------------------------------------------------------- a row
 def _err(est: int | None, meas: int | None) -> float | None:
     return None if not est or not meas else round((est - meas) / meas * 100, 2)
-
-
-def _environment(device: str) -> dict[str, Any]:
-    import torch
-    import transformers
-
-    env: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__,
-                           "python": sys.version.split()[0],
-                           "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
-    for mod in ("peft", "bitsandbytes", "accelerate"):
-        with contextlib.suppress(Exception):
-            env[mod] = __import__(mod).__version__
-    if device == "cuda":
-        torch.cuda.init()  # type: ignore[no-untyped-call]
-        free, total = torch.cuda.mem_get_info()
-        env.update(gpu_name=torch.cuda.get_device_name(0), gpu_total_bytes=total, used_at_init=total - free,
-                   cuda=torch.version.cuda)
-    return env
 
 
 def run_row(row: Row, device: str) -> dict[str, Any]:

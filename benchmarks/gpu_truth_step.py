@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import statistics
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -206,6 +208,24 @@ def train_steps(model: Any, opt: Any, values: Mapping[str, object], device: str,
     if per_step:
         out["per_step"] = per_step
     return out
+
+
+def _environment(device: str) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    env: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__,
+                           "python": sys.version.split()[0],
+                           "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
+    for mod in ("peft", "bitsandbytes", "accelerate"):
+        with contextlib.suppress(Exception):
+            env[mod] = __import__(mod).__version__
+    if device == "cuda":
+        torch.cuda.init()  # type: ignore[no-untyped-call]
+        free, total = torch.cuda.mem_get_info()
+        env.update(gpu_name=torch.cuda.get_device_name(0), gpu_total_bytes=total, used_at_init=total - free,
+                   cuda=torch.version.cuda)
+    return env
 
 
 def _cuda_counters() -> dict[str, int]:

@@ -23,12 +23,10 @@ flags on any machine. ``PYTHONPATH=. python benchmarks/trainer_gpu.py --out DIR`
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +81,11 @@ def worker(case: str) -> dict[str, Any]:
     started = time.perf_counter()
     dry = os.environ.get("TRAINER_GPU_DRY") == "1"
     os.environ.setdefault("DS_ACCELERATOR", "cpu" if dry else "cuda")
+    from fsdp_gpu import build_on_cpu, failed, probe
+
     try:
         import torch
         import transformers
-        from fsdp_gpu import build_on_cpu
         from gpu_truth import _environment
 
         if dry:
@@ -131,19 +130,8 @@ def worker(case: str) -> dict[str, Any]:
             ids = torch.randint(0, int(config["vocab_size"]), (BATCH * 3 + EVAL_SAMPLES, SEQ))
             data = [{"input_ids": r, "labels": r} for r in ids]
 
-            class Probe(transformers.TrainerCallback):  # type: ignore[misc]
-                def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-                    measured["prepare"] = _counters()
-                    measured["param_dtypes"] = sorted({str(p.dtype) for p in kw["model"].parameters()})
-                    torch.cuda.reset_peak_memory_stats()
-
-                def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-                    if state.global_step == 1:
-                        measured["step1"] = _counters()
-                        torch.cuda.reset_peak_memory_stats()
-
             trainer = transformers.Trainer(model=model, args=targs, train_dataset=data[:BATCH * 3],
-                                           eval_dataset=data[BATCH * 3:], callbacks=[Probe()])
+                                           eval_dataset=data[BATCH * 3:], callbacks=[probe(measured, _counters)])
             torch.cuda.reset_peak_memory_stats()
             trainer.train()
             measured["step"] = _counters()
@@ -156,9 +144,7 @@ def worker(case: str) -> dict[str, Any]:
                     measured[phase] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
             out["measured"] = measured
     except Exception as exc:
-        oom = "out of memory" in str(exc).lower()
-        out.update(status="oom" if oom else "error", error=f"{type(exc).__name__}: {exc}"[:800],
-                   traceback=traceback.format_exc()[-3000:])
+        failed(out, exc)
     out["seconds"] = round(time.perf_counter() - started, 1)
     return out
 
@@ -191,68 +177,25 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def rescore(path: Path) -> list[dict[str, Any]]:
     """The measured rows of a data file with ``fitcheck estimate`` of their flags (measurements untouched)."""
-    from gpu_truth import _estimate, _gpu_flag, parse_values
-
-    from fitcheck.catalog import find_catalog_config
+    from fsdp_gpu import estimate_row, model_dir
 
     out = []
     for r in json.loads(path.read_text(encoding="utf-8"))["rows"]:
         if r.get("status") != "ok" or r.get("case") not in CASES:
             out.append(r)
             continue
-        env = r.get("environment") or {}
         with tempfile.TemporaryDirectory(prefix="trainer_gpu_") as tmp:
             work = Path(tmp)
-            found = find_catalog_config(MODEL)
-            assert found is not None
-            (work / "model").mkdir()
-            (work / "model" / "config.json").write_text(json.dumps(found[0]), encoding="utf-8")
-            values = parse_values(estimate_argv(work / "model", r["case"], work))
-            values.update(_gpu_flag(str(env.get("gpu_name", "H100")), int(env.get("gpu_total_bytes", 0) or 0)))
-            out.append({**r, "estimate": _estimate(values)})
+            argv = estimate_argv(model_dir(work, MODEL), r["case"], work)
+            out.append({**r, "estimate": estimate_row(argv, r.get("environment") or {})})
     return out
 
 
 def main(argv: list[str]) -> int:
     """Run the cases (each in its own 1-process ``torch.distributed.run``), print, write ``trainer_gpu_<gpu>.json``."""
-    from fsdp_gpu import run_worker
+    from fsdp_gpu import cases_main
 
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--worker", default=None)
-    ap.add_argument("--cases", nargs="+", default=list(CASES))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "data"))
-    ap.add_argument("--timeout_s", type=float, default=120.0)
-    ap.add_argument("--budget_s", type=float, default=400.0, help="start no case after this many seconds")
-    ap.add_argument("--rescore", default=None, metavar="JSON", help="add the estimates to a data file (no GPU)")
-    args = ap.parse_args(argv)
-    if args.rescore:
-        rows = rescore(Path(args.rescore))
-        doc = json.loads(Path(args.rescore).read_text(encoding="utf-8"))
-        doc["rows"] = rows
-        Path(args.rescore).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-        print(table(rows))
-        return 0
-    if args.worker:
-        print(PREFIX + json.dumps(worker(args.worker)), flush=True)
-        return 0
-    rows: list[dict[str, Any]] = []
-    start = time.perf_counter()
-    for case in args.cases:
-        left = args.budget_s - (time.perf_counter() - start)
-        if left < 30:
-            rows.append({"case": case, "status": "skipped", "error": "time budget"})
-            continue
-        print(f"... {case}", file=sys.stderr, flush=True)
-        rows.append(run_worker(str(Path(__file__).resolve()), [case], PREFIX, min(args.timeout_s, left),
-                               {"case": case}))
-        gpu = next((r["environment"].get("gpu_name") for r in rows if r.get("environment")), None) or "cuda"
-        slug = "".join(c if c.isalnum() else "_" for c in str(gpu).lower()).strip("_")
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / f"trainer_gpu_{slug}.json").write_text(
-            json.dumps({"schema": 1, "command": ["benchmarks/trainer_gpu.py", *argv], "method": __doc__,
-                        "rows": rows}, indent=1) + "\n", encoding="utf-8")
-    print(table(rows))
-    return 0 if any(r.get("status") == "ok" for r in rows) else 1
+    return cases_main(argv, "trainer_gpu", list(CASES), PREFIX, worker, rescore, table, 120.0, __doc__)
 
 
 if __name__ == "__main__":

@@ -125,15 +125,21 @@ def test_expandable_release_unmaps_free_pages_anywhere() -> None:
     assert alloc.stats.reserved == 80 * MIB
 
 
-def test_expandable_unmap_keeps_pages_shared_with_live_blocks() -> None:
-    # ExpandableSegment::unmap rounds in: of a free 25 MiB block from 15 MiB to 40 MiB only the page 20-40 MiB
-    # goes; 15-20 MiB stays mapped (its page holds the live 15 MiB block)
+def _with_unmapped_hole() -> CachingAllocator:
+    """Live 0-15 and 40-60 MiB of one expandable segment, a freed 15-40 MiB block released (``emptyCache``)."""
     alloc = CachingAllocator(EXPANDABLE)
     alloc.malloc(1, 15 * MIB)
     alloc.malloc(2, 25 * MIB)
     alloc.malloc(3, 20 * MIB)
     alloc.free(2)
     alloc.empty_cache()
+    return alloc
+
+
+def test_expandable_unmap_keeps_pages_shared_with_live_blocks() -> None:
+    # ExpandableSegment::unmap rounds in: of a free 25 MiB block from 15 MiB to 40 MiB only the page 20-40 MiB
+    # goes; 15-20 MiB stays mapped (its page holds the live 15 MiB block)
+    alloc = _with_unmapped_hole()
     assert alloc.stats.reserved == 40 * MIB
     # a 5 MiB request is served by the mapped 5 MiB left before the hole: nothing mapped
     alloc.malloc(4, 5 * MIB)
@@ -143,12 +149,7 @@ def test_expandable_unmap_keeps_pages_shared_with_live_blocks() -> None:
 def test_expandable_allocation_maps_across_a_hole() -> None:
     # try_allocate_expandable_block: a free block, the unmapped hole after it and the free space beyond are one
     # candidate when together they hold the request; only the hole's pages are mapped
-    alloc = CachingAllocator(EXPANDABLE)
-    alloc.malloc(1, 15 * MIB)
-    alloc.malloc(2, 25 * MIB)
-    alloc.malloc(3, 20 * MIB)
-    alloc.free(2)
-    alloc.empty_cache()  # 15-20 MiB free and mapped, 20-40 MiB unmapped
+    alloc = _with_unmapped_hole()  # 15-20 MiB free and mapped, 20-40 MiB unmapped
     alloc.malloc(5, 25 * MIB)  # 15-40 MiB: maps the one page back, not two pages at the end
     assert (alloc.stats.reserved, alloc.stats.allocated) == (60 * MIB, 60 * MIB)
 
