@@ -45,12 +45,10 @@ BATCH, SEQ = 4, 1024
 
 
 def _counters() -> dict[str, int]:
-    import torch
+    """The caching allocator's counters and the device's used bytes (``gpu_truth_step._cuda_counters``)."""
+    from gpu_truth_step import _cuda_counters
 
-    free, total = torch.cuda.mem_get_info()
-    return {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
-            "allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
-            "used": total - free}
+    return _cuda_counters()
 
 
 def failed(out: dict[str, Any], exc: BaseException) -> None:

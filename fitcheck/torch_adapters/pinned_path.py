@@ -257,10 +257,10 @@ class PinnedPath:
         return dataclasses.replace(report, findings=(*report.findings, note))
 
     def length_replay(self, spec: TrainingSpec) -> Any:
-        """``allocator_replay.replay_lengths`` of ``seq_lengths`` for a spec: (the sequence, the longest alone).
+        """The allocator replay of ``seq_lengths`` for a spec: (the sequence, the longest alone).
 
-        The first spec asked (the headline) is replayed: its step traced at two layer groups at each length
-        (capped at the spec's ``max_seq_length``) and run through the caching allocator in order. Later specs
+        The first spec asked (the headline) is replayed: its run at each length (capped at the spec's
+        ``max_seq_length``) run through the caching allocator in order (:meth:`_lengths_replayed`). Later specs
         (the largest micro-batch, the advisor's suggestions) reuse the headline's gap fraction rather than
         replaying N more steps each.
 
