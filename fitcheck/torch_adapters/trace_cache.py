@@ -138,7 +138,7 @@ class TraceCache:
         self.directory = Path(directory) / _SUBDIR
         self.max_bytes = max_bytes
         self._fingerprint = None if fingerprint_value is None else dict(fingerprint_value)
-        self._pruned = False
+        self._size: int | None = None  # the directory's bytes as of the last prune, plus what this process wrote
         self.hits = 0
         self.misses = 0
 
@@ -180,13 +180,17 @@ class TraceCache:
                 raise
         except (OSError, TypeError, ValueError):
             return
-        if not self._pruned:
-            self._pruned = True
-            self.prune()
+        self._size = None if self._size is None else self._size + len(text)
+        if self._size is None or self._size > self.max_bytes:  # the first write of a process, or over the bound
+            self._size = self.prune()
 
-    def prune(self) -> None:
+    def prune(self) -> int:
         """Remove the least recently used entries until the directory is under 3/4 of ``max_bytes`` (when it is
-        over ``max_bytes``)."""
+        over ``max_bytes``).
+
+        Returns:
+            The directory's bytes afterwards.
+        """
         entries = []
         with contextlib.suppress(OSError):
             for path in self.directory.iterdir():
@@ -195,13 +199,14 @@ class TraceCache:
                     entries.append((st.st_mtime, st.st_size, path))
         total = sum(size for _, size, _ in entries)
         if total <= self.max_bytes:
-            return
+            return total
         for _, size, path in sorted(entries, key=lambda e: e[0]):
             with contextlib.suppress(OSError):
                 path.unlink()
                 total -= size
             if total <= self.max_bytes * 3 // 4:
-                return
+                break
+        return total
 
     def remember(self, kind: str, parts: Any, compute: Callable[[], T], encode: Callable[[T], Any],
                  decode: Callable[[Any], T]) -> T:
