@@ -63,9 +63,11 @@ def _fresh(argvs: list[list[str]], cache: Path) -> dict[str, Any]:
 def test_a_hit_is_the_same_json_as_a_miss_and_imports_no_torch(tmp_path: Path) -> None:
     """Fresh processes: a miss with ``--no_cache`` (writes nothing), a miss that fills the cache, a hit. The tiny
     8-layer Llama at 32 tokens is outside the checked envelope, so the default path traces it (and replays its
-    whole run through the caching allocator for the gap: ``--gpu_memory`` is a CUDA budget)."""
+    whole run through the caching allocator for the gap: ``--gpu_memory`` is a CUDA budget). Its ``rope_scaling``
+    dict is one transformers writes into (the tracer builds from a copy: the key of every later trace holds the
+    config, so a changed mapping made the largest micro-batch's traces miss in the warm process)."""
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(LLAMA_8_LAYERS))
+    config.write_text(json.dumps({**LLAMA_8_LAYERS, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}))
     argv = ["estimate", "--model_name_or_path", str(config), "--bf16", "--per_device_train_batch_size", "2",
             "--max_seq_length", "32", "--optim", "adamw_torch_fused", "--gpu_memory", "2GiB", "--json"]
     cache = tmp_path / "cache"

@@ -150,7 +150,9 @@ class TraceCache:
 
     def load(self, kind: str, parts: Any) -> Any | None:
         """The value stored under (kind, parts), or None: absent, unreadable, not JSON, or not this entry."""
-        digest = self._digest(kind, parts)
+        return self._load(kind, self._digest(kind, parts))
+
+    def _load(self, kind: str, digest: str) -> Any | None:
         path = self.directory / f"{digest}.json"
         try:
             entry = json.loads(path.read_text(encoding="utf-8"))
@@ -165,7 +167,9 @@ class TraceCache:
 
     def store(self, kind: str, parts: Any, value: Any) -> None:
         """Write a JSON-ready value under (kind, parts) atomically; a write that fails is skipped."""
-        digest = self._digest(kind, parts)
+        self._store(kind, self._digest(kind, parts), value)
+
+    def _store(self, kind: str, digest: str, value: Any) -> None:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             text = json.dumps({"key": digest, "kind": kind, "value": value}, sort_keys=True)
@@ -213,9 +217,11 @@ class TraceCache:
         """The stored value decoded, else ``compute()`` stored (encoded) and returned.
 
         A stored value that ``decode`` rejects (any exception) is a miss. What ``compute`` raises propagates and
-        nothing is stored.
+        nothing is stored. The key is taken before ``compute`` runs (a trace may add keys to the config mapping
+        it reads).
         """
-        stored = self.load(kind, parts)
+        digest = self._digest(kind, parts)
+        stored = self._load(kind, digest)
         if stored is not None:
             try:
                 return decode(stored)
@@ -223,7 +229,7 @@ class TraceCache:
                 self.hits -= 1
                 self.misses += 1
         value = compute()
-        self.store(kind, parts, encode(value))
+        self._store(kind, digest, encode(value))
         return value
 
 
