@@ -65,7 +65,7 @@ def cache_directory(environ: Mapping[str, str]) -> Path | None:
 
     Returns:
         ``$FITCHECK_CACHE_DIR`` (None for ``off``), else ``$XDG_CACHE_HOME/fitcheck`` (an absolute path, as the XDG
-        base directory specification requires of it), else ``~/.cache/fitcheck``.
+        base directory specification requires of it), else ``~/.cache/fitcheck`` (None without a home).
     """
     given = environ.get(ENV_VAR, "").strip()
     if given.lower() == OFF:
@@ -76,7 +76,12 @@ def cache_directory(environ: Mapping[str, str]) -> Path | None:
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "fitcheck"
     home = environ.get("HOME", "").strip()
-    return (Path(home) if home else Path.home()) / ".cache" / "fitcheck"
+    if not home:
+        try:
+            home = str(Path.home())
+        except (RuntimeError, KeyError):  # no home directory to be found: no cache, never an error
+            return None
+    return Path(home) / ".cache" / "fitcheck"
 
 
 def cache_from_environment(environ: Mapping[str, str]) -> TraceCache | None:
