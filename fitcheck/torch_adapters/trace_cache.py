@@ -2,7 +2,7 @@
 again: a fresh process answering it imports no torch, transformers, peft or bitsandbytes.
 
 Measured on the 2-core development machine (``benchmarks/default_path_speed.py``,
-``benchmarks/data/default_path_speed.txt``): a fresh process answering a traced Qwen3-8B QLoRA run spends ~8 s
+``benchmarks/data/default_path_speed.json``): a fresh process answering a traced Qwen3-8B QLoRA run spends ~8 s
 importing torch, transformers and (through peft) bitsandbytes before it traces anything, and each trace takes
 ~0.4 s after the imports; the imports, not the traces, are what a second answer of the same run would pay. What
 ``PinnedPath`` keeps in memory per process is kept here across processes:
