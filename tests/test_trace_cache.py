@@ -223,3 +223,36 @@ def test_writes_are_atomic_bounded_and_never_fail(tmp_path: Path) -> None:
     cached_trace(TraceCache(blocked, fingerprint_value={}), "k", LLAMA_8_LAYERS, 2, compute)
     cached_trace(TraceCache(blocked, fingerprint_value={}), "k", LLAMA_8_LAYERS, 2, compute)
     assert compute.calls == 2  # not writable: every answer computed, none failed
+
+
+def test_concurrent_writers_and_readers_see_whole_entries(tmp_path: Path) -> None:
+    """Writers of one key and readers at the same time (threads here; processes rename the same way): a reader
+    gets nothing or one whole entry, never a torn one or an error."""
+    import threading
+
+    seen: list[Any] = []
+    errors: list[BaseException] = []
+
+    def write(n: int) -> None:
+        cache = TraceCache(tmp_path, fingerprint_value={})
+        for i in range(40):
+            cache.store("trace", ["k"], {"writer": n, "i": i, "pad": "x" * 4096})
+
+    def read() -> None:
+        cache = TraceCache(tmp_path, fingerprint_value={})
+        for _ in range(200):
+            try:
+                seen.append(cache.load("trace", ["k"]))
+            except BaseException as exc:  # the test is that nothing escapes
+                errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(3)] + [threading.Thread(target=read)
+                                                                             for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    whole = [v for v in seen if v is not None]
+    assert whole and all(v["pad"] == "x" * 4096 and set(v) == {"writer", "i", "pad"} for v in whole)
+    assert len(list((tmp_path / "traces").iterdir())) == 1  # one entry, no temporary file left
