@@ -376,8 +376,13 @@ def advice_extras(
     suggestions = advise(report.spec, report, estimate_fn=estimate_fn)
     if device_map:
         suggestions = tuple(s for s in suggestions if s.spec is None or not distributed_mode(s.spec))
+    search, boundary = estimate_fn, None
+    if estimate_fn is not None:  # near the budget the boundary is replayed, not every probe (verdict_replay)
+        from fitcheck.torch_adapters import search_and_boundary
+
+        search, boundary = search_and_boundary(estimate_fn)
     return {
-        "max_micro_batch": max_micro_batch(report.spec, estimate_fn),
+        "max_micro_batch": max_micro_batch(report.spec, search, boundary_fn=boundary),
         "suggestions": suggestions,
         "compute": compute,
     }

@@ -10,7 +10,8 @@
 - :mod:`.live_tracker`: live-tensor peak of a real step (a dispatch mode);
 - :mod:`.device_map`, :mod:`.device_map_check`: accelerate's ``infer_auto_device_map`` and its findings;
   :mod:`.device_map_split`: one estimate per GPU of a multi-GPU map (naive model parallelism);
-- :mod:`.trl_config_check`: TRL's own config classes validate a run's TRL settings.
+- :mod:`.trl_config_check`: TRL's own config classes validate a run's TRL settings;
+- :mod:`.verdict_replay`: near the budget, the whole run replayed instead of the published reserved gap.
 
 Importing this package imports no torch; each name imports its module on first use.
 """
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     )
     from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
     from fitcheck.torch_adapters.meta_device import build_meta_model, meta_inventory
-    from fitcheck.torch_adapters.pinned_path import PinnedPath
+    from fitcheck.torch_adapters.pinned_path import PinnedPath, plain_trainer_run
     from fitcheck.torch_adapters.trace_batch import BatchTraces, at_micro_batch
     from fitcheck.torch_adapters.tracer import (
         OPTSTATE,
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from fitcheck.torch_adapters.tracer_depth import trace_components, trace_extrapolated
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder, RegionStats
     from fitcheck.torch_adapters.trl_config_check import check_trl_config
+    from fitcheck.torch_adapters.verdict_replay import NearBudget, search_and_boundary
 
 _WHERE = {
     "check_trl_config": "trl_config_check",
@@ -115,7 +117,10 @@ _WHERE = {
     "model_state_tensors": "live_tracker",
     "meta_inventory": "meta_device",
     "PinnedPath": "pinned_path",
+    "plain_trainer_run": "pinned_path",
     "trace_components": "tracer_depth",
+    "NearBudget": "verdict_replay",
+    "search_and_boundary": "verdict_replay",
 }
 
 __all__ = [
@@ -128,6 +133,7 @@ __all__ = [
     "Cell",
     "LiveTensorRecorder",
     "LiveTensorTracker",
+    "NearBudget",
     "Outcome",
     "PinnedPath",
     "RegionStats",
@@ -151,6 +157,7 @@ __all__ = [
     "model_state_tensors",
     "multi_gpu_shares",
     "phase_errors",
+    "plain_trainer_run",
     "reduced_config",
     "replay_deepened",
     "replay_events",
@@ -159,6 +166,7 @@ __all__ = [
     "replay_step",
     "replay_whole_lengths",
     "replay_whole_run",
+    "search_and_boundary",
     "trace_components",
     "trace_extrapolated",
     "trace_kwargs",

@@ -29,6 +29,7 @@ from typing import Any
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.verdict_replay import NearBudget
 
 MODES = ("auto", "always", "never")
 
@@ -141,6 +142,7 @@ class PinnedPath:
         self._whole: dict[str, Any] = {}  # cache key -> the whole run replayed (allocator_replay.replay_whole_run)
         self._whole_failed: dict[str, str] = {}  # cache key -> why the whole run could not be replayed
         self._optimizer_traces: dict[str, Any] = {}  # tracer_optimizer traces, shared by every replay
+        self.near_budget = NearBudget.for_path(mode, self.can_trace)  # near the budget: replay (verdict_replay)
 
     def wants_trace(self, spec: TrainingSpec) -> bool:
         """Whether this spec's activations should come from a trace."""
@@ -235,6 +237,7 @@ class PinnedPath:
         other.seq_lengths = self.seq_lengths
         other._length_gaps = self._length_gaps
         other._headline_replay = self._headline_replay
+        other.near_budget = self.near_budget
         return other
 
     def _with_lengths(self, spec: TrainingSpec, comps: tuple[Component, ...] | None) -> Report:
@@ -314,8 +317,8 @@ class PinnedPath:
         """Estimate a spec on this path (the ``estimate_fn`` of the batch search and the advisor)."""
         report = self._answer(spec)
         if self.reserved_replay and self.whole_run_replay is None:
-            report = self._with_whole_run_replay(spec, report)
-        return report
+            return self._with_whole_run_replay(spec, report)
+        return self.near_budget.answer(spec, report, plain_trainer_run, self.seq_lengths, self._optimizer_traces)
 
     def _with_whole_run_replay(self, spec: TrainingSpec, report: Report) -> Report:
         """The headline with the allocator gap of its whole run replayed (``--reserved_replay``).
