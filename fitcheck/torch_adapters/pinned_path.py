@@ -17,6 +17,7 @@ Traces are cached per activation-relevant part of the spec, the micro-batch exce
 offload of states and accumulation reuse them, and every micro-batch after the first two of a kind of step is
 interpolated from their traces (``trace_batch``: sizes are affine in the micro-batch). A trace that cannot run
 (any exception) never fails the answer outside ``--trace``: the formulas answer, with the reason as a finding.
+Near the budget a formula answer's published reserved gap is replaced by the whole run replayed (``verdict_replay``).
 """
 
 from __future__ import annotations

@@ -25,11 +25,13 @@ from fitcheck.findings import Finding, Severity
 from fitcheck.report import Report
 from fitcheck.spec import DeviceType, TrainingSpec
 
-# formula reserved (published 11 % gap) / reserved with the whole run's replayed gap, min and max over the CUDA
-# configs of benchmarks/data/formula_gap_vs_replay.json (fixed json_identity runs the formula answers pinned, and
-# the H100/H200 rows; tests/test_verdict_replay.py ties these to the file)
-GAP_RATIO_LO = 0.9
-GAP_RATIO_HI = 1.05
+# formula reserved (published 11 % gap) / reserved with the whole run's replayed gap, min and max over the 68 CUDA
+# configs of benchmarks/data/formula_gap_vs_replay.json (46 fixed json_identity runs the formula answers pinned,
+# 22 H100/H200 rows; tests/test_verdict_replay.py ties these to the file). Low under checkpointing (Qwen2.5-7B
+# bf16, 8-bit Adam, ckpt 4 x 2048: 0.790; H200 Qwen2.5-1.5B ckpt 0.831, measured 0.835), high without
+# (Phi-2 LoRA 1.082, Qwen2.5-0.5B 1.075, Gemma-7B QLoRA eager 1.072).
+GAP_RATIO_LO = 0.7903
+GAP_RATIO_HI = 1.0816
 BAND_SOURCE = "benchmarks/data/formula_gap_vs_replay.json"
 
 
