@@ -33,6 +33,11 @@ from fitcheck.spec import DeviceType, TrainingSpec
 GAP_RATIO_LO = 0.7903
 GAP_RATIO_HI = 1.0816
 BAND_SOURCE = "benchmarks/data/formula_gap_vs_replay.json"
+# whole-run replays per answer (a headline and the paths following it): the headline and the largest micro-batch's
+# boundary (the largest that fits and the next); each costs 2-20 s of tracing at a 7-14B model's width on a shared
+# CPU (benchmarks/data/formula_gap_vs_replay.json "replay_seconds"), and the advisor's candidates would otherwise
+# replay one by one. Later in-band answers (suggestions) get the warning.
+MAX_REPLAYS = 3
 
 
 def formula_gap(report: Report, seq_lengths: tuple[int, ...] = ()) -> bool:
@@ -71,6 +76,7 @@ class NearBudget:
         self.replays: dict[str, Any] = {}  # spec key (micro-batch included) -> allocator_replay.StepReplay
         self.failed: dict[str, str] = {}  # spec key -> why its replay could not run
         self.enabled = True
+        self.runs = [0]  # replays run (shared with ``off()`` copies), at most MAX_REPLAYS
 
     @classmethod
     def for_path(cls, mode: str, can_trace: bool) -> NearBudget:
@@ -85,7 +91,7 @@ class NearBudget:
         """The same cache with the policy off: the formula as before (a search's probes; their boundary is
         checked with this policy on: ``advice.max_micro_batch(boundary_fn=)``)."""
         other = NearBudget(self.can_replay, self.why_not)
-        other.replays, other.failed, other.enabled = self.replays, self.failed, False
+        other.replays, other.failed, other.enabled, other.runs = self.replays, self.failed, False, self.runs
         return other
 
     def answer(self, spec: TrainingSpec, report: Report, plain: Callable[[TrainingSpec], bool],
@@ -111,6 +117,11 @@ class NearBudget:
                                                        "trainer's, DeepSpeed's engine or FSDP's module cast)"))
         key = repr(spec)
         if key not in self.replays and key not in self.failed:
+            if self.runs[0] >= MAX_REPLAYS:
+                return _with(report, _band_warning(report, f"not replayed: fitcheck replays at most {MAX_REPLAYS} "
+                                                           "runs per answer (the headline and the largest "
+                                                           "micro-batch's boundary first)"))
+            self.runs[0] += 1
             try:
                 self.replays[key] = _replay(spec, optimizer_traces)
             except Exception as exc:  # a replay that cannot run never fails the answer
