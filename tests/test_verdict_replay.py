@@ -37,7 +37,7 @@ def test_band_is_the_committed_benchmark() -> None:
     from fitcheck.torch_adapters.verdict_replay import GAP_RATIO_HI, GAP_RATIO_LO
 
     band = json.loads((ROOT / "benchmarks/data/formula_gap_vs_replay.json").read_text(encoding="utf-8"))["band"]
-    assert (GAP_RATIO_LO, GAP_RATIO_HI) == (band["all"]["min"], band["all"]["max"])
+    assert (band["all"]["min"], band["all"]["max"]) == (GAP_RATIO_LO, GAP_RATIO_HI)
 
 
 def test_far_from_budget_stays_formula_without_trace() -> None:

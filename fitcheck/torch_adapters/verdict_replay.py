@@ -33,10 +33,10 @@ from fitcheck.spec import DeviceType, TrainingSpec
 GAP_RATIO_LO = 0.7903
 GAP_RATIO_HI = 1.0816
 BAND_SOURCE = "benchmarks/data/formula_gap_vs_replay.json"
-# whole-run replays per answer (a headline and the paths following it): the headline and the largest micro-batch's
-# boundary (the largest that fits and the next); each costs 2-20 s of tracing at a 7-14B model's width on a shared
-# CPU (benchmarks/data/formula_gap_vs_replay.json "replay_seconds"), and the advisor's candidates would otherwise
-# replay one by one. Later in-band answers (suggestions) get the warning.
+# whole-run replays per answer outside the largest micro-batch's boundary search (which replays as many as its
+# bisection needs): the headline and two of the advisor's candidates; each costs 2-20 s of tracing at a 7-14B
+# model's width on a shared CPU (benchmarks/data/formula_gap_vs_replay.json "replay_seconds"), and the advisor's
+# candidates would otherwise replay one by one. Later in-band answers get the warning.
 MAX_REPLAYS = 3
 
 
@@ -76,7 +76,8 @@ class NearBudget:
         self.replays: dict[str, Any] = {}  # spec key (micro-batch included) -> allocator_replay.StepReplay
         self.failed: dict[str, str] = {}  # spec key -> why its replay could not run
         self.enabled = True
-        self.runs = [0]  # replays run (shared with ``off()`` copies), at most MAX_REPLAYS
+        self.runs = 0  # replays this view ran
+        self.limit: int | None = MAX_REPLAYS  # None: as many as asked (the boundary search's view)
 
     @classmethod
     def for_path(cls, mode: str, can_trace: bool) -> NearBudget:
@@ -87,11 +88,12 @@ class NearBudget:
             return cls(False, "without --no_trace fitcheck replays the whole run")
         return cls(True)
 
-    def off(self) -> NearBudget:
-        """The same cache with the policy off: the formula as before (a search's probes; their boundary is
-        checked with this policy on: ``advice.max_micro_batch(boundary_fn=)``)."""
+    def view(self, *, enabled: bool = True, limit: int | None = MAX_REPLAYS) -> NearBudget:
+        """The same caches, with the policy on or off (a search's probes: the formula as before) and its own
+        count of replays (``limit`` None: the largest micro-batch's boundary search,
+        ``advice.max_micro_batch(boundary_fn=)``)."""
         other = NearBudget(self.can_replay, self.why_not)
-        other.replays, other.failed, other.enabled, other.runs = self.replays, self.failed, False, self.runs
+        other.replays, other.failed, other.enabled, other.limit = self.replays, self.failed, enabled, limit
         return other
 
     def answer(self, spec: TrainingSpec, report: Report, plain: Callable[[TrainingSpec], bool],
@@ -117,11 +119,11 @@ class NearBudget:
                                                        "trainer's, DeepSpeed's engine or FSDP's module cast)"))
         key = repr(spec)
         if key not in self.replays and key not in self.failed:
-            if self.runs[0] >= MAX_REPLAYS:
-                return _with(report, _band_warning(report, f"not replayed: fitcheck replays at most {MAX_REPLAYS} "
-                                                           "runs per answer (the headline and the largest "
-                                                           "micro-batch's boundary first)"))
-            self.runs[0] += 1
+            if self.limit is not None and self.runs >= self.limit:
+                return _with(report, _band_warning(report, f"not replayed: fitcheck replays the headline, the "
+                                                           f"largest micro-batch's boundary and at most "
+                                                           f"{self.limit} runs besides"))
+            self.runs += 1
             try:
                 self.replays[key] = _replay(spec, optimizer_traces)
             except Exception as exc:  # a replay that cannot run never fails the answer
@@ -194,6 +196,7 @@ def search_and_boundary(path: Callable[[TrainingSpec], Report]) -> tuple[Callabl
     near = getattr(path, "near_budget", None)
     if not isinstance(near, NearBudget) or not near.enabled or not near.can_replay:
         return path, None
-    fast = copy.copy(path)  # a PinnedPath sharing its caches, as ``following`` shares them
-    fast.near_budget = near.off()  # type: ignore[attr-defined]
-    return fast, path
+    fast, boundary = copy.copy(path), copy.copy(path)  # PinnedPaths sharing their caches, as ``following`` does
+    fast.near_budget = near.view(enabled=False)  # type: ignore[attr-defined]
+    boundary.near_budget = near.view(limit=None)  # type: ignore[attr-defined]
+    return fast, boundary
