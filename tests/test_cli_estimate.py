@@ -26,6 +26,8 @@ BASE = [
     "1024",
     "--gpu",
     "H100-80GB",
+    "--no_trace",  # the CLI contract on the formula path: with torch the default path replays the largest
+    #               micro-batch's boundary (torch_adapters/verdict_replay.py), seconds per run
 ]
 
 

@@ -73,7 +73,27 @@ def test_near_budget_replays_and_the_verdict_follows_the_replay() -> None:
         search, boundary = search_and_boundary(path.following(report))
         assert boundary is not None
         assert max_micro_batch(spec, search) == 0
-        assert max_micro_batch(spec, search, boundary_fn=boundary) == 1
+        # --reserved_replay flips the same verdict: one verdict finding, not the formula's beside the replay's
+        forced = PinnedPath("auto", reserved_replay=True)(spec)
+        assert forced.fits and forced.exit_code == 0 and "does-not-fit" not in _codes(forced)
+
+
+def test_cli_prints_the_replayed_verdict_and_largest_micro_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    from fitcheck.cli.main import main
+
+    argv = ["estimate", "--model_name_or_path", "microsoft/Phi-3-mini-4k-instruct", "--dtype", "bfloat16", "--bf16",
+            "--gradient_checkpointing", "--per_device_train_batch_size", "1", "--max_seq_length", "512",
+            "--gpu_memory", "29.8GiB", "--json"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = main(argv)
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["fits"] is True and out["max_micro_batch"] == 1  # the formula: exit 1, 0
+    assert "reserved-near-budget-replayed" in [f["code"] for f in out["findings"]]
+    assert main([*argv, "--no_trace"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["max_micro_batch"] == 0 and "reserved-near-budget" in [f["code"] for f in out["findings"]]
 
 
 def test_without_torch_or_with_no_trace_a_warning_gives_the_band() -> None:

@@ -425,10 +425,13 @@ def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
     return ""
 
 
+_PATH_FINDINGS = ("trace-failed", "reserved-published-gap", "reserved-two-groups")  # what _answer adds
+
+
 def _extra_findings(before: Report, after: Report) -> tuple[Finding, ...]:
     """Findings the path added to ``before`` (trace-failed) that a re-estimate does not make."""
-    have = {f.code for f in after.findings}
-    return tuple(f for f in before.findings if f.code not in have)
+    have = {f.code for f in after.findings}  # the estimate's own findings (its verdict) are after's, not before's
+    return tuple(f for f in before.findings if f.code not in have and f.code in _PATH_FINDINGS)
 
 
 def _whole_run_finding(spec: TrainingSpec, replay: Any, fast: Report) -> Finding:

@@ -150,6 +150,7 @@ def replayed_report(spec: TrainingSpec, formula: Report, replay: Any) -> Report:
     from fitcheck.units import format_bytes
 
     again = estimate(spec, gap_fraction=replay.gap_fraction)
+    made = {f.code for f in estimate(spec).findings}  # what the estimate itself says (its verdict included)
     verdict = "fits" if again.fits else "does not fit"
     was = "fits" if formula.fits else "does not fit"
     note = Finding(
@@ -161,8 +162,7 @@ def replayed_report(spec: TrainingSpec, formula: Report, replay: Any) -> Report:
         f"{STEADY_STEPS} steps; fitcheck/core/caching): reserved {format_bytes(again.peak_reserved_bytes)}, "
         f"{verdict}" + ("" if again.fits == formula.fits else f" (the published gap said: {was})"),
         "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to shrink a large gap")
-    keep = {f.code for f in again.findings}
-    extra = tuple(f for f in formula.findings if f.code not in keep)
+    extra = tuple(f for f in formula.findings if f.code not in made)  # what the path added (trace-failed)
     return dataclasses.replace(again, findings=(*again.findings, *extra, note))
 
 
