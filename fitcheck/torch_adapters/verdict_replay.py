@@ -125,9 +125,9 @@ class NearBudget:
         key = repr(spec)
         if key not in self.replays and key not in self.failed:
             if self.limit is not None and self.runs >= self.limit:
-                return _with(report, _band_warning(report, f"not replayed: fitcheck replays the headline, the "
-                                                           f"largest micro-batch's boundary and at most "
-                                                           f"{self.limit} runs besides"))
+                return _with(report, _band_warning(report, f"not replayed: besides the largest micro-batch's "
+                                                           f"boundary, fitcheck replays at most {self.limit} runs "
+                                                           "per answer (the headline first)"))
             self.runs += 1
             try:
                 self.replays[key] = _replay(spec, optimizer_traces)
