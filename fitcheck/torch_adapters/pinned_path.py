@@ -17,6 +17,7 @@ Traces are cached per activation-relevant part of the spec, the micro-batch exce
 offload of states and accumulation reuse them, and every micro-batch after the first two of a kind of step is
 interpolated from their traces (``trace_batch``: sizes are affine in the micro-batch). A trace that cannot run
 (any exception) never fails the answer outside ``--trace``: the formulas answer, with the reason as a finding.
+Near the budget a formula answer's published reserved gap is replaced by the whole run replayed (``verdict_replay``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.verdict_replay import NearBudget
 
 MODES = ("auto", "always", "never")
 
@@ -143,6 +145,7 @@ class PinnedPath:
         self._whole_failed: dict[str, str] = {}  # cache key -> why the whole run could not be replayed
         self._optimizer_traces: dict[str, Any] = {}  # tracer_optimizer traces, shared by every replay
         self.cache = cache
+        self.near_budget = NearBudget.for_path(mode, self.can_trace)  # near the budget: replay (verdict_replay)
 
     def wants_trace(self, spec: TrainingSpec) -> bool:
         """Whether this spec's activations should come from a trace."""
@@ -248,6 +251,7 @@ class PinnedPath:
         other.seq_lengths = self.seq_lengths
         other._length_gaps = self._length_gaps
         other._headline_replay = self._headline_replay
+        other.near_budget = self.near_budget
         return other
 
     def _with_lengths(self, spec: TrainingSpec, comps: tuple[Component, ...] | None) -> Report:
@@ -329,8 +333,9 @@ class PinnedPath:
         """Estimate a spec on this path (the ``estimate_fn`` of the batch search and the advisor)."""
         report = self._answer(spec)
         if self.reserved_replay and self.whole_run_replay is None:
-            report = self._with_whole_run_replay(spec, report)
-        return report
+            return self._with_whole_run_replay(spec, report)
+        return self.near_budget.answer(spec, report, plain_trainer_run, self.seq_lengths, self._optimizer_traces,
+                                       self.cache)
 
     def _with_whole_run_replay(self, spec: TrainingSpec, report: Report) -> Report:
         """The headline with the allocator gap of its whole run replayed (``--reserved_replay``).
@@ -442,10 +447,13 @@ def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
     return ""
 
 
+_PATH_FINDINGS = ("trace-failed", "reserved-published-gap", "reserved-two-groups")  # what _answer adds
+
+
 def _extra_findings(before: Report, after: Report) -> tuple[Finding, ...]:
     """Findings the path added to ``before`` (trace-failed) that a re-estimate does not make."""
-    have = {f.code for f in after.findings}
-    return tuple(f for f in before.findings if f.code not in have)
+    have = {f.code for f in after.findings}  # the estimate's own findings (its verdict) are after's, not before's
+    return tuple(f for f in before.findings if f.code not in have and f.code in _PATH_FINDINGS)
 
 
 def _whole_run_finding(spec: TrainingSpec, replay: Any, fast: Report) -> Finding:
