@@ -257,8 +257,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
         if post is not None:  # a full fine-tune's post-attention norm backward (activations/norm_backward.py)
-            made = 0 if accum else post[1] - g_down
-            moments[name + " post-attention norm"] = live + post[0] - missing + made + _LOSS_SCALARS
+            moments[name + " post norm"] = live + post[0] - missing + (post[1] - g_down) * (not accum) + _LOSS_SCALARS
         if attn is not None:
             made = q.eager_made - g_down if not accum and spec.freeze is None else 0
             moments[name + " attention"] = attn - missing + made
@@ -410,8 +409,7 @@ def _all_grads(spec: TrainingSpec) -> int:
             head_trained = frozen.head_trained
         if head_trained:
             nbytes = 4 if spec.lora is not None else _param_bytes(spec)  # modules_to_save copies are fp32 (peft)
-            # tied: the head's gradient is the shared tensor's, listed as the embedding (trace Phi-4-mini, freeze
-            # bf16, checkpointing, 6 x 2112: the head's 200064 x 3072 mm at the head moment; -22.1 % without it)
+            # tied: the shared tensor, listed as the embedding (trace Phi-4-mini freeze bf16 6 x 2112: -22.1 % without)
             role = Role.EMBEDDING if spec.model.shape.tied_embeddings and frozen is not None else Role.LM_HEAD
             grads -= nbytes * sum(p.numel for p in spec.model.params if p.role is role)
         return max(grads, 0)
