@@ -39,11 +39,11 @@ def post_norm_backward(spec: TrainingSpec) -> tuple[int, int] | None:
     What the layer saves after its attention's output (the post norm and the MLP, ``layer_saved``) is freed by
     then, but for the norm's fp32 input.
     """
-    from fitcheck.core.activations.layer_saved import _after_attention, _mode
+    from fitcheck.core.activations.layer_saved import full_saved_after_attention
 
     if not post_norm_applies(spec):
         return None
-    after = _after_attention(spec, _mode(spec), True, frozenset())
+    after = full_saved_after_attention(spec)
     h = spec.model.shape.hidden_size
     bs = spec.batch.micro_batch * spec.batch.seq_len
     r = spec.precision.load_dtype.nbytes
