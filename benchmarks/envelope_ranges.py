@@ -21,8 +21,9 @@ trace, ``fitcheck/torch_adapters/cuda_emulation.py``) and writes their rows as `
 with such a row is pinned by it (``fitcheck.core.activations.envelope.in_envelope``).
 
 Run: ``python benchmarks/envelope_ranges.py [--sample N] [--families a,b] [--methods a,b] [--attn sdpa,eager]
-[--ckpt ckpt,nockpt] [--precisions a,b] [--kinds label,label] [--redo] [--budget S] [--device cpu|cuda]``
-(``--kinds`` runs those labels again, in the file or not).
+[--ckpt ckpt,nockpt] [--precisions a,b] [--kinds label,label] [--redo] [--budget S] [--device cpu|cuda]
+[--targets q,v]`` (``--kinds`` runs those labels again, in the file or not; ``--targets q,v`` checks peft's default
+targets, q_proj and v_proj, and writes ``label+qv`` rows: ``envelope_range.recipe_suffix``).
 """
 
 from __future__ import annotations
@@ -93,8 +94,10 @@ def kinds(families: tuple[str, ...], methods: tuple[str, ...]) -> list[tuple[str
     return out
 
 
-def check_kind(kind: tuple[str, str, bool, str, str], device: str = "cpu") -> dict[str, Any]:
-    """Every shape of one kind (on ``device`` specs): the worst signed error per phase and the shapes checked."""
+def check_kind(kind: tuple[str, str, bool, str, str], device: str = "cpu",
+               targets: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every shape of one kind (on ``device`` specs; ``targets``: these LoRA targets instead of every linear
+    layer): the worst signed error per phase and the shapes checked."""
     from fitcheck.catalog import find_catalog_config
     from fitcheck.torch_adapters import BatchTraces, activation_trace_kwargs, components_from_trace
 
@@ -114,6 +117,8 @@ def check_kind(kind: tuple[str, str, bool, str, str], device: str = "cpu") -> di
                 cell = Cell(family, method, ckpt, attn, precision, seq, batch)
                 try:
                     spec = cell_spec(cell, config)
+                    if targets and spec.lora is not None:  # peft's default targets (envelope_range.QV_RECIPE)
+                        spec = dataclasses.replace(spec, lora=dataclasses.replace(spec.lora, target_modules=targets))
                     if device == "cuda":  # the formulas' CUDA branch, the trace emulating CUDA (trace_kwargs)
                         spec = dataclasses.replace(spec, hardware=HardwareSpec(device_type=DeviceType.CUDA))
                     if traces is None:
@@ -162,12 +167,19 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", default=str(OUT), help="data file to merge into (default: the package's)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="check on CUDA specs against the CUDA-emulating trace (rows labelled label@cuda)")
+    ap.add_argument("--targets", choices=("", "q,v"), default="",
+                    help="q,v: peft's default LoRA targets (q_proj, v_proj) instead of every linear layer (rows "
+                    "labelled label+qv)")
     ap.add_argument("--kinds", default="", help="exact labels to run (family/method/ckpt/attn/precision, comma "
                     "separated); overrides the filters above")
     ns = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     out = Path(ns.out)
-    suffix = "@cuda" if ns.device == "cuda" else ""  # envelope_range.CUDA_SUFFIX
+    # envelope_range.RECIPE_SUFFIXES, CUDA_SUFFIX
+    suffix = ("+qv" if ns.targets else "") + ("@cuda" if ns.device == "cuda" else "")
+    targets = ("q_proj", "v_proj") if ns.targets else ()
+    if targets:  # a recipe of adapters: the methods without them have no such rows
+        ns.methods = ",".join(m for m in ns.methods.split(",") if m not in ("full", "freeze"))
     data: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     if ns.kinds:  # exactly these labels, in this order (any method the grid has: int8 too)
         todo = [_parse(x) for x in ns.kinds.split(",") if x]
@@ -182,7 +194,7 @@ def main(argv: list[str]) -> int:
         if ns.budget and time.perf_counter() - start > ns.budget:
             break
         t = time.perf_counter()
-        row = check_kind(kind, ns.device)
+        row = check_kind(kind, ns.device, targets)
         row["seconds"] = round(time.perf_counter() - t, 1)
         data[label(kind) + suffix] = row
         out.write_text(json.dumps(data, indent=1, sort_keys=True))

@@ -74,6 +74,7 @@ from fitcheck.core.activations.qlora import (
     qlora_formula_applies,
 )
 from fitcheck.core.activations.qlora16 import qlora16_applies, qlora16_backward_working_set
+from fitcheck.core.activations.qlora_base_mlp import bare_mlp_backward
 from fitcheck.core.activations.recipe_gaps import recipe_gap_findings, sliding_window_findings
 from fitcheck.core.activations.vision import vision_components, vision_findings
 from fitcheck.core.kernels import (
@@ -158,6 +159,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         # unless the LM head's backward is worse (k-bit prep's fp32 head: autocast's saved 16-bit cast of it)
         ws = qlora_backward_working_set(spec) if qlora_formula_applies(spec) else qlora16_backward_working_set(spec)
         ws *= b * s
+        bare = bare_mlp_backward(spec)  # no adapter on the MLP (peft's default targets): qlora_base_mlp.py
+        ws = ws if bare is None else bare
         if eager is not None and eager.backward > ws:  # the layer's eager softmax backward (eager.py)
             ws = eager.backward
         if moment != "head" or kept + layer + scores + ws >= end + recompute:

@@ -23,13 +23,12 @@ from collections.abc import Mapping, Sequence
 
 from fitcheck.catalog import EnvelopeKey, envelope_cells, envelope_probe_misses, envelope_ranges
 from fitcheck.core.activations.envelope_range import (
-    CHECKED_RECIPE,
     CUDA_SUFFIX,
-    NO_ADAPTER_RECIPE,
     RANK_CLASS_LIMIT,
     checked_at_shape,
     range_label,
     recipe_of,
+    recipe_suffix,
 )
 from fitcheck.core.activations.freeze import layer_granular
 from fitcheck.core.activations.qlora import kbit_upcast
@@ -133,15 +132,16 @@ def _cuda_row_applies(spec: TrainingSpec, key: EnvelopeKey, ranges: Mapping[str,
     under autocast in a family where CUDA autocast changes the step (the grid's ``bf16`` cells run no autocast)."""
     if key[4] == "bf16" and spec.precision.mixed_precision is not MixedPrecision.NO and cuda_only_terms(spec):
         return False
-    return range_label(key, CUDA_SUFFIX) in ranges
+    return range_label(key, (recipe_suffix(spec) or "") + CUDA_SUFFIX) in ranges
 
 
 def in_envelope(spec: TrainingSpec) -> bool:
     """Whether the activation formulas were checked against traces for this run: its kind, its per-token recipe
     and (where the kind was range-checked) its shape.
 
-    - The recipe must be the one the grids ran (``envelope_range.recipe_of``: TRL's default adapters on every
-      linear layer, r <= 64, dropout on; no Liger, fused/chunked loss, activation offloading or vision inputs).
+    - The recipe must be one the grids ran (``envelope_range.recipe_of``: TRL's default adapters on every
+      linear layer, or peft's default q/v targets with their own ``+qv`` rows, r <= 64, dropout on; no Liger,
+      fused/chunked loss, activation offloading or vision inputs).
     - A kind checked over a range of shapes (``fitcheck/catalog/envelope_ranges.json``, written by
       ``benchmarks/envelope_ranges.py``) is pinned only inside that range, and only when every shape and phase was
       within 2 % on the activation and logits bytes.
@@ -160,9 +160,10 @@ def in_envelope(spec: TrainingSpec) -> bool:
     key = envelope_key(spec)
     if key is not None and key[1] == "int8" and spec.hardware.device_type is not DeviceType.CPU:
         return False  # CUDA runs MatMul8bitLt, modelled from source; the traces ran MatMul8bitFp (activations/int8.py)
-    if key is None or recipe_of(spec) != (NO_ADAPTER_RECIPE if spec.lora is None else CHECKED_RECIPE):
+    rs = recipe_suffix(spec)
+    if key is None or rs is None:
         return False
-    if range_label(key) in envelope_probe_misses():
+    if range_label(key, rs) in envelope_probe_misses():
         return False  # an off-grid probe of this kind was more than 2 % off its trace (benchmarks/pinned_probes.py)
     ranges = envelope_ranges()
     if spec.hardware.device_type is not DeviceType.CPU:
@@ -183,6 +184,7 @@ def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding
     """
     key = envelope_key(spec)
     recipe = recipe_of(spec)
+    rs = recipe_suffix(spec)
     if key is not None and key[1] == "int8" and spec.hardware.device_type is not DeviceType.CPU:  # (in_envelope)
         return Finding(
             "not-pinned",
@@ -208,34 +210,34 @@ def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding
     elif recipe is None:
         what = ("Liger kernels, a fused or chunked loss, activation offloading and vision inputs are not in the "
                 "formula-vs-trace grids")
-    elif recipe != (NO_ADAPTER_RECIPE if spec.lora is None else CHECKED_RECIPE):
-        what = (f"the adapters ({', '.join(recipe)}) are not the checked recipe (every linear layer, r <= "
-                f"{RANK_CLASS_LIMIT}, dropout on)")
-    elif range_label(key) in envelope_probe_misses():
-        miss = max(envelope_probe_misses()[range_label(key)],
+    elif rs is None:
+        what = (f"the adapters ({', '.join(recipe)}) are not a checked recipe (every linear layer or peft's default "
+                f"q_proj/v_proj, r <= {RANK_CLASS_LIMIT}, dropout on)")
+    elif range_label(key, rs) in envelope_probe_misses():
+        miss = max(envelope_probe_misses()[range_label(key, rs)],
                    key=lambda p: max(abs(e) for e in p["errors"].values()))
         phase, err = max(miss["errors"].items(), key=lambda kv: abs(kv[1]))
-        what = (f"{range_label(key)} was within 2 % over its checked range, but an off-grid probe "
+        what = (f"{range_label(key, rs)} was within 2 % over its checked range, but an off-grid probe "
                 f"(benchmarks/pinned_probes.py) of {miss['model']} at {miss['batch']} x {miss['seq']} was {err:+.1f} % "
                 f"off the trace {phase}")
     elif spec.hardware.device_type is not DeviceType.CPU and _cuda_row_applies(spec, key, ranges):
-        row = ranges[range_label(key, CUDA_SUFFIX)]
-        what = (f"{range_label(key)} was checked on CUDA specs against the CUDA-emulating trace at "
+        row = ranges[range_label(key, rs + CUDA_SUFFIX)]
+        what = (f"{range_label(key, rs)} was checked on CUDA specs against the CUDA-emulating trace at "
                 f"{len(row['shapes'])} shapes (benchmarks/envelope_ranges.py --device cuda): "
                 + ("this shape is outside them" if row["within"] else
                    "not within 2 % at every shape and phase (worst: " + ", ".join(
                        f"{phase} {err:+.1f} %" for phase, err in row["worst"].items()) + ")"))
     elif checked_at_shape(spec, key, ranges) and (cuda_why := cuda_only_terms(spec)) is not None:
-        what = (f"{range_label(key)} was range-checked on CPU only, and this CUDA step differs from it ({cuda_why}; "
-                "benchmarks/envelope_ranges.py --device cuda has no row for it)")
-    elif range_label(key) in ranges:
-        row = ranges[range_label(key)]
-        what = (f"{range_label(key)} was checked at {len(row['shapes'])} shapes (benchmarks/envelope_ranges.py): "
+        what = (f"{range_label(key, rs)} was range-checked on CPU only, and this CUDA step differs from it "
+                f"({cuda_why}; benchmarks/envelope_ranges.py --device cuda has no row for it)")
+    elif range_label(key, rs) in ranges:
+        row = ranges[range_label(key, rs)]
+        what = (f"{range_label(key, rs)} was checked at {len(row['shapes'])} shapes (benchmarks/envelope_ranges.py): "
                 + ("this shape is outside them" if row["within"] else
                    "not within 2 % at every shape and phase (worst: " + ", ".join(
                        f"{phase} {err:+.1f} %" for phase, err in row["worst"].items()) + ")"))
     else:
-        what = (f"{range_label(key)} was never range-checked (benchmarks/envelope_ranges.py has no row for it: "
+        what = (f"{range_label(key, rs)} was never range-checked (benchmarks/envelope_ranges.py has no row for it: "
                 + ("one grid shape was within 2 % on total bytes, not a range of shapes per phase)"
                    if key in CHECKED or key in CHECKED_INT8 else "nor was it within 2 % at its one grid shape)"))
     return Finding(

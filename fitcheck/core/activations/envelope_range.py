@@ -3,8 +3,9 @@
 A kind of run (``envelope.envelope_key``: family, method, checkpointing, attention, precision) is checked by
 ``benchmarks/envelope_ranges.py`` with one per-token recipe — TRL's LoRA defaults (r 16, alpha 32, dropout 0.05,
 every linear layer), transformers' loss, no Liger, no activation offloading, text inputs — over a range of shapes
-(sequence lengths, micro-batches, widths). ``recipe_of`` says which recipe a spec runs; a spec is pinned only
-when its recipe is the one checked and its shape is inside the range its kind was checked over
+(sequence lengths, micro-batches, widths); a second recipe, peft's default targets (q_proj and v_proj, the rest
+as TRL's), has its own rows (``label+qv``). ``recipe_of`` says which recipe a spec runs; a spec is pinned only
+when its recipe is one checked and its shape is inside the range its kind was checked over with it
 (``shape_in_range``), with every phase's activation/logits error within 2 % at every shape checked. Pure: the
 checked ranges are data, passed in.
 """
@@ -18,6 +19,13 @@ from fitcheck.spec import TrainingSpec
 # The recipe the range grid runs (differential._LORA: TRL ModelConfig defaults on every linear layer).
 CHECKED_RECIPE = ("all-linear", "r<=64", "dropout")
 NO_ADAPTER_RECIPE = ("-", "-", "-")
+# peft's default targets for the Llama-style families (peft 0.21.2 utils/constants.py
+# TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING; readers/run_args.py PEFT_DEFAULT_TARGETS): a second recipe,
+# range-checked with ``benchmarks/envelope_ranges.py --targets q,v`` into rows labelled ``label+qv``
+DEFAULT_TARGETS = ("q_proj", "v_proj")
+QV_RECIPE = ("q,v", CHECKED_RECIPE[1], CHECKED_RECIPE[2])
+# label suffix of the range rows of each recipe that has rows
+RECIPE_SUFFIXES = {CHECKED_RECIPE: "", QV_RECIPE: "+qv"}
 # Above this rank the adapters' own activations (b·s·r per adapted layer) stop being negligible next to the
 # layer's; the grid ran r 16 (peft tuners/lora/layer.py: lora_A's output is saved for lora_B's backward).
 RANK_CLASS_LIMIT = 64
@@ -28,8 +36,8 @@ def recipe_of(spec: TrainingSpec) -> tuple[str, str, str] | None:
 
     Returns:
         ``(targets, rank class, dropout)``: ``("all-linear", "r<=64", "dropout")`` for TRL's default adapters,
-        ``NO_ADAPTER_RECIPE`` without adapters; None for runs no range was checked for (Liger kernels, a fused
-        or chunked loss, activation offloading, vision inputs).
+        ``"q,v"`` targets for peft's default ones, ``NO_ADAPTER_RECIPE`` without adapters; None for runs no range
+        was checked for (Liger kernels, a fused or chunked loss, activation offloading, vision inputs).
     """
     act = spec.activations
     if act.liger is not None or act.loss != "torch" or act.offload_activations:
@@ -40,8 +48,19 @@ def recipe_of(spec: TrainingSpec) -> tuple[str, str, str] | None:
     if lora is None:
         return NO_ADAPTER_RECIPE
     targets = "all-linear" if tuple(lora.target_modules) == ("all-linear",) else "subset"
+    if sorted(lora.target_modules) == list(DEFAULT_TARGETS) and not lora.target_regex:
+        targets = QV_RECIPE[0]
     rank = f"r<={RANK_CLASS_LIMIT}" if lora.r <= RANK_CLASS_LIMIT else f"r>{RANK_CLASS_LIMIT}"
     return (targets, rank, "dropout" if lora.dropout > 0 else "no-dropout")
+
+
+def recipe_suffix(spec: TrainingSpec) -> str | None:
+    """The label suffix of the range rows that can pin this spec's recipe (``""``: the grid's own recipe, or no
+    adapters; ``"+qv"``: peft's default targets), or None for a recipe no range was checked for."""
+    recipe = recipe_of(spec)
+    if spec.lora is None:
+        return "" if recipe == NO_ADAPTER_RECIPE else None
+    return None if recipe is None else RECIPE_SUFFIXES.get(recipe)
 
 
 def shape_of(spec: TrainingSpec) -> tuple[int, int, int]:
@@ -82,11 +101,13 @@ def range_label(key: tuple[str, str, bool, str, str], suffix: str = "") -> str:
 
 def checked_at_shape(spec: TrainingSpec, key: tuple[str, str, bool, str, str] | None,
                      ranges: Mapping[str, Mapping[str, object]], suffix: str = "") -> bool:
-    """Whether the range data pins this spec: its recipe is the checked one, its kind (the row ``range_label(key,
-    suffix)``) was within 2 % at every shape and phase checked, and its shape is inside that range."""
-    if key is None or recipe_of(spec) != (NO_ADAPTER_RECIPE if spec.lora is None else CHECKED_RECIPE):
+    """Whether the range data pins this spec: its recipe has range rows (``recipe_suffix``), its kind (the row
+    ``range_label(key, recipe suffix + suffix)``) was within 2 % at every shape and phase checked, and its shape is
+    inside that range."""
+    rs = recipe_suffix(spec)
+    if key is None or rs is None:
         return False
-    row = ranges.get(range_label(key, suffix))
+    row = ranges.get(range_label(key, rs + suffix))
     if row is None or row.get("within") is not True:
         return False
     shapes = row.get("shapes")

@@ -274,6 +274,11 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
     return total, s2
 
 
+def full_saved_after_attention(spec: TrainingSpec) -> int:
+    """Bytes per token a full fine-tune's Llama-recipe layer saves after its attention's output (norm_backward.py)."""
+    return _after_attention(spec, _mode(spec), True, frozenset())
+
+
 def _after_attention(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
     """Bytes per token a Llama-recipe layer saves after its attention's output: o_proj's adapter input, the
     post-attention norm(s), the MLP; all freed before the attention's own backward runs (``eager.eager_moments``)."""
