@@ -35,8 +35,10 @@ def test_a_kind_with_no_range_row_is_not_pinned(monkeypatch: pytest.MonkeyPatch)
     assert "llama/full/nockpt/sdpa/bf16 was never range-checked" in _not_pinned_message(spec)
 
 
+# llama/freeze/nockpt/sdpa/bf16 was range-checked too, but an off-grid probe missed it (session 11, seed 115):
+# a recorded probe miss is pinned nowhere (test_pinned_probe_misses)
 @pytest.mark.parametrize("cell", [Cell("llama", "freeze", True, "sdpa", "bf16", 2048, 2),
-                                  Cell("llama", "freeze", False, "sdpa", "bf16", 2048, 2)],
+                                  Cell("llama", "full", False, "sdpa", "bf16", 2048, 2)],
                          ids=lambda c: c.label)
 def test_a_range_checked_kind_is_pinned_inside_its_range_only(cell: Cell) -> None:
     inside = cell_spec(cell)
