@@ -252,8 +252,8 @@ def _initialize(w: _Writer, plan: DeepSpeedPlan, owned: list[list[int]], size: d
         converted = (now, FP32 * n)
     if converted is not None:
         w.free(*converted, t)
-    zeros = w.new(FP32 * max(subs), t)  # initialize_optimizer_states' gradient_buffer
-    w.free(zeros, FP32 * max(subs), t)
+    buffer = w.new(FP32 * max(subs), t)  # initialize_optimizer_states' gradient_buffer
+    w.free(buffer, FP32 * max(subs), t)
     if plan.contiguous:
         w.new(e * plan.bucket, t)  # the ipg bucket
     w.new(e * plan.numel, t)  # grad_partitions_flat_buffer
@@ -496,3 +496,72 @@ def live_bytes(events: Sequence[Event]) -> dict[str, int]:
         in_step = step
         live += n
     return out
+
+
+def replayed(spec: TrainingSpec) -> bool:
+    """Whether the whole run of a DeepSpeed spec is replayed as DeepSpeed's (:func:`deepspeed_run`): ZeRO on a
+    traceable run (``pinned_path.traceable``) that :func:`not_replayed` accepts."""
+    from fitcheck.spec import Strategy
+    from fitcheck.torch_adapters.pinned_path import traceable
+
+    return spec.sharding.strategy is Strategy.DEEPSPEED and traceable(spec) and not not_replayed(spec)
+
+
+def _key(spec: TrainingSpec) -> str:
+    """What DeepSpeed's replay depends on beyond the activation trace's key (``pinned_path._cache_key``)."""
+    hw = spec.hardware
+    return f"|deepspeed {deepspeed_plan(spec)!r} {hw.expandable_segments} {hw.cuda_alloc_conf!r}"
+
+
+def whole_run(path: Any, spec: TrainingSpec, required: bool = False) -> Any:
+    """A ``PinnedPath``'s DeepSpeed whole run replayed (cached with its whole-run replays, the micro-batch
+    excepted as theirs are), from the activation traces it has run for the spec (traced here when it has none).
+
+    Args:
+        path: The ``pinned_path.PinnedPath`` (its traces and caches).
+        spec: A spec :func:`replayed` accepts.
+        required: Raise when the replay cannot run (``--reserved_replay`` asked for it) rather than return None.
+
+    Returns:
+        ``allocator_replay.StepReplay`` of DeepSpeed's default stream, or None (the reason kept in the path's
+        ``_whole_failed``).
+    """
+    from fitcheck.core.loading import allocator_conf
+    from fitcheck.core.trainers import step_spec
+    from fitcheck.torch_adapters.allocator_replay import whole_run_events
+    from fitcheck.torch_adapters.pinned_path import _cache_key, _reason
+
+    key = _cache_key(spec)
+    dkey = key + _key(spec)
+    if dkey in path._whole:
+        return path._whole[dkey]
+    if dkey in path._whole_failed and not required:
+        return None
+    traces = path._traces.get(key)
+    runs: Any = ()
+    if traces is not None and traces.traced:
+        runs = traces.traced.get(step_spec(spec).batch.micro_batch) or next(iter(traces.traced.values()))
+    try:
+        events = whole_run_events(spec, runs, optimizer_traces=path._optimizer_traces)
+        path._whole[dkey] = replay_deepspeed(deepspeed_run(events, deepspeed_plan(spec)), allocator_conf(spec),
+                                             spec.batch.seq_len)
+    except Exception as exc:  # the published gap answers, with the reason in the INFO
+        if required:
+            raise
+        path._whole_failed[dkey] = _reason(exc)
+        return None
+    return path._whole[dkey]
+
+
+def published_gap_reason(path: Any, spec: TrainingSpec) -> str:
+    """Why a traced DeepSpeed answer keeps the published gap (for the ``reserved-published-gap`` INFO)."""
+    from fitcheck.spec import Strategy
+    from fitcheck.torch_adapters.pinned_path import _cache_key
+
+    if spec.sharding.strategy is not Strategy.DEEPSPEED:
+        return "FSDP's module cast is not replayed"
+    missing = not_replayed(spec)
+    if missing:
+        return f"DeepSpeed's run is replayed for one process only, and this run has {missing}"
+    failed = path._whole_failed.get(_cache_key(spec) + _key(spec))
+    return f"DeepSpeed's run could not be replayed ({failed})" if failed else ""

@@ -179,6 +179,11 @@ class PinnedPath:
         FSDP's module cast: ``plain_trainer_run``), where the traced step's replay would leave out its buffers,
         optimizer and side streams (on the H100 FSDP rows the two-group replay moved reserved from +3.9 % to +5.8 %
         for FSDP2 and -5.0 % to -3.2 % for FSDP1: ``benchmarks/fsdp_gpu.py --rescore``)."""
+        from fitcheck.torch_adapters import deepspeed_run_events as ds_run
+
+        if self.wants_trace(spec) and ds_run.replayed(spec) and _gap_applies(spec, self.seq_lengths):
+            replay = ds_run.whole_run(self, spec)  # DeepSpeed's own run (None: the published gap, with why)
+            return None if replay is None else float(replay.gap_fraction)
         if not self.wants_trace(spec) or not plain_trainer_run(spec):
             return None
         return self._gaps.get(_cache_key(spec))
@@ -344,10 +349,13 @@ class PinnedPath:
     def _whole_run(self, spec: TrainingSpec) -> Any:
         """The spec's whole run replayed: the traced headline's, else replayed now."""
         from fitcheck.core.trainers import step_spec
+        from fitcheck.torch_adapters import deepspeed_run_events as ds_run
         from fitcheck.torch_adapters.allocator_compose import ComposeError
         from fitcheck.torch_adapters.allocator_deepen import DeepenError
         from fitcheck.torch_adapters.allocator_replay import replay_deepened, replay_whole_run
 
+        if ds_run.replayed(spec):
+            return ds_run.whole_run(self, spec, required=True)
         key = _cache_key(spec)
         if key in self._whole:
             return self._whole[key]
@@ -379,13 +387,16 @@ class PinnedPath:
             note = Finding("trace-failed", Severity.INFO, f"tracing this run was not possible ({failed})",
                            "the number is from the formulas; see the not-pinned warning")
             report = dataclasses.replace(report, findings=(*report.findings, note))
-        elif comps and not plain_trainer_run(spec) and _gap_applies(spec, self.seq_lengths):
+        elif comps and not plain_trainer_run(spec) and _gap_applies(spec, self.seq_lengths) \
+                and self.gap_fraction(spec) is None:
+            from fitcheck.torch_adapters.deepspeed_run_events import published_gap_reason
+
             note = Finding("reserved-published-gap", Severity.INFO,
                            "activations are traced (as the 16-bit module DeepSpeed or FSDP mixed precision runs); "
                            "the default stream's caching-allocator gap is the published fraction (core/allocator.py): "
-                           "the whole-run replay composes the plain Trainer's run, not DeepSpeed's engine or FSDP's "
-                           "module cast (their side streams' pools are added: deepspeed-side-streams / "
-                           "fsdp-side-streams)", "measure one step (FitcheckCallback, benchmarks/gpu_truth.py)")
+                           f"{published_gap_reason(self, spec)} (their side streams' pools are added: "
+                           "deepspeed-side-streams / fsdp-side-streams)",
+                           "measure one step (FitcheckCallback, benchmarks/gpu_truth.py)")
             report = dataclasses.replace(report, findings=(*report.findings, note))
         elif comps and not self.seq_lengths and _cache_key(spec) in self._whole_failed:
             note = Finding("reserved-two-groups", Severity.INFO,
