@@ -82,6 +82,7 @@ class DeepSpeedPlan:
 
     stage: int
     groups: tuple[tuple[int, ...], ...]
+    adapters: frozenset[tuple[int, int]]
     elem: int
     bucket: int
     overlap: bool
@@ -147,19 +148,24 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     stage = spec.sharding.zero_stage or 0
     order = {e.name: k for k, e in enumerate(spec.model.params)}
     first_layer = min((k for n, k in order.items() if "*" in n), default=len(order))
-    ranked: list[tuple[tuple[int, int, int], int, bool]] = []  # (model order, numel, decay)
-    for g in all_trainable(build_layout(spec)):
+    ranked: list[tuple[tuple[int, int, int], int, bool, bool]] = []  # (model order, numel, decay, adapter)
+    layout = build_layout(spec)
+    adapters = {id(g) for g in layout.adapters}
+    for g in all_trainable(layout):
         base = order.get(g.name, order.get(g.name.rsplit(".", 1)[0] + ".weight", len(order)))  # an adapter: its base
         for r in range(g.repeat):
             # what precedes the layers, the layers one by one, what follows them (named_parameters order)
             part = 1 if "*" in g.name else (0 if base < first_layer else 2)
-            ranked.append(((part, r if part == 1 else 0, base), g.numel_each, g.decay))
+            ranked.append(((part, r if part == 1 else 0, base), g.numel_each, g.decay, id(g) in adapters))
     ranked.sort(key=lambda t: t[0])
-    groups = tuple(tuple(n for _, n, d in ranked if d is want) for want in (True, False))
+    split = [[(n, a) for _, n, d, a in ranked if d is want] for want in (True, False)]
+    split = [g for g in split if g]
+    groups = tuple(tuple(n for n, _ in g) for g in split)
+    marked = frozenset((i, k) for i, g in enumerate(split) for k, (_, a) in enumerate(g) if a)
     cast = ds_mixed_dtype(spec)
     elem = cast.nbytes if cast is not None else FP32
     overlap = ds.overlap_comm if ds.overlap_comm is not None else stage == 3  # zero/config.py overlap_comm_valid
-    return DeepSpeedPlan(stage, tuple(g for g in groups if g), elem, ds.reduce_bucket_size, overlap,
+    return DeepSpeedPlan(stage, groups, marked, elem, ds.reduce_bucket_size, overlap,
                          ds.contiguous_gradients, ds.sub_group_size)
 
 
@@ -198,25 +204,46 @@ class _Writer:
         self.out.append((serial, -nbytes, tag))
 
 
-def _trainable_storages(setup: Sequence[Event], plan: DeepSpeedPlan) -> list[list[int]]:
+def _trainable_storages(setup: Sequence[Event], plan: DeepSpeedPlan) -> list[list[tuple[int, bool]]]:
     """The setup storages of each group's trainable tensors, matched by size (the latest first: peft adds its
-    adapters after the base model is built).
+    adapters after the base model is built), each with whether it is fp32 (an adapter peft keeps in fp32,
+    which the engine casts: ``engine.py`` ``_cast_module_mixed_precision``, ``p.data = p.data.to(param_dtype)``).
 
     Raises:
         DeepSpeedReplayError: A trainable tensor has no storage of its size.
     """
     free = [(s, n) for s, n, _ in reversed(setup) if n > 0]
     used: set[int] = set()
-    out: list[list[int]] = []
-    for group in plan.groups:
+    out: list[list[tuple[int, bool]]] = []
+    for i, group in enumerate(plan.groups):
         found = []
-        for numel in group:
-            hit = next((s for s, n in free if n == numel * plan.elem and s not in used), None)
+        for k, numel in enumerate(group):
+            nbytes = numel * (FP32 if (i, k) in plan.adapters else plan.elem)
+            hit = next((s for s, n in free if n == nbytes and s not in used), None)
             if hit is None:
-                raise DeepSpeedReplayError(f"no traced parameter storage of {numel * plan.elem} bytes")
+                raise DeepSpeedReplayError(f"no traced parameter storage of {nbytes} bytes")
             used.add(hit)
-            found.append(hit)
+            found.append((hit, nbytes != numel * plan.elem))
         out.append(found)
+    return out
+
+
+def _cast(w: _Writer, plan: DeepSpeedPlan, matched: list[list[tuple[int, bool]]], size: dict[int, int],
+          ) -> list[list[int]]:
+    """``_cast_module_mixed_precision`` of the fp32 trainables (before the ZeRO optimizer is built): a 16-bit
+    copy each, the fp32 storage freed. Returns each group's storages after it."""
+    out: list[list[int]] = []
+    for storages in matched:
+        now = []
+        for s, fp32 in storages:
+            if fp32:
+                n = size[s] // FP32 * plan.elem
+                new = w.new(n, "setup")
+                w.free(s, size[s], "setup")
+                size[new] = n
+                s = new
+            now.append(s)
+        out.append(now)
     return out
 
 
@@ -301,11 +328,11 @@ def deepspeed_run(events: Sequence[Event], plan: DeepSpeedPlan) -> list[Event]:
     n_setup = next((k for k, ev in enumerate(events) if ev[2] != "setup"), len(events))
     setup = list(events[:n_setup])
     size = {s: n for s, n, _ in events if n > 0}
-    owned = _trainable_storages(setup, plan)
+    matched = _trainable_storages(setup, plan)
     ends, grads = _step_ends(events, n_setup)
     w = _Writer(max((s for s, _, _ in events), default=0) + 1)
     w.out += setup
-    _initialize(w, plan, owned, size)
+    _initialize(w, plan, _cast(w, plan, matched, size), size)
     state = _Backward(plan)
     for k in range(n_setup, len(events)):
         if k in ends:
