@@ -1,0 +1,83 @@
+"""DeepSpeed's one-process run as ``fitcheck.torch_adapters.deepspeed_run_events`` rewrites it, against REAL
+DeepSpeed 0.19.8 engines on CPU (one gloo process, a tiny Llama in bf16, the Trainer's two groups in a fused torch
+AdamW, two steps: ``benchmarks/deepspeed_run_events_cpu.py``, which runs all eight configurations).
+
+Two engines run in one process of their own: ZeRO-2 with ``overlap_comm`` on a LoRA model (two ipg buckets, the
+gradient partition on the reduction stream, peft's fp32 adapters cast at initialize, frozen weights left as loaded)
+and ZeRO-3 (the flat buffers, sub-group conversion, resident gradient buffer); the benchmark also runs ZeRO-1 (its
+gradients kept until ``reduce_gradients``) and the full ZeRO-2 model (a gradient larger than the bucket). The
+rewritten sequence must leave the live bytes the engines leave after ``initialize``, after each backward and after
+the first step, and make the same large allocations in ``initialize`` and in the optimizer steps; a wrong sequence
+(another stage's, or one without ``initialize_optimizer_states``' zeroed gradient) must not.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("deepspeed")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+RUNS = ((2, True, True), (3, False, False))
+
+
+@pytest.fixture(scope="module")
+def engines() -> dict[tuple[int, bool, bool], dict[str, Any]]:
+    from deepspeed_run_events_cpu import real
+
+    return dict(zip(RUNS, real(*RUNS), strict=True))
+
+
+@pytest.mark.parametrize("run", RUNS, ids=["zero2-overlap-lora", "zero3"])
+def test_sequence_matches_the_real_engine(engines: dict[tuple[int, bool, bool], dict[str, Any]],
+                                          run: tuple[int, bool, bool]) -> None:
+    from deepspeed_run_events_cpu import compare
+
+    assert compare(run, engines[run]) == []
+
+
+def test_a_wrong_sequence_is_caught(engines: dict[tuple[int, bool, bool], dict[str, Any]],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepspeed_run_events_cpu import compare
+
+    from fitcheck.torch_adapters import deepspeed_run_events as m
+
+    # ZeRO-3's sequence against the ZeRO-2 engine
+    assert compare((3, True, True), engines[(2, True, True)])
+    # without initialize_optimizer_states' zeroed fp32 gradients (what the first experiment replayed)
+    initialize = m._initialize
+
+    def without_zeros(w: Any, plan: Any, owned: Any, size: Any) -> None:
+        initialize(w, plan, owned, size)
+        del w.out[-2 * len(plan.groups):]  # ZeRO-1/2: their allocations and frees end initialize
+
+    monkeypatch.setattr(m, "_initialize", without_zeros)
+    assert any("large allocations in setup" in d for d in compare((2, True, True), engines[(2, True, True)]))
+
+
+def test_what_is_not_replayed_is_said() -> None:
+    from dataclasses import replace
+
+    from cpu_truth import Row, spec_for
+    from deepspeed_run_events_cpu import CONFIG
+
+    from fitcheck.spec import DeepSpeedSpec, OffloadDevice, ShardingSpec, Strategy
+    from fitcheck.torch_adapters.deepspeed_run_events import not_replayed
+
+    spec = spec_for(Row("tiny", CONFIG, seq=32, batch=2, dtype="bfloat16", mp="bf16", optim="adamw_torch_fused"))
+    ds = DeepSpeedSpec(stage=2)
+    one = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, ds))
+    assert not_replayed(one) == ""
+    assert "more than one process" in not_replayed(replace(one, sharding=ShardingSpec(Strategy.DEEPSPEED, 4, 1, ds)))
+    off = replace(one, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, replace(
+        ds, offload_optimizer=OffloadDevice.CPU)))
+    assert "offloaded" in not_replayed(off)
+    assert "gradient accumulation" in not_replayed(replace(one, batch=replace(one.batch, grad_accum=4)))
+    assert "optimizer" in not_replayed(replace(one, optimizer=replace(one.optimizer, name="adamw_torch")))
