@@ -153,8 +153,8 @@ RUNS = ((1, False, False), (1, True, False), (2, False, False), (2, True, False)
 def compare(run: tuple[int, bool, bool], theirs: dict[str, Any]) -> list[str]:
     """Where fitcheck's sequence of ``run`` differs from the real engine's record: live bytes at
     :data:`POINTS` (within 64 B: a 0-d step counter, alignment), the large allocations of ``initialize`` and the
-    first optimizer step."""
-    mine = fitcheck_run(*run)
+    optimizer steps, the ipg buckets each backward makes."""
+    mine = fitcheck_run(*run)  # three steps (allocator_replay.STEADY_STEPS) against the real two
     floor = max(mine["trainable_bytes"] // 4, 1)
     out = [f"live after {p}: real {theirs['live'][p]} fitcheck {mine['live'].get(p)}" for p in POINTS
            if abs(theirs["live"][p] - mine["live"].get(p, 0)) > 64]
@@ -164,6 +164,11 @@ def compare(run: tuple[int, bool, bool], theirs: dict[str, Any]) -> list[str]:
             b = b[:len(a)]
         if a != b:
             out.append(f"large allocations in {regions[0]}: real {a} fitcheck {b}")
+    # the ipg buckets: made at each backward's first gradient (setup_buckets), dropped at its end
+    per_step = [sum(1 for n, t in e["events"] if n == 2 * BUCKET and t.startswith("backward")) / steps
+                for e, steps in ((theirs, 2), (mine, 3))]
+    if per_step[0] != per_step[1]:
+        out.append(f"ipg buckets per backward: real {per_step[0]} fitcheck {per_step[1]}")
     return out
 
 
