@@ -98,8 +98,7 @@ def main() -> int:
     from dataclasses import replace
 
     from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy
-    from fitcheck.torch_adapters import whole_run_events
-    from fitcheck.torch_adapters.deepspeed_run_events import deepspeed_plan, deepspeed_run
+    from fitcheck.torch_adapters import deepspeed_plan, deepspeed_run, whole_run_events
 
     spec = _spec()
     events = whole_run_events(spec)

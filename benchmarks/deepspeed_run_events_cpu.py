@@ -114,8 +114,7 @@ def fitcheck_run(stage: int, overlap: bool, lora: bool = False) -> dict[str, Any
     from cpu_truth import Row, spec_for
 
     from fitcheck.spec import DeepSpeedSpec, LoraSpec, ShardingSpec, Strategy
-    from fitcheck.torch_adapters import whole_run_events
-    from fitcheck.torch_adapters.deepspeed_run_events import deepspeed_plan, deepspeed_run, live_bytes
+    from fitcheck.torch_adapters import deepspeed_plan, deepspeed_run, live_bytes, whole_run_events
 
     spec = spec_for(Row("tiny", CONFIG, seq=SEQ, batch=BATCH, dtype="bfloat16", mp="bf16", optim="adamw_torch_fused",
                         lora=LoraSpec(r=8, target_modules=("q_proj", "v_proj"), dropout=0.0) if lora else None))

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fitcheck.core.caching import AllocatorConf, CachingAllocator
-from fitcheck.spec import TrainingSpec
+from fitcheck.spec import Dtype, TrainingSpec
 
 Event = tuple[int, int, str]  # (storage serial, +bytes allocated / -bytes freed, region), allocator_compose's
 EMPTY_CACHE = "empty_cache"  # a (-1, 0, EMPTY_CACHE) event: torch.cuda.empty_cache()
@@ -104,7 +104,6 @@ def not_replayed(spec: TrainingSpec) -> str:
     Returns:
         The part not replayed, for the ``reserved-published-gap`` INFO, or "".
     """
-    from fitcheck.core.states.layout import ds_mixed_dtype
     from fitcheck.spec import OffloadDevice
 
     ds = spec.sharding.deepspeed
@@ -118,7 +117,7 @@ def not_replayed(spec: TrainingSpec) -> str:
         parts.append("offloaded optimizer or parameters")
     if spec.batch.grad_accum > 1:
         parts.append("gradient accumulation (the gradient partition kept across micro-batches)")
-    cast = ds_mixed_dtype(spec)
+    cast = _engine_dtype(spec)
     if cast is None:
         parts.append("an fp32 engine (no bf16/fp16 section)")
     elif spec.precision.load_dtype is not cast:
@@ -132,6 +131,14 @@ def not_replayed(spec: TrainingSpec) -> str:
     return "; ".join(parts)
 
 
+def _engine_dtype(spec: TrainingSpec) -> Dtype | None:
+    """The 16-bit dtype the engine casts the module to (its bf16 / fp16 section), or None."""
+    from fitcheck.spec import MixedPrecision
+
+    return {MixedPrecision.BF16: Dtype.BFLOAT16, MixedPrecision.FP16: Dtype.FLOAT16}.get(
+        spec.precision.mixed_precision)
+
+
 def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     """The plan of a DeepSpeed spec :func:`not_replayed` accepts.
 
@@ -141,7 +148,7 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     Returns:
         Its stage, groups and settings.
     """
-    from fitcheck.core.states.layout import all_trainable, build_layout, ds_mixed_dtype
+    from fitcheck.core.states import all_trainable, build_layout
 
     ds = spec.sharding.deepspeed
     assert ds is not None
@@ -162,7 +169,7 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     split = [g for g in split if g]
     groups = tuple(tuple(n for n, _ in g) for g in split)
     marked = frozenset((i, k) for i, g in enumerate(split) for k, (_, a) in enumerate(g) if a)
-    cast = ds_mixed_dtype(spec)
+    cast = _engine_dtype(spec)
     elem = cast.nbytes if cast is not None else FP32
     overlap = ds.overlap_comm if ds.overlap_comm is not None else stage == 3  # zero/config.py overlap_comm_valid
     return DeepSpeedPlan(stage, groups, marked, elem, ds.reduce_bucket_size, overlap,
@@ -526,12 +533,11 @@ def live_bytes(events: Sequence[Event]) -> dict[str, int]:
 
 
 def replayed(spec: TrainingSpec) -> bool:
-    """Whether the whole run of a DeepSpeed spec is replayed as DeepSpeed's (:func:`deepspeed_run`): ZeRO on a
-    traceable run (``pinned_path.traceable``) that :func:`not_replayed` accepts."""
+    """Whether the whole run of a DeepSpeed spec is replayed as DeepSpeed's (:func:`deepspeed_run`): ZeRO that
+    :func:`not_replayed` accepts (the caller checks that the run is traced: ``pinned_path.traceable``)."""
     from fitcheck.spec import Strategy
-    from fitcheck.torch_adapters.pinned_path import traceable
 
-    return spec.sharding.strategy is Strategy.DEEPSPEED and traceable(spec) and not not_replayed(spec)
+    return spec.sharding.strategy is Strategy.DEEPSPEED and not not_replayed(spec)
 
 
 def _key(spec: TrainingSpec) -> str:
@@ -540,13 +546,14 @@ def _key(spec: TrainingSpec) -> str:
     return f"|deepspeed {deepspeed_plan(spec)!r} {hw.expandable_segments} {hw.cuda_alloc_conf!r}"
 
 
-def whole_run(path: Any, spec: TrainingSpec, required: bool = False) -> Any:
+def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
     """A ``PinnedPath``'s DeepSpeed whole run replayed (cached with its whole-run replays, the micro-batch
     excepted as theirs are), from the activation traces it has run for the spec (traced here when it has none).
 
     Args:
         path: The ``pinned_path.PinnedPath`` (its traces and caches).
         spec: A spec :func:`replayed` accepts.
+        key: The spec's activation-trace key (``pinned_path._cache_key``).
         required: Raise when the replay cannot run (``--reserved_replay`` asked for it) rather than return None.
 
     Returns:
@@ -556,9 +563,7 @@ def whole_run(path: Any, spec: TrainingSpec, required: bool = False) -> Any:
     from fitcheck.core.loading import allocator_conf
     from fitcheck.core.trainers import step_spec
     from fitcheck.torch_adapters.allocator_replay import whole_run_events
-    from fitcheck.torch_adapters.pinned_path import _cache_key, _reason
 
-    key = _cache_key(spec)
     dkey = key + _key(spec)
     if dkey in path._whole:
         return path._whole[dkey]
@@ -575,20 +580,21 @@ def whole_run(path: Any, spec: TrainingSpec, required: bool = False) -> Any:
     except Exception as exc:  # the published gap answers, with the reason in the INFO
         if required:
             raise
-        path._whole_failed[dkey] = _reason(exc)
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        path._whole_failed[dkey] = f"{type(exc).__name__}: {text}"[:200]
         return None
     return path._whole[dkey]
 
 
-def published_gap_reason(path: Any, spec: TrainingSpec) -> str:
-    """Why a traced DeepSpeed answer keeps the published gap (for the ``reserved-published-gap`` INFO)."""
+def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:
+    """Why a traced DeepSpeed (or FSDP) answer keeps the published gap, for the ``reserved-published-gap`` INFO
+    (``key``: the spec's ``pinned_path._cache_key``)."""
     from fitcheck.spec import Strategy
-    from fitcheck.torch_adapters.pinned_path import _cache_key
 
     if spec.sharding.strategy is not Strategy.DEEPSPEED:
-        return "FSDP's module cast is not replayed"
+        return "the whole-run replay composes the plain Trainer's run, not FSDP's module cast"
     missing = not_replayed(spec)
     if missing:
         return f"DeepSpeed's run is replayed for one process only, and this run has {missing}"
-    failed = path._whole_failed.get(_cache_key(spec) + _key(spec))
-    return f"DeepSpeed's run could not be replayed ({failed})" if failed else ""
+    failed = path._whole_failed.get(key + _key(spec))
+    return f"DeepSpeed's run could not be replayed ({failed})" if failed else "DeepSpeed's run was not replayed"

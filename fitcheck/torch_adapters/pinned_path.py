@@ -182,7 +182,7 @@ class PinnedPath:
         from fitcheck.torch_adapters import deepspeed_run_events as ds_run
 
         if self.wants_trace(spec) and ds_run.replayed(spec) and _gap_applies(spec, self.seq_lengths):
-            replay = ds_run.whole_run(self, spec)  # DeepSpeed's own run (None: the published gap, with why)
+            replay = ds_run.whole_run(self, spec, _cache_key(spec))  # None: the published gap, with why
             return None if replay is None else float(replay.gap_fraction)
         if not self.wants_trace(spec) or not plain_trainer_run(spec):
             return None
@@ -354,8 +354,8 @@ class PinnedPath:
         from fitcheck.torch_adapters.allocator_deepen import DeepenError
         from fitcheck.torch_adapters.allocator_replay import replay_deepened, replay_whole_run
 
-        if ds_run.replayed(spec):
-            return ds_run.whole_run(self, spec, required=True)
+        if traceable(spec) and ds_run.replayed(spec):
+            return ds_run.whole_run(self, spec, _cache_key(spec), required=True)
         key = _cache_key(spec)
         if key in self._whole:
             return self._whole[key]
@@ -391,10 +391,11 @@ class PinnedPath:
                 and self.gap_fraction(spec) is None:
             from fitcheck.torch_adapters.deepspeed_run_events import published_gap_reason
 
+            why = published_gap_reason(self, spec, _cache_key(spec))
             note = Finding("reserved-published-gap", Severity.INFO,
                            "activations are traced (as the 16-bit module DeepSpeed or FSDP mixed precision runs); "
                            "the default stream's caching-allocator gap is the published fraction (core/allocator.py): "
-                           f"{published_gap_reason(self, spec)} (their side streams' pools are added: "
+                           f"{why} (their side streams' pools are added: "
                            "deepspeed-side-streams / fsdp-side-streams)",
                            "measure one step (FitcheckCallback, benchmarks/gpu_truth.py)")
             report = dataclasses.replace(report, findings=(*report.findings, note))
