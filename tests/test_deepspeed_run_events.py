@@ -70,7 +70,7 @@ def test_what_is_not_replayed_is_said() -> None:
     from deepspeed_run_events_cpu import CONFIG
 
     from fitcheck.spec import DeepSpeedSpec, OffloadDevice, ShardingSpec, Strategy
-    from fitcheck.torch_adapters.deepspeed_run_events import not_replayed
+    from fitcheck.torch_adapters.deepspeed_run_plan import not_replayed
 
     spec = spec_for(Row("tiny", CONFIG, seq=32, batch=2, dtype="bfloat16", mp="bf16", optim="adamw_torch_fused"))
     ds = DeepSpeedSpec(stage=2)

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
         replay_whole_run,
         whole_run_events,
     )
-    from fitcheck.torch_adapters.deepspeed_run_events import deepspeed_plan, deepspeed_run, live_bytes
+    from fitcheck.torch_adapters.deepspeed_run_events import deepspeed_run, live_bytes
+    from fitcheck.torch_adapters.deepspeed_run_plan import deepspeed_plan
     from fitcheck.torch_adapters.device_map_check import device_map_findings
     from fitcheck.torch_adapters.device_map_split import multi_gpu_shares
     from fitcheck.torch_adapters.differential import (
@@ -102,7 +103,7 @@ _WHERE = {
     "replay_steady_state": "allocator_replay",
     "replay_whole_run": "allocator_replay",
     "whole_run_events": "allocator_replay",
-    "deepspeed_plan": "deepspeed_run_events",
+    "deepspeed_plan": "deepspeed_run_plan",
     "deepspeed_run": "deepspeed_run_events",
     "live_bytes": "deepspeed_run_events",
     "RegionStats": "tracer_recorder",
