@@ -1,33 +1,44 @@
-"""Time of the default answer in a fresh process: the formula, one traced answer, the full traced report.
+"""Time of the default answer in a fresh process: the formula, one traced answer, the full traced report, each
+traced one cold (an empty trace cache) and warm (what a cold run left in fitcheck's cache:
+``fitcheck/torch_adapters/trace_cache.py``).
 
-For each case (kinds of run outside the checked envelope, so that the default path traces), three fresh
-interpreters per mode, median of 3, wall and CPU (user + sys of the child: on a shared machine the wall time
-also counts the time waiting for a core, the CPU time does not):
+For each case (kinds of run outside the checked envelope, so that the default path traces), fresh interpreters
+per mode, median of ``--repeat``, wall and CPU (user + sys of the child: on a shared machine the wall time also
+counts the time waiting for a core, the CPU time does not):
 
 - ``formula``: ``fitcheck estimate ... --no_trace --json`` (the formula answer with suggestions);
 - ``traced answer``: the headline of the default path only (``PinnedPath("auto")(spec)``, what ``fitcheck.
   estimate`` and the callback ask), traces included;
 - ``full report``: ``fitcheck estimate ... --json`` (the default path: headline, largest micro-batch,
-  suggestions, every one traced the way the headline was).
+  suggestions, every one traced the way the headline was);
+
+each traced mode ``cold`` (every run with its own empty ``FITCHECK_CACHE_DIR``) and ``warm`` (the directory the
+last cold run filled). Next to them the import floor (``python -c "import torch, transformers, peft"``: what a
+cold traced answer of a PEFT run cannot go under), the step traces (``tracer.trace_step``) and optimizer traces
+(``tracer_optimizer.trace_optimizer``) each child ran, and whether the warm full report printed the same bytes as
+the cold one. Issue 20's targets: formula <= 0.3 s, traced answer <= 3 s, full report <= 5 s.
 
 Also the in-process time of each part after the imports (``--inproc``), and the number of traces run.
-Issue 20's targets: formula <= 0.3 s, traced answer <= 3 s, full report <= 5 s.
 
-Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [--compile] [case ...]`` (CPU, no
-network). Cases: those of ``CASES`` (the default), and the four H100 rows of ``H100_ROWS`` by name. To time
-another checkout (e.g. ``main`` before issue 20), run it with ``PYTHONPATH=<that checkout>``:
-the children inherit it.
+Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [--compile] [--json FILE] [case ...]``
+(CPU, no network; the caches are temporary directories, removed at the end). Cases: those of ``CASES`` (the
+default), and the four H100 rows of ``H100_ROWS`` by name. To time another checkout (e.g. ``main`` before issue
+20), run it with ``PYTHONPATH=<that checkout>``: the children inherit it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from typing import Any
 
 CASES: dict[str, list[str]] = {
     # QLoRA on an fp32 load under bf16 autocast with checkpointing: not in the envelope (2026-11-23)
@@ -54,14 +65,35 @@ H100_ROWS: dict[str, list[str]] = {
                            "--per_device_train_batch_size", "4", "--max_seq_length", "2048"],
 }
 
+# counts the traces a child runs (printed to stderr at exit), before anything binds the tracer's functions
+_COUNT = """
+import atexit, sys
+import fitcheck.torch_adapters.tracer as _tracer, fitcheck.torch_adapters.tracer_optimizer as _topt
+_counts = {"step": 0, "optimizer": 0}
+def _counted(name, real):
+    def run(*args, **kwargs):
+        _counts[name] += 1
+        return real(*args, **kwargs)
+    return run
+_tracer.trace_step = _counted("step", _tracer.trace_step)
+_topt.trace_optimizer = _counted("optimizer", _topt.trace_optimizer)
+atexit.register(lambda: print("TRACES", _counts["step"], _counts["optimizer"], file=sys.stderr))
+"""
+
+_REPORT = """
+import sys
+from fitcheck.cli.main import main
+sys.exit(main(["estimate", *sys.argv[1:]]))
+"""
+
 _ANSWER = """
-import sys, warnings
+import os, sys, warnings
 warnings.simplefilter("ignore")
 from fitcheck.cli import build_parser, spec_from_args
-from fitcheck.torch_adapters import PinnedPath
+from fitcheck.torch_adapters import PinnedPath, cache_from_environment
 args = build_parser().parse_args(["estimate", *sys.argv[1:]])
 spec, _ = spec_from_args(args)
-path = PinnedPath("auto")
+path = PinnedPath("auto", cache=cache_from_environment(os.environ))
 report = path(spec)
 traced = any(c.name == "activations.traced" for c in report.components)
 print("traced" if traced else "formula", "pinned" if report.pinned else "not pinned", report.peak_allocated_bytes,
@@ -69,27 +101,70 @@ print("traced" if traced else "formula", "pinned" if report.pinned else "not pin
 """
 
 
-def _child(argv: list[str]) -> tuple[float, float, str]:
+class Run:
+    """One fresh child: wall and CPU seconds, its stdout, the step and optimizer traces it ran."""
+
+    def __init__(self, wall: float, cpu: float, stdout: str, traces: tuple[int, int]) -> None:
+        self.wall, self.cpu, self.stdout, self.traces = wall, cpu, stdout, traces
+
+    @property
+    def answer(self) -> str:
+        """The last line of its stdout."""
+        lines = self.stdout.strip().splitlines()
+        return lines[-1] if lines else ""
+
+
+def _child(argv: list[str], cache: str = "off") -> Run:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    out = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
-                         check=False)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "FITCHECK_CACHE_DIR": cache}
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     if out.returncode not in (0, 1):
         raise RuntimeError(f"{argv}: exit {out.returncode}\n{out.stderr[-2000:]}")
-    return wall, cpu, out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    counted = [line.split()[1:] for line in out.stderr.splitlines() if line.startswith("TRACES ")]
+    traces = (int(counted[-1][0]), int(counted[-1][1])) if counted else (0, 0)
+    return Run(wall, cpu, out.stdout, traces)
 
 
 def modes(flags: list[str]) -> dict[str, list[str]]:
     """argv per mode for one case."""
-    cli = [sys.executable, "-m", "fitcheck.cli.main", "estimate", *flags, "--json"]
     return {
-        "formula": [*cli, "--no_trace"],
-        "traced answer": [sys.executable, "-c", _ANSWER, *flags],
-        "full report": cli,
+        "formula": [sys.executable, "-m", "fitcheck.cli.main", "estimate", *flags, "--json", "--no_trace"],
+        "traced answer": [sys.executable, "-c", _COUNT + _ANSWER, *flags],
+        "full report": [sys.executable, "-c", _COUNT + _REPORT, *flags, "--json"],
     }
+
+
+def _row(name: str, mode: str, cache: str, runs: list[Run], note: str = "") -> dict[str, Any]:
+    """Print and return one row (medians)."""
+    row = {"case": name, "mode": mode, "cache": cache, "wall_s": round(statistics.median(r.wall for r in runs), 2),
+           "cpu_s": round(statistics.median(r.cpu for r in runs), 2), "step_traces": runs[-1].traces[0],
+           "optimizer_traces": runs[-1].traces[1], "note": note}
+    print(f"{name:16} {mode:14} {cache:5} {row['wall_s']:10.2f} s {row['cpu_s']:9.2f} s {row['step_traces']:7} "
+          f"{row['optimizer_traces']:5}  {note}", flush=True)
+    return row
+
+
+def time_case(name: str, flags: list[str], repeat: int) -> list[dict[str, Any]]:
+    """Formula, then each traced mode cold (an empty cache per run) and warm (the last cold run's cache)."""
+    argvs = modes(flags)
+    rows = [_row(name, "formula", "-", [_child(argvs["formula"]) for _ in range(repeat)])]
+    for mode in ("traced answer", "full report"):
+        dirs = [tempfile.mkdtemp(prefix="fitcheck-speed-") for _ in range(repeat)]
+        try:
+            cold = [_child(argvs[mode], d) for d in dirs]
+            warm = [_child(argvs[mode], dirs[-1]) for _ in range(repeat)]
+        finally:
+            for d in dirs:
+                shutil.rmtree(d, ignore_errors=True)
+        answer = cold[-1].answer[:60] if mode == "traced answer" else ""
+        same = "same stdout as cold" if all(w.stdout == cold[-1].stdout for w in warm) else "STDOUT DIFFERS FROM COLD"
+        rows.append(_row(name, mode, "cold", cold, answer))
+        rows.append(_row(name, mode, "warm", warm, same))
+    return rows
 
 
 def inproc(flags: list[str]) -> None:
@@ -152,27 +227,33 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--inproc", action="store_true")
     ap.add_argument("--compile", action="store_true",
                     help="write fitcheck's bytecode first, as `pip install` does (compileall)")
+    ap.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON (benchmarks/data/)")
     ap.add_argument("cases", nargs="*")
     ns = ap.parse_args(argv)
     cases = {**CASES, **H100_ROWS}
     names = ns.cases or list(CASES)
-    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    load = os.getloadavg()[0]
+    print(f"load average at start: {load:.1f} on {os.cpu_count()} cores")
     _bytecode(ns.compile)
-    print(f"{'case':16} {'mode':14} {'wall (median)':>14} {'cpu (median)':>13}  answer")
-    floor = [_child([sys.executable, "-c", "pass"]) for _ in range(ns.repeat)]
-    print(f"{'(python alone)':16} {'':14} {statistics.median(r[0] for r in floor):12.2f} s "
-          f"{statistics.median(r[1] for r in floor):11.2f} s  the interpreter and site, no fitcheck")
-    for name in names:
-        if ns.inproc:
+    if ns.inproc:
+        for name in names:
             print(name)
             inproc(cases[name])
-            continue
-        for mode, cmd in modes(cases[name]).items():
-            runs = [_child(cmd) for _ in range(ns.repeat)]
-            wall = statistics.median(r[0] for r in runs)
-            cpu = statistics.median(r[1] for r in runs)
-            answer = runs[-1][2][:60] if mode == "traced answer" else ""
-            print(f"{name:16} {mode:14} {wall:12.2f} s {cpu:11.2f} s  {answer}", flush=True)
+        return 0
+    print(f"{'case':16} {'mode':14} {'cache':5} {'wall (median)':>12} {'cpu (median)':>11} {'traces':>7} "
+          f"{'optim':>5}  answer")
+    rows = [_row("(python alone)", "", "-", [_child([sys.executable, "-c", "pass"]) for _ in range(ns.repeat)],
+                 "the interpreter and site, no fitcheck"),
+            _row("(import floor)", "", "-", [_child([sys.executable, "-c", "import torch, transformers, peft"])
+                                           for _ in range(ns.repeat)], "import torch, transformers, peft")]
+    for name in names:
+        rows += time_case(name, cases[name], ns.repeat)
+    if ns.json:
+        with open(ns.json, "w", encoding="utf-8") as out:
+            json.dump({"machine": f"{os.cpu_count()} cores, load average {load:.1f} at start",
+                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repeat": ns.repeat,
+                       "rows": rows}, out, indent=1)
+            out.write("\n")
     return 0
 
 

@@ -77,6 +77,14 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         help="never trace: answer from the formulas (a not-pinned warning outside the checked envelope)",
     )
     parser.add_argument(
+        "--no_cache",
+        "--no-cache",
+        dest="no_cache",
+        action="store_true",
+        help="neither read nor write fitcheck's cache of traces and allocator replays ($FITCHECK_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/fitcheck, else ~/.cache/fitcheck; FITCHECK_CACHE_DIR=off turns it off for good)",
+    )
+    parser.add_argument(
         "--reserved_replay",
         "--reserved-replay",
         dest="reserved_replay",
@@ -291,7 +299,7 @@ def build_report(
         raise ConfigError("--reserved_replay traces the whole run for the caching allocator: it cannot be combined "
                           f"with {'--no_trace' if getattr(args, 'no_trace', False) else '--seq_lengths'}; drop one")
     path = PinnedPath("always" if args.trace else "never" if getattr(args, "no_trace", False) else "auto",
-                      seq_lengths=lengths, reserved_replay=replay_all)
+                      seq_lengths=lengths, reserved_replay=replay_all, cache=_trace_cache(args))
     extra_findings: tuple[Finding, ...] = ()
     if getattr(args, "device_map", None):
         from fitcheck.torch_adapters import device_map_findings
@@ -317,6 +325,16 @@ def build_report(
     if gpus:
         extras["device_map_gpus"] = [g.to_dict() for g in gpus]
     return report, extras
+
+
+def _trace_cache(args: argparse.Namespace) -> Any:
+    """fitcheck's on-disk cache of traces and replays (``torch_adapters.trace_cache``) for these flags: None with
+    ``--no_cache`` or ``FITCHECK_CACHE_DIR=off`` (reads the process environment: CLI boundary)."""
+    if getattr(args, "no_cache", False):
+        return None
+    from fitcheck.torch_adapters import cache_from_environment
+
+    return cache_from_environment(os.environ)
 
 
 def _busiest_gpu_report(whole: Report, gpus: tuple[Any, ...]) -> Report:

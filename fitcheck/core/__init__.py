@@ -17,6 +17,7 @@ SFT/DPO/GRPO/Reward steps: fused LM head, reference model, generation phase), :m
 from fitcheck.core.allocator import reserved_bytes
 from fitcheck.core.compute import ComputeAssumptions, ComputeEstimate, compute_estimate, relative_time_per_token
 from fitcheck.core.estimator import estimate
+from fitcheck.core.overheads import cublas_thread_workspaces
 from fitcheck.core.saving import save_cost
 from fitcheck.core.step import collect_components, peak_phase
 
@@ -25,6 +26,7 @@ __all__ = [
     "ComputeEstimate",
     "collect_components",
     "compute_estimate",
+    "cublas_thread_workspaces",
     "estimate",
     "peak_phase",
     "relative_time_per_token",

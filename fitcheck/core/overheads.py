@@ -81,6 +81,32 @@ def _gpu_family(spec: TrainingSpec) -> str:
     return "default"
 
 
+def cublas_thread_workspaces(spec: TrainingSpec) -> tuple[int, ...]:
+    """The workspaces one thread allocates through the caching allocator at its first cuBLAS call, in order.
+
+    ``CublasHandlePool.cpp`` ``getCurrentCUDABlasHandle`` allocates the cuBLAS workspace (``getNewWorkspace``) the
+    first time a thread's handle is used on a stream, before the op's kernel runs and after its output exists
+    (the structured kernel allocates the output first); the cuBLASLt workspace (``getCUDABlasLtWorkspace``) comes
+    on the thread's first cuBLASLt call, counted here with the first call. Both stay allocated for the process.
+    The tracer's CUDA emulation records them where the step makes those calls
+    (``torch_adapters/cuda_emulation.py`` item 4), so the allocator replay places them as the GPU does.
+
+    Args:
+        spec: The training spec (GPU name decides the default size).
+
+    Returns:
+        (cuBLAS workspace, cuBLASLt workspace) bytes, or () on CPU.
+    """
+    if spec.hardware.device_type is DeviceType.CPU:
+        return ()
+    family = _gpu_family(spec)
+    if family == "sm90":
+        return (CUBLAS_WORKSPACE_SM90, CUBLASLT_WORKSPACE)
+    if family == "gfx94":
+        return (HIPBLAS_WORKSPACE_GFX94, HIPBLASLT_WORKSPACE)
+    return (CUBLAS_WORKSPACE_DEFAULT, CUBLASLT_WORKSPACE)
+
+
 def cublas_workspace_bytes(spec: TrainingSpec) -> int:
     """Per-GPU bytes of the cuBLAS(+Lt) workspaces a training step creates.
 
@@ -90,16 +116,7 @@ def cublas_workspace_bytes(spec: TrainingSpec) -> int:
     Returns:
         Bytes allocated through the caching allocator (0 on CPU).
     """
-    if spec.hardware.device_type is DeviceType.CPU:
-        return 0
-    family = _gpu_family(spec)
-    if family == "sm90":
-        per_thread = CUBLAS_WORKSPACE_SM90 + CUBLASLT_WORKSPACE
-    elif family == "gfx94":
-        per_thread = HIPBLAS_WORKSPACE_GFX94 + HIPBLASLT_WORKSPACE
-    else:
-        per_thread = CUBLAS_WORKSPACE_DEFAULT + CUBLASLT_WORKSPACE
-    return CUBLAS_THREADS * per_thread
+    return CUBLAS_THREADS * sum(cublas_thread_workspaces(spec))
 
 
 def nccl_group_bytes(ranks: int) -> int:

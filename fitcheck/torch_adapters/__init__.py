@@ -11,7 +11,8 @@
 - :mod:`.live_tracker`: live-tensor peak of a real step (a dispatch mode);
 - :mod:`.device_map`, :mod:`.device_map_check`: accelerate's ``infer_auto_device_map`` and its findings;
   :mod:`.device_map_split`: one estimate per GPU of a multi-GPU map (naive model parallelism);
-- :mod:`.trl_config_check`: TRL's own config classes validate a run's TRL settings.
+- :mod:`.trl_config_check`: TRL's own config classes validate a run's TRL settings;
+- :mod:`.trace_cache`: fitcheck's on-disk cache of traces and allocator replays across processes.
 
 Importing this package imports no torch; each name imports its module on first use.
 """
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from fitcheck.torch_adapters.meta_device import build_meta_model, meta_inventory
     from fitcheck.torch_adapters.pinned_path import PinnedPath
     from fitcheck.torch_adapters.trace_batch import BatchTraces, at_micro_batch
+    from fitcheck.torch_adapters.trace_cache import TraceCache, cache_directory, cache_from_environment
     from fitcheck.torch_adapters.tracer import (
         OPTSTATE,
         PARAMS,
@@ -85,6 +87,9 @@ _WHERE = {
     "PHASES": "differential",
     "phase_errors": "differential",
     "BatchTraces": "trace_batch",
+    "TraceCache": "trace_cache",
+    "cache_directory": "trace_cache",
+    "cache_from_environment": "trace_cache",
     "at_micro_batch": "trace_batch",
     "activation_trace_kwargs": "tracer",
     "OPTSTATE": "tracer",
@@ -138,9 +143,12 @@ __all__ = [
     "PinnedPath",
     "RegionStats",
     "StepReplay",
+    "TraceCache",
     "activation_trace_kwargs",
     "at_micro_batch",
     "build_meta_model",
+    "cache_directory",
+    "cache_from_environment",
     "cell_spec",
     "check_trl_config",
     "compare",

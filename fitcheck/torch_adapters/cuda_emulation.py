@@ -2,8 +2,9 @@
 
 A trace describes a CUDA run unless the spec says ``device_type cpu`` (``tracer.trace_kwargs``: ``cuda_kernels``).
 Three places where torch's CPU and CUDA paths keep different tensors for backward are emulated while such a step is
-traced (``cuda_kernels``); a ``device_type cpu`` trace and a real CPU step (``benchmarks/cpu_truth.py``) keep CPU
-behaviour.
+traced (``cuda_kernels``), and the cuBLAS workspaces a CUDA step allocates are recorded for the allocator replay
+(``tracer.trace_step(cublas_workspaces=...)``); a ``device_type cpu`` trace and a real CPU step
+(``benchmarks/cpu_truth.py``) keep CPU behaviour.
 
 1. Dropout (``tracer_patches.cuda_dropout``): CUDA's ``native_dropout`` keeps a bool mask, the CPU kernel its noise.
 2. SDPA with dropout (``cuda_sdpa``). torch 2.13 ``aten/src/ATen/native/transformers/sdp_utils_cpp.cpp``
@@ -35,6 +36,22 @@ behaviour.
    targets, bf16 autocast, 4 x 2048): the CPU-list trace answered 52018 MiB against 68659 MiB measured (-24.2 %).
    The ``promote`` list (``addcdiv``, ``index_put``, ...) and the lower-precision ops CUDA lists and the CPU does
    not (``einsum``, ``addmv``, ``mv``, ``addr``, ``chain_matmul``, ``linalg_multi_dot``) are not emulated.
+
+4. cuBLAS workspaces (``CublasWorkspaces``). torch's ``aten/src/ATen/cuda/CublasHandlePool.cpp``
+   ``getCurrentCUDABlasHandle`` (``getCurrentCUDABlasLtHandle`` is the same handle on CUDA) allocates a workspace
+   through the caching allocator (``getNewWorkspace``: 32 MiB on sm90) the first time a thread's handle runs on a
+   stream, and keeps it for the process; the cuBLASLt workspace likewise (``core/overheads.py``). Handles are per
+   thread: the forward runs on the Python thread, the backward on autograd's CUDA device thread
+   (``torch/csrc/autograd/engine.cpp``), so a step makes two, at the first matmul of the forward and the first of
+   the backward (the LM head's, after its output is allocated). A CPU step allocates nothing there; the trace
+   records both (``LiveTensorRecorder.hold``) for the allocator replay only: the estimate counts them as
+   ``overhead.cublas_workspace``. Where they land matters when nothing smaller is free: the backward's comes
+   after the loss's backward has freed its fp32 logits-sized blocks, and best fit (``get_free_block``) carves
+   it from one of them when the step has no free block between 32 MiB and the logits' size, so that block is
+   split for good and the next step's logits need one more segment. Measured on an H200
+   (``benchmarks/data/gpu_truth_nvidia_h200.json``, Qwen2.5-0.5B full bf16, 8 x 1024: hidden 896, so the
+   largest free activation block is an fp32 8192 x 896 of 28 MiB): the replay without the workspaces answered
+   28508 MiB reserved against 33262 measured (-14.1 %), one 4748 MiB fp32 logits segment short.
 
 The device ran torch 2.11; the lists above are read from the installed torch 2.13 (``tests/test_cuda_emulation.py``
 checks that every emulated op has an ``AutocastCUDA`` kernel and no ``AutocastCPU`` one in the installed build).
@@ -78,6 +95,36 @@ def cuda_kernels() -> Iterator[None]:
 
     with cuda_dropout(), cuda_sdpa(), cuda_autocast_lists():
         yield
+
+
+# aten ops whose CUDA kernels call cuBLAS / cuBLASLt (aten/src/ATen/native/cuda/Blas.cpp: mm, addmm, bmm,
+# baddbmm, addbmm, addmv, mv, dot, vdot, _addmm_activation, _int_mm, _scaled_mm); matmul and linear reach them
+BLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "_addmm_activation",
+                      "_int_mm", "_scaled_mm"})
+
+
+class CublasWorkspaces:
+    """The recorder's op hook that holds each thread's cuBLAS workspaces at its first BLAS op (item 4).
+
+    Args:
+        sizes: Bytes a thread allocates at its first cuBLAS call, in order (``core.cublas_thread_workspaces``).
+    """
+
+    def __init__(self, sizes: tuple[int, ...]) -> None:
+        self.sizes = sizes
+        self.threads: set[str] = set()
+
+    def __call__(self, recorder: Any, func: Any) -> None:
+        """After ``func`` ran: hold the workspaces if it is the first BLAS op of its thread."""
+        import torch
+
+        if func.overloadpacket.__name__ not in BLAS_OPS:
+            return
+        thread = "autograd" if torch._C._current_autograd_node() is not None else "main"
+        if thread not in self.threads:
+            self.threads.add(thread)
+            for n in self.sizes:
+                recorder.hold(n)
 
 
 @contextlib.contextmanager

@@ -451,6 +451,7 @@ def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -
     from fitcheck.core.loading import allocator_conf
     from fitcheck.core.trainers import step_spec
     from fitcheck.torch_adapters.allocator_replay import whole_run_events
+    from fitcheck.torch_adapters.trace_cache import cached_replay
 
     dkey = key + _key(spec)
     if dkey in path._whole:
@@ -461,10 +462,13 @@ def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -
     runs: Any = ()
     if traces is not None and traces.traced:
         runs = traces.traced.get(step_spec(spec).batch.micro_batch) or next(iter(traces.traced.values()))
-    try:
+    def compute() -> Any:
         events = whole_run_events(spec, runs, optimizer_traces=path._optimizer_traces)
-        path._whole[dkey] = replay_deepspeed(deepspeed_run(events, deepspeed_plan(spec)), allocator_conf(spec),
-                                             spec.batch.seq_len)
+        return replay_deepspeed(deepspeed_run(events, deepspeed_plan(spec)), allocator_conf(spec),
+                                spec.batch.seq_len)
+
+    try:  # the on-disk trace cache keeps it for the next process (trace_cache.cached_replay)
+        path._whole[dkey] = cached_replay(getattr(path, "cache", None), "deepspeed-run", spec, compute)
     except Exception as exc:  # the published gap answers, with the reason in the INFO
         if required:
             raise

@@ -110,7 +110,7 @@ class PinnedPath:
     """Chooses formula or trace per spec, and estimates with it (an ``EstimateFn``)."""
 
     def __init__(self, mode: str = "auto", *, can_trace: bool | None = None, strict: bool | None = None,
-                 seq_lengths: tuple[int, ...] = (), reserved_replay: bool = False) -> None:
+                 seq_lengths: tuple[int, ...] = (), reserved_replay: bool = False, cache: Any = None) -> None:
         """Args:
         mode: ``auto``, ``always`` or ``never``.
         can_trace: Whether tracing is possible (default: torch and transformers importable).
@@ -123,6 +123,7 @@ class PinnedPath:
             not replay it (a headline from the checked formulas, or a run the tracer does not describe as the
             plain Trainer step), not the published 11 %. Every traced spec gets the whole run's gap without it
             (``_traced_gap``).
+        cache: A ``trace_cache.TraceCache`` that keeps traces and replays across processes (None: this one only).
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -141,6 +142,7 @@ class PinnedPath:
         self._whole: dict[str, Any] = {}  # cache key -> the whole run replayed (allocator_replay.replay_whole_run)
         self._whole_failed: dict[str, str] = {}  # cache key -> why the whole run could not be replayed
         self._optimizer_traces: dict[str, Any] = {}  # tracer_optimizer traces, shared by every replay
+        self.cache = cache
 
     def wants_trace(self, spec: TrainingSpec) -> bool:
         """Whether this spec's activations should come from a trace."""
@@ -194,19 +196,29 @@ class PinnedPath:
         from fitcheck.core.trainers import step_spec
         from fitcheck.errors import UnsupportedModelError
         from fitcheck.torch_adapters.trace_batch import BatchTraces
+        from fitcheck.torch_adapters.trace_cache import cached_gap, cached_trace
         from fitcheck.torch_adapters.tracer import activation_trace_kwargs, components_from_trace
 
         if not spec.model.config:
             raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
-        with warnings.catch_warnings():  # transformers' deprecation notices while building the model are noise
-            warnings.simplefilter("ignore", FutureWarning)
+        micro = step_spec(spec).batch.micro_batch  # a TRL policy step runs its own rows (DPO: chosen + rejected)
+
+        def traces() -> BatchTraces:  # built on a miss only: a cache hit imports no torch
             if key not in self._traces:
                 self._traces[key] = BatchTraces(spec.model.config, activation_trace_kwargs(spec))
-            # a TRL trainer's policy step runs its own rows (core.trainers.step_spec: DPO's chosen + rejected)
-            result = self._traces[key].result(step_spec(spec).batch.micro_batch)
-        if result.alloc_events and key not in self._gaps:  # a micro-batch traced, not interpolated
-            runs = self._traces[key].traced.get(step_spec(spec).batch.micro_batch, ())
-            self._gaps[key] = self._traced_gap(key, spec, runs, result.alloc_events)
+            built: BatchTraces = self._traces[key]
+            return built
+
+        def gap() -> float:  # the first answer of a kind of step is traced (a fresh BatchTraces) or a cache hit
+            deepest = result.alloc_events or traces().result(micro).alloc_events
+            return self._traced_gap(key, spec, self._traces[key].traced.get(micro, ()), deepest)
+
+        with warnings.catch_warnings():  # transformers' deprecation notices while building the model are noise
+            warnings.simplefilter("ignore", FutureWarning)
+            result = cached_trace(self.cache, key, spec.model.config, micro, lambda: traces().result(micro))
+            if key not in self._gaps:
+                self._gaps[key] = cached_gap(self.cache, key, spec, self.seq_lengths, gap, self._whole,
+                                             self._whole_failed)
         self.traced_answers += 1
         return components_from_trace(result)
 
@@ -237,6 +249,7 @@ class PinnedPath:
         other._gaps = self._gaps
         other._whole, other._whole_failed = self._whole, self._whole_failed
         other._optimizer_traces = self._optimizer_traces
+        other.cache = self.cache
         other.seq_lengths = self.seq_lengths
         other._length_gaps = self._length_gaps
         other._headline_replay = self._headline_replay
@@ -274,9 +287,11 @@ class PinnedPath:
         """
         if self._headline_replay is not None:
             return self._length_gaps.get(_cache_key(spec), self._headline_replay)
+        from fitcheck.torch_adapters.trace_cache import cached_lengths
+
         lengths = tuple(min(n, spec.batch.seq_len) for n in self.seq_lengths)
         replay = self._replay_asked(
-            lambda: self._lengths_replayed(spec, lengths),
+            lambda: cached_lengths(self.cache, spec, lengths, lambda: self._lengths_replayed(spec, lengths)),
             "--seq_lengths replays the traced step through the caching allocator and needs torch and transformers: "
             "install them, or drop --seq_lengths",
             "--seq_lengths: the step of this model could not be traced for the allocator replay ({}); drop "
@@ -347,18 +362,24 @@ class PinnedPath:
         return dataclasses.replace(again, findings=(*again.findings, *_extra_findings(report, again), note))
 
     def _whole_run(self, spec: TrainingSpec) -> Any:
-        """The spec's whole run replayed: the traced headline's, else replayed now."""
-        from fitcheck.core.trainers import step_spec
+        """The spec's whole run replayed: the traced headline's, else the cache's, else replayed now."""
         from fitcheck.torch_adapters import deepspeed_run_events as ds_run
+        from fitcheck.torch_adapters.trace_cache import cached_replay
+
+        key = _cache_key(spec)
+        if traceable(spec) and ds_run.replayed(spec):  # DeepSpeed's own run, not the plain Trainer's
+            return ds_run.whole_run(self, spec, key, required=True)
+        if key in self._whole:
+            return self._whole[key]
+        return cached_replay(self.cache, "whole-run", spec, lambda: self._replay_whole_run(key, spec))
+
+    def _replay_whole_run(self, key: str, spec: TrainingSpec) -> Any:
+        """The whole run replayed now: composed from the traces this path ran, else deepened from its own."""
+        from fitcheck.core.trainers import step_spec
         from fitcheck.torch_adapters.allocator_compose import ComposeError
         from fitcheck.torch_adapters.allocator_deepen import DeepenError
         from fitcheck.torch_adapters.allocator_replay import replay_deepened, replay_whole_run
 
-        if traceable(spec) and ds_run.replayed(spec):
-            return ds_run.whole_run(self, spec, _cache_key(spec), required=True)
-        key = _cache_key(spec)
-        if key in self._whole:
-            return self._whole[key]
         if plain_trainer_run(spec):
             traces = self._traces.get(key)
             runs = traces.traced.get(step_spec(spec).batch.micro_batch, ()) if traces is not None else ()

@@ -210,6 +210,7 @@ def trace_step(
     steps: int = 2,
     count_logits: bool = True,
     cuda_kernels: bool = False,
+    cublas_workspaces: tuple[int, ...] = (),
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -242,6 +243,7 @@ def trace_step(
             (``cuda_emulation``: dropout's bool mask, SDPA's in-kernel dropout, CUDA autocast's fp32 lists), and
             step the optimizer on its CUDA path (foreach for a non-fused torch optimizer:
             ``make_trainer_optimizer``); False for a real CPU step and ``device_type cpu`` estimates.
+        cublas_workspaces: Bytes each thread keeps from its first BLAS op, in ``alloc_events`` only (item 4 there).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -261,6 +263,7 @@ def trace_step(
 
         warm_bitsandbytes()
     torch.manual_seed(seed)
+    from fitcheck.torch_adapters.cuda_emulation import CublasWorkspaces
     from fitcheck.torch_adapters.cuda_emulation import cuda_kernels as cuda_emulation
 
     kernels = cuda_emulation() if cuda_kernels else contextlib.nullcontext()
@@ -284,6 +287,7 @@ def trace_step(
         ids = torch.randint(0, vocab, (micro_batch, seq_len))
         ids, images = image_inputs(model, ids, image_tokens)  # {} unless image-text-to-text with images
         rec = LiveTensorRecorder()
+        rec.op_hook = CublasWorkspaces(tuple(cublas_workspaces)) if cublas_workspaces else None
         rec.track(model.parameters())
         rec.track(model.buffers())
         quant_meta: list[Any] = []
@@ -369,9 +373,9 @@ def trace_step(
         series[phase] = rows
         phases[phase] = breakdown_at_peak(series[phase])
     structure = hash(tuple((category(s), sign) for s, sign in rec.events[rec.regions["forward"].start_event + 1:]))
-    events = tuple((s, sign * rec.sizes[s], rec.tags[s]) for s, sign in rec.events)
+    events, starts = rec.allocation_events()
     return TraceResult(phases, depth, final_grads, time.perf_counter() - start, series=series, structure=structure,
-                       alloc_events=events, region_starts=tuple(rec.region_starts))
+                       alloc_events=events, region_starts=starts)
 
 
 # The recorder's regions of the measured (second) step that make up each phase.
@@ -418,6 +422,7 @@ def _loss(model: Any, ids: Any, labels: Any, images: Mapping[str, Any] | None = 
 
 def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     """The :func:`trace_step` arguments that describe a spec's run."""
+    from fitcheck.core import cublas_thread_workspaces
     act = spec.activations
     return {
         "seq_len": spec.batch.seq_len,
@@ -436,6 +441,7 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         "freeze": spec.freeze,
         "image_tokens": spec.model.shape.image_tokens if spec.model.shape.task == "image-text-to-text" else 0,
         "cuda_kernels": spec.hardware.device_type is not DeviceType.CPU,
+        "cublas_workspaces": cublas_thread_workspaces(spec),
     }
 
 

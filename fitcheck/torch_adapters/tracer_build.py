@@ -8,6 +8,7 @@ Under a ``FakeTensorMode`` every parameter is a fake tensor: no memory, no compu
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -97,7 +98,11 @@ def hf_config(config: Mapping[str, Any], attn_implementation: str) -> Any:
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         raise ConfigError("config.json: missing model_type; fitcheck cannot pick the model class without it")
-    kwargs = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "auto_map")}
+    # a deep copy: transformers 5.23 writes into the rope_scaling dict it is given (modeling_rope_utils.py
+    # convert_rope_params_to_dict: rope_parameters.setdefault("rope_theta", ...)), which changed the spec's own config
+    # mapping after the first trace, and with it every key that holds the config (trace_cache)
+    kwargs = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "transformers_version",
+                                                                           "auto_map")})
     try:
         cfg = AutoConfig.for_model(model_type, **kwargs)
     except (KeyError, ValueError) as exc:

@@ -57,6 +57,10 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         regions: region name -> peak statistics.
         region_starts: Index in ``events`` of the first event of each region entered, in order (a name entered
             again, as every warm-up step's, starts again).
+        held: Storages the device allocates for a library and never frees, outside the step's tensors
+            (:meth:`hold`): (index in ``events`` they come before, regions entered by then, serial).
+        op_hook: Called as ``op_hook(recorder, func)`` after each op's outputs are recorded (the CUDA emulation's
+            cuBLAS workspaces: ``cuda_emulation.CublasWorkspaces``).
     """
 
     def __init__(self) -> None:
@@ -70,6 +74,8 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.region_starts: list[int] = []
         self._serial_of: dict[int, int] = {}
         self.outside = False
+        self.held: list[tuple[int, int, int]] = []
+        self.op_hook: Callable[[LiveTensorRecorder, Any], None] | None = None
 
     def __enter__(self) -> LiveTensorRecorder:
         _ACTIVE.append(self)
@@ -96,6 +102,32 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for t in tensors:
             if isinstance(t, torch.Tensor):
                 self._add(t)
+
+    def hold(self, nbytes: int) -> None:
+        """Record ``nbytes`` the device allocates now and keeps (a library's workspace): an allocation event for the
+        caching-allocator replay (:meth:`allocation_events`), outside ``events``, the live bytes and the region
+        peaks (the estimate counts such memory as its own component: ``core/overheads.py``)."""
+        serial = len(self.sizes)
+        self.sizes[serial] = nbytes
+        self.tags[serial] = self.region
+        self.held.append((len(self.events), len(self.region_starts), serial))
+
+    def allocation_events(self) -> tuple[tuple[tuple[int, int, str], ...], tuple[int, ...]]:
+        """Every allocation and free in order, the held storages included, and the index of each region's first
+        event in that sequence: ``(serial, +bytes / -bytes, region allocated in)`` (``TraceResult.alloc_events``,
+        ``region_starts``)."""
+        held: dict[int, list[int]] = {}
+        for at, _regions, serial in self.held:
+            held.setdefault(at, []).append(serial)
+        out: list[tuple[int, int, str]] = []
+        for i, (serial, sign) in enumerate([*self.events, (-1, 0)]):
+            out += [(s, self.sizes[s], self.tags[s]) for s in held.get(i, ())]
+            if sign:
+                out.append((serial, sign * self.sizes[serial], self.tags[serial]))
+        # a region starts after the storages held before it was entered
+        starts = tuple(start + sum(1 for _at, regions, _s in self.held if regions <= k)
+                       for k, start in enumerate(self.region_starts))
+        return tuple(out), starts
 
     def serial(self, t: Any) -> int | None:
         """Serial of a live tensor's storage, if tracked (and counted: not made :func:`outside_allocator`)."""
@@ -147,6 +179,8 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self._add(t)
+        if self.op_hook is not None:
+            self.op_hook(self, func)
         return out
 
     def _add(self, t: Any) -> None:

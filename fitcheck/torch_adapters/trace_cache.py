@@ -1,0 +1,351 @@
+"""fitcheck's own on-disk cache of what the default path traces and replays, so a spec traced before is not traced
+again: a fresh process answering it imports no torch, transformers, peft or bitsandbytes.
+
+Measured on the 2-core development machine (``benchmarks/default_path_speed.py``,
+``benchmarks/data/default_path_speed.json``): a fresh process answering a traced Qwen3-8B QLoRA run spends ~8 s
+importing torch, transformers and (through peft) bitsandbytes before it traces anything, and each trace takes
+~0.4 s after the imports; the imports, not the traces, are what a second answer of the same run would pay. What
+``PinnedPath`` keeps in memory per process is kept here across processes:
+
+- ``trace``: the full-depth trace result of one kind of step (``PinnedPath._cache_key`` and the model's
+  config.json) at one micro-batch: the phases' breakdowns and the final gradients, all that
+  ``tracer.components_from_trace`` reads (``trace_batch.BatchTraces.result``);
+- ``gap``: the traced step's caching-allocator gap (``PinnedPath._traced_gap``), with the whole-run replay it came
+  from or why that could not run, per spec (the replay runs the spec's optimizer, sharding and allocator
+  settings, so the whole spec is its key);
+- ``whole-run`` / ``lengths``: the allocator replays ``--reserved_replay`` and ``--seq_lengths`` ask for
+  (``PinnedPath._whole_run``, ``PinnedPath._lengths_replayed``), per spec.
+
+Every key also holds the versions of the libraries a trace runs (read with ``importlib.metadata``, nothing is
+imported), a hash of fitcheck's own source that computes traces, replays and estimates (``torch_adapters``,
+``core``, ``spec``, ``report.py``, ``units.py``: a code change misses) and this format's number. Entries are JSON
+(never pickle: nothing loaded from the cache can run code), written to a temporary file and renamed into place
+(``os.replace`` is atomic on POSIX and Windows, so a concurrent reader sees the old entry or the new one); an entry
+that cannot be read, parsed or validated is a miss, never an error, and a write that fails is skipped. The
+directory is kept under ``max_bytes`` by removing the least recently used entries (a hit touches its file).
+
+Where it lives: ``$FITCHECK_CACHE_DIR``, else ``$XDG_CACHE_HOME/fitcheck``, else ``~/.cache/fitcheck``;
+``FITCHECK_CACHE_DIR=off`` (or ``fitcheck estimate --no_cache``) turns it off. The environment is read by
+:func:`cache_from_environment`, which the CLI calls; ``PinnedPath`` caches only when given a cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fitcheck.report import Phase
+
+T = TypeVar("T")
+
+ENV_VAR = "FITCHECK_CACHE_DIR"
+OFF = "off"
+FORMAT = 1  # raise when an entry's JSON layout changes
+DEFAULT_MAX_BYTES = 64 * 2**20  # ~1 KiB per trace entry: tens of thousands of answers
+# the libraries whose code a trace or a replay runs (tracer_build, tracer_quant, tracer_int8, tracer_optimizer)
+LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "deepspeed", "trl")
+# fitcheck's own code that computes a cached value, relative to the package
+SOURCE_DIRS = ("torch_adapters", "core", "spec")
+SOURCE_FILES = ("report.py", "units.py")
+_SUBDIR = "traces"
+
+
+def cache_directory(environ: Mapping[str, str]) -> Path | None:
+    """Where the cache lives for an environment, or None when it is turned off.
+
+    Args:
+        environ: The process environment (the CLI passes ``os.environ``).
+
+    Returns:
+        ``$FITCHECK_CACHE_DIR`` (None for ``off``), else ``$XDG_CACHE_HOME/fitcheck`` (an absolute path, as the XDG
+        base directory specification requires of it), else ``~/.cache/fitcheck`` (None without a home).
+    """
+    given = environ.get(ENV_VAR, "").strip()
+    if given.lower() == OFF:
+        return None
+    if given:
+        return Path(given).expanduser()
+    xdg = environ.get("XDG_CACHE_HOME", "").strip()
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "fitcheck"
+    home = environ.get("HOME", "").strip()
+    if not home:
+        try:
+            home = str(Path.home())
+        except (RuntimeError, KeyError):  # no home directory to be found: no cache, never an error
+            return None
+    return Path(home) / ".cache" / "fitcheck"
+
+
+def cache_from_environment(environ: Mapping[str, str]) -> TraceCache | None:
+    """The cache an environment names (:func:`cache_directory`), or None when it is off."""
+    directory = cache_directory(environ)
+    return None if directory is None else TraceCache(directory)
+
+
+def library_versions(names: Iterable[str] = LIBRARIES) -> dict[str, str | None]:
+    """Installed versions of ``names`` from their distribution metadata (None: not installed); imports none."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def source_hash(root: Path | None = None) -> str:
+    """sha256 of fitcheck's source that computes the cached values (``SOURCE_DIRS``, ``SOURCE_FILES``)."""
+    base = Path(__file__).resolve().parent.parent if root is None else root
+    digest = hashlib.sha256()
+    files = [p for d in SOURCE_DIRS for p in (base / d).rglob("*.py")] + [base / f for f in SOURCE_FILES]
+    for path in sorted(files):
+        digest.update(path.relative_to(base).as_posix().encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def fingerprint() -> dict[str, Any]:
+    """What every entry's key holds besides its own parts: libraries, fitcheck's source, Python, the format."""
+    return {"format": FORMAT, "python": list(sys.version_info[:2]), "libraries": library_versions(),
+            "source": source_hash()}
+
+
+class TraceCache:
+    """A directory of JSON entries, each a value under a key (a kind and JSON-ready parts).
+
+    Attributes:
+        directory: Where the entries are (``<directory>/traces``).
+        max_bytes: Size the directory is kept under.
+        hits: Entries read this process.
+        misses: Entries looked for and not found (or not valid).
+    """
+
+    def __init__(self, directory: Path, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                 fingerprint_value: Mapping[str, Any] | None = None) -> None:
+        """Args:
+        directory: The cache directory (created on the first write).
+        max_bytes: Size the directory is kept under (least recently used entries removed first).
+        fingerprint_value: The key part shared by every entry (default: :func:`fingerprint`, computed on
+            first use: ~50 ms).
+        """
+        self.directory = Path(directory) / _SUBDIR
+        self.max_bytes = max_bytes
+        self._fingerprint = None if fingerprint_value is None else dict(fingerprint_value)
+        self._size: int | None = None  # the directory's bytes as of the last prune, plus what this process wrote
+        self.hits = 0
+        self.misses = 0
+
+    def _digest(self, kind: str, parts: Any) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint()
+        text = json.dumps([self._fingerprint, kind, parts], sort_keys=True, default=repr, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def load(self, kind: str, parts: Any) -> Any | None:
+        """The value stored under (kind, parts), or None: absent, unreadable, not JSON, or not this entry."""
+        return self._load(kind, self._digest(kind, parts))
+
+    def _load(self, kind: str, digest: str) -> Any | None:
+        path = self.directory / f"{digest}.json"
+        try:
+            entry = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(entry, dict) or entry.get("key") != digest or entry.get("kind") != kind:
+                raise ValueError("not this entry")
+            os.utime(path)  # least recently used goes first (prune)
+        except (OSError, ValueError, UnicodeDecodeError):
+            self.misses += 1
+            return None
+        self.hits += 1
+        return entry.get("value")
+
+    def store(self, kind: str, parts: Any, value: Any) -> None:
+        """Write a JSON-ready value under (kind, parts) atomically; a write that fails is skipped."""
+        self._store(kind, self._digest(kind, parts), value)
+
+    def _store(self, kind: str, digest: str, value: Any) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            text = json.dumps({"key": digest, "kind": kind, "value": value}, sort_keys=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    out.write(text)
+                os.replace(tmp, self.directory / f"{digest}.json")
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except (OSError, TypeError, ValueError):
+            return
+        self._size = None if self._size is None else self._size + len(text)
+        if self._size is None or self._size > self.max_bytes:  # the first write of a process, or over the bound
+            self._size = self.prune()
+
+    def prune(self) -> int:
+        """Remove the least recently used entries until the directory is under 3/4 of ``max_bytes`` (when it is
+        over ``max_bytes``).
+
+        Returns:
+            The directory's bytes afterwards.
+        """
+        entries = []
+        with contextlib.suppress(OSError):
+            for path in self.directory.iterdir():
+                with contextlib.suppress(OSError):
+                    st = path.stat()
+                    entries.append((st.st_mtime, st.st_size, path))
+        total = sum(size for _, size, _ in entries)
+        if total <= self.max_bytes:
+            return total
+        for _, size, path in sorted(entries, key=lambda e: e[0]):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                total -= size
+            if total <= self.max_bytes * 3 // 4:
+                break
+        return total
+
+    def remember(self, kind: str, parts: Any, compute: Callable[[], T], encode: Callable[[T], Any],
+                 decode: Callable[[Any], T]) -> T:
+        """The stored value decoded, else ``compute()`` stored (encoded) and returned.
+
+        A stored value that ``decode`` rejects (any exception) is a miss. What ``compute`` raises propagates and
+        nothing is stored. The key is taken before ``compute`` runs (a trace may add keys to the config mapping
+        it reads).
+        """
+        digest = self._digest(kind, parts)
+        stored = self._load(kind, digest)
+        if stored is not None:
+            try:
+                return decode(stored)
+            except Exception:  # a malformed entry is a miss
+                self.hits -= 1
+                self.misses += 1
+        value = compute()
+        self._store(kind, digest, encode(value))
+        return value
+
+
+def result_to_json(result: Any) -> dict[str, Any]:
+    """What ``components_from_trace`` reads of a ``tracer.TraceResult``, JSON-ready."""
+    return {"phases": {p.value: {"total": b.total, "by_category": dict(b.by_category)}
+                       for p, b in result.phases.items()},
+            "num_layers": result.num_layers, "final_grads": result.final_grads}
+
+
+def result_from_json(value: Mapping[str, Any]) -> Any:
+    """A ``tracer.TraceResult`` (phases, depth, final gradients) from :func:`result_to_json`'s form.
+
+    Raises:
+        ValueError, KeyError, TypeError: Not that form.
+    """
+    from fitcheck.torch_adapters.tracer import PhaseBreakdown, TraceResult
+
+    phases = {}
+    for name, b in value["phases"].items():
+        cats = {str(c): _int(n) for c, n in b["by_category"].items()}
+        if _int(b["total"]) != sum(cats.values()):
+            raise ValueError("a phase's categories do not sum to its total")
+        phases[Phase(name)] = PhaseBreakdown(total=_int(b["total"]), by_category=cats)
+    if not phases:
+        raise ValueError("no phases")
+    return TraceResult(phases, _int(value["num_layers"]), _int(value["final_grads"]))
+
+
+def replay_to_json(replay: Any) -> dict[str, Any]:
+    """An ``allocator_replay.StepReplay`` as JSON."""
+    return {"peak_allocated": replay.peak_allocated, "peak_reserved": replay.peak_reserved,
+            "persistent": replay.persistent, "transient": replay.transient, "gap_fraction": replay.gap_fraction,
+            "lengths": list(replay.lengths), "step_reserved": list(replay.step_reserved)}
+
+
+def replay_from_json(value: Mapping[str, Any]) -> Any:
+    """An ``allocator_replay.StepReplay`` from :func:`replay_to_json`'s form (raises on any other)."""
+    from fitcheck.torch_adapters.allocator_replay import StepReplay
+
+    gap = value["gap_fraction"]
+    if not isinstance(gap, (int, float)) or isinstance(gap, bool):
+        raise TypeError("gap_fraction is not a number")
+    return StepReplay(_int(value["peak_allocated"]), _int(value["peak_reserved"]), _int(value["persistent"]),
+                      _int(value["transient"]), float(gap), tuple(_int(n) for n in value["lengths"]),
+                      tuple(_int(n) for n in value["step_reserved"]))
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"expected an integer, got {value!r}"[:80])
+    return value
+
+
+def cached_trace(cache: TraceCache | None, key: str, config: Mapping[str, Any], micro_batch: int,
+                 compute: Callable[[], Any]) -> Any:
+    """The full-depth ``TraceResult`` of one kind of step (``PinnedPath._cache_key``, the config.json mapping) at
+    ``micro_batch``: stored, else ``compute()`` (``BatchTraces.result``) stored. A stored one has no series and no
+    allocation events (``components_from_trace`` reads neither)."""
+    if cache is None:
+        return compute()
+    return cache.remember("trace", [key, config, micro_batch], compute, result_to_json, result_from_json)
+
+
+def cached_gap(cache: TraceCache | None, key: str, spec: Any, seq_lengths: tuple[int, ...],
+               compute: Callable[[], float], whole: dict[str, Any], whole_failed: dict[str, str]) -> float:
+    """The traced step's allocator gap (``PinnedPath._traced_gap``: ``compute``), stored with what it leaves in
+    ``whole`` / ``whole_failed`` under ``key`` (the whole run replayed, or why it could not be), which a hit puts
+    back. Keyed by the whole spec (the replay runs its optimizer, sharding and allocator settings) and
+    ``seq_lengths`` (with them the cheap two-group gap is taken)."""
+    if cache is None:
+        return compute()
+
+    def encode(gap: float) -> dict[str, Any]:
+        replay = whole.get(key)
+        return {"gap": gap, "whole": None if replay is None else replay_to_json(replay),
+                "whole_failed": whole_failed.get(key)}
+
+    def decode(value: Mapping[str, Any]) -> float:
+        gap, replay, failed = value["gap"], value["whole"], value["whole_failed"]
+        if not isinstance(gap, (int, float)) or isinstance(gap, bool):
+            raise TypeError("gap is not a number")
+        if failed is not None and not isinstance(failed, str):
+            raise TypeError("whole_failed is not a string")
+        if replay is not None:
+            whole[key] = replay_from_json(replay)
+        if failed is not None:
+            whole_failed[key] = failed
+        return float(gap)
+
+    return cache.remember("gap", [repr(spec), list(seq_lengths)], compute, encode, decode)
+
+
+def cached_replay(cache: TraceCache | None, kind: str, spec: Any, compute: Callable[[], Any]) -> Any:
+    """An ``allocator_replay.StepReplay`` computed from a whole spec (``whole-run``: ``PinnedPath._whole_run``):
+    stored, else ``compute()`` stored."""
+    if cache is None:
+        return compute()
+    return cache.remember(kind, [repr(spec)], compute, replay_to_json, replay_from_json)
+
+
+def cached_lengths(cache: TraceCache | None, spec: Any, lengths: tuple[int, ...],
+                   compute: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any]:
+    """The ``--seq_lengths`` replay of a spec (the sequence, the longest alone: ``PinnedPath._lengths_replayed``):
+    stored, else ``compute()`` stored."""
+    if cache is None:
+        return compute()
+
+    def decode(value: Any) -> tuple[Any, Any]:
+        sequence, alone = value
+        return replay_from_json(sequence), replay_from_json(alone)
+
+    return cache.remember("lengths", [repr(spec), list(lengths)], compute,
+                          lambda pair: [replay_to_json(pair[0]), replay_to_json(pair[1])], decode)
