@@ -60,6 +60,7 @@ def max_micro_batch(
     safety_margin: float = 0.0,
     *,
     limit: int = MAX_SEARCH_MICRO_BATCH,
+    boundary_fn: EstimateFn | None = None,
 ) -> int:
     """The largest micro-batch that fits at the spec's sequence length.
 
@@ -68,12 +69,33 @@ def max_micro_batch(
         estimate_fn: The estimator (default ``fitcheck.core.estimator.estimate``).
         safety_margin: Fraction of the GPU budget to keep free (0 = the estimate's own verdict).
         limit: Largest micro-batch considered.
+        boundary_fn: An estimator that checks the search's boundary (``torch_adapters.verdict_replay``: the whole
+            run replayed where the verdict is near the budget): the largest micro-batch that fits by
+            ``estimate_fn`` and the next are estimated with it, and where either verdict differs the search goes
+            on with it from there, so the micro-batch printed as runnable is the checked one.
 
     Returns:
         The largest fitting micro-batch, 0 when not even 1 fits, ``limit`` when everything up to it fits. For GRPO,
         the largest fitting one that ``GRPOConfig`` accepts (``fitcheck.core.trainers.grpo_batch``).
     """
-    return grpo_valid_micro_batch(spec, _max_fitting(spec, estimate_fn, safety_margin, limit))
+    found = _max_fitting(spec, estimate_fn, safety_margin, limit)
+    if boundary_fn is not None:
+        found = _checked_boundary(spec, found, boundary_fn, safety_margin, limit)
+    return grpo_valid_micro_batch(spec, found)
+
+
+def _checked_boundary(spec: TrainingSpec, found: int, check: EstimateFn, safety_margin: float, limit: int) -> int:
+    """``found`` (the largest fitting micro-batch by the search's estimator) and ``found + 1`` estimated by ``check``;
+    where ``check`` disagrees, the largest fitting micro-batch by ``check``, searched from there."""
+
+    def ok(m: int) -> bool:
+        return fits_with_margin(check(with_micro_batch(spec, m)), safety_margin)
+
+    if found >= 1 and not ok(found):
+        return _max_fitting(with_micro_batch(spec, found), check, safety_margin, limit)
+    if found < limit and ok(found + 1):
+        return _max_fitting(with_micro_batch(spec, found + 1), check, safety_margin, limit)
+    return found
 
 
 def _max_fitting(spec: TrainingSpec, estimate_fn: EstimateFn | None, safety_margin: float, limit: int) -> int:

@@ -391,11 +391,17 @@ def advice_extras(
     from fitcheck.core import compute_estimate
 
     compute = compute_estimate(report.spec, mfu=mfu)
+    search, boundary = estimate_fn, None
+    if estimate_fn is not None:  # near the budget the boundary is replayed, not every probe (verdict_replay)
+        from fitcheck.torch_adapters import search_and_boundary
+
+        search, boundary = search_and_boundary(estimate_fn)
+    largest = max_micro_batch(report.spec, search, boundary_fn=boundary)  # before the advisor: replays are capped
     suggestions = advise(report.spec, report, estimate_fn=estimate_fn)
     if device_map:
         suggestions = tuple(s for s in suggestions if s.spec is None or not distributed_mode(s.spec))
     return {
-        "max_micro_batch": max_micro_batch(report.spec, estimate_fn),
+        "max_micro_batch": largest,
         "suggestions": suggestions,
         "compute": compute,
     }

@@ -13,6 +13,7 @@
   :mod:`.device_map_split`: one estimate per GPU of a multi-GPU map (naive model parallelism);
 - :mod:`.trl_config_check`: TRL's own config classes validate a run's TRL settings;
 - :mod:`.trace_cache`: fitcheck's on-disk cache of traces and allocator replays across processes.
+- :mod:`.verdict_replay`: near the budget, the whole run replayed instead of the published reserved gap.
 
 Importing this package imports no torch; each name imports its module on first use.
 """
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     )
     from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
     from fitcheck.torch_adapters.meta_device import build_meta_model, meta_inventory
-    from fitcheck.torch_adapters.pinned_path import PinnedPath
+    from fitcheck.torch_adapters.pinned_path import PinnedPath, plain_trainer_run
     from fitcheck.torch_adapters.trace_batch import BatchTraces, at_micro_batch
     from fitcheck.torch_adapters.trace_cache import TraceCache, cache_directory, cache_from_environment
     from fitcheck.torch_adapters.tracer import (
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
     from fitcheck.torch_adapters.tracer_depth import trace_components, trace_extrapolated
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder, RegionStats
     from fitcheck.torch_adapters.trl_config_check import check_trl_config
+    from fitcheck.torch_adapters.verdict_replay import NearBudget, search_and_boundary
 
 _WHERE = {
     "check_trl_config": "trl_config_check",
@@ -126,7 +128,10 @@ _WHERE = {
     "model_state_tensors": "live_tracker",
     "meta_inventory": "meta_device",
     "PinnedPath": "pinned_path",
+    "plain_trainer_run": "pinned_path",
     "trace_components": "tracer_depth",
+    "NearBudget": "verdict_replay",
+    "search_and_boundary": "verdict_replay",
 }
 
 __all__ = [
@@ -139,6 +144,7 @@ __all__ = [
     "Cell",
     "LiveTensorRecorder",
     "LiveTensorTracker",
+    "NearBudget",
     "Outcome",
     "PinnedPath",
     "RegionStats",
@@ -168,6 +174,7 @@ __all__ = [
     "model_state_tensors",
     "multi_gpu_shares",
     "phase_errors",
+    "plain_trainer_run",
     "reduced_config",
     "replay_deepened",
     "replay_events",
@@ -176,6 +183,7 @@ __all__ = [
     "replay_step",
     "replay_whole_lengths",
     "replay_whole_run",
+    "search_and_boundary",
     "trace_components",
     "trace_extrapolated",
     "trace_kwargs",

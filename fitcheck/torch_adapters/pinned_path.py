@@ -17,6 +17,7 @@ Traces are cached per activation-relevant part of the spec, the micro-batch exce
 offload of states and accumulation reuse them, and every micro-batch after the first two of a kind of step is
 interpolated from their traces (``trace_batch``: sizes are affine in the micro-batch). A trace that cannot run
 (any exception) never fails the answer outside ``--trace``: the formulas answer, with the reason as a finding.
+Near the budget a formula answer's published reserved gap is replaced by the whole run replayed (``verdict_replay``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from typing import Any
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters import deepspeed_run_events as ds_run  # imports no torch
+from fitcheck.torch_adapters.verdict_replay import NearBudget
 
 MODES = ("auto", "always", "never")
 
@@ -143,6 +146,7 @@ class PinnedPath:
         self._whole_failed: dict[str, str] = {}  # cache key -> why the whole run could not be replayed
         self._optimizer_traces: dict[str, Any] = {}  # tracer_optimizer traces, shared by every replay
         self.cache = cache
+        self.near_budget = NearBudget.for_path(mode, self.can_trace)  # near the budget: replay (verdict_replay)
 
     def wants_trace(self, spec: TrainingSpec) -> bool:
         """Whether this spec's activations should come from a trace."""
@@ -181,8 +185,6 @@ class PinnedPath:
         FSDP's module cast: ``plain_trainer_run``), where the traced step's replay would leave out its buffers,
         optimizer and side streams (on the H100 FSDP rows the two-group replay moved reserved from +3.9 % to +5.8 %
         for FSDP2 and -5.0 % to -3.2 % for FSDP1: ``benchmarks/fsdp_gpu.py --rescore``)."""
-        from fitcheck.torch_adapters import deepspeed_run_events as ds_run
-
         if self.wants_trace(spec) and ds_run.replayed(spec) and _gap_applies(spec, self.seq_lengths):
             replay = ds_run.whole_run(self, spec, _cache_key(spec))  # None: the published gap, with why
             return None if replay is None else float(replay.gap_fraction)
@@ -253,6 +255,7 @@ class PinnedPath:
         other.seq_lengths = self.seq_lengths
         other._length_gaps = self._length_gaps
         other._headline_replay = self._headline_replay
+        other.near_budget = self.near_budget
         return other
 
     def _with_lengths(self, spec: TrainingSpec, comps: tuple[Component, ...] | None) -> Report:
@@ -334,8 +337,9 @@ class PinnedPath:
         """Estimate a spec on this path (the ``estimate_fn`` of the batch search and the advisor)."""
         report = self._answer(spec)
         if self.reserved_replay and self.whole_run_replay is None:
-            report = self._with_whole_run_replay(spec, report)
-        return report
+            return self._with_whole_run_replay(spec, report)
+        return self.near_budget.answer(spec, report, plain_trainer_run, self.seq_lengths, self._optimizer_traces,
+                                       self.cache)
 
     def _with_whole_run_replay(self, spec: TrainingSpec, report: Report) -> Report:
         """The headline with the allocator gap of its whole run replayed (``--reserved_replay``).
@@ -363,7 +367,6 @@ class PinnedPath:
 
     def _whole_run(self, spec: TrainingSpec) -> Any:
         """The spec's whole run replayed: the traced headline's, else the cache's, else replayed now."""
-        from fitcheck.torch_adapters import deepspeed_run_events as ds_run
         from fitcheck.torch_adapters.trace_cache import cached_replay
 
         key = _cache_key(spec)
@@ -410,14 +413,11 @@ class PinnedPath:
             report = dataclasses.replace(report, findings=(*report.findings, note))
         elif comps and not plain_trainer_run(spec) and _gap_applies(spec, self.seq_lengths) \
                 and self.gap_fraction(spec) is None:
-            from fitcheck.torch_adapters.deepspeed_run_events import published_gap_reason
-
-            why = published_gap_reason(self, spec, _cache_key(spec))
+            why = ds_run.published_gap_reason(self, spec, _cache_key(spec))
             note = Finding("reserved-published-gap", Severity.INFO,
                            "activations are traced (as the 16-bit module DeepSpeed or FSDP mixed precision runs); "
                            "the default stream's caching-allocator gap is the published fraction (core/allocator.py): "
-                           f"{why} (their side streams' pools are added: "
-                           "deepspeed-side-streams / fsdp-side-streams)",
+                           f"{why} (their side streams' pools are added: deepspeed-side-streams / fsdp-side-streams)",
                            "measure one step (FitcheckCallback, benchmarks/gpu_truth.py)")
             report = dataclasses.replace(report, findings=(*report.findings, note))
         elif comps and not self.seq_lengths and _cache_key(spec) in self._whole_failed:
@@ -454,10 +454,13 @@ def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
     return ""
 
 
+_PATH_FINDINGS = ("trace-failed", "reserved-published-gap", "reserved-two-groups")  # what _answer adds
+
+
 def _extra_findings(before: Report, after: Report) -> tuple[Finding, ...]:
     """Findings the path added to ``before`` (trace-failed) that a re-estimate does not make."""
-    have = {f.code for f in after.findings}
-    return tuple(f for f in before.findings if f.code not in have)
+    have = {f.code for f in after.findings}  # the estimate's own findings (its verdict) are after's, not before's
+    return tuple(f for f in before.findings if f.code not in have and f.code in _PATH_FINDINGS)
 
 
 def _whole_run_finding(spec: TrainingSpec, replay: Any, fast: Report) -> Finding:
