@@ -18,16 +18,16 @@ Result (GiB, allocated / reserved; ``PYTHONPATH=.:benchmarks python benchmarks/d
 ========  ===============  ===============  ===============
 run       prepare          step 1           steps 2-3
 ========  ===============  ===============  ===============
-ZeRO-2    11.51 / 11.51    23.02 / 32.05    28.68 / 36.65
+ZeRO-2    11.51 / 11.51    23.05 / 36.69    28.71 / 36.69
 measured  11.51 / 11.51    23.08 / 36.69    28.74 / 36.69
-ZeRO-3    10.64 / 14.38    21.78 / 30.34    30.99 / 34.25
+ZeRO-3    10.64 / 14.38    21.82 / 30.37    31.02 / 34.28
 measured  10.64 / 14.38    21.82 / 30.39    31.05 / 34.30
 ========  ===============  ===============  ===============
 
-The run's peaks (what the estimate takes) within 0.2 %; ``fitcheck estimate`` on these rows (``trainer_gpu.py
---rescore``): ZeRO-2 reserved +0.1 %, ZeRO-3 +0.1 % (with the published gap it was -11.6 % and -5.4 %). Not
-explained: ZeRO-2's step 1 reaches the run's reserved peak on the GPU (36.69) and in the replay only at step 2
-(32.05 after step 1): one 4.3 GiB segment comes a step later. The sequence itself is checked against real engines
+Every phase within 0.2 %; ``fitcheck estimate`` on these rows (``trainer_gpu.py --rescore``): ZeRO-2 reserved
++0.1 %, ZeRO-3 +0.1 % (with the published gap it was -11.6 % and -5.4 %). Before the cuBLAS workspaces were
+placed where the GPU places them (``cuda_emulation.py`` item 4), ZeRO-2's step 1 reached 32.05 GiB here and the
+run's peak only in step 2. The sequence itself is checked against real engines
 on CPU (``benchmarks/deepspeed_run_events_cpu.py``: live bytes and large allocations of ZeRO-1/2/3).
 """
 
