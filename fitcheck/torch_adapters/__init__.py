@@ -4,7 +4,8 @@
 - :mod:`.tracer` (+ ``tracer_build``, ``tracer_patches``, ``tracer_quant``, ``tracer_recorder``): one
   training step under ``FakeTensorMode``, read as activation components;
 - :mod:`.allocator_replay`: the traced step's own allocations and frees replayed through the caching allocator
-  (the whole run: ``allocator_compose`` composes the steps and the optimizer, ``allocator_deepen`` deepens them);
+  (the whole run: ``allocator_compose`` composes the steps and the optimizer, ``allocator_deepen`` deepens them,
+  ``deepspeed_run_events`` rewrites it into DeepSpeed's one-process run);
 - :mod:`.differential`: the formula-vs-trace grid (cells, specs, comparison) the benchmarks and tests run;
 - :mod:`.live_model`: facts of a loaded model (dtypes, adapters, quantized layers, device map);
 - :mod:`.live_tracker`: live-tensor peak of a real step (a dispatch mode);
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
         replay_whole_run,
         whole_run_events,
     )
+    from fitcheck.torch_adapters.deepspeed_run_events import deepspeed_run, live_bytes
+    from fitcheck.torch_adapters.deepspeed_run_plan import deepspeed_plan
     from fitcheck.torch_adapters.device_map_check import device_map_findings
     from fitcheck.torch_adapters.device_map_split import multi_gpu_shares
     from fitcheck.torch_adapters.differential import (
@@ -107,6 +110,9 @@ _WHERE = {
     "replay_steady_state": "allocator_replay",
     "replay_whole_run": "allocator_replay",
     "whole_run_events": "allocator_replay",
+    "deepspeed_plan": "deepspeed_run_plan",
+    "deepspeed_run": "deepspeed_run_events",
+    "live_bytes": "deepspeed_run_events",
     "RegionStats": "tracer_recorder",
     "hf_config": "tracer_build",
     "model_class": "tracer_build",
@@ -154,10 +160,13 @@ __all__ = [
     "compare",
     "components_from_trace",
     "config_mapping",
+    "deepspeed_plan",
+    "deepspeed_run",
     "device_map_findings",
     "grid",
     "hf_config",
     "inspect_model",
+    "live_bytes",
     "live_device_map_findings",
     "meta_inventory",
     "model_class",

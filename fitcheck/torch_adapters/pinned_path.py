@@ -30,6 +30,7 @@ from typing import Any
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters import deepspeed_run_events as ds_run  # imports no torch
 from fitcheck.torch_adapters.verdict_replay import NearBudget
 
 MODES = ("auto", "always", "never")
@@ -184,6 +185,9 @@ class PinnedPath:
         FSDP's module cast: ``plain_trainer_run``), where the traced step's replay would leave out its buffers,
         optimizer and side streams (on the H100 FSDP rows the two-group replay moved reserved from +3.9 % to +5.8 %
         for FSDP2 and -5.0 % to -3.2 % for FSDP1: ``benchmarks/fsdp_gpu.py --rescore``)."""
+        if self.wants_trace(spec) and ds_run.replayed(spec) and _gap_applies(spec, self.seq_lengths):
+            replay = ds_run.whole_run(self, spec, _cache_key(spec))  # None: the published gap, with why
+            return None if replay is None else float(replay.gap_fraction)
         if not self.wants_trace(spec) or not plain_trainer_run(spec):
             return None
         return self._gaps.get(_cache_key(spec))
@@ -366,6 +370,8 @@ class PinnedPath:
         from fitcheck.torch_adapters.trace_cache import cached_replay
 
         key = _cache_key(spec)
+        if traceable(spec) and ds_run.replayed(spec):  # DeepSpeed's own run, not the plain Trainer's
+            return ds_run.whole_run(self, spec, key, required=True)
         if key in self._whole:
             return self._whole[key]
         return cached_replay(self.cache, "whole-run", spec, lambda: self._replay_whole_run(key, spec))
@@ -405,13 +411,14 @@ class PinnedPath:
             note = Finding("trace-failed", Severity.INFO, f"tracing this run was not possible ({failed})",
                            "the number is from the formulas; see the not-pinned warning")
             report = dataclasses.replace(report, findings=(*report.findings, note))
-        elif comps and not plain_trainer_run(spec) and _gap_applies(spec, self.seq_lengths):
+        elif comps and not plain_trainer_run(spec) and _gap_applies(spec, self.seq_lengths) \
+                and self.gap_fraction(spec) is None:
+            why = ds_run.published_gap_reason(self, spec, _cache_key(spec))
             note = Finding("reserved-published-gap", Severity.INFO,
                            "activations are traced (as the 16-bit module DeepSpeed or FSDP mixed precision runs); "
                            "the default stream's caching-allocator gap is the published fraction (core/allocator.py): "
-                           "the whole-run replay composes the plain Trainer's run, not DeepSpeed's engine or FSDP's "
-                           "module cast (their side streams' pools are added: deepspeed-side-streams / "
-                           "fsdp-side-streams)", "measure one step (FitcheckCallback, benchmarks/gpu_truth.py)")
+                           f"{why} (their side streams' pools are added: deepspeed-side-streams / fsdp-side-streams)",
+                           "measure one step (FitcheckCallback, benchmarks/gpu_truth.py)")
             report = dataclasses.replace(report, findings=(*report.findings, note))
         elif comps and not self.seq_lengths and _cache_key(spec) in self._whole_failed:
             note = Finding("reserved-two-groups", Severity.INFO,

@@ -1,0 +1,193 @@
+"""A REAL DeepSpeed 0.19.8 engine on CPU against ``fitcheck.torch_adapters.deepspeed_run_events``' sequence.
+
+One gloo process, a tiny Llama loaded in bf16, the Trainer's two parameter groups in a fused torch AdamW (what
+``optim="adamw_torch_fused"`` hands DeepSpeed), ``gradient_clipping`` 1.0 (the Trainer's ``max_grad_norm``), two
+steps. Every storage from the model's parameters on is recorded (the tracer's ``LiveTensorRecorder``), through
+``deepspeed.initialize``, both forwards, backwards and optimizer steps. The same run, composed from the fake-tensor
+trace of the plain step (``whole_run_events``) and rewritten by ``deepspeed_run``, must leave the same live bytes
+after ``initialize``, after each backward and after the first step, and make the same large allocations
+(a quarter of the trainable bytes or more) in ``initialize`` and in the optimizer steps, and the same ipg buckets
+per backward: the check of ``tests/test_deepspeed_run_events.py``. Not checked here: fp16 (read from source: its
+overflow check allocates scalars only, ``runtime/utils.py`` ``has_inf_or_nan``), CUDA streams (one device).
+
+Run: ``PYTHONPATH=. python benchmarks/deepspeed_run_events_cpu.py [STAGE ...]`` (one line per run of ``RUNS``;
+exit 1 on a difference; ~2 min of wall time on a shared CPU). Result: all 8 runs (ZeRO-1/2/3 with ``overlap_comm``
+off and on, ZeRO-1 and ZeRO-2 LoRA) the same live bytes (within 64 B) and the same large allocations.
+``--real STAGE:OVERLAP:LORA ...`` prints the real engines' records as JSON (the test runs it in its own process:
+DeepSpeed initialises torch.distributed).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+# tiny, with every trainable tensor large enough to tell apart from the activations' small temporaries
+CONFIG: dict[str, Any] = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 128, "intermediate_size": 256,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1024,
+    "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+}
+SEQ, BATCH = 32, 2
+BUCKET = 20_000  # reduce_bucket_size (elements): the embedding and head are larger, the layers' tensors smaller
+POINTS = ("initialize", "backward1", "step1", "backward")
+
+
+def real_run(stage: int, overlap: bool, lora: bool = False) -> dict[str, Any]:
+    """The real engine's record: ``events`` as ``[bytes (+ alloc / - free), region]`` and the live bytes at
+    :data:`POINTS` above what was alive before ``initialize`` (the model, its inputs; engines run before in the
+    same process are deleted first)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29610", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    warnings.filterwarnings("ignore")
+    import deepspeed
+    import torch
+    import transformers
+
+    from fitcheck.torch_adapters import LiveTensorRecorder
+
+    cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    if lora:
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"],
+                                                           lora_dropout=0.0, task_type="CAUSAL_LM"))
+    model.train()
+    ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and "norm" not in n and "bias" not in n]
+    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and ("norm" in n or "bias" in n)]
+    groups = [g for g in ({"params": decay, "weight_decay": 0.0}, {"params": no_decay, "weight_decay": 0.0})
+              if g["params"]]
+    ds: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": stage, "overlap_comm": overlap, "contiguous_gradients": True,
+                              "reduce_bucket_size": BUCKET, "stage3_param_persistence_threshold": 0},
+    }
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="gloo")
+    gc.collect()
+    rec = LiveTensorRecorder()
+    rec.track([*model.parameters(), *model.buffers(), ids])  # not gc's other tensors: left over from the model's init
+    live: dict[str, int] = {}
+
+    def alive() -> int:  # every storage Python reaches (the recorder's own count keeps storages that
+        gc.collect()     # ``p.data = view`` released while it was recording)
+        seen = {o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in gc.get_objects()
+                if isinstance(o, torch.Tensor) and not o.is_meta and o.numel()}
+        return sum(seen.values())
+
+    before = alive()
+    with rec:
+        optimizer = torch.optim.AdamW(groups, lr=1e-4, fused=True)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds)
+        del optimizer
+        live["initialize"] = alive()
+        for step in range(2):
+            rec.enter_region("forward")
+            loss = engine(input_ids=ids, labels=ids).loss
+            rec.enter_region("backward")
+            engine.backward(loss)
+            del loss
+            live["backward1" if step == 0 else "backward"] = alive()
+            rec.enter_region("optimizer")
+            engine.step()
+            if step == 0:
+                live["step1"] = alive()
+        rec.enter_region("done")
+    events = [[sign * rec.sizes[s], rec.tags[s] if sign > 0 else ""] for s, sign in rec.events]
+    del engine, rec
+    gc.collect()
+    return {"events": events, "live": {k: v - before for k, v in live.items()}}
+
+
+def fitcheck_run(stage: int, overlap: bool, lora: bool = False) -> dict[str, Any]:
+    """The same run as :func:`deepspeed_run_events.deepspeed_run` rewrites it: its events and live bytes."""
+    from cpu_truth import Row, spec_for
+
+    from fitcheck.spec import DeepSpeedSpec, LoraSpec, ShardingSpec, Strategy
+    from fitcheck.torch_adapters import deepspeed_plan, deepspeed_run, live_bytes, whole_run_events
+
+    spec = spec_for(Row("tiny", CONFIG, seq=SEQ, batch=BATCH, dtype="bfloat16", mp="bf16", optim="adamw_torch_fused",
+                        lora=LoraSpec(r=8, target_modules=("q_proj", "v_proj"), dropout=0.0) if lora else None))
+    spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, DeepSpeedSpec(
+        stage=stage, overlap_comm=overlap, reduce_bucket_size=BUCKET, param_persistence_threshold=0)))
+    plan = deepspeed_plan(spec)
+    plain = whole_run_events(spec)  # traced as the 16-bit module the engine runs, as the estimate does
+    before = sum(n for _, n, t in plain if t == "setup")  # the model and its inputs
+    events = deepspeed_run(plain, plan)
+    live = live_bytes(events)
+    return {"events": [[n, t] for _, n, t in events if n],
+            "live": {k: v - before for k, v in live.items()}, "trainable_bytes": plan.elem * plan.numel}
+
+
+def large(events: list[list[Any]], regions: tuple[str, ...], floor: int) -> list[int]:
+    """The allocations of ``floor`` bytes or more made in ``regions`` (``setup``: initialize), in order."""
+    return [n for n, t in events if n >= floor and t.removeprefix("side:").startswith(regions)]
+
+
+def real(*runs: tuple[int, bool, bool]) -> list[dict[str, Any]]:
+    """:func:`real_run` of each ``(stage, overlap_comm, lora)``, one after the other in one process of their own."""
+    proc = subprocess.run([sys.executable, __file__, "--real", *(f"{s}:{int(o)}:{int(lo)}" for s, o, lo in runs)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if proc.returncode:
+        raise RuntimeError(proc.stderr[-3000:])
+    out: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+RUNS = ((1, False, False), (1, True, False), (2, False, False), (2, True, False), (3, False, False),
+        (3, True, False), (1, False, True), (2, True, True))
+
+
+def compare(run: tuple[int, bool, bool], theirs: dict[str, Any]) -> list[str]:
+    """Where fitcheck's sequence of ``run`` differs from the real engine's record: live bytes at
+    :data:`POINTS` (within 64 B: a 0-d step counter, alignment), the large allocations of ``initialize`` and the
+    optimizer steps, the ipg buckets each backward makes."""
+    mine = fitcheck_run(*run)  # three steps (allocator_replay.STEADY_STEPS) against the real two
+    floor = max(mine["trainable_bytes"] // 4, 1)
+    out = [f"live after {p}: real {theirs['live'][p]} fitcheck {mine['live'].get(p)}" for p in POINTS
+           if abs(theirs["live"][p] - mine["live"].get(p, 0)) > 64]
+    for regions in (("setup",), ("optimizer",)):
+        a, b = large(theirs["events"], regions, floor), large(mine["events"], regions, floor)
+        if regions == ("optimizer",):  # the real run's two steps against the first two of fitcheck's three
+            b = b[:len(a)]
+        if a != b:
+            out.append(f"large allocations in {regions[0]}: real {a} fitcheck {b}")
+    # the ipg buckets: made at each backward's first gradient (setup_buckets), dropped at its end
+    per_step = [sum(1 for n, t in e["events"] if n == 2 * BUCKET and t.startswith("backward")) / steps
+                for e, steps in ((theirs, 2), (mine, 3))]
+    if per_step[0] != per_step[1]:
+        out.append(f"ipg buckets per backward: real {per_step[0]} fitcheck {per_step[1]}")
+    return out
+
+
+def main() -> int:
+    """Compare every run of :data:`RUNS` (or of the stages given); exit 1 on a difference."""
+    runs = [r for r in RUNS if not sys.argv[1:] or str(r[0]) in sys.argv[1:]]
+    bad = 0
+    for run, theirs in zip(runs, real(*runs), strict=True):
+        diffs = compare(run, theirs)
+        bad += bool(diffs)
+        print(f"ZeRO-{run[0]} overlap_comm={run[1]!s:5} lora={run[2]!s:5} " + ("; ".join(diffs) or
+              "same live bytes after initialize, backward, step; same large allocations"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--real"]:
+        print(json.dumps([real_run(*(int(x) for x in run.split(":"))) for run in sys.argv[2:]]))  # type: ignore[arg-type]
+        sys.exit(0)
+    sys.exit(main())

@@ -1,0 +1,492 @@
+"""DeepSpeed's whole run, one process, replayed through the caching allocator (issue 19: DeepSpeed reserved).
+
+The default path composes the plain Trainer's whole run from the traced step (``allocator_replay.whole_run_events``:
+parameters, three steps of forward, backward and torch's optimizer). Under DeepSpeed the run is different around
+that step: ``deepspeed.initialize`` flattens and partitions the trainable parameters and makes the fp32 master,
+backward hands every gradient to the engine, and the engine's optimizer steps a flat fp32 partition.
+:func:`deepspeed_run` rewrites the plain run into DeepSpeed 0.19.8's, each piece read from its source:
+
+* ``initialize``, ZeRO-1/2 (``runtime/zero/stage_1_and_2.py`` ``DeepSpeedZeroOptimizer.__init__``), per parameter
+  group of the Trainer (decay, no decay; trainable parameters only, ``is_optimized_parameter``): ``empty_cache()``,
+  the flat 16-bit copy (``flatten_dense_tensors_aligned``, padded to ``nccl_start_alignment_factor`` 2 x world
+  size), the parameters re-pointed into it (``_update_model_bit16_weights``: their loaded storages are freed), the
+  partition's ``.detach().clone().to(fp32)`` (the 16-bit clone freed once converted); then
+  ``initialize_optimizer_states``: a zeroed fp32 gradient per group, all dropped at its end (``group.grad = None``).
+* ``initialize``, ZeRO-3 (``runtime/zero/stage3.py``): the parameters' partitions moved into one flat buffer through
+  the host with ``empty_cache()`` in between (``_create_fp16_partitions_with_defragmentation`` ->
+  ``zero/utils.py`` ``defragment``); per sub-group (``_create_fp16_sub_groups``: parameters until
+  ``sub_group_size``) ``converted = fp16.to(fp32)`` and ``converted.clone()`` (``_create_fp32_partitions``: the
+  previous ``converted`` is freed when the name is bound again, the last at the function's end);
+  ``initialize_optimizer_states``' zeroed fp32 gradient of the largest sub-group, dropped at its end; the ipg bucket
+  (``contiguous_gradients``) and ``grad_partitions_flat_buffer`` (``_setup_for_real_optimizer``).
+* backward, ZeRO-2 (and ZeRO-1 with ``overlap_comm``: ``process_gradients``): at the first gradient
+  ``setup_buckets`` makes the ipg bucket (two with ``overlap_comm``), every gradient is copied into it and its own
+  storage dropped (``reduce_independent_p_g_buckets_and_remove_grads``; one larger than the bucket is kept until
+  the next gradient reduces it), ``copy_grads_in_partition`` makes ``grads_in_partition`` (on
+  ``reduction_stream`` with ``overlap_comm``: its pool is ``core/states/deepspeed_streams.py``'s, not the default
+  stream's), the epilogue drops the buckets (``_release_ipg_buffers``). ZeRO-1 without ``overlap_comm``: the
+  gradients stay as autograd made them until the end of backward, where ``reduce_gradients`` copies them, in
+  parameter order, into the bucket and ``grads_in_partition``. ZeRO-3: every gradient is copied into the
+  resident ``grad_partitions_flat_buffer`` and dropped (``partition_grads``; the concatenated bucket is the
+  reduce-and-partition stream's pool).
+* the optimizer step, per group (ZeRO-1/2 ``step``) or sub-group (ZeRO-3 ``_prepare_fp32_grad_for_sub_group``):
+  the 16-bit gradients flattened, ``.to(fp32)``, the flat copy dropped, Adam's two fp32 states made at the first
+  step, the fp32 gradient dropped; ZeRO-1/2's ``grads_in_partition`` goes with the last group's gradients. The
+  torch optimizer's own per-parameter events of the plain run are dropped.
+
+Checked: the H200 Trainer rows (Llama-3.2-1B bf16 4 x 1024, ZeRO-2 and ZeRO-3, one process:
+``benchmarks/deepspeed_reserved_replay.py``) and, live bytes after ``initialize``, backward and the step, a real
+``deepspeed.initialize`` on CPU (``tests/test_deepspeed_run_events.py``). What is not replayed (:func:`not_replayed`)
+keeps the published gap of ``core/allocator.py``, and the estimate's INFO says which part. The plan of a run and
+what is not replayed: :mod:`.deepspeed_run_plan`.
+
+Pure Python: no torch import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fitcheck.core.caching import AllocatorConf, CachingAllocator
+from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.deepspeed_run_plan import (
+    FP32,
+    DeepSpeedPlan,
+    DeepSpeedReplayError,
+    deepspeed_plan,
+    not_replayed,
+)
+
+Event = tuple[int, int, str]  # (storage serial, +bytes allocated / -bytes freed, region), allocator_compose's
+EMPTY_CACHE = "empty_cache"  # a (-1, 0, EMPTY_CACHE) event: torch.cuda.empty_cache()
+SIDE = "side:"  # a region prefix: allocated on a DeepSpeed side stream (not the default stream's pool)
+FP64 = 8  # zero/utils.py get_norm_dtype: fp64 where the accelerator has it (CUDA)
+
+
+def _aligned(numel: int, n: int) -> int:
+    """A ZeRO-1/2 flat group's elements: padded to ``nccl_start_alignment_factor`` (2) x world size
+    (``stage_1_and_2.py`` ``flatten_dense_tensors_aligned``; ``parameter_alignment`` off, its default)."""
+    return -(-numel // (2 * n)) * (2 * n)
+
+
+def _sub_groups(group: Sequence[int], size: int) -> list[int]:
+    """ZeRO-3's sub-groups of one parameter group (``stage3.py`` ``_create_fp16_sub_groups``)."""
+    if size >= sum(group):
+        return [sum(group)]
+    out, acc = [], 0
+    for k, numel in enumerate(group):
+        acc += numel
+        if acc >= size or k == len(group) - 1:
+            out.append(acc)
+            acc = 0
+    return out
+
+
+class _Writer:
+    """The rewritten event list, with fresh serials for DeepSpeed's own tensors."""
+
+    def __init__(self, top: int) -> None:
+        self.out: list[Event] = []
+        self.serial = top
+
+    def new(self, nbytes: int, tag: str) -> int:
+        self.serial += 1
+        self.out.append((self.serial, nbytes, tag))
+        return self.serial
+
+    def free(self, serial: int, nbytes: int, tag: str) -> None:
+        self.out.append((serial, -nbytes, tag))
+
+
+def _trainable_storages(setup: Sequence[Event], plan: DeepSpeedPlan) -> list[list[tuple[int, bool]]]:
+    """The setup storages of each group's trainable tensors, matched by size (the latest first: peft adds its
+    adapters after the base model is built), each with whether it is fp32 (an adapter peft keeps in fp32,
+    which the engine casts: ``engine.py`` ``_cast_module_mixed_precision``, ``p.data = p.data.to(param_dtype)``).
+
+    Raises:
+        DeepSpeedReplayError: A trainable tensor has no storage of its size.
+    """
+    free = [(s, n) for s, n, _ in reversed(setup) if n > 0]
+    used: set[int] = set()
+    out: list[list[tuple[int, bool]]] = []
+    for i, group in enumerate(plan.groups):
+        found = []
+        for k, numel in enumerate(group):
+            nbytes = numel * (FP32 if (i, k) in plan.adapters else plan.elem)
+            hit = next((s for s, n in free if n == nbytes and s not in used), None)
+            if hit is None:
+                raise DeepSpeedReplayError(f"no traced parameter storage of {nbytes} bytes")
+            used.add(hit)
+            found.append((hit, nbytes != numel * plan.elem))
+        out.append(found)
+    return out
+
+
+def _cast(w: _Writer, plan: DeepSpeedPlan, matched: list[list[tuple[int, bool]]], size: dict[int, int],
+          ) -> list[list[int]]:
+    """``_cast_module_mixed_precision`` of the fp32 trainables (before the ZeRO optimizer is built): a 16-bit
+    copy each, the fp32 storage freed. Returns each group's storages after it."""
+    out: list[list[int]] = []
+    for storages in matched:
+        now = []
+        for s, fp32 in storages:
+            if fp32:
+                n = size[s] // FP32 * plan.elem
+                new = w.new(n, "setup")
+                w.free(s, size[s], "setup")
+                size[new] = n
+                s = new
+            now.append(s)
+        out.append(now)
+    return out
+
+
+def _initialize(w: _Writer, plan: DeepSpeedPlan, owned: list[list[int]], size: dict[int, int]) -> None:
+    """``deepspeed.initialize``'s tensors (module docstring)."""
+    t, e = "setup", plan.elem
+    if plan.stage < 3:
+        for group, storages in zip(plan.groups, owned, strict=True):
+            w.out.append((-1, 0, EMPTY_CACHE))
+            numel = _aligned(sum(group), 1)
+            w.new(e * numel, t)  # bit16_groups_flat
+            for s in storages:
+                w.free(s, size[s], t)
+            clone = w.new(e * numel, t)
+            w.new(FP32 * numel, t)  # single_partition_of_fp32_groups
+            w.free(clone, e * numel, t)
+        zeros = [(w.new(FP32 * _aligned(sum(g), 1), t), FP32 * _aligned(sum(g), 1)) for g in plan.groups]
+        for s, n in zeros:  # initialize_optimizer_states: group.grad = None
+            w.free(s, n, t)
+        return
+    for storages in owned:
+        for s in storages:
+            w.free(s, size[s], t)
+    w.out.append((-1, 0, EMPTY_CACHE))
+    w.new(e * plan.numel, t)  # lp_param_buffer (defragment)
+    subs = [n for g in plan.groups for n in _sub_groups(g, plan.sub_group_size)]
+    converted: tuple[int, int] | None = None
+    for n in subs:
+        now = w.new(FP32 * n, t)
+        if converted is not None:
+            w.free(*converted, t)
+        w.new(FP32 * n, t)  # converted.clone(): fp32_partitioned_groups_flat
+        converted = (now, FP32 * n)
+    if converted is not None:
+        w.free(*converted, t)
+    buffer = w.new(FP32 * max(subs), t)  # initialize_optimizer_states' gradient_buffer
+    w.free(buffer, FP32 * max(subs), t)
+    if plan.contiguous:
+        w.new(e * plan.bucket, t)  # the ipg bucket
+    w.new(e * plan.numel, t)  # grad_partitions_flat_buffer
+
+
+def _optimizer_step(w: _Writer, plan: DeepSpeedPlan, tag: str, first: bool, partition: tuple[int, int] | None) -> None:
+    """The engine's step on the flat partitions (module docstring); ``partition`` is ZeRO-1/2's
+    ``grads_in_partition`` (serial, bytes), freed with the last group's gradients."""
+    e = plan.elem
+    # ZeRO-1/2 scaled_global_norm -> get_grad_norm_direct, ZeRO-3 get_grad_norm_direct: each gradient (partition)
+    # .to(get_norm_dtype()), fp64 on CUDA, and its norm
+    if True:
+        for group in plan.groups:
+            for numel in group:
+                w.free(w.new(FP64 * numel, tag), FP64 * numel, tag)
+    sizes = ([_aligned(sum(g), 1) for g in plan.groups] if plan.stage < 3
+             else [n for g in plan.groups for n in _sub_groups(g, plan.sub_group_size)])
+    for k, n in enumerate(sizes):
+        flat = w.new(e * n, tag)
+        fp32 = w.new(FP32 * n, tag)
+        w.free(flat, e * n, tag)
+        if partition is not None and k == len(sizes) - 1:
+            w.free(partition[0], partition[1], (SIDE if plan.overlap else "") + tag)
+        if first:
+            w.new(FP32 * n, tag)  # exp_avg
+            w.new(FP32 * n, tag)  # exp_avg_sq
+        w.free(fp32, FP32 * n, tag)
+
+
+def deepspeed_run(events: Sequence[Event], plan: DeepSpeedPlan) -> list[Event]:
+    """The plain Trainer's whole run (``allocator_replay.whole_run_events``) rewritten into DeepSpeed's.
+
+    Args:
+        events: The plain run's events.
+        plan: The DeepSpeed run (:func:`deepspeed_plan`).
+
+    Returns:
+        DeepSpeed's events: ``(-1, 0, EMPTY_CACHE)`` marks ``empty_cache()``, a region starting with :data:`SIDE`
+        an allocation on a side stream; the engine's step of each training step is tagged ``optimizer`` (the last
+        step) or ``optimizer_warmup``.
+
+    Raises:
+        DeepSpeedReplayError: The events lack a trainable parameter's storage or a step.
+    """
+    n_setup = next((k for k, ev in enumerate(events) if ev[2] != "setup"), len(events))
+    setup = list(events[:n_setup])
+    size = {s: n for s, n, _ in events if n > 0}
+    matched = _trainable_storages(setup, plan)
+    ends, grads = _step_ends(events, n_setup)
+    w = _Writer(max((s for s, _, _ in events), default=0) + 1)
+    w.out += setup
+    _initialize(w, plan, _cast(w, plan, matched, size), size)
+    state = _Backward(plan)
+    for k in range(n_setup, len(events)):
+        if k in ends:
+            tag = "optimizer" if ends[-1] == k else "optimizer_warmup"
+            state.epilogue(w, events[k - 1][2])
+            _optimizer_step(w, plan, tag, ends[0] == k, state.partition)
+            state = _Backward(plan)
+        s, n, t = events[k]
+        if t.startswith("optimizer"):
+            continue  # the torch optimizer's own step: DeepSpeed's replaces it
+        if s in grads and n > 0:
+            state.gradient(w, s, n, t)
+        else:
+            w.out.append((s, n, t))
+    if len(events) in ends:
+        state.epilogue(w, events[-1][2])
+        _optimizer_step(w, plan, "optimizer", ends[0] == len(events), state.partition)
+    return _without_dead_frees(w.out)
+
+
+def _step_ends(events: Sequence[Event], start: int) -> tuple[list[int], set[int]]:
+    """Where each step's backward ends (the index the engine's step goes before) and the gradients: what a
+    step's backward allocated that is alive there. Regions are the allocation's (a free carries the region its
+    storage was allocated in), so a step is told by its allocations: backward's, then the next forward's.
+
+    Raises:
+        DeepSpeedReplayError: No step.
+    """
+    lasts: list[int] = []
+    last = -1
+    for k in range(start, len(events)):
+        s, n, t = events[k]
+        if n > 0 and t.startswith("backward") and not t.startswith("backward_s"):
+            last = k
+        elif n > 0 and t.startswith("forward") and not t.startswith("forward_h") and last >= 0:
+            lasts.append(last)
+            last = -1
+    if last >= 0:
+        lasts.append(last)
+    if not lasts:
+        raise DeepSpeedReplayError("no backward in the traced run")
+    ends: list[int] = []
+    grads: set[int] = set()
+    live: dict[int, str] = {}
+    k = start
+    for last in lasts:
+        while k <= last:
+            s, n, t = events[k]
+            if n > 0:
+                live[s] = t
+            else:
+                live.pop(s, None)
+            k += 1
+        step_grads = {x for x, t in live.items() if t.startswith("backward") and not t.startswith("backward_s")}
+        # the activations backward frees after its last allocation belong to it; a gradient's free is zero_grad
+        while k < len(events) and events[k][1] <= 0 and events[k][0] not in step_grads \
+                and not events[k][2].startswith(("optimizer", "zero_grad")):
+            live.pop(events[k][0], None)
+            k += 1
+        ends.append(k)
+        grads |= step_grads
+    return ends, grads
+
+
+class _Backward:
+    """One backward's gradients as the engine takes them (module docstring)."""
+
+    def __init__(self, plan: DeepSpeedPlan) -> None:
+        self.plan = plan
+        self.held: list[tuple[int, int]] = []  # ZeRO-1 without overlap_comm: every gradient until the end
+        self.big: tuple[int, int] | None = None  # a gradient larger than the bucket, reduced at the next one
+        self.buckets: list[tuple[int, int]] = []
+        self.partition: tuple[int, int] | None = None  # ZeRO-1/2 grads_in_partition
+        self.late = plan.stage == 1 and not plan.overlap
+
+    def gradient(self, w: _Writer, s: int, n: int, t: str) -> None:
+        """A gradient autograd made (``s``, ``n`` bytes, region ``t``)."""
+        p = self.plan
+        w.out.append((s, n, t))
+        if p.stage == 3:  # partition_grads: copied into grad_partitions_flat_buffer
+            w.free(s, n, t)
+            return
+        if not self.buckets and not self.partition:  # setup_buckets at the first gradient hook
+            for _ in range((2 if p.overlap else 1) if p.contiguous else 0):
+                self.buckets.append((w.new(p.elem * p.bucket, t), p.elem * p.bucket))
+            if not self.late:
+                self.partition = (w.new(p.elem * p.numel, (SIDE if p.overlap else "") + t), p.elem * p.numel)
+        if self.late:
+            self.held.append((s, n))
+            return
+        if self.big is not None:
+            w.free(*self.big, t)
+            self.big = None
+        if n > p.elem * p.bucket:
+            self.big = (s, n)
+        else:
+            w.free(s, n, t)
+
+    def epilogue(self, w: _Writer, t: str) -> None:
+        """The end of backward: ZeRO-1's ``reduce_gradients``, the last bucket reduced, ``_release_ipg_buffers``."""
+        p = self.plan
+        if p.stage == 3:
+            return
+        if self.late:
+            self.partition = (w.new(p.elem * p.numel, t), p.elem * p.numel)
+            for g in reversed(self.held):  # parameter order: backward made them in reverse
+                w.free(*g, t)
+        if self.big is not None:
+            w.free(*self.big, t)
+        for b in self.buckets:
+            w.free(*b, t)
+
+
+def _without_dead_frees(events: Sequence[Event]) -> list[Event]:
+    """The plain run's later frees of storages DeepSpeed freed already (the parameters, the gradients)."""
+    alive: set[int] = set()
+    out: list[Event] = []
+    for s, n, t in events:
+        if t == EMPTY_CACHE:
+            out.append((s, n, t))
+        elif n > 0 or s in alive:
+            out.append((s, n, t))
+            if n > 0:
+                alive.add(s)
+            else:
+                alive.discard(s)
+    return out
+
+
+def replay_deepspeed(events: Sequence[Event], conf: AllocatorConf | None, seq_len: int) -> Any:
+    """DeepSpeed's events replayed through the caching allocator, the default stream only (the side streams'
+    pools are ``core/states/deepspeed_streams.py``'s).
+
+    Args:
+        events: :func:`deepspeed_run`'s events.
+        conf: The allocator settings.
+        seq_len: The sequence length (for the result).
+
+    Returns:
+        ``allocator_replay.StepReplay``: ``persistent`` is what is allocated when the last step starts (the
+        parameters, DeepSpeed's flat buffers, master and optimizer states).
+    """
+    from fitcheck.torch_adapters.allocator_replay import StepReplay
+
+    alloc = CachingAllocator(conf)
+    handles: dict[int, int] = {}
+    persistent = -1
+    for k, (s, n, t) in enumerate(events, 1):
+        if t == EMPTY_CACHE:
+            alloc.empty_cache()
+            continue
+        if t.startswith(SIDE):
+            continue
+        if persistent < 0 and t == "forward":
+            persistent = alloc.stats.allocated
+        if n > 0:
+            handles[s] = k
+            alloc.malloc(k, n)
+        elif s in handles:
+            alloc.free(handles.pop(s))
+    st = alloc.stats
+    transient = max(st.peak_allocated - max(persistent, 0), 1)
+    return StepReplay(st.peak_allocated, st.peak_reserved, max(persistent, 0), transient,
+                      (st.peak_reserved - st.peak_allocated) / transient, (seq_len,))
+
+
+def live_bytes(events: Sequence[Event]) -> dict[str, int]:
+    """Bytes alive (every stream) at the points a real engine can be read: after ``initialize``, after the
+    first step's backward, after the first step, after the last step's backward (the tests' check).
+
+    Args:
+        events: :func:`deepspeed_run`'s events.
+
+    Returns:
+        ``{"initialize", "backward1", "step1", "backward"}`` -> bytes.
+    """
+    out: dict[str, int] = {}
+    live, steps, in_step = 0, 0, False
+    for k, (_s, n, t) in enumerate(events):
+        step = t.removeprefix(SIDE).startswith("optimizer")
+        if k and events[k - 1][2] in ("setup", EMPTY_CACHE) and t not in ("setup", EMPTY_CACHE):
+            out["initialize"] = live
+        if step and not in_step:
+            steps += 1
+            out["backward1" if steps == 1 else "backward"] = live
+        if in_step and not step and steps == 1:
+            out["step1"] = live
+        in_step = step
+        live += n
+    return out
+
+
+def replayed(spec: TrainingSpec) -> bool:
+    """Whether the whole run of a DeepSpeed spec is replayed as DeepSpeed's (:func:`deepspeed_run`): ZeRO that
+    :func:`not_replayed` accepts (the caller checks that the run is traced: ``pinned_path.traceable``)."""
+    from fitcheck.spec import Strategy
+
+    return spec.sharding.strategy is Strategy.DEEPSPEED and not not_replayed(spec)
+
+
+def _key(spec: TrainingSpec) -> str:
+    """What DeepSpeed's replay depends on beyond the activation trace's key (``pinned_path._cache_key``)."""
+    hw = spec.hardware
+    return f"|deepspeed {deepspeed_plan(spec)!r} {hw.expandable_segments} {hw.cuda_alloc_conf!r}"
+
+
+def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
+    """A ``PinnedPath``'s DeepSpeed whole run replayed (cached with its whole-run replays, the micro-batch
+    excepted as theirs are), from the activation traces it has run for the spec (traced here when it has none).
+
+    Args:
+        path: The ``pinned_path.PinnedPath`` (its traces and caches).
+        spec: A spec :func:`replayed` accepts.
+        key: The spec's activation-trace key (``pinned_path._cache_key``).
+        required: Raise when the replay cannot run (``--reserved_replay`` asked for it) rather than return None.
+
+    Returns:
+        ``allocator_replay.StepReplay`` of DeepSpeed's default stream, or None (the reason kept in the path's
+        ``_whole_failed``).
+    """
+    from fitcheck.core.loading import allocator_conf
+    from fitcheck.core.trainers import step_spec
+    from fitcheck.torch_adapters.allocator_replay import whole_run_events
+    from fitcheck.torch_adapters.trace_cache import cached_replay
+
+    dkey = key + _key(spec)
+    if dkey in path._whole:
+        return path._whole[dkey]
+    if dkey in path._whole_failed and not required:
+        return None
+    traces = path._traces.get(key)
+    runs: Any = ()
+    if traces is not None and traces.traced:
+        runs = traces.traced.get(step_spec(spec).batch.micro_batch) or next(iter(traces.traced.values()))
+    def compute() -> Any:
+        events = whole_run_events(spec, runs, optimizer_traces=path._optimizer_traces)
+        return replay_deepspeed(deepspeed_run(events, deepspeed_plan(spec)), allocator_conf(spec),
+                                spec.batch.seq_len)
+
+    try:  # the on-disk trace cache keeps it for the next process (trace_cache.cached_replay)
+        path._whole[dkey] = cached_replay(getattr(path, "cache", None), "deepspeed-run", spec, compute)
+    except Exception as exc:  # the published gap answers, with the reason in the INFO
+        if required:
+            raise
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        path._whole_failed[dkey] = f"{type(exc).__name__}: {text}"[:200]
+        return None
+    return path._whole[dkey]
+
+
+def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:
+    """Why a traced DeepSpeed (or FSDP) answer keeps the published gap, for the ``reserved-published-gap`` INFO
+    (``key``: the spec's ``pinned_path._cache_key``)."""
+    from fitcheck.spec import Strategy
+
+    if spec.sharding.strategy is not Strategy.DEEPSPEED:
+        return "the whole-run replay composes the plain Trainer's run, not FSDP's module cast"
+    missing = not_replayed(spec)
+    if missing:
+        return f"DeepSpeed's run is replayed for one process only, and this run has {missing}"
+    failed = path._whole_failed.get(key + _key(spec))
+    return f"DeepSpeed's run could not be replayed ({failed})" if failed else "DeepSpeed's run was not replayed"

@@ -1,0 +1,130 @@
+"""Which DeepSpeed runs ``deepspeed_run_events`` replays, and what its rewrite needs of one (a plan).
+
+Read from deepspeed 0.19.8 (cited where used); pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fitcheck.spec import Dtype, TrainingSpec
+
+FP32 = 4
+# Optimizers whose step on the flat fp32 partition allocates its two states and nothing else of its size:
+# torch's fused AdamW (the Trainer's adamw_torch_fused, torch/optim/_fused_adamw: one kernel, no temporaries).
+FUSED_ADAM = ("adamw_torch_fused",)
+
+
+class DeepSpeedReplayError(ValueError):
+    """The plain run's events do not carry what the rewrite needs (a trainable parameter's storage)."""
+
+
+@dataclass(frozen=True)
+class DeepSpeedPlan:
+    """What the rewrite needs of a DeepSpeed run.
+
+    Attributes:
+        stage: ZeRO stage (1, 2 or 3).
+        groups: The Trainer's parameter groups (decay, no decay), each the numels of its trainable tensors in the
+            model's order; empty groups left out.
+        elem: Bytes of one element of the 16-bit model (bf16 / fp16).
+        bucket: ``reduce_bucket_size`` (elements).
+        overlap: ``overlap_comm`` as DeepSpeed resolves it (``zero/config.py``: stage 3 on, else off).
+        contiguous: ``contiguous_gradients``.
+        sub_group_size: ZeRO-3's ``sub_group_size`` (elements).
+    """
+
+    stage: int
+    groups: tuple[tuple[int, ...], ...]
+    adapters: frozenset[tuple[int, int]]
+    elem: int
+    bucket: int
+    overlap: bool
+    contiguous: bool
+    sub_group_size: int
+
+    @property
+    def numel(self) -> int:
+        """Trainable elements."""
+        return sum(sum(g) for g in self.groups)
+
+
+def not_replayed(spec: TrainingSpec) -> str:
+    """What of a DeepSpeed run :func:`deepspeed_run` does not describe ("" when it describes the run).
+
+    Args:
+        spec: A DeepSpeed ZeRO spec.
+
+    Returns:
+        The part not replayed, for the ``reserved-published-gap`` INFO, or "".
+    """
+    from fitcheck.spec import OffloadDevice
+
+    ds = spec.sharding.deepspeed
+    stage = spec.sharding.zero_stage or 0
+    parts = []
+    if ds is None or stage not in (1, 2, 3):
+        parts.append("ZeRO-0")
+    if max(spec.data_parallel_size, 1) > 1:
+        parts.append("more than one process (partition padding, ZeRO-3's parameter gathers)")
+    if ds is not None and (ds.offload_optimizer, ds.offload_param) != (OffloadDevice.NONE, OffloadDevice.NONE):
+        parts.append("offloaded optimizer or parameters")
+    if spec.batch.grad_accum > 1:
+        parts.append("gradient accumulation (the gradient partition kept across micro-batches)")
+    cast = _engine_dtype(spec)
+    if cast is None:
+        parts.append("an fp32 engine (no bf16/fp16 section)")
+    elif spec.precision.load_dtype is not cast:
+        parts.append("a model loaded in another dtype than the engine's (its cast in initialize)")
+    if spec.quant is not None:
+        parts.append("a quantized base")
+    if stage == 3 and (spec.lora is not None or spec.freeze is not None):
+        parts.append("ZeRO-3 with frozen parameters (their partitioning)")
+    if spec.optimizer.name not in FUSED_ADAM:
+        parts.append(f"the {spec.optimizer.name} optimizer on the flat partition (replayed: {FUSED_ADAM[0]})")
+    return "; ".join(parts)
+
+
+def _engine_dtype(spec: TrainingSpec) -> Dtype | None:
+    """The 16-bit dtype the engine casts the module to (its bf16 / fp16 section), or None."""
+    from fitcheck.spec import MixedPrecision
+
+    return {MixedPrecision.BF16: Dtype.BFLOAT16, MixedPrecision.FP16: Dtype.FLOAT16}.get(
+        spec.precision.mixed_precision)
+
+
+def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
+    """The plan of a DeepSpeed spec :func:`not_replayed` accepts.
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        Its stage, groups and settings.
+    """
+    from fitcheck.core.states import all_trainable, build_layout
+
+    ds = spec.sharding.deepspeed
+    assert ds is not None
+    stage = spec.sharding.zero_stage or 0
+    order = {e.name: k for k, e in enumerate(spec.model.params)}
+    first_layer = min((k for n, k in order.items() if "*" in n), default=len(order))
+    ranked: list[tuple[tuple[int, int, int], int, bool, bool]] = []  # (model order, numel, decay, adapter)
+    layout = build_layout(spec)
+    adapters = {id(g) for g in layout.adapters}
+    for g in all_trainable(layout):
+        base = order.get(g.name, order.get(g.name.rsplit(".", 1)[0] + ".weight", len(order)))  # an adapter: its base
+        for r in range(g.repeat):
+            # what precedes the layers, the layers one by one, what follows them (named_parameters order)
+            part = 1 if "*" in g.name else (0 if base < first_layer else 2)
+            ranked.append(((part, r if part == 1 else 0, base), g.numel_each, g.decay, id(g) in adapters))
+    ranked.sort(key=lambda t: t[0])
+    split = [[(n, a) for _, n, d, a in ranked if d is want] for want in (True, False)]
+    split = [g for g in split if g]
+    groups = tuple(tuple(n for n, _ in g) for g in split)
+    marked = frozenset((i, k) for i, g in enumerate(split) for k, (_, a) in enumerate(g) if a)
+    cast = _engine_dtype(spec)
+    elem = cast.nbytes if cast is not None else FP32
+    overlap = ds.overlap_comm if ds.overlap_comm is not None else stage == 3  # zero/config.py overlap_comm_valid
+    return DeepSpeedPlan(stage, groups, marked, elem, ds.reduce_bucket_size, overlap,
+                         ds.contiguous_gradients, ds.sub_group_size)
