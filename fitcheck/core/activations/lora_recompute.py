@@ -29,7 +29,7 @@ product's two gradients exist, so its working set is r·h + 3·e·I less what th
 from __future__ import annotations
 
 from fitcheck.core.activations.layer_saved import adapter_mlp_saved, down_adapter_saved, lora_reads_input_itself
-from fitcheck.core.activations.qlora import four_bit_lora, kbit_upcast, lora_layer_params
+from fitcheck.core.activations.qlora import four_bit_lora, kbit_upcast, lora_layer_params, matmul4bit_backward_weight
 from fitcheck.core.kernels import liger_applies, offload_applies
 from fitcheck.spec import Dtype, LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
 
@@ -196,11 +196,9 @@ def base_backward(spec: TrainingSpec, r: int) -> int | None:
     sh = spec.model.shape
     h, inter = sh.hidden_size, sh.intermediate_size
     bs = spec.batch.micro_batch * spec.batch.seq_len
-    comp = 4 if quant.compute_dtype is None else quant.compute_dtype.nbytes  # None: fp32 (transformers)
-    load = spec.precision.load_dtype.nbytes
+    comp, weight, copy = matmul4bit_backward_weight(spec, inter, h)
     tokens = (r * h + _ADAPTER_BYTES * inter + (comp * h if comp != r else 0) - down_adapter_saved(spec)) * bs
-    weight = comp * inter * h
-    dequantized = load * inter * h + weight if load != comp else 0  # before the cast's source is freed
+    dequantized = copy + weight if copy else 0  # before the cast's source is freed
     down = tokens + max(dequantized, weight + comp * inter * bs)
     if not sh.traits.fused_projections:
         return down
@@ -212,8 +210,8 @@ def base_backward(spec: TrainingSpec, r: int) -> int | None:
     # 1 x 512: 700 MiB fp32 dequantized + 350 MiB bf16 cast + 35 MiB output gradient cast; -29.4 % without it)
     wide = 2 * inter
     gu_tokens = (r * h + _ADAPTER_BYTES * h + comp * wide - adapter_mlp_saved(spec)) * bs
-    gu_weight = comp * wide * h
-    gu_deq = load * wide * h + gu_weight if load != comp else 0
+    _, gu_weight, gu_copy = matmul4bit_backward_weight(spec, wide, h)
+    gu_deq = gu_copy + gu_weight if gu_copy else 0
     return max(down, gu_tokens + max(gu_deq, gu_weight + comp * h * bs))
 
 

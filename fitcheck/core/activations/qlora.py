@@ -77,6 +77,26 @@ def lora_dropout_mask_bytes(spec: TrainingSpec) -> int:
     return 1 if spec.hardware.device_type is DeviceType.CUDA else 4
 
 
+def matmul4bit_backward_weight(spec: TrainingSpec, out_features: int, in_features: int) -> tuple[int, int, int]:
+    """What ``MatMul4Bit.backward`` makes of one 4-bit weight (bitsandbytes 0.50.2 ``autograd/_functions.py``:
+    ``dequantize_4bit(B, ctx.state).to(grad_output.dtype)``): the compute dtype's bytes per element, the cast
+    weight's bytes and the load-dtype dequantized copy's (0 where the load dtype is the compute dtype:
+    ``Tensor.to`` returns self).
+
+    Args:
+        spec: A run with a quantized base.
+        out_features: The weight's rows.
+        in_features: The weight's columns.
+
+    Returns:
+        ``(compute dtype bytes, cast weight bytes, dequantized copy bytes)``.
+    """
+    quant = spec.quant
+    comp = 4 if quant is None or quant.compute_dtype is None else quant.compute_dtype.nbytes  # None: fp32
+    load = spec.precision.load_dtype.nbytes
+    return comp, comp * out_features * in_features, (load * out_features * in_features if load != comp else 0)
+
+
 def _targets(lora: LoraSpec) -> frozenset[str]:
     if "all-linear" in lora.target_modules:
         return frozenset(_ALL)

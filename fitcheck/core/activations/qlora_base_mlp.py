@@ -24,7 +24,7 @@ checkpointing, q/v adapters, 1 x 512, peak during backward at up_proj's ``_to_co
 from __future__ import annotations
 
 from fitcheck.core.activations.backward import grads_unmade
-from fitcheck.core.activations.qlora import qlora_formula_applies
+from fitcheck.core.activations.qlora import matmul4bit_backward_weight, qlora_formula_applies
 from fitcheck.spec import TrainingSpec
 
 _MLP = ("gate_proj", "up_proj", "down_proj")
@@ -64,13 +64,11 @@ def bare_mlp_backward(spec: TrainingSpec) -> int | None:
     h, inter = sh.hidden_size, sh.intermediate_size
     bs = spec.batch.micro_batch * spec.batch.seq_len
     f = r = 4
-    comp = 4 if quant.compute_dtype is None else quant.compute_dtype.nbytes  # None: fp32 (transformers)
-    load = spec.precision.load_dtype.nbytes
+    comp, weight, copy = matmul4bit_backward_weight(spec, inter, h)
     shared = 4 * h  # the first norm saves its fp32 input, the top layer's checkpoint: counted in both
     final_norm = 4 * h + 4  # its fp32 input and rsqrt, freed by its backward before the top layer's
     common = (r * h - shared - final_norm) * bs - grads_unmade(spec)
     product = 3 * f * inter * bs
-    weight = comp * inter * h
-    dequantized = load * inter * h + weight if load != comp else weight
+    dequantized = copy + weight
     up = (comp - f) * inter * bs + max(dequantized, weight + comp * h * bs)
     return common + max(product, up)
