@@ -48,9 +48,13 @@ def catalog_config_dir(model_id: str = MODEL_ID) -> Path:
 
 
 def fitcheck_command(model: str = MODEL_ID) -> list[str]:
-    """argv of the fitcheck CLI run (the contract's flags for a bf16 full fine-tune)."""
+    """argv of the fitcheck CLI run (the contract's flags for a bf16 full fine-tune), answered from the checked
+    formulas (``--no_trace``): like accelerate's calculator, no trace. Without the flag, where torch is installed, a
+    figure near the budget (a suggestion's, the largest micro-batch's boundary) is replayed through the caching
+    allocator, which imports torch and traces (``torch_adapters/verdict_replay.py``; ``default_path_speed.py``
+    times that path)."""
     return [sys.executable, "-m", "fitcheck.cli.main", "estimate", "--model_name_or_path", model,
-            "--dtype", "bfloat16", "--bf16", "--json"]  # fmt: skip
+            "--dtype", "bfloat16", "--bf16", "--json", "--no_trace"]  # fmt: skip
 
 
 # The accelerate estimate-memory pipeline on a local config.json (see the module docstring).

@@ -41,8 +41,9 @@ def test_bf16_weights_fit_the_budget_so_nothing_is_offloaded_but_the_step_would_
     found = codes(capsys, "--dtype", "bfloat16", "--gpu", "RTX4090-24GB")
     assert "trainable-offloaded" not in found
     assert "device-map-plans-weights-only" in found
-    # on the 80 GB card the same placement leaves room for the step: no device_map finding at all
-    found = codes(capsys, "--dtype", "bfloat16")
+    # on a 141 GB card the same placement leaves room for the step: no device_map finding at all (on the 80 GB
+    # card the step is near the budget, and its whole run replayed through the allocator does not fit)
+    found = codes(capsys, "--dtype", "bfloat16", "--gpu", "H200-141GB")
     assert not {"trainable-offloaded", "device-map-plans-weights-only"} & set(found)
 
 
