@@ -208,6 +208,7 @@ def trace_step(
     use_reentrant: bool = False,
     image_tokens: int = 0,
     steps: int = 2,
+    grad_accum: int = 1,
     count_logits: bool = True,
     cuda_kernels: bool = False,
     cublas_workspaces: tuple[int, ...] = (),
@@ -236,6 +237,8 @@ def trace_step(
         use_reentrant: Reentrant activation checkpointing (``gradient_checkpointing_kwargs``).
         image_tokens: Vision patches per sample of an ``image-text-to-text`` step (``trace_inputs_vlm``).
         steps: Steps run; the last one is measured (2: the optimizer states of the first exist in the second).
+        grad_accum: Forward and backward passes per step (``gradient_accumulation_steps``); every pass but the
+            last step's last is a warm-up one (its regions suffixed ``_warmup``).
         count_logits: False leaves the LM head's logits and loss (the ``logits`` category) out of every series,
             so each phase's peak is the body's own (a TRL trainer runs its chunked head instead:
             ``activation_trace_kwargs``).
@@ -304,18 +307,19 @@ def trace_step(
         ac_dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
         with rec:
             for step in range(steps):
-                suffix = "" if step == steps - 1 else "_warmup"
-                hook = head.register_forward_pre_hook(_region_opener(rec, "forward_head" + suffix))
-                out_hook = head.register_forward_hook(_grad_marker(rec, "backward" + suffix))
-                rec.enter_region("forward" + suffix)
-                ctx = torch.autocast("cpu", dtype=ac_dtype) if autocast else contextlib.nullcontext()
-                with ctx:
-                    loss = _loss(model, ids, labels, images)
-                rec.enter_region("backward_start" + suffix)
-                loss.backward()
-                del loss
-                hook.remove()
-                out_hook.remove()
+                for micro in range(grad_accum):
+                    suffix = "" if (step, micro) == (steps - 1, grad_accum - 1) else "_warmup"
+                    hook = head.register_forward_pre_hook(_region_opener(rec, "forward_head" + suffix))
+                    out_hook = head.register_forward_hook(_grad_marker(rec, "backward" + suffix))
+                    rec.enter_region("forward" + suffix)
+                    ctx = torch.autocast("cpu", dtype=ac_dtype) if autocast else contextlib.nullcontext()
+                    with ctx:
+                        loss = _loss(model, ids, labels, images)
+                    rec.enter_region("backward_start" + suffix)
+                    loss.backward()
+                    del loss
+                    hook.remove()
+                    out_hook.remove()
                 rec.enter_region("optimizer" + suffix)
                 if opt is not None:
                     opt.step()
