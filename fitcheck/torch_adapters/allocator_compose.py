@@ -112,22 +112,47 @@ def _gradients(step: Sequence[Event], zero_grad: Sequence[Event], before: set[in
 
 
 def _accumulated(events: Sequence[Event], grads: set[int]) -> list[Event]:
-    """A later pass of an accumulation window: each new gradient freed as soon as it is made.
+    """A later pass of an accumulation window: each new gradient freed when the node that made it returns.
 
     torch 2.13 ``torch/csrc/autograd/functions/accumulate_grad.h`` ``accumulateGrad``: with ``.grad`` undefined
     (the first pass after ``zero_grad(set_to_none=True)``) the new gradient is stolen (no copy: it becomes
     ``.grad``, as the one-step trace records); with ``.grad`` defined and grad mode off (the engine runs
     ``AccumulateGrad`` without ``create_graph``) it runs ``variable_grad += new_grad`` in place, and the new
-    gradient is released when the node returns. The engine runs ``AccumulateGrad`` as soon as its input is ready
-    (its ``sequence_nr`` is ``UINT64_MAX``: ``torch/csrc/autograd/node.h``; first in the ready queue:
-    ``engine.h`` ``CompareNodeTaskTime``), so nothing is allocated between the two. Checked against the real
-    accumulating trace (``tracer.trace_step(grad_accum=2)``) in ``tests/test_allocator_accumulation.py``."""
+    gradient is released when ``AccumulateGrad`` returns. The engine runs it as soon as the node that made the
+    gradient has returned (its ``sequence_nr`` is ``UINT64_MAX``: ``torch/csrc/autograd/node.h``; first in the
+    ready queue: ``engine.h`` ``CompareNodeTaskTime``), after that node's own later allocations and the frees of
+    its inputs and saved tensors and after the engine has added its outputs into the input buffers of the nodes
+    they feed (``input_buffer.cpp`` ``InputBuffer::add``: a sum allocated, then the two addends freed): the free
+    goes at the end of the first run of frees after the gradient, or after the next allocation and its run of
+    frees when that run frees one of the node's outputs (the sum). The order inside a run of frees does not
+    change the allocator's state. Checked against the real accumulating trace (``tracer.trace_step(grad_accum=
+    2)``) in ``tests/test_allocator_accumulation.py``."""
     out: list[Event] = []
-    for ev in events:
+    pending: list[Event] = []
+    made: set[int] = set()  # storages allocated since the first pending gradient
+    freeing = False
+    for i, ev in enumerate(events):
+        if ev[1] > 0 and freeing and not _sums_outputs(events, i, made):
+            out += [(s, -n, tag) for s, n, tag in pending]
+            pending, freeing = [], False
+            made.clear()
         out.append(ev)
         if ev[1] > 0 and ev[0] in grads:
-            out.append((ev[0], -ev[1], ev[2]))
-    return out
+            pending.append(ev)
+        if pending and ev[1] > 0:
+            made.add(ev[0])
+        freeing = freeing or (bool(pending) and ev[1] <= 0)
+    return out + [(s, -n, tag) for s, n, tag in pending]
+
+
+def _sums_outputs(events: Sequence[Event], at: int, made: set[int]) -> bool:
+    """Whether the allocation at ``at`` is followed by a run of frees that frees a storage in ``made``."""
+    for s, n, _ in events[at + 1:]:
+        if n > 0:
+            return False
+        if s in made:
+            return True
+    return False
 
 
 def _first_step_only(events: Sequence[Event], before: set[int]) -> set[int]:
