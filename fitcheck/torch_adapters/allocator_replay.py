@@ -263,7 +263,8 @@ def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
     of ``tracer_depth.depth_plan`` (``PinnedPath``'s activation traces: ``step_runs``); only the optimizer's steps are
     traced here (``tracer_optimizer.trace_optimizer``: no forward, no backward). The steps are composed
     (``allocator_compose.whole_run``: ``gradient_accumulation_steps`` passes per step, the later ones adding into
-    ``.grad``) at each depth, deepened to the full depth (``allocator_deepen.deepen``) and replayed. Equal to the full-depth three-step trace's replay on every H100 row of
+    ``.grad``) at each depth, deepened to the full depth (``allocator_deepen.deepen``) and replayed. Equal to the
+    full-depth three-step trace's replay on every H100 row of
     ``benchmarks/data/reserved_replay_nvidia_h100_80gb_hbm3.json`` (``benchmarks/reserved_replay.py --check``).
 
     Args:
