@@ -29,7 +29,8 @@ class ComposeError(ValueError):
 
 
 def whole_run(step: Sequence[Event], step_starts: Sequence[int], opt: Sequence[Event], opt_starts: Sequence[int],
-              steps: int, micro_batches: int = 1) -> tuple[list[Event], tuple[int, ...]]:
+              steps: int, micro_batches: int = 1, accumulated_after: Sequence[tuple[int, int, int]] = (),
+              ) -> tuple[list[Event], tuple[int, ...]]:
     """The events of ``steps`` training steps.
 
     Args:
@@ -40,15 +41,19 @@ def whole_run(step: Sequence[Event], step_starts: Sequence[int], opt: Sequence[E
         steps: Steps in the run.
         micro_batches: Forward and backward passes per optimizer step (``gradient_accumulation_steps``): from the
             second on, each gradient is allocated, added into ``.grad`` and freed (:func:`_accumulated`).
+        accumulated_after: The step trace's ``TraceResult.accumulated_after``: where each gradient's
+            ``AccumulateGrad`` returned (needed when ``micro_batches`` > 1).
 
     Returns:
         (the events, the index of the first event of each region of each micro-batch's forward .. backward and of
         each step's optimizer and ``zero_grad``, then of ``done``).
 
     Raises:
-        ComposeError: The traces do not have those regions, or the step frees a storage it did not allocate
-            outside the setup.
+        ComposeError: The traces do not have those regions, the step frees a storage it did not allocate
+            outside the setup, or an accumulating run lacks ``accumulated_after``.
     """
+    if micro_batches > 1 and not accumulated_after:
+        raise ComposeError("accumulation needs where each gradient's AccumulateGrad returned (accumulated_after)")
     if len(step_starts) != len(STEP_REGIONS) + 1 or len(opt_starts) != 2 * steps + 1:
         raise ComposeError(f"region starts {len(step_starts)} / {len(opt_starts)} do not match one step and "
                            f"{steps} optimizer steps")
@@ -73,7 +78,10 @@ def whole_run(step: Sequence[Event], step_starts: Sequence[int], opt: Sequence[E
             for a, b in itertools.pairwise(step_starts[:5]):  # forward .. backward
                 starts.append(len(out))
                 events = [renamed(ev) for ev in step[a:b] if again(ev)]
-                out += events if m == 0 else _accumulated(events, {renamed((g, 0, ""))[0] for g in grads})
+                if m:
+                    events = _accumulated(events, {(renamed((s, 0, ""))[0], sign): renamed((g, 0, ""))[0]
+                                                   for g, s, sign in accumulated_after if g in grads})
+                out += events
         # this step's optimizer events (its optimizer region; anything in its zero_grad region follows zero_grad)
         o_at, z_at, next_at = opt_starts[2 * k], opt_starts[2 * k + 1], opt_starts[2 * k + 2]
         starts.append(len(out))
@@ -111,48 +119,27 @@ def _gradients(step: Sequence[Event], zero_grad: Sequence[Event], before: set[in
     return {s for s, n, _ in zero_grad if n < 0 and s in made}
 
 
-def _accumulated(events: Sequence[Event], grads: set[int]) -> list[Event]:
-    """A later pass of an accumulation window: each new gradient freed when the node that made it returns.
+def _accumulated(events: Sequence[Event], after: dict[tuple[int, int], int]) -> list[Event]:
+    """A later pass of an accumulation window: each new gradient freed where the first pass's ``AccumulateGrad``
+    returned (``after``: (serial, +1 / -1) of that event -> the gradient's serial in this pass).
 
     torch 2.13 ``torch/csrc/autograd/functions/accumulate_grad.h`` ``accumulateGrad``: with ``.grad`` undefined
     (the first pass after ``zero_grad(set_to_none=True)``) the new gradient is stolen (no copy: it becomes
     ``.grad``, as the one-step trace records); with ``.grad`` defined and grad mode off (the engine runs
     ``AccumulateGrad`` without ``create_graph``) it runs ``variable_grad += new_grad`` in place, and the new
-    gradient is released when ``AccumulateGrad`` returns. The engine runs it as soon as the node that made the
-    gradient has returned (its ``sequence_nr`` is ``UINT64_MAX``: ``torch/csrc/autograd/node.h``; first in the
-    ready queue: ``engine.h`` ``CompareNodeTaskTime``), after that node's own later allocations and the frees of
-    its inputs and saved tensors and after the engine has added its outputs into the input buffers of the nodes
-    they feed (``input_buffer.cpp`` ``InputBuffer::add``: a sum allocated, then the two addends freed): the free
-    goes at the end of the first run of frees after the gradient, or after the next allocation and its run of
-    frees when that run frees one of the node's outputs (the sum). The order inside a run of frees does not
-    change the allocator's state. Checked against the real accumulating trace (``tracer.trace_step(grad_accum=
-    2)``) in ``tests/test_allocator_accumulation.py``."""
+    gradient is released when ``AccumulateGrad`` returns. The engine runs the same nodes in the same order in every
+    pass (``AccumulateGrad``'s ``sequence_nr`` is ``UINT64_MAX``: ``torch/csrc/autograd/node.h``), so only that
+    release is added; a tied weight's ``AccumulateGrad`` runs after its last use's gradient is summed in. Equal to
+    the real accumulating trace (``tracer.trace_step(grad_accum=)``), event for event:
+    ``tests/test_allocator_accumulation.py``."""
+    made = {s: (n, t) for s, n, t in events if n > 0}
     out: list[Event] = []
-    pending: list[Event] = []
-    made: set[int] = set()  # storages allocated since the first pending gradient
-    freeing = False
-    for i, ev in enumerate(events):
-        if ev[1] > 0 and freeing and not _sums_outputs(events, i, made):
-            out += [(s, -n, tag) for s, n, tag in pending]
-            pending, freeing = [], False
-            made.clear()
+    for ev in events:
         out.append(ev)
-        if ev[1] > 0 and ev[0] in grads:
-            pending.append(ev)
-        if pending and ev[1] > 0:
-            made.add(ev[0])
-        freeing = freeing or (bool(pending) and ev[1] <= 0)
-    return out + [(s, -n, tag) for s, n, tag in pending]
-
-
-def _sums_outputs(events: Sequence[Event], at: int, made: set[int]) -> bool:
-    """Whether the allocation at ``at`` is followed by a run of frees that frees a storage in ``made``."""
-    for s, n, _ in events[at + 1:]:
-        if n > 0:
-            return False
-        if s in made:
-            return True
-    return False
+        g = after.get((ev[0], 1 if ev[1] > 0 else -1))
+        if g is not None and g in made:
+            out.append((g, -made[g][0], made[g][1]))
+    return out
 
 
 def _first_step_only(events: Sequence[Event], before: set[int]) -> set[int]:

@@ -338,7 +338,8 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
         if key not in cache:
             cache[key] = trace_optimizer(config, num_layers=depth, steps=steps, **opt_kwargs)
         opt_events, opt_starts = cache[key]
-        composed.append(whole_run(run.alloc_events, run.region_starts, opt_events, opt_starts, steps, micro_batches))
+        composed.append(whole_run(run.alloc_events, run.region_starts, opt_events, opt_starts, steps, micro_batches,
+                                  getattr(run, "accumulated_after", ())))
     if len(composed) == 1:
         return load_warmup(spec) + list(composed[0][0])
     (one, one_starts), (two, two_starts) = composed
