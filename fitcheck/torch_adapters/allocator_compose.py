@@ -16,7 +16,7 @@ Pure Python: no torch import.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 Event = tuple[int, int, str]  # (storage serial, +bytes allocated / -bytes freed, region allocated in)
 
@@ -29,7 +29,8 @@ class ComposeError(ValueError):
 
 
 def whole_run(step: Sequence[Event], step_starts: Sequence[int], opt: Sequence[Event], opt_starts: Sequence[int],
-              steps: int) -> tuple[list[Event], tuple[int, ...]]:
+              steps: int, micro_batches: int = 1, accumulated_after: Sequence[tuple[int, int, int]] = (),
+              ) -> tuple[list[Event], tuple[int, ...]]:
     """The events of ``steps`` training steps.
 
     Args:
@@ -38,14 +39,21 @@ def whole_run(step: Sequence[Event], step_starts: Sequence[int], opt: Sequence[E
         opt: ``alloc_events`` of ``trace_optimizer`` over ``steps`` steps at the same depth.
         opt_starts: Its region starts (``optimizer`` and ``zero_grad`` per step, then ``done``).
         steps: Steps in the run.
+        micro_batches: Forward and backward passes per optimizer step (``gradient_accumulation_steps``): from the
+            second on, each gradient is allocated, added into ``.grad`` and freed (:func:`_accumulated`).
+        accumulated_after: The step trace's ``TraceResult.accumulated_after``: where each gradient's
+            ``AccumulateGrad`` returned (needed when ``micro_batches`` > 1).
 
     Returns:
-        (the events, the index of the first event of each region of each step, then of ``done``).
+        (the events, the index of the first event of each region of each micro-batch's forward .. backward and of
+        each step's optimizer and ``zero_grad``, then of ``done``).
 
     Raises:
-        ComposeError: The traces do not have those regions, or the step frees a storage it did not allocate
-            outside the setup.
+        ComposeError: The traces do not have those regions, the step frees a storage it did not allocate
+            outside the setup, or an accumulating run lacks ``accumulated_after``.
     """
+    if micro_batches > 1 and not accumulated_after:
+        raise ComposeError("accumulation needs where each gradient's AccumulateGrad returned (accumulated_after)")
     if len(step_starts) != len(STEP_REGIONS) + 1 or len(opt_starts) != 2 * steps + 1:
         raise ComposeError(f"region starts {len(step_starts)} / {len(opt_starts)} do not match one step and "
                            f"{steps} optimizer steps")
@@ -53,37 +61,85 @@ def whole_run(step: Sequence[Event], step_starts: Sequence[int], opt: Sequence[E
     setup = step[:fwd]
     before = {s for s, n, _ in setup if n > 0}
     once = _first_step_only(step[fwd:], before)
+    grads = _gradients(step[fwd:zero_at], step[zero_at:done_at], before)
     top = 1 + max((s for s, _, _ in step), default=0)
-    opt_base = top * (steps + 1)
+    opt_base = top * (steps * micro_batches + 1)
     out: list[Event] = list(setup)
     starts: list[int] = []
     for k in range(steps):
-        suffix = "" if k == steps - 1 else "_warmup"
+        for m in range(micro_batches):
+            # trace_step names every pass but the last step's last one a warm-up (tracer.trace_step, grad_accum)
+            suffix = "" if (k, m) == (steps - 1, micro_batches - 1) else "_warmup"
+            renamed = _renaming(before, (k * micro_batches + m + 1) * top, suffix)
 
-        def renamed(ev: Event, k: int = k, suffix: str = suffix) -> Event:
-            s, n, tag = ev
-            if s in before:
-                return ev
-            return (s + (k + 1) * top, n, tag + suffix if tag != "setup" else tag)
+            def again(ev: Event, first: bool = k == 0 and m == 0) -> bool:
+                return first or ev[0] not in once
 
-        def again(ev: Event, k: int = k) -> bool:
-            return k == 0 or ev[0] not in once
-
-        for a, b in itertools.pairwise(step_starts[:5]):  # forward .. backward
-            starts.append(len(out))
-            out += [renamed(ev) for ev in step[a:b] if again(ev)]
+            for a, b in itertools.pairwise(step_starts[:5]):  # forward .. backward
+                starts.append(len(out))
+                events = [renamed(ev) for ev in step[a:b] if again(ev)]
+                if m:
+                    events = _accumulated(events, {(renamed((s, 0, ""))[0], sign): renamed((g, 0, ""))[0]
+                                                   for g, s, sign in accumulated_after if g in grads})
+                out += events
         # this step's optimizer events (its optimizer region; anything in its zero_grad region follows zero_grad)
         o_at, z_at, next_at = opt_starts[2 * k], opt_starts[2 * k + 1], opt_starts[2 * k + 2]
         starts.append(len(out))
         out += [(s + opt_base, n, tag) for s, n, tag in opt[o_at:z_at]]
-        out += [renamed(ev) for ev in step[opt_at:zero_at] if again(ev)]
+        # the first pass's gradients are .grad (stolen), freed by zero_grad
+        first = _renaming(before, (k * micro_batches + 1) * top,
+                          "" if (k, micro_batches) == (steps - 1, 1) else "_warmup")
+        out += [first(ev) if ev[0] in grads else renamed(ev) for ev in step[opt_at:zero_at]
+                if k == 0 or ev[0] not in once]
         starts.append(len(out))
-        out += [renamed(ev) for ev in step[zero_at:done_at] if again(ev)]
+        out += [first(ev) if ev[0] in grads else renamed(ev) for ev in step[zero_at:done_at]
+                if k == 0 or ev[0] not in once]
         out += [(s + opt_base, n, tag) for s, n, tag in opt[z_at:next_at]]
     starts.append(len(out))
-    out += [renamed(ev) for ev in step[done_at:]]  # the last step's renaming
+    out += [renamed(ev) for ev in step[done_at:]]  # the last pass's renaming
     _check_frees(out)
     return out, tuple(starts)
+
+
+def _renaming(before: set[int], offset: int, suffix: str) -> Callable[[Event], Event]:
+    """Storages of one forward and backward pass renamed apart from every other pass's (setup storages kept)."""
+
+    def renamed(ev: Event) -> Event:
+        s, n, tag = ev
+        if s in before:
+            return ev
+        return (s + offset, n, tag + suffix if tag != "setup" else tag)
+
+    return renamed
+
+
+def _gradients(step: Sequence[Event], zero_grad: Sequence[Event], before: set[int]) -> set[int]:
+    """The parameters' ``.grad`` storages: made in the pass, freed by ``zero_grad(set_to_none=True)``."""
+    made = {s for s, n, _ in step if n > 0 and s not in before}
+    return {s for s, n, _ in zero_grad if n < 0 and s in made}
+
+
+def _accumulated(events: Sequence[Event], after: dict[tuple[int, int], int]) -> list[Event]:
+    """A later pass of an accumulation window: each new gradient freed where the first pass's ``AccumulateGrad``
+    returned (``after``: (serial, +1 / -1) of that event -> the gradient's serial in this pass).
+
+    torch 2.13 ``torch/csrc/autograd/functions/accumulate_grad.h`` ``accumulateGrad``: with ``.grad`` undefined
+    (the first pass after ``zero_grad(set_to_none=True)``) the new gradient is stolen (no copy: it becomes
+    ``.grad``, as the one-step trace records); with ``.grad`` defined and grad mode off (the engine runs
+    ``AccumulateGrad`` without ``create_graph``) it runs ``variable_grad += new_grad`` in place, and the new
+    gradient is released when ``AccumulateGrad`` returns. The engine runs the same nodes in the same order in every
+    pass (``AccumulateGrad``'s ``sequence_nr`` is ``UINT64_MAX``: ``torch/csrc/autograd/node.h``), so only that
+    release is added; a tied weight's ``AccumulateGrad`` runs after its last use's gradient is summed in. Equal to
+    the real accumulating trace (``tracer.trace_step(grad_accum=)``), event for event:
+    ``tests/test_allocator_accumulation.py``."""
+    made = {s: (n, t) for s, n, t in events if n > 0}
+    out: list[Event] = []
+    for ev in events:
+        out.append(ev)
+        g = after.get((ev[0], 1 if ev[1] > 0 else -1))
+        if g is not None and g in made:
+            out.append((g, -made[g][0], made[g][1]))
+    return out
 
 
 def _first_step_only(events: Sequence[Event], before: set[int]) -> set[int]:

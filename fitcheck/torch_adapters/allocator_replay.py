@@ -174,7 +174,8 @@ def replay_steady_state(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepRe
     """
     from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
 
-    events = trace_step(spec.model.config, **{**trace_kwargs(spec), "steps": steps}).alloc_events
+    kwargs = {**trace_kwargs(spec), "steps": steps, "grad_accum": spec.batch.grad_accum}
+    events = trace_step(spec.model.config, **kwargs).alloc_events
     return replay_events([load_warmup(spec) + list(events)], allocator_conf(spec), (spec.batch.seq_len,))
 
 
@@ -261,8 +262,9 @@ def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
     The forward and backward of every step are those of the spec's step traced without an optimizer at the depths
     of ``tracer_depth.depth_plan`` (``PinnedPath``'s activation traces: ``step_runs``); only the optimizer's steps are
     traced here (``tracer_optimizer.trace_optimizer``: no forward, no backward). The steps are composed
-    (``allocator_compose.whole_run``) at each depth, deepened to the full depth (``allocator_deepen.deepen``) and
-    replayed. Equal to the full-depth three-step trace's replay on every H100 row of
+    (``allocator_compose.whole_run``: ``gradient_accumulation_steps`` passes per step, the later ones adding into
+    ``.grad``) at each depth, deepened to the full depth (``allocator_deepen.deepen``) and replayed. Equal to the
+    full-depth three-step trace's replay on every H100 row of
     ``benchmarks/data/reserved_replay_nvidia_h100_80gb_hbm3.json`` (``benchmarks/reserved_replay.py --check``).
 
     Args:
@@ -279,7 +281,7 @@ def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
     Raises:
         ComposeError, DeepenError: The traces do not compose or deepen (the caller falls back).
     """
-    events = _whole_run_events(spec, step_runs, steps, optimizer_traces)
+    events = _whole_run_events(spec, step_runs, steps, optimizer_traces, micro_batches=spec.batch.grad_accum)
     return replay_events([events], allocator_conf(spec), (spec.batch.seq_len,))
 
 
@@ -307,8 +309,9 @@ def whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
 
 def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
                       optimizer_traces: dict[str, Any] | None, seq_len: int | None = None,
-                      ) -> list[tuple[int, int, str]]:
-    """The events of :func:`replay_whole_run` (at ``seq_len`` when given, else the spec's length)."""
+                      micro_batches: int = 1) -> list[tuple[int, int, str]]:
+    """The events of :func:`replay_whole_run` (at ``seq_len`` when given, else the spec's length; ``micro_batches``
+    forward and backward passes per optimizer step: ``allocator_compose.whole_run``)."""
     from fitcheck.torch_adapters.allocator_compose import whole_run
     from fitcheck.torch_adapters.allocator_deepen import DeepenError, deepen
     from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
@@ -335,7 +338,8 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
         if key not in cache:
             cache[key] = trace_optimizer(config, num_layers=depth, steps=steps, **opt_kwargs)
         opt_events, opt_starts = cache[key]
-        composed.append(whole_run(run.alloc_events, run.region_starts, opt_events, opt_starts, steps))
+        composed.append(whole_run(run.alloc_events, run.region_starts, opt_events, opt_starts, steps, micro_batches,
+                                  getattr(run, "accumulated_after", ())))
     if len(composed) == 1:
         return load_warmup(spec) + list(composed[0][0])
     (one, one_starts), (two, two_starts) = composed

@@ -80,6 +80,9 @@ class TraceResult:
         region_starts: Index in ``alloc_events`` of the first event of each region of each step (forward, head,
             backward, optimizer, ``zero_grad``), in order: where one pass over the layers ends and the next begins
             (``allocator_deepen``).
+        accumulated_after: ``(gradient serial, serial, +1 / -1)`` for each ``.grad`` the first pass made: the
+            allocation (+1) or free (-1) right before its ``AccumulateGrad`` returned (a post-accumulate-grad hook),
+            where a later pass of an accumulation window frees that gradient (``allocator_compose.whole_run``).
     """
 
     phases: Mapping[Phase, PhaseBreakdown]
@@ -91,6 +94,7 @@ class TraceResult:
     structure: int = field(default=0, compare=False)
     alloc_events: tuple[tuple[int, int, str], ...] = field(default=(), compare=False, repr=False)
     region_starts: tuple[int, ...] = field(default=(), compare=False, repr=False)
+    accumulated_after: tuple[tuple[int, int, int], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def peak(self) -> int:
@@ -208,6 +212,7 @@ def trace_step(
     use_reentrant: bool = False,
     image_tokens: int = 0,
     steps: int = 2,
+    grad_accum: int = 1,
     count_logits: bool = True,
     cuda_kernels: bool = False,
     cublas_workspaces: tuple[int, ...] = (),
@@ -236,6 +241,8 @@ def trace_step(
         use_reentrant: Reentrant activation checkpointing (``gradient_checkpointing_kwargs``).
         image_tokens: Vision patches per sample of an ``image-text-to-text`` step (``trace_inputs_vlm``).
         steps: Steps run; the last one is measured (2: the optimizer states of the first exist in the second).
+        grad_accum: Forward and backward passes per step (``gradient_accumulation_steps``); every pass but the
+            last step's last is a warm-up one (its regions suffixed ``_warmup``).
         count_logits: False leaves the LM head's logits and loss (the ``logits`` category) out of every series,
             so each phase's peak is the body's own (a TRL trainer runs its chunked head instead:
             ``activation_trace_kwargs``).
@@ -301,21 +308,24 @@ def trace_step(
         rec.track(images.values())
         head = task_head(model)
         autocast = mixed_precision in ("bf16", "fp16")
+        accumulated: list[tuple[int, int, int]] = []  # accumulated_after, in the first pass
+        hooks = [p.register_post_accumulate_grad_hook(_accumulate_marker(rec, accumulated)) for p in params]
         ac_dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
         with rec:
             for step in range(steps):
-                suffix = "" if step == steps - 1 else "_warmup"
-                hook = head.register_forward_pre_hook(_region_opener(rec, "forward_head" + suffix))
-                out_hook = head.register_forward_hook(_grad_marker(rec, "backward" + suffix))
-                rec.enter_region("forward" + suffix)
-                ctx = torch.autocast("cpu", dtype=ac_dtype) if autocast else contextlib.nullcontext()
-                with ctx:
-                    loss = _loss(model, ids, labels, images)
-                rec.enter_region("backward_start" + suffix)
-                loss.backward()
-                del loss
-                hook.remove()
-                out_hook.remove()
+                for micro in range(grad_accum):
+                    suffix = "" if (step, micro) == (steps - 1, grad_accum - 1) else "_warmup"
+                    hook = head.register_forward_pre_hook(_region_opener(rec, "forward_head" + suffix))
+                    out_hook = head.register_forward_hook(_grad_marker(rec, "backward" + suffix))
+                    rec.enter_region("forward" + suffix)
+                    ctx = torch.autocast("cpu", dtype=ac_dtype) if autocast else contextlib.nullcontext()
+                    with ctx:
+                        loss = _loss(model, ids, labels, images)
+                    rec.enter_region("backward_start" + suffix)
+                    loss.backward()
+                    del loss
+                    hook.remove()
+                    out_hook.remove()
                 rec.enter_region("optimizer" + suffix)
                 if opt is not None:
                     opt.step()
@@ -337,6 +347,8 @@ def trace_step(
                 else:
                     model.zero_grad(set_to_none=True)
             rec.enter_region("done")
+    for h in hooks:
+        h.remove()
     final_grads = sum(rec.sizes[s] for s in grad_serials if s is not None)
 
     def classify(serial: int) -> str:
@@ -375,7 +387,7 @@ def trace_step(
     structure = hash(tuple((category(s), sign) for s, sign in rec.events[rec.regions["forward"].start_event + 1:]))
     events, starts = rec.allocation_events()
     return TraceResult(phases, depth, final_grads, time.perf_counter() - start, series=series, structure=structure,
-                       alloc_events=events, region_starts=starts)
+                       alloc_events=events, region_starts=starts, accumulated_after=tuple(accumulated))
 
 
 # The recorder's regions of the measured (second) step that make up each phase.
@@ -410,6 +422,20 @@ def _grad_marker(rec: Any, region: str) -> Any:
     def hook(_module: Any, _inputs: Any, out: Any) -> None:
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out.register_hook(lambda _grad: rec.enter_region(region))  # type: ignore[no-untyped-call]
+
+    return hook
+
+
+def _accumulate_marker(rec: Any, out: list[tuple[int, int, int]]) -> Any:
+    """A post-accumulate-grad hook that records, in the first pass only (``.grad`` stolen: torch 2.13
+    ``accumulate_grad.h``), the event right before the parameter's ``AccumulateGrad`` returned."""
+    seen: set[int] = set()
+
+    def hook(p: Any) -> None:
+        serial = rec.serial(p.grad)
+        if id(p) not in seen and serial is not None and rec.events:
+            seen.add(id(p))
+            out.append((serial, *rec.events[-1]))
 
     return hook
 
