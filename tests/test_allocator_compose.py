@@ -26,8 +26,9 @@ from fitcheck.spec import DeviceType, LoraSpec, TrainingSpec
 from fitcheck.torch_adapters.allocator_compose import ComposeError, whole_run
 from fitcheck.torch_adapters.allocator_deepen import DeepenError, canonical, deepen, frees_in_allocation_order
 from fitcheck.torch_adapters.allocator_replay import replay_events, replay_steady_state, replay_whole_run
-from fitcheck.torch_adapters.tracer import trace_step, trainer_param_groups
+from fitcheck.torch_adapters.tracer import trace_step
 from fitcheck.torch_adapters.tracer_optimizer import trace_optimizer
+from fitcheck.torch_adapters.tracer_trainer_optim import trainer_param_groups
 
 CONFIG = LLAMA_8_LAYERS
 STEP, LORA, NF4 = REPLAY_STEP, REPLAY_LORA, REPLAY_NF4

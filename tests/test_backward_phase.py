@@ -81,9 +81,10 @@ def _accum_rest(cfg: dict[str, Any], s: int, b: int, ck: bool, accum: int) -> in
     and gradients (the loss is divided by ``accum`` as the Trainer does)."""
     import torch
 
-    from fitcheck.torch_adapters.tracer import fake_mode, make_trainer_optimizer
+    from fitcheck.torch_adapters.tracer import fake_mode
     from fitcheck.torch_adapters.tracer_build import build_model
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder
+    from fitcheck.torch_adapters.tracer_trainer_optim import make_trainer_optimizer
 
     with fake_mode(True):
         model = build_model(cfg, dtype=torch.bfloat16, attn_implementation="sdpa", checkpointing=ck,

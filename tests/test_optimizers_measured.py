@@ -30,9 +30,9 @@ from fitcheck.spec import (  # noqa: E402
     PrecisionSpec,
     TrainingSpec,
 )
-from fitcheck.torch_adapters.tracer import make_trainer_optimizer, trainer_param_groups  # noqa: E402
 from fitcheck.torch_adapters.tracer_build import build_model  # noqa: E402
 from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder  # noqa: E402
+from fitcheck.torch_adapters.tracer_trainer_optim import make_trainer_optimizer, trainer_param_groups  # noqa: E402
 
 LLAMA: dict[str, Any] = {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 176,

@@ -44,7 +44,7 @@ def make_bnb_optimizer(name: str, groups: list[dict[str, Any]], model: Any) -> A
 
     Args:
         name: A canonical name of :data:`BNB_OPTIMIZERS`.
-        groups: The Trainer's parameter groups (``tracer.trainer_param_groups``).
+        groups: The Trainer's parameter groups (``tracer_trainer_optim.trainer_param_groups``).
         model: The model (its ``nn.Embedding`` modules get 32-bit states under an 8-bit optimizer).
 
     Returns:

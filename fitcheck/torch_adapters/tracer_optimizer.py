@@ -4,11 +4,11 @@ The whole-run allocator replay (``allocator_replay.replay_whole_run``) needs eve
 forward and backward of a step are the activation trace's (``PinnedPath`` has run it for the headline), so only
 ``optimizer.step()`` is traced here: the model built as :func:`tracer.trace_step` builds it, every trainable
 parameter given a gradient of its own shape and dtype (autograd's, ``torch/csrc/autograd/input_buffer.cpp``
-accumulates in the parameter's dtype), the Trainer's optimizer (``tracer.make_trainer_optimizer``), and ``steps``
-calls of ``step()``, each in its region (``optimizer_warmup`` ... ``optimizer``) as ``trace_step`` names them. The
-first step allocates the states (``torch.optim`` creates them lazily in ``step``); a foreach optimizer allocates
-and frees temporaries in every step. The gradients exist before the recorder starts: their allocation and
-``zero_grad``'s frees are the activation trace's events.
+accumulates in the parameter's dtype), the Trainer's optimizer (``tracer_trainer_optim.make_trainer_optimizer``),
+and ``steps`` calls of ``step()``, each in its region (``optimizer_warmup`` ... ``optimizer``) as ``trace_step``
+names them. The first step allocates the states (``torch.optim`` creates them lazily in ``step``); a foreach
+optimizer allocates and frees temporaries in every step. The gradients exist before the recorder starts: their
+allocation and ``zero_grad``'s frees are the activation trace's events.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def trace_optimizer(
         task: As ``trace_step``.
         freeze: As ``trace_step``.
         use_reentrant: As ``trace_step``.
-        cuda_kernels: As ``trace_step``: the optimizer steps as on CUDA (``tracer.make_trainer_optimizer``).
+        cuda_kernels: As ``trace_step``: the optimizer steps as on CUDA
+            (``tracer_trainer_optim.make_trainer_optimizer``).
         **_step_only: The other ``trace_step`` arguments (sequence, micro-batch, autocast, ...): no optimizer
             allocation depends on them.
 
@@ -64,10 +65,11 @@ def trace_optimizer(
     """
     import torch
 
-    from fitcheck.torch_adapters.tracer import fake_mode, make_trainer_optimizer, torch_dtype
+    from fitcheck.torch_adapters.tracer import fake_mode, torch_dtype
     from fitcheck.torch_adapters.tracer_build import build_model, reduced_config
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder
     from fitcheck.torch_adapters.tracer_task import task_trace_config
+    from fitcheck.torch_adapters.tracer_trainer_optim import make_trainer_optimizer
 
     cfg = task_trace_config(reduced_config(config, num_layers), task)
     if quant is not None:
