@@ -49,6 +49,7 @@ are reproduced to the byte.
 
 from __future__ import annotations
 
+from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.qlora import kbit_upcast, qlora_layer_saved_per_token
 from fitcheck.spec import DeviceType, MixedPrecision, QkNorm, TrainingSpec
 
@@ -81,12 +82,7 @@ def int8_ctx_through_checkpoint(spec: TrainingSpec) -> bool:
 
 
 def _targets(spec: TrainingSpec) -> frozenset[str]:
-    lora = spec.lora
-    if lora is None:
-        return frozenset()
-    if "all-linear" in lora.target_modules:
-        return frozenset(_ALL)
-    return frozenset(n for n in _ALL if n in lora.target_modules)
+    return wrapped_linears(spec.lora, _ALL)
 
 
 def _cpu_autocast(spec: TrainingSpec) -> bool:

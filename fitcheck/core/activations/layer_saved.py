@@ -31,6 +31,7 @@ from fitcheck.core.activations.layernorm_blocks import (
     layernorm_logits,
     layernorm_outside_saved,
 )
+from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.mla import (
     MlaMode,
     mla_attention,
@@ -99,15 +100,10 @@ def _mode(spec: TrainingSpec) -> _Mode:
 
 
 def _lora_targets(spec: TrainingSpec) -> frozenset[str]:
-    lora = spec.lora
-    if lora is None:
-        return frozenset()
     names: tuple[str, ...] = (*_ATTN_LINEARS, "o_proj", *_MLP_IN_LINEARS, "down_proj")
     if spec.model.shape.traits.fused_projections:
         names = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # modeling_phi3.py: fused linears
-    if "all-linear" in lora.target_modules:
-        return frozenset(names)
-    return frozenset(n for n in names if n in lora.target_modules)
+    return wrapped_linears(spec.lora, names)
 
 
 def _attn_impl(spec: TrainingSpec) -> AttnImpl:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.spec import AttnImpl, DeviceType, Dropout, LayerRecipe, TrainingSpec
 
 R = LayerRecipe
@@ -71,12 +72,7 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
     e = 2 if spec.precision.load_dtype.is_half else 4
     cuda = spec.hardware.device_type is DeviceType.CUDA
     lora = spec.lora
-    names = _LINEARS[traits.recipe]
-    targets: frozenset[str] = frozenset()
-    if lora is not None:
-        targets = frozenset(names) if "all-linear" in lora.target_modules else frozenset(
-            n for n in names if n in lora.target_modules
-        )
+    targets = wrapped_linears(lora, _LINEARS[traits.recipe])
     eager = spec.activations.attn_implementation is AttnImpl.EAGER or traits.eager_only
     return _Ctx(
         e=e,

@@ -29,6 +29,7 @@ product's two gradients exist, so its working set is r·h + 3·e·I less what th
 from __future__ import annotations
 
 from fitcheck.core.activations.layer_saved import adapter_mlp_saved, down_adapter_saved, lora_reads_input_itself
+from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.qlora import four_bit_lora, kbit_upcast, lora_layer_params, matmul4bit_backward_weight
 from fitcheck.core.kernels import liger_applies, offload_applies
 from fitcheck.spec import Dtype, LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
@@ -51,13 +52,7 @@ _ADAPTER_BYTES = 4
 
 
 def _targets(spec: TrainingSpec) -> frozenset[str]:
-    lora = spec.lora
-    if lora is None:
-        return frozenset()
-    names = ("q_proj", "k_proj", "v_proj", "o_proj", *_MLP_IN, _DOWN)
-    if "all-linear" in lora.target_modules:
-        return frozenset(names)
-    return frozenset(n for n in names if n in lora.target_modules)
+    return wrapped_linears(spec.lora, ("q_proj", "k_proj", "v_proj", "o_proj", *_MLP_IN, _DOWN))
 
 
 def lora_recompute_applies(spec: TrainingSpec) -> bool:

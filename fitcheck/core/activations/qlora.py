@@ -26,6 +26,7 @@ cache. On CUDA specs the CUDA-emulating trace (``cuda_kernels``) is reproduced t
 
 from __future__ import annotations
 
+from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.norms import qk_norm_saved
 from fitcheck.spec import DeviceType, Dtype, LoraSpec, MixedPrecision, TrainingSpec
 
@@ -98,9 +99,7 @@ def matmul4bit_backward_weight(spec: TrainingSpec, out_features: int, in_feature
 
 
 def _targets(lora: LoraSpec) -> frozenset[str]:
-    if "all-linear" in lora.target_modules:
-        return frozenset(_ALL)
-    return frozenset(n for n in _ALL if n in lora.target_modules)
+    return wrapped_linears(lora, _ALL)
 
 
 def _adapters(lora: LoraSpec, hits: int, width: int, autocast: bool, input_kept: bool, mask: int) -> int:
