@@ -28,6 +28,11 @@ _SHORT.maxlist = _SHORT.maxdict = _SHORT.maxtuple = _SHORT.maxset = 6
 _SHORT.maxlevel = 3
 
 
+def exception_line(exc: BaseException) -> str:
+    """An exception as one short line for a finding: its type and the first line of its message (200 chars)."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+
+
 def short_repr(value: object) -> str:
     """``repr(value)`` bounded in length and depth (for error messages about user-supplied values).
 

@@ -47,7 +47,7 @@ from fitcheck.readers.task_heads import (
 )
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_object
 from fitcheck.readers.trl_settings import TRL_FLAG_NAMES, trainer_kind, trainer_spec, trl_default_layer
-from fitcheck.readers.versions import parse_stack
+from fitcheck.readers.versions import installed_stack, parse_stack
 
 __all__ = [
     "ACCELERATE_ZERO_STAGE",
@@ -68,6 +68,7 @@ __all__ = [
     "default_config_path",
     "fsdp_from_config",
     "fsdp_option_string",
+    "installed_stack",
     "inventory_for_stack",
     "inventory_from_config",
     "load_inventory",

@@ -472,8 +472,9 @@ def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -
     except Exception as exc:  # the published gap answers, with the reason in the INFO
         if required:
             raise
-        text = str(exc).splitlines()[0] if str(exc) else ""
-        path._whole_failed[dkey] = f"{type(exc).__name__}: {text}"[:200]
+        from fitcheck.errors import exception_line
+
+        path._whole_failed[dkey] = exception_line(exc)
         return None
     return path._whole[dkey]
 

@@ -442,7 +442,9 @@ def _gap_applies(spec: TrainingSpec, seq_lengths: tuple[int, ...]) -> bool:
 
 def _reason(exc: BaseException) -> str:
     """An exception as one short line for a message: its type and first line."""
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+    from fitcheck.errors import exception_line
+
+    return exception_line(exc)
 
 
 def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:

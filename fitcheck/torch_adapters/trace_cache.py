@@ -37,7 +37,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,8 +49,6 @@ ENV_VAR = "FITCHECK_CACHE_DIR"
 OFF = "off"
 FORMAT = 1  # raise when an entry's JSON layout changes
 DEFAULT_MAX_BYTES = 64 * 2**20  # ~1 KiB per trace entry: tens of thousands of answers
-# the libraries whose code a trace or a replay runs (tracer_build, tracer_quant, tracer_int8, tracer_optimizer)
-LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "deepspeed", "trl")
 # fitcheck's own code that computes a cached value, relative to the package
 SOURCE_DIRS = ("torch_adapters", "core", "spec")
 SOURCE_FILES = ("report.py", "units.py")
@@ -90,17 +88,14 @@ def cache_from_environment(environ: Mapping[str, str]) -> TraceCache | None:
     return None if directory is None else TraceCache(directory)
 
 
-def library_versions(names: Iterable[str] = LIBRARIES) -> dict[str, str | None]:
-    """Installed versions of ``names`` from their distribution metadata (None: not installed); imports none."""
-    from importlib import metadata
+def library_versions() -> dict[str, str | None]:
+    """Installed versions of the libraries whose code a trace or a replay runs (``readers.versions.installed_stack``:
+    the packages the estimate is modelled on, read from their dist-info without importing them); None: absent."""
+    from fitcheck.readers import installed_stack
+    from fitcheck.spec import MODELLED_VERSIONS
 
-    out: dict[str, str | None] = {}
-    for name in names:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    found = dict(installed_stack().versions)
+    return {name: found.get(name) for name in MODELLED_VERSIONS}
 
 
 def source_hash(root: Path | None = None) -> str:

@@ -21,6 +21,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from fitcheck.errors import exception_line
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Report
 from fitcheck.spec import DeviceType, TrainingSpec
@@ -138,7 +139,7 @@ class NearBudget:
                 self.replays[key] = cached_replay(cache, "near-budget", spec,
                                                   lambda: _replay(spec, optimizer_traces))
             except Exception as exc:  # a replay that cannot run never fails the answer
-                self.failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+                self.failed[key] = exception_line(exc)
         if key in self.failed:
             return _with(report, _band_warning(report, f"the replay could not run ({self.failed[key]})"))
         return replayed_report(spec, report, self.replays[key])
