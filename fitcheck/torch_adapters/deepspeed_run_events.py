@@ -54,6 +54,7 @@ from fitcheck.torch_adapters.deepspeed_run_plan import (
     FP32,
     DeepSpeedPlan,
     DeepSpeedReplayError,
+    aligned,
     deepspeed_plan,
     not_replayed,
 )
@@ -62,12 +63,6 @@ Event = tuple[int, int, str]  # (storage serial, +bytes allocated / -bytes freed
 EMPTY_CACHE = "empty_cache"  # a (-1, 0, EMPTY_CACHE) event: torch.cuda.empty_cache()
 SIDE = "side:"  # a region prefix: allocated on a DeepSpeed side stream (not the default stream's pool)
 FP64 = 8  # zero/utils.py get_norm_dtype: fp64 where the accelerator has it (CUDA)
-
-
-def _aligned(numel: int, n: int) -> int:
-    """A ZeRO-1/2 flat group's elements: padded to ``nccl_start_alignment_factor`` (2) x world size
-    (``stage_1_and_2.py`` ``flatten_dense_tensors_aligned``; ``parameter_alignment`` off, its default)."""
-    return -(-numel // (2 * n)) * (2 * n)
 
 
 def _sub_groups(group: Sequence[int], size: int) -> list[int]:
@@ -146,16 +141,16 @@ def _initialize(w: _Writer, plan: DeepSpeedPlan, owned: list[list[int]], size: d
     """``deepspeed.initialize``'s tensors (module docstring)."""
     t, e = "setup", plan.elem
     if plan.stage < 3:
-        for group, storages in zip(plan.groups, owned, strict=True):
+        for i, (group, storages) in enumerate(zip(plan.groups, owned, strict=True)):
             w.out.append((-1, 0, EMPTY_CACHE))
-            numel = _aligned(sum(group), 1)
-            w.new(e * numel, t)  # bit16_groups_flat
+            w.new(e * aligned(sum(group), plan.world), t)  # bit16_groups_flat: the whole group on every rank
             for s in storages:
                 w.free(s, size[s], t)
-            clone = w.new(e * numel, t)
-            w.new(FP32 * numel, t)  # single_partition_of_fp32_groups
-            w.free(clone, e * numel, t)
-        zeros = [(w.new(FP32 * _aligned(sum(g), 1), t), FP32 * _aligned(sum(g), 1)) for g in plan.groups]
+            part = plan.partition(i)  # this rank's partition of it
+            clone = w.new(e * part, t)
+            w.new(FP32 * part, t)  # single_partition_of_fp32_groups
+            w.free(clone, e * part, t)
+        zeros = [(w.new(FP32 * plan.partition(i), t), FP32 * plan.partition(i)) for i in range(len(plan.groups))]
         for s, n in zeros:  # initialize_optimizer_states: group.grad = None
             w.free(s, n, t)
         return
@@ -187,11 +182,13 @@ def _optimizer_step(w: _Writer, plan: DeepSpeedPlan, tag: str, first: bool, part
     e = plan.elem
     # ZeRO-1/2 scaled_global_norm -> get_grad_norm_direct, ZeRO-3 get_grad_norm_direct: each gradient (partition)
     # .to(get_norm_dtype()), fp64 on CUDA, and its norm
-    if True:
-        for group in plan.groups:
-            for numel in group:
-                w.free(w.new(FP64 * numel, tag), FP64 * numel, tag)
-    sizes = ([_aligned(sum(g), 1) for g in plan.groups] if plan.stage < 3
+    # (ZeRO-1/2: the part of each in this rank's partition, ``averaged_gradients``)
+    pieces = ([[inside for _, inside in plan.in_partition(i)] for i in range(len(plan.groups))] if plan.stage < 3
+              else plan.groups)
+    for group in pieces:
+        for numel in group:
+            w.free(w.new(FP64 * numel, tag), FP64 * numel, tag)
+    sizes = ([plan.partition(i) for i in range(len(plan.groups))] if plan.stage < 3
              else [n for g in plan.groups for n in _sub_groups(g, plan.sub_group_size)])
     for k, n in enumerate(sizes):
         flat = w.new(e * n, tag)
@@ -302,6 +299,8 @@ class _Backward:
         self.buckets: list[tuple[int, int]] = []
         self.partition: tuple[int, int] | None = None  # ZeRO-1/2 grads_in_partition
         self.late = plan.stage == 1 and not plan.overlap
+        # grads_in_partition (copy_grads_in_partition): every parameter of this rank's partition, whole
+        self.held_bytes = plan.elem * sum(n for i in range(len(plan.groups)) for n, _ in plan.in_partition(i))
 
     def gradient(self, w: _Writer, s: int, n: int, t: str) -> None:
         """A gradient autograd made (``s``, ``n`` bytes, region ``t``)."""
@@ -314,7 +313,7 @@ class _Backward:
             for _ in range((2 if p.overlap else 1) if p.contiguous else 0):
                 self.buckets.append((w.new(p.elem * p.bucket, t), p.elem * p.bucket))
             if not self.late:
-                self.partition = (w.new(p.elem * p.numel, (SIDE if p.overlap else "") + t), p.elem * p.numel)
+                self.partition = (w.new(self.held_bytes, (SIDE if p.overlap else "") + t), self.held_bytes)
         if self.late:
             self.held.append((s, n))
             return
@@ -332,7 +331,7 @@ class _Backward:
         if p.stage == 3:
             return
         if self.late:
-            self.partition = (w.new(p.elem * p.numel, t), p.elem * p.numel)
+            self.partition = (w.new(self.held_bytes, t), self.held_bytes)
             for g in reversed(self.held):  # parameter order: backward made them in reverse
                 w.free(*g, t)
         if self.big is not None:

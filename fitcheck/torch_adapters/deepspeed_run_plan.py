@@ -32,6 +32,8 @@ class DeepSpeedPlan:
         overlap: ``overlap_comm`` as DeepSpeed resolves it (``zero/config.py``: stage 3 on, else off).
         contiguous: ``contiguous_gradients``.
         sub_group_size: ZeRO-3's ``sub_group_size`` (elements).
+        world: Data-parallel processes; the rewrite is rank 0's (ZeRO-1/2: the partitions of
+            ``stage_1_and_2.py``, :meth:`partition` and :meth:`in_partition`).
     """
 
     stage: int
@@ -42,11 +44,34 @@ class DeepSpeedPlan:
     overlap: bool
     contiguous: bool
     sub_group_size: int
+    world: int = 1
 
     @property
     def numel(self) -> int:
         """Trainable elements."""
         return sum(sum(g) for g in self.groups)
+
+    def partition(self, i: int) -> int:
+        """Elements of one rank's partition of ZeRO-1/2 group ``i``: the flat group padded to 2 x world size
+        (:func:`aligned`) split evenly (``stage_1_and_2.py`` ``get_data_parallel_partitions``)."""
+        return aligned(sum(self.groups[i]), self.world) // self.world
+
+    def in_partition(self, i: int) -> list[tuple[int, int]]:
+        """Rank 0's parameters of ZeRO-1/2 group ``i`` (``stage_1_and_2.py`` ``get_partition_info``: each that
+        starts inside the partition), each as (its elements, its elements inside the partition: the view
+        ``_get_flat_partition_unpadded`` hands the step and the gradient norm)."""
+        size, out, start = self.partition(i), [], 0
+        for numel in self.groups[i]:
+            if start < size:
+                out.append((numel, min(numel, size - start)))
+            start += numel
+        return out
+
+
+def aligned(numel: int, n: int) -> int:
+    """A ZeRO-1/2 flat group's elements: padded to ``nccl_start_alignment_factor`` (2) x world size
+    (``stage_1_and_2.py`` ``flatten_dense_tensors_aligned``; ``parameter_alignment`` off, its default)."""
+    return -(-numel // (2 * n)) * (2 * n)
 
 
 def not_replayed(spec: TrainingSpec) -> str:
@@ -65,8 +90,8 @@ def not_replayed(spec: TrainingSpec) -> str:
     parts = []
     if ds is None or stage not in (1, 2, 3):
         parts.append("ZeRO-0")
-    if max(spec.data_parallel_size, 1) > 1:
-        parts.append("more than one process (partition padding, ZeRO-3's parameter gathers)")
+    if max(spec.data_parallel_size, 1) > 1 and stage == 3:
+        parts.append("ZeRO-3 on more than one process (its parameter gathers and prefetch)")
     if ds is not None and (ds.offload_optimizer, ds.offload_param) != (OffloadDevice.NONE, OffloadDevice.NONE):
         parts.append("offloaded optimizer or parameters")
     if spec.batch.grad_accum > 1:
@@ -127,4 +152,4 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     elem = cast.nbytes if cast is not None else FP32
     overlap = ds.overlap_comm if ds.overlap_comm is not None else stage == 3  # zero/config.py overlap_comm_valid
     return DeepSpeedPlan(stage, groups, marked, elem, ds.reduce_bucket_size, overlap,
-                         ds.contiguous_gradients, ds.sub_group_size)
+                         ds.contiguous_gradients, ds.sub_group_size, max(spec.data_parallel_size, 1))
