@@ -131,7 +131,7 @@ def fitcheck_run(stage: int, overlap: bool, lora: bool = False, world: int = 1, 
     spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, world, 1, DeepSpeedSpec(
         stage=stage, overlap_comm=overlap, reduce_bucket_size=BUCKET, param_persistence_threshold=0)))
     plan = deepspeed_plan(spec)
-    plain = whole_run_events(spec)  # traced as the 16-bit module the engine runs, as the estimate does
+    plain = whole_run_events(spec, steps=3 * accum)  # traced as the 16-bit module the engine runs, as the estimate does
     before = sum(n for _, n, t in plain if t == "setup")  # the model and its inputs
     events = deepspeed_run(plain, plan)
     live = live_bytes(events)

@@ -225,13 +225,19 @@ def deepspeed_run(events: Sequence[Event], plan: DeepSpeedPlan) -> list[Event]:
     w = _Writer(max((s for s, _, _ in events), default=0) + 1)
     w.out += setup
     _initialize(w, plan, _cast(w, plan, matched, size), size)
-    state = _Backward(plan)
-    for k in range(n_setup, len(events)):
-        if k in ends:
-            tag = "optimizer" if ends[-1] == k else "optimizer_warmup"
+    state, kept, passes = _Backward(plan), None, 0
+    for k in range(n_setup, len(events) + 1):
+        if k in ends:  # a backward ends: the engine's step at the accumulation boundary
+            passes += 1
             state.epilogue(w, events[k - 1][2])
-            _optimizer_step(w, plan, tag, ends[0] == k, state.partition)
+            if plan.accum > 1:
+                kept = state.accumulate(w, kept, events[k - 1][2], passes % plan.accum == 0)
+            if passes % plan.accum == 0:
+                tag = "optimizer" if ends[-1] == k else "optimizer_warmup"
+                _optimizer_step(w, plan, tag, passes == plan.accum, state.partition)
             state = _Backward(plan)
+        if k == len(events):
+            break
         s, n, t = events[k]
         if t.startswith("optimizer"):
             continue  # the torch optimizer's own step: DeepSpeed's replaces it
@@ -239,9 +245,6 @@ def deepspeed_run(events: Sequence[Event], plan: DeepSpeedPlan) -> list[Event]:
             state.gradient(w, s, n, t)
         else:
             w.out.append((s, n, t))
-    if len(events) in ends:
-        state.epilogue(w, events[-1][2])
-        _optimizer_step(w, plan, "optimizer", ends[0] == len(events), state.partition)
     return _without_dead_frees(w.out)
 
 
@@ -324,6 +327,20 @@ class _Backward:
             self.big = (s, n)
         else:
             w.free(s, n, t)
+
+    def accumulate(self, w: _Writer, kept: tuple[int, int] | None, t: str, boundary: bool,
+                   ) -> tuple[int, int] | None:
+        """ZeRO-2 with gradient accumulation, at the end of a micro-batch's backward (``stage_1_and_2.py``
+        ``independent_gradient_partition_epilogue``): the first micro-batch's ``grads_in_partition`` is kept
+        (``all_grad_tensors``: views of it) and every later one's is added into it (``add_``) and dropped with
+        ``param.grad`` (``_clear_param_grad_only``); at the boundary the kept one is the step's. Returns the kept
+        partition (None after the boundary)."""
+        if kept is None and not boundary:
+            return self.partition
+        if kept is not None and self.partition is not None:
+            w.free(*self.partition, (SIDE if self.plan.overlap else "") + t)
+            self.partition = kept
+        return None if boundary else kept
 
     def epilogue(self, w: _Writer, t: str) -> None:
         """The end of backward: ZeRO-1's ``reduce_gradients``, the last bucket reduced, ``_release_ipg_buffers``."""
@@ -449,7 +466,7 @@ def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -
     """
     from fitcheck.core.loading import allocator_conf
     from fitcheck.core.trainers import step_spec
-    from fitcheck.torch_adapters.allocator_replay import whole_run_events
+    from fitcheck.torch_adapters.allocator_replay import STEADY_STEPS, whole_run_events
     from fitcheck.torch_adapters.trace_cache import cached_replay
 
     dkey = key + _key(spec)
@@ -461,8 +478,9 @@ def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -
     runs: Any = ()
     if traces is not None and traces.traced:
         runs = traces.traced.get(step_spec(spec).batch.micro_batch) or next(iter(traces.traced.values()))
-    def compute() -> Any:
-        events = whole_run_events(spec, runs, optimizer_traces=path._optimizer_traces)
+    def compute() -> Any:  # a micro-batch of DeepSpeed's is a plain step's pass (the gradients stolen afresh)
+        events = whole_run_events(spec, runs, STEADY_STEPS * max(spec.batch.grad_accum, 1),
+                                  optimizer_traces=path._optimizer_traces)
         return replay_deepspeed(deepspeed_run(events, deepspeed_plan(spec)), allocator_conf(spec),
                                 spec.batch.seq_len)
 

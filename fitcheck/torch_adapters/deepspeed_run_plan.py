@@ -34,6 +34,7 @@ class DeepSpeedPlan:
         sub_group_size: ZeRO-3's ``sub_group_size`` (elements).
         world: Data-parallel processes; the rewrite is rank 0's (ZeRO-1/2: the partitions of
             ``stage_1_and_2.py``, :meth:`partition` and :meth:`in_partition`).
+        accum: ``gradient_accumulation_steps`` (micro-batches per optimizer step).
     """
 
     stage: int
@@ -45,6 +46,7 @@ class DeepSpeedPlan:
     contiguous: bool
     sub_group_size: int
     world: int = 1
+    accum: int = 1
 
     @property
     def numel(self) -> int:
@@ -94,8 +96,8 @@ def not_replayed(spec: TrainingSpec) -> str:
         parts.append("ZeRO-3 on more than one process (its parameter gathers and prefetch)")
     if ds is not None and (ds.offload_optimizer, ds.offload_param) != (OffloadDevice.NONE, OffloadDevice.NONE):
         parts.append("offloaded optimizer or parameters")
-    if spec.batch.grad_accum > 1:
-        parts.append("gradient accumulation (the gradient partition kept across micro-batches)")
+    if spec.batch.grad_accum > 1 and stage == 1:
+        parts.append("gradient accumulation under ZeRO-1 (its gradients reduced at the boundary only)")
     cast = _engine_dtype(spec)
     if cast is None:
         parts.append("an fp32 engine (no bf16/fp16 section)")
@@ -152,4 +154,5 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     elem = cast.nbytes if cast is not None else FP32
     overlap = ds.overlap_comm if ds.overlap_comm is not None else stage == 3  # zero/config.py overlap_comm_valid
     return DeepSpeedPlan(stage, groups, marked, elem, ds.reduce_bucket_size, overlap,
-                         ds.contiguous_gradients, ds.sub_group_size, max(spec.data_parallel_size, 1))
+                         ds.contiguous_gradients, ds.sub_group_size, max(spec.data_parallel_size, 1),
+                         max(spec.batch.grad_accum, 1))
