@@ -9,12 +9,18 @@ after ``initialize``, after each backward and after the first step, and make the
 (a quarter of the trainable bytes or more) in ``initialize`` and in the optimizer steps, and the same ipg buckets
 per backward: the check of ``tests/test_deepspeed_run_events.py``. Not checked here: fp16 (read from source: its
 overflow check allocates scalars only, ``runtime/utils.py`` ``has_inf_or_nan``), CUDA streams (one device).
+More than one process (``MULTI``): one gloo process a rank (``gloo_rank.start_rank``), rank 0's record against
+the rewrite of rank 0; with gradient accumulation, ``engine.step()`` after every micro-batch (it steps at the
+boundary), the live points being those after each step's last backward.
 
-Run: ``PYTHONPATH=. python benchmarks/deepspeed_run_events_cpu.py [STAGE ...]`` (one line per run of ``RUNS``;
-exit 1 on a difference; ~2 min of wall time on a shared CPU). Result: all 8 runs (ZeRO-1/2/3 with ``overlap_comm``
-off and on, ZeRO-1 and ZeRO-2 LoRA) the same live bytes (within 64 B) and the same large allocations.
-``--real STAGE:OVERLAP:LORA ...`` prints the real engines' records as JSON (the test runs it in its own process:
-DeepSpeed initialises torch.distributed).
+Run: ``PYTHONPATH=. python benchmarks/deepspeed_run_events_cpu.py [STAGE ...]`` (one line per run of ``RUNS``
+and ``MULTI``; exit 1 on a difference; ~2 min of wall time for ``RUNS`` on a shared CPU, ~6 min more for
+``MULTI`` under a load of 16 on 2 cores). Result: all 8 runs of ``RUNS`` (ZeRO-1/2/3 with ``overlap_comm`` off
+and on, ZeRO-1 and ZeRO-2 LoRA) and all 11 of ``MULTI`` (ZeRO-1/2 on 2 and 3 processes, full and LoRA, with and
+without ``overlap_comm``; two micro-batches a step under ZeRO-2 on 1, 2 and 3 processes and ZeRO-3 on one) the
+same live bytes (within 64 B) and the same large allocations.
+``--real STAGE:OVERLAP:LORA[:WORLD[:ACCUM]] ...`` prints the real engines' records as JSON (the test runs it in
+its own process: DeepSpeed initialises torch.distributed; ``--rank`` is one rank of a multi-process run).
 """
 
 from __future__ import annotations
@@ -131,7 +137,8 @@ def fitcheck_run(stage: int, overlap: bool, lora: bool = False, world: int = 1, 
     spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, world, 1, DeepSpeedSpec(
         stage=stage, overlap_comm=overlap, reduce_bucket_size=BUCKET, param_persistence_threshold=0)))
     plan = deepspeed_plan(spec)
-    plain = whole_run_events(spec, steps=3 * accum)  # traced as the 16-bit module the engine runs, as the estimate does
+    # traced as the 16-bit module the engine runs, as the estimate does; a micro-batch is a plain pass
+    plain = whole_run_events(spec, steps=3 * accum)
     before = sum(n for _, n, t in plain if t == "setup")  # the model and its inputs
     events = deepspeed_run(plain, plan)
     live = live_bytes(events)
@@ -175,13 +182,18 @@ def real(*runs: tuple[int, ...]) -> list[dict[str, Any]]:
 
 RUNS = ((1, False, False), (1, True, False), (2, False, False), (2, True, False), (3, False, False),
         (3, True, False), (1, False, True), (2, True, True))
+# (stage, overlap_comm, lora, processes, micro-batches a step), grouped by processes (one launch each)
+MULTI = ((2, False, False, 1, 2), (3, False, False, 1, 2), (2, True, True, 1, 2),
+         (1, False, False, 2), (2, False, False, 2), (2, True, False, 2), (2, True, True, 2), (2, False, False, 2, 2),
+         (2, False, False, 3), (2, True, True, 3), (2, True, False, 3, 2))
 
 
 def compare(run: tuple[int, ...], theirs: dict[str, Any]) -> list[str]:
     """Where fitcheck's sequence of ``run`` differs from the real engine's record: live bytes at
     :data:`POINTS` (within 64 B: a 0-d step counter, alignment), the large allocations of ``initialize`` and the
     optimizer steps, the ipg buckets each backward makes."""
-    mine = fitcheck_run(*run)  # type: ignore[arg-type]  # three steps (allocator_replay.STEADY_STEPS) against the real two
+    # three steps (allocator_replay.STEADY_STEPS) against the real two
+    mine = fitcheck_run(*run)  # type: ignore[arg-type]
     floor = max(mine["trainable_bytes"] // 4, 1)
     out = [f"live after {p}: real {theirs['live'][p]} fitcheck {mine['live'].get(p)}" for p in POINTS
            if abs(theirs["live"][p] - mine["live"].get(p, 0)) > 64]
@@ -200,20 +212,24 @@ def compare(run: tuple[int, ...], theirs: dict[str, Any]) -> list[str]:
 
 
 def main() -> int:
-    """Compare every run of :data:`RUNS` (or of the stages given); exit 1 on a difference."""
-    runs = [r for r in RUNS if not sys.argv[1:] or str(r[0]) in sys.argv[1:]]
+    """Compare every run of :data:`RUNS` and :data:`MULTI` (or of the stages given); exit 1 on a difference."""
+    runs = [r for r in (*RUNS, *MULTI) if not sys.argv[1:] or str(r[0]) in sys.argv[1:]]
     bad = 0
-    for run, theirs in zip(runs, real(*runs), strict=True):
-        diffs = compare(run, theirs)
-        bad += bool(diffs)
-        print(f"ZeRO-{run[0]} overlap_comm={run[1]!s:5} lora={run[2]!s:5} " + ("; ".join(diffs) or
-              "same live bytes after initialize, backward, step; same large allocations"))
+    for world in sorted({r[3] if len(r) > 3 else 1 for r in runs}):
+        mine = [r for r in runs if (r[3] if len(r) > 3 else 1) == world]
+        for run, theirs in zip(mine, real(*mine), strict=True):
+            diffs = compare(run, theirs)
+            bad += bool(diffs)
+            micro = run[4] if len(run) > 4 else 1
+            print(f"ZeRO-{run[0]} overlap_comm={run[1]!s:5} lora={run[2]!s:5} processes={world} micro={micro} "
+                  + ("; ".join(diffs) or "same live bytes after initialize, backward, step; same large allocations"))
     return 1 if bad else 0
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--real"]:
-        print(json.dumps([real_run(*(int(x) for x in run.split(":"))) for run in sys.argv[2:]]))  # type: ignore[arg-type]
+        runs = [tuple(int(x) for x in run.split(":")) for run in sys.argv[2:]]
+        print(json.dumps([real_run(*run) for run in runs]))  # type: ignore[arg-type]
         sys.exit(0)
     if sys.argv[1:2] == ["--rank"]:  # one rank of a multi-process run: rank 0 prints the records
         from gloo_rank import finish_rank, start_rank

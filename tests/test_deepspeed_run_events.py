@@ -9,6 +9,10 @@ gradients kept until ``reduce_gradients``) and the full ZeRO-2 model (a gradient
 rewritten sequence must leave the live bytes the engines leave after ``initialize``, after each backward and after
 the first step, and make the same large allocations in ``initialize`` and in the optimizer steps; a wrong sequence
 (another stage's, or one without ``initialize_optimizer_states``' zeroed gradient) must not.
+
+More than one process: rank 0 of a real 2-process gloo run (ZeRO-2 with ``overlap_comm``, two micro-batches a
+step) against the rewrite of rank 0's partitions and of the accumulation window; the benchmark also runs 3
+processes (padding to 2 x 3), LoRA, ZeRO-1, and accumulation on one process under ZeRO-2 and ZeRO-3.
 """
 
 from __future__ import annotations
@@ -76,11 +80,17 @@ def test_what_is_not_replayed_is_said() -> None:
     ds = DeepSpeedSpec(stage=2)
     one = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, ds))
     assert not_replayed(one) == ""
-    assert "more than one process" in not_replayed(replace(one, sharding=ShardingSpec(Strategy.DEEPSPEED, 4, 1, ds)))
+    assert not_replayed(replace(one, sharding=ShardingSpec(Strategy.DEEPSPEED, 4, 1, ds))) == ""
+    three = DeepSpeedSpec(stage=3)
+    assert "ZeRO-3 on more than one process" in not_replayed(replace(one, sharding=ShardingSpec(
+        Strategy.DEEPSPEED, 4, 1, three)))
+    assert not_replayed(replace(one, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, three))) == ""
     off = replace(one, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, replace(
         ds, offload_optimizer=OffloadDevice.CPU)))
     assert "offloaded" in not_replayed(off)
-    assert "gradient accumulation" in not_replayed(replace(one, batch=replace(one.batch, grad_accum=4)))
+    assert not_replayed(replace(one, batch=replace(one.batch, grad_accum=4))) == ""
+    zero1 = replace(one, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, DeepSpeedSpec(stage=1)))
+    assert "gradient accumulation" in not_replayed(replace(zero1, batch=replace(one.batch, grad_accum=4)))
     assert "optimizer" in not_replayed(replace(one, optimizer=replace(one.optimizer, name="adamw_torch")))
 
 
@@ -111,3 +121,32 @@ def test_a_traced_deepspeed_answer_takes_the_replay(tmp_path: Path) -> None:
     other = spec_from_values({**values, "optim": "adamw_torch"}, {})[0]
     note = {f.code: f.message for f in PinnedPath("always")(other).findings}.get("reserved-published-gap", "")
     assert "adamw_torch optimizer" in note
+
+
+def test_two_processes_with_accumulation_match_rank_0() -> None:
+    from deepspeed_run_events_cpu import compare, real
+
+    run = (2, True, False, 2, 2)  # ZeRO-2, overlap_comm, full model, 2 processes, 2 micro-batches a step
+    (theirs,) = real(run)
+    assert theirs["live"]["backward1.0"] == theirs["live"]["backward1"]  # the window's first partition, kept
+    assert compare(run, theirs) == []
+    # one process's arithmetic (the whole group in every partition) against rank 0 of two
+    assert any("live after initialize" in d for d in compare((2, True, False, 1, 2), theirs))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_rank_0_partition_is_deepspeeds(world: int) -> None:
+    import torch
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    from fitcheck.torch_adapters.deepspeed_run_plan import DeepSpeedPlan, aligned
+
+    groups = ((131072, 16384, 8192, 8192, 16384, 32768, 32768, 32768, 131072), (128, 128, 128, 128, 128))
+    plan = DeepSpeedPlan(2, groups, frozenset(), 2, 20_000, False, True, 10**9, world)
+    for i, group in enumerate(groups):
+        size = plan.partition(i)
+        assert size * world == aligned(sum(group), world) and aligned(sum(group), world) % (2 * world) == 0
+        tensors = [torch.empty(n, device="meta") for n in group]
+        inside, _, first = DeepSpeedZeroOptimizer.get_partition_info(None, tensors, size, 0)
+        assert [n for n, _ in plan.in_partition(i)] == [t.numel() for t in inside] and first == 0
+        assert sum(part for _, part in plan.in_partition(i)) == min(size, sum(group))

@@ -5,7 +5,7 @@
   training step under ``FakeTensorMode``, read as activation components;
 - :mod:`.allocator_replay`: the traced step's own allocations and frees replayed through the caching allocator
   (the whole run: ``allocator_compose`` composes the steps and the optimizer, ``allocator_deepen`` deepens them,
-  ``deepspeed_run_events`` rewrites it into DeepSpeed's one-process run);
+  ``deepspeed_run_events`` rewrites it into DeepSpeed's run, rank 0's);
 - :mod:`.differential`: the formula-vs-trace grid (cells, specs, comparison) the benchmarks and tests run;
 - :mod:`.live_model`: facts of a loaded model (dtypes, adapters, quantized layers, device map);
 - :mod:`.live_tracker`: live-tensor peak of a real step (a dispatch mode);

@@ -1,4 +1,4 @@
-"""DeepSpeed's whole run, one process, replayed through the caching allocator (issue 19: DeepSpeed reserved).
+"""DeepSpeed's whole run, rank 0's, replayed through the caching allocator (issue 19: DeepSpeed reserved).
 
 The default path composes the plain Trainer's whole run from the traced step (``allocator_replay.whole_run_events``:
 parameters, three steps of forward, backward and torch's optimizer). Under DeepSpeed the run is different around
@@ -34,9 +34,20 @@ backward hands every gradient to the engine, and the engine's optimizer steps a 
   step, the fp32 gradient dropped; ZeRO-1/2's ``grads_in_partition`` goes with the last group's gradients. The
   torch optimizer's own per-parameter events of the plain run are dropped.
 
+More than one process (ZeRO-1/2; ZeRO-3's parameter gathers are not replayed): rank 0's. Every rank holds the
+whole flat 16-bit group; the fp32 master, ``initialize_optimizer_states``' zeroed gradient, the flat gradient and
+Adam's states of the step are one partition (:meth:`.DeepSpeedPlan.partition`); ``grads_in_partition`` holds the
+parameters that start in rank 0's partition, whole (``copy_grads_in_partition``), and the step's fp64 norms their
+parts inside it (:meth:`.DeepSpeedPlan.in_partition`). Gradient accumulation (ZeRO-2, ZeRO-3): a micro-batch is a
+plain pass (``_clear_param_grad_only`` leaves every ``.grad`` None, so autograd hands each gradient over afresh);
+ZeRO-2 keeps the window's first ``grads_in_partition`` and drops the later ones (:meth:`_Backward.accumulate`),
+ZeRO-3 adds into its resident buffer in place (``stage3.py`` ``partition_grads``, ``micro_step_id`` > 0); the
+engine steps at the boundary.
+
 Checked: the H200 Trainer rows (Llama-3.2-1B bf16 4 x 1024, ZeRO-2 and ZeRO-3, one process:
-``benchmarks/deepspeed_reserved_replay.py``) and, live bytes after ``initialize``, backward and the step, a real
-``deepspeed.initialize`` on CPU (``tests/test_deepspeed_run_events.py``). What is not replayed (:func:`not_replayed`)
+``benchmarks/deepspeed_reserved_replay.py``) and, live bytes after ``initialize``, backward and the step, real
+DeepSpeed engines on CPU: one process, and rank 0 of 2 and 3 gloo processes (``tests/test_deepspeed_run_events.py``,
+``benchmarks/deepspeed_run_events_cpu.py``). What is not replayed (:func:`not_replayed`)
 keeps the published gap of ``core/allocator.py``, and the estimate's INFO says which part. The plan of a run and
 what is not replayed: :mod:`.deepspeed_run_plan`.
 
@@ -50,6 +61,9 @@ from typing import Any
 
 from fitcheck.core.caching import AllocatorConf, CachingAllocator
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.deepspeed_run_backward import EMPTY_CACHE, SIDE, Event
+from fitcheck.torch_adapters.deepspeed_run_backward import Backward as _Backward
+from fitcheck.torch_adapters.deepspeed_run_backward import Writer as _Writer
 from fitcheck.torch_adapters.deepspeed_run_plan import (
     FP32,
     DeepSpeedPlan,
@@ -59,9 +73,6 @@ from fitcheck.torch_adapters.deepspeed_run_plan import (
     not_replayed,
 )
 
-Event = tuple[int, int, str]  # (storage serial, +bytes allocated / -bytes freed, region), allocator_compose's
-EMPTY_CACHE = "empty_cache"  # a (-1, 0, EMPTY_CACHE) event: torch.cuda.empty_cache()
-SIDE = "side:"  # a region prefix: allocated on a DeepSpeed side stream (not the default stream's pool)
 FP64 = 8  # zero/utils.py get_norm_dtype: fp64 where the accelerator has it (CUDA)
 
 
@@ -76,22 +87,6 @@ def _sub_groups(group: Sequence[int], size: int) -> list[int]:
             out.append(acc)
             acc = 0
     return out
-
-
-class _Writer:
-    """The rewritten event list, with fresh serials for DeepSpeed's own tensors."""
-
-    def __init__(self, top: int) -> None:
-        self.out: list[Event] = []
-        self.serial = top
-
-    def new(self, nbytes: int, tag: str) -> int:
-        self.serial += 1
-        self.out.append((self.serial, nbytes, tag))
-        return self.serial
-
-    def free(self, serial: int, nbytes: int, tag: str) -> None:
-        self.out.append((serial, -nbytes, tag))
 
 
 def _trainable_storages(setup: Sequence[Event], plan: DeepSpeedPlan) -> list[list[tuple[int, bool]]]:
@@ -290,71 +285,6 @@ def _step_ends(events: Sequence[Event], start: int) -> tuple[list[int], set[int]
         ends.append(k)
         grads |= step_grads
     return ends, grads
-
-
-class _Backward:
-    """One backward's gradients as the engine takes them (module docstring)."""
-
-    def __init__(self, plan: DeepSpeedPlan) -> None:
-        self.plan = plan
-        self.held: list[tuple[int, int]] = []  # ZeRO-1 without overlap_comm: every gradient until the end
-        self.big: tuple[int, int] | None = None  # a gradient larger than the bucket, reduced at the next one
-        self.buckets: list[tuple[int, int]] = []
-        self.partition: tuple[int, int] | None = None  # ZeRO-1/2 grads_in_partition
-        self.late = plan.stage == 1 and not plan.overlap
-        # grads_in_partition (copy_grads_in_partition): every parameter of this rank's partition, whole
-        self.held_bytes = plan.elem * sum(n for i in range(len(plan.groups)) for n, _ in plan.in_partition(i))
-
-    def gradient(self, w: _Writer, s: int, n: int, t: str) -> None:
-        """A gradient autograd made (``s``, ``n`` bytes, region ``t``)."""
-        p = self.plan
-        w.out.append((s, n, t))
-        if p.stage == 3:  # partition_grads: copied into grad_partitions_flat_buffer
-            w.free(s, n, t)
-            return
-        if not self.buckets and not self.partition:  # setup_buckets at the first gradient hook
-            for _ in range((2 if p.overlap else 1) if p.contiguous else 0):
-                self.buckets.append((w.new(p.elem * p.bucket, t), p.elem * p.bucket))
-            if not self.late:
-                self.partition = (w.new(self.held_bytes, (SIDE if p.overlap else "") + t), self.held_bytes)
-        if self.late:
-            self.held.append((s, n))
-            return
-        if self.big is not None:
-            w.free(*self.big, t)
-            self.big = None
-        if n > p.elem * p.bucket:
-            self.big = (s, n)
-        else:
-            w.free(s, n, t)
-
-    def accumulate(self, w: _Writer, kept: tuple[int, int] | None, t: str, boundary: bool,
-                   ) -> tuple[int, int] | None:
-        """ZeRO-2 with gradient accumulation, at the end of a micro-batch's backward (``stage_1_and_2.py``
-        ``independent_gradient_partition_epilogue``): the first micro-batch's ``grads_in_partition`` is kept
-        (``all_grad_tensors``: views of it) and every later one's is added into it (``add_``) and dropped with
-        ``param.grad`` (``_clear_param_grad_only``); at the boundary the kept one is the step's. Returns the kept
-        partition (None after the boundary)."""
-        if kept is None and not boundary:
-            return self.partition
-        if kept is not None and self.partition is not None:
-            w.free(*self.partition, (SIDE if self.plan.overlap else "") + t)
-            self.partition = kept
-        return None if boundary else kept
-
-    def epilogue(self, w: _Writer, t: str) -> None:
-        """The end of backward: ZeRO-1's ``reduce_gradients``, the last bucket reduced, ``_release_ipg_buffers``."""
-        p = self.plan
-        if p.stage == 3:
-            return
-        if self.late:
-            self.partition = (w.new(self.held_bytes, t), self.held_bytes)
-            for g in reversed(self.held):  # parameter order: backward made them in reverse
-                w.free(*g, t)
-        if self.big is not None:
-            w.free(*self.big, t)
-        for b in self.buckets:
-            w.free(*b, t)
 
 
 def _without_dead_frees(events: Sequence[Event]) -> list[Event]:
