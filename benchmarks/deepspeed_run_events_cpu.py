@@ -122,8 +122,9 @@ def real_run(stage: int, overlap: bool, lora: bool = False, world: int = 1, accu
     return {"events": events, "live": {k: v - before for k, v in live.items()}}
 
 
-def fitcheck_run(stage: int, overlap: bool, lora: bool = False, world: int = 1, accum: int = 1) -> dict[str, Any]:
-    """The same run as :func:`deepspeed_run_events.deepspeed_run` rewrites it (rank 0's): its events and live
+def fitcheck_run(stage: int, overlap: bool, lora: bool = False, world: int = 1, accum: int = 1,
+                 rank: int = 0) -> dict[str, Any]:
+    """The same run as :func:`deepspeed_run_events.deepspeed_run` rewrites it for ``rank``: its events and live
     bytes."""
     from cpu_truth import Row, spec_for
 
@@ -152,13 +153,14 @@ def large(events: list[list[Any]], regions: tuple[str, ...], floor: int) -> list
 
 
 def real(*runs: tuple[int, ...]) -> list[dict[str, Any]]:
-    """:func:`real_run` of each ``(stage, overlap_comm, lora[, world[, accum]])``, one after the other in processes
-    of their own: one, or one a rank (gloo, ``gloo_rank.start_rank``) where the runs' world size (the same for
-    all) is above 1; rank 0's records."""
+    """:func:`real_run` of each ``(stage, overlap_comm, lora[, world[, accum[, rank]]])``, one after the other in
+    processes of their own: one, or one a rank (gloo, ``gloo_rank.start_rank``) where the runs' world size (the
+    same for all) is above 1; the records of the runs' rank (the same for all; 0 unless given)."""
     world = max((r[3] for r in runs if len(r) > 3), default=1)
-    if any((r[3] if len(r) > 3 else 1) != world for r in runs):
-        raise ValueError("one world size per call")
-    args = [":".join(str(int(x)) for x in r) for r in runs]
+    rank = max((r[5] for r in runs if len(r) > 5), default=0)
+    if any((r[3] if len(r) > 3 else 1, r[5] if len(r) > 5 else 0) != (world, rank) for r in runs):
+        raise ValueError("one world size and one rank per call")
+    args = [":".join(str(int(x)) for x in r[:5]) for r in runs]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if world == 1:
         proc = subprocess.run([sys.executable, __file__, "--real", *args], capture_output=True, text=True,
@@ -171,13 +173,13 @@ def real(*runs: tuple[int, ...]) -> list[dict[str, Any]]:
     with socket.socket() as sock:  # a free port for the rendezvous
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(rank), str(world), str(port), *args],
+    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), str(world), str(port), *args],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
-             for rank in range(world)]
+             for r in range(world)]
     outs = [p.communicate(timeout=900) for p in procs]
     if any(p.returncode for p in procs):
         raise RuntimeError("\n".join(err[-3000:] for _, err in outs))
-    return json.loads(outs[0][0].strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return json.loads(outs[rank][0].strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 RUNS = ((1, False, False), (1, True, False), (2, False, False), (2, True, False), (3, False, False),
@@ -185,7 +187,7 @@ RUNS = ((1, False, False), (1, True, False), (2, False, False), (2, True, False)
 # (stage, overlap_comm, lora, processes, micro-batches a step), grouped by processes (one launch each)
 MULTI = ((2, False, False, 1, 2), (3, False, False, 1, 2), (2, True, True, 1, 2),
          (1, False, False, 2), (2, False, False, 2), (2, True, False, 2), (2, True, True, 2), (2, False, False, 2, 2),
-         (2, False, False, 3), (2, True, True, 3), (2, True, False, 3, 2))
+         (2, False, False, 3), (2, True, True, 3), (2, True, False, 3, 2), (2, False, False, 3, 1, 1))
 
 
 def compare(run: tuple[int, ...], theirs: dict[str, Any]) -> list[str]:
@@ -215,13 +217,14 @@ def main() -> int:
     """Compare every run of :data:`RUNS` and :data:`MULTI` (or of the stages given); exit 1 on a difference."""
     runs = [r for r in (*RUNS, *MULTI) if not sys.argv[1:] or str(r[0]) in sys.argv[1:]]
     bad = 0
-    for world in sorted({r[3] if len(r) > 3 else 1 for r in runs}):
-        mine = [r for r in runs if (r[3] if len(r) > 3 else 1) == world]
+    for world, rank in sorted({(r[3] if len(r) > 3 else 1, r[5] if len(r) > 5 else 0) for r in runs}):
+        mine = [r for r in runs if (r[3] if len(r) > 3 else 1, r[5] if len(r) > 5 else 0) == (world, rank)]
         for run, theirs in zip(mine, real(*mine), strict=True):
             diffs = compare(run, theirs)
             bad += bool(diffs)
             micro = run[4] if len(run) > 4 else 1
             print(f"ZeRO-{run[0]} overlap_comm={run[1]!s:5} lora={run[2]!s:5} processes={world} micro={micro} "
+                  f"rank={rank} "
                   + ("; ".join(diffs) or "same live bytes after initialize, backward, step; same large allocations"))
     return 1 if bad else 0
 
@@ -231,12 +234,11 @@ if __name__ == "__main__":
         runs = [tuple(int(x) for x in run.split(":")) for run in sys.argv[2:]]
         print(json.dumps([real_run(*run) for run in runs]))  # type: ignore[arg-type]
         sys.exit(0)
-    if sys.argv[1:2] == ["--rank"]:  # one rank of a multi-process run: rank 0 prints the records
+    if sys.argv[1:2] == ["--rank"]:  # one rank of a multi-process run: every rank prints its records
         from gloo_rank import finish_rank, start_rank
 
         start_rank(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
         records = [real_run(*(int(x) for x in run.split(":"))) for run in sys.argv[5:]]  # type: ignore[arg-type]
-        if sys.argv[2] == "0":
-            print(json.dumps(records))
+        print(json.dumps(records))
         finish_rank()
     sys.exit(main())

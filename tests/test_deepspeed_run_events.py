@@ -135,18 +135,30 @@ def test_two_processes_with_accumulation_match_rank_0() -> None:
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
-def test_rank_0_partition_is_deepspeeds(world: int) -> None:
+def test_each_rank_partition_is_deepspeeds(world: int) -> None:
     import torch
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     from fitcheck.torch_adapters.deepspeed_run_plan import DeepSpeedPlan, aligned
 
-    groups = ((131072, 16384, 8192, 8192, 16384, 32768, 32768, 32768, 131072), (128, 128, 128, 128, 128))
+    # the tiny Llama's two groups in the Trainer's order (embedding, two layers' linears, head; the norms)
+    layer = (16384, 8192, 8192, 16384, 32768, 32768, 32768)
+    groups = ((131072, *layer, *layer, 131072), (128,) * 5)
     plan = DeepSpeedPlan(2, groups, frozenset(), 2, 20_000, False, True, 10**9, world)
     for i, group in enumerate(groups):
         size = plan.partition(i)
         assert size * world == aligned(sum(group), world) and aligned(sum(group), world) % (2 * world) == 0
         tensors = [torch.empty(n, device="meta") for n in group]
-        inside, _, first = DeepSpeedZeroOptimizer.get_partition_info(None, tensors, size, 0)
-        assert [n for n, _ in plan.in_partition(i)] == [t.numel() for t in inside] and first == 0
-        assert sum(part for _, part in plan.in_partition(i)) == min(size, sum(group))
+        for rank in range(world):
+            inside, _, first = DeepSpeedZeroOptimizer.get_partition_info(None, tensors, size, rank)
+            mine = plan.in_partition(i, rank)
+            assert [n for n, _ in mine] == [t.numel() for t in inside]
+            # the parts in the partition: what _get_flat_partition_unpadded narrows (first_offset, then capped)
+            end = max(0, min(size, sum(group) - rank * size))
+            assert sum(part for _, part in mine) == end and (not mine or mine[0][1] == mine[0][0] - first
+                                                               or len(mine) == 1)
+    # the rank rewritten is the one whose grads_in_partition is the largest
+    spec_rank = max(range(world), key=lambda r: (plan.held(r), -r))
+    assert plan.held(spec_rank) == max(
+        sum(t.numel() for i, g in enumerate(groups) for t in DeepSpeedZeroOptimizer.get_partition_info(
+            None, [torch.empty(n, device="meta") for n in g], plan.partition(i), r)[0]) for r in range(world))

@@ -42,7 +42,7 @@ class Backward:
         self.partition: tuple[int, int] | None = None  # ZeRO-1/2 grads_in_partition
         self.late = plan.stage == 1 and not plan.overlap
         # grads_in_partition (copy_grads_in_partition): every parameter of this rank's partition, whole
-        self.held_bytes = plan.elem * sum(n for i in range(len(plan.groups)) for n, _ in plan.in_partition(i))
+        self.held_bytes = plan.elem * plan.held()
 
     def gradient(self, w: Writer, s: int, n: int, t: str) -> None:
         """A gradient autograd made (``s``, ``n`` bytes, region ``t``)."""

@@ -5,7 +5,7 @@ Read from deepspeed 0.19.8 (cited where used); pure Python, no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fitcheck.spec import Dtype, TrainingSpec
 
@@ -35,6 +35,8 @@ class DeepSpeedPlan:
         world: Data-parallel processes; the rewrite is rank 0's (ZeRO-1/2: the partitions of
             ``stage_1_and_2.py``, :meth:`partition` and :meth:`in_partition`).
         accum: ``gradient_accumulation_steps`` (micro-batches per optimizer step).
+        rank: The rank rewritten (ZeRO-1/2): :func:`deepspeed_plan` takes the one whose ``grads_in_partition`` is
+            the largest (a rank's partition holds every parameter that overlaps it, whole).
     """
 
     stage: int
@@ -47,6 +49,7 @@ class DeepSpeedPlan:
     sub_group_size: int
     world: int = 1
     accum: int = 1
+    rank: int = 0
 
     @property
     def numel(self) -> int:
@@ -58,16 +61,22 @@ class DeepSpeedPlan:
         (:func:`aligned`) split evenly (``stage_1_and_2.py`` ``get_data_parallel_partitions``)."""
         return aligned(sum(self.groups[i]), self.world) // self.world
 
-    def in_partition(self, i: int) -> list[tuple[int, int]]:
-        """Rank 0's parameters of ZeRO-1/2 group ``i`` (``stage_1_and_2.py`` ``get_partition_info``: each that
-        starts inside the partition), each as (its elements, its elements inside the partition: the view
+    def in_partition(self, i: int, rank: int | None = None) -> list[tuple[int, int]]:
+        """The parameters of ZeRO-1/2 group ``i`` in a rank's partition (:attr:`rank` unless given;
+        ``stage_1_and_2.py`` ``get_partition_info``: each that starts inside it, and one that starts before and
+        ends inside), each as (its elements, its elements inside the partition: the view
         ``_get_flat_partition_unpadded`` hands the step and the gradient norm)."""
         size, out, start = self.partition(i), [], 0
+        lo = size * (self.rank if rank is None else rank)
         for numel in self.groups[i]:
-            if start < size:
-                out.append((numel, min(numel, size - start)))
+            if lo <= start < lo + size or start < lo < start + numel:
+                out.append((numel, min(start + numel, lo + size) - max(start, lo)))
             start += numel
         return out
+
+    def held(self, rank: int | None = None) -> int:
+        """Elements of a rank's ``grads_in_partition`` (``copy_grads_in_partition``: its parameters, whole)."""
+        return sum(n for i in range(len(self.groups)) for n, _ in self.in_partition(i, rank))
 
 
 def aligned(numel: int, n: int) -> int:
@@ -153,6 +162,10 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     cast = _engine_dtype(spec)
     elem = cast.nbytes if cast is not None else FP32
     overlap = ds.overlap_comm if ds.overlap_comm is not None else stage == 3  # zero/config.py overlap_comm_valid
-    return DeepSpeedPlan(stage, groups, marked, elem, ds.reduce_bucket_size, overlap,
+    plan = DeepSpeedPlan(stage, groups, marked, elem, ds.reduce_bucket_size, overlap,
                          ds.contiguous_gradients, ds.sub_group_size, max(spec.data_parallel_size, 1),
                          max(spec.batch.grad_accum, 1))
+    if stage == 3 or plan.world == 1:
+        return plan
+    # the per-GPU peak is the largest rank's: the one holding the most whole parameters (the first of a tie)
+    return replace(plan, rank=max(range(plan.world), key=lambda r: (plan.held(r), -r)))
