@@ -37,20 +37,20 @@ backward hands every gradient to the engine, and the engine's optimizer steps a 
 More than one process (ZeRO-1/2; ZeRO-3's parameter gathers are not replayed): one rank's, the one whose
 ``grads_in_partition`` is the largest (:attr:`.DeepSpeedPlan.rank`: the per-GPU peak is the largest rank's). Every
 rank holds the whole flat 16-bit group; the fp32 master, ``initialize_optimizer_states``' zeroed gradient, the flat
-gradient and Adam's states of the step are one partition (:meth:`.DeepSpeedPlan.partition`);
-``grads_in_partition`` holds the parameters that overlap the rank's partition, whole (``copy_grads_in_partition``),
-and the step's fp64 norms their parts inside it (:meth:`.DeepSpeedPlan.in_partition`).
-Gradient accumulation (ZeRO-2, ZeRO-3): a micro-batch is a plain pass (``_clear_param_grad_only`` leaves every
-``.grad`` None, so autograd hands each gradient over afresh); ZeRO-2 keeps the window's first ``grads_in_partition`` and drops the later ones (:meth:`_Backward.accumulate`),
-ZeRO-3 adds into its resident buffer in place (``stage3.py`` ``partition_grads``, ``micro_step_id`` > 0); the
-engine steps at the boundary.
+gradient and Adam's states of the step are one partition (:meth:`.DeepSpeedPlan.partition`); ``grads_in_partition``
+holds the parameters that overlap the rank's partition, whole (``copy_grads_in_partition``), and the step's fp64
+norms their parts inside it (:meth:`.DeepSpeedPlan.in_partition`). Gradient accumulation (ZeRO-2, ZeRO-3): a
+micro-batch is a plain pass (``_clear_param_grad_only`` leaves every ``.grad`` None, so autograd hands each gradient
+over afresh); ZeRO-2 keeps the window's first ``grads_in_partition`` and drops the later ones
+(:meth:`_Backward.accumulate`), ZeRO-3 adds into its resident buffer in place (``stage3.py`` ``partition_grads``,
+``micro_step_id`` > 0); the engine steps at the boundary.
 
 Checked: the H200 Trainer rows (Llama-3.2-1B bf16 4 x 1024, ZeRO-2 and ZeRO-3, one process:
 ``benchmarks/deepspeed_reserved_replay.py``) and, live bytes after ``initialize``, backward and the step, real
 DeepSpeed engines on CPU: one process, and ranks 0 and 1 of 2 and 3 gloo processes
 (``tests/test_deepspeed_run_events.py``, ``benchmarks/deepspeed_run_events_cpu.py``). What is not replayed
-(:func:`not_replayed`) keeps the published gap of ``core/allocator.py``, and the estimate's INFO says which part. The plan of a run and
-what is not replayed: :mod:`.deepspeed_run_plan`.
+(:func:`not_replayed`) keeps the published gap of ``core/allocator.py``, and the estimate's INFO says which part.
+The plan of a run and what is not replayed: :mod:`.deepspeed_run_plan`.
 
 Pure Python: no torch import.
 """
