@@ -42,8 +42,8 @@ holds the parameters that overlap the rank's partition, whole (``copy_grads_in_p
 norms their parts inside it (:meth:`.DeepSpeedPlan.in_partition`). Gradient accumulation (ZeRO-2, ZeRO-3): a
 micro-batch is a plain pass (``_clear_param_grad_only`` leaves every ``.grad`` None, so autograd hands each gradient
 over afresh); ZeRO-2 keeps the window's first ``grads_in_partition`` and drops the later ones
-(``deepspeed_run_backward.Backward.accumulate``), ZeRO-3 adds into its resident buffer in place (``stage3.py`` ``partition_grads``,
-``micro_step_id`` > 0); the engine steps at the boundary.
+(``deepspeed_run_backward.Backward.accumulate``), ZeRO-3 adds into its resident buffer in place (``stage3.py``
+``partition_grads``, ``micro_step_id`` > 0); the engine steps at the boundary.
 
 Checked: the H200 Trainer rows (Llama-3.2-1B bf16 4 x 1024, ZeRO-2 and ZeRO-3, one process:
 ``benchmarks/deepspeed_reserved_replay.py``) and, live bytes after ``initialize``, backward and the step, real
