@@ -422,7 +422,7 @@ def largest_line(extras: Mapping[str, object]) -> str:
     low = extras.get("max_micro_batch_if_reserved_high")
     if low is None:
         return line
-    return (f"{line}, or {low} if reserved is as far above the published 11 % gap as measured; at "
+    return (f"{line}, or {low or 'none'} if reserved is as far above the published 11 % gap as measured; at "
             f"{extras['max_micro_batch']}, {extras['max_micro_batch_warning']}")
 
 
