@@ -55,8 +55,8 @@ def brief_lines(report: Report, suggestions: Sequence[Suggestion], max_micro_bat
     if warned:
         lines.append(f"warnings: {', '.join(dict.fromkeys(warned))} (the full report, without --brief, says more)")
     if isinstance(max_micro_batch, int) and max_micro_batch > 0:
-        lines.append(f"largest micro-batch that fits at this length: {max_micro_batch}"
-                     + (f" ({band_low or 'none'} if reserved is as high as measured)" if isinstance(band_low, int) else ""))
+        caveat = f" ({band_low or 'none'} if reserved is as high as measured)" if isinstance(band_low, int) else ""
+        lines.append(f"largest micro-batch that fits at this length: {max_micro_batch}{caveat}")
     fitting = [s for s in suggestions if s.fits]
     if not (report.fits and not report.errors) and fitting:
         best = fitting[0]
