@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from fitcheck.torch_adapters.tracer_depth import trace_components, trace_extrapolated
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder, RegionStats
     from fitcheck.torch_adapters.trl_config_check import check_trl_config
-    from fitcheck.torch_adapters.verdict_replay import NearBudget, search_and_boundary
+    from fitcheck.torch_adapters.verdict_replay import NearBudget, band_low_micro_batch, search_and_boundary
 
 _WHERE = {
     "check_trl_config": "trl_config_check",
@@ -131,6 +131,7 @@ _WHERE = {
     "plain_trainer_run": "pinned_path",
     "trace_components": "tracer_depth",
     "NearBudget": "verdict_replay",
+    "band_low_micro_batch": "verdict_replay",
     "search_and_boundary": "verdict_replay",
 }
 
@@ -152,6 +153,7 @@ __all__ = [
     "TraceCache",
     "activation_trace_kwargs",
     "at_micro_batch",
+    "band_low_micro_batch",
     "build_meta_model",
     "cache_directory",
     "cache_from_environment",
