@@ -3,8 +3,8 @@
 
 Each rank: the tiny Llama of ``deepspeed_run_events_cpu.py`` loaded in bf16, ``mixed_precision="bf16"`` (the
 fp32 upcast, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)``, the forward under autocast), the
-Accelerator's state set to FSDP on the CPU as on a GPU (``gloo_rank.fsdp_on_cpu``), torch's fused AdamW prepared with the
-model (``fsdp2_switch_optimizer_parameters`` points it at the shards), two steps (forward, backward, step,
+Accelerator's state set to FSDP on the CPU as on a GPU (``gloo_rank.fsdp_on_cpu``), torch's fused AdamW prepared
+with the model (``fsdp2_switch_optimizer_parameters`` points it at the shards), two steps (forward, backward, step,
 ``zero_grad(set_to_none=True)``). The bytes of every storage Python reaches (a DTensor by its local shard; a
 resharded parameter's storage is resized to 0) are read after ``prepare``, after each backward and after the first
 step, above what was alive before ``prepare``. The same run composed from the fake-tensor trace of the plain step

@@ -48,6 +48,7 @@ rows ``benchmarks/fsdp_gpu.py --rescore``. Pure Python: no torch import.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -306,12 +307,12 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     for i in range(back, end):
         s, n, t = events[i]
         if n > 0 and s in grads:
-            u = next((v for v in order if want[v][n] > 0), None)
-            if u is None:  # alive where backward's last allocation is made, no parameter's: the input embedding's
-                put(end, lambda r, t, h=(s, n, t): r.free(h))  # output gradient, freed as its backward returns
+            unit = next((v for v in order if want[v][n] > 0), None)
+            if unit is None:  # alive where backward's last allocation is made, no parameter's: the input
+                put(end, lambda r, t, h=(s, n, t): r.free(h))  # embedding's output gradient, freed as it returns
                 continue
-            want[u][n] -= 1
-            owned[u].append((i, (s, n, t)))
+            want[unit][n] -= 1
+            owned[unit].append((i, (s, n, t)))
     if any(not owned[u] for u in order):
         raise FsdpReplayError("an FSDP unit without gradients in the traced backward")
     chain = [u for u in order if units[u].kind != "root"]
@@ -351,6 +352,14 @@ def replayed(spec: TrainingSpec) -> bool:
     return spec.sharding.strategy is Strategy.FSDP and not not_replayed(spec)
 
 
+def rewrite_for(spec: TrainingSpec) -> Any:
+    """The module that rewrites the plain run into this run's own: ``deepspeed_run_events``, this one, or None."""
+    from fitcheck.torch_adapters import deepspeed_run_events
+
+    return deepspeed_run_events if deepspeed_run_events.replayed(spec) else (
+        sys.modules[__name__] if replayed(spec) else None)
+
+
 def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
     """A ``PinnedPath``'s FSDP2 whole run replayed (``deepspeed_run_events.rewritten_run``): the default stream's
     ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed``)."""
@@ -364,11 +373,11 @@ def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:
     """Why a traced FSDP answer keeps the published gap, for the ``reserved-published-gap`` INFO."""
     missing = not_replayed(spec)
     if missing:
-        return f"FSDP2's run is replayed without {missing}"
+        return f"the whole-run replay rewrites FSDP2's run, and this run has {missing}"
     hw = spec.hardware
     failed = path._whole_failed.get(f"{key}|fsdp2 {fsdp2_plan(spec)!r} {hw.expandable_segments} "
                                     f"{hw.cuda_alloc_conf!r}")
     return f"FSDP2's run could not be replayed ({failed})" if failed else "FSDP2's run was not replayed"
 
 
-__all__ = ["FP32", "fsdp2_run", "published_gap_reason", "replayed", "whole_run"]
+__all__ = ["FP32", "fsdp2_run", "published_gap_reason", "replayed", "rewrite_for", "whole_run"]
