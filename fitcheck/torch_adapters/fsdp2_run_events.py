@@ -307,12 +307,12 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     for i in range(back, end):
         s, n, t = events[i]
         if n > 0 and s in grads:
-            unit = next((v for v in order if want[v][n] > 0), None)
-            if unit is None:  # alive where backward's last allocation is made, no parameter's: the input
+            hit = next((v for v in order if want[v][n] > 0), None)
+            if hit is None:  # alive where backward's last allocation is made, no parameter's: the input
                 put(end, lambda r, t, h=(s, n, t): r.free(h))  # embedding's output gradient, freed as it returns
                 continue
-            want[unit][n] -= 1
-            owned[unit].append((i, (s, n, t)))
+            want[hit][n] -= 1
+            owned[hit].append((i, (s, n, t)))
     if any(not owned[u] for u in order):
         raise FsdpReplayError("an FSDP unit without gradients in the traced backward")
     chain = [u for u in order if units[u].kind != "root"]
