@@ -120,10 +120,7 @@ def spec_of(world: int) -> Any:
 def fitcheck_live(world: int, plain: list[Any] | None = None) -> tuple[dict[str, int], list[Any]]:
     """The live bytes of ``fsdp2_run``'s sequence at :data:`POINTS` (above the traced setup), and the plain run's
     events (``plain``: reuse them; the trace does not depend on the world size)."""
-    from fitcheck.torch_adapters import whole_run_events
-    from fitcheck.torch_adapters.deepspeed_run_events import live_bytes
-    from fitcheck.torch_adapters.fsdp2_run_events import fsdp2_run
-    from fitcheck.torch_adapters.fsdp2_run_plan import fsdp2_plan
+    from fitcheck.torch_adapters import fsdp2_plan, fsdp2_run, live_bytes, whole_run_events
 
     spec = spec_of(world)
     plain = plain if plain is not None else whole_run_events(spec)
