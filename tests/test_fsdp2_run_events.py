@@ -49,6 +49,24 @@ def test_what_is_not_replayed_is_said() -> None:
                                                                                     name="adamw_torch")))
 
 
+def test_one_shard_has_no_copy_in_pool() -> None:
+    """torch 2.13 ``_fsdp_param_group.py``: at world size 1 ``unshard`` returns before ``foreach_all_gather`` and
+    ``wait_for_unshard`` casts and unshards on the default stream (replayed there by ``fsdp2_run``)."""
+    from fitcheck.core.loading import allocator_conf
+    from fitcheck.core.states import fsdp_side_pools
+    from fitcheck.report import Phase
+    from fitcheck.spec import DeviceType
+
+    def pools(world: int) -> Any:
+        spec = _spec(world)
+        spec = replace(spec, hardware=replace(spec.hardware, device_type=DeviceType.CUDA))
+        return fsdp_side_pools(spec, allocator_conf(spec))
+
+    one, two = pools(1), pools(2)
+    assert one.gather == 0 and one.reduce > 0 and one.live[Phase.FORWARD_END] == 0
+    assert two.gather > 0 and two.live[Phase.FORWARD_END] > 0
+
+
 def test_layer_starts_follow_the_period() -> None:
     from fitcheck.torch_adapters.fsdp2_run_events import _layer_starts
 
