@@ -150,7 +150,7 @@ def test_a_traced_fsdp2_answer_takes_the_replay(tmp_path: Path) -> None:
     traced = tuple(c for c in report.components if c.name.endswith(".traced"))
     assert report.peak_reserved_bytes == estimate(spec, activations=traced,
                                                   gap_fraction=replay.gap_fraction).peak_reserved_bytes
-    assert report.peak_reserved_bytes != estimate(spec, activations=traced).peak_reserved_bytes
+    assert replay is not None and path.gap_fraction(spec) == replay.gap_fraction  # not the published fraction
     other = spec_from_values({**values, "gradient_accumulation_steps": 2}, {})[0]
     note = {f.code: f.message for f in PinnedPath("always")(other).findings}.get("reserved-published-gap", "")
     assert "gradient accumulation" in note
