@@ -128,12 +128,11 @@ def _live_with(plan_fn: Any, world: int, plain: list[Any]) -> dict[str, int]:
 @pytest.mark.slow
 def test_a_traced_fsdp2_answer_takes_the_replay(tmp_path: Path) -> None:
     from deepspeed_run_events_cpu import CONFIG
+    from rewrite_checks import takes_the_replay
 
     from fitcheck.cli.estimate import spec_from_values
-    from fitcheck.core import estimate
     from fitcheck.torch_adapters import PinnedPath
     from fitcheck.torch_adapters.fsdp2_run_events import whole_run
-    from fitcheck.torch_adapters.pinned_path import _cache_key
 
     (tmp_path / "config.json").write_text(json.dumps({**CONFIG, "torch_dtype": "bfloat16"}), encoding="utf-8")
     fsdp = tmp_path / "fsdp.json"
@@ -143,13 +142,7 @@ def test_a_traced_fsdp2_answer_takes_the_replay(tmp_path: Path) -> None:
               "gpu": "H100", "dtype": "bfloat16", "bf16": True, "fsdp": "full_shard auto_wrap",
               "fsdp_config": str(fsdp), "optim": "adamw_torch_fused"}
     spec = spec_from_values(values, {})[0]
-    path = PinnedPath("always")
-    report = path(spec)
-    assert "reserved-published-gap" not in {f.code for f in report.findings}
-    replay = whole_run(path, spec, _cache_key(spec))
-    traced = tuple(c for c in report.components if c.name.endswith(".traced"))
-    assert report.peak_reserved_bytes == estimate(spec, activations=traced,
-                                                  gap_fraction=replay.gap_fraction).peak_reserved_bytes
+    path, _, replay = takes_the_replay(spec, whole_run)
     assert replay is not None and path.gap_fraction(spec) == replay.gap_fraction  # not the published fraction
     other = spec_from_values({**values, "gradient_accumulation_steps": 2}, {})[0]
     note = {f.code: f.message for f in PinnedPath("always")(other).findings}.get("reserved-published-gap", "")
