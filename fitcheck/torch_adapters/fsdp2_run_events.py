@@ -62,7 +62,7 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
     step_ends,
     without_dead_frees,
 )
-from fitcheck.torch_adapters.fsdp2_run_plan import FP32, FsdpPlan, FsdpReplayError, fsdp2_plan, not_replayed
+from fitcheck.torch_adapters.fsdp2_run_plan import FsdpPlan, FsdpReplayError, fsdp2_plan, not_replayed
 
 Handle = tuple[int, int, str]  # (serial, bytes, region allocated in)
 
@@ -380,4 +380,4 @@ def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:
     return f"FSDP2's run could not be replayed ({failed})" if failed else "FSDP2's run was not replayed"
 
 
-__all__ = ["FP32", "fsdp2_run", "published_gap_reason", "replayed", "rewrite_for", "whole_run"]
+__all__ = ["fsdp2_run", "published_gap_reason", "replayed", "rewrite_for", "whole_run"]
