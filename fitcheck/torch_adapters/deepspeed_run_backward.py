@@ -13,7 +13,7 @@ EMPTY_CACHE = "empty_cache"  # a (-1, 0, EMPTY_CACHE) event: torch.cuda.empty_ca
 SIDE = "side:"  # a region prefix: allocated on a DeepSpeed side stream (not the default stream's pool)
 
 
-class Writer:
+class EventWriter:
     """The rewritten event list, with fresh serials for DeepSpeed's own tensors."""
 
     def __init__(self, top: int) -> None:
@@ -44,7 +44,7 @@ class Backward:
         # grads_in_partition (copy_grads_in_partition): every parameter of this rank's partition, whole
         self.held_bytes = plan.elem * plan.held()
 
-    def gradient(self, w: Writer, s: int, n: int, t: str) -> None:
+    def gradient(self, w: EventWriter, s: int, n: int, t: str) -> None:
         """A gradient autograd made (``s``, ``n`` bytes, region ``t``)."""
         p = self.plan
         w.out.append((s, n, t))
@@ -67,7 +67,7 @@ class Backward:
         else:
             w.free(s, n, t)
 
-    def accumulate(self, w: Writer, kept: tuple[int, int] | None, t: str, boundary: bool,
+    def accumulate(self, w: EventWriter, kept: tuple[int, int] | None, t: str, boundary: bool,
                    ) -> tuple[int, int] | None:
         """ZeRO-2 with gradient accumulation, at the end of a micro-batch's backward (``stage_1_and_2.py``
         ``independent_gradient_partition_epilogue``): the first micro-batch's ``grads_in_partition`` is kept
@@ -81,7 +81,7 @@ class Backward:
             self.partition = kept
         return None if boundary else kept
 
-    def epilogue(self, w: Writer, t: str) -> None:
+    def epilogue(self, w: EventWriter, t: str) -> None:
         """The end of backward: ZeRO-1's ``reduce_gradients``, the last bucket reduced, ``_release_ipg_buffers``."""
         p = self.plan
         if p.stage == 3:

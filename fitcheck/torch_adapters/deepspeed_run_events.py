@@ -57,14 +57,16 @@ Pure Python: no torch import.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fitcheck.core.caching import AllocatorConf, CachingAllocator
 from fitcheck.spec import TrainingSpec
-from fitcheck.torch_adapters.deepspeed_run_backward import EMPTY_CACHE, SIDE, Event
+from fitcheck.torch_adapters.deepspeed_run_backward import EMPTY_CACHE as EMPTY_CACHE
+from fitcheck.torch_adapters.deepspeed_run_backward import SIDE as SIDE
 from fitcheck.torch_adapters.deepspeed_run_backward import Backward as _Backward
-from fitcheck.torch_adapters.deepspeed_run_backward import Writer as _Writer
+from fitcheck.torch_adapters.deepspeed_run_backward import Event as Event
+from fitcheck.torch_adapters.deepspeed_run_backward import EventWriter as EventWriter
 from fitcheck.torch_adapters.deepspeed_run_plan import (
     FP32,
     DeepSpeedPlan,
@@ -114,7 +116,7 @@ def _trainable_storages(setup: Sequence[Event], plan: DeepSpeedPlan) -> list[lis
     return out
 
 
-def _cast(w: _Writer, plan: DeepSpeedPlan, matched: list[list[tuple[int, bool]]], size: dict[int, int],
+def _cast(w: EventWriter, plan: DeepSpeedPlan, matched: list[list[tuple[int, bool]]], size: dict[int, int],
           ) -> list[list[int]]:
     """``_cast_module_mixed_precision`` of the fp32 trainables (before the ZeRO optimizer is built): a 16-bit
     copy each, the fp32 storage freed. Returns each group's storages after it."""
@@ -133,7 +135,7 @@ def _cast(w: _Writer, plan: DeepSpeedPlan, matched: list[list[tuple[int, bool]]]
     return out
 
 
-def _initialize(w: _Writer, plan: DeepSpeedPlan, owned: list[list[int]], size: dict[int, int]) -> None:
+def _initialize(w: EventWriter, plan: DeepSpeedPlan, owned: list[list[int]], size: dict[int, int]) -> None:
     """``deepspeed.initialize``'s tensors (module docstring)."""
     t, e = "setup", plan.elem
     if plan.stage < 3:
@@ -172,7 +174,8 @@ def _initialize(w: _Writer, plan: DeepSpeedPlan, owned: list[list[int]], size: d
     w.new(e * plan.numel, t)  # grad_partitions_flat_buffer
 
 
-def _optimizer_step(w: _Writer, plan: DeepSpeedPlan, tag: str, first: bool, partition: tuple[int, int] | None) -> None:
+def _optimizer_step(w: EventWriter, plan: DeepSpeedPlan, tag: str, first: bool,
+                    partition: tuple[int, int] | None) -> None:
     """The engine's step on the flat partitions (module docstring); ``partition`` is ZeRO-1/2's
     ``grads_in_partition`` (serial, bytes), freed with the last group's gradients."""
     e = plan.elem
@@ -217,8 +220,8 @@ def deepspeed_run(events: Sequence[Event], plan: DeepSpeedPlan) -> list[Event]:
     setup = list(events[:n_setup])
     size = {s: n for s, n, _ in events if n > 0}
     matched = _trainable_storages(setup, plan)
-    ends, grads = _step_ends(events, n_setup)
-    w = _Writer(max((s for s, _, _ in events), default=0) + 1)
+    ends, grads = step_ends(events, n_setup)
+    w = EventWriter(max((s for s, _, _ in events), default=0) + 1)
     w.out += setup
     _initialize(w, plan, _cast(w, plan, matched, size), size)
     state, kept, passes = _Backward(plan), None, 0
@@ -241,10 +244,10 @@ def deepspeed_run(events: Sequence[Event], plan: DeepSpeedPlan) -> list[Event]:
             state.gradient(w, s, n, t)
         else:
             w.out.append((s, n, t))
-    return _without_dead_frees(w.out)
+    return without_dead_frees(w.out)
 
 
-def _step_ends(events: Sequence[Event], start: int) -> tuple[list[int], set[int]]:
+def step_ends(events: Sequence[Event], start: int) -> tuple[list[int], set[int]]:
     """Where each step's backward ends (the index the engine's step goes before) and the gradients: what a
     step's backward allocated that is alive there. Regions are the allocation's (a free carries the region its
     storage was allocated in), so a step is told by its allocations: backward's, then the next forward's.
@@ -288,7 +291,7 @@ def _step_ends(events: Sequence[Event], start: int) -> tuple[list[int], set[int]
     return ends, grads
 
 
-def _without_dead_frees(events: Sequence[Event]) -> list[Event]:
+def without_dead_frees(events: Sequence[Event]) -> list[Event]:
     """The plain run's later frees of storages DeepSpeed freed already (the parameters, the gradients)."""
     alive: set[int] = set()
     out: list[Event] = []
@@ -304,9 +307,9 @@ def _without_dead_frees(events: Sequence[Event]) -> list[Event]:
     return out
 
 
-def replay_deepspeed(events: Sequence[Event], conf: AllocatorConf | None, seq_len: int) -> Any:
-    """DeepSpeed's events replayed through the caching allocator, the default stream only (the side streams'
-    pools are ``core/states/deepspeed_streams.py``'s).
+def replay_default_stream(events: Sequence[Event], conf: AllocatorConf | None, seq_len: int) -> Any:
+    """A rewritten run's events (DeepSpeed's, FSDP2's) replayed through the caching allocator, the default stream
+    only (the side streams' pools are ``core/states/deepspeed_streams.py``'s / ``fsdp_streams.py``'s).
 
     Args:
         events: :func:`deepspeed_run`'s events.
@@ -382,8 +385,7 @@ def _key(spec: TrainingSpec) -> str:
 
 
 def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
-    """A ``PinnedPath``'s DeepSpeed whole run replayed (cached with its whole-run replays, the micro-batch
-    excepted as theirs are), from the activation traces it has run for the spec (traced here when it has none).
+    """A ``PinnedPath``'s DeepSpeed whole run replayed (:func:`rewritten_run` with :func:`deepspeed_run`).
 
     Args:
         path: The ``pinned_path.PinnedPath`` (its traces and caches).
@@ -395,12 +397,38 @@ def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -
         ``allocator_replay.StepReplay`` of DeepSpeed's default stream, or None (the reason kept in the path's
         ``_whole_failed``).
     """
+    return rewritten_run(path, spec, key, _key(spec), "deepspeed-run",
+                         lambda events: deepspeed_run(events, deepspeed_plan(spec)), required,
+                         max(spec.batch.grad_accum, 1))
+
+
+def rewritten_run(path: Any, spec: TrainingSpec, key: str, extra: str, kind: str,
+                  rewrite: Callable[[list[Event]], list[Event]], required: bool = False, passes: int = 1) -> Any:
+    """A ``PinnedPath``'s plain whole run rewritten (DeepSpeed's, FSDP2's) and replayed, default stream only
+    (:func:`replay_default_stream`), cached with its whole-run replays (the micro-batch excepted as theirs are),
+    from the activation traces it has run for the spec (traced here when it has none).
+
+    Args:
+        path: The ``pinned_path.PinnedPath`` (its traces and caches).
+        spec: The spec.
+        key: The spec's activation-trace key (``pinned_path._cache_key``).
+        extra: What the rewrite depends on beyond it (the replay is kept under ``key + extra``).
+        kind: The on-disk cache's kind (``trace_cache.cached_replay``).
+        rewrite: The plain run's events (``allocator_replay.whole_run_events``) -> the rewritten run's.
+        required: Raise when the replay cannot run rather than return None.
+        passes: Plain passes per step of the rewritten run (DeepSpeed's gradient accumulation: a micro-batch of
+            the engine's is a plain step's pass, every ``.grad`` None again at its start).
+
+    Returns:
+        ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed`` under
+        ``key + extra``).
+    """
     from fitcheck.core.loading import allocator_conf
     from fitcheck.core.trainers import step_spec
     from fitcheck.torch_adapters.allocator_replay import STEADY_STEPS, whole_run_events
     from fitcheck.torch_adapters.trace_cache import cached_replay
 
-    dkey = key + _key(spec)
+    dkey = key + extra
     if dkey in path._whole:
         return path._whole[dkey]
     if dkey in path._whole_failed and not required:
@@ -409,14 +437,13 @@ def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -
     runs: Any = ()
     if traces is not None and traces.traced:
         runs = traces.traced.get(step_spec(spec).batch.micro_batch) or next(iter(traces.traced.values()))
-    def compute() -> Any:  # a micro-batch of DeepSpeed's is a plain step's pass (the gradients stolen afresh)
-        events = whole_run_events(spec, runs, STEADY_STEPS * max(spec.batch.grad_accum, 1),
-                                  optimizer_traces=path._optimizer_traces)
-        return replay_deepspeed(deepspeed_run(events, deepspeed_plan(spec)), allocator_conf(spec),
-                                spec.batch.seq_len)
+
+    def compute() -> Any:
+        events = whole_run_events(spec, runs, STEADY_STEPS * passes, optimizer_traces=path._optimizer_traces)
+        return replay_default_stream(rewrite(events), allocator_conf(spec), spec.batch.seq_len)
 
     try:  # the on-disk trace cache keeps it for the next process (trace_cache.cached_replay)
-        path._whole[dkey] = cached_replay(getattr(path, "cache", None), "deepspeed-run", spec, compute)
+        path._whole[dkey] = cached_replay(getattr(path, "cache", None), kind, spec, compute)
     except Exception as exc:  # the published gap answers, with the reason in the INFO
         if required:
             raise
@@ -436,6 +463,6 @@ def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:
         return "the whole-run replay composes the plain Trainer's run, not FSDP's module cast"
     missing = not_replayed(spec)
     if missing:
-        return f"DeepSpeed's run is replayed for one process only, and this run has {missing}"
+        return f"DeepSpeed's run is replayed except where it has {missing}, as this run does"
     failed = path._whole_failed.get(key + _key(spec))
     return f"DeepSpeed's run could not be replayed ({failed})" if failed else "DeepSpeed's run was not replayed"
