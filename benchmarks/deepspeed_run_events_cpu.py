@@ -9,16 +9,18 @@ after ``initialize``, after each backward and after the first step, and make the
 (a quarter of the trainable bytes or more) in ``initialize`` and in the optimizer steps, and the same ipg buckets
 per backward: the check of ``tests/test_deepspeed_run_events.py``. Not checked here: fp16 (read from source: its
 overflow check allocates scalars only, ``runtime/utils.py`` ``has_inf_or_nan``), CUDA streams (one device).
-More than one process (``MULTI``): one gloo process a rank (``gloo_rank.start_rank``), rank 0's record against
-the rewrite of rank 0; with gradient accumulation, ``engine.step()`` after every micro-batch (it steps at the
-boundary), the live points being those after each step's last backward.
+More than one process (``MULTI``): one gloo process a rank (``gloo_rank.start_rank``), a rank's record (rank 0's
+unless the run names another) against the rewrite of that rank; with gradient accumulation, ``engine.step()`` after
+every micro-batch (it steps at the boundary), the live points being those after each step's last backward.
 
 Run: ``PYTHONPATH=. python benchmarks/deepspeed_run_events_cpu.py [STAGE ...]`` (one line per run of ``RUNS``
 and ``MULTI``; exit 1 on a difference; ~2 min of wall time for ``RUNS`` on a shared CPU, ~6 min more for
 ``MULTI`` under a load of 16 on 2 cores). Result: all 8 runs of ``RUNS`` (ZeRO-1/2/3 with ``overlap_comm`` off
-and on, ZeRO-1 and ZeRO-2 LoRA) and all 11 of ``MULTI`` (ZeRO-1/2 on 2 and 3 processes, full and LoRA, with and
-without ``overlap_comm``; two micro-batches a step under ZeRO-2 on 1, 2 and 3 processes and ZeRO-3 on one) the
-same live bytes (within 64 B) and the same large allocations.
+and on, ZeRO-1 and ZeRO-2 LoRA) and all 12 of ``MULTI`` (ZeRO-1/2 on 2 and 3 processes, full and LoRA, with and
+without ``overlap_comm``, rank 1 of 3; two micro-batches a step under ZeRO-2 on 1, 2 and 3 processes and ZeRO-3 on
+one) the same live bytes (within 64 B) and the same large allocations. Not replayed (``deepspeed_run_plan.
+not_replayed``): ZeRO-3 on more than one process; ZeRO-1 with gradient accumulation (its reduction at the
+boundary only: here one ipg bucket a step, not one a micro-batch).
 ``--real STAGE:OVERLAP:LORA[:WORLD[:ACCUM]] ...`` prints the real engines' records as JSON (the test runs it in
 its own process: DeepSpeed initialises torch.distributed; ``--rank`` is one rank of a multi-process run).
 """
