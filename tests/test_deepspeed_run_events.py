@@ -157,3 +157,24 @@ def test_each_rank_partition_is_deepspeeds(world: int) -> None:
     assert plan.held(spec_rank) == max(
         sum(t.numel() for i, g in enumerate(groups) for t in DeepSpeedZeroOptimizer.get_partition_info(
             None, [torch.empty(n, device="meta") for n in g], plan.partition(i), r)[0]) for r in range(world))
+
+
+def test_a_traced_multi_process_accumulating_answer_takes_the_replay(tmp_path: Path) -> None:
+    import json
+
+    from deepspeed_run_events_cpu import CONFIG
+
+    from fitcheck.cli.estimate import spec_from_values
+    from fitcheck.torch_adapters import PinnedPath
+
+    (tmp_path / "config.json").write_text(json.dumps({**CONFIG, "torch_dtype": "bfloat16"}), encoding="utf-8")
+    values = {"model_name_or_path": str(tmp_path), "max_seq_length": 32, "per_device_train_batch_size": 2,
+              "gpu": "H100", "dtype": "bfloat16", "bf16": True, "zero_stage": 2, "num_processes": 4,
+              "gradient_accumulation_steps": 2}
+    spec = spec_from_values(values, {})[0]
+    assert (spec.data_parallel_size, spec.batch.grad_accum) == (4, 2)
+    assert "reserved-published-gap" not in {f.code for f in PinnedPath("always")(spec).findings}
+    # ZeRO-3 on four processes keeps the published gap, and says why
+    other = spec_from_values({**values, "zero_stage": 3}, {})[0]
+    note = {f.code: f.message for f in PinnedPath("always")(other).findings}.get("reserved-published-gap", "")
+    assert "ZeRO-3 on more than one process" in note
