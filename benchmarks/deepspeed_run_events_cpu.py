@@ -9,12 +9,20 @@ after ``initialize``, after each backward and after the first step, and make the
 (a quarter of the trainable bytes or more) in ``initialize`` and in the optimizer steps, and the same ipg buckets
 per backward: the check of ``tests/test_deepspeed_run_events.py``. Not checked here: fp16 (read from source: its
 overflow check allocates scalars only, ``runtime/utils.py`` ``has_inf_or_nan``), CUDA streams (one device).
+More than one process (``MULTI``): one gloo process a rank (``gloo_rank.start_rank``), a rank's record (rank 0's
+unless the run names another) against the rewrite of that rank; with gradient accumulation, ``engine.step()`` after
+every micro-batch (it steps at the boundary), the live points being those after each step's last backward.
 
-Run: ``PYTHONPATH=. python benchmarks/deepspeed_run_events_cpu.py [STAGE ...]`` (one line per run of ``RUNS``;
-exit 1 on a difference; ~2 min of wall time on a shared CPU). Result: all 8 runs (ZeRO-1/2/3 with ``overlap_comm``
-off and on, ZeRO-1 and ZeRO-2 LoRA) the same live bytes (within 64 B) and the same large allocations.
-``--real STAGE:OVERLAP:LORA ...`` prints the real engines' records as JSON (the test runs it in its own process:
-DeepSpeed initialises torch.distributed).
+Run: ``PYTHONPATH=. python benchmarks/deepspeed_run_events_cpu.py [STAGE ...]`` (one line per run of ``RUNS``
+and ``MULTI``; exit 1 on a difference; ~2 min of wall time for ``RUNS`` on a shared CPU, ~6 min more for
+``MULTI`` under a load of 16 on 2 cores). Result: all 8 runs of ``RUNS`` (ZeRO-1/2/3 with ``overlap_comm`` off
+and on, ZeRO-1 and ZeRO-2 LoRA) and all 12 of ``MULTI`` (ZeRO-1/2 on 2 and 3 processes, full and LoRA, with and
+without ``overlap_comm``, rank 1 of 3; two micro-batches a step under ZeRO-2 on 1, 2 and 3 processes and ZeRO-3 on
+one) the same live bytes (within 64 B) and the same large allocations. Not replayed (``deepspeed_run_plan.
+not_replayed``): ZeRO-3 on more than one process; ZeRO-1 with gradient accumulation (its reduction at the
+boundary only: here one ipg bucket a step, not one a micro-batch).
+``--real STAGE:OVERLAP:LORA[:WORLD[:ACCUM]] ...`` prints the real engines' records as JSON (the test runs it in
+its own process: DeepSpeed initialises torch.distributed; ``--rank`` is one rank of a multi-process run).
 """
 
 from __future__ import annotations
@@ -43,11 +51,13 @@ BUCKET = 20_000  # reduce_bucket_size (elements): the embedding and head are lar
 POINTS = ("initialize", "backward1", "step1", "backward")
 
 
-def real_run(stage: int, overlap: bool, lora: bool = False) -> dict[str, Any]:
-    """The real engine's record: ``events`` as ``[bytes (+ alloc / - free), region]`` and the live bytes at
-    :data:`POINTS` above what was alive before ``initialize`` (the model, its inputs; engines run before in the
-    same process are deleted first)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29610", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+def real_run(stage: int, overlap: bool, lora: bool = False, world: int = 1, accum: int = 1) -> dict[str, Any]:
+    """The real engine's record (this process's rank): ``events`` as ``[bytes (+ alloc / - free), region]`` and
+    the live bytes at :data:`POINTS` above what was alive before ``initialize`` (the model, its inputs; engines
+    run before in the same process are deleted first); with ``accum`` > 1 also after each micro-batch's backward
+    (``backward1.K``, ``backward.K``). ``world`` > 1: the rendezvous is :func:`real`'s (one process a rank)."""
+    if world == 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29610", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     warnings.filterwarnings("ignore")
     import deepspeed
     import torch
@@ -70,7 +80,7 @@ def real_run(stage: int, overlap: bool, lora: bool = False) -> dict[str, Any]:
     groups = [g for g in ({"params": decay, "weight_decay": 0.0}, {"params": no_decay, "weight_decay": 0.0})
               if g["params"]]
     ds: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+        "train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": accum, "bf16": {"enabled": True},
         "gradient_clipping": 1.0,
         "zero_optimization": {"stage": stage, "overlap_comm": overlap, "contiguous_gradients": True,
                               "reduce_bucket_size": BUCKET, "stage3_param_persistence_threshold": 0},
@@ -95,14 +105,16 @@ def real_run(stage: int, overlap: bool, lora: bool = False) -> dict[str, Any]:
         del optimizer
         live["initialize"] = alive()
         for step in range(2):
-            rec.enter_region("forward")
-            loss = engine(input_ids=ids, labels=ids).loss
-            rec.enter_region("backward")
-            engine.backward(loss)
-            del loss
-            live["backward1" if step == 0 else "backward"] = alive()
-            rec.enter_region("optimizer")
-            engine.step()
+            for micro in range(accum):  # DeepSpeed's step() at every micro-batch, stepping at the boundary
+                rec.enter_region("forward")
+                loss = engine(input_ids=ids, labels=ids).loss
+                rec.enter_region("backward")
+                engine.backward(loss)
+                del loss
+                point = "backward1" if step == 0 else "backward"
+                live[point if micro == accum - 1 else f"{point}.{micro}"] = alive()
+                rec.enter_region("optimizer" if micro == accum - 1 else "micro")
+                engine.step()
             if step == 0:
                 live["step1"] = alive()
         rec.enter_region("done")
@@ -112,8 +124,10 @@ def real_run(stage: int, overlap: bool, lora: bool = False) -> dict[str, Any]:
     return {"events": events, "live": {k: v - before for k, v in live.items()}}
 
 
-def fitcheck_run(stage: int, overlap: bool, lora: bool = False) -> dict[str, Any]:
-    """The same run as :func:`deepspeed_run_events.deepspeed_run` rewrites it: its events and live bytes."""
+def fitcheck_run(stage: int, overlap: bool, lora: bool = False, world: int = 1, accum: int = 1,
+                 rank: int = 0) -> dict[str, Any]:
+    """The same run as :func:`deepspeed_run_events.deepspeed_run` rewrites it for ``rank``: its events and live
+    bytes."""
     from cpu_truth import Row, spec_for
 
     from fitcheck.spec import DeepSpeedSpec, LoraSpec, ShardingSpec, Strategy
@@ -121,10 +135,13 @@ def fitcheck_run(stage: int, overlap: bool, lora: bool = False) -> dict[str, Any
 
     spec = spec_for(Row("tiny", CONFIG, seq=SEQ, batch=BATCH, dtype="bfloat16", mp="bf16", optim="adamw_torch_fused",
                         lora=LoraSpec(r=8, target_modules=("q_proj", "v_proj"), dropout=0.0) if lora else None))
-    spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, DeepSpeedSpec(
+    if accum > 1:
+        spec = replace(spec, batch=replace(spec.batch, grad_accum=accum))
+    spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, world, 1, DeepSpeedSpec(
         stage=stage, overlap_comm=overlap, reduce_bucket_size=BUCKET, param_persistence_threshold=0)))
     plan = deepspeed_plan(spec)
-    plain = whole_run_events(spec)  # traced as the 16-bit module the engine runs, as the estimate does
+    # traced as the 16-bit module the engine runs, as the estimate does; a micro-batch is a plain pass
+    plain = whole_run_events(spec, steps=3 * accum)
     before = sum(n for _, n, t in plain if t == "setup")  # the model and its inputs
     events = deepspeed_run(plain, plan)
     live = live_bytes(events)
@@ -137,26 +154,50 @@ def large(events: list[list[Any]], regions: tuple[str, ...], floor: int) -> list
     return [n for n, t in events if n >= floor and t.removeprefix("side:").startswith(regions)]
 
 
-def real(*runs: tuple[int, bool, bool]) -> list[dict[str, Any]]:
-    """:func:`real_run` of each ``(stage, overlap_comm, lora)``, one after the other in one process of their own."""
-    proc = subprocess.run([sys.executable, __file__, "--real", *(f"{s}:{int(o)}:{int(lo)}" for s, o, lo in runs)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    if proc.returncode:
-        raise RuntimeError(proc.stderr[-3000:])
-    out: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out
+def real(*runs: tuple[int, ...]) -> list[dict[str, Any]]:
+    """:func:`real_run` of each ``(stage, overlap_comm, lora[, world[, accum[, rank]]])``, one after the other in
+    processes of their own: one, or one a rank (gloo, ``gloo_rank.start_rank``) where the runs' world size (the
+    same for all) is above 1; the records of the runs' rank (the same for all; 0 unless given)."""
+    world = max((r[3] for r in runs if len(r) > 3), default=1)
+    rank = max((r[5] for r in runs if len(r) > 5), default=0)
+    if any((r[3] if len(r) > 3 else 1, r[5] if len(r) > 5 else 0) != (world, rank) for r in runs):
+        raise ValueError("one world size and one rank per call")
+    args = [":".join(str(int(x)) for x in r[:5]) for r in runs]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if world == 1:
+        proc = subprocess.run([sys.executable, __file__, "--real", *args], capture_output=True, text=True,
+                              timeout=600, cwd=ROOT, env=env)
+        if proc.returncode:
+            raise RuntimeError(proc.stderr[-3000:])
+        return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    import socket
+
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), str(world), str(port), *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+             for r in range(world)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError("\n".join(err[-3000:] for _, err in outs))
+    return json.loads(outs[rank][0].strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 RUNS = ((1, False, False), (1, True, False), (2, False, False), (2, True, False), (3, False, False),
         (3, True, False), (1, False, True), (2, True, True))
+# (stage, overlap_comm, lora, processes, micro-batches a step), grouped by processes (one launch each)
+MULTI = ((2, False, False, 1, 2), (3, False, False, 1, 2), (2, True, True, 1, 2),
+         (1, False, False, 2), (2, False, False, 2), (2, True, False, 2), (2, True, True, 2), (2, False, False, 2, 2),
+         (2, False, False, 3), (2, True, True, 3), (2, True, False, 3, 2), (2, False, False, 3, 1, 1))
 
 
-def compare(run: tuple[int, bool, bool], theirs: dict[str, Any]) -> list[str]:
+def compare(run: tuple[int, ...], theirs: dict[str, Any]) -> list[str]:
     """Where fitcheck's sequence of ``run`` differs from the real engine's record: live bytes at
     :data:`POINTS` (within 64 B: a 0-d step counter, alignment), the large allocations of ``initialize`` and the
     optimizer steps, the ipg buckets each backward makes."""
-    mine = fitcheck_run(*run)  # three steps (allocator_replay.STEADY_STEPS) against the real two
+    # three steps (allocator_replay.STEADY_STEPS) against the real two
+    mine = fitcheck_run(*run)  # type: ignore[arg-type]
     floor = max(mine["trainable_bytes"] // 4, 1)
     out = [f"live after {p}: real {theirs['live'][p]} fitcheck {mine['live'].get(p)}" for p in POINTS
            if abs(theirs["live"][p] - mine["live"].get(p, 0)) > 64]
@@ -175,19 +216,31 @@ def compare(run: tuple[int, bool, bool], theirs: dict[str, Any]) -> list[str]:
 
 
 def main() -> int:
-    """Compare every run of :data:`RUNS` (or of the stages given); exit 1 on a difference."""
-    runs = [r for r in RUNS if not sys.argv[1:] or str(r[0]) in sys.argv[1:]]
+    """Compare every run of :data:`RUNS` and :data:`MULTI` (or of the stages given); exit 1 on a difference."""
+    runs = [r for r in (*RUNS, *MULTI) if not sys.argv[1:] or str(r[0]) in sys.argv[1:]]
     bad = 0
-    for run, theirs in zip(runs, real(*runs), strict=True):
-        diffs = compare(run, theirs)
-        bad += bool(diffs)
-        print(f"ZeRO-{run[0]} overlap_comm={run[1]!s:5} lora={run[2]!s:5} " + ("; ".join(diffs) or
-              "same live bytes after initialize, backward, step; same large allocations"))
+    for world, rank in sorted({(r[3] if len(r) > 3 else 1, r[5] if len(r) > 5 else 0) for r in runs}):
+        mine = [r for r in runs if (r[3] if len(r) > 3 else 1, r[5] if len(r) > 5 else 0) == (world, rank)]
+        for run, theirs in zip(mine, real(*mine), strict=True):
+            diffs = compare(run, theirs)
+            bad += bool(diffs)
+            micro = run[4] if len(run) > 4 else 1
+            print(f"ZeRO-{run[0]} overlap_comm={run[1]!s:5} lora={run[2]!s:5} processes={world} micro={micro} "
+                  f"rank={rank} "
+                  + ("; ".join(diffs) or "same live bytes after initialize, backward, step; same large allocations"))
     return 1 if bad else 0
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--real"]:
-        print(json.dumps([real_run(*(int(x) for x in run.split(":"))) for run in sys.argv[2:]]))  # type: ignore[arg-type]
+        runs = [tuple(int(x) for x in run.split(":")) for run in sys.argv[2:]]
+        print(json.dumps([real_run(*run) for run in runs]))  # type: ignore[arg-type]
         sys.exit(0)
+    if sys.argv[1:2] == ["--rank"]:  # one rank of a multi-process run: every rank prints its records
+        from gloo_rank import finish_rank, start_rank
+
+        start_rank(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+        records = [real_run(*(int(x) for x in run.split(":"))) for run in sys.argv[5:]]  # type: ignore[arg-type]
+        print(json.dumps(records))
+        finish_rank()
     sys.exit(main())

@@ -9,6 +9,10 @@ gradients kept until ``reduce_gradients``) and the full ZeRO-2 model (a gradient
 rewritten sequence must leave the live bytes the engines leave after ``initialize``, after each backward and after
 the first step, and make the same large allocations in ``initialize`` and in the optimizer steps; a wrong sequence
 (another stage's, or one without ``initialize_optimizer_states``' zeroed gradient) must not.
+
+More than one process: rank 0 of a real 2-process gloo run (ZeRO-2 with ``overlap_comm``, two micro-batches a
+step) against the rewrite of rank 0's partitions and of the accumulation window; the benchmark also runs 3
+processes (padding to 2 x 3), LoRA, ZeRO-1, and accumulation on one process under ZeRO-2 and ZeRO-3.
 """
 
 from __future__ import annotations
@@ -76,11 +80,17 @@ def test_what_is_not_replayed_is_said() -> None:
     ds = DeepSpeedSpec(stage=2)
     one = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, ds))
     assert not_replayed(one) == ""
-    assert "more than one process" in not_replayed(replace(one, sharding=ShardingSpec(Strategy.DEEPSPEED, 4, 1, ds)))
+    assert not_replayed(replace(one, sharding=ShardingSpec(Strategy.DEEPSPEED, 4, 1, ds))) == ""
+    three = DeepSpeedSpec(stage=3)
+    assert "ZeRO-3 on more than one process" in not_replayed(replace(one, sharding=ShardingSpec(
+        Strategy.DEEPSPEED, 4, 1, three)))
+    assert not_replayed(replace(one, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, three))) == ""
     off = replace(one, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, replace(
         ds, offload_optimizer=OffloadDevice.CPU)))
     assert "offloaded" in not_replayed(off)
-    assert "gradient accumulation" in not_replayed(replace(one, batch=replace(one.batch, grad_accum=4)))
+    assert not_replayed(replace(one, batch=replace(one.batch, grad_accum=4))) == ""
+    zero1 = replace(one, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, DeepSpeedSpec(stage=1)))
+    assert "gradient accumulation" in not_replayed(replace(zero1, batch=replace(one.batch, grad_accum=4)))
     assert "optimizer" in not_replayed(replace(one, optimizer=replace(one.optimizer, name="adamw_torch")))
 
 
@@ -106,3 +116,65 @@ def test_a_traced_deepspeed_answer_takes_the_replay(tmp_path: Path) -> None:
     other = spec_from_values({**values, "optim": "adamw_torch"}, {})[0]
     note = {f.code: f.message for f in PinnedPath("always")(other).findings}.get("reserved-published-gap", "")
     assert "adamw_torch optimizer" in note
+
+
+def test_two_processes_with_accumulation_match_rank_0() -> None:
+    from deepspeed_run_events_cpu import compare, real
+
+    run = (2, True, False, 2, 2)  # ZeRO-2, overlap_comm, full model, 2 processes, 2 micro-batches a step
+    (theirs,) = real(run)
+    assert theirs["live"]["backward1.0"] == theirs["live"]["backward1"]  # the window's first partition, kept
+    assert compare(run, theirs) == []
+    # one process's arithmetic (the whole group in every partition) against rank 0 of two
+    assert any("live after initialize" in d for d in compare((2, True, False, 1, 2), theirs))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_each_rank_partition_is_deepspeeds(world: int) -> None:
+    import torch
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    from fitcheck.torch_adapters.deepspeed_run_plan import DeepSpeedPlan, aligned
+
+    # the tiny Llama's two groups in the Trainer's order (embedding, two layers' linears, head; the norms)
+    layer = (16384, 8192, 8192, 16384, 32768, 32768, 32768)
+    groups = ((131072, *layer, *layer, 131072), (128,) * 5)
+    plan = DeepSpeedPlan(2, groups, frozenset(), 2, 20_000, False, True, 10**9, world)
+    for i, group in enumerate(groups):
+        size = plan.partition(i)
+        assert size * world == aligned(sum(group), world) and aligned(sum(group), world) % (2 * world) == 0
+        tensors = [torch.empty(n, device="meta") for n in group]
+        for rank in range(world):
+            inside, _, first = DeepSpeedZeroOptimizer.get_partition_info(None, tensors, size, rank)
+            mine = plan.in_partition(i, rank)
+            assert [n for n, _ in mine] == [t.numel() for t in inside]
+            # the parts in the partition: what _get_flat_partition_unpadded narrows (first_offset, then capped)
+            end = max(0, min(size, sum(group) - rank * size))
+            assert sum(part for _, part in mine) == end and (not mine or mine[0][1] == mine[0][0] - first
+                                                               or len(mine) == 1)
+    # the rank rewritten is the one whose grads_in_partition is the largest
+    spec_rank = max(range(world), key=lambda r: (plan.held(r), -r))
+    assert plan.held(spec_rank) == max(
+        sum(t.numel() for i, g in enumerate(groups) for t in DeepSpeedZeroOptimizer.get_partition_info(
+            None, [torch.empty(n, device="meta") for n in g], plan.partition(i), r)[0]) for r in range(world))
+
+
+def test_a_traced_multi_process_accumulating_answer_takes_the_replay(tmp_path: Path) -> None:
+    import json
+
+    from deepspeed_run_events_cpu import CONFIG
+
+    from fitcheck.cli.estimate import spec_from_values
+    from fitcheck.torch_adapters import PinnedPath
+
+    (tmp_path / "config.json").write_text(json.dumps({**CONFIG, "torch_dtype": "bfloat16"}), encoding="utf-8")
+    values = {"model_name_or_path": str(tmp_path), "max_seq_length": 32, "per_device_train_batch_size": 2,
+              "gpu": "H100", "dtype": "bfloat16", "bf16": True, "zero_stage": 2, "num_processes": 4,
+              "gradient_accumulation_steps": 2}
+    spec = spec_from_values(values, {})[0]
+    assert (spec.data_parallel_size, spec.batch.grad_accum) == (4, 2)
+    assert "reserved-published-gap" not in {f.code for f in PinnedPath("always")(spec).findings}
+    # ZeRO-3 on four processes keeps the published gap, and says why
+    other = spec_from_values({**values, "zero_stage": 3}, {})[0]
+    note = {f.code: f.message for f in PinnedPath("always")(other).findings}.get("reserved-published-gap", "")
+    assert "ZeRO-3 on more than one process" in note

@@ -5,7 +5,7 @@
   training step under ``FakeTensorMode``, read as activation components;
 - :mod:`.allocator_replay`: the traced step's own allocations and frees replayed through the caching allocator
   (the whole run: ``allocator_compose`` composes the steps and the optimizer, ``allocator_deepen`` deepens them,
-  ``deepspeed_run_events`` rewrites it into DeepSpeed's one-process run, ``fsdp2_run_events`` into one FSDP2
+  ``deepspeed_run_events`` rewrites it into one DeepSpeed rank's run, ``fsdp2_run_events`` into one FSDP2
   rank's);
 - :mod:`.differential`: the formula-vs-trace grid (cells, specs, comparison) the benchmarks and tests run;
 - :mod:`.live_model`: facts of a loaded model (dtypes, adapters, quantized layers, device map);

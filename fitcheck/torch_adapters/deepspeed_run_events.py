@@ -1,4 +1,4 @@
-"""DeepSpeed's whole run, one process, replayed through the caching allocator (issue 19: DeepSpeed reserved).
+"""DeepSpeed's whole run, rank 0's, replayed through the caching allocator (issue 19: DeepSpeed reserved).
 
 The default path composes the plain Trainer's whole run from the traced step (``allocator_replay.whole_run_events``:
 parameters, three steps of forward, backward and torch's optimizer). Under DeepSpeed the run is different around
@@ -34,11 +34,23 @@ backward hands every gradient to the engine, and the engine's optimizer steps a 
   step, the fp32 gradient dropped; ZeRO-1/2's ``grads_in_partition`` goes with the last group's gradients. The
   torch optimizer's own per-parameter events of the plain run are dropped.
 
+More than one process (ZeRO-1/2; ZeRO-3's parameter gathers are not replayed): one rank's, the one whose
+``grads_in_partition`` is the largest (:attr:`.DeepSpeedPlan.rank`: the per-GPU peak is the largest rank's). Every
+rank holds the whole flat 16-bit group; the fp32 master, ``initialize_optimizer_states``' zeroed gradient, the flat
+gradient and Adam's states of the step are one partition (:meth:`.DeepSpeedPlan.partition`); ``grads_in_partition``
+holds the parameters that overlap the rank's partition, whole (``copy_grads_in_partition``), and the step's fp64
+norms their parts inside it (:meth:`.DeepSpeedPlan.in_partition`). Gradient accumulation (ZeRO-2, ZeRO-3): a
+micro-batch is a plain pass (``_clear_param_grad_only`` leaves every ``.grad`` None, so autograd hands each gradient
+over afresh); ZeRO-2 keeps the window's first ``grads_in_partition`` and drops the later ones
+(``deepspeed_run_backward.Backward.accumulate``), ZeRO-3 adds into its resident buffer in place (``stage3.py``
+``partition_grads``, ``micro_step_id`` > 0); the engine steps at the boundary.
+
 Checked: the H200 Trainer rows (Llama-3.2-1B bf16 4 x 1024, ZeRO-2 and ZeRO-3, one process:
-``benchmarks/deepspeed_reserved_replay.py``) and, live bytes after ``initialize``, backward and the step, a real
-``deepspeed.initialize`` on CPU (``tests/test_deepspeed_run_events.py``). What is not replayed (:func:`not_replayed`)
-keeps the published gap of ``core/allocator.py``, and the estimate's INFO says which part. The plan of a run and
-what is not replayed: :mod:`.deepspeed_run_plan`.
+``benchmarks/deepspeed_reserved_replay.py``) and, live bytes after ``initialize``, backward and the step, real
+DeepSpeed engines on CPU: one process, and ranks 0 and 1 of 2 and 3 gloo processes
+(``tests/test_deepspeed_run_events.py``, ``benchmarks/deepspeed_run_events_cpu.py``). What is not replayed
+(:func:`not_replayed`) keeps the published gap of ``core/allocator.py``, and the estimate's INFO says which part.
+The plan of a run and what is not replayed: :mod:`.deepspeed_run_plan`.
 
 Pure Python: no torch import.
 """
@@ -50,24 +62,21 @@ from typing import Any
 
 from fitcheck.core.caching import AllocatorConf, CachingAllocator
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.deepspeed_run_backward import EMPTY_CACHE as EMPTY_CACHE
+from fitcheck.torch_adapters.deepspeed_run_backward import SIDE as SIDE
+from fitcheck.torch_adapters.deepspeed_run_backward import Backward as _Backward
+from fitcheck.torch_adapters.deepspeed_run_backward import Event as Event
+from fitcheck.torch_adapters.deepspeed_run_backward import EventWriter as EventWriter
 from fitcheck.torch_adapters.deepspeed_run_plan import (
     FP32,
     DeepSpeedPlan,
     DeepSpeedReplayError,
+    aligned,
     deepspeed_plan,
     not_replayed,
 )
 
-Event = tuple[int, int, str]  # (storage serial, +bytes allocated / -bytes freed, region), allocator_compose's
-EMPTY_CACHE = "empty_cache"  # a (-1, 0, EMPTY_CACHE) event: torch.cuda.empty_cache()
-SIDE = "side:"  # a region prefix: allocated on a DeepSpeed side stream (not the default stream's pool)
 FP64 = 8  # zero/utils.py get_norm_dtype: fp64 where the accelerator has it (CUDA)
-
-
-def _aligned(numel: int, n: int) -> int:
-    """A ZeRO-1/2 flat group's elements: padded to ``nccl_start_alignment_factor`` (2) x world size
-    (``stage_1_and_2.py`` ``flatten_dense_tensors_aligned``; ``parameter_alignment`` off, its default)."""
-    return -(-numel // (2 * n)) * (2 * n)
 
 
 def _sub_groups(group: Sequence[int], size: int) -> list[int]:
@@ -81,22 +90,6 @@ def _sub_groups(group: Sequence[int], size: int) -> list[int]:
             out.append(acc)
             acc = 0
     return out
-
-
-class EventWriter:
-    """The rewritten event list, with fresh serials for DeepSpeed's own tensors."""
-
-    def __init__(self, top: int) -> None:
-        self.out: list[Event] = []
-        self.serial = top
-
-    def new(self, nbytes: int, tag: str) -> int:
-        self.serial += 1
-        self.out.append((self.serial, nbytes, tag))
-        return self.serial
-
-    def free(self, serial: int, nbytes: int, tag: str) -> None:
-        self.out.append((serial, -nbytes, tag))
 
 
 def _trainable_storages(setup: Sequence[Event], plan: DeepSpeedPlan) -> list[list[tuple[int, bool]]]:
@@ -146,16 +139,16 @@ def _initialize(w: EventWriter, plan: DeepSpeedPlan, owned: list[list[int]], siz
     """``deepspeed.initialize``'s tensors (module docstring)."""
     t, e = "setup", plan.elem
     if plan.stage < 3:
-        for group, storages in zip(plan.groups, owned, strict=True):
+        for i, (group, storages) in enumerate(zip(plan.groups, owned, strict=True)):
             w.out.append((-1, 0, EMPTY_CACHE))
-            numel = _aligned(sum(group), 1)
-            w.new(e * numel, t)  # bit16_groups_flat
+            w.new(e * aligned(sum(group), plan.world), t)  # bit16_groups_flat: the whole group on every rank
             for s in storages:
                 w.free(s, size[s], t)
-            clone = w.new(e * numel, t)
-            w.new(FP32 * numel, t)  # single_partition_of_fp32_groups
-            w.free(clone, e * numel, t)
-        zeros = [(w.new(FP32 * _aligned(sum(g), 1), t), FP32 * _aligned(sum(g), 1)) for g in plan.groups]
+            part = plan.partition(i)  # this rank's partition of it
+            clone = w.new(e * part, t)
+            w.new(FP32 * part, t)  # single_partition_of_fp32_groups
+            w.free(clone, e * part, t)
+        zeros = [(w.new(FP32 * plan.partition(i), t), FP32 * plan.partition(i)) for i in range(len(plan.groups))]
         for s, n in zeros:  # initialize_optimizer_states: group.grad = None
             w.free(s, n, t)
         return
@@ -188,11 +181,13 @@ def _optimizer_step(w: EventWriter, plan: DeepSpeedPlan, tag: str, first: bool,
     e = plan.elem
     # ZeRO-1/2 scaled_global_norm -> get_grad_norm_direct, ZeRO-3 get_grad_norm_direct: each gradient (partition)
     # .to(get_norm_dtype()), fp64 on CUDA, and its norm
-    if True:
-        for group in plan.groups:
-            for numel in group:
-                w.free(w.new(FP64 * numel, tag), FP64 * numel, tag)
-    sizes = ([_aligned(sum(g), 1) for g in plan.groups] if plan.stage < 3
+    # (ZeRO-1/2: the part of each in this rank's partition, ``averaged_gradients``)
+    pieces = ([[inside for _, inside in plan.in_partition(i)] for i in range(len(plan.groups))] if plan.stage < 3
+              else plan.groups)
+    for group in pieces:
+        for numel in group:
+            w.free(w.new(FP64 * numel, tag), FP64 * numel, tag)
+    sizes = ([plan.partition(i) for i in range(len(plan.groups))] if plan.stage < 3
              else [n for g in plan.groups for n in _sub_groups(g, plan.sub_group_size)])
     for k, n in enumerate(sizes):
         flat = w.new(e * n, tag)
@@ -229,13 +224,19 @@ def deepspeed_run(events: Sequence[Event], plan: DeepSpeedPlan) -> list[Event]:
     w = EventWriter(max((s for s, _, _ in events), default=0) + 1)
     w.out += setup
     _initialize(w, plan, _cast(w, plan, matched, size), size)
-    state = _Backward(plan)
-    for k in range(n_setup, len(events)):
-        if k in ends:
-            tag = "optimizer" if ends[-1] == k else "optimizer_warmup"
+    state, kept, passes = _Backward(plan), None, 0
+    for k in range(n_setup, len(events) + 1):
+        if k in ends:  # a backward ends: the engine's step at the accumulation boundary
+            passes += 1
             state.epilogue(w, events[k - 1][2])
-            _optimizer_step(w, plan, tag, ends[0] == k, state.partition)
+            if plan.accum > 1:
+                kept = state.accumulate(w, kept, events[k - 1][2], passes % plan.accum == 0)
+            if passes % plan.accum == 0:
+                tag = "optimizer" if ends[-1] == k else "optimizer_warmup"
+                _optimizer_step(w, plan, tag, passes == plan.accum, state.partition)
             state = _Backward(plan)
+        if k == len(events):
+            break
         s, n, t = events[k]
         if t.startswith("optimizer"):
             continue  # the torch optimizer's own step: DeepSpeed's replaces it
@@ -243,9 +244,6 @@ def deepspeed_run(events: Sequence[Event], plan: DeepSpeedPlan) -> list[Event]:
             state.gradient(w, s, n, t)
         else:
             w.out.append((s, n, t))
-    if len(events) in ends:
-        state.epilogue(w, events[-1][2])
-        _optimizer_step(w, plan, "optimizer", ends[0] == len(events), state.partition)
     return without_dead_frees(w.out)
 
 
@@ -291,55 +289,6 @@ def step_ends(events: Sequence[Event], start: int) -> tuple[list[int], set[int]]
         ends.append(k)
         grads |= step_grads
     return ends, grads
-
-
-class _Backward:
-    """One backward's gradients as the engine takes them (module docstring)."""
-
-    def __init__(self, plan: DeepSpeedPlan) -> None:
-        self.plan = plan
-        self.held: list[tuple[int, int]] = []  # ZeRO-1 without overlap_comm: every gradient until the end
-        self.big: tuple[int, int] | None = None  # a gradient larger than the bucket, reduced at the next one
-        self.buckets: list[tuple[int, int]] = []
-        self.partition: tuple[int, int] | None = None  # ZeRO-1/2 grads_in_partition
-        self.late = plan.stage == 1 and not plan.overlap
-
-    def gradient(self, w: EventWriter, s: int, n: int, t: str) -> None:
-        """A gradient autograd made (``s``, ``n`` bytes, region ``t``)."""
-        p = self.plan
-        w.out.append((s, n, t))
-        if p.stage == 3:  # partition_grads: copied into grad_partitions_flat_buffer
-            w.free(s, n, t)
-            return
-        if not self.buckets and not self.partition:  # setup_buckets at the first gradient hook
-            for _ in range((2 if p.overlap else 1) if p.contiguous else 0):
-                self.buckets.append((w.new(p.elem * p.bucket, t), p.elem * p.bucket))
-            if not self.late:
-                self.partition = (w.new(p.elem * p.numel, (SIDE if p.overlap else "") + t), p.elem * p.numel)
-        if self.late:
-            self.held.append((s, n))
-            return
-        if self.big is not None:
-            w.free(*self.big, t)
-            self.big = None
-        if n > p.elem * p.bucket:
-            self.big = (s, n)
-        else:
-            w.free(s, n, t)
-
-    def epilogue(self, w: EventWriter, t: str) -> None:
-        """The end of backward: ZeRO-1's ``reduce_gradients``, the last bucket reduced, ``_release_ipg_buffers``."""
-        p = self.plan
-        if p.stage == 3:
-            return
-        if self.late:
-            self.partition = (w.new(p.elem * p.numel, t), p.elem * p.numel)
-            for g in reversed(self.held):  # parameter order: backward made them in reverse
-                w.free(*g, t)
-        if self.big is not None:
-            w.free(*self.big, t)
-        for b in self.buckets:
-            w.free(*b, t)
 
 
 def without_dead_frees(events: Sequence[Event]) -> list[Event]:
@@ -449,11 +398,12 @@ def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -
         ``_whole_failed``).
     """
     return rewritten_run(path, spec, key, _key(spec), "deepspeed-run",
-                         lambda events: deepspeed_run(events, deepspeed_plan(spec)), required)
+                         lambda events: deepspeed_run(events, deepspeed_plan(spec)), required,
+                         max(spec.batch.grad_accum, 1))
 
 
 def rewritten_run(path: Any, spec: TrainingSpec, key: str, extra: str, kind: str,
-                  rewrite: Callable[[list[Event]], list[Event]], required: bool = False) -> Any:
+                  rewrite: Callable[[list[Event]], list[Event]], required: bool = False, passes: int = 1) -> Any:
     """A ``PinnedPath``'s plain whole run rewritten (DeepSpeed's, FSDP2's) and replayed, default stream only
     (:func:`replay_default_stream`), cached with its whole-run replays (the micro-batch excepted as theirs are),
     from the activation traces it has run for the spec (traced here when it has none).
@@ -466,6 +416,8 @@ def rewritten_run(path: Any, spec: TrainingSpec, key: str, extra: str, kind: str
         kind: The on-disk cache's kind (``trace_cache.cached_replay``).
         rewrite: The plain run's events (``allocator_replay.whole_run_events``) -> the rewritten run's.
         required: Raise when the replay cannot run rather than return None.
+        passes: Plain passes per step of the rewritten run (DeepSpeed's gradient accumulation: a micro-batch of
+            the engine's is a plain step's pass, every ``.grad`` None again at its start).
 
     Returns:
         ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed`` under
@@ -473,7 +425,7 @@ def rewritten_run(path: Any, spec: TrainingSpec, key: str, extra: str, kind: str
     """
     from fitcheck.core.loading import allocator_conf
     from fitcheck.core.trainers import step_spec
-    from fitcheck.torch_adapters.allocator_replay import whole_run_events
+    from fitcheck.torch_adapters.allocator_replay import STEADY_STEPS, whole_run_events
     from fitcheck.torch_adapters.trace_cache import cached_replay
 
     dkey = key + extra
@@ -487,7 +439,7 @@ def rewritten_run(path: Any, spec: TrainingSpec, key: str, extra: str, kind: str
         runs = traces.traced.get(step_spec(spec).batch.micro_batch) or next(iter(traces.traced.values()))
 
     def compute() -> Any:
-        events = whole_run_events(spec, runs, optimizer_traces=path._optimizer_traces)
+        events = whole_run_events(spec, runs, STEADY_STEPS * passes, optimizer_traces=path._optimizer_traces)
         return replay_default_stream(rewrite(events), allocator_conf(spec), spec.batch.seq_len)
 
     try:  # the on-disk trace cache keeps it for the next process (trace_cache.cached_replay)
@@ -511,6 +463,6 @@ def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:
         return "the whole-run replay composes the plain Trainer's run, not FSDP's module cast"
     missing = not_replayed(spec)
     if missing:
-        return f"DeepSpeed's run is replayed for one process only, and this run has {missing}"
+        return f"DeepSpeed's run is replayed except where it has {missing}, as this run does"
     failed = path._whole_failed.get(key + _key(spec))
     return f"DeepSpeed's run could not be replayed ({failed})" if failed else "DeepSpeed's run was not replayed"

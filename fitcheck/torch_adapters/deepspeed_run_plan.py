@@ -5,7 +5,7 @@ Read from deepspeed 0.19.8 (cited where used); pure Python, no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fitcheck.spec import Dtype, TrainingSpec
 
@@ -32,6 +32,11 @@ class DeepSpeedPlan:
         overlap: ``overlap_comm`` as DeepSpeed resolves it (``zero/config.py``: stage 3 on, else off).
         contiguous: ``contiguous_gradients``.
         sub_group_size: ZeRO-3's ``sub_group_size`` (elements).
+        world: Data-parallel processes; the rewrite is rank 0's (ZeRO-1/2: the partitions of
+            ``stage_1_and_2.py``, :meth:`partition` and :meth:`in_partition`).
+        accum: ``gradient_accumulation_steps`` (micro-batches per optimizer step).
+        rank: The rank rewritten (ZeRO-1/2): :func:`deepspeed_plan` takes the one whose ``grads_in_partition`` is
+            the largest (a rank's partition holds every parameter that overlaps it, whole).
     """
 
     stage: int
@@ -42,11 +47,42 @@ class DeepSpeedPlan:
     overlap: bool
     contiguous: bool
     sub_group_size: int
+    world: int = 1
+    accum: int = 1
+    rank: int = 0
 
     @property
     def numel(self) -> int:
         """Trainable elements."""
         return sum(sum(g) for g in self.groups)
+
+    def partition(self, i: int) -> int:
+        """Elements of one rank's partition of ZeRO-1/2 group ``i``: the flat group padded to 2 x world size
+        (:func:`aligned`) split evenly (``stage_1_and_2.py`` ``get_data_parallel_partitions``)."""
+        return aligned(sum(self.groups[i]), self.world) // self.world
+
+    def in_partition(self, i: int, rank: int | None = None) -> list[tuple[int, int]]:
+        """The parameters of ZeRO-1/2 group ``i`` in a rank's partition (:attr:`rank` unless given;
+        ``stage_1_and_2.py`` ``get_partition_info``: each that starts inside it, and one that starts before and
+        ends inside), each as (its elements, its elements inside the partition: the view
+        ``_get_flat_partition_unpadded`` hands the step and the gradient norm)."""
+        size, out, start = self.partition(i), [], 0
+        lo = size * (self.rank if rank is None else rank)
+        for numel in self.groups[i]:
+            if lo <= start < lo + size or start < lo < start + numel:
+                out.append((numel, min(start + numel, lo + size) - max(start, lo)))
+            start += numel
+        return out
+
+    def held(self, rank: int | None = None) -> int:
+        """Elements of a rank's ``grads_in_partition`` (``copy_grads_in_partition``: its parameters, whole)."""
+        return sum(n for i in range(len(self.groups)) for n, _ in self.in_partition(i, rank))
+
+
+def aligned(numel: int, n: int) -> int:
+    """A ZeRO-1/2 flat group's elements: padded to ``nccl_start_alignment_factor`` (2) x world size
+    (``stage_1_and_2.py`` ``flatten_dense_tensors_aligned``; ``parameter_alignment`` off, its default)."""
+    return -(-numel // (2 * n)) * (2 * n)
 
 
 def not_replayed(spec: TrainingSpec) -> str:
@@ -65,12 +101,12 @@ def not_replayed(spec: TrainingSpec) -> str:
     parts = []
     if ds is None or stage not in (1, 2, 3):
         parts.append("ZeRO-0")
-    if max(spec.data_parallel_size, 1) > 1:
-        parts.append("more than one process (partition padding, ZeRO-3's parameter gathers)")
+    if max(spec.data_parallel_size, 1) > 1 and stage == 3:
+        parts.append("ZeRO-3 on more than one process (its parameter gathers and prefetch)")
     if ds is not None and (ds.offload_optimizer, ds.offload_param) != (OffloadDevice.NONE, OffloadDevice.NONE):
         parts.append("offloaded optimizer or parameters")
-    if spec.batch.grad_accum > 1:
-        parts.append("gradient accumulation (the gradient partition kept across micro-batches)")
+    if spec.batch.grad_accum > 1 and stage == 1:
+        parts.append("gradient accumulation under ZeRO-1 (its gradients reduced at the boundary only)")
     cast = _engine_dtype(spec)
     if cast is None:
         parts.append("an fp32 engine (no bf16/fp16 section)")
@@ -126,5 +162,10 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     cast = _engine_dtype(spec)
     elem = cast.nbytes if cast is not None else FP32
     overlap = ds.overlap_comm if ds.overlap_comm is not None else stage == 3  # zero/config.py overlap_comm_valid
-    return DeepSpeedPlan(stage, groups, marked, elem, ds.reduce_bucket_size, overlap,
-                         ds.contiguous_gradients, ds.sub_group_size)
+    plan = DeepSpeedPlan(stage, groups, marked, elem, ds.reduce_bucket_size, overlap,
+                         ds.contiguous_gradients, ds.sub_group_size, max(spec.data_parallel_size, 1),
+                         max(spec.batch.grad_accum, 1))
+    if stage == 3 or plan.world == 1:
+        return plan
+    # the per-GPU peak is the largest rank's: the one holding the most whole parameters (the first of a tie)
+    return replace(plan, rank=max(range(plan.world), key=lambda r: (plan.held(r), -r)))
