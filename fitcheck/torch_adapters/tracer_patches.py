@@ -32,14 +32,17 @@ live-tensor peak of a tiny model equals the real CPU step's, without it the two 
 Not a fake-tensor fix but an import made cheaper (``bitsandbytes_uncompiled``): bitsandbytes 0.50.2
 ``backends/default/ops.py`` wraps four of its default (device-generic) kernels in ``_try_torch_compile`` at
 import time, and torch 2.13 ``torch.compile`` -> ``_dynamo/eval_frame.py::_optimize`` looks up the inductor
-backend and its config (``get_compiler_fn``, ``get_compiler_config``: ``torch._inductor.compile_fx`` and what
-it imports) before anything is compiled: about a quarter of a cold QLoRA answer's CPU time, for kernels a
-fake-tensor trace never runs (bitsandbytes registers fake kernels for its ops, ``bitsandbytes/_ops.py``). peft
-0.21.2 imports bitsandbytes whenever it is installed (``helpers.py``), so every LoRA trace paid it too. A trace
-on fake tensors imports bitsandbytes first with ``TORCHDYNAMO_DISABLE=1`` (read at each call of ``_optimize``,
-which then returns ``_NullDecorator``: the function itself): those four kernels stay eager in this process, as
-bitsandbytes' own fallback leaves them when ``torch.compile`` fails. Nothing changes when bitsandbytes is
-already imported (a user's training process that loaded a quantized model) or on a real CPU step.
+backend and its config (``get_compiler_fn``, ``get_compiler_config``: ``torch._inductor.compile_fx`` and what it
+imports) before anything is compiled. In a cProfile of a cold Qwen3-8B QLoRA report that was 25.6 of 199
+profiled seconds; measured, the cold traced answer's CPU time went 18.4 -> 15.6 s (median of 3 fresh processes,
+2026-11-27, ``benchmarks/default_path_speed.py`` cases). A fake-tensor trace never runs those kernels
+(bitsandbytes registers fake kernels for its ops, ``bitsandbytes/_ops.py``), and peft 0.21.2 imports bitsandbytes
+whenever it is installed (``helpers.py``), so every LoRA trace paid the lookup too. A trace on fake tensors
+imports bitsandbytes first with ``TORCHDYNAMO_DISABLE=1`` (read at each call of ``_optimize``, which then
+returns ``_NullDecorator``: the function itself), so those four kernels stay eager in this process, as
+bitsandbytes' own fallback leaves them when ``torch.compile`` raises. Nothing changes when bitsandbytes is
+already imported (a training process that loaded a quantized model). A real CPU step later in the same process
+runs them eagerly: ``tests/test_tracer_qlora.py``'s fake == real checks give the same bytes that way.
 
 Not a fake-tensor fix but a kernel choice (``cuda_dropout``): a trace describes a CUDA run unless the spec says
 ``device_type cpu``, and dropout is one op whose CPU and CUDA kernels keep different tensors. torch 2.13
