@@ -164,8 +164,15 @@ def build_model(
     Returns:
         The ``torch.nn.Module`` in train mode.
     """
-    from fitcheck.torch_adapters.tracer_patches import fake_deepcopy, fake_trunc_normal, module_to_is_noop
+    from fitcheck.torch_adapters.tracer_patches import (
+        bitsandbytes_uncompiled,
+        fake_deepcopy,
+        fake_trunc_normal,
+        module_to_is_noop,
+    )
 
+    if fake and (lora is not None or quant is not None):  # peft imports bitsandbytes where it is installed
+        bitsandbytes_uncompiled()
     cfg = hf_config(config, attn_implementation)
     cls = model_class(config, task)
     guard = contextlib.ExitStack()

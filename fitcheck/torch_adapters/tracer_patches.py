@@ -29,6 +29,21 @@ live-tensor peak of a tiny model equals the real CPU step's, without it the two 
    vision tower of Gemma-3 image-text models). Fix (``fake_trunc_normal``): an in-place ``normal_`` while the
    model is built under fake mode: same tensor, shape and dtype; values mean nothing on fake tensors.
 
+Not a fake-tensor fix but an import made cheaper (``bitsandbytes_uncompiled``): bitsandbytes 0.50.2
+``backends/default/ops.py`` wraps four of its default (device-generic) kernels in ``_try_torch_compile`` at
+import time, and torch 2.13 ``torch.compile`` -> ``_dynamo/eval_frame.py::_optimize`` looks up the inductor
+backend and its config (``get_compiler_fn``, ``get_compiler_config``: ``torch._inductor.compile_fx`` and what it
+imports) before anything is compiled. In a cProfile of a cold Qwen3-8B QLoRA report that was 25.6 of 199
+profiled seconds; measured, the cold traced answer's CPU time went 18.4 -> 15.6 s (median of 3 fresh processes,
+2026-11-27, ``benchmarks/default_path_speed.py`` cases). A fake-tensor trace never runs those kernels
+(bitsandbytes registers fake kernels for its ops, ``bitsandbytes/_ops.py``), and peft 0.21.2 imports bitsandbytes
+whenever it is installed (``helpers.py``), so every LoRA trace paid the lookup too. A trace on fake tensors
+imports bitsandbytes first with ``TORCHDYNAMO_DISABLE=1`` (read at each call of ``_optimize``, which then
+returns ``_NullDecorator``: the function itself), so those four kernels stay eager in this process, as
+bitsandbytes' own fallback leaves them when ``torch.compile`` raises. Nothing changes when bitsandbytes is
+already imported (a training process that loaded a quantized model). A real CPU step later in the same process
+runs them eagerly: ``tests/test_tracer_qlora.py``'s fake == real checks give the same bytes that way.
+
 Not a fake-tensor fix but a kernel choice (``cuda_dropout``): a trace describes a CUDA run unless the spec says
 ``device_type cpu``, and dropout is one op whose CPU and CUDA kernels keep different tensors. torch 2.13
 ``aten/src/ATen/native/Dropout.cpp`` ``dropout``: when ``is_fused_kernel_acceptable`` (a CUDA/XPU/privateuse1
@@ -80,8 +95,31 @@ def module_to_is_noop() -> Iterator[None]:
         torch.nn.Module.to = original  # type: ignore[method-assign]
 
 
+def bitsandbytes_uncompiled() -> None:
+    """Import bitsandbytes (where installed and not imported yet) without ``torch.compile``'s backend lookup (see
+    the module docstring); the tracer calls it before a fake-tensor trace imports peft or bitsandbytes."""
+    import importlib.util
+    import os
+    import sys
+
+    if "bitsandbytes" in sys.modules or importlib.util.find_spec("bitsandbytes") is None:
+        return
+    import torch._dynamo  # noqa: F401  (imported anyway: transformers' masking_utils imports it)
+
+    saved = os.environ.get("TORCHDYNAMO_DISABLE")
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    try:
+        importlib.import_module("bitsandbytes")
+    finally:
+        if saved is None:
+            del os.environ["TORCHDYNAMO_DISABLE"]
+        else:
+            os.environ["TORCHDYNAMO_DISABLE"] = saved
+
+
 def warm_bitsandbytes() -> None:
     """Build bitsandbytes' lookup tables on real tensors, outside fake mode (fix 3)."""
+    bitsandbytes_uncompiled()
     import bitsandbytes.functional as bnbf
 
     if "dynamic" not in bnbf.name2qmap:  # the cache functional.quantize_blockwise fills on first use
