@@ -113,6 +113,7 @@ def triton_folds() -> Iterator[None]:
     import types
 
     import torch
+    import trl.trainer.utils  # noqa: F401  # binds its own ``_use_triton`` first: every position stays scored
     from trl.kernels import chunked_logprob as ck
 
     names = ("_use_triton", "_forward_kernel", "_backward_kernel", "_addmm_fp32", "triton")
