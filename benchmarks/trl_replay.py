@@ -1,6 +1,7 @@
 """Real TRL 1.16 SFTTrainer runs on CPU vs the whole-run allocator replay of the same run and vs the formula.
 
-For each SFT case of ``benchmarks/trl_truth.py`` (a tiny random Llama, its real ``SFTTrainer``), three steps:
+For each SFT case of ``benchmarks/trl_truth.py`` (a tiny random Llama, its real ``SFTTrainer``) and a QLoRA case
+(the same model loaded in 4-bit nf4 by the trainer), three steps:
 
 * ``real``: the live-tensor bytes of the real run (``fitcheck.torch_adapters.live_tracker``, started at step 1's
   ``on_step_begin`` on the model's parameters, buffers and optimizer: every tensor the steps create, the optimizer
@@ -26,13 +27,27 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trl_truth import CASES, Case, build_trainer, spec_for
+from trl_truth import CASES, TRL_LORA, Case, build_trainer, spec_for
 
 from fitcheck.core import estimate
-from fitcheck.spec import TrainerKind, TrainerSpec
+from fitcheck.spec import Dtype, QuantSpec, TrainerKind, TrainerSpec
 
 STEPS = 3  # allocator_replay.STEADY_STEPS
-SFT_CASES = tuple(c for c in CASES if c.trainer is TrainerKind.SFT and not c.extra)
+# QLoRA: the base loaded in 4-bit (nf4, bf16 compute) through SFTConfig.model_init_kwargs; bitsandbytes' CPU backend
+_NF4 = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "bfloat16"}
+SFT_CASES = (*(c for c in CASES if c.trainer is TrainerKind.SFT and not c.extra),
+             Case("sft QLoRA", TrainerKind.SFT, lora=TRL_LORA,
+                  extra={"model_init_kwargs": {"quantization_config": _NF4}}))
+
+
+def case_spec(case: Case) -> Any:
+    """``trl_truth.spec_for``, with the 4-bit base of a QLoRA case (TRL 1.16 never calls
+    ``prepare_model_for_kbit_training``: ``readers/trl_settings.py``)."""
+    spec = spec_for(case)
+    if "model_init_kwargs" not in case.extra:
+        return spec
+    quant = QuantSpec(bits=4, quant_type="nf4", compute_dtype=Dtype.BFLOAT16, prepare_for_kbit_training=False)
+    return dataclasses.replace(spec, quant=quant)
 
 
 def measure_run(case: Case) -> dict[str, int]:
@@ -87,7 +102,7 @@ def replay_peaks(spec: Any) -> dict[str, int]:
 
 def row(case: Case) -> dict[str, Any]:
     """One table row (bytes)."""
-    spec = spec_for(case)
+    spec = case_spec(case)
     plain = dataclasses.replace(spec, trainer=TrainerSpec())
     t = time.perf_counter()
     replay = replay_peaks(spec)

@@ -102,7 +102,7 @@ def test_replay_matches_the_real_sft_trainer_on_cpu() -> None:
 
     bench = load_benchmark("trl_replay")
     case = next(c for c in bench.SFT_CASES if c.name == "sft LoRA")
-    replay = bench.replay_peaks(bench.spec_for(case))
+    replay = bench.replay_peaks(bench.case_spec(case))
     real = bench.measure_run(case)
     assert replay["peak"] == pytest.approx(real["peak"], rel=0.002)
     assert replay["last_step"] == pytest.approx(real["last_step"], rel=0.002)

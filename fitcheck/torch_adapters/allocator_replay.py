@@ -335,7 +335,7 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
     for depth, run in zip(plan, step_runs, strict=True):
         opt_kwargs = {k: v for k, v in kwargs.items() if k not in ("seq_len", "micro_batch", "checkpointing",
                                                                    "every_n_layers", "use_reentrant", "image_tokens",
-                                                                   "cublas_workspaces", "trl_head")}
+                                                                   "cublas_workspaces")}
         key = repr((spec.model.model_id, spec.model.shape, depth, steps, sorted(opt_kwargs.items())))
         if key not in cache:
             cache[key] = trace_optimizer(config, num_layers=depth, steps=steps, **opt_kwargs)

@@ -84,7 +84,6 @@ def prepare_sft(model: Any, outputs: tuple[str, ...], *, quantized: bool, checkp
     Returns:
         The step.
     """
-    import torch
     from peft import PeftModel
     from trl.trainer.utils import add_fused_lm_head
 
@@ -92,12 +91,21 @@ def prepare_sft(model: Any, outputs: tuple[str, ...], *, quantized: bool, checkp
     if peft and checkpointing:
         model.enable_input_require_grads()
     if quantized:
-        for name, param in model.named_parameters():
-            if param.requires_grad and "lora_magnitude_vector" not in name:
-                param.data = param.data.to(torch.bfloat16)
+        trainable_to_bf16(model)
     base = model.get_base_model() if peft else model
     add_fused_lm_head(base, outputs=outputs)
     return SftStep(model, getattr(base, base.base_model_prefix))
+
+
+def trainable_to_bf16(model: Any) -> None:
+    """``SFTTrainer.__init__`` on a quantized base: every trainable parameter but DoRA's ``lora_magnitude_vector``
+    cast to bf16 (``param.data = param.data.to(torch.bfloat16)``; the optimizer, created later, keeps bf16 states:
+    ``tracer_optimizer.trace_optimizer(trl_head=)``)."""
+    import torch
+
+    for name, param in model.named_parameters():
+        if param.requires_grad and "lora_magnitude_vector" not in name:
+            param.data = param.data.to(torch.bfloat16)
 
 
 class _Launch:
