@@ -135,3 +135,37 @@ def test_boundary_fn_moves_the_largest_micro_batch_both_ways() -> None:
 
     assert max_micro_batch(spec, estimate, boundary_fn=tight) == max_micro_batch(spec, tight) < found  # type: ignore[arg-type]
     assert max_micro_batch(spec, estimate, boundary_fn=loose) == max_micro_batch(spec, loose) > found  # type: ignore[arg-type]
+
+
+def test_unreplayed_largest_micro_batch_says_what_fits_at_the_band_edge() -> None:
+    """Without a replay (no torch, ``--no_trace``) the largest micro-batch the published gap gives is printed with
+    the largest that still fits if reserved is at the band's high edge (used_band), never alone."""
+    from fitcheck.torch_adapters import PinnedPath, band_low_micro_batch
+    from fitcheck.torch_adapters.verdict_replay import used_band
+
+    spec = _spec(40.0)
+    path = PinnedPath("auto", can_trace=False)
+    largest = max_micro_batch(spec, path)
+    got = band_low_micro_batch(spec, largest, path, path)
+    assert got is not None
+    low, why = got
+    assert "installing torch" in why and 1 <= low < largest
+    fits_high = [used_band(path(dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, micro_batch=m))))[1]
+                 <= 40 * 1024**3 for m in (low, low + 1)]
+    assert fits_high == [True, False]  # the largest at the band's high edge, not one below it
+    far = _spec(80.0)
+    assert band_low_micro_batch(far, 1, path, path) is None  # 1 fits far from the budget: nothing to add
+
+
+def test_cli_no_trace_prints_both_micro_batches(capsys: pytest.CaptureFixture[str]) -> None:
+    from fitcheck.cli.main import main
+
+    argv = ["estimate", "--model_name_or_path", "microsoft/Phi-3-mini-4k-instruct", "--dtype", "bfloat16", "--bf16",
+            "--gradient_checkpointing", "--per_device_train_batch_size", "1", "--max_seq_length", "512",
+            "--gpu_memory", "40GiB", "--no_trace"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert 1 <= out["max_micro_batch_if_reserved_high"] < out["max_micro_batch"]
+    assert "--no_trace" in out["max_micro_batch_warning"]
+    main([*argv, "--brief"])
+    assert f"({out['max_micro_batch_if_reserved_high']} if reserved is as high as measured)" in capsys.readouterr().out

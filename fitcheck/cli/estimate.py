@@ -397,14 +397,33 @@ def advice_extras(
 
         search, boundary = search_and_boundary(estimate_fn)
     largest = max_micro_batch(report.spec, search, boundary_fn=boundary)  # before the advisor: replays are capped
+    band_low = None
+    if search is not None:  # the largest micro-batch's verdict on the published gap, inside its band, unreplayed
+        from fitcheck.torch_adapters import band_low_micro_batch
+
+        band_low = band_low_micro_batch(report.spec, largest, boundary or search, search)
     suggestions = advise(report.spec, report, estimate_fn=estimate_fn)
     if device_map:
         suggestions = tuple(s for s in suggestions if s.spec is None or not distributed_mode(s.spec))
-    return {
+    extras: dict[str, object] = {
         "max_micro_batch": largest,
         "suggestions": suggestions,
         "compute": compute,
     }
+    if band_low is not None:
+        extras["max_micro_batch_if_reserved_high"], extras["max_micro_batch_warning"] = band_low
+    return extras
+
+
+def largest_line(extras: Mapping[str, object]) -> str:
+    """The largest micro-batch, with the smaller one that fits if reserved is as far above the published gap as
+    measured, where that gap decides it unreplayed (``torch_adapters.band_low_micro_batch``)."""
+    line = f"largest micro-batch that fits at this sequence length: {extras['max_micro_batch']}"
+    low = extras.get("max_micro_batch_if_reserved_high")
+    if low is None:
+        return line
+    return (f"{line}, or {low or 'none'} if reserved is as far above the published 11 % gap as measured; at "
+            f"{extras['max_micro_batch']}, {extras['max_micro_batch_warning']}")
 
 
 def distributed_mode(spec: TrainingSpec) -> bool:
@@ -439,7 +458,8 @@ def run(args: argparse.Namespace) -> int:
     elif getattr(args, "brief", False):
         from fitcheck.render import brief_lines
 
-        lines = brief_lines(report, extras["suggestions"], extras["max_micro_batch"])  # type: ignore[arg-type]
+        lines = brief_lines(report, extras["suggestions"], extras["max_micro_batch"],  # type: ignore[arg-type]
+                            extras.get("max_micro_batch_if_reserved_high"))
         sys.stdout.write("\n".join(lines) + "\n")
     else:
         from fitcheck.render import make_console, print_report
@@ -457,6 +477,9 @@ def extras_to_json(extras: Mapping[str, object]) -> dict[str, object]:
         extras["suggestions"],  # type: ignore[arg-type]
         extras["compute"],  # type: ignore[arg-type]
     )
+    if "max_micro_batch_if_reserved_high" in extras:  # torch_adapters.band_low_micro_batch
+        out["max_micro_batch_if_reserved_high"] = extras["max_micro_batch_if_reserved_high"]
+        out["max_micro_batch_warning"] = extras["max_micro_batch_warning"]
     if "device_map_gpus" in extras:  # multi-GPU device_map: one entry per GPU (advice/device_map_gpus.py)
         out["device_map_gpus"] = extras["device_map_gpus"]
     return out
@@ -467,7 +490,7 @@ def extras_renderables(extras: Mapping[str, object]) -> list[Any]:
     from fitcheck.render import compute_line, suggestions_table
 
     return [
-        f"largest micro-batch that fits at this sequence length: {extras['max_micro_batch']}",
+        largest_line(extras),
         compute_line(extras["compute"]),  # type: ignore[arg-type]
         suggestions_table(extras["suggestions"]),  # type: ignore[arg-type]
     ]

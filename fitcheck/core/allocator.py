@@ -52,8 +52,9 @@ MEASURED_RESERVED_RATIO: dict[str, tuple[float, str]] = {
     "gradient checkpointing": (
         1.258, "H100, Llama-3.2-1B: full fine-tune 8 x 2048 1.258, QLoRA nf4 4 x 2048 1.228 "
         "(benchmarks/data/gpu_truth_nvidia_h100_80gb_hbm3.json)"),
-    # FSDP2's side-stream pools are modelled (core/states/fsdp_streams.py: FSDP2 +3.9 % / +1.6 % with
-    # checkpointing on these rows); FSDP1 stays under by 5 %
+    # FSDP2's side-stream pools are modelled (core/states/fsdp_streams.py) and its traced run replayed
+    # (torch_adapters/fsdp2_run_events.py: FSDP2 -0.1 % / +0.6 % with checkpointing on these rows); FSDP1 stays
+    # under by 5 %
     "FSDP1": (
         1.300, "H100, 1 GPU, Llama-3.2-1B, bf16 mixed precision, FSDP1 (NO_SHARD at one process) "
         "(benchmarks/data/fsdp_gpu_nvidia_h100_80gb_hbm3.json)"),

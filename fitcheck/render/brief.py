@@ -21,13 +21,16 @@ def _cut(line: str) -> str:
     return line if len(line) <= _WIDTH else line[: _WIDTH - 3] + "..."
 
 
-def brief_lines(report: Report, suggestions: Sequence[Suggestion], max_micro_batch: object = None) -> list[str]:
+def brief_lines(report: Report, suggestions: Sequence[Suggestion], max_micro_batch: object = None,
+                band_low: object = None) -> list[str]:
     """The brief report: at most :data:`MAX_LINES` lines of at most 160 characters.
 
     Args:
         report: The estimate.
         suggestions: The advisor's suggestions, best first.
         max_micro_batch: The largest micro-batch that fits at this length (None: not known).
+        band_low: The largest that fits if reserved is as far above the published gap as measured, where that gap
+            decides it unreplayed (``torch_adapters.band_low_micro_batch``; None: it does not).
     """
     spec = report.spec
     cpu = spec.hardware.device_type is DeviceType.CPU
@@ -52,7 +55,8 @@ def brief_lines(report: Report, suggestions: Sequence[Suggestion], max_micro_bat
     if warned:
         lines.append(f"warnings: {', '.join(dict.fromkeys(warned))} (the full report, without --brief, says more)")
     if isinstance(max_micro_batch, int) and max_micro_batch > 0:
-        lines.append(f"largest micro-batch that fits at this length: {max_micro_batch}")
+        caveat = f" ({band_low or 'none'} if reserved is as high as measured)" if isinstance(band_low, int) else ""
+        lines.append(f"largest micro-batch that fits at this length: {max_micro_batch}{caveat}")
     fitting = [s for s in suggestions if s.fits]
     if not (report.fits and not report.errors) and fitting:
         best = fitting[0]

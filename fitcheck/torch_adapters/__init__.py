@@ -5,7 +5,8 @@
   training step under ``FakeTensorMode``, read as activation components;
 - :mod:`.allocator_replay`: the traced step's own allocations and frees replayed through the caching allocator
   (the whole run: ``allocator_compose`` composes the steps and the optimizer, ``allocator_deepen`` deepens them,
-  ``deepspeed_run_events`` rewrites it into DeepSpeed's one-process run);
+  ``deepspeed_run_events`` rewrites it into DeepSpeed's one-process run, ``fsdp2_run_events`` into one FSDP2
+  rank's);
 - :mod:`.differential`: the formula-vs-trace grid (cells, specs, comparison) the benchmarks and tests run;
 - :mod:`.live_model`: facts of a loaded model (dtypes, adapters, quantized layers, device map);
 - :mod:`.live_tracker`: live-tensor peak of a real step (a dispatch mode);
@@ -53,6 +54,8 @@ if TYPE_CHECKING:
         model_config,
         phase_errors,
     )
+    from fitcheck.torch_adapters.fsdp2_run_events import fsdp2_run
+    from fitcheck.torch_adapters.fsdp2_run_plan import fsdp2_plan
     from fitcheck.torch_adapters.live_model import (
         config_mapping,
         inspect_model,
@@ -77,7 +80,7 @@ if TYPE_CHECKING:
     from fitcheck.torch_adapters.tracer_depth import trace_components, trace_extrapolated
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder, RegionStats
     from fitcheck.torch_adapters.trl_config_check import check_trl_config
-    from fitcheck.torch_adapters.verdict_replay import NearBudget, search_and_boundary
+    from fitcheck.torch_adapters.verdict_replay import NearBudget, band_low_micro_batch, search_and_boundary
 
 _WHERE = {
     "check_trl_config": "trl_config_check",
@@ -116,6 +119,8 @@ _WHERE = {
     "deepspeed_plan": "deepspeed_run_plan",
     "deepspeed_run": "deepspeed_run_events",
     "live_bytes": "deepspeed_run_events",
+    "fsdp2_plan": "fsdp2_run_plan",
+    "fsdp2_run": "fsdp2_run_events",
     "RegionStats": "tracer_recorder",
     "hf_config": "tracer_build",
     "model_class": "tracer_build",
@@ -136,6 +141,7 @@ _WHERE = {
     "not_replayed": "run_scope",
     "trace_components": "tracer_depth",
     "NearBudget": "verdict_replay",
+    "band_low_micro_batch": "verdict_replay",
     "search_and_boundary": "verdict_replay",
 }
 
@@ -157,6 +163,7 @@ __all__ = [
     "TraceCache",
     "activation_trace_kwargs",
     "at_micro_batch",
+    "band_low_micro_batch",
     "build_meta_model",
     "cache_directory",
     "cache_from_environment",
@@ -168,6 +175,8 @@ __all__ = [
     "deepspeed_plan",
     "deepspeed_run",
     "device_map_findings",
+    "fsdp2_plan",
+    "fsdp2_run",
     "grid",
     "hf_config",
     "inspect_model",

@@ -45,7 +45,7 @@ Pure Python: no torch import.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fitcheck.core.caching import AllocatorConf, CachingAllocator
@@ -83,7 +83,7 @@ def _sub_groups(group: Sequence[int], size: int) -> list[int]:
     return out
 
 
-class _Writer:
+class EventWriter:
     """The rewritten event list, with fresh serials for DeepSpeed's own tensors."""
 
     def __init__(self, top: int) -> None:
@@ -123,7 +123,7 @@ def _trainable_storages(setup: Sequence[Event], plan: DeepSpeedPlan) -> list[lis
     return out
 
 
-def _cast(w: _Writer, plan: DeepSpeedPlan, matched: list[list[tuple[int, bool]]], size: dict[int, int],
+def _cast(w: EventWriter, plan: DeepSpeedPlan, matched: list[list[tuple[int, bool]]], size: dict[int, int],
           ) -> list[list[int]]:
     """``_cast_module_mixed_precision`` of the fp32 trainables (before the ZeRO optimizer is built): a 16-bit
     copy each, the fp32 storage freed. Returns each group's storages after it."""
@@ -142,7 +142,7 @@ def _cast(w: _Writer, plan: DeepSpeedPlan, matched: list[list[tuple[int, bool]]]
     return out
 
 
-def _initialize(w: _Writer, plan: DeepSpeedPlan, owned: list[list[int]], size: dict[int, int]) -> None:
+def _initialize(w: EventWriter, plan: DeepSpeedPlan, owned: list[list[int]], size: dict[int, int]) -> None:
     """``deepspeed.initialize``'s tensors (module docstring)."""
     t, e = "setup", plan.elem
     if plan.stage < 3:
@@ -181,7 +181,8 @@ def _initialize(w: _Writer, plan: DeepSpeedPlan, owned: list[list[int]], size: d
     w.new(e * plan.numel, t)  # grad_partitions_flat_buffer
 
 
-def _optimizer_step(w: _Writer, plan: DeepSpeedPlan, tag: str, first: bool, partition: tuple[int, int] | None) -> None:
+def _optimizer_step(w: EventWriter, plan: DeepSpeedPlan, tag: str, first: bool,
+                    partition: tuple[int, int] | None) -> None:
     """The engine's step on the flat partitions (module docstring); ``partition`` is ZeRO-1/2's
     ``grads_in_partition`` (serial, bytes), freed with the last group's gradients."""
     e = plan.elem
@@ -224,8 +225,8 @@ def deepspeed_run(events: Sequence[Event], plan: DeepSpeedPlan) -> list[Event]:
     setup = list(events[:n_setup])
     size = {s: n for s, n, _ in events if n > 0}
     matched = _trainable_storages(setup, plan)
-    ends, grads = _step_ends(events, n_setup)
-    w = _Writer(max((s for s, _, _ in events), default=0) + 1)
+    ends, grads = step_ends(events, n_setup)
+    w = EventWriter(max((s for s, _, _ in events), default=0) + 1)
     w.out += setup
     _initialize(w, plan, _cast(w, plan, matched, size), size)
     state = _Backward(plan)
@@ -245,10 +246,10 @@ def deepspeed_run(events: Sequence[Event], plan: DeepSpeedPlan) -> list[Event]:
     if len(events) in ends:
         state.epilogue(w, events[-1][2])
         _optimizer_step(w, plan, "optimizer", ends[0] == len(events), state.partition)
-    return _without_dead_frees(w.out)
+    return without_dead_frees(w.out)
 
 
-def _step_ends(events: Sequence[Event], start: int) -> tuple[list[int], set[int]]:
+def step_ends(events: Sequence[Event], start: int) -> tuple[list[int], set[int]]:
     """Where each step's backward ends (the index the engine's step goes before) and the gradients: what a
     step's backward allocated that is alive there. Regions are the allocation's (a free carries the region its
     storage was allocated in), so a step is told by its allocations: backward's, then the next forward's.
@@ -303,7 +304,7 @@ class _Backward:
         self.partition: tuple[int, int] | None = None  # ZeRO-1/2 grads_in_partition
         self.late = plan.stage == 1 and not plan.overlap
 
-    def gradient(self, w: _Writer, s: int, n: int, t: str) -> None:
+    def gradient(self, w: EventWriter, s: int, n: int, t: str) -> None:
         """A gradient autograd made (``s``, ``n`` bytes, region ``t``)."""
         p = self.plan
         w.out.append((s, n, t))
@@ -326,7 +327,7 @@ class _Backward:
         else:
             w.free(s, n, t)
 
-    def epilogue(self, w: _Writer, t: str) -> None:
+    def epilogue(self, w: EventWriter, t: str) -> None:
         """The end of backward: ZeRO-1's ``reduce_gradients``, the last bucket reduced, ``_release_ipg_buffers``."""
         p = self.plan
         if p.stage == 3:
@@ -341,7 +342,7 @@ class _Backward:
             w.free(*b, t)
 
 
-def _without_dead_frees(events: Sequence[Event]) -> list[Event]:
+def without_dead_frees(events: Sequence[Event]) -> list[Event]:
     """The plain run's later frees of storages DeepSpeed freed already (the parameters, the gradients)."""
     alive: set[int] = set()
     out: list[Event] = []
@@ -357,9 +358,9 @@ def _without_dead_frees(events: Sequence[Event]) -> list[Event]:
     return out
 
 
-def replay_deepspeed(events: Sequence[Event], conf: AllocatorConf | None, seq_len: int) -> Any:
-    """DeepSpeed's events replayed through the caching allocator, the default stream only (the side streams'
-    pools are ``core/states/deepspeed_streams.py``'s).
+def replay_default_stream(events: Sequence[Event], conf: AllocatorConf | None, seq_len: int) -> Any:
+    """A rewritten run's events (DeepSpeed's, FSDP2's) replayed through the caching allocator, the default stream
+    only (the side streams' pools are ``core/states/deepspeed_streams.py``'s / ``fsdp_streams.py``'s).
 
     Args:
         events: :func:`deepspeed_run`'s events.
@@ -435,8 +436,7 @@ def _key(spec: TrainingSpec) -> str:
 
 
 def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
-    """A ``PinnedPath``'s DeepSpeed whole run replayed (cached with its whole-run replays, the micro-batch
-    excepted as theirs are), from the activation traces it has run for the spec (traced here when it has none).
+    """A ``PinnedPath``'s DeepSpeed whole run replayed (:func:`rewritten_run` with :func:`deepspeed_run`).
 
     Args:
         path: The ``pinned_path.PinnedPath`` (its traces and caches).
@@ -448,12 +448,35 @@ def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -
         ``allocator_replay.StepReplay`` of DeepSpeed's default stream, or None (the reason kept in the path's
         ``_whole_failed``).
     """
+    return rewritten_run(path, spec, key, _key(spec), "deepspeed-run",
+                         lambda events: deepspeed_run(events, deepspeed_plan(spec)), required)
+
+
+def rewritten_run(path: Any, spec: TrainingSpec, key: str, extra: str, kind: str,
+                  rewrite: Callable[[list[Event]], list[Event]], required: bool = False) -> Any:
+    """A ``PinnedPath``'s plain whole run rewritten (DeepSpeed's, FSDP2's) and replayed, default stream only
+    (:func:`replay_default_stream`), cached with its whole-run replays (the micro-batch excepted as theirs are),
+    from the activation traces it has run for the spec (traced here when it has none).
+
+    Args:
+        path: The ``pinned_path.PinnedPath`` (its traces and caches).
+        spec: The spec.
+        key: The spec's activation-trace key (``pinned_path._cache_key``).
+        extra: What the rewrite depends on beyond it (the replay is kept under ``key + extra``).
+        kind: The on-disk cache's kind (``trace_cache.cached_replay``).
+        rewrite: The plain run's events (``allocator_replay.whole_run_events``) -> the rewritten run's.
+        required: Raise when the replay cannot run rather than return None.
+
+    Returns:
+        ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed`` under
+        ``key + extra``).
+    """
     from fitcheck.core.loading import allocator_conf
     from fitcheck.core.trainers import step_spec
     from fitcheck.torch_adapters.allocator_replay import whole_run_events
     from fitcheck.torch_adapters.trace_cache import cached_replay
 
-    dkey = key + _key(spec)
+    dkey = key + extra
     if dkey in path._whole:
         return path._whole[dkey]
     if dkey in path._whole_failed and not required:
@@ -462,13 +485,13 @@ def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -
     runs: Any = ()
     if traces is not None and traces.traced:
         runs = traces.traced.get(step_spec(spec).batch.micro_batch) or next(iter(traces.traced.values()))
+
     def compute() -> Any:
         events = whole_run_events(spec, runs, optimizer_traces=path._optimizer_traces)
-        return replay_deepspeed(deepspeed_run(events, deepspeed_plan(spec)), allocator_conf(spec),
-                                spec.batch.seq_len)
+        return replay_default_stream(rewrite(events), allocator_conf(spec), spec.batch.seq_len)
 
     try:  # the on-disk trace cache keeps it for the next process (trace_cache.cached_replay)
-        path._whole[dkey] = cached_replay(getattr(path, "cache", None), "deepspeed-run", spec, compute)
+        path._whole[dkey] = cached_replay(getattr(path, "cache", None), kind, spec, compute)
     except Exception as exc:  # the published gap answers, with the reason in the INFO
         if required:
             raise

@@ -31,6 +31,7 @@ from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters import deepspeed_run_events as ds_run  # imports no torch
+from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run  # imports no torch
 from fitcheck.torch_adapters.run_scope import plain_trainer_run, replayed_run, traceable, untraced_parts
 from fitcheck.torch_adapters.verdict_replay import NearBudget
 
@@ -126,12 +127,14 @@ class PinnedPath:
 
     def gap_fraction(self, spec: TrainingSpec) -> float | None:
         """The caching allocator's gap over the traced step's transient bytes (None: the published fraction of
-        ``core/allocator.py``): not traced, or a run whose whole run is not the plain Trainer's (DeepSpeed's engine,
-        FSDP's module cast: ``run_scope.replayed_run``), where the traced step's replay would leave out its buffers,
-        optimizer and side streams (on the H100 FSDP rows the two-group replay moved reserved from +3.9 % to +5.8 %
-        for FSDP2 and -5.0 % to -3.2 % for FSDP1: ``benchmarks/fsdp_gpu.py --rescore``)."""
-        if self.wants_trace(spec) and ds_run.replayed(spec) and _gap_applies(spec, self.seq_lengths):
-            replay = ds_run.whole_run(self, spec, _cache_key(spec))  # None: the published gap, with why
+        ``core/allocator.py``): not traced, or a run whose whole run is neither one the replay describes
+        (``run_scope.replayed_run``: the plain Trainer's, TRL's SFTTrainer's) nor rewritten into DeepSpeed's or
+        FSDP2's own (``fsdp2_run_events.rewrite_for``), where the traced step's replay would leave out its buffers,
+        optimizer and side streams (FSDP1 on the H100 rows: the two-group replay moved reserved from -5.0 % to
+        -3.2 %, ``benchmarks/fsdp_gpu.py --rescore``)."""
+        rewrite = fsdp_run.rewrite_for(spec)
+        if self.wants_trace(spec) and rewrite is not None and _gap_applies(spec, self.seq_lengths):
+            replay = rewrite.whole_run(self, spec, _cache_key(spec))  # None: the published gap, with why
             return None if replay is None else float(replay.gap_fraction)
         if not self.wants_trace(spec) or not replayed_run(spec):
             return None
@@ -317,8 +320,9 @@ class PinnedPath:
         from fitcheck.torch_adapters.trace_cache import cached_replay
 
         key = _cache_key(spec)
-        if traceable(spec) and ds_run.replayed(spec):  # DeepSpeed's own run, not the plain Trainer's
-            return ds_run.whole_run(self, spec, key, required=True)
+        rewrite = fsdp_run.rewrite_for(spec)
+        if traceable(spec) and rewrite is not None:  # DeepSpeed's or FSDP2's own run, not the plain Trainer's
+            return rewrite.whole_run(self, spec, key, required=True)
         if key in self._whole:
             return self._whole[key]
         return cached_replay(self.cache, "whole-run", spec, lambda: self._replay_whole_run(key, spec))
@@ -360,7 +364,7 @@ class PinnedPath:
             report = dataclasses.replace(report, findings=(*report.findings, note))
         elif comps and not replayed_run(spec) and _gap_applies(spec, self.seq_lengths) \
                 and self.gap_fraction(spec) is None:
-            why = ds_run.published_gap_reason(self, spec, _cache_key(spec))
+            why = (fsdp_run if spec.sharding.fsdp else ds_run).published_gap_reason(self, spec, _cache_key(spec))
             note = Finding("reserved-published-gap", Severity.INFO,
                            "activations are traced (as the 16-bit module DeepSpeed or FSDP mixed precision runs); "
                            "the default stream's caching-allocator gap is the published fraction (core/allocator.py): "

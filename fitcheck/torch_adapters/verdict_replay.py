@@ -219,6 +219,41 @@ def _with(report: Report, note: Finding) -> Report:
     return dataclasses.replace(report, findings=(*report.findings, note))
 
 
+def band_low_micro_batch(spec: TrainingSpec, largest: int, check: Callable[[TrainingSpec], Report],
+                         search: Callable[[TrainingSpec], Report]) -> tuple[int, str] | None:
+    """The largest micro-batch that still fits if reserved is as far above the published gap as it was measured to
+    be (:func:`used_band`'s high edge), where the printed largest micro-batch rests on that gap inside its band and
+    no replay checked it (without torch, ``--no_trace``, a run the replay does not compose, or past the replay cap:
+    ``check`` answered it with the ``reserved-near-budget`` warning).
+
+    Args:
+        spec: The run.
+        largest: The largest micro-batch the search found (``advice.max_micro_batch``).
+        check: The estimator that checked the boundary (the path itself, or the search's where none did).
+        search: The search's estimator (the formula's answers).
+
+    Returns:
+        That micro-batch (0: not even 1) and the warning ``check`` gave at ``largest`` (why it is not replayed),
+        or None where the answer at ``largest`` does not rest on the gap inside its band.
+    """
+    from fitcheck.advice import max_micro_batch, with_micro_batch
+
+    if largest < 1:
+        return None
+    at = check(with_micro_batch(spec, largest))
+    warned = [f.message for f in at.findings if f.code == "reserved-near-budget"]
+    if not warned:
+        return None
+
+    def at_band_high(s: TrainingSpec) -> Report:
+        r = search(s)
+        if not formula_gap(r):
+            return r
+        return dataclasses.replace(r, fits=r.fits and used_band(r)[1] <= r.budget_bytes)
+
+    return max_micro_batch(with_micro_batch(spec, largest), at_band_high), warned[0]
+
+
 def search_and_boundary(path: Callable[[TrainingSpec], Report]) -> tuple[Callable[[TrainingSpec], Report],
                                                                       Callable[[TrainingSpec], Report] | None]:
     """The estimators of a largest-micro-batch search on ``path``: the search's probes on the formula as before

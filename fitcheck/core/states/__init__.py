@@ -31,6 +31,7 @@ from fitcheck.core.states.sharding import (
     Partition,
     buffer_components,
     fsdp_unit_params,
+    param_compute_bytes,
     partition,
 )
 from fitcheck.core.states.sharding_findings import sharding_findings
@@ -62,6 +63,7 @@ __all__ = [
     "mxfp4_load_spike",
     "mxfp4_packed_bytes",
     "optimizer_for",
+    "param_compute_bytes",
     "partition",
     "plan_lora",
     "prequant_components",

@@ -9,7 +9,10 @@ torch 2.13 ``distributed/fsdp/_fully_shard/_fsdp_param_group.py`` ``wait_for_uns
 all-gather output of the last gathered unit is kept (``comm_ctx.all_gather_state``, "Defer free to allow for
 overlap of this copy-out with next all-gather") until the next unit's copy-out or the root's post-forward
 (``_fsdp_state.py`` "Free the last all-gather result"). The loss is computed inside the root's forward, so at
-the end of forward the tail is held twice (its unsharded parameters + its flat all-gather output). At the start
+the end of forward the tail is held twice (its unsharded parameters + its flat all-gather output) -- at more
+than one shard: at one, ``unshard`` records an ``AllGatherResult`` around the group's empty
+``_all_gather_output`` and returns before ``foreach_all_gather``, and ``wait_for_unshard`` copies each
+parameter's ``all_gather_inputs`` into its own unsharded storage, so no flat output is held. At the start
 of backward only the tail's unsharded parameters remain (the embedding unit was resharded after its forward).
 During backward a layer unit is gathered while the next is prefetched, and its post-backward reduce-scatter
 copies the unsharded gradients into a flat input (``_fsdp_collectives.py`` ``foreach_reduce``): two units of
@@ -36,14 +39,16 @@ def tail_params(spec: TrainingSpec) -> int:
     return sum(p.numel for p in outside if tied or p.role is not Role.EMBEDDING)
 
 
-def fsdp2_components(spec: TrainingSpec, compute_bytes: int, unit_params: int, source: str) -> tuple[Component, ...]:
+def fsdp2_components(spec: TrainingSpec, compute_bytes: int, unit_params: int, source: str,
+                     shards: int = 2) -> tuple[Component, ...]:
     """The gathered-parameter buffer of an FSDP2 run, by phase.
 
     Args:
-        spec: The training spec (FSDP2, more than one shard).
+        spec: The training spec (FSDP2).
         compute_bytes: Bytes per element of gathered parameters (MixedPrecisionPolicy ``param_dtype``).
         unit_params: Parameters of the largest layer unit (``sharding.fsdp_unit_params``).
         source: The FSDP source line.
+        shards: How many shards a parameter has (1: no flat all-gather output is held at the end of forward).
 
     Returns:
         One component: the tail, layer units and their unsharded gradients.
@@ -51,16 +56,17 @@ def fsdp2_components(spec: TrainingSpec, compute_bytes: int, unit_params: int, s
     fs = spec.sharding.fsdp
     reshard = fs.reshard_after_forward if fs is not None else True
     tail = tail_params(spec) * compute_bytes
+    held = 2 * tail if shards > 1 else tail  # + the tail's flat all-gather output until the root's post-forward
     unit = gathered_layer_bytes(spec, compute_bytes) if is_fsdp_4bit(spec) else unit_params * compute_bytes
     layers = sum(p.numel for p in spec.model.params if p.per_layer) * compute_bytes
     trained = trainable_params(spec) > 0 and spec.lora is None
     grads = 2 * unit_params * compute_bytes if trained else 0  # unsharded grads + reduce-scatter input
     if reshard:
-        values = {Phase.FORWARD_END: 2 * tail, Phase.BACKWARD_START: tail, Phase.BACKWARD: 2 * unit + grads}
+        values = {Phase.FORWARD_END: held, Phase.BACKWARD_START: tail, Phase.BACKWARD: 2 * unit + grads}
         how = "layers resharded after forward; in backward a unit + the prefetched next"
     else:
         values = {
-            Phase.FORWARD_END: 2 * tail + layers,
+            Phase.FORWARD_END: held + layers,
             Phase.BACKWARD_START: tail + layers,
             Phase.BACKWARD: layers + grads,
         }
@@ -73,8 +79,10 @@ def fsdp2_components(spec: TrainingSpec, compute_bytes: int, unit_params: int, s
             {p: int(values.get(p, 0)) for p in PHASES},
             source + "; accelerate 1.15 fsdp2_prepare_model units, torch 2.13 _fsdp_param_group.py "
             "all_gather_state (fitcheck/core/states/fsdp2_units.py)",
-            f"tail unit (final norm + LM head) {format_bytes(tail)}, twice at the end of forward (its all-gather "
-            f"output is held until the root's post-forward); layer unit {format_bytes(unit)}; {how}"
+            f"tail unit (final norm + LM head) {format_bytes(tail)}, "
+            + ("twice at the end of forward (its all-gather output is held until the root's post-forward)"
+               if shards > 1 else "once at the end of forward (one shard: no flat all-gather output)")
+            + f"; layer unit {format_bytes(unit)}; {how}"
             + ("; unsharded grads + reduce-scatter input of a unit" if grads else ""),
         ),
     )

@@ -18,6 +18,12 @@ FSDP2 (torch 2.13 ``distributed/fsdp/_fully_shard/_fsdp_collectives.py``):
   device_handle.stream(reduce_scatter_stream)`` and casts it to the parameter dtype in ``post_reduce_stream`` (the
   same stream without HSDP's all-reduce): the sharded gradients are views of that cast ("the GPU sharded gradient
   is allocated in the RS stream") and live until ``zero_grad``.
+* One shard (one process): ``_fsdp_param_group.py`` ``unshard`` returns before ``foreach_all_gather`` when
+  ``world_size == 1`` and ``wait_for_unshard`` makes each parameter's cast and unsharded tensor on the current
+  (default) stream: the copy-in stream's pool stays empty. On the H100 rows of
+  ``benchmarks/data/fsdp_gpu_nvidia_h100_80gb_hbm3.json`` (one process) the 1004 MiB gather pool this module
+  counted before was the +2.8 % (+4.2 % with checkpointing) left of the reserved error once the default stream
+  was replayed as FSDP2's (``torch_adapters/fsdp2_run_events.py``).
 
 FSDP1 (torch 2.13 ``distributed/fsdp/_runtime_utils.py``, ``_flat_param.py``):
 
@@ -214,7 +220,9 @@ def fsdp_side_pools(spec: TrainingSpec, conf: AllocatorConf) -> SidePools | None
     sharded = part.weights > 1
     steps = 2
     pairs = [(u.cast_bytes, u.gather_bytes) for u in units]
-    if version == 2:  # one copy-in stream; the tail (reshard_after_forward=False) is not gathered again in backward
+    if version == 2 and not sharded:  # one shard: no all-gather, nothing on the copy-in stream (module docstring)
+        gather = 0
+    elif version == 2:  # one copy-in stream; the tail (reshard_after_forward=False) is not gathered again in backward
         tail_last = len(units) > spec.model.shape.num_layers + 1  # an untied embedding unit comes first
         backward = (pairs[1:-1] if tail_last else pairs[1:])[::-1] + (pairs[:1] if tail_last else [])
         gather = replay(_gather_events(pairs, backward, None, steps), conf).peak_reserved
@@ -242,8 +250,8 @@ def fsdp_side_pools(spec: TrainingSpec, conf: AllocatorConf) -> SidePools | None
     accum_kept = part.full_gradients_between_microsteps
     live = {p: 0 if p in (Phase.FORWARD_END, Phase.BACKWARD_START) or accum_kept else grads for p in PHASES}
     held = units[0].gather_bytes if units else 0
-    if version == 2:  # the tail's flat all-gather output, held until the root's post-forward (fsdp2_units.py)
-        live[Phase.FORWARD_END] += units[-1].gather_bytes if units else 0
+    if version == 2:  # the tail's flat all-gather output, held until the root's post-forward (one shard: none)
+        live[Phase.FORWARD_END] += units[-1].gather_bytes if units and sharded else 0
     elif sharded or mixed:  # FSDP1: the gathered root (+ two units in backward) live in these pools
         unit = max((u.gather_bytes for u in units[1:]), default=0)
         live[Phase.FORWARD_END] += held

@@ -376,7 +376,7 @@ def _fsdp(spec: TrainingSpec) -> tuple[Component, ...]:
     # step peak 524.4 MB above the estimate without them = the tied embedding/LM-head tail unit in bf16
     # (benchmarks/data/fsdp_gpu_nvidia_h100_80gb_hbm3.json)
     if fs is None or fs.version == 2:
-        return fsdp2_components(spec, param_compute_bytes(spec), fsdp_unit_params(spec), _SRC_FSDP)
+        return fsdp2_components(spec, param_compute_bytes(spec), fsdp_unit_params(spec), _SRC_FSDP, part.weights)
     w = _weight_bytes_per_param(spec)
     unit = int(fsdp_unit_params(spec) * w)
     root = int(_root_params(spec) * w)

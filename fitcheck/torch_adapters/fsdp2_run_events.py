@@ -1,0 +1,383 @@
+"""FSDP2's whole run, one rank, replayed through the caching allocator (issue 19: FSDP2 reserved).
+
+The default path composes the plain Trainer's whole run from the traced step (``allocator_replay.whole_run_events``,
+traced as the 16-bit module FSDP mixed precision computes with). Under accelerate 1.15's FSDP2
+(``utils/fsdp_utils.py`` ``fsdp2_prepare_model``; units: :mod:`.fsdp2_run_plan`) one rank allocates something
+else around that step; :func:`fsdp2_run` rewrites the plain run into it, read from torch 2.13
+``distributed/fsdp/_fully_shard/``:
+
+* prepare, per ``fully_shard`` call (layers bottom-up, the embedding, the tail, the root): the unit's parameters moved
+  to the device in their dtype after accelerate's fp32 upcast (``_fsdp_init.py`` ``_move_states_to_device``:
+  ``tensor.data = tensor.to(device)``; ``core/states/fsdp_upcast.py``), each one's padded shard made
+  (``_fsdp_param.py`` ``_init_sharded_param``: ``param_data.new_zeros(padded_sharded_size)``), the moved
+  parameters freed when ``fully_shard`` returns ("Let ``param_data`` be freed ... when the ``fully_shard`` call
+  returns"). The traced module's own parameter storages are not on the device (the Trainer leaves an FSDP model
+  where it was loaded; ``fully_shard`` moves it).
+* unshard (``_fsdp_param_group.py`` ``unshard`` / ``wait_for_unshard``), one shard (world size 1): no all-gather;
+  per parameter ``all_gather_inputs`` (the shard cast to ``param_dtype``, ``_to_dtype_if_needed``: a new tensor,
+  freed when the next one is bound) and the unsharded parameter (``alloc_storage`` of ``all_gather_outputs[0]``),
+  on the default stream. More shards: ``foreach_all_gather`` on the all-gather copy-in stream
+  (``_fsdp_collectives.py``: ``flat_foreach_copy_input`` in ``param_dtype``, freed after the copy-in, and the flat
+  ``all_gather_output``), then ``foreach_all_gather_copy_out`` on the default stream (per parameter
+  ``alloc_all_gather_outputs``); in forward the flat output is kept until the next unit's copy-out or the root's
+  post-forward (``all_gather_state``), in backward freed at once.
+* reshard (``reshard`` -> ``free_unsharded_param``): after a unit's forward where ``reshard_after_forward``, and in
+  ``post_backward`` (``reshard_after_backward``). Backward prefetch (``_backward_prefetch``): a unit's pre-backward
+  issues the previous unit's all-gather (its copy-out waits for that unit's own pre-backward).
+* ``post_backward``: reshard; the previous unit's ``reduce_scatter_input`` released
+  (``reduce_scatter_max_input_buffers`` = 1); ``foreach_reduce``: ``reduce_scatter_input`` (``reduce_dtype``, the
+  unit's padded gradients, default stream), the unsharded gradients freed (``unsharded_grads.clear()``), on the
+  reduce-scatter stream ``reduce_output`` (the shard) and ``_to_dtype_if_needed(reduce_output, orig_dtype)``: the
+  sharded gradients (views of one flat per unit), kept until ``zero_grad``. The last input is released by the
+  root's ``_root_post_backward_final_callback`` (``reduce_scatter_states.clear()``), which also runs the
+  post-backward of a unit whose inputs need no gradient (the input embedding) and of the tail when tied.
+* the optimizer (torch fused AdamW on the shards, ``_init_group``): per parameter a device step counter and two
+  fp32 states of the local shard at the first step; no temporaries. The torch optimizer's own events of the plain
+  run (on the 16-bit module) are dropped. ``zero_grad(set_to_none=True)`` frees the sharded gradients.
+
+Where the events go in the traced step: a unit's backward starts at its first gradient and ends at its last
+(gradients matched to units by size, in backward order); a layer's forward is one period of the forward's events
+(the deepened trace repeats each layer's events: :func:`_layer_starts`). Blocks allocated on a side stream are
+tagged ``side:`` and left to ``core/states/fsdp_streams.py``'s pools (:func:`deepspeed_run_events.replay_default_stream`
+replays the default stream). Not modelled: gradient clipping's scalars (``clip_grad_norm_``: 0-d norms).
+
+Checked: live bytes after prepare, after each backward and after the first step against a REAL ``fully_shard`` run
+on CPU (gloo, 1 and 2 ranks: ``benchmarks/fsdp2_run_events_cpu.py``, ``tests/test_fsdp2_run_events.py``); the H100
+rows ``benchmarks/fsdp_gpu.py --rescore``. Pure Python: no torch import.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.deepspeed_run_events import (
+    SIDE,
+    Event,
+    EventWriter,
+    rewritten_run,
+    step_ends,
+    without_dead_frees,
+)
+from fitcheck.torch_adapters.fsdp2_run_plan import FsdpPlan, FsdpReplayError, fsdp2_plan, not_replayed
+
+Handle = tuple[int, int, str]  # (serial, bytes, region allocated in)
+
+
+class _Rank:
+    """One rank's FSDP2 state through the run (module docstring), writing its events."""
+
+    def __init__(self, plan: FsdpPlan, w: EventWriter) -> None:
+        self.plan, self.w = plan, w
+        self.unsharded: dict[int, list[Handle]] = {}  # unit -> its unsharded parameters
+        self.issued: dict[int, Handle] = {}  # more shards: unit -> its flat all-gather output, copy-out pending
+        self.held: Handle | None = None  # forward: the last copied-out all-gather output (all_gather_state)
+        self.rs_input: Handle | None = None  # the last reduce_scatter_input (reduce_scatter_states)
+        self.grads: list[Handle] = []  # the sharded gradients' flats (reduce-scatter stream) until zero_grad
+
+    def new(self, nbytes: int, tag: str) -> Handle:
+        return self.w.new(nbytes, tag), nbytes, tag
+
+    def free(self, h: Handle | None) -> None:
+        if h is not None:
+            self.w.free(*h)
+
+    def unshard(self, u: int, tag: str) -> None:
+        """``FSDPParamGroup.unshard``: more shards, ``foreach_all_gather`` on the copy-in stream."""
+        p = self.plan
+        if p.world == 1 or u in self.unsharded or u in self.issued:
+            return
+        shard = sum(q.shard(p.world) for q in p.units[u].params)
+        cast = self.new(shard * p.compute, SIDE + tag) if p.compute != p.orig else None
+        self.issued[u] = self.new(shard * p.world * p.compute, SIDE + tag)
+        self.free(cast)
+
+    def wait(self, u: int, tag: str, forward: bool) -> None:
+        """``wait_for_unshard``: the unsharded parameters (default stream)."""
+        p = self.plan
+        if u in self.unsharded:
+            return
+        self.unshard(u, tag)
+        bufs: list[Handle] = []
+        if p.world == 1:
+            cast = None
+            for q in p.units[u].params:
+                if p.compute != p.orig:  # all_gather_inputs: _to_dtype_if_needed(sharded data, param_dtype)
+                    now = self.new(q.numel * p.compute, tag)
+                    self.free(cast)
+                    cast = now
+                bufs.append(self.new(q.numel * p.compute, tag))
+            self.free(cast)
+        else:
+            if forward:
+                self.free(self.held)
+                self.held = None
+            bufs = [self.new(q.shard(p.world) * p.world * p.compute, tag) for q in p.units[u].params]
+            out = self.issued.pop(u)
+            if forward:
+                self.held = out
+            else:
+                self.free(out)
+        self.unsharded[u] = bufs
+
+    def reshard(self, u: int) -> None:
+        for h in self.unsharded.pop(u, []):
+            self.free(h)
+
+    def post_backward(self, u: int, grads: list[Handle], tag: str) -> None:
+        """``post_backward``: reshard, release the previous input, ``foreach_reduce``."""
+        p = self.plan
+        self.reshard(u)
+        self.free(self.rs_input)
+        self.rs_input = None
+        if not grads:
+            return
+        params = p.units[u].params
+        self.rs_input = self.new(sum(q.shard(p.world) for q in params) * p.world * p.reduce, tag)
+        for g in grads:
+            self.free(g)
+        shard = sum(q.shard(p.world) for q in params)
+        out = self.new(shard * p.reduce, SIDE + tag)
+        if p.reduce != p.orig:
+            self.grads.append(self.new(shard * p.orig, SIDE + tag))
+            self.free(out)
+        else:
+            self.grads.append(out)
+
+
+def _prepare(w: EventWriter, plan: FsdpPlan) -> None:
+    """``fsdp2_prepare_model``'s ``fully_shard`` calls (module docstring)."""
+    for u in plan.wrap_order:
+        params = plan.units[u].params
+        moved = [w.new(q.numel * plan.orig, "setup") for q in params]
+        for q in params:
+            w.new(q.shard(plan.world) * plan.orig, "setup")
+        for s, q in zip(moved, params, strict=True):
+            w.free(s, q.numel * plan.orig, "setup")
+
+
+def _module_storages(setup: Sequence[Event], plan: FsdpPlan) -> set[int]:
+    """The traced module's parameter storages (matched by size, the latest first).
+
+    Raises:
+        FsdpReplayError: A parameter has no storage of its size.
+    """
+    free = [(s, n) for s, n, _ in reversed(setup) if n > 0]
+    used: set[int] = set()
+    for q in plan.params:
+        hit = next((s for s, n in free if n == q.numel * plan.traced and s not in used), None)
+        if hit is None:
+            raise FsdpReplayError(f"no traced parameter storage of {q.numel * plan.traced} bytes")
+        used.add(hit)
+    return used
+
+
+def _base(tag: str) -> str:
+    return tag.removesuffix("_warmup")
+
+
+def _layer_starts(events: Sequence[Event], a: int, b: int, layers: int) -> list[int]:
+    """Where each layer's forward starts in ``events[a:b]`` (and where the last one ends): the period ``p`` whose
+    run of ``events[k] ~ events[k + p]`` (same bytes, same region) covers ``layers`` periods and the most events;
+    where none does, ``[a, b)`` split evenly."""
+    sig = [(n, _base(t)) for _, n, t in events[a:b]]
+    best: tuple[int, int, int] | None = None  # (covered, start, period)
+    for p in range(1, len(sig) // max(layers, 1) + 1):
+        run, start = 0, 0
+        for k in range(len(sig) - p):
+            if sig[k] == sig[k + p]:
+                if run == 0:
+                    start = k
+                run += 1
+                if run + p >= layers * p and (best is None or run + p > best[0]):
+                    best = (run + p, start, p)
+            else:
+                run = 0
+    if best is None:
+        return [a + (b - a) * i // layers for i in range(layers + 1)]
+    _, start, p = best
+    return [a + start + i * p for i in range(layers + 1)]
+
+
+def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
+    """The plain Trainer's whole run (``allocator_replay.whole_run_events``) rewritten into one FSDP2 rank's.
+
+    Args:
+        events: The plain run's events.
+        plan: The FSDP2 run (:func:`fsdp2_run_plan.fsdp2_plan`).
+
+    Returns:
+        The rank's events: a region starting with ``side:`` is an allocation on a side stream; the optimizer of
+        each step is tagged ``optimizer`` (the last step) or ``optimizer_warmup``.
+
+    Raises:
+        FsdpReplayError: The events lack a parameter's storage, a step, or a gradient of a unit.
+    """
+    n_setup = next((k for k, ev in enumerate(events) if ev[2] != "setup"), len(events))
+    module = _module_storages(events[:n_setup], plan)
+    ends, grads = step_ends(events, n_setup)
+    w = EventWriter(max((s for s, _, _ in events), default=0) + 1)
+    w.out += [ev for ev in events[:n_setup] if ev[0] not in module]
+    _prepare(w, plan)
+    rank = _Rank(plan, w)
+    start = n_setup
+    for k, end in enumerate(ends):
+        at = _step_points(events, start, end, grads, plan)
+        tag = "optimizer" if k == len(ends) - 1 else "optimizer_warmup"
+        for i in range(start, end):
+            for op in at.get(i, ()):
+                op(rank, events[i][2])
+            s, n, t = events[i]
+            if not t.startswith("optimizer"):
+                w.out.append((s, n, t))
+        for op in at.get(end, ()):
+            op(rank, events[end - 1][2])
+        _optimizer(rank, plan, tag, k == 0)
+        start = end
+    w.out += [ev for ev in events[start:] if not ev[2].startswith("optimizer")]
+    return without_dead_frees(w.out)
+
+
+def _optimizer(rank: _Rank, plan: FsdpPlan, tag: str, first: bool) -> None:
+    """Fused AdamW on the shards (its states at the first step), then ``zero_grad(set_to_none=True)``."""
+    if first:  # torch/optim/adam.py _init_group: state["step"] on the device (fused), exp_avg, exp_avg_sq
+        for q in plan.params:
+            rank.w.new(4, tag)
+            rank.w.new(q.local(plan.world) * plan.orig, tag)
+            rank.w.new(q.local(plan.world) * plan.orig, tag)
+    for s, n, _ in rank.grads:
+        rank.w.free(s, n, SIDE + tag)
+    rank.grads = []
+
+
+Op = Any  # Callable[[_Rank, str], None]
+
+
+def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int], plan: FsdpPlan,
+                 ) -> dict[int, list[Op]]:
+    """What FSDP2 does where in one step's events ``[start, end)`` (``end``: after backward), as operations on the
+    rank keyed by the index they precede.
+
+    Raises:
+        FsdpReplayError: The step has no forward head or backward, or a gradient matches no unit.
+    """
+    at: dict[int, list[Op]] = {}
+
+    def put(i: int, op: Op) -> None:
+        at.setdefault(i, []).append(op)
+
+    allocs = [(i, _base(events[i][2])) for i in range(start, end) if events[i][1] > 0]
+    head = next((i for i, t in allocs if t == "forward_head"), None)
+    back = next((i for i, t in allocs if t.startswith("backward")), None)
+    if head is None or back is None:
+        raise FsdpReplayError("a traced step without its forward head or backward")
+    units = plan.units
+    layer_ids = [u for u, unit in enumerate(units) if unit.kind == "layer"]
+    first = allocs[0][0]
+    bounds = _layer_starts(events, first, head, len(layer_ids)) if layer_ids else [first]
+    # forward: pre_forward -> unshard + wait; post_forward -> reshard where reshard_after_forward
+    for u, unit in enumerate(units):
+        if unit.kind in ("root", "embed") or (unit.kind == "tail" and plan.tied):
+            put(first, lambda r, t, u=u: r.wait(u, t, True))
+    before = [u for u, unit in enumerate(units) if unit.kind == "embed"]
+    for j, u in enumerate(layer_ids):
+        for v in before:
+            put(bounds[j], lambda r, t, v=v: r.reshard(v) if units[v].reshard else None)
+        put(bounds[j], lambda r, t, u=u: r.wait(u, t, True))
+        before = [u]
+    for v in before:
+        put(bounds[-1], lambda r, t, v=v: r.reshard(v) if units[v].reshard else None)
+    tail = len(units) - 1
+    if not plan.tied:
+        put(bounds[-1], lambda r, t: r.wait(tail, t, True))
+
+    def root_post_forward(r: _Rank, t: str) -> None:  # _fsdp_state.py _post_forward: free the last all-gather
+        r.free(r.held)
+        r.held = None
+
+    put(back, root_post_forward)
+    # backward: gradients to units by size, in backward order (the root's own parameters last)
+    order = [u for u in range(len(units) - 1, -1, -1) if units[u].kind != "root"]
+    order += [u for u in range(len(units)) if units[u].kind == "root"]
+    want = {u: Counter(q.numel * plan.traced for q in units[u].params) for u in order}
+    owned: dict[int, list[tuple[int, Handle]]] = {u: [] for u in order}
+    for i in range(back, end):
+        s, n, t = events[i]
+        if n > 0 and s in grads:
+            hit = next((v for v in order if want[v][n] > 0), None)
+            if hit is None:  # alive where backward's last allocation is made, no parameter's: the input
+                put(end, lambda r, t, h=(s, n, t): r.free(h))  # embedding's output gradient, freed as it returns
+                continue
+            want[hit][n] -= 1
+            owned[hit].append((i, (s, n, t)))
+    if any(not owned[u] for u in order):
+        raise FsdpReplayError("an FSDP unit without gradients in the traced backward")
+    chain = [u for u in order if units[u].kind != "root"]
+    put(back, lambda r, t: _pre_backward(r, t, chain[0], chain, plan))
+    posts: dict[int, int] = {u: end for u in order}  # the final callback's, unless its hook runs before
+    for j in range(1, len(chain)):
+        u, done = chain[j], chain[j - 1]
+        pos = owned[u][0][0]  # a unit's backward starts at its first gradient
+        if not (units[done].kind == "tail" and plan.tied):  # the tied weight's gradient is complete at the end
+            posts[done] = max(pos, owned[done][-1][0] + 1)
+        put(pos, lambda r, t, u=u: _pre_backward(r, t, u, chain, plan))
+    for u in sorted(order, key=lambda v: posts[v]):
+        hs = [h for _, h in owned[u]]
+        put(posts[u], lambda r, t, u=u, hs=hs: r.post_backward(u, hs, t))
+
+    def final(r: _Rank, t: str) -> None:  # _root_post_backward_final_callback: reduce_scatter_states.clear()
+        r.free(r.rs_input)
+        r.rs_input = None
+
+    put(end, final)
+    return at
+
+
+def _pre_backward(r: _Rank, t: str, u: int, order: list[int], plan: FsdpPlan) -> None:
+    """``pre_backward``: unshard (no-op where gathered) and prefetch the unit before it in forward order."""
+    r.wait(u, t, False)
+    k = order.index(u)
+    if k + 1 < len(order) and plan.units[order[k + 1]].kind != "root":
+        r.unshard(order[k + 1], t)
+
+
+def replayed(spec: TrainingSpec) -> bool:
+    """Whether the whole run of an FSDP spec is replayed as FSDP2's (:func:`fsdp2_run`; the caller checks that the
+    run is traced: ``pinned_path.traceable``)."""
+    from fitcheck.spec import Strategy
+
+    return spec.sharding.strategy is Strategy.FSDP and not not_replayed(spec)
+
+
+def rewrite_for(spec: TrainingSpec) -> Any:
+    """The module that rewrites the plain run into this run's own: ``deepspeed_run_events``, this one, or None."""
+    from fitcheck.torch_adapters import deepspeed_run_events
+
+    return deepspeed_run_events if deepspeed_run_events.replayed(spec) else (
+        sys.modules[__name__] if replayed(spec) else None)
+
+
+def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
+    """A ``PinnedPath``'s FSDP2 whole run replayed (``deepspeed_run_events.rewritten_run``): the default stream's
+    ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed``)."""
+    hw = spec.hardware
+    extra = f"|fsdp2 {fsdp2_plan(spec)!r} {hw.expandable_segments} {hw.cuda_alloc_conf!r}"
+    return rewritten_run(path, spec, key, extra, "fsdp2-run", lambda events: fsdp2_run(events, fsdp2_plan(spec)),
+                         required)
+
+
+def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:
+    """Why a traced FSDP answer keeps the published gap, for the ``reserved-published-gap`` INFO."""
+    missing = not_replayed(spec)
+    if missing:
+        return f"the whole-run replay rewrites FSDP2's run, and this run has {missing}"
+    hw = spec.hardware
+    failed = path._whole_failed.get(f"{key}|fsdp2 {fsdp2_plan(spec)!r} {hw.expandable_segments} "
+                                    f"{hw.cuda_alloc_conf!r}")
+    return f"FSDP2's run could not be replayed ({failed})" if failed else "FSDP2's run was not replayed"
+
+
+__all__ = ["fsdp2_run", "published_gap_reason", "replayed", "rewrite_for", "whole_run"]

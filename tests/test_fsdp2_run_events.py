@@ -1,0 +1,155 @@
+"""FSDP2's one-rank run as ``fitcheck.torch_adapters.fsdp2_run_events`` rewrites it, against a REAL accelerate 1.15
+``fsdp2_prepare_model`` / torch 2.13 ``fully_shard`` run on CPU gloo ranks (``benchmarks/fsdp2_run_events_cpu.py``):
+the live bytes after ``prepare``, after each backward and after the first step, at world sizes 1 (no all-gather:
+the per-parameter casts and unsharded parameters of ``wait_for_unshard``) and 2 (``foreach_all_gather``, padded
+shards). A wrong sequence (the gradients not sharded, the optimizer states in the traced 16-bit dtype) is caught;
+a traced FSDP2 answer takes the replay instead of the published gap, and a run the rewrite does not describe says
+which part it lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def test_plan_of_accelerates_units() -> None:
+    from fitcheck.torch_adapters.fsdp2_run_plan import Param, fsdp2_plan, not_replayed
+
+    spec = _spec(world=2)
+    plan = fsdp2_plan(spec)
+    assert [u.kind for u in plan.units] == ["embed", "layer", "layer", "tail"]
+    assert plan.wrap_order == (1, 2, 0, 3)  # layers bottom-up, the embedding, the tail (fsdp2_prepare_model)
+    assert (plan.world, plan.orig, plan.compute, plan.reduce, plan.traced) == (2, 4, 2, 2, 2)
+    assert not plan.units[-1].reshard and plan.units[1].reshard
+    assert Param(3 * 5, 3).shard(2) == 2 * 5 and Param(3 * 5, 3).local(2, 1) == 5  # dim 0 padded per rank
+    assert not_replayed(spec) == ""
+    tied = replace(spec, model=replace(spec.model, params=tuple(p for p in spec.model.params
+                                                                if p.name != "lm_head.weight")))
+    assert [u.kind for u in fsdp2_plan(tied).units] == ["layer", "layer", "tail"]  # the embedding in the tail
+
+
+def test_what_is_not_replayed_is_said() -> None:
+    from fitcheck.spec import FsdpSpec, ShardingSpec, Strategy
+    from fitcheck.torch_adapters.fsdp2_run_plan import not_replayed
+
+    spec = _spec(world=1)
+    one = ShardingSpec(Strategy.FSDP, 1, 1, None, FsdpSpec(version=1))
+    assert "FSDP1" in not_replayed(replace(spec, sharding=one))
+    assert "gradient accumulation" in not_replayed(replace(spec, batch=replace(spec.batch, grad_accum=2)))
+    assert "adamw_torch optimizer" in not_replayed(replace(spec, optimizer=replace(spec.optimizer,
+                                                                                    name="adamw_torch")))
+
+
+def test_one_shard_has_no_copy_in_pool() -> None:
+    """torch 2.13 ``_fsdp_param_group.py``: at world size 1 ``unshard`` returns before ``foreach_all_gather`` and
+    ``wait_for_unshard`` casts and unshards on the default stream (replayed there by ``fsdp2_run``)."""
+    from fitcheck.core.loading import allocator_conf
+    from fitcheck.core.states import fsdp_side_pools
+    from fitcheck.report import Phase
+    from fitcheck.spec import DeviceType
+
+    def pools(world: int) -> Any:
+        spec = _spec(world)
+        spec = replace(spec, hardware=replace(spec.hardware, device_type=DeviceType.CUDA))
+        return fsdp_side_pools(spec, allocator_conf(spec))
+
+    one, two = pools(1), pools(2)
+    assert one.gather == 0 and one.reduce > 0 and one.live[Phase.FORWARD_END] == 0
+    assert two.gather > 0 and two.live[Phase.FORWARD_END] > 0
+
+
+def test_layer_starts_follow_the_period() -> None:
+    from fitcheck.torch_adapters.fsdp2_run_events import _layer_starts
+
+    block = [(0, 64, "forward"), (0, 128, "forward"), (0, -64, "forward"), (0, 32, "forward")]
+    events = [(0, 8, "forward"), (0, 16, "forward")] + block * 3 + [(0, 512, "forward")]
+    assert _layer_starts(events, 0, len(events), 3) == [2, 6, 10, 14]
+
+
+@pytest.fixture(scope="module")
+def real_runs() -> dict[int, dict[str, int]]:
+    from fsdp2_run_events_cpu import real
+
+    return {world: real(world) for world in (1, 2)}
+
+
+@pytest.fixture(scope="module")
+def plain() -> list[Any]:
+    from fitcheck.torch_adapters import whole_run_events
+
+    return whole_run_events(_spec(world=1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2])
+def test_sequence_matches_real_fully_shard(real_runs: dict[int, dict[str, int]], plain: list[Any],
+                                           world: int) -> None:
+    from fsdp2_run_events_cpu import compare, fitcheck_live
+
+    mine, _ = fitcheck_live(world, plain)
+    assert compare(real_runs[world], mine) == []
+
+
+@pytest.mark.slow
+def test_a_wrong_sequence_is_caught(real_runs: dict[int, dict[str, int]], plain: list[Any]) -> None:
+    from fsdp2_run_events_cpu import compare
+
+    from fitcheck.torch_adapters.fsdp2_run_plan import fsdp2_plan
+
+    def no_upcast(spec: Any) -> Any:  # shards, gradients and states in the 16-bit dtype the model was loaded in
+        return replace(fsdp2_plan(spec), orig=2)
+
+    def unsharded(spec: Any) -> Any:  # every rank holding whole parameters, gradients and states
+        return replace(fsdp2_plan(spec), world=1)
+
+    assert compare(real_runs[1], _live_with(no_upcast, 1, plain))
+    assert compare(real_runs[2], _live_with(unsharded, 2, plain))
+
+
+def _live_with(plan_fn: Any, world: int, plain: list[Any]) -> dict[str, int]:
+    from fsdp2_run_events_cpu import spec_of
+
+    from fitcheck.torch_adapters.deepspeed_run_events import live_bytes
+    from fitcheck.torch_adapters.fsdp2_run_events import fsdp2_run
+
+    before = sum(n for _, n, t in plain if t == "setup")
+    return {k: v - before for k, v in live_bytes(fsdp2_run(plain, plan_fn(spec_of(world)))).items()}
+
+
+@pytest.mark.slow
+def test_a_traced_fsdp2_answer_takes_the_replay(tmp_path: Path) -> None:
+    from deepspeed_run_events_cpu import CONFIG
+    from rewrite_checks import takes_the_replay
+
+    from fitcheck.cli.estimate import spec_from_values
+    from fitcheck.torch_adapters import PinnedPath
+    from fitcheck.torch_adapters.fsdp2_run_events import whole_run
+
+    (tmp_path / "config.json").write_text(json.dumps({**CONFIG, "torch_dtype": "bfloat16"}), encoding="utf-8")
+    fsdp = tmp_path / "fsdp.json"
+    fsdp.write_text(json.dumps({"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}),
+                    encoding="utf-8")
+    values = {"model_name_or_path": str(tmp_path), "max_seq_length": 32, "per_device_train_batch_size": 2,
+              "gpu": "H100", "dtype": "bfloat16", "bf16": True, "fsdp": "full_shard auto_wrap",
+              "fsdp_config": str(fsdp), "optim": "adamw_torch_fused"}
+    spec = spec_from_values(values, {})[0]
+    path, _, replay = takes_the_replay(spec, whole_run)
+    assert replay is not None and path.gap_fraction(spec) == replay.gap_fraction  # not the published fraction
+    other = spec_from_values({**values, "gradient_accumulation_steps": 2}, {})[0]
+    note = {f.code: f.message for f in PinnedPath("always")(other).findings}.get("reserved-published-gap", "")
+    assert "gradient accumulation" in note
+
+
+def _spec(world: int) -> Any:
+    from fsdp2_run_events_cpu import spec_of
+
+    return spec_of(world)
