@@ -49,10 +49,15 @@ def test_trl_trace_keeps_the_trainers_head(tmp_path: Path, capsys: pytest.Captur
     parts = [f["message"] for f in traced["findings"] if f["code"] == "trace-trainer-parts"]
     assert len(parts) == 1 and rows in parts[0] and "chunked LM head" in parts[0]
     # the traced body equals the formula's on this Llama step (within 0.1 %: 174,598,020 vs 174,595,972 B for
-    # SFT); the plain trace held 493,025,244 B (the full-vocabulary logits) and found 703 where 65,536 fits
+    # SFT); the plain trace held 493,025,244 B (the full-vocabulary logits) and found 703 where 65,536 fits (57,793
+    # for SFT since its reserved is its whole run replayed)
     assert abs(traced["peak_allocated_bytes"] / formula["peak_allocated_bytes"] - 1) < 0.01
     assert plain["peak_allocated_bytes"] > 2 * traced["peak_allocated_bytes"]
-    assert traced["max_micro_batch"] == formula["max_micro_batch"] > 10 * plain["max_micro_batch"]
+    assert formula["max_micro_batch"] > 10 * plain["max_micro_batch"]
+    if trainer[1] == "sft":  # reserved: SFT's whole run replayed (tests/test_trl_replay.py), gap 0.48 on this body
+        assert 0.85 * formula["max_micro_batch"] < traced["max_micro_batch"] < formula["max_micro_batch"]
+    else:  # DPO is not replayed: the published 11 % gap, as the formula
+        assert traced["max_micro_batch"] == formula["max_micro_batch"]
 
 
 def test_body_peaks_leave_the_models_logits_out() -> None:

@@ -14,7 +14,9 @@
   :mod:`.device_map_split`: one estimate per GPU of a multi-GPU map (naive model parallelism);
 - :mod:`.trl_config_check`: TRL's own config classes validate a run's TRL settings;
 - :mod:`.trace_cache`: fitcheck's on-disk cache of traces and allocator replays across processes.
-- :mod:`.verdict_replay`: near the budget, the whole run replayed instead of the published reserved gap.
+- :mod:`.verdict_replay`: near the budget, the whole run replayed instead of the published reserved gap;
+  :mod:`.run_scope`: which runs the tracer and that replay describe (the plain Trainer's, TRL's SFTTrainer's:
+  :mod:`.tracer_trl`).
 
 Importing this package imports no torch; each name imports its module on first use.
 """
@@ -62,7 +64,8 @@ if TYPE_CHECKING:
     )
     from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
     from fitcheck.torch_adapters.meta_device import build_meta_model, meta_inventory
-    from fitcheck.torch_adapters.pinned_path import PinnedPath, plain_trainer_run
+    from fitcheck.torch_adapters.pinned_path import PinnedPath
+    from fitcheck.torch_adapters.run_scope import not_replayed, plain_trainer_run, replayed_run
     from fitcheck.torch_adapters.trace_batch import BatchTraces, at_micro_batch
     from fitcheck.torch_adapters.trace_cache import TraceCache, cache_directory, cache_from_environment
     from fitcheck.torch_adapters.tracer import (
@@ -133,7 +136,9 @@ _WHERE = {
     "model_state_tensors": "live_tracker",
     "meta_inventory": "meta_device",
     "PinnedPath": "pinned_path",
-    "plain_trainer_run": "pinned_path",
+    "plain_trainer_run": "run_scope",
+    "replayed_run": "run_scope",
+    "not_replayed": "run_scope",
     "trace_components": "tracer_depth",
     "NearBudget": "verdict_replay",
     "band_low_micro_batch": "verdict_replay",
@@ -182,6 +187,7 @@ __all__ = [
     "model_config",
     "model_state_tensors",
     "multi_gpu_shares",
+    "not_replayed",
     "phase_errors",
     "plain_trainer_run",
     "reduced_config",
@@ -192,6 +198,7 @@ __all__ = [
     "replay_step",
     "replay_whole_lengths",
     "replay_whole_run",
+    "replayed_run",
     "search_and_boundary",
     "trace_components",
     "trace_extrapolated",

@@ -142,12 +142,12 @@ def replay_lengths(spec: TrainingSpec, seq_lengths: Sequence[int]) -> tuple[Step
 
 def _traces(spec: TrainingSpec, lengths: tuple[int, ...]) -> list[Sequence[tuple[int, int, str]]]:
     """``alloc_events`` of the spec's step traced at two repeating layer groups, one trace per length."""
-    from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
+    from fitcheck.torch_adapters.tracer import trace_step
     from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
 
     config = spec.model.config
     depth = min(config_layers(config), 2 * layer_group(config))
-    kwargs = trace_kwargs(spec)
+    kwargs = run_trace_kwargs(spec)
     traces: list[Sequence[tuple[int, int, str]]] = []
     for length in lengths:
         kwargs["seq_len"] = length
@@ -172,9 +172,9 @@ def replay_steady_state(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepRe
     Returns:
         The replay's peaks over all steps (``max_memory_reserved`` never falls, so its peak is the last step's).
     """
-    from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
+    from fitcheck.torch_adapters.tracer import trace_step
 
-    kwargs = {**trace_kwargs(spec), "steps": steps, "grad_accum": spec.batch.grad_accum}
+    kwargs = {**run_trace_kwargs(spec), "steps": steps, "grad_accum": spec.batch.grad_accum}
     events = trace_step(spec.model.config, **kwargs).alloc_events
     return replay_events([load_warmup(spec) + list(events)], allocator_conf(spec), (spec.batch.seq_len,))
 
@@ -196,12 +196,12 @@ def replay_deepened(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepReplay
         The replay's peaks over all steps.
     """
     from fitcheck.torch_adapters.allocator_deepen import DeepenError, deepen
-    from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
+    from fitcheck.torch_adapters.tracer import trace_step
     from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
 
     config = spec.model.config
     depth, group = config_layers(config), layer_group(config)
-    kwargs = {**trace_kwargs(spec), "steps": steps}
+    kwargs = {**run_trace_kwargs(spec), "steps": steps}
     if depth > 2 * group and depth % group == 0:
         try:
             one = trace_step(config, num_layers=group, **kwargs)
@@ -314,13 +314,15 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
     forward and backward passes per optimizer step: ``allocator_compose.whole_run``)."""
     from fitcheck.torch_adapters.allocator_compose import whole_run
     from fitcheck.torch_adapters.allocator_deepen import DeepenError, deepen
-    from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
+    from fitcheck.torch_adapters.tracer import trace_step
     from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
     from fitcheck.torch_adapters.tracer_depth import depth_plan
     from fitcheck.torch_adapters.tracer_optimizer import trace_optimizer
 
     config = spec.model.config
-    kwargs = trace_kwargs(spec)
+    kwargs = run_trace_kwargs(spec)
+    if "trl_head" in kwargs:  # the answer's activation traces ran the plain head (count_logits=False): not this step
+        step_runs = ()
     if seq_len is not None:
         kwargs["seq_len"] = seq_len
     plan = depth_plan(config, spec.freeze)
@@ -345,6 +347,20 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
     (one, one_starts), (two, two_starts) = composed
     deep = deepen(one, two, config_layers(config) // layer_group(config), (one_starts, two_starts))
     return load_warmup(spec) + list(deep)
+
+
+def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
+    """The ``tracer.trace_step`` arguments of the step the whole run repeats: the plain Trainer's
+    (``tracer.trace_kwargs``), or TRL's SFTTrainer step (``tracer_trl``: its model preparation and fused LM head,
+    ``trl_head`` the outputs it patches the model with) at the shape it runs (``core.trainers.step_spec``)."""
+    from fitcheck.core.trainers import step_spec, trainer_row
+    from fitcheck.spec import TrainerKind
+    from fitcheck.torch_adapters.tracer import trace_kwargs
+
+    outputs = trainer_row(spec.trainer.kind).fused_head
+    if spec.trainer.kind is not TrainerKind.SFT or outputs is None:
+        return trace_kwargs(spec)
+    return {**trace_kwargs(step_spec(spec)), "trl_head": outputs}
 
 
 def load_warmup(spec: TrainingSpec) -> list[tuple[int, int, str]]:

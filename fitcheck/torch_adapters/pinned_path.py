@@ -32,6 +32,7 @@ from fitcheck.report import Component, Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters import deepspeed_run_events as ds_run  # imports no torch
 from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run  # imports no torch
+from fitcheck.torch_adapters.run_scope import plain_trainer_run, replayed_run, traceable, untraced_parts
 from fitcheck.torch_adapters.verdict_replay import NearBudget
 
 MODES = ("auto", "always", "never")
@@ -42,62 +43,6 @@ def torch_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 
 
-def traceable(spec: TrainingSpec) -> bool:
-    """Whether the default path may trace this run: a Trainer step with transformers' loss (``untraced_parts`` is
-    empty) of a text model. DeepSpeed fp16/bf16 and FSDP mixed precision are traced as the 16-bit module they run
-    (``tracer.activation_trace_kwargs``). ``--trace`` also traces a TRL trainer's policy step and a vision-language
-    model."""
-    from fitcheck.spec import TrainerKind
-
-    return not untraced_parts(spec) and spec.trainer.kind is TrainerKind.TRAINER and _images_traceable(spec)
-
-
-def plain_trainer_run(spec: TrainingSpec) -> bool:
-    """Whether the whole run is the plain Trainer's, as ``allocator_replay.replay_whole_run`` composes it from the
-    traces (torch's optimizer on the module's own parameters): a traceable run without DeepSpeed's engine (its
-    optimizer, buckets and partitions) or a module cast (``kernels/module_cast.py``)."""
-    from fitcheck.core.kernels import deepspeed_module_view
-    from fitcheck.spec import Strategy
-
-    return (traceable(spec) and spec.sharding.strategy is not Strategy.DEEPSPEED
-            and deepspeed_module_view(spec) is spec)
-
-
-def untraced_parts(spec: TrainingSpec) -> tuple[str, ...]:
-    """What of this run the tracer cannot describe, each with the flag that asks for it: Liger kernels, a fused or
-    chunked loss and activation offloading (modelled by the formulas only: fitcheck/core/kernels/), one rank of a
-    tp/cp/sp layout (core/parallelism), a GPTQ/AWQ/FP8 base (core/states/prequant) and an 8-bit base on CUDA. A
-    trace of the plain step would be a different run: ``--trace`` refuses these (``PinnedPath.activations``). The
-    paths following a traced headline (a Liger or sequence-parallel suggestion) trace the plain step: no saving
-    is claimed for the part the trace leaves out, where the formulas' saving could rest on activations that the
-    traced headline showed to be off."""
-    from fitcheck.spec import DeviceType
-
-    act = spec.activations
-    layout = spec.sharding.parallelism
-    quant = spec.quant
-    parts = []
-    if act.liger is not None:
-        parts.append("Liger kernels (--use_liger_kernel)")
-    if act.loss != "torch":
-        parts.append(f"the {act.loss} loss (--loss)")
-    if act.offload_activations:
-        parts.append("activation offloading (--activation_offloading)")
-    if layout is not None and layout.active:
-        parts.append("one rank of a tp/cp/sp layout (--tp_size / --cp_size / --sp_size)")
-    if quant is not None and quant.pre_quantized and quant.method != "bitsandbytes":
-        parts.append(f"a pre-quantized {quant.method} base")
-    # an 8-bit base traces CPU's MatMul8bitFp; CUDA runs MatMul8bitLt (core/activations/int8.py, source)
-    if quant is not None and quant.bits == 8 and spec.hardware.device_type is not DeviceType.CPU:
-        parts.append("the CUDA 8-bit matmul of an 8-bit base (MatMul8bitLt; --load_in_8bit)")
-    return tuple(parts)
-
-
-def _images_traceable(spec: TrainingSpec) -> bool:
-    """A text model. A vision-language step is traced only on ``--trace`` (Qwen2.5-VL, trace_inputs_vlm): tracing
-    its 32-block tower twice per micro-batch size tried takes minutes on a loaded CPU, and the vision formula is
-    checked against that trace (benchmarks/vision_vs_trace.py)."""
-    return spec.model.shape.task != "image-text-to-text"
 
 
 def _cache_key(spec: TrainingSpec) -> str:
@@ -182,15 +127,16 @@ class PinnedPath:
 
     def gap_fraction(self, spec: TrainingSpec) -> float | None:
         """The caching allocator's gap over the traced step's transient bytes (None: the published fraction of
-        ``core/allocator.py``): not traced, or a run whose whole run is neither the plain Trainer's
-        (``plain_trainer_run``) nor rewritten into DeepSpeed's or FSDP2's own (``fsdp2_run_events.rewrite_for``),
-        where the traced step's replay would leave out its buffers, optimizer and side streams (FSDP1 on the H100
-        rows: the two-group replay moved reserved from -5.0 % to -3.2 %, ``benchmarks/fsdp_gpu.py --rescore``)."""
+        ``core/allocator.py``): not traced, or a run whose whole run is neither one the replay describes
+        (``run_scope.replayed_run``: the plain Trainer's, TRL's SFTTrainer's) nor rewritten into DeepSpeed's or
+        FSDP2's own (``fsdp2_run_events.rewrite_for``), where the traced step's replay would leave out its buffers,
+        optimizer and side streams (FSDP1 on the H100 rows: the two-group replay moved reserved from -5.0 % to
+        -3.2 %, ``benchmarks/fsdp_gpu.py --rescore``)."""
         rewrite = fsdp_run.rewrite_for(spec)
         if self.wants_trace(spec) and rewrite is not None and _gap_applies(spec, self.seq_lengths):
             replay = rewrite.whole_run(self, spec, _cache_key(spec))  # None: the published gap, with why
             return None if replay is None else float(replay.gap_fraction)
-        if not self.wants_trace(spec) or not plain_trainer_run(spec):
+        if not self.wants_trace(spec) or not replayed_run(spec):
             return None
         return self._gaps.get(_cache_key(spec))
 
@@ -233,14 +179,16 @@ class PinnedPath:
         the deepest trace's step replayed alone (two layer groups: ``deepest``), with the reason kept. Where the gap
         does not enter the number (CPU, ``--seq_lengths``' own replay) the cheap one."""
         from fitcheck.core.loading import allocator_conf
-        from fitcheck.torch_adapters.allocator_replay import replay_events, replay_whole_run
+        from fitcheck.torch_adapters.allocator_replay import replay_events, replay_step, replay_whole_run
 
-        if _gap_applies(spec, self.seq_lengths) and plain_trainer_run(spec):
+        if _gap_applies(spec, self.seq_lengths) and replayed_run(spec):
             try:
                 self._whole[key] = replay_whole_run(spec, runs, optimizer_traces=self._optimizer_traces)
                 return float(self._whole[key].gap_fraction)
             except Exception as exc:  # the two-group gap answers, with the reason as a finding
                 self._whole_failed[key] = _reason(exc)
+            if not plain_trainer_run(spec):  # TRL's SFT step: ``deepest`` ran the plain LM head (count_logits)
+                return replay_step(spec).gap_fraction
         return replay_events([deepest], allocator_conf(spec)).gap_fraction
 
     def following(self, headline: Report) -> PinnedPath:
@@ -312,7 +260,7 @@ class PinnedPath:
         from fitcheck.torch_adapters.allocator_deepen import DeepenError
         from fitcheck.torch_adapters.allocator_replay import replay_lengths, replay_whole_lengths
 
-        if plain_trainer_run(spec):
+        if replayed_run(spec):
             try:
                 return replay_whole_lengths(spec, lengths, optimizer_traces=self._optimizer_traces)
             except (ComposeError, DeepenError):
@@ -340,7 +288,7 @@ class PinnedPath:
         report = self._answer(spec)
         if self.reserved_replay and self.whole_run_replay is None:
             return self._with_whole_run_replay(spec, report)
-        return self.near_budget.answer(spec, report, plain_trainer_run, self.seq_lengths, self._optimizer_traces,
+        return self.near_budget.answer(spec, report, replayed_run, self.seq_lengths, self._optimizer_traces,
                                        self.cache)
 
     def _with_whole_run_replay(self, spec: TrainingSpec, report: Report) -> Report:
@@ -386,7 +334,7 @@ class PinnedPath:
         from fitcheck.torch_adapters.allocator_deepen import DeepenError
         from fitcheck.torch_adapters.allocator_replay import replay_deepened, replay_whole_run
 
-        if plain_trainer_run(spec):
+        if replayed_run(spec):
             traces = self._traces.get(key)
             runs = traces.traced.get(step_spec(spec).batch.micro_batch, ()) if traces is not None else ()
             try:
@@ -414,7 +362,7 @@ class PinnedPath:
             note = Finding("trace-failed", Severity.INFO, f"tracing this run was not possible ({failed})",
                            "the number is from the formulas; see the not-pinned warning")
             report = dataclasses.replace(report, findings=(*report.findings, note))
-        elif comps and not plain_trainer_run(spec) and _gap_applies(spec, self.seq_lengths) \
+        elif comps and not replayed_run(spec) and _gap_applies(spec, self.seq_lengths) \
                 and self.gap_fraction(spec) is None:
             why = (fsdp_run if spec.sharding.fsdp else ds_run).published_gap_reason(self, spec, _cache_key(spec))
             note = Finding("reserved-published-gap", Severity.INFO,
@@ -498,7 +446,7 @@ def _lengths_finding(spec: TrainingSpec, replay: Any, alone: Any, released: Repo
     else:
         said += ", applied to this estimate's step"
     said += _where_the_gap_does_not_apply(spec)
-    if not plain_trainer_run(spec):
+    if not replayed_run(spec):
         said += "; the replayed sequence is the plain Trainer step's (the tracer does not describe this run's " \
                 "sharding or kernels), so take it as an approximation"
     return Finding("seq-lengths-replayed", Severity.INFO, said,

@@ -154,6 +154,7 @@ def trace_step(
     count_logits: bool = True,
     cuda_kernels: bool = False,
     cublas_workspaces: tuple[int, ...] = (),
+    trl_head: tuple[str, ...] = (),
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -189,6 +190,8 @@ def trace_step(
             step the optimizer on its CUDA path (foreach for a non-fused torch optimizer:
             ``make_trainer_optimizer``); False for a real CPU step and ``device_type cpu`` estimates.
         cublas_workspaces: Bytes each thread keeps from its first BLAS op, in ``alloc_events`` only (item 4 there).
+        trl_head: The fused-head outputs of TRL's SFTTrainer: run its step (``tracer_trl``: its model preparation,
+            fused LM head and loss; on CUDA the head's Triton folds) instead of the plain Trainer's.
 
     Returns:
         The per-phase breakdown of the second step.
@@ -211,7 +214,13 @@ def trace_step(
     from fitcheck.torch_adapters.cuda_emulation import CublasWorkspaces
     from fitcheck.torch_adapters.cuda_emulation import cuda_kernels as cuda_emulation
 
-    kernels = cuda_emulation() if cuda_kernels else contextlib.nullcontext()
+    kernels = contextlib.ExitStack()
+    if cuda_kernels:
+        kernels.enter_context(cuda_emulation())
+        if trl_head:
+            from fitcheck.torch_adapters.tracer_trl import triton_folds
+
+            kernels.enter_context(triton_folds())
     with fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
         model = build_model(
             cfg,
@@ -226,6 +235,11 @@ def trace_step(
             freeze=freeze,
             use_reentrant=use_reentrant,
         )
+        sft = None
+        if trl_head:
+            from fitcheck.torch_adapters.tracer_trl import prepare_sft
+
+            sft = prepare_sft(model, trl_head, quantized=quant is not None, checkpointing=checkpointing)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_trainer_optimizer(optimizer, model, cuda_kernels) if optimizer is not None else None
         vocab = int(model.config.get_text_config(decoder=True).vocab_size)  # composite VLM configs nest it
@@ -253,17 +267,18 @@ def trace_step(
             for step in range(steps):
                 for micro in range(grad_accum):
                     suffix = "" if (step, micro) == (steps - 1, grad_accum - 1) else "_warmup"
-                    hook = head.register_forward_pre_hook(_region_opener(rec, "forward_head" + suffix))
-                    out_hook = head.register_forward_hook(_grad_marker(rec, "backward" + suffix))
+                    marks = sft.region_hooks(rec.enter_region, suffix) if sft is not None else [
+                        head.register_forward_pre_hook(_region_opener(rec, "forward_head" + suffix)),
+                        head.register_forward_hook(_grad_marker(rec, "backward" + suffix))]
                     rec.enter_region("forward" + suffix)
                     ctx = torch.autocast("cpu", dtype=ac_dtype) if autocast else contextlib.nullcontext()
                     with ctx:
-                        loss = _loss(model, ids, labels, images)
+                        loss = _loss(model, ids, labels, images) if sft is None else sft.loss(ids, labels)
                     rec.enter_region("backward_start" + suffix)
                     loss.backward()
                     del loss
-                    hook.remove()
-                    out_hook.remove()
+                    for mark in marks:
+                        mark.remove()
                 rec.enter_region("optimizer" + suffix)
                 if opt is not None:
                     opt.step()

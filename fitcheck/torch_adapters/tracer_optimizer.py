@@ -35,6 +35,7 @@ def trace_optimizer(
     freeze: FreezeSpec | None = None,
     use_reentrant: bool = False,
     cuda_kernels: bool = False,
+    trl_head: tuple[str, ...] = (),
     **_step_only: Any,
 ) -> tuple[tuple[tuple[int, int, str], ...], tuple[int, ...]]:
     """``steps`` optimizer steps of the model ``trace_step`` would build, on fake tensors.
@@ -55,6 +56,8 @@ def trace_optimizer(
         use_reentrant: As ``trace_step``.
         cuda_kernels: As ``trace_step``: the optimizer steps as on CUDA
             (``tracer_trainer_optim.make_trainer_optimizer``).
+        trl_head: As ``trace_step``: TRL's SFTTrainer, which casts a quantized base's trainable parameters to bf16
+            before the optimizer exists (``tracer_trl.trainable_to_bf16``).
         **_step_only: The other ``trace_step`` arguments (sequence, micro-batch, autocast, ...): no optimizer
             allocation depends on them.
 
@@ -80,6 +83,10 @@ def trace_optimizer(
         model = build_model(cfg, dtype=torch_dtype(dtype), attn_implementation=attn_implementation,
                             checkpointing=checkpointing, every_n_layers=every_n_layers, lora=lora, quant=quant,
                             fake=True, task=task, freeze=freeze, use_reentrant=use_reentrant)
+        if trl_head and quant is not None:
+            from fitcheck.torch_adapters.tracer_trl import trainable_to_bf16
+
+            trainable_to_bf16(model)
         for p in model.parameters():
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)

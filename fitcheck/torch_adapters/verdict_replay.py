@@ -11,8 +11,10 @@ finding); far from the budget the formula answers as before, with no trace. A re
 the answer: the formula answers with the ``reserved-near-budget`` warning, as it does without torch or with
 ``--no_trace`` (saying how much higher reserved may be, and what lets fitcheck replay it).
 
-Only a plain Trainer run is replayed (``pinned_path.plain_trainer_run``: the replay composes torch's optimizer on
-the module's own parameters); a TRL trainer, DeepSpeed's engine and FSDP's module cast get the warning.
+Only a run the whole-run replay describes is replayed (``run_scope.replayed_run``: the plain Trainer's, and TRL's
+SFTTrainer's with its model preparation and fused LM head traced, ``tracer_trl``; torch's optimizer on the module's
+own parameters); DPO/KTO/GRPO/reward, SFT padding-free or packed, DeepSpeed's engine and FSDP's module cast get the
+warning, naming the part the replay leaves out (``run_scope.not_replayed``).
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ class NearBudget:
         Args:
             spec: The run.
             report: Its answer on the path (formula or traced).
-            plain: Whether a spec's whole run is the plain Trainer's (``pinned_path.plain_trainer_run``).
+            plain: Whether the whole-run replay describes a spec's run (``run_scope.replayed_run``: the plain
+                Trainer's, TRL's SFTTrainer's).
             seq_lengths: ``--seq_lengths`` (its own replay gives the gap).
             optimizer_traces: The path's cache of optimizer traces.
             cache: The on-disk ``trace_cache.TraceCache`` (None: off): a replay asked again is read from it.
@@ -124,8 +127,11 @@ class NearBudget:
         if not self.can_replay:
             return _with(report, _band_warning(report, self.why_not))
         if not plain(spec):
-            return _with(report, _band_warning(report, "the replay composes the plain Trainer's run only (not a TRL "
-                                                       "trainer's, DeepSpeed's engine or FSDP's module cast)"))
+            from fitcheck.torch_adapters.run_scope import not_replayed
+
+            left_out = not_replayed(spec) or "this run"
+            return _with(report, _band_warning(report, "the whole-run replay describes the plain Trainer's and TRL's "
+                                                       f"SFTTrainer's run only, not {left_out}"))
         key = repr(spec)
         if key not in self.replays and key not in self.failed:
             if self.limit is not None and self.runs >= self.limit:

@@ -1,0 +1,134 @@
+"""Real TRL 1.16 SFTTrainer runs on CPU vs the whole-run allocator replay of the same run and vs the formula.
+
+For each SFT case of ``benchmarks/trl_truth.py`` (a tiny random Llama, its real ``SFTTrainer``) and a QLoRA case
+(the same model loaded in 4-bit nf4 by the trainer), three steps:
+
+* ``real``: the live-tensor bytes of the real run (``fitcheck.torch_adapters.live_tracker``, started at step 1's
+  ``on_step_begin`` on the model's parameters, buffers and optimizer: every tensor the steps create, the optimizer
+  states of step 1 included): the peak over the three steps and the third step's own peak;
+* ``replay``: ``allocator_replay.replay_whole_run`` of the case's spec on CPU (the SFT step traced with TRL's model
+  preparation and fused LM head: ``tracer_trl``; CPU's torch tile folds): its ``peak_allocated`` and the peak of
+  the last step's events (tags without ``_warmup``);
+* ``plain``: the same replay of the plain Trainer step (what the replay composed before: full-vocabulary logits);
+* ``formula``: ``core.estimate`` of the spec (``peak_allocated_bytes``).
+
+Run: ``PYTHONPATH=. python benchmarks/trl_replay.py [name-substring ...] [--out benchmarks/data/trl_replay.json]``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trl_truth import CASES, TRL_LORA, Case, build_trainer, spec_for
+
+from fitcheck.core import estimate
+from fitcheck.spec import Dtype, QuantSpec, TrainerKind, TrainerSpec
+
+STEPS = 3  # allocator_replay.STEADY_STEPS
+# QLoRA: the base loaded in 4-bit (nf4, bf16 compute) through SFTConfig.model_init_kwargs; bitsandbytes' CPU backend
+_NF4 = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "bfloat16"}
+SFT_CASES = (*(c for c in CASES if c.trainer is TrainerKind.SFT and not c.extra),
+             Case("sft QLoRA", TrainerKind.SFT, lora=TRL_LORA,
+                  extra={"model_init_kwargs": {"quantization_config": _NF4}}))
+
+
+def case_spec(case: Case) -> Any:
+    """``trl_truth.spec_for``, with the 4-bit base of a QLoRA case (TRL 1.16 never calls
+    ``prepare_model_for_kbit_training``: ``readers/trl_settings.py``)."""
+    spec = spec_for(case)
+    if "model_init_kwargs" not in case.extra:
+        return spec
+    quant = QuantSpec(bits=4, quant_type="nf4", compute_dtype=Dtype.BFLOAT16, prepare_for_kbit_training=False)
+    return dataclasses.replace(spec, quant=quant)
+
+
+def measure_run(case: Case) -> dict[str, int]:
+    """Live-tensor peaks of the real SFTTrainer's first three steps: ``{"peak": ..., "last_step": ...}``."""
+    from transformers import TrainerCallback
+
+    from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
+
+    out: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as path, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = build_trainer(case, path)
+        trainer.args.max_steps = STEPS
+        state: dict[str, Any] = {}
+
+        class Measure(TrainerCallback):  # type: ignore[misc]
+            def on_step_begin(self, args: Any, st: Any, control: Any, **kw: Any) -> Any:
+                if st.global_step == 0:
+                    tracker = LiveTensorTracker()
+                    tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
+                    state["tracker"] = tracker.start()
+                elif st.global_step == STEPS - 1:
+                    out["before_last"] = state["tracker"].peak
+                    state["tracker"].reset_peak()
+                return control
+
+            def on_step_end(self, args: Any, st: Any, control: Any, **kw: Any) -> Any:
+                if st.global_step == STEPS:
+                    tracker = state.pop("tracker")
+                    tracker.stop()
+                    out["last_step"] = tracker.peak
+                    out["peak"] = max(tracker.peak, out["before_last"])
+                return control
+
+        trainer.add_callback(Measure())
+        trainer.train()
+    return out
+
+
+def replay_peaks(spec: Any) -> dict[str, int]:
+    """The whole run's replay: its peak allocated and the last step's own peak (events not tagged ``_warmup``)."""
+    from fitcheck.torch_adapters import whole_run_events
+
+    live = peak = last = 0
+    for _serial, signed, tag in whole_run_events(spec, steps=STEPS):
+        live += signed
+        peak = max(peak, live)
+        if not tag.endswith("_warmup") and tag != "setup":
+            last = max(last, live)
+    return {"peak": peak, "last_step": last}
+
+
+def row(case: Case) -> dict[str, Any]:
+    """One table row (bytes)."""
+    spec = case_spec(case)
+    plain = dataclasses.replace(spec, trainer=TrainerSpec())
+    t = time.perf_counter()
+    replay = replay_peaks(spec)
+    seconds = time.perf_counter() - t
+    return {"case": case.name, "formula": estimate(spec).peak_allocated_bytes, "replay": replay,
+            "plain_replay": replay_peaks(plain), "real": measure_run(case), "replay_seconds": round(seconds, 2)}
+
+
+def main(argv: list[str]) -> int:
+    out = None
+    if "--out" in argv:
+        at = argv.index("--out")
+        out, argv = argv[at + 1], argv[:at] + argv[at + 2:]
+    cases = [c for c in SFT_CASES if not argv or any(a in c.name for a in argv)]
+    rows = [row(c) for c in cases]
+    print(f"{'case':<18} {'formula':>12} {'replay':>12} {'real':>12} {'replay/real':>11} {'plain replay':>12} "
+          f"{'last: replay':>13} {'last: real':>12}")
+    for r in rows:
+        real, rep = r["real"], r["replay"]
+        print(f"{r['case']:<18} {r['formula']:>12,} {rep['peak']:>12,} {real['peak']:>12,} "
+              f"{rep['peak'] / real['peak'] - 1:>+10.2%} {r['plain_replay']['peak']:>12,} "
+              f"{rep['last_step']:>13,} {real['last_step']:>12,}")
+    if out:
+        Path(out).write_text(json.dumps({"steps": STEPS, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,114 @@
+"""What of a run the tracer and the whole-run allocator replay describe (``PinnedPath``, ``verdict_replay``).
+
+- :func:`traceable`: what the default path may trace (the plain Trainer step of a text model with transformers'
+  loss); :func:`untraced_parts` names what no trace describes.
+- :func:`plain_trainer_run`: the whole run is the plain Trainer's, as ``allocator_replay.replay_whole_run``
+  composes it (torch's optimizer on the module's own parameters).
+- :func:`replayed_run`: the whole run ``replay_whole_run`` describes: the plain Trainer's, or TRL's SFTTrainer's
+  (its model preparation, fused LM head and loss traced: ``tracer_trl``); :func:`not_replayed` says which part of
+  any other run the replay leaves out.
+"""
+
+from __future__ import annotations
+
+from fitcheck.spec import TrainingSpec
+
+
+def traceable(spec: TrainingSpec) -> bool:
+    """Whether the default path may trace this run: a Trainer step with transformers' loss (``untraced_parts`` is
+    empty) of a text model. DeepSpeed fp16/bf16 and FSDP mixed precision are traced as the 16-bit module they run
+    (``tracer.activation_trace_kwargs``). ``--trace`` also traces a TRL trainer's policy step and a vision-language
+    model."""
+    from fitcheck.spec import TrainerKind
+
+    return not untraced_parts(spec) and spec.trainer.kind is TrainerKind.TRAINER and _images_traceable(spec)
+
+
+def plain_trainer_run(spec: TrainingSpec) -> bool:
+    """Whether the whole run is the plain Trainer's, as ``allocator_replay.replay_whole_run`` composes it from the
+    traces (torch's optimizer on the module's own parameters): a traceable run without DeepSpeed's engine (its
+    optimizer, buckets and partitions) or a module cast (``kernels/module_cast.py``)."""
+    from fitcheck.core.kernels import deepspeed_module_view
+    from fitcheck.spec import Strategy
+
+    return (traceable(spec) and spec.sharding.strategy is not Strategy.DEEPSPEED
+            and deepspeed_module_view(spec) is spec)
+
+
+def untraced_parts(spec: TrainingSpec) -> tuple[str, ...]:
+    """What of this run the tracer cannot describe, each with the flag that asks for it: Liger kernels, a fused or
+    chunked loss and activation offloading (modelled by the formulas only: fitcheck/core/kernels/), one rank of a
+    tp/cp/sp layout (core/parallelism), a GPTQ/AWQ/FP8 base (core/states/prequant) and an 8-bit base on CUDA. A
+    trace of the plain step would be a different run: ``--trace`` refuses these (``PinnedPath.activations``). The
+    paths following a traced headline (a Liger or sequence-parallel suggestion) trace the plain step: no saving
+    is claimed for the part the trace leaves out, where the formulas' saving could rest on activations that the
+    traced headline showed to be off."""
+    from fitcheck.spec import DeviceType
+
+    act = spec.activations
+    layout = spec.sharding.parallelism
+    quant = spec.quant
+    parts = []
+    if act.liger is not None:
+        parts.append("Liger kernels (--use_liger_kernel)")
+    if act.loss != "torch":
+        parts.append(f"the {act.loss} loss (--loss)")
+    if act.offload_activations:
+        parts.append("activation offloading (--activation_offloading)")
+    if layout is not None and layout.active:
+        parts.append("one rank of a tp/cp/sp layout (--tp_size / --cp_size / --sp_size)")
+    if quant is not None and quant.pre_quantized and quant.method != "bitsandbytes":
+        parts.append(f"a pre-quantized {quant.method} base")
+    # an 8-bit base traces CPU's MatMul8bitFp; CUDA runs MatMul8bitLt (core/activations/int8.py, source)
+    if quant is not None and quant.bits == 8 and spec.hardware.device_type is not DeviceType.CPU:
+        parts.append("the CUDA 8-bit matmul of an 8-bit base (MatMul8bitLt; --load_in_8bit)")
+    return tuple(parts)
+
+
+def _images_traceable(spec: TrainingSpec) -> bool:
+    """A text model. A vision-language step is traced only on ``--trace`` (Qwen2.5-VL, trace_inputs_vlm): tracing
+    its 32-block tower twice per micro-batch size tried takes minutes on a loaded CPU, and the vision formula is
+    checked against that trace (benchmarks/vision_vs_trace.py)."""
+    return spec.model.shape.task != "image-text-to-text"
+
+
+def replayed_run(spec: TrainingSpec) -> bool:
+    """Whether ``allocator_replay.replay_whole_run`` describes this run's whole run: the plain Trainer's
+    (:func:`plain_trainer_run`), or TRL 1.16's ``SFTTrainer`` (``trl/trainer/sft_trainer.py``: a Trainer subclass
+    whose ``__init__`` prepares the model and patches its fused LM head, and whose ``compute_loss`` reads the
+    fused head's log-probs; ``tracer_trl`` traces both) under the same conditions, without padding-free or
+    packing. Checked against the real SFTTrainer on CPU: ``benchmarks/trl_replay.py``."""
+    return plain_trainer_run(spec) or not not_replayed(spec)
+
+
+def not_replayed(spec: TrainingSpec) -> str:
+    """What of this run the whole-run replay leaves out ('' where it describes it all: :func:`replayed_run`)."""
+    from fitcheck.core.kernels import deepspeed_module_view
+    from fitcheck.core.trainers import runs_fused_head
+    from fitcheck.spec import Strategy, TrainerKind
+
+    t = spec.trainer
+    parts = list(untraced_parts(spec))
+    if not _images_traceable(spec):
+        parts.append("a vision-language step")
+    if spec.sharding.strategy is Strategy.DEEPSPEED:
+        parts.append("DeepSpeed's engine")
+    elif deepspeed_module_view(spec) is not spec:
+        parts.append("FSDP's module cast")
+    if t.kind is TrainerKind.SFT:
+        if t.padding_free or t.packing:
+            parts.append("SFT's padding-free / packed batch (one flattened row, flash-attention varlen)")
+        if not runs_fused_head(t.kind, spec.activations.loss):
+            parts.append("SFT without TRL's fused LM head")
+    elif t.kind is not TrainerKind.TRAINER:
+        parts.append(f"the {t.kind.value} trainer's step ({_TRL_PARTS.get(t.kind.value, 'its own loss')})")
+    return ", ".join(parts)
+
+
+# what a TRL trainer's step adds that the replayed SFT / plain step does not have (core/trainers/steps.py)
+_TRL_PARTS = {
+    "dpo": "chosen + rejected rows, the reference model's no_grad forward or its adapters-off pass",
+    "kto": "the reference model's no_grad forward and the KL batch",
+    "grpo": "generation's KV cache, the reference / old-policy log-prob passes",
+    "reward": "the sequence-classification model on chosen + rejected rows",
+}
