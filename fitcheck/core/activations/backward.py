@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.core.activations.norm_backward import post_norm_backward
+from fitcheck.core.activations.norm_backward import frozen_input_norm_backward, post_norm_backward
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
 from fitcheck.findings import Finding, Severity
@@ -222,7 +222,14 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
     head_grad = 2 * g_head // _param_bytes(spec) if q.autocast else g_head
     missing = 0 if accum else _all_grads(spec)
-    moments["head"] = q.kept + (L * cast if q.n_ckpt == 0 else 0) + head_extra + q.e * bs * h + head_grad - missing
+    casts = L * cast if q.n_ckpt == 0 else 0
+    from fitcheck.core.activations.freeze import autocast_head_numel
+
+    head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)
+    head32 = 0 if accum else 2 * head16  # made by the cast: no longer missing
+    moments["head"] = q.kept + casts + head_extra + q.e * bs * h + head_grad + head16 - missing - head32
+    if head16:  # the cast to fp32: logits gradient and weight/input casts freed, the input gradient in fp32
+        moments["head gradient cast"] = q.kept + casts + head16 + q.r * bs * h + (2 * head16 if accum else 0) - missing
     lora = _lora_recompute(spec, q)
     post = None if q.offloaded else post_norm_backward(spec)
     for name, i in (("top layer", L - 1), ("bottom layer", 0)):
@@ -268,6 +275,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             del moments["top layer"]  # the trained-layer recipe does not describe a frozen top layer
         if _bottom_frozen(spec):
             del moments["bottom layer"]  # a frozen bottom layer: the frozen moment with fewer checkpoints held
+    trained_norm = frozen_input_norm_backward(spec, static, q.layer, _all_grads(spec))  # norm_backward.py
+    if trained_norm is not None:
+        moments["top trained layer input norm"] = trained_norm + _LOSS_SCALARS
     if q.attention_moment is not None:  # DeepSeek-V3's CPU math attention (activations/mla.py)
         moments["top layer attention"] = q.attention_moment - _all_grads(spec) + _LOSS_SCALARS
     wrapped = param_wrapper_backward(spec, q.e, q.r)  # LoRA on fused experts (activations/param_wrapper.py)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.spec import Role, TrainingSpec
+from fitcheck.spec import Dtype, MixedPrecision, Role, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -69,3 +69,27 @@ def frozen_layers(spec: TrainingSpec) -> FrozenLayers | None:
     first_grad = 0 if emb else (trained[0] if trained else depth)
     no_grad = first_grad
     return FrozenLayers(len(trained), depth - no_grad - len(trained), no_grad, emb, head)
+
+
+def autocast_head_numel(spec: TrainingSpec) -> int:
+    """Elements of the LM head weight a layer-granular partial fine-tune trains under autocast over fp32
+    weights (the embedding's when tied), 0 otherwise: where the head's backward makes a 16-bit weight gradient
+    and then its fp32 copy.
+
+    Under autocast the head's ``mm`` runs on the 16-bit cast of the fp32 weight, so its backward makes the weight
+    gradient in 16 bits (``MmBackward0``), then ``ToCopyBackward0`` casts it to the fp32 parameter's dtype
+    (torch 2.13 ``tools/autograd/derivatives.yaml``: ``_to_copy``'s gradient is ``_to_copy_backward``, a cast back
+    to the input's dtype) after the node released the logits gradient and the weight/input casts
+    (``torch/csrc/autograd/engine.cpp`` ``evaluate_function``). The two moments are in
+    ``backward.backward_moments`` (``head``, ``head gradient cast``). Trace (fake tensors, Llama-3-8B widths,
+    4 layers, top one trained, 1 x 1024, fp32 + bf16 autocast): the peak during backward is the fp32 copy's
+    allocation, 523.5 MiB beyond the model states; the formula that counted the logits gradient there too and
+    not the 16-bit weight gradient gave 774.0 MiB (+47.9 %).
+    """
+    frozen = frozen_layers(spec)
+    if frozen is None or not frozen.head_trained:
+        return 0
+    if spec.precision.mixed_precision is MixedPrecision.NO or spec.precision.load_dtype is not Dtype.FLOAT32:
+        return 0
+    role = Role.EMBEDDING if spec.model.shape.tied_embeddings else Role.LM_HEAD
+    return sum(p.numel for p in spec.model.params if p.role is role)
