@@ -39,7 +39,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.core.activations.norm_backward import frozen_input_norm_backward, post_norm_backward
+from fitcheck.core.activations.norm_backward import (
+    frozen_final_norm_backward,
+    frozen_input_norm_backward,
+    post_norm_backward,
+)
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
 from fitcheck.findings import Finding, Severity
@@ -263,8 +267,11 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
                 moments[name + " attention"] = attn - (0 if accum else unmade - g_lora)
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
-        if post is not None:  # a full fine-tune's post-attention norm backward (activations/norm_backward.py)
-            moments[name + " post norm"] = live + post[0] - missing + (post[1] - g_down) * (not accum) + _LOSS_SCALARS
+        # a trained layer's post-attention norm backward (activations/norm_backward.py); partial training: the
+        # layer's down_proj gradient is already out of ``missing`` (_frozen_missing)
+        down = g_down if spec.freeze is None else _down_proj_numel(spec) * _param_bytes(spec)
+        if post is not None and (spec.freeze is None or _layer_trained(spec, i)):
+            moments[name + " post norm"] = live + post[0] - missing + (post[1] - down) * (not accum) + _LOSS_SCALARS
         if attn is not None:
             made = q.eager_made - g_down if not accum and spec.freeze is None else 0
             moments[name + " attention"] = attn - missing + made
@@ -278,6 +285,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     trained_norm = frozen_input_norm_backward(spec, static, q.layer, _all_grads(spec))  # norm_backward.py
     if trained_norm is not None:
         moments["top trained layer input norm"] = trained_norm + _LOSS_SCALARS
+        final = frozen_final_norm_backward(spec, q.kept, _all_grads(spec))
+        moments["final norm"] = (final or 0) + _LOSS_SCALARS
     if q.attention_moment is not None:  # DeepSeek-V3's CPU math attention (activations/mla.py)
         moments["top layer attention"] = q.attention_moment - _all_grads(spec) + _LOSS_SCALARS
     wrapped = param_wrapper_backward(spec, q.e, q.r)  # LoRA on fused experts (activations/param_wrapper.py)
@@ -347,6 +356,11 @@ def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:
         emb = emb if frozen.embedding_trained and not spec.model.shape.tied_embeddings else 0
         return emb + (own - made if trained else 0)
     return max(_all_grads(spec) - (made if trained else 0), 0)
+
+
+def _layer_trained(spec: TrainingSpec, i: int) -> bool:
+    fz = spec.freeze
+    return fz is not None and fz.trainable_layers is not None and i in fz.trainable_layers
 
 
 def _bottom_frozen(spec: TrainingSpec) -> bool:
