@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.core.activations.freeze import autocast_head_numel, frozen_missing, layer_trained
+from fitcheck.core.activations.freeze import autocast_head_numel, autocast_layer_cast, frozen_missing, layer_trained
 from fitcheck.core.activations.norm_backward import (
     frozen_final_norm_backward,
     frozen_input_norm_backward,
@@ -272,6 +272,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
                 moments[name + " attention"] = attn - (0 if accum else unmade - g_lora)
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
+        if head16 and layer_trained(spec, i) and q.n_ckpt == 0 and i == L - 1:  # freeze.autocast_layer_cast
+            moments[name + " gradient cast"] = autocast_layer_cast(spec, live + cast_down, q.r, missing)
         # a trained layer's post-attention norm backward (activations/norm_backward.py); partial training: the
         # layer's down_proj gradient is already out of ``missing`` (freeze.frozen_missing)
         down = g_down if spec.freeze is None else g_down_frozen
