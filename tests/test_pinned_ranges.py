@@ -35,8 +35,9 @@ def test_a_kind_with_no_range_row_is_not_pinned(monkeypatch: pytest.MonkeyPatch)
     assert "llama/full/nockpt/sdpa/bf16 was never range-checked" in _not_pinned_message(spec)
 
 
-# llama/freeze/nockpt/sdpa/bf16 was range-checked too, but an off-grid probe missed it (session 11, seed 115):
-# a recorded probe miss is pinned nowhere (test_pinned_probe_misses)
+# llama/freeze/nockpt/sdpa/bf16 is range-checked too; an off-grid probe missed it in session 11 (seed 115), fixed in
+# session 12 (norm_backward.frozen_input_norm_backward); a recorded probe miss is pinned nowhere
+# (test_pinned_probe_misses)
 @pytest.mark.parametrize("cell", [Cell("llama", "freeze", True, "sdpa", "bf16", 2048, 2),
                                   Cell("llama", "full", False, "sdpa", "bf16", 2048, 2)],
                          ids=lambda c: c.label)

@@ -39,7 +39,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.core.activations.norm_backward import post_norm_backward
+from fitcheck.core.activations.freeze import autocast_head_numel, autocast_layer_cast, frozen_missing, layer_trained
+from fitcheck.core.activations.norm_backward import (
+    frozen_final_norm_backward,
+    frozen_input_norm_backward,
+    post_norm_backward,
+)
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
 from fitcheck.findings import Finding, Severity
@@ -106,10 +111,15 @@ def _param_bytes(spec: TrainingSpec) -> int:
     return spec.precision.load_dtype.nbytes
 
 
+def _layer_bytes(spec: TrainingSpec) -> int:
+    """Bytes of one decoder layer's parameters in the load dtype (its gradients when it trains)."""
+    return sum(p.numel_each for p in spec.model.params if _text_layer(p)) * _param_bytes(spec)
+
+
 def _layer_grad(spec: TrainingSpec) -> int:
     if not _trainable_full(spec):
         return 0
-    return sum(p.numel_each for p in spec.model.params if _text_layer(p)) * _param_bytes(spec)
+    return _layer_bytes(spec)
 
 
 def _down_proj_numel(spec: TrainingSpec) -> int:
@@ -206,6 +216,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     g_layer = _layer_grad(spec)
     g_head, g_emb = _head_and_embedding(spec)
     g_down = _down_proj_numel(spec) * _param_bytes(spec) if _trainable_full(spec) else 0
+    g_down_frozen = _down_proj_numel(spec) * _param_bytes(spec)  # a trained layer's first gradient (partial)
     cast = _layer_cast(spec) if q.autocast else 0
     from fitcheck.core.activations.qlora import four_bit_lora
 
@@ -222,14 +233,19 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
     head_grad = 2 * g_head // _param_bytes(spec) if q.autocast else g_head
     missing = 0 if accum else _all_grads(spec)
-    moments["head"] = q.kept + (L * cast if q.n_ckpt == 0 else 0) + head_extra + q.e * bs * h + head_grad - missing
+    casts = L * cast if q.n_ckpt == 0 else 0
+    head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)
+    head32 = 0 if accum else 2 * head16  # made by the cast: no longer missing
+    moments["head"] = q.kept + casts + head_extra + q.e * bs * h + head_grad + head16 - missing - head32
+    if head16:  # the cast to fp32: logits gradient and weight/input casts freed, the input gradient in fp32
+        moments["head gradient cast"] = q.kept + casts + head16 + q.r * bs * h + (2 * head16 if accum else 0) - missing
     lora = _lora_recompute(spec, q)
     post = None if q.offloaded else post_norm_backward(spec)
     for name, i in (("top layer", L - 1), ("bottom layer", 0)):
         missing = 0 if accum else (i + 1) * g_layer - g_down + g_emb
         below = 1 if q.offloaded else i + 1  # offloaded: only layer i's tensors are brought back
         if spec.freeze is not None and not accum:
-            missing = _frozen_missing(spec, top=i == L - 1)
+            missing = frozen_missing(spec, i == L - 1, _all_grads(spec), _layer_bytes(spec), g_down_frozen)
         elif spec.lora is not None and not accum and q.n_ckpt == 0:
             missing = _lora_missing(spec, i)  # checkpointed adapters: lora_recompute / dora moments
         if q.n_ckpt == 0:
@@ -256,8 +272,13 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
                 moments[name + " attention"] = attn - (0 if accum else unmade - g_lora)
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
-        if post is not None:  # a full fine-tune's post-attention norm backward (activations/norm_backward.py)
-            moments[name + " post norm"] = live + post[0] - missing + (post[1] - g_down) * (not accum) + _LOSS_SCALARS
+        if head16 and layer_trained(spec, i) and q.n_ckpt == 0 and i == L - 1:  # freeze.autocast_layer_cast
+            moments[name + " gradient cast"] = autocast_layer_cast(spec, live + cast_down, q.r, missing)
+        # a trained layer's post-attention norm backward (activations/norm_backward.py); partial training: the
+        # layer's down_proj gradient is already out of ``missing`` (freeze.frozen_missing)
+        down = g_down if spec.freeze is None else g_down_frozen
+        if post is not None and (spec.freeze is None or layer_trained(spec, i)):
+            moments[name + " post norm"] = live + post[0] - missing + (post[1] - down) * (not accum) + _LOSS_SCALARS
         if attn is not None:
             made = q.eager_made - g_down if not accum and spec.freeze is None else 0
             moments[name + " attention"] = attn - missing + made
@@ -266,8 +287,13 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
         top_frozen, moments["top frozen layer"] = frozen_moment
         if top_frozen == L - 1:
             del moments["top layer"]  # the trained-layer recipe does not describe a frozen top layer
-        if _bottom_frozen(spec):
+        if not layer_trained(spec, 0):
             del moments["bottom layer"]  # a frozen bottom layer: the frozen moment with fewer checkpoints held
+    trained_norm = frozen_input_norm_backward(spec, static, q.layer, _all_grads(spec))  # norm_backward.py
+    if trained_norm is not None:
+        moments["top trained layer input norm"] = trained_norm + _LOSS_SCALARS
+        final = frozen_final_norm_backward(spec, q.kept, _all_grads(spec))
+        moments["final norm"] = (final or 0) + _LOSS_SCALARS
     if q.attention_moment is not None:  # DeepSeek-V3's CPU math attention (activations/mla.py)
         moments["top layer attention"] = q.attention_moment - _all_grads(spec) + _LOSS_SCALARS
     wrapped = param_wrapper_backward(spec, q.e, q.r)  # LoRA on fused experts (activations/param_wrapper.py)
@@ -311,39 +337,6 @@ def _lora_missing(spec: TrainingSpec, i: int) -> int:
     return max(0, min(_all_grads(spec), (i + 1) * g_lora - g_lora_down))
 
 
-def _frozen_missing(spec: TrainingSpec, *, top: bool) -> int:
-    """Gradients of a partial fine-tune not produced yet at the top (or bottom) layer's MLP backward.
-
-    Top: every gradient but the head's and the top layer's down_proj weight gradient (the first one the layer
-    produces), when the top layer trains. Bottom: the embedding's, and when the bottom layer trains its own
-    but down_proj's. (Until session 9 both counted the layer's other gradients as made: -1 layer of gradients,
-    +15.2 % on the during-backward activations of Llama-3.1-70B, 4 layers, top one trained, 8 x 512, bf16,
-    +121 % with the bottom one trained and checkpointing at Llama-3.1-8B; now exact at every shape of
-    ``benchmarks/envelope_ranges.py``'s llama/freeze rows and with layer 0 trained.)
-    """
-    from fitcheck.core.activations.freeze import frozen_layers
-
-    frozen = frozen_layers(spec)
-    nbytes = _param_bytes(spec)
-    if frozen is None:
-        return 0
-    fz = spec.freeze
-    index = spec.model.shape.num_layers - 1 if top else 0
-    trained = fz is not None and fz.trainable_layers is not None and index in fz.trainable_layers
-    own = sum(p.numel_each for p in spec.model.params if _text_layer(p)) * nbytes
-    made = _down_proj_numel(spec) * nbytes  # at the MLP backward only down_proj's weight gradient exists
-    if not top:
-        emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING) * nbytes
-        emb = emb if frozen.embedding_trained and not spec.model.shape.tied_embeddings else 0
-        return emb + (own - made if trained else 0)
-    return max(_all_grads(spec) - (made if trained else 0), 0)
-
-
-def _bottom_frozen(spec: TrainingSpec) -> bool:
-    fz = spec.freeze
-    return fz is not None and fz.trainable_layers is not None and 0 not in fz.trainable_layers
-
-
 def _frozen_recompute(spec: TrainingSpec, q: BackwardInputs, static: int, norms: int,
                       cast: int) -> tuple[int, int] | None:
     """(index, bytes) of the MLP backward moment of the top-most frozen layer a gradient flows through, for a
@@ -383,8 +376,7 @@ def _frozen_recompute(spec: TrainingSpec, q: BackwardInputs, static: int, norms:
     else:
         below_trained = sum(1 for i in trained if i < top)
         live = static + (reached - below_trained) * layer + below_trained * q.layer + reached * norms + cast
-    own = sum(p.numel_each for p in spec.model.params if _text_layer(p)) * _param_bytes(spec)
-    made = own * sum(1 for i in trained if i > top)  # the trainable layers above it are done
+    made = _layer_bytes(spec) * sum(1 for i in trained if i > top)  # the trainable layers above it are done
     return top, live + work - max(_all_grads(spec) - made, 0) + _LOSS_SCALARS
 
 

@@ -275,6 +275,11 @@ def full_saved_after_attention(spec: TrainingSpec) -> int:
     return _after_attention(spec, _mode(spec), True, frozenset())
 
 
+def full_mlp_saved(spec: TrainingSpec) -> int:
+    """Bytes per token a full fine-tune's Llama-recipe MLP saves (``freeze.autocast_layer_cast_moment``)."""
+    return _mlp_saved(spec, _mode(spec), True, frozenset())
+
+
 def _after_attention(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
     """Bytes per token a Llama-recipe layer saves after its attention's output: o_proj's adapter input, the
     post-attention norm(s), the MLP; all freed before the attention's own backward runs (``eager.eager_moments``)."""
