@@ -304,10 +304,14 @@ def _sharding(row: Mapping[str, Any]) -> ShardingSpec | str:
         # torchtune recipes moved to FSDP2 in the second half of 2024; litgpt's Fabric FSDPStrategy is FSDP1.
         late_torchtune = str(row["source_group"]) in ("torchtune-README-2024-09", "torchtune-README-2024-11")
         version = 2 if "fsdp2" in dist or late_torchtune else 1
+        # litgpt: FSDPStrategy(auto_wrap_policy={Block}) (finetune/lora.py and finetune/full.py at the rows'
+        # commits) with Fabric's use_orig_params=True: the LoRA layers sit in the Block's flat parameter with the
+        # frozen weights (fitcheck.core.states.fsdp_mixed_units).
         return ShardingSpec(
             strategy=Strategy.FSDP,
             num_processes=n,
-            fsdp=FsdpSpec(version=version, offload_params="fsdp cpu offload" in off),
+            fsdp=FsdpSpec(version=version, offload_params="fsdp cpu offload" in off,
+                          frozen_shares_units=version == 1 and "auto-wrap block" in dist),
         )
     return f"distributed setting not understood: {row['distributed']!r}"
 

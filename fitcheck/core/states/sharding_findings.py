@@ -7,6 +7,7 @@ The divisions and buffers themselves are :mod:`fitcheck.core.states.sharding`'s.
 
 from __future__ import annotations
 
+from fitcheck.core.states.fsdp_mixed_units import mixed_unit_findings
 from fitcheck.core.states.layout import ds_cpu_optimizer
 from fitcheck.core.states.sharding import grad_element_bytes, param_compute_bytes, trainable_count
 from fitcheck.findings import Finding, Severity
@@ -116,6 +117,7 @@ def _fsdp_findings(spec: TrainingSpec, fs: FsdpSpec | None) -> list[Finding]:
                 'set accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": true}}',
             )
         )
+    out.extend(mixed_unit_findings(spec, param_compute_bytes(spec)))
     if fs is not None and fs.auto_wrap_policy == "NO_WRAP":
         out.append(
             Finding(
