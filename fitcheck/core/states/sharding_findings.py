@@ -35,6 +35,7 @@ def sharding_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         out.extend(_deepspeed_findings(spec, sh.deepspeed, trainable))
     if sh.strategy is Strategy.FSDP and n > 1:
         out.extend(_fsdp_findings(spec, sh.fsdp))
+    out.extend(mixed_unit_findings(spec, param_compute_bytes(spec)))  # FSDP1 units holding frozen and trainable
     if sh.strategy is Strategy.DDP and n > 1 and trainable:
         out.append(
             Finding(
@@ -117,7 +118,6 @@ def _fsdp_findings(spec: TrainingSpec, fs: FsdpSpec | None) -> list[Finding]:
                 'set accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": true}}',
             )
         )
-    out.extend(mixed_unit_findings(spec, param_compute_bytes(spec)))
     if fs is not None and fs.auto_wrap_policy == "NO_WRAP":
         out.append(
             Finding(
