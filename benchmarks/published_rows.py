@@ -195,7 +195,9 @@ def _metric(row: Mapping[str, Any]) -> tuple[str, bool] | str:
 
 
 def _optimizer(row: Mapping[str, Any]) -> str:
-    o = str(row["optimizer"]).lower()
+    # "(inferred: ...)" says how the optimizer was inferred, not which it is (TT32-0: "torch AdamW (inferred: 8-bit
+    # AdamW only added later in table)" is torch AdamW)
+    o = re.sub(r"\(inferred[^)]*\)", "", str(row["optimizer"]).lower())
     if "optimizer_in_bwd" in o or "optimizer in bwd" in o:
         return "!optimizer fused into backward (optimizer_in_bwd) is not modelled"
     if "unknown" in o or (o.startswith("not stated") and "default" not in o) or "not stated which" in o:
@@ -354,6 +356,8 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
 
     if row.get("no_result"):
         return skip("no result file at the source's commit (the experiment is defined but was not run)")
+    if row.get("not_comparable"):
+        return skip(str(row["not_comparable"]))  # the row's own numbers or source show why (data file)
     if row.get("compile"):
         return skip("torch.compile is not modelled")
 
