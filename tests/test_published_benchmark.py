@@ -50,10 +50,12 @@ def test_compares_like_with_like(rid: str, metric: str) -> None:
     [
         ("TITAN-8", "not modelled"),  # TP x FSDP + compile + float8
         ("SWIFT-2", "GPTQ"),
-        ("TT31-1", "optimizer_in_bwd"),
+        ("TT2-4", "optimizer_in_bwd"),
         ("AO-1", "not stated"),
         ("LLF-1", "not stated"),
-        ("TT31-8", "ambiguous unit"),
+        ("TT31-1", "torch.compile"),  # the 2024-09 table's note: "torch compile enabled" for every row
+        ("TT31-5", "torch.compile"),
+        ("TT2-1", "torch.compile"),  # marked "**= Uses torch compile"
     ],
 )
 def test_unexpressible_rows_say_why(rid: str, words: str) -> None:
@@ -179,3 +181,9 @@ def test_rows_that_cannot_be_compared_say_why(rid: str) -> None:
     p = PLANS[rid]
     assert isinstance(p, pr.Skip)
     assert any(w in p.reason for w in ("cannot", "not stated", "model init"))
+
+
+def test_an_ambiguous_unit_is_a_skip() -> None:
+    row = next(r for r in ROWS if r["id"] == "TT31-8")  # "44.8 GB", memory_gib null
+    p = pr.plan_row({**row, "compile": None})
+    assert isinstance(p, pr.Skip) and "ambiguous unit" in p.reason
