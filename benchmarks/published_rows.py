@@ -2,8 +2,10 @@
 
 A row of ``published_measurements.json`` describes its run in words (model, optimizer, LoRA targets, precision,
 distribution, memory metric); :func:`plan_row` turns it into everything a :class:`fitcheck.spec.TrainingSpec`
-needs but the parameter inventory (:func:`inventory_for`), or says why it cannot be expressed. The comparison
-itself is ``published.py``.
+needs but the parameter inventory (:func:`inventory_for`), or says why it cannot be expressed. A row whose own
+numbers or source show it cannot be compared (its stated setting cannot have produced its figure, the shape of its
+peak is not stated, its peak is set outside the training run) carries the reason as ``not_comparable`` in the data
+file, with the source lines it rests on. The comparison itself is ``published.py``.
 """
 
 from __future__ import annotations
