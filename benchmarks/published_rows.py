@@ -2,8 +2,10 @@
 
 A row of ``published_measurements.json`` describes its run in words (model, optimizer, LoRA targets, precision,
 distribution, memory metric); :func:`plan_row` turns it into everything a :class:`fitcheck.spec.TrainingSpec`
-needs but the parameter inventory (:func:`inventory_for`), or says why it cannot be expressed. The comparison
-itself is ``published.py``.
+needs but the parameter inventory (:func:`inventory_for`), or says why it cannot be expressed. A row whose own
+numbers or source show it cannot be compared (its stated setting cannot have produced its figure, the shape of its
+peak is not stated, its peak is set outside the training run) carries the reason as ``not_comparable`` in the data
+file, with the source lines it rests on. The comparison itself is ``published.py``.
 """
 
 from __future__ import annotations
@@ -195,7 +197,9 @@ def _metric(row: Mapping[str, Any]) -> tuple[str, bool] | str:
 
 
 def _optimizer(row: Mapping[str, Any]) -> str:
-    o = str(row["optimizer"]).lower()
+    # "(inferred: ...)" says how the optimizer was inferred, not which it is (TT32-0: "torch AdamW (inferred: 8-bit
+    # AdamW only added later in table)" is torch AdamW)
+    o = re.sub(r"\(inferred[^)]*\)", "", str(row["optimizer"]).lower())
     if "optimizer_in_bwd" in o or "optimizer in bwd" in o:
         return "!optimizer fused into backward (optimizer_in_bwd) is not modelled"
     if "unknown" in o or (o.startswith("not stated") and "default" not in o) or "not stated which" in o:
@@ -304,10 +308,14 @@ def _sharding(row: Mapping[str, Any]) -> ShardingSpec | str:
         # torchtune recipes moved to FSDP2 in the second half of 2024; litgpt's Fabric FSDPStrategy is FSDP1.
         late_torchtune = str(row["source_group"]) in ("torchtune-README-2024-09", "torchtune-README-2024-11")
         version = 2 if "fsdp2" in dist or late_torchtune else 1
+        # litgpt: FSDPStrategy(auto_wrap_policy={Block}) (finetune/lora.py and finetune/full.py at the rows'
+        # commits) with Fabric's use_orig_params=True: the LoRA layers sit in the Block's flat parameter with the
+        # frozen weights (fitcheck.core.states.fsdp_mixed_units).
         return ShardingSpec(
             strategy=Strategy.FSDP,
             num_processes=n,
-            fsdp=FsdpSpec(version=version, offload_params="fsdp cpu offload" in off),
+            fsdp=FsdpSpec(version=version, offload_params="fsdp cpu offload" in off,
+                          frozen_shares_units=version == 1 and "auto-wrap block" in dist),
         )
     return f"distributed setting not understood: {row['distributed']!r}"
 
@@ -350,6 +358,8 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
 
     if row.get("no_result"):
         return skip("no result file at the source's commit (the experiment is defined but was not run)")
+    if row.get("not_comparable"):
+        return skip(str(row["not_comparable"]))  # the row's own numbers or source show why (data file)
     if row.get("compile"):
         return skip("torch.compile is not modelled")
 

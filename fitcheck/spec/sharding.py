@@ -88,6 +88,11 @@ class FsdpSpec:
         state_dict_type: ``fsdp_state_dict_type``: ``FULL_STATE_DICT``, ``SHARDED_STATE_DICT`` or
             ``LOCAL_STATE_DICT``; empty: accelerate 1.15's default (``set_state_dict_type``: FULL for FSDP1,
             SHARDED for FSDP2).
+        frozen_shares_units: FSDP1 (``use_orig_params=True``) units hold frozen and trainable parameters together
+            (a wrap by decoder block over a LoRA model, e.g. Lightning Fabric's ``auto_wrap_policy={Block}``), so
+            each such unit's gradient covers its frozen parameters too. False for the Trainer, which wraps the
+            LoRA layers in units of their own (transformers 5.23 ``distributed/fsdp.py``
+            ``update_fsdp_plugin_peft``).
     """
 
     version: int = 2
@@ -101,6 +106,7 @@ class FsdpSpec:
     min_num_params: int = 0
     cpu_ram_efficient_loading: bool = False
     state_dict_type: str = ""
+    frozen_shares_units: bool = False
 
     @property
     def saves_full_state_dict(self) -> bool:

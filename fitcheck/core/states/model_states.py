@@ -25,6 +25,7 @@ Partitioning and host placement come from :func:`fitcheck.core.states.sharding.p
 from __future__ import annotations
 
 from fitcheck.core.optimizers import OptimizerMemory, TensorGroup
+from fitcheck.core.states.fsdp_mixed_units import mixed_unit_components
 from fitcheck.core.states.fsdp_qlora import SOURCE as FSDP_QUANT_SOURCE
 from fitcheck.core.states.fsdp_qlora import quant_placement
 from fitcheck.core.states.layout import (
@@ -39,7 +40,7 @@ from fitcheck.core.states.layout import (
 from fitcheck.core.states.prequant import SOURCE as PREQUANT_SOURCE
 from fitcheck.core.states.quantization import SOURCE_4BIT, SOURCE_8BIT, SOURCE_WHICH
 from fitcheck.core.states.regimes import describe_regime, model_state_findings
-from fitcheck.core.states.sharding import Partition, partition
+from fitcheck.core.states.sharding import Partition, param_compute_bytes, partition
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import TrainingSpec
 from fitcheck.units import format_bytes
@@ -188,6 +189,9 @@ def model_state_components(spec: TrainingSpec) -> tuple[Component, ...]:
     groups = all_trainable(layout)
     opt = optimizer_for(spec, groups)
     comps.extend(_gradient_components(spec, part, groups, opt, node))
+    comps.extend(mixed_unit_components(
+        spec, part.gradients, param_compute_bytes(spec), spec.precision.load_dtype.nbytes,
+        part.full_gradients_between_microsteps and spec.batch.grad_accum > 1))
     comps.extend(_optimizer_components(spec, part, groups, opt, node))
     return tuple(c for c in comps if c.peak_bytes)
 

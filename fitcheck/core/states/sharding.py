@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.core.states.fsdp2_units import fsdp2_components
+from fitcheck.core.states.fsdp_mixed_units import mixed_unit_frozen_params
 from fitcheck.core.states.fsdp_qlora import compute_dtype_override, gathered_layer_bytes, is_fsdp_4bit
 from fitcheck.core.states.layout import trainable_params
 from fitcheck.report import PHASES, Category, Component, Location, Phase
@@ -386,10 +387,11 @@ def _fsdp(spec: TrainingSpec) -> tuple[Component, ...]:
     layers_total = int(_layer_params(spec) * spec.model.shape.num_layers * w)
     reshard = fs.reshard_after_forward if fs is not None else True
     trainable = trainable_count(spec)
-    # Unsharded gradients of the unit in backward before its reduce-scatter
-    # (full fine-tune only: a LoRA unit's
-    # trainable part is small and left out).
-    unit_grads = int(fsdp_unit_params(spec) * param_compute_bytes(spec)) if trainable and spec.lora is None else 0
+    # Unsharded gradients of the unit in backward before its reduce-scatter (full fine-tune, or a LoRA unit whose
+    # flat parameter holds the frozen weights too: fsdp_mixed_units.py; a separately wrapped LoRA unit's trainable
+    # part is small and left out).
+    whole_unit = spec.lora is None or mixed_unit_frozen_params(spec) > 0
+    unit_grads = int(fsdp_unit_params(spec) * param_compute_bytes(spec)) if trainable and whole_unit else 0
     if reshard:
         fwd_end = root  # every layer resharded; the root unit stays gathered until its backward
         bwd_start = root + 2 * unit  # the unit being computed + the prefetched next one

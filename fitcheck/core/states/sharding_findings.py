@@ -7,6 +7,7 @@ The divisions and buffers themselves are :mod:`fitcheck.core.states.sharding`'s.
 
 from __future__ import annotations
 
+from fitcheck.core.states.fsdp_mixed_units import mixed_unit_findings
 from fitcheck.core.states.layout import ds_cpu_optimizer
 from fitcheck.core.states.sharding import grad_element_bytes, param_compute_bytes, trainable_count
 from fitcheck.findings import Finding, Severity
@@ -34,6 +35,7 @@ def sharding_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         out.extend(_deepspeed_findings(spec, sh.deepspeed, trainable))
     if sh.strategy is Strategy.FSDP and n > 1:
         out.extend(_fsdp_findings(spec, sh.fsdp))
+    out.extend(mixed_unit_findings(spec, param_compute_bytes(spec)))  # FSDP1 units holding frozen and trainable
     if sh.strategy is Strategy.DDP and n > 1 and trainable:
         out.append(
             Finding(
