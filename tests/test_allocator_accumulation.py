@@ -68,6 +68,21 @@ def test_fast_accumulating_run_equals_the_full_depth_trace() -> None:
     assert (fast.peak_allocated, fast.peak_reserved) == (slow.peak_allocated, slow.peak_reserved)
 
 
+def test_passes_past_the_cap_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replays compose at most ``MAX_REPLAYED_MICRO_BATCHES`` passes per step: every pass after the first
+    allocates, adds and frees the same gradients from the same live set, so eight passes replay to the peaks of
+    four (and a 64-step accumulation no longer takes the difflib alignment minutes)."""
+    from fitcheck.torch_adapters import allocator_compose
+
+    spec = _spec(ckpt=True)
+    spec = replace(spec, batch=replace(spec.batch, grad_accum=8))
+    assert allocator_compose.replayed_micro_batches(8) == allocator_compose.MAX_REPLAYED_MICRO_BATCHES == 4
+    capped = replay_whole_run(spec)
+    monkeypatch.setattr(allocator_compose, "MAX_REPLAYED_MICRO_BATCHES", 8)
+    every = replay_whole_run(spec)
+    assert (capped.peak_allocated, capped.peak_reserved) == (every.peak_allocated, every.peak_reserved)
+
+
 def test_the_real_trainer_accumulates_in_place_and_sets_to_none_after_the_step(tmp_path: Path) -> None:
     """What the composition assumes of transformers 5.23 ``Trainer`` and torch 2.13 ``AccumulateGrad``, on a real
     Trainer with ``gradient_accumulation_steps=2``: every pass but the first of a step starts with every gradient

@@ -172,9 +172,10 @@ def replay_steady_state(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepRe
     Returns:
         The replay's peaks over all steps (``max_memory_reserved`` never falls, so its peak is the last step's).
     """
+    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
     from fitcheck.torch_adapters.tracer import trace_step
 
-    kwargs = {**run_trace_kwargs(spec), "steps": steps, "grad_accum": spec.batch.grad_accum}
+    kwargs = {**run_trace_kwargs(spec), "steps": steps, "grad_accum": replayed_micro_batches(spec.batch.grad_accum)}
     events = trace_step(spec.model.config, **kwargs).alloc_events
     return replay_events([load_warmup(spec) + list(events)], allocator_conf(spec), (spec.batch.seq_len,))
 
@@ -281,7 +282,10 @@ def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
     Raises:
         ComposeError, DeepenError: The traces do not compose or deepen (the caller falls back).
     """
-    events = _whole_run_events(spec, step_runs, steps, optimizer_traces, micro_batches=spec.batch.grad_accum)
+    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
+
+    events = _whole_run_events(spec, step_runs, steps, optimizer_traces,
+                               micro_batches=replayed_micro_batches(spec.batch.grad_accum))
     return replay_events([events], allocator_conf(spec), (spec.batch.seq_len,))
 
 

@@ -62,6 +62,7 @@ from typing import Any
 
 from fitcheck.core.caching import AllocatorConf, CachingAllocator
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
 from fitcheck.torch_adapters.deepspeed_run_backward import EMPTY_CACHE as EMPTY_CACHE
 from fitcheck.torch_adapters.deepspeed_run_backward import SIDE as SIDE
 from fitcheck.torch_adapters.deepspeed_run_backward import Backward as _Backward
@@ -399,7 +400,7 @@ def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -
     """
     return rewritten_run(path, spec, key, _key(spec), "deepspeed-run",
                          lambda events: deepspeed_run(events, deepspeed_plan(spec)), required,
-                         max(spec.batch.grad_accum, 1))
+                         replayed_micro_batches(spec.batch.grad_accum))
 
 
 def rewritten_run(path: Any, spec: TrainingSpec, key: str, extra: str, kind: str,

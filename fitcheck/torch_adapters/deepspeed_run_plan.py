@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from fitcheck.spec import Dtype, TrainingSpec
+from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
 
 FP32 = 4
 # Optimizers whose step on the flat fp32 partition allocates its two states and nothing else of its size:
@@ -164,7 +165,7 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     overlap = ds.overlap_comm if ds.overlap_comm is not None else stage == 3  # zero/config.py overlap_comm_valid
     plan = DeepSpeedPlan(stage, groups, marked, elem, ds.reduce_bucket_size, overlap,
                          ds.contiguous_gradients, ds.sub_group_size, max(spec.data_parallel_size, 1),
-                         max(spec.batch.grad_accum, 1))
+                         replayed_micro_batches(spec.batch.grad_accum))
     if stage == 3 or plan.world == 1:
         return plan
     # the per-GPU peak is the largest rank's: the one holding the most whole parameters (the first of a tie)
