@@ -22,16 +22,13 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
+from tiny_models import WIDE_VOCAB_LLAMA
+
 from fitcheck.cli import spec_from_values
 from fitcheck.core import estimate
 from fitcheck.spec import TrainerSpec, TrainingSpec
 
-# a wide vocabulary next to a narrow body: the plain step's full-vocabulary logits dominate it (test_trace_trl_head)
-TINY: dict[str, Any] = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 32000,
-    "max_position_embeddings": 1024, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-}
+TINY = WIDE_VOCAB_LLAMA  # the full-vocabulary logits would dominate the plain step
 
 
 def _spec(tmp_path: Path, gpu_memory: str, **values: object) -> TrainingSpec:

@@ -192,6 +192,13 @@ LLAMA_8_LAYERS: dict[str, Any] = {
 
 # the allocator-replay tests' step on LLAMA_8_LAYERS (test_allocator_compose.py, test_allocator_bnb_optim.py):
 # a CUDA trace (cuda_kernels) of a short batch, all-linear LoRA r 8, a double-quantized nf4 base
+# a wide vocabulary next to a narrow body: a plain step's full-vocabulary logits dominate it (TRL's fused LM head
+# never allocates them: test_trace_trl_head, test_trl_replay)
+WIDE_VOCAB_LLAMA: dict[str, Any] = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 32000,
+    "max_position_embeddings": 1024, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
 REPLAY_STEP: dict[str, Any] = {"seq_len": 32, "micro_batch": 2, "cuda_kernels": True}
 REPLAY_LORA = LoraSpec(r=8, alpha=16, target_modules=("all-linear",))
 REPLAY_NF4 = QuantSpec(bits=4, quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16)
