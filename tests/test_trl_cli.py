@@ -40,12 +40,15 @@ def test_defaults_table_matches_installed_trl(tmp_path: Any) -> None:
 
 
 def test_sft_uses_fused_head_and_trl_defaults(capsys: pytest.CaptureFixture[str]) -> None:
-    code, j = run_json(capsys, "--trainer", "sft", "--max_length", "512")
+    # the formula's components; --no_trace: the largest micro-batch's boundary would replay the SFT run at ~60 x
+    # 512 (minutes on a CPU), which tests/test_trl_replay.py checks at a tiny width
+    code, j = run_json(capsys, "--trainer", "sft", "--max_length", "512", "--no_trace")
     assert code == 0 and j["trainer"] == "sft"
     comps = components(j)
     assert "logits.fused_head" in comps and "logits.loss" not in comps
     assert any("gradient_checkpointing true" in a for a in j["assumptions"])
-    _, off = run_json(capsys, "--trainer", "sft", "--max_length", "512", "--gradient_checkpointing", "false")
+    _, off = run_json(capsys, "--trainer", "sft", "--max_length", "512", "--gradient_checkpointing", "false",
+                      "--no_trace")
     assert off["peak_allocated_bytes"] > j["peak_allocated_bytes"]  # TRL's default (on) is what was estimated
 
 
@@ -92,7 +95,8 @@ def test_cpu_device_type_with_every_trainer(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_evaluation_phase_plain_trainer_and_sft(capsys: pytest.CaptureFixture[str]) -> None:
-    base = ("--max_seq_length", "1024", "--bf16", "--gradient_checkpointing")
+    # the formula's evaluation phase (--no_trace: no replay of the largest micro-batch's boundary per call)
+    base = ("--max_seq_length", "1024", "--bf16", "--gradient_checkpointing", "--no_trace")
     _, plain = run_json(capsys, *base)
     assert "evaluation" not in plain["phases"]
     _, loss_only = run_json(capsys, *base, "--per_device_eval_batch_size", "8")
@@ -103,7 +107,8 @@ def test_evaluation_phase_plain_trainer_and_sft(capsys: pytest.CaptureFixture[st
                            "--eval_accumulation_steps", "4")
     assert "eval-logits-accumulate" not in {f["code"] for f in windowed["findings"]}
     assert windowed["phases"]["evaluation"] > loss_only["phases"]["evaluation"]  # 3 steps' logits held
-    _, sft = run_json(capsys, "--trainer", "sft", "--max_length", "1024", "--per_device_eval_batch_size", "8")
+    _, sft = run_json(capsys, "--trainer", "sft", "--max_length", "1024", "--per_device_eval_batch_size", "8",
+                      "--no_trace")
     assert sft["phases"]["evaluation"] < loss_only["phases"]["evaluation"]  # fused head: no full logits
 
 

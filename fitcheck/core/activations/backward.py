@@ -273,7 +273,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
         if head16 and layer_trained(spec, i) and q.n_ckpt == 0 and i == L - 1:  # freeze.autocast_layer_cast
-            moments[name + " gradient cast"] = autocast_layer_cast(spec, live + cast_down, q.r, missing)
+            from fitcheck.core.activations.layer_saved import full_mlp_saved
+
+            moments[name + " gradient cast"] = autocast_layer_cast(spec, live + cast_down, q.r, missing,
+                                                                   full_mlp_saved(spec))
         # a trained layer's post-attention norm backward (activations/norm_backward.py); partial training: the
         # layer's down_proj gradient is already out of ``missing`` (freeze.frozen_missing)
         down = g_down if spec.freeze is None else g_down_frozen

@@ -130,7 +130,7 @@ def frozen_missing(spec: TrainingSpec, top: bool, all_grads: int, own: int, down
     return max(all_grads - (down if trained else 0), 0)
 
 
-def autocast_layer_cast(spec: TrainingSpec, live: int, r: int, missing: int) -> int:
+def autocast_layer_cast(spec: TrainingSpec, live: int, r: int, missing: int, mlp_saved: int) -> int:
     """Bytes beyond every gradient when the top trained layer's last MLP weight gradient is cast to fp32 (the
     conditions of ``autocast_head_numel``, no checkpointing; ``backward.backward_moments``).
 
@@ -147,12 +147,12 @@ def autocast_layer_cast(spec: TrainingSpec, live: int, r: int, missing: int) -> 
             weight casts).
         r: Residual-stream element bytes.
         missing: Gradients not made at the layer's MLP backward (all but the head's and down_proj's).
+        mlp_saved: Bytes per token a full fine-tune's MLP saves (``layer_saved.full_mlp_saved``; passed in:
+            ``layer_saved`` imports ``embedding``, which imports this module).
     """
-    from fitcheck.core.activations.layer_saved import full_mlp_saved
-
     sh = spec.model.shape
     bs = spec.batch.micro_batch * spec.batch.seq_len
     hi = sh.hidden_size * sh.intermediate_size
     mlp_casts = 3 * 2 * hi
     made = 2 * 4 * hi  # gate and up (down's is out of ``missing`` already)
-    return live - mlp_casts - full_mlp_saved(spec) * bs + 2 * hi + 2 * r * sh.hidden_size * bs - max(missing - made, 0)
+    return live - mlp_casts - mlp_saved * bs + 2 * hi + 2 * r * sh.hidden_size * bs - max(missing - made, 0)

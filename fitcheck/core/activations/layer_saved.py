@@ -276,7 +276,7 @@ def full_saved_after_attention(spec: TrainingSpec) -> int:
 
 
 def full_mlp_saved(spec: TrainingSpec) -> int:
-    """Bytes per token a full fine-tune's Llama-recipe MLP saves (``freeze.autocast_layer_cast_moment``)."""
+    """Bytes per token a full fine-tune's Llama-recipe MLP saves (``freeze.autocast_layer_cast``)."""
     return _mlp_saved(spec, _mode(spec), True, frozenset())
 
 
