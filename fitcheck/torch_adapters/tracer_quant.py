@@ -13,9 +13,11 @@ without a checkpoint (transformers 5.23):
 3. ``_process_model_after_weight_loading``: ``model.is_loaded_in_4bit = True`` (peft dispatches its bnb LoRA
    layers on it).
 
-Then TRL's SFTTrainer (``_prepare_peft_model``) calls peft's ``prepare_model_for_kbit_training`` with the
-run's checkpointing setting: every 16-bit parameter that is not a ``Params4bit`` becomes fp32 and, with
-checkpointing, the input embeddings' output is made to require grad (``enable_input_require_grads``).
+Then, where the run asks for it (``QuantSpec.prepare_for_kbit_training``: peft recipes and TRL's experimental
+ORPO/CPO trainers; trl 1.16's SFTTrainer does not call it, and the readers default it off for TRL), peft's
+``prepare_model_for_kbit_training`` runs with the run's checkpointing setting: every 16-bit parameter that is
+not a ``Params4bit`` becomes fp32 and, with checkpointing, the input embeddings' output is made to require
+grad (``enable_input_require_grads``).
 
 Under ``FakeTensorMode`` a ``Params4bit`` cannot wrap a FakeTensor (``_make_subclass`` refuses a tensor already
 bound to a FakeTensor object), so the fake base is a plain ``nn.Parameter`` holding the packed weight from
@@ -134,7 +136,7 @@ def _convertible(module: Any) -> bool:
 
 
 def prepare_for_kbit_training(model: Any, quant: QuantSpec, checkpointing: bool) -> Any:
-    """peft's ``prepare_model_for_kbit_training`` as TRL's SFTTrainer calls it (non-reentrant checkpointing).
+    """peft's ``prepare_model_for_kbit_training`` as a recipe that asks for it calls it (non-reentrant checkpointing).
 
     An emulated 16-bit-storage weight (``bnb_4bit_quant_storage=bfloat16``) is a plain Parameter that peft's
     class-name test would upcast; it is restored to its storage dtype, as a real ``Params4bit`` is left alone.
