@@ -35,7 +35,7 @@ POINTS = ("initialize", "backward1", "step1", "backward")
 TOLERANCE = 1024
 
 
-def _rank(rank: int, world: int, port: int, out: str) -> None:
+def _rank(rank: int, world: int, port: int, out: str, version: int = 2) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gloo_rank import fsdp_on_cpu, start_rank
 
@@ -52,9 +52,18 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     from torch.distributed.tensor import DTensor
 
     cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
-    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
-                                            transformer_cls_names_to_wrap=["LlamaDecoderLayer"],
-                                            reshard_after_forward=True)
+    if version == 2:
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                                transformer_cls_names_to_wrap=["LlamaDecoderLayer"],
+                                                reshard_after_forward=True)
+    else:  # what transformers 5.23 training_args.py _process_fsdp_args passes for FSDP1 by default, except
+        # sync_module_states (its broadcast asks accelerate for an accelerator device: tests/fsdp_trainer_cpu.py;
+        # its buckets are freed inside prepare, so no point read here sees them)
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=1, auto_wrap_policy="transformer_based_wrap",
+                                                transformer_cls_names_to_wrap=["LlamaDecoderLayer"],
+                                                reshard_after_forward="FULL_SHARD", use_orig_params=True,
+                                                backward_prefetch="NO_PREFETCH", sync_module_states=False,
+                                                forward_prefetch=False)
     acc = Accelerator(cpu=True, mixed_precision="bf16")
     fsdp_on_cpu(acc, plugin)
     torch.manual_seed(0)
@@ -75,8 +84,12 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
 
     live: dict[str, int] = {}
     before = alive()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    model, opt = acc.prepare(model, opt)  # FSDP2: together (the optimizer is pointed at the shards)
+    if version == 2:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        model, opt = acc.prepare(model, opt)  # FSDP2: together (the optimizer is pointed at the shards)
+    else:  # FSDP1: the Trainer delays the optimizer (trainer.py _prepare_for_training: delay_optimizer_creation)
+        model = acc.prepare(model)
+        opt = acc.prepare(torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True))
     live["initialize"] = alive()
     for step in range(2):
         loss = model(input_ids=ids, labels=ids).loss
@@ -92,8 +105,8 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def real(world: int) -> dict[str, int]:
-    """Rank 0's live bytes at :data:`POINTS` of the real run on ``world`` gloo ranks (spawned)."""
+def real(world: int, version: int = 2) -> dict[str, int]:
+    """Rank 0's live bytes at :data:`POINTS` of the real FSDP``version`` run on ``world`` gloo ranks (spawned)."""
     import torch.multiprocessing as mp_
 
     with socket.socket() as sock:
@@ -101,7 +114,7 @@ def real(world: int) -> dict[str, int]:
         port = int(sock.getsockname()[1])
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "live")
-        mp_.start_processes(_rank, args=(world, port, out), nprocs=world, join=True, start_method="spawn")
+        mp_.start_processes(_rank, args=(world, port, out, version), nprocs=world, join=True, start_method="spawn")
         with open(f"{out}.0", encoding="utf-8") as fh:
             return dict(json.load(fh))
 
