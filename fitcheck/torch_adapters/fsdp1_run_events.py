@@ -83,6 +83,7 @@ class _Rank:
         self.old = old  # unit -> its 16-bit flat (shard) kept by the original parameters' views after the upcast
         self.unsharded: dict[int, Handle] = {}  # unit -> _mp_shard (one process) / padded unsharded flat
         self.grads: list[Handle] = []  # the fp32 flat gradients (post-backward stream) until the next forward
+        self.recorded: list[Handle] = []  # default-stream blocks freed under record_stream(post-backward stream)
 
     def new(self, nbytes: int, tag: str) -> Handle:
         return self.w.new(nbytes, tag), nbytes, tag
@@ -103,6 +104,12 @@ class _Rank:
             return
         self.unsharded[u] = self.new(shard * p.world * p.compute, SIDE + tag)
         self.free(mp)  # post_unshard: _free_low_precision_sharded_param
+
+    def synchronize(self) -> None:
+        """The CPU waits for the device: the blocks ``record_stream`` held go back to the pool."""
+        for h in self.recorded:
+            self.free(h)
+        self.recorded = []
 
     def reshard(self, u: int, free: bool, tag: str) -> None:
         """``_reshard``: free the padded unsharded flat where ``free``; ``NO_SHARD``'s ``post_reshard`` frees
@@ -131,7 +138,7 @@ class _Rank:
                 self.free(out)
         else:  # _reduce_grad_no_shard: all-reduce in place, _cast_grad_to_param_dtype
             self.grads.append(self.new(shard * p.orig, SIDE + tag))
-        self.free(flat)
+        self.recorded.append(flat)
 
 
 def _prepare(w: EventWriter, plan: Fsdp1Plan) -> dict[int, Handle]:
@@ -294,6 +301,7 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     for u in order:  # the post-backward hook once the unit's last gradient is made
         pos = end if u == 0 else owned[u][-1][0] + 1
         put(pos, lambda r, t, u=u, hs=[h for _, h in owned[u]]: r.post_backward(u, hs, t))
+    put(end, lambda r, t: r.synchronize())
     return at
 
 

@@ -349,15 +349,21 @@ def replayed(spec: TrainingSpec) -> bool:
     run is traced: ``pinned_path.traceable``)."""
     from fitcheck.spec import Strategy
 
-    return spec.sharding.strategy is Strategy.FSDP and not not_replayed(spec)
+    fs = spec.sharding.fsdp
+    return (spec.sharding.strategy is Strategy.FSDP and fs is not None and fs.version == 2
+            and not not_replayed(spec))
 
 
 def rewrite_for(spec: TrainingSpec) -> Any:
-    """The module that rewrites the plain run into this run's own: ``deepspeed_run_events``, this one, or None."""
-    from fitcheck.torch_adapters import deepspeed_run_events
+    """The module that rewrites the plain run into this run's own: ``deepspeed_run_events``, this one,
+    ``fsdp1_run_events``, or None."""
+    from fitcheck.torch_adapters import deepspeed_run_events, fsdp1_run_events
 
-    return deepspeed_run_events if deepspeed_run_events.replayed(spec) else (
-        sys.modules[__name__] if replayed(spec) else None)
+    if deepspeed_run_events.replayed(spec):
+        return deepspeed_run_events
+    if fsdp1_run_events.replayed(spec):
+        return fsdp1_run_events
+    return sys.modules[__name__] if replayed(spec) else None
 
 
 def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
@@ -370,10 +376,17 @@ def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -
 
 
 def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:
-    """Why a traced FSDP answer keeps the published gap, for the ``reserved-published-gap`` INFO."""
+    """Why a traced FSDP answer (FSDP1 or FSDP2) keeps the published gap, for the ``reserved-published-gap``
+    INFO."""
+    fs = spec.sharding.fsdp
+    version = fs.version if fs is not None else 2
     missing = not_replayed(spec)
     if missing:
-        return f"the whole-run replay rewrites FSDP2's run, and this run has {missing}"
+        return f"the whole-run replay rewrites FSDP{version}'s run, and this run has {missing}"
+    if version == 1:
+        from fitcheck.torch_adapters.fsdp1_run_events import failure
+
+        return failure(path, spec, key)
     hw = spec.hardware
     failed = path._whole_failed.get(f"{key}|fsdp2 {fsdp2_plan(spec)!r} {hw.expandable_segments} "
                                     f"{hw.cuda_alloc_conf!r}")
