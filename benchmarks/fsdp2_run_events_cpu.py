@@ -18,7 +18,8 @@ Result (2026-11-27, this checkout): world 1 and 2, the same live bytes at every 
 FSDP1 (``--version 1``; ``fitcheck.torch_adapters.fsdp1_run_events``): ``Accelerator.prepare`` with the plugin
 transformers 5.23 builds for ``fsdp_version: 1`` (``use_orig_params=True``, ``NO_PREFETCH``, ``FULL_SHARD``;
 ``sync_module_states`` off on CPU), the model first and the fused AdamW after it, as the Trainer does
-(``delay_optimizer_creation``). ``--write`` records the real live bytes in ``benchmarks/data/fsdp1_run_events_cpu.json``.
+(``delay_optimizer_creation``). ``--write`` records the real live bytes in
+``benchmarks/data/fsdp1_run_events_cpu.json``.
 Result (2026-11-27): world 1: real 2230784 / 3346112 / 7807764 / 7807764, fitcheck 2230784 / 3346184 / 7807836 /
 7807836; world 2: real 557696 / 1115328 / 3346160 / 3346160, fitcheck 557696 / 1115400 / 3346232 / 3346232.
 """

@@ -68,11 +68,11 @@ def test_one_shard_has_no_copy_in_pool() -> None:
 
 
 def test_layer_starts_follow_the_period() -> None:
-    from fitcheck.torch_adapters.fsdp2_run_events import _layer_starts
+    from fitcheck.torch_adapters.fsdp2_run_plan import layer_starts
 
     block = [(0, 64, "forward"), (0, 128, "forward"), (0, -64, "forward"), (0, 32, "forward")]
     events = [(0, 8, "forward"), (0, 16, "forward")] + block * 3 + [(0, 512, "forward")]
-    assert _layer_starts(events, 0, len(events), 3) == [2, 6, 10, 14]
+    assert layer_starts(events, 0, len(events), 3) == [2, 6, 10, 14]
 
 
 @pytest.fixture(scope="module")

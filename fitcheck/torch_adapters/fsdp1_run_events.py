@@ -68,8 +68,15 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
     step_ends,
     without_dead_frees,
 )
-from fitcheck.torch_adapters.fsdp2_run_events import _base, _layer_starts, _module_storages
-from fitcheck.torch_adapters.fsdp2_run_plan import Fsdp1Plan, FsdpReplayError, fsdp1_plan, not_replayed
+from fitcheck.torch_adapters.fsdp2_run_plan import (
+    Fsdp1Plan,
+    FsdpReplayError,
+    base_region,
+    fsdp1_plan,
+    layer_starts,
+    module_storages,
+    not_replayed,
+)
 
 Handle = tuple[int, int, str]
 BUCKET = 250 * 1024 * 1024  # torch 2.13 fsdp/_init_utils.py PARAM_BROADCAST_BUCKET_SIZE
@@ -203,7 +210,7 @@ def fsdp1_run(events: Sequence[Event], plan: Fsdp1Plan) -> list[Event]:
         FsdpReplayError: The events lack a parameter's storage, a step, or a gradient of a unit.
     """
     n_setup = next((k for k, ev in enumerate(events) if ev[2] != "setup"), len(events))
-    module = _module_storages(events[:n_setup], plan)
+    module = module_storages(events[:n_setup], plan)
     ends, grads = step_ends(events, n_setup)
     w = EventWriter(max((s for s, _, _ in events), default=0) + 1)
     w.out += [ev for ev in events[:n_setup] if ev[0] not in module]
@@ -254,7 +261,7 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     def put(i: int, op: Op) -> None:
         at.setdefault(i, []).append(op)
 
-    allocs = [(i, _base(events[i][2])) for i in range(start, end) if events[i][1] > 0]
+    allocs = [(i, base_region(events[i][2])) for i in range(start, end) if events[i][1] > 0]
     head = next((i for i, t in allocs if t == "forward_head"), None)
     back = next((i for i, t in allocs if t.startswith("backward")), None)
     if head is None or back is None:
@@ -262,7 +269,7 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     units = plan.units
     layers = list(range(1, len(units)))
     first = allocs[0][0]
-    bounds = _layer_starts(events, first, head, len(layers)) if layers else [first]
+    bounds = layer_starts(events, first, head, len(layers)) if layers else [first]
 
     def root_pre_forward(r: _Rank, t: str) -> None:  # _lazy_init, _reset_flat_param_grad_info_if_needed
         if first_step:

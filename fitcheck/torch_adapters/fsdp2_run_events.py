@@ -37,9 +37,10 @@ else around that step; :func:`fsdp2_run` rewrites the plain run into it, read fr
 
 Where the events go in the traced step: a unit's backward starts at its first gradient and ends at its last
 (gradients matched to units by size, in backward order); a layer's forward is one period of the forward's events
-(the deepened trace repeats each layer's events: :func:`_layer_starts`). Blocks allocated on a side stream are
-tagged ``side:`` and left to ``core/states/fsdp_streams.py``'s pools (:func:`deepspeed_run_events.replay_default_stream`
-replays the default stream). Not modelled: gradient clipping's scalars (``clip_grad_norm_``: 0-d norms).
+(the deepened trace repeats each layer's events: :func:`.fsdp2_run_plan.layer_starts`). Blocks allocated on a
+side stream are tagged ``side:`` and left to ``core/states/fsdp_streams.py``'s pools
+(:func:`deepspeed_run_events.replay_default_stream` replays the default stream). Not modelled: gradient clipping's
+scalars (``clip_grad_norm_``: 0-d norms).
 
 Checked: live bytes after prepare, after each backward and after the first step against a REAL ``fully_shard`` run
 on CPU (gloo, 1 and 2 ranks: ``benchmarks/fsdp2_run_events_cpu.py``, ``tests/test_fsdp2_run_events.py``); the H100
@@ -62,7 +63,15 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
     step_ends,
     without_dead_frees,
 )
-from fitcheck.torch_adapters.fsdp2_run_plan import FsdpPlan, FsdpReplayError, fsdp2_plan, not_replayed
+from fitcheck.torch_adapters.fsdp2_run_plan import (
+    FsdpPlan,
+    FsdpReplayError,
+    base_region,
+    fsdp2_plan,
+    layer_starts,
+    module_storages,
+    not_replayed,
+)
 
 Handle = tuple[int, int, str]  # (serial, bytes, region allocated in)
 
@@ -159,49 +168,6 @@ def _prepare(w: EventWriter, plan: FsdpPlan) -> None:
             w.free(s, q.numel * plan.orig, "setup")
 
 
-def _module_storages(setup: Sequence[Event], plan: FsdpPlan) -> set[int]:
-    """The traced module's parameter storages (matched by size, the latest first).
-
-    Raises:
-        FsdpReplayError: A parameter has no storage of its size.
-    """
-    free = [(s, n) for s, n, _ in reversed(setup) if n > 0]
-    used: set[int] = set()
-    for q in plan.params:
-        hit = next((s for s, n in free if n == q.numel * plan.traced and s not in used), None)
-        if hit is None:
-            raise FsdpReplayError(f"no traced parameter storage of {q.numel * plan.traced} bytes")
-        used.add(hit)
-    return used
-
-
-def _base(tag: str) -> str:
-    return tag.removesuffix("_warmup")
-
-
-def _layer_starts(events: Sequence[Event], a: int, b: int, layers: int) -> list[int]:
-    """Where each layer's forward starts in ``events[a:b]`` (and where the last one ends): the period ``p`` whose
-    run of ``events[k] ~ events[k + p]`` (same bytes, same region) covers ``layers`` periods and the most events;
-    where none does, ``[a, b)`` split evenly."""
-    sig = [(n, _base(t)) for _, n, t in events[a:b]]
-    best: tuple[int, int, int] | None = None  # (covered, start, period)
-    for p in range(1, len(sig) // max(layers, 1) + 1):
-        run, start = 0, 0
-        for k in range(len(sig) - p):
-            if sig[k] == sig[k + p]:
-                if run == 0:
-                    start = k
-                run += 1
-                if run + p >= layers * p and (best is None or run + p > best[0]):
-                    best = (run + p, start, p)
-            else:
-                run = 0
-    if best is None:
-        return [a + (b - a) * i // layers for i in range(layers + 1)]
-    _, start, p = best
-    return [a + start + i * p for i in range(layers + 1)]
-
-
 def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
     """The plain Trainer's whole run (``allocator_replay.whole_run_events``) rewritten into one FSDP2 rank's.
 
@@ -217,7 +183,7 @@ def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
         FsdpReplayError: The events lack a parameter's storage, a step, or a gradient of a unit.
     """
     n_setup = next((k for k, ev in enumerate(events) if ev[2] != "setup"), len(events))
-    module = _module_storages(events[:n_setup], plan)
+    module = module_storages(events[:n_setup], plan)
     ends, grads = step_ends(events, n_setup)
     w = EventWriter(max((s for s, _, _ in events), default=0) + 1)
     w.out += [ev for ev in events[:n_setup] if ev[0] not in module]
@@ -269,7 +235,7 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     def put(i: int, op: Op) -> None:
         at.setdefault(i, []).append(op)
 
-    allocs = [(i, _base(events[i][2])) for i in range(start, end) if events[i][1] > 0]
+    allocs = [(i, base_region(events[i][2])) for i in range(start, end) if events[i][1] > 0]
     head = next((i for i, t in allocs if t == "forward_head"), None)
     back = next((i for i, t in allocs if t.startswith("backward")), None)
     if head is None or back is None:
@@ -277,7 +243,7 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     units = plan.units
     layer_ids = [u for u, unit in enumerate(units) if unit.kind == "layer"]
     first = allocs[0][0]
-    bounds = _layer_starts(events, first, head, len(layer_ids)) if layer_ids else [first]
+    bounds = layer_starts(events, first, head, len(layer_ids)) if layer_ids else [first]
     # forward: pre_forward -> unshard + wait; post_forward -> reshard where reshard_after_forward
     for u, unit in enumerate(units):
         if unit.kind in ("root", "embed") or (unit.kind == "tail" and plan.tied):

@@ -10,11 +10,16 @@ dim 0, padded to a multiple of the world size (torch 2.13 ``_fsdp_param.py`` ``_
 FSDP1 (:func:`fsdp1_plan`): accelerate 1.15 ``accelerator.py`` ``prepare_model`` wraps the model once with
 ``transformer_based_wrap`` (``FullyShardedDataParallelPlugin.set_auto_wrap_policy``): every decoder layer its own
 FSDP unit, the root the rest (embedding, final norm, LM head). Each unit holds one ``FlatParameter`` (torch 2.13
-``_flat_param.py``), laid out by :func:`flat_layout`. Pure Python, no torch.
+``_flat_param.py``), laid out by :func:`flat_layout`.
+
+Also the placement helpers both rewrites share: :func:`module_storages` (the traced module's parameters in the plain
+run's setup), :func:`layer_starts` (each layer's forward in the deepened trace), :func:`base_region`. Pure Python,
+no torch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fitcheck.spec import Role, TrainingSpec
@@ -289,5 +294,49 @@ def fsdp1_plan(spec: TrainingSpec) -> Fsdp1Plan:
     orig, compute, traced = _dtypes(spec)
     # accelerate 1.15 dataclasses.py set_mixed_precision (FSDP1): MixedPrecision(param_dtype=dtype,
     # reduce_dtype=dtype, buffer_dtype=...); torch 2.13 _flat_param.py FlatParamHandle.__init__: _aligned_numel
-    return Fsdp1Plan(partition_weights(spec), units, tuple(range(1, n + 1)) + (0,), orig, compute, compute, traced,
+    return Fsdp1Plan(partition_weights(spec), units, (*range(1, n + 1), 0), orig, compute, compute, traced,
                      tied, load=spec.precision.load_dtype.nbytes, align=16 // compute)
+
+
+def module_storages(setup: Sequence[tuple[int, int, str]], plan: FsdpPlan) -> set[int]:
+    """The traced module's parameter storages (matched by size, the latest first).
+
+    Raises:
+        FsdpReplayError: A parameter has no storage of its size.
+    """
+    free = [(s, n) for s, n, _ in reversed(setup) if n > 0]
+    used: set[int] = set()
+    for q in plan.params:
+        hit = next((s for s, n in free if n == q.numel * plan.traced and s not in used), None)
+        if hit is None:
+            raise FsdpReplayError(f"no traced parameter storage of {q.numel * plan.traced} bytes")
+        used.add(hit)
+    return used
+
+
+def base_region(tag: str) -> str:
+    """A region without the warm-up steps' suffix."""
+    return tag.removesuffix("_warmup")
+
+
+def layer_starts(events: Sequence[tuple[int, int, str]], a: int, b: int, layers: int) -> list[int]:
+    """Where each layer's forward starts in ``events[a:b]`` (and where the last one ends): the period ``p`` whose
+    run of ``events[k] ~ events[k + p]`` (same bytes, same region) covers ``layers`` periods and the most events;
+    where none does, ``[a, b)`` split evenly."""
+    sig = [(n, base_region(t)) for _, n, t in events[a:b]]
+    best: tuple[int, int, int] | None = None  # (covered, start, period)
+    for p in range(1, len(sig) // max(layers, 1) + 1):
+        run, start = 0, 0
+        for k in range(len(sig) - p):
+            if sig[k] == sig[k + p]:
+                if run == 0:
+                    start = k
+                run += 1
+                if run + p >= layers * p and (best is None or run + p > best[0]):
+                    best = (run + p, start, p)
+            else:
+                run = 0
+    if best is None:
+        return [a + (b - a) * i // layers for i in range(layers + 1)]
+    _, start, p = best
+    return [a + start + i * p for i in range(layers + 1)]
