@@ -32,6 +32,13 @@ FSDP1 (torch 2.13 ``distributed/fsdp/_runtime_utils.py``, ``_flat_param.py``):
   the all-gather into the padded unsharded flat parameter in ``_unshard_stream``, freed at the reshard (the root's
   after backward: ``_post_forward_reshard`` keeps the root gathered). ``limit_all_gathers`` lets two units be in
   flight.
+* One process (``NO_SHARD``): ``post_reshard`` frees every unit's ``_mp_shard`` at its post-forward (the root's
+  too: its pre-backward hook gathers it again) under ``record_stream`` of the default stream, and nothing holds
+  the CPU back before the Trainer's loss check after backward (the rate limiter only queues events where the
+  unsharded flat parameter is freed): the pool is bounded by every unit's cast plus the root's again
+  (:func:`_no_shard_events`). On the H100 FSDP1 row (one process) that bound is what the measurement shows: the
+  row went from -5.0 % to +0.3 % with the rewritten default stream (``torch_adapters/fsdp1_run_events.py``);
+  two in flight, as before, left it at -5.7 %.
 * ``_post_backward_hook`` runs ``with state._device_handle.stream(state._post_backward_stream)``: the reduce-scatter
   output (``_reduce_grad``: ``new_sharded_grad = torch.empty_like(chunks[0])``) and ``_cast_grad_to_param_dtype``,
   whose result is the sharded (``NO_SHARD``: whole) gradient in the parameter dtype, live until ``zero_grad``.
