@@ -1,54 +1,63 @@
 """FSDP1's whole run, one rank, replayed through the caching allocator (issue 19: FSDP1 reserved).
 
 The plain Trainer's whole run (``allocator_replay.whole_run_events``, traced as the 16-bit module mixed precision
-computes with) rewritten into one rank's under accelerate 1.15 FSDP1 (``accelerator.py`` ``prepare_model``:
-``FullyShardedDataParallel(model, auto_wrap_policy=transformer_based_wrap, use_orig_params=True, ...)``; units and
-flat layout: :func:`fsdp2_run_plan.fsdp1_plan`), read from torch 2.13 ``distributed/fsdp/``:
+computes with) rewritten into one rank's under accelerate 1.15 FSDP1 (``accelerator.py`` ``prepare_model``
+l.1943-1971: ``FSDP(model, auto_wrap_policy=transformer_based_wrap, use_orig_params=..., ...)``; transformers 5.23
+``training_args.py`` l.2875-2881 passes ``backward_prefetch=NO_PREFETCH``, ``use_orig_params=true``,
+``sync_module_states=true``; units and flat layout: :func:`fsdp2_run_plan.fsdp1_plan`). torch 2.13
+``distributed/fsdp/`` (``_flat_param.py`` = FP, ``_runtime_utils.py`` = RU, ``_init_utils.py`` = IU):
 
-* prepare, per unit as ``_auto_wrap`` builds it (the layers, then the root) (``_init_utils.py``
-  ``_init_param_handle_from_module``): the unit's parameters moved to the device in the loaded dtype
-  (``_move_module_to_device``); ``sync_module_states`` (transformers 5.23's default ``true``):
-  ``_sync_module_params_and_buffers`` -> ``dist._broadcast_coalesced`` with 250 MiB buckets, each bucket of two
-  or more tensors flattened into a temporary (``csrc/utils/tensor_flatten.cpp`` ``flatten_dense_tensors``: one
-  tensor is its own view); the ``FlatParameter`` (``_flat_param.py`` ``flatten_tensors``: ``torch.cat`` with
-  ``_aligned_numel`` padding, padded to the world size); ``shard``: one process is ``NO_SHARD`` (``_init_utils.py``
-  ``_init_process_group_state`` clamps the strategy at world size 1) and keeps the flat; more processes clone
-  their chunk (``_get_shard``) and free the flat (``_typed_storage()._resize_(0)``); ``_use_sharded_views``
-  re-points the original parameters into it, freeing the moved storages. Then accelerate's upcast
-  (``accelerator.py`` ``prepare_model``, root first: ``param.data = param.data.to(torch.float32)``) makes an fp32
-  flat (shard) per unit; the 16-bit one stays alive through the original parameters' views until the unit's
-  first post-forward (``_use_sharded_views`` re-points them at the fp32 one).
-* lazy init, at the root's first pre-forward (``_runtime_utils.py`` ``_lazy_init`` ->
-  ``init_flat_param_attributes``, every handle): ``_mp_shard`` (``empty_like`` in ``param_dtype``) and, sharded,
-  ``_full_param_padded`` and the fp32 ``_full_prec_full_param_padded``, each allocated and freed at once.
-* the root's pre-forward (``_root_pre_forward`` -> ``_reset_flat_param_grad_info_if_needed``): the previous
+* prepare, per unit as ``_auto_wrap`` builds it (the layers, then the root; IU ``_init_param_handle_from_module``
+  l.563): the unit's parameters moved to the device in the loaded dtype (IU ``_move_module_to_device`` l.603);
+  ``sync_module_states``: ``_sync_module_params_and_buffers`` (IU l.637) -> ``dist._broadcast_coalesced`` with
+  250 MiB buckets (IU l.60), a bucket of two or more tensors flattened into a temporary
+  (``csrc/utils/tensor_flatten.cpp`` ``flatten_dense_tensors``; one tensor is its own view); the ``FlatParameter``
+  (FP ``flatten_tensors`` l.838: ``torch.cat`` with ``_aligned_numel`` padding, padded to the world size);
+  ``handle.shard()`` (IU l.665, FP l.945): one process is ``NO_SHARD`` (IU ``_init_core_state`` l.430 clamps the
+  strategy at world size 1) and keeps the flat; more processes clone their chunk (FP ``_get_shard`` l.1122) and
+  free the flat (``_typed_storage()._resize_(0)``); ``_use_sharded_views`` (FP l.2128) re-points the original
+  parameters into it, freeing the moved storages. Then accelerate's upcast (``accelerator.py`` l.1998-2038, the
+  root first: ``param.data = param.data.to(torch.float32)``) makes an fp32 flat (shard) per unit; the 16-bit one
+  stays alive through the original parameters' views until the unit's first post-forward re-points them
+  (``_use_sharded_views``; FP ``_writeback_orig_params`` l.2241 copies into the fp32 flat in place first).
+* lazy init, at the root's first pre-forward (RU ``_lazy_init`` l.112 -> FP ``init_flat_param_attributes``
+  l.1221, every handle): ``_mp_shard`` (``empty_like`` in ``param_dtype``) and, sharded, ``_full_param_padded``
+  and the fp32 ``_full_prec_full_param_padded``, each allocated and freed at once (``_free_storage``).
+* the root's pre-forward (RU ``_root_pre_forward`` l.594, ``_reset_flat_param_grad_info_if_needed``): the previous
   step's flat gradients freed (``zero_grad(set_to_none=True)`` only set the original parameters' ``.grad``).
-* unshard (``_unshard``): ``pre_unshard`` -> ``_use_low_precision_shard`` allocates ``_mp_shard`` on the
-  pre-unshard stream; sharded, ``_alloc_padded_unsharded_flat_param`` on the unshard stream, the all-gather, and
-  ``post_unshard`` frees ``_mp_shard``; ``NO_SHARD`` computes with ``_mp_shard``.
-* post-forward (``_post_forward_reshard``): a layer frees its padded unsharded flat (``FULL_SHARD``); the root keeps
-  it until its post-backward; ``post_reshard`` frees ``_mp_shard`` under ``NO_SHARD`` (the root's too, re-gathered
-  by its pre-backward hook). Backward prefetch: the Trainer passes ``NO_PREFETCH`` (transformers 5.23
-  ``training_args.py``), so none.
+* unshard (RU ``_unshard`` l.277): ``pre_unshard`` (FP l.1307) -> ``_use_low_precision_shard`` (FP l.1342)
+  allocates ``_mp_shard`` on the pre-unshard stream; sharded, ``_alloc_padded_unsharded_flat_param`` (FP l.1395)
+  on the unshard stream, the all-gather, and ``post_unshard`` (FP l.1523) frees ``_mp_shard``; ``NO_SHARD``
+  computes with ``_mp_shard``.
+* post-forward (RU ``_post_forward_reshard`` l.486): a layer frees its padded unsharded flat (``FULL_SHARD``); the
+  root keeps it until its post-backward; ``post_reshard`` (FP l.1784) frees ``_mp_shard`` under ``NO_SHARD`` (the
+  root's too, gathered again by its pre-backward hook, RU l.630). Backward prefetch: none (``NO_PREFETCH``);
+  ``BACKWARD_PRE``/``POST`` from an accelerate config only unshard the next unit earlier, on the (pre-)unshard
+  stream: no default-stream event moves (their pools: ``core/states/fsdp_streams.py``, two units in flight).
 * backward: the unit's parameter gradients are views' gradients, concatenated into the flat gradient in
-  ``param_dtype`` when the last one is made (autograd's ``split_with_sizes`` backward over
-  ``_get_unflat_views``), then ``_post_backward_hook``: reshard (free the unsharded flat / ``_mp_shard``), and on
-  the post-backward stream ``NO_SHARD`` all-reduces in place and ``_cast_grad_to_param_dtype`` makes the fp32
-  flat gradient; sharded, ``_reduce_grad`` makes ``new_sharded_grad`` (``empty_like(chunks[0])``) and casts it to
-  fp32 (``_saved_grad_shard``, ``.grad`` after ``_finalize_params``); the 16-bit flat gradient is freed.
-* the optimizer (torch fused AdamW over the original parameters, which the Trainer built after ``prepare``:
-  views into the flat parameter, ``_shard_param_infos``): per parameter with elements in this rank's shard a
-  device step counter and two fp32 states of those elements at the first step. The fp32 flat gradients stay until
-  the next root pre-forward.
+  ``param_dtype`` when the last one is made (autograd's ``split_with_sizes`` backward over FP
+  ``_get_unflat_views``), then RU ``_post_backward_hook`` l.701: reshard (free the unsharded flat /
+  ``_mp_shard``), and on the post-backward stream ``NO_SHARD`` all-reduces in place (RU ``_reduce_grad_no_shard``
+  l.932) and ``_cast_grad_to_param_dtype`` (RU l.1030) makes the fp32 flat gradient; sharded, ``_reduce_grad``
+  (RU l.831) makes ``new_sharded_grad`` (``empty_like(chunks[0])``, RU l.890) and casts it to fp32
+  (``_saved_grad_shard``, ``.grad`` after RU ``_finalize_params`` l.1168). The 16-bit flat gradient is freed under
+  ``record_stream(post-backward stream)``: its block serves the default stream again only once the device has
+  passed the cast, and nothing synchronises the CPU before the Trainer's loss check after backward (transformers
+  5.23 ``trainer.py`` l.1911-1914, ``logging_nan_inf_filter``): held to the end of backward (the bound).
+* the optimizer (torch fused AdamW over the original parameters, built by the Trainer after ``prepare``:
+  ``trainer.py`` l.1717 ``delay_optimizer_creation``; views into the flat parameter, FP ``_shard_param_infos``): per
+  parameter with elements in this rank's shard a device step counter and two fp32 states of those elements at the
+  first step (``torch/optim/adam.py`` ``_init_group`` l.139). The fp32 flat gradients stay until the next root
+  pre-forward.
 
-Blocks allocated on a side stream are tagged ``side:`` (their pools: ``core/states/fsdp_streams.py``); the frees
-that ``record_stream`` defers to the side stream's progress are placed where the CPU issues them. Not modelled:
-gradient clipping's scalars, the padding tensors of ``flatten_tensors`` (at most ``_aligned_numel`` elements).
-Where the events go in the traced step: as :mod:`.fsdp2_run_events` (a layer's forward is a period of the
-forward's events, a unit's backward ends at its last gradient, gradients matched to units by size).
+Blocks allocated on a side stream are tagged ``side:`` (their pools: ``core/states/fsdp_streams.py``). Not
+modelled: gradient clipping's scalars, the padding tensors of ``flatten_tensors`` (at most ``_aligned_numel``
+elements). Where the events go in the traced step: as :mod:`.fsdp2_run_events` (a layer's forward is a period of
+the forward's events, a unit's backward ends at its last gradient, gradients matched to units by size).
 
 Checked: live bytes after prepare, after each backward and after the first step against a REAL FSDP1 run on CPU
-(gloo, 1 and 2 ranks: ``benchmarks/fsdp2_run_events_cpu.py``, ``tests/test_fsdp1_run_events.py``); the H100 row
+(gloo, 1 and 2 ranks: ``benchmarks/fsdp2_run_events_cpu.py --version 1``, recorded in
+``benchmarks/data/fsdp1_run_events_cpu.json``, ``tests/test_fsdp1_run_events.py``); the H100 row
 ``benchmarks/fsdp_gpu.py --rescore``. Pure Python: no torch import.
 """
 

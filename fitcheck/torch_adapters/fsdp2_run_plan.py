@@ -143,7 +143,7 @@ def _fsdp1_not_replayed(spec: TrainingSpec) -> list[str]:
         return ["no FSDP settings"]
     if not fs.use_orig_params:
         parts.append("use_orig_params=False (the flat parameters handed to the optimizer)")
-    # torch 2.13 _init_utils.py _init_process_group_state: one process is NO_SHARD whatever the strategy
+    # torch 2.13 _init_utils.py _init_core_state: one process is NO_SHARD whatever the strategy
     if partition_weights(spec) > 1 and fs.sharding_strategy != "FULL_SHARD":
         parts.append(f"the {fs.sharding_strategy} strategy")
     if fs.cpu_ram_efficient_loading:
