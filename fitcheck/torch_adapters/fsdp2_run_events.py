@@ -60,8 +60,6 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
     Event,
     EventWriter,
     rewritten_run,
-    step_ends,
-    without_dead_frees,
 )
 from fitcheck.torch_adapters.fsdp2_run_plan import (
     FsdpPlan,
@@ -69,8 +67,8 @@ from fitcheck.torch_adapters.fsdp2_run_plan import (
     base_region,
     fsdp2_plan,
     layer_starts,
-    module_storages,
     not_replayed,
+    rewrite_steps,
 )
 
 Handle = tuple[int, int, str]  # (serial, bytes, region allocated in)
@@ -182,29 +180,13 @@ def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
     Raises:
         FsdpReplayError: The events lack a parameter's storage, a step, or a gradient of a unit.
     """
-    n_setup = next((k for k, ev in enumerate(events) if ev[2] != "setup"), len(events))
-    module = module_storages(events[:n_setup], plan)
-    ends, grads = step_ends(events, n_setup)
-    w = EventWriter(max((s for s, _, _ in events), default=0) + 1)
-    w.out += [ev for ev in events[:n_setup] if ev[0] not in module]
-    _prepare(w, plan)
-    rank = _Rank(plan, w)
-    start = n_setup
-    for k, end in enumerate(ends):
-        at = _step_points(events, start, end, grads, plan)
-        tag = "optimizer" if k == len(ends) - 1 else "optimizer_warmup"
-        for i in range(start, end):
-            for op in at.get(i, ()):
-                op(rank, events[i][2])
-            s, n, t = events[i]
-            if not t.startswith("optimizer"):
-                w.out.append((s, n, t))
-        for op in at.get(end, ()):
-            op(rank, events[end - 1][2])
-        _optimizer(rank, plan, tag, k == 0)
-        start = end
-    w.out += [ev for ev in events[start:] if not ev[2].startswith("optimizer")]
-    return without_dead_frees(w.out)
+    def prepare(w: EventWriter) -> _Rank:
+        _prepare(w, plan)
+        return _Rank(plan, w)
+
+    return rewrite_steps(events, plan, prepare,
+                         lambda start, end, grads, k: _step_points(events, start, end, grads, plan),
+                         lambda rank, tag, first: _optimizer(rank, plan, tag, first))
 
 
 def _optimizer(rank: _Rank, plan: FsdpPlan, tag: str, first: bool) -> None:

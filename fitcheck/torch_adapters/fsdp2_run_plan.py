@@ -12,15 +12,16 @@ FSDP1 (:func:`fsdp1_plan`): accelerate 1.15 ``accelerator.py`` ``prepare_model``
 FSDP unit, the root the rest (embedding, final norm, LM head). Each unit holds one ``FlatParameter`` (torch 2.13
 ``_flat_param.py``), laid out by :func:`flat_layout`.
 
-Also the placement helpers both rewrites share: :func:`module_storages` (the traced module's parameters in the plain
-run's setup), :func:`layer_starts` (each layer's forward in the deepened trace), :func:`base_region`. Pure Python,
-no torch.
+Also what both rewrites share: :func:`rewrite_steps` (the plain run walked step by step, each step's FSDP operations
+put in), :func:`module_storages` (the traced module's parameters in the plain run's setup), :func:`layer_starts`
+(each layer's forward in the deepened trace), :func:`base_region`. Pure Python, no torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fitcheck.spec import Role, TrainingSpec
 
@@ -340,3 +341,39 @@ def layer_starts(events: Sequence[tuple[int, int, str]], a: int, b: int, layers:
         return [a + (b - a) * i // layers for i in range(layers + 1)]
     _, start, p = best
     return [a + start + i * p for i in range(layers + 1)]
+
+
+def rewrite_steps(events: Sequence[tuple[int, int, str]], plan: FsdpPlan, rank: Callable[[Any], Any],
+                  points: Callable[[int, int, set[int], int], dict[int, list[Any]]],
+                  optimizer: Callable[[Any, str, bool], None]) -> list[tuple[int, int, str]]:
+    """The plain run's events with one FSDP rank's put in: its setup without the traced module's parameters,
+    ``rank(writer)`` (prepare, returning the rank's state), then per step the operations ``points(start, end,
+    gradients, k)`` keys by the event index they precede (``end``: after backward; each called as ``op(state,
+    region)``), the plain run's own events except its optimizer's, and ``optimizer(state, tag, first)``.
+
+    Raises:
+        FsdpReplayError: The events lack a parameter's storage or a step.
+    """
+    from fitcheck.torch_adapters.deepspeed_run_events import EventWriter, step_ends, without_dead_frees
+
+    n_setup = next((k for k, ev in enumerate(events) if ev[2] != "setup"), len(events))
+    module = module_storages(events[:n_setup], plan)
+    ends, grads = step_ends(events, n_setup)
+    w = EventWriter(max((s for s, _, _ in events), default=0) + 1)
+    w.out += [ev for ev in events[:n_setup] if ev[0] not in module]
+    state = rank(w)
+    start = n_setup
+    for k, end in enumerate(ends):
+        at = points(start, end, grads, k)
+        for i in range(start, end):
+            for op in at.get(i, ()):
+                op(state, events[i][2])
+            s, n, t = events[i]
+            if not t.startswith("optimizer"):
+                w.out.append((s, n, t))
+        for op in at.get(end, ()):
+            op(state, events[end - 1][2])
+        optimizer(state, "optimizer" if k == len(ends) - 1 else "optimizer_warmup", k == 0)
+        start = end
+    w.out += [ev for ev in events[start:] if not ev[2].startswith("optimizer")]
+    return without_dead_frees(w.out)
