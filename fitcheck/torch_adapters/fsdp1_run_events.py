@@ -63,7 +63,6 @@ Checked: live bytes after prepare, after each backward and after the first step 
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,12 +76,11 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
 )
 from fitcheck.torch_adapters.fsdp2_run_plan import (
     Fsdp1Plan,
-    FsdpReplayError,
-    base_region,
     fsdp1_plan,
-    layer_starts,
     not_replayed,
     rewrite_steps,
+    step_frame,
+    unit_gradients,
 )
 
 Handle = tuple[int, int, str]
@@ -249,15 +247,9 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     def put(i: int, op: Op) -> None:
         at.setdefault(i, []).append(op)
 
-    allocs = [(i, base_region(events[i][2])) for i in range(start, end) if events[i][1] > 0]
-    head = next((i for i, t in allocs if t == "forward_head"), None)
-    back = next((i for i, t in allocs if t.startswith("backward")), None)
-    if head is None or back is None:
-        raise FsdpReplayError("a traced step without its forward head or backward")
     units = plan.units
     layers = list(range(1, len(units)))
-    first = allocs[0][0]
-    bounds = layer_starts(events, first, head, len(layers)) if layers else [first]
+    first, back, bounds = step_frame(events, start, end, len(layers))
 
     def root_pre_forward(r: _Rank, t: str) -> None:  # _lazy_init, _reset_flat_param_grad_info_if_needed
         if first_step:
@@ -278,19 +270,9 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     put(back, lambda r, t: r.unshard(0, t))  # its pre-backward hook
     # backward: gradients to units by size; the root's come first (head, final norm) and last (embedding)
     order = [0, *layers[::-1]]
-    want = {u: Counter(q.numel * plan.traced for q in units[u].params) for u in order}
-    owned: dict[int, list[tuple[int, Handle]]] = {u: [] for u in order}
-    for i in range(back, end):
-        s, n, t = events[i]
-        if n > 0 and s in grads:
-            hit = next((v for v in order if want[v][n] > 0), None)
-            if hit is None:  # the input embedding's output gradient, alive at backward's last allocation
-                put(end, lambda r, t, h=(s, n, t): r.free(h))
-                continue
-            want[hit][n] -= 1
-            owned[hit].append((i, (s, n, t)))
-    if any(not owned[u] for u in order):
-        raise FsdpReplayError("an FSDP unit without gradients in the traced backward")
+    owned, strays = unit_gradients(events, back, end, grads, plan, order)
+    for h in strays:
+        put(end, lambda r, t, h=h: r.free(h))
     for u in layers[::-1]:  # a layer's pre-backward hook, at its first gradient
         put(owned[u][0][0], lambda r, t, u=u: r.unshard(u, t))
     for u in order:  # the post-backward hook once the unit's last gradient is made

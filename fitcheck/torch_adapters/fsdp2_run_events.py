@@ -50,7 +50,6 @@ rows ``benchmarks/fsdp_gpu.py --rescore``. Pure Python: no torch import.
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,12 +62,11 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
 )
 from fitcheck.torch_adapters.fsdp2_run_plan import (
     FsdpPlan,
-    FsdpReplayError,
-    base_region,
     fsdp2_plan,
-    layer_starts,
     not_replayed,
     rewrite_steps,
+    step_frame,
+    unit_gradients,
 )
 
 Handle = tuple[int, int, str]  # (serial, bytes, region allocated in)
@@ -217,15 +215,9 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     def put(i: int, op: Op) -> None:
         at.setdefault(i, []).append(op)
 
-    allocs = [(i, base_region(events[i][2])) for i in range(start, end) if events[i][1] > 0]
-    head = next((i for i, t in allocs if t == "forward_head"), None)
-    back = next((i for i, t in allocs if t.startswith("backward")), None)
-    if head is None or back is None:
-        raise FsdpReplayError("a traced step without its forward head or backward")
     units = plan.units
     layer_ids = [u for u, unit in enumerate(units) if unit.kind == "layer"]
-    first = allocs[0][0]
-    bounds = layer_starts(events, first, head, len(layer_ids)) if layer_ids else [first]
+    first, back, bounds = step_frame(events, start, end, len(layer_ids))
     # forward: pre_forward -> unshard + wait; post_forward -> reshard where reshard_after_forward
     for u, unit in enumerate(units):
         if unit.kind in ("root", "embed") or (unit.kind == "tail" and plan.tied):
@@ -250,19 +242,9 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     # backward: gradients to units by size, in backward order (the root's own parameters last)
     order = [u for u in range(len(units) - 1, -1, -1) if units[u].kind != "root"]
     order += [u for u in range(len(units)) if units[u].kind == "root"]
-    want = {u: Counter(q.numel * plan.traced for q in units[u].params) for u in order}
-    owned: dict[int, list[tuple[int, Handle]]] = {u: [] for u in order}
-    for i in range(back, end):
-        s, n, t = events[i]
-        if n > 0 and s in grads:
-            hit = next((v for v in order if want[v][n] > 0), None)
-            if hit is None:  # alive where backward's last allocation is made, no parameter's: the input
-                put(end, lambda r, t, h=(s, n, t): r.free(h))  # embedding's output gradient, freed as it returns
-                continue
-            want[hit][n] -= 1
-            owned[hit].append((i, (s, n, t)))
-    if any(not owned[u] for u in order):
-        raise FsdpReplayError("an FSDP unit without gradients in the traced backward")
+    owned, strays = unit_gradients(events, back, end, grads, plan, order)
+    for h in strays:
+        put(end, lambda r, t, h=h: r.free(h))
     chain = [u for u in order if units[u].kind != "root"]
     put(back, lambda r, t: _pre_backward(r, t, chain[0], chain, plan))
     posts: dict[int, int] = {u: end for u in order}  # the final callback's, unless its hook runs before

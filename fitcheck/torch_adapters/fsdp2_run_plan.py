@@ -14,11 +14,13 @@ FSDP unit, the root the rest (embedding, final norm, LM head). Each unit holds o
 
 Also what both rewrites share: :func:`rewrite_steps` (the plain run walked step by step, each step's FSDP operations
 put in), :func:`module_storages` (the traced module's parameters in the plain run's setup), :func:`layer_starts`
-(each layer's forward in the deepened trace), :func:`base_region`. Pure Python, no torch.
+(each layer's forward in the deepened trace), :func:`base_region`, :func:`step_frame`, :func:`unit_gradients`.
+Pure Python, no torch.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -377,3 +379,47 @@ def rewrite_steps(events: Sequence[tuple[int, int, str]], plan: FsdpPlan, rank: 
         start = end
     w.out += [ev for ev in events[start:] if not ev[2].startswith("optimizer")]
     return without_dead_frees(w.out)
+
+
+def step_frame(events: Sequence[tuple[int, int, str]], start: int, end: int, layers: int,
+               ) -> tuple[int, int, list[int]]:
+    """Where one traced step ``events[start:end]`` begins its forward, begins its backward, and where each layer's
+    forward starts (:func:`layer_starts`, then the end of the last layer).
+
+    Raises:
+        FsdpReplayError: The step has no forward head or backward.
+    """
+    allocs = [(i, base_region(events[i][2])) for i in range(start, end) if events[i][1] > 0]
+    head = next((i for i, t in allocs if t == "forward_head"), None)
+    back = next((i for i, t in allocs if t.startswith("backward")), None)
+    if head is None or back is None:
+        raise FsdpReplayError("a traced step without its forward head or backward")
+    first = allocs[0][0]
+    return first, back, layer_starts(events, first, head, layers) if layers else [first]
+
+
+def unit_gradients(events: Sequence[tuple[int, int, str]], back: int, end: int, grads: set[int], plan: FsdpPlan,
+                   order: list[int]) -> tuple[dict[int, list[tuple[int, tuple[int, int, str]]]],
+                                              list[tuple[int, int, str]]]:
+    """The traced backward's gradients matched to units by size, in backward ``order`` (each unit's with their
+    index), and those of no unit (alive where backward's last allocation is made, no parameter's: the input
+    embedding's output gradient, freed as backward returns).
+
+    Raises:
+        FsdpReplayError: A unit has no gradient.
+    """
+    want = {u: Counter(q.numel * plan.traced for q in plan.units[u].params) for u in order}
+    owned: dict[int, list[tuple[int, tuple[int, int, str]]]] = {u: [] for u in order}
+    strays = []
+    for i in range(back, end):
+        s, n, t = events[i]
+        if n > 0 and s in grads:
+            hit = next((v for v in order if want[v][n] > 0), None)
+            if hit is None:
+                strays.append((s, n, t))
+                continue
+            want[hit][n] -= 1
+            owned[hit].append((i, (s, n, t)))
+    if any(not owned[u] for u in order):
+        raise FsdpReplayError("an FSDP unit without gradients in the traced backward")
+    return owned, strays
