@@ -132,20 +132,13 @@ def test_sequence_matches_a_real_fsdp1_run() -> None:
 
 @pytest.mark.slow
 def test_a_traced_fsdp1_answer_takes_the_replay(tmp_path: Path) -> None:
-    from deepspeed_run_events_cpu import CONFIG
-    from rewrite_checks import takes_the_replay
+    from rewrite_checks import fsdp_values, takes_the_replay
 
     from fitcheck.cli.estimate import spec_from_values
     from fitcheck.torch_adapters import PinnedPath
     from fitcheck.torch_adapters.fsdp1_run_events import whole_run
 
-    (tmp_path / "config.json").write_text(json.dumps({**CONFIG, "torch_dtype": "bfloat16"}), encoding="utf-8")
-    fsdp = tmp_path / "fsdp.json"
-    fsdp.write_text(json.dumps({"fsdp_version": 1, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}),
-                    encoding="utf-8")
-    values = {"model_name_or_path": str(tmp_path), "max_seq_length": 32, "per_device_train_batch_size": 2,
-              "gpu": "H100", "dtype": "bfloat16", "bf16": True, "fsdp": "full_shard auto_wrap",
-              "fsdp_config": str(fsdp), "optim": "adamw_torch_fused"}
+    values = fsdp_values(tmp_path, 1)
     spec = spec_from_values(values, {})[0]
     assert spec.sharding.fsdp is not None and spec.sharding.fsdp.version == 1
     path, _, replay = takes_the_replay(spec, whole_run)

@@ -67,6 +67,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.deepspeed_run_backward import Handle, RankEvents
 from fitcheck.torch_adapters.deepspeed_run_events import (
     MARK,
     SIDE,
@@ -77,32 +78,26 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
 from fitcheck.torch_adapters.fsdp2_run_plan import (
     Fsdp1Plan,
     fsdp1_plan,
-    not_replayed,
+    replay_key,
+    replays,
     rewrite_steps,
     step_frame,
     unit_gradients,
 )
 
-Handle = tuple[int, int, str]
 BUCKET = 250 * 1024 * 1024  # torch 2.13 fsdp/_init_utils.py PARAM_BROADCAST_BUCKET_SIZE
 
 
-class _Rank:
+class _Rank(RankEvents):
     """One rank's FSDP1 state through the run (module docstring), writing its events."""
 
     def __init__(self, plan: Fsdp1Plan, w: EventWriter, old: dict[int, Handle]) -> None:
-        self.plan, self.w = plan, w
+        super().__init__(w)
+        self.plan = plan
         self.old = old  # unit -> its 16-bit flat (shard) kept by the original parameters' views after the upcast
         self.unsharded: dict[int, Handle] = {}  # unit -> _mp_shard (one process) / padded unsharded flat
         self.grads: list[Handle] = []  # the fp32 flat gradients (post-backward stream) until the next forward
         self.recorded: list[Handle] = []  # default-stream blocks freed under record_stream(post-backward stream)
-
-    def new(self, nbytes: int, tag: str) -> Handle:
-        return self.w.new(nbytes, tag), nbytes, tag
-
-    def free(self, h: Handle | None) -> None:
-        if h is not None:
-            self.w.free(*h)
 
     def unshard(self, u: int, tag: str) -> None:
         """``_unshard``: ``_mp_shard`` on the pre-unshard stream; sharded, the all-gather destination."""
@@ -283,31 +278,15 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
 
 
 def replayed(spec: TrainingSpec) -> bool:
-    """Whether the whole run of an FSDP spec is replayed as FSDP1's (:func:`fsdp1_run`; the caller checks that the
-    run is traced: ``pinned_path.traceable``)."""
-    from fitcheck.spec import Strategy
-
-    fs = spec.sharding.fsdp
-    return (spec.sharding.strategy is Strategy.FSDP and fs is not None and fs.version == 1
-            and not not_replayed(spec))
-
-
-def _key(spec: TrainingSpec) -> str:
-    hw = spec.hardware
-    return f"|fsdp1 {fsdp1_plan(spec)!r} {hw.expandable_segments} {hw.cuda_alloc_conf!r}"
+    """Whether the whole run of an FSDP spec is replayed as FSDP1's (:func:`fsdp1_run`)."""
+    return replays(spec, 1)
 
 
 def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
     """A ``PinnedPath``'s FSDP1 whole run replayed (``deepspeed_run_events.rewritten_run``): the default stream's
     ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed``)."""
-    return rewritten_run(path, spec, key, _key(spec), "fsdp1-run", lambda events: fsdp1_run(events, fsdp1_plan(spec)),
-                         required)
+    return rewritten_run(path, spec, key, replay_key(spec, fsdp1_plan(spec)), "fsdp1-run",
+                         lambda events: fsdp1_run(events, fsdp1_plan(spec)), required)
 
 
-def failure(path: Any, spec: TrainingSpec, key: str) -> str:
-    """Why a traced FSDP1 answer that :func:`replayed` accepts keeps the published gap."""
-    failed = path._whole_failed.get(key + _key(spec))
-    return f"FSDP1's run could not be replayed ({failed})" if failed else "FSDP1's run was not replayed"
-
-
-__all__ = ["failure", "fsdp1_run", "replayed", "whole_run"]
+__all__ = ["fsdp1_run", "replayed", "whole_run"]

@@ -54,6 +54,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.deepspeed_run_backward import Handle, RankEvents
 from fitcheck.torch_adapters.deepspeed_run_events import (
     SIDE,
     Event,
@@ -62,33 +63,28 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
 )
 from fitcheck.torch_adapters.fsdp2_run_plan import (
     FsdpPlan,
+    fsdp1_plan,
     fsdp2_plan,
     not_replayed,
+    replay_key,
+    replays,
     rewrite_steps,
     step_frame,
     unit_gradients,
 )
 
-Handle = tuple[int, int, str]  # (serial, bytes, region allocated in)
 
-
-class _Rank:
+class _Rank(RankEvents):
     """One rank's FSDP2 state through the run (module docstring), writing its events."""
 
     def __init__(self, plan: FsdpPlan, w: EventWriter) -> None:
-        self.plan, self.w = plan, w
+        super().__init__(w)
+        self.plan = plan
         self.unsharded: dict[int, list[Handle]] = {}  # unit -> its unsharded parameters
         self.issued: dict[int, Handle] = {}  # more shards: unit -> its flat all-gather output, copy-out pending
         self.held: Handle | None = None  # forward: the last copied-out all-gather output (all_gather_state)
         self.rs_input: Handle | None = None  # the last reduce_scatter_input (reduce_scatter_states)
         self.grads: list[Handle] = []  # the sharded gradients' flats (reduce-scatter stream) until zero_grad
-
-    def new(self, nbytes: int, tag: str) -> Handle:
-        return self.w.new(nbytes, tag), nbytes, tag
-
-    def free(self, h: Handle | None) -> None:
-        if h is not None:
-            self.w.free(*h)
 
     def unshard(self, u: int, tag: str) -> None:
         """``FSDPParamGroup.unshard``: more shards, ``foreach_all_gather`` on the copy-in stream."""
@@ -275,13 +271,8 @@ def _pre_backward(r: _Rank, t: str, u: int, order: list[int], plan: FsdpPlan) ->
 
 
 def replayed(spec: TrainingSpec) -> bool:
-    """Whether the whole run of an FSDP spec is replayed as FSDP2's (:func:`fsdp2_run`; the caller checks that the
-    run is traced: ``pinned_path.traceable``)."""
-    from fitcheck.spec import Strategy
-
-    fs = spec.sharding.fsdp
-    return (spec.sharding.strategy is Strategy.FSDP and fs is not None and fs.version == 2
-            and not not_replayed(spec))
+    """Whether the whole run of an FSDP spec is replayed as FSDP2's (:func:`fsdp2_run`)."""
+    return replays(spec, 2)
 
 
 def rewrite_for(spec: TrainingSpec) -> Any:
@@ -299,10 +290,8 @@ def rewrite_for(spec: TrainingSpec) -> Any:
 def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
     """A ``PinnedPath``'s FSDP2 whole run replayed (``deepspeed_run_events.rewritten_run``): the default stream's
     ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed``)."""
-    hw = spec.hardware
-    extra = f"|fsdp2 {fsdp2_plan(spec)!r} {hw.expandable_segments} {hw.cuda_alloc_conf!r}"
-    return rewritten_run(path, spec, key, extra, "fsdp2-run", lambda events: fsdp2_run(events, fsdp2_plan(spec)),
-                         required)
+    return rewritten_run(path, spec, key, replay_key(spec, fsdp2_plan(spec)), "fsdp2-run",
+                         lambda events: fsdp2_run(events, fsdp2_plan(spec)), required)
 
 
 def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:
@@ -313,14 +302,10 @@ def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:
     missing = not_replayed(spec)
     if missing:
         return f"the whole-run replay rewrites FSDP{version}'s run, and this run has {missing}"
-    if version == 1:
-        from fitcheck.torch_adapters.fsdp1_run_events import failure
-
-        return failure(path, spec, key)
-    hw = spec.hardware
-    failed = path._whole_failed.get(f"{key}|fsdp2 {fsdp2_plan(spec)!r} {hw.expandable_segments} "
-                                    f"{hw.cuda_alloc_conf!r}")
-    return f"FSDP2's run could not be replayed ({failed})" if failed else "FSDP2's run was not replayed"
+    plan = fsdp1_plan(spec) if version == 1 else fsdp2_plan(spec)
+    failed = path._whole_failed.get(key + replay_key(spec, plan))
+    return (f"FSDP{version}'s run could not be replayed ({failed})" if failed
+            else f"FSDP{version}'s run was not replayed")
 
 
 __all__ = ["fsdp2_run", "published_gap_reason", "replayed", "rewrite_for", "whole_run"]

@@ -14,8 +14,8 @@ FSDP unit, the root the rest (embedding, final norm, LM head). Each unit holds o
 
 Also what both rewrites share: :func:`rewrite_steps` (the plain run walked step by step, each step's FSDP operations
 put in), :func:`module_storages` (the traced module's parameters in the plain run's setup), :func:`layer_starts`
-(each layer's forward in the deepened trace), :func:`base_region`, :func:`step_frame`, :func:`unit_gradients`.
-Pure Python, no torch.
+(each layer's forward in the deepened trace), :func:`base_region`, :func:`step_frame`, :func:`unit_gradients`,
+:func:`replays`, :func:`replay_key`. Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -423,3 +423,20 @@ def unit_gradients(events: Sequence[tuple[int, int, str]], back: int, end: int, 
     if any(not owned[u] for u in order):
         raise FsdpReplayError("an FSDP unit without gradients in the traced backward")
     return owned, strays
+
+
+def replays(spec: TrainingSpec, version: int) -> bool:
+    """Whether the FSDP``version`` rewrite describes this run (an FSDP spec of that version :func:`not_replayed`
+    accepts; the caller checks that the run is traced: ``pinned_path.traceable``)."""
+    from fitcheck.spec import Strategy
+
+    fs = spec.sharding.fsdp
+    return (spec.sharding.strategy is Strategy.FSDP and fs is not None and fs.version == version
+            and not not_replayed(spec))
+
+
+def replay_key(spec: TrainingSpec, plan: FsdpPlan) -> str:
+    """What an FSDP rewrite's replay depends on beyond the activation trace's key (``pinned_path._cache_key``)."""
+    hw = spec.hardware
+    version = 1 if isinstance(plan, Fsdp1Plan) else 2
+    return f"|fsdp{version} {plan!r} {hw.expandable_segments} {hw.cuda_alloc_conf!r}"
