@@ -43,7 +43,9 @@ l.1943-1971: ``FSDP(model, auto_wrap_policy=transformer_based_wrap, use_orig_par
   (``_saved_grad_shard``, ``.grad`` after RU ``_finalize_params`` l.1168). The 16-bit flat gradient is freed under
   ``record_stream(post-backward stream)``: its block serves the default stream again only once the device has
   passed the cast, and nothing synchronises the CPU before the Trainer's loss check after backward (transformers
-  5.23 ``trainer.py`` l.1911-1914, ``logging_nan_inf_filter``): held to the end of backward (the bound).
+  5.23 ``trainer.py`` l.1911-1914, ``logging_nan_inf_filter``): held to the end of backward (the bound). More
+  processes: ``limit_all_gathers`` (accelerate's default ``True``) makes the CPU wait in ``_unshard`` (RU l.297)
+  for the reshard event two units back (``_limiter_utils.py``, two in flight): held for two units.
 * the optimizer (torch fused AdamW over the original parameters, built by the Trainer after ``prepare``:
   ``trainer.py`` l.1717 ``delay_optimizer_creation``; views into the flat parameter, FP ``_shard_param_infos``): per
   parameter with elements in this rank's shard a device step counter and two fp32 states of those elements at the
@@ -86,6 +88,7 @@ from fitcheck.torch_adapters.fsdp2_run_plan import (
 )
 
 BUCKET = 250 * 1024 * 1024  # torch 2.13 fsdp/_init_utils.py PARAM_BROADCAST_BUCKET_SIZE
+LIMIT = 2  # torch 2.13 fsdp/_limiter_utils.py _FreeEventQueue._max_num_inflight_all_gathers
 
 
 class _Rank(RankEvents):
@@ -146,6 +149,8 @@ class _Rank(RankEvents):
         else:  # _reduce_grad_no_shard: all-reduce in place, _cast_grad_to_param_dtype
             self.grads.append(self.new(shard * p.orig, SIDE + tag))
         self.recorded.append(flat)
+        while p.world > 1 and len(self.recorded) > LIMIT:  # limit_all_gathers: the CPU waited for the device
+            self.free(self.recorded.pop(0))
 
 
 def _prepare(w: EventWriter, plan: Fsdp1Plan) -> dict[int, Handle]:
