@@ -19,8 +19,10 @@ and ``MULTI``; exit 1 on a difference; ~2 min of wall time for ``RUNS`` on a sha
 and on, ZeRO-1 and ZeRO-2 LoRA) and all 12 of ``MULTI`` (ZeRO-1/2 on 2 and 3 processes, full and LoRA, with and
 without ``overlap_comm``, rank 1 of 3; two micro-batches a step under ZeRO-2 on 1, 2 and 3 processes and ZeRO-3 on
 one) the same live bytes (within 64 B) and the same large allocations. Not replayed (``deepspeed_run_plan.
-not_replayed``): ZeRO-3 on more than one process; ZeRO-1 with gradient accumulation (its reduction at the
+not_replayed``): ZeRO-1 with gradient accumulation (its reduction at the
 boundary only: here one ipg bucket a step, not one a micro-batch).
+ZeRO-3 on more than one process: ``benchmarks/deepspeed_zero3_cpu.py`` (``ZERO_EXTRA``: zero_optimization keys it
+replaces, in the real run and in :func:`fitcheck_run`).
 ``--real STAGE:OVERLAP:LORA[:WORLD[:ACCUM]] ...`` prints the real engines' records as JSON (the test runs it in
 its own process: DeepSpeed initialises torch.distributed; ``--rank`` is one rank of a multi-process run).
 """

@@ -87,10 +87,41 @@ def record() -> None:
                                 "zero_extra": AUTO, "runs": out}, separators=(",", ":")), encoding="utf-8")
 
 
+WIDE = {"model_name_or_path": "meta-llama/Llama-3.1-8B", "max_seq_length": 2048, "per_device_train_batch_size": 4,
+        "bf16": True, "gpu": "H100", "num_processes": 4, "zero_stage": 3, "optim": "adamw_torch_fused"}
+WIDE_LORA = {"use_peft": True, "lora_r": 16, "lora_target_modules": ["all-linear"]}
+
+
+def wide(values: dict[str, Any]) -> str:
+    """A real-width run's traced answer (``PinnedPath("always")``) against the ZeRO-3 rewrite's replay, in GiB:
+    the answer's allocated / reserved (the formula's allocated; reserved = it + the replay's gap, or the published
+    gap where the rewrite does not answer) and the replay's own peak allocated / reserved of the default stream."""
+    from fitcheck.cli.estimate import spec_from_values
+    from fitcheck.torch_adapters import PinnedPath
+    from fitcheck.torch_adapters.deepspeed_run_events import whole_run
+    from fitcheck.torch_adapters.pinned_path import _cache_key
+
+    spec = spec_from_values(values, {})[0]
+    path = PinnedPath("always")
+    report = path(spec)
+    gap = "published gap" if "reserved-published-gap" in {f.code for f in report.findings} else "replayed"
+    replay = whole_run(path, spec, _cache_key(spec))
+    gib = 2**30
+    mine = (f"{replay.peak_allocated / gib:.2f} / {replay.peak_reserved / gib:.2f}" if replay is not None
+            else "not replayed")
+    return (f"{report.peak_allocated_bytes / gib:.2f} / {report.peak_reserved_bytes / gib:.2f} ({gap}) | {mine}")
+
+
 def main() -> int:
     """Print the table; exit 1 on an unexpected difference."""
     if sys.argv[1:2] == ["--record"]:
         record()
+    if sys.argv[1:2] == ["--wide"]:  # Llama-3.1-8B ZeRO-3, 4 x H100, 4 x 2048: LoRA and full
+        print("| Llama-3.1-8B ZeRO-3 4 x H100, 4 x 2048 | answer allocated / reserved GiB | replay peak "
+              "allocated / reserved GiB |\n|---|---|---|")
+        for name, extra in (("LoRA r16 all-linear", WIDE_LORA), ("full", {})):
+            print(f"| {name} | {wide({**WIDE, **extra})} |")
+        return 0
     rows, bad = table(records())
     print("| run (stage, fine-tune, processes) | initialize real / rewrite | backward1 | step1 | backward "
           "| peak live real / rewrite | compare |")

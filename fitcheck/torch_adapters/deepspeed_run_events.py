@@ -34,7 +34,8 @@ backward hands every gradient to the engine, and the engine's optimizer steps a 
   step, the fp32 gradient dropped; ZeRO-1/2's ``grads_in_partition`` goes with the last group's gradients. The
   torch optimizer's own per-parameter events of the plain run are dropped.
 
-More than one process (ZeRO-1/2; ZeRO-3's parameter gathers are not replayed): one rank's, the one whose
+More than one process (ZeRO-1/2; ZeRO-3's partitions and parameter gathers: :mod:`.deepspeed_run_zero3`, checked
+against real 2- and 3-process engines, ``benchmarks/deepspeed_zero3_cpu.py``): one rank's, the one whose
 ``grads_in_partition`` is the largest (:attr:`.DeepSpeedPlan.rank`: the per-GPU peak is the largest rank's). Every
 rank holds the whole flat 16-bit group; the fp32 master, ``initialize_optimizer_states``' zeroed gradient, the flat
 gradient and Adam's states of the step are one partition (:meth:`.DeepSpeedPlan.partition`); ``grads_in_partition``
