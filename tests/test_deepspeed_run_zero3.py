@@ -60,9 +60,10 @@ def test_lora_matches_the_recorded_engine_but_for_one_point(auto: None) -> None:
     mine = fitcheck_run(3, True, True, 2)
     assert abs(rec["live"]["backward1"] - mine["live"]["backward1"]) <= 4096 + 64
     before = rec["live"]["initialize"] - mine["live"]["initialize"]
-    # the rewrite gathers the frozen head again in backward, which the engine's record does not show: above, <= 10 %
+    # the peak (the frozen embedding released after its forward: no backward reaches it): within 2 % (the gathers'
+    # places among the plain run's events are spread by elements, not known)
     real, fit = peak(rec["events"]), peak(mine["events"], 2) + before
-    assert real <= fit <= 1.1 * real
+    assert abs(fit - real) <= 0.02 * real
 
 
 def test_gathers_keep_what_is_reused_within_the_distance() -> None:

@@ -116,6 +116,9 @@ class Gathers:
         for k in range(len(plan.params) - 1, -1, -1):
             total[k] = total[k + 1] + plan.params[k][0]
         self.after = total  # elements of the parameters after k (and k itself) in the model
+        # no gradient reaches a module before the first trainable parameter (a frozen embedding under LoRA): its
+        # backward never runs, so it is neither fetched there nor in the trace's backward (never kept)
+        self.first_trained = next((k for k, (_, tr) in enumerate(plan.params) if tr), len(plan.params))
 
     def nbytes(self, k: int) -> int:
         """A gathered parameter's buffer (``_all_gather_sequential``: ``ceil(numel / world) * world``)."""
@@ -124,7 +127,7 @@ class Gathers:
     def kept(self, k: int) -> bool:
         """``__params_to_release`` (complete trace): parameter ``k``'s reuse, in backward, is nearer than
         ``stage3_max_reuse_distance`` elements of modules (those after it in forward, then in backward)."""
-        return 2 * self.after[k + 1] < MAX_REUSE_DISTANCE
+        return k >= self.first_trained and 2 * self.after[k + 1] < MAX_REUSE_DISTANCE
 
     def schedule(self, events: Sequence[Event], lo: int, end: int, complete: bool) -> dict[int, list[Event]]:
         """The gathers and releases of one step whose plain events are ``events[lo:end]`` (forward from ``lo``,
@@ -164,7 +167,7 @@ class Gathers:
         fwd = [*zip(self.body, spread(self.body, lo, f_end), strict=True),
                *((k, head0 if head0 is not None else f_end) for k in self.head)]
         self._pass(fwd, put, live, complete, forward=True, end_at=back0)
-        bwd_body = list(reversed(self.body))
+        bwd_body = [k for k in reversed(self.body) if k >= self.first_trained]
         bwd = [*((k, back0) for k in reversed(self.head)),
                *zip(bwd_body, spread(bwd_body, body_b, end), strict=True)]
         self._pass(bwd, put, live, complete, forward=False, end_at=end)
