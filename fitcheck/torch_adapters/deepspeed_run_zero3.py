@@ -1,26 +1,32 @@
 """ZeRO-3 on more than one process, one rank's tensors (``deepspeed_run_events`` calls these; deepspeed 0.19.8).
 
-Each piece is read from its source (``runtime/zero/``):
+Each piece is read from its source (``runtime/zero/``, line numbers of 0.19.8):
 
-* ``initialize`` (the model built outside ``zero.Init``, as the Trainer's ``from_config`` is under the harness):
-  ``DeepSpeedZeRoOffload._convert_to_zero_parameters`` -> ``partition_parameters.py`` ``_partition_param``: per
-  parameter, in ``named_parameters`` order, a partition of ``ceil(numel / world)`` (``torch.empty(partition_size)``)
-  and the full tensor freed (``free_param``); ``stage3.py`` ``_create_fp16_partitions_with_defragmentation``: the
-  trainable partitions moved into ``lp_param_buffer`` (``zero/utils.py`` ``defragment``: the flat made, the
-  partitions dropped); the fp32 sub-groups, ``initialize_optimizer_states``' zeroed gradient, the ipg bucket and
-  ``grad_partitions_flat_buffer`` as at one process but of partitions; ``create_reduce_and_remove_grad_hooks``:
-  every trainable parameter gathered (``param.all_gather()``) and partitioned again (``param.partition()``).
-* forward and backward: ``partitioned_param_coordinator.py`` ``fetch_sub_module`` gathers a module's parameters
-  before it runs (one parameter: ``_all_gather_sequential``, a buffer of ``ceil(numel / world) * world``, the
-  parameter a view of it) and ``release_sub_module`` frees them after it. From the second step on (the trace
-  complete) ``__params_to_release`` keeps every parameter whose next use is less than ``stage3_max_reuse_distance``
-  elements of modules away (forward -> backward: twice the elements after it in the model), and each fetch
-  prefetches the next parameters of the trace up to ``stage3_prefetch_bucket_size`` elements. Parameters of at
-  most ``stage3_param_persistence_threshold`` elements (``mark_persistent_parameters``) are not released; they are
-  gathered whole at the end of each step (``stage3.py`` ``_post_step``: ``persistent_parameters[0].all_gather``).
+* ``initialize`` (the model built outside ``zero.Init``, as under the benchmark's harness):
+  ``parameter_offload.py`` L180/L270 ``_convert_to_zero_parameters`` -> ``Init(module=...)`` ->
+  ``partition_parameters.py`` ``_partition_param``: per parameter, in ``named_parameters`` order, a partition of
+  ``ceil(numel / world)`` (L1836 ``torch.empty(partition_size)``; L1690 ``_aligned_size``) and the full tensor
+  freed (L329 ``free_param``); ``stage3.py`` L972 ``lp_param_buffer = defragment(...)`` (``zero/utils.py`` L215:
+  the flat made, the trainable partitions dropped); L1081 ``_create_fp32_partitions`` (fp32 sub-groups of the
+  partitions), L1306 ``initialize_optimizer_states``' zeroed gradient, L782 the ipg bucket, L791
+  ``grad_partitions_flat_buffer`` (the trainable partitions' elements); L1504 / L1531
+  ``create_reduce_and_remove_grad_hooks``: every trainable parameter gathered (``param.all_gather()``) and
+  partitioned again (``param.partition()``).
+* forward and backward: ``partitioned_param_coordinator.py`` L310 ``fetch_sub_module`` gathers a module's
+  parameters before it runs (one parameter: ``partition_parameters.py`` L1388 ``_all_gather_sequential``, a buffer
+  of ``ceil(numel / world) * world``, the parameter a view of it) and L494 ``release_sub_module`` frees them after
+  it. From the second step on (the trace complete) L634 ``__params_to_release`` keeps every parameter whose next
+  use is less than ``stage3_max_reuse_distance`` elements of modules away (forward -> backward: twice the elements
+  after it in the model), and L452 each fetch prefetches the next parameters of the trace up to
+  ``stage3_prefetch_bucket_size`` elements. A module no gradient reaches (before the first trainable parameter:
+  a frozen embedding under LoRA) has no backward, so it is neither fetched there nor kept (seen on the real
+  engine: LoRA's embedding released after its forward). Parameters of at most
+  ``stage3_param_persistence_threshold`` elements (``parameter_offload.py`` L317 ``mark_persistent_parameters``)
+  are not released; they are gathered whole at the end of each step (``stage3.py`` L2835 ``_post_step``:
+  ``persistent_parameters[0].all_gather``).
 * backward's gradients and the step: as at one process (``deepspeed_run_events``), of partitions: the gradient
-  goes into the ipg bucket and its partition into ``grad_partitions_flat_buffer`` (``partition_grads``); the
-  step's sub-groups, fp64 norms and Adam states are partition-sized.
+  goes into the ipg bucket and its partition into ``grad_partitions_flat_buffer`` (L2006 ``partition_grads``);
+  the step's sub-groups, fp64 norms and Adam states are partition-sized.
 
 Where a gather happens inside a forward or backward is not in the plain trace (it has no module boundaries): the
 parameters are spread over the body's events by their elements (layers are alike), the head's at the first
@@ -34,7 +40,7 @@ Pure Python: no torch import.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from fitcheck.torch_adapters.deepspeed_run_backward import EMPTY_CACHE, Event, EventWriter
 from fitcheck.torch_adapters.deepspeed_run_plan import FP32, DeepSpeedPlan, DeepSpeedReplayError, sub_groups
@@ -175,13 +181,9 @@ class Gathers:
             put(end, k, -1)
         return out
 
-    def _pass(self, seq: list[tuple[int, int]], put: object, live: dict[int, int], complete: bool, forward: bool,
-              end_at: int) -> None:
+    def _pass(self, seq: list[tuple[int, int]], do: Callable[[int, int, int], None], live: dict[int, int],
+              complete: bool, forward: bool, end_at: int) -> None:
         """One pass's fetches and releases (``seq``: parameter, index of its module's fetch)."""
-        from collections.abc import Callable
-        from typing import cast
-
-        do = cast(Callable[[int, int, int], None], put)
         budget = self.plan.prefetch if complete else 0
         for i, (k, at) in enumerate(seq):
             if k not in live:
