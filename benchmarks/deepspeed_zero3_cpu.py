@@ -96,16 +96,15 @@ def wide(values: dict[str, Any]) -> str:
     """A real-width run's traced answer (``PinnedPath("always")``) against the ZeRO-3 rewrite's replay, in GiB:
     the answer's allocated / reserved (the formula's allocated; reserved = it + the replay's gap, or the published
     gap where the rewrite does not answer) and the replay's own peak allocated / reserved of the default stream."""
-    from fitcheck.cli.estimate import spec_from_values
+    from fitcheck.cli import spec_from_values
     from fitcheck.torch_adapters import PinnedPath
-    from fitcheck.torch_adapters.deepspeed_run_events import whole_run
-    from fitcheck.torch_adapters.pinned_path import _cache_key
 
     spec = spec_from_values(values, {})[0]
     path = PinnedPath("always")
     report = path(spec)
     gap = "published gap" if "reserved-published-gap" in {f.code for f in report.findings} else "replayed"
-    replay = whole_run(path, spec, _cache_key(spec))
+    # the DeepSpeed whole run the answer took (kept by the path under its key + "|deepspeed ...")
+    replay = next((r for k, r in path._whole.items() if "|deepspeed" in k), None)
     gib = 2**30
     mine = (f"{replay.peak_allocated / gib:.2f} / {replay.peak_reserved / gib:.2f}" if replay is not None
             else "not replayed")
