@@ -8,7 +8,18 @@ a launch on a shared CPU). Without arguments this prints, per run, the live byte
 points of ``deepspeed_run_events_cpu.compare`` and the peak live bytes of the whole two steps (real) against the
 first two steps of the rewrite, and exits 1 where ``compare`` finds a difference (LoRA: see ``KNOWN``).
 
-Run: ``PYTHONPATH=. python benchmarks/deepspeed_zero3_cpu.py [--record]``.
+Run: ``PYTHONPATH=. python benchmarks/deepspeed_zero3_cpu.py [--record | --wide]``. Result (branch s13-zero3):
+
+| run | initialize real / rewrite | backward1 | step1 | backward | peak live real / rewrite |
+|---|---|---|---|---|---|
+| full, 2 proc | 1148161 / 1148160 | 1148161 / 1148168 | 3380241 / 3380232 | 3380241 / 3380232 | 7092385 / 7092361 |
+| LoRA, 2 proc | -524927 / -524928 | -520831 / -524920 | -480627 / -480632 | -480627 / -480632 | 2821661 / 2782729 |
+| full, 3 proc | 404633 / 404632 | 404633 / 404640 | 1893195 / 1893186 | 1893195 / 1893186 | 5605371 / 5605355 |
+| LoRA, 3 proc | -720329 / -720330 | -716225 / -720322 | -685511 / -685516 | -685511 / -685516 | 2616803 / 2577879 |
+
+``--wide`` (Llama-3.1-8B ZeRO-3, 4 x H100, 4 x 2048, traced; GiB): LoRA r16 all-linear answer 80.28 / 83.99
+(main: 80.28 / 88.65, published gap), replay peak 80.30 / 83.93; full fine-tune answer 93.01 / 99.81 (main: 93.01 /
+101.75), replay peak 93.00 / 97.89. No GPU measurement of a multi-process ZeRO-3 run exists to check them against.
 """
 
 from __future__ import annotations
