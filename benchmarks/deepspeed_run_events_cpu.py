@@ -19,8 +19,10 @@ and ``MULTI``; exit 1 on a difference; ~2 min of wall time for ``RUNS`` on a sha
 and on, ZeRO-1 and ZeRO-2 LoRA) and all 12 of ``MULTI`` (ZeRO-1/2 on 2 and 3 processes, full and LoRA, with and
 without ``overlap_comm``, rank 1 of 3; two micro-batches a step under ZeRO-2 on 1, 2 and 3 processes and ZeRO-3 on
 one) the same live bytes (within 64 B) and the same large allocations. Not replayed (``deepspeed_run_plan.
-not_replayed``): ZeRO-3 on more than one process; ZeRO-1 with gradient accumulation (its reduction at the
+not_replayed``): ZeRO-1 with gradient accumulation (its reduction at the
 boundary only: here one ipg bucket a step, not one a micro-batch).
+ZeRO-3 on more than one process: ``benchmarks/deepspeed_zero3_cpu.py`` (``ZERO_EXTRA``: zero_optimization keys it
+replaces, in the real run and in :func:`fitcheck_run`).
 ``--real STAGE:OVERLAP:LORA[:WORLD[:ACCUM]] ...`` prints the real engines' records as JSON (the test runs it in
 its own process: DeepSpeed initialises torch.distributed; ``--rank`` is one rank of a multi-process run).
 """
@@ -85,6 +87,8 @@ def real_run(stage: int, overlap: bool, lora: bool = False, world: int = 1, accu
         "zero_optimization": {"stage": stage, "overlap_comm": overlap, "contiguous_gradients": True,
                               "reduce_bucket_size": BUCKET, "stage3_param_persistence_threshold": 0},
     }
+    # ZERO_EXTRA: zero_optimization keys a caller replaces (deepspeed_zero3_cpu.py: the "auto" values)
+    ds["zero_optimization"].update(json.loads(os.environ.get("ZERO_EXTRA", "{}")))
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo")
     gc.collect()
@@ -137,8 +141,11 @@ def fitcheck_run(stage: int, overlap: bool, lora: bool = False, world: int = 1, 
                         lora=LoraSpec(r=8, target_modules=("q_proj", "v_proj"), dropout=0.0) if lora else None))
     if accum > 1:
         spec = replace(spec, batch=replace(spec.batch, grad_accum=accum))
+    extra = json.loads(os.environ.get("ZERO_EXTRA", "{}"))  # the real run's ZERO_EXTRA, as DeepSpeedSpec fields
     spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, world, 1, DeepSpeedSpec(
-        stage=stage, overlap_comm=overlap, reduce_bucket_size=BUCKET, param_persistence_threshold=0)))
+        stage=stage, overlap_comm=overlap, reduce_bucket_size=extra.get("reduce_bucket_size", BUCKET),
+        param_persistence_threshold=extra.get("stage3_param_persistence_threshold", 0),
+        prefetch_bucket_size=extra.get("stage3_prefetch_bucket_size", DeepSpeedSpec.prefetch_bucket_size))))
     plan = deepspeed_plan(spec)
     # traced as the 16-bit module the engine runs, as the estimate does; a micro-batch is a plain pass
     plain = whole_run_events(spec, steps=3 * accum)
@@ -175,10 +182,20 @@ def real(*runs: tuple[int, ...]) -> list[dict[str, Any]]:
     with socket.socket() as sock:  # a free port for the rendezvous
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), str(world), str(port), *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
-             for r in range(world)]
-    outs = [p.communicate(timeout=900) for p in procs]
+    import tempfile
+
+    # files, not pipes: a rank's record outgrows a pipe's buffer (rank 1 blocked writing while rank 0 waited at
+    # the closing barrier: a 2-process ZeRO-3 record hung so)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [(Path(tmp) / f"{r}.out", Path(tmp) / f"{r}.err") for r in range(world)]
+        procs = []
+        for r, (out, err) in enumerate(paths):
+            with out.open("w") as fo, err.open("w") as fe:
+                procs.append(subprocess.Popen([sys.executable, __file__, "--rank", str(r), str(world), str(port),
+                                               *args], stdout=fo, stderr=fe, text=True, cwd=ROOT, env=env))
+        for p in procs:
+            p.wait(timeout=900)
+        outs = [(out.read_text(), err.read_text()) for out, err in paths]
     if any(p.returncode for p in procs):
         raise RuntimeError("\n".join(err[-3000:] for _, err in outs))
     return json.loads(outs[rank][0].strip().splitlines()[-1])  # type: ignore[no-any-return]

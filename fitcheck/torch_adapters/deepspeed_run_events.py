@@ -34,7 +34,8 @@ backward hands every gradient to the engine, and the engine's optimizer steps a 
   step, the fp32 gradient dropped; ZeRO-1/2's ``grads_in_partition`` goes with the last group's gradients. The
   torch optimizer's own per-parameter events of the plain run are dropped.
 
-More than one process (ZeRO-1/2; ZeRO-3's parameter gathers are not replayed): one rank's, the one whose
+More than one process (ZeRO-1/2; ZeRO-3's partitions and parameter gathers: :mod:`.deepspeed_run_zero3`, checked
+against real 2- and 3-process engines, ``benchmarks/deepspeed_zero3_cpu.py``): one rank's, the one whose
 ``grads_in_partition`` is the largest (:attr:`.DeepSpeedPlan.rank`: the per-GPU peak is the largest rank's). Every
 rank holds the whole flat 16-bit group; the fp32 master, ``initialize_optimizer_states``' zeroed gradient, the flat
 gradient and Adam's states of the step are one partition (:meth:`.DeepSpeedPlan.partition`); ``grads_in_partition``
@@ -62,6 +63,7 @@ from typing import Any
 
 from fitcheck.core.caching import AllocatorConf, CachingAllocator
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters import deepspeed_run_zero3 as zero3
 from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
 from fitcheck.torch_adapters.deepspeed_run_backward import EMPTY_CACHE as EMPTY_CACHE
 from fitcheck.torch_adapters.deepspeed_run_backward import SIDE as SIDE
@@ -75,23 +77,11 @@ from fitcheck.torch_adapters.deepspeed_run_plan import (
     aligned,
     deepspeed_plan,
     not_replayed,
+    sub_groups,
 )
 
 FP64 = 8  # zero/utils.py get_norm_dtype: fp64 where the accelerator has it (CUDA)
 MARK = -2  # a (MARK, 0, region) event: a point of the run that allocates nothing (an FSDP1 optimizer step)
-
-
-def _sub_groups(group: Sequence[int], size: int) -> list[int]:
-    """ZeRO-3's sub-groups of one parameter group (``stage3.py`` ``_create_fp16_sub_groups``)."""
-    if size >= sum(group):
-        return [sum(group)]
-    out, acc = [], 0
-    for k, numel in enumerate(group):
-        acc += numel
-        if acc >= size or k == len(group) - 1:
-            out.append(acc)
-            acc = 0
-    return out
 
 
 def _trainable_storages(setup: Sequence[Event], plan: DeepSpeedPlan) -> list[list[tuple[int, bool]]]:
@@ -159,7 +149,7 @@ def _initialize(w: EventWriter, plan: DeepSpeedPlan, owned: list[list[int]], siz
             w.free(s, size[s], t)
     w.out.append((-1, 0, EMPTY_CACHE))
     w.new(e * plan.numel, t)  # lp_param_buffer (defragment)
-    subs = [n for g in plan.groups for n in _sub_groups(g, plan.sub_group_size)]
+    subs = [n for g in plan.groups for n in sub_groups(g, plan.sub_group_size)]
     converted: tuple[int, int] | None = None
     for n in subs:
         now = w.new(FP32 * n, t)
@@ -184,13 +174,15 @@ def _optimizer_step(w: EventWriter, plan: DeepSpeedPlan, tag: str, first: bool,
     # ZeRO-1/2 scaled_global_norm -> get_grad_norm_direct, ZeRO-3 get_grad_norm_direct: each gradient (partition)
     # .to(get_norm_dtype()), fp64 on CUDA, and its norm
     # (ZeRO-1/2: the part of each in this rank's partition, ``averaged_gradients``)
+    # (ZeRO-3: each parameter's partition, ceil(numel / world))
+    groups = [[plan.part3(n) for n in g] for g in plan.groups]
     pieces = ([[inside for _, inside in plan.in_partition(i)] for i in range(len(plan.groups))] if plan.stage < 3
-              else plan.groups)
+              else groups)
     for group in pieces:
         for numel in group:
             w.free(w.new(FP64 * numel, tag), FP64 * numel, tag)
     sizes = ([plan.partition(i) for i in range(len(plan.groups))] if plan.stage < 3
-             else [n for g in plan.groups for n in _sub_groups(g, plan.sub_group_size)])
+             else [n for g in groups for n in sub_groups(g, plan.sub_group_size)])
     for k, n in enumerate(sizes):
         flat = w.new(e * n, tag)
         fp32 = w.new(FP32 * n, tag)
@@ -225,9 +217,22 @@ def deepspeed_run(events: Sequence[Event], plan: DeepSpeedPlan) -> list[Event]:
     ends, grads = step_ends(events, n_setup)
     w = EventWriter(max((s for s, _, _ in events), default=0) + 1)
     w.out += setup
-    _initialize(w, plan, _cast(w, plan, matched, size), size)
+    owned = _cast(w, plan, matched, size)
+    inserts: dict[int, list[Event]] = {}
+    persistent: list[tuple[int, int]] = []
+    if zero3.multi(plan):
+        zero3.initialize(w, plan, zero3.all_storages(setup, plan, matched, owned, size))
+        inserts = zero3.gathers(plan, events, n_setup, ends)
+    else:
+        _initialize(w, plan, owned, size)
+    fresh: dict[int, int] = {}
     state, kept, passes = _Backward(plan), None, 0
     for k in range(n_setup, len(events) + 1):
+        for s, n, t in inserts.get(k, ()):  # ZeRO-3 on more than one process: the parameter gathers
+            if n > 0:
+                fresh[s] = w.new(n, t)
+            else:
+                w.free(fresh.pop(s), -n, t)
         if k in ends:  # a backward ends: the engine's step at the accumulation boundary
             passes += 1
             state.epilogue(w, events[k - 1][2])
@@ -236,6 +241,8 @@ def deepspeed_run(events: Sequence[Event], plan: DeepSpeedPlan) -> list[Event]:
             if passes % plan.accum == 0:
                 tag = "optimizer" if ends[-1] == k else "optimizer_warmup"
                 _optimizer_step(w, plan, tag, passes == plan.accum, state.partition)
+                if zero3.multi(plan):
+                    persistent = zero3.post_step(w, plan, tag, persistent)
             state = _Backward(plan)
         if k == len(events):
             break

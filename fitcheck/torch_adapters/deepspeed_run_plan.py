@@ -5,7 +5,9 @@ Read from deepspeed 0.19.8 (cited where used); pure Python, no torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from fitcheck.spec import Dtype, TrainingSpec
 from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
@@ -38,6 +40,11 @@ class DeepSpeedPlan:
         accum: ``gradient_accumulation_steps`` (micro-batches per optimizer step).
         rank: The rank rewritten (ZeRO-1/2): :func:`deepspeed_plan` takes the one whose ``grads_in_partition`` is
             the largest (a rank's partition holds every parameter that overlaps it, whole).
+        params: ZeRO-3: every parameter of the model, trainable or not, in ``named_parameters`` order, as
+            (elements, trainable); the trainable ones are :attr:`groups`' (ZeRO-3 partitions each parameter).
+        persist: ZeRO-3 ``stage3_param_persistence_threshold`` (elements): a parameter of at most this many stays
+            gathered (``parameter_offload.py`` ``mark_persistent_parameters``).
+        prefetch: ZeRO-3 ``stage3_prefetch_bucket_size`` (elements).
     """
 
     stage: int
@@ -51,6 +58,9 @@ class DeepSpeedPlan:
     world: int = 1
     accum: int = 1
     rank: int = 0
+    params: tuple[tuple[int, bool], ...] = ()
+    persist: int = 0
+    prefetch: int = 0
 
     @property
     def numel(self) -> int:
@@ -75,6 +85,11 @@ class DeepSpeedPlan:
             start += numel
         return out
 
+    def part3(self, numel: int) -> int:
+        """Elements of one rank's ZeRO-3 partition of a parameter: ``ceil(numel / world)``
+        (``partition_parameters.py`` ``_aligned_size`` / ``_partition_param``)."""
+        return -(-numel // self.world)
+
     def held(self, rank: int | None = None) -> int:
         """Elements of a rank's ``grads_in_partition`` (``copy_grads_in_partition``: its parameters, whole)."""
         return sum(n for i in range(len(self.groups)) for n, _ in self.in_partition(i, rank))
@@ -84,6 +99,19 @@ def aligned(numel: int, n: int) -> int:
     """A ZeRO-1/2 flat group's elements: padded to ``nccl_start_alignment_factor`` (2) x world size
     (``stage_1_and_2.py`` ``flatten_dense_tensors_aligned``; ``parameter_alignment`` off, its default)."""
     return -(-numel // (2 * n)) * (2 * n)
+
+
+def sub_groups(group: Sequence[int], size: int) -> list[int]:
+    """ZeRO-3's sub-groups of one parameter group (``stage3.py`` ``_create_fp16_sub_groups``)."""
+    if size >= sum(group):
+        return [sum(group)]
+    out, acc = [], 0
+    for k, numel in enumerate(group):
+        acc += numel
+        if acc >= size or k == len(group) - 1:
+            out.append(acc)
+            acc = 0
+    return out
 
 
 def not_replayed(spec: TrainingSpec) -> str:
@@ -102,8 +130,7 @@ def not_replayed(spec: TrainingSpec) -> str:
     parts = []
     if ds is None or stage not in (1, 2, 3):
         parts.append("ZeRO-0")
-    if max(spec.data_parallel_size, 1) > 1 and stage == 3:
-        parts.append("ZeRO-3 on more than one process (its parameter gathers and prefetch)")
+    multi = max(spec.data_parallel_size, 1) > 1 and stage == 3  # deepspeed_run_zero3's
     if ds is not None and (ds.offload_optimizer, ds.offload_param) != (OffloadDevice.NONE, OffloadDevice.NONE):
         parts.append("offloaded optimizer or parameters")
     if spec.batch.grad_accum > 1 and stage == 1:
@@ -115,8 +142,8 @@ def not_replayed(spec: TrainingSpec) -> str:
         parts.append("a model loaded in another dtype than the engine's (its cast in initialize)")
     if spec.quant is not None:
         parts.append("a quantized base")
-    if stage == 3 and (spec.lora is not None or spec.freeze is not None):
-        parts.append("ZeRO-3 with frozen parameters (their partitioning)")
+    if stage == 3 and not multi and (spec.lora is not None or spec.freeze is not None):
+        parts.append("ZeRO-3 on one process with frozen parameters (their partitioning)")
     if spec.optimizer.name not in FUSED_ADAM:
         parts.append(f"the {spec.optimizer.name} optimizer on the flat partition (replayed: {FUSED_ADAM[0]})")
     return "; ".join(parts)
@@ -166,7 +193,31 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     plan = DeepSpeedPlan(stage, groups, marked, elem, ds.reduce_bucket_size, overlap,
                          ds.contiguous_gradients, ds.sub_group_size, max(spec.data_parallel_size, 1),
                          replayed_micro_batches(spec.batch.grad_accum))
-    if stage == 3 or plan.world == 1:
+    if stage == 3:
+        return replace(plan, params=_all_params(spec, layout, order, first_layer),
+                       persist=ds.param_persistence_threshold, prefetch=ds.prefetch_bucket_size)
+    if plan.world == 1:
         return plan
     # the per-GPU peak is the largest rank's: the one holding the most whole parameters (the first of a tie)
     return replace(plan, rank=max(range(plan.world), key=lambda r: (plan.held(r), -r)))
+
+
+def _all_params(spec: TrainingSpec, layout: Any, order: dict[str, int], first_layer: int,
+                ) -> tuple[tuple[int, bool], ...]:
+    """Every parameter of the model as (elements, trainable), in ``named_parameters`` order: what precedes the
+    layers, the layers one by one, what follows; peft's adapters right after their base weight
+    (``base_layer.weight``, ``lora_A``, ``lora_B``, the magnitude). A partly trained entry (some layers): its
+    first instances are counted trainable."""
+    trained = {g.name: g.repeat for g in layout.trainable}
+    ranked: list[tuple[tuple[int, int, int, int], int, bool]] = []
+    for k, e in enumerate(spec.model.params):
+        part = 1 if "*" in e.name else (0 if k < first_layer else 2)
+        for r in range(e.repeat):
+            ranked.append(((part, r if part == 1 else 0, k, 0), e.numel_each, r < trained.get(e.name, 0)))
+    for sub, g in enumerate([*layout.adapters, *layout.saved], 1):
+        base = order.get(g.name.rsplit(".", 1)[0] + ".weight", order.get(g.name, len(order)))
+        part = 1 if "*" in g.name else (0 if base < first_layer else 2)
+        for r in range(g.repeat):
+            ranked.append(((part, r if part == 1 else 0, base, sub), g.numel_each, True))
+    ranked.sort(key=lambda t: t[0])
+    return tuple((n, t) for _, n, t in ranked)
