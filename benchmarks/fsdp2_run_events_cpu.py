@@ -14,6 +14,14 @@ scalars of gradient clipping and autocast's cache are not modelled): the check o
 
 Run: ``PYTHONPATH=. python benchmarks/fsdp2_run_events_cpu.py`` (world sizes 1 and 2; exit 1 on a difference).
 Result (2026-11-27, this checkout): world 1 and 2, the same live bytes at every point.
+
+FSDP1 (``--version 1``; ``fitcheck.torch_adapters.fsdp1_run_events``): ``Accelerator.prepare`` with the plugin
+transformers 5.23 builds for ``fsdp_version: 1`` (``use_orig_params=True``, ``NO_PREFETCH``, ``FULL_SHARD``;
+``sync_module_states`` off on CPU), the model first and the fused AdamW after it, as the Trainer does
+(``delay_optimizer_creation``). ``--write`` records the real live bytes in
+``benchmarks/data/fsdp1_run_events_cpu.json``.
+Result (2026-11-27): world 1: real 2230784 / 3346112 / 7807764 / 7807764, fitcheck 2230784 / 3346184 / 7807836 /
+7807836; world 2: real 557696 / 1115328 / 3346160 / 3346160, fitcheck 557696 / 1115400 / 3346232 / 3346232.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ POINTS = ("initialize", "backward1", "step1", "backward")
 TOLERANCE = 1024
 
 
-def _rank(rank: int, world: int, port: int, out: str) -> None:
+def _rank(rank: int, world: int, port: int, out: str, version: int = 2) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gloo_rank import fsdp_on_cpu, start_rank
 
@@ -52,9 +60,18 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     from torch.distributed.tensor import DTensor
 
     cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
-    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
-                                            transformer_cls_names_to_wrap=["LlamaDecoderLayer"],
-                                            reshard_after_forward=True)
+    if version == 2:
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                                transformer_cls_names_to_wrap=["LlamaDecoderLayer"],
+                                                reshard_after_forward=True)
+    else:  # what transformers 5.23 training_args.py _process_fsdp_args passes for FSDP1 by default, except
+        # sync_module_states (its broadcast asks accelerate for an accelerator device: tests/fsdp_trainer_cpu.py;
+        # its buckets are freed inside prepare, so no point read here sees them)
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=1, auto_wrap_policy="transformer_based_wrap",
+                                                transformer_cls_names_to_wrap=["LlamaDecoderLayer"],
+                                                reshard_after_forward="FULL_SHARD", use_orig_params=True,
+                                                backward_prefetch="NO_PREFETCH", sync_module_states=False,
+                                                forward_prefetch=False)
     acc = Accelerator(cpu=True, mixed_precision="bf16")
     fsdp_on_cpu(acc, plugin)
     torch.manual_seed(0)
@@ -75,8 +92,12 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
 
     live: dict[str, int] = {}
     before = alive()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    model, opt = acc.prepare(model, opt)  # FSDP2: together (the optimizer is pointed at the shards)
+    if version == 2:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        model, opt = acc.prepare(model, opt)  # FSDP2: together (the optimizer is pointed at the shards)
+    else:  # FSDP1: the Trainer delays the optimizer (trainer.py _prepare_for_training: delay_optimizer_creation)
+        model = acc.prepare(model)
+        opt = acc.prepare(torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True))
     live["initialize"] = alive()
     for step in range(2):
         loss = model(input_ids=ids, labels=ids).loss
@@ -92,8 +113,8 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def real(world: int) -> dict[str, int]:
-    """Rank 0's live bytes at :data:`POINTS` of the real run on ``world`` gloo ranks (spawned)."""
+def real(world: int, version: int = 2) -> dict[str, int]:
+    """Rank 0's live bytes at :data:`POINTS` of the real FSDP``version`` run on ``world`` gloo ranks (spawned)."""
     import torch.multiprocessing as mp_
 
     with socket.socket() as sock:
@@ -101,32 +122,37 @@ def real(world: int) -> dict[str, int]:
         port = int(sock.getsockname()[1])
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "live")
-        mp_.start_processes(_rank, args=(world, port, out), nprocs=world, join=True, start_method="spawn")
+        mp_.start_processes(_rank, args=(world, port, out, version), nprocs=world, join=True, start_method="spawn")
         with open(f"{out}.0", encoding="utf-8") as fh:
             return dict(json.load(fh))
 
 
-def spec_of(world: int) -> Any:
-    """fitcheck's spec of the same run (FSDP2 FULL_SHARD, ``world`` processes, bf16 loaded, ``--bf16``)."""
+def spec_of(world: int, version: int = 2) -> Any:
+    """fitcheck's spec of the same run (FSDP``version`` FULL_SHARD, ``world`` processes, bf16 loaded, ``--bf16``)."""
     from cpu_truth import Row, spec_for
     from deepspeed_run_events_cpu import BATCH, CONFIG, SEQ
 
     from fitcheck.spec import FsdpSpec, ShardingSpec, Strategy
 
     spec = spec_for(Row("tiny", CONFIG, seq=SEQ, batch=BATCH, dtype="bfloat16", mp="bf16", optim="adamw_torch_fused"))
-    return replace(spec, sharding=ShardingSpec(Strategy.FSDP, world, 1, None, FsdpSpec(version=2)))
+    return replace(spec, sharding=ShardingSpec(Strategy.FSDP, world, 1, None, FsdpSpec(version=version)))
 
 
-def fitcheck_live(world: int, plain: list[Any] | None = None) -> tuple[dict[str, int], list[Any]]:
-    """The live bytes of ``fsdp2_run``'s sequence at :data:`POINTS` (above the traced setup), and the plain run's
-    events (``plain``: reuse them; the trace does not depend on the world size)."""
-    from fitcheck.torch_adapters import fsdp2_plan, fsdp2_run, live_bytes, whole_run_events
+def fitcheck_live(world: int, plain: list[Any] | None = None, version: int = 2, plan: Any = None,
+                  ) -> tuple[dict[str, int], list[Any]]:
+    """The live bytes of ``fsdp2_run``'s (``fsdp1_run``'s) sequence at :data:`POINTS` (above the traced setup), and
+    the plain run's events (``plain``: reuse them; the trace does not depend on the world size or version).
+    ``plan``: the spec -> the rewrite's plan (default: ``fsdp2_plan`` / ``fsdp1_plan``)."""
+    from fitcheck.torch_adapters import fsdp1_plan, fsdp1_run, fsdp2_plan, fsdp2_run, live_bytes, whole_run_events
 
-    spec = spec_of(world)
+    spec = spec_of(world, version)
     plain = plain if plain is not None else whole_run_events(spec)
     before = sum(n for _, n, t in plain if t == "setup")
-    live = live_bytes(fsdp2_run(plain, fsdp2_plan(spec)))
-    return {k: v - before for k, v in live.items()}, plain
+    if version == 1:
+        events = fsdp1_run(plain, (plan or fsdp1_plan)(spec))
+    else:
+        events = fsdp2_run(plain, (plan or fsdp2_plan)(spec))
+    return {k: v - before for k, v in live_bytes(events).items()}, plain
 
 
 def compare(theirs: dict[str, int], mine: dict[str, int]) -> list[str]:
@@ -135,15 +161,34 @@ def compare(theirs: dict[str, int], mine: dict[str, int]) -> list[str]:
             if abs(theirs[p] - mine.get(p, 0)) > TOLERANCE]
 
 
-def main() -> int:
-    """Compare world sizes 1 and 2; exit 1 on a difference."""
-    bad, plain = 0, None
+DATA = ROOT / "benchmarks" / "data" / "fsdp1_run_events_cpu.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compare world sizes 1 and 2 (``--version 1``: FSDP1; ``--write``: record the real FSDP1 runs' live bytes in
+    :data:`DATA`, which ``tests/test_fsdp1_run_events.py`` checks without spawning); exit 1 on a difference."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--version", type=int, default=2, choices=(1, 2))
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args(argv)
+    bad, plain, rows = 0, None, {}
     for world in (1, 2):
-        mine, plain = fitcheck_live(world, plain)
-        theirs = real(world)
+        mine, plain = fitcheck_live(world, plain, args.version)
+        theirs = real(world, args.version)
+        rows[str(world)] = theirs
         diffs = compare(theirs, mine)
         bad += bool(diffs)
         print(f"world {world}: real {theirs} fitcheck {mine} " + ("; ".join(diffs) or "same"))
+    if args.write:
+        import torch
+        import transformers
+
+        doc = {"what": "live bytes above before-prepare of rank 0 of a REAL FSDP1 run (benchmarks/"
+                       "fsdp2_run_events_cpu.py --version 1), per world size",
+               "torch": torch.__version__, "transformers": transformers.__version__, "rows": rows}
+        DATA.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return 1 if bad else 0
 
 

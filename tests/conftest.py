@@ -53,6 +53,8 @@ HEAVY = (
     "tests/test_tuner_fsdp.py::test_tuned_fsdp1_trainer_survives_an_oom_mid_step_and_trains_like_an_untuned_one[forward]",
     "tests/test_tuner.py::test_hf_tuner_on_the_same_budget_shrinks_by_tenths",
     "tests/test_fsdp_upcast.py::test_bf16_and_fp32_loads_give_one_estimate_and_verdict[trl_fsdp2.yaml]",
+    # spawns the real FSDP1 runs whose bytes benchmarks/data/fsdp1_run_events_cpu.json records (~2 minutes)
+    "tests/test_fsdp1_run_events.py::test_sequence_matches_a_real_fsdp1_run",
 )
 
 

@@ -9,7 +9,6 @@ which part it lacks.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -42,8 +41,8 @@ def test_what_is_not_replayed_is_said() -> None:
     from fitcheck.torch_adapters.fsdp2_run_plan import not_replayed
 
     spec = _spec(world=1)
-    one = ShardingSpec(Strategy.FSDP, 1, 1, None, FsdpSpec(version=1))
-    assert "FSDP1" in not_replayed(replace(spec, sharding=one))
+    one = ShardingSpec(Strategy.FSDP, 1, 1, None, FsdpSpec(version=1, use_orig_params=False))
+    assert "use_orig_params" in not_replayed(replace(spec, sharding=one))  # FSDP1: fsdp1_run_events
     assert "gradient accumulation" in not_replayed(replace(spec, batch=replace(spec.batch, grad_accum=2)))
     assert "adamw_torch optimizer" in not_replayed(replace(spec, optimizer=replace(spec.optimizer,
                                                                                     name="adamw_torch")))
@@ -68,11 +67,11 @@ def test_one_shard_has_no_copy_in_pool() -> None:
 
 
 def test_layer_starts_follow_the_period() -> None:
-    from fitcheck.torch_adapters.fsdp2_run_events import _layer_starts
+    from fitcheck.torch_adapters.fsdp2_run_plan import layer_starts
 
     block = [(0, 64, "forward"), (0, 128, "forward"), (0, -64, "forward"), (0, 32, "forward")]
     events = [(0, 8, "forward"), (0, 16, "forward")] + block * 3 + [(0, 512, "forward")]
-    assert _layer_starts(events, 0, len(events), 3) == [2, 6, 10, 14]
+    assert layer_starts(events, 0, len(events), 3) == [2, 6, 10, 14]
 
 
 @pytest.fixture(scope="module")
@@ -127,20 +126,13 @@ def _live_with(plan_fn: Any, world: int, plain: list[Any]) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_a_traced_fsdp2_answer_takes_the_replay(tmp_path: Path) -> None:
-    from deepspeed_run_events_cpu import CONFIG
-    from rewrite_checks import takes_the_replay
+    from rewrite_checks import fsdp_values, takes_the_replay
 
     from fitcheck.cli.estimate import spec_from_values
     from fitcheck.torch_adapters import PinnedPath
     from fitcheck.torch_adapters.fsdp2_run_events import whole_run
 
-    (tmp_path / "config.json").write_text(json.dumps({**CONFIG, "torch_dtype": "bfloat16"}), encoding="utf-8")
-    fsdp = tmp_path / "fsdp.json"
-    fsdp.write_text(json.dumps({"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}),
-                    encoding="utf-8")
-    values = {"model_name_or_path": str(tmp_path), "max_seq_length": 32, "per_device_train_batch_size": 2,
-              "gpu": "H100", "dtype": "bfloat16", "bf16": True, "fsdp": "full_shard auto_wrap",
-              "fsdp_config": str(fsdp), "optim": "adamw_torch_fused"}
+    values = fsdp_values(tmp_path, 2)
     spec = spec_from_values(values, {})[0]
     path, _, replay = takes_the_replay(spec, whole_run)
     assert replay is not None and path.gap_fraction(spec) == replay.gap_fraction  # not the published fraction

@@ -6,7 +6,7 @@
 - :mod:`.allocator_replay`: the traced step's own allocations and frees replayed through the caching allocator
   (the whole run: ``allocator_compose`` composes the steps and the optimizer, ``allocator_deepen`` deepens them,
   ``deepspeed_run_events`` rewrites it into one DeepSpeed rank's run, ``fsdp2_run_events`` into one FSDP2
-  rank's);
+  rank's, ``fsdp1_run_events`` into one FSDP1 rank's);
 - :mod:`.differential`: the formula-vs-trace grid (cells, specs, comparison) the benchmarks and tests run;
 - :mod:`.live_model`: facts of a loaded model (dtypes, adapters, quantized layers, device map);
 - :mod:`.live_tracker`: live-tensor peak of a real step (a dispatch mode);
@@ -54,8 +54,9 @@ if TYPE_CHECKING:
         model_config,
         phase_errors,
     )
+    from fitcheck.torch_adapters.fsdp1_run_events import fsdp1_run
     from fitcheck.torch_adapters.fsdp2_run_events import fsdp2_run
-    from fitcheck.torch_adapters.fsdp2_run_plan import fsdp2_plan
+    from fitcheck.torch_adapters.fsdp2_run_plan import fsdp1_plan, fsdp2_plan
     from fitcheck.torch_adapters.live_model import (
         config_mapping,
         inspect_model,
@@ -119,6 +120,8 @@ _WHERE = {
     "deepspeed_plan": "deepspeed_run_plan",
     "deepspeed_run": "deepspeed_run_events",
     "live_bytes": "deepspeed_run_events",
+    "fsdp1_plan": "fsdp2_run_plan",
+    "fsdp1_run": "fsdp1_run_events",
     "fsdp2_plan": "fsdp2_run_plan",
     "fsdp2_run": "fsdp2_run_events",
     "RegionStats": "tracer_recorder",
@@ -175,6 +178,8 @@ __all__ = [
     "deepspeed_plan",
     "deepspeed_run",
     "device_map_findings",
+    "fsdp1_plan",
+    "fsdp1_run",
     "fsdp2_plan",
     "fsdp2_run",
     "grid",

@@ -31,6 +31,25 @@ class EventWriter:
         self.out.append((serial, -nbytes, tag))
 
 
+Handle = tuple[int, int, str]  # (serial, bytes, region allocated in)
+
+
+class RankEvents:
+    """A rewritten rank's own allocations as handles on an :class:`EventWriter` (the FSDP rewrites' ranks)."""
+
+    def __init__(self, w: EventWriter) -> None:
+        self.w = w
+
+    def new(self, nbytes: int, tag: str) -> Handle:
+        """Allocate ``nbytes`` in region ``tag``."""
+        return self.w.new(nbytes, tag), nbytes, tag
+
+    def free(self, h: Handle | None) -> None:
+        """Free a handle (None: nothing)."""
+        if h is not None:
+            self.w.free(*h)
+
+
 class Backward:
     """One backward's gradients as the engine takes them (``deepspeed_run_events``' module docstring)."""
 

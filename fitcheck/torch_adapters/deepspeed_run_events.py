@@ -81,6 +81,7 @@ from fitcheck.torch_adapters.deepspeed_run_plan import (
 )
 
 FP64 = 8  # zero/utils.py get_norm_dtype: fp64 where the accelerator has it (CUDA)
+MARK = -2  # a (MARK, 0, region) event: a point of the run that allocates nothing (an FSDP1 optimizer step)
 
 
 def _trainable_storages(setup: Sequence[Event], plan: DeepSpeedPlan) -> list[list[tuple[int, bool]]]:
@@ -304,7 +305,7 @@ def without_dead_frees(events: Sequence[Event]) -> list[Event]:
     alive: set[int] = set()
     out: list[Event] = []
     for s, n, t in events:
-        if t == EMPTY_CACHE:
+        if t == EMPTY_CACHE or s == MARK:
             out.append((s, n, t))
         elif n > 0 or s in alive:
             out.append((s, n, t))

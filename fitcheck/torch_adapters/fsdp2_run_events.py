@@ -37,9 +37,10 @@ else around that step; :func:`fsdp2_run` rewrites the plain run into it, read fr
 
 Where the events go in the traced step: a unit's backward starts at its first gradient and ends at its last
 (gradients matched to units by size, in backward order); a layer's forward is one period of the forward's events
-(the deepened trace repeats each layer's events: :func:`_layer_starts`). Blocks allocated on a side stream are
-tagged ``side:`` and left to ``core/states/fsdp_streams.py``'s pools (:func:`deepspeed_run_events.replay_default_stream`
-replays the default stream). Not modelled: gradient clipping's scalars (``clip_grad_norm_``: 0-d norms).
+(the deepened trace repeats each layer's events: :func:`.fsdp2_run_plan.layer_starts`). Blocks allocated on a
+side stream are tagged ``side:`` and left to ``core/states/fsdp_streams.py``'s pools
+(:func:`deepspeed_run_events.replay_default_stream` replays the default stream). Not modelled: gradient clipping's
+scalars (``clip_grad_norm_``: 0-d norms).
 
 Checked: live bytes after prepare, after each backward and after the first step against a REAL ``fully_shard`` run
 on CPU (gloo, 1 and 2 ranks: ``benchmarks/fsdp2_run_events_cpu.py``, ``tests/test_fsdp2_run_events.py``); the H100
@@ -49,41 +50,41 @@ rows ``benchmarks/fsdp_gpu.py --rescore``. Pure Python: no torch import.
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.deepspeed_run_backward import Handle, RankEvents
 from fitcheck.torch_adapters.deepspeed_run_events import (
     SIDE,
     Event,
     EventWriter,
     rewritten_run,
-    step_ends,
-    without_dead_frees,
 )
-from fitcheck.torch_adapters.fsdp2_run_plan import FsdpPlan, FsdpReplayError, fsdp2_plan, not_replayed
+from fitcheck.torch_adapters.fsdp2_run_plan import (
+    FsdpPlan,
+    fsdp1_plan,
+    fsdp2_plan,
+    not_replayed,
+    replay_key,
+    replays,
+    rewrite_steps,
+    step_frame,
+    unit_gradients,
+)
 
-Handle = tuple[int, int, str]  # (serial, bytes, region allocated in)
 
-
-class _Rank:
+class _Rank(RankEvents):
     """One rank's FSDP2 state through the run (module docstring), writing its events."""
 
     def __init__(self, plan: FsdpPlan, w: EventWriter) -> None:
-        self.plan, self.w = plan, w
+        super().__init__(w)
+        self.plan = plan
         self.unsharded: dict[int, list[Handle]] = {}  # unit -> its unsharded parameters
         self.issued: dict[int, Handle] = {}  # more shards: unit -> its flat all-gather output, copy-out pending
         self.held: Handle | None = None  # forward: the last copied-out all-gather output (all_gather_state)
         self.rs_input: Handle | None = None  # the last reduce_scatter_input (reduce_scatter_states)
         self.grads: list[Handle] = []  # the sharded gradients' flats (reduce-scatter stream) until zero_grad
-
-    def new(self, nbytes: int, tag: str) -> Handle:
-        return self.w.new(nbytes, tag), nbytes, tag
-
-    def free(self, h: Handle | None) -> None:
-        if h is not None:
-            self.w.free(*h)
 
     def unshard(self, u: int, tag: str) -> None:
         """``FSDPParamGroup.unshard``: more shards, ``foreach_all_gather`` on the copy-in stream."""
@@ -159,49 +160,6 @@ def _prepare(w: EventWriter, plan: FsdpPlan) -> None:
             w.free(s, q.numel * plan.orig, "setup")
 
 
-def _module_storages(setup: Sequence[Event], plan: FsdpPlan) -> set[int]:
-    """The traced module's parameter storages (matched by size, the latest first).
-
-    Raises:
-        FsdpReplayError: A parameter has no storage of its size.
-    """
-    free = [(s, n) for s, n, _ in reversed(setup) if n > 0]
-    used: set[int] = set()
-    for q in plan.params:
-        hit = next((s for s, n in free if n == q.numel * plan.traced and s not in used), None)
-        if hit is None:
-            raise FsdpReplayError(f"no traced parameter storage of {q.numel * plan.traced} bytes")
-        used.add(hit)
-    return used
-
-
-def _base(tag: str) -> str:
-    return tag.removesuffix("_warmup")
-
-
-def _layer_starts(events: Sequence[Event], a: int, b: int, layers: int) -> list[int]:
-    """Where each layer's forward starts in ``events[a:b]`` (and where the last one ends): the period ``p`` whose
-    run of ``events[k] ~ events[k + p]`` (same bytes, same region) covers ``layers`` periods and the most events;
-    where none does, ``[a, b)`` split evenly."""
-    sig = [(n, _base(t)) for _, n, t in events[a:b]]
-    best: tuple[int, int, int] | None = None  # (covered, start, period)
-    for p in range(1, len(sig) // max(layers, 1) + 1):
-        run, start = 0, 0
-        for k in range(len(sig) - p):
-            if sig[k] == sig[k + p]:
-                if run == 0:
-                    start = k
-                run += 1
-                if run + p >= layers * p and (best is None or run + p > best[0]):
-                    best = (run + p, start, p)
-            else:
-                run = 0
-    if best is None:
-        return [a + (b - a) * i // layers for i in range(layers + 1)]
-    _, start, p = best
-    return [a + start + i * p for i in range(layers + 1)]
-
-
 def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
     """The plain Trainer's whole run (``allocator_replay.whole_run_events``) rewritten into one FSDP2 rank's.
 
@@ -216,29 +174,13 @@ def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
     Raises:
         FsdpReplayError: The events lack a parameter's storage, a step, or a gradient of a unit.
     """
-    n_setup = next((k for k, ev in enumerate(events) if ev[2] != "setup"), len(events))
-    module = _module_storages(events[:n_setup], plan)
-    ends, grads = step_ends(events, n_setup)
-    w = EventWriter(max((s for s, _, _ in events), default=0) + 1)
-    w.out += [ev for ev in events[:n_setup] if ev[0] not in module]
-    _prepare(w, plan)
-    rank = _Rank(plan, w)
-    start = n_setup
-    for k, end in enumerate(ends):
-        at = _step_points(events, start, end, grads, plan)
-        tag = "optimizer" if k == len(ends) - 1 else "optimizer_warmup"
-        for i in range(start, end):
-            for op in at.get(i, ()):
-                op(rank, events[i][2])
-            s, n, t = events[i]
-            if not t.startswith("optimizer"):
-                w.out.append((s, n, t))
-        for op in at.get(end, ()):
-            op(rank, events[end - 1][2])
-        _optimizer(rank, plan, tag, k == 0)
-        start = end
-    w.out += [ev for ev in events[start:] if not ev[2].startswith("optimizer")]
-    return without_dead_frees(w.out)
+    def prepare(w: EventWriter) -> _Rank:
+        _prepare(w, plan)
+        return _Rank(plan, w)
+
+    return rewrite_steps(events, plan, prepare,
+                         lambda start, end, grads, k: _step_points(events, start, end, grads, plan),
+                         lambda rank, tag, first: _optimizer(rank, plan, tag, first))
 
 
 def _optimizer(rank: _Rank, plan: FsdpPlan, tag: str, first: bool) -> None:
@@ -269,15 +211,9 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     def put(i: int, op: Op) -> None:
         at.setdefault(i, []).append(op)
 
-    allocs = [(i, _base(events[i][2])) for i in range(start, end) if events[i][1] > 0]
-    head = next((i for i, t in allocs if t == "forward_head"), None)
-    back = next((i for i, t in allocs if t.startswith("backward")), None)
-    if head is None or back is None:
-        raise FsdpReplayError("a traced step without its forward head or backward")
     units = plan.units
     layer_ids = [u for u, unit in enumerate(units) if unit.kind == "layer"]
-    first = allocs[0][0]
-    bounds = _layer_starts(events, first, head, len(layer_ids)) if layer_ids else [first]
+    first, back, bounds = step_frame(events, start, end, len(layer_ids))
     # forward: pre_forward -> unshard + wait; post_forward -> reshard where reshard_after_forward
     for u, unit in enumerate(units):
         if unit.kind in ("root", "embed") or (unit.kind == "tail" and plan.tied):
@@ -302,19 +238,9 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     # backward: gradients to units by size, in backward order (the root's own parameters last)
     order = [u for u in range(len(units) - 1, -1, -1) if units[u].kind != "root"]
     order += [u for u in range(len(units)) if units[u].kind == "root"]
-    want = {u: Counter(q.numel * plan.traced for q in units[u].params) for u in order}
-    owned: dict[int, list[tuple[int, Handle]]] = {u: [] for u in order}
-    for i in range(back, end):
-        s, n, t = events[i]
-        if n > 0 and s in grads:
-            hit = next((v for v in order if want[v][n] > 0), None)
-            if hit is None:  # alive where backward's last allocation is made, no parameter's: the input
-                put(end, lambda r, t, h=(s, n, t): r.free(h))  # embedding's output gradient, freed as it returns
-                continue
-            want[hit][n] -= 1
-            owned[hit].append((i, (s, n, t)))
-    if any(not owned[u] for u in order):
-        raise FsdpReplayError("an FSDP unit without gradients in the traced backward")
+    owned, strays = unit_gradients(events, back, end, grads, plan, order)
+    for h in strays:
+        put(end, lambda r, t, h=h: r.free(h))
     chain = [u for u in order if units[u].kind != "root"]
     put(back, lambda r, t: _pre_backward(r, t, chain[0], chain, plan))
     posts: dict[int, int] = {u: end for u in order}  # the final callback's, unless its hook runs before
@@ -345,39 +271,41 @@ def _pre_backward(r: _Rank, t: str, u: int, order: list[int], plan: FsdpPlan) ->
 
 
 def replayed(spec: TrainingSpec) -> bool:
-    """Whether the whole run of an FSDP spec is replayed as FSDP2's (:func:`fsdp2_run`; the caller checks that the
-    run is traced: ``pinned_path.traceable``)."""
-    from fitcheck.spec import Strategy
-
-    return spec.sharding.strategy is Strategy.FSDP and not not_replayed(spec)
+    """Whether the whole run of an FSDP spec is replayed as FSDP2's (:func:`fsdp2_run`)."""
+    return replays(spec, 2)
 
 
 def rewrite_for(spec: TrainingSpec) -> Any:
-    """The module that rewrites the plain run into this run's own: ``deepspeed_run_events``, this one, or None."""
-    from fitcheck.torch_adapters import deepspeed_run_events
+    """The module that rewrites the plain run into this run's own: ``deepspeed_run_events``, this one,
+    ``fsdp1_run_events``, or None."""
+    from fitcheck.torch_adapters import deepspeed_run_events, fsdp1_run_events
 
-    return deepspeed_run_events if deepspeed_run_events.replayed(spec) else (
-        sys.modules[__name__] if replayed(spec) else None)
+    if deepspeed_run_events.replayed(spec):
+        return deepspeed_run_events
+    if fsdp1_run_events.replayed(spec):
+        return fsdp1_run_events
+    return sys.modules[__name__] if replayed(spec) else None
 
 
 def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
     """A ``PinnedPath``'s FSDP2 whole run replayed (``deepspeed_run_events.rewritten_run``): the default stream's
     ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed``)."""
-    hw = spec.hardware
-    extra = f"|fsdp2 {fsdp2_plan(spec)!r} {hw.expandable_segments} {hw.cuda_alloc_conf!r}"
-    return rewritten_run(path, spec, key, extra, "fsdp2-run", lambda events: fsdp2_run(events, fsdp2_plan(spec)),
-                         required)
+    return rewritten_run(path, spec, key, replay_key(spec, fsdp2_plan(spec)), "fsdp2-run",
+                         lambda events: fsdp2_run(events, fsdp2_plan(spec)), required)
 
 
 def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:
-    """Why a traced FSDP answer keeps the published gap, for the ``reserved-published-gap`` INFO."""
+    """Why a traced FSDP answer (FSDP1 or FSDP2) keeps the published gap, for the ``reserved-published-gap``
+    INFO."""
+    fs = spec.sharding.fsdp
+    version = fs.version if fs is not None else 2
     missing = not_replayed(spec)
     if missing:
-        return f"the whole-run replay rewrites FSDP2's run, and this run has {missing}"
-    hw = spec.hardware
-    failed = path._whole_failed.get(f"{key}|fsdp2 {fsdp2_plan(spec)!r} {hw.expandable_segments} "
-                                    f"{hw.cuda_alloc_conf!r}")
-    return f"FSDP2's run could not be replayed ({failed})" if failed else "FSDP2's run was not replayed"
+        return f"the whole-run replay rewrites FSDP{version}'s run, and this run has {missing}"
+    plan = fsdp1_plan(spec) if version == 1 else fsdp2_plan(spec)
+    failed = path._whole_failed.get(key + replay_key(spec, plan))
+    return (f"FSDP{version}'s run could not be replayed ({failed})" if failed
+            else f"FSDP{version}'s run was not replayed")
 
 
 __all__ = ["fsdp2_run", "published_gap_reason", "replayed", "rewrite_for", "whole_run"]

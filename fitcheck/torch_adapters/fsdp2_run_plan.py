@@ -1,16 +1,29 @@
-"""Which FSDP2 runs ``fsdp2_run_events`` replays, and what its rewrite needs of one (a plan).
+"""Which FSDP runs ``fsdp2_run_events`` / ``fsdp1_run_events`` replay, and what their rewrites need of one (a plan).
 
 The units are accelerate 1.15's (``utils/fsdp_utils.py`` ``fsdp2_prepare_model``, as
 ``core/states/fsdp2_units.py`` describes them): every decoder layer (``reshard_after_forward`` from the config), an
 untied input embedding, the tail ``[final norm, (tied embedding,) lm_head]`` with ``reshard_after_forward=False``,
 and the root with what is left (``reshard_after_forward=None`` -> False for the root). Each parameter is sharded on
 dim 0, padded to a multiple of the world size (torch 2.13 ``_fsdp_param.py`` ``_init_sharded_param``:
-``padded_sharded_size = chunks[0].size()``). Pure Python, no torch.
+``padded_sharded_size = chunks[0].size()``).
+
+FSDP1 (:func:`fsdp1_plan`): accelerate 1.15 ``accelerator.py`` ``prepare_model`` wraps the model once with
+``transformer_based_wrap`` (``FullyShardedDataParallelPlugin.set_auto_wrap_policy``): every decoder layer its own
+FSDP unit, the root the rest (embedding, final norm, LM head). Each unit holds one ``FlatParameter`` (torch 2.13
+``_flat_param.py``), laid out by :func:`flat_layout`.
+
+Also what both rewrites share: :func:`rewrite_steps` (the plain run walked step by step, each step's FSDP operations
+put in), :func:`module_storages` (the traced module's parameters in the plain run's setup), :func:`layer_starts`
+(each layer's forward in the deepened trace), :func:`base_region`, :func:`step_frame`, :func:`unit_gradients`,
+:func:`replays`, :func:`replay_key`. Pure Python, no torch.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fitcheck.spec import Role, TrainingSpec
 
@@ -102,14 +115,16 @@ def not_replayed(spec: TrainingSpec) -> str:
 
     fs = spec.sharding.fsdp
     parts = []
-    if fs is None or fs.version != 2:
-        return "FSDP1 (its flat parameters are not rewritten)"
+    if fs is None:
+        return "no FSDP settings"
+    if fs.version == 1:
+        parts += _fsdp1_not_replayed(spec)
+    elif fs.sharding_strategy not in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        parts.append(f"the {fs.sharding_strategy} strategy")
     if fs.offload_params:
         parts.append("CPU offload of parameters")
     if fs.auto_wrap_policy != "TRANSFORMER_BASED_WRAP" or fs.wrap_unit_params:
         parts.append("a wrap policy other than one decoder layer per unit")
-    if fs.sharding_strategy not in ("FULL_SHARD", "SHARD_GRAD_OP"):
-        parts.append(f"the {fs.sharding_strategy} strategy")
     if spec.precision.mixed_precision is MixedPrecision.NO:
         parts.append("no mixed precision (the plain run's replay answers)")
     if spec.lora is not None or spec.freeze is not None or spec.quant is not None:
@@ -123,20 +138,34 @@ def not_replayed(spec: TrainingSpec) -> str:
     return "; ".join(parts)
 
 
-def fsdp2_plan(spec: TrainingSpec) -> FsdpPlan:
-    """The plan of an FSDP2 spec :func:`not_replayed` accepts.
-
-    Args:
-        spec: The training spec.
-
-    Returns:
-        Its units, world size and dtypes.
-    """
-    from fitcheck.core.kernels import deepspeed_module_view
-    from fitcheck.core.states import fsdp_fp32_upcast, param_compute_bytes, partition
-
+def _fsdp1_not_replayed(spec: TrainingSpec) -> list[str]:
+    """FSDP1's own exclusions (:func:`not_replayed` adds the ones FSDP2 shares)."""
     fs = spec.sharding.fsdp
-    reshard = fs.reshard_after_forward if fs is not None else True
+    parts = []
+    if fs is None:
+        return ["no FSDP settings"]
+    if not fs.use_orig_params:
+        parts.append("use_orig_params=False (the flat parameters handed to the optimizer)")
+    # torch 2.13 _init_utils.py _init_core_state: one process is NO_SHARD whatever the strategy
+    if partition_weights(spec) > 1 and fs.sharding_strategy != "FULL_SHARD":
+        parts.append(f"the {fs.sharding_strategy} strategy")
+    if fs.cpu_ram_efficient_loading:
+        parts.append("cpu_ram_efficient_loading (meta-device initialisation on the other ranks)")
+    if fs.frozen_shares_units:
+        parts.append("frozen parameters sharing a unit")
+    return parts
+
+
+def partition_weights(spec: TrainingSpec) -> int:
+    """The processes a parameter is sharded over (``core/states`` ``partition``), at least 1."""
+    from fitcheck.core.states import partition
+
+    return max(partition(spec).weights, 1)
+
+
+def _model_params(spec: TrainingSpec) -> tuple[tuple[Param, ...], dict[str, list[Param]], bool]:
+    """One decoder layer's parameters and the ones outside the layers by role (``embed``, ``head``, ``norms``,
+    ``rest``), each in ``named_parameters`` order, and whether the LM head is the input embedding (tied)."""
     params = spec.model.params
     outside = [p for p in params if not p.per_layer]
     tied = not any(p.role is Role.LM_HEAD for p in outside)
@@ -148,10 +177,36 @@ def fsdp2_plan(spec: TrainingSpec) -> FsdpPlan:
         return Param(numel, shape[0] if shape else 1)
 
     layer = tuple(one(p.shape) for p in params if p.per_layer)
-    embed = [one(p.shape) for p in outside if p.role is Role.EMBEDDING]
-    head = [one(p.shape) for p in outside if p.role is Role.LM_HEAD]
-    norms = [one(p.shape) for p in outside if p.role is Role.NORM]
-    rest = [one(p.shape) for p in outside if p.role not in (Role.EMBEDDING, Role.LM_HEAD, Role.NORM)]
+    roles = {"embed": [one(p.shape) for p in outside if p.role is Role.EMBEDDING],
+             "head": [one(p.shape) for p in outside if p.role is Role.LM_HEAD],
+             "norms": [one(p.shape) for p in outside if p.role is Role.NORM],
+             "rest": [one(p.shape) for p in outside if p.role not in (Role.EMBEDDING, Role.LM_HEAD, Role.NORM)]}
+    return layer, roles, tied
+
+
+def _dtypes(spec: TrainingSpec) -> tuple[int, int, int]:
+    """Bytes of the sharded parameters (fp32 after accelerate's upcast), of the compute (and reduce) dtype and of
+    the traced module's parameters."""
+    from fitcheck.core.kernels import deepspeed_module_view
+    from fitcheck.core.states import fsdp_fp32_upcast, param_compute_bytes
+
+    orig = FP32 if fsdp_fp32_upcast(spec) else spec.precision.load_dtype.nbytes
+    return orig, param_compute_bytes(spec), deepspeed_module_view(spec).precision.load_dtype.nbytes
+
+
+def fsdp2_plan(spec: TrainingSpec) -> FsdpPlan:
+    """The plan of an FSDP2 spec :func:`not_replayed` accepts.
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        Its units, world size and dtypes.
+    """
+    fs = spec.sharding.fsdp
+    reshard = fs.reshard_after_forward if fs is not None else True
+    layer, roles, tied = _model_params(spec)
+    embed, head, norms, rest = roles["embed"], roles["head"], roles["norms"], roles["rest"]
     layers = [Unit(layer, reshard, "layer") for _ in range(spec.model.shape.num_layers)]
     tail = Unit(tuple(norms[-1:] + (embed if tied else head)), False, "tail")
     root = Unit(tuple(rest + norms[:-1]), False, "root") if rest or norms[:-1] else None
@@ -160,10 +215,228 @@ def fsdp2_plan(spec: TrainingSpec) -> FsdpPlan:
     first_layer = len(units) - len(layers) - 1
     order = list(range(first_layer, first_layer + len(layers))) + list(range(first_layer - len(front), first_layer))
     order += [len(units) - 1] + ([0] if root else [])
-    orig = FP32 if fsdp_fp32_upcast(spec) else spec.precision.load_dtype.nbytes
-    compute = param_compute_bytes(spec)
-    traced = deepspeed_module_view(spec).precision.load_dtype.nbytes
+    orig, compute, traced = _dtypes(spec)
     # accelerate 1.15 dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision (FSDP2):
     # MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
-    return FsdpPlan(max(partition(spec).weights, 1), tuple(units), tuple(order), orig, compute, compute, traced,
-                    tied)
+    return FsdpPlan(partition_weights(spec), tuple(units), tuple(order), orig, compute, compute, traced, tied)
+
+
+@dataclass(frozen=True)
+class Fsdp1Plan(FsdpPlan):
+    """What the FSDP1 rewrite needs beyond :class:`FsdpPlan` (units: the root first, then the layers).
+
+    Attributes:
+        load: Bytes of an element of the model as loaded (what ``FullyShardedDataParallel`` moves and flattens,
+            before accelerate's upcast).
+        align: ``_aligned_numel`` (torch 2.13 ``_flat_param.py`` ``_get_aligned_numel``: 16 bytes over the
+            ``param_dtype`` size, ``use_orig_params=True`` only).
+    """
+
+    load: int = 2
+    align: int = 0
+
+    def layout(self, u: int) -> tuple[int, list[int]]:
+        """Unit ``u``'s padded flat numel and each parameter's offset in it (:func:`flat_layout`)."""
+        return flat_layout([q.numel for q in self.units[u].params], self.align, self.world)
+
+    def shard(self, u: int) -> int:
+        """Elements of one rank's shard of unit ``u``'s flat parameter (the whole flat at one process)."""
+        return self.layout(u)[0] // self.world
+
+    def in_shard(self, u: int, rank: int = 0) -> list[int]:
+        """Elements of each parameter of unit ``u`` inside rank ``rank``'s shard (``_shard_param_infos``: the
+        optimizer sees these views; 0 where a parameter lies outside it)."""
+        flat, offsets = self.layout(u)
+        size = flat // self.world
+        lo, hi = rank * size, (rank + 1) * size
+        return [max(0, min(hi, o + q.numel) - max(lo, o)) for q, o in zip(self.units[u].params, offsets, strict=True)]
+
+
+def flat_layout(numels: list[int], align: int, world: int) -> tuple[int, list[int]]:
+    """A ``FlatParameter``'s padded numel and its tensors' offsets (torch 2.13 ``_flat_param.py``
+    ``flatten_tensors``: each tensor starts at a multiple of ``align``, the total padded to a multiple of the world
+    size; no padding at all where ``align`` is 0).
+
+    Args:
+        numels: The tensors' elements, in order.
+        align: ``_aligned_numel``.
+        world: The world size.
+
+    Returns:
+        (padded numel, offsets).
+    """
+    total, offsets = 0, []
+    for n in numels:
+        pad = align - total % align if align else 0
+        if 0 < pad < align:
+            total += pad
+        offsets.append(total)
+        total += n
+    pad = world - total % world if align else 0
+    if 0 < pad < world:
+        total += pad
+    return total, offsets
+
+
+def fsdp1_plan(spec: TrainingSpec) -> Fsdp1Plan:
+    """The plan of an FSDP1 spec :func:`not_replayed` accepts: the root unit (everything outside the decoder
+    layers, in ``named_parameters`` order: embedding, other, final norm, untied LM head), then one unit per layer;
+    ``wrap_order`` the layers then the root (``_auto_wrap`` wraps the children before the root's own handle).
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        Its units, world size and dtypes.
+    """
+    layer, roles, tied = _model_params(spec)
+    root = Unit(tuple(roles["embed"] + roles["rest"] + roles["norms"] + ([] if tied else roles["head"])), False,
+                "root")
+    n = spec.model.shape.num_layers
+    units = (root, *[Unit(layer, True, "layer") for _ in range(n)])
+    orig, compute, traced = _dtypes(spec)
+    # accelerate 1.15 dataclasses.py set_mixed_precision (FSDP1): MixedPrecision(param_dtype=dtype,
+    # reduce_dtype=dtype, buffer_dtype=...); torch 2.13 _flat_param.py FlatParamHandle.__init__: _aligned_numel
+    return Fsdp1Plan(partition_weights(spec), units, (*range(1, n + 1), 0), orig, compute, compute, traced,
+                     tied, load=spec.precision.load_dtype.nbytes, align=16 // compute)
+
+
+def module_storages(setup: Sequence[tuple[int, int, str]], plan: FsdpPlan) -> set[int]:
+    """The traced module's parameter storages (matched by size, the latest first).
+
+    Raises:
+        FsdpReplayError: A parameter has no storage of its size.
+    """
+    free = [(s, n) for s, n, _ in reversed(setup) if n > 0]
+    used: set[int] = set()
+    for q in plan.params:
+        hit = next((s for s, n in free if n == q.numel * plan.traced and s not in used), None)
+        if hit is None:
+            raise FsdpReplayError(f"no traced parameter storage of {q.numel * plan.traced} bytes")
+        used.add(hit)
+    return used
+
+
+def base_region(tag: str) -> str:
+    """A region without the warm-up steps' suffix."""
+    return tag.removesuffix("_warmup")
+
+
+def layer_starts(events: Sequence[tuple[int, int, str]], a: int, b: int, layers: int) -> list[int]:
+    """Where each layer's forward starts in ``events[a:b]`` (and where the last one ends): the period ``p`` whose
+    run of ``events[k] ~ events[k + p]`` (same bytes, same region) covers ``layers`` periods and the most events;
+    where none does, ``[a, b)`` split evenly."""
+    sig = [(n, base_region(t)) for _, n, t in events[a:b]]
+    best: tuple[int, int, int] | None = None  # (covered, start, period)
+    for p in range(1, len(sig) // max(layers, 1) + 1):
+        run, start = 0, 0
+        for k in range(len(sig) - p):
+            if sig[k] == sig[k + p]:
+                if run == 0:
+                    start = k
+                run += 1
+                if run + p >= layers * p and (best is None or run + p > best[0]):
+                    best = (run + p, start, p)
+            else:
+                run = 0
+    if best is None:
+        return [a + (b - a) * i // layers for i in range(layers + 1)]
+    _, start, p = best
+    return [a + start + i * p for i in range(layers + 1)]
+
+
+def rewrite_steps(events: Sequence[tuple[int, int, str]], plan: FsdpPlan, rank: Callable[[Any], Any],
+                  points: Callable[[int, int, set[int], int], dict[int, list[Any]]],
+                  optimizer: Callable[[Any, str, bool], None]) -> list[tuple[int, int, str]]:
+    """The plain run's events with one FSDP rank's put in: its setup without the traced module's parameters,
+    ``rank(writer)`` (prepare, returning the rank's state), then per step the operations ``points(start, end,
+    gradients, k)`` keys by the event index they precede (``end``: after backward; each called as ``op(state,
+    region)``), the plain run's own events except its optimizer's, and ``optimizer(state, tag, first)``.
+
+    Raises:
+        FsdpReplayError: The events lack a parameter's storage or a step.
+    """
+    from fitcheck.torch_adapters.deepspeed_run_events import EventWriter, step_ends, without_dead_frees
+
+    n_setup = next((k for k, ev in enumerate(events) if ev[2] != "setup"), len(events))
+    module = module_storages(events[:n_setup], plan)
+    ends, grads = step_ends(events, n_setup)
+    w = EventWriter(max((s for s, _, _ in events), default=0) + 1)
+    w.out += [ev for ev in events[:n_setup] if ev[0] not in module]
+    state = rank(w)
+    start = n_setup
+    for k, end in enumerate(ends):
+        at = points(start, end, grads, k)
+        for i in range(start, end):
+            for op in at.get(i, ()):
+                op(state, events[i][2])
+            s, n, t = events[i]
+            if not t.startswith("optimizer"):
+                w.out.append((s, n, t))
+        for op in at.get(end, ()):
+            op(state, events[end - 1][2])
+        optimizer(state, "optimizer" if k == len(ends) - 1 else "optimizer_warmup", k == 0)
+        start = end
+    w.out += [ev for ev in events[start:] if not ev[2].startswith("optimizer")]
+    return without_dead_frees(w.out)
+
+
+def step_frame(events: Sequence[tuple[int, int, str]], start: int, end: int, layers: int,
+               ) -> tuple[int, int, list[int]]:
+    """Where one traced step ``events[start:end]`` begins its forward, begins its backward, and where each layer's
+    forward starts (:func:`layer_starts`, then the end of the last layer).
+
+    Raises:
+        FsdpReplayError: The step has no forward head or backward.
+    """
+    allocs = [(i, base_region(events[i][2])) for i in range(start, end) if events[i][1] > 0]
+    head = next((i for i, t in allocs if t == "forward_head"), None)
+    back = next((i for i, t in allocs if t.startswith("backward")), None)
+    if head is None or back is None:
+        raise FsdpReplayError("a traced step without its forward head or backward")
+    first = allocs[0][0]
+    return first, back, layer_starts(events, first, head, layers) if layers else [first]
+
+
+def unit_gradients(events: Sequence[tuple[int, int, str]], back: int, end: int, grads: set[int], plan: FsdpPlan,
+                   order: list[int]) -> tuple[dict[int, list[tuple[int, tuple[int, int, str]]]],
+                                              list[tuple[int, int, str]]]:
+    """The traced backward's gradients matched to units by size, in backward ``order`` (each unit's with their
+    index), and those of no unit (alive where backward's last allocation is made, no parameter's: the input
+    embedding's output gradient, freed as backward returns).
+
+    Raises:
+        FsdpReplayError: A unit has no gradient.
+    """
+    want = {u: Counter(q.numel * plan.traced for q in plan.units[u].params) for u in order}
+    owned: dict[int, list[tuple[int, tuple[int, int, str]]]] = {u: [] for u in order}
+    strays = []
+    for i in range(back, end):
+        s, n, t = events[i]
+        if n > 0 and s in grads:
+            hit = next((v for v in order if want[v][n] > 0), None)
+            if hit is None:
+                strays.append((s, n, t))
+                continue
+            want[hit][n] -= 1
+            owned[hit].append((i, (s, n, t)))
+    if any(not owned[u] for u in order):
+        raise FsdpReplayError("an FSDP unit without gradients in the traced backward")
+    return owned, strays
+
+
+def replays(spec: TrainingSpec, version: int) -> bool:
+    """Whether the FSDP``version`` rewrite describes this run (an FSDP spec of that version :func:`not_replayed`
+    accepts; the caller checks that the run is traced: ``pinned_path.traceable``)."""
+    from fitcheck.spec import Strategy
+
+    fs = spec.sharding.fsdp
+    return (spec.sharding.strategy is Strategy.FSDP and fs is not None and fs.version == version
+            and not not_replayed(spec))
+
+
+def replay_key(spec: TrainingSpec, plan: FsdpPlan) -> str:
+    """What an FSDP rewrite's replay depends on beyond the activation trace's key (``pinned_path._cache_key``)."""
+    hw = spec.hardware
+    version = 1 if isinstance(plan, Fsdp1Plan) else 2
+    return f"|fsdp{version} {plan!r} {hw.expandable_segments} {hw.cuda_alloc_conf!r}"

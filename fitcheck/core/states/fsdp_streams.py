@@ -32,6 +32,13 @@ FSDP1 (torch 2.13 ``distributed/fsdp/_runtime_utils.py``, ``_flat_param.py``):
   the all-gather into the padded unsharded flat parameter in ``_unshard_stream``, freed at the reshard (the root's
   after backward: ``_post_forward_reshard`` keeps the root gathered). ``limit_all_gathers`` lets two units be in
   flight.
+* One process (``NO_SHARD``): ``post_reshard`` frees every unit's ``_mp_shard`` at its post-forward (the root's
+  too: its pre-backward hook gathers it again) under ``record_stream`` of the default stream, and nothing holds
+  the CPU back before the Trainer's loss check after backward (the rate limiter only queues events where the
+  unsharded flat parameter is freed): the pool is bounded by every unit's cast plus the root's again
+  (:func:`_no_shard_events`). On the H100 FSDP1 row (one process) that bound is what the measurement shows: the
+  row went from -5.0 % to +0.3 % with the rewritten default stream (``torch_adapters/fsdp1_run_events.py``);
+  two in flight, as before, left it at -5.7 %.
 * ``_post_backward_hook`` runs ``with state._device_handle.stream(state._post_backward_stream)``: the reduce-scatter
   output (``_reduce_grad``: ``new_sharded_grad = torch.empty_like(chunks[0])``) and ``_cast_grad_to_param_dtype``,
   whose result is the sharded (``NO_SHARD``: whole) gradient in the parameter dtype, live until ``zero_grad``.
@@ -168,6 +175,44 @@ def _gather_events(forward: list[tuple[int, int]], backward: list[tuple[int, int
             yield "free", root, 0
 
 
+def _no_shard_events(root: int, layers: list[int], steps: int) -> Iterator[tuple[str, int, int]]:
+    """FSDP1 ``NO_SHARD`` (one process) with mixed precision: the pre-unshard stream's ``_mp_shard`` blocks.
+
+    Every unit's ``_mp_shard`` is allocated at its pre-forward and freed at its post-forward (``post_reshard``,
+    the root's at the end of forward) under ``record_stream(default stream)`` (``_flat_param.py``
+    ``_free_low_precision_sharded_param``): the block serves the pool again only once the device has passed that
+    unit's forward (``CUDACachingAllocator.cpp``: a block with stream uses waits for their events,
+    ``process_events`` at each ``malloc``). One process has no CPU-device synchronisation before the Trainer's
+    nan/inf check of the loss after backward (transformers 5.23 ``trainer.py`` ``logging_nan_inf_filter``):
+    ``limit_all_gathers``' rate limiter only queues events where the unsharded flat parameter is freed
+    (``_runtime_utils.py`` ``_reshard``), never under ``NO_SHARD``. Modelled bound: the CPU runs ahead of the device
+    through the forward, so no forward block is reused in the forward, and the root's pre-backward re-gather
+    cannot reuse the root's block freed just before it; the backward reuses the forward's blocks (the device passes
+    them in order), two in flight."""
+    h = 0
+    for _ in range(steps):
+        held = []
+        for n in [root, *layers]:
+            h += 1
+            held.append(h)
+            yield "alloc", h, n
+        h += 1
+        again = h
+        yield "alloc", again, root  # the root's pre-backward re-gather
+        for x in held:
+            yield "free", x, 0
+        prev = None
+        for n in layers[::-1]:
+            h += 1
+            yield "alloc", h, n
+            if prev is not None:
+                yield "free", prev, 0
+            prev = h
+        if prev is not None:
+            yield "free", prev, 0
+        yield "free", again, 0
+
+
 def _reduce_events(units: list[_Unit], shard: int, reduce_bytes: int, grad_bytes: int, keep: bool,
                    steps: int) -> Iterator[tuple[str, int, int]]:
     """The reduce stream in backward order: the shard in ``reduce_dtype``, its cast to the parameter dtype (the
@@ -233,7 +278,8 @@ def fsdp_side_pools(spec: TrainingSpec, conf: AllocatorConf) -> SidePools | None
             gather = replay(_gather_events([(0, units[0].cast_bytes), *layers], layers[::-1], None, steps),
                             conf).peak_reserved
         elif mixed and units[0].cast_bytes:  # NO_SHARD: the cast is the unsharded parameter until the reshard
-            gather = replay(_gather_events(layers, layers[::-1], (0, units[0].cast_bytes), steps), conf).peak_reserved
+            gather = replay(_no_shard_events(units[0].cast_bytes, [u.cast_bytes for u in units[1:]], steps),
+                            conf).peak_reserved
         if sharded:
             layers = [(0, u.gather_bytes) for u in units[1:]]
             gather += replay(_gather_events(layers, layers[::-1], (0, units[0].gather_bytes), steps),

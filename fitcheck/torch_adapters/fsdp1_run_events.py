@@ -1,0 +1,297 @@
+"""FSDP1's whole run, one rank, replayed through the caching allocator (issue 19: FSDP1 reserved).
+
+The plain Trainer's whole run (``allocator_replay.whole_run_events``, traced as the 16-bit module mixed precision
+computes with) rewritten into one rank's under accelerate 1.15 FSDP1 (``accelerator.py`` ``prepare_model``
+l.1943-1971: ``FSDP(model, auto_wrap_policy=transformer_based_wrap, use_orig_params=..., ...)``; transformers 5.23
+``training_args.py`` l.2875-2881 passes ``backward_prefetch=NO_PREFETCH``, ``use_orig_params=true``,
+``sync_module_states=true``; units and flat layout: :func:`fsdp2_run_plan.fsdp1_plan`). torch 2.13
+``distributed/fsdp/`` (``_flat_param.py`` = FP, ``_runtime_utils.py`` = RU, ``_init_utils.py`` = IU):
+
+* prepare, per unit as ``_auto_wrap`` builds it (the layers, then the root; IU ``_init_param_handle_from_module``
+  l.563): the unit's parameters moved to the device in the loaded dtype (IU ``_move_module_to_device`` l.603);
+  ``sync_module_states``: ``_sync_module_params_and_buffers`` (IU l.637) -> ``dist._broadcast_coalesced`` with
+  250 MiB buckets (IU l.60), a bucket of two or more tensors flattened into a temporary
+  (``csrc/utils/tensor_flatten.cpp`` ``flatten_dense_tensors``; one tensor is its own view); the ``FlatParameter``
+  (FP ``flatten_tensors`` l.838: ``torch.cat`` with ``_aligned_numel`` padding, padded to the world size);
+  ``handle.shard()`` (IU l.665, FP l.945): one process is ``NO_SHARD`` (IU ``_init_core_state`` l.430 clamps the
+  strategy at world size 1) and keeps the flat; more processes clone their chunk (FP ``_get_shard`` l.1122) and
+  free the flat (``_typed_storage()._resize_(0)``); ``_use_sharded_views`` (FP l.2128) re-points the original
+  parameters into it, freeing the moved storages. Then accelerate's upcast (``accelerator.py`` l.1998-2038, the
+  root first: ``param.data = param.data.to(torch.float32)``) makes an fp32 flat (shard) per unit; the 16-bit one
+  stays alive through the original parameters' views until the unit's first post-forward re-points them
+  (``_use_sharded_views``; FP ``_writeback_orig_params`` l.2241 copies into the fp32 flat in place first).
+* lazy init, at the root's first pre-forward (RU ``_lazy_init`` l.112 -> FP ``init_flat_param_attributes``
+  l.1221, every handle): ``_mp_shard`` (``empty_like`` in ``param_dtype``) and, sharded, ``_full_param_padded``
+  and the fp32 ``_full_prec_full_param_padded``, each allocated and freed at once (``_free_storage``).
+* the root's pre-forward (RU ``_root_pre_forward`` l.594, ``_reset_flat_param_grad_info_if_needed``): the previous
+  step's flat gradients freed (``zero_grad(set_to_none=True)`` only set the original parameters' ``.grad``).
+* unshard (RU ``_unshard`` l.277): ``pre_unshard`` (FP l.1307) -> ``_use_low_precision_shard`` (FP l.1342)
+  allocates ``_mp_shard`` on the pre-unshard stream; sharded, ``_alloc_padded_unsharded_flat_param`` (FP l.1395)
+  on the unshard stream, the all-gather, and ``post_unshard`` (FP l.1523) frees ``_mp_shard``; ``NO_SHARD``
+  computes with ``_mp_shard``.
+* post-forward (RU ``_post_forward_reshard`` l.486): a layer frees its padded unsharded flat (``FULL_SHARD``); the
+  root keeps it until its post-backward; ``post_reshard`` (FP l.1784) frees ``_mp_shard`` under ``NO_SHARD`` (the
+  root's too, gathered again by its pre-backward hook, RU l.630). Backward prefetch: none (``NO_PREFETCH``);
+  ``BACKWARD_PRE``/``POST`` from an accelerate config only unshard the next unit earlier, on the (pre-)unshard
+  stream: no default-stream event moves (their pools: ``core/states/fsdp_streams.py``, two units in flight).
+* backward: the unit's parameter gradients are views' gradients, concatenated into the flat gradient in
+  ``param_dtype`` when the last one is made (autograd's ``split_with_sizes`` backward over FP
+  ``_get_unflat_views``), then RU ``_post_backward_hook`` l.701: reshard (free the unsharded flat /
+  ``_mp_shard``), and on the post-backward stream ``NO_SHARD`` all-reduces in place (RU ``_reduce_grad_no_shard``
+  l.932) and ``_cast_grad_to_param_dtype`` (RU l.1030) makes the fp32 flat gradient; sharded, ``_reduce_grad``
+  (RU l.831) makes ``new_sharded_grad`` (``empty_like(chunks[0])``, RU l.890) and casts it to fp32
+  (``_saved_grad_shard``, ``.grad`` after RU ``_finalize_params`` l.1168). The 16-bit flat gradient is freed under
+  ``record_stream(post-backward stream)``: its block serves the default stream again only once the device has
+  passed the cast, and nothing synchronises the CPU before the Trainer's loss check after backward (transformers
+  5.23 ``trainer.py`` l.1911-1914, ``logging_nan_inf_filter``): held to the end of backward (the bound). More
+  processes: ``limit_all_gathers`` (accelerate's default ``True``) makes the CPU wait in ``_unshard`` (RU l.297)
+  for the reshard event two units back (``_limiter_utils.py``, two in flight): held for two units.
+* the optimizer (torch fused AdamW over the original parameters, built by the Trainer after ``prepare``:
+  ``trainer.py`` l.1717 ``delay_optimizer_creation``; views into the flat parameter, FP ``_shard_param_infos``): per
+  parameter with elements in this rank's shard a device step counter and two fp32 states of those elements at the
+  first step (``torch/optim/adam.py`` ``_init_group`` l.139). The fp32 flat gradients stay until the next root
+  pre-forward.
+
+Blocks allocated on a side stream are tagged ``side:`` (their pools: ``core/states/fsdp_streams.py``). Not
+modelled: gradient clipping's scalars, the padding tensors of ``flatten_tensors`` (at most ``_aligned_numel``
+elements). Where the events go in the traced step: as :mod:`.fsdp2_run_events` (a layer's forward is a period of
+the forward's events, a unit's backward ends at its last gradient, gradients matched to units by size).
+
+Checked: live bytes after prepare, after each backward and after the first step against a REAL FSDP1 run on CPU
+(gloo, 1 and 2 ranks: ``benchmarks/fsdp2_run_events_cpu.py --version 1``, recorded in
+``benchmarks/data/fsdp1_run_events_cpu.json``, ``tests/test_fsdp1_run_events.py``); the H100 row
+``benchmarks/fsdp_gpu.py --rescore``. Pure Python: no torch import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.deepspeed_run_backward import Handle, RankEvents
+from fitcheck.torch_adapters.deepspeed_run_events import (
+    MARK,
+    SIDE,
+    Event,
+    EventWriter,
+    rewritten_run,
+)
+from fitcheck.torch_adapters.fsdp2_run_plan import (
+    Fsdp1Plan,
+    fsdp1_plan,
+    replay_key,
+    replays,
+    rewrite_steps,
+    step_frame,
+    unit_gradients,
+)
+
+BUCKET = 250 * 1024 * 1024  # torch 2.13 fsdp/_init_utils.py PARAM_BROADCAST_BUCKET_SIZE
+LIMIT = 2  # torch 2.13 fsdp/_limiter_utils.py _FreeEventQueue._max_num_inflight_all_gathers
+
+
+class _Rank(RankEvents):
+    """One rank's FSDP1 state through the run (module docstring), writing its events."""
+
+    def __init__(self, plan: Fsdp1Plan, w: EventWriter, old: dict[int, Handle]) -> None:
+        super().__init__(w)
+        self.plan = plan
+        self.old = old  # unit -> its 16-bit flat (shard) kept by the original parameters' views after the upcast
+        self.unsharded: dict[int, Handle] = {}  # unit -> _mp_shard (one process) / padded unsharded flat
+        self.grads: list[Handle] = []  # the fp32 flat gradients (post-backward stream) until the next forward
+        self.recorded: list[Handle] = []  # default-stream blocks freed under record_stream(post-backward stream)
+
+    def unshard(self, u: int, tag: str) -> None:
+        """``_unshard``: ``_mp_shard`` on the pre-unshard stream; sharded, the all-gather destination."""
+        p = self.plan
+        if u in self.unsharded:
+            return
+        shard = p.shard(u)
+        mp = self.new(shard * p.compute, SIDE + tag) if p.compute != p.orig else None
+        if p.world == 1:
+            self.unsharded[u] = mp if mp is not None else (0, 0, tag)
+            return
+        self.unsharded[u] = self.new(shard * p.world * p.compute, SIDE + tag)
+        self.free(mp)  # post_unshard: _free_low_precision_sharded_param
+
+    def synchronize(self) -> None:
+        """The CPU waits for the device: the blocks ``record_stream`` held go back to the pool."""
+        for h in self.recorded:
+            self.free(h)
+        self.recorded = []
+
+    def reshard(self, u: int, free: bool, tag: str) -> None:
+        """``_reshard``: free the padded unsharded flat where ``free``; ``NO_SHARD``'s ``post_reshard`` frees
+        ``_mp_shard`` every time. The first time, the upcast's 16-bit flat goes (``_use_sharded_views``; its free
+        is tagged with the point's region, not prepare's)."""
+        if self.plan.world == 1 or free:
+            h = self.unsharded.pop(u, None)
+            if h is not None and h[1]:
+                self.free(h)
+        old = self.old.pop(u, None)
+        if old is not None:
+            self.w.free(old[0], old[1], tag)
+
+    def post_backward(self, u: int, grads: list[Handle], tag: str) -> None:
+        """The flat gradient (``param_dtype``, default stream), ``_post_backward_hook``'s reshard and reduction."""
+        p = self.plan
+        flat = self.new(p.layout(u)[0] * p.compute, tag)
+        for g in grads:
+            self.free(g)
+        self.reshard(u, True, tag)
+        shard = p.shard(u)
+        if p.world > 1:  # _reduce_grad: new_sharded_grad in reduce_dtype, then the cast to the parameter dtype
+            out = self.new(shard * p.reduce, SIDE + tag)
+            self.grads.append(self.new(shard * p.orig, SIDE + tag) if p.reduce != p.orig else out)
+            if p.reduce != p.orig:
+                self.free(out)
+        else:  # _reduce_grad_no_shard: all-reduce in place, _cast_grad_to_param_dtype
+            self.grads.append(self.new(shard * p.orig, SIDE + tag))
+        self.recorded.append(flat)
+        while p.world > 1 and len(self.recorded) > LIMIT:  # limit_all_gathers: the CPU waited for the device
+            self.free(self.recorded.pop(0))
+
+
+def _prepare(w: EventWriter, plan: Fsdp1Plan) -> dict[int, Handle]:
+    """``FullyShardedDataParallel.__init__`` per unit and accelerate's upcast (module docstring); returns each
+    unit's 16-bit flat (shard) the upcast leaves behind."""
+    t = "setup"
+    flats: dict[int, tuple[int, int]] = {}
+    for u in plan.wrap_order:
+        params = plan.units[u].params
+        moved = [(w.new(q.numel * plan.load, t), q.numel * plan.load) for q in params]
+        group: list[int] = []
+        for q in [*params, None]:  # _broadcast_coalesced's buckets (take_tensors: up to BUCKET bytes each)
+            if q is not None:
+                group.append(q.numel * plan.load)
+            if group and (q is None or sum(group) >= BUCKET):
+                if len(group) > 1:
+                    w.free(w.new(sum(group), t), sum(group), t)
+                group = []
+        flat = plan.layout(u)[0] * plan.load
+        s = w.new(flat, t)
+        if plan.world > 1:
+            shard = w.new(flat // plan.world, t)
+            w.free(s, flat, t)
+            s, flat = shard, flat // plan.world
+        for m, n in moved:
+            w.free(m, n, t)
+        flats[u] = (s, flat)
+    old: dict[int, Handle] = {}
+    if plan.orig != plan.load:  # accelerate's upcast, FSDP.fsdp_modules order: the root, then the layers
+        for u in range(len(plan.units)):
+            w.new(plan.shard(u) * plan.orig, t)
+            old[u] = (*flats[u], t)
+    return old
+
+
+def _lazy_init(w: EventWriter, plan: Fsdp1Plan, tag: str) -> None:
+    """``init_flat_param_attributes``' placeholders, each freed at once (module docstring)."""
+    for u in range(len(plan.units)):
+        shard = plan.shard(u)
+        sizes = [shard * plan.compute] if plan.compute != plan.orig else []
+        if plan.world > 1:
+            sizes.append(shard * plan.world * plan.compute)
+            if plan.compute != plan.orig:
+                sizes.append(shard * plan.world * plan.orig)
+        for n in sizes:
+            w.free(w.new(n, tag), n, tag)
+
+
+def fsdp1_run(events: Sequence[Event], plan: Fsdp1Plan) -> list[Event]:
+    """The plain Trainer's whole run (``allocator_replay.whole_run_events``) rewritten into one FSDP1 rank's.
+
+    Args:
+        events: The plain run's events.
+        plan: The FSDP1 run (:func:`fsdp2_run_plan.fsdp1_plan`).
+
+    Returns:
+        The rank's events: a region starting with ``side:`` is an allocation on a side stream; each optimizer
+        step is tagged ``optimizer`` (the last step) or ``optimizer_warmup`` (a ``MARK`` event where it allocates
+        nothing).
+
+    Raises:
+        FsdpReplayError: The events lack a parameter's storage, a step, or a gradient of a unit.
+    """
+    return rewrite_steps(events, plan, lambda w: _Rank(plan, w, _prepare(w, plan)),
+                         lambda start, end, grads, k: _step_points(events, start, end, grads, plan, k == 0),
+                         lambda rank, tag, first: _optimizer(rank, plan, tag, first))
+
+
+def _optimizer(rank: _Rank, plan: Fsdp1Plan, tag: str, first: bool) -> None:
+    """Fused AdamW over the original parameters' views in this rank's shard (its states at the first step)."""
+    w = rank.w
+    w.out.append((MARK, 0, tag))
+    if first:  # torch/optim/adam.py _init_group: state["step"] on the device (fused), exp_avg, exp_avg_sq
+        for u in range(len(plan.units)):
+            for numel in plan.in_shard(u):
+                if numel:
+                    w.new(4, tag)
+                    w.new(numel * plan.orig, tag)
+                    w.new(numel * plan.orig, tag)
+
+
+Op = Any  # Callable[[_Rank, str], None]
+
+
+def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int], plan: Fsdp1Plan,
+                 first_step: bool) -> dict[int, list[Op]]:
+    """What FSDP1 does where in one step's events ``[start, end)``, as operations keyed by the index they precede.
+
+    Raises:
+        FsdpReplayError: The step has no forward head or backward, or a gradient matches no unit.
+    """
+    at: dict[int, list[Op]] = {}
+
+    def put(i: int, op: Op) -> None:
+        at.setdefault(i, []).append(op)
+
+    units = plan.units
+    layers = list(range(1, len(units)))
+    first, back, bounds = step_frame(events, start, end, len(layers))
+
+    def root_pre_forward(r: _Rank, t: str) -> None:  # _lazy_init, _reset_flat_param_grad_info_if_needed
+        if first_step:
+            _lazy_init(r.w, plan, t)
+        for h in r.grads:
+            r.free(h)
+        r.grads = []
+        r.unshard(0, t)
+
+    put(first, root_pre_forward)
+    for j, u in enumerate(layers):
+        if j:
+            put(bounds[j], lambda r, t, v=u - 1: r.reshard(v, True, t))
+        put(bounds[j], lambda r, t, u=u: r.unshard(u, t))
+    if layers:
+        put(bounds[-1], lambda r, t, v=layers[-1]: r.reshard(v, True, t))
+    put(back, lambda r, t: r.reshard(0, False, t))  # the root's post-forward: kept gathered (sharded)
+    put(back, lambda r, t: r.unshard(0, t))  # its pre-backward hook
+    # backward: gradients to units by size; the root's come first (head, final norm) and last (embedding)
+    order = [0, *layers[::-1]]
+    owned, strays = unit_gradients(events, back, end, grads, plan, order)
+    for h in strays:
+        put(end, lambda r, t, h=h: r.free(h))
+    for u in layers[::-1]:  # a layer's pre-backward hook, at its first gradient
+        put(owned[u][0][0], lambda r, t, u=u: r.unshard(u, t))
+    for u in order:  # the post-backward hook once the unit's last gradient is made
+        pos = end if u == 0 else owned[u][-1][0] + 1
+        put(pos, lambda r, t, u=u, hs=[h for _, h in owned[u]]: r.post_backward(u, hs, t))
+    put(end, lambda r, t: r.synchronize())
+    return at
+
+
+def replayed(spec: TrainingSpec) -> bool:
+    """Whether the whole run of an FSDP spec is replayed as FSDP1's (:func:`fsdp1_run`)."""
+    return replays(spec, 1)
+
+
+def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
+    """A ``PinnedPath``'s FSDP1 whole run replayed (``deepspeed_run_events.rewritten_run``): the default stream's
+    ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed``)."""
+    return rewritten_run(path, spec, key, replay_key(spec, fsdp1_plan(spec)), "fsdp1-run",
+                         lambda events: fsdp1_run(events, fsdp1_plan(spec)), required)
+
+
+__all__ = ["fsdp1_run", "replayed", "whole_run"]
