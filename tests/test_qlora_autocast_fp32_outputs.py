@@ -9,9 +9,9 @@ Gemma, Granite) had it already; Phi-3 (fused qkv / gate_up) and Gemma-2 took the
 Before: Phi-3-mini 8 x 1024 during backward -14.5 % checkpointed, -7.2 % end of forward without; Gemma-2-9B
 eager without checkpointing -19.4 % (``benchmarks/envelope_ranges.py``).
 
-Narrowed real configs (their width ratios), traced on fake tensors with bitsandbytes' 4-bit layers; one more layer's saved
-bytes at the end of forward (3 traced layers less 2) equal the formula's (Phi-3 to the byte, Gemma-2 within 0.1 %); the range rows check the
-phases at real widths.
+Narrowed real configs (their width ratios), traced on fake tensors with bitsandbytes' 4-bit layers: one more
+layer's saved bytes at the end of forward (3 traced layers less 2) equal the formula's (Phi-3 to the byte, Gemma-2
+within 0.1 %); the range rows check the phases at real widths.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ pytest.importorskip("bitsandbytes")
 from tiny_models import narrow_catalog_config
 
 from fitcheck.report import Phase
-from fitcheck.torch_adapters import Cell, activation_trace_kwargs, cell_spec, components_from_trace, phase_errors
+from fitcheck.torch_adapters import Cell, activation_trace_kwargs, cell_spec
 from fitcheck.torch_adapters.tracer import trace_step
-
 
 
 def _layer_bytes(family: str, cfg: dict[str, object], attn: str, batch: int, seq: int) -> tuple[int, int]:
@@ -37,7 +36,8 @@ def _layer_bytes(family: str, cfg: dict[str, object], attn: str, batch: int, seq
 
     traced = []
     for layers in (2, 3):
-        spec = cell_spec(Cell(family, "qlora", False, attn, "autocast", seq, batch), {**cfg, "num_hidden_layers": layers})
+        cell = Cell(family, "qlora", False, attn, "autocast", seq, batch)
+        spec = cell_spec(cell, {**cfg, "num_hidden_layers": layers})
         result = trace_step(spec.model.config, **activation_trace_kwargs(spec))
         traced.append(result.phases[Phase.FORWARD_END].get("activations"))
     per_token, s2 = layer_saved_per_token(spec)

@@ -88,8 +88,8 @@ class _Mode:
     half_model: bool
     amp: bool = False  # autocast on, whatever the load dtype: LoRA's fp32 adapters run in 16-bit (lora extras)
     dm: int = 4  # LoRA dropout-mask bytes per element of its fp32 input: CPU fp32 noise, CUDA bool (lora extras)
-    # autocast over fp32 base-linear outputs (k-bit-prepared 4-bit base: qlora.kbit_fp32_lora): the MLP's outputs
-    # are fp32 and the attention saves autocast's 16-bit casts of q, k, v, not the fused qkv output
+    # autocast over fp32 base outputs (qlora.kbit_fp32_lora): fp32 MLP outputs; attention saves 16-bit casts of
+    # q, k, v (eager: of q, k^T, v), not the fused qkv output
     fp32_out: bool = False
 
 
@@ -257,7 +257,6 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
     if eager:
         # q, repeat_kv clones of K and V, transpose(1,2).contiguous() of the output (trace: clone ops);
         # phi3 without GQA: repeat_kv is the identity, K is the rotary cat and V a view of the fused qkv output
-        # (QLoRA under autocast, fp32 qkv output: 16-bit casts of q, k^T, v, as qlora_layer_saved_per_token)
         total += m.e * (3 * q + o_copy) if not (fused and kv == q) or m.fp32_out else m.e * (q + kv + o_copy)
         s2 = 4 * a + (2 * a if m.e == 2 else 0)  # fp32 softmax + its 16-bit cast
         if sh.traits.attention is AttentionKind.SOFTCAPPED:
@@ -266,7 +265,7 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
         total += sink_attention_extra(sh, m.e)  # gpt-oss: sink column, max indices (attention_variants.py)
         # fused qkv (phi3) keeps the qkv output already counted; rotary q and k are separate cats
     else:
-        # k after rotary + v (phi3: v is a view of qkv; QLoRA under autocast: SDPA's 16-bit casts of q, k, v)
+        # k after rotary + v (phi3: v is a view of qkv; fp32_out: SDPA's 16-bit casts of q, k, v)
         kv_saved = 2 * kv if not fused or m.fp32_out else kv
         total += m.e * (q + kv_saved) + m.e * q + 4 * a  # rotary q, k, v, SDPA out + logsumexp fp32
         if fused:
@@ -406,9 +405,7 @@ def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]
         return router_in + 4 * n_exp + 40 * k + 4 + m.e * k * routed
     fused = sh.traits.fused_projections
     total = _linear_inputs(sh, m, full, targets, spec.lora, ("gate_up_proj",) if fused else _MLP_IN_LINEARS, h, fused)
-    # gate out, up out, act(gate) out (trace: mm, mm, silu/gelu); fp32 under autocast over a k-bit-prepared 4-bit
-    # base (Linear4bit casts back to the fp32 input: trace Phi-3-mini QLoRA autocast 8 x 1024, gate_up add and silu
-    # fp32, 12·I per token; the 16-bit 6·I before was -7.2 % at end of forward)
+    # gate out, up out, act(gate) out (trace: mm, mm, silu/gelu; fp32_out: Phi-3-mini QLoRA autocast, fp32 add, silu)
     total += 3 * (4 if m.fp32_out else m.e) * inter
     if full:
         total += m.e * inter  # act*up, the down_proj input
