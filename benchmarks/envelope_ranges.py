@@ -122,7 +122,7 @@ def check_kind(kind: tuple[str, str, bool, str, str], device: str = "cpu",
                     if device == "cuda":  # the formulas' CUDA branch, the trace emulating CUDA (trace_kwargs)
                         spec = dataclasses.replace(spec, hardware=HardwareSpec(device_type=DeviceType.CUDA))
                     if traces is None:
-                        traces = BatchTraces(spec.model.config, activation_trace_kwargs(spec))
+                        traces = BatchTraces(spec.model.config, activation_trace_kwargs(spec), skip_first=True)
                     errs = phase_errors(spec, components_from_trace(traces.result(batch)))
                 except Exception as exc:  # a refusal is recorded, the grid goes on
                     refused = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"

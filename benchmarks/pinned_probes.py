@@ -105,7 +105,7 @@ def probe(cell: Cell, config: dict[str, Any], *, pinned_only: bool = True) -> tu
     key = envelope_key(spec)
     kind = "?" if key is None else "/".join((key[0], key[1], "ckpt" if key[2] else "nockpt", key[3], key[4]))
     try:
-        traced = BatchTraces(spec.model.config, activation_trace_kwargs(spec)).result(cell.batch)
+        traced = BatchTraces(spec.model.config, activation_trace_kwargs(spec), skip_first=True).result(cell.batch)
         return kind, phase_errors(spec, components_from_trace(traced))
     except Exception as exc:  # the trace refused: reported, not counted as within
         return kind, f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"

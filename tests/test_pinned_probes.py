@@ -26,7 +26,7 @@ def _errors(cell: Cell, model: str) -> tuple[bool, dict[Phase, float]]:
     found = find_catalog_config(model)
     assert found is not None, model
     spec = cell_spec(cell, dict(found[0]))
-    traced = BatchTraces(spec.model.config, activation_trace_kwargs(spec)).result(cell.batch)
+    traced = BatchTraces(spec.model.config, activation_trace_kwargs(spec), skip_first=True).result(cell.batch)
     return estimate(spec).pinned, phase_errors(spec, components_from_trace(traced))
 
 

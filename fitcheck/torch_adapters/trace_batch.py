@@ -27,7 +27,7 @@ from typing import Any
 
 from fitcheck.report import Phase
 from fitcheck.torch_adapters.tracer import TraceResult, breakdown_at_peak, trace_step
-from fitcheck.torch_adapters.tracer_depth import combine_depths, depth_plan
+from fitcheck.torch_adapters.tracer_depth import combine_depths, depth_plan, first_layer_apart
 
 
 def at_micro_batch(first: TraceResult, b_first: int, second: TraceResult, b_second: int,
@@ -72,14 +72,17 @@ class BatchTraces:
         interpolated: How many answers came from interpolation.
     """
 
-    def __init__(self, config: Mapping[str, Any], kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], kwargs: Mapping[str, Any], skip_first: bool = False) -> None:
         """Args:
         config: config.json mapping of the model.
         kwargs: ``tracer.trace_step`` keyword arguments but ``micro_batch`` and ``num_layers``.
+        skip_first: Trace two and three layer groups where the bottom layer's moment differs
+            (``tracer_depth.first_layer_apart``); the benchmarks' reference traces. The default path keeps one
+            and two groups: the allocator replay deepens those (``allocator_replay.replay_whole_run``).
         """
         self.config = config
         self.kwargs = {k: v for k, v in kwargs.items() if k not in ("micro_batch", "num_layers")}
-        self.plan = depth_plan(config, self.kwargs.get("freeze"))
+        self.plan = depth_plan(config, self.kwargs.get("freeze"), skip_first and first_layer_apart(self.kwargs))
         self.traced: dict[int, tuple[TraceResult, ...]] = {}
         self.interpolated = 0
 

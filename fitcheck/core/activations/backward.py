@@ -481,8 +481,10 @@ def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         why = f"model_type {sh.family!r}"
     elif spec.activations.attn_implementation is AttnImpl.EAGER and not _eager_modelled(spec):
         why = "eager attention (its softmax backward, not the MLP's, sets the layer's working set)"
-    elif (spec.lora is not None or spec.quant is not None) and not lora_recompute_applies(spec):
-        # checkpointed LoRA / k-bit QLoRA on the Llama layer: traced moments (activations/lora_recompute.py)
+    elif ((spec.lora is not None or spec.quant is not None) and spec.activations.checkpointing
+          and not lora_recompute_applies(spec)):
+        # checkpointed LoRA / k-bit QLoRA on the Llama layer: traced moments (activations/lora_recompute.py);
+        # without checkpointing no layer is recomputed: the kinds' range rows check it (envelope_ranges.json)
         why = "LoRA/quantized bases (adapter input casts in the recomputed layer)"
     if not why:
         return ()

@@ -68,6 +68,7 @@ from fitcheck.core.activations.norms import (
 )
 from fitcheck.core.activations.qlora import (
     four_bit_lora,
+    kbit_fp32_lora,
     lora_layer_params,
     qlora_backward_working_set,
     qlora_cache_after_forward,
@@ -367,7 +368,10 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     if extras:
         out.append(Finding("activations-not-pinned", Severity.INFO, extras, "run `fitcheck estimate --trace`"))
     int8 = int8_formula_applies(spec)  # LLM.int8 LoRA: activations/int8.py
-    lora_unpinned = spec.quant is not None and not qlora_formula_applies(spec) and not int8
+    # Phi-3's fused layer over a k-bit-prepared 4-bit base: the LoRA recipe with fp32 base outputs
+    # (layer_saved._Mode.fp32_out; envelope_ranges.json phi3/qlora/*/sdpa/{bf16,fp32,autocast} within 1.7 %)
+    phi3_kbit = kbit_fp32_lora(spec) and spec.model.shape.traits.fused_projections
+    lora_unpinned = spec.quant is not None and not qlora_formula_applies(spec) and not int8 and not phi3_kbit
     if spec.quant is not None and spec.quant.bits == 8 and not int8:
         out.append(
             Finding(

@@ -44,6 +44,7 @@ from fitcheck.core.activations.moe_grouped_mm import gpt_oss_moe_saved
 from fitcheck.core.activations.norms import qk_norm_outside, qk_norm_saved
 from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
 from fitcheck.core.activations.qlora import (
+    kbit_fp32_lora,
     kbit_upcast,
     lora_dropout_mask_bytes,
     qlora_formula_applies,
@@ -87,6 +88,9 @@ class _Mode:
     half_model: bool
     amp: bool = False  # autocast on, whatever the load dtype: LoRA's fp32 adapters run in 16-bit (lora extras)
     dm: int = 4  # LoRA dropout-mask bytes per element of its fp32 input: CPU fp32 noise, CUDA bool (lora extras)
+    # autocast over fp32 base outputs (qlora.kbit_fp32_lora): fp32 MLP outputs; attention saves 16-bit casts of
+    # q, k, v (eager: of q, k^T, v), not the fused qkv output
+    fp32_out: bool = False
 
 
 def _mode(spec: TrainingSpec) -> _Mode:
@@ -96,7 +100,7 @@ def _mode(spec: TrainingSpec) -> _Mode:
     autocast = not half and amp
     dm = lora_dropout_mask_bytes(spec)  # aten Dropout.cpp: CUDA native_dropout's bool mask, CPU fp32 noise
     return _Mode(e=2 if half or autocast else 4, r=2 if half else 4, autocast=autocast, half_model=half, amp=amp,
-                 dm=dm)
+                 dm=dm, fp32_out=autocast and kbit_fp32_lora(spec))
 
 
 def _lora_targets(spec: TrainingSpec) -> frozenset[str]:
@@ -242,7 +246,8 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
     # attention inputs (q/k/v or fused qkv_proj)
     if fused:
         total += _linear_inputs(sh, m, full, targets, spec.lora, ("qkv_proj",), h, True)
-        total += m.e * (q + 2 * kv)  # fused qkv output kept (v is a view of it; trace phi3: mm (b·s, q+2kv))
+        if not m.fp32_out:  # under autocast over an fp32 output, q, k, v are cast: the fused output is not kept
+            total += m.e * (q + 2 * kv)  # fused qkv output kept (v is a view of it; trace phi3: mm (b·s, q+2kv))
     else:
         total += _linear_inputs(sh, m, full, targets, spec.lora, _ATTN_LINEARS, h, False)
     total += qk_norm_saved(sh, m.e == 2, full)  # Qwen3 per-head q/k RMSNorms (norms.py)
@@ -252,7 +257,7 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
     if eager:
         # q, repeat_kv clones of K and V, transpose(1,2).contiguous() of the output (trace: clone ops);
         # phi3 without GQA: repeat_kv is the identity, K is the rotary cat and V a view of the fused qkv output
-        total += m.e * (3 * q + o_copy) if not (fused and kv == q) else m.e * (q + kv + o_copy)
+        total += m.e * (3 * q + o_copy) if not (fused and kv == q) or m.fp32_out else m.e * (q + kv + o_copy)
         s2 = 4 * a + (2 * a if m.e == 2 else 0)  # fp32 softmax + its 16-bit cast
         if sh.traits.attention is AttentionKind.SOFTCAPPED:
             s2 += m.e * a  # tanh of the soft-capped scores
@@ -260,7 +265,8 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
         total += sink_attention_extra(sh, m.e)  # gpt-oss: sink column, max indices (attention_variants.py)
         # fused qkv (phi3) keeps the qkv output already counted; rotary q and k are separate cats
     else:
-        kv_saved = 2 * kv if not fused else kv  # k after rotary + v (phi3: v is a view of qkv)
+        # k after rotary + v (phi3: v is a view of qkv; fp32_out: SDPA's 16-bit casts of q, k, v)
+        kv_saved = 2 * kv if not fused or m.fp32_out else kv
         total += m.e * (q + kv_saved) + m.e * q + 4 * a  # rotary q, k, v, SDPA out + logsumexp fp32
         if fused:
             total += m.e * o_copy  # o_proj input: transpose(1,2).reshape copy (trace: clone)
@@ -399,7 +405,8 @@ def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]
         return router_in + 4 * n_exp + 40 * k + 4 + m.e * k * routed
     fused = sh.traits.fused_projections
     total = _linear_inputs(sh, m, full, targets, spec.lora, ("gate_up_proj",) if fused else _MLP_IN_LINEARS, h, fused)
-    total += 3 * m.e * inter  # gate out, up out, act(gate) out (trace: mm, mm, silu/gelu)
+    # gate out, up out, act(gate) out (trace: mm, mm, silu/gelu; fp32_out: Phi-3-mini QLoRA autocast, fp32 add, silu)
+    total += 3 * (4 if m.fp32_out else m.e) * inter
     if full:
         total += m.e * inter  # act*up, the down_proj input
     total += _linear_inputs(sh, m, False, targets, spec.lora, ("down_proj",), inter, False)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from fitcheck.core.activations.layer_saved import adapter_mlp_saved, down_adapter_saved, lora_reads_input_itself
 from fitcheck.core.activations.lora_targets import wrapped_linears
-from fitcheck.core.activations.qlora import four_bit_lora, kbit_upcast, lora_layer_params, matmul4bit_backward_weight
+from fitcheck.core.activations.qlora import kbit_fp32_lora, lora_layer_params, matmul4bit_backward_weight
 from fitcheck.core.kernels import liger_applies, offload_applies
 from fitcheck.spec import Dtype, LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
 
@@ -135,8 +135,7 @@ def _mlp_bytes(spec: TrainingSpec, e: int) -> int:
 
 
 def _kbit(spec: TrainingSpec) -> bool:
-    lora = spec.lora
-    return four_bit_lora(spec) and kbit_upcast(spec) and lora is not None and not lora.use_dora
+    return kbit_fp32_lora(spec)
 
 
 def _in_flight(spec: TrainingSpec, e: int, r: int, half: bool) -> int:

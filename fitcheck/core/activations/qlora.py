@@ -65,6 +65,14 @@ def four_bit_lora(spec: TrainingSpec) -> bool:
     return quant is not None and quant.bits == 4 and spec.lora is not None
 
 
+def kbit_fp32_lora(spec: TrainingSpec) -> bool:
+    """LoRA (not DoRA) over a bitsandbytes 4-bit base whose other parameters are fp32 (peft's k-bit preparation, or
+    an fp32 load): ``Linear4bit.forward`` casts its output back to the fp32 input's dtype (bitsandbytes 0.50.2
+    ``nn/modules.py``), so every base linear output is fp32, under autocast too (``MatMul4Bit`` is no autocast op)."""
+    lora = spec.lora
+    return four_bit_lora(spec) and kbit_upcast(spec) and lora is not None and not lora.use_dora
+
+
 def lora_dropout_mask_bytes(spec: TrainingSpec) -> int:
     """Bytes per input element the dropout of a LoRA branch keeps for backward: 1 on CUDA, 4 on CPU (fp32 input).
 
