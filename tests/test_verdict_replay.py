@@ -179,7 +179,7 @@ def test_boundary_search_places_its_probes_by_interpolation() -> None:
         spec = _spec(gib)
         calls: list[int] = []
 
-        def check(s: TrainingSpec, gap: float = gap) -> object:
+        def check(s: TrainingSpec, gap: float = gap, calls: list[int] = calls) -> object:
             calls.append(s.batch.micro_batch)
             return estimate(s, gap_fraction=gap)
 
