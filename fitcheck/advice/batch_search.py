@@ -96,26 +96,25 @@ def _checked_boundary(spec: TrainingSpec, found: int, check: EstimateFn, safety_
         return fits_with_margin(reports[m], safety_margin)
 
     if found >= 1 and not ok(found):
-        return _interpolated_boundary(ok, reports, found, limit, safety_margin)
+        return _interpolated_boundary(ok, reports, limit, safety_margin)
     if found < limit and ok(found + 1):
-        return _interpolated_boundary(ok, reports, found, limit, safety_margin)
+        return _interpolated_boundary(ok, reports, limit, safety_margin)
     return found
 
 
-def _interpolated_boundary(ok: Callable[[int], bool], reports: dict[int, Report], found: int, limit: int,
+def _interpolated_boundary(ok: Callable[[int], bool], reports: dict[int, Report], limit: int,
                            safety_margin: float) -> int:
     """The largest micro-batch ``ok`` accepts, from the reports it has made, each probe placed where the line through
-    the nearest fitting and non-fitting probes' ``device_used_bytes`` meets the budget (regula falsi; the peak is
-    affine in the micro-batch to within the allocator's rounding: module docstring), with a bisection (or, while no
+    the nearest fitting and non-fitting probes' ``device_used_bytes`` meets the budget (regula falsi: activations are
+    affine in the micro-batch at a fixed length, the allocator's rounding aside), with a bisection (or, while no
     probe is over the budget, a doubled step) after two probes that moved the same end. The answer is the same as
     a bisection's wherever ``ok`` is monotone: a micro-batch that fits next to one that does not; a probe is a
     guess only. Where the checker replays the whole run (``torch_adapters.verdict_replay``) a bisection from
-    ``found`` took 13 replays on Qwen2.5-0.5B SFT at 512 tokens (formula 1169, replay 1139); this 4.
+    the search's boundary took 13 replays on Qwen2.5-0.5B SFT at 512 tokens (formula 1169, replay 1139); this 3.
 
     Args:
         ok: The checker's verdict at a micro-batch (its reports kept in ``reports``).
         reports: Micro-batch -> the checker's report, for the probes made so far (at least one).
-        found: The largest fitting micro-batch by the search's own estimator.
         limit: Largest micro-batch considered.
         safety_margin: Fraction of the budget kept free.
 
