@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         replay_step,
         replay_whole_lengths,
         replay_whole_run,
+        run_trace_kwargs,
         whole_run_events,
     )
     from fitcheck.torch_adapters.deepspeed_run_events import deepspeed_run, live_bytes
@@ -110,6 +111,7 @@ _WHERE = {
     "LiveTensorRecorder": "tracer_recorder",
     "StepReplay": "allocator_replay",
     "replay_events": "allocator_replay",
+    "run_trace_kwargs": "allocator_replay",
     "replay_lengths": "allocator_replay",
     "replay_step": "allocator_replay",
     "replay_whole_lengths": "allocator_replay",
@@ -204,6 +206,7 @@ __all__ = [
     "replay_whole_lengths",
     "replay_whole_run",
     "replayed_run",
+    "run_trace_kwargs",
     "search_and_boundary",
     "trace_components",
     "trace_extrapolated",

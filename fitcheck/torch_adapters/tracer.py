@@ -155,6 +155,7 @@ def trace_step(
     cuda_kernels: bool = False,
     cublas_workspaces: tuple[int, ...] = (),
     trl_head: tuple[str, ...] = (),
+    skip_tiles: bool = True,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -192,6 +193,8 @@ def trace_step(
         cublas_workspaces: Bytes each thread keeps from its first BLAS op, in ``alloc_events`` only (item 4 there).
         trl_head: The fused-head outputs of TRL's SFTTrainer: run its step (``tracer_trl``: its model preparation,
             fused LM head and loss; on CUDA the head's Triton folds) instead of the plain Trainer's.
+        skip_tiles: On fake tensors, run the fused head's repeated token tiles once or twice
+            (``tracer_trl.repeated_tiles_skipped``: the same replay); False runs every tile.
 
     Returns:
         The per-phase breakdown of the second step.
@@ -221,6 +224,10 @@ def trace_step(
             from fitcheck.torch_adapters.tracer_trl import triton_folds
 
             kernels.enter_context(triton_folds())
+    if trl_head and fake and skip_tiles:
+        from fitcheck.torch_adapters.tracer_trl import repeated_tiles_skipped
+
+        kernels.enter_context(repeated_tiles_skipped())
     with fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
         model = build_model(
             cfg,

@@ -25,6 +25,18 @@ the fp32 gradient accumulators) runs as written. Not emulated: the compact gathe
 (``hidden_states[mask]``, data-dependent in fake mode): every position is scored as on CPU, which is the same N x h
 copy where every position has a label (SFT without ``completion_only_loss``, ``core.trainers.steps._scored``);
 the index tensors of that gather and the ``masked_scatter`` outputs (N x 4 bytes each) are not traced.
+
+The kernel's forward and backward loop over token tiles of ``TOKEN_CHUNK_SIZE`` (4096) rows, each over the
+vocabulary's ``chunk_size`` (32768) columns: at 1139 x 512 tokens and Qwen2.5's 151936 words, 143 x 5 tiles a pass,
+traced op by op (57 s of a 1-layer trace on this 2-core machine, 50 s of it in the two loops). Every full token tile
+runs the same ops on the same shapes; on fake tensors :func:`repeated_tiles_skipped` runs the first two or three
+and the last (``kept_token_starts``), skipping an even number of full tiles in between. On CUDA (the Triton folds)
+a tile allocates nothing: the events are those of the whole loop. Where a tile allocates (the CPU folds, a 16-bit
+cast of fp32 hidden states or weights under autocast: ``hidden_chunk`` and ``w_chunk`` rebound, so each tile
+allocates its copy while the previous one is still live), each skipped tile's events are a kept tile's, and the
+allocator's blocks alternate between the two copies with period two, which the even skip keeps; checked equal,
+replayed through the caching allocator, to the whole loop's trace (``tests/test_trl_tiles.py``,
+``benchmarks/sft_tiles.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SFT_SOURCE = "trl 1.16.0 trl/trainer/sft_trainer.py SFTTrainer.__init__ / compute_loss"
+KEPT_LEADING_TILES = 2  # full token tiles kept before the skipped ones (one more where the skip count is odd)
 
 
 @dataclass
@@ -145,3 +158,46 @@ def triton_folds() -> Iterator[None]:
                 delattr(ck, n)
             else:
                 setattr(ck, n, v)
+
+
+def kept_token_starts(tokens: int, tile: int) -> list[int]:
+    """The token tiles' starts :func:`repeated_tiles_skipped` runs: ``range(0, tokens, tile)`` without an even number
+    of full tiles after the first :data:`KEPT_LEADING_TILES` (or one more), the last tile (full or partial) kept.
+
+    Args:
+        tokens: Rows scored (``N``).
+        tile: ``TOKEN_CHUNK_SIZE``.
+
+    Returns:
+        The starts kept, ascending.
+    """
+    starts = list(range(0, tokens, tile))
+    lead = KEPT_LEADING_TILES + (len(starts) - 1 - KEPT_LEADING_TILES) % 2
+    if len(starts) <= lead + 1:
+        return starts
+    return starts[:lead] + starts[-1:]
+
+
+@contextlib.contextmanager
+def repeated_tiles_skipped() -> Iterator[None]:
+    """``ChunkedLogProbFunction``'s token-tile loops (forward and backward: ``range(0, N, TOKEN_CHUNK_SIZE)``) over
+    :func:`kept_token_starts` only (module docstring); its vocabulary loops as written. For fake tensors only."""
+    import builtins
+
+    from trl.kernels import chunked_logprob as ck
+
+    def tile_range(*args: int) -> Any:
+        if len(args) == 3 and args[0] == 0 and args[2] == ck.TOKEN_CHUNK_SIZE:
+            return kept_token_starts(args[1], args[2])
+        return builtins.range(*args)
+
+    had = "range" in vars(ck)
+    saved = vars(ck).get("range")
+    ck.range = tile_range  # type: ignore[attr-defined]  # the module's global, read before builtins
+    try:
+        yield
+    finally:
+        if had:
+            ck.range = saved  # type: ignore[attr-defined]
+        else:
+            del ck.range  # type: ignore[attr-defined]
