@@ -26,12 +26,13 @@ from dataclasses import replace
 from typing import Any
 
 from benchmarks.cpu_truth import LLAMA, Row, spec_for
+from benchmarks.gloo_rank import free_port
 
 
 def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False) -> tuple[int, int, int]:
     """Live-tensor peaks (bytes) of the second of two real DeepSpeed bf16 steps of the tiny Llama, fp32-loaded:
     (forward + loss, backward, optimizer step)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + stage), RANK="0", WORLD_SIZE="1",
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK="0", WORLD_SIZE="1",
                       LOCAL_RANK="0")
     warnings.filterwarnings("ignore")
     import deepspeed
@@ -86,7 +87,7 @@ def zero3_facts(config: dict[str, Any] | None = None, seq: int = 16, batch: int 
     for ``tests/test_deepspeed_zero3.py``: its flat gradient partition buffer, every live tensor's bytes after
     ``initialize`` and after a step (by storage), and whether a forward gathered any parameter (a parameter's data
     is a view of its partition, ``ds_tensor``, at one process)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     warnings.filterwarnings("ignore")
     import deepspeed
     import torch

@@ -59,7 +59,9 @@ def real_run(stage: int, overlap: bool, lora: bool = False, world: int = 1, accu
     run before in the same process are deleted first); with ``accum`` > 1 also after each micro-batch's backward
     (``backward1.K``, ``backward.K``). ``world`` > 1: the rendezvous is :func:`real`'s (one process a rank)."""
     if world == 1:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29610", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        from gloo_rank import free_port
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     warnings.filterwarnings("ignore")
     import deepspeed
     import torch

@@ -23,6 +23,16 @@ import sys
 from typing import Any
 
 
+def free_port() -> str:
+    """A TCP port nothing listens on now, for a one-process rendezvous (``MASTER_PORT``): fixed ports clashed when two
+    test files, run side by side by ``pytest -n 2 --dist loadfile``, started the same helper at once."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
 def start_rank(rank: int, world: int, port: int) -> None:
     """Drop inherited accelerate/FSDP switches, set the rendezvous variables, join a gloo group of ``world``."""
     for key in [k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_"))]:

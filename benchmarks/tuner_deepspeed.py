@@ -53,7 +53,10 @@ def ds_config(stage: int) -> dict[str, Any]:
 
 
 def _env(stage: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29650 + stage), RANK="0", WORLD_SIZE="1",
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gloo_rank import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK="0", WORLD_SIZE="1",
                       LOCAL_RANK="0", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     warnings.filterwarnings("ignore")
 

@@ -117,8 +117,8 @@ def test_train_with_tuned_micro_batch_trains_once_at_the_size_found(tmp_path: Pa
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (4, 4)
 
 
-def test_start_and_every_verdict_are_agreed_over_ranks_gloo_world_1(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_start_and_every_verdict_are_agreed_over_ranks_gloo_world_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  free_port: int) -> None:
     import torch.distributed as dist
 
     config = CONFIGS[0]
@@ -133,7 +133,7 @@ def test_start_and_every_verdict_are_agreed_over_ranks_gloo_world_1(tmp_path: Pa
 
     monkeypatch.setattr(dist, "all_reduce", spy)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "29512")
+    monkeypatch.setenv("MASTER_PORT", str(free_port))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         with budget_for(trainer.model, 10**12):
