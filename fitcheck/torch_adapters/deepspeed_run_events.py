@@ -150,20 +150,7 @@ def _initialize(w: EventWriter, plan: DeepSpeedPlan, owned: list[list[int]], siz
     w.out.append((-1, 0, EMPTY_CACHE))
     w.new(e * plan.numel, t)  # lp_param_buffer (defragment)
     subs = [n for g in plan.groups for n in sub_groups(g, plan.sub_group_size)]
-    converted: tuple[int, int] | None = None
-    for n in subs:
-        now = w.new(FP32 * n, t)
-        if converted is not None:
-            w.free(*converted, t)
-        w.new(FP32 * n, t)  # converted.clone(): fp32_partitioned_groups_flat
-        converted = (now, FP32 * n)
-    if converted is not None:
-        w.free(*converted, t)
-    buffer = w.new(FP32 * max(subs), t)  # initialize_optimizer_states' gradient_buffer
-    w.free(buffer, FP32 * max(subs), t)
-    if plan.contiguous:
-        w.new(e * plan.bucket, t)  # the ipg bucket
-    w.new(e * plan.numel, t)  # grad_partitions_flat_buffer
+    zero3.optimizer_buffers(w, plan, subs, plan.numel, t)
 
 
 def _optimizer_step(w: EventWriter, plan: DeepSpeedPlan, tag: str, first: bool,

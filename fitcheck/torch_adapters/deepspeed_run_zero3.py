@@ -60,6 +60,28 @@ def gathered(plan: DeepSpeedPlan) -> list[int]:
     return [k for k, (n, _) in enumerate(plan.params) if n > plan.persist]
 
 
+def optimizer_buffers(w: EventWriter, plan: DeepSpeedPlan, subs: Sequence[int], flat: int, t: str) -> None:
+    """Stage 3's optimizer buffers at ``initialize`` (any number of processes): each fp32 sub-group of ``subs``
+    elements converted and cloned (``_create_fp32_partitions``; the converted tensor freed after the next one is
+    made), ``initialize_optimizer_states``' transient ``gradient_buffer``, the ipg bucket (``contiguous_gradients``)
+    and ``grad_partitions_flat_buffer`` of ``flat`` elements."""
+    e = plan.elem
+    converted: tuple[int, int] | None = None
+    for n in subs:  # _create_fp32_partitions
+        now = w.new(FP32 * n, t)
+        if converted is not None:
+            w.free(*converted, t)
+        w.new(FP32 * n, t)  # converted.clone(): fp32_partitioned_groups_flat
+        converted = (now, FP32 * n)
+    if converted is not None:
+        w.free(*converted, t)
+    buffer = w.new(FP32 * max(subs), t)  # initialize_optimizer_states' gradient_buffer
+    w.free(buffer, FP32 * max(subs), t)
+    if plan.contiguous:
+        w.new(e * plan.bucket, t)  # the ipg bucket
+    w.new(e * flat, t)  # grad_partitions_flat_buffer
+
+
 def initialize(w: EventWriter, plan: DeepSpeedPlan, storages: Sequence[tuple[int, int]]) -> list[int]:
     """``deepspeed.initialize``'s tensors (module docstring); ``storages``: each parameter's (serial, bytes) as
     loaded, in :attr:`.DeepSpeedPlan.params` order. Returns the fp32 sub-groups (elements)."""
@@ -75,20 +97,7 @@ def initialize(w: EventWriter, plan: DeepSpeedPlan, storages: Sequence[tuple[int
     for k in train:
         w.free(*parts[k], t)
     subs = [n for g in plan.groups for n in sub_groups([plan.part3(x) for x in g], plan.sub_group_size)]
-    converted: tuple[int, int] | None = None
-    for n in subs:  # _create_fp32_partitions
-        now = w.new(FP32 * n, t)
-        if converted is not None:
-            w.free(*converted, t)
-        w.new(FP32 * n, t)
-        converted = (now, FP32 * n)
-    if converted is not None:
-        w.free(*converted, t)
-    buffer = w.new(FP32 * max(subs), t)  # initialize_optimizer_states' gradient_buffer
-    w.free(buffer, FP32 * max(subs), t)
-    if plan.contiguous:
-        w.new(e * plan.bucket, t)  # the ipg bucket
-    w.new(e * flat, t)  # grad_partitions_flat_buffer
+    optimizer_buffers(w, plan, subs, flat, t)
     for k in train:  # create_reduce_and_remove_grad_hooks: all_gather, then partition
         if plan.params[k][0] > plan.persist:
             n = e * plan.part3(plan.params[k][0]) * plan.world
