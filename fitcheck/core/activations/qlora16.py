@@ -39,11 +39,14 @@ working set (:func:`sixteen_bit_branch`), measured the same way on CUDA-emulatin
 
 ==========================  ============
 LoRA on the MLP             2·I + 6·h     (the row above less the two fp32 I-wide input gradients: 8·I)
-q / v only (MLP bare)       6·I − 2·h     (its gated product's and up_proj's 4-bit backward with no branch)
+q / v only (MLP bare)       6·I − 2·h     (no branch in the MLP: its 4-bit backward alone)
 ==========================  ============
 
-The same traces with peft's fp32 adapters and CUDA's autocast reported to peft (what a GPU run of a plain
-``Trainer`` does) hold the same tensors at that moment (Qwen2.5-0.5B width, 2 layers, 4 x 1024: 676.9 vs 674.7 MB
+The q / v row holds for peft's fp32 adapters too, a plain ``Trainer`` on a CPU or a CUDA spec: the moment is in the
+bare MLP, where no branch runs (same shapes, fp32 adapters, plain activation trace: formula − trace +168 .. +312
+B/token with it, +4968 .. +9912 with the all-linear row above, which peft's default targets q_proj / v_proj were
+given before). The same traces with peft's fp32 adapters and CUDA's autocast reported to peft (what a GPU run of a
+plain ``Trainer`` does) hold the same tensors at that moment (Qwen2.5-0.5B width, 2 layers, 4 x 1024: 676.9 vs 674.7 MB
 live); the tracer does not report it (``torch.is_autocast_enabled()`` stays False on CPU), so plain-Trainer rows
 stay the fp32 ones.
 """
@@ -52,7 +55,6 @@ from __future__ import annotations
 
 from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.qlora import kbit_upcast
-from fitcheck.core.states.trl_adapters import trl_bf16_trainables
 from fitcheck.spec import DeviceType, MixedPrecision, QkNorm, TrainingSpec
 
 _MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")  # Phi-3 fuses gate and up
@@ -81,15 +83,20 @@ def qlora16_backward_working_set(spec: TrainingSpec) -> int:
     lora = spec.lora
     drop = lora is not None and lora.dropout > 0
     h, inter = sh.hidden_size, sh.intermediate_size
+    if drop and spec.precision.mixed_precision is MixedPrecision.BF16 and not wrapped_linears(lora, _MLP):
+        return 6 * inter - 2 * h  # q / v only: the bare MLP's backward (table below the first)
     if sixteen_bit_branch(spec):
-        return 2 * inter + 6 * h if wrapped_linears(lora, _MLP) else 6 * inter - 2 * h
+        return 2 * inter + 6 * h
     if spec.precision.mixed_precision is MixedPrecision.NO:
         return 6 * inter + 8 * h if drop else 4 * inter + 6 * h
     return (10 if drop else 6) * inter + 6 * h
 
 
 def sixteen_bit_branch(spec: TrainingSpec) -> bool:
-    """TRL's bf16 adapters (module docstring) in the measured setting: CUDA, bf16 autocast, LoRA dropout > 0."""
+    """TRL's bf16 adapters (module docstring) in the measured setting: CUDA, bf16 autocast, LoRA dropout > 0 (the
+    bf16 branch's own row; elsewhere the fp32 rows stay: not measured with TRL's cast)."""
+    from fitcheck.core.states import trl_bf16_trainables  # states import activations: not at module level
+
     lora = spec.lora
     return (trl_bf16_trainables(spec) and lora is not None and lora.dropout > 0
             and spec.hardware.device_type is DeviceType.CUDA
