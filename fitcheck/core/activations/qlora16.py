@@ -25,12 +25,39 @@ bf16 autocast      6·I + 6·h     10·I + 6·h
 
 (the MatMul4Bit input gradient and its sum with the LoRA branch's gradient in the MLP, plus the fp32 dropout
 mask/output and the cast gradients of the LoRA inputs, which peft computes in fp32 without autocast).
+
+Those rows are peft's fp32 adapters on a fake CPU trace, where peft 0.21.2 ``tuners/lora/bnb.py``
+``Linear4bit.forward`` sets ``requires_conversion = not torch.is_autocast_enabled()``: the argument-less call
+reports CUDA's autocast only (torch 2.13), so under the trace's CPU autocast peft casts the LoRA input to the fp32
+adapter dtype and the branch, with its input gradients, runs in fp32. TRL 1.16 runs no fp32 branch: after
+``get_peft_model`` it casts every trainable parameter of a bitsandbytes-quantized model to bf16
+(``trl/trainer/sft_trainer.py`` ``SFTTrainer.__init__``, ``param.data = param.data.to(torch.bfloat16)``;
+``core.states.trl_bf16_trainables``), so ``_cast_input_dtype`` has nothing to cast and the branch is bf16. Its
+working set (:func:`sixteen_bit_branch`), measured the same way on CUDA-emulating fake traces of TRL's SFT step
+(``tracer_trl``: the bf16 cast, fused head; dropout 0.05, bf16 autocast over a bf16 load; (h, I) = (256, 688),
+(256, 1376), (512, 1376) at 512 tokens, ``benchmarks/sft_qlora_branch.py``):
+
+==========================  ============
+LoRA on the MLP             2·I + 6·h     (the row above less the two fp32 I-wide input gradients: 8·I)
+q / v only (MLP bare)       6·I − 2·h     (no branch in the MLP: its 4-bit backward alone)
+==========================  ============
+
+The q / v row holds for peft's fp32 adapters too, a plain ``Trainer`` on a CPU or a CUDA spec: the moment is in the
+bare MLP, where no branch runs (same shapes, fp32 adapters, plain activation trace: formula − trace +168 .. +312
+B/token with it, +4968 .. +9912 with the all-linear row above, which peft's default targets q_proj / v_proj were
+given before). The same traces with peft's fp32 adapters and CUDA's autocast reported to peft (what a GPU run of a
+plain ``Trainer`` does) hold the same tensors at that moment (Qwen2.5-0.5B width, 2 layers, 4 x 1024: 676.9 vs 674.7 MB
+live); the tracer does not report it (``torch.is_autocast_enabled()`` stays False on CPU), so plain-Trainer rows
+stay the fp32 ones.
 """
 
 from __future__ import annotations
 
+from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.qlora import kbit_upcast
-from fitcheck.spec import MixedPrecision, QkNorm, TrainingSpec
+from fitcheck.spec import DeviceType, MixedPrecision, QkNorm, TrainingSpec
+
+_MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")  # Phi-3 fuses gate and up
 
 
 def qlora16_applies(spec: TrainingSpec) -> bool:
@@ -56,6 +83,21 @@ def qlora16_backward_working_set(spec: TrainingSpec) -> int:
     lora = spec.lora
     drop = lora is not None and lora.dropout > 0
     h, inter = sh.hidden_size, sh.intermediate_size
+    if drop and spec.precision.mixed_precision is MixedPrecision.BF16 and not wrapped_linears(lora, _MLP):
+        return 6 * inter - 2 * h  # q / v only: the bare MLP's backward (table below the first)
+    if sixteen_bit_branch(spec):
+        return 2 * inter + 6 * h
     if spec.precision.mixed_precision is MixedPrecision.NO:
         return 6 * inter + 8 * h if drop else 4 * inter + 6 * h
     return (10 if drop else 6) * inter + 6 * h
+
+
+def sixteen_bit_branch(spec: TrainingSpec) -> bool:
+    """TRL's bf16 adapters (module docstring) in the measured setting: CUDA, bf16 autocast, LoRA dropout > 0 (the
+    bf16 branch's own row; elsewhere the fp32 rows stay: not measured with TRL's cast)."""
+    from fitcheck.core.states import trl_bf16_trainables  # states import activations: not at module level
+
+    lora = spec.lora
+    return (trl_bf16_trainables(spec) and lora is not None and lora.dropout > 0
+            and spec.hardware.device_type is DeviceType.CUDA
+            and spec.precision.mixed_precision is MixedPrecision.BF16)
