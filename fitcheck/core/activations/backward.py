@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.core.activations.freeze import autocast_head_numel, autocast_layer_cast, frozen_missing, layer_trained
+from fitcheck.core.activations.lora_recompute import unrecomputed_base_backward
 from fitcheck.core.activations.norm_backward import (
     frozen_final_norm_backward,
     frozen_input_norm_backward,
@@ -240,6 +241,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     if head16:  # the cast to fp32: logits gradient and weight/input casts freed, the input gradient in fp32
         moments["head gradient cast"] = q.kept + casts + head16 + q.r * bs * h + (2 * head16 if accum else 0) - missing
     lora = _lora_recompute(spec, q)
+    base_nockpt = None if q.n_ckpt or q.offloaded else unrecomputed_base_backward(spec, q.r)
     post = None if q.offloaded else post_norm_backward(spec)
     for name, i in (("top layer", L - 1), ("bottom layer", 0)):
         missing = 0 if accum else (i + 1) * g_layer - g_down + g_emb
@@ -272,6 +274,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
                 moments[name + " attention"] = attn - (0 if accum else unmade - g_lora)
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
+        if i == L - 1 and base_nockpt is not None:  # QLoRA without checkpointing: its 4-bit backward
+            moments[name + " 4-bit backward"] = live + base_nockpt - missing + _LOSS_SCALARS
         if head16 and layer_trained(spec, i) and q.n_ckpt == 0 and i == L - 1:  # freeze.autocast_layer_cast
             from fitcheck.core.activations.layer_saved import full_mlp_saved
 

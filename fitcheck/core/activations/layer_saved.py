@@ -448,6 +448,13 @@ def _outside_saved(spec: TrainingSpec) -> int:
     return total - _first_layer_unsaved(spec, m, liger_norm) * b * s
 
 
+def first_layer_unsaved(spec: TrainingSpec) -> int:
+    """Bytes per token the first decoder layer of a LoRA run without checkpointing saves less than
+    ``layer_saved_per_token`` (0 elsewhere): a moment holding every layer's saved tensors holds this much less."""
+    liger = liger_applies(spec)
+    return _first_layer_unsaved(spec, _mode(spec), liger is not None and liger.rms_norm)
+
+
 def _first_layer_unsaved(spec: TrainingSpec, m: _Mode, liger_norm: bool) -> int:
     """Bytes per token the first layer of a LoRA run without checkpointing saves less than the others."""
     lora, sh = spec.lora, spec.model.shape

@@ -28,7 +28,12 @@ product's two gradients exist, so its working set is r·h + 3·e·I less what th
 
 from __future__ import annotations
 
-from fitcheck.core.activations.layer_saved import adapter_mlp_saved, down_adapter_saved, lora_reads_input_itself
+from fitcheck.core.activations.layer_saved import (
+    adapter_mlp_saved,
+    down_adapter_saved,
+    first_layer_unsaved,
+    lora_reads_input_itself,
+)
 from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.qlora import kbit_fp32_lora, lora_layer_params, matmul4bit_backward_weight
 from fitcheck.core.kernels import liger_applies, offload_applies
@@ -71,14 +76,19 @@ def dora_recompute_applies(spec: TrainingSpec) -> bool:
 
 
 def _recomputed_layer_traced(spec: TrainingSpec) -> bool:
-    """The Llama-style layer the moments were traced on: pre-norm RMSNorm (Llama's or Gemma's, Gemma-2's post
-    norms too), gated MLP,
+    """The Llama-style layer the moments were traced on (:func:`_layer_traced`), every layer checkpointed."""
+    act = spec.activations
+    return act.checkpointing and act.checkpoint_every_n_layers == 1 and _layer_traced(spec)
+
+
+def _layer_traced(spec: TrainingSpec) -> bool:
+    """The Llama-style LoRA layer the moments were traced on: pre-norm RMSNorm (Llama's or Gemma's, Gemma-2's post
+    norms too), gated MLP with down_proj wrapped,
     separate or fused (Phi-3's qkv_proj / gate_up_proj: the same tensors saved, gate_up's output one storage)."""
-    sh, lora, act = spec.model.shape, spec.lora, spec.activations
+    sh, lora = spec.model.shape, spec.lora
     t = sh.traits
     return (
         lora is not None and spec.freeze is None
-        and act.checkpointing and act.checkpoint_every_n_layers == 1
         and t.recipe is LayerRecipe.DECODER and t.norm_kind in _NORMS and t.norm_placement in _PLACEMENTS
         and not sh.num_experts and t.vision is None and t.dropout.hidden == 0
         and sh.mlp_activation == "swiglu" and liger_applies(spec) is None and not offload_applies(spec)
@@ -207,6 +217,32 @@ def base_backward(spec: TrainingSpec, r: int) -> int | None:
     _, gu_weight, gu_copy = matmul4bit_backward_weight(spec, wide, h)
     gu_deq = gu_copy + gu_weight if gu_copy else 0
     return max(down, gu_tokens + max(gu_deq, gu_weight + comp * h * bs))
+
+
+def unrecomputed_base_backward(spec: TrainingSpec, r: int) -> int | None:
+    """QLoRA without checkpointing: :func:`base_backward`'s bytes at the top layer's down_proj (and Phi-3's
+    gate_up_proj) ``MatMul4Bit`` backward beyond every layer's saved tensors; None where it does not apply.
+
+    ``MatMul4Bit.backward`` (bitsandbytes 0.50.2 ``autograd/_functions.py``) is plain Python over
+    ``F.dequantize_4bit``, whose CUDA kernel (``backends/cuda/ops.py`` ``bitsandbytes::dequantize_4bit``:
+    ``torch.empty(shape, dtype=dtype)``) and CPU kernel (``backends/cpu/ops.py``) both return a whole
+    ``quant_state.dtype`` weight, so the moment is the same on both devices. Without checkpointing no layer is
+    recomputed, but the top layer's down_proj backward runs in the same order (peft's LoRA branch first, its
+    adapter tensors freed; then the base's dequantized weight and its cast) with every layer's saved tensors
+    alive. It is the backward peak at short sequences on a wide layer (trace
+    Llama-3.1-70B QLoRA fp32 load, 3 layers, 1 x 512: fp32 ``dequantize_4bit (8192, 28672)`` 896 MiB + its bf16
+    cast 448 MiB; ``benchmarks/envelope_ranges.py`` llama/qlora/nockpt/eager/fp32 -2.07 % without it).
+    """
+    # under autocast it is left out: on the narrow layer of tests/test_qlora_unrecomputed_base.py the moment is
+    # 1888 B per token over the trace at 1 x 64 (not resolved), and the autocast rows are within without it
+    # (benchmarks/envelope_ranges.py llama/qwen2/mistral qlora/nockpt autocast: -0.02 .. +0.29 %)
+    traced = _layer_traced(spec) and not spec.activations.checkpointing and not _amp(spec)
+    base = base_backward(spec, r) if traced else None
+    if base is None:
+        return None
+    # every layer's saved tensors are held, the bottom layer's fewer (layer_saved.first_layer_unsaved: 16·h + 4 B
+    # per token on CPU; the narrow layer of tests/test_qlora_unrecomputed_base.py: exact with it, that much over)
+    return base - first_layer_unsaved(spec) * spec.batch.micro_batch * spec.batch.seq_len
 
 
 def mlp_work_tokens(spec: TrainingSpec, e: int, r: int) -> int:
