@@ -81,8 +81,10 @@ def test_fp32_lora_top_layer_forward_above_small_vocab_logits(method: str, batch
 NOT_PINNED_NOW = [
     (Cell("llama", "qlora", True, "eager", "autocast", 6528, 3), "meta-llama/Meta-Llama-3-70B"),  # was -32.4 %
     (Cell("qwen2", "qlora", True, "eager", "autocast", 15040, 6), "Qwen/Qwen2.5-7B"),  # was -47.6 %
-    (Cell("llama", "qlora", False, "eager", "fp32", 10816, 1), "meta-llama/Llama-3.1-8B"),  # was -3.6 %
 ]
+# (llama/qlora/nockpt/eager/fp32 at Llama-3.1-8B 1 x 10816, -3.6 % once, left this list when the top layer's 4-bit
+# backward moment closed it: its range rows are within 0.04 % from 512 to 32768 tokens, micro-batch 1 and 8, widths
+# 4096 and 8192; tests/test_qlora_unrecomputed_base.py checks the moment against the trace.)
 
 
 @pytest.mark.parametrize("cell,model", NOT_PINNED_NOW, ids=[c.label for c, _ in NOT_PINNED_NOW])
