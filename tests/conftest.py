@@ -42,7 +42,7 @@ def free_port() -> int:
 
 # Real-library checks that repeat a kind another test in the default run already covers (a second row of the same
 # real CPU step, a second DeepSpeed/FSDP variant of the same tuner trial). They run with FITCHECK_HEAVY_TESTS=1
-# (about 7 more minutes on a 2-core machine); the default run, which CI runs, stays under its 30 minutes.
+# (about 15 more worker-minutes on a 2-core machine); the default run, which CI runs, stays under its 30 minutes.
 HEAVY = (
     "tests/test_cpu_truth.py::test_real_cpu_step_within_two_percent[llama QLoRA nf4 dq bf16 ckpt]",
     "tests/test_cpu_truth.py::test_real_cpu_step_within_two_percent[qwen2 bf16 full sgd]",
@@ -53,6 +53,16 @@ HEAVY = (
     "tests/test_tuner_fsdp.py::test_tuned_fsdp1_trainer_survives_an_oom_mid_step_and_trains_like_an_untuned_one[forward]",
     "tests/test_tuner.py::test_hf_tuner_on_the_same_budget_shrinks_by_tenths",
     "tests/test_fsdp_upcast.py::test_bf16_and_fp32_loads_give_one_estimate_and_verdict[trl_fsdp2.yaml]",
+    # session 13 (CI at 2391 s): a second variant of a kind the default run keeps
+    "tests/test_levers.py::test_reentrant_checkpointing_saves_what_non_reentrant_saves_real_cpu_step",
+    "tests/test_tuner_grpo.py::test_grpo_under_deepspeed_or_fsdp_lands_on_the_max_and_trains_like_an_untuned_run[zero2]",
+    "tests/test_save_phase.py::test_real_one_process_trainer_save_creates_nothing[full-trainer]",
+    "tests/test_tuner_fsdp.py::test_tuned_fsdp1_trainer_survives_an_oom_mid_step_and_trains_like_an_untuned_one[backward]",
+    "tests/test_fsdp_upcast.py::test_real_prepare_upcasts_a_bf16_model_and_the_estimate_follows[1]",
+    "tests/test_tuner_same_weights.py::test_tuned_run_trains_to_the_weights_of_an_untuned_run[LoRA]",
+    "tests/test_tuner_same_weights.py::test_tuned_run_trains_to_the_weights_of_an_untuned_run[checkpointing]",
+    "tests/test_tuner_trainer.py::test_tuner_lands_on_the_scanned_max_without_training[full FT, 4 x 4]",
+    "tests/test_tuner_trainer.py::test_tuner_lands_on_the_scanned_max_without_training[LoRA r8, 16 x 1]",
     # spawns the real FSDP1 runs whose bytes benchmarks/data/fsdp1_run_events_cpu.json records (~2 minutes)
     "tests/test_fsdp1_run_events.py::test_sequence_matches_a_real_fsdp1_run",
 )
