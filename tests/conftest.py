@@ -32,12 +32,10 @@ def _own_trace_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def free_port() -> int:
     """A TCP port nothing listens on now, for a ``torch.distributed.run`` rendezvous (fixed ports clashed when two
-    multi-process tests, or two suites, ran on one machine)."""
-    import socket
+    multi-process tests, or two suites, ran on one machine): :func:`benchmarks.gloo_rank.free_port`."""
+    from benchmarks.gloo_rank import free_port as _free_port
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return int(_free_port())
 
 
 # Real-library checks that repeat a kind another test in the default run already covers (a second row of the same
