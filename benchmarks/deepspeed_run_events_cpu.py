@@ -147,7 +147,9 @@ def fitcheck_run(stage: int, overlap: bool, lora: bool = False, world: int = 1, 
     spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, world, 1, DeepSpeedSpec(
         stage=stage, overlap_comm=overlap, reduce_bucket_size=extra.get("reduce_bucket_size", BUCKET),
         param_persistence_threshold=extra.get("stage3_param_persistence_threshold", 0),
-        prefetch_bucket_size=extra.get("stage3_prefetch_bucket_size", DeepSpeedSpec.prefetch_bucket_size))))
+        prefetch_bucket_size=extra.get("stage3_prefetch_bucket_size", DeepSpeedSpec.prefetch_bucket_size),
+        max_live_parameters=extra.get("stage3_max_live_parameters", DeepSpeedSpec.max_live_parameters),
+        max_reuse_distance=extra.get("stage3_max_reuse_distance", DeepSpeedSpec.max_reuse_distance))))
     plan = deepspeed_plan(spec)
     # traced as the 16-bit module the engine runs, as the estimate does; a micro-batch is a plain pass
     plain = whole_run_events(spec, steps=3 * accum)
@@ -179,12 +181,11 @@ def real(*runs: tuple[int, ...]) -> list[dict[str, Any]]:
         if proc.returncode:
             raise RuntimeError(proc.stderr[-3000:])
         return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-    import socket
-
-    with socket.socket() as sock:  # a free port for the rendezvous
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     import tempfile
+
+    from gloo_rank import free_port
+
+    port = free_port()  # for the rendezvous
 
     # files, not pipes: a rank's record outgrows a pipe's buffer (rank 1 blocked writing while rank 0 waited at
     # the closing barrier: a 2-process ZeRO-3 record hung so)

@@ -38,6 +38,10 @@ AUTO = {"reduce_bucket_size": HIDDEN * HIDDEN, "stage3_prefetch_bucket_size": in
         "stage3_param_persistence_threshold": 10 * HIDDEN}
 # (stage, overlap_comm, lora, processes)
 RUNS = ((3, True, False, 2), (3, True, True, 2), (3, True, False, 3), (3, True, True, 3))
+# the user's own stage3_max_reuse_distance (0: nothing kept from forward to backward) and stage3_max_live_parameters
+# (two attention projections' elements: each prefetch cut short), on the same two-process runs (``--record-knobs``)
+KNOBS = {**AUTO, "stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 32768}
+KNOB_RUNS = ((3, True, False, 2), (3, True, True, 2))
 # what the rewrite leaves out, by run: LoRA's real engine holds 4096 B more after the first backward (two 2048 B
 # tensors freed as its step starts), not identified
 KNOWN = {(3, True, True, 2): ["live after backward1"], (3, True, True, 3): ["live after backward1"]}
@@ -69,33 +73,38 @@ def table(runs: list[dict[str, Any]]) -> tuple[list[str], int]:
     """Rows real / rewrite per point and the peak; the number of runs with an unexpected difference."""
     from deepspeed_run_events_cpu import POINTS, compare, fitcheck_run
 
-    os.environ["ZERO_EXTRA"] = json.dumps(AUTO)
     rows, bad = [], 0
     for rec in runs:
         run = tuple(rec["run"])
+        extra = rec.get("zero_extra", AUTO)
+        os.environ["ZERO_EXTRA"] = json.dumps(extra)
         mine = fitcheck_run(*run)
         diffs = compare(run, rec)
         before = rec["live"]["initialize"] - mine["live"]["initialize"]
         real_peak = peak(rec["events"])
         mine_peak = peak(mine["events"], 2) + before
         cells = " | ".join(f"{rec['live'][p]} / {mine['live'][p]}" for p in POINTS)
-        rows.append(f"| ZeRO-3, {'LoRA' if run[2] else 'full'}, {run[3]} | {cells} | {real_peak} / {mine_peak} "
+        knobs = "".join(f", {k.removeprefix('stage3_')} {v}" for k, v in extra.items() if k not in AUTO)
+        rows.append(f"| ZeRO-3, {'LoRA' if run[2] else 'full'}, {run[3]}{knobs} | {cells} | {real_peak} / {mine_peak} "
                     f"({(mine_peak - real_peak) / real_peak:+.2%}) | {'; '.join(diffs) or 'match'} |")
         bad += any(not any(d.startswith(k) for k in KNOWN.get(run, [])) for d in diffs)  # type: ignore[arg-type]
     return rows, bad
 
 
-def record() -> None:
-    """Run the real engines again and write :data:`DATA`."""
+def record(knobs: bool = False) -> None:
+    """Run the real engines again and write :data:`DATA`: the :data:`RUNS` with :data:`AUTO`, or (``knobs``) the
+    :data:`KNOB_RUNS` with :data:`KNOBS` (each record carries its ``zero_extra``; the other kind is kept)."""
     from deepspeed_run_events_cpu import real
 
-    os.environ["ZERO_EXTRA"] = json.dumps(AUTO)
-    out = []
-    for world in sorted({r[3] for r in RUNS}):
-        runs = [r for r in RUNS if r[3] == world]
-        out += [{"run": list(r), **rec} for r, rec in zip(runs, real(*runs), strict=True)]
-    DATA.write_text(json.dumps({"command": "PYTHONPATH=. python benchmarks/deepspeed_zero3_cpu.py --record",
-                                "zero_extra": AUTO, "runs": out}, separators=(",", ":")), encoding="utf-8")
+    extra, todo = (KNOBS, KNOB_RUNS) if knobs else (AUTO, RUNS)
+    os.environ["ZERO_EXTRA"] = json.dumps(extra)
+    out = [r for r in (records() if DATA.exists() else []) if (r.get("zero_extra", AUTO) == KNOBS) != knobs]
+    for world in sorted({r[3] for r in todo}):
+        runs = [r for r in todo if r[3] == world]
+        out += [{"run": list(r), "zero_extra": extra, **rec} for r, rec in zip(runs, real(*runs), strict=True)]
+    head = json.loads(DATA.read_text(encoding="utf-8")) if DATA.exists() else {}
+    head.update(command="PYTHONPATH=. python benchmarks/deepspeed_zero3_cpu.py --record [--knobs]", runs=out)
+    DATA.write_text(json.dumps(head, separators=(",", ":")), encoding="utf-8")
 
 
 WIDE = {"model_name_or_path": "meta-llama/Llama-3.1-8B", "max_seq_length": 2048, "per_device_train_batch_size": 4,
@@ -125,7 +134,7 @@ def wide(values: dict[str, Any]) -> str:
 def main() -> int:
     """Print the table; exit 1 on an unexpected difference."""
     if sys.argv[1:2] == ["--record"]:
-        record()
+        record(knobs=sys.argv[2:3] == ["--knobs"])
     if sys.argv[1:2] == ["--wide"]:  # Llama-3.1-8B ZeRO-3, 4 x H100, 4 x 2048: LoRA and full
         print("| Llama-3.1-8B ZeRO-3 4 x H100, 4 x 2048 | answer allocated / reserved GiB | replay peak "
               "allocated / reserved GiB |\n|---|---|---|")

@@ -20,10 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def _record(lora: bool) -> dict[str, Any]:
-    from deepspeed_zero3_cpu import records
+def _record(lora: bool, knobs: bool = False) -> dict[str, Any]:
+    from deepspeed_zero3_cpu import AUTO, KNOBS, records
 
-    return next(r for r in records() if r["run"] == [3, True, lora, 2])
+    want = KNOBS if knobs else AUTO
+    return next(r for r in records() if r["run"] == [3, True, lora, 2] and r.get("zero_extra", AUTO) == want)
 
 
 @pytest.fixture
@@ -68,7 +69,9 @@ def test_lora_matches_the_recorded_engine_but_for_one_point(auto: None) -> None:
 
 def test_gathers_keep_what_is_reused_within_the_distance() -> None:
     from fitcheck.torch_adapters.deepspeed_run_plan import DeepSpeedPlan
-    from fitcheck.torch_adapters.deepspeed_run_zero3 import MAX_REUSE_DISTANCE, Gathers, gathered
+    from dataclasses import replace
+
+    from fitcheck.torch_adapters.deepspeed_run_zero3 import Gathers, gathered
 
     # an 8B-like model: embedding, 32 layers of 218M elements, norm, head of 525M
     params = ((525_336_576, True), *((218_103_808, True),) * 32, (4096, True), (525_336_576, True))
@@ -78,9 +81,42 @@ def test_gathers_keep_what_is_reused_within_the_distance() -> None:
     assert gathered(plan) == [k for k in range(len(params)) if k != 33]  # the norm persists
     assert g.head == [34] and g.kept(34)  # the head: reused next, in its backward
     # a layer is kept from its forward to its backward only where twice what follows it is under the distance
-    assert [k for k in g.body if g.kept(k)] == [k for k in g.body if 2 * sum(n for n, _ in params[k + 1:])
-                                                < MAX_REUSE_DISTANCE]
+    kept = [k for k in g.body if g.kept(k)]
+    assert kept == [k for k in g.body if 2 * sum(n for n, _ in params[k + 1:]) < 10**9]  # DeepSpeed's default
     assert g.nbytes(34) == 2 * -(-525_336_576 // 4) * 4
+    # the user's stage3_max_reuse_distance: 0 keeps nothing, twice the model keeps every layer
+    assert not any(Gathers(replace(plan, max_reuse=0)).kept(k) for k in g.order)
+    wide = Gathers(replace(plan, max_reuse=2 * sum(n for n, _ in params) + 1))
+    assert all(wide.kept(k) for k in g.body if k >= wide.first_trained)
+
+
+def test_max_live_parameters_cuts_each_prefetch_short() -> None:
+    """``fetch_sub_module`` (partitioned_param_coordinator.py L453): a prefetch takes at most
+    ``max_live - n_available`` elements (and may pass it by one parameter, as DeepSpeed's loop does); at
+    ``max_live`` = one layer's elements nothing is prefetched."""
+    from dataclasses import replace
+
+    from fitcheck.torch_adapters.deepspeed_run_plan import DeepSpeedPlan
+    from fitcheck.torch_adapters.deepspeed_run_zero3 import Gathers
+
+    params = ((1000, True), *((400, True),) * 6, (1000, True))
+    plan = DeepSpeedPlan(3, (tuple(n for n, _ in params),), frozenset(), 2, 1000, True, True, 10**9, 2,
+                         params=params, persist=0, prefetch=1200, max_reuse=0)
+    events = [(i, 8, "forward") for i in range(40)] + [(100 + i, 8, "backward") for i in range(40)]
+
+    def most_live(p: DeepSpeedPlan) -> int:
+        live = top = 0
+        for _, evs in sorted(Gathers(p).schedule(events, 0, len(events), complete=True).items()):
+            for _, n, _ in evs:
+                live += n
+                top = max(top, live)
+        return top
+
+    free = most_live(plan)
+    assert most_live(replace(plan, max_live=1000)) < free  # room for two layers' prefetch, not three
+    capped = most_live(replace(plan, max_live=400))
+    assert capped < most_live(replace(plan, max_live=1000))
+    assert capped == most_live(replace(plan, prefetch=0))  # nothing prefetched: one parameter at a time
 
 
 def test_a_multi_process_zero3_plan_lists_every_parameter() -> None:
@@ -107,3 +143,25 @@ def test_a_multi_process_zero3_plan_lists_every_parameter() -> None:
             r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM"))
     assert plan.params == tuple((p.numel(), p.requires_grad) for _, p in model.named_parameters())
     assert (plan.persist, plan.prefetch, plan.world) == (1280, 14745, 2)
+
+
+def test_the_users_reuse_distance_and_live_parameters_match_the_recorded_engine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stage3_max_reuse_distance`` 0 and ``stage3_max_live_parameters`` 32768 (``deepspeed_zero3_cpu.KNOBS``): the
+    real engine's peak is 12 % under the defaults'; the rewrite follows it within 64 B (it assumed 1e9 for both
+    before, and stayed at the defaults' peak)."""
+    import json
+
+    from deepspeed_run_events_cpu import compare, fitcheck_run
+    from deepspeed_zero3_cpu import AUTO, KNOBS, peak
+
+    rec = _record(False, knobs=True)
+    monkeypatch.setenv("ZERO_EXTRA", json.dumps(KNOBS))
+    assert compare((3, True, False, 2), rec) == []
+    mine = fitcheck_run(3, True, False, 2)
+    before = rec["live"]["initialize"] - mine["live"]["initialize"]
+    real = peak(rec["events"])
+    assert abs(peak(mine["events"], 2) + before - real) <= 64
+    assert real < 0.9 * peak(_record(False)["events"])
+    monkeypatch.setenv("ZERO_EXTRA", json.dumps(AUTO))  # the knobs not read: the defaults' peak, 13 % high
+    assert peak(fitcheck_run(3, True, False, 2)["events"], 2) + before > 1.1 * real

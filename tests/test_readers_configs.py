@@ -547,3 +547,16 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
             fsdp=None,
             env=NO_ENV,
         )
+
+
+def test_the_users_stage3_reuse_distance_and_live_parameters_are_read() -> None:
+    """Both reach the ZeRO-3 replay (``deepspeed_run_zero3``); DeepSpeed's names and their aliases."""
+    from fitcheck.readers.deepspeed_zero import zero_spec
+
+    for reuse, live in (("stage3_max_reuse_distance", "stage3_max_live_parameters"),
+                        ("max_reuse_distance", "max_live_parameters")):
+        prov: dict[str, str] = {}
+        spec = zero_spec({"stage": 3, reuse: 0, live: 3e8}, source="z3.json", hidden=64, prov=prov, findings=[])
+        assert (spec.max_reuse_distance, spec.max_live_parameters) == (0, 300_000_000)
+    with pytest.raises(ConfigError, match="stage3_max_reuse_distance"):
+        zero_spec({"stage": 3, "stage3_max_reuse_distance": -1}, source="z3.json", hidden=64, prov={}, findings=[])

@@ -143,6 +143,7 @@ def zero_spec(
         0,
     )
     max_live = z.size(("stage3_max_live_parameters", "max_live_parameters"), _DS.max_live_parameters, None, 0)
+    max_reuse = z.size(("stage3_max_reuse_distance", "max_reuse_distance"), _DS.max_reuse_distance, None, 0)
     sub_group = z.size(("sub_group_size",), _DS.sub_group_size, None, 0)
     overlap = z.flag("overlap_comm", _DS.overlap_comm)
     contiguous = z.flag("contiguous_gradients", _DS.contiguous_gradients)
@@ -158,6 +159,7 @@ def zero_spec(
         contiguous_gradients=bool(contiguous),
         prefetch_bucket_size=prefetch,
         max_live_parameters=max_live,
+        max_reuse_distance=max_reuse,
         param_persistence_threshold=persistence,
         sub_group_size=sub_group,
         zero3_init=_DS.zero3_init,

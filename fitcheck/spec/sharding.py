@@ -44,6 +44,7 @@ class DeepSpeedSpec:
     contiguous_gradients: bool = True
     prefetch_bucket_size: int = 50_000_000
     max_live_parameters: int = 1_000_000_000
+    max_reuse_distance: int = 1_000_000_000
     param_persistence_threshold: int = 100_000
     sub_group_size: int = 1_000_000_000
     zero3_init: bool = True

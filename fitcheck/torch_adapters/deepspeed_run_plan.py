@@ -45,6 +45,10 @@ class DeepSpeedPlan:
         persist: ZeRO-3 ``stage3_param_persistence_threshold`` (elements): a parameter of at most this many stays
             gathered (``parameter_offload.py`` ``mark_persistent_parameters``).
         prefetch: ZeRO-3 ``stage3_prefetch_bucket_size`` (elements).
+        max_live: ZeRO-3 ``stage3_max_live_parameters`` (elements): a prefetch stops where the gathered
+            parameters would pass it (``partitioned_param_coordinator.py`` ``fetch_sub_module``).
+        max_reuse: ZeRO-3 ``stage3_max_reuse_distance`` (elements): a parameter used again within this many
+            elements of modules is not released (``__params_to_release``).
     """
 
     stage: int
@@ -61,6 +65,8 @@ class DeepSpeedPlan:
     params: tuple[tuple[int, bool], ...] = ()
     persist: int = 0
     prefetch: int = 0
+    max_live: int = 10**9
+    max_reuse: int = 10**9
 
     @property
     def numel(self) -> int:
@@ -195,7 +201,8 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
                          replayed_micro_batches(spec.batch.grad_accum))
     if stage == 3:
         return replace(plan, params=_all_params(spec, layout, order, first_layer),
-                       persist=ds.param_persistence_threshold, prefetch=ds.prefetch_bucket_size)
+                       persist=ds.param_persistence_threshold, prefetch=ds.prefetch_bucket_size,
+                       max_live=ds.max_live_parameters, max_reuse=ds.max_reuse_distance)
     if plan.world == 1:
         return plan
     # the per-GPU peak is the largest rank's: the one holding the most whole parameters (the first of a tie)

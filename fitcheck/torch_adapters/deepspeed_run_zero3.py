@@ -33,7 +33,11 @@ parameters are spread over the body's events by their elements (layers are alike
 event of the head's region (``forward_head``), freed when the backward of the head ends (``backward_start``).
 The coalesced path of a prefetch of several parameters (``_all_gather_coalesced``: a flat of their partitions x
 world and one ``torch.cat`` per parameter) is counted as the per-parameter buffers. Tied embeddings: the head's
-gather of the embedding is not modelled. ``stage3_max_live_parameters``: DeepSpeed's default 1e9 assumed.
+gather of the embedding is not modelled. ``stage3_max_live_parameters`` caps each prefetch (L453: at most
+``max_live - n_available`` elements, ``n_available`` the elements gathered and not yet released this step, reset
+to 0 at each step's start, L287); ``stage3_max_reuse_distance`` is the user's (DeepSpeed's default 1e9, which
+transformers 5.23 leaves to DeepSpeed: ``integrations/deepspeed.py`` fills reduce_bucket_size, prefetch and
+persistence only).
 
 Pure Python: no torch import.
 """
@@ -44,11 +48,6 @@ from collections.abc import Callable, Sequence
 
 from fitcheck.torch_adapters.deepspeed_run_backward import EMPTY_CACHE, Event, EventWriter
 from fitcheck.torch_adapters.deepspeed_run_plan import FP32, DeepSpeedPlan, DeepSpeedReplayError, sub_groups
-
-# zero/config.py DeepSpeedZeroConfig.max_reuse_distance (stage3_max_reuse_distance): 1e9, which transformers 5.23
-# leaves to DeepSpeed (integrations/deepspeed.py fills reduce_bucket_size, prefetch and persistence only)
-MAX_REUSE_DISTANCE = 10**9
-
 
 def multi(plan: DeepSpeedPlan) -> bool:
     """Whether a plan is ZeRO-3 on more than one process (this module's)."""
@@ -142,7 +141,7 @@ class Gathers:
     def kept(self, k: int) -> bool:
         """``__params_to_release`` (complete trace): parameter ``k``'s reuse, in backward, is nearer than
         ``stage3_max_reuse_distance`` elements of modules (those after it in forward, then in backward)."""
-        return k >= self.first_trained and 2 * self.after[k + 1] < MAX_REUSE_DISTANCE
+        return k >= self.first_trained and 2 * self.after[k + 1] < self.plan.max_reuse
 
     def schedule(self, events: Sequence[Event], lo: int, end: int, complete: bool) -> dict[int, list[Event]]:
         """The gathers and releases of one step whose plain events are ``events[lo:end]`` (forward from ``lo``,
@@ -193,12 +192,14 @@ class Gathers:
     def _pass(self, seq: list[tuple[int, int]], do: Callable[[int, int, int], None], live: dict[int, int],
               complete: bool, forward: bool, end_at: int) -> None:
         """One pass's fetches and releases (``seq``: parameter, index of its module's fetch)."""
-        budget = self.plan.prefetch if complete else 0
         for i, (k, at) in enumerate(seq):
             if k not in live:
                 do(at, k, 1)
-            j, numel = i + 1, 0  # prefetch: the next parameters of the trace, up to the bucket
-            while budget and j < len(seq) and numel < budget:
+            # prefetch: the next parameters of the trace, up to the bucket and to max_live less what is gathered
+            available = sum(self.plan.params[p][0] for p in live)
+            budget = min(self.plan.prefetch, self.plan.max_live - available) if complete else 0
+            j, numel = i + 1, 0
+            while budget > 0 and j < len(seq) and numel < budget:
                 nk = seq[j][0]
                 if nk not in live:
                     do(at, nk, 1)
