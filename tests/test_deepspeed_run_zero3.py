@@ -68,9 +68,9 @@ def test_lora_matches_the_recorded_engine_but_for_one_point(auto: None) -> None:
 
 
 def test_gathers_keep_what_is_reused_within_the_distance() -> None:
-    from fitcheck.torch_adapters.deepspeed_run_plan import DeepSpeedPlan
     from dataclasses import replace
 
+    from fitcheck.torch_adapters.deepspeed_run_plan import DeepSpeedPlan
     from fitcheck.torch_adapters.deepspeed_run_zero3 import Gathers, gathered
 
     # an 8B-like model: embedding, 32 layers of 218M elements, norm, head of 525M

@@ -49,6 +49,7 @@ from collections.abc import Callable, Sequence
 from fitcheck.torch_adapters.deepspeed_run_backward import EMPTY_CACHE, Event, EventWriter
 from fitcheck.torch_adapters.deepspeed_run_plan import FP32, DeepSpeedPlan, DeepSpeedReplayError, sub_groups
 
+
 def multi(plan: DeepSpeedPlan) -> bool:
     """Whether a plan is ZeRO-3 on more than one process (this module's)."""
     return plan.stage == 3 and plan.world > 1 and bool(plan.params)
