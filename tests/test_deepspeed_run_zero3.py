@@ -165,3 +165,34 @@ def test_the_users_reuse_distance_and_live_parameters_match_the_recorded_engine(
     assert real < 0.9 * peak(_record(False)["events"])
     monkeypatch.setenv("ZERO_EXTRA", json.dumps(AUTO))  # the knobs not read: the defaults' peak, 13 % high
     assert peak(fitcheck_run(3, True, False, 2)["events"], 2) + before > 1.1 * real
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_formulas_kept_tail_is_the_replays(lora: bool) -> None:
+    """``core/states/zero3_reuse`` (the formula) and ``Gathers.kept`` (the replay, checked against the real engines
+    above) keep the same parameters gathered from the end of forward, at every reuse distance: the same elements
+    for full fine-tuning, the base weights of the same layers under LoRA (the replay also keeps their adapters)."""
+    from dataclasses import replace
+
+    from cpu_truth import Row, spec_for
+    from deepspeed_run_events_cpu import CONFIG
+
+    from fitcheck.core.states.zero3_reuse import reuse_kept_elements
+    from fitcheck.spec import DeepSpeedSpec, LoraSpec, ShardingSpec, Strategy
+    from fitcheck.torch_adapters.deepspeed_run_plan import deepspeed_plan
+    from fitcheck.torch_adapters.deepspeed_run_zero3 import Gathers
+
+    spec = spec_for(Row("tiny", CONFIG, seq=32, batch=2, dtype="bfloat16", mp="bf16", optim="adamw_torch_fused",
+                        lora=LoraSpec(r=8, target_modules=("q_proj", "v_proj"), dropout=0.0) if lora else None))
+    total = spec.model.total_params
+    seen = set()
+    for reuse in (0, total // 2, total, 2 * total - 300_000, 2 * total + 1, 10**9):
+        ds = DeepSpeedSpec(stage=3, param_persistence_threshold=1280, max_reuse_distance=reuse)
+        spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, 2, 1, ds))
+        g = Gathers(deepspeed_plan(spec))
+        replay = sum(g.plan.params[k][0] for k in g.order if g.kept(k))
+        formula = reuse_kept_elements(spec, 1280, reuse)
+        adapters = sum(g.plan.params[k][0] for k in g.order if g.kept(k) and g.plan.params[k][1]) if lora else 0
+        assert formula == replay - adapters, reuse
+        seen.add(formula)
+    assert len(seen) >= 3  # nothing, part of the model, all of it

@@ -124,6 +124,27 @@ def test_zero3_gathered_params_cover_largest_layer(llama8b: ModelInventory) -> N
     assert persistent.peak_bytes == norms * 2 - norms * 2 // 8
 
 
+def test_zero3_keeps_what_is_reused_within_the_distance_gathered(llama8b: ModelInventory) -> None:
+    """partitioned_param_coordinator.py ``__params_to_release``: from the end of forward, every parameter whose own
+    backward is nearer than ``stage3_max_reuse_distance`` stays gathered (core/states/zero3_reuse.py)."""
+    total = llama8b.total_params
+    small = sum(p.numel for p in llama8b.params if p.numel_each <= 100_000)  # persistent anyway
+
+    def gathered(**kw: object) -> Component:
+        return named(buffer_components(spec_for(llama8b, ds(8, stage=3, **kw))), "buffers.zero3_gathered_params")
+
+    default = gathered()  # 1e9: only the LM head, already the largest module: as before
+    everything = gathered(max_reuse_distance=2 * total)
+    assert everything.at(Phase.BACKWARD_START) == (total - small) * 2 > 8 * default.at(Phase.BACKWARD_START)
+    assert everything.at(Phase.FORWARD_END) == everything.at(Phase.BACKWARD_START)
+    assert [gathered(max_reuse_distance=0).at(p) for p in PHASES] == [default.at(p) for p in PHASES]
+    # half the distance's elements from the top: the LM head and three layers (their two norms persist; more than
+    # max_live_parameters 1e9 already, so nothing is prefetched on top)
+    layer = sum(p.numel_each for p in llama8b.params if p.per_layer)
+    part = gathered(max_reuse_distance=2 * (525_336_576 + 4096 + 3 * layer) + 1).at(Phase.BACKWARD_START)
+    assert part == (525_336_576 + 3 * (layer - 2 * 4096)) * 2
+
+
 def test_ddp_buckets_copy_all_gradients(llama8b: ModelInventory) -> None:
     spec = TrainingSpec(
         model=llama8b,

@@ -21,6 +21,7 @@ from fitcheck.core.states.fsdp2_units import fsdp2_components
 from fitcheck.core.states.fsdp_mixed_units import mixed_unit_frozen_params
 from fitcheck.core.states.fsdp_qlora import compute_dtype_override, gathered_layer_bytes, is_fsdp_4bit
 from fitcheck.core.states.layout import trainable_params
+from fitcheck.core.states.zero3_reuse import reuse_kept_elements
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import MixedPrecision, OffloadDevice, Strategy, TrainingSpec
 from fitcheck.units import format_bytes
@@ -332,6 +333,11 @@ def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable:
     # measured on a real ZeRO-3 engine on CPU (benchmarks/deepspeed_cpu.py: forward peak = ZeRO-2's + the
     # flat gradient buffer + the ipg bucket, to 0.1 MiB).
     gathered = int(live * w) if n > 1 else 0
+    # from the end of the forward into the backward the trainable tail within half of stage3_max_reuse_distance
+    # stays gathered too (zero3_reuse); the module fetched and its prefetch come on top, within max_live
+    kept = reuse_kept_elements(spec, ds.param_persistence_threshold, ds.max_reuse_distance) if n > 1 else 0
+    held = int(max(live, kept + min(ds.prefetch_bucket_size, max(ds.max_live_parameters - kept, 0))) * w)
+    held = held if kept > largest else gathered
     grad_of_largest = largest * elem if trainable and spec.lora is None else 0
     out.append(
         Component(
@@ -340,14 +346,19 @@ def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable:
             Location.DEVICE,
             _phases(
                 {
-                    Phase.FORWARD_END: gathered,
-                    Phase.BACKWARD_START: gathered,
-                    Phase.BACKWARD: gathered + grad_of_largest,
+                    Phase.FORWARD_END: held,
+                    Phase.BACKWARD_START: held,
+                    # the largest tensor's gradient comes at its own backward, by when the kept tail above it is
+                    # released (an embedding at the bottom): the start of backward or that moment, whichever is more
+                    Phase.BACKWARD: max(held, gathered + grad_of_largest),
                 }
             ),
             _SRC_Z3,
             (f"largest module {largest:,} params + prefetch {ds.prefetch_bucket_size:,} (max_live_parameters "
              f"{ds.max_live_parameters:,}) gathered in full" if gathered else "one process: nothing gathered")
+            + (f"; from the end of forward {kept:,} params kept gathered for their backward (reused within "
+               f"stage3_max_reuse_distance {ds.max_reuse_distance:,}: partitioned_param_coordinator.py "
+               "__params_to_release, core/states/zero3_reuse.py)" if held != gathered else "")
             + (", plus its full gradient in backward" if grad_of_largest else ""),
         )
     )
