@@ -253,7 +253,9 @@ def _quant(row: Mapping[str, Any]) -> QuantSpec | str | None:
         return "GPTQ pre-quantized base is not modelled"
     torchtune = "torchao" in text or "nf4tensor" in text or text.startswith("nf4")
     # torchao NF4Tensor: 64-element blocks, block scales quantized again per 256 (double quantization).
-    double = "double" in text or torchtune
+    # "bnb NF4 (no double quant)" (litgpt qlora.yaml ``quantize: bnb.nf4``, not ``bnb.nf4-dq``) names double
+    # quantization only to exclude it
+    double = ("double" in text and "no double" not in text) or torchtune
     prep = row["source_group"] in HF_GROUPS  # TRL/PEFT pipelines run prepare_model_for_kbit_training
     return QuantSpec(
         bits=4,

@@ -187,3 +187,21 @@ def test_an_ambiguous_unit_is_a_skip() -> None:
     row = next(r for r in ROWS if r["id"] == "TT31-8")  # "44.8 GB", memory_gib null
     p = pr.plan_row({**row, "compile": None})
     assert isinstance(p, pr.Skip) and "ambiguous unit" in p.reason
+
+
+def test_litgpt_rows_read_quantization_and_dropout_as_their_configs_set_them() -> None:
+    """config_hub qlora.yaml sets ``quantize: bnb.nf4`` (row: "bnb NF4 (no double quant)"), the 2023 tables name
+    ``bnb.nf4`` / ``bnb.nf4-dq``; every litgpt LoRA config of the rows sets ``lora_dropout`` 0.05 (row ``lora.source``).
+    Before, "no double quant" was read as double quantization and the dropout as 0."""
+    expected = {"LITCH-2": False, "LITCH-4": False, "LITCH-6": False, "LIT-9": False, "LIT-10": True, "LIT-14": True}
+    for rid, double in expected.items():
+        p = PLANS[rid]
+        assert isinstance(p, pr.Plan)
+        spec = p.build(pr.inventory_for(p.model))
+        assert spec.quant is not None and spec.quant.double_quant is double, rid
+        assert spec.lora is not None and spec.lora.dropout == 0.05, rid
+    for rid in ("LITCH-1", "LIT-8", "LIT-17"):
+        p = PLANS[rid]
+        assert isinstance(p, pr.Plan)
+        lora = p.build(pr.inventory_for(p.model)).lora
+        assert lora is not None and lora.dropout == 0.05, rid

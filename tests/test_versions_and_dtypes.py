@@ -173,3 +173,80 @@ def test_installed_versions_read_from_dist_info_folders_equal_importlib_metadata
         except metadata.PackageNotFoundError:
             expected = None
         assert _metadata_version(name) == expected, name
+
+
+_TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+               "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+               "vocab_size": 128, "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+               "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+def _qlora_step_bytes(keep_input: bool, tokens: int) -> tuple[int, int]:
+    """(live bytes after backward with the graph held, peak) of one real QLoRA step on CPU: transformers' Llama,
+    bitsandbytes 0.50.2 ``Linear4bit`` (real, quantized on CPU), peft q/v LoRA; ``keep_input`` reverts PR #1270
+    (``ctx.tensors = (A, B)``, bitsandbytes <= 0.43.1)."""
+    import torch
+    from bitsandbytes.autograd import _functions as bnb_functions
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fitcheck.spec import QuantSpec
+    from fitcheck.torch_adapters import LiveTensorRecorder
+    from fitcheck.torch_adapters.tracer_quant import quantize_base
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**{k: v for k, v in _TINY_LLAMA.items() if k not in ("model_type", "architectures")})
+    config._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    quant = QuantSpec(bits=4, quant_type="nf4", compute_dtype=Dtype.BFLOAT16)
+    model = get_peft_model(quantize_base(model, quant, fake=False),
+                           LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    forward = bnb_functions.MatMul4Bit.forward
+
+    def old_forward(ctx: Any, A: Any, B: Any, out: Any = None, bias: Any = None, quant_state: Any = None) -> Any:
+        output = forward(ctx, A, B, out, bias, quant_state)
+        if any(ctx.needs_input_grad[:2]):
+            ctx.tensors = (A, ctx.tensors[1])  # bitsandbytes 0.42.0 autograd/_functions.py MatMul4Bit.forward
+        return output
+
+    ids = torch.randint(0, 128, (1, tokens))
+    rec = LiveTensorRecorder()
+    if keep_input:
+        bnb_functions.MatMul4Bit.forward = staticmethod(old_forward)
+    try:
+        with rec:
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            held = rec.current
+    finally:
+        bnb_functions.MatMul4Bit.forward = staticmethod(forward)
+    peak = max(r.peak for r in rec.regions.values())
+    del loss
+    return held, peak
+
+
+def test_bitsandbytes_before_0_43_2_keeps_each_4bit_linear_input() -> None:
+    """bitsandbytes <= 0.43.1 ``MatMul4Bit`` keeps its input as a ctx attribute (``ctx.tensors = (A, B)``; PR #1270,
+    0.43.2, made it ``(None, B)``). Measured with the real 0.50.2 step and that line reverted: after backward the
+    graph holds the warned bound less layer 0's attention input (it needs no grad); the peak is at most the bound
+    higher."""
+    from dataclasses import replace
+
+    from fitcheck.core.activations.versions import legacy_bnb_kept_inputs
+
+    tokens = 64
+    spec, _ = _spec(model_name_or_path="meta-llama/Llama-2-7b-hf", load_in_4bit=True, use_peft=True, lora_r=8,
+                    lora_target_modules="q_proj,v_proj", bnb_4bit_compute_dtype="bfloat16",
+                    per_device_train_batch_size=1, max_seq_length=tokens, stack="bitsandbytes=0.42.0")
+    spec = replace(spec, model=inventory_from_config(_TINY_LLAMA, "tiny-llama", "test"))
+    bound = legacy_bnb_kept_inputs(spec)
+    h, inter, layers = 64, 176, 2
+    assert bound == (3 * h + inter) * 2 * layers * tokens  # bf16 inputs of q/k/v, o_proj, gate/up, down_proj
+    new_held, new_peak = _qlora_step_bytes(False, tokens)
+    old_held, old_peak = _qlora_step_bytes(True, tokens)
+    assert old_held - new_held == bound - 2 * h * tokens
+    assert 0 < old_peak - new_peak <= bound
+    codes = [f.code for f in estimate(spec).findings]
+    assert "bnb-keeps-inputs" in codes
+    fixed = replace(spec, stack=StackSpec((("bitsandbytes", "0.43.2"),), "--stack"))
+    assert legacy_bnb_kept_inputs(fixed) == 0 and "bnb-keeps-inputs" not in [f.code for f in estimate(fixed).findings]

@@ -17,19 +17,36 @@ the library source of those versions:
   (quantized by bitsandbytes, targeted by LoRA ``all-linear``); 5.x fuses them into 3-D parameters. Modelled in
   the inventory (``fitcheck.readers.families_legacy``).
 
-Anything else outside the modelled versions gets a warning finding.
+Anything else outside the modelled versions gets a warning finding. One older behaviour is quantified in its own
+warning, not added to the estimate:
+
+- bitsandbytes <= 0.43.1 ``MatMul4Bit.forward`` keeps its input as a ctx attribute, ``ctx.tensors = (A, B)``
+  (bitsandbytes/autograd/_functions.py at tags 0.41.0 / 0.42.0 / 0.43.1), although its backward never reads A;
+  PR #1270 ("fix QLoRA mem bug: delete useless buffered activation", merged 2024-07-16, first released in 0.43.2)
+  made it ``(None, B)``, as in the modelled 0.50 (``autograd/_functions.py`` ``MatMul4Bit.forward``). A ctx
+  attribute is no saved tensor: backward does not release it, so every 4-bit linear's input (in the compute dtype:
+  ``Linear4bit.forward`` casts ``x`` first) lives until the graph is freed. :func:`legacy_bnb_kept_inputs`
+  bounds the bytes: the distinct inputs of the layers' 4-bit linears. Measured on CPU with the real 0.50.2
+  ``Linear4bit`` and that line reverted (``tests/test_versions_and_dtypes.py``): after backward the graph holds the
+  bound less layer 0's attention input (it needs no grad); at the peak at most the bound more, less what the step
+  saves anyway.
 """
 
 from __future__ import annotations
 
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import MODELLED_VERSIONS, TrainingSpec
+from fitcheck.units import format_bytes
 
 # transformers releases whose differences from 5.23 are modelled (above); 5.x releases share 5.23's code paths
 # for everything fitcheck models except where a finding says otherwise.
 LEGACY_TRANSFORMERS = ((4, 40), (4, 57))
 _SHIFT_COPY_FIXED = (4, 49)  # PR #35646: ForCausalLMLoss no longer copies the shifted logits
 _LOSS_IN_LOSS_UTILS = (4, 46)  # loss_utils.ForCausalLMLoss; before it, the forward rebinds logits.float()
+_BNB_INPUT_RELEASED = (0, 43, 2)  # bitsandbytes PR #1270: MatMul4Bit no longer keeps its input (module docstring)
+# Linears that read one tensor (its bytes kept once): transformers' attention q/k/v and MLP gate/up (a fused
+# projection is one linear already)
+_SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
 
 
 def transformers_release(spec: TrainingSpec) -> tuple[int, ...] | None:
@@ -62,6 +79,33 @@ def legacy_logits_extra(spec: TrainingSpec, e: int) -> int:
     if release[:2] < _LOSS_IN_LOSS_UTILS and e == 2:
         extra -= 2 * b * s * v
     return extra
+
+
+def legacy_bnb_kept_inputs(spec: TrainingSpec) -> int:
+    """Bytes bitsandbytes <= 0.43.1 keeps for the graph's life beyond the modelled 0.50: the inputs of the layers'
+    4-bit linears (module docstring); 0 for another version, an unknown one, or no 4-bit base with adapters.
+
+    Args:
+        spec: The training spec (``stack`` says the bitsandbytes version).
+
+    Returns:
+        An upper bound: per layer, the distinct inputs of its 4-bit linears, ``in_features`` elements per token in
+        the compute dtype, times the layers and the micro-batch's tokens.
+    """
+    from fitcheck.core.states import is_quantized  # states import activations: not at module level
+
+    release = spec.stack.release("bitsandbytes")
+    quant = spec.quant
+    if (release is None or release >= _BNB_INPUT_RELEASED or quant is None or quant.bits != 4
+            or quant.method != "bitsandbytes" or spec.lora is None):
+        return 0
+    e = quant.compute_dtype.nbytes if quant.compute_dtype is not None else 4  # BitsAndBytesConfig: None -> fp32
+    inputs: dict[str, int] = {}
+    for entry in spec.model.params:
+        if "*" in entry.name and is_quantized(spec, entry):  # a layer's linear (layer index as "*")
+            key = _SHARED_INPUT.get(entry.module, entry.name)
+            inputs[key] = max(inputs.get(key, 0), entry.in_features * entry.repeat)
+    return sum(inputs.values()) * e * spec.batch.micro_batch * spec.batch.seq_len
 
 
 def _differences(spec: TrainingSpec) -> list[str]:
@@ -110,6 +154,18 @@ def versions_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
             out.append(_outside(spec, name, modelled))
     if release is not None and release[0] >= 5 and release[:2] > (5, 23):
         out.append(_outside(spec, "transformers", "5.23"))
+    kept = legacy_bnb_kept_inputs(spec)
+    if kept:
+        out.append(
+            Finding(
+                "bnb-keeps-inputs",
+                Severity.WARNING,
+                f"bitsandbytes {stack.get('bitsandbytes')} ({stack.source}) keeps every 4-bit linear's input until "
+                f"the graph is freed (MatMul4Bit ctx.tensors = (A, B), fixed in 0.43.2 by PR #1270): up to "
+                f"{format_bytes(kept)} per micro-batch more than estimated, not in the estimate",
+                "upgrade bitsandbytes to 0.43.2 or later",
+            )
+        )
     return tuple(out)
 
 
