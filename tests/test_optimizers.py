@@ -113,6 +113,10 @@ def test_transformers_adamw_steps_one_parameter_at_a_time() -> None:
     assert hf.step_temporary == (12 + 8) * 1024 * 1024  # b's denom bound while c's sqrt is allocated
     assert torch_adamw.step_temporary == 24 * 1024 * 1024  # foreach: the sqrt of every exp_avg_sq at once
     assert hf.step_counters_host == hf.step_counters_device == 0
+    # one loop over both groups: the last decayed tensor's denom is bound when the first no-decay sqrt allocates
+    n = TensorGroup("n", (2 * 1024, 1024), Dtype.FLOAT32, decay=False)  # 8 MiB
+    assert optimizer_memory(OptimizerSpec("adamw_hf"), [a, b, n], transformers=(4, 16)).step_temporary == (
+        (12 + 8) * 1024 * 1024)
     # on a 5.x stack the name is retired: torch AdamW, as before
     assert optimizer_memory(OptimizerSpec("adamw_hf"), [a, b, c]).step_temporary == torch_adamw.step_temporary
 

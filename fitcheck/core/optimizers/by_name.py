@@ -20,7 +20,8 @@ Step temporaries (torch 2.13 ``optim/adam.py``, measured in ``tests/test_optimiz
 transformers' own ``AdamW`` (``adamw_hf``, on a stack with transformers < 4.50 only: PR #36177 removed the class;
 4.16.2 and 4.49.0 ``optimization.py`` ``AdamW.step``): the same two states (``torch.zeros_like(p.data)``), a Python
 int ``step`` (no tensor), and one loop over the parameters of each group: ``denom = exp_avg_sq.sqrt().add_(eps)``
-allocates one param-sized buffer while the previous parameter's ``denom`` is still bound, whatever the device.
+allocates one param-sized buffer while the previous parameter's ``denom`` is still bound (from one param group into
+the next: one method loops over both), whatever the device.
 
 Everything not listed raises :class:`fitcheck.errors.NotModelledError` naming it.
 """
@@ -47,6 +48,7 @@ from fitcheck.core.optimizers.step_tensors import (
     TensorGroup,
     dtype_totals,
     foreach_peak,
+    one_loop_peak,
     pair_peak,
     single_tensor_peak,
     trainer_groups,
@@ -205,7 +207,7 @@ def _torch_memory(
     if name == "adamw_hf":
         return OptimizerMemory(
             states=torch_states(tensors, 2),
-            step_temporary=single_tensor_peak(tensors, 1, 1),
+            step_temporary=one_loop_peak(tensors, 1, 1),
             detail="transformers AdamW: exp_avg + exp_avg_sq in param dtype (per-parameter loop: sqrt per tensor)",
             source="transformers 4.16.2 / 4.49.0 optimization.py AdamW.step",
         )
