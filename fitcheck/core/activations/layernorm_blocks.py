@@ -308,9 +308,15 @@ def layernorm_block_saved(spec: TrainingSpec) -> tuple[int, int]:
     c = _ctx(spec)
     recipe = spec.model.shape.traits.recipe
     per_token, s2 = _LAYERS[recipe](spec, c)
-    if c.eager and legacy_softmax_keeps_input(spec):  # torch < 1.11 keeps the softmax input (versions.py)
+    if legacy_softmax_input_added(spec):  # torch < 1.11 keeps the softmax input (versions.py)
         s2 += (_SOFTMAX_INPUT[recipe] or c.e) * spec.model.shape.num_heads
     return per_token, s2
+
+
+def legacy_softmax_input_added(spec: TrainingSpec) -> bool:
+    """Whether the formulas add the softmax input a torch < 1.11 stack keeps (``versions.py``): an eager LayerNorm
+    block. A trace runs the installed torch and cannot show it (``torch_adapters.run_scope.untraced_parts``)."""
+    return runs_layernorm_block(spec) and _ctx(spec).eager and legacy_softmax_keeps_input(spec)
 
 
 def runs_layernorm_block(spec: TrainingSpec) -> bool:

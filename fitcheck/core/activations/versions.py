@@ -108,7 +108,8 @@ def versions_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 Severity.INFO,
                 f"torch {stack.get('torch')} ({stack.source}): softmax keeps its input for backward (torch < 1.11): "
                 "the formulas add one (b, heads, s, s) tensor per layer to the LayerNorm families' eager attention "
-                "(a trace runs the installed torch and does not); other allocations as torch 2.13's",
+                "(a trace runs the installed torch: such a run is answered from the formulas); other allocations as "
+                "torch 2.13's",
             )
         )
     release = transformers_release(spec)
