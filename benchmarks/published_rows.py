@@ -31,6 +31,7 @@ from fitcheck.spec import (
     PrecisionSpec,
     QuantSpec,
     ShardingSpec,
+    StackSpec,
     Strategy,
     TrainingSpec,
 )
@@ -218,6 +219,8 @@ def _optimizer(row: Mapping[str, Any]) -> str:
         return "paged_adamw_32bit"
     if "8-bit adamw" in o:
         return "adamw_bnb_8bit"
+    if "transformers.adamw" in o or "adamw_hf" in o:  # transformers' own AdamW (a per-parameter loop), not torch's
+        return "adamw_hf"
     if "fused" in o:
         return "adamw_torch_fused"
     if "adamw" in o:
@@ -445,6 +448,9 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
         grad_accum=int(row.get("grad_accum") or 1),
     )
     precision = _precision(row)
+    # the library versions the run used, where the row gives them (``versions``: package -> version, with its source)
+    versions = row.get("versions") or {}
+    libs = StackSpec(tuple(sorted((str(k), str(v)) for k, v in versions.items())), "row") if versions else StackSpec()
 
     def build(inventory: ModelInventory) -> TrainingSpec:
         return TrainingSpec(
@@ -457,6 +463,7 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
             hardware=hardware,
             lora=lora,
             quant=quant,
+            stack=libs,
         )
 
     return Plan(

@@ -90,3 +90,43 @@ def test_galore_projected_states() -> None:
 def test_torchao_8bit() -> None:
     mem = optimizer_memory(OptimizerSpec("adamw_torch_8bit"), [BIG, SMALL])
     assert mem.states == 2 * 2 * (N + 4 * N // 256 + 1024) + 2 * 1024 * 2
+
+
+def test_adamw_hf_kept_on_a_stack_that_still_has_transformers_adamw() -> None:
+    # transformers.AdamW existed through 4.49 (4.49.0 optimization.py) and was removed in 4.50 (PR #36177)
+    assert canonical_optimizer("adamw_hf", (4, 49)) == ("adamw_hf", None)
+    assert canonical_optimizer("adamw_hf", (4, 16, 2)) == ("adamw_hf", None)
+    for release in ((4, 50), (5, 23), None):
+        name, finding = canonical_optimizer("adamw_hf", release)
+        assert name == "adamw_torch" and finding is not None
+
+
+def test_transformers_adamw_steps_one_parameter_at_a_time() -> None:
+    """transformers.AdamW.step (4.16.2 optimization.py lines 334-361): ``denom = exp_avg_sq.sqrt().add_(eps)`` per
+    parameter, the previous parameter's ``denom`` still bound; states as torch's; ``state["step"]`` an int."""
+    a = TensorGroup("a", (1024, 1024), Dtype.FLOAT32)  # 4 MiB
+    b = TensorGroup("b", (3 * 1024, 1024), Dtype.FLOAT32)  # 12 MiB
+    c = TensorGroup("c", (2 * 1024, 1024), Dtype.FLOAT32)  # 8 MiB
+    hf = optimizer_memory(OptimizerSpec("adamw_hf"), [a, b, c], transformers=(4, 16))
+    torch_adamw = optimizer_memory(OptimizerSpec("adamw_torch"), [a, b, c], transformers=(4, 16))
+    assert hf.states == torch_adamw.states == 2 * 4 * 6 * 1024 * 1024
+    assert hf.step_temporary == (12 + 8) * 1024 * 1024  # b's denom bound while c's sqrt is allocated
+    assert torch_adamw.step_temporary == 24 * 1024 * 1024  # foreach: the sqrt of every exp_avg_sq at once
+    assert hf.step_counters_host == hf.step_counters_device == 0
+    # one loop over both groups: the last decayed tensor's denom is bound when the first no-decay sqrt allocates
+    n = TensorGroup("n", (2 * 1024, 1024), Dtype.FLOAT32, decay=False)  # 8 MiB
+    assert optimizer_memory(OptimizerSpec("adamw_hf"), [a, b, n], transformers=(4, 16)).step_temporary == (
+        (12 + 8) * 1024 * 1024)
+    # on a 5.x stack the name is retired: torch AdamW, as before
+    assert optimizer_memory(OptimizerSpec("adamw_hf"), [a, b, c]).step_temporary == torch_adamw.step_temporary
+
+
+def test_reader_keeps_adamw_hf_for_an_old_stack_only() -> None:
+    from fitcheck.readers import inventory_from_config, spec_from_values
+
+    inv = inventory_from_config(
+        {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256}, "tiny", "test")
+    old, _ = spec_from_values({"optim": "adamw_hf", "stack": "transformers=4.45"}, inventory=inv)
+    new, _ = spec_from_values({"optim": "adamw_hf"}, inventory=inv)
+    assert old.optimizer.name == "adamw_hf" and new.optimizer.name == "adamw_torch"

@@ -250,3 +250,24 @@ def test_bitsandbytes_before_0_43_2_keeps_each_4bit_linear_input() -> None:
     assert "bnb-keeps-inputs" in codes
     fixed = replace(spec, stack=StackSpec((("bitsandbytes", "0.43.2"),), "--stack"))
     assert legacy_bnb_kept_inputs(fixed) == 0 and "bnb-keeps-inputs" not in [f.code for f in estimate(fixed).findings]
+
+
+@pytest.mark.parametrize(("torch_version", "kept"), [("1.10", True), ("1.11", False), ("2.13", False)])
+def test_torch_before_1_11_keeps_the_eager_softmax_input(torch_version: str, kept: bool) -> None:
+    """torch 1.10.2's generated SoftmaxBackward0 saves ``self_`` (the input) beside ``result_``; 1.11.0's only
+    ``self_scalar_type`` (pytorch issue #64000): eager attention keeps one more (b, heads, s, s) tensor per layer."""
+    base = {"model_name_or_path": "google-bert/bert-base-uncased", "dtype": "float32", "attn_implementation": "eager",
+            "max_seq_length": 128, "per_device_train_batch_size": 2, "device_type": "cuda"}
+    new, _ = _spec(**base, stack="transformers=4.46")
+    old, _ = _spec(**base, stack=f"transformers=4.46,torch={torch_version}")
+
+    def saved(spec: Any) -> int:
+        comp = next(c for c in estimate(spec).components if c.name == "activations.saved")
+        return comp.at(Phase.FORWARD_END)
+
+    b, s, heads, layers = 2, 128, 12, 12
+    assert saved(old) - saved(new) == (4 * b * heads * s * s * layers if kept else 0)
+    assert any(f.code == "versions-modelled" and "softmax" in f.message for f in estimate(old).findings) is kept
+    from fitcheck.torch_adapters.run_scope import untraced_parts  # no trace of the installed torch answers it
+
+    assert any("softmax" in part for part in untraced_parts(old)) is kept

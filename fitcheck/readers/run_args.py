@@ -239,7 +239,7 @@ def _optimizer(
     if not s.given("optim"):
         when = f"torch {stack.get('torch')} < 2.8" if old_torch else "torch >= 2.8"
         assumptions.append(f"optim {default_optim} (TrainingArguments default on {when})")
-    name, note = canonical_optimizer(s.optim or default_optim)
+    name, note = canonical_optimizer(s.optim or default_optim, stack.release("transformers"))
     if note is not None:
         findings.append(note)
     args: dict[str, str] = {}

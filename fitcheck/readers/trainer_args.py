@@ -24,6 +24,7 @@ from fitcheck.errors import ConfigError, FitcheckError
 from fitcheck.findings import Finding, Severity
 from fitcheck.readers.settings_table import SETTINGS, SPELLINGS, Kind, Reach, convert
 from fitcheck.readers.sources import as_bool, load_mapping_file, where
+from fitcheck.spec import LEGACY_OPTIMIZER_NAMES
 
 # Old TRL `use_flash_attention_2: true` means attn_implementation="flash_attention_2" (trl ModelConfig < 0.9).
 _FLASH_FLAG = "use_flash_attention_2"
@@ -177,6 +178,9 @@ def _map_optimizer(values: dict[str, object], provenance: dict[str, tuple[str, s
         new_name, finding = canonical_optimizer(name)
     except FitcheckError as exc:  # NotModelledError for a name transformers does not know
         raise ConfigError(f"{where(src, spelled)}: {exc}") from None
+    if name.strip().lower() in LEGACY_OPTIMIZER_NAMES:  # the stack decides (run_args._optimizer, with the finding)
+        values["optim"] = name.strip().lower()
+        return []
     values["optim"] = new_name
     return [finding] if finding is not None else []
 

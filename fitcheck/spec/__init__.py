@@ -32,6 +32,7 @@ from fitcheck.spec.sharding import (
 )
 from fitcheck.spec.training import (
     DEFAULT_OPTIMIZER,
+    LEGACY_OPTIMIZER_NAMES,
     LOSS_IMPLEMENTATIONS,
     MODELLED_VERSIONS,
     OPTIMIZER_NAMES,
@@ -73,6 +74,7 @@ from fitcheck.spec.traits import (
 
 __all__ = [
     "DEFAULT_OPTIMIZER",
+    "LEGACY_OPTIMIZER_NAMES",
     "LOSS_IMPLEMENTATIONS",
     "MODELLED_VERSIONS",
     "OPTIMIZER_NAMES",

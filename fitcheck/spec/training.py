@@ -44,7 +44,7 @@ class PrecisionSpec:
 
 
 # transformers 5.23 training_args.py OptimizerNames, in declaration order.
-OptimizerName = Literal[
+CurrentOptimizerName = Literal[
     "adamw_torch",
     "adamw_torch_fused",
     "adamw_torch_xla",
@@ -88,8 +88,18 @@ OptimizerName = Literal[
     "stable_adamw",
 ]
 
+# Names a transformers 4.x Trainer accepted that 5.x rejects, kept in a spec only for a stack that still has them
+# (``fitcheck.core.optimizers.by_name.canonical_optimizer``): "adamw_hf" is transformers' own ``AdamW`` class,
+# the Trainer's ``optim`` default up to 4.x (4.16.2 training_args.py: ``default="adamw_hf"``) and removed in
+# 4.50 (transformers PR #36177).
+LegacyOptimizerName = Literal["adamw_hf"]
 
-OPTIMIZER_NAMES: tuple[OptimizerName, ...] = get_args(OptimizerName)
+# What a spec's optimizer may be named: a 5.23 name, or a legacy one on a stack that has it.
+OptimizerName = Literal[CurrentOptimizerName, LegacyOptimizerName]
+
+
+OPTIMIZER_NAMES: tuple[CurrentOptimizerName, ...] = get_args(CurrentOptimizerName)
+LEGACY_OPTIMIZER_NAMES: tuple[LegacyOptimizerName, ...] = get_args(LegacyOptimizerName)
 
 
 DEFAULT_OPTIMIZER: OptimizerName = "adamw_torch_fused"  # transformers training_args.py default_optim, torch >= 2.8
@@ -100,7 +110,8 @@ class OptimizerSpec:
     """The optimizer, by its ``TrainingArguments.optim`` name.
 
     Attributes:
-        name: Current transformers name (retired names are mapped by the reader, with a finding).
+        name: Current transformers name (retired names are mapped by the reader, with a finding), or a legacy
+            name the stack's transformers still has (``LEGACY_OPTIMIZER_NAMES``).
         args: ``optim_args`` key/values that change memory (e.g. GaLore rank).
         target_modules: ``optim_target_modules`` for GaLore/APOLLO.
     """

@@ -38,11 +38,13 @@ def plain_trainer_run(spec: TrainingSpec) -> bool:
 def untraced_parts(spec: TrainingSpec) -> tuple[str, ...]:
     """What of this run the tracer cannot describe, each with the flag that asks for it: Liger kernels, a fused or
     chunked loss and activation offloading (modelled by the formulas only: fitcheck/core/kernels/), one rank of a
-    tp/cp/sp layout (core/parallelism), a GPTQ/AWQ/FP8 base (core/states/prequant) and an 8-bit base on CUDA. A
+    tp/cp/sp layout (core/parallelism), a GPTQ/AWQ/FP8 base (core/states/prequant), an 8-bit base on CUDA and a
+    torch < 1.11 stack's eager softmax keeping its input (core/activations/versions). A
     trace of the plain step would be a different run: ``--trace`` refuses these (``PinnedPath.activations``). The
     paths following a traced headline (a Liger or sequence-parallel suggestion) trace the plain step: no saving
     is claimed for the part the trace leaves out, where the formulas' saving could rest on activations that the
     traced headline showed to be off."""
+    from fitcheck.core.activations import legacy_softmax_input_added
     from fitcheck.spec import DeviceType
 
     act = spec.activations
@@ -62,6 +64,8 @@ def untraced_parts(spec: TrainingSpec) -> tuple[str, ...]:
     # an 8-bit base traces CPU's MatMul8bitFp; CUDA runs MatMul8bitLt (core/activations/int8.py, source)
     if quant is not None and quant.bits == 8 and spec.hardware.device_type is not DeviceType.CPU:
         parts.append("the CUDA 8-bit matmul of an 8-bit base (MatMul8bitLt; --load_in_8bit)")
+    if legacy_softmax_input_added(spec):  # the installed torch's softmax drops its input (core/activations/versions)
+        parts.append(f"torch {spec.stack.get('torch')}'s softmax keeping its input for backward (--stack torch=)")
     return tuple(parts)
 
 

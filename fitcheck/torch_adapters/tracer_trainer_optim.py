@@ -68,4 +68,9 @@ def make_trainer_optimizer(name: str, model: Any, cuda: bool = False) -> Any:
     # and trace_components leaves that phase's optimizer bytes to fitcheck.core.states.model_states.
     if lowered == "adamw_torch_fused":
         return torch.optim.AdamW(groups, lr=1e-3, fused=True)
+    if name.strip().lower() == "adamw_hf":
+        # transformers.AdamW (transformers < 4.50, not installed) loops over the parameters on every device; torch's
+        # single-tensor loop is the nearest installed step (one more param-sized buffer: it divides the sqrt
+        # before adding eps, transformers adds eps to the sqrt in place).
+        return torch.optim.AdamW(groups, lr=1e-3, foreach=False)
     return torch.optim.AdamW(groups, lr=1e-3, foreach=foreach)

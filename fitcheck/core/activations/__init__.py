@@ -29,7 +29,7 @@ from fitcheck.core.activations.backward import cuda_embedding_backward
 from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
 from fitcheck.core.activations.layer_saved import layer_saved_per_token
-from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved
+from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved, legacy_softmax_input_added
 from fitcheck.core.activations.versions import versions_findings
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "in_envelope",
     "layer_saved_per_token",
     "layernorm_block_saved",
+    "legacy_softmax_input_added",
     "not_pinned_finding",
     "versions_findings",
 ]

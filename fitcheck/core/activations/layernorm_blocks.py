@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fitcheck.core.activations.lora_targets import wrapped_linears
+from fitcheck.core.activations.versions import legacy_softmax_keeps_input
 from fitcheck.spec import AttnImpl, DeviceType, Dropout, LayerRecipe, TrainingSpec
 
 R = LayerRecipe
@@ -289,6 +290,10 @@ def _bloom(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
 
 _LAYERS = {R.GPT2_BLOCK: _gpt2, R.BERT_BLOCK: _bert, R.PHI_PARALLEL: _phi, R.FALCON_PARALLEL: _falcon,
            R.BLOOM_ALIBI: _bloom}
+# Element bytes of the tensor eager attention's softmax reads (its output's dtype): the model dtype, or fp32 where
+# the block calls softmax(..., dtype=torch.float32) (phi, BLOOM: the input is converted first)
+_SOFTMAX_INPUT: Mapping[LayerRecipe, int | None] = {R.GPT2_BLOCK: None, R.BERT_BLOCK: None, R.PHI_PARALLEL: 4,
+                                                   R.FALCON_PARALLEL: None, R.BLOOM_ALIBI: 4}
 
 
 def layernorm_block_saved(spec: TrainingSpec) -> tuple[int, int]:
@@ -301,7 +306,17 @@ def layernorm_block_saved(spec: TrainingSpec) -> tuple[int, int]:
         Per-token bytes and the coefficient of the s² term (eager or math-path attention).
     """
     c = _ctx(spec)
-    return _LAYERS[spec.model.shape.traits.recipe](spec, c)
+    recipe = spec.model.shape.traits.recipe
+    per_token, s2 = _LAYERS[recipe](spec, c)
+    if legacy_softmax_input_added(spec):  # torch < 1.11 keeps the softmax input (versions.py)
+        s2 += (_SOFTMAX_INPUT[recipe] or c.e) * spec.model.shape.num_heads
+    return per_token, s2
+
+
+def legacy_softmax_input_added(spec: TrainingSpec) -> bool:
+    """Whether the formulas add the softmax input a torch < 1.11 stack keeps (``versions.py``): an eager LayerNorm
+    block. A trace runs the installed torch and cannot show it (``torch_adapters.run_scope.untraced_parts``)."""
+    return runs_layernorm_block(spec) and _ctx(spec).eager and legacy_softmax_keeps_input(spec)
 
 
 def runs_layernorm_block(spec: TrainingSpec) -> bool:

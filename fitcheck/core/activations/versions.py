@@ -17,6 +17,14 @@ the library source of those versions:
   (quantized by bitsandbytes, targeted by LoRA ``all-linear``); 5.x fuses them into 3-D parameters. Modelled in
   the inventory (``fitcheck.readers.families_legacy``).
 
+And for torch before 1.11, from the generated autograd of those releases:
+
+- Softmax keeps its input: torch 1.10.2's ``SoftmaxBackward0`` holds ``SavedVariable self_`` beside ``result_``
+  (``torch/include/torch/csrc/autograd/generated/Functions.h``), 1.11.0's only ``self_scalar_type`` and
+  ``result_`` (pytorch issue #64000). Eager attention's softmax reads a fresh tensor (the scaled scores plus the
+  mask), so each layer keeps one more (b, heads, s, s) tensor, in the softmax's dtype, until its backward. Read in
+  ``fitcheck.core.activations.layernorm_blocks`` (the LayerNorm families' eager attention).
+
 Anything else outside the modelled versions gets a warning finding. One older behaviour is quantified in its own
 warning, not added to the estimate:
 
@@ -47,6 +55,7 @@ _BNB_INPUT_RELEASED = (0, 43, 2)  # bitsandbytes PR #1270: MatMul4Bit no longer 
 # Linears that read one tensor (its bytes kept once): transformers' attention q/k/v and MLP gate/up (a fused
 # projection is one linear already)
 _SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
+_SOFTMAX_DROPS_INPUT = (1, 11)  # torch: SoftmaxBackward0 saves self_scalar_type instead of self_ (issue #64000)
 
 
 def transformers_release(spec: TrainingSpec) -> tuple[int, ...] | None:
@@ -58,6 +67,12 @@ def legacy_transformers(spec: TrainingSpec) -> bool:
     """True for a transformers 4.x environment (the modelled 4.40-4.57 differences apply)."""
     release = transformers_release(spec)
     return release is not None and release[0] < 5
+
+
+def legacy_softmax_keeps_input(spec: TrainingSpec) -> bool:
+    """True when the stack's torch (before 1.11) keeps a softmax's input for its backward (module docstring)."""
+    release = spec.stack.release("torch")
+    return release is not None and release[:2] < _SOFTMAX_DROPS_INPUT
 
 
 def legacy_logits_extra(spec: TrainingSpec, e: int) -> int:
@@ -130,6 +145,17 @@ def versions_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """
     stack = spec.stack
     out: list[Finding] = []
+    if legacy_softmax_keeps_input(spec):
+        out.append(
+            Finding(
+                "versions-modelled",
+                Severity.INFO,
+                f"torch {stack.get('torch')} ({stack.source}): softmax keeps its input for backward (torch < 1.11): "
+                "the formulas add one (b, heads, s, s) tensor per layer to the LayerNorm families' eager attention "
+                "(a trace runs the installed torch: such a run is answered from the formulas); other allocations as "
+                "torch 2.13's",
+            )
+        )
     release = transformers_release(spec)
     if release is not None and release[0] < 5:
         lo, hi = LEGACY_TRANSFORMERS

@@ -17,6 +17,12 @@ Step temporaries (torch 2.13 ``optim/adam.py``, measured in ``tests/test_optimiz
   (device, dtype) sub-list of a group, the previous sub-list's still bound: ``max_k(S[k-1] + S[k])``;
 * fused (``_fused_adamw_``, ``adamw_torch_fused``, CPU and CUDA): in place, nothing.
 
+transformers' own ``AdamW`` (``adamw_hf``, on a stack with transformers < 4.50 only: PR #36177 removed the class;
+4.16.2 and 4.49.0 ``optimization.py`` ``AdamW.step``): the same two states (``torch.zeros_like(p.data)``), a Python
+int ``step`` (no tensor), and one loop over the parameters of each group: ``denom = exp_avg_sq.sqrt().add_(eps)``
+allocates one param-sized buffer while the previous parameter's ``denom`` is still bound (from one param group into
+the next: one method loops over both), whatever the device.
+
 Everything not listed raises :class:`fitcheck.errors.NotModelledError` naming it.
 """
 
@@ -42,13 +48,14 @@ from fitcheck.core.optimizers.step_tensors import (
     TensorGroup,
     dtype_totals,
     foreach_peak,
+    one_loop_peak,
     pair_peak,
     single_tensor_peak,
     trainer_groups,
 )
 from fitcheck.errors import NotModelledError
 from fitcheck.findings import Finding, Severity
-from fitcheck.spec import OPTIMIZER_NAMES, OptimizerName, OptimizerSpec
+from fitcheck.spec import LEGACY_OPTIMIZER_NAMES, OPTIMIZER_NAMES, OptimizerName, OptimizerSpec
 
 __all__ = [
     "OPTIMIZER_NAMES",
@@ -60,8 +67,8 @@ __all__ = [
 
 # Names earlier transformers releases accepted and 5.x rejects, with their current equivalent.
 _RETIRED: dict[str, tuple[OptimizerName, str]] = {
-    # transformers <= 4.4x: "adamw_hf" = transformers.AdamW, removed with that class; torch AdamW is the
-    # same math.
+    # transformers <= 4.49: "adamw_hf" = transformers.AdamW, removed with that class in 4.50 (PR #36177); torch
+    # AdamW is the same math. Kept as "adamw_hf" for a stack that still has it (_LEGACY_UNTIL).
     "adamw_hf": ("adamw_torch", "transformers' own AdamW was removed; torch.optim.AdamW is its replacement"),
     # transformers 4.x: apex FusedAdam; 5.x dropped apex; torch's fused AdamW kernel is the equivalent.
     "adamw_apex_fused": (
@@ -79,11 +86,17 @@ _NOT_MODELLED: dict[str, str] = {
 }
 
 
-def canonical_optimizer(name: str) -> tuple[OptimizerName, Finding | None]:
-    """Map an ``optim`` value to the name transformers 5.23 accepts.
+# The first transformers release without each legacy name's class (PR #36177, released in 4.50.0).
+_LEGACY_UNTIL: dict[str, tuple[int, int]] = {"adamw_hf": (4, 50)}
+
+
+def canonical_optimizer(name: str, transformers: tuple[int, ...] | None = None) -> tuple[OptimizerName, Finding | None]:
+    """Map an ``optim`` value to the name the stack's transformers builds.
 
     Args:
         name: What the user passed (``--optim``, ``TrainingArguments.optim``).
+        transformers: ``(major, minor, ...)`` of the stack's transformers (``StackSpec.release``); None: the
+            modelled 5.23. A legacy name (``LEGACY_OPTIMIZER_NAMES``) is kept on a release that still has it.
 
     Returns:
         The canonical name and, for a retired name, an info finding that says what it was mapped to.
@@ -95,6 +108,9 @@ def canonical_optimizer(name: str) -> tuple[OptimizerName, Finding | None]:
     current = next((n for n in OPTIMIZER_NAMES if n == key), None)
     if current is not None:
         return current, None
+    legacy = next((n for n in LEGACY_OPTIMIZER_NAMES if n == key), None)
+    if legacy is not None and transformers is not None and tuple(transformers[:2]) < _LEGACY_UNTIL[legacy]:
+        return legacy, None
     if key in _RETIRED:
         new, why = _RETIRED[key]
         return new, Finding(
@@ -118,7 +134,13 @@ def _adagrad_foreach(tensors: Sequence[TensorGroup]) -> int:
     )
 
 
-def optimizer_memory(opt: OptimizerSpec, tensors: Sequence[TensorGroup], *, cuda: bool = True) -> OptimizerMemory:
+def optimizer_memory(
+    opt: OptimizerSpec,
+    tensors: Sequence[TensorGroup],
+    *,
+    cuda: bool = True,
+    transformers: tuple[int, ...] | None = None,
+) -> OptimizerMemory:
     """State, counter and step-temporary bytes the optimizer allocates for these trainable tensors.
 
     Args:
@@ -126,6 +148,7 @@ def optimizer_memory(opt: OptimizerSpec, tensors: Sequence[TensorGroup], *, cuda
         tensors: The trainable tensors (only these get states), in inventory (module) order: the step
             temporaries depend on which tensors are consecutive in the Trainer's param groups.
         cuda: The step runs on a CUDA device (decides torch's foreach vs single-tensor path).
+        transformers: The stack's transformers release (decides whether a legacy name is still its class).
 
     Returns:
         The optimizer's memory for one unsharded replica.
@@ -133,7 +156,7 @@ def optimizer_memory(opt: OptimizerSpec, tensors: Sequence[TensorGroup], *, cuda
     Raises:
         NotModelledError: For optimizers whose memory fitcheck does not model.
     """
-    name, _ = canonical_optimizer(opt.name)
+    name, _ = canonical_optimizer(opt.name, transformers)
     if name in _NOT_MODELLED:
         raise NotModelledError(f"optimizer {name!r}: {_NOT_MODELLED[name]}")
     if not tensors:
@@ -180,6 +203,13 @@ def _torch_memory(
             step_temporary=temp,
             detail=f"torch AdamW: exp_avg + exp_avg_sq in param dtype ({path})",
             source="torch 2.13 optim/adam.py _init_group, _single_tensor_adam, _multi_tensor_adam, _fused_adam",
+        )
+    if name == "adamw_hf":
+        return OptimizerMemory(
+            states=torch_states(tensors, 2),
+            step_temporary=one_loop_peak(tensors, 1, 1),
+            detail="transformers AdamW: exp_avg + exp_avg_sq in param dtype (per-parameter loop: sqrt per tensor)",
+            source="transformers 4.16.2 / 4.49.0 optimization.py AdamW.step",
         )
     if name == "sgd":
         sgd_momentum = arg_float(args, "momentum", 0.0)  # _get_sgd passes momentum only from optim_args

@@ -180,6 +180,12 @@ def single_tensor_peak(tensors: Sequence[TensorGroup], prev: int, cur: int) -> i
     return max((pair_peak((t.nbytes_each for t in _walk(g)), prev, cur) for g in trainer_groups(tensors)), default=0)
 
 
+def one_loop_peak(tensors: Sequence[TensorGroup], prev: int, cur: int) -> int:
+    """:func:`single_tensor_peak` for one loop over the Trainer's groups in turn, whose loop variables stay bound
+    from one group into the next (transformers' ``AdamW.step``: ``for group ...: for p in group["params"]``)."""
+    return pair_peak((t.nbytes_each for g in trainer_groups(tensors) for t in _walk(g)), prev, cur)
+
+
 def dtype_totals(group: Iterable[Run]) -> list[int]:
     """Bytes per dtype of a param group, in order of first appearance.
 

@@ -187,7 +187,8 @@ def optimizer_for(spec: TrainingSpec, groups: list[TensorGroup]) -> OptimizerMem
     opt = spec.optimizer
     if ds_cpu_optimizer(spec) is not None:  # accelerate swaps the Trainer's optimizer for DeepSpeedCPUAdam
         opt = dataclasses.replace(opt, name="adamw_torch", args={})
-    return optimizer_memory(opt, opt_groups, cuda=spec.hardware.device_type is DeviceType.CUDA)
+    return optimizer_memory(opt, opt_groups, cuda=spec.hardware.device_type is DeviceType.CUDA,
+                            transformers=spec.stack.release("transformers"))
 
 
 # What accelerate 1.15 utils/deepspeed.py map_pytorch_optim_to_deepspeed keeps as a CPU optimizer of its own kind:

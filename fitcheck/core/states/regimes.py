@@ -86,7 +86,7 @@ def model_state_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """
     out: list[Finding] = []
     layout = build_layout(spec)
-    _, renamed = canonical_optimizer(spec.optimizer.name)
+    _, renamed = canonical_optimizer(spec.optimizer.name, spec.stack.release("transformers"))
     if renamed is not None and not any(f.code == renamed.code for f in spec.findings):
         out.append(renamed)
     out.extend(_quant_findings(spec, layout))
