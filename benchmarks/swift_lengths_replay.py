@@ -19,11 +19,13 @@ replayed reserved peak next to the fixed-length one and the published figure. It
 is not a row estimate (the run's own length sequence is unknown).
 
 Seed 0, ``--round 16`` (session 14): SWIFT-1 (1827 steps, 111 distinct lengths, 5 new longest) replays to
-35.25 GiB reserved (fixed 2048: 19.26; published 27.74), SWIFT-12 (micro-batch 2) to the figure printed by
-``--row SWIFT-12``. Over a long sequence of alternating lengths the composed traces leave about 3.5 MiB allocated
-per step that no later step frees (``replay_whole_lengths`` of [2048, 1024] x 20 + [2048]: allocated 18.49 ->
-18.63 GiB), 4.6 GiB of SWIFT-1's variable-length allocated peak (23.13 GiB): the replayed reserved is an upper
-side of the mechanism, not a measurement.
+35.25 GiB reserved (fixed 2048: 19.26; published 27.74; the same setting with batches cut to 2048, SWIFT-D1:
+18.91), SWIFT-12 (micro-batch 2: 914 steps, 86 distinct lengths, 4 new longest) to 46.06 GiB (fixed: 24.00;
+published 43.11; SWIFT-D11: 24.26). Over a long sequence of alternating lengths the composed traces leave about
+3.5 MiB allocated per step that no later step frees (``replay_whole_lengths`` of [2048, 1024] x 20 + [2048]:
+allocated 18.49 -> 18.63 GiB): 4.64 GiB of SWIFT-1's variable-length allocated peak (23.13 GiB against 18.49) and
+2.28 GiB of SWIFT-12's (24.77 against 22.49) are that, so the replayed reserved is high by up to those amounts. It
+shows the mechanism's size; it is not a measurement.
 
     PYTHONPATH=. python benchmarks/swift_lengths_replay.py --row SWIFT-1 [--seed 0] [--round 16]
 
