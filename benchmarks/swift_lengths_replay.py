@@ -25,7 +25,8 @@ published 43.11; SWIFT-D11: 24.26). Over a long sequence of alternating lengths 
 3.5 MiB allocated per step that no later step frees (``replay_whole_lengths`` of [2048, 1024] x 20 + [2048]:
 allocated 18.49 -> 18.63 GiB): 4.64 GiB of SWIFT-1's variable-length allocated peak (23.13 GiB against 18.49) and
 2.28 GiB of SWIFT-12's (24.77 against 22.49) are that, so the replayed reserved is high by up to those amounts. It
-shows the mechanism's size; it is not a measurement.
+shows the mechanism's size; it is not a measurement. SWIFT-4 (512) at ``--round 1``: seed 0 (59 steps, 3 new
+longest) 17.60 GiB, seed 1 (66 steps, 5 new longest) 19.02 GiB, fixed 15.73; published 18.01, SWIFT-D3 15.55.
 
     PYTHONPATH=. python benchmarks/swift_lengths_replay.py --row SWIFT-1 [--seed 0] [--round 16]
 
