@@ -31,7 +31,7 @@ def test_every_row_is_planned_or_skipped_with_a_reason() -> None:
 @pytest.mark.parametrize(
     ("rid", "metric"),
     [
-        ("SWIFT-1", "reserved"),
+        ("SWIFT-D1", "reserved"),
         ("MMQA-full-finetuning-lr_0.00001", "reserved"),
         ("MMQA-full-finetuning-lr_0.00001@p99", "reserved-p99"),
         ("MMQA-full-finetuning-lr_0.00001@states", "resident"),
@@ -122,7 +122,7 @@ def test_every_plan_builds_a_spec_and_qwen_v1_geometry_matches_its_stated_size()
             assert spec.batch.micro_batch >= 1
             built += 1
     assert built >= 30
-    swift = PLANS["SWIFT-1"]
+    swift = PLANS["SWIFT-D1"]
     assert isinstance(swift, pr.Plan)
     params = pr.inventory_for(swift.model).total_params
     assert params == pytest.approx(7_721_324_500, rel=1e-4)  # "7721.3245M" stated by ms-swift
@@ -181,6 +181,27 @@ def test_rows_that_cannot_be_compared_say_why(rid: str) -> None:
     p = PLANS[rid]
     assert isinstance(p, pr.Skip)
     assert any(w in p.reason for w in ("cannot", "not stated", "model init"))
+
+
+def test_ms_swift_rows_read_the_benchmark_s_length_handling() -> None:
+    """ms-swift's Jan-2024 table deleted samples longer than max_length (variable lengths, unpublished): its
+    reserved figures are not comparable, each citing the source lines and its Dec-2023 counterpart; the Dec-2023
+    table cut them (truncation_left) and is compared, except where max_length is above the mean length."""
+    jan = [rid for rid, r in ((str(r["id"]), r) for r in ROWS)
+           if r["source_group"] == "ms-swift-benchmark" and not rid.startswith("SWIFT-D")]
+    assert all("'delete'" in str(next(r for r in ROWS if r["id"] == rid)["seq_len_kind"]) for rid in jan)
+    for rid in ("SWIFT-1", "SWIFT-4", "SWIFT-12", "SWIFT-9"):
+        p = PLANS[rid]
+        assert isinstance(p, pr.Skip) and "template.py lines 219-221" in p.reason and "SWIFT-D" in p.reason
+    for rid in ("SWIFT-D1", "SWIFT-D3", "SWIFT-D11", "SWIFT-D7"):
+        p = PLANS[rid]
+        assert isinstance(p, pr.Plan) and p.metric == "reserved" and p.metric_sure
+    for rid in ("SWIFT-D5", "SWIFT-D6", "SWIFT-D10"):
+        p = PLANS[rid]
+        assert isinstance(p, pr.Skip) and "Markov" in p.reason
+    no_fa = PLANS["SWIFT-D16"]  # Qwen v1 without flash-attn runs SDPA under torch 2, not eager
+    assert isinstance(no_fa, pr.Plan)
+    assert no_fa.build(pr.inventory_for(no_fa.model)).activations.attn_implementation is pr.AttnImpl.SDPA
 
 
 def test_an_ambiguous_unit_is_a_skip() -> None:

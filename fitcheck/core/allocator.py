@@ -182,6 +182,16 @@ def reserved_bytes(
     return _round_up(peak_allocated + gap, K_ROUND_LARGE)
 
 
+# ms-swift's benchmark, Qwen-7B-Chat LoRA r8 on c_attn, checkpointing, flash-attn 2, A100, torch 2.1.1,
+# torch.cuda.max_memory_reserved over the run: docs/source/LLM/Benchmark.md @cfcb672 line 71 (samples over 2048
+# cut to 2048, truncation_left: 19362 MiB) and @97e4d198b (samples over 2048 deleted, 'delete': 27.74 GiB);
+# benchmarks/calibration/published_measurements.json SWIFT-D1 / SWIFT-1.
+_VARIABLE_LENGTHS_MEASURED = (
+    "ms-swift's Qwen-7B LoRA benchmark at max_length 2048 reserved 27.74 GiB with lengths varying up to 2048 "
+    "against 18.91 GiB with most batches cut to 2048"
+)
+
+
 def allocator_findings(spec: TrainingSpec, gap_fraction: float | None = None) -> tuple[Finding, ...]:
     """Findings about the caching allocator.
 
@@ -224,6 +234,9 @@ def allocator_findings(spec: TrainingSpec, gap_fraction: float | None = None) ->
             f"{', '.join(reasons)} {'make' if len(reasons) > 1 else 'makes'} many differently sized allocations; "
             f"the caching allocator's reserved memory is modelled at allocated + {rule}",
             "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment before Python imports "
-            "torch (in the launch command, not in the script after `import torch`) to shrink that gap",
+            "torch (in the launch command, not in the script after `import torch`) to shrink that gap; this "
+            f"answer runs every step at {spec.batch.seq_len} tokens: where batches are padded to their longest, "
+            "each new longest batch adds blocks while the shorter ones' stay cached, so give their lengths with "
+            f"--seq_lengths to replay them ({_VARIABLE_LENGTHS_MEASURED})",
         ),
     )
