@@ -5,7 +5,8 @@ Two tables (issue 19; ``fitcheck/core/activations/qlora16.py`` ``sixteen_bit_bra
 * narrow: a Qwen2.5 config at (h, I) widths, 2 layers, vocabulary 1024, 2 x 256 and 1 x 256 tokens, traced on fake
   tensors as the CUDA run (``tracer_trl``: TRL's bf16 cast of the adapters and its fused head; ``cuda_kernels``),
   against the formula of the same CUDA spec: (formula - trace) during backward, bytes per token, with and without
-  TRL's cast (without it: peft's fp32 adapters, the branch in fp32 as the fake CPU trace runs it);
+  TRL's cast (without it: peft's fp32 adapters; since ``cuda_emulation.py`` item 5 their branch runs on the bf16
+  input as on a GPU, before it in fp32; the table below is TRL's cast);
 * full: Qwen2.5-0.5B QLoRA r16, 4 x 1024, checkpointing, H100-80GB, ``--trainer sft``: the formula's peak
   allocated vs the SFT run's whole-run replay (``allocator_replay.whole_run_events``, three steps).
 

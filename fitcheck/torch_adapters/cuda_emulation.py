@@ -1,8 +1,9 @@
 """Trace a step on the CPU as CUDA runs it: the kernels and autocast lists whose CUDA behaviour keeps other tensors.
 
 A trace describes a CUDA run unless the spec says ``device_type cpu`` (``tracer.trace_kwargs``: ``cuda_kernels``).
-Three places where torch's CPU and CUDA paths keep different tensors for backward are emulated while such a step is
-traced (``cuda_kernels``), and the cuBLAS workspaces a CUDA step allocates are recorded for the allocator replay
+Three places where torch's CPU and CUDA paths keep different tensors for backward, and the autocast state a library
+reads through the CUDA-only call (item 5), are emulated while such a step is traced (``cuda_kernels``), and the
+cuBLAS workspaces a CUDA step allocates are recorded for the allocator replay
 (``tracer.trace_step(cublas_workspaces=...)``); a ``device_type cpu`` trace and a real CPU step
 (``benchmarks/cpu_truth.py``) keep CPU behaviour.
 
@@ -53,6 +54,22 @@ traced (``cuda_kernels``), and the cuBLAS workspaces a CUDA step allocates are r
    largest free activation block is an fp32 8192 x 896 of 28 MiB): the replay without the workspaces answered
    28508 MiB reserved against 33262 measured (-14.1 %), one 4748 MiB fp32 logits segment short.
 
+5. Autocast as peft asks for it (``cuda_autocast_state``). peft 0.21.2 ``tuners/lora/bnb.py`` ``Linear8bitLt.forward``
+   and ``Linear4bit.forward`` (and its other quantized wrappers: ``hqq``, ``awq``, ``eetq``, ``aqlm``, ``gptq``)
+   choose their LoRA branch with ``requires_conversion = not torch.is_autocast_enabled()``: without autocast they
+   cast the branch's input to the adapter weights' dtype (fp32 for peft's own adapters) and its output back. The
+   argument-less call is the deprecated CUDA one: torch 2.13 ``torch/csrc/autograd/init.cpp``
+   ``is_autocast_enabled`` parses ``is_autocast_enabled()`` with ``device_type = at::kCUDA`` ("Set at::kCUDA as
+   default value to prevent BC-breaking changes"; ``torch/_C/__init__.pyi`` lists both overloads). A GPU step under
+   ``torch.autocast("cuda")`` answers True there and runs the branch on the 16-bit input; the traced step runs
+   ``torch.autocast("cpu")``, which that call does not see, so the trace ran the fp32 branch and its fp32 input
+   gradients instead. While a CUDA step is traced the argument-less call answers the CPU autocast state (the one the
+   traced step runs under, thread-local like CUDA's, restored for a checkpoint's recomputation by
+   ``torch.utils.checkpoint`` as CUDA's is); a call naming a device is answered as before. Measured before the fix
+   (s13, Qwen2.5-0.5B width, 2 layers, all-linear QLoRA without k-bit preparation, 4 x 1024, fp32 adapters, bf16
+   autocast): backward peak 836.3 MB traced with the fp32 branch, 676.9 MB with the call answered (TRL's bf16
+   adapters, which never cast: 674.7 MB).
+
 The device ran torch 2.11; the lists above are read from the installed torch 2.13 (``tests/test_cuda_emulation.py``
 checks that every emulated op has an ``AutocastCUDA`` kernel and no ``AutocastCPU`` one in the installed build).
 """
@@ -90,11 +107,32 @@ CUDA_FP32_APPEND_DTYPE_OPS: dict[str, str] = {
 
 @contextlib.contextmanager
 def cuda_kernels() -> Iterator[None]:
-    """Trace as CUDA runs the step: dropout's bool mask, SDPA's in-kernel dropout, CUDA autocast's fp32 lists."""
+    """Trace as CUDA runs the step: dropout's bool mask, SDPA's in-kernel dropout, CUDA autocast's fp32 lists, the
+    autocast state the argument-less ``torch.is_autocast_enabled()`` reports."""
     from fitcheck.torch_adapters.tracer_patches import cuda_dropout
 
-    with cuda_dropout(), cuda_sdpa(), cuda_autocast_lists():
+    with cuda_dropout(), cuda_sdpa(), cuda_autocast_lists(), cuda_autocast_state():
         yield
+
+
+@contextlib.contextmanager
+def cuda_autocast_state() -> Iterator[None]:
+    """Answer the argument-less ``torch.is_autocast_enabled()`` (CUDA's, ``init.cpp``) with the traced step's CPU
+    autocast state (item 5); a call naming a device type is answered as before."""
+    import torch
+
+    original = torch.is_autocast_enabled
+
+    def is_autocast_enabled(*args: Any, **kwargs: Any) -> bool:
+        if not args and not kwargs:
+            return bool(original("cpu"))
+        return bool(original(*args, **kwargs))
+
+    torch.is_autocast_enabled = is_autocast_enabled
+    try:
+        yield
+    finally:
+        torch.is_autocast_enabled = original
 
 
 # aten ops whose CUDA kernels call cuBLAS / cuBLASLt (aten/src/ATen/native/cuda/Blas.cpp: mm, addmm, bmm,

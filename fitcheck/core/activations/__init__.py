@@ -30,6 +30,7 @@ from fitcheck.core.activations.decoder import activation_components, activation_
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
 from fitcheck.core.activations.layer_saved import layer_saved_per_token
 from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved, legacy_softmax_input_added
+from fitcheck.core.activations.qlora16 import qlora16_backward_working_set
 from fitcheck.core.activations.versions import versions_findings
 
 __all__ = [
@@ -44,5 +45,6 @@ __all__ = [
     "layernorm_block_saved",
     "legacy_softmax_input_added",
     "not_pinned_finding",
+    "qlora16_backward_working_set",
     "versions_findings",
 ]

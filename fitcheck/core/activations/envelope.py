@@ -115,6 +115,13 @@ def cuda_only_terms(spec: TrainingSpec) -> str | None:
       formulas count in 16 bits (H200, Phi-2 LoRA bf16 autocast 4 x 2048: the formula was -11 %).
     - SDPA with attention dropout runs a fused kernel on CUDA (no s x s tensor) and the math path on a CPU: the
       formulas' CUDA branch of it (``layernorm_blocks._fused_math``) was not checked by the CPU rows.
+    - QLoRA without k-bit preparation under autocast, checkpointed: peft 0.21.2 ``tuners/lora/bnb.py``
+      ``Linear4bit.forward`` runs its LoRA branch on the 16-bit input when the argument-less
+      ``torch.is_autocast_enabled()`` (CUDA's) is True, and in fp32 under CPU autocast (``cuda_emulation.py`` item
+      5), so the first recomputed layer's backward holds 8·I B/token less on CUDA (``qlora16.sixteen_bit_branch``).
+      Without checkpointing the backward's peak comes before any branch's input gradient: the CUDA trace of every
+      shape of ``llama/qlora_noprep/nockpt/sdpa/autocast`` is the same with either branch (the ``@cuda`` check
+      -3.60 % .. 0.00 % per shape with both), so the CPU row still describes it.
     """
     if spec.hardware.device_type is DeviceType.CPU:
         return None
@@ -124,6 +131,10 @@ def cuda_only_terms(spec: TrainingSpec) -> str | None:
     eager = spec.activations.attn_implementation is AttnImpl.EAGER or traits.eager_only
     if not eager and traits.dropout.attention > 0:
         return "SDPA with attention dropout runs a fused kernel on CUDA and the math path on a CPU"
+    if (spec.precision.mixed_precision is not MixedPrecision.NO and spec.activations.checkpointing
+            and method_of(spec) == "qlora_noprep"):
+        return ("peft's 4-bit LoRA layers run their branch on the 16-bit input under CUDA autocast "
+                "(torch.is_autocast_enabled() reports CUDA's), in fp32 under CPU autocast")
     return None
 
 

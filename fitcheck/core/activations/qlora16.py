@@ -26,29 +26,43 @@ bf16 autocast      6·I + 6·h     10·I + 6·h
 (the MatMul4Bit input gradient and its sum with the LoRA branch's gradient in the MLP, plus the fp32 dropout
 mask/output and the cast gradients of the LoRA inputs, which peft computes in fp32 without autocast).
 
-Those rows are peft's fp32 adapters on a fake CPU trace, where peft 0.21.2 ``tuners/lora/bnb.py``
-``Linear4bit.forward`` sets ``requires_conversion = not torch.is_autocast_enabled()``: the argument-less call
-reports CUDA's autocast only (torch 2.13), so under the trace's CPU autocast peft casts the LoRA input to the fp32
-adapter dtype and the branch, with its input gradients, runs in fp32. TRL 1.16 runs no fp32 branch: after
-``get_peft_model`` it casts every trainable parameter of a bitsandbytes-quantized model to bf16
-(``trl/trainer/sft_trainer.py`` ``SFTTrainer.__init__``, ``param.data = param.data.to(torch.bfloat16)``;
-``core.states.trl_bf16_trainables``), so ``_cast_input_dtype`` has nothing to cast and the branch is bf16. Its
-working set (:func:`sixteen_bit_branch`), measured the same way on CUDA-emulating fake traces of TRL's SFT step
-(``tracer_trl``: the bf16 cast, fused head; dropout 0.05, bf16 autocast over a bf16 load; (h, I) = (256, 688),
-(256, 1376), (512, 1376) at 512 tokens, ``benchmarks/sft_qlora_branch.py``):
+Those rows are peft's fp32 adapters where the branch runs in fp32: peft 0.21.2 ``tuners/lora/bnb.py``
+``Linear4bit.forward`` sets ``requires_conversion = not torch.is_autocast_enabled()``, and the argument-less call
+reports CUDA's autocast only (torch 2.13 ``torch/csrc/autograd/init.cpp``), so under a CPU step's autocast peft casts
+the LoRA input to the fp32 adapter dtype and the branch, with its input gradients, runs in fp32. They hold for a
+CPU step (a real CPU run takes that branch too) and for 16-bit steps without autocast.
 
-==========================  ============
-LoRA on the MLP             2·I + 6·h     (the row above less the two fp32 I-wide input gradients: 8·I)
-q / v only (MLP bare)       6·I − 2·h     (no branch in the MLP: its 4-bit backward alone)
-==========================  ============
+On a GPU under ``torch.autocast("cuda")`` the call answers True: no cast, the branch runs on the bf16 input
+(autocast casts the fp32 adapter weights), the two fp32 I-wide input gradients are gone. The CUDA-emulating trace
+answers the call the same way (``torch_adapters/cuda_emulation.py`` item 5; before it, CUDA specs were traced, and
+these rows fitted, with the fp32 branch). TRL 1.16 runs no fp32 branch on either device: after ``get_peft_model``
+it casts every trainable parameter of a bitsandbytes-quantized model to bf16 (``trl/trainer/sft_trainer.py``
+``SFTTrainer.__init__``, ``param.data = param.data.to(torch.bfloat16)``; ``core.states.trl_bf16_trainables``), so
+``_cast_input_dtype`` has nothing to cast. On a CUDA spec under bf16 autocast (:func:`sixteen_bit_branch`, either
+trainer) the working set, measured the same way on CUDA-emulating fake traces:
+
+==========================  ==============  ===================================================================
+LoRA on the MLP, dropout    2·I + 6·h       (the fp32 row less the two fp32 I-wide input gradients: 8·I)
+LoRA on the MLP, no dropout 4·I − 10·h      (the fp32 row less 2·I + 16·h)
+q / v only (MLP bare)       6·I − 2·h       (no branch in the MLP: its 4-bit backward alone; any device)
+q / v only, no dropout      6·I − 4·h
+==========================  ==============  ===================================================================
+
+The dropout row: TRL's SFT step (``tracer_trl``: the bf16 cast, fused head; dropout 0.05; (h, I) = (256, 688), (256,
+1376), (512, 1376) at 512 tokens, ``benchmarks/sft_qlora_branch.py``) and the plain Trainer's step with peft's fp32
+adapters (Llama-3.1 and Qwen2.5 layers, 2 layers, (h, I) = (1024, 4096), (1024, 8192), (2048, 4096), slope over 1024
+/ 2048 / 4096 tokens: 1.999·I + 6·h, within 4 B/token; ``benchmarks/qlora16_cuda_branch.py``). The no-dropout row:
+the plain Trainer's step, slope over 4096 / 8192 tokens at (1024, 4096), (2048, 8192), (2048, 4096), (1024, 2816),
+within 36 B/token (Llama-3.1; Qwen2.5 the same at the first and third; TRL's SFT step the same at the first and
+third, slope +36 B/token). The q / v no-dropout row: the plain Trainer's step at (1024, 4096), (2048, 4096), slope
+over 2048 / 4096 tokens, within 4 B/token (the 16-bit all-linear row was 2·I + 6·h under it). The same moment in the
+fp32-branch trace was the table above to 4 B/token at those shapes (10·I + 6·h, 6·I + 6·h). fp16 autocast is not
+measured on CUDA (the fp32 rows stay; the CUDA trace is 18.4k .. 20.5k B/token above them at two shapes).
 
 The q / v row holds for peft's fp32 adapters too, a plain ``Trainer`` on a CPU or a CUDA spec: the moment is in the
 bare MLP, where no branch runs (same shapes, fp32 adapters, plain activation trace: formula − trace +168 .. +312
 B/token with it, +4968 .. +9912 with the all-linear row above, which peft's default targets q_proj / v_proj were
-given before). The same traces with peft's fp32 adapters and CUDA's autocast reported to peft (what a GPU run of a
-plain ``Trainer`` does) hold the same tensors at that moment (Qwen2.5-0.5B width, 2 layers, 4 x 1024: 676.9 vs 674.7 MB
-live); the tracer does not report it (``torch.is_autocast_enabled()`` stays False on CPU), so plain-Trainer rows
-stay the fp32 ones.
+given before).
 """
 
 from __future__ import annotations
@@ -86,18 +100,17 @@ def qlora16_backward_working_set(spec: TrainingSpec) -> int:
     if drop and spec.precision.mixed_precision is MixedPrecision.BF16 and not wrapped_linears(lora, _MLP):
         return 6 * inter - 2 * h  # q / v only: the bare MLP's backward (table below the first)
     if sixteen_bit_branch(spec):
-        return 2 * inter + 6 * h
+        if not wrapped_linears(lora, _MLP):
+            return 6 * inter - 4 * h  # q / v only, no dropout (the dropout case returned above)
+        return 2 * inter + 6 * h if drop else 4 * inter - 10 * h
     if spec.precision.mixed_precision is MixedPrecision.NO:
         return 6 * inter + 8 * h if drop else 4 * inter + 6 * h
     return (10 if drop else 6) * inter + 6 * h
 
 
 def sixteen_bit_branch(spec: TrainingSpec) -> bool:
-    """TRL's bf16 adapters (module docstring) in the measured setting: CUDA, bf16 autocast, LoRA dropout > 0 (the
-    bf16 branch's own row; elsewhere the fp32 rows stay: not measured with TRL's cast)."""
-    from fitcheck.core.states import trl_bf16_trainables  # states import activations: not at module level
-
-    lora = spec.lora
-    return (trl_bf16_trainables(spec) and lora is not None and lora.dropout > 0
-            and spec.hardware.device_type is DeviceType.CUDA
+    """The LoRA branch runs on the 16-bit input (module docstring) in the measured setting: a CUDA spec under bf16
+    autocast, where peft's argument-less ``torch.is_autocast_enabled()`` is True, with peft's fp32 adapters or TRL's
+    bf16 ones (elsewhere the fp32 rows stay: a CPU step converts; fp16 autocast is not measured)."""
+    return (spec.lora is not None and spec.hardware.device_type is DeviceType.CUDA
             and spec.precision.mixed_precision is MixedPrecision.BF16)
