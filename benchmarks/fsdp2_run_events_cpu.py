@@ -26,6 +26,7 @@ Result (2026-11-27): world 1: real 2230784 / 3346112 / 7807764 / 7807764, fitche
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -43,7 +44,7 @@ POINTS = ("initialize", "backward1", "step1", "backward")
 TOLERANCE = 1024
 
 
-def _rank(rank: int, world: int, port: int, out: str, version: int = 2) -> None:
+def _rank(rank: int, world: int, port: int, out: str, version: int = 2, lora: bool = False, accum: int = 1) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gloo_rank import fsdp_on_cpu, start_rank
 
@@ -57,6 +58,7 @@ def _rank(rank: int, world: int, port: int, out: str, version: int = 2) -> None:
     from accelerate import Accelerator
     from accelerate.utils import FullyShardedDataParallelPlugin
     from deepspeed_run_events_cpu import BATCH, CONFIG, SEQ
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
     cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
@@ -77,13 +79,24 @@ def _rank(rank: int, world: int, port: int, out: str, version: int = 2) -> None:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.config.use_cache = False
+    if lora:  # peft 0.21 get_peft_model (autocast_adapter_dtype=True: the adapters in fp32), as the Trainer is given
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"],
+                                                           lora_dropout=0.0, task_type="CAUSAL_LM"))
     model.train()
     ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
 
     def alive() -> int:
         gc.collect()
+        # an unsharded parameter's .grad that FSDP2 keeps between micro-batches (no_sync: post_backward returns
+        # before reading it) has no Python object gc could find: read it through the FSDP states
+        held = [g for m in model.modules() if isinstance(m, FSDPModule)
+                for group in m._get_fsdp_state()._fsdp_param_groups for fp in group.fsdp_params
+                for g in (getattr(getattr(fp, "_unsharded_param", None), "grad", None),
+                          fp.unsharded_accumulated_grad) if g is not None]
         seen: dict[int, int] = {}
-        for o in gc.get_objects():
+        for o in [*gc.get_objects(), *held]:
             if isinstance(o, torch.Tensor) and not isinstance(o, DTensor) and not o.is_meta:
                 st = o.untyped_storage()
                 if st.nbytes():
@@ -92,18 +105,26 @@ def _rank(rank: int, world: int, port: int, out: str, version: int = 2) -> None:
 
     live: dict[str, int] = {}
     before = alive()
-    if version == 2:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    # the Trainer's optimizer holds the trainable parameters only (trainer.py get_optimizer_grouped_parameters)
+    if version == 2:  # (no list of them kept here: it would keep the unsharded originals alive)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
         model, opt = acc.prepare(model, opt)  # FSDP2: together (the optimizer is pointed at the shards)
     else:  # FSDP1: the Trainer delays the optimizer (trainer.py _prepare_for_training: delay_optimizer_creation)
         model = acc.prepare(model)
-        opt = acc.prepare(torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True))
+        opt = acc.prepare(torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
+                                            fused=True))
     live["initialize"] = alive()
     for step in range(2):
-        loss = model(input_ids=ids, labels=ids).loss
-        acc.backward(loss)
-        del loss
-        live["backward1" if step == 0 else "backward"] = alive()
+        point = "backward1" if step == 0 else "backward"
+        for micro in range(accum):
+            # the Trainer's inner loop (trainer.py: sync_context): accelerator.no_sync but for the last micro-batch;
+            # accelerate 1.15 accelerator.py no_sync under FSDP2: model.set_requires_gradient_sync(False)
+            sync = contextlib.nullcontext() if micro == accum - 1 else acc.no_sync(model)
+            with sync:
+                loss = model(input_ids=ids, labels=ids).loss / accum
+                acc.backward(loss)
+            del loss
+            live[point if micro == accum - 1 else f"{point}.{micro}"] = alive()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step == 0:
@@ -113,8 +134,10 @@ def _rank(rank: int, world: int, port: int, out: str, version: int = 2) -> None:
     dist.destroy_process_group()
 
 
-def real(world: int, version: int = 2) -> dict[str, int]:
-    """Rank 0's live bytes at :data:`POINTS` of the real FSDP``version`` run on ``world`` gloo ranks (spawned)."""
+def real(world: int, version: int = 2, lora: bool = False, accum: int = 1) -> dict[str, int]:
+    """Rank 0's live bytes at :data:`POINTS` of the real FSDP``version`` run on ``world`` gloo ranks (spawned);
+    ``lora``: peft LoRA r 8 on q/v over the frozen bf16 base; ``accum``: micro-batches a step (the live bytes after
+    each but the last micro-batch's backward too: ``backward1.K``, ``backward.K``)."""
     import torch.multiprocessing as mp_
 
     with socket.socket() as sock:
@@ -122,30 +145,34 @@ def real(world: int, version: int = 2) -> dict[str, int]:
         port = int(sock.getsockname()[1])
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "live")
-        mp_.start_processes(_rank, args=(world, port, out, version), nprocs=world, join=True, start_method="spawn")
+        mp_.start_processes(_rank, args=(world, port, out, version, lora, accum), nprocs=world, join=True,
+                            start_method="spawn")
         with open(f"{out}.0", encoding="utf-8") as fh:
             return dict(json.load(fh))
 
 
-def spec_of(world: int, version: int = 2) -> Any:
-    """fitcheck's spec of the same run (FSDP``version`` FULL_SHARD, ``world`` processes, bf16 loaded, ``--bf16``)."""
+def spec_of(world: int, version: int = 2, lora: bool = False, accum: int = 1) -> Any:
+    """fitcheck's spec of the same run (FSDP``version`` FULL_SHARD, ``world`` processes, bf16 loaded, ``--bf16``;
+    ``lora``: r 8 on q/v; ``accum``: ``gradient_accumulation_steps``)."""
     from cpu_truth import Row, spec_for
     from deepspeed_run_events_cpu import BATCH, CONFIG, SEQ
 
-    from fitcheck.spec import FsdpSpec, ShardingSpec, Strategy
+    from fitcheck.spec import FsdpSpec, LoraSpec, ShardingSpec, Strategy
 
-    spec = spec_for(Row("tiny", CONFIG, seq=SEQ, batch=BATCH, dtype="bfloat16", mp="bf16", optim="adamw_torch_fused"))
+    spec = spec_for(Row("tiny", CONFIG, seq=SEQ, batch=BATCH, dtype="bfloat16", mp="bf16", optim="adamw_torch_fused",
+                        lora=LoraSpec(r=8, target_modules=("q_proj", "v_proj"), dropout=0.0) if lora else None))
+    spec = replace(spec, batch=replace(spec.batch, grad_accum=accum))
     return replace(spec, sharding=ShardingSpec(Strategy.FSDP, world, 1, None, FsdpSpec(version=version)))
 
 
 def fitcheck_live(world: int, plain: list[Any] | None = None, version: int = 2, plan: Any = None,
-                  ) -> tuple[dict[str, int], list[Any]]:
+                  lora: bool = False, accum: int = 1) -> tuple[dict[str, int], list[Any]]:
     """The live bytes of ``fsdp2_run``'s (``fsdp1_run``'s) sequence at :data:`POINTS` (above the traced setup), and
     the plain run's events (``plain``: reuse them; the trace does not depend on the world size or version).
     ``plan``: the spec -> the rewrite's plan (default: ``fsdp2_plan`` / ``fsdp1_plan``)."""
     from fitcheck.torch_adapters import fsdp1_plan, fsdp1_run, fsdp2_plan, fsdp2_run, live_bytes, whole_run_events
 
-    spec = spec_of(world, version)
+    spec = spec_of(world, version, lora, accum)
     plain = plain if plain is not None else whole_run_events(spec)
     before = sum(n for _, n, t in plain if t == "setup")
     if version == 1:

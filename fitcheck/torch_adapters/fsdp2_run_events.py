@@ -91,8 +91,11 @@ class _Rank(RankEvents):
         p = self.plan
         if p.world == 1 or u in self.unsharded or u in self.issued:
             return
-        shard = sum(q.shard(p.world) for q in p.units[u].params)
-        cast = self.new(shard * p.compute, SIDE + tag) if p.compute != p.orig else None
+        params = p.units[u].params
+        shard = sum(q.shard(p.world) for q in params)
+        # all_gather_inputs: _to_dtype_if_needed casts the parameters whose orig dtype is not param_dtype
+        casts = sum(q.shard(p.world) for q in params if p.orig_of(q) != p.compute)
+        cast = self.new(casts * p.compute, SIDE + tag) if casts else None
         self.issued[u] = self.new(shard * p.world * p.compute, SIDE + tag)
         self.free(cast)
 
@@ -106,7 +109,7 @@ class _Rank(RankEvents):
         if p.world == 1:
             cast = None
             for q in p.units[u].params:
-                if p.compute != p.orig:  # all_gather_inputs: _to_dtype_if_needed(sharded data, param_dtype)
+                if p.compute != p.orig_of(q):  # all_gather_inputs: _to_dtype_if_needed(sharded data, param_dtype)
                     now = self.new(q.numel * p.compute, tag)
                     self.free(cast)
                     cast = now
@@ -136,14 +139,16 @@ class _Rank(RankEvents):
         self.rs_input = None
         if not grads:
             return
-        params = p.units[u].params
+        # fsdp_params_with_grad: the trainable ones (a frozen parameter's unsharded .grad is None)
+        params = [q for q in p.units[u].params if not q.frozen]
         self.rs_input = self.new(sum(q.shard(p.world) for q in params) * p.world * p.reduce, tag)
         for g in grads:
             self.free(g)
         shard = sum(q.shard(p.world) for q in params)
         out = self.new(shard * p.reduce, SIDE + tag)
-        if p.reduce != p.orig:
-            self.grads.append(self.new(shard * p.orig, SIDE + tag))
+        orig = p.orig_of(params[0])  # _init_mp_dtypes: one orig dtype among a group's trainable parameters
+        if p.reduce != orig:
+            self.grads.append(self.new(shard * orig, SIDE + tag))
             self.free(out)
         else:
             self.grads.append(out)
@@ -153,11 +158,11 @@ def _prepare(w: EventWriter, plan: FsdpPlan) -> None:
     """``fsdp2_prepare_model``'s ``fully_shard`` calls (module docstring)."""
     for u in plan.wrap_order:
         params = plan.units[u].params
-        moved = [w.new(q.numel * plan.orig, "setup") for q in params]
+        moved = [w.new(q.numel * plan.orig_of(q), "setup") for q in params]
         for q in params:
-            w.new(q.shard(plan.world) * plan.orig, "setup")
+            w.new(q.shard(plan.world) * plan.orig_of(q), "setup")
         for s, q in zip(moved, params, strict=True):
-            w.free(s, q.numel * plan.orig, "setup")
+            w.free(s, q.numel * plan.orig_of(q), "setup")
 
 
 def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
@@ -186,10 +191,12 @@ def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
 def _optimizer(rank: _Rank, plan: FsdpPlan, tag: str, first: bool) -> None:
     """Fused AdamW on the shards (its states at the first step), then ``zero_grad(set_to_none=True)``."""
     if first:  # torch/optim/adam.py _init_group: state["step"] on the device (fused), exp_avg, exp_avg_sq
-        for q in plan.params:
+        for q in plan.params:  # the optimizer holds the trainable parameters (Trainer.create_optimizer)
+            if q.frozen:
+                continue
             rank.w.new(4, tag)
-            rank.w.new(q.local(plan.world) * plan.orig, tag)
-            rank.w.new(q.local(plan.world) * plan.orig, tag)
+            rank.w.new(q.local(plan.world) * plan.orig_of(q), tag)
+            rank.w.new(q.local(plan.world) * plan.orig_of(q), tag)
     for s, n, _ in rank.grads:
         rank.w.free(s, n, SIDE + tag)
     rank.grads = []
@@ -246,9 +253,11 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     posts: dict[int, int] = {u: end for u in order}  # the final callback's, unless its hook runs before
     for j in range(1, len(chain)):
         u, done = chain[j], chain[j - 1]
+        if not owned[u]:  # frozen (LoRA's input embedding): its output needs no gradient, so neither its
+            continue      # pre-backward hook nor the post-backward of the unit after it runs before the final callback
         pos = owned[u][0][0]  # a unit's backward starts at its first gradient
         if not (units[done].kind == "tail" and plan.tied):  # the tied weight's gradient is complete at the end
-            posts[done] = max(pos, owned[done][-1][0] + 1)
+            posts[done] = max(pos, owned[done][-1][0] + 1) if owned[done] else pos
         put(pos, lambda r, t, u=u: _pre_backward(r, t, u, chain, plan))
     for u in sorted(order, key=lambda v: posts[v]):
         hs = [h for _, h in owned[u]]
@@ -257,6 +266,8 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     def final(r: _Rank, t: str) -> None:  # _root_post_backward_final_callback: reduce_scatter_states.clear()
         r.free(r.rs_input)
         r.rs_input = None
+        for v in list(r.issued):  # finalize_backward: a prefetched all-gather never waited for (a frozen
+            r.free(r.issued.pop(v))  # embedding's: no pre-backward) is cleared
 
     put(end, final)
     return at

@@ -36,10 +36,23 @@ class FsdpReplayError(ValueError):
 
 @dataclass(frozen=True)
 class Param:
-    """One parameter of a unit: its elements and its dim-0 size (FSDP2 shards dim 0)."""
+    """One parameter of a unit: its elements and its dim-0 size (FSDP2 shards dim 0).
+
+    Attributes:
+        numel: Elements.
+        dim0: Size of dim 0.
+        frozen: ``requires_grad=False`` (a LoRA run's base): no gradient, no reduce-scatter, no optimizer state.
+        orig: Bytes of its sharded element where not the plan's :attr:`FsdpPlan.orig` (0: the plan's): a frozen
+            base stays in its load dtype (accelerate upcasts ``requires_grad`` parameters only).
+        traced: Bytes of its element in the traced module where not the plan's :attr:`FsdpPlan.traced` (0: the
+            plan's): peft's fp32 adapters.
+    """
 
     numel: int
     dim0: int
+    frozen: bool = False
+    orig: int = 0
+    traced: int = 0
 
     def shard(self, world: int) -> int:
         """Elements of one rank's padded shard (``chunks[0]`` of ``torch.chunk`` on dim 0)."""
@@ -100,6 +113,14 @@ class FsdpPlan:
         """Every parameter, unit by unit in forward order."""
         return [p for u in self.units for p in u.params]
 
+    def orig_of(self, q: Param) -> int:
+        """Bytes of an element of ``q``'s shard."""
+        return q.orig or self.orig
+
+    def traced_of(self, q: Param) -> int:
+        """Bytes of an element of ``q`` in the traced module (its parameter and its traced gradient)."""
+        return q.traced or self.traced
+
 
 def not_replayed(spec: TrainingSpec) -> str:
     """What of an FSDP run :func:`fsdp2_run_events.fsdp2_run` does not describe ("" when it describes the run).
@@ -127,8 +148,15 @@ def not_replayed(spec: TrainingSpec) -> str:
         parts.append("a wrap policy other than one decoder layer per unit")
     if spec.precision.mixed_precision is MixedPrecision.NO:
         parts.append("no mixed precision (the plain run's replay answers)")
-    if spec.lora is not None or spec.freeze is not None or spec.quant is not None:
+    if fs.version == 1 and (spec.lora is not None or spec.freeze is not None or spec.quant is not None):
         parts.append("frozen parameters or a quantized base")
+    if fs.version == 2:
+        if spec.quant is not None:
+            parts.append("a quantized base")
+        if spec.freeze is not None:
+            parts.append("frozen parameters without peft (freeze)")
+        if lora_not_replayed(spec):
+            parts.append(lora_not_replayed(spec))
     if spec.batch.grad_accum > 1:
         parts.append("gradient accumulation (unsharded gradients kept across micro-batches)")
     if spec.optimizer.name not in FUSED_ADAM:
@@ -181,7 +209,59 @@ def _model_params(spec: TrainingSpec) -> tuple[tuple[Param, ...], dict[str, list
              "head": [one(p.shape) for p in outside if p.role is Role.LM_HEAD],
              "norms": [one(p.shape) for p in outside if p.role is Role.NORM],
              "rest": [one(p.shape) for p in outside if p.role not in (Role.EMBEDDING, Role.LM_HEAD, Role.NORM)]}
+    if spec.lora is not None:
+        layer, roles = _with_adapters(spec, [p for p in params if p.per_layer], roles)
     return layer, roles, tied
+
+
+def _with_adapters(spec: TrainingSpec, entries: list[Any], roles: dict[str, list[Param]],
+                   ) -> tuple[tuple[Param, ...], dict[str, list[Param]]]:
+    """A LoRA run's layer and outside parameters: the base frozen in its load dtype (accelerate 1.15
+    ``fsdp2_prepare_model`` upcasts ``param.requires_grad`` parameters only), each target's ``lora_A`` and
+    ``lora_B`` after its weight (peft 0.21 ``LoraLayer``: ``base_layer``, ``lora_A``, ``lora_B`` in
+    ``named_parameters``), fp32 sharded (the upcast; peft's ``autocast_adapter_dtype=True`` made them fp32 already)
+    and fp32 in the traced module (``tracer_build._wrap_lora``: ``get_peft_model``'s defaults). :func:`not_replayed`
+    admits adapters on every layer's targets only."""
+    from fitcheck.core.states import plan_lora
+
+    load = spec.precision.load_dtype.nbytes
+    adapters = {t.entry.name: t for t in plan_lora(spec).targets}
+
+    def frozen(q: Param) -> Param:
+        return Param(q.numel, q.dim0, frozen=True, orig=load)
+
+    def shaped(shape: tuple[int, ...]) -> Param:
+        numel = 1
+        for d in shape:
+            numel *= d
+        return Param(numel, shape[0], traced=FP32)
+
+    layer: list[Param] = []
+    for p in entries:
+        numel = 1
+        for d in p.shape:
+            numel *= d
+        layer.append(Param(numel, p.shape[0] if p.shape else 1, frozen=True, orig=load))
+        t = adapters.get(p.name)
+        if t is not None:
+            layer += [shaped(t.lora_a_shape), shaped(t.lora_b_shape)]
+    return tuple(layer), {k: [frozen(q) for q in v] for k, v in roles.items()}
+
+
+def lora_not_replayed(spec: TrainingSpec) -> str:
+    """What of a LoRA run the FSDP2 rewrite does not describe ("" for peft adapters on every decoder layer's
+    targets over an unquantized base; also "" without LoRA)."""
+    from fitcheck.core.states import plan_lora
+
+    lora = spec.lora
+    if lora is None:
+        return ""
+    plan = plan_lora(spec)
+    odd = (lora.use_dora or plan.saved or plan.problems or lora.target_parameters
+           or any(not t.entry.per_layer or t.layers != t.entry.repeat or t.magnitude or t.via_param_wrapper
+                  for t in plan.targets))
+    return "LoRA adapters other than A/B on every decoder layer (DoRA, modules_to_save, layers_to_transform, " \
+           "targets outside the layers)" if odd else ""
 
 
 def _dtypes(spec: TrainingSpec) -> tuple[int, int, int]:
@@ -208,8 +288,13 @@ def fsdp2_plan(spec: TrainingSpec) -> FsdpPlan:
     layer, roles, tied = _model_params(spec)
     embed, head, norms, rest = roles["embed"], roles["head"], roles["norms"], roles["rest"]
     layers = [Unit(layer, reshard, "layer") for _ in range(spec.model.shape.num_layers)]
-    tail = Unit(tuple(norms[-1:] + (embed if tied else head)), False, "tail")
-    root = Unit(tuple(rest + norms[:-1]), False, "root") if rest or norms[:-1] else None
+    # accelerate 1.15 fsdp_utils.py _find_final_norm scans getattr(model, model.base_model_prefix)'s children:
+    # on a peft PeftModel that is the LlamaForCausalLM (its children `model`, `lm_head`): no norm, so the final
+    # norm stays with the root
+    final = [] if spec.lora is not None else norms[-1:]
+    inner = norms if spec.lora is not None else norms[:-1]
+    tail = Unit(tuple(final + (embed if tied else head)), False, "tail")
+    root = Unit(tuple(rest + inner), False, "root") if rest or inner else None
     front = [] if tied else [Unit(tuple(embed), reshard, "embed")]
     units = ([root] if root else []) + front + layers + [tail]
     first_layer = len(units) - len(layers) - 1
@@ -310,9 +395,10 @@ def module_storages(setup: Sequence[tuple[int, int, str]], plan: FsdpPlan) -> se
     free = [(s, n) for s, n, _ in reversed(setup) if n > 0]
     used: set[int] = set()
     for q in plan.params:
-        hit = next((s for s, n in free if n == q.numel * plan.traced and s not in used), None)
+        size = q.numel * plan.traced_of(q)
+        hit = next((s for s, n in free if n == size and s not in used), None)
         if hit is None:
-            raise FsdpReplayError(f"no traced parameter storage of {q.numel * plan.traced} bytes")
+            raise FsdpReplayError(f"no traced parameter storage of {size} bytes")
         used.add(hit)
     return used
 
@@ -402,13 +488,13 @@ def unit_gradients(events: Sequence[tuple[int, int, str]], back: int, end: int, 
                    order: list[int]) -> tuple[dict[int, list[tuple[int, tuple[int, int, str]]]],
                                               list[tuple[int, int, str]]]:
     """The traced backward's gradients matched to units by size, in backward ``order`` (each unit's with their
-    index), and those of no unit (alive where backward's last allocation is made, no parameter's: the input
-    embedding's output gradient, freed as backward returns).
+    index; none for a unit without trainable parameters), and those of no unit (alive where backward's last
+    allocation is made, no parameter's: the input embedding's output gradient, freed as backward returns).
 
     Raises:
-        FsdpReplayError: A unit has no gradient.
+        FsdpReplayError: A unit with trainable parameters has no gradient.
     """
-    want = {u: Counter(q.numel * plan.traced for q in plan.units[u].params) for u in order}
+    want = {u: Counter(q.numel * plan.traced_of(q) for q in plan.units[u].params if not q.frozen) for u in order}
     owned: dict[int, list[tuple[int, tuple[int, int, str]]]] = {u: [] for u in order}
     strays = []
     for i in range(back, end):
@@ -420,7 +506,7 @@ def unit_gradients(events: Sequence[tuple[int, int, str]], back: int, end: int, 
                 continue
             want[hit][n] -= 1
             owned[hit].append((i, (s, n, t)))
-    if any(not owned[u] for u in order):
+    if any(not owned[u] and want[u] for u in order):
         raise FsdpReplayError("an FSDP unit without gradients in the traced backward")
     return owned, strays
 
