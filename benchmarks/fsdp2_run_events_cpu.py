@@ -173,49 +173,90 @@ def fitcheck_live(world: int, plain: list[Any] | None = None, version: int = 2, 
     from fitcheck.torch_adapters import fsdp1_plan, fsdp1_run, fsdp2_plan, fsdp2_run, live_bytes, whole_run_events
 
     spec = spec_of(world, version, lora, accum)
-    plain = plain if plain is not None else whole_run_events(spec)
+    plan = (plan or (fsdp1_plan if version == 1 else fsdp2_plan))(spec)
+    plain = plain if plain is not None else whole_run_events(spec, micro_batches=plan.accum)
     before = sum(n for _, n, t in plain if t == "setup")
-    if version == 1:
-        events = fsdp1_run(plain, (plan or fsdp1_plan)(spec))
-    else:
-        events = fsdp2_run(plain, (plan or fsdp2_plan)(spec))
-    return {k: v - before for k, v in live_bytes(events).items()}, plain
+    events = fsdp1_run(plain, plan) if version == 1 else fsdp2_run(plain, plan)
+    live = {**live_bytes(events), **micro_live(events, plan.accum)}
+    return {k: v - before for k, v in live.items()}, plain
+
+
+def micro_live(events: list[Any], accum: int) -> dict[str, int]:
+    """The live bytes at the rewrite's points between micro-batches (``(MARK, 0, "micro")``): ``backward1.K`` in
+    the first step, ``backward.K`` in the last."""
+    from fitcheck.torch_adapters.deepspeed_run_events import MARK
+
+    live, seen = 0, []
+    for s, n, t in events:
+        if s == MARK and t == "micro":
+            seen.append(live)
+        live += n
+    if accum < 2 or not seen:
+        return {}
+    out = {f"backward1.{m}": seen[m] for m in range(accum - 1)}
+    return {**out, **{f"backward.{m}": seen[len(seen) - accum + 1 + m] for m in range(accum - 1)}}
 
 
 def compare(theirs: dict[str, int], mine: dict[str, int]) -> list[str]:
-    """The points where the live bytes differ by more than :data:`TOLERANCE`."""
-    return [f"live after {p}: real {theirs[p]} fitcheck {mine.get(p)}" for p in POINTS
+    """The points where the live bytes differ by more than :data:`TOLERANCE` (:data:`POINTS` and, with gradient
+    accumulation, those between micro-batches)."""
+    return [f"live after {p}: real {theirs[p]} fitcheck {mine.get(p)}" for p in theirs
             if abs(theirs[p] - mine.get(p, 0)) > TOLERANCE]
 
 
 DATA = ROOT / "benchmarks" / "data" / "fsdp1_run_events_cpu.json"
+DATA2 = ROOT / "benchmarks" / "data" / "fsdp2_run_events_cpu.json"
+# FSDP2's recorded variants: name -> (LoRA r 8 on q/v, gradient_accumulation_steps)
+VARIANTS = {"full": (False, 1), "lora": (True, 1), "accum2": (False, 2), "lora_accum2": (True, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Compare world sizes 1 and 2 (``--version 1``: FSDP1; ``--write``: record the real FSDP1 runs' live bytes in
-    :data:`DATA`, which ``tests/test_fsdp1_run_events.py`` checks without spawning); exit 1 on a difference."""
+    """Compare world sizes 1 and 2 (``--version 1``: FSDP1; ``--variant``: FSDP2's :data:`VARIANTS` to run;
+    ``--write``: record the real runs' live bytes, FSDP1's in :data:`DATA`, FSDP2's variants in :data:`DATA2`, which
+    ``tests/test_fsdp1_run_events.py`` / ``tests/test_fsdp2_run_events.py`` check without spawning); exit 1 on a
+    difference."""
     import argparse
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--version", type=int, default=2, choices=(1, 2))
+    ap.add_argument("--variant", nargs="*", choices=sorted(VARIANTS), default=["full"])
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args(argv)
-    bad, plain, rows = 0, None, {}
-    for world in (1, 2):
-        mine, plain = fitcheck_live(world, plain, args.version)
-        theirs = real(world, args.version)
-        rows[str(world)] = theirs
-        diffs = compare(theirs, mine)
-        bad += bool(diffs)
-        print(f"world {world}: real {theirs} fitcheck {mine} " + ("; ".join(diffs) or "same"))
+    bad = 0
+    runs: dict[str, dict[str, Any]] = {}
+    for name in (["full"] if args.version == 1 else args.variant):
+        lora, accum = VARIANTS[name]
+        plain, rows = None, {}
+        for world in (1, 2):
+            mine, plain = fitcheck_live(world, plain, args.version, lora=lora, accum=accum)
+            theirs = real(world, args.version, lora, accum)
+            rows[str(world)] = theirs
+            diffs = compare(theirs, mine)
+            bad += bool(diffs)
+            print(f"{name} world {world}: real {theirs} fitcheck {mine} " + ("; ".join(diffs) or "same"))
+        runs[name] = rows
     if args.write:
         import torch
         import transformers
 
-        doc = {"what": "live bytes above before-prepare of rank 0 of a REAL FSDP1 run (benchmarks/"
-                       "fsdp2_run_events_cpu.py --version 1), per world size",
-               "torch": torch.__version__, "transformers": transformers.__version__, "rows": rows}
-        DATA.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        if args.version == 1:
+            doc = {"what": "live bytes above before-prepare of rank 0 of a REAL FSDP1 run (benchmarks/"
+                           "fsdp2_run_events_cpu.py --version 1), per world size",
+                   "torch": torch.__version__, "transformers": transformers.__version__, "rows": runs["full"]}
+            DATA.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        else:
+            import accelerate
+            import peft
+
+            old = json.loads(DATA2.read_text(encoding="utf-8"))["variants"] if DATA2.exists() else {}
+            doc = {"what": "live bytes above before-prepare of rank 0 of a REAL FSDP2 run (benchmarks/"
+                           "fsdp2_run_events_cpu.py --write --variant ...), per variant and world size; "
+                           "backward1.K / backward.K: after micro-batch K's backward (no_sync)",
+                   "torch": torch.__version__, "transformers": transformers.__version__,
+                   "accelerate": accelerate.__version__, "peft": peft.__version__,
+                   "variants": {**old, **{k: {"lora": VARIANTS[k][0], "accum": VARIANTS[k][1], "rows": v}
+                                          for k, v in runs.items()}}}
+            DATA2.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return 1 if bad else 0
 
 

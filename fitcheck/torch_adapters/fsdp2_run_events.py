@@ -56,6 +56,7 @@ from typing import Any
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters.deepspeed_run_backward import Handle, RankEvents
 from fitcheck.torch_adapters.deepspeed_run_events import (
+    MARK,
     SIDE,
     Event,
     EventWriter,
@@ -63,6 +64,8 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
 )
 from fitcheck.torch_adapters.fsdp2_run_plan import (
     FsdpPlan,
+    FsdpReplayError,
+    base_region,
     fsdp1_plan,
     fsdp2_plan,
     not_replayed,
@@ -85,6 +88,7 @@ class _Rank(RankEvents):
         self.held: Handle | None = None  # forward: the last copied-out all-gather output (all_gather_state)
         self.rs_input: Handle | None = None  # the last reduce_scatter_input (reduce_scatter_states)
         self.grads: list[Handle] = []  # the sharded gradients' flats (reduce-scatter stream) until zero_grad
+        self.kept: dict[int, list[Handle]] = {}  # no_sync: unit -> its unsharded gradients, kept to the boundary
 
     def unshard(self, u: int, tag: str) -> None:
         """``FSDPParamGroup.unshard``: more shards, ``foreach_all_gather`` on the copy-in stream."""
@@ -131,10 +135,16 @@ class _Rank(RankEvents):
         for h in self.unsharded.pop(u, []):
             self.free(h)
 
-    def post_backward(self, u: int, grads: list[Handle], tag: str) -> None:
-        """``post_backward``: reshard, release the previous input, ``foreach_reduce``."""
+    def post_backward(self, u: int, grads: list[Handle], tag: str, sync: bool = True) -> None:
+        """``post_backward``: reshard, release the previous input, ``foreach_reduce``; under ``no_sync``
+        (``reduce_grads`` False) reshard only, the unsharded gradients kept (``.grad`` of the unsharded parameters:
+        a later pass adds into them, ``AccumulateGrad``), reduced at the boundary's pass."""
         p = self.plan
         self.reshard(u)
+        if not sync:
+            self.kept.setdefault(u, grads)
+            return
+        grads = self.kept.pop(u, grads)
         self.free(self.rs_input)
         self.rs_input = None
         if not grads:
@@ -183,9 +193,14 @@ def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
         _prepare(w, plan)
         return _Rank(plan, w)
 
-    return rewrite_steps(events, plan, prepare,
-                         lambda start, end, grads, k: _step_points(events, start, end, grads, plan),
-                         lambda rank, tag, first: _optimizer(rank, plan, tag, first))
+    first_pass: dict[str, Any] = {}  # the step's first pass: its backward and its units' gradients
+    resized: dict[int, int] = {}  # traced gradients FSDP2 makes in param_dtype: storage -> its bytes
+
+    out = rewrite_steps(events, plan, prepare,
+                        lambda start, end, grads, k: _step_points(events, start, end, grads, plan, k, first_pass,
+                                                                  resized),
+                        lambda rank, tag, first: _optimizer(rank, plan, tag, first))
+    return [(s, resized[s] if n > 0 else -resized[s], t) if s in resized and n else (s, n, t) for s, n, t in out]
 
 
 def _optimizer(rank: _Rank, plan: FsdpPlan, tag: str, first: bool) -> None:
@@ -205,10 +220,11 @@ def _optimizer(rank: _Rank, plan: FsdpPlan, tag: str, first: bool) -> None:
 Op = Any  # Callable[[_Rank, str], None]
 
 
-def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int], plan: FsdpPlan,
+def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int], plan: FsdpPlan, k: int = 0,
+                 first_pass: dict[str, Any] | None = None, resized: dict[int, int] | None = None,
                  ) -> dict[int, list[Op]]:
-    """What FSDP2 does where in one step's events ``[start, end)`` (``end``: after backward), as operations on the
-    rank keyed by the index they precede.
+    """What FSDP2 does where in one pass's events ``[start, end)`` (``end``: after backward; pass ``k`` of the run),
+    as operations on the rank keyed by the index they precede.
 
     Raises:
         FsdpReplayError: The step has no forward head or backward, or a gradient matches no unit.
@@ -245,9 +261,19 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     # backward: gradients to units by size, in backward order (the root's own parameters last)
     order = [u for u in range(len(units) - 1, -1, -1) if units[u].kind != "root"]
     order += [u for u in range(len(units)) if units[u].kind == "root"]
-    owned, strays = unit_gradients(events, back, end, grads, plan, order)
+    m = k % plan.accum  # the pass's place in its accumulation window
+    sync = m == plan.accum - 1  # trainer.py: accelerator.no_sync but for the window's last pass
+    if m == 0:
+        owned, strays = unit_gradients(events, back, end, grads, plan, order)
+        if first_pass is not None:
+            first_pass.update(back=back, end=end, owned=owned)
+    else:  # a later pass allocates each gradient and frees it into .grad (allocator_compose._accumulated)
+        owned = _aligned_gradients(events, first_pass or {}, back, end)
+        strays = [events[i] for i in range(back, end) if events[i][1] > 0 and events[i][0] in grads]
     for h in strays:
         put(end, lambda r, t, h=h: r.free(h))
+    if resized is not None:
+        resized.update(_in_param_dtype(owned, plan))
     chain = [u for u in order if units[u].kind != "root"]
     put(back, lambda r, t: _pre_backward(r, t, chain[0], chain, plan))
     posts: dict[int, int] = {u: end for u in order}  # the final callback's, unless its hook runs before
@@ -261,16 +287,58 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
         put(pos, lambda r, t, u=u: _pre_backward(r, t, u, chain, plan))
     for u in sorted(order, key=lambda v: posts[v]):
         hs = [h for _, h in owned[u]]
-        put(posts[u], lambda r, t, u=u, hs=hs: r.post_backward(u, hs, t))
+        put(posts[u], lambda r, t, u=u, hs=hs: r.post_backward(u, hs, t, sync))
 
     def final(r: _Rank, t: str) -> None:  # _root_post_backward_final_callback: reduce_scatter_states.clear()
         r.free(r.rs_input)
         r.rs_input = None
         for v in list(r.issued):  # finalize_backward: a prefetched all-gather never waited for (a frozen
             r.free(r.issued.pop(v))  # embedding's: no pre-backward) is cleared
+        if not sync:  # a point of the run between micro-batches (the benchmarks' ``backward1.0``)
+            r.w.out.append((MARK, 0, "micro"))
 
     put(end, final)
     return at
+
+
+def _in_param_dtype(owned: dict[int, list[tuple[int, Event]]], plan: FsdpPlan) -> dict[int, int]:
+    """The traced gradients of parameters traced in another dtype than ``param_dtype`` (peft's fp32 adapters under
+    autocast: the cast's backward makes an fp32 gradient) at the size FSDP2 makes them: the unsharded parameter is
+    in ``param_dtype`` (``_fsdp_param.py`` ``init_unsharded_param``), so is its ``.grad``."""
+    out: dict[int, int] = {}
+    for u, hs in owned.items():
+        traced = {plan.traced_of(q) for q in plan.units[u].params if not q.frozen}
+        if len(traced) == 1 and (t := traced.pop()) != plan.compute:
+            out.update({s: n // t * plan.compute for _, (s, n, _) in hs})
+    return out
+
+
+def _aligned_gradients(events: Sequence[Event], first_pass: dict[str, Any], back: int, end: int,
+                       ) -> dict[int, list[tuple[int, Event]]]:
+    """A later pass's gradients, unit by unit: where the pass makes the allocations that the step's first pass
+    made its units' gradients with (the passes' backward allocations matched in order by size and region: a later
+    pass repeats the first's, less the first step's one-off storages, ``allocator_compose._first_step_only``).
+
+    Raises:
+        FsdpReplayError: The first pass is unknown, or a gradient has no counterpart.
+    """
+    if not first_pass:
+        raise FsdpReplayError("an accumulating pass before its step's first pass")
+    later = [i for i in range(back, end) if events[i][1] > 0]
+    at: dict[int, int] = {}
+    j = 0
+    for i in range(first_pass["back"], first_pass["end"]):
+        _, n, t = events[i]
+        if n > 0 and j < len(later) and (n, base_region(t)) == (events[later[j]][1],
+                                                                 base_region(events[later[j]][2])):
+            at[i] = later[j]
+            j += 1
+    owned: dict[int, list[tuple[int, Event]]] = {}
+    for u, hs in first_pass["owned"].items():
+        if any(i not in at for i, _ in hs):
+            raise FsdpReplayError("a gradient of the first pass without its counterpart in a later pass")
+        owned[u] = [(at[i], events[at[i]]) for i, _ in hs]
+    return owned
 
 
 def _pre_backward(r: _Rank, t: str, u: int, order: list[int], plan: FsdpPlan) -> None:
@@ -301,8 +369,9 @@ def rewrite_for(spec: TrainingSpec) -> Any:
 def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
     """A ``PinnedPath``'s FSDP2 whole run replayed (``deepspeed_run_events.rewritten_run``): the default stream's
     ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed``)."""
-    return rewritten_run(path, spec, key, replay_key(spec, fsdp2_plan(spec)), "fsdp2-run",
-                         lambda events: fsdp2_run(events, fsdp2_plan(spec)), required)
+    plan = fsdp2_plan(spec)
+    return rewritten_run(path, spec, key, replay_key(spec, plan), "fsdp2-run", lambda events: fsdp2_run(events, plan),
+                         required, micro_batches=plan.accum)
 
 
 def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:

@@ -97,6 +97,9 @@ class FsdpPlan:
         traced: Bytes of an element of the traced module's parameters and gradients (the 16-bit module,
             ``kernels/module_cast.py``).
         tied: Whether the input embedding is the LM head (it then sits in the tail unit).
+        accum: Forward and backward passes per optimizer step the plain run composes
+            (``allocator_compose.replayed_micro_batches`` of ``gradient_accumulation_steps``): all but the last
+            under ``no_sync``.
     """
 
     world: int
@@ -107,6 +110,7 @@ class FsdpPlan:
     reduce: int
     traced: int
     tied: bool
+    accum: int = 1
 
     @property
     def params(self) -> list[Param]:
@@ -157,7 +161,7 @@ def not_replayed(spec: TrainingSpec) -> str:
             parts.append("frozen parameters without peft (freeze)")
         if lora_not_replayed(spec):
             parts.append(lora_not_replayed(spec))
-    if spec.batch.grad_accum > 1:
+    if fs.version == 1 and spec.batch.grad_accum > 1:
         parts.append("gradient accumulation (unsharded gradients kept across micro-batches)")
     if spec.optimizer.name not in FUSED_ADAM:
         parts.append(f"the {spec.optimizer.name} optimizer on the shards (replayed: {FUSED_ADAM[0]})")
@@ -303,7 +307,10 @@ def fsdp2_plan(spec: TrainingSpec) -> FsdpPlan:
     orig, compute, traced = _dtypes(spec)
     # accelerate 1.15 dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision (FSDP2):
     # MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
-    return FsdpPlan(partition_weights(spec), tuple(units), tuple(order), orig, compute, compute, traced, tied)
+    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
+
+    return FsdpPlan(partition_weights(spec), tuple(units), tuple(order), orig, compute, compute, traced, tied,
+                    replayed_micro_batches(spec.batch.grad_accum))
 
 
 @dataclass(frozen=True)
@@ -435,9 +442,10 @@ def rewrite_steps(events: Sequence[tuple[int, int, str]], plan: FsdpPlan, rank: 
                   points: Callable[[int, int, set[int], int], dict[int, list[Any]]],
                   optimizer: Callable[[Any, str, bool], None]) -> list[tuple[int, int, str]]:
     """The plain run's events with one FSDP rank's put in: its setup without the traced module's parameters,
-    ``rank(writer)`` (prepare, returning the rank's state), then per step the operations ``points(start, end,
-    gradients, k)`` keys by the event index they precede (``end``: after backward; each called as ``op(state,
-    region)``), the plain run's own events except its optimizer's, and ``optimizer(state, tag, first)``.
+    ``rank(writer)`` (prepare, returning the rank's state), then per forward and backward pass ``k`` the operations
+    ``points(start, end, gradients, k)`` keys by the event index they precede (``end``: after backward; each called
+    as ``op(state, region)``), the plain run's own events except its optimizer's, and, after every
+    ``plan.accum``-th pass, ``optimizer(state, tag, first)``.
 
     Raises:
         FsdpReplayError: The events lack a parameter's storage or a step.
@@ -461,7 +469,8 @@ def rewrite_steps(events: Sequence[tuple[int, int, str]], plan: FsdpPlan, rank: 
                 w.out.append((s, n, t))
         for op in at.get(end, ()):
             op(state, events[end - 1][2])
-        optimizer(state, "optimizer" if k == len(ends) - 1 else "optimizer_warmup", k == 0)
+        if (k + 1) % plan.accum == 0:  # a pass ends an optimizer step at the accumulation boundary only
+            optimizer(state, "optimizer" if k == len(ends) - 1 else "optimizer_warmup", k + 1 == plan.accum)
         start = end
     w.out += [ev for ev in events[start:] if not ev[2].startswith("optimizer")]
     return without_dead_frees(w.out)
