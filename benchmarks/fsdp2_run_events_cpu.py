@@ -182,13 +182,11 @@ def fitcheck_live(world: int, plain: list[Any] | None = None, version: int = 2, 
 
 
 def micro_live(events: list[Any], accum: int) -> dict[str, int]:
-    """The live bytes at the rewrite's points between micro-batches (``(MARK, 0, "micro")``): ``backward1.K`` in
-    the first step, ``backward.K`` in the last."""
-    from fitcheck.torch_adapters.deepspeed_run_events import MARK
-
+    """The live bytes at the rewrite's points between micro-batches (its ``(MARK, 0, "micro")`` events):
+    ``backward1.K`` in the first step, ``backward.K`` in the last."""
     live, seen = 0, []
-    for s, n, t in events:
-        if s == MARK and t == "micro":
+    for _, n, t in events:
+        if n == 0 and t == "micro":
             seen.append(live)
         live += n
     if accum < 2 or not seen:

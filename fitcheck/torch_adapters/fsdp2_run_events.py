@@ -35,6 +35,25 @@ else around that step; :func:`fsdp2_run` rewrites the plain run into it, read fr
   fp32 states of the local shard at the first step; no temporaries. The torch optimizer's own events of the plain
   run (on the 16-bit module) are dropped. ``zero_grad(set_to_none=True)`` frees the sharded gradients.
 
+* LoRA (peft ``get_peft_model`` over an unquantized base, adapters on every layer's targets;
+  :func:`.fsdp2_run_plan.fsdp2_plan`): accelerate upcasts the ``requires_grad`` parameters only (``fsdp_utils.py``
+  ``fsdp2_prepare_model``: ``if param.requires_grad and param.dtype != torch.float32``), so the frozen base is
+  sharded in its load dtype and gathered without a cast (``_fsdp_param.py`` ``init_dtype_attrs``: ``param_dtype``
+  clamped to None where it equals the orig dtype); the unsharded adapters are in ``param_dtype``, so are their
+  ``.grad`` (the traced fp32 adapters' gradients are rewritten to that size); ``post_backward`` reduces
+  ``fsdp_params_with_grad`` only (a frozen parameter's unsharded ``.grad`` is None) and a unit without any
+  (the embedding, the head) reduces nothing; the input embedding's output needs no gradient, so it has no
+  pre-backward (its prefetched all-gather is cleared by ``finalize_backward``) and the first layer's post-backward
+  runs in the root's final callback; the optimizer holds the adapters only. The final norm is the root's:
+  ``_find_final_norm`` reads ``model.base_model_prefix``'s children, the ``LlamaForCausalLM`` under peft.
+* gradient accumulation (transformers 5.23 ``trainer.py``: ``accelerator.no_sync`` but for a window's last
+  micro-batch; accelerate 1.15 ``accelerator.py`` ``no_sync`` under FSDP2: ``set_requires_gradient_sync(False)``,
+  ``reduce_grads`` False): ``post_backward`` reshards and returns before reading the gradients, so each unit's
+  unsharded ``.grad`` (``param_dtype``, whole) stays; the next pass's ``AccumulateGrad`` adds into it (the plain
+  run composed with its micro-batches: ``allocator_compose.whole_run``), and the window's last pass reduces the
+  accumulated ``.grad`` (``post_backward``: ``unsharded_param.grad``; ``reduce_dtype`` equal to ``param_dtype`` is
+  clamped to None, so no ``unsharded_accumulated_grad`` copy) and frees it.
+
 Where the events go in the traced step: a unit's backward starts at its first gradient and ends at its last
 (gradients matched to units by size, in backward order); a layer's forward is one period of the forward's events
 (the deepened trace repeats each layer's events: :func:`.fsdp2_run_plan.layer_starts`). Blocks allocated on a
@@ -42,9 +61,14 @@ side stream are tagged ``side:`` and left to ``core/states/fsdp_streams.py``'s p
 (:func:`deepspeed_run_events.replay_default_stream` replays the default stream). Not modelled: gradient clipping's
 scalars (``clip_grad_norm_``: 0-d norms).
 
-Checked: live bytes after prepare, after each backward and after the first step against a REAL ``fully_shard`` run
-on CPU (gloo, 1 and 2 ranks: ``benchmarks/fsdp2_run_events_cpu.py``, ``tests/test_fsdp2_run_events.py``); the H100
-rows ``benchmarks/fsdp_gpu.py --rescore``. Pure Python: no torch import.
+Not modelled either: the traced LoRA forward's autocast casts of the fp32 adapters (bf16 copies held to the end of
+forward, which FSDP2's bf16 unsharded adapters do not need: the adapters' bytes in bf16, freed before backward).
+
+Checked: live bytes after prepare, after each backward (and each micro-batch's) and after the first step against
+REAL ``fully_shard`` runs on CPU (gloo, 1 and 2 ranks: ``benchmarks/fsdp2_run_events_cpu.py``; full fine-tune,
+LoRA, two micro-batches, both: recorded in ``benchmarks/data/fsdp2_run_events_cpu.json``,
+``tests/test_fsdp2_run_events.py``); the H100 rows ``benchmarks/fsdp_gpu.py --rescore``. Pure Python: no torch
+import.
 """
 
 from __future__ import annotations
