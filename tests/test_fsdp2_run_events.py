@@ -1,10 +1,12 @@
-"""FSDP2's one-rank run as ``fitcheck.torch_adapters.fsdp2_run_events`` rewrites it, against a REAL accelerate 1.15
-``fsdp2_prepare_model`` / torch 2.13 ``fully_shard`` run on CPU gloo ranks (``benchmarks/fsdp2_run_events_cpu.py``):
-the live bytes after ``prepare``, after each backward and after the first step, at world sizes 1 (no all-gather:
-the per-parameter casts and unsharded parameters of ``wait_for_unshard``) and 2 (``foreach_all_gather``, padded
-shards). A wrong sequence (the gradients not sharded, the optimizer states in the traced 16-bit dtype) is caught;
-a traced FSDP2 answer takes the replay instead of the published gap, and a run the rewrite does not describe says
-which part it lacks.
+"""FSDP2's one-rank run as ``fitcheck.torch_adapters.fsdp2_run_events`` rewrites it, against REAL accelerate 1.15
+``fsdp2_prepare_model`` / torch 2.13 ``fully_shard`` runs on CPU gloo ranks (``benchmarks/fsdp2_run_events_cpu.py
+--write``, recorded in ``benchmarks/data/fsdp2_run_events_cpu.json``: no run is spawned here): the live bytes after
+``prepare``, after each backward (and each micro-batch's) and after the first step, at world sizes 1 (no
+all-gather: the per-parameter casts and unsharded parameters of ``wait_for_unshard``) and 2 (``foreach_all_gather``,
+padded shards); a full fine-tune, peft LoRA, two micro-batches a step, and LoRA with two micro-batches. A wrong
+sequence (the gradients not sharded, the optimizer states in the traced 16-bit dtype, the frozen base upcast, the
+micro-batches reduced) is caught; a traced FSDP2 answer (LoRA with accumulation too) takes the replay instead of the
+published gap, and a run the rewrite does not describe says which part it lacks.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def test_plan_of_accelerates_units() -> None:
-    from fitcheck.torch_adapters.fsdp2_run_plan import Param, fsdp2_plan, not_replayed
+    from fitcheck.torch_adapters.fsdp2_run_plan import fsdp2_plan, not_replayed
+    from fitcheck.torch_adapters.fsdp_params import Param
 
     spec = _spec(world=2)
     plan = fsdp2_plan(spec)
@@ -76,9 +79,9 @@ def test_layer_starts_follow_the_period() -> None:
 
 @pytest.fixture(scope="module")
 def real_runs() -> dict[int, dict[str, int]]:
-    from fsdp2_run_events_cpu import real
-
-    return {world: real(world) for world in (1, 2)}
+    """The REAL full fine-tune runs' live bytes as ``benchmarks/fsdp2_run_events_cpu.py --write`` recorded them
+    (spawning them here took about 2 minutes of CI)."""
+    return {world: _recorded("full")["rows"][str(world)] for world in (1, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +194,8 @@ def test_a_wrong_lora_accumulation_is_caught(variant_plains: dict[str, list[Any]
     from fsdp2_run_events_cpu import compare
 
     from fitcheck.torch_adapters import fsdp2_run_events
-    from fitcheck.torch_adapters.fsdp2_run_plan import Param, fsdp2_plan
+    from fitcheck.torch_adapters.fsdp2_run_plan import fsdp2_plan
+    from fitcheck.torch_adapters.fsdp_params import Param
 
     def upcast_base(spec: Any) -> Any:
         plan = fsdp2_plan(spec)
