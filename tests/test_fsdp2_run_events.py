@@ -229,6 +229,21 @@ def test_a_traced_fsdp2_lora_accumulating_answer_takes_the_replay(tmp_path: Path
     assert replay is not None and path.gap_fraction(spec) == replay.gap_fraction
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_formula_keeps_the_unsharded_gradients_in_param_dtype(world: int) -> None:
+    """Under ``no_sync`` FSDP2 keeps every unsharded ``.grad`` in ``param_dtype`` (bf16), not in the fp32 of the
+    upcast shards: the formula's gradients between micro-batches are the recorded runs' growth after the first
+    micro-batch (main counted them in fp32: twice that)."""
+    from fsdp2_run_events_cpu import spec_of
+
+    from fitcheck.core import estimate
+    from fitcheck.report import Phase
+
+    grads = next(c for c in estimate(spec_of(world, accum=2)).components if c.name == "gradients")
+    rec = _recorded("accum2")["rows"][str(world)]
+    assert abs(grads.by_phase[Phase.FORWARD_END] - (rec["backward1.0"] - rec["initialize"])) <= 64
+
+
 def test_lora_plan_and_what_stays_unreplayed() -> None:
     from fsdp2_run_events_cpu import spec_of
 
