@@ -340,23 +340,25 @@ def _in_param_dtype(owned: dict[int, list[tuple[int, Event]]], plan: FsdpPlan) -
 def _aligned_gradients(events: Sequence[Event], first_pass: dict[str, Any], back: int, end: int,
                        ) -> dict[int, list[tuple[int, Event]]]:
     """A later pass's gradients, unit by unit: where the pass makes the allocations that the step's first pass
-    made its units' gradients with (the passes' backward allocations matched in order by size and region: a later
-    pass repeats the first's, less the first step's one-off storages, ``allocator_compose._first_step_only``).
+    made its units' gradients with (the passes' backward allocations aligned by size and region, ``difflib``: a
+    later pass repeats the first's, less the first step's one-off storages, ``allocator_compose._first_step_only``,
+    and what deepening from one and two layer groups made of each).
 
     Raises:
         FsdpReplayError: The first pass is unknown, or a gradient has no counterpart.
     """
     if not first_pass:
         raise FsdpReplayError("an accumulating pass before its step's first pass")
+    from difflib import SequenceMatcher
+
+    first = [i for i in range(first_pass["back"], first_pass["end"]) if events[i][1] > 0]
     later = [i for i in range(back, end) if events[i][1] > 0]
-    at: dict[int, int] = {}
-    j = 0
-    for i in range(first_pass["back"], first_pass["end"]):
-        _, n, t = events[i]
-        if n > 0 and j < len(later) and (n, base_region(t)) == (events[later[j]][1],
-                                                                 base_region(events[later[j]][2])):
-            at[i] = later[j]
-            j += 1
+
+    def sig(i: int) -> tuple[int, str]:
+        return events[i][1], base_region(events[i][2])
+
+    blocks = SequenceMatcher(None, [sig(i) for i in first], [sig(i) for i in later], autojunk=False)
+    at = {first[a + d]: later[b + d] for a, b, size in blocks.get_matching_blocks() for d in range(size)}
     owned: dict[int, list[tuple[int, Event]]] = {}
     for u, hs in first_pass["owned"].items():
         if any(i not in at for i, _ in hs):
