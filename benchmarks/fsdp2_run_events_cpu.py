@@ -15,6 +15,19 @@ scalars of gradient clipping and autocast's cache are not modelled): the check o
 Run: ``PYTHONPATH=. python benchmarks/fsdp2_run_events_cpu.py`` (world sizes 1 and 2; exit 1 on a difference).
 Result (2026-11-27, this checkout): world 1 and 2, the same live bytes at every point.
 
+Variants (``--variant full lora accum2 lora_accum2``; ``--write`` records them in
+``benchmarks/data/fsdp2_run_events_cpu.json``, which ``tests/test_fsdp2_run_events.py`` checks without spawning):
+``lora``: peft ``get_peft_model`` r 8 on q/v over the bf16 base (the adapters fp32: ``autocast_adapter_dtype``),
+the Trainer's optimizer on the trainable parameters only; ``accum2``: two micro-batches a step as the Trainer runs
+them (``accelerator.no_sync`` but for the last: ``set_requires_gradient_sync(False)``), the live bytes read after
+each micro-batch's backward too (``backward1.0``, ``backward.0``). An unsharded ``.grad`` FSDP2 keeps between
+micro-batches has no Python object until something reads it, so ``alive()`` reads them through the FSDP states.
+Result (2026-11-27, world 1 / 2, real vs fitcheck, every point within 40 B): lora 20 / 28692 / 57396 / 86068 vs
+0 / 28680 / 57384 / 86056 (world 2: -571992 / -557656 / -543288 / -528952 vs -572032 / -557688 / -543320 /
+-528984); accum2 after the first micro-batch 2230800 vs 2230792 (world 2: 1115424 vs 1115400), the unsharded bf16
+gradients (2 bytes a parameter); lora_accum2 after the first micro-batch 14356 vs 14344 (world 2: -557656 vs
+-557688).
+
 FSDP1 (``--version 1``; ``fitcheck.torch_adapters.fsdp1_run_events``): ``Accelerator.prepare`` with the plugin
 transformers 5.23 builds for ``fsdp_version: 1`` (``use_orig_params=True``, ``NO_PREFETCH``, ``FULL_SHARD``;
 ``sync_module_states`` off on CPU), the model first and the fused AdamW after it, as the Trainer does
