@@ -400,9 +400,12 @@ def unit_gradients(events: Sequence[tuple[int, int, str]], back: int, end: int, 
     want = {u: Counter(q.numel * plan.traced_of(q) for q in plan.units[u].params if not q.frozen) for u in order}
     owned: dict[int, list[tuple[int, tuple[int, int, str]]]] = {u: [] for u in order}
     strays = []
+    # a storage the run never frees is no gradient (zero_grad frees those): the backward thread's cuBLAS
+    # workspaces a CUDA trace makes in the first backward (tracer cublas_workspaces), sized like a weight's gradient
+    freed = {s for s, n, _ in events[back:] if n < 0}
     for i in range(back, end):
         s, n, t = events[i]
-        if n > 0 and s in grads:
+        if n > 0 and s in grads and s in freed:
             hit = next((v for v in order if want[v][n] > 0), None)
             if hit is None:
                 strays.append((s, n, t))
