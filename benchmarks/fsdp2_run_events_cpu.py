@@ -15,6 +15,19 @@ scalars of gradient clipping and autocast's cache are not modelled): the check o
 Run: ``PYTHONPATH=. python benchmarks/fsdp2_run_events_cpu.py`` (world sizes 1 and 2; exit 1 on a difference).
 Result (2026-11-27, this checkout): world 1 and 2, the same live bytes at every point.
 
+Variants (``--variant full lora accum2 lora_accum2``; ``--write`` records them in
+``benchmarks/data/fsdp2_run_events_cpu.json``, which ``tests/test_fsdp2_run_events.py`` checks without spawning):
+``lora``: peft ``get_peft_model`` r 8 on q/v over the bf16 base (the adapters fp32: ``autocast_adapter_dtype``),
+the Trainer's optimizer on the trainable parameters only; ``accum2``: two micro-batches a step as the Trainer runs
+them (``accelerator.no_sync`` but for the last: ``set_requires_gradient_sync(False)``), the live bytes read after
+each micro-batch's backward too (``backward1.0``, ``backward.0``). An unsharded ``.grad`` FSDP2 keeps between
+micro-batches has no Python object until something reads it, so ``alive()`` reads them through the FSDP states.
+Result (2026-11-27, world 1 / 2, real vs fitcheck, every point within 40 B): lora 20 / 28692 / 57396 / 86068 vs
+0 / 28680 / 57384 / 86056 (world 2: -571992 / -557656 / -543288 / -528952 vs -572032 / -557688 / -543320 /
+-528984); accum2 after the first micro-batch 2230800 vs 2230792 (world 2: 1115424 vs 1115400), the unsharded bf16
+gradients (2 bytes a parameter); lora_accum2 after the first micro-batch 14356 vs 14344 (world 2: -557656 vs
+-557688).
+
 FSDP1 (``--version 1``; ``fitcheck.torch_adapters.fsdp1_run_events``): ``Accelerator.prepare`` with the plugin
 transformers 5.23 builds for ``fsdp_version: 1`` (``use_orig_params=True``, ``NO_PREFETCH``, ``FULL_SHARD``;
 ``sync_module_states`` off on CPU), the model first and the fused AdamW after it, as the Trainer does
@@ -26,6 +39,7 @@ Result (2026-11-27): world 1: real 2230784 / 3346112 / 7807764 / 7807764, fitche
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -43,7 +57,7 @@ POINTS = ("initialize", "backward1", "step1", "backward")
 TOLERANCE = 1024
 
 
-def _rank(rank: int, world: int, port: int, out: str, version: int = 2) -> None:
+def _rank(rank: int, world: int, port: int, out: str, version: int = 2, lora: bool = False, accum: int = 1) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gloo_rank import fsdp_on_cpu, start_rank
 
@@ -57,6 +71,7 @@ def _rank(rank: int, world: int, port: int, out: str, version: int = 2) -> None:
     from accelerate import Accelerator
     from accelerate.utils import FullyShardedDataParallelPlugin
     from deepspeed_run_events_cpu import BATCH, CONFIG, SEQ
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
     cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
@@ -77,13 +92,24 @@ def _rank(rank: int, world: int, port: int, out: str, version: int = 2) -> None:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.config.use_cache = False
+    if lora:  # peft 0.21 get_peft_model (autocast_adapter_dtype=True: the adapters in fp32), as the Trainer is given
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"],
+                                                           lora_dropout=0.0, task_type="CAUSAL_LM"))
     model.train()
     ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
 
     def alive() -> int:
         gc.collect()
+        # an unsharded parameter's .grad that FSDP2 keeps between micro-batches (no_sync: post_backward returns
+        # before reading it) has no Python object gc could find: read it through the FSDP states
+        held = [g for m in model.modules() if isinstance(m, FSDPModule)
+                for group in m._get_fsdp_state()._fsdp_param_groups for fp in group.fsdp_params
+                for g in (getattr(getattr(fp, "_unsharded_param", None), "grad", None),
+                          fp.unsharded_accumulated_grad) if g is not None]
         seen: dict[int, int] = {}
-        for o in gc.get_objects():
+        for o in [*gc.get_objects(), *held]:
             if isinstance(o, torch.Tensor) and not isinstance(o, DTensor) and not o.is_meta:
                 st = o.untyped_storage()
                 if st.nbytes():
@@ -92,18 +118,26 @@ def _rank(rank: int, world: int, port: int, out: str, version: int = 2) -> None:
 
     live: dict[str, int] = {}
     before = alive()
-    if version == 2:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    # the Trainer's optimizer holds the trainable parameters only (trainer.py get_optimizer_grouped_parameters)
+    if version == 2:  # (no list of them kept here: it would keep the unsharded originals alive)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
         model, opt = acc.prepare(model, opt)  # FSDP2: together (the optimizer is pointed at the shards)
     else:  # FSDP1: the Trainer delays the optimizer (trainer.py _prepare_for_training: delay_optimizer_creation)
         model = acc.prepare(model)
-        opt = acc.prepare(torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True))
+        opt = acc.prepare(torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
+                                            fused=True))
     live["initialize"] = alive()
     for step in range(2):
-        loss = model(input_ids=ids, labels=ids).loss
-        acc.backward(loss)
-        del loss
-        live["backward1" if step == 0 else "backward"] = alive()
+        point = "backward1" if step == 0 else "backward"
+        for micro in range(accum):
+            # the Trainer's inner loop (trainer.py: sync_context): accelerator.no_sync but for the last micro-batch;
+            # accelerate 1.15 accelerator.py no_sync under FSDP2: model.set_requires_gradient_sync(False)
+            sync = contextlib.nullcontext() if micro == accum - 1 else acc.no_sync(model)
+            with sync:
+                loss = model(input_ids=ids, labels=ids).loss / accum
+                acc.backward(loss)
+            del loss
+            live[point if micro == accum - 1 else f"{point}.{micro}"] = alive()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step == 0:
@@ -113,8 +147,10 @@ def _rank(rank: int, world: int, port: int, out: str, version: int = 2) -> None:
     dist.destroy_process_group()
 
 
-def real(world: int, version: int = 2) -> dict[str, int]:
-    """Rank 0's live bytes at :data:`POINTS` of the real FSDP``version`` run on ``world`` gloo ranks (spawned)."""
+def real(world: int, version: int = 2, lora: bool = False, accum: int = 1) -> dict[str, int]:
+    """Rank 0's live bytes at :data:`POINTS` of the real FSDP``version`` run on ``world`` gloo ranks (spawned);
+    ``lora``: peft LoRA r 8 on q/v over the frozen bf16 base; ``accum``: micro-batches a step (the live bytes after
+    each but the last micro-batch's backward too: ``backward1.K``, ``backward.K``)."""
     import torch.multiprocessing as mp_
 
     with socket.socket() as sock:
@@ -122,73 +158,116 @@ def real(world: int, version: int = 2) -> dict[str, int]:
         port = int(sock.getsockname()[1])
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "live")
-        mp_.start_processes(_rank, args=(world, port, out, version), nprocs=world, join=True, start_method="spawn")
+        mp_.start_processes(_rank, args=(world, port, out, version, lora, accum), nprocs=world, join=True,
+                            start_method="spawn")
         with open(f"{out}.0", encoding="utf-8") as fh:
             return dict(json.load(fh))
 
 
-def spec_of(world: int, version: int = 2) -> Any:
-    """fitcheck's spec of the same run (FSDP``version`` FULL_SHARD, ``world`` processes, bf16 loaded, ``--bf16``)."""
+def spec_of(world: int, version: int = 2, lora: bool = False, accum: int = 1) -> Any:
+    """fitcheck's spec of the same run (FSDP``version`` FULL_SHARD, ``world`` processes, bf16 loaded, ``--bf16``;
+    ``lora``: r 8 on q/v; ``accum``: ``gradient_accumulation_steps``)."""
     from cpu_truth import Row, spec_for
     from deepspeed_run_events_cpu import BATCH, CONFIG, SEQ
 
-    from fitcheck.spec import FsdpSpec, ShardingSpec, Strategy
+    from fitcheck.spec import FsdpSpec, LoraSpec, ShardingSpec, Strategy
 
-    spec = spec_for(Row("tiny", CONFIG, seq=SEQ, batch=BATCH, dtype="bfloat16", mp="bf16", optim="adamw_torch_fused"))
+    spec = spec_for(Row("tiny", CONFIG, seq=SEQ, batch=BATCH, dtype="bfloat16", mp="bf16", optim="adamw_torch_fused",
+                        lora=LoraSpec(r=8, target_modules=("q_proj", "v_proj"), dropout=0.0) if lora else None))
+    spec = replace(spec, batch=replace(spec.batch, grad_accum=accum))
     return replace(spec, sharding=ShardingSpec(Strategy.FSDP, world, 1, None, FsdpSpec(version=version)))
 
 
 def fitcheck_live(world: int, plain: list[Any] | None = None, version: int = 2, plan: Any = None,
-                  ) -> tuple[dict[str, int], list[Any]]:
+                  lora: bool = False, accum: int = 1) -> tuple[dict[str, int], list[Any]]:
     """The live bytes of ``fsdp2_run``'s (``fsdp1_run``'s) sequence at :data:`POINTS` (above the traced setup), and
     the plain run's events (``plain``: reuse them; the trace does not depend on the world size or version).
     ``plan``: the spec -> the rewrite's plan (default: ``fsdp2_plan`` / ``fsdp1_plan``)."""
     from fitcheck.torch_adapters import fsdp1_plan, fsdp1_run, fsdp2_plan, fsdp2_run, live_bytes, whole_run_events
 
-    spec = spec_of(world, version)
-    plain = plain if plain is not None else whole_run_events(spec)
+    spec = spec_of(world, version, lora, accum)
+    plan = (plan or (fsdp1_plan if version == 1 else fsdp2_plan))(spec)
+    plain = plain if plain is not None else whole_run_events(spec, micro_batches=plan.accum)
     before = sum(n for _, n, t in plain if t == "setup")
-    if version == 1:
-        events = fsdp1_run(plain, (plan or fsdp1_plan)(spec))
-    else:
-        events = fsdp2_run(plain, (plan or fsdp2_plan)(spec))
-    return {k: v - before for k, v in live_bytes(events).items()}, plain
+    events = fsdp1_run(plain, plan) if version == 1 else fsdp2_run(plain, plan)
+    live = {**live_bytes(events), **micro_live(events, plan.accum)}
+    return {k: v - before for k, v in live.items()}, plain
+
+
+def micro_live(events: list[Any], accum: int) -> dict[str, int]:
+    """The live bytes at the rewrite's points between micro-batches (its ``(MARK, 0, "micro")`` events):
+    ``backward1.K`` in the first step, ``backward.K`` in the last."""
+    live, seen = 0, []
+    for _, n, t in events:
+        if n == 0 and t == "micro":
+            seen.append(live)
+        live += n
+    if accum < 2 or not seen:
+        return {}
+    out = {f"backward1.{m}": seen[m] for m in range(accum - 1)}
+    return {**out, **{f"backward.{m}": seen[len(seen) - accum + 1 + m] for m in range(accum - 1)}}
 
 
 def compare(theirs: dict[str, int], mine: dict[str, int]) -> list[str]:
-    """The points where the live bytes differ by more than :data:`TOLERANCE`."""
-    return [f"live after {p}: real {theirs[p]} fitcheck {mine.get(p)}" for p in POINTS
+    """The points where the live bytes differ by more than :data:`TOLERANCE` (:data:`POINTS` and, with gradient
+    accumulation, those between micro-batches)."""
+    return [f"live after {p}: real {theirs[p]} fitcheck {mine.get(p)}" for p in theirs
             if abs(theirs[p] - mine.get(p, 0)) > TOLERANCE]
 
 
 DATA = ROOT / "benchmarks" / "data" / "fsdp1_run_events_cpu.json"
+DATA2 = ROOT / "benchmarks" / "data" / "fsdp2_run_events_cpu.json"
+# FSDP2's recorded variants: name -> (LoRA r 8 on q/v, gradient_accumulation_steps)
+VARIANTS = {"full": (False, 1), "lora": (True, 1), "accum2": (False, 2), "lora_accum2": (True, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Compare world sizes 1 and 2 (``--version 1``: FSDP1; ``--write``: record the real FSDP1 runs' live bytes in
-    :data:`DATA`, which ``tests/test_fsdp1_run_events.py`` checks without spawning); exit 1 on a difference."""
+    """Compare world sizes 1 and 2 (``--version 1``: FSDP1; ``--variant``: FSDP2's :data:`VARIANTS` to run;
+    ``--write``: record the real runs' live bytes, FSDP1's in :data:`DATA`, FSDP2's variants in :data:`DATA2`, which
+    ``tests/test_fsdp1_run_events.py`` / ``tests/test_fsdp2_run_events.py`` check without spawning); exit 1 on a
+    difference."""
     import argparse
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--version", type=int, default=2, choices=(1, 2))
+    ap.add_argument("--variant", nargs="*", choices=sorted(VARIANTS), default=["full"])
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args(argv)
-    bad, plain, rows = 0, None, {}
-    for world in (1, 2):
-        mine, plain = fitcheck_live(world, plain, args.version)
-        theirs = real(world, args.version)
-        rows[str(world)] = theirs
-        diffs = compare(theirs, mine)
-        bad += bool(diffs)
-        print(f"world {world}: real {theirs} fitcheck {mine} " + ("; ".join(diffs) or "same"))
+    bad = 0
+    runs: dict[str, dict[str, Any]] = {}
+    for name in (["full"] if args.version == 1 else args.variant):
+        lora, accum = VARIANTS[name]
+        plain, rows = None, {}
+        for world in (1, 2):
+            mine, plain = fitcheck_live(world, plain, args.version, lora=lora, accum=accum)
+            theirs = real(world, args.version, lora, accum)
+            rows[str(world)] = theirs
+            diffs = compare(theirs, mine)
+            bad += bool(diffs)
+            print(f"{name} world {world}: real {theirs} fitcheck {mine} " + ("; ".join(diffs) or "same"))
+        runs[name] = rows
     if args.write:
         import torch
         import transformers
 
-        doc = {"what": "live bytes above before-prepare of rank 0 of a REAL FSDP1 run (benchmarks/"
-                       "fsdp2_run_events_cpu.py --version 1), per world size",
-               "torch": torch.__version__, "transformers": transformers.__version__, "rows": rows}
-        DATA.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        if args.version == 1:
+            doc = {"what": "live bytes above before-prepare of rank 0 of a REAL FSDP1 run (benchmarks/"
+                           "fsdp2_run_events_cpu.py --version 1), per world size",
+                   "torch": torch.__version__, "transformers": transformers.__version__, "rows": runs["full"]}
+            DATA.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        else:
+            import accelerate
+            import peft
+
+            old = json.loads(DATA2.read_text(encoding="utf-8"))["variants"] if DATA2.exists() else {}
+            doc = {"what": "live bytes above before-prepare of rank 0 of a REAL FSDP2 run (benchmarks/"
+                           "fsdp2_run_events_cpu.py --write --variant ...), per variant and world size; "
+                           "backward1.K / backward.K: after micro-batch K's backward (no_sync)",
+                   "torch": torch.__version__, "transformers": transformers.__version__,
+                   "accelerate": accelerate.__version__, "peft": peft.__version__,
+                   "variants": {**old, **{k: {"lora": VARIANTS[k][0], "accum": VARIANTS[k][1], "rows": v}
+                                          for k, v in runs.items()}}}
+            DATA2.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return 1 if bad else 0
 
 

@@ -290,7 +290,8 @@ def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
 
 
 def whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: int = STEADY_STEPS,
-                     optimizer_traces: dict[str, Any] | None = None) -> list[tuple[int, int, str]]:
+                     optimizer_traces: dict[str, Any] | None = None, micro_batches: int = 1,
+                     ) -> list[tuple[int, int, str]]:
     """The allocation events :func:`replay_whole_run` replays: the whole run at the full depth, composed from the
     one-step activation traces and the optimizer traced alone (``benchmarks/deepspeed_reserved_replay.py`` rewrites
     them into DeepSpeed's run).
@@ -301,6 +302,8 @@ def whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
             empty to trace them here.
         steps: Steps in the run (the last is the measured one).
         optimizer_traces: A cache of optimizer traces, shared between calls.
+        micro_batches: Forward and backward passes per step, the later ones adding into ``.grad``
+            (``allocator_compose.whole_run``; the FSDP2 rewrite's gradient accumulation).
 
     Returns:
         ``(storage serial, +bytes allocated / -bytes freed, region allocated in)`` for every event of the run.
@@ -308,7 +311,7 @@ def whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
     Raises:
         ComposeError, DeepenError: The traces do not compose or deepen (the caller falls back).
     """
-    return _whole_run_events(spec, step_runs, steps, optimizer_traces)
+    return _whole_run_events(spec, step_runs, steps, optimizer_traces, micro_batches=micro_batches)
 
 
 def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,

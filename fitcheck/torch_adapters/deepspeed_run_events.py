@@ -399,7 +399,8 @@ def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -
 
 
 def rewritten_run(path: Any, spec: TrainingSpec, key: str, extra: str, kind: str,
-                  rewrite: Callable[[list[Event]], list[Event]], required: bool = False, passes: int = 1) -> Any:
+                  rewrite: Callable[[list[Event]], list[Event]], required: bool = False, passes: int = 1,
+                  micro_batches: int = 1) -> Any:
     """A ``PinnedPath``'s plain whole run rewritten (DeepSpeed's, FSDP2's) and replayed, default stream only
     (:func:`replay_default_stream`), cached with its whole-run replays (the micro-batch excepted as theirs are),
     from the activation traces it has run for the spec (traced here when it has none).
@@ -414,6 +415,8 @@ def rewritten_run(path: Any, spec: TrainingSpec, key: str, extra: str, kind: str
         required: Raise when the replay cannot run rather than return None.
         passes: Plain passes per step of the rewritten run (DeepSpeed's gradient accumulation: a micro-batch of
             the engine's is a plain step's pass, every ``.grad`` None again at its start).
+        micro_batches: Passes per step of the plain run, the later ones adding into ``.grad`` (FSDP2's gradient
+            accumulation: ``allocator_compose.whole_run``).
 
     Returns:
         ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed`` under
@@ -435,7 +438,8 @@ def rewritten_run(path: Any, spec: TrainingSpec, key: str, extra: str, kind: str
         runs = traces.traced.get(step_spec(spec).batch.micro_batch) or next(iter(traces.traced.values()))
 
     def compute() -> Any:
-        events = whole_run_events(spec, runs, STEADY_STEPS * passes, optimizer_traces=path._optimizer_traces)
+        events = whole_run_events(spec, runs, STEADY_STEPS * passes, optimizer_traces=path._optimizer_traces,
+                                  micro_batches=micro_batches)
         return replay_default_stream(rewrite(events), allocator_conf(spec), spec.batch.seq_len)
 
     try:  # the on-disk trace cache keeps it for the next process (trace_cache.cached_replay)

@@ -35,6 +35,25 @@ else around that step; :func:`fsdp2_run` rewrites the plain run into it, read fr
   fp32 states of the local shard at the first step; no temporaries. The torch optimizer's own events of the plain
   run (on the 16-bit module) are dropped. ``zero_grad(set_to_none=True)`` frees the sharded gradients.
 
+* LoRA (peft ``get_peft_model`` over an unquantized base, adapters on every layer's targets;
+  :func:`.fsdp2_run_plan.fsdp2_plan`): accelerate upcasts the ``requires_grad`` parameters only (``fsdp_utils.py``
+  ``fsdp2_prepare_model``: ``if param.requires_grad and param.dtype != torch.float32``), so the frozen base is
+  sharded in its load dtype and gathered without a cast (``_fsdp_param.py`` ``init_dtype_attrs``: ``param_dtype``
+  clamped to None where it equals the orig dtype); the unsharded adapters are in ``param_dtype``, so are their
+  ``.grad`` (the traced fp32 adapters' gradients are rewritten to that size); ``post_backward`` reduces
+  ``fsdp_params_with_grad`` only (a frozen parameter's unsharded ``.grad`` is None) and a unit without any
+  (the embedding, the head) reduces nothing; the input embedding's output needs no gradient, so it has no
+  pre-backward (its prefetched all-gather is cleared by ``finalize_backward``) and the first layer's post-backward
+  runs in the root's final callback; the optimizer holds the adapters only. The final norm is the root's:
+  ``_find_final_norm`` reads ``model.base_model_prefix``'s children, the ``LlamaForCausalLM`` under peft.
+* gradient accumulation (transformers 5.23 ``trainer.py``: ``accelerator.no_sync`` but for a window's last
+  micro-batch; accelerate 1.15 ``accelerator.py`` ``no_sync`` under FSDP2: ``set_requires_gradient_sync(False)``,
+  ``reduce_grads`` False): ``post_backward`` reshards and returns before reading the gradients, so each unit's
+  unsharded ``.grad`` (``param_dtype``, whole) stays; the next pass's ``AccumulateGrad`` adds into it (the plain
+  run composed with its micro-batches: ``allocator_compose.whole_run``), and the window's last pass reduces the
+  accumulated ``.grad`` (``post_backward``: ``unsharded_param.grad``; ``reduce_dtype`` equal to ``param_dtype`` is
+  clamped to None, so no ``unsharded_accumulated_grad`` copy) and frees it.
+
 Where the events go in the traced step: a unit's backward starts at its first gradient and ends at its last
 (gradients matched to units by size, in backward order); a layer's forward is one period of the forward's events
 (the deepened trace repeats each layer's events: :func:`.fsdp2_run_plan.layer_starts`). Blocks allocated on a
@@ -42,9 +61,14 @@ side stream are tagged ``side:`` and left to ``core/states/fsdp_streams.py``'s p
 (:func:`deepspeed_run_events.replay_default_stream` replays the default stream). Not modelled: gradient clipping's
 scalars (``clip_grad_norm_``: 0-d norms).
 
-Checked: live bytes after prepare, after each backward and after the first step against a REAL ``fully_shard`` run
-on CPU (gloo, 1 and 2 ranks: ``benchmarks/fsdp2_run_events_cpu.py``, ``tests/test_fsdp2_run_events.py``); the H100
-rows ``benchmarks/fsdp_gpu.py --rescore``. Pure Python: no torch import.
+Not modelled either: the traced LoRA forward's autocast casts of the fp32 adapters (bf16 copies held to the end of
+forward, which FSDP2's bf16 unsharded adapters do not need: the adapters' bytes in bf16, freed before backward).
+
+Checked: live bytes after prepare, after each backward (and each micro-batch's) and after the first step against
+REAL ``fully_shard`` runs on CPU (gloo, 1 and 2 ranks: ``benchmarks/fsdp2_run_events_cpu.py``; full fine-tune,
+LoRA, two micro-batches, both: recorded in ``benchmarks/data/fsdp2_run_events_cpu.json``,
+``tests/test_fsdp2_run_events.py``); the H100 rows ``benchmarks/fsdp_gpu.py --rescore``. Pure Python: no torch
+import.
 """
 
 from __future__ import annotations
@@ -56,6 +80,7 @@ from typing import Any
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters.deepspeed_run_backward import Handle, RankEvents
 from fitcheck.torch_adapters.deepspeed_run_events import (
+    MARK,
     SIDE,
     Event,
     EventWriter,
@@ -63,6 +88,8 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
 )
 from fitcheck.torch_adapters.fsdp2_run_plan import (
     FsdpPlan,
+    FsdpReplayError,
+    base_region,
     fsdp1_plan,
     fsdp2_plan,
     not_replayed,
@@ -85,14 +112,18 @@ class _Rank(RankEvents):
         self.held: Handle | None = None  # forward: the last copied-out all-gather output (all_gather_state)
         self.rs_input: Handle | None = None  # the last reduce_scatter_input (reduce_scatter_states)
         self.grads: list[Handle] = []  # the sharded gradients' flats (reduce-scatter stream) until zero_grad
+        self.kept: dict[int, list[Handle]] = {}  # no_sync: unit -> its unsharded gradients, kept to the boundary
 
     def unshard(self, u: int, tag: str) -> None:
         """``FSDPParamGroup.unshard``: more shards, ``foreach_all_gather`` on the copy-in stream."""
         p = self.plan
         if p.world == 1 or u in self.unsharded or u in self.issued:
             return
-        shard = sum(q.shard(p.world) for q in p.units[u].params)
-        cast = self.new(shard * p.compute, SIDE + tag) if p.compute != p.orig else None
+        params = p.units[u].params
+        shard = sum(q.shard(p.world) for q in params)
+        # all_gather_inputs: _to_dtype_if_needed casts the parameters whose orig dtype is not param_dtype
+        casts = sum(q.shard(p.world) for q in params if p.orig_of(q) != p.compute)
+        cast = self.new(casts * p.compute, SIDE + tag) if casts else None
         self.issued[u] = self.new(shard * p.world * p.compute, SIDE + tag)
         self.free(cast)
 
@@ -106,7 +137,7 @@ class _Rank(RankEvents):
         if p.world == 1:
             cast = None
             for q in p.units[u].params:
-                if p.compute != p.orig:  # all_gather_inputs: _to_dtype_if_needed(sharded data, param_dtype)
+                if p.compute != p.orig_of(q):  # all_gather_inputs: _to_dtype_if_needed(sharded data, param_dtype)
                     now = self.new(q.numel * p.compute, tag)
                     self.free(cast)
                     cast = now
@@ -128,22 +159,30 @@ class _Rank(RankEvents):
         for h in self.unsharded.pop(u, []):
             self.free(h)
 
-    def post_backward(self, u: int, grads: list[Handle], tag: str) -> None:
-        """``post_backward``: reshard, release the previous input, ``foreach_reduce``."""
+    def post_backward(self, u: int, grads: list[Handle], tag: str, sync: bool = True) -> None:
+        """``post_backward``: reshard, release the previous input, ``foreach_reduce``; under ``no_sync``
+        (``reduce_grads`` False) reshard only, the unsharded gradients kept (``.grad`` of the unsharded parameters:
+        a later pass adds into them, ``AccumulateGrad``), reduced at the boundary's pass."""
         p = self.plan
         self.reshard(u)
+        if not sync:
+            self.kept.setdefault(u, grads)
+            return
+        grads = self.kept.pop(u, grads)
         self.free(self.rs_input)
         self.rs_input = None
         if not grads:
             return
-        params = p.units[u].params
+        # fsdp_params_with_grad: the trainable ones (a frozen parameter's unsharded .grad is None)
+        params = [q for q in p.units[u].params if not q.frozen]
         self.rs_input = self.new(sum(q.shard(p.world) for q in params) * p.world * p.reduce, tag)
         for g in grads:
             self.free(g)
         shard = sum(q.shard(p.world) for q in params)
         out = self.new(shard * p.reduce, SIDE + tag)
-        if p.reduce != p.orig:
-            self.grads.append(self.new(shard * p.orig, SIDE + tag))
+        orig = p.orig_of(params[0])  # _init_mp_dtypes: one orig dtype among a group's trainable parameters
+        if p.reduce != orig:
+            self.grads.append(self.new(shard * orig, SIDE + tag))
             self.free(out)
         else:
             self.grads.append(out)
@@ -153,11 +192,11 @@ def _prepare(w: EventWriter, plan: FsdpPlan) -> None:
     """``fsdp2_prepare_model``'s ``fully_shard`` calls (module docstring)."""
     for u in plan.wrap_order:
         params = plan.units[u].params
-        moved = [w.new(q.numel * plan.orig, "setup") for q in params]
+        moved = [w.new(q.numel * plan.orig_of(q), "setup") for q in params]
         for q in params:
-            w.new(q.shard(plan.world) * plan.orig, "setup")
+            w.new(q.shard(plan.world) * plan.orig_of(q), "setup")
         for s, q in zip(moved, params, strict=True):
-            w.free(s, q.numel * plan.orig, "setup")
+            w.free(s, q.numel * plan.orig_of(q), "setup")
 
 
 def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
@@ -178,18 +217,25 @@ def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
         _prepare(w, plan)
         return _Rank(plan, w)
 
-    return rewrite_steps(events, plan, prepare,
-                         lambda start, end, grads, k: _step_points(events, start, end, grads, plan),
-                         lambda rank, tag, first: _optimizer(rank, plan, tag, first))
+    first_pass: dict[str, Any] = {}  # the step's first pass: its backward and its units' gradients
+    resized: dict[int, int] = {}  # traced gradients FSDP2 makes in param_dtype: storage -> its bytes
+
+    out = rewrite_steps(events, plan, prepare,
+                        lambda start, end, grads, k: _step_points(events, start, end, grads, plan, k, first_pass,
+                                                                  resized),
+                        lambda rank, tag, first: _optimizer(rank, plan, tag, first))
+    return [(s, resized[s] if n > 0 else -resized[s], t) if s in resized and n else (s, n, t) for s, n, t in out]
 
 
 def _optimizer(rank: _Rank, plan: FsdpPlan, tag: str, first: bool) -> None:
     """Fused AdamW on the shards (its states at the first step), then ``zero_grad(set_to_none=True)``."""
     if first:  # torch/optim/adam.py _init_group: state["step"] on the device (fused), exp_avg, exp_avg_sq
-        for q in plan.params:
+        for q in plan.params:  # the optimizer holds the trainable parameters (Trainer.create_optimizer)
+            if q.frozen:
+                continue
             rank.w.new(4, tag)
-            rank.w.new(q.local(plan.world) * plan.orig, tag)
-            rank.w.new(q.local(plan.world) * plan.orig, tag)
+            rank.w.new(q.local(plan.world) * plan.orig_of(q), tag)
+            rank.w.new(q.local(plan.world) * plan.orig_of(q), tag)
     for s, n, _ in rank.grads:
         rank.w.free(s, n, SIDE + tag)
     rank.grads = []
@@ -198,10 +244,11 @@ def _optimizer(rank: _Rank, plan: FsdpPlan, tag: str, first: bool) -> None:
 Op = Any  # Callable[[_Rank, str], None]
 
 
-def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int], plan: FsdpPlan,
+def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int], plan: FsdpPlan, k: int = 0,
+                 first_pass: dict[str, Any] | None = None, resized: dict[int, int] | None = None,
                  ) -> dict[int, list[Op]]:
-    """What FSDP2 does where in one step's events ``[start, end)`` (``end``: after backward), as operations on the
-    rank keyed by the index they precede.
+    """What FSDP2 does where in one pass's events ``[start, end)`` (``end``: after backward; pass ``k`` of the run),
+    as operations on the rank keyed by the index they precede.
 
     Raises:
         FsdpReplayError: The step has no forward head or backward, or a gradient matches no unit.
@@ -238,28 +285,86 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     # backward: gradients to units by size, in backward order (the root's own parameters last)
     order = [u for u in range(len(units) - 1, -1, -1) if units[u].kind != "root"]
     order += [u for u in range(len(units)) if units[u].kind == "root"]
-    owned, strays = unit_gradients(events, back, end, grads, plan, order)
+    m = k % plan.accum  # the pass's place in its accumulation window
+    sync = m == plan.accum - 1  # trainer.py: accelerator.no_sync but for the window's last pass
+    if m == 0:
+        owned, strays = unit_gradients(events, back, end, grads, plan, order)
+        if first_pass is not None:
+            first_pass.update(back=back, end=end, owned=owned)
+    else:  # a later pass allocates each gradient and frees it into .grad (allocator_compose._accumulated)
+        owned = _aligned_gradients(events, first_pass or {}, back, end)
+        strays = [events[i] for i in range(back, end) if events[i][1] > 0 and events[i][0] in grads]
     for h in strays:
         put(end, lambda r, t, h=h: r.free(h))
+    if resized is not None:
+        resized.update(_in_param_dtype(owned, plan))
     chain = [u for u in order if units[u].kind != "root"]
     put(back, lambda r, t: _pre_backward(r, t, chain[0], chain, plan))
     posts: dict[int, int] = {u: end for u in order}  # the final callback's, unless its hook runs before
     for j in range(1, len(chain)):
         u, done = chain[j], chain[j - 1]
+        if not owned[u]:  # frozen (LoRA's input embedding): its output needs no gradient, so neither its
+            continue      # pre-backward hook nor the post-backward of the unit after it runs before the final callback
         pos = owned[u][0][0]  # a unit's backward starts at its first gradient
         if not (units[done].kind == "tail" and plan.tied):  # the tied weight's gradient is complete at the end
-            posts[done] = max(pos, owned[done][-1][0] + 1)
+            posts[done] = max(pos, owned[done][-1][0] + 1) if owned[done] else pos
         put(pos, lambda r, t, u=u: _pre_backward(r, t, u, chain, plan))
     for u in sorted(order, key=lambda v: posts[v]):
         hs = [h for _, h in owned[u]]
-        put(posts[u], lambda r, t, u=u, hs=hs: r.post_backward(u, hs, t))
+        put(posts[u], lambda r, t, u=u, hs=hs: r.post_backward(u, hs, t, sync))
 
     def final(r: _Rank, t: str) -> None:  # _root_post_backward_final_callback: reduce_scatter_states.clear()
         r.free(r.rs_input)
         r.rs_input = None
+        for v in list(r.issued):  # finalize_backward: a prefetched all-gather never waited for (a frozen
+            r.free(r.issued.pop(v))  # embedding's: no pre-backward) is cleared
+        if not sync:  # a point of the run between micro-batches (the benchmarks' ``backward1.0``)
+            r.w.out.append((MARK, 0, "micro"))
 
     put(end, final)
     return at
+
+
+def _in_param_dtype(owned: dict[int, list[tuple[int, Event]]], plan: FsdpPlan) -> dict[int, int]:
+    """The traced gradients of parameters traced in another dtype than ``param_dtype`` (peft's fp32 adapters under
+    autocast: the cast's backward makes an fp32 gradient) at the size FSDP2 makes them: the unsharded parameter is
+    in ``param_dtype`` (``_fsdp_param.py`` ``init_unsharded_param``), so is its ``.grad``."""
+    out: dict[int, int] = {}
+    for u, hs in owned.items():
+        traced = {plan.traced_of(q) for q in plan.units[u].params if not q.frozen}
+        if len(traced) == 1 and (t := traced.pop()) != plan.compute:
+            out.update({s: n // t * plan.compute for _, (s, n, _) in hs})
+    return out
+
+
+def _aligned_gradients(events: Sequence[Event], first_pass: dict[str, Any], back: int, end: int,
+                       ) -> dict[int, list[tuple[int, Event]]]:
+    """A later pass's gradients, unit by unit: where the pass makes the allocations that the step's first pass
+    made its units' gradients with (the passes' backward allocations aligned by size and region, ``difflib``: a
+    later pass repeats the first's, less the first step's one-off storages, ``allocator_compose._first_step_only``,
+    and what deepening from one and two layer groups made of each).
+
+    Raises:
+        FsdpReplayError: The first pass is unknown, or a gradient has no counterpart.
+    """
+    if not first_pass:
+        raise FsdpReplayError("an accumulating pass before its step's first pass")
+    from difflib import SequenceMatcher
+
+    first = [i for i in range(first_pass["back"], first_pass["end"]) if events[i][1] > 0]
+    later = [i for i in range(back, end) if events[i][1] > 0]
+
+    def sig(i: int) -> tuple[int, str]:
+        return events[i][1], base_region(events[i][2])
+
+    blocks = SequenceMatcher(None, [sig(i) for i in first], [sig(i) for i in later], autojunk=False)
+    at = {first[a + d]: later[b + d] for a, b, size in blocks.get_matching_blocks() for d in range(size)}
+    owned: dict[int, list[tuple[int, Event]]] = {}
+    for u, hs in first_pass["owned"].items():
+        if any(i not in at for i, _ in hs):
+            raise FsdpReplayError("a gradient of the first pass without its counterpart in a later pass")
+        owned[u] = [(at[i], events[at[i]]) for i, _ in hs]
+    return owned
 
 
 def _pre_backward(r: _Rank, t: str, u: int, order: list[int], plan: FsdpPlan) -> None:
@@ -290,8 +395,9 @@ def rewrite_for(spec: TrainingSpec) -> Any:
 def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
     """A ``PinnedPath``'s FSDP2 whole run replayed (``deepspeed_run_events.rewritten_run``): the default stream's
     ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed``)."""
-    return rewritten_run(path, spec, key, replay_key(spec, fsdp2_plan(spec)), "fsdp2-run",
-                         lambda events: fsdp2_run(events, fsdp2_plan(spec)), required)
+    plan = fsdp2_plan(spec)
+    return rewritten_run(path, spec, key, replay_key(spec, plan), "fsdp2-run", lambda events: fsdp2_run(events, plan),
+                         required, micro_batches=plan.accum)
 
 
 def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:

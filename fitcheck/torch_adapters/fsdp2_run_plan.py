@@ -25,32 +25,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fitcheck.spec import Role, TrainingSpec
-
-FP32 = 4
+from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.fsdp_params import FP32, Param, lora_not_replayed, model_params
 
 
 class FsdpReplayError(ValueError):
     """The plain run's events do not carry what the rewrite needs (a parameter's storage, a step)."""
-
-
-@dataclass(frozen=True)
-class Param:
-    """One parameter of a unit: its elements and its dim-0 size (FSDP2 shards dim 0)."""
-
-    numel: int
-    dim0: int
-
-    def shard(self, world: int) -> int:
-        """Elements of one rank's padded shard (``chunks[0]`` of ``torch.chunk`` on dim 0)."""
-        rows = -(-self.dim0 // world) if self.dim0 else 0
-        return rows * (self.numel // max(self.dim0, 1))
-
-    def local(self, world: int, rank: int = 0) -> int:
-        """Elements of rank ``rank``'s unpadded shard (the DTensor's local tensor: the optimizer states' size)."""
-        rows = -(-self.dim0 // world) if self.dim0 else 0
-        mine = max(0, min(rows, self.dim0 - rank * rows))
-        return mine * (self.numel // max(self.dim0, 1))
 
 
 @dataclass(frozen=True)
@@ -84,6 +64,9 @@ class FsdpPlan:
         traced: Bytes of an element of the traced module's parameters and gradients (the 16-bit module,
             ``kernels/module_cast.py``).
         tied: Whether the input embedding is the LM head (it then sits in the tail unit).
+        accum: Forward and backward passes per optimizer step the plain run composes
+            (``allocator_compose.replayed_micro_batches`` of ``gradient_accumulation_steps``): all but the last
+            under ``no_sync``.
     """
 
     world: int
@@ -94,11 +77,20 @@ class FsdpPlan:
     reduce: int
     traced: int
     tied: bool
+    accum: int = 1
 
     @property
     def params(self) -> list[Param]:
         """Every parameter, unit by unit in forward order."""
         return [p for u in self.units for p in u.params]
+
+    def orig_of(self, q: Param) -> int:
+        """Bytes of an element of ``q``'s shard."""
+        return q.orig or self.orig
+
+    def traced_of(self, q: Param) -> int:
+        """Bytes of an element of ``q`` in the traced module (its parameter and its traced gradient)."""
+        return q.traced or self.traced
 
 
 def not_replayed(spec: TrainingSpec) -> str:
@@ -127,9 +119,16 @@ def not_replayed(spec: TrainingSpec) -> str:
         parts.append("a wrap policy other than one decoder layer per unit")
     if spec.precision.mixed_precision is MixedPrecision.NO:
         parts.append("no mixed precision (the plain run's replay answers)")
-    if spec.lora is not None or spec.freeze is not None or spec.quant is not None:
+    if fs.version == 1 and (spec.lora is not None or spec.freeze is not None or spec.quant is not None):
         parts.append("frozen parameters or a quantized base")
-    if spec.batch.grad_accum > 1:
+    if fs.version == 2:
+        if spec.quant is not None:
+            parts.append("a quantized base")
+        if spec.freeze is not None:
+            parts.append("frozen parameters without peft (freeze)")
+        if lora_not_replayed(spec):
+            parts.append(lora_not_replayed(spec))
+    if fs.version == 1 and spec.batch.grad_accum > 1:
         parts.append("gradient accumulation (unsharded gradients kept across micro-batches)")
     if spec.optimizer.name not in FUSED_ADAM:
         parts.append(f"the {spec.optimizer.name} optimizer on the shards (replayed: {FUSED_ADAM[0]})")
@@ -163,27 +162,6 @@ def partition_weights(spec: TrainingSpec) -> int:
     return max(partition(spec).weights, 1)
 
 
-def _model_params(spec: TrainingSpec) -> tuple[tuple[Param, ...], dict[str, list[Param]], bool]:
-    """One decoder layer's parameters and the ones outside the layers by role (``embed``, ``head``, ``norms``,
-    ``rest``), each in ``named_parameters`` order, and whether the LM head is the input embedding (tied)."""
-    params = spec.model.params
-    outside = [p for p in params if not p.per_layer]
-    tied = not any(p.role is Role.LM_HEAD for p in outside)
-
-    def one(shape: tuple[int, ...]) -> Param:
-        numel = 1
-        for d in shape:
-            numel *= d
-        return Param(numel, shape[0] if shape else 1)
-
-    layer = tuple(one(p.shape) for p in params if p.per_layer)
-    roles = {"embed": [one(p.shape) for p in outside if p.role is Role.EMBEDDING],
-             "head": [one(p.shape) for p in outside if p.role is Role.LM_HEAD],
-             "norms": [one(p.shape) for p in outside if p.role is Role.NORM],
-             "rest": [one(p.shape) for p in outside if p.role not in (Role.EMBEDDING, Role.LM_HEAD, Role.NORM)]}
-    return layer, roles, tied
-
-
 def _dtypes(spec: TrainingSpec) -> tuple[int, int, int]:
     """Bytes of the sharded parameters (fp32 after accelerate's upcast), of the compute (and reduce) dtype and of
     the traced module's parameters."""
@@ -205,11 +183,16 @@ def fsdp2_plan(spec: TrainingSpec) -> FsdpPlan:
     """
     fs = spec.sharding.fsdp
     reshard = fs.reshard_after_forward if fs is not None else True
-    layer, roles, tied = _model_params(spec)
+    layer, roles, tied = model_params(spec)
     embed, head, norms, rest = roles["embed"], roles["head"], roles["norms"], roles["rest"]
     layers = [Unit(layer, reshard, "layer") for _ in range(spec.model.shape.num_layers)]
-    tail = Unit(tuple(norms[-1:] + (embed if tied else head)), False, "tail")
-    root = Unit(tuple(rest + norms[:-1]), False, "root") if rest or norms[:-1] else None
+    # accelerate 1.15 fsdp_utils.py _find_final_norm scans getattr(model, model.base_model_prefix)'s children:
+    # on a peft PeftModel that is the LlamaForCausalLM (its children `model`, `lm_head`): no norm, so the final
+    # norm stays with the root
+    final = [] if spec.lora is not None else norms[-1:]
+    inner = norms if spec.lora is not None else norms[:-1]
+    tail = Unit(tuple(final + (embed if tied else head)), False, "tail")
+    root = Unit(tuple(rest + inner), False, "root") if rest or inner else None
     front = [] if tied else [Unit(tuple(embed), reshard, "embed")]
     units = ([root] if root else []) + front + layers + [tail]
     first_layer = len(units) - len(layers) - 1
@@ -218,7 +201,10 @@ def fsdp2_plan(spec: TrainingSpec) -> FsdpPlan:
     orig, compute, traced = _dtypes(spec)
     # accelerate 1.15 dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision (FSDP2):
     # MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
-    return FsdpPlan(partition_weights(spec), tuple(units), tuple(order), orig, compute, compute, traced, tied)
+    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
+
+    return FsdpPlan(partition_weights(spec), tuple(units), tuple(order), orig, compute, compute, traced, tied,
+                    replayed_micro_batches(spec.batch.grad_accum))
 
 
 @dataclass(frozen=True)
@@ -289,7 +275,7 @@ def fsdp1_plan(spec: TrainingSpec) -> Fsdp1Plan:
     Returns:
         Its units, world size and dtypes.
     """
-    layer, roles, tied = _model_params(spec)
+    layer, roles, tied = model_params(spec)
     root = Unit(tuple(roles["embed"] + roles["rest"] + roles["norms"] + ([] if tied else roles["head"])), False,
                 "root")
     n = spec.model.shape.num_layers
@@ -310,9 +296,10 @@ def module_storages(setup: Sequence[tuple[int, int, str]], plan: FsdpPlan) -> se
     free = [(s, n) for s, n, _ in reversed(setup) if n > 0]
     used: set[int] = set()
     for q in plan.params:
-        hit = next((s for s, n in free if n == q.numel * plan.traced and s not in used), None)
+        size = q.numel * plan.traced_of(q)
+        hit = next((s for s, n in free if n == size and s not in used), None)
         if hit is None:
-            raise FsdpReplayError(f"no traced parameter storage of {q.numel * plan.traced} bytes")
+            raise FsdpReplayError(f"no traced parameter storage of {size} bytes")
         used.add(hit)
     return used
 
@@ -349,9 +336,10 @@ def rewrite_steps(events: Sequence[tuple[int, int, str]], plan: FsdpPlan, rank: 
                   points: Callable[[int, int, set[int], int], dict[int, list[Any]]],
                   optimizer: Callable[[Any, str, bool], None]) -> list[tuple[int, int, str]]:
     """The plain run's events with one FSDP rank's put in: its setup without the traced module's parameters,
-    ``rank(writer)`` (prepare, returning the rank's state), then per step the operations ``points(start, end,
-    gradients, k)`` keys by the event index they precede (``end``: after backward; each called as ``op(state,
-    region)``), the plain run's own events except its optimizer's, and ``optimizer(state, tag, first)``.
+    ``rank(writer)`` (prepare, returning the rank's state), then per forward and backward pass ``k`` the operations
+    ``points(start, end, gradients, k)`` keys by the event index they precede (``end``: after backward; each called
+    as ``op(state, region)``), the plain run's own events except its optimizer's, and, after every
+    ``plan.accum``-th pass, ``optimizer(state, tag, first)``.
 
     Raises:
         FsdpReplayError: The events lack a parameter's storage or a step.
@@ -375,7 +363,8 @@ def rewrite_steps(events: Sequence[tuple[int, int, str]], plan: FsdpPlan, rank: 
                 w.out.append((s, n, t))
         for op in at.get(end, ()):
             op(state, events[end - 1][2])
-        optimizer(state, "optimizer" if k == len(ends) - 1 else "optimizer_warmup", k == 0)
+        if (k + 1) % plan.accum == 0:  # a pass ends an optimizer step at the accumulation boundary only
+            optimizer(state, "optimizer" if k == len(ends) - 1 else "optimizer_warmup", k + 1 == plan.accum)
         start = end
     w.out += [ev for ev in events[start:] if not ev[2].startswith("optimizer")]
     return without_dead_frees(w.out)
@@ -402,25 +391,28 @@ def unit_gradients(events: Sequence[tuple[int, int, str]], back: int, end: int, 
                    order: list[int]) -> tuple[dict[int, list[tuple[int, tuple[int, int, str]]]],
                                               list[tuple[int, int, str]]]:
     """The traced backward's gradients matched to units by size, in backward ``order`` (each unit's with their
-    index), and those of no unit (alive where backward's last allocation is made, no parameter's: the input
-    embedding's output gradient, freed as backward returns).
+    index; none for a unit without trainable parameters), and those of no unit (alive where backward's last
+    allocation is made, no parameter's: the input embedding's output gradient, freed as backward returns).
 
     Raises:
-        FsdpReplayError: A unit has no gradient.
+        FsdpReplayError: A unit with trainable parameters has no gradient.
     """
-    want = {u: Counter(q.numel * plan.traced for q in plan.units[u].params) for u in order}
+    want = {u: Counter(q.numel * plan.traced_of(q) for q in plan.units[u].params if not q.frozen) for u in order}
     owned: dict[int, list[tuple[int, tuple[int, int, str]]]] = {u: [] for u in order}
     strays = []
+    # a storage the run never frees is no gradient (zero_grad frees those): the backward thread's cuBLAS
+    # workspaces a CUDA trace makes in the first backward (tracer cublas_workspaces), sized like a weight's gradient
+    freed = {s for s, n, _ in events[back:] if n < 0}
     for i in range(back, end):
         s, n, t = events[i]
-        if n > 0 and s in grads:
+        if n > 0 and s in grads and s in freed:
             hit = next((v for v in order if want[v][n] > 0), None)
             if hit is None:
                 strays.append((s, n, t))
                 continue
             want[hit][n] -= 1
             owned[hit].append((i, (s, n, t)))
-    if any(not owned[u] for u in order):
+    if any(not owned[u] and want[u] for u in order):
         raise FsdpReplayError("an FSDP unit without gradients in the traced backward")
     return owned, strays
 

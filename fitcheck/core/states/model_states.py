@@ -42,7 +42,7 @@ from fitcheck.core.states.quantization import SOURCE_4BIT, SOURCE_8BIT, SOURCE_W
 from fitcheck.core.states.regimes import describe_regime, model_state_findings
 from fitcheck.core.states.sharding import Partition, param_compute_bytes, partition
 from fitcheck.report import PHASES, Category, Component, Location, Phase
-from fitcheck.spec import TrainingSpec
+from fitcheck.spec import Strategy, TrainingSpec
 from fitcheck.units import format_bytes
 
 __all__ = ["describe_regime", "model_state_components", "model_state_findings", "trainable_params"]
@@ -205,6 +205,22 @@ def _dtypes(groups: list[TensorGroup]) -> str:
     return f" ({', '.join(kinds)})" if kinds else ""
 
 
+def _unsharded_kept(spec: TrainingSpec, groups: list[TensorGroup], grad_bytes: int) -> int:
+    """Bytes of the unsharded gradients FSDP keeps between accumulation micro-steps (``no_sync``).
+
+    FSDP2 keeps each unsharded parameter's ``.grad``, in ``MixedPrecisionPolicy.param_dtype`` (torch 2.13
+    ``_fsdp_param_group.py`` ``post_backward``: returns before the reduce when ``reduce_grads`` is False;
+    ``_fsdp_param.py`` ``to_accumulated_grad_if_needed``: no upcast while ``reduce_dtype`` equals ``param_dtype``),
+    not in the fp32 of accelerate's upcast shards: the real runs of ``benchmarks/fsdp2_run_events_cpu.py``
+    (``benchmarks/data/fsdp2_run_events_cpu.json``, ``accum2``: 2 bytes per parameter after the first
+    micro-batch at world sizes 1 and 2). FSDP1: the trainable groups' own bytes (not measured here).
+    """
+    fs = spec.sharding.fsdp
+    if spec.sharding.strategy is Strategy.FSDP and fs is not None and fs.version == 2:
+        return total_numel(groups) * param_compute_bytes(spec)
+    return grad_bytes
+
+
 def _gradient_components(
     spec: TrainingSpec, part: Partition, groups: list[TensorGroup], opt: OptimizerMemory, node: int
 ) -> list[Component]:
@@ -242,9 +258,10 @@ def _gradient_components(
         ]
     early = (Phase.FORWARD_END, Phase.BACKWARD_START)
     by_phase: dict[Phase, int] = {}
+    kept = _unsharded_kept(spec, groups, grad_bytes)
     for p in PHASES:
         if part.full_gradients_between_microsteps and accum and p is not Phase.OPTIMIZER_STEP:
-            by_phase[p] = grad_bytes  # FSDP no_sync: unsharded gradients kept across micro-steps
+            by_phase[p] = kept  # FSDP no_sync: unsharded gradients kept across micro-steps
         elif p in early and not accum and not part.gradients_resident:
             by_phase[p] = 0
         else:
