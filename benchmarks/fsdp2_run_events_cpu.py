@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
 import tempfile
 import warnings
@@ -152,10 +151,9 @@ def real(world: int, version: int = 2, lora: bool = False, accum: int = 1) -> di
     ``lora``: peft LoRA r 8 on q/v over the frozen bf16 base; ``accum``: micro-batches a step (the live bytes after
     each but the last micro-batch's backward too: ``backward1.K``, ``backward.K``)."""
     import torch.multiprocessing as mp_
+    from gloo_rank import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = int(free_port())
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "live")
         mp_.start_processes(_rank, args=(world, port, out, version, lora, accum), nprocs=world, join=True,

@@ -167,19 +167,13 @@ def _rank(rank: int, world: int, mp: str, out: str, port: int, breakdown: bool =
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def measure(mp: str, port: int | None = None, breakdown: bool = False) -> list[dict[str, int]]:
     """Per-rank live-tensor peaks of the second real FSDP2 step, by region (forward, backward, optimizer)."""
     import torch.multiprocessing as mp_
 
-    port = port or _free_port()  # other runs on the machine may hold a fixed port
+    from benchmarks.gloo_rank import free_port
+
+    port = port or int(free_port())  # other runs on the machine may hold a fixed port
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "peaks")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -168,9 +167,9 @@ def run_worker(script: str, worker_args: list[str], prefix: str, timeout: float,
                row: dict[str, Any]) -> dict[str, Any]:
     """``script --worker ...`` in a fresh ``torch.distributed.run --nproc_per_node 1`` process (own CUDA context,
     NCCL group on a free port); its ``prefix`` result line, or ``row`` marked timeout / crash."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    from gloo_rank import free_port
+
+    port = int(free_port())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(port),
            script, "--worker", *worker_args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import tempfile
 import warnings
@@ -98,9 +97,9 @@ def measure(version: int, dtype: str, mp: str = "bf16") -> list[dict[str, dict[s
     """
     import torch.multiprocessing as mp_
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    from benchmarks.gloo_rank import free_port
+
+    port = int(free_port())
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "dtypes")
         mp_.start_processes(_rank, args=(version, dtype, mp, port, out), nprocs=WORLD, join=True,

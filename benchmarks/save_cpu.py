@@ -274,14 +274,13 @@ def measure(path: str, port: int | None = None) -> list[dict[str, int]]:
     Returns:
         One ``{"peak", "held", "keys"}`` per rank.
     """
-    import socket
 
     import torch.multiprocessing as mp_
 
     if port is None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
+        from benchmarks.gloo_rank import free_port
+
+        port = int(free_port())
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "save")
         # spawn, not fork: a forked rank inherits the parent's globals, and after a test process built a Trainer

@@ -336,8 +336,8 @@ def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable:
     # from the end of the forward into the backward the trainable tail within half of stage3_max_reuse_distance
     # stays gathered too (zero3_reuse); the module fetched and its prefetch come on top, within max_live
     kept = reuse_kept_elements(spec, ds.param_persistence_threshold, ds.max_reuse_distance) if n > 1 else 0
-    held = int(max(live, kept + min(ds.prefetch_bucket_size, max(ds.max_live_parameters - kept, 0))) * w)
-    held = held if kept > largest else gathered
+    on_top = min(ds.prefetch_bucket_size, max(ds.max_live_parameters - kept, 0))
+    held = int(max(live, kept + on_top) * w) if n > 1 else 0
     grad_of_largest = largest * elem if trainable and spec.lora is None else 0
     out.append(
         Component(
