@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -81,10 +80,8 @@ def _grad_bytes(spec: TrainingSpec) -> int:
     return sum(c.at(Phase.BACKWARD) for c in report.components if c.name.startswith("gradients"))
 
 
-def test_real_fsdp1_gives_a_mixed_units_frozen_weights_a_gradient() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_real_fsdp1_gives_a_mixed_units_frozen_weights_a_gradient(free_port: int) -> None:
+    port = free_port
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     config = {k: v for k, v in _CONFIG.items() if k not in ("model_type", "architectures")}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -101,13 +100,11 @@ dist.destroy_process_group()
 """
 
 
-def test_real_fsdp2_keeps_each_units_gradients_in_one_reduce_allocation() -> None:
+def test_real_fsdp2_keeps_each_units_gradients_in_one_reduce_allocation(free_port: int) -> None:
     """torch's FSDP2 (CPU, gloo, one rank, accelerate's bf16 MixedPrecisionPolicy): every gradient of a layer unit
     is a view of one fp32 storage of the unit's size: the cast of the reduce output, one block per unit in the
     reduce stream, as the pool replay allocates it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     done = subprocess.run([sys.executable, "-c", _FSDP2_CPU], capture_output=True, text=True, env=env, timeout=300,

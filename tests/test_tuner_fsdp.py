@@ -61,11 +61,9 @@ def test_tuned_fsdp2_trainer_survives_an_oom_mid_step_and_trains_like_an_untuned
 @pytest.fixture(scope="module")
 def fsdp1_plain_4x2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """An untuned FSDP1 run at 4 × 2 (the size the FSDP1 tests below must land on)."""
-    import socket
+    from benchmarks.gloo_rank import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = int(free_port())
     return _run("plain", port, micro=4, tmp=tmp_path_factory.mktemp("fsdp1-plain"), FITCHECK_TEST_FSDP_VERSION="1")
 
 
