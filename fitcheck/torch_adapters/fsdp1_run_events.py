@@ -52,14 +52,33 @@ l.1943-1971: ``FSDP(model, auto_wrap_policy=transformer_based_wrap, use_orig_par
   first step (``torch/optim/adam.py`` ``_init_group`` l.139). The fp32 flat gradients stay until the next root
   pre-forward.
 
+* peft LoRA (``Fsdp1Plan.split``): the Trainer sets peft's ``fsdp_auto_wrap_policy`` (transformers 5.23
+  ``trainer.py`` l.1753 ``update_fsdp_plugin_peft``; peft 0.21.2 ``utils/other.py``), so each LoRA A/B Linear is an
+  FSDP unit of its own nested in its layer: its own fp32 flat parameter (peft made it fp32; accelerate's upcast
+  skips it), the layer's base and the root frozen bf16 flats (accelerate upcasts ``param.requires_grad`` flats only;
+  a frozen flat has no ``_mp_shard`` where it is in ``param_dtype`` already, no gradient, no post-backward hook: RU
+  ``_register_post_backward_reshard_only_hook`` reshards it once its inputs' gradients are made, the first layer's
+  and the root's, whose inputs need none, in the final callback's ``_catch_all_reshard``). The nested adapters are
+  unsharded and resharded with their layer (a few KiB early); each one's post-backward at its own gradient.
+* gradient accumulation (transformers 5.23 ``trainer.py`` l.1902-1908: ``accelerator.no_sync`` but for a window's
+  last micro-batch; accelerate 1.15 ``accelerator.py`` ``no_sync``: FSDP1's ``model.no_sync`` only where
+  ``use_distributed``, more than one process): more processes: ``_post_backward_hook`` returns after the reshard
+  (``state._sync_gradients`` False) and ``_finalize_params`` keeps ``.grad``, the unsharded flat gradient in
+  ``param_dtype``; the next pass adds into it (FP ``prepare_gradient_for_backward`` keeps an unpadded unsharded
+  ``.grad``) and the window's last reduces it. One process: every micro-batch is reduced; the next one adds into
+  the fp32 ``.grad`` (``_reset_flat_param_grad_info_if_needed`` keeps it: the original parameters' ``.grad`` are
+  set) and ``_post_backward_hook`` casts it to ``reduce_dtype`` and back (``_cast_grad_to_param_dtype``). The
+  previous step's gradients go at the window's first root pre-forward.
+
 Blocks allocated on a side stream are tagged ``side:`` (their pools: ``core/states/fsdp_streams.py``). Not
 modelled: gradient clipping's scalars, the padding tensors of ``flatten_tensors`` (at most ``_aligned_numel``
 elements). Where the events go in the traced step: as :mod:`.fsdp2_run_events` (a layer's forward is a period of
 the forward's events, a unit's backward ends at its last gradient, gradients matched to units by size).
 
-Checked: live bytes after prepare, after each backward and after the first step against a REAL FSDP1 run on CPU
-(gloo, 1 and 2 ranks: ``benchmarks/fsdp2_run_events_cpu.py --version 1``, recorded in
-``benchmarks/data/fsdp1_run_events_cpu.json``, ``tests/test_fsdp1_run_events.py``); the H100 row
+Checked: live bytes after prepare, after each backward (and each micro-batch's) and after the first step against
+REAL FSDP1 runs on CPU (gloo, 1 and 2 ranks, 3 for the accumulating ones; full fine-tune, LoRA r 8 on q/v, two
+micro-batches, both: ``benchmarks/fsdp2_run_events_cpu.py --version 1``, recorded in
+``benchmarks/data/fsdp1_run_events_cpu.json``, ``tests/test_fsdp1_run_events.py``: within 72 bytes); the H100 row
 ``benchmarks/fsdp_gpu.py --rescore``. Pure Python: no torch import.
 """
 

@@ -120,17 +120,12 @@ def not_replayed(spec: TrainingSpec) -> str:
         parts.append("a wrap policy other than one decoder layer per unit")
     if spec.precision.mixed_precision is MixedPrecision.NO:
         parts.append("no mixed precision (the plain run's replay answers)")
-    if fs.version == 1 and (spec.lora is not None or spec.freeze is not None or spec.quant is not None):
-        parts.append("frozen parameters or a quantized base")
-    if fs.version == 2:
-        if spec.quant is not None:
-            parts.append("a quantized base")
-        if spec.freeze is not None:
-            parts.append("frozen parameters without peft (freeze)")
-        if lora_not_replayed(spec):
-            parts.append(lora_not_replayed(spec))
-    if fs.version == 1 and spec.batch.grad_accum > 1:
-        parts.append("gradient accumulation (unsharded gradients kept across micro-batches)")
+    if spec.quant is not None:
+        parts.append("a quantized base")
+    if spec.freeze is not None:
+        parts.append("frozen parameters without peft (freeze)")
+    if lora_not_replayed(spec):
+        parts.append(lora_not_replayed(spec))
     if spec.optimizer.name not in FUSED_ADAM:
         parts.append(f"the {spec.optimizer.name} optimizer on the shards (replayed: {FUSED_ADAM[0]})")
     if spec.sharding.parallelism is not None and spec.sharding.parallelism.active:
