@@ -35,6 +35,13 @@ transformers 5.23 builds for ``fsdp_version: 1`` (``use_orig_params=True``, ``NO
 ``benchmarks/data/fsdp1_run_events_cpu.json``.
 Result (2026-11-27): world 1: real 2230784 / 3346112 / 7807764 / 7807764, fitcheck 2230784 / 3346184 / 7807836 /
 7807836; world 2: real 557696 / 1115328 / 3346160 / 3346160, fitcheck 557696 / 1115400 / 3346232 / 3346232.
+The same variants (``--version 1 --variant ... [--worlds 1 2 3] --write``), the LoRA ones with what the Trainer
+does for a peft model under FSDP before ``prepare`` (transformers 5.23 ``update_fsdp_plugin_peft``: peft's
+``fsdp_auto_wrap_policy``, each LoRA A/B its own unit); accelerate's ``no_sync`` is FSDP1's ``model.no_sync`` only
+on more than one process. Result (2026-11-27), every point within 72 B of ``fsdp1_run``'s: after the first
+micro-batch accum2 world 1 3346112 (the fp32 gradient, reduced), world 2 1115328 and world 3 743544 (the unsharded
+bf16 ``.grad``: 2 bytes a parameter, less the upcast's 16-bit shard freed at the first forward); lora world 1
+0 / 28608 / 85984 / 85984, world 2 -572032 / -557760 / -529056 / -529056.
 """
 
 from __future__ import annotations
@@ -259,11 +266,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} world {world}: real {theirs} fitcheck {mine} " + ("; ".join(diffs) or "same"))
         runs[name] = rows
     if args.write:
-        import torch
-        import transformers
-
         import accelerate
         import peft
+        import torch
+        import transformers
 
         path = DATA if args.version == 1 else DATA2
         old = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
