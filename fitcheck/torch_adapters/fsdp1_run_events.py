@@ -52,14 +52,33 @@ l.1943-1971: ``FSDP(model, auto_wrap_policy=transformer_based_wrap, use_orig_par
   first step (``torch/optim/adam.py`` ``_init_group`` l.139). The fp32 flat gradients stay until the next root
   pre-forward.
 
+* peft LoRA (``Fsdp1Plan.split``): the Trainer sets peft's ``fsdp_auto_wrap_policy`` (transformers 5.23
+  ``trainer.py`` l.1753 ``update_fsdp_plugin_peft``; peft 0.21.2 ``utils/other.py``), so each LoRA A/B Linear is an
+  FSDP unit of its own nested in its layer: its own fp32 flat parameter (peft made it fp32; accelerate's upcast
+  skips it), the layer's base and the root frozen bf16 flats (accelerate upcasts ``param.requires_grad`` flats only;
+  a frozen flat has no ``_mp_shard`` where it is in ``param_dtype`` already, no gradient, no post-backward hook: RU
+  ``_register_post_backward_reshard_only_hook`` reshards it once its inputs' gradients are made, the first layer's
+  and the root's, whose inputs need none, in the final callback's ``_catch_all_reshard``). The nested adapters are
+  unsharded and resharded with their layer (a few KiB early); each one's post-backward at its own gradient.
+* gradient accumulation (transformers 5.23 ``trainer.py`` l.1902-1908: ``accelerator.no_sync`` but for a window's
+  last micro-batch; accelerate 1.15 ``accelerator.py`` ``no_sync``: FSDP1's ``model.no_sync`` only where
+  ``use_distributed``, more than one process): more processes: ``_post_backward_hook`` returns after the reshard
+  (``state._sync_gradients`` False) and ``_finalize_params`` keeps ``.grad``, the unsharded flat gradient in
+  ``param_dtype``; the next pass adds into it (FP ``prepare_gradient_for_backward`` keeps an unpadded unsharded
+  ``.grad``) and the window's last reduces it. One process: every micro-batch is reduced; the next one adds into
+  the fp32 ``.grad`` (``_reset_flat_param_grad_info_if_needed`` keeps it: the original parameters' ``.grad`` are
+  set) and ``_post_backward_hook`` casts it to ``reduce_dtype`` and back (``_cast_grad_to_param_dtype``). The
+  previous step's gradients go at the window's first root pre-forward.
+
 Blocks allocated on a side stream are tagged ``side:`` (their pools: ``core/states/fsdp_streams.py``). Not
 modelled: gradient clipping's scalars, the padding tensors of ``flatten_tensors`` (at most ``_aligned_numel``
 elements). Where the events go in the traced step: as :mod:`.fsdp2_run_events` (a layer's forward is a period of
 the forward's events, a unit's backward ends at its last gradient, gradients matched to units by size).
 
-Checked: live bytes after prepare, after each backward and after the first step against a REAL FSDP1 run on CPU
-(gloo, 1 and 2 ranks: ``benchmarks/fsdp2_run_events_cpu.py --version 1``, recorded in
-``benchmarks/data/fsdp1_run_events_cpu.json``, ``tests/test_fsdp1_run_events.py``); the H100 row
+Checked: live bytes after prepare, after each backward (and each micro-batch's) and after the first step against
+REAL FSDP1 runs on CPU (gloo, 1 and 2 ranks, 3 for the accumulating ones; full fine-tune, LoRA r 8 on q/v, two
+micro-batches, both: ``benchmarks/fsdp2_run_events_cpu.py --version 1``, recorded in
+``benchmarks/data/fsdp1_run_events_cpu.json``, ``tests/test_fsdp1_run_events.py``: within 72 bytes); the H100 row
 ``benchmarks/fsdp_gpu.py --rescore``. Pure Python: no torch import.
 """
 
@@ -79,6 +98,8 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
 )
 from fitcheck.torch_adapters.fsdp2_run_plan import (
     Fsdp1Plan,
+    FsdpReplayError,
+    aligned_gradients,
     fsdp1_plan,
     replay_key,
     replays,
@@ -91,29 +112,38 @@ BUCKET = 250 * 1024 * 1024  # torch 2.13 fsdp/_init_utils.py PARAM_BROADCAST_BUC
 LIMIT = 2  # torch 2.13 fsdp/_limiter_utils.py _FreeEventQueue._max_num_inflight_all_gathers
 
 
+Key = tuple[int, int]  # (unit, its flat parameter: Fsdp1Plan.handles)
+
+
 class _Rank(RankEvents):
     """One rank's FSDP1 state through the run (module docstring), writing its events."""
 
-    def __init__(self, plan: Fsdp1Plan, w: EventWriter, old: dict[int, Handle]) -> None:
+    def __init__(self, plan: Fsdp1Plan, w: EventWriter, old: dict[Key, Handle]) -> None:
         super().__init__(w)
         self.plan = plan
-        self.old = old  # unit -> its 16-bit flat (shard) kept by the original parameters' views after the upcast
-        self.unsharded: dict[int, Handle] = {}  # unit -> _mp_shard (one process) / padded unsharded flat
-        self.grads: list[Handle] = []  # the fp32 flat gradients (post-backward stream) until the next forward
+        self.old = old  # flat -> its 16-bit flat (shard) kept by the original parameters' views after the upcast
+        self.unsharded: dict[Key, Handle] = {}  # flat -> _mp_shard (one process) / padded unsharded flat
+        self.grads: dict[Key, Handle] = {}  # the fp32 flat gradients (post-backward stream) until the next step
+        self.kept: dict[Key, Handle] = {}  # no_sync: the unsharded flat gradients (param_dtype) to the boundary
         self.recorded: list[Handle] = []  # default-stream blocks freed under record_stream(post-backward stream)
 
+    def keys(self, u: int) -> list[Key]:
+        return [(u, k) for k in range(len(self.plan.handles(u)))]
+
     def unshard(self, u: int, tag: str) -> None:
-        """``_unshard``: ``_mp_shard`` on the pre-unshard stream; sharded, the all-gather destination."""
+        """``_unshard`` of each of the unit's flats: ``_mp_shard`` on the pre-unshard stream where the flat is
+        not in ``param_dtype``; sharded, the all-gather destination."""
         p = self.plan
-        if u in self.unsharded:
-            return
-        shard = p.shard(u)
-        mp = self.new(shard * p.compute, SIDE + tag) if p.compute != p.orig else None
-        if p.world == 1:
-            self.unsharded[u] = mp if mp is not None else (0, 0, tag)
-            return
-        self.unsharded[u] = self.new(shard * p.world * p.compute, SIDE + tag)
-        self.free(mp)  # post_unshard: _free_low_precision_sharded_param
+        for key in self.keys(u):
+            if key in self.unsharded:
+                continue
+            shard = p.shard(*key)
+            mp = self.new(shard * p.compute, SIDE + tag) if p.compute != p.flat_orig(*key) else None
+            if p.world == 1:
+                self.unsharded[key] = mp if mp is not None else (0, 0, tag)
+                continue
+            self.unsharded[key] = self.new(shard * p.world * p.compute, SIDE + tag)
+            self.free(mp)  # post_unshard: _free_low_precision_sharded_param
 
     def synchronize(self) -> None:
         """The CPU waits for the device: the blocks ``record_stream`` held go back to the pool."""
@@ -121,89 +151,111 @@ class _Rank(RankEvents):
             self.free(h)
         self.recorded = []
 
-    def reshard(self, u: int, free: bool, tag: str) -> None:
-        """``_reshard``: free the padded unsharded flat where ``free``; ``NO_SHARD``'s ``post_reshard`` frees
-        ``_mp_shard`` every time. The first time, the upcast's 16-bit flat goes (``_use_sharded_views``; its free
-        is tagged with the point's region, not prepare's)."""
-        if self.plan.world == 1 or free:
-            h = self.unsharded.pop(u, None)
-            if h is not None and h[1]:
-                self.free(h)
-        old = self.old.pop(u, None)
-        if old is not None:
-            self.w.free(old[0], old[1], tag)
+    def reshard(self, u: int, free: bool, tag: str, keys: list[Key] | None = None) -> None:
+        """``_reshard`` (of ``keys``, default every flat of the unit): free the padded unsharded flat where
+        ``free``; ``NO_SHARD``'s ``post_reshard`` frees ``_mp_shard`` every time. The first time, the upcast's
+        16-bit flat goes (``_use_sharded_views``; its free is tagged with the point's region, not prepare's)."""
+        for key in self.keys(u) if keys is None else keys:
+            if self.plan.world == 1 or free:
+                h = self.unsharded.pop(key, None)
+                if h is not None and h[1]:
+                    self.free(h)
+            old = self.old.pop(key, None)
+            if old is not None:
+                self.w.free(old[0], old[1], tag)
 
-    def post_backward(self, u: int, grads: list[Handle], tag: str) -> None:
-        """The flat gradient (``param_dtype``, default stream), ``_post_backward_hook``'s reshard and reduction."""
+    def post_backward(self, key: Key, grads: list[Handle], tag: str, sync: bool, later: bool) -> None:
+        """The flat gradient (``param_dtype``, default stream), ``_post_backward_hook``'s reshard and reduction;
+        under ``no_sync`` the reshard only, the unsharded flat gradient kept as ``.grad``. ``later``: a later
+        micro-batch, whose traced gradients the plain run frees itself (``AccumulateGrad`` into ``.grad``)."""
         p = self.plan
-        flat = self.new(p.layout(u)[0] * p.compute, tag)
-        for g in grads:
+        n = p.layout(*key)[0]
+        flat = self.new(n * p.compute, tag)
+        for g in [] if later else grads:
             self.free(g)
-        self.reshard(u, True, tag)
-        shard = p.shard(u)
+        self.reshard(key[0], True, tag, [key])
+        kept = self.kept.pop(key, None)
+        if kept is not None:  # AccumulateGrad: .grad += the new flat gradient, in place
+            self.free(flat)
+            flat = kept
+        if not sync:  # _post_backward_hook returns after the reshard (state._sync_gradients False)
+            self.kept[key] = flat
+            return
+        shard = p.shard(*key)
+        orig = p.flat_orig(*key)
+        old = self.grads.pop(key, None)
+        if old is not None:  # one process, no no_sync: the fp32 .grad of the last micro-batch, added into in
+            # place, then _post_backward_hook's .to(reduce_dtype) (the fp32 one kept by record_stream)
+            self.free(flat)
+            self.recorded.append(old)
+            flat = self.new(n * p.reduce, tag)
         if p.world > 1:  # _reduce_grad: new_sharded_grad in reduce_dtype, then the cast to the parameter dtype
             out = self.new(shard * p.reduce, SIDE + tag)
-            self.grads.append(self.new(shard * p.orig, SIDE + tag) if p.reduce != p.orig else out)
-            if p.reduce != p.orig:
+            self.grads[key] = self.new(shard * orig, SIDE + tag) if p.reduce != orig else out
+            if p.reduce != orig:
                 self.free(out)
         else:  # _reduce_grad_no_shard: all-reduce in place, _cast_grad_to_param_dtype
-            self.grads.append(self.new(shard * p.orig, SIDE + tag))
+            self.grads[key] = self.new(shard * orig, SIDE + tag)
         self.recorded.append(flat)
         while p.world > 1 and len(self.recorded) > LIMIT:  # limit_all_gathers: the CPU waited for the device
             self.free(self.recorded.pop(0))
 
 
-def _prepare(w: EventWriter, plan: Fsdp1Plan) -> dict[int, Handle]:
-    """``FullyShardedDataParallel.__init__`` per unit and accelerate's upcast (module docstring); returns each
-    unit's 16-bit flat (shard) the upcast leaves behind."""
+def _prepare(w: EventWriter, plan: Fsdp1Plan) -> dict[Key, Handle]:
+    """``FullyShardedDataParallel.__init__`` per flat parameter (a nested adapter unit before its layer's own) and
+    accelerate's upcast (module docstring); returns each flat's 16-bit flat (shard) the upcast leaves behind."""
     t = "setup"
-    flats: dict[int, tuple[int, int]] = {}
+    flats: dict[Key, tuple[int, int]] = {}
     for u in plan.wrap_order:
-        params = plan.units[u].params
-        moved = [(w.new(q.numel * plan.load, t), q.numel * plan.load) for q in params]
-        group: list[int] = []
-        for q in [*params, None]:  # _broadcast_coalesced's buckets (take_tensors: up to BUCKET bytes each)
-            if q is not None:
-                group.append(q.numel * plan.load)
-            if group and (q is None or sum(group) >= BUCKET):
-                if len(group) > 1:
-                    w.free(w.new(sum(group), t), sum(group), t)
-                group = []
-        flat = plan.layout(u)[0] * plan.load
-        s = w.new(flat, t)
-        if plan.world > 1:
-            shard = w.new(flat // plan.world, t)
-            w.free(s, flat, t)
-            s, flat = shard, flat // plan.world
-        for m, n in moved:
-            w.free(m, n, t)
-        flats[u] = (s, flat)
-    old: dict[int, Handle] = {}
-    if plan.orig != plan.load:  # accelerate's upcast, FSDP.fsdp_modules order: the root, then the layers
-        for u in range(len(plan.units)):
-            w.new(plan.shard(u) * plan.orig, t)
-            old[u] = (*flats[u], t)
+        handles = plan.handles(u)
+        for k in sorted(range(len(handles)), key=lambda k: not plan.trainable(u, k) and plan.split):
+            load = plan.flat_load(u, k)
+            moved = [(w.new(q.numel * load, t), q.numel * load) for q in handles[k]]
+            group: list[int] = []
+            for q in [*handles[k], None]:  # _broadcast_coalesced's buckets (take_tensors: up to BUCKET bytes each)
+                if q is not None:
+                    group.append(q.numel * load)
+                if group and (q is None or sum(group) >= BUCKET):
+                    if len(group) > 1:
+                        w.free(w.new(sum(group), t), sum(group), t)
+                    group = []
+            flat = plan.layout(u, k)[0] * load
+            s = w.new(flat, t)
+            if plan.world > 1:
+                shard = w.new(flat // plan.world, t)
+                w.free(s, flat, t)
+                s, flat = shard, flat // plan.world
+            for m, nb in moved:
+                w.free(m, nb, t)
+            flats[(u, k)] = (s, flat)
+    old: dict[Key, Handle] = {}
+    for u in range(len(plan.units)):  # accelerate's upcast, FSDP.fsdp_modules order: the root, then the layers
+        for k in range(len(plan.handles(u))):  # a flat with requires_grad, not yet fp32
+            if plan.trainable(u, k) and plan.flat_orig(u, k) != plan.flat_load(u, k):
+                w.new(plan.shard(u, k) * plan.flat_orig(u, k), t)
+                old[(u, k)] = (*flats[(u, k)], t)
     return old
 
 
 def _lazy_init(w: EventWriter, plan: Fsdp1Plan, tag: str) -> None:
     """``init_flat_param_attributes``' placeholders, each freed at once (module docstring)."""
     for u in range(len(plan.units)):
-        shard = plan.shard(u)
-        sizes = [shard * plan.compute] if plan.compute != plan.orig else []
-        if plan.world > 1:
-            sizes.append(shard * plan.world * plan.compute)
-            if plan.compute != plan.orig:
-                sizes.append(shard * plan.world * plan.orig)
-        for n in sizes:
-            w.free(w.new(n, tag), n, tag)
+        for k in range(len(plan.handles(u))):
+            shard, orig = plan.shard(u, k), plan.flat_orig(u, k)
+            sizes = [shard * plan.compute] if plan.compute != orig else []
+            if plan.world > 1:
+                sizes.append(shard * plan.world * plan.compute)
+                if plan.compute != orig:
+                    sizes.append(shard * plan.world * orig)
+            for n in sizes:
+                w.free(w.new(n, tag), n, tag)
 
 
 def fsdp1_run(events: Sequence[Event], plan: Fsdp1Plan) -> list[Event]:
     """The plain Trainer's whole run (``allocator_replay.whole_run_events``) rewritten into one FSDP1 rank's.
 
     Args:
-        events: The plain run's events.
+        events: The plain run's events (composed with ``plan.accum`` micro-batches a step).
         plan: The FSDP1 run (:func:`fsdp2_run_plan.fsdp1_plan`).
 
     Returns:
@@ -214,30 +266,50 @@ def fsdp1_run(events: Sequence[Event], plan: Fsdp1Plan) -> list[Event]:
     Raises:
         FsdpReplayError: The events lack a parameter's storage, a step, or a gradient of a unit.
     """
+    first_pass: dict[str, Any] = {}  # the step's first pass: its backward and its units' gradients
     return rewrite_steps(events, plan, lambda w: _Rank(plan, w, _prepare(w, plan)),
-                         lambda start, end, grads, k: _step_points(events, start, end, grads, plan, k == 0),
+                         lambda start, end, grads, k: _step_points(events, start, end, grads, plan, k, first_pass),
                          lambda rank, tag, first: _optimizer(rank, plan, tag, first))
 
 
 def _optimizer(rank: _Rank, plan: Fsdp1Plan, tag: str, first: bool) -> None:
-    """Fused AdamW over the original parameters' views in this rank's shard (its states at the first step)."""
+    """Fused AdamW over the trainable original parameters' views in this rank's shard (its states at the first
+    step)."""
     w = rank.w
     w.out.append((MARK, 0, tag))
     if first:  # torch/optim/adam.py _init_group: state["step"] on the device (fused), exp_avg, exp_avg_sq
         for u in range(len(plan.units)):
-            for numel in plan.in_shard(u):
-                if numel:
-                    w.new(4, tag)
-                    w.new(numel * plan.orig, tag)
-                    w.new(numel * plan.orig, tag)
+            for k in range(len(plan.handles(u))):
+                for q, numel in zip(plan.handles(u)[k], plan.in_shard(u, 0, k), strict=True):
+                    if numel and not q.frozen:
+                        w.new(4, tag)
+                        w.new(numel * plan.orig_of(q), tag)
+                        w.new(numel * plan.orig_of(q), tag)
 
 
 Op = Any  # Callable[[_Rank, str], None]
 
 
-def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int], plan: Fsdp1Plan,
-                 first_step: bool) -> dict[int, list[Op]]:
-    """What FSDP1 does where in one step's events ``[start, end)``, as operations keyed by the index they precede.
+def _by_flat(plan: Fsdp1Plan, u: int, owned: list[tuple[int, Handle]]) -> dict[int, list[tuple[int, Handle]]]:
+    """A unit's traced gradients split among its trainable flat parameters by size (peft's adapters: one each)."""
+    handles = plan.handles(u)
+    out: dict[int, list[tuple[int, Handle]]] = {k: [] for k in range(len(handles)) if plan.trainable(u, k)}
+    if len(out) == 1:
+        return {k: list(owned) for k in out}
+    want = {k: [q.numel * plan.traced_of(q) for q in handles[k]] for k in out}
+    for i, h in owned:
+        k = next((k for k in out if h[1] in want[k]), None)
+        if k is None:
+            raise FsdpReplayError("a traced gradient of no flat parameter of its unit")
+        want[k].remove(h[1])
+        out[k].append((i, h))
+    return out
+
+
+def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int], plan: Fsdp1Plan, k: int,
+                 first_pass: dict[str, Any]) -> dict[int, list[Op]]:
+    """What FSDP1 does where in one pass's events ``[start, end)`` (pass ``k`` of the run), as operations keyed by
+    the index they precede.
 
     Raises:
         FsdpReplayError: The step has no forward head or backward, or a gradient matches no unit.
@@ -250,13 +322,18 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     units = plan.units
     layers = list(range(1, len(units)))
     first, back, bounds = step_frame(events, start, end, len(layers))
+    m = k % plan.accum  # the pass's place in its accumulation window
+    # transformers 5.23 trainer.py: accelerator.no_sync but for the window's last pass; accelerate 1.15
+    # accelerator.py no_sync: FSDP1's model.no_sync only where use_distributed (more than one process)
+    sync = m == plan.accum - 1 or plan.world == 1
 
     def root_pre_forward(r: _Rank, t: str) -> None:  # _lazy_init, _reset_flat_param_grad_info_if_needed
-        if first_step:
+        if k == 0:
             _lazy_init(r.w, plan, t)
-        for h in r.grads:
-            r.free(h)
-        r.grads = []
+        if m == 0:  # zero_grad(set_to_none=True) cleared the original parameters' .grad: the flat ones go
+            for h in r.grads.values():
+                r.free(h)
+            r.grads = {}
         r.unshard(0, t)
 
     put(first, root_pre_forward)
@@ -270,15 +347,35 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     put(back, lambda r, t: r.unshard(0, t))  # its pre-backward hook
     # backward: gradients to units by size; the root's come first (head, final norm) and last (embedding)
     order = [0, *layers[::-1]]
-    owned, strays = unit_gradients(events, back, end, grads, plan, order)
+    if m == 0:
+        owned, strays = unit_gradients(events, back, end, grads, plan, order)
+        first_pass.update(back=back, end=end, owned=owned)
+    else:  # a later pass allocates each gradient and frees it into .grad (allocator_compose._accumulated)
+        owned = aligned_gradients(events, first_pass, back, end)
+        strays = [events[i] for i in range(back, end) if events[i][1] > 0 and events[i][0] in grads]
     for h in strays:
         put(end, lambda r, t, h=h: r.free(h))
     for u in layers[::-1]:  # a layer's pre-backward hook, at its first gradient
-        put(owned[u][0][0], lambda r, t, u=u: r.unshard(u, t))
-    for u in order:  # the post-backward hook once the unit's last gradient is made
-        pos = end if u == 0 else owned[u][-1][0] + 1
-        put(pos, lambda r, t, u=u, hs=[h for _, h in owned[u]]: r.post_backward(u, hs, t))
-    put(end, lambda r, t: r.synchronize())
+        if owned[u]:
+            put(owned[u][0][0], lambda r, t, u=u: r.unshard(u, t))
+    for u in order:  # the post-backward hook once the flat's last gradient is made
+        split = _by_flat(plan, u, owned[u])
+        for fk, hs in split.items():
+            pos = end if u == 0 else hs[-1][0] + 1
+            put(pos, lambda r, t, key=(u, fk), hs=[h for _, h in hs]: r.post_backward(key, hs, t, sync, m > 0))
+        if len(split) < len(plan.handles(u)):  # a frozen flat: _post_backward_reshard_only_hook on the unit's
+            # inputs that require grad (the first layer's and the root's have none: the final callback's
+            # _catch_all_reshard)
+            frozen = [(u, fk) for fk in range(len(plan.handles(u))) if fk not in split]
+            pos = end if u in (0, 1) or not owned[u] else owned[u][-1][0] + 1
+            put(pos, lambda r, t, u=u, frozen=frozen: r.reshard(u, True, t, frozen))
+
+    def final(r: _Rank, t: str) -> None:
+        r.synchronize()
+        if m != plan.accum - 1:  # a point of the run between micro-batches (the benchmarks' ``backward1.0``)
+            r.w.out.append((MARK, 0, "micro"))
+
+    put(end, final)
     return at
 
 
@@ -290,8 +387,9 @@ def replayed(spec: TrainingSpec) -> bool:
 def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
     """A ``PinnedPath``'s FSDP1 whole run replayed (``deepspeed_run_events.rewritten_run``): the default stream's
     ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed``)."""
-    return rewritten_run(path, spec, key, replay_key(spec, fsdp1_plan(spec)), "fsdp1-run",
-                         lambda events: fsdp1_run(events, fsdp1_plan(spec)), required)
+    plan = fsdp1_plan(spec)
+    return rewritten_run(path, spec, key, replay_key(spec, plan), "fsdp1-run", lambda events: fsdp1_run(events, plan),
+                         required, micro_batches=plan.accum)
 
 
 __all__ = ["fsdp1_run", "replayed", "whole_run"]

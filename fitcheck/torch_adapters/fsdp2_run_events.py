@@ -88,8 +88,7 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
 )
 from fitcheck.torch_adapters.fsdp2_run_plan import (
     FsdpPlan,
-    FsdpReplayError,
-    base_region,
+    aligned_gradients,
     fsdp1_plan,
     fsdp2_plan,
     not_replayed,
@@ -292,7 +291,7 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
         if first_pass is not None:
             first_pass.update(back=back, end=end, owned=owned)
     else:  # a later pass allocates each gradient and frees it into .grad (allocator_compose._accumulated)
-        owned = _aligned_gradients(events, first_pass or {}, back, end)
+        owned = aligned_gradients(events, first_pass or {}, back, end)
         strays = [events[i] for i in range(back, end) if events[i][1] > 0 and events[i][0] in grads]
     for h in strays:
         put(end, lambda r, t, h=h: r.free(h))
@@ -335,36 +334,6 @@ def _in_param_dtype(owned: dict[int, list[tuple[int, Event]]], plan: FsdpPlan) -
         if len(traced) == 1 and (t := traced.pop()) != plan.compute:
             out.update({s: n // t * plan.compute for _, (s, n, _) in hs})
     return out
-
-
-def _aligned_gradients(events: Sequence[Event], first_pass: dict[str, Any], back: int, end: int,
-                       ) -> dict[int, list[tuple[int, Event]]]:
-    """A later pass's gradients, unit by unit: where the pass makes the allocations that the step's first pass
-    made its units' gradients with (the passes' backward allocations aligned by size and region, ``difflib``: a
-    later pass repeats the first's, less the first step's one-off storages, ``allocator_compose._first_step_only``,
-    and what deepening from one and two layer groups made of each).
-
-    Raises:
-        FsdpReplayError: The first pass is unknown, or a gradient has no counterpart.
-    """
-    if not first_pass:
-        raise FsdpReplayError("an accumulating pass before its step's first pass")
-    from difflib import SequenceMatcher
-
-    first = [i for i in range(first_pass["back"], first_pass["end"]) if events[i][1] > 0]
-    later = [i for i in range(back, end) if events[i][1] > 0]
-
-    def sig(i: int) -> tuple[int, str]:
-        return events[i][1], base_region(events[i][2])
-
-    blocks = SequenceMatcher(None, [sig(i) for i in first], [sig(i) for i in later], autojunk=False)
-    at = {first[a + d]: later[b + d] for a, b, size in blocks.get_matching_blocks() for d in range(size)}
-    owned: dict[int, list[tuple[int, Event]]] = {}
-    for u, hs in first_pass["owned"].items():
-        if any(i not in at for i, _ in hs):
-            raise FsdpReplayError("a gradient of the first pass without its counterpart in a later pass")
-        owned[u] = [(at[i], events[at[i]]) for i, _ in hs]
-    return owned
 
 
 def _pre_backward(r: _Rank, t: str, u: int, order: list[int], plan: FsdpPlan) -> None:

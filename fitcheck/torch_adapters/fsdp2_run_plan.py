@@ -15,7 +15,8 @@ FSDP unit, the root the rest (embedding, final norm, LM head). Each unit holds o
 Also what both rewrites share: :func:`rewrite_steps` (the plain run walked step by step, each step's FSDP operations
 put in), :func:`module_storages` (the traced module's parameters in the plain run's setup), :func:`layer_starts`
 (each layer's forward in the deepened trace), :func:`base_region`, :func:`step_frame`, :func:`unit_gradients`,
-:func:`replays`, :func:`replay_key`. Pure Python, no torch.
+:func:`aligned_gradients` (a later micro-batch's gradients), :func:`replays`, :func:`replay_key`. Pure Python,
+no torch.
 """
 
 from __future__ import annotations
@@ -119,17 +120,12 @@ def not_replayed(spec: TrainingSpec) -> str:
         parts.append("a wrap policy other than one decoder layer per unit")
     if spec.precision.mixed_precision is MixedPrecision.NO:
         parts.append("no mixed precision (the plain run's replay answers)")
-    if fs.version == 1 and (spec.lora is not None or spec.freeze is not None or spec.quant is not None):
-        parts.append("frozen parameters or a quantized base")
-    if fs.version == 2:
-        if spec.quant is not None:
-            parts.append("a quantized base")
-        if spec.freeze is not None:
-            parts.append("frozen parameters without peft (freeze)")
-        if lora_not_replayed(spec):
-            parts.append(lora_not_replayed(spec))
-    if fs.version == 1 and spec.batch.grad_accum > 1:
-        parts.append("gradient accumulation (unsharded gradients kept across micro-batches)")
+    if spec.quant is not None:
+        parts.append("a quantized base")
+    if spec.freeze is not None:
+        parts.append("frozen parameters without peft (freeze)")
+    if lora_not_replayed(spec):
+        parts.append(lora_not_replayed(spec))
     if spec.optimizer.name not in FUSED_ADAM:
         parts.append(f"the {spec.optimizer.name} optimizer on the shards (replayed: {FUSED_ADAM[0]})")
     if spec.sharding.parallelism is not None and spec.sharding.parallelism.active:
@@ -220,22 +216,51 @@ class Fsdp1Plan(FsdpPlan):
 
     load: int = 2
     align: int = 0
+    split: bool = False
 
-    def layout(self, u: int) -> tuple[int, list[int]]:
-        """Unit ``u``'s padded flat numel and each parameter's offset in it (:func:`flat_layout`)."""
-        return flat_layout([q.numel for q in self.units[u].params], self.align, self.world)
+    def handles(self, u: int) -> list[tuple[Param, ...]]:
+        """Unit ``u``'s flat parameters, each as its parameters: one, or under :attr:`split` (peft's
+        ``fsdp_auto_wrap_policy``, which transformers 5.23 ``Trainer`` sets for a peft model under FSDP:
+        ``distributed/fsdp.py`` ``update_fsdp_plugin_peft``; peft 0.21.2 ``utils/other.py``: every leaf module
+        whose weight requires grad, i.e. each LoRA A and B, an FSDP unit of its own, nested in its layer's) the
+        frozen ones, then each trainable one alone."""
+        params = self.units[u].params
+        if not self.split:
+            return [params]
+        frozen = tuple(q for q in params if q.frozen)
+        return ([frozen] if frozen else []) + [(q,) for q in params if not q.frozen]
 
-    def shard(self, u: int) -> int:
-        """Elements of one rank's shard of unit ``u``'s flat parameter (the whole flat at one process)."""
-        return self.layout(u)[0] // self.world
+    def layout(self, u: int, k: int = 0) -> tuple[int, list[int]]:
+        """Unit ``u``'s (``k``-th) padded flat numel and each parameter's offset in it (:func:`flat_layout`)."""
+        return flat_layout([q.numel for q in self.handles(u)[k]], self.align, self.world)
 
-    def in_shard(self, u: int, rank: int = 0) -> list[int]:
-        """Elements of each parameter of unit ``u`` inside rank ``rank``'s shard (``_shard_param_infos``: the
-        optimizer sees these views; 0 where a parameter lies outside it)."""
-        flat, offsets = self.layout(u)
+    def shard(self, u: int, k: int = 0) -> int:
+        """Elements of one rank's shard of unit ``u``'s (``k``-th) flat parameter (the whole flat at one
+        process)."""
+        return self.layout(u, k)[0] // self.world
+
+    def flat_orig(self, u: int, k: int = 0) -> int:
+        """Bytes of an element of the (``k``-th) flat parameter after ``prepare``: accelerate 1.15 upcasts a flat
+        parameter with ``requires_grad`` only; a frozen one stays as loaded (:attr:`Param.orig`)."""
+        return self.orig_of(self.handles(u)[k][0])
+
+    def flat_load(self, u: int, k: int = 0) -> int:
+        """Bytes of an element of the (``k``-th) flat parameter as loaded: peft's adapters fp32 (their traced
+        dtype, :attr:`Param.traced`), the rest :attr:`load`."""
+        return self.handles(u)[k][0].traced or self.load
+
+    def trainable(self, u: int, k: int = 0) -> bool:
+        """Whether the (``k``-th) flat parameter requires grad (torch 2.13 ``_flat_param.py``: the OR of its
+        parameters')."""
+        return any(not q.frozen for q in self.handles(u)[k])
+
+    def in_shard(self, u: int, rank: int = 0, k: int = 0) -> list[int]:
+        """Elements of each parameter of unit ``u``'s (``k``-th) flat inside rank ``rank``'s shard
+        (``_shard_param_infos``: the optimizer sees these views; 0 where a parameter lies outside it)."""
+        flat, offsets = self.layout(u, k)
         size = flat // self.world
         lo, hi = rank * size, (rank + 1) * size
-        return [max(0, min(hi, o + q.numel) - max(lo, o)) for q, o in zip(self.units[u].params, offsets, strict=True)]
+        return [max(0, min(hi, o + q.numel) - max(lo, o)) for q, o in zip(self.handles(u)[k], offsets, strict=True)]
 
 
 def flat_layout(numels: list[int], align: int, world: int) -> tuple[int, list[int]]:
@@ -283,8 +308,11 @@ def fsdp1_plan(spec: TrainingSpec) -> Fsdp1Plan:
     orig, compute, traced = _dtypes(spec)
     # accelerate 1.15 dataclasses.py set_mixed_precision (FSDP1): MixedPrecision(param_dtype=dtype,
     # reduce_dtype=dtype, buffer_dtype=...); torch 2.13 _flat_param.py FlatParamHandle.__init__: _aligned_numel
+    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
+
     return Fsdp1Plan(partition_weights(spec), units, (*range(1, n + 1), 0), orig, compute, compute, traced,
-                     tied, load=spec.precision.load_dtype.nbytes, align=16 // compute)
+                     tied, replayed_micro_batches(spec.batch.grad_accum), load=spec.precision.load_dtype.nbytes,
+                     align=16 // compute, split=spec.lora is not None)
 
 
 def module_storages(setup: Sequence[tuple[int, int, str]], plan: FsdpPlan) -> set[int]:
@@ -415,6 +443,36 @@ def unit_gradients(events: Sequence[tuple[int, int, str]], back: int, end: int, 
     if any(not owned[u] and want[u] for u in order):
         raise FsdpReplayError("an FSDP unit without gradients in the traced backward")
     return owned, strays
+
+
+def aligned_gradients(events: Sequence[tuple[int, int, str]], first_pass: dict[str, Any], back: int, end: int,
+                       ) -> dict[int, list[tuple[int, tuple[int, int, str]]]]:
+    """A later pass's gradients, unit by unit: where the pass makes the allocations that the step's first pass
+    made its units' gradients with (the passes' backward allocations aligned by size and region, ``difflib``: a
+    later pass repeats the first's, less the first step's one-off storages, ``allocator_compose._first_step_only``,
+    and what deepening from one and two layer groups made of each).
+
+    Raises:
+        FsdpReplayError: The first pass is unknown, or a gradient has no counterpart.
+    """
+    if not first_pass:
+        raise FsdpReplayError("an accumulating pass before its step's first pass")
+    from difflib import SequenceMatcher
+
+    first = [i for i in range(first_pass["back"], first_pass["end"]) if events[i][1] > 0]
+    later = [i for i in range(back, end) if events[i][1] > 0]
+
+    def sig(i: int) -> tuple[int, str]:
+        return events[i][1], base_region(events[i][2])
+
+    blocks = SequenceMatcher(None, [sig(i) for i in first], [sig(i) for i in later], autojunk=False)
+    at = {first[a + d]: later[b + d] for a, b, size in blocks.get_matching_blocks() for d in range(size)}
+    owned: dict[int, list[tuple[int, tuple[int, int, str]]]] = {}
+    for u, hs in first_pass["owned"].items():
+        if any(i not in at for i, _ in hs):
+            raise FsdpReplayError("a gradient of the first pass without its counterpart in a later pass")
+        owned[u] = [(at[i], events[at[i]]) for i, _ in hs]
+    return owned
 
 
 def replays(spec: TrainingSpec, version: int) -> bool:

@@ -213,10 +213,21 @@ def _unsharded_kept(spec: TrainingSpec, groups: list[TensorGroup], grad_bytes: i
     ``_fsdp_param.py`` ``to_accumulated_grad_if_needed``: no upcast while ``reduce_dtype`` equals ``param_dtype``),
     not in the fp32 of accelerate's upcast shards: the real runs of ``benchmarks/fsdp2_run_events_cpu.py``
     (``benchmarks/data/fsdp2_run_events_cpu.json``, ``accum2``: 2 bytes per parameter after the first
-    micro-batch at world sizes 1 and 2). FSDP1: the trainable groups' own bytes (not measured here).
+    micro-batch at world sizes 1 and 2).
+
+    FSDP1 on more than one process keeps each flat parameter's unsharded ``.grad`` in ``param_dtype`` too: torch
+    2.13 ``distributed/fsdp/_runtime_utils.py`` ``_post_backward_hook`` returns after the reshard when
+    ``state._sync_gradients`` is False, before the ``.to(reduce_dtype)`` and the reduction, so ``.grad`` stays the
+    gradient autograd made for the unsharded ``param_dtype`` flat parameter (``_finalize_params`` keeps it; the
+    real runs of ``benchmarks/fsdp2_run_events_cpu.py --version 1``, ``benchmarks/data/fsdp1_run_events_cpu.json``,
+    ``accum2`` / ``lora_accum2``: 2 bytes per trainable parameter after the first micro-batch at world sizes 2 and
+    3). On one process accelerate 1.15 ``accelerator.py`` ``no_sync`` is a ``nullcontext`` (``use_distributed``
+    is False), so every micro-batch is reduced and cast (``_reduce_grad_no_shard``): the trainable groups' own
+    bytes (fp32 after the upcast), the same as ``grad_bytes``.
     """
     fs = spec.sharding.fsdp
-    if spec.sharding.strategy is Strategy.FSDP and fs is not None and fs.version == 2:
+    no_sync = fs is not None and (fs.version == 2 or spec.sharding.num_processes > 1)
+    if spec.sharding.strategy is Strategy.FSDP and no_sync:
         return total_numel(groups) * param_compute_bytes(spec)
     return grad_bytes
 
