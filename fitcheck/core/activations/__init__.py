@@ -26,6 +26,7 @@ tracer.
 """
 
 from fitcheck.core.activations.backward import cuda_embedding_backward
+from fitcheck.core.activations.bnb_kept_inputs import old_bnb_4bit
 from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
 from fitcheck.core.activations.layer_saved import layer_saved_per_token
@@ -45,6 +46,7 @@ __all__ = [
     "layernorm_block_saved",
     "legacy_softmax_input_added",
     "not_pinned_finding",
+    "old_bnb_4bit",
     "qlora16_backward_working_set",
     "versions_findings",
 ]
