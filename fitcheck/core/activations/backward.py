@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitcheck.core.activations.bnb_kept_inputs import kept_layer_inputs, kept_through_checkpoint
 from fitcheck.core.activations.freeze import autocast_head_numel, autocast_layer_cast, frozen_missing, layer_trained
 from fitcheck.core.activations.lora_recompute import unrecomputed_base_backward
 from fitcheck.core.activations.norm_backward import (
@@ -328,6 +329,8 @@ def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, in
     casts = lr.adapter_casts(spec)
     up = lr.recompute_up_tokens(spec, q.e, q.r, q.half_model)
     rec = max(lr.recompute_tokens(spec, q.e, q.r, q.half_model), up if up is not None else 0) * bs + casts
+    if kept_through_checkpoint(spec):  # bitsandbytes <= 0.43.1: the recomputation's own MatMul4Bit nodes keep the
+        rec += kept_layer_inputs(spec) * bs  # layer's inputs until it stops (trace; bnb_kept_inputs.py)
     base = lr.base_backward(spec, q.r)
     return (rec, lr.mlp_work_tokens(spec, q.e, q.r) * bs + casts, *lr.layer_grads(spec), base)
 

@@ -19,6 +19,13 @@ from __future__ import annotations
 import math
 
 from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_moments, backward_transient
+from fitcheck.core.activations.bnb_kept_inputs import (
+    kept_first_layer_less,
+    kept_layer_extra,
+    kept_layer_inputs,
+    kept_through_checkpoint,
+    old_bnb_4bit,
+)
 from fitcheck.core.activations.cuda import cuda_gap_findings
 from fitcheck.core.activations.dora import (
     DoraMode,
@@ -32,13 +39,6 @@ from fitcheck.core.activations.embedding import scaled_embedding_leaf
 from fitcheck.core.activations.freeze import frozen_layers
 from fitcheck.core.activations.heads import (
     bert_layer_alias,
-)
-from fitcheck.core.activations.bnb_kept_inputs import (
-    kept_first_layer_less,
-    kept_layer_extra,
-    kept_layer_inputs,
-    kept_through_checkpoint,
-    old_bnb_4bit,
 )
 from fitcheck.core.activations.int8 import SOURCE as SOURCE_INT8
 from fitcheck.core.activations.int8 import (

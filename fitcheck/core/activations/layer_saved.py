@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.core.activations.attention_variants import eager_scores, rotary_tables, sink_attention_extra
+from fitcheck.core.activations.bnb_kept_inputs import kept_first_layer_less, kept_layer_extra
 from fitcheck.core.activations.dora import (
     dora_per_token,
 )
@@ -21,7 +22,6 @@ from fitcheck.core.activations.heads import (
     classifier_head_backward,
     classifier_logits,
 )
-from fitcheck.core.activations.bnb_kept_inputs import kept_first_layer_less, kept_layer_extra
 from fitcheck.core.activations.int8 import (
     int8_first_layer_unsaved,
     int8_formula_applies,
