@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.core.activations.bnb_kept_inputs import kept_layer_inputs, kept_through_checkpoint
+from fitcheck.core.activations.bnb_kept_inputs import kept_first_layer_less, kept_layer_inputs, kept_through_checkpoint
 from fitcheck.core.activations.freeze import autocast_head_numel, autocast_layer_cast, frozen_missing, layer_trained
 from fitcheck.core.activations.lora_recompute import unrecomputed_base_backward
 from fitcheck.core.activations.norm_backward import (
@@ -259,6 +259,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
             live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down + q.ckpt_mask
         live += (L - below) * q.retained
+        if q.n_ckpt == 0:  # bitsandbytes <= 0.43.1: layer 0 made no q/k/v node (bnb_kept_inputs.py)
+            live -= kept_first_layer_less(spec, all_kept=False) * spec.batch.micro_batch * spec.batch.seq_len
         # eager attention: the layer's softmax backward, after its o_proj / MLP / post norms made their gradients
         # (and, under autocast, freed their weight casts): eager.eager_working_set
         attn = None if q.eager_backward is None else live + q.eager_backward + _LOSS_SCALARS
