@@ -65,10 +65,9 @@ def _specs(recipe: tuple[tuple[str, ...], float, str, str, bool, str], seq: int)
 def measure(recipe: tuple[tuple[str, ...], float, str, str, bool, str], seq: int) -> dict[str, tuple[float, float]]:
     """Per source, (end of forward, during backward) bytes per token per layer, old stack minus modelled."""
     from fitcheck.core import estimate
-    from fitcheck.core.activations.versions import legacy_bnb_kept_inputs
+    from fitcheck.core.activations import legacy_bnb_kept_inputs
     from fitcheck.report import Phase
-    from fitcheck.torch_adapters.tracer import activation_trace_kwargs, trace_step
-    from fitcheck.torch_adapters.tracer_depth import trace_components
+    from fitcheck.torch_adapters import activation_trace_kwargs, trace_components, trace_step
 
     new, old = _specs(recipe, seq)
     per = seq * int(TINY["num_hidden_layers"])
