@@ -49,7 +49,7 @@ RECIPES: dict[str, tuple[tuple[str, ...], float, str, str, bool, str]] = {
 
 
 def _specs(recipe: tuple[tuple[str, ...], float, str, str, bool, str], seq: int) -> tuple[Any, Any]:
-    from tiny_models import spec_from_config
+    from tiny_models import spec_from_config  # type: ignore[import-not-found]  # tests/ on sys.path (above)
 
     from fitcheck.spec import Dtype, LoraSpec, QuantSpec, StackSpec
 
