@@ -75,6 +75,7 @@ def test_old_bitsandbytes_finding_is_modelled_info_or_a_bounded_warning() -> Non
     found = {f.code: f for f in estimate(old).findings}
     info = found["bnb-keeps-inputs"]
     assert info.severity.value == "info" and "modelled" in info.message and "PR #1270" in info.message
+    assert "except the 4-bit inputs it keeps" in found["versions-not-modelled"].message
     assert "bnb-keeps-inputs" not in {f.code for f in estimate(spec).findings}
     fixed = dataclasses.replace(spec, stack=StackSpec((("bitsandbytes", "0.43.2"),), "--stack"))
     assert "bnb-keeps-inputs" not in {f.code for f in estimate(fixed).findings}

@@ -197,11 +197,14 @@ def versions_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
 
 
 def _outside(spec: TrainingSpec, name: str, modelled: str) -> Finding:
+    # bitsandbytes <= 0.43.1's kept 4-bit inputs are modelled (bnb_kept_inputs.py; the bnb-keeps-inputs finding)
+    but = ", except the 4-bit inputs it keeps (bnb-keeps-inputs)" if name == "bitsandbytes" and kept_inputs_modelled(
+        spec) else ""
     return Finding(
         "versions-not-modelled",
         Severity.WARNING,
         f"{name} {spec.stack.get(name)} ({spec.stack.source}) is outside what is modelled ({name} {modelled}): "
-        f"its allocations are estimated as those of {name} {MODELLED_VERSIONS[name]}",
+        f"its allocations are estimated as those of {name} {MODELLED_VERSIONS[name]}{but}",
         f"check with a measured step on that environment, or pass --stack {name}={MODELLED_VERSIONS[name]} "
         "to ask about the modelled stack",
     )
