@@ -22,8 +22,13 @@ back, ``tests/test_bnb_kept_inputs.py``, ``benchmarks/old_bnb_kept_inputs.py``):
 * Without checkpointing the first layer's q/k/v input needs no gradient (frozen embeddings, no input-gradient
   hook): no node, nothing kept (0.43.1 ``matmul_4bit`` applies ``MatMul4Bit`` anyway, but ``needs_input_grad`` is
   all False). With checkpointing, transformers 5.23 ``modeling_utils.py`` ``_activation_checkpointing_enable``
-  calls ``enable_input_require_grads()`` for a PEFT model ("PEFT + gradient checkpointing + Trainer"), so the first
-  layer keeps them too (trace: the same bytes as every other layer).
+  calls ``enable_input_require_grads()`` for every model whose ``main_input_name`` is ``input_ids`` ("PEFT +
+  gradient checkpointing + Trainer"), so the first layer keeps them too (trace: the same bytes as every other layer).
+* Which checkpointing: transformers 5.23 ``_activation_checkpointing_enable`` defaults to ``{"use_reentrant":
+  False}`` (the Trainer passes ``gradient_checkpointing_kwargs``, None by default). peft 0.21.2
+  ``prepare_model_for_kbit_training`` alone passes ``gradient_checkpointing_kwargs={}``, and torch 2.13
+  ``utils/checkpoint.py`` ``checkpoint`` then warns and runs ``use_reentrant=True``. The spec's ``use_reentrant``
+  says which one runs.
 * Non-reentrant checkpointing drops only what passes through ``save_for_backward`` (torch/utils/checkpoint.py
   ``_checkpoint_hook``): every kept input of a checkpointed layer stays until the graph is freed; the recomputed
   nodes die at once. Reentrant checkpointing runs forward under ``no_grad`` (no node): only the layer being
