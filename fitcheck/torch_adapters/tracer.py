@@ -156,6 +156,7 @@ def trace_step(
     cublas_workspaces: tuple[int, ...] = (),
     trl_head: tuple[str, ...] = (),
     skip_tiles: bool = True,
+    keep_4bit_inputs: bool = False,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -195,6 +196,8 @@ def trace_step(
             fused LM head and loss; on CUDA the head's Triton folds) instead of the plain Trainer's.
         skip_tiles: On fake tensors, run the fused head's repeated token tiles once or twice
             (``tracer_trl.repeated_tiles_skipped``: the same replay); False runs every tile.
+        keep_4bit_inputs: Trace bitsandbytes <= 0.43.1's ``MatMul4Bit``, which keeps every 4-bit linear's input
+            (``tracer_quant.matmul4bit_keeps_input``; the stack's bitsandbytes, ``trace_kwargs``).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -224,6 +227,10 @@ def trace_step(
             from fitcheck.torch_adapters.tracer_trl import triton_folds
 
             kernels.enter_context(triton_folds())
+    if keep_4bit_inputs:
+        from fitcheck.torch_adapters.tracer_quant import matmul4bit_keeps_input
+
+        kernels.enter_context(matmul4bit_keeps_input(True))
     if trl_head and fake and skip_tiles:
         from fitcheck.torch_adapters.tracer_trl import repeated_tiles_skipped
 
@@ -409,8 +416,17 @@ def _loss(model: Any, ids: Any, labels: Any, images: Mapping[str, Any] | None = 
 def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     """The :func:`trace_step` arguments that describe a spec's run."""
     from fitcheck.core import cublas_thread_workspaces
+    from fitcheck.core.activations import old_bnb_4bit
+
     act = spec.activations
-    return {
+    # bitsandbytes < 0.43.2 (installed or --stack) keeps each 4-bit linear's input: traced with the installed
+    # MatMul4Bit patched to keep it (tracer_quant.matmul4bit_keeps_input). With 0.43.2 or later installed and the
+    # older release named by --stack, that patch is the only way the trace describes the run. Its kept inputs differ
+    # between reentrant and non-reentrant checkpointing (core/activations/bnb_kept_inputs.py): traced as the run asks
+    old_bnb: dict[str, Any] = {}
+    if old_bnb_4bit(spec):
+        old_bnb = {"keep_4bit_inputs": True, "use_reentrant": act.checkpointing and act.use_reentrant}
+    return {**old_bnb,
         "seq_len": spec.batch.seq_len,
         "micro_batch": spec.batch.micro_batch,
         "dtype": spec.precision.load_dtype.value,

@@ -29,6 +29,7 @@ class stays ``bnb.nn.Linear4bit``, so its forward, ``MatMul4Bit`` and peft's dis
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Iterator
 from typing import Any
@@ -176,3 +177,39 @@ def quant_state_tensors(model: Any) -> list[Any]:
     from fitcheck.torch_adapters.tracer_int8 import int8_scales
 
     return out + list(int8_scales(model))  # LLM.int8: the fp32 SCB row scales
+
+
+@contextlib.contextmanager
+def matmul4bit_keeps_input(keep: bool) -> Iterator[None]:
+    """Trace bitsandbytes <= 0.43.1's ``MatMul4Bit``, which keeps its input A as a ctx attribute.
+
+    bitsandbytes 0.41.0-0.43.1 ``autograd/_functions.py`` ``MatMul4Bit.forward`` ends ``if
+    any(ctx.needs_input_grad[:2]): ctx.tensors = (A, B)``; PR #1270 (released in 0.43.2) made it ``(None, B)``, as
+    the installed 0.50.2 has it. Only the kept tensor differs (backward never reads A), so the installed class is
+    patched for the block to put A back, and restored after it. Where the installed bitsandbytes is already
+    >= 0.43.2 and the older one is named by ``--stack``, this patch is the only way a trace can describe that run
+    (``fitcheck.core.activations.bnb_kept_inputs``).
+
+    Args:
+        keep: Patch (True) or leave the installed class alone (False).
+    """
+    if not keep:
+        yield
+        return
+    from bitsandbytes.autograd import _functions as bnb_functions
+
+    cls: Any = bnb_functions.MatMul4Bit
+    original = cls.__dict__["forward"]  # the staticmethod object itself, restored as it was
+    forward = original.__func__
+
+    def old_forward(ctx: Any, A: Any, B: Any, out: Any = None, bias: Any = None, quant_state: Any = None) -> Any:
+        output = forward(ctx, A, B, out, bias, quant_state)
+        if not ctx.is_empty and any(ctx.needs_input_grad[:2]):
+            ctx.tensors = (A, ctx.tensors[1])  # bitsandbytes 0.43.1 autograd/_functions.py MatMul4Bit.forward
+        return output
+
+    cls.forward = staticmethod(old_forward)
+    try:
+        yield
+    finally:
+        cls.forward = original

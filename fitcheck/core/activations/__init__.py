@@ -14,7 +14,8 @@
 - :mod:`.eager`: eager attention's working set (the top layer's forward softmax, each layer's softmax backward,
   the mask checkpointed layers hold);
 - :mod:`.recipe_gaps`: what each family's recipe was not checked for (the ``activations-not-pinned`` warning);
-- :mod:`.versions`: what older library versions change (transformers 4.x loss path) and version findings.
+- :mod:`.versions`: what older library versions change (transformers 4.x loss path) and version findings;
+  :mod:`.bnb_kept_inputs`: the inputs bitsandbytes <= 0.43.1 keeps in every 4-bit linear.
 - :mod:`.freeze`: partial training by layers (which layers save what);
 - :mod:`.envelope`: which kinds of run the formulas were checked for against traces;
 - :mod:`.cuda`: the CUDA-vs-CPU differences not modelled (docs/cuda-vs-cpu.md) that apply to a run.
@@ -26,12 +27,13 @@ tracer.
 """
 
 from fitcheck.core.activations.backward import cuda_embedding_backward
+from fitcheck.core.activations.bnb_kept_inputs import old_bnb_4bit
 from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
 from fitcheck.core.activations.layer_saved import layer_saved_per_token
 from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved, legacy_softmax_input_added
 from fitcheck.core.activations.qlora16 import qlora16_backward_working_set
-from fitcheck.core.activations.versions import versions_findings
+from fitcheck.core.activations.versions import legacy_bnb_kept_inputs, versions_findings
 
 __all__ = [
     "CHECKED",
@@ -43,8 +45,10 @@ __all__ = [
     "in_envelope",
     "layer_saved_per_token",
     "layernorm_block_saved",
+    "legacy_bnb_kept_inputs",
     "legacy_softmax_input_added",
     "not_pinned_finding",
+    "old_bnb_4bit",
     "qlora16_backward_working_set",
     "versions_findings",
 ]

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitcheck.core.activations.bnb_kept_inputs import kept_first_layer_less, kept_layer_inputs, kept_through_checkpoint
 from fitcheck.core.activations.freeze import autocast_head_numel, autocast_layer_cast, frozen_missing, layer_trained
 from fitcheck.core.activations.lora_recompute import unrecomputed_base_backward
 from fitcheck.core.activations.norm_backward import (
@@ -258,6 +259,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
             live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down + q.ckpt_mask
         live += (L - below) * q.retained
+        if q.n_ckpt == 0:  # bitsandbytes <= 0.43.1: layer 0 made no q/k/v node (bnb_kept_inputs.py)
+            live -= kept_first_layer_less(spec, all_kept=False) * spec.batch.micro_batch * spec.batch.seq_len
         # eager attention: the layer's softmax backward, after its o_proj / MLP / post norms made their gradients
         # (and, under autocast, freed their weight casts): eager.eager_working_set
         attn = None if q.eager_backward is None else live + q.eager_backward + _LOSS_SCALARS
@@ -328,6 +331,8 @@ def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, in
     casts = lr.adapter_casts(spec)
     up = lr.recompute_up_tokens(spec, q.e, q.r, q.half_model)
     rec = max(lr.recompute_tokens(spec, q.e, q.r, q.half_model), up if up is not None else 0) * bs + casts
+    if kept_through_checkpoint(spec):  # bitsandbytes <= 0.43.1: the recomputation's own MatMul4Bit nodes keep the
+        rec += kept_layer_inputs(spec) * bs  # layer's inputs until it stops (trace; bnb_kept_inputs.py)
     base = lr.base_backward(spec, q.r)
     return (rec, lr.mlp_work_tokens(spec, q.e, q.r) * bs + casts, *lr.layer_grads(spec), base)
 

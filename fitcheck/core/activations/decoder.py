@@ -19,6 +19,13 @@ from __future__ import annotations
 import math
 
 from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_moments, backward_transient
+from fitcheck.core.activations.bnb_kept_inputs import (
+    kept_first_layer_less,
+    kept_layer_extra,
+    kept_layer_inputs,
+    kept_through_checkpoint,
+    old_bnb_4bit,
+)
 from fitcheck.core.activations.cuda import cuda_gap_findings
 from fitcheck.core.activations.dora import (
     DoraMode,
@@ -117,6 +124,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     kept = (layers - n_ckpt) * (layer + scores) + n_ckpt * m.r * sh.hidden_size * b * s
     if n_ckpt and int8_ctx_through_checkpoint(spec):  # MatMul8bitFp/Lt keep ctx.A through checkpointing (int8.py)
         kept += n_ckpt * int8_checkpointed_inputs(spec) * b * s
+    if n_ckpt and kept_through_checkpoint(spec):  # bitsandbytes <= 0.43.1: ctx.tensors = (A, B) (bnb_kept_inputs.py)
+        kept += (n_ckpt * kept_layer_inputs(spec) - kept_first_layer_less(spec, all_kept=True)) * b * s
     frozen = frozen_layers(spec)
     layers_saved = -1
     if frozen is not None:  # partial fine-tune by layers (freeze.py)
@@ -139,10 +148,13 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         kept = device_kept
     # worst moment during backward besides every gradient (activations_backward.py, tests/test_backward_phase.py)
     int8_ckpt = int8_checkpointed_inputs(spec) if int8_ctx_through_checkpoint(spec) else 0
+    int8_ckpt += kept_layer_inputs(spec) if kept_through_checkpoint(spec) else 0  # bnb <= 0.43.1 (bnb_kept_inputs.py)
     ckpt_input = (m.r * sh.hidden_size + int8_ckpt) * b * s
     recomputed = layer
     if n_ckpt and int8_ctx_through_checkpoint(spec):  # the recomputed layer keeps no ctx.A-only input (int8.py)
         recomputed -= int8_layer_extra(spec, _attn_impl(spec) is AttnImpl.EAGER, ctx_only=True) * b * s
+    if n_ckpt and kept_through_checkpoint(spec):  # the recomputed nodes die at once (bnb_kept_inputs.py)
+        recomputed -= kept_layer_extra(spec) * b * s
     eager = None if host else eager_moments(spec)  # eager attention's worst ops (eager.py)
     eager_kw = {} if eager is None else {"eager_backward": eager.backward, "eager_made": eager.made,
                                          "ckpt_mask": eager.mask}
@@ -164,8 +176,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         ws = ws if bare is None else bare
         if eager is not None and eager.backward > ws:  # the layer's eager softmax backward (eager.py)
             ws = eager.backward
-        if moment != "head" or kept + layer + scores + ws >= end + recompute:
-            end, recompute, moment = kept, layer + scores + ws, "first recomputed layer"
+        if moment != "head" or kept + recomputed + scores + ws >= end + recompute:
+            end, recompute, moment = kept, recomputed + scores + ws, "first recomputed layer"
     elif n_ckpt and int8_formula_applies(spec) and moment != "embedding":
         # 8-bit: the QLoRA rule (its MLP backward runs the same fp32 input gradient) on the recomputed layer
         # without its ctx.A-only inputs; every checkpoint and ctx.A still held (differential check, int8 cells)
@@ -249,6 +261,9 @@ def _int8_backward(spec: TrainingSpec, tokens: int) -> dict[str, int]:
     """8-bit LoRA: the ctx.A inputs each layer keeps after its backward (the graph lives until the step ends,
     activations/int8.py). The dequantized weight of the backward matmul never sets the peak in the traced grid
     (benchmarks/formula_vs_trace.py int8 cells): it is not added."""
+    if old_bnb_4bit(spec):  # bitsandbytes <= 0.43.1: every 4-bit linear's input (bnb_kept_inputs.py)
+        through = not spec.activations.checkpointing or kept_through_checkpoint(spec)
+        return {"retained": kept_layer_inputs(spec) * tokens} if through else {}
     if not int8_formula_applies(spec) or (spec.activations.checkpointing and not int8_ctx_through_checkpoint(spec)):
         return {}
     return {"retained": int8_checkpointed_inputs(spec) * tokens}

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.core.activations.attention_variants import eager_scores, rotary_tables, sink_attention_extra
+from fitcheck.core.activations.bnb_kept_inputs import kept_first_layer_less, kept_layer_extra
 from fitcheck.core.activations.dora import (
     dora_per_token,
 )
@@ -211,6 +212,7 @@ def layer_saved_per_token(spec: TrainingSpec, trainable: bool | None = None) -> 
     """
     spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
     per_token, s2 = _layer_saved(spec, trainable)
+    per_token += kept_layer_extra(spec)  # bitsandbytes <= 0.43.1 keeps each 4-bit linear's input (bnb_kept_inputs.py)
     liger = liger_applies(spec)
     if liger is None:
         return per_token, s2
@@ -468,6 +470,7 @@ def _first_layer_unsaved(spec: TrainingSpec, m: _Mode, liger_norm: bool) -> int:
     if lora.dropout > 0:
         # layer 0's q/k/v adapters drop a tensor that needs no gradient: no mask kept (trace: 3 empty_like less)
         total += m.dm * sh.hidden_size * len(_lora_targets(spec) & {*_ATTN_LINEARS, "qkv_proj"})
+    total += kept_first_layer_less(spec, all_kept=False)  # bitsandbytes <= 0.43.1: no q/k/v node in layer 0
     return total + int8_first_layer_unsaved(spec)  # LLM.int8: no q/k/v ctx.A in layer 0 (activations/int8.py)
 
 

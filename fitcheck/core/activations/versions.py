@@ -25,23 +25,16 @@ And for torch before 1.11, from the generated autograd of those releases:
   mask), so each layer keeps one more (b, heads, s, s) tensor, in the softmax's dtype, until its backward. Read in
   ``fitcheck.core.activations.layernorm_blocks`` (the LayerNorm families' eager attention).
 
-Anything else outside the modelled versions gets a warning finding. One older behaviour is quantified in its own
-warning, not added to the estimate:
-
-- bitsandbytes <= 0.43.1 ``MatMul4Bit.forward`` keeps its input as a ctx attribute, ``ctx.tensors = (A, B)``
-  (bitsandbytes/autograd/_functions.py at tags 0.41.0 / 0.42.0 / 0.43.1), although its backward never reads A;
-  PR #1270 ("fix QLoRA mem bug: delete useless buffered activation", merged 2024-07-16, first released in 0.43.2)
-  made it ``(None, B)``, as in the modelled 0.50 (``autograd/_functions.py`` ``MatMul4Bit.forward``). A ctx
-  attribute is no saved tensor: backward does not release it, so every 4-bit linear's input (in the compute dtype:
-  ``Linear4bit.forward`` casts ``x`` first) lives until the graph is freed. :func:`legacy_bnb_kept_inputs`
-  bounds the bytes: the distinct inputs of the layers' 4-bit linears. Measured on CPU with the real 0.50.2
-  ``Linear4bit`` and that line reverted (``tests/test_versions_and_dtypes.py``): after backward the graph holds the
-  bound less layer 0's attention input (it needs no grad); at the peak at most the bound more, less what the step
-  saves anyway.
+Anything else outside the modelled versions gets a warning finding. bitsandbytes <= 0.43.1 ``MatMul4Bit.forward``
+keeps its input as a ctx attribute (``ctx.tensors = (A, B)``, fixed in 0.43.2 by PR #1270): modelled in
+``fitcheck.core.activations.bnb_kept_inputs`` (the Llama-style layer, LoRA without DoRA) and reported as an info
+finding; elsewhere :func:`legacy_bnb_kept_inputs` bounds the bytes (the distinct inputs of the layers' 4-bit
+linears) in a warning.
 """
 
 from __future__ import annotations
 
+from fitcheck.core.activations.bnb_kept_inputs import kept_inputs_modelled, old_bnb_4bit
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import MODELLED_VERSIONS, TrainingSpec
 from fitcheck.units import format_bytes
@@ -51,7 +44,6 @@ from fitcheck.units import format_bytes
 LEGACY_TRANSFORMERS = ((4, 40), (4, 57))
 _SHIFT_COPY_FIXED = (4, 49)  # PR #35646: ForCausalLMLoss no longer copies the shifted logits
 _LOSS_IN_LOSS_UTILS = (4, 46)  # loss_utils.ForCausalLMLoss; before it, the forward rebinds logits.float()
-_BNB_INPUT_RELEASED = (0, 43, 2)  # bitsandbytes PR #1270: MatMul4Bit no longer keeps its input (module docstring)
 # Linears that read one tensor (its bytes kept once): transformers' attention q/k/v and MLP gate/up (a fused
 # projection is one linear already)
 _SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
@@ -109,10 +101,8 @@ def legacy_bnb_kept_inputs(spec: TrainingSpec) -> int:
     """
     from fitcheck.core.states import is_quantized  # states import activations: not at module level
 
-    release = spec.stack.release("bitsandbytes")
     quant = spec.quant
-    if (release is None or release >= _BNB_INPUT_RELEASED or quant is None or quant.bits != 4
-            or quant.method != "bitsandbytes" or spec.lora is None):
+    if not old_bnb_4bit(spec) or quant is None:
         return 0
     e = quant.compute_dtype.nbytes if quant.compute_dtype is not None else 4  # BitsAndBytesConfig: None -> fp32
     inputs: dict[str, int] = {}
@@ -180,15 +170,26 @@ def versions_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
             out.append(_outside(spec, name, modelled))
     if release is not None and release[0] >= 5 and release[:2] > (5, 23):
         out.append(_outside(spec, "transformers", "5.23"))
-    kept = legacy_bnb_kept_inputs(spec)
-    if kept:
+    if kept_inputs_modelled(spec):
+        out.append(
+            Finding(
+                "bnb-keeps-inputs",
+                Severity.INFO,
+                f"bitsandbytes {stack.get('bitsandbytes')} ({stack.source}) keeps every 4-bit linear's input until "
+                "the graph is freed (MatMul4Bit ctx.tensors = (A, B), fixed in 0.43.2 by PR #1270): modelled (the "
+                "inputs nothing else saves during forward, all of them after each layer's backward and through "
+                "non-reentrant checkpointing)",
+                "upgrade bitsandbytes to 0.43.2 or later",
+            )
+        )
+    elif kept := legacy_bnb_kept_inputs(spec):
         out.append(
             Finding(
                 "bnb-keeps-inputs",
                 Severity.WARNING,
                 f"bitsandbytes {stack.get('bitsandbytes')} ({stack.source}) keeps every 4-bit linear's input until "
                 f"the graph is freed (MatMul4Bit ctx.tensors = (A, B), fixed in 0.43.2 by PR #1270): up to "
-                f"{format_bytes(kept)} per micro-batch more than estimated, not in the estimate",
+                f"{format_bytes(kept)} per micro-batch more than estimated, not modelled for this model or adapter",
                 "upgrade bitsandbytes to 0.43.2 or later",
             )
         )
@@ -196,11 +197,14 @@ def versions_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
 
 
 def _outside(spec: TrainingSpec, name: str, modelled: str) -> Finding:
+    # bitsandbytes <= 0.43.1's kept 4-bit inputs are modelled (bnb_kept_inputs.py; the bnb-keeps-inputs finding)
+    but = ", except the 4-bit inputs it keeps (bnb-keeps-inputs)" if name == "bitsandbytes" and kept_inputs_modelled(
+        spec) else ""
     return Finding(
         "versions-not-modelled",
         Severity.WARNING,
         f"{name} {spec.stack.get(name)} ({spec.stack.source}) is outside what is modelled ({name} {modelled}): "
-        f"its allocations are estimated as those of {name} {MODELLED_VERSIONS[name]}",
+        f"its allocations are estimated as those of {name} {MODELLED_VERSIONS[name]}{but}",
         f"check with a measured step on that environment, or pass --stack {name}={MODELLED_VERSIONS[name]} "
         "to ask about the modelled stack",
     )
