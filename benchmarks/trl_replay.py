@@ -38,6 +38,14 @@ _NF4 = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dt
 SFT_CASES = (*(c for c in CASES if c.trainer is TrainerKind.SFT and not c.extra),
              Case("sft QLoRA", TrainerKind.SFT, lora=TRL_LORA,
                   extra={"model_init_kwargs": {"quantization_config": _NF4}}))
+# DPO (tracer_dpo): 32 prompt + 48 completion tokens, chosen + rejected rows: a full fine-tune with its reference
+# copy (DPOTrainer loads it: ref_model None, no PEFT), LoRA with the adapters-off pass, with and without checkpointing
+_DPO = {"length": 48, "prompt": 32}
+DPO_CASES = (Case("dpo full ref", TrainerKind.DPO, **_DPO),
+             Case("dpo full ref no-ckpt", TrainerKind.DPO, ckpt=False, **_DPO),
+             Case("dpo LoRA", TrainerKind.DPO, lora=TRL_LORA, **_DPO),
+             Case("dpo LoRA no-ckpt", TrainerKind.DPO, lora=TRL_LORA, ckpt=False, **_DPO),
+             Case("dpo rpo_alpha", TrainerKind.DPO, extra={"rpo_alpha": 1.0}, **_DPO))
 
 
 def case_spec(case: Case) -> Any:
@@ -68,6 +76,8 @@ def measure_run(case: Case) -> dict[str, int]:
                 if st.global_step == 0:
                     tracker = LiveTensorTracker()
                     tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
+                    if getattr(trainer, "ref_model", None) is not None:  # DPO's reference copy
+                        tracker.track(model_state_tensors(trainer.ref_model))
                     state["tracker"] = tracker.start()
                 elif st.global_step == STEPS - 1:
                     out["before_last"] = state["tracker"].peak
@@ -116,7 +126,7 @@ def main(argv: list[str]) -> int:
     if "--out" in argv:
         at = argv.index("--out")
         out, argv = argv[at + 1], argv[:at] + argv[at + 2:]
-    cases = [c for c in SFT_CASES if not argv or any(a in c.name for a in argv)]
+    cases = [c for c in (*SFT_CASES, *DPO_CASES) if not argv or any(a in c.name for a in argv)]
     rows = [row(c) for c in cases]
     print(f"{'case':<18} {'formula':>12} {'replay':>12} {'real':>12} {'replay/real':>11} {'plain replay':>12} "
           f"{'last: replay':>13} {'last: real':>12}")

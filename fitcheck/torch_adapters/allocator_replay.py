@@ -358,16 +358,24 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
 
 def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     """The ``tracer.trace_step`` arguments of the step the whole run repeats: the plain Trainer's
-    (``tracer.trace_kwargs``), or TRL's SFTTrainer step (``tracer_trl``: its model preparation and fused LM head,
-    ``trl_head`` the outputs it patches the model with) at the shape it runs (``core.trainers.step_spec``)."""
+    (``tracer.trace_kwargs``), or TRL's SFTTrainer / DPOTrainer step (``tracer_trl`` / ``tracer_dpo``: its model
+    preparation and fused LM head, ``trl_head`` the outputs it patches the model with; DPO's reference and prompt,
+    ``trl_dpo``) at the shape it runs (``core.trainers.step_spec``: DPO's chosen + rejected rows)."""
     from fitcheck.core.trainers import step_spec, trainer_row
     from fitcheck.spec import TrainerKind
     from fitcheck.torch_adapters.tracer import trace_kwargs
 
-    outputs = trainer_row(spec.trainer.kind).fused_head
-    if spec.trainer.kind is not TrainerKind.SFT or outputs is None:
+    t = spec.trainer
+    outputs = trainer_row(t.kind).fused_head
+    if t.kind not in (TrainerKind.SFT, TrainerKind.DPO) or outputs is None:
         return trace_kwargs(spec)
-    return {**trace_kwargs(step_spec(spec)), "trl_head": outputs}
+    kwargs = {**trace_kwargs(step_spec(spec)), "trl_head": outputs}
+    if t.kind is TrainerKind.DPO:
+        from fitcheck.torch_adapters.tracer_dpo import dpo_reference
+
+        reference = dpo_reference(spec.lora is not None, t.precompute_ref_log_probs)
+        kwargs["trl_dpo"] = (reference, t.prompt_length, t.rpo_alpha)
+    return kwargs
 
 
 def load_warmup(spec: TrainingSpec) -> list[tuple[int, int, str]]:

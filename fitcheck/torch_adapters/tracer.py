@@ -155,6 +155,7 @@ def trace_step(
     cuda_kernels: bool = False,
     cublas_workspaces: tuple[int, ...] = (),
     trl_head: tuple[str, ...] = (),
+    trl_dpo: tuple[Any, ...] = (),
     skip_tiles: bool = True,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
@@ -193,6 +194,8 @@ def trace_step(
         cublas_workspaces: Bytes each thread keeps from its first BLAS op, in ``alloc_events`` only (item 4 there).
         trl_head: The fused-head outputs of TRL's SFTTrainer: run its step (``tracer_trl``: its model preparation,
             fused LM head and loss; on CUDA the head's Triton folds) instead of the plain Trainer's.
+        trl_dpo: With ``trl_head``, TRL's DPOTrainer step instead of SFT's: ``(reference, prompt tokens,
+            rpo_alpha)`` (``tracer_dpo``: ``micro_batch`` is its chosen + rejected rows).
         skip_tiles: On fake tensors, run the fused head's repeated token tiles once or twice
             (``tracer_trl.repeated_tiles_skipped``: the same replay); False runs every tile.
 
@@ -242,8 +245,19 @@ def trace_step(
             freeze=freeze,
             use_reentrant=use_reentrant,
         )
-        sft = None
-        if trl_head:
+        sft: Any = None
+        if trl_head and trl_dpo:
+            from fitcheck.torch_adapters.tracer_dpo import prepare_dpo
+
+            def reference() -> Any:  # create_model_from_path: the policy's dtype, attention and quantization
+                return build_model(cfg, dtype=torch_dtype(dtype), attn_implementation=attn_implementation,
+                                   checkpointing=False, quant=quant, fake=fake, task=task)
+
+            reference_of, prompt, rpo_alpha = trl_dpo
+            sft = prepare_dpo(model, trl_head, micro_batch, seq_len, prompt=prompt, reference=reference_of,
+                              build_reference=reference, quantized=quant is not None, checkpointing=checkpointing,
+                              use_reentrant=use_reentrant, sft_weight=rpo_alpha)
+        elif trl_head:
             from fitcheck.torch_adapters.tracer_trl import prepare_sft
 
             sft = prepare_sft(model, trl_head, quantized=quant is not None, checkpointing=checkpointing)
@@ -262,8 +276,12 @@ def trace_step(
 
             quant_meta = quant_state_tensors(model)
             rec.track(quant_meta)
+        ref_state = sft.model_state() if trl_dpo else []  # DPO's reference copy, loaded after the policy
+        rec.track(ref_state)
         labels = task_labels(model, ids, task)
         rec.track([ids] if labels is ids else [ids, labels])
+        batch_extra = sft.inputs() if trl_dpo else []  # DPO's completion mask (and precomputed reference log-probs)
+        rec.track(batch_extra)
         rec.track(images.values())
         head = task_head(model)
         autocast = mixed_precision in ("bf16", "fp16")
@@ -300,8 +318,9 @@ def trace_step(
                     }
                     param_serials = {rec.serial(p) for p in model.parameters()} | {
                         rec.serial(b) for b in model.buffers()
-                    } | {rec.serial(t) for t in quant_meta}
+                    } | {rec.serial(t) for t in quant_meta} | {rec.serial(t) for t in ref_state}
                     ids_serials = {rec.serial(ids), rec.serial(labels)} | {rec.serial(t) for t in images.values()}
+                    ids_serials |= {rec.serial(t) for t in batch_extra}
                 if opt is not None:
                     opt.zero_grad(set_to_none=True)
                 else:
