@@ -374,7 +374,10 @@ def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         from fitcheck.torch_adapters.tracer_dpo import dpo_reference
 
         reference = dpo_reference(spec.lora is not None, t.precompute_ref_log_probs)
-        kwargs["trl_dpo"] = (reference, t.prompt_length, t.rpo_alpha)
+        # the copy is loaded like the policy (create_model_from_path: device_map "auto" on a GPU), so its
+        # from_pretrained runs caching_allocator_warmup too: the block of load_warmup, at the same size
+        warm = load_warmup(spec)
+        kwargs["trl_dpo"] = (reference, t.prompt_length, t.rpo_alpha, warm[0][1] if warm else 0)
     return kwargs
 
 

@@ -21,6 +21,7 @@ The same code runs on real CPU tensors (``fake=False``): that is the truth ``ben
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -195,7 +196,8 @@ def trace_step(
         trl_head: The fused-head outputs of TRL's SFTTrainer: run its step (``tracer_trl``: its model preparation,
             fused LM head and loss; on CUDA the head's Triton folds) instead of the plain Trainer's.
         trl_dpo: With ``trl_head``, TRL's DPOTrainer step instead of SFT's: ``(reference, prompt tokens,
-            rpo_alpha)`` (``tracer_dpo``: ``micro_batch`` is its chosen + rejected rows).
+            rpo_alpha, bytes of the reference copy's loading warm-up block)`` (``tracer_dpo``: ``micro_batch`` is its
+            chosen + rejected rows; the block is allocated and freed in the setup, between the policy and the copy).
         skip_tiles: On fake tensors, run the fused head's repeated token tiles once or twice
             (``tracer_trl.repeated_tiles_skipped``: the same replay); False runs every tile.
 
@@ -231,6 +233,10 @@ def trace_step(
         from fitcheck.torch_adapters.tracer_trl import repeated_tiles_skipped
 
         kernels.enter_context(repeated_tiles_skipped())
+    if trl_dpo and cuda_kernels and fake:  # the fused head's CUDA path scores the labelled positions only
+        from fitcheck.torch_adapters.tracer_dpo import compact_gather, labelled_positions
+
+        kernels.enter_context(compact_gather(labelled_positions(micro_batch, seq_len, trl_dpo[1])))
     with fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
         model = build_model(
             cfg,
@@ -249,14 +255,10 @@ def trace_step(
         if trl_head and trl_dpo:
             from fitcheck.torch_adapters.tracer_dpo import prepare_dpo
 
-            def reference() -> Any:  # create_model_from_path: the policy's dtype, attention and quantization
-                return build_model(cfg, dtype=torch_dtype(dtype), attn_implementation=attn_implementation,
-                                   checkpointing=False, quant=quant, fake=fake, task=task)
-
-            reference_of, prompt, rpo_alpha = trl_dpo
-            sft = prepare_dpo(model, trl_head, micro_batch, seq_len, prompt=prompt, reference=reference_of,
-                              build_reference=reference, quantized=quant is not None, checkpointing=checkpointing,
-                              use_reentrant=use_reentrant, sft_weight=rpo_alpha)
+            reference = functools.partial(build_model, cfg, dtype=torch_dtype(dtype), checkpointing=False, quant=quant,
+                                          attn_implementation=attn_implementation, fake=fake, task=task)
+            sft = prepare_dpo(model, trl_head, micro_batch, seq_len, trl_dpo, build_reference=reference,
+                              quantized=quant is not None, checkpointing=checkpointing, use_reentrant=use_reentrant)
         elif trl_head:
             from fitcheck.torch_adapters.tracer_trl import prepare_sft
 
@@ -276,8 +278,7 @@ def trace_step(
 
             quant_meta = quant_state_tensors(model)
             rec.track(quant_meta)
-        ref_state = sft.model_state() if trl_dpo else []  # DPO's reference copy, loaded after the policy
-        rec.track(ref_state)
+        ref_state = sft.track_reference(rec) if trl_dpo else []  # DPO's reference copy, loaded after the policy
         labels = task_labels(model, ids, task)
         rec.track([ids] if labels is ids else [ids, labels])
         batch_extra = sft.inputs() if trl_dpo else []  # DPO's completion mask (and precomputed reference log-probs)

@@ -32,7 +32,8 @@ pairs, before the optimizer exists) is not traced (``run_scope.not_replayed``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,7 @@ class DpoStep:
         checkpointing_kwargs: What ``disable_gradient_checkpointing`` re-enables checkpointing with.
         sft_weight: ``rpo_alpha`` (the ``sft`` loss term's weight), None without it.
         ref_logps: The batch's precomputed ``ref_chosen_logps`` / ``ref_rejected_logps`` (:data:`PRECOMPUTED`).
+        warmup: Bytes of the copy's ``caching_allocator_warmup`` block (0: none, as on CPU).
     """
 
     model: Any
@@ -81,21 +83,31 @@ class DpoStep:
     checkpointing_kwargs: dict[str, Any] = field(default_factory=dict)
     sft_weight: float | None = None
     ref_logps: tuple[Any, ...] = ()
+    warmup: int = 0
 
     def inputs(self) -> list[Any]:
         """The batch's tensors besides ``input_ids`` (tracked as inputs)."""
         return [self.completion_mask, *self.ref_logps]
 
-    def model_state(self) -> list[Any]:
-        """The reference copy's parameters and buffers (tracked as model state)."""
+    def track_reference(self, rec: Any) -> list[Any]:
+        """Record the reference copy's loading with the recorder ``rec``: ``from_pretrained``'s warm-up block
+        (:attr:`warmup`, allocated and freed) and its parameters and buffers (model state, returned)."""
+        import torch
+
         if self.ref_model is None:
             return []
-        return [*self.ref_model.parameters(), *self.ref_model.buffers()]
+        if self.warmup:
+            block = [torch.empty(self.warmup, dtype=torch.uint8)]
+            rec.track(block)
+            block.clear()  # freed: the copy's weights are carved out of the cached block
+        state = [*self.ref_model.parameters(), *self.ref_model.buffers()]
+        rec.track(state)
+        return state
 
     def loss(self, ids: Any, _labels: Any) -> Any:
         """``DPOTrainer._compute_loss`` (``sigmoid``, ``rpo_alpha`` as the ``sft`` term; module docstring)."""
         import torch
-        import torch.nn.functional as F  # noqa: N812
+        import torch.nn.functional as F
 
         completion_mask = self.completion_mask
         shift_completion_mask = completion_mask[..., 1:]
@@ -171,9 +183,9 @@ class DpoStep:
         return [self.backbone.register_forward_hook(hook)]
 
 
-def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, *, prompt: int, reference: str,
-                build_reference: Callable[[], Any], quantized: bool, checkpointing: bool, use_reentrant: bool,
-                sft_weight: float | None = None) -> DpoStep:
+def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, plan: tuple[Any, ...], *,
+                build_reference: Callable[[], Any], quantized: bool, checkpointing: bool,
+                use_reentrant: bool) -> DpoStep:
     """Apply what ``DPOTrainer.__init__`` does to the built model before step 1 (module docstring).
 
     Args:
@@ -181,14 +193,13 @@ def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, *
         outputs: The policy's fused-head outputs (``core.trainers.trainer_row(kind).fused_head``).
         rows: Rows of the step (``2B``: chosen rows, then rejected rows).
         seq_len: Tokens per row.
-        prompt: Prompt tokens at the start of every row.
-        reference: :func:`dpo_reference`.
+        plan: ``tracer.trace_step``'s ``trl_dpo``: (:func:`dpo_reference`, prompt tokens at the start of every
+            row, ``rpo_alpha`` (the ``sft`` term's weight, None: none), bytes of the copy's loading warm-up block).
         build_reference: Builds the reference copy (:data:`MODEL_REF`): the model as ``create_model_from_path``
             loads it, without adapters or checkpointing.
         quantized: The base is bitsandbytes-quantized.
         checkpointing: ``gradient_checkpointing``.
         use_reentrant: ``gradient_checkpointing_kwargs["use_reentrant"]``.
-        sft_weight: ``rpo_alpha``.
 
     Returns:
         The step.
@@ -199,6 +210,7 @@ def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, *
 
     from fitcheck.torch_adapters.tracer_trl import trainable_to_bf16
 
+    reference, prompt, sft_weight, warmup = plan
     peft = isinstance(model, PeftModel)
     if peft and checkpointing:
         model.enable_input_require_grads()
@@ -220,4 +232,48 @@ def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, *
     ref_logps = (torch.zeros(pairs), torch.zeros(pairs)) if reference == PRECOMPUTED else ()
     kwargs = {"use_reentrant": use_reentrant} if checkpointing else {}
     return DpoStep(model, getattr(base, base.base_model_prefix), completion_mask, reference, ref_model, kwargs,
-                   sft_weight, ref_logps)
+                   sft_weight, ref_logps, warmup)
+
+
+def labelled_positions(rows: int, seq_len: int, prompt: int) -> int:
+    """Positions the fused head scores on CUDA in a DPO batch: after the shift (``labels[:, 1:]``) every position
+    whose next token is a completion token, ``seq_len - max(prompt, 1)`` per row (no padding: one length)."""
+    return rows * (seq_len - max(prompt, 1))
+
+
+@contextlib.contextmanager
+def compact_gather(count: int) -> Iterator[None]:
+    """``add_fused_lm_head``'s CUDA path on fake tensors: only the labelled positions are scored.
+
+    ``trl/trainer/utils.py`` ``_fused_forward``: where ``_use_triton`` (CUDA, XPU) the head runs on
+    ``hidden_states[mask]`` / ``labels[mask]`` (``[N, h]`` / ``[N]`` copies) and scatters each per-token output back
+    into ``new_zeros(mask.shape).masked_scatter(mask, x)``. A boolean index has a data-dependent shape, which fake
+    tensors cannot run; here ``count`` (:func:`labelled_positions`) stands for ``N``: the gather is the first
+    ``count`` rows copied (its backward allocates the full zero gradient and copies in, as ``index_put_`` does), the
+    scatter the ``[N]`` output followed by the zero tail, viewed as the mask's shape (one full-size output; its
+    backward hands ``x`` a view, where ``masked_select`` copies ``N`` elements). The index tensors of the gather
+    (``nonzero``: ``N`` x 8 bytes per dimension) are not traced. Active only around a CUDA DPO trace."""
+    import torch
+    import trl.trainer.utils as trl_utils
+
+    getitem, scatter, use_triton = torch.Tensor.__getitem__, torch.Tensor.masked_scatter, vars(trl_utils)["_use_triton"]
+
+    def gathered(self: Any, index: Any) -> Any:
+        if isinstance(index, torch.Tensor) and index.dtype == torch.bool and index.shape == self.shape[:index.dim()]:
+            return self.reshape(-1, *self.shape[index.dim():]).narrow(0, 0, count).clone()
+        return getitem(self, index)
+
+    def scattered(self: Any, mask: Any, source: Any) -> Any:
+        if source.dim() == 1 and source.numel() == count and self.shape == mask.shape:
+            return torch.cat([source, self.reshape(-1)[count:]]).view(mask.shape)
+        return scatter(self, mask, source)
+
+    torch.Tensor.__getitem__ = gathered  # type: ignore[method-assign]
+    torch.Tensor.masked_scatter = scattered  # type: ignore[method-assign]
+    setattr(trl_utils, "_use_triton", lambda _device: True)  # noqa: B010  # a private name of trl's
+    try:
+        yield
+    finally:
+        torch.Tensor.__getitem__ = getitem  # type: ignore[method-assign]
+        torch.Tensor.masked_scatter = scatter  # type: ignore[method-assign]
+        setattr(trl_utils, "_use_triton", use_triton)  # noqa: B010
