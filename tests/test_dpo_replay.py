@@ -81,30 +81,51 @@ def test_dpo_run_scope() -> None:
 
 def test_dpo_step_holds_the_reference_copy_and_its_pass() -> None:
     """The traced step at its real shape: 2 x (32 + 48) pairs run as 4 rows; the full fine-tune's setup holds
-    the reference copy (the policy's bytes twice), and its reference pass adds to the forward (the precomputed
-    log-probs' step has neither). The three steps compose (six regions per step: the adapters-off pass opens none)."""
-    from fitcheck.torch_adapters import run_trace_kwargs, whole_run_events
+    the reference copy (the policy's bytes twice; the precomputed log-probs' step has none); the LoRA step's
+    adapters-off pass opens no region (six per step and ``done``: what ``allocator_compose.whole_run`` cuts at)."""
+    from benchmark_module import load_benchmark
+
+    from fitcheck.torch_adapters import run_trace_kwargs
+    from fitcheck.torch_adapters.tracer import trace_step
 
     full = _spec(_case())
     kwargs = run_trace_kwargs(full)
     assert kwargs["micro_batch"] == 4 and kwargs["seq_len"] == 80 and kwargs["trl_head"] == OUTPUTS
     assert kwargs["trl_dpo"] == ("model", 32, None, 0)
     pre = dataclasses.replace(full, trainer=dataclasses.replace(full.trainer, precompute_ref_log_probs=True))
+    lora = _spec(_case(lora=load_benchmark("trl_truth").TRL_LORA))
+    traces = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        events = {name: whole_run_events(spec, steps=2) for name, spec in (("full", full), ("pre", pre))}
-    setup = {name: sum(n for _, n, tag in ev if tag == "setup") for name, ev in events.items()}
+        for name, spec in (("full", full), ("pre", pre), ("lora", lora)):
+            step = {**run_trace_kwargs(spec), "optimizer": None, "steps": 1, "seq_len": 40, "micro_batch": 2}
+            traces[name] = trace_step(spec.model.config, **step)
+    setup = {name: sum(n for _, n, tag in t.alloc_events if tag == "setup") for name, t in traces.items()}
     params = 2 * full.model.total_params  # bf16, no tied weights
     assert setup["full"] - setup["pre"] == pytest.approx(params, abs=2048)  # the copy (pre: + 2 x 2 fp32 floats)
-    assert _peak(events["full"]) > _peak(events["pre"]) + params
+    assert len(traces["lora"].region_starts) == len(traces["full"].region_starts) == 7
 
 
-def _peak(events: list[tuple[int, int, str]]) -> int:
-    live = peak = 0
-    for _, n, _ in events:
-        live += n
-        peak = max(peak, live)
-    return peak
+def test_dpo_near_budget_replays_the_dpo_run(tmp_path: Path) -> None:
+    """Near the budget a DPO LoRA run is replayed (``reserved-near-budget-replayed``), no longer warned about."""
+    from fitcheck.cli import spec_from_values
+    from fitcheck.core import estimate
+    from fitcheck.torch_adapters import PinnedPath
+
+    (tmp_path / "config.json").write_text(json.dumps(WIDE_VOCAB_LLAMA))
+    flags = {"model_name_or_path": str(tmp_path), "bf16": True, "gradient_checkpointing": True, "use_peft": True,
+             "per_device_train_batch_size": 2, "trainer": "dpo", "max_prompt_length": 32,
+             "max_completion_length": 32, "gpu_memory": "80GiB"}
+    spec = spec_from_values(flags, {})[0]
+    used = estimate(spec).device_used_bytes
+    near = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, gpu_memory_bytes=used + 2**20))
+    path = PinnedPath("auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = path(near)
+    codes = [f.code for f in report.findings]
+    assert "reserved-near-budget-replayed" in codes and "reserved-near-budget" not in codes
+    assert len(path.near_budget.replays) == 1
 
 
 def test_cuda_head_scores_the_labelled_positions_only(monkeypatch: pytest.MonkeyPatch) -> None:
