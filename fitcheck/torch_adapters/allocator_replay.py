@@ -371,7 +371,13 @@ def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         return trace_kwargs(spec)
     kwargs = {**trace_kwargs(step_spec(spec)), "trl_head": outputs}
     if t.kind is TrainerKind.DPO:
+        from fitcheck.spec import Strategy
         from fitcheck.torch_adapters.tracer_dpo import dpo_reference
+
+        if spec.sharding.strategy in (Strategy.DEEPSPEED, Strategy.FSDP):
+            # the reference copy is prepare_deepspeed's / prepare_fsdp's there, which no rewrite describes
+            # (run_scope.not_replayed): the rewrites keep the plain step they composed before
+            return trace_kwargs(spec)
 
         reference = dpo_reference(spec.lora is not None, t.precompute_ref_log_probs)
         # the copy is loaded like the policy (create_model_from_path: device_map "auto" on a GPU), so its
