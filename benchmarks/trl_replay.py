@@ -21,12 +21,14 @@ Run: ``PYTHONPATH=. python benchmarks/trl_replay.py [name-substring ...] [--out 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +52,10 @@ DPO_CASES = (Case("dpo full ref", TrainerKind.DPO, **_DPO),
              Case("dpo LoRA", TrainerKind.DPO, lora=TRL_LORA, **_DPO),
              Case("dpo LoRA no-ckpt", TrainerKind.DPO, lora=TRL_LORA, ckpt=False, **_DPO),
              Case("dpo rpo_alpha", TrainerKind.DPO, extra={"rpo_alpha": 1.0}, **_DPO),
-             # no reference in the step; the precompute pass before training is not replayed (run_scope) and not
-             # measured (the tracker starts at step 1): the row checks the step alone
-             Case("dpo precompute_ref_log_probs", TrainerKind.DPO, extra={"precompute_ref_log_probs": True}, **_DPO))
+             # no reference in the step; the pass before training (DPOTrainer.__init__) measured apart: "precompute"
+             Case("dpo precompute_ref_log_probs", TrainerKind.DPO, extra={"precompute_ref_log_probs": True}, **_DPO),
+             Case("dpo LoRA precompute_ref_log_probs", TrainerKind.DPO, lora=TRL_LORA,
+                  extra={"precompute_ref_log_probs": True}, **_DPO))
 
 
 def case_spec(case: Case) -> Any:
@@ -72,7 +75,7 @@ def measure_run(case: Case) -> dict[str, int]:
     from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
 
     out: dict[str, int] = {}
-    with tempfile.TemporaryDirectory() as path, warnings.catch_warnings():
+    with tempfile.TemporaryDirectory() as path, warnings.catch_warnings(), _precompute_measured(out):
         warnings.simplefilter("ignore")
         trainer = build_trainer(case, path)
         trainer.args.max_steps = STEPS
@@ -104,17 +107,48 @@ def measure_run(case: Case) -> dict[str, int]:
     return out
 
 
+@contextlib.contextmanager
+def _precompute_measured(out: dict[str, int]) -> Iterator[None]:
+    """The live-tensor peak of DPOTrainer's ``precompute_ref_log_probs`` pass (``_precompute_ref_logps``, run by
+    ``__init__`` before the optimizer exists) as ``out["precompute"]``: the model's parameters and buffers and
+    every tensor the pass creates (the log-probs it moves to the CPU included: one process)."""
+    from trl import DPOTrainer
+
+    from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
+
+    original = DPOTrainer._precompute_ref_logps
+
+    def measured(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker = LiveTensorTracker()
+        tracker.track(model_state_tensors(self.ref_model or self.model))
+        tracker.start()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            tracker.stop()
+            out["precompute"] = tracker.peak
+
+    DPOTrainer._precompute_ref_logps = measured
+    try:
+        yield
+    finally:
+        DPOTrainer._precompute_ref_logps = original
+
+
 def replay_peaks(spec: Any) -> dict[str, int]:
-    """The whole run's replay: its peak allocated and the last step's own peak (events not tagged ``_warmup``)."""
+    """The whole run's replay: its peak allocated, the last step's own peak (events not tagged ``_warmup``) and
+    the setup's (parameters; DPO's precompute pass)."""
     from fitcheck.torch_adapters import whole_run_events
 
-    live = peak = last = 0
+    live = peak = last = setup = 0
     for _serial, signed, tag in whole_run_events(spec, steps=STEPS):
         live += signed
         peak = max(peak, live)
-        if not tag.endswith("_warmup") and tag != "setup":
+        if tag == "setup":
+            setup = max(setup, live)
+        elif not tag.endswith("_warmup"):
             last = max(last, live)
-    return {"peak": peak, "last_step": last}
+    return {"peak": peak, "last_step": last, "setup": setup}
 
 
 def row(case: Case) -> dict[str, Any]:
@@ -142,6 +176,11 @@ def main(argv: list[str]) -> int:
         print(f"{r['case']:<18} {r['formula']:>12,} {rep['peak']:>12,} {real['peak']:>12,} "
               f"{rep['peak'] / real['peak'] - 1:>+10.2%} {r['plain_replay']['peak']:>12,} "
               f"{rep['last_step']:>13,} {real['last_step']:>12,}")
+    for r in rows:
+        if "precompute" in r["real"]:
+            rep, real = r["replay"]["setup"], r["real"]["precompute"]
+            print(f"{r['case']}: the precompute pass before training: replay (setup) {rep:,} real {real:,} "
+                  f"({rep / real - 1:+.2%})")
     if out:  # the rows of the cases not run now are kept from the file
         ran = {r["case"] for r in rows}
         kept = json.loads(Path(out).read_text())["rows"] if Path(out).exists() else []

@@ -27,7 +27,9 @@ from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "trl_replay_cpu.json"
 OUTPUTS = ("log_probs", "entropy", "mean_logits", "is_top1")  # DPOTrainer's policy head (core.trainers registry)
-REPLAYED = ("dpo full ref", "dpo full ref no-ckpt", "dpo LoRA", "dpo LoRA no-ckpt", "dpo rpo_alpha")
+REPLAYED = ("dpo full ref", "dpo full ref no-ckpt", "dpo LoRA", "dpo LoRA no-ckpt", "dpo rpo_alpha",
+            "dpo precompute_ref_log_probs", "dpo LoRA precompute_ref_log_probs")
+PRECOMPUTED = ("dpo precompute_ref_log_probs", "dpo LoRA precompute_ref_log_probs")
 
 
 def _rows() -> dict[str, Any]:
@@ -47,6 +49,14 @@ def test_recorded_replay_matches_the_real_dpo_trainer(case: str) -> None:
     assert abs(row["plain_replay"]["peak"] / real["peak"] - 1) > 0.10
 
 
+@pytest.mark.parametrize("case", PRECOMPUTED)
+def test_recorded_precompute_pass_matches_the_real_one(case: str) -> None:
+    """``precompute_ref_log_probs``: the pass ``DPOTrainer.__init__`` runs before training (no_grad forwards of the
+    policy, adapters disabled under PEFT), replayed in the setup, within 0.1 % of the real pass's live tensors."""
+    row = _rows()[case]
+    assert row["replay"]["setup"] == pytest.approx(row["real"]["precompute"], rel=0.001)
+
+
 def _spec(case: Any) -> TrainingSpec:
     from benchmark_module import load_benchmark
 
@@ -62,20 +72,19 @@ def _case(**kwargs: Any) -> Any:
 
 
 def test_dpo_run_scope() -> None:
-    """A full fine-tune (reference copy) and LoRA (adapters off) are replayed, with or without ``rpo_alpha``; the
-    precompute pass, another loss and FSDP's reference stay out, named."""
+    """A full fine-tune (reference copy) and LoRA (adapters off) are replayed, with or without ``rpo_alpha`` or
+    ``precompute_ref_log_probs``; another loss stays out, named."""
     from benchmark_module import load_benchmark
 
     from fitcheck.torch_adapters import not_replayed, replayed_run
 
     lora = load_benchmark("trl_truth").TRL_LORA
-    for case in (_case(), _case(lora=lora), _case(ckpt=False), _case(extra={"rpo_alpha": 1.0})):
+    for case in (_case(), _case(lora=lora), _case(ckpt=False), _case(extra={"rpo_alpha": 1.0}),
+                 _case(extra={"precompute_ref_log_probs": True})):
         spec = _spec(case)
         assert replayed_run(spec) and not_replayed(spec) == "", case
     full = _spec(_case())
-    pre = dataclasses.replace(full, trainer=dataclasses.replace(full.trainer, precompute_ref_log_probs=True))
     ipo = dataclasses.replace(full, trainer=dataclasses.replace(full.trainer, loss_type=("ipo",)))
-    assert not replayed_run(pre) and "precompute_ref_log_probs" in not_replayed(pre)
     assert not replayed_run(ipo) and "ipo" in not_replayed(ipo)
 
 

@@ -116,7 +116,8 @@ def not_replayed(spec: TrainingSpec) -> str:
 
 def _dpo_not_replayed(spec: TrainingSpec) -> list[str]:
     """What of a DPOTrainer run the replay of ``tracer_dpo``'s step leaves out: the reference copy, the
-    adapters-off pass, the fused LM head and the sigmoid (+ ``rpo_alpha``'s sft) loss are traced."""
+    adapters-off pass, ``precompute_ref_log_probs``' pass before training, the fused LM head and the sigmoid
+    (+ ``rpo_alpha``'s sft) loss are traced."""
     from fitcheck.core.trainers import runs_fused_head
     from fitcheck.spec import TrainerKind
 
@@ -129,8 +130,6 @@ def _dpo_not_replayed(spec: TrainingSpec) -> list[str]:
         parts.append(f"DPO's {'/'.join(other)} loss (tracer_dpo traces sigmoid and rpo_alpha's sft term)")
     if spec.sharding.fsdp:
         parts.append("DPO's reference copy under FSDP (prepare_fsdp)")
-    if t.precompute_ref_log_probs:
-        parts.append("DPO's precompute_ref_log_probs pass before training (no_grad forwards of the policy)")
     return parts
 
 

@@ -290,6 +290,8 @@ def trace_step(
         hooks = [p.register_post_accumulate_grad_hook(_accumulate_marker(rec, accumulated)) for p in params]
         ac_dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
         with rec:
+            if trl_dpo:  # precompute_ref_log_probs: the pass DPOTrainer.__init__ runs, in the setup
+                sft.precompute(ids, torch.autocast("cpu", dtype=ac_dtype) if autocast else contextlib.nullcontext())
             for step in range(steps):
                 for micro in range(grad_accum):
                     suffix = "" if (step, micro) == (steps - 1, grad_accum - 1) else "_warmup"

@@ -16,7 +16,8 @@ frees. ``trl/trainer/dpo_trainer.py`` (TRL 1.16.0) runs a step unlike the plain 
   pass under ``torch.no_grad()`` and ``disable_gradient_checkpointing(self.model)``: PEFT without a reference model
   runs the policy itself with its adapters disabled (``use_adapter(model, None)``: ``model.disable_adapter()``),
   a full fine-tune its ``ref_model``, ``precompute_ref_log_probs`` reads the batch's ``ref_chosen_logps`` /
-  ``ref_rejected_logps``; the ``sigmoid`` loss (``-logsigmoid(beta * delta)``; ``rpo_alpha`` adds the ``sft`` term:
+  ``ref_rejected_logps`` (computed before training by ``_precompute_ref_logps``: :meth:`DpoStep.precompute`, in the
+  trace's setup); the ``sigmoid`` loss (``-logsigmoid(beta * delta)``; ``rpo_alpha`` adds the ``sft`` term:
   the chosen rows' mean negative log-prob); the metrics it keeps for logging. Both forwards' outputs stay alive to
   the function's return, through the reference pass and the loss.
 
@@ -25,9 +26,9 @@ the metrics' boolean indexing (``chosen_mean_logits[chosen_mask.bool()]``, ``-x[
 term: data-dependent shapes, which fake tensors cannot run) is a masked ``where`` / product of the full
 ``[B, seq - 1]`` shape instead of the ``[N]`` labelled positions; the ``.item()`` reads and the
 ``gather_for_metrics`` of one process (the tensor itself) are left out; ``attention_mask`` (all ones: the
-collator pads nothing in a batch of one length) is not passed, as in the plain and SFT traces. The
-precompute pass before training (``_precompute_ref_logps``: no_grad forwards of ``precompute_ref_batch_size``
-pairs, before the optimizer exists) is not traced (``run_scope.not_replayed``).
+collator pads nothing in a batch of one length) is not passed, as in the plain and SFT traces; the precompute
+pass runs the policy in train mode (``from_pretrained`` leaves it in eval mode; with dropout disabled the same
+ops), on the step's input ids (the real pass's own batch tensors, ``[2B, L]`` int64 x 3, are not traced).
 """
 
 from __future__ import annotations
@@ -147,6 +148,29 @@ class DpoStep:
             margins = chosen_rewards - rejected_rewards
             del entropy_sum, total_tokens, chosen_sum, rejected_sum, correct, accuracies, margins
         return loss
+
+    def precompute(self, ids: Any, autocast: Any) -> None:
+        """``precompute_ref_log_probs``: ``_precompute_ref_logps``'s pass over one batch, before step 1 and before
+        the optimizer exists (``compute_ref_log_probs``: ``torch.no_grad()``, the policy's checkpointing disabled,
+        its adapters disabled under PEFT, ``accelerator.autocast()``; without FSDP the policy is the reference:
+        ``ref_model`` is None). Every batch has the step's shape (``precompute_ref_batch_size`` defaults to
+        ``per_device_train_batch_size``), so one pass stands for all; the log-probs go to the CPU."""
+        if self.reference != PRECOMPUTED:
+            return
+        import contextlib
+
+        import torch
+        from peft import PeftModel
+        from trl.models.utils import disable_gradient_checkpointing
+        from trl.trainer.utils import use_adapter
+
+        labels = ids.masked_fill(self.completion_mask == 0, -100)
+        off = use_adapter(self.model, None) if isinstance(self.model, PeftModel) else contextlib.nullcontext()
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs), off, autocast:
+            log_probs = self.model(input_ids=ids, labels=labels, use_cache=False, fused_lm_head=True).log_probs
+        seq_len = self.completion_mask.size(1) - 1
+        chosen, rejected = log_probs[:, -seq_len:].sum(dim=1).chunk(2, dim=0)
+        del log_probs, chosen, rejected, labels
 
     def _reference(self, ids: Any, labels: Any) -> Any:
         """The reference pass: ``torch.no_grad()``, the policy's checkpointing disabled, the adapters disabled
