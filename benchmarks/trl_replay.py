@@ -1,28 +1,34 @@
-"""Real TRL 1.16 SFTTrainer runs on CPU vs the whole-run allocator replay of the same run and vs the formula.
+"""Real TRL 1.16 SFTTrainer / DPOTrainer runs on CPU vs the whole-run allocator replay of the same run and the formula.
 
-For each SFT case of ``benchmarks/trl_truth.py`` (a tiny random Llama, its real ``SFTTrainer``) and a QLoRA case
-(the same model loaded in 4-bit nf4 by the trainer), three steps:
+For each SFT case of ``benchmarks/trl_truth.py`` (a tiny random Llama, its real ``SFTTrainer``), a QLoRA case
+(the same model loaded in 4-bit nf4 by the trainer) and the DPO cases (its real ``DPOTrainer``: a full fine-tune
+with the reference copy it loads, LoRA with the adapters-off reference pass, with and without checkpointing,
+``rpo_alpha``, ``precompute_ref_log_probs``; ``tracer_dpo``), three steps:
 
 * ``real``: the live-tensor bytes of the real run (``fitcheck.torch_adapters.live_tracker``, started at step 1's
-  ``on_step_begin`` on the model's parameters, buffers and optimizer: every tensor the steps create, the optimizer
-  states of step 1 included): the peak over the three steps and the third step's own peak;
-* ``replay``: ``allocator_replay.replay_whole_run`` of the case's spec on CPU (the SFT step traced with TRL's model
-  preparation and fused LM head: ``tracer_trl``; CPU's torch tile folds): its ``peak_allocated`` and the peak of
-  the last step's events (tags without ``_warmup``);
+  ``on_step_begin`` on the model's parameters, buffers and optimizer, and DPO's reference copy: every tensor the
+  steps create, the optimizer states of step 1 included): the peak over the three steps and the third step's own
+  peak;
+* ``replay``: ``allocator_replay.replay_whole_run`` of the case's spec on CPU (the SFT / DPO step traced with TRL's
+  model preparation and fused LM head: ``tracer_trl`` / ``tracer_dpo``; CPU's torch tile folds): its
+  ``peak_allocated`` and the peak of the last step's events (tags without ``_warmup``);
 * ``plain``: the same replay of the plain Trainer step (what the replay composed before: full-vocabulary logits);
 * ``formula``: ``core.estimate`` of the spec (``peak_allocated_bytes``).
 
-Run: ``PYTHONPATH=. python benchmarks/trl_replay.py [name-substring ...] [--out benchmarks/data/trl_replay.json]``
+Run: ``PYTHONPATH=. python benchmarks/trl_replay.py [name-substring ...] [--out benchmarks/data/trl_replay_cpu.json]``
+(``--out`` keeps the file's rows of the cases not run).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +44,18 @@ _NF4 = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dt
 SFT_CASES = (*(c for c in CASES if c.trainer is TrainerKind.SFT and not c.extra),
              Case("sft QLoRA", TrainerKind.SFT, lora=TRL_LORA,
                   extra={"model_init_kwargs": {"quantization_config": _NF4}}))
+# DPO (tracer_dpo): 32 prompt + 48 completion tokens, chosen + rejected rows: a full fine-tune with its reference
+# copy (DPOTrainer loads it: ref_model None, no PEFT), LoRA with the adapters-off pass, with and without checkpointing
+DPO_CASES = (Case("dpo full ref", TrainerKind.DPO, length=48, prompt=32),
+             Case("dpo full ref no-ckpt", TrainerKind.DPO, ckpt=False, length=48, prompt=32),
+             Case("dpo LoRA", TrainerKind.DPO, lora=TRL_LORA, length=48, prompt=32),
+             Case("dpo LoRA no-ckpt", TrainerKind.DPO, lora=TRL_LORA, ckpt=False, length=48, prompt=32),
+             Case("dpo rpo_alpha", TrainerKind.DPO, extra={"rpo_alpha": 1.0}, length=48, prompt=32),
+             # no reference in the step; the pass before training (DPOTrainer.__init__) measured apart: "precompute"
+             Case("dpo precompute_ref_log_probs", TrainerKind.DPO, length=48, prompt=32,
+                  extra={"precompute_ref_log_probs": True}),
+             Case("dpo LoRA precompute_ref_log_probs", TrainerKind.DPO, lora=TRL_LORA,
+                  extra={"precompute_ref_log_probs": True}, length=48, prompt=32))
 
 
 def case_spec(case: Case) -> Any:
@@ -57,7 +75,7 @@ def measure_run(case: Case) -> dict[str, int]:
     from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
 
     out: dict[str, int] = {}
-    with tempfile.TemporaryDirectory() as path, warnings.catch_warnings():
+    with tempfile.TemporaryDirectory() as path, warnings.catch_warnings(), _precompute_measured(out):
         warnings.simplefilter("ignore")
         trainer = build_trainer(case, path)
         trainer.args.max_steps = STEPS
@@ -68,6 +86,8 @@ def measure_run(case: Case) -> dict[str, int]:
                 if st.global_step == 0:
                     tracker = LiveTensorTracker()
                     tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
+                    if getattr(trainer, "ref_model", None) is not None:  # DPO's reference copy
+                        tracker.track(model_state_tensors(trainer.ref_model))
                     state["tracker"] = tracker.start()
                 elif st.global_step == STEPS - 1:
                     out["before_last"] = state["tracker"].peak
@@ -87,17 +107,48 @@ def measure_run(case: Case) -> dict[str, int]:
     return out
 
 
+@contextlib.contextmanager
+def _precompute_measured(out: dict[str, int]) -> Iterator[None]:
+    """The live-tensor peak of DPOTrainer's ``precompute_ref_log_probs`` pass (``_precompute_ref_logps``, run by
+    ``__init__`` before the optimizer exists) as ``out["precompute"]``: the model's parameters and buffers and
+    every tensor the pass creates (the log-probs it moves to the CPU included: one process)."""
+    from trl.trainer.dpo_trainer import DPOTrainer
+
+    from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
+
+    original = DPOTrainer._precompute_ref_logps
+
+    def measured(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker = LiveTensorTracker()
+        tracker.track(model_state_tensors(self.ref_model or self.model))
+        tracker.start()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            tracker.stop()
+            out["precompute"] = tracker.peak
+
+    setattr(DPOTrainer, "_precompute_ref_logps", measured)  # noqa: B010  # the class, for __init__
+    try:
+        yield
+    finally:
+        setattr(DPOTrainer, "_precompute_ref_logps", original)  # noqa: B010
+
+
 def replay_peaks(spec: Any) -> dict[str, int]:
-    """The whole run's replay: its peak allocated and the last step's own peak (events not tagged ``_warmup``)."""
+    """The whole run's replay: its peak allocated, the last step's own peak (events not tagged ``_warmup``) and
+    the setup's (parameters; DPO's precompute pass)."""
     from fitcheck.torch_adapters import whole_run_events
 
-    live = peak = last = 0
+    live = peak = last = setup = 0
     for _serial, signed, tag in whole_run_events(spec, steps=STEPS):
         live += signed
         peak = max(peak, live)
-        if not tag.endswith("_warmup") and tag != "setup":
+        if tag == "setup":
+            setup = max(setup, live)
+        elif not tag.endswith("_warmup"):
             last = max(last, live)
-    return {"peak": peak, "last_step": last}
+    return {"peak": peak, "last_step": last, "setup": setup}
 
 
 def row(case: Case) -> dict[str, Any]:
@@ -116,7 +167,7 @@ def main(argv: list[str]) -> int:
     if "--out" in argv:
         at = argv.index("--out")
         out, argv = argv[at + 1], argv[:at] + argv[at + 2:]
-    cases = [c for c in SFT_CASES if not argv or any(a in c.name for a in argv)]
+    cases = [c for c in (*SFT_CASES, *DPO_CASES) if not argv or any(a in c.name for a in argv)]
     rows = [row(c) for c in cases]
     print(f"{'case':<18} {'formula':>12} {'replay':>12} {'real':>12} {'replay/real':>11} {'plain replay':>12} "
           f"{'last: replay':>13} {'last: real':>12}")
@@ -125,8 +176,18 @@ def main(argv: list[str]) -> int:
         print(f"{r['case']:<18} {r['formula']:>12,} {rep['peak']:>12,} {real['peak']:>12,} "
               f"{rep['peak'] / real['peak'] - 1:>+10.2%} {r['plain_replay']['peak']:>12,} "
               f"{rep['last_step']:>13,} {real['last_step']:>12,}")
-    if out:
-        Path(out).write_text(json.dumps({"steps": STEPS, "rows": rows}, indent=1) + "\n")
+    for r in rows:
+        if "precompute" in r["real"]:
+            rep, real = r["replay"]["setup"], r["real"]["precompute"]
+            print(f"{r['case']}: the precompute pass before training: replay (setup) {rep:,} real {real:,} "
+                  f"({rep / real - 1:+.2%})")
+    if out:  # the rows of the cases not run now are kept from the file
+        ran = {r["case"] for r in rows}
+        kept = json.loads(Path(out).read_text())["rows"] if Path(out).exists() else []
+        order = [c.name for c in (*SFT_CASES, *DPO_CASES)]
+        merged = sorted([r for r in kept if r["case"] not in ran] + rows,
+                        key=lambda r: order.index(r["case"]) if r["case"] in order else len(order))
+        Path(out).write_text(json.dumps({"steps": STEPS, "rows": merged}, indent=1) + "\n")
     return 0
 
 

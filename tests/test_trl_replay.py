@@ -67,12 +67,13 @@ def test_sft_near_budget_replays_the_sft_run(tmp_path: Path) -> None:
 
 
 def test_other_trl_trainers_keep_the_warning_naming_the_part(tmp_path: Path) -> None:
-    """DPO and SFT padding-free are not replayed: the warning names the reference forward / the flattened row."""
+    """KTO and SFT padding-free are not replayed: the warning names the reference forward / the flattened row (DPO
+    is replayed since session 15: tests/test_dpo_replay.py)."""
     from fitcheck.torch_adapters import PinnedPath
 
-    dpo = _spec(tmp_path, "80GiB", trainer="dpo", max_prompt_length=64, max_completion_length=64)
+    kto = _spec(tmp_path, "80GiB", trainer="kto", max_prompt_length=64, max_completion_length=64)
     free = _spec(tmp_path, "80GiB", padding_free=True)
-    for spec, part in ((dpo, "reference model"), (free, "padding-free")):
+    for spec, part in ((kto, "reference model"), (free, "padding-free")):
         used = estimate(spec).device_used_bytes
         near = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, gpu_memory_bytes=used + 2**20))
         path = PinnedPath("auto")

@@ -358,16 +358,33 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
 
 def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     """The ``tracer.trace_step`` arguments of the step the whole run repeats: the plain Trainer's
-    (``tracer.trace_kwargs``), or TRL's SFTTrainer step (``tracer_trl``: its model preparation and fused LM head,
-    ``trl_head`` the outputs it patches the model with) at the shape it runs (``core.trainers.step_spec``)."""
+    (``tracer.trace_kwargs``), or TRL's SFTTrainer / DPOTrainer step (``tracer_trl`` / ``tracer_dpo``: its model
+    preparation and fused LM head, ``trl_head`` the outputs it patches the model with; DPO's reference and prompt,
+    ``trl_dpo``) at the shape it runs (``core.trainers.step_spec``: DPO's chosen + rejected rows)."""
     from fitcheck.core.trainers import step_spec, trainer_row
     from fitcheck.spec import TrainerKind
     from fitcheck.torch_adapters.tracer import trace_kwargs
 
-    outputs = trainer_row(spec.trainer.kind).fused_head
-    if spec.trainer.kind is not TrainerKind.SFT or outputs is None:
+    t = spec.trainer
+    outputs = trainer_row(t.kind).fused_head
+    if t.kind not in (TrainerKind.SFT, TrainerKind.DPO) or outputs is None:
         return trace_kwargs(spec)
-    return {**trace_kwargs(step_spec(spec)), "trl_head": outputs}
+    kwargs = {**trace_kwargs(step_spec(spec)), "trl_head": outputs}
+    if t.kind is TrainerKind.DPO:
+        from fitcheck.spec import Strategy
+        from fitcheck.torch_adapters.tracer_dpo import dpo_reference
+
+        if spec.sharding.strategy in (Strategy.DEEPSPEED, Strategy.FSDP):
+            # the reference copy is prepare_deepspeed's / prepare_fsdp's there, which no rewrite describes
+            # (run_scope.not_replayed): the rewrites keep the plain step they composed before
+            return trace_kwargs(spec)
+
+        reference = dpo_reference(spec.lora is not None, t.precompute_ref_log_probs)
+        # the copy is loaded like the policy (create_model_from_path: device_map "auto" on a GPU), so its
+        # from_pretrained runs caching_allocator_warmup too: the block of load_warmup, at the same size
+        warm = load_warmup(spec)
+        kwargs["trl_dpo"] = (reference, t.prompt_length, t.rpo_alpha, warm[0][1] if warm else 0)
+    return kwargs
 
 
 def load_warmup(spec: TrainingSpec) -> list[tuple[int, int, str]]:

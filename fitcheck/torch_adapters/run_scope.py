@@ -4,9 +4,10 @@
   loss); :func:`untraced_parts` names what no trace describes.
 - :func:`plain_trainer_run`: the whole run is the plain Trainer's, as ``allocator_replay.replay_whole_run``
   composes it (torch's optimizer on the module's own parameters).
-- :func:`replayed_run`: the whole run ``replay_whole_run`` describes: the plain Trainer's, or TRL's SFTTrainer's
-  (its model preparation, fused LM head and loss traced: ``tracer_trl``); :func:`not_replayed` says which part of
-  any other run the replay leaves out.
+- :func:`replayed_run`: the whole run ``replay_whole_run`` describes: the plain Trainer's, TRL's SFTTrainer's
+  (its model preparation, fused LM head and loss traced: ``tracer_trl``) or DPOTrainer's (its reference copy or
+  adapters-off pass, concatenated chosen + rejected rows and loss: ``tracer_dpo``); :func:`not_replayed` says which
+  part of any other run the replay leaves out.
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ def replayed_run(spec: TrainingSpec) -> bool:
     (:func:`plain_trainer_run`), or TRL 1.16's ``SFTTrainer`` (``trl/trainer/sft_trainer.py``: a Trainer subclass
     whose ``__init__`` prepares the model and patches its fused LM head, and whose ``compute_loss`` reads the
     fused head's log-probs; ``tracer_trl`` traces both) under the same conditions, without padding-free or
-    packing. Checked against the real SFTTrainer on CPU: ``benchmarks/trl_replay.py``."""
+    packing, or TRL 1.16's ``DPOTrainer`` (``trl/trainer/dpo_trainer.py``: its reference copy for a full
+    fine-tune, the adapters-off pass under PEFT, the sigmoid loss with or without ``rpo_alpha``; ``tracer_dpo``).
+    Checked against the real SFTTrainer and DPOTrainer on CPU: ``benchmarks/trl_replay.py``."""
     return plain_trainer_run(spec) or not not_replayed(spec)
 
 
@@ -104,9 +107,33 @@ def not_replayed(spec: TrainingSpec) -> str:
             parts.append("SFT's padding-free / packed batch (one flattened row, flash-attention varlen)")
         if not runs_fused_head(t.kind, spec.activations.loss):
             parts.append("SFT without TRL's fused LM head")
+    elif t.kind is TrainerKind.DPO:
+        parts += _dpo_not_replayed(spec)
     elif t.kind is not TrainerKind.TRAINER:
         parts.append(f"the {t.kind.value} trainer's step ({_TRL_PARTS.get(t.kind.value, 'its own loss')})")
     return ", ".join(parts)
+
+
+def _dpo_not_replayed(spec: TrainingSpec) -> list[str]:
+    """What of a DPOTrainer run the replay of ``tracer_dpo``'s step leaves out: the reference copy, the
+    adapters-off pass, ``precompute_ref_log_probs``' pass before training, the fused LM head and the sigmoid
+    (+ ``rpo_alpha``'s sft) loss are traced."""
+    from fitcheck.core.trainers import runs_fused_head
+    from fitcheck.spec import TrainerKind
+
+    t = spec.trainer
+    parts = []
+    if not runs_fused_head(TrainerKind.DPO, spec.activations.loss):
+        parts.append("DPO without TRL's fused LM head (full-vocabulary logits)")
+    other = [name for name in t.loss_type if name not in _DPO_LOSSES]
+    if other:
+        parts.append(f"DPO's {'/'.join(other)} loss (tracer_dpo traces sigmoid and rpo_alpha's sft term)")
+    if spec.sharding.fsdp:
+        parts.append("DPO's reference copy under FSDP (prepare_fsdp)")
+    return parts
+
+
+_DPO_LOSSES = ("sigmoid", "sft")  # tracer_dpo.DpoStep.loss: DPOTrainer._compute_loss's sigmoid and sft branches
 
 
 # what a TRL trainer's step adds that the replayed SFT / plain step does not have (core/trainers/steps.py)

@@ -21,6 +21,7 @@ The same code runs on real CPU tensors (``fake=False``): that is the truth ``ben
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -155,6 +156,7 @@ def trace_step(
     cuda_kernels: bool = False,
     cublas_workspaces: tuple[int, ...] = (),
     trl_head: tuple[str, ...] = (),
+    trl_dpo: tuple[Any, ...] = (),
     skip_tiles: bool = True,
     keep_4bit_inputs: bool = False,
 ) -> TraceResult:
@@ -194,6 +196,9 @@ def trace_step(
         cublas_workspaces: Bytes each thread keeps from its first BLAS op, in ``alloc_events`` only (item 4 there).
         trl_head: The fused-head outputs of TRL's SFTTrainer: run its step (``tracer_trl``: its model preparation,
             fused LM head and loss; on CUDA the head's Triton folds) instead of the plain Trainer's.
+        trl_dpo: With ``trl_head``, TRL's DPOTrainer step instead of SFT's: ``(reference, prompt tokens,
+            rpo_alpha, bytes of the reference copy's loading warm-up block)`` (``tracer_dpo``: ``micro_batch`` is its
+            chosen + rejected rows; the block is allocated and freed in the setup, between the policy and the copy).
         skip_tiles: On fake tensors, run the fused head's repeated token tiles once or twice
             (``tracer_trl.repeated_tiles_skipped``: the same replay); False runs every tile.
         keep_4bit_inputs: Trace bitsandbytes <= 0.43.1's ``MatMul4Bit``, which keeps every 4-bit linear's input
@@ -235,6 +240,10 @@ def trace_step(
         from fitcheck.torch_adapters.tracer_trl import repeated_tiles_skipped
 
         kernels.enter_context(repeated_tiles_skipped())
+    if trl_dpo and cuda_kernels and fake:  # the fused head's CUDA path scores the labelled positions only
+        from fitcheck.torch_adapters.tracer_dpo import compact_gather, labelled_positions
+
+        kernels.enter_context(compact_gather(labelled_positions(micro_batch, seq_len, trl_dpo[1])))
     with fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
         model = build_model(
             cfg,
@@ -249,8 +258,15 @@ def trace_step(
             freeze=freeze,
             use_reentrant=use_reentrant,
         )
-        sft = None
-        if trl_head:
+        sft: Any = None
+        if trl_head and trl_dpo:
+            from fitcheck.torch_adapters.tracer_dpo import prepare_dpo
+
+            reference = functools.partial(build_model, cfg, dtype=torch_dtype(dtype), checkpointing=False, quant=quant,
+                                          attn_implementation=attn_implementation, fake=fake, task=task)
+            sft = prepare_dpo(model, trl_head, micro_batch, seq_len, trl_dpo, build_reference=reference,
+                              quantized=quant is not None, checkpointing=checkpointing, use_reentrant=use_reentrant)
+        elif trl_head:
             from fitcheck.torch_adapters.tracer_trl import prepare_sft
 
             sft = prepare_sft(model, trl_head, quantized=quant is not None, checkpointing=checkpointing)
@@ -269,8 +285,11 @@ def trace_step(
 
             quant_meta = quant_state_tensors(model)
             rec.track(quant_meta)
+        ref_state = sft.track_reference(rec) if trl_dpo else []  # DPO's reference copy, loaded after the policy
         labels = task_labels(model, ids, task)
         rec.track([ids] if labels is ids else [ids, labels])
+        batch_extra = sft.inputs() if trl_dpo else []  # DPO's completion mask (and precomputed reference log-probs)
+        rec.track(batch_extra)
         rec.track(images.values())
         head = task_head(model)
         autocast = mixed_precision in ("bf16", "fp16")
@@ -278,6 +297,8 @@ def trace_step(
         hooks = [p.register_post_accumulate_grad_hook(_accumulate_marker(rec, accumulated)) for p in params]
         ac_dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
         with rec:
+            if trl_dpo:  # precompute_ref_log_probs: the pass DPOTrainer.__init__ runs, in the setup
+                sft.precompute(ids, torch.autocast("cpu", dtype=ac_dtype) if autocast else contextlib.nullcontext())
             for step in range(steps):
                 for micro in range(grad_accum):
                     suffix = "" if (step, micro) == (steps - 1, grad_accum - 1) else "_warmup"
@@ -307,8 +328,9 @@ def trace_step(
                     }
                     param_serials = {rec.serial(p) for p in model.parameters()} | {
                         rec.serial(b) for b in model.buffers()
-                    } | {rec.serial(t) for t in quant_meta}
+                    } | {rec.serial(t) for t in quant_meta} | {rec.serial(t) for t in ref_state}
                     ids_serials = {rec.serial(ids), rec.serial(labels)} | {rec.serial(t) for t in images.values()}
+                    ids_serials |= {rec.serial(t) for t in batch_extra}
                 if opt is not None:
                     opt.zero_grad(set_to_none=True)
                 else:
