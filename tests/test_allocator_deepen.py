@@ -18,7 +18,13 @@ from tiny_models import LLAMA_8_LAYERS
 
 from fitcheck.core.caching import AllocatorConf
 from fitcheck.spec import Dtype, LoraSpec, QuantSpec
-from fitcheck.torch_adapters.allocator_deepen import DeepenError, canonical, deepen, frees_in_allocation_order
+from fitcheck.torch_adapters.allocator_deepen import (
+    DeepenError,
+    canonical,
+    deepen,
+    frees_in_allocation_order,
+    live_at_end,
+)
 from fitcheck.torch_adapters.allocator_replay import replay_events
 from fitcheck.torch_adapters.tracer import trace_step
 
@@ -94,20 +100,6 @@ def test_deepen_refuses_what_is_not_an_insertion() -> None:
 
 
 
-def _unpaired(events: list[tuple[int, int, str]]) -> tuple[int, int]:
-    """(frees of a storage not live or of another size, bytes left live at the end)."""
-    live: dict[int, int] = {}
-    bad = 0
-    for s, n, _ in events:
-        if n > 0:
-            live[s] = n
-        elif live.get(s) == -n:
-            del live[s]
-        else:
-            bad += 1
-    return bad, sum(live.values())
-
-
 def test_a_hash_ordered_free_run_deepens_to_frees_that_pair() -> None:
     """fp32 LoRA weights under bf16 autocast: their bf16 casts (all one size where q, k and v are) stay in the
     autocast cache until autocast exits and are then freed in the hash order of ``cached_casts`` (keyed by
@@ -122,5 +114,5 @@ def test_a_hash_ordered_free_run_deepens_to_frees_that_pair() -> None:
             "lora": LoraSpec(r=8, alpha=32, dropout=0.05, target_modules=("q_proj", "k_proj", "v_proj"))}
     one, two = (trace_step(config, num_layers=d, **step) for d in (1, 2))
     built = deepen(one.alloc_events, two.alloc_events, 8, (one.region_starts, two.region_starts))
-    (_, live1), (_, live2) = _unpaired(list(one.alloc_events)), _unpaired(list(two.alloc_events))
-    assert _unpaired(built) == (0, live2 + 6 * (live2 - live1))
+    (n1, b1, _), (n2, b2, _) = live_at_end(one.alloc_events), live_at_end(two.alloc_events)
+    assert live_at_end(built) == (n2 + 6 * (n2 - n1), b2 + 6 * (b2 - b1), 0)  # (live storages, bytes, unpaired)

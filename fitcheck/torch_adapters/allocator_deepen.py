@@ -103,7 +103,7 @@ def deepen(one: Sequence[Event], two: Sequence[Event], groups: int,
     raise AssertionError("unreachable")
 
 
-def _live_at_end(events: Sequence[Event]) -> tuple[int, int, int]:
+def live_at_end(events: Sequence[Event]) -> tuple[int, int, int]:
     """(storages live at the end, their bytes, frees of a storage not live or of another size)."""
     live: dict[int, int] = {}
     unpaired = 0
@@ -132,9 +132,9 @@ def _check_pairs(one: Sequence[Event], two: Sequence[Event], out: Sequence[Event
     ``replay_whole_lengths`` never freed. Raising here sends :func:`deepen` on to the free runs in allocation
     order, where each layer's frees form one block.
     """
-    n1, b1, _ = _live_at_end(one)
-    n2, b2, bad2 = _live_at_end(two)
-    n, b, bad = _live_at_end(out)
+    n1, b1, _ = live_at_end(one)
+    n2, b2, bad2 = live_at_end(two)
+    n, b, bad = live_at_end(out)
     if bad > bad2 * (groups - 1):
         raise DeepenError(f"the built sequence frees {bad} storages it does not hold")
     if (n, b) != (n2 + (groups - 2) * (n2 - n1), b2 + (groups - 2) * (b2 - b1)):
