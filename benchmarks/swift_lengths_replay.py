@@ -21,11 +21,12 @@ is not a row estimate (the run's own length sequence is unknown).
 Seed 0, ``--round 16`` (session 14): SWIFT-1 (1827 steps, 111 distinct lengths, 5 new longest) replays to
 35.25 GiB reserved (fixed 2048: 19.26; published 27.74; the same setting with batches cut to 2048, SWIFT-D1:
 18.91), SWIFT-12 (micro-batch 2: 914 steps, 86 distinct lengths, 4 new longest) to 46.06 GiB (fixed: 24.00;
-published 43.11; SWIFT-D11: 24.26). Over a long sequence of alternating lengths the composed traces leave about
-3.5 MiB allocated per step that no later step frees (``replay_whole_lengths`` of [2048, 1024] x 20 + [2048]:
-allocated 18.49 -> 18.63 GiB): 4.64 GiB of SWIFT-1's variable-length allocated peak (23.13 GiB against 18.49) and
-2.28 GiB of SWIFT-12's (24.77 against 22.49) are that, so the replayed reserved is high by up to those amounts. It
-shows the mechanism's size; it is not a measurement. SWIFT-4 (512) at ``--round 1``: seed 0 (59 steps, 3 new
+published 43.11; SWIFT-D11: 24.26). Those session-14 figures include a replay creep fixed in session 15: the
+deepened traces left one 64 KiB autocast cast per added layer allocated every step (``allocator_deepen``: the
+autocast cache's hash-ordered free run), about 3.5-5.6 MiB a step, 4.64 GiB of SWIFT-1's variable-length allocated
+peak (23.13 GiB against 18.49) and 2.28 GiB of SWIFT-12's (24.77 against 22.49); since the fix, allocated at every
+step boundary returns to the first step's (``replay_whole_lengths`` of [2048, 1024] x 4 + [2048]). Not re-run
+since. It shows the mechanism's size; it is not a measurement. SWIFT-4 (512) at ``--round 1``: seed 0 (59 steps, 3 new
 longest) 17.60 GiB, seed 1 (66 steps, 5 new longest) 19.02 GiB, fixed 15.73; published 18.01, SWIFT-D3 15.55.
 
     PYTHONPATH=. python benchmarks/swift_lengths_replay.py --row SWIFT-1 [--seed 0] [--round 16]

@@ -18,7 +18,13 @@ from tiny_models import LLAMA_8_LAYERS
 
 from fitcheck.core.caching import AllocatorConf
 from fitcheck.spec import Dtype, LoraSpec, QuantSpec
-from fitcheck.torch_adapters.allocator_deepen import DeepenError, canonical, deepen, frees_in_allocation_order
+from fitcheck.torch_adapters.allocator_deepen import (
+    DeepenError,
+    canonical,
+    deepen,
+    frees_in_allocation_order,
+    live_at_end,
+)
 from fitcheck.torch_adapters.allocator_replay import replay_events
 from fitcheck.torch_adapters.tracer import trace_step
 
@@ -91,3 +97,22 @@ def test_deepen_refuses_what_is_not_an_insertion() -> None:
         deepen(one, two, 4)
     with pytest.raises(DeepenError):
         deepen(one, one, 1)
+
+
+
+def test_a_hash_ordered_free_run_deepens_to_frees_that_pair() -> None:
+    """fp32 LoRA weights under bf16 autocast: their bf16 casts (all one size where q, k and v are) stay in the
+    autocast cache until autocast exits and are then freed in the hash order of ``cached_casts`` (keyed by
+    ``TensorImpl*``: pytorch ``aten/src/ATen/autocast_mode.cpp``), one run of frees that mixes the layers in an
+    order that differs per trace and per process. The depth-8 sequence built from one and two layers frees only
+    what it holds and leaves live what each added layer adds (the second layer's growth over the first: equal to
+    the real deeper traces, the tests above). Fails before session 15: ``difflib`` paired the run's frees by
+    position, so added layers freed another layer's cast twice and kept one of their own (here 13 of the 1 KiB
+    casts; SWIFT-1's 32-layer Qwen-7B LoRA step: 5.6 MiB a step that ``replay_whole_lengths`` never freed)."""
+    config = {**CONFIG, "num_key_value_heads": CONFIG["num_attention_heads"]}  # q, k, v casts of one size, as 7B's
+    step = {**STEP, "steps": 1, "optimizer": "adamw_torch", "checkpointing": True, "mixed_precision": "bf16",
+            "lora": LoraSpec(r=8, alpha=32, dropout=0.05, target_modules=("q_proj", "k_proj", "v_proj"))}
+    one, two = (trace_step(config, num_layers=d, **step) for d in (1, 2))
+    built = deepen(one.alloc_events, two.alloc_events, 8, (one.region_starts, two.region_starts))
+    (n1, b1, _), (n2, b2, _) = live_at_end(one.alloc_events), live_at_end(two.alloc_events)
+    assert live_at_end(built) == (n2 + 6 * (n2 - n1), b2 + 6 * (b2 - b1), 0)  # (live storages, bytes, unpaired)

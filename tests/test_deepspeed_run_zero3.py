@@ -196,3 +196,39 @@ def test_the_formulas_kept_tail_is_the_replays(lora: bool) -> None:
         assert formula == replay - adapters, reuse
         seen.add(formula)
     assert len(seen) >= 3  # nothing, part of the model, all of it
+
+
+class _Counted(tuple):  # type: ignore[type-arg]
+    """A tuple that counts its item reads (a plan's ``params``)."""
+
+    reads = 0
+
+    def __getitem__(self, k: Any) -> Any:
+        type(self).reads += 1
+        return super().__getitem__(k)
+
+
+def test_a_step_s_gathers_are_linear_in_the_parameter_count() -> None:
+    """The gather schedule of a complete step (prefetch on, everything forward kept for backward) reads each
+    parameter's size a bounded number of times: 4x the parameters, about 4x the reads. Fails before session 15,
+    where every fetch summed the sizes of all gathered parameters (``available``) and each backward prefetch scan
+    stepped again over every parameter forward kept: 0.32 M reads at 500 parameters, 5.0 M at 2000 (quadratic)."""
+    from fitcheck.torch_adapters.deepspeed_run_plan import DeepSpeedPlan
+    from fitcheck.torch_adapters.deepspeed_run_zero3 import Gathers
+
+    events = [(1, 8, "forward"), (1, -8, "forward"), (2, 8, "forward_head"), (2, -8, "forward_head"),
+              (3, 8, "backward"), (3, -8, "backward")]
+
+    def reads(n: int) -> int:
+        params = _Counted(((1000, True),) * n)
+        plan = DeepSpeedPlan(stage=3, groups=((1000,) * n,), adapters=frozenset(), elem=2, bucket=10**6,
+                             overlap=True, contiguous=True, sub_group_size=10**9, world=2, params=params,
+                             prefetch=2000)
+        g = Gathers(plan)
+        _Counted.reads = 0
+        out = g.schedule(events, 0, len(events), complete=True)
+        assert sum(1 for evs in out.values() for _, b, _ in evs if b > 0) == n  # fetched in forward, kept
+        return _Counted.reads
+
+    small, large = reads(500), reads(2000)
+    assert large < 5 * small, (small, large)

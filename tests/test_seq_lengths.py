@@ -147,3 +147,25 @@ def test_above_the_gpu_the_allocator_releases_its_cache_and_retries() -> None:
     assert report.fits and report.device_used_bytes == low_tight < high
     said = [f.message for f in report.findings if f.code == "seq-lengths-replayed"]
     assert said and "release_cached_blocks" in said[0]
+
+
+def test_allocated_returns_to_the_same_baseline_at_every_step_boundary() -> None:
+    """Over alternating lengths the replay frees every step's own tensors: ``memory_allocated`` after each step
+    equals the first step's (which creates the optimizer's states). The step here has what made the deepened traces
+    leak before session 15 (``test_allocator_deepen``): fp32 LoRA adapters on q, k and v of one size under bf16
+    autocast, checkpointed, eight layers built from one and two; on that code the boundaries differed by 7 KiB."""
+    from dataclasses import replace
+
+    from tiny_models import LLAMA_8_LAYERS
+
+    from benchmarks.cpu_truth import Row, spec_for
+    from fitcheck.spec import DeviceType, LoraSpec
+    from fitcheck.torch_adapters import replay_whole_lengths
+
+    config = {**LLAMA_8_LAYERS, "num_key_value_heads": LLAMA_8_LAYERS["num_attention_heads"]}
+    lora = LoraSpec(r=8, alpha=32, dropout=0.05, target_modules=("q_proj", "k_proj", "v_proj"))
+    spec = spec_for(Row("lengths", config, seq=64, batch=1, dtype="bfloat16", mp="bf16", ckpt=True, lora=lora))
+    spec = replace(spec, hardware=replace(spec.hardware, device_type=DeviceType.CUDA))
+    sequence, _ = replay_whole_lengths(spec, (64, 32, 64, 32, 64))
+    assert len(sequence.step_allocated) == 5
+    assert set(sequence.step_allocated) == {sequence.step_allocated[0]}

@@ -6,9 +6,10 @@ prints. Specs are frozen so that advice is cheap: ``dataclasses.replace(spec, ba
 micro_batch=4))`` and estimate again.
 
 Room layout: :mod:`.model` (what the model is: dtypes, parameters, shape, inventory), :mod:`.sharding`
-(strategy, DeepSpeed, FSDP, processes), :mod:`.traits` (the typed traits of a model family) and
+(strategy, DeepSpeed, FSDP, processes), :mod:`.traits` (the typed traits of a model family),
 :mod:`.training` (precision, optimizer, adapters, quantization,
-batch, activations, hardware, :class:`TrainingSpec`). Import from here.
+batch, activations, hardware, :class:`TrainingSpec`) and :mod:`.trainer` (the trainer and its TRL fields, the library
+stack and the modelled versions). Import from here.
 """
 
 from fitcheck.spec.model import (
@@ -30,11 +31,17 @@ from fitcheck.spec.sharding import (
     ShardingStrategy,
     Strategy,
 )
+from fitcheck.spec.trainer import (
+    MODELLED_VERSIONS,
+    StackSpec,
+    TrainerKind,
+    TrainerSpec,
+    VllmMode,
+)
 from fitcheck.spec.training import (
     DEFAULT_OPTIMIZER,
     LEGACY_OPTIMIZER_NAMES,
     LOSS_IMPLEMENTATIONS,
-    MODELLED_VERSIONS,
     OPTIMIZER_NAMES,
     ActivationSpec,
     AttnImpl,
@@ -50,11 +57,7 @@ from fitcheck.spec.training import (
     OptimizerSpec,
     PrecisionSpec,
     QuantSpec,
-    StackSpec,
-    TrainerKind,
-    TrainerSpec,
     TrainingSpec,
-    VllmMode,
 )
 from fitcheck.spec.traits import (
     AttentionKind,

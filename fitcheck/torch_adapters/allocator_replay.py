@@ -45,6 +45,8 @@ class StepReplay:
         lengths: The sequence lengths replayed, in order.
         step_reserved: ``max_memory_reserved`` after each replayed trace (one per length), what
             ``benchmarks/gpu_truth_step.py`` records per step (``measured.per_step``).
+        step_allocated: ``memory_allocated`` after each replayed trace: from the first step on (it creates the
+            optimizer's states) the same at every step boundary where the traces pair their frees.
     """
 
     peak_allocated: int
@@ -54,6 +56,7 @@ class StepReplay:
     gap_fraction: float
     lengths: tuple[int, ...]
     step_reserved: tuple[int, ...] = ()
+    step_allocated: tuple[int, ...] = ()
 
 
 def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: AllocatorConf | None = None,
@@ -80,6 +83,7 @@ def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: Alloca
     handles = itertools.count(1)
     persistent = 0
     step_reserved: list[int] = []
+    step_allocated: list[int] = []
     for k, events in enumerate(traces):
         if k == release_before:
             alloc.empty_cache()
@@ -101,10 +105,12 @@ def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: Alloca
             if persistent_after_first:
                 persistent = max(persistent, alloc.stats.allocated)
         step_reserved.append(alloc.stats.peak_reserved)
+        step_allocated.append(alloc.stats.allocated)
     s = alloc.stats
     transient = max(s.peak_allocated - persistent, 1)
     return StepReplay(s.peak_allocated, s.peak_reserved, persistent, transient,
-                      (s.peak_reserved - s.peak_allocated) / transient, tuple(lengths), tuple(step_reserved))
+                      (s.peak_reserved - s.peak_allocated) / transient, tuple(lengths), tuple(step_reserved),
+                      tuple(step_allocated))
 
 
 def _after_warmup(events: Sequence[tuple[int, int, str]], alloc: CachingAllocator) -> int:

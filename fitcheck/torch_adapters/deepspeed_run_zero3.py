@@ -161,12 +161,14 @@ class Gathers:
         out: dict[int, list[Event]] = {}
         live: dict[int, int] = {}  # parameter -> serial
         serial = [0]
+        held = [0]  # elements of the parameters in live, kept as they change (a sum per fetch was quadratic)
 
         def put(at: int, k: int, sign: int) -> None:
             if sign > 0:
                 serial[0] -= 1
                 live[k] = serial[0]
             out.setdefault(at, []).append((live[k] if sign < 0 else serial[0], sign * self.nbytes(k), "gather"))
+            held[0] += sign * self.plan.params[k][0]
             if sign < 0:
                 del live[k]
 
@@ -181,31 +183,38 @@ class Gathers:
         # forward: fetch (with prefetch when complete), release unless kept
         fwd = [*zip(self.body, spread(self.body, lo, f_end), strict=True),
                *((k, head0 if head0 is not None else f_end) for k in self.head)]
-        self._pass(fwd, put, live, complete, forward=True, end_at=back0)
+        self._pass(fwd, put, live, lambda: held[0], complete, forward=True, end_at=back0)
         bwd_body = [k for k in reversed(self.body) if k >= self.first_trained]
         bwd = [*((k, back0) for k in reversed(self.head)),
                *zip(bwd_body, spread(bwd_body, body_b, end), strict=True)]
-        self._pass(bwd, put, live, complete, forward=False, end_at=end)
+        self._pass(bwd, put, live, lambda: held[0], complete, forward=False, end_at=end)
         for k in list(live):  # whatever is left goes at the end of backward
             put(end, k, -1)
         return out
 
     def _pass(self, seq: list[tuple[int, int]], do: Callable[[int, int, int], None], live: dict[int, int],
-              complete: bool, forward: bool, end_at: int) -> None:
-        """One pass's fetches and releases (``seq``: parameter, index of its module's fetch)."""
+              held: Callable[[], int], complete: bool, forward: bool, end_at: int) -> None:
+        """One pass's fetches and releases (``seq``: parameter, index of its module's fetch; ``held``: the elements
+        of the parameters in ``live``).
+
+        Linear in the parameters: the gathered elements are kept as they change, and a prefetch scan starts after
+        the last one's end (``scanned``): a pass releases only the parameter it is at, so what the last scan passed
+        is still gathered and a scan from ``i + 1`` would step over it again (in backward, everything forward kept:
+        quadratic in the parameter count)."""
+        scanned = 0
         for i, (k, at) in enumerate(seq):
             if k not in live:
                 do(at, k, 1)
             # prefetch: the next parameters of the trace, up to the bucket and to max_live less what is gathered
-            available = sum(self.plan.params[p][0] for p in live)
-            budget = min(self.plan.prefetch, self.plan.max_live - available) if complete else 0
-            j, numel = i + 1, 0
+            budget = min(self.plan.prefetch, self.plan.max_live - held()) if complete else 0
+            j, numel = max(i + 1, scanned), 0
             while budget > 0 and j < len(seq) and numel < budget:
                 nk = seq[j][0]
                 if nk not in live:
                     do(at, nk, 1)
                     numel += self.plan.params[nk][0]
                 j += 1
+            scanned = j
             release = seq[i + 1][1] if i + 1 < len(seq) else end_at
             if not (forward and complete and self.kept(k)):
                 do(release, k, -1)

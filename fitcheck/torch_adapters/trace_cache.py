@@ -263,7 +263,8 @@ def replay_to_json(replay: Any) -> dict[str, Any]:
     """An ``allocator_replay.StepReplay`` as JSON."""
     return {"peak_allocated": replay.peak_allocated, "peak_reserved": replay.peak_reserved,
             "persistent": replay.persistent, "transient": replay.transient, "gap_fraction": replay.gap_fraction,
-            "lengths": list(replay.lengths), "step_reserved": list(replay.step_reserved)}
+            "lengths": list(replay.lengths), "step_reserved": list(replay.step_reserved),
+            "step_allocated": list(replay.step_allocated)}
 
 
 def replay_from_json(value: Mapping[str, Any]) -> Any:
@@ -275,7 +276,7 @@ def replay_from_json(value: Mapping[str, Any]) -> Any:
         raise TypeError("gap_fraction is not a number")
     return StepReplay(_int(value["peak_allocated"]), _int(value["peak_reserved"]), _int(value["persistent"]),
                       _int(value["transient"]), float(gap), tuple(_int(n) for n in value["lengths"]),
-                      tuple(_int(n) for n in value["step_reserved"]))
+                      tuple(_int(n) for n in value["step_reserved"]), tuple(_int(n) for n in value["step_allocated"]))
 
 
 def _int(value: Any) -> int:
