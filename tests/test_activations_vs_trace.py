@@ -45,7 +45,8 @@ def test_logits_and_saved_activations_equal_a_trace_at_llama3_8b_width(seq: int)
     fake-tensor trace of the real model at the start of backward (one and two layers traced, extrapolated to 32),
     at two sequence lengths (was: a literal compared with arithmetic on literals)."""
     pytest.importorskip("transformers")
-    from fitcheck.torch_adapters.tracer import ACTIVATIONS, INPUTS, LOGITS, trace_step
+    from fitcheck.torch_adapters.trace_result import ACTIVATIONS, INPUTS, LOGITS
+    from fitcheck.torch_adapters.tracer import trace_step
 
     cfg = dict(FAMILIES["llama"], hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                num_key_value_heads=8, num_hidden_layers=32, vocab_size=128256)

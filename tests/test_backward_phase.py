@@ -34,7 +34,8 @@ def _formula(spec: TrainingSpec) -> int:
 
 def _traced_rest(cfg: dict[str, Any], s: int, b: int, dtype: str, mp: str, ck: bool) -> tuple[int, int]:
     """(traced BACKWARD total, what it holds besides parameters, optimizer states and all gradients)."""
-    from fitcheck.torch_adapters.tracer import OPTSTATE, PARAMS, trace_step
+    from fitcheck.torch_adapters.trace_result import OPTSTATE, PARAMS
+    from fitcheck.torch_adapters.tracer import trace_step
 
     tr = trace_step(cfg, seq_len=s, micro_batch=b, dtype=dtype, mixed_precision=mp, checkpointing=ck)
     br = tr.phases[Phase.BACKWARD]

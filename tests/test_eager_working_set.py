@@ -39,7 +39,8 @@ CASES = [
                               for c in CASES])
 def test_eager_phases_match_trace(family: str, seq: int, batch: int, dtype: str, mp: str, ck: bool,
                                   lora: bool) -> None:
-    from fitcheck.torch_adapters.tracer import OPTSTATE, PARAMS, trace_step
+    from fitcheck.torch_adapters.trace_result import OPTSTATE, PARAMS
+    from fitcheck.torch_adapters.tracer import trace_step
 
     cfg = family_config(family, _WIDTHS)
     adapter = _LORA if lora else None

@@ -65,7 +65,7 @@ def test_liger_layer_kernels_formula_equals_trace(settings: dict[str, Any], monk
     from transformers.models.llama import modeling_llama
 
     from fitcheck.spec import LoraSpec
-    from fitcheck.torch_adapters.tracer import OPTSTATE, PARAMS
+    from fitcheck.torch_adapters.trace_result import OPTSTATE, PARAMS
 
     monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward",
                         lambda self, x: _RMSNorm.apply(x, self.weight, self.variance_epsilon))

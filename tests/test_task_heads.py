@@ -127,7 +127,8 @@ def test_lora_classifier_trainable_count_equals_peft() -> None:
 @pytest.mark.parametrize("task", ["seq-cls", "token-cls"])
 def test_classifier_activations_match_trace(task: str) -> None:
     pytest.importorskip("transformers")
-    from fitcheck.torch_adapters.tracer import OPTSTATE, PARAMS, trace_step
+    from fitcheck.torch_adapters.trace_result import OPTSTATE, PARAMS
+    from fitcheck.torch_adapters.tracer import trace_step
 
     cfg = task_config(TINY_LLAMA, task, 3)
     spec = _spec(classifier_inventory(inventory_from_config(cfg, "tiny", "test"), task, 3))

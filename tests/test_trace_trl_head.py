@@ -61,7 +61,8 @@ def test_trl_trace_keeps_the_trainers_head(tmp_path: Path, capsys: pytest.Captur
 def test_body_peaks_leave_the_models_logits_out() -> None:
     """``count_logits=False``: no phase holds the model's logits, and each phase's peak is the body's own moment
     (at least the body at the moment the logits peaked)."""
-    from fitcheck.torch_adapters.tracer import LOGITS, trace_step
+    from fitcheck.torch_adapters.trace_result import LOGITS
+    from fitcheck.torch_adapters.tracer import trace_step
 
     args: dict[str, Any] = {"seq_len": 128, "micro_batch": 2, "checkpointing": True, "optimizer": None, "steps": 1,
                             "dtype": "float32"}

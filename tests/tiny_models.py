@@ -30,7 +30,7 @@ from fitcheck.spec import (
 )
 
 if TYPE_CHECKING:  # the tracer imports torch: only the functions that trace import it
-    from fitcheck.torch_adapters.tracer import TraceResult
+    from fitcheck.torch_adapters.trace_result import TraceResult
 
 # config.json ``architectures`` of each family's causal-LM head (transformers 5.23 model classes)
 ARCHITECTURES: dict[str, str] = {
@@ -170,7 +170,7 @@ def assert_activations_match_trace(config: Mapping[str, Any], label: str, **sett
         label: Names the case in the assertion message.
         **settings: Keywords of ``spec_from_config`` (``seq``, ``batch``, ``dtype``, ``mixed``, ...).
     """
-    from fitcheck.torch_adapters.tracer import OPTSTATE, PARAMS
+    from fitcheck.torch_adapters.trace_result import OPTSTATE, PARAMS
 
     spec = spec_from_config(config, **settings)
     comps = activation_components(spec)

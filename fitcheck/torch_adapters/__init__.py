@@ -70,9 +70,8 @@ if TYPE_CHECKING:
     from fitcheck.torch_adapters.run_scope import not_replayed, plain_trainer_run, replayed_run
     from fitcheck.torch_adapters.trace_batch import BatchTraces, at_micro_batch
     from fitcheck.torch_adapters.trace_cache import TraceCache, cache_directory, cache_from_environment
+    from fitcheck.torch_adapters.trace_result import OPTSTATE, PARAMS
     from fitcheck.torch_adapters.tracer import (
-        OPTSTATE,
-        PARAMS,
         activation_trace_kwargs,
         components_from_trace,
         trace_kwargs,

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitcheck.report import Phase
-from fitcheck.torch_adapters.tracer import TraceResult, breakdown_at_peak, trace_step
+from fitcheck.torch_adapters.trace_result import TraceResult, breakdown_at_peak
+from fitcheck.torch_adapters.tracer import trace_step
 from fitcheck.torch_adapters.tracer_depth import combine_depths, depth_plan, first_layer_apart
 
 

@@ -234,19 +234,19 @@ class TraceCache:
 
 
 def result_to_json(result: Any) -> dict[str, Any]:
-    """What ``components_from_trace`` reads of a ``tracer.TraceResult``, JSON-ready."""
+    """What ``components_from_trace`` reads of a ``trace_result.TraceResult``, JSON-ready."""
     return {"phases": {p.value: {"total": b.total, "by_category": dict(b.by_category)}
                        for p, b in result.phases.items()},
             "num_layers": result.num_layers, "final_grads": result.final_grads}
 
 
 def result_from_json(value: Mapping[str, Any]) -> Any:
-    """A ``tracer.TraceResult`` (phases, depth, final gradients) from :func:`result_to_json`'s form.
+    """A ``trace_result.TraceResult`` (phases, depth, final gradients) from :func:`result_to_json`'s form.
 
     Raises:
         ValueError, KeyError, TypeError: Not that form.
     """
-    from fitcheck.torch_adapters.tracer import PhaseBreakdown, TraceResult
+    from fitcheck.torch_adapters.trace_result import PhaseBreakdown, TraceResult
 
     phases = {}
     for name, b in value["phases"].items():

@@ -13,13 +13,9 @@ from typing import Any
 
 from fitcheck.report import Component, Phase
 from fitcheck.spec import FreezeSpec, TrainingSpec
+from fitcheck.torch_adapters.trace_result import CATEGORIES, LOGITS, PhaseBreakdown, TraceResult, breakdown_at_peak
 from fitcheck.torch_adapters.tracer import (
-    CATEGORIES,
-    LOGITS,
-    PhaseBreakdown,
-    TraceResult,
     activation_trace_kwargs,
-    breakdown_at_peak,
     components_from_trace,
     trace_kwargs,
     trace_step,
