@@ -259,7 +259,7 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
 
     units = plan.units
     layer_ids = [u for u, unit in enumerate(units) if unit.kind == "layer"]
-    first, back, bounds = step_frame(events, start, end, len(layer_ids))
+    first, back, bounds = step_frame(events, start, end, len(layer_ids) or plan.depth)
     # forward: pre_forward -> unshard + wait; post_forward -> reshard where reshard_after_forward
     for u, unit in enumerate(units):
         if unit.kind in ("root", "embed") or (unit.kind == "tail" and plan.tied):
@@ -270,8 +270,8 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
             put(bounds[j], lambda r, t, v=v: r.reshard(v) if units[v].reshard else None)
         put(bounds[j], lambda r, t, u=u: r.wait(u, t, True))
         before = [u]
-    for v in before:
-        put(bounds[-1], lambda r, t, v=v: r.reshard(v) if units[v].reshard else None)
+    for v in before:  # the last layer unit after its forward; without layer units the embedding at the first layer
+        put(bounds[-1] if layer_ids else bounds[0], lambda r, t, v=v: r.reshard(v) if units[v].reshard else None)
     tail = len(units) - 1
     if not plan.tied:
         put(bounds[-1], lambda r, t: r.wait(tail, t, True))
@@ -279,6 +279,7 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     def root_post_forward(r: _Rank, t: str) -> None:  # _fsdp_state.py _post_forward: free the last all-gather
         r.free(r.held)
         r.held = None
+        r.w.out.append((MARK, 0, "forward"))  # the end of the pass's forward (the benchmarks' ``forward1``)
 
     put(back, root_post_forward)
     # backward: gradients to units by size, in backward order (the root's own parameters last)
