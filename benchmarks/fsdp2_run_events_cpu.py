@@ -15,14 +15,21 @@ scalars of gradient clipping and autocast's cache are not modelled): the check o
 Run: ``PYTHONPATH=. python benchmarks/fsdp2_run_events_cpu.py`` (world sizes 1 and 2; exit 1 on a difference).
 Result (2026-11-27, this checkout): world 1 and 2, the same live bytes at every point.
 
-Variants (``--variant full lora accum2 lora_accum2``; ``--write`` records them in
+Variants (``--variant full lora accum2 lora_accum2 lora_accelerate lora_accum2_accelerate``; ``--write`` records them in
 ``benchmarks/data/fsdp2_run_events_cpu.json``, which ``tests/test_fsdp2_run_events.py`` checks without spawning):
 ``lora``: peft ``get_peft_model`` r 8 on q/v over the bf16 base (the adapters fp32: ``autocast_adapter_dtype``),
-the Trainer's optimizer on the trainable parameters only; ``accum2``: two micro-batches a step as the Trainer runs
+prepared as the Trainer prepares a peft model (transformers 5.23 ``update_fsdp_plugin_peft`` first: under FSDP2 no
+decoder layer gets a unit, the root gathers them all; ``core/states/fsdp2_units.py``), the Trainer's optimizer on
+the trainable parameters only; ``lora_accelerate`` / ``lora_accum2_accelerate``: the same without
+``update_fsdp_plugin_peft`` (accelerate's own ``transformer_based_wrap``: a unit per layer), NOT the Trainer's run;
+``accum2``: two micro-batches a step as the Trainer runs
 them (``accelerator.no_sync`` but for the last: ``set_requires_gradient_sync(False)``), the live bytes read after
 each micro-batch's backward too (``backward1.0``, ``backward.0``). An unsharded ``.grad`` FSDP2 keeps between
 micro-batches has no Python object until something reads it, so ``alive()`` reads them through the FSDP states.
-Result (2026-11-27, world 1 / 2, real vs fitcheck, every point within 40 B): lora 20 / 28692 / 57396 / 86068 vs
+``forward1`` (every variant recorded since 2026-11-27 evening): after the first forward. Result: lora (the Trainer's)
+minus lora_accelerate at forward1 605176 B (world 1) / 605168 B (world 2) = both layers and adapters in bf16
+(605184 B); the other points of lora and lora_accelerate are alike. The accelerate-direct result before (as lora,
+2026-11-27, world 1 / 2, real vs fitcheck, every point within 40 B): lora_accelerate 20 / 28692 / 57396 / 86068 vs
 0 / 28680 / 57384 / 86056 (world 2: -571992 / -557656 / -543288 / -528952 vs -572032 / -557688 / -543320 /
 -528984); accum2 after the first micro-batch 2230800 vs 2230792 (world 2: 1115424 vs 1115400), the unsharded bf16
 gradients (2 bytes a parameter); lora_accum2 after the first micro-batch 14356 vs 14344 (world 2: -557656 vs

@@ -45,7 +45,11 @@ else around that step; :func:`fsdp2_run` rewrites the plain run into it, read fr
   (the embedding, the head) reduces nothing; the input embedding's output needs no gradient, so it has no
   pre-backward (its prefetched all-gather is cleared by ``finalize_backward``) and the first layer's post-backward
   runs in the root's final callback; the optimizer holds the adapters only. The final norm is the root's:
-  ``_find_final_norm`` reads ``model.base_model_prefix``'s children, the ``LlamaForCausalLM`` under peft.
+  ``_find_final_norm`` reads ``model.base_model_prefix``'s children, the ``LlamaForCausalLM`` under peft. Under the
+  Trainer (``fsdp2_plan``'s default) no layer has a unit (``core/states/fsdp2_units.py``): the root, every layer
+  with it, is gathered at its pre-forward and kept to its post-backward in the final callback, which reduces all
+  the adapters' gradients at once; the embedding reshards at the first layer's forward, the tail is gathered
+  after the last.
 * gradient accumulation (transformers 5.23 ``trainer.py``: ``accelerator.no_sync`` but for a window's last
   micro-batch; accelerate 1.15 ``accelerator.py`` ``no_sync`` under FSDP2: ``set_requires_gradient_sync(False)``,
   ``reduce_grads`` False): ``post_backward`` reshards and returns before reading the gradients, so each unit's

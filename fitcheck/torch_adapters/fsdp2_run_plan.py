@@ -5,7 +5,8 @@ The units are accelerate 1.15's (``utils/fsdp_utils.py`` ``fsdp2_prepare_model``
 untied input embedding, the tail ``[final norm, (tied embedding,) lm_head]`` with ``reshard_after_forward=False``,
 and the root with what is left (``reshard_after_forward=None`` -> False for the root). Each parameter is sharded on
 dim 0, padded to a multiple of the world size (torch 2.13 ``_fsdp_param.py`` ``_init_sharded_param``:
-``padded_sharded_size = chunks[0].size()``).
+``padded_sharded_size = chunks[0].size()``). A peft model under the Trainer has no layer unit: the root holds every
+layer (``core/states/fsdp2_units.py`` ``peft_root_gathers``; :attr:`FsdpPlan.depth`).
 
 FSDP1 (:func:`fsdp1_plan`): accelerate 1.15 ``accelerator.py`` ``prepare_model`` wraps the model once with
 ``transformer_based_wrap`` (``FullyShardedDataParallelPlugin.set_auto_wrap_policy``): every decoder layer its own
