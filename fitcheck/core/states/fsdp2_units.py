@@ -107,20 +107,23 @@ def fsdp2_components(spec: TrainingSpec, compute_bytes: int, unit_params: int, s
             Phase.BACKWARD: layers + grads,
         }
         how = "reshard_after_forward=False: every layer kept gathered until its backward"
+    return _buffer(
+        values,
+        source + "; accelerate 1.15 fsdp2_prepare_model units, torch 2.13 _fsdp_param_group.py "
+        "all_gather_state (fitcheck/core/states/fsdp2_units.py)",
+        f"tail unit (final norm + LM head) {format_bytes(tail)}, "
+        + ("twice at the end of forward (its all-gather output is held until the root's post-forward)"
+           if shards > 1 else "once at the end of forward (one shard: no flat all-gather output)")
+        + f"; layer unit {format_bytes(unit)}; {how}"
+        + ("; unsharded grads + reduce-scatter input of a unit" if grads else ""),
+    )
+
+
+def _buffer(values: dict[Phase, int], source: str, detail: str) -> tuple[Component, ...]:
+    """The ``buffers.fsdp_unsharded_params`` component of ``values`` by phase."""
     return (
-        Component(
-            "buffers.fsdp_unsharded_params",
-            Category.BUFFERS,
-            Location.DEVICE,
-            {p: int(values.get(p, 0)) for p in PHASES},
-            source + "; accelerate 1.15 fsdp2_prepare_model units, torch 2.13 _fsdp_param_group.py "
-            "all_gather_state (fitcheck/core/states/fsdp2_units.py)",
-            f"tail unit (final norm + LM head) {format_bytes(tail)}, "
-            + ("twice at the end of forward (its all-gather output is held until the root's post-forward)"
-               if shards > 1 else "once at the end of forward (one shard: no flat all-gather output)")
-            + f"; layer unit {format_bytes(unit)}; {how}"
-            + ("; unsharded grads + reduce-scatter input of a unit" if grads else ""),
-        ),
+        Component("buffers.fsdp_unsharded_params", Category.BUFFERS, Location.DEVICE,
+                  {p: int(values.get(p, 0)) for p in PHASES}, source, detail),
     )
 
 
@@ -137,17 +140,12 @@ def _peft_root_components(spec: TrainingSpec, compute_bytes: int, source: str, s
     layers = root_layer_bytes(spec, compute_bytes)
     grads = 2 * trainable_params(spec) * compute_bytes  # unsharded adapter grads + the reduce-scatter input
     values = {Phase.FORWARD_END: held + layers, Phase.BACKWARD_START: tail + layers, Phase.BACKWARD: layers + grads}
-    return (
-        Component(
-            "buffers.fsdp_unsharded_params",
-            Category.BUFFERS,
-            Location.DEVICE,
-            {p: int(values.get(p, 0)) for p in PHASES},
-            source + "; transformers 5.23 trainer.py l.1753 update_fsdp_plugin_peft -> accelerate 1.15 "
-            "fsdp2_prepare_auto_wrap_policy returns None for peft's _or_policy: no layer units; torch 2.13 root "
-            "reshard_after_forward None -> False (fitcheck/core/states/fsdp2_units.py)",
-            f"peft model under the Trainer's FSDP2: the root unit gathers all {spec.model.shape.num_layers} "
-            f"decoder layers ({format_bytes(layers)}) from forward to the end of backward; tail (LM head) "
-            f"{format_bytes(tail)}; unsharded adapter grads + reduce-scatter input {format_bytes(grads)}",
-        ),
+    return _buffer(
+        values,
+        source + "; transformers 5.23 trainer.py l.1753 update_fsdp_plugin_peft -> accelerate 1.15 "
+        "fsdp2_prepare_auto_wrap_policy returns None for peft's _or_policy: no layer units; torch 2.13 root "
+        "reshard_after_forward None -> False (fitcheck/core/states/fsdp2_units.py)",
+        f"peft model under the Trainer's FSDP2: the root unit gathers all {spec.model.shape.num_layers} "
+        f"decoder layers ({format_bytes(layers)}) from forward to the end of backward; tail (LM head) "
+        f"{format_bytes(tail)}; unsharded adapter grads + reduce-scatter input {format_bytes(grads)}",
     )
