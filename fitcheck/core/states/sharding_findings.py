@@ -141,7 +141,7 @@ def _fsdp2_peft_root(spec: TrainingSpec) -> Finding:
     return Finding(
         "fsdp2-peft-root-gathers-all-layers",
         Severity.WARNING,
-        "FSDP2 with a peft model: the Trainer (transformers 5.23 trainer.py l.1753) calls distributed/fsdp.py "
+        "FSDP2 with a peft model: the Trainer (transformers 5.23 trainer.py l.1753-1754) calls distributed/fsdp.py "
         "update_fsdp_plugin_peft, which sets peft's fsdp_auto_wrap_policy (functools.partial(_or_policy, ...)); "
         "accelerate 1.15 utils/fsdp_utils.py fsdp2_prepare_auto_wrap_policy (l.921-971) knows only "
         "transformer_auto_wrap_policy / size_based_auto_wrap_policy and returns None, so fsdp2_prepare_model "
