@@ -45,7 +45,11 @@ else around that step; :func:`fsdp2_run` rewrites the plain run into it, read fr
   (the embedding, the head) reduces nothing; the input embedding's output needs no gradient, so it has no
   pre-backward (its prefetched all-gather is cleared by ``finalize_backward``) and the first layer's post-backward
   runs in the root's final callback; the optimizer holds the adapters only. The final norm is the root's:
-  ``_find_final_norm`` reads ``model.base_model_prefix``'s children, the ``LlamaForCausalLM`` under peft.
+  ``_find_final_norm`` reads ``model.base_model_prefix``'s children, the ``LlamaForCausalLM`` under peft. Under the
+  Trainer (``fsdp2_plan``'s default) no layer has a unit (``core/states/fsdp2_units.py``): the root, every layer
+  with it, is gathered at its pre-forward and kept to its post-backward in the final callback, which reduces all
+  the adapters' gradients at once; the embedding reshards at the first layer's forward, the tail is gathered
+  after the last.
 * gradient accumulation (transformers 5.23 ``trainer.py``: ``accelerator.no_sync`` but for a window's last
   micro-batch; accelerate 1.15 ``accelerator.py`` ``no_sync`` under FSDP2: ``set_requires_gradient_sync(False)``,
   ``reduce_grads`` False): ``post_backward`` reshards and returns before reading the gradients, so each unit's
@@ -259,7 +263,7 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
 
     units = plan.units
     layer_ids = [u for u, unit in enumerate(units) if unit.kind == "layer"]
-    first, back, bounds = step_frame(events, start, end, len(layer_ids))
+    first, back, bounds = step_frame(events, start, end, len(layer_ids) or plan.depth)
     # forward: pre_forward -> unshard + wait; post_forward -> reshard where reshard_after_forward
     for u, unit in enumerate(units):
         if unit.kind in ("root", "embed") or (unit.kind == "tail" and plan.tied):
@@ -270,8 +274,8 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
             put(bounds[j], lambda r, t, v=v: r.reshard(v) if units[v].reshard else None)
         put(bounds[j], lambda r, t, u=u: r.wait(u, t, True))
         before = [u]
-    for v in before:
-        put(bounds[-1], lambda r, t, v=v: r.reshard(v) if units[v].reshard else None)
+    for v in before:  # the last layer unit after its forward; without layer units the embedding at the first layer
+        put(bounds[-1] if layer_ids else bounds[0], lambda r, t, v=v: r.reshard(v) if units[v].reshard else None)
     tail = len(units) - 1
     if not plan.tied:
         put(bounds[-1], lambda r, t: r.wait(tail, t, True))
@@ -279,6 +283,7 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
     def root_post_forward(r: _Rank, t: str) -> None:  # _fsdp_state.py _post_forward: free the last all-gather
         r.free(r.held)
         r.held = None
+        r.w.out.append((MARK, 0, "forward"))  # the end of the pass's forward (the benchmarks' ``forward1``)
 
     put(back, root_post_forward)
     # backward: gradients to units by size, in backward order (the root's own parameters last)

@@ -17,6 +17,7 @@ new module here), read by :mod:`.layout`.
 """
 
 from fitcheck.core.states.deepspeed_streams import deepspeed_side_pools
+from fitcheck.core.states.fsdp2_units import peft_root_gathers, root_layer_bytes
 from fitcheck.core.states.fsdp_qlora import LoadPeak, fsdp_qlora_findings, load_peak
 from fitcheck.core.states.fsdp_streams import SidePools, fsdp_side_pools
 from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
@@ -65,10 +66,12 @@ __all__ = [
     "optimizer_for",
     "param_compute_bytes",
     "partition",
+    "peft_root_gathers",
     "plan_lora",
     "prequant_components",
     "prequant_findings",
     "quantized_bytes",
+    "root_layer_bytes",
     "sharding_findings",
     "trainable_params",
     "trl_bf16_trainables",
