@@ -163,6 +163,25 @@ def test_cuda_head_scores_the_labelled_positions_only(monkeypatch: pytest.Monkey
     assert peaks["every"] > 1.2 * peaks["real"]
 
 
+def test_compact_gather_leaves_torch_tensor_as_it_was() -> None:
+    """``compact_gather`` intercepts indexing through a torch-function mode and leaves ``torch.Tensor`` alone: a
+    ``__getitem__`` once assigned to ``torch.Tensor`` (its first version) gives every tensor the sequence protocol
+    for good, and ``torch.tensor([tensor(3)])`` (Qwen2.5-VL's ``get_rope_index``) then raises ``len() of a 0-d
+    tensor``: it failed test_vision.py after this file in one pytest worker."""
+    import torch
+
+    from fitcheck.torch_adapters.tracer_dpo import compact_gather
+
+    before = dict(vars(torch.Tensor))
+    with compact_gather(2):
+        x = torch.arange(12.0).reshape(4, 3)
+        assert x[torch.tensor([False, True, True, False])].shape == (2, 3)  # the first ``count`` rows, copied
+        assert torch.tensor([torch.tensor(3), torch.tensor(4)]).tolist() == [3, 4]
+    assert dict(vars(torch.Tensor)) == before
+    assert torch.tensor([torch.tensor(3), torch.tensor(4)]).tolist() == [3, 4]
+    assert torch.arange(4)[torch.tensor([True, False, True, False])].tolist() == [0, 2]  # real indexing again
+
+
 def test_plain_replay_is_not_the_dpo_step() -> None:
     """``run_trace_kwargs`` of a DPO spec is no longer the plain Trainer's (``trace_kwargs``)."""
     from fitcheck.torch_adapters import run_trace_kwargs

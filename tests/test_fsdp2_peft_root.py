@@ -120,3 +120,35 @@ def test_the_replay_gathers_the_root_as_the_recorded_run() -> None:
         direct, plain = fitcheck_live(world, plain, lora=True, plan=lambda s: fsdp2_plan(s, trainer=False))
         measured = _rows("lora")[str(world)]["forward1"] - _rows("lora_accelerate")[str(world)]["forward1"]
         assert abs(trainer["forward1"] - direct["forward1"] - measured) <= TOLERANCE, world
+
+
+def test_fsdp2_activation_checkpointing_on_a_peft_model_is_refused(tmp_path: Path) -> None:
+    """accelerate 1.15 ``fsdp2_apply_ac`` calls the policy ``fsdp2_prepare_auto_wrap_policy`` returns, None for the
+    Trainer's peft policy (the first test): ``TypeError: 'NoneType' object is not callable`` in ``prepare``. A run
+    the libraries refuse is exit 2 naming the file and key; without peft it is estimated; axolotl applies the
+    checkpointing in its own FSDP2 preparation (``monkeypatch/accelerate/fsdp2.py``) and is not refused."""
+    import inspect
+
+    from accelerate.utils import fsdp_utils
+
+    from fitcheck.cli.main import main
+
+    source = inspect.getsource(fsdp_utils.fsdp2_apply_ac)
+    assert "fsdp2_prepare_auto_wrap_policy(" in source and "if auto_wrap_policy_func(layer):" in source
+    cfg = tmp_path / "fsdp2.json"
+    cfg.write_text(json.dumps({"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                               "fsdp_activation_checkpointing": True}), encoding="utf-8")
+    argv = ["estimate", "--model_name_or_path", "meta-llama/Llama-3.1-8B", "--dtype", "bfloat16", "--bf16", "--gpu",
+            "H100-80GB", "--num_processes", "4", "--fsdp", "full_shard", "--fsdp_config", str(cfg),
+            "--per_device_train_batch_size", "1", "--max_seq_length", "1024", "--no_trace", "--json"]
+    assert main([*argv, "--use_peft"]) == 2
+    assert main(argv) in (0, 1)
+    axolotl = tmp_path / "ax.yaml"
+    axolotl.write_text("base_model: meta-llama/Llama-3.1-8B\nadapter: lora\nlora_r: 16\nlora_alpha: 32\n"
+                       "lora_target_linear: true\nsequence_len: 1024\nmicro_batch_size: 1\nbf16: true\n"
+                       "gradient_checkpointing: true\nlora_mlp_kernel: false\nlora_qkv_kernel: false\n"
+                       "lora_o_kernel: false\nfsdp_version: 2\nfsdp_config:\n  activation_checkpointing: true\n"
+                       "  auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                       "  transformer_layer_cls_to_wrap: LlamaDecoderLayer\n", encoding="utf-8")
+    assert main(["estimate", "--axolotl", str(axolotl), "--gpu", "H100-80GB", "--num_processes", "4",
+                 "--no_trace", "--json"]) in (0, 1)

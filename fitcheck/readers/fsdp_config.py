@@ -123,6 +123,8 @@ def fsdp_from_config(cfg: Mapping[str, object], *, source: str, flavour: str) ->
         if c.get("activation_checkpointing") is not None
         else None
     )
+    if ac is not None:
+        prov["activation_checkpointing"] = at("activation_checkpointing")
     state_dict_type = _state_dict_type(c, version, flavour, at, prov)
     try:
         spec = FsdpSpec(

@@ -391,7 +391,6 @@ def spec_from_settings(
         stack=stack,
     )
     check_layout(spec)  # tp/cp/sp/HSDP sizes checked as accelerate checks them (exit 2)
-    check_layout(spec)  # tp/cp/sp/HSDP sizes checked as accelerate checks them (exit 2)
     from fitcheck.readers.kernel_settings import refuse_peft_problems
 
     refuse_peft_problems(spec)  # what peft raises on (ParamWrapper + lora_dropout): exit 2, not a traceback

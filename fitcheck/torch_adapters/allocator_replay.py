@@ -368,15 +368,14 @@ def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     preparation and fused LM head, ``trl_head`` the outputs it patches the model with; DPO's reference and prompt,
     ``trl_dpo``) at the shape it runs (``core.trainers.step_spec``: DPO's chosen + rejected rows)."""
     from fitcheck.core.trainers import step_spec, trainer_row
-    from fitcheck.spec import TrainerKind
     from fitcheck.torch_adapters.tracer import trace_kwargs
 
     t = spec.trainer
-    outputs = trainer_row(t.kind).fused_head
-    if t.kind not in (TrainerKind.SFT, TrainerKind.DPO) or outputs is None:
+    row = trainer_row(t.kind)
+    if row.replay_step is None or row.fused_head is None:  # the registry's column: SFT's and DPO's steps
         return trace_kwargs(spec)
-    kwargs = {**trace_kwargs(step_spec(spec)), "trl_head": outputs}
-    if t.kind is TrainerKind.DPO:
+    kwargs = {**trace_kwargs(step_spec(spec)), "trl_head": row.fused_head}
+    if row.replay_step == "tracer_dpo":
         from fitcheck.spec import Strategy
         from fitcheck.torch_adapters.tracer_dpo import dpo_reference
 

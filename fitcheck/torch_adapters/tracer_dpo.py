@@ -279,25 +279,30 @@ def compact_gather(count: int) -> Iterator[None]:
     (``nonzero``: ``N`` x 8 bytes per dimension) are not traced. Active only around a CUDA DPO trace."""
     import torch
     import trl.trainer.utils as trl_utils
+    from torch.overrides import TorchFunctionMode
 
     getitem, scatter, use_triton = torch.Tensor.__getitem__, torch.Tensor.masked_scatter, vars(trl_utils)["_use_triton"]
 
-    def gathered(self: Any, index: Any) -> Any:
-        if isinstance(index, torch.Tensor) and index.dtype == torch.bool and index.shape == self.shape[:index.dim()]:
-            return self.reshape(-1, *self.shape[index.dim():]).narrow(0, 0, count).clone()
-        return getitem(self, index)
+    # A torch-function mode, not an assignment to torch.Tensor.__getitem__: Tensor inherits it from
+    # torch._C.TensorBase, and a __getitem__ once set in Tensor's own dict leaves every tensor with the sequence
+    # protocol even after it is deleted again (torch.tensor([tensor(3)]) then raises "len() of a 0-d tensor").
+    class _Compact(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func is getitem and len(args) == 2:
+                x, index = args
+                if (isinstance(index, torch.Tensor) and index.dtype == torch.bool
+                        and index.shape == x.shape[:index.dim()]):
+                    return x.reshape(-1, *x.shape[index.dim():]).narrow(0, 0, count).clone()
+            if func is scatter and len(args) == 3:
+                x, mask, source = args
+                if source.dim() == 1 and source.numel() == count and x.shape == mask.shape:
+                    return torch.cat([source, x.reshape(-1)[count:]]).view(mask.shape)
+            return func(*args, **kwargs)
 
-    def scattered(self: Any, mask: Any, source: Any) -> Any:
-        if source.dim() == 1 and source.numel() == count and self.shape == mask.shape:
-            return torch.cat([source, self.reshape(-1)[count:]]).view(mask.shape)
-        return scatter(self, mask, source)
-
-    torch.Tensor.__getitem__ = gathered  # type: ignore[method-assign]
-    torch.Tensor.masked_scatter = scattered  # type: ignore[method-assign]
     setattr(trl_utils, "_use_triton", lambda _device: True)  # noqa: B010  # a private name of trl's
     try:
-        yield
+        with _Compact():
+            yield
     finally:
-        torch.Tensor.__getitem__ = getitem  # type: ignore[method-assign]
-        torch.Tensor.masked_scatter = scatter  # type: ignore[method-assign]
         setattr(trl_utils, "_use_triton", use_triton)  # noqa: B010

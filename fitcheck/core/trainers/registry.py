@@ -21,6 +21,9 @@ Columns (:class:`TrainerRow`):
   modelled.
 - ``dataset_columns``: the prepared dataset's token-id columns whose longest row is the sequence (or, with
   ``prompt_completion``, the completion next to ``prompt_ids``); empty when the prompts stay text (GRPO).
+- ``replay_step``: the torch adapter that traces this trainer's own step for the whole-run allocator replay
+  (``fitcheck.torch_adapters.allocator_replay.run_trace_kwargs``: ``tracer_trl`` for SFT's fused head,
+  ``tracer_dpo`` for DPO's reference pass and chosen + rejected rows); None where the replay has no trace of it.
 
 Trainers TRL 1.16 ships that are no small step from these are refused with the reason (:data:`REFUSED`).
 """
@@ -90,6 +93,7 @@ class TrainerRow:
     script_fields: tuple[str, ...] = ()
     dataset_columns: tuple[str, ...] = ()
     full_logits: FullLogits | None = None
+    replay_step: str | None = None
 
     @property
     def trl(self) -> bool:
@@ -110,7 +114,8 @@ _ROWS = (
     TrainerRow(
         TrainerKind.SFT, "SFTConfig", ("log_probs", "entropy", "is_top1"),  # sft_trainer.py L1144-1147
         ReferenceRule.NONE, 1, False, EvalRule.SFT, _TRL_EVAL,
-        _defaults(max_length=1024, packing=False, padding_free=False), ("packing", "padding_free"), ("input_ids",)),
+        _defaults(max_length=1024, packing=False, padding_free=False), ("packing", "padding_free"), ("input_ids",),
+        replay_step="tracer_trl"),
     TrainerRow(
         TrainerKind.DPO, "DPOConfig", ("log_probs", "entropy", "mean_logits", "is_top1"),  # dpo_trainer.py L956-960
         ReferenceRule.IN_STEP, 2, True, EvalRule.PAIRED,
@@ -119,7 +124,8 @@ _ROWS = (
         ("precompute_ref_log_probs", "loss_type"), ("chosen_ids", "rejected_ids"),
         # the policy's fp32 logits (returned for the metrics, L311-312); the reference's own
         full_logits=FullLogits("LLaMA-Factory@ff6d4d1 CustomDPOTrainer (src/llamafactory/train/dpo/trainer.py "
-                               "concatenated_forward L219-253, compute_reference_log_probs L255-275)", 1, 1)),
+                               "concatenated_forward L219-253, compute_reference_log_probs L255-275)", 1, 1),
+        replay_step="tracer_dpo"),
     TrainerRow(
         TrainerKind.GRPO, "GRPOConfig", ("log_probs", "entropy"),  # grpo_trainer.py L1068-1073
         ReferenceRule.WHEN_BETA, 1, True, EvalRule.GENERATE,
