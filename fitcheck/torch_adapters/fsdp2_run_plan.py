@@ -130,8 +130,8 @@ def not_replayed(spec: TrainingSpec) -> str:
         parts.append("a quantized base")
     if spec.freeze is not None:
         parts.append("frozen parameters without peft (freeze)")
-    if lora_not_replayed(spec):
-        parts.append(lora_not_replayed(spec))
+    if lora_left_out := lora_not_replayed(spec):
+        parts.append(lora_left_out)
     if spec.optimizer.name not in FUSED_ADAM:
         parts.append(f"the {spec.optimizer.name} optimizer on the shards (replayed: {FUSED_ADAM[0]})")
     if spec.sharding.parallelism is not None and spec.sharding.parallelism.active:

@@ -229,25 +229,21 @@ def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, p
         The step.
     """
     import torch
-    from peft import PeftModel
     from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-    from fitcheck.torch_adapters.tracer_trl import trainable_to_bf16
+    from fitcheck.torch_adapters.tracer_trl import prepare_sft
 
     reference, prompt, sft_weight, warmup = plan
-    peft = isinstance(model, PeftModel)
-    if peft and checkpointing:
-        model.enable_input_require_grads()
-    if quantized:
-        trainable_to_bf16(model)
+    # what SFTTrainer.__init__ does too (the input-grad hook under PEFT + checkpointing, a quantized base's
+    # adapters in bf16, the policy's fused head); neither the head nor the dropout switch allocates, so the
+    # reference copy below is still loaded after the policy's casts
+    policy = prepare_sft(model, outputs, quantized=quantized, checkpointing=checkpointing)
     ref_model = None
     if reference == MODEL_REF:
         ref_model = build_reference()
         ref_model.eval()  # from_pretrained's mode; accelerator.prepare_model(evaluation_mode=True) keeps it
         disable_dropout_in_model(ref_model)
     disable_dropout_in_model(model)
-    base = model.get_base_model() if peft else model
-    add_fused_lm_head(base, outputs=outputs)
     if ref_model is not None:
         add_fused_lm_head(ref_model)
     completion_mask = torch.zeros(rows, seq_len, dtype=torch.int64)
@@ -255,8 +251,8 @@ def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, p
     pairs = rows // 2  # DataCollatorForPreference: torch.tensor of the rows' floats (fp32)
     ref_logps = (torch.zeros(pairs), torch.zeros(pairs)) if reference == PRECOMPUTED else ()
     kwargs = {"use_reentrant": use_reentrant} if checkpointing else {}
-    return DpoStep(model, getattr(base, base.base_model_prefix), completion_mask, reference, ref_model, kwargs,
-                   sft_weight, ref_logps, warmup)
+    return DpoStep(model, policy.backbone, completion_mask, reference, ref_model, kwargs, sft_weight, ref_logps,
+                   warmup)
 
 
 def labelled_positions(rows: int, seq_len: int, prompt: int) -> int:

@@ -43,6 +43,8 @@ from fitcheck.spec import AttnImpl, LayerRecipe, MixedPrecision, TrainingSpec
 
 _BNB_INPUT_RELEASED = (0, 43, 2)  # bitsandbytes PR #1270: MatMul4Bit no longer keeps its input (module docstring)
 _GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
+# a linear -> the first linear reading the same tensor (q/k/v, gate/up): the warning's bound counts that input once
+SHARED_INPUT = {name: group[0] for group in _GROUPS if len(group) > 1 for name in group}
 SOURCE = "bitsandbytes <= 0.43.1 autograd/_functions.py MatMul4Bit.forward: ctx.tensors = (A, B) (PR #1270)"
 
 

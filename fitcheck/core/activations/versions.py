@@ -34,7 +34,7 @@ linears) in a warning.
 
 from __future__ import annotations
 
-from fitcheck.core.activations.bnb_kept_inputs import kept_inputs_modelled, old_bnb_4bit
+from fitcheck.core.activations.bnb_kept_inputs import SHARED_INPUT, kept_inputs_modelled, old_bnb_4bit
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import MODELLED_VERSIONS, TrainingSpec
 from fitcheck.units import format_bytes
@@ -44,9 +44,6 @@ from fitcheck.units import format_bytes
 LEGACY_TRANSFORMERS = ((4, 40), (4, 57))
 _SHIFT_COPY_FIXED = (4, 49)  # PR #35646: ForCausalLMLoss no longer copies the shifted logits
 _LOSS_IN_LOSS_UTILS = (4, 46)  # loss_utils.ForCausalLMLoss; before it, the forward rebinds logits.float()
-# Linears that read one tensor (its bytes kept once): transformers' attention q/k/v and MLP gate/up (a fused
-# projection is one linear already)
-_SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
 _SOFTMAX_DROPS_INPUT = (1, 11)  # torch: SoftmaxBackward0 saves self_scalar_type instead of self_ (issue #64000)
 
 
@@ -108,7 +105,7 @@ def legacy_bnb_kept_inputs(spec: TrainingSpec) -> int:
     inputs: dict[str, int] = {}
     for entry in spec.model.params:
         if "*" in entry.name and is_quantized(spec, entry):  # a layer's linear (layer index as "*")
-            key = _SHARED_INPUT.get(entry.module, entry.name)
+            key = SHARED_INPUT.get(entry.module, entry.name)
             inputs[key] = max(inputs.get(key, 0), entry.in_features * entry.repeat)
     return sum(inputs.values()) * e * spec.batch.micro_batch * spec.batch.seq_len
 
