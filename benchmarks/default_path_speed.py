@@ -143,8 +143,9 @@ atexit.register(_report)
 
 _REPORT = """
 import sys
-from fitcheck.cli.main import main
-sys.exit(main(["estimate", *sys.argv[1:]]))
+from fitcheck.cli.main import console
+sys.argv = ["fitcheck", "estimate", *sys.argv[1:]]
+console()  # what the ``fitcheck`` console script runs, its exit included
 """
 
 _ANSWER = """
@@ -159,6 +160,10 @@ report = path(spec)
 traced = any(c.name == "activations.traced" for c in report.components)
 print("traced" if traced else "formula", "pinned" if report.pinned else "not pinned", report.peak_allocated_bytes,
       report.peak_reserved_bytes)
+import atexit
+atexit._run_exitfuncs()  # the console script's exit (fitcheck.cli.main.console): no interpreter teardown
+sys.stdout.flush()
+os._exit(0)
 """
 
 
