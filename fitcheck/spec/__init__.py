@@ -38,6 +38,7 @@ from fitcheck.spec.trainer import (
     TrainerSpec,
     VllmMode,
 )
+from fitcheck.spec.adapters import AdapterTensor, PeftAdapterSpec
 from fitcheck.spec.training import (
     DEFAULT_OPTIMIZER,
     LEGACY_OPTIMIZER_NAMES,
@@ -93,6 +94,8 @@ __all__ = [
     "Dtype",
     "FamilyTraits",
     "FreezeSpec",
+    "AdapterTensor",
+    "PeftAdapterSpec",
     "FsdpSpec",
     "HardwareSpec",
     "Kind",
