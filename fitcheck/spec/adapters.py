@@ -26,7 +26,9 @@ class AdapterTensor:
     Attributes:
         name: Parameter or buffer name in the peft model, layer indices as ``*``.
         shape: Shape of one tensor.
-        dtype: Its dtype in the built model (peft's ``autocast_adapter_dtype`` upcast included).
+        dtype: Its torch dtype's name in the built model (peft's ``autocast_adapter_dtype`` upcast included;
+            a buffer may be an integer one, OFT's ``int64`` indices).
+        itemsize: Bytes per element.
         repeat: How many such tensors.
         trainable: ``requires_grad`` (gradients and optimizer states); False: a frozen parameter or a buffer
             (VeRA's shared random projections, BOFT's permutation matrices).
@@ -36,7 +38,8 @@ class AdapterTensor:
 
     name: str
     shape: tuple[int, ...]
-    dtype: Dtype
+    dtype: str
+    itemsize: int
     repeat: int = 1
     trainable: bool = True
     in_base: bool = False
@@ -46,6 +49,16 @@ class AdapterTensor:
     def numel_each(self) -> int:
         """Elements of one tensor."""
         return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all ``repeat`` tensors."""
+        return self.numel_each * self.repeat * self.itemsize
+
+    @property
+    def float_dtype(self) -> Dtype:
+        """The dtype as fitcheck's :class:`Dtype` (a trainable tensor is always a floating one)."""
+        return Dtype(self.dtype)
 
 
 @dataclass(frozen=True)

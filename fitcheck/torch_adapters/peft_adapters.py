@@ -18,12 +18,13 @@ allocator, which a training loop updates every step (``tuners/adalora/layer.py``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from fitcheck.spec import AdapterTensor, Dtype, PeftAdapterSpec, TrainingSpec
+from fitcheck.spec import AdapterTensor, PeftAdapterSpec, TrainingSpec
 
 # keys of a saved config that describe its file or the model it was made for, not the adapter
 _DROPPED = ("peft_version", "auto_mapping", "base_model_name_or_path", "revision", "num_layers", "token_dim",
@@ -50,8 +51,50 @@ def wrap_adapter(model: Any, adapter: PeftAdapterSpec) -> Any:
     return get_peft_model(model, peft_config(adapter))
 
 
-def _dtype(t: Any) -> Dtype:
-    return Dtype(str(t.dtype).removeprefix("torch."))
+# peft 0.21.2 tuners/loha/layer.py LoHaLayer.forward and tuners/lokr/layer.py LoKrLayer.forward draw
+# ``torch.rand(1) > module_dropout`` to skip the whole adapter with probability module_dropout: a Python bool of a
+# tensor, which a fake tensor cannot give
+_MODULE_DROPOUT_DRAWS = ("peft.tuners.loha.layer", "peft.tuners.lokr.layer")
+
+
+class _ScalarDrawsReal:
+    """The ``torch`` module, but ``rand(1)`` is drawn as a real number (outside the fake mode)."""
+
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, name)
+
+    def rand(self, *size: Any, **kwargs: Any) -> Any:
+        if size in ((1,), ((1,),)) and not kwargs:
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily():
+                return float(self._torch.rand(1))
+        return self._torch.rand(*size, **kwargs)
+
+
+@contextlib.contextmanager
+def module_dropout_drawn() -> Iterator[None]:
+    """On fake tensors: LoHa's and LoKr's module-dropout draw made real, the rest of the step unchanged (the draw
+    keeps the adapter with probability 1 - module_dropout, 1 at the rows' module_dropout 0)."""
+    import importlib
+
+    import torch
+
+    modules = [importlib.import_module(m) for m in _MODULE_DROPOUT_DRAWS]
+    for m in modules:
+        m.torch = _ScalarDrawsReal(torch)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.torch = torch  # type: ignore[attr-defined]
+
+
+def _dtype(t: Any) -> tuple[str, int]:
+    return str(t.dtype).removeprefix("torch."), int(t.element_size())
 
 
 def adapter_tensors(config: Mapping[str, Any], adapter: PeftAdapterSpec, dtype: str, task: str) -> tuple[
@@ -84,10 +127,11 @@ def adapter_tensors(config: Mapping[str, Any], adapter: PeftAdapterSpec, dtype: 
             if id(b) not in base:
                 key = (re.sub(r"\.\d+\.", ".*.", name), tuple(b.shape), _dtype(b), False, False, True)
                 groups[key] = groups.get(key, 0) + 1
-    tensors = [AdapterTensor(n, shape, dt, repeat, trainable, in_base, buffer)
+    tensors = [AdapterTensor(n, shape, dt[0], dt[1], repeat, trainable, in_base, buffer)
                for (n, shape, dt, trainable, in_base, buffer), repeat in groups.items()]
     if adapter.peft_type == "ADALORA":
-        tensors += [AdapterTensor(f"rank_allocator.{state}:{t.name}", t.shape, t.dtype, t.repeat, False, False, True)
+        tensors += [AdapterTensor(f"rank_allocator.{state}:{t.name}", t.shape, t.dtype, t.itemsize, t.repeat, False,
+                                  False, True)
                     for t in list(tensors) if t.trainable and ".lora_" in t.name
                     for state in _ADALORA_ALLOCATOR_STATES]
     return tuple(tensors)

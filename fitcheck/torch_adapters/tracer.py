@@ -178,6 +178,10 @@ def trace_step(
         from fitcheck.torch_adapters.tracer_quant import matmul4bit_keeps_input
 
         kernels.enter_context(matmul4bit_keeps_input(True))
+    if adapter is not None and fake:
+        from fitcheck.torch_adapters.peft_adapters import module_dropout_drawn
+
+        kernels.enter_context(module_dropout_drawn())
     if trl_head and fake and skip_tiles:
         from fitcheck.torch_adapters.tracer_trl import repeated_tiles_skipped
 
@@ -260,6 +264,11 @@ def trace_step(
                 rec.enter_region("optimizer" + suffix)
                 if opt is not None:
                     opt.step()
+                    if adapter is not None and adapter.peft_type == "ADALORA":
+                        # the loop peft's AdaLoRA asks for (tuners/adalora/model.py update_and_allocate, after the
+                        # optimizer step): the rank allocator's states. At step 0 (<= tinit) it masks nothing:
+                        # its masking (kthvalue(...).item()) cannot run on fake tensors
+                        model.base_model.update_and_allocate(0)
                 rec.enter_region("zero_grad" + suffix)
                 if step == steps - 1:
                     grad_serials = {rec.serial(p.grad) for p in params if p.grad is not None}

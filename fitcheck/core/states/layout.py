@@ -172,14 +172,13 @@ def _add_peft_adapter(out: Layout, spec: TrainingSpec) -> None:
     adapters (gradients, optimizer states), frozen ones and buffers frozen bytes; a base parameter made trainable
     in place moves from the frozen bytes to the adapters."""
     for t in peft_adapter_tensors(spec):
-        nbytes = t.numel_each * t.repeat * t.dtype.nbytes
         if t.trainable:
-            out.adapters.append(TensorGroup(t.name, t.shape, t.dtype, t.repeat, decay=trainer_decays(t.name)))
+            out.adapters.append(TensorGroup(t.name, t.shape, t.float_dtype, t.repeat, decay=trainer_decays(t.name)))
             if t.in_base:
-                out.frozen_bytes -= nbytes
+                out.frozen_bytes -= t.nbytes
                 out.frozen_params -= t.numel_each * t.repeat
         elif not t.in_base:
-            out.frozen_bytes += nbytes
+            out.frozen_bytes += t.nbytes
             out.frozen_params += 0 if t.buffer else t.numel_each * t.repeat
 
 
