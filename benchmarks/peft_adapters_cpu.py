@@ -55,7 +55,7 @@ def row_configs() -> dict[str, tuple[str, dict[str, Any]]]:
 
 def adapter_spec(config: dict[str, Any]) -> Any:
     """The spec fitcheck's reader makes of a ``peft_config`` (``readers.peft_config.adapter_from_mapping``)."""
-    from fitcheck.readers.peft_config import adapter_from_mapping
+    from fitcheck.readers import adapter_from_mapping
 
     return adapter_from_mapping(config, source="adapter_config.json")
 
@@ -67,8 +67,7 @@ def measure(peft_type: str, config: dict[str, Any]) -> dict[str, Any]:
     from tiny_models import spec_from_config  # type: ignore[import-not-found]  # tests/ on sys.path (above)
 
     from fitcheck.report import Phase
-    from fitcheck.torch_adapters import PinnedPath
-    from fitcheck.torch_adapters.tracer import REGIONS, trace_step
+    from fitcheck.torch_adapters import PinnedPath, trace_step
 
     adapter = adapter_spec(config)
     kwargs: dict[str, Any] = {"seq_len": SEQ, "micro_batch": BATCH, "dtype": "bfloat16", "optimizer": "adamw_torch",
@@ -82,7 +81,7 @@ def measure(peft_type: str, config: dict[str, Any]) -> dict[str, Any]:
     report = PinnedPath("always", cache=None)(spec)
     totals = report.phase_totals()
     phases: dict[str, Any] = {}
-    for phase in REGIONS:
+    for phase in real.phases:
         r = real.phases[phase].total
         phases[phase.value] = {"real": r, "trace": fake.phases[phase].total, "estimate": totals.get(phase, 0),
                                "trace_error": fake.phases[phase].total / r - 1,
@@ -97,8 +96,7 @@ def real_trainable(config: dict[str, Any]) -> int:
     """``requires_grad`` elements of the real peft model (peft's own ``get_nb_trainable_parameters``)."""
     import torch
 
-    from fitcheck.torch_adapters.peft_adapters import wrap_adapter
-    from fitcheck.torch_adapters.tracer_build import build_model
+    from fitcheck.torch_adapters import build_model, wrap_adapter
 
     torch.manual_seed(0)
     model = wrap_adapter(build_model(TINY, dtype=torch.bfloat16, attn_implementation="sdpa", checkpointing=False,
@@ -108,7 +106,7 @@ def real_trainable(config: dict[str, Any]) -> int:
 
 def main() -> int:
     """Measure every supported type, print the table, write the data file; 1 when a type misses 2 %."""
-    from fitcheck.readers.peft_config import TRACED_PEFT_TYPES
+    from fitcheck.readers import TRACED_PEFT_TYPES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--types", nargs="*", default=list(TRACED_PEFT_TYPES))

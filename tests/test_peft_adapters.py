@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from fitcheck.errors import NotModelledError
-from fitcheck.readers.peft_config import TRACED_PEFT_TYPES, adapter_from_mapping, read_adapter_config
+from fitcheck.readers import TRACED_PEFT_TYPES, adapter_from_mapping, read_adapter_config
 from fitcheck.spec import LoraSpec, PeftAdapterSpec
 
 ROWS = Path(__file__).resolve().parents[1] / "benchmarks" / "calibration" / "published_measurements.json"
@@ -62,8 +62,7 @@ def test_estimate_matches_a_real_cpu_step(peft_type: str) -> None:
     pytest.importorskip("peft")
     from tiny_models import spec_from_config
 
-    from fitcheck.torch_adapters import PinnedPath
-    from fitcheck.torch_adapters.tracer import REGIONS, trace_step
+    from fitcheck.torch_adapters import PinnedPath, trace_step
 
     adapter = adapter_from_mapping(_row_config(peft_type), source="adapter_config.json")
     assert isinstance(adapter, PeftAdapterSpec)
@@ -73,7 +72,7 @@ def test_estimate_matches_a_real_cpu_step(peft_type: str) -> None:
     report = PinnedPath("always")(spec)
     totals = report.phase_totals()
     assert not report.pinned and any(f.code == "peft-adapter-traced" for f in report.findings)
-    for phase in REGIONS:
+    for phase in real.phases:
         assert totals[phase] == pytest.approx(real.phases[phase].total, rel=0.02), phase
     trainable = {f.message.split(" trainable")[0].rsplit(" ", 1)[-1] for f in report.findings
                  if f.code == "peft-adapter-traced"}

@@ -17,7 +17,6 @@ from fitcheck.errors import ConfigError, NotModelledError
 from fitcheck.readers.sources import as_bool, as_float, as_int, as_str_list, load_mapping_file, where
 from fitcheck.spec import LoraSpec, PeftAdapterSpec
 
-
 # The PEFT methods other than LoRA that fitcheck estimates: peft 0.21.2 builds each from its adapter_config.json
 # (``mapping.py`` PEFT_TYPE_TO_CONFIG_MAPPING, ``get_peft_model``) on the meta device for the tensor inventory and on
 # fake tensors for the step; each is checked against a real CPU step of a tiny random Llama

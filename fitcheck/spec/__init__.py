@@ -12,6 +12,7 @@ batch, activations, hardware, :class:`TrainingSpec`) and :mod:`.trainer` (the tr
 stack and the modelled versions). Import from here.
 """
 
+from fitcheck.spec.adapters import AdapterTensor, PeftAdapterSpec
 from fitcheck.spec.model import (
     Dtype,
     Kind,
@@ -38,7 +39,6 @@ from fitcheck.spec.trainer import (
     TrainerSpec,
     VllmMode,
 )
-from fitcheck.spec.adapters import AdapterTensor, PeftAdapterSpec
 from fitcheck.spec.training import (
     DEFAULT_OPTIMIZER,
     LEGACY_OPTIMIZER_NAMES,
@@ -84,6 +84,7 @@ __all__ = [
     "OPTIMIZER_NAMES",
     "SHARDING_STRATEGIES",
     "ActivationSpec",
+    "AdapterTensor",
     "AttentionKind",
     "AttnImpl",
     "AutoWrapPolicy",
@@ -94,8 +95,6 @@ __all__ = [
     "Dtype",
     "FamilyTraits",
     "FreezeSpec",
-    "AdapterTensor",
-    "PeftAdapterSpec",
     "FsdpSpec",
     "HardwareSpec",
     "Kind",
@@ -116,6 +115,7 @@ __all__ = [
     "OptimizerSpec",
     "ParallelismSpec",
     "ParamEntry",
+    "PeftAdapterSpec",
     "PrecisionSpec",
     "QkNorm",
     "QuantSpec",

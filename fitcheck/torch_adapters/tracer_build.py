@@ -173,7 +173,7 @@ def build_model(
         module_to_is_noop,
     )
 
-    if fake and (lora is not None or quant is not None or adapter is not None):  # peft imports bitsandbytes where it is installed
+    if fake and (lora is not None or quant is not None or adapter is not None):  # peft imports bitsandbytes
         bitsandbytes_uncompiled()
     cfg = hf_config(config, attn_implementation)
     cls = model_class(config, task)

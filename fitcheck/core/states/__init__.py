@@ -25,8 +25,8 @@ from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
 from fitcheck.core.states.layout import Layout, all_trainable, build_layout, optimizer_for, trainable_params
 from fitcheck.core.states.lora import LoraPlan, adapter_param_count, plan_lora
 from fitcheck.core.states.model_states import model_state_components
-from fitcheck.core.states.peft_adapter import check_peft_adapter, peft_adapter_findings, peft_adapter_params
 from fitcheck.core.states.mxfp4 import mxfp4_findings, mxfp4_load_spike, mxfp4_packed_bytes
+from fitcheck.core.states.peft_adapter import check_peft_adapter, peft_adapter_findings, peft_adapter_params
 from fitcheck.core.states.prequant_step import prequant_components, prequant_findings
 from fitcheck.core.states.quantization import base_weights, bytes_per_param, is_quantized, quantized_bytes
 from fitcheck.core.states.regimes import describe_regime, model_state_findings
