@@ -27,11 +27,16 @@ TINY: dict[str, Any] = {
 }
 
 
+# smaller sizes than the rows' (200 virtual tokens, p-tuning's 3072-wide encoder) keep the test at seconds; the
+# benchmark runs the rows' own
+_SMALLER = {"num_virtual_tokens": 8, "encoder_hidden_size": 64}
+
+
 def _row_config(peft_type: str) -> dict[str, Any]:
     for row in json.loads(ROWS.read_text()):
         cfg = row.get("peft_config")
         if str(row.get("id", "")).startswith("MMQA") and cfg and cfg.get("peft_type") == peft_type:
-            return dict(cfg)
+            return {k: _SMALLER.get(k, v) for k, v in cfg.items()}
     raise AssertionError(f"no MMQA row of {peft_type}")
 
 

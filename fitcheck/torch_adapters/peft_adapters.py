@@ -41,7 +41,7 @@ def peft_config(adapter: PeftAdapterSpec) -> Any:
 
     raw = {k: v for k, v in adapter.config.items() if k not in _DROPPED}
     raw["inference_mode"] = False
-    return PeftConfig.from_peft_type(**raw)
+    return PeftConfig.from_peft_type(**raw)  # type: ignore[no-untyped-call]
 
 
 def wrap_adapter(model: Any, adapter: PeftAdapterSpec) -> Any:
