@@ -179,7 +179,7 @@ def trace_step(
 
         kernels.enter_context(matmul4bit_keeps_input(True))
     if adapter is not None and fake:
-        from fitcheck.torch_adapters.peft_adapters import module_dropout_drawn
+        from fitcheck.torch_adapters.peft_build import module_dropout_drawn
 
         kernels.enter_context(module_dropout_drawn())
     if trl_head and fake and skip_tiles:

@@ -198,7 +198,7 @@ def build_model(
         if lora is not None:
             model = _wrap_lora(model, lora, task)
         if adapter is not None:  # a PEFT method other than LoRA, built by peft itself
-            from fitcheck.torch_adapters.peft_adapters import wrap_adapter
+            from fitcheck.torch_adapters.peft_build import wrap_adapter
 
             model = wrap_adapter(model, adapter)
     if freeze is not None:
