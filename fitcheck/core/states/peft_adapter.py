@@ -1,8 +1,8 @@
 """A PEFT adapter other than LoRA (``TrainingSpec.peft``): its tensors as peft built them, and what is refused.
 
-The formulas know LoRA's tensors (:mod:`.lora`); for IA3, LoHa, LoKr, OFT, BOFT, VeRA, AdaLoRA, prompt / prefix /
-p-tuning and LN tuning the tensors are read from the real peft model (peft 0.21.2 ``get_peft_model`` on the meta
-device: ``torch_adapters/peft_adapters.py`` fills ``PeftAdapterSpec.tensors``) and the step's activations from its
+The formulas know LoRA's tensors (:mod:`.lora`); for IA3, LoHa, LoKr, OFT, VeRA, AdaLoRA, prompt / prefix /
+p-tuning and LN tuning the tensors are read from the real peft model (peft 0.21.2 ``get_peft_model`` on fake
+tensors: ``torch_adapters/peft_adapters.py`` fills ``PeftAdapterSpec.tensors``) and the step's activations from its
 trace. Without that inventory (no torch, ``--no_trace``) nothing here can answer, and :func:`check_peft_adapter`
 refuses the run rather than estimate it as LoRA or as full fine-tuning.
 """
@@ -63,6 +63,6 @@ def peft_adapter_findings(spec: TrainingSpec) -> list[Finding]:
     return [Finding(
         "peft-adapter-traced", Severity.INFO,
         f"{peft.peft_type} adapters: {trainable:,} trainable parameters from peft's own model (get_peft_model on "
-        "the meta device) and the step traced with them; checked against real CPU steps of a tiny Llama "
+        "fake tensors) and the step traced with them; checked against real CPU steps of a tiny Llama "
         "(benchmarks/peft_adapters_cpu.py), not at this shape",
         "measure one step (FitcheckCallback) to pin it")]
