@@ -3,9 +3,9 @@
 Which ``peft_type`` values fitcheck estimates is :data:`fitcheck.readers.peft_config.TRACED_PEFT_TYPES` (one home);
 LoRA itself (and DoRA / rsLoRA) is :class:`fitcheck.spec.LoraSpec`, which the formulas model. A
 :class:`PeftAdapterSpec` is estimated only by building the real peft model (``torch_adapters/peft_build.py``:
-peft's own config class and ``get_peft_model``; ``torch_adapters/peft_adapters.py``: the tensors): its tensor inventory (:class:`AdapterTensor`) is what the model
-states count, and the traced step is what the activations are. Without torch (or with ``--no_trace``) the
-formulas cannot answer it and refuse it.
+peft's own config class and ``get_peft_model``; ``torch_adapters/peft_adapters.py``: the tensors): its tensor
+inventory (:class:`AdapterTensor`) is what the model states count, and the traced step is what the activations
+are. Without torch (or with ``--no_trace``) the formulas cannot answer it and refuse it.
 """
 
 from __future__ import annotations
