@@ -1,4 +1,4 @@
-"""A PEFT adapter other than LoRA (IA3, LoHa, LoKr, OFT, BOFT, VeRA, AdaLoRA, prompt / prefix / p-tuning, ...).
+"""A PEFT adapter other than LoRA (IA3, LoHa, LoKr, OFT, VeRA, AdaLoRA, prompt / prefix / p-tuning, ...).
 
 Which ``peft_type`` values fitcheck estimates is :data:`fitcheck.readers.peft_config.TRACED_PEFT_TYPES` (one home);
 LoRA itself (and DoRA / rsLoRA) is :class:`fitcheck.spec.LoraSpec`, which the formulas model. A
