@@ -19,7 +19,8 @@ def check_peft_adapter(spec: TrainingSpec) -> None:
 
     Raises:
         NotModelledError: The adapter's tensors were not built (no torch, ``--no_trace``), or it is combined with
-            what the traced adapter step does not describe (LoRA, a quantized base, freezing, sharding, TRL).
+            what the traced adapter step does not describe (LoRA, a quantized base, freezing, sharding, a tp / cp / sp
+            layout, TRL).
     """
     peft = spec.peft
     if peft is None:
@@ -34,6 +35,7 @@ def check_peft_adapter(spec: TrainingSpec) -> None:
         ("a quantized base", spec.quant is not None),
         ("partial freezing", spec.freeze is not None),
         ("DeepSpeed / FSDP sharding", spec.sharding.fsdp or spec.sharding.zero_stage is not None),
+        ("a tp / cp / sp layout", spec.sharding.parallelism is not None),
         ("a TRL trainer", spec.trainer.is_trl),
     ) if on]
     if others:
