@@ -191,6 +191,22 @@ class PinnedPath:
                 return replay_step(spec).gap_fraction
         return replay_events([deepest], allocator_conf(spec)).gap_fraction
 
+    def _adapter_built(self, spec: TrainingSpec) -> TrainingSpec:
+        """A non-LoRA PEFT adapter's tensors built from the real peft model (``peft_adapters``) where this path
+        traces; elsewhere (``--no_trace``, no torch) the spec is left as it is and the core refuses it
+        (``core/states/peft_adapter.py``). An adapter peft cannot build is refused with peft's reason: the
+        formulas have no answer to fall back to."""
+        if spec.peft is None or spec.peft.tensors or self.mode == "never" or not self.can_trace:
+            return spec
+        from fitcheck.errors import NotModelledError
+        from fitcheck.torch_adapters.peft_adapters import with_adapter_inventory
+
+        try:
+            return with_adapter_inventory(spec)
+        except Exception as exc:
+            raise NotModelledError(f"{spec.peft.source}:peft_type: peft could not build the {spec.peft.peft_type} "
+                                   f"adapter on this model ({_reason(exc)}); fix the adapter config") from None
+
     def following(self, headline: Report) -> PinnedPath:
         """The path for the numbers around a headline (largest micro-batch, suggestions): traced when the
         headline was traced, the formulas when it came from the formulas (its findings say whether those were
@@ -285,6 +301,7 @@ class PinnedPath:
 
     def __call__(self, spec: TrainingSpec) -> Report:
         """Estimate a spec on this path (the ``estimate_fn`` of the batch search and the advisor)."""
+        spec = self._adapter_built(spec)
         report = self._answer(spec)
         if self.reserved_replay and self.whole_run_replay is None:
             return self._with_whole_run_replay(spec, report)

@@ -21,13 +21,14 @@ The same code runs on real CPU tensors (``fake=False``): that is the truth ``ben
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import DeviceType, FreezeSpec, LoraSpec, QuantSpec, TrainingSpec
+from fitcheck.spec import DeviceType, FreezeSpec, LoraSpec, PeftAdapterSpec, QuantSpec, TrainingSpec
 from fitcheck.torch_adapters.trace_result import (
     ACTIVATIONS,
     CATEGORIES,
@@ -97,6 +98,7 @@ def trace_step(
     trl_dpo: tuple[Any, ...] = (),
     skip_tiles: bool = True,
     keep_4bit_inputs: bool = False,
+    adapter: PeftAdapterSpec | None = None,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -139,6 +141,8 @@ def trace_step(
             chosen + rejected rows; the block is allocated and freed in the setup, between the policy and the copy).
         skip_tiles: On fake tensors, run the fused head's repeated token tiles once or twice
             (``tracer_trl.repeated_tiles_skipped``: the same replay); False runs every tile.
+        adapter: A PEFT method other than LoRA (``peft_adapters``: peft's own config class and ``get_peft_model``;
+            prompt / prefix tuning's virtual tokens enter the step through peft's forward).
         keep_4bit_inputs: Trace bitsandbytes <= 0.43.1's ``MatMul4Bit``, which keeps every 4-bit linear's input
             (``tracer_quant.matmul4bit_keeps_input``; the stack's bitsandbytes, ``trace_kwargs``).
 
@@ -174,6 +178,10 @@ def trace_step(
         from fitcheck.torch_adapters.tracer_quant import matmul4bit_keeps_input
 
         kernels.enter_context(matmul4bit_keeps_input(True))
+    if adapter is not None and fake:
+        from fitcheck.torch_adapters.peft_build import module_dropout_drawn
+
+        kernels.enter_context(module_dropout_drawn())
     if trl_head and fake and skip_tiles:
         from fitcheck.torch_adapters.tracer_trl import repeated_tiles_skipped
 
@@ -195,6 +203,7 @@ def trace_step(
             task=task,
             freeze=freeze,
             use_reentrant=use_reentrant,
+            adapter=adapter,
         )
         sft: Any = None
         if trl_head and trl_dpo:
@@ -255,6 +264,11 @@ def trace_step(
                 rec.enter_region("optimizer" + suffix)
                 if opt is not None:
                     opt.step()
+                    if adapter is not None and adapter.peft_type == "ADALORA":
+                        # the loop peft's AdaLoRA asks for (tuners/adalora/model.py update_and_allocate, after the
+                        # optimizer step): the rank allocator's states. At step 0 (<= tinit) it masks nothing:
+                        # its masking (kthvalue(...).item()) cannot run on fake tensors
+                        model.base_model.update_and_allocate(0)
                 rec.enter_region("zero_grad" + suffix)
                 if step == steps - 1:
                     grad_serials = {rec.serial(p.grad) for p in params if p.grad is not None}
@@ -388,6 +402,8 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         "checkpointing": act.checkpointing,
         "every_n_layers": act.checkpoint_every_n_layers,
         "lora": spec.lora,
+        # the adapter's tensors are the formulas' (model states); the trace builds the adapter from its config
+        "adapter": None if spec.peft is None else dataclasses.replace(spec.peft, tensors=()),
         # a pre-quantized GPTQ/AWQ/FP8 base runs as a frozen 16-bit base (its per-layer dequantized weight is the
         # separate temporaries.dequantized_weight component); MXFP4 trains dequantized (core/states/mxfp4.py)
         "quant": spec.quant if spec.quant is None or spec.quant.method == "bitsandbytes" else None,

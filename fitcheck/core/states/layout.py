@@ -19,6 +19,7 @@ from fitcheck.core.optimizers import (
 )
 from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
 from fitcheck.core.states.lora import LoraPlan, plan_lora
+from fitcheck.core.states.peft_adapter import peft_adapter_tensors
 from fitcheck.core.states.quantization import base_weights
 from fitcheck.core.states.trl_adapters import trl_bf16_trainables
 from fitcheck.spec import (
@@ -77,7 +78,7 @@ def _decay(entry: ParamEntry) -> bool:
 
 def _selected_instances(spec: TrainingSpec, entry: ParamEntry) -> int:
     """How many instances of a base parameter are trainable (before quantization rules)."""
-    if spec.lora is not None:
+    if spec.lora is not None or spec.peft is not None:
         return 0
     freeze = spec.freeze
     if freeze is None:
@@ -159,6 +160,7 @@ def _build_layout(spec: TrainingSpec) -> Layout:
         out.frozen_params += entry.numel_each * n_frozen
         if entry.kind is Kind.FUSED_EXPERTS:
             out.frozen_experts_bytes += entry.numel_each * n_frozen * dtype.nbytes
+    _add_peft_adapter(out, spec)
     if spec.lora is not None:
         plan = plan_lora(spec)
         out.plan = plan
@@ -185,6 +187,21 @@ def _build_layout(spec: TrainingSpec) -> Layout:
                 dtype = Dtype.FLOAT32
             out.saved.append(_group(s.entry, dtype, s.entry.repeat, spec))
     return out
+
+
+def _add_peft_adapter(out: Layout, spec: TrainingSpec) -> None:
+    """A non-LoRA PEFT adapter's tensors as peft built them (``core/states/peft_adapter.py``): trainable ones are
+    adapters (gradients, optimizer states), frozen ones and buffers frozen bytes; a base parameter made trainable
+    in place moves from the frozen bytes to the adapters."""
+    for t in peft_adapter_tensors(spec):
+        if t.trainable:
+            out.adapters.append(TensorGroup(t.name, t.shape, t.float_dtype, t.repeat, decay=trainer_decays(t.name)))
+            if t.in_base:
+                out.frozen_bytes -= t.nbytes
+                out.frozen_params -= t.numel_each * t.repeat
+        elif not t.in_base:
+            out.frozen_bytes += t.nbytes
+            out.frozen_params += 0 if t.buffer else t.numel_each * t.repeat
 
 
 def total_bytes(groups: Iterable[TensorGroup]) -> int:
