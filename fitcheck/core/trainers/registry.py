@@ -23,7 +23,8 @@ Columns (:class:`TrainerRow`):
   ``prompt_completion``, the completion next to ``prompt_ids``); empty when the prompts stay text (GRPO).
 - ``replay_step``: the torch adapter that traces this trainer's own step for the whole-run allocator replay
   (``fitcheck.torch_adapters.allocator_replay.run_trace_kwargs``: ``tracer_trl`` for SFT's fused head,
-  ``tracer_dpo`` for DPO's reference pass and chosen + rejected rows); None where the replay has no trace of it.
+  ``tracer_dpo`` for DPO's reference pass and chosen + rejected rows, ``tracer_kto`` for KTO's KL batch and
+  reference pass); None where the replay has no trace of it.
 
 Trainers TRL 1.16 ships that are no small step from these are refused with the reason (:data:`REFUSED`).
 """
@@ -149,7 +150,8 @@ _ROWS = (
         # target logits and the KL logits (concatenated_forward L187-189 under no_grad)
         full_logits=FullLogits("LLaMA-Factory@ff6d4d1 CustomKTOTrainer (src/llamafactory/train/kto/trainer.py "
                                "forward L149-181, concatenated_forward L184-199, compute_reference_log_probs "
-                               "L202-218)", 1, 2)),
+                               "L202-218)", 1, 2),
+        replay_step="tracer_kto"),
 )
 TRAINERS: Mapping[TrainerKind, TrainerRow] = MappingProxyType({row.kind: row for row in _ROWS})
 assert set(TRAINERS) == set(TrainerKind), "every TrainerKind needs a row in fitcheck/core/trainers/registry.py"
