@@ -123,3 +123,19 @@ def test_kto_loss_type_flag(tmp_path: Path) -> None:
     assert apo.trainer.loss_type == ("apo_zero_unpaired",)
     with pytest.raises(ConfigError, match="kto, apo_zero_unpaired"):
         spec_from_values({**flags, "loss_type": "ipo"}, {})
+
+
+@pytest.mark.parametrize("case", ("kto LoRA no-ckpt", "dpo LoRA no-ckpt"))
+def test_formula_without_the_lora_dropout_trl_disables(case: str) -> None:
+    """KTOTrainer / DPOTrainer run ``disable_dropout_in_model`` (``disable_dropout`` defaults to True): peft's LoRA
+    dropout has ``p`` 0 and saves nothing. The formula (``core.trainers.step_spec``) now leaves its masks and copies
+    out: within 1 % of the real run's live-tensor peak without checkpointing (before: +7.35 % KTO, +8.32 % DPO)."""
+    from benchmark_module import load_benchmark
+
+    from fitcheck.core import estimate
+
+    bench = load_benchmark("trl_replay")
+    (spec_case,) = [c for c in bench.ALL_CASES if c.name == case]
+    assert spec_case.lora is not None and spec_case.lora.dropout > 0 and not spec_case.ckpt
+    real = _rows()[case]["real"]["peak"]
+    assert estimate(bench.case_spec(spec_case)).peak_allocated_bytes == pytest.approx(real, rel=0.01)
