@@ -95,7 +95,7 @@ def replayed_run(spec: TrainingSpec) -> bool:
 def not_replayed(spec: TrainingSpec) -> str:
     """What of this run the whole-run replay leaves out ('' where it describes it all: :func:`replayed_run`)."""
     from fitcheck.core.kernels import deepspeed_module_view
-    from fitcheck.core.trainers import runs_fused_head
+    from fitcheck.core.trainers import runs_fused_head, trainer_row
     from fitcheck.spec import Strategy, TrainerKind
 
     t = spec.trainer
@@ -111,7 +111,7 @@ def not_replayed(spec: TrainingSpec) -> str:
             parts.append("SFT's padding-free / packed batch (one flattened row, flash-attention varlen)")
         if not runs_fused_head(t.kind, spec.activations.loss):
             parts.append("SFT without TRL's fused LM head")
-    elif t.kind in (TrainerKind.DPO, TrainerKind.KTO):
+    elif trainer_row(t.kind).replay_step in ("tracer_dpo", "tracer_kto"):  # DPO's, KTO's: the registry's column
         parts += _preference_not_replayed(spec)
     elif t.kind is not TrainerKind.TRAINER:
         parts.append(f"the {t.kind.value} trainer's step ({_TRL_PARTS.get(t.kind.value, 'its own loss')})")
