@@ -1,12 +1,14 @@
-"""Real TRL 1.16 SFTTrainer / DPOTrainer runs on CPU vs the whole-run allocator replay of the same run and the formula.
+"""Real TRL 1.16 SFTTrainer / DPOTrainer / KTOTrainer runs on CPU vs the whole-run replay of that run and the formula.
 
 For each SFT case of ``benchmarks/trl_truth.py`` (a tiny random Llama, its real ``SFTTrainer``), a QLoRA case
 (the same model loaded in 4-bit nf4 by the trainer) and the DPO cases (its real ``DPOTrainer``: a full fine-tune
 with the reference copy it loads, LoRA with the adapters-off reference pass, with and without checkpointing,
-``rpo_alpha``, ``precompute_ref_log_probs``; ``tracer_dpo``), three steps:
+``rpo_alpha``, ``precompute_ref_log_probs``; ``tracer_dpo``) and the KTO cases (its real ``KTOTrainer``: the same
+references, with the KL batch (``loss_type`` ``kto``) and without (``apo_zero_unpaired``); ``tracer_kto``), three
+steps:
 
 * ``real``: the live-tensor bytes of the real run (``fitcheck.torch_adapters.live_tracker``, started at step 1's
-  ``on_step_begin`` on the model's parameters, buffers and optimizer, and DPO's reference copy: every tensor the
+  ``on_step_begin`` on the model's parameters, buffers and optimizer, and DPO's / KTO's reference copy: every tensor the
   steps create, the optimizer states of step 1 included): the peak over the three steps and the third step's own
   peak;
 * ``replay``: ``allocator_replay.replay_whole_run`` of the case's spec on CPU (the SFT / DPO step traced with TRL's
