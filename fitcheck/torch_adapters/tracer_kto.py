@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fitcheck.torch_adapters.tracer_dpo import ADAPTERS_OFF, PRECOMPUTED, DpoStep, prepare_dpo
+from fitcheck.torch_adapters.tracer_dpo import PRECOMPUTED, DpoStep, prepare_dpo
 
 KTO_SOURCE = "trl 1.16.0 trl/trainer/kto_trainer.py KTOTrainer.__init__ / _compute_kl_logps / _compute_loss"
 KTO_BETA = 0.1  # KTOConfig.beta default; no allocation depends on it
@@ -148,24 +148,11 @@ class KtoStep(DpoStep):
         return losses.nanmean()
 
     def _reference_pass(self, ids: Any, labels: Any) -> tuple[Any, Any]:
-        """The reference's KL forward and completions' forward: ``torch.no_grad()``, the policy's checkpointing
-        disabled, the adapters disabled (PEFT) or the reference copy."""
-        import contextlib
-
-        import torch
-        from trl.models.utils import disable_gradient_checkpointing
-        from trl.trainer.utils import use_adapter
-
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs):
-            if self.reference == ADAPTERS_OFF:
-                adapters: Any = use_adapter(self.model, adapter_name=None)
-                model = self.model
-            else:
-                adapters = contextlib.nullcontext()
-                model = self.ref_model
-            with adapters:
-                ref_kl_logps = self._kl_logps(model)
-                return ref_kl_logps, model(input_ids=ids, use_cache=False, labels=labels, fused_lm_head=True)
+        """The reference's KL forward, then its completions' forward (``tracer_dpo.DpoStep.reference_model``: the
+        copy, or the policy with its adapters disabled)."""
+        with self.reference_model() as model:
+            ref_kl_logps = self._kl_logps(model)
+            return ref_kl_logps, model(input_ids=ids, use_cache=False, labels=labels, fused_lm_head=True)
 
     def precompute(self, ids: Any, autocast: Any) -> None:
         """``precompute_ref_log_probs``: ``_precompute_ref_logps``'s ``compute_ref_log_probs`` over one batch,
