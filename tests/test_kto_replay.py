@@ -83,10 +83,11 @@ def test_kto_run_scope() -> None:
 
 def test_kto_trace_kwargs_and_its_kl_batch() -> None:
     """The step at its real shape: 2 rows of 32 + 48 (one completion per row, one desirable), the copy, the KL
-    batch with ``kto`` and none with ``apo_zero_unpaired``. Traced (1 row pair, 2 x 40): the full fine-tune's setup
+    batch with ``kto`` and none with ``apo_zero_unpaired``. Traced (2 x 40, one layer): the full fine-tune's setup
     holds the copy (the policy's bytes twice, with the batch's few KiB); the KL batch adds two no_grad forwards, so
     the ``kto`` step records more allocations than the ``apo_zero_unpaired`` one, at the same regions (six per
     step and ``done``)."""
+    from fitcheck.readers import inventory_from_config
     from fitcheck.torch_adapters import run_trace_kwargs
     from fitcheck.torch_adapters.tracer import trace_step
 
@@ -100,12 +101,13 @@ def test_kto_trace_kwargs_and_its_kl_batch() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, spec in (("kto", full), ("apo", apo)):
-            step = {**run_trace_kwargs(spec), "optimizer": None, "steps": 1, "seq_len": 40}
+            step = {**run_trace_kwargs(spec), "optimizer": None, "steps": 1, "seq_len": 40, "num_layers": 1}
             traces[name] = trace_step(spec.model.config, **step)
     setup = sum(n for _, n, tag in traces["kto"].alloc_events if tag == "setup")
-    assert setup == pytest.approx(2 * 2 * full.model.total_params, abs=4096)  # bf16 policy + copy
+    one_layer = inventory_from_config({**full.model.config, "num_hidden_layers": 1}, "kto", "test").total_params
+    assert setup == pytest.approx(2 * 2 * one_layer, abs=4096)  # bf16 policy + copy
     allocs = {name: sum(1 for _, n, _tag in t.alloc_events if n > 0) for name, t in traces.items()}
-    assert allocs["kto"] > allocs["apo"] + 20  # two more forwards of two layers and the fused head
+    assert allocs["kto"] > allocs["apo"] + 20  # two more forwards (a layer and the fused head each)
     assert len(traces["kto"].region_starts) == len(traces["apo"].region_starts) == 7
 
 
