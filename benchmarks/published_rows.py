@@ -259,7 +259,9 @@ def _quant(row: Mapping[str, Any]) -> QuantSpec | str | None:
     # "bnb NF4 (no double quant)" (litgpt qlora.yaml ``quantize: bnb.nf4``, not ``bnb.nf4-dq``) names double
     # quantization only to exclude it
     double = ("double" in text and "no double" not in text) or torchtune
-    prep = row["source_group"] in HF_GROUPS  # TRL/PEFT pipelines run prepare_model_for_kbit_training
+    # TRL/PEFT pipelines run prepare_model_for_kbit_training; a row whose source shows it does not says so
+    # (``kbit_prep`` false, with ``kbit_prep_source``: ms-swift at cfcb672 never calls it)
+    prep = bool(row["kbit_prep"]) if "kbit_prep" in row else row["source_group"] in HF_GROUPS
     return QuantSpec(
         bits=4,
         quant_type="nf4",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import cache
 from types import MappingProxyType
 
 from fitcheck.errors import ConfigError
@@ -228,11 +229,18 @@ class CliFlag:
 
 def cli_flags() -> list[CliFlag]:
     """The ``fitcheck estimate`` flags, in --help order."""
+    return list(_cli_flags())
+
+
+@cache
+def _cli_flags() -> tuple[CliFlag, ...]:
+    """:func:`cli_flags`, derived once per process from the constant settings table (the CLI asks three times:
+    the ``estimate`` and ``plot`` parsers and the explicit values)."""
     out = []
     for name, row in cli_rows():
         kind = "bool" if row.kind is Kind.BOOL else "list" if row.kind in (Kind.NAMES, Kind.INDICES) else "value"
         out.append(CliFlag(name, tuple(cli_spellings(name)), kind, flag_help(name) or "", row.cli_choices))
-    return out
+    return tuple(out)
 
 
 def flag_help(name: str) -> str | None:

@@ -30,8 +30,6 @@ from typing import Any
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report
 from fitcheck.spec import TrainingSpec
-from fitcheck.torch_adapters import deepspeed_run_events as ds_run  # imports no torch
-from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run  # imports no torch
 from fitcheck.torch_adapters.run_scope import plain_trainer_run, replayed_run, traceable, untraced_parts
 from fitcheck.torch_adapters.verdict_replay import NearBudget
 
@@ -132,6 +130,8 @@ class PinnedPath:
         into DeepSpeed's, FSDP2's or FSDP1's own (``fsdp2_run_events.rewrite_for``), where the traced step's replay
         would leave out its buffers, optimizer and side streams (FSDP1 on the H100 rows, before its rewrite: the
         two-group replay moved reserved from -5.0 % to -3.2 %, ``benchmarks/fsdp_gpu.py --rescore``)."""
+        from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run  # a formula answer never imports it
+
         rewrite = fsdp_run.rewrite_for(spec)
         if self.wants_trace(spec) and rewrite is not None and _gap_applies(spec, self.seq_lengths):
             replay = rewrite.whole_run(self, spec, _cache_key(spec))  # None: the published gap, with why
@@ -317,6 +317,7 @@ class PinnedPath:
 
     def _whole_run(self, spec: TrainingSpec) -> Any:
         """The spec's whole run replayed: the traced headline's, else the cache's, else replayed now."""
+        from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run
         from fitcheck.torch_adapters.trace_cache import cached_replay
 
         key = _cache_key(spec)
@@ -364,6 +365,9 @@ class PinnedPath:
             report = dataclasses.replace(report, findings=(*report.findings, note))
         elif comps and not replayed_run(spec) and _gap_applies(spec, self.seq_lengths) \
                 and self.gap_fraction(spec) is None:
+            from fitcheck.torch_adapters import deepspeed_run_events as ds_run
+            from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run
+
             why = (fsdp_run if spec.sharding.fsdp else ds_run).published_gap_reason(self, spec, _cache_key(spec))
             note = Finding("reserved-published-gap", Severity.INFO,
                            "activations are traced (as the 16-bit module DeepSpeed or FSDP mixed precision runs); "

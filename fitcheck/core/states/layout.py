@@ -111,8 +111,30 @@ def _group(entry: ParamEntry, dtype: Dtype, repeat: int, spec: TrainingSpec) -> 
     )
 
 
+# The layouts of the last few specs asked, by the spec object: one estimate asks for its spec's layout five times
+# (model states, regime, saving, streams), and the largest-micro-batch search and the advisor estimate ~20 specs
+# per answer. A spec is frozen and the entry holds it, so its id is not reused while the entry lives; a Layout is
+# read, never changed, by every caller.
+_LAYOUTS: dict[int, tuple[TrainingSpec, Layout]] = {}
+_LAYOUTS_KEPT = 8
+
+
 def build_layout(spec: TrainingSpec) -> Layout:
-    """Classify every resident tensor of the model for a spec (one process, before partitioning)."""
+    """Classify every resident tensor of the model for a spec (one process, before partitioning).
+
+    The result is shared by the calls for the same spec object: read it, do not change it.
+    """
+    kept = _LAYOUTS.get(id(spec))
+    if kept is not None and kept[0] is spec:
+        return kept[1]
+    out = _build_layout(spec)
+    if len(_LAYOUTS) >= _LAYOUTS_KEPT:
+        del _LAYOUTS[next(iter(_LAYOUTS))]
+    _LAYOUTS[id(spec)] = (spec, out)
+    return out
+
+
+def _build_layout(spec: TrainingSpec) -> Layout:
     out = Layout()
     base = base_weights(spec)
     out.quant_data, out.quant_meta = base.quantized_data, base.quantized_meta
