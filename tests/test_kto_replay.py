@@ -21,18 +21,15 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
+from trl_replay_rows import check_precompute_row, check_replay_row, recorded_rows
+
 from fitcheck.errors import ConfigError
 from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec
 
-DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "trl_replay_cpu.json"
 OUTPUTS = ("log_probs", "entropy", "mean_logits")  # KTOTrainer's policy head (core.trainers registry)
 REPLAYED = ("kto full ref", "kto full ref no-ckpt", "kto LoRA", "kto LoRA no-ckpt", "kto apo_zero_unpaired (no KL)",
             "kto LoRA apo_zero_unpaired (no KL)", "kto precompute_ref_log_probs", "kto LoRA precompute_ref_log_probs")
 PRECOMPUTED = ("kto precompute_ref_log_probs", "kto LoRA precompute_ref_log_probs")
-
-
-def _rows() -> dict[str, Any]:
-    return {r["case"]: r for r in json.loads(DATA.read_text())["rows"]}
 
 
 @pytest.mark.parametrize("case", REPLAYED)
@@ -41,11 +38,7 @@ def test_recorded_replay_matches_the_real_kto_trainer(case: str) -> None:
     (full fine-tune with its reference copy, LoRA with the adapters-off pass, with and without checkpointing, with
     and without the KL batch, precomputed reference log-probs), over the run and in the last step; the plain
     Trainer's step replayed instead (what main composed) is off by more than 10 %."""
-    row = _rows()[case]
-    real, replay = row["real"], row["replay"]
-    assert replay["peak"] == pytest.approx(real["peak"], rel=0.001)
-    assert replay["last_step"] == pytest.approx(real["last_step"], rel=0.001)
-    assert abs(row["plain_replay"]["peak"] / real["peak"] - 1) > 0.10
+    check_replay_row(case)
 
 
 @pytest.mark.parametrize("case", PRECOMPUTED)
@@ -53,8 +46,7 @@ def test_recorded_precompute_pass_matches_the_real_one(case: str) -> None:
     """``precompute_ref_log_probs``: the pass ``KTOTrainer.__init__`` runs before training (the completions' and the
     KL rows' no_grad forwards, adapters disabled under PEFT), replayed in the setup, within 0.1 % of the real
     pass's live tensors."""
-    row = _rows()[case]
-    assert row["replay"]["setup"] == pytest.approx(row["real"]["precompute"], rel=0.001)
+    check_precompute_row(case)
 
 
 def _spec(**kwargs: Any) -> TrainingSpec:
@@ -139,5 +131,5 @@ def test_formula_without_the_lora_dropout_trl_disables(case: str) -> None:
     bench = load_benchmark("trl_replay")
     (spec_case,) = [c for c in bench.ALL_CASES if c.name == case]
     assert spec_case.lora is not None and spec_case.lora.dropout > 0 and not spec_case.ckpt
-    real = _rows()[case]["real"]["peak"]
+    real = recorded_rows()[case]["real"]["peak"]
     assert estimate(bench.case_spec(spec_case)).peak_allocated_bytes == pytest.approx(real, rel=0.01)
