@@ -1,12 +1,14 @@
-"""Real TRL 1.16 SFTTrainer / DPOTrainer runs on CPU vs the whole-run allocator replay of the same run and the formula.
+"""Real TRL 1.16 SFTTrainer / DPOTrainer / KTOTrainer runs on CPU vs the whole-run replay of that run and the formula.
 
 For each SFT case of ``benchmarks/trl_truth.py`` (a tiny random Llama, its real ``SFTTrainer``), a QLoRA case
 (the same model loaded in 4-bit nf4 by the trainer) and the DPO cases (its real ``DPOTrainer``: a full fine-tune
 with the reference copy it loads, LoRA with the adapters-off reference pass, with and without checkpointing,
-``rpo_alpha``, ``precompute_ref_log_probs``; ``tracer_dpo``), three steps:
+``rpo_alpha``, ``precompute_ref_log_probs``; ``tracer_dpo``) and the KTO cases (its real ``KTOTrainer``: the same
+references, with the KL batch (``loss_type`` ``kto``) and without (``apo_zero_unpaired``); ``tracer_kto``), three
+steps:
 
 * ``real``: the live-tensor bytes of the real run (``fitcheck.torch_adapters.live_tracker``, started at step 1's
-  ``on_step_begin`` on the model's parameters, buffers and optimizer, and DPO's reference copy: every tensor the
+  ``on_step_begin`` on the model's parameters, buffers and optimizer, and DPO's / KTO's reference copy: every tensor the
   steps create, the optimizer states of step 1 included): the peak over the three steps and the third step's own
   peak;
 * ``replay``: ``allocator_replay.replay_whole_run`` of the case's spec on CPU (the SFT / DPO step traced with TRL's
@@ -56,6 +58,20 @@ DPO_CASES = (Case("dpo full ref", TrainerKind.DPO, length=48, prompt=32),
                   extra={"precompute_ref_log_probs": True}),
              Case("dpo LoRA precompute_ref_log_probs", TrainerKind.DPO, lora=TRL_LORA,
                   extra={"precompute_ref_log_probs": True}, length=48, prompt=32))
+# KTO (tracer_kto): 2 rows (one desirable, one not: trl_truth's dataset) of 32 prompt + 48 completion tokens; the KL
+# batch (loss_type kto) or none (apo_zero_unpaired); the reference copy, adapters off, or precomputed log-probs
+_KTO = {"length": 48, "prompt": 32}
+KTO_CASES = (Case("kto full ref", TrainerKind.KTO, **_KTO),
+             Case("kto full ref no-ckpt", TrainerKind.KTO, ckpt=False, **_KTO),
+             Case("kto LoRA", TrainerKind.KTO, lora=TRL_LORA, **_KTO),
+             Case("kto LoRA no-ckpt", TrainerKind.KTO, lora=TRL_LORA, ckpt=False, **_KTO),
+             Case("kto apo_zero_unpaired (no KL)", TrainerKind.KTO, extra={"loss_type": "apo_zero_unpaired"}, **_KTO),
+             Case("kto LoRA apo_zero_unpaired (no KL)", TrainerKind.KTO, lora=TRL_LORA,
+                  extra={"loss_type": "apo_zero_unpaired"}, **_KTO),
+             Case("kto precompute_ref_log_probs", TrainerKind.KTO, extra={"precompute_ref_log_probs": True}, **_KTO),
+             Case("kto LoRA precompute_ref_log_probs", TrainerKind.KTO, lora=TRL_LORA,
+                  extra={"precompute_ref_log_probs": True}, **_KTO))
+ALL_CASES = (*SFT_CASES, *DPO_CASES, *KTO_CASES)
 
 
 def case_spec(case: Case) -> Any:
@@ -86,7 +102,7 @@ def measure_run(case: Case) -> dict[str, int]:
                 if st.global_step == 0:
                     tracker = LiveTensorTracker()
                     tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
-                    if getattr(trainer, "ref_model", None) is not None:  # DPO's reference copy
+                    if getattr(trainer, "ref_model", None) is not None:  # DPO's / KTO's reference copy
                         tracker.track(model_state_tensors(trainer.ref_model))
                     state["tracker"] = tracker.start()
                 elif st.global_step == STEPS - 1:
@@ -109,14 +125,23 @@ def measure_run(case: Case) -> dict[str, int]:
 
 @contextlib.contextmanager
 def _precompute_measured(out: dict[str, int]) -> Iterator[None]:
-    """The live-tensor peak of DPOTrainer's ``precompute_ref_log_probs`` pass (``_precompute_ref_logps``, run by
-    ``__init__`` before the optimizer exists) as ``out["precompute"]``: the model's parameters and buffers and
-    every tensor the pass creates (the log-probs it moves to the CPU included: one process)."""
+    """The live-tensor peak of DPOTrainer's / KTOTrainer's ``precompute_ref_log_probs`` pass
+    (``_precompute_ref_logps``, run by ``__init__`` before the optimizer exists) as ``out["precompute"]``: the
+    model's parameters and buffers and every tensor the pass creates (the log-probs it moves to the CPU included:
+    one process)."""
     from trl.trainer.dpo_trainer import DPOTrainer
+    from trl.trainer.kto_trainer import KTOTrainer
 
+    with _measured_pass(DPOTrainer, out), _measured_pass(KTOTrainer, out):
+        yield
+
+
+@contextlib.contextmanager
+def _measured_pass(cls: Any, out: dict[str, int]) -> Iterator[None]:
+    """``cls._precompute_ref_logps`` measured (:func:`_precompute_measured`)."""
     from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
 
-    original = DPOTrainer._precompute_ref_logps
+    original = cls._precompute_ref_logps
 
     def measured(self: Any, *args: Any, **kwargs: Any) -> Any:
         tracker = LiveTensorTracker()
@@ -128,11 +153,11 @@ def _precompute_measured(out: dict[str, int]) -> Iterator[None]:
             tracker.stop()
             out["precompute"] = tracker.peak
 
-    setattr(DPOTrainer, "_precompute_ref_logps", measured)  # noqa: B010  # the class, for __init__
+    setattr(cls, "_precompute_ref_logps", measured)  # noqa: B010  # the class, for __init__
     try:
         yield
     finally:
-        setattr(DPOTrainer, "_precompute_ref_logps", original)  # noqa: B010
+        setattr(cls, "_precompute_ref_logps", original)  # noqa: B010
 
 
 def replay_peaks(spec: Any) -> dict[str, int]:
@@ -167,13 +192,13 @@ def main(argv: list[str]) -> int:
     if "--out" in argv:
         at = argv.index("--out")
         out, argv = argv[at + 1], argv[:at] + argv[at + 2:]
-    cases = [c for c in (*SFT_CASES, *DPO_CASES) if not argv or any(a in c.name for a in argv)]
+    cases = [c for c in ALL_CASES if not argv or any(a in c.name for a in argv)]
     rows = [row(c) for c in cases]
-    print(f"{'case':<18} {'formula':>12} {'replay':>12} {'real':>12} {'replay/real':>11} {'plain replay':>12} "
+    print(f"{'case':<34} {'formula':>12} {'replay':>12} {'real':>12} {'replay/real':>11} {'plain replay':>12} "
           f"{'last: replay':>13} {'last: real':>12}")
     for r in rows:
         real, rep = r["real"], r["replay"]
-        print(f"{r['case']:<18} {r['formula']:>12,} {rep['peak']:>12,} {real['peak']:>12,} "
+        print(f"{r['case']:<34} {r['formula']:>12,} {rep['peak']:>12,} {real['peak']:>12,} "
               f"{rep['peak'] / real['peak'] - 1:>+10.2%} {r['plain_replay']['peak']:>12,} "
               f"{rep['last_step']:>13,} {real['last_step']:>12,}")
     for r in rows:
@@ -184,7 +209,7 @@ def main(argv: list[str]) -> int:
     if out:  # the rows of the cases not run now are kept from the file
         ran = {r["case"] for r in rows}
         kept = json.loads(Path(out).read_text())["rows"] if Path(out).exists() else []
-        order = [c.name for c in (*SFT_CASES, *DPO_CASES)]
+        order = [c.name for c in ALL_CASES]
         merged = sorted([r for r in kept if r["case"] not in ran] + rows,
                         key=lambda r: order.index(r["case"]) if r["case"] in order else len(order))
         Path(out).write_text(json.dumps({"steps": STEPS, "rows": merged}, indent=1) + "\n")

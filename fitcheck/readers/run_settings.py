@@ -137,7 +137,7 @@ class RunSettings:
     vllm_gpu_memory_utilization: float | None = None
     prediction_loss_only: bool = True  # absent: Trainer.evaluate without compute_metrics (loss only)
     save_only_model: bool = False  # TrainingArguments' default: checkpoints save the optimizer too
-    loss_type: tuple[str, ...] | None = None  # None: DPOConfig's ("sigmoid",)
+    loss_type: tuple[str, ...] | None = None  # None: DPOConfig's ("sigmoid",), KTOConfig's ("kto",)
     # where each value was read (also "deepspeed.<key>" and other merge notes); the names a source gave
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False)
     given_names: frozenset[str] = field(default=frozenset(), compare=False)

@@ -18,7 +18,7 @@
 - :mod:`.trace_cache`: fitcheck's on-disk cache of traces and allocator replays across processes.
 - :mod:`.verdict_replay`: near the budget, the whole run replayed instead of the published reserved gap;
   :mod:`.run_scope`: which runs the tracer and that replay describe (the plain Trainer's, TRL's SFTTrainer's:
-  :mod:`.tracer_trl`; DPOTrainer's: :mod:`.tracer_dpo`).
+  :mod:`.tracer_trl`; DPOTrainer's: :mod:`.tracer_dpo`; KTOTrainer's: :mod:`.tracer_kto`).
 
 Importing this package imports no torch; each name imports its module on first use.
 """

@@ -371,18 +371,19 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
 
 def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     """The ``tracer.trace_step`` arguments of the step the whole run repeats: the plain Trainer's
-    (``tracer.trace_kwargs``), or TRL's SFTTrainer / DPOTrainer step (``tracer_trl`` / ``tracer_dpo``: its model
-    preparation and fused LM head, ``trl_head`` the outputs it patches the model with; DPO's reference and prompt,
-    ``trl_dpo``) at the shape it runs (``core.trainers.step_spec``: DPO's chosen + rejected rows)."""
+    (``tracer.trace_kwargs``), or TRL's SFTTrainer / DPOTrainer / KTOTrainer step (``tracer_trl`` / ``tracer_dpo``
+    / ``tracer_kto``: its model preparation and fused LM head, ``trl_head`` the outputs it patches the model with;
+    DPO's reference and prompt, ``trl_dpo``; KTO's, its KL batch and desirable rows, ``trl_kto``) at the shape it
+    runs (``core.trainers.step_spec``: DPO's chosen + rejected rows)."""
     from fitcheck.core.trainers import step_spec, trainer_row
     from fitcheck.torch_adapters.tracer import trace_kwargs
 
     t = spec.trainer
     row = trainer_row(t.kind)
-    if row.replay_step is None or row.fused_head is None:  # the registry's column: SFT's and DPO's steps
+    if row.replay_step is None or row.fused_head is None:  # the registry's column: SFT's, DPO's and KTO's steps
         return trace_kwargs(spec)
     kwargs = {**trace_kwargs(step_spec(spec)), "trl_head": row.fused_head}
-    if row.replay_step == "tracer_dpo":
+    if row.replay_step in ("tracer_dpo", "tracer_kto"):
         from fitcheck.spec import Strategy
         from fitcheck.torch_adapters.tracer_dpo import dpo_reference
 
@@ -395,7 +396,14 @@ def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         # the copy is loaded like the policy (create_model_from_path: device_map "auto" on a GPU), so its
         # from_pretrained runs caching_allocator_warmup too: the block of load_warmup, at the same size
         warm = load_warmup(spec)
-        kwargs["trl_dpo"] = (reference, t.prompt_length, t.rpo_alpha, warm[0][1] if warm else 0)
+        block = warm[0][1] if warm else 0
+        if row.replay_step == "tracer_dpo":
+            kwargs["trl_dpo"] = (reference, t.prompt_length, t.rpo_alpha, block)
+        else:
+            from fitcheck.torch_adapters.tracer_kto import calculates_kl, desirable_rows
+
+            rows = kwargs["micro_batch"]
+            kwargs["trl_kto"] = (reference, t.prompt_length, calculates_kl(t.loss_type), block, desirable_rows(rows))
     return kwargs
 
 

@@ -96,6 +96,7 @@ def trace_step(
     cublas_workspaces: tuple[int, ...] = (),
     trl_head: tuple[str, ...] = (),
     trl_dpo: tuple[Any, ...] = (),
+    trl_kto: tuple[Any, ...] = (),
     skip_tiles: bool = True,
     keep_4bit_inputs: bool = False,
     adapter: PeftAdapterSpec | None = None,
@@ -139,6 +140,8 @@ def trace_step(
         trl_dpo: With ``trl_head``, TRL's DPOTrainer step instead of SFT's: ``(reference, prompt tokens,
             rpo_alpha, bytes of the reference copy's loading warm-up block)`` (``tracer_dpo``: ``micro_batch`` is its
             chosen + rejected rows; the block is allocated and freed in the setup, between the policy and the copy).
+        trl_kto: With ``trl_head``, TRL's KTOTrainer step instead: ``(reference, prompt tokens, calculate_KL, bytes
+            of the copy's warm-up block, desirable rows)`` (``tracer_kto``: its KL batch and forwards).
         skip_tiles: On fake tensors, run the fused head's repeated token tiles once or twice
             (``tracer_trl.repeated_tiles_skipped``: the same replay); False runs every tile.
         adapter: A PEFT method other than LoRA (``peft_adapters``: peft's own config class and ``get_peft_model``;
@@ -186,10 +189,11 @@ def trace_step(
         from fitcheck.torch_adapters.tracer_trl import repeated_tiles_skipped
 
         kernels.enter_context(repeated_tiles_skipped())
-    if trl_dpo and cuda_kernels and fake:  # the fused head's CUDA path scores the labelled positions only
+    preference = trl_dpo or trl_kto  # DPO's / KTO's plan: reference, prompt tokens, ..., warm-up block
+    if preference and cuda_kernels and fake:  # the fused head's CUDA path scores the labelled positions only
         from fitcheck.torch_adapters.tracer_dpo import compact_gather, labelled_positions
 
-        kernels.enter_context(compact_gather(labelled_positions(micro_batch, seq_len, trl_dpo[1])))
+        kernels.enter_context(compact_gather(labelled_positions(micro_batch, seq_len, preference[1])))
     with fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
         model = build_model(
             cfg,
@@ -206,13 +210,15 @@ def trace_step(
             adapter=adapter,
         )
         sft: Any = None
-        if trl_head and trl_dpo:
+        if trl_head and preference:
             from fitcheck.torch_adapters.tracer_dpo import prepare_dpo
+            from fitcheck.torch_adapters.tracer_kto import prepare_kto
 
             reference = functools.partial(build_model, cfg, dtype=torch_dtype(dtype), checkpointing=False, quant=quant,
                                           attn_implementation=attn_implementation, fake=fake, task=task)
-            sft = prepare_dpo(model, trl_head, micro_batch, seq_len, trl_dpo, build_reference=reference,
-                              quantized=quant is not None, checkpointing=checkpointing, use_reentrant=use_reentrant)
+            sft = (prepare_kto if trl_kto else prepare_dpo)(
+                model, trl_head, micro_batch, seq_len, preference, build_reference=reference,
+                quantized=quant is not None, checkpointing=checkpointing, use_reentrant=use_reentrant)
         elif trl_head:
             from fitcheck.torch_adapters.tracer_trl import prepare_sft
 
@@ -232,10 +238,10 @@ def trace_step(
 
             quant_meta = quant_state_tensors(model)
             rec.track(quant_meta)
-        ref_state = sft.track_reference(rec) if trl_dpo else []  # DPO's reference copy, loaded after the policy
+        ref_state = sft.track_reference(rec) if preference else []  # the reference copy, loaded after the policy
         labels = task_labels(model, ids, task)
         rec.track([ids] if labels is ids else [ids, labels])
-        batch_extra = sft.inputs() if trl_dpo else []  # DPO's completion mask (and precomputed reference log-probs)
+        batch_extra = sft.inputs() if preference else []  # completion mask (KL rows, labels, precomputed log-probs)
         rec.track(batch_extra)
         rec.track(images.values())
         head = task_head(model)
@@ -244,7 +250,7 @@ def trace_step(
         hooks = [p.register_post_accumulate_grad_hook(_accumulate_marker(rec, accumulated)) for p in params]
         ac_dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
         with rec:
-            if trl_dpo:  # precompute_ref_log_probs: the pass DPOTrainer.__init__ runs, in the setup
+            if preference:  # precompute_ref_log_probs: the pass DPOTrainer/KTOTrainer.__init__ runs, in the setup
                 sft.precompute(ids, torch.autocast("cpu", dtype=ac_dtype) if autocast else contextlib.nullcontext())
             for step in range(steps):
                 for micro in range(grad_accum):

@@ -172,24 +172,26 @@ class DpoStep:
         chosen, rejected = log_probs[:, -seq_len:].sum(dim=1).chunk(2, dim=0)
         del log_probs, chosen, rejected, labels
 
-    def _reference(self, ids: Any, labels: Any) -> Any:
-        """The reference pass: ``torch.no_grad()``, the policy's checkpointing disabled, the adapters disabled
-        (PEFT) or the reference copy."""
-        import contextlib
-
+    @contextlib.contextmanager
+    def reference_model(self) -> Iterator[Any]:
+        """The reference pass's model, inside its context: ``torch.no_grad()``, the policy's checkpointing disabled,
+        and the policy with its adapters disabled (PEFT: ``use_adapter(model, None)``) or the reference copy
+        (DPO's and KTO's ``_compute_loss``)."""
         import torch
         from trl.models.utils import disable_gradient_checkpointing
         from trl.trainer.utils import use_adapter
 
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs):
             if self.reference == ADAPTERS_OFF:
-                adapters: Any = use_adapter(self.model, adapter_name=None)
-                model = self.model
+                with use_adapter(self.model, adapter_name=None):
+                    yield self.model
             else:
-                adapters = contextlib.nullcontext()
-                model = self.ref_model
-            with adapters:
-                return model(input_ids=ids, labels=labels, use_cache=False, fused_lm_head=True)
+                yield self.ref_model
+
+    def _reference(self, ids: Any, labels: Any) -> Any:
+        """The reference pass (:meth:`reference_model`)."""
+        with self.reference_model() as model:
+            return model(input_ids=ids, labels=labels, use_cache=False, fused_lm_head=True)
 
     def region_hooks(self, opened: Callable[[str], None], suffix: str) -> list[Any]:
         """``tracer_trl.SftStep.region_hooks`` on the policy's backbone, for its gradient-taking forward only (the
