@@ -95,6 +95,7 @@ def trace_step(
     cublas_workspaces: tuple[int, ...] = (),
     trl_head: tuple[str, ...] = (),
     trl_dpo: tuple[Any, ...] = (),
+    trl_grpo: tuple[Any, ...] = (),
     skip_tiles: bool = True,
     keep_4bit_inputs: bool = False,
 ) -> TraceResult:
@@ -137,6 +138,9 @@ def trace_step(
         trl_dpo: With ``trl_head``, TRL's DPOTrainer step instead of SFT's: ``(reference, prompt tokens,
             rpo_alpha, bytes of the reference copy's loading warm-up block)`` (``tracer_dpo``: ``micro_batch`` is its
             chosen + rejected rows; the block is allocated and freed in the setup, between the policy and the copy).
+        trl_grpo: With ``trl_head``, TRL's GRPOTrainer micro-step instead: ``(reference, prompt tokens, beta,
+            steps_per_generation, old-policy pass, bytes of the copy's warm-up block, gradient_accumulation_steps)``
+            (``tracer_grpo``: the log-prob pre-pass, tagged ``prepass``, then the policy's forward and loss).
         skip_tiles: On fake tensors, run the fused head's repeated token tiles once or twice
             (``tracer_trl.repeated_tiles_skipped``: the same replay); False runs every tile.
         keep_4bit_inputs: Trace bitsandbytes <= 0.43.1's ``MatMul4Bit``, which keeps every 4-bit linear's input
@@ -178,10 +182,11 @@ def trace_step(
         from fitcheck.torch_adapters.tracer_trl import repeated_tiles_skipped
 
         kernels.enter_context(repeated_tiles_skipped())
-    if trl_dpo and cuda_kernels and fake:  # the fused head's CUDA path scores the labelled positions only
+    paired = trl_dpo or trl_grpo  # a reference model and a batch of its own (tracer_dpo / tracer_grpo)
+    if paired and cuda_kernels and fake:  # the fused head's CUDA path scores the labelled positions only
         from fitcheck.torch_adapters.tracer_dpo import compact_gather, labelled_positions
 
-        kernels.enter_context(compact_gather(labelled_positions(micro_batch, seq_len, trl_dpo[1])))
+        kernels.enter_context(compact_gather(labelled_positions(micro_batch, seq_len, paired[1])))
     with fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
         model = build_model(
             cfg,
@@ -197,13 +202,15 @@ def trace_step(
             use_reentrant=use_reentrant,
         )
         sft: Any = None
-        if trl_head and trl_dpo:
+        if trl_head and paired:
             from fitcheck.torch_adapters.tracer_dpo import prepare_dpo
+            from fitcheck.torch_adapters.tracer_grpo import prepare_grpo
 
             reference = functools.partial(build_model, cfg, dtype=torch_dtype(dtype), checkpointing=False, quant=quant,
                                           attn_implementation=attn_implementation, fake=fake, task=task)
-            sft = prepare_dpo(model, trl_head, micro_batch, seq_len, trl_dpo, build_reference=reference,
-                              quantized=quant is not None, checkpointing=checkpointing, use_reentrant=use_reentrant)
+            sft = (prepare_grpo if trl_grpo else prepare_dpo)(
+                model, trl_head, micro_batch, seq_len, paired, build_reference=reference, quantized=quant is not None,
+                checkpointing=checkpointing, use_reentrant=use_reentrant)
         elif trl_head:
             from fitcheck.torch_adapters.tracer_trl import prepare_sft
 
@@ -223,10 +230,10 @@ def trace_step(
 
             quant_meta = quant_state_tensors(model)
             rec.track(quant_meta)
-        ref_state = sft.track_reference(rec) if trl_dpo else []  # DPO's reference copy, loaded after the policy
+        ref_state = sft.track_reference(rec) if paired else []  # DPO's / GRPO's reference copy, loaded after the policy
         labels = task_labels(model, ids, task)
         rec.track([ids] if labels is ids else [ids, labels])
-        batch_extra = sft.inputs() if trl_dpo else []  # DPO's completion mask (and precomputed reference log-probs)
+        batch_extra = sft.inputs() if paired else []  # DPO's completion mask, GRPO's buffered batch
         rec.track(batch_extra)
         rec.track(images.values())
         head = task_head(model)
