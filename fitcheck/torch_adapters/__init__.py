@@ -16,7 +16,7 @@
 - :mod:`.trace_cache`: fitcheck's on-disk cache of traces and allocator replays across processes.
 - :mod:`.verdict_replay`: near the budget, the whole run replayed instead of the published reserved gap;
   :mod:`.run_scope`: which runs the tracer and that replay describe (the plain Trainer's, TRL's SFTTrainer's:
-  :mod:`.tracer_trl`; DPOTrainer's: :mod:`.tracer_dpo`).
+  :mod:`.tracer_trl`; DPOTrainer's: :mod:`.tracer_dpo`; GRPOTrainer's: :mod:`.tracer_grpo`).
 
 Importing this package imports no torch; each name imports its module on first use.
 """

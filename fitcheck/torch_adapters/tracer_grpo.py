@@ -32,10 +32,11 @@ starts from its outputs (the new batch's ids and masks, allocated). The previous
 the traced step's inputs (tracked in the setup: the steady state, where one buffer is always alive and the
 pre-pass builds the next beside it); the new buffer is freed at the pre-pass's end in its place. The metrics'
 ``.item()`` reads, ``accelerator.reduce`` / ``gather`` of one process and ``nanmin`` / ``nanmax`` (one- and
-two-element tensors) are left out. The ``attention_mask`` is built but not passed to the model (all ones: the
-mask transformers then skips, :meth:`GrpoStep._log_probs`); a batch with padding (completions of several lengths)
-is another run, with the mask and SDPA's masked kernel, as for SFT and DPO. The tracer's own ``[B, L]`` int64 ``input_ids`` input is kept (unused: the step
-builds its ids from the buffer, as the trainer does): ``8 x B x L`` bytes more than the real run.
+two-element tensors) are left out. The ``attention_mask`` is built but not passed to the model (all ones: the mask
+transformers then skips, :meth:`GrpoStep._log_probs`); a batch with padding (completions of several lengths) is
+another run, with the mask and SDPA's masked kernel, as for SFT and DPO. The tracer's own ``[B, L]`` int64
+``input_ids`` input is kept (unused: the step builds its ids from the buffer, as the trainer does): ``8 x B x L``
+bytes more than the real run.
 """
 
 from __future__ import annotations
