@@ -175,21 +175,24 @@ class DpoStep:
     def _reference(self, ids: Any, labels: Any) -> Any:
         """The reference pass: ``torch.no_grad()``, the policy's checkpointing disabled, the adapters disabled
         (PEFT) or the reference copy."""
-        import contextlib
-
         import torch
         from trl.models.utils import disable_gradient_checkpointing
-        from trl.trainer.utils import use_adapter
 
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs):
-            if self.reference == ADAPTERS_OFF:
-                adapters: Any = use_adapter(self.model, adapter_name=None)
-                model = self.model
-            else:
-                adapters = contextlib.nullcontext()
-                model = self.ref_model
+            adapters, model = self.reference_model()
             with adapters:
                 return model(input_ids=ids, labels=labels, use_cache=False, fused_lm_head=True)
+
+    def reference_model(self) -> tuple[Any, Any]:
+        """(the context the reference pass runs in, its model): the policy inside ``use_adapter(model, None)``
+        (:data:`ADAPTERS_OFF`: ``model.disable_adapter()``) or the copy with nothing around it."""
+        import contextlib
+
+        from trl.trainer.utils import use_adapter
+
+        if self.reference == ADAPTERS_OFF:
+            return use_adapter(self.model, adapter_name=None), self.model
+        return contextlib.nullcontext(), self.ref_model
 
     def region_hooks(self, opened: Callable[[str], None], suffix: str) -> list[Any]:
         """``tracer_trl.SftStep.region_hooks`` on the policy's backbone, for its gradient-taking forward only (the

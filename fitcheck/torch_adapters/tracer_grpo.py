@@ -186,11 +186,8 @@ class GrpoStep(DpoStep):
             shuffled = self._shuffled(new)
             del new, shuffled
             return
-        import contextlib
-
         import torch
         from trl.models.utils import disable_gradient_checkpointing
-        from trl.trainer.utils import use_adapter
 
         new = self._new_batch(rows)
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs):
@@ -201,12 +198,7 @@ class GrpoStep(DpoStep):
                 new["old_per_token_logps"] = self._log_probs(self.model, prompt_completion_ids, attention_mask,
                                                              keep, rows, False)[0]
             if self.reference != NO_REF:
-                if self.reference == ADAPTERS_OFF:
-                    off: Any = use_adapter(self.model, adapter_name=None)
-                    model = self.model
-                else:
-                    off = contextlib.nullcontext()
-                    model = self.ref_model
+                off, model = self.reference_model()
                 with off:
                     new["ref_per_token_logps"] = self._log_probs(model, prompt_completion_ids, attention_mask,
                                                                  keep, rows, False)[0]
