@@ -19,8 +19,8 @@ as the replay leaves generation to the formula's phase: ``formula_generation`` /
 * ``formula``: ``core.estimate`` of the spec (``peak_allocated_bytes``).
 
 Run: ``PYTHONPATH=. python benchmarks/trl_replay.py [name-substring ...] [--out benchmarks/data/trl_replay_cpu.json]``
-(``--out`` keeps the file's rows of the cases not run, and its other keys: the GRPO rows are ``grpo_rows``);
-``--deepen-check``: GRPO's pre-pass deepened from one and two layers vs four (:func:`deepen_check`).
+(``--out`` keeps the file's rows of the cases not run, and its other keys: the GRPO rows are ``grpo_rows``).
+GRPO's pre-pass deepened from one and two layers vs four layers: ``python tests/grpo_deepen_check.py``.
 """
 
 from __future__ import annotations
@@ -222,8 +222,7 @@ def _precompute_measured(out: dict[str, int]) -> Iterator[None]:
 def replay_peaks(spec: Any) -> dict[str, int]:
     """The whole run's replay: its peak allocated, the last step's own peak (events not tagged ``_warmup``) and
     the setup's (parameters; DPO's precompute pass)."""
-    from fitcheck.torch_adapters import whole_run_events
-    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
+    from fitcheck.torch_adapters import replayed_micro_batches, whole_run_events
 
     live = peak = last = setup = 0
     passes = replayed_micro_batches(spec.batch.grad_accum)
@@ -255,48 +254,7 @@ def row(case: Case) -> dict[str, Any]:
     return {**out, "real": measure_grpo(case)}
 
 
-def deepen_check() -> list[tuple[str, int, int, int, int, bool]]:
-    """GRPO's micro-step (the pre-pass's two chunks, then the policy) composed at one and two layers of an 8-layer
-    tiny Llama and deepened to four (``allocator_deepen``, what the default path does at real depth) vs the same run
-    composed from a four-layer trace: (case, peak allocated deepened / direct, peak reserved deepened / direct,
-    the events equal up to renaming). CUDA kernels, accumulation 2, three steps, fused AdamW."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_models import LLAMA_8_LAYERS, REPLAY_LORA
-
-    from fitcheck.torch_adapters.allocator_compose import whole_run
-    from fitcheck.torch_adapters.allocator_deepen import canonical, deepen, frees_in_allocation_order
-    from fitcheck.torch_adapters.allocator_replay import replay_events
-    from fitcheck.torch_adapters.tracer import trace_step
-    from fitcheck.torch_adapters.tracer_grpo import generating_passes
-    from fitcheck.torch_adapters.tracer_optimizer import trace_optimizer
-
-    out = []
-    for name, extra in (("full beta", {"trl_grpo": ("model", 16, 0.04, 2, False, 0, 2)}),
-                        ("LoRA beta", {"lora": REPLAY_LORA, "trl_grpo": ("adapters", 16, 0.04, 2, False, 0, 2)})):
-        step = {"seq_len": 32, "micro_batch": 2, "cuda_kernels": True, "mixed_precision": "bf16",
-                "checkpointing": True, "trl_head": ("log_probs", "entropy"), **extra}
-        opt_kw = {k: v for k, v in step.items() if k in ("lora", "cuda_kernels", "trl_head", "mixed_precision")}
-
-        def composed(depth: int, step: dict[str, Any] = step, opt_kw: dict[str, Any] = opt_kw) -> Any:
-            run = trace_step(LLAMA_8_LAYERS, num_layers=depth, **{**step, "optimizer": None, "steps": 1})
-            opt, starts = trace_optimizer(LLAMA_8_LAYERS, num_layers=depth, optimizer="adamw_torch_fused", steps=3,
-                                          **opt_kw)
-            return whole_run(run.alloc_events, run.region_starts, opt, starts, 3, 2, run.accumulated_after,
-                             generating_passes(2, 2))
-
-        one, two, four = composed(1), composed(2), composed(4)
-        built = deepen(one[0], two[0], 4, (one[1], two[1]))
-        a, b = replay_events([built]), replay_events([four[0]])
-        same = frees_in_allocation_order(canonical(built)) == frees_in_allocation_order(canonical(four[0]))
-        out.append((name, a.peak_allocated, b.peak_allocated, a.peak_reserved, b.peak_reserved, same))
-    return out
-
-
 def main(argv: list[str]) -> int:
-    if "--deepen-check" in argv:  # GRPO's pre-pass through allocator_deepen (deepen_check)
-        for row_ in deepen_check():
-            print(*row_)
-        return 0
     out = None
     if "--out" in argv:
         at = argv.index("--out")

@@ -27,6 +27,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
     from fitcheck.torch_adapters.allocator_replay import (
         StepReplay,
         replay_deepened,
@@ -117,6 +118,7 @@ _WHERE = {
     "replay_deepened": "allocator_replay",
     "replay_steady_state": "allocator_replay",
     "replay_whole_run": "allocator_replay",
+    "replayed_micro_batches": "allocator_compose",
     "whole_run_events": "allocator_replay",
     "deepspeed_plan": "deepspeed_run_plan",
     "deepspeed_run": "deepspeed_run_events",
@@ -204,6 +206,7 @@ __all__ = [
     "replay_step",
     "replay_whole_lengths",
     "replay_whole_run",
+    "replayed_micro_batches",
     "replayed_run",
     "run_trace_kwargs",
     "search_and_boundary",
