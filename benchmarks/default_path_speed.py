@@ -20,7 +20,11 @@ the cold one. Issue 20's targets: formula <= 0.3 s, traced answer <= 3 s, full r
 
 Also the in-process time of each part after the imports (``--inproc``), and the number of traces run.
 
-Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [--compile] [--json FILE] [case ...]``
+``--split`` instead runs one cold child per mode with hooks that split its CPU seconds into the imports (each
+module's own body, by top-level package), building the model, the step and optimizer traces, the allocator
+replay, and the rest: what a cold traced answer spends where, and the floor the library imports leave.
+
+Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [--split] [--compile] [--json FILE] [case ...]``
 (CPU, no network; the caches are temporary directories, removed at the end). Cases: those of ``CASES`` (the
 default), and the four H100 rows of ``H100_ROWS`` by name. To time another checkout (e.g. ``main`` before issue
 20), run it with ``PYTHONPATH=<that checkout>``: the children inherit it.
@@ -80,10 +84,68 @@ _topt.trace_optimizer = _counted("optimizer", _topt.trace_optimizer)
 atexit.register(lambda: print("TRACES", _counts["step"], _counts["optimizer"], file=sys.stderr))
 """
 
+# --split: where a child's CPU goes (time.process_time, exclusive of what nests inside): each import's own module
+# body by top-level package (importlib's _find_and_load, the function every import statement calls on a module
+# not yet in sys.modules), fitcheck's build of the model, each trace, the allocator replay, and the rest. The
+# hooks only measure: no module is replaced.
+_SPLIT = """
+import atexit, collections, functools, json as _json, sys, time
+import _frozen_importlib as _fi
+_clock, _excl, _calls, _stack = time.process_time, collections.Counter(), collections.Counter(), []
+def _enter(name):
+    _stack.append([name, _clock(), 0.0])
+def _leave():
+    name, start, kids = _stack.pop()
+    spent = _clock() - start
+    _excl[name] += spent - kids
+    _calls[name] += 1
+    if _stack:
+        _stack[-1][2] += spent
+_HOOKS = {  # module -> (function, part): wrapped as the module is first imported, before anything binds them
+    "fitcheck.torch_adapters.tracer_build": [("build_model", "build the model (transformers/peft on fake tensors)")],
+    "fitcheck.torch_adapters.tracer": [("trace_step", "trace steps (fake tensors)")],
+    "fitcheck.torch_adapters.tracer_optimizer": [("trace_optimizer", "trace optimizer steps")],
+    "fitcheck.torch_adapters.allocator_replay": [("replay_whole_run", "allocator replay (compose, deepen, simulate)"),
+                                                 ("replay_events", "allocator replay (compose, deepen, simulate)")],
+    "fitcheck.torch_adapters.allocator_deepen": [("deepen", "allocator replay (compose, deepen, simulate)")],
+}
+def _timed(module, attr, label):
+    real = getattr(module, attr)
+    @functools.wraps(real)
+    def run(*args, **kwargs):
+        _enter(label)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            _leave()
+    setattr(module, attr, run)
+_real_find_and_load = _fi._find_and_load
+def _find_and_load(name, import_):
+    _enter("import " + name.split(".")[0])
+    try:
+        module = _real_find_and_load(name, import_)
+    finally:
+        _leave()
+    for attr, label in _HOOKS.pop(name, ()):
+        _timed(module, attr, label)
+    return module
+_fi._find_and_load = _find_and_load
+_T0 = _clock()
+def _report():
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    parts = dict(_excl)
+    parts["the rest (fitcheck's spec, formulas, advice, rendering; the interpreter)"] = (
+        usage.ru_utime + usage.ru_stime - sum(parts.values()))
+    print("SPLIT " + _json.dumps({"parts": parts, "calls": dict(_calls)}), file=sys.stderr)
+atexit.register(_report)
+"""
+
 _REPORT = """
 import sys
-from fitcheck.cli.main import main
-sys.exit(main(["estimate", *sys.argv[1:]]))
+from fitcheck.cli.main import console
+sys.argv = ["fitcheck", "estimate", *sys.argv[1:]]
+console()  # what the ``fitcheck`` console script runs, its exit included
 """
 
 _ANSWER = """
@@ -98,14 +160,20 @@ report = path(spec)
 traced = any(c.name == "activations.traced" for c in report.components)
 print("traced" if traced else "formula", "pinned" if report.pinned else "not pinned", report.peak_allocated_bytes,
       report.peak_reserved_bytes)
+import atexit
+atexit._run_exitfuncs()  # the console script's exit (fitcheck.cli.main.console): no interpreter teardown
+sys.stdout.flush()
+os._exit(0)
 """
 
 
 class Run:
-    """One fresh child: wall and CPU seconds, its stdout, the step and optimizer traces it ran."""
+    """One fresh child: wall and CPU seconds, its stdout, the step and optimizer traces it ran, and (``--split``)
+    where its CPU went."""
 
-    def __init__(self, wall: float, cpu: float, stdout: str, traces: tuple[int, int]) -> None:
-        self.wall, self.cpu, self.stdout, self.traces = wall, cpu, stdout, traces
+    def __init__(self, wall: float, cpu: float, stdout: str, traces: tuple[int, int],
+                 split: dict[str, Any] | None = None) -> None:
+        self.wall, self.cpu, self.stdout, self.traces, self.split = wall, cpu, stdout, traces, split
 
     @property
     def answer(self) -> str:
@@ -126,7 +194,8 @@ def _child(argv: list[str], cache: str = "off") -> Run:
         raise RuntimeError(f"{argv}: exit {out.returncode}\n{out.stderr[-2000:]}")
     counted = [line.split()[1:] for line in out.stderr.splitlines() if line.startswith("TRACES ")]
     traces = (int(counted[-1][0]), int(counted[-1][1])) if counted else (0, 0)
-    return Run(wall, cpu, out.stdout, traces)
+    split = [json.loads(line[6:]) for line in out.stderr.splitlines() if line.startswith("SPLIT ")]
+    return Run(wall, cpu, out.stdout, traces, split[-1] if split else None)
 
 
 def modes(flags: list[str]) -> dict[str, list[str]]:
@@ -164,6 +233,39 @@ def time_case(name: str, flags: list[str], repeat: int) -> list[dict[str, Any]]:
         same = "same stdout as cold" if all(w.stdout == cold[-1].stdout for w in warm) else "STDOUT DIFFERS FROM COLD"
         rows.append(_row(name, mode, "cold", cold, answer))
         rows.append(_row(name, mode, "warm", warm, same))
+    return rows
+
+
+# the packages a split names on its own line; every other import is summed as "other imports"
+_NAMED = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "trl", "deepspeed", "sympy", "scipy",
+          "numpy", "huggingface_hub", "fitcheck")
+
+
+def split_case(name: str, flags: list[str]) -> list[dict[str, Any]]:
+    """One cold child per mode (formula, traced answer, full report) with the ``_SPLIT`` hooks: its CPU by part
+    (imports by package, building the model, traces, replay, the rest), printed and returned."""
+    rows = []
+    for mode, argv in modes(flags).items():
+        code_at = argv.index("-c") + 1 if "-c" in argv else None
+        if code_at is None:  # the formula child runs the module: the same, through -c, with the hooks first
+            argv = [sys.executable, "-c", _REPORT, *argv[argv.index("estimate") + 1:]]
+            code_at = 2
+        argv = [*argv[:code_at], _SPLIT + argv[code_at], *argv[code_at + 1:]]
+        with tempfile.TemporaryDirectory(prefix="fitcheck-split-") as cache:
+            run = _child(argv, cache)
+        parts: dict[str, float] = dict(run.split["parts"]) if run.split else {}
+        calls: dict[str, int] = dict(run.split["calls"]) if run.split else {}
+        imports = {k[len("import "):]: v for k, v in parts.items() if k.startswith("import ")}
+        named = {k: imports.pop(k, 0.0) for k in _NAMED}
+        print(f"{name} / {mode}: {run.cpu:.2f} CPU-s, {run.wall:.2f} s wall (one cold child, hooks on)")
+        lines = [(f"import {k}", v, "") for k, v in named.items() if v >= 0.005]
+        lines.append(("other imports", sum(imports.values()), ", ".join(
+            f"{k} {v:.2f}" for k, v in sorted(imports.items(), key=lambda kv: -kv[1])[:6])))
+        lines += [(k, v, f"{calls[k]} calls" if k in calls else "") for k, v in parts.items()
+                  if not k.startswith("import ")]
+        for label, cpu, note in lines:
+            print(f"  {cpu:7.2f} CPU-s  {label:70} {note}")
+            rows.append({"case": name, "mode": mode, "part": label, "cpu_s": round(cpu, 3), "note": note})
     return rows
 
 
@@ -227,6 +329,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--inproc", action="store_true")
     ap.add_argument("--compile", action="store_true",
                     help="write fitcheck's bytecode first, as `pip install` does (compileall)")
+    ap.add_argument("--split", action="store_true",
+                    help="one cold child per mode with hooks that split its CPU: imports by package, building the "
+                    "model, traces, the allocator replay, the rest")
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON (benchmarks/data/)")
     ap.add_argument("cases", nargs="*")
     ns = ap.parse_args(argv)
@@ -239,6 +344,15 @@ def main(argv: list[str]) -> int:
         for name in names:
             print(name)
             inproc(cases[name])
+        return 0
+    if ns.split:
+        split_rows = [row for name in names for row in split_case(name, cases[name])]
+        if ns.json:
+            with open(ns.json, "w", encoding="utf-8") as out:
+                json.dump({"machine": f"{os.cpu_count()} cores, load average {load:.1f} at start",
+                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "split": split_rows}, out,
+                          indent=1)
+                out.write("\n")
         return 0
     print(f"{'case':16} {'mode':14} {'cache':5} {'wall (median)':>12} {'cpu (median)':>11} {'traces':>7} "
           f"{'optim':>5}  answer")

@@ -28,6 +28,7 @@ from fitcheck.spec import (
     MixedPrecision,
     ModelInventory,
     OptimizerSpec,
+    PeftAdapterSpec,
     PrecisionSpec,
     QuantSpec,
     ShardingSpec,
@@ -259,7 +260,9 @@ def _quant(row: Mapping[str, Any]) -> QuantSpec | str | None:
     # "bnb NF4 (no double quant)" (litgpt qlora.yaml ``quantize: bnb.nf4``, not ``bnb.nf4-dq``) names double
     # quantization only to exclude it
     double = ("double" in text and "no double" not in text) or torchtune
-    prep = row["source_group"] in HF_GROUPS  # TRL/PEFT pipelines run prepare_model_for_kbit_training
+    # TRL/PEFT pipelines run prepare_model_for_kbit_training; a row whose source shows it does not says so
+    # (``kbit_prep`` false, with ``kbit_prep_source``: ms-swift at cfcb672 never calls it)
+    prep = bool(row["kbit_prep"]) if "kbit_prep" in row else row["source_group"] in HF_GROUPS
     return QuantSpec(
         bits=4,
         quant_type="nf4",
@@ -400,11 +403,15 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     if isinstance(model, str):
         return skip(model)
     lora: LoraSpec | None = None
+    adapter: PeftAdapterSpec | None = None
     if row.get("peft_config"):
         read = _lora_by_fitcheck_reader(row["peft_config"])
         if isinstance(read, str):
             return skip(read)
-        lora = read
+        if isinstance(read, LoraSpec):
+            lora = read
+        else:  # another PEFT method: estimated from the real peft model on the default path only
+            adapter = read
     elif row.get("lora"):
         lr = row["lora"]
         targets = _targets(lr)
@@ -464,6 +471,7 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
             lora=lora,
             quant=quant,
             stack=libs,
+            peft=adapter,
         )
 
     return Plan(
@@ -481,9 +489,9 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     )
 
 
-def _lora_by_fitcheck_reader(peft_config: Mapping[str, Any]) -> LoraSpec | str:
+def _lora_by_fitcheck_reader(peft_config: Mapping[str, Any]) -> LoraSpec | PeftAdapterSpec | str:
     """The row's ``adapter_config.json`` read by fitcheck's own reader, as ``fitcheck estimate --adapter_config``
-    reads it; the reader's refusal (another PEFT method) is the skip reason."""
+    reads it; the reader's refusal (a PEFT method not modelled) is the skip reason."""
     import tempfile
 
     from fitcheck.errors import FitcheckError
@@ -493,7 +501,10 @@ def _lora_by_fitcheck_reader(peft_config: Mapping[str, Any]) -> LoraSpec | str:
         path = Path(tmp) / "adapter_config.json"
         path.write_text(json.dumps(peft_config))
         try:
-            return read_adapter_config(str(path))
+            read = read_adapter_config(str(path))
+            if isinstance(read, PeftAdapterSpec):  # the temporary file's name would outlive it in messages
+                read = PeftAdapterSpec(read.peft_type, read.config_json, "adapter_config.json")
+            return read
         except FitcheckError as exc:
             return "fitcheck's PEFT reader refuses it: " + str(exc).replace(str(path), "adapter_config.json")
 

@@ -1,15 +1,17 @@
-"""Real TRL 1.16 SFT / DPO / GRPO trainer runs on CPU vs the whole-run allocator replay of the same run and the formula.
+"""Real TRL 1.16 SFT / DPO / KTO / GRPO trainer runs on CPU vs the whole-run replay of that run and the formula.
 
 For each SFT case of ``benchmarks/trl_truth.py`` (a tiny random Llama, its real ``SFTTrainer``), a QLoRA case
 (the same model loaded in 4-bit nf4 by the trainer) and the DPO cases (its real ``DPOTrainer``: a full fine-tune
 with the reference copy it loads, LoRA with the adapters-off reference pass, with and without checkpointing,
-``rpo_alpha``, ``precompute_ref_log_probs``; ``tracer_dpo``) and the GRPO cases (its real ``GRPOTrainer`` with a
-reward function in Python, ``model.generate`` on the CPU: beta 0 and 0.04, full and LoRA, without checkpointing,
-accumulation 2, steps_per_generation 2; ``tracer_grpo``; ``GRPOTrainer._generate`` measured apart, ``generation``,
-as the replay leaves generation to the formula's phase: ``formula_generation`` / ``formula_training``), three steps:
+``rpo_alpha``, ``precompute_ref_log_probs``; ``tracer_dpo``) and the KTO cases (its real ``KTOTrainer``: the same
+references, with the KL batch (``loss_type`` ``kto``) and without (``apo_zero_unpaired``); ``tracer_kto``) and the
+GRPO cases (its real ``GRPOTrainer`` with a reward function in Python, ``model.generate`` on the CPU: beta 0 and 0.04,
+full and LoRA, without checkpointing, accumulation 2, steps_per_generation 2; ``tracer_grpo``;
+``GRPOTrainer._generate`` measured apart, ``generation``, as the replay leaves generation to the formula's phase:
+``formula_generation`` / ``formula_training``), three steps:
 
 * ``real``: the live-tensor bytes of the real run (``fitcheck.torch_adapters.live_tracker``, started at step 1's
-  ``on_step_begin`` on the model's parameters, buffers and optimizer, and DPO's reference copy: every tensor the
+  ``on_step_begin`` on the model's parameters, buffers and optimizer, and DPO's / KTO's reference copy: every tensor the
   steps create, the optimizer states of step 1 included): the peak over the three steps and the third step's own
   peak;
 * ``replay``: ``allocator_replay.replay_whole_run`` of the case's spec on CPU (the SFT / DPO step traced with TRL's
@@ -61,6 +63,19 @@ DPO_CASES = (Case("dpo full ref", TrainerKind.DPO, length=48, prompt=32),
                   extra={"precompute_ref_log_probs": True}),
              Case("dpo LoRA precompute_ref_log_probs", TrainerKind.DPO, lora=TRL_LORA,
                   extra={"precompute_ref_log_probs": True}, length=48, prompt=32))
+# KTO (tracer_kto): 2 rows (one desirable, one not: trl_truth's dataset) of 32 prompt + 48 completion tokens; the KL
+# batch (loss_type kto) or none (apo_zero_unpaired); the reference copy, adapters off, or precomputed log-probs
+_KTO = {"length": 48, "prompt": 32}
+KTO_CASES = (Case("kto full ref", TrainerKind.KTO, **_KTO),
+             Case("kto full ref no-ckpt", TrainerKind.KTO, ckpt=False, **_KTO),
+             Case("kto LoRA", TrainerKind.KTO, lora=TRL_LORA, **_KTO),
+             Case("kto LoRA no-ckpt", TrainerKind.KTO, lora=TRL_LORA, ckpt=False, **_KTO),
+             Case("kto apo_zero_unpaired (no KL)", TrainerKind.KTO, extra={"loss_type": "apo_zero_unpaired"}, **_KTO),
+             Case("kto LoRA apo_zero_unpaired (no KL)", TrainerKind.KTO, lora=TRL_LORA,
+                  extra={"loss_type": "apo_zero_unpaired"}, **_KTO),
+             Case("kto precompute_ref_log_probs", TrainerKind.KTO, extra={"precompute_ref_log_probs": True}, **_KTO),
+             Case("kto LoRA precompute_ref_log_probs", TrainerKind.KTO, lora=TRL_LORA,
+                  extra={"precompute_ref_log_probs": True}, **_KTO))
 # GRPO (tracer_grpo): 4 completions of 16 prompt + 32 completion tokens per micro-batch (one prompt, num_generations
 # 4), a reward function in Python; beta 0 (no reference) and 0.04 (the copy / LoRA's adapters-off pass), and a
 # generation batch of two micro-batches: accumulation 2 (steps_per_generation 2 by default: one pre-pass over 8 rows
@@ -79,6 +94,7 @@ GRPO_CASES = (Case("grpo full", TrainerKind.GRPO, batch=4, length=32, prompt=16,
                    extra={**_G, "beta": 0.04, "gradient_accumulation_steps": 2}),
               Case("grpo full beta steps_per_generation 2", TrainerKind.GRPO, batch=4, length=32, prompt=16,
                    extra={**_G, "beta": 0.04, "steps_per_generation": 2}))
+ALL_CASES = (*SFT_CASES, *DPO_CASES, *KTO_CASES, *GRPO_CASES)
 
 
 def case_spec(case: Case) -> Any:
@@ -109,7 +125,7 @@ def measure_run(case: Case) -> dict[str, int]:
                 if st.global_step == 0:
                     tracker = LiveTensorTracker()
                     tracker.track(model_state_tensors(trainer.model, trainer.optimizer))
-                    if getattr(trainer, "ref_model", None) is not None:  # DPO's reference copy
+                    if getattr(trainer, "ref_model", None) is not None:  # DPO's / KTO's reference copy
                         tracker.track(model_state_tensors(trainer.ref_model))
                     state["tracker"] = tracker.start()
                 elif st.global_step == STEPS - 1:
@@ -193,14 +209,23 @@ def measure_grpo(case: Case) -> dict[str, int]:
 
 @contextlib.contextmanager
 def _precompute_measured(out: dict[str, int]) -> Iterator[None]:
-    """The live-tensor peak of DPOTrainer's ``precompute_ref_log_probs`` pass (``_precompute_ref_logps``, run by
-    ``__init__`` before the optimizer exists) as ``out["precompute"]``: the model's parameters and buffers and
-    every tensor the pass creates (the log-probs it moves to the CPU included: one process)."""
+    """The live-tensor peak of DPOTrainer's / KTOTrainer's ``precompute_ref_log_probs`` pass
+    (``_precompute_ref_logps``, run by ``__init__`` before the optimizer exists) as ``out["precompute"]``: the
+    model's parameters and buffers and every tensor the pass creates (the log-probs it moves to the CPU included:
+    one process)."""
     from trl.trainer.dpo_trainer import DPOTrainer
+    from trl.trainer.kto_trainer import KTOTrainer
 
+    with _measured_pass(DPOTrainer, out), _measured_pass(KTOTrainer, out):
+        yield
+
+
+@contextlib.contextmanager
+def _measured_pass(cls: Any, out: dict[str, int]) -> Iterator[None]:
+    """``cls._precompute_ref_logps`` measured (:func:`_precompute_measured`)."""
     from fitcheck.torch_adapters import LiveTensorTracker, model_state_tensors
 
-    original = DPOTrainer._precompute_ref_logps
+    original = cls._precompute_ref_logps
 
     def measured(self: Any, *args: Any, **kwargs: Any) -> Any:
         tracker = LiveTensorTracker()
@@ -212,11 +237,11 @@ def _precompute_measured(out: dict[str, int]) -> Iterator[None]:
             tracker.stop()
             out["precompute"] = tracker.peak
 
-    setattr(DPOTrainer, "_precompute_ref_logps", measured)  # noqa: B010  # the class, for __init__
+    setattr(cls, "_precompute_ref_logps", measured)  # noqa: B010  # the class, for __init__
     try:
         yield
     finally:
-        setattr(DPOTrainer, "_precompute_ref_logps", original)  # noqa: B010
+        setattr(cls, "_precompute_ref_logps", original)  # noqa: B010
 
 
 def replay_peaks(spec: Any) -> dict[str, int]:
@@ -259,7 +284,7 @@ def main(argv: list[str]) -> int:
     if "--out" in argv:
         at = argv.index("--out")
         out, argv = argv[at + 1], argv[:at] + argv[at + 2:]
-    cases = [c for c in (*SFT_CASES, *DPO_CASES, *GRPO_CASES) if not argv or any(a in c.name for a in argv)]
+    cases = [c for c in ALL_CASES if not argv or any(a in c.name for a in argv)]
     rows = [row(c) for c in cases]
     print(f"{'case':<40} {'formula':>12} {'replay':>12} {'real':>12} {'replay/real':>11} {'formula/real':>12} "
           f"{'plain replay':>12} {'last: replay':>13} {'last: real':>12}")
@@ -281,7 +306,7 @@ def main(argv: list[str]) -> int:
     if out:  # the rows of the cases not run now are kept from the file, and its other keys
         data = json.loads(Path(out).read_text()) if Path(out).exists() else {}
         grpo = {c.name for c in GRPO_CASES}
-        for key, group in (("rows", (*SFT_CASES, *DPO_CASES)), ("grpo_rows", GRPO_CASES)):
+        for key, group in (("rows", (*SFT_CASES, *DPO_CASES, *KTO_CASES)), ("grpo_rows", GRPO_CASES)):
             now = [r for r in rows if (r["case"] in grpo) == (key == "grpo_rows")]
             ran = {r["case"] for r in now}
             order = [c.name for c in group]

@@ -109,7 +109,9 @@ def trainer_spec_for(case: Case) -> TrainerSpec:
     if kind in (TrainerKind.DPO, TrainerKind.KTO):
         return TrainerSpec(kind=kind, prompt_length=case.prompt, completion_length=case.length,
                            precompute_ref_log_probs=bool(extra.get("precompute_ref_log_probs", False)),
-                           rpo_alpha=extra.get("rpo_alpha"))
+                           rpo_alpha=extra.get("rpo_alpha"),
+                           **({"loss_type": (str(extra.get("loss_type", "kto")),)} if kind is TrainerKind.KTO
+                              else {}))
     return TrainerSpec(kind=kind, packing=bool(extra.get("packing", False)),
                        padding_free=bool(extra.get("padding_free", False)))
 

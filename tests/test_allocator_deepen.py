@@ -116,3 +116,25 @@ def test_a_hash_ordered_free_run_deepens_to_frees_that_pair() -> None:
     built = deepen(one.alloc_events, two.alloc_events, 8, (one.region_starts, two.region_starts))
     (n1, b1, _), (n2, b2, _) = live_at_end(one.alloc_events), live_at_end(two.alloc_events)
     assert live_at_end(built) == (n2 + 6 * (n2 - n1), b2 + 6 * (b2 - b1), 0)  # (live storages, bytes, unpaired)
+
+
+def test_mlp_only_lora_deepens_past_the_first_layer() -> None:
+    """LoRA on the MLP only (peft MetaMathQA's ``lora-rank10-target-mlp``): layer 0's attention input needs no
+    gradient, so its rotary ``q * cos`` saves nothing and the one-layer trace frees ``cos``/``sin`` at the end of the
+    forward, where deeper traces keep them to layer 1's backward. The one- and two-layer traces do not deepen
+    (``DeepenError``: the default path fell back to the two-group gap); ``deepen_past_first`` builds the four-layer
+    sequence from two and three layers, equal to the real four-layer trace up to the order of each run of frees, with
+    the same peaks. Fails before session 16 (no ``deepen_past_first``; the row's whole run was not replayed)."""
+    from fitcheck.torch_adapters.allocator_deepen import deepen_past_first
+
+    lora = LoraSpec(r=10, alpha=20, target_modules=("up_proj", "gate_proj", "down_proj"))
+    step = {**STEP, "steps": 1, "optimizer": "adamw_torch", "dtype": "bfloat16", "lora": lora}
+    runs = {d: trace_step(CONFIG, num_layers=d, **step) for d in (1, 2, 3, 4)}
+    with pytest.raises(DeepenError):
+        deepen(runs[1].alloc_events, runs[2].alloc_events, 4, (runs[1].region_starts, runs[2].region_starts))
+    built = deepen_past_first(lambda groups: (runs[groups].alloc_events, runs[groups].region_starts), 4)
+    four = runs[4].alloc_events
+    assert frees_in_allocation_order(canonical(built)) == frees_in_allocation_order(canonical(four))
+    conf = AllocatorConf()
+    real, synth = replay_events([four], conf), replay_events([built], conf)
+    assert (synth.peak_allocated, synth.peak_reserved) == (real.peak_allocated, real.peak_reserved)

@@ -22,18 +22,14 @@ pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
 from tiny_models import WIDE_VOCAB_LLAMA
+from trl_replay_rows import check_precompute_row, check_replay_row
 
 from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec
 
-DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "trl_replay_cpu.json"
 OUTPUTS = ("log_probs", "entropy", "mean_logits", "is_top1")  # DPOTrainer's policy head (core.trainers registry)
 REPLAYED = ("dpo full ref", "dpo full ref no-ckpt", "dpo LoRA", "dpo LoRA no-ckpt", "dpo rpo_alpha",
             "dpo precompute_ref_log_probs", "dpo LoRA precompute_ref_log_probs")
 PRECOMPUTED = ("dpo precompute_ref_log_probs", "dpo LoRA precompute_ref_log_probs")
-
-
-def _rows() -> dict[str, Any]:
-    return {r["case"]: r for r in json.loads(DATA.read_text())["rows"]}
 
 
 @pytest.mark.parametrize("case", REPLAYED)
@@ -42,19 +38,14 @@ def test_recorded_replay_matches_the_real_dpo_trainer(case: str) -> None:
     (full fine-tune with its reference copy, LoRA with the adapters-off pass, with and without checkpointing), over
     the run and in the last step; the plain Trainer's step replayed instead (what main composed) is off by more
     than 10 %."""
-    row = _rows()[case]
-    real, replay = row["real"], row["replay"]
-    assert replay["peak"] == pytest.approx(real["peak"], rel=0.001)
-    assert replay["last_step"] == pytest.approx(real["last_step"], rel=0.001)
-    assert abs(row["plain_replay"]["peak"] / real["peak"] - 1) > 0.10
+    check_replay_row(case)
 
 
 @pytest.mark.parametrize("case", PRECOMPUTED)
 def test_recorded_precompute_pass_matches_the_real_one(case: str) -> None:
     """``precompute_ref_log_probs``: the pass ``DPOTrainer.__init__`` runs before training (no_grad forwards of the
     policy, adapters disabled under PEFT), replayed in the setup, within 0.1 % of the real pass's live tensors."""
-    row = _rows()[case]
-    assert row["replay"]["setup"] == pytest.approx(row["real"]["precompute"], rel=0.001)
+    check_precompute_row(case)
 
 
 def _spec(case: Any) -> TrainingSpec:

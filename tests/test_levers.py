@@ -4,6 +4,7 @@ refused with exit 2. Formulas are derived from Liger-Kernel 0.8.5, cut_cross_ent
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import replace
 from typing import Any
@@ -102,6 +103,35 @@ def test_reentrant_and_compile_are_read_and_reported() -> None:
     assert "reentrant-checkpointing" in [f.code for f in estimate(spec).findings]
     compiled = estimate(_spec(torch_compile=True))
     assert any(f.code == "not-modelled" and "torch_compile" in f.message for f in compiled.findings)
+
+
+@pytest.mark.parametrize(("stack", "kwargs", "reentrant"), [
+    ("transformers=4.36", None, True), ("transformers=4.57.0", None, True), ("transformers=5.0", None, False),
+    (None, None, False), ("transformers=4.36", '{"use_reentrant": false}', False),
+    ("transformers=4.36", '{"every_n_layers": 1}', True),
+])
+def test_transformers_4_checkpoints_reentrant_by_default(stack: str | None, kwargs: str | None,
+                                                         reentrant: bool) -> None:
+    """transformers 4.x runs ``gradient_checkpointing=True`` reentrant unless the kwargs say otherwise (4.57.0
+    ``gradient_checkpointing_enable``: ``{"use_reentrant": True}``; 4.35.0 / 4.36.0: ``{}``, which torch's own
+    ``checkpoint`` runs reentrant: checked here on the installed torch), 5.x non-reentrant; ``--stack`` decides.
+    Fails before session 16: the spec was non-reentrant for every stack."""
+    import functools
+
+    torch = pytest.importorskip("torch")
+    from torch.utils.checkpoint import checkpoint
+
+    x = torch.ones(2, 3, requires_grad=True)
+    for partial_kwargs, node in (({}, "CheckpointFunctionBackward"), ({"use_reentrant": False}, "MulBackward0")):
+        with pytest.warns(UserWarning) if not partial_kwargs else contextlib.nullcontext():
+            out = functools.partial(checkpoint, **partial_kwargs)(lambda t: t * 2, x)  # as transformers calls it
+        assert type(out.grad_fn).__name__ == node
+    extra: dict[str, Any] = {"gradient_checkpointing": True}
+    if stack is not None:
+        extra["stack"] = stack
+    if kwargs is not None:
+        extra["gradient_checkpointing_kwargs"] = kwargs
+    assert _spec(**extra).activations.use_reentrant is reentrant
 
 
 @pytest.mark.parametrize(

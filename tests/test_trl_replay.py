@@ -67,13 +67,13 @@ def test_sft_near_budget_replays_the_sft_run(tmp_path: Path) -> None:
 
 
 def test_other_trl_trainers_keep_the_warning_naming_the_part(tmp_path: Path) -> None:
-    """KTO and SFT padding-free are not replayed: the warning names the reference forward / the flattened row (DPO
-    is replayed since session 15: tests/test_dpo_replay.py)."""
+    """GRPO and SFT padding-free are not replayed: the warning names generation / the flattened row (DPO is
+    replayed since session 15: tests/test_dpo_replay.py; KTO since session 16: tests/test_kto_replay.py)."""
     from fitcheck.torch_adapters import PinnedPath
 
-    kto = _spec(tmp_path, "80GiB", trainer="kto", max_prompt_length=64, max_completion_length=64)
+    grpo = _spec(tmp_path, "80GiB", trainer="grpo", max_prompt_length=64, max_completion_length=64)
     free = _spec(tmp_path, "80GiB", padding_free=True)
-    for spec, part in ((kto, "reference model"), (free, "padding-free")):
+    for spec, part in ((grpo, "KV cache"), (free, "padding-free")):
         used = estimate(spec).device_used_bytes
         near = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, gpu_memory_bytes=used + 2**20))
         path = PinnedPath("auto")

@@ -268,3 +268,23 @@ def test_torch_before_1_11_keeps_the_eager_softmax_input(torch_version: str, kep
     from fitcheck.torch_adapters.run_scope import untraced_parts  # no trace of the installed torch answers it
 
     assert any("softmax" in part for part in untraced_parts(old)) is kept
+
+
+def test_one_scan_of_the_path_answers_each_package_as_its_own_scan(tmp_path: Any) -> None:
+    """``installed_stack`` lists each path entry once for every package (``_dist_info_versions``); per name it
+    answers what a scan for that name alone answers: the first ``dist-info`` with a version on the path, and whether
+    an egg-info, egg or version-less dist-info named it first."""
+    from fitcheck.readers.versions import _dist_info_version, _dist_info_versions, _metadata_version
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in ("peft-0.1.egg-info", "trl.dist-info", "Torch-2.0.dist-info", "accelerate.pth", "deepspeed"):
+        (first / folder).mkdir(parents=True)
+    for folder in ("peft-0.2.dist-info", "trl-1.0.dist-info", "torch-9.9.dist-info", "bitsandbytes-0.4.egg"):
+        (second / folder).mkdir(parents=True)
+    paths = [str(tmp_path / "absent"), str(first), str(second)]
+    names = ("peft", "trl", "torch", "accelerate", "deepspeed", "bitsandbytes", "transformers")
+    together = _dist_info_versions(names, paths)
+    assert together == {name: _dist_info_version(name, paths) for name in names}
+    assert together["peft"] == ("0.2", True) and together["torch"] == ("2.0", False)
+    assert together["bitsandbytes"] == (None, True) and together["transformers"] == (None, False)
+    assert installed_stack() == installed_stack(_metadata_version)  # one scan == a scan per package

@@ -31,6 +31,7 @@ from fitcheck.advice.batch_search import (
 )
 from fitcheck.advice.parallel_levers import parallel_levers
 from fitcheck.core import ComputeEstimate, compute_estimate, relative_time_per_token
+from fitcheck.core.states import check_peft_adapter
 from fitcheck.report import Report
 from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy, TrainingSpec
 
@@ -204,11 +205,22 @@ class _Evaluator:
         )
 
 
+def _plain_peft_run(spec: TrainingSpec) -> bool:
+    """Whether a lever's spec is still a run a non-LoRA PEFT adapter is estimated for (``check_peft_adapter``)."""
+    from fitcheck.errors import NotModelledError
+
+    try:
+        check_peft_adapter(spec)
+    except NotModelledError:
+        return False
+    return True
+
+
 def _more_gpus(ev: _Evaluator) -> Suggestion | None:
     spec = ev.spec
     n = spec.data_parallel_size
     stage = max(spec.sharding.zero_stage or 0, 3)
-    if spec.sharding.strategy is Strategy.FSDP:
+    if spec.sharding.strategy is Strategy.FSDP or spec.peft is not None:  # ZeRO-3: not with a non-LoRA adapter
         return None
     for factor in (2, 4, 8, 16, 32, 64):
         new_n = n * factor
@@ -362,6 +374,8 @@ def advise(
     if identity.argv:  # only the micro-batch changed
         candidates.append(identity)
     options = [*levers(spec, report), *parallel_levers(spec)]
+    if spec.peft is not None:  # a non-LoRA PEFT adapter: a plain (DDP) run only (core/states/peft_adapter.py)
+        options = [lv for lv in options if _plain_peft_run(lv.apply(spec))]
     singles: dict[str, Suggestion] = {}
     for lever in options:
         s = ev.levers([lever])

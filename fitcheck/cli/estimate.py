@@ -199,8 +199,11 @@ def spec_from_values(
     )
     if "adapter_config" in values:
         from fitcheck.readers import read_adapter_config
+        from fitcheck.spec import LoraSpec
 
-        spec = dataclasses.replace(spec, lora=read_adapter_config(str(values["adapter_config"])))
+        adapter = read_adapter_config(str(values["adapter_config"]))  # LoRA, or another PEFT method (spec.peft)
+        spec = dataclasses.replace(spec, lora=adapter if isinstance(adapter, LoraSpec) else None,
+                                   peft=None if isinstance(adapter, LoraSpec) else adapter)
     spec = spec_for_task(spec)
     from fitcheck.readers import TRL_FLAG_NAMES
     from fitcheck.torch_adapters import check_trl_config

@@ -22,12 +22,15 @@ from fitcheck.core.parallelism import (
 from fitcheck.core.saving import save_components, save_cost, save_findings
 from fitcheck.core.states import (
     SidePools,
+    check_peft_adapter,
     deepspeed_side_pools,
     describe_regime,
     fsdp_qlora_findings,
     fsdp_side_pools,
     load_peak,
     model_state_findings,
+    peft_adapter_findings,
+    peft_adapter_params,
     prequant_findings,
     sharding_findings,
     trainable_params,
@@ -43,7 +46,8 @@ from fitcheck.units import format_bytes
 _FORMULA_UNPINNED = frozenset({"activations-not-pinned", "backward-not-pinned", "vision-not-pinned"})
 # Notes that say part of this run is not modelled, traced or not: a CUDA kernel the CPU trace cannot see
 # (activations/cuda.py), torch.compile, Liger's fused experts (kernels/levers.py). None is ever pinned (issue 20).
-_NOT_MODELLED = frozenset({"cuda-not-traced", "not-modelled"})
+# peft-adapter-traced: a non-LoRA PEFT adapter, checked on CPU steps of a tiny model only (core/states/peft_adapter)
+_NOT_MODELLED = frozenset({"cuda-not-traced", "not-modelled", "peft-adapter-traced"})
 
 _SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
@@ -158,6 +162,7 @@ def estimate(
     Returns:
         The itemised report with the peak phase, allocated/reserved/used bytes, the verdict and findings.
     """
+    check_peft_adapter(spec)  # a non-LoRA PEFT adapter: only with its tensors built from the real peft model
     # tp/cp/sp/HSDP: one rank's step is an ordinary step of a smaller problem plus attention buffers
     # (fitcheck.core.parallelism); `local` is `spec` itself without a layout.
     local = rank_local_spec(spec)
@@ -205,6 +210,7 @@ def estimate(
     findings = [
         *spec.findings,
         *model_state_findings(local),
+        *peft_adapter_findings(local),
         *prequant_findings(spec),
         *activation_findings(local),
         *sharding_findings(local),
@@ -261,7 +267,7 @@ def _load_fits(spec: TrainingSpec, budget: int, host_limit: int | None) -> bool:
 def _adapter_params(spec: TrainingSpec, trainable: int) -> int:
     """Parameters PEFT adds on top of the base model (0 without PEFT)."""
     if spec.lora is None:
-        return 0
+        return peft_adapter_params(spec)
     from fitcheck.core.states import adapter_param_count
 
     return adapter_param_count(spec)

@@ -29,7 +29,12 @@ from fitcheck.readers.llamafactory import read_llamafactory, resolve_freeze
 from fitcheck.readers.merge import merge_sources
 from fitcheck.readers.model_config import MetaFallback, inventory_from_config, load_inventory
 from fitcheck.readers.parallelism import PARALLELISM_FLAGS, read_parallelism
-from fitcheck.readers.peft_config import read_adapter_config, refuse_unmodelled_lora_settings
+from fitcheck.readers.peft_config import (
+    TRACED_PEFT_TYPES,
+    adapter_from_mapping,
+    read_adapter_config,
+    refuse_unmodelled_lora_settings,
+)
 from fitcheck.readers.run_args import spec_from_settings, spec_from_values
 from fitcheck.readers.run_settings import CliFlag, RunSettings, cli_flags
 from fitcheck.readers.seq_lengths import check_seq_lengths, parse_seq_lengths
@@ -54,6 +59,7 @@ __all__ = [
     "PARALLELISM_FLAGS",
     "SETTINGS",
     "TASKS",
+    "TRACED_PEFT_TYPES",
     "TRL_FLAG_NAMES",
     "CliFlag",
     "ConfigView",
@@ -61,6 +67,7 @@ __all__ = [
     "MetaFallback",
     "RunSettings",
     "accelerate_deepspeed_config",
+    "adapter_from_mapping",
     "canonical_key",
     "check_seq_lengths",
     "classifier_inventory",

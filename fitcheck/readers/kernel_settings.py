@@ -22,7 +22,7 @@ from typing import Any
 from fitcheck.errors import ConfigError
 from fitcheck.readers.run_settings import RunSettings
 from fitcheck.readers.sources import as_bool, as_mapping
-from fitcheck.spec import LOSS_IMPLEMENTATIONS, DeviceType, LigerSpec, LossKind, TrainingSpec
+from fitcheck.spec import LOSS_IMPLEMENTATIONS, DeviceType, LigerSpec, LossKind, StackSpec, TrainingSpec
 
 _LIGER_KEYS = ("rope", "rms_norm", "swiglu", "geglu", "fused_linear_cross_entropy", "cross_entropy")
 _LOSS_ALIASES = {"standard": "torch"}
@@ -87,11 +87,35 @@ def loss_name(s: RunSettings, liger: LigerSpec | None) -> LossKind:
     return loss
 
 
-def lever_fields(s: RunSettings) -> dict[str, Any]:
-    """ActivationSpec keyword arguments for every lever (``loss``, ``liger``, offloading, reentrant, compile)."""
+def reentrant_by_default(stack: StackSpec) -> bool:
+    """Whether ``gradient_checkpointing=True`` without ``use_reentrant`` runs reentrant checkpointing on ``stack``:
+    transformers before 5.0.
+
+    transformers 5.0.0 ``modeling_utils.py`` ``gradient_checkpointing_enable`` (and 5.23's
+    ``_activation_checkpointing_enable``) default the kwargs to ``{"use_reentrant": False}``; 4.57.0 defaults them to
+    ``{"use_reentrant": True}``; 4.35.0 and 4.36.0 to ``{}``, so torch's ``checkpoint`` gets ``use_reentrant=None``
+    and runs reentrant (torch 2.13 ``torch/utils/checkpoint.py`` ``checkpoint``: "use_reentrant = True" after the
+    warning; torch 2.1 the same). The Trainer passes ``args.gradient_checkpointing_kwargs`` (None unless given) in
+    4.35.0, 4.36.0 and 4.57.0 ``trainer.py``. Before 4.35 the models called ``torch.utils.checkpoint.checkpoint``
+    without the argument: reentrant too. Unknown (no transformers version): the modelled 5.23, non-reentrant.
+    """
+    release = stack.release("transformers")
+    return release is not None and release < (5,)
+
+
+def reentrant_default_applied(s: RunSettings, stack: StackSpec) -> bool:
+    """Whether the spec's ``use_reentrant=True`` is the stack's default, not a ``gradient_checkpointing_kwargs`` key."""
+    kwargs = s.gradient_checkpointing_kwargs
+    given = kwargs is not None and as_mapping(kwargs, at="").get("use_reentrant") is not None
+    return not given and reentrant_by_default(stack)
+
+
+def lever_fields(s: RunSettings, stack: StackSpec | None = None) -> dict[str, Any]:
+    """ActivationSpec keyword arguments for every lever (``loss``, ``liger``, offloading, reentrant, compile);
+    ``use_reentrant`` not given follows the stack's transformers default (:func:`reentrant_by_default`)."""
     liger = liger_spec(s)
     kwargs = s.gradient_checkpointing_kwargs
-    reentrant = False
+    reentrant = stack is not None and reentrant_by_default(stack)
     if kwargs is not None:
         at = s.where("gradient_checkpointing_kwargs")
         mapping = as_mapping(kwargs, at=at)

@@ -2,8 +2,10 @@
 
 Field names and defaults are peft 0.21's ``LoraConfig`` (``peft/tuners/lora/config.py``: r=8, lora_alpha=8,
 lora_dropout=0.0) and TRL's ``ModelConfig`` for the flags (``trl/trainer/model_config.py``: lora_r=16,
-lora_alpha=32, lora_dropout=0.05). Other PEFT methods (``peft_type`` other than LORA) are not modelled, nor are
-the ``LoraConfig`` settings in :data:`UNMODELLED_LORA_SETTINGS` (refused rather than estimated as plain LoRA).
+lora_alpha=32, lora_dropout=0.05). The ``LoraConfig`` settings in :data:`UNMODELLED_LORA_SETTINGS` are refused
+rather than estimated as plain LoRA. An ``adapter_config.json`` of another PEFT method in :data:`TRACED_PEFT_TYPES`
+is read as a :class:`~fitcheck.spec.PeftAdapterSpec` (estimated only from the real peft model, built by
+``torch_adapters/peft_adapters.py``); every other ``peft_type`` is refused.
 """
 
 from __future__ import annotations
@@ -13,7 +15,24 @@ from enum import Enum
 
 from fitcheck.errors import ConfigError, NotModelledError
 from fitcheck.readers.sources import as_bool, as_float, as_int, as_str_list, load_mapping_file, where
-from fitcheck.spec import LoraSpec
+from fitcheck.spec import LoraSpec, PeftAdapterSpec
+
+# The PEFT methods other than LoRA that fitcheck estimates: peft 0.21.2 builds each from its adapter_config.json
+# (``mapping.py`` PEFT_TYPE_TO_CONFIG_MAPPING, ``get_peft_model``) on the meta device for the tensor inventory and on
+# fake tensors for the step; each is checked against a real CPU step of a tiny random Llama
+# (``benchmarks/peft_adapters_cpu.py``, ``benchmarks/data/peft_adapters_cpu.json``). The one list of them.
+TRACED_PEFT_TYPES: tuple[str, ...] = (
+    "ADALORA",
+    "IA3",
+    "LN_TUNING",
+    "LOHA",
+    "LOKR",
+    "OFT",
+    "PREFIX_TUNING",
+    "PROMPT_TUNING",
+    "P_TUNING",
+    "VERA",
+)
 
 
 def _set(value: object) -> bool:
@@ -101,10 +120,7 @@ def lora_from_mapping(raw: Mapping[str, object], *, source: str) -> LoraSpec:
     if isinstance(peft_type, Enum):
         peft_type = peft_type.value
     if peft_type is not None and str(peft_type).upper() != "LORA":
-        raise NotModelledError(
-            f"{where(source, 'peft_type')}: {peft_type} adapters are not modelled; only LoRA "
-            "(and DoRA via use_dora) are"
-        )
+        raise NotModelledError(_not_lora(str(peft_type), source))
     refuse_unmodelled_lora_settings(raw.get, source=source)
     r = as_int(raw.get("r", 8), at=where(source, "r"), minimum=1)
     alpha = as_float(raw.get("lora_alpha", 8), at=where(source, "lora_alpha"))
@@ -146,14 +162,42 @@ def lora_from_mapping(raw: Mapping[str, object], *, source: str) -> LoraSpec:
     )
 
 
-def read_adapter_config(path: str) -> LoraSpec:
-    """Read an ``adapter_config.json`` (what ``LoraConfig.save_pretrained`` writes).
+def _not_lora(peft_type: str, source: str) -> str:
+    """Why a ``peft_type`` other than LoRA is refused where only LoRA is read, or not modelled at all."""
+    if peft_type.upper() in TRACED_PEFT_TYPES:
+        return (f"{where(source, 'peft_type')}: {peft_type} adapters are estimated only from the real peft model "
+                "(torch and peft installed, without --no_trace): pass the file as --adapter_config")
+    return (f"{where(source, 'peft_type')}: {peft_type} adapters are not modelled; LoRA (DoRA, rsLoRA) and "
+            f"{', '.join(TRACED_PEFT_TYPES)} are. Use one of these, or estimate a LoRA of similar size")
+
+
+def adapter_from_mapping(raw: Mapping[str, object], *, source: str) -> LoraSpec | PeftAdapterSpec:
+    """An ``adapter_config.json``'s mapping: a :class:`LoraSpec` for LoRA, a :class:`PeftAdapterSpec` for a
+    method of :data:`TRACED_PEFT_TYPES`.
+
+    Raises:
+        ConfigError: Bad values.
+        NotModelledError: Another PEFT method, or a LoRA setting of :data:`UNMODELLED_LORA_SETTINGS`.
+    """
+    peft_type = raw.get("peft_type")
+    if isinstance(peft_type, Enum):
+        peft_type = peft_type.value
+    if peft_type is None or str(peft_type).upper() == "LORA":
+        return lora_from_mapping(raw, source=source)
+    name = str(peft_type).upper()
+    if name not in TRACED_PEFT_TYPES:
+        raise NotModelledError(_not_lora(name, source))
+    return PeftAdapterSpec(name, PeftAdapterSpec.canonical({**raw, "peft_type": name}), source)
+
+
+def read_adapter_config(path: str) -> LoraSpec | PeftAdapterSpec:
+    """Read an ``adapter_config.json`` (what ``PeftConfig.save_pretrained`` writes).
 
     Raises:
         ConfigError: Missing/malformed file or bad values.
-        NotModelledError: A PEFT method other than LoRA.
+        NotModelledError: A PEFT method not modelled (not LoRA nor one of :data:`TRACED_PEFT_TYPES`).
     """
-    return lora_from_mapping(load_mapping_file(path, what="PEFT adapter config"), source=path)
+    return adapter_from_mapping(load_mapping_file(path, what="PEFT adapter config"), source=path)
 
 
 def lora_from_object(config: object, *, source: str = "LoraConfig") -> LoraSpec:

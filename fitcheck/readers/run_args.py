@@ -359,14 +359,20 @@ def spec_from_settings(
         extra.append(missing_dtype_finding(inventory, precision.load_dtype))  # checkpoint_dtype.py
     optimizer = _optimizer(s, assumptions, extra, stack)
     batch = _batch(s, assumptions)
-    from fitcheck.readers.kernel_settings import lever_fields  # --loss, Liger, offloading, use_reentrant, torch_compile
+    from fitcheck.readers.kernel_settings import (  # --loss, Liger, offloading, use_reentrant, torch_compile
+        lever_fields,
+        reentrant_default_applied,
+    )
 
     acts = ActivationSpec(
         checkpointing=s.gradient_checkpointing,
         checkpoint_every_n_layers=s.checkpoint_every_n_layers,
         attn_implementation=s.attn_implementation,
-        **lever_fields(s),
+        **lever_fields(s, stack),
     )
+    if acts.checkpointing and reentrant_default_applied(s, stack):
+        assumptions.append(f"use_reentrant=True: the default of transformers {stack.get('transformers')} "
+                           "(before 5.0; pass gradient_checkpointing_kwargs to choose)")
     if sharding is None:
         sharding = _sharding(s)
     hardware, hw_notes = _hardware(s)

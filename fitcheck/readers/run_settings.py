@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import cache
 from types import MappingProxyType
 
 from fitcheck.errors import ConfigError
@@ -136,7 +137,7 @@ class RunSettings:
     vllm_gpu_memory_utilization: float | None = None
     prediction_loss_only: bool = True  # absent: Trainer.evaluate without compute_metrics (loss only)
     save_only_model: bool = False  # TrainingArguments' default: checkpoints save the optimizer too
-    loss_type: tuple[str, ...] | None = None  # None: DPOConfig's ("sigmoid",)
+    loss_type: tuple[str, ...] | None = None  # None: DPOConfig's ("sigmoid",), KTOConfig's ("kto",)
     # where each value was read (also "deepspeed.<key>" and other merge notes); the names a source gave
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False)
     given_names: frozenset[str] = field(default=frozenset(), compare=False)
@@ -228,11 +229,18 @@ class CliFlag:
 
 def cli_flags() -> list[CliFlag]:
     """The ``fitcheck estimate`` flags, in --help order."""
+    return list(_cli_flags())
+
+
+@cache
+def _cli_flags() -> tuple[CliFlag, ...]:
+    """:func:`cli_flags`, derived once per process from the constant settings table (the CLI asks three times:
+    the ``estimate`` and ``plot`` parsers and the explicit values)."""
     out = []
     for name, row in cli_rows():
         kind = "bool" if row.kind is Kind.BOOL else "list" if row.kind in (Kind.NAMES, Kind.INDICES) else "value"
         out.append(CliFlag(name, tuple(cli_spellings(name)), kind, flag_help(name) or "", row.cli_choices))
-    return out
+    return tuple(out)
 
 
 def flag_help(name: str) -> str | None:

@@ -350,7 +350,7 @@ SETTINGS: dict[str, Setting] = {
     "save_only_model": Setting(
         B, "TrainingArguments save_only_model: checkpoints without the optimizer (under FSDP no optimizer state "
            "dict is gathered to the host)", trainer_arg=_TA),
-    "loss_type": Setting(N, "DPO loss_type"),
+    "loss_type": Setting(N, "DPO loss_type (KTO: kto or apo_zero_unpaired)"),
     # TrainingArguments / TRL fields read (type-checked, spellings reported) that no formula needs yet
     "bf16_full_eval": Setting(B, trainer_arg=_TA),
     "fp16_full_eval": Setting(B, trainer_arg=_TA),

@@ -107,6 +107,9 @@ _COUNTS = ("num_generations", "generation_batch_size", "steps_per_generation")
 # other name raises "Unknown loss type" at the first step; DPOConfig itself accepts any string)
 DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
                   "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm")
+# KTOConfig.loss_type's choices (trl/trainer/kto_config.py); apo_zero_unpaired runs no KL batch (KTOTrainer.__init__:
+# calculate_kl = args.loss_type not in ["apo_zero_unpaired"]); a single string, not a list
+KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
 
 
 def _nonneg(s: RunSettings, name: str) -> None:
@@ -236,15 +239,22 @@ def _kind_spec(s: RunSettings, spec: TrainingSpec, row: TrainerRow, notes: list[
         if kind is TrainerKind.DPO and unknown:
             raise ConfigError(f"--loss_type {short_repr(unknown[0])}: TRL 1.16's DPOTrainer computes "
                               f"{', '.join(DPO_LOSS_TYPES)} (any other raises at the first step)")
-        if kind is TrainerKind.KTO and (s.rpo_alpha is not None or s.given("loss_type")):
-            raise ConfigError("--rpo_alpha / --loss_type are DPO fields; KTO's loss types (kto, apo_zero_unpaired) "
-                              "allocate the same step here: drop the flag")
+        if kind is TrainerKind.KTO and s.rpo_alpha is not None:
+            raise ConfigError("--rpo_alpha is a DPO field (KTOConfig has none): drop the flag")
+        loss_type = s.loss_type or ("sigmoid",)
+        if kind is TrainerKind.KTO:
+            loss_type = s.loss_type or ("kto",)
+            if len(loss_type) != 1 or loss_type[0] not in KTO_LOSS_TYPES:
+                raise ConfigError(f"--loss_type {short_repr(','.join(loss_type))} with --trainer kto: TRL 1.16's "
+                                  f"KTOConfig.loss_type is one of {', '.join(KTO_LOSS_TYPES)}")
         t = TrainerSpec(kind=kind, prompt_length=min(prompt, total), completion_length=completion,
                         precompute_ref_log_probs=s.precompute_ref_log_probs, rpo_alpha=s.rpo_alpha,
-                        loss_type=s.loss_type or ("sigmoid",))
+                        loss_type=loss_type)
         if kind is TrainerKind.KTO:
+            kl = ("the KL batch runs no_grad forwards of the same size" if loss_type[0] == "kto"
+                  else "apo_zero_unpaired: no KL batch")
             notes.append(f"KTO: every row is {min(prompt, total)} prompt + {completion} completion tokens (one "
-                         "completion per row); the KL batch runs no_grad forwards of the same size")
+                         f"completion per row); {kl}")
         else:
             notes.append(f"DPO: every row is {min(prompt, total)} prompt + {completion} completion tokens; chosen "
                          f"and rejected run concatenated ({2 * spec.batch.micro_batch} rows)")

@@ -12,6 +12,7 @@ batch, activations, hardware, :class:`TrainingSpec`) and :mod:`.trainer` (the tr
 stack and the modelled versions). Import from here.
 """
 
+from fitcheck.spec.adapters import AdapterTensor, PeftAdapterSpec
 from fitcheck.spec.model import (
     Dtype,
     Kind,
@@ -83,6 +84,7 @@ __all__ = [
     "OPTIMIZER_NAMES",
     "SHARDING_STRATEGIES",
     "ActivationSpec",
+    "AdapterTensor",
     "AttentionKind",
     "AttnImpl",
     "AutoWrapPolicy",
@@ -113,6 +115,7 @@ __all__ = [
     "OptimizerSpec",
     "ParallelismSpec",
     "ParamEntry",
+    "PeftAdapterSpec",
     "PrecisionSpec",
     "QkNorm",
     "QuantSpec",

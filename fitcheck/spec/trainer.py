@@ -90,7 +90,7 @@ class TrainerSpec:
         completion_length: DPO: tokens of every chosen/rejected completion; GRPO: ``max_completion_length``.
         precompute_ref_log_probs: DPO: reference log-probs computed before training (no reference in the step).
         rpo_alpha: DPO: weight of the added NLL term (TRL 1.16: ``loss_type=[..., "sft"]``), None = none.
-        loss_type: DPO ``loss_type`` names.
+        loss_type: DPO ``loss_type`` names; KTO: ``("kto",)`` or ``("apo_zero_unpaired",)`` (no KL batch).
         num_generations: GRPO completions per prompt.
         beta: GRPO KL coefficient (> 0 keeps a reference model).
         generation_batch_size: GRPO ``generation_batch_size``: sequences generated per generation over ALL

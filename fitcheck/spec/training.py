@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Literal, get_args
 
 from fitcheck.findings import Finding
+from fitcheck.spec.adapters import PeftAdapterSpec
 from fitcheck.spec.model import Dtype, ModelInventory
 from fitcheck.spec.sharding import ShardingSpec
 from fitcheck.spec.trainer import StackSpec, TrainerSpec
@@ -363,6 +364,7 @@ class TrainingSpec:
         sharding: Processes and sharding.
         hardware: GPU and host.
         lora: PEFT LoRA, if any.
+        peft: A PEFT adapter other than LoRA (estimated from the built peft model only), if any.
         quant: bitsandbytes quantized base, if any.
         freeze: Partial training without PEFT, if any.
         trainer: The trainer (plain Trainer by default; TRL's SFT/DPO/GRPO/Reward: ``fitcheck.core.trainers``).
@@ -385,6 +387,7 @@ class TrainingSpec:
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False)
     findings: tuple[Finding, ...] = ()
     stack: StackSpec = StackSpec()  # noqa: RUF009 (frozen, as sharding)
+    peft: PeftAdapterSpec | None = None
 
     @property
     def data_parallel_size(self) -> int:

@@ -12,11 +12,14 @@
 - :mod:`.live_tracker`: live-tensor peak of a real step (a dispatch mode);
 - :mod:`.device_map`, :mod:`.device_map_check`: accelerate's ``infer_auto_device_map`` and its findings;
   :mod:`.device_map_split`: one estimate per GPU of a multi-GPU map (naive model parallelism);
+- :mod:`.peft_build`, :mod:`.peft_adapters`: a PEFT method other than LoRA built by peft itself (config, wrapped
+  model; its tensors);
 - :mod:`.trl_config_check`: TRL's own config classes validate a run's TRL settings;
 - :mod:`.trace_cache`: fitcheck's on-disk cache of traces and allocator replays across processes.
 - :mod:`.verdict_replay`: near the budget, the whole run replayed instead of the published reserved gap;
   :mod:`.run_scope`: which runs the tracer and that replay describe (the plain Trainer's, TRL's SFTTrainer's:
-  :mod:`.tracer_trl`; DPOTrainer's: :mod:`.tracer_dpo`; GRPOTrainer's: :mod:`.tracer_grpo`).
+  :mod:`.tracer_trl`; DPOTrainer's: :mod:`.tracer_dpo`; KTOTrainer's: :mod:`.tracer_kto`; GRPOTrainer's:
+  :mod:`.tracer_grpo`).
 
 Importing this package imports no torch; each name imports its module on first use.
 """
@@ -67,6 +70,8 @@ if TYPE_CHECKING:
     )
     from fitcheck.torch_adapters.live_tracker import LiveTensorTracker, model_state_tensors
     from fitcheck.torch_adapters.meta_device import build_meta_model, meta_inventory
+    from fitcheck.torch_adapters.peft_adapters import with_adapter_inventory
+    from fitcheck.torch_adapters.peft_build import wrap_adapter
     from fitcheck.torch_adapters.pinned_path import PinnedPath
     from fitcheck.torch_adapters.run_scope import not_replayed, plain_trainer_run, replayed_run
     from fitcheck.torch_adapters.trace_batch import BatchTraces, at_micro_batch
@@ -78,7 +83,7 @@ if TYPE_CHECKING:
         trace_kwargs,
         trace_step,
     )
-    from fitcheck.torch_adapters.tracer_build import hf_config, model_class, reduced_config
+    from fitcheck.torch_adapters.tracer_build import build_model, hf_config, model_class, reduced_config
     from fitcheck.torch_adapters.tracer_depth import trace_components, trace_extrapolated
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder, RegionStats
     from fitcheck.torch_adapters.trl_config_check import check_trl_config
@@ -129,6 +134,9 @@ _WHERE = {
     "fsdp2_run": "fsdp2_run_events",
     "RegionStats": "tracer_recorder",
     "hf_config": "tracer_build",
+    "build_model": "tracer_build",
+    "with_adapter_inventory": "peft_adapters",
+    "wrap_adapter": "peft_build",
     "model_class": "tracer_build",
     "reduced_config": "tracer_build",
     "build_meta_model": "meta_device",
@@ -171,6 +179,7 @@ __all__ = [
     "at_micro_batch",
     "band_low_micro_batch",
     "build_meta_model",
+    "build_model",
     "cache_directory",
     "cache_from_environment",
     "cell_spec",
@@ -216,6 +225,8 @@ __all__ = [
     "trace_step",
     "unwrap_model",
     "whole_run_events",
+    "with_adapter_inventory",
+    "wrap_adapter",
 ]
 
 

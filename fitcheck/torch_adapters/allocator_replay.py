@@ -202,18 +202,21 @@ def replay_deepened(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepReplay
     Returns:
         The replay's peaks over all steps.
     """
-    from fitcheck.torch_adapters.allocator_deepen import DeepenError, deepen
+    from fitcheck.torch_adapters.allocator_deepen import DeepenError, deepen_past_first
     from fitcheck.torch_adapters.tracer import trace_step
     from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
 
     config = spec.model.config
     depth, group = config_layers(config), layer_group(config)
     kwargs = {**run_trace_kwargs(spec), "steps": steps}
+
+    def traced(groups: int) -> tuple[Sequence[tuple[int, int, str]], Sequence[int]]:
+        run = trace_step(config, num_layers=groups * group, **kwargs)
+        return run.alloc_events, run.region_starts
+
     if depth > 2 * group and depth % group == 0:
         try:
-            one = trace_step(config, num_layers=group, **kwargs)
-            two = trace_step(config, num_layers=2 * group, **kwargs)
-            events = deepen(one.alloc_events, two.alloc_events, depth // group, (one.region_starts, two.region_starts))
+            events = deepen_past_first(traced, depth // group)
             return replay_events([load_warmup(spec) + list(events)], allocator_conf(spec), (spec.batch.seq_len,))
         except DeepenError:
             pass
@@ -326,7 +329,7 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
     """The events of :func:`replay_whole_run` (at ``seq_len`` when given, else the spec's length; ``micro_batches``
     forward and backward passes per optimizer step: ``allocator_compose.whole_run``)."""
     from fitcheck.torch_adapters.allocator_compose import whole_run
-    from fitcheck.torch_adapters.allocator_deepen import DeepenError, deepen
+    from fitcheck.torch_adapters.allocator_deepen import DeepenError, deepen_past_first
     from fitcheck.torch_adapters.tracer import trace_step
     from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
     from fitcheck.torch_adapters.tracer_depth import depth_plan
@@ -349,8 +352,11 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
     if len(step_runs) != len(plan):
         step_runs = [trace_step(config, num_layers=d, **{**kwargs, "optimizer": None, "steps": 1}) for d in plan]
     cache = {} if optimizer_traces is None else optimizer_traces
-    composed = []
-    for depth, run in zip(plan, step_runs, strict=True):
+    runs = dict(zip(plan, step_runs, strict=True))
+
+    def composed(depth: int) -> tuple[list[tuple[int, int, str]], tuple[int, ...]]:
+        """The whole run at ``depth`` layers: its one-step trace (the caller's, else traced now) and the optimizer's."""
+        run = runs.get(depth) or trace_step(config, num_layers=depth, **{**kwargs, "optimizer": None, "steps": 1})
         opt_kwargs = {k: v for k, v in kwargs.items() if k not in ("seq_len", "micro_batch", "checkpointing",
                                                                    "every_n_layers", "use_reentrant", "image_tokens",
                                                                    "cublas_workspaces")}
@@ -358,33 +364,35 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
         if key not in cache:
             cache[key] = trace_optimizer(config, num_layers=depth, steps=steps, **opt_kwargs)
         opt_events, opt_starts = cache[key]
-        composed.append(whole_run(run.alloc_events, run.region_starts, opt_events, opt_starts, steps, micro_batches,
-                                  getattr(run, "accumulated_after", ()), generating))
-    if len(composed) == 1:
-        return load_warmup(spec) + list(composed[0][0])
-    (one, one_starts), (two, two_starts) = composed
-    deep = deepen(one, two, config_layers(config) // layer_group(config), (one_starts, two_starts))
+        return whole_run(run.alloc_events, run.region_starts, opt_events, opt_starts, steps, micro_batches,
+                         getattr(run, "accumulated_after", ()), generating)
+
+    if len(plan) == 1:
+        return load_warmup(spec) + list(composed(plan[0])[0])
+    group = layer_group(config)
+    deep = deepen_past_first(lambda groups: composed(groups * group), config_layers(config) // group)
     return load_warmup(spec) + list(deep)
 
 
 def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     """The ``tracer.trace_step`` arguments of the step the whole run repeats: the plain Trainer's
-    (``tracer.trace_kwargs``), or TRL's SFTTrainer / DPOTrainer step (``tracer_trl`` / ``tracer_dpo``: its model
-    preparation and fused LM head, ``trl_head`` the outputs it patches the model with; DPO's reference and prompt,
-    ``trl_dpo``; GRPOTrainer's micro-step with its log-prob pre-pass, ``trl_grpo``: ``tracer_grpo``) at the shape it
-    runs (``core.trainers.step_spec``: DPO's chosen + rejected rows, GRPO's prompt + completion)."""
+    (``tracer.trace_kwargs``), or TRL's SFTTrainer / DPOTrainer / KTOTrainer step (``tracer_trl`` / ``tracer_dpo``
+    / ``tracer_kto``: its model preparation and fused LM head, ``trl_head`` the outputs it patches the model with;
+    DPO's reference and prompt, ``trl_dpo``; KTO's, its KL batch and desirable rows, ``trl_kto``), or GRPOTrainer's
+    micro-step with its log-prob pre-pass (``trl_grpo``: ``tracer_grpo``) at the shape it runs
+    (``core.trainers.step_spec``: DPO's chosen + rejected rows, GRPO's prompt + completion)."""
     from fitcheck.core.trainers import step_spec, trainer_row
     from fitcheck.torch_adapters.tracer import trace_kwargs
 
     t = spec.trainer
     row = trainer_row(t.kind)
-    if row.replay_step is None or row.fused_head is None:  # the registry's column: SFT's, DPO's and GRPO's steps
+    if row.replay_step is None or row.fused_head is None:  # the registry's column: SFT's, DPO's, KTO's, GRPO's
         return trace_kwargs(spec)
     kwargs = {**trace_kwargs(step_spec(spec)), "trl_head": row.fused_head}
     if row.replay_step == "tracer_grpo":
         plan = _grpo_plan(spec)
         return {**kwargs, "trl_grpo": plan} if plan else trace_kwargs(spec)
-    if row.replay_step == "tracer_dpo":
+    if row.replay_step in ("tracer_dpo", "tracer_kto"):
         from fitcheck.spec import Strategy
         from fitcheck.torch_adapters.tracer_dpo import dpo_reference
 
@@ -397,7 +405,14 @@ def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         # the copy is loaded like the policy (create_model_from_path: device_map "auto" on a GPU), so its
         # from_pretrained runs caching_allocator_warmup too: the block of load_warmup, at the same size
         warm = load_warmup(spec)
-        kwargs["trl_dpo"] = (reference, t.prompt_length, t.rpo_alpha, warm[0][1] if warm else 0)
+        block = warm[0][1] if warm else 0
+        if row.replay_step == "tracer_dpo":
+            kwargs["trl_dpo"] = (reference, t.prompt_length, t.rpo_alpha, block)
+        else:
+            from fitcheck.torch_adapters.tracer_kto import calculates_kl, desirable_rows
+
+            rows = kwargs["micro_batch"]
+            kwargs["trl_kto"] = (reference, t.prompt_length, calculates_kl(t.loss_type), block, desirable_rows(rows))
     return kwargs
 
 

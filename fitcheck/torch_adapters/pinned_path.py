@@ -30,8 +30,6 @@ from typing import Any
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report
 from fitcheck.spec import TrainingSpec
-from fitcheck.torch_adapters import deepspeed_run_events as ds_run  # imports no torch
-from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run  # imports no torch
 from fitcheck.torch_adapters.run_scope import plain_trainer_run, replayed_run, traceable, untraced_parts
 from fitcheck.torch_adapters.verdict_replay import NearBudget
 
@@ -128,10 +126,13 @@ class PinnedPath:
     def gap_fraction(self, spec: TrainingSpec) -> float | None:
         """The caching allocator's gap over the traced step's transient bytes (None: the published fraction of
         ``core/allocator.py``): not traced, or a run whose whole run is neither one the replay describes
-        (``run_scope.replayed_run``: the plain Trainer's, TRL's SFTTrainer's, DPOTrainer's and GRPOTrainer's) nor
-        rewritten into DeepSpeed's, FSDP2's or FSDP1's own (``fsdp2_run_events.rewrite_for``), where the traced step's
-        replay would leave out its buffers, optimizer and side streams (FSDP1 on the H100 rows, before its rewrite:
-        the two-group replay moved reserved from -5.0 % to -3.2 %, ``benchmarks/fsdp_gpu.py --rescore``)."""
+        (``run_scope.replayed_run``: the plain Trainer's, TRL's SFTTrainer's, DPOTrainer's, KTOTrainer's,
+        GRPOTrainer's) nor rewritten into DeepSpeed's, FSDP2's or FSDP1's own (``fsdp2_run_events.rewrite_for``),
+        where the traced step's replay would leave out its buffers, optimizer and side streams (FSDP1 on the H100
+        rows, before its rewrite: the two-group replay moved reserved from -5.0 % to -3.2 %,
+        ``benchmarks/fsdp_gpu.py --rescore``)."""
+        from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run  # a formula answer never imports it
+
         rewrite = fsdp_run.rewrite_for(spec)
         if self.wants_trace(spec) and rewrite is not None and _gap_applies(spec, self.seq_lengths):
             replay = rewrite.whole_run(self, spec, _cache_key(spec))  # None: the published gap, with why
@@ -190,6 +191,22 @@ class PinnedPath:
             if not plain_trainer_run(spec):  # TRL's SFT step: ``deepest`` ran the plain LM head (count_logits)
                 return replay_step(spec).gap_fraction
         return replay_events([deepest], allocator_conf(spec)).gap_fraction
+
+    def _adapter_built(self, spec: TrainingSpec) -> TrainingSpec:
+        """A non-LoRA PEFT adapter's tensors built from the real peft model (``peft_adapters``) where this path
+        traces; elsewhere (``--no_trace``, no torch) the spec is left as it is and the core refuses it
+        (``core/states/peft_adapter.py``). An adapter peft cannot build is refused with peft's reason: the
+        formulas have no answer to fall back to."""
+        if spec.peft is None or spec.peft.tensors or self.mode == "never" or not self.can_trace:
+            return spec
+        from fitcheck.errors import NotModelledError
+        from fitcheck.torch_adapters.peft_adapters import with_adapter_inventory
+
+        try:
+            return with_adapter_inventory(spec)
+        except Exception as exc:
+            raise NotModelledError(f"{spec.peft.source}:peft_type: peft could not build the {spec.peft.peft_type} "
+                                   f"adapter on this model ({_reason(exc)}); fix the adapter config") from None
 
     def following(self, headline: Report) -> PinnedPath:
         """The path for the numbers around a headline (largest micro-batch, suggestions): traced when the
@@ -285,6 +302,7 @@ class PinnedPath:
 
     def __call__(self, spec: TrainingSpec) -> Report:
         """Estimate a spec on this path (the ``estimate_fn`` of the batch search and the advisor)."""
+        spec = self._adapter_built(spec)
         report = self._answer(spec)
         if self.reserved_replay and self.whole_run_replay is None:
             return self._with_whole_run_replay(spec, report)
@@ -317,6 +335,7 @@ class PinnedPath:
 
     def _whole_run(self, spec: TrainingSpec) -> Any:
         """The spec's whole run replayed: the traced headline's, else the cache's, else replayed now."""
+        from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run
         from fitcheck.torch_adapters.trace_cache import cached_replay
 
         key = _cache_key(spec)
@@ -364,6 +383,9 @@ class PinnedPath:
             report = dataclasses.replace(report, findings=(*report.findings, note))
         elif comps and not replayed_run(spec) and _gap_applies(spec, self.seq_lengths) \
                 and self.gap_fraction(spec) is None:
+            from fitcheck.torch_adapters import deepspeed_run_events as ds_run
+            from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run
+
             why = (fsdp_run if spec.sharding.fsdp else ds_run).published_gap_reason(self, spec, _cache_key(spec))
             note = Finding("reserved-published-gap", Severity.INFO,
                            "activations are traced (as the 16-bit module DeepSpeed or FSDP mixed precision runs); "

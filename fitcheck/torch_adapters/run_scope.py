@@ -6,8 +6,10 @@
   composes it (torch's optimizer on the module's own parameters).
 - :func:`replayed_run`: the whole run ``replay_whole_run`` describes: the plain Trainer's, TRL's SFTTrainer's
   (its model preparation, fused LM head and loss traced: ``tracer_trl``), DPOTrainer's (its reference copy or
-  adapters-off pass, concatenated chosen + rejected rows and loss: ``tracer_dpo``) or GRPOTrainer's (the log-prob
-  pre-pass after each generation and the loss: ``tracer_grpo``; ``generate`` is the formula's generation phase);
+  adapters-off pass, concatenated chosen + rejected rows and loss: ``tracer_dpo``), KTOTrainer's (the same
+  reference, the KL batch's no_grad forwards, the desirable / undesirable split: ``tracer_kto``) or GRPOTrainer's
+  (the log-prob pre-pass after each generation and the loss: ``tracer_grpo``; ``generate`` is the formula's
+  generation phase);
   :func:`not_replayed` says which part of any other run the replay leaves out.
 """
 
@@ -85,9 +87,12 @@ def replayed_run(spec: TrainingSpec) -> bool:
     fused head's log-probs; ``tracer_trl`` traces both) under the same conditions, without padding-free or
     packing, or TRL 1.16's ``DPOTrainer`` (``trl/trainer/dpo_trainer.py``: its reference copy for a full
     fine-tune, the adapters-off pass under PEFT, the sigmoid loss with or without ``rpo_alpha``; ``tracer_dpo``), or
-    ``GRPOTrainer`` without vLLM (``trl/trainer/grpo_trainer.py``: the reference copy or adapters-off pass, the
-    old-policy pass, the log-prob pre-pass of each generation, the dapo loss; ``tracer_grpo``; its generation phase
-    is the formula's). Checked against the real SFTTrainer, DPOTrainer and GRPOTrainer on CPU:
+    TRL 1.16's ``KTOTrainer`` (``trl/trainer/kto_trainer.py``: the same reference, the KL batch's no_grad forwards
+    of the policy and the reference before and after the policy's forward, ``kto`` or ``apo_zero_unpaired``;
+    ``tracer_kto``), or ``GRPOTrainer`` without vLLM (``trl/trainer/grpo_trainer.py``: the reference copy or
+    adapters-off pass, the old-policy pass, the log-prob pre-pass of each generation, the dapo loss; ``tracer_grpo``;
+    its generation phase is the formula's). Checked against the real SFTTrainer, DPOTrainer, KTOTrainer and
+    GRPOTrainer on CPU:
     ``benchmarks/trl_replay.py``."""
     return plain_trainer_run(spec) or not not_replayed(spec)
 
@@ -95,7 +100,7 @@ def replayed_run(spec: TrainingSpec) -> bool:
 def not_replayed(spec: TrainingSpec) -> str:
     """What of this run the whole-run replay leaves out ('' where it describes it all: :func:`replayed_run`)."""
     from fitcheck.core.kernels import deepspeed_module_view
-    from fitcheck.core.trainers import runs_fused_head
+    from fitcheck.core.trainers import runs_fused_head, trainer_row
     from fitcheck.spec import Strategy, TrainerKind
 
     t = spec.trainer
@@ -111,31 +116,33 @@ def not_replayed(spec: TrainingSpec) -> str:
             parts.append("SFT's padding-free / packed batch (one flattened row, flash-attention varlen)")
         if not runs_fused_head(t.kind, spec.activations.loss):
             parts.append("SFT without TRL's fused LM head")
-    elif t.kind is TrainerKind.DPO:
-        parts += _dpo_not_replayed(spec)
-    elif t.kind is TrainerKind.GRPO:
+    elif trainer_row(t.kind).replay_step in ("tracer_dpo", "tracer_kto"):  # DPO's, KTO's: the registry's column
+        parts += _preference_not_replayed(spec)
+    elif trainer_row(t.kind).replay_step == "tracer_grpo":  # GRPO's: the registry's column
         parts += _grpo_not_replayed(spec)
     elif t.kind is not TrainerKind.TRAINER:
         parts.append(f"the {t.kind.value} trainer's step ({_TRL_PARTS.get(t.kind.value, 'its own loss')})")
     return ", ".join(parts)
 
 
-def _dpo_not_replayed(spec: TrainingSpec) -> list[str]:
-    """What of a DPOTrainer run the replay of ``tracer_dpo``'s step leaves out: the reference copy, the
-    adapters-off pass, ``precompute_ref_log_probs``' pass before training, the fused LM head and the sigmoid
-    (+ ``rpo_alpha``'s sft) loss are traced."""
+def _preference_not_replayed(spec: TrainingSpec) -> list[str]:
+    """What of a DPOTrainer or KTOTrainer run the replay of ``tracer_dpo``'s / ``tracer_kto``'s step leaves out: the
+    reference copy, the adapters-off pass, ``precompute_ref_log_probs``' pass before training and the fused LM head
+    are traced, with DPO's sigmoid (+ ``rpo_alpha``'s sft) loss, KTO's KL batch and its no_grad forwards (``kto``)
+    or none (``apo_zero_unpaired``: the readers refuse any other KTO loss type)."""
     from fitcheck.core.trainers import runs_fused_head
     from fitcheck.spec import TrainerKind
 
     t = spec.trainer
+    name = t.kind.value.upper()
     parts = []
-    if not runs_fused_head(TrainerKind.DPO, spec.activations.loss):
-        parts.append("DPO without TRL's fused LM head (full-vocabulary logits)")
-    other = [name for name in t.loss_type if name not in _DPO_LOSSES]
-    if other:
+    if not runs_fused_head(t.kind, spec.activations.loss):
+        parts.append(f"{name} without TRL's fused LM head (full-vocabulary logits)")
+    other = [loss for loss in t.loss_type if loss not in _DPO_LOSSES]
+    if t.kind is TrainerKind.DPO and other:
         parts.append(f"DPO's {'/'.join(other)} loss (tracer_dpo traces sigmoid and rpo_alpha's sft term)")
     if spec.sharding.fsdp:
-        parts.append("DPO's reference copy under FSDP (prepare_fsdp)")
+        parts.append(f"{name}'s reference copy under FSDP (prepare_fsdp)")
     return parts
 
 
@@ -159,6 +166,5 @@ _DPO_LOSSES = ("sigmoid", "sft")  # tracer_dpo.DpoStep.loss: DPOTrainer._compute
 # what a TRL trainer's step adds that the replayed SFT / plain step does not have (core/trainers/steps.py)
 _TRL_PARTS = {
     "dpo": "chosen + rejected rows, the reference model's no_grad forward or its adapters-off pass",
-    "kto": "the reference model's no_grad forward and the KL batch",
     "reward": "the sequence-classification model on chosen + rejected rows",
 }

@@ -32,7 +32,6 @@ Where it lives: ``$FITCHECK_CACHE_DIR``, else ``$XDG_CACHE_HOME/fitcheck``, else
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -100,6 +99,8 @@ def library_versions() -> dict[str, str | None]:
 
 def source_hash(root: Path | None = None) -> str:
     """sha256 of fitcheck's source that computes the cached values (``SOURCE_DIRS``, ``SOURCE_FILES``)."""
+    import hashlib  # on first use only: a --no_trace answer never hashes (~5 ms of CPU to import)
+
     base = Path(__file__).resolve().parent.parent if root is None else root
     digest = hashlib.sha256()
     files = [p for d in SOURCE_DIRS for p in (base / d).rglob("*.py")] + [base / f for f in SOURCE_FILES]
@@ -143,6 +144,8 @@ class TraceCache:
         self.misses = 0
 
     def _digest(self, kind: str, parts: Any) -> str:
+        import hashlib
+
         if self._fingerprint is None:
             self._fingerprint = fingerprint()
         text = json.dumps([self._fingerprint, kind, parts], sort_keys=True, default=repr, separators=(",", ":"))

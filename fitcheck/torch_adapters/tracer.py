@@ -21,13 +21,14 @@ The same code runs on real CPU tensors (``fake=False``): that is the truth ``ben
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import DeviceType, FreezeSpec, LoraSpec, QuantSpec, TrainingSpec
+from fitcheck.spec import DeviceType, FreezeSpec, LoraSpec, PeftAdapterSpec, QuantSpec, TrainingSpec
 from fitcheck.torch_adapters.trace_result import (
     ACTIVATIONS,
     CATEGORIES,
@@ -95,9 +96,11 @@ def trace_step(
     cublas_workspaces: tuple[int, ...] = (),
     trl_head: tuple[str, ...] = (),
     trl_dpo: tuple[Any, ...] = (),
+    trl_kto: tuple[Any, ...] = (),
     trl_grpo: tuple[Any, ...] = (),
     skip_tiles: bool = True,
     keep_4bit_inputs: bool = False,
+    adapter: PeftAdapterSpec | None = None,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -138,11 +141,15 @@ def trace_step(
         trl_dpo: With ``trl_head``, TRL's DPOTrainer step instead of SFT's: ``(reference, prompt tokens,
             rpo_alpha, bytes of the reference copy's loading warm-up block)`` (``tracer_dpo``: ``micro_batch`` is its
             chosen + rejected rows; the block is allocated and freed in the setup, between the policy and the copy).
+        trl_kto: With ``trl_head``, TRL's KTOTrainer step instead: ``(reference, prompt tokens, calculate_KL, bytes
+            of the copy's warm-up block, desirable rows)`` (``tracer_kto``: its KL batch and forwards).
         trl_grpo: With ``trl_head``, TRL's GRPOTrainer micro-step instead: ``(reference, prompt tokens, beta,
             steps_per_generation, old-policy pass, bytes of the copy's warm-up block, gradient_accumulation_steps)``
             (``tracer_grpo``: the log-prob pre-pass, tagged ``prepass``, then the policy's forward and loss).
         skip_tiles: On fake tensors, run the fused head's repeated token tiles once or twice
             (``tracer_trl.repeated_tiles_skipped``: the same replay); False runs every tile.
+        adapter: A PEFT method other than LoRA (``peft_adapters``: peft's own config class and ``get_peft_model``;
+            prompt / prefix tuning's virtual tokens enter the step through peft's forward).
         keep_4bit_inputs: Trace bitsandbytes <= 0.43.1's ``MatMul4Bit``, which keeps every 4-bit linear's input
             (``tracer_quant.matmul4bit_keeps_input``; the stack's bitsandbytes, ``trace_kwargs``).
 
@@ -178,15 +185,19 @@ def trace_step(
         from fitcheck.torch_adapters.tracer_quant import matmul4bit_keeps_input
 
         kernels.enter_context(matmul4bit_keeps_input(True))
+    if adapter is not None and fake:
+        from fitcheck.torch_adapters.peft_build import module_dropout_drawn
+
+        kernels.enter_context(module_dropout_drawn())
     if trl_head and fake and skip_tiles:
         from fitcheck.torch_adapters.tracer_trl import repeated_tiles_skipped
 
         kernels.enter_context(repeated_tiles_skipped())
-    paired = trl_dpo or trl_grpo  # a reference model and a batch of its own (tracer_dpo / tracer_grpo)
-    if paired and cuda_kernels and fake:  # the fused head's CUDA path scores the labelled positions only
+    preference = trl_dpo or trl_kto or trl_grpo  # DPO's / KTO's / GRPO's plan: reference, prompt tokens, ...
+    if preference and cuda_kernels and fake:  # the fused head's CUDA path scores the labelled positions only
         from fitcheck.torch_adapters.tracer_dpo import compact_gather, labelled_positions
 
-        kernels.enter_context(compact_gather(labelled_positions(micro_batch, seq_len, paired[1])))
+        kernels.enter_context(compact_gather(labelled_positions(micro_batch, seq_len, preference[1])))
     with fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
         model = build_model(
             cfg,
@@ -200,17 +211,19 @@ def trace_step(
             task=task,
             freeze=freeze,
             use_reentrant=use_reentrant,
+            adapter=adapter,
         )
         sft: Any = None
-        if trl_head and paired:
+        if trl_head and preference:
             from fitcheck.torch_adapters.tracer_dpo import prepare_dpo
             from fitcheck.torch_adapters.tracer_grpo import prepare_grpo
+            from fitcheck.torch_adapters.tracer_kto import prepare_kto
 
             reference = functools.partial(build_model, cfg, dtype=torch_dtype(dtype), checkpointing=False, quant=quant,
                                           attn_implementation=attn_implementation, fake=fake, task=task)
-            sft = (prepare_grpo if trl_grpo else prepare_dpo)(
-                model, trl_head, micro_batch, seq_len, paired, build_reference=reference, quantized=quant is not None,
-                checkpointing=checkpointing, use_reentrant=use_reentrant)
+            sft = (prepare_kto if trl_kto else prepare_grpo if trl_grpo else prepare_dpo)(
+                model, trl_head, micro_batch, seq_len, preference, build_reference=reference,
+                quantized=quant is not None, checkpointing=checkpointing, use_reentrant=use_reentrant)
         elif trl_head:
             from fitcheck.torch_adapters.tracer_trl import prepare_sft
 
@@ -230,10 +243,10 @@ def trace_step(
 
             quant_meta = quant_state_tensors(model)
             rec.track(quant_meta)
-        ref_state = sft.track_reference(rec) if paired else []  # DPO's / GRPO's reference copy, loaded after the policy
+        ref_state = sft.track_reference(rec) if preference else []  # the reference copy, loaded after the policy
         labels = task_labels(model, ids, task)
         rec.track([ids] if labels is ids else [ids, labels])
-        batch_extra = sft.inputs() if paired else []  # DPO's completion mask, GRPO's buffered batch
+        batch_extra = sft.inputs() if preference else []  # completion mask (KL rows, labels, log-probs), GRPO batch
         rec.track(batch_extra)
         rec.track(images.values())
         head = task_head(model)
@@ -242,7 +255,7 @@ def trace_step(
         hooks = [p.register_post_accumulate_grad_hook(_accumulate_marker(rec, accumulated)) for p in params]
         ac_dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
         with rec:
-            if trl_dpo:  # precompute_ref_log_probs: the pass DPOTrainer.__init__ runs, in the setup
+            if preference:  # precompute_ref_log_probs: the pass DPOTrainer/KTOTrainer.__init__ runs, in the setup
                 sft.precompute(ids, torch.autocast("cpu", dtype=ac_dtype) if autocast else contextlib.nullcontext())
             for step in range(steps):
                 for micro in range(grad_accum):
@@ -262,6 +275,11 @@ def trace_step(
                 rec.enter_region("optimizer" + suffix)
                 if opt is not None:
                     opt.step()
+                    if adapter is not None and adapter.peft_type == "ADALORA":
+                        # the loop peft's AdaLoRA asks for (tuners/adalora/model.py update_and_allocate, after the
+                        # optimizer step): the rank allocator's states. At step 0 (<= tinit) it masks nothing:
+                        # its masking (kthvalue(...).item()) cannot run on fake tensors
+                        model.base_model.update_and_allocate(0)
                 rec.enter_region("zero_grad" + suffix)
                 if step == steps - 1:
                     grad_serials = {rec.serial(p.grad) for p in params if p.grad is not None}
@@ -395,6 +413,8 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         "checkpointing": act.checkpointing,
         "every_n_layers": act.checkpoint_every_n_layers,
         "lora": spec.lora,
+        # the adapter's tensors are the formulas' (model states); the trace builds the adapter from its config
+        "adapter": None if spec.peft is None else dataclasses.replace(spec.peft, tensors=()),
         # a pre-quantized GPTQ/AWQ/FP8 base runs as a frozen 16-bit base (its per-layer dequantized weight is the
         # separate temporaries.dequantized_weight component); MXFP4 trains dequantized (core/states/mxfp4.py)
         "quant": spec.quant if spec.quant is None or spec.quant.method == "bitsandbytes" else None,

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitcheck.errors import ConfigError, UnsupportedModelError
-from fitcheck.spec import FreezeSpec, LoraSpec, QuantSpec
+from fitcheck.spec import FreezeSpec, LoraSpec, PeftAdapterSpec, QuantSpec
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
@@ -144,6 +144,7 @@ def build_model(
     task: str | None = None,
     freeze: FreezeSpec | None = None,
     use_reentrant: bool = False,
+    adapter: PeftAdapterSpec | None = None,
 ) -> Any:
     """Build the model as the training run would have it.
 
@@ -154,6 +155,7 @@ def build_model(
         checkpointing: Activation checkpointing as the Trainer enables it (non-reentrant).
         every_n_layers: Checkpoint one decoder layer in n.
         lora: PEFT LoRA wrapping.
+        adapter: A PEFT method other than LoRA, wrapped by peft's ``get_peft_model`` (``peft_adapters``).
         quant: bitsandbytes 4-bit base (emulated on fake tensors; real bnb on real ones).
         fake: True when called inside a FakeTensorMode.
         task: ``--task`` (None: the class ``architectures`` names).
@@ -171,7 +173,7 @@ def build_model(
         module_to_is_noop,
     )
 
-    if fake and (lora is not None or quant is not None):  # peft imports bitsandbytes where it is installed
+    if fake and (lora is not None or quant is not None or adapter is not None):  # peft imports bitsandbytes
         bitsandbytes_uncompiled()
     cfg = hf_config(config, attn_implementation)
     cls = model_class(config, task)
@@ -195,6 +197,10 @@ def build_model(
             model = prepare_for_kbit_training(quantize_base(model, quant, fake=fake), quant, checkpointing)
         if lora is not None:
             model = _wrap_lora(model, lora, task)
+        if adapter is not None:  # a PEFT method other than LoRA, built by peft itself
+            from fitcheck.torch_adapters.peft_build import wrap_adapter
+
+            model = wrap_adapter(model, adapter)
     if freeze is not None:
         from fitcheck.torch_adapters.tracer_freeze import apply_freeze
 
@@ -204,7 +210,7 @@ def build_model(
         model.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": use_reentrant}, every_n_layers=every_n_layers
         )
-        if use_reentrant and (lora is not None or quant is not None):
+        if use_reentrant and (lora is not None or quant is not None or adapter is not None):
             model.enable_input_require_grads()
     model.train()
     return model

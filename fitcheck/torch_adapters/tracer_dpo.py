@@ -172,27 +172,26 @@ class DpoStep:
         chosen, rejected = log_probs[:, -seq_len:].sum(dim=1).chunk(2, dim=0)
         del log_probs, chosen, rejected, labels
 
-    def _reference(self, ids: Any, labels: Any) -> Any:
-        """The reference pass: ``torch.no_grad()``, the policy's checkpointing disabled, the adapters disabled
-        (PEFT) or the reference copy."""
+    @contextlib.contextmanager
+    def reference_model(self) -> Iterator[Any]:
+        """The reference pass's model, inside its context: ``torch.no_grad()``, the policy's checkpointing disabled,
+        and the policy with its adapters disabled (PEFT: ``use_adapter(model, None)``) or the reference copy
+        (DPO's and KTO's ``_compute_loss``, GRPO's log-prob pre-pass)."""
         import torch
         from trl.models.utils import disable_gradient_checkpointing
-
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs):
-            adapters, model = self.reference_model()
-            with adapters:
-                return model(input_ids=ids, labels=labels, use_cache=False, fused_lm_head=True)
-
-    def reference_model(self) -> tuple[Any, Any]:
-        """(the context the reference pass runs in, its model): the policy inside ``use_adapter(model, None)``
-        (:data:`ADAPTERS_OFF`: ``model.disable_adapter()``) or the copy with nothing around it."""
-        import contextlib
-
         from trl.trainer.utils import use_adapter
 
-        if self.reference == ADAPTERS_OFF:
-            return use_adapter(self.model, adapter_name=None), self.model
-        return contextlib.nullcontext(), self.ref_model
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs):
+            if self.reference == ADAPTERS_OFF:
+                with use_adapter(self.model, adapter_name=None):
+                    yield self.model
+            else:
+                yield self.ref_model
+
+    def _reference(self, ids: Any, labels: Any) -> Any:
+        """The reference pass (:meth:`reference_model`)."""
+        with self.reference_model() as model:
+            return model(input_ids=ids, labels=labels, use_cache=False, fused_lm_head=True)
 
     def region_hooks(self, opened: Callable[[str], None], suffix: str) -> list[Any]:
         """``tracer_trl.SftStep.region_hooks`` on the policy's backbone, for its gradient-taking forward only (the

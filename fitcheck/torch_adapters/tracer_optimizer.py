@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fitcheck.spec import FreezeSpec, LoraSpec, QuantSpec
+from fitcheck.spec import FreezeSpec, LoraSpec, PeftAdapterSpec, QuantSpec
 
 
 def trace_optimizer(
@@ -36,6 +36,7 @@ def trace_optimizer(
     use_reentrant: bool = False,
     cuda_kernels: bool = False,
     trl_head: tuple[str, ...] = (),
+    adapter: PeftAdapterSpec | None = None,
     **_step_only: Any,
 ) -> tuple[tuple[tuple[int, int, str], ...], tuple[int, ...]]:
     """``steps`` optimizer steps of the model ``trace_step`` would build, on fake tensors.
@@ -50,6 +51,7 @@ def trace_optimizer(
         checkpointing: As ``trace_step``.
         every_n_layers: As ``trace_step``.
         lora: As ``trace_step``.
+        adapter: As ``trace_step``.
         quant: As ``trace_step``.
         task: As ``trace_step``.
         freeze: As ``trace_step``.
@@ -82,7 +84,8 @@ def trace_optimizer(
     with fake_mode(True):
         model = build_model(cfg, dtype=torch_dtype(dtype), attn_implementation=attn_implementation,
                             checkpointing=checkpointing, every_n_layers=every_n_layers, lora=lora, quant=quant,
-                            fake=True, task=task, freeze=freeze, use_reentrant=use_reentrant)
+                            fake=True, task=task, freeze=freeze, use_reentrant=use_reentrant,
+                            adapter=adapter)
         if trl_head and quant is not None:
             from fitcheck.torch_adapters.tracer_trl import trainable_to_bf16
 

@@ -53,6 +53,8 @@ CHECKED_INT8: frozenset[EnvelopeKey] = envelope_cells("int8_vs_trace")
 def method_of(spec: TrainingSpec) -> str | None:
     """The grid's method name of a spec (None: a kind of run the grid does not cover)."""
     lora, quant, freeze = spec.lora, spec.quant, spec.freeze
+    if spec.peft is not None:
+        return None  # a non-LoRA PEFT adapter: traced only (core/states/peft_adapter.py)
     if freeze is not None:
         return "freeze" if layer_granular(spec) else None
     if lora is not None and (lora.target_parameters or lora.modules_to_save or lora.layers_to_transform

@@ -9,6 +9,7 @@
   units accelerate gives FSDP2 and what each keeps gathered; :mod:`.fsdp_streams`: what FSDP's side CUDA
   streams keep reserved beside the step (:mod:`.deepspeed_streams`: DeepSpeed's); :mod:`.fsdp_qlora`: FSDP over
   a 4-bit base (quant storage, replicated quantization state, loading);
+- :mod:`.peft_adapter`: a PEFT adapter other than LoRA, its tensors as peft built them (or refused without them);
 - :mod:`.regimes`: which precision regime applies (bf16 pure, autocast, DeepSpeed masters) and its findings;
 - :mod:`.model_states`: the components the report shows.
 
@@ -25,6 +26,7 @@ from fitcheck.core.states.layout import Layout, all_trainable, build_layout, opt
 from fitcheck.core.states.lora import LoraPlan, adapter_param_count, plan_lora
 from fitcheck.core.states.model_states import model_state_components
 from fitcheck.core.states.mxfp4 import mxfp4_findings, mxfp4_load_spike, mxfp4_packed_bytes
+from fitcheck.core.states.peft_adapter import check_peft_adapter, peft_adapter_findings, peft_adapter_params
 from fitcheck.core.states.prequant_step import prequant_components, prequant_findings
 from fitcheck.core.states.quantization import base_weights, bytes_per_param, is_quantized, quantized_bytes
 from fitcheck.core.states.regimes import describe_regime, model_state_findings
@@ -50,6 +52,7 @@ __all__ = [
     "buffer_components",
     "build_layout",
     "bytes_per_param",
+    "check_peft_adapter",
     "deepspeed_side_pools",
     "describe_regime",
     "fsdp_fp32_upcast",
@@ -66,6 +69,8 @@ __all__ = [
     "optimizer_for",
     "param_compute_bytes",
     "partition",
+    "peft_adapter_findings",
+    "peft_adapter_params",
     "peft_root_gathers",
     "plan_lora",
     "prequant_components",

@@ -19,6 +19,7 @@ from fitcheck.core.optimizers import (
 )
 from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
 from fitcheck.core.states.lora import LoraPlan, plan_lora
+from fitcheck.core.states.peft_adapter import peft_adapter_tensors
 from fitcheck.core.states.quantization import base_weights
 from fitcheck.core.states.trl_adapters import trl_bf16_trainables
 from fitcheck.spec import (
@@ -77,7 +78,7 @@ def _decay(entry: ParamEntry) -> bool:
 
 def _selected_instances(spec: TrainingSpec, entry: ParamEntry) -> int:
     """How many instances of a base parameter are trainable (before quantization rules)."""
-    if spec.lora is not None:
+    if spec.lora is not None or spec.peft is not None:
         return 0
     freeze = spec.freeze
     if freeze is None:
@@ -111,8 +112,30 @@ def _group(entry: ParamEntry, dtype: Dtype, repeat: int, spec: TrainingSpec) -> 
     )
 
 
+# The layouts of the last few specs asked, by the spec object: one estimate asks for its spec's layout five times
+# (model states, regime, saving, streams), and the largest-micro-batch search and the advisor estimate ~20 specs
+# per answer. A spec is frozen and the entry holds it, so its id is not reused while the entry lives; a Layout is
+# read, never changed, by every caller.
+_LAYOUTS: dict[int, tuple[TrainingSpec, Layout]] = {}
+_LAYOUTS_KEPT = 8
+
+
 def build_layout(spec: TrainingSpec) -> Layout:
-    """Classify every resident tensor of the model for a spec (one process, before partitioning)."""
+    """Classify every resident tensor of the model for a spec (one process, before partitioning).
+
+    The result is shared by the calls for the same spec object: read it, do not change it.
+    """
+    kept = _LAYOUTS.get(id(spec))
+    if kept is not None and kept[0] is spec:
+        return kept[1]
+    out = _build_layout(spec)
+    if len(_LAYOUTS) >= _LAYOUTS_KEPT:
+        del _LAYOUTS[next(iter(_LAYOUTS))]
+    _LAYOUTS[id(spec)] = (spec, out)
+    return out
+
+
+def _build_layout(spec: TrainingSpec) -> Layout:
     out = Layout()
     base = base_weights(spec)
     out.quant_data, out.quant_meta = base.quantized_data, base.quantized_meta
@@ -137,6 +160,7 @@ def build_layout(spec: TrainingSpec) -> Layout:
         out.frozen_params += entry.numel_each * n_frozen
         if entry.kind is Kind.FUSED_EXPERTS:
             out.frozen_experts_bytes += entry.numel_each * n_frozen * dtype.nbytes
+    _add_peft_adapter(out, spec)
     if spec.lora is not None:
         plan = plan_lora(spec)
         out.plan = plan
@@ -163,6 +187,21 @@ def build_layout(spec: TrainingSpec) -> Layout:
                 dtype = Dtype.FLOAT32
             out.saved.append(_group(s.entry, dtype, s.entry.repeat, spec))
     return out
+
+
+def _add_peft_adapter(out: Layout, spec: TrainingSpec) -> None:
+    """A non-LoRA PEFT adapter's tensors as peft built them (``core/states/peft_adapter.py``): trainable ones are
+    adapters (gradients, optimizer states), frozen ones and buffers frozen bytes; a base parameter made trainable
+    in place moves from the frozen bytes to the adapters."""
+    for t in peft_adapter_tensors(spec):
+        if t.trainable:
+            out.adapters.append(TensorGroup(t.name, t.shape, t.float_dtype, t.repeat, decay=trainer_decays(t.name)))
+            if t.in_base:
+                out.frozen_bytes -= t.nbytes
+                out.frozen_params -= t.numel_each * t.repeat
+        elif not t.in_base:
+            out.frozen_bytes += t.nbytes
+            out.frozen_params += 0 if t.buffer else t.numel_each * t.repeat
 
 
 def total_bytes(groups: Iterable[TensorGroup]) -> int:

@@ -21,10 +21,14 @@ Columns (:class:`TrainerRow`):
   modelled.
 - ``dataset_columns``: the prepared dataset's token-id columns whose longest row is the sequence (or, with
   ``prompt_completion``, the completion next to ``prompt_ids``); empty when the prompts stay text (GRPO).
+- ``disable_dropout``: the trainer's config defaults ``disable_dropout`` to True and ``__init__`` then runs
+  ``disable_dropout_in_model`` (``trl/trainer/utils.py``: every ``torch.nn.Dropout``'s ``p`` set to 0) on the
+  policy before step 1: peft's LoRA dropout (an ``nn.Dropout`` per wrapped module) saves no mask or copy then
+  (``core.trainers.step_spec``). fitcheck has no setting for ``disable_dropout=False``.
 - ``replay_step``: the torch adapter that traces this trainer's own step for the whole-run allocator replay
   (``fitcheck.torch_adapters.allocator_replay.run_trace_kwargs``: ``tracer_trl`` for SFT's fused head,
-  ``tracer_dpo`` for DPO's reference pass and chosen + rejected rows, ``tracer_grpo`` for GRPO's log-prob pre-pass
-  and loss); None where the replay has no trace of it.
+  ``tracer_dpo`` for DPO's reference pass and chosen + rejected rows, ``tracer_kto`` for KTO's KL batch and
+  reference pass, ``tracer_grpo`` for GRPO's log-prob pre-pass and loss); None where the replay has no trace of it.
 
 Trainers TRL 1.16 ships that are no small step from these are refused with the reason (:data:`REFUSED`).
 """
@@ -95,6 +99,7 @@ class TrainerRow:
     dataset_columns: tuple[str, ...] = ()
     full_logits: FullLogits | None = None
     replay_step: str | None = None
+    disable_dropout: bool = False
 
     @property
     def trl(self) -> bool:
@@ -126,7 +131,7 @@ _ROWS = (
         # the policy's fp32 logits (returned for the metrics, L311-312); the reference's own
         full_logits=FullLogits("LLaMA-Factory@ff6d4d1 CustomDPOTrainer (src/llamafactory/train/dpo/trainer.py "
                                "concatenated_forward L219-253, compute_reference_log_probs L255-275)", 1, 1),
-        replay_step="tracer_dpo"),
+        replay_step="tracer_dpo", disable_dropout=True),  # dpo_config.py disable_dropout, dpo_trainer.py L932-935
     TrainerRow(
         TrainerKind.GRPO, "GRPOConfig", ("log_probs", "entropy"),  # grpo_trainer.py L1068-1073
         ReferenceRule.WHEN_BETA, 1, True, EvalRule.GENERATE,
@@ -139,7 +144,8 @@ _ROWS = (
         TrainerKind.REWARD, "RewardConfig", None,  # AutoModelForSequenceClassification: no LM head at all
         ReferenceRule.NONE, 2, False, EvalRule.CLASSIFIER,
         "trl/trainer/reward_trainer.py compute_loss (can_return_loss, TRL 1.16)", _defaults(max_length=1024),
-        dataset_columns=("chosen_ids", "rejected_ids")),
+        dataset_columns=("chosen_ids", "rejected_ids"),
+        disable_dropout=True),  # reward_config.py disable_dropout (default True), reward_trainer.py L557-558
     TrainerRow(
         TrainerKind.KTO, "KTOConfig", ("log_probs", "entropy", "mean_logits"),  # kto_trainer.py L967-970
         ReferenceRule.IN_STEP, 1, True, EvalRule.PAIRED,  # one (unpaired) completion per row
@@ -150,7 +156,8 @@ _ROWS = (
         # target logits and the KL logits (concatenated_forward L187-189 under no_grad)
         full_logits=FullLogits("LLaMA-Factory@ff6d4d1 CustomKTOTrainer (src/llamafactory/train/kto/trainer.py "
                                "forward L149-181, concatenated_forward L184-199, compute_reference_log_probs "
-                               "L202-218)", 1, 2)),
+                               "L202-218)", 1, 2),
+        replay_step="tracer_kto", disable_dropout=True),  # kto_config.py disable_dropout, KTOTrainer.__init__
 )
 TRAINERS: Mapping[TrainerKind, TrainerRow] = MappingProxyType({row.kind: row for row in _ROWS})
 assert set(TRAINERS) == set(TrainerKind), "every TrainerKind needs a row in fitcheck/core/trainers/registry.py"

@@ -1,0 +1,70 @@
+"""A PEFT adapter other than LoRA (``TrainingSpec.peft``): its tensors as peft built them, and what is refused.
+
+The formulas know LoRA's tensors (:mod:`.lora`); for IA3, LoHa, LoKr, OFT, VeRA, AdaLoRA, prompt / prefix /
+p-tuning and LN tuning the tensors are read from the real peft model (peft 0.21.2 ``get_peft_model`` on fake
+tensors: ``torch_adapters/peft_adapters.py`` fills ``PeftAdapterSpec.tensors``) and the step's activations from its
+trace. Without that inventory (no torch, ``--no_trace``) nothing here can answer, and :func:`check_peft_adapter`
+refuses the run rather than estimate it as LoRA or as full fine-tuning.
+"""
+
+from __future__ import annotations
+
+from fitcheck.errors import NotModelledError
+from fitcheck.findings import Finding, Severity
+from fitcheck.spec import AdapterTensor, TrainingSpec
+
+
+def check_peft_adapter(spec: TrainingSpec) -> None:
+    """Refuse a ``TrainingSpec.peft`` run fitcheck cannot estimate.
+
+    Raises:
+        NotModelledError: The adapter's tensors were not built (no torch, ``--no_trace``), or it is combined with
+            what the traced adapter step does not describe (LoRA, a quantized base, freezing, sharding, a tp / cp / sp
+            layout, TRL).
+    """
+    peft = spec.peft
+    if peft is None:
+        return
+    if not peft.tensors:
+        raise NotModelledError(
+            f"{peft.source}:peft_type: {peft.peft_type} adapters are estimated only from the real peft model and a "
+            "traced step; the formulas do not model them. Install torch, transformers and peft and drop "
+            "--no_trace (or pass a LoRA adapter_config.json)")
+    others = [what for what, on in (
+        ("a LoRA config too", spec.lora is not None),
+        ("a quantized base", spec.quant is not None),
+        ("partial freezing", spec.freeze is not None),
+        ("DeepSpeed / FSDP sharding", spec.sharding.fsdp or spec.sharding.zero_stage is not None),
+        ("a tp / cp / sp layout", spec.sharding.parallelism is not None),
+        ("a TRL trainer", spec.trainer.is_trl),
+    ) if on]
+    if others:
+        raise NotModelledError(
+            f"{peft.source}:peft_type: {peft.peft_type} adapters are estimated for a plain (DDP) run of a 16/32-bit "
+            f"base only, not with {', '.join(others)}; drop that setting or use a LoRA adapter_config.json")
+
+
+def peft_adapter_tensors(spec: TrainingSpec) -> tuple[AdapterTensor, ...]:
+    """The built adapter's tensors (empty without ``TrainingSpec.peft``)."""
+    return () if spec.peft is None else spec.peft.tensors
+
+
+def peft_adapter_params(spec: TrainingSpec) -> int:
+    """Parameters the adapter adds to the model (trainable or frozen; buffers and base parameters made trainable
+    in place are not added)."""
+    return sum(t.numel_each * t.repeat for t in peft_adapter_tensors(spec) if not (t.in_base or t.buffer))
+
+
+def peft_adapter_findings(spec: TrainingSpec) -> list[Finding]:
+    """INFO on a ``TrainingSpec.peft`` run: where its numbers come from; its code unpins the answer (checked only
+    against real CPU steps of a tiny model, ``benchmarks/peft_adapters_cpu.py``, never at the user's shape)."""
+    peft = spec.peft
+    if peft is None:
+        return []
+    trainable = sum(t.numel_each * t.repeat for t in peft.tensors if t.trainable)
+    return [Finding(
+        "peft-adapter-traced", Severity.INFO,
+        f"{peft.peft_type} adapters: {trainable:,} trainable parameters from peft's own model (get_peft_model on "
+        "fake tensors) and the step traced with them; checked against real CPU steps of a tiny Llama "
+        "(benchmarks/peft_adapters_cpu.py), not at this shape",
+        "measure one step (FitcheckCallback) to pin it")]
