@@ -133,8 +133,8 @@ class NearBudget:
 
             left_out = not_replayed(spec) or "this run"
             return _with(report, _band_warning(report, "the whole-run replay describes the plain Trainer's and TRL's "
-                                                       "SFTTrainer's, DPOTrainer's, KTOTrainer's and GRPOTrainer's runs "
-                                                       f"only, not {left_out}"))
+                                                       "SFTTrainer's, DPOTrainer's, KTOTrainer's and GRPOTrainer's "
+                                                       f"runs only, not {left_out}"))
         key = repr(spec)
         if key not in self.replays and key not in self.failed:
             if self.limit is not None and self.runs >= self.limit:
