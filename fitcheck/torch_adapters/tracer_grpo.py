@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fitcheck.torch_adapters.tracer_dpo import ADAPTERS_OFF, MODEL_REF, DpoStep
+from fitcheck.torch_adapters.tracer_dpo import ADAPTERS_OFF, MODEL_REF, DpoStep, reference_copy
 
 GRPO_SOURCE = "trl 1.16.0 trl/trainer/grpo_trainer.py GRPOTrainer.__init__ / _generate_and_score_completions / " \
               "_compute_loss"
@@ -275,10 +275,8 @@ def prepare_grpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, 
 
     reference, prompt, beta, chunks, old_pass, warmup, grad_accum = plan
     policy = prepare_sft(model, outputs, quantized=quantized, checkpointing=checkpointing)
-    ref_model = None
-    if reference == MODEL_REF:
-        ref_model = build_reference()
-        ref_model.eval()  # from_pretrained's mode; accelerator.prepare_model(evaluation_mode=True) keeps it
+    ref_model = reference_copy(reference, build_reference)  # GRPOConfig.disable_dropout: False, dropout stays
+    if ref_model is not None:
         add_fused_lm_head(ref_model)
     total, completion = rows * chunks, seq_len - prompt
     buffer = {"prompt_ids": torch.zeros(total, prompt, dtype=torch.int64),
