@@ -104,7 +104,8 @@ def trainer_spec_for(case: Case) -> TrainerSpec:
     kind = case.trainer
     if kind is TrainerKind.GRPO:
         return TrainerSpec(kind=kind, prompt_length=case.prompt, completion_length=case.length,
-                           num_generations=int(extra.get("num_generations", 8)), beta=float(extra.get("beta", 0.0)))
+                           num_generations=int(extra.get("num_generations", 8)), beta=float(extra.get("beta", 0.0)),
+                           steps_per_generation=extra.get("steps_per_generation"))
     if kind in (TrainerKind.DPO, TrainerKind.KTO):
         return TrainerSpec(kind=kind, prompt_length=case.prompt, completion_length=case.length,
                            precompute_ref_log_probs=bool(extra.get("precompute_ref_log_probs", False)),
@@ -128,7 +129,8 @@ def spec_for(case: Case) -> TrainingSpec:
         model=inv,
         precision=PrecisionSpec(Dtype.BFLOAT16, MixedPrecision.BF16),
         optimizer=OptimizerSpec("adamw_torch"),
-        batch=BatchSpec(micro_batch=case.batch, seq_len=seq),
+        batch=BatchSpec(micro_batch=case.batch, seq_len=seq,
+                        grad_accum=int(case.extra.get("gradient_accumulation_steps", 1))),
         activations=ActivationSpec(checkpointing=case.ckpt, attn_implementation=AttnImpl.SDPA),
         hardware=HardwareSpec(device_type=DeviceType.CPU),
         lora=case.lora,

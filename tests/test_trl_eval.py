@@ -33,7 +33,10 @@ def run_json(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict
 
 @pytest.mark.parametrize("trainer", [
     ("--trainer", "dpo", "--max_prompt_length", "256", "--max_completion_length", "256"),
-    ("--trainer", "grpo", "--max_prompt_length", "256", "--max_completion_length", "256", "--num_generations", "2"),
+    # --no_trace: the formula's evaluation phase; the default path would also replay the GRPO run at the largest
+    # micro-batch's boundary (tracer_grpo), minutes on this 2-core machine that this test does not read
+    ("--trainer", "grpo", "--max_prompt_length", "256", "--max_completion_length", "256", "--num_generations", "2",
+     "--no_trace"),
     ("--trainer", "reward", "--max_length", "512"),
 ])
 def test_evaluation_phase_for_dpo_grpo_reward(capsys: pytest.CaptureFixture[str], trainer: tuple[str, ...]) -> None:

@@ -18,7 +18,8 @@
 - :mod:`.trace_cache`: fitcheck's on-disk cache of traces and allocator replays across processes.
 - :mod:`.verdict_replay`: near the budget, the whole run replayed instead of the published reserved gap;
   :mod:`.run_scope`: which runs the tracer and that replay describe (the plain Trainer's, TRL's SFTTrainer's:
-  :mod:`.tracer_trl`; DPOTrainer's: :mod:`.tracer_dpo`; KTOTrainer's: :mod:`.tracer_kto`).
+  :mod:`.tracer_trl`; DPOTrainer's: :mod:`.tracer_dpo`; KTOTrainer's: :mod:`.tracer_kto`; GRPOTrainer's:
+  :mod:`.tracer_grpo`).
 
 Importing this package imports no torch; each name imports its module on first use.
 """
@@ -29,6 +30,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
     from fitcheck.torch_adapters.allocator_replay import (
         StepReplay,
         replay_deepened,
@@ -121,6 +123,7 @@ _WHERE = {
     "replay_deepened": "allocator_replay",
     "replay_steady_state": "allocator_replay",
     "replay_whole_run": "allocator_replay",
+    "replayed_micro_batches": "allocator_compose",
     "whole_run_events": "allocator_replay",
     "deepspeed_plan": "deepspeed_run_plan",
     "deepspeed_run": "deepspeed_run_events",
@@ -212,6 +215,7 @@ __all__ = [
     "replay_step",
     "replay_whole_lengths",
     "replay_whole_run",
+    "replayed_micro_batches",
     "replayed_run",
     "run_trace_kwargs",
     "search_and_boundary",

@@ -22,6 +22,9 @@ Event = tuple[int, int, str]  # (storage serial, +bytes allocated / -bytes freed
 
 # the regions trace_step enters in every step, in order, then "done" (tracer.trace_step)
 STEP_REGIONS = ("forward", "forward_head", "backward_start", "backward", "optimizer", "zero_grad")
+# the tag of GRPO's log-prob pre-pass storages (``tracer_recorder.tagged``, ``tracer_grpo``): a pass that does not
+# generate reuses the buffered batch and runs no pre-pass (``generating``)
+PREPASS = "prepass"
 
 
 # Forward and backward passes per optimizer step the replays compose at most. From the second pass on, every pass
@@ -46,7 +49,7 @@ class ComposeError(ValueError):
 
 def whole_run(step: Sequence[Event], step_starts: Sequence[int], opt: Sequence[Event], opt_starts: Sequence[int],
               steps: int, micro_batches: int = 1, accumulated_after: Sequence[tuple[int, int, int]] = (),
-              ) -> tuple[list[Event], tuple[int, ...]]:
+              generating: Callable[[int], bool] | None = None) -> tuple[list[Event], tuple[int, ...]]:
     """The events of ``steps`` training steps.
 
     Args:
@@ -59,6 +62,8 @@ def whole_run(step: Sequence[Event], step_starts: Sequence[int], opt: Sequence[E
             second on, each gradient is allocated, added into ``.grad`` and freed (:func:`_accumulated`).
         accumulated_after: The step trace's ``TraceResult.accumulated_after``: where each gradient's
             ``AccumulateGrad`` returned (needed when ``micro_batches`` > 1).
+        generating: Whether the pass of that index (``step x micro_batches + micro-batch``) generates: the
+            step's :data:`PREPASS` storages are kept in those passes only (GRPO: ``tracer_grpo``); None: in all.
 
     Returns:
         (the events, the index of the first event of each region of each micro-batch's forward .. backward and of
@@ -88,7 +93,11 @@ def whole_run(step: Sequence[Event], step_starts: Sequence[int], opt: Sequence[E
             suffix = "" if (k, m) == (steps - 1, micro_batches - 1) else "_warmup"
             renamed = _renaming(before, (k * micro_batches + m + 1) * top, suffix)
 
-            def again(ev: Event, first: bool = k == 0 and m == 0) -> bool:
+            generates = generating is None or generating(k * micro_batches + m)
+
+            def again(ev: Event, first: bool = k == 0 and m == 0, generates: bool = generates) -> bool:
+                if not generates and ev[2] == PREPASS:
+                    return False
                 return first or ev[0] not in once
 
             for a, b in itertools.pairwise(step_starts[:5]):  # forward .. backward

@@ -339,6 +339,11 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
     kwargs = run_trace_kwargs(spec)
     if "trl_head" in kwargs:  # the answer's activation traces ran the plain head (count_logits=False): not this step
         step_runs = ()
+    generating = None  # GRPO: the passes that generate run the log-prob pre-pass (tracer_grpo)
+    if "trl_grpo" in kwargs:
+        from fitcheck.torch_adapters.tracer_grpo import generating_passes
+
+        generating = generating_passes(spec.batch.grad_accum, kwargs["trl_grpo"][3])
     if seq_len is not None:
         kwargs["seq_len"] = seq_len
     plan = depth_plan(config, spec.freeze)
@@ -360,7 +365,7 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
             cache[key] = trace_optimizer(config, num_layers=depth, steps=steps, **opt_kwargs)
         opt_events, opt_starts = cache[key]
         return whole_run(run.alloc_events, run.region_starts, opt_events, opt_starts, steps, micro_batches,
-                         getattr(run, "accumulated_after", ()))
+                         getattr(run, "accumulated_after", ()), generating)
 
     if len(plan) == 1:
         return load_warmup(spec) + list(composed(plan[0])[0])
@@ -373,16 +378,20 @@ def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     """The ``tracer.trace_step`` arguments of the step the whole run repeats: the plain Trainer's
     (``tracer.trace_kwargs``), or TRL's SFTTrainer / DPOTrainer / KTOTrainer step (``tracer_trl`` / ``tracer_dpo``
     / ``tracer_kto``: its model preparation and fused LM head, ``trl_head`` the outputs it patches the model with;
-    DPO's reference and prompt, ``trl_dpo``; KTO's, its KL batch and desirable rows, ``trl_kto``) at the shape it
-    runs (``core.trainers.step_spec``: DPO's chosen + rejected rows)."""
+    DPO's reference and prompt, ``trl_dpo``; KTO's, its KL batch and desirable rows, ``trl_kto``), or GRPOTrainer's
+    micro-step with its log-prob pre-pass (``trl_grpo``: ``tracer_grpo``) at the shape it runs
+    (``core.trainers.step_spec``: DPO's chosen + rejected rows, GRPO's prompt + completion)."""
     from fitcheck.core.trainers import step_spec, trainer_row
     from fitcheck.torch_adapters.tracer import trace_kwargs
 
     t = spec.trainer
     row = trainer_row(t.kind)
-    if row.replay_step is None or row.fused_head is None:  # the registry's column: SFT's, DPO's and KTO's steps
+    if row.replay_step is None or row.fused_head is None:  # the registry's column: SFT's, DPO's, KTO's, GRPO's
         return trace_kwargs(spec)
     kwargs = {**trace_kwargs(step_spec(spec)), "trl_head": row.fused_head}
+    if row.replay_step == "tracer_grpo":
+        plan = _grpo_plan(spec)
+        return {**kwargs, "trl_grpo": plan} if plan else trace_kwargs(spec)
     if row.replay_step in ("tracer_dpo", "tracer_kto"):
         from fitcheck.spec import Strategy
         from fitcheck.torch_adapters.tracer_dpo import dpo_reference
@@ -405,6 +414,23 @@ def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
             rows = kwargs["micro_batch"]
             kwargs["trl_kto"] = (reference, t.prompt_length, calculates_kl(t.loss_type), block, desirable_rows(rows))
     return kwargs
+
+
+def _grpo_plan(spec: TrainingSpec) -> tuple[Any, ...]:
+    """``trace_step``'s ``trl_grpo`` for a GRPO run (``tracer_grpo.prepare_grpo``'s plan); empty under DeepSpeed/FSDP,
+    as DPO's (the reference copy is ``prepare_deepspeed``'s / ``prepare_fsdp``'s there: the plain step is kept)."""
+    from fitcheck.core.trainers import grpo_steps_per_generation
+    from fitcheck.spec import Strategy
+    from fitcheck.torch_adapters.tracer_grpo import grpo_reference, old_policy_pass
+
+    if spec.sharding.strategy in (Strategy.DEEPSPEED, Strategy.FSDP):
+        return ()
+    t = spec.trainer
+    accum = spec.batch.grad_accum
+    chunks = grpo_steps_per_generation(spec)
+    warm = load_warmup(spec)  # the copy's from_pretrained runs caching_allocator_warmup too (as DPO's)
+    return (grpo_reference(spec.lora is not None, t.beta), t.prompt_length, t.beta, chunks,
+            old_policy_pass(accum, chunks), warm[0][1] if warm else 0, accum)
 
 
 def load_warmup(spec: TrainingSpec) -> list[tuple[int, int, str]]:

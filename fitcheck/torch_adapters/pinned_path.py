@@ -126,10 +126,11 @@ class PinnedPath:
     def gap_fraction(self, spec: TrainingSpec) -> float | None:
         """The caching allocator's gap over the traced step's transient bytes (None: the published fraction of
         ``core/allocator.py``): not traced, or a run whose whole run is neither one the replay describes
-        (``run_scope.replayed_run``: the plain Trainer's, TRL's SFTTrainer's, DPOTrainer's, KTOTrainer's) nor rewritten
-        into DeepSpeed's, FSDP2's or FSDP1's own (``fsdp2_run_events.rewrite_for``), where the traced step's replay
-        would leave out its buffers, optimizer and side streams (FSDP1 on the H100 rows, before its rewrite: the
-        two-group replay moved reserved from -5.0 % to -3.2 %, ``benchmarks/fsdp_gpu.py --rescore``)."""
+        (``run_scope.replayed_run``: the plain Trainer's, TRL's SFTTrainer's, DPOTrainer's, KTOTrainer's,
+        GRPOTrainer's) nor rewritten into DeepSpeed's, FSDP2's or FSDP1's own (``fsdp2_run_events.rewrite_for``),
+        where the traced step's replay would leave out its buffers, optimizer and side streams (FSDP1 on the H100
+        rows, before its rewrite: the two-group replay moved reserved from -5.0 % to -3.2 %,
+        ``benchmarks/fsdp_gpu.py --rescore``)."""
         from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run  # a formula answer never imports it
 
         rewrite = fsdp_run.rewrite_for(spec)

@@ -5,9 +5,11 @@
 - :func:`plain_trainer_run`: the whole run is the plain Trainer's, as ``allocator_replay.replay_whole_run``
   composes it (torch's optimizer on the module's own parameters).
 - :func:`replayed_run`: the whole run ``replay_whole_run`` describes: the plain Trainer's, TRL's SFTTrainer's
-  (its model preparation, fused LM head and loss traced: ``tracer_trl``) or DPOTrainer's (its reference copy or
-  adapters-off pass, concatenated chosen + rejected rows and loss: ``tracer_dpo``) or KTOTrainer's (the same
-  reference, the KL batch's no_grad forwards, the desirable / undesirable split: ``tracer_kto``);
+  (its model preparation, fused LM head and loss traced: ``tracer_trl``), DPOTrainer's (its reference copy or
+  adapters-off pass, concatenated chosen + rejected rows and loss: ``tracer_dpo``), KTOTrainer's (the same
+  reference, the KL batch's no_grad forwards, the desirable / undesirable split: ``tracer_kto``) or GRPOTrainer's
+  (the log-prob pre-pass after each generation and the loss: ``tracer_grpo``; ``generate`` is the formula's
+  generation phase);
   :func:`not_replayed` says which part of any other run the replay leaves out.
 """
 
@@ -87,7 +89,10 @@ def replayed_run(spec: TrainingSpec) -> bool:
     fine-tune, the adapters-off pass under PEFT, the sigmoid loss with or without ``rpo_alpha``; ``tracer_dpo``), or
     TRL 1.16's ``KTOTrainer`` (``trl/trainer/kto_trainer.py``: the same reference, the KL batch's no_grad forwards
     of the policy and the reference before and after the policy's forward, ``kto`` or ``apo_zero_unpaired``;
-    ``tracer_kto``). Checked against the real SFTTrainer, DPOTrainer and KTOTrainer on CPU:
+    ``tracer_kto``), or ``GRPOTrainer`` without vLLM (``trl/trainer/grpo_trainer.py``: the reference copy or
+    adapters-off pass, the old-policy pass, the log-prob pre-pass of each generation, the dapo loss; ``tracer_grpo``;
+    its generation phase is the formula's). Checked against the real SFTTrainer, DPOTrainer, KTOTrainer and
+    GRPOTrainer on CPU:
     ``benchmarks/trl_replay.py``."""
     return plain_trainer_run(spec) or not not_replayed(spec)
 
@@ -113,6 +118,8 @@ def not_replayed(spec: TrainingSpec) -> str:
             parts.append("SFT without TRL's fused LM head")
     elif trainer_row(t.kind).replay_step in ("tracer_dpo", "tracer_kto"):  # DPO's, KTO's: the registry's column
         parts += _preference_not_replayed(spec)
+    elif trainer_row(t.kind).replay_step == "tracer_grpo":  # GRPO's: the registry's column
+        parts += _grpo_not_replayed(spec)
     elif t.kind is not TrainerKind.TRAINER:
         parts.append(f"the {t.kind.value} trainer's step ({_TRL_PARTS.get(t.kind.value, 'its own loss')})")
     return ", ".join(parts)
@@ -139,12 +146,25 @@ def _preference_not_replayed(spec: TrainingSpec) -> list[str]:
     return parts
 
 
+def _grpo_not_replayed(spec: TrainingSpec) -> list[str]:
+    """What of a GRPOTrainer run the replay of ``tracer_grpo``'s micro-step leaves out. Traced: the reference copy
+    (``beta`` != 0) or the adapters-off pass, the old-policy pass, the log-prob pre-pass in the micro-batches that
+    generate, the fused LM head and the default ``dapo`` loss. ``model.generate`` itself is a phase of its own,
+    answered by the formula (``Phase.GENERATION``, ``core/trainers/steps.py``), as the load and save phases are:
+    the replay starts each generating micro-batch from generate's outputs."""
+    parts = []
+    if spec.trainer.use_vllm:
+        parts.append("GRPO's vLLM engine (use_vllm: its generation and the importance-sampling pass)")
+    if spec.sharding.fsdp:
+        parts.append("GRPO's reference copy under FSDP (prepare_fsdp)")
+    return parts
+
+
 _DPO_LOSSES = ("sigmoid", "sft")  # tracer_dpo.DpoStep.loss: DPOTrainer._compute_loss's sigmoid and sft branches
 
 
 # what a TRL trainer's step adds that the replayed SFT / plain step does not have (core/trainers/steps.py)
 _TRL_PARTS = {
     "dpo": "chosen + rejected rows, the reference model's no_grad forward or its adapters-off pass",
-    "grpo": "generation's KV cache, the reference / old-policy log-prob passes",
     "reward": "the sequence-classification model on chosen + rejected rows",
 }

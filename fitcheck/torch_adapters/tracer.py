@@ -97,6 +97,7 @@ def trace_step(
     trl_head: tuple[str, ...] = (),
     trl_dpo: tuple[Any, ...] = (),
     trl_kto: tuple[Any, ...] = (),
+    trl_grpo: tuple[Any, ...] = (),
     skip_tiles: bool = True,
     keep_4bit_inputs: bool = False,
     adapter: PeftAdapterSpec | None = None,
@@ -142,6 +143,9 @@ def trace_step(
             chosen + rejected rows; the block is allocated and freed in the setup, between the policy and the copy).
         trl_kto: With ``trl_head``, TRL's KTOTrainer step instead: ``(reference, prompt tokens, calculate_KL, bytes
             of the copy's warm-up block, desirable rows)`` (``tracer_kto``: its KL batch and forwards).
+        trl_grpo: With ``trl_head``, TRL's GRPOTrainer micro-step instead: ``(reference, prompt tokens, beta,
+            steps_per_generation, old-policy pass, bytes of the copy's warm-up block, gradient_accumulation_steps)``
+            (``tracer_grpo``: the log-prob pre-pass, tagged ``prepass``, then the policy's forward and loss).
         skip_tiles: On fake tensors, run the fused head's repeated token tiles once or twice
             (``tracer_trl.repeated_tiles_skipped``: the same replay); False runs every tile.
         adapter: A PEFT method other than LoRA (``peft_adapters``: peft's own config class and ``get_peft_model``;
@@ -189,7 +193,7 @@ def trace_step(
         from fitcheck.torch_adapters.tracer_trl import repeated_tiles_skipped
 
         kernels.enter_context(repeated_tiles_skipped())
-    preference = trl_dpo or trl_kto  # DPO's / KTO's plan: reference, prompt tokens, ..., warm-up block
+    preference = trl_dpo or trl_kto or trl_grpo  # DPO's / KTO's / GRPO's plan: reference, prompt tokens, ...
     if preference and cuda_kernels and fake:  # the fused head's CUDA path scores the labelled positions only
         from fitcheck.torch_adapters.tracer_dpo import compact_gather, labelled_positions
 
@@ -212,11 +216,12 @@ def trace_step(
         sft: Any = None
         if trl_head and preference:
             from fitcheck.torch_adapters.tracer_dpo import prepare_dpo
+            from fitcheck.torch_adapters.tracer_grpo import prepare_grpo
             from fitcheck.torch_adapters.tracer_kto import prepare_kto
 
             reference = functools.partial(build_model, cfg, dtype=torch_dtype(dtype), checkpointing=False, quant=quant,
                                           attn_implementation=attn_implementation, fake=fake, task=task)
-            sft = (prepare_kto if trl_kto else prepare_dpo)(
+            sft = (prepare_kto if trl_kto else prepare_grpo if trl_grpo else prepare_dpo)(
                 model, trl_head, micro_batch, seq_len, preference, build_reference=reference,
                 quantized=quant is not None, checkpointing=checkpointing, use_reentrant=use_reentrant)
         elif trl_head:
@@ -241,7 +246,7 @@ def trace_step(
         ref_state = sft.track_reference(rec) if preference else []  # the reference copy, loaded after the policy
         labels = task_labels(model, ids, task)
         rec.track([ids] if labels is ids else [ids, labels])
-        batch_extra = sft.inputs() if preference else []  # completion mask (KL rows, labels, precomputed log-probs)
+        batch_extra = sft.inputs() if preference else []  # completion mask (KL rows, labels, log-probs), GRPO batch
         rec.track(batch_extra)
         rec.track(images.values())
         head = task_head(model)

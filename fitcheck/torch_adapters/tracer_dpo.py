@@ -176,7 +176,7 @@ class DpoStep:
     def reference_model(self) -> Iterator[Any]:
         """The reference pass's model, inside its context: ``torch.no_grad()``, the policy's checkpointing disabled,
         and the policy with its adapters disabled (PEFT: ``use_adapter(model, None)``) or the reference copy
-        (DPO's and KTO's ``_compute_loss``)."""
+        (DPO's and KTO's ``_compute_loss``, GRPO's log-prob pre-pass)."""
         import torch
         from trl.models.utils import disable_gradient_checkpointing
         from trl.trainer.utils import use_adapter
@@ -240,10 +240,8 @@ def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, p
     # adapters in bf16, the policy's fused head); neither the head nor the dropout switch allocates, so the
     # reference copy below is still loaded after the policy's casts
     policy = prepare_sft(model, outputs, quantized=quantized, checkpointing=checkpointing)
-    ref_model = None
-    if reference == MODEL_REF:
-        ref_model = build_reference()
-        ref_model.eval()  # from_pretrained's mode; accelerator.prepare_model(evaluation_mode=True) keeps it
+    ref_model = reference_copy(reference, build_reference)
+    if ref_model is not None:
         disable_dropout_in_model(ref_model)
     disable_dropout_in_model(model)
     if ref_model is not None:
@@ -255,6 +253,16 @@ def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, p
     kwargs = {"use_reentrant": use_reentrant} if checkpointing else {}
     return DpoStep(model, policy.backbone, completion_mask, reference, ref_model, kwargs, sft_weight, ref_logps,
                    warmup)
+
+
+def reference_copy(reference: str, build_reference: Callable[[], Any]) -> Any:
+    """The trainer's reference copy (:data:`MODEL_REF`: ``create_model_from_path``), in eval mode as
+    ``from_pretrained`` leaves it (``accelerator.prepare_model(evaluation_mode=True)`` keeps it); None otherwise."""
+    if reference != MODEL_REF:
+        return None
+    ref_model = build_reference()
+    ref_model.eval()
+    return ref_model
 
 
 def labelled_positions(rows: int, seq_len: int, prompt: int) -> int:

@@ -35,6 +35,24 @@ def outside_allocator() -> Iterator[None]:
         rec.outside = was
 
 
+@contextlib.contextmanager
+def tagged(tag: str) -> Iterator[None]:
+    """Storages the active recorder sees allocated inside carry ``tag`` instead of their region's name (in
+    ``allocation_events``; no region is entered, so ``region_starts`` keep their count): GRPO's log-prob pre-pass,
+    which ``allocator_compose.whole_run`` keeps only in the passes that generate (``tracer_grpo``)."""
+    if not _ACTIVE:
+        yield
+        return
+    rec = _ACTIVE[-1]
+    since = len(rec.events)
+    try:
+        yield
+    finally:
+        for serial, sign in rec.events[since:]:
+            if sign > 0:
+                rec.tags[serial] = tag
+
+
 @dataclass
 class RegionStats:
     """Peak of live bytes inside one region of the step and the event index where it happened."""

@@ -13,8 +13,9 @@ the answer: the formula answers with the ``reserved-near-budget`` warning, as it
 
 Only a run the whole-run replay describes is replayed (``run_scope.replayed_run``: the plain Trainer's, and TRL's
 SFTTrainer's with its model preparation and fused LM head traced, ``tracer_trl``, DPOTrainer's and KTOTrainer's
-with their reference copy or adapters-off pass, ``tracer_dpo`` / ``tracer_kto``; torch's optimizer on the module's
-own parameters); GRPO/reward, SFT padding-free or packed, DeepSpeed's engine and FSDP's module cast get
+with their reference copy or adapters-off pass, ``tracer_dpo`` / ``tracer_kto``, and GRPOTrainer's without vLLM,
+``tracer_grpo``; torch's optimizer on the module's own parameters); reward, GRPO with vLLM, SFT padding-free or
+packed, DeepSpeed's engine and FSDP's module cast get
 the warning, naming the part the replay leaves out (``run_scope.not_replayed``).
 """
 
@@ -115,7 +116,7 @@ class NearBudget:
             spec: The run.
             report: Its answer on the path (formula or traced).
             plain: Whether the whole-run replay describes a spec's run (``run_scope.replayed_run``: the plain
-                Trainer's, TRL's SFTTrainer's, DPOTrainer's and KTOTrainer's).
+                Trainer's, TRL's SFTTrainer's, DPOTrainer's, KTOTrainer's and GRPOTrainer's).
             seq_lengths: ``--seq_lengths`` (its own replay gives the gap).
             optimizer_traces: The path's cache of optimizer traces.
             cache: The on-disk ``trace_cache.TraceCache`` (None: off): a replay asked again is read from it.
@@ -132,8 +133,8 @@ class NearBudget:
 
             left_out = not_replayed(spec) or "this run"
             return _with(report, _band_warning(report, "the whole-run replay describes the plain Trainer's and TRL's "
-                                                       "SFTTrainer's, DPOTrainer's and KTOTrainer's runs only, not "
-                                                       f"{left_out}"))
+                                                       "SFTTrainer's, DPOTrainer's, KTOTrainer's and GRPOTrainer's "
+                                                       f"runs only, not {left_out}"))
         key = repr(spec)
         if key not in self.replays and key not in self.failed:
             if self.limit is not None and self.runs >= self.limit:

@@ -9,7 +9,7 @@ from fitcheck.core.trainers.evaluation import (
     evaluation_component,
     evaluation_findings,
 )
-from fitcheck.core.trainers.grpo_batch import grpo_batch_error, grpo_valid_micro_batch
+from fitcheck.core.trainers.grpo_batch import grpo_batch_error, grpo_steps_per_generation, grpo_valid_micro_batch
 from fitcheck.core.trainers.registry import (
     CONFIG_CLASSES,
     REFUSED,
@@ -37,6 +37,7 @@ __all__ = [
     "evaluation_component",
     "evaluation_findings",
     "grpo_batch_error",
+    "grpo_steps_per_generation",
     "grpo_valid_micro_batch",
     "has_reference_copy",
     "runs_fused_head",

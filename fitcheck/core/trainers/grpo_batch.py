@@ -41,6 +41,18 @@ def grpo_batch_error(spec: TrainingSpec, micro_batch: int | None = None) -> str 
     return None
 
 
+def grpo_steps_per_generation(spec: TrainingSpec) -> int:
+    """Micro-batches one generation batch feeds (``GRPOConfig.__post_init__``, TRL 1.16: ``steps_per_generation``
+    given; else ``generation_batch_size // (per_device_train_batch_size x processes)``; else
+    ``gradient_accumulation_steps``). At least 1."""
+    t = spec.trainer
+    if t.steps_per_generation is not None:
+        return max(t.steps_per_generation, 1)
+    if t.generation_batch_size is not None:
+        return max(t.generation_batch_size // (spec.batch.micro_batch * spec.sharding.num_processes), 1)
+    return max(spec.batch.grad_accum, 1)
+
+
 def grpo_valid_micro_batch(spec: TrainingSpec, micro_batch: int) -> int:
     """The largest micro-batch <= ``micro_batch`` that GRPOConfig accepts (0 when none); unchanged otherwise."""
     if spec.trainer.kind is not TrainerKind.GRPO:

@@ -28,7 +28,7 @@ Columns (:class:`TrainerRow`):
 - ``replay_step``: the torch adapter that traces this trainer's own step for the whole-run allocator replay
   (``fitcheck.torch_adapters.allocator_replay.run_trace_kwargs``: ``tracer_trl`` for SFT's fused head,
   ``tracer_dpo`` for DPO's reference pass and chosen + rejected rows, ``tracer_kto`` for KTO's KL batch and
-  reference pass); None where the replay has no trace of it.
+  reference pass, ``tracer_grpo`` for GRPO's log-prob pre-pass and loss); None where the replay has no trace of it.
 
 Trainers TRL 1.16 ships that are no small step from these are refused with the reason (:data:`REFUSED`).
 """
@@ -139,7 +139,7 @@ _ROWS = (
         _defaults(num_generations=8, max_completion_length=512, beta=0.0, use_vllm=False, vllm_mode="colocate",
                   vllm_gpu_memory_utilization=0.3),
         ("num_generations", "max_completion_length", "beta", "generation_batch_size", "steps_per_generation",
-         "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization")),
+         "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"), replay_step="tracer_grpo"),
     TrainerRow(
         TrainerKind.REWARD, "RewardConfig", None,  # AutoModelForSequenceClassification: no LM head at all
         ReferenceRule.NONE, 2, False, EvalRule.CLASSIFIER,
