@@ -1,7 +1,7 @@
 """GRPO's micro-step through ``allocator_deepen``: composed at one and two layers and deepened to four vs composed
 from a four-layer trace (what the default path does at real depth, checked at a depth it can also trace directly).
 
-Run: ``python tests/grpo_deepen_check.py`` (minutes on a loaded 2-core machine: not a test; session 16's run printed
+Run: ``python benchmarks/grpo_deepen_check.py`` (minutes on a loaded 2-core machine; session 16's run printed
 equal peaks and events for both cases).
 """
 
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tiny_models
 
 
 def deepen_check() -> list[tuple[str, int, int, int, int, bool]]:

@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tiny_models
 from trl_truth import CASES, TRL_LORA, Case, build_trainer, spec_for
 
 from fitcheck.core import estimate
