@@ -110,7 +110,7 @@ def _breakdown(rec: Any, region: str) -> str:
     return "\n".join(lines)
 
 
-def _rank(rank: int, world: int, mp: str, out: str, port: int, breakdown: bool = False) -> None:
+def _rank(rank: int, world: int, mp: str, out: str, port: int, breakdown: bool = False, seq: int = SEQ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     warnings.filterwarnings("ignore")
@@ -131,7 +131,7 @@ def _rank(rank: int, world: int, mp: str, out: str, port: int, breakdown: bool =
         model.train()
         _wrap(model, mp)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-        ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
+        ids = torch.randint(0, cfg.vocab_size, (BATCH, seq))
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if mp == "bf16" else torch.autocast("cpu", enabled=False)
         gc.collect()
         rec = _recorder()
@@ -167,8 +167,9 @@ def _rank(rank: int, world: int, mp: str, out: str, port: int, breakdown: bool =
         dist.destroy_process_group()
 
 
-def measure(mp: str, port: int | None = None, breakdown: bool = False) -> list[dict[str, int]]:
-    """Per-rank live-tensor peaks of the second real FSDP2 step, by region (forward, backward, optimizer)."""
+def measure(mp: str, port: int | None = None, breakdown: bool = False, seq: int = SEQ) -> list[dict[str, int]]:
+    """Per-rank live-tensor peaks of the second real FSDP2 step, by region (forward, backward, optimizer), at
+    ``seq`` tokens per row."""
     import torch.multiprocessing as mp_
 
     from benchmarks.gloo_rank import free_port
@@ -177,7 +178,7 @@ def measure(mp: str, port: int | None = None, breakdown: bool = False) -> list[d
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "peaks")
-        mp_.start_processes(_rank, args=(2, mp, out, port, breakdown), nprocs=2, join=True, start_method="fork")
+        mp_.start_processes(_rank, args=(2, mp, out, port, breakdown, seq), nprocs=2, join=True, start_method="fork")
         rows = []
         for rank in range(2):
             with open(f"{out}.{rank}", encoding="utf-8") as fh:
@@ -185,13 +186,13 @@ def measure(mp: str, port: int | None = None, breakdown: bool = False) -> list[d
     return rows
 
 
-def estimate_for(mp: str) -> Any:
+def estimate_for(mp: str, seq: int = SEQ) -> Any:
     """fitcheck's report for the same run (2 processes, FSDP2 FULL_SHARD, fp32 load, device_type cpu)."""
     from benchmarks.cpu_truth import LLAMA, Row, spec_for
     from fitcheck.core import estimate
     from fitcheck.spec import FsdpSpec, ShardingSpec, Strategy
 
-    spec = spec_for(Row("fsdp", LLAMA, seq=SEQ, batch=BATCH, dtype="float32", mp=mp, optim="adamw_torch"))
+    spec = spec_for(Row("fsdp", LLAMA, seq=seq, batch=BATCH, dtype="float32", mp=mp, optim="adamw_torch"))
     spec = replace(spec, sharding=ShardingSpec(Strategy.FSDP, 2, 1, None, FsdpSpec(version=2)))
     return estimate(spec)
 

@@ -241,11 +241,17 @@ def test_reader_takes_cpu_ram_efficient_loading_and_skips_kbit_upcast_for_fsdp_q
 
 @pytest.mark.slow
 def test_real_fsdp2_step_on_cpu_matches_the_estimate() -> None:
-    """A real 2-process FSDP2 step (gloo, MixedPrecisionPolicy bf16): each rank's live-tensor peak within 2 %."""
+    """A real 2-process FSDP2 step (gloo, MixedPrecisionPolicy bf16): each rank's live-tensor peak within 2 %.
+
+    160 tokens a row (the benchmark's table: 256): the peak is still the end of forward, where the activations and
+    logits are 54.9 of the estimate's 186.9 MB (256: 87.8 of 219.8 MB); measured -0.00 % as at 256, 2 ranks' CPU
+    73.8 s instead of 112.6 s. At 64 the peak moved to backward with 0.13 MB of activations (not this check)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.fsdp_cpu import estimate_for, measure
 
-    est = estimate_for("bf16").peak_allocated_bytes
-    for peaks in measure("bf16"):
+    report = estimate_for("bf16", seq=160)
+    assert report.peak_phase is Phase.FORWARD_END  # the activations' moment, not the states' alone
+    est = report.peak_allocated_bytes
+    for peaks in measure("bf16", seq=160):
         real = max(peaks.values())
         assert abs(est - real) / real <= 0.02, (est, peaks)

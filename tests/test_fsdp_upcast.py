@@ -9,8 +9,6 @@ Llama-3.1-8B on 4 x H100 (8 x 4096, FSDP2) was a false "fits" (75.6 GiB vs 86.8 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -45,13 +43,21 @@ def test_without_mixed_precision_nothing_is_upcast() -> None:
 
 
 def _cli(dtype: str, config: str) -> tuple[int, dict[str, object]]:
-    argv = [sys.executable, "-m", "fitcheck.cli.main", "estimate", "--model_name_or_path", "meta-llama/Llama-3.1-8B",
+    """The CLI's default path in this process (a subprocess per call paid a fresh torch/transformers import)."""
+    import contextlib
+    import io
+
+    from fitcheck.cli.main import main
+
+    argv = ["estimate", "--model_name_or_path", "meta-llama/Llama-3.1-8B",
             "--dtype", dtype, "--bf16", "--per_device_train_batch_size", "8", "--max_seq_length", "4096",
             "--gpu", "H100-80GB", "--num_processes", "4", "--config_file", str(FIXTURES / config),
             "--gradient_checkpointing", "--json"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
-    assert done.returncode in (0, 1), done.stderr[-2000:]
-    return done.returncode, json.loads(done.stdout)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    assert code in (0, 1), err.getvalue()[-2000:]
+    return code, json.loads(out.getvalue())
 
 
 @pytest.mark.parametrize("config", ["trl_fsdp2.yaml", "fsdp1.yaml"])

@@ -63,8 +63,8 @@ ROOMS = [name for name in FLOORS if (ROOT / name.replace(".", "/") / "__init__.p
 # shrink (an entry that no longer exists fails too). module -> names it imports privately.
 PRIVATE_IMPORTS_PENDING: dict[str, frozenset[str]] = {
     "fitcheck.core.activations.decoder": frozenset({
-        "_ATTN_LINEARS", "_TRACE", "_attn_impl", "_head_backward_logits", "_logits",
-        "_mla_attention_moment", "_mla_outside", "_Mode", "_mode", "_norm_saved", "_outside_saved",
+        "_ATTN_LINEARS", "_TRACE", "_attn_impl",
+        "_mla_attention_moment", "_mla_outside", "_norm_saved", "_outside_saved",
     }),
 }
 

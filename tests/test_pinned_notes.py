@@ -5,7 +5,7 @@
   e.g. llama/lora/nockpt/sdpa/fp32 and /eager/fp32: within 0.04 % over 512-32768 tokens, 2 widths) check the
   backward phase, so the answer was never pinned for a reason that does not apply.
 - Phi-3 LoRA over a k-bit-prepared 4-bit base was "activations of this quantized base use the LoRA recipe; traces
-  differ by up to ~6 %": it is the LoRA recipe with fp32 base outputs (``layer_saved._Mode.fp32_out``), within
+  differ by up to ~6 %": it is the LoRA recipe with fp32 base outputs (``ActivationMode.fp32_out``), within
   1.7 % over its range rows.
 """
 

@@ -10,6 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import published as pub  # noqa: E402
+import published_fields as pf  # noqa: E402
 import published_rows as pr  # noqa: E402
 
 ROWS = pr.load_rows()
@@ -91,7 +92,7 @@ def test_oom_rows_keep_no_measurement() -> None:
 
 
 def test_lora_targets_are_translated_to_transformers_names() -> None:
-    assert pr._targets({"targets": "q_proj, v_proj, output_proj + MLP (w1,w2,w3)"}) == (
+    assert pf.read_targets({"targets": "q_proj, v_proj, output_proj + MLP (w1,w2,w3)"}) == (
         "q_proj",
         "v_proj",
         "o_proj",
@@ -99,14 +100,14 @@ def test_lora_targets_are_translated_to_transformers_names() -> None:
         "up_proj",
         "down_proj",
     )
-    assert pr._targets(
+    assert pf.read_targets(
         {"targets": "query, value (lora_query/lora_value True; key/projection/mlp/head False)"}
     ) == (
         "q_proj",
         "v_proj",
     )
-    assert pr._targets({"targets": "ALL (all linear)"}) == ("all-linear",)
-    assert "lm_head" in pr._targets({"targets": "q_proj, k_proj, v_proj, output_proj + MLP + final output"})
+    assert pf.read_targets({"targets": "ALL (all linear)"}) == ("all-linear",)
+    assert "lm_head" in pf.read_targets({"targets": "q_proj, k_proj, v_proj, output_proj + MLP + final output"})
 
 
 def test_hf_stack_groups_sort_first() -> None:
@@ -172,7 +173,7 @@ def test_litgpt_fsdp_rows_keep_frozen_weights_in_the_blocks_units_and_their_ooms
 
 def test_an_inferred_note_is_not_read_as_the_optimizer() -> None:
     row = next(r for r in ROWS if r["id"] == "TT32-1")
-    assert pr._optimizer({**row, "optimizer": "torch AdamW (inferred: 8-bit AdamW only added later in table)"}) \
+    assert pf.read_optimizer({**row, "optimizer": "torch AdamW (inferred: 8-bit AdamW only added later in table)"}) \
         == "adamw_torch"
 
 

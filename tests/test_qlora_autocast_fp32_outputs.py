@@ -4,7 +4,7 @@ After peft's k-bit preparation, ``Linear4bit.forward`` casts its output back to 
 (bitsandbytes 0.50.2 ``nn/modules.py``), under autocast too (``MatMul4Bit`` is no autocast op). So the MLP's gate/up
 outputs and act(gate) are fp32 (12·I per token, not the 16-bit 6·I of a LoRA layer under autocast), and SDPA /
 eager attention keep autocast's 16-bit casts of q, k and v, not the fused qkv output
-(``layer_saved._Mode.fp32_out``). Families with the QLoRA layer recipe (``kbit_pinned``: Llama, Qwen, Mistral,
+(``ActivationMode.fp32_out``). Families with the QLoRA layer recipe (``kbit_pinned``: Llama, Qwen, Mistral,
 Gemma, Granite) had it already; Phi-3 (fused qkv / gate_up) and Gemma-2 took the LoRA recipe with 16-bit outputs.
 Before: Phi-3-mini 8 x 1024 during backward -14.5 % checkpointed, -7.2 % end of forward without; Gemma-2-9B
 eager without checkpointing -19.4 % (``benchmarks/envelope_ranges.py``).

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fitcheck.core.states.layout import trainable_params
 from fitcheck.core.states.model_states import model_state_components
 from fitcheck.core.states.sharding import buffer_components, fsdp_unit_params, partition
 from fitcheck.core.states.sharding_findings import sharding_findings
@@ -28,6 +29,7 @@ from fitcheck.spec import (
     Strategy,
     TrainingSpec,
 )
+from fitcheck.units import format_bytes
 
 _LOCAL = (
     Path(__file__).resolve().parents[1] / "fitcheck/catalog/models/meta-llama/Meta-Llama-3-8B/config.json"
@@ -213,6 +215,29 @@ def test_fsdp_accumulation_keeps_full_grads_unless_sync_each_batch(llama8b: Mode
     # whole on each of 8 GPUs, in FSDP2's bf16 param_dtype, where the reduced shards are the upcast fp32
     # (benchmarks/data/fsdp2_run_events_cpu.json accum2: 2 bytes per parameter between micro-batches)
     assert grads_acc == 8 * grads_sync // 2
+
+
+@pytest.mark.parametrize("version, n", [(2, 8), (1, 2)])
+def test_accumulation_finding_states_the_bytes_the_gradients_keep(llama8b: ModelInventory, version: int,
+                                                                   n: int) -> None:
+    """FSDP2 + LoRA and FSDP1 + LoRA keep only the adapters' unsharded gradients in param_dtype (no full model's)."""
+    lora = LoraSpec(r=16, target_modules=("q_proj", "v_proj"))
+    acc = spec_for(llama8b, ShardingSpec(Strategy.FSDP, n, 1, fsdp=FsdpSpec(version=version)), lora=lora, gas=4)
+    grads = named(model_state_components(acc), "gradients")
+    (finding,) = [f for f in sharding_findings(acc) if f.code == "fsdp-accumulation-unsharded-grads"]
+    kept = grads.at(Phase.FORWARD_END)
+    assert kept == trainable_params(acc) * 2  # bf16 param_dtype, unsharded (fsdp1/fsdp2_run_events_cpu.json)
+    assert f"{format_bytes(kept)} per GPU between micro-steps" in finding.message
+    assert f"reduced shards hold {format_bytes(grads.at(Phase.OPTIMIZER_STEP))}" in finding.message
+    assert f"{trainable_params(acc):,} trainable parameters (the adapters" in finding.message
+    assert f"FSDP{version} with gradient_accumulation_steps=4" in finding.message
+    mixed = spec_for(llama8b, ShardingSpec(Strategy.FSDP, 2, 1, fsdp=FsdpSpec(version=1, frozen_shares_units=True)),
+                     lora=lora, gas=4)
+    frozen = named(model_state_components(mixed), "gradients.frozen_in_units").at(Phase.FORWARD_END)
+    (finding,) = [f for f in sharding_findings(mixed) if f.code == "fsdp-accumulation-unsharded-grads"]
+    assert f"{format_bytes(frozen)} unsharded" in finding.message
+    one = spec_for(llama8b, ShardingSpec(Strategy.FSDP, 2, 1, fsdp=FsdpSpec(sharding_strategy="NO_SHARD")), gas=4)
+    assert not [f for f in sharding_findings(one) if f.code == "fsdp-accumulation-unsharded-grads"]
 
 
 def test_hybrid_shard_shards_within_node(llama8b: ModelInventory) -> None:

@@ -52,8 +52,12 @@ def test_evaluation_phase_for_dpo_grpo_reward(capsys: pytest.CaptureFixture[str]
 
 
 def test_dpo_compute_metrics_logits_and_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    # the formula's evaluation phase (--no_trace): core/trainers/evaluation.py builds it from the state components
+    # and trl_eval_forward on both paths (the default path replaces only the training step's activations, and
+    # test_evaluation_phase_for_dpo_grpo_reward runs the DPO evaluation on it); the default path would trace and
+    # replay the DPO run twice here (the precomputed-reference run is another step)
     args = ("--trainer", "dpo", "--max_prompt_length", "256", "--max_completion_length", "256",
-            "--per_device_eval_batch_size", "8")
+            "--per_device_eval_batch_size", "8", "--no_trace")
     _, loss_only = run_json(capsys, *args)
     _, metrics = run_json(capsys, *args, "--prediction_loss_only", "false", "--eval_accumulation_steps", "2")
     # the metrics forward builds [16 rows, 512, 151936] bf16 logits; 2 steps of them are held
@@ -130,7 +134,10 @@ def test_max_micro_batch_respects_num_generations() -> None:
 ])
 def test_reference_copy_sharded_as_trl_prepares_it(capsys: pytest.CaptureFixture[str], flags: tuple[str, ...],
                                                    share: int, host: bool) -> None:
-    _, j = run_json(capsys, "--trainer", "dpo", *flags)
+    # the reference copy is a state component of the formula (core/trainers/steps.py), the same on the default
+    # path (it replaces only the activations): --no_trace, as test_trl_cli's reference-copy test; the default path
+    # would trace and replay a DPO run (and its ZeRO / FSDP rewrite) per case
+    _, j = run_json(capsys, "--trainer", "dpo", *flags, "--no_trace")
     ref = next(c for c in j["component_detail"] if c["name"] == "reference_model.weights")
     full = 494_032_768 * 2  # Qwen2.5-0.5B in bf16
     per_node = 4 if host else 1

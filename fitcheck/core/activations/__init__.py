@@ -2,7 +2,8 @@
 
 - :mod:`.decoder`: the decoder-layer formulas (Llama-style families), the logits/loss term, checkpointing,
   the autocast weight cache, and the components the report shows;
-- :mod:`.layer_saved`: what one decoder layer (and the model outside its layers) saves per token, the logits;
+- :mod:`.layer_saved`: what one decoder layer (and the model outside its layers) saves per token;
+  :mod:`.activation_mode`: how a run stores its activations; :mod:`.logits`: the loss's logits, the head's backward;
 - :mod:`.layernorm_blocks`: the LayerNorm blocks (GPT-2, BERT, Phi-2, Falcon, BLOOM), chosen by ``traits.recipe``;
 - :mod:`.norms`: fp32-product RMSNorms, q/k norms, post-norm-only layers; :mod:`.attention_variants`: attention
   sinks and their eager softmax, the rotary tables; :mod:`.moe_grouped_mm`: grouped_mm clamped-SwiGLU experts;
@@ -10,7 +11,8 @@
 - :mod:`.heads`: classifier heads (and the BERT layer a RoBERTa-like classifier runs); :mod:`.vision`: the tower;
 - :mod:`.dora`: DoRA's extra saved tensors and transients (and other LoRA extras);
 - :mod:`.qlora`, :mod:`.qlora16`, :mod:`.int8`: layers over bitsandbytes 4-/8-bit bases;
-- :mod:`.backward`: the worst moment during backward beyond the gradients;
+- :mod:`.backward`: the worst moment during backward beyond the gradients (:mod:`.backward_grads`: the gradients
+  and weight casts it counts);
 - :mod:`.eager`: eager attention's working set (the top layer's forward softmax, each layer's softmax backward,
   the mask checkpointed layers hold);
 - :mod:`.recipe_gaps`: what each family's recipe was not checked for (the ``activations-not-pinned`` warning);
@@ -26,7 +28,7 @@ variant, an MoE layout) here, in the module of that mechanism, selected by a new
 tracer.
 """
 
-from fitcheck.core.activations.backward import cuda_embedding_backward
+from fitcheck.core.activations.backward_grads import cuda_embedding_backward
 from fitcheck.core.activations.bnb_kept_inputs import old_bnb_4bit
 from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding

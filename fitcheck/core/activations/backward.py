@@ -33,12 +33,31 @@ Gradient clipping (``TrainingArguments.max_grad_norm`` 1.0: ``Trainer._clip_grad
 place. Traced: (2n + 1)·e bytes for n gradient tensors (86 B for a 21-tensor bf16 llama), all freed before the
 step; on CUDA each 0-dim tensor takes a 512 B allocator block (~(n + 2)·512 B: 150 KB for Llama-3-8B's 291
 tensors). That is below any optimizer step's own temporaries, so it adds no component here.
+
+The gradients and weight casts these moments count are :mod:`.backward_grads`' (``grads_unmade`` and
+``cuda_embedding_backward`` are re-exported here).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitcheck.core.activations.backward_grads import (
+    all_grads,
+    down_proj_numel,
+    full_cast,
+    head_and_embedding,
+    layer_bytes,
+    layer_cast,
+    layer_grad,
+    param_bytes,
+    tied_embedding_backward,
+    trainable_full,
+)
+from fitcheck.core.activations.backward_grads import (
+    cuda_embedding_backward as cuda_embedding_backward,
+)
+from fitcheck.core.activations.backward_grads import grads_unmade as grads_unmade
 from fitcheck.core.activations.bnb_kept_inputs import kept_first_layer_less, kept_layer_inputs, kept_through_checkpoint
 from fitcheck.core.activations.freeze import autocast_head_numel, autocast_layer_cast, frozen_missing, layer_trained
 from fitcheck.core.activations.lora_recompute import unrecomputed_base_backward
@@ -50,8 +69,7 @@ from fitcheck.core.activations.norm_backward import (
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
 from fitcheck.findings import Finding, Severity
-from fitcheck.report import Phase
-from fitcheck.spec import AttentionKind, AttnImpl, DeviceType, Kind, NormKind, ParamEntry, Role, TrainingSpec
+from fitcheck.spec import AttentionKind, AttnImpl, NormKind, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
 _LOSS_SCALARS = 8
@@ -100,103 +118,6 @@ class BackwardInputs:
     ckpt_mask: int = 0
 
 
-def _text_layer(p: ParamEntry) -> bool:
-    """A per-layer parameter of the language model (a vision-language model's vision blocks are per-layer too)."""
-    return p.per_layer and "visual" not in p.name and "vision" not in p.name
-
-
-def _trainable_full(spec: TrainingSpec) -> bool:
-    return spec.lora is None and spec.quant is None and spec.freeze is None
-
-
-def _param_bytes(spec: TrainingSpec) -> int:
-    return spec.precision.load_dtype.nbytes
-
-
-def _layer_bytes(spec: TrainingSpec) -> int:
-    """Bytes of one decoder layer's parameters in the load dtype (its gradients when it trains)."""
-    return sum(p.numel_each for p in spec.model.params if _text_layer(p)) * _param_bytes(spec)
-
-
-def _layer_grad(spec: TrainingSpec) -> int:
-    if not _trainable_full(spec):
-        return 0
-    return _layer_bytes(spec)
-
-
-def _down_proj_numel(spec: TrainingSpec) -> int:
-    """Elements of one layer's MLP output projection (the first weight gradient of a layer's backward)."""
-    sh = spec.model.shape
-    return sh.intermediate_size * sh.hidden_size
-
-
-def _head_and_embedding(spec: TrainingSpec) -> tuple[int, int]:
-    """(LM head weight gradient bytes, untied embedding gradient bytes) of a full fine-tune."""
-    if not _trainable_full(spec):
-        return 0, 0
-    nbytes = _param_bytes(spec)
-    emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING) * nbytes
-    head = sum(p.numel for p in spec.model.params if p.role is Role.LM_HEAD) * nbytes
-    if spec.model.shape.tied_embeddings:
-        return emb, 0  # the head's backward produces the shared tensor's gradient
-    return head, emb
-
-
-def _full_cast(spec: TrainingSpec) -> int:
-    """bf16 casts of one layer's linear weights, every one of them."""
-    kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
-    return 2 * sum(p.numel_each for p in spec.model.params if p.per_layer and p.kind in kinds)
-
-
-def _layer_cast(spec: TrainingSpec) -> int:
-    """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations.decoder).
-
-    A 4-bit base makes none: ``bnb.nn.Linear4bit`` runs ``MatMul4Bit`` (no autocast op), which dequantizes
-    into a temporary and saves only the packed weight (bitsandbytes 0.50.2 autograd/_functions.py
-    ``MatMul4Bit.forward``: ``ctx.tensors = (None, B)``); only the LoRA weights' casts are held.
-    """
-    from fitcheck.core.activations.qlora import four_bit_lora, lora_layer_params
-
-    quant = spec.quant
-    int8 = quant is not None and quant.bits == 8 and quant.method == "bitsandbytes" and spec.lora is not None
-    if four_bit_lora(spec) or int8:  # 8-bit: F.linear casts the dequantized temporary, never cached (int8.py)
-        return 2 * lora_layer_params(spec) // max(1, spec.model.shape.num_layers)
-    kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
-    return 2 * sum(p.numel_each for p in spec.model.params if _text_layer(p) and p.kind in kinds)
-
-
-def cuda_embedding_backward(spec: TrainingSpec) -> int:
-    """Temporaries of CUDA ``embedding_dense_backward`` (two-pass path) for a trained input embedding."""
-    if spec.hardware.device_type is DeviceType.CPU or not _trainable_full(spec):
-        return 0
-    sh = spec.model.shape
-    n = spec.batch.micro_batch * spec.batch.seq_len
-    segments = min(n, sh.vocab_size)
-    partial = n // 10 + segments  # NROWS_PER_THREAD = 10 (EmbeddingBackwardKernel.cu: max_partial_segment)
-    # fp32 (opmath) partial sums + sorted/orig indices, segment_offsets, partials_per_segment(+offset),
-    # partial_segment_offset (int64): Embedding.cu + EmbeddingBackwardKernel.cu
-    return 4 * partial * sh.hidden_size + 8 * (3 * n + 2 * segments + partial)
-
-
-def tied_embedding_backward(spec: TrainingSpec) -> int:
-    """Two more gradient-sized tensors at a trained tied embedding's backward (full fine-tune), 0 otherwise.
-
-    The LM head's weight gradient waits in the autograd engine's input buffer of the shared weight's
-    AccumulateGrad node (counted as that weight's gradient); the embedding's backward makes a second
-    ``vocab x hidden`` gradient and the buffer adds the two into a third (fake-tensor traces: Llama-3.2-1B,
-    gemma-7b and granite-3.3-8b-instruct, 2 x the embedding's gradient bytes above the formula before this term,
-    at the end of backward). The embedding output's gradient is freed by then: ``backward_moments`` takes the
-    larger of the embedding's backward (that gradient + one new tensor) and the sum (two tensors; traces:
-    Phi-4-mini 3 x 3712 and Qwen3-1.7B 6 x 1280, b·s·h below the old sum of the three); so does a partial fine-tune
-    training the shared tensor (trace Phi-4-mini freeze fp32 ckpt 2 x 640: -99.7 % without)."""
-    if not spec.model.shape.tied_embeddings:
-        return 0
-    g_head, _ = _head_and_embedding(spec)  # tied: the shared tensor's gradient bytes (0 unless a full fine-tune)
-    from fitcheck.core.activations.freeze import frozen_layers
-
-    if (frozen := frozen_layers(spec)) is not None and frozen.embedding_trained:  # partial training of it
-        g_head = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING) * _param_bytes(spec)
-    return 2 * g_head
 
 
 def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> dict[str, int]:
@@ -215,15 +136,15 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     b, s = spec.batch.micro_batch, spec.batch.seq_len
     bs, h, L = b * s, sh.hidden_size, sh.num_layers
     accum = spec.batch.grad_accum > 1
-    g_layer = _layer_grad(spec)
-    g_head, g_emb = _head_and_embedding(spec)
-    g_down = _down_proj_numel(spec) * _param_bytes(spec) if _trainable_full(spec) else 0
-    g_down_frozen = _down_proj_numel(spec) * _param_bytes(spec)  # a trained layer's first gradient (partial)
-    cast = _layer_cast(spec) if q.autocast else 0
+    g_layer = layer_grad(spec)
+    g_head, g_emb = head_and_embedding(spec)
+    g_down = down_proj_numel(spec) * param_bytes(spec) if trainable_full(spec) else 0
+    g_down_frozen = down_proj_numel(spec) * param_bytes(spec)  # a trained layer's first gradient (partial)
+    cast = layer_cast(spec) if q.autocast else 0
     from fitcheck.core.activations.qlora import four_bit_lora
 
-    # the down_proj weight cast freed after its backward (a 4-bit base has no cast: _layer_cast)
-    cast_down = 2 * _down_proj_numel(spec) if q.autocast and not four_bit_lora(spec) and cast == _full_cast(spec) else 0
+    # the down_proj weight cast freed after its backward (a 4-bit base has no cast: layer_cast)
+    cast_down = 2 * down_proj_numel(spec) if q.autocast and not four_bit_lora(spec) and cast == full_cast(spec) else 0
     # gated MLP: down_proj input gradient + the product's two gradients - down_proj's freed input (+2·e·I);
     # a plain MLP (GPT-2 traced: fc input gradient replaces the freed fc output) nets 0; + the residual gradient
     gated = sh.mlp_activation == "swiglu"
@@ -233,8 +154,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     moments: dict[str, int] = {}
     # HEAD: everything forward kept + the logits-side tensors + the head's new weight gradient (under autocast
     # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
-    head_grad = 2 * g_head // _param_bytes(spec) if q.autocast else g_head
-    missing = 0 if accum else _all_grads(spec)
+    head_grad = 2 * g_head // param_bytes(spec) if q.autocast else g_head
+    missing = 0 if accum else all_grads(spec)
     casts = L * cast if q.n_ckpt == 0 else 0
     head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)
     head32 = 0 if accum else 2 * head16  # made by the cast: no longer missing
@@ -248,7 +169,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
         missing = 0 if accum else (i + 1) * g_layer - g_down + g_emb
         below = 1 if q.offloaded else i + 1  # offloaded: only layer i's tensors are brought back
         if spec.freeze is not None and not accum:
-            missing = frozen_missing(spec, i == L - 1, _all_grads(spec), _layer_bytes(spec), g_down_frozen)
+            missing = frozen_missing(spec, i == L - 1, all_grads(spec), layer_bytes(spec), g_down_frozen)
         elif spec.lora is not None and not accum and q.n_ckpt == 0:
             missing = _lora_missing(spec, i)  # checkpointed adapters: lora_recompute / dora moments
         if q.n_ckpt == 0:
@@ -265,10 +186,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
         # (and, under autocast, freed their weight casts): eager.eager_working_set
         attn = None if q.eager_backward is None else live + q.eager_backward + _LOSS_SCALARS
         if attn is not None and cast_down and q.eager_made:
-            attn -= 2 * q.eager_made // _param_bytes(spec) - cast_down
+            attn -= 2 * q.eager_made // param_bytes(spec) - cast_down
         if lora is not None:  # LoRA + checkpointing: the layer's recompute and its MLP backward (lora_recompute.py)
             rec, lora_work, g_lora, g_lora_down, base = lora
-            unmade = 0 if accum else _all_grads(spec) - (L - 1 - i) * g_lora  # layer i made none yet
+            unmade = 0 if accum else all_grads(spec) - (L - 1 - i) * g_lora  # layer i made none yet
             moments[name + " recompute"] = live + cast_down + rec - unmade + _LOSS_SCALARS
             moments[name] = live + lora_work - (0 if accum else unmade - g_lora_down) + _LOSS_SCALARS
             if base is not None:  # QLoRA: down_proj's MatMul4Bit backward (dequantized weight)
@@ -299,16 +220,16 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             del moments["top layer"]  # the trained-layer recipe does not describe a frozen top layer
         if not layer_trained(spec, 0):
             del moments["bottom layer"]  # a frozen bottom layer: the frozen moment with fewer checkpoints held
-    trained_norm = frozen_input_norm_backward(spec, static, q.layer, _all_grads(spec))  # norm_backward.py
+    trained_norm = frozen_input_norm_backward(spec, static, q.layer, all_grads(spec))  # norm_backward.py
     if trained_norm is not None:
         moments["top trained layer input norm"] = trained_norm + _LOSS_SCALARS
-        final = frozen_final_norm_backward(spec, q.kept, _all_grads(spec))
+        final = frozen_final_norm_backward(spec, q.kept, all_grads(spec))
         moments["final norm"] = (final or 0) + _LOSS_SCALARS
     if q.attention_moment is not None:  # DeepSeek-V3's CPU math attention (activations/mla.py)
-        moments["top layer attention"] = q.attention_moment - _all_grads(spec) + _LOSS_SCALARS
+        moments["top layer attention"] = q.attention_moment - all_grads(spec) + _LOSS_SCALARS
     wrapped = param_wrapper_backward(spec, q.e, q.r)  # LoRA on fused experts (activations/param_wrapper.py)
     if wrapped:
-        moments["top MoE layer"] = q.kept + wrapped - (0 if accum else _all_grads(spec)) + _LOSS_SCALARS
+        moments["top MoE layer"] = q.kept + wrapped - (0 if accum else all_grads(spec)) + _LOSS_SCALARS
     temp_emb = g_emb if accum else 0
     tied = tied_embedding_backward(spec)
     # tied: the embedding's own backward holds its output gradient and its new vocab x hidden gradient; the sum
@@ -346,7 +267,7 @@ def _lora_missing(spec: TrainingSpec, i: int) -> int:
     from fitcheck.core.activations.lora_recompute import layer_grads
 
     g_lora, g_lora_down = layer_grads(spec)
-    return max(0, min(_all_grads(spec), (i + 1) * g_lora - g_lora_down))
+    return max(0, min(all_grads(spec), (i + 1) * g_lora - g_lora_down))
 
 
 def _frozen_recompute(spec: TrainingSpec, q: BackwardInputs, static: int, norms: int,
@@ -388,40 +309,10 @@ def _frozen_recompute(spec: TrainingSpec, q: BackwardInputs, static: int, norms:
     else:
         below_trained = sum(1 for i in trained if i < top)
         live = static + (reached - below_trained) * layer + below_trained * q.layer + reached * norms + cast
-    made = _layer_bytes(spec) * sum(1 for i in trained if i > top)  # the trainable layers above it are done
-    return top, live + work - max(_all_grads(spec) - made, 0) + _LOSS_SCALARS
+    made = layer_bytes(spec) * sum(1 for i in trained if i > top)  # the trainable layers above it are done
+    return top, live + work - max(all_grads(spec) - made, 0) + _LOSS_SCALARS
 
 
-def grads_unmade(spec: TrainingSpec) -> int:
-    """Gradient bytes not made yet before the top layer's first gradient (every one; 0 with accumulation, when
-    last micro-step's exist): what a top-layer recompute moment subtracts from ``model_states``' gradients."""
-    return 0 if spec.batch.grad_accum > 1 else _all_grads(spec)
-
-
-def _all_grads(spec: TrainingSpec) -> int:
-    g_head, g_emb = _head_and_embedding(spec)
-    if spec.lora is not None or spec.freeze is not None:
-        # LoRA / partial training: at the head's backward no gradient but the head's exists yet (trace "llama
-        # qlora": the backward peak at the head holds no gradient); the model states count them all in BACKWARD
-        from fitcheck.core.activations.freeze import frozen_layers
-        from fitcheck.core.states import model_state_components
-
-        grads = sum(c.at(Phase.BACKWARD) for c in model_state_components(spec) if c.name == "gradients")
-        frozen = frozen_layers(spec)
-        head_trained = spec.lora is not None and "lm_head" in spec.lora.modules_to_save
-        if frozen is not None:
-            head_trained = frozen.head_trained
-        if head_trained:
-            nbytes = 4 if spec.lora is not None else _param_bytes(spec)  # modules_to_save copies are fp32 (peft)
-            # tied: the shared tensor, listed as the embedding (trace Phi-4-mini freeze bf16 6 x 2112: -22.1 % without)
-            role = Role.EMBEDDING if spec.model.shape.tied_embeddings and frozen is not None else Role.LM_HEAD
-            grads -= nbytes * sum(p.numel for p in spec.model.params if p.role is role)
-        return max(grads, 0)
-    if not _trainable_full(spec):
-        return 0
-    heads = (Role.EMBEDDING, Role.LM_HEAD)
-    other = sum(p.numel for p in spec.model.params if not _text_layer(p) and p.role not in heads)
-    return spec.model.shape.num_layers * _layer_grad(spec) + g_head + g_emb + other * _param_bytes(spec)
 
 
 def _static_outside(spec: TrainingSpec, q: BackwardInputs) -> int:

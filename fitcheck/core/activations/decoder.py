@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+from fitcheck.core.activations.activation_mode import ActivationMode, activation_mode
 from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_moments, backward_transient
 from fitcheck.core.activations.bnb_kept_inputs import (
     kept_first_layer_less,
@@ -52,12 +53,8 @@ from fitcheck.core.activations.layer_saved import (
     _ATTN_LINEARS,
     _TRACE,
     _attn_impl,
-    _head_backward_logits,
-    _logits,
     _mla_attention_moment,
     _mla_outside,
-    _Mode,
-    _mode,
     _norm_saved,
     _outside_saved,
     layer_saved_per_token,
@@ -65,6 +62,7 @@ from fitcheck.core.activations.layer_saved import (
 from fitcheck.core.activations.layernorm_blocks import (
     layernorm_findings_text,
 )
+from fitcheck.core.activations.logits import head_backward_logits, loss_logits
 from fitcheck.core.activations.lora_recompute import (
     dora_recompute_applies,
     lora_recompute_applies,
@@ -112,7 +110,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     spec = bert_layer_alias(spec)  # RoBERTa-like encoders run BERT's layer (activations/heads.py)
     sh = spec.model.shape
     spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
-    m = _mode(spec)
+    m = activation_mode(spec)
     b, s, layers = spec.batch.micro_batch, spec.batch.seq_len, sh.num_layers
     per_token, s2 = layer_saved_per_token(spec)
     layer = per_token * b * s
@@ -138,7 +136,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     elif sh.traits.recipe is LayerRecipe.LATENT_MOE and not act.checkpointing:
         layers_saved = kept + _mla_outside(spec, m)  # dense and MoE layers differ (activations/mla.py)
     kept += _outside_saved(spec)
-    fwd_logits, bwd_logits = _logits(spec)
+    fwd_logits, bwd_logits = loss_logits(spec)
     end = m.r * sh.hidden_size * b * s if (spec.lora is None or act.checkpointing) else 0
     end += scaled_embedding_leaf(spec, m.r)  # Granite: the leaf's gradient meets the scaled copy's (embedding.py)
     host = 0
@@ -165,7 +163,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
     # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
     # (which trainers: the registry's fused-head column, fitcheck.core.trainers.registry)
-    head = 0 if runs_fused_head(spec.trainer.kind, spec.activations.loss) else _head_backward_logits(spec, m)
+    head = 0 if runs_fused_head(spec.trainer.kind, spec.activations.loss) else head_backward_logits(spec, m)
     recompute, moment = backward_transient(spec, bq, head)
     if n_ckpt and (qlora_formula_applies(spec) or qlora16_applies(spec)) and not lora_recompute_applies(spec):
         # peak in the first recomputed layer: every checkpoint still held (qlora.py; 16-bit working set: qlora16.py),
@@ -269,7 +267,7 @@ def _int8_backward(spec: TrainingSpec, tokens: int) -> dict[str, int]:
     return {"retained": int8_checkpointed_inputs(spec) * tokens}
 
 
-def _dora_component(spec: TrainingSpec, m: _Mode, kept_layers: int, fwd_logits: int,
+def _dora_component(spec: TrainingSpec, m: ActivationMode, kept_layers: int, fwd_logits: int,
                     bwd: tuple[BackwardInputs, int, int]) -> Component:
     """DoRA's norm vectors and weight copies, and its per-forward weight-norm transient (activations_lora.py)."""
     sh = spec.model.shape
@@ -295,7 +293,7 @@ def _dora_component(spec: TrainingSpec, m: _Mode, kept_layers: int, fwd_logits: 
     )
 
 
-def _autocast_cache_phases(spec: TrainingSpec, m: _Mode) -> tuple[int, int]:
+def _autocast_cache_phases(spec: TrainingSpec, m: ActivationMode) -> tuple[int, int]:
     """16-bit weight casts alive at the end of forward and at the start of backward."""
     from fitcheck.core.states import plan_lora
     from fitcheck.spec import Kind
@@ -384,7 +382,7 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         out.append(Finding("activations-not-pinned", Severity.INFO, extras, "run `fitcheck estimate --trace`"))
     int8 = int8_formula_applies(spec)  # LLM.int8 LoRA: activations/int8.py
     # Phi-3's fused layer over a k-bit-prepared 4-bit base: the LoRA recipe with fp32 base outputs
-    # (layer_saved._Mode.fp32_out; envelope_ranges.json phi3/qlora/*/sdpa/{bf16,fp32,autocast} within 1.7 %)
+    # (layer_saved.ActivationMode.fp32_out; envelope_ranges.json phi3/qlora/*/sdpa/{bf16,fp32,autocast} within 1.7 %)
     phi3_kbit = kbit_fp32_lora(spec) and spec.model.shape.traits.fused_projections
     lora_unpinned = spec.quant is not None and not qlora_formula_applies(spec) and not int8 and not phi3_kbit
     if spec.quant is not None and spec.quant.bits == 8 and not int8:

@@ -41,7 +41,7 @@ class _Wrapped:
 
 @dataclass(frozen=True)
 class DoraMode:
-    """How the model runs (``fitcheck.core.activations.decoder._Mode``).
+    """How the model runs (``fitcheck.core.activations.activation_mode.ActivationMode``).
 
     Element bytes of the linears' inputs/outputs (e) and of the residual stream (r), 16-bit weights, autocast.
     """

@@ -114,7 +114,7 @@ def frozen_missing(spec: TrainingSpec, top: bool, all_grads: int, own: int, down
     Args:
         spec: The run.
         top: The top layer (else the bottom one).
-        all_grads: Gradient bytes the layers and the embedding make (``backward._all_grads``).
+        all_grads: Gradient bytes the layers and the embedding make (``backward_grads.all_grads``).
         own: Gradient bytes of one trained layer.
         down: Its down_proj weight gradient bytes.
     """

@@ -1,27 +1,21 @@
-"""What one decoder layer (and the model outside its layers) saves for backward, per token: pure, no torch.
-
-The per-token recipes behind ``fitcheck.core.activations.decoder.activation_components``: the Llama-like layer
-(norms, attention, MLP, adapters' inputs), MLA (DeepSeek-V3), the model outside its layers, the logits of the loss
-and the gradients of the head's backward. Every term was read off fake-tensor traces of the transformers 5.23
-models (``fitcheck.torch_adapters.tracer``) and is pinned by the tests named where it is used; split out of
-``decoder.py`` unchanged.
-"""
+"""What one decoder layer (and the model outside its layers) saves for backward, per token: pure, no torch. The per-
+token recipes behind ``fitcheck.core.activations.decoder.activation_components``: the Llama-like layer (norms,
+attention, MLP, adapters' inputs), MLA (DeepSeek-V3), the model outside its layers. How the activations are stored
+is :mod:`.activation_mode`'s; the logits of the loss and the head's backward are :mod:`.logits`'. Every term was
+read off fake-tensor traces of the transformers 5.23 models (``fitcheck.torch_adapters.tracer``) and is pinned by
+the tests named where it is used; split out of ``decoder.py`` unchanged."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitcheck.core.activations.activation_mode import ActivationMode, activation_mode
 from fitcheck.core.activations.attention_variants import eager_scores, rotary_tables, sink_attention_extra
 from fitcheck.core.activations.bnb_kept_inputs import kept_first_layer_less, kept_layer_extra
 from fitcheck.core.activations.dora import (
     dora_per_token,
 )
 from fitcheck.core.activations.embedding import scaled_embedding_leaf
-from fitcheck.core.activations.heads import (
-    CLASSIFIER_TASKS,
-    classifier_head_backward,
-    classifier_logits,
-)
 from fitcheck.core.activations.int8 import (
     int8_first_layer_unsaved,
     int8_formula_applies,
@@ -29,7 +23,6 @@ from fitcheck.core.activations.int8 import (
 )
 from fitcheck.core.activations.layernorm_blocks import (
     layernorm_block_saved,
-    layernorm_logits,
     layernorm_outside_saved,
 )
 from fitcheck.core.activations.lora_targets import wrapped_linears
@@ -45,19 +38,13 @@ from fitcheck.core.activations.moe_grouped_mm import gpt_oss_moe_saved
 from fitcheck.core.activations.norms import qk_norm_outside, qk_norm_saved
 from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
 from fitcheck.core.activations.qlora import (
-    kbit_fp32_lora,
-    kbit_upcast,
-    lora_dropout_mask_bytes,
     qlora_formula_applies,
-    qlora_frozen_head,
     qlora_layer_saved_per_token,
 )
-from fitcheck.core.activations.versions import legacy_logits_extra
 from fitcheck.core.kernels import (
     deepspeed_module_view,
     fused_loss,
     liger_applies,
-    liger_cross_entropy,
     liger_mlp_delta,
     liger_norm_saved,
 )
@@ -66,7 +53,6 @@ from fitcheck.spec import (
     AttnImpl,
     LayerRecipe,
     LoraSpec,
-    MixedPrecision,
     ModelShape,
     MoeLayout,
     NormKind,
@@ -79,29 +65,6 @@ _ATTN_LINEARS = ("q_proj", "k_proj", "v_proj")
 _MLP_IN_LINEARS = ("gate_proj", "up_proj")
 
 
-@dataclass(frozen=True)
-class _Mode:
-    """How the activations are stored: element bytes of activations (e), of the residual stream (r)."""
-
-    e: int  # matmul outputs / saved linear inputs
-    r: int  # residual stream / norm inputs
-    autocast: bool
-    half_model: bool
-    amp: bool = False  # autocast on, whatever the load dtype: LoRA's fp32 adapters run in 16-bit (lora extras)
-    dm: int = 4  # LoRA dropout-mask bytes per element of its fp32 input: CPU fp32 noise, CUDA bool (lora extras)
-    # autocast over fp32 base outputs (qlora.kbit_fp32_lora): fp32 MLP outputs; attention saves 16-bit casts of
-    # q, k, v (eager: of q, k^T, v), not the fused qkv output
-    fp32_out: bool = False
-
-
-def _mode(spec: TrainingSpec) -> _Mode:
-    # peft's prepare_model_for_kbit_training casts every non-quantized parameter to fp32 (activations_qlora.py)
-    half = spec.precision.load_dtype.is_half and not kbit_upcast(spec)
-    amp = spec.precision.mixed_precision is not MixedPrecision.NO
-    autocast = not half and amp
-    dm = lora_dropout_mask_bytes(spec)  # aten Dropout.cpp: CUDA native_dropout's bool mask, CPU fp32 noise
-    return _Mode(e=2 if half or autocast else 4, r=2 if half else 4, autocast=autocast, half_model=half, amp=amp,
-                 dm=dm, fp32_out=autocast and kbit_fp32_lora(spec))
 
 
 def _lora_targets(spec: TrainingSpec) -> frozenset[str]:
@@ -119,7 +82,7 @@ def _attn_impl(spec: TrainingSpec) -> AttnImpl:
     return impl
 
 
-def _norm_saved(shape: ModelShape, m: _Mode, trainable_weight: bool, pre: bool = True) -> int:
+def _norm_saved(shape: ModelShape, m: ActivationMode, trainable_weight: bool, pre: bool = True) -> int:
     """Bytes per token one RMSNorm saves (trace: rsqrt fp32 per token, fp32 upcast of the input)."""
     h = shape.hidden_size
     # OLMo-2 / gpt-oss multiply the fp32 normalised tensor by the weight, as Gemma does (norms.py)
@@ -135,7 +98,7 @@ def _norm_saved(shape: ModelShape, m: _Mode, trainable_weight: bool, pre: bool =
     return 4 * h + 4 + (4 * h if trainable_weight else 0)
 
 
-def _linear_inputs(shape: ModelShape, m: _Mode, full: bool, targets: frozenset[str], lora: LoraSpec | None,
+def _linear_inputs(shape: ModelShape, m: ActivationMode, full: bool, targets: frozenset[str], lora: LoraSpec | None,
                    consumers: tuple[str, ...], width: int, fused: bool, kept: bool = False) -> int:
     """Bytes per token saved for the linears that read one tensor of ``width`` features (``kept``: saved anyway)."""
     total = 0
@@ -160,7 +123,7 @@ def _experts_adapted(spec: TrainingSpec) -> bool:
     return spec.lora is not None and any(t.entry.kind is Kind.FUSED_EXPERTS for t in plan_lora(spec).targets)
 
 
-def _reads_input_itself(spec: TrainingSpec, m: _Mode, targets: frozenset[str], name: str) -> bool:
+def _reads_input_itself(spec: TrainingSpec, m: ActivationMode, targets: frozenset[str], name: str) -> bool:
     """Whether the LoRA adapter on ``name`` saves its input tensor itself (fp32 model, no dropout, no autocast)."""
     lora = spec.lora
     return name in targets and lora is not None and lora.dropout == 0 and not (m.amp or m.half_model)
@@ -168,13 +131,13 @@ def _reads_input_itself(spec: TrainingSpec, m: _Mode, targets: frozenset[str], n
 
 def lora_reads_input_itself(spec: TrainingSpec) -> bool:
     """Whether peft's ``lora_A`` saves the tensor it reads itself (fp32 model, no dropout, no autocast)."""
-    return _reads_input_itself(spec, _mode(spec), _lora_targets(spec), "down_proj")
+    return _reads_input_itself(spec, activation_mode(spec), _lora_targets(spec), "down_proj")
 
 
 def down_adapter_saved(spec: TrainingSpec) -> int:
     """Bytes per token down_proj's LoRA adapter saves (its input copies, dropout mask, ``lora_A`` output; an fp32
     model without dropout: the input itself), all freed once its backward has run (``lora_recompute.py``)."""
-    lora, m = spec.lora, _mode(spec)
+    lora, m = spec.lora, activation_mode(spec)
     if lora is None or "down_proj" not in _lora_targets(spec):
         return 0
     inter = spec.model.shape.intermediate_size
@@ -186,10 +149,10 @@ def adapter_mlp_saved(spec: TrainingSpec) -> int:
     """Bytes per token the MLP of one adapter-wrapped (LoRA / QLoRA) layer saves: its linears' adapter inputs,
     the gate/up outputs, act(gate) and down_proj's adapter tensors, all freed by the time the MLP's input
     projection runs its backward (``lora_recompute.base_backward``)."""
-    return _mlp_saved(spec, _mode(spec), False, _lora_targets(spec))
+    return _mlp_saved(spec, activation_mode(spec), False, _lora_targets(spec))
 
 
-def _adapter_input(m: _Mode, lora: LoraSpec, width: int) -> int:
+def _adapter_input(m: ActivationMode, lora: LoraSpec, width: int) -> int:
     """Bytes per token one peft ``lora.Linear`` adapter saves for an input of ``width`` features.
 
     peft 0.21 ``lora.Linear.forward``: ``x = _cast_input_dtype(x, fp32)``, then ``lora_B(lora_A(dropout(x)))``;
@@ -218,7 +181,7 @@ def layer_saved_per_token(spec: TrainingSpec, trainable: bool | None = None) -> 
         return per_token, s2
     # Liger-Kernel kernels (fitcheck/core/kernels/liger.py): RMSNorm keeps its input + fp32 rstd, the gated MLP
     # no act(gate) output
-    m, sh = _mode(spec), spec.model.shape
+    m, sh = activation_mode(spec), spec.model.shape
     if liger.rms_norm:
         norms = 4 if sh.traits.norm_placement is NormPlacement.PRE_AND_POST else 2
         full = spec.lora is None and spec.quant is None
@@ -235,7 +198,7 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
         return qlora_layer_saved_per_token(spec, _attn_impl(spec) is AttnImpl.EAGER)
     if int8_formula_applies(spec):  # LLM.int8 base + LoRA, traced on real bitsandbytes (activations/int8.py)
         return int8_layer_saved_per_token(spec, _attn_impl(spec) is AttnImpl.EAGER)
-    m = _mode(spec)
+    m = activation_mode(spec)
     full = spec.lora is None and spec.quant is None if trainable is None else trainable
     targets = _lora_targets(spec)
     h, a = sh.hidden_size, sh.num_heads
@@ -280,15 +243,15 @@ def _layer_saved(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int
 
 def full_saved_after_attention(spec: TrainingSpec) -> int:
     """Bytes per token a full fine-tune's Llama-recipe layer saves after its attention's output (norm_backward.py)."""
-    return _after_attention(spec, _mode(spec), True, frozenset())
+    return _after_attention(spec, activation_mode(spec), True, frozenset())
 
 
 def full_mlp_saved(spec: TrainingSpec) -> int:
     """Bytes per token a full fine-tune's Llama-recipe MLP saves (``freeze.autocast_layer_cast``)."""
-    return _mlp_saved(spec, _mode(spec), True, frozenset())
+    return _mlp_saved(spec, activation_mode(spec), True, frozenset())
 
 
-def _after_attention(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
+def _after_attention(spec: TrainingSpec, m: ActivationMode, full: bool, targets: frozenset[str]) -> int:
     """Bytes per token a Llama-recipe layer saves after its attention's output: o_proj's adapter input, the
     post-attention norm(s), the MLP; all freed before the attention's own backward runs (``eager.eager_moments``)."""
     sh = spec.model.shape
@@ -306,7 +269,7 @@ class EagerLayerTerms:
     """What eager attention's working set (``activations/eager.py``) reads of a layer's recipe.
 
     Attributes:
-        e: Element bytes of activations; r: of the residual stream; autocast; half_model: as ``_Mode``.
+        e: Element bytes of activations; r: of the residual stream; autocast; half_model: as ``ActivationMode``.
         after: Bytes per token the layer saves after its attention's output (o_proj's input and adapters, the
             post-attention norm(s), the MLP), freed before the attention's own backward runs.
         final_norm: Bytes per token of the final norm's saved tensors and the LM head's input.
@@ -336,7 +299,7 @@ def eager_layer_terms(spec: TrainingSpec) -> EagerLayerTerms | None:
             or sh.traits.recipe is LayerRecipe.LATENT_MOE or sh.num_experts or spec.freeze is not None
             or (spec.quant is not None and not qlora_formula_applies(spec))):
         return None  # MoE layers and partial training by layers: the attention moment not traced yet
-    m = _mode(spec)
+    m = activation_mode(spec)
     full = spec.lora is None and spec.quant is None
     targets = _lora_targets(spec)
     if qlora_formula_applies(spec):
@@ -352,13 +315,13 @@ def eager_layer_terms(spec: TrainingSpec) -> EagerLayerTerms | None:
     return EagerLayerTerms(m.e, m.r, m.autocast, m.half_model, after, final, first)
 
 
-def _mla_mode(spec: TrainingSpec, m: _Mode, full: bool) -> MlaMode:
+def _mla_mode(spec: TrainingSpec, m: ActivationMode, full: bool) -> MlaMode:
     lora = spec.lora
     reads = lora is not None and lora.dropout == 0 and not (m.amp or m.half_model)
     return MlaMode(m.e, m.half_model, full, lambda w: _adapter_input(m, lora, w) if lora is not None else 0, reads)
 
 
-def _mla_layer(spec: TrainingSpec, m: _Mode, full: bool) -> tuple[int, int]:
+def _mla_layer(spec: TrainingSpec, m: ActivationMode, full: bool) -> tuple[int, int]:
     """One DeepSeek-V3 MoE layer (the dense ones: ``mla_outside``), activations/mla.py."""
     mode, dims = _mla_mode(spec, m, full), mla_dims(spec)
     per_token, s2 = mla_attention(spec, mode, dims)
@@ -367,7 +330,7 @@ def _mla_layer(spec: TrainingSpec, m: _Mode, full: bool) -> tuple[int, int]:
     return per_token, s2
 
 
-def _mla_outside(spec: TrainingSpec, m: _Mode) -> int:
+def _mla_outside(spec: TrainingSpec, m: ActivationMode) -> int:
     """What DeepSeek-V3's layers keep beyond L x the MoE-layer recipe (0 for other families, or when not modelled)."""
     latent = spec.model.shape.traits.recipe is LayerRecipe.LATENT_MOE
     if not latent or spec.activations.checkpointing or spec.freeze is not None:
@@ -377,7 +340,7 @@ def _mla_outside(spec: TrainingSpec, m: _Mode) -> int:
                        router_trained=full or wrapped_router(spec))
 
 
-def _mla_attention_moment(spec: TrainingSpec, m: _Mode, layers_saved: int) -> int | None:
+def _mla_attention_moment(spec: TrainingSpec, m: ActivationMode, layers_saved: int) -> int | None:
     """DeepSeek-V3's top-layer attention backward on CPU (activations/mla.py), or None."""
     if spec.model.shape.traits.recipe is not LayerRecipe.LATENT_MOE or layers_saved < 0:
         return None
@@ -389,7 +352,7 @@ def _mla_attention_moment(spec: TrainingSpec, m: _Mode, layers_saved: int) -> in
                                   wrapped_per_layer=param_wrapper_saved(spec) // max(1, n_moe))
 
 
-def _mlp_saved(spec: TrainingSpec, m: _Mode, full: bool, targets: frozenset[str]) -> int:
+def _mlp_saved(spec: TrainingSpec, m: ActivationMode, full: bool, targets: frozenset[str]) -> int:
     sh = spec.model.shape
     h, inter = sh.hidden_size, sh.intermediate_size
     if sh.num_experts and sh.traits.moe is MoeLayout.GROUPED_MM_CLAMPED and not _experts_adapted(spec):
@@ -420,7 +383,7 @@ def _outside_saved(spec: TrainingSpec) -> int:
     sh = spec.model.shape
     if sh.traits.recipe.layernorm_block:
         return layernorm_outside_saved(spec)
-    m = _mode(spec)
+    m = activation_mode(spec)
     b, s, h = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size
     full = spec.lora is None and spec.quant is None
     # final norm; its output is the LM head input (kept when the head is trained; autocast casts it instead)
@@ -454,10 +417,10 @@ def first_layer_unsaved(spec: TrainingSpec) -> int:
     """Bytes per token the first decoder layer of a LoRA run without checkpointing saves less than
     ``layer_saved_per_token`` (0 elsewhere): a moment holding every layer's saved tensors holds this much less."""
     liger = liger_applies(spec)
-    return _first_layer_unsaved(spec, _mode(spec), liger is not None and liger.rms_norm)
+    return _first_layer_unsaved(spec, activation_mode(spec), liger is not None and liger.rms_norm)
 
 
-def _first_layer_unsaved(spec: TrainingSpec, m: _Mode, liger_norm: bool) -> int:
+def _first_layer_unsaved(spec: TrainingSpec, m: ActivationMode, liger_norm: bool) -> int:
     """Bytes per token the first layer of a LoRA run without checkpointing saves less than the others."""
     lora, sh = spec.lora, spec.model.shape
     if lora is None or spec.activations.checkpointing:
@@ -472,75 +435,3 @@ def _first_layer_unsaved(spec: TrainingSpec, m: _Mode, liger_norm: bool) -> int:
         total += m.dm * sh.hidden_size * len(_lora_targets(spec) & {*_ATTN_LINEARS, "qkv_proj"})
     total += kept_first_layer_less(spec, all_kept=False)  # bitsandbytes <= 0.43.1: no q/k/v node in layer 0
     return total + int8_first_layer_unsaved(spec)  # LLM.int8: no q/k/v ctx.A in layer 0 (activations/int8.py)
-
-
-def _logits(spec: TrainingSpec) -> tuple[int, int]:
-    """(forward peak, start-of-backward) bytes of the vocab-sized tensors and the labels."""
-    sh = spec.model.shape
-    if sh.task in CLASSIFIER_TASKS:  # no vocabulary-sized tensor (core/heads/classifier.py)
-        return classifier_logits(spec, _mode(spec).e, spec.lora is None and spec.quant is None)
-    m = _mode(spec)
-    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
-    if fused is not None:  # Liger FLCE / Cut Cross-Entropy: no logits (fitcheck/core/kernels)
-        return fused.forward, fused.backward_start
-    if sh.traits.recipe.layernorm_block:
-        return layernorm_logits(spec)
-    b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, sh.vocab_size, sh.hidden_size
-    bsv = b * s * v
-    labels = b * (s + 1) * 8 + 8  # labels padded by one (loss_utils.ForCausalLMLoss) + loss scalars
-    # forward: logits in the model dtype, .float() upcast (a no-op in fp32), log_softmax output fp32
-    fwd = (10 if m.e == 2 else 8) * bsv + labels
-    if spec.lora is not None or spec.quant is not None:
-        fwd += m.e * b * s * h  # final-norm output, held by the CausalLM forward during the loss, not saved
-    fwd += legacy_logits_extra(spec, m.e)  # transformers < 4.49: shifted fp32 logits copy (versions.py)
-    # start of backward: log_softmax output + its gradient + the fp32 logits gradient (trace: 12·b·s·V + 8)
-    bwd = 12 * bsv + 8
-    # final_logit_softcapping (configuration_gemma2.py: defaults to 30.0; None turns it off)
-    if sh.traits.logit_softcapping:
-        # Gemma-2: logits = tanh(logits / cap) * cap; tanh keeps its output, logits-dtype (trace "gemma2 eager":
-        # +2·b·s·V at both phases, modeling_gemma2.py Gemma2ForCausalLM.forward)
-        fwd, bwd = fwd + m.e * bsv, bwd + m.e * bsv
-    if liger_cross_entropy(spec):
-        # Liger's cross-entropy writes the fp32 logits gradient in place and saves it: no log-softmax output, its
-        # gradient nor a separate logits gradient (kernels/liger.py); backward casts it back to the logits dtype
-        fwd -= 4 * bsv
-        bwd += (4 + (m.e if m.e == 2 else 0) - 12) * bsv
-    if m.autocast:
-        cast = 2 * v * h + 2 * b * s * h  # bf16 casts of the LM head weight and input, kept until its backward
-        fwd += cast + 4 * b * s * h  # + the fp32 final-norm output, freed once cast
-        if qlora_frozen_head(spec):
-            cast -= 2 * b * s * h  # frozen head: its backward needs the weight cast only (trace "llama qlora")
-        if spec.lora is not None and spec.quant is None and "lm_head" not in spec.lora.modules_to_save:
-            # LoRA, fp32 frozen head: the held norm output is the fp32 one counted above, and the input cast is
-            # not saved: at the loss only it and the weight cast live (trace "llama fp32 lora autocast")
-            cast -= 2 * b * s * h
-            fwd -= m.e * b * s * h + 2 * b * s * h
-        bwd += cast
-    return fwd, bwd
-
-
-def _head_backward_logits(spec: TrainingSpec, m: _Mode) -> int:
-    """Logits-side bytes at the LM head's backward: the logits gradient in the logits dtype (+ autocast casts)."""
-    if spec.model.shape.task in CLASSIFIER_TASKS:
-        return classifier_head_backward(spec, m.e)
-    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
-    if fused is not None:
-        return fused.head_backward
-    b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, spec.model.shape.vocab_size, spec.model.shape.hidden_size
-    total = m.e * b * s * v  # grad of .float(): cast back to the bf16 logits (fp32 model: the fp32 gradient)
-    if m.autocast:
-        total += 2 * v * h + (0 if qlora_frozen_head(spec) else 2 * b * s * h)  # head weight/input casts
-    return total
-
-
-def _grad_bytes(spec: TrainingSpec, per_layer: bool) -> int:
-    """Gradient bytes of one layer (or of the embeddings) in a full fine-tune, 0 otherwise."""
-    if spec.lora is not None or spec.quant is not None or spec.freeze is not None:
-        return 0
-    nbytes = spec.precision.load_dtype.nbytes
-    inv = spec.model
-    if per_layer:
-        return sum(p.numel_each for p in inv.params if p.per_layer) * nbytes
-    from fitcheck.spec import Role
-
-    return sum(p.numel for p in inv.params if p.role is Role.EMBEDDING) * nbytes

@@ -74,7 +74,7 @@ def mla_dims(spec: TrainingSpec) -> MlaDims:
 
 @dataclass(frozen=True)
 class MlaMode:
-    """How the step stores tensors (from ``fitcheck.core.activations.decoder._Mode``)."""
+    """How the step stores tensors (from ``fitcheck.core.activations.activation_mode.ActivationMode``)."""
 
     e: int  # activation element bytes
     half_model: bool

@@ -84,7 +84,7 @@ def frozen_input_norm_backward(spec: TrainingSpec, static: int, trained_layer: i
         static: Saved bytes outside the layers that outlive the final norm's backward (``backward._static_outside``).
         trained_layer: Saved bytes of one trained layer (``backward.BackwardInputs.layer``).
         all_grads: Gradient bytes the model states count that the layers and the embedding make
-            (``backward._all_grads``).
+            (``backward_grads.all_grads``).
     """
     from fitcheck.core.activations.freeze import frozen_layers
     from fitcheck.core.activations.layer_saved import layer_saved_per_token
@@ -126,7 +126,7 @@ def frozen_final_norm_backward(spec: TrainingSpec, kept: int, all_grads: int) ->
     Args:
         spec: The run.
         kept: Everything saved at the end of forward (``backward.BackwardInputs.kept``).
-        all_grads: Gradient bytes the layers and the embedding make (``backward._all_grads``: the head's excluded).
+        all_grads: Gradient bytes the layers and the embedding make (``backward_grads.all_grads``: the head's excluded).
     """
     if frozen_input_norm_backward(spec, 0, 0, 0) is None:
         return None

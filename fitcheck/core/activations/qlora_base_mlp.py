@@ -23,7 +23,7 @@ checkpointing, q/v adapters, 1 x 512, peak during backward at up_proj's ``_to_co
 
 from __future__ import annotations
 
-from fitcheck.core.activations.backward import grads_unmade
+from fitcheck.core.activations.backward_grads import grads_unmade
 from fitcheck.core.activations.qlora import matmul4bit_backward_weight, qlora_formula_applies
 from fitcheck.spec import TrainingSpec
 

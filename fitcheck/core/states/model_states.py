@@ -24,6 +24,8 @@ Partitioning and host placement come from :func:`fitcheck.core.states.sharding.p
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fitcheck.core.optimizers import OptimizerMemory, TensorGroup
 from fitcheck.core.states.fsdp_mixed_units import mixed_unit_components
 from fitcheck.core.states.fsdp_qlora import SOURCE as FSDP_QUANT_SOURCE
@@ -225,11 +227,57 @@ def _unsharded_kept(spec: TrainingSpec, groups: list[TensorGroup], grad_bytes: i
     is False), so every micro-batch is reduced and cast (``_reduce_grad_no_shard``): the trainable groups' own
     bytes (fp32 after the upcast), the same as ``grad_bytes``.
     """
-    fs = spec.sharding.fsdp
-    no_sync = fs is not None and (fs.version == 2 or spec.sharding.num_processes > 1)
-    if spec.sharding.strategy is Strategy.FSDP and no_sync:
+    if fsdp_no_sync(spec):
         return total_numel(groups) * param_compute_bytes(spec)
     return grad_bytes
+
+
+def fsdp_no_sync(spec: TrainingSpec) -> bool:
+    """Whether accelerate skips FSDP's gradient reduction on accumulation micro-steps.
+
+    accelerate 1.15 ``accelerator.py`` ``Accelerator.no_sync``: FSDP2 ``set_requires_gradient_sync(False)`` on any
+    number of processes; FSDP1 ``model.no_sync`` only where ``use_distributed`` (more than one process).
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        True for FSDP2, and for FSDP1 on more than one process.
+    """
+    fs = spec.sharding.fsdp
+    no_sync = fs is not None and (fs.version == 2 or spec.sharding.num_processes > 1)
+    return spec.sharding.strategy is Strategy.FSDP and no_sync
+
+
+@dataclass(frozen=True)
+class KeptGradients:
+    """The trainable parameters' gradients across FSDP accumulation micro-steps, as the gradient component counts
+    them.
+
+    Attributes:
+        numel: Trainable parameters.
+        kept: Bytes per GPU kept between micro-steps (unsharded).
+        synced: Bytes per GPU of the reduced gradient shards (every micro-step reduced: ``sync_each_batch``).
+    """
+
+    numel: int
+    kept: int
+    synced: int
+
+
+def kept_gradients(spec: TrainingSpec) -> KeptGradients:
+    """What :func:`model_state_components`' ``gradients`` holds between micro-steps and after a synced one.
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        The trainable count and both byte counts (the same functions as the component: no second formula).
+    """
+    groups = all_trainable(build_layout(spec))
+    grad_bytes = total_bytes(groups)
+    return KeptGradients(total_numel(groups), _unsharded_kept(spec, groups, grad_bytes),
+                         _div(grad_bytes, partition(spec).gradients))
 
 
 def _gradient_components(

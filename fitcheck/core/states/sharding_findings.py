@@ -8,9 +8,10 @@ The divisions and buffers themselves are :mod:`fitcheck.core.states.sharding`'s.
 from __future__ import annotations
 
 from fitcheck.core.states.fsdp2_units import peft_root_gathers, root_layer_bytes
-from fitcheck.core.states.fsdp_mixed_units import mixed_unit_findings
+from fitcheck.core.states.fsdp_mixed_units import mixed_unit_findings, mixed_unit_frozen_params
 from fitcheck.core.states.layout import ds_cpu_optimizer
-from fitcheck.core.states.sharding import grad_element_bytes, param_compute_bytes, trainable_count
+from fitcheck.core.states.model_states import fsdp_no_sync, kept_gradients
+from fitcheck.core.states.sharding import grad_element_bytes, param_compute_bytes, partition, trainable_count
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import DeepSpeedSpec, FsdpSpec, OffloadDevice, Strategy, TrainingSpec
 from fitcheck.units import format_bytes
@@ -109,18 +110,8 @@ def _deepspeed_findings(spec: TrainingSpec, ds: DeepSpeedSpec, trainable: int) -
 def _fsdp_findings(spec: TrainingSpec, fs: FsdpSpec | None) -> list[Finding]:
     """FSDP accumulation without sync_each_batch, and NO_WRAP."""
     out: list[Finding] = []
-    if spec.batch.grad_accum > 1 and not (fs is not None and fs.sync_each_batch):
-        out.append(
-            Finding(
-                "fsdp-accumulation-unsharded-grads",
-                Severity.WARNING,
-                f"FSDP with gradient_accumulation_steps={spec.batch.grad_accum}: accelerate skips the "
-                "reduce-scatter on accumulation micro-steps (no_sync), so full "
-                "unsharded gradients are kept "
-                "between micro-steps (a published lit-gpt OOM came from this)",
-                'set accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": true}}',
-            )
-        )
+    if partition(spec).full_gradients_between_microsteps:
+        out.append(_accumulation_finding(spec, fs))
     if fs is not None and fs.auto_wrap_policy == "NO_WRAP":
         out.append(
             Finding(
@@ -132,6 +123,39 @@ def _fsdp_findings(spec: TrainingSpec, fs: FsdpSpec | None) -> list[Finding]:
             )
         )
     return out
+
+
+def _accumulation_finding(spec: TrainingSpec, fs: FsdpSpec | None) -> Finding:
+    """FSDP gradient accumulation without ``sync_each_batch``: the bytes the gradient components count, and why."""
+    k = spec.batch.grad_accum
+    grads = kept_gradients(spec)
+    version = fs.version if fs is not None else 2
+    if not fsdp_no_sync(spec):
+        how = "keeps the unsharded gradients between micro-steps"
+    elif version == 2:
+        how = (f"accelerate 1.15 Accelerator.no_sync calls set_requires_gradient_sync(False) on every micro-batch "
+               f"but the last, so FSDP2 reduce-scatters nothing and keeps each parameter's unsharded gradient in "
+               f"param_dtype ({param_compute_bytes(spec)} B per element)")
+    else:
+        how = (f"accelerate 1.15 Accelerator.no_sync enters FullyShardedDataParallel.no_sync (more than one process) "
+               f"on every micro-batch but the last, so FSDP1 keeps each flat parameter's unsharded gradient in "
+               f"param_dtype ({param_compute_bytes(spec)} B per element)")
+    which = (" (the adapters and modules_to_save: the frozen base gets no gradient)" if spec.lora is not None
+             else "")
+    text = (f"FSDP{version} with gradient_accumulation_steps={k}: {how}: {grads.numel:,} trainable "
+            f"parameters{which}, {format_bytes(grads.kept)} per GPU between micro-steps, where reduced shards "
+            f"hold {format_bytes(grads.synced)}")
+    frozen = mixed_unit_frozen_params(spec)
+    if frozen:
+        text += (f"; plus the gradient of the {frozen:,} frozen parameters sharing FSDP1 units with trainable ones, "
+                 f"{format_bytes(frozen * param_compute_bytes(spec))} unsharded (fsdp-frozen-in-trainable-units)")
+    return Finding(
+        "fsdp-accumulation-unsharded-grads",
+        Severity.WARNING,
+        text + (" (not counted: under offload_params the estimate keeps the gradients on the host)"
+                if partition(spec).gradients_on_host else " (counted in the estimate)"),
+        'set accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": true}}',
+    )
 
 
 def _fsdp2_peft_root(spec: TrainingSpec) -> Finding:

@@ -1,0 +1,146 @@
+"""The gradients and weight casts the moments of backward count (``fitcheck.core.activations.backward``): one
+layer's gradient and weight casts, the head's and the embedding's gradients, every gradient a backward makes, and the
+temporaries of a trained embedding's backward (CUDA ``embedding_dense_backward``, a tied embedding's second and
+third gradient-sized tensors). Pure, no torch; split out of ``backward.py`` unchanged.
+"""
+
+from __future__ import annotations
+
+from fitcheck.report import Phase
+from fitcheck.spec import DeviceType, Kind, ParamEntry, Role, TrainingSpec
+
+
+def text_layer(p: ParamEntry) -> bool:
+    """A per-layer parameter of the language model (a vision-language model's vision blocks are per-layer too)."""
+    return p.per_layer and "visual" not in p.name and "vision" not in p.name
+
+
+def trainable_full(spec: TrainingSpec) -> bool:
+    """A full fine-tune: no adapters, no quantized base, nothing frozen."""
+    return spec.lora is None and spec.quant is None and spec.freeze is None
+
+
+def param_bytes(spec: TrainingSpec) -> int:
+    """Bytes of an element of the parameters as loaded (their gradients in a full fine-tune)."""
+    return spec.precision.load_dtype.nbytes
+
+
+def layer_bytes(spec: TrainingSpec) -> int:
+    """Bytes of one decoder layer's parameters in the load dtype (its gradients when it trains)."""
+    return sum(p.numel_each for p in spec.model.params if text_layer(p)) * param_bytes(spec)
+
+
+def layer_grad(spec: TrainingSpec) -> int:
+    """Gradient bytes of one decoder layer in a full fine-tune, 0 otherwise."""
+    if not trainable_full(spec):
+        return 0
+    return layer_bytes(spec)
+
+
+def down_proj_numel(spec: TrainingSpec) -> int:
+    """Elements of one layer's MLP output projection (the first weight gradient of a layer's backward)."""
+    sh = spec.model.shape
+    return sh.intermediate_size * sh.hidden_size
+
+
+def head_and_embedding(spec: TrainingSpec) -> tuple[int, int]:
+    """(LM head weight gradient bytes, untied embedding gradient bytes) of a full fine-tune."""
+    if not trainable_full(spec):
+        return 0, 0
+    nbytes = param_bytes(spec)
+    emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING) * nbytes
+    head = sum(p.numel for p in spec.model.params if p.role is Role.LM_HEAD) * nbytes
+    if spec.model.shape.tied_embeddings:
+        return emb, 0  # the head's backward produces the shared tensor's gradient
+    return head, emb
+
+
+def full_cast(spec: TrainingSpec) -> int:
+    """bf16 casts of one layer's linear weights, every one of them."""
+    kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
+    return 2 * sum(p.numel_each for p in spec.model.params if p.per_layer and p.kind in kinds)
+
+
+def layer_cast(spec: TrainingSpec) -> int:
+    """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations.decoder).
+
+    A 4-bit base makes none: ``bnb.nn.Linear4bit`` runs ``MatMul4Bit`` (no autocast op), which dequantizes
+    into a temporary and saves only the packed weight (bitsandbytes 0.50.2 autograd/_functions.py
+    ``MatMul4Bit.forward``: ``ctx.tensors = (None, B)``); only the LoRA weights' casts are held.
+    """
+    from fitcheck.core.activations.qlora import four_bit_lora, lora_layer_params
+
+    quant = spec.quant
+    int8 = quant is not None and quant.bits == 8 and quant.method == "bitsandbytes" and spec.lora is not None
+    if four_bit_lora(spec) or int8:  # 8-bit: F.linear casts the dequantized temporary, never cached (int8.py)
+        return 2 * lora_layer_params(spec) // max(1, spec.model.shape.num_layers)
+    kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
+    return 2 * sum(p.numel_each for p in spec.model.params if text_layer(p) and p.kind in kinds)
+
+
+def cuda_embedding_backward(spec: TrainingSpec) -> int:
+    """Temporaries of CUDA ``embedding_dense_backward`` (two-pass path) for a trained input embedding."""
+    if spec.hardware.device_type is DeviceType.CPU or not trainable_full(spec):
+        return 0
+    sh = spec.model.shape
+    n = spec.batch.micro_batch * spec.batch.seq_len
+    segments = min(n, sh.vocab_size)
+    partial = n // 10 + segments  # NROWS_PER_THREAD = 10 (EmbeddingBackwardKernel.cu: max_partial_segment)
+    # fp32 (opmath) partial sums + sorted/orig indices, segment_offsets, partials_per_segment(+offset),
+    # partial_segment_offset (int64): Embedding.cu + EmbeddingBackwardKernel.cu
+    return 4 * partial * sh.hidden_size + 8 * (3 * n + 2 * segments + partial)
+
+
+def tied_embedding_backward(spec: TrainingSpec) -> int:
+    """Two more gradient-sized tensors at a trained tied embedding's backward (full fine-tune), 0 otherwise.
+
+    The LM head's weight gradient waits in the autograd engine's input buffer of the shared weight's
+    AccumulateGrad node (counted as that weight's gradient); the embedding's backward makes a second
+    ``vocab x hidden`` gradient and the buffer adds the two into a third (fake-tensor traces: Llama-3.2-1B,
+    gemma-7b and granite-3.3-8b-instruct, 2 x the embedding's gradient bytes above the formula before this term,
+    at the end of backward). The embedding output's gradient is freed by then: ``backward_moments`` takes the
+    larger of the embedding's backward (that gradient + one new tensor) and the sum (two tensors; traces:
+    Phi-4-mini 3 x 3712 and Qwen3-1.7B 6 x 1280, b·s·h below the old sum of the three); so does a partial fine-tune
+    training the shared tensor (trace Phi-4-mini freeze fp32 ckpt 2 x 640: -99.7 % without)."""
+    if not spec.model.shape.tied_embeddings:
+        return 0
+    g_head, _ = head_and_embedding(spec)  # tied: the shared tensor's gradient bytes (0 unless a full fine-tune)
+    from fitcheck.core.activations.freeze import frozen_layers
+
+    if (frozen := frozen_layers(spec)) is not None and frozen.embedding_trained:  # partial training of it
+        g_head = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING) * param_bytes(spec)
+    return 2 * g_head
+
+
+def grads_unmade(spec: TrainingSpec) -> int:
+    """Gradient bytes not made yet before the top layer's first gradient (every one; 0 with accumulation, when
+    last micro-step's exist): what a top-layer recompute moment subtracts from ``model_states``' gradients."""
+    return 0 if spec.batch.grad_accum > 1 else all_grads(spec)
+
+
+def all_grads(spec: TrainingSpec) -> int:
+    """Gradient bytes the layers, the head and the embedding make in one backward (LoRA / partial training:
+    the model states' gradients less a trained head's, made before the moments that subtract this)."""
+    g_head, g_emb = head_and_embedding(spec)
+    if spec.lora is not None or spec.freeze is not None:
+        # LoRA / partial training: at the head's backward no gradient but the head's exists yet (trace "llama
+        # qlora": the backward peak at the head holds no gradient); the model states count them all in BACKWARD
+        from fitcheck.core.activations.freeze import frozen_layers
+        from fitcheck.core.states import model_state_components
+
+        grads = sum(c.at(Phase.BACKWARD) for c in model_state_components(spec) if c.name == "gradients")
+        frozen = frozen_layers(spec)
+        head_trained = spec.lora is not None and "lm_head" in spec.lora.modules_to_save
+        if frozen is not None:
+            head_trained = frozen.head_trained
+        if head_trained:
+            nbytes = 4 if spec.lora is not None else param_bytes(spec)  # modules_to_save copies are fp32 (peft)
+            # tied: the shared tensor, listed as the embedding (trace Phi-4-mini freeze bf16 6 x 2112: -22.1 % without)
+            role = Role.EMBEDDING if spec.model.shape.tied_embeddings and frozen is not None else Role.LM_HEAD
+            grads -= nbytes * sum(p.numel for p in spec.model.params if p.role is role)
+        return max(grads, 0)
+    if not trainable_full(spec):
+        return 0
+    heads = (Role.EMBEDDING, Role.LM_HEAD)
+    other = sum(p.numel for p in spec.model.params if not text_layer(p) and p.role not in heads)
+    return spec.model.shape.num_layers * layer_grad(spec) + g_head + g_emb + other * param_bytes(spec)
