@@ -22,7 +22,7 @@ full and LoRA, without checkpointing, accumulation 2, steps_per_generation 2; ``
 
 Run: ``PYTHONPATH=. python benchmarks/trl_replay.py [name-substring ...] [--out benchmarks/data/trl_replay_cpu.json]``
 (``--out`` keeps the file's rows of the cases not run, and its other keys: the GRPO rows are ``grpo_rows``).
-GRPO's pre-pass deepened from one and two layers vs four layers: ``python benchmarks/grpo_deepen_check.py``.
+GRPO's pre-pass deepened from one and two layers vs four layers: ``python tests/grpo_deepen_check.py``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tiny_models
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tiny_models
 from trl_truth import CASES, TRL_LORA, Case, build_trainer, spec_for
 
 from fitcheck.core import estimate

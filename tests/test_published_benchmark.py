@@ -66,8 +66,9 @@ def test_unexpressible_rows_say_why(rid: str, words: str) -> None:
 
 
 def test_mmqa_results_go_through_fitcheck_s_adapter_reader() -> None:
-    """Every peft MetaMathQA result is a row: LoRA configs are read by fitcheck's reader, other PEFT methods are
-    skipped with the reader's refusal, experiments without a result say so."""
+    """Every peft MetaMathQA result is a row: LoRA configs are read by fitcheck's reader, the other PEFT methods it
+    estimates (``TRACED_PEFT_TYPES``) become the spec's adapter, the rest are skipped with the reader's refusal,
+    experiments without a result say so."""
     mmqa = {rid: p for rid, p in PLANS.items() if rid.startswith("MMQA-")}
     assert len(mmqa) >= 63 * 3
     dora = mmqa["MMQA-lora-rank32-dora"]
@@ -75,7 +76,11 @@ def test_mmqa_results_go_through_fitcheck_s_adapter_reader() -> None:
     spec = dora.build(pr.inventory_for(dora.model))
     assert spec.lora is not None and spec.lora.use_dora and spec.lora.target_modules == ("q_proj", "v_proj")
     ia3 = mmqa["MMQA-ia3-default"]
-    assert isinstance(ia3, pr.Skip) and "IA3" in ia3.reason and "reader refuses" in ia3.reason
+    assert isinstance(ia3, pr.Plan)
+    ia3_spec = ia3.build(pr.inventory_for(ia3.model))
+    assert ia3_spec.lora is None and ia3_spec.peft is not None and ia3_spec.peft.peft_type == "IA3"
+    boft = mmqa["MMQA-boft-default"]
+    assert isinstance(boft, pr.Skip) and "BOFT" in boft.reason and "reader refuses" in boft.reason
     kasa = mmqa["MMQA-lora-rank32-kasa"]
     assert isinstance(kasa, pr.Skip) and "no result" in kasa.reason
 

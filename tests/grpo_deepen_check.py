@@ -1,8 +1,8 @@
 """GRPO's micro-step through ``allocator_deepen``: composed at one and two layers and deepened to four vs composed
 from a four-layer trace (what the default path does at real depth, checked at a depth it can also trace directly).
 
-Run: ``python benchmarks/grpo_deepen_check.py`` (minutes on a loaded 2-core machine; session 16's run printed
-equal peaks and events for both cases).
+Run: ``python tests/grpo_deepen_check.py`` (minutes on a loaded 2-core machine: a script beside tiny_models.py, not
+a test; session 16's run printed equal peaks and events for both cases).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tiny_models
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tiny_models
 
 
 def deepen_check() -> list[tuple[str, int, int, int, int, bool]]:
