@@ -116,11 +116,9 @@ def lora_from_mapping(raw: Mapping[str, object], *, source: str) -> LoraSpec:
         ConfigError: Bad values.
         NotModelledError: A PEFT method other than LoRA, or a setting of :data:`UNMODELLED_LORA_SETTINGS`.
     """
-    peft_type = raw.get("peft_type")
-    if isinstance(peft_type, Enum):
-        peft_type = peft_type.value
-    if peft_type is not None and str(peft_type).upper() != "LORA":
-        raise NotModelledError(_not_lora(str(peft_type), source))
+    peft_type = _peft_type(raw)
+    if peft_type is not None and peft_type.upper() != "LORA":
+        raise NotModelledError(_not_lora(peft_type, source))
     refuse_unmodelled_lora_settings(raw.get, source=source)
     r = as_int(raw.get("r", 8), at=where(source, "r"), minimum=1)
     alpha = as_float(raw.get("lora_alpha", 8), at=where(source, "lora_alpha"))
@@ -162,6 +160,14 @@ def lora_from_mapping(raw: Mapping[str, object], *, source: str) -> LoraSpec:
     )
 
 
+def _peft_type(raw: Mapping[str, object]) -> str | None:
+    """The mapping's ``peft_type`` as written (peft's ``PeftType`` enum of ``LoraConfig.to_dict()`` as its value)."""
+    peft_type = raw.get("peft_type")
+    if isinstance(peft_type, Enum):
+        peft_type = peft_type.value
+    return None if peft_type is None else str(peft_type)
+
+
 def _not_lora(peft_type: str, source: str) -> str:
     """Why a ``peft_type`` other than LoRA is refused where only LoRA is read, or not modelled at all."""
     if peft_type.upper() in TRACED_PEFT_TYPES:
@@ -179,12 +185,10 @@ def adapter_from_mapping(raw: Mapping[str, object], *, source: str) -> LoraSpec 
         ConfigError: Bad values.
         NotModelledError: Another PEFT method, or a LoRA setting of :data:`UNMODELLED_LORA_SETTINGS`.
     """
-    peft_type = raw.get("peft_type")
-    if isinstance(peft_type, Enum):
-        peft_type = peft_type.value
-    if peft_type is None or str(peft_type).upper() == "LORA":
+    peft_type = _peft_type(raw)
+    if peft_type is None or peft_type.upper() == "LORA":
         return lora_from_mapping(raw, source=source)
-    name = str(peft_type).upper()
+    name = peft_type.upper()
     if name not in TRACED_PEFT_TYPES:
         raise NotModelledError(_not_lora(name, source))
     return PeftAdapterSpec(name, PeftAdapterSpec.canonical({**raw, "peft_type": name}), source)

@@ -241,12 +241,10 @@ def _kind_spec(s: RunSettings, spec: TrainingSpec, row: TrainerRow, notes: list[
                               f"{', '.join(DPO_LOSS_TYPES)} (any other raises at the first step)")
         if kind is TrainerKind.KTO and s.rpo_alpha is not None:
             raise ConfigError("--rpo_alpha is a DPO field (KTOConfig has none): drop the flag")
-        loss_type = s.loss_type or ("sigmoid",)
-        if kind is TrainerKind.KTO:
-            loss_type = s.loss_type or ("kto",)
-            if len(loss_type) != 1 or loss_type[0] not in KTO_LOSS_TYPES:
-                raise ConfigError(f"--loss_type {short_repr(','.join(loss_type))} with --trainer kto: TRL 1.16's "
-                                  f"KTOConfig.loss_type is one of {', '.join(KTO_LOSS_TYPES)}")
+        loss_type = s.loss_type or (("kto",) if kind is TrainerKind.KTO else ("sigmoid",))  # the configs' defaults
+        if kind is TrainerKind.KTO and (len(loss_type) != 1 or loss_type[0] not in KTO_LOSS_TYPES):
+            raise ConfigError(f"--loss_type {short_repr(','.join(loss_type))} with --trainer kto: TRL 1.16's "
+                              f"KTOConfig.loss_type is one of {', '.join(KTO_LOSS_TYPES)}")
         t = TrainerSpec(kind=kind, prompt_length=min(prompt, total), completion_length=completion,
                         precompute_ref_log_probs=s.precompute_ref_log_probs, rpo_alpha=s.rpo_alpha,
                         loss_type=loss_type)

@@ -165,6 +165,5 @@ _DPO_LOSSES = ("sigmoid", "sft")  # tracer_dpo.DpoStep.loss: DPOTrainer._compute
 
 # what a TRL trainer's step adds that the replayed SFT / plain step does not have (core/trainers/steps.py)
 _TRL_PARTS = {
-    "dpo": "chosen + rejected rows, the reference model's no_grad forward or its adapters-off pass",
     "reward": "the sequence-classification model on chosen + rejected rows",
 }
