@@ -108,6 +108,22 @@ def held_elements(groups: Sequence[Sequence[int]], world: int, rank: int) -> int
     return sum(n for g in groups for n, _ in in_partition(g, world, rank))
 
 
+def held_by_rank(groups: Sequence[Sequence[int]], world: int) -> list[int]:
+    """:func:`held_elements` of every rank, in one pass over the parameters (a parameter is whole in the rank it
+    starts in and in every rank whose partition starts inside it)."""
+    held = [0] * world
+    for group in groups:
+        size, start = partition_size(group, world), 0
+        for numel in group:
+            first = start // size
+            if first < world:
+                held[first] += numel
+            for r in range(first + 1, min(-(-(start + numel) // size), world)):  # partitions starting inside it
+                held[r] += numel
+            start += numel
+    return held
+
+
 def _copied_before_partition(groups: Sequence[Sequence[int]], world: int, rank: int, bucket: int) -> int:
     """Elements of the gradients ``reduce_gradients`` has copied into the bucket (their own storage freed) when it
     allocates ``rank``'s ``grads_in_partition``: the walk of ``reduce_independent_p_g_buckets_and_remove_grads``
@@ -153,11 +169,11 @@ def zero1_reduction_bytes(spec: TrainingSpec) -> int:
     if not groups:
         return 0
     world = max(spec.data_parallel_size, 1)
-    ranks = {0, max(range(world), key=lambda r: (held_elements(groups, world, r), -r))}
+    held = held_by_rank(groups, world)
+    ranks = {0, max(range(world), key=lambda r: (held[r], -r))}
     elem = param_compute_bytes(spec)
     return max(
-        elem * max(held_elements(groups, world, r) - _copied_before_partition(groups, world, r, ds.reduce_bucket_size),
-                   0)
+        elem * max(held[r] - _copied_before_partition(groups, world, r, ds.reduce_bucket_size), 0)
         for r in ranks
     )
 
