@@ -14,7 +14,12 @@ from collections.abc import Iterable
 
 from fitcheck.core.activations import activation_components
 from fitcheck.core.overheads import overhead_components
-from fitcheck.core.states import buffer_components, model_state_components, prequant_components
+from fitcheck.core.states import (
+    buffer_components,
+    model_state_components,
+    prequant_components,
+    zero1_reduction_component,
+)
 from fitcheck.core.trainers import (
     eval_spec,
     evaluation_component,
@@ -47,10 +52,15 @@ def collect_components(
     run = step_spec(spec)
     if activations is not None and spec.trainer.is_trl and runs_fused_head(spec.trainer.kind):
         activations = traced_body_formula_head(run, activations)
+    acts = activation_components(run) if activations is None else activations
+    # ZeRO-1's reduction at the end of backward, when it outgrows the activations' worst backward moment
+    reduction = zero1_reduction_component(
+        run, sum(c.at(Phase.BACKWARD) for c in acts if c.location is Location.DEVICE))
     base = (
         *model_state_components(run),
-        *(activation_components(run) if activations is None else activations),
+        *acts,
         *buffer_components(run),
+        *(() if reduction is None else (reduction,)),
         *prequant_components(run),
         *overhead_components(run),
     )

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from fitcheck.core.states import aligned as aligned
+from fitcheck.core.states import held_elements, in_partition, partition_size
 from fitcheck.spec import Dtype, TrainingSpec
 from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
 
@@ -76,20 +78,12 @@ class DeepSpeedPlan:
     def partition(self, i: int) -> int:
         """Elements of one rank's partition of ZeRO-1/2 group ``i``: the flat group padded to 2 x world size
         (:func:`aligned`) split evenly (``stage_1_and_2.py`` ``get_data_parallel_partitions``)."""
-        return aligned(sum(self.groups[i]), self.world) // self.world
+        return partition_size(self.groups[i], self.world)
 
     def in_partition(self, i: int, rank: int | None = None) -> list[tuple[int, int]]:
-        """The parameters of ZeRO-1/2 group ``i`` in a rank's partition (:attr:`rank` unless given;
-        ``stage_1_and_2.py`` ``get_partition_info``: each that starts inside it, and one that starts before and
-        ends inside), each as (its elements, its elements inside the partition: the view
-        ``_get_flat_partition_unpadded`` hands the step and the gradient norm)."""
-        size, out, start = self.partition(i), [], 0
-        lo = size * (self.rank if rank is None else rank)
-        for numel in self.groups[i]:
-            if lo <= start < lo + size or start < lo < start + numel:
-                out.append((numel, min(start + numel, lo + size) - max(start, lo)))
-            start += numel
-        return out
+        """The parameters of ZeRO-1/2 group ``i`` in a rank's partition (:attr:`rank` unless given), each as (its
+        elements, its elements inside the partition): ``fitcheck.core.states.in_partition``."""
+        return in_partition(self.groups[i], self.world, self.rank if rank is None else rank)
 
     def part3(self, numel: int) -> int:
         """Elements of one rank's ZeRO-3 partition of a parameter: ``ceil(numel / world)``
@@ -98,13 +92,7 @@ class DeepSpeedPlan:
 
     def held(self, rank: int | None = None) -> int:
         """Elements of a rank's ``grads_in_partition`` (``copy_grads_in_partition``: its parameters, whole)."""
-        return sum(n for i in range(len(self.groups)) for n, _ in self.in_partition(i, rank))
-
-
-def aligned(numel: int, n: int) -> int:
-    """A ZeRO-1/2 flat group's elements: padded to ``nccl_start_alignment_factor`` (2) x world size
-    (``stage_1_and_2.py`` ``flatten_dense_tensors_aligned``; ``parameter_alignment`` off, its default)."""
-    return -(-numel // (2 * n)) * (2 * n)
+        return held_elements(self.groups, self.world, self.rank if rank is None else rank)
 
 
 def sub_groups(group: Sequence[int], size: int) -> list[int]:
@@ -172,25 +160,15 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     Returns:
         Its stage, groups and settings.
     """
-    from fitcheck.core.states import all_trainable, build_layout
+    from fitcheck.core.states import build_layout, zero_groups
 
     ds = spec.sharding.deepspeed
     assert ds is not None
     stage = spec.sharding.zero_stage or 0
     order = {e.name: k for k, e in enumerate(spec.model.params)}
     first_layer = min((k for n, k in order.items() if "*" in n), default=len(order))
-    ranked: list[tuple[tuple[int, int, int], int, bool, bool]] = []  # (model order, numel, decay, adapter)
     layout = build_layout(spec)
-    adapters = {id(g) for g in layout.adapters}
-    for g in all_trainable(layout):
-        base = order.get(g.name, order.get(g.name.rsplit(".", 1)[0] + ".weight", len(order)))  # an adapter: its base
-        for r in range(g.repeat):
-            # what precedes the layers, the layers one by one, what follows them (named_parameters order)
-            part = 1 if "*" in g.name else (0 if base < first_layer else 2)
-            ranked.append(((part, r if part == 1 else 0, base), g.numel_each, g.decay, id(g) in adapters))
-    ranked.sort(key=lambda t: t[0])
-    split = [[(n, a) for _, n, d, a in ranked if d is want] for want in (True, False)]
-    split = [g for g in split if g]
+    split = zero_groups(spec)  # the decay and no-decay groups, each in named_parameters order
     groups = tuple(tuple(n for n, _ in g) for g in split)
     marked = frozenset((i, k) for i, g in enumerate(split) for k, (_, a) in enumerate(g) if a)
     cast = _engine_dtype(spec)

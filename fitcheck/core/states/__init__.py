@@ -11,6 +11,7 @@
   a 4-bit base (quant storage, replicated quantization state, loading);
 - :mod:`.peft_adapter`: a PEFT adapter other than LoRA, its tensors as peft built them (or refused without them);
 - :mod:`.regimes`: which precision regime applies (bf16 pure, autocast, DeepSpeed masters) and its findings;
+- :mod:`.zero_reduce`: ZeRO-1/2's flat groups, a rank's gradient partition, ZeRO-1's end-of-backward reduction;
 - :mod:`.model_states`: the components the report shows.
 
 Where a new quantization scheme or adapter type goes: its bytes in :mod:`.quantization` / :mod:`.lora` (or a
@@ -39,6 +40,14 @@ from fitcheck.core.states.sharding import (
 )
 from fitcheck.core.states.sharding_findings import sharding_findings
 from fitcheck.core.states.trl_adapters import trl_bf16_trainables
+from fitcheck.core.states.zero_reduce import (
+    aligned,
+    held_elements,
+    in_partition,
+    partition_size,
+    zero1_reduction_component,
+    zero_groups,
+)
 
 __all__ = [
     "Layout",
@@ -47,6 +56,7 @@ __all__ = [
     "Partition",
     "SidePools",
     "adapter_param_count",
+    "aligned",
     "all_trainable",
     "base_weights",
     "buffer_components",
@@ -59,6 +69,8 @@ __all__ = [
     "fsdp_qlora_findings",
     "fsdp_side_pools",
     "fsdp_unit_params",
+    "held_elements",
+    "in_partition",
     "is_quantized",
     "load_peak",
     "model_state_components",
@@ -69,6 +81,7 @@ __all__ = [
     "optimizer_for",
     "param_compute_bytes",
     "partition",
+    "partition_size",
     "peft_adapter_findings",
     "peft_adapter_params",
     "peft_root_gathers",
@@ -80,4 +93,6 @@ __all__ = [
     "sharding_findings",
     "trainable_params",
     "trl_bf16_trainables",
+    "zero1_reduction_component",
+    "zero_groups",
 ]

@@ -1,0 +1,206 @@
+"""ZeRO-1/2's flat parameter groups, a rank's gradient partition, and ZeRO-1's gradient reduction at the end of
+backward: the moment a short sequence's backward peaks at.
+
+deepspeed 0.19.8 ``runtime/zero/stage_1_and_2.py`` (every line read from the installed source):
+
+* The groups: one flat 16-bit tensor per optimizer parameter group (the Trainer's decay and no-decay groups, each
+  in ``named_parameters`` order), padded to ``nccl_start_alignment_factor`` (2) x world size
+  (``flatten_dense_tensors_aligned``) and split evenly (``get_data_parallel_partitions``); a rank's
+  ``params_in_partition`` are those that start inside its partition plus one that starts before and ends inside
+  (``get_partition_info``).
+* ``copy_grads_in_partition``: its first call of a backward allocates ``grads_in_partition = torch.empty(sum of
+  the numels of params_in_partition, dtype=self.dtype)``: a rank's parameters' gradients, whole.
+* ZeRO-1 without ``overlap_comm`` (its default: ``zero/config.py`` ``overlap_comm_valid``): ``process_gradients``
+  (the gradient hook) only calls ``setup_buckets`` (the ipg bucket, ``buffers.deepspeed_reduce_bucket``), so every
+  gradient is kept as ``param.grad`` until backward ends. Then ``reduce_gradients`` walks the groups in order
+  through ``reduce_independent_p_g_buckets_and_remove_grads``: a gradient that fits is copied into the bucket and
+  its ``.data`` becomes a view of it (its own storage is freed); one larger than ``reduce_bucket_size`` keeps its
+  storage (``extra_large_param_to_reduce``); when the next one does not fit, ``reduce_ipg_grads`` reduces the
+  bucket and, for the parameters of this rank's partition, ``copy_grads_in_partition`` allocates
+  ``grads_in_partition``. At that moment every gradient not yet copied, the bucket and ``grads_in_partition`` are
+  alive together, autograd's activations gone: (gradients) + (bucket) + (grads_in_partition) - (the gradients
+  already copied into the bucket). ``independent_gradient_partition_epilogue`` reduces the last bucket the same
+  way. Measured: ``benchmarks/deepspeed_cpu.py`` (the real engine's live tensors at the backward peak: the bf16
+  gradients not yet copied, the 5,000,000-element bucket and the 19,272,192-element ``grads_in_partition``).
+
+With the ``"auto"`` bucket transformers fills (``integrations/deepspeed.py`` ``HfTrainerDeepSpeedConfig.
+trainer_config_finalize``: ``reduce_bucket_size`` = hidden_size²) the first parameter, the embedding (vocab x
+hidden), is larger than the bucket: no gradient is copied before ``grads_in_partition`` is allocated, and the
+moment is every gradient + the bucket + ``grads_in_partition``.
+
+Pure: no torch, no environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fitcheck.core.states.layout import all_trainable, build_layout
+from fitcheck.core.states.sharding import param_compute_bytes
+from fitcheck.report import PHASES, Category, Component, Location, Phase
+from fitcheck.spec import OffloadDevice, Strategy, TrainingSpec
+
+_SRC = (
+    "deepspeed 0.19.8 runtime/zero/stage_1_and_2.py: reduce_gradients -> reduce_independent_p_g_buckets_and_"
+    "remove_grads (a gradient copied into the ipg bucket frees its own storage; one above reduce_bucket_size is "
+    "kept: extra_large_param_to_reduce) -> reduce_ipg_grads -> copy_grads_in_partition (grads_in_partition = "
+    "torch.empty(numel of params_in_partition)) (fitcheck/core/states/zero_reduce.py)"
+)
+
+
+def aligned(numel: int, n: int) -> int:
+    """A ZeRO-1/2 flat group's elements: padded to ``nccl_start_alignment_factor`` (2) x world size
+    (``stage_1_and_2.py`` ``flatten_dense_tensors_aligned``; ``parameter_alignment`` off, its default)."""
+    return -(-numel // (2 * n)) * (2 * n)
+
+
+def zero_groups(spec: TrainingSpec) -> list[list[tuple[int, bool]]]:
+    """The Trainer's parameter groups as ZeRO-1/2 flattens them: decay, then no decay (empty ones left out), each
+    its trainable tensors in ``named_parameters`` order (what precedes the layers, the layers one by one, what
+    follows; peft's adapters at their base weight) as (elements, is an adapter).
+
+    Args:
+        spec: A DeepSpeed spec.
+
+    Returns:
+        The groups.
+    """
+    order = {e.name: k for k, e in enumerate(spec.model.params)}
+    first_layer = min((k for n, k in order.items() if "*" in n), default=len(order))
+    ranked: list[tuple[tuple[int, int, int], int, bool, bool]] = []  # (model order, numel, decay, adapter)
+    layout = build_layout(spec)
+    adapters = {id(g) for g in layout.adapters}
+    for g in all_trainable(layout):
+        base = order.get(g.name, order.get(g.name.rsplit(".", 1)[0] + ".weight", len(order)))  # an adapter: its base
+        for r in range(g.repeat):
+            part = 1 if "*" in g.name else (0 if base < first_layer else 2)
+            ranked.append(((part, r if part == 1 else 0, base), g.numel_each, g.decay, id(g) in adapters))
+    ranked.sort(key=lambda t: t[0])
+    split = [[(n, a) for _, n, d, a in ranked if d is want] for want in (True, False)]
+    return [g for g in split if g]
+
+
+def partition_size(group: Sequence[int], world: int) -> int:
+    """Elements of one rank's partition of a ZeRO-1/2 group (``get_data_parallel_partitions``)."""
+    return aligned(sum(group), world) // world
+
+
+def in_partition(group: Sequence[int], world: int, rank: int) -> list[tuple[int, int]]:
+    """The parameters of a ZeRO-1/2 group in a rank's partition (``stage_1_and_2.py`` ``get_partition_info``: each
+    that starts inside it, and one that starts before and ends inside), each as (its elements, its elements inside
+    the partition: the view ``_get_flat_partition_unpadded`` hands the step and the gradient norm)."""
+    return [(numel, inside) for _, numel, inside in _in_partition(group, world, rank)]
+
+
+def _in_partition(group: Sequence[int], world: int, rank: int) -> list[tuple[int, int, int]]:
+    """:func:`in_partition` with each parameter's index in the group first."""
+    size, out, start = partition_size(group, world), [], 0
+    lo = size * rank
+    for k, numel in enumerate(group):
+        if lo <= start < lo + size or start < lo < start + numel:
+            out.append((k, numel, min(start + numel, lo + size) - max(start, lo)))
+        start += numel
+    return out
+
+
+def held_elements(groups: Sequence[Sequence[int]], world: int, rank: int) -> int:
+    """Elements of a rank's ``grads_in_partition`` (``copy_grads_in_partition``: its parameters, whole)."""
+    return sum(n for g in groups for n, _ in in_partition(g, world, rank))
+
+
+def held_by_rank(groups: Sequence[Sequence[int]], world: int) -> list[int]:
+    """:func:`held_elements` of every rank, in one pass over the parameters (a parameter is whole in the rank it
+    starts in and in every rank whose partition starts inside it)."""
+    held = [0] * world
+    for group in groups:
+        size, start = partition_size(group, world), 0
+        for numel in group:
+            first = start // size
+            if first < world:
+                held[first] += numel
+            for r in range(first + 1, min(-(-(start + numel) // size), world)):  # partitions starting inside it
+                held[r] += numel
+            start += numel
+    return held
+
+
+def _copied_before_partition(groups: Sequence[Sequence[int]], world: int, rank: int, bucket: int) -> int:
+    """Elements of the gradients ``reduce_gradients`` has copied into the bucket (their own storage freed) when it
+    allocates ``rank``'s ``grads_in_partition``: the walk of ``reduce_independent_p_g_buckets_and_remove_grads``
+    up to the first reduced bucket that holds one of the rank's parameters."""
+    mine = {(i, k) for i, g in enumerate(groups) for k, _, _ in _in_partition(g, world, rank)}
+    copied, filled = 0, 0
+    members: list[tuple[int, int]] = []
+    for i, group in enumerate(groups):
+        for k, numel in enumerate(group):
+            if filled + numel > bucket:  # reduce_ipg_grads
+                if any(m in mine for m in members):
+                    return copied
+                filled = 0
+                members = []
+            if numel <= bucket:
+                copied += numel  # copied into the bucket; an extra-large one keeps its storage
+            filled += numel
+            members.append((i, k))
+    return copied  # the epilogue's bucket (or none of the rank's: grads_in_partition is never made)
+
+
+def zero1_reduction_bytes(spec: TrainingSpec) -> int:
+    """Bytes ZeRO-1's end-of-backward reduction holds beyond every gradient and the ipg bucket (which the model
+    states and ``buffers.deepspeed_reduce_bucket`` count in ``Phase.BACKWARD``): ``grads_in_partition`` less the
+    gradients copied into the bucket before it is allocated, on the rank where that is largest (rank 0, whose
+    partition starts with the first bucket, or the rank holding the most whole parameters). 0 for a run that does
+    not reduce this way (ZeRO-2/3, ``overlap_comm``, no ``contiguous_gradients``, optimizer offload).
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        The bytes (>= 0).
+    """
+    sh = spec.sharding
+    ds = sh.deepspeed
+    if sh.strategy is not Strategy.DEEPSPEED or ds is None or sh.zero_stage != 1:
+        return 0
+    overlap = ds.overlap_comm if ds.overlap_comm is not None else False  # zero/config.py: on for stage 3 only
+    if overlap or not ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
+        return 0
+    groups = [[n for n, _ in g] for g in zero_groups(spec)]
+    if not groups:
+        return 0
+    world = max(spec.data_parallel_size, 1)
+    held = held_by_rank(groups, world)
+    ranks = {0, max(range(world), key=lambda r: (held[r], -r))}
+    elem = param_compute_bytes(spec)
+    return max(
+        elem * max(held[r] - _copied_before_partition(groups, world, r, ds.reduce_bucket_size), 0)
+        for r in ranks
+    )
+
+
+def zero1_reduction_component(spec: TrainingSpec, activations_backward: int) -> Component | None:
+    """ZeRO-1's end-of-backward reduction as a ``Phase.BACKWARD`` component: what that moment holds above the
+    activations' worst backward moment (``activations_backward``: the activation components' ``Phase.BACKWARD``
+    bytes, besides the gradients), so that the phase is the larger of the two moments. At that moment autograd has
+    freed every activation.
+
+    Args:
+        spec: The training spec (the step's).
+        activations_backward: The activation components' bytes in ``Phase.BACKWARD``.
+
+    Returns:
+        The component, or None when the reduction does not run or is below the activations' moment.
+    """
+    moment = zero1_reduction_bytes(spec)
+    extra = moment - activations_backward
+    if moment <= 0 or extra <= 0:
+        return None
+    return Component(
+        "buffers.deepspeed_grads_in_partition",
+        Category.BUFFERS,
+        Location.DEVICE,
+        {p: extra if p is Phase.BACKWARD else 0 for p in PHASES},
+        _SRC,
+        f"ZeRO-1's reduction at the end of backward: grads_in_partition beside the gradients not yet copied into "
+        f"the bucket ({moment:,} B), less the activations' backward moment it replaces as the phase's peak",
+    )
