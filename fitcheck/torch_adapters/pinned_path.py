@@ -34,6 +34,7 @@ from fitcheck.torch_adapters.run_scope import plain_trainer_run, replayed_run, t
 from fitcheck.torch_adapters.verdict_replay import NearBudget
 
 MODES = ("auto", "always", "never")
+_FORMULAS_KEPT = 32  # formula answers a path keeps (PinnedPath._formula): a search asks ~2 log2(answer) specs
 
 
 def torch_available() -> bool:
@@ -90,6 +91,7 @@ class PinnedPath:
         self._whole_failed: dict[str, str] = {}  # cache key -> why the whole run could not be replayed
         self._optimizer_traces: dict[str, Any] = {}  # tracer_optimizer traces, shared by every replay
         self.cache = cache
+        self._formulas: list[tuple[TrainingSpec, Report]] = []  # the last _FORMULAS_KEPT formula answers
         self.near_budget = NearBudget.for_path(mode, self.can_trace)  # near the budget: replay (verdict_replay)
 
     def wants_trace(self, spec: TrainingSpec) -> bool:
@@ -218,6 +220,7 @@ class PinnedPath:
         other._gaps = self._gaps
         other._whole, other._whole_failed = self._whole, self._whole_failed
         other._optimizer_traces = self._optimizer_traces
+        other._formulas = self._formulas
         other.cache = self.cache
         other.seq_lengths = self.seq_lengths
         other._length_gaps = self._length_gaps
@@ -363,11 +366,26 @@ class PinnedPath:
                 pass
         return replay_deepened(spec)
 
+    def _formula(self, spec: TrainingSpec) -> Report:
+        """``core.estimate(spec)``, kept for the last ``_FORMULAS_KEPT`` specs asked of this path: the batch search
+        and the advisor ask the same spec again (the Qwen3-8B QLoRA answer of ``benchmarks/default_path_speed.py``:
+        20 estimates of 10 specs). The core is pure and reads neither of the spec's fields that equality leaves
+        out (``ModelSpec.config``, ``provenance``); the report kept is returned with the spec asked."""
+        for seen, report in self._formulas:
+            if seen == spec:
+                return report if report.spec is spec else dataclasses.replace(report, spec=spec)
+        from fitcheck.core import estimate
+
+        report = estimate(spec)
+        self._formulas.append((spec, report))
+        del self._formulas[:-_FORMULAS_KEPT]
+        return report
+
     def _answer(self, spec: TrainingSpec) -> Report:
         from fitcheck.core import estimate
 
         if self.mode == "auto" and self.wants_trace(spec):
-            formula = estimate(spec)  # inside the envelope with no "not modelled" note: the formula is pinned
+            formula = self._formula(spec)  # inside the envelope with no "not modelled" note: the formula is pinned
             if formula.pinned and not self.seq_lengths:
                 return formula
             if formula.pinned:  # the pinned formula's activations, the replayed lengths' gap
@@ -375,6 +393,8 @@ class PinnedPath:
         comps, failed = self.activations(spec)
         if self.seq_lengths:
             report = self._with_lengths(spec, comps)
+        elif comps is None:
+            report = self._formula(spec)
         else:
             report = estimate(spec, activations=comps, gap_fraction=self.gap_fraction(spec) if comps else None)
         if failed:
