@@ -29,7 +29,7 @@ from typing import Any
 
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report
-from fitcheck.spec import TrainingSpec
+from fitcheck.spec import Strategy, TrainingSpec
 from fitcheck.torch_adapters.run_scope import plain_trainer_run, replayed_run, traceable, untraced_parts
 from fitcheck.torch_adapters.verdict_replay import NearBudget
 
@@ -133,9 +133,7 @@ class PinnedPath:
         where the traced step's replay would leave out its buffers, optimizer and side streams (FSDP1 on the H100
         rows, before its rewrite: the two-group replay moved reserved from -5.0 % to -3.2 %,
         ``benchmarks/fsdp_gpu.py --rescore``)."""
-        from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run  # a formula answer never imports it
-
-        rewrite = fsdp_run.rewrite_for(spec)
+        rewrite = _rewrite_for(spec)
         if self.wants_trace(spec) and rewrite is not None and _gap_applies(spec, self.seq_lengths):
             replay = rewrite.whole_run(self, spec, _cache_key(spec))  # None: the published gap, with why
             return None if replay is None else float(replay.gap_fraction)
@@ -338,11 +336,10 @@ class PinnedPath:
 
     def _whole_run(self, spec: TrainingSpec) -> Any:
         """The spec's whole run replayed: the traced headline's, else the cache's, else replayed now."""
-        from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run
         from fitcheck.torch_adapters.trace_cache import cached_replay
 
         key = _cache_key(spec)
-        rewrite = fsdp_run.rewrite_for(spec)
+        rewrite = _rewrite_for(spec)
         if traceable(spec) and rewrite is not None:  # DeepSpeed's, FSDP2's or FSDP1's run, not the plain Trainer's
             return rewrite.whole_run(self, spec, key, required=True)
         if key in self._whole:
@@ -447,6 +444,18 @@ def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
     if spec.hardware.device_type is DeviceType.CPU:
         return "; on CPU there is no caching allocator, so it does not enter the number"
     return ""
+
+
+def _rewrite_for(spec: TrainingSpec) -> Any:
+    """``fsdp2_run_events.rewrite_for``: the module that rewrites the plain run into DeepSpeed's, FSDP2's or FSDP1's,
+    or None. Those rewrites describe DeepSpeed and FSDP runs only (``deepspeed_run_events.replayed``,
+    ``fsdp2_run_plan.replays``), so any other run gets None without importing them (~20 modules: a formula answer,
+    and a plain or LoRA traced answer, never import them)."""
+    if spec.sharding.strategy not in (Strategy.DEEPSPEED, Strategy.FSDP):
+        return None
+    from fitcheck.torch_adapters import fsdp2_run_events
+
+    return fsdp2_run_events.rewrite_for(spec)
 
 
 _PATH_FINDINGS = ("trace-failed", "reserved-published-gap", "reserved-two-groups")  # what _answer adds
