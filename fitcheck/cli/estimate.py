@@ -38,8 +38,7 @@ LENGTH_FILES = ("training_args", "axolotl", "llamafactory")  # files that may se
 
 
 def meta_inventory(config: Mapping[str, object], model_id: str, source: str, task: str | None = None) -> ModelInventory:
-    """``torch_adapters.meta_inventory``, imported when a config needs it: a family fitcheck counts in pure Python
-    (every answer of the catalog's models) never imports the meta-device module (nor torch)."""
+    """``torch_adapters.meta_inventory``, imported only for a config that needs the meta device."""
     from fitcheck.torch_adapters import meta_inventory as build
 
     return build(config, model_id, source, task)

@@ -364,10 +364,9 @@ class PinnedPath:
         return replay_deepened(spec)
 
     def _formula(self, spec: TrainingSpec) -> Report:
-        """``core.estimate(spec)``, kept for the last ``_FORMULAS_KEPT`` specs asked of this path: the batch search
-        and the advisor ask the same spec again (the Qwen3-8B QLoRA answer of ``benchmarks/default_path_speed.py``:
-        20 estimates of 10 specs). The core is pure and reads neither of the spec's fields that equality leaves
-        out (``ModelSpec.config``, ``provenance``); the report kept is returned with the spec asked."""
+        """``core.estimate(spec)``, kept for the last ``_FORMULAS_KEPT`` specs (the batch search and the advisor ask
+        a spec again: 20 estimates of 10 specs in the Qwen3-8B QLoRA answer). The core is pure and reads neither
+        field equality leaves out (model ``config``, ``provenance``); the kept report comes with the spec asked."""
         for seen, report in self._formulas:
             if seen == spec:
                 return report if report.spec is spec else dataclasses.replace(report, spec=spec)
@@ -447,10 +446,8 @@ def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
 
 
 def _rewrite_for(spec: TrainingSpec) -> Any:
-    """``fsdp2_run_events.rewrite_for``: the module that rewrites the plain run into DeepSpeed's, FSDP2's or FSDP1's,
-    or None. Those rewrites describe DeepSpeed and FSDP runs only (``deepspeed_run_events.replayed``,
-    ``fsdp2_run_plan.replays``), so any other run gets None without importing them (~20 modules: a formula answer,
-    and a plain or LoRA traced answer, never import them)."""
+    """``fsdp2_run_events.rewrite_for``; None without importing the rewrites for a run that is neither DeepSpeed
+    nor FSDP, the only runs they describe (``deepspeed_run_events.replayed``, ``fsdp2_run_plan.replays``)."""
     if spec.sharding.strategy not in (Strategy.DEEPSPEED, Strategy.FSDP):
         return None
     from fitcheck.torch_adapters import fsdp2_run_events
