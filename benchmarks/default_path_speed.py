@@ -434,14 +434,15 @@ def main(argv: list[str]) -> int:
             _row("(import floor)", "", "-", [_child([sys.executable, "-c", "import torch, transformers, peft"])
                                            for _ in range(ns.repeat)], "import torch, transformers, peft")]
     rows += floor_rows([cases[name] for name in names], ns.repeat)
-    for name in names:
-        rows += time_case(name, cases[name], ns.repeat)
-    if ns.json:
-        with open(ns.json, "w", encoding="utf-8") as out:
-            json.dump({"machine": f"{os.cpu_count()} cores, load average {load:.1f} at start",
-                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repeat": ns.repeat,
-                       "rows": rows}, out, indent=1)
-            out.write("\n")
+    for name in [None, *names]:  # the JSON is written after each case: a run cut short keeps what it measured
+        rows += time_case(name, cases[name], ns.repeat) if name else []
+        if ns.json:
+            with open(ns.json, "w", encoding="utf-8") as out:
+                json.dump({"machine": f"{os.cpu_count()} cores, load average {load:.1f} at start, "
+                           f"{os.getloadavg()[0]:.1f} at this write",
+                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repeat": ns.repeat,
+                           "rows": rows}, out, indent=1)
+                out.write("\n")
     return 0
 
 
