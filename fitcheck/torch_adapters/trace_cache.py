@@ -165,18 +165,24 @@ def source_hash(root: Path | None = None, index_dir: Path | None = None) -> str:
     value = _content_hash(base, files)
     now = time.time_ns()
     if _stats(base, files) == stats and all(now - max(r[2], r[3]) > _RACY_NS for r in stats):
-        text = json.dumps({"base": str(base), "files": stats, "hash": value})
         with contextlib.suppress(OSError):
-            Path(index_dir).mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=index_dir, prefix=".tmp-", suffix=".json")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    out.write(text)
-                os.replace(tmp, index)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+            _write_atomic(index, json.dumps({"base": str(base), "files": stats, "hash": value}))
     return value
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it into place (``os.replace`` is atomic: a
+    concurrent reader sees the old file or the new one); the directory is created. Raises ``OSError``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def fingerprint(index_dir: Path | None = None) -> dict[str, Any]:
@@ -242,17 +248,8 @@ class TraceCache:
 
     def _store(self, kind: str, digest: str, value: Any) -> None:
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
             text = json.dumps({"key": digest, "kind": kind, "value": value}, sort_keys=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    out.write(text)
-                os.replace(tmp, self.directory / f"{digest}.json")
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            _write_atomic(self.directory / f"{digest}.json", text)
         except (OSError, TypeError, ValueError):
             return
         self._size = None if self._size is None else self._size + len(text)
