@@ -14,9 +14,11 @@ counts the time waiting for a core, the CPU time does not):
 
 each traced mode ``cold`` (every run with its own empty ``FITCHECK_CACHE_DIR``) and ``warm`` (the directory the
 last cold run filled). Next to them the import floor (``python -c "import torch, transformers, peft"``: what a
-cold traced answer of a PEFT run cannot go under), the step traces (``tracer.trace_step``) and optimizer traces
-(``tracer_optimizer.trace_optimizer``) each child ran, and whether the warm full report printed the same bytes as
-the cold one. Issue 20's targets: formula <= 0.3 s, traced answer <= 3 s, full report <= 5 s.
+cold traced answer of a PEFT run cannot go under) and its parts (``import torch``, each case's
+``transformers.models.<family>.modeling_<family>``, ``import peft``: ``floor_rows``), the step traces
+(``tracer.trace_step``) and optimizer traces (``tracer_optimizer.trace_optimizer``) each child ran, and whether the
+warm full report printed the same bytes as the cold one. Issue 20's targets: formula <= 0.3 s, traced answer
+<= 3 s, full report <= 5 s.
 
 Also the in-process time of each part after the imports (``--inproc``), and the number of traces run.
 
@@ -24,7 +26,11 @@ Also the in-process time of each part after the imports (``--inproc``), and the 
 module's own body, by top-level package), building the model, the step and optimizer traces, the allocator
 replay, and the rest: what a cold traced answer spends where, and the floor the library imports leave.
 
-Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [--split] [--compile] [--json FILE] [case ...]``
+``--imports`` runs one cold traced answer per case under ``-X importtime``: its largest first-level imports and which
+heavy packages (peft, bitsandbytes, trl, deepspeed, ...) it imported (``benchmarks/data/default_path_imports.json``).
+
+Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [--split] [--imports] [--compile] [--json FILE]
+[case ...]``
 (CPU, no network; the caches are temporary directories, removed at the end). Cases: those of ``CASES`` (the
 default), and the four H100 rows of ``H100_ROWS`` by name. To time another checkout (e.g. ``main`` before issue
 20), run it with ``PYTHONPATH=<that checkout>``: the children inherit it.
