@@ -14,13 +14,23 @@ from fitcheck.findings import Finding, Severity
 from fitcheck.spec import AdapterTensor, TrainingSpec
 
 
+# peft types the libraries refuse to train with gradient checkpointing: peft 0.21.2 ``peft_model.py``
+# ``PeftModel._setup_prompt_encoder`` raises ``ValueError("PREFIX_TUNING does not work with gradient checkpointing.")``
+# when the base model is checkpointed before ``get_peft_model``; enabled after (``Trainer.train``), transformers 5.23
+# ``modeling_layers.py`` ``GradientCheckpointingLayer`` sets ``past_key_values=None`` in every checkpointed layer, so
+# the prefix is dropped and SDPA fails on the prefix-wide attention mask (a real ``Trainer`` step on CPU:
+# "RuntimeError: The size of tensor a (16) must match the size of tensor b (20)"). Every other type of
+# ``TRACED_PEFT_TYPES`` trained one real Trainer step with ``gradient_checkpointing=True`` on CPU.
+_NO_CHECKPOINTING = frozenset({"PREFIX_TUNING"})
+
+
 def check_peft_adapter(spec: TrainingSpec) -> None:
     """Refuse a ``TrainingSpec.peft`` run fitcheck cannot estimate.
 
     Raises:
         NotModelledError: The adapter's tensors were not built (no torch, ``--no_trace``), or it is combined with
             what the traced adapter step does not describe (LoRA, a quantized base, freezing, sharding, a tp / cp / sp
-            layout, TRL).
+            layout, TRL), or with what the libraries refuse to train (prefix tuning with gradient checkpointing).
     """
     peft = spec.peft
     if peft is None:
@@ -42,6 +52,12 @@ def check_peft_adapter(spec: TrainingSpec) -> None:
         raise NotModelledError(
             f"{peft.source}:peft_type: {peft.peft_type} adapters are estimated for a plain (DDP) run of a 16/32-bit "
             f"base only, not with {', '.join(others)}; drop that setting or use a LoRA adapter_config.json")
+    if peft.peft_type in _NO_CHECKPOINTING and spec.activations.checkpointing:
+        raise NotModelledError(
+            f"{peft.source}:peft_type: {peft.peft_type} does not train with gradient checkpointing: peft refuses to "
+            "wrap a checkpointed model (\"PREFIX_TUNING does not work with gradient checkpointing.\"), and when the "
+            "Trainer enables it afterwards transformers drops the prefix from every layer (past_key_values=None) and "
+            "the step fails on the prefix's attention mask; drop --gradient_checkpointing")
 
 
 def peft_adapter_tensors(spec: TrainingSpec) -> tuple[AdapterTensor, ...]:
