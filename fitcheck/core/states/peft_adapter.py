@@ -13,7 +13,6 @@ from fitcheck.errors import NotModelledError
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import AdapterTensor, TrainingSpec
 
-
 # peft types the libraries refuse to train with gradient checkpointing: peft 0.21.2 ``peft_model.py``
 # ``PeftModel._setup_prompt_encoder`` raises ``ValueError("PREFIX_TUNING does not work with gradient checkpointing.")``
 # when the base model is checkpointed before ``get_peft_model``; enabled after (``Trainer.train``), transformers 5.23
