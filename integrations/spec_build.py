@@ -119,7 +119,7 @@ def adapter_of(peft_config: object) -> PeftAdapterSpec | None:
     """
     from fitcheck.readers import adapter_from_mapping, adapter_from_object
 
-    source = f"peft_config ({type(peft_config).__name__})"
+    source = type(peft_config).__name__
     read = (adapter_from_mapping(peft_config, source=source) if isinstance(peft_config, Mapping)
             else adapter_from_object(peft_config, source=source))
     return read if isinstance(read, PeftAdapterSpec) else None
