@@ -251,7 +251,7 @@ def _peft_config(kind: str) -> Any:
     peft = pytest.importorskip("peft")
     return {"IA3": peft.IA3Config(target_modules=["k_proj", "v_proj", "down_proj"], feedforward_modules=["down_proj"]),
             "PROMPT_TUNING": peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4),
-            "C3A": peft.C3AConfig(block_size=64, target_modules=["q_proj"])}[kind]
+            "BOFT": peft.BOFTConfig(boft_block_size=4, target_modules=["q_proj"])}[kind]
 
 
 @pytest.mark.parametrize("kind", ["IA3", "PROMPT_TUNING"])
@@ -275,17 +275,17 @@ def test_callback_estimates_a_live_non_lora_peft_model_from_its_peft_config(tmp_
 
 
 def test_callback_on_a_peft_method_not_modelled_fails_closed_or_warns(tmp_path: Path) -> None:
-    """C3A (a method fitcheck does not estimate): strict raises inside ``Trainer(...)``; non-strict warns with
+    """BOFT (refused: fake tensors cannot build it): strict raises inside ``Trainer(...)``; non-strict warns with
     the reason and training runs (never estimated as partly frozen base parameters)."""
     peft = pytest.importorskip("peft")
     from fitcheck.integrations.trainer import EstimateUnavailableError
 
-    model = peft.get_peft_model(_model(), _peft_config("C3A"))
-    with pytest.raises(EstimateUnavailableError, match="C3A adapters are not modelled"):
+    model = peft.get_peft_model(_model(), _peft_config("BOFT"))
+    with pytest.raises(EstimateUnavailableError, match="BOFT adapters are not modelled"):
         transformers.Trainer(model=model, args=_args(tmp_path), train_dataset=Tokens(1024),
                              callbacks=[FitcheckCallback(strict=True, max_seq_length=SEQ, print_report=False)])
     cb = FitcheckCallback(max_seq_length=SEQ, print_report=False)
-    with pytest.warns(UserWarning, match="C3A adapters are not modelled"):
+    with pytest.warns(UserWarning, match="BOFT adapters are not modelled"):
         trainer = transformers.Trainer(model=model, args=_args(tmp_path, max_steps=1), train_dataset=Tokens(1024),
                                        callbacks=[cb])
     trainer.train()

@@ -23,7 +23,6 @@ from fitcheck.spec import LoraSpec, PeftAdapterSpec
 # (``benchmarks/peft_adapters_cpu.py``, ``benchmarks/data/peft_adapters_cpu.json``). The one list of them.
 TRACED_PEFT_TYPES: tuple[str, ...] = (
     "ADALORA",
-    "BOFT",
     "IA3",
     "LN_TUNING",
     "LOHA",

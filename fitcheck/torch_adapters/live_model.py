@@ -226,7 +226,7 @@ def _peft_adapter(model: Any) -> tuple[PeftAdapterSpec | None, list[str]]:
     reader (``readers.adapter_from_object``). LoRA is read from its layers (:func:`_lora_spec`): None.
 
     Raises:
-        NotModelledError: A PEFT method fitcheck does not estimate (C3A, ...): its tensors would otherwise be
+        NotModelledError: A PEFT method fitcheck does not estimate (BOFT, ...): its tensors would otherwise be
             estimated as partly frozen base parameters.
     """
     configs = getattr(model, "peft_config", None)

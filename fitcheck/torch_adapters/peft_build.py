@@ -32,48 +32,10 @@ def peft_config(adapter: PeftAdapterSpec) -> Any:
 
 
 def wrap_adapter(model: Any, adapter: PeftAdapterSpec) -> Any:
-    """``get_peft_model`` of the adapter's config on ``model`` (on fake tensors, BOFT's permutations by shape:
-    :func:`permutations_by_shape`)."""
+    """``get_peft_model`` of the adapter's config on ``model``."""
     from peft import get_peft_model
 
-    with permutations_by_shape(model):
-        return get_peft_model(model, peft_config(adapter))
-
-
-@contextlib.contextmanager
-def permutations_by_shape(model: Any) -> Iterator[None]:
-    """BOFT on fake tensors. peft 0.21.2 ``tuners/boft/layer.py`` ``BOFTLayer.update_layer`` builds the buffer
-    ``boft_P`` (``n_butterfly_factor + 1`` float32 ``in_features`` x ``in_features`` matrices) from
-    ``block_butterfly_perm`` (index arithmetic with ``int()`` of tensor values) and ``perm2mat``
-    (``perm_mat[i, idx] = 1`` for every index): both need real values, which fake tensors do not have. The
-    indices are computed on real tensors (a vector of ``in_features`` integers) and the matrix is made as
-    ``perm2mat`` makes it, ``torch.zeros((n, n))``, without its ones: its shape and dtype, what memory depends on,
-    are peft's. Outside fake tensors nothing changes."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    first = next(iter(model.parameters()), None)
-    if not isinstance(first, FakeTensor):
-        yield
-        return
-    import peft.tuners.boft.layer as boft
-    import torch
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    layer = boft.BOFTLayer
-    perm, mat = layer.block_butterfly_perm, layer.perm2mat
-
-    def real_perm(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with unset_fake_temporarily():
-            return perm(self, *args, **kwargs)
-
-    def zeros_mat(self: Any, indices: Any) -> Any:
-        return torch.zeros((len(indices), len(indices)))
-
-    layer.block_butterfly_perm, layer.perm2mat = real_perm, zeros_mat  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        layer.block_butterfly_perm, layer.perm2mat = perm, mat  # type: ignore[method-assign]
+    return get_peft_model(model, peft_config(adapter))
 
 
 # peft 0.21.2 tuners/loha/layer.py LoHaLayer.forward and tuners/lokr/layer.py LoKrLayer.forward draw
