@@ -121,7 +121,9 @@ def decode_bytes(spec: TrainingSpec, rows: int) -> int:
     """Bytes above the whole cache at the last decode step (transformers 5.23 ``_sample``, GRPOConfig's sampling).
 
     - the ``torch.cat`` in the last layer's ``DynamicLayer.update``: the old V block (``tokens - 1``) beside the new
-      one, while the previous step's ``next_token_logits`` (an fp32 copy, ``.to(copy=True, dtype=torch.float32)``)
+      one; the new token's ``inputs_embeds``, layer input, ``input_layernorm`` output, rotated query, key and value
+      and the rotary ``cos``/``sin`` (``[rows, 1, ...]``, ``LlamaModel.forward`` / ``LlamaAttention.forward``); and
+      the previous step's ``next_token_logits`` (an fp32 copy, ``.to(copy=True, dtype=torch.float32)``)
       and ``probs`` (``softmax``) are still bound: two fp32 ``[rows, vocab]``. GRPOConfig's defaults
       (temperature 1.0, top_p 1.0, top_k 0, min_p None, repetition_penalty 1.0) make ``_get_logits_processor`` add no
       processor, so ``next_token_scores`` is ``next_token_logits``; each processor that returns a new tensor
@@ -133,9 +135,12 @@ def decode_bytes(spec: TrainingSpec, rows: int) -> int:
     - both with ``input_ids`` and ``attention_mask`` (int64 ``[rows, tokens]``).
     """
     t, sh = spec.trainer, spec.model.shape
+    e = spec.precision.load_dtype.nbytes
     tokens = t.prompt_length + t.completion_length - 1
     vocab = 4 * rows * sh.vocab_size  # one fp32 [rows, vocab]
-    cat = rows * sh.num_kv_heads * sh.head_dim * spec.precision.load_dtype.nbytes * (tokens - 1) + 2 * vocab
+    kv_width = sh.num_kv_heads * sh.head_dim
+    step = rows * e * (3 * sh.hidden_size + sh.num_heads * sh.head_dim + 2 * kv_width + 2 * sh.head_dim)
+    cat = rows * kv_width * e * (tokens - 1) + step + 2 * vocab
     logits = rows * sh.vocab_size * (4 if spec.lora is None else spec.precision.load_dtype.nbytes)
     sampling = logits + 3 * vocab
     return max(cat, sampling) + 2 * 8 * rows * tokens
