@@ -16,10 +16,6 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("peft")
-
 from fitcheck.core.trainers.steps import generation_bytes
 from fitcheck.spec import (
     BatchSpec,
@@ -31,6 +27,10 @@ from fitcheck.spec import (
     TrainerSpec,
     TrainingSpec,
 )
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
 
 _CONFIG: dict[str, Any] = {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 128, "intermediate_size": 344,

@@ -27,8 +27,9 @@ and the loss head (pinned against the real trainers: ``benchmarks/trl_truth.py T
 from __future__ import annotations
 
 from fitcheck.core.trainers.fused_head import forward_outputs, forward_peak
+from fitcheck.core.trainers.generation_phase import generation_bytes
 from fitcheck.core.trainers.registry import EvalRule, fused_outputs, trainer_row
-from fitcheck.core.trainers.steps import fused_head_inputs, generation_bytes
+from fitcheck.core.trainers.steps import fused_head_inputs
 from fitcheck.spec import TrainingSpec
 
 
