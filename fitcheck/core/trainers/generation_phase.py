@@ -27,8 +27,6 @@ Measured against the real ``GRPOTrainer._generate`` on CPU (live tensors): ``ben
 
 from __future__ import annotations
 
-from fitcheck.core.activations.lora_targets import wrapped_linears
-from fitcheck.core.activations.qlora import lora_dropout_mask_bytes
 from fitcheck.core.states import trl_bf16_trainables
 from fitcheck.spec import TrainingSpec
 
@@ -59,6 +57,9 @@ def _lora_mlp_moment(spec: TrainingSpec, training: bool) -> int:
       (``lora_dropout_mask_bytes``: CPU noise in the input's dtype, CUDA a bool mask) and its output, all
       intermediate-wide, and the base result (hidden-wide).
     """
+    # imported here: core.activations.decoder imports core.trainers (the fused-head column)
+    from fitcheck.core.activations import lora_dropout_mask_bytes, wrapped_linears
+
     lora = spec.lora
     if lora is None:
         return 0
