@@ -90,7 +90,7 @@ def traced_trainer_finding(spec: TrainingSpec) -> tuple[Finding, ...]:
     if any(c.at(Phase.GENERATION) for c in trainer_components(spec, ())):
         formula.append("the generation phase")
     shape = f"{run.batch.micro_batch} rows x {run.batch.seq_len} tokens"
-    if run.model is not spec.model:
+    if run.model.params is not spec.model.params:  # the score head replaces the LM head (reward)
         shape += ", the sequence-classification model the trainer loads"
     return (
         Finding(

@@ -29,9 +29,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fitcheck.core.activations.activation_mode import ActivationMode, activation_mode, adapter_input_bytes
 from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.versions import legacy_softmax_keeps_input
-from fitcheck.spec import AttnImpl, DeviceType, Dropout, LayerRecipe, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, Dropout, LayerRecipe, LoraSpec, TrainingSpec
 
 R = LayerRecipe
 # Linear module names (peft target names) of each block
@@ -62,9 +63,10 @@ class _Ctx:
     full: bool  # every weight trained: linears keep their inputs
     eager: bool
     targets: frozenset[str]
-    r: int
     lora_dropout: float
     drop: Dropout
+    mode: ActivationMode  # what the adapters save (activation_mode.adapter_input_bytes)
+    lora: LoraSpec | None
 
 
 
@@ -84,30 +86,28 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
         full=spec.lora is None and spec.quant is None,
         eager=eager,
         targets=targets,
-        r=lora.r if lora is not None else 0,
         lora_dropout=lora.dropout if lora is not None else 0.0,
         drop=traits.dropout,
+        mode=activation_mode(spec),
+        lora=lora,
     )
 
 
 def _reads(c: _Ctx, width: int, consumers: tuple[str, ...]) -> int:
     """Bytes per token kept for the linears ``consumers`` reading one tensor of ``width`` features.
 
-    Full fine-tune: the tensor itself (weight gradient). LoRA (peft ``lora.Linear.forward``): per adapter the
-    fp32 cast of the input (``_cast_input_dtype``, 16-bit models) or, with ``lora_dropout``, the dropout mask and
-    its fp32 output, plus the fp32 ``lora_A`` output (r) that ``lora_B`` keeps.
+    Full fine-tune: the tensor itself (weight gradient). LoRA (peft ``lora.Linear.forward``): per adapter what
+    the Llama-style layer's adapters save (:func:`adapter_input_bytes`: the fp32 cast of a 16-bit input, or with
+    ``lora_dropout`` the dropout mask and its fp32 output; under autocast the 16-bit cast ``lora_A`` reads instead
+    of the fp32 tensor; the ``lora_A`` output that ``lora_B`` keeps).
     """
     if c.full:
         return c.e * width
-    total = 0
     hit = [n for n in consumers if n in c.targets]
-    for _ in hit:
-        if c.lora_dropout > 0:
-            total += (c.dm32 + 4) * width  # dropout mask + fp32 dropout output (lora_A input)
-        elif c.e == 2:
-            total += 4 * width  # fp32 copy of the input per adapter
-        total += 4 * c.r
-    if hit and c.lora_dropout == 0 and c.e == 4:
+    if not hit or c.lora is None:
+        return 0
+    total = len(hit) * adapter_input_bytes(c.mode, c.lora, width)
+    if c.lora_dropout == 0 and c.e == 4 and not c.mode.amp:
         total += 4 * width  # fp32 model: lora_A keeps the input tensor itself (shared by the adapters)
     return total
 
@@ -167,14 +167,9 @@ def _gpt2(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
 
 def _lora_only(c: _Ctx, width: int, consumers: tuple[str, ...]) -> int:
     """Extra bytes a LoRA adapter keeps for a tensor already saved by another op (fp32 casts, lora_A output)."""
-    if c.full:
+    if c.full or c.lora is None:
         return 0
-    hit = sum(1 for n in consumers if n in c.targets)
-    if not hit:
-        return 0
-    if c.lora_dropout > 0:
-        return hit * ((c.dm32 + 4) * width + 4 * c.r)
-    return hit * ((4 * width if c.e == 2 else 0) + 4 * c.r)
+    return sum(1 for n in consumers if n in c.targets) * adapter_input_bytes(c.mode, c.lora, width)
 
 
 def _bert(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:

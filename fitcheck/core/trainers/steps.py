@@ -56,14 +56,11 @@ _TRL = "TRL 1.16 source (trl/trainer/*_trainer.py)"
 
 def step_spec(spec: TrainingSpec) -> TrainingSpec:
     """The spec of the policy's forward/backward as the trainer runs it (its rows and length; DPO's, KTO's and
-    the reward trainer's LoRA without dropout: ``disable_dropout_in_model``, the registry's ``disable_dropout``)."""
+    the reward trainer's model without dropout modules: :func:`_dropout_disabled`)."""
     t = spec.trainer
     row = trainer_row(t.kind)
-    if row.disable_dropout and spec.lora is not None and spec.lora.dropout:
-        # peft's lora_dropout is an nn.Dropout whose p TRL sets to 0: torch's dropout with p 0 returns its input
-        # (aten Dropout.cpp), so no mask or copy is saved (real KTOTrainer, LoRA without checkpointing: the
-        # formula's 33,028,920 B with the dropout vs 30,768,836 B live, benchmarks/trl_replay.py)
-        spec = dataclasses.replace(spec, lora=dataclasses.replace(spec.lora, dropout=0.0))
+    if row.disable_dropout:
+        spec = _dropout_disabled(spec)
     if row.prompt_completion:  # DPO: chosen + rejected concatenated; GRPO, KTO: one completion per row
         seq = t.prompt_length + t.completion_length or spec.batch.seq_len
         rows = row.rows_per_example * spec.batch.micro_batch
@@ -76,6 +73,30 @@ def step_spec(spec: TrainingSpec) -> TrainingSpec:
     if t.kind is TrainerKind.REWARD:  # chosen + rejected concatenated (reward_trainer.py compute_loss)
         batch = dataclasses.replace(spec.batch, micro_batch=2 * spec.batch.micro_batch)
         return dataclasses.replace(spec, batch=batch, model=_sequence_classifier(spec))
+    return spec
+
+
+def _dropout_disabled(spec: TrainingSpec) -> TrainingSpec:
+    """``spec`` after TRL's ``disable_dropout_in_model`` (``trl/trainer/utils.py``: every ``torch.nn.Dropout``'s
+    ``p`` set to 0), which DPO, KTO and the reward trainer run on the policy before step 1 (the registry's
+    ``disable_dropout``). torch's dropout with ``p`` 0 returns its input (aten Dropout.cpp ``_dropout_impl``), so
+    no mask or copy is saved:
+
+    - peft's ``lora_dropout`` (an ``nn.Dropout`` per wrapped module; real KTOTrainer, LoRA without checkpointing:
+      the formula's 33,028,920 B with it vs 30,768,836 B live, ``benchmarks/trl_replay.py``);
+    - the family's own ``nn.Dropout`` modules (GPT-2's ``attn_pdrop`` / ``resid_pdrop`` / ``embd_pdrop``, BERT's,
+      Phi's ``resid_pdrop`` / ``embd_pdrop``, a classifier head's), not the probabilities a family passes as a
+      float (``Dropout.functional``: BLOOM's / Falcon's ``dropout_add``, Phi's attention dropout). GPT-2's SDPA
+      reads ``attn_dropout.p`` (modeling_gpt2.py ``GPT2Attention.forward``), so its CPU attention takes the flash
+      kernel then, not the math path with its s x s tensors.
+    """
+    sh = spec.model.shape
+    traits = sh.traits.dropout_modules_disabled()
+    if traits != sh.traits:
+        model = dataclasses.replace(spec.model, shape=dataclasses.replace(sh, traits=traits))
+        spec = dataclasses.replace(spec, model=model)
+    if spec.lora is not None and spec.lora.dropout:
+        spec = dataclasses.replace(spec, lora=dataclasses.replace(spec.lora, dropout=0.0))
     return spec
 
 
