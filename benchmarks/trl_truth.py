@@ -209,7 +209,8 @@ def build_trainer(case: Case, path: str, callbacks: list[Any] | None = None) -> 
     peft = None
     if case.lora is not None:
         peft = LoraConfig(r=case.lora.r, lora_alpha=case.lora.alpha, lora_dropout=case.lora.dropout,
-                          target_modules="all-linear", task_type="CAUSAL_LM")
+                          target_modules="all-linear",
+                          task_type="SEQ_CLS" if case.trainer is TrainerKind.REWARD else "CAUSAL_LM")
     extra = {k: v for k, v in case.extra.items() if k not in ("rpo_alpha", "model_init_kwargs")}
     common["model_init_kwargs"] = {**common["model_init_kwargs"], **case.extra.get("model_init_kwargs", {})}
     kind = case.trainer
