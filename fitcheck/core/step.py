@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fitcheck.core.activations import activation_components
+from fitcheck.core.activations import activation_components, lm_head_input_saved
 from fitcheck.core.overheads import overhead_components
 from fitcheck.core.states import buffer_components, model_state_components, prequant_components
 from fitcheck.core.trainers import (
@@ -54,7 +54,7 @@ def collect_components(
         *prequant_components(run),
         *overhead_components(run),
     )
-    out = trainer_components(spec, base)
+    out = trainer_components(spec, base, lm_head_input_saved(run))
     if spec.trainer.eval_batch_size is None:
         return out
     run = step_spec(eval_spec(spec))  # one evaluation step: its batch, as the trainer runs it

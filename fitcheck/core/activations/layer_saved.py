@@ -23,6 +23,7 @@ from fitcheck.core.activations.int8 import (
 )
 from fitcheck.core.activations.layernorm_blocks import (
     layernorm_block_saved,
+    layernorm_head_input,
     layernorm_outside_saved,
 )
 from fitcheck.core.activations.lora_targets import wrapped_linears
@@ -363,6 +364,29 @@ def _mlp_saved(spec: TrainingSpec, m: ActivationMode, full: bool, targets: froze
     return total
 
 
+def _head_input_per_token(spec: TrainingSpec, m: ActivationMode) -> int:
+    """Bytes per token of the final norm's output kept by the LM head (Llama-style models): a trained head saves
+    its input; a frozen one (LoRA, QLoRA) does not, autocast over an fp32 model casts it instead, and a fused loss
+    (``fitcheck/core/kernels``) saves none."""
+    sh = spec.model.shape
+    full = spec.lora is None and spec.quant is None
+    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast) is not None
+    if not full or m.autocast or fused:
+        return 0
+    gemma_half = sh.traits.norm_kind is NormKind.RMS_ONE_PLUS and m.half_model
+    return (2 if gemma_half else m.r) * sh.hidden_size
+
+
+def lm_head_input_saved(spec: TrainingSpec) -> int:
+    """Bytes per micro-batch of the LM head's input that ``activations.saved`` counts (the final norm's output,
+    kept by a trained head; none for a frozen one). TRL's fused LM head replaces that head
+    (``core/trainers/steps.py``): what it takes away from the saved total is this, not the whole backbone output."""
+    sh = spec.model.shape
+    per_token = (layernorm_head_input(spec) if sh.traits.recipe.layernorm_block
+                 else _head_input_per_token(spec, activation_mode(spec)))
+    return per_token * spec.batch.micro_batch * spec.batch.seq_len
+
+
 def _outside_saved(spec: TrainingSpec) -> int:
     """Saved bytes outside the layers (final norm, rotary tables), per micro-batch."""
     sh = spec.model.shape
@@ -375,10 +399,7 @@ def _outside_saved(spec: TrainingSpec) -> int:
     liger = liger_applies(spec)
     liger_norm = liger is not None and liger.rms_norm
     per_token = liger_norm_saved(h, m.r) if liger_norm else _norm_saved(sh, m, full)
-    gemma_half = sh.traits.norm_kind is NormKind.RMS_ONE_PLUS and m.half_model
-    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast) is not None
-    if full and not m.autocast and not fused:  # a fused loss saves no head input (fitcheck/core/kernels)
-        per_token += (2 if gemma_half else m.r) * h  # the norm output, kept by the LM head
+    per_token += _head_input_per_token(spec, m)
     total = per_token * b * s
     # cos and sin tables, shape (1, s, head_dim) in the model dtype (trace: to_copy / cos / sin, not per batch)
     total += rotary_tables(sh, s, m.half_model)  # OLMo-2 fp32, gpt-oss head_dim / 2 (attention_variants.py)

@@ -338,7 +338,7 @@ def layernorm_outside_saved(spec: TrainingSpec) -> int:
     per_token, fixed = 0, 0
     if fam is R.GPT2_BLOCK:
         per_token = first + (c.dm * h if c.drop.embedding > 0 and c.full else 0)  # embedding dropout mask
-        per_token += c.ln + (e * h if c.full else 0)  # ln_f statistics and output (the tied LM head input)
+        per_token += c.ln + _head_input(c, h)  # ln_f statistics and output (the tied LM head input)
         fixed = 8 * s if c.full else 0  # position_ids arange (s,) int64, kept by the trained wpe
         if ckpt and not c.full:
             # peft + checkpointing: transformers' enable_input_require_grads makes the wte output require a
@@ -354,28 +354,43 @@ def layernorm_outside_saved(spec: TrainingSpec) -> int:
         per_token += 0 if ckpt else first
         if sh.task not in ("seq-cls", "token-cls"):  # a classifier has no MLM head (core/heads/classifier.py)
             # MLM head (BertLMPredictionHead): transform dense output, GELU output, LayerNorm stats and output
-            per_token += 2 * e * h + c.ln + (e * h if c.full else 0)
+            per_token += 2 * e * h + c.ln + _head_input(c, h)
             if not c.full:
                 per_token += _reads(c, h, ("dense",))  # an adapter on the head's transform dense ("all-linear")
         if ckpt:
             per_token += e * h  # the last layer output, read by the head's transform dense
     elif fam is R.PHI_PARALLEL:
         per_token = first + (c.dm * h if c.drop.embedding > 0 and c.full else 0)
-        per_token += c.ln + (e * h if c.full else 0)  # final_layernorm statistics and output
+        per_token += c.ln + _head_input(c, h)  # final_layernorm statistics and output
         rot = int(sh.head_dim * sh.partial_rotary_factor)  # PhiAttention.rotary_ndims
         fixed = 2 * s * rot * e  # cos and sin (1, s, rot) in the model dtype
     elif fam is R.FALCON_PARALLEL:
-        per_token = first + c.ln + (e * h if c.full else 0)  # embedding output; ln_f statistics and output
+        per_token = first + c.ln + _head_input(c, h)  # embedding output; ln_f statistics and output
         fixed = 2 * s * sh.head_dim * e
     elif fam is R.BLOOM_ALIBI:
         if c.full or ckpt:  # LoRA + checkpointing: enable_input_require_grads (as for BERT)
             per_token = e * h + c.ln  # embedding output (word_embeddings_layernorm input) and statistics
-        per_token += first + c.ln + (e * h if c.full else 0)  # layer-0 input; ln_f statistics and output
+        per_token += first + c.ln + _head_input(c, h)  # layer-0 input; ln_f statistics and output
     if ckpt:
         fixed += _checkpoint_args(spec, c)
     elif not c.full:
         per_token -= _layer0_without_grad(spec, c)
     return per_token * b * s + fixed
+
+
+def _head_input(c: _Ctx, h: int) -> int:
+    """Bytes per token of the LM head's input (the final LayerNorm's output; BERT's MLM transform LayerNorm's), kept
+    by the head when its weight is trained (full fine-tune); a frozen head (LoRA) keeps none."""
+    return c.e * h if c.full else 0
+
+
+def layernorm_head_input(spec: TrainingSpec) -> int:
+    """Bytes per token :func:`layernorm_outside_saved` counts for the LM head's input (a causal LM's or BERT's MLM
+    head; a classifier's head has its own recipe: ``heads.py``)."""
+    sh = spec.model.shape
+    if sh.traits.recipe is R.BERT_BLOCK and sh.task in ("seq-cls", "token-cls"):
+        return 0
+    return _head_input(_ctx(spec), sh.hidden_size)
 
 
 def _checkpoint_args(spec: TrainingSpec, c: _Ctx) -> int:

@@ -183,16 +183,19 @@ def _last_hidden(spec: TrainingSpec) -> int:
     return spec.batch.micro_batch * spec.batch.seq_len * sh.hidden_size * spec.precision.load_dtype.nbytes
 
 
-def _fused_head_component(spec: TrainingSpec, base: Component) -> Component:
+def _fused_head_component(spec: TrainingSpec, head_input: int) -> Component:
     t = spec.trainer
     x = fused_head_inputs(spec, grad=True, outputs=fused_outputs(t.kind), scored=_scored(spec))
     fwd = forward_peak(x)
     bwd, _ = backward_peak(x)
     labels = 8 * spec.batch.micro_batch * spec.batch.seq_len  # labels / completion mask (int64)
     # the backbone's last hidden state is held by the patched forward while the head runs, then freed: only the
-    # kernel's own copy is saved (the plain LM head keeps the norm output: counted in activations.saved)
+    # kernel's own copy is saved. The plain LM head's input that activations.saved counts (the norm output, kept
+    # by a trained head only: head_input) is not kept. Before: the whole last hidden state was taken away for a
+    # frozen head too (LoRA, QLoRA): the formula 130-170 KB (-0.3 %) under every real LoRA row of
+    # benchmarks/trl_replay.py (SFT, DPO, KTO, GRPO)
     fwd_phase = fwd + labels
-    bwd_phase = bwd + labels - _last_hidden(spec)
+    bwd_phase = bwd + labels - head_input
     if trainer_row(t.kind).reference is ReferenceRule.IN_STEP and not t.precompute_ref_log_probs:
         # the reference forward (no_grad, after the policy's): the policy's outputs stay, the reference's
         # backbone output and its fused head's buffers (log-probs only) come on top. KTO runs two of them one after
@@ -256,12 +259,15 @@ def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
     ]
 
 
-def trainer_components(spec: TrainingSpec, base: tuple[Component, ...]) -> tuple[Component, ...]:
+def trainer_components(spec: TrainingSpec, base: tuple[Component, ...], head_input: int = 0
+                       ) -> tuple[Component, ...]:
     """The components of a TRL trainer's step, from the plain-Trainer components of ``step_spec(spec)``.
 
     Args:
         spec: The training spec as given (``spec.trainer`` says which trainer).
         base: ``collect_components(step_spec(spec))`` of the plain step.
+        head_input: Bytes of the LM head's input that ``base``'s activations count
+            (``core.activations.lm_head_input_saved`` of the step), which TRL's fused head does not keep.
 
     Returns:
         The components with the fused head, the reference model and the generation phase where they apply.
@@ -273,7 +279,7 @@ def trainer_components(spec: TrainingSpec, base: tuple[Component, ...]) -> tuple
     out: list[Component] = []
     for c in base:
         if c.name == "logits.loss" and runs_fused_head(t.kind, spec.activations.loss):
-            out.append(_fused_head_component(run, c))
+            out.append(_fused_head_component(run, head_input))
         elif spec.activations.loss == "full-logits" and trainer_row(t.kind).full_logits:
             out.append(full_logits_component(run, c) if c.name == "logits.loss" else outside_forward(c))
         else:
