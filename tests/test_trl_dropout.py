@@ -101,7 +101,7 @@ def _formula_vs_recorded(case: str) -> tuple[int, int]:
 @pytest.mark.parametrize("case", _GPT2_ROWS)
 def test_gpt2_under_dpo_and_kto_formula_within_half_a_percent_of_the_real_trainer(case: str) -> None:
     """Real DPOTrainer / KTOTrainer on a tiny GPT-2 (dropout 0.1): main's formula counted the dropout masks (and
-    the LoRA adapters' fp32 input copies under autocast): +0.25 % .. +10.7 %."""
+    the LoRA adapters' fp32 input copies under autocast): -0.05 % .. +10.7 %, four of the six rows beyond 0.5 %."""
     formula, real = _formula_vs_recorded(case)
     assert formula == pytest.approx(real, rel=0.005)
 
