@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trl_replay import GRPO_CASES
-from trl_truth import TRL_LORA, Case, build_trainer, spec_for
+from trl_truth import LLAMA, TRL_LORA, Case, build_trainer, spec_for
 
 from fitcheck.core import estimate
 from fitcheck.report import Phase
@@ -37,8 +37,8 @@ from fitcheck.spec import TrainerKind
 
 DATA = Path(__file__).resolve().parent / "data" / "grpo_generation_cpu.json"
 REPLAY_DATA = Path(__file__).resolve().parent / "data" / "trl_replay_cpu.json"
-_WIDE = {"hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 2}
-_DEEP = {"num_hidden_layers": 4, "num_key_value_heads": 4}
+_WIDE = {**LLAMA, "hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 2}
+_DEEP = {**LLAMA, "num_hidden_layers": 4, "num_key_value_heads": 4}
 _LONG: dict[str, Any] = {"batch": 8, "length": 128, "prompt": 16}
 LONG_CASES = tuple(
     Case(f"grpo {shape} {kind}{' beta' if beta else ''}", TrainerKind.GRPO, **_LONG,

@@ -266,10 +266,34 @@ def _error_runs() -> Iterator[list[str]]:
     yield _base("deepseek-ai/DeepSeek-V3", "--use_peft")
 
 
+def _dropout_and_stack_runs() -> Iterator[list[str]]:
+    """Runs that reach sessions 16-17's formula changes (appended, so the earlier runs keep their places): DPO /
+    KTO / reward with LoRA dropout (TRL's ``disable_dropout``) without checkpointing; families with ``nn.Dropout``
+    modules under those trainers (GPT-2, Phi-2) and their LoRA adapters under bf16 autocast; ``--stack
+    transformers=4.x`` with checkpointing (reentrant by default)."""
+    lora = ["--use_peft", "--lora_target_modules", "all-linear", "--lora_dropout", "0.05"]
+    for kind in ("dpo", "kto", "reward"):
+        yield _base("meta-llama/Llama-3.2-1B", "--dtype", "bfloat16", "--bf16", "--trainer", kind, *lora,
+                    "--per_device_train_batch_size", "2", "--max_prompt_length", "256", "--max_seq_length", "1024",
+                    *GPU)
+    for kind, peft in (("dpo", []), ("kto", lora), ("reward", lora), ("sft", lora)):
+        yield _base("openai-community/gpt2", "--dtype", "bfloat16", "--bf16", "--trainer", kind, *peft,
+                    "--per_device_train_batch_size", "4", "--max_prompt_length", "128", "--max_seq_length", "512",
+                    *GPU)
+    yield _base("microsoft/phi-2", "--dtype", "bfloat16", "--bf16", "--trainer", "dpo", *lora,
+                "--gradient_checkpointing", "--per_device_train_batch_size", "2", "--max_seq_length", "1024", *GPU)
+    old_bnb = "transformers=4.57.0,bitsandbytes=0.41.3"
+    for model, stack, extra in (("meta-llama/Llama-3.2-1B", "transformers=4.36.0", []),
+                                ("meta-llama/Llama-3.1-8B", old_bnb, METHODS["qlora"])):
+        yield _base(model, "--bf16", *extra, "--gradient_checkpointing", "--stack", stack,
+                    "--per_device_train_batch_size", "2", "--max_seq_length", "2048", *GPU)
+
+
 def build_set() -> list[list[str]]:
     """Every run of the identity set, in a fixed order."""
     runs: list[list[str]] = []
-    for gen in (_family_runs, _trainer_runs, _lever_runs, _sharding_runs, _other_runs, _error_runs):
+    for gen in (_family_runs, _trainer_runs, _lever_runs, _sharding_runs, _other_runs, _error_runs,
+                _dropout_and_stack_runs):
         runs.extend(gen())
     return [[*r, "--json", "--no_trace"] for r in runs]
 

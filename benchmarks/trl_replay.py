@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tiny_models
-from trl_truth import CASES, TRL_LORA, Case, build_trainer, spec_for
+from trl_truth import CASES, GPT2, LLAMA, TRL_LORA, Case, build_trainer, spec_for
 
 from fitcheck.core import estimate
 from fitcheck.report import Phase
@@ -94,7 +94,24 @@ GRPO_CASES = (Case("grpo full", TrainerKind.GRPO, batch=4, length=32, prompt=16,
                    extra={**_G, "beta": 0.04, "gradient_accumulation_steps": 2}),
               Case("grpo full beta steps_per_generation 2", TrainerKind.GRPO, batch=4, length=32, prompt=16,
                    extra={**_G, "beta": 0.04, "steps_per_generation": 2}))
-ALL_CASES = (*SFT_CASES, *DPO_CASES, *KTO_CASES, *GRPO_CASES)
+# A second shape (session 17): a wider and deeper Llama (h 512, 8 heads, 4 layers), 2 rows (pairs for DPO) of 64
+# prompt + 192 completion tokens; full and LoRA, with and without checkpointing, crosswise over the two trainers
+WIDE = {**LLAMA, "hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "num_hidden_layers": 4}
+_W = {"length": 192, "prompt": 64, "model": WIDE}
+WIDE_CASES = (Case("wide dpo full ref", TrainerKind.DPO, **_W),
+              Case("wide dpo LoRA no-ckpt", TrainerKind.DPO, lora=TRL_LORA, ckpt=False, **_W),
+              Case("wide kto full ref no-ckpt", TrainerKind.KTO, ckpt=False, **_W),
+              Case("wide kto LoRA", TrainerKind.KTO, lora=TRL_LORA, **_W))
+# A family with nn.Dropout modules (GPT-2, p 0.1), which DPOConfig / KTOConfig's disable_dropout zeroes: trl_truth.GPT2
+_G2 = {"length": 48, "prompt": 32, "model": GPT2}
+DROPOUT_CASES = (Case("gpt2 dpo full ref no-ckpt", TrainerKind.DPO, ckpt=False, **_G2),
+                 Case("gpt2 dpo full ref", TrainerKind.DPO, **_G2),
+                 Case("gpt2 dpo LoRA no-ckpt", TrainerKind.DPO, lora=TRL_LORA, ckpt=False, **_G2),
+                 Case("gpt2 kto full ref no-ckpt", TrainerKind.KTO, ckpt=False, **_G2),
+                 Case("gpt2 kto LoRA no-ckpt", TrainerKind.KTO, lora=TRL_LORA, ckpt=False, **_G2),
+                 Case("gpt2 kto LoRA", TrainerKind.KTO, lora=TRL_LORA, **_G2))
+ALL_CASES = (*SFT_CASES, *DPO_CASES, *KTO_CASES, *GRPO_CASES, *WIDE_CASES, *DROPOUT_CASES)
 
 
 def case_spec(case: Case) -> Any:
@@ -306,7 +323,8 @@ def main(argv: list[str]) -> int:
     if out:  # the rows of the cases not run now are kept from the file, and its other keys
         data = json.loads(Path(out).read_text()) if Path(out).exists() else {}
         grpo = {c.name for c in GRPO_CASES}
-        for key, group in (("rows", (*SFT_CASES, *DPO_CASES, *KTO_CASES)), ("grpo_rows", GRPO_CASES)):
+        for key, group in (("rows", (*SFT_CASES, *DPO_CASES, *KTO_CASES, *WIDE_CASES, *DROPOUT_CASES)),
+                           ("grpo_rows", GRPO_CASES)):
             now = [r for r in rows if (r["case"] in grpo) == (key == "grpo_rows")]
             ran = {r["case"] for r in now}
             order = [c.name for c in group]

@@ -48,6 +48,12 @@ LLAMA: dict[str, Any] = {
     "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 1,
 }
 TRL_LORA = LoraSpec(r=16, alpha=32, dropout=0.05, target_modules=("all-linear",))  # TRL ModelConfig defaults
+# A family with nn.Dropout modules (GPT2Config defaults: attn_pdrop, resid_pdrop, embd_pdrop 0.1), as tiny
+GPT2: dict[str, Any] = {
+    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 256, "n_head": 4, "n_layer": 2,
+    "n_positions": 1024, "vocab_size": VOCAB, "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1,
+    "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,7 @@ class Case:
         ckpt: ``gradient_checkpointing`` (TRL configs default it to True).
         extra: Further TRL config fields.
         vocab: Vocabulary size of the tiny Llama (and of its word-level tokenizer).
-        model: Overrides of the tiny Llama's config (a wider or deeper model).
+        model: The config.json of the tiny model (None: :data:`LLAMA`); ``vocab_size`` is the case's.
     """
 
     name: str
@@ -76,7 +82,7 @@ class Case:
     ckpt: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
     vocab: int = VOCAB
-    model: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] | None = None
 
 
 CASES: tuple[Case, ...] = (
@@ -122,9 +128,10 @@ def spec_for(case: Case) -> TrainingSpec:
     """The TrainingSpec for a case: bf16 model, TRL's bf16 autocast, AdamW (torch), CPU."""
     from fitcheck.readers import inventory_from_config
 
-    config = {**LLAMA, "vocab_size": case.vocab, **case.model}
+    config = {**(case.model or LLAMA), "vocab_size": case.vocab}
     if case.trainer is TrainerKind.REWARD:
-        config.update(architectures=["LlamaForSequenceClassification"], num_labels=1)
+        config.update(architectures=[config["architectures"][0].replace("LMHeadModel", "ForCausalLM").replace(
+            "ForCausalLM", "ForSequenceClassification")], num_labels=1)
     inv = inventory_from_config(config, case.name, "benchmarks/trl_truth.py")
     seq = case.length + case.prompt
     return TrainingSpec(
@@ -178,12 +185,12 @@ def build_trainer(case: Case, path: str, callbacks: list[Any] | None = None) -> 
     import torch
     import trl
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    config = LlamaConfig(**{k: v for k, v in LLAMA.items() if k not in ("model_type", "architectures")})
+    raw = case.model or LLAMA
+    config = AutoConfig.for_model(raw["model_type"],
+                                  **{k: v for k, v in raw.items() if k not in ("model_type", "architectures")})
     config.vocab_size = case.vocab
-    for key, value in case.model.items():
-        setattr(config, key, value)
     torch.manual_seed(0)
     if case.trainer is TrainerKind.REWARD:
         config.num_labels = 1
@@ -202,7 +209,8 @@ def build_trainer(case: Case, path: str, callbacks: list[Any] | None = None) -> 
     peft = None
     if case.lora is not None:
         peft = LoraConfig(r=case.lora.r, lora_alpha=case.lora.alpha, lora_dropout=case.lora.dropout,
-                          target_modules="all-linear", task_type="CAUSAL_LM")
+                          target_modules="all-linear",
+                          task_type="SEQ_CLS" if case.trainer is TrainerKind.REWARD else "CAUSAL_LM")
     extra = {k: v for k, v in case.extra.items() if k not in ("rpo_alpha", "model_init_kwargs")}
     common["model_init_kwargs"] = {**common["model_init_kwargs"], **case.extra.get("model_init_kwargs", {})}
     kind = case.trainer

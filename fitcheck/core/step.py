@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fitcheck.core.activations import activation_components
+from fitcheck.core.activations import activation_components, lm_head_input_saved
 from fitcheck.core.overheads import overhead_components
 from fitcheck.core.states import (
     buffer_components,
@@ -64,7 +64,7 @@ def collect_components(
         *prequant_components(run),
         *overhead_components(run),
     )
-    out = trainer_components(spec, base)
+    out = trainer_components(spec, base, lm_head_input_saved(run))
     if spec.trainer.eval_batch_size is None:
         return out
     run = step_spec(eval_spec(spec))  # one evaluation step: its batch, as the trainer runs it
@@ -100,7 +100,7 @@ def traced_trainer_finding(spec: TrainingSpec) -> tuple[Finding, ...]:
     if any(c.at(Phase.GENERATION) for c in trainer_components(spec, ())):
         formula.append("the generation phase")
     shape = f"{run.batch.micro_batch} rows x {run.batch.seq_len} tokens"
-    if run.model is not spec.model:
+    if run.model.params is not spec.model.params:  # the score head replaces the LM head (reward)
         shape += ", the sequence-classification model the trainer loads"
     return (
         Finding(

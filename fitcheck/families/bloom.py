@@ -61,7 +61,8 @@ def bloom(cfg: ConfigView) -> Inventory:
 def traits(cfg: ConfigView, base: FamilyTraits) -> FamilyTraits:
     """BLOOM's traits (BloomConfig dropout defaults 0.0)."""
     dropout = Dropout(attention=dropout_prob(cfg, "attention_dropout", 0.0),
-                      hidden=dropout_prob(cfg, "hidden_dropout", 0.0))
+                      hidden=dropout_prob(cfg, "hidden_dropout", 0.0),
+                      functional=("hidden",))  # modeling_bloom.py dropout_add: F.dropout(p=self.hidden_dropout)
     return replace(base, recipe=LayerRecipe.BLOOM_ALIBI, norm_kind=NormKind.LAYERNORM, attention=AttentionKind.ALIBI,
                    eager_only=True, dropout=dropout, activations_pinned=True)
 

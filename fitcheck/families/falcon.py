@@ -83,7 +83,8 @@ def falcon(cfg: ConfigView) -> Inventory:
 def traits(cfg: ConfigView, base: FamilyTraits) -> FamilyTraits:
     """Falcon's traits (FalconConfig dropout defaults 0.0)."""
     dropout = Dropout(attention=dropout_prob(cfg, "attention_dropout", 0.0),
-                      hidden=dropout_prob(cfg, "hidden_dropout", 0.0))
+                      hidden=dropout_prob(cfg, "hidden_dropout", 0.0),
+                      functional=("hidden",))  # modeling_falcon.py dropout_add: F.dropout(p=config.hidden_dropout)
     gap = None
     if cfg.get("alibi") or cfg.get("new_decoder_architecture"):
         gap = "Falcon with ALiBi or the new decoder architecture (40B/180B) is not pinned; the 7B recipe is used"

@@ -73,7 +73,8 @@ _TP_PLAN = (
 def traits(cfg: ConfigView, base: FamilyTraits) -> FamilyTraits:
     """Phi's traits: its own parallel-block recipe (PhiConfig dropout defaults 0.0)."""
     dropout = Dropout(attention=dropout_prob(cfg, "attention_dropout", 0.0),
-                      hidden=dropout_prob(cfg, "resid_pdrop", 0.0), embedding=dropout_prob(cfg, "embd_pdrop", 0.0))
+                      hidden=dropout_prob(cfg, "resid_pdrop", 0.0), embedding=dropout_prob(cfg, "embd_pdrop", 0.0),
+                      functional=("attention",))  # modeling_phi.py PhiAttention: a float, not an nn.Dropout
     return replace(base, recipe=LayerRecipe.PHI_PARALLEL, norm_kind=NormKind.LAYERNORM, dropout=dropout,
                    activations_pinned=True, tp_plan=_TP_PLAN)
 

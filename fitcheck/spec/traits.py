@@ -9,7 +9,7 @@ the Llama-style decoder recipe, not pinned to a trace.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 
@@ -98,11 +98,23 @@ class Dropout:
         attention: On the attention probabilities.
         hidden: On the sublayer outputs (residual dropout).
         embedding: On the embedding output.
+        functional: The probabilities the family applies by a call that reads the config's float
+            (``F.dropout(x, p=config.hidden_dropout)`` in BLOOM's and Falcon's ``dropout_add``, Phi's
+            ``attention_dropout`` passed to the attention function), not through an ``nn.Dropout`` module: TRL's
+            ``disable_dropout_in_model`` leaves them on (:meth:`modules_disabled`).
     """
 
     attention: float = 0.0
     hidden: float = 0.0
     embedding: float = 0.0
+    functional: tuple[str, ...] = ()
+
+    def modules_disabled(self) -> Dropout:
+        """The probabilities once every ``nn.Dropout`` module's ``p`` is 0 (TRL 1.16 ``trl/trainer/utils.py``
+        ``disable_dropout_in_model``), the :attr:`functional` ones kept."""
+        kept = {name: getattr(self, name) if name in self.functional else 0.0
+                for name in ("attention", "hidden", "embedding")}
+        return Dropout(**kept, functional=self.functional)
 
 
 @dataclass(frozen=True)
@@ -242,3 +254,11 @@ class FamilyTraits:
     liger_patched: bool = False
     embedding_scaled_outside: bool = False
     gaps: RecipeGaps = RecipeGaps()
+
+    def dropout_modules_disabled(self) -> FamilyTraits:
+        """These traits after TRL's ``disable_dropout_in_model`` (every ``nn.Dropout``'s ``p`` set to 0): the
+        layers' module dropouts (:meth:`Dropout.modules_disabled`) and the classifier head's (an ``nn.Dropout``
+        in transformers' ``*ForSequenceClassification`` / ``*ForTokenClassification`` heads) are 0."""
+        layer = self.classifier_layer
+        return replace(self, dropout=self.dropout.modules_disabled(), classifier_dropout=0.0,
+                       classifier_layer=None if layer is None else layer.dropout_modules_disabled())

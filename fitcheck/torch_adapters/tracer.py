@@ -101,6 +101,7 @@ def trace_step(
     skip_tiles: bool = True,
     keep_4bit_inputs: bool = False,
     adapter: PeftAdapterSpec | None = None,
+    disable_dropout: bool = False,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -152,6 +153,9 @@ def trace_step(
             prompt / prefix tuning's virtual tokens enter the step through peft's forward).
         keep_4bit_inputs: Trace bitsandbytes <= 0.43.1's ``MatMul4Bit``, which keeps every 4-bit linear's input
             (``tracer_quant.matmul4bit_keeps_input``; the stack's bitsandbytes, ``trace_kwargs``).
+        disable_dropout: Every ``nn.Dropout``'s ``p`` set to 0 once the model is built, as TRL's DPO, KTO and
+            reward trainers do (``trl/trainer/utils.py`` ``disable_dropout_in_model``; the registry's
+            ``disable_dropout``): the plain step of such a trainer's policy (``activation_trace_kwargs``).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -213,6 +217,10 @@ def trace_step(
             use_reentrant=use_reentrant,
             adapter=adapter,
         )
+        if disable_dropout:  # trl/trainer/utils.py disable_dropout_in_model, without importing TRL
+            for module in model.modules():
+                if isinstance(module, torch.nn.Dropout):
+                    module.p = 0
         sft: Any = None
         if trl_head and preference:
             from fitcheck.torch_adapters.tracer_dpo import prepare_dpo
@@ -395,6 +403,7 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     """The :func:`trace_step` arguments that describe a spec's run."""
     from fitcheck.core import cublas_thread_workspaces
     from fitcheck.core.activations import old_bnb_4bit
+    from fitcheck.core.trainers import trainer_row
 
     act = spec.activations
     # bitsandbytes < 0.43.2 (installed or --stack) keeps each 4-bit linear's input: traced with the installed
@@ -404,7 +413,9 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     old_bnb: dict[str, Any] = {}
     if old_bnb_4bit(spec):
         old_bnb = {"keep_4bit_inputs": True, "use_reentrant": act.checkpointing and act.use_reentrant}
-    return {**old_bnb,
+    # DPO / KTO / reward: TRL zeroes every nn.Dropout before step 1 (core.trainers.step_spec says the same)
+    dropout = {"disable_dropout": True} if trainer_row(spec.trainer.kind).disable_dropout else {}
+    return {**old_bnb, **dropout,
         "seq_len": spec.batch.seq_len,
         "micro_batch": spec.batch.micro_batch,
         "dtype": spec.precision.load_dtype.value,
@@ -446,7 +457,7 @@ def activation_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
 
     policy = step_spec(deepspeed_module_view(spec))  # DeepSpeed / FSDP mixed precision run a 16-bit module
     kwargs = {**trace_kwargs(policy), "optimizer": None, "steps": 1}
-    if policy.model is not spec.model:  # reward_trainer.py: the model loaded with num_labels=1 (steps.py)
+    if policy.model.params is not spec.model.params:  # reward_trainer.py: loaded with num_labels=1 (steps.py)
         kwargs["task"] = "seq-cls"
     if spec.trainer.is_trl and runs_fused_head(spec.trainer.kind):
         kwargs["count_logits"] = False  # the body's own peaks; the chunked head is the formula's

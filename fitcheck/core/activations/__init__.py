@@ -32,7 +32,7 @@ from fitcheck.core.activations.backward_grads import cuda_embedding_backward
 from fitcheck.core.activations.bnb_kept_inputs import old_bnb_4bit
 from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
-from fitcheck.core.activations.layer_saved import layer_saved_per_token
+from fitcheck.core.activations.layer_saved import layer_saved_per_token, lm_head_input_saved
 from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved, legacy_softmax_input_added
 from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.qlora import lora_dropout_mask_bytes
@@ -51,6 +51,7 @@ __all__ = [
     "layernorm_block_saved",
     "legacy_bnb_kept_inputs",
     "legacy_softmax_input_added",
+    "lm_head_input_saved",
     "lora_dropout_mask_bytes",
     "not_pinned_finding",
     "old_bnb_4bit",

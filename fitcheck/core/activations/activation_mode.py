@@ -1,6 +1,7 @@
 """How a run stores its activations: element bytes of the saved tensors and of the residual stream, autocast, the
 LoRA dropout masks' bytes (:class:`ActivationMode`), read by every per-token recipe (``layer_saved``, ``logits``,
-``decoder``). Pure, no torch; split out of ``layer_saved.py`` unchanged.
+``decoder``), and what one LoRA adapter saves for its input (:func:`adapter_input_bytes`: the Llama-style layer's
+and the LayerNorm blocks'). Pure, no torch; split out of ``layer_saved.py``.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.core.activations.qlora import kbit_fp32_lora, kbit_upcast, lora_dropout_mask_bytes
-from fitcheck.spec import MixedPrecision, TrainingSpec
+from fitcheck.spec import LoraSpec, MixedPrecision, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -35,3 +36,18 @@ def activation_mode(spec: TrainingSpec) -> ActivationMode:
     dm = lora_dropout_mask_bytes(spec)  # aten Dropout.cpp: CUDA native_dropout's bool mask, CPU fp32 noise
     return ActivationMode(e=2 if half or autocast else 4, r=2 if half else 4, autocast=autocast, half_model=half,
                           amp=amp, dm=dm, fp32_out=autocast and kbit_fp32_lora(spec))
+
+
+def adapter_input_bytes(m: ActivationMode, lora: LoraSpec, width: int) -> int:
+    """Bytes per token one peft ``lora.Linear`` adapter saves for an input of ``width`` features.
+
+    peft 0.21 ``lora.Linear.forward``: ``x = _cast_input_dtype(x, fp32)``, then ``lora_B(lora_A(dropout(x)))``;
+    each wrapped module has its own dropout, so q/k/v reading one tensor keep three masks (trace: 3 empty_like).
+    """
+    drop = lora.dropout > 0
+    total = m.dm * width if drop else 0  # dropout noise of the fp32 input (trace: empty_like fp32; CUDA bool)
+    if m.amp:
+        total += 2 * width  # autocast's 16-bit cast of lora_A's input, one per adapter (trace: _to_copy bf16)
+    elif drop or m.half_model:
+        total += 4 * width  # fp32 dropout output, or the fp32 copy of a 16-bit input (trace: mul / _to_copy)
+    return total + (2 if m.amp else 4) * lora.r  # lora_A output, kept by lora_B (trace: mm (b·s, r))

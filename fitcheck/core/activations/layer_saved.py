@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.core.activations.activation_mode import ActivationMode, activation_mode
+from fitcheck.core.activations.activation_mode import ActivationMode, activation_mode, adapter_input_bytes
 from fitcheck.core.activations.attention_variants import eager_scores, rotary_tables, sink_attention_extra
 from fitcheck.core.activations.bnb_kept_inputs import kept_first_layer_less, kept_layer_extra
 from fitcheck.core.activations.dora import (
@@ -23,6 +23,7 @@ from fitcheck.core.activations.int8 import (
 )
 from fitcheck.core.activations.layernorm_blocks import (
     layernorm_block_saved,
+    layernorm_head_input,
     layernorm_outside_saved,
 )
 from fitcheck.core.activations.lora_targets import wrapped_linears
@@ -109,7 +110,7 @@ def _linear_inputs(shape: ModelShape, m: ActivationMode, full: bool, targets: fr
             total += m.e * width  # the shared input tensor
     hit = [c for c in consumers if c in targets]
     if hit and lora is not None:
-        total += len(hit) * _adapter_input(m, lora, width)
+        total += len(hit) * adapter_input_bytes(m, lora, width)
         if lora.dropout == 0 and not (m.amp or m.half_model or full or kept):
             total += 4 * width  # fp32 model: the adapters read the input itself, once (trace: mul, norm output)
     return total
@@ -142,7 +143,7 @@ def down_adapter_saved(spec: TrainingSpec) -> int:
         return 0
     inter = spec.model.shape.intermediate_size
     itself = 4 * inter if _reads_input_itself(spec, m, _lora_targets(spec), "down_proj") else 0
-    return _adapter_input(m, lora, inter) + itself
+    return adapter_input_bytes(m, lora, inter) + itself
 
 
 def adapter_mlp_saved(spec: TrainingSpec) -> int:
@@ -150,21 +151,6 @@ def adapter_mlp_saved(spec: TrainingSpec) -> int:
     the gate/up outputs, act(gate) and down_proj's adapter tensors, all freed by the time the MLP's input
     projection runs its backward (``lora_recompute.base_backward``)."""
     return _mlp_saved(spec, activation_mode(spec), False, _lora_targets(spec))
-
-
-def _adapter_input(m: ActivationMode, lora: LoraSpec, width: int) -> int:
-    """Bytes per token one peft ``lora.Linear`` adapter saves for an input of ``width`` features.
-
-    peft 0.21 ``lora.Linear.forward``: ``x = _cast_input_dtype(x, fp32)``, then ``lora_B(lora_A(dropout(x)))``;
-    each wrapped module has its own dropout, so q/k/v reading one tensor keep three masks (trace: 3 empty_like).
-    """
-    drop = lora.dropout > 0
-    total = m.dm * width if drop else 0  # dropout noise of the fp32 input (trace: empty_like fp32; CUDA bool)
-    if m.amp:
-        total += 2 * width  # autocast's 16-bit cast of lora_A's input, one per adapter (trace: _to_copy bf16)
-    elif drop or m.half_model:
-        total += 4 * width  # fp32 dropout output, or the fp32 copy of a 16-bit input (trace: mul / _to_copy)
-    return total + (2 if m.amp else 4) * lora.r  # lora_A output, kept by lora_B (trace: mm (b·s, r))
 
 
 def layer_saved_per_token(spec: TrainingSpec, trainable: bool | None = None) -> tuple[int, int]:
@@ -318,7 +304,7 @@ def eager_layer_terms(spec: TrainingSpec) -> EagerLayerTerms | None:
 def _mla_mode(spec: TrainingSpec, m: ActivationMode, full: bool) -> MlaMode:
     lora = spec.lora
     reads = lora is not None and lora.dropout == 0 and not (m.amp or m.half_model)
-    return MlaMode(m.e, m.half_model, full, lambda w: _adapter_input(m, lora, w) if lora is not None else 0, reads)
+    return MlaMode(m.e, m.half_model, full, lambda w: adapter_input_bytes(m, lora, w) if lora is not None else 0, reads)
 
 
 def _mla_layer(spec: TrainingSpec, m: ActivationMode, full: bool) -> tuple[int, int]:
@@ -378,6 +364,29 @@ def _mlp_saved(spec: TrainingSpec, m: ActivationMode, full: bool, targets: froze
     return total
 
 
+def _head_input_per_token(spec: TrainingSpec, m: ActivationMode) -> int:
+    """Bytes per token of the final norm's output kept by the LM head (Llama-style models): a trained head saves
+    its input; a frozen one (LoRA, QLoRA) does not, autocast over an fp32 model casts it instead, and a fused loss
+    (``fitcheck/core/kernels``) saves none."""
+    sh = spec.model.shape
+    full = spec.lora is None and spec.quant is None
+    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast) is not None
+    if not full or m.autocast or fused:
+        return 0
+    gemma_half = sh.traits.norm_kind is NormKind.RMS_ONE_PLUS and m.half_model
+    return (2 if gemma_half else m.r) * sh.hidden_size
+
+
+def lm_head_input_saved(spec: TrainingSpec) -> int:
+    """Bytes per micro-batch of the LM head's input that ``activations.saved`` counts (the final norm's output,
+    kept by a trained head; none for a frozen one). TRL's fused LM head replaces that head
+    (``core/trainers/steps.py``): what it takes away from the saved total is this, not the whole backbone output."""
+    sh = spec.model.shape
+    per_token = (layernorm_head_input(spec) if sh.traits.recipe.layernorm_block
+                 else _head_input_per_token(spec, activation_mode(spec)))
+    return per_token * spec.batch.micro_batch * spec.batch.seq_len
+
+
 def _outside_saved(spec: TrainingSpec) -> int:
     """Saved bytes outside the layers (final norm, rotary tables), per micro-batch."""
     sh = spec.model.shape
@@ -390,10 +399,7 @@ def _outside_saved(spec: TrainingSpec) -> int:
     liger = liger_applies(spec)
     liger_norm = liger is not None and liger.rms_norm
     per_token = liger_norm_saved(h, m.r) if liger_norm else _norm_saved(sh, m, full)
-    gemma_half = sh.traits.norm_kind is NormKind.RMS_ONE_PLUS and m.half_model
-    fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast) is not None
-    if full and not m.autocast and not fused:  # a fused loss saves no head input (fitcheck/core/kernels)
-        per_token += (2 if gemma_half else m.r) * h  # the norm output, kept by the LM head
+    per_token += _head_input_per_token(spec, m)
     total = per_token * b * s
     # cos and sin tables, shape (1, s, head_dim) in the model dtype (trace: to_copy / cos / sin, not per batch)
     total += rotary_tables(sh, s, m.half_model)  # OLMo-2 fp32, gpt-oss head_dim / 2 (attention_variants.py)

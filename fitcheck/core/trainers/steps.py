@@ -57,14 +57,11 @@ _TRL = "TRL 1.16 source (trl/trainer/*_trainer.py)"
 
 def step_spec(spec: TrainingSpec) -> TrainingSpec:
     """The spec of the policy's forward/backward as the trainer runs it (its rows and length; DPO's, KTO's and
-    the reward trainer's LoRA without dropout: ``disable_dropout_in_model``, the registry's ``disable_dropout``)."""
+    the reward trainer's model without dropout modules: :func:`_dropout_disabled`)."""
     t = spec.trainer
     row = trainer_row(t.kind)
-    if row.disable_dropout and spec.lora is not None and spec.lora.dropout:
-        # peft's lora_dropout is an nn.Dropout whose p TRL sets to 0: torch's dropout with p 0 returns its input
-        # (aten Dropout.cpp), so no mask or copy is saved (real KTOTrainer, LoRA without checkpointing: the
-        # formula's 33,028,920 B with the dropout vs 30,768,836 B live, benchmarks/trl_replay.py)
-        spec = dataclasses.replace(spec, lora=dataclasses.replace(spec.lora, dropout=0.0))
+    if row.disable_dropout:
+        spec = _dropout_disabled(spec)
     if row.prompt_completion:  # DPO: chosen + rejected concatenated; GRPO, KTO: one completion per row
         seq = t.prompt_length + t.completion_length or spec.batch.seq_len
         rows = row.rows_per_example * spec.batch.micro_batch
@@ -77,6 +74,30 @@ def step_spec(spec: TrainingSpec) -> TrainingSpec:
     if t.kind is TrainerKind.REWARD:  # chosen + rejected concatenated (reward_trainer.py compute_loss)
         batch = dataclasses.replace(spec.batch, micro_batch=2 * spec.batch.micro_batch)
         return dataclasses.replace(spec, batch=batch, model=_sequence_classifier(spec))
+    return spec
+
+
+def _dropout_disabled(spec: TrainingSpec) -> TrainingSpec:
+    """``spec`` after TRL's ``disable_dropout_in_model`` (``trl/trainer/utils.py``: every ``torch.nn.Dropout``'s
+    ``p`` set to 0), which DPO, KTO and the reward trainer run on the policy before step 1 (the registry's
+    ``disable_dropout``). torch's dropout with ``p`` 0 returns its input (aten Dropout.cpp ``_dropout_impl``), so
+    no mask or copy is saved:
+
+    - peft's ``lora_dropout`` (an ``nn.Dropout`` per wrapped module; real KTOTrainer, LoRA without checkpointing:
+      the formula's 33,028,920 B with it vs 30,768,836 B live, ``benchmarks/trl_replay.py``);
+    - the family's own ``nn.Dropout`` modules (GPT-2's ``attn_pdrop`` / ``resid_pdrop`` / ``embd_pdrop``, BERT's,
+      Phi's ``resid_pdrop`` / ``embd_pdrop``, a classifier head's), not the probabilities a family passes as a
+      float (``Dropout.functional``: BLOOM's / Falcon's ``dropout_add``, Phi's attention dropout). GPT-2's SDPA
+      reads ``attn_dropout.p`` (modeling_gpt2.py ``GPT2Attention.forward``), so its CPU attention takes the flash
+      kernel then, not the math path with its s x s tensors.
+    """
+    sh = spec.model.shape
+    traits = sh.traits.dropout_modules_disabled()
+    if traits != sh.traits:
+        model = dataclasses.replace(spec.model, shape=dataclasses.replace(sh, traits=traits))
+        spec = dataclasses.replace(spec, model=model)
+    if spec.lora is not None and spec.lora.dropout:
+        spec = dataclasses.replace(spec, lora=dataclasses.replace(spec.lora, dropout=0.0))
     return spec
 
 
@@ -163,16 +184,19 @@ def _last_hidden(spec: TrainingSpec) -> int:
     return spec.batch.micro_batch * spec.batch.seq_len * sh.hidden_size * spec.precision.load_dtype.nbytes
 
 
-def _fused_head_component(spec: TrainingSpec, base: Component) -> Component:
+def _fused_head_component(spec: TrainingSpec, head_input: int) -> Component:
     t = spec.trainer
     x = fused_head_inputs(spec, grad=True, outputs=fused_outputs(t.kind), scored=_scored(spec))
     fwd = forward_peak(x)
     bwd, _ = backward_peak(x)
     labels = 8 * spec.batch.micro_batch * spec.batch.seq_len  # labels / completion mask (int64)
     # the backbone's last hidden state is held by the patched forward while the head runs, then freed: only the
-    # kernel's own copy is saved (the plain LM head keeps the norm output: counted in activations.saved)
+    # kernel's own copy is saved. The plain LM head's input that activations.saved counts (the norm output, kept
+    # by a trained head only: head_input) is not kept. Before: the whole last hidden state was taken away for a
+    # frozen head too (LoRA, QLoRA): the formula 130-170 KB (-0.3 %) under every real LoRA row of
+    # benchmarks/trl_replay.py (SFT, DPO, KTO, GRPO)
     fwd_phase = fwd + labels
-    bwd_phase = bwd + labels - _last_hidden(spec)
+    bwd_phase = bwd + labels - head_input
     if trainer_row(t.kind).reference is ReferenceRule.IN_STEP and not t.precompute_ref_log_probs:
         # the reference forward (no_grad, after the policy's): the policy's outputs stay, the reference's
         # backbone output and its fused head's buffers (log-probs only) come on top. KTO runs two of them one after
@@ -225,12 +249,15 @@ def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
     ]
 
 
-def trainer_components(spec: TrainingSpec, base: tuple[Component, ...]) -> tuple[Component, ...]:
+def trainer_components(spec: TrainingSpec, base: tuple[Component, ...], head_input: int = 0
+                       ) -> tuple[Component, ...]:
     """The components of a TRL trainer's step, from the plain-Trainer components of ``step_spec(spec)``.
 
     Args:
         spec: The training spec as given (``spec.trainer`` says which trainer).
         base: ``collect_components(step_spec(spec))`` of the plain step.
+        head_input: Bytes of the LM head's input that ``base``'s activations count
+            (``core.activations.lm_head_input_saved`` of the step), which TRL's fused head does not keep.
 
     Returns:
         The components with the fused head, the reference model and the generation phase where they apply.
@@ -242,7 +269,7 @@ def trainer_components(spec: TrainingSpec, base: tuple[Component, ...]) -> tuple
     out: list[Component] = []
     for c in base:
         if c.name == "logits.loss" and runs_fused_head(t.kind, spec.activations.loss):
-            out.append(_fused_head_component(run, c))
+            out.append(_fused_head_component(run, head_input))
         elif spec.activations.loss == "full-logits" and trainer_row(t.kind).full_logits:
             out.append(full_logits_component(run, c) if c.name == "logits.loss" else outside_forward(c))
         else:
