@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from fitcheck.integrations.preflight_inputs import check_preflight_inputs, config_use_cache, detected_gpu
 from fitcheck.integrations.spec_build import (
     adapter_of,
     apply_live_facts,
@@ -159,7 +160,7 @@ def preflight(
     if gpu_memory is not None:
         values["gpu_memory"] = gpu_memory
     if gpu is None and gpu_memory is None and "gpu" not in overrides and "gpu_memory" not in overrides:
-        hw = _detected_gpu()
+        hw = detected_gpu()
         values.update(hw)
     trl_lengths = {k: int(str(overrides[o])) for k, o in (("prompt", "max_prompt_length"),
                    ("completion", "max_completion_length")) if o in overrides}
@@ -202,7 +203,7 @@ def preflight(
         note = weights_only_finding(report, device_map)
         if note is not None:
             report = with_findings(report, (note,), ())
-    use_cache = facts.use_cache if facts is not None else _config_use_cache(model_or_config, inventory)
+    use_cache = facts.use_cache if facts is not None else config_use_cache(model_or_config, inventory)
     more = field_findings(spec, values, env, use_cache=use_cache,
                           device_used_fraction=report.device_used_bytes / max(1, report.budget_bytes),
                           existing=report.findings)
@@ -210,65 +211,6 @@ def preflight(
     if strict and _would_fail(report):
         raise DoesNotFitError(report)
     return report
-
-
-def check_preflight_inputs(model_or_config: Any, args: Any, overrides: Mapping[str, object]) -> None:
-    """Refuse what :func:`preflight` cannot read instead of estimating something else.
-
-    Raises:
-        ConfigError: No model, an ``args`` that is no ``TrainingArguments`` (or TRL config, a subclass), or a
-            keyword that is no ``fitcheck estimate`` setting (a misspelt ``max_seq_lenght`` would otherwise be
-            dropped and the default length estimated).
-    """
-    import difflib
-
-    from fitcheck.errors import ConfigError, short_repr
-    from fitcheck.readers import SETTINGS, canonical_key
-
-    if model_or_config is None or (isinstance(model_or_config, str) and not model_or_config.strip()):
-        raise ConfigError("preflight(model_or_config=...): give a Hub id or local path, a PretrainedConfig or a "
-                          "loaded model; got " + short_repr(model_or_config))
-    if args is not None:
-        from transformers import TrainingArguments
-
-        if not isinstance(args, TrainingArguments):
-            raise ConfigError(
-                f"preflight(args=...): expected a transformers TrainingArguments or a TRL config (SFTConfig, "
-                f"DPOConfig, GRPOConfig, ...), got {type(args).__name__} {short_repr(args)}; pass settings that "
-                "are not in a TrainingArguments as keywords, e.g. preflight(model, max_seq_length=4096)"
-            )
-    known = {*SETTINGS, "max_prompt_length", "max_completion_length"}
-    unknown = [k for k in overrides if canonical_key(k) not in known]
-    if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ConfigError(
-            "preflight: unknown keyword " + ", ".join(hints) + "; keywords are `fitcheck estimate` flag names "
-            "(fitcheck estimate --help lists them)"
-        )
-
-
-def _detected_gpu() -> dict[str, object]:
-    """This machine's GPU when it has one (a preflight on the training node); else nothing (the default)."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            detected: dict[str, object] = detect_hardware()
-            return detected
-    except Exception:  # no usable torch: the estimate's default GPU applies
-        pass
-    return {}
-
-
-def _config_use_cache(model_or_config: Any, inventory: Any) -> bool | None:
-    value = getattr(model_or_config, "use_cache", None)
-    if isinstance(value, bool):
-        return value
-    raw = inventory.config.get("use_cache") if inventory.config else None
-    return raw if isinstance(raw, bool) else None
 
 
 def _rank_zero(args: Any, state: Any) -> bool:
