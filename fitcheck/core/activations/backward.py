@@ -69,6 +69,7 @@ from fitcheck.core.activations.norm_backward import (
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
 from fitcheck.findings import Finding, Severity
+from fitcheck.report import Phase
 from fitcheck.spec import AttentionKind, AttnImpl, NormKind, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
@@ -156,6 +157,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
     head_grad = 2 * g_head // param_bytes(spec) if q.autocast else g_head
     missing = 0 if accum else all_grads(spec)
+    z2 = _zero2(spec)  # ZeRO-2: (gradients counted, held at the top layer, held from the bottom layer on)
+    if z2 is not None:
+        missing = z2[0]  # no grads_in_partition yet; the head's gradient is the moment's own (head_grad)
     casts = L * cast if q.n_ckpt == 0 else 0
     head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)
     head32 = 0 if accum else 2 * head16  # made by the cast: no longer missing
@@ -172,6 +176,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             missing = frozen_missing(spec, i == L - 1, all_grads(spec), layer_bytes(spec), g_down_frozen)
         elif spec.lora is not None and not accum and q.n_ckpt == 0:
             missing = _lora_missing(spec, i)  # checkpointed adapters: lora_recompute / dora moments
+        if z2 is not None:  # ZeRO-2: the rank's grads_in_partition once allocated, whole, in place of the made ones
+            missing = z2[0] - (z2[1] if i == L - 1 else z2[2])
         if q.n_ckpt == 0:
             whole = q.layers_saved < 0 or i == 0 or q.offloaded
             saved = below * q.layer if whole else q.layers_saved
@@ -236,8 +242,26 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # with the head's buffered gradient comes after the node returned, its output gradient freed (engine.cpp
     # evaluate_function: the node's inputs are released before its outputs enter the next input buffer)
     during = q.end + cuda_embedding_backward(spec) + temp_emb + tied // 2
-    moments["embedding"] = max(during, tied + temp_emb) + _LOSS_SCALARS
+    moments["embedding"] = max(during, tied + temp_emb) + _LOSS_SCALARS - (0 if z2 is None else z2[0] - z2[2])
     return moments
+
+
+def _zero2(spec: TrainingSpec) -> tuple[int, int, int] | None:
+    """Under DeepSpeed ZeRO-2 (a full fine-tune's first micro-step): (the gradient bytes the model states count in
+    ``Phase.BACKWARD``, a rank's gradient bytes at the top layer's backward, from the bottom layer's on); None
+    otherwise. The model states count the rank's share of the gradients (G/n); ZeRO-2 holds none but the bucket
+    until the rank's first parameter is reduced, then its whole ``grads_in_partition``
+    (:func:`fitcheck.core.states.zero2_backward_grads`): the moments subtract the counted bytes and add what is
+    held, never gradients not yet made at full size (which on n ranks put backward below the resident states)."""
+    if spec.batch.grad_accum > 1 or not trainable_full(spec):
+        return None
+    from fitcheck.core.states import model_state_components, zero2_backward_grads
+
+    held = zero2_backward_grads(spec)
+    if held is None:
+        return None
+    counted = sum(c.at(Phase.BACKWARD) for c in model_state_components(spec) if c.name == "gradients")
+    return counted, held[1], held[2]
 
 
 def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, int, int, int | None] | None:
