@@ -164,6 +164,12 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)
     head32 = 0 if accum else 2 * head16  # made by the cast: no longer missing
     moments["head"] = q.kept + casts + head_extra + q.e * bs * h + head_grad + head16 - missing - head32
+    ds = spec.sharding.deepspeed
+    if z2 is not None and z2[1] and ds is not None and g_head // param_bytes(spec) > ds.reduce_bucket_size:
+        # ZeRO-2, the head above the bucket (extra_large_param_to_reduce): the final norm's gradient hook reduces
+        # it and allocates the last rank's grads_in_partition, the head's own gradient still alive, the logits
+        # gone (the real engine's backward peak at width 768, benchmarks/deepspeed_cpu.py)
+        moments["head reduced"] = q.kept + casts + q.e * bs * h + head_grad + z2[1] - z2[0] + _LOSS_SCALARS
     if head16:  # the cast to fp32: logits gradient and weight/input casts freed, the input gradient in fp32
         moments["head gradient cast"] = q.kept + casts + head16 + q.r * bs * h + (2 * head16 if accum else 0) - missing
     lora = _lora_recompute(spec, q)
