@@ -69,7 +69,7 @@ from fitcheck.core.activations.norm_backward import (
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
 from fitcheck.findings import Finding, Severity
-from fitcheck.report import Phase
+from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import AttentionKind, AttnImpl, NormKind, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
@@ -425,4 +425,45 @@ def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
             f"the peak during backward uses the Llama-recipe MLP working set; not pinned to a trace for {why}",
             trace_fix(spec, "run `fitcheck estimate --trace` for a measured number"),
         ),
+    )
+
+
+def zero2_traced_component(spec: TrainingSpec, traced: tuple[Component, ...]) -> Component | None:
+    """ZeRO-2's first reduction for traced activations (the default path), as a ``Phase.BACKWARD`` component.
+
+    A trace of the plain step subtracts every gradient not yet made from the model states' ``gradients`` at its
+    backward peak; under ZeRO-2 a rank holds its whole ``grads_in_partition`` from its first reduced bucket on
+    (:func:`_zero2`). At that first reduction (the final norm's hook when the head is above the bucket, else in the
+    top layer) forward's saved activations are still alive: the trace's activations at the start of backward (its
+    ``Category.ACTIVATIONS``, the logits left out), beside the head's extra-large gradient and the last rank's
+    partition. The component is what that moment holds above the trace's own backward moment (0 when below).
+
+    Args:
+        spec: The step's spec.
+        traced: The traced activation components.
+
+    Returns:
+        The component, or None when not a full-size ZeRO-2 first micro-step or below the traced moment.
+    """
+    z2 = _zero2(spec)
+    ds = spec.sharding.deepspeed
+    if z2 is None or not z2[1] or ds is None:
+        return None
+    device = [c for c in traced if c.location is Location.DEVICE]
+    saved = sum(c.at(Phase.BACKWARD_START) for c in device if c.category is Category.ACTIVATIONS)
+    g_head, _ = head_and_embedding(spec)
+    head = g_head if g_head // param_bytes(spec) > ds.reduce_bucket_size else 0  # extra_large_param_to_reduce
+    extra = saved + head + z2[1] - z2[0] - sum(c.at(Phase.BACKWARD) for c in device)
+    if extra <= 0:
+        return None
+    return Component(
+        "activations.zero2_first_reduction",
+        Category.ACTIVATIONS,
+        Location.DEVICE,
+        {p: extra if p is Phase.BACKWARD else 0 for p in PHASES},
+        "deepspeed 0.19.8 runtime/zero/stage_1_and_2.py: reduce_ipg_grads -> copy_grads_in_partition allocates the "
+        "rank's grads_in_partition at its first reduced bucket, near the top of backward "
+        "(fitcheck/core/activations/backward.py zero2_traced_component)",
+        f"ZeRO-2's first reduction: the traced saved activations ({saved:,} B) beside the last rank's "
+        f"grads_in_partition ({z2[1]:,} B), above the trace's backward moment",
     )
