@@ -451,8 +451,10 @@ def zero2_traced_component(spec: TrainingSpec, traced: tuple[Component, ...]) ->
         return None
     device = [c for c in traced if c.location is Location.DEVICE]
     saved = sum(c.at(Phase.BACKWARD_START) for c in device if c.category is Category.ACTIVATIONS)
-    g_head, _ = head_and_embedding(spec)
-    head = g_head if g_head // param_bytes(spec) > ds.reduce_bucket_size else 0  # extra_large_param_to_reduce
+    from fitcheck.core.states import param_compute_bytes
+
+    numel = head_and_embedding(spec)[0] // param_bytes(spec)  # its gradient in the dtype DeepSpeed computes in
+    head = numel * param_compute_bytes(spec) if numel > ds.reduce_bucket_size else 0  # extra_large_param_to_reduce
     extra = saved + head + z2[1] - z2[0] - sum(c.at(Phase.BACKWARD) for c in device)
     if extra <= 0:
         return None
