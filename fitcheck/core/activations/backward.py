@@ -69,7 +69,7 @@ from fitcheck.core.activations.norm_backward import (
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
 from fitcheck.findings import Finding, Severity
-from fitcheck.report import PHASES, Category, Component, Location, Phase
+from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import AttentionKind, AttnImpl, NormKind, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
@@ -451,18 +451,17 @@ def zero2_traced_component(spec: TrainingSpec, traced: tuple[Component, ...]) ->
         return None
     device = [c for c in traced if c.location is Location.DEVICE]
     saved = sum(c.at(Phase.BACKWARD_START) for c in device if c.category is Category.ACTIVATIONS)
-    from fitcheck.core.states import param_compute_bytes
+    from fitcheck.core.states import backward_moment_component, param_compute_bytes
 
     numel = head_and_embedding(spec)[0] // param_bytes(spec)  # its gradient in the dtype DeepSpeed computes in
     head = numel * param_compute_bytes(spec) if numel > ds.reduce_bucket_size else 0  # extra_large_param_to_reduce
     extra = saved + head + z2[1] - z2[0] - sum(c.at(Phase.BACKWARD) for c in device)
     if extra <= 0:
         return None
-    return Component(
+    return backward_moment_component(
         "activations.zero2_first_reduction",
         Category.ACTIVATIONS,
-        Location.DEVICE,
-        {p: extra if p is Phase.BACKWARD else 0 for p in PHASES},
+        extra,
         "deepspeed 0.19.8 runtime/zero/stage_1_and_2.py: reduce_ipg_grads -> copy_grads_in_partition allocates the "
         "rank's grads_in_partition at its first reduced bucket, near the top of backward "
         "(fitcheck/core/activations/backward.py zero2_traced_component)",

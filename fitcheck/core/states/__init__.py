@@ -43,6 +43,7 @@ from fitcheck.core.states.sharding_findings import sharding_findings
 from fitcheck.core.states.trl_adapters import trl_bf16_trainables
 from fitcheck.core.states.zero_reduce import (
     aligned,
+    backward_moment_component,
     held_elements,
     in_partition,
     partition_size,
@@ -60,6 +61,7 @@ __all__ = [
     "adapter_param_count",
     "aligned",
     "all_trainable",
+    "backward_moment_component",
     "base_weights",
     "buffer_components",
     "build_layout",

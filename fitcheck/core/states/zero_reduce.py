@@ -195,15 +195,21 @@ def zero1_reduction_component(spec: TrainingSpec, activations_backward: int) -> 
     extra = moment - activations_backward
     if moment <= 0 or extra <= 0:
         return None
-    return Component(
+    return backward_moment_component(
         "buffers.deepspeed_grads_in_partition",
         Category.BUFFERS,
-        Location.DEVICE,
-        {p: extra if p is Phase.BACKWARD else 0 for p in PHASES},
+        extra,
         _SRC,
         f"ZeRO-1's reduction at the end of backward: grads_in_partition beside the gradients not yet copied into "
         f"the bucket ({moment:,} B), less the activations' backward moment it replaces as the phase's peak",
     )
+
+
+def backward_moment_component(name: str, category: Category, extra: int, source: str, detail: str) -> Component:
+    """A device component of ``extra`` bytes in ``Phase.BACKWARD`` only: a ZeRO reduction moment above the
+    activations' own backward moment (ZeRO-1's here, ZeRO-2's first reduction on the traced path)."""
+    return Component(name, category, Location.DEVICE, {p: extra if p is Phase.BACKWARD else 0 for p in PHASES},
+                     source, detail)
 
 
 def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int, int] | None:
