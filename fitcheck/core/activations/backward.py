@@ -267,7 +267,7 @@ def _zero2(spec: TrainingSpec) -> tuple[int, int, int] | None:
     if held is None:
         return None
     counted = sum(c.at(Phase.BACKWARD) for c in model_state_components(spec) if c.name == "gradients")
-    return counted, held[1], held[2]
+    return counted, held[0], held[1]
 
 
 def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, int, int, int | None] | None:

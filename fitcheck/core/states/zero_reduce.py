@@ -212,9 +212,10 @@ def backward_moment_component(name: str, category: Category, extra: int, source:
                      source, detail)
 
 
-def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int, int] | None:
-    """What ZeRO-2's gradients hold on a rank at backward's moments: (before the first bucket is reduced, from the
-    top layer's backward on, from the bottom layer's on), bytes; None when the run does not reduce this way.
+def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int] | None:
+    """What ZeRO-2's gradients hold on a rank at backward's moments after its first reduced bucket (before it:
+    nothing but the bucket): (from the top layer's backward on, from the bottom layer's on), bytes; None when the
+    run does not reduce this way.
 
     deepspeed 0.19.8 ``runtime/zero/stage_1_and_2.py``: with ``partition_gradients`` (ZeRO-2) the gradient hook
     (``process_gradients`` -> ``reduce_ready_partitions_and_remove_grads``) runs
@@ -234,8 +235,8 @@ def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int, int] | None:
         spec: The training spec.
 
     Returns:
-        (0, the last rank's ``grads_in_partition`` if its first bucket is reduced by the top layer's backward else
-        0, the largest ``grads_in_partition``), in bytes; None unless a full-size DeepSpeed ZeRO-2 run with
+        (the last rank's ``grads_in_partition`` if its first bucket is reduced by the top layer's backward else 0,
+        the largest ``grads_in_partition``), in bytes; None unless a full-size DeepSpeed ZeRO-2 run with
         ``contiguous_gradients`` and no optimizer offload.
     """
     sh = spec.sharding
@@ -256,4 +257,4 @@ def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int, int] | None:
     first = min((k for k, p in enumerate(spec.model.params) if "*" in p.name), default=len(spec.model.params))
     after = sum(p.numel for k, p in enumerate(spec.model.params) if k > first and "*" not in p.name)
     top = held[world - 1] * elem if after + layer > ds.reduce_bucket_size else 0
-    return 0, top, max(held) * elem
+    return top, max(held) * elem
