@@ -14,9 +14,11 @@ counts the time waiting for a core, the CPU time does not):
 
 each traced mode ``cold`` (every run with its own empty ``FITCHECK_CACHE_DIR``) and ``warm`` (the directory the
 last cold run filled). Next to them the import floor (``python -c "import torch, transformers, peft"``: what a
-cold traced answer of a PEFT run cannot go under), the step traces (``tracer.trace_step``) and optimizer traces
-(``tracer_optimizer.trace_optimizer``) each child ran, and whether the warm full report printed the same bytes as
-the cold one. Issue 20's targets: formula <= 0.3 s, traced answer <= 3 s, full report <= 5 s.
+cold traced answer of a PEFT run cannot go under) and its parts (``import torch``, each case's
+``transformers.models.<family>.modeling_<family>``, ``import peft``: ``floor_rows``), the step traces
+(``tracer.trace_step``) and optimizer traces (``tracer_optimizer.trace_optimizer``) each child ran, and whether the
+warm full report printed the same bytes as the cold one. Issue 20's targets: formula <= 0.3 s, traced answer
+<= 3 s, full report <= 5 s.
 
 Also the in-process time of each part after the imports (``--inproc``), and the number of traces run.
 
@@ -24,7 +26,11 @@ Also the in-process time of each part after the imports (``--inproc``), and the 
 module's own body, by top-level package), building the model, the step and optimizer traces, the allocator
 replay, and the rest: what a cold traced answer spends where, and the floor the library imports leave.
 
-Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [--split] [--compile] [--json FILE] [case ...]``
+``--imports`` runs one cold traced answer per case under ``-X importtime``: its largest first-level imports and which
+heavy packages (peft, bitsandbytes, trl, deepspeed, ...) it imported (``benchmarks/data/default_path_imports.json``).
+
+Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--inproc] [--split] [--imports] [--compile] [--json FILE]
+[case ...]``
 (CPU, no network; the caches are temporary directories, removed at the end). Cases: those of ``CASES`` (the
 default), and the four H100 rows of ``H100_ROWS`` by name. To time another checkout (e.g. ``main`` before issue
 20), run it with ``PYTHONPATH=<that checkout>``: the children inherit it.
@@ -269,6 +275,67 @@ def split_case(name: str, flags: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def _family(flags: list[str]) -> str:
+    """The case's ``model_type`` (its config.json in fitcheck's catalog)."""
+    from fitcheck.catalog import find_catalog_config
+
+    found = find_catalog_config(flags[flags.index("--model_name_or_path") + 1])
+    if found is None:
+        raise SystemExit(f"not in the catalog: {flags}")
+    return str(found[0]["model_type"])
+
+
+def floor_rows(cases: list[list[str]], repeat: int) -> list[dict[str, Any]]:
+    """What a cold traced answer cannot go under, each in fresh processes (median of ``repeat``): ``import torch``,
+    each case's ``transformers.models.<family>.modeling_<family>`` (torch, transformers' masking_utils ->
+    torch._dynamo, modeling_utils -> loss_utils -> scipy.optimize, accelerate through
+    transformers.integrations.deepspeed: what building the model imports), and ``import peft`` (what a LoRA /
+    QLoRA trace adds: peft's ``__init__`` imports every tuner and bitsandbytes)."""
+    imports = {"(import torch)": "import torch"}
+    for family in dict.fromkeys(_family(flags) for flags in cases):
+        imports[f"(import modeling_{family})"] = f"import transformers.models.{family}.modeling_{family}"
+    imports["(import peft)"] = "import peft"
+    return [_row(name, "", "-", [_child([sys.executable, "-c", code]) for _ in range(repeat)], code)
+            for name, code in imports.items()]
+
+
+def _top_imports(stderr: str, top: int) -> list[tuple[str, float]]:
+    """The ``top`` largest cumulative entries of a ``-X importtime`` log that no other import nests (what the
+    script and fitcheck's functions imported themselves), in seconds."""
+    entries = []
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        _, cumulative, name = line.split("|")
+        if len(name) - len(name.lstrip()) == 1:  # one space: a first-level import (nested ones are indented more)
+            entries.append((name.strip(), int(cumulative) / 1e6))
+    return sorted(entries, key=lambda e: -e[1])[:top]
+
+
+# packages a traced answer may import; which it did is printed per case
+_WATCHED = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "trl", "deepspeed", "scipy", "sympy",
+            "torch._dynamo", "transformers.generation.utils", "transformers.models.auto.modeling_auto",
+            "transformers.trainer")
+
+
+def imports_case(name: str, flags: list[str], top: int = 12) -> list[dict[str, Any]]:
+    """One cold traced answer under ``-X importtime``: its ``top`` largest first-level imports (cumulative seconds,
+    inflated by the log itself) and which of ``_WATCHED`` it imported."""
+    said = f"print('IMPORTED', *[m for m in {_WATCHED!r} if m in sys.modules], file=sys.stderr)\n"
+    probe = _ANSWER.replace("import atexit\n", "import atexit\n" + said, 1)
+    with tempfile.TemporaryDirectory(prefix="fitcheck-imports-") as cache:
+        env = {**os.environ, "PYTHONWARNINGS": "ignore", "FITCHECK_CACHE_DIR": cache}
+        out = subprocess.run([sys.executable, "-X", "importtime", "-c", probe, *flags], capture_output=True,
+                             text=True, env=env, check=False)
+    lists = [line.split()[1:] for line in out.stderr.splitlines() if line.startswith("IMPORTED")]
+    imported, tops = (lists[-1] if lists else []), _top_imports(out.stderr, top)
+    print(f"{name}: {out.stdout.strip()[:60]}\n  imported: {' '.join(imported)}")
+    for module, seconds in tops:
+        print(f"  {seconds:7.2f} s  {module}")
+    return [{"case": name, "mode": "traced answer", "answer": out.stdout.strip()[:60], "imported": imported,
+             "top_imports_s": tops}]
+
+
 def inproc(flags: list[str]) -> None:
     """Time the parts in one process after the imports: the headline, the largest micro-batch, suggestions."""
     import warnings
@@ -332,6 +399,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--split", action="store_true",
                     help="one cold child per mode with hooks that split its CPU: imports by package, building the "
                     "model, traces, the allocator replay, the rest")
+    ap.add_argument("--imports", action="store_true",
+                    help="one cold traced answer per case under -X importtime: its largest first-level imports and "
+                    "which of torch, transformers, peft, bitsandbytes, trl, deepspeed, ... it imported")
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON (benchmarks/data/)")
     ap.add_argument("cases", nargs="*")
     ns = ap.parse_args(argv)
@@ -344,6 +414,15 @@ def main(argv: list[str]) -> int:
         for name in names:
             print(name)
             inproc(cases[name])
+        return 0
+    if ns.imports:
+        import_rows = [row for name in names for row in imports_case(name, cases[name])]
+        if ns.json:
+            with open(ns.json, "w", encoding="utf-8") as out:
+                json.dump({"machine": f"{os.cpu_count()} cores, load average {load:.1f} at start",
+                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "imports": import_rows},
+                          out, indent=1)
+                out.write("\n")
         return 0
     if ns.split:
         split_rows = [row for name in names for row in split_case(name, cases[name])]
@@ -360,14 +439,16 @@ def main(argv: list[str]) -> int:
                  "the interpreter and site, no fitcheck"),
             _row("(import floor)", "", "-", [_child([sys.executable, "-c", "import torch, transformers, peft"])
                                            for _ in range(ns.repeat)], "import torch, transformers, peft")]
-    for name in names:
-        rows += time_case(name, cases[name], ns.repeat)
-    if ns.json:
-        with open(ns.json, "w", encoding="utf-8") as out:
-            json.dump({"machine": f"{os.cpu_count()} cores, load average {load:.1f} at start",
-                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repeat": ns.repeat,
-                       "rows": rows}, out, indent=1)
-            out.write("\n")
+    rows += floor_rows([cases[name] for name in names], ns.repeat)
+    for name in [None, *names]:  # the JSON is written after each case: a run cut short keeps what it measured
+        rows += time_case(name, cases[name], ns.repeat) if name else []
+        if ns.json:
+            with open(ns.json, "w", encoding="utf-8") as out:
+                json.dump({"machine": f"{os.cpu_count()} cores, load average {load:.1f} at start, "
+                           f"{os.getloadavg()[0]:.1f} at this write",
+                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repeat": ns.repeat,
+                           "rows": rows}, out, indent=1)
+                out.write("\n")
     return 0
 
 

@@ -64,6 +64,7 @@ class Case:
         ckpt: ``gradient_checkpointing`` (TRL configs default it to True).
         extra: Further TRL config fields.
         vocab: Vocabulary size of the tiny Llama (and of its word-level tokenizer).
+        model: Overrides of the tiny Llama's config (a wider or deeper model).
     """
 
     name: str
@@ -75,6 +76,7 @@ class Case:
     ckpt: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
     vocab: int = VOCAB
+    model: dict[str, Any] = field(default_factory=dict)
 
 
 CASES: tuple[Case, ...] = (
@@ -120,7 +122,7 @@ def spec_for(case: Case) -> TrainingSpec:
     """The TrainingSpec for a case: bf16 model, TRL's bf16 autocast, AdamW (torch), CPU."""
     from fitcheck.readers import inventory_from_config
 
-    config = {**LLAMA, "vocab_size": case.vocab}
+    config = {**LLAMA, "vocab_size": case.vocab, **case.model}
     if case.trainer is TrainerKind.REWARD:
         config.update(architectures=["LlamaForSequenceClassification"], num_labels=1)
     inv = inventory_from_config(config, case.name, "benchmarks/trl_truth.py")
@@ -180,6 +182,8 @@ def build_trainer(case: Case, path: str, callbacks: list[Any] | None = None) -> 
 
     config = LlamaConfig(**{k: v for k, v in LLAMA.items() if k not in ("model_type", "architectures")})
     config.vocab_size = case.vocab
+    for key, value in case.model.items():
+        setattr(config, key, value)
     torch.manual_seed(0)
     if case.trainer is TrainerKind.REWARD:
         config.num_labels = 1

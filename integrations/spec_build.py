@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fitcheck.findings import Finding, Severity
-from fitcheck.spec import DeviceType, Dtype, ModelInventory, TrainingSpec
+from fitcheck.spec import DeviceType, Dtype, ModelInventory, PeftAdapterSpec, TrainingSpec
 from fitcheck.torch_adapters import meta_inventory
 from fitcheck.units import format_bytes
 
@@ -108,6 +108,21 @@ def lora_values(peft_config: object) -> dict[str, object]:
     out["use_dora"] = bool(get("use_dora", False))
     out["use_rslora"] = bool(get("use_rslora", False))
     return out
+
+
+def adapter_of(peft_config: object) -> PeftAdapterSpec | None:
+    """A ``peft_config`` (``PeftConfig`` object or mapping) of a PEFT method other than LoRA as its adapter spec,
+    read by the adapter-config reader; None for a LoRA config (:func:`lora_values` reads it).
+
+    Raises:
+        NotModelledError: A PEFT method fitcheck does not estimate.
+    """
+    from fitcheck.readers import adapter_from_mapping, adapter_from_object
+
+    source = type(peft_config).__name__
+    read = (adapter_from_mapping(peft_config, source=source) if isinstance(peft_config, Mapping)
+            else adapter_from_object(peft_config, source=source))
+    return read if isinstance(read, PeftAdapterSpec) else None
 
 
 def quantization_values(bnb_config: object) -> dict[str, object]:
@@ -237,14 +252,18 @@ def apply_live_facts(spec: TrainingSpec, facts: Any) -> tuple[TrainingSpec, list
         notes.append(f"parameters are {facts.load_dtype.value} in the loaded model (flags said "
                      f"{precision.load_dtype.value})")
         precision = dataclasses.replace(precision, load_dtype=facts.load_dtype)
-    lora, quant, freeze = facts.lora, facts.quant, facts.freeze
+    lora, quant, freeze, peft = facts.lora, facts.quant, facts.freeze, getattr(facts, "peft", None)
+    if peft is not None:
+        notes.append(f"{peft.peft_type} adapters: estimated from peft's own model and a traced step")
     if lora is not None and spec.lora is not None:
         lora = dataclasses.replace(lora, alpha=spec.lora.alpha, use_rslora=spec.lora.use_rslora)
     if quant is not None and quant.compute_dtype is None and spec.quant is not None:
         quant = dataclasses.replace(quant, compute_dtype=spec.quant.compute_dtype)
-    if lora is None and quant is None and freeze is None and facts.trainable_params == facts.total_params:
+    if lora is None and quant is None and freeze is None and peft is None and (
+            facts.trainable_params == facts.total_params):
         notes.append("every parameter requires grad: full fine-tune")
-    return dataclasses.replace(spec, precision=precision, lora=lora, quant=quant, freeze=freeze), notes
+    return dataclasses.replace(spec, precision=precision, lora=lora, quant=quant, freeze=freeze,
+                               peft=peft or spec.peft), notes
 
 
 def field_findings(

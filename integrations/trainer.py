@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitcheck.integrations.spec_build import (
+    adapter_of,
     apply_live_facts,
     build_spec,
     detect_hardware,
@@ -108,7 +109,9 @@ def preflight(
         args: A ``TrainingArguments`` or a TRL ``SFTConfig``/``DPOConfig``/``GRPOConfig``/``RewardConfig`` (the
             trainer is recognised from its class; pass ``max_prompt_length``/``max_completion_length`` for
             DPO/GRPO data lengths).
-        peft_config: A peft ``LoraConfig`` (ignored for a loaded model that already has adapters).
+        peft_config: A peft ``LoraConfig``, or the config of another method fitcheck estimates (``IA3Config``,
+            ``PromptTuningConfig``, ...: ``readers.TRACED_PEFT_TYPES``) (ignored for a loaded model that already
+            has adapters).
         quantization_config: A transformers ``BitsAndBytesConfig``.
         gpu: GPU name (``"A100-80GB"``, ``"RTX4090-24GB"``...); default: this machine's GPU, else H100-80GB.
         gpu_memory: Memory per GPU instead of ``gpu`` (``"24GiB"`` or bytes).
@@ -144,7 +147,9 @@ def preflight(
         from fitcheck.torch_adapters import inspect_model
 
         facts = inspect_model(model_or_config)
-    if peft_config is not None and (facts is None or facts.lora is None):
+    # a non-LoRA peft_config for a model without it yet: its adapter (get_peft_model is applied later)
+    adapter = adapter_of(peft_config) if peft_config is not None and (facts is None or facts.peft is None) else None
+    if peft_config is not None and adapter is None and (facts is None or facts.lora is None):
         values.update(lora_values(peft_config))
     if quantization_config is not None and (facts is None or facts.quant is None):
         values.update(quantization_values(quantization_config))
@@ -176,6 +181,8 @@ def preflight(
         notes += pending
         mismatch = architecture_finding(model_or_config, inventory)
         extra = (mismatch,) if mismatch is not None else ()
+    if adapter is not None and spec.peft is None:
+        spec = dataclasses.replace(spec, peft=adapter, lora=None, freeze=None)
     kind = trainer_kind_of(args)
     if kind is not TrainerKind.TRAINER:  # a TRL config: its trainer's step (reference model, generation, ...)
         spec = with_trainer(spec, trainer_spec_from_args(args, trl_lengths))

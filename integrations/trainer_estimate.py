@@ -33,11 +33,20 @@ from fitcheck.spec import TrainerKind, TrainingSpec
 
 
 def estimate_with(spec: TrainingSpec, extra: tuple[Finding, ...] = ()) -> Report:
-    """The estimate of ``spec`` with ``extra`` findings added to it."""
+    """The estimate of ``spec`` with ``extra`` findings added to it.
+
+    A PEFT method other than LoRA (``spec.peft``) is estimated only from peft's own model and a traced step (the
+    CLI's default path, ``torch_adapters.PinnedPath``); the formulas alone refuse it (``core/states/peft_adapter``).
+    """
     from fitcheck.core import estimate
 
     if extra:
         spec = dataclasses.replace(spec, findings=(*spec.findings, *extra))
+    if spec.peft is not None:
+        from fitcheck.torch_adapters import PinnedPath
+
+        report: Report = PinnedPath("auto")(spec)
+        return report
     return estimate(spec)
 
 

@@ -140,6 +140,29 @@ def test_qlora_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert j["trainable_params"] == 41_943_040  # r * (in + out) over every linear but lm_head (design note 04)
 
 
+def test_a_path_answers_a_spec_asked_again_from_its_kept_formula_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch search and the advisor ask a path the same spec again (20 estimates of 10 specs in the Qwen3-8B
+    QLoRA answer): the core runs once per spec, and the answer equals a fresh path's, with the spec asked."""
+    import dataclasses
+
+    import fitcheck.core as core
+    from fitcheck.cli import build_parser, spec_from_args
+    from fitcheck.torch_adapters import PinnedPath
+
+    spec, _ = spec_from_args(build_parser().parse_args([*BASE, "--no_trace"]))
+    calls = []
+    real = core.estimate
+    monkeypatch.setattr(core, "estimate", lambda s, **kw: calls.append(s) or real(s, **kw))
+    path = PinnedPath("never")
+    first = path(spec)
+    other = dataclasses.replace(spec, provenance={"per_device_train_batch_size": "elsewhere"})
+    again = path(other)
+    bigger = path(dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, micro_batch=3)))
+    assert len(calls) == 2
+    assert first == PinnedPath("never")(spec) and bigger == PinnedPath("never")(bigger.spec)
+    assert again.spec is other and again == PinnedPath("never")(other)
+
+
 def test_known_family_answers_without_importing_torch() -> None:
     # --no_trace: with torch installed the default path replays the largest micro-batch's boundary (by construction
     # near the budget) through the caching allocator (torch_adapters/verdict_replay.py)
@@ -150,7 +173,8 @@ def test_known_family_answers_without_importing_torch() -> None:
         "with contextlib.redirect_stdout(buf):\n"
         f"    rc = main({[*BASE, '--json', '--no_trace']!r})\n"
         "json.loads(buf.getvalue())\n"
-        "bad = [m for m in ('torch', 'transformers', 'accelerate', 'peft') if m in sys.modules]\n"
+        "bad = [m for m in ('torch', 'transformers', 'accelerate', 'peft', 'fitcheck.torch_adapters.meta_device',\n"
+        "                   'fitcheck.torch_adapters.fsdp2_run_events') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

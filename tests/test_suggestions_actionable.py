@@ -216,3 +216,56 @@ def test_launch_suggestions_carry_each_flag_once_and_pass_the_libraries_checks(
         _validate([t for name, vals in full.items() for t in (f"--{name}", *vals)], str(tmp_path))
     if "--zero_stage" in accelerate_flags:
         assert any("--sp_size" in s["argv"] for s in suggestions)  # sequence-parallel suggestions were checked
+
+
+# A 2-layer Llama (a few seconds to trace) and a prefix-tuning adapter: on main the advisor printed gradient
+# checkpointing for it, which peft refuses and the Trainer's step fails on (core/states/peft_adapter.py).
+_TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+               "intermediate_size": 172, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+               "vocab_size": 1000, "max_position_embeddings": 2048, "tie_word_embeddings": False,
+               "torch_dtype": "bfloat16"}
+_PREFIX = {"peft_type": "PREFIX_TUNING", "task_type": "CAUSAL_LM", "num_virtual_tokens": 8}
+
+
+def _adapter_step(config: dict[str, Any], adapter: dict[str, Any], values: dict[str, list[str]]) -> None:
+    """The suggested run's adapter on the real libraries: peft builds it (``PeftConfig.from_peft_type``,
+    ``get_peft_model``), the Trainer's gradient checkpointing is enabled as ``Trainer.train`` does (after the wrap),
+    and one real forward + backward on CPU must give every trainable tensor a gradient."""
+    import torch
+    from peft import PeftConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = get_peft_model(LlamaForCausalLM(LlamaConfig(**config)), PeftConfig.from_peft_type(**adapter))
+    if "gradient_checkpointing" in values:
+        model.gradient_checkpointing_enable()
+    model.train()
+    ids = torch.randint(0, config["vocab_size"], (1, 16))
+    model(input_ids=ids, labels=ids, attention_mask=torch.ones_like(ids)).loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_every_suggestion_for_a_non_lora_adapter_run_is_accepted_and_trains(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    """A run with a PEFT method other than LoRA (``--adapter_config``) that does not fit: every printed suggestion
+    is one fitcheck itself estimates (no exit 2: no LoRA/QLoRA, ZeRO/FSDP/offload or TRL switch), passes the same
+    TrainingArguments checks as above, and the suggested run's adapter trains one real step."""
+    pytest.importorskip("peft")
+    (tmp_path / "config.json").write_text(json.dumps(_TINY_LLAMA))
+    adapter = tmp_path / "adapter_config.json"
+    adapter.write_text(json.dumps(_PREFIX))
+    base = ["--model_name_or_path", str(tmp_path), "--gpu_memory", "0.8GiB", "--bf16",
+            "--per_device_train_batch_size", "8", "--max_seq_length", "1024", "--adapter_config", str(adapter)]
+    capsys.readouterr()
+    assert main(["estimate", *base, "--json"]) == 1
+    suggestions = json.loads(capsys.readouterr().out)["suggestions"]
+    assert len(suggestions) >= 2
+    for s in suggestions:
+        full = _flag_values([*base, *s["argv"]])
+        merged = [t for name, vals in full.items() for t in (f"--{name}", *vals)]
+        assert main(["estimate", *merged, "--json"]) in (0, 1), s["argv"]  # fitcheck estimates what it printed
+        capsys.readouterr()
+        _validate([t for name, vals in full.items() if name not in ("adapter_config", "gpu_memory")
+                   for t in (f"--{name}", *vals)], str(tmp_path / "out"))
+        _adapter_step(_TINY_LLAMA, _PREFIX, full)

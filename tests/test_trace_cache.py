@@ -20,7 +20,7 @@ from typing import Any
 from tiny_models import LLAMA_8_LAYERS
 
 from fitcheck.report import Phase
-from fitcheck.torch_adapters import TraceCache, cache_directory
+from fitcheck.torch_adapters import TraceCache, cache_directory, trace_cache
 from fitcheck.torch_adapters.allocator_replay import StepReplay
 from fitcheck.torch_adapters.trace_cache import (
     SOURCE_DIRS,
@@ -144,6 +144,38 @@ def test_a_changed_config_micro_batch_version_or_source_misses(tmp_path: Path) -
     assert compute.calls == 5
     cached_trace(TraceCache(tmp_path, fingerprint_value=real), "k", LLAMA_8_LAYERS, 2, compute)
     assert compute.calls == 5  # the first entry is still there
+
+
+def test_the_kept_source_hash_is_read_again_after_an_edit(tmp_path: Path, monkeypatch: Any) -> None:
+    """The source hash kept in the cache directory (``source_hash(index_dir=...)``, so a warm answer does not read
+    all of fitcheck's source) answers only while no file is written, added or removed: the content's hash after
+    each change, never the kept one."""
+    package = Path(__file__).resolve().parent.parent / "fitcheck"
+    copy, index = tmp_path / "src", tmp_path / "cache"
+    for d in SOURCE_DIRS:
+        shutil.copytree(package / d, copy / d, ignore=shutil.ignore_patterns("__pycache__"))
+    for f in SOURCE_FILES:
+        shutil.copy(package / f, copy / f)
+    old = 1_000_000_000  # mtimes in 2001 (the ctimes stay now)
+    for path in copy.rglob("*.py"):
+        os.utime(path, ns=(old, old))
+    real = source_hash(copy)
+    assert source_hash(copy, index_dir=index) == real
+    assert not list(index.glob("source-*.json"))  # files changed seconds ago: no index (racy timestamps)
+    monkeypatch.setattr(trace_cache, "_RACY_NS", 0)
+    assert source_hash(copy, index_dir=index) == real
+    assert len(list(index.glob("source-*.json"))) == 1
+    kept = next(index.glob("source-*.json"))
+    kept.write_text(kept.read_text().replace(real, "the kept hash"))
+    assert source_hash(copy, index_dir=index) == "the kept hash"  # read from the index, no file read
+    edited = copy / "core" / "estimator.py"
+    text = edited.read_text()
+    edited.write_text(text.replace("def ", "def  ", 1)[:-1])  # same size, mtime put back: ctime still moves
+    os.utime(edited, ns=(old, old))
+    assert edited.stat().st_size == len(text.encode()) and source_hash(copy) != real
+    assert source_hash(copy, index_dir=index) == source_hash(copy)
+    (copy / "core" / "new_module.py").write_text("x = 1\n")
+    assert source_hash(copy, index_dir=index) == source_hash(copy)
 
 
 def test_a_bad_entry_is_a_miss_never_an_error(tmp_path: Path) -> None:

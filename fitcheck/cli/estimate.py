@@ -27,8 +27,7 @@ from fitcheck.core.trainers import REFUSED
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
 from fitcheck.report import Report
-from fitcheck.spec import TrainingSpec
-from fitcheck.torch_adapters import meta_inventory
+from fitcheck.spec import ModelInventory, TrainingSpec
 
 if TYPE_CHECKING:
     from fitcheck.readers import FrameworkRun
@@ -36,6 +35,13 @@ if TYPE_CHECKING:
 FILE_FLAGS = ("training_args", "deepspeed", "config_file", "fsdp", "fsdp_config")
 TASK_FLAGS = ("task", "num_labels", "image_tokens")  # read by readers/task_heads.py, not by the merge
 LENGTH_FILES = ("training_args", "axolotl", "llamafactory")  # files that may set max_seq_length themselves
+
+
+def meta_inventory(config: Mapping[str, object], model_id: str, source: str, task: str | None = None) -> ModelInventory:
+    """``torch_adapters.meta_inventory``, imported only for a config that needs the meta device."""
+    from fitcheck.torch_adapters import meta_inventory as build
+
+    return build(config, model_id, source, task)
 
 
 def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:

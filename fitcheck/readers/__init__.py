@@ -32,6 +32,7 @@ from fitcheck.readers.parallelism import PARALLELISM_FLAGS, read_parallelism
 from fitcheck.readers.peft_config import (
     TRACED_PEFT_TYPES,
     adapter_from_mapping,
+    adapter_from_object,
     read_adapter_config,
     refuse_unmodelled_lora_settings,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "RunSettings",
     "accelerate_deepspeed_config",
     "adapter_from_mapping",
+    "adapter_from_object",
     "canonical_key",
     "check_seq_lengths",
     "classifier_inventory",

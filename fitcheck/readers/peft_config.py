@@ -194,6 +194,27 @@ def adapter_from_mapping(raw: Mapping[str, object], *, source: str) -> LoraSpec 
     return PeftAdapterSpec(name, PeftAdapterSpec.canonical({**raw, "peft_type": name}), source)
 
 
+def adapter_from_object(config: object, *, source: str) -> LoraSpec | PeftAdapterSpec:
+    """A live peft ``PeftConfig`` (a ``PeftModel.peft_config`` entry, or the config given to ``preflight``) read as
+    its ``adapter_config.json``: ``PeftConfigMixin.to_dict`` (peft 0.21.2 ``config.py``) is what
+    ``save_pretrained`` writes, so it goes through :func:`adapter_from_mapping`; a ``LoraConfig`` through
+    :func:`lora_from_object`.
+
+    Raises:
+        ConfigError: Not a peft config, or bad values.
+        NotModelledError: A PEFT method not modelled.
+    """
+    to_dict = getattr(config, "to_dict", None)
+    raw = to_dict() if callable(to_dict) else None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: expected a peft PeftConfig (LoraConfig, IA3Config, ...), got "
+                          f"{type(config).__name__}")
+    peft_type = _peft_type(raw)
+    if peft_type is None or peft_type.upper() == "LORA":
+        return lora_from_object(config, source=source)  # its attributes (target_modules is a set after init)
+    return adapter_from_mapping(raw, source=source)
+
+
 def read_adapter_config(path: str) -> LoraSpec | PeftAdapterSpec:
     """Read an ``adapter_config.json`` (what ``PeftConfig.save_pretrained`` writes).
 

@@ -86,5 +86,12 @@ class PeftAdapterSpec:
 
     @staticmethod
     def canonical(raw: Mapping[str, Any]) -> str:
-        """``raw`` as the canonical JSON ``config_json`` holds."""
-        return json.dumps(dict(raw), sort_keys=True, default=str)
+        """``raw`` as the canonical JSON ``config_json`` holds (a live ``PeftConfig``'s sets, peft's
+        ``target_modules`` after ``__post_init__``, as sorted lists; other non-JSON values as their ``str``)."""
+        return json.dumps(dict(raw), sort_keys=True, default=_json_value)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    return str(value)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fitcheck.findings import Finding
-from fitcheck.spec import Dtype, FreezeSpec, LoraSpec, QuantSpec
+from fitcheck.spec import Dtype, FreezeSpec, LoraSpec, PeftAdapterSpec, QuantSpec
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 
@@ -43,6 +43,7 @@ class LiveModelFacts:
         lora: The LoRA adapters found in the modules, if any.
         quant: The bitsandbytes quantization found in the modules, if any.
         freeze: Partial training without PEFT (some parameters frozen), if any.
+        peft: A PEFT method other than LoRA, read from the model's ``peft_config`` (its active adapter), if any.
         gradient_checkpointing: ``model.is_gradient_checkpointing`` (False before ``Trainer.train`` turns it on).
         use_cache: ``config.use_cache``.
         hf_device_map: accelerate's device map when the model was dispatched.
@@ -60,6 +61,7 @@ class LiveModelFacts:
     lora: LoraSpec | None = None
     quant: QuantSpec | None = None
     freeze: FreezeSpec | None = None
+    peft: PeftAdapterSpec | None = None
     gradient_checkpointing: bool = False
     use_cache: bool | None = None
     hf_device_map: dict[str, Any] | None = None
@@ -218,6 +220,33 @@ def _freeze_spec(names_trainable: list[str], names_all: list[str]) -> tuple[Free
     return FreezeSpec(trainable=tuple(patterns), trainable_layers=trainable_layers), notes
 
 
+def _peft_adapter(model: Any) -> tuple[PeftAdapterSpec | None, list[str]]:
+    """A PEFT method other than LoRA from the model's ``peft_config`` (peft 0.21.2 ``peft_model.py``
+    ``PeftModel.peft_config``: adapter name -> ``PeftConfig``; ``active_adapter``), read by the adapter-config
+    reader (``readers.adapter_from_object``). LoRA is read from its layers (:func:`_lora_spec`): None.
+
+    Raises:
+        NotModelledError: A PEFT method fitcheck does not estimate (BOFT, ...): its tensors would otherwise be
+            estimated as partly frozen base parameters.
+    """
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, Mapping) or not configs:
+        return None, []
+    active = getattr(model, "active_adapter", None)
+    name = active if isinstance(active, str) and active in configs else next(iter(configs))
+    config = configs[name]
+    kind = getattr(config, "peft_type", None)
+    if str(getattr(kind, "value", kind)).upper() == "LORA":
+        return None, []
+    from fitcheck.readers import adapter_from_object
+
+    adapter = adapter_from_object(config, source=f"{type(model).__name__}.peft_config[{name!r}]")
+    if not isinstance(adapter, PeftAdapterSpec):
+        return None, []
+    others = f" (the model holds {len(configs)} adapters; only the active one is estimated)" if len(configs) > 1 else ""
+    return adapter, [f"read from the model's peft_config: {adapter.peft_type} adapter {name!r}{others}"]
+
+
 def _checkpointing_on(model: Any) -> bool:
     """transformers 5 ``is_activation_checkpointing``; 4.x ``is_gradient_checkpointing`` (deprecated in 5)."""
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
@@ -267,6 +296,8 @@ def inspect_model(model: Any) -> LiveModelFacts:
                 names_trainable.append(name)
     load = plain.most_common(1)[0][0] if plain else None
     notes: list[str] = []
+    peft, peft_notes = _peft_adapter(outer)
+    notes += peft_notes
     lora, lora_notes = _lora_spec(outer)
     notes += lora_notes
     quant, quant_notes = _quant_spec(outer, load)
@@ -274,7 +305,7 @@ def inspect_model(model: Any) -> LiveModelFacts:
     if quant is not None and load is Dtype.FLOAT32 and quant.compute_dtype in (Dtype.BFLOAT16, Dtype.FLOAT16):
         load = quant.compute_dtype  # fp32 after prepare_model_for_kbit_training: it was loaded in compute dtype
     freeze = None
-    if lora is None and quant is None:
+    if lora is None and quant is None and peft is None:  # an adapter's own tensors are no partial freezing
         freeze, freeze_notes = _freeze_spec(names_trainable, names_all)
         notes += freeze_notes
     config = getattr(base, "config", None)
@@ -296,6 +327,7 @@ def inspect_model(model: Any) -> LiveModelFacts:
         lora=lora,
         quant=quant,
         freeze=freeze,
+        peft=peft,
         gradient_checkpointing=_checkpointing_on(base),
         use_cache=getattr(config, "use_cache", None),
         hf_device_map=dm,

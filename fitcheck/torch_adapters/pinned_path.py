@@ -29,11 +29,12 @@ from typing import Any
 
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report
-from fitcheck.spec import TrainingSpec
+from fitcheck.spec import Strategy, TrainingSpec
 from fitcheck.torch_adapters.run_scope import plain_trainer_run, replayed_run, traceable, untraced_parts
 from fitcheck.torch_adapters.verdict_replay import NearBudget
 
 MODES = ("auto", "always", "never")
+_FORMULAS_KEPT = 32  # formula answers a path keeps (PinnedPath._formula): a search asks ~2 log2(answer) specs
 
 
 def torch_available() -> bool:
@@ -90,6 +91,7 @@ class PinnedPath:
         self._whole_failed: dict[str, str] = {}  # cache key -> why the whole run could not be replayed
         self._optimizer_traces: dict[str, Any] = {}  # tracer_optimizer traces, shared by every replay
         self.cache = cache
+        self._formulas: list[tuple[TrainingSpec, Report]] = []  # the last _FORMULAS_KEPT formula answers
         self.near_budget = NearBudget.for_path(mode, self.can_trace)  # near the budget: replay (verdict_replay)
 
     def wants_trace(self, spec: TrainingSpec) -> bool:
@@ -131,9 +133,7 @@ class PinnedPath:
         where the traced step's replay would leave out its buffers, optimizer and side streams (FSDP1 on the H100
         rows, before its rewrite: the two-group replay moved reserved from -5.0 % to -3.2 %,
         ``benchmarks/fsdp_gpu.py --rescore``)."""
-        from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run  # a formula answer never imports it
-
-        rewrite = fsdp_run.rewrite_for(spec)
+        rewrite = _rewrite_for(spec)
         if self.wants_trace(spec) and rewrite is not None and _gap_applies(spec, self.seq_lengths):
             replay = rewrite.whole_run(self, spec, _cache_key(spec))  # None: the published gap, with why
             return None if replay is None else float(replay.gap_fraction)
@@ -218,6 +218,7 @@ class PinnedPath:
         other._gaps = self._gaps
         other._whole, other._whole_failed = self._whole, self._whole_failed
         other._optimizer_traces = self._optimizer_traces
+        other._formulas = self._formulas
         other.cache = self.cache
         other.seq_lengths = self.seq_lengths
         other._length_gaps = self._length_gaps
@@ -335,11 +336,10 @@ class PinnedPath:
 
     def _whole_run(self, spec: TrainingSpec) -> Any:
         """The spec's whole run replayed: the traced headline's, else the cache's, else replayed now."""
-        from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run
         from fitcheck.torch_adapters.trace_cache import cached_replay
 
         key = _cache_key(spec)
-        rewrite = fsdp_run.rewrite_for(spec)
+        rewrite = _rewrite_for(spec)
         if traceable(spec) and rewrite is not None:  # DeepSpeed's, FSDP2's or FSDP1's run, not the plain Trainer's
             return rewrite.whole_run(self, spec, key, required=True)
         if key in self._whole:
@@ -363,11 +363,25 @@ class PinnedPath:
                 pass
         return replay_deepened(spec)
 
+    def _formula(self, spec: TrainingSpec) -> Report:
+        """``core.estimate(spec)``, kept for the last ``_FORMULAS_KEPT`` specs (the batch search and the advisor ask
+        a spec again: 20 estimates of 10 specs in the Qwen3-8B QLoRA answer). The core is pure and reads neither
+        field equality leaves out (model ``config``, ``provenance``); the kept report comes with the spec asked."""
+        for seen, report in self._formulas:
+            if seen == spec:
+                return report if report.spec is spec else dataclasses.replace(report, spec=spec)
+        from fitcheck.core import estimate
+
+        report = estimate(spec)
+        self._formulas.append((spec, report))
+        del self._formulas[:-_FORMULAS_KEPT]
+        return report
+
     def _answer(self, spec: TrainingSpec) -> Report:
         from fitcheck.core import estimate
 
         if self.mode == "auto" and self.wants_trace(spec):
-            formula = estimate(spec)  # inside the envelope with no "not modelled" note: the formula is pinned
+            formula = self._formula(spec)  # inside the envelope with no "not modelled" note: the formula is pinned
             if formula.pinned and not self.seq_lengths:
                 return formula
             if formula.pinned:  # the pinned formula's activations, the replayed lengths' gap
@@ -375,6 +389,8 @@ class PinnedPath:
         comps, failed = self.activations(spec)
         if self.seq_lengths:
             report = self._with_lengths(spec, comps)
+        elif comps is None:
+            report = self._formula(spec)
         else:
             report = estimate(spec, activations=comps, gap_fraction=self.gap_fraction(spec) if comps else None)
         if failed:
@@ -427,6 +443,16 @@ def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
     if spec.hardware.device_type is DeviceType.CPU:
         return "; on CPU there is no caching allocator, so it does not enter the number"
     return ""
+
+
+def _rewrite_for(spec: TrainingSpec) -> Any:
+    """``fsdp2_run_events.rewrite_for``; None without importing the rewrites for a run that is neither DeepSpeed
+    nor FSDP, the only runs they describe (``deepspeed_run_events.replayed``, ``fsdp2_run_plan.replays``)."""
+    if spec.sharding.strategy not in (Strategy.DEEPSPEED, Strategy.FSDP):
+        return None
+    from fitcheck.torch_adapters import fsdp2_run_events
+
+    return fsdp2_run_events.rewrite_for(spec)
 
 
 _PATH_FINDINGS = ("trace-failed", "reserved-published-gap", "reserved-two-groups")  # what _answer adds

@@ -177,6 +177,10 @@ def build_model(
         bitsandbytes_uncompiled()
     cfg = hf_config(config, attn_implementation)
     cls = model_class(config, task)
+    # an auto class (a config without ``architectures``, as a model built from its config holds): transformers 5.23
+    # ``models/auto/auto_factory.py`` ``_BaseAutoModelClass.from_config`` picks the concrete class and calls its
+    # ``_from_config`` with the same arguments
+    make = cls._from_config if hasattr(cls, "_from_config") else cls.from_config
     guard = contextlib.ExitStack()
     if fake:
         guard.enter_context(module_to_is_noop())
@@ -184,13 +188,13 @@ def build_model(
         guard.enter_context(fake_trunc_normal())
     with guard:
         try:
-            model = cls._from_config(cfg, dtype=dtype)
+            model = make(cfg, dtype=dtype)
         except ValueError as exc:
             if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
                 raise
             # transformers has no SDPA path for this class (Gemma-2 soft-capping, BLOOM ALiBi): eager runs
             cfg._attn_implementation = "eager"
-            model = cls._from_config(cfg, dtype=dtype)
+            model = make(cfg, dtype=dtype)
         if quant is not None:
             from fitcheck.torch_adapters.tracer_quant import prepare_for_kbit_training, quantize_base
 

@@ -35,6 +35,8 @@ from fitcheck.core.activations.decoder import activation_components, activation_
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
 from fitcheck.core.activations.layer_saved import layer_saved_per_token
 from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved, legacy_softmax_input_added
+from fitcheck.core.activations.lora_targets import wrapped_linears
+from fitcheck.core.activations.qlora import lora_dropout_mask_bytes
 from fitcheck.core.activations.qlora16 import qlora16_backward_working_set
 from fitcheck.core.activations.versions import legacy_bnb_kept_inputs, versions_findings
 
@@ -50,9 +52,11 @@ __all__ = [
     "layernorm_block_saved",
     "legacy_bnb_kept_inputs",
     "legacy_softmax_input_added",
+    "lora_dropout_mask_bytes",
     "not_pinned_finding",
     "old_bnb_4bit",
     "qlora16_backward_working_set",
     "versions_findings",
+    "wrapped_linears",
     "zero2_traced_component",
 ]

@@ -37,6 +37,7 @@ from fitcheck.core.trainers.fused_head import (
     forward_outputs,
     forward_peak,
 )
+from fitcheck.core.trainers.generation_phase import generation_bytes
 from fitcheck.core.trainers.registry import ReferenceRule, fused_outputs, runs_fused_head, trainer_row
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import (
@@ -191,19 +192,6 @@ def _fused_head_component(spec: TrainingSpec, base: Component) -> Component:
         )
 
 
-def generation_bytes(spec: TrainingSpec, rows: int) -> tuple[int, int]:
-    """(KV cache, working set) of ``model.generate`` for ``rows`` sequences of prompt + completion (no vLLM)."""
-    t, sh = spec.trainer, spec.model.shape
-    e = spec.precision.load_dtype.nbytes
-    tokens = t.prompt_length + t.completion_length - 1  # the last sampled token is never fed back
-    kv = 2 * sh.num_layers * rows * sh.num_kv_heads * sh.head_dim * tokens * e
-    # prefill: one layer's MLP intermediates of the prompt (gate, up, their product) + sampling on [rows, V]:
-    # fp32 next-token logits and the processors' copies (temperature, top-p sort values + int64 indices, softmax)
-    prefill = 3 * rows * t.prompt_length * sh.intermediate_size * e
-    sampling = rows * sh.vocab_size * (4 * 5 + 8)
-    return kv, max(prefill, sampling)
-
-
 def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
     """GRPO without vLLM: ``model.generate`` for the generation batch (no grad), after the optimizer step."""
     t, sh = spec.trainer, spec.model.shape
@@ -230,8 +218,10 @@ def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
                   f"{rows} sequences x {tokens} tokens x {sh.num_layers} layers"),
         Component("generation.working_set", Category.TEMPORARIES, Location.DEVICE,
                   {Phase.GENERATION: working},
-                  "transformers generation/utils.py _sample + logits processors (approximate)",
-                  "prefill MLP intermediates or the sampling copies of the next-token logits"),
+                  "transformers 5.23 generation/utils.py _sample, cache_utils.py DynamicLayer.update, peft 0.21.2 "
+                  "lora Linear.forward in train mode (core/trainers/generation_phase.py)",
+                  "the prefill's excess over the whole cache (prompt K/V, residual stream, MLP or LoRA moment) or "
+                  "the last step's torch.cat block / sampling tensors"),
     ]
 
 
