@@ -290,3 +290,24 @@ def test_offload_host_reference_finding(llama8b: ModelInventory) -> None:
     assert "1.5x" in f.message
     host = sum(c.peak_bytes for c in model_state_components(spec) if c.location is Location.HOST)
     assert host > 0 and all(c.at(p) >= 0 for c in buffer_components(spec) for p in PHASES)
+
+
+@pytest.mark.parametrize("n", [1, 8])
+def test_zero2_backward_holds_every_rank_partition_above_the_resident_states(llama8b: ModelInventory, n: int) -> None:
+    """deepspeed 0.19.8 stage_1_and_2.py: under ZeRO-2 a rank's first reduced bucket allocates its whole
+    grads_in_partition (copy_grads_in_partition: its params_in_partition, whole), kept to the end of backward. So the
+    worst rank's backward holds at least the resident states, the bucket and its grads_in_partition. Main subtracted
+    full-size gradients not yet made from the rank's G/n share: below that on 8 ranks (session 17)."""
+    from fitcheck.core import estimate
+    from fitcheck.core.states import zero_groups
+    from fitcheck.core.states.zero_reduce import held_by_rank
+    from fitcheck.report import Category
+
+    h = llama8b.shape.hidden_size
+    spec = spec_for(llama8b, ds(n, stage=2, reduce_bucket_size=h * h))
+    comps = estimate(spec).components
+    device = [c for c in comps if c.location is Location.DEVICE]
+    resident = sum(c.at(Phase.BACKWARD) for c in device
+                   if c.category not in (Category.ACTIVATIONS, Category.LOGITS, Category.GRADIENTS))
+    held = max(held_by_rank([[k for k, _ in g] for g in zero_groups(spec)], n)) * 2  # bf16 gradients
+    assert sum(c.at(Phase.BACKWARD) for c in device) >= resident + held

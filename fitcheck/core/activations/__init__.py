@@ -28,6 +28,7 @@ variant, an MoE layout) here, in the module of that mechanism, selected by a new
 tracer.
 """
 
+from fitcheck.core.activations.backward import zero2_traced_component
 from fitcheck.core.activations.backward_grads import cuda_embedding_backward
 from fitcheck.core.activations.bnb_kept_inputs import old_bnb_4bit
 from fitcheck.core.activations.decoder import activation_components, activation_findings
@@ -58,4 +59,5 @@ __all__ = [
     "qlora16_backward_working_set",
     "versions_findings",
     "wrapped_linears",
+    "zero2_traced_component",
 ]

@@ -69,6 +69,7 @@ from fitcheck.core.activations.norm_backward import (
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
 from fitcheck.findings import Finding, Severity
+from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import AttentionKind, AttnImpl, NormKind, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
@@ -156,10 +157,19 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
     head_grad = 2 * g_head // param_bytes(spec) if q.autocast else g_head
     missing = 0 if accum else all_grads(spec)
+    z2 = _zero2(spec)  # ZeRO-2: (gradients counted, held at the top layer, held from the bottom layer on)
+    if z2 is not None:
+        missing = z2[0]  # no grads_in_partition yet; the head's gradient is the moment's own (head_grad)
     casts = L * cast if q.n_ckpt == 0 else 0
     head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)
     head32 = 0 if accum else 2 * head16  # made by the cast: no longer missing
     moments["head"] = q.kept + casts + head_extra + q.e * bs * h + head_grad + head16 - missing - head32
+    ds = spec.sharding.deepspeed
+    if z2 is not None and z2[1] and ds is not None and g_head // param_bytes(spec) > ds.reduce_bucket_size:
+        # ZeRO-2, the head above the bucket (extra_large_param_to_reduce): the final norm's gradient hook reduces
+        # it and allocates the last rank's grads_in_partition, the head's own gradient still alive, the logits
+        # gone (the real engine's backward peak at width 768, benchmarks/deepspeed_cpu.py)
+        moments["head reduced"] = q.kept + casts + q.e * bs * h + head_grad + z2[1] - z2[0] + _LOSS_SCALARS
     if head16:  # the cast to fp32: logits gradient and weight/input casts freed, the input gradient in fp32
         moments["head gradient cast"] = q.kept + casts + head16 + q.r * bs * h + (2 * head16 if accum else 0) - missing
     lora = _lora_recompute(spec, q)
@@ -172,6 +182,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             missing = frozen_missing(spec, i == L - 1, all_grads(spec), layer_bytes(spec), g_down_frozen)
         elif spec.lora is not None and not accum and q.n_ckpt == 0:
             missing = _lora_missing(spec, i)  # checkpointed adapters: lora_recompute / dora moments
+        if z2 is not None:  # ZeRO-2: the rank's grads_in_partition once allocated, whole, in place of the made ones
+            missing = z2[0] - (z2[1] if i == L - 1 else z2[2])
         if q.n_ckpt == 0:
             whole = q.layers_saved < 0 or i == 0 or q.offloaded
             saved = below * q.layer if whole else q.layers_saved
@@ -236,8 +248,26 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # with the head's buffered gradient comes after the node returned, its output gradient freed (engine.cpp
     # evaluate_function: the node's inputs are released before its outputs enter the next input buffer)
     during = q.end + cuda_embedding_backward(spec) + temp_emb + tied // 2
-    moments["embedding"] = max(during, tied + temp_emb) + _LOSS_SCALARS
+    moments["embedding"] = max(during, tied + temp_emb) + _LOSS_SCALARS - (0 if z2 is None else z2[0] - z2[2])
     return moments
+
+
+def _zero2(spec: TrainingSpec) -> tuple[int, int, int] | None:
+    """Under DeepSpeed ZeRO-2 (a full fine-tune's first micro-step): (the gradient bytes the model states count in
+    ``Phase.BACKWARD``, a rank's gradient bytes at the top layer's backward, from the bottom layer's on); None
+    otherwise. The model states count the rank's share of the gradients (G/n); ZeRO-2 holds none but the bucket
+    until the rank's first parameter is reduced, then its whole ``grads_in_partition``
+    (:func:`fitcheck.core.states.zero2_backward_grads`): the moments subtract the counted bytes and add what is
+    held, never gradients not yet made at full size (which on n ranks put backward below the resident states)."""
+    if spec.batch.grad_accum > 1 or not trainable_full(spec):
+        return None
+    from fitcheck.core.states import model_state_components, zero2_backward_grads
+
+    held = zero2_backward_grads(spec)
+    if held is None:
+        return None
+    counted = sum(c.at(Phase.BACKWARD) for c in model_state_components(spec) if c.name == "gradients")
+    return counted, held[0], held[1]
 
 
 def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, int, int, int | None] | None:
@@ -395,4 +425,46 @@ def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
             f"the peak during backward uses the Llama-recipe MLP working set; not pinned to a trace for {why}",
             trace_fix(spec, "run `fitcheck estimate --trace` for a measured number"),
         ),
+    )
+
+
+def zero2_traced_component(spec: TrainingSpec, traced: tuple[Component, ...]) -> Component | None:
+    """ZeRO-2's first reduction for traced activations (the default path), as a ``Phase.BACKWARD`` component.
+
+    A trace of the plain step subtracts every gradient not yet made from the model states' ``gradients`` at its
+    backward peak; under ZeRO-2 a rank holds its whole ``grads_in_partition`` from its first reduced bucket on
+    (:func:`_zero2`). At that first reduction (the final norm's hook when the head is above the bucket, else in the
+    top layer) forward's saved activations are still alive: the trace's activations at the start of backward (its
+    ``Category.ACTIVATIONS``, the logits left out), beside the head's extra-large gradient and the last rank's
+    partition. The component is what that moment holds above the trace's own backward moment (0 when below).
+
+    Args:
+        spec: The step's spec.
+        traced: The traced activation components.
+
+    Returns:
+        The component, or None when not a full-size ZeRO-2 first micro-step or below the traced moment.
+    """
+    z2 = _zero2(spec)
+    ds = spec.sharding.deepspeed
+    if z2 is None or not z2[1] or ds is None:
+        return None
+    device = [c for c in traced if c.location is Location.DEVICE]
+    saved = sum(c.at(Phase.BACKWARD_START) for c in device if c.category is Category.ACTIVATIONS)
+    from fitcheck.core.states import backward_moment_component, param_compute_bytes
+
+    numel = head_and_embedding(spec)[0] // param_bytes(spec)  # its gradient in the dtype DeepSpeed computes in
+    head = numel * param_compute_bytes(spec) if numel > ds.reduce_bucket_size else 0  # extra_large_param_to_reduce
+    extra = saved + head + z2[1] - z2[0] - sum(c.at(Phase.BACKWARD) for c in device)
+    if extra <= 0:
+        return None
+    return backward_moment_component(
+        "activations.zero2_first_reduction",
+        Category.ACTIVATIONS,
+        extra,
+        "deepspeed 0.19.8 runtime/zero/stage_1_and_2.py: reduce_ipg_grads -> copy_grads_in_partition allocates the "
+        "rank's grads_in_partition at its first reduced bucket, near the top of backward "
+        "(fitcheck/core/activations/backward.py zero2_traced_component)",
+        f"ZeRO-2's first reduction: the traced saved activations ({saved:,} B) beside the last rank's "
+        f"grads_in_partition ({z2[1]:,} B), above the trace's backward moment",
     )

@@ -11,7 +11,8 @@
   a 4-bit base (quant storage, replicated quantization state, loading);
 - :mod:`.peft_adapter`: a PEFT adapter other than LoRA, its tensors as peft built them (or refused without them);
 - :mod:`.regimes`: which precision regime applies (bf16 pure, autocast, DeepSpeed masters) and its findings;
-- :mod:`.zero_reduce`: ZeRO-1/2's flat groups, a rank's gradient partition, ZeRO-1's end-of-backward reduction;
+- :mod:`.zero_reduce`: ZeRO-1/2's flat groups, a rank's gradient partition, ZeRO-1's end-of-backward reduction; what
+  ZeRO-2's gradients hold at backward's moments (``zero2_backward_grads``);
 - :mod:`.model_states`: the components the report shows.
 
 Where a new quantization scheme or adapter type goes: its bytes in :mod:`.quantization` / :mod:`.lora` (or a
@@ -42,10 +43,12 @@ from fitcheck.core.states.sharding_findings import sharding_findings
 from fitcheck.core.states.trl_adapters import trl_bf16_trainables
 from fitcheck.core.states.zero_reduce import (
     aligned,
+    backward_moment_component,
     held_elements,
     in_partition,
     partition_size,
     zero1_reduction_component,
+    zero2_backward_grads,
     zero_groups,
 )
 
@@ -58,6 +61,7 @@ __all__ = [
     "adapter_param_count",
     "aligned",
     "all_trainable",
+    "backward_moment_component",
     "base_weights",
     "buffer_components",
     "build_layout",
@@ -94,5 +98,6 @@ __all__ = [
     "trainable_params",
     "trl_bf16_trainables",
     "zero1_reduction_component",
+    "zero2_backward_grads",
     "zero_groups",
 ]

@@ -195,12 +195,66 @@ def zero1_reduction_component(spec: TrainingSpec, activations_backward: int) -> 
     extra = moment - activations_backward
     if moment <= 0 or extra <= 0:
         return None
-    return Component(
+    return backward_moment_component(
         "buffers.deepspeed_grads_in_partition",
         Category.BUFFERS,
-        Location.DEVICE,
-        {p: extra if p is Phase.BACKWARD else 0 for p in PHASES},
+        extra,
         _SRC,
         f"ZeRO-1's reduction at the end of backward: grads_in_partition beside the gradients not yet copied into "
         f"the bucket ({moment:,} B), less the activations' backward moment it replaces as the phase's peak",
     )
+
+
+def backward_moment_component(name: str, category: Category, extra: int, source: str, detail: str) -> Component:
+    """A device component of ``extra`` bytes in ``Phase.BACKWARD`` only: a ZeRO reduction moment above the
+    activations' own backward moment (ZeRO-1's here, ZeRO-2's first reduction on the traced path)."""
+    return Component(name, category, Location.DEVICE, {p: extra if p is Phase.BACKWARD else 0 for p in PHASES},
+                     source, detail)
+
+
+def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int] | None:
+    """What ZeRO-2's gradients hold on a rank at backward's moments after its first reduced bucket (before it:
+    nothing but the bucket): (from the top layer's backward on, from the bottom layer's on), bytes; None when the
+    run does not reduce this way.
+
+    deepspeed 0.19.8 ``runtime/zero/stage_1_and_2.py``: with ``partition_gradients`` (ZeRO-2) the gradient hook
+    (``process_gradients`` -> ``reduce_ready_partitions_and_remove_grads``) runs
+    ``reduce_independent_p_g_buckets_and_remove_grads`` as each gradient is made, in backward's order (the head
+    first): a gradient that fits is copied into the ipg bucket (its storage freed), one above
+    ``reduce_bucket_size`` keeps its own (``extra_large_param_to_reduce``); when the next does not fit,
+    ``reduce_ipg_grads`` reduces the bucket, frees the gradients of other ranks' parameters
+    (``clear_grad_attribute``) and copies this rank's into ``grads_in_partition`` (``copy_grads_in_partition``: its
+    first call allocates all of it, the rank's ``params_in_partition`` whole). So a rank holds no gradient but the
+    bucket (``buffers.deepspeed_reduce_bucket``) and the one being made until its first parameter is reduced, then
+    its whole ``grads_in_partition``, whatever is not made yet. The rank holding the last parameters (the head, the
+    final norm: the last rank, of both groups) allocates at the first bucket reduced; with the head above the
+    bucket (transformers' ``"auto"`` hidden², or 5e8 below Llama-3's 525 M-element head) that is at the final
+    norm's gradient, before the top layer's. Near the bottom every rank has allocated: the largest partition.
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        (the last rank's ``grads_in_partition`` if its first bucket is reduced by the top layer's backward else 0,
+        the largest ``grads_in_partition``), in bytes; None unless a full-size DeepSpeed ZeRO-2 run with
+        ``contiguous_gradients`` and no optimizer offload.
+    """
+    sh = spec.sharding
+    ds = sh.deepspeed
+    if sh.strategy is not Strategy.DEEPSPEED or ds is None or sh.zero_stage != 2:
+        return None
+    if not ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
+        return None
+    groups = [[n for n, _ in g] for g in zero_groups(spec)]
+    if not groups:
+        return None
+    world = max(spec.data_parallel_size, 1)
+    held = held_by_rank(groups, world)
+    elem = param_compute_bytes(spec)
+    # backward's order: what follows the layers (head, final norm), then the top layer; the first reduction comes
+    # when the next gradient does not fit beside those already in the bucket (an extra-large one fills it)
+    layer = sum(p.numel_each for p in spec.model.params if "*" in p.name)
+    first = min((k for k, p in enumerate(spec.model.params) if "*" in p.name), default=len(spec.model.params))
+    after = sum(p.numel for k, p in enumerate(spec.model.params) if k > first and "*" not in p.name)
+    top = held[world - 1] * elem if after + layer > ds.reduce_bucket_size else 0
+    return top, max(held) * elem
