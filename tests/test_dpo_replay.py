@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
 from tiny_models import WIDE_VOCAB_LLAMA
-from trl_replay_rows import check_precompute_row, check_replay_row
+from trl_replay_rows import check_precompute_row, check_replay_row, one_step_traces, setup_bytes
 
 from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec
 
@@ -86,20 +86,14 @@ def test_dpo_step_holds_the_reference_copy_and_its_pass() -> None:
     from benchmark_module import load_benchmark
 
     from fitcheck.torch_adapters import run_trace_kwargs
-    from fitcheck.torch_adapters.tracer import trace_step
 
     full = _spec(_case())
     kwargs = run_trace_kwargs(full)
     assert kwargs["micro_batch"] == 4 and kwargs["seq_len"] == 80 and kwargs["trl_head"] == OUTPUTS
     assert kwargs["trl_dpo"] == ("model", 32, None, 0)
     lora = _spec(_case(lora=load_benchmark("trl_truth").TRL_LORA))
-    traces = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name, spec in (("full", full), ("lora", lora)):
-            step = {**run_trace_kwargs(spec), "optimizer": None, "steps": 1, "seq_len": 40, "micro_batch": 2}
-            traces[name] = trace_step(spec.model.config, **step)
-    setup = {name: sum(n for _, n, tag in t.alloc_events if tag == "setup") for name, t in traces.items()}
+    traces = one_step_traces({"full": full, "lora": lora}, seq_len=40, micro_batch=2)
+    setup = {name: setup_bytes(t) for name, t in traces.items()}
     params = 2 * full.model.total_params  # bf16, no tied weights
     assert setup["full"] == pytest.approx(2 * params, abs=4096)  # + ids, labels, completion mask, rotary buffers
     assert len(traces["lora"].region_starts) == len(traces["full"].region_starts) == 7

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
-from trl_replay_rows import check_precompute_row, check_replay_row, recorded_rows
+from trl_replay_rows import check_precompute_row, check_replay_row, one_step_traces, recorded_rows, setup_bytes
 
 from fitcheck.errors import ConfigError
 from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec
@@ -81,7 +80,6 @@ def test_kto_trace_kwargs_and_its_kl_batch() -> None:
     step and ``done``)."""
     from fitcheck.readers import inventory_from_config
     from fitcheck.torch_adapters import run_trace_kwargs
-    from fitcheck.torch_adapters.tracer import trace_step
 
     full, apo = _spec(), _spec(extra={"loss_type": "apo_zero_unpaired"})
     kwargs = run_trace_kwargs(full)
@@ -89,13 +87,8 @@ def test_kto_trace_kwargs_and_its_kl_batch() -> None:
     assert kwargs["trl_kto"] == ("model", 32, True, 0, 1) and "trl_dpo" not in kwargs
     assert run_trace_kwargs(apo)["trl_kto"] == ("model", 32, False, 0, 1)
     assert "trl_kto" not in run_trace_kwargs(dataclasses.replace(full, trainer=TrainerSpec()))
-    traces = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name, spec in (("kto", full), ("apo", apo)):
-            step = {**run_trace_kwargs(spec), "optimizer": None, "steps": 1, "seq_len": 40, "num_layers": 1}
-            traces[name] = trace_step(spec.model.config, **step)
-    setup = sum(n for _, n, tag in traces["kto"].alloc_events if tag == "setup")
+    traces = one_step_traces({"kto": full, "apo": apo}, seq_len=40, num_layers=1)
+    setup = setup_bytes(traces["kto"])
     one_layer = inventory_from_config({**full.model.config, "num_hidden_layers": 1}, "kto", "test").total_params
     assert setup == pytest.approx(2 * 2 * one_layer, abs=4096)  # bf16 policy + copy
     allocs = {name: sum(1 for _, n, _tag in t.alloc_events if n > 0) for name, t in traces.items()}
