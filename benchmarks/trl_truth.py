@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from fitcheck.core.trainers import TrainerKind, TrainerSpec
+from fitcheck.core.trainers import KTO_DEFAULT_LOSS, TrainerKind, TrainerSpec
 from fitcheck.report import Phase
 from fitcheck.spec import (
     ActivationSpec,
@@ -115,11 +115,11 @@ def trainer_spec_for(case: Case) -> TrainerSpec:
                            num_generations=int(extra.get("num_generations", 8)), beta=float(extra.get("beta", 0.0)),
                            steps_per_generation=extra.get("steps_per_generation"))
     if kind in (TrainerKind.DPO, TrainerKind.KTO):
+        kto_loss = (str(extra["loss_type"]),) if "loss_type" in extra else KTO_DEFAULT_LOSS
         return TrainerSpec(kind=kind, prompt_length=case.prompt, completion_length=case.length,
                            precompute_ref_log_probs=bool(extra.get("precompute_ref_log_probs", False)),
                            rpo_alpha=extra.get("rpo_alpha"),
-                           **({"loss_type": (str(extra.get("loss_type", "kto")),)} if kind is TrainerKind.KTO
-                              else {}))
+                           **({"loss_type": kto_loss} if kind is TrainerKind.KTO else {}))
     return TrainerSpec(kind=kind, packing=bool(extra.get("packing", False)),
                        padding_free=bool(extra.get("padding_free", False)))
 

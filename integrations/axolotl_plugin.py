@@ -130,21 +130,6 @@ def _get(cfg: Any, key: str) -> Any:
     return cfg.get(key) if isinstance(cfg, Mapping) else getattr(cfg, key, None)
 
 
-def _this_gpu() -> dict[str, object]:
-    """This machine's GPU when it has one (the plugin runs on the training node); else the estimate's default."""
-    from fitcheck.integrations.spec_build import detect_hardware
-
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            found: dict[str, object] = detect_hardware()
-            return found
-    except Exception:  # no usable torch: the default GPU applies
-        pass
-    return {}
-
-
 def axolotl_preflight(cfg: Any, env: Mapping[str, str]) -> Report:
     """The estimate of the axolotl run whose config ``cfg`` was loaded from ``cfg.axolotl_config_path``.
 
@@ -179,7 +164,9 @@ def axolotl_preflight(cfg: Any, env: Mapping[str, str]) -> Report:
             values[key] = _get(cfg, f"fitcheck_{key}")
             where[key] = f"{path}:fitcheck_{key}"
     if "gpu" not in values and "gpu_memory" not in values:
-        values.update(_this_gpu())
+        from fitcheck.integrations.spec_build import detected_gpu
+
+        values.update(detected_gpu())
     if "fsdp_config" in values and "fsdp" not in values:
         values["fsdp"] = "full_shard"  # axolotl's FSDP section: fully sharded unless it says otherwise
     model = str(values.pop("model_name_or_path"))

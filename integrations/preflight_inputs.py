@@ -2,7 +2,6 @@
 
 * :func:`check_preflight_inputs`: refuse what preflight cannot read (no model, an ``args`` that is no
   ``TrainingArguments``, a keyword that is no ``fitcheck estimate`` setting) instead of estimating something else.
-* :func:`detected_gpu`: this machine's GPU when it has one (a preflight on the training node).
 * :func:`config_use_cache`: the ``use_cache`` a config or its inventory states.
 """
 
@@ -11,9 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fitcheck.integrations.spec_build import detect_hardware
-
-__all__ = ["check_preflight_inputs", "config_use_cache", "detected_gpu"]
+__all__ = ["check_preflight_inputs", "config_use_cache"]
 
 
 def check_preflight_inputs(model_or_config: Any, args: Any, overrides: Mapping[str, object]) -> None:
@@ -52,19 +49,6 @@ def check_preflight_inputs(model_or_config: Any, args: Any, overrides: Mapping[s
             "preflight: unknown keyword " + ", ".join(hints) + "; keywords are `fitcheck estimate` flag names "
             "(fitcheck estimate --help lists them)"
         )
-
-
-def detected_gpu() -> dict[str, object]:
-    """This machine's GPU when it has one (a preflight on the training node); else nothing (the default)."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            detected: dict[str, object] = detect_hardware()
-            return detected
-    except Exception:  # no usable torch: the estimate's default GPU applies
-        pass
-    return {}
 
 
 def config_use_cache(model_or_config: Any, inventory: Any) -> bool | None:

@@ -173,6 +173,19 @@ def detect_hardware(device: Any = None) -> dict[str, object]:
     return {"device_type": "cpu", "gpu_memory": int(psutil.virtual_memory().total)}
 
 
+def detected_gpu() -> dict[str, object]:
+    """This machine's GPU when it has one (a preflight or the axolotl plugin on the training node); else nothing
+    (the estimate's default GPU)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return detect_hardware()
+    except Exception:  # no usable torch: the estimate's default GPU applies
+        pass
+    return {}
+
+
 def expandable_segments_set(env: Mapping[str, str]) -> bool:
     """``PYTORCH_CUDA_ALLOC_CONF`` (or torch 2.9+'s ``PYTORCH_ALLOC_CONF``) has ``expandable_segments:True``."""
     conf = env.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + env.get("PYTORCH_ALLOC_CONF", "")
@@ -252,7 +265,7 @@ def apply_live_facts(spec: TrainingSpec, facts: Any) -> tuple[TrainingSpec, list
         notes.append(f"parameters are {facts.load_dtype.value} in the loaded model (flags said "
                      f"{precision.load_dtype.value})")
         precision = dataclasses.replace(precision, load_dtype=facts.load_dtype)
-    lora, quant, freeze, peft = facts.lora, facts.quant, facts.freeze, getattr(facts, "peft", None)
+    lora, quant, freeze, peft = facts.lora, facts.quant, facts.freeze, facts.peft
     if peft is not None:
         notes.append(f"{peft.peft_type} adapters: estimated from peft's own model and a traced step")
     if lora is not None and spec.lora is not None:

@@ -23,12 +23,13 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from fitcheck.integrations.preflight_inputs import check_preflight_inputs, config_use_cache, detected_gpu
+from fitcheck.integrations.preflight_inputs import check_preflight_inputs, config_use_cache
 from fitcheck.integrations.spec_build import (
     adapter_of,
     apply_live_facts,
     build_spec,
     detect_hardware,
+    detected_gpu,
     field_findings,
     inventory_for,
     is_live_model,

@@ -12,9 +12,7 @@ it (``torch_adapters/tracer_grpo.py``: the pre-pass after each generation, tagge
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,16 +22,12 @@ pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
 from tiny_models import LLAMA_8_LAYERS
+from trl_replay_rows import recorded_rows, setup_bytes
 
 from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec
 
 TINY = {**LLAMA_8_LAYERS, "num_hidden_layers": 2}
-DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "trl_replay_cpu.json"
 OUTPUTS = ("log_probs", "entropy")  # GRPOTrainer's policy head (core.trainers registry)
-
-
-def _rows() -> dict[str, Any]:
-    return {r["case"]: r for r in json.loads(DATA.read_text()).get("grpo_rows", [])}
 
 
 def test_recorded_replay_matches_the_real_grpo_trainer() -> None:
@@ -42,7 +36,7 @@ def test_recorded_replay_matches_the_real_grpo_trainer() -> None:
     allocated peak within 0.5 % of the real run's live tensors outside generation, over the run and in the last
     step; generation stays below that peak (the formula's phase, not replayed); the plain Trainer's step replayed
     instead (what main composed) is off by more than 10 %."""
-    rows = _rows()
+    rows = recorded_rows("grpo_rows")
     assert len(rows) >= 6, sorted(rows)
     for case, row in rows.items():
         real, replay = row["real"], row["replay"]
@@ -150,7 +144,7 @@ def test_traced_grpo_step_keeps_its_reference_and_pre_pass() -> None:
     from fitcheck.readers import inventory_from_config
 
     params = 2 * inventory_from_config(TINY, "tiny", "tests").total_params  # bf16
-    setup = sum(n for _, n, tag in fake.alloc_events if tag == "setup")
+    setup = setup_bytes(fake)
     assert setup == pytest.approx(2 * params, abs=8192)  # + rotary buffers, ids, the buffered batch
     assert any(tag == PREPASS for _, _, tag in fake.alloc_events) and len(fake.region_starts) == 7
     a, b = replay_events([fake.alloc_events]), replay_events([real.alloc_events])

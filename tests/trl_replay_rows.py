@@ -15,9 +15,9 @@ import pytest
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "trl_replay_cpu.json"
 
 
-def recorded_rows() -> dict[str, Any]:
-    """The file's rows by case name."""
-    return {r["case"]: r for r in json.loads(DATA.read_text())["rows"]}
+def recorded_rows(key: str = "rows") -> dict[str, Any]:
+    """The file's rows under ``key`` (``rows``: DPO and KTO; ``grpo_rows``) by case name."""
+    return {r["case"]: r for r in json.loads(DATA.read_text()).get(key, [])}
 
 
 def check_replay_row(case: str) -> None:

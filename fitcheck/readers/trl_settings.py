@@ -34,7 +34,15 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 
-from fitcheck.core.trainers import REFUSED, ReferenceRule, TrainerRow, trainer_row
+from fitcheck.core.trainers import (
+    KTO_DEFAULT_LOSS,
+    KTO_LOSS_TYPES,
+    REFUSED,
+    ReferenceRule,
+    TrainerRow,
+    calculates_kl,
+    trainer_row,
+)
 from fitcheck.errors import ConfigError, short_repr
 from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec, VllmMode
 
@@ -107,9 +115,6 @@ _COUNTS = ("num_generations", "generation_batch_size", "steps_per_generation")
 # other name raises "Unknown loss type" at the first step; DPOConfig itself accepts any string)
 DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
                   "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm")
-# KTOConfig.loss_type's choices (trl/trainer/kto_config.py); apo_zero_unpaired runs no KL batch (KTOTrainer.__init__:
-# calculate_kl = args.loss_type not in ["apo_zero_unpaired"]); a single string, not a list
-KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
 
 
 def _nonneg(s: RunSettings, name: str) -> None:
@@ -241,7 +246,8 @@ def _kind_spec(s: RunSettings, spec: TrainingSpec, row: TrainerRow, notes: list[
                               f"{', '.join(DPO_LOSS_TYPES)} (any other raises at the first step)")
         if kind is TrainerKind.KTO and s.rpo_alpha is not None:
             raise ConfigError("--rpo_alpha is a DPO field (KTOConfig has none): drop the flag")
-        loss_type = s.loss_type or (("kto",) if kind is TrainerKind.KTO else ("sigmoid",))  # the configs' defaults
+        # the configs' defaults
+        loss_type = s.loss_type or (KTO_DEFAULT_LOSS if kind is TrainerKind.KTO else ("sigmoid",))
         if kind is TrainerKind.KTO and (len(loss_type) != 1 or loss_type[0] not in KTO_LOSS_TYPES):
             raise ConfigError(f"--loss_type {short_repr(','.join(loss_type))} with --trainer kto: TRL 1.16's "
                               f"KTOConfig.loss_type is one of {', '.join(KTO_LOSS_TYPES)}")
@@ -249,7 +255,7 @@ def _kind_spec(s: RunSettings, spec: TrainingSpec, row: TrainerRow, notes: list[
                         precompute_ref_log_probs=s.precompute_ref_log_probs, rpo_alpha=s.rpo_alpha,
                         loss_type=loss_type)
         if kind is TrainerKind.KTO:
-            kl = ("the KL batch runs no_grad forwards of the same size" if loss_type[0] == "kto"
+            kl = ("the KL batch runs no_grad forwards of the same size" if calculates_kl(loss_type)
                   else "apo_zero_unpaired: no KL batch")
             notes.append(f"KTO: every row is {min(prompt, total)} prompt + {completion} completion tokens (one "
                          f"completion per row); {kl}")

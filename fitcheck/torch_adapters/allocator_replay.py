@@ -409,7 +409,8 @@ def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         if row.replay_step == "tracer_dpo":
             kwargs["trl_dpo"] = (reference, t.prompt_length, t.rpo_alpha, block)
         else:
-            from fitcheck.torch_adapters.tracer_kto import calculates_kl, desirable_rows
+            from fitcheck.core.trainers import calculates_kl
+            from fitcheck.torch_adapters.tracer_kto import desirable_rows
 
             rows = kwargs["micro_batch"]
             kwargs["trl_kto"] = (reference, t.prompt_length, calculates_kl(t.loss_type), block, desirable_rows(rows))
@@ -419,9 +420,10 @@ def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
 def _grpo_plan(spec: TrainingSpec) -> tuple[Any, ...]:
     """``trace_step``'s ``trl_grpo`` for a GRPO run (``tracer_grpo.prepare_grpo``'s plan); empty under DeepSpeed/FSDP,
     as DPO's (the reference copy is ``prepare_deepspeed``'s / ``prepare_fsdp``'s there: the plain step is kept)."""
-    from fitcheck.core.trainers import grpo_steps_per_generation
+    from fitcheck.core.trainers import grpo_steps_per_generation, has_reference_copy
     from fitcheck.spec import Strategy
-    from fitcheck.torch_adapters.tracer_grpo import grpo_reference, old_policy_pass
+    from fitcheck.torch_adapters.tracer_dpo import ADAPTERS_OFF, MODEL_REF
+    from fitcheck.torch_adapters.tracer_grpo import NO_REF, old_policy_pass
 
     if spec.sharding.strategy in (Strategy.DEEPSPEED, Strategy.FSDP):
         return ()
@@ -429,7 +431,9 @@ def _grpo_plan(spec: TrainingSpec) -> tuple[Any, ...]:
     accum = spec.batch.grad_accum
     chunks = grpo_steps_per_generation(spec)
     warm = load_warmup(spec)  # the copy's from_pretrained runs caching_allocator_warmup too (as DPO's)
-    return (grpo_reference(spec.lora is not None, t.beta), t.prompt_length, t.beta, chunks,
+    # GRPOTrainer.__init__'s reference block: none with beta 0, else the registry's rule (a copy, or adapters off)
+    reference = NO_REF if t.beta == 0.0 else (MODEL_REF if has_reference_copy(spec) else ADAPTERS_OFF)
+    return (reference, t.prompt_length, t.beta, chunks,
             old_policy_pass(accum, chunks), warm[0][1] if warm else 0, accum)
 
 

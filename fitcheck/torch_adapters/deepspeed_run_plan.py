@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from fitcheck.core.states import aligned as aligned
 from fitcheck.core.states import held_elements, in_partition, partition_size
@@ -160,14 +159,11 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     Returns:
         Its stage, groups and settings.
     """
-    from fitcheck.core.states import build_layout, zero_groups
+    from fitcheck.core.states import zero_groups
 
     ds = spec.sharding.deepspeed
     assert ds is not None
     stage = spec.sharding.zero_stage or 0
-    order = {e.name: k for k, e in enumerate(spec.model.params)}
-    first_layer = min((k for n, k in order.items() if "*" in n), default=len(order))
-    layout = build_layout(spec)
     split = zero_groups(spec)  # the decay and no-decay groups, each in named_parameters order
     groups = tuple(tuple(n for n, _ in g) for g in split)
     marked = frozenset((i, k) for i, g in enumerate(split) for k, (_, a) in enumerate(g) if a)
@@ -178,7 +174,7 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
                          ds.contiguous_gradients, ds.sub_group_size, max(spec.data_parallel_size, 1),
                          replayed_micro_batches(spec.batch.grad_accum))
     if stage == 3:
-        return replace(plan, params=_all_params(spec, layout, order, first_layer),
+        return replace(plan, params=_all_params(spec),
                        persist=ds.param_persistence_threshold, prefetch=ds.prefetch_bucket_size,
                        max_live=ds.max_live_parameters, max_reuse=ds.max_reuse_distance)
     if plan.world == 1:
@@ -187,12 +183,15 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     return replace(plan, rank=max(range(plan.world), key=lambda r: (plan.held(r), -r)))
 
 
-def _all_params(spec: TrainingSpec, layout: Any, order: dict[str, int], first_layer: int,
-                ) -> tuple[tuple[int, bool], ...]:
+def _all_params(spec: TrainingSpec) -> tuple[tuple[int, bool], ...]:
     """Every parameter of the model as (elements, trainable), in ``named_parameters`` order: what precedes the
     layers, the layers one by one, what follows; peft's adapters right after their base weight
     (``base_layer.weight``, ``lora_A``, ``lora_B``, the magnitude). A partly trained entry (some layers): its
     first instances are counted trainable."""
+    from fitcheck.core.states import build_layout, named_order
+
+    layout = build_layout(spec)
+    order, first_layer = named_order(spec)
     trained = {g.name: g.repeat for g in layout.trainable}
     ranked: list[tuple[tuple[int, int, int, int], int, bool]] = []
     for k, e in enumerate(spec.model.params):

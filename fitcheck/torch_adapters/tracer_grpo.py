@@ -44,28 +44,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fitcheck.torch_adapters.tracer_dpo import ADAPTERS_OFF, MODEL_REF, DpoStep, reference_copy
+from fitcheck.torch_adapters.tracer_dpo import DpoStep, reference_copy
 
 GRPO_SOURCE = "trl 1.16.0 trl/trainer/grpo_trainer.py GRPOTrainer.__init__ / _generate_and_score_completions / " \
               "_compute_loss"
 NO_REF = "none"  # beta == 0: no reference log-probs
 EPSILON = 0.2  # GRPOConfig.epsilon default (epsilon_high defaults to it); no allocation depends on it
-
-
-def grpo_reference(lora: bool, beta: float) -> str:
-    """Where ``GRPOTrainer`` takes the reference log-probs from (``__init__``'s reference block, without FSDP or
-    DeepSpeed): none with ``beta == 0``, the policy with its adapters disabled under PEFT, else a second copy.
-
-    Args:
-        lora: The run trains a peft adapter.
-        beta: ``GRPOConfig.beta``.
-
-    Returns:
-        :data:`NO_REF`, ``tracer_dpo.ADAPTERS_OFF`` or ``tracer_dpo.MODEL_REF``.
-    """
-    if beta == 0.0:
-        return NO_REF
-    return ADAPTERS_OFF if lora else MODEL_REF
 
 
 def old_policy_pass(grad_accum: int, steps_per_generation: int, num_iterations: int = 1) -> bool:
@@ -256,9 +240,9 @@ def prepare_grpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, 
         outputs: The policy's fused-head outputs (``core.trainers.trainer_row(kind).fused_head``).
         rows: ``per_device_train_batch_size`` (completions per micro-batch).
         seq_len: Prompt + completion tokens per row.
-        plan: ``tracer.trace_step``'s ``trl_grpo``: (:func:`grpo_reference`, prompt tokens, ``beta``,
-            ``steps_per_generation``, :func:`old_policy_pass`, bytes of the copy's loading warm-up block,
-            ``gradient_accumulation_steps``).
+        plan: ``tracer.trace_step``'s ``trl_grpo``: (the reference: :data:`NO_REF`, ``ADAPTERS_OFF`` or
+            ``MODEL_REF``, prompt tokens, ``beta``, ``steps_per_generation``, :func:`old_policy_pass`, bytes of
+            the copy's loading warm-up block, ``gradient_accumulation_steps``).
         build_reference: Builds the reference copy (``MODEL_REF``): the model as ``create_model_from_path`` loads
             it, without adapters or checkpointing.
         quantized: The base is bitsandbytes-quantized.

@@ -40,14 +40,6 @@ from fitcheck.torch_adapters.tracer_dpo import PRECOMPUTED, DpoStep, prepare_dpo
 
 KTO_SOURCE = "trl 1.16.0 trl/trainer/kto_trainer.py KTOTrainer.__init__ / _compute_kl_logps / _compute_loss"
 KTO_BETA = 0.1  # KTOConfig.beta default; no allocation depends on it
-NO_KL_LOSSES = ("apo_zero_unpaired",)  # KTOTrainer.__init__: calculate_kl = args.loss_type not in [...]
-
-
-def calculates_kl(loss_type: tuple[str, ...]) -> bool:
-    """``KTOTrainer.calculate_KL``: every loss type but ``apo_zero_unpaired`` estimates the KL term (a KL batch
-    and its forwards)."""
-    return not any(name in NO_KL_LOSSES for name in loss_type)
-
 
 def desirable_rows(rows: int) -> int:
     """Desirable rows assumed in a batch of ``rows``: half, rounded up (the split is the data's, which no setting

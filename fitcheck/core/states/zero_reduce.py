@@ -54,6 +54,20 @@ def aligned(numel: int, n: int) -> int:
     return -(-numel // (2 * n)) * (2 * n)
 
 
+def named_order(spec: TrainingSpec) -> tuple[dict[str, int], int]:
+    """The inventory's entries by their position (``named_parameters`` order of their first instance) and the
+    position of the first layer entry (a name with ``*``): what precedes it comes before the layers, the rest after.
+
+    Args:
+        spec: The run.
+
+    Returns:
+        (position by entry name, the first layer entry's position).
+    """
+    order = {e.name: k for k, e in enumerate(spec.model.params)}
+    return order, min((k for n, k in order.items() if "*" in n), default=len(order))
+
+
 def zero_groups(spec: TrainingSpec) -> list[list[tuple[int, bool]]]:
     """The Trainer's parameter groups as ZeRO-1/2 flattens them: decay, then no decay (empty ones left out), each
     its trainable tensors in ``named_parameters`` order (what precedes the layers, the layers one by one, what
@@ -65,8 +79,7 @@ def zero_groups(spec: TrainingSpec) -> list[list[tuple[int, bool]]]:
     Returns:
         The groups.
     """
-    order = {e.name: k for k, e in enumerate(spec.model.params)}
-    first_layer = min((k for n, k in order.items() if "*" in n), default=len(order))
+    order, first_layer = named_order(spec)
     ranked: list[tuple[tuple[int, int, int], int, bool, bool]] = []  # (model order, numel, decay, adapter)
     layout = build_layout(spec)
     adapters = {id(g) for g in layout.adapters}

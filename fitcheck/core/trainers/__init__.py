@@ -12,11 +12,14 @@ from fitcheck.core.trainers.evaluation import (
 from fitcheck.core.trainers.grpo_batch import grpo_batch_error, grpo_steps_per_generation, grpo_valid_micro_batch
 from fitcheck.core.trainers.registry import (
     CONFIG_CLASSES,
+    KTO_DEFAULT_LOSS,
+    KTO_LOSS_TYPES,
     REFUSED,
     TRAINERS,
     EvalRule,
     ReferenceRule,
     TrainerRow,
+    calculates_kl,
     runs_fused_head,
     trainer_row,
 )
@@ -25,6 +28,8 @@ from fitcheck.spec import TrainerKind, TrainerSpec, VllmMode
 
 __all__ = [
     "CONFIG_CLASSES",
+    "KTO_DEFAULT_LOSS",
+    "KTO_LOSS_TYPES",
     "REFUSED",
     "TRAINERS",
     "EvalRule",
@@ -33,6 +38,7 @@ __all__ = [
     "TrainerRow",
     "TrainerSpec",
     "VllmMode",
+    "calculates_kl",
     "eval_spec",
     "evaluation_component",
     "evaluation_findings",

@@ -159,6 +159,19 @@ _ROWS = (
                                "L202-218)", 1, 2),
         replay_step="tracer_kto", disable_dropout=True),  # kto_config.py disable_dropout, KTOTrainer.__init__
 )
+# KTOConfig.loss_type's choices and default (trl/trainer/kto_config.py, TRL 1.16; a single string, not a list);
+# apo_zero_unpaired runs no KL batch (KTOTrainer.__init__: calculate_kl = args.loss_type not in ["apo_zero_unpaired"])
+KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
+KTO_DEFAULT_LOSS = ("kto",)
+NO_KL_LOSSES = ("apo_zero_unpaired",)
+
+
+def calculates_kl(loss_type: tuple[str, ...]) -> bool:
+    """``KTOTrainer.calculate_KL``: every loss type but ``apo_zero_unpaired`` estimates the KL term (a KL batch
+    and its forwards)."""
+    return not any(name in NO_KL_LOSSES for name in loss_type)
+
+
 TRAINERS: Mapping[TrainerKind, TrainerRow] = MappingProxyType({row.kind: row for row in _ROWS})
 assert set(TRAINERS) == set(TrainerKind), "every TrainerKind needs a row in fitcheck/core/trainers/registry.py"
 CONFIG_CLASSES: Mapping[str, TrainerKind] = MappingProxyType(
