@@ -157,36 +157,43 @@ class DpoStep:
         ``per_device_train_batch_size``), so one pass stands for all; the log-probs go to the CPU."""
         if self.reference != PRECOMPUTED:
             return
-        import contextlib
-
-        import torch
-        from peft import PeftModel
-        from trl.models.utils import disable_gradient_checkpointing
-        from trl.trainer.utils import use_adapter
-
         labels = ids.masked_fill(self.completion_mask == 0, -100)
-        off = use_adapter(self.model, None) if isinstance(self.model, PeftModel) else contextlib.nullcontext()
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs), off, autocast:
+        with self.no_grad_pass(adapters_off=True), autocast:
             log_probs = self.model(input_ids=ids, labels=labels, use_cache=False, fused_lm_head=True).log_probs
         seq_len = self.completion_mask.size(1) - 1
         chosen, rejected = log_probs[:, -seq_len:].sum(dim=1).chunk(2, dim=0)
         del log_probs, chosen, rejected, labels
 
     @contextlib.contextmanager
-    def reference_model(self) -> Iterator[Any]:
-        """The reference pass's model, inside its context: ``torch.no_grad()``, the policy's checkpointing disabled,
-        and the policy with its adapters disabled (PEFT: ``use_adapter(model, None)``) or the reference copy
-        (DPO's and KTO's ``_compute_loss``, GRPO's log-prob pre-pass)."""
+    def no_grad_pass(self, adapters_off: bool) -> Iterator[None]:
+        """The context of TRL's passes that take no gradient: ``torch.no_grad()``, the policy's checkpointing
+        disabled (``trl/models/utils.py`` ``disable_gradient_checkpointing(self.model, kwargs)``) and, with
+        ``adapters_off``, a PEFT policy's adapters disabled (``trl/trainer/utils.py`` ``use_adapter(model, None)``:
+        ``model.disable_adapter()``). DPO's and KTO's reference pass and precompute pass, GRPO's old-policy and
+        reference log-prob passes.
+
+        Args:
+            adapters_off: Disable the policy's adapters where it is a ``PeftModel``.
+        """
         import torch
+        from peft import PeftModel
         from trl.models.utils import disable_gradient_checkpointing
         from trl.trainer.utils import use_adapter
 
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs):
-            if self.reference == ADAPTERS_OFF:
+            if adapters_off and isinstance(self.model, PeftModel):
                 with use_adapter(self.model, adapter_name=None):
-                    yield self.model
+                    yield
             else:
-                yield self.ref_model
+                yield
+
+    @contextlib.contextmanager
+    def reference_model(self) -> Iterator[Any]:
+        """The reference pass's model, inside :meth:`no_grad_pass`: the policy with its adapters disabled
+        (:data:`ADAPTERS_OFF`) or the reference copy (DPO's and KTO's ``_compute_loss``, GRPO's log-prob
+        pre-pass)."""
+        with self.no_grad_pass(adapters_off=self.reference == ADAPTERS_OFF):
+            yield self.model if self.reference == ADAPTERS_OFF else self.ref_model
 
     def _reference(self, ids: Any, labels: Any) -> Any:
         """The reference pass (:meth:`reference_model`)."""

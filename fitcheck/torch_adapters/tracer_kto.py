@@ -153,15 +153,7 @@ class KtoStep(DpoStep):
         still held) the KL rows' forward; the per-row sums go to the CPU (``tracer_dpo.DpoStep.precompute``)."""
         if self.reference != PRECOMPUTED:
             return
-        import contextlib
-
-        import torch
-        from peft import PeftModel
-        from trl.models.utils import disable_gradient_checkpointing
-        from trl.trainer.utils import use_adapter
-
-        off = use_adapter(self.model, None) if isinstance(self.model, PeftModel) else contextlib.nullcontext()
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs), off, autocast:
+        with self.no_grad_pass(adapters_off=True), autocast:
             labels = ids.masked_fill(self.completion_mask == 0, -100)
             per_token_logps = self.model(input_ids=ids, labels=labels, fused_lm_head=True).log_probs
             kl_per_token_logps = None
