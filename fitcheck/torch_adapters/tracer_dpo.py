@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from fitcheck.torch_adapters.tracer_trl_plans import DpoPlan
+
 DPO_SOURCE = "trl 1.16.0 trl/trainer/dpo_trainer.py DPOTrainer.__init__ / _compute_loss"
 DPO_BETA = 0.1  # DPOConfig.beta default; no allocation depends on it
 MODEL_REF, ADAPTERS_OFF, PRECOMPUTED = "model", "adapters", "precomputed"  # where the reference log-probs come from
@@ -216,7 +218,7 @@ class DpoStep:
         return [self.backbone.register_forward_hook(hook)]
 
 
-def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, plan: tuple[Any, ...], *,
+def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, plan: DpoPlan, *,
                 build_reference: Callable[[], Any], quantized: bool, checkpointing: bool,
                 use_reentrant: bool) -> DpoStep:
     """Apply what ``DPOTrainer.__init__`` does to the built model before step 1 (module docstring).
@@ -226,8 +228,8 @@ def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, p
         outputs: The policy's fused-head outputs (``core.trainers.trainer_row(kind).fused_head``).
         rows: Rows of the step (``2B``: chosen rows, then rejected rows).
         seq_len: Tokens per row.
-        plan: ``tracer.trace_step``'s ``trl_dpo``: (:func:`dpo_reference`, prompt tokens at the start of every
-            row, ``rpo_alpha`` (the ``sft`` term's weight, None: none), bytes of the copy's loading warm-up block).
+        plan: ``tracer.trace_step``'s ``trl_dpo`` (:func:`dpo_reference`, prompt tokens, ``rpo_alpha``, bytes of
+            the copy's loading warm-up block).
         build_reference: Builds the reference copy (:data:`MODEL_REF`): the model as ``create_model_from_path``
             loads it, without adapters or checkpointing.
         quantized: The base is bitsandbytes-quantized.
@@ -242,7 +244,7 @@ def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, p
 
     from fitcheck.torch_adapters.tracer_trl import prepare_sft
 
-    reference, prompt, sft_weight, warmup = plan
+    reference = plan.reference
     # what SFTTrainer.__init__ does too (the input-grad hook under PEFT + checkpointing, a quantized base's
     # adapters in bf16, the policy's fused head); neither the head nor the dropout switch allocates, so the
     # reference copy below is still loaded after the policy's casts
@@ -254,12 +256,12 @@ def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, p
     if ref_model is not None:
         add_fused_lm_head(ref_model)
     completion_mask = torch.zeros(rows, seq_len, dtype=torch.int64)
-    completion_mask[:, prompt:] = 1
+    completion_mask[:, plan.prompt:] = 1
     pairs = rows // 2  # DataCollatorForPreference: torch.tensor of the rows' floats (fp32)
     ref_logps = (torch.zeros(pairs), torch.zeros(pairs)) if reference == PRECOMPUTED else ()
     kwargs = {"use_reentrant": use_reentrant} if checkpointing else {}
-    return DpoStep(model, policy.backbone, completion_mask, reference, ref_model, kwargs, sft_weight, ref_logps,
-                   warmup)
+    return DpoStep(model, policy.backbone, completion_mask, reference, ref_model, kwargs, plan.rpo_alpha, ref_logps,
+                   plan.warmup)
 
 
 def reference_copy(reference: str, build_reference: Callable[[], Any]) -> Any:
