@@ -88,12 +88,12 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
         targets=targets,
         lora_dropout=lora.dropout if lora is not None else 0.0,
         drop=traits.dropout,
-        mode=_adapter_mode(spec, e, cuda),
+        mode=_adapter_mode(spec, e),
         lora=lora,
     )
 
 
-def _adapter_mode(spec: TrainingSpec, e: int, cuda: bool) -> ActivationMode:
+def _adapter_mode(spec: TrainingSpec, e: int) -> ActivationMode:
     """How the adapters store their inputs: :func:`activation_mode` (under autocast ``lora_A`` keeps autocast's
     16-bit cast: fake-tensor traces of GPT-2 / Phi / Falcon LoRA, bf16 + autocast, equal at BACKWARD_START). A
     k-bit base or DoRA on these blocks is not traced (``traits.kbit_pinned``, the DoRA recipe: the Llama-style layer
@@ -102,7 +102,7 @@ def _adapter_mode(spec: TrainingSpec, e: int, cuda: bool) -> ActivationMode:
     mode = activation_mode(spec)
     if spec.quant is None and not (spec.lora is not None and spec.lora.use_dora):
         return mode
-    return replace(mode, amp=False, autocast=False, half_model=e == 2, dm=1 if cuda else 4)
+    return replace(mode, amp=False, autocast=False, half_model=e == 2)  # dm: activation_mode's, kept
 
 
 def _reads(c: _Ctx, width: int, consumers: tuple[str, ...]) -> int:
