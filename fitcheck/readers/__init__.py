@@ -13,7 +13,8 @@
 - :mod:`.settings_table`: the one table of run settings (names, spellings, kinds, CLI flags);
   :mod:`.run_settings`: ``RunSettings``, one typed value per setting with its default and provenance;
 - :mod:`.merge`: every source of one run merged by precedence into ``RunSettings``; :mod:`.run_args`:
-  settings -> spec; :mod:`.trl_settings`: ``--trainer`` and TRL's config fields -> ``TrainerSpec``.
+  settings -> spec; :mod:`.trl_settings`: ``--trainer`` and TRL's config fields -> ``TrainerSpec``;
+  :mod:`.trl_source`: TRL's config classes read from the installed source with ``ast`` (no import of trl/torch).
 
 Where a new reader goes: a module here returning spec pieces (and findings), merged in :mod:`.merge`.
 """
@@ -53,6 +54,7 @@ from fitcheck.readers.task_heads import (
 )
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_object
 from fitcheck.readers.trl_settings import TRL_FLAG_NAMES, trainer_kind, trainer_spec, trl_default_layer
+from fitcheck.readers.trl_source import ConfigSource, read_config_class, read_config_fields
 from fitcheck.readers.versions import installed_stack, parse_stack
 
 __all__ = [
@@ -63,6 +65,7 @@ __all__ = [
     "TRACED_PEFT_TYPES",
     "TRL_FLAG_NAMES",
     "CliFlag",
+    "ConfigSource",
     "ConfigView",
     "FrameworkRun",
     "MetaFallback",
@@ -88,6 +91,8 @@ __all__ = [
     "pure_task_supported",
     "read_adapter_config",
     "read_axolotl",
+    "read_config_class",
+    "read_config_fields",
     "read_llamafactory",
     "read_parallelism",
     "read_script_argv",
