@@ -102,10 +102,10 @@ def test_trl_runs_answer_without_importing_trl_or_torch() -> None:
 
 
 def test_an_unreadable_source_falls_back_to_the_imported_class(monkeypatch: pytest.MonkeyPatch) -> None:
-    import fitcheck.torch_adapters.trl_config_check as check
+    import fitcheck.readers as readers
     from fitcheck.cli.main import main
 
-    monkeypatch.setattr(check, "read_config_class", lambda *_: None)
+    monkeypatch.setattr(readers, "read_config_class", lambda *_: None)
     est = ["estimate", "--model_name_or_path", "Qwen/Qwen2.5-0.5B", "--no_trace", "--json", "--trainer", "sft"]
     assert main([*est, "--num_generations", "4"]) == 2  # SFTConfig has no such field: refused by the class itself
     assert main([*est, "--packing"]) == 0

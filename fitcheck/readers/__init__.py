@@ -55,18 +55,20 @@ from fitcheck.readers.task_heads import (
 )
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_object
 from fitcheck.readers.trl_settings import TRL_FLAG_NAMES, trainer_kind, trainer_spec, trl_default_layer
-from fitcheck.readers.trl_source import ConfigSource, read_config_class, read_config_fields
 from fitcheck.readers.versions import installed_stack, parse_stack
 
-if TYPE_CHECKING:  # imported on first use (PEP 562, ``__getattr__``): a run without a framework YAML or
-    # ``--seq_lengths`` never reads them (11.3 + 8.5 + 1.5 ms of a formula answer's imports at load ~7, session 18)
+if TYPE_CHECKING:  # imported on first use (PEP 562, ``__getattr__``): a run without a framework YAML,
+    # ``--seq_lengths`` or a TRL trainer (trl_source) never reads them (axolotl 11.3, llamafactory 8.5,
+    # seq_lengths 1.5 ms of a formula answer's imports at load ~7, session 18)
     from fitcheck.readers.axolotl import read_axolotl
     from fitcheck.readers.framework_yaml import FrameworkRun
     from fitcheck.readers.llamafactory import read_llamafactory, resolve_freeze
     from fitcheck.readers.seq_lengths import check_seq_lengths, parse_seq_lengths
+    from fitcheck.readers.trl_source import ConfigSource, read_config_class, read_config_fields
 
 _WHERE = {"read_axolotl": "axolotl", "FrameworkRun": "framework_yaml", "read_llamafactory": "llamafactory",
-          "resolve_freeze": "llamafactory", "check_seq_lengths": "seq_lengths", "parse_seq_lengths": "seq_lengths"}
+          "resolve_freeze": "llamafactory", "check_seq_lengths": "seq_lengths", "parse_seq_lengths": "seq_lengths",
+          "ConfigSource": "trl_source", "read_config_class": "trl_source", "read_config_fields": "trl_source"}
 
 __all__ = [
     "ACCELERATE_ZERO_STAGE",

@@ -23,7 +23,6 @@ from typing import Any
 
 from fitcheck.core.trainers import grpo_batch_error, trainer_row
 from fitcheck.errors import ConfigError, short_repr
-from fitcheck.readers import read_config_class, read_config_fields
 from fitcheck.spec import TrainingSpec
 
 # fitcheck flags that describe the data where TRL 1.16 has no config field (readers/trl_settings.py): passed to
@@ -52,6 +51,8 @@ def check_trl_config(spec: TrainingSpec, trl: Mapping[str, object]) -> None:
     row = trainer_row(spec.trainer.kind)
     if row.config_class is None or importlib.util.find_spec("trl") is None:
         return
+    from fitcheck.readers import read_config_class, read_config_fields  # TRL runs only
+
     given = {k: v for k, v in trl.items() if k != "trainer"}
     source = read_config_class("trl", row.config_class)
     types = read_config_fields("trl", row.config_class, given) if source is not None else None
