@@ -9,10 +9,13 @@ per-token terms were not read off.
 
 * ``real``: the live-tensor peak over three steps (``trl_replay.measure_run``: the model's parameters, buffers and
   optimizer states and every tensor the steps create);
-* ``formula``: ``core.estimate`` of ``trl_truth.spec_for(case)`` (``peak_allocated_bytes``).
+* ``formula``: ``core.estimate`` of ``trl_truth.spec_for(case)`` (``peak_allocated_bytes``);
+* ``replay``: the whole-run replay of the spec (``trl_replay.replay_peaks``: the seq-cls step traced,
+  ``allocator_replay.run_trace_kwargs``): its peak and the last step's.
 
 Run: ``PYTHONPATH=. python benchmarks/reward_truth.py [name-substring ...] [--out benchmarks/data/reward_cpu.json]``
-(``--out`` keeps the file's rows of the cases not run).
+(``--out`` keeps the file's rows of the cases not run; ``--no-real`` keeps each row's recorded ``real`` and
+recomputes the rest).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trl_replay import WIDE, measure_run
+from trl_replay import WIDE, measure_run, replay_peaks
 from trl_truth import GPT2, LLAMA, TRL_LORA, Case, spec_for
 
 from fitcheck.core import estimate
@@ -44,9 +47,11 @@ MODELLED = ("llama reward full no-ckpt", "llama reward LoRA no-ckpt", "gpt2 rewa
             "wide reward full no-ckpt", "wide reward LoRA no-ckpt")
 
 
-def row(case: Case) -> dict[str, Any]:
-    """One table row (bytes)."""
-    return {"case": case.name, "formula": estimate(spec_for(case)).peak_allocated_bytes, "real": measure_run(case)}
+def row(case: Case, real: dict[str, int] | None = None) -> dict[str, Any]:
+    """One table row (bytes); ``real``: the recorded real peaks instead of a new run."""
+    spec = spec_for(case)
+    return {"case": case.name, "formula": estimate(spec).peak_allocated_bytes, "replay": replay_peaks(spec),
+            "real": real or measure_run(case)}
 
 
 def main(argv: list[str]) -> int:
@@ -54,11 +59,16 @@ def main(argv: list[str]) -> int:
     if "--out" in argv:
         at = argv.index("--out")
         out, argv = argv[at + 1], argv[:at] + argv[at + 2:]
-    rows = [row(c) for c in CASES if not argv or any(a in c.name for a in argv)]
-    print(f"{'case':<32} {'real':>12} {'formula':>12} {'formula/real':>12}")
+    recorded = {}
+    if "--no-real" in argv:
+        argv = [a for a in argv if a != "--no-real"]
+        recorded = {r["case"]: r["real"] for r in json.loads(Path(out or "").read_text())["rows"]}
+    rows = [row(c, recorded.get(c.name)) for c in CASES if not argv or any(a in c.name for a in argv)]
+    print(f"{'case':<32} {'real':>12} {'formula':>12} {'formula/real':>12} {'replay':>12} {'replay/real':>12}")
     for r in rows:
-        real = r["real"]["peak"]
-        print(f"{r['case']:<32} {real:>12,} {r['formula']:>12,} {r['formula'] / real - 1:>+11.2%}")
+        real, rep = r["real"]["peak"], r["replay"]["peak"]
+        print(f"{r['case']:<32} {real:>12,} {r['formula']:>12,} {r['formula'] / real - 1:>+11.2%} {rep:>12,} "
+              f"{rep / real - 1:>+11.2%}")
     if out:
         data = json.loads(Path(out).read_text()) if Path(out).exists() else {}
         ran = {r["case"] for r in rows}
