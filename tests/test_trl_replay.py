@@ -67,14 +67,14 @@ def test_sft_near_budget_replays_the_sft_run(tmp_path: Path) -> None:
 
 
 def test_other_trl_trainers_keep_the_warning_naming_the_part(tmp_path: Path) -> None:
-    """The reward trainer and SFT padding-free are not replayed: the warning names the classifier / the flattened
-    row (DPO is replayed since session 15: tests/test_dpo_replay.py; KTO and GRPO without vLLM since session 16:
-    tests/test_kto_replay.py, tests/test_grpo_replay.py)."""
-    from fitcheck.torch_adapters import PinnedPath
+    """SFT padding-free is not replayed: the warning names the flattened row (DPO is replayed since session 15:
+    tests/test_dpo_replay.py; KTO and GRPO without vLLM since session 16: tests/test_kto_replay.py,
+    tests/test_grpo_replay.py; the reward trainer since session 18: tests/test_reward_step.py)."""
+    from fitcheck.torch_adapters import PinnedPath, not_replayed
 
-    reward = _spec(tmp_path, "80GiB", trainer="reward")
+    assert not_replayed(_spec(tmp_path, "80GiB", trainer="reward")) == ""
     free = _spec(tmp_path, "80GiB", padding_free=True)
-    for spec, part in ((reward, "sequence-classification"), (free, "padding-free")):
+    for spec, part in ((free, "padding-free"),):
         used = estimate(spec).device_used_bytes
         near = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, gpu_memory_bytes=used + 2**20))
         path = PinnedPath("auto")

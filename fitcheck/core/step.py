@@ -66,7 +66,7 @@ def collect_components(
         *prequant_components(run),
         *overhead_components(run),
     )
-    out = trainer_components(spec, base, lm_head_input_saved(run))
+    out = trainer_components(spec, base, lm_head_input_saved(run), traced=activations is not None)
     if spec.trainer.eval_batch_size is None:
         return out
     run = step_spec(eval_spec(spec))  # one evaluation step: its batch, as the trainer runs it

@@ -380,13 +380,17 @@ def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     (``tracer.trace_kwargs``), or TRL's SFTTrainer / DPOTrainer / KTOTrainer step (``tracer_trl`` / ``tracer_dpo``
     / ``tracer_kto``: its model preparation and fused LM head, ``trl_head`` the outputs it patches the model with;
     DPO's reference and prompt, ``trl_dpo``; KTO's, its KL batch and desirable rows, ``trl_kto``), or GRPOTrainer's
-    micro-step with its log-prob pre-pass (``trl_grpo``: ``tracer_grpo``) at the shape it runs
-    (``core.trainers.step_spec``: DPO's chosen + rejected rows, GRPO's prompt + completion)."""
+    micro-step with its log-prob pre-pass (``trl_grpo``: ``tracer_grpo``), or RewardTrainer's sequence-classification
+    step (the registry's ``classifier``: the seq-cls task, as ``tracer.activation_trace_kwargs``) at the shape it
+    runs (``core.trainers.step_spec``: DPO's and the reward trainer's chosen + rejected rows, GRPO's prompt +
+    completion)."""
     from fitcheck.core.trainers import step_spec, trainer_row
     from fitcheck.torch_adapters.tracer import trace_kwargs
 
     t = spec.trainer
     row = trainer_row(t.kind)
+    if row.classifier:  # the reward trainer: the seq-cls model on chosen + rejected rows (as activation_trace_kwargs)
+        return {**trace_kwargs(step_spec(spec)), "task": "seq-cls"}
     if row.replay_step is None or row.fused_head is None:  # the registry's column: SFT's, DPO's, KTO's, GRPO's
         return trace_kwargs(spec)
     kwargs = {**trace_kwargs(step_spec(spec)), "trl_head": row.fused_head}

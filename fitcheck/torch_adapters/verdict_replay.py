@@ -14,8 +14,8 @@ the answer: the formula answers with the ``reserved-near-budget`` warning, as it
 Only a run the whole-run replay describes is replayed (``run_scope.replayed_run``: the plain Trainer's, and TRL's
 SFTTrainer's with its model preparation and fused LM head traced, ``tracer_trl``, DPOTrainer's and KTOTrainer's
 with their reference copy or adapters-off pass, ``tracer_dpo`` / ``tracer_kto``, and GRPOTrainer's without vLLM,
-``tracer_grpo``; torch's optimizer on the module's own parameters); reward, GRPO with vLLM, SFT padding-free or
-packed, DeepSpeed's engine and FSDP's module cast get
+``tracer_grpo``, and RewardTrainer's sequence-classification step; torch's optimizer on the module's own
+parameters); GRPO with vLLM, SFT padding-free or packed, DeepSpeed's engine and FSDP's module cast get
 the warning, naming the part the replay leaves out (``run_scope.not_replayed``).
 """
 

@@ -36,12 +36,14 @@ from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key,
 from fitcheck.core.activations.layer_saved import layer_saved_per_token, lm_head_input_saved
 from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved, legacy_softmax_input_added
 from fitcheck.core.activations.lora_targets import wrapped_linears
+from fitcheck.core.activations.norm_backward import RMS_BACKWARD_TEMPS
 from fitcheck.core.activations.qlora import lora_dropout_mask_bytes
 from fitcheck.core.activations.qlora16 import qlora16_backward_working_set
 from fitcheck.core.activations.versions import legacy_bnb_kept_inputs, versions_findings
 
 __all__ = [
     "CHECKED",
+    "RMS_BACKWARD_TEMPS",
     "TOLERANCE",
     "activation_components",
     "activation_findings",

@@ -22,7 +22,8 @@ from __future__ import annotations
 from fitcheck.spec import MixedPrecision, NormKind, NormPlacement, TrainingSpec
 
 _AFTER_NORM = ("gate_proj", "up_proj", "gate_up_proj", "down_proj", "post_attention_layernorm")
-_TEMPS = 5  # fp32 h-wide temporaries of the RMSNorm backward at its worst op (trace above)
+RMS_BACKWARD_TEMPS = 5  # fp32 h-wide temporaries of the RMSNorm backward at its worst op (trace above)
+_TEMPS = RMS_BACKWARD_TEMPS
 
 
 def post_norm_applies(spec: TrainingSpec) -> bool:

@@ -28,7 +28,11 @@ Columns (:class:`TrainerRow`):
 - ``replay_step``: the torch adapter that traces this trainer's own step for the whole-run allocator replay
   (``fitcheck.torch_adapters.allocator_replay.run_trace_kwargs``: ``tracer_trl`` for SFT's fused head,
   ``tracer_dpo`` for DPO's reference pass and chosen + rejected rows, ``tracer_kto`` for KTO's KL batch and
-  reference pass, ``tracer_grpo`` for GRPO's log-prob pre-pass and loss); None where the replay has no trace of it.
+  reference pass, ``tracer_grpo`` for GRPO's log-prob pre-pass and loss, ``tracer`` for the reward trainer's
+  sequence-classification step); None where the replay has no trace of it.
+- ``classifier``: the policy is ``AutoModelForSequenceClassification`` (the reward trainer): the LM head replaced by
+  ``score`` [labels, h] (``core.trainers.step_spec``), no vocabulary-sized logits, so the step's peaks are moments
+  inside the model (``core/trainers/reward_step.py``).
 
 Trainers TRL 1.16 ships that are no small step from these are refused with the reason (:data:`REFUSED`).
 """
@@ -100,6 +104,7 @@ class TrainerRow:
     full_logits: FullLogits | None = None
     replay_step: str | None = None
     disable_dropout: bool = False
+    classifier: bool = False
 
     @property
     def trl(self) -> bool:
@@ -145,7 +150,9 @@ _ROWS = (
         ReferenceRule.NONE, 2, False, EvalRule.CLASSIFIER,
         "trl/trainer/reward_trainer.py compute_loss (can_return_loss, TRL 1.16)", _defaults(max_length=1024),
         dataset_columns=("chosen_ids", "rejected_ids"),
-        disable_dropout=True),  # reward_config.py disable_dropout (default True), reward_trainer.py L557-558
+        disable_dropout=True,  # reward_config.py disable_dropout (default True), reward_trainer.py L557-558
+        # reward_trainer.py: AutoModelForSequenceClassification, num_labels=1; replayed as tracer's seq-cls step
+        classifier=True, replay_step="tracer"),
     TrainerRow(
         TrainerKind.KTO, "KTOConfig", ("log_probs", "entropy", "mean_logits"),  # kto_trainer.py L967-970
         ReferenceRule.IN_STEP, 1, True, EvalRule.PAIRED,  # one (unpaired) completion per row

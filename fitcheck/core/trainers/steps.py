@@ -39,6 +39,7 @@ from fitcheck.core.trainers.fused_head import (
 )
 from fitcheck.core.trainers.generation_phase import generation_bytes
 from fitcheck.core.trainers.registry import ReferenceRule, fused_outputs, runs_fused_head, trainer_row
+from fitcheck.core.trainers.reward_step import reward_component
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import (
     DeviceType,
@@ -71,8 +72,8 @@ def step_spec(spec: TrainingSpec) -> TrainingSpec:
         # with position_ids (sft_trainer.py); packing alone keeps rows of max_length (the seq_len semantics here)
         rows, seq = spec.batch.micro_batch, spec.batch.seq_len
         return dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, micro_batch=1, seq_len=rows * seq))
-    if t.kind is TrainerKind.REWARD:  # chosen + rejected concatenated (reward_trainer.py compute_loss)
-        batch = dataclasses.replace(spec.batch, micro_batch=2 * spec.batch.micro_batch)
+    if row.classifier:  # chosen + rejected concatenated (reward_trainer.py compute_loss)
+        batch = dataclasses.replace(spec.batch, micro_batch=row.rows_per_example * spec.batch.micro_batch)
         return dataclasses.replace(spec, batch=batch, model=_sequence_classifier(spec))
     return spec
 
@@ -249,8 +250,8 @@ def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
     ]
 
 
-def trainer_components(spec: TrainingSpec, base: tuple[Component, ...], head_input: int = 0
-                       ) -> tuple[Component, ...]:
+def trainer_components(spec: TrainingSpec, base: tuple[Component, ...], head_input: int = 0, *,
+                       traced: bool = False) -> tuple[Component, ...]:
     """The components of a TRL trainer's step, from the plain-Trainer components of ``step_spec(spec)``.
 
     Args:
@@ -258,6 +259,8 @@ def trainer_components(spec: TrainingSpec, base: tuple[Component, ...], head_inp
         base: ``collect_components(step_spec(spec))`` of the plain step.
         head_input: Bytes of the LM head's input that ``base``'s activations count
             (``core.activations.lm_head_input_saved`` of the step), which TRL's fused head does not keep.
+        traced: ``base``'s activations come from a trace of the step (which holds the reward step's moments
+            itself: no ``activations.reward_step``).
 
     Returns:
         The components with the fused head, the reference model and the generation phase where they apply.
@@ -276,6 +279,9 @@ def trainer_components(spec: TrainingSpec, base: tuple[Component, ...], head_inp
             out.append(c)
     if has_reference_copy(spec):
         out.append(reference_weights(spec))
+    if trainer_row(t.kind).classifier and not traced:  # the reward step's moments inside the model
+        reward = reward_component(run, tuple(out))
+        out.extend(() if reward is None else (reward,))
     persistent = sum(c.at(Phase.FORWARD_END) for c in out if c.location is Location.DEVICE
                      and c.category in (Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META,
                                         Category.OPTIMIZER, Category.MASTER))
