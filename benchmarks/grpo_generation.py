@@ -120,16 +120,15 @@ def traced(case: Case, f: dict[str, int]) -> tuple[int, int]:
     and with the benchmark's ``generation_kwargs={"min_new_tokens": length}`` (what the real rows ran:
     ``trl_truth.build_trainer``)."""
     from fitcheck.core.trainers import generation_rows, step_spec
-    from fitcheck.torch_adapters import tracer_generate
-    from fitcheck.torch_adapters.tracer import activation_trace_kwargs
+    from fitcheck.torch_adapters import activation_trace_kwargs, traced_generation
 
     spec = spec_for(case)
     run = step_spec(spec)
     held = f["generation"] - f.get("generation.kv_cache", 0) - f.get("generation.working_set", 0)
     kwargs = activation_trace_kwargs(spec)
     rows = generation_rows(run)
-    default = tracer_generate.traced_generation(run, rows, kwargs)[1]
-    as_run = tracer_generate.traced_generation(run, rows, kwargs, {"min_new_tokens": case.length})[1]
+    default = traced_generation(run, rows, kwargs)[1]
+    as_run = traced_generation(run, rows, kwargs, {"min_new_tokens": case.length})[1]
     return held + default, held + as_run
 
 

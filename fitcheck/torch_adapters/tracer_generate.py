@@ -104,7 +104,7 @@ def _fake_reads(max_length: int) -> Iterator[None]:
     def stop_at_length(self: Any, unfinished: Any, tokens: Any, length: int) -> bool:
         return length >= max_length
 
-    generation_utils.StopCheck.__call__ = stop_at_length  # type: ignore[method-assign]
+    generation_utils.StopCheck.__call__ = stop_at_length  # type: ignore[method-assign, assignment]
     try:
         with Reads():
             yield
@@ -148,10 +148,11 @@ def trace_generate(model: Any, *, rows: int, prompt: int, new_tokens: int, fp32_
     inner.generation_config.use_cache = use_cache
     cfg = inner.config.get_text_config(decoder=True)
     eos = getattr(cfg, "eos_token_id", None)
-    gen = GenerationConfig(max_new_tokens=new_tokens, do_sample=True, pad_token_id=getattr(cfg, "pad_token_id", None),
-                           bos_token_id=getattr(cfg, "bos_token_id", None), eos_token_id=eos, temperature=1.0,
-                           top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0, cache_implementation=None,
-                           **dict(generation_kwargs or {}), disable_compile=True)
+    gen = GenerationConfig(  # type: ignore[no-untyped-call]
+        max_new_tokens=new_tokens, do_sample=True, pad_token_id=getattr(cfg, "pad_token_id", None),
+        bos_token_id=getattr(cfg, "bos_token_id", None), eos_token_id=eos, temperature=1.0, top_p=1.0, top_k=0,
+        min_p=None, repetition_penalty=1.0, cache_implementation=None, **dict(generation_kwargs or {}),
+        disable_compile=True)
     fake = _is_fake(next(inner.parameters()))
     ids = torch.randint(2, int(cfg.vocab_size), (rows, prompt))
     mask = torch.ones_like(ids)
