@@ -165,7 +165,7 @@ def _real_generate(config: dict[str, Any], rows: int, prompt: int, completion: i
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_traced_generate_is_the_real_generate(lora: bool) -> None:
     """The default path's generation phase (fake tensors, two layers deepened to four: the prefill, and the last
-    decode step as the second one after a longer prompt; LoRA: two batch sizes traced, the third interpolated)
+    decode step as the second one after a longer prompt; full: two batch sizes traced, the third interpolated)
     equals the real ``generate`` of the 4-layer model to the byte, whose decode steps grow with the cache (the last
     is the largest). On main the default path had no trace of ``generate`` (``tracer_generate`` did not exist)."""
     pytest.importorskip("trl")
@@ -179,7 +179,7 @@ def test_traced_generate_is_the_real_generate(lora: bool) -> None:
     spec = dataclasses.replace(spec, lora=_LORA if lora else None, model=dataclasses.replace(
         spec.model, config={**_CONFIG, **_DEEP4}))
     traces = GenerationTraces()
-    for r in (2, 4) if lora else ():  # two traced batches; the third is interpolated
+    for r in () if lora else (2, 4):  # two traced batches; the third is interpolated
         traces.components(dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, micro_batch=r)))
     parts = {c.name: c.at(Phase.GENERATION) for c in traces.components(spec)}
     assert set(parts) == set(GENERATION_TRACED)
