@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -87,16 +88,17 @@ def _fake_reads(max_length: int) -> Iterator[None]:
     class Reads(TorchDispatchMode):  # type: ignore[no-untyped-call]
         def __init__(self) -> None:
             super().__init__()  # type: ignore[no-untyped-call]
-            self.known: dict[int, bool] = {}
+            self.known: dict[int, tuple[Any, bool]] = {}  # id -> (weak reference to the scalar, its value)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if func is torch.ops.aten._local_scalar_dense.default:
-                if id(args[0]) not in self.known:
+                ref, value = self.known.get(id(args[0]), (None, False))
+                if ref is None or ref() is not args[0]:
                     raise RuntimeError("generate read a value of a fake tensor that the trace cannot give")
-                return self.known[id(args[0])]
+                return value
             out = func(*args, **(kwargs or {}))
             if func.overloadpacket in (torch.ops.aten.any, torch.ops.aten.all):
-                self.known[id(out)] = func.overloadpacket is torch.ops.aten.all
+                self.known[id(out)] = (weakref.ref(out), func.overloadpacket is torch.ops.aten.all)
             return out
 
     stop = generation_utils.StopCheck.__call__
