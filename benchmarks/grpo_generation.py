@@ -12,7 +12,8 @@ here: 8 completions of 16 + 128 tokens, a wider model (h 512, intermediate 1376,
 prefill sets the peak (full and LoRA, beta 0 and 0.04), and a deeper one (4 layers, 4 KV heads) where the cache
 does (full and LoRA, beta 0: beta only adds the reference copy to the persistent state).
 
-Run: ``python benchmarks/grpo_generation.py [--measure] [name-substring ...]``: without ``--measure`` the real
+Run: ``python benchmarks/grpo_generation.py [--measure] [--traced] [name-substring ...]``: ``--traced`` adds the
+default path's traced generation phase (``torch_adapters/tracer_generate.py``); without ``--measure`` the real
 peaks are read from ``benchmarks/data/grpo_generation_cpu.json`` and only the formula is recomputed (run it on an
 older checkout for the "before" column).
 """
@@ -113,6 +114,24 @@ def formula(case: Case) -> dict[str, int]:
     return {"generation": report.phase_totals().get(Phase.GENERATION, 0), **parts}
 
 
+def traced(case: Case, f: dict[str, int]) -> tuple[int, int]:
+    """The default path's generation phase (``torch_adapters.tracer_generate``: the real ``generate`` on fake
+    tensors) in place of the formula's cache and working set: GRPOConfig's sampling (what the default path answers)
+    and with the benchmark's ``generation_kwargs={"min_new_tokens": length}`` (what the real rows ran:
+    ``trl_truth.build_trainer``)."""
+    from fitcheck.core.trainers import generation_rows, step_spec
+    from fitcheck.torch_adapters import activation_trace_kwargs, traced_generation
+
+    spec = spec_for(case)
+    run = step_spec(spec)
+    held = f["generation"] - f.get("generation.kv_cache", 0) - f.get("generation.working_set", 0)
+    kwargs = activation_trace_kwargs(spec)
+    rows = generation_rows(run)
+    default = traced_generation(run, rows, kwargs)[1]
+    as_run = traced_generation(run, rows, kwargs, {"min_new_tokens": case.length})[1]
+    return held + default, held + as_run
+
+
 def main(argv: list[str]) -> int:
     run = "--measure" in argv
     names = [a for a in argv if not a.startswith("--")]
@@ -134,11 +153,16 @@ def main(argv: list[str]) -> int:
             real = recorded[case.name]["real"]
         else:
             continue
-        rows.append((case.name, real, formula(case)))
-    print(f"{'case':<34} {'real _generate':>14} {'formula':>12} {'error':>8}  kv_cache / working_set")
-    for name, real, f in rows:
-        print(f"{name:<34} {real['peak']:>14,} {f['generation']:>12,} {f['generation'] / real['peak'] - 1:>+8.2%}  "
-              f"{f.get('generation.kv_cache', 0):,} / {f.get('generation.working_set', 0):,}")
+        f = formula(case)
+        rows.append((case.name, real, f, traced(case, f) if "--traced" in argv else None))
+    print(f"{'case':<34} {'real _generate':>14} {'formula':>12} {'error':>8}  kv_cache / working_set"
+          + ("  traced (GRPOConfig sampling) / traced (min_new_tokens, as run)" if "--traced" in argv else ""))
+    for name, real, f, tr in rows:
+        line = (f"{name:<34} {real['peak']:>14,} {f['generation']:>12,} {f['generation'] / real['peak'] - 1:>+8.2%}  "
+                f"{f.get('generation.kv_cache', 0):,} / {f.get('generation.working_set', 0):,}")
+        if tr is not None:
+            line += "  " + " / ".join(f"{v:,} ({v / real['peak'] - 1:+.2%})" for v in tr)
+        print(line)
     return 0
 
 

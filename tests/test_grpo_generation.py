@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from fitcheck.core.trainers.steps import generation_bytes
+from fitcheck.report import Phase
 from fitcheck.spec import (
     BatchSpec,
     Dtype,
@@ -129,3 +130,58 @@ def test_cache_bound_generation_matches_real_generate() -> None:
     assert working == decode_bytes(spec, rows)  # the decode branch answers
     real = _real_window(prompt, completion, rows, _CACHE_BOUND, train=True)
     assert abs((kv + working) / real - 1) < 0.01, (kv + working, real)
+
+
+# issue 19, session 18: the default path traces generate (torch_adapters/tracer_generate.py) at the user's shape
+_DEEP4 = {"hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "num_hidden_layers": 4, "vocab_size": 256}
+
+
+def _real_generate(config: dict[str, Any], rows: int, prompt: int, completion: int, lora: bool) -> Any:
+    """The real ``generate`` as GRPOTrainer runs it: a full model through accelerate's ``prepare_model`` (autocast,
+    ``convert_outputs_to_fp32``) and TRL's ``unwrap_model_for_generation``; a LoRA one in train mode (peft's
+    ``generate`` calls the inner model's). Each step's peak on real tensors (``trace_generate``'s recorder)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from trl.models.utils import unwrap_model_for_generation
+
+    from fitcheck.torch_adapters.tracer_build import build_model
+    from fitcheck.torch_adapters.tracer_generate import trace_generate
+
+    torch.manual_seed(0)
+    model = build_model({**_CONFIG, **config}, dtype=torch.bfloat16, attn_implementation="sdpa",
+                        checkpointing=False, lora=_LORA if lora else None, fake=False)
+    model.train()
+    AcceleratorState._reset_state(True)
+    try:
+        accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+        prepared = accelerator.prepare_model(model)
+        with unwrap_model_for_generation(prepared, accelerator) as unwrapped:
+            return trace_generate(unwrapped, rows=rows, prompt=prompt, new_tokens=completion, fp32_outputs=False)
+    finally:
+        AcceleratorState._reset_state(True)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_traced_generate_is_the_real_generate(lora: bool) -> None:
+    """The default path's generation phase (fake tensors, two layers deepened to four: the prefill, and the last
+    decode step as the second one after a longer prompt; full: two batch sizes traced, the third interpolated)
+    equals the real ``generate`` of the 4-layer model to the byte, whose decode steps grow with the cache (the last
+    is the largest). On main the default path had no trace of ``generate`` (``tracer_generate`` did not exist)."""
+    pytest.importorskip("trl")
+    from fitcheck.core.trainers import GENERATION_TRACED
+    from fitcheck.torch_adapters.tracer_generate import GenerationTraces
+
+    prompt, completion, rows = 6, 4, 3
+    real = _real_generate(_DEEP4, rows, prompt, completion, lora)
+    assert list(real.steps[1:]) == sorted(real.steps[1:]), real.steps
+    spec = _spec(prompt, completion, rows, _DEEP4)
+    spec = dataclasses.replace(spec, lora=_LORA if lora else None, model=dataclasses.replace(
+        spec.model, config={**_CONFIG, **_DEEP4}))
+    traces = GenerationTraces()
+    for r in () if lora else (2, 4):  # two traced batches; the third is interpolated
+        traces.components(dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, micro_batch=r)))
+    parts = {c.name: c.at(Phase.GENERATION) for c in traces.components(spec)}
+    assert set(parts) == set(GENERATION_TRACED)
+    assert parts["generation.kv_cache"] == real.cache[-1]
+    assert sum(parts.values()) == max(real.steps), (parts, real.steps)

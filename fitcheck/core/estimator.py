@@ -228,7 +228,7 @@ def estimate(
     ]
     if activations is not None:  # traced: the formulas' own "not pinned" warnings do not apply to this number
         findings = [f for f in findings if f.code not in _FORMULA_UNPINNED]
-        findings.extend(traced_trainer_finding(spec))  # a TRL run: which parts are traced, which formula
+        findings.extend(traced_trainer_finding(spec, activations))  # a TRL run: which parts are traced, which formula
     # pinned: traced or inside the checked envelope, and no note saying that part of the run is not modelled
     unpinning = _NOT_MODELLED if activations is not None else _NOT_MODELLED | _FORMULA_UNPINNED
     notes = sorted({f.code for f in findings if f.code in unpinning})

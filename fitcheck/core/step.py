@@ -21,6 +21,7 @@ from fitcheck.core.states import (
     zero1_reduction_component,
 )
 from fitcheck.core.trainers import (
+    GENERATION_TRACED,
     eval_spec,
     evaluation_component,
     has_reference_copy,
@@ -88,8 +89,9 @@ def traced_body_formula_head(run: TrainingSpec, traced: tuple[Component, ...]) -
     return (*(c for c in traced if c.category is not Category.LOGITS), *head)
 
 
-def traced_trainer_finding(spec: TrainingSpec) -> tuple[Finding, ...]:
-    """What a traced TRL run took from the trace and what from the formulas (the trace runs the plain step)."""
+def traced_trainer_finding(spec: TrainingSpec, traced: tuple[Component, ...] = ()) -> tuple[Finding, ...]:
+    """What a traced TRL run took from the trace and what from the formulas (the trace runs the plain step;
+    ``traced``: the traced components, GRPO's ``generate`` among them where it was traced)."""
     t = spec.trainer
     if not t.is_trl:
         return ()
@@ -99,9 +101,12 @@ def traced_trainer_finding(spec: TrainingSpec) -> tuple[Finding, ...]:
         formula.append("TRL's chunked LM head and loss (core/trainers/fused_head.py)")
     if has_reference_copy(spec):
         formula.append("the reference model")
-    if any(c.at(Phase.GENERATION) for c in trainer_components(spec, ())):
+    generate = any(c.name in GENERATION_TRACED for c in traced)
+    if not generate and any(c.at(Phase.GENERATION) for c in trainer_components(spec, ())):
         formula.append("the generation phase")
     shape = f"{run.batch.micro_batch} rows x {run.batch.seq_len} tokens"
+    if generate:
+        shape += "; model.generate's prefill and decode steps (torch_adapters/tracer_generate.py)"
     if run.model.params is not spec.model.params:  # the score head replaces the LM head (reward)
         shape += ", the sequence-classification model the trainer loads"
     return (

@@ -85,6 +85,7 @@ if TYPE_CHECKING:
     )
     from fitcheck.torch_adapters.tracer_build import build_model, hf_config, model_class, reduced_config
     from fitcheck.torch_adapters.tracer_depth import trace_components, trace_extrapolated
+    from fitcheck.torch_adapters.tracer_generate import GenerationTraces, trace_generate, traced_generation
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder, RegionStats
     from fitcheck.torch_adapters.trl_config_check import check_trl_config
     from fitcheck.torch_adapters.verdict_replay import NearBudget, band_low_micro_batch, search_and_boundary
@@ -114,6 +115,9 @@ _WHERE = {
     "trace_kwargs": "tracer",
     "trace_step": "tracer",
     "LiveTensorRecorder": "tracer_recorder",
+    "GenerationTraces": "tracer_generate",
+    "trace_generate": "tracer_generate",
+    "traced_generation": "tracer_generate",
     "StepReplay": "allocator_replay",
     "replay_events": "allocator_replay",
     "run_trace_kwargs": "allocator_replay",
@@ -167,6 +171,7 @@ __all__ = [
     "PHASES",
     "BatchTraces",
     "Cell",
+    "GenerationTraces",
     "LiveTensorRecorder",
     "LiveTensorTracker",
     "NearBudget",
@@ -221,8 +226,10 @@ __all__ = [
     "search_and_boundary",
     "trace_components",
     "trace_extrapolated",
+    "trace_generate",
     "trace_kwargs",
     "trace_step",
+    "traced_generation",
     "unwrap_model",
     "whole_run_events",
     "with_adapter_inventory",

@@ -87,6 +87,7 @@ class PinnedPath:
         self.can_trace = torch_available() if can_trace is None else can_trace
         self._traces: dict[str, Any] = {}  # cache key -> trace_batch.BatchTraces
         self._failed: dict[str, str] = {}  # cache key -> why its trace could not run
+        self._generate: Any = None  # tracer_generate.GenerationTraces: GRPO's generate traced
         self.traced_answers = 0
         self._gaps: dict[str, float] = {}  # cache key -> the traced step's allocator gap (allocator_replay)
         self.seq_lengths = seq_lengths
@@ -178,7 +179,20 @@ class PinnedPath:
                 self._gaps[key] = cached_gap(self.cache, key, spec, self.seq_lengths, gap, self._whole,
                                              self._whole_failed)
         self.traced_answers += 1
-        return components_from_trace(result)
+        return (*components_from_trace(result), *self._generation(key, spec))
+
+    def _generation(self, key: str, spec: TrainingSpec) -> tuple[Component, ...]:
+        """GRPO's ``generate`` traced (``tracer_generate``); one that cannot run leaves the formula's phase, with
+        the reason kept for a ``generation-trace-failed`` finding."""
+        from fitcheck.torch_adapters.tracer_generate import GenerationTraces
+
+        if self._generate is None:
+            self._generate = GenerationTraces(self.cache)
+        try:
+            return self._generate.components(spec)  # type: ignore[no-any-return]
+        except Exception as exc:
+            self._failed["generation " + key] = _reason(exc)
+            return ()
 
     def _traced_gap(self, key: str, spec: TrainingSpec, runs: Any, deepest: Any) -> float:
         """The allocator's gap of a traced step: its whole run replayed (every layer, the optimizer, three steps:
@@ -221,7 +235,7 @@ class PinnedPath:
         checked), so the verdict and the largest micro-batch never disagree. Traces are shared."""
         traced = any(c.name == "activations.traced" for c in headline.components)
         other = PinnedPath("always" if traced else "never", can_trace=self.can_trace, strict=False)
-        other._traces, other._failed = self._traces, self._failed
+        other._traces, other._failed, other._generate = self._traces, self._failed, self._generate
         other._gaps = self._gaps
         other._whole, other._whole_failed = self._whole, self._whole_failed
         other._optimizer_traces = self._optimizer_traces
@@ -400,6 +414,11 @@ class PinnedPath:
             report = self._formula(spec)
         else:
             report = estimate(spec, activations=comps, gap_fraction=self.gap_fraction(spec) if comps else None)
+        if comps and "generation " + _cache_key(spec) in self._failed:
+            note = Finding("generation-trace-failed", Severity.INFO, "tracing model.generate was not possible ("
+                           f"{self._failed['generation ' + _cache_key(spec)]}); the generation phase is the formula's",
+                           "core/trainers/generation_phase.py")
+            report = dataclasses.replace(report, findings=(*report.findings, note))
         if failed:
             report = dataclasses.replace(report, findings=(*report.findings, trace_failed(failed)))
         elif comps and not replayed_run(spec) and _gap_applies(spec, self.seq_lengths) \

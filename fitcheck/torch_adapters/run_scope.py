@@ -151,9 +151,10 @@ def _preference_not_replayed(spec: TrainingSpec) -> list[str]:
 def _grpo_not_replayed(spec: TrainingSpec) -> list[str]:
     """What of a GRPOTrainer run the replay of ``tracer_grpo``'s micro-step leaves out. Traced: the reference copy
     (``beta`` != 0) or the adapters-off pass, the old-policy pass, the log-prob pre-pass in the micro-batches that
-    generate, the fused LM head and the default ``dapo`` loss. ``model.generate`` itself is a phase of its own,
-    answered by the formula (``Phase.GENERATION``, ``core/trainers/steps.py``), as the load and save phases are:
-    the replay starts each generating micro-batch from generate's outputs."""
+    generate, the fused LM head and the default ``dapo`` loss. ``model.generate`` itself is a phase of its own
+    (``Phase.GENERATION``), traced where the step is (``tracer_generate``; the formula's, ``core/trainers/steps.py``,
+    where that trace cannot run) but not replayed through the allocator, as the load and save phases are not: the
+    replay starts each generating micro-batch from generate's outputs."""
     parts = []
     if spec.trainer.use_vllm:
         parts.append("GRPO's vLLM engine (use_vllm: its generation and the importance-sampling pass)")

@@ -27,10 +27,11 @@
   masked means of the KL and entropy, the clipped-ratio masks).
 
 What is not the real code, and why: generation itself (``model.generate``: KV cache, sampling) is not traced here;
-its phase is the formula's (``core/trainers/steps.py`` ``_generation``, ``Phase.GENERATION``), and the pre-pass
-starts from its outputs (the new batch's ids and masks, allocated). The previous generation batch's buffer is
-the traced step's inputs (tracked in the setup: the steady state, where one buffer is always alive and the
-pre-pass builds the next beside it); the new buffer is freed at the pre-pass's end in its place. The metrics'
+its phase (``Phase.GENERATION``) is traced apart (``tracer_generate``; the formula's, ``core/trainers/steps.py``
+``_generation``, where that trace cannot run), and the pre-pass starts from its outputs (the new batch's ids and
+masks, allocated). The previous generation batch's buffer is the traced step's inputs (tracked in the setup: the
+steady state, where one buffer is always alive and the pre-pass builds the next beside it); the new buffer is freed
+at the pre-pass's end in its place. The metrics'
 ``.item()`` reads, ``accelerator.reduce`` / ``gather`` of one process and ``nanmin`` / ``nanmax`` (one- and
 two-element tensors) are left out. The ``attention_mask`` is built but not passed to the model (all ones: the mask
 transformers then skips, :meth:`GrpoStep._log_probs`); a batch with padding (completions of several lengths) is

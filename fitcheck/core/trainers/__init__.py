@@ -23,11 +23,19 @@ from fitcheck.core.trainers.registry import (
     runs_fused_head,
     trainer_row,
 )
-from fitcheck.core.trainers.steps import has_reference_copy, step_spec, trainer_components
+from fitcheck.core.trainers.steps import (
+    GENERATION_TRACED,
+    generation_parts,
+    generation_rows,
+    has_reference_copy,
+    step_spec,
+    trainer_components,
+)
 from fitcheck.spec import TrainerKind, TrainerSpec, VllmMode
 
 __all__ = [
     "CONFIG_CLASSES",
+    "GENERATION_TRACED",
     "KTO_DEFAULT_LOSS",
     "KTO_LOSS_TYPES",
     "REFUSED",
@@ -42,6 +50,8 @@ __all__ = [
     "eval_spec",
     "evaluation_component",
     "evaluation_findings",
+    "generation_parts",
+    "generation_rows",
     "grpo_batch_error",
     "grpo_steps_per_generation",
     "grpo_valid_micro_batch",

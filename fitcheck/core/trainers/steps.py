@@ -217,9 +217,38 @@ def _fused_head_component(spec: TrainingSpec, head_input: int) -> Component:
         )
 
 
-def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
-    """GRPO without vLLM: ``model.generate`` for the generation batch (no grad), after the optimizer step."""
-    t, sh = spec.trainer, spec.model.shape
+GENERATION_TRACED = ("generation.kv_cache", "generation.working_set")  # the parts a trace of generate gives
+
+
+def generation_rows(spec: TrainingSpec) -> int:
+    """Sequences ``generate`` runs together: ``generation_batch_size`` per process, else ``per_device_train_batch_size
+    x steps_per_generation`` (GRPOConfig: ``steps_per_generation`` defaults to ``gradient_accumulation_steps``)."""
+    t = spec.trainer
+    steps = t.steps_per_generation or spec.batch.grad_accum
+    return t.generation_batch_size // spec.data_parallel_size if t.generation_batch_size \
+        else spec.batch.micro_batch * steps
+
+
+def generation_parts(spec: TrainingSpec, kv: int, working: int, source: str) -> tuple[Component, Component]:
+    """The KV cache and working-set components of GRPO's generation phase (the formula's or a trace's)."""
+    sh = spec.model.shape
+    tokens = spec.trainer.prompt_length + spec.trainer.completion_length - 1
+    return (
+        Component("generation.kv_cache", Category.ACTIVATIONS, Location.DEVICE, {Phase.GENERATION: kv},
+                  "transformers DynamicCache: K and V per layer [rows, kv_heads, tokens, head_dim]",
+                  f"{generation_rows(spec)} sequences x {tokens} tokens x {sh.num_layers} layers"),
+        Component("generation.working_set", Category.TEMPORARIES, Location.DEVICE, {Phase.GENERATION: working},
+                  source,
+                  "the prefill's excess over the whole cache (prompt K/V, residual stream, MLP or LoRA moment) or "
+                  "the last step's torch.cat block / sampling tensors"),
+    )
+
+
+def _generation(spec: TrainingSpec, persistent: int, traced: bool = False) -> list[Component]:
+    """GRPO without vLLM: ``model.generate`` for the generation batch (no grad), after the optimizer step; with
+    ``traced``, the cache and working set are a trace's (already among the components), only the held state is
+    added here."""
+    t = spec.trainer
     if t.kind is not TrainerKind.GRPO or (t.use_vllm and t.vllm_mode is VllmMode.SERVER):
         return []
     held = Component("generation.weights_and_states", Category.WEIGHTS, Location.DEVICE,
@@ -231,23 +260,12 @@ def _generation(spec: TrainingSpec, persistent: int) -> list[Component]:
                           {p: share for p in (*PHASES, Phase.GENERATION)},
                           "GRPOConfig.vllm_gpu_memory_utilization (TRL 1.16): vLLM's share of the same GPU",
                           f"{t.vllm_gpu_memory_utilization:.0%} of the GPU")]
-    steps = t.steps_per_generation or spec.batch.grad_accum
-    rows = (t.generation_batch_size // spec.data_parallel_size if t.generation_batch_size
-            else spec.batch.micro_batch * steps)
-    tokens = t.prompt_length + t.completion_length - 1
-    kv, working = generation_bytes(spec, rows)
-    return [
-        held,
-        Component("generation.kv_cache", Category.ACTIVATIONS, Location.DEVICE, {Phase.GENERATION: kv},
-                  "transformers DynamicCache: K and V per layer [rows, kv_heads, tokens, head_dim]",
-                  f"{rows} sequences x {tokens} tokens x {sh.num_layers} layers"),
-        Component("generation.working_set", Category.TEMPORARIES, Location.DEVICE,
-                  {Phase.GENERATION: working},
-                  "transformers 5.23 generation/utils.py _sample, cache_utils.py DynamicLayer.update, peft 0.21.2 "
-                  "lora Linear.forward in train mode (core/trainers/generation_phase.py)",
-                  "the prefill's excess over the whole cache (prompt K/V, residual stream, MLP or LoRA moment) or "
-                  "the last step's torch.cat block / sampling tensors"),
-    ]
+    if traced:
+        return [held]
+    kv, working = generation_bytes(spec, generation_rows(spec))
+    return [held, *generation_parts(
+        spec, kv, working, "transformers 5.23 generation/utils.py _sample, cache_utils.py DynamicLayer.update, peft "
+        "0.21.2 lora Linear.forward in train mode (core/trainers/generation_phase.py)")]
 
 
 def trainer_components(spec: TrainingSpec, base: tuple[Component, ...], head_input: int = 0, *,
@@ -285,7 +303,8 @@ def trainer_components(spec: TrainingSpec, base: tuple[Component, ...], head_inp
     persistent = sum(c.at(Phase.FORWARD_END) for c in out if c.location is Location.DEVICE
                      and c.category in (Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META,
                                         Category.OPTIMIZER, Category.MASTER))
-    out.extend(_generation(run, persistent))
+    traced = any(c.name in GENERATION_TRACED for c in base)  # the default path traced generate (tracer_generate)
+    out.extend(_generation(run, persistent, traced))
     return tuple(out)
 
 
