@@ -12,14 +12,21 @@ from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters.run_scope import replayed_run
 
-__all__ = ["PATH_FINDINGS", "lengths_replayed", "path_findings_lost", "published_gap", "trace_failed", "two_groups",
-           "whole_run_replayed"]
+__all__ = ["PATH_FINDINGS", "generation_trace_failed", "lengths_replayed", "path_findings_lost", "published_gap",
+           "trace_failed", "two_groups", "whole_run_replayed"]
 
 
 def trace_failed(reason: str) -> Finding:
     """INFO: the trace could not run (``reason``); the formulas answered."""
     return Finding("trace-failed", Severity.INFO, f"tracing this run was not possible ({reason})",
                    "the number is from the formulas; see the not-pinned warning")
+
+
+def generation_trace_failed(reason: str) -> Finding:
+    """INFO: ``model.generate`` could not be traced (``reason``); the generation phase is the formula's."""
+    return Finding("generation-trace-failed", Severity.INFO,
+                   f"tracing model.generate was not possible ({reason}); the generation phase is the formula's",
+                   "core/trainers/generation_phase.py")
 
 
 def published_gap(why: str) -> Finding:
@@ -51,7 +58,8 @@ def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
     return ""
 
 
-PATH_FINDINGS = ("trace-failed", "reserved-published-gap", "reserved-two-groups")  # what PinnedPath._answer adds
+# what PinnedPath._answer adds
+PATH_FINDINGS = ("trace-failed", "generation-trace-failed", "reserved-published-gap", "reserved-two-groups")
 
 
 def path_findings_lost(before: Report, after: Report) -> tuple[Finding, ...]:

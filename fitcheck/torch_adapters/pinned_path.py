@@ -30,6 +30,7 @@ from typing import Any
 from fitcheck.report import Component, Report
 from fitcheck.spec import Strategy, TrainingSpec
 from fitcheck.torch_adapters.path_findings import (
+    generation_trace_failed,
     lengths_replayed,
     path_findings_lost,
     published_gap,
@@ -415,9 +416,7 @@ class PinnedPath:
         else:
             report = estimate(spec, activations=comps, gap_fraction=self.gap_fraction(spec) if comps else None)
         if comps and "generation " + _cache_key(spec) in self._failed:
-            note = Finding("generation-trace-failed", Severity.INFO, "tracing model.generate was not possible ("
-                           f"{self._failed['generation ' + _cache_key(spec)]}); the generation phase is the formula's",
-                           "core/trainers/generation_phase.py")
+            note = generation_trace_failed(self._failed["generation " + _cache_key(spec)])
             report = dataclasses.replace(report, findings=(*report.findings, note))
         if failed:
             report = dataclasses.replace(report, findings=(*report.findings, trace_failed(failed)))
