@@ -224,8 +224,7 @@ def zero1_reduction_bytes(spec: TrainingSpec) -> int:
     ds = sh.deepspeed
     if sh.strategy is not Strategy.DEEPSPEED or ds is None or sh.zero_stage != 1:
         return 0
-    overlap = ds.overlap_comm if ds.overlap_comm is not None else False  # zero/config.py: on for stage 3 only
-    if overlap or not ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
+    if ds.overlaps_comm or not ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
         return 0
     groups = [[n for n, _ in g] for g in zero_groups(spec)]
     if not groups:
@@ -333,3 +332,4 @@ def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int, int] | None:
         ranks = _allocated_before(groups, world, order, stop, ds.reduce_bucket_size)
         outs.append(max((held[r] for r in ranks), default=0) * elem)
     return top, outs[0], outs[1]
+
