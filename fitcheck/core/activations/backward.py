@@ -182,8 +182,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             missing = frozen_missing(spec, i == L - 1, all_grads(spec), layer_bytes(spec), g_down_frozen)
         elif spec.lora is not None and not accum and q.n_ckpt == 0:
             missing = _lora_missing(spec, i)  # checkpointed adapters: lora_recompute / dora moments
-        if z2 is not None:  # ZeRO-2: the rank's grads_in_partition once allocated, whole, in place of the made ones
-            missing = z2[0] - (z2[1] if i == L - 1 else z2[2])
+        if z2 is not None:  # ZeRO-2: the rank's grads_in_partition once allocated, whole, in place of the made ones;
+            # a tied head's gradient waits in the shared weight's input buffer until the embedding (not in it)
+            missing = z2[0] - (z2[1] if i == L - 1 else z2[2]) - (g_head if spec.model.shape.tied_embeddings else 0)
         if q.n_ckpt == 0:
             whole = q.layers_saved < 0 or i == 0 or q.offloaded
             saved = below * q.layer if whole else q.layers_saved

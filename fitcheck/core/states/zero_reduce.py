@@ -303,12 +303,16 @@ def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int, int] | None:
     Returns:
         (the last rank's ``grads_in_partition`` if its first bucket is reduced by the top layer's backward else 0,
         the largest ``grads_in_partition`` of a rank that allocated it before the bottom layer's backward, the same
-        before the embedding's gradient hook), in bytes; None unless a full-size DeepSpeed ZeRO-2 run with
+        before the embedding's gradient hook), in bytes; None unless a full-size DeepSpeed ZeRO-2 run, or ZeRO-1
+        with ``overlap_comm`` (``process_gradients`` takes the same hook path: ``if self.partition_gradients or
+        self.overlap_comm``; real engine, one process, 64 tokens: -3.53 % before, -0.04 % with it), with
         ``contiguous_gradients`` and no optimizer offload.
     """
     sh = spec.sharding
     ds = sh.deepspeed
-    if sh.strategy is not Strategy.DEEPSPEED or ds is None or sh.zero_stage != 2:
+    if sh.strategy is not Strategy.DEEPSPEED or ds is None or sh.zero_stage not in (1, 2):
+        return None
+    if sh.zero_stage == 1 and not ds.overlaps_comm:  # ZeRO-1 reduces at the end of backward (zero1_reduction_bytes)
         return None
     if not ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
         return None
