@@ -19,6 +19,10 @@ activations are alive (``zero_reduce.zero2_backward_grads``, read by ``core/acti
 tokens is -2.10 % (not modelled): ``reduce_scatter_coalesced`` concatenates the first bucket (``torch.cat``, 9.6 MB
 here) there, and gloo's reduce-scatter adds a same-size copy.
 
+The tied row (``--measure-tied``) is rank 5 of an 8-rank ZeRO-2 run on torch's fake process group (``measure``'s
+``world``/``rank``): its backward peak is the embedding's, where a tied head's buffered gradient, the embedding's and
+their sum sit beside the ranks' ``grads_in_partition`` made by then (-14.3 % before session 18, +0.00 % since).
+
 Run: ``PYTHONPATH=. python benchmarks/deepspeed_cpu.py [STAGE ...]`` (only those stages' rows; exit 1 when a row is
 off by more than 2 %: the ZeRO-1 checkpointed backward is -6.96 %, as before the ZeRO-3 row was added).
 """
