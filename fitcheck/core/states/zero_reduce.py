@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from fitcheck.core.states.layout import all_trainable, build_layout
 from fitcheck.core.states.sharding import param_compute_bytes
 from fitcheck.report import PHASES, Category, Component, Location, Phase
-from fitcheck.spec import OffloadDevice, Strategy, TrainingSpec
+from fitcheck.spec import DeepSpeedSpec, OffloadDevice, Strategy, TrainingSpec
 
 _SRC = (
     "deepspeed 0.19.8 runtime/zero/stage_1_and_2.py: reduce_gradients -> reduce_independent_p_g_buckets_and_"
@@ -207,6 +207,22 @@ def _copied_before_partition(groups: Sequence[Sequence[int]], world: int, rank: 
     return copied  # the epilogue's bucket (or none of the rank's: grads_in_partition is never made)
 
 
+def _contiguous_reduction(spec: TrainingSpec, during_backward: bool) -> DeepSpeedSpec | None:
+    """The DeepSpeed settings of a ZeRO-1/2 run that copies its gradients into ``grads_in_partition``
+    (``contiguous_gradients``, no optimizer offload: ``copy_grads_in_partition``'s GPU branch) during backward
+    (``during_backward``: ZeRO-2, or ZeRO-1 with ``overlap_comm``, ``process_gradients``' hook path) or at its end
+    (ZeRO-1 without ``overlap_comm``, ``reduce_gradients``); None for any other run."""
+    sh = spec.sharding
+    ds = sh.deepspeed
+    if sh.strategy is not Strategy.DEEPSPEED or ds is None or sh.zero_stage not in (1, 2):
+        return None
+    if (sh.zero_stage == 2 or ds.overlaps_comm) is not during_backward:
+        return None
+    if not ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
+        return None
+    return ds
+
+
 def zero1_reduction_bytes(spec: TrainingSpec) -> int:
     """Bytes ZeRO-1's end-of-backward reduction holds beyond every gradient and the ipg bucket (which the model
     states and ``buffers.deepspeed_reduce_bucket`` count in ``Phase.BACKWARD``): ``grads_in_partition`` less the
@@ -220,11 +236,8 @@ def zero1_reduction_bytes(spec: TrainingSpec) -> int:
     Returns:
         The bytes (>= 0).
     """
-    sh = spec.sharding
-    ds = sh.deepspeed
-    if sh.strategy is not Strategy.DEEPSPEED or ds is None or sh.zero_stage != 1:
-        return 0
-    if ds.overlaps_comm or not ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
+    ds = _contiguous_reduction(spec, during_backward=False)
+    if ds is None:
         return 0
     groups = [[n for n, _ in g] for g in zero_groups(spec)]
     if not groups:
@@ -308,13 +321,8 @@ def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int, int] | None:
         self.overlap_comm``; real engine, one process, 64 tokens: -3.53 % before, -0.04 % with it), with
         ``contiguous_gradients`` and no optimizer offload.
     """
-    sh = spec.sharding
-    ds = sh.deepspeed
-    if sh.strategy is not Strategy.DEEPSPEED or ds is None or sh.zero_stage not in (1, 2):
-        return None
-    if sh.zero_stage == 1 and not ds.overlaps_comm:  # ZeRO-1 reduces at the end of backward (zero1_reduction_bytes)
-        return None
-    if not ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
+    ds = _contiguous_reduction(spec, during_backward=True)
+    if ds is None:
         return None
     groups = [[n for n, _ in g] for g in zero_groups(spec)]
     if not groups:
