@@ -19,6 +19,10 @@ activations are alive (``zero_reduce.zero2_backward_grads``, read by ``core/acti
 tokens is -2.10 % (not modelled): ``reduce_scatter_coalesced`` concatenates the first bucket (``torch.cat``, 9.6 MB
 here) there, and gloo's reduce-scatter adds a same-size copy.
 
+The tied row (``--measure-tied``) is rank 5 of an 8-rank ZeRO-2 run on torch's fake process group (``measure``'s
+``world``/``rank``): its backward peak is the embedding's, where a tied head's buffered gradient, the embedding's and
+their sum sit beside the ranks' ``grads_in_partition`` made by then (-14.3 % before session 18, +0.00 % since).
+
 Run: ``PYTHONPATH=. python benchmarks/deepspeed_cpu.py [STAGE ...]`` (only those stages' rows; exit 1 when a row is
 off by more than 2 %: the ZeRO-1 checkpointed backward is -6.96 %, as before the ZeRO-3 row was added).
 """
@@ -37,10 +41,13 @@ from benchmarks.cpu_truth import LLAMA, Row, spec_for
 from benchmarks.gloo_rank import free_port
 
 
-def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False) -> tuple[int, int, int]:
-    """Live-tensor peaks (bytes) of the second of two real DeepSpeed bf16 steps of the tiny Llama, fp32-loaded:
-    (forward + loss, backward, optimizer step)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK="0", WORLD_SIZE="1",
+def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, config: dict[str, Any] | None = None,
+            world: int = 1, rank: int = 0, bucket: int | None = None) -> tuple[int, int, int]:
+    """Live-tensor peaks (bytes) of the second of two real DeepSpeed bf16 steps of the tiny Llama (or ``config``),
+    fp32-loaded: (forward + loss, backward, optimizer step). ``world`` > 1: this process is ``rank`` of a
+    ``world``-rank run on torch's fake process group (``torch.testing._internal.distributed.fake_pg``: collectives
+    are no-ops, every local tensor is real; what ZeRO-1/2 allocates depends on the rank's partition only)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK="0")
     warnings.filterwarnings("ignore")
     import deepspeed
@@ -49,7 +56,13 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False) -> t
 
     from fitcheck.torch_adapters import LiveTensorRecorder
 
-    cfg = transformers.LlamaConfig(**{k: v for k, v in LLAMA.items() if k not in ("model_type", "architectures")})
+    if world > 1:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        torch.distributed.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    bucket = BUCKET if bucket is None else bucket
+    conf = LLAMA if config is None else config
+    cfg = transformers.LlamaConfig(**{k: v for k, v in conf.items() if k not in ("model_type", "architectures")})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     if ckpt:  # what Trainer.train() calls (transformers 5: non-reentrant)
@@ -57,7 +70,7 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False) -> t
     model.train()
     ds: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
     }
     if not torch.distributed.is_initialized():
@@ -88,6 +101,12 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False) -> t
 
 TINY: dict[str, Any] = {**LLAMA, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
                          "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1024}
+# ZeRO-2 with a tied embedding on 8 ranks (fake process group), rank 5: the largest grads_in_partition (the
+# embedding's tail and the bottom layer's MLP). At 16 tokens the backward peak is the embedding's: the head's
+# buffered gradient, the embedding's, their sum and the partition (core/states/zero_reduce.py
+# zero2_backward_grads). Bucket: transformers' "auto" hidden².
+TIED: dict[str, Any] = {**TINY, "vocab_size": 4096, "tie_word_embeddings": True}
+TIED_RUN = {"stage": 2, "seq": 16, "world": 8, "rank": 5, "bucket": 128 * 128}
 
 
 def zero3_facts(config: dict[str, Any] | None = None, seq: int = 16, batch: int = 2) -> dict[str, Any]:
@@ -147,23 +166,37 @@ def zero3_facts(config: dict[str, Any] | None = None, seq: int = 16, batch: int 
     return out
 
 
+def run_spec(stage: int, seq: int, ckpt: bool = False, config: dict[str, Any] | None = None, world: int = 1,
+             bucket: int = 0, rank: int = 0) -> Any:
+    """The TrainingSpec of a :func:`measure` run (``rank`` is the real run's only: the estimate is every rank's
+    worst)."""
+    from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy
+
+    b = bucket or BUCKET
+    spec = spec_for(Row("deepspeed_cpu", config or LLAMA, dtype="float32", mp="bf16", ckpt=ckpt, seq=seq))
+    ds = DeepSpeedSpec(stage=stage, reduce_bucket_size=b, allgather_bucket_size=b)
+    return replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, world, world, ds))
+
+
 def main() -> int:
     """Print the table; exit 1 when a row is off by more than 2 %."""
     from fitcheck.core import estimate
     from fitcheck.report import Location, Phase
-    from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy
 
     print(f"{'config':44} {'phase':10} {'real MiB':>9} {'est MiB':>9} {'error':>8}")
     worst = 0.0
-    for stage, ckpt, seq in [r for r in ROWS if not sys.argv[1:] or str(r[0]) in sys.argv[1:]]:
-        name = f"llama fp32-loaded, DeepSpeed bf16 ZeRO-{stage}" + (" ckpt" if ckpt else "") + f" s{seq}"
+    rows: list[tuple[str, list[str], Any]] = [
+        (f"llama fp32-loaded, DeepSpeed bf16 ZeRO-{stage}" + (" ckpt" if ckpt else "") + f" s{seq}",
+         ["--measure", str(stage), str(int(ckpt)), str(seq)], run_spec(stage, seq, ckpt))
+        for stage, ckpt, seq in ROWS if not sys.argv[1:] or str(stage) in sys.argv[1:]]
+    if not sys.argv[1:] or "2" in sys.argv[1:]:
+        rows.append((f"tied tiny, ZeRO-2 8 ranks (rank {TIED_RUN['rank']}) s{TIED_RUN['seq']}", ["--measure-tied"],
+                     run_spec(config=TIED, **TIED_RUN)))
+    for name, args, spec in rows:
         # one process per row: a second engine in the same process would see the first one's tensors
-        proc = subprocess.run([sys.executable, __file__, "--measure", str(stage), str(int(ckpt)), str(seq)],
+        proc = subprocess.run([sys.executable, __file__, *args],
                               capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": "."})
         real = [int(x) for x in proc.stdout.strip().splitlines()[-1].split()]
-        spec = spec_for(Row(name, LLAMA, dtype="float32", mp="bf16", ckpt=ckpt, seq=seq))
-        ds = DeepSpeedSpec(stage=stage, reduce_bucket_size=BUCKET, allgather_bucket_size=BUCKET)
-        spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, ds))
         rep = estimate(spec)
         totals = {p: sum(c.at(p) for c in rep.components if c.location is Location.DEVICE) for p in Phase}
         est = (totals[Phase.FORWARD_END], max(totals[Phase.BACKWARD_START], totals[Phase.BACKWARD]),
@@ -189,6 +222,9 @@ if __name__ == "__main__":
         import json
 
         print(json.dumps(zero3_facts()))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--measure-tied"]:
+        print(*measure(config=TIED, **TIED_RUN))
         sys.exit(0)
     if sys.argv[1:2] == ["--measure"]:
         print(*measure(int(sys.argv[2]), ckpt=bool(int(sys.argv[3])), seq=int(sys.argv[4]) if sys.argv[4:] else 256))

@@ -121,3 +121,23 @@ def test_lora_rows_formula_within_a_tenth_of_a_percent(case: str) -> None:
 def test_second_shape_and_gpt2_replays_within_a_tenth_of_a_percent(case: str) -> None:
     """The whole-run replay of DPO's / KTO's step at a second shape and on GPT-2 (the plain step: 33-65 % under)."""
     check_replay_row(case)
+
+
+def test_the_fused_head_takes_away_the_head_input_deepspeed_keeps() -> None:
+    """An fp32-loaded model under DeepSpeed bf16 runs a 16-bit module without autocast (``kernels.
+    deepspeed_module_view``): the activations count the final norm's 16-bit output as the LM head's input, so the
+    fused head takes that away (main before session 18 read the autocast view there: 0 B; Llama-3.2-1B ZeRO-2
+    2 x 512 kept 4,194,304 B)."""
+    from fitcheck.core.activations import lm_head_input_saved
+    from fitcheck.core.kernels import deepspeed_module_view
+    from fitcheck.spec import BatchSpec, DeepSpeedSpec, Dtype, MixedPrecision, PrecisionSpec, ShardingSpec, Strategy
+
+    llama = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+             "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+             "vocab_size": 256}
+    spec = TrainingSpec(model=inventory_from_config(llama, "tiny", "tests/test_trl_dropout.py"),
+                        precision=PrecisionSpec(Dtype.FLOAT32, MixedPrecision.BF16),
+                        batch=BatchSpec(micro_batch=2, seq_len=16), trainer=TrainerSpec(kind=TrainerKind.SFT),
+                        sharding=ShardingSpec(Strategy.DEEPSPEED, 1, 1, DeepSpeedSpec(stage=2)))
+    run = step_spec(spec)
+    assert lm_head_input_saved(run) == lm_head_input_saved(deepspeed_module_view(run)) == 2 * 64 * 2 * 16

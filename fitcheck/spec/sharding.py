@@ -51,6 +51,12 @@ class DeepSpeedSpec:
     pin_memory: bool = False
     gather_16bit_on_save: bool = False  # stage3_gather_16bit_weights_on_model_save (DeepSpeed default False)
 
+    @property
+    def overlaps_comm(self) -> bool:
+        """``overlap_comm`` as DeepSpeed resolves it: the config's value, else on for stage 3 only (deepspeed 0.19.8
+        ``runtime/zero/config.py`` ``overlap_comm_valid``)."""
+        return self.overlap_comm if self.overlap_comm is not None else self.stage == 3
+
     def __post_init__(self) -> None:
         if self.stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_optimization.stage must be 0-3, got {self.stage}")

@@ -169,7 +169,7 @@ def deepspeed_plan(spec: TrainingSpec) -> DeepSpeedPlan:
     marked = frozenset((i, k) for i, g in enumerate(split) for k, (_, a) in enumerate(g) if a)
     cast = _engine_dtype(spec)
     elem = cast.nbytes if cast is not None else FP32
-    overlap = ds.overlap_comm if ds.overlap_comm is not None else stage == 3  # zero/config.py overlap_comm_valid
+    overlap = ds.overlaps_comm
     plan = DeepSpeedPlan(stage, groups, marked, elem, ds.reduce_bucket_size, overlap,
                          ds.contiguous_gradients, ds.sub_group_size, max(spec.data_parallel_size, 1),
                          replayed_micro_batches(spec.batch.grad_accum))

@@ -70,7 +70,7 @@ from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import AttentionKind, AttnImpl, NormKind, TrainingSpec
+from fitcheck.spec import AttentionKind, AttnImpl, NormKind, Role, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
 _LOSS_SCALARS = 8
@@ -165,7 +165,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     head32 = 0 if accum else 2 * head16  # made by the cast: no longer missing
     moments["head"] = q.kept + casts + head_extra + q.e * bs * h + head_grad + head16 - missing - head32
     ds = spec.sharding.deepspeed
-    if z2 is not None and z2[1] and ds is not None and g_head // param_bytes(spec) > ds.reduce_bucket_size:
+    if z2 is not None and z2[1] and ds is not None and _zero2_head_reduced(spec, g_head):
         # ZeRO-2, the head above the bucket (extra_large_param_to_reduce): the final norm's gradient hook reduces
         # it and allocates the last rank's grads_in_partition, the head's own gradient still alive, the logits
         # gone (the real engine's backward peak at width 768, benchmarks/deepspeed_cpu.py)
@@ -182,8 +182,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             missing = frozen_missing(spec, i == L - 1, all_grads(spec), layer_bytes(spec), g_down_frozen)
         elif spec.lora is not None and not accum and q.n_ckpt == 0:
             missing = _lora_missing(spec, i)  # checkpointed adapters: lora_recompute / dora moments
-        if z2 is not None:  # ZeRO-2: the rank's grads_in_partition once allocated, whole, in place of the made ones
-            missing = z2[0] - (z2[1] if i == L - 1 else z2[2])
+        if z2 is not None:  # ZeRO-2: the rank's grads_in_partition once allocated, whole, in place of the made ones;
+            # a tied head's gradient waits in the shared weight's input buffer until the embedding (not in it)
+            missing = z2[0] - (z2[1] if i == L - 1 else z2[2]) - (g_head if spec.model.shape.tied_embeddings else 0)
         if q.n_ckpt == 0:
             whole = q.layers_saved < 0 or i == 0 or q.offloaded
             saved = below * q.layer if whole else q.layers_saved
@@ -248,13 +249,17 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # with the head's buffered gradient comes after the node returned, its output gradient freed (engine.cpp
     # evaluate_function: the node's inputs are released before its outputs enter the next input buffer)
     during = q.end + cuda_embedding_backward(spec) + temp_emb + tied // 2
-    moments["embedding"] = max(during, tied + temp_emb) + _LOSS_SCALARS - (0 if z2 is None else z2[0] - z2[2])
+    emb = max(during, tied + temp_emb) + _LOSS_SCALARS
+    # ZeRO-2: the ranks' grads_in_partition made by then (z2[3]) in place of the counted gradients, beside the
+    # embedding's own new gradient (tied: the sum), not yet copied into it (its hook runs after)
+    moments["embedding"] = emb if z2 is None else emb - z2[0] + z2[3] + max(g_head if tied else 0, g_emb)
     return moments
 
 
-def _zero2(spec: TrainingSpec) -> tuple[int, int, int] | None:
+def _zero2(spec: TrainingSpec) -> tuple[int, int, int, int] | None:
     """Under DeepSpeed ZeRO-2 (a full fine-tune's first micro-step): (the gradient bytes the model states count in
-    ``Phase.BACKWARD``, a rank's gradient bytes at the top layer's backward, from the bottom layer's on); None
+    ``Phase.BACKWARD``, a rank's gradient bytes at the top layer's backward, at the bottom layer's, at the
+    embedding's); None
     otherwise. The model states count the rank's share of the gradients (G/n); ZeRO-2 holds none but the bucket
     until the rank's first parameter is reduced, then its whole ``grads_in_partition``
     (:func:`fitcheck.core.states.zero2_backward_grads`): the moments subtract the counted bytes and add what is
@@ -267,7 +272,22 @@ def _zero2(spec: TrainingSpec) -> tuple[int, int, int] | None:
     if held is None:
         return None
     counted = sum(c.at(Phase.BACKWARD) for c in model_state_components(spec) if c.name == "gradients")
-    return counted, held[0], held[1]
+    return counted, *held
+
+
+def _embedding_numel(spec: TrainingSpec) -> int:
+    """Elements of the input embedding."""
+    return sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING)
+
+
+def _zero2_head_reduced(spec: TrainingSpec, g_head: int) -> bool:
+    """Whether ZeRO-2 reduces the LM head's gradient alone at the final norm's hook: an untied head above
+    ``reduce_bucket_size`` (``extra_large_param_to_reduce``). A tied head's gradient waits in the shared weight's
+    ``AccumulateGrad`` input buffer until the embedding's backward: its hook runs last (real engine, tied tiny
+    Llama: the peak at the embedding, event 729 of 737)."""
+    ds = spec.sharding.deepspeed
+    tied = spec.model.shape.tied_embeddings
+    return ds is not None and not tied and g_head // param_bytes(spec) > ds.reduce_bucket_size
 
 
 def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, int, int, int | None] | None:
@@ -447,15 +467,21 @@ def zero2_traced_component(spec: TrainingSpec, traced: tuple[Component, ...]) ->
     """
     z2 = _zero2(spec)
     ds = spec.sharding.deepspeed
-    if z2 is None or not z2[1] or ds is None:
+    if z2 is None or ds is None:
         return None
     device = [c for c in traced if c.location is Location.DEVICE]
     saved = sum(c.at(Phase.BACKWARD_START) for c in device if c.category is Category.ACTIVATIONS)
     from fitcheck.core.states import backward_moment_component, param_compute_bytes
 
     numel = head_and_embedding(spec)[0] // param_bytes(spec)  # its gradient in the dtype DeepSpeed computes in
-    head = numel * param_compute_bytes(spec) if numel > ds.reduce_bucket_size else 0  # extra_large_param_to_reduce
-    extra = saved + head + z2[1] - z2[0] - sum(c.at(Phase.BACKWARD) for c in device)
+    tied = spec.model.shape.tied_embeddings
+    # the head's gradient: extra-large (its own storage), or tied (waiting in the shared weight's input buffer)
+    head = numel * param_compute_bytes(spec) if tied or _zero2_head_reduced(spec, numel * param_bytes(spec)) else 0
+    first = saved + head + z2[1] - z2[0] if z2[1] else 0
+    # the embedding's backward: the ranks' partitions made by then, the embedding's new gradient (tied: the
+    # head's, the embedding's and their sum; backward_moments' "embedding")
+    emb = (3 if tied else 1) * _embedding_numel(spec) * param_compute_bytes(spec)
+    extra = max(first, z2[3] - z2[0] + emb) - sum(c.at(Phase.BACKWARD) for c in device)
     if extra <= 0:
         return None
     return backward_moment_component(
@@ -465,6 +491,7 @@ def zero2_traced_component(spec: TrainingSpec, traced: tuple[Component, ...]) ->
         "deepspeed 0.19.8 runtime/zero/stage_1_and_2.py: reduce_ipg_grads -> copy_grads_in_partition allocates the "
         "rank's grads_in_partition at its first reduced bucket, near the top of backward "
         "(fitcheck/core/activations/backward.py zero2_traced_component)",
-        f"ZeRO-2's first reduction: the traced saved activations ({saved:,} B) beside the last rank's "
-        f"grads_in_partition ({z2[1]:,} B), above the trace's backward moment",
+        f"ZeRO-2's first reduction (the traced saved activations, {saved:,} B, beside the last rank's "
+        f"grads_in_partition, {z2[1]:,} B) or its embedding's backward (the ranks' partitions made by then, "
+        f"{z2[3]:,} B, beside the embedding's gradients), above the trace's backward moment",
     )

@@ -380,7 +380,11 @@ def _head_input_per_token(spec: TrainingSpec, m: ActivationMode) -> int:
 def lm_head_input_saved(spec: TrainingSpec) -> int:
     """Bytes per micro-batch of the LM head's input that ``activations.saved`` counts (the final norm's output,
     kept by a trained head; none for a frozen one). TRL's fused LM head replaces that head
-    (``core/trainers/steps.py``): what it takes away from the saved total is this, not the whole backbone output."""
+    (``core/trainers/steps.py``): what it takes away from the saved total is this, not the whole backbone output.
+    Read under the same view the saved total is (``decoder.activation_components``: DeepSpeed fp16/bf16 runs a
+    16-bit module, ``kernels.deepspeed_module_view``), so an fp32-loaded model under DeepSpeed bf16 keeps a 16-bit
+    head input, not the autocast run's none."""
+    spec = deepspeed_module_view(spec)
     sh = spec.model.shape
     per_token = (layernorm_head_input(spec) if sh.traits.recipe.layernorm_block
                  else _head_input_per_token(spec, activation_mode(spec)))

@@ -87,7 +87,7 @@ def deepspeed_side_pools(spec: TrainingSpec, conf: AllocatorConf) -> SidePools |
     if sh.strategy is not Strategy.DEEPSPEED or ds is None or spec.hardware.device_type is DeviceType.CPU:
         return None
     stage = sh.zero_stage or 0
-    overlap = ds.overlap_comm if ds.overlap_comm is not None else stage == 3  # zero/config.py default
+    overlap = ds.overlaps_comm
     trainable = all_trainable(build_layout(spec))
     numel = sum(g.numel_each * g.repeat for g in trainable)
     if not numel or stage == 0:

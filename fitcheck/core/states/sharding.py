@@ -272,7 +272,7 @@ def _deepspeed(spec: TrainingSpec) -> tuple[Component, ...]:
     elem = param_compute_bytes(spec)
     trainable = trainable_count(spec)
     out: list[Component] = []
-    overlap = ds.overlap_comm if ds.overlap_comm is not None else ds.stage == 3  # zero/config.py default
+    overlap = ds.overlaps_comm
     if ds.stage in (1, 2) and trainable:
         # contiguous_gradients is forced on by cpu offload (stage_1_and_2.py:
         # contiguous_gradients or cpu_offload)

@@ -90,7 +90,7 @@ def _deepspeed_findings(spec: TrainingSpec, ds: DeepSpeedSpec, trainable: int) -
             )
         )
     if ds.stage in (1, 2) and 0 < trainable < ds.reduce_bucket_size:
-        copies = 2 if (ds.overlap_comm if ds.overlap_comm is not None else False) else 1
+        copies = 2 if ds.overlaps_comm else 1
         out.append(
             Finding(
                 "deepspeed-bucket-oversize",
