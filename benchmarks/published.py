@@ -177,11 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="formula: the pure formulas; default: the CLI's default path (PinnedPath auto: the "
                              "formula where pinned, else a fake-tensor trace when torch is installed)")
     args = parser.parse_args(argv)
-    path = None
+    path: Any = None  # PinnedPath for the default path: one per row
     if args.path == "default":
         from fitcheck.torch_adapters import PinnedPath
 
-        path = PinnedPath("auto")
+        path = PinnedPath
     rows = [r for r in load_rows(args.data) if args.group is None or r["source_group"] == args.group]
     plans = [plan_row(r) for r in rows]
     results: list[Result] = []
@@ -189,7 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for p in plans:
         if isinstance(p, Plan):
             try:
-                results.append(run_plan(p, path))
+                # a fresh path per row: each row is the headline of its own `fitcheck estimate` (the headline's
+                # whole run is replayed: verdict_replay.NearBudget), as the CLI answers it
+                results.append(run_plan(p, None if path is None else PinnedPath("auto")))
             except Exception as exc:  # a benchmark reports every row, even a failing one
                 skipped.append(Skip(p.row_id, p.group, f"estimate failed: {type(exc).__name__}: {exc}", p.stack))
     results.sort(key=lambda r: (_group_order(r.plan.group), r.plan.row_id))

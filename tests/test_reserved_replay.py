@@ -72,19 +72,23 @@ def test_headline_reserved_is_the_whole_run_replayed(ckpt: bool) -> None:
     assert len(path._whole) == 1
 
 
-def test_flag_forces_the_replay_where_the_formula_answers() -> None:
-    """A headline the checked formulas answer (``auto`` inside the envelope) keeps the published gap without the
-    flag (no torch import on that path); with it, the whole run is traced and replayed."""
+def test_flag_and_default_replay_where_the_formula_answers() -> None:
+    """A headline the checked formulas answer (``auto`` inside the envelope) gets its whole run replayed by default
+    (``verdict_replay.NearBudget``: the headline) and with the flag, to the same reserved as the full-depth trace's
+    replay; its following answers keep the published gap."""
     spec = _spec(False)
     formula = estimate(spec)
     auto = PinnedPath("auto", can_trace=True)
     plain = auto(spec)
     if not formula.pinned:
         pytest.skip("this tiny run is outside the checked envelope: the default path traces it")
-    assert plain.peak_reserved_bytes == formula.peak_reserved_bytes
-    flagged = PinnedPath("auto", reserved_replay=True)(spec)
     whole = replay_steady_state(spec)
-    assert flagged.peak_reserved_bytes == estimate(spec, gap_fraction=whole.gap_fraction).peak_reserved_bytes
+    replayed = estimate(spec, gap_fraction=whole.gap_fraction).peak_reserved_bytes
+    assert replayed != formula.peak_reserved_bytes
+    assert plain.peak_reserved_bytes == replayed and "reserved-replayed" in [f.code for f in plain.findings]
+    assert auto.following(plain)(spec).peak_reserved_bytes == formula.peak_reserved_bytes
+    flagged = PinnedPath("auto", reserved_replay=True)(spec)
+    assert flagged.peak_reserved_bytes == replayed
 
 
 def _cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:

@@ -40,14 +40,16 @@ def test_band_is_the_committed_benchmark() -> None:
     assert (band["all"]["min"], band["all"]["max"]) == (GAP_RATIO_LO, GAP_RATIO_HI)
 
 
-def test_far_from_budget_stays_formula_without_trace() -> None:
+def test_far_from_budget_the_following_answers_stay_formula_without_trace() -> None:
+    """The largest micro-batch's and the advisor's answers far from the budget keep the published gap (the headline
+    is replayed wherever the replay describes its run: tests/test_trl_replay.py)."""
     pytest.importorskip("torch")
     from fitcheck.torch_adapters import PinnedPath
 
     spec = _spec(80)
     path = PinnedPath("auto")
-    report = path(spec)
     formula = estimate(spec)
+    report = path.following(formula)(spec)
     assert formula.pinned
     assert report.device_used_bytes == formula.device_used_bytes
     assert not path.near_budget.replays and path.traced_answers == 0

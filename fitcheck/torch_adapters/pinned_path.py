@@ -17,7 +17,8 @@ Traces are cached per activation-relevant part of the spec, the micro-batch exce
 offload of states and accumulation reuse them, and every micro-batch after the first two of a kind of step is
 interpolated from their traces (``trace_batch``: sizes are affine in the micro-batch). A trace that cannot run
 (any exception) never fails the answer outside ``--trace``: the formulas answer, with the reason as a finding.
-Near the budget a formula answer's published reserved gap is replaced by the whole run replayed (``verdict_replay``).
+A formula answer's published reserved gap is replaced by the whole run replayed (``verdict_replay``) for the
+headline wherever the replay describes the run (the plain Trainer's, TRL's SFT/DPO/KTO/GRPO), and near the budget.
 """
 
 from __future__ import annotations
@@ -246,6 +247,7 @@ class PinnedPath:
         other._length_gaps = self._length_gaps
         other._headline_replay = self._headline_replay
         other.near_budget = self.near_budget
+        self.near_budget.headline = False  # what follows a headline is never one (verdict_replay.NearBudget.answer)
         return other
 
     def _with_lengths(self, spec: TrainingSpec, comps: tuple[Component, ...] | None) -> Report:
@@ -328,6 +330,7 @@ class PinnedPath:
         spec = self._adapter_built(spec)
         report = self._answer(spec)
         if self.reserved_replay and self.whole_run_replay is None:
+            self.near_budget.headline = False  # the flag's replay answers the headline
             return self._with_whole_run_replay(spec, report)
         return self.near_budget.answer(spec, report, replayed_run, self.seq_lengths, self._optimizer_traces,
                                        self.cache)

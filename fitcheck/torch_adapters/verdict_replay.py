@@ -89,15 +89,19 @@ class NearBudget:
         self.enabled = True
         self.runs = 0  # replays this view ran
         self.limit: int | None = MAX_REPLAYS  # None: as many as asked (the boundary search's view)
+        self.headline = False  # the next answer is the headline: replayed wherever the replay describes it
 
     @classmethod
     def for_path(cls, mode: str, can_trace: bool) -> NearBudget:
-        """The policy of a ``PinnedPath`` mode: replays in ``auto`` with torch; the warning otherwise."""
+        """The policy of a ``PinnedPath`` mode: replays in ``auto`` with torch (the headline wherever the replay
+        describes its run, :meth:`answer`); the warning otherwise."""
         if not can_trace:
             return cls(False, "installing torch and transformers lets fitcheck replay the whole run")
         if mode == "never":
             return cls(False, "without --no_trace fitcheck replays the whole run")
-        return cls(True)
+        policy = cls(True)
+        policy.headline = mode == "auto"
+        return policy
 
     def view(self, *, enabled: bool = True, limit: int | None = MAX_REPLAYS) -> NearBudget:
         """The same caches, with the policy on or off (a search's probes: the formula as before) and its own
@@ -121,11 +125,21 @@ class NearBudget:
             optimizer_traces: The path's cache of optimizer traces.
             cache: The on-disk ``trace_cache.TraceCache`` (None: off): a replay asked again is read from it.
 
+        The first answer of a path made by :meth:`for_path` (the headline) is replayed wherever ``plain`` describes
+        its run, inside the band or not: the published 11 % was -10.4 % / -12.8 % / -6.3 % off the H200's measured
+        ``max_memory_reserved`` on its pinned Mistral-7B LoRA / QLoRA and Qwen3-8B QLoRA rows and -4.5 .. -10.5 %
+        on its eight real TRL runs (``benchmarks/data/gpu_truth_nvidia_h200.json``, ``trl_gpu_nvidia_h200.json``).
+
         Returns:
-            ``report``; inside the band, re-estimated with the replayed gap, or with the warning.
+            ``report``; inside the band (or the headline), re-estimated with the replayed gap, or with the warning.
         """
-        if not self.enabled or not formula_gap(report, seq_lengths) or not in_band(report):
+        headline, self.headline = self.headline, False
+        if not self.enabled or not formula_gap(report, seq_lengths):
             return report
+        if not in_band(report):
+            if not (headline and self.can_replay and plain(spec)):
+                return report
+            return self._replayed(spec, report, optimizer_traces, cache, headline=True)
         if not self.can_replay:
             return _with(report, _band_warning(report, self.why_not))
         if not plain(spec):
@@ -135,9 +149,15 @@ class NearBudget:
             return _with(report, _band_warning(report, "the whole-run replay describes the plain Trainer's and TRL's "
                                                        "SFTTrainer's, DPOTrainer's, KTOTrainer's and GRPOTrainer's "
                                                        f"runs only, not {left_out}"))
+        return self._replayed(spec, report, optimizer_traces, cache)
+
+    def _replayed(self, spec: TrainingSpec, report: Report, optimizer_traces: dict[str, Any] | None, cache: Any,
+                  headline: bool = False) -> Report:
+        """The report re-estimated with its whole run replayed (cached per spec); a replay that cannot run leaves
+        ``report`` with the band's warning (inside the band) or the reason (the headline outside it)."""
         key = repr(spec)
         if key not in self.replays and key not in self.failed:
-            if self.limit is not None and self.runs >= self.limit:
+            if not headline and self.limit is not None and self.runs >= self.limit:
                 return _with(report, _band_warning(report, f"not replayed: besides the largest micro-batch's "
                                                            f"boundary, fitcheck replays at most {self.limit} runs "
                                                            "per answer (the headline first)"))
@@ -149,9 +169,14 @@ class NearBudget:
                                                   lambda: _replay(spec, optimizer_traces))
             except Exception as exc:  # a replay that cannot run never fails the answer
                 self.failed[key] = exception_line(exc)
+        if key in self.failed and headline:
+            return _with(report, Finding("reserved-replay-failed", Severity.INFO,
+                                         f"the whole run could not be replayed through the caching allocator "
+                                         f"({self.failed[key]}); reserved uses the published 11 % gap",
+                                         "measure one step (FitcheckCallback, benchmarks/gpu_truth.py)"))
         if key in self.failed:
             return _with(report, _band_warning(report, f"the replay could not run ({self.failed[key]})"))
-        return replayed_report(spec, report, self.replays[key])
+        return replayed_report(spec, report, self.replays[key], near=not headline)
 
 
 def _replay(spec: TrainingSpec, optimizer_traces: dict[str, Any] | None) -> Any:
@@ -164,8 +189,9 @@ def _replay(spec: TrainingSpec, optimizer_traces: dict[str, Any] | None) -> Any:
         return replay_whole_run(spec, optimizer_traces=optimizer_traces)
 
 
-def replayed_report(spec: TrainingSpec, formula: Report, replay: Any) -> Report:
-    """The formula's activations with the replayed whole run's gap, and the finding that says so."""
+def replayed_report(spec: TrainingSpec, formula: Report, replay: Any, near: bool = True) -> Report:
+    """The formula's activations with the replayed whole run's gap, and the finding that says so (``near``: the
+    verdict lay inside the band; else the headline, replayed wherever the replay describes its run)."""
     from fitcheck.core import estimate
     from fitcheck.torch_adapters.allocator_replay import STEADY_STEPS
     from fitcheck.units import format_bytes
@@ -175,11 +201,13 @@ def replayed_report(spec: TrainingSpec, formula: Report, replay: Any) -> Report:
     verdict = "fits" if again.fits else "does not fit"
     was = "fits" if formula.fits else "does not fit"
     note = Finding(
-        "reserved-near-budget-replayed", Severity.INFO,
-        f"near the budget: with the published 11 % reserved gap this run needs "
-        f"{format_bytes(formula.device_used_bytes)} of {format_bytes(formula.budget_bytes)} ({was}), inside that "
-        f"gap's measured error (formula / replayed reserved {GAP_RATIO_LO:.3f} .. {GAP_RATIO_HI:.3f}, {BAND_SOURCE}), "
-        f"so the whole run was replayed through torch's caching allocator (every layer, the optimizer, "
+        "reserved-near-budget-replayed" if near else "reserved-replayed", Severity.INFO,
+        (f"near the budget: with the published 11 % reserved gap this run needs "
+         f"{format_bytes(formula.device_used_bytes)} of {format_bytes(formula.budget_bytes)} ({was}), inside that "
+         f"gap's measured error (formula / replayed reserved {GAP_RATIO_LO:.3f} .. {GAP_RATIO_HI:.3f}, "
+         f"{BAND_SOURCE}), so " if near else
+         f"the published 11 % reserved gap would say {format_bytes(formula.peak_reserved_bytes)} reserved; instead ")
+        + f"the whole run was replayed through torch's caching allocator (every layer, the optimizer, "
         f"{STEADY_STEPS} steps; fitcheck/core/caching): reserved {format_bytes(again.peak_reserved_bytes)}, "
         f"{verdict}" + ("" if again.fits == formula.fits else f" (the published gap said: {was})"),
         "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to shrink a large gap")
