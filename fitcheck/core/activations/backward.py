@@ -201,6 +201,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             attn -= 2 * q.eager_made // param_bytes(spec) - cast_down
         if lora is not None:  # LoRA + checkpointing: the layer's recompute and its MLP backward (lora_recompute.py)
             rec, lora_work, g_lora, g_lora_down, base = lora
+            if i != L - 1:  # the fp32 checkpoints above are freed (layernorm_recompute.py; 0 elsewhere)
+                from fitcheck.core.activations.layernorm_recompute import layernorm_bottom_layer_less
+
+                live -= layernorm_bottom_layer_less(spec)
             unmade = 0 if accum else all_grads(spec) - (L - 1 - i) * g_lora  # layer i made none yet
             moments[name + " recompute"] = live + cast_down + rec - unmade + _LOSS_SCALARS
             moments[name] = live + lora_work - (0 if accum else unmade - g_lora_down) + _LOSS_SCALARS

@@ -15,7 +15,8 @@ the layer's forward (torch 2.13 ``torch/utils/checkpoint.py``); the out linear i
   LayerNorm output the MLP reads (fp32: CUDA autocast's ``layer_norm`` is on the fp32 list, 4·h), the attention
   branch's output (``attn_output`` / ``attn_outputs``, 16-bit, 2·h), the out linear's base output (16-bit, 2·h),
   the gelu output ``x`` (fp32: ``0.5 * input`` (16-bit) times ``1 + tanh`` (fp32), 4·I) and with LoRA dropout the
-  fp32 dropout output ``lora_A`` is casting (4·I);
+  fp32 dropout output ``lora_A`` is casting (4·I; without dropout the moment is ``lora_B(...) * scaling``: lora_B's
+  output and its scaled copy, 2·h each);
 - GELU BACKWARD, after the out linear's backward (Phi-2's peak): the out linear's saved tensors and weight cast
   freed, and its input gradient in flight as three fp32 (b, s, I) tensors: the base matmul's and ``lora_A``'s input
   gradients, each cast back from 16 bits by autocast's ``ToCopyBackward``, and their sum (12·I).
@@ -90,9 +91,10 @@ def layernorm_recompute_moments(spec: TrainingSpec, shared: int) -> tuple[int, i
     not_yet = dm * h if sh.traits.dropout.hidden > 0 else 0  # the MLP's residual-dropout mask
     in_flight = res * h + 2 * h  # the layer output's gradient and its 16-bit cast (AddBackward)
     adapter_casts = 2 * _layer_adapter_params(spec) // layers if spec.precision.mixed_precision.value != "no" else 0
-    # checkpoints past layer 0 in the fp32 residual stream where the formula's residual bytes are 16-bit
-    promoted = (layers - 1) * (res - activation_mode(spec).r) * h
-    locals_ = 4 * h + 2 * h + 2 * h + 4 * inter + (4 * inter if drop else 0)
+    promoted = layernorm_promoted_checkpoints(spec) // bs
+    # the adapter's own moment: with dropout at lora_A, the fp32 dropout output it casts (4·I); without, at
+    # ``lora_B(...) * scaling``, lora_B's 16-bit output and its scaled copy (2·h each; trace gpt2-medium 1 x 512)
+    locals_ = 4 * h + 2 * h + 2 * h + 4 * inter + max(4 * inter if drop else 0, 4 * h)
     outside = layernorm_ckpt_outside(spec) + promoted
     # 16-bit weights under the other autocast dtype: ``backward_moments`` counts weight casts only over fp32
     # weights (``ActivationMode.autocast``), but autocast casts fp16 weights to bf16 too (trace: the layer's
@@ -101,8 +103,12 @@ def layernorm_recompute_moments(spec: TrainingSpec, shared: int) -> tuple[int, i
     out_weight = 2 * inter * h if weights else 0
     recompute = (locals_ + in_flight - not_yet - own + outside) * bs + adapter_casts + weights
     mode_bytes = adapter_input_bytes(activation_mode(spec), lora, inter)  # the out linear's saved input, freed by then
-    gelu_back = (12 * inter + in_flight - not_yet - own - mode_bytes + outside) * bs
-    gelu_back += adapter_casts + weights - out_weight
+    # at the gelu backward GPT-2's sequential block has consumed the MLP branch's 16-bit gradient (its out linear's
+    # backward read it); Phi's parallel block keeps it for the attention branch, not run yet
+    kept_cast = 2 * h if sh.traits.recipe is LayerRecipe.PHI_PARALLEL else 0
+    out_casts = 2 * lora.r * (inter + h) if adapter_casts else 0  # the out linear's adapter casts, freed
+    gelu_back = (12 * inter + res * h + kept_cast - not_yet - own - mode_bytes + outside) * bs
+    gelu_back += adapter_casts - out_casts + weights - out_weight
     g_out = _ADAPTER_BYTES * lora.r * (inter + h)  # lora_A (r, I) and lora_B (h, r)
     return recompute, gelu_back, _ADAPTER_BYTES * _layer_adapter_params(spec) // layers, g_out
 
@@ -112,3 +118,29 @@ def _layer_adapter_params(spec: TrainingSpec) -> int:
 
     return sum(t.params for t in plan_lora(spec).targets if t.entry.per_layer)
 
+
+
+def layernorm_promoted_checkpoints(spec: TrainingSpec) -> int:
+    """Bytes the checkpoints above layer 0 hold beyond ``BackwardInputs.ckpt_input`` each: in an fp32 residual
+    stream where the formula's residual bytes are 16-bit (Phi-2's fp16 weights under bf16 autocast). Alive at the
+    top layer's moments, freed by the bottom layer's (``backward_moments`` takes them off there)."""
+    return _promoted(spec)
+
+
+def layernorm_bottom_layer_less(spec: TrainingSpec) -> int:
+    """What the bottom layer's moments hold less than the top layer's beyond the checkpoints ``backward_moments``
+    counts: the fp32 checkpoints above (:func:`layernorm_promoted_checkpoints`), less the layer-0 output gradient's
+    cast to the 16-bit residual (the fp16 embedding output: AddBackward's ``_to_copy``, 2·h; trace of a 3-layer Phi,
+    fp16 weights, bf16 autocast)."""
+    promoted = _promoted(spec)
+    if not promoted:
+        return 0
+    return promoted - 2 * spec.model.shape.hidden_size * spec.batch.micro_batch * spec.batch.seq_len
+
+
+def _promoted(spec: TrainingSpec) -> int:
+    if not layernorm_recompute_applies(spec):
+        return 0
+    sh = spec.model.shape
+    extra = layernorm_top_residual(spec) - activation_mode(spec).r
+    return max(0, sh.num_layers - 1) * extra * sh.hidden_size * spec.batch.micro_batch * spec.batch.seq_len
