@@ -7,7 +7,10 @@
 #   trainer  trainer_gpu.py: a real Trainer run phase by phase (prepare, step, evaluate, save), plain, LoRA and
 #            DeepSpeed ZeRO-2/3 on one process;
 #   rest     gpu_truth.py: the other rows no GPU has measured yet, until the budget;
-#   tuner    tuner_fsdp_gpu.py (session 6, H100: done);  fsdp  fsdp_gpu.py (session 6, H100: done).
+#   tuner    tuner_fsdp_gpu.py (session 6, H100: done);  fsdp  fsdp_gpu.py (session 6, H100: done);
+#   trl      trl_gpu.py: the real TRL trainers (SFT, DPO, GRPO with generation, KTO, reward) at Qwen2.5-0.5B's width
+#            (session 18);
+#   big      gpu_truth.py: an 8B QLoRA row (issue 19's loading report: quantise-on-load of a whole 8B model).
 # Rows are measured only (--measure_only): `gpu_truth.py --rescore` / `trainer_gpu.py --rescore` add the estimates
 # on any machine. The pinned transformers/peft/bitsandbytes/deepspeed wheels carried in .whl/ (the image has other
 # versions; bitsandbytes and deepspeed not at all) are unpacked in front of the image's packages.
@@ -47,6 +50,10 @@ for stage in "${STAGES[@]}"; do
     trainer) timeout 200 python3 benchmarks/trainer_gpu.py --budget_s 170 --timeout_s 75 --out "$OUT" ;;
     rest) timeout 190 python3 benchmarks/gpu_truth.py --measure_only --budget_s 160 --row_timeout_s 70 \
             --rows "${REST[@]}" --out "$OUT/gpu_truth_rest.json" ;;
+    trl) timeout "${TRL_BUDGET_S:-330}" python3 benchmarks/trl_gpu.py --out "$OUT" --timeout_s 110 \
+           --budget_s "$(( ${TRL_BUDGET_S:-330} - 40 ))" ;;
+    big) timeout 230 python3 benchmarks/gpu_truth.py --measure_only --budget_s 225 --row_timeout_s 220 \
+           --rows "qwen3-8b QLoRA ckpt b2 s2048" --out "$OUT/gpu_truth_big.json" ;;
     tuner) timeout 170 python3 benchmarks/tuner_fsdp_gpu.py --out "$OUT" --timeout_s 80 ;;
     fsdp) timeout 150 python3 benchmarks/fsdp_gpu.py --out "$OUT" --timeout_s 70 ;;
     *) echo "unknown stage $stage" ;;

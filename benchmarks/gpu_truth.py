@@ -127,6 +127,8 @@ ROWS: tuple[Row, ...] = (
     Row("llama2-7b-8L int8 LoRA ckpt b1 s4096", L2, f"{FP16} --fp16 --load_in_8bit {LORA} --gradient_checkpointing",
         1, 4096, layers=8),
     Row("llama2-7b-8L int8 LoRA b1 s4096", L2, f"{FP16} --fp16 --load_in_8bit {LORA}", 1, 4096, layers=8),
+    # issue 19's loading report (Qwen3-8B QLoRA: 11.96 GiB reserved after from_pretrained on an A100-40GB)
+    Row("qwen3-8b QLoRA ckpt b2 s2048", "Qwen/Qwen3-8B", f"{BF16} --bf16 {QLORA} --gradient_checkpointing", 2, 2048),
 )
 
 

@@ -180,8 +180,9 @@ def _dataset(case: Case, rows: int) -> Any:
     return Dataset.from_dict({"prompt": prompt, "chosen": chosen, "rejected": rejected})
 
 
-def build_trainer(case: Case, path: str, callbacks: list[Any] | None = None) -> Any:
-    """The real TRL trainer of a case (model and tokenizer saved under ``path``)."""
+def build_trainer(case: Case, path: str, callbacks: list[Any] | None = None, use_cpu: bool = True) -> Any:
+    """The real TRL trainer of a case (model and tokenizer saved under ``path``); ``use_cpu=False``: on the
+    accelerator (``benchmarks/trl_gpu.py``; the model is initialised there, then saved, as a checkpoint would be)."""
     import torch
     import trl
     from peft import LoraConfig
@@ -192,17 +193,21 @@ def build_trainer(case: Case, path: str, callbacks: list[Any] | None = None) -> 
                                   **{k: v for k, v in raw.items() if k not in ("model_type", "architectures")})
     config.vocab_size = case.vocab
     torch.manual_seed(0)
-    if case.trainer is TrainerKind.REWARD:
-        config.num_labels = 1
-        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.bfloat16)
-    else:
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    with torch.device("cpu" if use_cpu else "cuda"):  # initialising a real-width model is fast on the GPU
+        if case.trainer is TrainerKind.REWARD:
+            config.num_labels = 1
+            model = AutoModelForSequenceClassification.from_config(config, dtype=torch.bfloat16)
+        else:
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(path)
+    del model
+    if not use_cpu:
+        torch.cuda.empty_cache()
     tok = _tokenizer(case.vocab)
     tok.save_pretrained(path)
     common: dict[str, Any] = {
         "output_dir": os.path.join(path, "out"), "max_steps": 2, "per_device_train_batch_size": case.batch,
-        "report_to": [], "use_cpu": True, "save_strategy": "no", "logging_steps": 1, "seed": 0,
+        "report_to": [], "use_cpu": use_cpu, "save_strategy": "no", "logging_steps": 1, "seed": 0,
         "gradient_checkpointing": case.ckpt, "learning_rate": 1e-4, "optim": "adamw_torch",
         "model_init_kwargs": {"dtype": "bfloat16"}, "dataloader_drop_last": True,
     }

@@ -276,7 +276,7 @@ def apply_live_facts(spec: TrainingSpec, facts: Any) -> tuple[TrainingSpec, list
             facts.trainable_params == facts.total_params):
         notes.append("every parameter requires grad: full fine-tune")
     return dataclasses.replace(spec, precision=precision, lora=lora, quant=quant, freeze=freeze,
-                               peft=peft or spec.peft), notes
+                               peft=peft), notes
 
 
 def field_findings(

@@ -27,10 +27,11 @@ def deepen_check() -> list[tuple[str, int, int, int, int, bool]]:
     from fitcheck.torch_adapters.tracer import trace_step
     from fitcheck.torch_adapters.tracer_grpo import generating_passes
     from fitcheck.torch_adapters.tracer_optimizer import trace_optimizer
+    from fitcheck.torch_adapters.tracer_trl_plans import GrpoPlan
 
     out = []
-    for name, extra in (("full beta", {"trl_grpo": ("model", 16, 0.04, 2, False, 0, 2)}),
-                        ("LoRA beta", {"lora": REPLAY_LORA, "trl_grpo": ("adapters", 16, 0.04, 2, False, 0, 2)})):
+    full, adapters = GrpoPlan("model", 16, 0.04, 2, False, 0, 2), GrpoPlan("adapters", 16, 0.04, 2, False, 0, 2)
+    for name, extra in (("full beta", {"trl_grpo": full}), ("LoRA beta", {"lora": REPLAY_LORA, "trl_grpo": adapters})):
         step = {"seq_len": 32, "micro_batch": 2, "cuda_kernels": True, "mixed_precision": "bf16",
                 "checkpointing": True, "trl_head": ("log_probs", "entropy"), **extra}
         opt_kw = {k: v for k, v in step.items() if k in ("lora", "cuda_kernels", "trl_head", "mixed_precision")}

@@ -131,10 +131,11 @@ def test_cuda_head_scores_the_labelled_positions_only(monkeypatch: pytest.Monkey
     from fitcheck.torch_adapters.allocator_replay import replay_events
     from fitcheck.torch_adapters.tracer import trace_step
     from fitcheck.torch_adapters.tracer_dpo import compact_gather, labelled_positions
+    from fitcheck.torch_adapters.tracer_trl_plans import DpoPlan
 
     step: dict[str, Any] = {"seq_len": 64, "micro_batch": 4, "dtype": "bfloat16", "mixed_precision": "bf16",
                             "checkpointing": True, "optimizer": None, "steps": 1, "trl_head": OUTPUTS,
-                            "lora": None, "trl_dpo": ("model", 48, None, 0)}
+                            "lora": None, "trl_dpo": DpoPlan("model", 48, None, 0)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         every = trace_step(WIDE_VOCAB_LLAMA, **step)

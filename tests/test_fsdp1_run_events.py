@@ -35,7 +35,8 @@ def _recorded(variant: str) -> dict[str, Any]:
 
 
 def test_plan_of_accelerates_fsdp1_units() -> None:
-    from fitcheck.torch_adapters.fsdp2_run_plan import flat_layout, fsdp1_plan, not_replayed
+    from fitcheck.torch_adapters.fsdp2_run_plan import fsdp1_plan, not_replayed
+    from fitcheck.torch_adapters.fsdp_plan_types import flat_layout
 
     spec = _spec(world=2)
     plan = fsdp1_plan(spec)
@@ -50,7 +51,8 @@ def test_plan_of_accelerates_fsdp1_units() -> None:
 
 
 def test_in_shard_follows_the_flat_layout() -> None:
-    from fitcheck.torch_adapters.fsdp2_run_plan import Fsdp1Plan, Param, Unit
+    from fitcheck.torch_adapters.fsdp_params import Param
+    from fitcheck.torch_adapters.fsdp_plan_types import Fsdp1Plan, Unit
 
     unit = Unit((Param(3, 3), Param(5, 5)), True, "layer")
     plan = Fsdp1Plan(2, (unit,), (0,), 4, 2, 2, 2, False, load=2, align=8)

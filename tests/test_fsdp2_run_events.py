@@ -73,8 +73,9 @@ def test_a_storage_never_freed_is_no_gradient() -> None:
     """A CUDA trace's first backward makes the backward thread's cuBLAS workspace (32 MiB, kept for the run), the
     size of a 4096 x 4096 bf16 weight's gradient: it is no unit's gradient (8B accumulating answer: the later pass
     had no counterpart for it, so the replay failed), nor a stray the rewrite frees."""
-    from fitcheck.torch_adapters.fsdp2_run_plan import FsdpPlan, Unit, unit_gradients
     from fitcheck.torch_adapters.fsdp_params import Param
+    from fitcheck.torch_adapters.fsdp_plan_types import FsdpPlan, Unit
+    from fitcheck.torch_adapters.fsdp_run_walk import unit_gradients
 
     plan = FsdpPlan(1, (Unit((Param(16, 4),), True, "layer"),), (0,), 4, 2, 2, 2, False)
     events = [(1, 32, "backward"), (2, 32, "backward"), (9, 8, "backward"), (9, -8, "backward"), (2, -32, "zero_grad")]
@@ -83,7 +84,7 @@ def test_a_storage_never_freed_is_no_gradient() -> None:
 
 
 def test_layer_starts_follow_the_period() -> None:
-    from fitcheck.torch_adapters.fsdp2_run_plan import layer_starts
+    from fitcheck.torch_adapters.fsdp_run_walk import layer_starts
 
     block = [(0, 64, "forward"), (0, 128, "forward"), (0, -64, "forward"), (0, 32, "forward")]
     events = [(0, 8, "forward"), (0, 16, "forward")] + block * 3 + [(0, 512, "forward")]

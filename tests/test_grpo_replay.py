@@ -90,11 +90,12 @@ def test_grpo_step_plan() -> None:
     kwargs = run_trace_kwargs(_spec(_case()))
     assert (kwargs["micro_batch"], kwargs["seq_len"], kwargs["trl_head"]) == (4, 48, OUTPUTS)
     assert kwargs["trl_grpo"] == ("none", 16, 0.0, 1, False, 0, 1)
-    assert run_trace_kwargs(_spec(_case(extra={"beta": 0.04})))["trl_grpo"][0] == "model"
-    assert run_trace_kwargs(_spec(_case(lora=lora, extra={"beta": 0.04})))["trl_grpo"][0] == "adapters"
+    assert run_trace_kwargs(_spec(_case(extra={"beta": 0.04})))["trl_grpo"].reference == "model"
+    assert run_trace_kwargs(_spec(_case(lora=lora, extra={"beta": 0.04})))["trl_grpo"].reference == "adapters"
     accum = run_trace_kwargs(_spec(_case(extra={"gradient_accumulation_steps": 2})))["trl_grpo"]
-    assert accum[3:5] == (2, False) and accum[6] == 2
-    assert run_trace_kwargs(_spec(_case(extra={"steps_per_generation": 2})))["trl_grpo"][3:5] == (2, True)
+    assert (accum.steps_per_generation, accum.old_pass, accum.grad_accum) == (2, False, 2)
+    per_generation = run_trace_kwargs(_spec(_case(extra={"steps_per_generation": 2})))["trl_grpo"]
+    assert (per_generation.steps_per_generation, per_generation.old_pass) == (2, True)
     plain = run_trace_kwargs(dataclasses.replace(_spec(_case()), trainer=TrainerSpec()))
     assert "trl_grpo" not in plain and "trl_head" not in plain
 
@@ -133,10 +134,11 @@ def test_traced_grpo_step_keeps_its_reference_and_pre_pass() -> None:
     from fitcheck.torch_adapters.allocator_compose import PREPASS
     from fitcheck.torch_adapters.allocator_replay import replay_events
     from fitcheck.torch_adapters.tracer import trace_step
+    from fitcheck.torch_adapters.tracer_trl_plans import GrpoPlan
 
     step: dict[str, Any] = {"seq_len": 24, "micro_batch": 2, "dtype": "bfloat16", "mixed_precision": "bf16",
                             "checkpointing": False, "optimizer": None, "steps": 1, "trl_head": OUTPUTS,
-                            "trl_grpo": ("model", 8, 0.04, 1, False, 0, 1)}
+                            "trl_grpo": GrpoPlan("model", 8, 0.04, 1, False, 0, 1)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fake = trace_step(TINY, **step)

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(report: Any, as_json: bool) -> None:
-    from fitcheck.cli.estimate import advice_extras, extras_renderables, extras_to_json
+    from fitcheck.cli.advice_extras import advice_extras, extras_renderables, extras_to_json
 
     extras = advice_extras(report, mfu=None)
     if as_json:

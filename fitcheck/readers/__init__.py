@@ -13,19 +13,22 @@
 - :mod:`.settings_table`: the one table of run settings (names, spellings, kinds, CLI flags);
   :mod:`.run_settings`: ``RunSettings``, one typed value per setting with its default and provenance;
 - :mod:`.merge`: every source of one run merged by precedence into ``RunSettings``; :mod:`.run_args`:
-  settings -> spec; :mod:`.trl_settings`: ``--trainer`` and TRL's config fields -> ``TrainerSpec``.
+  settings -> spec; :mod:`.trl_settings`: ``--trainer`` and TRL's config fields -> ``TrainerSpec``;
+  :mod:`.trl_source`: TRL's config classes read from the installed source with ``ast`` (no import of trl/torch).
 
 Where a new reader goes: a module here returning spec pieces (and findings), merged in :mod:`.merge`.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from fitcheck.families import ConfigView, mlp_kind
 from fitcheck.readers.accelerate_config import default_config_path
-from fitcheck.readers.axolotl import read_axolotl
 from fitcheck.readers.deepspeed import ACCELERATE_ZERO_STAGE, accelerate_deepspeed_config, resolve_deepspeed
 from fitcheck.readers.families_legacy import inventory_for_stack
-from fitcheck.readers.framework_yaml import FrameworkRun
 from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
-from fitcheck.readers.llamafactory import read_llamafactory, resolve_freeze
 from fitcheck.readers.merge import merge_sources
 from fitcheck.readers.model_config import MetaFallback, inventory_from_config, load_inventory
 from fitcheck.readers.parallelism import PARALLELISM_FLAGS, read_parallelism
@@ -38,7 +41,6 @@ from fitcheck.readers.peft_config import (
 )
 from fitcheck.readers.run_args import spec_from_settings, spec_from_values
 from fitcheck.readers.run_settings import CliFlag, RunSettings, cli_flags
-from fitcheck.readers.seq_lengths import check_seq_lengths, parse_seq_lengths
 from fitcheck.readers.settings_table import SETTINGS, canonical_key
 from fitcheck.readers.sources import read_text_file, safe_json_load, safe_yaml_load
 from fitcheck.readers.task_heads import (
@@ -55,6 +57,19 @@ from fitcheck.readers.trainer_args import read_script_argv, read_training_args_o
 from fitcheck.readers.trl_settings import TRL_FLAG_NAMES, trainer_kind, trainer_spec, trl_default_layer
 from fitcheck.readers.versions import installed_stack, parse_stack
 
+if TYPE_CHECKING:  # imported on first use (PEP 562, ``__getattr__``): a run without a framework YAML,
+    # ``--seq_lengths`` or a TRL trainer (trl_source) never reads them (axolotl 11.3, llamafactory 8.5,
+    # seq_lengths 1.5 ms of a formula answer's imports at load ~7, session 18)
+    from fitcheck.readers.axolotl import read_axolotl
+    from fitcheck.readers.framework_yaml import FrameworkRun
+    from fitcheck.readers.llamafactory import read_llamafactory, resolve_freeze
+    from fitcheck.readers.seq_lengths import check_seq_lengths, parse_seq_lengths
+    from fitcheck.readers.trl_source import ConfigSource, read_config_class, read_config_fields
+
+_WHERE = {"read_axolotl": "axolotl", "FrameworkRun": "framework_yaml", "read_llamafactory": "llamafactory",
+          "resolve_freeze": "llamafactory", "check_seq_lengths": "seq_lengths", "parse_seq_lengths": "seq_lengths",
+          "ConfigSource": "trl_source", "read_config_class": "trl_source", "read_config_fields": "trl_source"}
+
 __all__ = [
     "ACCELERATE_ZERO_STAGE",
     "PARALLELISM_FLAGS",
@@ -63,6 +78,7 @@ __all__ = [
     "TRACED_PEFT_TYPES",
     "TRL_FLAG_NAMES",
     "CliFlag",
+    "ConfigSource",
     "ConfigView",
     "FrameworkRun",
     "MetaFallback",
@@ -88,6 +104,8 @@ __all__ = [
     "pure_task_supported",
     "read_adapter_config",
     "read_axolotl",
+    "read_config_class",
+    "read_config_fields",
     "read_llamafactory",
     "read_parallelism",
     "read_script_argv",
@@ -109,3 +127,10 @@ __all__ = [
     "trl_default_layer",
     "with_task",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the reader module that defines ``name`` on first use (the framework YAML readers, ``--seq_lengths``)."""
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"fitcheck.readers.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'fitcheck.readers' has no attribute {name!r}")

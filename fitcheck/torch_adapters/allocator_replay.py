@@ -29,6 +29,7 @@ from typing import Any
 from fitcheck.core.caching import AllocatorConf, CachingAllocator
 from fitcheck.core.loading import allocator_conf
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.tracer_trl_plans import DpoPlan, GrpoPlan, KtoPlan
 
 
 @dataclass(frozen=True)
@@ -343,7 +344,7 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
     if "trl_grpo" in kwargs:
         from fitcheck.torch_adapters.tracer_grpo import generating_passes
 
-        generating = generating_passes(spec.batch.grad_accum, kwargs["trl_grpo"][3])
+        generating = generating_passes(spec.batch.grad_accum, kwargs["trl_grpo"].steps_per_generation)
     if seq_len is not None:
         kwargs["seq_len"] = seq_len
     plan = depth_plan(config, spec.freeze)
@@ -407,18 +408,19 @@ def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         warm = load_warmup(spec)
         block = warm[0][1] if warm else 0
         if row.replay_step == "tracer_dpo":
-            kwargs["trl_dpo"] = (reference, t.prompt_length, t.rpo_alpha, block)
+            kwargs["trl_dpo"] = DpoPlan(reference, t.prompt_length, t.rpo_alpha, block)
         else:
             from fitcheck.core.trainers import calculates_kl
             from fitcheck.torch_adapters.tracer_kto import desirable_rows
 
             rows = kwargs["micro_batch"]
-            kwargs["trl_kto"] = (reference, t.prompt_length, calculates_kl(t.loss_type), block, desirable_rows(rows))
+            kwargs["trl_kto"] = KtoPlan(reference, t.prompt_length, calculates_kl(t.loss_type), block,
+                                        desirable_rows(rows))
     return kwargs
 
 
-def _grpo_plan(spec: TrainingSpec) -> tuple[Any, ...]:
-    """``trace_step``'s ``trl_grpo`` for a GRPO run (``tracer_grpo.prepare_grpo``'s plan); empty under DeepSpeed/FSDP,
+def _grpo_plan(spec: TrainingSpec) -> GrpoPlan | None:
+    """``trace_step``'s ``trl_grpo`` for a GRPO run (``tracer_grpo.prepare_grpo``'s plan); None under DeepSpeed/FSDP,
     as DPO's (the reference copy is ``prepare_deepspeed``'s / ``prepare_fsdp``'s there: the plain step is kept)."""
     from fitcheck.core.trainers import grpo_steps_per_generation, has_reference_copy
     from fitcheck.spec import Strategy
@@ -426,15 +428,15 @@ def _grpo_plan(spec: TrainingSpec) -> tuple[Any, ...]:
     from fitcheck.torch_adapters.tracer_grpo import NO_REF, old_policy_pass
 
     if spec.sharding.strategy in (Strategy.DEEPSPEED, Strategy.FSDP):
-        return ()
+        return None
     t = spec.trainer
     accum = spec.batch.grad_accum
     chunks = grpo_steps_per_generation(spec)
     warm = load_warmup(spec)  # the copy's from_pretrained runs caching_allocator_warmup too (as DPO's)
     # GRPOTrainer.__init__'s reference block: none with beta 0, else the registry's rule (a copy, or adapters off)
     reference = NO_REF if t.beta == 0.0 else (MODEL_REF if has_reference_copy(spec) else ADAPTERS_OFF)
-    return (reference, t.prompt_length, t.beta, chunks,
-            old_policy_pass(accum, chunks), warm[0][1] if warm else 0, accum)
+    return GrpoPlan(reference, t.prompt_length, t.beta, chunks, old_policy_pass(accum, chunks),
+                    warm[0][1] if warm else 0, accum)
 
 
 def load_warmup(spec: TrainingSpec) -> list[tuple[int, int, str]]:

@@ -13,48 +13,18 @@ FSDP1 (:func:`fsdp1_plan`): accelerate 1.15 ``accelerator.py`` ``prepare_model``
 FSDP unit, the root the rest (embedding, final norm, LM head). Each unit holds one ``FlatParameter`` (torch 2.13
 ``_flat_param.py``), laid out by :func:`flat_layout`.
 
-Also :func:`replays` and :func:`replay_key`. The plan's types are :mod:`fitcheck.torch_adapters.fsdp_plan_types`'
-and the event walk both rewrites share is :mod:`fitcheck.torch_adapters.fsdp_run_walk`'; this module re-exports both
-so that their names keep this home too. Pure Python, no torch.
+Also :func:`replays` and :func:`replay_key`. The plan's types are :mod:`fitcheck.torch_adapters.fsdp_plan_types`',
+the parameters it shards :mod:`fitcheck.torch_adapters.fsdp_params`' and the event walk both rewrites share
+:mod:`fitcheck.torch_adapters.fsdp_run_walk`'; importers take those names from there. Pure Python, no torch.
 """
 
 from __future__ import annotations
 
 from fitcheck.spec import TrainingSpec
-from fitcheck.torch_adapters.fsdp_params import FP32, Param, lora_not_replayed, model_params
-from fitcheck.torch_adapters.fsdp_plan_types import Fsdp1Plan, FsdpPlan, FsdpReplayError, Unit, flat_layout
-from fitcheck.torch_adapters.fsdp_run_walk import (
-    aligned_gradients,
-    base_region,
-    layer_starts,
-    module_storages,
-    rewrite_steps,
-    step_frame,
-    unit_gradients,
-)
+from fitcheck.torch_adapters.fsdp_params import FP32, lora_not_replayed, model_params
+from fitcheck.torch_adapters.fsdp_plan_types import Fsdp1Plan, FsdpPlan, Unit
 
-__all__ = [
-    "FP32",
-    "Fsdp1Plan",
-    "FsdpPlan",
-    "FsdpReplayError",
-    "Param",
-    "Unit",
-    "aligned_gradients",
-    "base_region",
-    "flat_layout",
-    "fsdp1_plan",
-    "fsdp2_plan",
-    "layer_starts",
-    "module_storages",
-    "not_replayed",
-    "partition_weights",
-    "replay_key",
-    "replays",
-    "rewrite_steps",
-    "step_frame",
-    "unit_gradients",
-]
+__all__ = ["fsdp1_plan", "fsdp2_plan", "not_replayed", "partition_weights", "replay_key", "replays"]
 
 
 def not_replayed(spec: TrainingSpec) -> str:

@@ -27,9 +27,16 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Report
 from fitcheck.spec import Strategy, TrainingSpec
+from fitcheck.torch_adapters.path_findings import (
+    lengths_replayed,
+    path_findings_lost,
+    published_gap,
+    trace_failed,
+    two_groups,
+    whole_run_replayed,
+)
 from fitcheck.torch_adapters.run_scope import plain_trainer_run, replayed_run, traceable, untraced_parts
 from fitcheck.torch_adapters.verdict_replay import NearBudget
 
@@ -242,7 +249,7 @@ class PinnedPath:
             retry = estimate(spec, activations=comps, gap_fraction=alone.gap_fraction)
             if retry.device_used_bytes <= retry.budget_bytes:
                 released, report = report, retry
-        note = _lengths_finding(spec, sequence, alone, released)
+        note = lengths_replayed(spec, sequence, alone, released)
         return dataclasses.replace(report, findings=(*report.findings, note))
 
     def length_replay(self, spec: TrainingSpec) -> Any:
@@ -331,8 +338,8 @@ class PinnedPath:
         traced = any(c.name == "activations.traced" for c in report.components)
         comps = self.activations(spec)[0] if traced else None
         again = estimate(spec, activations=comps, gap_fraction=replay.gap_fraction)
-        note = _whole_run_finding(spec, replay, report)
-        return dataclasses.replace(again, findings=(*again.findings, *_extra_findings(report, again), note))
+        note = whole_run_replayed(spec, replay, report)
+        return dataclasses.replace(again, findings=(*again.findings, *path_findings_lost(report, again), note))
 
     def _whole_run(self, spec: TrainingSpec) -> Any:
         """The spec's whole run replayed: the traced headline's, else the cache's, else replayed now."""
@@ -394,28 +401,16 @@ class PinnedPath:
         else:
             report = estimate(spec, activations=comps, gap_fraction=self.gap_fraction(spec) if comps else None)
         if failed:
-            note = Finding("trace-failed", Severity.INFO, f"tracing this run was not possible ({failed})",
-                           "the number is from the formulas; see the not-pinned warning")
-            report = dataclasses.replace(report, findings=(*report.findings, note))
+            report = dataclasses.replace(report, findings=(*report.findings, trace_failed(failed)))
         elif comps and not replayed_run(spec) and _gap_applies(spec, self.seq_lengths) \
                 and self.gap_fraction(spec) is None:
             from fitcheck.torch_adapters import deepspeed_run_events as ds_run
             from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run
 
             why = (fsdp_run if spec.sharding.fsdp else ds_run).published_gap_reason(self, spec, _cache_key(spec))
-            note = Finding("reserved-published-gap", Severity.INFO,
-                           "activations are traced (as the 16-bit module DeepSpeed or FSDP mixed precision runs); "
-                           "the default stream's caching-allocator gap is the published fraction (core/allocator.py): "
-                           f"{why} (their side streams' pools are added: deepspeed-side-streams / fsdp-side-streams)",
-                           "measure one step (FitcheckCallback, benchmarks/gpu_truth.py)")
-            report = dataclasses.replace(report, findings=(*report.findings, note))
+            report = dataclasses.replace(report, findings=(*report.findings, published_gap(why)))
         elif comps and not self.seq_lengths and _cache_key(spec) in self._whole_failed:
-            note = Finding("reserved-two-groups", Severity.INFO,
-                           f"the whole run could not be replayed through the caching allocator "
-                           f"({self._whole_failed[_cache_key(spec)]}); reserved uses the gap of the traced step at "
-                           "two layer groups, which does not scale with depth (-12 % .. +13 % on the H100 rows of "
-                           "benchmarks/data/reserved_replay_nvidia_h100_80gb_hbm3.json)",
-                           "--reserved_replay replays the run traced at its full depth")
+            note = two_groups(self._whole_failed[_cache_key(spec)])
             report = dataclasses.replace(report, findings=(*report.findings, note))
         return report
 
@@ -436,15 +431,6 @@ def _reason(exc: BaseException) -> str:
     return exception_line(exc)
 
 
-def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
-    """The caveat a replay finding adds where the allocator's gap does not enter the number."""
-    from fitcheck.spec import DeviceType
-
-    if spec.hardware.device_type is DeviceType.CPU:
-        return "; on CPU there is no caching allocator, so it does not enter the number"
-    return ""
-
-
 def _rewrite_for(spec: TrainingSpec) -> Any:
     """``fsdp2_run_events.rewrite_for``; None without importing the rewrites for a run that is neither DeepSpeed
     nor FSDP, the only runs they describe (``deepspeed_run_events.replayed``, ``fsdp2_run_plan.replays``)."""
@@ -453,49 +439,3 @@ def _rewrite_for(spec: TrainingSpec) -> Any:
     from fitcheck.torch_adapters import fsdp2_run_events
 
     return fsdp2_run_events.rewrite_for(spec)
-
-
-_PATH_FINDINGS = ("trace-failed", "reserved-published-gap", "reserved-two-groups")  # what _answer adds
-
-
-def _extra_findings(before: Report, after: Report) -> tuple[Finding, ...]:
-    """Findings the path added to ``before`` (trace-failed) that a re-estimate does not make."""
-    have = {f.code for f in after.findings}  # the estimate's own findings (its verdict) are after's, not before's
-    return tuple(f for f in before.findings if f.code not in have and f.code in _PATH_FINDINGS)
-
-
-def _whole_run_finding(spec: TrainingSpec, replay: Any, fast: Report) -> Finding:
-    """INFO: what ``--reserved_replay`` replayed, and the reserved figure it replaced."""
-    from fitcheck.torch_adapters.allocator_replay import STEADY_STEPS
-    from fitcheck.units import format_bytes
-
-    said = (f"the whole run was replayed through torch's caching allocator (every layer, the optimizer, "
-            f"{STEADY_STEPS} steps; fitcheck/core/caching): reserved - allocated = "
-            f"{format_bytes(replay.peak_reserved - replay.peak_allocated)}, {replay.gap_fraction:.0%} of the "
-            f"step's own tensors (without the flag: reserved {format_bytes(fast.peak_reserved_bytes)})")
-    said += _where_the_gap_does_not_apply(spec)
-    return Finding("reserved-replayed", Severity.INFO, said,
-                   "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to shrink a large gap")
-
-
-def _lengths_finding(spec: TrainingSpec, replay: Any, alone: Any, released: Report | None) -> Finding:
-    """INFO: what the replay over ``--seq_lengths`` gave, and where it does not enter the number."""
-    from fitcheck.units import format_bytes
-
-    lengths = ",".join(str(n) for n in replay.lengths)
-    said = (f"the caching allocator replayed {len(replay.lengths)} steps padded to {lengths} tokens (this run's "
-            f"steps traced, torch's allocator rules: fitcheck/core/caching): reserved - "
-            f"allocated = {replay.gap_fraction:.0%} of the step's own tensors ({alone.gap_fraction:.0%} for the "
-            f"longest step alone)")
-    if released is not None:
-        said += (f"; that is {format_bytes(released.device_used_bytes)}, above the GPU, so torch releases its "
-                 "cached segments and retries (release_cached_blocks): the number uses the longest step's gap, "
-                 "and nvidia-smi will show the GPU nearly full")
-    else:
-        said += ", applied to this estimate's step"
-    said += _where_the_gap_does_not_apply(spec)
-    if not replayed_run(spec):
-        said += "; the replayed sequence is the plain Trainer step's (the tracer does not describe this run's " \
-                "sharding or kernels), so take it as an approximation"
-    return Finding("seq-lengths-replayed", Severity.INFO, said,
-                   "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to shrink a large gap")

@@ -44,6 +44,7 @@ from fitcheck.torch_adapters.trace_result import (
 )
 from fitcheck.torch_adapters.tracer_task import task_head, task_labels, task_trace_config
 from fitcheck.torch_adapters.tracer_trainer_optim import make_trainer_optimizer
+from fitcheck.torch_adapters.tracer_trl_plans import DpoPlan, GrpoPlan, KtoPlan
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -95,9 +96,9 @@ def trace_step(
     cuda_kernels: bool = False,
     cublas_workspaces: tuple[int, ...] = (),
     trl_head: tuple[str, ...] = (),
-    trl_dpo: tuple[Any, ...] = (),
-    trl_kto: tuple[Any, ...] = (),
-    trl_grpo: tuple[Any, ...] = (),
+    trl_dpo: DpoPlan | None = None,
+    trl_kto: KtoPlan | None = None,
+    trl_grpo: GrpoPlan | None = None,
     skip_tiles: bool = True,
     keep_4bit_inputs: bool = False,
     adapter: PeftAdapterSpec | None = None,
@@ -139,14 +140,13 @@ def trace_step(
         cublas_workspaces: Bytes each thread keeps from its first BLAS op, in ``alloc_events`` only (item 4 there).
         trl_head: The fused-head outputs of TRL's SFTTrainer: run its step (``tracer_trl``: its model preparation,
             fused LM head and loss; on CUDA the head's Triton folds) instead of the plain Trainer's.
-        trl_dpo: With ``trl_head``, TRL's DPOTrainer step instead of SFT's: ``(reference, prompt tokens,
-            rpo_alpha, bytes of the reference copy's loading warm-up block)`` (``tracer_dpo``: ``micro_batch`` is its
-            chosen + rejected rows; the block is allocated and freed in the setup, between the policy and the copy).
-        trl_kto: With ``trl_head``, TRL's KTOTrainer step instead: ``(reference, prompt tokens, calculate_KL, bytes
-            of the copy's warm-up block, desirable rows)`` (``tracer_kto``: its KL batch and forwards).
-        trl_grpo: With ``trl_head``, TRL's GRPOTrainer micro-step instead: ``(reference, prompt tokens, beta,
-            steps_per_generation, old-policy pass, bytes of the copy's warm-up block, gradient_accumulation_steps)``
-            (``tracer_grpo``: the log-prob pre-pass, tagged ``prepass``, then the policy's forward and loss).
+        trl_dpo: With ``trl_head``, TRL's DPOTrainer step instead of SFT's (``tracer_trl_plans.DpoPlan``;
+            ``tracer_dpo``: ``micro_batch`` is its chosen + rejected rows; the reference copy's warm-up block is
+            allocated and freed in the setup, between the policy and the copy).
+        trl_kto: With ``trl_head``, TRL's KTOTrainer step instead (``tracer_trl_plans.KtoPlan``; ``tracer_kto``:
+            its KL batch and forwards).
+        trl_grpo: With ``trl_head``, TRL's GRPOTrainer micro-step instead (``tracer_trl_plans.GrpoPlan``;
+            ``tracer_grpo``: the log-prob pre-pass, tagged ``prepass``, then the policy's forward and loss).
         skip_tiles: On fake tensors, run the fused head's repeated token tiles once or twice
             (``tracer_trl.repeated_tiles_skipped``: the same replay); False runs every tile.
         adapter: A PEFT method other than LoRA (``peft_adapters``: peft's own config class and ``get_peft_model``;
@@ -201,7 +201,7 @@ def trace_step(
     if preference and cuda_kernels and fake:  # the fused head's CUDA path scores the labelled positions only
         from fitcheck.torch_adapters.tracer_dpo import compact_gather, labelled_positions
 
-        kernels.enter_context(compact_gather(labelled_positions(micro_batch, seq_len, preference[1])))
+        kernels.enter_context(compact_gather(labelled_positions(micro_batch, seq_len, preference.prompt)))
     with fake_mode(fake), image_metadata_constants(task, micro_batch * (seq_len + 1)), kernels:
         model = build_model(
             cfg,
@@ -229,9 +229,14 @@ def trace_step(
 
             reference = functools.partial(build_model, cfg, dtype=torch_dtype(dtype), checkpointing=False, quant=quant,
                                           attn_implementation=attn_implementation, fake=fake, task=task)
-            sft = (prepare_kto if trl_kto else prepare_grpo if trl_grpo else prepare_dpo)(
-                model, trl_head, micro_batch, seq_len, preference, build_reference=reference,
-                quantized=quant is not None, checkpointing=checkpointing, use_reentrant=use_reentrant)
+            prepared: dict[str, Any] = {"build_reference": reference, "quantized": quant is not None,
+                                        "checkpointing": checkpointing, "use_reentrant": use_reentrant}
+            if trl_kto:
+                sft = prepare_kto(model, trl_head, micro_batch, seq_len, trl_kto, **prepared)
+            elif trl_grpo:
+                sft = prepare_grpo(model, trl_head, micro_batch, seq_len, trl_grpo, **prepared)
+            elif trl_dpo:
+                sft = prepare_dpo(model, trl_head, micro_batch, seq_len, trl_dpo, **prepared)
         elif trl_head:
             from fitcheck.torch_adapters.tracer_trl import prepare_sft
 

@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from fitcheck.torch_adapters.tracer_trl_plans import DpoPlan
+
 DPO_SOURCE = "trl 1.16.0 trl/trainer/dpo_trainer.py DPOTrainer.__init__ / _compute_loss"
 DPO_BETA = 0.1  # DPOConfig.beta default; no allocation depends on it
 MODEL_REF, ADAPTERS_OFF, PRECOMPUTED = "model", "adapters", "precomputed"  # where the reference log-probs come from
@@ -157,36 +159,43 @@ class DpoStep:
         ``per_device_train_batch_size``), so one pass stands for all; the log-probs go to the CPU."""
         if self.reference != PRECOMPUTED:
             return
-        import contextlib
-
-        import torch
-        from peft import PeftModel
-        from trl.models.utils import disable_gradient_checkpointing
-        from trl.trainer.utils import use_adapter
-
         labels = ids.masked_fill(self.completion_mask == 0, -100)
-        off = use_adapter(self.model, None) if isinstance(self.model, PeftModel) else contextlib.nullcontext()
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs), off, autocast:
+        with self.no_grad_pass(adapters_off=True), autocast:
             log_probs = self.model(input_ids=ids, labels=labels, use_cache=False, fused_lm_head=True).log_probs
         seq_len = self.completion_mask.size(1) - 1
         chosen, rejected = log_probs[:, -seq_len:].sum(dim=1).chunk(2, dim=0)
         del log_probs, chosen, rejected, labels
 
     @contextlib.contextmanager
-    def reference_model(self) -> Iterator[Any]:
-        """The reference pass's model, inside its context: ``torch.no_grad()``, the policy's checkpointing disabled,
-        and the policy with its adapters disabled (PEFT: ``use_adapter(model, None)``) or the reference copy
-        (DPO's and KTO's ``_compute_loss``, GRPO's log-prob pre-pass)."""
+    def no_grad_pass(self, adapters_off: bool) -> Iterator[None]:
+        """The context of TRL's passes that take no gradient: ``torch.no_grad()``, the policy's checkpointing
+        disabled (``trl/models/utils.py`` ``disable_gradient_checkpointing(self.model, kwargs)``) and, with
+        ``adapters_off``, a PEFT policy's adapters disabled (``trl/trainer/utils.py`` ``use_adapter(model, None)``:
+        ``model.disable_adapter()``). DPO's and KTO's reference pass and precompute pass, GRPO's old-policy and
+        reference log-prob passes.
+
+        Args:
+            adapters_off: Disable the policy's adapters where it is a ``PeftModel``.
+        """
         import torch
+        from peft import PeftModel
         from trl.models.utils import disable_gradient_checkpointing
         from trl.trainer.utils import use_adapter
 
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs):
-            if self.reference == ADAPTERS_OFF:
+            if adapters_off and isinstance(self.model, PeftModel):
                 with use_adapter(self.model, adapter_name=None):
-                    yield self.model
+                    yield
             else:
-                yield self.ref_model
+                yield
+
+    @contextlib.contextmanager
+    def reference_model(self) -> Iterator[Any]:
+        """The reference pass's model, inside :meth:`no_grad_pass`: the policy with its adapters disabled
+        (:data:`ADAPTERS_OFF`) or the reference copy (DPO's and KTO's ``_compute_loss``, GRPO's log-prob
+        pre-pass)."""
+        with self.no_grad_pass(adapters_off=self.reference == ADAPTERS_OFF):
+            yield self.model if self.reference == ADAPTERS_OFF else self.ref_model
 
     def _reference(self, ids: Any, labels: Any) -> Any:
         """The reference pass (:meth:`reference_model`)."""
@@ -209,7 +218,7 @@ class DpoStep:
         return [self.backbone.register_forward_hook(hook)]
 
 
-def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, plan: tuple[Any, ...], *,
+def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, plan: DpoPlan, *,
                 build_reference: Callable[[], Any], quantized: bool, checkpointing: bool,
                 use_reentrant: bool) -> DpoStep:
     """Apply what ``DPOTrainer.__init__`` does to the built model before step 1 (module docstring).
@@ -219,8 +228,8 @@ def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, p
         outputs: The policy's fused-head outputs (``core.trainers.trainer_row(kind).fused_head``).
         rows: Rows of the step (``2B``: chosen rows, then rejected rows).
         seq_len: Tokens per row.
-        plan: ``tracer.trace_step``'s ``trl_dpo``: (:func:`dpo_reference`, prompt tokens at the start of every
-            row, ``rpo_alpha`` (the ``sft`` term's weight, None: none), bytes of the copy's loading warm-up block).
+        plan: ``tracer.trace_step``'s ``trl_dpo`` (:func:`dpo_reference`, prompt tokens, ``rpo_alpha``, bytes of
+            the copy's loading warm-up block).
         build_reference: Builds the reference copy (:data:`MODEL_REF`): the model as ``create_model_from_path``
             loads it, without adapters or checkpointing.
         quantized: The base is bitsandbytes-quantized.
@@ -235,7 +244,7 @@ def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, p
 
     from fitcheck.torch_adapters.tracer_trl import prepare_sft
 
-    reference, prompt, sft_weight, warmup = plan
+    reference = plan.reference
     # what SFTTrainer.__init__ does too (the input-grad hook under PEFT + checkpointing, a quantized base's
     # adapters in bf16, the policy's fused head); neither the head nor the dropout switch allocates, so the
     # reference copy below is still loaded after the policy's casts
@@ -247,12 +256,12 @@ def prepare_dpo(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, p
     if ref_model is not None:
         add_fused_lm_head(ref_model)
     completion_mask = torch.zeros(rows, seq_len, dtype=torch.int64)
-    completion_mask[:, prompt:] = 1
+    completion_mask[:, plan.prompt:] = 1
     pairs = rows // 2  # DataCollatorForPreference: torch.tensor of the rows' floats (fp32)
     ref_logps = (torch.zeros(pairs), torch.zeros(pairs)) if reference == PRECOMPUTED else ()
     kwargs = {"use_reentrant": use_reentrant} if checkpointing else {}
-    return DpoStep(model, policy.backbone, completion_mask, reference, ref_model, kwargs, sft_weight, ref_logps,
-                   warmup)
+    return DpoStep(model, policy.backbone, completion_mask, reference, ref_model, kwargs, plan.rpo_alpha, ref_logps,
+                   plan.warmup)
 
 
 def reference_copy(reference: str, build_reference: Callable[[], Any]) -> Any:

@@ -171,17 +171,16 @@ class GrpoStep(DpoStep):
             del new, shuffled
             return
         import torch
-        from trl.models.utils import disable_gradient_checkpointing
 
         new = self._new_batch(rows)
         prompt_completion_ids = torch.cat([new["prompt_ids"], new["completion_ids"]], dim=1)
         attention_mask = torch.cat([new["prompt_mask"], new["completion_mask"]], dim=1)
         keep = new["completion_ids"].size(1)
         if self.old_pass:  # the policy as it is (adapters on)
-            with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs):
+            with self.no_grad_pass(adapters_off=False):
                 new["old_per_token_logps"] = self._log_probs(self.model, prompt_completion_ids, attention_mask,
                                                              keep, rows, False)[0]
-        if self.reference != NO_REF:  # DpoStep.reference_model: no_grad, checkpointing off, adapters off or copy
+        if self.reference != NO_REF:  # DpoStep.reference_model: no_grad_pass, adapters off or the copy
             with self.reference_model() as model:
                 new["ref_per_token_logps"] = self._log_probs(model, prompt_completion_ids, attention_mask, keep,
                                                              rows, False)[0]

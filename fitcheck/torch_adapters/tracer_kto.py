@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fitcheck.torch_adapters.tracer_dpo import PRECOMPUTED, DpoStep, prepare_dpo
+from fitcheck.torch_adapters.tracer_trl_plans import DpoPlan, KtoPlan
 
 KTO_SOURCE = "trl 1.16.0 trl/trainer/kto_trainer.py KTOTrainer.__init__ / _compute_kl_logps / _compute_loss"
 KTO_BETA = 0.1  # KTOConfig.beta default; no allocation depends on it
@@ -153,15 +154,7 @@ class KtoStep(DpoStep):
         still held) the KL rows' forward; the per-row sums go to the CPU (``tracer_dpo.DpoStep.precompute``)."""
         if self.reference != PRECOMPUTED:
             return
-        import contextlib
-
-        import torch
-        from peft import PeftModel
-        from trl.models.utils import disable_gradient_checkpointing
-        from trl.trainer.utils import use_adapter
-
-        off = use_adapter(self.model, None) if isinstance(self.model, PeftModel) else contextlib.nullcontext()
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.checkpointing_kwargs), off, autocast:
+        with self.no_grad_pass(adapters_off=True), autocast:
             labels = ids.masked_fill(self.completion_mask == 0, -100)
             per_token_logps = self.model(input_ids=ids, labels=labels, fused_lm_head=True).log_probs
             kl_per_token_logps = None
@@ -173,8 +166,7 @@ class KtoStep(DpoStep):
         del per_token_logps, kl_per_token_logps, completion_logps, kl_logps
 
 
-def prepare_kto(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, plan: tuple[Any, ...], **kwargs: Any
-                ) -> KtoStep:
+def prepare_kto(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, plan: KtoPlan, **kwargs: Any) -> KtoStep:
     """Apply what ``KTOTrainer.__init__`` does to the built model before step 1 (``tracer_dpo.prepare_dpo``: the
     same lines) and build the KTO batch (module docstring).
 
@@ -183,9 +175,8 @@ def prepare_kto(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, p
         outputs: The policy's fused-head outputs (``core.trainers.trainer_row(kind).fused_head``).
         rows: Rows of the step (one completion each).
         seq_len: Tokens per row.
-        plan: ``tracer.trace_step``'s ``trl_kto``: (``tracer_dpo.dpo_reference``, prompt tokens at the start of
-            every row, ``calculate_KL`` (:func:`calculates_kl`), bytes of the copy's loading warm-up block,
-            desirable rows in the batch).
+        plan: ``tracer.trace_step``'s ``trl_kto`` (``tracer_dpo.dpo_reference``, prompt tokens, ``calculate_KL``:
+            ``core.trainers.calculates_kl``, bytes of the copy's loading warm-up block, desirable rows).
         **kwargs: ``prepare_dpo``'s keyword arguments (the reference builder, quantized, checkpointing).
 
     Returns:
@@ -193,8 +184,8 @@ def prepare_kto(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, p
     """
     import torch
 
-    reference, prompt, kl, warmup, desirable = plan
-    dpo = prepare_dpo(model, outputs, rows, seq_len, (reference, prompt, None, warmup), **kwargs)
+    reference, kl, desirable = plan.reference, plan.calculate_kl, plan.desirable
+    dpo = prepare_dpo(model, outputs, rows, seq_len, DpoPlan(reference, plan.prompt, None, plan.warmup), **kwargs)
     labels = torch.zeros(rows, dtype=torch.bool)  # DataCollatorForUnpairedPreference: torch.tensor of bools
     labels[:desirable] = True
     kl_ids = kl_mask = None
@@ -204,4 +195,4 @@ def prepare_kto(model: Any, outputs: tuple[str, ...], rows: int, seq_len: int, p
     # the collator's ref_logps / ref_KL_logps: torch.tensor of the rows' floats (fp32)
     ref_logps = tuple(torch.zeros(rows) for _ in range(1 + bool(kl))) if reference == PRECOMPUTED else ()
     return KtoStep(dpo.model, dpo.backbone, dpo.completion_mask, reference, dpo.ref_model, dpo.checkpointing_kwargs,
-                   None, ref_logps, warmup, kl_ids, kl_mask, labels, desirable)
+                   None, ref_logps, plan.warmup, kl_ids, kl_mask, labels, desirable)

@@ -8,7 +8,9 @@ class's own checks decide; what they raise is a ``ConfigError`` (exit 2), with T
 
 Multi-process runs: ``GRPOConfig`` divides by ``self.world_size``, which is this process's (1), so the run's
 per-process batch is passed as the batch of all its processes (``per_device_train_batch_size x num_processes``).
-TRL and torch are imported only here, and only when the run names a TRL trainer and TRL is installed.
+TRL and torch are imported only here, and only when the run names a TRL trainer, TRL is installed and the config
+class's ``__post_init__`` reads a field the run sets (GRPOConfig: the batch, always; DPOConfig: ``--loss_type``;
+TRL 1.16), or its source cannot be read with ``ast`` (``fitcheck.readers.trl_source``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import dataclasses
 import importlib.util
 import warnings
 from collections.abc import Mapping
+from typing import Any
 
 from fitcheck.core.trainers import grpo_batch_error, trainer_row
 from fitcheck.errors import ConfigError, short_repr
@@ -31,6 +34,13 @@ def check_trl_config(spec: TrainingSpec, trl: Mapping[str, object]) -> None:
     """Build the run's TRL config object (``SFTConfig``, ``DPOConfig``, ``GRPOConfig``, ``RewardConfig``,
     ``KTOConfig``) and let its ``__init__`` / ``__post_init__`` validate the settings.
 
+    The field names and types come from the installed trl's source (``readers.read_config_fields``), and the
+    class is built (importing trl, transformers and torch: ~10 s cold) only when its ``__post_init__`` reads a
+    field this run sets (``ConfigSource.checks_read``): otherwise every field it reads keeps its default and the
+    checks run as for a default config, which the tests build. ``TrainingArguments.__post_init__`` (with
+    ``_validate_args``, ``_process_fsdp_args``; transformers 5.23 training_args.py) reads none of the fields set
+    here, so skipping it changes nothing either. Where the source cannot be read that way, trl is imported.
+
     Args:
         spec: The run (batch, accumulation, processes).
         trl: The TRL flags as given (``readers.split_trl_values``).
@@ -41,34 +51,41 @@ def check_trl_config(spec: TrainingSpec, trl: Mapping[str, object]) -> None:
     row = trainer_row(spec.trainer.kind)
     if row.config_class is None or importlib.util.find_spec("trl") is None:
         return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import trl as trl_module
+    from fitcheck.readers import read_config_class, read_config_fields  # TRL runs only
 
-    cls = getattr(trl_module, row.config_class)
-    fields = {f.name for f in dataclasses.fields(cls)}
+    given = {k: v for k, v in trl.items() if k != "trainer"}
+    source = read_config_class("trl", row.config_class)
+    types = read_config_fields("trl", row.config_class, given) if source is not None else None
+    cls = None
+    if types is None:
+        cls = _imported(row.config_class)
+        types = {f.name: str(f.type) for f in dataclasses.fields(cls) if f.name in given}
     kwargs: dict[str, object] = {}
-    for key, value in trl.items():
-        if key == "trainer" or (key in _DATA_LENGTHS and key not in fields):
+    for key, value in given.items():
+        if key in _DATA_LENGTHS and key not in types:
             continue
-        if key not in fields:
+        if key not in types:
             raise ConfigError(
                 f"--{key} with --trainer {spec.trainer.kind.value}: TRL 1.16's {row.config_class} has no field "
                 f"{key!r} ({row.config_class}.__init__ refuses it); drop --{key} or use the trainer it belongs to"
             )
-        kwargs[key] = _typed(cls, key, value)
+        kwargs[key] = _typed(types[key], key, value)
     processes = max(1, spec.sharding.num_processes)
+    kwargs.update(
+        per_device_train_batch_size=spec.batch.micro_batch * processes,
+        gradient_accumulation_steps=spec.batch.grad_accum,
+    )
+    if source is not None and source.checks_read is not None and not source.checks_read & kwargs.keys():
+        return
     kwargs.update(
         output_dir="fitcheck-trl-config-check",  # TrainingArguments keeps the name; nothing is created
         report_to=[],
         use_cpu=True,  # no accelerator checks on this machine: the settings are what is checked
-        per_device_train_batch_size=spec.batch.micro_batch * processes,
-        gradient_accumulation_steps=spec.batch.grad_accum,
     )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            cls(**kwargs)
+            (cls or _imported(row.config_class))(**kwargs)
     except (ValueError, TypeError, ZeroDivisionError, AssertionError) as exc:
         what = str(exc) or type(exc).__name__
         if grpo_batch_error(spec) is not None and "num_generations" in what:
@@ -81,11 +98,21 @@ def check_trl_config(spec: TrainingSpec, trl: Mapping[str, object]) -> None:
         ) from None
 
 
-def _typed(cls: type, key: str, value: object) -> object:
-    """A flag's text as the config field's type (TRL's parser does the same with the dataclass types)."""
+def _imported(name: str) -> Any:
+    """The config class from trl itself (imports trl, transformers, torch)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import trl as trl_module
+    return getattr(trl_module, name)
+
+
+def _typed(field_type: str, key: str, value: object) -> object:
+    """A flag's text as the config field's type (TRL's parser does the same with the dataclass types).
+
+    ``field_type``: the annotation as text (the source's, or ``str`` of the imported field's type).
+    """
     if not isinstance(value, str):
         return value
-    field_type = str({f.name: f.type for f in dataclasses.fields(cls)}[key])
     text = value.strip()
     if "bool" in field_type:
         return text.lower() in ("1", "true", "yes", "on")

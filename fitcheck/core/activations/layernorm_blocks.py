@@ -79,7 +79,7 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
     lora = spec.lora
     targets = wrapped_linears(lora, _LINEARS[traits.recipe])
     eager = spec.activations.attn_implementation is AttnImpl.EAGER or traits.eager_only
-    mode = _adapter_mode(spec, e, cuda)
+    mode = _adapter_mode(spec, e)
     full = spec.lora is None and spec.quant is None
     amp_lora = mode.amp and not full  # k-bit / DoRA keep the count without autocast casts (_adapter_mode)
     # a 16-bit model under the other 16-bit autocast dtype (Phi-2's fp16 weights, bf16 autocast): the layer's
@@ -121,7 +121,7 @@ def _gelu_new_saved(c: _Ctx, inter: int) -> int:
     return 4 * c.mm * inter
 
 
-def _adapter_mode(spec: TrainingSpec, e: int, cuda: bool) -> ActivationMode:
+def _adapter_mode(spec: TrainingSpec, e: int) -> ActivationMode:
     """How the adapters store their inputs: :func:`activation_mode` (under autocast ``lora_A`` keeps autocast's
     16-bit cast: fake-tensor traces of GPT-2 / Phi / Falcon LoRA, bf16 + autocast, equal at BACKWARD_START). A
     k-bit base or DoRA on these blocks is not traced (``traits.kbit_pinned``, the DoRA recipe: the Llama-style layer
@@ -130,7 +130,7 @@ def _adapter_mode(spec: TrainingSpec, e: int, cuda: bool) -> ActivationMode:
     mode = activation_mode(spec)
     if spec.quant is None and not (spec.lora is not None and spec.lora.use_dora):
         return mode
-    return replace(mode, amp=False, autocast=False, half_model=e == 2, dm=1 if cuda else 4)
+    return replace(mode, amp=False, autocast=False, half_model=e == 2)  # dm: activation_mode's, kept
 
 
 def _reads(c: _Ctx, width: int, consumers: tuple[str, ...]) -> int:

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 
 from fitcheck.core.caching.blocks import Block, BlockPool
 from fitcheck.core.caching.conf import K_LARGE_BUFFER, AllocatorConf
-from fitcheck.core.caching.expandable import try_allocate_expandable_block, unmap_block
 
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize
 K_SMALL_SIZE = 1024**2  # kSmallSize
@@ -252,6 +251,8 @@ class CachingAllocator:
         """``alloc_block``: a new segment (``cudaMalloc``), or pages mapped onto an expandable segment
         (``try_allocate_expandable_block``, which takes the rounded size, not ``get_allocation_size``)."""
         if self.conf.expandable_segments:
+            from fitcheck.core.caching.expandable import try_allocate_expandable_block  # expandable only
+
             return try_allocate_expandable_block(pool, size, self._charge, self._address)
         seg = allocation_size(size)
         if not self._fits(seg):
@@ -312,6 +313,9 @@ class CachingAllocator:
                     to_unmap.append(b)
                 elif not b.is_split:
                     self._release(pool, b)
+            if to_unmap:
+                from fitcheck.core.caching.expandable import unmap_block  # expandable segments only
+
             for b in to_unmap:
                 unmap_block(pool, b, self._charge)
         return True

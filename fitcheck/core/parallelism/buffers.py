@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fitcheck.core.parallelism.local import active_layout, local_seq_len
-from fitcheck.core.parallelism.tp_plan import tp_plan
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import DeviceType, MixedPrecision, ParallelismSpec, TrainingSpec
@@ -49,7 +48,11 @@ def rank_attention_heads(spec: TrainingSpec, par: ParallelismSpec) -> tuple[int,
     """(query heads, kv heads, head_dim) of one rank's attention (split by tp when the plan splits heads)."""
     sh = spec.model.shape
     q, kv = sh.num_heads, sh.num_kv_heads
-    plan = tp_plan(sh) if par.tp > 1 else None
+    plan = None
+    if par.tp > 1:
+        from fitcheck.core.parallelism.tp_plan import tp_plan  # tp runs only
+
+        plan = tp_plan(sh)
     if plan is not None and any(v == "colwise" for k, v in plan.items() if "attn" in k):
         q, kv = max(1, q // par.tp), max(1, kv // par.tp)
     return q, kv, sh.head_dim

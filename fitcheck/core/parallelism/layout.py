@@ -16,7 +16,6 @@ the sequence is split into ``2 * cp`` chunks for the causal load balancer).
 
 from __future__ import annotations
 
-from fitcheck.core.parallelism.tp_plan import tp_divisibility_problems, tp_plan
 from fitcheck.spec import AttnImpl, ParallelismSpec, Strategy, TrainingSpec
 
 
@@ -114,6 +113,8 @@ def strategy_problems(spec: TrainingSpec, par: ParallelismSpec) -> list[str]:
         )
     shape = spec.model.shape
     if par.tp > 1:
+        from fitcheck.core.parallelism.tp_plan import tp_divisibility_problems, tp_plan  # tp runs only
+
         if tp_plan(shape) is None:
             out.append(
                 f"model_type {shape.family!r} has no tp_plan in transformers 5.23 (base_model_tp_plan is "

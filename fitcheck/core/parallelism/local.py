@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fitcheck.core.parallelism.tp_plan import local_inventory
 from fitcheck.spec import FsdpSpec, ParallelismSpec, ShardingSpec, Strategy, TrainingSpec
 
 
@@ -78,6 +77,8 @@ def rank_local_spec(spec: TrainingSpec) -> TrainingSpec:
     par = active_layout(spec)
     if par is None:
         return spec
+    from fitcheck.core.parallelism.tp_plan import local_inventory  # a parallelism layout only
+
     return replace(
         spec,
         model=local_inventory(spec.model, par.tp),

@@ -1,0 +1,97 @@
+"""The findings the default path (``pinned_path.PinnedPath``) adds to a report: a trace that could not run, the
+published allocator gap kept beside traced activations, the two-group gap where the whole run could not be
+replayed, and what the replays ``--reserved_replay`` and ``--seq_lengths`` ask for gave.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fitcheck.findings import Finding, Severity
+from fitcheck.report import Report
+from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.run_scope import replayed_run
+
+__all__ = ["PATH_FINDINGS", "lengths_replayed", "path_findings_lost", "published_gap", "trace_failed", "two_groups",
+           "whole_run_replayed"]
+
+
+def trace_failed(reason: str) -> Finding:
+    """INFO: the trace could not run (``reason``); the formulas answered."""
+    return Finding("trace-failed", Severity.INFO, f"tracing this run was not possible ({reason})",
+                   "the number is from the formulas; see the not-pinned warning")
+
+
+def published_gap(why: str) -> Finding:
+    """INFO: traced activations of a DeepSpeed / FSDP run keep the published allocator gap (``why``: the rewrite's
+    reason, ``published_gap_reason``)."""
+    return Finding("reserved-published-gap", Severity.INFO,
+                   "activations are traced (as the 16-bit module DeepSpeed or FSDP mixed precision runs); "
+                   "the default stream's caching-allocator gap is the published fraction (core/allocator.py): "
+                   f"{why} (their side streams' pools are added: deepspeed-side-streams / fsdp-side-streams)",
+                   "measure one step (FitcheckCallback, benchmarks/gpu_truth.py)")
+
+
+def two_groups(reason: str) -> Finding:
+    """INFO: the whole run could not be replayed (``reason``); reserved uses the two-group step's gap."""
+    return Finding("reserved-two-groups", Severity.INFO,
+                   f"the whole run could not be replayed through the caching allocator "
+                   f"({reason}); reserved uses the gap of the traced step at "
+                   "two layer groups, which does not scale with depth (-12 % .. +13 % on the H100 rows of "
+                   "benchmarks/data/reserved_replay_nvidia_h100_80gb_hbm3.json)",
+                   "--reserved_replay replays the run traced at its full depth")
+
+
+def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
+    """The caveat a replay finding adds where the allocator's gap does not enter the number."""
+    from fitcheck.spec import DeviceType
+
+    if spec.hardware.device_type is DeviceType.CPU:
+        return "; on CPU there is no caching allocator, so it does not enter the number"
+    return ""
+
+
+PATH_FINDINGS = ("trace-failed", "reserved-published-gap", "reserved-two-groups")  # what PinnedPath._answer adds
+
+
+def path_findings_lost(before: Report, after: Report) -> tuple[Finding, ...]:
+    """Findings the path added to ``before`` (trace-failed) that a re-estimate does not make."""
+    have = {f.code for f in after.findings}  # the estimate's own findings (its verdict) are after's, not before's
+    return tuple(f for f in before.findings if f.code not in have and f.code in PATH_FINDINGS)
+
+
+def whole_run_replayed(spec: TrainingSpec, replay: Any, fast: Report) -> Finding:
+    """INFO: what ``--reserved_replay`` replayed, and the reserved figure it replaced."""
+    from fitcheck.torch_adapters.allocator_replay import STEADY_STEPS
+    from fitcheck.units import format_bytes
+
+    said = (f"the whole run was replayed through torch's caching allocator (every layer, the optimizer, "
+            f"{STEADY_STEPS} steps; fitcheck/core/caching): reserved - allocated = "
+            f"{format_bytes(replay.peak_reserved - replay.peak_allocated)}, {replay.gap_fraction:.0%} of the "
+            f"step's own tensors (without the flag: reserved {format_bytes(fast.peak_reserved_bytes)})")
+    said += _where_the_gap_does_not_apply(spec)
+    return Finding("reserved-replayed", Severity.INFO, said,
+                   "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to shrink a large gap")
+
+
+def lengths_replayed(spec: TrainingSpec, replay: Any, alone: Any, released: Report | None) -> Finding:
+    """INFO: what the replay over ``--seq_lengths`` gave, and where it does not enter the number."""
+    from fitcheck.units import format_bytes
+
+    lengths = ",".join(str(n) for n in replay.lengths)
+    said = (f"the caching allocator replayed {len(replay.lengths)} steps padded to {lengths} tokens (this run's "
+            f"steps traced, torch's allocator rules: fitcheck/core/caching): reserved - "
+            f"allocated = {replay.gap_fraction:.0%} of the step's own tensors ({alone.gap_fraction:.0%} for the "
+            f"longest step alone)")
+    if released is not None:
+        said += (f"; that is {format_bytes(released.device_used_bytes)}, above the GPU, so torch releases its "
+                 "cached segments and retries (release_cached_blocks): the number uses the longest step's gap, "
+                 "and nvidia-smi will show the GPU nearly full")
+    else:
+        said += ", applied to this estimate's step"
+    said += _where_the_gap_does_not_apply(spec)
+    if not replayed_run(spec):
+        said += "; the replayed sequence is the plain Trainer step's (the tracer does not describe this run's " \
+                "sharding or kernels), so take it as an approximation"
+    return Finding("seq-lengths-replayed", Severity.INFO, said,
+                   "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to shrink a large gap")
