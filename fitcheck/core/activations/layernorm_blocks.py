@@ -84,8 +84,10 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
     amp_lora = mode.amp and not full  # k-bit / DoRA keep the count without autocast casts (_adapter_mode)
     # a 16-bit model under the other 16-bit autocast dtype (Phi-2's fp16 weights, bf16 autocast): the layer's
     # 16-bit outputs added to the fp16 residual promote it to fp32 (torch type promotion of bf16 + fp16)
-    mixed_half = amp_lora and e == 2 and spec.precision.load_dtype.value != {
-        "bf16": "bfloat16", "fp16": "float16"}.get(spec.precision.mixed_precision.value)
+    # (traced for Phi; GPT-2 by the same adds; BERT / Falcon / BLOOM not traced so: unchanged)
+    amp_dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(spec.precision.mixed_precision.value)
+    mixed_half = (amp_lora and e == 2 and traits.recipe in (R.GPT2_BLOCK, R.PHI_PARALLEL)
+                  and spec.precision.load_dtype.value != amp_dtype)
     return _Ctx(
         e=e,
         dm=1 if cuda else e,
