@@ -30,36 +30,14 @@ from __future__ import annotations
 
 from fitcheck.core.activations.activation_mode import activation_mode, adapter_input_bytes
 from fitcheck.core.activations.backward_grads import layer_cast
-from fitcheck.core.activations.layernorm_blocks import layernorm_ckpt_outside, layernorm_top_residual
-from fitcheck.core.activations.lora_targets import wrapped_linears
-from fitcheck.core.kernels import liger_applies, offload_applies
-from fitcheck.spec import AttnImpl, DeviceType, LayerRecipe, MixedPrecision, TrainingSpec
+from fitcheck.core.activations.layernorm_blocks import (
+    layernorm_ckpt_outside,
+    layernorm_recompute_applies,
+    layernorm_top_residual,
+)
+from fitcheck.spec import LayerRecipe, TrainingSpec
 
-# The MLP's out linear (peft target name) and the per-layer tensor the recipe counts for the layer's own input
-# (GPT-2: its first residual sum, ln_1's input = the checkpoint) or output (Phi: the layer output)
-_OUT = {LayerRecipe.GPT2_BLOCK: "c_proj", LayerRecipe.PHI_PARALLEL: "fc2"}
-_LINEARS = {LayerRecipe.GPT2_BLOCK: ("c_attn", "c_proj", "c_fc"),
-            LayerRecipe.PHI_PARALLEL: ("q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2")}
 _ADAPTER_BYTES = 4  # peft's adapters are fp32 (core/states/lora.py)
-
-
-def layernorm_recompute_applies(spec: TrainingSpec) -> bool:
-    """Plain LoRA with the out linear wrapped, every layer checkpointed, SDPA on CUDA under autocast, an fp32
-    residual stream: the runs the moments were traced on."""
-    sh, lora = spec.model.shape, spec.lora
-    recipe = sh.traits.recipe
-    act = spec.activations
-    return (
-        recipe in _OUT and lora is not None and spec.quant is None and not lora.use_dora
-        and spec.freeze is None and not lora.modules_to_save
-        and act.checkpointing and act.checkpoint_every_n_layers == 1
-        and act.attn_implementation is not AttnImpl.EAGER and not sh.traits.eager_only
-        and spec.hardware.device_type is DeviceType.CUDA
-        and spec.precision.mixed_precision is not MixedPrecision.NO
-        and layernorm_top_residual(spec) == 4
-        and _OUT[recipe] in wrapped_linears(lora, _LINEARS[recipe])
-        and liger_applies(spec) is None and not offload_applies(spec)
-    )
 
 
 def layernorm_recompute_moments(spec: TrainingSpec, shared: int) -> tuple[int, int, int, int] | None:
