@@ -202,6 +202,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             attn -= 2 * q.eager_made // param_bytes(spec) - cast_down
         if lora is not None:  # LoRA + checkpointing: the layer's recompute and its MLP backward (lora_recompute.py)
             rec, lora_work, g_lora, g_lora_down, base = lora
+            if i != L - 1:  # the fp32 checkpoints above are freed (layernorm_recompute.py; 0 elsewhere)
+                from fitcheck.core.activations.layernorm_recompute import layernorm_bottom_layer_less
+
+                live -= layernorm_bottom_layer_less(spec)
             unmade = 0 if accum else all_grads(spec) - (L - 1 - i) * g_lora  # layer i made none yet
             moments[name + " recompute"] = live + cast_down + rec - unmade + _LOSS_SCALARS
             moments[name] = live + lora_work - (0 if accum else unmade - g_lora_down) + _LOSS_SCALARS
@@ -296,9 +300,18 @@ def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, in
     None where those moments do not apply."""
     from fitcheck.core.activations import lora_recompute as lr
 
-    if q.n_ckpt == 0 or q.offloaded or not lr.lora_recompute_applies(spec):
+    if q.n_ckpt == 0 or q.offloaded:
         return None
     bs = spec.batch.micro_batch * spec.batch.seq_len
+    if q.n_ckpt:  # GPT-2 / Phi blocks under CUDA autocast (activations/layernorm_recompute.py)
+        from fitcheck.core.activations.layernorm_recompute import layernorm_recompute_moments
+
+        shared = 0 if q.half_model else 4 * spec.model.shape.hidden_size
+        ln = layernorm_recompute_moments(spec, shared)
+        if ln is not None:
+            return (*ln, None)
+    if not lr.lora_recompute_applies(spec):
+        return None
     casts = lr.adapter_casts(spec)
     up = lr.recompute_up_tokens(spec, q.e, q.r, q.half_model)
     rec = max(lr.recompute_tokens(spec, q.e, q.r, q.half_model), up if up is not None else 0) * bs + casts

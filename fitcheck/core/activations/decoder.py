@@ -61,6 +61,7 @@ from fitcheck.core.activations.layer_saved import (
 )
 from fitcheck.core.activations.layernorm_blocks import (
     layernorm_findings_text,
+    layernorm_top_residual,
 )
 from fitcheck.core.activations.logits import head_backward_logits, loss_logits
 from fitcheck.core.activations.lora_recompute import (
@@ -120,6 +121,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     if act.checkpointing:
         n_ckpt = math.ceil(layers / max(1, act.checkpoint_every_n_layers))
     kept = (layers - n_ckpt) * (layer + scores) + n_ckpt * m.r * sh.hidden_size * b * s
+    if n_ckpt > 1 and sh.traits.recipe.layernorm_block:  # fp32 residual past layer 0 (layernorm_blocks._Ctx.res)
+        kept += (n_ckpt - 1) * (layernorm_top_residual(spec) - m.r) * sh.hidden_size * b * s
     if n_ckpt and int8_ctx_through_checkpoint(spec):  # MatMul8bitFp/Lt keep ctx.A through checkpointing (int8.py)
         kept += n_ckpt * int8_checkpointed_inputs(spec) * b * s
     if n_ckpt and kept_through_checkpoint(spec):  # bitsandbytes <= 0.43.1: ctx.tensors = (A, B) (bnb_kept_inputs.py)

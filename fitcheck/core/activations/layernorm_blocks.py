@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from fitcheck.core.activations.activation_mode import ActivationMode, activation_mode, adapter_input_bytes
 from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.versions import legacy_softmax_keeps_input
+from fitcheck.core.kernels import liger_applies, offload_applies
 from fitcheck.spec import AttnImpl, DeviceType, Dropout, LayerRecipe, LoraSpec, TrainingSpec
 
 R = LayerRecipe
@@ -67,6 +68,8 @@ class _Ctx:
     drop: Dropout
     mode: ActivationMode  # what the adapters save (activation_mode.adapter_input_bytes)
     lora: LoraSpec | None
+    mm: int = 0  # element bytes of a matmul output: the model dtype's, 2 for a LoRA run under autocast
+    res: int = 0  # element bytes of the residual stream past layer 0 (fp32 where autocast's dtype is not the model's)
 
 
 
@@ -77,20 +80,76 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
     lora = spec.lora
     targets = wrapped_linears(lora, _LINEARS[traits.recipe])
     eager = spec.activations.attn_implementation is AttnImpl.EAGER or traits.eager_only
+    mode = _adapter_mode(spec, e)
+    full = spec.lora is None and spec.quant is None
+    # k-bit / DoRA keep the count without autocast casts (_adapter_mode); so do checkpointed runs whose top-layer
+    # moments are not modelled (layernorm_recompute.py): with the 16-bit counts GPT-2 SFT LoRA on c_attn only
+    # (peft's default target), 8 x 1024, went from -13.2 % to -19.1 % under the trace, the old count's surplus
+    # having stood in for its unmodelled recompute working set
+    amp_lora = mode.amp and not full and (not spec.activations.checkpointing or layernorm_recompute_applies(spec))
+    # a 16-bit model under the other 16-bit autocast dtype (Phi-2's fp16 weights, bf16 autocast): the layer's
+    # 16-bit outputs added to the fp16 residual promote it to fp32 (torch type promotion of bf16 + fp16)
+    # (traced for Phi; GPT-2 by the same adds; BERT / Falcon / BLOOM not traced so: unchanged)
+    amp_dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(spec.precision.mixed_precision.value)
+    mixed_half = (amp_lora and e == 2 and traits.recipe in (R.GPT2_BLOCK, R.PHI_PARALLEL)
+                  and spec.precision.load_dtype.value != amp_dtype)
     return _Ctx(
         e=e,
         dm=1 if cuda else e,
         dm32=1 if cuda else 4,
         ln=8 if cuda or e == 4 else 4,
         cuda=cuda,
-        full=spec.lora is None and spec.quant is None,
+        full=full,
         eager=eager,
         targets=targets,
         lora_dropout=lora.dropout if lora is not None else 0.0,
         drop=traits.dropout,
-        mode=_adapter_mode(spec, e),
+        mode=mode,
         lora=lora,
+        mm=2 if amp_lora else e,
+        res=4 if mixed_half else e,
     )
+
+
+# The MLP's out linear (peft target name) of the blocks whose checkpointed LoRA moments are modelled
+_OUT: Mapping[LayerRecipe, str] = {R.GPT2_BLOCK: "c_proj", R.PHI_PARALLEL: "fc2"}
+
+
+def layernorm_recompute_applies(spec: TrainingSpec) -> bool:
+    """Plain LoRA with the MLP's out linear wrapped, every layer checkpointed, SDPA on CUDA under autocast, an fp32
+    residual stream (fp32 weights, or 16-bit weights under the other 16-bit autocast dtype): the GPT-2 / Phi runs
+    whose top-layer moments ``layernorm_recompute.py`` models (traced there)."""
+    sh, lora = spec.model.shape, spec.lora
+    recipe = sh.traits.recipe
+    act = spec.activations
+    amp_dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(spec.precision.mixed_precision.value)
+    fp32_residual = not spec.precision.load_dtype.is_half or spec.precision.load_dtype.value != amp_dtype
+    return (
+        recipe in _OUT and lora is not None and spec.quant is None and not lora.use_dora
+        and spec.freeze is None and not lora.modules_to_save
+        and act.checkpointing and act.checkpoint_every_n_layers == 1
+        and act.attn_implementation is not AttnImpl.EAGER and not sh.traits.eager_only
+        and spec.hardware.device_type is DeviceType.CUDA and amp_dtype is not None and fp32_residual
+        and _OUT[recipe] in wrapped_linears(lora, _LINEARS[recipe])
+        and liger_applies(spec) is None and not offload_applies(spec)
+    )
+
+
+def _gelu_new_saved(c: _Ctx, inter: int) -> int:
+    """Bytes per token transformers' ``NewGELUActivation`` (activations.py: ``0.5 * input * (1.0 +
+    torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))``) saves for backward:
+    pow's input, tanh's output, ``0.5 * input`` and ``1 + tanh`` (mul keeps both operands).
+
+    Without autocast, or under CPU autocast, all four are the matmul output's dtype. Under CUDA autocast ``pow`` is
+    on the fp32 list (torch 2.13 ``autocast_mode.h`` ``AT_FORALL_FP32``; ``torch_adapters/cuda_emulation.py``), so
+    pow saves its fp32 cast of the 16-bit input, and tanh and ``1 + tanh`` follow it in fp32 while ``0.5 * input``
+    stays 16-bit: 14·I (fake-tensor trace of GPT-2 LoRA all-linear, fp32 weights, bf16 autocast, 8 x 1024, and of
+    Phi-2 LoRA, fp16 weights, bf16 autocast, 4 x 1024: ``_to_copy``, ``tanh``, ``add`` fp32 and ``mul`` bf16 of
+    (b, s, I) at ``activations.py:66``; the output is fp32 too, read by the next linear).
+    """
+    if c.cuda and c.mm == 2 and c.mode.amp and not c.full:
+        return (4 + 4 + 4 + 2) * inter
+    return 4 * c.mm * inter
 
 
 def _adapter_mode(spec: TrainingSpec, e: int) -> ActivationMode:
@@ -169,11 +228,12 @@ def _gpt2(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
         total += math + (_reads(c, h, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0)
     else:
         # fused kernel: q, k, v views of c_attn output, output (laid out (b, s, a, d): c_proj reads it), logsumexp
-        total += 3 * e * h + e * h + 4 * a
+        # (16-bit under autocast: c.mm)
+        total += 3 * c.mm * h + c.mm * h + 4 * a
         total += _lora_only(c, h, ("c_proj",))
         s2 = 0
     # MLP: c_fc output, gelu_new's 0.5·x, tanh, 1 + tanh (activations.NewGELUActivation); the product feeds c_proj
-    total += 4 * e * inter + (_reads(c, inter, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0)
+    total += _gelu_new_saved(c, inter) + (_reads(c, inter, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0)
     return total, s2
 
 
@@ -218,7 +278,7 @@ def _phi(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
     e = c.e
     total = c.ln + _reads(c, h, ("q_proj", "k_proj", "v_proj", "fc1"))  # one LayerNorm: parallel attn + MLP
     total += 2 * c.dm * h if pr > 0 else 0  # resid_dropout on the attention and MLP outputs
-    total += e * h  # the layer output (residual sum)
+    total += c.res * h  # the layer output (residual sum)
     if c.eager:
         total += e * (q + 2 * kv)  # rotary q, k (partial rotary: cat of rotated and pass-through) and v
         s2 = 4 * a + (e * a if e == 2 else 0)  # fp32 softmax and its cast to the model dtype
@@ -228,7 +288,7 @@ def _phi(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
         math, s2 = _math_attention(c, q, kv, a, 4 * kv, pa)
         total += math + (_reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0)
     else:
-        total += e * (q + 2 * kv) + e * q + 4 * a  # rotary q, k, v, output, logsumexp
+        total += c.mm * (q + 2 * kv) + c.mm * q + 4 * a  # rotary q, k, v, output, logsumexp (16-bit: autocast's casts)
         s2 = 0
         # q is a cat (contiguous (b, a, s, d)): CPU flash and CUDA flash lay the output out like q, and
         # transformers' transpose(1, 2).contiguous() copies it; the memory-efficient kernel (fp32 on CUDA)
@@ -238,7 +298,7 @@ def _phi(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
         else:
             total += _reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0
     # MLP: fc1 output, gelu_new's 0.5·x, tanh, 1 + tanh; the product feeds fc2
-    total += 4 * e * inter + (_reads(c, inter, ("fc2",)) if _keeps(c, ("fc2",)) else 0)
+    total += _gelu_new_saved(c, inter) + (_reads(c, inter, ("fc2",)) if _keeps(c, ("fc2",)) else 0)
     return total, s2
 
 
@@ -346,16 +406,14 @@ def layernorm_outside_saved(spec: TrainingSpec) -> int:
     # without checkpointing: the layer-0 input, kept by its first op when a gradient flows into it (trained
     # embeddings); with it, every checkpointed layer's input is counted by fitcheck.core.activations.decoder and the
     # last layer's output (the final LayerNorm input, trace) is what is left to count here
-    first = e * h if ckpt else (e * h if c.full else 0)
+    first = c.res * h if ckpt else (e * h if c.full else 0)  # the last layer output: fp32 residual (_Ctx.res)
     per_token, fixed = 0, 0
     if fam is R.GPT2_BLOCK:
         per_token = first + (c.dm * h if c.drop.embedding > 0 and c.full else 0)  # embedding dropout mask
         per_token += c.ln + _head_input(c, h)  # ln_f statistics and output (the tied LM head input)
         fixed = 8 * s if c.full else 0  # position_ids arange (s,) int64, kept by the trained wpe
         if ckpt and not c.full:
-            # peft + checkpointing: transformers' enable_input_require_grads makes the wte output require a
-            # gradient, so the embedding dropout keeps its mask and the wte output stays alive (trace)
-            per_token += e * h + (c.dm * h if c.drop.embedding > 0 else 0)
+            per_token += _gpt2_peft_embedding(c, h)
             fixed = 8 * s
     elif fam is R.BERT_BLOCK:
         if c.full or ckpt:
@@ -388,6 +446,28 @@ def layernorm_outside_saved(spec: TrainingSpec) -> int:
     elif not c.full:
         per_token -= _layer0_without_grad(spec, c)
     return per_token * b * s + fixed
+
+
+def _gpt2_peft_embedding(c: _Ctx, h: int) -> int:
+    """GPT-2, peft + checkpointing: transformers' enable_input_require_grads makes the wte output require a
+    gradient, so the embedding dropout keeps its mask and the wte output stays alive (trace) until the embedding's
+    backward: bytes per token."""
+    return c.e * h + (c.dm * h if c.drop.embedding > 0 else 0)
+
+
+def layernorm_ckpt_outside(spec: TrainingSpec) -> int:
+    """Bytes per token outside the layers and their checkpoints that a checkpointed LoRA run of a LayerNorm block
+    holds until the embedding's backward (GPT-2's wte output and embedding-dropout mask; 0 for the others: Phi's
+    embedding output is layer 0's checkpoint itself)."""
+    c = _ctx(spec)
+    if spec.model.shape.traits.recipe is not R.GPT2_BLOCK or c.full or not spec.activations.checkpointing:
+        return 0
+    return _gpt2_peft_embedding(c, spec.model.shape.hidden_size)
+
+
+def layernorm_top_residual(spec: TrainingSpec) -> int:
+    """Element bytes of the residual stream past layer 0 of a LayerNorm block (``_Ctx.res``)."""
+    return _ctx(spec).res
 
 
 def _head_input(c: _Ctx, h: int) -> int:
