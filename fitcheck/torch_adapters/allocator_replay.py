@@ -351,8 +351,10 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
     plan = depth_plan(config, spec.freeze, promoted)
     if len(plan) == 2 and config_layers(config) % layer_group(config):
         raise DeepenError(f"{config_layers(config)} layers are not whole {layer_group(config)}-layer groups")
+    if len(step_runs) != len(plan):
+        step_runs = [trace_step(config, num_layers=d, **{**kwargs, "optimizer": None, "steps": 1}) for d in plan]
     cache = {} if optimizer_traces is None else optimizer_traces
-    runs = {run.num_layers: run for run in step_runs}  # the caller's traces by depth; a depth not there: traced here
+    runs = dict(zip(plan, step_runs, strict=True))  # BatchTraces' plan: the same depth_plan and residual_promoted
 
     def composed(depth: int) -> tuple[list[tuple[int, int, str]], tuple[int, ...]]:
         """The whole run at ``depth`` layers: its one-step trace (the caller's, else traced now) and the optimizer's."""
