@@ -103,7 +103,8 @@ def deepen(one: Sequence[Event], two: Sequence[Event], groups: int,
     raise AssertionError("unreachable")
 
 
-def deepen_past_first(traced: Callable[[int], tuple[Sequence[Event], Sequence[int]]], groups: int) -> list[Event]:
+def deepen_past_first(traced: Callable[[int], tuple[Sequence[Event], Sequence[int]]], groups: int,
+                      skip_first: bool = False) -> list[Event]:
     """:func:`deepen` from the traces of one and two layer groups, else, where those do not align, from two and three.
 
     The first group can hold other tensors than the groups above it: with LoRA on the MLP only, layer 0's
@@ -122,16 +123,23 @@ def deepen_past_first(traced: Callable[[int], tuple[Sequence[Event], Sequence[in
         traced: Layer groups -> ``(alloc_events, region_starts)`` of the step traced at that depth (called for 1
             and 2, and for 3 only where those two do not deepen).
         groups: Layer groups of the stack wanted (>= 2).
+        skip_first: Deepen from two and three groups without trying one and two (the first group reads another
+            dtype than those above it: ``tracer_depth.residual_promoted``).
 
     Raises:
         DeepenError: Neither pair deepens (or only one and two groups were possible).
     """
-    (one, one_starts), (two, two_starts) = traced(1), traced(2)
-    try:
-        return deepen(one, two, groups, (one_starts, two_starts))
-    except DeepenError:
-        if groups < 3:
-            raise
+    if not skip_first:
+        (one, one_starts), (two, two_starts) = traced(1), traced(2)
+        try:
+            return deepen(one, two, groups, (one_starts, two_starts))
+        except DeepenError:
+            if groups < 3:
+                raise
+    elif groups < 3:
+        raise DeepenError(f"{groups} layer groups: no two- and three-group traces to deepen from")
+    else:
+        two, two_starts = traced(2)
     three, three_starts = traced(3)
     if groups == 3:
         return list(three)

@@ -333,7 +333,7 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
     from fitcheck.torch_adapters.allocator_deepen import DeepenError, deepen_past_first
     from fitcheck.torch_adapters.tracer import trace_step
     from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
-    from fitcheck.torch_adapters.tracer_depth import depth_plan
+    from fitcheck.torch_adapters.tracer_depth import depth_plan, residual_promoted
     from fitcheck.torch_adapters.tracer_optimizer import trace_optimizer
 
     config = spec.model.config
@@ -347,13 +347,14 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
         generating = generating_passes(spec.batch.grad_accum, kwargs["trl_grpo"].steps_per_generation)
     if seq_len is not None:
         kwargs["seq_len"] = seq_len
-    plan = depth_plan(config, spec.freeze)
+    promoted = residual_promoted(kwargs)  # layer 0 reads another dtype: two and three groups, as BatchTraces
+    plan = depth_plan(config, spec.freeze, promoted)
     if len(plan) == 2 and config_layers(config) % layer_group(config):
         raise DeepenError(f"{config_layers(config)} layers are not whole {layer_group(config)}-layer groups")
     if len(step_runs) != len(plan):
         step_runs = [trace_step(config, num_layers=d, **{**kwargs, "optimizer": None, "steps": 1}) for d in plan]
     cache = {} if optimizer_traces is None else optimizer_traces
-    runs = dict(zip(plan, step_runs, strict=True))
+    runs = dict(zip(plan, step_runs, strict=True))  # BatchTraces' plan: the same depth_plan and residual_promoted
 
     def composed(depth: int) -> tuple[list[tuple[int, int, str]], tuple[int, ...]]:
         """The whole run at ``depth`` layers: its one-step trace (the caller's, else traced now) and the optimizer's."""
@@ -371,7 +372,7 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
     if len(plan) == 1:
         return load_warmup(spec) + list(composed(plan[0])[0])
     group = layer_group(config)
-    deep = deepen_past_first(lambda groups: composed(groups * group), config_layers(config) // group)
+    deep = deepen_past_first(lambda groups: composed(groups * group), config_layers(config) // group, promoted)
     return load_warmup(spec) + list(deep)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from fitcheck.report import Phase
 from fitcheck.torch_adapters.trace_result import TraceResult, breakdown_at_peak
 from fitcheck.torch_adapters.tracer import trace_step
-from fitcheck.torch_adapters.tracer_depth import combine_depths, depth_plan, first_layer_apart
+from fitcheck.torch_adapters.tracer_depth import combine_depths, depth_plan, first_layer_apart, residual_promoted
 
 
 def at_micro_batch(first: TraceResult, b_first: int, second: TraceResult, b_second: int,
@@ -79,11 +79,14 @@ class BatchTraces:
         kwargs: ``tracer.trace_step`` keyword arguments but ``micro_batch`` and ``num_layers``.
         skip_first: Trace two and three layer groups where the bottom layer's moment differs
             (``tracer_depth.first_layer_apart``); the benchmarks' reference traces. The default path keeps one
-            and two groups: the allocator replay deepens those (``allocator_replay.replay_whole_run``).
+            and two groups: the allocator replay deepens those (``allocator_replay.replay_whole_run``). Two and
+            three groups on every path where layer 0 reads another dtype (``tracer_depth.residual_promoted``).
         """
         self.config = config
         self.kwargs = {k: v for k, v in kwargs.items() if k not in ("micro_batch", "num_layers")}
-        self.plan = depth_plan(config, self.kwargs.get("freeze"), skip_first and first_layer_apart(self.kwargs))
+        # two and three groups where layer 0 reads another dtype (residual_promoted), on every path
+        self.plan = depth_plan(config, self.kwargs.get("freeze"),
+                               (skip_first and first_layer_apart(self.kwargs)) or residual_promoted(self.kwargs))
         self.traced: dict[int, tuple[TraceResult, ...]] = {}
         self.interpolated = 0
 

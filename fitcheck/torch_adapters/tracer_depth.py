@@ -97,6 +97,30 @@ def first_layer_apart(kwargs: Mapping[str, Any]) -> bool:
             and kwargs.get("lora") is not None)
 
 
+# the 16-bit load dtypes whose embedding output, added to the other 16-bit autocast dtype's layer output, is
+# promoted to fp32 (torch 2.13 ``torch.promote_types(torch.float16, torch.bfloat16)`` is ``torch.float32``)
+_OTHER_AUTOCAST = {"float16": "bf16", "bfloat16": "fp16"}
+
+
+def residual_promoted(kwargs: Mapping[str, Any]) -> bool:
+    """Whether the bottom layer reads another dtype than the layers above it: 16-bit weights under the other
+    16-bit autocast dtype (TRL's default for Phi-2 and the fp16 Llama-2 configs: config ``torch_dtype`` float16,
+    ``bf16=True``).
+
+    The embedding output is in the weights' dtype (``nn.Embedding`` is on no autocast list), the layer's matmul
+    outputs in the autocast dtype, and the residual add (transformers 5.23 ``models/phi/modeling_phi.py``
+    ``PhiDecoderLayer.forward``: ``attn_outputs + feed_forward_hidden_states + residual``; ``modeling_llama.py``
+    ``LlamaDecoderLayer.forward``: ``residual + hidden_states``) runs outside autocast's lists, so it promotes
+    float16 + bfloat16 to float32: layer 0 reads the 16-bit embedding and casts its input gradient back to it,
+    every layer above reads and returns an fp32 residual. A one-group trace has only layer 0, and the line through
+    one and two groups has the wrong slope: Phi-2 SFT LoRA all-linear, checkpointing, 1 x 2048, during backward,
+    traced at 1 / 2 / 3 / 4 layers 1,588,847,744 / 1,759,625,344 / 1,940,888,704 / 2,122,152,064 B (increments
+    170.8 M, then 181.3 M twice): from 1 and 2 layers 20,971,520 B under the 4-layer trace, from 2 and 3 exact.
+    """
+    dtype, mixed = kwargs.get("dtype"), kwargs.get("mixed_precision")
+    return isinstance(dtype, str) and _OTHER_AUTOCAST.get(dtype) == mixed
+
+
 def combine_depths(config: Mapping[str, Any], results: tuple[TraceResult, ...]) -> TraceResult:
     """The full-depth result from the traces of :func:`depth_plan` (extrapolated linearly from two groups)."""
     from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
@@ -109,11 +133,12 @@ def combine_depths(config: Mapping[str, Any], results: tuple[TraceResult, ...]) 
 
 
 def trace_extrapolated(config: Mapping[str, Any], **kwargs: Any) -> TraceResult:
-    """Trace one and two repeating layer groups and extrapolate to the config's depth.
+    """Trace one and two repeating layer groups (two and three where :func:`residual_promoted`) and extrapolate to
+    the config's depth.
 
     Keyword arguments are those of :func:`trace_step` (``num_layers`` excepted).
     """
-    plan = depth_plan(config, kwargs.get("freeze"))
+    plan = depth_plan(config, kwargs.get("freeze"), residual_promoted(kwargs))
     results = tuple(trace_step(config, num_layers=n, **kwargs) for n in plan)
     # the allocation sequence is the deepest trace's (allocator_replay replays it at that depth)
     return dataclasses.replace(combine_depths(config, results), alloc_events=results[-1].alloc_events)
