@@ -91,7 +91,9 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
     # 16-bit outputs added to the fp16 residual promote it to fp32 (torch type promotion of bf16 + fp16)
     # (traced for Phi; GPT-2 by the same adds; BERT / Falcon / BLOOM not traced so: unchanged)
     amp_dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(spec.precision.mixed_precision.value)
-    mixed_half = (amp_lora and e == 2 and traits.recipe in (R.GPT2_BLOCK, R.PHI_PARALLEL)
+    # (a dtype rule: whatever the attention kernel or the checkpointed moments modelled, so eager keeps what SDPA
+    # keeps, tests/test_activations_catalog.py)
+    mixed_half = (mode.amp and not full and e == 2 and traits.recipe in (R.GPT2_BLOCK, R.PHI_PARALLEL)
                   and spec.precision.load_dtype.value != amp_dtype)
     return _Ctx(
         e=e,
