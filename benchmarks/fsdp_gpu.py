@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from pathlib import Path
 from typing import Any
 
@@ -236,21 +236,29 @@ def rewrite_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
-def rescore(path: Path) -> list[dict[str, Any]]:
-    """The measured rows of a data file with estimates recomputed by this checkout (measurements untouched)."""
-    rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+def rescore_rows(path: Path, cases: Container[str],
+                 argv_for: Callable[[Path, dict[str, Any]], list[str]]) -> list[dict[str, Any]]:
+    """A data file's measured rows with ``estimate_row`` of ``argv_for(work, row)`` (``work``: a temporary folder
+    per row); rows not ``ok`` or of no known case pass through (measurements untouched)."""
     out = []
-    for r in rows:
-        if r.get("status") != "ok" or r.get("case") not in CASES:
+    for r in json.loads(path.read_text(encoding="utf-8"))["rows"]:
+        if r.get("status") != "ok" or r.get("case") not in cases:
             out.append(r)
             continue
-        dtype, version, ckpt = CASES[r["case"]]
-        with tempfile.TemporaryDirectory(prefix="fsdp_gpu_") as tmp:
-            work = Path(tmp)
-            argv = estimate_argv(model_dir(work), dtype, _fsdp_config(version, work), ckpt)
+        with tempfile.TemporaryDirectory(prefix="gpu_rescore_") as tmp:
             row = {k: v for k, v in r.items() if k != "estimate_phases"}  # now inside the estimate ("phases")
-            out.append({**row, "estimate": estimate_row(argv, r.get("environment") or {})})
+            out.append({**row, "estimate": estimate_row(argv_for(Path(tmp), r), r.get("environment") or {})})
     return out
+
+
+def rescore(path: Path) -> list[dict[str, Any]]:
+    """The measured rows of a data file with estimates recomputed by this checkout (measurements untouched)."""
+
+    def argv_for(work: Path, r: dict[str, Any]) -> list[str]:
+        dtype, version, ckpt = CASES[r["case"]]
+        return estimate_argv(model_dir(work), dtype, _fsdp_config(version, work), ckpt)
+
+    return rescore_rows(path, CASES, argv_for)
 
 
 def cases_main(argv: list[str], name: str, cases: list[str], prefix: str,

@@ -174,18 +174,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def rescore(path: Path) -> list[dict[str, Any]]:
     """The measured rows of a data file with ``fitcheck estimate`` of their flags (measurements untouched)."""
-    from fsdp_gpu import estimate_row, model_dir
+    from fsdp_gpu import model_dir, rescore_rows
 
-    out = []
-    for r in json.loads(path.read_text(encoding="utf-8"))["rows"]:
-        if r.get("status") != "ok" or r.get("case") not in CASES:
-            out.append(r)
-            continue
-        with tempfile.TemporaryDirectory(prefix="trainer_gpu_") as tmp:
-            work = Path(tmp)
-            argv = estimate_argv(model_dir(work, MODEL), r["case"], work)
-            out.append({**r, "estimate": estimate_row(argv, r.get("environment") or {})})
-    return out
+    return rescore_rows(path, CASES, lambda work, r: estimate_argv(model_dir(work, MODEL), r["case"], work))
 
 
 def main(argv: list[str]) -> int:

@@ -217,24 +217,11 @@ def estimate_argv(model_dir: Path, row: dict[str, Any]) -> list[str]:
 
 
 def rescore(path: Path) -> list[dict[str, Any]]:
-    """The measured rows with ``fitcheck estimate`` (default path and formula) of their flags (measurements
-    untouched)."""
-    import json
+    """The measured rows with ``fitcheck estimate`` (the default path, and the formula's peak) of their flags
+    (measurements untouched)."""
+    from fsdp_gpu import model_dir, rescore_rows
 
-    from fsdp_gpu import estimate_row, model_dir
-
-    out = []
-    for r in json.loads(path.read_text(encoding="utf-8"))["rows"]:
-        if r.get("status") != "ok" or r.get("case") not in CASES:
-            out.append(r)
-            continue
-        with tempfile.TemporaryDirectory(prefix="trl_gpu_") as tmp:
-            work = Path(tmp)
-            argv = estimate_argv(model_dir(work, MODEL), r)
-            est = estimate_row(argv, r.get("environment") or {})
-            est["argv"] = ["--model_name_or_path", MODEL, *argv[2:]]
-            out.append({**r, "estimate": est})
-    return out
+    return rescore_rows(path, CASES, lambda work, r: estimate_argv(model_dir(work, MODEL), r))
 
 
 def main(argv: list[str]) -> int:
