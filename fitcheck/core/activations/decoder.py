@@ -121,7 +121,9 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     if act.checkpointing:
         n_ckpt = math.ceil(layers / max(1, act.checkpoint_every_n_layers))
     kept = (layers - n_ckpt) * (layer + scores) + n_ckpt * m.r * sh.hidden_size * b * s
-    if n_ckpt > 1 and sh.traits.recipe.layernorm_block:  # fp32 residual past layer 0 (layernorm_blocks._Ctx.res)
+    # fp32 residual past layer 0 (layernorm_blocks._Ctx.res); only where it is wider than the checkpoint's element
+    # (a k-bit run's checkpoints are already m.r wide: prepare_model_for_kbit_training's fp32 norms)
+    if n_ckpt > 1 and sh.traits.recipe.layernorm_block and layernorm_top_residual(spec) > m.r:
         kept += (n_ckpt - 1) * (layernorm_top_residual(spec) - m.r) * sh.hidden_size * b * s
     if n_ckpt and int8_ctx_through_checkpoint(spec):  # MatMul8bitFp/Lt keep ctx.A through checkpointing (int8.py)
         kept += n_ckpt * int8_checkpointed_inputs(spec) * b * s
