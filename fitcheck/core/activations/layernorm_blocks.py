@@ -90,7 +90,7 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
     # a 16-bit model under the other 16-bit autocast dtype (Phi-2's fp16 weights, bf16 autocast): the layer's
     # 16-bit outputs added to the fp16 residual promote it to fp32 (torch type promotion of bf16 + fp16)
     # (traced for Phi; GPT-2 by the same adds; BERT / Falcon / BLOOM not traced so: unchanged)
-    amp_dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(spec.precision.mixed_precision.value)
+    amp_dtype = _autocast_dtype(spec)
     # (a dtype rule: whatever the attention kernel or the checkpointed moments modelled, so eager keeps what SDPA
     # keeps, tests/test_activations_catalog.py)
     mixed_half = (mode.amp and not full and e == 2 and traits.recipe in (R.GPT2_BLOCK, R.PHI_PARALLEL)
@@ -117,6 +117,11 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
 _OUT: Mapping[LayerRecipe, str] = {R.GPT2_BLOCK: "c_proj", R.PHI_PARALLEL: "fc2"}
 
 
+def _autocast_dtype(spec: TrainingSpec) -> str | None:
+    """The dtype name autocast computes in (``bfloat16`` / ``float16``), None without mixed precision."""
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(spec.precision.mixed_precision.value)
+
+
 def layernorm_recompute_applies(spec: TrainingSpec) -> bool:
     """Plain LoRA with the MLP's out linear wrapped, every layer checkpointed, SDPA on CUDA under autocast, an fp32
     residual stream (fp32 weights, or 16-bit weights under the other 16-bit autocast dtype): the GPT-2 / Phi runs
@@ -124,7 +129,7 @@ def layernorm_recompute_applies(spec: TrainingSpec) -> bool:
     sh, lora = spec.model.shape, spec.lora
     recipe = sh.traits.recipe
     act = spec.activations
-    amp_dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(spec.precision.mixed_precision.value)
+    amp_dtype = _autocast_dtype(spec)
     fp32_residual = not spec.precision.load_dtype.is_half or spec.precision.load_dtype.value != amp_dtype
     return (
         recipe in _OUT and lora is not None and spec.quant is None and not lora.use_dora
