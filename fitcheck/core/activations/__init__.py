@@ -28,6 +28,7 @@ variant, an MoE layout) here, in the module of that mechanism, selected by a new
 tracer.
 """
 
+from fitcheck.core.activations.activation_mode import other_half_autocast
 from fitcheck.core.activations.backward import zero2_traced_component
 from fitcheck.core.activations.backward_grads import cuda_embedding_backward
 from fitcheck.core.activations.bnb_kept_inputs import old_bnb_4bit
@@ -58,6 +59,7 @@ __all__ = [
     "lora_dropout_mask_bytes",
     "not_pinned_finding",
     "old_bnb_4bit",
+    "other_half_autocast",
     "qlora16_backward_working_set",
     "versions_findings",
     "wrapped_linears",

@@ -25,6 +25,36 @@ class ActivationMode:
     # autocast over fp32 base outputs (qlora.kbit_fp32_lora): fp32 MLP outputs; attention saves 16-bit casts of
     # q, k, v (eager: of q, k^T, v), not the fused qkv output
     fp32_out: bool = False
+    # 16-bit weights under the other 16-bit autocast dtype on the Llama-style layer (:func:`other_half_autocast`):
+    # every layer above the bottom one runs as fp32 weights under autocast (``autocast``, r = 4); the embedding
+    # output, the bottom layer's checkpoint and the rotary tables stay in the weights' 16 bits
+    promoted: bool = False
+
+
+# the 16-bit load dtype whose embedding output, added to the other 16-bit autocast dtype's layer output, is promoted
+# to fp32 (torch 2.13 ``torch.promote_types(torch.float16, torch.bfloat16)`` is ``torch.float32``)
+_OTHER_AUTOCAST = {"float16": "bf16", "bfloat16": "fp16"}
+
+
+def other_half_autocast(load_dtype: str | None, mixed_precision: str | None) -> bool:
+    """Whether the weights are 16-bit and autocast computes in the other 16-bit dtype (``float16`` weights under
+    ``bf16``, ``bfloat16`` weights under ``fp16``: TRL's default for the Phi-2 and Llama-2 configs, whose
+    ``torch_dtype`` is float16): the one home of that rule, read on dtype names by the formulas
+    (:func:`activation_mode`, ``layernorm_blocks``) and by the depth extrapolation
+    (``torch_adapters/tracer_depth.residual_promoted``).
+
+    The embedding output is in the weights' dtype (``nn.Embedding`` is on no autocast list), the layers' matmul
+    outputs in the autocast dtype, and the residual add (transformers 5.23 ``modeling_llama.py``
+    ``LlamaDecoderLayer.forward``: ``hidden_states = residual + hidden_states``; ``modeling_phi.py``
+    ``PhiDecoderLayer.forward``: ``attn_outputs + feed_forward_hidden_states + residual``) is on no autocast list,
+    so type promotion makes it fp32: the bottom layer reads the 16-bit embedding, every layer above an fp32
+    residual stream.
+
+    Args:
+        load_dtype: The weights' dtype name (``float32``, ``bfloat16``, ``float16``).
+        mixed_precision: The autocast setting (``no``, ``bf16``, ``fp16``).
+    """
+    return load_dtype is not None and _OTHER_AUTOCAST.get(load_dtype) == mixed_precision
 
 
 def activation_mode(spec: TrainingSpec) -> ActivationMode:
@@ -32,10 +62,21 @@ def activation_mode(spec: TrainingSpec) -> ActivationMode:
     # peft's prepare_model_for_kbit_training casts every non-quantized parameter to fp32 (activations_qlora.py)
     half = spec.precision.load_dtype.is_half and not kbit_upcast(spec)
     amp = spec.precision.mixed_precision is not MixedPrecision.NO
+    # the Llama-style layer above the bottom one, fp16 weights under bf16 autocast (or bf16 under fp16): its input
+    # is the fp32 residual, so its norms (LlamaRMSNorm.forward: ``self.weight * hidden_states.to(input_dtype)``,
+    # input_dtype float32) return fp32 and autocast casts them and the 16-bit weights (not kFloat: never cached,
+    # torch 2.13 autocast_mode.cpp ``cached_cast``) for each matmul, as over fp32 weights. Fake-tensor traces of
+    # Llama-2 at width 256, 2 x 256, 4 and 5 layers, bf16 autocast, checkpointed LoRA / QLoRA: during backward the
+    # float16 config holds the float32 config's bytes less its 16-bit embedding output and rotary tables
+    # (327,680 B less); the LayerNorm blocks model it in layernorm_blocks._Ctx.res
+    promoted = (half and amp and not spec.model.shape.traits.recipe.layernorm_block
+                and other_half_autocast(spec.precision.load_dtype.value, spec.precision.mixed_precision.value))
+    if promoted:
+        half = False
     autocast = not half and amp
     dm = lora_dropout_mask_bytes(spec)  # aten Dropout.cpp: CUDA native_dropout's bool mask, CPU fp32 noise
     return ActivationMode(e=2 if half or autocast else 4, r=2 if half else 4, autocast=autocast, half_model=half,
-                          amp=amp, dm=dm, fp32_out=autocast and kbit_fp32_lora(spec))
+                          amp=amp, dm=dm, fp32_out=autocast and kbit_fp32_lora(spec), promoted=promoted)
 
 
 def adapter_input_bytes(m: ActivationMode, lora: LoraSpec, width: int) -> int:

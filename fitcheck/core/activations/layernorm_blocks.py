@@ -29,11 +29,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from fitcheck.core.activations.activation_mode import ActivationMode, activation_mode, adapter_input_bytes
+from fitcheck.core.activations.activation_mode import (
+    ActivationMode,
+    activation_mode,
+    adapter_input_bytes,
+    other_half_autocast,
+)
 from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.versions import legacy_softmax_keeps_input
 from fitcheck.core.kernels import liger_applies, offload_applies
-from fitcheck.spec import AttnImpl, DeviceType, Dropout, LayerRecipe, LoraSpec, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, Dropout, LayerRecipe, LoraSpec, MixedPrecision, TrainingSpec
 
 R = LayerRecipe
 # Linear module names (peft target names) of each block
@@ -90,11 +95,10 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
     # a 16-bit model under the other 16-bit autocast dtype (Phi-2's fp16 weights, bf16 autocast): the layer's
     # 16-bit outputs added to the fp16 residual promote it to fp32 (torch type promotion of bf16 + fp16)
     # (traced for Phi; GPT-2 by the same adds; BERT / Falcon / BLOOM not traced so: unchanged)
-    amp_dtype = _autocast_dtype(spec)
     # (a dtype rule: whatever the attention kernel or the checkpointed moments modelled, so eager keeps what SDPA
-    # keeps, tests/test_activations_catalog.py)
+    # keeps, tests/test_activations_catalog.py; activation_mode.other_half_autocast)
     mixed_half = (mode.amp and not full and e == 2 and traits.recipe in (R.GPT2_BLOCK, R.PHI_PARALLEL)
-                  and spec.precision.load_dtype.value != amp_dtype)
+                  and _other_half(spec))
     return _Ctx(
         e=e,
         dm=1 if cuda else e,
@@ -117,9 +121,9 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
 _OUT: Mapping[LayerRecipe, str] = {R.GPT2_BLOCK: "c_proj", R.PHI_PARALLEL: "fc2"}
 
 
-def _autocast_dtype(spec: TrainingSpec) -> str | None:
-    """The dtype name autocast computes in (``bfloat16`` / ``float16``), None without mixed precision."""
-    return {"bf16": "bfloat16", "fp16": "float16"}.get(spec.precision.mixed_precision.value)
+def _other_half(spec: TrainingSpec) -> bool:
+    """16-bit weights under the other 16-bit autocast dtype (:func:`other_half_autocast` on the spec's names)."""
+    return other_half_autocast(spec.precision.load_dtype.value, spec.precision.mixed_precision.value)
 
 
 def layernorm_recompute_applies(spec: TrainingSpec) -> bool:
@@ -129,14 +133,14 @@ def layernorm_recompute_applies(spec: TrainingSpec) -> bool:
     sh, lora = spec.model.shape, spec.lora
     recipe = sh.traits.recipe
     act = spec.activations
-    amp_dtype = _autocast_dtype(spec)
-    fp32_residual = not spec.precision.load_dtype.is_half or spec.precision.load_dtype.value != amp_dtype
+    amp = spec.precision.mixed_precision is not MixedPrecision.NO
+    fp32_residual = not spec.precision.load_dtype.is_half or _other_half(spec)
     return (
         recipe in _OUT and lora is not None and spec.quant is None and not lora.use_dora
         and spec.freeze is None and not lora.modules_to_save
         and act.checkpointing and act.checkpoint_every_n_layers == 1
         and act.attn_implementation is not AttnImpl.EAGER and not sh.traits.eager_only
-        and spec.hardware.device_type is DeviceType.CUDA and amp_dtype is not None and fp32_residual
+        and spec.hardware.device_type is DeviceType.CUDA and amp and fp32_residual
         and _OUT[recipe] in wrapped_linears(lora, _LINEARS[recipe])
         and liger_applies(spec) is None and not offload_applies(spec)
     )
