@@ -120,13 +120,14 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     n_ckpt = 0
     if act.checkpointing:
         n_ckpt = math.ceil(layers / max(1, act.checkpoint_every_n_layers))
-    ckpt_elems = n_ckpt * m.r
-    if n_ckpt and sh.traits.recipe.layernorm_block:  # the checkpoints above layer 0 hold the residual stream
-        ckpt_elems = m.r + (n_ckpt - 1) * layernorm_top_residual(spec)  # (layernorm_blocks._Ctx.res)
-    kept = (layers - n_ckpt) * (layer + scores) + ckpt_elems * sh.hidden_size * b * s
+    kept = (layers - n_ckpt) * (layer + scores) + n_ckpt * m.r * sh.hidden_size * b * s
     first_less, norm_less = _promoted_first_less(spec, m, n_ckpt) if m.promoted else (0, 0)
     first_less, norm_less = first_less * b * s, norm_less * b * s
     kept -= first_less
+    # fp32 residual past layer 0 (layernorm_blocks._Ctx.res); only where it is wider than the checkpoint's element
+    # (a k-bit run's checkpoints are already m.r wide: prepare_model_for_kbit_training's fp32 norms)
+    if n_ckpt > 1 and sh.traits.recipe.layernorm_block and layernorm_top_residual(spec) > m.r:
+        kept += (n_ckpt - 1) * (layernorm_top_residual(spec) - m.r) * sh.hidden_size * b * s
     if n_ckpt and int8_ctx_through_checkpoint(spec):  # MatMul8bitFp/Lt keep ctx.A through checkpointing (int8.py)
         kept += n_ckpt * int8_checkpointed_inputs(spec) * b * s
     if n_ckpt and kept_through_checkpoint(spec):  # bitsandbytes <= 0.43.1: ctx.tensors = (A, B) (bnb_kept_inputs.py)

@@ -74,9 +74,7 @@ class _Ctx:
     mode: ActivationMode  # what the adapters save (activation_mode.adapter_input_bytes)
     lora: LoraSpec | None
     mm: int = 0  # element bytes of a matmul output: the model dtype's, 2 for a LoRA run under autocast
-    # element bytes of the residual stream past layer 0: the checkpoint element's (activation_mode's r), fp32 where
-    # autocast's dtype is the other 16-bit one
-    res: int = 0
+    res: int = 0  # element bytes of the residual stream past layer 0 (fp32 where autocast's dtype is not the model's)
 
 
 
@@ -115,7 +113,7 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
         mode=mode,
         lora=lora,
         mm=2 if amp_lora else e,
-        res=4 if mixed_half else activation_mode(spec).r,
+        res=4 if mixed_half else e,
     )
 
 
