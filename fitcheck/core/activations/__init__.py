@@ -4,7 +4,8 @@
   the autocast weight cache, and the components the report shows;
 - :mod:`.layer_saved`: what one decoder layer (and the model outside its layers) saves per token;
   :mod:`.activation_mode`: how a run stores its activations; :mod:`.logits`: the loss's logits, the head's backward;
-- :mod:`.layernorm_blocks`: the LayerNorm blocks (GPT-2, BERT, Phi-2, Falcon, BLOOM), chosen by ``traits.recipe``;
+- :mod:`.layernorm_blocks`: the LayerNorm blocks (GPT-2, BERT, Phi-2, Falcon, BLOOM), chosen by ``traits.recipe``
+  (:mod:`.layernorm_outside`: what they keep outside their layers);
 - :mod:`.norms`: fp32-product RMSNorms, q/k norms, post-norm-only layers; :mod:`.attention_variants`: attention
   sinks and their eager softmax, the rotary tables; :mod:`.moe_grouped_mm`: grouped_mm clamped-SwiGLU experts;
   :mod:`.mla`: latent attention and DeepSeek's dense/MoE layers; :mod:`.param_wrapper`: peft's MoE adapters;

@@ -68,7 +68,7 @@ def activation_mode(spec: TrainingSpec) -> ActivationMode:
     # torch 2.13 autocast_mode.cpp ``cached_cast``) for each matmul, as over fp32 weights. Fake-tensor traces of
     # Llama-2 at width 256, 2 x 256, 4 and 5 layers, bf16 autocast, checkpointed LoRA / QLoRA: during backward the
     # float16 config holds the float32 config's bytes less its 16-bit embedding output and rotary tables
-    # (327,680 B less); the LayerNorm blocks model it in layernorm_blocks._Ctx.res
+    # (327,680 B less); the LayerNorm blocks model it in layernorm_blocks.BlockCtx.res
     # (a pre-quantized GPTQ / AWQ base runs its kernels' own matmuls, whose output dtype was not traced: as before)
     prequant = spec.quant is not None and spec.quant.pre_quantized
     promoted = (half and amp and not spec.model.shape.traits.recipe.layernorm_block and not prequant

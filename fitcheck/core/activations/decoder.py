@@ -59,7 +59,7 @@ from fitcheck.core.activations.layer_saved import (
     _outside_saved,
     layer_saved_per_token,
 )
-from fitcheck.core.activations.layernorm_blocks import (
+from fitcheck.core.activations.layernorm_outside import (
     layernorm_findings_text,
     layernorm_top_residual,
 )
@@ -124,7 +124,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     first_less, norm_less = _promoted_first_less(spec, m, n_ckpt) if m.promoted else (0, 0)
     first_less, norm_less = first_less * b * s, norm_less * b * s
     kept -= first_less
-    # fp32 residual past layer 0 (layernorm_blocks._Ctx.res); only where it is wider than the checkpoint's element
+    # fp32 residual past layer 0 (layernorm_blocks.BlockCtx.res); only where it is wider than the checkpoint's element
     # (a k-bit run's checkpoints are already m.r wide: prepare_model_for_kbit_training's fp32 norms)
     if n_ckpt > 1 and sh.traits.recipe.layernorm_block and layernorm_top_residual(spec) > m.r:
         kept += (n_ckpt - 1) * (layernorm_top_residual(spec) - m.r) * sh.hidden_size * b * s

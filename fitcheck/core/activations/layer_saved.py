@@ -21,11 +21,8 @@ from fitcheck.core.activations.int8 import (
     int8_formula_applies,
     int8_layer_saved_per_token,
 )
-from fitcheck.core.activations.layernorm_blocks import (
-    layernorm_block_saved,
-    layernorm_head_input,
-    layernorm_outside_saved,
-)
+from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved
+from fitcheck.core.activations.layernorm_outside import layernorm_head_input, layernorm_outside_saved
 from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.mla import (
     MlaMode,
