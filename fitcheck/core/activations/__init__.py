@@ -29,7 +29,6 @@ variant, an MoE layout) here, in the module of that mechanism, selected by a new
 tracer.
 """
 
-from fitcheck.core.activations.activation_mode import other_half_autocast
 from fitcheck.core.activations.backward import zero2_traced_component
 from fitcheck.core.activations.backward_grads import cuda_embedding_backward
 from fitcheck.core.activations.bnb_kept_inputs import old_bnb_4bit
@@ -39,6 +38,7 @@ from fitcheck.core.activations.layer_saved import layer_saved_per_token, lm_head
 from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved, legacy_softmax_input_added
 from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.norm_backward import RMS_BACKWARD_TEMPS
+from fitcheck.core.activations.promoted import other_half_autocast
 from fitcheck.core.activations.qlora import lora_dropout_mask_bytes
 from fitcheck.core.activations.qlora16 import qlora16_backward_working_set
 from fitcheck.core.activations.versions import legacy_bnb_kept_inputs, versions_findings

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.core.activations.qlora import kbit_fp32_lora, kbit_upcast, lora_dropout_mask_bytes
+from fitcheck.core.activations.promoted import kbit_upcast, promoted_residual
+from fitcheck.core.activations.qlora import kbit_fp32_lora, lora_dropout_mask_bytes
 from fitcheck.spec import LoraSpec, MixedPrecision, TrainingSpec
 
 
@@ -31,32 +32,6 @@ class ActivationMode:
     promoted: bool = False
 
 
-# the 16-bit load dtype whose embedding output, added to the other 16-bit autocast dtype's layer output, is promoted
-# to fp32 (torch 2.13 ``torch.promote_types(torch.float16, torch.bfloat16)`` is ``torch.float32``)
-_OTHER_AUTOCAST = {"float16": "bf16", "bfloat16": "fp16"}
-
-
-def other_half_autocast(load_dtype: str | None, mixed_precision: str | None) -> bool:
-    """Whether the weights are 16-bit and autocast computes in the other 16-bit dtype (``float16`` weights under
-    ``bf16``, ``bfloat16`` weights under ``fp16``: TRL's default for the Phi-2 and Llama-2 configs, whose
-    ``torch_dtype`` is float16): the one home of that rule, read on dtype names by the formulas
-    (:func:`activation_mode`, ``layernorm_blocks``) and by the depth extrapolation
-    (``torch_adapters/tracer_depth.residual_promoted``).
-
-    The embedding output is in the weights' dtype (``nn.Embedding`` is on no autocast list), the layers' matmul
-    outputs in the autocast dtype, and the residual add (transformers 5.23 ``modeling_llama.py``
-    ``LlamaDecoderLayer.forward``: ``hidden_states = residual + hidden_states``; ``modeling_phi.py``
-    ``PhiDecoderLayer.forward``: ``attn_outputs + feed_forward_hidden_states + residual``) is on no autocast list,
-    so type promotion makes it fp32: the bottom layer reads the 16-bit embedding, every layer above an fp32
-    residual stream.
-
-    Args:
-        load_dtype: The weights' dtype name (``float32``, ``bfloat16``, ``float16``).
-        mixed_precision: The autocast setting (``no``, ``bf16``, ``fp16``).
-    """
-    return load_dtype is not None and _OTHER_AUTOCAST.get(load_dtype) == mixed_precision
-
-
 def activation_mode(spec: TrainingSpec) -> ActivationMode:
     """How ``spec``'s activations are stored (element bytes, autocast, LoRA dropout masks)."""
     # peft's prepare_model_for_kbit_training casts every non-quantized parameter to fp32 (activations_qlora.py)
@@ -69,10 +44,7 @@ def activation_mode(spec: TrainingSpec) -> ActivationMode:
     # Llama-2 at width 256, 2 x 256, 4 and 5 layers, bf16 autocast, checkpointed LoRA / QLoRA: during backward the
     # float16 config holds the float32 config's bytes less its 16-bit embedding output and rotary tables
     # (327,680 B less); the LayerNorm blocks model it in layernorm_blocks.BlockCtx.res
-    # (a pre-quantized GPTQ / AWQ base runs its kernels' own matmuls, whose output dtype was not traced: as before)
-    prequant = spec.quant is not None and spec.quant.pre_quantized
-    promoted = (half and amp and not spec.model.shape.traits.recipe.layernorm_block and not prequant
-                and other_half_autocast(spec.precision.load_dtype.value, spec.precision.mixed_precision.value))
+    promoted = promoted_residual(spec)
     if promoted:
         half = False
     autocast = not half and amp

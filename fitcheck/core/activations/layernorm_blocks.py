@@ -33,9 +33,9 @@ from fitcheck.core.activations.activation_mode import (
     ActivationMode,
     activation_mode,
     adapter_input_bytes,
-    other_half_autocast,
 )
 from fitcheck.core.activations.lora_targets import wrapped_linears
+from fitcheck.core.activations.promoted import other_half_autocast
 from fitcheck.core.activations.versions import legacy_softmax_keeps_input
 from fitcheck.core.kernels import liger_applies, offload_applies
 from fitcheck.spec import AttnImpl, DeviceType, Dropout, LayerRecipe, LoraSpec, MixedPrecision, TrainingSpec
