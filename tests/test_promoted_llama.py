@@ -35,6 +35,9 @@ CASES = [
     ("meta-llama/Llama-2-7b-hf", "float16", "bf16", "lora", 2, 256),
     ("meta-llama/Llama-2-7b-hf", "float16", "bf16", "lora", 1, 512),
     ("mistralai/Mistral-7B-v0.1", "bfloat16", "fp16", "full", 1, 512),
+    # a 4-bit base without k-bit preparation: the k-bit path (fp32 residual); within the +1 % that path has on the
+    # float32 config's trace too (main: -29 %)
+    ("meta-llama/Llama-2-7b-hf", "float16", "bf16", "qlora", 2, 256),
 ]
 
 
@@ -43,8 +46,10 @@ def _spec(model: str, dtype: str, amp: str, method: str, b: int, s: int, layers:
     cfg.update(num_hidden_layers=layers, torch_dtype=dtype)
     values: dict[str, object] = {"trainer": "sft", amp: True, "gradient_checkpointing": True, "dtype": dtype,
                                  "per_device_train_batch_size": b, "max_seq_length": s, "gpu": "H100"}
-    if method == "lora":
+    if method in ("lora", "qlora"):
         values.update(use_peft=True, lora_target_modules=["all-linear"], lora_dropout=0.05)
+    if method == "qlora":
+        values["load_in_4bit"] = True
     return spec_from_values(values, inventory=inventory_from_config(cfg, model, "test"))[0]
 
 
@@ -60,7 +65,7 @@ def test_formula_matches_the_trace(model: str, dtype: str, amp: str, method: str
         br = traced.phases[phase]
         trace = br.total - br.get("parameters") - br.get("optimizer_state")
         formula = sum(c.at(phase) for c in report.components if c.category in BODY)
-        assert abs(formula - trace) <= 0.005 * trace, (phase.value, formula, trace)
+        assert abs(formula - trace) <= (0.012 if method == "qlora" else 0.005) * trace, (phase.value, formula, trace)
 
 
 def test_depth_extrapolation_draws_top_and_bottom_layer_moments_apart() -> None:
