@@ -15,8 +15,13 @@ with a checked range is pinned) with its probes, how many were within 2 % and th
 of pinned probes within 2 % and the worst error. Exit code 1 when a pinned
 probe is outside 2 %.
 
+``--recipes`` also draws what the envelope's recipe key reads (``core/activations/envelope_range.py``
+``recipe_of``): the LoRA rank (4 .. 128), targets (every linear layer, peft's default q/v, or q/k/v/o), dropout
+(0.05, 0.1 or none), reentrant checkpointing, and fp16 weights or fp16 autocast (one draw in eight): a recipe
+no range was checked for must answer ``pinned: false``; one that is pinned is traced like any other probe.
+
 Run: ``python benchmarks/pinned_probes.py [--seed 0] [--probes 40] [--budget 900] [--families a,b]
-[--methods a,b] [--attn eager] [--json out.json] [--record-misses]``.
+[--methods a,b] [--attn eager] [--recipes] [--json out.json] [--record-misses]``.
 
 ``--record-misses`` merges every probe more than 2 % off into ``fitcheck/catalog/envelope_probe_misses.json``
 (package data): a kind listed there is not pinned (``core.activations.envelope.in_envelope``). ``--from-json
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from fitcheck.report import Phase
+from fitcheck.spec import Dtype, MixedPrecision, PrecisionSpec, TrainingSpec
 from fitcheck.torch_adapters import FAMILY_MODELS, PHASES, Cell, cell_spec, phase_errors
 
 TOLERANCE = 0.02
@@ -52,6 +58,53 @@ MICRO_BATCHES = (1, 2, 3, 4, 6)
 # the grids' own shapes (envelope_ranges.py BATCHES / sequences(); formula_vs_trace.py grid())
 GRID_BATCHES = (1, 4, 8)
 GRID_SEQS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """What a probe changes in its cell's spec beyond the grids' recipe (``differential._LORA``: r 16, dropout
+    0.05, every linear layer; non-reentrant checkpointing; the cell's precision)."""
+
+    r: int = 16
+    targets: tuple[str, ...] = ("all-linear",)
+    dropout: float = 0.05
+    reentrant: bool = False
+    weights: str = ""  # "" (the cell's), "fp16" (fp16 weights, no autocast) or "fp16amp" (fp32 weights, fp16 autocast)
+
+    def apply(self, spec: TrainingSpec) -> TrainingSpec:
+        """The spec with this recipe."""
+        lora = spec.lora and dataclasses.replace(spec.lora, r=self.r, alpha=2.0 * self.r, dropout=self.dropout,
+                                                 target_modules=self.targets)
+        act = dataclasses.replace(spec.activations, use_reentrant=self.reentrant and spec.activations.checkpointing)
+        precision = {"fp16": PrecisionSpec(Dtype.FLOAT16, MixedPrecision.NO),
+                     "fp16amp": PrecisionSpec(Dtype.FLOAT32, MixedPrecision.FP16)}.get(self.weights, spec.precision)
+        return dataclasses.replace(spec, lora=lora, activations=act, precision=precision)
+
+    def flags(self, cell: Cell) -> str:
+        """The ``fitcheck estimate`` flags that change (appended to the cell's)."""
+        out = []
+        if cell.method not in ("full", "freeze"):
+            out.append(f"--lora_r {self.r} --lora_alpha {2 * self.r} --lora_dropout {self.dropout} "
+                       f"--lora_target_modules {' '.join(self.targets)}")
+        if self.reentrant and cell.ckpt:
+            out.append("--gradient_checkpointing_kwargs '{\"use_reentrant\": true}'")
+        if self.weights:
+            out.append("--dtype float16" if self.weights == "fp16" else "--dtype float32 --fp16")
+        return " ".join(out)
+
+
+GRID_RECIPE = Recipe()
+QUANTIZED = ("qlora", "qlora_noprep", "int8")
+
+
+def draw_recipe(rng: random.Random, cell: Cell) -> Recipe:
+    """A random recipe for a cell (``--recipes``)."""
+    targets: tuple[str, ...] = ("all-linear",)
+    if cell.family not in ("gpt2", "falcon", "bloom"):  # fused q/k/v (c_attn, query_key_value): no q_proj
+        targets = rng.choice((targets, targets, ("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj")))
+    weights = rng.choice(("fp16", "fp16amp")) if rng.random() < 0.125 and cell.method not in QUANTIZED else ""
+    return Recipe(rng.choice((4, 8, 16, 32, 64, 128)), targets, rng.choice((0.05, 0.1, 0.0)),
+                  rng.random() < 0.25, weights)
 
 
 def family_models(family: str) -> list[tuple[str, dict[str, Any]]]:
@@ -92,18 +145,19 @@ def draw(rng: random.Random, families: tuple[str, ...], methods: tuple[str, ...]
                     batch), model, config
 
 
-def probe(cell: Cell, config: dict[str, Any], *, pinned_only: bool = True) -> tuple[str, dict[Phase, float] | str]:
+def probe(cell: Cell, config: dict[str, Any], *, pinned_only: bool = True,
+          recipe: Recipe = GRID_RECIPE) -> tuple[str, dict[Phase, float] | str]:
     """The envelope kind of a pinned formula answer (``""``: not pinned; every answer with ``pinned_only`` off) and
     its error per phase against a trace at the same shape (or why the trace refused)."""
     from fitcheck.core import estimate
-    from fitcheck.core.activations import envelope_key
+    from fitcheck.core.activations import envelope_key, range_label, recipe_suffix
     from fitcheck.torch_adapters import BatchTraces, activation_trace_kwargs, components_from_trace
 
-    spec = cell_spec(cell, config)
+    spec = cell_spec(cell, config) if recipe == GRID_RECIPE else recipe.apply(cell_spec(cell, config))
     if pinned_only and not estimate(spec).pinned:
         return "", ""
     key = envelope_key(spec)
-    kind = "?" if key is None else "/".join((key[0], key[1], "ckpt" if key[2] else "nockpt", key[3], key[4]))
+    kind = "?" if key is None else range_label(key, recipe_suffix(spec) or "")  # "+qv": peft's default targets' rows
     try:
         traced = BatchTraces(spec.model.config, activation_trace_kwargs(spec), skip_first=True).result(cell.batch)
         return kind, phase_errors(spec, components_from_trace(traced))
@@ -140,7 +194,7 @@ def record_misses(rows: list[dict[str, Any]], seed: int | None) -> int:
         if row.get("worst") is None or abs(row["worst"]) <= TOLERANCE * 100:
             continue
         entry = {"model": row["model"], "seq": row["seq"], "batch": row["batch"], "errors": row["errors"],
-                 "seed": row.get("seed", seed)}
+                 "seed": row.get("seed", seed), **({"recipe": row["recipe"]} if "recipe" in row else {})}
         known = misses.setdefault(row["kind"], [])
         if not any((m["model"], m["seq"], m["batch"]) == (entry["model"], entry["seq"], entry["batch"]) for m in known):
             known.append(entry)
@@ -155,11 +209,14 @@ def recheck() -> int:
     misses: dict[str, list[dict[str, Any]]] = json.loads(MISSES.read_text()) if MISSES.is_file() else {}
     kept: dict[str, list[dict[str, Any]]] = {}
     for kind, probes in sorted(misses.items()):
-        family, method, ckpt, attn, precision = kind.split("/")
+        family, method, ckpt, attn, precision = kind.split("+")[0].split("/")
         for miss in probes:
             config = json.loads((MODELS / miss["model"] / "config.json").read_text())
             cell = Cell(family, method, ckpt == "ckpt", attn, precision, miss["seq"], miss["batch"])
-            _, result = probe(cell, config, pinned_only=False)
+            recipe = GRID_RECIPE
+            if "recipe" in miss:
+                recipe = Recipe(**{**miss["recipe"], "targets": tuple(miss["recipe"]["targets"])})
+            _, result = probe(cell, config, pinned_only=False, recipe=recipe)
             if isinstance(result, str):
                 worst, errors = None, miss["errors"]
             else:
@@ -186,6 +243,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--record-misses", action="store_true", help=f"merge the probes outside 2 %% into {MISSES.name}")
     ap.add_argument("--from-json", nargs="+", default=(), help="record the misses of these --json outputs")
     ap.add_argument("--recheck", action="store_true", help="trace the recorded misses again; drop the fixed ones")
+    ap.add_argument("--recipes", action="store_true", help="draw LoRA rank/targets/dropout, reentrant "
+                    "checkpointing and fp16 too (the recipe part of the envelope's key)")
     ap.add_argument("--attn", default="", help="force this attention (sdpa / eager) on every draw (default: the "
                     "draw's own, eager one time in three)")
     ns = ap.parse_args(argv)
@@ -208,13 +267,16 @@ def main(argv: list[str]) -> int:
         cell, model, config = draw(rng, families, tuple(ns.methods.split(",")))
         if ns.attn:  # the same draws, the attention forced (the random sequence is unchanged)
             cell = dataclasses.replace(cell, attn=ns.attn)
+        recipe = draw_recipe(rng, cell) if ns.recipes else GRID_RECIPE
         draws += 1
-        kind, result = probe(cell, config)
+        kind, result = probe(cell, config, recipe=recipe)
         if not kind:
             unpinned += 1
             continue
         row: dict[str, Any] = {"kind": kind, "model": model, "seq": cell.seq, "batch": cell.batch,
-                               "flags": flags(cell, model)}
+                               "flags": " ".join(filter(None, (flags(cell, model), recipe.flags(cell))))}
+        if recipe != GRID_RECIPE:
+            row["recipe"] = dataclasses.asdict(recipe)
         if isinstance(result, str):
             row.update(refused=result, worst=None)
         else:
@@ -223,7 +285,10 @@ def main(argv: list[str]) -> int:
         rows.append(row)
         mark = "REFUSED" if row["worst"] is None else "in " if abs(row["worst"]) <= TOLERANCE * 100 else "OUT"
         errs = " ".join(f"{row['errors'][p.value]:+7.2f}%" for p in PHASES) if "errors" in row else row["refused"]
-        print(f"{mark:7} {kind:45} {model:40} {cell.batch} x {cell.seq:<6} {errs}", flush=True)
+        tag = "" if recipe == GRID_RECIPE else (f" r{recipe.r} {','.join(recipe.targets)} d{recipe.dropout}"
+                                                + (" reentrant" if recipe.reentrant and cell.ckpt else "")
+                                                + (f" {recipe.weights}" if recipe.weights else ""))
+        print(f"{mark:7} {kind:45} {model:40} {cell.batch} x {cell.seq:<6} {errs}{tag}", flush=True)
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_kind[row["kind"]].append(row)
