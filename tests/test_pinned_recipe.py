@@ -84,3 +84,20 @@ def test_no_pinned_answer_says_part_of_it_is_not_modelled() -> None:
         said = [f.code for f in report.findings if _NOT_MODELLED.search(f.code) or _NOT_MODELLED.search(f.message)]
         assert not said, (cell.label, spec.hardware.device_type, said)
     assert pinned >= 8  # the check sees pinned answers (10 at session 19)
+
+
+@pytest.mark.parametrize("change,pinned", [
+    ({}, True),
+    ({"r": 64}, True),  # the rank class the rows stand for (r <= 64)
+    ({"target_modules": ("q_proj", "v_proj")}, True),  # peft's default targets: their own +qv rows
+    ({"r": 128}, False),
+    ({"dropout": 0.0}, False),
+    ({"target_modules": ("q_proj", "k_proj", "v_proj", "o_proj")}, False),
+])
+def test_the_key_holds_the_adapter_recipe(change: dict[str, object], pinned: bool) -> None:
+    """LoRA targets, rank class and dropout change the per-token recipe (issue 20): only a checked one is pinned
+    (``envelope_range.recipe_of``; probes with these recipes, ``pinned_probes.py --recipes``, were within 2 %)."""
+    spec = _spec("meta-llama/Llama-3.1-8B", Cell("llama", "qlora", True, "sdpa", "bf16", 1536, 2))  # has +qv rows
+    assert spec.lora is not None
+    spec = dataclasses.replace(spec, lora=dataclasses.replace(spec.lora, **change))  # type: ignore[arg-type]
+    assert estimate(spec).pinned is pinned
