@@ -426,9 +426,8 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         "attn_implementation": "sdpa" if act.attn_implementation.value != "eager" else "eager",
         "checkpointing": act.checkpointing,
         "every_n_layers": act.checkpoint_every_n_layers,
-        # reentrant checkpointing runs each layer's forward under no_grad (torch 2.13 utils/checkpoint.py
-        # CheckpointFunction.forward): an 8-bit layer's ctx.A and a pre-0.43.2 4-bit layer's kept input are not
-        # kept through it (activations/int8.py, bnb_kept_inputs.py); traced as the run asks
+        # reentrant: forward under no_grad, the recomputed graph kept to the layer's backward end (torch 2.13
+        # utils/checkpoint.py CheckpointFunction; activations/int8.py, bnb_kept_inputs.py): traced as the run asks
         "use_reentrant": act.checkpointing and act.use_reentrant,
         "lora": spec.lora,
         # the adapter's tensors are the formulas' (model states); the trace builds the adapter from its config
