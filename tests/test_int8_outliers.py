@@ -86,7 +86,8 @@ def test_llama2_7b_bound_term_by_term() -> None:
     assert bound.transient == tokens * inter * 4 + h * inter * 9 == 586153984
     reentrant = dataclasses.replace(spec, activations=dataclasses.replace(
         spec.activations, checkpointing=True, use_reentrant=True))
-    assert int8_outlier_bound(reentrant).kept == 0  # no_grad forward: no node keeps a copy
+    # no_grad forward: no node keeps a copy; the recomputed layer's graph holds its own through its backward
+    assert int8_outlier_bound(reentrant).kept == per_layer * tokens
 
 
 def test_h200_rows_lie_between_the_estimate_and_its_bound() -> None:

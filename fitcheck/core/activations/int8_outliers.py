@@ -65,9 +65,10 @@ class Int8Outliers:
     """The outlier-dependent bytes of a run at its shape.
 
     Attributes:
-        kept: Every ``subA`` alive at the start of backward (and, retained by the graph, through backward).
+        kept: Every ``subA`` alive at once: at the start of backward and, retained by the graph, through backward
+            (under reentrant checkpointing: the recomputed layer's, during its backward).
         transient: The largest ``subA`` + ``subB`` working set inside one 8-bit linear's forward (or recompute).
-        layers: Layers whose nodes keep their ``subA`` at the start of backward.
+        layers: Layers whose nodes hold their ``subA`` at once.
     """
 
     kept: int
@@ -115,9 +116,8 @@ def forward_transient(linear: Int8Linear, tokens: int, cols: int) -> int:
 
     ``int8_mixed_scaled_mm`` (backends/default/ops.py): ``subA``; then ``CB[:, cols].contiguous()`` (int8) while
     ``int8_vectorwise_dequant`` (_ops.py) holds ``A * stats`` and the result times 1/127 (two fp32 ``out x
-    cols``), then ``.to(A.dtype)`` (a copy beside the fp32 one when A is 16-bit). The CUDA quantizer's int8
-    ``CA`` (tokens x in) is alive throughout, outliers or not (counted here with them: it is 1 B per input
-    element, below the working sets the formula already counts)."""
+    cols``), then ``.to(A.dtype)`` (a copy beside the fp32 one when A is 16-bit). Not counted: the CUDA quantizer's
+    int8 ``CA`` (tokens x in, 1 B per input element), alive throughout with or without outliers."""
     if cols <= 0:
         return 0
     sub_b = linear.out_features * cols
@@ -128,12 +128,12 @@ def forward_transient(linear: Int8Linear, tokens: int, cols: int) -> int:
 
 
 def _kept_layers(spec: TrainingSpec) -> int:
-    """Layers whose ``MatMul8bitLt`` nodes exist at the start of backward: every layer, but none under reentrant
-    checkpointing (its forward runs under no_grad: no node, no ctx; its recomputed graph dies with the layer's
-    backward, so one layer's ``subA`` at a time, counted as the transient's)."""
+    """Layers whose ``MatMul8bitLt`` nodes hold their ``subA`` at once: every layer (the graph lives until the step
+    ends), but one under reentrant checkpointing (its forward runs under no_grad: no node; each layer's recomputed
+    graph lives through that layer's backward only, torch/utils/checkpoint.py ``CheckpointFunction.backward``)."""
     act = spec.activations
     if act.checkpointing and act.use_reentrant:
-        return 0
+        return 1
     return spec.model.shape.num_layers
 
 
@@ -165,7 +165,7 @@ def int8_outlier_bytes(spec: TrainingSpec, columns: Mapping[str, Sequence[int]] 
             transient = max(transient, forward_transient(lin, tokens, cols))
             # layer 0's q/k/v record no node without checkpointing (int8.py int8_first_layer_unsaved): no ctx
             unsaved = layer == 0 and not ckpt and lin.name in ("q_proj", "k_proj", "v_proj")
-            if layers and not unsaved:
+            if layer >= n - layers and not unsaved:  # the top `layers` layers (all, or the recomputed one)
                 kept += sub_a_bytes(lin, tokens, cols)
     return Int8Outliers(kept, transient, layers)
 
@@ -184,7 +184,8 @@ def int8_outlier_gap(spec: TrainingSpec) -> str:
         "it copies the input columns holding an |x| >= llm_int8_threshold value (subA, the input's dtype, kept "
         "until the step ends) and dequantizes the weight's matching columns (subB, transient); how many depends "
         "on the weights and data: the estimate counts none (a trained checkpoint has a few such columns), every "
-        f"column would add {format_bytes(bound.kept)} kept over {bound.layers} layers plus "
+        f"column would add {format_bytes(bound.kept)} kept over {bound.layers} layer{'s' if bound.layers > 1 else ''} "
+        f"plus "
         f"{format_bytes(bound.transient)} inside the largest 8-bit linear (random from_config weights: almost "
         "every down_proj input column)"
     )
