@@ -141,3 +141,32 @@ def test_fp16_rows_load_phase_is_the_measured_one() -> None:
     prep = row["measured"]["phases"]["prepare"]
     assert (lp.peak_reserved, lp.end_reserved) == (prep["max_reserved"], prep["reserved"]) == (3470786560, 3470786560)
     assert abs(lp.peak_allocated - prep["max_allocated"]) < 2**20  # 1 KiB apart per module's small tensors
+
+
+def test_threshold_and_fp16_weights_are_read() -> None:
+    """``llm_int8_threshold`` reaches the spec (0: ``int8_scaled_mm`` alone, no outlier copy, no bound);
+    ``llm_int8_has_fp16_weight`` true (16-bit weights kept, re-quantized every forward) is refused as not modelled.
+    Before: both keys were dropped and every 8-bit base read as threshold 6, int8 weights."""
+    pytest.importorskip("transformers")
+    from transformers import BitsAndBytesConfig
+
+    from fitcheck.errors import ConfigError
+    from fitcheck.findings import Finding
+    from fitcheck.readers.quantization_config import quant_from_mapping, quant_from_object
+    from fitcheck.spec import QuantSpec
+
+    read = quant_from_object(BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0))
+    assert isinstance(read, QuantSpec) and read.int8_threshold == 0.0
+    default = quant_from_object(BitsAndBytesConfig(load_in_8bit=True))  # transformers' default: 6.0
+    assert isinstance(default, QuantSpec) and default.int8_threshold == 6.0
+    refused = quant_from_object(BitsAndBytesConfig(load_in_8bit=True, llm_int8_has_fp16_weight=True))
+    assert isinstance(refused, Finding) and refused.code == "quantization-not-modelled"
+    with pytest.raises(ConfigError, match="llm_int8_threshold"):
+        quant_from_mapping({"load_in_8bit": True, "llm_int8_threshold": -1}, source="config.json")
+    spec, _ = _row_spec("llama2-7b-8L int8 LoRA b1 s4096")
+    assert spec.quant is not None
+    off = dataclasses.replace(spec, quant=dataclasses.replace(spec.quant, int8_threshold=0.0))
+    assert int8_outlier_bound(off).total == 0
+    from fitcheck.core.activations.cuda import cuda_gaps
+
+    assert any("llm_int8_threshold 0: no outlier columns" in g for g in cuda_gaps(off))

@@ -82,8 +82,11 @@ class Int8Outliers:
 
 
 def int8_outliers_apply(spec: TrainingSpec) -> bool:
-    """An 8-bit LoRA run of the modelled recipe (:func:`int8_formula_applies`) on CUDA: ``MatMul8bitLt``."""
-    return spec.hardware.device_type is DeviceType.CUDA and int8_formula_applies(spec)
+    """An 8-bit LoRA run of the modelled recipe (:func:`int8_formula_applies`) on CUDA (``MatMul8bitLt``) with an
+    outlier threshold (``llm_int8_threshold`` 0: ``int8_scaled_mm`` alone, no outlier column, ``subA = None``)."""
+    quant = spec.quant
+    return (spec.hardware.device_type is DeviceType.CUDA and int8_formula_applies(spec)
+            and quant is not None and quant.int8_threshold > 0)
 
 
 def int8_linears(spec: TrainingSpec) -> tuple[Int8Linear, ...]:
