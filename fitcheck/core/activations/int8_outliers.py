@@ -117,17 +117,19 @@ def sub_a_bytes(linear: Int8Linear, tokens: int, cols: int) -> int:
 def forward_transient(linear: Int8Linear, tokens: int, cols: int) -> int:
     """The largest outlier-dependent set alive inside one ``MatMul8bitLt.forward`` (beyond ``A`` and the output).
 
-    ``int8_mixed_scaled_mm`` (backends/default/ops.py): ``subA``; then ``CB[:, cols].contiguous()`` (int8) while
-    ``int8_vectorwise_dequant`` (_ops.py) holds ``A * stats`` and the result times 1/127 (two fp32 ``out x
-    cols``), then ``.to(A.dtype)`` (a copy beside the fp32 one when A is 16-bit). Not counted: the CUDA quantizer's
-    int8 ``CA`` (tokens x in, 1 B per input element), alive throughout with or without outliers."""
+    ``int8_mixed_scaled_mm`` (backends/default/ops.py), in order: ``subA``; ``CB[:, cols].contiguous()`` (int8)
+    while ``int8_vectorwise_dequant`` (_ops.py) holds ``A * stats`` and the result times 1/127 (two fp32 ``out x
+    cols``); ``.to(A.dtype)`` (a copy beside the fp32 one when A is 16-bit); then, with ``subB`` alive,
+    ``output.addmm(subA, subB)``: a new ``tokens x out`` output in A's dtype beside the int8 GEMM's. Not counted:
+    the CUDA quantizer's int8 ``CA`` (tokens x in, 1 B per input element), alive with or without outliers."""
     if cols <= 0:
         return 0
     sub_b = linear.out_features * cols
+    e = linear.a_bytes
     dequant = sub_b * (1 + 4 + 4)  # CB[:, cols] int8, A * stats (fp32), * 1/127 (fp32)
-    if linear.a_bytes != 4:
-        dequant = max(dequant, sub_b * (4 + linear.a_bytes))  # the fp32 result and its .to(A.dtype) copy
-    return sub_a_bytes(linear, tokens, cols) + dequant
+    cast = sub_b * (4 + e) if e != 4 else 0  # the fp32 result and its .to(A.dtype) copy
+    addmm = sub_b * e + tokens * linear.out_features * e  # subB and addmm's new output
+    return sub_a_bytes(linear, tokens, cols) + max(dequant, cast, addmm)
 
 
 def _kept_layers(spec: TrainingSpec) -> int:
