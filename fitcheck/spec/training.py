@@ -185,6 +185,9 @@ class QuantSpec:
         block_size: FP8 ``weight_block_size`` (out, in); None = one scale per tensor (per output channel for
             compressed-tensors ``strategy: channel``).
         dequantize: MXFP4 loaded with ``Mxfp4Config(dequantize=True)`` (bf16 experts; what training requires).
+        int8_threshold: ``llm_int8_threshold`` (transformers 5.23 ``BitsAndBytesConfig`` default 6.0): an 8-bit
+            base's outlier threshold; bitsandbytes' CUDA ``MatMul8bitLt`` copies the input columns holding an
+            ``|x| >=`` it (``core/activations/int8_outliers.py``); 0 turns that path off.
     """
 
     bits: int = 4
@@ -202,6 +205,7 @@ class QuantSpec:
     zero_point: bool = True
     block_size: tuple[int, int] | None = None
     dequantize: bool = False
+    int8_threshold: float = 6.0
 
     def __post_init__(self) -> None:
         if self.method != "bitsandbytes":
