@@ -33,7 +33,7 @@ Pure: no torch, no environment.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from fitcheck.core.states.layout import all_trainable, build_layout
 from fitcheck.core.states.sharding import param_compute_bytes
@@ -320,6 +320,15 @@ def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int, int] | None:
         with ``overlap_comm`` (``process_gradients`` takes the same hook path: ``if self.partition_gradients or
         self.overlap_comm``; real engine, one process, 64 tokens: -3.53 % before, -0.04 % with it), with
         ``contiguous_gradients`` and no optimizer offload.
+
+    With gradient accumulation every micro-step's backward starts with no ``.grad`` (the epilogue,
+    ``independent_gradient_partition_epilogue``, ends with ``_release_ipg_buffers``: ``grads_in_partition = None``,
+    and ``_clear_param_grad_only``), so it reduces and allocates as the first does; but the previous micro-steps'
+    partition stays alive beside it, as ``all_grad_tensors`` (views of the old ``grads_in_partition``, kept while
+    not at the accumulation boundary, summed into with ``add_`` and dropped at the boundary). Each value then holds
+    a rank's carried partition too: the largest of the ranks' carried + (made by then) new one (real engine, 64
+    tokens, accumulation 2, the second micro-step: one process -7.75 % before, 8 ranks on the fake process group
+    -5.69 %; ``benchmarks/deepspeed_cpu.py`` ``ACCUM_ROWS``).
     """
     ds = _contiguous_reduction(spec, during_backward=True)
     if ds is None:
@@ -335,13 +344,18 @@ def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int, int] | None:
     layer = sum(p.numel_each for p in spec.model.params if "*" in p.name)
     first = min((k for k, p in enumerate(spec.model.params) if "*" in p.name), default=len(spec.model.params))
     after = sum(p.numel for k, p in enumerate(spec.model.params) if k > first and "*" not in p.name)
-    top = held[world - 1] * elem if after + layer > ds.reduce_bucket_size else 0
+    carried = held if spec.batch.grad_accum > 1 else [0] * world  # the previous micro-steps' partitions
+
+    def worst(ranks: Iterable[int]) -> int:  # the largest rank's carried + new partition (the new: ``ranks``')
+        made = set(ranks)
+        return max(carried[r] + (held[r] if r in made else 0) for r in range(world)) * elem
+
+    top = worst([world - 1] if after + layer > ds.reduce_bucket_size else [])
     order = hook_order(spec)
     layers = [i for i, (_, _, _, at) in enumerate(order) if at >= 0]
     bottom = next((i for i, t in enumerate(order) if t[3] == 0), len(order))
     outs = []
     for stop in (bottom + 1, (layers[-1] + 1) if layers else len(order)):  # bottom: its first gradient hooked
-        ranks = _allocated_before(groups, world, order, stop, ds.reduce_bucket_size)
-        outs.append(max((held[r] for r in ranks), default=0) * elem)
+        outs.append(worst(_allocated_before(groups, world, order, stop, ds.reduce_bucket_size)))
     return top, outs[0], outs[1]
 
