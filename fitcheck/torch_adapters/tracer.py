@@ -246,9 +246,10 @@ def trace_step(
 
             sft = prepare_sft(model, trl_head, quantized=quant is not None, checkpointing=checkpointing)
         if module_cast:  # deepspeed.initialize, after the trainer's own preparation: every castable parameter
+            castable, target = (torch.float16, torch.bfloat16, torch.float32, torch.float64), torch_dtype(dtype)
             for p in model.parameters():
-                if p.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) and p.dtype != torch_dtype(dtype):
-                    p.data = p.data.to(torch_dtype(dtype))
+                if p.dtype in castable and p.dtype != target:
+                    p.data = p.data.to(target)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_trainer_optimizer(optimizer, model, cuda_kernels) if optimizer is not None else None
         vocab = int(model.config.get_text_config(decoder=True).vocab_size)  # composite VLM configs nest it

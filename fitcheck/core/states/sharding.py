@@ -114,7 +114,10 @@ def partition(spec: TrainingSpec) -> Partition:
             # With offload_optimizer, ZeRO-1 also keeps only its partition's
             # gradients, in the fp32 host partition
             # (stage_1_and_2.py copy_grads_in_partition -> single_partition_of_fp32_groups[i].grad).
-            gradients=n if stage >= 2 or off_opt else 1,
+            # ZeRO-1 with overlap_comm reduces during backward as ZeRO-2 does: each gradient is copied into the
+            # ipg bucket (its own storage freed; one outside the rank's partition is left a view of the bucket,
+            # reduce_ipg_grads' stage-1 branch), the rank's into grads_in_partition (zero_reduce.py)
+            gradients=n if stage >= 2 or off_opt or _zero1_overlapped(spec) else 1,
             optimizer=n if stage >= 1 else 1,
             master=n if stage >= 1 else 1,
             optimizer_on_host=off_opt,
@@ -152,6 +155,13 @@ def partition(spec: TrainingSpec) -> Partition:
         + (" + CPU offload" if offload else ""),
         shard_group=group,
     )
+
+
+def _zero1_overlapped(spec: TrainingSpec) -> bool:
+    """ZeRO-1 reducing during backward (``overlap_comm``, ``contiguous_gradients``, no offload)."""
+    from fitcheck.core.states.zero_reduce import contiguous_reduction
+
+    return spec.sharding.zero_stage == 1 and contiguous_reduction(spec, during_backward=True) is not None
 
 
 # --------------------------------------------------------------------------------------------------------
