@@ -129,7 +129,9 @@ LORA = LoraSpec(r=8, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"))
 # the frozen base and the adapters (kernels/module_cast.py; +50 % before). ``zero2-accum2``: the second
 # micro-step's backward holds the first's partition beside its own (zero_reduce.zero2_backward_grads; -7.75 % at
 # the table's width before). ``zero1-overlap-8-ranks``: ZeRO-1 with overlap_comm frees each gradient into the
-# bucket as ZeRO-2 does (core/states/sharding.py; +12 % at the table's width, rank 7 of 8, before).
+# bucket as ZeRO-2 does (core/states/sharding.py; +12 % at the table's width, rank 7 of 8, before), but keeps the
+# extra-large ones outside the rank's partition (zero_reduce.zero2_backward_grads): rank 1 is the worst here
+# (its partition inside the first layer; the MLP weights above the bucket), -3.0 % before.
 CASES: dict[str, dict[str, Any]] = {
     "lora-fp32": {"stage": 2, "seq": 16, "lora": True, "bucket": 128 * 128},
     "zero2-accum2": {"stage": 2, "seq": 16, "accum": 2, "bucket": 128 * 128},
