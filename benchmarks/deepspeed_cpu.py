@@ -208,7 +208,7 @@ def run_spec(stage: int, seq: int, ckpt: bool = False, config: dict[str, Any] | 
     row = Row("deepspeed_cpu", config or LLAMA, dtype="float32", mp="bf16", ckpt=ckpt, seq=seq)
     spec = spec_for(replace(row, lora=LORA) if lora else row)
     ds = DeepSpeedSpec(stage=stage, reduce_bucket_size=b, allgather_bucket_size=b,
-                       overlap_comm=(zero or {}).get("overlap_comm"))
+                       overlap_comm=(zero or {}).get("overlap_comm"), zero3_init=False)  # built outside zero.Init
     spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, world, world, ds))
     return replace(spec, batch=replace(spec.batch, grad_accum=accum)) if accum > 1 else spec
 

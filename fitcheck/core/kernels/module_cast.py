@@ -32,9 +32,10 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
     peft's fp32 adapters are 16-bit too: its view is a 16-bit model with 16-bit adapters
     (``PrecisionSpec.module_cast``). Real engine: ``benchmarks/deepspeed_cpu.py`` ``CASES["lora-fp32"]``, +44 %
     before; the tiny Llama at width 512, ZeRO-0/1/2, fp32- and bf16-loaded peaks equal: +51.7 % -> -0.00 %.
-    Quantized bases are returned unchanged (bitsandbytes' uint8/int8 storage is not castable, its other
-    parameters and the adapters are: not modelled here); so are FSDP's LoRA runs (accelerate's fp32 upcast of the
-    trainables, ``core/states/fsdp_upcast.py``).
+    Under ZeRO-3's ``zero.Init`` the adapters stay fp32 (below; not measured: the real-engine rows build the
+    model outside it). Quantized bases are returned unchanged (bitsandbytes' uint8/int8 storage is not castable,
+    its other parameters and the adapters are: not modelled here); so are FSDP's LoRA runs (accelerate's fp32
+    upcast of the trainables, ``core/states/fsdp_upcast.py``).
     """
     mp = spec.precision.mixed_precision
     strategy = spec.sharding.strategy
@@ -45,5 +46,10 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
     dtype = Dtype.BFLOAT16 if mp is MixedPrecision.BF16 else Dtype.FLOAT16
     if strategy is Strategy.FSDP:
         return replace(spec, precision=PrecisionSpec(load_dtype=dtype, mixed_precision=mp))
+    # ZeRO-3 under zero.Init (transformers' from_pretrained with a ZeRO-3 config, DeepSpeedSpec.zero3_init): the
+    # engine skips its cast (is_zero_init_model), zero.Init built the base at the config's dtype, and peft's
+    # adapters added after keep fp32 (partition_parameters.py _convert_to_zero_parameters moves, never casts)
+    ds = spec.sharding.deepspeed
+    zero_init = spec.sharding.zero_stage == 3 and ds is not None and ds.zero3_init
     return replace(spec, precision=PrecisionSpec(load_dtype=dtype, mixed_precision=MixedPrecision.NO,
-                                                 module_cast=True))
+                                                 module_cast=not zero_init))
