@@ -36,9 +36,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from fitcheck.core.states.layout import all_trainable, build_layout
-from fitcheck.core.states.sharding import param_compute_bytes
+from fitcheck.core.states.sharding import contiguous_reduction, param_compute_bytes
 from fitcheck.report import PHASES, Category, Component, Location, Phase
-from fitcheck.spec import DeepSpeedSpec, OffloadDevice, Strategy, TrainingSpec
+from fitcheck.spec import TrainingSpec
 
 _SRC = (
     "deepspeed 0.19.8 runtime/zero/stage_1_and_2.py: reduce_gradients -> reduce_independent_p_g_buckets_and_"
@@ -205,22 +205,6 @@ def _copied_before_partition(groups: Sequence[Sequence[int]], world: int, rank: 
             filled += numel
             members.append((i, k))
     return copied  # the epilogue's bucket (or none of the rank's: grads_in_partition is never made)
-
-
-def contiguous_reduction(spec: TrainingSpec, during_backward: bool) -> DeepSpeedSpec | None:
-    """The DeepSpeed settings of a ZeRO-1/2 run that copies its gradients into ``grads_in_partition``
-    (``contiguous_gradients``, no optimizer offload: ``copy_grads_in_partition``'s GPU branch) during backward
-    (``during_backward``: ZeRO-2, or ZeRO-1 with ``overlap_comm``, ``process_gradients``' hook path) or at its end
-    (ZeRO-1 without ``overlap_comm``, ``reduce_gradients``); None for any other run."""
-    sh = spec.sharding
-    ds = sh.deepspeed
-    if sh.strategy is not Strategy.DEEPSPEED or ds is None or sh.zero_stage not in (1, 2):
-        return None
-    if (sh.zero_stage == 2 or ds.overlaps_comm) is not during_backward:
-        return None
-    if not ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
-        return None
-    return ds
 
 
 def zero1_reduction_bytes(spec: TrainingSpec) -> int:
