@@ -40,10 +40,14 @@ class PrecisionSpec:
         load_dtype: ``dtype``/``torch_dtype`` passed to ``from_pretrained`` (transformers 5 default
             ``"auto"`` = the config's dtype).
         mixed_precision: Autocast under the Trainer/accelerate.
+        module_cast: Every floating parameter, peft's fp32 LoRA adapters included, is ``load_dtype``: DeepSpeed's
+            fp16/bf16 module cast (deepspeed 0.19.8 ``runtime/engine.py`` ``_cast_module_mixed_precision``). Set
+            only by ``core.kernels.deepspeed_module_view``, the view the activations are computed on.
     """
 
     load_dtype: Dtype = Dtype.FLOAT32
     mixed_precision: MixedPrecision = MixedPrecision.NO
+    module_cast: bool = False
 
 
 # transformers 5.23 training_args.py OptimizerNames, in declaration order.
