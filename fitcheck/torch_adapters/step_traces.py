@@ -8,17 +8,21 @@ Many of those steps are the same step:
 
 - a candidate that changes only what the step's trace does not run (the optimizer, the sharding of states, their
   offload: not arguments of the step's trace) asks for the very same trace, which is kept;
-- a step at another micro-batch runs the same allocations with other sizes. At a fixed sequence length each storage
-  the step allocates is either independent of the micro-batch or proportional to it (``trace_batch``, which
-  interpolates the activation traces' live bytes the same way), so every allocation's size is affine in the
-  micro-batch. Where two traced micro-batches of 2 or more allocated and freed the same storages (:func:`events_at`),
-  the events at a third are theirs with each storage's size interpolated, when every such size is a positive whole
-  number; otherwise that micro-batch is traced. A micro-batch of 1 runs
-  other allocations (``trace_batch``) and is always traced.
+- the plain Trainer's step at another micro-batch runs the same allocations with other sizes. At a fixed sequence
+  length each storage that step allocates is either independent of the micro-batch or proportional to it
+  (``trace_batch``, which interpolates the activation traces' live bytes the same way), so every allocation's size
+  is affine in the micro-batch. Where two traced micro-batches of 2 or more allocated and freed the same storages
+  (:func:`events_at`), the events at a third are theirs with each storage's size interpolated, when every such size
+  is a positive whole number; otherwise that micro-batch is traced. A micro-batch of 1 runs other allocations
+  (``trace_batch``) and is always traced. TRL's steps (``trl_*`` arguments) are kept but never interpolated: their
+  fused LM head loops over token tiles of ``TOKEN_CHUNK_SIZE`` rows (``tracer_trl``), so a tile's rows are the
+  step's tokens up to 4096, and the last tile's the tokens modulo 4096: not affine in the micro-batch, with the
+  same events (the repeated tiles are skipped: ``tracer_trl.repeated_tiles_skipped``).
 
 The traces live in the path's trace cache (``PinnedPath._optimizer_traces``, passed to the replays as
 ``optimizer_traces``) under :data:`KEY`, so they are shared exactly where the optimizer traces are, and dropped
-with the path. ``tests/test_step_traces.py`` checks an interpolated micro-batch's events against its trace.
+with the path. ``tests/test_trace_batch.py`` checks the interpolated events against a third trace (the same eight
+kinds of step as the activation traces' interpolation) and the sharing.
 """
 
 from __future__ import annotations
@@ -102,13 +106,14 @@ def one_step_traces(cache: dict[str, Any], config: Mapping[str, Any], plan: Sequ
 
     store: dict[str, dict[int, TraceResult]] = cache.setdefault(KEY, {})
     micro = int(kwargs["micro_batch"])
+    affine = micro >= 2 and not any(v for k, v in kwargs.items() if k.startswith("trl_"))  # () / None: not TRL
     out = []
     for depth in plan:
         traced = store.setdefault(_step_key(config, depth, kwargs), {})
         if micro not in traced:
             probes = sorted((b for b in traced if b >= 2), key=lambda b: (abs(b - micro), b))[:2]
             got = (events_at(traced[probes[0]], probes[0], traced[probes[1]], probes[1], micro)
-                   if micro >= 2 and len(probes) == 2 else None)
+                   if affine and len(probes) == 2 else None)
             if got is not None:
                 out.append(got)
                 continue
