@@ -34,7 +34,7 @@ replay, and the rest: what a cold traced answer spends where, and the floor the 
 ``--imports`` runs one cold traced answer per case under ``-X importtime``: its largest first-level imports and which
 heavy packages (peft, bitsandbytes, trl, deepspeed, ...) it imported (``benchmarks/data/default_path_imports.json``).
 
-Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--issue20] [--inproc] [--split] [--imports] [--compile]
+Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--issue20] [--no_floor] [--inproc] [--split] [--imports] [--compile]
 [--json FILE] [case ...]``
 (CPU, no network; the caches are temporary directories, removed at the end). Cases: those of ``CASES`` (the
 default), and the four H100 rows of ``H100_ROWS`` by name. To time another checkout (e.g. ``main`` before issue
@@ -456,6 +456,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--imports", action="store_true",
                     help="one cold traced answer per case under -X importtime: its largest first-level imports and "
                     "which of torch, transformers, peft, bitsandbytes, trl, deepspeed, ... it imported")
+    ap.add_argument("--no_floor", action="store_true",
+                    help="skip the import-floor rows (python alone, import torch / transformers / peft)")
     ap.add_argument("--issue20", action="store_true",
                     help="the six configs of ISSUE20_CASES (QLoRA, LoRA, ZeRO-3, TRL DPO, GPT-2) instead of CASES")
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON (benchmarks/data/)")
@@ -492,10 +494,11 @@ def main(argv: list[str]) -> int:
     print(f"{'case':16} {'mode':14} {'cache':5} {'wall (median)':>12} {'cpu (median)':>11} {'traces':>7} "
           f"{'optim':>5}  answer")
     rows = [_row("(python alone)", "", "-", [_child([sys.executable, "-c", "pass"]) for _ in range(ns.repeat)],
-                 "the interpreter and site, no fitcheck"),
-            _row("(import floor)", "", "-", [_child([sys.executable, "-c", "import torch, transformers, peft"])
-                                           for _ in range(ns.repeat)], "import torch, transformers, peft")]
-    rows += floor_rows([cases[name] for name in names], ns.repeat)
+                 "the interpreter and site, no fitcheck")]
+    if not ns.no_floor:
+        rows.append(_row("(import floor)", "", "-", [_child([sys.executable, "-c", "import torch, transformers, peft"])
+                                                   for _ in range(ns.repeat)], "import torch, transformers, peft"))
+        rows += floor_rows([cases[name] for name in names], ns.repeat)
     for name in [None, *names]:  # the JSON is written after each case: a run cut short keeps what it measured
         rows += time_case(name, cases[name], ns.repeat) if name else []
         if ns.json:
