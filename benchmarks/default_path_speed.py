@@ -34,8 +34,8 @@ replay, and the rest: what a cold traced answer spends where, and the floor the 
 ``--imports`` runs one cold traced answer per case under ``-X importtime``: its largest first-level imports and which
 heavy packages (peft, bitsandbytes, trl, deepspeed, ...) it imported (``benchmarks/data/default_path_imports.json``).
 
-Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--issue20] [--no_floor] [--inproc] [--split] [--imports] [--compile]
-[--json FILE] [case ...]``
+Run: ``python benchmarks/default_path_speed.py [--repeat 3] [--issue20] [--no_floor] [--inproc] [--split]
+[--imports] [--compile] [--json FILE] [case ...]``
 (CPU, no network; the caches are temporary directories, removed at the end). Cases: those of ``CASES`` (the
 default), and the four H100 rows of ``H100_ROWS`` by name. To time another checkout (e.g. ``main`` before issue
 20), run it with ``PYTHONPATH=<that checkout>``: the children inherit it.
