@@ -88,6 +88,19 @@ def events_at(first: TraceResult, b_first: int, second: TraceResult, b_second: i
                        accumulated_after=first.accumulated_after)
 
 
+def kept_trace(cache: dict[str, Any], config: Mapping[str, Any], depth: int, kwargs: Mapping[str, Any]) -> TraceResult:
+    """``trace_step(config, num_layers=depth, **kwargs)``, traced once per path: the activation traces of a traced
+    answer (``trace_batch.BatchTraces``) are kept where the replays look for the same step (a ``--seq_lengths``
+    replay's step at the answer's own length was traced a second time)."""
+    from fitcheck.torch_adapters.tracer import trace_step
+
+    traced: dict[int, TraceResult] = cache.setdefault(KEY, {}).setdefault(_step_key(config, depth, kwargs), {})
+    micro = int(kwargs["micro_batch"])
+    if micro not in traced:
+        traced[micro] = trace_step(config, num_layers=depth, **kwargs)
+    return traced[micro]
+
+
 def one_step_traces(cache: dict[str, Any], config: Mapping[str, Any], plan: Sequence[int],
                     kwargs: Mapping[str, Any]) -> list[TraceResult]:
     """The one-step traces of a step at each depth of ``plan``: kept, interpolated, or traced now.
