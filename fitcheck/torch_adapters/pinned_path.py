@@ -166,7 +166,8 @@ class PinnedPath:
 
         def traces() -> BatchTraces:  # built on a miss only: a cache hit imports no torch
             if key not in self._traces:
-                self._traces[key] = BatchTraces(spec.model.config, activation_trace_kwargs(spec))
+                self._traces[key] = BatchTraces(spec.model.config, activation_trace_kwargs(spec),
+                                                shared=self._optimizer_traces)
             built: BatchTraces = self._traces[key]
             return built
 
