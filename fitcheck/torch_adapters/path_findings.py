@@ -71,8 +71,10 @@ def not_pinned_with_torch(report: Report, mode: str) -> Report:
                 f"--trace traces the {spec.trainer.kind.value} trainer's policy step on fake tensors")
     elif not traceable(spec):
         hint = "pass --trace (the default path does not trace a vision-language step; --trace does)"
-    else:
+    elif spec.model.config:
         hint = "drop --no_trace (torch is installed: fitcheck then traces the real model on fake tensors)"
+    else:  # no config.json to build the model from: the default path would not trace either
+        return report
     findings = tuple(dataclasses.replace(f, hint=hint) if f.code == "not-pinned" else f for f in report.findings)
     return dataclasses.replace(report, findings=findings)
 
