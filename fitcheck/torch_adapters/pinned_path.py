@@ -33,6 +33,7 @@ from fitcheck.spec import Strategy, TrainingSpec
 from fitcheck.torch_adapters.path_findings import (
     generation_trace_failed,
     lengths_replayed,
+    not_pinned_with_torch,
     path_findings_lost,
     published_gap,
     trace_failed,
@@ -417,6 +418,8 @@ class PinnedPath:
             report = self._with_lengths(spec, comps)
         elif comps is None:
             report = self._formula(spec)
+            if self.can_trace and not report.pinned and not failed and (self.mode == "never" or not traceable(spec)):
+                report = not_pinned_with_torch(report, self.mode)  # the hint names --trace, not an install
         else:
             report = estimate(spec, activations=comps, gap_fraction=self.gap_fraction(spec) if comps else None)
         if comps and "generation " + _cache_key(spec) in self._failed:
