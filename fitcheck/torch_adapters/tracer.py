@@ -424,9 +424,7 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     # MatMul4Bit patched to keep it (tracer_quant.matmul4bit_keeps_input). With 0.43.2 or later installed and the
     # older release named by --stack, that patch is the only way the trace describes the run. Its kept inputs differ
     # between reentrant and non-reentrant checkpointing (core/activations/bnb_kept_inputs.py): traced as the run asks
-    old_bnb: dict[str, Any] = {}
-    if old_bnb_4bit(spec):
-        old_bnb = {"keep_4bit_inputs": True, "use_reentrant": act.checkpointing and act.use_reentrant}
+    old_bnb: dict[str, Any] = {"keep_4bit_inputs": True} if old_bnb_4bit(spec) else {}
     # DPO / KTO / reward: TRL zeroes every nn.Dropout before step 1 (core.trainers.step_spec says the same)
     dropout = {"disable_dropout": True} if trainer_row(spec.trainer.kind).disable_dropout else {}
     # DeepSpeed's module cast (core.kernels.deepspeed_module_view): named only where it is on, so that no other
@@ -440,6 +438,9 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         "attn_implementation": "sdpa" if act.attn_implementation.value != "eager" else "eager",
         "checkpointing": act.checkpointing,
         "every_n_layers": act.checkpoint_every_n_layers,
+        # reentrant: forward under no_grad, the recomputed graph kept to the layer's backward end (torch 2.13
+        # utils/checkpoint.py CheckpointFunction; activations/int8.py, bnb_kept_inputs.py): traced as the run asks
+        "use_reentrant": act.checkpointing and act.use_reentrant,
         "lora": spec.lora,
         # the adapter's tensors are the formulas' (model states); the trace builds the adapter from its config
         "adapter": None if spec.peft is None else dataclasses.replace(spec.peft, tensors=()),

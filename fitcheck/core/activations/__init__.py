@@ -34,6 +34,7 @@ from fitcheck.core.activations.backward_grads import cuda_embedding_backward
 from fitcheck.core.activations.bnb_kept_inputs import old_bnb_4bit
 from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
+from fitcheck.core.activations.envelope_range import range_label, recipe_suffix
 from fitcheck.core.activations.int8_outliers import (
     Int8Outliers,
     int8_outlier_bound,
@@ -70,6 +71,8 @@ __all__ = [
     "not_pinned_finding",
     "old_bnb_4bit",
     "qlora16_backward_working_set",
+    "range_label",
+    "recipe_suffix",
     "versions_findings",
     "wrapped_linears",
     "zero2_traced_component",
