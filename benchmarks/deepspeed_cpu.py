@@ -39,14 +39,19 @@ from typing import Any
 
 from benchmarks.cpu_truth import LLAMA, Row, spec_for
 from benchmarks.gloo_rank import free_port
+from fitcheck.spec import LoraSpec
 
 
 def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, config: dict[str, Any] | None = None,
-            world: int = 1, rank: int = 0, bucket: int | None = None) -> tuple[int, int, int]:
+            world: int = 1, rank: int = 0, bucket: int | None = None, lora: bool = False, accum: int = 1,
+            zero: dict[str, Any] | None = None) -> tuple[int, int, int]:
     """Live-tensor peaks (bytes) of the second of two real DeepSpeed bf16 steps of the tiny Llama (or ``config``),
-    fp32-loaded: (forward + loss, backward, optimizer step). ``world`` > 1: this process is ``rank`` of a
-    ``world``-rank run on torch's fake process group (``torch.testing._internal.distributed.fake_pg``: collectives
-    are no-ops, every local tensor is real; what ZeRO-1/2 allocates depends on the rank's partition only)."""
+    fp32-loaded: (forward + loss, backward, optimizer step; with ``accum`` micro-steps, the largest of the second
+    step's). ``world`` > 1: this process is ``rank`` of a ``world``-rank run on torch's fake process group
+    (``torch.testing._internal.distributed.fake_pg``: collectives are no-ops, every local tensor is real; what
+    ZeRO-1/2 allocates depends on the rank's partition only). ``lora``: peft LoRA (:data:`LORA`) on the fp32 model
+    before ``initialize`` (the engine casts the adapters and the frozen base). ``zero``: more
+    ``zero_optimization`` settings."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK="0")
     warnings.filterwarnings("ignore")
@@ -67,16 +72,24 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, conf
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     if ckpt:  # what Trainer.train() calls (transformers 5: non-reentrant)
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if lora:
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(r=LORA.r, lora_alpha=int(LORA.alpha), lora_dropout=0.0,
+                                                           target_modules=list(LORA.target_modules),
+                                                           task_type="CAUSAL_LM"))
     model.train()
     ds: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket},
+        "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": accum, "bf16": {"enabled": True},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
+                              **(zero or {})},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
     }
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo")
     ids = torch.randint(0, cfg.vocab_size, (batch, seq))
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=ds)
     # What initialize left alive: every tensor Python still reaches (the flat bf16 parameter buffer the params
     # view, fp32 master partitions, ...). Recording initialize itself would keep the per-parameter bf16 casts
     # that ``p.data = flat_view`` releases (the recorder keys storages by their Python object).
@@ -86,17 +99,19 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, conf
     rec.track([ids])
     with rec:
         for step in range(2):
-            rec.enter_region(f"forward{step}")
-            out = engine(input_ids=ids, labels=ids)
-            loss = out.loss
-            del out
-            rec.enter_region(f"backward{step}")
-            engine.backward(loss)
-            del loss
-            rec.enter_region(f"optimizer{step}")
-            engine.step()
+            for micro in range(accum):
+                rec.enter_region(f"forward{step}.{micro}")
+                out = engine(input_ids=ids, labels=ids)
+                loss = out.loss
+                del out
+                rec.enter_region(f"backward{step}.{micro}")
+                engine.backward(loss)
+                del loss
+                rec.enter_region(f"optimizer{step}.{micro}")
+                engine.step()  # a no-op but at the accumulation boundary
         rec.enter_region("done")
-    return rec.regions["forward1"].peak, rec.regions["backward1"].peak, rec.regions["optimizer1"].peak
+    return tuple(max(rec.regions[f"{phase}1.{m}"].peak for m in range(accum))  # type: ignore[return-value]
+                 for phase in ("forward", "backward", "optimizer"))
 
 
 TINY: dict[str, Any] = {**LLAMA, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
@@ -107,6 +122,22 @@ TINY: dict[str, Any] = {**LLAMA, "hidden_size": 128, "intermediate_size": 256, "
 # zero2_backward_grads). Bucket: transformers' "auto" hidden².
 TIED: dict[str, Any] = {**TINY, "vocab_size": 4096, "tie_word_embeddings": True}
 TIED_RUN = {"stage": 2, "seq": 16, "world": 8, "rank": 5, "bucket": 128 * 128}
+# peft LoRA of the LoRA rows: q/v, r 8, no dropout.
+LORA = LoraSpec(r=8, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"))
+# Session-19 cases on the tiny Llama (``measure`` keywords; the bucket is transformers' "auto" hidden²), each with
+# its real-engine check in tests/test_levers.py. ``lora-fp32``: peft LoRA on the fp32 model; DeepSpeed bf16 casts
+# the frozen base and the adapters (kernels/module_cast.py; +50 % before). ``zero2-accum2``: the second
+# micro-step's backward holds the first's partition beside its own (zero_reduce.zero2_backward_grads; -7.75 % at
+# the table's width before). ``zero1-overlap-8-ranks``: ZeRO-1 with overlap_comm frees each gradient into the
+# bucket as ZeRO-2 does (core/states/sharding.py; +12 % at the table's width, rank 7 of 8, before), but keeps the
+# extra-large ones outside the rank's partition (zero_reduce.zero2_backward_grads): rank 1 is the worst here
+# (its partition inside the first layer; the MLP weights above the bucket), -3.0 % before.
+CASES: dict[str, dict[str, Any]] = {
+    "lora-fp32": {"stage": 2, "seq": 16, "lora": True, "bucket": 128 * 128},
+    "zero2-accum2": {"stage": 2, "seq": 16, "accum": 2, "bucket": 128 * 128},
+    "zero1-overlap-8-ranks": {"stage": 1, "seq": 16, "world": 8, "rank": 1, "bucket": 128 * 128,
+                              "zero": {"overlap_comm": True}},
+}
 
 
 def zero3_facts(config: dict[str, Any] | None = None, seq: int = 16, batch: int = 2) -> dict[str, Any]:
@@ -167,15 +198,19 @@ def zero3_facts(config: dict[str, Any] | None = None, seq: int = 16, batch: int 
 
 
 def run_spec(stage: int, seq: int, ckpt: bool = False, config: dict[str, Any] | None = None, world: int = 1,
-             bucket: int = 0, rank: int = 0) -> Any:
+             bucket: int = 0, rank: int = 0, lora: bool = False, accum: int = 1,
+             zero: dict[str, Any] | None = None) -> Any:
     """The TrainingSpec of a :func:`measure` run (``rank`` is the real run's only: the estimate is every rank's
     worst)."""
     from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy
 
     b = bucket or BUCKET
-    spec = spec_for(Row("deepspeed_cpu", config or LLAMA, dtype="float32", mp="bf16", ckpt=ckpt, seq=seq))
-    ds = DeepSpeedSpec(stage=stage, reduce_bucket_size=b, allgather_bucket_size=b)
-    return replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, world, world, ds))
+    row = Row("deepspeed_cpu", config or LLAMA, dtype="float32", mp="bf16", ckpt=ckpt, seq=seq)
+    spec = spec_for(replace(row, lora=LORA) if lora else row)
+    ds = DeepSpeedSpec(stage=stage, reduce_bucket_size=b, allgather_bucket_size=b,
+                       overlap_comm=(zero or {}).get("overlap_comm"), zero3_init=False)  # built outside zero.Init
+    spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, world, world, ds))
+    return replace(spec, batch=replace(spec.batch, grad_accum=accum)) if accum > 1 else spec
 
 
 def main() -> int:
@@ -222,6 +257,9 @@ if __name__ == "__main__":
         import json
 
         print(json.dumps(zero3_facts()))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--measure-case"]:
+        print(*measure(config=TINY, **CASES[sys.argv[2]]))
         sys.exit(0)
     if sys.argv[1:2] == ["--measure-tied"]:
         print(*measure(config=TIED, **TIED_RUN))

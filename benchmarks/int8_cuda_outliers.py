@@ -13,12 +13,16 @@ How many columns that is depends on the values. A trained model has a few system
 ``gpu_truth`` rows run random weights (``from_config``, normal(0, initializer_range)), where the down_proj input
 ``act(gate) * up`` is a product of two normals of std ``0.02 * sqrt(hidden_size)``: its tails cross 6.0 in
 almost every column at 4096 rows for Llama-2-7B's width. fitcheck counts no outlier columns (a trained model's
-few); this script counts them on the row's own random model (CPU, fp32, layer by layer, no_grad; same
-initialisation and random token ids as ``benchmarks/gpu_truth_step.py``) and prints the estimate with and
-without them next to the measurement.
+few; ``core/activations/int8_outliers.py`` gives the bound, every column); this script counts them on the
+row's own random model (CPU, fp32, layer by layer, no_grad; same initialisation and random token ids as
+``benchmarks/gpu_truth_step.py``) and prints, next to the measurement, the estimate, the estimate plus the kept
+``subA`` of those columns, plus the largest ``subB`` transient too (both from ``int8_outlier_bytes``, the formula's
+one home), and the estimate plus the bound (``int8_outlier_bound``: every column). The measurement must lie
+between the estimate and the estimate plus the bound (``tests/test_int8_outliers.py``).
 
 Run: ``PYTHONPATH=. python benchmarks/int8_cuda_outliers.py [--data benchmarks/data/gpu_truth_nvidia_h200.json]
-[--rows NAME ...] [--out benchmarks/data/int8_cuda_outliers.json]`` (about 6 minutes on 2 CPU cores; 8 GB RAM).
+[--rows NAME ...] [--out benchmarks/data/int8_cuda_outliers.json]`` (about 6 minutes on 2 CPU cores; 8 GB RAM);
+``--counts benchmarks/data/int8_cuda_outliers.json`` reuses the recorded columns (seconds).
 """
 
 from __future__ import annotations
@@ -81,17 +85,12 @@ def outlier_columns(config: Mapping[str, Any], dtype: str, batch: int, seq: int)
     return counts
 
 
-def _sub_a_bytes(counts: Mapping[str, Sequence[int]], tokens: int, autocast: bool) -> int:
-    """Bytes of every ``subA`` copy: the o_proj input is the (16-bit under autocast) attention output, the others
-    fp32 after k-bit preparation (norm outputs, ``act(gate) * up``)."""
-    return sum(tokens * n * (2 if name.endswith("o_proj") and autocast else 4)
-               for name, cols in counts.items() for n in cols)
-
-
-def row_report(r: Mapping[str, Any]) -> dict[str, Any]:
-    """Counts, estimate and measured bytes of one int8 row of a ``gpu_truth`` data file."""
+def row_report(r: Mapping[str, Any], counts: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
+    """Counts, estimate, the outlier bytes for those counts and for every column, and the measured bytes of one int8
+    row of a ``gpu_truth`` data file (``counts``: reuse the columns an earlier ``--out`` file recorded)."""
     from fitcheck.cli import spec_from_values
     from fitcheck.core import estimate
+    from fitcheck.core.activations import int8_outlier_bound, int8_outlier_bytes
 
     row = next(x for x in gpu_truth.ROWS if x.name == r["name"])
     with tempfile.TemporaryDirectory(prefix="int8_outliers_") as tmp:
@@ -101,13 +100,16 @@ def row_report(r: Mapping[str, Any]) -> dict[str, Any]:
     config = gpu_truth.row_config(row, "cuda")
     dtype = str(values.get("dtype") or "float32")
     start = time.time()
-    key = json.dumps([config, dtype, row.batch, row.seq], sort_keys=True)
-    if key not in _SEEN:  # the checkpointed and plain rows run the same model and tokens
-        _SEEN[key] = outlier_columns(config, dtype, row.batch, row.seq)
-    counts = _SEEN[key]
-    sub_a = _sub_a_bytes(counts, row.batch * row.seq, bool(values.get("bf16") or values.get("fp16")))
-    return {"name": r["name"], "measured": r["measured"]["max_allocated"], "estimate": est, "sub_a": sub_a,
-            "outlier_columns": counts, "seconds": round(time.time() - start, 1)}
+    if counts is None:
+        key = json.dumps([config, dtype, row.batch, row.seq], sort_keys=True)
+        if key not in _SEEN:  # the checkpointed and plain rows run the same model and tokens
+            _SEEN[key] = outlier_columns(config, dtype, row.batch, row.seq)
+        counts = _SEEN[key]
+    got = int8_outlier_bytes(spec, counts)  # fitcheck's one home for subA / subB (core/activations/int8_outliers.py)
+    bound = int8_outlier_bound(spec)
+    return {"name": r["name"], "measured": r["measured"]["max_allocated"], "estimate": est, "sub_a": got.kept,
+            "sub_b_transient": got.transient, "bound_kept": bound.kept, "bound_transient": bound.transient,
+            "outlier_columns": dict(counts), "seconds": round(time.time() - start, 1)}
 
 
 def main(argv: Sequence[str]) -> int:
@@ -115,19 +117,28 @@ def main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(ROOT / "benchmarks" / "data" / "gpu_truth_nvidia_h200.json"))
     ap.add_argument("--rows", nargs="+", default=[], help="only rows whose name contains one of these")
+    ap.add_argument("--counts", default=None, help="reuse the outlier columns of an earlier --out file (no model run)")
     ap.add_argument("--out", default=None, help="write the counts and the table here (JSON)")
     args = ap.parse_args(argv)
     doc = json.loads(Path(args.data).read_text(encoding="utf-8"))
     rows = [r for r in doc["rows"] if "int8" in r["name"] and r.get("status") == "ok"
             and (not args.rows or any(s in r["name"] for s in args.rows))]
-    print(f"{'row':40} {'measured':>9} {'estimate':>9} {'err':>8} {'subA':>7} {'est+subA':>9} {'err':>8}  MiB")
+    stored = {} if args.counts is None else {
+        x["name"]: x["outlier_columns"] for x in json.loads(Path(args.counts).read_text(encoding="utf-8"))["rows"]}
+    print(f"{'row':40} {'measured':>9} {'estimate':>9} {'err':>8} {'subA':>7} {'est+subA':>8} {'subB':>6} "
+          f"{'+subB':>7} {'bound':>6} {'est+bound':>9}  MiB")
     out = []
     for r in rows:
-        rep = row_report(r)
+        rep = row_report(r, stored.get(r["name"]) if args.counts else None)
         out.append(rep)
-        m, e, a = rep["measured"], rep["estimate"], rep["sub_a"]
-        print(f"{rep['name'][:40]:40} {m / MIB:9.1f} {e / MIB:9.1f} {(e / m - 1) * 100:+7.2f}% {a / MIB:7.1f} "
-              f"{(e + a) / MIB:9.1f} {((e + a) / m - 1) * 100:+7.2f}%", flush=True)
+        m, e, a, t = rep["measured"], rep["estimate"], rep["sub_a"], rep["sub_b_transient"]
+        bound = rep["bound_kept"] + rep["bound_transient"]
+
+        def err(x: int, m: int = m) -> str:
+            return f"{(x / m - 1) * 100:+7.2f}%"
+
+        print(f"{rep['name'][:40]:40} {m / MIB:9.1f} {e / MIB:9.1f} {err(e)} {a / MIB:7.1f} {err(e + a)} "
+              f"{t / MIB:6.1f} {err(e + a + t)} {bound / MIB:6.0f} {err(e + bound)}", flush=True)
     if args.out:
         data = Path(args.data).resolve()
         name = str(data.relative_to(ROOT)) if data.is_relative_to(ROOT) else str(data)

@@ -7,16 +7,23 @@ micro-batch 1 and 8; ``formula_vs_trace.py``: its one model x sequence 256/2048 
 estimated from the formula (the CPU spec the grids run, ``torch_adapters.cell_spec``: the answer
 ``fitcheck estimate --no_trace --device_type cpu`` gives); a draw whose answer says ``pinned: false`` is counted
 and skipped, a pinned one is traced at its own micro-batch (fitcheck's fake-tensor trace of the real transformers
-+ peft model, nothing interpolated) and the error is measured per phase on the activation, logits and temporary
-bytes (``torch_adapters.phase_errors``: end of forward, start of backward, during backward).
++ peft model at its own micro-batch, from one and two layer groups as the default path does) and the error is
+measured per phase on the activation, logits and temporary bytes (``torch_adapters.phase_errors``: end of forward,
+start of backward, during backward). A probe more than 2 % off is traced again at the model's full depth and
+scored on that trace (the depth-extrapolated numbers are printed beside it when they differ).
 
 Prints one line per pinned probe, then a table per kind (the spec's envelope key; since session 9 only a kind
 with a checked range is pinned) with its probes, how many were within 2 % and the worst error, then the count
 of pinned probes within 2 % and the worst error. Exit code 1 when a pinned
 probe is outside 2 %.
 
+``--recipes`` also draws what the envelope's recipe key reads (``core/activations/envelope_range.py``
+``recipe_of``): the LoRA rank (4 .. 128), targets (every linear layer, peft's default q/v, or q/k/v/o), dropout
+(0.05, 0.1 or none), reentrant checkpointing, and fp16 weights or fp16 autocast (one draw in eight): a recipe
+no range was checked for must answer ``pinned: false``; one that is pinned is traced like any other probe.
+
 Run: ``python benchmarks/pinned_probes.py [--seed 0] [--probes 40] [--budget 900] [--families a,b]
-[--methods a,b] [--attn eager] [--json out.json] [--record-misses]``.
+[--methods a,b] [--attn eager] [--recipes] [--json out.json] [--record-misses]``.
 
 ``--record-misses`` merges every probe more than 2 % off into ``fitcheck/catalog/envelope_probe_misses.json``
 (package data): a kind listed there is not pinned (``core.activations.envelope.in_envelope``). ``--from-json
@@ -40,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from fitcheck.report import Phase
+from fitcheck.spec import Dtype, MixedPrecision, PrecisionSpec, TrainingSpec
 from fitcheck.torch_adapters import FAMILY_MODELS, PHASES, Cell, cell_spec, phase_errors
 
 TOLERANCE = 0.02
@@ -52,6 +60,55 @@ MICRO_BATCHES = (1, 2, 3, 4, 6)
 # the grids' own shapes (envelope_ranges.py BATCHES / sequences(); formula_vs_trace.py grid())
 GRID_BATCHES = (1, 4, 8)
 GRID_SEQS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """What a probe changes in its cell's spec beyond the grids' recipe (``differential._LORA``: r 16, dropout
+    0.05, every linear layer; non-reentrant checkpointing; the cell's precision)."""
+
+    r: int = 16
+    targets: tuple[str, ...] = ("all-linear",)
+    dropout: float = 0.05
+    reentrant: bool = False
+    weights: str = ""  # "" (the cell's), "fp16" (fp16 weights, no autocast) or "fp16amp" (fp32 weights, fp16 autocast)
+
+    def apply(self, spec: TrainingSpec) -> TrainingSpec:
+        """The spec with this recipe."""
+        lora = spec.lora and dataclasses.replace(spec.lora, r=self.r, alpha=2.0 * self.r, dropout=self.dropout,
+                                                 target_modules=self.targets)
+        act = dataclasses.replace(spec.activations, use_reentrant=self.reentrant and spec.activations.checkpointing)
+        precision = {"fp16": PrecisionSpec(Dtype.FLOAT16, MixedPrecision.NO),
+                     "fp16amp": PrecisionSpec(Dtype.FLOAT32, MixedPrecision.FP16)}.get(self.weights, spec.precision)
+        return dataclasses.replace(spec, lora=lora, activations=act, precision=precision)
+
+    def flags(self, cell: Cell) -> str:
+        """The ``fitcheck estimate`` flags that change (appended to the cell's)."""
+        out = []
+        if cell.method not in ("full", "freeze"):  # the targets: flags(cell, model, recipe)
+            out.append(f"--lora_r {self.r} --lora_alpha {2 * self.r} --lora_dropout {self.dropout}")
+        if self.reentrant and cell.ckpt:
+            out.append("--gradient_checkpointing_kwargs '{\"use_reentrant\": true}'")
+        if self.weights:
+            out.append("--dtype float16" if self.weights == "fp16" else "--dtype float32 --fp16")
+        return " ".join(out)
+
+
+GRID_RECIPE = Recipe()
+QUANTIZED = ("qlora", "qlora_noprep", "int8")
+
+
+def draw_recipe(rng: random.Random, cell: Cell) -> Recipe:
+    """A random recipe for a cell (``--recipes``)."""
+    targets: tuple[str, ...] = ("all-linear",)
+    if cell.family not in ("gpt2", "falcon", "bloom"):  # fused q/k/v (c_attn, query_key_value): no q_proj
+        targets = rng.choice((targets, targets, ("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj")))
+    weights = rng.choice(("fp16", "fp16amp")) if rng.random() < 0.125 and cell.method not in QUANTIZED else ""
+    recipe = Recipe(rng.choice((4, 8, 16, 32, 64, 128)), targets, rng.choice((0.05, 0.1, 0.0)),
+                    rng.random() < 0.25, weights)
+    if cell.method in ("full", "freeze"):  # no adapters: only checkpointing and precision apply
+        recipe = dataclasses.replace(recipe, r=GRID_RECIPE.r, targets=GRID_RECIPE.targets, dropout=GRID_RECIPE.dropout)
+    return recipe
 
 
 def family_models(family: str) -> list[tuple[str, dict[str, Any]]]:
@@ -92,26 +149,40 @@ def draw(rng: random.Random, families: tuple[str, ...], methods: tuple[str, ...]
                     batch), model, config
 
 
-def probe(cell: Cell, config: dict[str, Any], *, pinned_only: bool = True) -> tuple[str, dict[Phase, float] | str]:
+def probe(cell: Cell, config: dict[str, Any], *, pinned_only: bool = True,
+          recipe: Recipe = GRID_RECIPE) -> tuple[str, dict[Phase, float] | str]:
     """The envelope kind of a pinned formula answer (``""``: not pinned; every answer with ``pinned_only`` off) and
     its error per phase against a trace at the same shape (or why the trace refused)."""
     from fitcheck.core import estimate
-    from fitcheck.core.activations import envelope_key
+    from fitcheck.core.activations import envelope_key, range_label, recipe_suffix
     from fitcheck.torch_adapters import BatchTraces, activation_trace_kwargs, components_from_trace
 
-    spec = cell_spec(cell, config)
+    spec = cell_spec(cell, config) if recipe == GRID_RECIPE else recipe.apply(cell_spec(cell, config))
     if pinned_only and not estimate(spec).pinned:
         return "", ""
     key = envelope_key(spec)
-    kind = "?" if key is None else "/".join((key[0], key[1], "ckpt" if key[2] else "nockpt", key[3], key[4]))
+    kind = "?" if key is None else range_label(key, recipe_suffix(spec) or "")  # "+qv": peft's default targets' rows
     try:
-        traced = BatchTraces(spec.model.config, activation_trace_kwargs(spec), skip_first=True).result(cell.batch)
-        return kind, phase_errors(spec, components_from_trace(traced))
+        kwargs = activation_trace_kwargs(spec)
+        traced = BatchTraces(spec.model.config, kwargs, skip_first=True).result(cell.batch)
+        errors = phase_errors(spec, components_from_trace(traced))
+        if max(abs(e) for e in errors.values()) > TOLERANCE:
+            # BatchTraces extrapolates from one and two layer groups; where the phase's worst moment changes with
+            # depth (Mistral-Small-24B full eager bf16 1 x 1792: the LM head's at 1-2 layers, the top layer's
+            # softmax backward at 40) it is off the full model's own trace: a miss is confirmed at full depth
+            from fitcheck.torch_adapters import trace_step
+
+            deep = phase_errors(spec, components_from_trace(trace_step(spec.model.config, **kwargs)))
+            if deep != errors:
+                print(f"  depth-extrapolated trace: {' '.join(f'{e * 100:+.2f}%' for e in errors.values())}; "
+                      f"full depth: {' '.join(f'{e * 100:+.2f}%' for e in deep.values())}", flush=True)
+            errors = deep
+        return kind, errors
     except Exception as exc:  # the trace refused: reported, not counted as within
         return kind, f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
 
 
-def flags(cell: Cell, model: str) -> str:
+def flags(cell: Cell, model: str, recipe: Recipe | None = None) -> str:
     """The ``fitcheck estimate`` flags of a probe (to rerun it with ``--no_trace`` and ``--trace``)."""
     out = [f"--model_name_or_path {model} --device_type cpu --per_device_train_batch_size {cell.batch}",
            f"--max_seq_length {cell.seq} --attn_implementation {cell.attn}"]
@@ -124,7 +195,8 @@ def flags(cell: Cell, model: str) -> str:
     if cell.method == "freeze":  # the grids' freeze runs a 4-layer copy (differential.FREEZE_DEPTH): no CLI twin
         return " ".join(out) + " --trainable_layers 3 (on a 4-layer copy of the model)"
     if cell.method != "full":
-        out.append("--use_peft --lora_target_modules all-linear" + (" --use_dora" if cell.method == "dora" else ""))
+        targets = " ".join((recipe or GRID_RECIPE).targets)
+        out.append(f"--use_peft --lora_target_modules {targets}" + (" --use_dora" if cell.method == "dora" else ""))
     if quantized and cell.method != "int8":
         out.append("--load_in_4bit --bnb_4bit_quant_type nf4 --use_bnb_nested_quant")
     if cell.method == "int8":
@@ -140,7 +212,7 @@ def record_misses(rows: list[dict[str, Any]], seed: int | None) -> int:
         if row.get("worst") is None or abs(row["worst"]) <= TOLERANCE * 100:
             continue
         entry = {"model": row["model"], "seq": row["seq"], "batch": row["batch"], "errors": row["errors"],
-                 "seed": row.get("seed", seed)}
+                 "seed": row.get("seed", seed), **({"recipe": row["recipe"]} if "recipe" in row else {})}
         known = misses.setdefault(row["kind"], [])
         if not any((m["model"], m["seq"], m["batch"]) == (entry["model"], entry["seq"], entry["batch"]) for m in known):
             known.append(entry)
@@ -155,11 +227,14 @@ def recheck() -> int:
     misses: dict[str, list[dict[str, Any]]] = json.loads(MISSES.read_text()) if MISSES.is_file() else {}
     kept: dict[str, list[dict[str, Any]]] = {}
     for kind, probes in sorted(misses.items()):
-        family, method, ckpt, attn, precision = kind.split("/")
+        family, method, ckpt, attn, precision = kind.split("+")[0].split("/")
         for miss in probes:
             config = json.loads((MODELS / miss["model"] / "config.json").read_text())
             cell = Cell(family, method, ckpt == "ckpt", attn, precision, miss["seq"], miss["batch"])
-            _, result = probe(cell, config, pinned_only=False)
+            recipe = GRID_RECIPE
+            if "recipe" in miss:
+                recipe = Recipe(**{**miss["recipe"], "targets": tuple(miss["recipe"]["targets"])})
+            _, result = probe(cell, config, pinned_only=False, recipe=recipe)
             if isinstance(result, str):
                 worst, errors = None, miss["errors"]
             else:
@@ -186,6 +261,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--record-misses", action="store_true", help=f"merge the probes outside 2 %% into {MISSES.name}")
     ap.add_argument("--from-json", nargs="+", default=(), help="record the misses of these --json outputs")
     ap.add_argument("--recheck", action="store_true", help="trace the recorded misses again; drop the fixed ones")
+    ap.add_argument("--recipes", action="store_true", help="draw LoRA rank/targets/dropout, reentrant "
+                    "checkpointing and fp16 too (the recipe part of the envelope's key)")
     ap.add_argument("--attn", default="", help="force this attention (sdpa / eager) on every draw (default: the "
                     "draw's own, eager one time in three)")
     ns = ap.parse_args(argv)
@@ -208,13 +285,16 @@ def main(argv: list[str]) -> int:
         cell, model, config = draw(rng, families, tuple(ns.methods.split(",")))
         if ns.attn:  # the same draws, the attention forced (the random sequence is unchanged)
             cell = dataclasses.replace(cell, attn=ns.attn)
+        recipe = draw_recipe(rng, cell) if ns.recipes else GRID_RECIPE
         draws += 1
-        kind, result = probe(cell, config)
+        kind, result = probe(cell, config, recipe=recipe)
         if not kind:
             unpinned += 1
             continue
         row: dict[str, Any] = {"kind": kind, "model": model, "seq": cell.seq, "batch": cell.batch,
-                               "flags": flags(cell, model)}
+                               "flags": " ".join(filter(None, (flags(cell, model, recipe), recipe.flags(cell))))}
+        if recipe != GRID_RECIPE:
+            row["recipe"] = dataclasses.asdict(recipe)
         if isinstance(result, str):
             row.update(refused=result, worst=None)
         else:
@@ -223,7 +303,12 @@ def main(argv: list[str]) -> int:
         rows.append(row)
         mark = "REFUSED" if row["worst"] is None else "in " if abs(row["worst"]) <= TOLERANCE * 100 else "OUT"
         errs = " ".join(f"{row['errors'][p.value]:+7.2f}%" for p in PHASES) if "errors" in row else row["refused"]
-        print(f"{mark:7} {kind:45} {model:40} {cell.batch} x {cell.seq:<6} {errs}", flush=True)
+        adapters = cell.method not in ("full", "freeze")
+        tag = "" if recipe == GRID_RECIPE else ((f" r{recipe.r} {','.join(recipe.targets)} d{recipe.dropout}"
+                                                 if adapters else "")
+                                                + (" reentrant" if recipe.reentrant and cell.ckpt else "")
+                                                + (f" {recipe.weights}" if recipe.weights else ""))
+        print(f"{mark:7} {kind:45} {model:40} {cell.batch} x {cell.seq:<6} {errs}{tag}", flush=True)
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_kind[row["kind"]].append(row)

@@ -205,6 +205,13 @@ def test_matmul8bitlt_keeps_its_input_and_its_outlier_columns() -> None:
     assert tuple(out.grad_fn.tensors[1].shape) == (10, 2)  # every row of the two outlier columns, fp32
     assert out.grad_fn.tensors[1].dtype == torch.float32
     assert MatMul8bitLt.apply(x.detach(), layer.weight, None, None, layer.state).grad_fn is None
+    # one row crossing the threshold in every column: subA is a full copy, the bound of int8_outliers.py
+    from fitcheck.core.activations.int8_outliers import Int8Linear, sub_a_bytes
+
+    z = x.detach().clone()
+    z[0, 0, :] = 7.0
+    sub_a = MatMul8bitLt.apply(z.requires_grad_(True), layer.weight, None, None, layer.state).grad_fn.tensors[1]
+    assert sub_a.numel() * sub_a.element_size() == sub_a_bytes(Int8Linear("down_proj", 32, 24, 4), 10, 32) == 1280
 
 
 def test_first_layer_keeps_no_qkv_input_without_checkpointing() -> None:

@@ -126,3 +126,47 @@ def test_formula_without_the_lora_dropout_trl_disables(case: str) -> None:
     assert spec_case.lora is not None and spec_case.lora.dropout > 0 and not spec_case.ckpt
     real = recorded_rows()[case]["real"]["peak"]
     assert estimate(bench.case_spec(spec_case)).peak_allocated_bytes == pytest.approx(real, rel=0.01)
+
+
+def test_a_zero_byte_storage_is_no_allocator_event() -> None:
+    """A zero-element tensor never reaches the caching allocator (torch ``CUDACachingAllocator.cpp``
+    ``NativeCachingAllocator::allocate`` calls ``malloc`` only ``if (size != 0)``): the recorder's allocation events
+    leave it out, and the region starts still point at their regions' first events."""
+    import torch
+
+    from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder
+
+    rec = LiveTensorRecorder()
+    with rec:
+        kept = torch.ones(4)
+        rec.enter_region("forward")
+        empty = torch.zeros(0)
+        del empty
+        rec.enter_region("backward")
+        grad = torch.ones(8)
+        del grad
+    events, starts = rec.allocation_events()
+    assert [n for _, n, _ in events] == [16, 32, -32] and kept.numel() == 4
+    assert starts == (1, 1)
+    assert events[starts[1]][2] == "backward"
+
+
+def test_kto_without_a_prompt_length_composes() -> None:
+    """A CUDA KTO run with no ``max_prompt_length`` (prompt 0: its backward makes a ``zeros((0,))``): its one-step trace
+    composes into a run of three steps (it raised ``ComposeError: storage ... is freed but was not allocated``, and the
+    default path fell back to the 11 % / two-group gap: Phi-2 KTO LoRA 4 x 1024)."""
+    from benchmark_module import load_benchmark
+
+    from fitcheck.spec import HardwareSpec
+    from fitcheck.torch_adapters import run_trace_kwargs
+    from fitcheck.torch_adapters.allocator_compose import whole_run
+
+    truth = load_benchmark("trl_truth")
+    cpu = truth.spec_for(truth.Case("kto", TrainerKind.KTO, length=32, prompt=0, lora=truth.TRL_LORA))
+    spec = dataclasses.replace(cpu, hardware=HardwareSpec(gpu_name="H100"))  # the CUDA step (cuda_emulation)
+    kwargs = run_trace_kwargs(spec)
+    assert kwargs["trl_kto"].prompt == 0
+    step = one_step_traces({"kto": spec}, num_layers=1)["kto"]
+    steps = 3  # the step's own events are what did not compose: an optimizer that allocates nothing
+    events, _ = whole_run(step.alloc_events, step.region_starts, (), (0,) * (2 * steps + 1), steps)
+    assert all(n for _, n, _ in events)

@@ -65,6 +65,23 @@ def test_micro_batch_interpolation_equals_a_third_trace(label: str, config: dict
     assert got.final_grads == seven.final_grads
     back = at_micro_batch(three, 3, seven, 7, 2)  # and back down to 2 from 3 and 7
     assert back is not None and back.phases == two.phases
+    _assert_events_interpolate(label, two, three, seven)
+
+
+def _assert_events_interpolate(label: str, two: Any, three: Any, seven: Any) -> None:
+    """The whole-run replay's one-step events (``step_traces.events_at``) at 7 from 2 and 3: the same allocations
+    (serial, size, region, in order), the same storages freed, the same regions; and the allocator replay of
+    those events gives the traced events' peaks."""
+    from fitcheck.torch_adapters.allocator_replay import replay_events
+    from fitcheck.torch_adapters.step_traces import events_at
+
+    got = events_at(three, 3, two, 2, 7)
+    assert got is not None, label
+    assert [e for e in got.alloc_events if e[1] > 0] == [e for e in seven.alloc_events if e[1] > 0], label
+    assert sorted(e for e in got.alloc_events if e[1] < 0) == sorted(e for e in seven.alloc_events if e[1] < 0)
+    assert (got.region_starts, got.accumulated_after) == (seven.region_starts, seven.accumulated_after), label
+    mine, traced = replay_events([got.alloc_events]), replay_events([seven.alloc_events])
+    assert (mine.peak_allocated, mine.peak_reserved) == (traced.peak_allocated, traced.peak_reserved), label
 
 
 def test_micro_batch_one_is_traced_not_interpolated() -> None:
@@ -131,3 +148,32 @@ def test_failed_trace_answers_from_the_formula_not_pinned() -> None:
     assert not any(c.name == "activations.traced" for c in report.components)
     with pytest.raises(Exception):  # noqa: B017 - whatever transformers raises, --trace reports it
         PinnedPath("always")(broken)
+
+
+def test_replays_share_one_step_traces_and_interpolate_micro_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole-run replays of one answer (``step_traces.one_step_traces``, in the path's trace cache): a step
+    asked again is not traced again, a third micro-batch of 2 or more is interpolated from two (its events against a
+    third trace: ``_assert_events_interpolate``), a micro-batch of 1 and a TRL step are traced."""
+    from fitcheck.torch_adapters import tracer
+    from fitcheck.torch_adapters.step_traces import one_step_traces
+
+    calls: list[int] = []
+    real = tracer.trace_step
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["micro_batch"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tracer, "trace_step", counted)
+    kw = {"seq_len": SEQ, "optimizer": None, "steps": 1, "lora": LoraSpec(r=8)}
+    cache: dict[str, Any] = {}
+    for b in (2, 3, 2, 7, 1):
+        one_step_traces(cache, LLAMA, (1, 2), {**kw, "micro_batch": b})
+    assert calls == [2, 2, 3, 3, 1, 1]  # 2 asked again and 7 interpolated: no trace
+    # a TRL step (its fused head's token tiles are not affine in the micro-batch) is kept, never interpolated: here
+    # its "traces" are the plain step's, which would interpolate
+    plain = {b: one_step_traces(cache, LLAMA, (1,), {**kw, "micro_batch": b})[0] for b in (2, 3, 7)}
+    monkeypatch.setattr(tracer, "trace_step", lambda *a, **k: calls.append(k["micro_batch"]) or plain[k["micro_batch"]])
+    for b in (2, 3, 7, 3):
+        one_step_traces(cache, LLAMA, (1,), {**kw, "micro_batch": b, "trl_head": ("logits",)})
+    assert calls[6:] == [2, 3, 7]

@@ -9,7 +9,13 @@ peak allocated = max over phases of the sum of DEVICE components alive in that p
 
 from __future__ import annotations
 
-from fitcheck.core.activations import activation_findings, in_envelope, not_pinned_finding, versions_findings
+from fitcheck.core.activations import (
+    activation_findings,
+    in_envelope,
+    int8_outlier_findings,
+    not_pinned_finding,
+    versions_findings,
+)
 from fitcheck.core.allocator import allocator_findings, plus_side_pools, reserved_bytes, reserved_risk_findings
 from fitcheck.core.loading import allocator_conf, load_component, load_findings, load_phase, run_reserved
 from fitcheck.core.overheads import nccl_group_bytes
@@ -224,6 +230,7 @@ def estimate(
         *evaluation_findings(spec, totals),
         *parallel_findings(spec, traced=parallel and activations is not None),
         *_context_findings(spec),
+        *int8_outlier_findings(local, device_used, budget),  # LLM.int8's outlier columns (activations/int8_outliers)
         *_verdict(spec, components, phase, device_used, budget, host),
     ]
     if activations is not None:  # traced: the formulas' own "not pinned" warnings do not apply to this number

@@ -18,7 +18,7 @@ from enum import Enum
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
 from fitcheck.readers.prequant_config import PREQUANT_READ, prequant_from_mapping
-from fitcheck.readers.sources import as_bool, as_str, as_str_list, where
+from fitcheck.readers.sources import as_bool, as_float, as_str, as_str_list, where
 from fitcheck.spec import Dtype, QuantSpec
 
 _BNB_FIELDS = (
@@ -32,6 +32,8 @@ _BNB_FIELDS = (
     "bnb_4bit_compute_dtype",
     "bnb_4bit_quant_storage",
     "llm_int8_skip_modules",
+    "llm_int8_threshold",
+    "llm_int8_has_fp16_weight",
 )
 
 
@@ -86,6 +88,22 @@ def quant_from_mapping(
         )
     if not (four or eight):
         return None
+    if eight and as_bool(raw.get("llm_int8_has_fp16_weight") or False, at=where(source, "llm_int8_has_fp16_weight")):
+        # bitsandbytes 0.50.2 nn/modules.py: Int8Params._quantize returns the fp16 weight unquantized when
+        # has_fp16_weights, and MatMul8bitLt quantizes it again into state.CB / SCB on every training forward
+        return Finding(
+            "quantization-not-modelled",
+            Severity.WARNING,
+            f"{where(source, 'llm_int8_has_fp16_weight')}: true keeps the 16-bit weights (bitsandbytes "
+            "Int8Params._quantize leaves them unquantized) and re-quantizes them on every forward; not modelled: "
+            "weights are estimated as if unquantized",
+            "the default (false) is what LoRA on an 8-bit base uses; the estimate omits the per-layer int8 copies",
+        )
+    threshold = raw.get("llm_int8_threshold")
+    int8_threshold = 6.0 if threshold is None else as_float(threshold, at=where(source, "llm_int8_threshold"))
+    if int8_threshold < 0:
+        raise ConfigError(f"{where(source, 'llm_int8_threshold')}: must be >= 0 (bitsandbytes refuses), got "
+                          f"{int8_threshold}")
     qtype = as_str(raw.get("bnb_4bit_quant_type") or "fp4", at=where(source, "bnb_4bit_quant_type")).lower()
     if qtype not in ("nf4", "fp4"):
         raise ConfigError(f"{where(source, 'bnb_4bit_quant_type')}: must be nf4 or fp4, got {qtype!r}")
@@ -104,6 +122,7 @@ def quant_from_mapping(
         compute_dtype=_dtype(raw.get("bnb_4bit_compute_dtype"), where(source, "bnb_4bit_compute_dtype")),
         skip_modules=as_str_list(skip, at=where(source, "llm_int8_skip_modules")) if skip else (),
         pre_quantized=pre_quantized,
+        int8_threshold=int8_threshold,
     )
 
 

@@ -40,10 +40,14 @@ class PrecisionSpec:
         load_dtype: ``dtype``/``torch_dtype`` passed to ``from_pretrained`` (transformers 5 default
             ``"auto"`` = the config's dtype).
         mixed_precision: Autocast under the Trainer/accelerate.
+        module_cast: Every floating parameter, peft's fp32 LoRA adapters included, is ``load_dtype``: DeepSpeed's
+            fp16/bf16 module cast (deepspeed 0.19.8 ``runtime/engine.py`` ``_cast_module_mixed_precision``). Set
+            only by ``core.kernels.deepspeed_module_view``, the view the activations are computed on.
     """
 
     load_dtype: Dtype = Dtype.FLOAT32
     mixed_precision: MixedPrecision = MixedPrecision.NO
+    module_cast: bool = False
 
 
 # transformers 5.23 training_args.py OptimizerNames, in declaration order.
@@ -185,6 +189,9 @@ class QuantSpec:
         block_size: FP8 ``weight_block_size`` (out, in); None = one scale per tensor (per output channel for
             compressed-tensors ``strategy: channel``).
         dequantize: MXFP4 loaded with ``Mxfp4Config(dequantize=True)`` (bf16 experts; what training requires).
+        int8_threshold: ``llm_int8_threshold`` (transformers 5.23 ``BitsAndBytesConfig`` default 6.0): an 8-bit
+            base's outlier threshold; bitsandbytes' CUDA ``MatMul8bitLt`` copies the input columns holding an
+            ``|x| >=`` it (``core/activations/int8_outliers.py``); 0 turns that path off.
     """
 
     bits: int = 4
@@ -202,6 +209,7 @@ class QuantSpec:
     zero_point: bool = True
     block_size: tuple[int, int] | None = None
     dequantize: bool = False
+    int8_threshold: float = 6.0
 
     def __post_init__(self) -> None:
         if self.method != "bitsandbytes":

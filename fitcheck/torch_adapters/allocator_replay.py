@@ -331,6 +331,7 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
     forward and backward passes per optimizer step: ``allocator_compose.whole_run``)."""
     from fitcheck.torch_adapters.allocator_compose import whole_run
     from fitcheck.torch_adapters.allocator_deepen import DeepenError, deepen_past_first
+    from fitcheck.torch_adapters.step_traces import one_step_traces
     from fitcheck.torch_adapters.tracer import trace_step
     from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
     from fitcheck.torch_adapters.tracer_depth import depth_plan, residual_promoted
@@ -351,14 +352,15 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
     plan = depth_plan(config, spec.freeze, promoted)
     if len(plan) == 2 and config_layers(config) % layer_group(config):
         raise DeepenError(f"{config_layers(config)} layers are not whole {layer_group(config)}-layer groups")
-    if len(step_runs) != len(plan):
-        step_runs = [trace_step(config, num_layers=d, **{**kwargs, "optimizer": None, "steps": 1}) for d in plan]
     cache = {} if optimizer_traces is None else optimizer_traces
+    one_step = {**kwargs, "optimizer": None, "steps": 1}
+    if len(step_runs) != len(plan):  # kept per path, or interpolated from two micro-batches (step_traces)
+        step_runs = one_step_traces(cache, config, plan, one_step)
     runs = dict(zip(plan, step_runs, strict=True))  # BatchTraces' plan: the same depth_plan and residual_promoted
 
     def composed(depth: int) -> tuple[list[tuple[int, int, str]], tuple[int, ...]]:
         """The whole run at ``depth`` layers: its one-step trace (the caller's, else traced now) and the optimizer's."""
-        run = runs.get(depth) or trace_step(config, num_layers=depth, **{**kwargs, "optimizer": None, "steps": 1})
+        run = runs.get(depth) or trace_step(config, num_layers=depth, **one_step)
         opt_kwargs = {k: v for k, v in kwargs.items() if k not in ("seq_len", "micro_batch", "checkpointing",
                                                                    "every_n_layers", "use_reentrant", "image_tokens",
                                                                    "cublas_workspaces")}

@@ -10,10 +10,10 @@ from typing import Any
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
-from fitcheck.torch_adapters.run_scope import replayed_run
+from fitcheck.torch_adapters.run_scope import replayed_run, traceable, untraced_parts
 
-__all__ = ["PATH_FINDINGS", "generation_trace_failed", "lengths_replayed", "path_findings_lost", "published_gap",
-           "trace_failed", "two_groups", "whole_run_replayed"]
+__all__ = ["PATH_FINDINGS", "generation_trace_failed", "lengths_replayed", "not_pinned_with_torch",
+           "path_findings_lost", "published_gap", "trace_failed", "two_groups", "whole_run_replayed"]
 
 
 def trace_failed(reason: str) -> Finding:
@@ -49,6 +49,36 @@ def two_groups(reason: str) -> Finding:
                    "with depth (-12 % .. +13 % on the H100 rows of "
                    "benchmarks/data/reserved_replay_nvidia_h100_80gb_hbm3.json)",
                    "--reserved_replay replays the run traced at its full depth")
+
+
+def not_pinned_with_torch(report: Report, mode: str) -> Report:
+    """The formula's answer with its ``not-pinned`` hint saying what to do where torch is installed.
+
+    The core writes the hint without knowing whether torch is installed ("install torch + transformers ... or pass
+    --trace"). Here it is: the default path did not trace because the run is outside ``run_scope.traceable`` (a TRL
+    trainer's step or a vision-language model: ``--trace`` traces them; a part the tracer does not describe:
+    ``--trace`` refuses it) or because of ``--no_trace`` (``mode`` ``never``).
+    """
+    import dataclasses
+
+    from fitcheck.spec import TrainerKind
+
+    spec = report.spec
+    parts = untraced_parts(spec)
+    if parts:
+        hint = (f"the tracer does not describe {', '.join(parts)} (the formulas model it); measure one step "
+                "(FitcheckCallback, benchmarks/gpu_truth.py) if the margin is small")
+    elif spec.trainer.kind is not TrainerKind.TRAINER:
+        hint = (f"pass --trace: torch is installed, but the default path traces the plain Trainer's step only; "
+                f"--trace traces the {spec.trainer.kind.value} trainer's policy step on fake tensors")
+    elif not traceable(spec):
+        hint = "pass --trace (the default path does not trace a vision-language step; --trace does)"
+    elif spec.model.config:
+        hint = "drop --no_trace (torch is installed: fitcheck then traces the real model on fake tensors)"
+    else:  # no config.json to build the model from: the default path would not trace either
+        return report
+    findings = tuple(dataclasses.replace(f, hint=hint) if f.code == "not-pinned" else f for f in report.findings)
+    return dataclasses.replace(report, findings=findings)
 
 
 def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:

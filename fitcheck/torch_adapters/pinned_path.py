@@ -33,6 +33,7 @@ from fitcheck.spec import Strategy, TrainingSpec
 from fitcheck.torch_adapters.path_findings import (
     generation_trace_failed,
     lengths_replayed,
+    not_pinned_with_torch,
     path_findings_lost,
     published_gap,
     trace_failed,
@@ -166,7 +167,8 @@ class PinnedPath:
 
         def traces() -> BatchTraces:  # built on a miss only: a cache hit imports no torch
             if key not in self._traces:
-                self._traces[key] = BatchTraces(spec.model.config, activation_trace_kwargs(spec))
+                self._traces[key] = BatchTraces(spec.model.config, activation_trace_kwargs(spec),
+                                                shared=self._optimizer_traces)
             built: BatchTraces = self._traces[key]
             return built
 
@@ -416,6 +418,8 @@ class PinnedPath:
             report = self._with_lengths(spec, comps)
         elif comps is None:
             report = self._formula(spec)
+            if self.can_trace and not report.pinned and not failed and (self.mode == "never" or not traceable(spec)):
+                report = not_pinned_with_torch(report, self.mode)  # the hint names --trace, not an install
         else:
             report = estimate(spec, activations=comps, gap_fraction=self.gap_fraction(spec) if comps else None)
         if comps and "generation " + _cache_key(spec) in self._failed:

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitcheck.report import Phase
+from fitcheck.torch_adapters.step_traces import kept_trace
 from fitcheck.torch_adapters.trace_result import TraceResult, breakdown_at_peak
-from fitcheck.torch_adapters.tracer import trace_step
 from fitcheck.torch_adapters.tracer_depth import combine_depths, depth_plan, first_layer_apart, residual_promoted
 
 
@@ -73,10 +73,13 @@ class BatchTraces:
         interpolated: How many answers came from interpolation.
     """
 
-    def __init__(self, config: Mapping[str, Any], kwargs: Mapping[str, Any], skip_first: bool = False) -> None:
+    def __init__(self, config: Mapping[str, Any], kwargs: Mapping[str, Any], skip_first: bool = False,
+                 shared: dict[str, Any] | None = None) -> None:
         """Args:
         config: config.json mapping of the model.
         kwargs: ``tracer.trace_step`` keyword arguments but ``micro_batch`` and ``num_layers``.
+        shared: A path's trace cache, where each trace is kept for the whole-run replays that run the same step
+            (``step_traces.kept_trace``); None: this object's own.
         skip_first: Trace two and three layer groups where the bottom layer's moment differs
             (``tracer_depth.first_layer_apart``); the benchmarks' reference traces. The default path keeps one
             and two groups: the allocator replay deepens those (``allocator_replay.replay_whole_run``). Two and
@@ -89,11 +92,12 @@ class BatchTraces:
                                (skip_first and first_layer_apart(self.kwargs)) or residual_promoted(self.kwargs))
         self.traced: dict[int, tuple[TraceResult, ...]] = {}
         self.interpolated = 0
+        self.shared: dict[str, Any] = {} if shared is None else shared
 
     def _trace(self, micro_batch: int) -> tuple[TraceResult, ...]:
         if micro_batch not in self.traced:
             self.traced[micro_batch] = tuple(
-                trace_step(self.config, num_layers=n, micro_batch=micro_batch, **self.kwargs) for n in self.plan
+                kept_trace(self.shared, self.config, n, {**self.kwargs, "micro_batch": micro_batch}) for n in self.plan
             )
         return self.traced[micro_batch]
 

@@ -103,6 +103,7 @@ def trace_step(
     keep_4bit_inputs: bool = False,
     adapter: PeftAdapterSpec | None = None,
     disable_dropout: bool = False,
+    module_cast: bool = False,
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -156,6 +157,9 @@ def trace_step(
         disable_dropout: Every ``nn.Dropout``'s ``p`` set to 0 once the model is built, as TRL's DPO, KTO and
             reward trainers do (``trl/trainer/utils.py`` ``disable_dropout_in_model``; the registry's
             ``disable_dropout``): the plain step of such a trainer's policy (``activation_trace_kwargs``).
+        module_cast: Cast every floating parameter (peft's adapters included) to ``dtype`` after the model's
+            preparation, as DeepSpeed's fp16/bf16 engine does (deepspeed 0.19.8 ``runtime/engine.py``
+            ``_cast_module_mixed_precision``; ``PrecisionSpec.module_cast``).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -241,6 +245,11 @@ def trace_step(
             from fitcheck.torch_adapters.tracer_trl import prepare_sft
 
             sft = prepare_sft(model, trl_head, quantized=quant is not None, checkpointing=checkpointing)
+        if module_cast:  # deepspeed.initialize, after the trainer's own preparation: every castable parameter
+            castable, target = (torch.float16, torch.bfloat16, torch.float32, torch.float64), torch_dtype(dtype)
+            for p in model.parameters():
+                if p.dtype in castable and p.dtype != target:
+                    p.data = p.data.to(target)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_trainer_optimizer(optimizer, model, cuda_kernels) if optimizer is not None else None
         vocab = int(model.config.get_text_config(decoder=True).vocab_size)  # composite VLM configs nest it
@@ -415,12 +424,13 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     # MatMul4Bit patched to keep it (tracer_quant.matmul4bit_keeps_input). With 0.43.2 or later installed and the
     # older release named by --stack, that patch is the only way the trace describes the run. Its kept inputs differ
     # between reentrant and non-reentrant checkpointing (core/activations/bnb_kept_inputs.py): traced as the run asks
-    old_bnb: dict[str, Any] = {}
-    if old_bnb_4bit(spec):
-        old_bnb = {"keep_4bit_inputs": True, "use_reentrant": act.checkpointing and act.use_reentrant}
+    old_bnb: dict[str, Any] = {"keep_4bit_inputs": True} if old_bnb_4bit(spec) else {}
     # DPO / KTO / reward: TRL zeroes every nn.Dropout before step 1 (core.trainers.step_spec says the same)
     dropout = {"disable_dropout": True} if trainer_row(spec.trainer.kind).disable_dropout else {}
-    return {**old_bnb, **dropout,
+    # DeepSpeed's module cast (core.kernels.deepspeed_module_view): named only where it is on, so that no other
+    # run's arguments (and trace-cache keys) change
+    cast = {"module_cast": True} if spec.precision.module_cast else {}
+    return {**old_bnb, **dropout, **cast,
         "seq_len": spec.batch.seq_len,
         "micro_batch": spec.batch.micro_batch,
         "dtype": spec.precision.load_dtype.value,
@@ -428,6 +438,9 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
         "attn_implementation": "sdpa" if act.attn_implementation.value != "eager" else "eager",
         "checkpointing": act.checkpointing,
         "every_n_layers": act.checkpoint_every_n_layers,
+        # reentrant: forward under no_grad, the recomputed graph kept to the layer's backward end (torch 2.13
+        # utils/checkpoint.py CheckpointFunction; activations/int8.py, bnb_kept_inputs.py): traced as the run asks
+        "use_reentrant": act.checkpointing and act.use_reentrant,
         "lora": spec.lora,
         # the adapter's tensors are the formulas' (model states); the trace builds the adapter from its config
         "adapter": None if spec.peft is None else dataclasses.replace(spec.peft, tensors=()),

@@ -138,12 +138,18 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for at, _regions, serial in self.held:
             held.setdefault(at, []).append(serial)
         out: list[tuple[int, int, str]] = []
+        # events before each event index that reach the allocator: a storage of 0 bytes never does (torch
+        # c10/cuda/CUDACachingAllocator.cpp NativeCachingAllocator::allocate calls malloc only ``if (size != 0)``;
+        # its free is a null pointer's); left in, it read as a free of a storage never allocated
+        # (allocator_compose.ComposeError: a CUDA KTO step without a prompt length makes a ``zeros((0,))`` in backward)
+        before = [0]
         for i, (serial, sign) in enumerate([*self.events, (-1, 0)]):
             out += [(s, self.sizes[s], self.tags[s]) for s in held.get(i, ())]
-            if sign:
+            if sign and self.sizes[serial]:
                 out.append((serial, sign * self.sizes[serial], self.tags[serial]))
+            before.append(before[-1] + (1 if sign and serial >= 0 and self.sizes[serial] else 0))
         # a region starts after the storages held before it was entered
-        starts = tuple(start + sum(1 for _at, regions, _s in self.held if regions <= k)
+        starts = tuple(before[start] + sum(1 for _at, regions, _s in self.held if regions <= k)
                        for k, start in enumerate(self.region_starts))
         return tuple(out), starts
 

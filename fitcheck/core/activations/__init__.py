@@ -11,7 +11,8 @@
   :mod:`.mla`: latent attention and DeepSeek's dense/MoE layers; :mod:`.param_wrapper`: peft's MoE adapters;
 - :mod:`.heads`: classifier heads (and the BERT layer a RoBERTa-like classifier runs); :mod:`.vision`: the tower;
 - :mod:`.dora`: DoRA's extra saved tensors and transients (and other LoRA extras);
-- :mod:`.qlora`, :mod:`.qlora16`, :mod:`.int8`: layers over bitsandbytes 4-/8-bit bases;
+- :mod:`.qlora`, :mod:`.qlora16`, :mod:`.int8`: layers over bitsandbytes 4-/8-bit bases; :mod:`.int8_outliers`:
+  what LLM.int8's outlier columns add on CUDA (data-dependent) and its bound;
 - :mod:`.backward`: the worst moment during backward beyond the gradients (:mod:`.backward_grads`: the gradients
   and weight casts it counts);
 - :mod:`.eager`: eager attention's working set (the top layer's forward softmax, each layer's softmax backward,
@@ -34,6 +35,13 @@ from fitcheck.core.activations.backward_grads import cuda_embedding_backward
 from fitcheck.core.activations.bnb_kept_inputs import old_bnb_4bit
 from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
+from fitcheck.core.activations.envelope_range import range_label, recipe_suffix
+from fitcheck.core.activations.int8_outliers import (
+    Int8Outliers,
+    int8_outlier_bound,
+    int8_outlier_bytes,
+    int8_outlier_findings,
+)
 from fitcheck.core.activations.layer_saved import layer_saved_per_token, lm_head_input_saved
 from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved, legacy_softmax_input_added
 from fitcheck.core.activations.lora_targets import wrapped_linears
@@ -47,11 +55,15 @@ __all__ = [
     "CHECKED",
     "RMS_BACKWARD_TEMPS",
     "TOLERANCE",
+    "Int8Outliers",
     "activation_components",
     "activation_findings",
     "cuda_embedding_backward",
     "envelope_key",
     "in_envelope",
+    "int8_outlier_bound",
+    "int8_outlier_bytes",
+    "int8_outlier_findings",
     "layer_saved_per_token",
     "layernorm_block_saved",
     "legacy_bnb_kept_inputs",
@@ -62,6 +74,8 @@ __all__ = [
     "old_bnb_4bit",
     "other_half_autocast",
     "qlora16_backward_working_set",
+    "range_label",
+    "recipe_suffix",
     "versions_findings",
     "wrapped_linears",
     "zero2_traced_component",

@@ -30,6 +30,9 @@ class ActivationMode:
     # every layer above the bottom one runs as fp32 weights under autocast (``autocast``, r = 4); the embedding
     # output, the bottom layer's checkpoint and the rotary tables stay in the weights' 16 bits
     promoted: bool = False
+    # the LoRA adapters are the 16-bit model's dtype (DeepSpeed's module cast, PrecisionSpec.module_cast): peft's
+    # _cast_input_dtype has nothing to cast, the branch runs on the 16-bit input as an fp32 model's does on its own
+    a16: bool = False
 
 
 def activation_mode(spec: TrainingSpec) -> ActivationMode:
@@ -48,9 +51,12 @@ def activation_mode(spec: TrainingSpec) -> ActivationMode:
     if promoted:
         half = False
     autocast = not half and amp
+    a16 = half and spec.precision.module_cast and spec.lora is not None
     dm = lora_dropout_mask_bytes(spec)  # aten Dropout.cpp: CUDA native_dropout's bool mask, CPU fp32 noise
+    if a16 and dm > 1:  # CPU: empty_like(input).bernoulli_() noise in the 16-bit input's dtype
+        dm = spec.precision.load_dtype.nbytes
     return ActivationMode(e=2 if half or autocast else 4, r=2 if half else 4, autocast=autocast, half_model=half,
-                          amp=amp, dm=dm, fp32_out=autocast and kbit_fp32_lora(spec), promoted=promoted)
+                          amp=amp, dm=dm, fp32_out=autocast and kbit_fp32_lora(spec), promoted=promoted, a16=a16)
 
 
 def adapter_input_bytes(m: ActivationMode, lora: LoraSpec, width: int) -> int:
@@ -61,6 +67,8 @@ def adapter_input_bytes(m: ActivationMode, lora: LoraSpec, width: int) -> int:
     """
     drop = lora.dropout > 0
     total = m.dm * width if drop else 0  # dropout noise of the fp32 input (trace: empty_like fp32; CUDA bool)
+    if m.a16:  # 16-bit adapters on the 16-bit input: its dropout output and lora_A's output, both 16-bit
+        return total + (m.e * width if drop else 0) + m.e * lora.r
     if m.amp:
         total += 2 * width  # autocast's 16-bit cast of lora_A's input, one per adapter (trace: _to_copy bf16)
     elif drop or m.half_model:

@@ -144,7 +144,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     sh = spec.model.shape
     b, s = spec.batch.micro_batch, spec.batch.seq_len
     bs, h, L = b * s, sh.hidden_size, sh.num_layers
-    accum = spec.batch.grad_accum > 1
+    z2 = _zero2(spec)  # ZeRO-2: (gradients counted, held at the top layer, held from the bottom layer on)
+    # ZeRO-2 clears every .grad at each micro-step's end (its carried partition is z2's): each backward is a first
+    accum = spec.batch.grad_accum > 1 and z2 is None
     g_layer = layer_grad(spec)
     g_head, g_emb = head_and_embedding(spec)
     g_down = down_proj_numel(spec) * param_bytes(spec) if trainable_full(spec) else 0
@@ -165,7 +167,6 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
     head_grad = 2 * g_head // param_bytes(spec) if q.autocast else g_head
     missing = 0 if accum else all_grads(spec)
-    z2 = _zero2(spec)  # ZeRO-2: (gradients counted, held at the top layer, held from the bottom layer on)
     if z2 is not None:
         missing = z2[0]  # no grads_in_partition yet; the head's gradient is the moment's own (head_grad)
     casts = L * cast if q.n_ckpt == 0 else 0
@@ -273,14 +274,15 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
 
 
 def _zero2(spec: TrainingSpec) -> tuple[int, int, int, int] | None:
-    """Under DeepSpeed ZeRO-2 (a full fine-tune's first micro-step): (the gradient bytes the model states count in
+    """Under DeepSpeed ZeRO-2 (a full fine-tune; every micro-step, the previous ones' partition carried: see
+    ``zero2_backward_grads``): (the gradient bytes the model states count in
     ``Phase.BACKWARD``, a rank's gradient bytes at the top layer's backward, at the bottom layer's, at the
     embedding's); None
     otherwise. The model states count the rank's share of the gradients (G/n); ZeRO-2 holds none but the bucket
     until the rank's first parameter is reduced, then its whole ``grads_in_partition``
     (:func:`fitcheck.core.states.zero2_backward_grads`): the moments subtract the counted bytes and add what is
     held, never gradients not yet made at full size (which on n ranks put backward below the resident states)."""
-    if spec.batch.grad_accum > 1 or not trainable_full(spec):
+    if not trainable_full(spec):
         return None
     from fitcheck.core.states import model_state_components, zero2_backward_grads
 

@@ -7,6 +7,7 @@ finding, so a ``--device_type cuda`` answer says what it could not see.
 
 from __future__ import annotations
 
+from fitcheck.core.activations.int8_outliers import int8_outlier_gap, int8_outliers_apply
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import AttnImpl, DeviceType, MixedPrecision, TrainingSpec
 
@@ -31,11 +32,16 @@ def cuda_gaps(spec: TrainingSpec) -> tuple[str, ...]:
         # output in the input's dtype, ctx.tensors = (None, subA, A)); modelled from source in activations/int8.py
         # outliers: backends/cuda/ops.py int8_vectorwise_quant (columns with |A| >= threshold), backends/default/
         # ops.py int8_mixed_scaled_mm (subA = A[:, outlier_cols].contiguous(), kept in ctx.tensors)
-        out.append("LLM.int8 layers run MatMul8bitLt on CUDA, modelled from its source (not traced: CPU runs "
-                   "MatMul8bitFp); the input columns with an outlier (|x| >= llm_int8_threshold) it copies and "
-                   "keeps until the step ends (subA, the input's dtype) depend on the data and are not counted: a "
-                   "few columns in a trained model, up to a full copy of each down_proj input (4 B x "
-                   "intermediate_size per token per layer) with random weights")
+        if quant.int8_threshold == 0:  # MatMul8bitLt.forward: int8_scaled_mm only, subA = None
+            out.append("LLM.int8 layers run MatMul8bitLt on CUDA, modelled from its source (not traced: CPU runs "
+                       "MatMul8bitFp); llm_int8_threshold 0: no outlier columns")
+        else:
+            out.append(int8_outlier_gap(spec) if int8_outliers_apply(spec) else
+                       "LLM.int8 layers run MatMul8bitLt on CUDA, modelled from its source (not traced: CPU runs "
+                       "MatMul8bitFp); the input columns with an outlier (|x| >= llm_int8_threshold) it copies and "
+                       "keeps until the step ends (subA, the input's dtype) depend on the data and are not counted: "
+                       "a few columns in a trained model, up to a full copy of each down_proj input (4 B x "
+                       "intermediate_size per token per layer) with random weights")
     if spec.activations.attn_implementation is AttnImpl.FLASH_ATTENTION_2:
         out.append("flash_attention_2 (flash-attn package) is modelled as SDPA's flash backend, not traced")
     return tuple(out)

@@ -29,6 +29,7 @@ from fitcheck.core.activations.envelope_range import (
     range_label,
     recipe_of,
     recipe_suffix,
+    unchecked_step,
 )
 from fitcheck.core.activations.freeze import layer_granular
 from fitcheck.core.activations.qlora import kbit_upcast
@@ -154,7 +155,7 @@ def in_envelope(spec: TrainingSpec) -> bool:
 
     - The recipe must be one the grids ran (``envelope_range.recipe_of``: TRL's default adapters on every
       linear layer, or peft's default q/v targets with their own ``+qv`` rows, r <= 64, dropout on; no Liger,
-      fused/chunked loss, activation offloading or vision inputs).
+      fused/chunked loss, activation offloading, vision inputs or reentrant checkpointing).
     - A kind checked over a range of shapes (``fitcheck/catalog/envelope_ranges.json``, written by
       ``benchmarks/envelope_ranges.py``) is pinned only inside that range, and only when every shape and phase was
       within 2 % on the activation and logits bytes.
@@ -221,8 +222,8 @@ def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding
     if key is None:
         what = "this kind of run (method, precision or attention) is not in the formula-vs-trace grid"
     elif recipe is None:
-        what = ("Liger kernels, a fused or chunked loss, activation offloading and vision inputs are not in the "
-                "formula-vs-trace grids")
+        what = (f"{unchecked_step(spec)} is not in the formula-vs-trace grids (nor are Liger kernels, a fused or "
+                "chunked loss, activation offloading, vision inputs or reentrant checkpointing)")
     elif rs is None:
         what = (f"the adapters ({', '.join(recipe)}) are not a checked recipe (every linear layer or peft's default "
                 f"q_proj/v_proj, r <= {RANK_CLASS_LIMIT}, dropout on)")

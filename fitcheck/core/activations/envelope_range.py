@@ -31,18 +31,42 @@ RECIPE_SUFFIXES = {CHECKED_RECIPE: "", QV_RECIPE: "+qv"}
 RANK_CLASS_LIMIT = 64
 
 
+def unchecked_step(spec: TrainingSpec) -> str | None:
+    """What a run's step does that no range row ran (the rows run transformers' loss on text inputs, no Liger, no
+    offloading, non-reentrant checkpointing), or None.
+
+    Reentrant checkpointing (``gradient_checkpointing_kwargs={"use_reentrant": True}``: LLaMA-Factory's
+    ``use_reentrant_gc`` default, transformers 4.x's default) keeps a recomputed layer's whole graph until torch
+    2.13 ``utils/checkpoint.py`` ``CheckpointFunction.backward`` returns (it runs ``torch.autograd.backward`` on the
+    recomputed outputs, whose nodes hold every tensor the layer saved), where the non-reentrant recomputation the
+    rows ran frees each saved tensor as its node runs: the worst moment during backward differs (off-grid probes,
+    ``benchmarks/pinned_probes.py --recipes``, traced reentrant: Qwen2.5-7B full bf16 3 x 2200 -6.7 %, Llama-3.1-8B
+    LoRA eager fp32 1 x 3000 -1.8 %, 8-bit LoRA bf16 2 x 1536 +9.9 %).
+    """
+    act = spec.activations
+    if act.liger is not None:
+        return "Liger kernels"
+    if act.loss != "torch":
+        return f"the {act.loss} loss"
+    if act.offload_activations:
+        return "activation offloading"
+    if spec.model.shape.task == "image-text-to-text":
+        return "vision inputs"
+    if act.checkpointing and act.use_reentrant:
+        return "reentrant checkpointing"
+    return None
+
+
 def recipe_of(spec: TrainingSpec) -> tuple[str, str, str] | None:
     """What changes the per-token recipe besides the envelope key: adapter targets, rank class, dropout.
 
     Returns:
         ``(targets, rank class, dropout)``: ``("all-linear", "r<=64", "dropout")`` for TRL's default adapters,
         ``"q,v"`` targets for peft's default ones, ``NO_ADAPTER_RECIPE`` without adapters; None for runs no range
-        was checked for (Liger kernels, a fused or chunked loss, activation offloading, vision inputs).
+        was checked for (``unchecked_step``: Liger kernels, a fused or chunked loss, activation offloading, vision
+        inputs, reentrant checkpointing).
     """
-    act = spec.activations
-    if act.liger is not None or act.loss != "torch" or act.offload_activations:
-        return None
-    if spec.model.shape.task == "image-text-to-text":
+    if unchecked_step(spec) is not None:
         return None
     lora = spec.lora
     if lora is None:

@@ -13,8 +13,9 @@ What bitsandbytes 0.50.2 runs (``nn/modules.py::Linear8bitLt.forward`` -> ``auto
   row, outlier columns |x| > threshold), ``int8_mixed_scaled_mm`` (``backends/default/ops.py``: int8 GEMM,
   output in ``A.dtype`` whatever autocast says, plus ``subA = A[:, outlier_cols]`` for the outlier columns).
   It keeps ``ctx.tensors = (None, subA, A)``: the input itself again, and the outlier columns (data-dependent
-  width; not modelled). Backward: the same dequantized ``CB`` in ``dtype_A`` as on CPU. No dequantized weight in
-  forward. The CUDA side is from source, not traced (the bitsandbytes CUDA kernels do not run here).
+  width; not in the estimate, bounded by :mod:`.int8_outliers`). Backward: the same dequantized ``CB`` in
+  ``dtype_A`` as on CPU. No dequantized weight in forward. The CUDA side is from source, not traced (the
+  bitsandbytes CUDA kernels do not run here).
 
 How the CUDA answer is derived (bitsandbytes 0.50.2, peft 0.21.2, torch aten; checked against an H200, below):
 
@@ -33,12 +34,13 @@ How the CUDA answer is derived (bitsandbytes 0.50.2, peft 0.21.2, torch aten; ch
   (:func:`fitcheck.core.activations.qlora.lora_dropout_mask_bytes`). ``subA``, a copy of
   the outlier columns in ``A.dtype``, depends on the values and is not counted (a trained model has a few
   outlier features; the random weights of ``benchmarks/gpu_truth.py`` put one in almost every down_proj input
-  column, ``benchmarks/int8_cuda_outliers.py``). Layer 0 without checkpointing records no q/k/v node
-  (:func:`int8_first_layer_unsaved`), on both devices.
+  column, ``benchmarks/int8_cuda_outliers.py``; :mod:`.int8_outliers` gives its bytes for given columns and
+  the bound, every column, reported in the ``cuda-not-traced`` finding). Layer 0 without checkpointing records no
+  q/k/v node (:func:`int8_first_layer_unsaved`), on both devices.
 * H200, ``benchmarks/data/gpu_truth_nvidia_h200.json`` (max_allocated): Llama-3.2-1B 4 x 1024 -1.39 %, Llama-2-7B
   8 layers 1 x 4096 -7.62 % (checkpointed -17.54 %); with the outlier columns counted on the rows' own random
   models +0.03 %, +0.16 % (-2.89 %: the checkpointed row peaks in the top layer's recomputation, where the
-  outlier weight columns are dequantized too).
+  outlier weight columns are dequantized too: +3.06 % with that ``subB`` transient added).
 
 So an 8-bit layer saves what the traced QLoRA layer saves (:func:`qlora_layer_saved_per_token`: peft's 8-bit
 LoRA wrapper keeps the same adapter tensors as its 4-bit one) plus the input of every 8-bit linear that no

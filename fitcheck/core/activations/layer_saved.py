@@ -108,8 +108,10 @@ def _linear_inputs(shape: ModelShape, m: ActivationMode, full: bool, targets: fr
     hit = [c for c in consumers if c in targets]
     if hit and lora is not None:
         total += len(hit) * adapter_input_bytes(m, lora, width)
-        if lora.dropout == 0 and not (m.amp or m.half_model or full or kept):
-            total += 4 * width  # fp32 model: the adapters read the input itself, once (trace: mul, norm output)
+        if lora.dropout == 0 and not (m.amp or (m.half_model and not m.a16) or full or kept):
+            # fp32 model (or 16-bit adapters on a 16-bit model): the adapters read the input itself, once (trace:
+            # mul, norm output)
+            total += m.e * width
     return total
 
 
@@ -124,7 +126,7 @@ def _experts_adapted(spec: TrainingSpec) -> bool:
 def _reads_input_itself(spec: TrainingSpec, m: ActivationMode, targets: frozenset[str], name: str) -> bool:
     """Whether the LoRA adapter on ``name`` saves its input tensor itself (fp32 model, no dropout, no autocast)."""
     lora = spec.lora
-    return name in targets and lora is not None and lora.dropout == 0 and not (m.amp or m.half_model)
+    return name in targets and lora is not None and lora.dropout == 0 and not (m.amp or (m.half_model and not m.a16))
 
 
 def lora_reads_input_itself(spec: TrainingSpec) -> bool:
@@ -139,7 +141,7 @@ def down_adapter_saved(spec: TrainingSpec) -> int:
     if lora is None or "down_proj" not in _lora_targets(spec):
         return 0
     inter = spec.model.shape.intermediate_size
-    itself = 4 * inter if _reads_input_itself(spec, m, _lora_targets(spec), "down_proj") else 0
+    itself = m.e * inter if _reads_input_itself(spec, m, _lora_targets(spec), "down_proj") else 0
     return adapter_input_bytes(m, lora, inter) + itself
 
 

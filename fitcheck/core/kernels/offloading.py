@@ -79,7 +79,9 @@ def lever_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         out.append(Finding(
             "reentrant-checkpointing", Severity.INFO,
             "use_reentrant=True saves the same layer inputs as the non-reentrant default (real CPU steps: equal "
-            "to the byte outside the recomputed layer's working set, which differs by < one hidden-sized tensor)",
+            "to the byte outside the recomputed layer's working set); the recomputed layer keeps its whole graph "
+            "until its backward ends, which moves the worst moment during backward (traces at real width: -6.7 % to "
+            "+9.9 % of the activations against the formula): not pinned, traced where torch is installed",
         ))
     if act.offload_activations:
         if spec.hardware.device_type is DeviceType.CPU:

@@ -28,9 +28,10 @@ Sources (the installed versions):
   256-blocks, and a copy of the 256-entry dynamic code table, ``code.to(A.device, copy=True)``) follow, then the fp32
   ``absmax`` is deleted. The 16-bit weight is dropped when the parameter is
   replaced (``set_param_for_module``, ``del realized_value``).
-* bitsandbytes 0.50.2 ``Int8Params._quantize``: ``B = data.contiguous().to(device, dtype=torch.float16)`` (a copy
-  unless the weight is already fp16), ``int8_vectorwise_quant(B)``: int8 ``CB`` (one byte per element) and fp32
-  ``SCB`` (one per row).
+* transformers 5.23 ``Bnb8bitQuantize.convert`` passes ``value.to("cpu")`` to ``Int8Params`` and moves it back;
+  bitsandbytes 0.50.2 ``Int8Params._quantize``: ``B = data.contiguous().to(device, dtype=torch.float16)`` (a new
+  GPU copy for every load dtype, fp16 included, while the loaded value is still alive), ``int8_vectorwise_quant(B)``:
+  fp32 ``SCB`` (one per row), then int8 ``CB`` (one byte per element).
 * A pre-quantized bitsandbytes checkpoint (``Bnb4bitDeserialize``) loads the packed weight and its statistics as
   stored: no 16-bit copy.
 * peft 0.21.2 ``utils/other.py`` ``prepare_model_for_kbit_training``: every fp16/bf16 parameter that is not
@@ -45,7 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.core.states import base_weights, is_quantized, quantized_bytes
-from fitcheck.spec import Dtype, ParamEntry, Strategy, TrainingSpec
+from fitcheck.spec import DeviceType, Dtype, ParamEntry, Strategy, TrainingSpec
 
 _CODE_4BIT = 16 * 4  # get_4bit_type: 16 fp32 code values, a new tensor per weight
 _CODE_DYNAMIC = 256 * 4  # quantize_blockwise: QuantState(code=code.to(A.device, copy=True)): a copy per weight
@@ -132,12 +133,19 @@ def _quantize_4bit(seq: _Seq, spec: TrainingSpec, entry: ParamEntry, load: Dtype
     seq.free(w)
 
 
-def _quantize_8bit(seq: _Seq, entry: ParamEntry, load: Dtype) -> None:
+def _quantize_8bit(seq: _Seq, entry: ParamEntry, load: Dtype, cpu: bool) -> None:
+    """transformers 5.23 ``Bnb8bitQuantize.convert``: ``Int8Params(value.to("cpu"), ...).to(value.device)`` while
+    the loaded ``value`` stays on the GPU; ``Int8Params.to`` quantizes a CPU tensor (``_quantize``): ``B =
+    data.contiguous().to(device=device, dtype=torch.float16)`` is a new GPU copy whatever the load dtype (fp16
+    too: the data is the CPU copy; on a CPU run ``value.to("cpu")`` is the value itself and an fp16 one is not
+    copied), then the CUDA ``int8_vectorwise_quant`` (``backends/cuda/ops.py``) allocates ``row_stats`` (SCB, fp32)
+    before ``out_row`` (CB, int8); the copy and the loaded value are freed after."""
     n = entry.numel_each
     w = seq.alloc(n * load.nbytes, "16-bit weight before quantization")
-    fp16 = seq.alloc(n * 2, "fp16 copy for int8_vectorwise_quant") if load is not Dtype.FLOAT16 else None
-    seq.alloc(n, "int8 weight (CB)")
+    copy = not (cpu and load is Dtype.FLOAT16)
+    fp16 = seq.alloc(n * 2, "fp16 copy for int8_vectorwise_quant (from the CPU copy)") if copy else None
     seq.alloc(4 * (entry.out_features or entry.shape[0]), "fp32 row scales (SCB)")
+    seq.alloc(n, "int8 weight (CB)")
     if fp16 is not None:
         seq.free(fp16)
     seq.free(w)
@@ -201,7 +209,7 @@ def load_events(spec: TrainingSpec, capacity: int | None = None) -> list[LoadEve
             elif quant.bits == 4:
                 _quantize_4bit(seq, spec, entry, load)
             else:
-                _quantize_8bit(seq, entry, load)
+                _quantize_8bit(seq, entry, load, spec.hardware.device_type is DeviceType.CPU)
             continue
         seq.alloc(entry.numel_each * load.nbytes, "parameter")
     return seq.events

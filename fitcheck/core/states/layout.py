@@ -164,7 +164,9 @@ def _build_layout(spec: TrainingSpec) -> Layout:
     if spec.lora is not None:
         plan = plan_lora(spec)
         out.plan = plan
-        adapter_dtype = cast or Dtype.FLOAT32  # peft autocast_adapter_dtype=True; DeepSpeed casts the module
+        # peft autocast_adapter_dtype=True: fp32; DeepSpeed casts the module (its activations' view too:
+        # kernels/module_cast.py deepspeed_module_view)
+        adapter_dtype = cast or (spec.precision.load_dtype if spec.precision.module_cast else Dtype.FLOAT32)
         trl_bf16 = trl_bf16_trainables(spec)  # TRL 1.16 casts a quantized model's trainables to bf16
         if trl_bf16:
             adapter_dtype = Dtype.BFLOAT16

@@ -23,7 +23,7 @@ from fitcheck.core.states.fsdp_qlora import compute_dtype_override, gathered_lay
 from fitcheck.core.states.layout import trainable_params
 from fitcheck.core.states.zero3_reuse import reuse_kept_elements
 from fitcheck.report import PHASES, Category, Component, Location, Phase
-from fitcheck.spec import MixedPrecision, OffloadDevice, Strategy, TrainingSpec
+from fitcheck.spec import DeepSpeedSpec, MixedPrecision, OffloadDevice, Strategy, TrainingSpec
 from fitcheck.units import format_bytes
 
 _SRC_DDP = (
@@ -114,7 +114,10 @@ def partition(spec: TrainingSpec) -> Partition:
             # With offload_optimizer, ZeRO-1 also keeps only its partition's
             # gradients, in the fp32 host partition
             # (stage_1_and_2.py copy_grads_in_partition -> single_partition_of_fp32_groups[i].grad).
-            gradients=n if stage >= 2 or off_opt else 1,
+            # ZeRO-1 with overlap_comm reduces during backward as ZeRO-2 does: each gradient is copied into the
+            # ipg bucket (its own storage freed; one outside the rank's partition is left a view of the bucket,
+            # reduce_ipg_grads' stage-1 branch), the rank's into grads_in_partition (zero_reduce.py)
+            gradients=n if stage >= 2 or off_opt or _zero1_overlapped(spec) else 1,
             optimizer=n if stage >= 1 else 1,
             master=n if stage >= 1 else 1,
             optimizer_on_host=off_opt,
@@ -152,6 +155,27 @@ def partition(spec: TrainingSpec) -> Partition:
         + (" + CPU offload" if offload else ""),
         shard_group=group,
     )
+
+
+def contiguous_reduction(spec: TrainingSpec, during_backward: bool) -> DeepSpeedSpec | None:
+    """The DeepSpeed settings of a ZeRO-1/2 run that copies its gradients into ``grads_in_partition``
+    (``contiguous_gradients``, no optimizer offload: ``copy_grads_in_partition``'s GPU branch) during backward
+    (``during_backward``: ZeRO-2, or ZeRO-1 with ``overlap_comm``, ``process_gradients``' hook path) or at its end
+    (ZeRO-1 without ``overlap_comm``, ``reduce_gradients``); None for any other run."""
+    sh = spec.sharding
+    ds = sh.deepspeed
+    if sh.strategy is not Strategy.DEEPSPEED or ds is None or sh.zero_stage not in (1, 2):
+        return None
+    if (sh.zero_stage == 2 or ds.overlaps_comm) is not during_backward:
+        return None
+    if not ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
+        return None
+    return ds
+
+
+def _zero1_overlapped(spec: TrainingSpec) -> bool:
+    """ZeRO-1 reducing during backward (``overlap_comm``, ``contiguous_gradients``, no offload)."""
+    return spec.sharding.zero_stage == 1 and contiguous_reduction(spec, during_backward=True) is not None
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -33,12 +33,12 @@ Pure: no torch, no environment.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from fitcheck.core.states.layout import all_trainable, build_layout
-from fitcheck.core.states.sharding import param_compute_bytes
+from fitcheck.core.states.sharding import contiguous_reduction, param_compute_bytes
 from fitcheck.report import PHASES, Category, Component, Location, Phase
-from fitcheck.spec import DeepSpeedSpec, OffloadDevice, Strategy, TrainingSpec
+from fitcheck.spec import TrainingSpec
 
 _SRC = (
     "deepspeed 0.19.8 runtime/zero/stage_1_and_2.py: reduce_gradients -> reduce_independent_p_g_buckets_and_"
@@ -207,22 +207,6 @@ def _copied_before_partition(groups: Sequence[Sequence[int]], world: int, rank: 
     return copied  # the epilogue's bucket (or none of the rank's: grads_in_partition is never made)
 
 
-def _contiguous_reduction(spec: TrainingSpec, during_backward: bool) -> DeepSpeedSpec | None:
-    """The DeepSpeed settings of a ZeRO-1/2 run that copies its gradients into ``grads_in_partition``
-    (``contiguous_gradients``, no optimizer offload: ``copy_grads_in_partition``'s GPU branch) during backward
-    (``during_backward``: ZeRO-2, or ZeRO-1 with ``overlap_comm``, ``process_gradients``' hook path) or at its end
-    (ZeRO-1 without ``overlap_comm``, ``reduce_gradients``); None for any other run."""
-    sh = spec.sharding
-    ds = sh.deepspeed
-    if sh.strategy is not Strategy.DEEPSPEED or ds is None or sh.zero_stage not in (1, 2):
-        return None
-    if (sh.zero_stage == 2 or ds.overlaps_comm) is not during_backward:
-        return None
-    if not ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
-        return None
-    return ds
-
-
 def zero1_reduction_bytes(spec: TrainingSpec) -> int:
     """Bytes ZeRO-1's end-of-backward reduction holds beyond every gradient and the ipg bucket (which the model
     states and ``buffers.deepspeed_reduce_bucket`` count in ``Phase.BACKWARD``): ``grads_in_partition`` less the
@@ -236,7 +220,7 @@ def zero1_reduction_bytes(spec: TrainingSpec) -> int:
     Returns:
         The bytes (>= 0).
     """
-    ds = _contiguous_reduction(spec, during_backward=False)
+    ds = contiguous_reduction(spec, during_backward=False)
     if ds is None:
         return 0
     groups = [[n for n, _ in g] for g in zero_groups(spec)]
@@ -320,8 +304,23 @@ def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int, int] | None:
         with ``overlap_comm`` (``process_gradients`` takes the same hook path: ``if self.partition_gradients or
         self.overlap_comm``; real engine, one process, 64 tokens: -3.53 % before, -0.04 % with it), with
         ``contiguous_gradients`` and no optimizer offload.
+
+    ZeRO-1 (with ``overlap_comm``) clears no gradient outside the rank's partition (``reduce_ipg_grads``: ``else:
+    # zero stage 1``): one that fit the bucket is left a view of it, an extra-large one (above
+    ``reduce_bucket_size``, reduced from its own storage) keeps that storage until the step: each value holds those
+    made by then too (real engine, tiny Llama, 8 ranks, rank 7: the MLP weights' gradients at the embedding's
+    backward).
+
+    With gradient accumulation every micro-step's backward starts with no ``.grad`` (the epilogue,
+    ``independent_gradient_partition_epilogue``, ends with ``_release_ipg_buffers``: ``grads_in_partition = None``,
+    and ``_clear_param_grad_only``), so it reduces and allocates as the first does; but the previous micro-steps'
+    partition stays alive beside it, as ``all_grad_tensors`` (views of the old ``grads_in_partition``, kept while
+    not at the accumulation boundary, summed into with ``add_`` and dropped at the boundary). Each value then holds
+    a rank's carried partition too: the largest of the ranks' carried + (made by then) new one (real engine, 64
+    tokens, accumulation 2, the second micro-step: one process -7.75 % before, 8 ranks on the fake process group
+    -5.69 % -> -2.57 % on rank 7; ``benchmarks/deepspeed_cpu.py`` ``CASES["zero2-accum2"]``).
     """
-    ds = _contiguous_reduction(spec, during_backward=True)
+    ds = contiguous_reduction(spec, during_backward=True)
     if ds is None:
         return None
     groups = [[n for n, _ in g] for g in zero_groups(spec)]
@@ -335,13 +334,24 @@ def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int, int] | None:
     layer = sum(p.numel_each for p in spec.model.params if "*" in p.name)
     first = min((k for k, p in enumerate(spec.model.params) if "*" in p.name), default=len(spec.model.params))
     after = sum(p.numel for k, p in enumerate(spec.model.params) if k > first and "*" not in p.name)
-    top = held[world - 1] * elem if after + layer > ds.reduce_bucket_size else 0
+    carried = held if spec.batch.grad_accum > 1 else [0] * world  # the previous micro-steps' partitions
     order = hook_order(spec)
+    owners = [_owners(g, world) for g in groups]
+
+    def worst(ranks: Iterable[int], stop: int) -> int:
+        """The largest rank's carried + new partition (the new: ``ranks``') + ZeRO-1's kept extra-large gradients
+        made before ``order[stop]``."""
+        made, kept = set(ranks), [0] * world
+        for g, k, numel, _ in order[:stop] if spec.sharding.zero_stage == 1 else ():
+            for r in range(world):  # reduce_ipg_grads' stage-1 branch clears no gradient outside the partition
+                kept[r] += numel if numel > ds.reduce_bucket_size and r not in owners[g][k] else 0
+        return max(carried[r] + (held[r] if r in made else 0) + kept[r] for r in range(world)) * elem
+
     layers = [i for i, (_, _, _, at) in enumerate(order) if at >= 0]
+    top = worst([world - 1] if after + layer > ds.reduce_bucket_size else [], layers[0] if layers else len(order))
     bottom = next((i for i, t in enumerate(order) if t[3] == 0), len(order))
     outs = []
     for stop in (bottom + 1, (layers[-1] + 1) if layers else len(order)):  # bottom: its first gradient hooked
-        ranks = _allocated_before(groups, world, order, stop, ds.reduce_bucket_size)
-        outs.append(max((held[r] for r in ranks), default=0) * elem)
+        outs.append(worst(_allocated_before(groups, world, order, stop, ds.reduce_bucket_size), stop))
     return top, outs[0], outs[1]
 

@@ -25,13 +25,12 @@ from fitcheck.core.trainers.fused_head import forward_peak
 from fitcheck.core.trainers.grpo_batch import grpo_batch_error
 from fitcheck.core.trainers.reference_fsdp import reference_fsdp2_finding
 from fitcheck.core.trainers.registry import EvalRule, fused_outputs, trainer_row
-from fitcheck.core.trainers.steps import fused_head_inputs, has_reference_copy
+from fitcheck.core.trainers.steps import fused_head_inputs, has_reference_copy, held_between_steps
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import TrainingSpec
 
 _SOURCE = "transformers 5.23 trainer.py evaluate / evaluation_loop / prediction_step (no_grad forward)"
-_STATE = (Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META, Category.OPTIMIZER, Category.MASTER)
 # Measured against real Trainer.evaluate / SFTTrainer.evaluate on CPU (benchmarks/trl_truth.py EVAL_CASES) and
 # DPO / GRPO / reward evaluate (TRL_EVAL_CASES)
 
@@ -63,8 +62,8 @@ def evaluation_component(run: TrainingSpec, train: tuple[Component, ...],
     sh = run.model.shape
     # ZeRO-3's flat gradient partition buffer is never freed (core/states/sharding.py Partition.gradients_resident)
     grads = partition(run).gradients_resident
-    held = sum(c.at(Phase.FORWARD_END) for c in train if c.location is Location.DEVICE
-               and (c.category in _STATE or (grads and c.name == "gradients")))
+    held = sum(c.at(Phase.FORWARD_END) for c in train
+               if held_between_steps(c) or (grads and c.location is Location.DEVICE and c.name == "gradients"))
     b, s = run.batch.micro_batch, run.batch.seq_len
     hidden = b * s * sh.hidden_size * run.precision.load_dtype.nbytes  # the backbone output, held at the loss
     ids = 8 * b * s

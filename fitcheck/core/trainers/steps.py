@@ -244,6 +244,26 @@ def generation_parts(spec: TrainingSpec, kv: int, working: int, source: str) -> 
     )
 
 
+# What stays allocated between training steps, in a phase outside the step (generation, evaluation): the model's and
+# the optimizer's tensors, and the cuBLAS / cuBLASLt workspaces (``overhead.cublas_workspace``: allocated through the
+# caching allocator at a thread's first cuBLAS call and kept for the process, torch ``CublasHandlePool.cpp``;
+# ``core/overheads.py``). Gradients are not: ``zero_grad(set_to_none=True)`` freed them after the optimizer step.
+HELD_BETWEEN_STEPS = (Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META, Category.OPTIMIZER, Category.MASTER,
+                      Category.OVERHEAD)
+
+
+def held_between_steps(c: Component) -> bool:
+    """Whether a step's component is alive on the device between steps (an overhead only where it is inside the
+    caching allocator, ``Location.DEVICE``: the cuBLAS workspaces; the CUDA context and NCCL are outside it).
+
+    Measured (H200, torch 2.11): the bytes allocated before ``GRPOTrainer._generate`` of step 2 are the weights,
+    the optimizer states and the two threads' workspaces (``benchmarks/data/trl_gpu_nvidia_h200.json``), and
+    ``Trainer.evaluate``'s peak is 68 MB (the workspaces) above the weights, states and forward without them
+    (``benchmarks/data/trainer_gpu_nvidia_h200.json``).
+    """
+    return c.location is Location.DEVICE and c.category in HELD_BETWEEN_STEPS
+
+
 def _generation(spec: TrainingSpec, persistent: int, traced: bool = False) -> list[Component]:
     """GRPO without vLLM: ``model.generate`` for the generation batch (no grad), after the optimizer step; with
     ``traced``, the cache and working set are a trace's (already among the components), only the held state is
@@ -252,7 +272,8 @@ def _generation(spec: TrainingSpec, persistent: int, traced: bool = False) -> li
     if t.kind is not TrainerKind.GRPO or (t.use_vllm and t.vllm_mode is VllmMode.SERVER):
         return []
     held = Component("generation.weights_and_states", Category.WEIGHTS, Location.DEVICE,
-                     {Phase.GENERATION: persistent}, "weights, optimizer states (and reference) stay during generate",
+                     {Phase.GENERATION: persistent},
+                     "weights, optimizer states (and reference) and the cuBLAS workspaces stay during generate",
                      "everything persistent; gradients were freed by zero_grad")
     if t.use_vllm:  # colocate: vLLM holds its share of the GPU for the whole run (grpo_trainer.py vllm_generation)
         share = int(spec.hardware.gpu_memory_bytes * t.vllm_gpu_memory_utilization)
@@ -300,9 +321,7 @@ def trainer_components(spec: TrainingSpec, base: tuple[Component, ...], head_inp
     if trainer_row(t.kind).classifier and not traced:  # the reward step's moments inside the model
         reward = reward_component(run, tuple(out))
         out.extend(() if reward is None else (reward,))
-    persistent = sum(c.at(Phase.FORWARD_END) for c in out if c.location is Location.DEVICE
-                     and c.category in (Category.WEIGHTS, Category.ADAPTERS, Category.QUANT_META,
-                                        Category.OPTIMIZER, Category.MASTER))
+    persistent = sum(c.at(Phase.FORWARD_END) for c in out if held_between_steps(c))
     traced = any(c.name in GENERATION_TRACED for c in base)  # the default path traced generate (tracer_generate)
     out.extend(_generation(run, persistent, traced))
     return tuple(out)
