@@ -149,24 +149,3 @@ def test_a_zero_byte_storage_is_no_allocator_event() -> None:
     assert [n for _, n, _ in events] == [16, 32, -32] and kept.numel() == 4
     assert starts == (1, 1)
     assert events[starts[1]][2] == "backward"
-
-
-def test_kto_without_a_prompt_length_composes() -> None:
-    """A CUDA KTO run with no ``max_prompt_length`` (prompt 0: its backward makes a ``zeros((0,))``): its one-step trace
-    composes into a run of three steps (it raised ``ComposeError: storage ... is freed but was not allocated``, and the
-    default path fell back to the 11 % / two-group gap: Phi-2 KTO LoRA 4 x 1024)."""
-    from benchmark_module import load_benchmark
-
-    from fitcheck.spec import HardwareSpec
-    from fitcheck.torch_adapters import run_trace_kwargs
-    from fitcheck.torch_adapters.allocator_compose import whole_run
-
-    truth = load_benchmark("trl_truth")
-    cpu = truth.spec_for(truth.Case("kto", TrainerKind.KTO, length=32, prompt=0, lora=truth.TRL_LORA))
-    spec = dataclasses.replace(cpu, hardware=HardwareSpec(gpu_name="H100"))  # the CUDA step (cuda_emulation)
-    kwargs = run_trace_kwargs(spec)
-    assert kwargs["trl_kto"].prompt == 0
-    step = one_step_traces({"kto": spec}, num_layers=1)["kto"]
-    steps = 3  # the step's own events are what did not compose: an optimizer that allocates nothing
-    events, _ = whole_run(step.alloc_events, step.region_starts, (), (0,) * (2 * steps + 1), steps)
-    assert all(n for _, n, _ in events)
