@@ -33,6 +33,28 @@ def test_trainer_defaults_to_kbit_prep_and_trl_does_not() -> None:
     assert forced.quant is not None and forced.quant.prepare_for_kbit_training
 
 
+def test_prep_without_checkpointing_says_peft_turns_it_on() -> None:
+    """peft's ``prepare_model_for_kbit_training(model)`` checkpoints a k-bit model with its defaults, reentrant (its
+    ``{}`` kwargs reach torch's ``checkpoint`` without ``use_reentrant``): the note says so where the run has none."""
+    import warnings
+
+    from peft import prepare_model_for_kbit_training
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, vocab_size=64))
+    model.is_loaded_in_4bit = True  # peft tests this attribute only
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = prepare_model_for_kbit_training(model)
+    func = model.model.layers[0]._gradient_checkpointing_func
+    assert model.is_gradient_checkpointing and func.keywords == {}  # torch: use_reentrant None -> True
+    _, notes = _spec({**QLORA, "gradient_checkpointing": False})
+    assert any("also turns on gradient checkpointing" in n for n in notes)
+    _, notes = _spec(dict(QLORA))
+    assert not any("also turns on gradient checkpointing" in n for n in notes)
+
+
 def test_without_prep_embeddings_and_head_stay_16_bit() -> None:
     on, _ = _spec(dict(QLORA))
     off, _ = _spec({**QLORA, "prepare_for_kbit_training": False})

@@ -176,8 +176,17 @@ def _kbit_note(spec: TrainingSpec, kind: TrainerKind) -> tuple[str, ...]:
     if quant is None or quant.pre_quantized:
         return ()
     if quant.prepare_for_kbit_training:
-        return ("prepare_model_for_kbit_training assumed (peft's QLoRA recipe): non-quantized 16-bit parameters "
-                "are fp32; pass --prepare_kbit_training false if the script does not call it",)
+        note = ("prepare_model_for_kbit_training assumed (peft's QLoRA recipe): non-quantized 16-bit parameters "
+                "are fp32; pass --prepare_kbit_training false if the script does not call it")
+        if spec.activations.checkpointing:
+            return (note,)
+        # peft 0.21.2 utils/other.py prepare_model_for_kbit_training: use_gradient_checkpointing=True by default,
+        # gradient_checkpointing_kwargs={} passed to transformers 5.23 activation_checkpointing_enable, which keeps
+        # {} (its use_reentrant=False default is only for None) -> torch 2.13 checkpoint(use_reentrant=None) = True
+        return (note, "peft's prepare_model_for_kbit_training(model) with its defaults also turns on gradient "
+                "checkpointing (use_gradient_checkpointing=True; reentrant under transformers 5.23 + torch 2.13), "
+                "whatever the Trainer's flag says: this estimate has none; if the script calls it with its "
+                "defaults, add --gradient_checkpointing --gradient_checkpointing_kwargs '{\"use_reentrant\": true}'")
     who = "TRL 1.16 never calls it" if kind is not TrainerKind.TRAINER else "as given"
     return (f"no prepare_model_for_kbit_training ({who}): norms, embeddings and LM head stay "
             f"{spec.precision.load_dtype.value}",)

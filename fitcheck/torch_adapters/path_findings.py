@@ -40,11 +40,13 @@ def published_gap(why: str) -> Finding:
 
 
 def two_groups(reason: str) -> Finding:
-    """INFO: the whole run could not be replayed (``reason``); reserved uses the two-group step's gap."""
+    """INFO: the whole run could not be replayed (``reason``); reserved uses the deepest traced step's gap (two
+    layer groups, three where the bottom layer reads another dtype: ``tracer_depth.residual_promoted``)."""
     return Finding("reserved-two-groups", Severity.INFO,
                    f"the whole run could not be replayed through the caching allocator "
-                   f"({reason}); reserved uses the gap of the traced step at "
-                   "two layer groups, which does not scale with depth (-12 % .. +13 % on the H100 rows of "
+                   f"({reason}); reserved uses the gap of the deepest traced step (two layer groups; three "
+                   "where the bottom layer reads another dtype than the layers above it), which does not scale "
+                   "with depth (-12 % .. +13 % on the H100 rows of "
                    "benchmarks/data/reserved_replay_nvidia_h100_80gb_hbm3.json)",
                    "--reserved_replay replays the run traced at its full depth")
 

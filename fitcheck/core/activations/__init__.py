@@ -4,7 +4,8 @@
   the autocast weight cache, and the components the report shows;
 - :mod:`.layer_saved`: what one decoder layer (and the model outside its layers) saves per token;
   :mod:`.activation_mode`: how a run stores its activations; :mod:`.logits`: the loss's logits, the head's backward;
-- :mod:`.layernorm_blocks`: the LayerNorm blocks (GPT-2, BERT, Phi-2, Falcon, BLOOM), chosen by ``traits.recipe``;
+- :mod:`.layernorm_blocks`: the LayerNorm blocks (GPT-2, BERT, Phi-2, Falcon, BLOOM), chosen by ``traits.recipe``
+  (:mod:`.layernorm_outside`: what they keep outside their layers);
 - :mod:`.norms`: fp32-product RMSNorms, q/k norms, post-norm-only layers; :mod:`.attention_variants`: attention
   sinks and their eager softmax, the rotary tables; :mod:`.moe_grouped_mm`: grouped_mm clamped-SwiGLU experts;
   :mod:`.mla`: latent attention and DeepSeek's dense/MoE layers; :mod:`.param_wrapper`: peft's MoE adapters;
@@ -45,6 +46,7 @@ from fitcheck.core.activations.layer_saved import layer_saved_per_token, lm_head
 from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved, legacy_softmax_input_added
 from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.norm_backward import RMS_BACKWARD_TEMPS
+from fitcheck.core.activations.promoted import other_half_autocast
 from fitcheck.core.activations.qlora import lora_dropout_mask_bytes
 from fitcheck.core.activations.qlora16 import qlora16_backward_working_set
 from fitcheck.core.activations.versions import legacy_bnb_kept_inputs, versions_findings
@@ -70,6 +72,7 @@ __all__ = [
     "lora_dropout_mask_bytes",
     "not_pinned_finding",
     "old_bnb_4bit",
+    "other_half_autocast",
     "qlora16_backward_working_set",
     "range_label",
     "recipe_suffix",

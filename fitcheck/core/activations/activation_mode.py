@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.core.activations.qlora import kbit_fp32_lora, kbit_upcast, lora_dropout_mask_bytes
+from fitcheck.core.activations.promoted import kbit_upcast, promoted_residual
+from fitcheck.core.activations.qlora import kbit_fp32_lora, lora_dropout_mask_bytes
 from fitcheck.spec import LoraSpec, MixedPrecision, TrainingSpec
 
 
@@ -25,6 +26,10 @@ class ActivationMode:
     # autocast over fp32 base outputs (qlora.kbit_fp32_lora): fp32 MLP outputs; attention saves 16-bit casts of
     # q, k, v (eager: of q, k^T, v), not the fused qkv output
     fp32_out: bool = False
+    # 16-bit weights under the other 16-bit autocast dtype on the Llama-style layer (:func:`other_half_autocast`):
+    # every layer above the bottom one runs as fp32 weights under autocast (``autocast``, r = 4); the embedding
+    # output, the bottom layer's checkpoint and the rotary tables stay in the weights' 16 bits
+    promoted: bool = False
     # the LoRA adapters are the 16-bit model's dtype (DeepSpeed's module cast, PrecisionSpec.module_cast): peft's
     # _cast_input_dtype has nothing to cast, the branch runs on the 16-bit input as an fp32 model's does on its own
     a16: bool = False
@@ -35,13 +40,23 @@ def activation_mode(spec: TrainingSpec) -> ActivationMode:
     # peft's prepare_model_for_kbit_training casts every non-quantized parameter to fp32 (activations_qlora.py)
     half = spec.precision.load_dtype.is_half and not kbit_upcast(spec)
     amp = spec.precision.mixed_precision is not MixedPrecision.NO
+    # the Llama-style layer above the bottom one, fp16 weights under bf16 autocast (or bf16 under fp16): its input
+    # is the fp32 residual, so its norms (LlamaRMSNorm.forward: ``self.weight * hidden_states.to(input_dtype)``,
+    # input_dtype float32) return fp32 and autocast casts them and the 16-bit weights (not kFloat: never cached,
+    # torch 2.13 autocast_mode.cpp ``cached_cast``) for each matmul, as over fp32 weights. Fake-tensor traces of
+    # Llama-2 at width 256, 2 x 256, 4 and 5 layers, bf16 autocast, checkpointed LoRA / QLoRA: during backward the
+    # float16 config holds the float32 config's bytes less its 16-bit embedding output and rotary tables
+    # (327,680 B less); the LayerNorm blocks model it in layernorm_blocks.BlockCtx.res
+    promoted = promoted_residual(spec)
+    if promoted:
+        half = False
     autocast = not half and amp
     a16 = half and spec.precision.module_cast and spec.lora is not None
     dm = lora_dropout_mask_bytes(spec)  # aten Dropout.cpp: CUDA native_dropout's bool mask, CPU fp32 noise
     if a16 and dm > 1:  # CPU: empty_like(input).bernoulli_() noise in the 16-bit input's dtype
         dm = spec.precision.load_dtype.nbytes
     return ActivationMode(e=2 if half or autocast else 4, r=2 if half else 4, autocast=autocast, half_model=half,
-                          amp=amp, dm=dm, fp32_out=autocast and kbit_fp32_lora(spec), a16=a16)
+                          amp=amp, dm=dm, fp32_out=autocast and kbit_fp32_lora(spec), promoted=promoted, a16=a16)
 
 
 def adapter_input_bytes(m: ActivationMode, lora: LoraSpec, width: int) -> int:

@@ -117,6 +117,14 @@ class BackwardInputs:
     eager_backward: int | None = None
     eager_made: int = 0
     ckpt_mask: int = 0
+    # 16-bit weights under the other 16-bit autocast (activation_mode.ActivationMode.promoted): the rotary tables
+    # are 16-bit, the bottom layer's first norm copies its 16-bit input to fp32 (LlamaRMSNorm.forward
+    # ``hidden_states.to(torch.float32)``) and keeps its 16-bit normalised input for a trained weight
+    # (``self.weight * hidden_states.to(input_dtype)``); first_less: what the bottom layer keeps less than the
+    # layers above it (decoder.activation_components)
+    promoted: bool = False
+    first_less: int = 0
+    first_norm_less: int = 0  # what the bottom layer's first norm keeps less for a trained weight (the same)
 
 
 
@@ -189,10 +197,14 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
         if q.n_ckpt == 0:
             whole = q.layers_saved < 0 or i == 0 or q.offloaded
             saved = below * q.layer if whole else q.layers_saved
-            live = static + saved + below * (cast + norms) - cast_down
+            live = static + saved + below * (cast + norms) - cast_down - q.first_less
         else:
-            shared = 0 if q.half_model else 4 * h * bs  # fp32 model: the first norm saves its input itself
+            # fp32 residual: the first norm saves its input itself (not the promoted bottom layer's 16-bit input)
+            shared = 0 if q.half_model or (q.promoted and i == 0) else 4 * h * bs
             live = static + below * q.ckpt_input + q.layer + norms - shared + 8 * s + cast - cast_down + q.ckpt_mask
+            live -= q.first_less
+            if i == 0:  # its first norm's 16-bit normalised input (BackwardInputs.first_norm_less)
+                live -= q.first_norm_less
         live += (L - below) * q.retained
         if q.n_ckpt == 0:  # bitsandbytes <= 0.43.1: layer 0 made no q/k/v node (bnb_kept_inputs.py)
             live -= kept_first_layer_less(spec, all_kept=False) * spec.batch.micro_batch * spec.batch.seq_len
@@ -387,7 +399,9 @@ def _static_outside(spec: TrainingSpec, q: BackwardInputs) -> int:
     from fitcheck.core.activations.embedding import scaled_embedding_leaf
 
     # cos/sin (1, s, rot) in the model dtype (trace); OLMo-2 fp32, gpt-oss rot = head_dim / 2 (attention_variants.py)
-    return rotary_tables(spec.model.shape, spec.batch.seq_len, q.half_model) + scaled_embedding_leaf(spec, q.r)
+    half = q.half_model or q.promoted
+    return rotary_tables(spec.model.shape, spec.batch.seq_len, half) + scaled_embedding_leaf(spec, q.r)
+
 
 
 def _gemma_norms(spec: TrainingSpec) -> int:

@@ -59,7 +59,7 @@ from fitcheck.core.activations.layer_saved import (
     _outside_saved,
     layer_saved_per_token,
 )
-from fitcheck.core.activations.layernorm_blocks import (
+from fitcheck.core.activations.layernorm_outside import (
     layernorm_findings_text,
     layernorm_top_residual,
 )
@@ -95,7 +95,7 @@ from fitcheck.core.kernels import (
 from fitcheck.core.trainers import runs_fused_head
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import AttnImpl, DeviceType, LayerRecipe, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, LayerRecipe, NormKind, TrainingSpec
 
 
 def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
@@ -121,7 +121,10 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     if act.checkpointing:
         n_ckpt = math.ceil(layers / max(1, act.checkpoint_every_n_layers))
     kept = (layers - n_ckpt) * (layer + scores) + n_ckpt * m.r * sh.hidden_size * b * s
-    # fp32 residual past layer 0 (layernorm_blocks._Ctx.res); only where it is wider than the checkpoint's element
+    first_less, norm_less = _promoted_first_less(spec, m, n_ckpt) if m.promoted else (0, 0)
+    first_less, norm_less = first_less * b * s, norm_less * b * s
+    kept -= first_less
+    # fp32 residual past layer 0 (layernorm_blocks.BlockCtx.res); only where it is wider than the checkpoint's element
     # (a k-bit run's checkpoints are already m.r wide: prepare_model_for_kbit_training's fp32 norms)
     if n_ckpt > 1 and sh.traits.recipe.layernorm_block and layernorm_top_residual(spec) > m.r:
         kept += (n_ckpt - 1) * (layernorm_top_residual(spec) - m.r) * sh.hidden_size * b * s
@@ -162,7 +165,8 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     eager_kw = {} if eager is None else {"eager_backward": eager.backward, "eager_made": eager.made,
                                          "ckpt_mask": eager.mask}
     bq = BackwardInputs(recomputed + scores, kept, ckpt_input if n_ckpt else 0, n_ckpt, m.e, m.r,
-                        m.autocast, m.half_model, end, layers_saved, offloaded=bool(host),
+                        m.autocast, m.half_model, end, layers_saved, offloaded=bool(host), promoted=m.promoted,
+                        first_less=first_less, first_norm_less=norm_less,
                         attention_moment=_mla_attention_moment(spec, m, layers_saved), **_int8_backward(spec, b * s),
                         **eager_kw)
     # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
@@ -260,6 +264,25 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     return tuple(comps)
 
 
+def _promoted_first_less(spec: TrainingSpec, m: ActivationMode, n_ckpt: int) -> tuple[int, int]:
+    """Bytes per token the bottom layer keeps less than the fp32-residual layers above it, for 16-bit weights under
+    the other 16-bit autocast (``ActivationMode.promoted``), and what its first norm keeps less for a trained
+    weight: (saved less, norm less).
+
+    Checkpointed, its input is the 16-bit embedding output, (r - 2)·h less. Its first norm copies that input to
+    fp32 (an fp32 residual is saved by the norm itself) and, for a trained weight, keeps the 16-bit normalised
+    input (LlamaRMSNorm.forward ``self.weight * hidden_states.to(input_dtype)``), not the fp32 product: 2·h less
+    (Gemma / OLMo-2 multiply the fp32 product, ``NormKind``: nothing less). Not checkpointed, that 2·h is all it
+    keeps less (its fp32 copy stands in for the fp32 residual the norms above save). Fake-tensor traces, Llama-2,
+    Mistral, Qwen2, Gemma at width 256, 2 x 256 and 1 x 512, 4 layers, float16 under bf16 and bfloat16 under fp16:
+    the float32 config's bytes less this and the 16-bit rotary tables (LoRA, full fine-tune; checkpointed or
+    not)."""
+    h = spec.model.shape.hidden_size
+    trained = spec.lora is None and spec.quant is None and spec.freeze is None
+    norm = 2 * h if trained and spec.model.shape.traits.norm_kind is NormKind.RMS else 0
+    return ((m.r - 2) * h if n_ckpt else norm), norm
+
+
 def _int8_backward(spec: TrainingSpec, tokens: int) -> dict[str, int]:
     """8-bit LoRA: the ctx.A inputs each layer keeps after its backward (the graph lives until the step ends,
     activations/int8.py). The dequantized weight of the backward matmul never sets the peak in the traced grid
@@ -308,6 +331,8 @@ def _autocast_cache_phases(spec: TrainingSpec, m: ActivationMode) -> tuple[int, 
         # full fine-tune: leaving autocast clears its cache; a cast survives only where an autograd node saved
         # it, and a checkpointed layer saves nothing (differential check "llama full ckpt autocast", Llama-3-8B:
         # 13 GiB of casts at the end of forward, none at the start of backward)
+        if m.promoted:  # 16-bit weights: autocast caches only casts of fp32 leaves (autocast_mode.cpp cached_cast:
+            return 0, 0  # arg.scalar_type() == at::kFloat); float16 config, trace: no cast left at end of forward
         frozen = frozen_layers(spec)
         if frozen is not None:
             # autocast caches only casts of leaves that require grad (aten/src/ATen/autocast_mode.cpp

@@ -117,7 +117,7 @@ def cuda_only_terms(spec: TrainingSpec) -> str | None:
       ``AT_FORALL_FP32``; CPU autocast lists neither), so a LayerNorm family under autocast keeps fp32 tensors the
       formulas count in 16 bits (H200, Phi-2 LoRA bf16 autocast 4 x 2048: the formula was -11 %).
     - SDPA with attention dropout runs a fused kernel on CUDA (no s x s tensor) and the math path on a CPU: the
-      formulas' CUDA branch of it (``layernorm_blocks._fused_math``) was not checked by the CPU rows.
+      formulas' CUDA branch of it (``layernorm_blocks.fused_math``) was not checked by the CPU rows.
     - QLoRA without k-bit preparation under autocast, checkpointed: peft 0.21.2 ``tuners/lora/bnb.py``
       ``Linear4bit.forward`` runs its LoRA branch on the 16-bit input when the argument-less
       ``torch.is_autocast_enabled()`` (CUDA's) is True, and in fp32 under CPU autocast (``cuda_emulation.py`` item

@@ -21,11 +21,8 @@ from fitcheck.core.activations.int8 import (
     int8_formula_applies,
     int8_layer_saved_per_token,
 )
-from fitcheck.core.activations.layernorm_blocks import (
-    layernorm_block_saved,
-    layernorm_head_input,
-    layernorm_outside_saved,
-)
+from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved
+from fitcheck.core.activations.layernorm_outside import layernorm_head_input, layernorm_outside_saved
 from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.mla import (
     MlaMode,
@@ -408,7 +405,8 @@ def _outside_saved(spec: TrainingSpec) -> int:
     per_token += _head_input_per_token(spec, m)
     total = per_token * b * s
     # cos and sin tables, shape (1, s, head_dim) in the model dtype (trace: to_copy / cos / sin, not per batch)
-    total += rotary_tables(sh, s, m.half_model)  # OLMo-2 fp32, gpt-oss head_dim / 2 (attention_variants.py)
+    # OLMo-2 fp32, gpt-oss head_dim / 2 (attention_variants.py); 16-bit under the other autocast (ActivationMode)
+    total += rotary_tables(sh, s, m.half_model or m.promoted)
     if sh.traits.norm_kind is NormKind.RMS_ONE_PLUS:
         norms = 4 if sh.traits.norm_placement is NormPlacement.PRE_AND_POST else 2
         total += 4 * h * (norms * sh.num_layers + 1)  # (1 + weight) in fp32 per norm (trace: add (h,) fp32)

@@ -29,11 +29,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from fitcheck.core.activations.activation_mode import ActivationMode, activation_mode, adapter_input_bytes
+from fitcheck.core.activations.activation_mode import (
+    ActivationMode,
+    activation_mode,
+    adapter_input_bytes,
+)
 from fitcheck.core.activations.lora_targets import wrapped_linears
+from fitcheck.core.activations.promoted import other_half_autocast
 from fitcheck.core.activations.versions import legacy_softmax_keeps_input
 from fitcheck.core.kernels import liger_applies, offload_applies
-from fitcheck.spec import AttnImpl, DeviceType, Dropout, LayerRecipe, LoraSpec, TrainingSpec
+from fitcheck.spec import AttnImpl, DeviceType, Dropout, LayerRecipe, LoraSpec, MixedPrecision, TrainingSpec
 
 R = LayerRecipe
 # Linear module names (peft target names) of each block
@@ -45,7 +50,7 @@ _LINEARS: Mapping[LayerRecipe, tuple[str, ...]] = {
     R.BLOOM_ALIBI: ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
 }
 # The linears reading the layer input (through its LayerNorm)
-_FIRST_READERS: Mapping[LayerRecipe, tuple[str, ...]] = {
+FIRST_READERS: Mapping[LayerRecipe, tuple[str, ...]] = {
     R.GPT2_BLOCK: ("c_attn",), R.BERT_BLOCK: ("query", "key", "value"),
     R.PHI_PARALLEL: ("q_proj", "k_proj", "v_proj", "fc1"),
     R.FALCON_PARALLEL: ("query_key_value", "dense_h_to_4h"), R.BLOOM_ALIBI: ("query_key_value",),
@@ -53,7 +58,7 @@ _FIRST_READERS: Mapping[LayerRecipe, tuple[str, ...]] = {
 
 
 @dataclass(frozen=True)
-class _Ctx:
+class BlockCtx:
     """What decides the saved bytes of one layer."""
 
     e: int  # element bytes of the model dtype
@@ -73,7 +78,7 @@ class _Ctx:
 
 
 
-def _ctx(spec: TrainingSpec) -> _Ctx:
+def block_ctx(spec: TrainingSpec) -> BlockCtx:
     traits = spec.model.shape.traits
     e = 2 if spec.precision.load_dtype.is_half else 4
     cuda = spec.hardware.device_type is DeviceType.CUDA
@@ -90,12 +95,11 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
     # a 16-bit model under the other 16-bit autocast dtype (Phi-2's fp16 weights, bf16 autocast): the layer's
     # 16-bit outputs added to the fp16 residual promote it to fp32 (torch type promotion of bf16 + fp16)
     # (traced for Phi; GPT-2 by the same adds; BERT / Falcon / BLOOM not traced so: unchanged)
-    amp_dtype = _autocast_dtype(spec)
     # (a dtype rule: whatever the attention kernel or the checkpointed moments modelled, so eager keeps what SDPA
-    # keeps, tests/test_activations_catalog.py)
+    # keeps, tests/test_activations_catalog.py; activation_mode.other_half_autocast)
     mixed_half = (mode.amp and not full and e == 2 and traits.recipe in (R.GPT2_BLOCK, R.PHI_PARALLEL)
-                  and spec.precision.load_dtype.value != amp_dtype)
-    return _Ctx(
+                  and _other_half(spec))
+    return BlockCtx(
         e=e,
         dm=1 if cuda else e,
         dm32=1 if cuda else 4,
@@ -117,9 +121,9 @@ def _ctx(spec: TrainingSpec) -> _Ctx:
 _OUT: Mapping[LayerRecipe, str] = {R.GPT2_BLOCK: "c_proj", R.PHI_PARALLEL: "fc2"}
 
 
-def _autocast_dtype(spec: TrainingSpec) -> str | None:
-    """The dtype name autocast computes in (``bfloat16`` / ``float16``), None without mixed precision."""
-    return {"bf16": "bfloat16", "fp16": "float16"}.get(spec.precision.mixed_precision.value)
+def _other_half(spec: TrainingSpec) -> bool:
+    """16-bit weights under the other 16-bit autocast dtype (:func:`other_half_autocast` on the spec's names)."""
+    return other_half_autocast(spec.precision.load_dtype.value, spec.precision.mixed_precision.value)
 
 
 def layernorm_recompute_applies(spec: TrainingSpec) -> bool:
@@ -129,20 +133,20 @@ def layernorm_recompute_applies(spec: TrainingSpec) -> bool:
     sh, lora = spec.model.shape, spec.lora
     recipe = sh.traits.recipe
     act = spec.activations
-    amp_dtype = _autocast_dtype(spec)
-    fp32_residual = not spec.precision.load_dtype.is_half or spec.precision.load_dtype.value != amp_dtype
+    amp = spec.precision.mixed_precision is not MixedPrecision.NO
+    fp32_residual = not spec.precision.load_dtype.is_half or _other_half(spec)
     return (
         recipe in _OUT and lora is not None and spec.quant is None and not lora.use_dora
         and spec.freeze is None and not lora.modules_to_save
         and act.checkpointing and act.checkpoint_every_n_layers == 1
         and act.attn_implementation is not AttnImpl.EAGER and not sh.traits.eager_only
-        and spec.hardware.device_type is DeviceType.CUDA and amp_dtype is not None and fp32_residual
+        and spec.hardware.device_type is DeviceType.CUDA and amp and fp32_residual
         and _OUT[recipe] in wrapped_linears(lora, _LINEARS[recipe])
         and liger_applies(spec) is None and not offload_applies(spec)
     )
 
 
-def _gelu_new_saved(c: _Ctx, inter: int) -> int:
+def _gelu_new_saved(c: BlockCtx, inter: int) -> int:
     """Bytes per token transformers' ``NewGELUActivation`` (activations.py: ``0.5 * input * (1.0 +
     torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))``) saves for backward:
     pow's input, tanh's output, ``0.5 * input`` and ``1 + tanh`` (mul keeps both operands).
@@ -171,7 +175,7 @@ def _adapter_mode(spec: TrainingSpec, e: int) -> ActivationMode:
     return replace(mode, amp=False, autocast=False, half_model=e == 2)  # dm: activation_mode's, kept
 
 
-def _reads(c: _Ctx, width: int, consumers: tuple[str, ...]) -> int:
+def linear_reads(c: BlockCtx, width: int, consumers: tuple[str, ...]) -> int:
     """Bytes per token kept for the linears ``consumers`` reading one tensor of ``width`` features.
 
     Full fine-tune: the tensor itself (weight gradient). LoRA (peft ``lora.Linear.forward``): per adapter what
@@ -190,12 +194,12 @@ def _reads(c: _Ctx, width: int, consumers: tuple[str, ...]) -> int:
     return total
 
 
-def _keeps(c: _Ctx, consumers: tuple[str, ...]) -> bool:
+def _keeps(c: BlockCtx, consumers: tuple[str, ...]) -> bool:
     """Whether a tensor is kept by one of the linears reading it (full fine-tune, or a LoRA on one of them)."""
     return c.full or any(n in c.targets for n in consumers)
 
 
-def _math_attention(c: _Ctx, q: int, kv: int, a: int, v_fp32: int, p: float) -> tuple[int, int]:
+def _math_attention(c: BlockCtx, q: int, kv: int, a: int, v_fp32: int, p: float) -> tuple[int, int]:
     """SDPA math path (aten ``_scaled_dot_product_attention_math``): q, k scaled in fp32, v in fp32, s² terms.
 
     ``v_fp32`` is the storage holding v in an fp32 model (v may be a view of a fused qkv output); 16-bit models
@@ -206,7 +210,7 @@ def _math_attention(c: _Ctx, q: int, kv: int, a: int, v_fp32: int, p: float) -> 
     return per_token, s2
 
 
-def _fused_math(c: _Ctx, p: float, heads_match: bool, mask: bool) -> bool:
+def fused_math(c: BlockCtx, p: float, heads_match: bool, mask: bool) -> bool:
     """True when SDPA runs the math path (see the module docstring), False for a fused kernel."""
     if not heads_match:
         return True
@@ -215,24 +219,24 @@ def _fused_math(c: _Ctx, p: float, heads_match: bool, mask: bool) -> bool:
     return p > 0 or mask
 
 
-def _gpt2(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
+def _gpt2(spec: TrainingSpec, c: BlockCtx) -> tuple[int, int]:
     sh = spec.model.shape
     h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
     pa, pr = c.drop.attention, c.drop.hidden
     e = c.e
     total = 2 * c.ln + 2 * e * h  # ln_1 / ln_2 statistics; the two residual sums (LayerNorm inputs)
-    total += _reads(c, h, ("c_attn",)) + _reads(c, h, ("c_fc",))  # ln_1 / ln_2 outputs
+    total += linear_reads(c, h, ("c_attn",)) + linear_reads(c, h, ("c_fc",))  # ln_1 / ln_2 outputs
     total += 2 * c.dm * h if pr > 0 else 0  # resid_dropout masks after attention and MLP
     if c.eager:
         total += 3 * e * h  # fused c_attn output: q, k, v are views of it (matmuls keep them)
         s2 = e * a + ((c.dm + e) * a if pa > 0 else 0)  # softmax (model dtype), dropout mask and output
-        total += _reads(c, h, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0  # merged heads (clone)
-    elif _fused_math(c, pa, True, False):
+        total += linear_reads(c, h, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0  # merged heads (clone)
+    elif fused_math(c, pa, True, False):
         # fp32: v is a transposed view of the fused c_attn output; with b = 1 bmm reads the views (the whole
         # output stays alive), with b > 1 it makes contiguous copies of q, k^T and v instead (trace)
         v_fp32 = 3 * 4 * h if spec.batch.micro_batch == 1 else 4 * h
         math, s2 = _math_attention(c, h, h, a, v_fp32, pa)
-        total += math + (_reads(c, h, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0)
+        total += math + (linear_reads(c, h, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0)
     else:
         # fused kernel: q, k, v views of c_attn output, output (laid out (b, s, a, d): c_proj reads it), logsumexp
         # (16-bit under autocast: c.mm)
@@ -240,18 +244,18 @@ def _gpt2(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
         total += _lora_only(c, h, ("c_proj",))
         s2 = 0
     # MLP: c_fc output, gelu_new's 0.5·x, tanh, 1 + tanh (activations.NewGELUActivation); the product feeds c_proj
-    total += _gelu_new_saved(c, inter) + (_reads(c, inter, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0)
+    total += _gelu_new_saved(c, inter) + (linear_reads(c, inter, ("c_proj",)) if _keeps(c, ("c_proj",)) else 0)
     return total, s2
 
 
-def _lora_only(c: _Ctx, width: int, consumers: tuple[str, ...]) -> int:
+def _lora_only(c: BlockCtx, width: int, consumers: tuple[str, ...]) -> int:
     """Extra bytes a LoRA adapter keeps for a tensor already saved by another op (fp32 casts, lora_A output)."""
     if c.full or c.lora is None:
         return 0
     return sum(1 for n in consumers if n in c.targets) * adapter_input_bytes(c.mode, c.lora, width)
 
 
-def _bert(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
+def _bert(spec: TrainingSpec, c: BlockCtx) -> tuple[int, int]:
     sh = spec.model.shape
     h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
     q = sh.num_heads * sh.head_dim
@@ -260,40 +264,40 @@ def _bert(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
     # post-LN: the residual sums (LayerNorm inputs) and statistics; the attention-LN output feeds the
     # intermediate dense, the output-LN output the next layer's query/key/value
     total = 2 * e * h + 2 * c.ln
-    total += _reads(c, h, ("dense",)) + _reads(c, h, ("query", "key", "value"))
+    total += linear_reads(c, h, ("dense",)) + linear_reads(c, h, ("query", "key", "value"))
     total += 2 * c.dm * h if ph > 0 else 0  # hidden dropout masks (attention output, layer output)
     if c.eager:
         total += 3 * e * h  # query, key, value outputs
         s2 = e * a + ((c.dm + e) * a if pa > 0 else 0)
-        total += _reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0
-    elif _fused_math(c, pa, True, False):
+        total += linear_reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0
+    elif fused_math(c, pa, True, False):
         math, s2 = _math_attention(c, q, q, a, 4 * q, pa)
-        total += math + (_reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0)
+        total += math + (linear_reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0)
     else:
         total += 3 * e * h + e * q + 4 * a + _lora_only(c, q, ("dense",))
         s2 = 0
     # intermediate dense output (kept by the erf GELU), GELU output (the output dense input)
-    total += e * inter + (_reads(c, inter, ("dense",)) if _keeps(c, ("dense",)) else 0)
+    total += e * inter + (linear_reads(c, inter, ("dense",)) if _keeps(c, ("dense",)) else 0)
     return total, s2
 
 
-def _phi(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
+def _phi(spec: TrainingSpec, c: BlockCtx) -> tuple[int, int]:
     sh = spec.model.shape
     h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
     q, kv = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim
     pa, pr = c.drop.attention, c.drop.hidden
     e = c.e
-    total = c.ln + _reads(c, h, ("q_proj", "k_proj", "v_proj", "fc1"))  # one LayerNorm: parallel attn + MLP
+    total = c.ln + linear_reads(c, h, ("q_proj", "k_proj", "v_proj", "fc1"))  # one LayerNorm: parallel attn + MLP
     total += 2 * c.dm * h if pr > 0 else 0  # resid_dropout on the attention and MLP outputs
     total += c.res * h  # the layer output (residual sum)
     if c.eager:
         total += e * (q + 2 * kv)  # rotary q, k (partial rotary: cat of rotated and pass-through) and v
         s2 = 4 * a + (e * a if e == 2 else 0)  # fp32 softmax and its cast to the model dtype
         s2 += (c.dm + e) * a if pa > 0 else 0
-        total += _reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0
-    elif _fused_math(c, pa, sh.num_kv_heads == sh.num_heads, False):
+        total += linear_reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0
+    elif fused_math(c, pa, sh.num_kv_heads == sh.num_heads, False):
         math, s2 = _math_attention(c, q, kv, a, 4 * kv, pa)
-        total += math + (_reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0)
+        total += math + (linear_reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0)
     else:
         total += c.mm * (q + 2 * kv) + c.mm * q + 4 * a  # rotary q, k, v, output, logsumexp (16-bit: autocast's casts)
         s2 = 0
@@ -303,18 +307,18 @@ def _phi(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
         if c.cuda and e == 4:
             total += _lora_only(c, q, ("dense",))
         else:
-            total += _reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0
+            total += linear_reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0
     # MLP: fc1 output, gelu_new's 0.5·x, tanh, 1 + tanh; the product feeds fc2
-    total += _gelu_new_saved(c, inter) + (_reads(c, inter, ("fc2",)) if _keeps(c, ("fc2",)) else 0)
+    total += _gelu_new_saved(c, inter) + (linear_reads(c, inter, ("fc2",)) if _keeps(c, ("fc2",)) else 0)
     return total, s2
 
 
-def _falcon(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
+def _falcon(spec: TrainingSpec, c: BlockCtx) -> tuple[int, int]:
     sh = spec.model.shape
     h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
     q, kv = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim
     e = c.e
-    total = c.ln + _reads(c, h, ("query_key_value", "dense_h_to_4h"))  # one LayerNorm (parallel attention)
+    total = c.ln + linear_reads(c, h, ("query_key_value", "dense_h_to_4h"))  # one LayerNorm (parallel attention)
     total += e * h  # layer output (residual sum)
     total += c.dm * h if c.drop.hidden > 0 else 0  # dropout_add at the end of the layer
     if c.eager:
@@ -323,7 +327,7 @@ def _falcon(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
     else:
         # the causal mask is always materialised (allow_is_causal_skip=False): CPU takes the math path, and on
         # CUDA the fused kernels refuse multi-query heads; SDPA is called with dropout_p=0.0 on the rotary path
-        if _fused_math(c, 0.0, sh.num_kv_heads == sh.num_heads, True):
+        if fused_math(c, 0.0, sh.num_kv_heads == sh.num_heads, True):
             # b > 1: bmm cannot broadcast the single k/v head over a batched view and keeps contiguous
             # copies of k and v expanded to every head (trace)
             kv_kept = q if spec.batch.micro_batch > 1 else kv
@@ -332,11 +336,11 @@ def _falcon(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
             total += e * (q + 2 * kv) + e * q + 4 * a  # memory-efficient kernel: q, k, v, output, logsumexp
             s2 = 0
     if c.eager or s2:
-        total += _reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0  # merged heads (reshape copy)
+        total += linear_reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0  # merged heads (reshape copy)
     else:
         total += _lora_only(c, q, ("dense",))  # memory-efficient output is laid out (b, s, a, d): no copy
     # MLP: dense_h_to_4h output (kept by the erf GELU), GELU output (dense_4h_to_h input)
-    total += e * inter + (_reads(c, inter, ("dense_4h_to_h",)) if _keeps(c, ("dense_4h_to_h",)) else 0)
+    total += e * inter + (linear_reads(c, inter, ("dense_4h_to_h",)) if _keeps(c, ("dense_4h_to_h",)) else 0)
     return total, s2
 
 
@@ -344,21 +348,21 @@ def _add(total: int, pair: tuple[int, int]) -> tuple[int, int]:
     return total + pair[0], pair[1]
 
 
-def _bloom(spec: TrainingSpec, c: _Ctx) -> tuple[int, int]:
+def _bloom(spec: TrainingSpec, c: BlockCtx) -> tuple[int, int]:
     sh = spec.model.shape
     h, a, inter = sh.hidden_size, sh.num_heads, sh.intermediate_size
     q = sh.num_heads * sh.head_dim
     pa, ph = c.drop.attention, c.drop.hidden
     e = c.e
     total = 2 * c.ln + 2 * e * h  # input / post-attention LayerNorm statistics; residual sums (their inputs)
-    total += _reads(c, h, ("query_key_value",)) + _reads(c, h, ("dense_h_to_4h",))  # LayerNorm outputs
+    total += linear_reads(c, h, ("query_key_value",)) + linear_reads(c, h, ("dense_h_to_4h",))  # LayerNorm outputs
     total += 2 * c.dm * h if ph > 0 else 0  # dropout_add masks
     # eager only (ALiBi): fused qkv output (baddbmm keeps q, k; bmm keeps v), fp32 softmax and its cast
     total += 3 * e * h
     s2 = 4 * a + (e * a if e == 2 else 0) + ((c.dm + e) * a if pa > 0 else 0)
-    total += _reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0  # merged heads
+    total += linear_reads(c, q, ("dense",)) if _keeps(c, ("dense",)) else 0  # merged heads
     # MLP: dense_h_to_4h output (kept by bloom's GeLUFunction), GELU output (dense_4h_to_h input)
-    total += e * inter + (_reads(c, inter, ("dense_4h_to_h",)) if _keeps(c, ("dense_4h_to_h",)) else 0)
+    total += e * inter + (linear_reads(c, inter, ("dense_4h_to_h",)) if _keeps(c, ("dense_4h_to_h",)) else 0)
     return total, s2
 
 
@@ -379,7 +383,7 @@ def layernorm_block_saved(spec: TrainingSpec) -> tuple[int, int]:
     Returns:
         Per-token bytes and the coefficient of the s² term (eager or math-path attention).
     """
-    c = _ctx(spec)
+    c = block_ctx(spec)
     recipe = spec.model.shape.traits.recipe
     per_token, s2 = _LAYERS[recipe](spec, c)
     if legacy_softmax_input_added(spec):  # torch < 1.11 keeps the softmax input (versions.py)
@@ -390,173 +394,9 @@ def layernorm_block_saved(spec: TrainingSpec) -> tuple[int, int]:
 def legacy_softmax_input_added(spec: TrainingSpec) -> bool:
     """Whether the formulas add the softmax input a torch < 1.11 stack keeps (``versions.py``): an eager LayerNorm
     block. A trace runs the installed torch and cannot show it (``torch_adapters.run_scope.untraced_parts``)."""
-    return runs_layernorm_block(spec) and _ctx(spec).eager and legacy_softmax_keeps_input(spec)
+    return runs_layernorm_block(spec) and block_ctx(spec).eager and legacy_softmax_keeps_input(spec)
 
 
 def runs_layernorm_block(spec: TrainingSpec) -> bool:
     """Whether the spec's model runs one of the LayerNorm blocks here."""
     return spec.model.shape.traits.recipe.layernorm_block
-
-
-def layernorm_outside_saved(spec: TrainingSpec) -> int:
-    """Bytes kept outside the layers per micro-batch: embeddings side, final LayerNorm, MLM head, rotary tables.
-
-    The layer-0 input is counted here (the layer formulas count each layer's own output); under checkpointing
-    ``fitcheck.core.activations.decoder`` counts every checkpointed layer's input instead.
-    """
-    c = _ctx(spec)
-    sh = spec.model.shape
-    fam = sh.traits.recipe
-    b, s, h = spec.batch.micro_batch, spec.batch.seq_len, sh.hidden_size
-    e = c.e
-    ckpt = spec.activations.checkpointing
-    # without checkpointing: the layer-0 input, kept by its first op when a gradient flows into it (trained
-    # embeddings); with it, every checkpointed layer's input is counted by fitcheck.core.activations.decoder and the
-    # last layer's output (the final LayerNorm input, trace) is what is left to count here
-    first = c.res * h if ckpt else (e * h if c.full else 0)  # the last layer output: fp32 residual (_Ctx.res)
-    per_token, fixed = 0, 0
-    if fam is R.GPT2_BLOCK:
-        per_token = first + (c.dm * h if c.drop.embedding > 0 and c.full else 0)  # embedding dropout mask
-        per_token += c.ln + _head_input(c, h)  # ln_f statistics and output (the tied LM head input)
-        fixed = 8 * s if c.full else 0  # position_ids arange (s,) int64, kept by the trained wpe
-        if ckpt and not c.full:
-            per_token += _gpt2_peft_embedding(c, h)
-            fixed = 8 * s
-    elif fam is R.BERT_BLOCK:
-        if c.full or ckpt:
-            # word + position + token-type sum (embedding LayerNorm input) and its statistics; dropout mask
-            # (LoRA + checkpointing: enable_input_require_grads makes the embeddings require a gradient)
-            per_token = e * h + c.ln + (c.dm * h if c.drop.hidden > 0 else 0)
-            fixed = 8 * s if c.full else 0  # token_type_ids gathered from the (1, s) buffer (int64)
-        per_token += 0 if ckpt else first
-        if sh.task not in ("seq-cls", "token-cls"):  # a classifier has no MLM head (core/heads/classifier.py)
-            # MLM head (BertLMPredictionHead): transform dense output, GELU output, LayerNorm stats and output
-            per_token += 2 * e * h + c.ln + _head_input(c, h)
-            if not c.full:
-                per_token += _reads(c, h, ("dense",))  # an adapter on the head's transform dense ("all-linear")
-        if ckpt:
-            per_token += e * h  # the last layer output, read by the head's transform dense
-    elif fam is R.PHI_PARALLEL:
-        per_token = first + (c.dm * h if c.drop.embedding > 0 and c.full else 0)
-        per_token += c.ln + _head_input(c, h)  # final_layernorm statistics and output
-        rot = int(sh.head_dim * sh.partial_rotary_factor)  # PhiAttention.rotary_ndims
-        fixed = 2 * s * rot * e  # cos and sin (1, s, rot) in the model dtype
-    elif fam is R.FALCON_PARALLEL:
-        per_token = first + c.ln + _head_input(c, h)  # embedding output; ln_f statistics and output
-        fixed = 2 * s * sh.head_dim * e
-    elif fam is R.BLOOM_ALIBI:
-        if c.full or ckpt:  # LoRA + checkpointing: enable_input_require_grads (as for BERT)
-            per_token = e * h + c.ln  # embedding output (word_embeddings_layernorm input) and statistics
-        per_token += first + c.ln + _head_input(c, h)  # layer-0 input; ln_f statistics and output
-    if ckpt:
-        fixed += _checkpoint_args(spec, c)
-    elif not c.full:
-        per_token -= _layer0_without_grad(spec, c)
-    return per_token * b * s + fixed
-
-
-def _gpt2_peft_embedding(c: _Ctx, h: int) -> int:
-    """GPT-2, peft + checkpointing: transformers' enable_input_require_grads makes the wte output require a
-    gradient, so the embedding dropout keeps its mask and the wte output stays alive (trace) until the embedding's
-    backward: bytes per token."""
-    return c.e * h + (c.dm * h if c.drop.embedding > 0 else 0)
-
-
-def layernorm_ckpt_outside(spec: TrainingSpec) -> int:
-    """Bytes per token outside the layers and their checkpoints that a checkpointed LoRA run of a LayerNorm block
-    holds until the embedding's backward (GPT-2's wte output and embedding-dropout mask; 0 for the others: Phi's
-    embedding output is layer 0's checkpoint itself)."""
-    c = _ctx(spec)
-    if spec.model.shape.traits.recipe is not R.GPT2_BLOCK or c.full or not spec.activations.checkpointing:
-        return 0
-    return _gpt2_peft_embedding(c, spec.model.shape.hidden_size)
-
-
-def layernorm_top_residual(spec: TrainingSpec) -> int:
-    """Element bytes of the residual stream past layer 0 of a LayerNorm block (``_Ctx.res``)."""
-    return _ctx(spec).res
-
-
-def _head_input(c: _Ctx, h: int) -> int:
-    """Bytes per token of the LM head's input (the final LayerNorm's output; BERT's MLM transform LayerNorm's), kept
-    by the head when its weight is trained (full fine-tune); a frozen head (LoRA) keeps none."""
-    return c.e * h if c.full else 0
-
-
-def layernorm_head_input(spec: TrainingSpec) -> int:
-    """Bytes per token :func:`layernorm_outside_saved` counts for the LM head's input (a causal LM's or BERT's MLM
-    head; a classifier's head has its own recipe: ``heads.py``)."""
-    sh = spec.model.shape
-    if sh.traits.recipe is R.BERT_BLOCK and sh.task in ("seq-cls", "token-cls"):
-        return 0
-    return _head_input(_ctx(spec), sh.hidden_size)
-
-
-def _checkpoint_args(spec: TrainingSpec, c: _Ctx) -> int:
-    """Tensors a non-reentrant checkpoint keeps alive because every layer receives them (trace)."""
-    sh = spec.model.shape
-    b, s = spec.batch.micro_batch, spec.batch.seq_len
-    if sh.traits.recipe in (R.PHI_PARALLEL, R.FALCON_PARALLEL):
-        extra = 8 * s  # position_ids (s,) int64
-        if sh.traits.recipe is R.FALCON_PARALLEL:
-            extra += s * s * (c.e if c.eager else 1)  # materialised causal mask (1, 1, s, s): float / bool
-        return extra
-    if sh.traits.recipe is R.BLOOM_ALIBI:
-        return b * s * s * c.e + b * sh.num_heads * s * c.e  # float causal mask (b, 1, s, s), ALiBi (b·a, 1, s)
-    return 0
-
-
-def _layer0_without_grad(spec: TrainingSpec, c: _Ctx) -> int:
-    """Bytes per token layer 0 does not keep under LoRA: its input needs no gradient (frozen embeddings).
-
-    The first LayerNorm keeps no statistics, a branch reaching an adapter only through frozen linears keeps
-    nothing (Phi/Falcon parallel MLP), and attention keeps q (k) only when k (q) needs a gradient (trace).
-    """
-    sh = spec.model.shape
-    fam = sh.traits.recipe
-    q, kv, inter = sh.num_heads * sh.head_dim, sh.num_kv_heads * sh.head_dim, sh.intermediate_size
-    out = 0 if fam is R.BERT_BLOCK else c.ln
-    if c.lora_dropout > 0:
-        # adapters reading the layer input (through its LayerNorm) keep no dropout mask there
-        first_readers = _FIRST_READERS[fam]
-        out += c.dm32 * sh.hidden_size * sum(1 for n in first_readers if n in c.targets)
-    if fam is R.PHI_PARALLEL and "fc1" not in c.targets:
-        out += 4 * c.e * inter  # fc1 output and gelu_new intermediates
-    if fam is R.FALCON_PARALLEL and "dense_h_to_4h" not in c.targets:
-        out += c.e * inter  # dense_h_to_4h output
-    if fam in (R.BERT_BLOCK, R.PHI_PARALLEL):
-        qn, kn = ("query", "key") if fam is R.BERT_BLOCK else ("q_proj", "k_proj")
-        p = c.drop.attention
-        fused = not c.eager and not _fused_math(c, p, sh.num_kv_heads == sh.num_heads, False)
-        if not fused:
-            width = c.e if c.eager else 4
-            out += (width * q if kn not in c.targets else 0) + (width * kv if qn not in c.targets else 0)
-    return out
-
-
-def layernorm_logits(spec: TrainingSpec) -> tuple[int, int]:
-    """(forward peak, start-of-backward) bytes of the vocab-sized tensors and the labels.
-
-    Causal LMs (transformers ``loss_utils.ForCausalLMLoss``): logits in the model dtype, the fp32 upcast
-    (a no-op in fp32) and the fp32 log-softmax; labels padded by one. BERT's ``BertForMaskedLM`` calls
-    ``CrossEntropyLoss`` on the logits in the model dtype: log-softmax, its gradient and the logits gradient all
-    in the model dtype, labels not copied.
-    """
-    c = _ctx(spec)
-    sh = spec.model.shape
-    b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, sh.vocab_size, sh.hidden_size
-    bsv = b * s * v
-    e = c.e
-    held = 0 if c.full else e * b * s * h  # the head input, alive during the loss though not saved (frozen head)
-    if sh.traits.recipe is R.BERT_BLOCK:
-        return 2 * e * bsv + 2 * e + held, 3 * e * bsv + 2 * e
-    labels = b * (s + 1) * 8 + 8
-    fwd = (e + 4 + (4 if e == 2 else 0)) * bsv + labels + held
-    return fwd, 12 * bsv + 8
-
-
-def layernorm_findings_text(spec: TrainingSpec) -> str | None:
-    """Why a LayerNorm-family formula is not pinned for this spec, or None when it is."""
-    if spec.precision.mixed_precision.value != "no" and not spec.precision.load_dtype.is_half:
-        return "autocast over fp32 weights is not pinned for this family (16-bit casts per linear are not counted)"
-    return spec.model.shape.traits.gaps.config

@@ -30,11 +30,8 @@ from __future__ import annotations
 
 from fitcheck.core.activations.activation_mode import activation_mode, adapter_input_bytes
 from fitcheck.core.activations.backward_grads import layer_cast
-from fitcheck.core.activations.layernorm_blocks import (
-    layernorm_ckpt_outside,
-    layernorm_recompute_applies,
-    layernorm_top_residual,
-)
+from fitcheck.core.activations.layernorm_blocks import layernorm_recompute_applies
+from fitcheck.core.activations.layernorm_outside import layernorm_ckpt_outside, layernorm_top_residual
 from fitcheck.spec import LayerRecipe, TrainingSpec
 
 _ADAPTER_BYTES = 4  # peft's adapters are fp32 (core/states/lora.py)

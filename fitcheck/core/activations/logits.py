@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fitcheck.core.activations.activation_mode import ActivationMode, activation_mode
 from fitcheck.core.activations.heads import CLASSIFIER_TASKS, classifier_head_backward, classifier_logits
-from fitcheck.core.activations.layernorm_blocks import layernorm_logits
+from fitcheck.core.activations.layernorm_outside import layernorm_logits
 from fitcheck.core.activations.qlora import qlora_frozen_head
 from fitcheck.core.activations.versions import legacy_logits_extra
 from fitcheck.core.kernels import fused_loss, liger_cross_entropy

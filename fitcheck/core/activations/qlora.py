@@ -28,21 +28,14 @@ from __future__ import annotations
 
 from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.norms import qk_norm_saved
-from fitcheck.spec import DeviceType, Dtype, LoraSpec, MixedPrecision, TrainingSpec
+from fitcheck.core.activations.promoted import kbit_upcast as kbit_upcast  # its home; read from here too
+from fitcheck.core.activations.promoted import promoted_residual
+from fitcheck.spec import DeviceType, LoraSpec, MixedPrecision, TrainingSpec
 
 # Families whose decoder layer is the Llama one (q/k/v/o, gate/up/down, RMSNorm) declare ``kbit_pinned``.
 _QKV = ("q_proj", "k_proj", "v_proj")
 _GATE_UP = ("gate_proj", "up_proj")
 _ALL = (*_QKV, "o_proj", *_GATE_UP, "down_proj")
-
-
-def kbit_upcast(spec: TrainingSpec) -> bool:
-    """True when every non-quantized parameter, hence the activations, is fp32: peft's k-bit preparation ran, or
-    the model was loaded in fp32 (then the preparation casts nothing: the same step)."""
-    quant = spec.quant
-    if quant is None:
-        return False
-    return quant.prepare_for_kbit_training or spec.precision.load_dtype is Dtype.FLOAT32
 
 
 def qlora_formula_applies(spec: TrainingSpec) -> bool:
@@ -51,7 +44,7 @@ def qlora_formula_applies(spec: TrainingSpec) -> bool:
     return (
         quant is not None
         and quant.bits == 4
-        and kbit_upcast(spec)
+        and (kbit_upcast(spec) or promoted_residual(spec))  # promoted: fp32 above layer 0, as k-bit prepared
         and spec.lora is not None
         and not spec.lora.use_dora
         and spec.model.shape.traits.kbit_pinned
@@ -70,7 +63,8 @@ def kbit_fp32_lora(spec: TrainingSpec) -> bool:
     an fp32 load): ``Linear4bit.forward`` casts its output back to the fp32 input's dtype (bitsandbytes 0.50.2
     ``nn/modules.py``), so every base linear output is fp32, under autocast too (``MatMul4Bit`` is no autocast op)."""
     lora = spec.lora
-    return four_bit_lora(spec) and kbit_upcast(spec) and lora is not None and not lora.use_dora
+    fp32 = kbit_upcast(spec) or promoted_residual(spec)  # promoted: the fp32 residual above layer 0 is its input
+    return four_bit_lora(spec) and fp32 and lora is not None and not lora.use_dora
 
 
 def lora_dropout_mask_bytes(spec: TrainingSpec) -> int:

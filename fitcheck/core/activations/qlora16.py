@@ -68,7 +68,7 @@ given before).
 from __future__ import annotations
 
 from fitcheck.core.activations.lora_targets import wrapped_linears
-from fitcheck.core.activations.qlora import kbit_upcast
+from fitcheck.core.activations.promoted import kbit_upcast, promoted_residual
 from fitcheck.spec import DeviceType, MixedPrecision, QkNorm, TrainingSpec
 
 _MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")  # Phi-3 fuses gate and up
@@ -83,6 +83,7 @@ def qlora16_applies(spec: TrainingSpec) -> bool:
         and not quant.pre_quantized
         and not kbit_upcast(spec)
         and spec.precision.load_dtype.is_half
+        and not promoted_residual(spec)  # fp32 above layer 0: the k-bit path (qlora.qlora_formula_applies)
         and lora is not None
         and not lora.use_dora
         and spec.model.shape.traits.kbit_pinned
