@@ -41,9 +41,6 @@ def test_extrapolated_depth_equals_the_full_depth_trace(method: str, batch: int)
         assert extrapolated.phases[phase].total == full.phases[phase].total, phase
 
 
-# the fix edits tracer_depth.py, which s19-promoted edits too: it is on branch s19-depthx-fix (s19-promoted merged
-# in), which drops this mark
-@pytest.mark.xfail(strict=True, reason="main extrapolates two picked peaks (tracer_depth.extrapolate): s19-depthx-fix")
 def test_a_moment_that_wins_only_deeper_is_extrapolated_on_its_own_line() -> None:
     """Mistral-Small-24B at 1/16 of its width and 1/4 of its 1792 tokens (full fine-tune, eager, bf16, no
     checkpointing, 1 x 448): during backward, after the LM head's moment, the one-layer trace's peak is the end of
