@@ -50,9 +50,11 @@ def extrapolate(one: TraceResult, two: TraceResult, groups: float, depth: int) -
     layer with every other layer's gradient) wins at 32 layers: Llama-3.1-8B full fine-tune, checkpointing,
     8 x 4096, extrapolated from 1 and 2 layers gave 34.0 GB where the 32-layer trace holds 37.9 GB (the formula's
     figure). So, where the series are kept, the peak while logits are alive and the peak after they are freed are
-    each extrapolated on their own line and the larger is taken; inside each, the moments are equal at one group
-    (top layer = bottom layer) and the larger slope wins at every depth, so the moment that wins at two groups
-    wins at all of them.
+    each extrapolated on their own line and the larger is taken. That is still a peak picked before extrapolating:
+    after the logits are freed, the one-layer trace's worst moment can be the end of backward and the two-layer
+    trace's the top layer's (Mistral-Small-24B full eager bf16, 1 x 1792: 538 MiB under the 40-layer trace), so
+    :func:`combine_depths` draws every event on its own line (:func:`extrapolate_aligned`) and this is only where
+    the two traces' events do not align.
     """
     phases: dict[Phase, PhaseBreakdown] = {}
     for phase in one.phases:
@@ -69,17 +71,33 @@ def extrapolate(one: TraceResult, two: TraceResult, groups: float, depth: int) -
 
 def _aligned_peak(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...],
                   groups: float) -> PhaseBreakdown | None:
-    """A phase's peak at ``groups`` from its series at two depths one group apart, event by event: the events
-    the two traces share from the start (the head and the top layer, every checkpoint below held: each line's
-    slope is one more checkpoint) and those they share from the end (the bottom layer and the embedding, the
-    layers above done: its slope is one more layer's gradients) are each drawn on their own line, and the
-    largest total is taken. None where those two runs of events do not cover the shallower trace.
+    """A phase's peak at ``groups`` from its series at two depths one group apart, every event of the deeper trace
+    drawn on its own line and the largest total taken (never a peak picked before extrapolating). None where the
+    events the two traces share from the start and from the end do not cover the shallower trace.
 
-    Where the bottom layer's moment differs from the top layer's (``residual_promoted``: it reads the 16-bit
-    embedding), the moment that wins at two and three groups need not win deeper: Llama-2-7B (float16 config)
-    SFT LoRA all-linear, bf16, checkpointing, 1 x 2048, during backward, each further layer adds 414.8 / 438.3 /
-    443.3 / 443.3 MB from 1 to 5 layers (the bottom layer's moment wins at 2, the top layer's from 3 on), and the
-    line through 2 and 3 layers fell 144.9 MB under the 32-layer trace (s18-depth).
+    The deeper trace is the shallower one with one group inserted in the stack; deeper still, more groups are
+    inserted there. An event the two traces share from the start (the head and the top layer during backward, the
+    embedding and the bottom layer during the forward) comes before any inserted group has run: each holds what
+    a group holds at the phase's first event (one more checkpoint or layer's saved tensors during backward), the
+    slope of its line. An event shared from the end comes after every inserted group has run: each holds what a
+    group holds at the phase's last event (one more layer's gradients during backward). Any other event of the
+    deeper trace is in a group whose place in the stack the two traces do not tell (the middle group of a
+    three-group trace: a layer in the middle is, at the full depth, as high as the one under the top layer or as
+    low as the one over the bottom layer; or, one and two groups deep, the part of the top or bottom layer that
+    differs from the single layer, which is both): it is drawn with both slopes.
+
+    Where the phase's worst moment changes with the depth, the peaks of the two traces are different moments and a
+    line through them is no moment's: Mistral-Small-24B full fine-tune, eager, bf16, 1 x 1792 tokens, during
+    backward, the one-layer trace's peak after the LM head's is the end of backward (every gradient, the
+    embedding's too), the two-layer trace's the top layer's softmax backward; the line through them fell under the
+    head's, which was 538 MiB under the 40-layer trace (s19-probes; every event on its line: exact). Llama-2-7B
+    (float16 config) SFT LoRA all-linear, bf16, checkpointing, 1 x 2048 (``residual_promoted``: the bottom layer
+    reads the 16-bit embedding), during backward, each further layer adds 414.8 / 438.3 / 443.3 / 443.3 MB from 1
+    to 5 layers (the bottom layer's moment wins at 2, the top layer's from 3 on), and the line through 2 and 3
+    layers fell 144.9 MB under the 32-layer trace (s18-depth). Llama-3.1-8B LoRA, eager, fp32, 1 x 4096 (the
+    bottom layer's input needs no gradient: ``first_layer_apart``), during backward: the line through the peaks
+    was 1920 MiB over the 32-layer trace; drawing only the events shared from the start or the end, 463 MiB under
+    (the top layer's softmax backward is in neither); every event drawn, exact.
     """
     def deltas(rows: tuple[tuple[int, ...], ...]) -> list[tuple[int, ...]]:
         return [tuple(x - y for x, y in zip(r, p, strict=True)) for p, r in itertools.pairwise(rows)]
@@ -90,16 +108,24 @@ def _aligned_peak(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]
     # rows 0..head share their events from the start; the last tail + 1 rows from the end
     if head + tail + 2 < len(a):
         return None
-    pairs = [(a[i], b[i]) for i in range(head + 1)] + [(a[-j], b[-j]) for j in range(1, tail + 2)]
-    best = max(pairs, key=lambda ab: sum(x + (y - x) * (groups - 1) for x, y in zip(*ab, strict=True)))
-    by_cat = {c: round(x + (y - x) * (groups - 1)) for c, x, y in zip(CATEGORIES, *best, strict=True)}
+    first = tuple(y - x for x, y in zip(a[0], b[0], strict=True))  # what a group holds at the phase's first event
+    last = tuple(y - x for x, y in zip(a[-1], b[-1], strict=True))  # ... and at its last
+    from_end = len(b) - tail - 1
+
+    def drawn(i: int) -> tuple[float, ...]:
+        slopes = ((first,) if i <= head else ()) + ((last,) if i >= from_end else ()) or (first, last)
+        return max((tuple(y + s * (groups - 2) for y, s in zip(b[i], slope, strict=True)) for slope in slopes),
+                   key=sum)
+
+    best = max((drawn(i) for i in range(len(b))), key=sum)
+    by_cat = {c: round(n) for c, n in zip(CATEGORIES, best, strict=True)}
     by_cat = {c: n for c, n in by_cat.items() if n}
     return PhaseBreakdown(sum(by_cat.values()), by_cat)
 
 
 def extrapolate_aligned(one: TraceResult, two: TraceResult, groups: float, depth: int) -> TraceResult:
     """:func:`extrapolate` with each phase's peak drawn event by event (:func:`_aligned_peak`) where both series
-    are kept and align; the plan that skips the bottom layer (``depth_plan(skip_first=True)``) uses it."""
+    are kept and align (else the peaks' lines of :func:`extrapolate`): what :func:`combine_depths` draws."""
     base = extrapolate(one, two, groups, depth)
     phases = dict(base.phases)
     for phase in one.phases:
@@ -169,8 +195,7 @@ def combine_depths(config: Mapping[str, Any], results: tuple[TraceResult, ...]) 
         return results[0]
     depth, group = config_layers(config), layer_group(config)
     first = results[0].num_layers / group  # groups in the shallower trace: 1, or 2 (depth_plan's skip_first)
-    draw = extrapolate_aligned if first > 1 else extrapolate
-    return draw(results[0], results[1], depth / group - (first - 1), depth)
+    return extrapolate_aligned(results[0], results[1], depth / group - (first - 1), depth)
 
 
 def trace_extrapolated(config: Mapping[str, Any], **kwargs: Any) -> TraceResult:
