@@ -35,4 +35,6 @@ def test_two_and_three_layers_give_the_full_depth() -> None:
     assert dict(deep.result(1).phases) == dict(full.phases)
     shallow = BatchTraces(spec.model.config, kw)  # the default path's plan: 1 and 2 layers
     assert shallow.plan == (1, 2)
-    assert shallow.result(1).phases != full.phases
+    # since s19-depthx every event of the deeper trace is extrapolated on its own line (tracer_depth): the 1-and-2
+    # plan meets the full depth too (its two picked peaks were off here before)
+    assert dict(shallow.result(1).phases) == dict(full.phases)
