@@ -222,8 +222,8 @@ def not_pinned_finding(spec: TrainingSpec, notes: Sequence[str] = ()) -> Finding
     if key is None:
         what = "this kind of run (method, precision or attention) is not in the formula-vs-trace grid"
     elif recipe is None:
-        what = (f"{unchecked_step(spec)} is not in the formula-vs-trace grids (nor are Liger kernels, a fused or "
-                "chunked loss, activation offloading, vision inputs or reentrant checkpointing)")
+        what = (f"{unchecked_step(spec)} is not in the formula-vs-trace grids (none of Liger kernels, a fused or "
+                "chunked loss, activation offloading, vision inputs and reentrant checkpointing is)")
     elif rs is None:
         what = (f"the adapters ({', '.join(recipe)}) are not a checked recipe (every linear layer or peft's default "
                 f"q_proj/v_proj, r <= {RANK_CLASS_LIMIT}, dropout on)")
