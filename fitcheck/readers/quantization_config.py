@@ -100,7 +100,8 @@ def quant_from_mapping(
             "the default (false) is what LoRA on an 8-bit base uses; the estimate omits the per-layer int8 copies",
         )
     threshold = raw.get("llm_int8_threshold")
-    int8_threshold = 6.0 if threshold is None else as_float(threshold, at=where(source, "llm_int8_threshold"))
+    int8_threshold = (QuantSpec.int8_threshold if threshold is None
+                      else as_float(threshold, at=where(source, "llm_int8_threshold")))
     if int8_threshold < 0:
         raise ConfigError(f"{where(source, 'llm_int8_threshold')}: must be >= 0 (bitsandbytes refuses), got "
                           f"{int8_threshold}")

@@ -202,7 +202,7 @@ def _quant_spec(model: Any, load: Dtype | None) -> tuple[QuantSpec | None, list[
         return spec, [f"read from the model's bitsandbytes layers: 4-bit {spec.quant_type}, blocksize "
                       f"{spec.blocksize}, double quant {spec.double_quant}"]
     # bitsandbytes 0.50.2 nn/modules.py Linear8bitLt.__init__: self.state.threshold = threshold (llm_int8_threshold)
-    threshold = float(getattr(getattr(eight, "state", None), "threshold", 6.0))
+    threshold = float(getattr(getattr(eight, "state", None), "threshold", QuantSpec.int8_threshold))
     return QuantSpec(bits=8, skip_modules=tuple(sorted(skip)), prepare_for_kbit_training=prepared,
                      int8_threshold=threshold), [
         f"read from the model's bitsandbytes layers: LLM.int8 (8-bit), outlier threshold {threshold:g}"
