@@ -181,7 +181,10 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     # "standard"/"chunked" are not LossKind values: since issue 18 the LOSSES table refuses them (before, they fell
     # through to Cut Cross-Entropy's bytes). Both are estimated as torch cross-entropy; torchtune's chunked CE
     # upcasts one chunk of logits at a time, so for those rows the estimate is an upper bound.
-    acts = ActivationSpec(checkpointing=ckpt, attn_implementation=attn, loss="torch")
+    # ``use_reentrant``: the row's checkpointing is reentrant (transformers 4.35-4.x ``gradient_checkpointing_enable``
+    # default ``{"use_reentrant": True}``), stated in the row with its source
+    acts = ActivationSpec(checkpointing=ckpt, attn_implementation=attn, loss="torch",
+                          use_reentrant=bool(row.get("use_reentrant")))
     if chunked:
         notes.append("chunked CE as torch CE (upper bound)")
     kind = str(row.get("seq_len_kind") or "").lower()
