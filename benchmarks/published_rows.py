@@ -206,8 +206,12 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     libs = StackSpec(tuple(sorted((str(k), str(v)) for k, v in versions.items())), "row") if versions else StackSpec()
 
     def build(inventory: ModelInventory) -> TrainingSpec:
+        from fitcheck.readers import inventory_for_stack
+
         return TrainingSpec(
-            model=inventory,
+            # the layout the row's transformers builds, as the CLI reads it (run_args.py: families_legacy.py,
+            # e.g. Mixtral's per-expert nn.Linear on transformers 4.x)
+            model=inventory_for_stack(inventory, libs),
             precision=precision,
             optimizer=OptimizerSpec(name=optim),
             batch=batch,
