@@ -48,6 +48,8 @@ CATALOG = {
     "meta-llama-3-8b": "meta-llama/Meta-Llama-3-8B",
     "meta-llama-3-8b-instruct": "meta-llama/Meta-Llama-3-8B",
     "mistral-7b-v0.1": "mistralai/Mistral-7B-v0.1",
+    "mixtral-8x7b-instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",  # the base model's geometry (same config.json)
+    "llama-2-70b-hf": "meta-llama/Llama-2-70b-hf",
     "google-bert/bert-large-uncased": "google-bert/bert-large-uncased",
 }
 
@@ -203,12 +205,15 @@ def read_quant(row: Mapping[str, Any]) -> QuantSpec | str | None:
     # TRL/PEFT pipelines run prepare_model_for_kbit_training; a row whose source shows it does not says so
     # (``kbit_prep`` false, with ``kbit_prep_source``: ms-swift at cfcb672 never calls it)
     prep = bool(row["kbit_prep"]) if "kbit_prep" in row else row["source_group"] in HF_GROUPS
+    # FSDP-QLoRA stores the 4-bit blocks in bf16 (transformers' bnb_4bit_quant_storage), as the row says
+    storage = Dtype.BFLOAT16 if "quant_storage bf16" in text else Dtype.UINT8
     return QuantSpec(
         bits=4,
         quant_type="nf4",
         double_quant=double,
         compute_dtype=Dtype.BFLOAT16,
         prepare_for_kbit_training=prep,
+        quant_storage=storage,
     )
 
 

@@ -181,7 +181,10 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     # "standard"/"chunked" are not LossKind values: since issue 18 the LOSSES table refuses them (before, they fell
     # through to Cut Cross-Entropy's bytes). Both are estimated as torch cross-entropy; torchtune's chunked CE
     # upcasts one chunk of logits at a time, so for those rows the estimate is an upper bound.
-    acts = ActivationSpec(checkpointing=ckpt, attn_implementation=attn, loss="torch")
+    # ``use_reentrant``: the row's checkpointing is reentrant (transformers 4.35-4.x ``gradient_checkpointing_enable``
+    # default ``{"use_reentrant": True}``), stated in the row with its source
+    acts = ActivationSpec(checkpointing=ckpt, attn_implementation=attn, loss="torch",
+                          use_reentrant=bool(row.get("use_reentrant")))
     if chunked:
         notes.append("chunked CE as torch CE (upper bound)")
     kind = str(row.get("seq_len_kind") or "").lower()
@@ -203,8 +206,12 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     libs = StackSpec(tuple(sorted((str(k), str(v)) for k, v in versions.items())), "row") if versions else StackSpec()
 
     def build(inventory: ModelInventory) -> TrainingSpec:
+        from fitcheck.readers import inventory_for_stack
+
         return TrainingSpec(
-            model=inventory,
+            # the layout the row's transformers builds, as the CLI reads it (run_args.py: families_legacy.py,
+            # e.g. Mixtral's per-expert nn.Linear on transformers 4.x)
+            model=inventory_for_stack(inventory, libs),
             precision=precision,
             optimizer=OptimizerSpec(name=optim),
             batch=batch,

@@ -232,3 +232,31 @@ def test_litgpt_rows_read_quantization_and_dropout_as_their_configs_set_them() -
         assert isinstance(p, pr.Plan)
         lora = p.build(pr.inventory_for(p.model)).lora
         assert lora is not None and lora.dropout == 0.05, rid
+
+
+def test_session20_hf_stack_reports_are_read_as_run() -> None:
+    """fms-acceleration's A100 table (fms-hf-tuning: the Trainer via TRL 0.13's SFTTrainer, transformers 4.48):
+    every run is expressed; each has its Trainer-measured allocated peak and its nvidia-smi figure (``@smi``);
+    checkpointing is reentrant (transformers 4.48's default); FSDP-QLoRA stores the 4-bit blocks in bf16 and skips
+    k-bit preparation (TRL 0.13 ``is_sharded_qlora``). Full fine-tuning and single-GPU LoRA are within 1 % of the
+    measured allocated peak, and the 80 GB OOMs of QLoRA Llama-2-70B on one GPU are called."""
+    from fitcheck.core import estimate
+    from fitcheck.spec import Dtype
+
+    rows = pr.load_rows(ROOT / "benchmarks" / "data" / "published_reports_session20.json")
+    plans = {str(r["id"]): pr.plan_row(r) for r in rows}
+    assert len(plans) >= 40 and all(isinstance(p, pr.Plan) for p in plans.values())
+    smi = plans["FMS-qlora-mistral-2x2@smi"]
+    assert isinstance(smi, pr.Plan) and smi.metric == "used" and smi.metric_sure
+    fsdp_qlora = smi.build(pr.inventory_for(smi.model))
+    assert fsdp_qlora.quant is not None and fsdp_qlora.quant.quant_storage is Dtype.BFLOAT16
+    assert not fsdp_qlora.quant.prepare_for_kbit_training and fsdp_qlora.activations.use_reentrant
+    for rid in ("FMS-full-mistral-1x4", "FMS-full-mistral-2x2", "FMS-lora-mistral-1x8"):
+        p = plans[rid]
+        assert isinstance(p, pr.Plan) and p.metric == "allocated" and p.measured_bytes is not None
+        got = estimate(p.build(pr.inventory_for(p.model))).peak_allocated_bytes
+        assert abs(got - p.measured_bytes) / p.measured_bytes < 0.01, rid
+    for rid in ("FMS-qlora-llama70-1x4", "FMS-qlora-llama70-1x8"):
+        p = plans[rid]
+        assert isinstance(p, pr.Plan) and p.measured_bytes is None
+        assert not estimate(p.build(pr.inventory_for(p.model))).fits, rid

@@ -12,6 +12,7 @@ import pytest
 from fitcheck.catalog.models import find_catalog_config
 from fitcheck.cli.estimate import spec_from_values
 from fitcheck.core.estimator import estimate
+from fitcheck.core.states import is_quantized
 from fitcheck.errors import ConfigError
 from fitcheck.readers.checkpoint_dtype import mxfp4_checkpoint_bytes
 from fitcheck.readers.families_legacy import inventory_for_stack
@@ -119,6 +120,11 @@ def test_qlora_mixtral_quantizes_the_experts_only_on_transformers_4x() -> None:
 
     # 5.x: fused 3-D experts are not nn.Linear, bitsandbytes leaves them in bf16 (~87 GiB); 4.x: 4-bit
     assert weights("transformers=5.23") > 80 * GIB > 30 * GIB > weights("transformers=4.46")
+    # 4.x: every expert and router linear is quantized; the module of the last parameter (get_keys_to_not_convert)
+    # is lm_head, not an expert (the per-expert entries once came last: expert 7's w3 stayed 16-bit in every layer)
+    spec, _ = _spec(**run, stack="transformers=4.46")
+    assert spec.model.params[-1].name == "lm_head.weight"
+    assert all(is_quantized(spec, p) for p in spec.model.params if p.role in (Role.EXPERTS, Role.ROUTER))
 
 
 def test_gpt_oss_without_dtype_loads_bf16_and_says_so() -> None:
