@@ -39,19 +39,22 @@ from typing import Any
 
 from benchmarks.cpu_truth import LLAMA, Row, spec_for
 from benchmarks.gloo_rank import free_port
-from fitcheck.spec import LoraSpec
+from fitcheck.spec import Dtype, LoraSpec, QuantSpec
 
 
 def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, config: dict[str, Any] | None = None,
             world: int = 1, rank: int = 0, bucket: int | None = None, lora: bool = False, accum: int = 1,
-            zero: dict[str, Any] | None = None) -> tuple[int, int, int]:
+            zero: dict[str, Any] | None = None, quant: QuantSpec | None = None) -> tuple[int, int, int]:
     """Live-tensor peaks (bytes) of the second of two real DeepSpeed bf16 steps of the tiny Llama (or ``config``),
     fp32-loaded: (forward + loss, backward, optimizer step; with ``accum`` micro-steps, the largest of the second
     step's). ``world`` > 1: this process is ``rank`` of a ``world``-rank run on torch's fake process group
     (``torch.testing._internal.distributed.fake_pg``: collectives are no-ops, every local tensor is real; what
     ZeRO-1/2 allocates depends on the rank's partition only). ``lora``: peft LoRA (:data:`LORA`) on the fp32 model
     before ``initialize`` (the engine casts the adapters and the frozen base). ``zero``: more
-    ``zero_optimization`` settings."""
+    ``zero_optimization`` settings. ``quant``: a bitsandbytes base (real ``Linear4bit`` / ``Linear8bitLt`` on CPU),
+    loaded in bf16, peft's k-bit preparation where it asks for it, and peft LoRA (:data:`LORA`), built as the
+    tracer builds it (``torch_adapters.build_model``, real tensors): the engine casts the fp32 adapters and the
+    prepared fp32 norms, embeddings and head to bf16, and leaves the uint8 / int8 weights alone."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK="0")
     warnings.filterwarnings("ignore")
@@ -69,7 +72,14 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, conf
     conf = LLAMA if config is None else config
     cfg = transformers.LlamaConfig(**{k: v for k, v in conf.items() if k not in ("model_type", "architectures")})
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if quant is not None:
+        from fitcheck.torch_adapters import build_model
+
+        model = build_model(conf, dtype=torch.bfloat16, attn_implementation="sdpa", checkpointing=ckpt, lora=LORA,
+                            quant=quant, fake=False)
+        ckpt, lora = False, False  # build_model did both
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     if ckpt:  # what Trainer.train() calls (transformers 5: non-reentrant)
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if lora:
@@ -132,11 +142,17 @@ LORA = LoraSpec(r=8, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"))
 # bucket as ZeRO-2 does (core/states/sharding.py; +12 % at the table's width, rank 7 of 8, before), but keeps the
 # extra-large ones outside the rank's partition (zero_reduce.zero2_backward_grads): rank 1 is the worst here
 # (its partition inside the first layer; the MLP weights above the bucket), -3.0 % before.
+NF4 = QuantSpec(quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16)
 CASES: dict[str, dict[str, Any]] = {
     "lora-fp32": {"stage": 2, "seq": 16, "lora": True, "bucket": 128 * 128},
     "zero2-accum2": {"stage": 2, "seq": 16, "accum": 2, "bucket": 128 * 128},
     "zero1-overlap-8-ranks": {"stage": 1, "seq": 16, "world": 8, "rank": 1, "bucket": 128 * 128,
                               "zero": {"overlap_comm": True}},
+    "qlora-nf4": {"stage": 2, "seq": 16, "bucket": 128 * 128, "quant": NF4},
+    "qlora-nf4-ckpt": {"stage": 2, "seq": 16, "bucket": 128 * 128, "quant": NF4, "ckpt": True},
+    "qlora-nf4-zero3": {"stage": 3, "seq": 16, "bucket": 128 * 128, "quant": NF4},
+    "int8-lora": {"stage": 2, "seq": 16, "bucket": 128 * 128, "quant": QuantSpec(bits=8)},
+    "int8-lora-ckpt": {"stage": 2, "seq": 16, "bucket": 128 * 128, "quant": QuantSpec(bits=8), "ckpt": True},
 }
 
 
@@ -199,13 +215,15 @@ def zero3_facts(config: dict[str, Any] | None = None, seq: int = 16, batch: int 
 
 def run_spec(stage: int, seq: int, ckpt: bool = False, config: dict[str, Any] | None = None, world: int = 1,
              bucket: int = 0, rank: int = 0, lora: bool = False, accum: int = 1,
-             zero: dict[str, Any] | None = None) -> Any:
+             zero: dict[str, Any] | None = None, quant: QuantSpec | None = None) -> Any:
     """The TrainingSpec of a :func:`measure` run (``rank`` is the real run's only: the estimate is every rank's
     worst)."""
     from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy
 
     b = bucket or BUCKET
     row = Row("deepspeed_cpu", config or LLAMA, dtype="float32", mp="bf16", ckpt=ckpt, seq=seq)
+    if quant is not None:  # loaded in bf16, quantized, LoRA (measure)
+        row = replace(row, dtype="bfloat16", quant=quant, lora=LORA)
     spec = spec_for(replace(row, lora=LORA) if lora else row)
     ds = DeepSpeedSpec(stage=stage, reduce_bucket_size=b, allgather_bucket_size=b,
                        overlap_comm=(zero or {}).get("overlap_comm"), zero3_init=False)  # built outside zero.Init
