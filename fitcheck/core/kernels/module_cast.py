@@ -70,7 +70,7 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
         return spec
     problem = deepspeed_quant_storage_problem(spec)
     if problem:
-        raise ConfigError([problem])
+        raise ConfigError(problem)
     dtype = Dtype.BFLOAT16 if mp is MixedPrecision.BF16 else Dtype.FLOAT16
     if strategy is Strategy.FSDP:
         return replace(spec, precision=PrecisionSpec(load_dtype=dtype, mixed_precision=mp))
