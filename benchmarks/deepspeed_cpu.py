@@ -213,6 +213,49 @@ def zero3_facts(config: dict[str, Any] | None = None, seq: int = 16, batch: int 
     return out
 
 
+def zero3_quant_facts(world: int = 8, bits: tuple[int, ...] = (4, 8)) -> dict[str, Any]:
+    """What a real ZeRO-3 engine keeps of a bitsandbytes base, rank 0 of ``world`` on torch's fake process group
+    (:data:`TINY`, bf16-loaded, nf4 and LLM.int8, q/v LoRA; ``initialize`` only), for
+    ``fitcheck/core/states/zero3_quant.py``: per bit width, the packed / int8 bytes before, the parameters' data
+    elements left after partitioning, the partitions' bytes (``ds_tensor``), the whole int8 weights still reachable
+    (``Int8Params.CB``) and the quantization state's dtype."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK="0", WORLD_SIZE=str(world),
+                      LOCAL_RANK="0")
+    warnings.filterwarnings("ignore")
+    import deepspeed
+    import torch
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from fitcheck.torch_adapters import build_model
+
+    torch.distributed.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    out: dict[str, Any] = {}
+    for width, quant in ((4, NF4), (8, QuantSpec(bits=8))):
+        if width not in bits:
+            continue
+        torch.manual_seed(0)
+        model = build_model(TINY, dtype=torch.bfloat16, attn_implementation="sdpa", checkpointing=False, lora=LORA,
+                            quant=quant, fake=False)
+        packed = [p for p in model.parameters() if type(p).__name__ in ("Params4bit", "Int8Params")]
+        before = sum(p.numel() * p.element_size() for p in packed)
+        ds: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+        }
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()
+                                                                         if p.requires_grad], config=ds)
+        whole = sum(p.CB.numel() for p in packed if getattr(p, "CB", None) is not None)
+        state = next(getattr(p, "quant_state", None) for p in packed)
+        out[str(width)] = {
+            "bytes_before": before, "data_left": sum(p.data.numel() for p in packed),
+            "partition_bytes": sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in packed),
+            "whole_int8_bytes": whole, "absmax_dtype": None if state is None else str(state.absmax.dtype),
+            "dtypes": sorted({str(p.dtype) for p in engine.module.parameters()}),
+        }
+        engine.destroy()
+    return out
+
 def run_spec(stage: int, seq: int, ckpt: bool = False, config: dict[str, Any] | None = None, world: int = 1,
              bucket: int = 0, rank: int = 0, lora: bool = False, accum: int = 1,
              zero: dict[str, Any] | None = None, quant: QuantSpec | None = None) -> Any:
@@ -275,6 +318,11 @@ if __name__ == "__main__":
         import json
 
         print(json.dumps(zero3_facts()))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--zero3-quant-facts"]:
+        import json
+
+        print(json.dumps(zero3_quant_facts(bits=tuple(int(b) for b in sys.argv[2:]) or (4, 8))))
         sys.exit(0)
     if sys.argv[1:2] == ["--measure-case"]:
         print(*measure(config=TINY, **CASES[sys.argv[2]]))

@@ -77,8 +77,11 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
     # ZeRO-3 under zero.Init (transformers' from_pretrained with a ZeRO-3 config, DeepSpeedSpec.zero3_init): the
     # engine skips its cast (is_zero_init_model), zero.Init built the base at the config's dtype, and peft's
     # adapters added after keep fp32 (partition_parameters.py _convert_to_zero_parameters moves, never casts)
+    # A quantized model is never built under zero.Init (transformers 5.23 modeling_utils.py get_init_context:
+    # ``if not is_quantized and not _is_ds_init_called``; the quantized branch builds on the meta device), so the
+    # engine finds no ds_id and casts it at ZeRO-3 too
     ds = spec.sharding.deepspeed
-    zero_init = spec.sharding.zero_stage == 3 and ds is not None and ds.zero3_init
+    zero_init = spec.sharding.zero_stage == 3 and ds is not None and ds.zero3_init and quant is None
     return replace(spec, precision=PrecisionSpec(load_dtype=dtype, mixed_precision=MixedPrecision.NO,
                                                  module_cast=not zero_init))
 
