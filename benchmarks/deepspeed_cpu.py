@@ -28,14 +28,14 @@ Session 20, a bitsandbytes base under DeepSpeed bf16 (``CASES`` ``qlora-*`` / ``
 tiny Llama at 2 x 16 tokens, ZeRO-2 unless named). The engine casts the prepared fp32 norms, embeddings, head and
 the fp32 adapters to bf16 and skips the uint8 / int8 weights (``core/kernels/module_cast.py``). Backward peak,
 estimate vs real, before -> after: nf4 +27.52 % -> -0.11 %, nf4 checkpointed +22.79 % -> -0.14 %, nf4 ZeRO-3
-+25.93 % -> -0.66 %, int8 +20.88 % -> -3.08 %, int8 checkpointed +22.30 % -> -5.72 % (the 8-bit linears' own
-``ctx.A`` inputs in 16 bits: ``activations/int8.py`` is written for the k-bit-prepared fp32 layer only, so these
-runs take the 16-bit LoRA recipe and are not pinned). ``--zero3-quant-facts [4] [8]`` prints what ZeRO-3 keeps of
-either base on rank 0 of 8 (``core/states/zero3_quant.py``).
++25.93 % -> -0.66 %, int8 +20.88 % -> -0.02 %, int8 checkpointed +22.30 % -> -0.03 % (the 16-bit LoRA recipe plus
+each 8-bit linear's kept input, ``activations/bnb_kept_inputs.py``; without the kept inputs -3.08 % / -5.72 %).
+``--zero3-quant-facts [4] [8]`` prints what ZeRO-3 keeps of either base on rank 0 of 8
+(``core/states/zero3_quant.py``).
 
 Run: ``PYTHONPATH=. python benchmarks/deepspeed_cpu.py [STAGE ...]`` (only those stages' rows; exit 1 when a row is
 off by more than 2 %: the ZeRO-1 checkpointed backward is -6.96 %, as before the ZeRO-3 row was added);
-``--cases`` prints ``CASES`` (exit 1: the int8 rows above).
+``--cases`` prints ``CASES``.
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ def cases_table() -> int:
     from fitcheck.core import estimate
     from fitcheck.report import Location, Phase
 
-    print(f"{'case':24} {'phase':10} {'real B':>10} {'est B':>10} {'error':>8}")
+    print(f"{'case':24} {'phase':10} {'real B':>10} {'est B':>10} {'error':>8}", flush=True)
     worst = 0.0
     for name, case in CASES.items():
         proc = subprocess.run([sys.executable, __file__, "--measure-case", name],
@@ -303,7 +303,7 @@ def cases_table() -> int:
         for label, r, e in zip(("forward", "backward", "optimizer"), real, est, strict=True):
             err = (e - r) / r * 100
             worst = max(worst, abs(err)) if label != "optimizer" else worst
-            print(f"{name:24} {label:10} {r:10d} {e:10d} {err:+7.2f}%")
+            print(f"{name:24} {label:10} {r:10d} {e:10d} {err:+7.2f}%", flush=True)
     print(f"worst |error| forward/backward {worst:.2f}%")
     return 0 if worst <= 2.0 else 1
 
