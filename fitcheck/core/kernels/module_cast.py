@@ -52,7 +52,8 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
     A bitsandbytes 4-bit or 8-bit base under DeepSpeed (the module docstring): the view is a 16-bit model over the
     packed base, with 16-bit adapters and no autocast, and peft's k-bit preparation undone
     (``activations.promoted.kbit_upcast`` is False under ``module_cast``): the 4-bit activations are those of QLoRA
-    without the preparation (``activations/qlora16.py``). Real engine: ``benchmarks/deepspeed_cpu.py``
+    without the preparation (``activations/qlora16.py``), the 8-bit ones the 16-bit LoRA recipe's plus each 8-bit
+    linear's kept input (``activations/bnb_kept_inputs.py``). Real engine: ``benchmarks/deepspeed_cpu.py``
     ``CASES["qlora-*"]`` / ``CASES["int8-*"]`` (tiny Llama h128, 16 tokens, q/v r8), the table in its docstring.
 
     Raises:
