@@ -116,3 +116,27 @@ def test_side_stream_pools_add_to_reserved_on_cuda_only(stage: int) -> None:
     with_pool, without = estimate(on), estimate(off)
     assert "deepspeed-side-streams" in {f.code for f in with_pool.findings}
     assert with_pool.peak_reserved_bytes >= without.peak_reserved_bytes + side.reduce - 2 * 2**20
+
+
+@pytest.mark.slow
+def test_zero3_keeps_whole_int8_weights_beside_their_partition() -> None:
+    """transformers builds a quantized model outside zero.Init and ZeRO-3 partitions it at ``initialize``, but
+    bitsandbytes 0.50.2 ``Int8Params`` keeps its int8 weight as ``CB`` too (``Linear8bitLt`` moves it to
+    ``state.CB`` and back into ``weight.data`` every forward): rank 0 of 8 (real engine, fake process group) keeps
+    every whole int8 weight plus its 1/8 partition, as ``core/states/zero3_quant.py`` says (before session 20 the
+    estimate divided the int8 weights by 8)."""
+    pytest.importorskip("bitsandbytes")
+    from deepspeed_cpu import TINY, run_spec
+
+    from fitcheck.spec import QuantSpec
+
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "deepspeed_cpu.py"), "--zero3-quant-facts", "8"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    real = json.loads(proc.stdout.strip().splitlines()[-1])["8"]
+    assert real["data_left"] == 0 and real["dtypes"] == ["torch.bfloat16", "torch.int8"]
+    report = estimate(run_spec(3, 16, config=TINY, world=8, quant=QuantSpec(bits=8)))
+    assert _at(report, "weights.quantized", Phase.FORWARD_END) == real["whole_int8_bytes"] == real["bytes_before"]
+    assert _at(report, "weights.quantized_partition", Phase.FORWARD_END) == real["partition_bytes"]
+

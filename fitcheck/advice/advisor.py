@@ -31,6 +31,7 @@ from fitcheck.advice.batch_search import (
 )
 from fitcheck.advice.parallel_levers import parallel_levers
 from fitcheck.core import ComputeEstimate, compute_estimate, relative_time_per_token
+from fitcheck.core.kernels import deepspeed_quant_storage_problem
 from fitcheck.core.states import check_peft_adapter
 from fitcheck.report import Report
 from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy, TrainingSpec
@@ -243,6 +244,8 @@ def _more_gpus(ev: _Evaluator) -> Suggestion | None:
             deepspeed=replace(spec.sharding.deepspeed or DeepSpeedSpec(), stage=stage),
         )
         cand = with_micro_batch(replace(spec, sharding=sharding), spec.batch.micro_batch, gas)
+        if deepspeed_quant_storage_problem(cand):  # refused under DeepSpeed (core/kernels/module_cast.py)
+            return None
         argv += ["--gradient_accumulation_steps", str(gas)]
         changes = [
             f"accelerate launch --num_processes {new_n}"
@@ -376,6 +379,8 @@ def advise(
     options = [*levers(spec, report), *parallel_levers(spec)]
     if spec.peft is not None:  # a non-LoRA PEFT adapter: a plain (DDP) run only (core/states/peft_adapter.py)
         options = [lv for lv in options if _plain_peft_run(lv.apply(spec))]
+    # no DeepSpeed lever over a 4-bit base packed in a float dtype the engine would cast (core/kernels/module_cast.py)
+    options = [lv for lv in options if not deepspeed_quant_storage_problem(lv.apply(spec))]
     singles: dict[str, Suggestion] = {}
     for lever in options:
         s = ev.levers([lever])

@@ -33,6 +33,15 @@ back, ``tests/test_bnb_kept_inputs.py``, ``benchmarks/old_bnb_kept_inputs.py``):
   ``_checkpoint_hook``): every kept input of a checkpointed layer stays until the graph is freed; the recomputed
   nodes die at once. Reentrant checkpointing runs forward under ``no_grad`` (no node): only the layer being
   recomputed keeps its inputs, during its own backward.
+
+The same holds for an LLM.int8 base under DeepSpeed's 16-bit module cast (:func:`int8_keeps_inputs`): bitsandbytes
+0.50.2 ``MatMul8bitFp.forward`` sets ``ctx.A = A`` and ``MatMul8bitLt.forward`` ``ctx.tensors = (None, subA, A)``,
+the input itself (no compute-dtype copy), an attribute that lives until the graph is freed
+(``activations/int8.py``). ``int8.py`` models that layer after peft's k-bit preparation (fp32); DeepSpeed undoes the
+preparation (``core/kernels/module_cast.py``), so these runs take the 16-bit LoRA recipe plus the kept inputs here.
+Real engine (``benchmarks/deepspeed_cpu.py`` ``CASES["int8-lora"]`` / ``["int8-lora-ckpt"]``): the 16-bit recipe
+alone was -3.08 % / -5.72 % in backward; the missing bytes were 772.5 / 1286.5 B per token and layer, the kept
+inputs 2·(h + I) / 2·(2h + q + I) = 768 / 1280 at h 128, I 256, q 128.
 """
 
 from __future__ import annotations
@@ -56,11 +65,29 @@ def old_bnb_4bit(spec: TrainingSpec) -> bool:
             and quant.method == "bitsandbytes" and spec.lora is not None)
 
 
+def int8_keeps_inputs(spec: TrainingSpec) -> bool:
+    """An LLM.int8 base with LoRA under DeepSpeed's 16-bit module cast (``PrecisionSpec.module_cast``, set by the
+    view the activations are computed on): its 8-bit linears keep their inputs on the 16-bit LoRA recipe."""
+    quant = spec.quant
+    return (spec.precision.module_cast and quant is not None and quant.bits == 8 and quant.method == "bitsandbytes"
+            and spec.lora is not None)
+
+
 def kept_inputs_modelled(spec: TrainingSpec) -> bool:
     """:func:`old_bnb_4bit` on the Llama-style decoder layer (q/k/v/o, gate/up/down), LoRA without DoRA."""
+    return old_bnb_4bit(spec) and _llama_style(spec)
+
+
+def inputs_kept(spec: TrainingSpec) -> bool:
+    """The bitsandbytes linears of this run keep their inputs on the LoRA recipe: :func:`kept_inputs_modelled`, or
+    :func:`int8_keeps_inputs` on the Llama-style layer."""
+    return kept_inputs_modelled(spec) or (int8_keeps_inputs(spec) and _llama_style(spec))
+
+
+def _llama_style(spec: TrainingSpec) -> bool:
     sh = spec.model.shape
     lora = spec.lora
-    return (old_bnb_4bit(spec) and lora is not None and not lora.use_dora and not sh.traits.recipe.layernorm_block
+    return (lora is not None and not lora.use_dora and not sh.traits.recipe.layernorm_block
             and sh.traits.recipe is not LayerRecipe.LATENT_MOE and not sh.traits.fused_projections
             and not sh.num_experts)
 
@@ -71,6 +98,8 @@ def _groups(spec: TrainingSpec) -> list[tuple[int, int, bool]]:
     assert quant is not None and lora is not None
     c = quant.compute_dtype.nbytes if quant.compute_dtype is not None else 4  # BitsAndBytesConfig: None -> fp32
     r = 4 if kbit_upcast(spec) else spec.precision.load_dtype.nbytes  # residual stream, norm outputs, MLP product
+    if quant.bits == 8:  # MatMul8bitFp / MatMul8bitLt keep the input itself, in its own dtype
+        c = r
     amp = spec.precision.mixed_precision is not MixedPrecision.NO
     attn_out = 2 if amp else r  # SDPA / eager output in q's dtype (autocast casts q, k, v)
     sdpa = spec.activations.attn_implementation is not AttnImpl.EAGER
@@ -82,8 +111,10 @@ def _groups(spec: TrainingSpec) -> list[tuple[int, int, bool]]:
             kept = len(names) * c * width
             out.append((kept, kept, names is _GROUPS[0]))
             continue
-        # the adapter saves this very tensor: fp32 without autocast (peft casts to its fp32 weight), 16-bit under it
-        itself = lora.dropout == 0 and any(n in targets for n in names) and (e == 2) == amp
+        # the adapter saves this very tensor: fp32 without autocast (peft casts to its fp32 weight), 16-bit under it;
+        # 16-bit adapters (DeepSpeed's module cast) on a 16-bit input cast nothing
+        itself = lora.dropout == 0 and any(n in targets for n in names) and (
+            (e == 2) == amp or (spec.precision.module_cast and e == spec.precision.load_dtype.nbytes))
         saved = itself or (names is _GROUPS[1] and sdpa)
         out.append((c * width, 0 if saved else c * width, names is _GROUPS[0]))
     return out
@@ -91,23 +122,23 @@ def _groups(spec: TrainingSpec) -> list[tuple[int, int, bool]]:
 
 def kept_layer_extra(spec: TrainingSpec) -> int:
     """Bytes per token per layer the forward holds beyond 0.43.2 (the kept inputs nothing else saves)."""
-    return sum(g[1] for g in _groups(spec)) if kept_inputs_modelled(spec) else 0
+    return sum(g[1] for g in _groups(spec)) if inputs_kept(spec) else 0
 
 
 def kept_layer_inputs(spec: TrainingSpec) -> int:
     """Bytes per token of every kept input of a layer: what a layer keeps after its backward, and what a
     non-reentrant checkpointed layer keeps besides its input."""
-    return sum(g[0] for g in _groups(spec)) if kept_inputs_modelled(spec) else 0
+    return sum(g[0] for g in _groups(spec)) if inputs_kept(spec) else 0
 
 
 def kept_first_layer_less(spec: TrainingSpec, *, all_kept: bool) -> int:
     """Bytes per token the first layer keeps less without checkpointing: no node for its q/k/v (their input needs
     no gradient); with checkpointing the embeddings' output requires grad (``enable_input_require_grads``)."""
-    if not kept_inputs_modelled(spec) or spec.activations.checkpointing:
+    if not inputs_kept(spec) or spec.activations.checkpointing:
         return 0
     return sum(g[0 if all_kept else 1] for g in _groups(spec) if g[2])
 
 
 def kept_through_checkpoint(spec: TrainingSpec) -> bool:
     """Checkpointed layers keep their inputs until the graph is freed: non-reentrant checkpointing only."""
-    return kept_inputs_modelled(spec) and spec.activations.checkpointing and not spec.activations.use_reentrant
+    return inputs_kept(spec) and spec.activations.checkpointing and not spec.activations.use_reentrant

@@ -21,6 +21,7 @@ import math
 from fitcheck.core.activations.activation_mode import ActivationMode, activation_mode
 from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_moments, backward_transient
 from fitcheck.core.activations.bnb_kept_inputs import (
+    inputs_kept,
     kept_first_layer_less,
     kept_layer_extra,
     kept_layer_inputs,
@@ -287,7 +288,7 @@ def _int8_backward(spec: TrainingSpec, tokens: int) -> dict[str, int]:
     """8-bit LoRA: the ctx.A inputs each layer keeps after its backward (the graph lives until the step ends,
     activations/int8.py). The dequantized weight of the backward matmul never sets the peak in the traced grid
     (benchmarks/formula_vs_trace.py int8 cells): it is not added."""
-    if old_bnb_4bit(spec):  # bitsandbytes <= 0.43.1: every 4-bit linear's input (bnb_kept_inputs.py)
+    if old_bnb_4bit(spec) or inputs_kept(spec):  # bnb <= 0.43.1, or int8 under DeepSpeed: every linear's input
         through = not spec.activations.checkpointing or kept_through_checkpoint(spec)
         return {"retained": kept_layer_inputs(spec) * tokens} if through else {}
     if not int8_formula_applies(spec) or (spec.activations.checkpointing and not int8_ctx_through_checkpoint(spec)):
@@ -415,7 +416,18 @@ def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     # (layer_saved.ActivationMode.fp32_out; envelope_ranges.json phi3/qlora/*/sdpa/{bf16,fp32,autocast} within 1.7 %)
     phi3_kbit = kbit_fp32_lora(spec) and spec.model.shape.traits.fused_projections
     lora_unpinned = spec.quant is not None and not qlora_formula_applies(spec) and not int8 and not phi3_kbit
-    if spec.quant is not None and spec.quant.bits == 8 and not int8:
+    if spec.quant is not None and spec.quant.bits == 8 and not int8 and inputs_kept(spec):
+        out.append(
+            Finding(
+                "activations-not-pinned",
+                Severity.INFO,
+                "LLM.int8 base under DeepSpeed's 16-bit module cast: the 16-bit LoRA recipe plus the input each "
+                "8-bit linear keeps (bnb_kept_inputs.py), checked on the real engine at a tiny width only "
+                "(benchmarks/deepspeed_cpu.py --cases)",
+                "run `fitcheck estimate --trace` for a measured number (8-bit bases are traced on CPU)",
+            )
+        )
+    elif spec.quant is not None and spec.quant.bits == 8 and not int8:
         out.append(
             Finding(
                 "activations-not-pinned",

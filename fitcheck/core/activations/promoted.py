@@ -35,9 +35,11 @@ def other_half_autocast(load_dtype: str | None, mixed_precision: str | None) -> 
 
 def kbit_upcast(spec: TrainingSpec) -> bool:
     """True when every non-quantized parameter, hence the activations, is fp32: peft's k-bit preparation ran, or
-    the model was loaded in fp32 (then the preparation casts nothing: the same step)."""
+    the model was loaded in fp32 (then the preparation casts nothing: the same step). Never under DeepSpeed's
+    module cast (``PrecisionSpec.module_cast``): ``deepspeed.initialize`` runs after the preparation and casts its
+    fp32 norms, embeddings and head back to 16 bits (``core/kernels/module_cast.py``)."""
     quant = spec.quant
-    if quant is None:
+    if quant is None or spec.precision.module_cast:
         return False
     return quant.prepare_for_kbit_training or spec.precision.load_dtype is Dtype.FLOAT32
 

@@ -14,13 +14,26 @@ FSDP: accelerate 1.15 ``FullyShardedDataParallelPlugin.set_mixed_precision`` tur
 into ``MixedPrecision(param_dtype=..., reduce_dtype=...)`` (FSDP2: ``MixedPrecisionPolicy``, utils/dataclasses.py),
 so the unsharded parameters the forward reads are 16-bit; native AMP stays on, but autocast caches casts of fp32
 leaves only, and there are none. Not run for real here (FSDP needs several processes); derived from source.
+
+A bitsandbytes base under DeepSpeed fp16/bf16 (:func:`deepspeed_module_view`): the engine's loop casts by dtype,
+not by class, so a 4-bit ``Params4bit`` packed in ``uint8`` and an 8-bit ``Int8Params`` (``int8``) are skipped
+(not in ``CASTABLE_DTYPES``) and keep their quantization state (``absmax``, ``code``, ``SCB``: attributes, fp32,
+never parameters); everything else, the fp32 norms, embeddings and head that peft's
+``prepare_model_for_kbit_training`` made and peft's fp32 adapters, becomes 16-bit. transformers 5.23 never builds a
+quantized model under ``zero.Init`` (``modeling_utils.py`` ``get_init_context``: ``if not is_quantized``), so the
+cast runs at every ZeRO stage. A 4-bit base packed in a float ``bnb_4bit_quant_storage`` other than the DeepSpeed
+dtype is cast too, by value, which destroys it (:func:`deepspeed_quant_storage_problem`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from fitcheck.errors import ConfigError
 from fitcheck.spec import Dtype, MixedPrecision, PrecisionSpec, Strategy, TrainingSpec
+
+# deepspeed 0.19.8 runtime/engine.py CASTABLE_DTYPES: the parameter dtypes _cast_module_mixed_precision casts
+_CASTABLE = (Dtype.FLOAT16, Dtype.BFLOAT16, Dtype.FLOAT32)
 
 
 def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
@@ -33,23 +46,69 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
     (``PrecisionSpec.module_cast``). Real engine: ``benchmarks/deepspeed_cpu.py`` ``CASES["lora-fp32"]``, +44 %
     before; the tiny Llama at width 512, ZeRO-0/1/2, fp32- and bf16-loaded peaks equal: +51.7 % -> -0.00 %.
     Under ZeRO-3's ``zero.Init`` the adapters stay fp32 (below; not measured: the real-engine rows build the
-    model outside it). Quantized bases are returned unchanged (bitsandbytes' uint8/int8 storage is not castable,
-    its other parameters and the adapters are: not modelled here); so are FSDP's LoRA runs (accelerate's fp32
-    upcast of the trainables, ``core/states/fsdp_upcast.py``).
+    model outside it). FSDP's LoRA runs are returned unchanged (accelerate's fp32 upcast of the trainables,
+    ``core/states/fsdp_upcast.py``), and so are pre-quantized GPTQ / AWQ / FP8 / MXFP4 bases (not modelled).
+
+    A bitsandbytes 4-bit or 8-bit base under DeepSpeed (the module docstring): the view is a 16-bit model over the
+    packed base, with 16-bit adapters and no autocast, and peft's k-bit preparation undone
+    (``activations.promoted.kbit_upcast`` is False under ``module_cast``): the 4-bit activations are those of QLoRA
+    without the preparation (``activations/qlora16.py``), the 8-bit ones the 16-bit LoRA recipe's plus each 8-bit
+    linear's kept input (``activations/bnb_kept_inputs.py``). Real engine: ``benchmarks/deepspeed_cpu.py``
+    ``CASES["qlora-*"]`` / ``CASES["int8-*"]`` (tiny Llama h128, 16 tokens, q/v r8), the table in its docstring.
+
+    Raises:
+        ConfigError: A 4-bit base packed in a float ``bnb_4bit_quant_storage`` that is not the DeepSpeed dtype
+            (:func:`deepspeed_quant_storage_problem`).
     """
     mp = spec.precision.mixed_precision
     strategy = spec.sharding.strategy
     if strategy not in (Strategy.DEEPSPEED, Strategy.FSDP) or mp is MixedPrecision.NO:
         return spec
-    if spec.quant is not None or (spec.lora is not None and strategy is Strategy.FSDP):
+    quant = spec.quant
+    if spec.lora is not None and strategy is Strategy.FSDP:
         return spec
+    if quant is not None and (strategy is Strategy.FSDP or quant.method != "bitsandbytes"):
+        return spec
+    problem = deepspeed_quant_storage_problem(spec)
+    if problem:
+        raise ConfigError(problem)
     dtype = Dtype.BFLOAT16 if mp is MixedPrecision.BF16 else Dtype.FLOAT16
     if strategy is Strategy.FSDP:
         return replace(spec, precision=PrecisionSpec(load_dtype=dtype, mixed_precision=mp))
     # ZeRO-3 under zero.Init (transformers' from_pretrained with a ZeRO-3 config, DeepSpeedSpec.zero3_init): the
     # engine skips its cast (is_zero_init_model), zero.Init built the base at the config's dtype, and peft's
     # adapters added after keep fp32 (partition_parameters.py _convert_to_zero_parameters moves, never casts)
+    # A quantized model is never built under zero.Init (transformers 5.23 modeling_utils.py get_init_context:
+    # ``if not is_quantized and not _is_ds_init_called``; the quantized branch builds on the meta device), so the
+    # engine finds no ds_id and casts it at ZeRO-3 too
     ds = spec.sharding.deepspeed
-    zero_init = spec.sharding.zero_stage == 3 and ds is not None and ds.zero3_init
+    zero_init = spec.sharding.zero_stage == 3 and ds is not None and ds.zero3_init and quant is None
     return replace(spec, precision=PrecisionSpec(load_dtype=dtype, mixed_precision=MixedPrecision.NO,
                                                  module_cast=not zero_init))
+
+
+def deepspeed_quant_storage_problem(spec: TrainingSpec) -> str:
+    """Why DeepSpeed's module cast destroys this run's 4-bit base ('' where it does not).
+
+    ``_cast_module_mixed_precision`` (deepspeed 0.19.8 ``runtime/engine.py``) sets ``p.data = p.data.to(dtype)``
+    on every parameter whose dtype is in ``CASTABLE_DTYPES``, a ``Params4bit`` packed in a float
+    ``bnb_4bit_quant_storage`` included. ``Tensor.to`` converts values, not bytes: fp32 storage under bf16 halves the
+    packed bytes and bitsandbytes 0.50.2 ``dequantize_4bit`` fails in the first forward (the real engine on CPU:
+    ``RuntimeError: shape '[128, 64]' is invalid for input of size 4096``); bf16 storage under fp16 keeps the size
+    and silently scrambles every weight (``dequantize_4bit`` of the cast packed tensor vs the original, nf4,
+    blocksize 64, N(0, 1) weights: max |difference| 7.6). ``uint8`` storage (the default) is not castable and is
+    left alone; a storage equal to the DeepSpeed dtype is not cast.
+    """
+    quant, mp = spec.quant, spec.precision.mixed_precision
+    if (spec.sharding.strategy is not Strategy.DEEPSPEED or mp is MixedPrecision.NO or quant is None
+            or quant.method != "bitsandbytes" or quant.bits != 4 or quant.quant_storage not in _CASTABLE):
+        return ""
+    dtype = Dtype.BFLOAT16 if mp is MixedPrecision.BF16 else Dtype.FLOAT16
+    if quant.quant_storage is dtype:
+        return ""
+    broken = ("bitsandbytes' dequantize_4bit fails in the first forward" if quant.quant_storage.nbytes != dtype.nbytes
+              else "every weight is silently scrambled")
+    return (f"bnb_4bit_quant_storage={quant.quant_storage.value} under DeepSpeed {mp.value}: deepspeed 0.19.8 "
+            f"runtime/engine.py _cast_module_mixed_precision casts every float parameter to {dtype.value}, the packed "
+            f"4-bit weights too, by value ({broken}); set bnb_4bit_quant_storage to {dtype.value} (the DeepSpeed "
+            "dtype, as peft's ZeRO-3 QLoRA recipe does) or leave it at uint8")

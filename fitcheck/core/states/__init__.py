@@ -9,6 +9,7 @@
   units accelerate gives FSDP2 and what each keeps gathered; :mod:`.fsdp_streams`: what FSDP's side CUDA
   streams keep reserved beside the step (:mod:`.deepspeed_streams`: DeepSpeed's); :mod:`.fsdp_qlora`: FSDP over
   a 4-bit base (quant storage, replicated quantization state, loading);
+  :mod:`.zero3_quant`: DeepSpeed ZeRO-3 over a bitsandbytes base (what it partitions, what stays whole);
 - :mod:`.peft_adapter`: a PEFT adapter other than LoRA, its tensors as peft built them (or refused without them);
 - :mod:`.regimes`: which precision regime applies (bf16 pure, autocast, DeepSpeed masters) and its findings;
 - :mod:`.zero_reduce`: ZeRO-1/2's flat groups, a rank's gradient partition, ZeRO-1's end-of-backward reduction; what

@@ -43,6 +43,8 @@ from fitcheck.core.states.prequant import SOURCE as PREQUANT_SOURCE
 from fitcheck.core.states.quantization import SOURCE_4BIT, SOURCE_8BIT, SOURCE_WHICH
 from fitcheck.core.states.regimes import describe_regime, model_state_findings
 from fitcheck.core.states.sharding import Partition, param_compute_bytes, partition
+from fitcheck.core.states.zero3_quant import SOURCE as ZERO3_QUANT_SOURCE
+from fitcheck.core.states.zero3_quant import zero3_quant_placement
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import Strategy, TrainingSpec
 from fitcheck.units import format_bytes
@@ -157,21 +159,29 @@ def model_state_components(spec: TrainingSpec) -> tuple[Component, ...]:
         # FSDP-QLoRA (fsdp_qlora.py): packed bytes sharded only with a float quant_storage; the quantization
         # state is a module attribute, whole on every GPU and never offloaded.
         fq = quant_placement(spec, part.weights, w_host)
+        # ZeRO-3 (zero3_quant.py): 4-bit packed bytes partitioned, 8-bit int8 weights whole beside their partition;
+        # the quantization state whole on every GPU
+        zq = zero3_quant_placement(spec, part.weights)
+        placed = f" ({fq.detail})" if fq else f" ({zq.detail})" if zq else ""
         weights(
             "weights.quantized",
             Category.WEIGHTS,
             layout.quant_data,
-            src if which == src else f"{src}; {which}",
-            f"{layout.quant_params:,} params in {spec.quant.bits}-bit" + (f" ({fq.detail})" if fq else ""),
-            (fq.data_divisor, fq.data_on_host) if fq else None,
+            (src if which == src else f"{src}; {which}") + (f"; {ZERO3_QUANT_SOURCE}" if zq else ""),
+            f"{layout.quant_params:,} params in {spec.quant.bits}-bit" + placed,
+            (fq.data_divisor, fq.data_on_host) if fq else (1, False) if zq and zq.data_whole else None,
         )
+        if zq and zq.data_whole:
+            weights("weights.quantized_partition", Category.WEIGHTS, layout.quant_data, ZERO3_QUANT_SOURCE,
+                    "ZeRO-3's partition (ds_tensor) of the int8 weights kept whole above")
         weights(
             "quantization.metadata",
             Category.QUANT_META,
             layout.quant_meta,
-            src + (f"; {FSDP_QUANT_SOURCE}" if fq else ""),
-            meta_what + (" (not sharded by FSDP: whole on every GPU)" if fq else ""),
-            (1, False) if fq else None,
+            src + (f"; {FSDP_QUANT_SOURCE}" if fq else f"; {ZERO3_QUANT_SOURCE}" if zq else ""),
+            meta_what + (" (not sharded by FSDP: whole on every GPU)" if fq else
+                         " (not partitioned by ZeRO-3: whole on every GPU)" if zq else ""),
+            (1, False) if fq or zq else None,
         )
     weights(
         "adapters.lora",
