@@ -51,6 +51,8 @@ CATALOG = {
     "mixtral-8x7b-instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",  # the base model's geometry (same config.json)
     "llama-2-70b-hf": "meta-llama/Llama-2-70b-hf",
     "google-bert/bert-large-uncased": "google-bert/bert-large-uncased",
+    "bigscience/bloomz-7b1": "bigscience/bloomz-7b1",
+    "gpt2-xl": "openai-community/gpt2-xl",
 }
 
 # torchtune / litgpt / Qwen-v1 module names -> transformers Llama/Qwen2 names.
@@ -127,6 +129,8 @@ def read_metric(row: Mapping[str, Any]) -> tuple[str, bool] | str:
         return ("reserved-p99", True)
     if m.startswith("reserved (derived)"):
         return ("reserved", False)
+    if m.startswith("presumed nvidia-smi"):  # a per-GPU monitor figure whose tool the source does not name
+        return ("used", False)
     if "not stated" in m and "tool" in m:
         return "measurement tool not stated"
     if "active vs reserved not stated" in m or "alloc vs reserved not stated" in m:
@@ -225,6 +229,8 @@ def read_gpu(row: Mapping[str, Any]) -> HardwareSpec:
         return HardwareSpec(gpu_name="H100-96GB", gpu_memory_bytes=96 * GIB)
     if "a6000" in text:
         return HardwareSpec(gpu_name="RTX-A6000-48GB", gpu_memory_bytes=48 * GIB)
+    if "titan rtx" in text:  # NVIDIA TITAN RTX: 24 GB GDDR6 (24576 MiB)
+        return HardwareSpec(gpu_name="TITAN-RTX-24GB", gpu_memory_bytes=24 * GIB)
     keys = (
         ("40gb", "A100-40GB"),
         ("4090", "RTX4090-24GB"),
@@ -243,6 +249,8 @@ def read_gpu(row: Mapping[str, Any]) -> HardwareSpec:
 
 
 def read_sharding(row: Mapping[str, Any]) -> ShardingSpec | str:
+    from published_deepspeed import is_deepspeed_row, read_deepspeed_sharding
+
     n = int(row["num_gpus"] or 1)
     dist = str(row["distributed"]).lower()
     off = str(row["cpu_offload"]).lower()
@@ -255,6 +263,8 @@ def read_sharding(row: Mapping[str, Any]) -> ShardingSpec | str:
     ):
         if re.search(pattern, dist):
             return f"{why} is not modelled"
+    if is_deepspeed_row(row):  # one GPU too (ZeRO-Offload); checked here, read again with the model's hidden_size
+        return read_deepspeed_sharding(row)
     if n == 1:
         return ShardingSpec()
     if "fsdp" in dist:
@@ -270,6 +280,8 @@ def read_sharding(row: Mapping[str, Any]) -> ShardingSpec | str:
             fsdp=FsdpSpec(version=version, offload_params="fsdp cpu offload" in off,
                           frozen_shares_units=version == 1 and "auto-wrap block" in dist),
         )
+    if dist.startswith("ddp"):
+        return ShardingSpec(strategy=Strategy.DDP, num_processes=n)
     return f"distributed setting not understood: {row['distributed']!r}"
 
 
@@ -286,6 +298,11 @@ def read_checkpointing(row: Mapping[str, Any]) -> bool | str:
 
 def read_precision(row: Mapping[str, Any]) -> PrecisionSpec:
     p = str(row["precision"]).lower()
+    # DeepSpeed's bf16/fp16 (TrainingArguments bf16/fp16 or accelerate mixed_precision, filling the DeepSpeed
+    # config): the loaded dtype with the engine's 16-bit mode, as the CLI reads it (fitcheck core module_cast.py)
+    for word, mixed in (("deepspeed bf16", MixedPrecision.BF16), ("deepspeed fp16", MixedPrecision.FP16)):
+        if word in p:
+            return PrecisionSpec(Dtype.FLOAT32 if p.startswith("fp32") else Dtype.BFLOAT16, mixed)
     if p.startswith("fp32"):  # fp32 weights, with or without the Trainer's fp16 autocast (native amp)
         return PrecisionSpec(Dtype.FLOAT32, MixedPrecision.FP16 if "fp16 autocast" in p else MixedPrecision.NO)
     if "fsdp2 mixed precision" in p:

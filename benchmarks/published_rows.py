@@ -206,7 +206,15 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     libs = StackSpec(tuple(sorted((str(k), str(v)) for k, v in versions.items())), "row") if versions else StackSpec()
 
     def build(inventory: ModelInventory) -> TrainingSpec:
+        from published_deepspeed import read_deepspeed_sharding
+
         from fitcheck.readers import inventory_for_stack
+
+        run_sharding = sharding
+        if sharding.deepspeed is not None:  # "auto" bucket sizes from the model's own hidden_size
+            read = read_deepspeed_sharding(row, inventory.shape.hidden_size)
+            assert not isinstance(read, str), read  # the same config was read at plan time
+            run_sharding = read
 
         return TrainingSpec(
             # the layout the row's transformers builds, as the CLI reads it (run_args.py: families_legacy.py,
@@ -216,7 +224,7 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
             optimizer=OptimizerSpec(name=optim),
             batch=batch,
             activations=acts,
-            sharding=sharding,
+            sharding=run_sharding,
             hardware=hardware,
             lora=lora,
             quant=quant,

@@ -260,3 +260,60 @@ def test_session20_hf_stack_reports_are_read_as_run() -> None:
         p = plans[rid]
         assert isinstance(p, pr.Plan) and p.measured_bytes is None
         assert not estimate(p.build(pr.inventory_for(p.model))).fits, rid
+
+
+def test_session20_deepspeed_rows_are_read_by_fitcheck_deepspeed_reader() -> None:
+    """A DeepSpeed row's ``accelerate_config`` / ``deepspeed_config`` goes through the CLI's readers
+    (``read_accelerate_config``, ``resolve_deepspeed``): stage, offload devices and ``zero3_init_flag`` as accelerate
+    builds them; ``"auto"`` bucket sizes from the model's own hidden_size (transformers ``trainer_config_finalize``);
+    a DeepSpeed value that disagrees with the row's TrainingArguments, or a parallelism the estimate would treat as
+    plain data parallel, is the row's skip reason. The GPT-2 XL DDP OOM of the same blog is called."""
+    import copy
+
+    from fitcheck.core import estimate
+    from fitcheck.spec import MixedPrecision, OffloadDevice, Strategy
+
+    rows = pr.load_rows(ROOT / "benchmarks" / "data" / "published_deepspeed_session20.json")
+    plans = {str(r["id"]): pr.plan_row(r) for r in rows}
+    assert len(plans) >= 4 and all(isinstance(p, pr.Plan) for p in plans.values())
+    off = plans["PEFTREADME-bloomz7b1-Z3OFF"]
+    assert isinstance(off, pr.Plan) and off.metric == "allocated"
+    spec = off.build(pr.inventory_for(off.model))
+    ds = spec.sharding.deepspeed
+    assert spec.sharding.strategy is Strategy.DEEPSPEED and spec.sharding.num_processes == 1 and ds is not None
+    assert (ds.stage, ds.offload_optimizer, ds.offload_param, ds.zero3_init) == (
+        3, OffloadDevice.CPU, OffloadDevice.CPU, True)
+    assert spec.precision.mixed_precision is MixedPrecision.NO and spec.lora is not None
+    qlora = plans["PEFTDOC-QLoRA-70B-Z3-2GPU"]
+    assert isinstance(qlora, pr.Plan) and qlora.metric == "used" and not qlora.metric_sure
+
+    oom = next(r for r in rows if r["id"] == "HFBLOG-gpt2xl-DDP-OOM")
+    p = pr.plan_row(oom)
+    assert isinstance(p, pr.Plan) and p.measured_bytes is None
+    gpt2xl = pr.inventory_for(p.model)
+    assert not estimate(p.build(gpt2xl)).fits
+    # the same blog's ZeRO-3 offload config (hidden-size "auto" keys, fp16 "enabled": true) on that row
+    z3 = {
+        "fp16": {"enabled": True},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"},
+                              "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                              "stage3_param_persistence_threshold": "auto"},
+        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 1,
+    }
+    row = {**copy.deepcopy(oom), "distributed": "DeepSpeed ZeRO-3", "deepspeed_config": z3,
+           "precision": "fp32 weights, DeepSpeed fp16", "micro_batch_size": 16}
+    p = pr.plan_row(row)
+    assert isinstance(p, pr.Plan)
+    ds = p.build(gpt2xl).sharding.deepspeed
+    h = gpt2xl.shape.hidden_size
+    assert ds is not None and (ds.reduce_bucket_size, ds.prefetch_bucket_size, ds.param_persistence_threshold) == (
+        h * h, int(0.9 * h * h), 10 * h)
+    refused = (
+        ({"train_micro_batch_size_per_gpu": 4}, "mismatch"),
+        ({"fp16": {"enabled": False}, "bf16": {"enabled": True}}, "mismatch"),
+        ({"tensor_parallel": {"autotp_size": 2}}, "not modelled"),
+        ({"zero_optimization": {"stage": "auto"}}, "not resolvable"),
+    )
+    for change, why in refused:
+        skip = pr.plan_row({**row, "deepspeed_config": {**z3, **change}})
+        assert isinstance(skip, pr.Skip) and why in skip.reason, (change, skip)

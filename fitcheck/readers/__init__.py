@@ -25,7 +25,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from fitcheck.families import ConfigView, mlp_kind
-from fitcheck.readers.accelerate_config import default_config_path
+from fitcheck.readers.accelerate_config import default_config_path, read_accelerate_config
 from fitcheck.readers.deepspeed import ACCELERATE_ZERO_STAGE, accelerate_deepspeed_config, resolve_deepspeed
 from fitcheck.readers.families_legacy import inventory_for_stack
 from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
@@ -102,6 +102,7 @@ __all__ = [
     "parse_seq_lengths",
     "parse_stack",
     "pure_task_supported",
+    "read_accelerate_config",
     "read_adapter_config",
     "read_axolotl",
     "read_config_class",
