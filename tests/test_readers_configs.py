@@ -215,6 +215,9 @@ def test_accelerate_inline_deepspeed_zero3() -> None:
     ds = run.sharding.deepspeed
     assert run.sharding.strategy is Strategy.DEEPSPEED and ds is not None
     assert ds.stage == 3 and ds.offload_optimizer is OffloadDevice.NONE and ds.zero3_init
+    # zero3_save_16bit_model: true -> zero_optimization.stage3_gather_16bit_weights_on_model_save (accelerate 1.15
+    # DeepSpeedPlugin.__post_init__); the save-time gather is estimated from it
+    assert ds.gather_16bit_on_save
     assert run.values["fp16"] is True and run.values["gradient_accumulation_steps"] == 1
     assert run.sharding.num_processes == 8
 

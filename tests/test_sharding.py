@@ -16,6 +16,7 @@ from fitcheck.report import PHASES, Component, Location, Phase
 from fitcheck.spec import (
     BatchSpec,
     DeepSpeedSpec,
+    DeviceType,
     Dtype,
     FsdpSpec,
     LoraSpec,
@@ -124,6 +125,34 @@ def test_zero3_gathered_params_cover_largest_layer(llama8b: ModelInventory) -> N
     persistent = named(comps, "buffers.zero3_persistent_params")
     norms = sum(p.numel for p in llama8b.params if p.numel_each <= 100_000)
     assert persistent.peak_bytes == norms * 2 - norms * 2 // 8
+
+
+def test_zero3_one_process_fetches_offloaded_params_to_the_gpu(llama8b: ModelInventory) -> None:
+    """One process: deepspeed's ``_no_gather_coalesced`` makes ``param.data = ds_tensor.data.to(device)``, a view
+    where the partition is on the GPU, a full copy on CUDA where ``offload_param`` keeps it in host memory; on
+    ``device_type cpu`` (the CPU engines the benchmarks run) the copy is a no-op."""
+    import dataclasses
+    import importlib.util
+
+    found = importlib.util.find_spec("deepspeed")  # its file, without importing it (3 s)
+    if found is None or found.origin is None:
+        pytest.skip("deepspeed is not installed")
+    src = Path(found.origin).parent / "runtime/zero/partition_parameters.py"
+    text = src.read_text()
+    assert "return _no_gather_coalesced(params)" in text
+    assert "param.data = param.ds_tensor.data.to(device=get_accelerator().current_device_name()" in text
+
+    def gathered(spec: TrainingSpec) -> Component:
+        return named(buffer_components(spec), "buffers.zero3_gathered_params")
+
+    on_gpu = spec_for(llama8b, ds(1, stage=3))
+    offloaded = spec_for(llama8b, ds(1, stage=3, offload_param=OffloadDevice.CPU))
+    eight = spec_for(llama8b, ds(8, stage=3, offload_param=OffloadDevice.CPU))
+    assert gathered(on_gpu).at(Phase.FORWARD_END) == 0
+    assert [gathered(offloaded).at(p) for p in PHASES] == [gathered(eight).at(p) for p in PHASES]
+    assert gathered(offloaded).at(Phase.FORWARD_END) > 0
+    cpu = dataclasses.replace(offloaded, hardware=dataclasses.replace(offloaded.hardware, device_type=DeviceType.CPU))
+    assert gathered(cpu).at(Phase.FORWARD_END) == 0
 
 
 def test_zero3_keeps_what_is_reused_within_the_distance_gathered(llama8b: ModelInventory) -> None:

@@ -315,7 +315,10 @@ def _with_deepspeed(read: AccelerateRead, raw: Mapping[str, object], path: str) 
         name: {"device": cfg.get(f"{name}_device") or "none", "nvme_path": cfg.get(f"{name}_nvme_path")}
         for name in ("offload_optimizer", "offload_param")
     }
-    ds = accelerate_deepspeed_config(stage, gas, offload)
+    save16 = None
+    if cfg.get("zero3_save_16bit_model") is not None:
+        save16 = as_bool(cfg["zero3_save_16bit_model"], at=where(src, "zero3_save_16bit_model"))
+    ds = accelerate_deepspeed_config(stage, gas, offload, save16)
     if read.mixed_precision in (MixedPrecision.BF16, MixedPrecision.FP16):
         ds[read.mixed_precision.value] = {"enabled": True}
     return replace(read, deepspeed=ds, zero3_init=zero3_init, findings=tuple(findings))

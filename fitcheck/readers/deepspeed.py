@@ -67,6 +67,7 @@ def accelerate_deepspeed_config(
     stage: int = ACCELERATE_ZERO_STAGE,
     gradient_accumulation_steps: object = "auto",
     offload: Mapping[str, object] | None = None,
+    save_16bit_model: bool | None = None,
 ) -> dict[str, object]:
     """The DeepSpeed dict accelerate builds without a config file (``DeepSpeedPlugin.__post_init__``,
     accelerate 1.15 utils/dataclasses.py): ``zero_stage`` default 2, batch sizes ``"auto"``.
@@ -75,12 +76,17 @@ def accelerate_deepspeed_config(
         stage: ``zero_stage``.
         gradient_accumulation_steps: accelerate's value (``"auto"`` unless its config sets one).
         offload: ``offload_optimizer``/``offload_param`` sections, when the accelerate config names them.
+        save_16bit_model: ``zero3_save_16bit_model``, when the accelerate config sets it: accelerate writes it as
+            ``zero_optimization.stage3_gather_16bit_weights_on_model_save`` (same ``__post_init__``).
     """
+    zero: dict[str, object] = {"stage": stage, **(offload or {})}
+    if save_16bit_model is not None:
+        zero["stage3_gather_16bit_weights_on_model_save"] = save_16bit_model
     return {
         "train_batch_size": "auto",
         "train_micro_batch_size_per_gpu": "auto",
         "gradient_accumulation_steps": gradient_accumulation_steps,
-        "zero_optimization": {"stage": stage, **(offload or {})},
+        "zero_optimization": zero,
     }
 
 

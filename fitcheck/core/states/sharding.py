@@ -23,7 +23,7 @@ from fitcheck.core.states.fsdp_qlora import compute_dtype_override, gathered_lay
 from fitcheck.core.states.layout import trainable_params
 from fitcheck.core.states.zero3_reuse import reuse_kept_elements
 from fitcheck.report import PHASES, Category, Component, Location, Phase
-from fitcheck.spec import DeepSpeedSpec, MixedPrecision, OffloadDevice, Strategy, TrainingSpec
+from fitcheck.spec import DeepSpeedSpec, DeviceType, MixedPrecision, OffloadDevice, Strategy, TrainingSpec
 from fitcheck.units import format_bytes
 
 _SRC_DDP = (
@@ -353,15 +353,20 @@ def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable:
     # max_live_parameters in total.
     live = max(largest, min(ds.max_live_parameters, largest + ds.prefetch_bucket_size))
     # One process: nothing is gathered. partition_parameters.py all_gather_coalesced returns
-    # _no_gather_coalesced when every partition world size is 1 (param.data = a view of ds_tensor, no copy);
-    # measured on a real ZeRO-3 engine on CPU (benchmarks/deepspeed_cpu.py: forward peak = ZeRO-2's + the
-    # flat gradient buffer + the ipg bucket, to 0.1 MiB).
-    gathered = int(live * w) if n > 1 else 0
+    # _no_gather_coalesced when every partition world size is 1; its NoGatherHandle sets
+    # param.data = ds_tensor.data.to(current device): a view where the partition is on the device (measured on a
+    # real ZeRO-3 engine on CPU, benchmarks/deepspeed_cpu.py: forward peak = ZeRO-2's + the flat gradient buffer +
+    # the ipg bucket, to 0.1 MiB), but a full copy on CUDA when offload_param keeps ds_tensor in host memory
+    # (deepspeed 0.19.8 partition_parameters.py NoGatherHandle.__init__): then the fetched modules are as
+    # n > 1's.
+    fetched = n > 1 or (ds.offload_param is not OffloadDevice.NONE
+                        and spec.hardware.device_type is DeviceType.CUDA)
+    gathered = int(live * w) if fetched else 0
     # from the end of the forward into the backward the trainable tail within half of stage3_max_reuse_distance
     # stays gathered too (zero3_reuse); the module fetched and its prefetch come on top, within max_live
-    kept = reuse_kept_elements(spec, ds.param_persistence_threshold, ds.max_reuse_distance) if n > 1 else 0
+    kept = reuse_kept_elements(spec, ds.param_persistence_threshold, ds.max_reuse_distance) if fetched else 0
     on_top = min(ds.prefetch_bucket_size, max(ds.max_live_parameters - kept, 0))
-    held = int(max(live, kept + on_top) * w) if n > 1 else 0
+    held = int(max(live, kept + on_top) * w) if fetched else 0
     grad_of_largest = largest * elem if trainable and spec.lora is None else 0
     out.append(
         Component(
@@ -379,7 +384,9 @@ def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable:
             ),
             _SRC_Z3,
             (f"largest module {largest:,} params + prefetch {ds.prefetch_bucket_size:,} (max_live_parameters "
-             f"{ds.max_live_parameters:,}) gathered in full" if gathered else "one process: nothing gathered")
+             f"{ds.max_live_parameters:,}) " + ("gathered in full" if n > 1 else
+                                                "copied in full from host memory (one process, offload_param)")
+             if gathered else "one process: nothing gathered")
             + (f"; from the end of forward {kept:,} params kept gathered for their backward (reused within "
                f"stage3_max_reuse_distance {ds.max_reuse_distance:,}: partitioned_param_coordinator.py "
                "__params_to_release, core/states/zero3_reuse.py)" if held != gathered else "")
