@@ -13,9 +13,11 @@ counts the time waiting for a core, the CPU time does not):
   suggestions, every one traced the way the headline was);
 
 each traced mode ``cold`` (every run with its own empty ``FITCHECK_CACHE_DIR``) and ``warm`` (the directory the
-last cold run filled). Next to them the import floor (``python -c "import torch, transformers, peft"``: what a
-cold traced answer of a PEFT run cannot go under) and its parts (``import torch``, each case's
-``transformers.models.<family>.modeling_<family>``, ``import peft``: ``floor_rows``), the step traces
+last cold run filled). Next to them the import floor (``python -c "import torch, transformers, peft"``; more than a
+traced answer imports: a plain ``import peft`` compiles bitsandbytes' kernels through torch._inductor, the tracer
+does not) and its parts (``import torch``, each case's ``transformers.models.<family>.modeling_<family>``, ``import
+peft``, and each case's trace floor: the imports its traced answer makes besides fitcheck's own, made as the tracer
+makes them, what a cold traced answer cannot go under: ``floor_rows``), the step traces
 (``tracer.trace_step``) and optimizer traces (``tracer_optimizer.trace_optimizer``) each child ran, and whether the
 warm full report printed the same bytes as the cold one. Issue 20's targets: formula <= 0.3 s, traced answer
 <= 3 s, full report <= 5 s.
