@@ -366,13 +366,16 @@ def trace_floor_code(flags: list[str]) -> str:
     """The imports a cold traced answer of ``flags`` makes besides fitcheck's own, as the tracer makes them: the
     model's modeling module (what ``getattr(transformers, architecture)`` imports), for a PEFT or k-bit run
     bitsandbytes the way ``tracer_patches.bitsandbytes_uncompiled`` imports it (no inductor) and then peft, for a
-    TRL trainer ``trl.trainer.utils`` (``tracer_trl.triton_folds``). Measured against the ``-X importtime`` log of
-    the traced answers (session 20): nothing else outside fitcheck but a few ms of transformers integrations."""
+    TRL trainer the same bitsandbytes and then ``trl.trainer.utils`` (``tracer_trl.triton_folds``). Measured
+    against the ``-X importtime`` log of the traced answers (session 20): nothing else outside fitcheck but a few
+    ms of transformers integrations."""
     family = _family(flags)
     lines = [f"import transformers.models.{family}.modeling_{family}"]
-    if any(f in flags for f in ("--use_peft", "--load_in_4bit", "--load_in_8bit")):
-        lines += ["from fitcheck.torch_adapters import bitsandbytes_uncompiled", "bitsandbytes_uncompiled()",
-                  "import peft"]
+    peft = any(f in flags for f in ("--use_peft", "--load_in_4bit", "--load_in_8bit"))
+    if peft or "--trainer" in flags:  # trl.trainer.utils imports peft too (transformers' trainer_utils)
+        lines += ["from fitcheck.torch_adapters import bitsandbytes_uncompiled", "bitsandbytes_uncompiled()"]
+    if peft:
+        lines.append("import peft")
     if "--trainer" in flags:
         lines.append("import trl.trainer.utils")
     return "\n".join(lines)
