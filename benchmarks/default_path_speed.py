@@ -13,9 +13,11 @@ counts the time waiting for a core, the CPU time does not):
   suggestions, every one traced the way the headline was);
 
 each traced mode ``cold`` (every run with its own empty ``FITCHECK_CACHE_DIR``) and ``warm`` (the directory the
-last cold run filled). Next to them the import floor (``python -c "import torch, transformers, peft"``: what a
-cold traced answer of a PEFT run cannot go under) and its parts (``import torch``, each case's
-``transformers.models.<family>.modeling_<family>``, ``import peft``: ``floor_rows``), the step traces
+last cold run filled). Next to them the import floor (``python -c "import torch, transformers, peft"``; more than a
+traced answer imports: a plain ``import peft`` compiles bitsandbytes' kernels through torch._inductor, the tracer
+does not) and its parts (``import torch``, each case's ``transformers.models.<family>.modeling_<family>``, ``import
+peft``, and each case's trace floor: the imports its traced answer makes besides fitcheck's own, made as the tracer
+makes them, what a cold traced answer cannot go under: ``floor_rows``), the step traces
 (``tracer.trace_step``) and optimizer traces (``tracer_optimizer.trace_optimizer``) each child ran, and whether the
 warm full report printed the same bytes as the cold one. Issue 20's targets: formula <= 0.3 s, traced answer
 <= 3 s, full report <= 5 s.
@@ -341,16 +343,42 @@ def _family(flags: list[str]) -> str:
 
 def floor_rows(cases: list[list[str]], repeat: int) -> list[dict[str, Any]]:
     """What a cold traced answer cannot go under, each in fresh processes (median of ``repeat``): ``import torch``,
-    each case's ``transformers.models.<family>.modeling_<family>`` (torch, transformers' masking_utils ->
-    torch._dynamo, modeling_utils -> loss_utils -> scipy.optimize, accelerate through
-    transformers.integrations.deepspeed: what building the model imports), and ``import peft`` (what a LoRA /
-    QLoRA trace adds: peft's ``__init__`` imports every tuner and bitsandbytes)."""
+    each case's ``transformers.models.<family>.modeling_<family>`` (torch; transformers 5.23 ``masking_utils.py``
+    line 19 imports ``torch._dynamo._trace_wrapped_higher_order_op``, whose package ``__init__`` imports all of
+    torch._dynamo and, through ``torch.fx.experimental.symbolic_shapes``, sympy; ``modeling_utils`` imports
+    accelerate; scipy is only looked up, with ``importlib.util.find_spec``, never imported), ``import peft`` (peft
+    0.21.2's ``__init__`` imports every tuner, and ``peft/helpers.py`` bitsandbytes, whose ops compile through
+    torch._inductor when imported plainly), and per case its trace floor (:func:`trace_floor_code`): what the traced
+    answer itself imports besides fitcheck."""
     imports = {"(import torch)": "import torch"}
     for family in dict.fromkeys(_family(flags) for flags in cases):
         imports[f"(import modeling_{family})"] = f"import transformers.models.{family}.modeling_{family}"
     imports["(import peft)"] = "import peft"
-    return [_row(name, "", "-", [_child([sys.executable, "-c", code]) for _ in range(repeat)], code)
-            for name, code in imports.items()]
+    for flags in cases:
+        code = trace_floor_code(flags)
+        imports.setdefault(f"(trace floor {code.splitlines()[0].split('.')[-1]}"
+                           f"{' + peft' if 'peft' in code else ''}{' + trl' if 'trl' in code else ''})", code)
+    return [_row(name, "", "-", [_child([sys.executable, "-c", code]) for _ in range(repeat)],
+                 code.replace("\n", "; ")) for name, code in imports.items()]
+
+
+def trace_floor_code(flags: list[str]) -> str:
+    """The imports a cold traced answer of ``flags`` makes besides fitcheck's own, as the tracer makes them: the
+    model's modeling module (what ``getattr(transformers, architecture)`` imports), for a PEFT or k-bit run
+    bitsandbytes the way ``tracer_patches.bitsandbytes_uncompiled`` imports it (no inductor) and then peft, for a
+    TRL trainer the same bitsandbytes and then ``trl.trainer.utils`` (``tracer_trl.triton_folds``). Measured
+    against the ``-X importtime`` log of the traced answers (session 20): nothing else outside fitcheck but a few
+    ms of transformers integrations."""
+    family = _family(flags)
+    lines = [f"import transformers.models.{family}.modeling_{family}"]
+    peft = any(f in flags for f in ("--use_peft", "--load_in_4bit", "--load_in_8bit"))
+    if peft or "--trainer" in flags:  # trl.trainer.utils imports peft too (transformers' trainer_utils)
+        lines += ["from fitcheck.torch_adapters import bitsandbytes_uncompiled", "bitsandbytes_uncompiled()"]
+    if peft:
+        lines.append("import peft")
+    if "--trainer" in flags:
+        lines.append("import trl.trainer.utils")
+    return "\n".join(lines)
 
 
 def _top_imports(stderr: str, top: int) -> list[tuple[str, float]]:

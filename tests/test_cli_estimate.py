@@ -163,6 +163,18 @@ def test_a_path_answers_a_spec_asked_again_from_its_kept_formula_answer(monkeypa
     assert again.spec is other and again == PinnedPath("never")(other)
 
 
+# What a formula answer (``--json --no_trace``) must not import: the libraries a trace needs, rich (the table),
+# PyYAML (axolotl / LLaMA-Factory files), the torch adapters that build or replay models, and the other subcommands
+# (``fitcheck.cli.main.build_parser`` registers only the one on the command line: building and importing ``plot``
+# repeats every ``estimate`` flag)
+FORMULA_NEEDS_NONE_OF = (
+    "torch", "transformers", "accelerate", "peft", "bitsandbytes", "trl", "deepspeed", "numpy", "sympy", "rich",
+    "yaml", "fitcheck.torch_adapters.meta_device", "fitcheck.torch_adapters.fsdp2_run_events",
+    "fitcheck.torch_adapters.tracer", "fitcheck.torch_adapters.allocator_replay", "fitcheck.render.table",
+    "fitcheck.cli.plot", "fitcheck.cli.launch", "fitcheck.cli.catalog",
+)
+
+
 def test_known_family_answers_without_importing_torch() -> None:
     # --no_trace: with torch installed the default path replays the largest micro-batch's boundary (by construction
     # near the budget) through the caching allocator (torch_adapters/verdict_replay.py)
@@ -173,8 +185,7 @@ def test_known_family_answers_without_importing_torch() -> None:
         "with contextlib.redirect_stdout(buf):\n"
         f"    rc = main({[*BASE, '--json', '--no_trace']!r})\n"
         "json.loads(buf.getvalue())\n"
-        "bad = [m for m in ('torch', 'transformers', 'accelerate', 'peft', 'fitcheck.torch_adapters.meta_device',\n"
-        "                   'fitcheck.torch_adapters.fsdp2_run_events') if m in sys.modules]\n"
+        f"bad = [m for m in {FORMULA_NEEDS_NONE_OF!r} if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -1,8 +1,10 @@
 """What a traced answer imports that its answer does not use (issue 20: the traced default's cold time).
 
-A fake-tensor trace of a LoRA or QLoRA step imports bitsandbytes without ``torch.compile``'s inductor lookup
-(``tracer_patches.bitsandbytes_uncompiled``), and traces the same bytes as with bitsandbytes imported the usual
-way. Each run in a fresh interpreter: an earlier test in this process may have imported bitsandbytes already.
+A fake-tensor trace of a LoRA or QLoRA step, or of TRL's step without peft (``trl.trainer.utils`` imports
+transformers' ``trainer_utils``, which imports peft, which imports bitsandbytes), imports bitsandbytes without
+``torch.compile``'s inductor lookup (``tracer_patches.bitsandbytes_uncompiled``), and traces the same bytes as
+with bitsandbytes imported the usual way (the TRL step, which uses no bitsandbytes kernel, only in the lean run).
+Each run in a fresh interpreter: an earlier test in this process may have imported bitsandbytes already.
 
 What is compared: every phase's breakdown, the final gradients, and the trace's allocation events as a multiset.
 The order of the frees that end a region is not the same from one fresh process to the next, with or without
@@ -26,7 +28,8 @@ _CHILD = """
 import hashlib, json, sys
 sys.path.insert(0, {tests!r})
 from tiny_models import family_config
-from fitcheck.spec import LoraSpec, QuantSpec
+from fitcheck.core.trainers import trainer_row
+from fitcheck.spec import LoraSpec, QuantSpec, TrainerKind
 from fitcheck.torch_adapters import tracer_patches
 from fitcheck.torch_adapters.tracer import trace_step
 
@@ -35,6 +38,10 @@ if {usual!r}:  # bitsandbytes imported the usual way (its kernels compiled), bef
 cfg = family_config("llama", {{"hidden_size": 64, "intermediate_size": 172, "num_attention_heads": 4,
                               "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256}})
 lora = LoraSpec(r=4, dropout=0.05, target_modules=("all-linear",))
+# the lean child traces TRL's SFT step first, without peft: its trl import is the first to import bitsandbytes
+if not {usual!r}:
+    trace_step(cfg, seq_len=16, micro_batch=2, optimizer=None, steps=1, dtype="bfloat16", cuda_kernels=True,
+               trl_head=trainer_row(TrainerKind.SFT).fused_head, cublas_workspaces=())
 runs = [trace_step(cfg, seq_len=16, micro_batch=2, optimizer=None, steps=1, lora=lora, checkpointing=True,
                    dtype="float32"),
         trace_step(cfg, seq_len=16, micro_batch=2, optimizer="adamw_torch", lora=lora, quant=QuantSpec(),

@@ -81,14 +81,26 @@ def test_no_third_party_noise(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_help_has_no_rst_markup_and_no_refused_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    from fitcheck.cli.main import build_parser
+
     for command in ("estimate", "plot", "models", "gpus"):
         with pytest.raises(SystemExit):
-            from fitcheck.cli.main import build_parser
-
             build_parser().parse_args([command, "--help"])
         out = capsys.readouterr().out
         assert "``" not in out and ":class:" not in out and ":mod:" not in out, command
         assert "orpo" not in out and "cpo," not in out
+        # main() builds the parser with only the subcommand its command line starts with: the same help, and the
+        # same error for a bad flag, as the parser with every subcommand
+        with pytest.raises(SystemExit):
+            build_parser(command).parse_args([command, "--help"])
+        assert capsys.readouterr().out == out, command
+        errors = []
+        for parser in (build_parser(), build_parser(command)):
+            with pytest.raises(SystemExit):
+                parser.parse_args([command, "--no-such-flag"])
+            errors.append(capsys.readouterr().err)
+        assert errors[0] == errors[1], command
+        assert "error: " in errors[0], command
     code, _, err = _run(capsys, *EST, "--trainer", "orpo")
     assert code == 2 and "not modelled" in err  # still refused with the reason
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
 import logging
 import sys
 import warnings
@@ -18,39 +19,52 @@ from types import ModuleType
 
 from fitcheck.errors import FitcheckError, bounded_message
 
-
-def _subcommands() -> list[ModuleType]:
-    from fitcheck.cli import catalog, estimate, launch, plot
-
-    return [estimate, launch, plot, catalog]
+# subcommand -> the module under fitcheck.cli that registers it, in the order ``fitcheck --help`` lists them
+_REGISTERED_BY = {"estimate": "estimate", "launch": "launch", "plot": "plot", "models": "catalog", "gpus": "catalog"}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every subcommand registered."""
+def _subcommands(command: str | None = None) -> list[ModuleType]:
+    """The modules that register ``command`` (only its own), or every subcommand's where it is none of them."""
+    names = [_REGISTERED_BY[command]] if command in _REGISTERED_BY else list(dict.fromkeys(_REGISTERED_BY.values()))
+    return [importlib.import_module(f"fitcheck.cli.{name}") for name in names]
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand registered, or only ``command``'s.
+
+    Args:
+        command: The first word of a command line. When it names a subcommand, only that one is registered:
+            argparse hands everything after it to that subparser alone, so parsing, ``--help`` and every error
+            message are those of the full parser, without building (and importing) the others' arguments
+            (``plot`` repeats all of ``estimate``'s: half of the parser's cost for a formula answer). Anything
+            else (None, ``--help``, a typo) gets every subcommand, for the top-level help and "invalid choice".
+    """
     parser = argparse.ArgumentParser(
         prog="fitcheck",
         description="Will this training run fit on these GPUs, and if not, what should I change?",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{estimate,launch,plot,models,gpus}")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(_REGISTERED_BY) + "}")
     sub.required = True
-    for module in _subcommands():
+    for module in _subcommands(command):
         module.register(sub)
     return parser
 
 
 @functools.cache
-def _parser(_handlers: tuple[object, ...]) -> argparse.ArgumentParser:
-    """One parser per set of subcommand handlers, for :func:`main`: building it is ~16 ms of argparse (624
-    ``add_argument`` calls, each formatting its metavar with a new ``HelpFormatter``), and nothing in it depends on
-    the call: ``parse_args`` leaves the parser as it was (a new ``Namespace`` each time) and ``--help`` formats with
-    the terminal's width at that moment. A process that calls ``main`` many times (tests, integrations, the
+def _parser(command: str | None, _handlers: tuple[object, ...]) -> argparse.ArgumentParser:
+    """One parser per command and set of subcommand handlers, for :func:`main`: building it is a few ms of argparse
+    (2.4 ms for ``estimate`` alone, 4.6 ms with every subcommand, measured after the imports on the 2-core
+    development machine: each ``add_argument`` formats its metavar with a new ``HelpFormatter``), and nothing in it
+    depends on the call: ``parse_args`` leaves the parser as it was (a new ``Namespace`` each time) and ``--help``
+    formats with the terminal's width at that moment. A process that calls ``main`` many times (tests, integrations, the
     hostile-input driver) pays it once. The key is every subcommand's ``register`` and ``run*`` function, so a
-    caller that replaces one (a test's monkeypatch) gets a parser built with it, as before."""
-    return build_parser()
+    caller that replaces one (a test's monkeypatch) gets a parser built with it, as before. ``command``: as in
+    :func:`build_parser` (a subcommand's name, else None)."""
+    return build_parser(command)
 
 
-def _handlers() -> tuple[object, ...]:
-    return tuple(f for m in _subcommands() for name, f in sorted(vars(m).items())
+def _handlers(command: str | None) -> tuple[object, ...]:
+    return tuple(f for m in _subcommands(command) for name, f in sorted(vars(m).items())
                  if callable(f) and (name == "register" or name.startswith("run")))
 
 
@@ -126,7 +140,8 @@ def _dispatch(args_list: list[str]) -> int:
         from fitcheck.cli import launch
 
         return launch.main(args_list[1:])
-    parser = _parser(_handlers())
+    command = args_list[0] if args_list and args_list[0] in _REGISTERED_BY else None
+    parser = _parser(command, _handlers(command))
     try:
         args = parser.parse_args(args_list)
     except SystemExit as exc:  # argparse: bad flags -> exit 2 (its own message already printed)

@@ -86,6 +86,7 @@ if TYPE_CHECKING:
     from fitcheck.torch_adapters.tracer_build import build_model, hf_config, model_class, reduced_config
     from fitcheck.torch_adapters.tracer_depth import trace_components, trace_extrapolated
     from fitcheck.torch_adapters.tracer_generate import GenerationTraces, trace_generate, traced_generation
+    from fitcheck.torch_adapters.tracer_patches import bitsandbytes_uncompiled
     from fitcheck.torch_adapters.tracer_recorder import LiveTensorRecorder, RegionStats
     from fitcheck.torch_adapters.trl_config_check import check_trl_config
     from fitcheck.torch_adapters.verdict_replay import NearBudget, band_low_micro_batch, search_and_boundary
@@ -114,6 +115,7 @@ _WHERE = {
     "trace_extrapolated": "tracer_depth",
     "trace_kwargs": "tracer",
     "trace_step": "tracer",
+    "bitsandbytes_uncompiled": "tracer_patches",
     "LiveTensorRecorder": "tracer_recorder",
     "GenerationTraces": "tracer_generate",
     "trace_generate": "tracer_generate",
@@ -183,6 +185,7 @@ __all__ = [
     "activation_trace_kwargs",
     "at_micro_batch",
     "band_low_micro_batch",
+    "bitsandbytes_uncompiled",
     "build_meta_model",
     "build_model",
     "cache_directory",

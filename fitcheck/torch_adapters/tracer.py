@@ -174,6 +174,11 @@ def trace_step(
     cfg = task_trace_config(reduced_config(config, num_layers), task)
     depth = config_layers(cfg)
     check_traceable(cfg, image_tokens)
+    if trl_head and fake:  # trl.trainer.utils imports transformers.trainer_utils, which imports peft (and peft
+        # bitsandbytes): imported first without torch.compile's inductor lookup, as for LoRA (tracer_patches)
+        from fitcheck.torch_adapters.tracer_patches import bitsandbytes_uncompiled
+
+        bitsandbytes_uncompiled()
     if quant is not None and fake:
         from fitcheck.torch_adapters.tracer_patches import warm_bitsandbytes
 
