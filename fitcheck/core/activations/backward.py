@@ -51,6 +51,7 @@ from fitcheck.core.activations.backward_grads import (
     layer_cast,
     layer_grad,
     param_bytes,
+    partial_head_grad,
     tied_embedding_backward,
     trainable_full,
 )
@@ -172,7 +173,17 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     casts = L * cast if q.n_ckpt == 0 else 0
     head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)
     head32 = 0 if accum else 2 * head16  # made by the cast: no longer missing
-    moments["head"] = q.kept + casts + head_extra + q.e * bs * h + head_grad + head16 - missing - head32
+    # accumulation: a trained head's new gradient (partial training without autocast, LoRA's modules_to_save) is
+    # a temporary beside its .grad until AccumulateGrad adds it in place (without, it is the .grad all_grads left
+    # out of ``missing``). Probe Qwen3-14B freeze fp32 1 x 1344, accumulation 4: -51.7 % without it
+    head_new = partial_head_grad(spec) if accum and not head16 else 0
+    moments["head"] = q.kept + casts + head_extra + q.e * bs * h + head_grad + head16 + head_new - missing - head32
+    if accum and q.autocast and head_grad and head_grad < g_head:
+        # accumulation, a full fine-tune of fp32 weights under autocast: ToCopyBackward0 casts the head's 16-bit
+        # weight gradient to fp32 (freeze.autocast_head_numel's mechanism) into a temporary, not the .grad, after
+        # the node released the logits gradient; the head's fp32 input gradient is alive. Probe
+        # DeepSeek-R1-Distill-Qwen-7B full eager autocast ckpt 2 x 640, accumulation 2: -18.2 % without it
+        moments["head gradient cast"] = q.kept + casts + head_grad + g_head + q.r * bs * h
     ds = spec.sharding.deepspeed
     if z2 is not None and z2[1] and ds is not None and _zero2_head_reduced(spec, g_head):
         # ZeRO-2, the head above the bucket (extra_large_param_to_reduce): the final norm's gradient hook reduces
@@ -260,8 +271,11 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     wrapped = param_wrapper_backward(spec, q.e, q.r)  # LoRA on fused experts (activations/param_wrapper.py)
     if wrapped:
         moments["top MoE layer"] = q.kept + wrapped - (0 if accum else all_grads(spec)) + _LOSS_SCALARS
-    temp_emb = g_emb if accum else 0
     tied = tied_embedding_backward(spec)
+    # accumulation: the embedding's new gradient is a temporary until AccumulateGrad adds it in place; tied, the
+    # head's buffered gradient is one too, and so is their sum (tied // 2 each: the sum is not the .grad). Probe
+    # gemma-7b full ckpt bf16 3 x 1024, accumulation 2: -19.7 % without it
+    temp_emb = g_emb + tied // 2 if accum else 0
     # tied: the embedding's own backward holds its output gradient and its new vocab x hidden gradient; the sum
     # with the head's buffered gradient comes after the node returned, its output gradient freed (engine.cpp
     # evaluate_function: the node's inputs are released before its outputs enter the next input buffer)
