@@ -239,6 +239,23 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
                 moments[name + " attention"] = attn - (0 if accum else unmade - g_lora)
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
+        new_down = (g_down if spec.freeze is None else g_down_frozen * layer_trained(spec, i)) if accum else 0
+        if new_down and gated:
+            # accumulation: down_proj's MmBackward0 makes its input gradient (e·I), then its new weight gradient, a
+            # temporary beside the accumulated .grad until AccumulateGrad adds it in place and frees it, before the
+            # gated product's gradients (without accumulation it is the .grad: the moment above holds it). Under
+            # autocast that gradient is 16-bit and the weight's 16-bit cast is still held; once the node returned
+            # and released its saved input (e·I) and the cast (torch engine.cpp evaluate_function),
+            # ToCopyBackward0 casts the gradient to the fp32 parameter's dtype (freeze.autocast_head_numel's
+            # mechanism). Probe Mistral-7B-v0.3 full eager bf16 ckpt 3 x 576, accumulation 8: -5.7 % without it;
+            # traces of Mistral-7B ckpt bf16 / fp32 / autocast, eager and SDPA: these moments are the phase's peak
+            mm = live + cast_down + q.e * sh.intermediate_size * bs + q.r * h * bs + _LOSS_SCALARS
+            if q.autocast:
+                new16 = 2 * down_proj_numel(spec)
+                moments[name + " down_proj weight gradient"] = max(
+                    mm + new16, live + q.r * h * bs + new16 + new_down + _LOSS_SCALARS)
+            else:
+                moments[name + " down_proj weight gradient"] = mm + new_down
         if i == L - 1 and base_nockpt is not None:  # QLoRA without checkpointing: its 4-bit backward
             moments[name + " 4-bit backward"] = live + base_nockpt - missing + _LOSS_SCALARS
         if head16 and layer_trained(spec, i) and q.n_ckpt == 0 and i == L - 1:  # freeze.autocast_layer_cast
