@@ -22,8 +22,19 @@ probe is outside 2 %.
 (0.05, 0.1 or none), reentrant checkpointing, and fp16 weights or fp16 autocast (one draw in eight): a recipe
 no range was checked for must answer ``pinned: false``; one that is pinned is traced like any other probe.
 
+``--accum`` runs every draw with gradient accumulation 2, 4 or 8 (not in the envelope's key: a pinned kind is
+pinned at any accumulation); its trace runs two passes and measures the second, where every gradient already
+exists (``TRACED_ACCUM``; the earlier pass's gradients are taken out of its forward phases, ``traced_components``).
+``--promoted`` runs one draw in three with 16-bit weights under the other 16-bit autocast (float16 + bf16,
+bfloat16 + fp16: ``core/activations/promoted.py``); such a run must answer ``pinned: false``. ``--by-kind`` draws
+the kinds of the pinned range rows (``envelope_ranges.json``), the least probed so far (earlier sessions'
+``benchmarks/data/pinned_probes_session*.json`` and this run) most often, each inside its row's checked range, in
+place of the family x method draw. These three draw after ``--recipes`` from the same generator: a seed without
+them draws what it drew before.
+
 Run: ``python benchmarks/pinned_probes.py [--seed 0] [--probes 40] [--budget 900] [--families a,b]
-[--methods a,b] [--attn eager] [--recipes] [--json out.json] [--record-misses]``.
+[--methods a,b] [--attn eager] [--recipes] [--accum] [--promoted] [--by-kind] [--json out.json]
+[--record-misses]``.
 
 ``--record-misses`` merges every probe more than 2 % off into ``fitcheck/catalog/envelope_probe_misses.json``
 (package data): a kind listed there is not pinned (``core.activations.envelope.in_envelope``). ``--from-json
@@ -402,7 +413,7 @@ def main(argv: list[str]) -> int:
     rng = random.Random(ns.seed)
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    unpinned = draws = 0
+    unpinned = draws = promoted_draws = 0
     kinds = pinned_rows(families, methods) if ns.by_kind else {}
     probed = earlier_probes() if ns.by_kind else {}
     while len(rows) < ns.probes and draws < 50 * ns.probes:
@@ -424,6 +435,7 @@ def main(argv: list[str]) -> int:
         recipe = draw_holes(rng, cell, recipe, accum=ns.accum, promoted=ns.promoted)
         draws += 1
         kind, result = probe(cell, config, recipe=recipe)
+        promoted_draws += recipe.weights in PROMOTED
         if not kind:
             unpinned += 1
             continue
@@ -461,7 +473,10 @@ def main(argv: list[str]) -> int:
     worst = max(scored, key=abs) if scored else 0.0
     print(f"\nseed {ns.seed}: {draws} draws, {unpinned} not pinned; {len(rows)} pinned probes over {len(by_kind)} "
           f"kinds, {ok} within {TOLERANCE:.0%}, {len(rows) - len(scored)} refused by the tracer; worst "
-          f"{worst:+.2f} %; {time.perf_counter() - start:.0f} s")
+          f"{worst:+.2f} %; {time.perf_counter() - start:.0f} s"
+          + (f"; {promoted_draws} draws ran 16-bit weights under the other 16-bit autocast, "
+             f"{sum(1 for r in rows if r.get('recipe', {}).get('weights') in PROMOTED)} of them pinned"
+             if ns.promoted else ""))
     for row in rows:
         if row["worst"] is None or abs(row["worst"]) > TOLERANCE * 100:
             print(f"  {row['kind']} {row['worst']}: fitcheck estimate {row['flags']}")
@@ -469,7 +484,7 @@ def main(argv: list[str]) -> int:
         print(f"{record_misses(rows, ns.seed)} misses recorded in {MISSES}")
     if ns.json:
         Path(ns.json).write_text(json.dumps({"seed": ns.seed, "draws": draws, "unpinned": unpinned,
-                                             "probes": rows}, indent=1))
+                                             "promoted_draws": promoted_draws, "probes": rows}, indent=1))
     return 0 if ok == len(rows) else 1
 
 
