@@ -191,13 +191,18 @@ def draw(rng: random.Random, families: tuple[str, ...], methods: tuple[str, ...]
 
 def pinned_rows(families: tuple[str, ...], methods: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """The range rows that pin a CPU answer (``envelope_ranges.json``: within 2 % at every shape; no ``@cuda``
-    row), of these families and methods, less the kinds an earlier probe unpinned."""
+    row), of these families and methods, less the kinds an earlier probe unpinned and the families whose
+    backward working set is not pinned to a trace (``traits.backward_pinned`` False: the ``backward-not-pinned``
+    INFO unpins every answer of theirs, ``core/activations/backward.py`` ``backward_findings``; session 20's
+    seeds 2001/2002 drew olmo2, gemma2, gpt2, phi and bloom rows that way, never pinned)."""
     from fitcheck.catalog import envelope_probe_misses, envelope_ranges
+    from fitcheck.families import traits_of_type
 
     misses = envelope_probe_misses()
     return {label: dict(row) for label, row in envelope_ranges().items()
             if row.get("within") is True and "@" not in label and label not in misses
-            and label.split("/")[0] in families and label.split("/")[1] in methods}
+            and label.split("/")[0] in families and label.split("/")[1] in methods
+            and traits_of_type(label.split("/")[0]).backward_pinned}
 
 
 def width(config: dict[str, Any]) -> int:
