@@ -173,10 +173,11 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     casts = L * cast if q.n_ckpt == 0 else 0
     head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)
     head32 = 0 if accum else 2 * head16  # made by the cast: no longer missing
-    # accumulation: a trained head's new gradient (partial training without autocast, LoRA's modules_to_save) is
-    # a temporary beside its .grad until AccumulateGrad adds it in place (without, it is the .grad all_grads left
-    # out of ``missing``). Probe Qwen3-14B freeze fp32 1 x 1344, accumulation 4: -51.7 % without it
-    head_new = partial_head_grad(spec) if accum and not head16 else 0
+    # accumulation: a partially trained head's new gradient (without autocast: head16 has its own moment) is a
+    # temporary beside its .grad until AccumulateGrad adds it in place (without accumulation it is the .grad
+    # all_grads left out of ``missing``). Probe Qwen3-14B freeze fp32 1 x 1344, accumulation 4: -51.7 % without
+    # it. LoRA's modules_to_save head (fp32 copy) was not traced with accumulation: left as it was
+    head_new = partial_head_grad(spec) if accum and not head16 and spec.freeze is not None else 0
     moments["head"] = q.kept + casts + head_extra + q.e * bs * h + head_grad + head16 + head_new - missing - head32
     if accum and q.autocast and head_grad and head_grad < g_head:
         # accumulation, a full fine-tune of fp32 weights under autocast: ToCopyBackward0 casts the head's 16-bit
