@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitcheck.core.activations.backward_accum import accumulated_down_proj, accumulated_head_cast
 from fitcheck.core.activations.backward_grads import (
     all_grads,
     down_proj_numel,
@@ -179,12 +180,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # it. LoRA's modules_to_save head (fp32 copy) was not traced with accumulation: left as it was
     head_new = partial_head_grad(spec) if accum and not head16 and spec.freeze is not None else 0
     moments["head"] = q.kept + casts + head_extra + q.e * bs * h + head_grad + head16 + head_new - missing - head32
-    if accum and q.autocast and head_grad and head_grad < g_head:
-        # accumulation, a full fine-tune of fp32 weights under autocast: ToCopyBackward0 casts the head's 16-bit
-        # weight gradient to fp32 (freeze.autocast_head_numel's mechanism) into a temporary, not the .grad, after
-        # the node released the logits gradient; the head's fp32 input gradient is alive. Probe
-        # DeepSeek-R1-Distill-Qwen-7B full eager autocast ckpt 2 x 640, accumulation 2: -18.2 % without it
-        moments["head gradient cast"] = q.kept + casts + head_grad + g_head + q.r * bs * h
+    if accum and q.autocast and head_grad and head_grad < g_head:  # fp32 weights: the fp32 cast (backward_accum)
+        moments["head gradient cast"] = accumulated_head_cast(q.kept, casts, head_grad, g_head, q.r * bs * h)
     ds = spec.sharding.deepspeed
     if z2 is not None and z2[1] and ds is not None and _zero2_head_reduced(spec, g_head):
         # ZeRO-2, the head above the bucket (extra_large_param_to_reduce): the final norm's gradient hook reduces
@@ -241,22 +238,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
         new_down = (g_down if spec.freeze is None else g_down_frozen * layer_trained(spec, i)) if accum else 0
-        if new_down and gated:
-            # accumulation: down_proj's MmBackward0 makes its input gradient (e·I), then its new weight gradient, a
-            # temporary beside the accumulated .grad until AccumulateGrad adds it in place and frees it, before the
-            # gated product's gradients (without accumulation it is the .grad: the moment above holds it). Under
-            # autocast that gradient is 16-bit and the weight's 16-bit cast is still held; once the node returned
-            # and released its saved input (e·I) and the cast (torch engine.cpp evaluate_function),
-            # ToCopyBackward0 casts the gradient to the fp32 parameter's dtype (freeze.autocast_head_numel's
-            # mechanism). Probe Mistral-7B-v0.3 full eager bf16 ckpt 3 x 576, accumulation 8: -5.7 % without it;
-            # traces of Mistral-7B ckpt bf16 / fp32 / autocast, eager and SDPA: these moments are the phase's peak
-            mm = live + cast_down + q.e * sh.intermediate_size * bs + q.r * h * bs + _LOSS_SCALARS
-            if q.autocast:
-                new16 = 2 * down_proj_numel(spec)
-                moments[name + " down_proj weight gradient"] = max(
-                    mm + new16, live + q.r * h * bs + new16 + new_down + _LOSS_SCALARS)
-            else:
-                moments[name + " down_proj weight gradient"] = mm + new_down
+        if new_down and gated:  # accumulation: down_proj's new weight gradient beside its .grad (backward_accum)
+            moments[name + " down_proj weight gradient"] = accumulated_down_proj(
+                spec, live, cast_down, q.e, q.r, q.autocast, new_down) + _LOSS_SCALARS
         if i == L - 1 and base_nockpt is not None:  # QLoRA without checkpointing: its 4-bit backward
             moments[name + " 4-bit backward"] = live + base_nockpt - missing + _LOSS_SCALARS
         if head16 and layer_trained(spec, i) and q.n_ckpt == 0 and i == L - 1:  # freeze.autocast_layer_cast
