@@ -22,8 +22,19 @@ probe is outside 2 %.
 (0.05, 0.1 or none), reentrant checkpointing, and fp16 weights or fp16 autocast (one draw in eight): a recipe
 no range was checked for must answer ``pinned: false``; one that is pinned is traced like any other probe.
 
+``--accum`` runs every draw with gradient accumulation 2, 4 or 8 (not in the envelope's key: a pinned kind is
+pinned at any accumulation); its trace runs two passes and measures the second, where every gradient already
+exists (``TRACED_ACCUM``; the earlier pass's gradients are taken out of its forward phases, ``traced_components``).
+``--promoted`` runs one draw in three with 16-bit weights under the other 16-bit autocast (float16 + bf16,
+bfloat16 + fp16: ``core/activations/promoted.py``); such a run must answer ``pinned: false``. ``--by-kind`` draws
+the kinds of the pinned range rows (``envelope_ranges.json``), the least probed so far (earlier sessions'
+``benchmarks/data/pinned_probes_session*.json`` and this run) most often, each inside its row's checked range, in
+place of the family x method draw. These three draw after ``--recipes`` from the same generator: a seed without
+them draws what it drew before.
+
 Run: ``python benchmarks/pinned_probes.py [--seed 0] [--probes 40] [--budget 900] [--families a,b]
-[--methods a,b] [--attn eager] [--recipes] [--json out.json] [--record-misses]``.
+[--methods a,b] [--attn eager] [--recipes] [--accum] [--promoted] [--by-kind] [--json out.json]
+[--record-misses]``.
 
 ``--record-misses`` merges every probe more than 2 % off into ``fitcheck/catalog/envelope_probe_misses.json``
 (package data): a kind listed there is not pinned (``core.activations.envelope.in_envelope``). ``--from-json
@@ -46,9 +57,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from fitcheck.core.activations import DEFAULT_TARGETS  # peft's default targets: the ``+qv`` rows
 from fitcheck.report import Phase
 from fitcheck.spec import Dtype, MixedPrecision, PrecisionSpec, TrainingSpec
-from fitcheck.torch_adapters import FAMILY_MODELS, PHASES, Cell, cell_spec, phase_errors
+from fitcheck.torch_adapters import FAMILY_MODELS, PHASES, Cell, cell_spec, components_from_trace, phase_errors
 
 TOLERANCE = 0.02
 MODELS = Path(__file__).parents[1] / "fitcheck" / "catalog" / "models"
@@ -71,16 +83,20 @@ class Recipe:
     targets: tuple[str, ...] = ("all-linear",)
     dropout: float = 0.05
     reentrant: bool = False
-    weights: str = ""  # "" (the cell's), "fp16" (fp16 weights, no autocast) or "fp16amp" (fp32 weights, fp16 autocast)
+    # "" (the cell's), "fp16" (fp16 weights, no autocast), "fp16amp" (fp32 weights, fp16 autocast), or 16-bit
+    # weights under the other 16-bit autocast (``--promoted``; ``core/activations/promoted.py``): "fp16bf16amp"
+    # (float16 weights, bf16 autocast: TRL's --bf16 on a float16 config) or "bf16fp16amp" (bfloat16 under fp16)
+    weights: str = ""
+    accum: int = 1  # gradient_accumulation_steps (``--accum``)
 
     def apply(self, spec: TrainingSpec) -> TrainingSpec:
         """The spec with this recipe."""
         lora = spec.lora and dataclasses.replace(spec.lora, r=self.r, alpha=2.0 * self.r, dropout=self.dropout,
                                                  target_modules=self.targets)
         act = dataclasses.replace(spec.activations, use_reentrant=self.reentrant and spec.activations.checkpointing)
-        precision = {"fp16": PrecisionSpec(Dtype.FLOAT16, MixedPrecision.NO),
-                     "fp16amp": PrecisionSpec(Dtype.FLOAT32, MixedPrecision.FP16)}.get(self.weights, spec.precision)
-        return dataclasses.replace(spec, lora=lora, activations=act, precision=precision)
+        precision = WEIGHTS[self.weights] if self.weights else spec.precision
+        batch = dataclasses.replace(spec.batch, grad_accum=self.accum)
+        return dataclasses.replace(spec, lora=lora, activations=act, precision=precision, batch=batch)
 
     def flags(self, cell: Cell) -> str:
         """The ``fitcheck estimate`` flags that change (appended to the cell's)."""
@@ -90,12 +106,36 @@ class Recipe:
         if self.reentrant and cell.ckpt:
             out.append("--gradient_checkpointing_kwargs '{\"use_reentrant\": true}'")
         if self.weights:
-            out.append("--dtype float16" if self.weights == "fp16" else "--dtype float32 --fp16")
+            w = WEIGHTS[self.weights]
+            out.append(f"--dtype {w.load_dtype.value}" + ("" if w.mixed_precision is MixedPrecision.NO
+                                                          else f" --{w.mixed_precision.value}"))
+        if self.accum > 1:
+            out.append(f"--gradient_accumulation_steps {self.accum}")
         return " ".join(out)
 
 
+# Recipe.weights: the precision a probe runs instead of its cell's
+WEIGHTS = {"fp16": PrecisionSpec(Dtype.FLOAT16, MixedPrecision.NO),
+           "fp16amp": PrecisionSpec(Dtype.FLOAT32, MixedPrecision.FP16),
+           "fp16bf16amp": PrecisionSpec(Dtype.FLOAT16, MixedPrecision.BF16),
+           "bf16fp16amp": PrecisionSpec(Dtype.BFLOAT16, MixedPrecision.FP16)}
+PROMOTED = ("fp16bf16amp", "bf16fp16amp")
 GRID_RECIPE = Recipe()
 QUANTIZED = ("qlora", "qlora_noprep", "int8")
+# Passes a probe with gradient accumulation traces: every pass after the first runs with every gradient already
+# allocated (torch/csrc/autograd/functions/accumulate_grad.h adds into it), so pass 2 describes passes 2..n
+TRACED_ACCUM = 2
+
+
+def draw_holes(rng: random.Random, cell: Cell, recipe: Recipe, *, accum: bool, promoted: bool) -> Recipe:
+    """``--accum``: gradient accumulation 2, 4 or 8 on every draw; ``--promoted``: one draw in three runs 16-bit
+    weights under the other 16-bit autocast (the cell's precision otherwise). Drawn after ``draw_recipe`` from the
+    same generator, so a seed without these flags draws what it drew before."""
+    if accum:
+        recipe = dataclasses.replace(recipe, accum=rng.choice((2, 4, 8)))
+    if promoted and rng.random() < 1 / 3:
+        recipe = dataclasses.replace(recipe, weights=rng.choice(PROMOTED))
+    return recipe
 
 
 def draw_recipe(rng: random.Random, cell: Cell) -> Recipe:
@@ -149,13 +189,86 @@ def draw(rng: random.Random, families: tuple[str, ...], methods: tuple[str, ...]
                     batch), model, config
 
 
+def pinned_rows(families: tuple[str, ...], methods: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """The range rows that pin a CPU answer (``envelope_ranges.json``: within 2 % at every shape; no ``@cuda``
+    row), of these families and methods, less the kinds an earlier probe unpinned and the families whose
+    backward working set is not pinned to a trace (``traits.backward_pinned`` False: the ``backward-not-pinned``
+    INFO unpins every answer of theirs, ``core/activations/backward.py`` ``backward_findings``; session 20's
+    seeds 2001/2002 drew olmo2, gemma2, gpt2, phi and bloom rows that way, never pinned)."""
+    from fitcheck.catalog import envelope_probe_misses, envelope_ranges
+    from fitcheck.families import traits_of_type
+
+    misses = envelope_probe_misses()
+    return {label: dict(row) for label, row in envelope_ranges().items()
+            if row.get("within") is True and "@" not in label and label not in misses
+            and label.split("/")[0] in families and label.split("/")[1] in methods
+            and traits_of_type(label.split("/")[0]).backward_pinned}
+
+
+def width(config: dict[str, Any]) -> int:
+    """The hidden width of a catalog config (the range rows' first shape coordinate)."""
+    return int(config.get("hidden_size") or config.get("n_embd") or config.get("n_embed") or 0)
+
+
+def draw_from_rows(rng: random.Random, rows: dict[str, dict[str, Any]],
+                   probed: dict[str, int]) -> tuple[Cell, str, dict[str, Any], str] | None:
+    """``--by-kind``: one run of a pinned kind, the kinds probed least so far (``probed``: label -> probes, from
+    earlier sessions' data and this run) drawn most often (weight 1 / (1 + probes)²), inside the kind's checked
+    range (width, sequence, micro-batch) and off its checked shapes and the grids' points. Returns the cell, its
+    model id and config and the row's recipe suffix (``+qv``), or None when no catalog model fits the row."""
+    labels = sorted(rows)
+    label = rng.choices(labels, [1 / (1 + probed.get(lbl, 0)) ** 2 for lbl in labels])[0]
+    kind, plus, suffix = label.partition("+")
+    family, method, ckpt, attn, precision = kind.split("/")
+    shapes = [tuple(x) for x in rows[label]["shapes"]]
+    low, high = min(x[0] for x in shapes), max(x[0] for x in shapes)
+    models = [(m, c) for m, c in family_models(family) if low <= width(c) <= high]
+    if not models:
+        probed[label] = 10**6  # no catalog model of this family inside the row's widths: never drawn again
+        return None
+    model, config = rng.choice(models)
+    top = min(longest(config), max(x[1] for x in shapes))
+    bottom = max(min(x[1] for x in shapes), 384)
+    batches = [b for b in MICRO_BATCHES if b <= max(x[2] for x in shapes)]
+    for _ in range(20):
+        seq = 64 * round(2 ** rng.uniform(math.log2(bottom), math.log2(max(top, bottom))) / 64)
+        batch = rng.choice(batches)
+        if (seq in GRID_SEQS and batch in GRID_BATCHES) or (width(config), seq, batch) in shapes or seq > top:
+            continue
+        return Cell(family, method, ckpt == "ckpt", attn, precision, seq, batch), model, config, plus + suffix
+    return None
+
+
+def traced_components(spec: TrainingSpec, traced: Any) -> tuple[Any, ...]:
+    """``components_from_trace`` of a probe's trace, less the earlier passes' gradients with accumulation.
+
+    With ``grad_accum`` passes the measured (last) pass's forward runs beside the gradients the earlier passes
+    accumulated (the same storages: ``AccumulateGrad`` adds in place, torch ``autograd/functions/accumulate_grad.h``),
+    which ``components_from_trace`` counts as temporaries at the end of forward and the start of backward (a
+    one-pass trace, the default path's, holds none there); the formulas count them as the ``gradients`` model
+    state at every phase (``core/states/model_states.py`` ``_gradient_components``: ``accum``). During backward
+    ``components_from_trace`` already subtracts ``final_grads``."""
+
+    comps = components_from_trace(traced)
+    if spec.batch.grad_accum == 1:
+        return comps
+    out = []
+    for comp in comps:
+        if comp.name == "temporaries.traced":
+            by_phase = {p: comp.at(p) - (min(comp.at(p), traced.final_grads) if p is not Phase.BACKWARD else 0)
+                        for p in comp.by_phase}
+            comp = dataclasses.replace(comp, by_phase=by_phase)
+        out.append(comp)
+    return tuple(out)
+
+
 def probe(cell: Cell, config: dict[str, Any], *, pinned_only: bool = True,
           recipe: Recipe = GRID_RECIPE) -> tuple[str, dict[Phase, float] | str]:
     """The envelope kind of a pinned formula answer (``""``: not pinned; every answer with ``pinned_only`` off) and
     its error per phase against a trace at the same shape (or why the trace refused)."""
     from fitcheck.core import estimate
     from fitcheck.core.activations import envelope_key, range_label, recipe_suffix
-    from fitcheck.torch_adapters import BatchTraces, activation_trace_kwargs, components_from_trace
+    from fitcheck.torch_adapters import BatchTraces, activation_trace_kwargs
 
     spec = cell_spec(cell, config) if recipe == GRID_RECIPE else recipe.apply(cell_spec(cell, config))
     if pinned_only and not estimate(spec).pinned:
@@ -164,15 +277,17 @@ def probe(cell: Cell, config: dict[str, Any], *, pinned_only: bool = True,
     kind = "?" if key is None else range_label(key, recipe_suffix(spec) or "")  # "+qv": peft's default targets' rows
     try:
         kwargs = activation_trace_kwargs(spec)
+        if spec.batch.grad_accum > 1:  # the last of TRACED_ACCUM passes: every gradient exists from its start
+            kwargs["grad_accum"] = min(spec.batch.grad_accum, TRACED_ACCUM)
         traced = BatchTraces(spec.model.config, kwargs, skip_first=True).result(cell.batch)
-        errors = phase_errors(spec, components_from_trace(traced))
+        errors = phase_errors(spec, traced_components(spec, traced))
         if max(abs(e) for e in errors.values()) > TOLERANCE:
             # BatchTraces extrapolates from one and two layer groups; where the phase's worst moment changes with
             # depth (Mistral-Small-24B full eager bf16 1 x 1792: the LM head's at 1-2 layers, the top layer's
             # softmax backward at 40) it is off the full model's own trace: a miss is confirmed at full depth
             from fitcheck.torch_adapters import trace_step
 
-            deep = phase_errors(spec, components_from_trace(trace_step(spec.model.config, **kwargs)))
+            deep = phase_errors(spec, traced_components(spec, trace_step(spec.model.config, **kwargs)))
             if deep != errors:
                 print(f"  depth-extrapolated trace: {' '.join(f'{e * 100:+.2f}%' for e in errors.values())}; "
                       f"full depth: {' '.join(f'{e * 100:+.2f}%' for e in deep.values())}", flush=True)
@@ -202,6 +317,24 @@ def flags(cell: Cell, model: str, recipe: Recipe | None = None) -> str:
     if cell.method == "int8":
         out.append("--load_in_8bit")
     return " ".join(out)
+
+
+def earlier_probes() -> dict[str, int]:
+    """Pinned probes per kind label in the earlier sessions' data (``benchmarks/data/pinned_probes_session*.json``)."""
+    out: dict[str, int] = defaultdict(int)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "probes" and isinstance(value, list):
+                    for row in value:
+                        out[row["kind"]] += 1
+                else:
+                    walk(value)
+
+    for path in sorted(Path(__file__).parent.joinpath("data").glob("pinned_probes_session*.json")):
+        walk(json.loads(path.read_text()))
+    return dict(out)
 
 
 def record_misses(rows: list[dict[str, Any]], seed: int | None) -> int:
@@ -263,6 +396,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--recheck", action="store_true", help="trace the recorded misses again; drop the fixed ones")
     ap.add_argument("--recipes", action="store_true", help="draw LoRA rank/targets/dropout, reentrant "
                     "checkpointing and fp16 too (the recipe part of the envelope's key)")
+    ap.add_argument("--accum", action="store_true", help="gradient accumulation 2, 4 or 8 on every draw (traced "
+                    f"with {TRACED_ACCUM} passes, the last one measured)")
+    ap.add_argument("--promoted", action="store_true", help="one draw in three runs 16-bit weights under the other "
+                    "16-bit autocast (float16 + bf16, bfloat16 + fp16)")
+    ap.add_argument("--by-kind", action="store_true", help="draw the pinned range rows' kinds, the least probed "
+                    "(earlier sessions' data and this run) most often, inside each row's checked range")
     ap.add_argument("--attn", default="", help="force this attention (sdpa / eager) on every draw (default: the "
                     "draw's own, eager one time in three)")
     ns = ap.parse_args(argv)
@@ -275,22 +414,37 @@ def main(argv: list[str]) -> int:
         print(f"{record_misses(old, None)} misses recorded in {MISSES}")
         return 0
     families = tuple(f for f in ns.families.split(",") if f in FAMILY_MODELS)
+    methods = tuple(ns.methods.split(","))
     rng = random.Random(ns.seed)
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    unpinned = draws = 0
+    unpinned = draws = promoted_draws = 0
+    kinds = pinned_rows(families, methods) if ns.by_kind else {}
+    probed = earlier_probes() if ns.by_kind else {}
     while len(rows) < ns.probes and draws < 50 * ns.probes:
         if ns.budget and time.perf_counter() - start > ns.budget:
             break
-        cell, model, config = draw(rng, families, tuple(ns.methods.split(",")))
+        suffix = ""
+        if ns.by_kind:
+            drawn = draw_from_rows(rng, kinds, probed)
+            if drawn is None:
+                continue
+            cell, model, config, suffix = drawn
+        else:
+            cell, model, config = draw(rng, families, methods)
         if ns.attn:  # the same draws, the attention forced (the random sequence is unchanged)
             cell = dataclasses.replace(cell, attn=ns.attn)
         recipe = draw_recipe(rng, cell) if ns.recipes else GRID_RECIPE
+        if suffix == "+qv" and not ns.recipes:
+            recipe = dataclasses.replace(recipe, targets=DEFAULT_TARGETS)
+        recipe = draw_holes(rng, cell, recipe, accum=ns.accum, promoted=ns.promoted)
         draws += 1
         kind, result = probe(cell, config, recipe=recipe)
+        promoted_draws += recipe.weights in PROMOTED
         if not kind:
             unpinned += 1
             continue
+        probed[kind] = probed.get(kind, 0) + 1
         row: dict[str, Any] = {"kind": kind, "model": model, "seq": cell.seq, "batch": cell.batch,
                                "flags": " ".join(filter(None, (flags(cell, model, recipe), recipe.flags(cell))))}
         if recipe != GRID_RECIPE:
@@ -307,7 +461,8 @@ def main(argv: list[str]) -> int:
         tag = "" if recipe == GRID_RECIPE else ((f" r{recipe.r} {','.join(recipe.targets)} d{recipe.dropout}"
                                                  if adapters else "")
                                                 + (" reentrant" if recipe.reentrant and cell.ckpt else "")
-                                                + (f" {recipe.weights}" if recipe.weights else ""))
+                                                + (f" {recipe.weights}" if recipe.weights else "")
+                                                + (f" accum{recipe.accum}" if recipe.accum > 1 else ""))
         print(f"{mark:7} {kind:45} {model:40} {cell.batch} x {cell.seq:<6} {errs}{tag}", flush=True)
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
@@ -323,7 +478,10 @@ def main(argv: list[str]) -> int:
     worst = max(scored, key=abs) if scored else 0.0
     print(f"\nseed {ns.seed}: {draws} draws, {unpinned} not pinned; {len(rows)} pinned probes over {len(by_kind)} "
           f"kinds, {ok} within {TOLERANCE:.0%}, {len(rows) - len(scored)} refused by the tracer; worst "
-          f"{worst:+.2f} %; {time.perf_counter() - start:.0f} s")
+          f"{worst:+.2f} %; {time.perf_counter() - start:.0f} s"
+          + (f"; {promoted_draws} draws ran 16-bit weights under the other 16-bit autocast, "
+             f"{sum(1 for r in rows if r.get('recipe', {}).get('weights') in PROMOTED)} of them pinned"
+             if ns.promoted else ""))
     for row in rows:
         if row["worst"] is None or abs(row["worst"]) > TOLERANCE * 100:
             print(f"  {row['kind']} {row['worst']}: fitcheck estimate {row['flags']}")
@@ -331,7 +489,7 @@ def main(argv: list[str]) -> int:
         print(f"{record_misses(rows, ns.seed)} misses recorded in {MISSES}")
     if ns.json:
         Path(ns.json).write_text(json.dumps({"seed": ns.seed, "draws": draws, "unpinned": unpinned,
-                                             "probes": rows}, indent=1))
+                                             "promoted_draws": promoted_draws, "probes": rows}, indent=1))
     return 0 if ok == len(rows) else 1
 
 

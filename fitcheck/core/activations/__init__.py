@@ -35,7 +35,7 @@ from fitcheck.core.activations.backward_grads import cuda_embedding_backward
 from fitcheck.core.activations.bnb_kept_inputs import old_bnb_4bit
 from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
-from fitcheck.core.activations.envelope_range import range_label, recipe_suffix
+from fitcheck.core.activations.envelope_range import DEFAULT_TARGETS, range_label, recipe_suffix
 from fitcheck.core.activations.int8_outliers import (
     Int8Outliers,
     int8_outlier_bound,
@@ -53,6 +53,7 @@ from fitcheck.core.activations.versions import legacy_bnb_kept_inputs, versions_
 
 __all__ = [
     "CHECKED",
+    "DEFAULT_TARGETS",
     "RMS_BACKWARD_TEMPS",
     "TOLERANCE",
     "Int8Outliers",

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitcheck.core.activations.backward_accum import accumulated_down_proj, accumulated_head_cast
 from fitcheck.core.activations.backward_grads import (
     all_grads,
     down_proj_numel,
@@ -51,6 +52,7 @@ from fitcheck.core.activations.backward_grads import (
     layer_cast,
     layer_grad,
     param_bytes,
+    partial_head_grad,
     tied_embedding_backward,
     trainable_full,
 )
@@ -172,7 +174,14 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     casts = L * cast if q.n_ckpt == 0 else 0
     head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)
     head32 = 0 if accum else 2 * head16  # made by the cast: no longer missing
-    moments["head"] = q.kept + casts + head_extra + q.e * bs * h + head_grad + head16 - missing - head32
+    # accumulation: a partially trained head's new gradient (without autocast: head16 has its own moment) is a
+    # temporary beside its .grad until AccumulateGrad adds it in place (without accumulation it is the .grad
+    # all_grads left out of ``missing``). Probe Qwen3-14B freeze fp32 1 x 1344, accumulation 4: -51.7 % without
+    # it. LoRA's modules_to_save head (fp32 copy) was not traced with accumulation: left as it was
+    head_new = partial_head_grad(spec) if accum and not head16 and spec.freeze is not None else 0
+    moments["head"] = q.kept + casts + head_extra + q.e * bs * h + head_grad + head16 + head_new - missing - head32
+    if accum and q.autocast and head_grad and head_grad < g_head:  # fp32 weights: the fp32 cast (backward_accum)
+        moments["head gradient cast"] = accumulated_head_cast(q.kept, casts, head_grad, g_head, q.r * bs * h)
     ds = spec.sharding.deepspeed
     if z2 is not None and z2[1] and ds is not None and _zero2_head_reduced(spec, g_head):
         # ZeRO-2, the head above the bucket (extra_large_param_to_reduce): the final norm's gradient hook reduces
@@ -181,6 +190,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
         moments["head reduced"] = q.kept + casts + q.e * bs * h + head_grad + z2[1] - z2[0] + _LOSS_SCALARS
     if head16:  # the cast to fp32: logits gradient and weight/input casts freed, the input gradient in fp32
         moments["head gradient cast"] = q.kept + casts + head16 + q.r * bs * h + (2 * head16 if accum else 0) - missing
+    tied = tied_embedding_backward(spec)
     lora = _lora_recompute(spec, q)
     base_nockpt = None if q.n_ckpt or q.offloaded else unrecomputed_base_backward(spec, q.r)
     post = None if q.offloaded else post_norm_backward(spec)
@@ -206,6 +216,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             if i == 0:  # its first norm's 16-bit normalised input (BackwardInputs.first_norm_less)
                 live -= q.first_norm_less
         live += (L - below) * q.retained
+        # accumulation, tied embeddings: the head's new gradient waits in the shared weight's AccumulateGrad input
+        # buffer through every layer's backward (without accumulation it stands for the .grad, counted). Probe
+        # granite-3.3-8b-instruct full bf16 ckpt 2 x 896, accumulation 2: -17.8 % without it
+        live += tied // 2 if accum else 0
         if q.n_ckpt == 0:  # bitsandbytes <= 0.43.1: layer 0 made no q/k/v node (bnb_kept_inputs.py)
             live -= kept_first_layer_less(spec, all_kept=False) * spec.batch.micro_batch * spec.batch.seq_len
         # eager attention: the layer's softmax backward, after its o_proj / MLP / post norms made their gradients
@@ -228,6 +242,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
                 moments[name + " attention"] = attn - (0 if accum else unmade - g_lora)
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
+        new_down = (g_down if spec.freeze is None else g_down_frozen * layer_trained(spec, i)) if accum else 0
+        if new_down and gated:  # accumulation: down_proj's new weight gradient beside its .grad (backward_accum)
+            moments[name + " down_proj weight gradient"] = accumulated_down_proj(
+                spec, live, cast_down, q.e, q.r, q.autocast, new_down) + _LOSS_SCALARS
         if i == L - 1 and base_nockpt is not None:  # QLoRA without checkpointing: its 4-bit backward
             moments[name + " 4-bit backward"] = live + base_nockpt - missing + _LOSS_SCALARS
         if head16 and layer_trained(spec, i) and q.n_ckpt == 0 and i == L - 1:  # freeze.autocast_layer_cast
@@ -260,8 +278,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     wrapped = param_wrapper_backward(spec, q.e, q.r)  # LoRA on fused experts (activations/param_wrapper.py)
     if wrapped:
         moments["top MoE layer"] = q.kept + wrapped - (0 if accum else all_grads(spec)) + _LOSS_SCALARS
-    temp_emb = g_emb if accum else 0
-    tied = tied_embedding_backward(spec)
+    # accumulation: the embedding's new gradient is a temporary until AccumulateGrad adds it in place; tied, the
+    # head's buffered gradient is one too, and so is their sum (tied // 2 each: the sum is not the .grad). Probe
+    # gemma-7b full ckpt bf16 3 x 1024, accumulation 2: -19.7 % without it
+    temp_emb = g_emb + tied // 2 if accum else 0
     # tied: the embedding's own backward holds its output gradient and its new vocab x hidden gradient; the sum
     # with the head's buffered gradient comes after the node returned, its output gradient freed (engine.cpp
     # evaluate_function: the node's inputs are released before its outputs enter the next input buffer)

@@ -118,6 +118,25 @@ def grads_unmade(spec: TrainingSpec) -> int:
     return 0 if spec.batch.grad_accum > 1 else all_grads(spec)
 
 
+def partial_head_grad(spec: TrainingSpec) -> int:
+    """Gradient bytes of a trained LM head in LoRA (``modules_to_save``) or partial training, 0 otherwise: made at
+    the head's backward, before the moments that subtract :func:`all_grads`."""
+    from fitcheck.core.activations.freeze import frozen_layers
+
+    if spec.lora is None and spec.freeze is None:
+        return 0
+    frozen = frozen_layers(spec)
+    head_trained = spec.lora is not None and "lm_head" in spec.lora.modules_to_save
+    if frozen is not None:
+        head_trained = frozen.head_trained
+    if not head_trained:
+        return 0
+    nbytes = 4 if spec.lora is not None else param_bytes(spec)  # modules_to_save copies are fp32 (peft)
+    # tied: the shared tensor, listed as the embedding (trace Phi-4-mini freeze bf16 6 x 2112: -22.1 % without)
+    role = Role.EMBEDDING if spec.model.shape.tied_embeddings and frozen is not None else Role.LM_HEAD
+    return nbytes * sum(p.numel for p in spec.model.params if p.role is role)
+
+
 def all_grads(spec: TrainingSpec) -> int:
     """Gradient bytes the layers, the head and the embedding make in one backward (LoRA / partial training:
     the model states' gradients less a trained head's, made before the moments that subtract this)."""
@@ -125,20 +144,10 @@ def all_grads(spec: TrainingSpec) -> int:
     if spec.lora is not None or spec.freeze is not None:
         # LoRA / partial training: at the head's backward no gradient but the head's exists yet (trace "llama
         # qlora": the backward peak at the head holds no gradient); the model states count them all in BACKWARD
-        from fitcheck.core.activations.freeze import frozen_layers
         from fitcheck.core.states import model_state_components
 
         grads = sum(c.at(Phase.BACKWARD) for c in model_state_components(spec) if c.name == "gradients")
-        frozen = frozen_layers(spec)
-        head_trained = spec.lora is not None and "lm_head" in spec.lora.modules_to_save
-        if frozen is not None:
-            head_trained = frozen.head_trained
-        if head_trained:
-            nbytes = 4 if spec.lora is not None else param_bytes(spec)  # modules_to_save copies are fp32 (peft)
-            # tied: the shared tensor, listed as the embedding (trace Phi-4-mini freeze bf16 6 x 2112: -22.1 % without)
-            role = Role.EMBEDDING if spec.model.shape.tied_embeddings and frozen is not None else Role.LM_HEAD
-            grads -= nbytes * sum(p.numel for p in spec.model.params if p.role is role)
-        return max(grads, 0)
+        return max(grads - partial_head_grad(spec), 0)
     if not trainable_full(spec):
         return 0
     heads = (Role.EMBEDDING, Role.LM_HEAD)
