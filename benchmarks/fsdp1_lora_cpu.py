@@ -24,12 +24,15 @@ accelerate 1.0.1 ``commands/launch.py``), recording its third step. On CPU accel
 state is set as on a GPU machine (``benchmarks/gloo_rank.py`` ``fsdp_on_cpu``); everything else is the library code.
 Each step is recorded with the tracer's live-tensor recorder (FSDP1's flat-parameter storage resizes followed);
 ``--wide`` uses Mistral-7B's proportions so that a layer's recompute weighs against the loss as at 7B.
+``--qlora`` (installed stack: bitsandbytes' CPU backend) loads the base 4-bit as fms's baseline-peft-bnb does (nf4,
+double quant, bf16 compute and quant storage), bf16 adapters without k-bit preparation (TRL 0.13's sharded-QLoRA
+path) and accelerate mixed precision bf16.
 
 Runs on the installed stack, or on transformers 4.48.1 / peft 0.13.2 / trl 0.13.0 / accelerate 1.0.1 (the fms
 runs' versions) in a separate environment; fitcheck's estimate then takes that stack. Recorded:
 ``benchmarks/data/fsdp1_lora_cpu_session20.txt``.
 
-Run: ``PYTHONPATH=. python benchmarks/fsdp1_lora_cpu.py [--trainer] [--wide] [--bf16] [--orig-params]
+Run: ``PYTHONPATH=. python benchmarks/fsdp1_lora_cpu.py [--trainer] [--wide] [--bf16] [--qlora] [--orig-params]
 [--layers N] [--breakdown]``.
 """
 
@@ -137,13 +140,26 @@ def _rank(rank: int, world: int, micro: int, layers: int, port: int, out: str, b
     torch.manual_seed(0)
     old = int(transformers.__version__.split(".")[0]) < 5  # transformers 4.x spells the load dtype torch_dtype
     model = transformers.AutoModelForCausalLM.from_config(cfg, **{"torch_dtype" if old else "dtype": torch.bfloat16})
+    qlora = os.environ.get("FSDP1_QLORA") == "1"
+    if qlora:  # fms baseline-peft-bnb: nf4, double quant, bf16 compute and bf16 quant storage (FSDP); bitsandbytes' CPU
+        # backend quantizes on load. TRL 0.13's sharded-QLoRA path: bf16 adapters, no k-bit preparation.
+        path = os.environ["FSDP1_QLORA_PATH"]  # the same random model, saved by the parent (measure)
+        quant = transformers.BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, quantization_config=quant, device_map="cpu",
+            **{"torch_dtype" if old else "dtype": torch.bfloat16})
     model.config.use_cache = False
     model = peft.get_peft_model(model, peft.LoraConfig(r=16, lora_alpha=16, lora_dropout=0.1,
-                                                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+                                                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+                                **({"autocast_adapter_dtype": False} if qlora else {}))
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     model.enable_input_require_grads()
     model.train()
-    acc = Accelerator(cpu=True, mixed_precision="no")
+    # QLoRA: bf16=True in the fms scenario (accelerate's autocast; FSDP MixedPrecision(bf16), as transformers 4.48
+    # _fsdp_qlora_plugin_updates sets from bnb_4bit_quant_storage)
+    acc = Accelerator(cpu=True, mixed_precision="bf16" if qlora else "no")
     if world > 1:
         version = {"fsdp_version": 1} if not old else {}  # accelerate 1.0 has FSDP1 only
         plugin = FullyShardedDataParallelPlugin(
@@ -282,9 +298,23 @@ def measure_trainer(world: int, micro: int, layers: int, breakdown: bool = False
     return peaks
 
 
+def _save_for_qlora(layers: int, path: str) -> None:
+    """Save the random bf16 model the ranks load 4-bit (``--qlora``), from this (parent) process."""
+    import torch
+    import transformers
+
+    cfg = transformers.MistralConfig(num_hidden_layers=layers, **_config())
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(path)
+    os.environ["FSDP1_QLORA_PATH"] = path
+
+
 def measure(world: int, micro: int, layers: int, breakdown: bool = False) -> dict[str, int]:
     """Rank 0's live-tensor peaks of the second step, by region."""
     import torch.multiprocessing as mp_
+
+    if os.environ.get("FSDP1_QLORA") == "1" and not os.environ.get("FSDP1_QLORA_PATH"):
+        _save_for_qlora(layers, tempfile.mkdtemp())
 
     from benchmarks.gloo_rank import free_port
 
@@ -314,6 +344,7 @@ def estimate_for(world: int, micro: int, layers: int, stack: dict[str, str] | No
         MixedPrecision,
         OptimizerSpec,
         PrecisionSpec,
+        QuantSpec,
         ShardingSpec,
         StackSpec,
         Strategy,
@@ -328,8 +359,8 @@ def estimate_for(world: int, micro: int, layers: int, stack: dict[str, str] | No
         if world > 1 else ShardingSpec()
     spec = TrainingSpec(
         model=inv,
-        precision=PrecisionSpec(Dtype.BFLOAT16, MixedPrecision.BF16 if os.environ.get("FSDP1_BF16") == "1"
-                                else MixedPrecision.NO),
+        precision=PrecisionSpec(Dtype.BFLOAT16, MixedPrecision.BF16 if "1" in (
+            os.environ.get("FSDP1_BF16"), os.environ.get("FSDP1_QLORA")) else MixedPrecision.NO),
         optimizer=OptimizerSpec("adamw_torch"),
         batch=BatchSpec(micro_batch=micro, seq_len=SEQ),
         activations=ActivationSpec(checkpointing=True, attn_implementation=AttnImpl.SDPA, use_reentrant=True),
@@ -337,6 +368,8 @@ def estimate_for(world: int, micro: int, layers: int, stack: dict[str, str] | No
         lora=LoraSpec(r=16, alpha=16, dropout=0.1, target_modules=("q_proj", "k_proj", "v_proj", "o_proj")),
         sharding=sharding,
         stack=libs,
+        quant=QuantSpec(double_quant=True, quant_storage=Dtype.BFLOAT16, compute_dtype=Dtype.BFLOAT16,
+                        prepare_for_kbit_training=False) if os.environ.get("FSDP1_QLORA") == "1" else None,
     )
     return estimate(spec)
 
@@ -345,7 +378,8 @@ def main(argv: list[str]) -> int:
     """Print rank 0's peaks per region for 1 process and FSDP1 on 2, at micro-batch 1, 2, 4, and the slopes."""
     layers = int(argv[argv.index("--layers") + 1]) if "--layers" in argv else 2
     breakdown = "--breakdown" in argv
-    for flag, env in (("--orig-params", "FSDP1_ORIG"), ("--bf16", "FSDP1_BF16"), ("--wide", "FSDP1_WIDE")):
+    for flag, env in (("--orig-params", "FSDP1_ORIG"), ("--bf16", "FSDP1_BF16"), ("--wide", "FSDP1_WIDE"),
+                      ("--qlora", "FSDP1_QLORA")):
         os.environ[env] = "1" if flag in argv else "0"  # read by the spawned ranks
     measure_fn = measure_trainer if "--trainer" in argv else measure
     import transformers
