@@ -73,13 +73,16 @@ def legacy_logits_extra(spec: TrainingSpec, e: int) -> int:
 
     Returns:
         ``4·b·(s-1)·V`` for the shifted fp32 copy, less the 16-bit logits the forward no longer holds before
-        4.46 (it rebinds ``logits = logits.float()``).
+        4.46 (it rebinds ``logits = logits.float()``). At micro-batch 1 there is no copy: the slice
+        ``logits[..., :-1, :]`` of a contiguous ``(1, s, V)`` tensor is itself contiguous, so ``.contiguous()``
+        returns it (measured: ``benchmarks/fsdp1_lora_cpu.py`` on transformers 4.48.1, the forward's peak at
+        micro-batch 1 is one ``4·(s-1)·V`` tensor below the formula that counted it).
     """
     release = transformers_release(spec)
     if release is None or release[:2] >= _SHIFT_COPY_FIXED or not spec.model.shape.causal_lm:
         return 0
     b, s, v = spec.batch.micro_batch, spec.batch.seq_len, spec.model.shape.vocab_size
-    extra = 4 * b * (s - 1) * v
+    extra = 4 * b * (s - 1) * v if b > 1 else 0
     if release[:2] < _LOSS_IN_LOSS_UTILS and e == 2:
         extra -= 2 * b * s * v
     return extra
