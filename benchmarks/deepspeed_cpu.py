@@ -38,7 +38,7 @@ from dataclasses import replace
 from typing import Any
 
 from benchmarks.cpu_truth import LLAMA, Row, spec_for
-from benchmarks.gloo_rank import free_port
+from benchmarks.gloo_rank import free_port, without_deepspeed_shm_comm
 from fitcheck.spec import LoraSpec
 
 
@@ -58,6 +58,8 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, conf
     import deepspeed
     import torch
     import transformers
+
+    without_deepspeed_shm_comm()
 
     from fitcheck.torch_adapters import LiveTensorRecorder
 
@@ -150,6 +152,8 @@ def zero3_facts(config: dict[str, Any] | None = None, seq: int = 16, batch: int 
     import deepspeed
     import torch
     import transformers
+
+    without_deepspeed_shm_comm()
 
     cfg_dict = config or TINY
     cfg = transformers.LlamaConfig(**{k: v for k, v in cfg_dict.items() if k not in ("model_type", "architectures")})
