@@ -66,10 +66,9 @@ def real_run(stage: int, overlap: bool, lora: bool = False, world: int = 1, accu
     import deepspeed
     import torch
     import transformers
+    from gloo_rank import without_deepspeed_shm_comm
 
     from fitcheck.torch_adapters import LiveTensorRecorder
-
-    from gloo_rank import without_deepspeed_shm_comm
 
     without_deepspeed_shm_comm()
     # the imports' objects (no tensor of this run among them) out of every gc pass below: alive()'s collections
