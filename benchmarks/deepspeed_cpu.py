@@ -38,7 +38,7 @@ from dataclasses import replace
 from typing import Any
 
 from benchmarks.cpu_truth import LLAMA, Row, spec_for
-from benchmarks.gloo_rank import free_port, without_deepspeed_shm_comm
+from benchmarks.gloo_rank import free_port
 from fitcheck.spec import LoraSpec
 
 
@@ -55,11 +55,12 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, conf
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK="0")
     warnings.filterwarnings("ignore")
+    from benchmarks.gloo_rank import without_deepspeed_shm_comm
+
+    without_deepspeed_shm_comm()
     import deepspeed
     import torch
     import transformers
-
-    without_deepspeed_shm_comm()
 
     from fitcheck.torch_adapters import LiveTensorRecorder
 
@@ -149,11 +150,12 @@ def zero3_facts(config: dict[str, Any] | None = None, seq: int = 16, batch: int 
     is a view of its partition, ``ds_tensor``, at one process)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     warnings.filterwarnings("ignore")
+    from benchmarks.gloo_rank import without_deepspeed_shm_comm
+
+    without_deepspeed_shm_comm()
     import deepspeed
     import torch
     import transformers
-
-    without_deepspeed_shm_comm()
 
     cfg_dict = config or TINY
     cfg = transformers.LlamaConfig(**{k: v for k, v in cfg_dict.items() if k not in ("model_type", "architectures")})
