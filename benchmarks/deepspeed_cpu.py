@@ -69,6 +69,9 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, conf
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK="0")
     warnings.filterwarnings("ignore")
+    from benchmarks.gloo_rank import without_deepspeed_shm_comm
+
+    without_deepspeed_shm_comm()
     import deepspeed
     import torch
     import transformers
@@ -174,6 +177,9 @@ def zero3_facts(config: dict[str, Any] | None = None, seq: int = 16, batch: int 
     is a view of its partition, ``ds_tensor``, at one process)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     warnings.filterwarnings("ignore")
+    from benchmarks.gloo_rank import without_deepspeed_shm_comm
+
+    without_deepspeed_shm_comm()
     import deepspeed
     import torch
     import transformers

@@ -33,6 +33,21 @@ def free_port() -> str:
         return str(sock.getsockname()[1])
 
 
+def without_deepspeed_shm_comm() -> None:
+    """Keep DeepSpeed from JIT-compiling its CPU shared-memory collective in this process.
+
+    DeepSpeed 0.19.8 builds ``deepspeed_shm_comm`` (``csrc/cpu/comm/shm*.cpp``, g++ ``-O2 -fopenmp``) when its CPU
+    accelerator's ``TorchBackend`` starts (``deepspeed/comm/torch.py`` ``build_shm_op``) unless
+    ``deepspeed.ops.__compatible_ops__`` says the op is not compatible. It serves ``inference_all_reduce`` only
+    (same file); the training engines' collectives are ``torch.distributed``'s, and the GPU runs these CPU checks
+    stand for never load it. On a fresh machine (CI) the first DeepSpeed engine paid the compile: 65 CPU-seconds,
+    150 s of wall time on a loaded 2-core machine (measured session 20), and engines starting meanwhile waited on
+    the build's lock. ``ops/__init__.py`` caches that dict in the module ("edits to it persist")."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def start_rank(rank: int, world: int, port: int) -> None:
     """Drop inherited accelerate/FSDP switches, set the rendezvous variables, join a gloo group of ``world``."""
     for key in [k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_"))]:

@@ -131,9 +131,10 @@ def _zero3_rank(rank: int, port: int, out: str) -> None:
     import torch
     import transformers
 
-    from benchmarks.gloo_rank import finish_rank
+    from benchmarks.gloo_rank import finish_rank, without_deepspeed_shm_comm
     from fitcheck.torch_adapters import LiveTensorTracker
 
+    without_deepspeed_shm_comm()
     torch.set_num_threads(1)
     cfg = transformers.LlamaConfig(**{k: v for k, v in TINY.items() if k not in ("model_type", "architectures")})
     ds: dict[str, Any] = {
@@ -223,6 +224,9 @@ def _trainer_rank(rank: int, path: str, port: int, out: str) -> None:
             "train_batch_size": "auto", "bf16": {"enabled": "auto"},
             "zero_optimization": {"stage": stage},
             "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True}}}}
+        from benchmarks.gloo_rank import without_deepspeed_shm_comm
+
+        without_deepspeed_shm_comm()
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         args = transformers.TrainingArguments(

@@ -427,14 +427,23 @@ def trl_eval_spec_for(case: Case, eval_batch: int, metrics: bool = False) -> Tra
     return dataclasses.replace(spec, trainer=trainer)
 
 
-def measure_trl_eval(case: Case, eval_batch: int, metrics: bool = False) -> int:
-    """Live-tensor peak of the real trainer's ``evaluate()`` after one training step (reference model counted)."""
+def measure_trl_eval(case: Case, eval_batch: int, metrics: bool = False, one_batch: bool = False) -> int:
+    """Live-tensor peak of the real trainer's ``evaluate()`` after one training step (reference model counted).
+
+    ``one_batch``: evaluate one evaluation batch, not the training set (every batch has the same shapes here:
+    fixed-length rows, GRPO's ``min_new_tokens``); what the later batches add is their scalar losses and metrics
+    (GRPO bs8: 53,895,224 B after one batch, 53,895,480 B after the 8, in 6.6 instead of 17.4 CPU-seconds;
+    session 20). The tests take it; the table keeps the whole set."""
 
     with tempfile.TemporaryDirectory() as path, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = build_trainer(case, path)
         trainer.args.per_device_eval_batch_size = eval_batch
         trainer.eval_dataset = trainer.train_dataset
+        if one_batch:  # GRPO: each prompt is evaluated num_generations_eval times (trl 1.16 grpo_trainer.py
+            # _get_eval_sampler's RepeatSampler)
+            repeat = getattr(trainer, "num_generations_eval", None) or 1
+            trainer.eval_dataset = trainer.train_dataset.select(range(eval_batch // repeat))
         if metrics:  # prediction_loss_only false: evaluation_loop gathers the logits for compute_metrics. One
             # evaluation step only: on a CPU run the logits "moved to the CPU" (nested_numpify: an fp32 copy of
             # bf16 logits) stay in the measured process memory, where a GPU run frees them from the device

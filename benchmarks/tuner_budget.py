@@ -158,6 +158,10 @@ def build_trainer(config: Config, out_dir: str, *, micro: int | None = None, acc
         use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
         gradient_checkpointing=config.checkpointing, seed=0, **config.extra, **args_extra,
     )
+    if "deepspeed" in config.extra:
+        from gloo_rank import without_deepspeed_shm_comm
+
+        without_deepspeed_shm_comm()
     model = _model(config)
     if config.sft:
         import datasets

@@ -35,6 +35,9 @@ def main(port: str, out: str, backend: str) -> dict[str, Any]:
         config = ds_config(int(backend[-1]))
         config["bf16"] = {"enabled": False}  # fp32 as tests/test_tuner_grpo.py's runs
         extra = {"deepspeed": config}
+        from gloo_rank import without_deepspeed_shm_comm
+
+        without_deepspeed_shm_comm()
     else:
         from gloo_rank import install_fsdp_on_cpu_trainer
 
