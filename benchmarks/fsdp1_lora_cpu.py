@@ -65,34 +65,10 @@ def _config() -> dict[str, Any]:
 def _recorder() -> Any:
     """The live-tensor recorder, following FSDP1's ``_alloc_storage`` / ``_free_storage`` (storage resizes in
     place, torch ``distributed/utils.py``, imported by ``fsdp/_flat_param.py``)."""
+    from fsdp_cpu import resize_recorder
     from torch.distributed.fsdp import _flat_param
 
-    from fitcheck.torch_adapters import LiveTensorRecorder, RegionStats
-
-    class ResizeRecorder(LiveTensorRecorder):
-        def __init__(self) -> None:
-            super().__init__()
-            self.shapes: dict[int, str] = {}
-
-        def _add(self, t: Any) -> None:
-            super()._add(t)
-            serial = self._serial_of.get(id(t.untyped_storage()))
-            if serial is not None and serial not in self.shapes:
-                self.shapes[serial] = f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
-
-        def resized(self, t: Any) -> None:
-            st = t.untyped_storage()
-            serial = self._serial_of.get(id(st))
-            if serial is None:
-                return
-            nbytes = int(st.nbytes())
-            self.current += nbytes - self.sizes[serial]
-            self.sizes[serial] = nbytes
-            stats = self.regions.setdefault(self.region, RegionStats())
-            if self.current > stats.peak:
-                stats.peak, stats.peak_event = self.current, len(self.events) - 1
-
-    rec = ResizeRecorder()
+    rec = resize_recorder()
     alloc, free = _flat_param._alloc_storage, _flat_param._free_storage
 
     def alloc_storage(t: Any, size: Any) -> None:

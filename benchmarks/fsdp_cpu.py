@@ -27,15 +27,11 @@ SEQ, BATCH = 256, 2
 MODES = ("no", "bf16")
 
 
-def _recorder() -> Any:
-    """The tracer's recorder, counting a DTensor by its local shard and following FSDP2's storage resizes.
-
-    FSDP2 frees an unsharded parameter by ``untyped_storage().resize_(0)`` and re-allocates it in place
-    (torch 2.13 ``fsdp/_fully_shard/_fsdp_param.py`` ``free_storage`` / ``alloc_storage``): the storage object
-    stays alive, so the dispatch-mode recorder alone would count it as live. Both functions are wrapped to
-    report the new size.
-    """
-    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+def resize_recorder() -> Any:
+    """The tracer's recorder, counting a DTensor by its local shard, naming each storage's first shape, and with a
+    ``resized(t)`` that FSDP's storage resizes report to (FSDP1 ``_alloc_storage`` / ``_free_storage``, FSDP2
+    ``alloc_storage`` / ``free_storage``: the storage object stays alive, so the dispatch-mode recorder alone would
+    count it as live). Shared by this benchmark and ``fsdp1_lora_cpu.py``."""
     from torch.distributed.tensor import DTensor
 
     from fitcheck.torch_adapters import LiveTensorRecorder, RegionStats
@@ -64,7 +60,19 @@ def _recorder() -> Any:
             if self.current > stats.peak:
                 stats.peak, stats.peak_event = self.current, len(self.events) - 1
 
-    rec = ShardRecorder()
+    return ShardRecorder()
+
+
+def _recorder() -> Any:
+    """:func:`resize_recorder`, following FSDP2's storage resizes.
+
+    FSDP2 frees an unsharded parameter by ``untyped_storage().resize_(0)`` and re-allocates it in place
+    (torch 2.13 ``fsdp/_fully_shard/_fsdp_param.py`` ``free_storage`` / ``alloc_storage``): both functions are
+    wrapped to report the new size.
+    """
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    rec = resize_recorder()
     alloc, free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
 
     def alloc_storage(t: Any) -> None:
