@@ -85,17 +85,10 @@ def _recorder() -> Any:
 
 
 def _breakdown(rec: Any, region: str) -> str:
-    """Storages alive at a region's peak, grouped by (region allocated in, size, shape), largest first."""
-    from collections import Counter
+    """Storages alive at a region's peak, in KiB (``fsdp_cpu.breakdown``)."""
+    from fsdp_cpu import breakdown
 
-    stats = rec.regions[region]
-    live = rec.live_at(stats.peak_event)
-    groups = Counter((rec.tags[s], rec.sizes[s], rec.shapes.get(s, "")) for s in live)
-    lines = [f"{region}: peak {stats.peak / 2**10:.1f} KiB"]
-    for (tag, size, shape), n in sorted(groups.items(), key=lambda kv: -kv[0][1] * kv[1]):
-        if size * n >= 2**13:
-            lines.append(f"    {tag:12} {size / 2**10:9.1f} KiB x {n}  {shape}")
-    return "\n".join(lines)
+    return str(breakdown(rec, region, kib=True))
 
 
 def _rank(rank: int, world: int, micro: int, layers: int, port: int, out: str, breakdown: bool) -> None:

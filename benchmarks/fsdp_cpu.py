@@ -104,17 +104,19 @@ def _wrap(model: Any, mp: str) -> None:
     fully_shard(model, mp_policy=policy)
 
 
-def _breakdown(rec: Any, region: str) -> str:
-    """Storages alive at a region's peak, grouped by (region allocated in, size), largest first."""
+def breakdown(rec: Any, region: str, kib: bool = False) -> str:
+    """Storages alive at a region's peak of a :func:`resize_recorder`, grouped by (region allocated in, size,
+    shape), largest first: in MiB (groups of 0.5 MiB and more), or with ``kib`` in KiB (8 KiB and more)."""
     from collections import Counter
 
+    unit, name, floor, digits = (2**10, "KiB", 2**13, 1) if kib else (2**20, "MiB", 2**19, 3)
     stats = rec.regions[region]
     live = rec.live_at(stats.peak_event)
     groups = Counter((rec.tags[s], rec.sizes[s], rec.shapes.get(s, "")) for s in live)
-    lines = [f"{region}: peak {stats.peak / 2**20:.2f} MiB"]
+    lines = [f"{region}: peak {stats.peak / unit:.{digits if kib else 2}f} {name}"]
     for (tag, size, shape), n in sorted(groups.items(), key=lambda kv: -kv[0][1] * kv[1]):
-        if size * n >= 2**19:
-            lines.append(f"    {tag:12} {size / 2**20:9.3f} MiB x {n}  {shape}")
+        if size * n >= floor:
+            lines.append(f"    {tag:12} {size / unit:9.{digits}f} {name} x {n}  {shape}")
     return "\n".join(lines)
 
 
@@ -168,7 +170,7 @@ def _rank(rank: int, world: int, mp: str, out: str, port: int, breakdown: bool =
         regions = ("forward", "backward", "layers", "optimizer")
         peaks = {r: rec.regions[f"{r}1"].peak for r in regions}
         if breakdown and rank == 0:
-            print("\n".join(_breakdown(rec, f"{r}1") for r in regions), flush=True)
+            print("\n".join(breakdown(rec, f"{r}1") for r in regions), flush=True)
         with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
             json.dump(peaks, fh)
     finally:
