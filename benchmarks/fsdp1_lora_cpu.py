@@ -155,10 +155,17 @@ def _rank(rank: int, world: int, micro: int, layers: int, port: int, out: str, b
             opt.step()
             opt.zero_grad(set_to_none=True)
         rec.enter_region("done")
-    peaks = {r: rec.regions[f"{r}1"].peak for r in ("forward", "backward", "optimizer")}
-    if breakdown and rank == 0:
-        print(f"== world {world} micro {micro} layers {layers}")
-        print("\n".join(_breakdown(rec, f"{r}1") for r in ("forward", "backward")), flush=True)
+    _write_peaks(rec, "1", ("forward", "backward", "optimizer"), out, rank,
+                 f"== world {world} micro {micro} layers {layers}" if breakdown else None)
+
+
+def _write_peaks(rec: Any, step: str, regions: tuple[str, ...], out: str, rank: int, title: str | None) -> None:
+    """Write this rank's peak per region of step ``step`` to ``out.<rank>`` (rank 0 prints the breakdown under
+    ``title`` when given), then leave the process group."""
+    peaks = {r: rec.regions[f"{r}{step}"].peak for r in regions}
+    if title is not None and rank == 0:
+        print(title)
+        print("\n".join(_breakdown(rec, f"{r}{step}") for r in ("forward", "backward")), flush=True)
     with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
         json.dump(peaks, fh)
     from benchmarks.gloo_rank import finish_rank
@@ -240,15 +247,8 @@ def _trainer_rank(rank: int, world: int, micro: int, layers: int, port: int, out
     rec.track(o for o in gc.get_objects() if isinstance(o, torch.Tensor) and not o.is_meta)
     with rec:
         trainer.train()
-    peaks = {r: rec.regions[f"{r}2"].peak for r in ("forward", "backward")}
-    if breakdown and rank == 0:
-        print(f"== trainer world {world} micro {micro} layers {layers}")
-        print("\n".join(_breakdown(rec, f"{r}2") for r in ("forward", "backward")), flush=True)
-    with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
-        json.dump(peaks, fh)
-    from benchmarks.gloo_rank import finish_rank
-
-    finish_rank()
+    _write_peaks(rec, "2", ("forward", "backward"), out, rank,
+                 f"== trainer world {world} micro {micro} layers {layers}" if breakdown else None)
 
 
 def measure_trainer(world: int, micro: int, layers: int, breakdown: bool = False) -> dict[str, int]:
