@@ -130,7 +130,8 @@ def accumulating_step(result: TraceResult) -> TraceResult:
     ``allocator_compose._accumulated`` adds to the replay's events. Forward and the start of backward hold every
     gradient besides (a constant: the same peak event), which the formulas count as the ``gradients`` model state
     (``core/states/model_states.py``), so those phases are left as traced. Equal, phase by phase, to the second
-    pass of ``trace_step(grad_accum=2)`` (``tests/test_accumulating_trace.py``)."""
+    pass of ``trace_step(grad_accum=2)``, and through ``PinnedPath`` (``tests/test_pinned_recipe.py``); the real CPU
+    step too (``benchmarks/accumulating_view_check.py``)."""
     rows = result.series.get(Phase.BACKWARD, ())
     if not result.pending_grads or len(rows) != len(result.pending_grads):
         return result
@@ -141,5 +142,5 @@ def accumulating_step(result: TraceResult) -> TraceResult:
                    series={**result.series, Phase.BACKWARD: later}, pending_grads=())
 
 
-__all__ = ["accumulating_step", "pending_grads", "ACTIVATIONS", "CATEGORIES", "GRADS", "INPUTS", "LOGITS", "OPTSTATE", "PARAMS",
-           "TEMPORARIES", "PhaseBreakdown", "TraceResult", "breakdown_at_peak"]
+__all__ = ["ACTIVATIONS", "CATEGORIES", "GRADS", "INPUTS", "LOGITS", "OPTSTATE", "PARAMS", "TEMPORARIES",
+           "PhaseBreakdown", "TraceResult", "accumulating_step", "breakdown_at_peak", "pending_grads"]
