@@ -40,7 +40,13 @@ from fitcheck.torch_adapters.path_findings import (
     two_groups,
     whole_run_replayed,
 )
-from fitcheck.torch_adapters.run_scope import plain_trainer_run, replayed_run, traceable, untraced_parts
+from fitcheck.torch_adapters.run_scope import (
+    accumulates_in_grad,
+    plain_trainer_run,
+    replayed_run,
+    traceable,
+    untraced_parts,
+)
 from fitcheck.torch_adapters.verdict_replay import NearBudget
 
 MODES = ("auto", "always", "never")
@@ -182,7 +188,7 @@ class PinnedPath:
             warnings.simplefilter("ignore", FutureWarning)
             # a later micro-step of an accumulation window holds each new gradient beside its .grad
             # (trace_result.accumulating_step): its own entry in the on-disk cache, the traces kept shared
-            accumulating = spec.batch.grad_accum > 1
+            accumulating = accumulates_in_grad(spec)
             result = cached_trace(self.cache, key + " accumulating" if accumulating else key, spec.model.config,
                                   micro, lambda: traces().result(micro, accumulating))
             if key not in self._gaps:

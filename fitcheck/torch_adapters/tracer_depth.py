@@ -236,7 +236,9 @@ def trace_components(spec: TrainingSpec) -> tuple[Component, ...]:
 
     if not spec.model.config:
         raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
-    result = trace_result(spec, activation_trace_kwargs(spec), accumulating=spec.batch.grad_accum > 1)
+    from fitcheck.torch_adapters.run_scope import accumulates_in_grad
+
+    result = trace_result(spec, activation_trace_kwargs(spec), accumulating=accumulates_in_grad(spec))
     return components_from_trace(result)
 
 
