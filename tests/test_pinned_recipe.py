@@ -123,7 +123,13 @@ _WIDE_MLP = {"hidden_size": 128, "intermediate_size": 2048, "vocab_size": 256}
 def test_accumulating_micro_step_equals_its_trace(change: dict[str, object], method: str, precision: str,
                                                   ckpt: bool, moment: str) -> None:
     from fitcheck.report import Phase
-    from fitcheck.torch_adapters import activation_trace_kwargs, components_from_trace, phase_errors, trace_step
+    from fitcheck.torch_adapters import (
+        PinnedPath,
+        activation_trace_kwargs,
+        components_from_trace,
+        phase_errors,
+        trace_step,
+    )
 
     spec = cell_spec(Cell("llama", method, ckpt, "sdpa", precision, 16, 1), {**_TINY_LLAMA, **change})
     spec = dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, grad_accum=4))
@@ -133,6 +139,13 @@ def test_accumulating_micro_step_equals_its_trace(change: dict[str, object], met
     assert saved.detail.endswith(f"worst at the {moment}")
     traced = trace_step(spec.model.config, **{**activation_trace_kwargs(spec), "grad_accum": 2})  # pass 2 of 2
     assert abs(phase_errors(spec, components_from_trace(traced))[Phase.BACKWARD]) < 0.001
+    # the default path's trace of an accumulating run: the one pass it traces, seen as the later micro-step
+    # (trace_result.accumulating_step), equals pass 2 of 2 during backward; the first pass alone is lower
+    path = PinnedPath("always")
+    got = {c.name: c.at(Phase.BACKWARD) for c in path.activations(spec)[0] or ()}
+    assert got == {c.name: c.at(Phase.BACKWARD) for c in components_from_trace(traced)}
+    first = dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, grad_accum=1))  # the same traces
+    assert sum(c.at(Phase.BACKWARD) for c in path.activations(first)[0] or ()) < sum(got.values())
 
 
 @pytest.mark.parametrize("method", ["full", "lora", "qlora", "qlora_noprep"])

@@ -115,7 +115,8 @@ def test_one_optimizer_free_step_gives_the_same_components(label: str, config: d
 
 def test_pinned_path_shares_traces_across_optimizer_sharding_and_micro_batch() -> None:
     """One kind of step is traced at two micro-batches; changing the optimizer or the accumulation, or asking
-    another micro-batch, traces nothing more, and the answer equals a direct trace."""
+    another micro-batch, traces nothing more, and the answer equals a direct trace (an accumulating one: the same
+    traces seen as the later micro-step, ``trace_result.accumulating_step``)."""
     from fitcheck.core import estimate
     from fitcheck.torch_adapters import PinnedPath, trace_components
 

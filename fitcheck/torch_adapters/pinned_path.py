@@ -40,7 +40,13 @@ from fitcheck.torch_adapters.path_findings import (
     two_groups,
     whole_run_replayed,
 )
-from fitcheck.torch_adapters.run_scope import plain_trainer_run, replayed_run, traceable, untraced_parts
+from fitcheck.torch_adapters.run_scope import (
+    accumulates_in_grad,
+    plain_trainer_run,
+    replayed_run,
+    traceable,
+    untraced_parts,
+)
 from fitcheck.torch_adapters.verdict_replay import NearBudget
 
 MODES = ("auto", "always", "never")
@@ -57,7 +63,9 @@ def torch_available() -> bool:
 def _cache_key(spec: TrainingSpec) -> str:
     """What the activations of a trace depend on, the micro-batch excepted (``trace_batch.BatchTraces`` answers
     every micro-batch of one key): the model, the sequence length, precision, attention, checkpointing,
-    adapters, quantization, freeze, task. Not the optimizer, the sharding, offload of states or accumulation."""
+    adapters, quantization, freeze, task. Not the optimizer, the sharding, offload of states or accumulation: an
+    accumulating step's components come from the same traces (``BatchTraces.result(accumulating=)``), and the
+    on-disk cache keeps them apart (``_trace``)."""
     from fitcheck.torch_adapters.tracer import activation_trace_kwargs
 
     kwargs = {k: v for k, v in activation_trace_kwargs(spec).items() if k != "micro_batch"}
@@ -178,7 +186,11 @@ class PinnedPath:
 
         with warnings.catch_warnings():  # transformers' deprecation notices while building the model are noise
             warnings.simplefilter("ignore", FutureWarning)
-            result = cached_trace(self.cache, key, spec.model.config, micro, lambda: traces().result(micro))
+            # a later micro-step of an accumulation window holds each new gradient beside its .grad
+            # (trace_result.accumulating_step): its own entry in the on-disk cache, the traces kept shared
+            accumulating = accumulates_in_grad(spec)
+            result = cached_trace(self.cache, key + " accumulating" if accumulating else key, spec.model.config,
+                                  micro, lambda: traces().result(micro, accumulating))
             if key not in self._gaps:
                 self._gaps[key] = cached_gap(self.cache, key, spec, self.seq_lengths, gap, self._whole,
                                              self._whole_failed)

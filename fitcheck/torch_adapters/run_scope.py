@@ -11,6 +11,8 @@
   (the log-prob pre-pass after each generation and the loss: ``tracer_grpo``; ``generate`` is the formula's
   generation phase);
   :func:`not_replayed` says which part of any other run the replay leaves out.
+- :func:`accumulates_in_grad`: a later micro-step of the run's accumulation window adds into ``.grad`` as torch does
+  (the traced answer reads its one pass as that micro-step).
 """
 
 from __future__ import annotations
@@ -26,6 +28,19 @@ def traceable(spec: TrainingSpec) -> bool:
     from fitcheck.spec import TrainerKind
 
     return not untraced_parts(spec) and spec.trainer.kind is TrainerKind.TRAINER and _images_traceable(spec)
+
+
+def accumulates_in_grad(spec: TrainingSpec) -> bool:
+    """Whether a later micro-step of this run's gradient accumulation window holds every ``.grad`` from its start
+    and adds each new gradient into it in place (torch 2.13 ``autograd/functions/accumulate_grad.h``): the traced
+    answer then reads its one pass as that micro-step (``trace_result.accumulating_step``). True with
+    ``gradient_accumulation_steps`` > 1 on one process or DDP; False without accumulation, and under DeepSpeed
+    (ZeRO-2's hooks move each gradient into its partition as it is made: ``core/states/zero_reduce.py``) and FSDP
+    (sharded gradients; accelerate's ``no_sync`` is ``core/states/model_states.py``'s): neither was checked
+    against an accumulating step, and their traced answers stay the one pass traced."""
+    from fitcheck.spec import Strategy
+
+    return spec.batch.grad_accum > 1 and spec.sharding.strategy in (Strategy.SINGLE, Strategy.DDP)
 
 
 def plain_trainer_run(spec: TrainingSpec) -> bool:

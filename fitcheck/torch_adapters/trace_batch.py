@@ -27,7 +27,7 @@ from typing import Any
 
 from fitcheck.report import Phase
 from fitcheck.torch_adapters.step_traces import kept_trace
-from fitcheck.torch_adapters.trace_result import TraceResult, breakdown_at_peak
+from fitcheck.torch_adapters.trace_result import TraceResult, accumulating_step, breakdown_at_peak
 from fitcheck.torch_adapters.tracer_depth import combine_depths, depth_plan, first_layer_apart, residual_promoted
 
 
@@ -101,19 +101,30 @@ class BatchTraces:
             )
         return self.traced[micro_batch]
 
-    def result(self, micro_batch: int) -> TraceResult:
-        """The full-depth trace result at ``micro_batch`` (traced, or interpolated from two traced ones)."""
+    def result(self, micro_batch: int, accumulating: bool = False) -> TraceResult:
+        """The full-depth trace result at ``micro_batch`` (traced, or interpolated from two traced ones).
+
+        ``accumulating``: the step as a later micro-step of a gradient accumulation window runs it
+        (``trace_result.accumulating_step`` of each depth's trace, before the depths and micro-batches are combined);
+        the traces kept (``traced``, shared with the replays) stay the first pass's."""
+        view = accumulating_step if accumulating else _first_pass
         # a micro-batch of 1 runs other allocations (a transpose of a batch of one is already contiguous: one
         # copy fewer; Qwen3-8B, Llama-2-7B, every method tried): it is traced, and never a probe for the others
         probes = [b for b in self.traced if b >= 2]
         if micro_batch in self.traced or micro_batch < 2 or len(probes) < 2:
             runs = self._trace(micro_batch)
             # traced: the deepest run's allocation sequence goes with it (allocator_replay replays it)
-            return dataclasses.replace(combine_depths(self.config, runs), alloc_events=runs[-1].alloc_events)
+            return dataclasses.replace(combine_depths(self.config, tuple(map(view, runs))),
+                                       alloc_events=runs[-1].alloc_events)
         near = sorted(probes, key=lambda b: (abs(b - micro_batch), b))[:2]
-        parts = [at_micro_batch(self.traced[near[0]][i], near[0], self.traced[near[1]][i], near[1], micro_batch)
-                 for i in range(len(self.plan))]
+        parts = [at_micro_batch(view(self.traced[near[0]][i]), near[0], view(self.traced[near[1]][i]), near[1],
+                                micro_batch) for i in range(len(self.plan))]
         if any(p is None for p in parts):
-            return combine_depths(self.config, self._trace(micro_batch))
+            return combine_depths(self.config, tuple(map(view, self._trace(micro_batch))))
         self.interpolated += 1
         return combine_depths(self.config, tuple(p for p in parts if p is not None))
+
+
+def _first_pass(result: TraceResult) -> TraceResult:
+    """A trace as traced: the first pass after ``zero_grad`` (no accumulation)."""
+    return result

@@ -8,7 +8,7 @@ module under the guide's ~500 lines.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fitcheck.report import Phase
 
@@ -62,6 +62,9 @@ class TraceResult:
         accumulated_after: ``(gradient serial, serial, +1 / -1)`` for each ``.grad`` the first pass made: the
             allocation (+1) or free (-1) right before its ``AccumulateGrad`` returned (a post-accumulate-grad hook),
             where a later pass of an accumulation window frees that gradient (``allocator_compose.whole_run``).
+        pending_grads: Per row of ``series[Phase.BACKWARD]``, the bytes of the final ``.grad`` storages whose
+            ``AccumulateGrad`` had not yet returned after that event (:func:`pending_grads`; empty where the measured
+            pass was not the first since ``zero_grad``): what :func:`accumulating_step` adds.
     """
 
     phases: Mapping[Phase, PhaseBreakdown]
@@ -74,6 +77,7 @@ class TraceResult:
     alloc_events: tuple[tuple[int, int, str], ...] = field(default=(), compare=False, repr=False)
     region_starts: tuple[int, ...] = field(default=(), compare=False, repr=False)
     accumulated_after: tuple[tuple[int, int, int], ...] = field(default=(), compare=False, repr=False)
+    pending_grads: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def peak(self) -> int:
@@ -93,5 +97,50 @@ def breakdown_at_peak(series: tuple[tuple[int, ...], ...]) -> PhaseBreakdown:
     return PhaseBreakdown(total=sum(by_cat.values()), by_category=by_cat)
 
 
-__all__ = ["ACTIVATIONS", "CATEGORIES", "GRADS", "INPUTS", "LOGITS", "OPTSTATE", "PARAMS",
-           "TEMPORARIES", "PhaseBreakdown", "TraceResult", "breakdown_at_peak"]
+def pending_grads(start: int, end: int, returned: list[tuple[int, int]], grads: Mapping[int, int]) -> tuple[int, ...]:
+    """``TraceResult.pending_grads`` of a first pass's backward region (events ``start`` .. ``end``, the recorder's
+    window: its first row is the state at entry): after each event, the bytes of the gradients in ``grads``
+    (serial -> bytes: the final ``.grad`` storages) whose ``AccumulateGrad`` returned at a later or the same event
+    (``returned``: (event index, ``.grad`` serial), from a post-accumulate-grad hook)."""
+    if end < start:  # a region still open when recording stopped runs to the last event (recorder.series)
+        end = max([start, *(i for i, _ in returned)])
+    at = [(i, grads[g]) for i, g in returned if g in grads and start <= i <= end]
+    left = sum(n for _, n in at)
+    freed: dict[int, int] = {}
+    for i, n in at:
+        freed[i] = freed.get(i, 0) + n
+    rows = []
+    for i in range(start, end + 1):
+        rows.append(left)
+        left -= freed.get(i, 0)
+    return tuple(rows)
+
+
+def accumulating_step(result: TraceResult) -> TraceResult:
+    """A first pass's trace as the accumulating micro-step of the same step (the second and later passes of a
+    ``gradient_accumulation_steps`` window) runs it, from the one pass traced.
+
+    torch 2.13 ``torch/csrc/autograd/functions/accumulate_grad.h`` ``accumulateGrad``: in the first pass after
+    ``zero_grad(set_to_none=True)`` each new gradient is stolen and becomes ``.grad``; in a later pass ``.grad``
+    exists from the pass's start and the new gradient (made by the same ops at the same events: the engine runs the
+    same nodes in the same order, ``AccumulateGrad``'s ``sequence_nr`` is ``UINT64_MAX``, ``autograd/node.h``) is
+    added into it in place and freed when ``AccumulateGrad`` returns. So after each event of backward the later pass
+    holds the first pass's bytes plus every gradient whose ``AccumulateGrad`` has not returned yet
+    (``pending_grads``), counted as gradients; the phase's peak is redrawn over those rows. The same release
+    ``allocator_compose._accumulated`` adds to the replay's events. Forward and the start of backward hold every
+    gradient besides (a constant: the same peak event), which the formulas count as the ``gradients`` model state
+    (``core/states/model_states.py``), so those phases are left as traced. Equal, phase by phase, to the second
+    pass of ``trace_step(grad_accum=2)``, and through ``PinnedPath`` (``tests/test_pinned_recipe.py``); the real CPU
+    step too (``benchmarks/accumulating_view_check.py``)."""
+    rows = result.series.get(Phase.BACKWARD, ())
+    if not result.pending_grads or len(rows) != len(result.pending_grads):
+        return result
+    at = CATEGORIES.index(GRADS)
+    later = tuple(tuple(n + extra if c == at else n for c, n in enumerate(row))
+                  for row, extra in zip(rows, result.pending_grads, strict=True))
+    return replace(result, phases={**result.phases, Phase.BACKWARD: breakdown_at_peak(later)},
+                   series={**result.series, Phase.BACKWARD: later}, pending_grads=())
+
+
+__all__ = ["ACTIVATIONS", "CATEGORIES", "GRADS", "INPUTS", "LOGITS", "OPTSTATE", "PARAMS", "TEMPORARIES",
+           "PhaseBreakdown", "TraceResult", "accumulating_step", "breakdown_at_peak", "pending_grads"]

@@ -41,6 +41,7 @@ from fitcheck.torch_adapters.trace_result import (
     PhaseBreakdown,
     TraceResult,
     breakdown_at_peak,
+    pending_grads,
 )
 from fitcheck.torch_adapters.tracer_task import task_head, task_labels, task_trace_config
 from fitcheck.torch_adapters.tracer_trainer_optim import make_trainer_optimizer
@@ -279,7 +280,8 @@ def trace_step(
         head = task_head(model)
         autocast = mixed_precision in ("bf16", "fp16")
         accumulated: list[tuple[int, int, int]] = []  # accumulated_after, in the first pass
-        hooks = [p.register_post_accumulate_grad_hook(_accumulate_marker(rec, accumulated)) for p in params]
+        returned: list[tuple[int, int]] = []  # (event index, .grad serial) where each AccumulateGrad returned
+        hooks = [p.register_post_accumulate_grad_hook(_accumulate_marker(rec, accumulated, returned)) for p in params]
         ac_dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
         with rec:
             if preference:  # precompute_ref_log_probs: the pass DPOTrainer/KTOTrainer.__init__ runs, in the setup
@@ -365,8 +367,12 @@ def trace_step(
         phases[phase] = breakdown_at_peak(series[phase])
     structure = hash(tuple((category(s), sign) for s, sign in rec.events[rec.regions["forward"].start_event + 1:]))
     events, starts = rec.allocation_events()
+    window = rec.regions.get("backward")  # the measured pass's: the first since zero_grad only without accumulation
+    pending = pending_grads(window.start_event, window.end_event, returned, {s: rec.sizes[s] for s in grad_serials
+                            if s is not None}) if window is not None and grad_accum == 1 else ()
     return TraceResult(phases, depth, final_grads, time.perf_counter() - start, series=series, structure=structure,
-                       alloc_events=events, region_starts=starts, accumulated_after=tuple(accumulated))
+                       alloc_events=events, region_starts=starts, accumulated_after=tuple(accumulated),
+                       pending_grads=pending)
 
 
 # The recorder's regions of the measured (second) step that make up each phase.
@@ -398,13 +404,16 @@ def _grad_marker(rec: Any, region: str) -> Any:
     return hook
 
 
-def _accumulate_marker(rec: Any, out: list[tuple[int, int, int]]) -> Any:
+def _accumulate_marker(rec: Any, out: list[tuple[int, int, int]], returned: list[tuple[int, int]]) -> Any:
     """A post-accumulate-grad hook that records, in the first pass only (``.grad`` stolen: torch 2.13
-    ``accumulate_grad.h``), the event right before the parameter's ``AccumulateGrad`` returned."""
+    ``accumulate_grad.h``), the event right before the parameter's ``AccumulateGrad`` returned (``out``), and in
+    every pass that event's index with the ``.grad``'s serial (``returned``: ``trace_result.pending_grads``)."""
     seen: set[int] = set()
 
     def hook(p: Any) -> None:
         serial = rec.serial(p.grad)
+        if serial is not None:
+            returned.append((len(rec.events) - 1, serial))
         if id(p) not in seen and serial is not None and rec.events:
             seen.add(id(p))
             out.append((serial, *rec.events[-1]))

@@ -15,7 +15,14 @@ from typing import Any
 from fitcheck.core.activations import other_half_autocast
 from fitcheck.report import Component, Phase
 from fitcheck.spec import FreezeSpec, TrainingSpec
-from fitcheck.torch_adapters.trace_result import CATEGORIES, LOGITS, PhaseBreakdown, TraceResult, breakdown_at_peak
+from fitcheck.torch_adapters.trace_result import (
+    CATEGORIES,
+    LOGITS,
+    PhaseBreakdown,
+    TraceResult,
+    accumulating_step,
+    breakdown_at_peak,
+)
 from fitcheck.torch_adapters.tracer import (
     activation_trace_kwargs,
     components_from_trace,
@@ -198,16 +205,18 @@ def combine_depths(config: Mapping[str, Any], results: tuple[TraceResult, ...]) 
     return extrapolate_aligned(results[0], results[1], depth / group - (first - 1), depth)
 
 
-def trace_extrapolated(config: Mapping[str, Any], **kwargs: Any) -> TraceResult:
+def trace_extrapolated(config: Mapping[str, Any], accumulating: bool = False, **kwargs: Any) -> TraceResult:
     """Trace one and two repeating layer groups (two and three where :func:`residual_promoted`) and extrapolate to
-    the config's depth.
+    the config's depth; ``accumulating``: each depth's trace seen as a later micro-step of a gradient accumulation
+    window (``trace_result.accumulating_step``), as ``trace_batch.BatchTraces.result`` does.
 
-    Keyword arguments are those of :func:`trace_step` (``num_layers`` excepted).
+    Other keyword arguments are those of :func:`trace_step` (``num_layers`` excepted).
     """
     plan = depth_plan(config, kwargs.get("freeze"), residual_promoted(kwargs))
     results = tuple(trace_step(config, num_layers=n, **kwargs) for n in plan)
+    seen = tuple(map(accumulating_step, results)) if accumulating else results
     # the allocation sequence is the deepest trace's (allocator_replay replays it at that depth)
-    return dataclasses.replace(combine_depths(config, results), alloc_events=results[-1].alloc_events)
+    return dataclasses.replace(combine_depths(config, seen), alloc_events=results[-1].alloc_events)
 
 
 def trace_components(spec: TrainingSpec) -> tuple[Component, ...]:
@@ -227,13 +236,19 @@ def trace_components(spec: TrainingSpec) -> tuple[Component, ...]:
 
     if not spec.model.config:
         raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
-    return components_from_trace(trace_result(spec, activation_trace_kwargs(spec)))
+    from fitcheck.torch_adapters.run_scope import accumulates_in_grad
+
+    result = trace_result(spec, activation_trace_kwargs(spec), accumulating=accumulates_in_grad(spec))
+    return components_from_trace(result)
 
 
-def trace_result(spec: TrainingSpec, kwargs: Mapping[str, Any] | None = None) -> TraceResult:
-    """The extrapolated trace of a spec's step (its ``alloc_events`` are those of the deepest trace run)."""
+def trace_result(spec: TrainingSpec, kwargs: Mapping[str, Any] | None = None, accumulating: bool = False,
+                 ) -> TraceResult:
+    """The extrapolated trace of a spec's step (its ``alloc_events`` are those of the deepest trace run);
+    ``accumulating``: as a later micro-step of a gradient accumulation window (``trace_extrapolated``)."""
     from fitcheck.errors import UnsupportedModelError
 
     if not spec.model.config:
         raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
-    return trace_extrapolated(spec.model.config, **(trace_kwargs(spec) if kwargs is None else kwargs))
+    return trace_extrapolated(spec.model.config, accumulating=accumulating,
+                              **(trace_kwargs(spec) if kwargs is None else kwargs))
