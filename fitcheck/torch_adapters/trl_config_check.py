@@ -28,7 +28,7 @@ from fitcheck.errors import ConfigError, short_repr
 from fitcheck.spec import TrainerKind, TrainingSpec
 
 if TYPE_CHECKING:
-    from fitcheck.readers.trl_source import ConfigSource
+    from fitcheck.readers import ConfigSource
 
 # fitcheck flags that describe the data where TRL 1.16 has no config field (readers/trl_settings.py): passed to
 # the config class only when it has such a field (GRPOConfig.max_completion_length)
