@@ -1,5 +1,6 @@
 """TRL's config classes read from the installed source (``fitcheck.readers.trl_source``) against the imported
-classes, and a TRL ``--no_trace`` answer that imports neither trl nor torch (issue 20's speed: 13.5 -> 0.9 CPU-s),
+classes, GRPOConfig's batch checks as modelled (``core.trainers.grpo_config_accepts``) against the class, and a TRL
+``--no_trace`` answer, GRPO's included, that imports neither trl nor torch (issue 20's speed: 13.5 -> 0.9 CPU-s),
 nor the modules a formula answer defers."""
 
 from __future__ import annotations
@@ -76,13 +77,50 @@ def test_training_arguments_checks_read_none_of_the_fields_set() -> None:
     assert {"_validate_args", "_process_fsdp_args"} <= seen
 
 
+def test_grpo_batch_checks_are_the_configs() -> None:
+    import itertools
+    import warnings
+
+    from fitcheck.core.trainers import GRPO_CONFIG_MODELLED, grpo_config_accepts
+
+    source = read_config_class("trl", "GRPOConfig")
+    assert source is not None and source.checks_read is not None
+    # every field a run passes that GRPOConfig.__post_init__ reads is one the model answers for
+    assert source.checks_read & {*TRL_FLAG_NAMES, *_SET} <= GRPO_CONFIG_MODELLED
+    names = ("per_device_train_batch_size", "num_generations", "generation_batch_size", "steps_per_generation",
+             "per_device_eval_batch_size")
+    grid = [*itertools.product((0, 1, 2, 3), (0, 1, 2, 4), (None, 0, 6), (None, 3), (None,)),
+            *itertools.product((2,), (2, 4), (None,), (None,), (3, 4))]
+    accepted = 0
+    for values in grid:
+        kwargs = {"gradient_accumulation_steps": 2, **{k: v for k, v in zip(names, values, strict=True)
+                                                       if v is not None}}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trl.GRPOConfig(output_dir="unused", report_to=[], use_cpu=True, **kwargs)
+            real = True
+        except (ValueError, ZeroDivisionError):
+            real = False
+        modelled = grpo_config_accepts({**source.defaults, **kwargs})
+        accepted += modelled
+        # accepted by the model: accepted by the class; without an eval batch (whose check GRPOConfig runs only
+        # with do_eval, which no run sets) the two agree on every value
+        assert (modelled <= real) if values[-1] is not None else modelled == real, kwargs
+    assert 10 < accepted < len(grid) - 10  # both verdicts are exercised
+    assert not grpo_config_accepts({**source.defaults, "per_device_train_batch_size": 2,
+                                    "gradient_accumulation_steps": "2"})  # not an int: TRL decides
+
+
 _CHILD = """
 import contextlib, io, sys
 from fitcheck.cli.main import main
 base = ["estimate", "--model_name_or_path", "Qwen/Qwen2.5-0.5B", "--no_trace", "--json"]
 runs = [["--trainer", "sft", "--packing"], ["--trainer", "reward"], ["--trainer", "kto", "--max_prompt_length", "64"],
         ["--trainer", "dpo", "--max_prompt_length", "64", "--per_device_eval_batch_size", "2"],
-        ["--trainer", "sft", "--num_generations", "4"]]
+        ["--trainer", "sft", "--num_generations", "4"], ["--trainer", "grpo", "--max_prompt_length", "64"],
+        ["--trainer", "grpo", "--max_prompt_length", "64", "--generation_batch_size", "8", "--num_generations", "4",
+         "--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "4"]]
 codes = []
 for extra in runs:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -92,20 +130,15 @@ print(codes, "|", sorted(m for m in ("trl", "torch", "transformers", "fitcheck.r
                                      "fitcheck.readers.llamafactory", "fitcheck.readers.seq_lengths",
                                      "fitcheck.core.parallelism.tp_plan", "fitcheck.core.caching.expandable")
                          if m in sys.modules))
-# GRPOConfig's __post_init__ reads the batch size, which every run sets: the class is built, trl imported, and
-# bitsandbytes (trl -> transformers' trainer_utils -> peft -> bitsandbytes) without the inductor lookup
-with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-    codes.append(main([*base, "--trainer", "grpo", "--max_prompt_length", "64"]))
-print(codes[-1], "trl" in sys.modules, "torch._inductor.compile_fx" in sys.modules)
 """
 
 
 def test_trl_runs_answer_without_importing_trl_or_torch() -> None:
     out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, check=True, timeout=300)
-    first, grpo = out.stdout.strip().splitlines()[-2:]
-    codes, _, modules = first.partition(" | ")
-    assert codes == "[0, 0, 0, 0, 2]" and modules == "[]", out.stdout + out.stderr[-2000:]
-    assert grpo == "0 True False", out.stdout + out.stderr[-2000:]
+    codes, _, modules = out.stdout.strip().splitlines()[-1].partition(" | ")
+    # GRPO too: GRPOConfig's __post_init__ reads the batch, which every run sets, and its batch checks are modelled
+    # (core.trainers.grpo_config_accepts, against the class in test_grpo_batch_checks_are_the_configs)
+    assert codes == "[0, 0, 0, 0, 2, 0, 0]" and modules == "[]", out.stdout + out.stderr[-2000:]
 
 
 def test_an_unreadable_source_falls_back_to_the_imported_class(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,8 +9,10 @@ class's own checks decide; what they raise is a ``ConfigError`` (exit 2), with T
 Multi-process runs: ``GRPOConfig`` divides by ``self.world_size``, which is this process's (1), so the run's
 per-process batch is passed as the batch of all its processes (``per_device_train_batch_size x num_processes``).
 TRL and torch are imported only here, and only when the run names a TRL trainer, TRL is installed and the config
-class's ``__post_init__`` reads a field the run sets (GRPOConfig: the batch, always; DPOConfig: ``--loss_type``;
-TRL 1.16), or its source cannot be read with ``ast`` (``fitcheck.readers.trl_source``).
+class's ``__post_init__`` reads a field the run sets (DPOConfig: ``--loss_type``; TRL 1.16) whose check is not
+modelled (GRPOConfig reads the batch, always: its batch checks are ``core.trainers.grpo_config_accepts``, and only
+a batch they may refuse builds the class), or its source cannot be read with ``ast``
+(``fitcheck.readers.trl_source``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ import dataclasses
 import importlib.util
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fitcheck.core.trainers import grpo_batch_error, trainer_row
+from fitcheck.core.trainers import GRPO_CONFIG_MODELLED, grpo_batch_error, grpo_config_accepts, trainer_row
 from fitcheck.errors import ConfigError, short_repr
-from fitcheck.spec import TrainingSpec
+from fitcheck.spec import TrainerKind, TrainingSpec
+
+if TYPE_CHECKING:
+    from fitcheck.readers import ConfigSource
 
 # fitcheck flags that describe the data where TRL 1.16 has no config field (readers/trl_settings.py): passed to
 # the config class only when it has such a field (GRPOConfig.max_completion_length)
@@ -36,10 +41,12 @@ def check_trl_config(spec: TrainingSpec, trl: Mapping[str, object]) -> None:
 
     The field names and types come from the installed trl's source (``readers.read_config_fields``), and the
     class is built (importing trl, transformers and torch: ~10 s cold) only when its ``__post_init__`` reads a
-    field this run sets (``ConfigSource.checks_read``): otherwise every field it reads keeps its default and the
-    checks run as for a default config, which the tests build. ``TrainingArguments.__post_init__`` (with
-    ``_validate_args``, ``_process_fsdp_args``; transformers 5.23 training_args.py) reads none of the fields set
-    here, so skipping it changes nothing either. Where the source cannot be read that way, trl is imported.
+    field this run sets (``ConfigSource.checks_read``) and its checks of those fields are not modelled
+    (:func:`_modelled`): otherwise every field it reads keeps its default, or passes GRPOConfig's batch checks as
+    ``grpo_config_accepts`` models them, and the checks run as for a config the tests build.
+    ``TrainingArguments.__post_init__`` (with ``_validate_args``, ``_process_fsdp_args``; transformers 5.23
+    training_args.py) reads none of the fields set here, so skipping it changes nothing either. Where the source
+    cannot be read that way, trl is imported.
 
     Args:
         spec: The run (batch, accumulation, processes).
@@ -75,7 +82,7 @@ def check_trl_config(spec: TrainingSpec, trl: Mapping[str, object]) -> None:
         per_device_train_batch_size=spec.batch.micro_batch * processes,
         gradient_accumulation_steps=spec.batch.grad_accum,
     )
-    if source is not None and source.checks_read is not None and not source.checks_read & kwargs.keys():
+    if source is not None and source.checks_read is not None and _modelled(spec, source, kwargs):
         return
     kwargs.update(
         output_dir="fitcheck-trl-config-check",  # TrainingArguments keeps the name; nothing is created
@@ -96,6 +103,23 @@ def check_trl_config(spec: TrainingSpec, trl: Mapping[str, object]) -> None:
             f"--trainer {spec.trainer.kind.value}: TRL 1.16's {row.config_class} refuses these settings: "
             f"{short_repr(what)[1:-1] if len(what) > 80 else what}"
         ) from None
+
+
+def _modelled(spec: TrainingSpec, source: ConfigSource, kwargs: Mapping[str, object]) -> bool:
+    """Whether the class's checks are known to pass for ``kwargs`` without building it.
+
+    True when its ``__post_init__`` reads none of the fields set (every field it reads keeps its default), or, for
+    ``GRPOConfig``, when the fields it reads are ``GRPO_CONFIG_MODELLED`` and ``grpo_config_accepts`` (its batch
+    checks, TRL 1.16) passes them: GRPOConfig reads the batch size, which every run sets. False: the class is built
+    and TRL decides, so a refusal is TRL's own, with TRL's message.
+    """
+    assert source.checks_read is not None
+    read = source.checks_read & kwargs.keys()
+    if not read:
+        return True
+    if spec.trainer.kind is not TrainerKind.GRPO or not read <= GRPO_CONFIG_MODELLED:
+        return False
+    return grpo_config_accepts({**source.defaults, **kwargs})
 
 
 def _imported(name: str) -> Any:

@@ -9,7 +9,13 @@ from fitcheck.core.trainers.evaluation import (
     evaluation_component,
     evaluation_findings,
 )
-from fitcheck.core.trainers.grpo_batch import grpo_batch_error, grpo_steps_per_generation, grpo_valid_micro_batch
+from fitcheck.core.trainers.grpo_batch import (
+    GRPO_CONFIG_MODELLED,
+    grpo_batch_error,
+    grpo_config_accepts,
+    grpo_steps_per_generation,
+    grpo_valid_micro_batch,
+)
 from fitcheck.core.trainers.registry import (
     CONFIG_CLASSES,
     KTO_DEFAULT_LOSS,
@@ -36,6 +42,7 @@ from fitcheck.spec import TrainerKind, TrainerSpec, VllmMode
 __all__ = [
     "CONFIG_CLASSES",
     "GENERATION_TRACED",
+    "GRPO_CONFIG_MODELLED",
     "KTO_DEFAULT_LOSS",
     "KTO_LOSS_TYPES",
     "REFUSED",
@@ -53,6 +60,7 @@ __all__ = [
     "generation_parts",
     "generation_rows",
     "grpo_batch_error",
+    "grpo_config_accepts",
     "grpo_steps_per_generation",
     "grpo_valid_micro_batch",
     "has_reference_copy",

@@ -10,7 +10,17 @@ a micro-batch that breaks them is no answer to "the largest micro-batch that fit
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fitcheck.spec import TrainerKind, TrainingSpec
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+# The GRPOConfig fields whose checks ``grpo_config_accepts`` answers: every field a fitcheck run passes to the class
+# (``torch_adapters.trl_config_check``) that ``GRPOConfig.__post_init__`` reads (TRL 1.16 grpo_config.py L1048-1168)
+GRPO_CONFIG_MODELLED = frozenset({"per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
+                                  "generation_batch_size", "steps_per_generation", "per_device_eval_batch_size"})
 
 
 def grpo_batch_error(spec: TrainingSpec, micro_batch: int | None = None) -> str | None:
@@ -61,3 +71,48 @@ def grpo_valid_micro_batch(spec: TrainingSpec, micro_batch: int) -> int:
         if grpo_batch_error(spec, m) is None:
             return m
     return 0
+
+
+def grpo_config_accepts(values: Mapping[str, object]) -> bool:
+    """True when ``GRPOConfig.__post_init__`` (TRL 1.16 ``trl/trainer/grpo_config.py`` L1096-1141) raises for none
+    of these values, at world size 1 (the settings check passes the batch of all processes as the per-device one).
+
+    Its checks, in its order: a ``generation_batch_size`` must be divisible by the global micro-batch (else
+    ``ValueError``; a micro-batch of 0 divides by zero); ``generation_batch_size`` and ``steps_per_generation`` are
+    not both given; the generation batch (given, or micro-batch x ``steps_per_generation`` or
+    ``gradient_accumulation_steps``) is divisible by ``num_generations`` (0: ``ZeroDivisionError``); and
+    ``num_generations >= 2``. Its evaluation check (the eval batch divisible by ``num_generations_eval or
+    num_generations``) runs only with ``do_eval``, which no run sets; a given ``per_device_eval_batch_size`` is held
+    to it anyway, so False is only ever "maybe": the caller then builds the class and TRL decides (and words it).
+
+    Args:
+        values: Field -> value as passed to the class (with the class's defaults for the fields not passed); a
+            field of ``GRPO_CONFIG_MODELLED`` that is absent, or a value that is not an ``int``, answers False.
+    """
+    def count(name: str, optional: bool = False) -> int | None:
+        value = values.get(name)
+        if value is None and optional:
+            return None
+        if type(value) is not int:
+            raise TypeError(name)
+        return value
+
+    try:
+        micro, accum = count("per_device_train_batch_size"), count("gradient_accumulation_steps")
+        generations = count("num_generations")
+        given_batch, steps = count("generation_batch_size", True), count("steps_per_generation", True)
+        eval_batch = count("per_device_eval_batch_size", True)
+    except TypeError:
+        return False
+    assert micro is not None and accum is not None and generations is not None
+    if given_batch is not None and steps is not None:
+        return False
+    if given_batch is not None:
+        if micro == 0 or given_batch % micro:
+            return False
+        batch = given_batch
+    else:
+        batch = micro * (accum if steps is None else steps)
+    if generations < 2 or batch % generations:
+        return False
+    return eval_batch is None or eval_batch % generations == 0
