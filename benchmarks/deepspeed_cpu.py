@@ -243,8 +243,10 @@ def zero3_quant_facts(world: int = 8, bits: tuple[int, ...] = (4, 8)) -> dict[st
     import torch
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from benchmarks.gloo_rank import without_deepspeed_shm_comm
     from fitcheck.torch_adapters import build_model
 
+    without_deepspeed_shm_comm()
     torch.distributed.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     out: dict[str, Any] = {}
     for width, quant in ((4, NF4), (8, QuantSpec(bits=8))):
