@@ -14,7 +14,8 @@
 - :mod:`.qlora`, :mod:`.qlora16`, :mod:`.int8`: layers over bitsandbytes 4-/8-bit bases; :mod:`.int8_outliers`:
   what LLM.int8's outlier columns add on CUDA (data-dependent) and its bound;
 - :mod:`.backward`: the worst moment during backward beyond the gradients (:mod:`.backward_grads`: the gradients
-  and weight casts it counts);
+  and weight casts it counts; :mod:`.backward_zero2`: DeepSpeed ZeRO-2's gradient partition in it and, for traced
+  activations, ``zero2_traced_component``);
 - :mod:`.eager`: eager attention's working set (the top layer's forward softmax, each layer's softmax backward,
   the mask checkpointed layers hold);
 - :mod:`.recipe_gaps`: what each family's recipe was not checked for (the ``activations-not-pinned`` warning);
@@ -30,8 +31,8 @@ variant, an MoE layout) here, in the module of that mechanism, selected by a new
 tracer.
 """
 
-from fitcheck.core.activations.backward import zero2_traced_component
 from fitcheck.core.activations.backward_grads import cuda_embedding_backward
+from fitcheck.core.activations.backward_zero2 import zero2_traced_component
 from fitcheck.core.activations.bnb_kept_inputs import old_bnb_4bit
 from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
