@@ -117,9 +117,8 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, conf
     # What initialize left alive: every tensor Python still reaches (the flat bf16 parameter buffer the params
     # view, fp32 master partitions, ...). Recording initialize itself would keep the per-parameter bf16 casts
     # that ``p.data = flat_view`` releases (the recorder keys storages by their Python object).
-    gc.collect()
     rec = LiveTensorRecorder()
-    rec.track(o for o in gc.get_objects() if isinstance(o, torch.Tensor) and not o.is_meta)
+    rec.track_reachable()
     rec.track([ids])
     with rec:
         for step in range(2):

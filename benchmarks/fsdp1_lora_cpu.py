@@ -96,7 +96,6 @@ def _rank(rank: int, world: int, micro: int, layers: int, port: int, out: str, b
 
     start_rank(rank, world, port)
     warnings.filterwarnings("ignore")
-    import gc
 
     import peft
     import torch
@@ -140,9 +139,8 @@ def _rank(rank: int, world: int, micro: int, layers: int, port: int, out: str, b
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=False)
     model, opt = acc.prepare(model, opt)
     ids = torch.randint(0, cfg.vocab_size, (micro, SEQ), generator=torch.Generator().manual_seed(rank))
-    gc.collect()
     rec = _recorder()
-    rec.track(o for o in gc.get_objects() if isinstance(o, torch.Tensor) and not o.is_meta)
+    rec.track_reachable()
     rec.track([ids])
     with rec:
         for step in range(2):
@@ -186,7 +184,6 @@ def _trainer_rank(rank: int, world: int, micro: int, layers: int, port: int, out
 
         torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    import gc
 
     import accelerate
     import peft
@@ -243,8 +240,7 @@ def _trainer_rank(rank: int, world: int, micro: int, layers: int, port: int, out
         return out
 
     trainer.compute_loss = compute_loss
-    gc.collect()
-    rec.track(o for o in gc.get_objects() if isinstance(o, torch.Tensor) and not o.is_meta)
+    rec.track_reachable()
     with rec:
         trainer.train()
     _write_peaks(rec, "2", ("forward", "backward"), out, rank,

@@ -124,7 +124,6 @@ def _rank(rank: int, world: int, mp: str, out: str, port: int, breakdown: bool =
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     warnings.filterwarnings("ignore")
-    import gc
 
     import torch
     import torch.distributed as dist
@@ -143,9 +142,8 @@ def _rank(rank: int, world: int, mp: str, out: str, port: int, breakdown: bool =
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
         ids = torch.randint(0, cfg.vocab_size, (BATCH, seq))
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if mp == "bf16" else torch.autocast("cpu", enabled=False)
-        gc.collect()
         rec = _recorder()
-        rec.track(o for o in gc.get_objects() if isinstance(o, torch.Tensor) and not o.is_meta)
+        rec.track_reachable()
         rec.track([ids])
         # "layers": from the gradient reaching the final norm's output (the LM head's backward is done) on
         step_of = {"n": 0}

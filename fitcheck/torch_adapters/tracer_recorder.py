@@ -121,6 +121,18 @@ class LiveTensorRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if isinstance(t, torch.Tensor):
                 self._add(t)
 
+    def track_reachable(self) -> None:
+        """Register every tensor Python still reaches, after a ``gc.collect()``: what a real run made before the
+        recording starts (its model, optimizer states, an engine's buffers; meta tensors hold no storage). The
+        benchmarks' real CPU runs start their records so (``benchmarks/deepspeed_cpu.py``, ``fsdp_cpu.py``,
+        ``fsdp1_lora_cpu.py``)."""
+        import gc
+
+        import torch
+
+        gc.collect()
+        self.track(o for o in gc.get_objects() if isinstance(o, torch.Tensor) and not o.is_meta)
+
     def hold(self, nbytes: int) -> None:
         """Record ``nbytes`` the device allocates now and keeps (a library's workspace): an allocation event for the
         caching-allocator replay (:meth:`allocation_events`), outside ``events``, the live bytes and the region
