@@ -10,7 +10,11 @@
 #   tuner    tuner_fsdp_gpu.py (session 6, H100: done);  fsdp  fsdp_gpu.py (session 6, H100: done);
 #   trl      trl_gpu.py: the real TRL trainers (SFT, DPO, GRPO with generation, KTO, reward) at Qwen2.5-0.5B's width
 #            (session 18);
-#   big      gpu_truth.py: an 8B QLoRA row (issue 19's loading report: quantise-on-load of a whole 8B model).
+#   big      gpu_truth.py: an 8B QLoRA row (issue 19's loading report: quantise-on-load of a whole 8B model);
+#   fsdplora fsdp1_lora_gpu.py: the fms FSDP1 LoRA / QLoRA settings on one GPU, with and without FSDP1, on the
+#            installed stack and on the fms runs' stack (wheels in .whl_old/: transformers 4.48.1, peft 0.13.2,
+#            accelerate 1.0.1, tokenizers 0.21.4, huggingface_hub 0.36.2), each step-2 peak named by a memory trace
+#            (session 21).
 # Rows are measured only (--measure_only): `gpu_truth.py --rescore` / `trainer_gpu.py --rescore` add the estimates
 # on any machine. The pinned transformers/peft/bitsandbytes/deepspeed wheels carried in .whl/ (the image has other
 # versions; bitsandbytes and deepspeed not at all) are unpacked in front of the image's packages.
@@ -24,6 +28,8 @@ STAGES=("${@:-new trainer rest}")
 read -r -a STAGES <<<"${STAGES[*]}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 for w in .whl/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
+mkdir -p /tmp/site_old
+for w in .whl_old/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site_old; done
 # installed, fitcheck.integrations is the integrations/ folder (pyproject package-dir); here a copy in place
 [ -d fitcheck/integrations ] || cp -r integrations fitcheck/integrations
 export PYTHONPATH=/tmp/site:$PWD
@@ -54,6 +60,15 @@ for stage in "${STAGES[@]}"; do
            --budget_s "$(( ${TRL_BUDGET_S:-330} - 40 ))" ;;
     big) timeout 230 python3 benchmarks/gpu_truth.py --measure_only --budget_s 225 --row_timeout_s 220 \
            --rows "qwen3-8b QLoRA ckpt b2 s2048" --out "$OUT/gpu_truth_big.json" ;;
+    fsdplora) FSDP1_GPU_OLD_SITE=/tmp/site_old timeout "${FSDPLORA_BUDGET_S:-430}" python3 benchmarks/fsdp1_lora_gpu.py \
+           --out "$OUT" --timeout_s 110 --budget_s "$(( ${FSDPLORA_BUDGET_S:-430} - 20 ))" \
+           --cases "llama70b-4L QLoRA fsdp1 b2" "llama70b-4L QLoRA fsdp1 b2 old" "mistral LoRA fsdp1 b4 old" \
+                   "mistral LoRA fsdp1 b4" "llama70b-4L QLoRA plain b2" "mistral LoRA plain b4" \
+                   "mistral QLoRA fsdp1 b4" "mistral QLoRA plain b4" ;;
+    fsdplora2) TORCH_SYMBOLIZE_MODE=dladdr FSDP1_GPU_OLD_SITE=/tmp/site_old timeout "${FSDPLORA_BUDGET_S:-300}" python3 benchmarks/fsdp1_lora_gpu.py \
+           --out "$OUT" --timeout_s 100 --budget_s "$(( ${FSDPLORA_BUDGET_S:-300} - 20 ))" --cases \
+           "mistral LoRA fsdp1 b4 old detail" "mistral LoRA plain b4 old" "mistral LoRA fsdp1v1 b4" \
+           "llama70b-4L QLoRA fsdp1 b2 old detail" "llama70b-4L QLoRA fsdp1v1 b2" "llama70b-4L QLoRA plain b2 old" ;;
     tuner) timeout 170 python3 benchmarks/tuner_fsdp_gpu.py --out "$OUT" --timeout_s 80 ;;
     fsdp) timeout 150 python3 benchmarks/fsdp_gpu.py --out "$OUT" --timeout_s 70 ;;
     *) echo "unknown stage $stage" ;;

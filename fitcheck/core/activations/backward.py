@@ -63,6 +63,7 @@ from fitcheck.core.activations.backward_grads import grads_unmade as grads_unmad
 from fitcheck.core.activations.backward_zero2 import zero2_head_reduced, zero2_held_grads
 from fitcheck.core.activations.bnb_kept_inputs import kept_first_layer_less, kept_layer_inputs, kept_through_checkpoint
 from fitcheck.core.activations.freeze import autocast_head_numel, autocast_layer_cast, frozen_missing, layer_trained
+from fitcheck.core.activations.fsdp1_reentrant import held_at_layer
 from fitcheck.core.activations.lora_recompute import unrecomputed_base_backward
 from fitcheck.core.activations.norm_backward import (
     frozen_final_norm_backward,
@@ -215,6 +216,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             live -= q.first_less
             if i == 0:  # its first norm's 16-bit normalised input (BackwardInputs.first_norm_less)
                 live -= q.first_norm_less
+            live += held_at_layer(spec, i, q.ckpt_input)  # FSDP1 + reentrant, transformers < 4.52 (fsdp1_reentrant)
         live += (L - below) * q.retained
         # accumulation, tied embeddings: the head's new gradient waits in the shared weight's AccumulateGrad input
         # buffer through every layer's backward (without accumulation it stands for the .grad, counted). Probe

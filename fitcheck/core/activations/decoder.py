@@ -39,6 +39,7 @@ from fitcheck.core.activations.dora import (
 from fitcheck.core.activations.eager import eager_moments
 from fitcheck.core.activations.embedding import scaled_embedding_leaf
 from fitcheck.core.activations.freeze import frozen_layers
+from fitcheck.core.activations.fsdp1_reentrant import held_at_layer
 from fitcheck.core.activations.heads import (
     bert_layer_alias,
 )
@@ -184,14 +185,20 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         ws = ws if bare is None else bare
         if eager is not None and eager.backward > ws:  # the layer's eager softmax backward (eager.py)
             ws = eager.backward
-        if moment != "head" or kept + recomputed + scores + ws >= end + recompute:
-            end, recompute, moment = kept, recomputed + scores + ws, "first recomputed layer"
+        # FSDP1 + reentrant checkpointing on transformers < 4.52: at the bottom layer every checkpoint is still
+        # held and so is each layer's input gradient (fsdp1_reentrant.py; 0 elsewhere)
+        held = held_at_layer(spec, 0, ckpt_input) // 2
+        if moment != "head" or kept + recomputed + scores + ws + held >= end + recompute:
+            end, recompute = kept, recomputed + scores + ws + held
+            moment = "bottom recomputed layer" if held else "first recomputed layer"
     elif n_ckpt and int8_formula_applies(spec) and moment != "embedding":
         # 8-bit: the QLoRA rule (its MLP backward runs the same fp32 input gradient) on the recomputed layer
         # without its ctx.A-only inputs; every checkpoint and ctx.A still held (differential check, int8 cells)
-        first = kept + bq.layer + qlora_backward_working_set(spec) * b * s
+        held = held_at_layer(spec, 0, ckpt_input) // 2
+        first = kept + bq.layer + qlora_backward_working_set(spec) * b * s + held
         if first >= recompute + end:
-            end, recompute, moment = kept, first - kept, "first recomputed layer"
+            end, recompute = kept, first - kept
+            moment = "bottom recomputed layer" if held else "first recomputed layer"
     ids = b * s * 8
     detail = f"{per_token} B/token/layer x {b}x{s} tokens x {layers - n_ckpt} layers"
     fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)
