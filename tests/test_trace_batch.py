@@ -106,7 +106,7 @@ def test_one_optimizer_free_step_gives_the_same_components(label: str, config: d
                                                            kw: dict[str, Any]) -> None:
     """The default path traces one step without an optimizer: its activation, logits and temporary components
     equal those of two AdamW steps (the optimizer's bytes are the formulas' in both)."""
-    from fitcheck.torch_adapters.tracer import components_from_trace
+    from fitcheck.torch_adapters.trace_result import components_from_trace
 
     fast = components_from_trace(_trace(config, 2, **kw))
     full = components_from_trace(_trace(config, 2, **{**kw, "optimizer": "adamw_torch", "steps": 2}))

@@ -388,7 +388,7 @@ def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     runs (``core.trainers.step_spec``: DPO's and the reward trainer's chosen + rejected rows, GRPO's prompt +
     completion)."""
     from fitcheck.core.trainers import step_spec, trainer_row
-    from fitcheck.torch_adapters.tracer import trace_kwargs
+    from fitcheck.torch_adapters.trace_arguments import trace_kwargs
 
     t = spec.trainer
     row = trainer_row(t.kind)

@@ -302,7 +302,7 @@ class GenerationTraces:
             Exception: Whatever stops the trace (the caller falls back to the formula with the reason).
         """
         from fitcheck.core.trainers import generation_parts, generation_rows, step_spec
-        from fitcheck.torch_adapters.tracer import activation_trace_kwargs
+        from fitcheck.torch_adapters.trace_arguments import activation_trace_kwargs
 
         if not traces_generate(spec):
             return ()
