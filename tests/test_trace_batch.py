@@ -1,7 +1,7 @@
 """The fast default trace: micro-batches interpolated from two traces, one optimizer-free step, shared traces.
 
 Every claim the default path's speed rests on (``fitcheck.torch_adapters.trace_batch``,
-``tracer.activation_trace_kwargs``, ``pinned_path.PinnedPath``) is checked here against real fake-tensor traces
+``trace_arguments.activation_trace_kwargs``, ``pinned_path.PinnedPath``) is checked here against real fake-tensor traces
 of the real transformers / peft / bitsandbytes models: a third trace, every phase (during backward included),
 every category.
 """

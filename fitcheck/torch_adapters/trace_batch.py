@@ -14,7 +14,7 @@ A micro-batch of 1 does not run the same allocations as the others (a transpose 
 contiguous: one copy fewer), so it is always traced and never used as a probe; when two traces do not run the
 same allocations for any other reason, nothing is interpolated: the micro-batch asked is traced.
 
-``BatchTraces`` keeps the traces of one kind of step (everything of ``tracer.trace_kwargs`` but the
+``BatchTraces`` keeps the traces of one kind of step (everything of ``trace_arguments.trace_kwargs`` but the
 micro-batch) and answers any micro-batch: the first two asked of 2 or more are traced, every later one is
 interpolated from them (one trace per depth of ``tracer_depth.depth_plan`` each).
 """
