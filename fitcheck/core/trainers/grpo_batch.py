@@ -3,15 +3,15 @@
 One home: :meth:`GrpoBatch.refusal` reads the class's batch checks in its order; the spec's check
 (:func:`grpo_batch_error`, the advisor's and the tuner's micro-batch filters), the flags' check
 (:func:`grpo_config_accepts`, which adds the class's two checks that are no batch's fault) and the tuner's
-``steps_per_generation`` use it. The generation batch holds whole prompt groups (``GRPOTrainer``'s
-``RepeatSampler`` draws ``generation_batch_size // num_generations`` prompts, each repeated ``num_generations``
-times, and the advantages group the rewards as ``view(-1, num_generations)``: TRL 1.16 ``grpo_trainer.py``
-L1266-1269, L2765): ``generation_batch_size`` (default ``per_device_train_batch_size
-x processes x steps_per_generation``, ``steps_per_generation`` defaulting to ``gradient_accumulation_steps``)
-must be divisible by ``num_generations``; a given ``generation_batch_size`` must also be divisible by the global
-micro-batch (``per_device_train_batch_size x processes``). Evaluation: ``per_device_eval_batch_size x processes``
-must be divisible by ``num_generations_eval`` (default ``num_generations``). ``GRPOConfig`` raises otherwise, so
-a micro-batch that breaks them is no answer to "the largest micro-batch that fits".
+``steps_per_generation`` use it. The generation batch holds whole prompt groups (``GRPOTrainer``'s ``RepeatSampler``
+draws ``generation_batch_size // num_generations`` prompts, each repeated ``num_generations`` times, and the
+advantages group the rewards as ``view(-1, num_generations)``: TRL 1.16 ``grpo_trainer.py`` L1308-1312, a streamed
+dataset's L1266-1269, L2765): ``generation_batch_size`` (default ``per_device_train_batch_size x processes x
+steps_per_generation``, ``steps_per_generation`` defaulting to ``gradient_accumulation_steps``) must be divisible by
+``num_generations``; a given ``generation_batch_size`` must also be divisible by the global micro-batch
+(``per_device_train_batch_size x processes``). Evaluation: ``per_device_eval_batch_size x processes`` must be
+divisible by ``num_generations_eval`` (default ``num_generations``). ``GRPOConfig`` raises otherwise, so a
+micro-batch that breaks them is no answer to "the largest micro-batch that fits".
 """
 
 from __future__ import annotations
