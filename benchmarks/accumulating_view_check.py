@@ -1,7 +1,7 @@
 """The default path's view of an accumulating micro-step vs a real CPU step, phase by phase.
 
-With ``gradient_accumulation_steps`` > 1 the default path traces one pass (``tracer.activation_trace_kwargs``) and
-reads it as a later micro-step of the window (``trace_result.accumulating_step``: every ``.grad`` exists, each new
+With ``gradient_accumulation_steps`` > 1 the default path traces one pass (``trace_arguments.activation_trace_kwargs``)
+and reads it as a later micro-step of the window (``trace_result.accumulating_step``: every ``.grad`` exists, each new
 gradient lives beside it until its ``AccumulateGrad`` returns). This runs, per row, a REAL CPU step of two passes
 (``trace_step(grad_accum=2, fake=False)``, the second measured) and prints each phase's activation, logits and
 temporary bytes (``components_from_trace``, the earlier pass's gradients taken out of the forward phases as

@@ -471,6 +471,14 @@ def _bytecode(compile_first: bool) -> None:
           f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}")
 
 
+def _write_json(path: str, machine: str, **fields: Any) -> None:
+    """The ``--json`` file: the machine and its load, the date (UTC), then ``fields`` in order."""
+    with open(path, "w", encoding="utf-8") as out:
+        json.dump({"machine": machine, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **fields}, out,
+                  indent=1)
+        out.write("\n")
+
+
 def main(argv: list[str]) -> int:
     """Print the table (median of --repeat fresh processes per mode)."""
     ap = argparse.ArgumentParser()
@@ -504,20 +512,12 @@ def main(argv: list[str]) -> int:
     if ns.imports:
         import_rows = [row for name in names for row in imports_case(name, cases[name])]
         if ns.json:
-            with open(ns.json, "w", encoding="utf-8") as out:
-                json.dump({"machine": f"{os.cpu_count()} cores, load average {load:.1f} at start",
-                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "imports": import_rows},
-                          out, indent=1)
-                out.write("\n")
+            _write_json(ns.json, f"{os.cpu_count()} cores, load average {load:.1f} at start", imports=import_rows)
         return 0
     if ns.split:
         split_rows = [row for name in names for row in split_case(name, cases[name])]
         if ns.json:
-            with open(ns.json, "w", encoding="utf-8") as out:
-                json.dump({"machine": f"{os.cpu_count()} cores, load average {load:.1f} at start",
-                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "split": split_rows}, out,
-                          indent=1)
-                out.write("\n")
+            _write_json(ns.json, f"{os.cpu_count()} cores, load average {load:.1f} at start", split=split_rows)
         return 0
     print(f"{'case':16} {'mode':14} {'cache':5} {'wall (median)':>12} {'cpu (median)':>11} {'traces':>7} "
           f"{'optim':>5}  answer")
@@ -530,12 +530,8 @@ def main(argv: list[str]) -> int:
     for name in [None, *names]:  # the JSON is written after each case: a run cut short keeps what it measured
         rows += time_case(name, cases[name], ns.repeat) if name else []
         if ns.json:
-            with open(ns.json, "w", encoding="utf-8") as out:
-                json.dump({"machine": f"{os.cpu_count()} cores, load average {load:.1f} at start, "
-                           f"{os.getloadavg()[0]:.1f} at this write",
-                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repeat": ns.repeat,
-                           "rows": rows}, out, indent=1)
-                out.write("\n")
+            _write_json(ns.json, f"{os.cpu_count()} cores, load average {load:.1f} at start, "
+                        f"{os.getloadavg()[0]:.1f} at this write", repeat=ns.repeat, rows=rows)
     summary = print_targets(rows)
     if ns.json:
         with open(ns.json, encoding="utf-8") as fh:

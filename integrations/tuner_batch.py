@@ -63,15 +63,17 @@ def steps_per_generation(args: Any, micro: int) -> int:
     """``generation_batch_size / (micro × processes)``: the slices of one generation batch at ``micro``.
 
     Raises:
-        ValueError: The generation batch is not a multiple of ``micro × processes`` (GRPOConfig refuses it).
+        ValueError: GRPOConfig refuses the batch at ``micro`` (``core.trainers.GrpoBatch.refusal``: the generation
+            batch is not a multiple of ``micro × processes``).
     """
-    world = int(getattr(args, "world_size", 1) or 1)
-    gbs = int(args.generation_batch_size)
-    if gbs % (micro * world):
-        raise ValueError(f"generation_batch_size ({gbs}) must be divisible by the global batch size "
-                         f"({micro} x {world} processes) (GRPOConfig, TRL 1.16): micro-batch {micro} is not "
-                         "one GRPO accepts")
-    return gbs // (micro * world)
+    from fitcheck.core.trainers import GrpoBatch
+
+    batch = GrpoBatch(micro, int(getattr(args, "world_size", 1) or 1), int(args.gradient_accumulation_steps),
+                      int(args.num_generations), generation_batch_size=int(args.generation_batch_size))
+    refusal = batch.refusal()
+    if refusal is not None:
+        raise ValueError(f"{refusal}: micro-batch {micro} is not one GRPO accepts")
+    return batch.steps
 
 
 def set_trainer_micro_batch(

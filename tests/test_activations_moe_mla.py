@@ -77,7 +77,8 @@ def test_real_width_qwen3_moe_lora_sampled() -> None:
     from fitcheck.catalog.models import find_catalog_config
     from fitcheck.core import estimate
     from fitcheck.report import Location, Phase
-    from fitcheck.torch_adapters.tracer import components_from_trace, trace_step
+    from fitcheck.torch_adapters.trace_result import components_from_trace
+    from fitcheck.torch_adapters.tracer import trace_step
 
     found = find_catalog_config("Qwen/Qwen3-30B-A3B")
     assert found is not None
@@ -106,7 +107,7 @@ def test_whole_step_matches_trace(label: str, config: dict[str, Any], kw: dict[s
 
     from fitcheck.core import estimate
     from fitcheck.report import Location, Phase
-    from fitcheck.torch_adapters.tracer import components_from_trace
+    from fitcheck.torch_adapters.trace_result import components_from_trace
 
     spec = spec_from_config(config, **kw)
     traced = components_from_trace(trace_spec(config, spec))

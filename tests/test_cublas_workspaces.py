@@ -54,7 +54,7 @@ def test_workspace_carved_from_a_freed_logits_block_costs_a_segment() -> None:
 
 
 def test_trace_kwargs_carry_the_gpus_workspaces() -> None:
-    from fitcheck.torch_adapters.tracer import trace_kwargs
+    from fitcheck.torch_adapters.trace_arguments import trace_kwargs
 
     assert cublas_thread_workspaces(_spec(gpu_name="H100-80GB")) == (32 * MIB, MIB)
     assert trace_kwargs(_spec(gpu_name="h200-141gb"))["cublas_workspaces"] == (32 * MIB, MIB)

@@ -20,8 +20,9 @@ pytest.importorskip("transformers")
 
 def _errors(cell: Cell, model: str) -> tuple[bool, dict[Phase, float]]:
     """(pinned, formula-vs-trace error per phase) of a cell on a catalog model, traced at its own micro-batch."""
+    from fitcheck.torch_adapters.trace_arguments import activation_trace_kwargs
     from fitcheck.torch_adapters.trace_batch import BatchTraces
-    from fitcheck.torch_adapters.tracer import activation_trace_kwargs, components_from_trace
+    from fitcheck.torch_adapters.trace_result import components_from_trace
 
     found = find_catalog_config(model)
     assert found is not None, model

@@ -42,8 +42,9 @@ def _tiny(model: str, **extra: Any) -> dict[str, Any]:
 
 
 def _errors(cell: Cell, config: dict[str, Any]) -> dict[Phase, float]:
+    from fitcheck.torch_adapters.trace_arguments import activation_trace_kwargs
     from fitcheck.torch_adapters.trace_batch import BatchTraces
-    from fitcheck.torch_adapters.tracer import activation_trace_kwargs, components_from_trace
+    from fitcheck.torch_adapters.trace_result import components_from_trace
 
     spec = cell_spec(cell, config)
     traced = BatchTraces(spec.model.config, activation_trace_kwargs(spec)).result(cell.batch)

@@ -1,7 +1,7 @@
 """The fast default trace: micro-batches interpolated from two traces, one optimizer-free step, shared traces.
 
 Every claim the default path's speed rests on (``fitcheck.torch_adapters.trace_batch``,
-``tracer.activation_trace_kwargs``, ``pinned_path.PinnedPath``) is checked here against real fake-tensor traces
+``trace_arguments.activation_trace_kwargs``, ``pinned_path.PinnedPath``) is checked here against real fake-tensor traces
 of the real transformers / peft / bitsandbytes models: a third trace, every phase (during backward included),
 every category.
 """
@@ -106,7 +106,7 @@ def test_one_optimizer_free_step_gives_the_same_components(label: str, config: d
                                                            kw: dict[str, Any]) -> None:
     """The default path traces one step without an optimizer: its activation, logits and temporary components
     equal those of two AdamW steps (the optimizer's bytes are the formulas' in both)."""
-    from fitcheck.torch_adapters.tracer import components_from_trace
+    from fitcheck.torch_adapters.trace_result import components_from_trace
 
     fast = components_from_trace(_trace(config, 2, **kw))
     full = components_from_trace(_trace(config, 2, **{**kw, "optimizer": "adamw_torch", "steps": 2}))

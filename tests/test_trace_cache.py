@@ -30,8 +30,7 @@ from fitcheck.torch_adapters.trace_cache import (
     fingerprint,
     source_hash,
 )
-from fitcheck.torch_adapters.trace_result import PhaseBreakdown, TraceResult
-from fitcheck.torch_adapters.tracer import components_from_trace
+from fitcheck.torch_adapters.trace_result import PhaseBreakdown, TraceResult, components_from_trace
 
 HEAVY = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "deepspeed")
 

@@ -1,4 +1,4 @@
-"""What the tracer describes (``pinned_path.untraced_parts``, ``tracer.activation_trace_kwargs``).
+"""What the tracer describes (``pinned_path.untraced_parts``, ``trace_arguments.activation_trace_kwargs``).
 
 - ``--trace`` on a run whose activations the plain Trainer step does not describe (Liger kernels, a fused loss,
   one rank of a sequence-parallel layout) is refused with exit 2 naming the flag. Before, the plain step was traced

@@ -68,7 +68,7 @@ def test_qlora_formula_counts_the_cuda_bool_mask_and_the_cpu_noise(ckpt: bool) -
 
     from fitcheck.spec import DeviceType, HardwareSpec, QuantSpec
     from fitcheck.torch_adapters import components_from_trace, phase_errors
-    from fitcheck.torch_adapters.tracer import activation_trace_kwargs
+    from fitcheck.torch_adapters.trace_arguments import activation_trace_kwargs
 
     lora = LoraSpec(r=8, alpha=16, dropout=0.05, target_modules=("all-linear",))
     cpu = spec_from_config(QLORA_LLAMA, seq=64, batch=2, dtype="bfloat16", lora=lora, quant=QuantSpec(bits=4),

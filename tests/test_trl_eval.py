@@ -90,6 +90,7 @@ def _spec(micro: int, accum: int = 1, procs: int = 1, **fields: Any) -> Any:
     (2, 4, 1, {"num_generations": 4, "steps_per_generation": 2}),
     (4, 1, 1, {"num_generations": 4, "eval_batch_size": 6}),  # refused: evaluation batch 6
     (4, 1, 1, {"num_generations": 4, "eval_batch_size": 8}),
+    (2, 1, 1, {"num_generations": 4, "eval_batch_size": 6}),  # refused twice: GRPOConfig names the evaluation first
 ])
 def test_grpo_batch_rules_match_grpoconfig(tmp_path: Any, micro: int, accum: int, procs: int,
                                            fields: dict[str, Any]) -> None:
@@ -109,10 +110,21 @@ def test_grpo_batch_rules_match_grpoconfig(tmp_path: Any, micro: int, accum: int
     patched = type("GRPOConfigN", (config_cls,), {"world_size": world})
     try:
         patched(**kwargs)
-        refused = False
-    except ValueError:
-        refused = True
-    assert (grpo_batch_error(spec) is not None) is refused
+        raised = ""
+    except ValueError as exc:
+        raised = str(exc)
+    refusal = grpo_batch_error(spec)
+    assert (refusal is not None) is bool(raised)
+    assert _check_named(refusal or "") == _check_named(raised), (refusal, raised)  # the check GRPOConfig fails first
+
+
+def _check_named(message: str) -> str:
+    """Which of GRPOConfig's batch checks a refusal names (GRPOConfig's wording and GrpoBatch.refusal's)."""
+    for check, words in (("eval", "eval batch size"), ("global", "the global batch size"),
+                         ("generations", "divisible by num_generations")):
+        if words in message:
+            return check
+    return message
 
 
 def test_max_micro_batch_respects_num_generations() -> None:

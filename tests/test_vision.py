@@ -147,7 +147,8 @@ def test_vision_formula_equals_trace_with_images(method: str, ckpt: bool) -> Non
     from fitcheck.core import estimate
     from fitcheck.report import Phase
     from fitcheck.spec import LoraSpec
-    from fitcheck.torch_adapters.tracer import trace_kwargs, trace_step
+    from fitcheck.torch_adapters.trace_arguments import trace_kwargs
+    from fitcheck.torch_adapters.tracer import trace_step
 
     lora = {"full": None, "all-linear": LoraSpec(r=4, alpha=8, target_modules=("all-linear",)),
             "text-attn": LoraSpec(r=4, alpha=8, target_modules=("q_proj", "v_proj"))}[method]

@@ -2,7 +2,8 @@
 
 - :mod:`.meta_inventory`: any transformers architecture built on the meta device -> ``ModelInventory``;
 - :mod:`.tracer` (+ ``tracer_build``, ``tracer_patches``, ``tracer_quant``, ``tracer_recorder``): one
-  training step under ``FakeTensorMode``, read as activation components;
+  training step under ``FakeTensorMode`` (its arguments from a spec: ``trace_arguments``), read as activation
+  components (``trace_result``);
 - :mod:`.allocator_replay`: the traced step's own allocations and frees replayed through the caching allocator
   (the whole run: ``allocator_compose`` composes the steps and the optimizer, ``allocator_deepen`` deepens them,
   ``deepspeed_run_events`` rewrites it into one DeepSpeed rank's run, ``fsdp2_run_events`` into one FSDP2
@@ -74,15 +75,11 @@ if TYPE_CHECKING:
     from fitcheck.torch_adapters.peft_build import wrap_adapter
     from fitcheck.torch_adapters.pinned_path import PinnedPath
     from fitcheck.torch_adapters.run_scope import not_replayed, plain_trainer_run, replayed_run
+    from fitcheck.torch_adapters.trace_arguments import activation_trace_kwargs, trace_kwargs
     from fitcheck.torch_adapters.trace_batch import BatchTraces, at_micro_batch
     from fitcheck.torch_adapters.trace_cache import TraceCache, cache_directory, cache_from_environment
-    from fitcheck.torch_adapters.trace_result import OPTSTATE, PARAMS
-    from fitcheck.torch_adapters.tracer import (
-        activation_trace_kwargs,
-        components_from_trace,
-        trace_kwargs,
-        trace_step,
-    )
+    from fitcheck.torch_adapters.trace_result import OPTSTATE, PARAMS, components_from_trace
+    from fitcheck.torch_adapters.tracer import trace_step
     from fitcheck.torch_adapters.tracer_build import build_model, hf_config, model_class, reduced_config
     from fitcheck.torch_adapters.tracer_depth import trace_components, trace_extrapolated
     from fitcheck.torch_adapters.tracer_generate import GenerationTraces, trace_generate, traced_generation
@@ -108,12 +105,12 @@ _WHERE = {
     "cache_directory": "trace_cache",
     "cache_from_environment": "trace_cache",
     "at_micro_batch": "trace_batch",
-    "activation_trace_kwargs": "tracer",
-    "OPTSTATE": "tracer",
-    "PARAMS": "tracer",
-    "components_from_trace": "tracer",
+    "activation_trace_kwargs": "trace_arguments",
+    "OPTSTATE": "trace_result",
+    "PARAMS": "trace_result",
+    "components_from_trace": "trace_result",
     "trace_extrapolated": "tracer_depth",
-    "trace_kwargs": "tracer",
+    "trace_kwargs": "trace_arguments",
     "trace_step": "tracer",
     "bitsandbytes_uncompiled": "tracer_patches",
     "LiveTensorRecorder": "tracer_recorder",

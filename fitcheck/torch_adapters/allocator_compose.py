@@ -2,7 +2,7 @@
 
 The whole-run replay (``allocator_replay.replay_whole_run``) needs what ``tracer.trace_step(steps=3)`` with the
 optimizer records; the headline has already traced one step without an optimizer (its activation trace, the
-same forward and backward: ``tracer.activation_trace_kwargs``). :func:`whole_run` repeats that step's forward
+same forward and backward: ``trace_arguments.activation_trace_kwargs``). :func:`whole_run` repeats that step's forward
 and backward once per step, with storages renamed per step and the warm-up steps' regions suffixed as
 ``trace_step`` names them, puts the optimizer's events of the same step (``tracer_optimizer.trace_optimizer``)
 between backward and ``zero_grad``, and returns the region starts ``allocator_deepen.deepen`` cuts at. Checked

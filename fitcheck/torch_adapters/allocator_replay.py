@@ -380,15 +380,15 @@ def _whole_run_events(spec: TrainingSpec, step_runs: Sequence[Any], steps: int,
 
 def run_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     """The ``tracer.trace_step`` arguments of the step the whole run repeats: the plain Trainer's
-    (``tracer.trace_kwargs``), or TRL's SFTTrainer / DPOTrainer / KTOTrainer step (``tracer_trl`` / ``tracer_dpo``
-    / ``tracer_kto``: its model preparation and fused LM head, ``trl_head`` the outputs it patches the model with;
-    DPO's reference and prompt, ``trl_dpo``; KTO's, its KL batch and desirable rows, ``trl_kto``), or GRPOTrainer's
-    micro-step with its log-prob pre-pass (``trl_grpo``: ``tracer_grpo``), or RewardTrainer's sequence-classification
-    step (the registry's ``classifier``: the seq-cls task, as ``tracer.activation_trace_kwargs``) at the shape it
-    runs (``core.trainers.step_spec``: DPO's and the reward trainer's chosen + rejected rows, GRPO's prompt +
-    completion)."""
+    (``trace_arguments.trace_kwargs``), or TRL's SFTTrainer / DPOTrainer / KTOTrainer step (``tracer_trl`` /
+    ``tracer_dpo`` / ``tracer_kto``: its model preparation and fused LM head, ``trl_head`` the outputs it patches the
+    model with; DPO's reference and prompt, ``trl_dpo``; KTO's, its KL batch and desirable rows, ``trl_kto``), or
+    GRPOTrainer's micro-step with its log-prob pre-pass (``trl_grpo``: ``tracer_grpo``), or RewardTrainer's
+    sequence-classification step (the registry's ``classifier``: the seq-cls task, as
+    ``trace_arguments.activation_trace_kwargs``) at the shape it runs (``core.trainers.step_spec``: DPO's and the reward
+    trainer's chosen + rejected rows, GRPO's prompt + completion)."""
     from fitcheck.core.trainers import step_spec, trainer_row
-    from fitcheck.torch_adapters.tracer import trace_kwargs
+    from fitcheck.torch_adapters.trace_arguments import trace_kwargs
 
     t = spec.trainer
     row = trainer_row(t.kind)

@@ -1,9 +1,9 @@
 """Trace a step on the CPU as CUDA runs it: the kernels and autocast lists whose CUDA behaviour keeps other tensors.
 
-A trace describes a CUDA run unless the spec says ``device_type cpu`` (``tracer.trace_kwargs``: ``cuda_kernels``).
-Three places where torch's CPU and CUDA paths keep different tensors for backward, and the autocast state a library
-reads through the CUDA-only call (item 5), are emulated while such a step is traced (``cuda_kernels``), and the
-cuBLAS workspaces a CUDA step allocates are recorded for the allocator replay
+A trace describes a CUDA run unless the spec says ``device_type cpu`` (``trace_arguments.trace_kwargs``:
+``cuda_kernels``). Three places where torch's CPU and CUDA paths keep different tensors for backward, and the autocast
+state a library reads through the CUDA-only call (item 5), are emulated while such a step is traced (``cuda_kernels``),
+and the cuBLAS workspaces a CUDA step allocates are recorded for the allocator replay
 (``tracer.trace_step(cublas_workspaces=...)``); a ``device_type cpu`` trace and a real CPU step
 (``benchmarks/cpu_truth.py``) keep CPU behaviour.
 

@@ -227,7 +227,7 @@ def phase_errors(spec: TrainingSpec, traced_components: tuple[object, ...]) -> d
 
     Args:
         spec: A CPU spec (live tensors only).
-        traced_components: ``tracer.components_from_trace`` of a trace of that spec's step.
+        traced_components: ``trace_result.components_from_trace`` of a trace of that spec's step.
 
     Returns:
         Phase -> (formula total − traced total) / traced (activations + logits + temporaries), for ``PHASES``.

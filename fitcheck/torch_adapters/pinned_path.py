@@ -66,7 +66,7 @@ def _cache_key(spec: TrainingSpec) -> str:
     adapters, quantization, freeze, task. Not the optimizer, the sharding, offload of states or accumulation: an
     accumulating step's components come from the same traces (``BatchTraces.result(accumulating=)``), and the
     on-disk cache keeps them apart (``_trace``)."""
-    from fitcheck.torch_adapters.tracer import activation_trace_kwargs
+    from fitcheck.torch_adapters.trace_arguments import activation_trace_kwargs
 
     kwargs = {k: v for k, v in activation_trace_kwargs(spec).items() if k != "micro_batch"}
     return repr((spec.model.model_id, spec.model.shape, sorted(kwargs.items())))
@@ -165,9 +165,10 @@ class PinnedPath:
 
         from fitcheck.core.trainers import step_spec
         from fitcheck.errors import UnsupportedModelError
+        from fitcheck.torch_adapters.trace_arguments import activation_trace_kwargs
         from fitcheck.torch_adapters.trace_batch import BatchTraces
         from fitcheck.torch_adapters.trace_cache import cached_gap, cached_trace
-        from fitcheck.torch_adapters.tracer import activation_trace_kwargs, components_from_trace
+        from fitcheck.torch_adapters.trace_result import components_from_trace
 
         if not spec.model.config:
             raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")

@@ -23,8 +23,8 @@ from fitcheck.spec import TrainingSpec
 def traceable(spec: TrainingSpec) -> bool:
     """Whether the default path may trace this run: a Trainer step with transformers' loss (``untraced_parts`` is
     empty) of a text model. DeepSpeed fp16/bf16 and FSDP mixed precision are traced as the 16-bit module they run
-    (``tracer.activation_trace_kwargs``). ``--trace`` also traces a TRL trainer's policy step and a vision-language
-    model."""
+    (``trace_arguments.activation_trace_kwargs``). ``--trace`` also traces a TRL trainer's policy step and a
+    vision-language model."""
     from fitcheck.spec import TrainerKind
 
     return not untraced_parts(spec) and spec.trainer.kind is TrainerKind.TRAINER and _images_traceable(spec)

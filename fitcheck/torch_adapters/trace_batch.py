@@ -14,7 +14,7 @@ A micro-batch of 1 does not run the same allocations as the others (a transpose 
 contiguous: one copy fewer), so it is always traced and never used as a probe; when two traces do not run the
 same allocations for any other reason, nothing is interpolated: the micro-batch asked is traced.
 
-``BatchTraces`` keeps the traces of one kind of step (everything of ``tracer.trace_kwargs`` but the
+``BatchTraces`` keeps the traces of one kind of step (everything of ``trace_arguments.trace_kwargs`` but the
 micro-batch) and answers any micro-batch: the first two asked of 2 or more are traced, every later one is
 interpolated from them (one trace per depth of ``tracer_depth.depth_plan`` each).
 """
@@ -107,24 +107,24 @@ class BatchTraces:
         ``accumulating``: the step as a later micro-step of a gradient accumulation window runs it
         (``trace_result.accumulating_step`` of each depth's trace, before the depths and micro-batches are combined);
         the traces kept (``traced``, shared with the replays) stay the first pass's."""
-        view = accumulating_step if accumulating else _first_pass
         # a micro-batch of 1 runs other allocations (a transpose of a batch of one is already contiguous: one
         # copy fewer; Qwen3-8B, Llama-2-7B, every method tried): it is traced, and never a probe for the others
         probes = [b for b in self.traced if b >= 2]
         if micro_batch in self.traced or micro_batch < 2 or len(probes) < 2:
             runs = self._trace(micro_batch)
             # traced: the deepest run's allocation sequence goes with it (allocator_replay replays it)
-            return dataclasses.replace(combine_depths(self.config, tuple(map(view, runs))),
+            return dataclasses.replace(combine_depths(self.config, _as_run(runs, accumulating)),
                                        alloc_events=runs[-1].alloc_events)
         near = sorted(probes, key=lambda b: (abs(b - micro_batch), b))[:2]
-        parts = [at_micro_batch(view(self.traced[near[0]][i]), near[0], view(self.traced[near[1]][i]), near[1],
-                                micro_batch) for i in range(len(self.plan))]
+        low, high = (_as_run(self.traced[b], accumulating) for b in near)
+        parts = [at_micro_batch(low[i], near[0], high[i], near[1], micro_batch) for i in range(len(self.plan))]
         if any(p is None for p in parts):
-            return combine_depths(self.config, tuple(map(view, self._trace(micro_batch))))
+            return combine_depths(self.config, _as_run(self._trace(micro_batch), accumulating))
         self.interpolated += 1
         return combine_depths(self.config, tuple(p for p in parts if p is not None))
 
 
-def _first_pass(result: TraceResult) -> TraceResult:
-    """A trace as traced: the first pass after ``zero_grad`` (no accumulation)."""
-    return result
+def _as_run(runs: tuple[TraceResult, ...], accumulating: bool) -> tuple[TraceResult, ...]:
+    """Each depth's trace as traced (the first pass after ``zero_grad``), or as a later micro-step of an
+    accumulation window runs it (``accumulating_step``)."""
+    return tuple(map(accumulating_step, runs)) if accumulating else runs

@@ -9,7 +9,7 @@ importing torch, transformers and (through peft) bitsandbytes before it traces a
 
 - ``trace``: the full-depth trace result of one kind of step (``PinnedPath._cache_key`` and the model's
   config.json) at one micro-batch: the phases' breakdowns and the final gradients, all that
-  ``tracer.components_from_trace`` reads (``trace_batch.BatchTraces.result``);
+  ``trace_result.components_from_trace`` reads (``trace_batch.BatchTraces.result``);
 - ``gap``: the traced step's caching-allocator gap (``PinnedPath._traced_gap``), with the whole-run replay it came
   from or why that could not run, per spec (the replay runs the spec's optimizer, sharding and allocator
   settings, so the whole spec is its key);

@@ -1,8 +1,8 @@
 """What one traced (or real) training step held: the tracer's categories, a phase's breakdown and the result.
 
 Pure data (no torch): ``tracer.trace_step`` fills a :class:`TraceResult`; ``tracer_depth``, ``trace_batch``, the
-allocator replay and the trace cache read it. Split from ``tracer`` (which re-exports every name) to keep that
-module under the guide's ~500 lines.
+allocator replay and the trace cache read it, and :func:`components_from_trace` reads it as the estimate's
+activation components. Split from ``tracer`` to keep that module under the guide's ~500 lines.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from fitcheck.report import Phase
+from fitcheck.report import Category, Component, Location, Phase
 
 PARAMS = "parameters"
 GRADS = "gradients"
@@ -142,5 +142,37 @@ def accumulating_step(result: TraceResult) -> TraceResult:
                    series={**result.series, Phase.BACKWARD: later}, pending_grads=())
 
 
+def components_from_trace(result: TraceResult) -> tuple[Component, ...]:
+    """Split a trace into components whose per-phase sum with the model states equals the trace."""
+    src = "fake-tensor trace of the real model step (fitcheck.torch_adapters.tracer)"
+    acts: dict[Phase, int] = {}
+    logits: dict[Phase, int] = {}
+    temps: dict[Phase, int] = {}
+    for phase, b in result.phases.items():
+        states = b.get(PARAMS) + b.get(OPTSTATE)
+        if phase is Phase.OPTIMIZER_STEP:
+            # optimizer-step temporaries belong to fitcheck.core.states.model_states; only leftovers are ours
+            acts[phase] = b.get(ACTIVATIONS) + b.get(INPUTS) + b.get(LOGITS)
+            continue
+        if phase is Phase.BACKWARD:
+            # model_states counts every gradient here; the residual is what else was alive at the peak
+            rest = b.total - states - result.final_grads
+            acts[phase] = min(b.get(ACTIVATIONS) + b.get(INPUTS), max(rest, 0))
+            # the logits' gradient still alive early in backward (vocab-sized): logits, so that a TRL trainer's
+            # fused head replaces it too (core/step.py traced_body_formula_head); the sum is unchanged
+            logits[phase] = min(b.get(LOGITS), max(rest - acts[phase], 0))
+            temps[phase] = max(rest - acts[phase] - logits[phase], 0)
+        else:
+            acts[phase] = b.get(ACTIVATIONS) + b.get(INPUTS)
+            logits[phase] = b.get(LOGITS)
+            temps[phase] = b.get(TEMPORARIES) + b.get(GRADS)
+    return (
+        Component("activations.traced", Category.ACTIVATIONS, Location.DEVICE, acts, src),
+        Component("logits.traced", Category.LOGITS, Location.DEVICE, logits, src),
+        Component("temporaries.traced", Category.TEMPORARIES, Location.DEVICE, temps, src),
+    )
+
+
 __all__ = ["ACTIVATIONS", "CATEGORIES", "GRADS", "INPUTS", "LOGITS", "OPTSTATE", "PARAMS", "TEMPORARIES",
-           "PhaseBreakdown", "TraceResult", "accumulating_step", "breakdown_at_peak", "pending_grads"]
+           "PhaseBreakdown", "TraceResult", "accumulating_step", "breakdown_at_peak", "components_from_trace",
+           "pending_grads"]

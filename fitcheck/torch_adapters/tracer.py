@@ -21,14 +21,13 @@ The same code runs on real CPU tensors (``fake=False``): that is the truth ``ben
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import DeviceType, FreezeSpec, LoraSpec, PeftAdapterSpec, QuantSpec, TrainingSpec
+from fitcheck.report import Phase
+from fitcheck.spec import FreezeSpec, LoraSpec, PeftAdapterSpec, QuantSpec
 from fitcheck.torch_adapters.trace_result import (
     ACTIVATIONS,
     CATEGORIES,
@@ -425,103 +424,3 @@ def _loss(model: Any, ids: Any, labels: Any, images: Mapping[str, Any] | None = 
     """Forward + loss as the Trainer's ``compute_loss`` does: the outputs are dropped, the loss kept."""
     out = model(input_ids=ids, labels=labels, use_cache=False, **(images or {}))
     return out.loss
-
-
-def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
-    """The :func:`trace_step` arguments that describe a spec's run."""
-    from fitcheck.core import cublas_thread_workspaces
-    from fitcheck.core.activations import old_bnb_4bit
-    from fitcheck.core.trainers import trainer_row
-
-    act = spec.activations
-    # bitsandbytes < 0.43.2 (installed or --stack) keeps each 4-bit linear's input: traced with the installed
-    # MatMul4Bit patched to keep it (tracer_quant.matmul4bit_keeps_input). With 0.43.2 or later installed and the
-    # older release named by --stack, that patch is the only way the trace describes the run. Its kept inputs differ
-    # between reentrant and non-reentrant checkpointing (core/activations/bnb_kept_inputs.py): traced as the run asks
-    old_bnb: dict[str, Any] = {"keep_4bit_inputs": True} if old_bnb_4bit(spec) else {}
-    # DPO / KTO / reward: TRL zeroes every nn.Dropout before step 1 (core.trainers.step_spec says the same)
-    dropout = {"disable_dropout": True} if trainer_row(spec.trainer.kind).disable_dropout else {}
-    # DeepSpeed's module cast (core.kernels.deepspeed_module_view): named only where it is on, so that no other
-    # run's arguments (and trace-cache keys) change
-    cast = {"module_cast": True} if spec.precision.module_cast else {}
-    return {**old_bnb, **dropout, **cast,
-        "seq_len": spec.batch.seq_len,
-        "micro_batch": spec.batch.micro_batch,
-        "dtype": spec.precision.load_dtype.value,
-        "mixed_precision": spec.precision.mixed_precision.value,
-        "attn_implementation": "sdpa" if act.attn_implementation.value != "eager" else "eager",
-        "checkpointing": act.checkpointing,
-        "every_n_layers": act.checkpoint_every_n_layers,
-        # reentrant: forward under no_grad, the recomputed graph kept to the layer's backward end (torch 2.13
-        # utils/checkpoint.py CheckpointFunction; activations/int8.py, bnb_kept_inputs.py): traced as the run asks
-        "use_reentrant": act.checkpointing and act.use_reentrant,
-        "lora": spec.lora,
-        # the adapter's tensors are the formulas' (model states); the trace builds the adapter from its config
-        "adapter": None if spec.peft is None else dataclasses.replace(spec.peft, tensors=()),
-        # a pre-quantized GPTQ/AWQ/FP8 base runs as a frozen 16-bit base (its per-layer dequantized weight is the
-        # separate temporaries.dequantized_weight component); MXFP4 trains dequantized (core/states/mxfp4.py)
-        "quant": spec.quant if spec.quant is None or spec.quant.method == "bitsandbytes" else None,
-        "optimizer": spec.optimizer.name,
-        "task": spec.model.shape.task,
-        "freeze": spec.freeze,
-        "image_tokens": spec.model.shape.image_tokens if spec.model.shape.task == "image-text-to-text" else 0,
-        "cuda_kernels": spec.hardware.device_type is not DeviceType.CPU,
-        "cublas_workspaces": cublas_thread_workspaces(spec),
-    }
-
-
-def activation_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
-    """:func:`trace_kwargs` of one step without an optimizer: ``components_from_trace`` leaves parameters,
-    gradients and optimizer states to the formulas, and the activation, logits and temporary bytes of every
-    phase are the same with and without the optimizer and the warm-up step (``tests/test_trace_batch.py``; at
-    real width Qwen3-8B, Gemma-2-9B, Phi-2, Falcon-7B full / LoRA / DoRA / QLoRA, eager and SDPA, with and
-    without checkpointing: equal), at half the time; the levers that only change the optimizer or the sharding
-    share the trace.
-
-    A TRL trainer's policy step is traced at its own shape (``core.trainers.step_spec``: DPO's chosen + rejected
-    rows, GRPO/KTO's prompt + completion tokens, SFT padding-free's one flattened row); RewardTrainer's
-    ``AutoModelForSequenceClassification`` as the seq-cls task. Its LM head and loss are the formula's
-    (``core/step.py traced_body_formula_head``). DeepSpeed fp16/bf16 and FSDP mixed precision are traced as the
-    16-bit module they run (``core.kernels.deepspeed_module_view``: DeepSpeed's cast, checked by
-    ``benchmarks/deepspeed_cpu.py``'s real engine steps)."""
-    from fitcheck.core.kernels import deepspeed_module_view
-    from fitcheck.core.trainers import runs_fused_head, step_spec
-
-    policy = step_spec(deepspeed_module_view(spec))  # DeepSpeed / FSDP mixed precision run a 16-bit module
-    kwargs = {**trace_kwargs(policy), "optimizer": None, "steps": 1}
-    if policy.model.params is not spec.model.params:  # reward_trainer.py: loaded with num_labels=1 (steps.py)
-        kwargs["task"] = "seq-cls"
-    if spec.trainer.is_trl and runs_fused_head(spec.trainer.kind):
-        kwargs["count_logits"] = False  # the body's own peaks; the chunked head is the formula's
-    return kwargs
-
-
-def components_from_trace(result: TraceResult) -> tuple[Component, ...]:
-    """Split a trace into components whose per-phase sum with the model states equals the trace."""
-    src = "fake-tensor trace of the real model step (fitcheck.torch_adapters.tracer)"
-    acts: dict[Phase, int] = {}
-    logits: dict[Phase, int] = {}
-    temps: dict[Phase, int] = {}
-    for phase, b in result.phases.items():
-        states = b.get(PARAMS) + b.get(OPTSTATE)
-        if phase is Phase.OPTIMIZER_STEP:
-            # optimizer-step temporaries belong to fitcheck.core.states.model_states; only leftovers are ours
-            acts[phase] = b.get(ACTIVATIONS) + b.get(INPUTS) + b.get(LOGITS)
-            continue
-        if phase is Phase.BACKWARD:
-            # model_states counts every gradient here; the residual is what else was alive at the peak
-            rest = b.total - states - result.final_grads
-            acts[phase] = min(b.get(ACTIVATIONS) + b.get(INPUTS), max(rest, 0))
-            # the logits' gradient still alive early in backward (vocab-sized): logits, so that a TRL trainer's
-            # fused head replaces it too (core/step.py traced_body_formula_head); the sum is unchanged
-            logits[phase] = min(b.get(LOGITS), max(rest - acts[phase], 0))
-            temps[phase] = max(rest - acts[phase] - logits[phase], 0)
-        else:
-            acts[phase] = b.get(ACTIVATIONS) + b.get(INPUTS)
-            logits[phase] = b.get(LOGITS)
-            temps[phase] = b.get(TEMPORARIES) + b.get(GRADS)
-    return (
-        Component("activations.traced", Category.ACTIVATIONS, Location.DEVICE, acts, src),
-        Component("logits.traced", Category.LOGITS, Location.DEVICE, logits, src),
-        Component("temporaries.traced", Category.TEMPORARIES, Location.DEVICE, temps, src),
-    )

@@ -15,6 +15,7 @@ from typing import Any
 from fitcheck.core.activations import other_half_autocast
 from fitcheck.report import Component, Phase
 from fitcheck.spec import FreezeSpec, TrainingSpec
+from fitcheck.torch_adapters.trace_arguments import activation_trace_kwargs, trace_kwargs
 from fitcheck.torch_adapters.trace_result import (
     CATEGORIES,
     LOGITS,
@@ -22,13 +23,9 @@ from fitcheck.torch_adapters.trace_result import (
     TraceResult,
     accumulating_step,
     breakdown_at_peak,
-)
-from fitcheck.torch_adapters.tracer import (
-    activation_trace_kwargs,
     components_from_trace,
-    trace_kwargs,
-    trace_step,
 )
+from fitcheck.torch_adapters.tracer import trace_step
 
 
 def _line(a: PhaseBreakdown, b: PhaseBreakdown, groups: float) -> PhaseBreakdown:

@@ -203,7 +203,7 @@ def _is_fake(tensor: Any) -> bool:
 def traced_generation(spec: TrainingSpec, rows: int, kwargs: Mapping[str, Any],
                       generation_kwargs: Mapping[str, Any] | None = None) -> tuple[int, int]:
     """(whole KV cache, peak above the model state) of GRPO's ``generate`` for ``rows`` sequences of the spec's
-    prompt + completion (``kwargs``: ``tracer.activation_trace_kwargs`` of the spec, whose model build, mixed
+    prompt + completion (``kwargs``: ``trace_arguments.activation_trace_kwargs`` of the spec, whose model build, mixed
     precision and CUDA kernels the generation shares; ``generation_kwargs``: ``GRPOConfig.generation_kwargs``, which
     fitcheck's spec does not carry: the benchmark's ``min_new_tokens``).
 
@@ -302,7 +302,7 @@ class GenerationTraces:
             Exception: Whatever stops the trace (the caller falls back to the formula with the reason).
         """
         from fitcheck.core.trainers import generation_parts, generation_rows, step_spec
-        from fitcheck.torch_adapters.tracer import activation_trace_kwargs
+        from fitcheck.torch_adapters.trace_arguments import activation_trace_kwargs
 
         if not traces_generate(spec):
             return ()

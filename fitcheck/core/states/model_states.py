@@ -25,6 +25,7 @@ Partitioning and host placement come from :func:`fitcheck.core.states.sharding.p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from fitcheck.core.optimizers import OptimizerMemory, TensorGroup
 from fitcheck.core.states.fsdp_mixed_units import mixed_unit_components
@@ -156,33 +157,15 @@ def model_state_components(spec: TrainingSpec) -> tuple[Component, ...]:
         if spec.quant.method in PREQUANT_SOURCE:  # pre-quantized checkpoint (states/prequant.py)
             src = which = PREQUANT_SOURCE[spec.quant.method]
             meta_what = f"{spec.quant.method} scales / zeros / g_idx"
-        # FSDP-QLoRA (fsdp_qlora.py): packed bytes sharded only with a float quant_storage; the quantization
-        # state is a module attribute, whole on every GPU and never offloaded.
-        fq = quant_placement(spec, part.weights, w_host)
-        # ZeRO-3 (zero3_quant.py): 4-bit packed bytes partitioned, 8-bit int8 weights whole beside their partition;
-        # the quantization state whole on every GPU
-        zq = zero3_quant_placement(spec, part.weights)
-        placed = f" ({fq.detail})" if fq else f" ({zq.detail})" if zq else ""
-        weights(
-            "weights.quantized",
-            Category.WEIGHTS,
-            layout.quant_data,
-            (src if which == src else f"{src}; {which}") + (f"; {ZERO3_QUANT_SOURCE}" if zq else ""),
-            f"{layout.quant_params:,} params in {spec.quant.bits}-bit" + placed,
-            (fq.data_divisor, fq.data_on_host) if fq else (1, False) if zq and zq.data_whole else None,
-        )
-        if zq and zq.data_whole:
+        engine = _quant_sharding(spec, part)
+        weights("weights.quantized", Category.WEIGHTS, layout.quant_data,
+                (src if which == src else f"{src}; {which}") + engine.data_source,
+                f"{layout.quant_params:,} params in {spec.quant.bits}-bit" + engine.data_detail, engine.data_placed)
+        if engine.partition_beside:
             weights("weights.quantized_partition", Category.WEIGHTS, layout.quant_data, ZERO3_QUANT_SOURCE,
                     "ZeRO-3's partition (ds_tensor) of the int8 weights kept whole above")
-        weights(
-            "quantization.metadata",
-            Category.QUANT_META,
-            layout.quant_meta,
-            src + (f"; {FSDP_QUANT_SOURCE}" if fq else f"; {ZERO3_QUANT_SOURCE}" if zq else ""),
-            meta_what + (" (not sharded by FSDP: whole on every GPU)" if fq else
-                         " (not partitioned by ZeRO-3: whole on every GPU)" if zq else ""),
-            (1, False) if fq or zq else None,
-        )
+        weights("quantization.metadata", Category.QUANT_META, layout.quant_meta, src + engine.meta_source,
+                meta_what + engine.meta_detail, engine.meta_placed)
     weights(
         "adapters.lora",
         Category.ADAPTERS,
@@ -206,6 +189,38 @@ def model_state_components(spec: TrainingSpec) -> tuple[Component, ...]:
         part.full_gradients_between_microsteps and spec.batch.grad_accum > 1))
     comps.extend(_optimizer_components(spec, part, groups, opt, node))
     return tuple(c for c in comps if c.peak_bytes)
+
+
+class _QuantSharding(NamedTuple):
+    """How a sharding engine places a quantized base on one GPU: one row per engine (suffixes of the components'
+    sources and details; a placement of None: as the other weights)."""
+
+    data_source: str
+    data_detail: str
+    data_placed: tuple[int, bool] | None  # (divisor, on host) of the packed / int8 bytes
+    partition_beside: bool  # ZeRO-3's partition of int8 weights kept whole beside them
+    meta_source: str
+    meta_detail: str
+    meta_placed: tuple[int, bool] | None
+
+
+_AS_THE_WEIGHTS = _QuantSharding("", "", None, False, "", "", None)
+
+
+def _quant_sharding(spec: TrainingSpec, part: Partition) -> _QuantSharding:
+    """FSDP-QLoRA (``fsdp_qlora.py``): packed bytes sharded only with a float quant_storage; the quantization state
+    a module attribute, whole on every GPU and never offloaded. ZeRO-3 (``zero3_quant.py``): 4-bit packed bytes
+    partitioned, 8-bit int8 weights whole beside their partition; the quantization state whole on every GPU."""
+    fq = quant_placement(spec, part.weights, part.params_on_host)
+    if fq is not None:
+        return _QuantSharding("", f" ({fq.detail})", (fq.data_divisor, fq.data_on_host), False,
+                              f"; {FSDP_QUANT_SOURCE}", " (not sharded by FSDP: whole on every GPU)", (1, False))
+    zq = zero3_quant_placement(spec, part.weights)
+    if zq is not None:
+        return _QuantSharding(f"; {ZERO3_QUANT_SOURCE}", f" ({zq.detail})", (1, False) if zq.data_whole else None,
+                              zq.data_whole, f"; {ZERO3_QUANT_SOURCE}",
+                              " (not partitioned by ZeRO-3: whole on every GPU)", (1, False))
+    return _AS_THE_WEIGHTS
 
 
 def _share(divisor: int) -> str:

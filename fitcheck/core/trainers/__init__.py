@@ -11,6 +11,7 @@ from fitcheck.core.trainers.evaluation import (
 )
 from fitcheck.core.trainers.grpo_batch import (
     GRPO_CONFIG_MODELLED,
+    GrpoBatch,
     grpo_batch_error,
     grpo_config_accepts,
     grpo_steps_per_generation,
@@ -48,6 +49,7 @@ __all__ = [
     "REFUSED",
     "TRAINERS",
     "EvalRule",
+    "GrpoBatch",
     "ReferenceRule",
     "TrainerKind",
     "TrainerRow",
