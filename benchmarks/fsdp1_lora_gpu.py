@@ -65,6 +65,9 @@ CASES: dict[str, dict[str, Any]] = {
                                               "micro": 2, "stack": "old", "detail": True},
     "llama70b-4L QLoRA fsdp1v1 b2": {"model": LLAMA70, "layers": 4, "qlora": True, "fsdp": True, "micro": 2,
                                      "fsdp_version": 1, "detail": True},
+    # third call: the held inputs at another depth and micro-batch (the fms 2 x 4 row's per-GPU shape, 16 layers)
+    "llama70b-16L QLoRA fsdp1 b4 old": {"model": LLAMA70, "layers": 16, "qlora": True, "fsdp": True, "micro": 4,
+                                        "stack": "old"},
     "llama70b-4L QLoRA plain b2 old": {"model": LLAMA70, "layers": 4, "qlora": True, "fsdp": False, "micro": 2,
                                        "stack": "old"},
 }

@@ -69,6 +69,8 @@ for stage in "${STAGES[@]}"; do
            --out "$OUT" --timeout_s 100 --budget_s "$(( ${FSDPLORA_BUDGET_S:-300} - 20 ))" --cases \
            "mistral LoRA fsdp1 b4 old detail" "mistral LoRA plain b4 old" "mistral LoRA fsdp1v1 b4" \
            "llama70b-4L QLoRA fsdp1 b2 old detail" "llama70b-4L QLoRA fsdp1v1 b2" "llama70b-4L QLoRA plain b2 old" ;;
+    fsdplora3) FSDP1_GPU_OLD_SITE=/tmp/site_old timeout 190 python3 benchmarks/fsdp1_lora_gpu.py \
+           --out "$OUT" --timeout_s 180 --budget_s 185 --cases "llama70b-16L QLoRA fsdp1 b4 old" ;;
     tuner) timeout 170 python3 benchmarks/tuner_fsdp_gpu.py --out "$OUT" --timeout_s 80 ;;
     fsdp) timeout 150 python3 benchmarks/fsdp_gpu.py --out "$OUT" --timeout_s 70 ;;
     *) echo "unknown stage $stage" ;;
