@@ -105,6 +105,7 @@ def trace_step(
     adapter: PeftAdapterSpec | None = None,
     disable_dropout: bool = False,
     module_cast: bool = False,
+    trl_cast: str = "",
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -161,6 +162,8 @@ def trace_step(
         module_cast: Cast every floating parameter (peft's adapters included) to ``dtype`` after the model's
             preparation, as DeepSpeed's fp16/bf16 engine does (deepspeed 0.19.8 ``runtime/engine.py``
             ``_cast_module_mixed_precision``; ``PrecisionSpec.module_cast``).
+        trl_cast: ``modules`` / ``adapters``: TRL 0.7.5-0.25.1 SFTTrainer's ``peft_module_casting_to_bf16`` after the
+            LoRA wrap (``adapters``: 0.7.5-0.8.6's, the LoRA layers too; ``tracer_quant.trl_module_casting_to_bf16``).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -251,6 +254,10 @@ def trace_step(
             from fitcheck.torch_adapters.tracer_trl import prepare_sft
 
             sft = prepare_sft(model, trl_head, quantized=quant is not None, checkpointing=checkpointing)
+        if trl_cast:  # TRL < 0.26 SFTTrainer, after get_peft_model (core/states/trl_adapters.py)
+            from fitcheck.torch_adapters.tracer_quant import trl_module_casting_to_bf16
+
+            trl_module_casting_to_bf16(model, adapters=trl_cast == "adapters")
         if module_cast:  # deepspeed.initialize, after the trainer's own preparation: every castable parameter
             castable, target = (torch.float16, torch.bfloat16, torch.float32, torch.float64), torch_dtype(dtype)
             for p in model.parameters():
@@ -431,6 +438,7 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     """The :func:`trace_step` arguments that describe a spec's run."""
     from fitcheck.core import cublas_thread_workspaces
     from fitcheck.core.activations import old_bnb_4bit
+    from fitcheck.core.states import trl_bf16_trainables, trl_module_cast
     from fitcheck.core.trainers import trainer_row
 
     act = spec.activations
@@ -444,6 +452,8 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     # DeepSpeed's module cast (core.kernels.deepspeed_module_view): named only where it is on, so that no other
     # run's arguments (and trace-cache keys) change
     cast = {"module_cast": True} if spec.precision.module_cast else {}
+    if trl_module_cast(spec):  # TRL 0.7.5-0.25.1 SFTTrainer's casts (core/states/trl_adapters.py): named where on
+        cast["trl_cast"] = "adapters" if trl_bf16_trainables(spec) else "modules"
     return {**old_bnb, **dropout, **cast,
         "seq_len": spec.batch.seq_len,
         "micro_batch": spec.batch.micro_batch,

@@ -12,6 +12,7 @@ from fitcheck.core.activations.layernorm_outside import layernorm_logits
 from fitcheck.core.activations.qlora import qlora_frozen_head
 from fitcheck.core.activations.versions import legacy_logits_extra
 from fitcheck.core.kernels import fused_loss, liger_cross_entropy
+from fitcheck.core.states import trl_module_cast
 from fitcheck.spec import TrainingSpec
 
 
@@ -47,7 +48,8 @@ def loss_logits(spec: TrainingSpec) -> tuple[int, int]:
         fwd -= 4 * bsv
         bwd += (4 + (m.e if m.e == 2 else 0) - 12) * bsv
     if m.autocast:
-        cast = 2 * v * h + 2 * b * s * h  # bf16 casts of the LM head weight and input, kept until its backward
+        # bf16 casts of the LM head weight (none where TRL cast the head to bf16) and input, kept until its backward
+        cast = _head_weight_cast(spec) + 2 * b * s * h
         fwd += cast + 4 * b * s * h  # + the fp32 final-norm output, freed once cast
         if qlora_frozen_head(spec):
             cast -= 2 * b * s * h  # frozen head: its backward needs the weight cast only (trace "llama qlora")
@@ -70,5 +72,13 @@ def head_backward_logits(spec: TrainingSpec, m: ActivationMode) -> int:
     b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, spec.model.shape.vocab_size, spec.model.shape.hidden_size
     total = m.e * b * s * v  # grad of .float(): cast back to the bf16 logits (fp32 model: the fp32 gradient)
     if m.autocast:
-        total += 2 * v * h + (0 if qlora_frozen_head(spec) else 2 * b * s * h)  # head weight/input casts
+        total += _head_weight_cast(spec) + (0 if qlora_frozen_head(spec) else 2 * b * s * h)  # head weight/input casts
     return total
+
+
+def _head_weight_cast(spec: TrainingSpec) -> int:
+    """Bytes of autocast's bf16 cast of the LM head weight (``2·V·h``), 0 where TRL 0.7.5-0.25.1's SFTTrainer cast
+    the k-bit prepared head back to bf16 (``core/states/trl_adapters.py``: autocast's cast of a bf16 tensor to bf16
+    returns it)."""
+    sh = spec.model.shape
+    return 0 if trl_module_cast(spec) else 2 * sh.vocab_size * sh.hidden_size

@@ -41,7 +41,7 @@ from fitcheck.core.states.sharding import (
     partition,
 )
 from fitcheck.core.states.sharding_findings import sharding_findings
-from fitcheck.core.states.trl_adapters import trl_bf16_trainables
+from fitcheck.core.states.trl_adapters import trl_bf16_trainables, trl_module_cast, trl_prepares_kbit
 from fitcheck.core.states.zero_reduce import (
     aligned,
     backward_moment_component,
@@ -100,6 +100,8 @@ __all__ = [
     "sharding_findings",
     "trainable_params",
     "trl_bf16_trainables",
+    "trl_module_cast",
+    "trl_prepares_kbit",
     "zero1_reduction_component",
     "zero2_backward_grads",
     "zero_groups",
