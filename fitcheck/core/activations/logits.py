@@ -13,6 +13,7 @@ from fitcheck.core.activations.qlora import qlora_frozen_head
 from fitcheck.core.activations.versions import legacy_logits_extra
 from fitcheck.core.kernels import fused_loss, liger_cross_entropy
 from fitcheck.core.states import trl_module_cast
+from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import TrainingSpec
 
 
@@ -60,6 +61,32 @@ def loss_logits(spec: TrainingSpec) -> tuple[int, int]:
             fwd -= m.e * b * s * h + 2 * b * s * h
         bwd += cast
     return fwd, bwd
+
+
+def traced_legacy_logits(spec: TrainingSpec) -> Component | None:
+    """The shifted fp32 logits copy of transformers < 4.49 (``versions.legacy_logits_extra``) as a component beside a
+    trace's own, or None where the formula adds nothing.
+
+    The tracer runs the installed transformers (5.23: labels padded, no copy), so a trace of an older stack's step
+    lacks the copy the formula counts at the forward's loss peak; the same term is added to the traced answer at
+    the end of forward, where :func:`loss_logits` adds it (the causal-LM loss of the Llama-style recipe, transformers'
+    own loss: no classifier head, fused loss or LayerNorm block, for which the formula adds nothing either).
+    """
+    sh = spec.model.shape
+    if sh.task in CLASSIFIER_TASKS or sh.traits.recipe.layernorm_block:
+        return None
+    m = activation_mode(spec)
+    if fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast) is not None:
+        return None
+    extra = legacy_logits_extra(spec, m.e)
+    if not extra:
+        return None
+    return Component(
+        "logits.legacy_shift_copy", Category.LOGITS, Location.DEVICE, {Phase.FORWARD_END: extra},
+        "transformers < 4.49 loss_utils.ForCausalLMLoss / model forward: shift_logits = logits[..., :-1, "
+        ":].contiguous() in fp32 (removed by PR #35646, 4.49.0); added to the trace of the installed transformers",
+        f"4·b·(s-1)·V = {extra:,} B at the loss (--stack transformers={spec.stack.get('transformers')})",
+    )
 
 
 def head_backward_logits(spec: TrainingSpec, m: ActivationMode) -> int:

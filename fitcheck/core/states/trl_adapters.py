@@ -46,6 +46,8 @@ ADAPTER_CAST_BEFORE = (0, 9, 3)
 TRAINABLES_BF16_FROM = (0, 26)
 # first TRL release whose SFTTrainer calls prepare_model_for_kbit_training (v0.7.3)
 KBIT_PREP_FROM = (0, 7, 3)
+# first TRL release whose SFTTrainer overrides compute_loss (v0.15.0; earlier ones run Trainer.compute_loss)
+SFT_COMPUTE_LOSS_FROM = (0, 15)
 # peft_module_casting_to_bf16's name patterns (trl/trainer/utils.py v0.13.0 L876)
 _HEAD_NAMES = ("lm_head", "embed_tokens", "wte", "wpe")
 
@@ -66,7 +68,13 @@ def _trl_prepared(spec: TrainingSpec) -> bool:
 
 def trl_prepares_kbit(release: tuple[int, ...] | None) -> bool:
     """Whether that TRL release's SFTTrainer runs peft's ``prepare_model_for_kbit_training`` (0.7.3 - 0.25.x)."""
-    return release is not None and KBIT_PREP_FROM <= _padded(release) and release[:2] < TRAINABLES_BF16_FROM
+    return release is not None and _padded(release) >= KBIT_PREP_FROM and release[:2] < TRAINABLES_BF16_FROM
+
+
+def sft_runs_trainer_step(release: tuple[int, ...] | None) -> bool:
+    """Whether that TRL release's SFTTrainer runs the plain Trainer's step (no ``compute_loss`` before v0.15.0): a run
+    of it is the Trainer's with ``TrainerSpec.prepared_by_sft_trainer``."""
+    return release is not None and release[:2] < SFT_COMPUTE_LOSS_FROM
 
 
 def trl_module_cast(spec: TrainingSpec) -> bool:
