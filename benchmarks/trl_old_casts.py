@@ -117,7 +117,7 @@ def run() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bnb-path", help="a folder holding bitsandbytes 0.50.2 (its CPU backend), put first on sys.path")
+    parser.add_argument("--bnb-path", help="a folder holding bitsandbytes 0.50.2 (its CPU backend), first on sys.path")
     args = parser.parse_args(argv)
     if args.bnb_path:
         sys.path.insert(0, args.bnb_path)

@@ -164,4 +164,5 @@ def test_real_trl013_sft_trainer_dtypes_match_the_layout(real_trl013: dict[str, 
     assert {v[0] for n, v in real.items() if "lora_" in n} == adapters == {"float32"}
     # the real 4-bit base on a CPU: TRL 0.13's is_sharded_qlora (Params4bit on cpu) skips preparation and cast
     assert {v[0] for n, v in real_trl013["real_4bit"].items() if "lora_" not in n} == {"bfloat16", "uint8"}
-    assert casts.TARGETS == list(QKVO) and casts.CONFIG["vocab_size"] == TINY["vocab_size"]
+    assert list(QKVO) == casts.TARGETS
+    assert casts.CONFIG["vocab_size"] == TINY["vocab_size"]
