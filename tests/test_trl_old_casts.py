@@ -166,3 +166,16 @@ def test_real_trl013_sft_trainer_dtypes_match_the_layout(real_trl013: dict[str, 
     assert {v[0] for n, v in real_trl013["real_4bit"].items() if "lora_" not in n} == {"bfloat16", "uint8"}
     assert list(QKVO) == casts.TARGETS
     assert casts.CONFIG["vocab_size"] == TINY["vocab_size"]
+
+
+@pytest.mark.parametrize(("trl", "prepared"), [("0.13.0", True), ("0.25.1", True), ("0.26.0", False)])
+def test_sft_kbit_preparation_default_follows_the_stack_trl(trl: str, prepared: bool) -> None:
+    """``--trainer sft``: TRL 0.7.3-0.25.1's SFTTrainer prepares a k-bit model itself, TRL >= 0.26 never does."""
+    from fitcheck.readers import spec_from_values
+    from fitcheck.readers.model_config import inventory_from_config
+
+    values = {"trainer": "sft", "load_in_4bit": True, "use_peft": True, "bf16": True, "stack": f"trl={trl}",
+              "per_device_train_batch_size": 1, "max_seq_length": 64}
+    spec, _ = spec_from_values(values, inventory=inventory_from_config(dict(TINY), "tiny", "test"))
+    assert spec.quant is not None and spec.quant.prepare_for_kbit_training is prepared
+    assert trl_module_cast(spec) is (prepared and trl != "0.26.0")
