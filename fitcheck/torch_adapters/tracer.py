@@ -253,7 +253,9 @@ def trace_step(
         elif trl_head:
             from fitcheck.torch_adapters.tracer_trl import prepare_sft
 
-            sft = prepare_sft(model, trl_head, quantized=quant is not None, checkpointing=checkpointing)
+            # TRL 0.9.3-0.25.1 leaves the adapters fp32 (trl_cast "modules"): not TRL 1.16's trainables cast
+            sft = prepare_sft(model, trl_head, quantized=quant is not None and trl_cast != "modules",
+                              checkpointing=checkpointing)
         if trl_cast:  # TRL < 0.26 SFTTrainer, after get_peft_model (core/states/trl_adapters.py)
             from fitcheck.torch_adapters.tracer_quant import trl_module_casting_to_bf16
 
