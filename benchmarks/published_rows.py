@@ -40,6 +40,8 @@ from fitcheck.spec import (
     OptimizerSpec,
     PeftAdapterSpec,
     StackSpec,
+    TrainerKind,
+    TrainerSpec,
     TrainingSpec,
 )
 
@@ -204,6 +206,9 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
     # the library versions the run used, where the row gives them (``versions``: package -> version, with its source)
     versions = row.get("versions") or {}
     libs = StackSpec(tuple(sorted((str(k), str(v)) for k, v in versions.items())), "row") if versions else StackSpec()
+    trainer = read_trainer(row, libs)
+    if isinstance(trainer, str):
+        return skip(trainer)
 
     def build(inventory: ModelInventory) -> TrainingSpec:
         from published_deepspeed import read_deepspeed_sharding
@@ -230,6 +235,7 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
             quant=quant,
             stack=libs,
             peft=adapter,
+            trainer=trainer,
         )
 
     return Plan(
@@ -245,6 +251,22 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
         stack,
         None if row.get("trainable_params") is None else int(row["trainable_params"]),
     )
+
+
+def read_trainer(row: Mapping[str, Any], libs: StackSpec) -> TrainerSpec | str:
+    """The row's ``trainer`` (the harness's trainer class, default the plain Trainer): ``sft`` is TRL's SFTTrainer of
+    the row's trl. Before TRL 0.15 its step is the plain Trainer's and only its model preparation differs
+    (``TrainerSpec.prepared_by_sft_trainer``; ``core/states/trl_adapters.py``); a later one is TRL's own SFT kind."""
+    from fitcheck.core.states import sft_runs_trainer_step
+
+    name = str(row.get("trainer") or "trainer").lower()
+    if name == "trainer":
+        return TrainerSpec()
+    if name != "sft":
+        return f"trainer {name!r} is not read (rows name 'trainer' or 'sft')"
+    if sft_runs_trainer_step(libs.release("trl")):
+        return TrainerSpec(prepared_by_sft_trainer=True)
+    return TrainerSpec(kind=TrainerKind.SFT)
 
 
 def _lora_by_fitcheck_reader(peft_config: Mapping[str, Any]) -> LoraSpec | PeftAdapterSpec | str:

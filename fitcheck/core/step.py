@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fitcheck.core.activations import activation_components, lm_head_input_saved, zero2_traced_component
+from fitcheck.core.activations import (
+    activation_components,
+    lm_head_input_saved,
+    traced_legacy_logits,
+    zero2_traced_component,
+)
 from fitcheck.core.overheads import overhead_components
 from fitcheck.core.states import (
     buffer_components,
@@ -54,6 +59,9 @@ def collect_components(
     if activations is not None and spec.trainer.is_trl and runs_fused_head(spec.trainer.kind):
         activations = traced_body_formula_head(run, activations)
     acts = activation_components(run) if activations is None else activations
+    if activations is not None and not runs_fused_head(run.trainer.kind) and (
+            copy := traced_legacy_logits(run)) is not None:  # transformers < 4.49 (the trace runs 5.23's loss)
+        acts = (*acts, copy)
     if activations is not None and (first := zero2_traced_component(run, acts)) is not None:
         acts = (*acts, first)  # ZeRO-2's first reduction: the formula's moments have it (activations/backward.py)
     # ZeRO-1's reduction at the end of backward, when it outgrows the activations' worst backward moment

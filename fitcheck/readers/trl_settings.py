@@ -34,6 +34,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 
+from fitcheck.core.states import trl_prepares_kbit
 from fitcheck.core.trainers import (
     KTO_DEFAULT_LOSS,
     KTO_LOSS_TYPES,
@@ -100,12 +101,26 @@ def trl_default_layer(values: Mapping[str, object]) -> dict[str, tuple[object, s
             out[key] = (d[key], where)
     if "prepare_for_kbit_training" not in values:
         # TRL 1.16's trainers never call peft's prepare_model_for_kbit_training (trl/trainer/sft_trainer.py,
-        # dpo_trainer.py, grpo_trainer.py, reward_trainer.py build the PEFT model with get_peft_model only)
-        out["prepare_for_kbit_training"] = (False, where)
+        # dpo_trainer.py, grpo_trainer.py, reward_trainer.py build the PEFT model with get_peft_model only);
+        # SFTTrainer 0.7.3-0.25.1 did (core/states/trl_adapters.py), for the stack's trl (--stack, or installed)
+        release = _stack_trl(values) if row.kind is TrainerKind.SFT else None
+        prepares = trl_prepares_kbit(release)
+        out["prepare_for_kbit_training"] = (prepares, f"TRL {_dotted(release)} SFTTrainer" if prepares else where)
     if "max_length" in d and "max_seq_length" not in values:
         out["max_seq_length"] = (d["max_length"], where)
     out.update({k: (d[k], where) for k in (*_BOOL, *_VALUE) if k in d and k not in values})
     return out
+
+
+def _stack_trl(values: Mapping[str, object]) -> tuple[int, ...] | None:
+    """The release of the run's trl: ``--stack trl=`` or the installed one (``readers/versions.py``)."""
+    from fitcheck.readers.versions import stack_from_values
+
+    return stack_from_values(values, "--stack").release("trl")
+
+
+def _dotted(release: tuple[int, ...] | None) -> str:
+    return ".".join(str(x) for x in release or ())
 
 
 # Counts a run cannot have zero of (TRL 1.16 GRPOConfig accepts steps_per_generation=0 and then samples nothing;

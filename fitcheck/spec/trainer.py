@@ -106,6 +106,9 @@ class TrainerSpec:
             ``compute_metrics``); False: the logits of every step are gathered on the device.
         save_only_model: TrainingArguments ``save_only_model``: checkpoints leave the optimizer and scheduler out
             (transformers 5.23 ``Trainer._save_checkpoint``; ``core/saving``).
+        prepared_by_sft_trainer: With ``kind`` TRAINER: the model was prepared by TRL's ``SFTTrainer`` of the stack's
+            trl release while the plain Trainer's step runs (TRL < 0.15's ``SFTTrainer`` defines no
+            ``compute_loss``): that release's casts apply (``core/states/trl_adapters.py``).
     """
 
     kind: TrainerKind = TrainerKind.TRAINER
@@ -127,6 +130,7 @@ class TrainerSpec:
     eval_accumulation_steps: int | None = None
     prediction_loss_only: bool = True
     save_only_model: bool = False
+    prepared_by_sft_trainer: bool = False
 
     def __post_init__(self) -> None:
         for name in ("prompt_length", "completion_length"):

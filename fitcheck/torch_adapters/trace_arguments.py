@@ -18,6 +18,7 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     """The :func:`trace_step` arguments that describe a spec's run."""
     from fitcheck.core import cublas_thread_workspaces
     from fitcheck.core.activations import old_bnb_4bit
+    from fitcheck.core.states import trl_bf16_trainables, trl_module_cast
     from fitcheck.core.trainers import trainer_row
 
     act = spec.activations
@@ -30,7 +31,9 @@ def trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     dropout = {"disable_dropout": True} if trainer_row(spec.trainer.kind).disable_dropout else {}
     # DeepSpeed's module cast (core.kernels.deepspeed_module_view): named only where it is on, so that no other
     # run's arguments (and trace-cache keys) change
-    cast = {"module_cast": True} if spec.precision.module_cast else {}
+    cast: dict[str, Any] = {"module_cast": True} if spec.precision.module_cast else {}
+    if trl_module_cast(spec):  # TRL 0.7.5-0.25.1 SFTTrainer's casts (core/states/trl_adapters.py): named where on
+        cast["trl_cast"] = "adapters" if trl_bf16_trainables(spec) else "modules"
     return {**old_bnb, **dropout, **cast,
         "seq_len": spec.batch.seq_len,
         "micro_batch": spec.batch.micro_batch,

@@ -104,6 +104,7 @@ def trace_step(
     adapter: PeftAdapterSpec | None = None,
     disable_dropout: bool = False,
     module_cast: bool = False,
+    trl_cast: str = "",
 ) -> TraceResult:
     """Run two training steps of the real model and record live tensor bytes of the second, by phase.
 
@@ -160,6 +161,8 @@ def trace_step(
         module_cast: Cast every floating parameter (peft's adapters included) to ``dtype`` after the model's
             preparation, as DeepSpeed's fp16/bf16 engine does (deepspeed 0.19.8 ``runtime/engine.py``
             ``_cast_module_mixed_precision``; ``PrecisionSpec.module_cast``).
+        trl_cast: ``modules`` / ``adapters``: TRL 0.7.5-0.25.1 SFTTrainer's ``peft_module_casting_to_bf16`` after the
+            LoRA wrap (``adapters``: 0.7.5-0.8.6's, the LoRA layers too; ``tracer_quant.trl_module_casting_to_bf16``).
 
     Returns:
         The per-phase breakdown of the second step.
@@ -249,7 +252,13 @@ def trace_step(
         elif trl_head:
             from fitcheck.torch_adapters.tracer_trl import prepare_sft
 
-            sft = prepare_sft(model, trl_head, quantized=quant is not None, checkpointing=checkpointing)
+            # TRL 0.9.3-0.25.1 leaves the adapters fp32 (trl_cast "modules"): not TRL 1.16's trainables cast
+            sft = prepare_sft(model, trl_head, quantized=quant is not None and trl_cast != "modules",
+                              checkpointing=checkpointing)
+        if trl_cast:  # TRL < 0.26 SFTTrainer, after get_peft_model (core/states/trl_adapters.py)
+            from fitcheck.torch_adapters.tracer_quant import trl_module_casting_to_bf16
+
+            trl_module_casting_to_bf16(model, adapters=trl_cast == "adapters")
         if module_cast:  # deepspeed.initialize, after the trainer's own preparation: every castable parameter
             castable, target = (torch.float16, torch.bfloat16, torch.float32, torch.float64), torch_dtype(dtype)
             for p in model.parameters():

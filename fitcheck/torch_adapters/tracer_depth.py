@@ -186,8 +186,15 @@ def residual_promoted(kwargs: Mapping[str, Any]) -> bool:
     one and two groups has the wrong slope: Phi-2 SFT LoRA all-linear, checkpointing, 1 x 2048, during backward,
     traced at 1 / 2 / 3 / 4 layers 1,588,847,744 / 1,759,625,344 / 1,940,888,704 / 2,122,152,064 B (increments
     170.8 M, then 181.3 M twice): from 1 and 2 layers 20,971,520 B under the 4-layer trace, from 2 and 3 exact.
+
+    The same for TRL 0.7.5-0.25.1's SFTTrainer cast (``trl_cast``, ``core/states/trl_adapters.py``): the bf16
+    embedding under a k-bit prepared fp32 residual. Mistral-7B QLoRA q/k/v/o, reentrant checkpointing, 4 x 4096
+    (fms-acceleration's row): from 1 and 2 layers the end of forward drew 14.79 GiB of activations and no logits
+    (16.75 GiB with transformers 4.48's copy, the formula 15.49); from 2 and 3 layers its moments align.
     """
     dtype, mixed = kwargs.get("dtype"), kwargs.get("mixed_precision")
+    if kwargs.get("trl_cast"):
+        return True
     return isinstance(dtype, str) and isinstance(mixed, str) and other_half_autocast(dtype, mixed)
 
 

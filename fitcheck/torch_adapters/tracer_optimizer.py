@@ -37,6 +37,7 @@ def trace_optimizer(
     cuda_kernels: bool = False,
     trl_head: tuple[str, ...] = (),
     adapter: PeftAdapterSpec | None = None,
+    trl_cast: str = "",
     **_step_only: Any,
 ) -> tuple[tuple[tuple[int, int, str], ...], tuple[int, ...]]:
     """``steps`` optimizer steps of the model ``trace_step`` would build, on fake tensors.
@@ -60,6 +61,7 @@ def trace_optimizer(
             (``tracer_trainer_optim.make_trainer_optimizer``).
         trl_head: As ``trace_step``: TRL's SFTTrainer, which casts a quantized base's trainable parameters to bf16
             before the optimizer exists (``tracer_trl.trainable_to_bf16``).
+        trl_cast: As ``trace_step``: TRL 0.7.5-0.25.1 SFTTrainer's ``peft_module_casting_to_bf16``.
         **_step_only: The other ``trace_step`` arguments (sequence, micro-batch, autocast, ...): no optimizer
             allocation depends on them.
 
@@ -86,10 +88,14 @@ def trace_optimizer(
                             checkpointing=checkpointing, every_n_layers=every_n_layers, lora=lora, quant=quant,
                             fake=True, task=task, freeze=freeze, use_reentrant=use_reentrant,
                             adapter=adapter)
-        if trl_head and quant is not None:
+        if trl_head and quant is not None and trl_cast != "modules":
             from fitcheck.torch_adapters.tracer_trl import trainable_to_bf16
 
             trainable_to_bf16(model)
+        if trl_cast:  # TRL < 0.26 SFTTrainer's casts, as trace_step applies them (core/states/trl_adapters.py)
+            from fitcheck.torch_adapters.tracer_quant import trl_module_casting_to_bf16
+
+            trl_module_casting_to_bf16(model, adapters=trl_cast == "adapters")
         for p in model.parameters():
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)

@@ -156,6 +156,30 @@ def prepare_for_kbit_training(model: Any, quant: QuantSpec, checkpointing: bool)
     return model
 
 
+def trl_module_casting_to_bf16(model: Any, *, adapters: bool) -> None:
+    """TRL's ``peft_module_casting_to_bf16`` (``trl/trainer/utils.py`` v0.13.0 L872-879), parameter by parameter as
+    ``nn.Module.to`` casts them (floating ones only: packed 4-bit weights stay): every module with ``norm`` in its
+    name (or an ``nn.LayerNorm``) to fp32, else an ``lm_head`` / ``embed_tokens`` / ``wte`` / ``wpe`` module whose
+    fp32 ``weight`` to bf16; with ``adapters`` (TRL 0.7.5-0.8.6) every peft ``BaseTunerLayer`` to bf16 first."""
+    import torch
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    def cast(module: Any, dtype: Any) -> None:
+        for p in module.parameters():
+            if p.dtype.is_floating_point and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+
+    for name, module in model.named_modules():
+        if adapters and isinstance(module, BaseTunerLayer):
+            cast(module, torch.bfloat16)
+        elif isinstance(module, torch.nn.LayerNorm) or "norm" in name:
+            cast(module, torch.float32)
+        elif any(x in name for x in ("lm_head", "embed_tokens", "wte", "wpe")):
+            weight = getattr(module, "weight", None)
+            if weight is not None and weight.dtype == torch.float32:
+                cast(module, torch.bfloat16)
+
+
 def packed_weights(model: Any) -> Iterator[Any]:
     """The packed weights of every ``bnb.nn.Linear4bit`` (real or emulated)."""
     bnb_nn: Any = importlib.import_module("bitsandbytes.nn")

@@ -45,6 +45,7 @@ from fitcheck.core.activations.int8_outliers import (
 )
 from fitcheck.core.activations.layer_saved import layer_saved_per_token, lm_head_input_saved
 from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved, legacy_softmax_input_added
+from fitcheck.core.activations.logits import traced_legacy_logits
 from fitcheck.core.activations.lora_targets import wrapped_linears
 from fitcheck.core.activations.norm_backward import RMS_BACKWARD_TEMPS
 from fitcheck.core.activations.promoted import other_half_autocast
@@ -78,6 +79,7 @@ __all__ = [
     "qlora16_backward_working_set",
     "range_label",
     "recipe_suffix",
+    "traced_legacy_logits",
     "versions_findings",
     "wrapped_linears",
     "zero2_traced_component",

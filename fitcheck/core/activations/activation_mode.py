@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from fitcheck.core.activations.promoted import kbit_upcast, promoted_residual
 from fitcheck.core.activations.qlora import kbit_fp32_lora, lora_dropout_mask_bytes
+from fitcheck.core.states import trl_module_cast
 from fitcheck.spec import LoraSpec, MixedPrecision, TrainingSpec
 
 
@@ -33,6 +34,10 @@ class ActivationMode:
     # the LoRA adapters are the 16-bit model's dtype (DeepSpeed's module cast, PrecisionSpec.module_cast): peft's
     # _cast_input_dtype has nothing to cast, the branch runs on the 16-bit input as an fp32 model's does on its own
     a16: bool = False
+    # the bottom layer reads a 16-bit embedding output below an fp32 residual stream: ``promoted``, or a k-bit
+    # prepared run whose embedding TRL 0.7.5-0.25.1's SFTTrainer cast back to bf16 (core/states/trl_adapters.py):
+    # 16-bit rotary tables (``cos.to(x.dtype)``) and a 16-bit bottom checkpoint (decoder._promoted_first_less)
+    embed16: bool = False
 
 
 def activation_mode(spec: TrainingSpec) -> ActivationMode:
@@ -55,8 +60,10 @@ def activation_mode(spec: TrainingSpec) -> ActivationMode:
     dm = lora_dropout_mask_bytes(spec)  # aten Dropout.cpp: CUDA native_dropout's bool mask, CPU fp32 noise
     if a16 and dm > 1:  # CPU: empty_like(input).bernoulli_() noise in the 16-bit input's dtype
         dm = spec.precision.load_dtype.nbytes
+    embed16 = promoted or (autocast and trl_module_cast(spec))
     return ActivationMode(e=2 if half or autocast else 4, r=2 if half else 4, autocast=autocast, half_model=half,
-                          amp=amp, dm=dm, fp32_out=autocast and kbit_fp32_lora(spec), promoted=promoted, a16=a16)
+                          amp=amp, dm=dm, fp32_out=autocast and kbit_fp32_lora(spec), promoted=promoted, a16=a16,
+                          embed16=embed16)
 
 
 def adapter_input_bytes(m: ActivationMode, lora: LoraSpec, width: int) -> int:

@@ -120,7 +120,8 @@ class BackwardInputs:
     eager_backward: int | None = None
     eager_made: int = 0
     ckpt_mask: int = 0
-    # 16-bit weights under the other 16-bit autocast (activation_mode.ActivationMode.promoted): the rotary tables
+    # a 16-bit embedding output below an fp32 residual (activation_mode.ActivationMode.embed16: 16-bit weights under
+    # the other 16-bit autocast, or TRL's bf16 embedding over a k-bit prepared model): the rotary tables
     # are 16-bit, the bottom layer's first norm copies its 16-bit input to fp32 (LlamaRMSNorm.forward
     # ``hidden_states.to(torch.float32)``) and keeps its 16-bit normalised input for a trained weight
     # (``self.weight * hidden_states.to(input_dtype)``); first_less: what the bottom layer keeps less than the

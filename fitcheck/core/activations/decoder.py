@@ -123,7 +123,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     if act.checkpointing:
         n_ckpt = math.ceil(layers / max(1, act.checkpoint_every_n_layers))
     kept = (layers - n_ckpt) * (layer + scores) + n_ckpt * m.r * sh.hidden_size * b * s
-    first_less, norm_less = _promoted_first_less(spec, m, n_ckpt) if m.promoted else (0, 0)
+    first_less, norm_less = _promoted_first_less(spec, m, n_ckpt) if m.embed16 else (0, 0)
     first_less, norm_less = first_less * b * s, norm_less * b * s
     kept -= first_less
     # fp32 residual past layer 0 (layernorm_blocks.BlockCtx.res); only where it is wider than the checkpoint's element
@@ -167,7 +167,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     eager_kw = {} if eager is None else {"eager_backward": eager.backward, "eager_made": eager.made,
                                          "ckpt_mask": eager.mask}
     bq = BackwardInputs(recomputed + scores, kept, ckpt_input if n_ckpt else 0, n_ckpt, m.e, m.r,
-                        m.autocast, m.half_model, end, layers_saved, offloaded=bool(host), promoted=m.promoted,
+                        m.autocast, m.half_model, end, layers_saved, offloaded=bool(host), promoted=m.embed16,
                         first_less=first_less, first_norm_less=norm_less,
                         attention_moment=_mla_attention_moment(spec, m, layers_saved), **_int8_backward(spec, b * s),
                         **eager_kw)
@@ -273,9 +273,10 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
 
 
 def _promoted_first_less(spec: TrainingSpec, m: ActivationMode, n_ckpt: int) -> tuple[int, int]:
-    """Bytes per token the bottom layer keeps less than the fp32-residual layers above it, for 16-bit weights under
-    the other 16-bit autocast (``ActivationMode.promoted``), and what its first norm keeps less for a trained
-    weight: (saved less, norm less).
+    """Bytes per token the bottom layer keeps less than the fp32-residual layers above it, for a 16-bit embedding
+    output below an fp32 residual (``ActivationMode.embed16``: 16-bit weights under the other 16-bit autocast, or
+    TRL's bf16 embedding over a k-bit prepared model), and what its first norm keeps less for a trained weight:
+    (saved less, norm less).
 
     Checkpointed, its input is the 16-bit embedding output, (r - 2)·h less. Its first norm copies that input to
     fp32 (an fp32 residual is saved by the norm itself) and, for a trained weight, keeps the 16-bit normalised
@@ -284,7 +285,7 @@ def _promoted_first_less(spec: TrainingSpec, m: ActivationMode, n_ckpt: int) -> 
     keeps less (its fp32 copy stands in for the fp32 residual the norms above save). Fake-tensor traces, Llama-2,
     Mistral, Qwen2, Gemma at width 256, 2 x 256 and 1 x 512, 4 layers, float16 under bf16 and bfloat16 under fp16:
     the float32 config's bytes less this and the 16-bit rotary tables (LoRA, full fine-tune; checkpointed or
-    not)."""
+    not). TRL's cast: ``tests/test_trl_old_casts.py`` (QLoRA, checkpointed or not, against the trace)."""
     h = spec.model.shape.hidden_size
     trained = spec.lora is None and spec.quant is None and spec.freeze is None
     norm = 2 * h if trained and spec.model.shape.traits.norm_kind is NormKind.RMS else 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from fitcheck.core.states import trl_module_cast
 from fitcheck.spec import TrainingSpec
 
 # The recipe the range grid runs (differential._LORA: TRL ModelConfig defaults on every linear layer).
@@ -54,6 +55,8 @@ def unchecked_step(spec: TrainingSpec) -> str | None:
         return "vision inputs"
     if act.checkpointing and act.use_reentrant:
         return "reentrant checkpointing"
+    if trl_module_cast(spec):  # its bf16 embedding / head (core/states/trl_adapters.py): no range row ran it
+        return f"TRL {spec.stack.get('trl')}'s SFTTrainer casts (peft_module_casting_to_bf16)"
     return None
 
 

@@ -406,7 +406,7 @@ def _outside_saved(spec: TrainingSpec) -> int:
     total = per_token * b * s
     # cos and sin tables, shape (1, s, head_dim) in the model dtype (trace: to_copy / cos / sin, not per batch)
     # OLMo-2 fp32, gpt-oss head_dim / 2 (attention_variants.py); 16-bit under the other autocast (ActivationMode)
-    total += rotary_tables(sh, s, m.half_model or m.promoted)
+    total += rotary_tables(sh, s, m.half_model or m.embed16)
     if sh.traits.norm_kind is NormKind.RMS_ONE_PLUS:
         norms = 4 if sh.traits.norm_placement is NormPlacement.PRE_AND_POST else 2
         total += 4 * h * (norms * sh.num_layers + 1)  # (1 + weight) in fp32 per norm (trace: add (h,) fp32)

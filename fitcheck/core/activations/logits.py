@@ -12,6 +12,8 @@ from fitcheck.core.activations.layernorm_outside import layernorm_logits
 from fitcheck.core.activations.qlora import qlora_frozen_head
 from fitcheck.core.activations.versions import legacy_logits_extra
 from fitcheck.core.kernels import fused_loss, liger_cross_entropy
+from fitcheck.core.states import trl_module_cast
+from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import TrainingSpec
 
 
@@ -47,7 +49,8 @@ def loss_logits(spec: TrainingSpec) -> tuple[int, int]:
         fwd -= 4 * bsv
         bwd += (4 + (m.e if m.e == 2 else 0) - 12) * bsv
     if m.autocast:
-        cast = 2 * v * h + 2 * b * s * h  # bf16 casts of the LM head weight and input, kept until its backward
+        # bf16 casts of the LM head weight (none where TRL cast the head to bf16) and input, kept until its backward
+        cast = _head_weight_cast(spec) + 2 * b * s * h
         fwd += cast + 4 * b * s * h  # + the fp32 final-norm output, freed once cast
         if qlora_frozen_head(spec):
             cast -= 2 * b * s * h  # frozen head: its backward needs the weight cast only (trace "llama qlora")
@@ -60,6 +63,32 @@ def loss_logits(spec: TrainingSpec) -> tuple[int, int]:
     return fwd, bwd
 
 
+def traced_legacy_logits(spec: TrainingSpec) -> Component | None:
+    """The shifted fp32 logits copy of transformers < 4.49 (``versions.legacy_logits_extra``) as a component beside a
+    trace's own, or None where the formula adds nothing.
+
+    The tracer runs the installed transformers (5.23: labels padded, no copy), so a trace of an older stack's step
+    lacks the copy the formula counts at the forward's loss peak; the same term is added to the traced answer at
+    the end of forward, where :func:`loss_logits` adds it (the causal-LM loss of the Llama-style recipe, transformers'
+    own loss: no classifier head, fused loss or LayerNorm block, for which the formula adds nothing either).
+    """
+    sh = spec.model.shape
+    if sh.task in CLASSIFIER_TASKS or sh.traits.recipe.layernorm_block:
+        return None
+    m = activation_mode(spec)
+    if fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast) is not None:
+        return None
+    extra = legacy_logits_extra(spec, m.e)
+    if not extra:
+        return None
+    return Component(
+        "logits.legacy_shift_copy", Category.LOGITS, Location.DEVICE, {Phase.FORWARD_END: extra},
+        "transformers < 4.49 loss_utils.ForCausalLMLoss / model forward: shift_logits = logits[..., :-1, "
+        ":].contiguous() in fp32 (removed by PR #35646, 4.49.0); added to the trace of the installed transformers",
+        f"4·b·(s-1)·V = {extra:,} B at the loss (--stack transformers={spec.stack.get('transformers')})",
+    )
+
+
 def head_backward_logits(spec: TrainingSpec, m: ActivationMode) -> int:
     """Logits-side bytes at the LM head's backward: the logits gradient in the logits dtype (+ autocast casts)."""
     if spec.model.shape.task in CLASSIFIER_TASKS:
@@ -70,5 +99,13 @@ def head_backward_logits(spec: TrainingSpec, m: ActivationMode) -> int:
     b, s, v, h = spec.batch.micro_batch, spec.batch.seq_len, spec.model.shape.vocab_size, spec.model.shape.hidden_size
     total = m.e * b * s * v  # grad of .float(): cast back to the bf16 logits (fp32 model: the fp32 gradient)
     if m.autocast:
-        total += 2 * v * h + (0 if qlora_frozen_head(spec) else 2 * b * s * h)  # head weight/input casts
+        total += _head_weight_cast(spec) + (0 if qlora_frozen_head(spec) else 2 * b * s * h)  # head weight/input casts
     return total
+
+
+def _head_weight_cast(spec: TrainingSpec) -> int:
+    """Bytes of autocast's bf16 cast of the LM head weight (``2·V·h``), 0 where TRL 0.7.5-0.25.1's SFTTrainer cast
+    the k-bit prepared head back to bf16 (``core/states/trl_adapters.py``: autocast's cast of a bf16 tensor to bf16
+    returns it)."""
+    sh = spec.model.shape
+    return 0 if trl_module_cast(spec) else 2 * sh.vocab_size * sh.hidden_size

@@ -35,6 +35,7 @@ linears) in a warning.
 from __future__ import annotations
 
 from fitcheck.core.activations.bnb_kept_inputs import SHARED_INPUT, kept_inputs_modelled, old_bnb_4bit
+from fitcheck.core.states import trl_bf16_trainables, trl_module_cast
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import MODELLED_VERSIONS, TrainingSpec
 from fitcheck.units import format_bytes
@@ -170,6 +171,16 @@ def versions_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
             out.append(_outside(spec, name, modelled))
     if release is not None and release[0] >= 5 and release[:2] > (5, 23):
         out.append(_outside(spec, "transformers", "5.23"))
+    if trl_module_cast(spec):
+        out.append(
+            Finding(
+                "versions-modelled",
+                Severity.INFO,
+                f"trl {stack.get('trl')} ({stack.source}): SFTTrainer's peft_module_casting_to_bf16 (TRL 0.7.5-0.25.1) "
+                "modelled: after the k-bit preparation the embedding and LM head are bf16 again, the norms fp32"
+                + (", the LoRA adapters bf16 (TRL < 0.9.3)" if trl_bf16_trainables(spec) else ""),
+            )
+        )
     if kept_inputs_modelled(spec):
         out.append(
             Finding(

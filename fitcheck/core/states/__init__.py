@@ -41,7 +41,12 @@ from fitcheck.core.states.sharding import (
     partition,
 )
 from fitcheck.core.states.sharding_findings import sharding_findings
-from fitcheck.core.states.trl_adapters import trl_bf16_trainables
+from fitcheck.core.states.trl_adapters import (
+    sft_runs_trainer_step,
+    trl_bf16_trainables,
+    trl_module_cast,
+    trl_prepares_kbit,
+)
 from fitcheck.core.states.zero_reduce import (
     aligned,
     backward_moment_component,
@@ -97,9 +102,12 @@ __all__ = [
     "prequant_findings",
     "quantized_bytes",
     "root_layer_bytes",
+    "sft_runs_trainer_step",
     "sharding_findings",
     "trainable_params",
     "trl_bf16_trainables",
+    "trl_module_cast",
+    "trl_prepares_kbit",
     "zero1_reduction_component",
     "zero2_backward_grads",
     "zero_groups",

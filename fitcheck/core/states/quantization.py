@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass
 
 from fitcheck.core.states.prequant import PREQUANT_METHODS, prequant_converts, prequant_layer_bytes
+from fitcheck.core.states.trl_adapters import trl_module_cast_dtype
 from fitcheck.spec import Dtype, Kind, ParamEntry, QuantSpec, Role, TrainingSpec
 
 SOURCE_4BIT = "bitsandbytes 0.50.2 functional.py quantize_4bit + _ops.py fake quantize_4bit (packed + absmax)"
@@ -205,5 +206,10 @@ def base_weights(spec: TrainingSpec) -> BaseWeights:
             # bitsandbytes nn/modules.py Linear4bit.forward: ``bias.data = bias.data.to(x.dtype)`` with x already
             # cast to bnb_4bit_compute_dtype (None -> fp32): the bias is resident in the compute dtype from step 1
             dtype = quant.compute_dtype or Dtype.FLOAT32
-        dtype_of[entry.name] = dtype
+        # TRL 0.7.5-0.25.1 SFTTrainer: peft_module_casting_to_bf16 after the k-bit preparation (trl_adapters.py);
+        # what it casts back to the 16-bit load dtype is no longer upcast
+        cast = trl_module_cast_dtype(spec, entry, dtype)
+        if cast is not dtype and cast is load:
+            upcast -= entry.numel
+        dtype_of[entry.name] = cast
     return BaseWeights(data, meta, qparams, uparams, upcast, dtype_of)

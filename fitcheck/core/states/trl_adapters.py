@@ -1,22 +1,121 @@
-"""TRL's bf16 cast of the trainable parameters of a bitsandbytes-quantized model; pure (branch i12place).
+"""What TRL's trainers do to a bitsandbytes-quantized PEFT model's parameter dtypes, by TRL release; pure.
 
-TRL 1.16 (``trl/trainer/sft_trainer.py``, and the same block in ``dpo_trainer.py``, ``grpo_trainer.py``,
-``reward_trainer.py``): after ``get_peft_model``, ``if _is_quantized_model:`` (``is_loaded_in_4bit`` or
-``is_loaded_in_8bit``: bitsandbytes only) every parameter with ``requires_grad`` except DoRA's
-``lora_magnitude_vector`` gets ``param.data = param.data.to(torch.bfloat16)``, "to follow the recommendations from
-the original paper" (QLoRA). So the adapters (and ``modules_to_save`` copies), their gradients and torch AdamW's
-states (allocated ``zeros_like`` the parameter) are bf16, not peft's fp32; under bf16 autocast their casts are
-no-ops (nothing is cached for backward).
+The one home of TRL's casts and of the releases they belong to (read from the tags of huggingface/trl):
+
+- **TRL >= 0.26** (and TRL 1.16, the modelled release): ``trl/trainer/sft_trainer.py`` (and the same block in
+  ``dpo_trainer.py``, ``grpo_trainer.py``, ``reward_trainer.py``): after ``get_peft_model``, ``if
+  _is_quantized_model:`` (``is_loaded_in_4bit`` or ``is_loaded_in_8bit``: bitsandbytes only) every parameter with
+  ``requires_grad`` except DoRA's ``lora_magnitude_vector`` gets ``param.data = param.data.to(torch.bfloat16)``, "to
+  follow the recommendations from the original paper" (QLoRA). So the adapters (and ``modules_to_save`` copies),
+  their gradients and torch AdamW's states (allocated ``zeros_like`` the parameter) are bf16, not peft's fp32; under
+  bf16 autocast their casts are no-ops (nothing is cached for backward). The block first appears at v0.26.0
+  (``sft_trainer.py``, "Clean up model preparation", #4577); v0.25.1 has none.
+- **TRL 0.7.5 - 0.25.1**: ``SFTTrainer.__init__`` (from 0.15 ``_prepare_peft_model``, from 0.22
+  ``trl/models/utils.py prepare_peft_model``) calls peft's ``prepare_model_for_kbit_training`` on a 4-bit / 8-bit
+  base unless ``is_sharded_qlora`` (a ``Params4bit`` on cpu/meta: FSDP / ZeRO-3 loading), then ``get_peft_model``,
+  then ``if args.bf16 and is_loaded_in_4bit [and not is_sharded_qlora]: peft_module_casting_to_bf16(model)``
+  (``trl/trainer/utils.py``; v0.13.0 lines 872-879): every module with ``"norm"`` in its name (or an
+  ``nn.LayerNorm``) ``.to(torch.float32)``; else every module named with ``lm_head``, ``embed_tokens``, ``wte`` or
+  ``wpe`` whose ``weight`` is fp32 ``.to(torch.bfloat16)``. After the k-bit preparation's fp32 upcast that makes the
+  embedding and the LM head bf16 again (frozen: no gradient, no state) and leaves the norms fp32. First tag that calls
+  it: v0.7.5 (v0.7.4 has no such function); last: v0.25.1 (v0.26.0's ``SFTTrainer`` no longer prepares the model).
+  The preparation and the cast share their condition (``not is_sharded_qlora``), so fitcheck applies the cast where
+  the run's k-bit preparation is on (``QuantSpec.prepare_for_kbit_training``, which the readers turn off for
+  FSDP-QLoRA).
+- **TRL 0.7.5 - 0.8.6** also cast every peft ``BaseTunerLayer`` ``.to(torch.bfloat16)`` in that function: the LoRA
+  adapters are bf16. Removed by "don't cast the trainable lora layers to half precision" (#1644), first in v0.9.3.
+- **TRL 0.7.3 - 0.25.1**'s ``SFTTrainer`` runs the k-bit preparation itself (v0.7.3 is the first tag that calls
+  ``prepare_model_for_kbit_training``); TRL >= 0.26 never does (the readers' TRL default,
+  ``readers/trl_settings.py``, reads :func:`trl_prepares_kbit`).
+
+Which run is TRL's: a TRL trainer kind (``--trainer sft``), or a run whose model ``SFTTrainer`` prepared while the
+plain Trainer's step runs (``TrainerSpec.prepared_by_sft_trainer``: TRL < 0.15's ``SFTTrainer`` defines no
+``compute_loss``, so its step is ``Trainer.compute_loss``; git grep at the tags). The TRL release is the stack's
+(``--stack trl=`` or the installed one); an unknown release is the modelled 1.16.
 """
 
 from __future__ import annotations
 
-from fitcheck.spec import TrainerKind, TrainingSpec
+from fitcheck.spec import Dtype, Kind, MixedPrecision, ParamEntry, TrainerKind, TrainingSpec
+
+# first and last TRL releases whose SFTTrainer calls peft_module_casting_to_bf16 (tags v0.7.5 .. v0.25.1)
+MODULE_CAST_RELEASES = ((0, 7, 5), (0, 25, 1))
+# releases before this one also cast the LoRA layers (BaseTunerLayer) to bf16 (#1644, first in v0.9.3)
+ADAPTER_CAST_BEFORE = (0, 9, 3)
+# first TRL release whose trainers cast a quantized model's trainables to bf16 and no longer prepare it (v0.26.0)
+TRAINABLES_BF16_FROM = (0, 26)
+# first TRL release whose SFTTrainer calls prepare_model_for_kbit_training (v0.7.3)
+KBIT_PREP_FROM = (0, 7, 3)
+# first TRL release whose SFTTrainer overrides compute_loss (v0.15.0; earlier ones run Trainer.compute_loss)
+SFT_COMPUTE_LOSS_FROM = (0, 15)
+# peft_module_casting_to_bf16's name patterns (trl/trainer/utils.py v0.13.0 L876)
+_HEAD_NAMES = ("lm_head", "embed_tokens", "wte", "wpe")
+
+
+def trl_release(spec: TrainingSpec) -> tuple[int, ...] | None:
+    """``(major, minor, patch)`` of the stack's TRL, or None (the modelled 1.16 is assumed)."""
+    return spec.stack.release("trl")
+
+
+def _padded(release: tuple[int, ...]) -> tuple[int, ...]:
+    return (*release, 0, 0, 0)[:3]
+
+
+def _trl_prepared(spec: TrainingSpec) -> bool:
+    """The model went through TRL's SFTTrainer preparation: ``--trainer sft``, or ``prepared_by_sft_trainer``."""
+    return spec.trainer.kind is TrainerKind.SFT or spec.trainer.prepared_by_sft_trainer
+
+
+def trl_prepares_kbit(release: tuple[int, ...] | None) -> bool:
+    """Whether that TRL release's SFTTrainer runs peft's ``prepare_model_for_kbit_training`` (0.7.3 - 0.25.x)."""
+    return release is not None and _padded(release) >= KBIT_PREP_FROM and release[:2] < TRAINABLES_BF16_FROM
+
+
+def sft_runs_trainer_step(release: tuple[int, ...] | None) -> bool:
+    """Whether that TRL release's SFTTrainer runs the plain Trainer's step (no ``compute_loss`` before v0.15.0): a run
+    of it is the Trainer's with ``TrainerSpec.prepared_by_sft_trainer``."""
+    return release is not None and release[:2] < SFT_COMPUTE_LOSS_FROM
+
+
+def trl_module_cast(spec: TrainingSpec) -> bool:
+    """Whether ``peft_module_casting_to_bf16`` runs on this model (TRL 0.7.5 - 0.25.1's SFTTrainer, ``bf16=True``, a
+    bitsandbytes 4-bit base with LoRA, prepared for k-bit training: module docstring)."""
+    release = trl_release(spec)
+    quant = spec.quant
+    if release is None or not _trl_prepared(spec) or quant is None or spec.lora is None:
+        return False
+    lo, hi = MODULE_CAST_RELEASES
+    return (
+        lo <= _padded(release) <= hi
+        and spec.precision.mixed_precision is MixedPrecision.BF16
+        and quant.method == "bitsandbytes"
+        and quant.bits == 4
+        and quant.prepare_for_kbit_training
+    )
+
+
+def trl_module_cast_dtype(spec: TrainingSpec, entry: ParamEntry, dtype: Dtype) -> Dtype:
+    """The dtype of an unquantized base parameter after ``peft_module_casting_to_bf16`` (``dtype`` where it does not
+    run): norms fp32, an fp32 embedding / LM head bf16 (module docstring)."""
+    if not trl_module_cast(spec):
+        return dtype
+    module = entry.name.rsplit(".", 1)[0]
+    if "norm" in module or entry.kind is Kind.NORM:
+        return Dtype.FLOAT32
+    if dtype is Dtype.FLOAT32 and entry.name.endswith("weight") and any(n in module for n in _HEAD_NAMES):
+        return Dtype.BFLOAT16
+    return dtype
 
 
 def trl_bf16_trainables(spec: TrainingSpec) -> bool:
-    """Whether a TRL trainer casts the trainable parameters of this (bitsandbytes-quantized, PEFT) run to bf16."""
+    """Whether TRL casts the trainable parameters of this (bitsandbytes-quantized, PEFT) run to bf16: TRL >= 0.26's
+    trainers (and an unknown release: the modelled 1.16), or TRL 0.7.5 - 0.8.6's SFTTrainer casting its LoRA layers
+    (module docstring). The release gate is SFTTrainer's; the other trainers keep TRL 1.16's rule at every release
+    (their own histories differ: DPOTrainer's block first appears at v0.29.0) and get the versions warning."""
     quant = spec.quant
+    release = trl_release(spec)
+    if _trl_prepared(spec) and release is not None and release[:2] < TRAINABLES_BF16_FROM:
+        return trl_module_cast(spec) and _padded(release) < ADAPTER_CAST_BEFORE
     return (
         spec.trainer.kind is not TrainerKind.TRAINER
         and quant is not None
