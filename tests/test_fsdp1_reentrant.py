@@ -101,3 +101,13 @@ def test_torch_multi_grad_hook_on_a_recomputed_leaf_holds_it_and_its_grad_until_
     for handle in handles:
         handle.remove()
     assert all(ref() is None for ref in seen)
+
+
+def test_default_path_does_not_trace_the_held_run(tmp_path: Any) -> None:
+    """The installed transformers checkpoints inside the layer: its trace is not the < 4.52 run, so the default path
+    answers from the formula (``run_scope.untraced_parts``)."""
+    from fitcheck.torch_adapters.run_scope import untraced_parts
+
+    spec = _fsdp1_lora(tmp_path)
+    assert not any("FSDP1 unit" in p for p in untraced_parts(spec))
+    assert any("FSDP1 unit" in p for p in untraced_parts(replace(spec, stack=_OLD)))

@@ -57,13 +57,15 @@ def plain_trainer_run(spec: TrainingSpec) -> bool:
 def untraced_parts(spec: TrainingSpec) -> tuple[str, ...]:
     """What of this run the tracer cannot describe, each with the flag that asks for it: Liger kernels, a fused or
     chunked loss and activation offloading (modelled by the formulas only: fitcheck/core/kernels/), one rank of a
-    tp/cp/sp layout (core/parallelism), a GPTQ/AWQ/FP8 base (core/states/prequant), an 8-bit base on CUDA and a
-    torch < 1.11 stack's eager softmax keeping its input (core/activations/versions). A
+    tp/cp/sp layout (core/parallelism), a GPTQ/AWQ/FP8 base (core/states/prequant), an 8-bit base on CUDA, a
+    torch < 1.11 stack's eager softmax keeping its input (core/activations/versions) and FSDP1 with reentrant
+    checkpointing on transformers < 4.52 (core/activations/fsdp1_reentrant). A
     trace of the plain step would be a different run: ``--trace`` refuses these (``PinnedPath.activations``). The
     paths following a traced headline (a Liger or sequence-parallel suggestion) trace the plain step: no saving
     is claimed for the part the trace leaves out, where the formulas' saving could rest on activations that the
     traced headline showed to be off."""
     from fitcheck.core.activations import legacy_softmax_input_added
+    from fitcheck.core.activations.fsdp1_reentrant import held_checkpoint_inputs
     from fitcheck.spec import DeviceType
 
     act = spec.activations
@@ -85,6 +87,12 @@ def untraced_parts(spec: TrainingSpec) -> tuple[str, ...]:
         parts.append("the CUDA 8-bit matmul of an 8-bit base (MatMul8bitLt; --load_in_8bit)")
     if legacy_softmax_input_added(spec):  # the installed torch's softmax drops its input (core/activations/versions)
         parts.append(f"torch {spec.stack.get('torch')}'s softmax keeping its input for backward (--stack torch=)")
+    # transformers < 4.52 checkpoints around the FSDP1 unit, which then holds every checkpointed input and its
+    # gradient to the end of backward (core/activations/fsdp1_reentrant.py); the installed 5.23 checkpoints inside
+    # the layer: its trace is a different run
+    if held_checkpoint_inputs(spec):
+        parts.append(f"transformers {spec.stack.get('transformers')}'s reentrant checkpoint around each FSDP1 unit, "
+                     "holding every layer input and its gradient to the end of backward (--stack transformers=)")
     return tuple(parts)
 
 
