@@ -64,8 +64,7 @@ def untraced_parts(spec: TrainingSpec) -> tuple[str, ...]:
     paths following a traced headline (a Liger or sequence-parallel suggestion) trace the plain step: no saving
     is claimed for the part the trace leaves out, where the formulas' saving could rest on activations that the
     traced headline showed to be off."""
-    from fitcheck.core.activations import legacy_softmax_input_added
-    from fitcheck.core.activations.fsdp1_reentrant import held_checkpoint_inputs
+    from fitcheck.core.activations import held_checkpoint_inputs, legacy_softmax_input_added
     from fitcheck.spec import DeviceType
 
     act = spec.activations

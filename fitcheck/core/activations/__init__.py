@@ -37,6 +37,7 @@ from fitcheck.core.activations.bnb_kept_inputs import old_bnb_4bit
 from fitcheck.core.activations.decoder import activation_components, activation_findings
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
 from fitcheck.core.activations.envelope_range import DEFAULT_TARGETS, range_label, recipe_suffix
+from fitcheck.core.activations.fsdp1_reentrant import held_checkpoint_inputs
 from fitcheck.core.activations.int8_outliers import (
     Int8Outliers,
     int8_outlier_bound,
@@ -63,6 +64,7 @@ __all__ = [
     "activation_findings",
     "cuda_embedding_backward",
     "envelope_key",
+    "held_checkpoint_inputs",
     "in_envelope",
     "int8_outlier_bound",
     "int8_outlier_bytes",
