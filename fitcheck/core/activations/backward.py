@@ -23,9 +23,10 @@ pins them), each written as (live bytes besides states) − (gradients not yet p
   ``embedding_dense_backward`` also holds fp32 partial sums of (b·s/10 + min(b·s, V)) rows of h and four int64
   index arrays (``aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu``, two-pass path; not traceable on CPU).
 
-With gradient accumulation (micro-step >= 2) every gradient already exists: nothing is subtracted, and the newly
-computed gradient of the head (and of the embedding) is a temporary summed into ``.grad`` in place
-(``torch/csrc/autograd/functions/accumulate_grad.h``).
+With gradient accumulation (micro-step >= 2) of a run whose later micro-steps add into the ``.grad`` they hold
+(``fitcheck.core.states.accumulates_in_grad``: not DeepSpeed ZeRO-2/3, not FSDP with ``sync_each_batch``) every
+gradient already exists: nothing is subtracted, and the newly computed gradient of the head (and of the embedding)
+is a temporary summed into ``.grad`` in place (``torch/csrc/autograd/functions/accumulate_grad.h``).
 
 Gradient clipping (``TrainingArguments.max_grad_norm`` 1.0: ``Trainer._clip_grad_norm`` ->
 ``accelerate.Accelerator.clip_grad_norm_`` -> ``torch.nn.utils.clip_grad_norm_``) runs after backward, before
@@ -71,6 +72,7 @@ from fitcheck.core.activations.norm_backward import (
 )
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
+from fitcheck.core.states import accumulates_in_grad
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import AttentionKind, AttnImpl, NormKind, TrainingSpec
 
@@ -147,8 +149,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     b, s = spec.batch.micro_batch, spec.batch.seq_len
     bs, h, L = b * s, sh.hidden_size, sh.num_layers
     z2 = zero2_held_grads(spec)  # ZeRO-2: (gradients counted, held at the top layer, held from the bottom layer on)
-    # ZeRO-2 clears every .grad at each micro-step's end (its carried partition is z2's): each backward is a first
-    accum = spec.batch.grad_accum > 1 and z2 is None
+    # a later micro-step adds into the .grad it holds (core/states/accumulation.py, the one rule): not under ZeRO-2
+    # (its carried partition is z2's) or ZeRO-3, whose every backward is a first
+    accum = accumulates_in_grad(spec)
     g_layer = layer_grad(spec)
     g_head, g_emb = head_and_embedding(spec)
     g_down = down_proj_numel(spec) * param_bytes(spec) if trainable_full(spec) else 0
@@ -356,7 +359,7 @@ def _frozen_recompute(spec: TrainingSpec, q: BackwardInputs, static: int, norms:
     sh = spec.model.shape
     if (frozen is None or fz is None or fz.trainable_layers is None or q.n_ckpt not in (0, sh.num_layers)
             or q.offloaded or frozen.frozen_grad == 0 or sh.mlp_activation != "swiglu"
-            or spec.batch.grad_accum > 1):
+            or accumulates_in_grad(spec)):
         return None
     L, bs = sh.num_layers, spec.batch.micro_batch * spec.batch.seq_len
     trained = {i for i in fz.trainable_layers if 0 <= i < L}
