@@ -20,13 +20,18 @@ Engines (``ENGINES``):
   (``gloo_rank.install_fsdp_on_cpu_trainer``); the Trainer runs every micro-step but the last under
   ``accelerator.no_sync(model)`` (``trainer.py`` l.1896-1908), which under FSDP2 is
   ``set_requires_gradient_sync(False)`` and under FSDP1 ``model.no_sync`` only where ``use_distributed``
-  (``accelerator.py`` l.1166-1178).
+  (``accelerator.py`` l.1166-1178); ``-sync``: ``accelerator_config`` ``gradient_accumulation_kwargs.sync_each_batch``
+  (the Trainer enters no ``no_sync``, ``trainer.py`` l.1896-1902).
 
-Run: ``PYTHONPATH=. python benchmarks/accumulation_engines_cpu.py [ENGINE ...] [--seq N]`` prints one JSON line per
-engine: per micro-step of the second optimizer step, the leaves seen, how many held a ``.grad``, its dtypes and
-bytes and whether it was whole, and the micro-step's forward / backward peaks. ``--table`` prints the held-gradient
-table and, for the engines whose later micro-step accumulates, the backward peak of micro-step 2 against the
-formula (``fitcheck.core.estimate``) and the traced default path (``PinnedPath("always")``) at 32 and 128 tokens.
+Run: ``PYTHONPATH=. python benchmarks/accumulation_engines_cpu.py [ENGINE ...]`` prints one JSON line per engine:
+per micro-step of the second optimizer step, the leaves seen, how many held a ``.grad``, its dtypes and bytes and
+how many were whole, and the micro-step's forward and backward peaks. ``--write`` records every engine at 32 and 128
+tokens in ``benchmarks/data/accumulation_engines_cpu.json``; ``--table [ENGINE ...]`` prints the recorded held
+gradients and micro-step 2's backward against the formula (``fitcheck.core.estimate``) and the traced default path
+(``PinnedPath("always")``). The region ``layers`` starts when the gradient reaches the final norm's output (the
+head's backward done): its peak is the during-backward one (``Phase.BACKWARD``), the backward region's before it the
+start of backward's (``Phase.BACKWARD_START``). Two-rank rows vary by a few percent between runs (gloo's
+collectives finish on their own thread and the frees follow them).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ ENGINES = ("ddp", "zero0", "zero1", "zero1-overlap", "zero2", "zero3", "fsdp1", 
            "fsdp2-2ranks", "fsdp1-2ranks-sync", "fsdp2-sync")
 ACCUM = 2
 BUCKET = 20_000  # reduce_bucket_size (elements), deepspeed_run_events_cpu's
+SEQS = (32, 128)
+DATA = ROOT / "benchmarks" / "data" / "accumulation_engines_cpu.json"
 
 
 class HeldProbe:
@@ -105,10 +112,10 @@ def _result(probe: HeldProbe, rec: Any, step: int) -> dict[str, Any]:
     for m in range(ACCUM):
         key = f"{step}.{m}"
         layers = rec.regions.get(f"layers{key}")
+        start = rec.regions[f"backward{key}"].peak
         out[f"micro{m + 1}"] = {**probe.summary(key), "forward_peak": rec.regions[f"forward{key}"].peak,
-                                "backward_peak": max(rec.regions[f"backward{key}"].peak,
-                                                     0 if layers is None else layers.peak),
-                                "layers_peak": 0 if layers is None else layers.peak}
+                                "start_peak": start, "layers_peak": 0 if layers is None else layers.peak,
+                                "backward_peak": max(start, 0 if layers is None else layers.peak)}
     return out
 
 
@@ -345,41 +352,50 @@ def spec_of(engine: str, seq: int) -> Any:
     return replace(spec, sharding=sharding, batch=replace(spec.batch, grad_accum=ACCUM))
 
 
-def estimates(engine: str, seq: int) -> tuple[int, int]:
-    """(formula, traced default path) peak device bytes of ``Phase.BACKWARD`` (with its start) for the engine's run."""
+def estimates(engine: str, seq: int) -> dict[str, tuple[int, int]]:
+    """The formula's (``fitcheck.core.estimate``) and the traced default path's (``PinnedPath("always")``) device
+    bytes for the engine's run: (start of backward, during backward) each, and whether the traced answer is pinned
+    (as 0 / 1 in ``pinned``)."""
     from fitcheck.core import estimate
     from fitcheck.report import Location, Phase
     from fitcheck.torch_adapters import PinnedPath
 
     spec = spec_of(engine, seq)
 
-    def backward(rep: Any) -> int:
+    def phases(rep: Any) -> tuple[int, int]:
         tot = {p: sum(c.at(p) for c in rep.components if c.location is Location.DEVICE) for p in Phase}
-        return max(tot[Phase.BACKWARD_START], tot[Phase.BACKWARD])
+        return tot[Phase.BACKWARD_START], tot[Phase.BACKWARD]
 
-    return backward(estimate(spec)), backward(PinnedPath("always", cache=None)(spec))
+    traced = PinnedPath("always", cache=None)(spec)
+    return {"formula": phases(estimate(spec)), "traced": phases(traced), "pinned": (int(traced.pinned), 0)}
 
 
 def table(engines: list[str]) -> int:
-    """Print the held-gradient table and micro-step 2's backward peak against the estimates."""
-    print(f"{'engine':14} {'micro':5} {'leaves':>6} {'held':>5} {'whole':>5} {'dtypes':18} {'held B':>9} "
-          f"{'fwd peak':>9} {'bwd peak':>9}")
-    results = {}
+    """Print the recorded held gradients and micro-step 2's backward against the estimates: the start of backward
+    (the backward region before the head's backward is done) and during backward (the ``layers`` region)."""
+    rows = json.loads(DATA.read_text(encoding="utf-8"))["rows"]
+    print(f"{'engine':18} {'held (micro 2)':28} {'seq':>4} | {'start: real':>11} {'formula':>8} {'traced':>8} | "
+          f"{'during: real':>12} {'formula':>8} {'traced':>8} | pinned")
     for engine in engines:
-        results[engine] = res = measured(engine, 32)
-        for m in ("micro1", "micro2"):
-            r = res[m]
-            print(f"{engine:14} {m:5} {r['leaves']:6d} {r['held']:5d} {r['whole']:5d} "
-                  f"{','.join(r['held_dtypes']) or '-':18} {r['held_bytes']:9d} {r['forward_peak']:9d} "
-                  f"{r['backward_peak']:9d}", flush=True)
-    print(f"\n{'engine':14} {'seq':>4} {'real B':>9} {'formula B':>9} {'error':>8} {'traced B':>9} {'error':>8}")
-    for engine in engines:
-        for seq in (32, 128):
-            res = results[engine] if seq == 32 else measured(engine, seq)
-            real = res["micro2"]["backward_peak"]
-            formula, traced = estimates(engine, seq)
-            print(f"{engine:14} {seq:4d} {real:9d} {formula:9d} {(formula - real) / real * 100:+7.2f}% "
-                  f"{traced:9d} {(traced - real) / real * 100:+7.2f}%", flush=True)
+        for seq in SEQS:
+            m2 = rows[f"{engine} {seq}"]["micro2"]
+            held = f"{m2['held']}/{m2['leaves']} {','.join(m2['held_dtypes']) or '-'} {m2['held_bytes']}"
+            est = estimates(engine, seq)
+            start, during = m2["start_peak"], m2["layers_peak"]
+
+            def err(e: int, r: int) -> str:
+                return f"{(e - r) / r * 100:+7.2f}%" if r else "      -"
+
+            print(f"{engine:18} {held:28} {seq:4d} | {start:11d} {err(est['formula'][0], start)} "
+                  f"{err(est['traced'][0], start)} | {during:12d} {err(est['formula'][1], during)} "
+                  f"{err(est['traced'][1], during)} | {bool(est['pinned'][0])}", flush=True)
+    return 0
+
+
+def write() -> int:
+    """Record every engine at :data:`SEQS` tokens in :data:`DATA` (read by ``tests/test_accumulation_rule.py``)."""
+    rows = {f"{engine} {seq}": measured(engine, seq) for seq in SEQS for engine in ENGINES}
+    DATA.write_text(json.dumps({"accum": ACCUM, "rows": rows}, indent=1) + "\n", encoding="utf-8")
     return 0
 
 
@@ -391,5 +407,7 @@ if __name__ == "__main__":
     names = [a for a in sys.argv[1:] if not a.startswith("--")] or list(ENGINES)
     if "--table" in sys.argv:
         sys.exit(table(names))
+    if "--write" in sys.argv:
+        sys.exit(write())
     for name in names:
         print(name, json.dumps(measured(name, 32)), flush=True)

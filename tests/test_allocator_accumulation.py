@@ -91,7 +91,9 @@ def test_seq_lengths_replay_their_accumulation_passes() -> None:
     during the second."""
     from fitcheck.torch_adapters.allocator_replay import replay_lengths, replay_whole_lengths
 
-    spec = _spec()
+    spec = spec_for(Row("accum", {**LLAMA_8_LAYERS, "num_hidden_layers": 2}, seq=32, batch=2, dtype="bfloat16",
+                        optim="adamw_torch_fused"))
+    spec = replace(spec, hardware=replace(spec.hardware, device_type=DeviceType.CUDA))
     accum = replace(spec, batch=replace(spec.batch, grad_accum=2))
     lengths = (spec.batch.seq_len, spec.batch.seq_len)
     whole = replay_whole_run(accum)

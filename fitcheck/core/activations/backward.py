@@ -150,7 +150,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     bs, h, L = b * s, sh.hidden_size, sh.num_layers
     z2 = zero2_held_grads(spec)  # ZeRO-2: (gradients counted, held at the top layer, held from the bottom layer on)
     # a later micro-step adds into the .grad it holds (core/states/accumulation.py, the one rule): not under ZeRO-2
-    # (its carried partition is z2's) or ZeRO-3, whose every backward is a first
+    # (its carried partition is z2's) or ZeRO-3, whose every backward is a first; ZeRO-1 with overlap_comm holds
+    # every .grad and reduces during the boundary micro-step's backward (z2: zero_reduce.zero2_backward_grads)
     accum = accumulates_in_grad(spec)
     g_layer = layer_grad(spec)
     g_head, g_emb = head_and_embedding(spec)
@@ -172,7 +173,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
     head_grad = 2 * g_head // param_bytes(spec) if q.autocast else g_head
     missing = 0 if accum else all_grads(spec)
-    if z2 is not None:
+    if z2 is not None and not accum:  # (ZeRO-1 with overlap_comm accumulating: every .grad held, counted)
         missing = z2[0]  # no grads_in_partition yet; the head's gradient is the moment's own (head_grad)
     casts = L * cast if q.n_ckpt == 0 else 0
     head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)

@@ -19,15 +19,10 @@ def zero2_held_grads(spec: TrainingSpec) -> tuple[int, int, int, int] | None:
     otherwise. The model states count the rank's share of the gradients (G/n); ZeRO-2 holds none but the bucket
     until the rank's first parameter is reduced, then its whole ``grads_in_partition``
     (:func:`fitcheck.core.states.zero2_backward_grads`): the moments subtract the counted bytes and add what is
-    held, never gradients not yet made at full size (which on n ranks put backward below the resident states).
-
-    None too for ZeRO-1 with ``overlap_comm`` and gradient accumulation: its hook reduces only at the accumulation
-    boundary, every earlier micro-step keeps its ``.grad`` (``core/states/accumulation.py``, measured by
-    ``benchmarks/accumulation_engines_cpu.py``), so a later micro-step's moments are the accumulating ones."""
-    from fitcheck.core.states import accumulates_in_grad, model_state_components, zero2_backward_grads
-
-    if not trainable_full(spec) or accumulates_in_grad(spec):
+    held, never gradients not yet made at full size (which on n ranks put backward below the resident states)."""
+    if not trainable_full(spec):
         return None
+    from fitcheck.core.states import model_state_components, zero2_backward_grads
 
     held = zero2_backward_grads(spec)
     if held is None:
