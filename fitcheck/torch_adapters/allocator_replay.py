@@ -29,6 +29,7 @@ from typing import Any
 from fitcheck.core.caching import AllocatorConf, CachingAllocator
 from fitcheck.core.loading import allocator_conf
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
 from fitcheck.torch_adapters.tracer_trl_plans import DpoPlan, GrpoPlan, KtoPlan
 
 
@@ -116,9 +117,8 @@ def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: Alloca
 
 
 def _measured_step_start(events: Sequence[tuple[int, int, str]]) -> int:
-    """Where a trace's measured step starts: after its warm-up step's last optimizer event (``optimizer_warmup``).
-    The measured step's accumulation passes but the last are named warm-up passes too (``tracer.trace_step``,
-    ``allocator_compose.whole_run``) and are replayed; without an optimizer event, every warm-up event is skipped."""
+    """Where a trace's measured step starts, after its last ``optimizer_warmup`` event (its accumulation passes but the
+    last are named warm-up ones too: ``tracer.trace_step``, ``allocator_compose.whole_run``); else its end."""
     last = [i for i, (_, _, tag) in enumerate(events) if tag == "optimizer_warmup"]
     return last[-1] + 1 if last else len(events)
 
@@ -149,9 +149,6 @@ def replay_lengths(spec: TrainingSpec, seq_lengths: Sequence[int]) -> tuple[Step
     Returns:
         (the sequence's replay, the longest length's replay alone).
     """
-    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
-
-    # each step runs its gradient accumulation window's passes, as the run replayed without lengths does
     traces = _traces(spec, tuple(seq_lengths), replayed_micro_batches(spec.batch.grad_accum))
     conf = allocator_conf(spec)
     longest = max(range(len(traces)), key=lambda k: seq_lengths[k])
@@ -159,8 +156,7 @@ def replay_lengths(spec: TrainingSpec, seq_lengths: Sequence[int]) -> tuple[Step
             replay_events([traces[longest]], conf, (seq_lengths[longest],)))
 
 
-def _traces(spec: TrainingSpec, lengths: tuple[int, ...], micro_batches: int = 1,
-            ) -> list[Sequence[tuple[int, int, str]]]:
+def _traces(spec: TrainingSpec, lengths: tuple[int, ...], micro_batches: int = 1) -> list[Sequence[Any]]:
     """``alloc_events`` of the spec's step traced at two repeating layer groups, one trace per length
     (``micro_batches`` forward and backward passes per step: ``tracer.trace_step``'s ``grad_accum``)."""
     from fitcheck.torch_adapters.tracer import trace_step
@@ -195,7 +191,6 @@ def replay_steady_state(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepRe
     Returns:
         The replay's peaks over all steps (``max_memory_reserved`` never falls, so its peak is the last step's).
     """
-    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
     from fitcheck.torch_adapters.tracer import trace_step
 
     kwargs = {**run_trace_kwargs(spec), "steps": steps, "grad_accum": replayed_micro_batches(spec.batch.grad_accum)}
@@ -247,11 +242,10 @@ def replay_whole_lengths(spec: TrainingSpec, seq_lengths: Sequence[int],
     What a dataloader that pads each batch to its longest row runs, and what ``benchmarks/gpu_truth_step.py``
     runs for a row with ``lengths``: the first step creates the optimizer's states, each later step starts from
     the blocks the earlier ones left cached. Each length's run is composed and deepened as in
-    :func:`replay_whole_run`, with the run's ``gradient_accumulation_steps`` passes per step (the first as one
-    step, the others as a warm-up step and the measured one, of which only the measured one is replayed:
-    :func:`replay_events`). Two layer groups do not carry to the full depth
-    (the module docstring; on the H200's Llama-3.2-1B rows the two-group replay of these lengths was +5 % .. +20 %
-    over ``max_memory_reserved``), so the whole depth is replayed.
+    :func:`replay_whole_run`, with its accumulation passes (the first as one step, the others as a warm-up step and
+    the measured one, of which only the measured one is replayed: :func:`replay_events`). Two layer groups do not
+    carry to the full depth (the module docstring; on the H200's Llama-3.2-1B rows the two-group replay of these
+    lengths was +5 % .. +20 % over ``max_memory_reserved``), so the whole depth is replayed.
 
     Args:
         spec: The training spec (a plain Trainer step: ``pinned_path.traceable``).
@@ -268,8 +262,6 @@ def replay_whole_lengths(spec: TrainingSpec, seq_lengths: Sequence[int],
     Raises:
         ComposeError, DeepenError: The traces do not compose or deepen (the caller falls back).
     """
-    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
-
     cache = {} if optimizer_traces is None else optimizer_traces
     runs: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
     traces = []
@@ -312,8 +304,6 @@ def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
     Raises:
         ComposeError, DeepenError: The traces do not compose or deepen (the caller falls back).
     """
-    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
-
     events = _whole_run_events(spec, step_runs, steps, optimizer_traces,
                                micro_batches=replayed_micro_batches(spec.batch.grad_accum))
     return replay_events([events], allocator_conf(spec), (spec.batch.seq_len,))

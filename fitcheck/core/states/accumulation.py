@@ -80,6 +80,25 @@ def accumulates_in_grad(spec: TrainingSpec) -> bool:
     return fs.version == 1 and (fs.sharding_strategy == "NO_SHARD" or spec.data_parallel_size == 1)
 
 
+def gradients_held_from_start(spec: TrainingSpec) -> bool:
+    """Whether a later micro-step of the accumulation window starts its backward with every byte the gradients
+    component counts (``model_states``) already held, so that a moment of backward subtracts no gradient "not made
+    yet": any run with ``gradient_accumulation_steps`` > 1, whether it holds each ``.grad``
+    (:func:`accumulates_in_grad`), FSDP's reduced shards (``sync_each_batch``) or ZeRO-3's resident flat buffer
+    (micro-step 2's end of forward less micro-step 1's, ``benchmarks/accumulation_engines_cpu.py``: ZeRO-3 0 B,
+    FSDP2 ``sync_each_batch`` on one process the 2,230,784 B of fp32 shards, the others the 1,115,392 B of bf16
+    ``.grad``). ZeRO-2's partition carried beside the new one is ``zero_reduce.zero2_backward_grads``' (the moments
+    read it first).
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        True with gradient accumulation.
+    """
+    return spec.batch.grad_accum > 1
+
+
 def zero1_overlap_keeps_grads(spec: TrainingSpec) -> bool:
     """Whether a DeepSpeed ZeRO-1 run that reduces during backward (``overlap_comm``, ``contiguous_gradients``, no
     offload: its gradients counted as the rank's partition, ``sharding.partition``) keeps every ``.grad`` whole
