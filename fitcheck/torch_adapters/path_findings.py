@@ -92,9 +92,10 @@ def accumulation_unpinned(report: Report) -> Report:
     if not why or not any(c.name == "activations.traced" for c in report.components):
         return report
     note = Finding("accumulation-not-traced", Severity.WARNING,
-                   f"gradient accumulation ({report.spec.batch.grad_accum} micro-steps): the trace reads its one "
-                   f"pass as the later micro-steps, which hold every gradient of the earlier ones, but it does not "
-                   f"show {why} (core/states/accumulation.py, torch_adapters/run_scope.py); not pinned",
+                   f"gradient accumulation ({report.spec.batch.grad_accum} micro-steps): the activations are the "
+                   f"traced step's one pass (a first micro-step); the later ones add into the gradients the earlier "
+                   f"ones left, and the trace does not show {why} (core/states/accumulation.py, "
+                   "torch_adapters/run_scope.py); not pinned",
                    "measure one step (FitcheckCallback, benchmarks/gpu_truth.py) if the margin is small")
     kept = tuple(f for f in report.findings if f.code != note.code)
     return dataclasses.replace(report, pinned=False, findings=(*kept, note))
