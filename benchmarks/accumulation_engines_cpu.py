@@ -26,7 +26,8 @@ Engines (``ENGINES``):
 Run: ``PYTHONPATH=. python benchmarks/accumulation_engines_cpu.py [ENGINE ...]`` prints one JSON line per engine:
 per micro-step of the second optimizer step, the leaves seen, how many held a ``.grad``, its dtypes and bytes and
 how many were whole, and the micro-step's forward and backward peaks. ``--write`` records every engine at 32 and 128
-tokens in ``benchmarks/data/accumulation_engines_cpu.json``; ``--table [ENGINE ...]`` prints the recorded held
+tokens in ``benchmarks/data/accumulation_engines_cpu.json``, with two ``deepspeed_cpu.py`` ``CASES`` (``--write-cases``:
+those alone); ``--table [ENGINE ...]`` prints the recorded held
 gradients and micro-step 2's backward against the formula (``fitcheck.core.estimate``) and the traced default path
 (``PinnedPath("always")``). The region ``layers`` starts when the gradient reaches the final norm's output (the
 head's backward done): its peak is the during-backward one (``Phase.BACKWARD``), the backward region's before it the
@@ -392,10 +393,26 @@ def table(engines: list[str]) -> int:
     return 0
 
 
-def write() -> int:
-    """Record every engine at :data:`SEQS` tokens in :data:`DATA` (read by ``tests/test_accumulation_rule.py``)."""
-    rows = {f"{engine} {seq}": measured(engine, seq) for seq in SEQS for engine in ENGINES}
-    DATA.write_text(json.dumps({"accum": ACCUM, "rows": rows}, indent=1) + "\n", encoding="utf-8")
+# ``deepspeed_cpu.py`` ``CASES`` whose real peaks (forward, backward, optimizer step; the largest micro-step's)
+# ``--write`` / ``--write-cases`` record beside the rows: ZeRO-1 with overlap_comm on 8 ranks and a tied ZeRO-3 run
+DEEPSPEED_CASES = ("zero1-overlap-8-ranks-accum2", "zero3-tied-accum2")
+
+
+def deepspeed_case(name: str) -> list[int]:
+    """A ``deepspeed_cpu.py --measure-case`` run's peaks, in a child process."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "deepspeed_cpu.py"), "--measure-case", name],
+                          capture_output=True, text=True, check=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return [int(x) for x in proc.stdout.strip().splitlines()[-1].split()]
+
+
+def write(cases_only: bool = False) -> int:
+    """Record every engine at :data:`SEQS` tokens and :data:`DEEPSPEED_CASES` in :data:`DATA` (read by
+    ``tests/test_accumulation_rule.py``); ``cases_only``: the cases, the rows kept."""
+    data = json.loads(DATA.read_text(encoding="utf-8")) if cases_only else {
+        "accum": ACCUM, "rows": {f"{engine} {seq}": measured(engine, seq) for seq in SEQS for engine in ENGINES}}
+    data["deepspeed_cases"] = {name: deepspeed_case(name) for name in DEEPSPEED_CASES}
+    DATA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return 0
 
 
@@ -407,7 +424,7 @@ if __name__ == "__main__":
     names = [a for a in sys.argv[1:] if not a.startswith("--")] or list(ENGINES)
     if "--table" in sys.argv:
         sys.exit(table(names))
-    if "--write" in sys.argv:
-        sys.exit(write())
+    if "--write" in sys.argv or "--write-cases" in sys.argv:
+        sys.exit(write(cases_only="--write-cases" in sys.argv))
     for name in names:
         print(name, json.dumps(measured(name, 32)), flush=True)
