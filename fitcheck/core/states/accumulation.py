@@ -104,7 +104,7 @@ def zero1_overlap_keeps_grads(spec: TrainingSpec) -> bool:
     offload: its gradients counted as the rank's partition, ``sharding.partition``) keeps every ``.grad`` whole
     between accumulation micro-steps: its hook reduces only at the boundary (the module docstring), so until then
     the rank holds the whole model's gradients in the module's dtype. Real engine, tiny Llama (h128, 16 tokens),
-    rank 1 of 8 on torch's fake process group, accumulation 2: forward -27.35 % and backward -26.68 % with the
-    partition counted (``benchmarks/deepspeed_cpu.py`` ``measure``)."""
+    rank 1 of 8 on torch's fake process group, accumulation 2 (``benchmarks/deepspeed_cpu.py``
+    ``CASES["zero1-overlap-8-ranks-accum2"]``): forward -27.35 % with the partition counted, -1.73 % with this."""
     return (spec.sharding.zero_stage == 1 and contiguous_reduction(spec, during_backward=True) is not None
             and accumulates_in_grad(spec))
