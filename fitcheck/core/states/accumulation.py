@@ -85,10 +85,10 @@ def gradients_held_from_start(spec: TrainingSpec) -> bool:
     component counts (``model_states``) already held, so that a moment of backward subtracts no gradient "not made
     yet": any run with ``gradient_accumulation_steps`` > 1, whether it holds each ``.grad``
     (:func:`accumulates_in_grad`), FSDP's reduced shards (``sync_each_batch``) or ZeRO-3's resident flat buffer
-    (micro-step 2's end of forward less micro-step 1's, ``benchmarks/accumulation_engines_cpu.py``: ZeRO-3 0 B,
-    FSDP2 ``sync_each_batch`` on one process the 2,230,784 B of fp32 shards, the others the 1,115,392 B of bf16
-    ``.grad``). ZeRO-2's partition carried beside the new one is ``zero_reduce.zero2_backward_grads``' (the moments
-    read it first).
+    (micro-step 2's end of forward less micro-step 1's, ``benchmarks/accumulation_engines_cpu.py``, 2 x 32 tokens:
+    ZeRO-3 0 B, FSDP2 ``sync_each_batch`` on one process the 2,230,784 B of fp32 shards, DDP, ZeRO-0, FSDP2 and
+    two-rank FSDP1 the 1,115,392 B of bf16 ``.grad``). ZeRO-2's partition carried beside the new one is
+    ``zero_reduce.zero2_backward_grads``' (the moments read it first).
 
     Args:
         spec: The training spec.
