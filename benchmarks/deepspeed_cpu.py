@@ -155,12 +155,20 @@ LORA = LoraSpec(r=8, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"))
 # bucket as ZeRO-2 does (core/states/sharding.py; +12 % at the table's width, rank 7 of 8, before), but keeps the
 # extra-large ones outside the rank's partition (zero_reduce.zero2_backward_grads): rank 1 is the worst here
 # (its partition inside the first layer; the MLP weights above the bucket), -3.0 % before.
+# ``zero1-overlap-8-ranks-accum2`` (session 21): with accumulation its hook reduces at the boundary only, the
+# earlier micro-steps' whole .grad held until then (core/states/accumulation.py): forward -27.4 % before, -1.7 %
+# since; backward +3.6 % (above ``--cases``' 2 %: the boundary's reduction beside the held gradients, bounded).
+# ``zero3-tied-accum2``: ZeRO-3 adds nothing into a held .grad (its gradients go to the resident flat buffer as they
+# are made), so no accumulation temporaries beside it: backward +6.4 % before session 21, -0.00 % since.
 NF4 = QuantSpec(quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16)
 CASES: dict[str, dict[str, Any]] = {
     "lora-fp32": {"stage": 2, "seq": 16, "lora": True, "bucket": 128 * 128},
     "zero2-accum2": {"stage": 2, "seq": 16, "accum": 2, "bucket": 128 * 128},
     "zero1-overlap-8-ranks": {"stage": 1, "seq": 16, "world": 8, "rank": 1, "bucket": 128 * 128,
                               "zero": {"overlap_comm": True}},
+    "zero1-overlap-8-ranks-accum2": {"stage": 1, "seq": 16, "world": 8, "rank": 1, "bucket": 128 * 128,
+                                     "zero": {"overlap_comm": True}, "accum": 2},
+    "zero3-tied-accum2": {"stage": 3, "seq": 16, "bucket": 128 * 128, "accum": 2, "config": TIED},
     "qlora-nf4": {"stage": 2, "seq": 16, "bucket": 128 * 128, "quant": NF4},
     "qlora-nf4-ckpt": {"stage": 2, "seq": 16, "bucket": 128 * 128, "quant": NF4, "ckpt": True},
     "qlora-nf4-zero3": {"stage": 3, "seq": 16, "bucket": 128 * 128, "quant": NF4},
@@ -304,7 +312,7 @@ def cases_table() -> int:
         proc = subprocess.run([sys.executable, __file__, "--measure-case", name],
                               capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": "."})
         real = [int(x) for x in proc.stdout.strip().splitlines()[-1].split()]
-        rep = estimate(run_spec(config=TINY, **case))
+        rep = estimate(run_spec(**{"config": TINY, **case}))
         tot = {p: sum(c.at(p) for c in rep.components if c.location is Location.DEVICE) for p in Phase}
         est = (tot[Phase.FORWARD_END], max(tot[Phase.BACKWARD_START], tot[Phase.BACKWARD]), tot[Phase.OPTIMIZER_STEP])
         for label, r, e in zip(("forward", "backward", "optimizer"), real, est, strict=True):
@@ -368,7 +376,7 @@ if __name__ == "__main__":
         print(json.dumps(zero3_quant_facts(bits=tuple(int(b) for b in sys.argv[2:]) or (4, 8))))
         sys.exit(0)
     if sys.argv[1:2] == ["--measure-case"]:
-        print(*measure(config=TINY, **CASES[sys.argv[2]]))
+        print(*measure(**{"config": TINY, **CASES[sys.argv[2]]}))
         sys.exit(0)
     if sys.argv[1:2] == ["--measure-tied"]:
         print(*measure(config=TIED, **TIED_RUN))

@@ -84,6 +84,25 @@ def test_passes_past_the_cap_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (capped.peak_allocated, capped.peak_reserved) == (every.peak_allocated, every.peak_reserved)
 
 
+def test_seq_lengths_replay_their_accumulation_passes() -> None:
+    """``--seq_lengths`` replays each step with its accumulation window's passes, as the run without lengths does
+    (``replay_whole_lengths`` composed one pass per step before session 21): two steps at the run's length replay
+    to the peak allocated of ``replay_whole_run``, above the one-pass run's by the first pass's gradients alive
+    during the second."""
+    from fitcheck.torch_adapters.allocator_replay import replay_lengths, replay_whole_lengths
+
+    spec = spec_for(Row("accum", {**LLAMA_8_LAYERS, "num_hidden_layers": 2}, seq=32, batch=2, dtype="bfloat16",
+                        optim="adamw_torch_fused"))
+    spec = replace(spec, hardware=replace(spec.hardware, device_type=DeviceType.CUDA))
+    accum = replace(spec, batch=replace(spec.batch, grad_accum=2))
+    lengths = (spec.batch.seq_len, spec.batch.seq_len)
+    whole = replay_whole_run(accum)
+    replayed = replay_whole_lengths(accum, lengths)[0]
+    assert replayed.peak_allocated == whole.peak_allocated > replay_whole_lengths(spec, lengths)[0].peak_allocated
+    # the two-group fallback (a run the whole-run replay does not describe) runs the passes too
+    assert replay_lengths(accum, lengths[:1])[0].peak_allocated > replay_lengths(spec, lengths[:1])[0].peak_allocated
+
+
 def test_the_real_trainer_accumulates_in_place_and_sets_to_none_after_the_step(tmp_path: Path) -> None:
     """What the composition assumes of transformers 5.23 ``Trainer`` and torch 2.13 ``AccumulateGrad``, on a real
     Trainer with ``gradient_accumulation_steps=2``: every pass but the first of a step starts with every gradient

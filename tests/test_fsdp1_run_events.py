@@ -151,6 +151,10 @@ def test_a_traced_fsdp1_answer_takes_the_replay(tmp_path: Path) -> None:
     assert spec.sharding.fsdp is not None and spec.sharding.fsdp.version == 1
     path, _, replay = takes_the_replay(spec, whole_run)
     assert replay is not None and path.gap_fraction(spec) == replay.gap_fraction
+    # with accumulation FSDP1 adds into each unit's flat gradient, which the traced step does not show: it says so
+    # and is not pinned (run_scope.accumulation_not_traced; the one pass traced is shared)
+    accum = path(spec_from_values({**values, "gradient_accumulation_steps": 2}, {})[0])
+    assert not accum.pinned and "accumulation-not-traced" in {f.code for f in accum.findings}
     other = spec_from_values({**values, "optim": "adafactor"}, {})[0]
     note = {f.code: f.message for f in PinnedPath("always")(other).findings}.get("reserved-published-gap", "")
     assert "FSDP1" in note and "adafactor" in note

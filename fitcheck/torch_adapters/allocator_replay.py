@@ -29,6 +29,7 @@ from typing import Any
 from fitcheck.core.caching import AllocatorConf, CachingAllocator
 from fitcheck.core.loading import allocator_conf
 from fitcheck.spec import TrainingSpec
+from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
 from fitcheck.torch_adapters.tracer_trl_plans import DpoPlan, GrpoPlan, KtoPlan
 
 
@@ -67,8 +68,8 @@ def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: Alloca
 
     Args:
         traces: ``alloc_events`` of one trace per step length: the first is replayed whole (setup, warm-up,
-            step); later ones only their steady-state step (their parameters, inputs and warm-up are the
-            first trace's).
+            step); later ones only their steady-state step, with each of its accumulation passes (their parameters,
+            inputs and warm-up step are the first trace's: :func:`_measured_step_start`).
         conf: Allocator settings.
         lengths: The sequence length of each trace (for the result).
         persistent_after_first: Count what the first trace leaves allocated as persistent (its optimizer states
@@ -90,8 +91,9 @@ def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: Alloca
             alloc.empty_cache()
             alloc.reset_peak_stats()
         live: dict[int, int] = {}
-        for serial, signed, tag in events:
-            if k and (tag == "setup" or tag.endswith("_warmup")):
+        measured = _measured_step_start(events) if k else 0
+        for i, (serial, signed, tag) in enumerate(events):
+            if k and (tag == "setup" or (tag.endswith("_warmup") and i < measured)):
                 continue
             if k == 0 and tag != "setup" and not persistent:
                 persistent = alloc.stats.allocated
@@ -112,6 +114,13 @@ def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: Alloca
     return StepReplay(s.peak_allocated, s.peak_reserved, persistent, transient,
                       (s.peak_reserved - s.peak_allocated) / transient, tuple(lengths), tuple(step_reserved),
                       tuple(step_allocated))
+
+
+def _measured_step_start(events: Sequence[tuple[int, int, str]]) -> int:
+    """Where a trace's measured step starts, after its last ``optimizer_warmup`` event (its accumulation passes but the
+    last are named warm-up ones too: ``tracer.trace_step``, ``allocator_compose.whole_run``); else its end."""
+    last = [i for i, (_, _, tag) in enumerate(events) if tag == "optimizer_warmup"]
+    return last[-1] + 1 if last else len(events)
 
 
 def _after_warmup(events: Sequence[tuple[int, int, str]], alloc: CachingAllocator) -> int:
@@ -140,21 +149,24 @@ def replay_lengths(spec: TrainingSpec, seq_lengths: Sequence[int]) -> tuple[Step
     Returns:
         (the sequence's replay, the longest length's replay alone).
     """
-    traces = _traces(spec, tuple(seq_lengths))
+    traces = _traces(spec, tuple(seq_lengths), replayed_micro_batches(spec.batch.grad_accum))
     conf = allocator_conf(spec)
     longest = max(range(len(traces)), key=lambda k: seq_lengths[k])
     return (replay_events(traces, conf, tuple(seq_lengths)),
             replay_events([traces[longest]], conf, (seq_lengths[longest],)))
 
 
-def _traces(spec: TrainingSpec, lengths: tuple[int, ...]) -> list[Sequence[tuple[int, int, str]]]:
-    """``alloc_events`` of the spec's step traced at two repeating layer groups, one trace per length."""
+def _traces(spec: TrainingSpec, lengths: tuple[int, ...], micro_batches: int = 1) -> list[Sequence[Any]]:
+    """``alloc_events`` of the spec's step traced at two repeating layer groups, one trace per length
+    (``micro_batches`` forward and backward passes per step: ``tracer.trace_step``'s ``grad_accum``)."""
     from fitcheck.torch_adapters.tracer import trace_step
     from fitcheck.torch_adapters.tracer_build import config_layers, layer_group
 
     config = spec.model.config
     depth = min(config_layers(config), 2 * layer_group(config))
     kwargs = run_trace_kwargs(spec)
+    if micro_batches > 1:
+        kwargs["grad_accum"] = micro_batches
     traces: list[Sequence[tuple[int, int, str]]] = []
     for length in lengths:
         kwargs["seq_len"] = length
@@ -179,7 +191,6 @@ def replay_steady_state(spec: TrainingSpec, steps: int = STEADY_STEPS) -> StepRe
     Returns:
         The replay's peaks over all steps (``max_memory_reserved`` never falls, so its peak is the last step's).
     """
-    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
     from fitcheck.torch_adapters.tracer import trace_step
 
     kwargs = {**run_trace_kwargs(spec), "steps": steps, "grad_accum": replayed_micro_batches(spec.batch.grad_accum)}
@@ -231,10 +242,10 @@ def replay_whole_lengths(spec: TrainingSpec, seq_lengths: Sequence[int],
     What a dataloader that pads each batch to its longest row runs, and what ``benchmarks/gpu_truth_step.py``
     runs for a row with ``lengths``: the first step creates the optimizer's states, each later step starts from
     the blocks the earlier ones left cached. Each length's run is composed and deepened as in
-    :func:`replay_whole_run` (the first as one step, the others as a warm-up step and the measured one, of which
-    only the measured one is replayed: :func:`replay_events`). Two layer groups do not carry to the full depth
-    (the module docstring; on the H200's Llama-3.2-1B rows the two-group replay of these lengths was +5 % .. +20 %
-    over ``max_memory_reserved``), so the whole depth is replayed.
+    :func:`replay_whole_run`, with its accumulation passes (the first as one step, the others as a warm-up step and
+    the measured one, of which only the measured one is replayed: :func:`replay_events`). Two layer groups do not
+    carry to the full depth (the module docstring; on the H200's Llama-3.2-1B rows the two-group replay of these
+    lengths was +5 % .. +20 % over ``max_memory_reserved``), so the whole depth is replayed.
 
     Args:
         spec: The training spec (a plain Trainer step: ``pinned_path.traceable``).
@@ -254,10 +265,11 @@ def replay_whole_lengths(spec: TrainingSpec, seq_lengths: Sequence[int],
     cache = {} if optimizer_traces is None else optimizer_traces
     runs: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
     traces = []
+    micro = replayed_micro_batches(spec.batch.grad_accum)  # each step's passes, as replay_whole_run composes them
     for k, n in enumerate(seq_lengths):
         key = (n, 1 if k == 0 else 2)
         if key not in runs:
-            runs[key] = _whole_run_events(spec, (), key[1], cache, seq_len=n)
+            runs[key] = _whole_run_events(spec, (), key[1], cache, seq_len=n, micro_batches=micro)
         traces.append(runs[key])
     conf = allocator_conf(spec)
     at = list(seq_lengths).index(max(seq_lengths))
@@ -292,8 +304,6 @@ def replay_whole_run(spec: TrainingSpec, step_runs: Sequence[Any] = (), steps: i
     Raises:
         ComposeError, DeepenError: The traces do not compose or deepen (the caller falls back).
     """
-    from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
-
     events = _whole_run_events(spec, step_runs, steps, optimizer_traces,
                                micro_batches=replayed_micro_batches(spec.batch.grad_accum))
     return replay_events([events], allocator_conf(spec), (spec.batch.seq_len,))

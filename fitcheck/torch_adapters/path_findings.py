@@ -10,10 +10,11 @@ from typing import Any
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Report
 from fitcheck.spec import TrainingSpec
-from fitcheck.torch_adapters.run_scope import replayed_run, traceable, untraced_parts
+from fitcheck.torch_adapters.run_scope import accumulation_not_traced, replayed_run, traceable, untraced_parts
 
-__all__ = ["PATH_FINDINGS", "generation_trace_failed", "lengths_replayed", "not_pinned_with_torch",
-           "path_findings_lost", "published_gap", "trace_failed", "two_groups", "whole_run_replayed"]
+__all__ = ["PATH_FINDINGS", "accumulation_unpinned", "generation_trace_failed", "lengths_replayed",
+           "not_pinned_with_torch", "path_findings_lost", "published_gap", "trace_failed", "two_groups",
+           "whole_run_replayed"]
 
 
 def trace_failed(reason: str) -> Finding:
@@ -81,6 +82,25 @@ def not_pinned_with_torch(report: Report, mode: str) -> Report:
     return dataclasses.replace(report, findings=findings)
 
 
+def accumulation_unpinned(report: Report) -> Report:
+    """A traced answer whose run's later accumulation micro-steps the trace cannot show
+    (``run_scope.accumulation_not_traced``): not pinned, with a WARNING saying so (its one pass was read as the
+    micro-step); any other report as it is."""
+    import dataclasses
+
+    why = accumulation_not_traced(report.spec)
+    if not why or not any(c.name == "activations.traced" for c in report.components):
+        return report
+    note = Finding("accumulation-not-traced", Severity.WARNING,
+                   f"gradient accumulation ({report.spec.batch.grad_accum} micro-steps): the activations are the "
+                   f"traced step's one pass (a first micro-step); the later ones add into the gradients the earlier "
+                   f"ones left, and the trace does not show {why} (core/states/accumulation.py, "
+                   "torch_adapters/run_scope.py); not pinned",
+                   "measure one step (FitcheckCallback, benchmarks/gpu_truth.py) if the margin is small")
+    kept = tuple(f for f in report.findings if f.code != note.code)
+    return dataclasses.replace(report, pinned=False, findings=(*kept, note))
+
+
 def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
     """The caveat a replay finding adds where the allocator's gap does not enter the number."""
     from fitcheck.spec import DeviceType
@@ -91,7 +111,8 @@ def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
 
 
 # what PinnedPath._answer adds
-PATH_FINDINGS = ("trace-failed", "generation-trace-failed", "reserved-published-gap", "reserved-two-groups")
+PATH_FINDINGS = ("trace-failed", "generation-trace-failed", "reserved-published-gap", "reserved-two-groups",
+                 "accumulation-not-traced")
 
 
 def path_findings_lost(before: Report, after: Report) -> tuple[Finding, ...]:

@@ -31,6 +31,7 @@ from typing import Any
 from fitcheck.report import Component, Report
 from fitcheck.spec import Strategy, TrainingSpec
 from fitcheck.torch_adapters.path_findings import (
+    accumulation_unpinned,
     generation_trace_failed,
     lengths_replayed,
     not_pinned_with_torch,
@@ -372,7 +373,8 @@ class PinnedPath:
         comps = self.activations(spec)[0] if traced else None
         again = estimate(spec, activations=comps, gap_fraction=replay.gap_fraction)
         note = whole_run_replayed(spec, replay, report)
-        return dataclasses.replace(again, findings=(*again.findings, *path_findings_lost(report, again), note))
+        again = dataclasses.replace(again, findings=(*again.findings, *path_findings_lost(report, again), note))
+        return accumulation_unpinned(again)
 
     def _whole_run(self, spec: TrainingSpec) -> Any:
         """The spec's whole run replayed: the traced headline's, else the cache's, else replayed now."""
@@ -450,7 +452,7 @@ class PinnedPath:
         elif comps and not self.seq_lengths and _cache_key(spec) in self._whole_failed:
             note = two_groups(self._whole_failed[_cache_key(spec)])
             report = dataclasses.replace(report, findings=(*report.findings, note))
-        return report
+        return accumulation_unpinned(report)
 
 
 def _gap_applies(spec: TrainingSpec, seq_lengths: tuple[int, ...]) -> bool:

@@ -12,7 +12,8 @@
   generation phase);
   :func:`not_replayed` says which part of any other run the replay leaves out.
 - :func:`accumulates_in_grad`: a later micro-step of the run's accumulation window adds into ``.grad`` as torch does
-  (the traced answer reads its one pass as that micro-step).
+  (the core's one rule, ``core/states/accumulation.py``) and the traced answer reads its one pass as that micro-step;
+  :func:`accumulation_not_traced` says why a trace cannot (FSDP1, ZeRO-1 with ``overlap_comm``).
 """
 
 from __future__ import annotations
@@ -31,16 +32,36 @@ def traceable(spec: TrainingSpec) -> bool:
 
 
 def accumulates_in_grad(spec: TrainingSpec) -> bool:
-    """Whether a later micro-step of this run's gradient accumulation window holds every ``.grad`` from its start
-    and adds each new gradient into it in place (torch 2.13 ``autograd/functions/accumulate_grad.h``): the traced
-    answer then reads its one pass as that micro-step (``trace_result.accumulating_step``). True with
-    ``gradient_accumulation_steps`` > 1 on one process or DDP; False without accumulation, and under DeepSpeed
-    (ZeRO-2's hooks move each gradient into its partition as it is made: ``core/states/zero_reduce.py``) and FSDP
-    (sharded gradients; accelerate's ``no_sync`` is ``core/states/model_states.py``'s): neither was checked
-    against an accumulating step, and their traced answers stay the one pass traced."""
+    """Whether the traced answer reads its one pass as a later micro-step of the run's gradient accumulation window
+    (``trace_result.accumulating_step``: every ``.grad`` held, each new gradient beside it until its
+    ``AccumulateGrad`` returns): where the run does so (``core/states/accumulation.py`` ``accumulates_in_grad``, the
+    one rule, which the formula's backward moments read too) and the trace can show it
+    (:func:`accumulation_not_traced` is empty)."""
+    from fitcheck.core.states import accumulates_in_grad as rule
+
+    return rule(spec) and not accumulation_not_traced(spec)
+
+
+def accumulation_not_traced(spec: TrainingSpec) -> str:
+    """Why the traced step cannot stand for this run's accumulating micro-step ('' where it can, or where the run
+    does not accumulate into ``.grad``): FSDP1, whose ``AccumulateGrad`` adds a unit's whole flat gradient at once
+    (the per-parameter gradients wait in the flat parameter's view backward until the unit's last one is made; the
+    plain module's trace adds each parameter's own), and ZeRO-1 with ``overlap_comm``, whose boundary micro-step
+    reduces during backward beside the held ``.grad`` (``stage_1_and_2.py`` ``reduce_ready_partitions_and_remove_grads``
+    at ``is_gradient_accumulation_boundary``), which the traced step does not run. Such an answer reads the one pass
+    and is not pinned (``path_findings.accumulation_not_pinned``)."""
+    from fitcheck.core.states import accumulates_in_grad as rule
     from fitcheck.spec import Strategy
 
-    return spec.batch.grad_accum > 1 and spec.sharding.strategy in (Strategy.SINGLE, Strategy.DDP)
+    if not rule(spec):
+        return ""
+    sh = spec.sharding
+    if sh.strategy is Strategy.FSDP and sh.fsdp is not None and sh.fsdp.version == 1:
+        return "FSDP1's accumulation into each unit's flat gradient"
+    ds = sh.deepspeed
+    if sh.zero_stage == 1 and ds is not None and ds.overlaps_comm:
+        return "ZeRO-1 with overlap_comm: the boundary micro-step's reduction during backward beside the held .grad"
+    return ""
 
 
 def plain_trainer_run(spec: TrainingSpec) -> bool:

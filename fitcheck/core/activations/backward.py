@@ -23,9 +23,11 @@ pins them), each written as (live bytes besides states) − (gradients not yet p
   ``embedding_dense_backward`` also holds fp32 partial sums of (b·s/10 + min(b·s, V)) rows of h and four int64
   index arrays (``aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu``, two-pass path; not traceable on CPU).
 
-With gradient accumulation (micro-step >= 2) every gradient already exists: nothing is subtracted, and the newly
-computed gradient of the head (and of the embedding) is a temporary summed into ``.grad`` in place
-(``torch/csrc/autograd/functions/accumulate_grad.h``).
+With gradient accumulation (micro-step >= 2) every gradient the model states count already exists: nothing is
+subtracted (``fitcheck.core.states.gradients_held_from_start``; ZeRO-2's carried partition is ``zero2_held_grads``');
+where the later micro-steps add into the ``.grad`` they hold (``fitcheck.core.states.accumulates_in_grad``: not
+DeepSpeed ZeRO-2/3, not FSDP with ``sync_each_batch``) the newly computed gradient of the head (and of the
+embedding) is a temporary summed into ``.grad`` in place (``torch/csrc/autograd/functions/accumulate_grad.h``).
 
 Gradient clipping (``TrainingArguments.max_grad_norm`` 1.0: ``Trainer._clip_grad_norm`` ->
 ``accelerate.Accelerator.clip_grad_norm_`` -> ``torch.nn.utils.clip_grad_norm_``) runs after backward, before
@@ -72,6 +74,7 @@ from fitcheck.core.activations.norm_backward import (
 )
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
+from fitcheck.core.states import accumulates_in_grad, gradients_held_from_start
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import AttentionKind, AttnImpl, NormKind, TrainingSpec
 
@@ -149,8 +152,13 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     b, s = spec.batch.micro_batch, spec.batch.seq_len
     bs, h, L = b * s, sh.hidden_size, sh.num_layers
     z2 = zero2_held_grads(spec)  # ZeRO-2: (gradients counted, held at the top layer, held from the bottom layer on)
-    # ZeRO-2 clears every .grad at each micro-step's end (its carried partition is z2's): each backward is a first
-    accum = spec.batch.grad_accum > 1 and z2 is None
+    # a later micro-step adds into the .grad it holds (core/states/accumulation.py, the one rule): not under ZeRO-2
+    # (its carried partition is z2's) or ZeRO-3, whose every backward is a first; ZeRO-1 with overlap_comm holds
+    # every .grad and reduces during the boundary micro-step's backward (z2: zero_reduce.zero2_backward_grads)
+    accum = accumulates_in_grad(spec)
+    # every byte the gradients component counts exists from a later micro-step's start (the .grad, FSDP's reduced
+    # shards under sync_each_batch, ZeRO-3's resident buffer): nothing is missing (ZeRO-2's carried partition: z2)
+    held = gradients_held_from_start(spec) and (z2 is None or accum)
     g_layer = layer_grad(spec)
     g_head, g_emb = head_and_embedding(spec)
     g_down = down_proj_numel(spec) * param_bytes(spec) if trainable_full(spec) else 0
@@ -170,12 +178,12 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # HEAD: everything forward kept + the logits-side tensors + the head's new weight gradient (under autocast
     # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
     head_grad = 2 * g_head // param_bytes(spec) if q.autocast else g_head
-    missing = 0 if accum else all_grads(spec)
-    if z2 is not None:
+    missing = 0 if held else all_grads(spec)
+    if z2 is not None and not held:  # (ZeRO-1 with overlap_comm accumulating: every .grad held, counted)
         missing = z2[0]  # no grads_in_partition yet; the head's gradient is the moment's own (head_grad)
     casts = L * cast if q.n_ckpt == 0 else 0
     head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)
-    head32 = 0 if accum else 2 * head16  # made by the cast: no longer missing
+    head32 = 0 if held else 2 * head16  # made by the cast: no longer missing
     # accumulation: a partially trained head's new gradient (without autocast: head16 has its own moment) is a
     # temporary beside its .grad until AccumulateGrad adds it in place (without accumulation it is the .grad
     # all_grads left out of ``missing``). Probe Qwen3-14B freeze fp32 1 x 1344, accumulation 4: -51.7 % without
@@ -197,11 +205,11 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     base_nockpt = None if q.n_ckpt or q.offloaded else unrecomputed_base_backward(spec, q.r)
     post = None if q.offloaded else post_norm_backward(spec)
     for name, i in (("top layer", L - 1), ("bottom layer", 0)):
-        missing = 0 if accum else (i + 1) * g_layer - g_down + g_emb
+        missing = 0 if held else (i + 1) * g_layer - g_down + g_emb
         below = 1 if q.offloaded else i + 1  # offloaded: only layer i's tensors are brought back
-        if spec.freeze is not None and not accum:
+        if spec.freeze is not None and not held:
             missing = frozen_missing(spec, i == L - 1, all_grads(spec), layer_bytes(spec), g_down_frozen)
-        elif spec.lora is not None and not accum and q.n_ckpt == 0:
+        elif spec.lora is not None and not held and q.n_ckpt == 0:
             missing = _lora_missing(spec, i)  # checkpointed adapters: lora_recompute / dora moments
         if z2 is not None:  # ZeRO-2: the rank's grads_in_partition once allocated, whole, in place of the made ones;
             # a tied head's gradient waits in the shared weight's input buffer until the embedding (not in it)
@@ -236,13 +244,13 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
                 from fitcheck.core.activations.layernorm_recompute import layernorm_bottom_layer_less
 
                 live -= layernorm_bottom_layer_less(spec)
-            unmade = 0 if accum else all_grads(spec) - (L - 1 - i) * g_lora  # layer i made none yet
+            unmade = 0 if held else all_grads(spec) - (L - 1 - i) * g_lora  # layer i made none yet
             moments[name + " recompute"] = live + cast_down + rec - unmade + _LOSS_SCALARS
-            moments[name] = live + lora_work - (0 if accum else unmade - g_lora_down) + _LOSS_SCALARS
+            moments[name] = live + lora_work - (0 if held else unmade - g_lora_down) + _LOSS_SCALARS
             if base is not None:  # QLoRA: down_proj's MatMul4Bit backward (dequantized weight)
-                moments[name + " 4-bit backward"] = live + base - (0 if accum else unmade - g_lora_down) + _LOSS_SCALARS
+                moments[name + " 4-bit backward"] = live + base - (0 if held else unmade - g_lora_down) + _LOSS_SCALARS
             if attn is not None:  # every adapter gradient of layer i but q/k/v's (a few r-wide rows) made
-                moments[name + " attention"] = attn - (0 if accum else unmade - g_lora)
+                moments[name + " attention"] = attn - (0 if held else unmade - g_lora)
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
         new_down = (g_down if spec.freeze is None else g_down_frozen * layer_trained(spec, i)) if accum else 0
@@ -260,9 +268,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
         # layer's down_proj gradient is already out of ``missing`` (freeze.frozen_missing)
         down = g_down if spec.freeze is None else g_down_frozen
         if post is not None and (spec.freeze is None or layer_trained(spec, i)):
-            moments[name + " post norm"] = live + post[0] - missing + (post[1] - down) * (not accum) + _LOSS_SCALARS
+            moments[name + " post norm"] = live + post[0] - missing + (post[1] - down) * (not held) + _LOSS_SCALARS
         if attn is not None:
-            made = q.eager_made - g_down if not accum and spec.freeze is None else 0
+            made = q.eager_made - g_down if not held and spec.freeze is None else 0
             moments[name + " attention"] = attn - missing + made
     frozen_moment = _frozen_recompute(spec, q, static, norms, cast - cast_down)
     if frozen_moment is not None:
@@ -280,7 +288,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
         moments["top layer attention"] = q.attention_moment - all_grads(spec) + _LOSS_SCALARS
     wrapped = param_wrapper_backward(spec, q.e, q.r)  # LoRA on fused experts (activations/param_wrapper.py)
     if wrapped:
-        moments["top MoE layer"] = q.kept + wrapped - (0 if accum else all_grads(spec)) + _LOSS_SCALARS
+        moments["top MoE layer"] = q.kept + wrapped - (0 if held else all_grads(spec)) + _LOSS_SCALARS
     # accumulation: the embedding's new gradient is a temporary until AccumulateGrad adds it in place; tied, the
     # head's buffered gradient is one too, and so is their sum (tied // 2 each: the sum is not the .grad). Probe
     # gemma-7b full ckpt bf16 3 x 1024, accumulation 2: -19.7 % without it
@@ -359,7 +367,7 @@ def _frozen_recompute(spec: TrainingSpec, q: BackwardInputs, static: int, norms:
     sh = spec.model.shape
     if (frozen is None or fz is None or fz.trainable_layers is None or q.n_ckpt not in (0, sh.num_layers)
             or q.offloaded or frozen.frozen_grad == 0 or sh.mlp_activation != "swiglu"
-            or spec.batch.grad_accum > 1):
+            or gradients_held_from_start(spec)):
         return None
     L, bs = sh.num_layers, spec.batch.micro_batch * spec.batch.seq_len
     trained = {i for i in fz.trainable_layers if 0 <= i < L}

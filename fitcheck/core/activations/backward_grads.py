@@ -113,9 +113,12 @@ def tied_embedding_backward(spec: TrainingSpec) -> int:
 
 
 def grads_unmade(spec: TrainingSpec) -> int:
-    """Gradient bytes not made yet before the top layer's first gradient (every one; 0 with accumulation, when
-    last micro-step's exist): what a top-layer recompute moment subtracts from ``model_states``' gradients."""
-    return 0 if spec.batch.grad_accum > 1 else all_grads(spec)
+    """Gradient bytes not made yet before the top layer's first gradient (every one; 0 in a later micro-step, whose
+    gradients exist from its start: ``core/states/accumulation.py``): what a top-layer recompute moment subtracts
+    from ``model_states``' gradients."""
+    from fitcheck.core.states import gradients_held_from_start
+
+    return 0 if gradients_held_from_start(spec) else all_grads(spec)
 
 
 def partial_head_grad(spec: TrainingSpec) -> int:

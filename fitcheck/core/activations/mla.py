@@ -240,7 +240,9 @@ def mla_attention_backward(spec: TrainingSpec, m: MlaMode, d: MlaDims, layers_sa
     cpu_math = spec.hardware.device_type is DeviceType.CPU and spec.activations.attn_implementation is AttnImpl.SDPA
     if not (m.half_model and cpu_math) or spec.activations.checkpointing or spec.freeze is not None:
         return None
-    if spec.batch.grad_accum > 1 or spec.quant is not None:
+    from fitcheck.core.states import gradients_held_from_start
+
+    if gradients_held_from_start(spec) or spec.quant is not None:
         return None  # every gradient exists already / a quantized base: not traced
     bs, s = spec.batch.micro_batch * spec.batch.seq_len, spec.batch.seq_len
     h, a, top = sh.hidden_size, sh.num_heads, sh.num_layers - 1

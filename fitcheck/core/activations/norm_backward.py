@@ -89,6 +89,7 @@ def frozen_input_norm_backward(spec: TrainingSpec, static: int, trained_layer: i
     """
     from fitcheck.core.activations.freeze import frozen_layers
     from fitcheck.core.activations.layer_saved import layer_saved_per_token
+    from fitcheck.core.states import gradients_held_from_start
 
     sh, t, fz = spec.model.shape, spec.model.shape.traits, spec.freeze
     frozen = frozen_layers(spec)
@@ -96,7 +97,7 @@ def frozen_input_norm_backward(spec: TrainingSpec, static: int, trained_layer: i
             or not spec.precision.load_dtype.is_half or spec.precision.mixed_precision is not MixedPrecision.NO
             or t.norm_kind is not NormKind.RMS or t.norm_placement is not NormPlacement.PRE
             or sh.mlp_activation != "swiglu" or sh.num_experts or t.vision is not None
-            or spec.activations.attn_implementation.value != "sdpa" or spec.batch.grad_accum > 1):
+            or spec.activations.attn_implementation.value != "sdpa" or gradients_held_from_start(spec)):
         return None
     trained = {i for i in fz.trainable_layers if 0 <= i < sh.num_layers}
     if not trained:

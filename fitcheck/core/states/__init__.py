@@ -14,12 +14,16 @@
 - :mod:`.regimes`: which precision regime applies (bf16 pure, autocast, DeepSpeed masters) and its findings;
 - :mod:`.zero_reduce`: ZeRO-1/2's flat groups, a rank's gradient partition, ZeRO-1's end-of-backward reduction; what
   ZeRO-2's gradients hold at backward's moments (``zero2_backward_grads``);
+- :mod:`.accumulation`: whether a later micro-step of gradient accumulation adds into the ``.grad`` it holds
+  (``accumulates_in_grad``, the one rule the backward moments and the traced path read) and whether its gradients
+  exist from its start (``gradients_held_from_start``);
 - :mod:`.model_states`: the components the report shows.
 
 Where a new quantization scheme or adapter type goes: its bytes in :mod:`.quantization` / :mod:`.lora` (or a
 new module here), read by :mod:`.layout`.
 """
 
+from fitcheck.core.states.accumulation import accumulates_in_grad, gradients_held_from_start
 from fitcheck.core.states.deepspeed_streams import deepspeed_side_pools
 from fitcheck.core.states.fsdp2_units import peft_root_gathers, root_layer_bytes
 from fitcheck.core.states.fsdp_qlora import LoadPeak, fsdp_qlora_findings, load_peak
@@ -65,6 +69,7 @@ __all__ = [
     "LoraPlan",
     "Partition",
     "SidePools",
+    "accumulates_in_grad",
     "adapter_param_count",
     "aligned",
     "all_trainable",
@@ -80,6 +85,7 @@ __all__ = [
     "fsdp_qlora_findings",
     "fsdp_side_pools",
     "fsdp_unit_params",
+    "gradients_held_from_start",
     "held_elements",
     "in_partition",
     "is_quantized",

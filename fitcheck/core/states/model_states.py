@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from fitcheck.core.optimizers import OptimizerMemory, TensorGroup
+from fitcheck.core.states.accumulation import zero1_overlap_keeps_grads
 from fitcheck.core.states.fsdp_mixed_units import mixed_unit_components
 from fitcheck.core.states.fsdp_qlora import SOURCE as FSDP_QUANT_SOURCE
 from fitcheck.core.states.fsdp_qlora import quant_placement
@@ -343,9 +344,12 @@ def _gradient_components(
     early = (Phase.FORWARD_END, Phase.BACKWARD_START)
     by_phase: dict[Phase, int] = {}
     kept = _unsharded_kept(spec, groups, grad_bytes)
+    whole = zero1_overlap_keeps_grads(spec)  # ZeRO-1 reducing at the boundary only: every .grad until then
     for p in PHASES:
         if part.full_gradients_between_microsteps and accum and p is not Phase.OPTIMIZER_STEP:
             by_phase[p] = kept  # FSDP no_sync: unsharded gradients kept across micro-steps
+        elif whole and p is not Phase.OPTIMIZER_STEP:
+            by_phase[p] = grad_bytes
         elif p in early and not accum and not part.gradients_resident:
             by_phase[p] = 0
         else:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from fitcheck.core.states.accumulation import zero1_overlap_keeps_grads
 from fitcheck.core.states.layout import all_trainable, build_layout
 from fitcheck.core.states.sharding import contiguous_reduction, param_compute_bytes
 from fitcheck.report import PHASES, Category, Component, Location, Phase
@@ -318,7 +319,10 @@ def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int, int] | None:
     not at the accumulation boundary, summed into with ``add_`` and dropped at the boundary). Each value then holds
     a rank's carried partition too: the largest of the ranks' carried + (made by then) new one (real engine, 64
     tokens, accumulation 2, the second micro-step: one process -7.75 % before, 8 ranks on the fake process group
-    -5.69 % -> -2.57 % on rank 7; ``benchmarks/deepspeed_cpu.py`` ``CASES["zero2-accum2"]``).
+    -5.69 % -> -2.57 % on rank 7; ``benchmarks/deepspeed_cpu.py`` ``CASES["zero2-accum2"]``). ZeRO-1 with
+    ``overlap_comm`` carries no partition: its hook reduces only at the boundary micro-step, which starts with every
+    ``.grad`` of the earlier ones (``core/states/accumulation.py``) and moves each into the bucket as its new
+    gradient is added (``benchmarks/accumulation_engines_cpu.py``).
     """
     ds = contiguous_reduction(spec, during_backward=True)
     if ds is None:
@@ -337,15 +341,18 @@ def zero2_backward_grads(spec: TrainingSpec) -> tuple[int, int, int] | None:
     carried = held if spec.batch.grad_accum > 1 else [0] * world  # the previous micro-steps' partitions
     order = hook_order(spec)
     owners = [_owners(g, world) for g in groups]
+    whole = zero1_overlap_keeps_grads(spec)  # ZeRO-1 accumulating: every .grad held until its hook at the boundary
 
     def worst(ranks: Iterable[int], stop: int) -> int:
         """The largest rank's carried + new partition (the new: ``ranks``') + ZeRO-1's kept extra-large gradients
-        made before ``order[stop]``."""
+        made before ``order[stop]`` (ZeRO-1 accumulating: the whole ``.grad`` of every parameter not hooked yet in
+        place of a carried partition)."""
+        before = [sum(t[2] for t in order[stop:])] * world if whole else carried
         made, kept = set(ranks), [0] * world
         for g, k, numel, _ in order[:stop] if spec.sharding.zero_stage == 1 else ():
             for r in range(world):  # reduce_ipg_grads' stage-1 branch clears no gradient outside the partition
                 kept[r] += numel if numel > ds.reduce_bucket_size and r not in owners[g][k] else 0
-        return max(carried[r] + (held[r] if r in made else 0) + kept[r] for r in range(world)) * elem
+        return max(before[r] + (held[r] if r in made else 0) + kept[r] for r in range(world)) * elem
 
     layers = [i for i, (_, _, _, at) in enumerate(order) if at >= 0]
     top = worst([world - 1] if after + layer > ds.reduce_bucket_size else [], layers[0] if layers else len(order))

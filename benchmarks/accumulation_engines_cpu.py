@@ -1,0 +1,430 @@
+"""What the second micro-step of a gradient accumulation window holds, on the REAL engines (CPU, gloo).
+
+For each engine a tiny Llama (``deepspeed_run_events_cpu.CONFIG``: h128, 2 layers, vocab 1024; 2 rows) runs two
+optimizer steps of ``gradient_accumulation_steps`` 2, and a tensor hook on every leaf the autograd engine
+accumulates into (the module's trainable parameters; FSDP2's unsharded parameters, ``FSDPParam._unsharded_param``;
+FSDP1's ``FlatParameter``) sees each new gradient before its ``AccumulateGrad`` runs and records what ``.grad`` the
+leaf already holds then (dtype, elements; the new gradient is always the leaf's whole size). The live-tensor
+recorder (``fitcheck.torch_adapters.LiveTensorRecorder``; FSDP's storage resizes through ``fsdp_cpu`` /
+``fsdp1_lora_cpu``'s recorders) gives each micro-step's forward and backward peak.
+
+Engines (``ENGINES``):
+
+- ``ddp``: torch ``DistributedDataParallel``, one gloo process, ``no_sync`` on the first micro-step (what accelerate
+  1.15 ``Accelerator.no_sync`` does for a DDP model, ``accelerator.py`` l.1172-1178), bf16 loaded;
+- ``zero0`` .. ``zero3``, ``zero1-overlap``: the deepspeed 0.19.8 engine (bf16, fp32-loaded, ``engine.backward`` /
+  ``engine.step`` per micro-step, as the Trainer drives it: transformers 5.23 ``trainer.py`` l.1896-1903 runs
+  DeepSpeed under ``nullcontext``), one gloo process (``gloo_rank.without_deepspeed_shm_comm``);
+- ``fsdp1``, ``fsdp2`` (world 1 and 2): the real ``transformers.Trainer`` (``fsdp="full_shard auto_wrap"``,
+  ``fsdp_config`` version 1 / 2, bf16, bf16 loaded) with accelerate's state set to FSDP on the CPU
+  (``gloo_rank.install_fsdp_on_cpu_trainer``); the Trainer runs every micro-step but the last under
+  ``accelerator.no_sync(model)`` (``trainer.py`` l.1896-1908), which under FSDP2 is
+  ``set_requires_gradient_sync(False)`` and under FSDP1 ``model.no_sync`` only where ``use_distributed``
+  (``accelerator.py`` l.1166-1178); ``-sync``: ``accelerator_config`` ``gradient_accumulation_kwargs.sync_each_batch``
+  (the Trainer enters no ``no_sync``, ``trainer.py`` l.1896-1902).
+
+Run: ``PYTHONPATH=. python benchmarks/accumulation_engines_cpu.py [ENGINE ...]`` prints one JSON line per engine:
+per micro-step of the second optimizer step, the leaves seen, how many held a ``.grad``, its dtypes and bytes and
+how many were whole, and the micro-step's forward and backward peaks. ``--write`` records every engine at 32 and 128
+tokens in ``benchmarks/data/accumulation_engines_cpu.json``, with two ``deepspeed_cpu.py`` ``CASES`` (``--write-cases``:
+those alone); ``--table [ENGINE ...]`` prints the recorded held
+gradients and micro-step 2's backward against the formula (``fitcheck.core.estimate``) and the traced default path
+(``PinnedPath("always")``). The region ``layers`` starts when the gradient reaches the final norm's output (the
+head's backward done): its peak is the during-backward one (``Phase.BACKWARD``), the backward region's before it the
+start of backward's (``Phase.BACKWARD_START``). Two-rank rows vary by a few percent between runs (gloo's
+collectives finish on their own thread and the frees follow them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+ENGINES = ("ddp", "zero0", "zero1", "zero1-overlap", "zero2", "zero3", "fsdp1", "fsdp1-2ranks", "fsdp2",
+           "fsdp2-2ranks", "fsdp1-2ranks-sync", "fsdp2-sync")
+ACCUM = 2
+BUCKET = 20_000  # reduce_bucket_size (elements), deepspeed_run_events_cpu's
+SEQS = (32, 128)
+DATA = ROOT / "benchmarks" / "data" / "accumulation_engines_cpu.json"
+
+
+class HeldProbe:
+    """Tensor hooks on the leaves autograd accumulates into: for each new gradient, the ``.grad`` its leaf holds."""
+
+    def __init__(self) -> None:
+        self.micro: str | None = None
+        self.rows: dict[str, list[tuple[str, int, str | None, int]]] = {}
+        self.hooked: set[int] = set()
+
+    def attach(self, leaves: list[tuple[str, Any]]) -> None:
+        """Hook every leaf not hooked yet (``name``, tensor)."""
+        for name, leaf in leaves:
+            if id(leaf) in self.hooked or not leaf.requires_grad:
+                continue
+            self.hooked.add(id(leaf))
+            leaf.register_hook(lambda g, n=name, t=leaf: self._seen(n, t, g))
+
+    def _seen(self, name: str, leaf: Any, grad: Any) -> None:
+        if self.micro is None:
+            return
+        held = leaf.grad
+        self.rows.setdefault(self.micro, []).append(
+            (name, grad.numel(), None if held is None else str(held.dtype).removeprefix("torch."),
+             0 if held is None else held.numel() * held.element_size()))
+
+    def summary(self, micro: str) -> dict[str, Any]:
+        """Leaves seen in ``micro``, how many held a ``.grad``, its dtypes, bytes, and how many were whole."""
+        rows = self.rows.get(micro, [])
+        held = [r for r in rows if r[2] is not None]
+        whole = [r for r in held if r[3] // _nbytes(r[2]) == r[1]]
+        return {"leaves": len(rows), "held": len(held), "held_dtypes": sorted({str(r[2]) for r in held}),
+                "held_bytes": sum(r[3] for r in held), "whole": len(whole),
+                "new_numel": sum(r[1] for r in rows)}
+
+
+def mark_layers(model: Any, rec: Any, probe: HeldProbe) -> None:
+    """Enter region ``layers<micro>`` when the gradient reaches the final norm's output (the LM head's backward is
+    done): the backward peak after the start of backward (``Phase.BACKWARD``) apart from the one at its start."""
+    norm = next(m for n, m in model.named_modules() if n.endswith("model.norm"))
+
+    def hook(_m: Any, _i: Any, out: Any) -> None:
+        if out.requires_grad:
+            out.register_hook(lambda _g: rec.enter_region(f"layers{probe.micro}"))
+
+    norm.register_forward_hook(hook)
+
+
+def _nbytes(dtype: str | None) -> int:
+    return {"float32": 4, "bfloat16": 2, "float16": 2}.get(str(dtype), 4)
+
+
+def _result(probe: HeldProbe, rec: Any, step: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for m in range(ACCUM):
+        key = f"{step}.{m}"
+        layers = rec.regions.get(f"layers{key}")
+        start = rec.regions[f"backward{key}"].peak
+        out[f"micro{m + 1}"] = {**probe.summary(key), "forward_peak": rec.regions[f"forward{key}"].peak,
+                                "start_peak": start, "layers_peak": 0 if layers is None else layers.peak,
+                                "backward_peak": max(start, 0 if layers is None else layers.peak)}
+    return out
+
+
+def run_deepspeed(stage: int, overlap: bool, seq: int) -> dict[str, Any]:
+    """The deepspeed 0.19.8 engine, one process, bf16 over the fp32-loaded tiny Llama, accumulation 2."""
+    from gloo_rank import free_port, without_deepspeed_shm_comm
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    without_deepspeed_shm_comm()
+    import deepspeed
+    import torch
+    import transformers
+    from deepspeed_run_events_cpu import BATCH, CONFIG
+
+    from fitcheck.torch_adapters import LiveTensorRecorder
+
+    cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.train()
+    ds: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": ACCUM, "bf16": {"enabled": True},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET,
+                              "overlap_comm": overlap},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+    }
+    deepspeed.init_distributed(dist_backend="gloo")
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+    ids = torch.randint(0, cfg.vocab_size, (BATCH, seq))
+    probe = HeldProbe()
+    probe.attach(list(engine.module.named_parameters()))
+    rec = LiveTensorRecorder()
+    mark_layers(engine.module, rec, probe)
+    rec.track_reachable()
+    rec.track([ids])
+    with rec:
+        for step in range(2):
+            for micro in range(ACCUM):
+                probe.micro = f"{step}.{micro}"
+                rec.enter_region(f"forward{step}.{micro}")
+                loss = engine(input_ids=ids, labels=ids).loss
+                rec.enter_region(f"backward{step}.{micro}")
+                engine.backward(loss)
+                del loss
+                rec.enter_region(f"step{step}.{micro}")
+                engine.step()
+        rec.enter_region("done")
+    return _result(probe, rec, 1)
+
+
+def run_ddp(seq: int) -> dict[str, Any]:
+    """torch DDP on one gloo process, bf16 loaded, ``no_sync`` on every micro-step but the last."""
+    import contextlib
+
+    from gloo_rank import free_port, start_rank
+
+    start_rank(0, 1, int(free_port()))
+    import torch
+    import transformers
+    from deepspeed_run_events_cpu import BATCH, CONFIG
+
+    from fitcheck.torch_adapters import LiveTensorRecorder
+
+    cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.train()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    ids = torch.randint(0, cfg.vocab_size, (BATCH, seq))
+    probe = HeldProbe()
+    probe.attach(list(model.named_parameters()))
+    rec = LiveTensorRecorder()
+    mark_layers(model, rec, probe)
+    rec.track_reachable()
+    rec.track([ids])
+    with rec:
+        for step in range(2):
+            for micro in range(ACCUM):
+                probe.micro = f"{step}.{micro}"
+                sync = contextlib.nullcontext() if micro == ACCUM - 1 else ddp.no_sync()
+                with sync:
+                    rec.enter_region(f"forward{step}.{micro}")
+                    loss = ddp(input_ids=ids, labels=ids).loss / ACCUM
+                    rec.enter_region(f"backward{step}.{micro}")
+                    loss.backward()
+                    del loss
+            rec.enter_region(f"step{step}")
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        rec.enter_region("done")
+    return _result(probe, rec, 1)
+
+
+def _fsdp_leaves(model: Any) -> list[tuple[str, Any]]:
+    """The leaves autograd accumulates into under FSDP: FSDP2's unsharded parameters, FSDP1's flat parameters."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+
+    out: list[tuple[str, Any]] = []
+    for name, m in model.named_modules():
+        if isinstance(m, FSDPModule):
+            group = m._get_fsdp_state()._fsdp_param_group
+            for fp in [] if group is None else group.fsdp_params:
+                if getattr(fp, "_unsharded_param", None) is not None:
+                    out.append((f"{name}.{fp._param_fqn}", fp._unsharded_param))
+        elif isinstance(m, FSDP1) and m._has_params:
+            out.append((name or "root", m._flat_param))
+    return out
+
+
+def _fsdp_rank(rank: int, world: int, version: int, seq: int, port: int, out: str, sync: bool = False) -> None:
+    """One rank of the real Trainer under FSDP``version``; rank 0 writes its result to ``out``. ``sync``:
+    accelerate's ``sync_each_batch`` (``TrainingArguments.accelerator_config``), no ``no_sync`` at all."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT))
+    from gloo_rank import finish_rank, install_fsdp_on_cpu_trainer, start_rank
+
+    start_rank(rank, world, port)
+    warnings.filterwarnings("ignore")
+    import torch
+    import transformers
+    from deepspeed_run_events_cpu import BATCH, CONFIG
+
+    if version == 2:
+        from fsdp_cpu import _recorder as recorder
+    else:
+        from fsdp1_lora_cpu import _recorder as recorder
+
+    install_fsdp_on_cpu_trainer()
+    cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.config.use_cache = False
+    ids = torch.randint(0, cfg.vocab_size, (BATCH * ACCUM * 2, seq), generator=torch.Generator().manual_seed(rank))
+    data = [{"input_ids": r, "labels": r} for r in ids]
+    fsdp1 = {"sync_module_states": False} if version == 1 else {}
+    args = transformers.TrainingArguments(
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=BATCH, gradient_accumulation_steps=ACCUM,
+        max_steps=2, bf16=True, use_cpu=True, fsdp="full_shard auto_wrap",
+        fsdp_config={"version": version, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], **fsdp1},
+        optim="adamw_torch", save_strategy="no", report_to="none", logging_strategy="no", disable_tqdm=True,
+        seed=0, data_seed=0, dataloader_drop_last=True,
+        accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}} if sync else None)
+    rec = recorder()
+    probe = HeldProbe()
+    mark_layers(model, rec, probe)
+    state = {"micro": 0}
+
+    class Regions(transformers.TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, _a: Any, st: Any, _c: Any, **_k: Any) -> None:
+            state["micro"] = 0
+
+        def on_pre_optimizer_step(self, _a: Any, st: Any, _c: Any, **_k: Any) -> None:
+            rec.enter_region(f"step{st.global_step}")
+
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[Regions()])
+    step_loss = trainer.compute_loss
+
+    def compute_loss(*a: Any, **k: Any) -> Any:  # forward + loss; the Trainer's backward follows it
+        gs, m = trainer.state.global_step, state["micro"]
+        state["micro"] += 1
+        probe.attach(_fsdp_leaves(trainer.model_wrapped))  # FSDP2's unsharded parameters exist after lazy init
+        probe.micro = f"{gs}.{m}"
+        rec.enter_region(f"forward{gs}.{m}")
+        loss = step_loss(*a, **k)
+        rec.enter_region(f"backward{gs}.{m}")
+        return loss
+
+    trainer.compute_loss = compute_loss
+    rec.track_reachable()
+    with rec:
+        trainer.train()
+    result = _result(probe, rec, 1)
+    result["is_fsdp2"] = bool(trainer.accelerator.is_fsdp2)
+    result["distributed_type"] = str(trainer.accelerator.distributed_type)
+    if rank == 0:
+        with open(out, "w", encoding="utf-8") as fh:
+            json.dump(result, fh)
+    finish_rank()
+
+
+def run_fsdp(version: int, world: int, seq: int, sync: bool = False) -> dict[str, Any]:
+    """Rank 0's result of the Trainer under FSDP``version`` on ``world`` spawned gloo ranks."""
+    import torch.multiprocessing as mp_
+    from gloo_rank import free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        mp_.start_processes(_fsdp_rank, args=(world, version, seq, int(free_port()), out, sync), nprocs=world,
+                            join=True, start_method="spawn")
+        with open(out, encoding="utf-8") as fh:
+            return dict(json.load(fh))
+
+
+def run(engine: str, seq: int) -> dict[str, Any]:
+    """One engine's result (call in a fresh process: an engine leaves its process group and tensors behind)."""
+    warnings.filterwarnings("ignore")
+    if engine == "ddp":
+        return run_ddp(seq)
+    if engine.startswith("zero"):
+        return run_deepspeed(int(engine[4]), engine.endswith("overlap"), seq)
+    version = int(engine[4])
+    return run_fsdp(version, 2 if "2ranks" in engine else 1, seq, engine.endswith("sync"))
+
+
+def measured(engine: str, seq: int) -> dict[str, Any]:
+    """:func:`run` in a child process."""
+    proc = subprocess.run([sys.executable, __file__, "--one", engine, str(seq)], capture_output=True, text=True,
+                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def spec_of(engine: str, seq: int) -> Any:
+    """fitcheck's spec of an engine's run (accumulation 2)."""
+    from cpu_truth import Row, spec_for
+    from deepspeed_run_events_cpu import BATCH, CONFIG
+
+    from fitcheck.spec import DeepSpeedSpec, FsdpSpec, ShardingSpec, Strategy
+
+    if engine.startswith("zero"):
+        spec = spec_for(Row("tiny", CONFIG, seq=seq, batch=BATCH, dtype="float32", mp="bf16"))
+        ds = DeepSpeedSpec(stage=int(engine[4]), reduce_bucket_size=BUCKET, allgather_bucket_size=BUCKET,
+                           overlap_comm=engine.endswith("overlap"), zero3_init=False)
+        sharding = ShardingSpec(Strategy.DEEPSPEED, 1, 1, ds)
+    elif engine == "ddp":
+        spec = spec_for(Row("tiny", CONFIG, seq=seq, batch=BATCH, dtype="bfloat16"))
+        sharding = ShardingSpec(Strategy.DDP, 1, 1)
+    else:
+        spec = spec_for(Row("tiny", CONFIG, seq=seq, batch=BATCH, dtype="bfloat16", mp="bf16"))
+        world = 2 if "2ranks" in engine else 1
+        fsdp = FsdpSpec(version=int(engine[4]), sync_each_batch=engine.endswith("sync"))
+        sharding = ShardingSpec(Strategy.FSDP, world, 1, None, fsdp)
+    return replace(spec, sharding=sharding, batch=replace(spec.batch, grad_accum=ACCUM))
+
+
+def estimates(engine: str, seq: int) -> dict[str, tuple[int, int]]:
+    """The formula's (``fitcheck.core.estimate``) and the traced default path's (``PinnedPath("always")``) device
+    bytes for the engine's run: (start of backward, during backward) each, and whether the traced answer is pinned
+    (as 0 / 1 in ``pinned``)."""
+    from fitcheck.core import estimate
+    from fitcheck.report import Location, Phase
+    from fitcheck.torch_adapters import PinnedPath
+
+    spec = spec_of(engine, seq)
+
+    def phases(rep: Any) -> tuple[int, int]:
+        tot = {p: sum(c.at(p) for c in rep.components if c.location is Location.DEVICE) for p in Phase}
+        return tot[Phase.BACKWARD_START], tot[Phase.BACKWARD]
+
+    traced = PinnedPath("always", cache=None)(spec)
+    return {"formula": phases(estimate(spec)), "traced": phases(traced), "pinned": (int(traced.pinned), 0)}
+
+
+def table(engines: list[str]) -> int:
+    """Print the recorded held gradients and micro-step 2's backward against the estimates: the start of backward
+    (the backward region before the head's backward is done) and during backward (the ``layers`` region)."""
+    rows = json.loads(DATA.read_text(encoding="utf-8"))["rows"]
+    print(f"{'engine':18} {'held (micro 2)':28} {'seq':>4} | {'start: real':>11} {'formula':>8} {'traced':>8} | "
+          f"{'during: real':>12} {'formula':>8} {'traced':>8} | pinned")
+    for engine in engines:
+        for seq in SEQS:
+            m2 = rows[f"{engine} {seq}"]["micro2"]
+            held = f"{m2['held']}/{m2['leaves']} {','.join(m2['held_dtypes']) or '-'} {m2['held_bytes']}"
+            est = estimates(engine, seq)
+            start, during = m2["start_peak"], m2["layers_peak"]
+
+            def err(e: int, r: int) -> str:
+                return f"{(e - r) / r * 100:+7.2f}%" if r else "      -"
+
+            print(f"{engine:18} {held:28} {seq:4d} | {start:11d} {err(est['formula'][0], start)} "
+                  f"{err(est['traced'][0], start)} | {during:12d} {err(est['formula'][1], during)} "
+                  f"{err(est['traced'][1], during)} | {bool(est['pinned'][0])}", flush=True)
+    return 0
+
+
+# ``deepspeed_cpu.py`` ``CASES`` whose real peaks (forward, backward, optimizer step; the largest micro-step's)
+# ``--write`` / ``--write-cases`` record beside the rows: ZeRO-1 with overlap_comm on 8 ranks and a tied ZeRO-3 run
+DEEPSPEED_CASES = ("zero1-overlap-8-ranks-accum2", "zero3-tied-accum2")
+
+
+def deepspeed_case(name: str) -> list[int]:
+    """A ``deepspeed_cpu.py --measure-case`` run's peaks, in a child process."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "deepspeed_cpu.py"), "--measure-case", name],
+                          capture_output=True, text=True, check=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return [int(x) for x in proc.stdout.strip().splitlines()[-1].split()]
+
+
+def write(cases_only: bool = False) -> int:
+    """Record every engine at :data:`SEQS` tokens and :data:`DEEPSPEED_CASES` in :data:`DATA` (read by
+    ``tests/test_accumulation_rule.py``); ``cases_only``: the cases, the rows kept."""
+    data = json.loads(DATA.read_text(encoding="utf-8")) if cases_only else {
+        "accum": ACCUM, "rows": {f"{engine} {seq}": measured(engine, seq) for seq in SEQS for engine in ENGINES}}
+    data["deepspeed_cases"] = {name: deepspeed_case(name) for name in DEEPSPEED_CASES}
+    DATA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:
+        print(json.dumps(run(sys.argv[2], int(sys.argv[3]))))
+        sys.stdout.flush()
+        os._exit(0)
+    names = [a for a in sys.argv[1:] if not a.startswith("--")] or list(ENGINES)
+    if "--table" in sys.argv:
+        sys.exit(table(names))
+    if "--write" in sys.argv or "--write-cases" in sys.argv:
+        sys.exit(write(cases_only="--write-cases" in sys.argv))
+    for name in names:
+        print(name, json.dumps(measured(name, 32)), flush=True)

@@ -1,0 +1,110 @@
+"""Gradient accumulation: whether a later micro-step adds its gradients into the ``.grad`` the window holds (pure).
+
+The one home of that rule (:func:`accumulates_in_grad`), read by the backward moments
+(``core/activations/backward.py`` and the moments that are not modelled for an accumulating micro-step) and by the
+traced default path (``torch_adapters/run_scope.py``, which reads its one traced pass as such a micro-step).
+
+torch 2.13 ``torch/csrc/autograd/functions/accumulate_grad.h``: in the first micro-step after
+``zero_grad(set_to_none=True)`` each new gradient is stolen and becomes ``.grad``; where ``.grad`` already exists
+the new gradient is a temporary added into it in place. Whether it exists at a later micro-step depends on what the
+engine does with ``.grad`` between micro-steps. Measured by ``benchmarks/accumulation_engines_cpu.py`` (the real
+engines on CPU gloo, the tiny Llama h128 x 2 layers, 2 x 32 tokens, accumulation 2: a tensor hook on every leaf
+autograd accumulates into sees, before its ``AccumulateGrad``, the ``.grad`` the leaf holds), micro-step 2:
+
+============================  =======================================================  =========
+run                           ``.grad`` held when the new gradient arrives             rule
+============================  =======================================================  =========
+one process, DDP (no_sync)    all 21, whole, bf16 (1,115,392 B)                        True
+DeepSpeed ZeRO-0 (bf16)       all 21, whole, bf16                                      True
+DeepSpeed ZeRO-1              all 21, whole, bf16                                      True
+DeepSpeed ZeRO-1 overlap      all 21, whole, bf16                                      True
+DeepSpeed ZeRO-2              none (the carried partition: ``zero_reduce``)            False
+DeepSpeed ZeRO-3              none (the resident flat partition buffer)                False
+FSDP2 (Trainer, 1 / 2 ranks)  all 21 unsharded parameters, whole, bf16                 True
+FSDP1 (Trainer, 2 ranks)      all 3 flat parameters, whole (unsharded), bf16           True
+FSDP1 (Trainer, 1 rank)       all 3 flat parameters, whole, fp32 (reduced, NO_SHARD)   True
+FSDP2, ``sync_each_batch``    none (reduced into the sharded ``.grad`` each step)      False
+FSDP1 2 ranks, sync_each      none (the shard moved to ``_saved_grad_shard``)          False
+============================  =======================================================  =========
+
+Sources of each row:
+
+- DDP: transformers 5.23 ``trainer.py`` l.1896-1908 runs every micro-step but the last under
+  ``accelerator.no_sync(model)``; accelerate 1.15 ``accelerator.py`` l.1172-1178 enters ``model.no_sync`` (DDP
+  keeps ``.grad`` and skips the all-reduce). One process without a wrapper: ``.grad`` is never touched.
+- DeepSpeed: the Trainer runs it under ``nullcontext`` (``trainer.py`` l.1896-1903). deepspeed 0.19.8
+  ``runtime/engine.py`` ``allreduce_gradients`` reduces ZeRO-0/1 only at the accumulation boundary; ZeRO-1's hook
+  (``runtime/zero/stage_1_and_2.py`` ``reduce_ready_partitions_and_remove_grads``: ``if self.partition_gradients or
+  self.is_gradient_accumulation_boundary()``) moves nothing on a micro-step before the boundary, with or without
+  ``overlap_comm``; ZeRO-2's hook moves every gradient into the bucket and the epilogue clears ``.grad``
+  (``independent_gradient_partition_epilogue``); ZeRO-3 reduces each gradient into ``grad_partitions_flat_buffer``
+  (``stage3.py`` ``partition_grads``: ``copy_`` at micro-step 0, ``add_`` after) and frees it. Not measured: a
+  ZeRO-1 ``data_types.grad_accum_dtype`` other than the model's (``use_grad_accum_attribute`` moves each gradient
+  into an fp32 ``grad_accum`` attribute; not read by fitcheck).
+- FSDP: accelerate's ``no_sync`` is FSDP2's ``set_requires_gradient_sync(False)`` on any number of processes
+  (torch 2.13 ``_fsdp_param_group.py`` ``post_backward`` returns before the reduce, the unsharded ``.grad`` stays)
+  and FSDP1's ``model.no_sync`` on more than one (``_flat_param.py`` ``prepare_gradient_for_backward`` keeps an
+  unsharded ``.grad``). On one process FSDP1 clamps to ``NO_SHARD`` (``_init_utils.py`` l.427) and reduces every
+  micro-step into ``.grad`` itself (``_runtime_utils.py`` ``_reduce_grad_no_shard``: "directly covers any gradient
+  accumulation"), which ``prepare_gradient_for_backward`` leaves in place (its size is the unsharded one). With
+  accelerate's ``sync_each_batch`` no ``no_sync`` is entered: FSDP2 reduces into the sharded parameter's ``.grad``
+  and frees the unsharded one; a sharded FSDP1 moves its shard to ``_saved_grad_shard`` and sets ``.grad = None``.
+"""
+
+from __future__ import annotations
+
+from fitcheck.core.states.sharding import contiguous_reduction
+from fitcheck.spec import Strategy, TrainingSpec
+
+
+def accumulates_in_grad(spec: TrainingSpec) -> bool:
+    """Whether a later micro-step of the run's gradient accumulation window holds every trainable leaf's ``.grad``
+    from its start, each new gradient a temporary beside it until its ``AccumulateGrad`` adds it in place.
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        False without accumulation (``gradient_accumulation_steps`` 1), under DeepSpeed ZeRO-2/3 and under FSDP with
+        accelerate's ``sync_each_batch`` (but an FSDP1 ``NO_SHARD`` or one-process run); True otherwise (one process,
+        DDP, DeepSpeed ZeRO-0/1, FSDP1 and FSDP2 under ``no_sync``). The module docstring has the measurements.
+    """
+    if spec.batch.grad_accum <= 1:
+        return False
+    sh = spec.sharding
+    if sh.strategy is Strategy.DEEPSPEED:
+        return (sh.zero_stage or 0) < 2
+    fs = sh.fsdp
+    if sh.strategy is not Strategy.FSDP or fs is None or not fs.sync_each_batch:
+        return True
+    return fs.version == 1 and (fs.sharding_strategy == "NO_SHARD" or spec.data_parallel_size == 1)
+
+
+def gradients_held_from_start(spec: TrainingSpec) -> bool:
+    """Whether a later micro-step of the accumulation window starts its backward with every byte the gradients
+    component counts (``model_states``) already held, so that a moment of backward subtracts no gradient "not made
+    yet": any run with ``gradient_accumulation_steps`` > 1, whether it holds each ``.grad``
+    (:func:`accumulates_in_grad`), FSDP's reduced shards (``sync_each_batch``) or ZeRO-3's resident flat buffer
+    (micro-step 2's end of forward less micro-step 1's, ``benchmarks/accumulation_engines_cpu.py``, 2 x 32 tokens:
+    ZeRO-3 0 B, FSDP2 ``sync_each_batch`` on one process the 2,230,784 B of fp32 shards, DDP, ZeRO-0, FSDP2 and
+    two-rank FSDP1 the 1,115,392 B of bf16 ``.grad``). ZeRO-2's partition carried beside the new one is
+    ``zero_reduce.zero2_backward_grads``' (the moments read it first).
+
+    Args:
+        spec: The training spec.
+
+    Returns:
+        True with gradient accumulation.
+    """
+    return spec.batch.grad_accum > 1
+
+
+def zero1_overlap_keeps_grads(spec: TrainingSpec) -> bool:
+    """Whether a DeepSpeed ZeRO-1 run that reduces during backward (``overlap_comm``, ``contiguous_gradients``, no
+    offload: its gradients counted as the rank's partition, ``sharding.partition``) keeps every ``.grad`` whole
+    between accumulation micro-steps: its hook reduces only at the boundary (the module docstring), so until then
+    the rank holds the whole model's gradients in the module's dtype. Real engine, tiny Llama (h128, 16 tokens),
+    rank 1 of 8 on torch's fake process group, accumulation 2 (``benchmarks/deepspeed_cpu.py``
+    ``CASES["zero1-overlap-8-ranks-accum2"]``): forward -27.35 % with the partition counted, -1.73 % with this."""
+    return (spec.sharding.zero_stage == 1 and contiguous_reduction(spec, during_backward=True) is not None
+            and accumulates_in_grad(spec))
