@@ -1,0 +1,178 @@
+"""Issue 19: a whole ``fsdp1_lora_gpu.py`` case's allocator events, recorded on the GPU and replayed here.
+
+The H200 rows of ``benchmarks/data/fsdp1_lora_gpu_nvidia_h200.json`` reserve far above their allocated peak on the
+FSDP cases (Llama-2-70B 16 layers QLoRA FSDP1 4 x 4096 on the fms stack: 33.45 GiB reserved, 24.57 allocated), and
+their counters cannot say which part is (a) blocks cached before the step (the load, FSDP's flattening of the
+GPU-resident model: ``prepare`` reserved - allocated) that the step never reuses, which torch's allocator gives back
+when a ``cudaMalloc`` fails (``release_cached_blocks``: every unsplit cached block, torch 2.13
+``c10/cuda/CUDACachingAllocator.cpp`` ``malloc`` -> ``alloc_block`` -> retry), or (b) free blocks inside segments
+that also hold live blocks (``inactive_split``), which no retry returns and which decide an out-of-memory. A
+full-run trace separates them:
+
+* on the GPU (case field ``full_trace``): ``torch.cuda.memory._record_memory_history(context=None)`` from before
+  the model is built to the end of step 3, written as ``<case>.trace.json.gz`` (one ``[action, addr, size,
+  stream]`` row per event, the phase boundaries as event indices; a few MB);
+* here (``python benchmarks/fsdp1_lora_trace.py FILE``): the default stream's events replayed through fitcheck's
+  allocator (``fitcheck.core.caching``): its reserved per phase against the recorded counters (how far the replay
+  is from torch's own allocator on the real event order), and the least capacity at which the replay runs, i.e.
+  what the run needs of a GPU once release-and-retry has returned the unreused cache; a capped case (case field
+  ``cap_gib``: ``torch.cuda.set_per_process_memory_fraction`` after the load, the allocator's
+  ``allowed_memory_maximum``) checks that number on the device.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+# torch's trace actions (torch 2.13 torch/cuda/memory.py _snapshot "device_traces"), coded for the file
+ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+           "segment_unmap", "snapshot", "oom")
+MAX_ENTRIES = 2_000_000  # the recorder's ring buffer: the run must stay below it (checked when written)
+
+
+def start() -> None:
+    """Record every allocator event from now on, without stack traces (small, and no symbolising cost)."""
+    import torch
+
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=MAX_ENTRIES)
+
+
+def mark() -> int:
+    """The number of events recorded so far (a phase boundary)."""
+    import torch
+
+    return len(torch.cuda.memory._snapshot()["device_traces"][0])
+
+
+def write(path: Path, marks: dict[str, int], counters: dict[str, Any]) -> dict[str, Any]:
+    """Stop recording and write the events, the phase marks and the allocator's counters per phase.
+
+    Returns:
+        What the row records about the file (its name, events, bytes, whether the ring buffer wrapped).
+    """
+    import torch
+
+    trace = torch.cuda.memory._snapshot()["device_traces"][0]
+    torch.cuda.memory._record_memory_history(enabled=None)
+    rows = [[ACTIONS.index(ev["action"]) if ev["action"] in ACTIONS else -1, int(ev.get("addr", 0)),
+             int(ev.get("size", 0)), int(ev.get("stream", 0))] for ev in trace]
+    doc = {"schema": 1, "actions": list(ACTIONS), "marks": marks, "counters": counters, "events": rows}
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        json.dump(doc, fh, separators=(",", ":"))
+    return {"trace_file": path.name, "trace_events": len(rows), "trace_bytes": path.stat().st_size,
+            "trace_wrapped": len(rows) >= MAX_ENTRIES}
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A file written by :func:`write`."""
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return dict(json.load(fh))
+
+
+def replay(doc: dict[str, Any], cap: int | None = None, cap_at: int = 0) -> dict[str, Any]:
+    """The default stream's events through fitcheck's caching allocator.
+
+    ``alloc`` -> ``malloc`` of the recorded block size; ``free_completed`` (the block back in its pool: after a
+    ``record_stream`` use has finished, not at ``free_requested``) -> ``free``; a run of ``segment_free`` not
+    after an ``oom`` -> ``empty_cache`` (the harness's ``torch.cuda.empty_cache()`` after saving the QLoRA
+    checkpoint). Other streams' blocks are counted apart (their own pools, ``get_free_block``).
+
+    Args:
+        doc: :func:`load`'s document.
+        cap: Device bytes the replay may reserve from event ``cap_at`` on (None: unlimited), as
+            ``set_per_process_memory_fraction`` caps ``alloc_block`` from the moment it is set.
+        cap_at: The event index the cap starts at.
+
+    Returns:
+        Peaks per phase (allocated, reserved; each phase ends at its mark), the retries, the other streams' peak.
+
+    Raises:
+        fitcheck.core.caching.OutOfMemory: The run does not fit in ``cap``.
+    """
+    from fitcheck.core.caching import CachingAllocator
+
+    acts = doc["actions"]
+    alloc, freed, seg_free, oom = (acts.index(a) for a in ("alloc", "free_completed", "segment_free", "oom"))
+    bounds = sorted((int(i), str(name)) for name, i in doc["marks"].items())
+    sim = CachingAllocator()
+    handles: dict[int, int] = {}
+    serial = itertools.count(1)
+    other: dict[int, int] = {}
+    other_now = other_peak = 0
+    phases: dict[str, tuple[int, int]] = {}
+    last = -1
+    for i, (act, addr, size, stream) in enumerate(doc["events"]):
+        if i == cap_at:
+            sim.capacity = cap
+        while bounds and i >= bounds[0][0]:
+            phases[bounds.pop(0)[1]] = (sim.stats.peak_allocated, sim.stats.peak_reserved)
+            sim.reset_peak_stats()
+        if stream != 0:
+            if act == alloc:
+                other[addr] = size
+                other_now += size
+                other_peak = max(other_peak, other_now)
+            elif act == freed and addr in other:
+                other_now -= other.pop(addr)
+        elif act == alloc:
+            handles[addr] = next(serial)
+            sim.malloc(handles[addr], size)
+        elif act == freed and addr in handles:
+            sim.free(handles.pop(addr))
+        elif act == seg_free and last not in (seg_free, oom):
+            sim.empty_cache()
+        last = act
+    for _, name in bounds:
+        phases[name] = (sim.stats.peak_allocated, sim.stats.peak_reserved)
+        sim.reset_peak_stats()
+    return {"phases": phases, "retries": sim.stats.retries, "other_streams_peak": other_peak}
+
+
+def least_capacity(doc: dict[str, Any], start: str = "load", resolution: int = 64 * 2**20) -> int:
+    """The smallest capacity (to ``resolution``) at which :func:`replay` runs without running out of memory, the
+    cap set at the phase mark ``start`` (the capped GPU case sets its fraction after the load: the cache the load
+    leaves is what the cap meets)."""
+    from fitcheck.core.caching import OutOfMemory
+
+    phases = replay(doc)["phases"]
+    names = list(phases)
+    after = names[names.index(start) + 1:] if start in names else names
+    lo = max(phases[n][0] for n in after) - 1
+    hi = max(phases[n][1] for n in after)
+    at = int(doc["marks"].get(start, 0))
+    while hi - lo > resolution:
+        mid = (lo + hi) // 2
+        try:
+            replay(doc, mid, at)
+            hi = mid
+        except OutOfMemory:
+            lo = mid
+    return hi
+
+
+def report(path: Path) -> str:
+    """The replay of one file against its recorded counters, and the least capacity from the load on."""
+    doc = load(path)
+    g = 2**30
+    got = replay(doc)
+    lines = [f"{path.name}: {len(doc['events'])} events; replay (default stream) vs recorded, GiB",
+             f"{'phase':10} {'alloc':>8} {'rec':>8} {'resv':>8} {'rec':>8}"]
+    for name, (a, r) in got["phases"].items():
+        rec = doc["counters"].get(name) or {}
+        lines.append(f"{name:10} {a / g:8.2f} {rec.get('max_allocated', 0) / g:8.2f} {r / g:8.2f} "
+                     f"{rec.get('max_reserved', 0) / g:8.2f}")
+    lines.append(f"other streams' peak {got['other_streams_peak'] / g:.2f} GiB; "
+                 f"least capacity from the load on {least_capacity(doc) / g:.2f} GiB")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        print(report(Path(arg)))
