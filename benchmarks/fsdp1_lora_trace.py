@@ -18,6 +18,9 @@ full-run trace separates them:
   what the run needs of a GPU once release-and-retry has returned the unreused cache; a capped case (case field
   ``cap_gib``: ``torch.cuda.set_per_process_memory_fraction`` after the load, the allocator's
   ``allowed_memory_maximum``) checks that number on the device.
+
+``--rows [CASE ...]``: the same two numbers for the measured rows from fitcheck's own traced whole run (no GPU):
+the plain rows' reserved within -0.4 .. +1.4 % of the H200's (the in-step gap is the traced allocation order's).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 # torch's trace actions (torch 2.13 torch/cuda/memory.py _snapshot "device_traces"), coded for the file
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
            "segment_unmap", "snapshot", "oom")
@@ -173,6 +177,55 @@ def report(path: Path) -> str:
     return "\n".join(lines)
 
 
+def traced_rows(names: list[str]) -> str:
+    """The measured rows' whole runs as fitcheck traces them (``allocator_replay.whole_run_events``: the plain
+    Trainer's run, this machine's transformers), replayed: peak reserved against the H200's, and the least capacity
+    at which the replay runs (release-and-retry included)."""
+    import itertools as it
+
+    from fsdp1_lora_gpu import CASES, case_spec
+
+    from fitcheck.core.caching import CachingAllocator, OutOfMemory
+    from fitcheck.core.loading import allocator_conf
+    from fitcheck.torch_adapters.allocator_replay import whole_run_events
+
+    data = json.loads((ROOT / "benchmarks" / "data" / "fsdp1_lora_gpu_nvidia_h200.json").read_text())
+    rows = {r["case"]: r for r in data["rows"] if r.get("status") == "ok"}
+    g = 2**30
+    lines = [f"{'case':34} {'alloc':>6} {'meas':>6} {'resv':>6} {'meas':>6} {'least':>6}"]
+    for name in names:
+        spec = case_spec(rows[name], CASES[name])
+        events, conf = whole_run_events(spec), allocator_conf(spec)
+
+        def run(cap: int | None, events: Any = events, conf: Any = conf) -> Any:
+            sim, live, serial = CachingAllocator(conf, cap), {}, it.count(1)
+            for key, signed, _ in events:
+                if signed > 0:
+                    live[key] = next(serial)
+                    sim.malloc(live[key], signed)
+                elif key in live:
+                    sim.free(live.pop(key))
+            return sim.stats
+
+        free = run(None)
+        lo, hi = free.peak_allocated - 1, free.peak_reserved
+        while hi - lo > 64 * 2**20:
+            mid = (lo + hi) // 2
+            try:
+                run(mid)
+                hi = mid
+            except OutOfMemory:
+                lo = mid
+        m = rows[name]["measured"]["step2"]
+        lines.append(f"{name:34} {free.peak_allocated / g:6.2f} {m['max_allocated'] / g:6.2f} "
+                     f"{free.peak_reserved / g:6.2f} {m['max_reserved'] / g:6.2f} {hi / g:6.2f}")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--rows"]:
+        print(traced_rows(sys.argv[2:] or ["mistral LoRA plain b4", "mistral QLoRA plain b4",
+                                           "llama70b-4L QLoRA plain b2", "mistral LoRA fsdp1v1 b4"]))
     for arg in sys.argv[1:]:
-        print(report(Path(arg)))
+        if not arg.startswith("--") and arg.endswith(".gz"):
+            print(report(Path(arg)))
