@@ -71,7 +71,14 @@ CASES: dict[str, dict[str, Any]] = {
     "llama70b-4L QLoRA plain b2 old": {"model": LLAMA70, "layers": 4, "qlora": True, "fsdp": False, "micro": 2,
                                        "stack": "old"},
     # fourth call (s21-frag, prepared): which part of the 16-layer row's reserved a GPU at its limit needs
-    # (fsdp1_lora_trace.py): every allocator event of the run, replayed here, and the run capped after its load
+    # (fsdp1_lora_trace.py): every allocator event of the run, replayed here, and the run capped after its load.
+    # "fsdpload": loaded as the fms runs load (accelerate.yaml fsdp_cpu_ram_efficient_loading): transformers 4.48.1
+    # modeling_utils.py l.876-889 quantises each weight on the GPU and moves it to the CPU (rank 0) under
+    # is_fsdp_enabled() (l.148: process group up, ACCELERATE_USE_FSDP, FSDP_CPU_RAM_EFFICIENT_LOADING), and FSDP1
+    # moves each unit back before flattening it; the other rows load to the GPU and flatten there (prepare's cache)
+    "llama70b-16L QLoRA fsdp1 b4 old fsdpload trace": {"model": LLAMA70, "layers": 16, "qlora": True, "fsdp": True,
+                                                       "micro": 4, "stack": "old", "full_trace": True,
+                                                       "fsdp_load": True},
     "llama70b-16L QLoRA fsdp1 b4 old trace": {"model": LLAMA70, "layers": 16, "qlora": True, "fsdp": True,
                                               "micro": 4, "stack": "old", "full_trace": True},
     "llama70b-16L QLoRA fsdp1 b4 old cap27": {"model": LLAMA70, "layers": 16, "qlora": True, "fsdp": True,
@@ -223,6 +230,10 @@ def worker(name: str) -> dict[str, Any]:
             from fsdp1_lora_trace import mark, start, write
 
             start()
+        if case.get("fsdp_load"):  # load as an FSDP run loads (fsdp_cpu_ram_efficient_loading), see CASES
+            os.environ.update(ACCELERATE_USE_FSDP="true", FSDP_CPU_RAM_EFFICIENT_LOADING="1")
+            torch.cuda.set_device(0)
+            torch.distributed.init_process_group("nccl")
         with tempfile.TemporaryDirectory(prefix="fsdp1_lora_gpu_") as tmp:
             work = Path(tmp)
             config = _model_config(case)
@@ -248,7 +259,8 @@ def worker(name: str) -> dict[str, Any]:
                 layer_cls = "MistralDecoderLayer" if config["model_type"] == "mistral" else "LlamaDecoderLayer"
                 fsdp = {"fsdp": "full_shard auto_wrap", "fsdp_config": {
                     "backward_prefetch": "backward_pre", "forward_prefetch": False, "use_orig_params": True,
-                    "sync_module_states": False, "transformer_layer_cls_to_wrap": [layer_cls],
+                    "sync_module_states": bool(case.get("fsdp_load")), "transformer_layer_cls_to_wrap": [layer_cls],
+                    **({"cpu_ram_efficient_loading": True} if case.get("fsdp_load") else {}),
                     **({"fsdp_version": case["fsdp_version"]} if case.get("fsdp_version") else {})}}
             measured: dict[str, Any] = {}
 
