@@ -79,6 +79,16 @@ CASES: dict[str, dict[str, Any]] = {
     "llama70b-16L QLoRA fsdp1 b4 old fsdpload trace": {"model": LLAMA70, "layers": 16, "qlora": True, "fsdp": True,
                                                        "micro": 4, "stack": "old", "full_trace": True,
                                                        "fsdp_load": True},
+    # capped after the load: fitcheck's allocator replay of the harness (from_pretrained's events, the Trainer's
+    # free_memory() empty_cache, each unit flattened while the model is on the GPU, the traced step) runs Mistral
+    # from 24.15 GiB (the 13.5 GiB flattening cache is whole segments: released and retried) and the 4-layer 70B
+    # from 9.37 GiB (its cache is split by the step); cap24.0 / cap8.9 should run out of memory, cap24.5 should not
+    "mistral LoRA fsdp1v1 b4 cap24.5": {"model": MISTRAL, "layers": None, "qlora": False, "fsdp": True, "micro": 4,
+                                        "fsdp_version": 1, "cap_gib": 24.5},
+    "mistral LoRA fsdp1v1 b4 cap24.0": {"model": MISTRAL, "layers": None, "qlora": False, "fsdp": True, "micro": 4,
+                                        "fsdp_version": 1, "cap_gib": 24.0},
+    "llama70b-4L QLoRA fsdp1v1 b2 cap8.9": {"model": LLAMA70, "layers": 4, "qlora": True, "fsdp": True, "micro": 2,
+                                            "fsdp_version": 1, "cap_gib": 8.9},
     "llama70b-16L QLoRA fsdp1 b4 old trace": {"model": LLAMA70, "layers": 16, "qlora": True, "fsdp": True,
                                               "micro": 4, "stack": "old", "full_trace": True},
     "llama70b-16L QLoRA fsdp1 b4 old cap27": {"model": LLAMA70, "layers": 16, "qlora": True, "fsdp": True,
