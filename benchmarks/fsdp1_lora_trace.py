@@ -21,6 +21,10 @@ full-run trace separates them:
 
 ``--rows [CASE ...]``: the same two numbers for the measured rows from fitcheck's own traced whole run (no GPU):
 the plain rows' reserved within -0.4 .. +1.4 % of the H200's (the in-step gap is the traced allocation order's).
+``--harness [CASE ...]``: the FSDP1 rows as the harness ran them (:func:`harness_events`: the load, the Trainer's
+``free_memory()``, FSDP1 flattening the model already on the GPU, the traced step): Mistral-7B LoRA 4 x 4096 on
+5.23 FSDP1 reserves 27.17 / 40.07 GiB after prepare / in the step (H200: 27.22 / 40.07) and runs from 24.15 GiB
+(the flattening's 13.5 GiB cache is whole segments); the 4-layer 70B QLoRA 5.27 / 9.49 (5.29 / 9.06), from 9.38.
 """
 
 from __future__ import annotations
@@ -222,10 +226,131 @@ def traced_rows(names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def harness_events(spec: Any, qlora: bool, flatten: bool) -> tuple[list[tuple[Any, int]], dict[str, int]]:
+    """The harness's run as allocator events, from fitcheck's own pieces (no GPU): the load, the Trainer's
+    ``free_memory()``, FSDP1's flattening of a model already on the GPU, the traced plain whole run.
+
+    * load: QLoRA, ``from_pretrained``'s quantise-on-load (``core.loading.load_events``); LoRA, ``from_config`` on the
+      GPU: each parameter allocated in module order (the inventory's order, layer by layer), no warm-up block;
+    * ``Trainer._inner_training_loop`` starts with ``accelerator.free_memory()`` -> ``release_memory`` ->
+      ``torch.cuda.empty_cache()`` (transformers 4.48.1 ``trainer.py`` l.2181, 5.23 l.1593; accelerate
+      ``utils/memory.py`` ``clear_device_cache``): the load's cache goes back, before the model is wrapped;
+    * FSDP1 at one process (``NO_SHARD``): per unit, the layers then the root, ``flatten_tensors`` ``torch.cat``
+      makes the unit's flat parameter and ``_use_unsharded_views`` drops the original storages (torch 2.13
+      ``distributed/fsdp/_flat_param.py``); peft's LoRA units (KiB, small pool) are left out;
+    * the step: ``allocator_replay.whole_run_events`` (the plain Trainer's three steps), its parameter allocations
+      skipped (the load made them).
+
+    Returns:
+        ``(key, +bytes / -bytes)`` events, and the event index of each phase's start (``prepare``, ``step``).
+    """
+    import re
+    from collections import Counter
+
+    from fitcheck.core.loading import load_events, load_order
+    from fitcheck.torch_adapters.allocator_replay import whole_run_events
+
+    if qlora:
+        loaded = load_events(spec, spec.hardware.gpu_memory_bytes)
+        params = [e for e in loaded if e.kind == "alloc" and e.what in ("packed 4-bit weight", "parameter")]
+        names = [n for n, _ in load_order(spec)]
+        events: list[tuple[Any, int]] = [(("load", e.handle), e.nbytes if e.kind == "alloc" else -1) for e in loaded]
+        owned = [(("load", e.handle), e.nbytes, n) for e, n in zip(params, names, strict=True)]
+    else:
+        load = spec.precision.load_dtype.nbytes
+        layers = spec.model.shape.num_layers
+        top = [e for e in spec.model.params if not e.per_layer and "norm" not in e.name and "lm_head" not in e.name]
+        tail = [e for e in spec.model.params if not e.per_layer and e not in top]
+        per = [e for e in spec.model.params if e.per_layer]
+        order = [(e.name, e) for e in top] + [(e.name.replace("*", str(i), 1), e) for i in range(layers)
+                                              for e in per] + [(e.name, e) for e in tail]
+        owned = [(("load", k), e.numel_each * load, n) for k, (n, e) in enumerate(order)]
+        events = [(key, nbytes) for key, nbytes, _ in owned]
+    marks = {"prepare": len(events)}
+    events.append(("empty_cache", 0))
+    if flatten:
+        units: dict[int, list[tuple[Any, int]]] = {}
+        for key, nbytes, name in owned:
+            m = re.search(r"layers\.(\d+)\.", name)
+            units.setdefault(int(m.group(1)) if m else 1 << 30, []).append((key, nbytes))
+        for u in sorted(units):
+            events.append((("flat", u), sum(n for _, n in units[u])))
+            events += [(key, -1) for key, _ in units[u]]
+    marks["step"] = len(events)
+    skip = Counter(nbytes for _, nbytes, _ in owned)
+    for key, signed, tag in whole_run_events(spec):
+        if tag == "setup" and signed > 0 and skip[signed] > 0:
+            skip[signed] -= 1
+            continue
+        events.append((("run", key), signed))
+    return events, marks
+
+
+def replay_harness(events: list[tuple[Any, int]], marks: dict[str, int], cap: int | None = None) -> dict[str, Any]:
+    """:func:`harness_events` through fitcheck's caching allocator (``cap`` from the load's end, as a capped case
+    sets ``set_per_process_memory_fraction``): reserved at the end of each phase and the step's peaks."""
+    from fitcheck.core.caching import CachingAllocator
+
+    sim = CachingAllocator()
+    handles: dict[Any, int] = {}
+    serial = itertools.count(1)
+    out: dict[str, Any] = {}
+    for i, (key, signed) in enumerate(events):
+        if i == marks["prepare"]:
+            out["load"] = (sim.stats.allocated, sim.stats.reserved)
+            sim.capacity = cap
+        if i == marks["step"]:
+            out["prepare"] = (sim.stats.allocated, sim.stats.reserved)
+            sim.reset_peak_stats()
+        if key == "empty_cache":
+            sim.empty_cache()
+        elif signed > 0:
+            handles[key] = next(serial)
+            sim.malloc(handles[key], signed)
+        elif key in handles:
+            sim.free(handles.pop(key))
+    out["step"] = (sim.stats.peak_allocated, sim.stats.peak_reserved)
+    return out
+
+
+def harness_rows(names: list[str]) -> str:
+    """:func:`replay_harness` of measured FSDP1 rows (with and without the flattening) against the H200, and the
+    least capacity from the load on (what a capped case checks)."""
+    from fsdp1_lora_gpu import CASES, case_spec
+
+    from fitcheck.core.caching import OutOfMemory
+
+    data = json.loads((ROOT / "benchmarks" / "data" / "fsdp1_lora_gpu_nvidia_h200.json").read_text())
+    rows = {r["case"]: r for r in data["rows"] if r.get("status") == "ok"}
+    g = 2**30
+    lines = [f"{'case':30} {'flatten':>7} {'prep R':>7} {'meas':>6} {'step A':>7} {'meas':>6} {'step R':>7} "
+             f"{'meas':>6} {'least':>6}"]
+    for name in names:
+        case, m = CASES[name], rows[name]["measured"]
+        spec = case_spec(rows[name], case)
+        for flatten in (False, True):
+            events, marks = harness_events(spec, bool(case["qlora"]), flatten)
+            got = replay_harness(events, marks)
+            lo, hi = got["step"][0] - 1, max(got["step"][1], got["prepare"][1])
+            while hi - lo > 64 * 2**20:
+                mid = (lo + hi) // 2
+                try:
+                    replay_harness(events, marks, mid)
+                    hi = mid
+                except OutOfMemory:
+                    lo = mid
+            lines.append(f"{name:30} {flatten!s:>7} {got['prepare'][1] / g:7.2f} {m['prepare']['reserved'] / g:6.2f} "
+                         f"{got['step'][0] / g:7.2f} {m['step2']['max_allocated'] / g:6.2f} {got['step'][1] / g:7.2f} "
+                         f"{m['step2']['max_reserved'] / g:6.2f} {hi / g:6.2f}")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--rows"]:
         print(traced_rows(sys.argv[2:] or ["mistral LoRA plain b4", "mistral QLoRA plain b4",
                                            "llama70b-4L QLoRA plain b2", "mistral LoRA fsdp1v1 b4"]))
+    if sys.argv[1:2] == ["--harness"]:
+        print(harness_rows(sys.argv[2:] or ["mistral LoRA fsdp1v1 b4", "llama70b-4L QLoRA fsdp1v1 b2"]))
     for arg in sys.argv[1:]:
         if not arg.startswith("--") and arg.endswith(".gz"):
             print(report(Path(arg)))
