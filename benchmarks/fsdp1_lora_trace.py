@@ -191,7 +191,7 @@ def traced_rows(names: list[str]) -> str:
 
     from fitcheck.core.caching import CachingAllocator, OutOfMemory
     from fitcheck.core.loading import allocator_conf
-    from fitcheck.torch_adapters.allocator_replay import whole_run_events
+    from fitcheck.torch_adapters import whole_run_events
 
     data = json.loads((ROOT / "benchmarks" / "data" / "fsdp1_lora_gpu_nvidia_h200.json").read_text())
     rows = {r["case"]: r for r in data["rows"] if r.get("status") == "ok"}
@@ -248,7 +248,7 @@ def harness_events(spec: Any, qlora: bool, flatten: bool) -> tuple[list[tuple[An
     from collections import Counter
 
     from fitcheck.core.loading import load_events, load_order
-    from fitcheck.torch_adapters.allocator_replay import whole_run_events
+    from fitcheck.torch_adapters import whole_run_events
 
     if qlora:
         loaded = load_events(spec, spec.hardware.gpu_memory_bytes)
