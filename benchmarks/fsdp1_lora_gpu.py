@@ -70,6 +70,34 @@ CASES: dict[str, dict[str, Any]] = {
                                         "stack": "old"},
     "llama70b-4L QLoRA plain b2 old": {"model": LLAMA70, "layers": 4, "qlora": True, "fsdp": False, "micro": 2,
                                        "stack": "old"},
+    # fourth call (s21-frag, prepared): which part of the 16-layer row's reserved a GPU at its limit needs
+    # (fsdp1_lora_trace.py): every allocator event of the run, replayed here, and the run capped after its load.
+    # "fsdpload": loaded as the fms runs load (accelerate.yaml fsdp_cpu_ram_efficient_loading): transformers 4.48.1
+    # modeling_utils.py l.876-889 quantises each weight on the GPU and moves it to the CPU (rank 0) under
+    # is_fsdp_enabled() (l.148: process group up, ACCELERATE_USE_FSDP, FSDP_CPU_RAM_EFFICIENT_LOADING), and FSDP1
+    # moves each unit back before flattening it; the other rows load to the GPU and flatten there (prepare's cache)
+    "llama70b-16L QLoRA fsdp1 b4 old fsdpload trace": {"model": LLAMA70, "layers": 16, "qlora": True, "fsdp": True,
+                                                       "micro": 4, "stack": "old", "full_trace": True,
+                                                       "fsdp_load": True},
+    # capped after the load: fitcheck's allocator replay of the harness (from_pretrained's events, the Trainer's
+    # free_memory() empty_cache, each unit flattened while the model is on the GPU, the traced step) runs Mistral
+    # from 24.15 GiB (the 13.5 GiB flattening cache is whole segments: released and retried) and the 4-layer 70B
+    # from 9.37 GiB (its cache is split by the step); cap24.0 / cap8.9 should run out of memory, cap24.5 should not
+    "mistral LoRA fsdp1v1 b4 cap24.5": {"model": MISTRAL, "layers": None, "qlora": False, "fsdp": True, "micro": 4,
+                                        "fsdp_version": 1, "cap_gib": 24.5},
+    "mistral LoRA fsdp1v1 b4 cap24.0": {"model": MISTRAL, "layers": None, "qlora": False, "fsdp": True, "micro": 4,
+                                        "fsdp_version": 1, "cap_gib": 24.0},
+    "llama70b-4L QLoRA fsdp1v1 b2 cap8.9": {"model": LLAMA70, "layers": 4, "qlora": True, "fsdp": True, "micro": 2,
+                                            "fsdp_version": 1, "cap_gib": 8.9},
+    "llama70b-16L QLoRA fsdp1 b4 old trace": {"model": LLAMA70, "layers": 16, "qlora": True, "fsdp": True,
+                                              "micro": 4, "stack": "old", "full_trace": True},
+    "llama70b-16L QLoRA fsdp1 b4 old cap27": {"model": LLAMA70, "layers": 16, "qlora": True, "fsdp": True,
+                                              "micro": 4, "stack": "old", "cap_gib": 27.0},
+    "llama70b-16L QLoRA fsdp1 b4 old cap30": {"model": LLAMA70, "layers": 16, "qlora": True, "fsdp": True,
+                                              "micro": 4, "stack": "old", "cap_gib": 30.0},
+    # the LoRA model loaded on the CPU, as a user's FSDP1 run loads it (FSDP moves each unit, then flattens)
+    "mistral LoRA fsdp1 b4 old cpuload": {"model": MISTRAL, "layers": None, "qlora": False, "fsdp": True, "micro": 4,
+                                          "stack": "old", "build_on": "cpu"},
 }
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 # frames from these files say nothing about who allocated (torch's own dispatch, autograd, hooks)
@@ -171,7 +199,7 @@ def _build(case: dict[str, Any], config: dict[str, Any], work: Path) -> Any:
     cfg = transformers.AutoConfig.for_model(config["model_type"], **fields)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(case.get("build_on", "cuda")):
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", **dtype_kw)
     if case["qlora"]:
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
@@ -206,11 +234,27 @@ def worker(name: str) -> dict[str, Any]:
 
         out["environment"] = _environment("cuda")
         out["environment"]["peft"] = peft.__version__
+        tracing = bool(case.get("full_trace"))
+        marks: dict[str, int] = {}
+        if tracing:  # every allocator event from before the build (fsdp1_lora_trace.py)
+            from fsdp1_lora_trace import mark, start, write
+
+            start()
+        if case.get("fsdp_load"):  # load as an FSDP run loads (fsdp_cpu_ram_efficient_loading), see CASES
+            os.environ.update(ACCELERATE_USE_FSDP="true", FSDP_CPU_RAM_EFFICIENT_LOADING="1")
+            torch.cuda.set_device(0)
+            torch.distributed.init_process_group("nccl")
         with tempfile.TemporaryDirectory(prefix="fsdp1_lora_gpu_") as tmp:
             work = Path(tmp)
             config = _model_config(case)
             model = _build(case, config, work)
             out["load"] = _cuda_counters()
+            if tracing:
+                marks["load"] = mark()
+            if case.get("cap_gib"):  # the allocator's allowed_memory_maximum from here on (fsdp1_lora_trace.py)
+                total = torch.cuda.get_device_properties(0).total_memory
+                out["cap_bytes"] = int(float(case["cap_gib"]) * 2**30)
+                torch.cuda.set_per_process_memory_fraction(out["cap_bytes"] / total)
             torch.cuda.reset_peak_memory_stats()
             model = peft.get_peft_model(
                 model, peft.LoraConfig(r=16, lora_alpha=16, lora_dropout=0.1, target_modules=TARGETS,
@@ -225,13 +269,16 @@ def worker(name: str) -> dict[str, Any]:
                 layer_cls = "MistralDecoderLayer" if config["model_type"] == "mistral" else "LlamaDecoderLayer"
                 fsdp = {"fsdp": "full_shard auto_wrap", "fsdp_config": {
                     "backward_prefetch": "backward_pre", "forward_prefetch": False, "use_orig_params": True,
-                    "sync_module_states": False, "transformer_layer_cls_to_wrap": [layer_cls],
+                    "sync_module_states": bool(case.get("fsdp_load")), "transformer_layer_cls_to_wrap": [layer_cls],
+                    **({"cpu_ram_efficient_loading": True} if case.get("fsdp_load") else {}),
                     **({"fsdp_version": case["fsdp_version"]} if case.get("fsdp_version") else {})}}
             measured: dict[str, Any] = {}
 
             class Probe(transformers.TrainerCallback):  # type: ignore[misc]
                 def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
                     measured["prepare"] = _cuda_counters()
+                    if tracing:
+                        marks["prepare"] = mark()
                     measured["param_dtypes"] = sorted({f"{p.dtype}:{p.requires_grad}"
                                                        for p in kw["model"].parameters()})
                     torch.cuda.reset_peak_memory_stats()
@@ -239,13 +286,15 @@ def worker(name: str) -> dict[str, Any]:
                 def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
                     step = state.global_step
                     measured[f"step{step}"] = _cuda_counters()
-                    if step == 2:
+                    if tracing:  # the full trace is kept whole: no step-2 window (its blocks are in the file)
+                        marks[f"step{step}"] = mark()
+                    elif step == 2:
                         snap = torch.cuda.memory._snapshot()
                         torch.cuda.memory._record_memory_history(enabled=None)
                         measured["at_peak"] = live_at_peak(snap["device_traces"][0], measured["step2_start"],
                                                            detail=bool(case.get("detail")))
                     torch.cuda.reset_peak_memory_stats()
-                    if step == 1:
+                    if step == 1 and not tracing:
                         measured["step2_start"] = torch.cuda.memory_allocated()
                         torch.cuda.memory._record_memory_history(enabled="all", context="alloc",
                                                                  stacks="all" if case.get("detail") else "python",
@@ -261,6 +310,11 @@ def worker(name: str) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats()
             trainer.train()
             out["measured"] = measured
+            if tracing:
+                name_ok = "".join(c if c.isalnum() else "_" for c in name)
+                target = Path(os.environ.get("FSDP1_GPU_TRACE_DIR") or work) / f"{name_ok}.trace.json.gz"
+                out.update(write(target, marks, {"load": out["load"], **{k: v for k, v in measured.items()
+                                                                          if k in marks}}))
     except Exception as exc:
         oom = "out of memory" in str(exc).lower()
         out.update(status="oom" if oom else "error", error=f"{type(exc).__name__}: {exc}"[:800],
@@ -269,7 +323,7 @@ def worker(name: str) -> dict[str, Any]:
     return out
 
 
-def run_case(name: str, timeout: float) -> dict[str, Any]:
+def run_case(name: str, timeout: float, trace_dir: str = "") -> dict[str, Any]:
     """One case in a fresh ``torch.distributed.run --nproc_per_node 1`` process; ``old`` cases with the fms
     stack's wheels (``FSDP1_GPU_OLD_SITE``) in front of the path."""
     import subprocess
@@ -283,6 +337,7 @@ def run_case(name: str, timeout: float) -> dict[str, Any]:
             return {"case": name, "status": "skipped", "error": "FSDP1_GPU_OLD_SITE not set"}
         path.insert(0, old)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
+    env.setdefault("FSDP1_GPU_TRACE_DIR", trace_dir)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port",
            str(free_port()), str(Path(__file__).resolve()), "--worker", name]
     try:
@@ -395,7 +450,8 @@ def main(argv: list[str]) -> int:
             rows.append({"case": name, "status": "skipped", "error": "time budget"})
             continue
         print(f"... {name} {time.strftime('%T')}", file=sys.stderr, flush=True)
-        rows.append(run_case(name, min(args.timeout_s, left)))
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        rows.append(run_case(name, min(args.timeout_s, left), str(Path(args.out).resolve())))
         r = rows[-1]
         print(f"    {r.get('status')} {r.get('seconds')} s {str(r.get('error', ''))[:300]}", file=sys.stderr,
               flush=True)

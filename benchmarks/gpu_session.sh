@@ -14,7 +14,10 @@
 #   fsdplora fsdp1_lora_gpu.py: the fms FSDP1 LoRA / QLoRA settings on one GPU, with and without FSDP1, on the
 #            installed stack and on the fms runs' stack (wheels in .whl_old/: transformers 4.48.1, peft 0.13.2,
 #            accelerate 1.0.1, tokenizers 0.21.4, huggingface_hub 0.36.2), each step-2 peak named by a memory trace
-#            (session 21).
+#            (session 21); fsdplora4 (prepared by s21-frag): the 16-layer 70B row's every allocator event, loaded
+#            as the fms run loads (fsdpload) and as the other rows (fsdp1_lora_trace.py replays both here), the
+#            same run capped at 27 / 30 GiB after its load, Mistral-7B LoRA / 70B-4L QLoRA FSDP1 capped where
+#            fitcheck's replay says they start / stop running, and Mistral LoRA FSDP1 loaded on the CPU.
 # Rows are measured only (--measure_only): `gpu_truth.py --rescore` / `trainer_gpu.py --rescore` add the estimates
 # on any machine. The pinned transformers/peft/bitsandbytes/deepspeed wheels carried in .whl/ (the image has other
 # versions; bitsandbytes and deepspeed not at all) are unpacked in front of the image's packages.
@@ -71,6 +74,12 @@ for stage in "${STAGES[@]}"; do
            "llama70b-4L QLoRA fsdp1 b2 old detail" "llama70b-4L QLoRA fsdp1v1 b2" "llama70b-4L QLoRA plain b2 old" ;;
     fsdplora3) FSDP1_GPU_OLD_SITE=/tmp/site_old timeout 190 python3 benchmarks/fsdp1_lora_gpu.py \
            --out "$OUT" --timeout_s 180 --budget_s 185 --cases "llama70b-16L QLoRA fsdp1 b4 old" ;;
+    fsdplora4) FSDP1_GPU_OLD_SITE=/tmp/site_old timeout 570 python3 benchmarks/fsdp1_lora_gpu.py \
+           --out "$OUT" --timeout_s 150 --budget_s 550 --cases "llama70b-16L QLoRA fsdp1 b4 old fsdpload trace" \
+           "mistral LoRA fsdp1v1 b4 cap24.5" "mistral LoRA fsdp1v1 b4 cap24.0" "llama70b-4L QLoRA fsdp1v1 b2 cap8.9" \
+           "llama70b-16L QLoRA fsdp1 b4 old trace" \
+           "llama70b-16L QLoRA fsdp1 b4 old cap27" "llama70b-16L QLoRA fsdp1 b4 old cap30" \
+           "mistral LoRA fsdp1 b4 old cpuload" ;;
     tuner) timeout 170 python3 benchmarks/tuner_fsdp_gpu.py --out "$OUT" --timeout_s 80 ;;
     fsdp) timeout 150 python3 benchmarks/fsdp_gpu.py --out "$OUT" --timeout_s 70 ;;
     *) echo "unknown stage $stage" ;;

@@ -6,7 +6,7 @@
   peak reserved, and the cache that stays reserved.
 """
 
-from fitcheck.core.loading.events import LoadEvent, load_events, natural_key, prepare_events
+from fitcheck.core.loading.events import LoadEvent, load_events, load_order, natural_key, prepare_events
 from fitcheck.core.loading.phase import (
     SOURCE,
     LoadPhase,
@@ -26,6 +26,7 @@ __all__ = [
     "load_component",
     "load_events",
     "load_findings",
+    "load_order",
     "load_phase",
     "loads_on_one_device",
     "natural_key",

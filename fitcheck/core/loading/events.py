@@ -101,8 +101,9 @@ class _Seq:
         self.events.append(LoadEvent("free", handle, 0))
 
 
-def _instances(spec: TrainingSpec) -> list[tuple[str, ParamEntry]]:
-    """Every parameter instance with its checkpoint name, in loading order (``dot_natural_key``)."""
+def load_order(spec: TrainingSpec) -> list[tuple[str, ParamEntry]]:
+    """Every parameter instance with its checkpoint name, in loading order (``dot_natural_key``): the order of
+    :func:`load_events`' parameters."""
     out = [
         (e.name.replace("*", str(i), 1), e)
         for e in spec.model.params
@@ -200,7 +201,7 @@ def load_events(spec: TrainingSpec, capacity: int | None = None) -> list[LoadEve
     warm = warmup_bytes(spec, capacity)
     if warm:
         seq.free(seq.alloc(warm, "caching_allocator_warmup"))
-    for _name, entry in _instances(spec):
+    for _name, entry in load_order(spec):
         if quant is not None and is_quantized(spec, entry):
             qb = quantized_bytes(entry.numel_each, quant, entry.out_features or entry.shape[0])
             if not bnb or quant.pre_quantized:
@@ -233,7 +234,7 @@ def prepare_events(spec: TrainingSpec, after_load: list[LoadEvent]) -> list[Load
     seq = _Seq()
     seq._n = max((e.handle for e in after_load), default=0)
     params = iter(e for e in after_load if e.kind == "alloc" and e.what == "parameter")
-    for _name, entry in _instances(spec):
+    for _name, entry in load_order(spec):
         if is_quantized(spec, entry):
             continue
         old = next(params, None)
