@@ -375,6 +375,7 @@ def case_spec(row: dict[str, Any], case: dict[str, Any]) -> Any:
     old = case.get("stack") == "old"
     fake = dict(base, micro_batch_size=case["micro"], seq_len=SEQ, attention_impl="sdpa", num_gpus=1,
                 distributed="single GPU", versions=versions, gpu="H200", memory_gib=1.0)
+    fake.pop("trainer", None)  # the harness runs transformers' Trainer itself (the fms rows: TRL 0.13 SFTTrainer)
     plan = plan_row(fake)
     assert not hasattr(plan, "reason"), plan
     spec = plan.build(inventory_from_config(_model_config(case), case["model"], "catalog, depth edited"))
@@ -425,15 +426,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    import argparse
+    from fsdp_gpu import case_arguments, run_cases
 
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--worker", default=None)
-    ap.add_argument("--cases", nargs="+", default=list(CASES))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "data"))
-    ap.add_argument("--timeout_s", type=float, default=120.0)
-    ap.add_argument("--budget_s", type=float, default=3600.0, help="start no case after this many seconds")
-    ap.add_argument("--rescore", default=None, metavar="JSON", help="add fitcheck's estimate to a data file (no GPU)")
+    ap = case_arguments(__doc__, list(CASES), 120.0)
     ap.add_argument("--default_path", action="store_true", help="with --rescore: the CLI's default answer")
     args = ap.parse_args(argv)
     if args.rescore:
@@ -442,22 +437,15 @@ def main(argv: list[str]) -> int:
     if args.worker:
         print(PREFIX + json.dumps(worker(args.worker)), flush=True)
         return 0
-    rows: list[dict[str, Any]] = []
-    start = time.perf_counter()
-    for name in args.cases:
-        left = args.budget_s - (time.perf_counter() - start)
-        if left < 30:
-            rows.append({"case": name, "status": "skipped", "error": "time budget"})
-            continue
-        print(f"... {name} {time.strftime('%T')}", file=sys.stderr, flush=True)
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        rows.append(run_case(name, min(args.timeout_s, left), str(Path(args.out).resolve())))
-        r = rows[-1]
-        print(f"    {r.get('status')} {r.get('seconds')} s {str(r.get('error', ''))[:300]}", file=sys.stderr,
-              flush=True)
-        Path(args.out).mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save(rows: list[dict[str, Any]]) -> None:
         doc = {"schema": 1, "command": ["benchmarks/fsdp1_lora_gpu.py", *argv], "rows": rows}
-        (Path(args.out) / "fsdp1_lora_gpu.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        (out / "fsdp1_lora_gpu.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+    rows = run_cases(args.cases, args.budget_s, args.timeout_s,
+                     lambda name, t: run_case(name, t, str(out.resolve())), save)
     print(table(rows))
     return 0 if any(r.get("status") == "ok" for r in rows) else 1
 

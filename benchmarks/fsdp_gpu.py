@@ -261,20 +261,46 @@ def rescore(path: Path) -> list[dict[str, Any]]:
     return rescore_rows(path, CASES, argv_for)
 
 
-def cases_main(argv: list[str], name: str, cases: list[str], prefix: str,
-               worker_fn: Callable[[str], dict[str, Any]], rescore_fn: Callable[[Path], list[dict[str, Any]]],
-               table_fn: Callable[[list[dict[str, Any]]], str], timeout_s: float, method: str | None = None) -> int:
-    """The CLI of a per-case GPU benchmark (``fsdp_gpu.py``, ``trainer_gpu.py``): run the cases (each in its own
-    1-process ``torch.distributed.run``) or one as a worker, or ``--rescore`` a data file; print the table, write
-    ``<name>_<gpu>.json`` after every case."""
-    ap = argparse.ArgumentParser(description=method)
+def case_arguments(description: str | None, cases: list[str], timeout_s: float) -> argparse.ArgumentParser:
+    """The command line every per-case GPU benchmark shares (``--worker``, ``--cases``, ``--out``, ``--timeout_s``,
+    ``--budget_s``, ``--rescore``)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--worker", default=None)
     ap.add_argument("--cases", nargs="+", default=cases)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "data"))
     ap.add_argument("--timeout_s", type=float, default=timeout_s)
     ap.add_argument("--budget_s", type=float, default=3600.0, help="start no case after this many seconds")
     ap.add_argument("--rescore", default=None, metavar="JSON", help="re-estimate a data file's rows (no GPU)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def run_cases(cases: list[str], budget_s: float, timeout_s: float, run_one: Callable[[str, float], dict[str, Any]],
+              save: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
+    """Run each case (``run_one(case, timeout)``), none started with under 30 s of ``budget_s`` left; ``save`` the
+    rows after every case, so that a killed session keeps what ran."""
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    for case in cases:
+        left = budget_s - (time.perf_counter() - start)
+        if left < 30:
+            rows.append({"case": case, "status": "skipped", "error": "time budget"})
+            continue
+        print(f"... {case} {time.strftime('%T')}", file=sys.stderr, flush=True)
+        rows.append(run_one(case, min(timeout_s, left)))
+        r = rows[-1]
+        print(f"    {r.get('status')} {r.get('seconds')} s {str(r.get('error', ''))[:300]}", file=sys.stderr,
+              flush=True)
+        save(rows)
+    return rows
+
+
+def cases_main(argv: list[str], name: str, cases: list[str], prefix: str,
+               worker_fn: Callable[[str], dict[str, Any]], rescore_fn: Callable[[Path], list[dict[str, Any]]],
+               table_fn: Callable[[list[dict[str, Any]]], str], timeout_s: float, method: str | None = None) -> int:
+    """The CLI of a per-case GPU benchmark (``fsdp_gpu.py``, ``trainer_gpu.py``): run the cases (each in its own
+    1-process ``torch.distributed.run``) or one as a worker, or ``--rescore`` a data file; print the table, write
+    ``<name>_<gpu>.json`` after every case."""
+    args = case_arguments(method, cases, timeout_s).parse_args(argv)
     if args.rescore:
         rows = rescore_fn(Path(args.rescore))
         rewrite_rows(Path(args.rescore), rows)
@@ -283,22 +309,18 @@ def cases_main(argv: list[str], name: str, cases: list[str], prefix: str,
     if args.worker:
         print(prefix + json.dumps(worker_fn(args.worker)), flush=True)
         return 0
-    rows: list[dict[str, Any]] = []
-    start = time.perf_counter()
     script = str(ROOT / "benchmarks" / f"{name}.py")
-    for case in args.cases:
-        left = args.budget_s - (time.perf_counter() - start)
-        if left < 30:
-            rows.append({"case": case, "status": "skipped", "error": "time budget"})
-            continue
-        print(f"... {case}", file=sys.stderr, flush=True)
-        rows.append(run_worker(script, [case], prefix, min(args.timeout_s, left), {"case": case}))
+
+    def save(rows: list[dict[str, Any]]) -> None:
         gpu = next((r["environment"].get("gpu_name") for r in rows if r.get("environment")), None) or "cuda"
         slug = "".join(c if c.isalnum() else "_" for c in str(gpu).lower()).strip("_")
         Path(args.out).mkdir(parents=True, exist_ok=True)
         doc = {"schema": 1, "command": [f"benchmarks/{name}.py", *argv], **({"method": method} if method else {}),
                "rows": rows}
         (Path(args.out) / f"{name}_{slug}.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+    rows = run_cases(args.cases, args.budget_s, args.timeout_s,
+                     lambda case, t: run_worker(script, [case], prefix, t, {"case": case}), save)
     print(table_fn(rows))
     return 0 if any(r.get("status") == "ok" for r in rows) else 1
 
