@@ -104,6 +104,17 @@ def mark_layers(model: Any, rec: Any, probe: HeldProbe) -> None:
     norm.register_forward_hook(hook)
 
 
+def _recording(model: Any, probe: HeldProbe, ids: Any) -> Any:
+    """The live-tensor recorder of one run: the layer marks, every reachable tensor and the input ids tracked."""
+    from fitcheck.torch_adapters import LiveTensorRecorder
+
+    rec = LiveTensorRecorder()
+    mark_layers(model, rec, probe)
+    rec.track_reachable()
+    rec.track([ids])
+    return rec
+
+
 def _nbytes(dtype: str | None) -> int:
     return {"float32": 4, "bfloat16": 2, "float16": 2}.get(str(dtype), 4)
 
@@ -131,7 +142,6 @@ def run_deepspeed(stage: int, overlap: bool, seq: int) -> dict[str, Any]:
     import transformers
     from deepspeed_run_events_cpu import BATCH, CONFIG
 
-    from fitcheck.torch_adapters import LiveTensorRecorder
 
     cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
     torch.manual_seed(0)
@@ -148,10 +158,7 @@ def run_deepspeed(stage: int, overlap: bool, seq: int) -> dict[str, Any]:
     ids = torch.randint(0, cfg.vocab_size, (BATCH, seq))
     probe = HeldProbe()
     probe.attach(list(engine.module.named_parameters()))
-    rec = LiveTensorRecorder()
-    mark_layers(engine.module, rec, probe)
-    rec.track_reachable()
-    rec.track([ids])
+    rec = _recording(engine.module, probe, ids)
     with rec:
         for step in range(2):
             for micro in range(ACCUM):
@@ -178,7 +185,6 @@ def run_ddp(seq: int) -> dict[str, Any]:
     import transformers
     from deepspeed_run_events_cpu import BATCH, CONFIG
 
-    from fitcheck.torch_adapters import LiveTensorRecorder
 
     cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
     torch.manual_seed(0)
@@ -189,10 +195,7 @@ def run_ddp(seq: int) -> dict[str, Any]:
     ids = torch.randint(0, cfg.vocab_size, (BATCH, seq))
     probe = HeldProbe()
     probe.attach(list(model.named_parameters()))
-    rec = LiveTensorRecorder()
-    mark_layers(model, rec, probe)
-    rec.track_reachable()
-    rec.track([ids])
+    rec = _recording(model, probe, ids)
     with rec:
         for step in range(2):
             for micro in range(ACCUM):

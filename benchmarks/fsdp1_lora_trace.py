@@ -33,6 +33,8 @@ import gzip
 import itertools
 import json
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +149,6 @@ def least_capacity(doc: dict[str, Any], start: str = "load", resolution: int = 6
     """The smallest capacity (to ``resolution``) at which :func:`replay` runs without running out of memory, the
     cap set at the phase mark ``start`` (the capped GPU case sets its fraction after the load: the cache the load
     leaves is what the cap meets)."""
-    from fitcheck.core.caching import OutOfMemory
 
     phases = replay(doc)["phases"]
     names = list(phases)
@@ -155,10 +156,18 @@ def least_capacity(doc: dict[str, Any], start: str = "load", resolution: int = 6
     lo = max(phases[n][0] for n in after) - 1
     hi = max(phases[n][1] for n in after)
     at = int(doc["marks"].get(start, 0))
+    return least_fitting(lambda cap: replay(doc, cap, at), lo, hi, resolution)
+
+
+def least_fitting(run: Callable[[int], Any], lo: int, hi: int, resolution: int) -> int:
+    """The smallest capacity (within ``resolution``) at which ``run(capacity)`` raises no ``OutOfMemory``: ``lo``
+    fails, ``hi`` fits."""
+    from fitcheck.core.caching import OutOfMemory
+
     while hi - lo > resolution:
         mid = (lo + hi) // 2
         try:
-            replay(doc, mid, at)
+            run(mid)
             hi = mid
         except OutOfMemory:
             lo = mid
@@ -318,7 +327,6 @@ def harness_rows(names: list[str]) -> str:
     least capacity from the load on (what a capped case checks)."""
     from fsdp1_lora_gpu import CASES, case_spec
 
-    from fitcheck.core.caching import OutOfMemory
 
     data = json.loads((ROOT / "benchmarks" / "data" / "fsdp1_lora_gpu_nvidia_h200.json").read_text())
     rows = {r["case"]: r for r in data["rows"] if r.get("status") == "ok"}
@@ -331,14 +339,8 @@ def harness_rows(names: list[str]) -> str:
         for flatten in (False, True):
             events, marks = harness_events(spec, bool(case["qlora"]), flatten)
             got = replay_harness(events, marks)
-            lo, hi = got["step"][0] - 1, max(got["step"][1], got["prepare"][1])
-            while hi - lo > 64 * 2**20:
-                mid = (lo + hi) // 2
-                try:
-                    replay_harness(events, marks, mid)
-                    hi = mid
-                except OutOfMemory:
-                    lo = mid
+            hi = least_fitting(partial(replay_harness, events, marks), got["step"][0] - 1,
+                               max(got["step"][1], got["prepare"][1]), 64 * 2**20)
             lines.append(f"{name:30} {flatten!s:>7} {got['prepare'][1] / g:7.2f} {m['prepare']['reserved'] / g:6.2f} "
                          f"{got['step'][0] / g:7.2f} {m['step2']['max_allocated'] / g:6.2f} {got['step'][1] / g:7.2f} "
                          f"{m['step2']['max_reserved'] / g:6.2f} {hi / g:6.2f}")
