@@ -1,35 +1,32 @@
-"""FSDP2 + peft under the Trainer: no decoder layer gets a unit of its own, so the root gathers every layer.
+"""FSDP2 + peft under the Trainer: every decoder layer keeps its own unit (accelerate's ``transformer_based_wrap``).
 
-transformers 5.23 ``trainer.py`` (l.1753) calls ``distributed/fsdp.py`` ``update_fsdp_plugin_peft`` for a peft model
-under FSDP; the policy it sets (peft's ``_or_policy`` partial) is one accelerate 1.15 ``fsdp_utils.py``
-``fsdp2_prepare_auto_wrap_policy`` does not know, so ``fsdp2_prepare_model`` wraps no layer. Checked here: the real
-libraries' policy lookup (a tiny peft model, no process spawned), the REAL runs recorded by
-``benchmarks/fsdp2_run_events_cpu.py --write`` (``lora``: prepared as the Trainer prepares it; ``lora_accelerate``:
-accelerate's own layer units) at the end of the first forward, fitcheck's formula and finding, and the verdict of
-Llama-3.1-8B LoRA r16 on 4 x H100.
+transformers 5.23 ``trainer.py`` ``_prepare_for_training`` sets ``delay_optimizer_creation = False`` for FSDP2
+(l.1717-1722) and calls ``distributed/fsdp.py`` ``update_fsdp_plugin_peft`` only under ``if delay_optimizer_creation``
+(l.1751-1754). That policy (peft's ``_or_policy`` partial) is one accelerate 1.15 ``fsdp2_prepare_auto_wrap_policy``
+cannot apply (it would leave every layer in the root), but the Trainer's FSDP2 run never installs it. Checked here:
+the libraries' policy lookup, the Trainer's source, a REAL Trainer step on a gloo CPU rank
+(``benchmarks/fsdp2_peft_units_cpu.py``, with FSDP2's own activation checkpointing too), and fitcheck's answers.
+Measured on an H200 (``benchmarks/data/fsdp1_lora_gpu_nvidia_h200.json``): the Trainer's FSDP2 Mistral-7B LoRA step
+holds one gathered group beyond the plain run, not the 13.5 GiB of layers a root gather would.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import io
 import json
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-RECORDED = ROOT / "benchmarks" / "data" / "fsdp2_run_events_cpu.json"
-TOLERANCE = 64  # bytes: the recorded runs differ by a few Python scalars besides the gathered root
 
 
-def _rows(variant: str) -> dict[str, dict[str, int]]:
-    return dict(json.loads(RECORDED.read_text(encoding="utf-8"))["variants"][variant]["rows"])
-
-
-def test_the_trainers_peft_policy_gives_fsdp2_no_layer_units() -> None:
+def test_the_peft_policy_would_give_no_layer_units_but_the_trainers_fsdp2_never_sets_it() -> None:
     import peft
     import torch
     import transformers
@@ -38,6 +35,8 @@ def test_the_trainers_peft_policy_gives_fsdp2_no_layer_units() -> None:
     from deepspeed_run_events_cpu import CONFIG
     from transformers.distributed.fsdp import update_fsdp_plugin_peft
 
+    from fitcheck.core.states import peft_root_gathers
+
     cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
     model = peft.get_peft_model(transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16),
                                 peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
@@ -45,36 +44,26 @@ def test_the_trainers_peft_policy_gives_fsdp2_no_layer_units() -> None:
                                             transformer_cls_names_to_wrap=["LlamaDecoderLayer"])
     assert fsdp2_prepare_auto_wrap_policy(plugin, model) is not None  # accelerate's own: one unit per layer
     update_fsdp_plugin_peft(model, SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)))
-    assert fsdp2_prepare_auto_wrap_policy(plugin, model) is None  # what the Trainer's FSDP2 run gets
+    assert fsdp2_prepare_auto_wrap_policy(plugin, model) is None  # what a script calling it would get
+    source = inspect.getsource(transformers.Trainer._prepare_for_training)
+    fsdp2_off = source.index("delay_optimizer_creation = False")
+    guard = source.index("if delay_optimizer_creation:\n")
+    assert fsdp2_off < guard < source.index("update_fsdp_plugin_peft(self.model, self.accelerator)")
+    assert source.count("update_fsdp_plugin_peft(") == 1
+    assert not peft_root_gathers(SimpleNamespace())  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_recorded_root_gathers_every_layer_and_the_formula_counts_it(world: int) -> None:
-    from fsdp2_run_events_cpu import spec_of
-
-    from fitcheck.core.states import param_compute_bytes
-    from fitcheck.core.states.fsdp2_units import fsdp2_components, peft_root_gathers, root_layer_bytes
-    from fitcheck.report import Phase
-    from fitcheck.spec import Role
-
-    trainer, direct = _rows("lora")[str(world)], _rows("lora_accelerate")[str(world)]
-    measured = trainer["forward1"] - direct["forward1"]
-    spec = spec_of(world, lora=True)
-    compute = param_compute_bytes(spec)
-    norm = sum(p.numel for p in spec.model.params if not p.per_layer and p.role is Role.NORM) * compute
-    assert peft_root_gathers(spec)
-    # the final norm is the root's in both runs (_find_final_norm finds none under peft): the rest is the layers
-    assert abs(root_layer_bytes(spec, compute) - norm - measured) <= TOLERANCE, (measured, root_layer_bytes(spec,
-                                                                                                     compute))
-    component = fsdp2_components(spec, compute, 0, "test", world)[0]
-    assert component.at(Phase.FORWARD_END) >= measured
-    assert component.at(Phase.BACKWARD_START) >= measured
+def test_a_real_trainer_step_keeps_a_unit_per_layer_with_fsdp2_checkpointing() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fsdp2_peft_units_cpu.py"), "2", "--ac"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{\"version\"")]
+    assert line, proc.stderr[-2000:]
+    got = json.loads(line[-1])
+    assert got["is_fsdp2"] and got["activation_checkpointing"] and got["layer_units"] == got["layers"] == 2
 
 
 def _estimate(*extra: str) -> dict[str, Any]:
-    import contextlib
-    import io
-
     from fitcheck.cli.main import main
 
     argv = ["estimate", "--model_name_or_path", "meta-llama/Llama-3.1-8B", "--dtype", "bfloat16", "--bf16", "--gpu",
@@ -87,68 +76,32 @@ def _estimate(*extra: str) -> dict[str, Any]:
     return dict(json.loads(out.getvalue()))
 
 
-def test_llama8b_lora_fsdp2_on_four_h100_does_not_fit() -> None:
+def test_llama8b_lora_fsdp2_gathers_layer_units_not_the_whole_model() -> None:
+    from fitcheck.catalog import find_catalog_config
+
     doc = _estimate()
-    assert doc["fits"] is False
-    found = [f for f in doc["findings"] if f["code"] == "fsdp2-peft-root-gathers-all-layers"]
-    assert found and "32 decoder layers" in found[0]["message"] and "13." in found[0]["message"]
-    assert "trainer.py l.1753" in found[0]["message"] and "fsdp2_prepare_auto_wrap_policy" in found[0]["message"]
-    assert doc["components"]["buffers.fsdp_unsharded_params"] > 13 * 2**30
+    assert not [f for f in doc["findings"] if "root-gathers" in f["code"]]
+    found = find_catalog_config("meta-llama/Llama-3.1-8B")
+    assert found is not None
+    h, i, v = found[0]["hidden_size"], found[0]["intermediate_size"], found[0]["vocab_size"]
+    kv = h // found[0]["num_attention_heads"] * found[0]["num_key_value_heads"]
+    layer = (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h) * 2  # bf16 q/o, k/v, MLP, norms
+    # two layer units in backward (one computed, one prefetched), or the tail (LM head) twice at the end of forward
+    assert doc["components"]["buffers.fsdp_unsharded_params"] <= max(2 * layer, 2 * v * h * 2) + 2**20
+    assert doc["fits"] is True
 
 
-def test_qlora_root_gathers_the_packed_layers() -> None:
-    doc = _estimate("--load_in_4bit", "--bnb_4bit_quant_storage", "bfloat16")
-    found = [f for f in doc["findings"] if f["code"] == "fsdp2-peft-root-gathers-all-layers"]
-    assert found
-    # 4-bit packed layers (~0.5 B a parameter) + bf16 norms + the adapters: between 3 and 4 GiB, far below bf16's 13
-    assert 3 * 2**30 < doc["components"]["buffers.fsdp_unsharded_params"] < 5 * 2**30
-
-
-@pytest.mark.slow
-def test_the_replay_gathers_the_root_as_the_recorded_run() -> None:
-    """The whole-run rewrite with the Trainer's units (``fsdp2_plan``) against accelerate's own
-    (``trainer=False``), over one traced plain run: at the end of the first forward the Trainer's holds what the
-    REAL ``lora`` run holds beyond ``lora_accelerate``, at world sizes 1 and 2 (the other points: the replay
-    tests of ``tests/test_fsdp2_run_events.py``)."""
-    from fsdp2_run_events_cpu import fitcheck_live
-
-    from fitcheck.torch_adapters.fsdp2_run_plan import fsdp2_plan
-
-    plain = None
-    for world in (1, 2):
-        trainer, plain = fitcheck_live(world, plain, lora=True)
-        direct, plain = fitcheck_live(world, plain, lora=True, plan=lambda s: fsdp2_plan(s, trainer=False))
-        measured = _rows("lora")[str(world)]["forward1"] - _rows("lora_accelerate")[str(world)]["forward1"]
-        assert abs(trainer["forward1"] - direct["forward1"] - measured) <= TOLERANCE, world
-
-
-def test_fsdp2_activation_checkpointing_on_a_peft_model_is_refused(tmp_path: Path) -> None:
-    """accelerate 1.15 ``fsdp2_apply_ac`` calls the policy ``fsdp2_prepare_auto_wrap_policy`` returns, None for the
-    Trainer's peft policy (the first test): ``TypeError: 'NoneType' object is not callable`` in ``prepare``. A run
-    the libraries refuse is exit 2 naming the file and key; without peft it is estimated; axolotl applies the
-    checkpointing in its own FSDP2 preparation (``monkeypatch/accelerate/fsdp2.py``) and is not refused."""
-    import inspect
-
-    from accelerate.utils import fsdp_utils
-
+def test_fsdp2_activation_checkpointing_on_a_peft_model_is_estimated(tmp_path: Path) -> None:
+    """accelerate 1.15 ``fsdp2_apply_ac`` applies the Trainer's own (transformer-based) policy: it runs (the real step
+    above), so fitcheck estimates it."""
     from fitcheck.cli.main import main
 
-    source = inspect.getsource(fsdp_utils.fsdp2_apply_ac)
-    assert "fsdp2_prepare_auto_wrap_policy(" in source and "if auto_wrap_policy_func(layer):" in source
     cfg = tmp_path / "fsdp2.json"
     cfg.write_text(json.dumps({"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                                "fsdp_activation_checkpointing": True}), encoding="utf-8")
     argv = ["estimate", "--model_name_or_path", "meta-llama/Llama-3.1-8B", "--dtype", "bfloat16", "--bf16", "--gpu",
             "H100-80GB", "--num_processes", "4", "--fsdp", "full_shard", "--fsdp_config", str(cfg),
             "--per_device_train_batch_size", "1", "--max_seq_length", "1024", "--no_trace", "--json"]
-    assert main([*argv, "--use_peft"]) == 2
-    assert main(argv) in (0, 1)
-    axolotl = tmp_path / "ax.yaml"
-    axolotl.write_text("base_model: meta-llama/Llama-3.1-8B\nadapter: lora\nlora_r: 16\nlora_alpha: 32\n"
-                       "lora_target_linear: true\nsequence_len: 1024\nmicro_batch_size: 1\nbf16: true\n"
-                       "gradient_checkpointing: true\nlora_mlp_kernel: false\nlora_qkv_kernel: false\n"
-                       "lora_o_kernel: false\nfsdp_version: 2\nfsdp_config:\n  activation_checkpointing: true\n"
-                       "  auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
-                       "  transformer_layer_cls_to_wrap: LlamaDecoderLayer\n", encoding="utf-8")
-    assert main(["estimate", "--axolotl", str(axolotl), "--gpu", "H100-80GB", "--num_processes", "4",
-                 "--no_trace", "--json"]) in (0, 1)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([*argv, "--use_peft"]) in (0, 1)
+        assert main(argv) in (0, 1)

@@ -390,9 +390,8 @@ def _sharding(raw: Mapping[str, object], out: _Out, cwd: str) -> None:
         if merged["version"] == 2 and merged.get("activation_checkpointing") is not None:
             # axolotl applies FSDP2's activation checkpointing in its own fsdp2_prepare_model
             # (monkeypatch/accelerate/fsdp2.py, patch_accelerate_fsdp2: apply_activation_checkpointing with the
-            # plugin's policy), not through accelerate's fsdp2_apply_ac, which fails on a peft model under the
-            # Trainer (readers/merge.py _fsdp_checkpointing); the reader's gradient_checkpointing (always set by
-            # _checkpointing) decides checkpointing, as before
+            # plugin's policy), not through accelerate's fsdp2_apply_ac; the reader's gradient_checkpointing
+            # (always set by _checkpointing) decides checkpointing, as before
             merged.pop("activation_checkpointing")
             out.notes.append("fsdp_config.activation_checkpointing: applied by axolotl's own FSDP2 preparation "
                              "(monkeypatch/accelerate/fsdp2.py); checkpointing is read from gradient_checkpointing")

@@ -272,24 +272,13 @@ def _every_n_layers(values: Mapping[str, object], provenance: Mapping[str, str])
 def _fsdp_checkpointing(fs_read: FsdpRead, values: Mapping[str, object]) -> Updates:
     """FSDP ``activation_checkpointing`` turns checkpointing on unless the run says otherwise.
 
-    Raises:
-        ConfigError: FSDP2 activation checkpointing on a peft model, which accelerate 1.15 fails on under the
-            Trainer: transformers 5.23 ``trainer.py`` ``update_fsdp_plugin_peft`` sets peft's
-            ``fsdp_auto_wrap_policy`` (``functools.partial(_or_policy, ...)``), ``fsdp2_prepare_auto_wrap_policy``
-            returns None for it, and ``fsdp2_apply_ac`` calls that None on every submodule
-            (``utils/fsdp_utils.py`` L718-721: ``TypeError: 'NoneType' object is not callable``).
+    FSDP2's own activation checkpointing on a peft model runs under the Trainer: its FSDP2 run never installs
+    peft's wrap policy (transformers 5.23 ``trainer.py`` l.1717-1722 and l.1751-1754), so accelerate 1.15
+    ``fsdp2_apply_ac`` applies the transformer-based one (a real step: ``benchmarks/fsdp2_peft_units_cpu.py --ac``).
     """
     if not fs_read.activation_checkpointing:
         return {}
     where_ = fs_read.provenance.get("activation_checkpointing", "fsdp activation_checkpointing")
-    if fs_read.spec.version == 2 and values.get("use_peft"):
-        raise ConfigError(
-            f"{where_}: FSDP2 activation checkpointing with a peft model fails in accelerator.prepare (accelerate "
-            "1.15 fsdp2_apply_ac calls the auto-wrap policy that fsdp2_prepare_auto_wrap_policy returns as None for "
-            "peft's fsdp_auto_wrap_policy, which transformers 5.23's Trainer sets through update_fsdp_plugin_peft: "
-            "TypeError 'NoneType' object is not callable); set activation_checkpointing false in the FSDP config "
-            "and gradient_checkpointing true in the training arguments instead"
-        )
     if "gradient_checkpointing" in values:
         return {}
     return {"gradient_checkpointing": (True, where_)}

@@ -21,10 +21,11 @@ parameters and, for trained weights, two units of gradients.
 Pinned by a real 2-process FSDP2 run on CPU (``benchmarks/fsdp_cpu.py``, with and without
 ``MixedPrecisionPolicy``).
 
-A peft model under the Trainer (:func:`peft_root_gathers`) gets none of the layer units: transformers 5.23
-``trainer.py`` (``_prepare_for_training``, l.1753: ``if self.is_fsdp_enabled and _is_peft_model(self.model):
-update_fsdp_plugin_peft``) sets ``fsdp_plugin.auto_wrap_policy`` to peft 0.21.2 ``utils/other.py``
-``fsdp_auto_wrap_policy(model)``, a ``functools.partial(_or_policy, ...)``; accelerate 1.15 ``fsdp_utils.py``
+A peft model prepared with ``update_fsdp_plugin_peft`` (:func:`peft_root_gathers`; NOT the Trainer's FSDP2 run,
+which never calls it: see that function) gets none of the layer units: transformers 5.23
+``distributed/fsdp.py`` ``update_fsdp_plugin_peft`` sets ``fsdp_plugin.auto_wrap_policy`` to peft 0.21.2
+``utils/other.py`` ``fsdp_auto_wrap_policy(model)``, a ``functools.partial(_or_policy, ...)``; accelerate 1.15
+``fsdp_utils.py``
 ``fsdp2_prepare_auto_wrap_policy`` unwraps the partial and knows only ``transformer_auto_wrap_policy`` and
 ``size_based_auto_wrap_policy`` (else ``return None``), so ``fsdp2_prepare_model`` ``fully_shard``s no decoder
 layer: the input embedding and the tail (the LM head: ``_find_final_norm`` scans ``base_model_prefix``'s children,
@@ -33,7 +34,8 @@ sharded with ``reshard_after_forward`` left out (``root_kwargs``), i.e. None, wh
 ``_lazy_init`` resolves to False for the root, so the root's parameters, all layers in ``param_dtype``, are
 gathered from the start of forward to the root's post-backward at the end of backward, and its unsharded
 gradients (the adapters') are held until then. Recorded: ``benchmarks/data/fsdp2_run_events_cpu.json`` variants
-``lora`` (as the Trainer prepares it) vs ``lora_accelerate`` (accelerate's own layer units) at ``forward1``.
+``lora`` (prepared with ``update_fsdp_plugin_peft`` called, as that harness assumed the Trainer does under FSDP2)
+vs ``lora_accelerate`` (accelerate's own layer units: the Trainer's FSDP2 run) at ``forward1``.
 """
 
 from __future__ import annotations
@@ -54,10 +56,18 @@ def tail_params(spec: TrainingSpec) -> int:
 
 
 def peft_root_gathers(spec: TrainingSpec) -> bool:
-    """Whether the FSDP2 root unit holds every decoder layer: a peft (LoRA) model prepared by the Trainer, whose
-    ``update_fsdp_plugin_peft`` sets a wrap policy accelerate 1.15's FSDP2 does not apply (module docstring)."""
-    fs = spec.sharding.fsdp
-    return spec.lora is not None and (fs is None or fs.version == 2)
+    """Whether the FSDP2 root unit holds every decoder layer (a peft model whose wrap policy accelerate 1.15's FSDP2
+    does not apply, module docstring): never under the Trainer. transformers 5.23 ``trainer.py``
+    ``_prepare_for_training`` sets ``delay_optimizer_creation = False`` for FSDP2 (l.1717-1722: "Can't delay
+    optimizer creation when using FSDP2") and calls ``update_fsdp_plugin_peft`` only under
+    ``if delay_optimizer_creation`` (l.1751-1754), so an FSDP2 peft model keeps accelerate's own
+    ``transformer_based_wrap`` layer units. Measured on an H200 (``benchmarks/data/fsdp1_lora_gpu_nvidia_h200.json``,
+    Mistral-7B LoRA 4 x 4096 under the Trainer's FSDP2 on one process, where every gathered group is its own copy):
+    the step held the plain run's bytes plus one 262,144,000 B group, not the 13.5 GiB of layers a root gather
+    holds. The root-gather layout stays for ``fsdp2_plan(trainer=False)``-style scripts that call
+    ``update_fsdp_plugin_peft`` themselves; no spec describes one, so this is False for every spec."""
+    del spec  # every FSDP2 peft run fitcheck reads is the Trainer's (or TRL's, a Trainer subclass)
+    return False
 
 
 def root_layer_bytes(spec: TrainingSpec, compute_bytes: int) -> int:

@@ -7,7 +7,6 @@ The divisions and buffers themselves are :mod:`fitcheck.core.states.sharding`'s.
 
 from __future__ import annotations
 
-from fitcheck.core.states.fsdp2_units import peft_root_gathers, root_layer_bytes
 from fitcheck.core.states.fsdp_mixed_units import mixed_unit_findings, mixed_unit_frozen_params
 from fitcheck.core.states.layout import ds_cpu_optimizer
 from fitcheck.core.states.model_states import fsdp_no_sync, kept_gradients
@@ -37,8 +36,6 @@ def sharding_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         out.extend(_deepspeed_findings(spec, sh.deepspeed, trainable))
     if sh.strategy is Strategy.FSDP and n > 1:
         out.extend(_fsdp_findings(spec, sh.fsdp))
-    if sh.strategy is Strategy.FSDP and peft_root_gathers(spec):
-        out.append(_fsdp2_peft_root(spec))
     out.extend(mixed_unit_findings(spec, param_compute_bytes(spec)))  # FSDP1 units holding frozen and trainable
     if sh.strategy is Strategy.DDP and n > 1 and trainable:
         out.append(
@@ -155,25 +152,6 @@ def _accumulation_finding(spec: TrainingSpec, fs: FsdpSpec | None) -> Finding:
         text + (" (not counted: under offload_params the estimate keeps the gradients on the host)"
                 if partition(spec).gradients_on_host else " (counted in the estimate)"),
         'set accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": true}}',
-    )
-
-
-def _fsdp2_peft_root(spec: TrainingSpec) -> Finding:
-    """FSDP2 + peft under the Trainer: no decoder layer gets its own unit (``fsdp2_units.peft_root_gathers``)."""
-    layers = spec.model.shape.num_layers
-    gathered = root_layer_bytes(spec, param_compute_bytes(spec))
-    return Finding(
-        "fsdp2-peft-root-gathers-all-layers",
-        Severity.WARNING,
-        "FSDP2 with a peft model: the Trainer (transformers 5.23 trainer.py l.1753-1754) calls distributed/fsdp.py "
-        "update_fsdp_plugin_peft, which sets peft's fsdp_auto_wrap_policy (functools.partial(_or_policy, ...)); "
-        "accelerate 1.15 utils/fsdp_utils.py fsdp2_prepare_auto_wrap_policy (l.921-971) knows only "
-        "transformer_auto_wrap_policy / size_based_auto_wrap_policy and returns None, so fsdp2_prepare_model "
-        "shards no decoder layer on its own: the root unit (reshard_after_forward left to torch: False for the "
-        f"root) gathers all {layers} decoder layers on every GPU, {format_bytes(gathered)}, from forward to the "
-        "end of backward (counted in the estimate)",
-        'set fsdp_config {"version": 1}: FSDP1 applies peft\'s policy (each decoder layer and each LoRA A/B its '
-        "own unit; transformers 5.23 warns that FSDP1 is deprecated)",
     )
 
 
