@@ -112,8 +112,9 @@ def _rank(rank: int, world: int, port: int, out: str, version: int = 2, lora: bo
 
         model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"],
                                                            lora_dropout=0.0, task_type="CAUSAL_LM"))
-        if version == 1 or trainer:  # transformers 5.23 trainer.py l.1753 (delay_optimizer_creation, a peft model
-            # under FSDP):
+        if version == 1 or trainer:  # transformers 5.23 trainer.py l.1751-1754 (delay_optimizer_creation, a peft
+            # model under FSDP1; the Trainer's FSDP2 run does NOT call it, l.1717-1722: the FSDP2 `lora` variants are a
+            # script that calls it by hand, `*_accelerate` the Trainer's FSDP2 run):
             # distributed/fsdp.py update_fsdp_plugin_peft sets peft's fsdp_auto_wrap_policy (utils/other.py: every
             # leaf module whose weight requires grad, the LoRA A/B, a unit of its own, _or_policy with the layers)
             from transformers.distributed.fsdp import update_fsdp_plugin_peft
@@ -181,8 +182,9 @@ def real(world: int, version: int = 2, lora: bool = False, accum: int = 1, train
     """Rank 0's live bytes at :data:`POINTS` of the real FSDP``version`` run on ``world`` gloo ranks (spawned);
     ``lora``: peft LoRA r 8 on q/v over the frozen bf16 base; ``accum``: micro-batches a step (the live bytes after
     each but the last micro-batch's backward too: ``backward1.K``, ``backward.K``); ``trainer``: a LoRA run prepared
-    as the Trainer prepares it (``update_fsdp_plugin_peft`` first; False: accelerate's ``transformer_based_wrap``
-    alone, FSDP2 only). ``forward1``: after the first forward (its loss alive)."""
+    with ``update_fsdp_plugin_peft`` first (the Trainer's FSDP1; under FSDP2 a script doing so by hand, not the
+    Trainer); False: accelerate's ``transformer_based_wrap`` alone (the Trainer's FSDP2 run). ``forward1``: after the
+    first forward (its loss alive)."""
     import torch.multiprocessing as mp_
     from gloo_rank import free_port
 

@@ -187,7 +187,7 @@ def _variant_live(variant: str, world: int, plains: dict[str, list[Any]], plan: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["lora_accum2", "lora", "accum2"])
+@pytest.mark.parametrize("variant", ["lora_accum2_accelerate", "lora_accelerate", "accum2"])
 def test_replay_matches_the_recorded_run(variant: str, variant_plains: dict[str, list[Any]]) -> None:
     """peft LoRA r 8 on q/v over the frozen bf16 base (its shards in bf16, its units without gradients, the
     final norm in the root: accelerate's ``_find_final_norm`` finds none under peft) and two micro-batches a step
@@ -219,14 +219,15 @@ def test_a_wrong_lora_accumulation_is_caught(variant_plains: dict[str, list[Any]
     def unaccumulated(spec: Any) -> Any:  # every pass reduced: the plain run composed with one pass a step
         return replace(fsdp2_plan(spec), accum=1)
 
-    rows = _recorded("lora_accum2")["rows"]
-    assert compare(rows["2"], _variant_live("lora_accum2", 2, variant_plains, upcast_base))
+    # the Trainer's FSDP2 units (accelerate's transformer_based_wrap: the `_accelerate` recording)
+    rows = _recorded("lora_accum2_accelerate")["rows"]
+    assert compare(rows["2"], _variant_live("lora_accum2_accelerate", 2, variant_plains, upcast_base))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fsdp2_run_events, "_in_param_dtype", lambda owned, plan: {})
-        assert compare(rows["1"], _variant_live("lora_accum2", 1, variant_plains))
+        assert compare(rows["1"], _variant_live("lora_accum2_accelerate", 1, variant_plains))
     plains: dict[str, list[Any]] = {}
     assert any(p.startswith("live after backward1.0") or "backward1:" in p
-               for p in compare(rows["1"], _variant_live("lora_accum2", 1, plains, unaccumulated)))
+               for p in compare(rows["1"], _variant_live("lora_accum2_accelerate", 1, plains, unaccumulated)))
 
 
 @pytest.mark.slow
@@ -265,12 +266,10 @@ def test_lora_plan_and_what_stays_unreplayed() -> None:
     from fitcheck.torch_adapters.fsdp2_run_plan import fsdp2_plan, not_replayed
 
     spec = spec_of(2, lora=True, accum=2)
-    # the Trainer's FSDP2 run never calls update_fsdp_plugin_peft (core/states/fsdp2_units.py peft_root_gathers):
-    # its plan is accelerate's own transformer_based_wrap, as a script's
-    trainer = fsdp2_plan(spec)
-    plan = fsdp2_plan(spec, trainer=False)
-    assert trainer == plan
-    assert not_replayed(spec) == "" and plan.accum == 2 and plan.depth == 0
+    # the Trainer's FSDP2 run never calls update_fsdp_plugin_peft (core/states/fsdp2_units.py): accelerate's own
+    # transformer_based_wrap units
+    plan = fsdp2_plan(spec)
+    assert not_replayed(spec) == "" and plan.accum == 2
     assert [u.kind for u in plan.units] == ["root", "embed", "layer", "layer", "tail"]  # the final norm in the root
     layer = plan.units[2].params
     adapters = [q for q in layer if not q.frozen]

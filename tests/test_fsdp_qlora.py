@@ -185,8 +185,8 @@ def test_gathered_unit_is_the_packed_layer(llama70b: ModelInventory) -> None:
     norms = sum(e.numel_each for e in layer if "norm" in e.name) * 2
     assert gathered_layer_bytes(spec, 2) == packed + norms
     buf = component(buffer_components(spec), "buffers.fsdp_unsharded_params")
-    # the Trainer's FSDP2 units for a peft model are accelerate's layer units (core/states/fsdp2_units.py
-    # peft_root_gathers): in backward the packed layer being computed and the prefetched next one
+    # the Trainer's FSDP2 units for a peft model are accelerate's layer units (core/states/fsdp2_units.py): in
+    # backward the packed layer being computed and the prefetched next one
     assert buf.at(Phase.BACKWARD) == 2 * (packed + norms)  # type: ignore[attr-defined]
 
 

@@ -254,7 +254,7 @@ def _step_points(events: Sequence[Event], start: int, end: int, grads: set[int],
 
     units = plan.units
     layer_ids = [u for u, unit in enumerate(units) if unit.kind == "layer"]
-    first, back, bounds = step_frame(events, start, end, len(layer_ids) or plan.depth)
+    first, back, bounds = step_frame(events, start, end, len(layer_ids))
     # forward: pre_forward -> unshard + wait; post_forward -> reshard where reshard_after_forward
     for u, unit in enumerate(units):
         if unit.kind in ("root", "embed") or (unit.kind == "tail" and plan.tied):

@@ -5,8 +5,8 @@ The units are accelerate 1.15's (``utils/fsdp_utils.py`` ``fsdp2_prepare_model``
 untied input embedding, the tail ``[final norm, (tied embedding,) lm_head]`` with ``reshard_after_forward=False``,
 and the root with what is left (``reshard_after_forward=None`` -> False for the root). Each parameter is sharded on
 dim 0, padded to a multiple of the world size (torch 2.13 ``_fsdp_param.py`` ``_init_sharded_param``:
-``padded_sharded_size = chunks[0].size()``). A peft model under the Trainer has no layer unit: the root holds every
-layer (``core/states/fsdp2_units.py`` ``peft_root_gathers``; :attr:`FsdpPlan.depth`).
+``padded_sharded_size = chunks[0].size()``). A peft model under the Trainer keeps these units
+(``core/states/fsdp2_units.py``: the Trainer never installs peft's wrap policy under FSDP2).
 
 FSDP1 (:func:`fsdp1_plan`): accelerate 1.15 ``accelerator.py`` ``prepare_model`` wraps the model once with
 ``transformer_based_wrap`` (``FullyShardedDataParallelPlugin.set_auto_wrap_policy``): every decoder layer its own
@@ -101,15 +101,11 @@ def _dtypes(spec: TrainingSpec) -> tuple[int, int, int]:
     return orig, param_compute_bytes(spec), deepspeed_module_view(spec).precision.load_dtype.nbytes
 
 
-def fsdp2_plan(spec: TrainingSpec, trainer: bool = True) -> FsdpPlan:
+def fsdp2_plan(spec: TrainingSpec) -> FsdpPlan:
     """The plan of an FSDP2 spec :func:`not_replayed` accepts.
 
     Args:
         spec: The training spec.
-        trainer: A peft model's units as the Trainer prepares it (``core/states/fsdp2_units.py``
-            ``peft_root_gathers``: the root holds every layer); False: accelerate's own ``transformer_based_wrap``
-            units (a script calling ``Accelerator.prepare`` without ``update_fsdp_plugin_peft``: the recorded
-            ``*_accelerate`` variants of ``benchmarks/fsdp2_run_events_cpu.py``).
 
     Returns:
         Its units, world size and dtypes.
@@ -118,18 +114,9 @@ def fsdp2_plan(spec: TrainingSpec, trainer: bool = True) -> FsdpPlan:
     reshard = fs.reshard_after_forward if fs is not None else True
     layer, roles, tied = model_params(spec)
     embed, head, norms, rest = roles["embed"], roles["head"], roles["norms"], roles["rest"]
-    from fitcheck.core.states import peft_root_gathers
     from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
 
     orig, compute, traced = _dtypes(spec)
-    if trainer and peft_root_gathers(spec):  # the Trainer's units for a peft model: the root holds every layer
-        n = spec.model.shape.num_layers
-        body = Unit(tuple(rest + list(layer) * n + norms), False, "root")
-        ends = [Unit(tuple(embed if tied else head), False, "tail")]
-        ends = ([] if tied else [Unit(tuple(embed), reshard, "embed")]) + ends
-        # fully_shard order: the embedding, the tail, the root (fsdp2_prepare_model)
-        return FsdpPlan(partition_weights(spec), (body, *ends), (*range(1, len(ends) + 1), 0), orig, compute,
-                        compute, traced, tied, replayed_micro_batches(spec.batch.grad_accum), depth=n)
     layers = [Unit(layer, reshard, "layer") for _ in range(spec.model.shape.num_layers)]
     # accelerate 1.15 fsdp_utils.py _find_final_norm scans getattr(model, model.base_model_prefix)'s children:
     # on a peft PeftModel that is the LlamaForCausalLM (its children `model`, `lm_head`): no norm, so the final

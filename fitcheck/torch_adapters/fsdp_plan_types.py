@@ -51,10 +51,6 @@ class FsdpPlan:
         accum: Forward and backward passes per optimizer step the plain run composes
             (``allocator_compose.replayed_micro_batches`` of ``gradient_accumulation_steps``): all but the last
             under ``no_sync``.
-        depth: Decoder layers held by the root when no layer has a unit of its own (a peft model under the
-            Trainer: ``core/states/fsdp2_units.py`` ``peft_root_gathers``); 0 otherwise. The rewrite finds the
-            layers' forwards in the trace by it (the embedding resharded at the first, the tail gathered after the
-            last).
     """
 
     world: int
@@ -66,7 +62,6 @@ class FsdpPlan:
     traced: int
     tied: bool
     accum: int = 1
-    depth: int = 0
 
     @property
     def params(self) -> list[Param]:

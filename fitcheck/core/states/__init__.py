@@ -25,7 +25,6 @@ new module here), read by :mod:`.layout`.
 
 from fitcheck.core.states.accumulation import accumulates_in_grad, gradients_held_from_start
 from fitcheck.core.states.deepspeed_streams import deepspeed_side_pools
-from fitcheck.core.states.fsdp2_units import peft_root_gathers, root_layer_bytes
 from fitcheck.core.states.fsdp_qlora import LoadPeak, fsdp_qlora_findings, load_peak
 from fitcheck.core.states.fsdp_streams import SidePools, fsdp_side_pools
 from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
@@ -102,12 +101,10 @@ __all__ = [
     "partition_size",
     "peft_adapter_findings",
     "peft_adapter_params",
-    "peft_root_gathers",
     "plan_lora",
     "prequant_components",
     "prequant_findings",
     "quantized_bytes",
-    "root_layer_bytes",
     "sft_runs_trainer_step",
     "sharding_findings",
     "trainable_params",

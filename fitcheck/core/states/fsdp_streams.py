@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from fitcheck.core.caching import AllocatorConf, replay
 from fitcheck.core.optimizers import TensorGroup
-from fitcheck.core.states.fsdp2_units import peft_root_gathers, tail_params
+from fitcheck.core.states.fsdp2_units import tail_params
 from fitcheck.core.states.fsdp_qlora import gathered_layer_bytes, is_fsdp_4bit
 from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
 from fitcheck.core.states.layout import all_trainable, build_layout
@@ -240,18 +240,6 @@ def _reduce_events(units: list[_Unit], shard: int, reduce_bytes: int, grad_bytes
             yield "free", g, 0
 
 
-def _peft_root_units(units: list[_Unit], layers: int) -> list[_Unit]:
-    """:func:`_units`' FSDP2 units regrouped as the Trainer's for a peft model: one root with every decoder layer
-    first (its flat all-gather output is the whole stack), then an untied embedding, then the tail."""
-    if len(units) == layers + 1:  # tied: _units puts the tail (with the embedding) first
-        tail, front, body = units[0], [], units[1:]
-    else:
-        tail, front, body = units[-1], units[:1], units[1:-1]
-    root = _Unit(sum(u.gather_bytes for u in body), sum(u.cast_bytes for u in body),
-                 sum(u.grad_numel for u in body))
-    return [root, *front, tail]
-
-
 def fsdp_side_pools(spec: TrainingSpec, conf: AllocatorConf) -> SidePools | None:
     """The bytes FSDP's side streams keep reserved on one GPU.
 
@@ -279,12 +267,6 @@ def fsdp_side_pools(spec: TrainingSpec, conf: AllocatorConf) -> SidePools | None
     pairs = [(u.cast_bytes, u.gather_bytes) for u in units]
     if version == 2 and not sharded:  # one shard: no all-gather, nothing on the copy-in stream (module docstring)
         gather = 0
-    elif version == 2 and peft_root_gathers(spec):  # the root holds every layer (fsdp2_units.peft_root_gathers)
-        units = _peft_root_units(units, spec.model.shape.num_layers)
-        # forward: the root (its pre-forward), the embedding, the tail; backward: the tail's pre-backward prefetches
-        # the embedding (cleared unused by finalize_backward); the root is not resharded after forward
-        gather = replay(_gather_events([(u.cast_bytes, u.gather_bytes) for u in units], [
-            (u.cast_bytes, u.gather_bytes) for u in units[1:-1]], None, steps), conf).peak_reserved
     elif version == 2:  # one copy-in stream; the tail (reshard_after_forward=False) is not gathered again in backward
         tail_last = len(units) > spec.model.shape.num_layers + 1  # an untied embedding unit comes first
         backward = (pairs[1:-1] if tail_last else pairs[1:])[::-1] + (pairs[:1] if tail_last else [])
