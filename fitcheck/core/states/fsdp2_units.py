@@ -67,13 +67,21 @@ def fsdp2_components(spec: TrainingSpec, compute_bytes: int, unit_params: int, s
     reshard = fs.reshard_after_forward if fs is not None else True
     tail = tail_params(spec) * compute_bytes
     held = 2 * tail if shards > 1 else tail  # + the tail's flat all-gather output until the root's post-forward
-    unit = gathered_layer_bytes(spec, compute_bytes) if is_fsdp_4bit(spec) else unit_params * compute_bytes
+    # a 4-bit base's packed bytes, also at one shard (where is_fsdp_4bit, about sharding, is False: the rank still
+    # copies each packed group into its own unsharded storage, wait_for_unshard's world_size == 1 branch)
+    q = spec.quant
+    packed = is_fsdp_4bit(spec) or (q is not None and q.method == "bitsandbytes" and q.bits == 4)
+    unit = gathered_layer_bytes(spec, compute_bytes) if packed else unit_params * compute_bytes
     layers = sum(p.numel for p in spec.model.params if p.per_layer) * compute_bytes
     trained = trainable_params(spec) > 0 and spec.lora is None
     grads = 2 * unit_params * compute_bytes if trained else 0  # unsharded grads + reduce-scatter input
     if reshard:
-        values = {Phase.FORWARD_END: held, Phase.BACKWARD_START: tail, Phase.BACKWARD: 2 * unit + grads}
-        how = "layers resharded after forward; in backward a unit + the prefetched next"
+        # one shard: the prefetch's unshard records an empty result and returns; each group is copied in its own
+        # pre-backward (wait_for_unshard, world_size == 1), so one unit at a time
+        units = 2 if shards > 1 else 1
+        values = {Phase.FORWARD_END: held, Phase.BACKWARD_START: tail, Phase.BACKWARD: units * unit + grads}
+        how = ("layers resharded after forward; in backward a unit + the prefetched next" if shards > 1 else
+               "layers resharded after forward; one unit copied at a time (one shard)")
     else:
         values = {
             Phase.FORWARD_END: held + layers,

@@ -412,8 +412,13 @@ def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable:
 def _fsdp(spec: TrainingSpec) -> tuple[Component, ...]:
     fs = spec.sharding.fsdp
     part = partition(spec)
-    if part.weights == 1 and (spec.precision.mixed_precision is MixedPrecision.NO or spec.quant is not None):
-        return ()  # NO_SHARD or one process without a cast: the local shard is the whole parameter
+    if part.weights == 1 and (spec.precision.mixed_precision is MixedPrecision.NO or spec.quant is not None) and (
+            fs is not None and fs.version == 1):
+        # FSDP1 on one process runs NO_SHARD (torch 2.13 fsdp/_init_utils.py l.430: "switching to use NO_SHARD")
+        # and without a cast its local shard is the whole parameter. FSDP2 has no such switch: at one rank
+        # wait_for_unshard copies every parameter into its own unsharded storage (_fsdp_param_group.py, the
+        # world_size == 1 branch), measured on an H200 (benchmarks/data/fsdp1_lora_gpu_nvidia_h200.json)
+        return ()
     # One process with mixed precision still unshards every unit into param_dtype copies (torch's
     # MixedPrecisionPolicy cast in the all-gather): measured on an H100, FSDP1 and FSDP2, Llama-3.2-1B, 1 GPU:
     # step peak 524.4 MB above the estimate without them = the tied embedding/LM-head tail unit in bf16
