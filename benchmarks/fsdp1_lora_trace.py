@@ -198,7 +198,7 @@ def traced_rows(names: list[str]) -> str:
 
     from fsdp1_lora_gpu import CASES, case_spec
 
-    from fitcheck.core.caching import CachingAllocator, OutOfMemory
+    from fitcheck.core.caching import CachingAllocator
     from fitcheck.core.loading import allocator_conf
     from fitcheck.torch_adapters import whole_run_events
 
@@ -221,14 +221,7 @@ def traced_rows(names: list[str]) -> str:
             return sim.stats
 
         free = run(None)
-        lo, hi = free.peak_allocated - 1, free.peak_reserved
-        while hi - lo > 64 * 2**20:
-            mid = (lo + hi) // 2
-            try:
-                run(mid)
-                hi = mid
-            except OutOfMemory:
-                lo = mid
+        hi = least_fitting(run, free.peak_allocated - 1, free.peak_reserved, 64 * 2**20)
         m = rows[name]["measured"]["step2"]
         lines.append(f"{name:34} {free.peak_allocated / g:6.2f} {m['max_allocated'] / g:6.2f} "
                      f"{free.peak_reserved / g:6.2f} {m['max_reserved'] / g:6.2f} {hi / g:6.2f}")
