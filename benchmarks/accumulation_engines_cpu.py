@@ -277,19 +277,16 @@ def _fsdp_rank(rank: int, world: int, version: int, seq: int, port: int, out: st
             rec.enter_region(f"step{st.global_step}")
 
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[Regions()])
-    step_loss = trainer.compute_loss
+    from fsdp_cpu import regions_around_loss
 
-    def compute_loss(*a: Any, **k: Any) -> Any:  # forward + loss; the Trainer's backward follows it
+    def micro_step() -> str:
         gs, m = trainer.state.global_step, state["micro"]
         state["micro"] += 1
         probe.attach(_fsdp_leaves(trainer.model_wrapped))  # FSDP2's unsharded parameters exist after lazy init
         probe.micro = f"{gs}.{m}"
-        rec.enter_region(f"forward{gs}.{m}")
-        loss = step_loss(*a, **k)
-        rec.enter_region(f"backward{gs}.{m}")
-        return loss
+        return probe.micro
 
-    trainer.compute_loss = compute_loss
+    regions_around_loss(trainer, rec, micro_step)
     rec.track_reachable()
     with rec:
         trainer.train()

@@ -231,15 +231,9 @@ def _trainer_rank(rank: int, world: int, micro: int, layers: int, port: int, out
             rec.enter_region("between")
 
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[Regions()])
-    step_loss = trainer.compute_loss
+    from fsdp_cpu import regions_around_loss
 
-    def compute_loss(*a: Any, **k: Any) -> Any:  # forward + loss; the Trainer's backward follows it
-        rec.enter_region(f"forward{trainer.state.global_step}")
-        out = step_loss(*a, **k)
-        rec.enter_region(f"backward{trainer.state.global_step}")
-        return out
-
-    trainer.compute_loss = compute_loss
+    regions_around_loss(trainer, rec, lambda: str(trainer.state.global_step))
     rec.track_reachable()
     with rec:
         trainer.train()

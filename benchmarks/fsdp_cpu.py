@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -102,6 +103,22 @@ def _wrap(model: Any, mp: str) -> None:
     fully_shard(model.model.embed_tokens, reshard_after_forward=True, mp_policy=policy)
     fully_shard([model.model.norm, model.lm_head], reshard_after_forward=False, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
+
+
+def regions_around_loss(trainer: Any, rec: Any, key: Callable[[], str]) -> None:
+    """Make a real ``transformers.Trainer``'s ``compute_loss`` (forward + loss; the Trainer's backward follows it)
+    enter the recorder's ``forward<key>`` region before it and ``backward<key>`` after it; ``key()`` is called once a
+    micro-step, first."""
+    step_loss = trainer.compute_loss
+
+    def compute_loss(*a: Any, **k: Any) -> Any:
+        suffix = key()
+        rec.enter_region(f"forward{suffix}")
+        out = step_loss(*a, **k)
+        rec.enter_region(f"backward{suffix}")
+        return out
+
+    trainer.compute_loss = compute_loss
 
 
 def breakdown(rec: Any, region: str, kib: bool = False) -> str:

@@ -39,7 +39,7 @@ from fitcheck.core.activations.dora import (
 from fitcheck.core.activations.eager import eager_moments
 from fitcheck.core.activations.embedding import scaled_embedding_leaf
 from fitcheck.core.activations.freeze import frozen_layers
-from fitcheck.core.activations.fsdp1_reentrant import held_at_layer
+from fitcheck.core.activations.fsdp1_reentrant import held_input_grads
 from fitcheck.core.activations.heads import (
     bert_layer_alias,
 )
@@ -176,6 +176,10 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     # (which trainers: the registry's fused-head column, fitcheck.core.trainers.registry)
     head = 0 if runs_fused_head(spec.trainer.kind, spec.activations.loss) else head_backward_logits(spec, m)
     recompute, moment = backward_transient(spec, bq, head)
+    # FSDP1 + reentrant checkpointing on transformers < 4.52: at the bottom layer every checkpoint is still held
+    # and so is each layer's input gradient (fsdp1_reentrant.py; 0 elsewhere): the k-bit moments below are there
+    held = held_input_grads(spec, 0, ckpt_input) if n_ckpt else 0
+    recomputed_moment = "bottom recomputed layer" if held else "first recomputed layer"
     if n_ckpt and (qlora_formula_applies(spec) or qlora16_applies(spec)) and not lora_recompute_applies(spec):
         # peak in the first recomputed layer: every checkpoint still held (qlora.py; 16-bit working set: qlora16.py),
         # unless the LM head's backward is worse (k-bit prep's fp32 head: autocast's saved 16-bit cast of it)
@@ -185,20 +189,14 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         ws = ws if bare is None else bare
         if eager is not None and eager.backward > ws:  # the layer's eager softmax backward (eager.py)
             ws = eager.backward
-        # FSDP1 + reentrant checkpointing on transformers < 4.52: at the bottom layer every checkpoint is still
-        # held and so is each layer's input gradient (fsdp1_reentrant.py; 0 elsewhere)
-        held = held_at_layer(spec, 0, ckpt_input) // 2
         if moment != "head" or kept + recomputed + scores + ws + held >= end + recompute:
-            end, recompute = kept, recomputed + scores + ws + held
-            moment = "bottom recomputed layer" if held else "first recomputed layer"
+            end, recompute, moment = kept, recomputed + scores + ws + held, recomputed_moment
     elif n_ckpt and int8_formula_applies(spec) and moment != "embedding":
         # 8-bit: the QLoRA rule (its MLP backward runs the same fp32 input gradient) on the recomputed layer
         # without its ctx.A-only inputs; every checkpoint and ctx.A still held (differential check, int8 cells)
-        held = held_at_layer(spec, 0, ckpt_input) // 2
         first = kept + bq.layer + qlora_backward_working_set(spec) * b * s + held
         if first >= recompute + end:
-            end, recompute = kept, first - kept
-            moment = "bottom recomputed layer" if held else "first recomputed layer"
+            end, recompute, moment = kept, first - kept, recomputed_moment
     ids = b * s * 8
     detail = f"{per_token} B/token/layer x {b}x{s} tokens x {layers - n_ckpt} layers"
     fused = fused_loss(spec, act_bytes=m.e, residual_bytes=m.r, autocast=m.autocast)

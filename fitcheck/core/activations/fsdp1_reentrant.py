@@ -51,6 +51,23 @@ def held_checkpoint_inputs(spec: TrainingSpec) -> bool:
     return release is not None and release[:2] < _CHECKPOINT_INSIDE_LAYER
 
 
+def held_input_grads(spec: TrainingSpec, i: int, ckpt_input: int) -> int:
+    """Bytes of the input gradients the layers above layer ``i`` made and still hold at its backward
+    (:func:`held_checkpoint_inputs`; each the size and dtype of one checkpointed layer input).
+
+    Args:
+        spec: The training spec.
+        i: The layer in backward (0 = bottom).
+        ckpt_input: Bytes of one checkpointed layer input.
+
+    Returns:
+        ``(L-1-i)·ckpt_input`` where :func:`held_checkpoint_inputs`, else 0.
+    """
+    if not held_checkpoint_inputs(spec):
+        return 0
+    return (spec.model.shape.num_layers - 1 - i) * ckpt_input
+
+
 def held_at_layer(spec: TrainingSpec, i: int, ckpt_input: int) -> int:
     """Bytes held at layer ``i``'s backward beyond the layers ``0..i`` checkpoints the formula keeps: the
     checkpointed inputs of the layers above (already through backward) and their input gradients.
@@ -63,9 +80,7 @@ def held_at_layer(spec: TrainingSpec, i: int, ckpt_input: int) -> int:
     Returns:
         ``2·(L-1-i)·ckpt_input`` where :func:`held_checkpoint_inputs`, else 0.
     """
-    if not held_checkpoint_inputs(spec):
-        return 0
-    return 2 * (spec.model.shape.num_layers - 1 - i) * ckpt_input
+    return 2 * held_input_grads(spec, i, ckpt_input)
 
 
-__all__ = ["held_at_layer", "held_checkpoint_inputs"]
+__all__ = ["held_at_layer", "held_checkpoint_inputs", "held_input_grads"]
