@@ -45,6 +45,7 @@ from fitcheck.core.states.sharding import (
 )
 from fitcheck.core.states.sharding_findings import sharding_findings
 from fitcheck.core.states.trl_adapters import (
+    SFT_PADDING_FREE_FROM,
     SftLoss,
     SftMetrics,
     sft_config_defaults,
@@ -111,6 +112,7 @@ __all__ = [
     "prequant_components",
     "prequant_findings",
     "quantized_bytes",
+    "SFT_PADDING_FREE_FROM",
     "SftLoss",
     "SftMetrics",
     "sft_config_defaults",
