@@ -70,10 +70,13 @@ from fitcheck.core.states.zero_reduce import (
 )
 
 __all__ = [
+    "SFT_PADDING_FREE_FROM",
     "Layout",
     "LoadPeak",
     "LoraPlan",
     "Partition",
+    "SftLoss",
+    "SftMetrics",
     "SidePools",
     "accumulates_in_grad",
     "adapter_param_count",
@@ -112,9 +115,6 @@ __all__ = [
     "prequant_components",
     "prequant_findings",
     "quantized_bytes",
-    "SFT_PADDING_FREE_FROM",
-    "SftLoss",
-    "SftMetrics",
     "sft_config_defaults",
     "sft_loss",
     "sft_metrics",

@@ -40,8 +40,8 @@ from fitcheck.core.trainers.fused_head import (
 )
 from fitcheck.core.trainers.generation_phase import generation_bytes
 from fitcheck.core.trainers.registry import ReferenceRule, fused_outputs, step_runs_fused_head, trainer_row
-from fitcheck.core.trainers.sft_metrics import sft_metrics_component, sft_metrics_layout
 from fitcheck.core.trainers.reward_step import reward_component
+from fitcheck.core.trainers.sft_metrics import sft_metrics_component, sft_metrics_layout
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import (
     DeviceType,
