@@ -6,6 +6,7 @@ The real peaks are recorded (``benchmarks/trl_sft_releases.py --record`` in a si
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -15,6 +16,7 @@ from benchmark_module import load_benchmark
 from fitcheck.cli.main import main
 from fitcheck.core.estimator import estimate
 from fitcheck.core.states import SftLoss, SftMetrics, sft_config_defaults, sft_loss, sft_metrics
+from fitcheck.spec import TrainerSpec
 
 load_benchmark("trl_truth")  # the harness trl_sft_releases imports by name
 releases = load_benchmark("trl_sft_releases")
@@ -45,6 +47,10 @@ def test_recorded_real_sftrainer_peaks_within_one_percent() -> None:
         real = data["rows"][case.name]["peak"]
         est = estimate(releases.spec_at_recorded_stack(case, data["versions"])).peak_allocated_bytes
         assert est == pytest.approx(real, rel=0.01), case.name
+    # a TrainerSpec(kind=SFT) on TRL < 0.15 is the Trainer's step with SFTTrainer's preparation (what the readers give)
+    spec = releases.spec_at_recorded_stack(releases.CASES[0], {**data["versions"], "trl": "0.13.0"})
+    prepared = dataclasses.replace(spec, trainer=TrainerSpec(prepared_by_sft_trainer=True))
+    assert estimate(spec).peak_allocated_bytes == estimate(prepared).peak_allocated_bytes
 
 
 MODEL = ["estimate", "--model_name_or_path", "Qwen/Qwen2.5-0.5B", "--per_device_train_batch_size", "2",

@@ -104,6 +104,17 @@ def sft_metrics_component(run: TrainingSpec, base: Component, cache: Component |
     )
 
 
+def eval_metrics_moment(run: TrainingSpec) -> int:
+    """The metrics' moment of a full-logits release's ``compute_loss`` in evaluation (0 for any other run): the
+    ``no_grad`` forward saved nothing, so ``outputs.logits`` and the metrics' temporaries are all that is left of
+    the loss."""
+    layout = sft_metrics_layout(run)
+    if layout is None:
+        return 0
+    b, s, v = run.batch.micro_batch, run.batch.seq_len, run.model.shape.vocab_size
+    return _outputs_bytes(run) * b * s * v + metrics_bytes(run, layout)
+
+
 def sft_release_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """What the stack's TRL release changes in an ``--trainer sft`` run, and whether it was checked."""
     if spec.trainer.kind is not TrainerKind.SFT:
