@@ -19,7 +19,10 @@ default) whether or not the script evaluates. An absent
 ``--prediction_loss_only false`` means a ``compute_metrics`` gathers the logits.
 
 With ``--trainer X`` an absent flag takes X's TRL config default (the registry's ``defaults`` column;
-``tests/test_trl_cli.py`` pins it against the installed TRL's config dataclasses). Defaults that matter for
+``tests/test_trl_cli.py`` pins it against the installed TRL's config dataclasses). ``--trainer sft`` follows the
+stack's TRL release (``--stack trl=`` or the installed one; ``core/states/trl_adapters.py``): that release's
+SFTConfig defaults (provenance ``"TRL <release> SFTConfig default"``), and before 0.15 the plain Trainer's step with
+SFTTrainer's model preparation (``TrainerSpec.prepared_by_sft_trainer``). Defaults that matter for
 memory: ``gradient_checkpointing`` True and ``bf16`` True (``trl/trainer/base_config.py``: ``bf16=None`` becomes
 ``not fp16``) in every TRL config; ``max_length`` 1024 (SFT, DPO, reward, KTO); GRPO ``num_generations`` 8,
 ``max_completion_length`` 512, ``beta`` 0.0, ``vllm_gpu_memory_utilization`` 0.3.

@@ -28,6 +28,14 @@ The one home of TRL's casts and of the releases they belong to (read from the ta
   ``prepare_model_for_kbit_training``); TRL >= 0.26 never does (the readers' TRL default,
   ``readers/trl_settings.py``, reads :func:`trl_prepares_kbit`).
 
+- **SFTTrainer's step by release** (``sft_loss``, ``sft_metrics``, ``sft_config_defaults``; read at the tags,
+  ``trl/trainer/sft_trainer.py`` / ``sft_config.py`` and the PyPI wheels of trl 1.10-1.16): before v0.15.0 the plain
+  Trainer's step; 0.15 - 1.6 the model's own loss over the full logits, then token accuracy (argmax) and, from v0.22,
+  entropy over them (``core/trainers/sft_metrics.py`` counts them); 1.7 - 1.14 the default ``loss_type``
+  ``chunked_nll`` (``_chunked_cross_entropy_loss``, not modelled); from 1.15.0 the fused LM head
+  (``add_fused_lm_head``, ``trl/kernels/chunked_logprob.py``). SFTConfig's defaults: ``bf16`` from 0.19,
+  ``gradient_checkpointing`` from 0.22, ``max_length`` 1024 (the readers' ``trl_default_layer`` applies them).
+
 Which run is TRL's: a TRL trainer kind (``--trainer sft``), or a run whose model ``SFTTrainer`` prepared while the
 plain Trainer's step runs (``TrainerSpec.prepared_by_sft_trainer``: TRL < 0.15's ``SFTTrainer`` defines no
 ``compute_loss``, so its step is ``Trainer.compute_loss``; git grep at the tags). The TRL release is the stack's
