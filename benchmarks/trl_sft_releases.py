@@ -45,9 +45,9 @@ CASES: tuple[Case, ...] = (
 )
 
 
-def recorded() -> dict[str, Any]:
-    """The recorded real peaks and the versions they ran with."""
-    data: dict[str, Any] = json.loads(DATA.read_text())
+def recorded() -> dict[str, dict[str, Any]]:
+    """The recordings by TRL release: ``{"0.24.0": {"versions": ..., "rows": {case: {"peak": ...}}}}``."""
+    data: dict[str, dict[str, Any]] = json.loads(DATA.read_text())["releases"]
     return data
 
 
@@ -70,24 +70,26 @@ def _record() -> int:
         print(case.name, rows[case.name], flush=True)
     versions = {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
                 "peft": peft.__version__, "accelerate": accelerate.__version__}
-    DATA.write_text(json.dumps({"versions": versions, "rows": rows}, indent=1) + "\n")
+    data = json.loads(DATA.read_text()) if DATA.exists() else {"schema": "", "releases": {}}
+    data["releases"][trl.__version__] = {"versions": versions, "rows": rows}
+    DATA.write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 
 def main(argv: list[str]) -> int:
     if "--record" in argv:
         return _record()
-    data = recorded()
-    print(f"TRL {data['versions']['trl']} SFTTrainer on CPU (recorded) vs fitcheck at that stack")
-    print(f"{'case':32} {'real MiB':>9} {'est MiB':>9} {'error':>8} {'plain':>8}  phase")
-    for case in CASES:
-        real = data["rows"][case.name]["peak"]
-        spec = spec_at_recorded_stack(case, data["versions"])
-        est = estimate(spec)
-        plain = estimate(dataclasses.replace(spec, trainer=TrainerSpec())).peak_allocated_bytes
-        print(f"{case.name:32} {real / 2**20:9.3f} {est.peak_allocated_bytes / 2**20:9.3f} "
-              f"{(est.peak_allocated_bytes - real) / real * 100:+7.2f}% {(plain - real) / real * 100:+7.2f}%  "
-              f"{est.peak_phase.value}")
+    for release, data in recorded().items():
+        print(f"TRL {release} SFTTrainer on CPU (recorded) vs fitcheck at that stack")
+        print(f"{'case':32} {'real MiB':>9} {'est MiB':>9} {'error':>8} {'plain':>8}  phase")
+        for case in CASES:
+            real = data["rows"][case.name]["peak"]
+            spec = spec_at_recorded_stack(case, data["versions"])
+            est = estimate(spec)
+            plain = estimate(dataclasses.replace(spec, trainer=TrainerSpec())).peak_allocated_bytes
+            print(f"{case.name:32} {real / 2**20:9.3f} {est.peak_allocated_bytes / 2**20:9.3f} "
+                  f"{(est.peak_allocated_bytes - real) / real * 100:+7.2f}% {(plain - real) / real * 100:+7.2f}%  "
+                  f"{est.peak_phase.value}")
     return 0
 
 

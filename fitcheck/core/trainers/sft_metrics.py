@@ -16,12 +16,13 @@ outside the model's forward:
   ``gather_for_metrics`` of the copy itself: an ``all_gather`` of ``world`` copies); ``entropy_from_logits``
   (``trl/trainer/utils.py``): per chunk a log-softmax, its ``exp`` and their product (3 tensors of the chunk), one
   row per chunk at v0.22, 128 tokens of the flattened logits from v0.23 (a ``reshape`` that copies a
-  non-contiguous shifted view, 1.6 with rows > 1).
+  non-contiguous shifted view, 1.6 with rows > 1). One row's shifted logits are a contiguous prefix of
+  ``outputs.logits``: ``.contiguous()`` / ``reshape`` return a view, no copy.
 
 The peak of these moments is compared with the loss's own forward peak; the autocast weight cache is cleared on
 leaving the forward (torch ``autocast_mode.py`` ``__exit__``), so at the metrics only its casts saved for backward
-are left (as ``full_logits.outside_forward``). Checked against a real ``SFTTrainer`` of TRL 0.24.0 on CPU
-(``benchmarks/trl_sft_releases.py``, recorded in ``benchmarks/data/trl_sft_releases.json``).
+are left (as ``full_logits.outside_forward``). Checked against real ``SFTTrainer`` steps of TRL 0.20.0, 0.24.0 and
+1.4.0 on CPU (``benchmarks/trl_sft_releases.py``, recorded in ``benchmarks/data/trl_sft_releases.json``).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from fitcheck.report import Component, Phase
 from fitcheck.spec import MixedPrecision, Strategy, TrainerKind, TrainingSpec
 
 ENTROPY_CHUNK_TOKENS = 128  # trl/trainer/utils.py entropy_from_logits(chunk_size=128), v0.23.0 - v1.6.0
-# the layouts checked against a real SFTTrainer (benchmarks/trl_sft_releases.py: TRL 0.24.0 on CPU)
-CHECKED_LAYOUTS = (SftMetrics.CHUNK_ENTROPY_THEN_COPY,)
+# the layouts checked against a real SFTTrainer (benchmarks/trl_sft_releases.py: TRL 0.20.0, 0.24.0, 1.4.0 on CPU)
+CHECKED_LAYOUTS = (SftMetrics.COPY, SftMetrics.CHUNK_ENTROPY_THEN_COPY, SftMetrics.COPY_ENTROPY_THEN_COPY)
 
 
 def sft_metrics_layout(spec: TrainingSpec) -> SftMetrics | None:
@@ -56,7 +57,8 @@ def metrics_bytes(spec: TrainingSpec, layout: SftMetrics) -> int:
     b, s, v = spec.batch.micro_batch, spec.batch.seq_len, spec.model.shape.vocab_size
     e = _outputs_bytes(spec)
     shifted = b * (s - 1)
-    copy = e * shifted * v
+    # logits[..., :-1, :] of ONE row is a contiguous prefix: .contiguous() returns it (no copy; measured, TRL 1.4.0)
+    copy = 0 if b == 1 else e * shifted * v
     ints = 16 * shifted  # shift_labels.contiguous() and the argmax predictions (int64)
     entropies = 4 * b * s  # the per-token entropies (fp32)
 
@@ -75,7 +77,7 @@ def metrics_bytes(spec: TrainingSpec, layout: SftMetrics) -> int:
         return max(chunk(tokens) + entropies, copy + ints)
     if layout is SftMetrics.COPY_ENTROPY_THEN_COPY:
         return max(copy + chunk(tokens) + entropies, 2 * copy + ints)
-    return (copy if b > 1 else 0) + chunk(tokens) + entropies + ints  # VIEW_ENTROPY
+    return copy + chunk(tokens) + entropies + ints  # VIEW_ENTROPY: the reshape copies as .contiguous() would
 
 
 def sft_metrics_component(run: TrainingSpec, base: Component, cache: Component | None) -> Component:
