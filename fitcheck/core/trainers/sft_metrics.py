@@ -21,8 +21,9 @@ outside the model's forward:
 
 The peak of these moments is compared with the loss's own forward peak; the autocast weight cache is cleared on
 leaving the forward (torch ``autocast_mode.py`` ``__exit__``), so at the metrics only its casts saved for backward
-are left (as ``full_logits.outside_forward``). Checked against real ``SFTTrainer`` steps of TRL 0.20.0, 0.24.0 and
-1.4.0 on CPU (``benchmarks/trl_sft_releases.py``, recorded in ``benchmarks/data/trl_sft_releases.json``).
+are left (as ``full_logits.outside_forward``). Checked against real ``SFTTrainer`` steps of TRL 0.20.0, 0.22.2,
+0.24.0, 1.4.0 and 1.6.0 on CPU, one process (``benchmarks/trl_sft_releases.py``, recorded in
+``benchmarks/data/trl_sft_releases.json``): every layout but 0.15's gather across processes.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from fitcheck.report import Component, Phase
 from fitcheck.spec import MixedPrecision, Strategy, TrainerKind, TrainingSpec
 
 ENTROPY_CHUNK_TOKENS = 128  # trl/trainer/utils.py entropy_from_logits(chunk_size=128), v0.23.0 - v1.6.0
-# the layouts checked against a real SFTTrainer (benchmarks/trl_sft_releases.py: TRL 0.20.0, 0.24.0, 1.4.0 on CPU)
-CHECKED_LAYOUTS = (SftMetrics.COPY, SftMetrics.CHUNK_ENTROPY_THEN_COPY, SftMetrics.COPY_ENTROPY_THEN_COPY)
+# the layouts checked against a real SFTTrainer (benchmarks/trl_sft_releases.py: TRL 0.20.0, 0.22.2, 0.24.0, 1.4.0,
+# 1.6.0 on CPU, one process); 0.15's gather of the copy is the identity on one process (its COPY), never run on more
+CHECKED_LAYOUTS = (SftMetrics.COPY, SftMetrics.ROW_ENTROPY_THEN_COPY, SftMetrics.CHUNK_ENTROPY_THEN_COPY,
+                   SftMetrics.COPY_ENTROPY_THEN_COPY, SftMetrics.VIEW_ENTROPY)
 
 
 def sft_metrics_layout(spec: TrainingSpec) -> SftMetrics | None:
@@ -134,7 +137,7 @@ def sft_release_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     layout = sft_metrics(release)
     if layout is None:
         return ()
-    checked = layout in CHECKED_LAYOUTS
+    checked = layout in CHECKED_LAYOUTS or (layout is SftMetrics.GATHERED_COPY and spec.data_parallel_size == 1)
     return (Finding(
         "versions-modelled" if checked else "sft-metrics-unchecked", Severity.INFO if checked else Severity.WARNING,
         f"{name}: SFTTrainer computes the model's own loss over the full logits and keeps them for its metrics "
