@@ -39,9 +39,10 @@ def test_release_rules_read_at_the_tags() -> None:
 
 
 def test_recorded_real_sftrainer_peaks_within_two_percent() -> None:
-    """Real SFTTrainer steps (recorded: TRL 0.20.0, 0.22.2, 0.24.0, 1.4.0, 1.6.0) vs the formula at that stack; TRL 1.16's fused head
-    answered +94 .. +160 % here before the release rule. 2 % as benchmarks/trl_truth.py: the LoRA rows' -0.6 .. -1.8 %
-    is the plain step's own gap on that stack (0.20.0's LoRA rows, whose peak is the plain step's, -0.63 %)."""
+    """Real SFTTrainer steps (recorded: TRL 0.20.0, 0.22.2, 0.24.0, 1.4.0, 1.6.0) vs the formula at that stack; TRL
+    1.16's fused head answered +94 .. +160 % here before the release rule. 2 % as benchmarks/trl_truth.py: the LoRA
+    rows' -0.6 .. -1.8 % is the plain step's own gap on that stack (0.20.0's LoRA rows, the plain step's peak: -0.63 %).
+    """
     recorded = releases.recorded()
     assert {"0.20.0", "0.22.2", "0.24.0", "1.4.0", "1.6.0"} <= set(recorded)
     for release, data in recorded.items():
