@@ -256,7 +256,8 @@ def plan_row(row: Mapping[str, Any]) -> Plan | Skip:
 def read_trainer(row: Mapping[str, Any], libs: StackSpec) -> TrainerSpec | str:
     """The row's ``trainer`` (the harness's trainer class, default the plain Trainer): ``sft`` is TRL's SFTTrainer of
     the row's trl. Before TRL 0.15 its step is the plain Trainer's and only its model preparation differs
-    (``TrainerSpec.prepared_by_sft_trainer``; ``core/states/trl_adapters.py``); a later one is TRL's own SFT kind."""
+    (``TrainerSpec.prepared_by_sft_trainer``); a later one is TRL's own SFT kind, whose step follows the release
+    (``core/states/trl_adapters.py`` ``sft_loss``: the rule the CLI's ``--trainer sft`` reader applies too)."""
     from fitcheck.core.states import sft_runs_trainer_step
 
     name = str(row.get("trainer") or "trainer").lower()

@@ -53,7 +53,8 @@ _FORMULA_UNPINNED = frozenset({"activations-not-pinned", "backward-not-pinned", 
 # Notes that say part of this run is not modelled, traced or not: a CUDA kernel the CPU trace cannot see
 # (activations/cuda.py), torch.compile, Liger's fused experts (kernels/levers.py). None is ever pinned (issue 20).
 # peft-adapter-traced: a non-LoRA PEFT adapter, checked on CPU steps of a tiny model only (core/states/peft_adapter)
-_NOT_MODELLED = frozenset({"cuda-not-traced", "not-modelled", "peft-adapter-traced"})
+# sft-metrics-unchecked: an SFTTrainer release whose metrics were read from its source, never run (sft_metrics.py)
+_NOT_MODELLED = frozenset({"cuda-not-traced", "not-modelled", "peft-adapter-traced", "sft-metrics-unchecked"})
 
 _SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 

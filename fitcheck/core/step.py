@@ -31,6 +31,7 @@ from fitcheck.core.trainers import (
     evaluation_component,
     has_reference_copy,
     runs_fused_head,
+    sft_metrics_layout,
     step_spec,
     trainer_components,
 )
@@ -105,8 +106,10 @@ def traced_trainer_finding(spec: TrainingSpec, traced: tuple[Component, ...] = (
         return ()
     run = step_spec(spec)
     formula = []
-    if runs_fused_head(t.kind):
+    if sft_metrics_layout(spec) is None and runs_fused_head(t.kind):
         formula.append("TRL's chunked LM head and loss (core/trainers/fused_head.py)")
+    elif sft_metrics_layout(spec) is not None:
+        formula.append("the LM head, loss and SFTTrainer's metrics over the full logits (core/trainers/sft_metrics.py)")
     if has_reference_copy(spec):
         formula.append("the reference model")
     generate = any(c.name in GENERATION_TRACED for c in traced)

@@ -19,7 +19,10 @@ default) whether or not the script evaluates. An absent
 ``--prediction_loss_only false`` means a ``compute_metrics`` gathers the logits.
 
 With ``--trainer X`` an absent flag takes X's TRL config default (the registry's ``defaults`` column;
-``tests/test_trl_cli.py`` pins it against the installed TRL's config dataclasses). Defaults that matter for
+``tests/test_trl_cli.py`` pins it against the installed TRL's config dataclasses). ``--trainer sft`` follows the
+stack's TRL release (``--stack trl=`` or the installed one; ``core/states/trl_adapters.py``): that release's
+SFTConfig defaults (provenance ``"TRL <release> SFTConfig default"``), and before 0.15 the plain Trainer's step with
+SFTTrainer's model preparation (``TrainerSpec.prepared_by_sft_trainer``). Defaults that matter for
 memory: ``gradient_checkpointing`` True and ``bf16`` True (``trl/trainer/base_config.py``: ``bf16=None`` becomes
 ``not fp16``) in every TRL config; ``max_length`` 1024 (SFT, DPO, reward, KTO); GRPO ``num_generations`` 8,
 ``max_completion_length`` 512, ``beta`` 0.0, ``vllm_gpu_memory_utilization`` 0.3.
@@ -34,7 +37,14 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 
-from fitcheck.core.states import trl_prepares_kbit
+from fitcheck.core.states import (
+    SFT_PADDING_FREE_FROM,
+    SftLoss,
+    sft_config_defaults,
+    sft_loss,
+    trl_prepares_kbit,
+    trl_release,
+)
 from fitcheck.core.trainers import (
     KTO_DEFAULT_LOSS,
     KTO_LOSS_TYPES,
@@ -45,7 +55,7 @@ from fitcheck.core.trainers import (
     trainer_row,
 )
 from fitcheck.errors import ConfigError, short_repr
-from fitcheck.spec import TrainerKind, TrainerSpec, TrainingSpec, VllmMode
+from fitcheck.spec import MODELLED_VERSIONS, TrainerKind, TrainerSpec, TrainingSpec, VllmMode
 
 if TYPE_CHECKING:  # run_settings imports the settings table, which imports nothing from here
     from collections.abc import Mapping
@@ -61,6 +71,7 @@ _EVAL = ("per_device_eval_batch_size", "eval_accumulation_steps", "prediction_lo
 TRL_FLAG_NAMES = ("trainer", *_BOOL, *_VALUE, "loss_type", *_EVAL)
 # TrainingArguments settings whose TRL config default differs from the Trainer's
 _RUN_DEFAULTS = ("gradient_checkpointing", "bf16")
+_MODELLED_TRL = tuple(int(x) for x in MODELLED_VERSIONS["trl"].split(".")[:2])
 
 
 def trainer_kind(name: object) -> TrainerKind:
@@ -95,6 +106,10 @@ def trl_default_layer(values: Mapping[str, object]) -> dict[str, tuple[object, s
         return {}
     where = f"TRL {row.config_class} default"
     d = row.defaults
+    release = _stack_trl(values) if row.kind is TrainerKind.SFT else None
+    if _other_release(release):  # SFTConfig's defaults of the stack's release (core/states/trl_adapters.py)
+        where = f"TRL {_dotted(release)} {row.config_class} default"
+        d = {**d, **sft_config_defaults(release)}
     out: dict[str, tuple[object, str]] = {}
     for key in _RUN_DEFAULTS:
         if key not in values and not (key == "bf16" and "fp16" in values):
@@ -103,7 +118,6 @@ def trl_default_layer(values: Mapping[str, object]) -> dict[str, tuple[object, s
         # TRL 1.16's trainers never call peft's prepare_model_for_kbit_training (trl/trainer/sft_trainer.py,
         # dpo_trainer.py, grpo_trainer.py, reward_trainer.py build the PEFT model with get_peft_model only);
         # SFTTrainer 0.7.3-0.25.1 did (core/states/trl_adapters.py), for the stack's trl (--stack, or installed)
-        release = _stack_trl(values) if row.kind is TrainerKind.SFT else None
         prepares = trl_prepares_kbit(release)
         out["prepare_for_kbit_training"] = (prepares, f"TRL {_dotted(release)} SFTTrainer" if prepares else where)
     if "max_length" in d and "max_seq_length" not in values:
@@ -117,6 +131,11 @@ def _stack_trl(values: Mapping[str, object]) -> tuple[int, ...] | None:
     from fitcheck.readers.versions import stack_from_values
 
     return stack_from_values(values, "--stack").release("trl")
+
+
+def _other_release(release: tuple[int, ...] | None) -> bool:
+    """A known TRL release other than the modelled 1.16 (whose defaults are the registry's)."""
+    return release is not None and release[:2] != _MODELLED_TRL
 
 
 def _dotted(release: tuple[int, ...] | None) -> str:
@@ -243,10 +262,40 @@ def trainer_spec(s: RunSettings, spec: TrainingSpec) -> tuple[TrainerSpec | None
     for name in ("rpo_alpha", "num_generations", "beta", "generation_batch_size", "steps_per_generation",
                  "vllm_gpu_memory_utilization"):
         _nonneg(s, name)
-    notes = [*kbit, f"--trainer {kind.value}: TRL 1.16 {row.config_class} defaults for absent flags "
-             "(gradient_checkpointing true, bf16 true" + (", max_length 1024)" if "max_length" in row.defaults
-                                                            else ")")]
+    notes = [*kbit, _defaults_note(kind, row, trl_release(spec) if kind is TrainerKind.SFT else None)]
+    if kind is TrainerKind.SFT and sft_loss(trl_release(spec)) is SftLoss.TRAINER_STEP:
+        return _old_sft_spec(s, spec, notes, evaluation)
     t = _kind_spec(s, spec, row, notes)
+    return dataclasses.replace(t, **evaluation), tuple(notes)  # type: ignore[arg-type]
+
+
+def _defaults_note(kind: TrainerKind, row: TrainerRow, release: tuple[int, ...] | None) -> str:
+    """The note naming the TRL config defaults the absent flags took (SFT: the stack's release's)."""
+    other = _other_release(release)
+    d = {**row.defaults, **(sft_config_defaults(release) if other else {})}
+    which = f"TRL {_dotted(release)}" if other else "TRL 1.16"
+    parts = [f"gradient_checkpointing {str(d['gradient_checkpointing']).lower()}", f"bf16 {str(d['bf16']).lower()}"]
+    if "max_length" in d:
+        parts.append(f"max_length {d['max_length']}")
+    return f"--trainer {kind.value}: {which} {row.config_class} defaults for absent flags ({', '.join(parts)})"
+
+
+def _old_sft_spec(s: RunSettings, spec: TrainingSpec, notes: list[str], evaluation: Mapping[str, object]
+                  ) -> tuple[TrainerSpec, tuple[str, ...]]:
+    """``--trainer sft`` on TRL < 0.15: ``SFTTrainer`` defines no ``compute_loss``, so the step is the plain Trainer's
+    with the release's model preparation (``TrainerSpec.prepared_by_sft_trainer``, ``core/states/trl_adapters.py``).
+
+    Raises:
+        ConfigError: ``--padding_free`` (``SFTConfig.padding_free`` first appears at TRL 0.16.0).
+    """
+    release = _dotted(trl_release(spec))
+    if s.padding_free:
+        raise ConfigError(f"--padding_free with trl {release}: SFTConfig has no padding_free before TRL "
+                          f"{_dotted(SFT_PADDING_FREE_FROM)}; drop the flag or pass --stack trl=<your release>")
+    notes.append(f"--trainer sft with trl {release}: SFTTrainer before TRL 0.15 has no compute_loss, so the step is "
+                 "the plain Trainer's (the model's own loss over the full logits) with SFTTrainer's model preparation"
+                 "; max_length 1024 assumed for SFTTrainer's min(tokenizer.model_max_length, 1024)")
+    t = TrainerSpec(prepared_by_sft_trainer=True)
     return dataclasses.replace(t, **evaluation), tuple(notes)  # type: ignore[arg-type]
 
 

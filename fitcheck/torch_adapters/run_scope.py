@@ -144,7 +144,7 @@ def replayed_run(spec: TrainingSpec) -> bool:
 def not_replayed(spec: TrainingSpec) -> str:
     """What of this run the whole-run replay leaves out ('' where it describes it all: :func:`replayed_run`)."""
     from fitcheck.core.kernels import deepspeed_module_view
-    from fitcheck.core.trainers import runs_fused_head, trainer_row
+    from fitcheck.core.trainers import step_runs_fused_head, trainer_row
     from fitcheck.spec import Strategy, TrainerKind
 
     t = spec.trainer
@@ -158,7 +158,7 @@ def not_replayed(spec: TrainingSpec) -> str:
     if t.kind is TrainerKind.SFT:
         if t.padding_free or t.packing:
             parts.append("SFT's padding-free / packed batch (one flattened row, flash-attention varlen)")
-        if not runs_fused_head(t.kind, spec.activations.loss):
+        if not step_runs_fused_head(spec):
             parts.append("SFT without TRL's fused LM head")
     elif trainer_row(t.kind).replay_step in ("tracer_dpo", "tracer_kto"):  # DPO's, KTO's: the registry's column
         parts += _preference_not_replayed(spec)
@@ -175,13 +175,13 @@ def _preference_not_replayed(spec: TrainingSpec) -> list[str]:
     reference copy, the adapters-off pass, ``precompute_ref_log_probs``' pass before training and the fused LM head
     are traced, with DPO's sigmoid (+ ``rpo_alpha``'s sft) loss, KTO's KL batch and its no_grad forwards (``kto``)
     or none (``apo_zero_unpaired``: the readers refuse any other KTO loss type)."""
-    from fitcheck.core.trainers import runs_fused_head
+    from fitcheck.core.trainers import step_runs_fused_head
     from fitcheck.spec import TrainerKind
 
     t = spec.trainer
     name = t.kind.value.upper()
     parts = []
-    if not runs_fused_head(t.kind, spec.activations.loss):
+    if not step_runs_fused_head(spec):
         parts.append(f"{name} without TRL's fused LM head (full-vocabulary logits)")
     other = [loss for loss in t.loss_type if loss not in _DPO_LOSSES]
     if t.kind is TrainerKind.DPO and other:

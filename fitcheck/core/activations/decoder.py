@@ -94,7 +94,7 @@ from fitcheck.core.kernels import (
     offload_applies,
     offload_split,
 )
-from fitcheck.core.trainers import runs_fused_head
+from fitcheck.core.trainers import step_runs_fused_head
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import AttnImpl, DeviceType, LayerRecipe, NormKind, TrainingSpec
@@ -174,7 +174,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     # TRL's fused LM head (fitcheck.core.trainers) runs its whole backward before any other gradient exists
     # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
     # (which trainers: the registry's fused-head column, fitcheck.core.trainers.registry)
-    head = 0 if runs_fused_head(spec.trainer.kind, spec.activations.loss) else head_backward_logits(spec, m)
+    head = 0 if step_runs_fused_head(spec) else head_backward_logits(spec, m)
     recompute, moment = backward_transient(spec, bq, head)
     # FSDP1 + reentrant checkpointing on transformers < 4.52: at the bottom layer every checkpoint is still held
     # and so is each layer's input gradient (fsdp1_reentrant.py; 0 elsewhere): the k-bit moments below are there

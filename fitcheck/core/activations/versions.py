@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from fitcheck.core.activations.bnb_kept_inputs import SHARED_INPUT, kept_inputs_modelled, old_bnb_4bit
 from fitcheck.core.states import trl_bf16_trainables, trl_module_cast
+from fitcheck.core.trainers import sft_release_findings
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import MODELLED_VERSIONS, TrainingSpec
 from fitcheck.units import format_bytes
@@ -181,6 +182,7 @@ def versions_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
                 + (", the LoRA adapters bf16 (TRL < 0.9.3)" if trl_bf16_trainables(spec) else ""),
             )
         )
+    out.extend(sft_release_findings(spec))  # SFTTrainer's step by TRL release (core/trainers/sft_metrics.py)
     if kept_inputs_modelled(spec):
         out.append(
             Finding(

@@ -45,10 +45,17 @@ from fitcheck.core.states.sharding import (
 )
 from fitcheck.core.states.sharding_findings import sharding_findings
 from fitcheck.core.states.trl_adapters import (
+    SFT_PADDING_FREE_FROM,
+    SftLoss,
+    SftMetrics,
+    sft_config_defaults,
+    sft_loss,
+    sft_metrics,
     sft_runs_trainer_step,
     trl_bf16_trainables,
     trl_module_cast,
     trl_prepares_kbit,
+    trl_release,
 )
 from fitcheck.core.states.zero_reduce import (
     aligned,
@@ -63,10 +70,13 @@ from fitcheck.core.states.zero_reduce import (
 )
 
 __all__ = [
+    "SFT_PADDING_FREE_FROM",
     "Layout",
     "LoadPeak",
     "LoraPlan",
     "Partition",
+    "SftLoss",
+    "SftMetrics",
     "SidePools",
     "accumulates_in_grad",
     "adapter_param_count",
@@ -105,12 +115,16 @@ __all__ = [
     "prequant_components",
     "prequant_findings",
     "quantized_bytes",
+    "sft_config_defaults",
+    "sft_loss",
+    "sft_metrics",
     "sft_runs_trainer_step",
     "sharding_findings",
     "trainable_params",
     "trl_bf16_trainables",
     "trl_module_cast",
     "trl_prepares_kbit",
+    "trl_release",
     "zero1_reduction_component",
     "zero2_backward_grads",
     "zero_groups",

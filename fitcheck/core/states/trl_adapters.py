@@ -28,6 +28,14 @@ The one home of TRL's casts and of the releases they belong to (read from the ta
   ``prepare_model_for_kbit_training``); TRL >= 0.26 never does (the readers' TRL default,
   ``readers/trl_settings.py``, reads :func:`trl_prepares_kbit`).
 
+- **SFTTrainer's step by release** (``sft_loss``, ``sft_metrics``, ``sft_config_defaults``; read at the tags,
+  ``trl/trainer/sft_trainer.py`` / ``sft_config.py`` and the PyPI wheels of trl 1.10-1.16): before v0.15.0 the plain
+  Trainer's step; 0.15 - 1.6 the model's own loss over the full logits, then token accuracy (argmax) and, from v0.22,
+  entropy over them (``core/trainers/sft_metrics.py`` counts them); 1.7 - 1.14 the default ``loss_type``
+  ``chunked_nll`` (``_chunked_cross_entropy_loss``, not modelled); from 1.15.0 the fused LM head
+  (``add_fused_lm_head``, ``trl/kernels/chunked_logprob.py``). SFTConfig's defaults: ``bf16`` from 0.19,
+  ``gradient_checkpointing`` from 0.22, ``max_length`` 1024 (the readers' ``trl_default_layer`` applies them).
+
 Which run is TRL's: a TRL trainer kind (``--trainer sft``), or a run whose model ``SFTTrainer`` prepared while the
 plain Trainer's step runs (``TrainerSpec.prepared_by_sft_trainer``: TRL < 0.15's ``SFTTrainer`` defines no
 ``compute_loss``, so its step is ``Trainer.compute_loss``; git grep at the tags). The TRL release is the stack's
@@ -35,6 +43,8 @@ plain Trainer's step runs (``TrainerSpec.prepared_by_sft_trainer``: TRL < 0.15's
 """
 
 from __future__ import annotations
+
+from enum import Enum
 
 from fitcheck.spec import Dtype, Kind, MixedPrecision, ParamEntry, TrainerKind, TrainingSpec
 
@@ -48,6 +58,19 @@ TRAINABLES_BF16_FROM = (0, 26)
 KBIT_PREP_FROM = (0, 7, 3)
 # first TRL release whose SFTTrainer overrides compute_loss (v0.15.0; earlier ones run Trainer.compute_loss)
 SFT_COMPUTE_LOSS_FROM = (0, 15)
+# SFTTrainer's loss and metrics by release (git show <tag>:trl/trainer/sft_trainer.py compute_loss, sft_config.py;
+# the wheels of trl 1.10-1.16 from PyPI): the default loss_type becomes "chunked_nll" (_chunked_cross_entropy_loss)
+# at v1.7.0 and TRL's fused LM head (add_fused_lm_head, trl/kernels/chunked_logprob.py) at 1.15.0
+SFT_CHUNKED_NLL_FROM = (1, 7)
+SFT_FUSED_HEAD_FROM = (1, 15)
+# SFTConfig defaults (sft_config.py at the tags): bf16 None -> ``not fp16`` from v0.19.0 (TrainingArguments' False
+# before); gradient_checkpointing True from v0.22.0 (False before); max_length 1024 (max_seq_length 1024 in v0.15,
+# None -> min(tokenizer.model_max_length, 1024) in SFTTrainer before: 1024 assumed)
+SFT_BF16_DEFAULT_FROM = (0, 19)
+SFT_CHECKPOINTING_DEFAULT_FROM = (0, 22)
+SFT_MAX_LENGTH_DEFAULT = 1024
+# SFTConfig.padding_free first appears at v0.16.0
+SFT_PADDING_FREE_FROM = (0, 16)
 # peft_module_casting_to_bf16's name patterns (trl/trainer/utils.py v0.13.0 L876)
 _HEAD_NAMES = ("lm_head", "embed_tokens", "wte", "wpe")
 
@@ -74,7 +97,7 @@ def trl_prepares_kbit(release: tuple[int, ...] | None) -> bool:
 def sft_runs_trainer_step(release: tuple[int, ...] | None) -> bool:
     """Whether that TRL release's SFTTrainer runs the plain Trainer's step (no ``compute_loss`` before v0.15.0): a run
     of it is the Trainer's with ``TrainerSpec.prepared_by_sft_trainer``."""
-    return release is not None and release[:2] < SFT_COMPUTE_LOSS_FROM
+    return sft_loss(release) is SftLoss.TRAINER_STEP
 
 
 def trl_module_cast(spec: TrainingSpec) -> bool:
@@ -123,3 +146,62 @@ def trl_bf16_trainables(spec: TrainingSpec) -> bool:
         and not quant.pre_quantized
         and spec.lora is not None
     )
+
+
+class SftLoss(str, Enum):
+    """What a TRL release's ``SFTTrainer`` step computes its loss from (module constants, read at the tags)."""
+
+    TRAINER_STEP = "trainer_step"  # < 0.15: no compute_loss, the plain Trainer's step
+    FULL_LOGITS = "full_logits"  # 0.15 - 1.6: the model's own loss + metrics over the full logits
+    CHUNKED_NLL = "chunked_nll"  # 1.7 - 1.14: _chunked_cross_entropy_loss (256-token checkpointed chunks)
+    FUSED_HEAD = "fused_head"  # >= 1.15 (and an unknown release: the modelled 1.16): add_fused_lm_head
+
+
+def sft_loss(release: tuple[int, ...] | None) -> SftLoss:
+    """How that TRL release's ``SFTTrainer`` computes its loss with its default ``loss_type`` (None: TRL 1.16)."""
+    if release is None or release[:2] >= SFT_FUSED_HEAD_FROM:
+        return SftLoss.FUSED_HEAD
+    if release[:2] < SFT_COMPUTE_LOSS_FROM:
+        return SftLoss.TRAINER_STEP
+    return SftLoss.CHUNKED_NLL if release[:2] >= SFT_CHUNKED_NLL_FROM else SftLoss.FULL_LOGITS
+
+
+class SftMetrics(str, Enum):
+    """The vocabulary-sized temporaries ``SFTTrainer.compute_loss`` of a full-logits release (0.15 - 1.6) makes
+    for its logged metrics, after the model's forward returned ``outputs.logits``."""
+
+    GATHERED_COPY = "gathered_copy"  # 0.15: logits[..., :-1, :].contiguous(), gather_for_metrics of that copy
+    COPY = "copy"  # 0.16 - 0.21: the contiguous shifted copy, its argmax (token accuracy)
+    ROW_ENTROPY_THEN_COPY = "row_entropy_then_copy"  # 0.22: entropy_from_logits(chunk_size=1 row), then the copy
+    CHUNK_ENTROPY_THEN_COPY = "chunk_entropy_then_copy"  # 0.23 - 1.2: entropy in 128-token chunks, then the copy
+    COPY_ENTROPY_THEN_COPY = "copy_entropy_then_copy"  # 1.3 - 1.5: entropy of its own copy; accuracy's copy
+    VIEW_ENTROPY = "view_entropy"  # 1.6: one shifted view for both (reshape copies it when rows > 1)
+
+
+# the first release of each layout (compute_loss at the tags v0.15.0 .. v1.6.0; utils.py entropy_from_logits:
+# chunk_size=1 over dim 0 at v0.22.0, 128 tokens of the flattened logits from v0.23.0)
+_METRICS_FROM = (
+    ((1, 6), SftMetrics.VIEW_ENTROPY),
+    ((1, 3), SftMetrics.COPY_ENTROPY_THEN_COPY),
+    ((0, 23), SftMetrics.CHUNK_ENTROPY_THEN_COPY),
+    ((0, 22), SftMetrics.ROW_ENTROPY_THEN_COPY),
+    ((0, 16), SftMetrics.COPY),
+    ((0, 15), SftMetrics.GATHERED_COPY),
+)
+
+
+def sft_metrics(release: tuple[int, ...] | None) -> SftMetrics | None:
+    """The metrics layout of that release's ``SFTTrainer.compute_loss`` (None outside the full-logits releases)."""
+    if release is None or sft_loss(release) is not SftLoss.FULL_LOGITS:
+        return None
+    return next(layout for first, layout in _METRICS_FROM if release[:2] >= first)
+
+
+def sft_config_defaults(release: tuple[int, ...] | None) -> dict[str, object]:
+    """``SFTConfig``'s defaults that change memory at that release (None: TRL 1.16's)."""
+    minor = (1, 16) if release is None else release[:2]
+    return {
+        "gradient_checkpointing": minor >= SFT_CHECKPOINTING_DEFAULT_FROM,
+        "bf16": minor >= SFT_BF16_DEFAULT_FROM,
+        "max_length": SFT_MAX_LENGTH_DEFAULT,
+    }

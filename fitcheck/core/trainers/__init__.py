@@ -28,8 +28,10 @@ from fitcheck.core.trainers.registry import (
     TrainerRow,
     calculates_kl,
     runs_fused_head,
+    step_runs_fused_head,
     trainer_row,
 )
+from fitcheck.core.trainers.sft_metrics import sft_metrics_layout, sft_release_findings
 from fitcheck.core.trainers.steps import (
     GENERATION_TRACED,
     generation_parts,
@@ -67,6 +69,9 @@ __all__ = [
     "grpo_valid_micro_batch",
     "has_reference_copy",
     "runs_fused_head",
+    "sft_metrics_layout",
+    "sft_release_findings",
+    "step_runs_fused_head",
     "step_spec",
     "trainer_components",
     "trainer_row",

@@ -24,7 +24,8 @@ from fitcheck.core.trainers.evaluation_trl import trl_eval_forward
 from fitcheck.core.trainers.fused_head import forward_peak
 from fitcheck.core.trainers.grpo_batch import grpo_batch_error
 from fitcheck.core.trainers.reference_fsdp import reference_fsdp2_finding
-from fitcheck.core.trainers.registry import EvalRule, fused_outputs, trainer_row
+from fitcheck.core.trainers.registry import EvalRule, fused_outputs, step_runs_fused_head, trainer_row
+from fitcheck.core.trainers.sft_metrics import eval_metrics_moment
 from fitcheck.core.trainers.steps import fused_head_inputs, has_reference_copy, held_between_steps
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
@@ -76,10 +77,11 @@ def evaluation_component(run: TrainingSpec, train: tuple[Component, ...],
         return Component("evaluation.step", Category.ACTIVATIONS, Location.DEVICE,
                          {Phase.EVALUATION: held + forward}, _SOURCE + "; " + row.eval_source,
                          f"{b} rows x {s} tokens: {detail}; weights and optimizer states stay, gradients were freed")
-    if row.evaluation is EvalRule.SFT:
+    if row.evaluation is EvalRule.SFT and step_runs_fused_head(run):
         loss = forward_peak(fused_head_inputs(run, grad=False, outputs=fused_outputs(t.kind)))
-    else:
-        loss = next((c.at(Phase.FORWARD_END) for c in step if c.name == "logits.loss"), 0)
+    else:  # the plain loss; an SFTTrainer release that keeps the full logits for its metrics (sft_metrics.py)
+        loss = max(next((c.at(Phase.FORWARD_END) for c in step if c.name == "logits.loss"), 0),
+                   eval_metrics_moment(run))
     forward = hidden + loss + ids
     detail = f"{b} rows x {s} tokens, no_grad forward with the loss"
     if not t.prediction_loss_only and row.evaluation is EvalRule.TRAINER:

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
-from fitcheck.spec import TrainerKind
+from fitcheck.core.states import SftLoss, sft_loss, trl_release
+from fitcheck.spec import TrainerKind, TrainingSpec
 
 
 class ReferenceRule(str, Enum):
@@ -220,3 +221,14 @@ def runs_fused_head(kind: TrainerKind, loss: str = "torch") -> bool:
     ``loss`` is ``--loss``: ``full-logits`` is the subclass that reads the full logits instead (``full_logits``).
     """
     return TRAINERS[kind].fused_head is not None and not (loss == "full-logits" and TRAINERS[kind].full_logits)
+
+
+def step_runs_fused_head(spec: TrainingSpec) -> bool:
+    """:func:`runs_fused_head` for this run: the trainer's row and ``--loss``, and for ``--trainer sft`` the stack's
+    TRL release (``SFTTrainer`` < 0.15 runs the plain Trainer's step, 0.15 - 1.6 computes the model's own loss over
+    the full logits, ``core/trainers/sft_metrics.py``; 1.7 - 1.14's ``chunked_nll`` is answered as the fused head,
+    not modelled)."""
+    t = spec.trainer
+    if t.kind is TrainerKind.SFT and sft_loss(trl_release(spec)) in (SftLoss.TRAINER_STEP, SftLoss.FULL_LOGITS):
+        return False  # < 0.15: the plain Trainer's step (the readers give TrainerSpec.prepared_by_sft_trainer)
+    return runs_fused_head(t.kind, spec.activations.loss)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from fitcheck.core.kernels import liger_cross_entropy
 from fitcheck.core.states import partition
 from fitcheck.core.trainers.full_logits import full_logits_component, outside_forward
 from fitcheck.core.trainers.fused_head import (
@@ -38,8 +39,9 @@ from fitcheck.core.trainers.fused_head import (
     forward_peak,
 )
 from fitcheck.core.trainers.generation_phase import generation_bytes
-from fitcheck.core.trainers.registry import ReferenceRule, fused_outputs, runs_fused_head, trainer_row
+from fitcheck.core.trainers.registry import ReferenceRule, fused_outputs, step_runs_fused_head, trainer_row
 from fitcheck.core.trainers.reward_step import reward_component
+from fitcheck.core.trainers.sft_metrics import sft_metrics_component, sft_metrics_layout
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import (
     DeviceType,
@@ -309,8 +311,12 @@ def trainer_components(spec: TrainingSpec, base: tuple[Component, ...], head_inp
         return base
     run = step_spec(spec)
     out: list[Component] = []
+    metrics = sft_metrics_layout(run) is not None and not liger_cross_entropy(run)  # Liger returns no logits
+    cache = next((c for c in base if c.name == "activations.autocast_weight_cache"), None)
     for c in base:
-        if c.name == "logits.loss" and runs_fused_head(t.kind, spec.activations.loss):
+        if c.name == "logits.loss" and metrics:
+            out.append(sft_metrics_component(run, c, cache))
+        elif c.name == "logits.loss" and step_runs_fused_head(run):
             out.append(_fused_head_component(run, head_input))
         elif spec.activations.loss == "full-logits" and trainer_row(t.kind).full_logits:
             out.append(full_logits_component(run, c) if c.name == "logits.loss" else outside_forward(c))
