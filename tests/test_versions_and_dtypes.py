@@ -302,3 +302,16 @@ def test_one_scan_of_the_path_answers_each_package_as_its_own_scan(tmp_path: Any
     assert together["peft"] == ("0.2", True) and together["torch"] == ("2.0", False)
     assert together["bitsandbytes"] == (None, True) and together["transformers"] == (None, False)
     assert installed_stack() == installed_stack(_metadata_version)  # one scan == a scan per package
+
+
+@pytest.mark.parametrize(("trainer", "trl", "warned"), [
+    ("trainer", "0.24", False),  # TRL is not in the run
+    ("sft", "0.24", False),  # SFTTrainer's step modelled at that release (core/states/trl_adapters.py)
+    ("sft", "1.10", True),  # chunked_nll: not modelled
+    ("dpo", "0.24", True),  # DPOTrainer follows TRL 1.16 at every release
+])
+def test_trl_release_warns_only_where_the_release_is_not_modelled(trainer: str, trl: str, warned: bool) -> None:
+    spec, _ = _spec(model_name_or_path="gpt2", trainer=trainer, stack=f"trl={trl}", use_peft=True,
+                    max_seq_length=128)
+    found = [f for f in estimate(spec).findings if f.code == "versions-not-modelled" and f.message.startswith("trl")]
+    assert bool(found) is warned

@@ -35,7 +35,7 @@ linears) in a warning.
 from __future__ import annotations
 
 from fitcheck.core.activations.bnb_kept_inputs import SHARED_INPUT, kept_inputs_modelled, old_bnb_4bit
-from fitcheck.core.states import trl_bf16_trainables, trl_module_cast
+from fitcheck.core.states import trl_bf16_trainables, trl_module_cast, trl_release_modelled
 from fitcheck.core.trainers import sft_release_findings
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import MODELLED_VERSIONS, TrainingSpec
@@ -164,7 +164,7 @@ def versions_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         else:
             out.append(_outside(spec, "transformers", f"4.{lo[1]}-4.{hi[1]} and 5.x"))
     for name, modelled in MODELLED_VERSIONS.items():
-        if name == "transformers" or stack.get(name) is None:
+        if name == "transformers" or stack.get(name) is None or (name == "trl" and trl_release_modelled(spec)):
             continue
         have = stack.release(name)
         want = tuple(int(x) for x in modelled.split("."))

@@ -56,6 +56,7 @@ from fitcheck.core.states.trl_adapters import (
     trl_module_cast,
     trl_prepares_kbit,
     trl_release,
+    trl_release_modelled,
 )
 from fitcheck.core.states.zero_reduce import (
     aligned,
@@ -125,6 +126,7 @@ __all__ = [
     "trl_module_cast",
     "trl_prepares_kbit",
     "trl_release",
+    "trl_release_modelled",
     "zero1_reduction_component",
     "zero2_backward_grads",
     "zero_groups",

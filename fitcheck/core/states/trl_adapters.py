@@ -205,3 +205,14 @@ def sft_config_defaults(release: tuple[int, ...] | None) -> dict[str, object]:
         "bf16": minor >= SFT_BF16_DEFAULT_FROM,
         "max_length": SFT_MAX_LENGTH_DEFAULT,
     }
+
+
+def trl_release_modelled(spec: TrainingSpec) -> bool:
+    """Whether what the run takes from the stack's TRL is modelled at that release: nothing (the plain Trainer's
+    step; a model TRL < 0.15's ``SFTTrainer`` prepared is modelled by release above), or ``SFTTrainer`` at a release
+    whose step is modelled (:func:`sft_loss`; 1.7 - 1.14's ``chunked_nll`` is not). DPO, KTO, GRPO and reward follow
+    TRL 1.16 at every release (``versions-not-modelled`` says so for another)."""
+    kind = spec.trainer.kind
+    if kind is TrainerKind.TRAINER:
+        return True
+    return kind is TrainerKind.SFT and sft_loss(trl_release(spec)) is not SftLoss.CHUNKED_NLL
