@@ -191,7 +191,7 @@ def report(path: Path) -> str:
 
 
 def traced_rows(names: list[str]) -> str:
-    """The measured rows' whole runs as fitcheck traces them (``allocator_replay.whole_run_events``: the plain
+    """The measured rows' whole runs as fitcheck traces them (``allocator_whole_run.whole_run_events``: the plain
     Trainer's run, this machine's transformers), replayed: peak reserved against the H200's, and the least capacity
     at which the replay runs (release-and-retry included)."""
     import itertools as it
@@ -240,7 +240,7 @@ def harness_events(spec: Any, qlora: bool, flatten: bool) -> tuple[list[tuple[An
     * FSDP1 at one process (``NO_SHARD``): per unit, the layers then the root, ``flatten_tensors`` ``torch.cat``
       makes the unit's flat parameter and ``_use_unsharded_views`` drops the original storages (torch 2.13
       ``distributed/fsdp/_flat_param.py``); peft's LoRA units (KiB, small pool) are left out;
-    * the step: ``allocator_replay.whole_run_events`` (the plain Trainer's three steps), its parameter allocations
+    * the step: ``allocator_whole_run.whole_run_events`` (the plain Trainer's three steps), its parameter allocations
       skipped (the load made them).
 
     Returns:

@@ -1,6 +1,6 @@
 """FSDP1's whole run, one rank, replayed through the caching allocator (issue 19: FSDP1 reserved).
 
-The plain Trainer's whole run (``allocator_replay.whole_run_events``, traced as the 16-bit module mixed precision
+The plain Trainer's whole run (``allocator_whole_run.whole_run_events``, traced as the 16-bit module mixed precision
 computes with) rewritten into one rank's under accelerate 1.15 FSDP1 (``accelerator.py`` ``prepare_model``
 l.1943-1971: ``FSDP(model, auto_wrap_policy=transformer_based_wrap, use_orig_params=..., ...)``; transformers 5.23
 ``training_args.py`` l.2875-2881 passes ``backward_prefetch=NO_PREFETCH``, ``use_orig_params=true``,
@@ -244,7 +244,7 @@ def _lazy_init(w: EventWriter, plan: Fsdp1Plan, tag: str) -> None:
 
 
 def fsdp1_run(events: Sequence[Event], plan: Fsdp1Plan) -> list[Event]:
-    """The plain Trainer's whole run (``allocator_replay.whole_run_events``) rewritten into one FSDP1 rank's.
+    """The plain Trainer's whole run (``allocator_whole_run.whole_run_events``) rewritten into one FSDP1 rank's.
 
     Args:
         events: The plain run's events (composed with ``plan.accum`` micro-batches a step).

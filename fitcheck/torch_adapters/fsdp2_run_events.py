@@ -1,6 +1,6 @@
 """FSDP2's whole run, one rank, replayed through the caching allocator (issue 19: FSDP2 reserved).
 
-The default path composes the plain Trainer's whole run from the traced step (``allocator_replay.whole_run_events``,
+The default path composes the plain Trainer's whole run from the traced step (``allocator_whole_run.whole_run_events``,
 traced as the 16-bit module FSDP mixed precision computes with). Under accelerate 1.15's FSDP2
 (``utils/fsdp_utils.py`` ``fsdp2_prepare_model``; units: :mod:`.fsdp2_run_plan`) one rank allocates something
 else around that step; :func:`fsdp2_run` rewrites the plain run into it, read from torch 2.13
@@ -194,7 +194,7 @@ def _prepare(w: EventWriter, plan: FsdpPlan) -> None:
 
 
 def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
-    """The plain Trainer's whole run (``allocator_replay.whole_run_events``) rewritten into one FSDP2 rank's.
+    """The plain Trainer's whole run (``allocator_whole_run.whole_run_events``) rewritten into one FSDP2 rank's.
 
     Args:
         events: The plain run's events.

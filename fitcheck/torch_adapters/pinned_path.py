@@ -107,7 +107,7 @@ class PinnedPath:
         self._headline_replay: Any = None  # the first spec's replay: what following() paths reuse
         self.reserved_replay = reserved_replay
         self.whole_run_replay: Any = None  # --reserved_replay: the headline's allocator_replay.StepReplay
-        self._whole: dict[str, Any] = {}  # cache key -> the whole run replayed (allocator_replay.replay_whole_run)
+        self._whole: dict[str, Any] = {}  # cache key -> the whole run replayed (allocator_whole_run.replay_whole_run)
         self._whole_failed: dict[str, str] = {}  # cache key -> why the whole run could not be replayed
         self._optimizer_traces: dict[str, Any] = {}  # tracer_optimizer traces, shared by every replay
         self.cache = cache
@@ -214,12 +214,13 @@ class PinnedPath:
 
     def _traced_gap(self, key: str, spec: TrainingSpec, runs: Any, deepest: Any) -> float:
         """The allocator's gap of a traced step: its whole run replayed (every layer, the optimizer, three steps:
-        ``allocator_replay.replay_whole_run``, from the activation traces ``runs`` just run), or where that cannot
+        ``allocator_whole_run.replay_whole_run``, from the activation traces ``runs`` just run), or where that cannot
         run (a run the tracer does not describe as the plain Trainer step, traces that do not compose or deepen)
         the deepest trace's step replayed alone (two layer groups: ``deepest``), with the reason kept. Where the gap
         does not enter the number (CPU, ``--seq_lengths``' own replay) the cheap one."""
         from fitcheck.core.loading import allocator_conf
-        from fitcheck.torch_adapters.allocator_replay import replay_events, replay_step, replay_whole_run
+        from fitcheck.torch_adapters.allocator_replay import replay_events, replay_step
+        from fitcheck.torch_adapters.allocator_whole_run import replay_whole_run
 
         if _gap_applies(spec, self.seq_lengths) and replayed_run(spec):
             try:
@@ -316,7 +317,8 @@ class PinnedPath:
         groups (``replay_lengths``)."""
         from fitcheck.torch_adapters.allocator_compose import ComposeError
         from fitcheck.torch_adapters.allocator_deepen import DeepenError
-        from fitcheck.torch_adapters.allocator_replay import replay_lengths, replay_whole_lengths
+        from fitcheck.torch_adapters.allocator_replay import replay_lengths
+        from fitcheck.torch_adapters.allocator_whole_run import replay_whole_lengths
 
         if replayed_run(spec):
             try:
@@ -393,7 +395,8 @@ class PinnedPath:
         from fitcheck.core.trainers import step_spec
         from fitcheck.torch_adapters.allocator_compose import ComposeError
         from fitcheck.torch_adapters.allocator_deepen import DeepenError
-        from fitcheck.torch_adapters.allocator_replay import replay_deepened, replay_whole_run
+        from fitcheck.torch_adapters.allocator_replay import replay_deepened
+        from fitcheck.torch_adapters.allocator_whole_run import replay_whole_run
 
         if replayed_run(spec):
             traces = self._traces.get(key)
