@@ -66,6 +66,7 @@ from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters import deepspeed_run_zero3 as zero3
 from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
 from fitcheck.torch_adapters.deepspeed_run_backward import EMPTY_CACHE as EMPTY_CACHE
+from fitcheck.torch_adapters.deepspeed_run_backward import RESET_PEAKS as RESET_PEAKS
 from fitcheck.torch_adapters.deepspeed_run_backward import SIDE as SIDE
 from fitcheck.torch_adapters.deepspeed_run_backward import Backward as _Backward
 from fitcheck.torch_adapters.deepspeed_run_backward import Event as Event
@@ -292,7 +293,7 @@ def without_dead_frees(events: Sequence[Event]) -> list[Event]:
     alive: set[int] = set()
     out: list[Event] = []
     for s, n, t in events:
-        if t == EMPTY_CACHE or s == MARK:
+        if t in (EMPTY_CACHE, RESET_PEAKS) or s == MARK:
             out.append((s, n, t))
         elif n > 0 or s in alive:
             out.append((s, n, t))
@@ -324,6 +325,9 @@ def replay_default_stream(events: Sequence[Event], conf: AllocatorConf | None, s
     for k, (s, n, t) in enumerate(events, 1):
         if t == EMPTY_CACHE:
             alloc.empty_cache()
+            continue
+        if t == RESET_PEAKS:
+            alloc.reset_peak_stats()
             continue
         if t.startswith(SIDE):
             continue

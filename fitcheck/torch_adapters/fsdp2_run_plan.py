@@ -53,8 +53,10 @@ def not_replayed(spec: TrainingSpec) -> str:
         parts.append("a wrap policy other than one decoder layer per unit")
     if spec.precision.mixed_precision is MixedPrecision.NO:
         parts.append("no mixed precision (the plain run's replay answers)")
-    if spec.quant is not None:
+    if spec.quant is not None and (fs.version != 1 or spec.lora is None):
         parts.append("a quantized base")
+    elif spec.quant is not None:
+        parts += _fsdp1_quant_not_replayed(spec)
     if spec.freeze is not None:
         parts.append("frozen parameters without peft (freeze)")
     if lora_left_out := lora_not_replayed(spec):
@@ -82,6 +84,26 @@ def _fsdp1_not_replayed(spec: TrainingSpec) -> list[str]:
     if fs.frozen_shares_units:
         parts.append("frozen parameters sharing a unit")
     return parts
+
+
+def _fsdp1_quant_not_replayed(spec: TrainingSpec) -> list[str]:
+    """What of an FSDP1 QLoRA run the rewrite does not describe: it replays a bitsandbytes 4-bit base whose
+    ``bnb_4bit_quant_storage`` is the load dtype (torch 2.13 ``_flat_param.py`` ``_validate_tensors_to_flatten``:
+    one dtype per flat parameter, the packed weights flattened with the layer's norms; ``fsdp_params.packed_param``)
+    and the dtype FSDP computes in (transformers 5.23 ``update_fsdp_plugin_peft`` sets ``param_dtype`` to the quant
+    storage: no cast of the packed bytes)."""
+    from fitcheck.core.states import param_compute_bytes
+
+    quant = spec.quant
+    if quant is None:
+        return []
+    if quant.method != "bitsandbytes" or quant.bits != 4:
+        return [f"a {quant.method} {quant.bits}-bit base (the FSDP1 replay flattens bitsandbytes 4-bit weights)"]
+    storage = quant.quant_storage
+    if storage is not spec.precision.load_dtype or storage.nbytes != param_compute_bytes(spec):
+        return [f"a 4-bit base stored as {storage.value} beside {spec.precision.load_dtype.value} parameters "
+                "(FSDP1 flattens one dtype per unit)"]
+    return []
 
 
 def partition_weights(spec: TrainingSpec) -> int:
@@ -155,11 +177,12 @@ def fsdp1_plan(spec: TrainingSpec) -> Fsdp1Plan:
     orig, compute, traced = _dtypes(spec)
     # accelerate 1.15 dataclasses.py set_mixed_precision (FSDP1): MixedPrecision(param_dtype=dtype,
     # reduce_dtype=dtype, buffer_dtype=...); torch 2.13 _flat_param.py FlatParamHandle.__init__: _aligned_numel
+    from fitcheck.core.states import has_params4bit
     from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
 
     return Fsdp1Plan(partition_weights(spec), units, (*range(1, n + 1), 0), orig, compute, compute, traced,
                      tied, replayed_micro_batches(spec.batch.grad_accum), load=spec.precision.load_dtype.nbytes,
-                     align=16 // compute, split=spec.lora is not None)
+                     align=16 // compute, split=spec.lora is not None, resident=has_params4bit(spec))
 
 
 def replays(spec: TrainingSpec, version: int) -> bool:

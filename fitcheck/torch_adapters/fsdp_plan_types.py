@@ -86,11 +86,20 @@ class Fsdp1Plan(FsdpPlan):
             before accelerate's upcast).
         align: ``_aligned_numel`` (torch 2.13 ``_flat_param.py`` ``_get_aligned_numel``: 16 bytes over the
             ``param_dtype`` size, ``use_orig_params=True`` only).
+        split: peft's ``fsdp_auto_wrap_policy``: each trainable parameter its own flat (:meth:`handles`).
+        resident: The model is on the device before FSDP wraps it (a bitsandbytes 4-bit base: transformers 5.23
+            ``quantizer_bnb_4bit.py`` ``update_device_map`` loads it onto each rank's GPU), so each unit is
+            flattened from the storages the load made, which it frees, not moved from the host
+            (``fsdp1_run_events``).
+        sync: ``sync_module_states`` (transformers 5.23 ``training_args.py``: ``fsdp_config`` default ``true``),
+            whose broadcast buckets flatten their tensors into temporaries.
     """
 
     load: int = 2
     align: int = 0
     split: bool = False
+    resident: bool = False
+    sync: bool = True
 
     def handles(self, u: int) -> list[tuple[Param, ...]]:
         """Unit ``u``'s flat parameters, each as its parameters: one, or under :attr:`split` (peft's
