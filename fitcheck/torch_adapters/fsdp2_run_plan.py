@@ -79,7 +79,9 @@ def _fsdp1_not_replayed(spec: TrainingSpec) -> list[str]:
     # torch 2.13 _init_utils.py _init_core_state: one process is NO_SHARD whatever the strategy
     if partition_weights(spec) > 1 and fs.sharding_strategy != "FULL_SHARD":
         parts.append(f"the {fs.sharding_strategy} strategy")
-    if fs.cpu_ram_efficient_loading:
+    from fitcheck.core.states import has_params4bit
+
+    if fs.cpu_ram_efficient_loading and not has_params4bit(spec):  # a 4-bit base loads on every GPU anyway
         parts.append("cpu_ram_efficient_loading (meta-device initialisation on the other ranks)")
     if fs.frozen_shares_units:
         parts.append("frozen parameters sharing a unit")
@@ -100,6 +102,9 @@ def _fsdp1_quant_not_replayed(spec: TrainingSpec) -> list[str]:
     if quant.method != "bitsandbytes" or quant.bits != 4:
         return [f"a {quant.method} {quant.bits}-bit base (the FSDP1 replay flattens bitsandbytes 4-bit weights)"]
     storage = quant.quant_storage
+    if quant.prepare_for_kbit_training:  # peft 0.21.2 utils/other.py: the unquantized parameters made fp32
+        return ["peft's k-bit preparation (fp32 norms and embeddings beside the 4-bit weights: FSDP1 flattens one "
+                "dtype per unit)"]
     if storage is not spec.precision.load_dtype or storage.nbytes != param_compute_bytes(spec):
         return [f"a 4-bit base stored as {storage.value} beside {spec.precision.load_dtype.value} parameters "
                 "(FSDP1 flattens one dtype per unit)"]

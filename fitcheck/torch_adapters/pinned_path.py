@@ -32,11 +32,11 @@ from fitcheck.report import Component, Report
 from fitcheck.spec import Strategy, TrainingSpec
 from fitcheck.torch_adapters.path_findings import (
     accumulation_unpinned,
+    gap_note,
     generation_trace_failed,
     lengths_replayed,
     not_pinned_with_torch,
     path_findings_lost,
-    published_gap,
     trace_failed,
     two_groups,
     whole_run_replayed,
@@ -445,13 +445,8 @@ class PinnedPath:
             report = dataclasses.replace(report, findings=(*report.findings, note))
         if failed:
             report = dataclasses.replace(report, findings=(*report.findings, trace_failed(failed)))
-        elif comps and not replayed_run(spec) and _gap_applies(spec, self.seq_lengths) \
-                and self.gap_fraction(spec) is None:
-            from fitcheck.torch_adapters import deepspeed_run_events as ds_run
-            from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run
-
-            why = (fsdp_run if spec.sharding.fsdp else ds_run).published_gap_reason(self, spec, _cache_key(spec))
-            report = dataclasses.replace(report, findings=(*report.findings, published_gap(why)))
+        elif comps and _gap_applies(spec, self.seq_lengths) and (gap := gap_note(self, spec, _cache_key(spec))):
+            report = dataclasses.replace(report, findings=(*report.findings, gap))
         elif comps and not self.seq_lengths and _cache_key(spec) in self._whole_failed:
             note = two_groups(self._whole_failed[_cache_key(spec)])
             report = dataclasses.replace(report, findings=(*report.findings, note))
