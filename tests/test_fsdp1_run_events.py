@@ -297,7 +297,8 @@ def test_fsdp1_qlora_replays_from_its_load() -> None:
     assert before >= sum(loaded.values())  # the load's resident bytes (and the adapters) before prepare
 
     class Path:  # the plain Trainer's gap where the rewrite does not describe the run
-        _whole_failed: dict[str, str] = {}
+        def __init__(self) -> None:
+            self._whole_failed: dict[str, str] = {}
 
         def gap_fraction(self, spec: Any) -> float:
             return 0.3
