@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         replay_step,
     )
     from fitcheck.torch_adapters.allocator_whole_run import replay_whole_lengths, replay_whole_run, whole_run_events
+    from fitcheck.torch_adapters.deepspeed_run_backward import EMPTY_CACHE, RESET_PEAKS, SIDE
     from fitcheck.torch_adapters.deepspeed_run_events import deepspeed_run, live_bytes
     from fitcheck.torch_adapters.deepspeed_run_plan import deepspeed_plan
     from fitcheck.torch_adapters.device_map_check import device_map_findings
@@ -127,6 +128,9 @@ _WHERE = {
     "replay_whole_run": "allocator_whole_run",
     "replayed_micro_batches": "allocator_compose",
     "whole_run_events": "allocator_whole_run",
+    "EMPTY_CACHE": "deepspeed_run_backward",
+    "RESET_PEAKS": "deepspeed_run_backward",
+    "SIDE": "deepspeed_run_backward",
     "deepspeed_plan": "deepspeed_run_plan",
     "deepspeed_run": "deepspeed_run_events",
     "live_bytes": "deepspeed_run_events",
@@ -162,11 +166,14 @@ _WHERE = {
 }
 
 __all__ = [
+    "EMPTY_CACHE",
     "FAMILY_MODELS",
     "METHODS",
     "OPTSTATE",
     "PARAMS",
     "PHASES",
+    "RESET_PEAKS",
+    "SIDE",
     "BatchTraces",
     "Cell",
     "GenerationTraces",
