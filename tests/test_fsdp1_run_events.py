@@ -255,20 +255,20 @@ def _qlora_spec(world: int, optim: str = "adamw_torch_fused") -> Any:
     """The tiny LoRA run over a bitsandbytes nf4 base stored in bf16 (FSDP-QLoRA's ``bnb_4bit_quant_storage``)."""
     from fsdp2_run_events_cpu import spec_of
 
-    from fitcheck.spec import Dtype, QuantSpec
-
-    spec = spec_of(world, version=1, lora=True)
-    quant = QuantSpec(bits=4, quant_type="nf4", double_quant=True, quant_storage=Dtype.BFLOAT16,
-                      compute_dtype=Dtype.BFLOAT16, prepare_for_kbit_training=False)
-    return replace(spec, quant=quant, optimizer=replace(spec.optimizer, name=optim))
+    spec = spec_of(world, version=1, lora=True, qlora=True)
+    return replace(spec, optimizer=replace(spec.optimizer, name=optim))
 
 
 def test_fsdp1_qlora_replays_from_its_load() -> None:
     """FSDP1 over a 4-bit base: each layer's packed ``Params4bit`` (bf16 storage) flattened with its norms, the
     model on the GPU before ``prepare`` (transformers 5.23 ``update_device_map``): the load's events, the Trainer's
-    ``empty_cache``, and each unit's flat made beside the loaded storages, which it frees. Before: ``no traced
-    parameter storage of N bytes`` (the plan's weights were 16-bit) and the default path kept the plain run's gap
-    without a word; a QLoRA run the rewrite does not describe says which gap it keeps."""
+    ``empty_cache``, and each unit's flat made beside the loaded storages, which it frees; the live bytes after
+    ``prepare``, backward and the step those of the REAL FSDP1 QLoRA runs on 1 and 2 gloo ranks (bitsandbytes' CPU
+    backend; ``benchmarks/fsdp2_run_events_cpu.py --version 1 --variant qlora``). Before: ``no traced parameter
+    storage of N bytes`` (the plan's weights were 16-bit) and the default path kept the plain run's gap without a
+    word; a QLoRA run the rewrite does not describe says which gap it keeps."""
+    from fsdp2_run_events_cpu import compare, fitcheck_live
+
     from fitcheck.core.loading import load_events
     from fitcheck.core.states import quantized_bytes
     from fitcheck.torch_adapters import fsdp1_run, live_bytes, whole_run_events
@@ -283,7 +283,10 @@ def test_fsdp1_qlora_replays_from_its_load() -> None:
     packed = plan.handles(1)[0][0]
     assert packed.frozen and packed.numel * packed.traced == quantized_bytes(q_proj.numel_each, spec.quant).data
     load = load_events(spec, spec.hardware.gpu_memory_bytes)
-    events = fsdp1_run(whole_run_events(spec), plan, load)
+    plain = whole_run_events(spec)
+    for world, theirs in _recorded("qlora")["rows"].items():
+        assert compare(theirs, fitcheck_live(int(world), plain, 1, lora=True, qlora=True)[0]) == [], world
+    events = fsdp1_run(plain, plan, load)
     tags = [t for _, _, t in events]
     assert tags.index(RESET_PEAKS) + 1 == tags.index(EMPTY_CACHE) < tags.index("forward")
     before = sum(n for _, n, _ in events[:tags.index(RESET_PEAKS)])
