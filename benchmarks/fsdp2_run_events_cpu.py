@@ -49,6 +49,11 @@ on more than one process. Result (2026-11-27), every point within 72 B of ``fsdp
 micro-batch accum2 world 1 3346112 (the fp32 gradient, reduced), world 2 1115328 and world 3 743544 (the unsharded
 bf16 ``.grad``: 2 bytes a parameter, less the upcast's 16-bit shard freed at the first forward); lora world 1
 0 / 28608 / 85984 / 85984, world 2 -572032 / -557760 / -529056 / -529056.
+``--variant qlora`` (FSDP1 only, session 22): the lora run over a 4-bit base (:data:`QLORA_CONFIG`, bf16 quant storage,
+quantized on load by bitsandbytes' CPU backend, no k-bit preparation; ``fsdp1_run`` replays it from the traced
+module's storages, ``fsdp_params.packed_param``). Result (2026-11-28): world 1 real 0 / 28608 / 85984 / 85984,
+fitcheck 0 / 28680 / 86056 / 86056; world 2 real -350848 / -336576 / -307872 / -307872, fitcheck -350848 / -336504 /
+-307800 / -307800 (the packed weights' flats sharded: half of them freed by ``prepare``).
 """
 
 from __future__ import annotations
