@@ -9,8 +9,10 @@ is_quantized``; accelerate 1.15 ``fsdp2_prepare_model`` skips ``cpu_ram_efficien
 ``caching_allocator_warmup``'s block, each weight's 16-bit copy quantized on the device and freed). The Trainer's
 ``free_memory()`` then returns only whole free segments, and FSDP1 frees the loaded storages as it flattens each
 unit (``fsdp1_run_events._prepare``): where they sit in the load's segments decides which of them the step can
-reuse. Replayed with the traced module's own storages instead (one segment per weight), the H200's Llama-2-70B
-4-layer QLoRA FSDP1 row reserved 6.00 / 10.28 GiB after prepare / in the step (measured 5.29 / 9.06).
+reuse. The H200's Llama-2-70B 4-layer QLoRA FSDP1 row (``benchmarks/fsdp1_lora_trace.py --rewrite``, as the
+harness ran it: ``sync_module_states`` off) reserves 5.29 / 9.01 / 9.46 GiB after prepare / step 1 / step 2 replayed
+from the load (measured 5.29 / 9.05 / 9.06), 5.22 / 9.86 / 9.87 from the traced module's own storages (one segment
+per weight), 4.03 / 8.67 / 8.68 moved from the host.
 
 Pure Python, no torch.
 """
