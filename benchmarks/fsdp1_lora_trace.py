@@ -358,6 +358,9 @@ def rewrite_phases(events: list[Any], conf: Any) -> dict[str, tuple[int, int, in
         out[name] = (st.allocated, st.reserved, st.peak_allocated, st.peak_reserved)
         sim.reset_peak_stats()
 
+    def stepping(i: int) -> bool:
+        return i < len(events) and events[i][2].removeprefix(SIDE).startswith("optimizer")
+
     steps = 0
     for k, (key, signed, tag) in enumerate(events, 1):
         if tag == EMPTY_CACHE:
@@ -372,14 +375,15 @@ def rewrite_phases(events: list[Any], conf: Any) -> dict[str, tuple[int, int, in
                 sim.malloc(k, signed)
             elif key in handles:
                 sim.free(handles.pop(key))
-            if tag.startswith("optimizer") and (k == len(events) or not events[k][2].startswith("optimizer")):
-                steps += 1
-                mark(f"step{steps}")
+        if stepping(k - 1) and not stepping(k):  # the step's optimizer (and its side-stream frees) is over
+            steps += 1
+            mark(f"step{steps}")
     return out
 
 
 def rewrite_rows(names: list[str]) -> str:
-    """The H200's FSDP1 rows (5.23) replayed by ``fsdp1_run_events`` as the harness ran them, per phase against the
+    """The H200's 5.23 FSDP rows replayed by ``fsdp1_run_events`` (``fsdp1v1`` rows) or ``fsdp2_run_events`` (the
+    other ``fsdp1`` rows: 5.23's ``fsdp`` defaults to FSDP2) as the harness ran them, per phase against the
     counters: the model on the GPU before ``prepare`` (QLoRA: ``from_pretrained``'s quantise-on-load,
     ``core.loading.load_events``; LoRA: ``from_config`` on the GPU, the traced module's storages in module order),
     ``sync_module_states`` off (the harness's ``fsdp_config``), fused AdamW (the harness's ``adamw_torch`` is not
@@ -389,7 +393,7 @@ def rewrite_rows(names: list[str]) -> str:
     from fsdp1_lora_gpu import CASES, case_spec
 
     from fitcheck.core.loading import allocator_conf, load_events
-    from fitcheck.torch_adapters import fsdp1_plan, fsdp1_run, whole_run_events
+    from fitcheck.torch_adapters import fsdp1_plan, fsdp1_run, fsdp2_plan, fsdp2_run, whole_run_events
 
     data = json.loads((ROOT / "benchmarks" / "data" / "fsdp1_lora_gpu_nvidia_h200.json").read_text())
     rows = {r["case"]: r for r in data["rows"] if r.get("status") == "ok"}
@@ -400,13 +404,16 @@ def rewrite_rows(names: list[str]) -> str:
         row = rows[name]
         spec = case_spec(row, CASES[name])
         spec = dataclasses.replace(spec, optimizer=dataclasses.replace(spec.optimizer, name="adamw_torch_fused"))
-        plan = dataclasses.replace(fsdp1_plan(spec), sync=bool(CASES[name].get("fsdp_load")))
+        v1 = spec.sharding.fsdp is not None and spec.sharding.fsdp.version == 1
+        plan: Any = (dataclasses.replace(fsdp1_plan(spec), sync=bool(CASES[name].get("fsdp_load"))) if v1
+                     else fsdp2_plan(spec))
+        run: Any = fsdp1_run if v1 else fsdp2_run
         plain = whole_run_events(spec, micro_batches=plan.accum)
         qlora = bool(CASES[name]["qlora"])
         load = load_events(spec, spec.hardware.gpu_memory_bytes) if qlora else []
         for mode, p in (("resident", dataclasses.replace(plan, resident=True)),
                         ("moved", dataclasses.replace(plan, resident=False))):
-            got = rewrite_phases(fsdp1_run(plain, p, load if p.resident else []), allocator_conf(spec))
+            got = rewrite_phases(run(plain, p, load if p.resident else []), allocator_conf(spec))
             for phase, (a, r, pa, pr) in got.items():
                 m = row["measured"].get(phase) or (row.get(phase) if phase == "load" else None) or {}
                 lines.append(f"{name:30} {mode:8} {phase:8} {a / g:6.2f} {m.get('allocated', 0) / g:6.2f} "

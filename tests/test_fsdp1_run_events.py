@@ -310,5 +310,17 @@ def test_fsdp1_qlora_replays_from_its_load() -> None:
     note = gap_note(Path(), other, "k")
     assert note is not None and note.code == "reserved-plain-run-gap" and "adamw_torch" in note.message
     assert gap_note(Path(), spec, "k") is None
+    # FSDP2 over the same resident base: accelerate 1.15 fsdp2_prepare_model's original_sd holds every loaded
+    # storage until it returns, so every shard is made before any is freed (not replayed by default: its step is
+    # not checked)
+    from fitcheck.torch_adapters import fsdp2_plan, fsdp2_run
+
+    spec2 = replace(spec, sharding=replace(spec.sharding, fsdp=replace(spec.sharding.fsdp, version=2)))
+    assert fsdp2_plan(spec2).resident and "FSDP2's QLoRA step" in not_replayed(spec2)
+    events2 = fsdp2_run(plain, fsdp2_plan(spec2), load)
+    after = [t for _, _, t in events2].index(EMPTY_CACHE) + 1
+    prepare = events2[after:after + next(k for k, ev in enumerate(events2[after:]) if ev[2] != "setup")]
+    signs = [n > 0 for _, n, _ in prepare]
+    assert signs == sorted(signs, reverse=True) and any(signs) and not all(signs)
     prepared = replace(spec, quant=replace(spec.quant, prepare_for_kbit_training=True))
     assert "k-bit preparation" in not_replayed(prepared)

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from fitcheck.torch_adapters.deepspeed_run_backward import Event
-from fitcheck.torch_adapters.fsdp_plan_types import Fsdp1Plan, FsdpReplayError
+from fitcheck.torch_adapters.fsdp_params import Param
+from fitcheck.torch_adapters.fsdp_plan_types import Fsdp1Plan, FsdpPlan, FsdpReplayError
 
 Key = tuple[int, int]  # (unit, its flat parameter: Fsdp1Plan.handles)
 PARAMETERS = ("packed 4-bit weight", "parameter", "quantized weight as stored")  # load_events' resident tensors
@@ -36,11 +37,19 @@ def wrapped(plan: Fsdp1Plan, u: int) -> list[int]:
     return sorted(range(len(plan.handles(u))), key=lambda k: not plan.trainable(u, k) and plan.split)
 
 
-def resident_storages(setup: Sequence[Event], plan: Fsdp1Plan) -> dict[Key, list[tuple[int, int]]]:
-    """The storages (``serial``, bytes) each flat parameter is made from, for a model on the device before FSDP
-    wraps it: matched by size in the order ``_auto_wrap`` flattens the units (the layers bottom-up, then the root),
-    each taking the earliest storage of its size still alive at the end of ``setup`` (layers load and build in
-    order).
+def groups_of(plan: FsdpPlan) -> list[tuple[Key, tuple[Param, ...]]]:
+    """What FSDP makes from the loaded storages, in the order it does: FSDP1's flat parameters (``_auto_wrap``: the
+    layers bottom-up, then the root; a nested adapter unit before its layer's own), FSDP2's units
+    (``fully_shard`` calls: ``plan.wrap_order``), each ``(key, its parameters)``."""
+    if isinstance(plan, Fsdp1Plan):
+        return [((u, k), plan.handles(u)[k]) for u in plan.wrap_order for k in wrapped(plan, u)]
+    return [((u, 0), plan.units[u].params) for u in plan.wrap_order]
+
+
+def resident_storages(setup: Sequence[Event], plan: FsdpPlan) -> dict[Key, list[tuple[int, int]]]:
+    """The storages (``serial``, bytes) each of :func:`groups_of` is made from, for a model on the device before
+    FSDP wraps it: matched by size in that order, each taking the earliest storage of its size still alive at the
+    end of ``setup`` (layers load and build in order).
 
     Raises:
         FsdpReplayError: A parameter has no storage of its size.
@@ -54,21 +63,20 @@ def resident_storages(setup: Sequence[Event], plan: Fsdp1Plan) -> dict[Key, list
     free = list(alive.items())
     used: set[int] = set()
     out: dict[Key, list[tuple[int, int]]] = {}
-    for u in plan.wrap_order:
-        for k in wrapped(plan, u):
-            found = []
-            for q in plan.handles(u)[k]:
-                size = q.numel * plan.traced_of(q)
-                hit = next((x for x, n in free if n == size and x not in used), None)
-                if hit is None:
-                    raise FsdpReplayError(f"no traced parameter storage of {size} bytes")
-                used.add(hit)
-                found.append((hit, size))
-            out[(u, k)] = found
+    for key, params in groups_of(plan):
+        found = []
+        for q in params:
+            size = q.numel * plan.traced_of(q)
+            hit = next((x for x, n in free if n == size and x not in used), None)
+            if hit is None:
+                raise FsdpReplayError(f"no traced parameter storage of {size} bytes")
+            used.add(hit)
+            found.append((hit, size))
+        out[key] = found
     return out
 
 
-def loaded_setup(events: Sequence[Event], plan: Fsdp1Plan, load: Sequence[Any]) -> list[Event]:
+def loaded_setup(events: Sequence[Event], plan: FsdpPlan, load: Sequence[Any]) -> list[Event]:
     """The plain run's events with its setup replaced by the load (``load``: ``core.loading.load_events``):
 
     * the traced buffers (setup storages that are neither a parameter nor a quantization statistic) first;
@@ -84,8 +92,8 @@ def loaded_setup(events: Sequence[Event], plan: Fsdp1Plan, load: Sequence[Any]) 
     n_setup = next((k for k, ev in enumerate(events) if ev[2] != "setup"), len(events))
     setup = list(events[:n_setup])
     owned = resident_storages(setup, plan)
-    base = [s for key, found in owned.items() for (s, _), q in zip(found, plan.handles(key[0])[key[1]], strict=True)
-            if q.frozen]
+    params = dict(groups_of(plan))
+    base = [s for key, found in owned.items() for (s, _), q in zip(found, params[key], strict=True) if q.frozen]
     adapters = {s for found in owned.values() for s, _ in found} - set(base)
     size = {s: n for s, n, _ in setup if n > 0}
     order = {s: i for i, (s, n, _) in enumerate(setup) if n > 0}
