@@ -106,7 +106,7 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
     EventWriter,
     rewritten_run,
 )
-from fitcheck.torch_adapters.fsdp1_resident import loaded_setup, resident_storages, wrapped
+from fitcheck.torch_adapters.fsdp_resident import loaded_setup, resident_storages, wrapped
 from fitcheck.torch_adapters.fsdp2_run_plan import fsdp1_plan, replay_key, replays
 from fitcheck.torch_adapters.fsdp_plan_types import Fsdp1Plan, FsdpReplayError
 from fitcheck.torch_adapters.fsdp_run_walk import aligned_gradients, rewrite_steps, step_frame, unit_gradients
@@ -209,7 +209,7 @@ def _prepare(w: EventWriter, plan: Fsdp1Plan, resident: dict[Key, list[tuple[int
     """``FullyShardedDataParallel.__init__`` per flat parameter (a nested adapter unit before its layer's own) and
     accelerate's upcast (module docstring); returns each flat's 16-bit flat (shard) the upcast leaves behind.
 
-    ``resident``: the model is on the device already (``fsdp1_resident.resident_storages``, the storages each flat
+    ``resident``: the model is on the device already (``fsdp_resident.resident_storages``, the storages each flat
     is made of); the run's peaks restart here, after the load (``torch.cuda.reset_peak_memory_stats``: the load
     phase is estimated apart, ``core/states/fsdp_qlora.py``). The Trainer's ``accelerator.free_memory()``
     (transformers 5.23 ``trainer.py`` l.1593, first line of ``_inner_training_loop``; accelerate 1.15
@@ -275,7 +275,7 @@ def fsdp1_run(events: Sequence[Event], plan: Fsdp1Plan, load: Sequence[Any] = ()
         events: The plain run's events (composed with ``plan.accum`` micro-batches a step).
         plan: The FSDP1 run (:func:`fsdp2_run_plan.fsdp1_plan`).
         load: A resident model's load (``core.loading.load_events``), which replaces the plain run's setup
-            (``fsdp1_resident.loaded_setup``); without it the traced module's storages are the loaded ones.
+            (``fsdp_resident.loaded_setup``); without it the traced module's storages are the loaded ones.
 
     Returns:
         The rank's events: a region starting with ``side:`` is an allocation on a side stream; each optimizer

@@ -92,7 +92,7 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
     EventWriter,
     rewritten_run,
 )
-from fitcheck.torch_adapters.fsdp1_resident import loaded_setup, resident_storages
+from fitcheck.torch_adapters.fsdp_resident import loaded_setup, resident_storages
 from fitcheck.torch_adapters.fsdp2_run_plan import fsdp1_plan, fsdp2_plan, not_replayed, replay_key, replays
 from fitcheck.torch_adapters.fsdp_plan_types import FsdpPlan
 from fitcheck.torch_adapters.fsdp_run_walk import aligned_gradients, rewrite_steps, step_frame, unit_gradients
@@ -188,7 +188,7 @@ class _Rank(RankEvents):
 def _prepare(w: EventWriter, plan: FsdpPlan, resident: dict[tuple[int, int], list[tuple[int, int]]] | None = None,
              ) -> None:
     """``fsdp2_prepare_model``'s ``fully_shard`` calls (module docstring). ``resident``: the model is on the device
-    already (a bitsandbytes 4-bit base: ``fsdp1_resident``; accelerate 1.15 skips ``cpu_ram_efficient_loading``'s
+    already (a bitsandbytes 4-bit base: ``fsdp_resident``; accelerate 1.15 skips ``cpu_ram_efficient_loading``'s
     meta move for it): the peaks restart after the load, the Trainer's ``free_memory()`` empties the cache, and
     each unit's padded shards are made beside the loaded storages, which stay alive to the end of
     ``fsdp2_prepare_model``: its ``original_sd = model.state_dict()`` (accelerate 1.15 ``utils/fsdp_utils.py``
@@ -215,7 +215,7 @@ def fsdp2_run(events: Sequence[Event], plan: FsdpPlan, load: Sequence[Any] = ())
         events: The plain run's events.
         plan: The FSDP2 run (:func:`fsdp2_run_plan.fsdp2_plan`).
         load: A resident model's load (``core.loading.load_events``), which replaces the plain run's setup
-            (``fsdp1_resident.loaded_setup``); without it the traced module's storages are the loaded ones.
+            (``fsdp_resident.loaded_setup``); without it the traced module's storages are the loaded ones.
 
     Returns:
         The rank's events: a region starting with ``side:`` is an allocation on a side stream; the optimizer of

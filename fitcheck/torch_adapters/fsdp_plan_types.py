@@ -53,7 +53,7 @@ class FsdpPlan:
             under ``no_sync``.
         resident: The model is on the device before FSDP wraps it (a bitsandbytes 4-bit base: transformers 5.23
             ``quantizer_bnb_4bit.py`` ``update_device_map`` loads it onto each rank's GPU), so each unit is made
-            from the storages the load made, which it frees, not moved from the host (``fsdp1_resident``).
+            from the storages the load made, which it frees, not moved from the host (``fsdp_resident``).
     """
 
     world: int
