@@ -106,9 +106,9 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
     EventWriter,
     rewritten_run,
 )
-from fitcheck.torch_adapters.fsdp_resident import loaded_setup, resident_storages, wrapped
 from fitcheck.torch_adapters.fsdp2_run_plan import fsdp1_plan, replay_key, replays
 from fitcheck.torch_adapters.fsdp_plan_types import Fsdp1Plan, FsdpReplayError
+from fitcheck.torch_adapters.fsdp_resident import loaded_setup, resident_storages, wrapped
 from fitcheck.torch_adapters.fsdp_run_walk import aligned_gradients, rewrite_steps, step_frame, unit_gradients
 
 BUCKET = 250 * 1024 * 1024  # torch 2.13 fsdp/_init_utils.py PARAM_BROADCAST_BUCKET_SIZE

@@ -92,9 +92,9 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
     EventWriter,
     rewritten_run,
 )
-from fitcheck.torch_adapters.fsdp_resident import loaded_setup, resident_storages
 from fitcheck.torch_adapters.fsdp2_run_plan import fsdp1_plan, fsdp2_plan, not_replayed, replay_key, replays
 from fitcheck.torch_adapters.fsdp_plan_types import FsdpPlan
+from fitcheck.torch_adapters.fsdp_resident import loaded_setup, resident_storages
 from fitcheck.torch_adapters.fsdp_run_walk import aligned_gradients, rewrite_steps, step_frame, unit_gradients
 
 
