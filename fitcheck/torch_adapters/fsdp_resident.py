@@ -9,12 +9,12 @@ is_quantized``; accelerate 1.15 ``fsdp2_prepare_model`` skips ``cpu_ram_efficien
 ``Params4bit`` model), with ``from_pretrained``'s own allocation order (``core.loading.load_events``:
 ``caching_allocator_warmup``'s block, each weight's 16-bit copy quantized on the device and freed). The Trainer's
 ``free_memory()`` then returns only whole free segments, and FSDP frees the loaded storages as it flattens
-(FSDP1: ``fsdp1_run_events._prepare``) or shards (FSDP2: ``fsdp2_run_events._prepare``) each unit: where they sit in
-the load's segments decides which of them the step can reuse. The H200's Llama-2-70B 4-layer QLoRA FSDP1 row (``benchmarks/fsdp1_lora_trace.py --rewrite``, as the
-harness ran it: ``sync_module_states`` off) reserves 5.29 / 9.01 / 9.46 GiB after prepare / step 1 / step 2 replayed
-from the load (measured 5.29 / 9.05 / 9.06), 5.22 / 9.86 / 9.87 from the traced module's own storages (one segment
-per weight), 4.03 / 8.67 / 8.68 moved from the host. Its FSDP2 row, and Mistral-7B's 8-layer one, reserve 5.26 / 2.66
-GiB after prepare (measured 5.24 / 2.66).
+(FSDP1: ``fsdp1_run_events._prepare``) or shards (FSDP2: ``fsdp2_run_events._prepare``) each unit: where they sit
+in the load's segments decides which of them the step can reuse. The H200's Llama-2-70B 4-layer QLoRA FSDP1 row
+(``benchmarks/fsdp1_lora_trace.py --rewrite``, as the harness ran it: ``sync_module_states`` off) reserves 5.29 /
+9.01 / 9.46 GiB after prepare / step 1 / step 2 replayed from the load (measured 5.29 / 9.05 / 9.06), 5.22 / 9.86 /
+9.87 from the traced module's own storages (one segment per weight), 4.03 / 8.67 / 8.68 moved from the host. Its
+FSDP2 row, and Mistral-7B's 8-layer one, reserve 5.26 / 2.66 GiB after prepare (measured 5.24 / 2.66).
 
 Pure Python, no torch.
 """
