@@ -1,6 +1,6 @@
 """Reserved bytes of the whole-run replay with gradient accumulation composed (issue 19) vs one pass per step.
 
-``allocator_replay.replay_whole_run`` composes ``gradient_accumulation_steps`` forward and backward passes per
+``allocator_whole_run.replay_whole_run`` composes ``gradient_accumulation_steps`` forward and backward passes per
 optimizer step (``allocator_compose.whole_run``: from the second pass on each gradient is allocated, added into
 ``.grad`` in place and freed, torch 2.13 ``accumulate_grad.h``). Before session 11 it composed one pass per step
 whatever the accumulation: the same as the spec with ``grad_accum=1``, the ``one pass`` column here. CPU only (fake

@@ -2,7 +2,7 @@
 
 Where the checked formula answers (``pinned``), ``device_used`` rests on ``core/allocator.py``
 ``FRAGMENTATION_OF_TRANSIENT`` (reserved = allocated + 11 % of the step's transient bytes). The whole-run replay
-(``allocator_replay.replay_whole_run``: every layer, the optimizer, three steps, through ``fitcheck.core.caching``)
+(``allocator_whole_run.replay_whole_run``: every layer, the optimizer, three steps, through ``fitcheck.core.caching``)
 is within -0.7 .. +0.17 % of ``max_memory_reserved`` on the H100/H200 rows. This benchmark prints, per CUDA config,
 the formula's reserved with the published gap next to the same estimate with the replay's gap
 (``core.estimate(spec, gap_fraction=replay.gap_fraction)``: the same activations, only the gap differs), and the

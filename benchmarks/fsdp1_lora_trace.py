@@ -21,6 +21,8 @@ full-run trace separates them:
 
 ``--rows [CASE ...]``: the same two numbers for the measured rows from fitcheck's own traced whole run (no GPU):
 the plain rows' reserved within -0.4 .. +1.4 % of the H200's (the in-step gap is the traced allocation order's).
+``--rewrite [CASE ...]``: the 5.23 FSDP1 rows replayed by ``fsdp1_run_events`` itself (:func:`rewrite_rows`), the
+model on the GPU before ``prepare`` (``resident``) and, for comparison, moved from the host (``moved``).
 ``--harness [CASE ...]``: the FSDP1 rows as the harness ran them (:func:`harness_events`: the load, the Trainer's
 ``free_memory()``, FSDP1 flattening the model already on the GPU, the traced step): Mistral-7B LoRA 4 x 4096 on
 5.23 FSDP1 reserves 27.17 / 40.07 GiB after prepare / in the step (H200: 27.22 / 40.07) and runs from 24.15 GiB
@@ -191,7 +193,7 @@ def report(path: Path) -> str:
 
 
 def traced_rows(names: list[str]) -> str:
-    """The measured rows' whole runs as fitcheck traces them (``allocator_replay.whole_run_events``: the plain
+    """The measured rows' whole runs as fitcheck traces them (``allocator_whole_run.whole_run_events``: the plain
     Trainer's run, this machine's transformers), replayed: peak reserved against the H200's, and the least capacity
     at which the replay runs (release-and-retry included)."""
     import itertools as it
@@ -240,7 +242,7 @@ def harness_events(spec: Any, qlora: bool, flatten: bool) -> tuple[list[tuple[An
     * FSDP1 at one process (``NO_SHARD``): per unit, the layers then the root, ``flatten_tensors`` ``torch.cat``
       makes the unit's flat parameter and ``_use_unsharded_views`` drops the original storages (torch 2.13
       ``distributed/fsdp/_flat_param.py``); peft's LoRA units (KiB, small pool) are left out;
-    * the step: ``allocator_replay.whole_run_events`` (the plain Trainer's three steps), its parameter allocations
+    * the step: ``allocator_whole_run.whole_run_events`` (the plain Trainer's three steps), its parameter allocations
       skipped (the load made them).
 
     Returns:
@@ -340,7 +342,89 @@ def harness_rows(names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def rewrite_phases(events: list[Any], conf: Any) -> dict[str, tuple[int, int, int, int]]:
+    """A rewritten run's default stream through fitcheck's allocator, per phase as the harness reads its counters:
+    ``load`` (at the rewrite's ``RESET_PEAKS``), ``prepare`` (at the first forward), ``stepN`` (at the end of each
+    optimizer step); each ``(allocated, reserved, peak allocated, peak reserved)``, peaks reset between."""
+    from fitcheck.core.caching import CachingAllocator
+    from fitcheck.torch_adapters import EMPTY_CACHE, RESET_PEAKS, SIDE
+
+    sim = CachingAllocator(conf)
+    handles: dict[int, int] = {}
+    out: dict[str, tuple[int, int, int, int]] = {}
+
+    def mark(name: str) -> None:
+        st = sim.stats
+        out[name] = (st.allocated, st.reserved, st.peak_allocated, st.peak_reserved)
+        sim.reset_peak_stats()
+
+    def stepping(i: int) -> bool:
+        return i < len(events) and events[i][2].removeprefix(SIDE).startswith("optimizer")
+
+    steps = 0
+    for k, (key, signed, tag) in enumerate(events, 1):
+        if tag == EMPTY_CACHE:
+            sim.empty_cache()
+        elif tag == RESET_PEAKS:
+            mark("load")
+        elif not tag.startswith(SIDE):
+            if "prepare" not in out and tag.startswith("forward"):
+                mark("prepare")
+            if signed > 0:
+                handles[key] = k
+                sim.malloc(k, signed)
+            elif key in handles:
+                sim.free(handles.pop(key))
+        if stepping(k - 1) and not stepping(k):  # the step's optimizer (and its side-stream frees) is over
+            steps += 1
+            mark(f"step{steps}")
+    return out
+
+
+def rewrite_rows(names: list[str]) -> str:
+    """The H200's 5.23 FSDP rows replayed by ``fsdp1_run_events`` (``fsdp1v1`` rows) or ``fsdp2_run_events`` (the
+    other ``fsdp1`` rows: 5.23's ``fsdp`` defaults to FSDP2) as the harness ran them, per phase against the
+    counters: the model on the GPU before ``prepare`` (QLoRA: ``from_pretrained``'s quantise-on-load,
+    ``core.loading.load_events``; LoRA: ``from_config`` on the GPU, the traced module's storages in module order),
+    ``sync_module_states`` off (the harness's ``fsdp_config``), fused AdamW (the harness's ``adamw_torch`` is not
+    replayed; on LoRA's adapters its states are MiB)."""
+    import dataclasses
+
+    from fsdp1_lora_gpu import CASES, case_spec
+
+    from fitcheck.core.loading import allocator_conf, load_events
+    from fitcheck.torch_adapters import fsdp1_plan, fsdp1_run, fsdp2_plan, fsdp2_run, whole_run_events
+
+    data = json.loads((ROOT / "benchmarks" / "data" / "fsdp1_lora_gpu_nvidia_h200.json").read_text())
+    rows = {r["case"]: r for r in data["rows"] if r.get("status") == "ok"}
+    g = 2**30
+    lines = [f"{'case':30} {'mode':8} {'phase':8} {'alloc':>6} {'meas':>6} {'resv':>6} {'meas':>6} {'peakA':>6} "
+             f"{'meas':>6} {'peakR':>6} {'meas':>6}"]
+    for name in names:
+        row = rows[name]
+        spec = case_spec(row, CASES[name])
+        spec = dataclasses.replace(spec, optimizer=dataclasses.replace(spec.optimizer, name="adamw_torch_fused"))
+        v1 = spec.sharding.fsdp is not None and spec.sharding.fsdp.version == 1
+        plan: Any = (dataclasses.replace(fsdp1_plan(spec), sync=bool(CASES[name].get("fsdp_load"))) if v1
+                     else fsdp2_plan(spec))
+        run: Any = fsdp1_run if v1 else fsdp2_run
+        plain = whole_run_events(spec, micro_batches=plan.accum)
+        qlora = bool(CASES[name]["qlora"])
+        load = load_events(spec, spec.hardware.gpu_memory_bytes) if qlora else []
+        for mode, p in (("resident", dataclasses.replace(plan, resident=True)),
+                        ("moved", dataclasses.replace(plan, resident=False))):
+            got = rewrite_phases(run(plain, p, load if p.resident else []), allocator_conf(spec))
+            for phase, (a, r, pa, pr) in got.items():
+                m = row["measured"].get(phase) or (row.get(phase) if phase == "load" else None) or {}
+                lines.append(f"{name:30} {mode:8} {phase:8} {a / g:6.2f} {m.get('allocated', 0) / g:6.2f} "
+                             f"{r / g:6.2f} {m.get('reserved', 0) / g:6.2f} {pa / g:6.2f} "
+                             f"{m.get('max_allocated', 0) / g:6.2f} {pr / g:6.2f} {m.get('max_reserved', 0) / g:6.2f}")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--rewrite"]:
+        print(rewrite_rows(sys.argv[2:] or ["llama70b-4L QLoRA fsdp1v1 b2", "mistral LoRA fsdp1v1 b4"]))
     if sys.argv[1:2] == ["--rows"]:
         print(traced_rows(sys.argv[2:] or ["mistral LoRA plain b4", "mistral QLoRA plain b4",
                                            "llama70b-4L QLoRA plain b2", "mistral LoRA fsdp1v1 b4"]))

@@ -49,6 +49,11 @@ on more than one process. Result (2026-11-27), every point within 72 B of ``fsdp
 micro-batch accum2 world 1 3346112 (the fp32 gradient, reduced), world 2 1115328 and world 3 743544 (the unsharded
 bf16 ``.grad``: 2 bytes a parameter, less the upcast's 16-bit shard freed at the first forward); lora world 1
 0 / 28608 / 85984 / 85984, world 2 -572032 / -557760 / -529056 / -529056.
+``--variant qlora`` (FSDP1 only, session 22): the lora run over a 4-bit base (:data:`QLORA_CONFIG`, bf16 quant storage,
+quantized on load by bitsandbytes' CPU backend, no k-bit preparation; ``fsdp1_run`` replays it from the traced
+module's storages, ``fsdp_params.packed_param``). Result (2026-11-28): world 1 real 0 / 28608 / 85984 / 85984,
+fitcheck 0 / 28680 / 86056 / 86056; world 2 real -350848 / -336576 / -307872 / -307872, fitcheck -350848 / -336504 /
+-307800 / -307800 (the packed weights' flats sharded: half of them freed by ``prepare``).
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ TOLERANCE = 1024
 
 
 def _rank(rank: int, world: int, port: int, out: str, version: int = 2, lora: bool = False, accum: int = 1,
-          trainer: bool = True) -> None:
+          trainer: bool = True, qlora: str = "") -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gloo_rank import fsdp_on_cpu, start_rank
 
@@ -106,6 +111,12 @@ def _rank(rank: int, world: int, port: int, out: str, version: int = 2, lora: bo
     fsdp_on_cpu(acc, plugin)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    if qlora:  # the same random model saved by the parent, loaded 4-bit as FSDP-QLoRA loads it (QLORA_CONFIG)
+        del model
+        quant = transformers.BitsAndBytesConfig(**{**QLORA_CONFIG, "bnb_4bit_compute_dtype": torch.bfloat16,
+                                                   "bnb_4bit_quant_storage": torch.bfloat16})
+        model = transformers.AutoModelForCausalLM.from_pretrained(qlora, quantization_config=quant, device_map="cpu",
+                                                                  dtype=torch.bfloat16)
     model.config.use_cache = False
     if lora:  # peft 0.21 get_peft_model (autocast_adapter_dtype=True: the adapters in fp32), as the Trainer is given
         import peft
@@ -178,7 +189,13 @@ def _rank(rank: int, world: int, port: int, out: str, version: int = 2, lora: bo
     dist.destroy_process_group()
 
 
-def real(world: int, version: int = 2, lora: bool = False, accum: int = 1, trainer: bool = True) -> dict[str, int]:
+# FSDP-QLoRA's base (the ``qlora`` variant): nf4, double quant, bf16 compute and quant storage (bitsandbytes' CPU
+# backend quantizes on load), no k-bit preparation; peft's fp32 adapters
+QLORA_CONFIG = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True}
+
+
+def real(world: int, version: int = 2, lora: bool = False, accum: int = 1, trainer: bool = True,
+         qlora: bool = False) -> dict[str, int]:
     """Rank 0's live bytes at :data:`POINTS` of the real FSDP``version`` run on ``world`` gloo ranks (spawned);
     ``lora``: peft LoRA r 8 on q/v over the frozen bf16 base; ``accum``: micro-batches a step (the live bytes after
     each but the last micro-batch's backward too: ``backward1.K``, ``backward.K``); ``trainer``: a LoRA run prepared
@@ -191,38 +208,52 @@ def real(world: int, version: int = 2, lora: bool = False, accum: int = 1, train
     port = int(free_port())
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "live")
-        mp_.start_processes(_rank, args=(world, port, out, version, lora, accum, trainer), nprocs=world, join=True,
-                            start_method="spawn")
+        saved = ""
+        if qlora:
+            import torch
+            import transformers
+            from deepspeed_run_events_cpu import CONFIG
+
+            cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type",
+                                                                                         "architectures")})
+            torch.manual_seed(0)
+            saved = os.path.join(tmp, "model")
+            transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(saved)
+        mp_.start_processes(_rank, args=(world, port, out, version, lora, accum, trainer, saved), nprocs=world,
+                            join=True, start_method="spawn")
         with open(f"{out}.0", encoding="utf-8") as fh:
             return dict(json.load(fh))
 
 
-def spec_of(world: int, version: int = 2, lora: bool = False, accum: int = 1) -> Any:
+def spec_of(world: int, version: int = 2, lora: bool = False, accum: int = 1, qlora: bool = False) -> Any:
     """fitcheck's spec of the same run (FSDP``version`` FULL_SHARD, ``world`` processes, bf16 loaded, ``--bf16``;
-    ``lora``: r 8 on q/v; ``accum``: ``gradient_accumulation_steps``)."""
+    ``lora``: r 8 on q/v; ``accum``: ``gradient_accumulation_steps``; ``qlora``: over :data:`QLORA_CONFIG`'s base)."""
     from cpu_truth import Row, spec_for
     from deepspeed_run_events_cpu import BATCH, CONFIG, SEQ
 
-    from fitcheck.spec import FsdpSpec, LoraSpec, ShardingSpec, Strategy
+    from fitcheck.spec import Dtype, FsdpSpec, LoraSpec, QuantSpec, ShardingSpec, Strategy
 
     spec = spec_for(Row("tiny", CONFIG, seq=SEQ, batch=BATCH, dtype="bfloat16", mp="bf16", optim="adamw_torch_fused",
                         lora=LoraSpec(r=8, target_modules=("q_proj", "v_proj"), dropout=0.0) if lora else None))
     spec = replace(spec, batch=replace(spec.batch, grad_accum=accum))
+    if qlora:
+        spec = replace(spec, quant=QuantSpec(bits=4, quant_type="nf4", double_quant=True, quant_storage=Dtype.BFLOAT16,
+                                             compute_dtype=Dtype.BFLOAT16, prepare_for_kbit_training=False))
     return replace(spec, sharding=ShardingSpec(Strategy.FSDP, world, 1, None, FsdpSpec(version=version)))
 
 
 def fitcheck_live(world: int, plain: list[Any] | None = None, version: int = 2, plan: Any = None,
-                  lora: bool = False, accum: int = 1) -> tuple[dict[str, int], list[Any]]:
+                  lora: bool = False, accum: int = 1, qlora: bool = False) -> tuple[dict[str, int], list[Any]]:
     """The live bytes of ``fsdp2_run``'s (``fsdp1_run``'s) sequence at :data:`POINTS` (above the traced setup), and
     the plain run's events (``plain``: reuse them; the trace does not depend on the world size or version).
     ``plan``: the spec -> the rewrite's plan (default: ``fsdp2_plan`` / ``fsdp1_plan``)."""
     from fitcheck.torch_adapters import fsdp1_plan, fsdp1_run, fsdp2_plan, fsdp2_run, live_bytes, whole_run_events
 
-    spec = spec_of(world, version, lora, accum)
+    spec = spec_of(world, version, lora, accum, qlora)
     plan = (plan or (fsdp1_plan if version == 1 else fsdp2_plan))(spec)
     plain = plain if plain is not None else whole_run_events(spec, micro_batches=plan.accum)
     before = sum(n for _, n, t in plain if t == "setup")
-    events = fsdp1_run(plain, plan) if version == 1 else fsdp2_run(plain, plan)
+    events = fsdp1_run(plain, plan) if version == 1 else fsdp2_run(plain, plan)  # a resident model: traced setup
     live = {**live_bytes(events), **micro_live(events, plan.accum), **forward_live(events)}
     return {k: v - before for k, v in live.items()}, plain
 
@@ -269,7 +300,7 @@ DATA2 = ROOT / "benchmarks" / "data" / "fsdp2_run_events_cpu.json"
 # (transformer_based_wrap, one unit per decoder layer), NOT what the Trainer runs for a peft model under FSDP2.
 VARIANTS = {"full": (False, 1, True), "lora": (True, 1, True), "accum2": (False, 2, True),
             "lora_accum2": (True, 2, True), "lora_accelerate": (True, 1, False),
-            "lora_accum2_accelerate": (True, 2, False)}
+            "lora_accum2_accelerate": (True, 2, False), "qlora": (True, 1, True)}  # qlora: FSDP1 only
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,9 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         lora, accum, trainer = VARIANTS[name]
         plain, rows = None, {}
         for world in args.worlds:
-            theirs = real(world, args.version, lora, accum, trainer)
+            qlora = name == "qlora"
+            theirs = real(world, args.version, lora, accum, trainer, qlora)
             try:
-                mine, plain = fitcheck_live(world, plain, args.version, lora=lora, accum=accum)
+                mine, plain = fitcheck_live(world, plain, args.version, lora=lora, accum=accum, qlora=qlora)
             except ValueError as e:  # FsdpReplayError: the rewrite does not describe the run (recorded anyway)
                 mine = {"error": str(e)}  # type: ignore[dict-item]
             rows[str(world)] = theirs
@@ -317,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                "torch": torch.__version__, "transformers": transformers.__version__,
                "accelerate": accelerate.__version__, "peft": peft.__version__,
                "variants": {**variants, **{k: {"lora": VARIANTS[k][0], "accum": VARIANTS[k][1],
+                                               **({"qlora": QLORA_CONFIG} if k == "qlora" else {}),
                                                "prepared": "the Trainer's (update_fsdp_plugin_peft)"
                                                if VARIANTS[k][2] or not VARIANTS[k][0] else
                                                "accelerate-direct transformer_based_wrap, not the Trainer's",

@@ -2,7 +2,7 @@
 
 For each measured row of a ``benchmarks/gpu_truth.py`` data file that ran one step per padded length
 (``Row.lengths``; the GPU recorded the allocator's counters after each step: ``measured.per_step``), the run is
-replayed as ``fitcheck estimate --seq_lengths`` replays it (``allocator_replay.replay_whole_lengths``: every layer,
+replayed as ``fitcheck estimate --seq_lengths`` replays it (``allocator_whole_run.replay_whole_lengths``: every layer,
 the optimizer, each step starting from what the earlier ones left cached, through ``fitcheck/core/caching``), and
 the reserved peak after each step is printed next to the measured one. The load phase is the run's start: its
 reserved peak and the oversize blocks ``max_split_size_mb`` leaves cached (``LoadPhase.oversize_cached``) are

@@ -11,7 +11,7 @@ per-token terms were not read off.
   optimizer states and every tensor the steps create);
 * ``formula``: ``core.estimate`` of ``trl_truth.spec_for(case)`` (``peak_allocated_bytes``);
 * ``replay``: the whole-run replay of the spec (``trl_replay.replay_peaks``: the seq-cls step traced,
-  ``allocator_replay.run_trace_kwargs``): its peak and the last step's.
+  ``replay_step_args.run_trace_kwargs``): its peak and the last step's.
 
 Run: ``PYTHONPATH=. python benchmarks/reward_truth.py [name-substring ...] [--out benchmarks/data/reward_cpu.json]``
 (``--out`` keeps the file's rows of the cases not run; ``--no-real`` keeps each row's recorded ``real`` and

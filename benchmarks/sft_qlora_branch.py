@@ -8,7 +8,7 @@ Two tables (issue 19; ``fitcheck/core/activations/qlora16.py`` ``sixteen_bit_bra
   TRL's cast (without it: peft's fp32 adapters; since ``cuda_emulation.py`` item 5 their branch runs on the bf16
   input as on a GPU, before it in fp32; the table below is TRL's cast);
 * full: Qwen2.5-0.5B QLoRA r16, 4 x 1024, checkpointing, H100-80GB, ``--trainer sft``: the formula's peak
-  allocated vs the SFT run's whole-run replay (``allocator_replay.whole_run_events``, three steps).
+  allocated vs the SFT run's whole-run replay (``allocator_whole_run.whole_run_events``, three steps).
 
 Measured (this branch, 2026-11-27; main before it: full +10.7 % / +15.5 %, narrow +4804..+11348 B/token):
 

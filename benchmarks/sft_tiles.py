@@ -1,7 +1,7 @@
 """The SFT step traced with TRL's repeated token tiles skipped vs every tile, at real width (issue 20).
 
 ``tracer_trl.repeated_tiles_skipped`` runs the first two or three token tiles of ``ChunkedLogProbFunction`` and the
-last. This traces Qwen2.5-0.5B's SFT step (the boundary replay's step: ``allocator_replay.run_trace_kwargs``) both
+last. This traces Qwen2.5-0.5B's SFT step (the boundary replay's step: ``replay_step_args.run_trace_kwargs``) both
 ways at a few micro-batches x 512 and prints the events, the trace's seconds and whether the allocator replays are
 equal. Measured (session 13, 2-core machine at load 6-12, 1-layer traces unless said):
 

@@ -14,7 +14,7 @@ full and LoRA, without checkpointing, accumulation 2, steps_per_generation 2; ``
   ``on_step_begin`` on the model's parameters, buffers and optimizer, and DPO's / KTO's reference copy: every tensor the
   steps create, the optimizer states of step 1 included): the peak over the three steps and the third step's own
   peak;
-* ``replay``: ``allocator_replay.replay_whole_run`` of the case's spec on CPU (the SFT / DPO step traced with TRL's
+* ``replay``: ``allocator_whole_run.replay_whole_run`` of the case's spec on CPU (the SFT / DPO step traced with TRL's
   model preparation and fused LM head: ``tracer_trl`` / ``tracer_dpo``; CPU's torch tile folds): its
   ``peak_allocated`` and the peak of the last step's events (tags without ``_warmup``);
 * ``plain``: the same replay of the plain Trainer step (what the replay composed before: full-vocabulary logits);

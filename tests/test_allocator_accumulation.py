@@ -22,7 +22,8 @@ from benchmarks.cpu_truth import Row, spec_for
 from fitcheck.spec import DeviceType, TrainingSpec
 from fitcheck.torch_adapters.allocator_compose import whole_run
 from fitcheck.torch_adapters.allocator_deepen import canonical, frees_in_allocation_order
-from fitcheck.torch_adapters.allocator_replay import replay_events, replay_steady_state, replay_whole_run
+from fitcheck.torch_adapters.allocator_replay import replay_events, replay_steady_state
+from fitcheck.torch_adapters.allocator_whole_run import replay_whole_run
 from fitcheck.torch_adapters.tracer import trace_step
 from fitcheck.torch_adapters.tracer_optimizer import trace_optimizer
 
@@ -89,7 +90,8 @@ def test_seq_lengths_replay_their_accumulation_passes() -> None:
     (``replay_whole_lengths`` composed one pass per step before session 21): two steps at the run's length replay
     to the peak allocated of ``replay_whole_run``, above the one-pass run's by the first pass's gradients alive
     during the second."""
-    from fitcheck.torch_adapters.allocator_replay import replay_lengths, replay_whole_lengths
+    from fitcheck.torch_adapters.allocator_replay import replay_lengths
+    from fitcheck.torch_adapters.allocator_whole_run import replay_whole_lengths
 
     spec = spec_for(Row("accum", {**LLAMA_8_LAYERS, "num_hidden_layers": 2}, seq=32, batch=2, dtype="bfloat16",
                         optim="adamw_torch_fused"))

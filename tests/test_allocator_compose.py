@@ -25,7 +25,8 @@ from fitcheck.core.caching import AllocatorConf
 from fitcheck.spec import DeviceType, LoraSpec, TrainingSpec
 from fitcheck.torch_adapters.allocator_compose import ComposeError, whole_run
 from fitcheck.torch_adapters.allocator_deepen import DeepenError, canonical, deepen, frees_in_allocation_order
-from fitcheck.torch_adapters.allocator_replay import replay_events, replay_steady_state, replay_whole_run
+from fitcheck.torch_adapters.allocator_replay import replay_events, replay_steady_state
+from fitcheck.torch_adapters.allocator_whole_run import replay_whole_run
 from fitcheck.torch_adapters.tracer import trace_step
 from fitcheck.torch_adapters.tracer_optimizer import trace_optimizer
 from fitcheck.torch_adapters.tracer_trainer_optim import trainer_param_groups

@@ -249,3 +249,78 @@ def test_formula_keeps_the_unsharded_gradients_in_param_dtype(variant: str) -> N
         grads = next(c for c in estimate(spec).components if c.name == "gradients")
         upcast_left = 0 if rec["lora"] else numel * 2 // int(world)
         assert abs(grads.by_phase[Phase.FORWARD_END] - (row["backward1.0"] - row["initialize"] + upcast_left)) <= 256
+
+
+def _qlora_spec(world: int, optim: str = "adamw_torch_fused") -> Any:
+    """The tiny LoRA run over a bitsandbytes nf4 base stored in bf16 (FSDP-QLoRA's ``bnb_4bit_quant_storage``)."""
+    from fsdp2_run_events_cpu import spec_of
+
+    spec = spec_of(world, version=1, lora=True, qlora=True)
+    return replace(spec, optimizer=replace(spec.optimizer, name=optim))
+
+
+def test_fsdp1_qlora_replays_from_its_load() -> None:
+    """FSDP1 over a 4-bit base: each layer's packed ``Params4bit`` (bf16 storage) flattened with its norms, the
+    model on the GPU before ``prepare`` (transformers 5.23 ``update_device_map``): the load's events, the Trainer's
+    ``empty_cache``, and each unit's flat made beside the loaded storages, which it frees; the live bytes after
+    ``prepare``, backward and the step those of the REAL FSDP1 QLoRA runs on 1 and 2 gloo ranks (bitsandbytes' CPU
+    backend; ``benchmarks/fsdp2_run_events_cpu.py --version 1 --variant qlora``). Before: ``no traced parameter
+    storage of N bytes`` (the plan's weights were 16-bit) and the default path kept the plain run's gap without a
+    word; a QLoRA run the rewrite does not describe says which gap it keeps."""
+    from fsdp2_run_events_cpu import compare, fitcheck_live
+
+    from fitcheck.core.loading import load_events
+    from fitcheck.core.states import quantized_bytes
+    from fitcheck.torch_adapters import fsdp1_run, live_bytes, whole_run_events
+    from fitcheck.torch_adapters.deepspeed_run_events import EMPTY_CACHE, RESET_PEAKS
+    from fitcheck.torch_adapters.fsdp2_run_plan import fsdp1_plan, not_replayed
+    from fitcheck.torch_adapters.path_findings import gap_note
+
+    spec = _qlora_spec(1)
+    plan = fsdp1_plan(spec)
+    assert not_replayed(spec) == "" and plan.resident and plan.split
+    q_proj = next(e for e in spec.model.params if e.name.endswith("q_proj.weight"))
+    packed = plan.handles(1)[0][0]
+    assert packed.frozen and packed.numel * packed.traced == quantized_bytes(q_proj.numel_each, spec.quant).data
+    load = load_events(spec, spec.hardware.gpu_memory_bytes)
+    plain = whole_run_events(spec)
+    for world, theirs in _recorded("qlora")["rows"].items():
+        assert compare(theirs, fitcheck_live(int(world), plain, 1, lora=True, qlora=True)[0]) == [], world
+    events = fsdp1_run(plain, plan, load)
+    tags = [t for _, _, t in events]
+    assert tags.index(RESET_PEAKS) + 1 == tags.index(EMPTY_CACHE) < tags.index("forward")
+    before = sum(n for _, n, _ in events[:tags.index(RESET_PEAKS)])
+    padding = sum(plan.layout(u, k)[0] * plan.flat_load(u, k) - sum(q.numel * plan.traced_of(q) for q in h)
+                  for u in range(len(plan.units)) for k, h in enumerate(plan.handles(u)))
+    assert live_bytes(events)["initialize"] - before == padding  # every loaded weight freed by its flattening
+    loaded = {e.handle: e.nbytes for e in load if e.kind == "alloc"}
+    for e in load:
+        if e.kind == "free":
+            loaded.pop(e.handle)
+    assert before >= sum(loaded.values())  # the load's resident bytes (and the adapters) before prepare
+
+    class Path:  # the plain Trainer's gap where the rewrite does not describe the run
+        def __init__(self) -> None:
+            self._whole_failed: dict[str, str] = {}
+
+        def gap_fraction(self, spec: Any) -> float:
+            return 0.3
+
+    other = _qlora_spec(1, optim="adamw_torch")
+    note = gap_note(Path(), other, "k")
+    assert note is not None and note.code == "reserved-plain-run-gap" and "adamw_torch" in note.message
+    assert gap_note(Path(), spec, "k") is None
+    # FSDP2 over the same resident base: accelerate 1.15 fsdp2_prepare_model's original_sd holds every loaded
+    # storage until it returns, so every shard is made before any is freed (not replayed by default: its step is
+    # not checked)
+    from fitcheck.torch_adapters import fsdp2_plan, fsdp2_run
+
+    spec2 = replace(spec, sharding=replace(spec.sharding, fsdp=replace(spec.sharding.fsdp, version=2)))
+    assert fsdp2_plan(spec2).resident and "FSDP2's QLoRA step" in not_replayed(spec2)
+    events2 = fsdp2_run(plain, fsdp2_plan(spec2), load)
+    after = [t for _, _, t in events2].index(EMPTY_CACHE) + 1
+    prepare = events2[after:after + next(k for k, ev in enumerate(events2[after:]) if ev[2] != "setup")]
+    signs = [n > 0 for _, n, _ in prepare]
+    assert signs == sorted(signs, reverse=True) and any(signs) and not all(signs)
+    prepared = replace(spec, quant=replace(spec.quant, prepare_for_kbit_training=True))
+    assert "k-bit preparation" in not_replayed(prepared)

@@ -4,7 +4,7 @@ transformers 5.23 ``caching_allocator_warmup`` allocates and frees one block of 
 loading; the weights are carved out of it. The replay used to give each parameter a segment of its own, rounded to
 2 MiB (``get_allocation_size``): Phi-2's 128 attention weights of 12.5 MiB took 14 MiB each, 190 MiB above the 5304
 MiB the H200 measured after loading (``benchmarks/data/gpu_truth_nvidia_h200.json``). Fails on the code before
-(no ``allocator_replay.load_warmup``).
+(no ``replay_step_args.load_warmup``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from fitcheck.cli.estimate import spec_from_values
 from fitcheck.core.caching import CachingAllocator
 from fitcheck.core.loading.events import warmup_bytes
 from fitcheck.spec import TrainingSpec
-from fitcheck.torch_adapters.allocator_replay import load_warmup
+from fitcheck.torch_adapters.replay_step_args import load_warmup
 
 MIB = 1024**2
 RUN = {"model_name_or_path": "meta-llama/Llama-3.2-1B", "dtype": "bfloat16", "gpu": "H100",

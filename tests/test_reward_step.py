@@ -62,7 +62,7 @@ def test_every_recorded_replay_within_a_tenth_of_a_percent() -> None:
 
 @pytest.mark.parametrize("name", ["gpt2 reward LoRA", "llama reward LoRA no-ckpt"])
 def test_the_whole_run_replay_traces_the_sequence_classification_step(name: str) -> None:
-    """The replay (``allocator_replay.run_trace_kwargs``: the seq-cls task at the step's rows) run now, against the
+    """The replay (``replay_step_args.run_trace_kwargs``: the seq-cls task at the step's rows) run now, against the
     real trainer's recorded peak; on main it replayed the causal-LM step at the dataset's rows (no reward replay).
     GPT-2 LoRA with checkpointing is the case the formula misses by 14 % (the report of branch s18-reward)."""
     pytest.importorskip("torch")

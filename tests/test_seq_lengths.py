@@ -140,7 +140,7 @@ def test_above_the_gpu_the_allocator_releases_its_cache_and_retries() -> None:
     assert high > low
     tight = replace(spec, hardware=replace(spec.hardware, gpu_memory_bytes=(high + low) // 2))
     report = PinnedPath("always", seq_lengths=lengths)(tight)
-    # the loading warm-up block is capped by the GPU's memory (allocator_replay.load_warmup): the tight GPU's own
+    # the loading warm-up block is capped by the GPU's memory (replay_step_args.load_warmup): the tight GPU's own
     # replay of the longest step alone is the figure
     _, alone_tight = replay_whole_lengths(tight, lengths)
     low_tight = estimate(tight, activations=comps, gap_fraction=alone_tight.gap_fraction).device_used_bytes

@@ -5,9 +5,10 @@
   training step under ``FakeTensorMode`` (its arguments from a spec: ``trace_arguments``), read as activation
   components (``trace_result``);
 - :mod:`.allocator_replay`: the traced step's own allocations and frees replayed through the caching allocator
-  (the whole run: ``allocator_compose`` composes the steps and the optimizer, ``allocator_deepen`` deepens them,
-  ``deepspeed_run_events`` rewrites it into one DeepSpeed rank's run, ``fsdp2_run_events`` into one FSDP2
-  rank's, ``fsdp1_run_events`` into one FSDP1 rank's);
+  (the step's trace arguments and the load's warm-up block: ``replay_step_args``; the whole run:
+  ``allocator_whole_run``, where ``allocator_compose`` composes the steps and the optimizer,
+  ``allocator_deepen`` deepens them, ``deepspeed_run_events`` rewrites it into one DeepSpeed rank's run,
+  ``fsdp2_run_events`` into one FSDP2 rank's, ``fsdp1_run_events`` into one FSDP1 rank's);
 - :mod:`.differential`: the formula-vs-trace grid (cells, specs, comparison) the benchmarks and tests run;
 - :mod:`.live_model`: facts of a loaded model (dtypes, adapters, quantized layers, device map);
 - :mod:`.live_tracker`: live-tensor peak of a real step (a dispatch mode);
@@ -39,11 +40,9 @@ if TYPE_CHECKING:
         replay_lengths,
         replay_steady_state,
         replay_step,
-        replay_whole_lengths,
-        replay_whole_run,
-        run_trace_kwargs,
-        whole_run_events,
     )
+    from fitcheck.torch_adapters.allocator_whole_run import replay_whole_lengths, replay_whole_run, whole_run_events
+    from fitcheck.torch_adapters.deepspeed_run_backward import EMPTY_CACHE, RESET_PEAKS, SIDE
     from fitcheck.torch_adapters.deepspeed_run_events import deepspeed_run, live_bytes
     from fitcheck.torch_adapters.deepspeed_run_plan import deepspeed_plan
     from fitcheck.torch_adapters.device_map_check import device_map_findings
@@ -74,6 +73,7 @@ if TYPE_CHECKING:
     from fitcheck.torch_adapters.peft_adapters import with_adapter_inventory
     from fitcheck.torch_adapters.peft_build import wrap_adapter
     from fitcheck.torch_adapters.pinned_path import PinnedPath
+    from fitcheck.torch_adapters.replay_step_args import run_trace_kwargs
     from fitcheck.torch_adapters.run_scope import not_replayed, plain_trainer_run, replayed_run
     from fitcheck.torch_adapters.trace_arguments import activation_trace_kwargs, trace_kwargs
     from fitcheck.torch_adapters.trace_batch import BatchTraces, at_micro_batch
@@ -119,15 +119,18 @@ _WHERE = {
     "traced_generation": "tracer_generate",
     "StepReplay": "allocator_replay",
     "replay_events": "allocator_replay",
-    "run_trace_kwargs": "allocator_replay",
+    "run_trace_kwargs": "replay_step_args",
     "replay_lengths": "allocator_replay",
     "replay_step": "allocator_replay",
-    "replay_whole_lengths": "allocator_replay",
+    "replay_whole_lengths": "allocator_whole_run",
     "replay_deepened": "allocator_replay",
     "replay_steady_state": "allocator_replay",
-    "replay_whole_run": "allocator_replay",
+    "replay_whole_run": "allocator_whole_run",
     "replayed_micro_batches": "allocator_compose",
-    "whole_run_events": "allocator_replay",
+    "whole_run_events": "allocator_whole_run",
+    "EMPTY_CACHE": "deepspeed_run_backward",
+    "RESET_PEAKS": "deepspeed_run_backward",
+    "SIDE": "deepspeed_run_backward",
     "deepspeed_plan": "deepspeed_run_plan",
     "deepspeed_run": "deepspeed_run_events",
     "live_bytes": "deepspeed_run_events",
@@ -163,11 +166,14 @@ _WHERE = {
 }
 
 __all__ = [
+    "EMPTY_CACHE",
     "FAMILY_MODELS",
     "METHODS",
     "OPTSTATE",
     "PARAMS",
     "PHASES",
+    "RESET_PEAKS",
+    "SIDE",
     "BatchTraces",
     "Cell",
     "GenerationTraces",

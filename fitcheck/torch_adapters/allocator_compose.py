@@ -1,6 +1,6 @@
 """A run of several training steps' allocations, composed from one step's trace and the optimizer's own trace.
 
-The whole-run replay (``allocator_replay.replay_whole_run``) needs what ``tracer.trace_step(steps=3)`` with the
+The whole-run replay (``allocator_whole_run.replay_whole_run``) needs what ``tracer.trace_step(steps=3)`` with the
 optimizer records; the headline has already traced one step without an optimizer (its activation trace, the
 same forward and backward: ``trace_arguments.activation_trace_kwargs``). :func:`whole_run` repeats that step's forward
 and backward once per step, with storages renamed per step and the warm-up steps' regions suffixed as

@@ -10,6 +10,7 @@ from fitcheck.torch_adapters.deepspeed_run_plan import DeepSpeedPlan
 
 Event = tuple[int, int, str]  # (storage serial, +bytes allocated / -bytes freed, region), allocator_compose's
 EMPTY_CACHE = "empty_cache"  # a (-1, 0, EMPTY_CACHE) event: torch.cuda.empty_cache()
+RESET_PEAKS = "reset_peaks"  # a (-1, 0, RESET_PEAKS) event: torch.cuda.reset_peak_memory_stats() (after a load)
 SIDE = "side:"  # a region prefix: allocated on a DeepSpeed side stream (not the default stream's pool)
 
 

@@ -1,6 +1,6 @@
 """DeepSpeed's whole run, rank 0's, replayed through the caching allocator (issue 19: DeepSpeed reserved).
 
-The default path composes the plain Trainer's whole run from the traced step (``allocator_replay.whole_run_events``:
+The default path composes the plain Trainer's whole run from the traced step (``allocator_whole_run.whole_run_events``:
 parameters, three steps of forward, backward and torch's optimizer). Under DeepSpeed the run is different around
 that step: ``deepspeed.initialize`` flattens and partitions the trainable parameters and makes the fp32 master,
 backward hands every gradient to the engine, and the engine's optimizer steps a flat fp32 partition.
@@ -66,6 +66,7 @@ from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters import deepspeed_run_zero3 as zero3
 from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
 from fitcheck.torch_adapters.deepspeed_run_backward import EMPTY_CACHE as EMPTY_CACHE
+from fitcheck.torch_adapters.deepspeed_run_backward import RESET_PEAKS as RESET_PEAKS
 from fitcheck.torch_adapters.deepspeed_run_backward import SIDE as SIDE
 from fitcheck.torch_adapters.deepspeed_run_backward import Backward as _Backward
 from fitcheck.torch_adapters.deepspeed_run_backward import Event as Event
@@ -183,7 +184,7 @@ def _optimizer_step(w: EventWriter, plan: DeepSpeedPlan, tag: str, first: bool,
 
 
 def deepspeed_run(events: Sequence[Event], plan: DeepSpeedPlan) -> list[Event]:
-    """The plain Trainer's whole run (``allocator_replay.whole_run_events``) rewritten into DeepSpeed's.
+    """The plain Trainer's whole run (``allocator_whole_run.whole_run_events``) rewritten into DeepSpeed's.
 
     Args:
         events: The plain run's events.
@@ -292,7 +293,7 @@ def without_dead_frees(events: Sequence[Event]) -> list[Event]:
     alive: set[int] = set()
     out: list[Event] = []
     for s, n, t in events:
-        if t == EMPTY_CACHE or s == MARK:
+        if t in (EMPTY_CACHE, RESET_PEAKS) or s == MARK:
             out.append((s, n, t))
         elif n > 0 or s in alive:
             out.append((s, n, t))
@@ -324,6 +325,9 @@ def replay_default_stream(events: Sequence[Event], conf: AllocatorConf | None, s
     for k, (s, n, t) in enumerate(events, 1):
         if t == EMPTY_CACHE:
             alloc.empty_cache()
+            continue
+        if t == RESET_PEAKS:
+            alloc.reset_peak_stats()
             continue
         if t.startswith(SIDE):
             continue
@@ -411,7 +415,7 @@ def rewritten_run(path: Any, spec: TrainingSpec, key: str, extra: str, kind: str
         key: The spec's activation-trace key (``pinned_path._cache_key``).
         extra: What the rewrite depends on beyond it (the replay is kept under ``key + extra``).
         kind: The on-disk cache's kind (``trace_cache.cached_replay``).
-        rewrite: The plain run's events (``allocator_replay.whole_run_events``) -> the rewritten run's.
+        rewrite: The plain run's events (``allocator_whole_run.whole_run_events``) -> the rewritten run's.
         required: Raise when the replay cannot run rather than return None.
         passes: Plain passes per step of the rewritten run (DeepSpeed's gradient accumulation: a micro-batch of
             the engine's is a plain step's pass, every ``.grad`` None again at its start).
@@ -424,7 +428,8 @@ def rewritten_run(path: Any, spec: TrainingSpec, key: str, extra: str, kind: str
     """
     from fitcheck.core.loading import allocator_conf
     from fitcheck.core.trainers import step_spec
-    from fitcheck.torch_adapters.allocator_replay import STEADY_STEPS, whole_run_events
+    from fitcheck.torch_adapters.allocator_replay import STEADY_STEPS
+    from fitcheck.torch_adapters.allocator_whole_run import whole_run_events
     from fitcheck.torch_adapters.trace_cache import cached_replay
 
     dkey = key + extra

@@ -1,6 +1,6 @@
 """FSDP1's whole run, one rank, replayed through the caching allocator (issue 19: FSDP1 reserved).
 
-The plain Trainer's whole run (``allocator_replay.whole_run_events``, traced as the 16-bit module mixed precision
+The plain Trainer's whole run (``allocator_whole_run.whole_run_events``, traced as the 16-bit module mixed precision
 computes with) rewritten into one rank's under accelerate 1.15 FSDP1 (``accelerator.py`` ``prepare_model``
 l.1943-1971: ``FSDP(model, auto_wrap_policy=transformer_based_wrap, use_orig_params=..., ...)``; transformers 5.23
 ``training_args.py`` l.2875-2881 passes ``backward_prefetch=NO_PREFETCH``, ``use_orig_params=true``,
@@ -20,6 +20,14 @@ l.1943-1971: ``FSDP(model, auto_wrap_policy=transformer_based_wrap, use_orig_par
   root first: ``param.data = param.data.to(torch.float32)``) makes an fp32 flat (shard) per unit; the 16-bit one
   stays alive through the original parameters' views until the unit's first post-forward re-points them
   (``_use_sharded_views``; FP ``_writeback_orig_params`` l.2241 copies into the fp32 flat in place first).
+  A bitsandbytes 4-bit base (QLoRA; ``Fsdp1Plan.resident``) is on each rank's GPU before ``prepare``: transformers
+  5.23 ``quantizers/quantizer_bnb_4bit.py`` ``update_device_map`` turns ``device_map=None`` into the current
+  GPU, with or without ``fsdp_cpu_ram_efficient_loading`` (``modeling_utils.py``
+  ``_move_missing_keys_from_meta_to_device`` keeps its rank-0-only path for unquantized models, ``and not
+  is_quantized``; accelerate 1.15 skips the meta move for ``Params4bit`` models). The Trainer's
+  ``free_memory()`` empties the cache, and each unit is flattened from the loaded storages, which it frees: their
+  segments stay cached (:func:`_prepare`). The packed weights are ``Params4bit`` in ``bnb_4bit_quant_storage``
+  (``fsdp_params.packed_param``), frozen; their ``QuantState`` stays where the load put it.
 * lazy init, at the root's first pre-forward (RU ``_lazy_init`` l.112 -> FP ``init_flat_param_attributes``
   l.1221, every handle): ``_mp_shard`` (``empty_like`` in ``param_dtype``) and, sharded, ``_full_param_padded``
   and the fp32 ``_full_prec_full_param_padded``, each allocated and freed at once (``_free_storage``).
@@ -90,7 +98,9 @@ from typing import Any
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters.deepspeed_run_backward import Handle, RankEvents
 from fitcheck.torch_adapters.deepspeed_run_events import (
+    EMPTY_CACHE,
     MARK,
+    RESET_PEAKS,
     SIDE,
     Event,
     EventWriter,
@@ -98,6 +108,7 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
 )
 from fitcheck.torch_adapters.fsdp2_run_plan import fsdp1_plan, replay_key, replays
 from fitcheck.torch_adapters.fsdp_plan_types import Fsdp1Plan, FsdpReplayError
+from fitcheck.torch_adapters.fsdp_resident import loaded_setup, resident_storages, wrapped
 from fitcheck.torch_adapters.fsdp_run_walk import aligned_gradients, rewrite_steps, step_frame, unit_gradients
 
 BUCKET = 250 * 1024 * 1024  # torch 2.13 fsdp/_init_utils.py PARAM_BROADCAST_BUCKET_SIZE
@@ -193,22 +204,36 @@ class _Rank(RankEvents):
             self.free(self.recorded.pop(0))
 
 
-def _prepare(w: EventWriter, plan: Fsdp1Plan) -> dict[Key, Handle]:
+def _prepare(w: EventWriter, plan: Fsdp1Plan, resident: dict[Key, list[tuple[int, int]]] | None = None,
+             ) -> dict[Key, Handle]:
     """``FullyShardedDataParallel.__init__`` per flat parameter (a nested adapter unit before its layer's own) and
-    accelerate's upcast (module docstring); returns each flat's 16-bit flat (shard) the upcast leaves behind."""
+    accelerate's upcast (module docstring); returns each flat's 16-bit flat (shard) the upcast leaves behind.
+
+    ``resident``: the model is on the device already (``fsdp_resident.resident_storages``, the storages each flat
+    is made of); the run's peaks restart here, after the load (``torch.cuda.reset_peak_memory_stats``: the load
+    phase is estimated apart, ``core/states/fsdp_qlora.py``). The Trainer's ``accelerator.free_memory()``
+    (transformers 5.23 ``trainer.py`` l.1593, first line of ``_inner_training_loop``; accelerate 1.15
+    ``utils/memory.py`` ``release_memory`` -> ``clear_device_cache``: ``torch.cuda.empty_cache()``) returns the
+    load's cache first; ``_move_module_to_device`` moves nothing, and each unit's flat parameter
+    (``flatten_tensors``' ``torch.cat``) is a new block beside the loaded storages, which ``_use_unsharded_views``
+    / ``_use_sharded_views`` then drop: their blocks stay cached, a segment whole once all it held is freed.
+    """
     t = "setup"
+    if resident is not None:
+        w.out += [(-1, 0, RESET_PEAKS), (-1, 0, EMPTY_CACHE)]
     flats: dict[Key, tuple[int, int]] = {}
     for u in plan.wrap_order:
         handles = plan.handles(u)
-        for k in sorted(range(len(handles)), key=lambda k: not plan.trainable(u, k) and plan.split):
+        for k in wrapped(plan, u):
             load = plan.flat_load(u, k)
-            moved = [(w.new(q.numel * load, t), q.numel * load) for q in handles[k]]
+            moved = (resident[(u, k)] if resident is not None
+                     else [(w.new(q.numel * load, t), q.numel * load) for q in handles[k]])
             group: list[int] = []
             for q in [*handles[k], None]:  # _broadcast_coalesced's buckets (take_tensors: up to BUCKET bytes each)
                 if q is not None:
                     group.append(q.numel * load)
                 if group and (q is None or sum(group) >= BUCKET):
-                    if len(group) > 1:
+                    if len(group) > 1 and plan.sync:
                         w.free(w.new(sum(group), t), sum(group), t)
                     group = []
             flat = plan.layout(u, k)[0] * load
@@ -243,12 +268,14 @@ def _lazy_init(w: EventWriter, plan: Fsdp1Plan, tag: str) -> None:
                 w.free(w.new(n, tag), n, tag)
 
 
-def fsdp1_run(events: Sequence[Event], plan: Fsdp1Plan) -> list[Event]:
-    """The plain Trainer's whole run (``allocator_replay.whole_run_events``) rewritten into one FSDP1 rank's.
+def fsdp1_run(events: Sequence[Event], plan: Fsdp1Plan, load: Sequence[Any] = ()) -> list[Event]:
+    """The plain Trainer's whole run (``allocator_whole_run.whole_run_events``) rewritten into one FSDP1 rank's.
 
     Args:
         events: The plain run's events (composed with ``plan.accum`` micro-batches a step).
         plan: The FSDP1 run (:func:`fsdp2_run_plan.fsdp1_plan`).
+        load: A resident model's load (``core.loading.load_events``), which replaces the plain run's setup
+            (``fsdp_resident.loaded_setup``); without it the traced module's storages are the loaded ones.
 
     Returns:
         The rank's events: a region starting with ``side:`` is an allocation on a side stream; each optimizer
@@ -259,9 +286,13 @@ def fsdp1_run(events: Sequence[Event], plan: Fsdp1Plan) -> list[Event]:
         FsdpReplayError: The events lack a parameter's storage, a step, or a gradient of a unit.
     """
     first_pass: dict[str, Any] = {}  # the step's first pass: its backward and its units' gradients
-    return rewrite_steps(events, plan, lambda w: _Rank(plan, w, _prepare(w, plan)),
+    resident = None
+    if plan.resident:  # the loaded storages, in the setup the rewrite keeps, each freed by its unit's flattening
+        events = loaded_setup(events, plan, load) if load else events
+        resident = resident_storages([ev for ev in events if ev[2] == "setup"], plan)
+    return rewrite_steps(events, plan, lambda w: _Rank(plan, w, _prepare(w, plan, resident)),
                          lambda start, end, grads, k: _step_points(events, start, end, grads, plan, k, first_pass),
-                         lambda rank, tag, first: _optimizer(rank, plan, tag, first))
+                         lambda rank, tag, first: _optimizer(rank, plan, tag, first), resident=plan.resident)
 
 
 def _optimizer(rank: _Rank, plan: Fsdp1Plan, tag: str, first: bool) -> None:
@@ -379,9 +410,12 @@ def replayed(spec: TrainingSpec) -> bool:
 def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
     """A ``PinnedPath``'s FSDP1 whole run replayed (``deepspeed_run_events.rewritten_run``): the default stream's
     ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed``)."""
+    from fitcheck.core.loading import load_events
+
     plan = fsdp1_plan(spec)
-    return rewritten_run(path, spec, key, replay_key(spec, plan), "fsdp1-run", lambda events: fsdp1_run(events, plan),
-                         required, micro_batches=plan.accum)
+    load = load_events(spec, spec.hardware.gpu_memory_bytes) if plan.resident else []
+    return rewritten_run(path, spec, key, replay_key(spec, plan), "fsdp1-run",
+                         lambda events: fsdp1_run(events, plan, load), required, micro_batches=plan.accum)
 
 
 __all__ = ["fsdp1_run", "replayed", "whole_run"]

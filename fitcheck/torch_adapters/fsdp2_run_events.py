@@ -1,6 +1,6 @@
 """FSDP2's whole run, one rank, replayed through the caching allocator (issue 19: FSDP2 reserved).
 
-The default path composes the plain Trainer's whole run from the traced step (``allocator_replay.whole_run_events``,
+The default path composes the plain Trainer's whole run from the traced step (``allocator_whole_run.whole_run_events``,
 traced as the 16-bit module FSDP mixed precision computes with). Under accelerate 1.15's FSDP2
 (``utils/fsdp_utils.py`` ``fsdp2_prepare_model``; units: :mod:`.fsdp2_run_plan`) one rank allocates something
 else around that step; :func:`fsdp2_run` rewrites the plain run into it, read from torch 2.13
@@ -84,7 +84,9 @@ from typing import Any
 from fitcheck.spec import TrainingSpec
 from fitcheck.torch_adapters.deepspeed_run_backward import Handle, RankEvents
 from fitcheck.torch_adapters.deepspeed_run_events import (
+    EMPTY_CACHE,
     MARK,
+    RESET_PEAKS,
     SIDE,
     Event,
     EventWriter,
@@ -92,6 +94,7 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
 )
 from fitcheck.torch_adapters.fsdp2_run_plan import fsdp1_plan, fsdp2_plan, not_replayed, replay_key, replays
 from fitcheck.torch_adapters.fsdp_plan_types import FsdpPlan
+from fitcheck.torch_adapters.fsdp_resident import loaded_setup, resident_storages
 from fitcheck.torch_adapters.fsdp_run_walk import aligned_gradients, rewrite_steps, step_frame, unit_gradients
 
 
@@ -182,23 +185,37 @@ class _Rank(RankEvents):
             self.grads.append(out)
 
 
-def _prepare(w: EventWriter, plan: FsdpPlan) -> None:
-    """``fsdp2_prepare_model``'s ``fully_shard`` calls (module docstring)."""
+def _prepare(w: EventWriter, plan: FsdpPlan, resident: dict[tuple[int, int], list[tuple[int, int]]] | None = None,
+             ) -> None:
+    """``fsdp2_prepare_model``'s ``fully_shard`` calls (module docstring). ``resident``: the model is on the device
+    already (a bitsandbytes 4-bit base: ``fsdp_resident``; accelerate 1.15 skips ``cpu_ram_efficient_loading``'s
+    meta move for it): the peaks restart after the load, the Trainer's ``free_memory()`` empties the cache, and
+    each unit's padded shards are made beside the loaded storages, which stay alive to the end of
+    ``fsdp2_prepare_model``: its ``original_sd = model.state_dict()`` (accelerate 1.15 ``utils/fsdp_utils.py``
+    l.828) holds every one of them (the H200 measured twice the model allocated during prepare)."""
+    if resident is not None:
+        w.out += [(-1, 0, RESET_PEAKS), (-1, 0, EMPTY_CACHE)]
     for u in plan.wrap_order:
         params = plan.units[u].params
-        moved = [w.new(q.numel * plan.orig_of(q), "setup") for q in params]
+        moved = ([] if resident is not None
+                 else [(w.new(q.numel * plan.orig_of(q), "setup"), q.numel * plan.orig_of(q)) for q in params])
         for q in params:
             w.new(q.shard(plan.world) * plan.orig_of(q), "setup")
-        for s, q in zip(moved, params, strict=True):
-            w.free(s, q.numel * plan.orig_of(q), "setup")
+        for m, nb in moved:
+            w.free(m, nb, "setup")
+    for u in plan.wrap_order if resident is not None else ():
+        for m, nb in resident[(u, 0)]:  # type: ignore[index]
+            w.free(m, nb, "setup")
 
 
-def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
-    """The plain Trainer's whole run (``allocator_replay.whole_run_events``) rewritten into one FSDP2 rank's.
+def fsdp2_run(events: Sequence[Event], plan: FsdpPlan, load: Sequence[Any] = ()) -> list[Event]:
+    """The plain Trainer's whole run (``allocator_whole_run.whole_run_events``) rewritten into one FSDP2 rank's.
 
     Args:
         events: The plain run's events.
         plan: The FSDP2 run (:func:`fsdp2_run_plan.fsdp2_plan`).
+        load: A resident model's load (``core.loading.load_events``), which replaces the plain run's setup
+            (``fsdp_resident.loaded_setup``); without it the traced module's storages are the loaded ones.
 
     Returns:
         The rank's events: a region starting with ``side:`` is an allocation on a side stream; the optimizer of
@@ -207,8 +224,13 @@ def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
     Raises:
         FsdpReplayError: The events lack a parameter's storage, a step, or a gradient of a unit.
     """
+    resident = None
+    if plan.resident:  # the loaded storages, in the setup the rewrite keeps, each freed by its unit's fully_shard
+        events = loaded_setup(events, plan, load) if load else events
+        resident = resident_storages([ev for ev in events if ev[2] == "setup"], plan)
+
     def prepare(w: EventWriter) -> _Rank:
-        _prepare(w, plan)
+        _prepare(w, plan, resident)
         return _Rank(plan, w)
 
     first_pass: dict[str, Any] = {}  # the step's first pass: its backward and its units' gradients
@@ -217,7 +239,7 @@ def fsdp2_run(events: Sequence[Event], plan: FsdpPlan) -> list[Event]:
     out = rewrite_steps(events, plan, prepare,
                         lambda start, end, grads, k: _step_points(events, start, end, grads, plan, k, first_pass,
                                                                   resized),
-                        lambda rank, tag, first: _optimizer(rank, plan, tag, first))
+                        lambda rank, tag, first: _optimizer(rank, plan, tag, first), resident=plan.resident)
     return [(s, resized[s] if n > 0 else -resized[s], t) if s in resized and n else (s, n, t) for s, n, t in out]
 
 
@@ -360,9 +382,12 @@ def rewrite_for(spec: TrainingSpec) -> Any:
 def whole_run(path: Any, spec: TrainingSpec, key: str, required: bool = False) -> Any:
     """A ``PinnedPath``'s FSDP2 whole run replayed (``deepspeed_run_events.rewritten_run``): the default stream's
     ``allocator_replay.StepReplay``, or None (the reason kept in the path's ``_whole_failed``)."""
+    from fitcheck.core.loading import load_events
+
     plan = fsdp2_plan(spec)
-    return rewritten_run(path, spec, key, replay_key(spec, plan), "fsdp2-run", lambda events: fsdp2_run(events, plan),
-                         required, micro_batches=plan.accum)
+    load = load_events(spec, spec.hardware.gpu_memory_bytes) if plan.resident else []
+    return rewritten_run(path, spec, key, replay_key(spec, plan), "fsdp2-run",
+                         lambda events: fsdp2_run(events, plan, load), required, micro_batches=plan.accum)
 
 
 def published_gap_reason(path: Any, spec: TrainingSpec, key: str) -> str:

@@ -53,8 +53,13 @@ def not_replayed(spec: TrainingSpec) -> str:
         parts.append("a wrap policy other than one decoder layer per unit")
     if spec.precision.mixed_precision is MixedPrecision.NO:
         parts.append("no mixed precision (the plain run's replay answers)")
-    if spec.quant is not None:
-        parts.append("a quantized base")
+    if spec.quant is not None and (spec.lora is None or fs.version != 1):
+        # FSDP2 over a 4-bit base: fsdp2_run's prepare replays the H200's 5.23 rows (Llama-2-70B 4 layers /
+        # Mistral-7B 8 layers QLoRA: 5.26 / 2.66 GiB reserved vs 5.24 / 2.66), its step not (9.52 / 10.73 vs
+        # 9.08 / 11.71: benchmarks/fsdp1_lora_trace.py --rewrite)
+        parts.append("a quantized base" if fs.version == 1 else "a quantized base (FSDP2's QLoRA step is not checked)")
+    elif spec.quant is not None:
+        parts += _quant_not_replayed(spec)
     if spec.freeze is not None:
         parts.append("frozen parameters without peft (freeze)")
     if lora_left_out := lora_not_replayed(spec):
@@ -77,11 +82,37 @@ def _fsdp1_not_replayed(spec: TrainingSpec) -> list[str]:
     # torch 2.13 _init_utils.py _init_core_state: one process is NO_SHARD whatever the strategy
     if partition_weights(spec) > 1 and fs.sharding_strategy != "FULL_SHARD":
         parts.append(f"the {fs.sharding_strategy} strategy")
-    if fs.cpu_ram_efficient_loading:
+    from fitcheck.core.states import has_params4bit
+
+    if fs.cpu_ram_efficient_loading and not has_params4bit(spec):  # a 4-bit base loads on every GPU anyway
         parts.append("cpu_ram_efficient_loading (meta-device initialisation on the other ranks)")
     if fs.frozen_shares_units:
         parts.append("frozen parameters sharing a unit")
     return parts
+
+
+def _quant_not_replayed(spec: TrainingSpec) -> list[str]:
+    """What of an FSDP QLoRA run the rewrites do not describe: they replay a bitsandbytes 4-bit base whose
+    ``bnb_4bit_quant_storage`` is the load dtype (FSDP1, torch 2.13 ``_flat_param.py``
+    ``_validate_tensors_to_flatten``: one dtype per flat parameter, the packed weights flattened with the layer's
+    norms; FSDP2: accelerate 1.15 ``fsdp2_prepare_model`` shards a float-stored ``Params4bit`` like any weight;
+    ``fsdp_params.packed_param``) and the dtype FSDP computes in (transformers 5.23 ``update_fsdp_plugin_peft`` sets
+    ``param_dtype`` to the quant storage: no cast of the packed bytes)."""
+    from fitcheck.core.states import param_compute_bytes
+
+    quant = spec.quant
+    if quant is None:
+        return []
+    if quant.method != "bitsandbytes" or quant.bits != 4:
+        return [f"a {quant.method} {quant.bits}-bit base (the FSDP1 replay flattens bitsandbytes 4-bit weights)"]
+    storage = quant.quant_storage
+    if quant.prepare_for_kbit_training:  # peft 0.21.2 utils/other.py: the unquantized parameters made fp32
+        return ["peft's k-bit preparation (fp32 norms and embeddings beside the 4-bit weights: FSDP1 flattens one "
+                "dtype per unit)"]
+    if storage is not spec.precision.load_dtype or storage.nbytes != param_compute_bytes(spec):
+        return [f"a 4-bit base stored as {storage.value} beside {spec.precision.load_dtype.value} parameters "
+                "(FSDP1 flattens one dtype per unit)"]
+    return []
 
 
 def partition_weights(spec: TrainingSpec) -> int:
@@ -132,8 +163,10 @@ def fsdp2_plan(spec: TrainingSpec) -> FsdpPlan:
     order += [len(units) - 1] + ([0] if root else [])
     # accelerate 1.15 dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision (FSDP2):
     # MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+    from fitcheck.core.states import has_params4bit
+
     return FsdpPlan(partition_weights(spec), tuple(units), tuple(order), orig, compute, compute, traced, tied,
-                    replayed_micro_batches(spec.batch.grad_accum))
+                    replayed_micro_batches(spec.batch.grad_accum), resident=has_params4bit(spec))
 
 
 def fsdp1_plan(spec: TrainingSpec) -> Fsdp1Plan:
@@ -155,11 +188,12 @@ def fsdp1_plan(spec: TrainingSpec) -> Fsdp1Plan:
     orig, compute, traced = _dtypes(spec)
     # accelerate 1.15 dataclasses.py set_mixed_precision (FSDP1): MixedPrecision(param_dtype=dtype,
     # reduce_dtype=dtype, buffer_dtype=...); torch 2.13 _flat_param.py FlatParamHandle.__init__: _aligned_numel
+    from fitcheck.core.states import has_params4bit
     from fitcheck.torch_adapters.allocator_compose import replayed_micro_batches
 
     return Fsdp1Plan(partition_weights(spec), units, (*range(1, n + 1), 0), orig, compute, compute, traced,
                      tied, replayed_micro_batches(spec.batch.grad_accum), load=spec.precision.load_dtype.nbytes,
-                     align=16 // compute, split=spec.lora is not None)
+                     align=16 // compute, split=spec.lora is not None, resident=has_params4bit(spec))
 
 
 def replays(spec: TrainingSpec, version: int) -> bool:

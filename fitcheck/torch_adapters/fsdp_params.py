@@ -1,6 +1,7 @@
 """The parameters the FSDP rewrites shard, read from the spec (:mod:`.fsdp2_run_plan` builds the units from them):
-one decoder layer's and those outside the layers by role, a LoRA run's adapters with them (peft 0.21), and what of a
-LoRA run the FSDP2 rewrite does not describe. Pure Python, no torch.
+one decoder layer's and those outside the layers by role, a LoRA run's adapters with them (peft 0.21), a
+bitsandbytes 4-bit base's packed weights (:func:`packed_param`), and what of a LoRA run the FSDP2 rewrite does not
+describe. Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -59,11 +60,12 @@ def model_params(spec: TrainingSpec) -> tuple[tuple[Param, ...], dict[str, list[
             numel *= d
         return Param(numel, shape[0] if shape else 1)
 
-    layer = tuple(one(p.shape) for p in params if p.per_layer)
+    layer = tuple(packed_param(spec, p) or one(p.shape) for p in params if p.per_layer)
     roles = {"embed": [one(p.shape) for p in outside if p.role is Role.EMBEDDING],
              "head": [one(p.shape) for p in outside if p.role is Role.LM_HEAD],
              "norms": [one(p.shape) for p in outside if p.role is Role.NORM],
-             "rest": [one(p.shape) for p in outside if p.role not in (Role.EMBEDDING, Role.LM_HEAD, Role.NORM)]}
+             "rest": [packed_param(spec, p) or one(p.shape) for p in outside
+                      if p.role not in (Role.EMBEDDING, Role.LM_HEAD, Role.NORM)]}
     if spec.lora is not None:
         layer, roles = _with_adapters(spec, [p for p in params if p.per_layer], roles)
     return layer, roles, tied
@@ -82,25 +84,43 @@ def _with_adapters(spec: TrainingSpec, entries: list[Any], roles: dict[str, list
     load = spec.precision.load_dtype.nbytes
     adapters = {t.entry.name: t for t in plan_lora(spec).targets}
 
-    def frozen(q: Param) -> Param:
-        return Param(q.numel, q.dim0, frozen=True, orig=load)
+    def frozen(q: Param) -> Param:  # a packed 4-bit weight keeps its storage dtype (packed_param)
+        return Param(q.numel, q.dim0, frozen=True, orig=q.orig or load, traced=q.traced)
 
     def shaped(shape: tuple[int, ...]) -> Param:
         numel = 1
         for d in shape:
             numel *= d
-        return Param(numel, shape[0], traced=FP32)
+        # fp32 whether or not accelerate upcasts: peft made them fp32, and the FSDP1 upcast skips an fp32 flat
+        return Param(numel, shape[0], orig=FP32, traced=FP32)
 
     layer: list[Param] = []
     for p in entries:
         numel = 1
         for d in p.shape:
             numel *= d
-        layer.append(Param(numel, p.shape[0] if p.shape else 1, frozen=True, orig=load))
+        packed = packed_param(spec, p)
+        layer.append(packed or Param(numel, p.shape[0] if p.shape else 1, frozen=True, orig=load))
         t = adapters.get(p.name)
         if t is not None:
             layer += [shaped(t.lora_a_shape), shaped(t.lora_b_shape)]
     return tuple(layer), {k: [frozen(q) for q in v] for k, v in roles.items()}
+
+
+def packed_param(spec: TrainingSpec, entry: Any) -> Param | None:
+    """A bitsandbytes 4-bit weight as FSDP flattens it (None for any other parameter): bitsandbytes 0.50.2
+    ``nn/modules.py`` ``Params4bit`` holds the packed weight as ``[n / (2 * itemsize), 1]`` elements of
+    ``bnb_4bit_quant_storage`` (``core/states/quantization.py`` ``quantized_bytes``), frozen, in that dtype in the
+    traced module and on the device; its ``QuantState`` is a module attribute FSDP neither flattens nor frees
+    (``core/states/fsdp_qlora.py``)."""
+    from fitcheck.core.states import is_quantized, quantized_bytes
+
+    quant = spec.quant
+    if quant is None or quant.method != "bitsandbytes" or quant.bits != 4 or not is_quantized(spec, entry):
+        return None
+    size = quant.quant_storage.nbytes
+    data = quantized_bytes(entry.numel_each, quant, entry.out_features or entry.shape[0]).data
+    return Param(data // size, data // size, frozen=True, orig=size, traced=size)
 
 
 def lora_not_replayed(spec: TrainingSpec) -> str:

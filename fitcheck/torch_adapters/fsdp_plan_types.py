@@ -51,6 +51,9 @@ class FsdpPlan:
         accum: Forward and backward passes per optimizer step the plain run composes
             (``allocator_compose.replayed_micro_batches`` of ``gradient_accumulation_steps``): all but the last
             under ``no_sync``.
+        resident: The model is on the device before FSDP wraps it (a bitsandbytes 4-bit base: transformers 5.23
+            ``quantizer_bnb_4bit.py`` ``update_device_map`` loads it onto each rank's GPU), so each unit is made
+            from the storages the load made, which it frees, not moved from the host (``fsdp_resident``).
     """
 
     world: int
@@ -62,6 +65,7 @@ class FsdpPlan:
     traced: int
     tied: bool
     accum: int = 1
+    resident: bool = False
 
     @property
     def params(self) -> list[Param]:
@@ -86,11 +90,15 @@ class Fsdp1Plan(FsdpPlan):
             before accelerate's upcast).
         align: ``_aligned_numel`` (torch 2.13 ``_flat_param.py`` ``_get_aligned_numel``: 16 bytes over the
             ``param_dtype`` size, ``use_orig_params=True`` only).
+        split: peft's ``fsdp_auto_wrap_policy``: each trainable parameter its own flat (:meth:`handles`).
+        sync: ``sync_module_states`` (transformers 5.23 ``training_args.py``: ``fsdp_config`` default ``true``),
+            whose broadcast buckets flatten their tensors into temporaries.
     """
 
     load: int = 2
     align: int = 0
     split: bool = False
+    sync: bool = True
 
     def handles(self, u: int) -> list[tuple[Param, ...]]:
         """Unit ``u``'s flat parameters, each as its parameters: one, or under :attr:`split` (peft's

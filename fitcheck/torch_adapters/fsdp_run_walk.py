@@ -63,8 +63,10 @@ def layer_starts(events: Sequence[tuple[int, int, str]], a: int, b: int, layers:
 
 def rewrite_steps(events: Sequence[tuple[int, int, str]], plan: FsdpPlan, rank: Callable[[Any], Any],
                   points: Callable[[int, int, set[int], int], dict[int, list[Any]]],
-                  optimizer: Callable[[Any, str, bool], None]) -> list[tuple[int, int, str]]:
-    """The plain run's events with one FSDP rank's put in: its setup without the traced module's parameters,
+                  optimizer: Callable[[Any, str, bool], None], resident: bool = False,
+                  ) -> list[tuple[int, int, str]]:
+    """The plain run's events with one FSDP rank's put in: its setup without the traced module's parameters (with
+    them where ``resident``: the model on the device before FSDP wraps it, whose prepare frees them),
     ``rank(writer)`` (prepare, returning the rank's state), then per forward and backward pass ``k`` the operations
     ``points(start, end, gradients, k)`` keys by the event index they precede (``end``: after backward; each called
     as ``op(state, region)``), the plain run's own events except its optimizer's, and, after every
@@ -79,7 +81,7 @@ def rewrite_steps(events: Sequence[tuple[int, int, str]], plan: FsdpPlan, rank: 
     module = module_storages(events[:n_setup], plan)
     ends, grads = step_ends(events, n_setup)
     w = EventWriter(max((s for s, _, _ in events), default=0) + 1)
-    w.out += [ev for ev in events[:n_setup] if ev[0] not in module]
+    w.out += [ev for ev in events[:n_setup] if resident or ev[0] not in module]
     state = rank(w)
     start = n_setup
     for k, end in enumerate(ends):

@@ -40,6 +40,37 @@ def published_gap(why: str) -> Finding:
                    "measure one step (FitcheckCallback, benchmarks/gpu_truth.py)")
 
 
+def plain_run_gap(why: str) -> Finding:
+    """INFO: traced activations of an FSDP run whose own run the rewrite does not describe (``why``:
+    ``published_gap_reason``) keep the plain Trainer's whole-run gap: said, never silent."""
+    return Finding("reserved-plain-run-gap", Severity.INFO,
+                   "activations are traced (as the 16-bit module FSDP mixed precision runs); the caching-allocator "
+                   f"gap is the plain Trainer's whole run replayed, not this run's own: {why}, so FSDP's flat "
+                   "parameters, the cache its prepare leaves and its side streams' pools are not in the gap",
+                   "measure one step (FitcheckCallback, benchmarks/gpu_truth.py)")
+
+
+def gap_note(path: Any, spec: TrainingSpec, key: str) -> Finding | None:
+    """What a traced answer says about its allocator gap where it is not its own run's replay (``PinnedPath``
+    ``path``, the spec's trace ``key``): :func:`published_gap` where the published fraction answers (a run the plain
+    replay does not describe, or a DeepSpeed / FSDP rewrite that could not run: ``path._whole_failed``), and
+    :func:`plain_run_gap` where an FSDP run outside the rewrites keeps the plain Trainer's whole-run gap; None
+    where the gap is the run's own replay."""
+    from fitcheck.spec import Strategy
+    from fitcheck.torch_adapters import deepspeed_run_events, fsdp2_run_events
+
+    rewrite = fsdp2_run_events.rewrite_for(spec) if spec.sharding.strategy in (Strategy.DEEPSPEED,
+                                                                              Strategy.FSDP) else None
+    fsdp = spec.sharding.strategy is Strategy.FSDP and spec.sharding.fsdp is not None
+    if replayed_run(spec) and rewrite is None and not fsdp:
+        return None
+    gap = path.gap_fraction(spec)
+    if gap is not None and (rewrite is not None or not fsdp):
+        return None
+    why = (fsdp2_run_events if spec.sharding.fsdp else deepspeed_run_events).published_gap_reason(path, spec, key)
+    return published_gap(why) if gap is None else plain_run_gap(why)
+
+
 def two_groups(reason: str) -> Finding:
     """INFO: the whole run could not be replayed (``reason``); reserved uses the deepest traced step's gap (two
     layer groups, three where the bottom layer reads another dtype: ``tracer_depth.residual_promoted``)."""
@@ -111,8 +142,8 @@ def _where_the_gap_does_not_apply(spec: TrainingSpec) -> str:
 
 
 # what PinnedPath._answer adds
-PATH_FINDINGS = ("trace-failed", "generation-trace-failed", "reserved-published-gap", "reserved-two-groups",
-                 "accumulation-not-traced")
+PATH_FINDINGS = ("trace-failed", "generation-trace-failed", "reserved-published-gap", "reserved-plain-run-gap",
+                 "reserved-two-groups", "accumulation-not-traced")
 
 
 def path_findings_lost(before: Report, after: Report) -> tuple[Finding, ...]:

@@ -32,11 +32,11 @@ from fitcheck.report import Component, Report
 from fitcheck.spec import Strategy, TrainingSpec
 from fitcheck.torch_adapters.path_findings import (
     accumulation_unpinned,
+    gap_note,
     generation_trace_failed,
     lengths_replayed,
     not_pinned_with_torch,
     path_findings_lost,
-    published_gap,
     trace_failed,
     two_groups,
     whole_run_replayed,
@@ -107,7 +107,7 @@ class PinnedPath:
         self._headline_replay: Any = None  # the first spec's replay: what following() paths reuse
         self.reserved_replay = reserved_replay
         self.whole_run_replay: Any = None  # --reserved_replay: the headline's allocator_replay.StepReplay
-        self._whole: dict[str, Any] = {}  # cache key -> the whole run replayed (allocator_replay.replay_whole_run)
+        self._whole: dict[str, Any] = {}  # cache key -> the whole run replayed (allocator_whole_run.replay_whole_run)
         self._whole_failed: dict[str, str] = {}  # cache key -> why the whole run could not be replayed
         self._optimizer_traces: dict[str, Any] = {}  # tracer_optimizer traces, shared by every replay
         self.cache = cache
@@ -214,12 +214,13 @@ class PinnedPath:
 
     def _traced_gap(self, key: str, spec: TrainingSpec, runs: Any, deepest: Any) -> float:
         """The allocator's gap of a traced step: its whole run replayed (every layer, the optimizer, three steps:
-        ``allocator_replay.replay_whole_run``, from the activation traces ``runs`` just run), or where that cannot
+        ``allocator_whole_run.replay_whole_run``, from the activation traces ``runs`` just run), or where that cannot
         run (a run the tracer does not describe as the plain Trainer step, traces that do not compose or deepen)
         the deepest trace's step replayed alone (two layer groups: ``deepest``), with the reason kept. Where the gap
         does not enter the number (CPU, ``--seq_lengths``' own replay) the cheap one."""
         from fitcheck.core.loading import allocator_conf
-        from fitcheck.torch_adapters.allocator_replay import replay_events, replay_step, replay_whole_run
+        from fitcheck.torch_adapters.allocator_replay import replay_events, replay_step
+        from fitcheck.torch_adapters.allocator_whole_run import replay_whole_run
 
         if _gap_applies(spec, self.seq_lengths) and replayed_run(spec):
             try:
@@ -316,7 +317,8 @@ class PinnedPath:
         groups (``replay_lengths``)."""
         from fitcheck.torch_adapters.allocator_compose import ComposeError
         from fitcheck.torch_adapters.allocator_deepen import DeepenError
-        from fitcheck.torch_adapters.allocator_replay import replay_lengths, replay_whole_lengths
+        from fitcheck.torch_adapters.allocator_replay import replay_lengths
+        from fitcheck.torch_adapters.allocator_whole_run import replay_whole_lengths
 
         if replayed_run(spec):
             try:
@@ -393,7 +395,8 @@ class PinnedPath:
         from fitcheck.core.trainers import step_spec
         from fitcheck.torch_adapters.allocator_compose import ComposeError
         from fitcheck.torch_adapters.allocator_deepen import DeepenError
-        from fitcheck.torch_adapters.allocator_replay import replay_deepened, replay_whole_run
+        from fitcheck.torch_adapters.allocator_replay import replay_deepened
+        from fitcheck.torch_adapters.allocator_whole_run import replay_whole_run
 
         if replayed_run(spec):
             traces = self._traces.get(key)
@@ -442,13 +445,8 @@ class PinnedPath:
             report = dataclasses.replace(report, findings=(*report.findings, note))
         if failed:
             report = dataclasses.replace(report, findings=(*report.findings, trace_failed(failed)))
-        elif comps and not replayed_run(spec) and _gap_applies(spec, self.seq_lengths) \
-                and self.gap_fraction(spec) is None:
-            from fitcheck.torch_adapters import deepspeed_run_events as ds_run
-            from fitcheck.torch_adapters import fsdp2_run_events as fsdp_run
-
-            why = (fsdp_run if spec.sharding.fsdp else ds_run).published_gap_reason(self, spec, _cache_key(spec))
-            report = dataclasses.replace(report, findings=(*report.findings, published_gap(why)))
+        elif comps and _gap_applies(spec, self.seq_lengths) and (gap := gap_note(self, spec, _cache_key(spec))):
+            report = dataclasses.replace(report, findings=(*report.findings, gap))
         elif comps and not self.seq_lengths and _cache_key(spec) in self._whole_failed:
             note = two_groups(self._whole_failed[_cache_key(spec)])
             report = dataclasses.replace(report, findings=(*report.findings, note))

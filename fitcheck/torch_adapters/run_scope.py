@@ -2,7 +2,7 @@
 
 - :func:`traceable`: what the default path may trace (the plain Trainer step of a text model with transformers'
   loss); :func:`untraced_parts` names what no trace describes.
-- :func:`plain_trainer_run`: the whole run is the plain Trainer's, as ``allocator_replay.replay_whole_run``
+- :func:`plain_trainer_run`: the whole run is the plain Trainer's, as ``allocator_whole_run.replay_whole_run``
   composes it (torch's optimizer on the module's own parameters).
 - :func:`replayed_run`: the whole run ``replay_whole_run`` describes: the plain Trainer's, TRL's SFTTrainer's
   (its model preparation, fused LM head and loss traced: ``tracer_trl``), DPOTrainer's (its reference copy or
@@ -65,7 +65,7 @@ def accumulation_not_traced(spec: TrainingSpec) -> str:
 
 
 def plain_trainer_run(spec: TrainingSpec) -> bool:
-    """Whether the whole run is the plain Trainer's, as ``allocator_replay.replay_whole_run`` composes it from the
+    """Whether the whole run is the plain Trainer's, as ``allocator_whole_run.replay_whole_run`` composes it from the
     traces (torch's optimizer on the module's own parameters): a traceable run without DeepSpeed's engine (its
     optimizer, buckets and partitions) or a module cast (``kernels/module_cast.py``)."""
     from fitcheck.core.kernels import deepspeed_module_view
@@ -124,7 +124,7 @@ def _images_traceable(spec: TrainingSpec) -> bool:
 
 
 def replayed_run(spec: TrainingSpec) -> bool:
-    """Whether ``allocator_replay.replay_whole_run`` describes this run's whole run: the plain Trainer's
+    """Whether ``allocator_whole_run.replay_whole_run`` describes this run's whole run: the plain Trainer's
     (:func:`plain_trainer_run`), or TRL 1.16's ``SFTTrainer`` (``trl/trainer/sft_trainer.py``: a Trainer subclass
     whose ``__init__`` prepares the model and patches its fused LM head, and whose ``compute_loss`` reads the
     fused head's log-probs; ``tracer_trl`` traces both) under the same conditions, without padding-free or
@@ -165,7 +165,7 @@ def not_replayed(spec: TrainingSpec) -> str:
     elif trainer_row(t.kind).replay_step == "tracer_grpo":  # GRPO's: the registry's column
         parts += _grpo_not_replayed(spec)
     elif t.kind is not TrainerKind.TRAINER and not trainer_row(t.kind).classifier:
-        # the reward trainer (the registry's classifier): its seq-cls step is traced (allocator_replay.run_trace_kwargs)
+        # the reward trainer (the registry's classifier): its seq-cls step is traced (replay_step_args.run_trace_kwargs)
         parts.append(f"the {t.kind.value} trainer's step (its own loss)")
     return ", ".join(parts)
 

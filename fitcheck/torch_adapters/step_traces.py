@@ -1,6 +1,6 @@
 """The one-step traces of the whole-run replays of one answer, shared, and interpolated across micro-batches.
 
-A full answer replays several whole runs (``allocator_replay.replay_whole_run``): the headline, the largest
+A full answer replays several whole runs (``allocator_whole_run.replay_whole_run``): the headline, the largest
 micro-batch's boundary (``advice.max_micro_batch``: the largest that fits and the next), and the advisor's
 candidates (``verdict_replay.MAX_REPLAYS``). Each replay composes the one-step traces of its spec's step at the
 depths of ``tracer_depth.depth_plan`` (``trace_step(optimizer=None, steps=1)``) with the optimizer traced alone.

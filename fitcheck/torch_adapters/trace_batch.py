@@ -82,7 +82,7 @@ class BatchTraces:
             (``step_traces.kept_trace``); None: this object's own.
         skip_first: Trace two and three layer groups where the bottom layer's moment differs
             (``tracer_depth.first_layer_apart``); the benchmarks' reference traces. The default path keeps one
-            and two groups: the allocator replay deepens those (``allocator_replay.replay_whole_run``). Two and
+            and two groups: the allocator replay deepens those (``allocator_whole_run.replay_whole_run``). Two and
             three groups on every path where layer 0 reads another dtype (``tracer_depth.residual_promoted``).
         """
         self.config = config

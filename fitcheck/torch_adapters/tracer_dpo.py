@@ -1,6 +1,6 @@
 """TRL 1.16's DPO step in the tracer: what ``DPOTrainer.__init__`` does to the model, and its ``_compute_loss``.
 
-The whole-run allocator replay (``allocator_replay.replay_whole_run``) replays a traced step's own allocations and
+The whole-run allocator replay (``allocator_whole_run.replay_whole_run``) replays a traced step's own allocations and
 frees. ``trl/trainer/dpo_trainer.py`` (TRL 1.16.0) runs a step unlike the plain Trainer's and SFT's:
 
 - ``__init__``: peft's ``get_peft_model`` (``tracer_build``), ``model.enable_input_require_grads()`` for PEFT with

@@ -1,6 +1,6 @@
 """The optimizer's own allocations over several steps, traced without a forward or backward.
 
-The whole-run allocator replay (``allocator_replay.replay_whole_run``) needs every step's optimizer events; the
+The whole-run allocator replay (``allocator_whole_run.replay_whole_run``) needs every step's optimizer events; the
 forward and backward of a step are the activation trace's (``PinnedPath`` has run it for the headline), so only
 ``optimizer.step()`` is traced here: the model built as :func:`tracer.trace_step` builds it, every trainable
 parameter given a gradient of its own shape and dtype (autograd's, ``torch/csrc/autograd/input_buffer.cpp``

@@ -1,6 +1,6 @@
 """TRL 1.16's SFT step in the tracer: what ``SFTTrainer.__init__`` does to the model, and its ``compute_loss``.
 
-The whole-run allocator replay (``allocator_replay.replay_whole_run``) replays a traced step's own allocations and
+The whole-run allocator replay (``allocator_whole_run.replay_whole_run``) replays a traced step's own allocations and
 frees. For ``SFTTrainer`` that step is not the plain Trainer's: the trainer patches the model with TRL's fused LM
 head and its loss never builds the ``[rows, seq, vocab]`` logits. :func:`prepare_sft` applies to the model the
 tracer built (``tracer_build.build_model``: peft's ``get_peft_model``, the k-bit preparation, activation

@@ -1,6 +1,6 @@
 """What ``tracer.trace_step`` needs to run a TRL preference or GRPO step beyond the SFT step: one plan per trainer.
 
-``allocator_replay.run_trace_kwargs`` builds them from the spec (``trl_dpo`` / ``trl_kto`` / ``trl_grpo``);
+``replay_step_args.run_trace_kwargs`` builds them from the spec (``trl_dpo`` / ``trl_kto`` / ``trl_grpo``);
 ``tracer_dpo.prepare_dpo``, ``tracer_kto.prepare_kto`` and ``tracer_grpo.prepare_grpo`` read them. Named tuples:
 a plan is still a tuple (compared, unpacked and hashed as one). Pure Python, no torch.
 """

@@ -2,7 +2,7 @@
 
 A formula answer's reserved is ``core/allocator.py``'s allocated + ``FRAGMENTATION_OF_TRANSIENT`` (11 %) of the
 step's transient bytes. Against the whole run replayed through the caching allocator
-(``allocator_replay.replay_whole_run``: every layer, the optimizer, three steps; within -0.7 .. +0.17 % of
+(``allocator_whole_run.replay_whole_run``: every layer, the optimizer, three steps; within -0.7 .. +0.17 % of
 ``max_memory_reserved`` on the H100/H200 rows) that reserved is off by a ratio ``formula / replay`` in
 [:data:`GAP_RATIO_LO`, :data:`GAP_RATIO_HI`] (``benchmarks/formula_gap_vs_replay.py``). Where the answer's verdict
 could flip inside that band -- the true reserved anywhere in [reserved / hi, reserved / lo] puts ``device_used`` on
@@ -182,7 +182,7 @@ class NearBudget:
 def _replay(spec: TrainingSpec, optimizer_traces: dict[str, Any] | None) -> Any:
     import warnings
 
-    from fitcheck.torch_adapters.allocator_replay import replay_whole_run
+    from fitcheck.torch_adapters.allocator_whole_run import replay_whole_run
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

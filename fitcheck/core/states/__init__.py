@@ -27,7 +27,7 @@ from fitcheck.core.states.accumulation import accumulates_in_grad, gradients_hel
 from fitcheck.core.states.deepspeed_streams import deepspeed_side_pools
 from fitcheck.core.states.fsdp_qlora import LoadPeak, fsdp_qlora_findings, load_peak
 from fitcheck.core.states.fsdp_streams import SidePools, fsdp_side_pools
-from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast
+from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast, has_params4bit
 from fitcheck.core.states.layout import Layout, all_trainable, build_layout, optimizer_for, trainable_params
 from fitcheck.core.states.lora import LoraPlan, adapter_param_count, plan_lora
 from fitcheck.core.states.model_states import model_state_components
@@ -96,6 +96,7 @@ __all__ = [
     "fsdp_side_pools",
     "fsdp_unit_params",
     "gradients_held_from_start",
+    "has_params4bit",
     "held_elements",
     "in_partition",
     "is_quantized",

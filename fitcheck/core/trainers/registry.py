@@ -26,7 +26,7 @@ Columns (:class:`TrainerRow`):
   policy before step 1: peft's LoRA dropout (an ``nn.Dropout`` per wrapped module) saves no mask or copy then
   (``core.trainers.step_spec``). fitcheck has no setting for ``disable_dropout=False``.
 - ``replay_step``: the torch adapter that traces this trainer's own step for the whole-run allocator replay
-  (``fitcheck.torch_adapters.allocator_replay.run_trace_kwargs``: ``tracer_trl`` for SFT's fused head,
+  (``fitcheck.torch_adapters.replay_step_args.run_trace_kwargs``: ``tracer_trl`` for SFT's fused head,
   ``tracer_dpo`` for DPO's reference pass and chosen + rejected rows, ``tracer_kto`` for KTO's KL batch and
   reference pass, ``tracer_grpo`` for GRPO's log-prob pre-pass and loss, ``tracer`` for the reward trainer's
   sequence-classification step); None where the replay has no trace of it.
