@@ -200,7 +200,11 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
         # ZeRO-2, the head above the bucket (extra_large_param_to_reduce): the final norm's gradient hook reduces
         # it and allocates the last rank's grads_in_partition, the head's own gradient still alive, the logits
         # gone (the real engine's backward peak at width 768, benchmarks/deepspeed_cpu.py)
-        moments["head reduced"] = q.kept + casts + q.e * bs * h + head_grad + z2[1] - z2[0] + _LOSS_SCALARS
+        # ZeRO-1 + overlap_comm accumulating (its boundary micro-step): the head's new gradient was added into its
+        # .grad, which z2[1] counts, and freed when its AccumulateGrad returned, before the next hook reduces it
+        # (real engine, deepspeed_cpu.py CASES["zero1-overlap-8-ranks-accum2"], rank 7: this moment +0.43 %)
+        new_head = 0 if accum else head_grad
+        moments["head reduced"] = q.kept + casts + q.e * bs * h + new_head + z2[1] - z2[0] + _LOSS_SCALARS
     if head16:  # the cast to fp32: logits gradient and weight/input casts freed, the input gradient in fp32
         moments["head gradient cast"] = q.kept + casts + head16 + q.r * bs * h + (2 * head16 if accum else 0) - missing
     tied = tied_embedding_backward(spec)

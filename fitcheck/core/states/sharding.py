@@ -322,15 +322,24 @@ def _deepspeed(spec: TrainingSpec) -> tuple[Component, ...]:
         if ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
             copies = 2 if overlap else 1
             nbytes = copies * ds.reduce_bucket_size * elem
+            # ZeRO-1 with accumulation: the first micro-step's first hook allocates them (process_gradients ->
+            # setup_buckets, whatever overlap_comm) and only the boundary's epilogue releases them
+            # (independent_gradient_partition_epilogue -> _release_ipg_buffers; engine.py allreduce_gradients
+            # runs no epilogue before the boundary under ZeRO-1): a later micro-step's forward and start of
+            # backward hold them. Real engine (benchmarks/accumulation_engines_cpu.json), micro-step 2's forward
+            # less ZeRO-0's: ZeRO-1 +39,924 B, with overlap_comm +79,924 B (one / two 40,000 B buckets)
+            held = ds.stage == 1 and spec.batch.grad_accum > 1
             out.append(
                 Component(
                     "buffers.deepspeed_reduce_bucket",
                     Category.BUFFERS,
                     Location.DEVICE,
-                    _phases({Phase.BACKWARD: nbytes}),
+                    _phases({p: nbytes for p in (Phase.FORWARD_END, Phase.BACKWARD_START) if held}
+                            | {Phase.BACKWARD: nbytes}),
                     _SRC_IPG,
                     f"{copies} x reduce_bucket_size {ds.reduce_bucket_size:,} x {elem} B "
-                    "(allocated in full even when fewer parameters are trainable)",
+                    "(allocated in full even when fewer parameters are trainable)"
+                    + ("; ZeRO-1: held across the accumulation micro-steps until the boundary" if held else ""),
                 )
             )
         if ds.offload_optimizer is not OffloadDevice.NONE:
