@@ -26,13 +26,19 @@ Engines (``ENGINES``):
 Run: ``PYTHONPATH=. python benchmarks/accumulation_engines_cpu.py [ENGINE ...]`` prints one JSON line per engine:
 per micro-step of the second optimizer step, the leaves seen, how many held a ``.grad``, its dtypes and bytes and
 how many were whole, and the micro-step's forward and backward peaks. ``--write`` records every engine at 32 and 128
-tokens in ``benchmarks/data/accumulation_engines_cpu.json``, with two ``deepspeed_cpu.py`` ``CASES`` (``--write-cases``:
-those alone); ``--table [ENGINE ...]`` prints the recorded held
-gradients and micro-step 2's backward against the formula (``fitcheck.core.estimate``) and the traced default path
-(``PinnedPath("always")``). The region ``layers`` starts when the gradient reaches the final norm's output (the
-head's backward done): its peak is the during-backward one (``Phase.BACKWARD``), the backward region's before it the
-start of backward's (``Phase.BACKWARD_START``). Two-rank rows vary by a few percent between runs (gloo's
-collectives finish on their own thread and the frees follow them).
+tokens in ``benchmarks/data/accumulation_engines_cpu.json``, with two ``deepspeed_cpu.py`` ``CASES``
+(``--write-cases``: those alone; ``--write ENGINE ...``: those engines' rows, the others kept); ``--table [ENGINE
+...]`` prints the recorded held gradients and micro-step 2's backward against the formula
+(``fitcheck.core.estimate``) and the traced default path (``PinnedPath("always")``). The region ``layers`` starts
+when the gradient reaches the final norm's output (the head's backward done): its peak is the during-backward one
+(``Phase.BACKWARD``), the backward region's before it the start of backward's (``Phase.BACKWARD_START``).
+``head_moment``: the live bytes right after the LM head's weight gradient is allocated (its backward, the logits
+gradient alive; recorded for the rows written since session 22): the formula's ``Phase.BACKWARD`` is the largest of
+its moments, the head's among them, so where it is recorded the "during" column compares with the larger of it and
+the ``layers`` peak. On one gloo process ZeRO-3's ``layers`` peak at 32 tokens is gloo's: torch 2.13
+``ProcessGroupGloo`` ``_reduce_scatter_base_`` copies its input into a new tensor and back (the head's 262,144 B
+gradient, reduced when the final norm's gradient hook runs); NCCL reduces in place. Two-rank rows vary by a few
+percent between runs (gloo's collectives finish on their own thread and the frees follow them).
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class HeldProbe:
         self.micro: str | None = None
         self.rows: dict[str, list[tuple[str, int, str | None, int]]] = {}
         self.hooked: set[int] = set()
+        self.head_serial: dict[str, int | None] = {}  # micro-step -> the recorder's serial of the head's new gradient
 
     def attach(self, leaves: list[tuple[str, Any]]) -> None:
         """Hook every leaf not hooked yet (``name``, tensor)."""
@@ -102,6 +109,12 @@ def mark_layers(model: Any, rec: Any, probe: HeldProbe) -> None:
             out.register_hook(lambda _g: rec.enter_region(f"layers{probe.micro}"))
 
     norm.register_forward_hook(hook)
+    head = next((p for n, p in model.named_parameters() if n.endswith("lm_head.weight")), None)
+    if head is not None and head.requires_grad:  # the LM head's weight gradient, as made by its backward
+        def seen(g: Any) -> None:
+            probe.head_serial.setdefault(str(probe.micro), rec.serial(g))
+
+        head.register_hook(seen)
 
 
 def _recording(model: Any, probe: HeldProbe, ids: Any) -> Any:
@@ -119,6 +132,15 @@ def _nbytes(dtype: str | None) -> int:
     return {"float32": 4, "bfloat16": 2, "float16": 2}.get(str(dtype), 4)
 
 
+def head_moment(rec: Any, serial: int | None) -> int:
+    """Live bytes right after the LM head's weight gradient (recorder serial ``serial``) was allocated: its
+    backward's moment, the logits gradient and the head's input gradient alive (0 where not seen)."""
+    if serial is None:
+        return 0
+    at = rec.events.index((serial, 1))
+    return sum(rec.sizes[s] for s in rec.live_at(at))
+
+
 def _result(probe: HeldProbe, rec: Any, step: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for m in range(ACCUM):
@@ -127,7 +149,8 @@ def _result(probe: HeldProbe, rec: Any, step: int) -> dict[str, Any]:
         start = rec.regions[f"backward{key}"].peak
         out[f"micro{m + 1}"] = {**probe.summary(key), "forward_peak": rec.regions[f"forward{key}"].peak,
                                 "start_peak": start, "layers_peak": 0 if layers is None else layers.peak,
-                                "backward_peak": max(start, 0 if layers is None else layers.peak)}
+                                "backward_peak": max(start, 0 if layers is None else layers.peak),
+                                "head_moment": head_moment(rec, probe.head_serial.get(key))}
     return out
 
 
@@ -382,7 +405,8 @@ def table(engines: list[str]) -> int:
             m2 = rows[f"{engine} {seq}"]["micro2"]
             held = f"{m2['held']}/{m2['leaves']} {','.join(m2['held_dtypes']) or '-'} {m2['held_bytes']}"
             est = estimates(engine, seq)
-            start, during = m2["start_peak"], m2["layers_peak"]
+            # the formula's Phase.BACKWARD holds the head's moment too (recorded rows: head_moment)
+            start, during = m2["start_peak"], max(m2["layers_peak"], m2.get("head_moment", 0))
 
             def err(e: int, r: int) -> str:
                 return f"{(e - r) / r * 100:+7.2f}%" if r else "      -"
@@ -406,11 +430,16 @@ def deepspeed_case(name: str) -> list[int]:
     return [int(x) for x in proc.stdout.strip().splitlines()[-1].split()]
 
 
-def write(cases_only: bool = False) -> int:
+def write(cases_only: bool = False, engines: tuple[str, ...] = ()) -> int:
     """Record every engine at :data:`SEQS` tokens and :data:`DEEPSPEED_CASES` in :data:`DATA` (read by
-    ``tests/test_accumulation_rule.py``); ``cases_only``: the cases, the rows kept."""
-    data = json.loads(DATA.read_text(encoding="utf-8")) if cases_only else {
-        "accum": ACCUM, "rows": {f"{engine} {seq}": measured(engine, seq) for seq in SEQS for engine in ENGINES}}
+    ``tests/test_accumulation_rule.py``); ``cases_only``: the cases, the rows kept; ``engines``: those engines' rows
+    and the cases, the other rows kept."""
+    if engines:
+        data = json.loads(DATA.read_text(encoding="utf-8"))
+        data["rows"].update({f"{engine} {seq}": measured(engine, seq) for seq in SEQS for engine in engines})
+    else:
+        data = json.loads(DATA.read_text(encoding="utf-8")) if cases_only else {
+            "accum": ACCUM, "rows": {f"{engine} {seq}": measured(engine, seq) for seq in SEQS for engine in ENGINES}}
     data["deepspeed_cases"] = {name: deepspeed_case(name) for name in DEEPSPEED_CASES}
     DATA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return 0
@@ -425,6 +454,7 @@ if __name__ == "__main__":
     if "--table" in sys.argv:
         sys.exit(table(names))
     if "--write" in sys.argv or "--write-cases" in sys.argv:
-        sys.exit(write(cases_only="--write-cases" in sys.argv))
+        sys.exit(write(cases_only="--write-cases" in sys.argv,
+                       engines=tuple(a for a in sys.argv[1:] if not a.startswith("--"))))
     for name in names:
         print(name, json.dumps(measured(name, 32)), flush=True)

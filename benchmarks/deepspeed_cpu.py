@@ -157,7 +157,9 @@ LORA = LoraSpec(r=8, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"))
 # (its partition inside the first layer; the MLP weights above the bucket), -3.0 % before.
 # ``zero1-overlap-8-ranks-accum2`` (session 21): with accumulation its hook reduces at the boundary only, the
 # earlier micro-steps' whole .grad held until then (core/states/accumulation.py): forward -27.4 % before, -1.7 %
-# since; backward +3.6 % (above ``--cases``' 2 %: the boundary's reduction beside the held gradients, bounded).
+# since; backward +3.6 % in session 21. Session 22: the two ipg buckets live from micro-step 1's first hook to the
+# boundary's epilogue (core/states/sharding.py, forward and start of backward), and the boundary's reduction of the
+# head at the final norm's hook holds no new head gradient (activations/backward.py "head reduced"): -0.01 % / -0.00 %.
 # ``zero3-tied-accum2``: ZeRO-3 adds nothing into a held .grad (its gradients go to the resident flat buffer as they
 # are made), so no accumulation temporaries beside it: backward +6.4 % before session 21, -0.00 % since.
 NF4 = QuantSpec(quant_type="nf4", double_quant=True, compute_dtype=Dtype.BFLOAT16)

@@ -50,11 +50,14 @@ def test_the_rule_is_what_the_real_engines_hold(key: str) -> None:
         assert row["micro2"]["held_dtypes"] == (["float32"] if engine == "fsdp1" else ["bfloat16"])
 
 
-@pytest.mark.parametrize("engine", ["zero1", "zero3", "fsdp2", "fsdp1-2ranks"])
+@pytest.mark.parametrize("engine", ["zero1", "zero1-overlap", "zero3", "fsdp2", "fsdp1-2ranks"])
 def test_the_formula_counts_the_gradients_held_between_micro_steps(engine: str) -> None:
     """Micro-step 2's end of forward minus micro-step 1's (the same forward, after ``zero_grad``) is what the
     earlier micro-step left: the formula's end of forward with accumulation 2 minus with 1 (ZeRO-3: nothing, its
-    flat partition buffer is resident; the others: every bf16 ``.grad``), within 1 % of the forward."""
+    flat partition buffer is resident; the others: every bf16 ``.grad``; ZeRO-1 also its ipg bucket(s), which only
+    the boundary's epilogue releases: main left out 40,000 / 80,000 B, -0.39 % / -0.77 % of the forward), within
+    0.01 % of the forward; a DeepSpeed engine's start of backward in micro-step 2 too (main: ZeRO-1 -0.38 %, with
+    ``overlap_comm`` -0.76 %)."""
     from dataclasses import replace
 
     from benchmarks.accumulation_engines_cpu import spec_of
@@ -67,30 +70,69 @@ def test_the_formula_counts_the_gradients_held_between_micro_steps(engine: str) 
         return sum(c.at(Phase.FORWARD_END) for c in estimate(s).components if c.location is Location.DEVICE)
 
     est = forward(spec) - forward(replace(spec, batch=replace(spec.batch, grad_accum=1)))
-    assert abs(est - real) <= 0.01 * row["micro2"]["forward_peak"]
+    assert abs(est - real) <= 1e-4 * row["micro2"]["forward_peak"]
+    if engine.startswith("zero"):
+        start = sum(c.at(Phase.BACKWARD_START) for c in estimate(spec).components if c.location is Location.DEVICE)
+        assert abs(start - row["micro2"]["start_peak"]) <= 1e-4 * row["micro2"]["start_peak"]
 
 
-@pytest.mark.parametrize(("case", "backward"), [("zero1-overlap-8-ranks-accum2", 0.04), ("zero3-tied-accum2", 0.001)])
-def test_recorded_deepspeed_accumulation_cases(case: str, backward: float) -> None:
-    """The real engine's recorded peaks (``accumulation_engines_cpu.py --write-cases``), the largest micro-step's:
-    ZeRO-1 with ``overlap_comm`` on 8 ranks holds every whole ``.grad`` until the boundary (main: forward -27.4 %);
-    a tied ZeRO-3 run adds nothing into a held ``.grad`` (its gradients go to the resident flat buffer), so no
-    accumulation temporaries (main: backward +6.4 %, now -0.00 %)."""
+@pytest.mark.parametrize("seq", [32, 128])
+def test_zero3_backward_holds_its_resident_gradient_buffer_in_every_micro_step(seq: int) -> None:
+    """ZeRO-3's flat gradient buffer exists before any gradient is made, in micro-step 1 as in 2 (the real engine's
+    are equal byte for byte): no moment of backward subtracts gradients "not made yet" (main: -8.2 % / -6.8 % of
+    the real engine's head moment in micro-step 1 and in runs without accumulation, +2.6 % / +2.1 % in micro-step 2).
+    The formula's backward phase, the largest of its moments, is the head's: equal within 0.01 % to the recorded
+    live bytes right after the head's weight gradient is made, with accumulation 1 and 2; so is the traced default
+    path's at 32 tokens (``trace_result.resident_gradients_step``; main -9.1 % of the layers' peak)."""
+    from dataclasses import replace
+
+    from benchmarks.accumulation_engines_cpu import spec_of
+
+    row = _rows()[f"zero3 {seq}"]
+    assert row["micro1"] == row["micro2"]
+    real = row["micro1"]["head_moment"]
+    assert real > row["micro1"]["layers_peak"] - 262_144  # gloo's copy of the head gradient: see the benchmark
+
+    def phases(rep: Any) -> dict[Phase, int]:
+        return {p: sum(c.at(p) for c in rep.components if c.location is Location.DEVICE) for p in Phase}
+
+    for accum in (1, 2):
+        spec = spec_of("zero3", seq)
+        spec = replace(spec, batch=replace(spec.batch, grad_accum=accum))
+        tot = phases(estimate(spec))
+        assert abs(tot[Phase.BACKWARD] - real) <= 1e-4 * real
+        assert abs(tot[Phase.BACKWARD_START] - row["micro1"]["start_peak"]) <= 1e-4 * real
+    if seq == 32:
+        from fitcheck.torch_adapters import PinnedPath
+
+        traced = phases(PinnedPath("always", cache=None)(replace(spec, batch=replace(spec.batch, grad_accum=1))))
+        assert abs(traced[Phase.BACKWARD] - real) <= 1e-4 * real
+
+
+@pytest.mark.parametrize("case", ["zero1-overlap-8-ranks-accum2", "zero3-tied-accum2"])
+def test_recorded_deepspeed_accumulation_cases(case: str) -> None:
+    """The real engine's recorded peaks (``accumulation_engines_cpu.py --write-cases``), the largest micro-step's,
+    within 0.1 %: ZeRO-1 with ``overlap_comm`` on 8 ranks holds every whole ``.grad`` and its two ipg buckets until
+    the boundary, whose reduction of the head at the final norm's hook holds no new head gradient (session 21:
+    forward -1.73 %, backward +3.60 %; session 20: forward -27.4 %); a tied ZeRO-3 run adds nothing into a held
+    ``.grad`` (its gradients go to the resident flat buffer), so no accumulation temporaries (session 20: backward
+    +6.4 %)."""
     from benchmarks.deepspeed_cpu import CASES, TINY, run_spec
 
     real = json.loads(RECORDED.read_text(encoding="utf-8"))["deepspeed_cases"][case]
     rep = estimate(run_spec(**{"config": TINY, **CASES[case]}))
     tot = {p: sum(c.at(p) for c in rep.components if c.location is Location.DEVICE) for p in Phase}
-    assert abs(tot[Phase.FORWARD_END] - real[0]) <= 0.02 * real[0]
-    assert abs(max(tot[Phase.BACKWARD_START], tot[Phase.BACKWARD]) - real[1]) <= backward * real[1]
+    assert abs(tot[Phase.FORWARD_END] - real[0]) <= 0.001 * real[0]
+    assert abs(max(tot[Phase.BACKWARD_START], tot[Phase.BACKWARD]) - real[1]) <= 0.001 * real[1]
 
 
 @pytest.mark.slow
 def test_zero1_overlap_keeps_every_grad_until_the_boundary() -> None:
     """The real engine, ZeRO-1 with ``overlap_comm`` on 8 ranks (torch's fake process group, rank 1), accumulation
     2: its hook reduces only at the boundary, so the rank holds the whole model's bf16 ``.grad`` between micro-steps,
-    not its partition (main counted the partition: forward -27.4 %, backward -8.8 %; now -1.7 % / +3.6 %: the
-    boundary's reduction beside the held gradients, ``zero_reduce.zero2_backward_grads``)."""
+    not its partition (session 20 counted the partition: forward -27.4 %, backward -8.8 %; session 21 -1.7 % /
+    +3.6 %: the ipg buckets left out of forward, the head's new gradient counted twice at the boundary's reduction;
+    now within 0.1 %)."""
     import os
     import subprocess
     import sys
@@ -106,5 +148,5 @@ def test_zero1_overlap_keeps_every_grad_until_the_boundary() -> None:
     assert real == json.loads(RECORDED.read_text(encoding="utf-8"))["deepspeed_cases"][case]  # deterministic
     rep = estimate(run_spec(config=TINY, **CASES[case]))
     tot = {p: sum(c.at(p) for c in rep.components if c.location is Location.DEVICE) for p in Phase}
-    assert abs(tot[Phase.FORWARD_END] - real[0]) <= 0.02 * real[0]
-    assert abs(max(tot[Phase.BACKWARD_START], tot[Phase.BACKWARD]) - real[1]) <= 0.04 * real[1]
+    assert abs(tot[Phase.FORWARD_END] - real[0]) <= 0.001 * real[0]
+    assert abs(max(tot[Phase.BACKWARD_START], tot[Phase.BACKWARD]) - real[1]) <= 0.001 * real[1]

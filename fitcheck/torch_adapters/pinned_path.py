@@ -43,6 +43,7 @@ from fitcheck.torch_adapters.path_findings import (
 )
 from fitcheck.torch_adapters.run_scope import (
     accumulates_in_grad,
+    gradients_resident,
     plain_trainer_run,
     replayed_run,
     traceable,
@@ -191,8 +192,11 @@ class PinnedPath:
             # a later micro-step of an accumulation window holds each new gradient beside its .grad
             # (trace_result.accumulating_step): its own entry in the on-disk cache, the traces kept shared
             accumulating = accumulates_in_grad(spec)
-            result = cached_trace(self.cache, key + " accumulating" if accumulating else key, spec.model.config,
-                                  micro, lambda: traces().result(micro, accumulating))
+            # ZeRO-3: every gradient held from the start of backward (trace_result.resident_gradients_step)
+            resident = gradients_resident(spec)
+            view = " accumulating" if accumulating else " resident" if resident else ""
+            result = cached_trace(self.cache, key + view, spec.model.config, micro,
+                                  lambda: traces().result(micro, accumulating, resident))
             if key not in self._gaps:
                 self._gaps[key] = cached_gap(self.cache, key, spec, self.seq_lengths, gap, self._whole,
                                              self._whole_failed)

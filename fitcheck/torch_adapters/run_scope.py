@@ -42,6 +42,16 @@ def accumulates_in_grad(spec: TrainingSpec) -> bool:
     return rule(spec) and not accumulation_not_traced(spec)
 
 
+def gradients_resident(spec: TrainingSpec) -> bool:
+    """Whether the traced answer reads its one pass as a run holding every gradient byte from the start of backward
+    (``trace_result.resident_gradients_step``): ZeRO-3's flat gradient buffer on the device
+    (``core/states/sharding.py`` ``Partition.gradients_resident``, which ``core/states/accumulation.py``
+    ``gradients_held_from_start`` reads for the formula's moments too), in every micro-step."""
+    from fitcheck.core.states import partition
+
+    return partition(spec).gradients_resident and not accumulates_in_grad(spec)
+
+
 def accumulation_not_traced(spec: TrainingSpec) -> str:
     """Why the traced step cannot stand for this run's accumulating micro-step ('' where it can, or where the run
     does not accumulate into ``.grad``): FSDP1, whose ``AccumulateGrad`` adds a unit's whole flat gradient at once

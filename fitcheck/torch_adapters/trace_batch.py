@@ -27,7 +27,12 @@ from typing import Any
 
 from fitcheck.report import Phase
 from fitcheck.torch_adapters.step_traces import kept_trace
-from fitcheck.torch_adapters.trace_result import TraceResult, accumulating_step, breakdown_at_peak
+from fitcheck.torch_adapters.trace_result import (
+    TraceResult,
+    accumulating_step,
+    breakdown_at_peak,
+    resident_gradients_step,
+)
 from fitcheck.torch_adapters.tracer_depth import combine_depths, depth_plan, first_layer_apart, residual_promoted
 
 
@@ -101,30 +106,35 @@ class BatchTraces:
             )
         return self.traced[micro_batch]
 
-    def result(self, micro_batch: int, accumulating: bool = False) -> TraceResult:
+    def result(self, micro_batch: int, accumulating: bool = False, resident: bool = False) -> TraceResult:
         """The full-depth trace result at ``micro_batch`` (traced, or interpolated from two traced ones).
 
         ``accumulating``: the step as a later micro-step of a gradient accumulation window runs it
         (``trace_result.accumulating_step`` of each depth's trace, before the depths and micro-batches are combined);
-        the traces kept (``traced``, shared with the replays) stay the first pass's."""
+        the traces kept (``traced``, shared with the replays) stay the first pass's. ``resident``: every gradient held
+        from the start of backward (ZeRO-3's resident buffer, ``trace_result.resident_gradients_step``), the same
+        way."""
         # a micro-batch of 1 runs other allocations (a transpose of a batch of one is already contiguous: one
         # copy fewer; Qwen3-8B, Llama-2-7B, every method tried): it is traced, and never a probe for the others
         probes = [b for b in self.traced if b >= 2]
         if micro_batch in self.traced or micro_batch < 2 or len(probes) < 2:
             runs = self._trace(micro_batch)
             # traced: the deepest run's allocation sequence goes with it (allocator_replay replays it)
-            return dataclasses.replace(combine_depths(self.config, _as_run(runs, accumulating)),
+            return dataclasses.replace(combine_depths(self.config, _as_run(runs, accumulating, resident)),
                                        alloc_events=runs[-1].alloc_events)
         near = sorted(probes, key=lambda b: (abs(b - micro_batch), b))[:2]
-        low, high = (_as_run(self.traced[b], accumulating) for b in near)
+        low, high = (_as_run(self.traced[b], accumulating, resident) for b in near)
         parts = [at_micro_batch(low[i], near[0], high[i], near[1], micro_batch) for i in range(len(self.plan))]
         if any(p is None for p in parts):
-            return combine_depths(self.config, _as_run(self._trace(micro_batch), accumulating))
+            return combine_depths(self.config, _as_run(self._trace(micro_batch), accumulating, resident))
         self.interpolated += 1
         return combine_depths(self.config, tuple(p for p in parts if p is not None))
 
 
-def _as_run(runs: tuple[TraceResult, ...], accumulating: bool) -> tuple[TraceResult, ...]:
+def _as_run(runs: tuple[TraceResult, ...], accumulating: bool, resident: bool = False) -> tuple[TraceResult, ...]:
     """Each depth's trace as traced (the first pass after ``zero_grad``), or as a later micro-step of an
-    accumulation window runs it (``accumulating_step``)."""
-    return tuple(map(accumulating_step, runs)) if accumulating else runs
+    accumulation window runs it (``accumulating_step``), or as a run holding every gradient from the start of
+    backward does (``resident_gradients_step``)."""
+    if accumulating:
+        return tuple(map(accumulating_step, runs))
+    return tuple(map(resident_gradients_step, runs)) if resident else runs

@@ -24,6 +24,7 @@ from fitcheck.torch_adapters.trace_result import (
     accumulating_step,
     breakdown_at_peak,
     components_from_trace,
+    resident_gradients_step,
 )
 from fitcheck.torch_adapters.tracer import trace_step
 
@@ -209,16 +210,19 @@ def combine_depths(config: Mapping[str, Any], results: tuple[TraceResult, ...]) 
     return extrapolate_aligned(results[0], results[1], depth / group - (first - 1), depth)
 
 
-def trace_extrapolated(config: Mapping[str, Any], accumulating: bool = False, **kwargs: Any) -> TraceResult:
+def trace_extrapolated(config: Mapping[str, Any], accumulating: bool = False, resident: bool = False,
+                       **kwargs: Any) -> TraceResult:
     """Trace one and two repeating layer groups (two and three where :func:`residual_promoted`) and extrapolate to
     the config's depth; ``accumulating``: each depth's trace seen as a later micro-step of a gradient accumulation
-    window (``trace_result.accumulating_step``), as ``trace_batch.BatchTraces.result`` does.
+    window (``trace_result.accumulating_step``), as ``trace_batch.BatchTraces.result`` does; ``resident``: every
+    gradient held from the start of backward (``trace_result.resident_gradients_step``).
 
     Other keyword arguments are those of :func:`trace_step` (``num_layers`` excepted).
     """
     plan = depth_plan(config, kwargs.get("freeze"), residual_promoted(kwargs))
     results = tuple(trace_step(config, num_layers=n, **kwargs) for n in plan)
     seen = tuple(map(accumulating_step, results)) if accumulating else results
+    seen = tuple(map(resident_gradients_step, seen)) if resident else seen
     # the allocation sequence is the deepest trace's (allocator_replay replays it at that depth)
     return dataclasses.replace(combine_depths(config, seen), alloc_events=results[-1].alloc_events)
 
@@ -240,19 +244,21 @@ def trace_components(spec: TrainingSpec) -> tuple[Component, ...]:
 
     if not spec.model.config:
         raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
-    from fitcheck.torch_adapters.run_scope import accumulates_in_grad
+    from fitcheck.torch_adapters.run_scope import accumulates_in_grad, gradients_resident
 
-    result = trace_result(spec, activation_trace_kwargs(spec), accumulating=accumulates_in_grad(spec))
+    result = trace_result(spec, activation_trace_kwargs(spec), accumulating=accumulates_in_grad(spec),
+                          resident=gradients_resident(spec))
     return components_from_trace(result)
 
 
 def trace_result(spec: TrainingSpec, kwargs: Mapping[str, Any] | None = None, accumulating: bool = False,
-                 ) -> TraceResult:
+                 resident: bool = False) -> TraceResult:
     """The extrapolated trace of a spec's step (its ``alloc_events`` are those of the deepest trace run);
-    ``accumulating``: as a later micro-step of a gradient accumulation window (``trace_extrapolated``)."""
+    ``accumulating``: as a later micro-step of a gradient accumulation window; ``resident``: every gradient held from
+    the start of backward (``trace_extrapolated``)."""
     from fitcheck.errors import UnsupportedModelError
 
     if not spec.model.config:
         raise UnsupportedModelError(f"{spec.model.model_id}: no config.json mapping to trace")
-    return trace_extrapolated(spec.model.config, accumulating=accumulating,
+    return trace_extrapolated(spec.model.config, accumulating=accumulating, resident=resident,
                               **(trace_kwargs(spec) if kwargs is None else kwargs))

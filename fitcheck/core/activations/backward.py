@@ -74,7 +74,7 @@ from fitcheck.core.activations.norm_backward import (
 )
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
-from fitcheck.core.states import accumulates_in_grad, gradients_held_from_start
+from fitcheck.core.states import accumulates_in_grad, gradients_held_from_start, zero3_gradient_in_flight
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import AttentionKind, AttnImpl, NormKind, TrainingSpec
 
@@ -178,6 +178,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # HEAD: everything forward kept + the logits-side tensors + the head's new weight gradient (under autocast
     # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
     head_grad = 2 * g_head // param_bytes(spec) if q.autocast else g_head
+    # ZeRO-3: the head's new whole gradient on its way into the resident buffer is buffers.zero3_gathered_params'
+    # (the largest tensor's gradient, core/states/sharding.py zero3_gradient_in_flight): not counted twice
+    head_grad = max(0, head_grad - zero3_gradient_in_flight(spec))
     missing = 0 if held else all_grads(spec)
     if z2 is not None and not held:  # (ZeRO-1 with overlap_comm accumulating: every .grad held, counted)
         missing = z2[0]  # no grads_in_partition yet; the head's gradient is the moment's own (head_grad)
@@ -197,7 +200,11 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
         # ZeRO-2, the head above the bucket (extra_large_param_to_reduce): the final norm's gradient hook reduces
         # it and allocates the last rank's grads_in_partition, the head's own gradient still alive, the logits
         # gone (the real engine's backward peak at width 768, benchmarks/deepspeed_cpu.py)
-        moments["head reduced"] = q.kept + casts + q.e * bs * h + head_grad + z2[1] - z2[0] + _LOSS_SCALARS
+        # ZeRO-1 + overlap_comm accumulating (its boundary micro-step): the head's new gradient was added into its
+        # .grad, which z2[1] counts, and freed when its AccumulateGrad returned, before the next hook reduces it
+        # (real engine, deepspeed_cpu.py CASES["zero1-overlap-8-ranks-accum2"], rank 7: this moment +0.43 %)
+        new_head = 0 if accum else head_grad
+        moments["head reduced"] = q.kept + casts + q.e * bs * h + new_head + z2[1] - z2[0] + _LOSS_SCALARS
     if head16:  # the cast to fp32: logits gradient and weight/input casts freed, the input gradient in fp32
         moments["head gradient cast"] = q.kept + casts + head16 + q.r * bs * h + (2 * head16 if accum else 0) - missing
     tied = tied_embedding_backward(spec)

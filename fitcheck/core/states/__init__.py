@@ -42,6 +42,7 @@ from fitcheck.core.states.sharding import (
     fsdp_unit_params,
     param_compute_bytes,
     partition,
+    zero3_gradient_in_flight,
 )
 from fitcheck.core.states.sharding_findings import sharding_findings
 from fitcheck.core.states.trl_adapters import (
@@ -130,5 +131,6 @@ __all__ = [
     "trl_release_modelled",
     "zero1_reduction_component",
     "zero2_backward_grads",
+    "zero3_gradient_in_flight",
     "zero_groups",
 ]

@@ -53,7 +53,7 @@ Sources of each row:
 
 from __future__ import annotations
 
-from fitcheck.core.states.sharding import contiguous_reduction
+from fitcheck.core.states.sharding import contiguous_reduction, partition
 from fitcheck.spec import Strategy, TrainingSpec
 
 
@@ -81,22 +81,30 @@ def accumulates_in_grad(spec: TrainingSpec) -> bool:
 
 
 def gradients_held_from_start(spec: TrainingSpec) -> bool:
-    """Whether a later micro-step of the accumulation window starts its backward with every byte the gradients
-    component counts (``model_states``) already held, so that a moment of backward subtracts no gradient "not made
-    yet": any run with ``gradient_accumulation_steps`` > 1, whether it holds each ``.grad``
-    (:func:`accumulates_in_grad`), FSDP's reduced shards (``sync_each_batch``) or ZeRO-3's resident flat buffer
-    (micro-step 2's end of forward less micro-step 1's, ``benchmarks/accumulation_engines_cpu.py``, 2 x 32 tokens:
-    ZeRO-3 0 B, FSDP2 ``sync_each_batch`` on one process the 2,230,784 B of fp32 shards, DDP, ZeRO-0, FSDP2 and
-    two-rank FSDP1 the 1,115,392 B of bf16 ``.grad``). ZeRO-2's partition carried beside the new one is
-    ``zero_reduce.zero2_backward_grads``' (the moments read it first).
+    """Whether a micro-step starts its backward with every byte the gradients component counts (``model_states``)
+    already held, so that a moment of backward subtracts no gradient "not made yet".
+
+    - A later micro-step of an accumulation window (``gradient_accumulation_steps`` > 1), whether it holds each
+      ``.grad`` (:func:`accumulates_in_grad`), FSDP's reduced shards (``sync_each_batch``) or ZeRO-3's resident flat
+      buffer (micro-step 2's end of forward less micro-step 1's, ``benchmarks/accumulation_engines_cpu.py``, 2 x 32
+      tokens: ZeRO-3 0 B, FSDP2 ``sync_each_batch`` on one process the 2,230,784 B of fp32 shards, DDP, ZeRO-0,
+      FSDP2 and two-rank FSDP1 the 1,115,392 B of bf16 ``.grad``). ZeRO-2's partition carried beside the new one is
+      ``zero_reduce.zero2_backward_grads``' (the moments read it first).
+    - Every micro-step of a run whose gradient partition is a buffer allocated once and never freed
+      (``sharding.Partition.gradients_resident``: ZeRO-3 on the device; deepspeed 0.19.8 ``runtime/zero/stage3.py``
+      ``grad_partitions_flat_buffer = torch.zeros(...)`` at optimizer init, each reduced gradient ``copy_``-ed into
+      its ``narrow`` by ``partition_grads``), the first one and runs without accumulation included: the counted
+      bytes exist before any gradient is made. The real engine's micro-step 1 equals its micro-step 2 byte for byte
+      (``accumulation_engines_cpu.json``, ``zero3`` rows). Each new whole gradient on its way into that buffer is
+      ``buffers.zero3_gathered_params``' (the largest tensor's gradient, ``sharding._zero3``).
 
     Args:
         spec: The training spec.
 
     Returns:
-        True with gradient accumulation.
+        True with gradient accumulation, or with ZeRO-3's resident gradient buffer.
     """
-    return spec.batch.grad_accum > 1
+    return spec.batch.grad_accum > 1 or partition(spec).gradients_resident
 
 
 def zero1_overlap_keeps_grads(spec: TrainingSpec) -> bool:
@@ -105,6 +113,7 @@ def zero1_overlap_keeps_grads(spec: TrainingSpec) -> bool:
     between accumulation micro-steps: its hook reduces only at the boundary (the module docstring), so until then
     the rank holds the whole model's gradients in the module's dtype. Real engine, tiny Llama (h128, 16 tokens),
     rank 1 of 8 on torch's fake process group, accumulation 2 (``benchmarks/deepspeed_cpu.py``
-    ``CASES["zero1-overlap-8-ranks-accum2"]``): forward -27.35 % with the partition counted, -1.73 % with this."""
+    ``CASES["zero1-overlap-8-ranks-accum2"]``): forward -27.35 % with the partition counted, -1.73 % with this,
+    -0.01 % with its ipg buckets held until the boundary too (``sharding.py``)."""
     return (spec.sharding.zero_stage == 1 and contiguous_reduction(spec, during_backward=True) is not None
             and accumulates_in_grad(spec))

@@ -221,6 +221,25 @@ def _largest_tensor(spec: TrainingSpec) -> int:
     return max((p.numel_each for p in spec.model.params), default=0)
 
 
+def zero3_gradient_in_flight(spec: TrainingSpec) -> int:
+    """Bytes of the whole gradient a ZeRO-3 full fine-tune holds in backward on its way into the resident gradient
+    buffer, bounded by the largest tensor's: ``buffers.zero3_gathered_params`` in ``Phase.BACKWARD``; 0 elsewhere.
+
+    deepspeed 0.19.8 ``runtime/zero/stage3.py``: autograd makes each parameter's gradient whole, in the module's
+    dtype; its hook (``reduce_independent_p_g_buckets_and_remove_grads``) copies one that fits into the ipg bucket,
+    freeing it, and keeps one that does not (the embedding, the LM head) until the next hook reduces it
+    (``__reduce_and_partition_ipg_grads`` -> ``partition_grads``: ``copy_`` into ``grad_partitions_flat_buffer``,
+    ``param.grad = None``). The backward moments count no other new gradient of such a run
+    (``core/activations/backward.py``, ``accumulation.gradients_held_from_start``).
+    """
+    ds = spec.sharding.deepspeed
+    if spec.sharding.strategy is not Strategy.DEEPSPEED or ds is None or ds.stage != 3:
+        return 0
+    if not trainable_count(spec) or spec.lora is not None:
+        return 0
+    return _largest_tensor(spec) * param_compute_bytes(spec)
+
+
 def fsdp_unit_params(spec: TrainingSpec) -> int:
     """Parameters of the largest non-root FSDP unit under the wrap policy.
 
@@ -303,15 +322,24 @@ def _deepspeed(spec: TrainingSpec) -> tuple[Component, ...]:
         if ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
             copies = 2 if overlap else 1
             nbytes = copies * ds.reduce_bucket_size * elem
+            # ZeRO-1 with accumulation: the first micro-step's first hook allocates them (process_gradients ->
+            # setup_buckets, whatever overlap_comm) and only the boundary's epilogue releases them
+            # (independent_gradient_partition_epilogue -> _release_ipg_buffers; engine.py allreduce_gradients
+            # runs no epilogue before the boundary under ZeRO-1): a later micro-step's forward and start of
+            # backward hold them. Real engine (benchmarks/accumulation_engines_cpu.json), micro-step 2's forward
+            # less ZeRO-0's: ZeRO-1 +39,924 B, with overlap_comm +79,924 B (one / two 40,000 B buckets)
+            held = ds.stage == 1 and spec.batch.grad_accum > 1
             out.append(
                 Component(
                     "buffers.deepspeed_reduce_bucket",
                     Category.BUFFERS,
                     Location.DEVICE,
-                    _phases({Phase.BACKWARD: nbytes}),
+                    _phases({p: nbytes for p in (Phase.FORWARD_END, Phase.BACKWARD_START) if held}
+                            | {Phase.BACKWARD: nbytes}),
                     _SRC_IPG,
                     f"{copies} x reduce_bucket_size {ds.reduce_bucket_size:,} x {elem} B "
-                    "(allocated in full even when fewer parameters are trainable)",
+                    "(allocated in full even when fewer parameters are trainable)"
+                    + ("; ZeRO-1: held across the accumulation micro-steps until the boundary" if held else ""),
                 )
             )
         if ds.offload_optimizer is not OffloadDevice.NONE:
@@ -367,7 +395,7 @@ def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable:
     kept = reuse_kept_elements(spec, ds.param_persistence_threshold, ds.max_reuse_distance) if fetched else 0
     on_top = min(ds.prefetch_bucket_size, max(ds.max_live_parameters - kept, 0))
     held = int(max(live, kept + on_top) * w) if fetched else 0
-    grad_of_largest = largest * elem if trainable and spec.lora is None else 0
+    grad_of_largest = zero3_gradient_in_flight(spec)
     out.append(
         Component(
             "buffers.zero3_gathered_params",
