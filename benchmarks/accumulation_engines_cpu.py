@@ -29,10 +29,14 @@ how many were whole, and the micro-step's forward and backward peaks. ``--write`
 tokens in ``benchmarks/data/accumulation_engines_cpu.json``, with two ``deepspeed_cpu.py`` ``CASES`` (``--write-cases``:
 those alone); ``--table [ENGINE ...]`` prints the recorded held
 gradients and micro-step 2's backward against the formula (``fitcheck.core.estimate``) and the traced default path
-(``PinnedPath("always")``). The region ``layers`` starts when the gradient reaches the final norm's output (the
-head's backward done): its peak is the during-backward one (``Phase.BACKWARD``), the backward region's before it the
-start of backward's (``Phase.BACKWARD_START``). Two-rank rows vary by a few percent between runs (gloo's
-collectives finish on their own thread and the frees follow them).
+(``PinnedPath("always")``), and for ``FIRST_AS_ONE`` engines micro-step 1 against the estimate at accumulation 1.
+As the tracer splits backward (``fitcheck.torch_adapters.tracer`` ``REGIONS``): the backward region until the logits'
+gradient exists is the start of backward (``Phase.BACKWARD_START``); the region ``head`` (the LM head's backward)
+and ``layers`` (from the gradient reaching the final norm's output) are during backward (``Phase.BACKWARD``).
+Before session 22 the head's backward was recorded in the start region and ``layers`` alone compared with
+``Phase.BACKWARD``. ``ACCUM_BREAKDOWN=1 python benchmarks/accumulation_engines_cpu.py --one ENGINE SEQ`` prints the
+storages alive at each region's peak of the FSDP rank 0 (``fsdp_cpu.breakdown``). Two-rank rows vary by a few
+percent between runs (gloo's collectives finish on their own thread and the frees follow them).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 ENGINES = ("ddp", "zero0", "zero1", "zero1-overlap", "zero2", "zero3", "fsdp1", "fsdp1-2ranks", "fsdp2",
-           "fsdp2-2ranks", "fsdp1-2ranks-sync", "fsdp2-sync")
+           "fsdp2-2ranks", "fsdp1-2ranks-sync", "fsdp2-sync", "fsdp2-2ranks-sync")
 ACCUM = 2
 BUCKET = 20_000  # reduce_bucket_size (elements), deepspeed_run_events_cpu's
 SEQS = (32, 128)
@@ -93,15 +97,21 @@ class HeldProbe:
 
 
 def mark_layers(model: Any, rec: Any, probe: HeldProbe) -> None:
-    """Enter region ``layers<micro>`` when the gradient reaches the final norm's output (the LM head's backward is
-    done): the backward peak after the start of backward (``Phase.BACKWARD``) apart from the one at its start."""
+    """Enter region ``head<micro>`` when the logits' gradient exists (the tracer's start of ``Phase.BACKWARD``,
+    ``tracer._grad_marker``: the backward region before it is ``Phase.BACKWARD_START``'s) and ``layers<micro>``
+    when the gradient reaches the final norm's output (the LM head's backward is done)."""
     norm = next(m for n, m in model.named_modules() if n.endswith("model.norm"))
+    head = next(m for n, m in model.named_modules() if n.endswith("lm_head"))
 
-    def hook(_m: Any, _i: Any, out: Any) -> None:
-        if out.requires_grad:
-            out.register_hook(lambda _g: rec.enter_region(f"layers{probe.micro}"))
+    def marker(region: str) -> Any:
+        def hook(_m: Any, _i: Any, out: Any) -> None:
+            if out.requires_grad:
+                out.register_hook(lambda _g: rec.enter_region(f"{region}{probe.micro}"))
 
-    norm.register_forward_hook(hook)
+        return hook
+
+    norm.register_forward_hook(marker("layers"))
+    head.register_forward_hook(marker("head"))
 
 
 def _recording(model: Any, probe: HeldProbe, ids: Any) -> Any:
@@ -124,10 +134,12 @@ def _result(probe: HeldProbe, rec: Any, step: int) -> dict[str, Any]:
     for m in range(ACCUM):
         key = f"{step}.{m}"
         layers = rec.regions.get(f"layers{key}")
+        head = rec.regions.get(f"head{key}")
         start = rec.regions[f"backward{key}"].peak
+        during = [0 if r is None else r.peak for r in (head, layers)]
         out[f"micro{m + 1}"] = {**probe.summary(key), "forward_peak": rec.regions[f"forward{key}"].peak,
-                                "start_peak": start, "layers_peak": 0 if layers is None else layers.peak,
-                                "backward_peak": max(start, 0 if layers is None else layers.peak)}
+                                "start_peak": start, "head_peak": during[0], "layers_peak": during[1],
+                                "backward_peak": max(start, *during)}
     return out
 
 
@@ -291,6 +303,12 @@ def _fsdp_rank(rank: int, world: int, version: int, seq: int, port: int, out: st
     with rec:
         trainer.train()
     result = _result(probe, rec, 1)
+    if rank == 0 and os.environ.get("ACCUM_BREAKDOWN"):  # the storages alive at each region's peak, to stderr
+        from fsdp_cpu import breakdown
+
+        for region in [f"{r}1.{m}" for m in range(ACCUM) for r in ("forward", "backward", "head", "layers")]:
+            if region in rec.regions:
+                print(breakdown(rec, region, kib=True), file=sys.stderr, flush=True)
     result["is_fsdp2"] = bool(trainer.accelerator.is_fsdp2)
     result["distributed_type"] = str(trainer.accelerator.distributed_type)
     if rank == 0:
@@ -330,8 +348,13 @@ def measured(engine: str, seq: int) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def spec_of(engine: str, seq: int) -> Any:
-    """fitcheck's spec of an engine's run (accumulation 2)."""
+# engines whose first micro-step reduces as a step without accumulation does (no ``no_sync`` before it: FSDP1 on one
+# process, accelerate's ``sync_each_batch``): their micro-step 1 is compared with the estimate at accumulation 1
+FIRST_AS_ONE = ("fsdp1", "fsdp1-2ranks-sync", "fsdp2-sync", "fsdp2-2ranks-sync")
+
+
+def spec_of(engine: str, seq: int, accum: int = ACCUM) -> Any:
+    """fitcheck's spec of an engine's run (accumulation ``accum``)."""
     from cpu_truth import Row, spec_for
     from deepspeed_run_events_cpu import BATCH, CONFIG
 
@@ -350,10 +373,10 @@ def spec_of(engine: str, seq: int) -> Any:
         world = 2 if "2ranks" in engine else 1
         fsdp = FsdpSpec(version=int(engine[4]), sync_each_batch=engine.endswith("sync"))
         sharding = ShardingSpec(Strategy.FSDP, world, 1, None, fsdp)
-    return replace(spec, sharding=sharding, batch=replace(spec.batch, grad_accum=ACCUM))
+    return replace(spec, sharding=sharding, batch=replace(spec.batch, grad_accum=accum))
 
 
-def estimates(engine: str, seq: int) -> dict[str, tuple[int, int]]:
+def estimates(engine: str, seq: int, accum: int = ACCUM) -> dict[str, tuple[int, int]]:
     """The formula's (``fitcheck.core.estimate``) and the traced default path's (``PinnedPath("always")``) device
     bytes for the engine's run: (start of backward, during backward) each, and whether the traced answer is pinned
     (as 0 / 1 in ``pinned``)."""
@@ -361,7 +384,7 @@ def estimates(engine: str, seq: int) -> dict[str, tuple[int, int]]:
     from fitcheck.report import Location, Phase
     from fitcheck.torch_adapters import PinnedPath
 
-    spec = spec_of(engine, seq)
+    spec = spec_of(engine, seq, accum)
 
     def phases(rep: Any) -> tuple[int, int]:
         tot = {p: sum(c.at(p) for c in rep.components if c.location is Location.DEVICE) for p in Phase}
@@ -371,25 +394,36 @@ def estimates(engine: str, seq: int) -> dict[str, tuple[int, int]]:
     return {"formula": phases(estimate(spec)), "traced": phases(traced), "pinned": (int(traced.pinned), 0)}
 
 
+def during_peak(micro: dict[str, Any]) -> int:
+    """A recorded micro-step's peak during backward (``Phase.BACKWARD``): the head's backward and the layers'."""
+    return max(int(micro.get("head_peak", 0)), int(micro["layers_peak"]))
+
+
 def table(engines: list[str]) -> int:
     """Print the recorded held gradients and micro-step 2's backward against the estimates: the start of backward
-    (the backward region before the head's backward is done) and during backward (the ``layers`` region)."""
+    (the backward region before the logits' gradient exists) and during backward (the head's and the ``layers``
+    regions); for :data:`FIRST_AS_ONE` engines also micro-step 1 against the estimate at accumulation 1."""
     rows = json.loads(DATA.read_text(encoding="utf-8"))["rows"]
-    print(f"{'engine':18} {'held (micro 2)':28} {'seq':>4} | {'start: real':>11} {'formula':>8} {'traced':>8} | "
+    print(f"{'engine':18} {'micro':>5} {'held':26} {'seq':>4} | {'start: real':>11} {'formula':>8} {'traced':>8} | "
           f"{'during: real':>12} {'formula':>8} {'traced':>8} | pinned")
     for engine in engines:
         for seq in SEQS:
-            m2 = rows[f"{engine} {seq}"]["micro2"]
-            held = f"{m2['held']}/{m2['leaves']} {','.join(m2['held_dtypes']) or '-'} {m2['held_bytes']}"
-            est = estimates(engine, seq)
-            start, during = m2["start_peak"], m2["layers_peak"]
+            if f"{engine} {seq}" not in rows:
+                continue
+            for micro, accum in (("micro1", 1), ("micro2", ACCUM)):
+                if micro == "micro1" and engine not in FIRST_AS_ONE:
+                    continue
+                m = rows[f"{engine} {seq}"][micro]
+                held = f"{m['held']}/{m['leaves']} {','.join(m['held_dtypes']) or '-'} {m['held_bytes']}"
+                est = estimates(engine, seq, accum)
+                start, during = m["start_peak"], during_peak(m)
 
-            def err(e: int, r: int) -> str:
-                return f"{(e - r) / r * 100:+7.2f}%" if r else "      -"
+                def err(e: int, r: int) -> str:
+                    return f"{(e - r) / r * 100:+7.2f}%" if r else "      -"
 
-            print(f"{engine:18} {held:28} {seq:4d} | {start:11d} {err(est['formula'][0], start)} "
-                  f"{err(est['traced'][0], start)} | {during:12d} {err(est['formula'][1], during)} "
-                  f"{err(est['traced'][1], during)} | {bool(est['pinned'][0])}", flush=True)
+                print(f"{engine:18} {micro[-1]:>5} {held:26} {seq:4d} | {start:11d} {err(est['formula'][0], start)} "
+                      f"{err(est['traced'][0], start)} | {during:12d} {err(est['formula'][1], during)} "
+                      f"{err(est['traced'][1], during)} | {bool(est['pinned'][0])}", flush=True)
     return 0
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 from fitcheck.core.states.fsdp_qlora import gathered_layer_bytes, is_fsdp_4bit
 from fitcheck.core.states.layout import trainable_params
 from fitcheck.report import PHASES, Category, Component, Location, Phase
-from fitcheck.spec import Role, TrainingSpec
+from fitcheck.spec import Role, Strategy, TrainingSpec
 from fitcheck.units import format_bytes
 
 
@@ -75,6 +75,8 @@ def fsdp2_components(spec: TrainingSpec, compute_bytes: int, unit_params: int, s
     layers = sum(p.numel for p in spec.model.params if p.per_layer) * compute_bytes
     trained = trainable_params(spec) > 0 and spec.lora is None
     grads = 2 * unit_params * compute_bytes if trained else 0  # unsharded grads + reduce-scatter input
+    if fsdp2_backward_applies(spec):  # the gradients and reduce-scatter inputs: the moments' (fsdp2_backward.py)
+        grads = 0
     if reshard:
         # one shard: the prefetch's unshard records an empty result and returns; each group is copied in its own
         # pre-backward (wait_for_unshard, world_size == 1), so one unit at a time
@@ -107,3 +109,17 @@ def _buffer(values: dict[Phase, int], source: str, detail: str) -> tuple[Compone
         Component("buffers.fsdp_unsharded_params", Category.BUFFERS, Location.DEVICE,
                   {p: int(values.get(p, 0)) for p in PHASES}, source, detail),
     )
+
+
+def fsdp2_backward_applies(spec: TrainingSpec) -> bool:
+    """Whether ``fsdp2_backward.fsdp2_backward_held`` describes the run: accelerate's FSDP2 units over a full
+    fine-tune of an untied model, resharded after forward, no CPU offload, unquantized."""
+    sh = spec.sharding
+    fs = sh.fsdp
+    if sh.strategy is not Strategy.FSDP or (fs is not None and (
+            fs.version != 2 or fs.offload_params or not fs.reshard_after_forward
+            or fs.sharding_strategy not in ("FULL_SHARD", "SHARD_GRAD_OP"))):
+        return False
+    full = spec.lora is None and spec.quant is None and spec.freeze is None and spec.peft is None
+    return full and not spec.model.shape.tied_embeddings and trainable_params(spec) > 0
+

@@ -441,7 +441,11 @@ def _fsdp(spec: TrainingSpec) -> tuple[Component, ...]:
     unit_grads = int(fsdp_unit_params(spec) * param_compute_bytes(spec)) if trainable and whole_unit else 0
     if reshard:
         fwd_end = root  # every layer resharded; the root unit stays gathered until its backward
-        bwd_start = root + 2 * unit  # the unit being computed + the prefetched next one
+        # the loss's backward, before the logits' gradient reaches the root's pre-backward hook: no layer unit is
+        # gathered yet (torch 2.13 fsdp/_runtime_utils.py _pre_backward_hook unshards a unit when the gradient of
+        # its outputs exists; transformers 5.23 passes backward_prefetch=NO_PREFETCH). Real Trainer, FSDP1, 1 and
+        # 2 gloo ranks (benchmarks/accumulation_engines_cpu.py): root + 2 units was +5.4 / +9.1 % at 32 tokens
+        bwd_start = root
     else:
         fwd_end = bwd_start = (
             root + layers_total
