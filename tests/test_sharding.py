@@ -205,7 +205,7 @@ def test_fsdp_units_and_reshard(llama8b: ModelInventory) -> None:
     tail = sum(p.numel for p in llama8b.params if not p.per_layer and p.role is not Role.EMBEDDING) * 2
     assert a.at(Phase.FORWARD_END) == 2 * tail
     assert a.at(Phase.BACKWARD_START) == tail
-    # two units gathered; the gradients and reduce-scatter inputs are backward's moments' (fsdp2_backward.py)
+    # two units gathered; the gradients and reduce-scatter inputs are backward's moments' (fsdp_backward.py)
     assert a.at(Phase.BACKWARD) == 2 * layer * 2
     assert b.at(Phase.FORWARD_END) == 2 * tail + 32 * layer * 2
     fsdp1 = spec_for(llama8b, ShardingSpec(Strategy.FSDP, 8, 1, fsdp=FsdpSpec(version=1)))
@@ -242,7 +242,7 @@ def test_fsdp_on_one_gpu_still_unshards_into_the_mixed_precision_dtype(llama8b: 
     tail32 = 2 * tail
     unit = sum(p.numel for p in llama8b.params if p.per_layer) // llama8b.shape.num_layers * 4
     assert fsdp2.at(Phase.FORWARD_END) == tail32
-    assert fsdp2.at(Phase.BACKWARD) == unit  # one unit (its gradients and reduce-scatter input: fsdp2_backward.py)
+    assert fsdp2.at(Phase.BACKWARD) == unit  # one unit (its gradients and reduce-scatter input: fsdp_backward.py)
 
 
 def test_fsdp_accumulation_keeps_full_grads_unless_sync_each_batch(llama8b: ModelInventory) -> None:

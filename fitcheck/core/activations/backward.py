@@ -74,7 +74,7 @@ from fitcheck.core.activations.norm_backward import (
 )
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
-from fitcheck.core.states import Fsdp2Backward, accumulates_in_grad, gradients_held_from_start
+from fitcheck.core.states import FsdpBackward, accumulates_in_grad, gradients_held_from_start
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Phase
 from fitcheck.spec import AttentionKind, AttnImpl, NormKind, TrainingSpec
@@ -144,8 +144,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int, fsd
         spec: The training spec.
         q: Quantities from ``fitcheck.core.activations.decoder``.
         head_extra: Logits-side bytes alive at the head's backward besides ``kept`` (logits gradient, casts).
-        fsdp2: Whether an FSDP2 run's moments hold its gradients as FSDP2 keeps them (``_fsdp2_counted``); False:
-            as the plain run's, which is what a trace of the plain step measures (``fsdp2_traced_shift``).
+        fsdp2: Whether an FSDP2 run's moments hold its gradients as FSDP2 keeps them (``_fsdp_counted``); False:
+            as the plain run's, which is what a trace of the plain step measures (``fsdp_traced_backward``).
 
     Returns:
         Moment name (``head``, ``top layer``, ``bottom layer``, ``embedding``) -> bytes (may be negative: a
@@ -162,7 +162,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int, fsd
     # every byte the gradients component counts exists from a later micro-step's start (the .grad, FSDP's reduced
     # shards under sync_each_batch, ZeRO-3's resident buffer): nothing is missing (ZeRO-2's carried partition: z2)
     held = gradients_held_from_start(spec) and (z2 is None or accum)
-    if not fsdp2 and _fsdp2_counted(spec) is not None:  # as the trace of the plain step sees it: a first pass, or
+    if not fsdp2 and _fsdp_counted(spec) is not None:  # as the trace of the plain step sees it: a first pass, or
         held = held and accum  # the accumulating view (trace_result.accumulating_step) where the rule adds in place
     g_layer = layer_grad(spec)
     g_head, g_emb = head_and_embedding(spec)
@@ -181,8 +181,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int, fsd
     norms = _gemma_norms(spec)  # (1 + weight) fp32 copies of one layer's norms (Gemma)
     moments: dict[str, int] = {}
     # FSDP2 (a full fine-tune): every moment holds the rank's gradients in the form FSDP2 gives them then, not the
-    # model states' count (fp32 shards of every unit) less the plain run's unmade gradients (_fsdp2_counted)
-    fsdp = _fsdp2_counted(spec) if fsdp2 else None
+    # model states' count (fp32 shards of every unit) less the plain run's unmade gradients (_fsdp_counted)
+    fsdp = _fsdp_counted(spec) if fsdp2 else None
     # HEAD: everything forward kept + the logits-side tensors + the head's new weight gradient (under autocast
     # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
     head_grad = 2 * g_head // param_bytes(spec) if q.autocast else g_head
@@ -226,9 +226,14 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int, fsd
             missing = z2[0] - (z2[1] if i == L - 1 else z2[2]) - (g_head if spec.model.shape.tied_embeddings else 0)
         if fsdp is not None:
             missing = fsdp[1] - (fsdp[0].top if i == L - 1 else fsdp[0].bottom)
-            if i == L - 1:  # the tail's reduce-scatter: every layer's saved tensors, the gradient entering the top
+            if i == L - 1 and fsdp[0].tail_reduce is not None:  # the tail's reduce-scatter: every layer's saved
+                # tensors, the gradient entering the top layer
                 tail = static + L * (q.ckpt_input if q.n_ckpt else q.layer + cast + norms) - q.first_less
                 moments["tail reduce"] = tail + q.r * h * bs - fsdp[1] + fsdp[0].tail_reduce + _LOSS_SCALARS
+            if i == L - 1 and fsdp[0].layer_reduce is not None:  # its reduction: the layers below it alive
+                below_top = static + (L - 1) * (q.ckpt_input if q.n_ckpt else q.layer + cast + norms) - q.first_less
+                moments["top layer reduce"] = (below_top + q.r * h * bs - fsdp[1] + fsdp[0].layer_reduce
+                                               + _LOSS_SCALARS)
         if q.n_ckpt == 0:
             whole = q.layers_saved < 0 or i == 0 or q.offloaded
             saved = below * q.layer if whole else q.layers_saved
@@ -324,14 +329,14 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int, fsd
     return moments
 
 
-def _fsdp2_counted(spec: TrainingSpec) -> tuple[Fsdp2Backward, int] | None:
-    """FSDP2's bytes at backward's moments (``core/states/fsdp2_units.py`` ``fsdp2_backward_held``) and what the
+def _fsdp_counted(spec: TrainingSpec) -> tuple[FsdpBackward, int] | None:
+    """FSDP2's bytes at backward's moments (``core/states/fsdp2_units.py`` ``fsdp_backward_held``) and what the
     components count in ``Phase.BACKWARD`` for the same things (the gradients, the gathered-unit buffer), which each
     moment subtracts; None where FSDP2's moments are not modelled (the plain run's ``missing`` applies)."""
-    from fitcheck.core.states import buffer_components, fsdp2_backward_held, model_state_components
+    from fitcheck.core.states import buffer_components, fsdp_backward_held, model_state_components
 
     made = down_proj_numel(spec) if not accumulates_in_grad(spec) or spec.batch.grad_accum == 1 else 0
-    held = fsdp2_backward_held(spec, made)
+    held = fsdp_backward_held(spec, made)
     if held is None:
         return None
     counted = sum(c.at(Phase.BACKWARD) for c in (*model_state_components(spec), *buffer_components(spec))

@@ -3,7 +3,7 @@
 A trace of the plain step gives, at its backward peak, what is alive beside every gradient the plain run makes
 (``torch_adapters/trace_result.py`` ``components_from_trace``: the live bytes less the states and the final
 gradients); the estimate adds the model states' gradients and the gathered-unit buffer. An FSDP2 rank holds its
-gradients otherwise at each moment (``core/states/fsdp2_backward.py``: reduced fp32 shards, the unit's unsharded
+gradients otherwise at each moment (``core/states/fsdp_backward.py``: reduced fp32 shards, the unit's unsharded
 gradients, the last reduce-scatter input), which the formula's moments count (``backward.backward_moments``). The
 traced activations are shifted by what that changes in the formula's phase: the formula with FSDP2's moments less
 the formula with the plain run's, so a trace that agrees with the formula's plain moments gives the formula's
@@ -18,7 +18,7 @@ from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import TrainingSpec
 
 
-def fsdp2_traced_backward(spec: TrainingSpec, traced: tuple[Component, ...]) -> tuple[Component, ...]:
+def fsdp_traced_backward(spec: TrainingSpec, traced: tuple[Component, ...]) -> tuple[Component, ...]:
     """The traced activation components with their ``Phase.BACKWARD`` shifted to FSDP2's moments.
 
     Args:
@@ -27,14 +27,14 @@ def fsdp2_traced_backward(spec: TrainingSpec, traced: tuple[Component, ...]) -> 
             ``temporaries.traced``, ...).
 
     Returns:
-        ``traced`` unchanged where ``core/states/fsdp2_backward.py`` does not describe the run, else with the
+        ``traced`` unchanged where ``core/states/fsdp_backward.py`` does not describe the run, else with the
         shift added to ``activations.traced`` (a negative one taken off the temporaries, the logits, then the
         activations, none below 0).
     """
     from fitcheck.core.activations.decoder import activation_components
-    from fitcheck.core.states import fsdp2_backward_held
+    from fitcheck.core.states import fsdp_backward_held
 
-    if fsdp2_backward_held(spec, 0) is None:
+    if fsdp_backward_held(spec, 0) is None:
         return traced
     shift = _backward(activation_components(spec)) - _backward(activation_components(spec, fsdp2=False))
     if shift == 0:
