@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.core.activations.backward_accum import accumulated_down_proj, accumulated_head_cast
+from fitcheck.core.activations.backward_fsdp import fsdp_counted, fsdp_embedding_moment, fsdp_reduce_moments
 from fitcheck.core.activations.backward_grads import (
     all_grads,
     down_proj_numel,
@@ -74,9 +75,8 @@ from fitcheck.core.activations.norm_backward import (
 )
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
-from fitcheck.core.states import FsdpBackward, accumulates_in_grad, gradients_held_from_start
+from fitcheck.core.states import accumulates_in_grad, gradients_held_from_start
 from fitcheck.findings import Finding, Severity
-from fitcheck.report import Phase
 from fitcheck.spec import AttentionKind, AttnImpl, NormKind, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
@@ -137,15 +137,17 @@ class BackwardInputs:
 
 
 
-def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int, fsdp2: bool = True) -> dict[str, int]:
+def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
+                     fsdp_moments: bool = True) -> dict[str, int]:
     """Bytes alive besides parameters, optimizer states and ALL gradients, at each candidate moment.
 
     Args:
         spec: The training spec.
         q: Quantities from ``fitcheck.core.activations.decoder``.
         head_extra: Logits-side bytes alive at the head's backward besides ``kept`` (logits gradient, casts).
-        fsdp2: Whether an FSDP2 run's moments hold its gradients as FSDP2 keeps them (``_fsdp_counted``); False:
-            as the plain run's, which is what a trace of the plain step measures (``fsdp_traced_backward``).
+        fsdp_moments: Whether an FSDP run's moments hold its gradients as FSDP keeps them
+            (``backward_fsdp.fsdp_counted``); False: as the plain run's, which is what a trace of the plain step
+            measures (``fsdp_traced.fsdp_traced_backward``).
 
     Returns:
         Moment name (``head``, ``top layer``, ``bottom layer``, ``embedding``) -> bytes (may be negative: a
@@ -162,8 +164,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int, fsd
     # every byte the gradients component counts exists from a later micro-step's start (the .grad, FSDP's reduced
     # shards under sync_each_batch, ZeRO-3's resident buffer): nothing is missing (ZeRO-2's carried partition: z2)
     held = gradients_held_from_start(spec) and (z2 is None or accum)
-    if not fsdp2 and _fsdp_counted(spec) is not None:  # as the trace of the plain step sees it: a first pass, or
-        held = held and accum  # the accumulating view (trace_result.accumulating_step) where the rule adds in place
+    if not fsdp_moments and fsdp_counted(spec) is not None:  # as the trace of the plain step sees it: a first
+        held = held and accum  # pass, or the accumulating view (trace_result.accumulating_step) where it adds in place
     g_layer = layer_grad(spec)
     g_head, g_emb = head_and_embedding(spec)
     g_down = down_proj_numel(spec) * param_bytes(spec) if trainable_full(spec) else 0
@@ -180,9 +182,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int, fsd
     static = _static_outside(spec, q)
     norms = _gemma_norms(spec)  # (1 + weight) fp32 copies of one layer's norms (Gemma)
     moments: dict[str, int] = {}
-    # FSDP2 (a full fine-tune): every moment holds the rank's gradients in the form FSDP2 gives them then, not the
-    # model states' count (fp32 shards of every unit) less the plain run's unmade gradients (_fsdp_counted)
-    fsdp = _fsdp_counted(spec) if fsdp2 else None
+    # FSDP (a full fine-tune): every moment holds the rank's gradients in the form FSDP gives them then, not the
+    # model states' count (fp32 shards of every unit) less the plain run's unmade gradients (backward_fsdp.py)
+    fsdp = fsdp_counted(spec) if fsdp_moments else None
     # HEAD: everything forward kept + the logits-side tensors + the head's new weight gradient (under autocast
     # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
     head_grad = 2 * g_head // param_bytes(spec) if q.autocast else g_head
@@ -226,14 +228,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int, fsd
             missing = z2[0] - (z2[1] if i == L - 1 else z2[2]) - (g_head if spec.model.shape.tied_embeddings else 0)
         if fsdp is not None:
             missing = fsdp[1] - (fsdp[0].top if i == L - 1 else fsdp[0].bottom)
-            if i == L - 1 and fsdp[0].tail_reduce is not None:  # the tail's reduce-scatter: every layer's saved
-                # tensors, the gradient entering the top layer
-                tail = static + L * (q.ckpt_input if q.n_ckpt else q.layer + cast + norms) - q.first_less
-                moments["tail reduce"] = tail + q.r * h * bs - fsdp[1] + fsdp[0].tail_reduce + _LOSS_SCALARS
-            if i == L - 1 and fsdp[0].layer_reduce is not None:  # its reduction: the layers below it alive
-                below_top = static + (L - 1) * (q.ckpt_input if q.n_ckpt else q.layer + cast + norms) - q.first_less
-                moments["top layer reduce"] = (below_top + q.r * h * bs - fsdp[1] + fsdp[0].layer_reduce
-                                               + _LOSS_SCALARS)
+            if i == L - 1:  # the tail's and the top layer's reductions (backward_fsdp.py)
+                per_layer = q.ckpt_input if q.n_ckpt else q.layer + cast + norms
+                moments.update(fsdp_reduce_moments(fsdp, static - q.first_less, per_layer, L, q.r * h * bs))
         if q.n_ckpt == 0:
             whole = q.layers_saved < 0 or i == 0 or q.offloaded
             saved = below * q.layer if whole else q.layers_saved
@@ -323,25 +320,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int, fsd
     # embedding's own new gradient (tied: the sum), not yet copied into it (its hook runs after)
     moments["embedding"] = emb if z2 is None else emb - z2[0] + z2[3] + max(g_head if tied else 0, g_emb)
     if fsdp is not None:  # its backward (its new gradient held by the moment), then its reduce in the final callback
-        held_grads, counted = fsdp
-        moments["embedding"] = max(q.end + cuda_embedding_backward(spec) + held_grads.embedding,
-                                   held_grads.reduce_end) - counted + _LOSS_SCALARS
+        moments["embedding"] = fsdp_embedding_moment(fsdp, q.end + cuda_embedding_backward(spec))
     return moments
-
-
-def _fsdp_counted(spec: TrainingSpec) -> tuple[FsdpBackward, int] | None:
-    """FSDP2's bytes at backward's moments (``core/states/fsdp2_units.py`` ``fsdp_backward_held``) and what the
-    components count in ``Phase.BACKWARD`` for the same things (the gradients, the gathered-unit buffer), which each
-    moment subtracts; None where FSDP2's moments are not modelled (the plain run's ``missing`` applies)."""
-    from fitcheck.core.states import buffer_components, fsdp_backward_held, model_state_components
-
-    made = down_proj_numel(spec) if not accumulates_in_grad(spec) or spec.batch.grad_accum == 1 else 0
-    held = fsdp_backward_held(spec, made)
-    if held is None:
-        return None
-    counted = sum(c.at(Phase.BACKWARD) for c in (*model_state_components(spec), *buffer_components(spec))
-                  if c.name in ("gradients", "buffers.fsdp_unsharded_params"))
-    return held, counted
 
 
 def _lora_recompute(spec: TrainingSpec, q: BackwardInputs) -> tuple[int, int, int, int, int | None] | None:
@@ -451,19 +431,19 @@ def _gemma_norms(spec: TrainingSpec) -> int:
 
 
 def backward_transient(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
-                       fsdp2: bool = True) -> tuple[int, str]:
+                       fsdp_moments: bool = True) -> tuple[int, str]:
     """Bytes the worst moment of backward holds beyond ``q.end`` and every gradient, and which moment it is.
 
     Args:
         spec: The training spec.
         q: Quantities from ``fitcheck.core.activations.decoder``.
         head_extra: Logits-side bytes alive at the head's backward besides ``q.kept``.
-        fsdp2: ``backward_moments``' flag.
+        fsdp_moments: ``backward_moments``' flag.
 
     Returns:
         (bytes >= 0, moment name).
     """
-    moments = backward_moments(spec, q, head_extra, fsdp2)
+    moments = backward_moments(spec, q, head_extra, fsdp_moments)
     name = max(moments, key=lambda k: moments[k])
     return max(0, moments[name] - q.end), name
 

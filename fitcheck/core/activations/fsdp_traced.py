@@ -1,11 +1,11 @@
-"""FSDP2's gradients at backward's worst moment for traced activations (the default path); pure.
+"""FSDP's gradients at backward's worst moment for traced activations (the default path); pure.
 
 A trace of the plain step gives, at its backward peak, what is alive beside every gradient the plain run makes
 (``torch_adapters/trace_result.py`` ``components_from_trace``: the live bytes less the states and the final
-gradients); the estimate adds the model states' gradients and the gathered-unit buffer. An FSDP2 rank holds its
+gradients); the estimate adds the model states' gradients and the gathered-unit buffer. An FSDP rank holds its
 gradients otherwise at each moment (``core/states/fsdp_backward.py``: reduced fp32 shards, the unit's unsharded
 gradients, the last reduce-scatter input), which the formula's moments count (``backward.backward_moments``). The
-traced activations are shifted by what that changes in the formula's phase: the formula with FSDP2's moments less
+traced activations are shifted by what that changes in the formula's phase: the formula with FSDP's moments less
 the formula with the plain run's, so a trace that agrees with the formula's plain moments gives the formula's
 answer, and the trace's own difference from them is kept.
 """
@@ -19,7 +19,7 @@ from fitcheck.spec import TrainingSpec
 
 
 def fsdp_traced_backward(spec: TrainingSpec, traced: tuple[Component, ...]) -> tuple[Component, ...]:
-    """The traced activation components with their ``Phase.BACKWARD`` shifted to FSDP2's moments.
+    """The traced activation components with their ``Phase.BACKWARD`` shifted to FSDP's moments.
 
     Args:
         spec: The step's spec.
@@ -36,7 +36,7 @@ def fsdp_traced_backward(spec: TrainingSpec, traced: tuple[Component, ...]) -> t
 
     if fsdp_backward_held(spec, 0) is None:
         return traced
-    shift = _backward(activation_components(spec)) - _backward(activation_components(spec, fsdp2=False))
+    shift = _backward(activation_components(spec)) - _backward(activation_components(spec, fsdp_moments=False))
     if shift == 0:
         return traced
     out = list(traced)

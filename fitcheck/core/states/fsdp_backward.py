@@ -47,8 +47,8 @@ class FsdpBackward:
 
 
 def fsdp_backward_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward | None:
-    """What one FSDP2 rank holds at each moment of backward beyond states and activations; None where
-    ``fsdp2_units.fsdp_backward_applies`` does not.
+    """What one FSDP rank holds at each moment of backward beyond states and activations; None where
+    ``fsdp2_units.fsdp_backward_applies`` does not. FSDP1: :func:`_fsdp1_held`; FSDP2 below.
 
     torch 2.13 ``distributed/fsdp/_fully_shard/_fsdp_param_group.py`` ``post_backward`` (a unit's gradients are
     reduced when its backward ends) and ``_fsdp_collectives.py`` ``foreach_reduce``: the unit's unsharded gradients
