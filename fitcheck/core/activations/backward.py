@@ -164,8 +164,11 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
     # every byte the gradients component counts exists from a later micro-step's start (the .grad, FSDP's reduced
     # shards under sync_each_batch, ZeRO-3's resident buffer): nothing is missing (ZeRO-2's carried partition: z2)
     held = gradients_held_from_start(spec) and (z2 is None or accum)
-    if not fsdp_moments and fsdp_counted(spec) is not None:  # as the trace of the plain step sees it: a first
-        held = held and accum  # pass, or the accumulating view (trace_result.accumulating_step) where it adds in place
+    if not fsdp_moments and fsdp_counted(spec) is not None:  # as the trace of the plain step sees it: the
+        # accumulating view (trace_result.accumulating_step) where it adds in place, else a first pass; FSDP1's
+        # accumulation is never traced (torch_adapters/run_scope.py accumulation_not_traced): a first pass
+        fsdp = spec.sharding.fsdp
+        held = held and accum and not (fsdp is not None and fsdp.version == 1)
     g_layer = layer_grad(spec)
     g_head, g_emb = head_and_embedding(spec)
     g_down = down_proj_numel(spec) * param_bytes(spec) if trainable_full(spec) else 0
