@@ -167,8 +167,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
     if not fsdp_moments and fsdp_counted(spec) is not None:  # as the trace of the plain step sees it: the
         # accumulating view (trace_result.accumulating_step) where it adds in place, else a first pass; FSDP1's
         # accumulation is never traced (torch_adapters/run_scope.py accumulation_not_traced): a first pass
-        fsdp = spec.sharding.fsdp
-        held = held and accum and not (fsdp is not None and fsdp.version == 1)
+        fs = spec.sharding.fsdp
+        held = held and accum and not (fs is not None and fs.version == 1)
     g_layer = layer_grad(spec)
     g_head, g_emb = head_and_embedding(spec)
     g_down = down_proj_numel(spec) * param_bytes(spec) if trainable_full(spec) else 0
