@@ -26,18 +26,19 @@ Engines (``ENGINES``):
 Run: ``PYTHONPATH=. python benchmarks/accumulation_engines_cpu.py [ENGINE ...]`` prints one JSON line per engine:
 per micro-step of the second optimizer step, the leaves seen, how many held a ``.grad``, its dtypes and bytes and
 how many were whole, and the micro-step's forward and backward peaks. ``--write`` records every engine at 32 and 128
-tokens in ``benchmarks/data/accumulation_engines_cpu.json``, with two ``deepspeed_cpu.py`` ``CASES``
-(``--write-cases``: those alone; ``--write ENGINE ...``: those engines' rows, the others kept); ``--table [ENGINE
-...]`` prints the recorded held gradients and micro-step 2's backward against the formula
-(``fitcheck.core.estimate``) and the traced default path (``PinnedPath("always")``). The region ``layers`` starts
-when the gradient reaches the final norm's output (the head's backward done): its peak is the during-backward one
-(``Phase.BACKWARD``), the backward region's before it the start of backward's (``Phase.BACKWARD_START``).
-``head_moment``: the live bytes right after the LM head's weight gradient is allocated (its backward, the logits
-gradient alive; recorded for the rows written since session 22): the formula's ``Phase.BACKWARD`` is the largest of
-its moments, the head's among them, so where it is recorded the "during" column compares with the larger of it and
-the ``layers`` peak. On one gloo process ZeRO-3's ``layers`` peak at 32 tokens is gloo's: torch 2.13
-``ProcessGroupGloo`` ``_reduce_scatter_base_`` copies its input into a new tensor and back (the head's 262,144 B
-gradient, reduced when the final norm's gradient hook runs); NCCL reduces in place. Two-rank rows vary by a few
+tokens in ``benchmarks/data/accumulation_engines_cpu.json``, with two ``deepspeed_cpu.py`` ``CASES`` (``--write-cases``:
+those alone); ``--table [ENGINE ...]`` prints the recorded held
+gradients and micro-step 2's backward against the formula (``fitcheck.core.estimate``) and the traced default path
+(``PinnedPath("always")``), and for ``FIRST_AS_ONE`` engines micro-step 1 against the estimate at accumulation 1.
+As the tracer splits backward (``fitcheck.torch_adapters.tracer`` ``REGIONS``): the backward region until the logits'
+gradient exists is the start of backward (``Phase.BACKWARD_START``); the region ``head`` (the LM head's backward)
+and ``layers`` (from the gradient reaching the final norm's output) are during backward (``Phase.BACKWARD``).
+Before session 22 the head's backward was recorded in the start region and ``layers`` alone compared with
+``Phase.BACKWARD``. ``ACCUM_BREAKDOWN=1 python benchmarks/accumulation_engines_cpu.py --one ENGINE SEQ`` prints the
+storages alive at each region's peak of the FSDP rank 0 (``fsdp_cpu.breakdown``). On one gloo process ZeRO-3's
+``layers`` peak at 32 tokens is gloo's: torch 2.13 ``ProcessGroupGloo`` ``_reduce_scatter_base_`` copies its input
+into a new tensor and back (the head's 262,144 B gradient, reduced when the final norm's gradient hook runs); NCCL
+reduces in place. Two-rank rows vary by a few
 percent between runs (gloo's collectives finish on their own thread and the frees follow them).
 """
 
@@ -57,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 ENGINES = ("ddp", "zero0", "zero1", "zero1-overlap", "zero2", "zero3", "fsdp1", "fsdp1-2ranks", "fsdp2",
-           "fsdp2-2ranks", "fsdp1-2ranks-sync", "fsdp2-sync")
+           "fsdp2-2ranks", "fsdp1-2ranks-sync", "fsdp2-sync", "fsdp2-2ranks-sync")
 ACCUM = 2
 BUCKET = 20_000  # reduce_bucket_size (elements), deepspeed_run_events_cpu's
 SEQS = (32, 128)
@@ -71,7 +72,6 @@ class HeldProbe:
         self.micro: str | None = None
         self.rows: dict[str, list[tuple[str, int, str | None, int]]] = {}
         self.hooked: set[int] = set()
-        self.head_serial: dict[str, int | None] = {}  # micro-step -> the recorder's serial of the head's new gradient
 
     def attach(self, leaves: list[tuple[str, Any]]) -> None:
         """Hook every leaf not hooked yet (``name``, tensor)."""
@@ -100,21 +100,21 @@ class HeldProbe:
 
 
 def mark_layers(model: Any, rec: Any, probe: HeldProbe) -> None:
-    """Enter region ``layers<micro>`` when the gradient reaches the final norm's output (the LM head's backward is
-    done): the backward peak after the start of backward (``Phase.BACKWARD``) apart from the one at its start."""
+    """Enter region ``head<micro>`` when the logits' gradient exists (the tracer's start of ``Phase.BACKWARD``,
+    ``tracer._grad_marker``: the backward region before it is ``Phase.BACKWARD_START``'s) and ``layers<micro>``
+    when the gradient reaches the final norm's output (the LM head's backward is done)."""
     norm = next(m for n, m in model.named_modules() if n.endswith("model.norm"))
+    head = next(m for n, m in model.named_modules() if n.endswith("lm_head"))
 
-    def hook(_m: Any, _i: Any, out: Any) -> None:
-        if out.requires_grad:
-            out.register_hook(lambda _g: rec.enter_region(f"layers{probe.micro}"))
+    def marker(region: str) -> Any:
+        def hook(_m: Any, _i: Any, out: Any) -> None:
+            if out.requires_grad:
+                out.register_hook(lambda _g: rec.enter_region(f"{region}{probe.micro}"))
 
-    norm.register_forward_hook(hook)
-    head = next((p for n, p in model.named_parameters() if n.endswith("lm_head.weight")), None)
-    if head is not None and head.requires_grad:  # the LM head's weight gradient, as made by its backward
-        def seen(g: Any) -> None:
-            probe.head_serial.setdefault(str(probe.micro), rec.serial(g))
+        return hook
 
-        head.register_hook(seen)
+    norm.register_forward_hook(marker("layers"))
+    head.register_forward_hook(marker("head"))
 
 
 def _recording(model: Any, probe: HeldProbe, ids: Any) -> Any:
@@ -132,25 +132,17 @@ def _nbytes(dtype: str | None) -> int:
     return {"float32": 4, "bfloat16": 2, "float16": 2}.get(str(dtype), 4)
 
 
-def head_moment(rec: Any, serial: int | None) -> int:
-    """Live bytes right after the LM head's weight gradient (recorder serial ``serial``) was allocated: its
-    backward's moment, the logits gradient and the head's input gradient alive (0 where not seen)."""
-    if serial is None:
-        return 0
-    at = rec.events.index((serial, 1))
-    return sum(rec.sizes[s] for s in rec.live_at(at))
-
-
 def _result(probe: HeldProbe, rec: Any, step: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for m in range(ACCUM):
         key = f"{step}.{m}"
         layers = rec.regions.get(f"layers{key}")
+        head = rec.regions.get(f"head{key}")
         start = rec.regions[f"backward{key}"].peak
+        during = [0 if r is None else r.peak for r in (head, layers)]
         out[f"micro{m + 1}"] = {**probe.summary(key), "forward_peak": rec.regions[f"forward{key}"].peak,
-                                "start_peak": start, "layers_peak": 0 if layers is None else layers.peak,
-                                "backward_peak": max(start, 0 if layers is None else layers.peak),
-                                "head_moment": head_moment(rec, probe.head_serial.get(key))}
+                                "start_peak": start, "head_peak": during[0], "layers_peak": during[1],
+                                "backward_peak": max(start, *during)}
     return out
 
 
@@ -314,6 +306,12 @@ def _fsdp_rank(rank: int, world: int, version: int, seq: int, port: int, out: st
     with rec:
         trainer.train()
     result = _result(probe, rec, 1)
+    if rank == 0 and os.environ.get("ACCUM_BREAKDOWN"):  # the storages alive at each region's peak, to stderr
+        from fsdp_cpu import breakdown
+
+        for region in [f"{r}1.{m}" for m in range(ACCUM) for r in ("forward", "backward", "head", "layers")]:
+            if region in rec.regions:
+                print(breakdown(rec, region, kib=True), file=sys.stderr, flush=True)
     result["is_fsdp2"] = bool(trainer.accelerator.is_fsdp2)
     result["distributed_type"] = str(trainer.accelerator.distributed_type)
     if rank == 0:
@@ -353,8 +351,13 @@ def measured(engine: str, seq: int) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def spec_of(engine: str, seq: int) -> Any:
-    """fitcheck's spec of an engine's run (accumulation 2)."""
+# engines whose first micro-step reduces as a step without accumulation does (no ``no_sync`` before it: FSDP1 on one
+# process, accelerate's ``sync_each_batch``): their micro-step 1 is compared with the estimate at accumulation 1
+FIRST_AS_ONE = ("fsdp1", "fsdp1-2ranks-sync", "fsdp2-sync", "fsdp2-2ranks-sync")
+
+
+def spec_of(engine: str, seq: int, accum: int = ACCUM) -> Any:
+    """fitcheck's spec of an engine's run (accumulation ``accum``)."""
     from cpu_truth import Row, spec_for
     from deepspeed_run_events_cpu import BATCH, CONFIG
 
@@ -373,10 +376,10 @@ def spec_of(engine: str, seq: int) -> Any:
         world = 2 if "2ranks" in engine else 1
         fsdp = FsdpSpec(version=int(engine[4]), sync_each_batch=engine.endswith("sync"))
         sharding = ShardingSpec(Strategy.FSDP, world, 1, None, fsdp)
-    return replace(spec, sharding=sharding, batch=replace(spec.batch, grad_accum=ACCUM))
+    return replace(spec, sharding=sharding, batch=replace(spec.batch, grad_accum=accum))
 
 
-def estimates(engine: str, seq: int) -> dict[str, tuple[int, int]]:
+def estimates(engine: str, seq: int, accum: int = ACCUM) -> dict[str, tuple[int, int]]:
     """The formula's (``fitcheck.core.estimate``) and the traced default path's (``PinnedPath("always")``) device
     bytes for the engine's run: (start of backward, during backward) each, and whether the traced answer is pinned
     (as 0 / 1 in ``pinned``)."""
@@ -384,7 +387,7 @@ def estimates(engine: str, seq: int) -> dict[str, tuple[int, int]]:
     from fitcheck.report import Location, Phase
     from fitcheck.torch_adapters import PinnedPath
 
-    spec = spec_of(engine, seq)
+    spec = spec_of(engine, seq, accum)
 
     def phases(rep: Any) -> tuple[int, int]:
         tot = {p: sum(c.at(p) for c in rep.components if c.location is Location.DEVICE) for p in Phase}
@@ -394,26 +397,36 @@ def estimates(engine: str, seq: int) -> dict[str, tuple[int, int]]:
     return {"formula": phases(estimate(spec)), "traced": phases(traced), "pinned": (int(traced.pinned), 0)}
 
 
+def during_peak(micro: dict[str, Any]) -> int:
+    """A recorded micro-step's peak during backward (``Phase.BACKWARD``): the head's backward and the layers'."""
+    return max(int(micro.get("head_peak", 0)), int(micro["layers_peak"]))
+
+
 def table(engines: list[str]) -> int:
     """Print the recorded held gradients and micro-step 2's backward against the estimates: the start of backward
-    (the backward region before the head's backward is done) and during backward (the ``layers`` region)."""
+    (the backward region before the logits' gradient exists) and during backward (the head's and the ``layers``
+    regions); for :data:`FIRST_AS_ONE` engines also micro-step 1 against the estimate at accumulation 1."""
     rows = json.loads(DATA.read_text(encoding="utf-8"))["rows"]
-    print(f"{'engine':18} {'held (micro 2)':28} {'seq':>4} | {'start: real':>11} {'formula':>8} {'traced':>8} | "
+    print(f"{'engine':18} {'micro':>5} {'held':26} {'seq':>4} | {'start: real':>11} {'formula':>8} {'traced':>8} | "
           f"{'during: real':>12} {'formula':>8} {'traced':>8} | pinned")
     for engine in engines:
         for seq in SEQS:
-            m2 = rows[f"{engine} {seq}"]["micro2"]
-            held = f"{m2['held']}/{m2['leaves']} {','.join(m2['held_dtypes']) or '-'} {m2['held_bytes']}"
-            est = estimates(engine, seq)
-            # the formula's Phase.BACKWARD holds the head's moment too (recorded rows: head_moment)
-            start, during = m2["start_peak"], max(m2["layers_peak"], m2.get("head_moment", 0))
+            if f"{engine} {seq}" not in rows:
+                continue
+            for micro, accum in (("micro1", 1), ("micro2", ACCUM)):
+                if micro == "micro1" and engine not in FIRST_AS_ONE:
+                    continue
+                m = rows[f"{engine} {seq}"][micro]
+                held = f"{m['held']}/{m['leaves']} {','.join(m['held_dtypes']) or '-'} {m['held_bytes']}"
+                est = estimates(engine, seq, accum)
+                start, during = m["start_peak"], during_peak(m)
 
-            def err(e: int, r: int) -> str:
-                return f"{(e - r) / r * 100:+7.2f}%" if r else "      -"
+                def err(e: int, r: int) -> str:
+                    return f"{(e - r) / r * 100:+7.2f}%" if r else "      -"
 
-            print(f"{engine:18} {held:28} {seq:4d} | {start:11d} {err(est['formula'][0], start)} "
-                  f"{err(est['traced'][0], start)} | {during:12d} {err(est['formula'][1], during)} "
-                  f"{err(est['traced'][1], during)} | {bool(est['pinned'][0])}", flush=True)
+                print(f"{engine:18} {micro[-1]:>5} {held:26} {seq:4d} | {start:11d} {err(est['formula'][0], start)} "
+                      f"{err(est['traced'][0], start)} | {during:12d} {err(est['formula'][1], during)} "
+                      f"{err(est['traced'][1], during)} | {bool(est['pinned'][0])}", flush=True)
     return 0
 
 
@@ -430,16 +443,11 @@ def deepspeed_case(name: str) -> list[int]:
     return [int(x) for x in proc.stdout.strip().splitlines()[-1].split()]
 
 
-def write(cases_only: bool = False, engines: tuple[str, ...] = ()) -> int:
+def write(cases_only: bool = False) -> int:
     """Record every engine at :data:`SEQS` tokens and :data:`DEEPSPEED_CASES` in :data:`DATA` (read by
-    ``tests/test_accumulation_rule.py``); ``cases_only``: the cases, the rows kept; ``engines``: those engines' rows
-    and the cases, the other rows kept."""
-    if engines:
-        data = json.loads(DATA.read_text(encoding="utf-8"))
-        data["rows"].update({f"{engine} {seq}": measured(engine, seq) for seq in SEQS for engine in engines})
-    else:
-        data = json.loads(DATA.read_text(encoding="utf-8")) if cases_only else {
-            "accum": ACCUM, "rows": {f"{engine} {seq}": measured(engine, seq) for seq in SEQS for engine in ENGINES}}
+    ``tests/test_accumulation_rule.py``); ``cases_only``: the cases, the rows kept."""
+    data = json.loads(DATA.read_text(encoding="utf-8")) if cases_only else {
+        "accum": ACCUM, "rows": {f"{engine} {seq}": measured(engine, seq) for seq in SEQS for engine in ENGINES}}
     data["deepspeed_cases"] = {name: deepspeed_case(name) for name in DEEPSPEED_CASES}
     DATA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return 0
@@ -454,7 +462,6 @@ if __name__ == "__main__":
     if "--table" in sys.argv:
         sys.exit(table(names))
     if "--write" in sys.argv or "--write-cases" in sys.argv:
-        sys.exit(write(cases_only="--write-cases" in sys.argv,
-                       engines=tuple(a for a in sys.argv[1:] if not a.startswith("--"))))
+        sys.exit(write(cases_only="--write-cases" in sys.argv))
     for name in names:
         print(name, json.dumps(measured(name, 32)), flush=True)

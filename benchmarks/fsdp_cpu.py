@@ -41,10 +41,21 @@ def resize_recorder() -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.shapes: dict[int, str] = {}
+            # (serial, bytes before) of every resize, and per region how many were logged at its peak: the sizes
+            # a breakdown shows are those at the peak (a resharded parameter's storage is 0 bytes by the end)
+            self.resize_log: list[tuple[int, int]] = []
+            self.peak_resizes: dict[str, int] = {}
+
+        def enter_region(self, name: str) -> None:
+            super().enter_region(name)
+            self.peak_resizes[name] = len(self.resize_log)
 
         def _add(self, t: Any) -> None:
             t = t._local_tensor if isinstance(t, DTensor) else t
+            before = self.regions.get(self.region, RegionStats()).peak
             super()._add(t)
+            if self.regions.get(self.region, RegionStats()).peak > before:
+                self.peak_resizes[self.region] = len(self.resize_log)
             serial = self._serial_of.get(id(t.untyped_storage()))
             if serial is not None and serial not in self.shapes:
                 self.shapes[serial] = f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
@@ -56,10 +67,19 @@ def resize_recorder() -> Any:
                 return
             nbytes = int(st.nbytes())
             self.current += nbytes - self.sizes[serial]
+            self.resize_log.append((serial, self.sizes[serial]))
             self.sizes[serial] = nbytes
             stats = self.regions.setdefault(self.region, RegionStats())
             if self.current > stats.peak:
                 stats.peak, stats.peak_event = self.current, len(self.events) - 1
+                self.peak_resizes[self.region] = len(self.resize_log)
+
+        def sizes_at_peak(self, region: str) -> dict[int, int]:
+            """serial -> bytes at ``region``'s peak (the resizes after it undone)."""
+            sizes = dict(self.sizes)
+            for serial, before in reversed(self.resize_log[self.peak_resizes.get(region, len(self.resize_log)):]):
+                sizes[serial] = before
+            return sizes
 
     return ShardRecorder()
 
@@ -122,15 +142,18 @@ def regions_around_loss(trainer: Any, rec: Any, key: Callable[[], str]) -> None:
 
 
 def breakdown(rec: Any, region: str, kib: bool = False) -> str:
-    """Storages alive at a region's peak of a :func:`resize_recorder`, grouped by (region allocated in, size,
-    shape), largest first: in MiB (groups of 0.5 MiB and more), or with ``kib`` in KiB (8 KiB and more)."""
+    """Storages alive at a region's peak of a :func:`resize_recorder`, grouped by (region allocated in, size at the
+    peak, shape), largest first: in MiB (groups of 0.5 MiB and more), or with ``kib`` in KiB (8 KiB and more)."""
     from collections import Counter
 
     unit, name, floor, digits = (2**10, "KiB", 2**13, 1) if kib else (2**20, "MiB", 2**19, 3)
     stats = rec.regions[region]
     live = rec.live_at(stats.peak_event)
-    groups = Counter((rec.tags[s], rec.sizes[s], rec.shapes.get(s, "")) for s in live)
-    lines = [f"{region}: peak {stats.peak / unit:.{digits if kib else 2}f} {name}"]
+    sizes = rec.sizes_at_peak(region)
+    groups = Counter((rec.tags[s], sizes[s], rec.shapes.get(s, "")) for s in live)
+    summed = sum(sizes[s] for s in live)
+    lines = [f"{region}: peak {stats.peak / unit:.{digits if kib else 2}f} {name} ({stats.peak} B; storages alive "
+             f"then {summed} B)"]
     for (tag, size, shape), n in sorted(groups.items(), key=lambda kv: -kv[0][1] * kv[1]):
         if size * n >= floor:
             lines.append(f"    {tag:12} {size / unit:9.{digits}f} {name} x {n}  {shape}")

@@ -90,7 +90,7 @@ def test_zero3_backward_holds_its_resident_gradient_buffer_in_every_micro_step(s
 
     row = _rows()[f"zero3 {seq}"]
     assert row["micro1"] == row["micro2"]
-    real = row["micro1"]["head_moment"]
+    real = row["micro1"]["head_peak"]  # the LM head's backward region
     assert real > row["micro1"]["layers_peak"] - 262_144  # gloo's copy of the head gradient: see the benchmark
 
     def phases(rep: Any) -> dict[Phase, int]:
@@ -150,3 +150,58 @@ def test_zero1_overlap_keeps_every_grad_until_the_boundary() -> None:
     tot = {p: sum(c.at(p) for c in rep.components if c.location is Location.DEVICE) for p in Phase}
     assert abs(tot[Phase.FORWARD_END] - real[0]) <= 0.001 * real[0]
     assert abs(max(tot[Phase.BACKWARD_START], tot[Phase.BACKWARD]) - real[1]) <= 0.001 * real[1]
+
+
+# FSDP2 rows (engine, micro-step, accumulation it is estimated at): micro-step 2 of an accumulation window, and the
+# first micro-step of a run that reduces in it (sync_each_batch) as a step without accumulation
+_FSDP_CASES = [("fsdp2", "micro2", 2), ("fsdp2-2ranks", "micro2", 2), ("fsdp2-sync", "micro2", 2),
+               ("fsdp2-sync", "micro1", 1), ("fsdp2-2ranks-sync", "micro1", 1), ("fsdp2-2ranks-sync", "micro2", 2),
+               ("fsdp1", "micro1", 1), ("fsdp1", "micro2", 2), ("fsdp1-2ranks", "micro2", 2),
+               ("fsdp1-2ranks-sync", "micro1", 1), ("fsdp1-2ranks-sync", "micro2", 2)]
+# below the record at 32 tokens on two ranks, not modelled: FSDP2 sync_each_batch's tail reduce-scatter copy-in
+# (torch._chunk_cat on CPU) with the LM head's unsharded gradient alive (-1.3 / -3.2 %); FSDP1's record there varies
+# by 5 % between runs (gloo's reduce-scatter completes on its own thread; -2.3 .. -4.6 %)
+_UNDER_AT_32_ON_2_RANKS = 0.05
+
+
+def _phases(engine: str, seq: int, accum: int, traced: bool = False) -> dict[Phase, int]:
+    from benchmarks.accumulation_engines_cpu import spec_of
+
+    spec = spec_of(engine, seq, accum)
+    if traced:
+        from fitcheck.torch_adapters import PinnedPath
+
+        rep = PinnedPath("always", cache=None)(spec)
+    else:
+        rep = estimate(spec)
+    return {p: sum(c.at(p) for c in rep.components if c.location is Location.DEVICE) for p in Phase}
+
+
+@pytest.mark.parametrize("seq", [32, 128])
+@pytest.mark.parametrize(("engine", "micro", "accum"), _FSDP_CASES)
+def test_fsdp_backward_is_the_real_trainers(engine: str, micro: str, accum: int, seq: int) -> None:
+    """The real Trainer's FSDP rank (recorded), start of backward and during backward (the LM head's and the
+    layers' backward), against the formula: each moment holds the rank's gradients as FSDP keeps them then
+    (``core/states/fsdp_backward.py``: reduced fp32 shards, the unit's unsharded gradients, the last reduce-scatter
+    input, FSDP1's root gathered with the head's gradient waiting for the embedding's). Before: FSDP2 during
+    backward +3.1 / +7.3 % (1 rank), +10.4 / +11.2 % (2 ranks) at 32 / 128 tokens, without accumulation +4.0 /
+    +15.2 %; FSDP1 start of backward +5.4 .. +10.9 % (two layer units counted), during +6.4 / +15.5 % (1 rank)."""
+    from benchmarks.accumulation_engines_cpu import during_peak
+
+    m = _rows()[f"{engine} {seq}"][micro]
+    est = _phases(engine, seq, accum)
+    assert abs(est[Phase.BACKWARD_START] - m["start_peak"]) <= 0.01 * m["start_peak"]
+    under = _UNDER_AT_32_ON_2_RANKS if "2ranks" in engine and seq == 32 else 0.01
+    assert -under * during_peak(m) <= est[Phase.BACKWARD] - during_peak(m) <= 0.01 * during_peak(m)
+
+
+@pytest.mark.parametrize(("engine", "micro", "accum", "seq"), [("fsdp2-sync", "micro1", 1, 32),
+                                                               ("fsdp2", "micro2", 2, 32)])
+def test_fsdp_traced_backward_is_the_real_trainers(engine: str, micro: str, accum: int, seq: int) -> None:
+    """The traced default path (the plain step traced, ``activations/fsdp_traced.py`` shifting its backward to
+    FSDP2's moments) against the same records. Before: +4.0 % / +3.1 %."""
+    from benchmarks.accumulation_engines_cpu import during_peak
+
+    m = _rows()[f"{engine} {seq}"][micro]
+    est = _phases(engine, seq, accum, traced=True)
+    assert abs(est[Phase.BACKWARD] - during_peak(m)) <= 0.01 * during_peak(m)

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from fitcheck.core.activations import (
     activation_components,
+    fsdp_traced_backward,
     lm_head_input_saved,
     traced_legacy_logits,
     zero2_traced_component,
@@ -63,6 +64,8 @@ def collect_components(
     if activations is not None and not runs_fused_head(run.trainer.kind) and (
             copy := traced_legacy_logits(run)) is not None:  # transformers < 4.49 (the trace runs 5.23's loss)
         acts = (*acts, copy)
+    if activations is not None:  # FSDP2's gradients at backward's moments (activations/fsdp_traced.py)
+        acts = fsdp_traced_backward(run, acts)
     if activations is not None and (first := zero2_traced_component(run, acts)) is not None:
         acts = (*acts, first)  # ZeRO-2's first reduction: the formula's moments have it (activations/backward.py)
     # ZeRO-1's reduction at the end of backward, when it outgrows the activations' worst backward moment

@@ -15,7 +15,8 @@
   what LLM.int8's outlier columns add on CUDA (data-dependent) and its bound;
 - :mod:`.backward`: the worst moment during backward beyond the gradients (:mod:`.backward_grads`: the gradients
   and weight casts it counts; :mod:`.backward_zero2`: DeepSpeed ZeRO-2's gradient partition in it and, for traced
-  activations, ``zero2_traced_component``);
+  activations, ``zero2_traced_component``; FSDP2's gradients at its moments for traced activations:
+  :mod:`.fsdp_traced`);
 - :mod:`.eager`: eager attention's working set (the top layer's forward softmax, each layer's softmax backward,
   the mask checkpointed layers hold);
 - :mod:`.recipe_gaps`: what each family's recipe was not checked for (the ``activations-not-pinned`` warning);
@@ -38,6 +39,7 @@ from fitcheck.core.activations.decoder import activation_components, activation_
 from fitcheck.core.activations.envelope import CHECKED, TOLERANCE, envelope_key, in_envelope, not_pinned_finding
 from fitcheck.core.activations.envelope_range import DEFAULT_TARGETS, range_label, recipe_suffix
 from fitcheck.core.activations.fsdp1_reentrant import held_checkpoint_inputs
+from fitcheck.core.activations.fsdp_traced import fsdp_traced_backward
 from fitcheck.core.activations.int8_outliers import (
     Int8Outliers,
     int8_outlier_bound,
@@ -64,6 +66,7 @@ __all__ = [
     "activation_findings",
     "cuda_embedding_backward",
     "envelope_key",
+    "fsdp_traced_backward",
     "held_checkpoint_inputs",
     "in_envelope",
     "int8_outlier_bound",

@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.core.activations.backward_accum import accumulated_down_proj, accumulated_head_cast
+from fitcheck.core.activations.backward_fsdp import fsdp_counted, fsdp_embedding_moment, fsdp_reduce_moments
 from fitcheck.core.activations.backward_grads import (
     all_grads,
     down_proj_numel,
@@ -136,13 +137,17 @@ class BackwardInputs:
 
 
 
-def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> dict[str, int]:
+def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
+                     fsdp_moments: bool = True) -> dict[str, int]:
     """Bytes alive besides parameters, optimizer states and ALL gradients, at each candidate moment.
 
     Args:
         spec: The training spec.
         q: Quantities from ``fitcheck.core.activations.decoder``.
         head_extra: Logits-side bytes alive at the head's backward besides ``kept`` (logits gradient, casts).
+        fsdp_moments: Whether an FSDP run's moments hold its gradients as FSDP keeps them
+            (``backward_fsdp.fsdp_counted``); False: as the plain run's, which is what a trace of the plain step
+            measures (``fsdp_traced.fsdp_traced_backward``).
 
     Returns:
         Moment name (``head``, ``top layer``, ``bottom layer``, ``embedding``) -> bytes (may be negative: a
@@ -159,6 +164,11 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # every byte the gradients component counts exists from a later micro-step's start (the .grad, FSDP's reduced
     # shards under sync_each_batch, ZeRO-3's resident buffer): nothing is missing (ZeRO-2's carried partition: z2)
     held = gradients_held_from_start(spec) and (z2 is None or accum)
+    if not fsdp_moments and fsdp_counted(spec) is not None:  # as the trace of the plain step sees it: the
+        # accumulating view (trace_result.accumulating_step) where it adds in place, else a first pass; FSDP1's
+        # accumulation is never traced (torch_adapters/run_scope.py accumulation_not_traced): a first pass
+        fs = spec.sharding.fsdp
+        held = held and accum and not (fs is not None and fs.version == 1)
     g_layer = layer_grad(spec)
     g_head, g_emb = head_and_embedding(spec)
     g_down = down_proj_numel(spec) * param_bytes(spec) if trainable_full(spec) else 0
@@ -175,6 +185,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     static = _static_outside(spec, q)
     norms = _gemma_norms(spec)  # (1 + weight) fp32 copies of one layer's norms (Gemma)
     moments: dict[str, int] = {}
+    # FSDP (a full fine-tune): every moment holds the rank's gradients in the form FSDP gives them then, not the
+    # model states' count (fp32 shards of every unit) less the plain run's unmade gradients (backward_fsdp.py)
+    fsdp = fsdp_counted(spec) if fsdp_moments else None
     # HEAD: everything forward kept + the logits-side tensors + the head's new weight gradient (under autocast
     # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
     head_grad = 2 * g_head // param_bytes(spec) if q.autocast else g_head
@@ -184,6 +197,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     missing = 0 if held else all_grads(spec)
     if z2 is not None and not held:  # (ZeRO-1 with overlap_comm accumulating: every .grad held, counted)
         missing = z2[0]  # no grads_in_partition yet; the head's gradient is the moment's own (head_grad)
+    if fsdp is not None:
+        missing = fsdp[1] - fsdp[0].head
     casts = L * cast if q.n_ckpt == 0 else 0
     head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)
     head32 = 0 if held else 2 * head16  # made by the cast: no longer missing
@@ -221,6 +236,11 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
         if z2 is not None:  # ZeRO-2: the rank's grads_in_partition once allocated, whole, in place of the made ones;
             # a tied head's gradient waits in the shared weight's input buffer until the embedding (not in it)
             missing = z2[0] - (z2[1] if i == L - 1 else z2[2]) - (g_head if spec.model.shape.tied_embeddings else 0)
+        if fsdp is not None:
+            missing = fsdp[1] - (fsdp[0].top if i == L - 1 else fsdp[0].bottom)
+            if i == L - 1:  # the tail's and the top layer's reductions (backward_fsdp.py)
+                per_layer = q.ckpt_input if q.n_ckpt else q.layer + cast + norms
+                moments.update(fsdp_reduce_moments(fsdp, static - q.first_less, per_layer, L, q.r * h * bs))
         if q.n_ckpt == 0:
             whole = q.layers_saved < 0 or i == 0 or q.offloaded
             saved = below * q.layer if whole else q.layers_saved
@@ -263,7 +283,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
         new_down = (g_down if spec.freeze is None else g_down_frozen * layer_trained(spec, i)) if accum else 0
         if new_down and gated:  # accumulation: down_proj's new weight gradient beside its .grad (backward_accum)
             moments[name + " down_proj weight gradient"] = accumulated_down_proj(
-                spec, live, cast_down, q.e, q.r, q.autocast, new_down) + _LOSS_SCALARS
+                spec, live, cast_down, q.e, q.r, q.autocast, new_down) + _LOSS_SCALARS - (
+                missing if fsdp is not None else 0)
         if i == L - 1 and base_nockpt is not None:  # QLoRA without checkpointing: its 4-bit backward
             moments[name + " 4-bit backward"] = live + base_nockpt - missing + _LOSS_SCALARS
         if head16 and layer_trained(spec, i) and q.n_ckpt == 0 and i == L - 1:  # freeze.autocast_layer_cast
@@ -308,6 +329,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     # ZeRO-2: the ranks' grads_in_partition made by then (z2[3]) in place of the counted gradients, beside the
     # embedding's own new gradient (tied: the sum), not yet copied into it (its hook runs after)
     moments["embedding"] = emb if z2 is None else emb - z2[0] + z2[3] + max(g_head if tied else 0, g_emb)
+    if fsdp is not None:  # its backward (its new gradient held by the moment), then its reduce in the final callback
+        moments["embedding"] = fsdp_embedding_moment(fsdp, q.end + cuda_embedding_backward(spec))
     return moments
 
 
@@ -417,18 +440,20 @@ def _gemma_norms(spec: TrainingSpec) -> int:
     return 4 * spec.model.shape.hidden_size * (4 if traits.attention is AttentionKind.SOFTCAPPED else 2)
 
 
-def backward_transient(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> tuple[int, str]:
+def backward_transient(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
+                       fsdp_moments: bool = True) -> tuple[int, str]:
     """Bytes the worst moment of backward holds beyond ``q.end`` and every gradient, and which moment it is.
 
     Args:
         spec: The training spec.
         q: Quantities from ``fitcheck.core.activations.decoder``.
         head_extra: Logits-side bytes alive at the head's backward besides ``q.kept``.
+        fsdp_moments: ``backward_moments``' flag.
 
     Returns:
         (bytes >= 0, moment name).
     """
-    moments = backward_moments(spec, q, head_extra)
+    moments = backward_moments(spec, q, head_extra, fsdp_moments)
     name = max(moments, key=lambda k: moments[k])
     return max(0, moments[name] - q.end), name
 

@@ -100,11 +100,13 @@ from fitcheck.report import Category, Component, Location, Phase
 from fitcheck.spec import AttnImpl, DeviceType, LayerRecipe, NormKind, TrainingSpec
 
 
-def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
+def activation_components(spec: TrainingSpec, fsdp_moments: bool = True) -> tuple[Component, ...]:
     """Saved activations, logits/loss tensors and autocast weight caches of one step, per phase.
 
     Args:
         spec: The training spec.
+        fsdp_moments: ``backward.backward_moments``' flag (False: an FSDP run's backward moments as the plain
+            run's).
 
     Returns:
         Components ``activations.saved``, ``activations.attention_scores`` (eager s² term),
@@ -175,7 +177,7 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
     # (Phase.BACKWARD_START): no vocabulary-sized gradient is left for the head moment of this phase
     # (which trainers: the registry's fused-head column, fitcheck.core.trainers.registry)
     head = 0 if step_runs_fused_head(spec) else head_backward_logits(spec, m)
-    recompute, moment = backward_transient(spec, bq, head)
+    recompute, moment = backward_transient(spec, bq, head, fsdp_moments)
     # FSDP1 + reentrant checkpointing on transformers < 4.52: at the bottom layer every checkpoint is still held
     # and so is each layer's input gradient (fsdp1_reentrant.py; 0 elsewhere): the k-bit moments below are there
     held = held_input_grads(spec, 0, ckpt_input) if n_ckpt else 0

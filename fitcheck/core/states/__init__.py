@@ -6,7 +6,8 @@
 - :mod:`.layout`: every parameter tensor with its dtype, trainability and optimizer group;
 - :mod:`.sharding`: how DDP / ZeRO / FSDP divide each kind of state, and the communication buffers;
   :mod:`.sharding_findings`: what the user should know about the sharding setup; :mod:`.fsdp2_units`: the
-  units accelerate gives FSDP2 and what each keeps gathered; :mod:`.fsdp_streams`: what FSDP's side CUDA
+  units accelerate gives FSDP2 and what each keeps gathered (:mod:`.fsdp_backward`: what a rank holds at
+  backward's moments); :mod:`.fsdp_streams`: what FSDP's side CUDA
   streams keep reserved beside the step (:mod:`.deepspeed_streams`: DeepSpeed's); :mod:`.fsdp_qlora`: FSDP over
   a 4-bit base (quant storage, replicated quantization state, loading);
   :mod:`.zero3_quant`: DeepSpeed ZeRO-3 over a bitsandbytes base (what it partitions, what stays whole);
@@ -25,6 +26,7 @@ new module here), read by :mod:`.layout`.
 
 from fitcheck.core.states.accumulation import accumulates_in_grad, gradients_held_from_start
 from fitcheck.core.states.deepspeed_streams import deepspeed_side_pools
+from fitcheck.core.states.fsdp_backward import FsdpBackward, fsdp_backward_held
 from fitcheck.core.states.fsdp_qlora import LoadPeak, fsdp_qlora_findings, load_peak
 from fitcheck.core.states.fsdp_streams import SidePools, fsdp_side_pools
 from fitcheck.core.states.fsdp_upcast import fsdp_fp32_upcast, has_params4bit
@@ -73,6 +75,7 @@ from fitcheck.core.states.zero_reduce import (
 
 __all__ = [
     "SFT_PADDING_FREE_FROM",
+    "FsdpBackward",
     "Layout",
     "LoadPeak",
     "LoraPlan",
@@ -92,6 +95,7 @@ __all__ = [
     "check_peft_adapter",
     "deepspeed_side_pools",
     "describe_regime",
+    "fsdp_backward_held",
     "fsdp_fp32_upcast",
     "fsdp_qlora_findings",
     "fsdp_side_pools",

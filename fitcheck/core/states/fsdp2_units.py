@@ -37,7 +37,7 @@ from __future__ import annotations
 from fitcheck.core.states.fsdp_qlora import gathered_layer_bytes, is_fsdp_4bit
 from fitcheck.core.states.layout import trainable_params
 from fitcheck.report import PHASES, Category, Component, Location, Phase
-from fitcheck.spec import Role, TrainingSpec
+from fitcheck.spec import MixedPrecision, Role, Strategy, TrainingSpec
 from fitcheck.units import format_bytes
 
 
@@ -75,6 +75,8 @@ def fsdp2_components(spec: TrainingSpec, compute_bytes: int, unit_params: int, s
     layers = sum(p.numel for p in spec.model.params if p.per_layer) * compute_bytes
     trained = trainable_params(spec) > 0 and spec.lora is None
     grads = 2 * unit_params * compute_bytes if trained else 0  # unsharded grads + reduce-scatter input
+    if fsdp_backward_applies(spec):  # the gradients and reduce-scatter inputs: the moments' (fsdp_backward.py)
+        grads = 0
     if reshard:
         # one shard: the prefetch's unshard records an empty result and returns; each group is copied in its own
         # pre-backward (wait_for_unshard, world_size == 1), so one unit at a time
@@ -107,3 +109,20 @@ def _buffer(values: dict[Phase, int], source: str, detail: str) -> tuple[Compone
         Component("buffers.fsdp_unsharded_params", Category.BUFFERS, Location.DEVICE,
                   {p: int(values.get(p, 0)) for p in PHASES}, source, detail),
     )
+
+
+def fsdp_backward_applies(spec: TrainingSpec) -> bool:
+    """Whether ``fsdp_backward.fsdp_backward_held`` describes the run: a full fine-tune of an untied model under
+    accelerate's FSDP2 units resharded after forward, or FSDP1's (decoder layers and the root) sharded FULL_SHARD
+    or, on one process, NO_SHARD with a mixed-precision copy; no CPU offload, unquantized."""
+    sh = spec.sharding
+    fs = sh.fsdp
+    if sh.strategy is not Strategy.FSDP or (fs is not None and (
+            fs.offload_params or not fs.reshard_after_forward or fs.auto_wrap_policy != "TRANSFORMER_BASED_WRAP"
+            or fs.wrap_unit_params or fs.sharding_strategy != "FULL_SHARD")):
+        return False
+    if fs is not None and fs.version == 1 and spec.data_parallel_size == 1 and (
+            spec.precision.mixed_precision is MixedPrecision.NO):
+        return False  # NO_SHARD computing with the flat parameter itself: nothing gathered (sharding._fsdp)
+    full = spec.lora is None and spec.quant is None and spec.freeze is None and spec.peft is None
+    return full and not spec.model.shape.tied_embeddings and trainable_params(spec) > 0

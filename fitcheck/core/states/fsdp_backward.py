@@ -1,0 +1,177 @@
+"""What one FSDP rank holds at each moment of backward beyond its sharded parameters, optimizer states and
+activations: its gradients in the form FSDP2 or FSDP1 keeps them then and its gathered units; read by the backward
+moments (``core/activations/backward.py``). Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fitcheck.core.states.accumulation import accumulates_in_grad, gradients_held_from_start
+from fitcheck.core.states.fsdp2_units import fsdp_backward_applies, tail_params
+from fitcheck.core.states.layout import trainable_params
+from fitcheck.core.states.model_states import model_state_components
+from fitcheck.core.states.sharding import param_compute_bytes, partition
+from fitcheck.report import Phase
+from fitcheck.spec import Role, TrainingSpec
+
+
+@dataclass(frozen=True)
+class FsdpBackward:
+    """Bytes one FSDP rank holds at backward's moments beyond its sharded parameters, optimizer states and
+    activations: its gradients in every form they take (reduced fp32 shards, unsharded ``.grad``, the last
+    ``reduce_scatter_input``) and its gathered parameters (:func:`fsdp_backward_held`).
+
+    Attributes:
+        head: At the LM head's backward (the head's own new gradient left to the moment).
+        tail_reduce: At the tail unit's reduce-scatter (its ``post_backward``, once the final norm's gradient is
+            made): its input, its ``reduce_output`` and fp32 shard, the layers' saved activations all alive; None
+            under FSDP1 (the final norm and the head are the root's, reduced at the end).
+        layer_reduce: At the top layer's reduction (FSDP1's ``_post_backward_hook``, the layers below it alive);
+            None under FSDP2 (not the worst moment in its measured runs).
+        top: At the top layer's MLP backward (its gradients made so far included).
+        bottom: At the bottom layer's MLP backward (the same).
+        embedding: At the input embedding's backward (its new gradient included).
+        reduce_end: At the embedding's reduce-scatter in the root's final callback (FSDP1: the root's flat
+            gradient made from its parameters' gradients, when the embedding's is made).
+    """
+
+    head: int
+    tail_reduce: int | None
+    layer_reduce: int | None
+    top: int
+    bottom: int
+    embedding: int
+    reduce_end: int
+
+
+def fsdp_backward_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward | None:
+    """What one FSDP rank holds at each moment of backward beyond states and activations; None where
+    ``fsdp2_units.fsdp_backward_applies`` does not. FSDP1: :func:`_fsdp1_held`; FSDP2 below.
+
+    torch 2.13 ``distributed/fsdp/_fully_shard/_fsdp_param_group.py`` ``post_backward`` (a unit's gradients are
+    reduced when its backward ends) and ``_fsdp_collectives.py`` ``foreach_reduce``: the unit's unsharded gradients
+    (``param_dtype``) are copied into one ``reduce_scatter_input`` (``reduce_dtype``: accelerate 1.15's bf16 policy
+    sets it to ``param_dtype``) and freed, ``reduce_output`` (the shard, ``reduce_dtype``) is cast to the sharded
+    parameter's dtype (``_to_dtype_if_needed``: fp32 after accelerate's upcast) and becomes the sharded ``.grad``,
+    the ``reduce_output`` freed; the ``reduce_scatter_input`` stays in ``comm_ctx.reduce_scatter_states`` until the
+    next unit's ``post_backward`` (``reduce_scatter_max_input_buffers`` = 1) or the root's final callback. The
+    input embedding's inputs need no gradient, so its ``post_backward`` runs in that final callback
+    (``_fsdp_state.py`` ``_root_post_backward_final_callback``), after the previous unit's input was released:
+    its input, its ``reduce_output`` and every fp32 shard then. A unit is gathered at its pre-backward and
+    resharded at its post-backward; on more than one rank the unit before it is prefetched
+    (``_backward_prefetch``); at one, ``unshard`` copies nothing ahead (``wait_for_unshard``'s
+    ``world_size == 1`` branch). Three kinds of step:
+
+    - no accumulation (and the first micro-step under ``sync_each_batch``): a unit's shards exist once reduced,
+      the current unit's unsharded gradients as they are made (``made_in_layer`` elements at a layer's moment);
+    - an accumulating window's last micro-step (``set_requires_gradient_sync(False)`` before it): every unsharded
+      ``.grad`` is held from its start and freed when its unit is reduced;
+    - ``sync_each_batch`` with accumulation: every fp32 shard from the start, the new unsharded gradients besides.
+
+    Measured on the real Trainer (``benchmarks/accumulation_engines_cpu.py``, tiny Llama, 1 and 2 gloo ranks):
+    the storages alive at each backward peak.
+
+    Args:
+        spec: The training spec.
+        made_in_layer: Elements of gradient a layer's unit has made at its MLP backward moment (down_proj's).
+
+    Returns:
+        The bytes per moment, or None.
+    """
+    if not fsdp_backward_applies(spec):
+        return None
+    fs = spec.sharding.fsdp
+    if fs is not None and fs.version == 1:
+        return _fsdp1_held(spec, made_in_layer)
+    n, c, trainable, per_layer, emb = _sizes(spec)
+    reduced, grads, shards_held = _gradients(spec, n)
+    tail = tail_params(spec)
+    layers = spec.model.shape.num_layers
+    ahead = 2 if n > 1 else 1  # the unit in backward + the one prefetched
+    above = tail + (layers - 1) * per_layer
+    return FsdpBackward(
+        head=grads(0, 0) + c * tail + (c * per_layer if n > 1 else 0),
+        # the tail resharded first (reshard_after_backward); sync_each_batch: the new shard beside the held one
+        tail_reduce=grads(tail, 0) + c * tail + c * tail // n + (reduced(tail) if shards_held else 0)
+        + (c * per_layer if n > 1 else 0),
+        layer_reduce=None,
+        top=grads(tail, made_in_layer) + c * tail + ahead * c * per_layer,
+        bottom=grads(above, made_in_layer) + c * per_layer + c * per_layer + (c * emb if n > 1 else 0),
+        embedding=grads(trainable - emb, 0) + c * emb + c * per_layer + c * emb,
+        reduce_end=reduced(trainable) + c * emb + c * emb // n + (reduced(emb) if shards_held else 0),
+    )
+
+
+def _reduced_shard_bytes(spec: TrainingSpec) -> int:
+    """Bytes of every reduced gradient shard of a rank (the model states' gradients at the optimizer step)."""
+    return sum(c.at(Phase.OPTIMIZER_STEP) for c in model_state_components(spec) if c.name == "gradients")
+
+
+def _sizes(spec: TrainingSpec) -> tuple[int, int, int, int, int]:
+    """(shards, compute bytes, trainable elements, elements of a decoder layer, of the input embedding)."""
+    per_layer = sum(p.numel_each for p in spec.model.params if p.per_layer)
+    emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING)
+    # unsharded parameters and gradients, reduce_scatter_input (reduce_dtype: accelerate's policy, param_dtype)
+    return partition(spec).gradients, param_compute_bytes(spec), trainable_params(spec), per_layer, emb
+
+
+def _gradients(spec: TrainingSpec, n: int) -> tuple[Callable[[int], int], Callable[[int, int], int], bool]:
+    """(the reduced fp32 shards of so many gradient elements; the gradients held once units of ``done`` elements
+    are reduced and ``made`` of the next made; whether every shard is held from the start)."""
+    trainable = trainable_params(spec)
+    shard_bytes = _reduced_shard_bytes(spec)
+    c = param_compute_bytes(spec)
+
+    def reduced(numel: int) -> int:
+        return shard_bytes * numel // trainable
+
+    fs = spec.sharding.fsdp
+    # no_sync before this micro-step: every unsharded .grad held (FSDP1 on one process has no no_sync: each
+    # micro-step reduces into the fp32 .grad it holds, as sync_each_batch does)
+    window_end = accumulates_in_grad(spec) and spec.batch.grad_accum > 1 and not (
+        fs is not None and fs.version == 1 and n == 1)
+    shards_held = gradients_held_from_start(spec) and not window_end
+
+    def grads(done: int, made: int) -> int:
+        if window_end:
+            return c * (trainable - done) + reduced(done)
+        return (reduced(trainable) if shards_held else reduced(done)) + c * made
+
+    return reduced, grads, shards_held
+
+
+def _fsdp1_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward:
+    """FSDP1's moments (accelerate 1.15 units: each decoder layer and the root, the embedding, final norm and LM
+    head in one flat parameter; transformers 5.23's ``backward_prefetch=NO_PREFETCH``).
+
+    torch 2.13 ``distributed/fsdp/_runtime_utils.py``: the root stays gathered from its forward to its
+    post-backward, at the end; a layer is gathered at its pre-backward, resharded at its post-backward
+    (``_post_backward_hook``), which reduces its flat gradient (``_reduce_grad``; ``_reduce_grad_no_shard`` on one
+    process) and casts it to the fp32 parameter's dtype. A unit's flat gradient is made from its parameters'
+    gradients when the last one is made (autograd's ``split_with_sizes`` backward over ``_flat_param.py``
+    ``_get_unflat_views``), so the LM head's gradient waits until the embedding's: then the root's parameters'
+    gradients, its flat gradient and its gathered parameters are alive together. Measured on the real Trainer
+    (``benchmarks/accumulation_engines_cpu.py``, 1 and 2 gloo ranks): the storages alive at each backward peak.
+    """
+    n, c, _, per_layer, emb = _sizes(spec)
+    reduced, grads, shards_held = _gradients(spec, n)
+    layers = spec.model.shape.num_layers
+    root = sum(p.numel for p in spec.model.params if not p.per_layer)
+    held_root = c * root  # the root gathered through backward
+    waiting = c * (root - emb)  # the head's and final norm's gradients, until the root's flat gradient is made
+    return FsdpBackward(
+        head=grads(0, 0) + held_root,
+        tail_reduce=None,
+        # the layer's new flat gradient (and, sharded, its new_sharded_grad in reduce_dtype) beside its fp32 cast;
+        # one process reducing into a held fp32 .grad casts that to reduce_dtype and back first (the measured peak
+        # of the accumulating 1-rank run)
+        layer_reduce=grads(per_layer, 0) + c * per_layer + (c * per_layer // n if n > 1 else 0)
+        + (c * per_layer + reduced(per_layer) if shards_held and n == 1 else 0) + held_root + waiting,
+        top=grads(0, made_in_layer) + held_root + waiting + c * per_layer,
+        bottom=grads((layers - 1) * per_layer, made_in_layer) + held_root + waiting + c * per_layer,
+        embedding=grads(layers * per_layer, 0) + held_root + waiting + c * emb,
+        # the parameters' gradients and the flat one made from them, beside the gathered root
+        reduce_end=grads(layers * per_layer, 0) + held_root + 2 * c * root,
+    )
