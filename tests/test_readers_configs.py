@@ -10,7 +10,7 @@ from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding
 from fitcheck.readers.accelerate_config import default_config_path, read_accelerate_config
 from fitcheck.readers.deepspeed import load_deepspeed_file, resolve_deepspeed
-from fitcheck.readers.fsdp_config import fsdp_option_string
+from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
 from fitcheck.readers.merge import merge_sources
 from fitcheck.readers.trainer_args import read_script_argv, read_training_args_file
 from fitcheck.spec import MixedPrecision, OffloadDevice, Strategy
@@ -258,6 +258,21 @@ def test_accelerate_fsdp1_legacy_strategy() -> None:
         False,
     )
     assert fs.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" and fs.use_orig_params
+    assert fs.backward_prefetch == "BACKWARD_PRE"  # accelerate's template; the Trainer's own default: NO_PREFETCH
+
+
+@pytest.mark.parametrize(("cfg", "want"), [
+    ({"fsdp_version": 1}, "NO_PREFETCH"),
+    ({"fsdp_version": 1, "fsdp_backward_prefetch": "2"}, "BACKWARD_POST"),
+    ({"fsdp_version": 2, "fsdp_backward_prefetch": "BACKWARD_PRE"}, "NO_PREFETCH"),
+])
+def test_fsdp_backward_prefetch_as_accelerate_reads_it(cfg: dict[str, object], want: str) -> None:
+    """accelerate 1.15 ``FullyShardedDataParallelPlugin``: a name or torch's ``BackwardPrefetch`` value; None under
+    FSDP2; a bad value refused (exit 2)."""
+    assert fsdp_from_config(cfg, source="acc.yaml", flavour="accelerate").spec.backward_prefetch == want
+    with pytest.raises(ConfigError, match="fsdp_backward_prefetch"):
+        fsdp_from_config({"fsdp_version": 1, "fsdp_backward_prefetch": "BACKWARDS"}, source="acc.yaml",
+                         flavour="accelerate")
 
 
 def test_accelerate_fsdp2() -> None:

@@ -15,7 +15,7 @@ from typing import get_args
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
 from fitcheck.readers.sources import as_bool, as_int, as_str_list, where
-from fitcheck.spec import SHARDING_STRATEGIES, AutoWrapPolicy, FsdpSpec, ShardingStrategy
+from fitcheck.spec import SHARDING_STRATEGIES, AutoWrapPolicy, BackwardPrefetchPolicy, FsdpSpec, ShardingStrategy
 
 FSDP_STRATEGIES = SHARDING_STRATEGIES  # accelerate utils/constants.py FSDP_SHARDING_STRATEGY, in its order
 WRAP_POLICIES: tuple[AutoWrapPolicy, ...] = get_args(AutoWrapPolicy)
@@ -126,6 +126,7 @@ def fsdp_from_config(cfg: Mapping[str, object], *, source: str, flavour: str) ->
     if ac is not None:
         prov["activation_checkpointing"] = at("activation_checkpointing")
     state_dict_type = _state_dict_type(c, version, flavour, at, prov)
+    prefetch = _backward_prefetch(c, version, at, prov)
     try:
         spec = FsdpSpec(
             version=version,
@@ -137,10 +138,34 @@ def fsdp_from_config(cfg: Mapping[str, object], *, source: str, flavour: str) ->
             min_num_params=min_params,
             cpu_ram_efficient_loading=ram_efficient,
             state_dict_type=state_dict_type,
+            backward_prefetch=prefetch,
         )
     except ValueError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return FsdpRead(spec, ac, prov, tuple(findings))
+
+
+# accelerate 1.15 utils/constants.py FSDP_BACKWARD_PREFETCH; a digit is torch's BackwardPrefetch value (1, 2)
+_PREFETCH: tuple[BackwardPrefetchPolicy, ...] = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+
+
+def _backward_prefetch(c: Mapping[str, object], version: int, at: Callable[[str], str],
+                       prov: dict[str, str]) -> BackwardPrefetchPolicy:
+    """``backward_prefetch`` as accelerate 1.15's plugin reads it (``utils/dataclasses.py``
+    ``FullyShardedDataParallelPlugin.__post_init__``: a name of ``FSDP_BACKWARD_PREFETCH`` or torch's
+    ``BackwardPrefetch`` value 1 / 2; ``NO_PREFETCH`` and absent are None; FSDP2: set to None with a warning).
+    Absent: NO_PREFETCH, the default of both accelerate's plugin and transformers 5.23's ``fsdp_config``."""
+    value = c.get("backward_prefetch")
+    if value is None or version == 2:
+        return "NO_PREFETCH"
+    text = str(value).strip().upper()
+    if text.isdigit() and int(text) in (1, 2):
+        text = _PREFETCH[int(text) - 1]
+    if text not in _PREFETCH:
+        raise ConfigError(f"{at('backward_prefetch')}: expected one of {', '.join(_PREFETCH)}, got {value!r} "
+                          "(accelerate's FullyShardedDataParallelPlugin refuses it)")
+    prov["backward_prefetch"] = at("backward_prefetch")
+    return next(p for p in _PREFETCH if p == text)
 
 
 _STATE_DICT_TYPES = {"1": "FULL_STATE_DICT", "2": "LOCAL_STATE_DICT", "3": "SHARDED_STATE_DICT"}  # torch StateDictType

@@ -24,6 +24,7 @@ from fitcheck.spec.model import (
 from fitcheck.spec.sharding import (
     SHARDING_STRATEGIES,
     AutoWrapPolicy,
+    BackwardPrefetchPolicy,
     DeepSpeedSpec,
     FsdpSpec,
     OffloadDevice,
@@ -88,6 +89,7 @@ __all__ = [
     "AttentionKind",
     "AttnImpl",
     "AutoWrapPolicy",
+    "BackwardPrefetchPolicy",
     "BatchSpec",
     "DeepSpeedSpec",
     "DeviceType",

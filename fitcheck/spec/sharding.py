@@ -73,6 +73,9 @@ SHARDING_STRATEGIES: tuple[ShardingStrategy, ...] = get_args(ShardingStrategy)
 
 # FSDP wrap policies (accelerate fsdp_auto_wrap_policy).
 AutoWrapPolicy = Literal["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
+# torch 2.13 BackwardPrefetch members (1, 2) and accelerate 1.15's "NO_PREFETCH" (utils/constants.py
+# FSDP_BACKWARD_PREFETCH, in its order)
+BackwardPrefetchPolicy = Literal["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,10 @@ class FsdpSpec:
             each such unit's gradient covers its frozen parameters too. False for the Trainer, which wraps the
             LoRA layers in units of their own (transformers 5.23 ``distributed/fsdp.py``
             ``update_fsdp_plugin_peft``).
+        backward_prefetch: FSDP1's ``backward_prefetch``: NO_PREFETCH (transformers 5.23 ``training_args.py``
+            ``fsdp_config.get("backward_prefetch", "NO_PREFETCH")``; accelerate 1.15's plugin default None),
+            BACKWARD_PRE (a unit's pre-backward hook gathers the next unit) or BACKWARD_POST (its post-backward
+            hook, after resharding it). accelerate sets it to None under FSDP2.
     """
 
     version: int = 2
@@ -114,6 +121,7 @@ class FsdpSpec:
     cpu_ram_efficient_loading: bool = False
     state_dict_type: str = ""
     frozen_shares_units: bool = False
+    backward_prefetch: BackwardPrefetchPolicy = "NO_PREFETCH"
 
     @property
     def saves_full_state_dict(self) -> bool:

@@ -88,6 +88,8 @@ def _fsdp1_not_replayed(spec: TrainingSpec) -> list[str]:
         parts.append("cpu_ram_efficient_loading (meta-device initialisation on the other ranks)")
     if fs.frozen_shares_units:
         parts.append("frozen parameters sharing a unit")
+    if fs.backward_prefetch != "NO_PREFETCH":  # the rewrite gathers each unit at its own pre-backward only
+        parts.append(f"backward_prefetch {fs.backward_prefetch}")
     return parts
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fitcheck.core.states.accumulation import accumulates_in_grad, gradients_held_from_start
-from fitcheck.core.states.fsdp2_units import fsdp_backward_applies, tail_params
+from fitcheck.core.states.fsdp2_units import fsdp1_prefetched_units, fsdp_backward_applies, tail_params
 from fitcheck.core.states.layout import trainable_params
 from fitcheck.core.states.model_states import model_state_components
 from fitcheck.core.states.sharding import param_compute_bytes, partition
@@ -144,7 +144,8 @@ def _gradients(spec: TrainingSpec, n: int) -> tuple[Callable[[int], int], Callab
 
 def _fsdp1_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward:
     """FSDP1's moments (accelerate 1.15 units: each decoder layer and the root, the embedding, final norm and LM
-    head in one flat parameter; transformers 5.23's ``backward_prefetch=NO_PREFETCH``).
+    head in one flat parameter; transformers 5.23's default ``backward_prefetch=NO_PREFETCH``, or the unit
+    :func:`fsdp1_prefetched_units` gathers ahead).
 
     torch 2.13 ``distributed/fsdp/_runtime_utils.py``: the root stays gathered from its forward to its
     post-backward, at the end; a layer is gathered at its pre-backward, resharded at its post-backward
@@ -161,15 +162,18 @@ def _fsdp1_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward:
     root = sum(p.numel for p in spec.model.params if not p.per_layer)
     held_root = c * root  # the root gathered through backward
     waiting = c * (root - emb)  # the head's and final norm's gradients, until the root's flat gradient is made
+    pre, post = fsdp1_prefetched_units(spec)
+    ahead = c * per_layer  # the next layer's unit, gathered early by the prefetch
     return FsdpBackward(
-        head=grads(0, 0) + held_root,
+        head=grads(0, 0) + held_root + pre * ahead,
         tail_reduce=None,
         # the layer's new flat gradient (and, sharded, its new_sharded_grad in reduce_dtype) beside its fp32 cast;
         # one process reducing into a held fp32 .grad casts that to reduce_dtype and back first (the measured peak
         # of the accumulating 1-rank run)
         layer_reduce=grads(per_layer, 0) + c * per_layer + (c * per_layer // n if n > 1 else 0)
-        + (c * per_layer + reduced(per_layer) if shards_held and n == 1 else 0) + held_root + waiting,
-        top=grads(0, made_in_layer) + held_root + waiting + c * per_layer,
+        + (c * per_layer + reduced(per_layer) if shards_held and n == 1 else 0) + held_root + waiting
+        + max(pre, post) * ahead,
+        top=grads(0, made_in_layer) + held_root + waiting + c * per_layer + pre * ahead,
         bottom=grads((layers - 1) * per_layer, made_in_layer) + held_root + waiting + c * per_layer,
         embedding=grads(layers * per_layer, 0) + held_root + waiting + c * emb,
         # the parameters' gradients and the flat one made from them, beside the gathered root

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.core.states.fsdp2_units import fsdp2_components, fsdp_backward_applies
+from fitcheck.core.states.fsdp2_units import fsdp1_prefetched_units, fsdp2_components, fsdp_backward_applies
 from fitcheck.core.states.fsdp_mixed_units import mixed_unit_frozen_params
 from fitcheck.core.states.fsdp_qlora import compute_dtype_override, gathered_layer_bytes, is_fsdp_4bit
 from fitcheck.core.states.layout import trainable_params
@@ -474,14 +474,16 @@ def _fsdp(spec: TrainingSpec) -> tuple[Component, ...]:
         fwd_end = root  # every layer resharded; the root unit stays gathered until its backward
         # the loss's backward, before the logits' gradient reaches the root's pre-backward hook: no layer unit is
         # gathered yet (torch 2.13 fsdp/_runtime_utils.py _pre_backward_hook unshards a unit when the gradient of
-        # its outputs exists; transformers 5.23 passes backward_prefetch=NO_PREFETCH). Real Trainer, FSDP1, 1 and
-        # 2 gloo ranks (benchmarks/accumulation_engines_cpu.py): root + 2 units was +5.4 / +9.1 % at 32 tokens
-        bwd_start = root
+        # its outputs exists; transformers 5.23's default backward_prefetch=NO_PREFETCH; BACKWARD_PRE: the top layer
+        # too). Real Trainer, FSDP1, 1 and 2 gloo ranks (benchmarks/accumulation_engines_cpu.py, fsdp1-2ranks-pre):
+        # root + 2 units was +5.4 / +9.1 % at 32 tokens
+        bwd_start = root + fsdp1_prefetched_units(spec)[0] * unit
     else:
         fwd_end = bwd_start = (
             root + layers_total
         )  # SHARD_GRAD_OP / reshard_after_forward=False: kept gathered
-    bwd = root if modelled else root + unit + unit_grads  # end of backward: first layer + root still gathered
+    ahead = max(fsdp1_prefetched_units(spec)) * unit  # FSDP1's backward_prefetch (modelled runs: in their moments)
+    bwd = root if modelled else root + unit + unit_grads + ahead
     out = [
         Component(
             "buffers.fsdp_unsharded_params",
