@@ -32,7 +32,7 @@ from fitcheck.core.activations.mla import (
     mla_mlp,
     mla_outside,
 )
-from fitcheck.core.activations.moe_expert_loop import expert_loop_applies, expert_loop_saved
+from fitcheck.core.activations.moe_expert_loop import expert_linears_bytes, expert_loop_applies, expert_loop_saved
 from fitcheck.core.activations.moe_grouped_mm import gpt_oss_moe_saved
 from fitcheck.core.activations.norms import qk_norm_outside, qk_norm_saved
 from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
@@ -122,16 +122,6 @@ def _experts_adapted(spec: TrainingSpec) -> bool:
     from fitcheck.spec import Kind
 
     return spec.lora is not None and any(t.entry.kind is Kind.FUSED_EXPERTS for t in plan_lora(spec).targets)
-
-
-def _experts_4bit(spec: TrainingSpec) -> bool:
-    """Whether bitsandbytes 4-bit replaced the experts' ``nn.Linear`` (transformers 4.x Mixtral)."""
-    from fitcheck.core.states import is_quantized
-    from fitcheck.spec import Role
-
-    quant = spec.quant
-    return (quant is not None and quant.method == "bitsandbytes" and quant.bits == 4
-            and any(p.role is Role.EXPERTS and is_quantized(spec, p) for p in spec.model.params))
 
 
 def _reads_input_itself(spec: TrainingSpec, m: ActivationMode, targets: frozenset[str], name: str) -> bool:
@@ -354,7 +344,7 @@ def _mlp_saved(spec: TrainingSpec, m: ActivationMode, full: bool, targets: froze
     if sh.num_experts and sh.traits.moe is MoeLayout.GROUPED_MM_CLAMPED and not _experts_adapted(spec):
         return gpt_oss_moe_saved(sh, m.e, full)  # clamped-SwiGLU grouped_mm experts (moe_grouped_mm.py)
     if expert_loop_applies(spec):  # transformers 4.x's per-expert nn.Linear loop (moe_expert_loop.py)
-        return expert_loop_saved(sh, e=m.e, r=m.r, linears_out=m.r if _experts_4bit(spec) else m.e, full=full,
+        return expert_loop_saved(sh, e=m.e, r=m.r, linears_out=expert_linears_bytes(spec, m.e, m.r), full=full,
                                  autocast=m.autocast)
     if sh.num_experts:
         k, n_exp = sh.experts_per_token, sh.num_experts

@@ -21,6 +21,13 @@ I intermediate):
   w3's weight gradients; under autocast one 16-bit cast per reader), the silu x w3 product (I, w2's input) and the
   router's input (h).
 
+Backward runs the experts one at a time (``index_add_`` in reverse): beyond the saved tensors and the block's output
+gradient, the worst moment is one expert's MLP backward, the two gradients of its silu x w3 product (2I per routed
+token, in the linears' output dtype) for that expert's tokens, bs·k/E of them with balanced routing, where the
+fused/dense MLP's backward holds them for all bs tokens (``backward.backward_moments``: 2·e·I·bs). Live-tensor
+tracker on one block, 2,048 tokens, top-2: 1,026 / 503 / 252.5 B per token at 2 / 4 / 8 experts (bf16, I 256:
+2·2·256·k/E = 1,024 / 512 / 256), 2,052 / 496 with 4-bit experts behind the k-bit preparation (fp32 outputs).
+
 Measured with saved-tensor hooks and fitcheck's tracer on real tensors in transformers 4.48.1 / peft 0.13.2 /
 bitsandbytes 0.50.2 CPU (``benchmarks/mixtral_old_moe.py``; ``tests/test_mixtral_expert_loop.py`` pins the recorded
 numbers): 16-bit model 80 + k·2·(2h + 3I + 1) bytes per token at E = 4, k = 2 (4,176 B at h 128, I 256); QLoRA
@@ -39,6 +46,29 @@ def expert_loop_applies(spec: TrainingSpec) -> bool:
     release = spec.stack.release("transformers")
     return (spec.model.shape.traits.v4_linear_experts and release is not None
             and release[:2] < FUSED_EXPERTS_RELEASE)
+
+
+def expert_linears_bytes(spec: TrainingSpec, e: int, r: int) -> int:
+    """Element bytes of the experts' linear outputs: the block input's (``r``) for bitsandbytes 4-bit experts
+    (``Linear4bit.forward`` returns ``out.to(inp_dtype)``), else the activations' (``e``)."""
+    from fitcheck.core.states import is_quantized
+    from fitcheck.spec import Role
+
+    quant = spec.quant
+    four_bit = (quant is not None and quant.method == "bitsandbytes" and quant.bits == 4
+                and any(p.role is Role.EXPERTS and is_quantized(spec, p) for p in spec.model.params))
+    return r if four_bit else e
+
+
+def expert_loop_backward_work(spec: TrainingSpec, e: int, r: int) -> int | None:
+    """Bytes of the MoE MLP's backward working set in the loop (module docstring): one expert's product
+    gradients for its share of the micro-batch's tokens; None where the loop does not run."""
+    if not expert_loop_applies(spec):
+        return None
+    sh = spec.model.shape
+    tokens = spec.batch.micro_batch * spec.batch.seq_len
+    per_expert = -(-tokens * sh.experts_per_token // max(1, sh.num_experts))  # balanced routing, rounded up
+    return 2 * expert_linears_bytes(spec, e, r) * sh.intermediate_size * per_expert
 
 
 def expert_loop_saved(shape: ModelShape, *, e: int, r: int, linears_out: int, full: bool, autocast: bool) -> int:
