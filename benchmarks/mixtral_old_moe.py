@@ -3,7 +3,7 @@
 transformers 4.40-4.57 ``MixtralSparseMoeBlock.forward`` (4.48.1 ``models/mixtral/modeling_mixtral.py``
 L112-150) loops over ``nn.Linear`` experts (``MixtralBlockSparseTop2MLP``), gathering ``hidden_states[None, top_x]``
 per expert and summing with ``index_add_``; 5.x fuses the experts. This script runs fitcheck's own tracer
-(``fitcheck.torch_adapters.tracer_depth.trace_result``, real tensors: the per-expert ``torch.where`` is
+(``fitcheck.torch_adapters.trace_extrapolated``, real tensors: the per-expert ``torch.where`` is
 data-dependent, so no fake tensors) on the INSTALLED transformers -- run it in an environment with the fms stack
 (``/work/venvs/old``: transformers 4.48.1, peft 0.13.2, trl 0.13.0, torch 2.13 CPU; bitsandbytes 0.50.2's CPU
 backend linked in with ``--bnb-path``) -- and prints, per case and phase, the traced live bytes (activations,
@@ -78,8 +78,7 @@ def specs(experts: int = 4, batch: int = 2, seq: int = 64, family: str = "mixtra
     """The cases' TrainingSpecs (module docstring), at the fms stack."""
     from tiny_models import family_config, spec_from_config
 
-    from fitcheck.readers.families_legacy import inventory_for_stack
-    from fitcheck.readers.versions import parse_stack
+    from fitcheck.readers import inventory_for_stack, parse_stack
     from fitcheck.spec import Dtype, LoraSpec, QuantSpec, TrainerSpec
 
     moe = {"num_local_experts": experts, "num_experts_per_tok": 2} if family == "mixtral" else {}
@@ -102,12 +101,13 @@ def specs(experts: int = 4, batch: int = 2, seq: int = 64, family: str = "mixtra
 
 def compare(spec: Any) -> dict[str, list[int]]:
     """Phase -> [traced, formula] activation + logits + temporaries bytes."""
-    from fitcheck.core.activations.decoder import activation_components
+    from fitcheck.core.activations import activation_components
     from fitcheck.report import Phase
-    from fitcheck.torch_adapters.trace_arguments import activation_trace_kwargs
-    from fitcheck.torch_adapters.tracer_depth import components_from_trace, trace_result
+    from fitcheck.torch_adapters import activation_trace_kwargs, components_from_trace, trace_extrapolated
 
-    traced = components_from_trace(trace_result(spec, {**activation_trace_kwargs(spec), "fake": False}))
+    # tracer_depth.trace_result's call (no accumulation, no resident gradients), on real tensors
+    traced = components_from_trace(trace_extrapolated(spec.model.config, **{**activation_trace_kwargs(spec),
+                                                                            "fake": False}))
     formula = activation_components(spec)
     return {ph.value: [sum(c.at(ph) for c in traced), sum(c.at(ph) for c in formula)]
             for ph in (Phase.FORWARD_END, Phase.BACKWARD_START, Phase.BACKWARD)}
