@@ -30,8 +30,8 @@ tracker on one block, 2,048 tokens, top-2: 1,026 / 503 / 252.5 B per token at 2 
 
 Measured with saved-tensor hooks and fitcheck's tracer on real tensors in transformers 4.48.1 / peft 0.13.2 /
 bitsandbytes 0.50.2 CPU (``benchmarks/mixtral_old_moe.py``; ``tests/test_mixtral_expert_loop.py`` pins the recorded
-numbers): 16-bit model 80 + k·2·(2h + 3I + 1) bytes per token at E = 4, k = 2 (4,176 B at h 128, I 256); QLoRA
-behind the k-bit preparation under bf16 autocast 80 + k·4·(2h + 3I + 1) (8,276 B).
+numbers): 16-bit model 76 + k·2·(2h + 3I + 1) bytes per token at E = 4, k = 2 (4,176 B at h 128, I 256); QLoRA
+behind the k-bit preparation under bf16 autocast 76 + k·4·(2h + 3I + 1) (8,276 B).
 """
 
 from __future__ import annotations
