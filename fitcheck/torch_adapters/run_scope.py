@@ -89,13 +89,14 @@ def untraced_parts(spec: TrainingSpec) -> tuple[str, ...]:
     """What of this run the tracer cannot describe, each with the flag that asks for it: Liger kernels, a fused or
     chunked loss and activation offloading (modelled by the formulas only: fitcheck/core/kernels/), one rank of a
     tp/cp/sp layout (core/parallelism), a GPTQ/AWQ/FP8 base (core/states/prequant), an 8-bit base on CUDA, a
-    torch < 1.11 stack's eager softmax keeping its input (core/activations/versions) and FSDP1 with reentrant
-    checkpointing on transformers < 4.52 (core/activations/fsdp1_reentrant). A
+    torch < 1.11 stack's eager softmax keeping its input (core/activations/versions), FSDP1 with reentrant
+    checkpointing on transformers < 4.52 (core/activations/fsdp1_reentrant) and transformers < 5.0's per-expert
+    Mixtral loop (core/activations/moe_expert_loop). A
     trace of the plain step would be a different run: ``--trace`` refuses these (``PinnedPath.activations``). The
     paths following a traced headline (a Liger or sequence-parallel suggestion) trace the plain step: no saving
     is claimed for the part the trace leaves out, where the formulas' saving could rest on activations that the
     traced headline showed to be off."""
-    from fitcheck.core.activations import held_checkpoint_inputs, legacy_softmax_input_added
+    from fitcheck.core.activations import expert_loop_applies, held_checkpoint_inputs, legacy_softmax_input_added
     from fitcheck.spec import DeviceType
 
     act = spec.activations
@@ -123,6 +124,11 @@ def untraced_parts(spec: TrainingSpec) -> tuple[str, ...]:
     if held_checkpoint_inputs(spec):
         parts.append(f"transformers {spec.stack.get('transformers')}'s reentrant checkpoint around each FSDP1 unit, "
                      "holding every layer input and its gradient to the end of backward (--stack transformers=)")
+    # transformers < 5.0 loops over Mixtral's nn.Linear experts (core/activations/moe_expert_loop.py); the installed
+    # 5.23 runs its fused experts: a different layer
+    if expert_loop_applies(spec):
+        parts.append(f"transformers {spec.stack.get('transformers')}'s per-expert nn.Linear MoE loop (the installed "
+                     "transformers fuses the experts; --stack transformers=)")
     return tuple(parts)
 
 

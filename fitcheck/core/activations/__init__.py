@@ -8,6 +8,7 @@
   (:mod:`.layernorm_outside`: what they keep outside their layers);
 - :mod:`.norms`: fp32-product RMSNorms, q/k norms, post-norm-only layers; :mod:`.attention_variants`: attention
   sinks and their eager softmax, the rotary tables; :mod:`.moe_grouped_mm`: grouped_mm clamped-SwiGLU experts;
+  :mod:`.moe_expert_loop`: transformers 4.x's per-expert ``nn.Linear`` Mixtral loop;
   :mod:`.mla`: latent attention and DeepSeek's dense/MoE layers; :mod:`.param_wrapper`: peft's MoE adapters;
 - :mod:`.heads`: classifier heads (and the BERT layer a RoBERTa-like classifier runs); :mod:`.vision`: the tower;
 - :mod:`.dora`: DoRA's extra saved tensors and transients (and other LoRA extras);
@@ -50,6 +51,7 @@ from fitcheck.core.activations.layer_saved import layer_saved_per_token, lm_head
 from fitcheck.core.activations.layernorm_blocks import layernorm_block_saved, legacy_softmax_input_added
 from fitcheck.core.activations.logits import traced_legacy_logits
 from fitcheck.core.activations.lora_targets import wrapped_linears
+from fitcheck.core.activations.moe_expert_loop import expert_loop_applies
 from fitcheck.core.activations.norm_backward import RMS_BACKWARD_TEMPS
 from fitcheck.core.activations.promoted import other_half_autocast
 from fitcheck.core.activations.qlora import lora_dropout_mask_bytes
@@ -66,6 +68,7 @@ __all__ = [
     "activation_findings",
     "cuda_embedding_backward",
     "envelope_key",
+    "expert_loop_applies",
     "fsdp_traced_backward",
     "held_checkpoint_inputs",
     "in_envelope",

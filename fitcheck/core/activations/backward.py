@@ -68,6 +68,7 @@ from fitcheck.core.activations.bnb_kept_inputs import kept_first_layer_less, kep
 from fitcheck.core.activations.freeze import autocast_head_numel, autocast_layer_cast, frozen_missing, layer_trained
 from fitcheck.core.activations.fsdp1_reentrant import held_at_layer
 from fitcheck.core.activations.lora_recompute import unrecomputed_base_backward
+from fitcheck.core.activations.moe_expert_loop import expert_loop_applies, expert_loop_backward_work
 from fitcheck.core.activations.norm_backward import (
     frozen_final_norm_backward,
     frozen_input_norm_backward,
@@ -181,7 +182,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
     # gated MLP: down_proj input gradient + the product's two gradients - down_proj's freed input (+2·e·I);
     # a plain MLP (GPT-2 traced: fc input gradient replaces the freed fc output) nets 0; + the residual gradient
     gated = sh.mlp_activation == "swiglu"
-    work = (2 * q.e * sh.intermediate_size * bs if gated else 0) + q.r * h * bs
+    # transformers 4.x's Mixtral loop: one expert's tokens at a time (moe_expert_loop.py)
+    loop = expert_loop_backward_work(spec, q.e, q.r)
+    work = (loop if loop is not None else 2 * q.e * sh.intermediate_size * bs if gated else 0) + q.r * h * bs
     static = _static_outside(spec, q)
     norms = _gemma_norms(spec)  # (1 + weight) fp32 copies of one layer's norms (Gemma)
     moments: dict[str, int] = {}
@@ -495,11 +498,13 @@ def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
         why = "LoRA/quantized bases (adapter input casts in the recomputed layer)"
     if not why:
         return ()
+    # transformers 4.x's Mixtral loop: one expert's tokens at a time (moe_expert_loop.py, measured on one block)
+    recipe = "per-expert MoE loop's" if expert_loop_applies(spec) else "Llama-recipe MLP"
     return (
         Finding(
             "backward-not-pinned",
             Severity.INFO,
-            f"the peak during backward uses the Llama-recipe MLP working set; not pinned to a trace for {why}",
+            f"the peak during backward uses the {recipe} working set; not pinned to a trace for {why}",
             trace_fix(spec, "run `fitcheck estimate --trace` for a measured number"),
         ),
     )

@@ -32,6 +32,7 @@ from fitcheck.core.activations.mla import (
     mla_mlp,
     mla_outside,
 )
+from fitcheck.core.activations.moe_expert_loop import expert_linears_bytes, expert_loop_applies, expert_loop_saved
 from fitcheck.core.activations.moe_grouped_mm import gpt_oss_moe_saved
 from fitcheck.core.activations.norms import qk_norm_outside, qk_norm_saved
 from fitcheck.core.activations.param_wrapper import param_wrapper_saved, wrapped_router
@@ -342,6 +343,9 @@ def _mlp_saved(spec: TrainingSpec, m: ActivationMode, full: bool, targets: froze
     h, inter = sh.hidden_size, sh.intermediate_size
     if sh.num_experts and sh.traits.moe is MoeLayout.GROUPED_MM_CLAMPED and not _experts_adapted(spec):
         return gpt_oss_moe_saved(sh, m.e, full)  # clamped-SwiGLU grouped_mm experts (moe_grouped_mm.py)
+    if expert_loop_applies(spec):  # transformers 4.x's per-expert nn.Linear loop (moe_expert_loop.py)
+        return expert_loop_saved(sh, e=m.e, r=m.r, linears_out=expert_linears_bytes(spec, m.e, m.r), full=full,
+                                 autocast=m.autocast)
     if sh.num_experts:
         k, n_exp = sh.experts_per_token, sh.num_experts
         # trace "mixtral bf16": router softmax fp32 (4E) + top-k ids/weights/sort/perm (40k) + sum (4)
@@ -415,7 +419,7 @@ def _outside_saved(spec: TrainingSpec) -> int:
         # 4-D additive causal mask (b, 1, s, s), model dtype: no op saves it, so it outlives the decoder forward
         # only as an argument every checkpointed layer holds (trace "llama eager": absent without checkpointing)
         total += b * s * s * (2 if m.half_model else 4) * sh.traits.eager_mask_kinds  # gpt-oss: 2
-    if sh.num_experts:
+    if sh.num_experts and not expert_loop_applies(spec):  # 4.x's loop has no offsets (moe_expert_loop.py)
         total += 4 * sh.num_experts * sh.num_layers  # expert offsets (trace: cumsum int32)
         total += param_wrapper_saved(spec)  # peft ParamWrapper merged experts (activations/param_wrapper.py)
     total += _mla_outside(spec, m)  # DeepSeek-V3's dense layers, router weight copies (activations/mla.py)

@@ -192,9 +192,14 @@ def lora_layer_params(spec: TrainingSpec) -> int:
 
 
 def qlora_frozen_head(spec: TrainingSpec) -> bool:
-    """QLoRA with the LM head frozen: autocast's bf16 cast of the head input is not saved for backward."""
+    """QLoRA with the LM head frozen: autocast's bf16 cast of the head input is not saved for backward (traced on
+    the families whose QLoRA layer is pinned, and measured on transformers 4.48's Mixtral, whose 4-bit experts are
+    ``nn.Linear``: ``benchmarks/mixtral_old_moe.py``, its start of backward as Mistral's)."""
+    from fitcheck.core.activations.moe_expert_loop import expert_loop_applies
+
     lora = spec.lora
-    return qlora_formula_applies(spec) and lora is not None and "lm_head" not in lora.modules_to_save
+    applies = qlora_formula_applies(spec) or (expert_loop_applies(spec) and four_bit_lora(spec) and kbit_upcast(spec))
+    return applies and lora is not None and "lm_head" not in lora.modules_to_save
 
 
 def qlora_cache_after_forward(spec: TrainingSpec, cache: int, *, any_base: bool = False) -> int:

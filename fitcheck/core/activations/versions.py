@@ -15,7 +15,8 @@ the library source of those versions:
   forward also rebinds ``logits = logits.float()``, so the 16-bit logits are not held during the loss.
 - Mixtral experts: 4.x ``MixtralSparseMoeBlock`` holds ``nn.Linear`` ``gate`` and per-expert ``w1/w2/w3``
   (quantized by bitsandbytes, targeted by LoRA ``all-linear``); 5.x fuses them into 3-D parameters. Modelled in
-  the inventory (``fitcheck.readers.families_legacy``).
+  the inventory (``fitcheck.readers.families_legacy``); the loop's saved tensors in
+  ``fitcheck.core.activations.moe_expert_loop``.
 
 And for torch before 1.11, from the generated autograd of those releases:
 
@@ -124,7 +125,8 @@ def _differences(spec: TrainingSpec) -> list[str]:
     if release[:2] < _SHIFT_COPY_FIXED:
         out.append("the loss upcasts the logits and copies the shifted logits (+4 B per logit at the loss)")
     if spec.model.shape.traits.v4_linear_experts:
-        out.append("Mixtral experts and router are nn.Linear (quantized by bitsandbytes, targeted by LoRA)")
+        out.append("Mixtral experts and router are nn.Linear (quantized by bitsandbytes, targeted by LoRA), run by a "
+                   "per-expert loop (its saved tensors: moe_expert_loop.py)")
     return out
 
 
