@@ -68,17 +68,15 @@ from fitcheck.core.activations.bnb_kept_inputs import kept_first_layer_less, kep
 from fitcheck.core.activations.freeze import autocast_head_numel, autocast_layer_cast, frozen_missing, layer_trained
 from fitcheck.core.activations.fsdp1_reentrant import held_at_layer
 from fitcheck.core.activations.lora_recompute import unrecomputed_base_backward
-from fitcheck.core.activations.moe_expert_loop import expert_loop_applies, expert_loop_backward_work
+from fitcheck.core.activations.moe_expert_loop import expert_loop_backward_work
 from fitcheck.core.activations.norm_backward import (
     frozen_final_norm_backward,
     frozen_input_norm_backward,
     post_norm_backward,
 )
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
-from fitcheck.core.activations.recipe_gaps import trace_fix
 from fitcheck.core.states import accumulates_in_grad, gradients_held_from_start, zero3_gradient_in_flight
-from fitcheck.findings import Finding, Severity
-from fitcheck.spec import AttentionKind, AttnImpl, NormKind, TrainingSpec
+from fitcheck.spec import AttentionKind, NormKind, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
 _LOSS_SCALARS = 8
@@ -459,52 +457,3 @@ def backward_transient(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
     moments = backward_moments(spec, q, head_extra, fsdp_moments)
     name = max(moments, key=lambda k: moments[k])
     return max(0, moments[name] - q.end), name
-
-
-def _moe_moments_traced(spec: TrainingSpec) -> bool:
-    """i12moe: Qwen3-MoE and DeepSeek-V3, full or LoRA, 16-bit, SDPA, no checkpointing: the backward moments
-    (ParamWrapper's top MoE layer, DeepSeek's attention) are within 0.8 % of traces (benchmarks/moe_mla_vs_trace.py)."""
-    return (spec.model.shape.traits.moe_backward_traced and spec.quant is None and spec.freeze is None
-            and not spec.activations.checkpointing and spec.activations.attn_implementation is AttnImpl.SDPA
-            and spec.precision.load_dtype.is_half and spec.precision.mixed_precision.value == "no")
-
-
-def _eager_modelled(spec: TrainingSpec) -> bool:
-    """Whether a layer's eager softmax backward is a moment of ``backward_moments`` (``eager.eager_moments``;
-    not under activation offloading)."""
-    from fitcheck.core.activations.eager import eager_moments
-    from fitcheck.core.kernels import offload_applies
-
-    return eager_moments(spec) is not None and not offload_applies(spec)
-
-
-def backward_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
-    """An INFO finding where the during-backward working set is not pinned to a trace for this config."""
-    from fitcheck.core.activations.lora_recompute import lora_recompute_applies
-
-    sh = spec.model.shape
-    why = ""
-    if _moe_moments_traced(spec):
-        return ()
-    # the MLP backward working set (+2·e·I per token) is pinned by tests/test_backward_phase.py per family
-    if not sh.traits.backward_pinned or sh.num_experts:
-        why = f"model_type {sh.family!r}"
-    elif spec.activations.attn_implementation is AttnImpl.EAGER and not _eager_modelled(spec):
-        why = "eager attention (its softmax backward, not the MLP's, sets the layer's working set)"
-    elif ((spec.lora is not None or spec.quant is not None) and spec.activations.checkpointing
-          and not lora_recompute_applies(spec)):
-        # checkpointed LoRA / k-bit QLoRA on the Llama layer: traced moments (activations/lora_recompute.py);
-        # without checkpointing no layer is recomputed: the kinds' range rows check it (envelope_ranges.json)
-        why = "LoRA/quantized bases (adapter input casts in the recomputed layer)"
-    if not why:
-        return ()
-    # transformers 4.x's Mixtral loop: one expert's tokens at a time (moe_expert_loop.py, measured on one block)
-    recipe = "per-expert MoE loop's" if expert_loop_applies(spec) else "Llama-recipe MLP"
-    return (
-        Finding(
-            "backward-not-pinned",
-            Severity.INFO,
-            f"the peak during backward uses the {recipe} working set; not pinned to a trace for {why}",
-            trace_fix(spec, "run `fitcheck estimate --trace` for a measured number"),
-        ),
-    )

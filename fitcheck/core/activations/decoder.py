@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 
 from fitcheck.core.activations.activation_mode import ActivationMode, activation_mode
-from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_moments, backward_transient
+from fitcheck.core.activations.backward import BackwardInputs, backward_moments, backward_transient
+from fitcheck.core.activations.backward_findings import backward_findings
 from fitcheck.core.activations.bnb_kept_inputs import (
     inputs_kept,
     kept_first_layer_less,
