@@ -472,11 +472,8 @@ def _fsdp(spec: TrainingSpec) -> tuple[Component, ...]:
     modelled = fsdp_backward_applies(spec)
     if reshard:
         fwd_end = root  # every layer resharded; the root unit stays gathered until its backward
-        # the loss's backward, before the logits' gradient reaches the root's pre-backward hook: no layer unit is
-        # gathered yet (torch 2.13 fsdp/_runtime_utils.py _pre_backward_hook unshards a unit when the gradient of
-        # its outputs exists; transformers 5.23's default backward_prefetch=NO_PREFETCH; BACKWARD_PRE: the top layer
-        # too). Real Trainer, FSDP1, 1 and 2 gloo ranks (benchmarks/accumulation_engines_cpu.py, fsdp1-2ranks-pre):
-        # root + 2 units was +5.4 / +9.1 % at 32 tokens
+        # no layer gathered until a unit's pre-backward (torch 2.13 fsdp/_runtime_utils.py), but BACKWARD_PRE's top
+        # layer (real Trainer, FSDP1, 1-2 gloo ranks: accumulation_engines_cpu.py; root + 2 units was +5.4 / +9.1 %)
         bwd_start = root + fsdp1_prefetched_units(spec)[0] * unit
     else:
         fwd_end = bwd_start = (
