@@ -66,7 +66,8 @@ from fitcheck.core.activations.backward_zero2 import zero2_head_reduced, zero2_h
 from fitcheck.core.activations.bnb_kept_inputs import kept_first_layer_less, kept_layer_inputs, kept_through_checkpoint
 from fitcheck.core.activations.freeze import autocast_head_numel, autocast_layer_cast, frozen_missing, layer_trained
 from fitcheck.core.activations.fsdp1_reentrant import held_at_layer
-from fitcheck.core.activations.lora_recompute import unrecomputed_base_backward
+from fitcheck.core.activations.int8 import int8_recompute_dequantizes_16bit
+from fitcheck.core.activations.lora_recompute import int8_base_backward, layer_grads, unrecomputed_base_backward
 from fitcheck.core.activations.norm_backward import (
     frozen_final_norm_backward,
     frozen_input_norm_backward,
@@ -203,6 +204,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     tied = tied_embedding_backward(spec)
     lora = _lora_recompute(spec, q)
     base_nockpt = None if q.n_ckpt or q.offloaded else unrecomputed_base_backward(spec, q.r)
+    int8_base = None if q.offloaded or lora is not None else int8_base_backward(spec, q.r)  # down_proj's CB
     post = None if q.offloaded else post_norm_backward(spec)
     for name, i in (("top layer", L - 1), ("bottom layer", 0)):
         missing = 0 if held else (i + 1) * g_layer - g_down + g_emb
@@ -211,6 +213,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             missing = frozen_missing(spec, i == L - 1, all_grads(spec), layer_bytes(spec), g_down_frozen)
         elif spec.lora is not None and not held and q.n_ckpt == 0:
             missing = _lora_missing(spec, i)  # checkpointed adapters: lora_recompute / dora moments
+        elif int8_base is not None and not held and not int8_recompute_dequantizes_16bit(spec):
+            # checkpointed LLM.int8 LoRA: the layers above and down_proj's adapter made theirs (decoder.py: not
+            # under CPU autocast)
+            missing = max(0, all_grads(spec) - (L - 1 - i) * layer_grads(spec)[0] - layer_grads(spec)[1])
         if z2 is not None:  # ZeRO-2: the rank's grads_in_partition once allocated, whole, in place of the made ones;
             # a tied head's gradient waits in the shared weight's input buffer until the embedding (not in it)
             missing = z2[0] - (z2[1] if i == L - 1 else z2[2]) - (g_head if spec.model.shape.tied_embeddings else 0)
@@ -253,6 +259,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
                 moments[name + " attention"] = attn - (0 if held else unmade - g_lora)
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
+        if int8_base is not None:  # LLM.int8: down_proj's backward, its weight dequantized (lora_recompute.py)
+            g_lora, g_lora_down = layer_grads(spec)  # made by then: the layers above and down_proj's adapter
+            unmade = max(0, all_grads(spec) - (L - 1 - i) * g_lora - g_lora_down)
+            moments[name + " 8-bit backward"] = live + int8_base - (0 if held else unmade) + _LOSS_SCALARS
         new_down = (g_down if spec.freeze is None else g_down_frozen * layer_trained(spec, i)) if accum else 0
         if new_down and gated:  # accumulation: down_proj's new weight gradient beside its .grad (backward_accum)
             moments[name + " down_proj weight gradient"] = accumulated_down_proj(

@@ -19,7 +19,13 @@ from __future__ import annotations
 import math
 
 from fitcheck.core.activations.activation_mode import ActivationMode, activation_mode
-from fitcheck.core.activations.backward import BackwardInputs, backward_findings, backward_moments, backward_transient
+from fitcheck.core.activations.backward import (
+    BackwardInputs,
+    backward_findings,
+    backward_moments,
+    backward_transient,
+    grads_unmade,
+)
 from fitcheck.core.activations.bnb_kept_inputs import (
     inputs_kept,
     kept_first_layer_less,
@@ -50,6 +56,7 @@ from fitcheck.core.activations.int8 import (
     int8_formula_applies,
     int8_forward_temporary,
     int8_layer_extra,
+    int8_recompute_dequantizes_16bit,
 )
 from fitcheck.core.activations.layer_saved import (
     _ATTN_LINEARS,
@@ -68,6 +75,7 @@ from fitcheck.core.activations.layernorm_outside import (
 from fitcheck.core.activations.logits import head_backward_logits, loss_logits
 from fitcheck.core.activations.lora_recompute import (
     dora_recompute_applies,
+    layer_grads,
     lora_recompute_applies,
     top_layer_forward_tokens,
 )
@@ -195,6 +203,13 @@ def activation_components(spec: TrainingSpec) -> tuple[Component, ...]:
         # 8-bit: the QLoRA rule (its MLP backward runs the same fp32 input gradient) on the recomputed layer
         # without its ctx.A-only inputs; every checkpoint and ctx.A still held (differential check, int8 cells)
         first = kept + bq.layer + qlora_backward_working_set(spec) * b * s + held
+        # the model states count every gradient; by then only this top layer's down_proj adapter made its own
+        # (backward.py's 8-bit moments; a later micro-step holds them all: grads_unmade 0). Not under CPU
+        # autocast, whose recompute dequantizes each MLP weight with F.linear's 16-bit casts (int8.py): that
+        # moment is not modelled, and these moments were range-checked counting every gradient
+        # (benchmarks/envelope_ranges.py qwen2/gemma int8 ckpt autocast; Llama-2-7b 1 x 576: -7.6 % without them)
+        if not int8_recompute_dequantizes_16bit(spec):
+            first -= max(0, grads_unmade(spec) - layer_grads(spec)[1])
         if first >= recompute + end:
             end, recompute, moment = kept, first - kept, recomputed_moment
     ids = b * s * 8

@@ -28,6 +28,7 @@ product's two gradients exist, so its working set is r·h + 3·e·I less what th
 
 from __future__ import annotations
 
+from fitcheck.core.activations.int8 import int8_dequantized_dtype_bytes, int8_formula_applies
 from fitcheck.core.activations.layer_saved import (
     adapter_mlp_saved,
     down_adapter_saved,
@@ -217,6 +218,32 @@ def base_backward(spec: TrainingSpec, r: int) -> int | None:
     _, gu_weight, gu_copy = matmul4bit_backward_weight(spec, wide, h)
     gu_deq = gu_copy + gu_weight if gu_copy else 0
     return max(down, gu_tokens + max(gu_deq, gu_weight + comp * h * bs))
+
+
+def int8_base_backward(spec: TrainingSpec, r: int) -> int | None:
+    """LLM.int8 LoRA: bytes at a layer's down_proj ``MatMul8bitFp`` / ``MatMul8bitLt`` backward beyond the layer's
+    saved tensors; None where the 8-bit formula does not apply.
+
+    bitsandbytes 0.50.2 ``autograd/_functions.py``: both backwards compute ``grad_A = grad_output.to(dtype_A) @
+    CB`` with ``CB = state.CB.to(ctx.dtype_A, copy=True).mul_(SCB.unsqueeze(1) / 127)``, the whole weight
+    dequantized in the input's dtype (fp32 after k-bit preparation; bf16 on CPU under autocast, whose F.linear
+    made the MLP product 16-bit: ``int8._cpu_autocast``). peft 0.21.2 ``tuners/lora/bnb.py``
+    ``Linear8bitLt.forward`` adds the LoRA branch last, so its backward ran first: down_proj's adapter tensors are
+    freed and its gradient of the input (fp32, 4·I) waits for the base one. Alive then besides the saved tensors:
+    the residual-stream gradient (r·h), that branch gradient, the dequantized weight and ``grad_A`` (the
+    output-gradient ``.to`` is no copy: it is already ``dtype_A``). Trace Qwen2.5-32B int8 LoRA bf16, checkpointed,
+    1 x 960 (``benchmarks/pinned_probes.py`` seed 2201, accumulation 4): the 566 MiB fp32 weight made this the
+    backward peak, -2.52 % without it (-14.2 % on a 4-layer copy); the forward's own dequantized weight is
+    ``int8.int8_forward_temporary``.
+    """
+    if not int8_formula_applies(spec):
+        return None
+    sh = spec.model.shape
+    h, inter = sh.hidden_size, sh.intermediate_size
+    e_a = int8_dequantized_dtype_bytes(spec)
+    branch = _ADAPTER_BYTES * inter if _DOWN in _targets(spec) else 0
+    tokens = r * h + branch - down_adapter_saved(spec) + e_a * inter
+    return tokens * spec.batch.micro_batch * spec.batch.seq_len + e_a * inter * h
 
 
 def unrecomputed_base_backward(spec: TrainingSpec, r: int) -> int | None:
