@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 from fitcheck.core.activations.backward_accum import accumulated_down_proj, accumulated_head_cast
 from fitcheck.core.activations.backward_grads import (
+    adapter_casts_held,
     all_grads,
     down_proj_numel,
     full_cast,
@@ -183,6 +184,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
     if z2 is not None and not held:  # (ZeRO-1 with overlap_comm accumulating: every .grad held, counted)
         missing = z2[0]  # no grads_in_partition yet; the head's gradient is the moment's own (head_grad)
     casts = L * cast if q.n_ckpt == 0 else 0
+    a_cast, a_first, a_down = adapter_casts_held(spec)  # LoRA's adapter casts under autocast (backward_grads)
+    casts += L * a_cast - a_first if a_cast and not q.offloaded else 0
     head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)
     head32 = 0 if held else 2 * head16  # made by the cast: no longer missing
     # accumulation: a partially trained head's new gradient (without autocast: head16 has its own moment) is a
@@ -224,6 +227,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int) -> 
             whole = q.layers_saved < 0 or i == 0 or q.offloaded
             saved = below * q.layer if whole else q.layers_saved
             live = static + saved + below * (cast + norms) - cast_down - q.first_less
+            if a_cast and not q.offloaded:  # the adapters' bf16 casts saved by layers 0..i (backward_grads)
+                live += below * a_cast - a_first - a_down
         else:
             # fp32 residual: the first norm saves its input itself (not the promoted bottom layer's 16-bit input)
             shared = 0 if q.half_model or (q.promoted and i == 0) else 4 * h * bs
