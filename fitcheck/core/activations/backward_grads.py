@@ -63,6 +63,14 @@ def full_cast(spec: TrainingSpec) -> int:
     return 2 * sum(p.numel_each for p in spec.model.params if p.per_layer and p.kind in kinds)
 
 
+def casts_after_attention(spec: TrainingSpec) -> int:
+    """16-bit casts of one layer's linears that run after its attention softmax, o_proj and the MLP (+2 B/param):
+    not made yet at the top layer's eager softmax (``decoder``'s end-of-forward moment)."""
+    later = ("o_proj", "gate_proj", "up_proj", "gate_up_proj", "down_proj")
+    return 2 * sum(p.numel_each for p in spec.model.params if text_layer(p) and p.kind is Kind.LINEAR
+                   and p.module in later)
+
+
 def layer_cast(spec: TrainingSpec) -> int:
     """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations.decoder).
 
