@@ -36,7 +36,12 @@ from fitcheck.core.activations.layer_saved import (
     lora_reads_input_itself,
 )
 from fitcheck.core.activations.lora_targets import wrapped_linears
-from fitcheck.core.activations.qlora import kbit_fp32_lora, lora_layer_params, matmul4bit_backward_weight
+from fitcheck.core.activations.qlora import (
+    kbit_fp32_lora,
+    lora_dropout_mask_bytes,
+    lora_layer_params,
+    matmul4bit_backward_weight,
+)
 from fitcheck.core.kernels import liger_applies, offload_applies
 from fitcheck.spec import Dtype, LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
 
@@ -320,7 +325,17 @@ def top_layer_forward_tokens(spec: TrainingSpec) -> int:
         traced = _layer_traced(spec, down_wrapped=False) and not sh.traits.fused_projections
         every = spec.activations.checkpointing and spec.activations.checkpoint_every_n_layers == 1
         return 12 * sh.intermediate_size + 4 * sh.hidden_size if fp32 and traced and every else 0
-    if not lora_recompute_applies(spec) or lora.dropout == 0 or "up_proj" not in _targets(spec):
+    if not lora_recompute_applies(spec) or lora.dropout == 0:
+        return 0
+    if not fp32 and spec.quant is None and spec.precision.load_dtype.nbytes == 2:
+        # a 16-bit model, fp32 adapters: down_proj's peft ``Linear.forward`` casts its 16-bit input (the product,
+        # 2·I, alive) to fp32 for lora_A (4·I, ``_cast_input_dtype``) and drops it out (the mask:
+        # ``lora_dropout_mask_bytes``, and the output, 4·I), its bf16 base output made (2·h): per token above the
+        # checkpoints, read off the trace's listing at that ``mul`` (Llama-2-70b LoRA bf16 ckpt, 1 x 3776 and
+        # 2 x 2048: 12 B/token under it). Probe Llama-2-70b r32 1 x 3776 (seed 2205): -4.62 % at end of forward
+        # without it (a wide MLP over a 32000 vocabulary; a 128k vocabulary's logits stay above it)
+        return (10 + lora_dropout_mask_bytes(spec)) * sh.intermediate_size + 2 * sh.hidden_size
+    if "up_proj" not in _targets(spec):
         return 0
     return 16 * sh.intermediate_size + 4 * sh.hidden_size if fp32 else 0
 
