@@ -112,7 +112,9 @@ _TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_s
     # QLoRA on peft's q/v targets: the top layer's no-grad MLP forward (Llama-2-70b 3 x 2304: -2.90 %)
     (Cell("llama", "qlora", True, "sdpa", "bf16", 64, 1), {"target_modules": ("q_proj", "v_proj")},
      Phase.FORWARD_END),
-], ids=["int8-down-backward", "bf16amp-adapter-casts", "qv-top-mlp-forward"])
+    # LoRA with dropout on a bf16 model: down_proj's fp32 cast and dropout in the top layer (Llama-2-70b: -4.62 %)
+    (Cell("llama", "lora", True, "sdpa", "bf16", 64, 1), {}, Phase.FORWARD_END),
+], ids=["int8-down-backward", "bf16amp-adapter-casts", "qv-top-mlp-forward", "bf16-down-dropout-forward"])
 def test_session22_probe_moments(cell: Cell, lora: dict[str, object], phase: Phase) -> None:
     import dataclasses
 
@@ -127,4 +129,4 @@ def test_session22_probe_moments(cell: Cell, lora: dict[str, object], phase: Pha
         assert spec.lora is not None
         spec = dataclasses.replace(spec, lora=dataclasses.replace(spec.lora, **lora))  # type: ignore[arg-type]
     errors = phase_errors(spec, components_from_trace(trace_step(spec.model.config, **activation_trace_kwargs(spec))))
-    assert abs(errors[phase]) <= 0.02, errors  # main: -1.4 %, -99.9 %, -70.1 %
+    assert abs(errors[phase]) <= 0.02, errors  # main: -1.4 %, -99.9 %, -70.1 %, -74.7 %
