@@ -34,7 +34,15 @@ them draws what it drew before.
 
 Run: ``python benchmarks/pinned_probes.py [--seed 0] [--probes 40] [--budget 900] [--families a,b]
 [--methods a,b] [--attn eager] [--recipes] [--accum] [--promoted] [--by-kind] [--json out.json]
-[--record-misses]``.
+[--user-shapes] [--record-misses]``.
+
+``--user-shapes`` redraws each run's shape as users run it: a sequence of at least 16k where the model's limit
+(with ``--by-kind``, the kind's checked range) allows, micro-batch 1 or a large one (8, or 12 / 16: above every
+range's micro-batch 8, such answers must say ``pinned: false``), and a LoRA rank from 8 to 256 (above 64:
+``pinned: false``). It draws last from the same generator.
+
+A pinned answer with a finding that says part of the run is "not modelled" (issue 20: never together) is a miss,
+printed ``REFUSED`` with the finding codes, not traced.
 
 ``--record-misses`` merges every probe more than 2 % off into ``fitcheck/catalog/envelope_probe_misses.json``
 (package data): a kind listed there is not pinned (``core.activations.envelope.in_envelope``). ``--from-json
@@ -50,6 +58,7 @@ import dataclasses
 import json
 import math
 import random
+import re
 import sys
 import time
 import warnings
@@ -149,6 +158,30 @@ def draw_recipe(rng: random.Random, cell: Cell) -> Recipe:
     if cell.method in ("full", "freeze"):  # no adapters: only checkpointing and precision apply
         recipe = dataclasses.replace(recipe, r=GRID_RECIPE.r, targets=GRID_RECIPE.targets, dropout=GRID_RECIPE.dropout)
     return recipe
+
+
+# --user-shapes: the shapes users run that the draws above rarely reach (issue 20: ">= 32k where the model allows,
+# micro-batch 1 and a large one"; LoRA ranks up to 256: peft's default 8 to the large ranks of long-context recipes)
+USER_SEQ_FLOOR = 16384
+USER_BATCHES = (1, 1, 8, 12, 16)
+USER_RANKS = (8, 16, 32, 64, 128, 256)
+
+
+def draw_user_shape(rng: random.Random, cell: Cell, recipe: Recipe, top: int) -> tuple[Cell, Recipe]:
+    """``--user-shapes``: a sequence of at least 16k where ``top`` (the model's limit, or the kind's checked range
+    under ``--by-kind``) allows, micro-batch 1 or a large one (8; 12 and 16 are above every range's micro-batch 8:
+    they must answer ``pinned: false``) and a LoRA rank from 8 to 256 (above 64 must answer ``pinned: false``).
+    Drawn after every other draw from the same generator: a seed without it draws what it drew before."""
+    seq = cell.seq
+    if top >= USER_SEQ_FLOOR:
+        seq = 64 * round(2 ** rng.uniform(math.log2(USER_SEQ_FLOOR), math.log2(top)) / 64)
+        seq = min(seq, top - top % 64)
+    batch = rng.choice(USER_BATCHES)
+    if seq in GRID_SEQS and batch in GRID_BATCHES:
+        seq -= 64  # an exact grid point (at some width): off it
+    if cell.method not in ("full", "freeze"):
+        recipe = dataclasses.replace(recipe, r=rng.choice(USER_RANKS))
+    return dataclasses.replace(cell, seq=seq, batch=batch), recipe
 
 
 def family_models(family: str) -> list[tuple[str, dict[str, Any]]]:
@@ -265,16 +298,20 @@ def traced_components(spec: TrainingSpec, traced: Any) -> tuple[Any, ...]:
 def probe(cell: Cell, config: dict[str, Any], *, pinned_only: bool = True,
           recipe: Recipe = GRID_RECIPE) -> tuple[str, dict[Phase, float] | str]:
     """The envelope kind of a pinned formula answer (``""``: not pinned; every answer with ``pinned_only`` off) and
-    its error per phase against a trace at the same shape (or why the trace refused)."""
+    its error per phase against a trace at the same shape (or why the trace refused, or, for a pinned answer that
+    says part of the run is not modelled, ``unmodelled_notes``: a miss, not traced)."""
     from fitcheck.core import estimate
     from fitcheck.core.activations import envelope_key, range_label, recipe_suffix
     from fitcheck.torch_adapters import BatchTraces, activation_trace_kwargs
 
     spec = cell_spec(cell, config) if recipe == GRID_RECIPE else recipe.apply(cell_spec(cell, config))
-    if pinned_only and not estimate(spec).pinned:
+    report = estimate(spec)
+    if pinned_only and not report.pinned:
         return "", ""
     key = envelope_key(spec)
     kind = "?" if key is None else range_label(key, recipe_suffix(spec) or "")  # "+qv": peft's default targets' rows
+    if report.pinned and (notes := unmodelled_notes(report)):  # counted as a miss, not traced
+        return kind, "NOTE: pinned next to a note saying part of the run is not modelled: " + ", ".join(notes)
     try:
         kwargs = activation_trace_kwargs(spec)
         if spec.batch.grad_accum > 1:  # the last of TRACED_ACCUM passes: every gradient exists from its start
@@ -295,6 +332,19 @@ def probe(cell: Cell, config: dict[str, Any], *, pinned_only: bool = True,
         return kind, errors
     except Exception as exc:  # the trace refused: reported, not counted as within
         return kind, f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+
+
+# A note saying part of the run is not modelled (issue 20: never next to ``pinned: true``)
+UNMODELLED = re.compile(r"not\s+modell?ed|unmodell?ed", re.IGNORECASE)
+
+
+def unmodelled_notes(report: Any) -> list[str]:
+    """The codes of a report's findings whose message or hint says part of the run is not modelled.
+
+    Issue 20: "a formula note that says 'not modelled' and ``pinned: true`` never appear together". Findings are
+    the answer's notes about its memory; the compute notes (``report.compute``: FLOPs and time, which ``pinned``
+    does not cover) are not read."""
+    return sorted({f.code for f in report.findings if UNMODELLED.search(f"{f.message} {f.hint or ''}")})
 
 
 def flags(cell: Cell, model: str, recipe: Recipe | None = None) -> str:
@@ -402,6 +452,8 @@ def main(argv: list[str]) -> int:
                     "16-bit autocast (float16 + bf16, bfloat16 + fp16)")
     ap.add_argument("--by-kind", action="store_true", help="draw the pinned range rows' kinds, the least probed "
                     "(earlier sessions' data and this run) most often, inside each row's checked range")
+    ap.add_argument("--user-shapes", action="store_true", help="sequences >= 16k where the model (or, with "
+                    "--by-kind, the kind's range) allows, micro-batch 1 or large (8, 12, 16), LoRA rank 8 .. 256")
     ap.add_argument("--attn", default="", help="force this attention (sdpa / eager) on every draw (default: the "
                     "draw's own, eager one time in three)")
     ns = ap.parse_args(argv)
@@ -438,6 +490,13 @@ def main(argv: list[str]) -> int:
         if suffix == "+qv" and not ns.recipes:
             recipe = dataclasses.replace(recipe, targets=DEFAULT_TARGETS)
         recipe = draw_holes(rng, cell, recipe, accum=ns.accum, promoted=ns.promoted)
+        if ns.user_shapes:
+            top = longest(config)
+            if ns.by_kind:  # inside the kind's checked sequences
+                row = kinds.get(f"{cell.family}/{cell.method}/{'ckpt' if cell.ckpt else 'nockpt'}/{cell.attn}/"
+                                f"{cell.precision}{suffix}")
+                top = min(top, max(x[1] for x in row["shapes"])) if row else top
+            cell, recipe = draw_user_shape(rng, cell, recipe, top)
         draws += 1
         kind, result = probe(cell, config, recipe=recipe)
         promoted_draws += recipe.weights in PROMOTED

@@ -95,3 +95,38 @@ def test_eager_kinds_off_at_long_sequences_are_not_pinned(cell: Cell, model: str
     report = estimate(cell_spec(cell, dict(found[0])))
     assert not report.pinned
     assert any(f.code == "not-pinned" and "envelope_ranges" in f.message for f in report.findings)
+
+
+# Session 22's probes (benchmarks/pinned_probes.py seeds 2201-2204): the moments they found, on a tiny Llama where
+# each is the peak of its phase (fake-tensor trace of the real transformers + peft + bitsandbytes model, 2 layers)
+_TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 128, "intermediate_size": 1024,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
+         "max_position_embeddings": 512, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("cell,lora,phase", [
+    # LLM.int8: down_proj's MatMul8bitFp backward dequantizes its whole weight (Qwen2.5-32B 1 x 960: -2.52 %)
+    (Cell("llama", "int8", True, "sdpa", "bf16", 32, 1), {}, Phase.BACKWARD),
+    # LoRA on a bf16 model under bf16 autocast: every layer's adapter casts held (Phi-4-mini r32: -2.27 %)
+    (Cell("llama", "lora", False, "sdpa", "bf16amp", 32, 1), {"r": 64}, Phase.BACKWARD),
+    # QLoRA on peft's q/v targets: the top layer's no-grad MLP forward (Llama-2-70b 3 x 2304: -2.90 %)
+    (Cell("llama", "qlora", True, "sdpa", "bf16", 64, 1), {"target_modules": ("q_proj", "v_proj")},
+     Phase.FORWARD_END),
+    # LoRA with dropout on a bf16 model: down_proj's fp32 cast and dropout in the top layer (Llama-2-70b: -4.62 %)
+    (Cell("llama", "lora", True, "sdpa", "bf16", 64, 1), {}, Phase.FORWARD_END),
+], ids=["int8-down-backward", "bf16amp-adapter-casts", "qv-top-mlp-forward", "bf16-down-dropout-forward"])
+def test_session22_probe_moments(cell: Cell, lora: dict[str, object], phase: Phase) -> None:
+    import dataclasses
+
+    from fitcheck.torch_adapters.trace_arguments import activation_trace_kwargs
+    from fitcheck.torch_adapters.trace_result import components_from_trace
+    from fitcheck.torch_adapters.tracer import trace_step
+
+    if cell.method == "int8":
+        pytest.importorskip("bitsandbytes")
+    spec = cell_spec(cell, dict(_TINY))
+    if lora:
+        assert spec.lora is not None
+        spec = dataclasses.replace(spec, lora=dataclasses.replace(spec.lora, **lora))  # type: ignore[arg-type]
+    errors = phase_errors(spec, components_from_trace(trace_step(spec.model.config, **activation_trace_kwargs(spec))))
+    assert abs(errors[phase]) <= 0.02, errors  # main: -1.4 %, -99.9 %, -70.1 %, -74.7 %

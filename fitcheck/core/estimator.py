@@ -53,8 +53,27 @@ _FORMULA_UNPINNED = frozenset({"activations-not-pinned", "backward-not-pinned", 
 # Notes that say part of this run is not modelled, traced or not: a CUDA kernel the CPU trace cannot see
 # (activations/cuda.py), torch.compile, Liger's fused experts (kernels/levers.py). None is ever pinned (issue 20).
 # peft-adapter-traced: a non-LoRA PEFT adapter, checked on CPU steps of a tiny model only (core/states/peft_adapter)
+# quantization-not-modelled: a quantization method or llm_int8_has_fp16_weight the readers estimate as an
+# unquantized base (readers/quantization_config.py, prequant_config.py): neither formula nor trace is that run;
 # sft-metrics-unchecked: an SFTTrainer release whose metrics were read from its source, never run (sft_metrics.py)
-_NOT_MODELLED = frozenset({"cuda-not-traced", "not-modelled", "peft-adapter-traced", "sft-metrics-unchecked"})
+_NOT_MODELLED = frozenset({"cuda-not-traced", "not-modelled", "peft-adapter-traced", "quantization-not-modelled",
+                           "sft-metrics-unchecked"})
+
+
+def _unmodelled_stack_notes(spec: TrainingSpec, findings: list[Finding], traced: bool) -> set[str]:
+    """Notes of a library version's allocations not modelled, which unpin the answer (issue 20: "not modelled"
+    never next to ``pinned: true``; activations/versions.py).
+
+    - ``bnb-keeps-inputs`` as a WARNING: bitsandbytes <= 0.43.1 keeps 4-bit inputs the formulas do not count for
+      this model or adapter (``legacy_bnb_kept_inputs`` bounds them); a trace runs the installed bitsandbytes.
+    - ``versions-not-modelled``: the range rows and the probes ran the modelled stack; a formula answer for
+      another one is unchecked, and so is a trace when the stack is one the run names (``--stack``), not the
+      installed libraries the trace ran.
+    """
+    out = {f.code for f in findings if f.code == "bnb-keeps-inputs" and f.severity is Severity.WARNING}
+    if not traced or spec.stack.source != "installed":
+        out |= {f.code for f in findings if f.code == "versions-not-modelled"}
+    return out
 
 _SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
@@ -239,7 +258,8 @@ def estimate(
         findings.extend(traced_trainer_finding(spec, activations))  # a TRL run: which parts are traced, which formula
     # pinned: traced or inside the checked envelope, and no note saying that part of the run is not modelled
     unpinning = _NOT_MODELLED if activations is not None else _NOT_MODELLED | _FORMULA_UNPINNED
-    notes = sorted({f.code for f in findings if f.code in unpinning})
+    notes = sorted({f.code for f in findings if f.code in unpinning}
+                   | _unmodelled_stack_notes(spec, findings, activations is not None))
     pinned = (activations is not None or in_envelope(spec)) and not notes
     if not pinned:
         findings.append(not_pinned_finding(spec, notes))

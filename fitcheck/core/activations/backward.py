@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from fitcheck.core.activations.backward_accum import accumulated_down_proj, accumulated_head_cast
 from fitcheck.core.activations.backward_fsdp import fsdp_counted, fsdp_embedding_moment, fsdp_reduce_moments
 from fitcheck.core.activations.backward_grads import (
+    adapter_casts_held,
     all_grads,
     down_proj_numel,
     full_cast,
@@ -67,7 +68,8 @@ from fitcheck.core.activations.backward_zero2 import zero2_head_reduced, zero2_h
 from fitcheck.core.activations.bnb_kept_inputs import kept_first_layer_less, kept_layer_inputs, kept_through_checkpoint
 from fitcheck.core.activations.freeze import autocast_head_numel, autocast_layer_cast, frozen_missing, layer_trained
 from fitcheck.core.activations.fsdp1_reentrant import held_at_layer
-from fitcheck.core.activations.lora_recompute import unrecomputed_base_backward
+from fitcheck.core.activations.int8 import int8_recompute_dequantizes_16bit
+from fitcheck.core.activations.lora_recompute import int8_base_backward, layer_grads, unrecomputed_base_backward
 from fitcheck.core.activations.moe_expert_loop import expert_loop_backward_work
 from fitcheck.core.activations.norm_backward import (
     frozen_final_norm_backward,
@@ -201,6 +203,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
     if fsdp is not None:
         missing = fsdp[1] - fsdp[0].head
     casts = L * cast if q.n_ckpt == 0 else 0
+    a_cast, a_first, a_down = adapter_casts_held(spec)  # LoRA's adapter casts under autocast (backward_grads)
+    casts += L * a_cast - a_first if a_cast and not q.offloaded else 0
     head16 = 2 * autocast_head_numel(spec)  # partial training: the head's 16-bit, then fp32 gradient (freeze.py)
     head32 = 0 if held else 2 * head16  # made by the cast: no longer missing
     # accumulation: a partially trained head's new gradient (without autocast: head16 has its own moment) is a
@@ -226,6 +230,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
     tied = tied_embedding_backward(spec)
     lora = _lora_recompute(spec, q)
     base_nockpt = None if q.n_ckpt or q.offloaded else unrecomputed_base_backward(spec, q.r)
+    int8_base = None if q.offloaded or lora is not None else int8_base_backward(spec, q.r)  # down_proj's CB
     post = None if q.offloaded else post_norm_backward(spec)
     for name, i in (("top layer", L - 1), ("bottom layer", 0)):
         missing = 0 if held else (i + 1) * g_layer - g_down + g_emb
@@ -234,6 +239,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
             missing = frozen_missing(spec, i == L - 1, all_grads(spec), layer_bytes(spec), g_down_frozen)
         elif spec.lora is not None and not held and q.n_ckpt == 0:
             missing = _lora_missing(spec, i)  # checkpointed adapters: lora_recompute / dora moments
+        elif int8_base is not None and not held and not int8_recompute_dequantizes_16bit(spec):
+            # checkpointed LLM.int8 LoRA: the layers above and down_proj's adapter made theirs (decoder.py: not
+            # under CPU autocast)
+            missing = max(0, all_grads(spec) - (L - 1 - i) * layer_grads(spec)[0] - layer_grads(spec)[1])
         if z2 is not None:  # ZeRO-2: the rank's grads_in_partition once allocated, whole, in place of the made ones;
             # a tied head's gradient waits in the shared weight's input buffer until the embedding (not in it)
             missing = z2[0] - (z2[1] if i == L - 1 else z2[2]) - (g_head if spec.model.shape.tied_embeddings else 0)
@@ -246,6 +255,8 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
             whole = q.layers_saved < 0 or i == 0 or q.offloaded
             saved = below * q.layer if whole else q.layers_saved
             live = static + saved + below * (cast + norms) - cast_down - q.first_less
+            if a_cast and not q.offloaded:  # the adapters' bf16 casts saved by layers 0..i (backward_grads)
+                live += below * a_cast - a_first - a_down
         else:
             # fp32 residual: the first norm saves its input itself (not the promoted bottom layer's 16-bit input)
             shared = 0 if q.half_model or (q.promoted and i == 0) else 4 * h * bs
@@ -281,6 +292,10 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
                 moments[name + " attention"] = attn - (0 if held else unmade - g_lora)
             continue
         moments[name] = live + work - missing + _LOSS_SCALARS
+        if int8_base is not None:  # LLM.int8: down_proj's backward, its weight dequantized (lora_recompute.py)
+            g_lora, g_lora_down = layer_grads(spec)  # made by then: the layers above and down_proj's adapter
+            unmade = max(0, all_grads(spec) - (L - 1 - i) * g_lora - g_lora_down)
+            moments[name + " 8-bit backward"] = live + int8_base - (0 if held else unmade) + _LOSS_SCALARS
         new_down = (g_down if spec.freeze is None else g_down_frozen * layer_trained(spec, i)) if accum else 0
         if new_down and gated:  # accumulation: down_proj's new weight gradient beside its .grad (backward_accum)
             moments[name + " down_proj weight gradient"] = accumulated_down_proj(

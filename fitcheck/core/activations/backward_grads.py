@@ -6,6 +6,8 @@ third gradient-sized tensors). Pure, no torch; split out of ``backward.py`` unch
 
 from __future__ import annotations
 
+import math
+
 from fitcheck.report import Phase
 from fitcheck.spec import DeviceType, Kind, ParamEntry, Role, TrainingSpec
 
@@ -61,6 +63,14 @@ def full_cast(spec: TrainingSpec) -> int:
     return 2 * sum(p.numel_each for p in spec.model.params if p.per_layer and p.kind in kinds)
 
 
+def casts_after_attention(spec: TrainingSpec) -> int:
+    """16-bit casts of one layer's linears that run after its attention softmax, o_proj and the MLP (+2 B/param):
+    not made yet at the top layer's eager softmax (``decoder``'s end-of-forward moment)."""
+    later = ("o_proj", "gate_proj", "up_proj", "gate_up_proj", "down_proj")
+    return 2 * sum(p.numel_each for p in spec.model.params if text_layer(p) and p.kind is Kind.LINEAR
+                   and p.module in later)
+
+
 def layer_cast(spec: TrainingSpec) -> int:
     """bf16 casts autocast makes of one layer's linear weights (+2 B/param, fitcheck.core.activations.decoder).
 
@@ -76,6 +86,36 @@ def layer_cast(spec: TrainingSpec) -> int:
         return 2 * lora_layer_params(spec) // max(1, spec.model.shape.num_layers)
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
     return 2 * sum(p.numel_each for p in spec.model.params if text_layer(p) and p.kind in kinds)
+
+
+def adapter_casts_held(spec: TrainingSpec) -> tuple[int, int, int]:
+    """LoRA on a 16-bit or fp32 base under autocast, no checkpointing: the bf16 casts of the fp32 adapters that
+    saved tensors hold into backward, (one layer's, layer 0's q/k/v ``lora_A`` casts that nothing saves, one
+    layer's down_proj adapter casts); (0, 0, 0) elsewhere.
+
+    Autocast caches the 16-bit cast of each fp32 leaf needing a gradient (torch 2.13 ``autocast_mode.cpp``
+    ``cached_cast``); leaving the autocast context clears the cache, but each adapter's ``F.linear`` saved its
+    weight's cast for its backward, so a layer's casts live until that layer's backward (the start-of-backward
+    component, ``decoder._autocast_cache_phases``, counts them; layer 0's q/k/v input needs no gradient, so its
+    ``lora_A`` casts are not saved). The top layer's MLP backward comes after its down_proj's, whose casts are
+    freed. A 4-bit / 8-bit base counts them in :func:`layer_cast`; DoRA's magnitude is never cast. Probe
+    (``benchmarks/pinned_probes.py`` seed 2202) Phi-4-mini LoRA r32 bf16 under bf16 autocast, 1 x 576: -2.27 %
+    during backward without them (Llama-3.1-8B r64: -5.0 %).
+    """
+    from fitcheck.core.states import plan_lora
+    from fitcheck.spec import MixedPrecision
+
+    lora = spec.lora
+    if (lora is None or spec.quant is not None or spec.activations.checkpointing
+            or spec.precision.mixed_precision is MixedPrecision.NO):
+        return 0, 0, 0
+    per_layer = [t for t in plan_lora(spec).targets if t.entry.per_layer and not t.via_param_wrapper]
+    layers = max(1, spec.model.shape.num_layers)
+    each = {t.entry.module: (math.prod(t.lora_a_shape), math.prod(t.lora_b_shape), t.layers) for t in per_layer}
+    one = 2 * sum((a + b) * n for a, b, n in each.values()) // layers
+    first = 2 * sum(a for m, (a, _, _) in each.items() if m in ("q_proj", "k_proj", "v_proj", "qkv_proj"))
+    down = 2 * sum((a + b) * n for m, (a, b, n) in each.items() if m == "down_proj") // layers
+    return one, first, down
 
 
 def cuda_embedding_backward(spec: TrainingSpec) -> int:

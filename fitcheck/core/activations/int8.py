@@ -177,6 +177,21 @@ def int8_checkpointed_inputs(spec: TrainingSpec) -> int:
     return 4 * h + attn_out * q + 4 * h + product * inter
 
 
+def int8_dequantized_dtype_bytes(spec: TrainingSpec) -> int:
+    """Element bytes of down_proj's input (``ctx.dtype_A``), the dtype ``MatMul8bitFp`` / ``MatMul8bitLt`` backward
+    dequantizes its weight in: the fp32 product of a k-bit-prepared MLP, bf16 on CPU under autocast
+    (:func:`int8_checkpointed_inputs`' ``product``)."""
+    return 2 if _cpu_autocast(spec) else 4
+
+
+def int8_recompute_dequantizes_16bit(spec: TrainingSpec) -> bool:
+    """Checkpointed LLM.int8 LoRA on CPU under autocast: the top layer's recompute runs ``MatMul8bitFp.forward``
+    again, each MLP weight dequantized in fp32 and cast to bf16 by F.linear (:func:`int8_forward_temporary`'s
+    6 B per element) beside the recomputed layer, a moment of backward not modelled (trace Llama-2-7b 1 x 576:
+    the backward peak, at up_proj's recompute)."""
+    return int8_formula_applies(spec) and _cpu_autocast(spec) and spec.activations.checkpointing
+
+
 def int8_forward_temporary(spec: TrainingSpec) -> int:
     """Bytes of the largest 8-bit weight dequantized by ``MatMul8bitFp.forward`` (CPU only; CUDA's int8 GEMM makes
     none): ``state.CB.to(A.dtype)`` in fp32 (4 B per element after k-bit preparation), plus F.linear's bf16 cast

@@ -28,6 +28,7 @@ product's two gradients exist, so its working set is r·h + 3·e·I less what th
 
 from __future__ import annotations
 
+from fitcheck.core.activations.int8 import int8_dequantized_dtype_bytes, int8_formula_applies
 from fitcheck.core.activations.layer_saved import (
     adapter_mlp_saved,
     down_adapter_saved,
@@ -35,7 +36,12 @@ from fitcheck.core.activations.layer_saved import (
     lora_reads_input_itself,
 )
 from fitcheck.core.activations.lora_targets import wrapped_linears
-from fitcheck.core.activations.qlora import kbit_fp32_lora, lora_layer_params, matmul4bit_backward_weight
+from fitcheck.core.activations.qlora import (
+    kbit_fp32_lora,
+    lora_dropout_mask_bytes,
+    lora_layer_params,
+    matmul4bit_backward_weight,
+)
 from fitcheck.core.kernels import liger_applies, offload_applies
 from fitcheck.spec import Dtype, LayerRecipe, MixedPrecision, NormKind, NormPlacement, TrainingSpec
 
@@ -81,9 +87,9 @@ def _recomputed_layer_traced(spec: TrainingSpec) -> bool:
     return act.checkpointing and act.checkpoint_every_n_layers == 1 and _layer_traced(spec)
 
 
-def _layer_traced(spec: TrainingSpec) -> bool:
+def _layer_traced(spec: TrainingSpec, down_wrapped: bool = True) -> bool:
     """The Llama-style LoRA layer the moments were traced on: pre-norm RMSNorm (Llama's or Gemma's, Gemma-2's post
-    norms too), gated MLP with down_proj wrapped,
+    norms too), gated MLP with down_proj wrapped (``down_wrapped``; off: wrapped or not),
     separate or fused (Phi-3's qkv_proj / gate_up_proj: the same tensors saved, gate_up's output one storage)."""
     sh, lora = spec.model.shape, spec.lora
     t = sh.traits
@@ -92,7 +98,7 @@ def _layer_traced(spec: TrainingSpec) -> bool:
         and t.recipe is LayerRecipe.DECODER and t.norm_kind in _NORMS and t.norm_placement in _PLACEMENTS
         and not sh.num_experts and t.vision is None and t.dropout.hidden == 0
         and sh.mlp_activation == "swiglu" and liger_applies(spec) is None and not offload_applies(spec)
-        and _DOWN in _targets(spec)
+        and (_DOWN in _targets(spec) or not down_wrapped)
         and not lora.modules_to_save
     )
 
@@ -219,6 +225,32 @@ def base_backward(spec: TrainingSpec, r: int) -> int | None:
     return max(down, gu_tokens + max(gu_deq, gu_weight + comp * h * bs))
 
 
+def int8_base_backward(spec: TrainingSpec, r: int) -> int | None:
+    """LLM.int8 LoRA: bytes at a layer's down_proj ``MatMul8bitFp`` / ``MatMul8bitLt`` backward beyond the layer's
+    saved tensors; None where the 8-bit formula does not apply.
+
+    bitsandbytes 0.50.2 ``autograd/_functions.py``: both backwards compute ``grad_A = grad_output.to(dtype_A) @
+    CB`` with ``CB = state.CB.to(ctx.dtype_A, copy=True).mul_(SCB.unsqueeze(1) / 127)``, the whole weight
+    dequantized in the input's dtype (fp32 after k-bit preparation; bf16 on CPU under autocast, whose F.linear
+    made the MLP product 16-bit: ``int8._cpu_autocast``). peft 0.21.2 ``tuners/lora/bnb.py``
+    ``Linear8bitLt.forward`` adds the LoRA branch last, so its backward ran first: down_proj's adapter tensors are
+    freed and its gradient of the input (fp32, 4·I) waits for the base one. Alive then besides the saved tensors:
+    the residual-stream gradient (r·h), that branch gradient, the dequantized weight and ``grad_A`` (the
+    output-gradient ``.to`` is no copy: it is already ``dtype_A``). Trace Qwen2.5-32B int8 LoRA bf16, checkpointed,
+    1 x 960 (``benchmarks/pinned_probes.py`` seed 2201, accumulation 4): the 566 MiB fp32 weight made this the
+    backward peak, -2.52 % without it (-14.2 % on a 4-layer copy); the forward's own dequantized weight is
+    ``int8.int8_forward_temporary``.
+    """
+    if not int8_formula_applies(spec):
+        return None
+    sh = spec.model.shape
+    h, inter = sh.hidden_size, sh.intermediate_size
+    e_a = int8_dequantized_dtype_bytes(spec)
+    branch = _ADAPTER_BYTES * inter if _DOWN in _targets(spec) else 0
+    tokens = r * h + branch - down_adapter_saved(spec) + e_a * inter
+    return tokens * spec.batch.micro_batch * spec.batch.seq_len + e_a * inter * h
+
+
 def unrecomputed_base_backward(spec: TrainingSpec, r: int) -> int | None:
     """QLoRA without checkpointing: :func:`base_backward`'s bytes at the top layer's down_proj (and Phi-3's
     gate_up_proj) ``MatMul4Bit`` backward beyond every layer's saved tensors; None where it does not apply.
@@ -282,10 +314,28 @@ def top_layer_forward_tokens(spec: TrainingSpec) -> int:
     checkpoints, -6.44 % at end of forward without it, ``benchmarks/pinned_probes.py`` seed 1).
     """
     lora = spec.lora
-    if (lora is None or not lora_recompute_applies(spec) or _amp(spec) or lora.dropout == 0
-            or "up_proj" not in _targets(spec)):
+    if lora is None or _amp(spec) or lora.use_dora or (spec.quant is not None and not _kbit_fp32(spec)):
         return 0
     fp32 = spec.precision.load_dtype is Dtype.FLOAT32 or _kbit_fp32(spec)
     sh = spec.model.shape
+    if not _targets(spec) & {*_MLP_IN, _DOWN}:
+        # no adapter in the MLP (peft's default q/v targets): at ``act(gate) * up``, act(gate), up's output and
+        # the product (4·I each) and x (4·h); separate gate/up linears only (the traced layer). Probe Llama-2-70b
+        # QLoRA +qv bf16 (k-bit prepared: fp32), 3 x 2304 (seed 2202): -2.90 % at end of forward without it
+        traced = _layer_traced(spec, down_wrapped=False) and not sh.traits.fused_projections
+        every = spec.activations.checkpointing and spec.activations.checkpoint_every_n_layers == 1
+        return 12 * sh.intermediate_size + 4 * sh.hidden_size if fp32 and traced and every else 0
+    if not lora_recompute_applies(spec) or lora.dropout == 0:
+        return 0
+    if not fp32 and spec.quant is None and spec.precision.load_dtype.nbytes == 2:
+        # a 16-bit model, fp32 adapters: down_proj's peft ``Linear.forward`` casts its 16-bit input (the product,
+        # 2·I, alive) to fp32 for lora_A (4·I, ``_cast_input_dtype``) and drops it out (the mask:
+        # ``lora_dropout_mask_bytes``, and the output, 4·I), its bf16 base output made (2·h): per token above the
+        # checkpoints, read off the trace's listing at that ``mul`` (Llama-2-70b LoRA bf16 ckpt, 1 x 3776 and
+        # 2 x 2048: 12 B/token under it). Probe Llama-2-70b r32 1 x 3776 (seed 2205): -4.62 % at end of forward
+        # without it (a wide MLP over a 32000 vocabulary; a 128k vocabulary's logits stay above it)
+        return (10 + lora_dropout_mask_bytes(spec)) * sh.intermediate_size + 2 * sh.hidden_size
+    if "up_proj" not in _targets(spec):
+        return 0
     return 16 * sh.intermediate_size + 4 * sh.hidden_size if fp32 else 0
 
