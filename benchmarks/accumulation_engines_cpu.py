@@ -27,7 +27,7 @@ Run: ``PYTHONPATH=. python benchmarks/accumulation_engines_cpu.py [ENGINE ...]``
 per micro-step of the second optimizer step, the leaves seen, how many held a ``.grad``, its dtypes and bytes and
 how many were whole, and the micro-step's forward and backward peaks. ``--write`` records every engine at 32 and 128
 tokens in ``benchmarks/data/accumulation_engines_cpu.json``, with two ``deepspeed_cpu.py`` ``CASES`` (``--write-cases``:
-those alone); ``--table [ENGINE ...]`` prints the recorded held
+those alone; ``--write ENGINE ...``: those engines' rows, the others kept); ``--table [ENGINE ...]`` prints the recorded held
 gradients and micro-step 2's backward against the formula (``fitcheck.core.estimate``) and the traced default path
 (``PinnedPath("always")``), and for ``FIRST_AS_ONE`` engines micro-step 1 against the estimate at accumulation 1.
 As the tracer splits backward (``fitcheck.torch_adapters.tracer`` ``REGIONS``): the backward region until the logits'
@@ -447,11 +447,16 @@ def deepspeed_case(name: str) -> list[int]:
     return [int(x) for x in proc.stdout.strip().splitlines()[-1].split()]
 
 
-def write(cases_only: bool = False) -> int:
+def write(cases_only: bool = False, engines: tuple[str, ...] = ()) -> int:
     """Record every engine at :data:`SEQS` tokens and :data:`DEEPSPEED_CASES` in :data:`DATA` (read by
-    ``tests/test_accumulation_rule.py``); ``cases_only``: the cases, the rows kept."""
-    data = json.loads(DATA.read_text(encoding="utf-8")) if cases_only else {
-        "accum": ACCUM, "rows": {f"{engine} {seq}": measured(engine, seq) for seq in SEQS for engine in ENGINES}}
+    ``tests/test_accumulation_rule.py``); ``cases_only``: the cases, the rows kept; ``engines``: those engines' rows
+    and the cases, the other rows kept."""
+    if engines:
+        data = json.loads(DATA.read_text(encoding="utf-8"))
+        data["rows"].update({f"{engine} {seq}": measured(engine, seq) for seq in SEQS for engine in engines})
+    else:
+        data = json.loads(DATA.read_text(encoding="utf-8")) if cases_only else {
+            "accum": ACCUM, "rows": {f"{engine} {seq}": measured(engine, seq) for seq in SEQS for engine in ENGINES}}
     data["deepspeed_cases"] = {name: deepspeed_case(name) for name in DEEPSPEED_CASES}
     DATA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return 0
@@ -466,6 +471,7 @@ if __name__ == "__main__":
     if "--table" in sys.argv:
         sys.exit(table(names))
     if "--write" in sys.argv or "--write-cases" in sys.argv:
-        sys.exit(write(cases_only="--write-cases" in sys.argv))
+        sys.exit(write(cases_only="--write-cases" in sys.argv,
+                       engines=tuple(a for a in sys.argv[1:] if not a.startswith("--"))))
     for name in names:
         print(name, json.dumps(measured(name, 32)), flush=True)
