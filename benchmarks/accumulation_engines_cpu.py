@@ -29,8 +29,8 @@ how many were whole, and the micro-step's forward and backward peaks. ``--write`
 tokens in ``benchmarks/data/accumulation_engines_cpu.json``, with two ``deepspeed_cpu.py`` ``CASES`` (``--write-cases``:
 those alone; ``--write ENGINE ...``: those engines' rows, the others kept); ``--table [ENGINE ...]`` prints the
 recorded held gradients and micro-step 2's backward against the formula (``fitcheck.core.estimate``) and the traced
-default path (``PinnedPath("always")``), and for ``FIRST_AS_ONE`` engines micro-step 1 against the estimate at accumulation 1.
-As the tracer splits backward (``fitcheck.torch_adapters.tracer`` ``REGIONS``): the backward region until the logits'
+default path (``PinnedPath("always")``), and for ``FIRST_AS_ONE`` engines micro-step 1 against the estimate at
+accumulation 1. As the tracer splits backward (``fitcheck.torch_adapters.tracer`` ``REGIONS``): the backward region until the logits'
 gradient exists is the start of backward (``Phase.BACKWARD_START``); the region ``head`` (the LM head's backward)
 and ``layers`` (from the gradient reaching the final norm's output) are during backward (``Phase.BACKWARD``).
 Before session 22 the head's backward was recorded in the start region and ``layers`` alone compared with
