@@ -23,23 +23,22 @@ Engines (``ENGINES``):
   (``accelerator.py`` l.1166-1178); ``-sync``: ``accelerator_config`` ``gradient_accumulation_kwargs.sync_each_batch``
   (the Trainer enters no ``no_sync``, ``trainer.py`` l.1896-1902).
 
-Run: ``PYTHONPATH=. python benchmarks/accumulation_engines_cpu.py [ENGINE ...]`` prints one JSON line per engine:
-per micro-step of the second optimizer step, the leaves seen, how many held a ``.grad``, its dtypes and bytes and
-how many were whole, and the micro-step's forward and backward peaks. ``--write`` records every engine at 32 and 128
-tokens in ``benchmarks/data/accumulation_engines_cpu.json``, with two ``deepspeed_cpu.py`` ``CASES`` (``--write-cases``:
-those alone; ``--write ENGINE ...``: those engines' rows, the others kept); ``--table [ENGINE ...]`` prints the
-recorded held gradients and micro-step 2's backward against the formula (``fitcheck.core.estimate``) and the traced
-default path (``PinnedPath("always")``), and for ``FIRST_AS_ONE`` engines micro-step 1 against the estimate at
-accumulation 1. As the tracer splits backward (``fitcheck.torch_adapters.tracer`` ``REGIONS``): the backward region until the logits'
-gradient exists is the start of backward (``Phase.BACKWARD_START``); the region ``head`` (the LM head's backward)
-and ``layers`` (from the gradient reaching the final norm's output) are during backward (``Phase.BACKWARD``).
-Before session 22 the head's backward was recorded in the start region and ``layers`` alone compared with
-``Phase.BACKWARD``. ``ACCUM_BREAKDOWN=1 python benchmarks/accumulation_engines_cpu.py --one ENGINE SEQ`` prints the
-storages alive at each region's peak of the FSDP rank 0 (``fsdp_cpu.breakdown``). On one gloo process ZeRO-3's
-``layers`` peak at 32 tokens is gloo's: torch 2.13 ``ProcessGroupGloo`` ``_reduce_scatter_base_`` copies its input
-into a new tensor and back (the head's 262,144 B gradient, reduced when the final norm's gradient hook runs); NCCL
-reduces in place. Two-rank rows vary by a few
-percent between runs (gloo's collectives finish on their own thread and the frees follow them).
+Run: ``PYTHONPATH=. python benchmarks/accumulation_engines_cpu.py [ENGINE ...]`` prints one JSON line per engine: per
+micro-step of the second optimizer step, the leaves seen, how many held a ``.grad``, its dtypes and bytes and how many
+were whole, and the micro-step's forward and backward peaks. ``--write`` records every engine at 32 and 128 tokens in
+``benchmarks/data/accumulation_engines_cpu.json``, with two ``deepspeed_cpu.py`` ``CASES`` (``--write-cases``: those
+alone; ``--write ENGINE ...``: those engines' rows, the others kept); ``--table [ENGINE ...]`` prints the recorded held
+gradients and micro-step 2's backward against the formula (``fitcheck.core.estimate``) and the traced default path
+(``PinnedPath("always")``), and for ``FIRST_AS_ONE`` engines micro-step 1 against the estimate at accumulation 1. As the
+tracer splits backward (``fitcheck.torch_adapters.tracer`` ``REGIONS``): the backward region until the logits' gradient
+exists is the start of backward (``Phase.BACKWARD_START``); the region ``head`` (the LM head's backward) and ``layers``
+(from the gradient reaching the final norm's output) are during backward (``Phase.BACKWARD``). Before session 22 the
+head's backward was recorded in the start region and ``layers`` alone compared with ``Phase.BACKWARD``.
+``ACCUM_BREAKDOWN=1 python benchmarks/accumulation_engines_cpu.py --one ENGINE SEQ`` prints the storages alive at each
+region's peak of the FSDP rank 0 (``fsdp_cpu.breakdown``). On one gloo process ZeRO-3's ``layers`` peak at 32 tokens is
+gloo's: torch 2.13 ``ProcessGroupGloo`` ``_reduce_scatter_base_`` copies its input into a new tensor and back (the
+head's 262,144 B gradient, reduced when the final norm's gradient hook runs); NCCL reduces in place. Two-rank rows vary
+by a few percent between runs (gloo's collectives finish on their own thread and the frees follow them).
 """
 
 from __future__ import annotations
