@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from fitcheck.core.optimizers import OptimizerMemory, TensorGroup
-from fitcheck.core.states.accumulation import zero1_overlap_keeps_grads
+from fitcheck.core.states.accumulation import accumulates_in_grad, zero1_offload_keeps_grads, zero1_overlap_keeps_grads
 from fitcheck.core.states.fsdp_mixed_units import mixed_unit_components
 from fitcheck.core.states.fsdp_qlora import SOURCE as FSDP_QUANT_SOURCE
 from fitcheck.core.states.fsdp_qlora import quant_placement
@@ -313,6 +313,7 @@ def _gradient_components(
     if not grad_bytes:
         return []
     accum = spec.batch.grad_accum > 1
+    early = (Phase.FORWARD_END, Phase.BACKWARD_START)
     if opt.in_backward:
         # LOMO / layer-wise GaLore: each gradient is consumed by its hook as soon as it is produced.
         largest = max(g.nbytes_each for g in groups)
@@ -330,7 +331,7 @@ def _gradient_components(
     if part.gradients_on_host:
         # ZeRO-Offload / FSDP offload: reduced gradients go to host (fp32 partition under DeepSpeed).
         host = _div(total_numel(groups), part.gradients) * 4 if has_master(spec) else sharded
-        return [
+        offloaded = [
             _placed(
                 "gradients",
                 Category.GRADIENTS,
@@ -341,7 +342,13 @@ def _gradient_components(
                 per_node=node,
             )
         ]
-    early = (Phase.FORWARD_END, Phase.BACKWARD_START)
+        if zero1_offload_keeps_grads(spec):  # ZeRO-1 + offload: every whole .grad on the device until reduced
+            held = (Phase.BACKWARD, *(early if accumulates_in_grad(spec) else ()))
+            offloaded.append(Component("gradients.zero1_offload_whole", Category.GRADIENTS, Location.DEVICE,
+                                       {p: grad_bytes if p in held else 0 for p in PHASES}, _SRC_GRADS,
+                                       "every whole .grad, kept on the device until the boundary's reduction "
+                                       "(core/states/accumulation.py zero1_offload_keeps_grads)"))
+        return offloaded
     by_phase: dict[Phase, int] = {}
     kept = _unsharded_kept(spec, groups, grad_bytes)
     whole = zero1_overlap_keeps_grads(spec)  # ZeRO-1 reducing at the boundary only: every .grad until then

@@ -43,6 +43,12 @@ _SRC_Z3 = (
 )
 _SRC_PERSIST = "deepspeed runtime/zero/parameter_offload.py mark_persistent_parameters (numel <= threshold)"
 _SRC_OFFLOAD = "deepspeed runtime/zero/stage_1_and_2.py: temp_grad_buffer_for_gpu_offload (largest param)"
+_SRC_NORM = (
+    "deepspeed 0.19.8 runtime/zero/stage_1_and_2.py set_norm_for_param_grad_in_gpu (copy_grads_in_partition's "
+    "cpu_offload branch) and stage3.py _offload_grad_partition_at_boundary -> _constant_buffered_norm2: "
+    "grad.to(get_norm_dtype()).norm(2), utils.py get_norm_dtype torch.double where the accelerator supports fp64 "
+    "(CUDA, CPU); measured on the real engine, benchmarks/deepspeed_offload_cpu.py"
+)
 _SRC_FSDP = (
     "torch FSDP: each wrapped unit is all-gathered into a separate unsharded "
     "buffer for its forward and again "
@@ -345,19 +351,41 @@ def _deepspeed(spec: TrainingSpec) -> tuple[Component, ...]:
         if ds.offload_optimizer is not OffloadDevice.NONE:
             largest = _largest_tensor(spec) if spec.lora is None else 0
             if largest:
+                # allocated in the optimizer's __init__ and never freed: every phase (real engine, tiny Llama,
+                # benchmarks/deepspeed_offload_cpu.py: the forward's device bytes -12.8 % without it)
                 out.append(
-                    Component(
+                    Component.persistent(
                         "buffers.deepspeed_offload_staging",
                         Category.BUFFERS,
-                        Location.DEVICE,
-                        _phases({Phase.BACKWARD: largest * elem}),
+                        largest * elem,
                         _SRC_OFFLOAD,
-                        f"GPU staging buffer of the largest parameter ({largest:,} elements)",
+                        f"device staging buffer of the largest parameter ({largest:,} elements), from initialize on",
                     )
                 )
     if ds.stage == 3:
         out.extend(_zero3(spec, ds.reduce_bucket_size, elem, n, trainable))
+    norm = offload_grad_norm_bytes(spec)
+    if norm and (ds.stage >= 2 or ds.overlaps_comm):  # reduced at the hooks, beside the activations; else ZeRO-1's
+        # end-of-backward reduction moment holds it (zero_reduce.zero1_reduction_bytes)
+        out.append(Component("buffers.deepspeed_offload_grad_norm", Category.BUFFERS, Location.DEVICE,
+                             _phases({Phase.BACKWARD: norm}), _SRC_NORM,
+                             "fp64 copy of the largest gradient's rank part, for its norm (offload_optimizer)"))
     return tuple(out)
+
+
+def offload_grad_norm_bytes(spec: TrainingSpec) -> int:
+    """Bytes of the fp64 copy a DeepSpeed ``offload_optimizer`` run makes on the device of the largest gradient's
+    part on this rank to take its norm when it is reduced (``_SRC_NORM``); 0 for any other run (a LoRA run's
+    adapters are left out, as the staging buffer's)."""
+    sh = spec.sharding
+    ds = sh.deepspeed
+    if sh.strategy is not Strategy.DEEPSPEED or ds is None or not partition(spec).optimizer_on_host:
+        return 0
+    largest = _largest_tensor(spec) if spec.lora is None and trainable_count(spec) else 0
+    n = spec.data_parallel_size
+    if ds.stage == 3:  # each parameter's partition, normed in parts of 250M elements
+        return 8 * min(-(-largest // n), 250_000_000)
+    return 8 * min(largest, -(-trainable_count(spec) // n))  # the part of it in the rank's flat partition
 
 
 def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable: int) -> list[Component]:
