@@ -50,7 +50,7 @@ def gradients_resident(spec: TrainingSpec) -> bool:
     ``offload_optimizer``, whose device never holds the gradients made so far (``accumulation.py``
     ``gradients_never_on_device``: the component is the host's, so no row of backward may hold any)."""
     from fitcheck.core.states import partition
-    from fitcheck.core.states.accumulation import gradients_never_on_device
+    from fitcheck.core.states.deepspeed_offload import gradients_never_on_device
 
     if accumulates_in_grad(spec):
         return False

@@ -36,8 +36,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from fitcheck.core.states.accumulation import zero1_offload_keeps_grads, zero1_overlap_keeps_grads
+from fitcheck.core.states.deepspeed_offload import offload_grad_norm_bytes
 from fitcheck.core.states.layout import all_trainable, build_layout
-from fitcheck.core.states.sharding import contiguous_reduction, offload_grad_norm_bytes, param_compute_bytes
+from fitcheck.core.states.sharding import contiguous_reduction, param_compute_bytes
 from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import TrainingSpec
 
