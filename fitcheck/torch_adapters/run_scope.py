@@ -49,8 +49,7 @@ def gradients_resident(spec: TrainingSpec) -> bool:
     ``gradients_held_from_start`` reads for the formula's moments too), in every micro-step; and a ZeRO-2/3 run with
     ``offload_optimizer``, whose device never holds the gradients made so far (``accumulation.py``
     ``gradients_never_on_device``: the component is the host's, so no row of backward may hold any)."""
-    from fitcheck.core.states import partition
-    from fitcheck.core.states.deepspeed_offload import gradients_never_on_device
+    from fitcheck.core.states import gradients_never_on_device, partition
 
     if accumulates_in_grad(spec):
         return False

@@ -74,8 +74,12 @@ from fitcheck.core.activations.norm_backward import (
 )
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.activations.recipe_gaps import trace_fix
-from fitcheck.core.states import accumulates_in_grad, gradients_held_from_start, zero3_gradient_in_flight
-from fitcheck.core.states.deepspeed_offload import offload_gradient_in_flight
+from fitcheck.core.states import (
+    accumulates_in_grad,
+    gradients_held_from_start,
+    offload_gradient_in_flight,
+    zero3_gradient_in_flight,
+)
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import AttentionKind, AttnImpl, NormKind, TrainingSpec
 

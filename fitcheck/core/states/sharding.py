@@ -341,10 +341,7 @@ def _deepspeed(spec: TrainingSpec) -> tuple[Component, ...]:
         )
     if ds.stage == 3:
         out.extend(_zero3(spec, ds.reduce_bucket_size, elem, n, trainable))
-    from fitcheck.core.states.deepspeed_offload import offload_components  # it reads partition()
-
-    out.extend(offload_components(spec))
-    return tuple(out)
+    return tuple(out)  # an offload_optimizer run's own device buffers: deepspeed_offload.offload_components
 
 
 def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable: int) -> list[Component]:
