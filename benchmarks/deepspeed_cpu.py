@@ -304,7 +304,11 @@ def run_spec(stage: int, seq: int, ckpt: bool = False, config: dict[str, Any] | 
 
 def cases_table() -> int:
     """Print :data:`CASES` (the tiny Llama, each in its own process) against the estimate: forward, backward and
-    optimizer-step peaks; exit 1 when a forward or backward is off by more than 2 %."""
+    optimizer-step peaks; exit 1 when one is off by more than 2 % (a ZeRO-1 optimizer step is printed, not
+    checked). Session 22: the optimizer step, before -> after the ZeRO optimizer's flat fp32 groups
+    (``core/states/layout.py`` ``zero_flat_groups``) and ZeRO-2's freed 16-bit partition (``model_states.py``):
+    zero2-accum2 -14.96 % -> -0.05 %, zero3-tied-accum2 -10.30 % -> -0.03 %, zero1-overlap-8-ranks-accum2
+    -19.65 % -> -6.58 %, zero1-overlap-8-ranks +4.96 %; every other case within 0.2 %."""
     from fitcheck.core import estimate
     from fitcheck.report import Location, Phase
 
@@ -319,9 +323,13 @@ def cases_table() -> int:
         est = (tot[Phase.FORWARD_END], max(tot[Phase.BACKWARD_START], tot[Phase.BACKWARD]), tot[Phase.OPTIMIZER_STEP])
         for label, r, e in zip(("forward", "backward", "optimizer"), real, est, strict=True):
             err = (e - r) / r * 100
-            worst = max(worst, abs(err)) if label != "optimizer" else worst
-            print(f"{name:24} {label:10} {r:10d} {e:10d} {err:+7.2f}%", flush=True)
-    print(f"worst |error| forward/backward {worst:.2f}%")
+            # the optimizer step of ZeRO-1 is not modelled to that precision (its bucket views and the extra-large
+            # gradients outside the rank's partition: +4.96 % / -6.58 % on 8 ranks); every other step is checked
+            checked = label != "optimizer" or case["stage"] != 1
+            worst = max(worst, abs(err)) if checked else worst
+            print(f"{name:24} {label:10} {r:10d} {e:10d} {err:+7.2f}%" + ("" if checked else " (not checked)"),
+                  flush=True)
+    print(f"worst |error| checked {worst:.2f}%")
     return 0 if worst <= 2.0 else 1
 
 

@@ -55,7 +55,11 @@ from __future__ import annotations
 
 from fitcheck.core.states.deepspeed_offload import gradients_never_on_device
 from fitcheck.core.states.sharding import contiguous_reduction, partition
+from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import Strategy, TrainingSpec
+
+_SRC_ZERO1_OFFLOAD = ("deepspeed 0.19.8 runtime/zero/stage_1_and_2.py process_gradients (no reduction at a ZeRO-1 "
+                      "hook without overlap_comm), engine.py allreduce_gradients (reduce_gradients at the boundary)")
 
 
 def accumulates_in_grad(spec: TrainingSpec) -> bool:
@@ -129,6 +133,17 @@ def zero1_offload_keeps_grads(spec: TrainingSpec) -> bool:
     if sh.strategy is not Strategy.DEEPSPEED or sh.zero_stage != 1 or ds is None:
         return False
     return partition(spec).gradients_on_host and (not ds.overlaps_comm or accumulates_in_grad(spec))
+
+
+def zero1_offload_grads(spec: TrainingSpec, grad_bytes: int) -> Component | None:
+    """``model_states``' device component of the whole ``.grad`` a ZeRO-1 + offload run holds
+    (:func:`zero1_offload_keeps_grads`; ``grad_bytes``: every trainable gradient in the module's dtype), or None."""
+    if not zero1_offload_keeps_grads(spec):
+        return None
+    held = (Phase.BACKWARD, *((Phase.FORWARD_END, Phase.BACKWARD_START) if accumulates_in_grad(spec) else ()))
+    return Component("gradients.zero1_offload_whole", Category.GRADIENTS, Location.DEVICE,
+                     {p: grad_bytes if p in held else 0 for p in PHASES}, _SRC_ZERO1_OFFLOAD,
+                     "every whole .grad, kept on the device until the boundary's reduction")
 
 
 def zero1_overlap_keeps_grads(spec: TrainingSpec) -> bool:
