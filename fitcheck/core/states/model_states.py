@@ -341,8 +341,8 @@ def _gradient_components(
                 per_node=node,
             )
         ]
-        whole = zero1_offload_grads(spec, grad_bytes)  # ZeRO-1 + offload: every .grad on the device until reduced
-        return offloaded if whole is None else [*offloaded, whole]
+        on_device = zero1_offload_grads(spec, grad_bytes)  # ZeRO-1 + offload: every .grad there until reduced
+        return offloaded if on_device is None else [*offloaded, on_device]
     early = (Phase.FORWARD_END, Phase.BACKWARD_START)
     by_phase: dict[Phase, int] = {}
     kept = _unsharded_kept(spec, groups, grad_bytes)
