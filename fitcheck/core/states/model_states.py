@@ -356,12 +356,11 @@ def _gradient_components(
             by_phase[p] = 0
         else:
             by_phase[p] = sharded
-    if has_master(spec) and spec.sharding.zero_stage == 2:
-        # ZeRO-2 frees a group's 16-bit gradient partition once its fp32 copy is built, before its step (deepspeed
-        # 0.19.8 stage_1_and_2.py step: free_grad_in_param_list(params_in_partition[i]), averaged_gradients[i] =
-        # None): the largest group's step holds only the others'. Real engine (benchmarks/deepspeed_cpu.py --cases
-        # zero2-accum2): optimizer step +7.6 % without this. ZeRO-1 keeps more (its bucket views, extra-large
-        # gradients outside the partition; not modelled: zero1-overlap-8-ranks-accum2 -6.6 %)
+    if has_master(spec) and spec.sharding.zero_stage in (1, 2):
+        # ZeRO-1/2 free a group's 16-bit gradients once its fp32 copy is built, before its step (deepspeed 0.19.8
+        # stage_1_and_2.py step: free_grad_in_param_list(params_in_partition[i]), averaged_gradients[i] = None):
+        # the largest group's step holds only the others'. Real engine (benchmarks/deepspeed_cpu.py): optimizer
+        # step without this +7.6 % (--cases zero2-accum2), +7.7 % (ZeRO-1, 256 tokens)
         stepped = max(total_bytes(g for g in groups if g.decay), total_bytes(g for g in groups if not g.decay))
         by_phase[Phase.OPTIMIZER_STEP] = max(sharded - _div(stepped, part.gradients), 0)
     detail = f"{total_numel(groups):,} trainable params{_dtypes(groups)}{_share(part.gradients)}"
