@@ -341,8 +341,8 @@ def test_deepspeed_bf16_real_cpu_step_matches_forward_and_backward(run: str) -> 
     assert abs(max(tot[Phase.BACKWARD_START], tot[Phase.BACKWARD]) - real[1]) <= 0.01 * real[1]
     if run == "zero1":
         assert any(c.name == "buffers.deepspeed_grads_in_partition" for c in rep.components)
-    if run in ("zero2-accum2", "qlora-nf4"):  # session 22: flat fp32 groups, ZeRO-2's freed 16-bit partition
-        assert abs(tot[Phase.OPTIMIZER_STEP] - real[2]) <= 0.005 * real[2]  # zero2-accum2 -14.96 % before
+    if run != "zero2-tied-8-ranks":  # session 22: flat fp32 groups, ZeRO-1/2's freed 16-bit gradients
+        assert abs(tot[Phase.OPTIMIZER_STEP] - real[2]) <= 0.005 * real[2]  # -16.0 / -15.0 / -9.7 / -3.7 % before
 
 
 def test_int8_lora_base_gets_no_16bit_weight_cache() -> None:
