@@ -304,7 +304,9 @@ def test_model_states_match_deepspeed_estimator_formula(llama8b: ModelInventory)
     keep = ("weights.trainable", "gradients", "gradients.fp32_partition", "master.fp32", "optimizer.states")
     for stage in (2, 3):
         comps = model_state_components(spec_for(llama8b, ds(8, stage=stage)))
-        ours = sum(c.at(Phase.OPTIMIZER_STEP) for c in comps if c.name in keep)
+        # each state as allocated (its largest phase): ZeRO-2 frees the stepped group's 16-bit gradient partition
+        # before the step (model_states.py, session 22), which the estimator's sum does not
+        ours = sum(max(c.at(ph) for ph in Phase) for c in comps if c.name in keep)
         if stage == 2:
             _, gpu = stage_1_and_2.estimate_zero2_model_states_mem_needs(p, 8, 1, cpu_offload=False)
         else:

@@ -23,6 +23,7 @@ from fitcheck.core.overheads import overhead_components
 from fitcheck.core.states import (
     buffer_components,
     model_state_components,
+    offload_components,
     prequant_components,
     zero1_reduction_component,
 )
@@ -75,6 +76,7 @@ def collect_components(
         *model_state_components(run),
         *acts,
         *buffer_components(run),
+        *offload_components(run),
         *(() if reduction is None else (reduction,)),
         *prequant_components(run),
         *overhead_components(run),

@@ -46,10 +46,14 @@ def gradients_resident(spec: TrainingSpec) -> bool:
     """Whether the traced answer reads its one pass as a run holding every gradient byte from the start of backward
     (``trace_result.resident_gradients_step``): ZeRO-3's flat gradient buffer on the device
     (``core/states/sharding.py`` ``Partition.gradients_resident``, which ``core/states/accumulation.py``
-    ``gradients_held_from_start`` reads for the formula's moments too), in every micro-step."""
-    from fitcheck.core.states import partition
+    ``gradients_held_from_start`` reads for the formula's moments too), in every micro-step; and a ZeRO-2/3 run with
+    ``offload_optimizer``, whose device never holds the gradients made so far (``accumulation.py``
+    ``gradients_never_on_device``: the component is the host's, so no row of backward may hold any)."""
+    from fitcheck.core.states import gradients_never_on_device, partition
 
-    return partition(spec).gradients_resident and not accumulates_in_grad(spec)
+    if accumulates_in_grad(spec):
+        return False
+    return partition(spec).gradients_resident or gradients_never_on_device(spec)
 
 
 def accumulation_not_traced(spec: TrainingSpec) -> str:

@@ -77,7 +77,12 @@ from fitcheck.core.activations.norm_backward import (
     post_norm_backward,
 )
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
-from fitcheck.core.states import accumulates_in_grad, gradients_held_from_start, zero3_gradient_in_flight
+from fitcheck.core.states import (
+    accumulates_in_grad,
+    gradients_held_from_start,
+    offload_gradient_in_flight,
+    zero3_gradient_in_flight,
+)
 from fitcheck.spec import AttentionKind, NormKind, TrainingSpec
 
 # Saved-for-backward scalars of the loss (trace: ones_like grad seed + the loss, fp32).
@@ -195,8 +200,9 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
     # still the 16-bit one, before its cast to the fp32 parameter's dtype); missing: every other gradient
     head_grad = 2 * g_head // param_bytes(spec) if q.autocast else g_head
     # ZeRO-3: the head's new whole gradient on its way into the resident buffer is buffers.zero3_gathered_params'
-    # (the largest tensor's gradient, core/states/sharding.py zero3_gradient_in_flight): not counted twice
-    head_grad = max(0, head_grad - zero3_gradient_in_flight(spec))
+    # (the largest tensor's gradient, core/states/sharding.py zero3_gradient_in_flight), ZeRO-1/2 + offload's
+    # buffers.deepspeed_offload_gradient_in_flight (core/states/deepspeed_offload.py): not counted twice
+    head_grad = max(0, head_grad - zero3_gradient_in_flight(spec) - offload_gradient_in_flight(spec))
     missing = 0 if held else all_grads(spec)
     if z2 is not None and not held:  # (ZeRO-1 with overlap_comm accumulating: every .grad held, counted)
         missing = z2[0]  # no grads_in_partition yet; the head's gradient is the moment's own (head_grad)

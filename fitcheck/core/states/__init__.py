@@ -25,6 +25,11 @@ new module here), read by :mod:`.layout`.
 """
 
 from fitcheck.core.states.accumulation import accumulates_in_grad, gradients_held_from_start
+from fitcheck.core.states.deepspeed_offload import (
+    gradients_never_on_device,
+    offload_components,
+    offload_gradient_in_flight,
+)
 from fitcheck.core.states.deepspeed_streams import deepspeed_side_pools
 from fitcheck.core.states.fsdp_backward import FsdpBackward, fsdp_backward_held
 from fitcheck.core.states.fsdp_qlora import LoadPeak, fsdp_qlora_findings, load_peak
@@ -101,6 +106,7 @@ __all__ = [
     "fsdp_side_pools",
     "fsdp_unit_params",
     "gradients_held_from_start",
+    "gradients_never_on_device",
     "has_params4bit",
     "held_elements",
     "in_partition",
@@ -112,6 +118,8 @@ __all__ = [
     "mxfp4_load_spike",
     "mxfp4_packed_bytes",
     "named_order",
+    "offload_components",
+    "offload_gradient_in_flight",
     "optimizer_for",
     "param_compute_bytes",
     "partition",

@@ -53,8 +53,13 @@ Sources of each row:
 
 from __future__ import annotations
 
+from fitcheck.core.states.deepspeed_offload import gradients_never_on_device
 from fitcheck.core.states.sharding import contiguous_reduction, partition
+from fitcheck.report import PHASES, Category, Component, Location, Phase
 from fitcheck.spec import Strategy, TrainingSpec
+
+_SRC_ZERO1_OFFLOAD = ("deepspeed 0.19.8 runtime/zero/stage_1_and_2.py process_gradients (no reduction at a ZeRO-1 "
+                      "hook without overlap_comm), engine.py allreduce_gradients (reduce_gradients at the boundary)")
 
 
 def accumulates_in_grad(spec: TrainingSpec) -> bool:
@@ -98,13 +103,47 @@ def gradients_held_from_start(spec: TrainingSpec) -> bool:
       (``accumulation_engines_cpu.json``, ``zero3`` rows). Each new whole gradient on its way into that buffer is
       ``buffers.zero3_gathered_params``' (the largest tensor's gradient, ``sharding._zero3``).
 
+    - Every micro-step of a DeepSpeed ZeRO-2/3 run with ``offload_optimizer`` (:func:`gradients_never_on_device`):
+      the gradients component counts no device byte (``Location.HOST``), so there is nothing to subtract; each new
+      gradient in flight is the moment's own (the head's ``head_grad``) or ZeRO-3's ``zero3_gradient_in_flight``.
+
     Args:
         spec: The training spec.
 
     Returns:
-        True with gradient accumulation, or with ZeRO-3's resident gradient buffer.
+        True with gradient accumulation, with ZeRO-3's resident gradient buffer, or with ZeRO-2/3 gradients offloaded.
     """
-    return spec.batch.grad_accum > 1 or partition(spec).gradients_resident
+    return spec.batch.grad_accum > 1 or partition(spec).gradients_resident or gradients_never_on_device(spec)
+
+
+def zero1_offload_keeps_grads(spec: TrainingSpec) -> bool:
+    """Whether a DeepSpeed ZeRO-1 run with ``offload_optimizer`` (without ``overlap_comm``, or accumulating: the
+    micro-steps before the boundary reduce nothing, ``reduce_ready_partitions_and_remove_grads``) holds every whole
+    ``.grad`` on the device in the module's dtype until the boundary's end-of-backward reduction, while its
+    gradients component counts only the host fp32 partition: deepspeed 0.19.8 ``stage_1_and_2.py``
+    ``process_gradients`` reduces at a hook only ``if self.partition_gradients or self.overlap_comm``, and
+    ``engine.py`` ``allreduce_gradients`` calls ``reduce_gradients`` only at the accumulation boundary; there each
+    gradient is copied into the ipg bucket (``.grad`` becomes its view) and the rank's part to the host
+    (``reduce_ipg_grads``' ``cpu_offload`` branch; ``core/states/deepspeed_offload.py``). ``model_states`` counts
+    these ``.grad`` as the device component ``gradients.zero1_offload_whole`` (in ``Phase.BACKWARD``; from the end
+    of forward only in a later micro-step). Real engine (``benchmarks/deepspeed_offload_cpu.py``): backward -48.1 %
+    without it, -0.01 % with it and the norm copy."""
+    sh = spec.sharding
+    ds = sh.deepspeed
+    if sh.strategy is not Strategy.DEEPSPEED or sh.zero_stage != 1 or ds is None:
+        return False
+    return partition(spec).gradients_on_host and (not ds.overlaps_comm or accumulates_in_grad(spec))
+
+
+def zero1_offload_grads(spec: TrainingSpec, grad_bytes: int) -> Component | None:
+    """``model_states``' device component of the whole ``.grad`` a ZeRO-1 + offload run holds
+    (:func:`zero1_offload_keeps_grads`; ``grad_bytes``: every trainable gradient in the module's dtype), or None."""
+    if not zero1_offload_keeps_grads(spec):
+        return None
+    held = (Phase.BACKWARD, *((Phase.FORWARD_END, Phase.BACKWARD_START) if accumulates_in_grad(spec) else ()))
+    return Component("gradients.zero1_offload_whole", Category.GRADIENTS, Location.DEVICE,
+                     {p: grad_bytes if p in held else 0 for p in PHASES}, _SRC_ZERO1_OFFLOAD,
+                     "every whole .grad, kept on the device until the boundary's reduction")
 
 
 def zero1_overlap_keeps_grads(spec: TrainingSpec) -> bool:

@@ -228,8 +228,41 @@ def optimizer_for(spec: TrainingSpec, groups: list[TensorGroup]) -> OptimizerMem
     opt = spec.optimizer
     if ds_cpu_optimizer(spec) is not None:  # accelerate swaps the Trainer's optimizer for DeepSpeedCPUAdam
         opt = dataclasses.replace(opt, name="adamw_torch", args={})
-    return optimizer_memory(opt, opt_groups, cuda=spec.hardware.device_type is DeviceType.CUDA,
-                            transformers=spec.stack.release("transformers"))
+    cuda = spec.hardware.device_type is DeviceType.CUDA
+    release = spec.stack.release("transformers")
+    memory = optimizer_memory(opt, opt_groups, cuda=cuda, transformers=release)
+    flat = zero_flat_groups(spec, groups)
+    if flat:  # the ZeRO optimizer steps one flat fp32 tensor per param group: its temporaries are that tensor's
+        temp = optimizer_memory(opt, flat, cuda=cuda, transformers=release).step_temporary
+        memory = dataclasses.replace(memory, step_temporary=temp)
+    return memory
+
+
+def zero_flat_groups(spec: TrainingSpec, groups: list[TensorGroup]) -> list[TensorGroup]:
+    """The tensors a DeepSpeed ZeRO-1/2/3 optimizer steps: one flat fp32 tensor per Trainer param group (decay,
+    then no decay), each the whole group (the caller divides by the partition), ZeRO-3's split into sub-groups of
+    ``sub_group_size`` per rank; [] for any other run.
+
+    deepspeed 0.19.8 ``runtime/zero/stage_1_and_2.py`` (``single_partition_of_fp32_groups[i]``: the optimizer's
+    ``param_groups[i]['params']`` is that one flat partition) and ``stage3.py`` (``fp32_partitioned_groups_flat``
+    per sub-group of ``sub_group_size``). Real engine, tiny Llama, torch AdamW on CPU (single-tensor loop: sqrt and
+    quotient of the whole partition, ``benchmarks/deepspeed_cpu.py --cases``): the optimizer step -15 % with the
+    per-tensor model."""
+    ds = spec.sharding.deepspeed
+    if ds is None or not has_master(spec) or (spec.sharding.zero_stage or 0) < 1:
+        return []
+    chunk = ds.sub_group_size * max(spec.data_parallel_size, 1) if ds.stage == 3 else 0
+    out: list[TensorGroup] = []
+    for decay in (True, False):
+        numel = sum(g.numel_each * g.repeat for g in groups if g.decay is decay)
+        if not numel:
+            continue
+        if chunk and numel > chunk:
+            out.append(TensorGroup(f"zero flat {decay}", (chunk,), Dtype.FLOAT32, numel // chunk, decay=decay))
+            numel %= chunk
+        if numel:
+            out.append(TensorGroup(f"zero flat {decay} tail", (numel,), Dtype.FLOAT32, 1, decay=decay))
+    return out
 
 
 # What accelerate 1.15 utils/deepspeed.py map_pytorch_optim_to_deepspeed keeps as a CPU optimizer of its own kind:

@@ -42,7 +42,6 @@ _SRC_Z3 = (
     "counts 4 x largest layer"
 )
 _SRC_PERSIST = "deepspeed runtime/zero/parameter_offload.py mark_persistent_parameters (numel <= threshold)"
-_SRC_OFFLOAD = "deepspeed runtime/zero/stage_1_and_2.py: temp_grad_buffer_for_gpu_offload (largest param)"
 _SRC_FSDP = (
     "torch FSDP: each wrapped unit is all-gathered into a separate unsharded "
     "buffer for its forward and again "
@@ -216,7 +215,7 @@ def _root_params(spec: TrainingSpec) -> int:
     return sum(p.numel for p in spec.model.params if not p.per_layer)
 
 
-def _largest_tensor(spec: TrainingSpec) -> int:
+def largest_tensor(spec: TrainingSpec) -> int:
     """Largest single parameter: ZeRO-3 fetches parameters module by module."""
     return max((p.numel_each for p in spec.model.params), default=0)
 
@@ -237,7 +236,7 @@ def zero3_gradient_in_flight(spec: TrainingSpec) -> int:
         return 0
     if not trainable_count(spec) or spec.lora is not None:
         return 0
-    return _largest_tensor(spec) * param_compute_bytes(spec)
+    return largest_tensor(spec) * param_compute_bytes(spec)
 
 
 def fsdp_unit_params(spec: TrainingSpec) -> int:
@@ -316,48 +315,33 @@ def _deepspeed(spec: TrainingSpec) -> tuple[Component, ...]:
     trainable = trainable_count(spec)
     out: list[Component] = []
     overlap = ds.overlaps_comm
-    if ds.stage in (1, 2) and trainable:
-        # contiguous_gradients is forced on by cpu offload (stage_1_and_2.py:
-        # contiguous_gradients or cpu_offload)
-        if ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE:
-            copies = 2 if overlap else 1
-            nbytes = copies * ds.reduce_bucket_size * elem
-            # ZeRO-1 with accumulation: the first micro-step's first hook allocates them (process_gradients ->
-            # setup_buckets, whatever overlap_comm) and only the boundary's epilogue releases them
-            # (independent_gradient_partition_epilogue -> _release_ipg_buffers; engine.py allreduce_gradients
-            # runs no epilogue before the boundary under ZeRO-1): a later micro-step's forward and start of
-            # backward hold them. Real engine (benchmarks/accumulation_engines_cpu.json), micro-step 2's forward
-            # less ZeRO-0's: ZeRO-1 +39,924 B, with overlap_comm +79,924 B (one / two 40,000 B buckets)
-            held = ds.stage == 1 and spec.batch.grad_accum > 1
-            out.append(
-                Component(
-                    "buffers.deepspeed_reduce_bucket",
-                    Category.BUFFERS,
-                    Location.DEVICE,
-                    _phases({p: nbytes for p in (Phase.FORWARD_END, Phase.BACKWARD_START) if held}
-                            | {Phase.BACKWARD: nbytes}),
-                    _SRC_IPG,
-                    f"{copies} x reduce_bucket_size {ds.reduce_bucket_size:,} x {elem} B "
-                    "(allocated in full even when fewer parameters are trainable)"
-                    + ("; ZeRO-1: held across the accumulation micro-steps until the boundary" if held else ""),
-                )
+    # contiguous_gradients is forced on by cpu offload (stage_1_and_2.py: contiguous_gradients or cpu_offload)
+    if ds.stage in (1, 2) and trainable and (ds.contiguous_gradients or ds.offload_optimizer is not OffloadDevice.NONE):
+        copies = 2 if overlap else 1
+        nbytes = copies * ds.reduce_bucket_size * elem
+        # ZeRO-1 with accumulation: the first micro-step's first hook allocates them (process_gradients ->
+        # setup_buckets, whatever overlap_comm) and only the boundary's epilogue releases them
+        # (independent_gradient_partition_epilogue -> _release_ipg_buffers; engine.py allreduce_gradients
+        # runs no epilogue before the boundary under ZeRO-1): a later micro-step's forward and start of
+        # backward hold them. Real engine (benchmarks/accumulation_engines_cpu.json), micro-step 2's forward
+        # less ZeRO-0's: ZeRO-1 +39,924 B, with overlap_comm +79,924 B (one / two 40,000 B buckets)
+        held = ds.stage == 1 and spec.batch.grad_accum > 1
+        out.append(
+            Component(
+                "buffers.deepspeed_reduce_bucket",
+                Category.BUFFERS,
+                Location.DEVICE,
+                _phases({p: nbytes for p in (Phase.FORWARD_END, Phase.BACKWARD_START) if held}
+                        | {Phase.BACKWARD: nbytes}),
+                _SRC_IPG,
+                f"{copies} x reduce_bucket_size {ds.reduce_bucket_size:,} x {elem} B "
+                "(allocated in full even when fewer parameters are trainable)"
+                + ("; ZeRO-1: held across the accumulation micro-steps until the boundary" if held else ""),
             )
-        if ds.offload_optimizer is not OffloadDevice.NONE:
-            largest = _largest_tensor(spec) if spec.lora is None else 0
-            if largest:
-                out.append(
-                    Component(
-                        "buffers.deepspeed_offload_staging",
-                        Category.BUFFERS,
-                        Location.DEVICE,
-                        _phases({Phase.BACKWARD: largest * elem}),
-                        _SRC_OFFLOAD,
-                        f"GPU staging buffer of the largest parameter ({largest:,} elements)",
-                    )
-                )
+        )
     if ds.stage == 3:
         out.extend(_zero3(spec, ds.reduce_bucket_size, elem, n, trainable))
-    return tuple(out)
+    return tuple(out)  # an offload_optimizer run's own device buffers: deepspeed_offload.offload_components
 
 
 def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable: int) -> list[Component]:
@@ -375,7 +359,7 @@ def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable:
                 f"ipg bucket: reduce_bucket_size {reduce_bucket:,} x {elem} B, allocated at init",
             )
         )
-    largest = _largest_tensor(spec)
+    largest = largest_tensor(spec)
     w = _weight_bytes_per_param(spec)
     # The current module is always fetched; prefetching adds up to prefetch_bucket_size, within
     # max_live_parameters in total.
