@@ -24,11 +24,10 @@ Partitioning and host placement come from :func:`fitcheck.core.states.sharding.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from fitcheck.core.optimizers import OptimizerMemory, TensorGroup
-from fitcheck.core.states.accumulation import zero1_offload_grads, zero1_overlap_keeps_grads
+from fitcheck.core.states.accumulation import fsdp_unsharded_kept, zero1_offload_grads, zero1_overlap_keeps_grads
 from fitcheck.core.states.fsdp_mixed_units import mixed_unit_components
 from fitcheck.core.states.fsdp_qlora import SOURCE as FSDP_QUANT_SOURCE
 from fitcheck.core.states.fsdp_qlora import quant_placement
@@ -48,7 +47,7 @@ from fitcheck.core.states.sharding import Partition, param_compute_bytes, partit
 from fitcheck.core.states.zero3_quant import SOURCE as ZERO3_QUANT_SOURCE
 from fitcheck.core.states.zero3_quant import zero3_quant_placement
 from fitcheck.report import PHASES, Category, Component, Location, Phase
-from fitcheck.spec import Strategy, TrainingSpec
+from fitcheck.spec import TrainingSpec
 from fitcheck.units import format_bytes
 
 __all__ = ["describe_regime", "model_state_components", "model_state_findings", "trainable_params"]
@@ -233,79 +232,6 @@ def _dtypes(groups: list[TensorGroup]) -> str:
     return f" ({', '.join(kinds)})" if kinds else ""
 
 
-def _unsharded_kept(spec: TrainingSpec, groups: list[TensorGroup], grad_bytes: int) -> int:
-    """Bytes of the unsharded gradients FSDP keeps between accumulation micro-steps (``no_sync``).
-
-    FSDP2 keeps each unsharded parameter's ``.grad``, in ``MixedPrecisionPolicy.param_dtype`` (torch 2.13
-    ``_fsdp_param_group.py`` ``post_backward``: returns before the reduce when ``reduce_grads`` is False;
-    ``_fsdp_param.py`` ``to_accumulated_grad_if_needed``: no upcast while ``reduce_dtype`` equals ``param_dtype``),
-    not in the fp32 of accelerate's upcast shards: the real runs of ``benchmarks/fsdp2_run_events_cpu.py``
-    (``benchmarks/data/fsdp2_run_events_cpu.json``, ``accum2``: 2 bytes per parameter after the first
-    micro-batch at world sizes 1 and 2).
-
-    FSDP1 on more than one process keeps each flat parameter's unsharded ``.grad`` in ``param_dtype`` too: torch
-    2.13 ``distributed/fsdp/_runtime_utils.py`` ``_post_backward_hook`` returns after the reshard when
-    ``state._sync_gradients`` is False, before the ``.to(reduce_dtype)`` and the reduction, so ``.grad`` stays the
-    gradient autograd made for the unsharded ``param_dtype`` flat parameter (``_finalize_params`` keeps it; the
-    real runs of ``benchmarks/fsdp2_run_events_cpu.py --version 1``, ``benchmarks/data/fsdp1_run_events_cpu.json``,
-    ``accum2`` / ``lora_accum2``: 2 bytes per trainable parameter after the first micro-batch at world sizes 2 and
-    3). On one process accelerate 1.15 ``accelerator.py`` ``no_sync`` is a ``nullcontext`` (``use_distributed``
-    is False), so every micro-batch is reduced and cast (``_reduce_grad_no_shard``): the trainable groups' own
-    bytes (fp32 after the upcast), the same as ``grad_bytes``.
-    """
-    if fsdp_no_sync(spec):
-        return total_numel(groups) * param_compute_bytes(spec)
-    return grad_bytes
-
-
-def fsdp_no_sync(spec: TrainingSpec) -> bool:
-    """Whether accelerate skips FSDP's gradient reduction on accumulation micro-steps.
-
-    accelerate 1.15 ``accelerator.py`` ``Accelerator.no_sync``: FSDP2 ``set_requires_gradient_sync(False)`` on any
-    number of processes; FSDP1 ``model.no_sync`` only where ``use_distributed`` (more than one process).
-
-    Args:
-        spec: The training spec.
-
-    Returns:
-        True for FSDP2, and for FSDP1 on more than one process.
-    """
-    fs = spec.sharding.fsdp
-    no_sync = fs is not None and (fs.version == 2 or spec.sharding.num_processes > 1)
-    return spec.sharding.strategy is Strategy.FSDP and no_sync
-
-
-@dataclass(frozen=True)
-class KeptGradients:
-    """The trainable parameters' gradients across FSDP accumulation micro-steps, as the gradient component counts
-    them.
-
-    Attributes:
-        numel: Trainable parameters.
-        kept: Bytes per GPU kept between micro-steps (unsharded).
-        synced: Bytes per GPU of the reduced gradient shards (every micro-step reduced: ``sync_each_batch``).
-    """
-
-    numel: int
-    kept: int
-    synced: int
-
-
-def kept_gradients(spec: TrainingSpec) -> KeptGradients:
-    """What :func:`model_state_components`' ``gradients`` holds between micro-steps and after a synced one.
-
-    Args:
-        spec: The training spec.
-
-    Returns:
-        The trainable count and both byte counts (the same functions as the component: no second formula).
-    """
-    groups = all_trainable(build_layout(spec))
-    grad_bytes = total_bytes(groups)
-    return KeptGradients(total_numel(groups), _unsharded_kept(spec, groups, grad_bytes),
-                         _div(grad_bytes, partition(spec).gradients))
-
-
 def _gradient_components(
     spec: TrainingSpec, part: Partition, groups: list[TensorGroup], opt: OptimizerMemory, node: int
 ) -> list[Component]:
@@ -345,7 +271,7 @@ def _gradient_components(
         return offloaded if on_device is None else [*offloaded, on_device]
     early = (Phase.FORWARD_END, Phase.BACKWARD_START)
     by_phase: dict[Phase, int] = {}
-    kept = _unsharded_kept(spec, groups, grad_bytes)
+    kept = fsdp_unsharded_kept(spec, groups, grad_bytes)
     whole = zero1_overlap_keeps_grads(spec)  # ZeRO-1 reducing at the boundary only: every .grad until then
     for p in PHASES:
         if part.full_gradients_between_microsteps and accum and p is not Phase.OPTIMIZER_STEP:

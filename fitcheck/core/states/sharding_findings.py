@@ -7,9 +7,9 @@ The divisions and buffers themselves are :mod:`fitcheck.core.states.sharding`'s.
 
 from __future__ import annotations
 
+from fitcheck.core.states.accumulation import fsdp_no_sync, kept_gradients
 from fitcheck.core.states.fsdp_mixed_units import mixed_unit_findings, mixed_unit_frozen_params
 from fitcheck.core.states.layout import ds_cpu_optimizer
-from fitcheck.core.states.model_states import fsdp_no_sync, kept_gradients
 from fitcheck.core.states.sharding import grad_element_bytes, param_compute_bytes, partition, trainable_count
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import DeepSpeedSpec, FsdpSpec, OffloadDevice, Strategy, TrainingSpec
