@@ -274,11 +274,16 @@ def read_sharding(row: Mapping[str, Any]) -> ShardingSpec | str:
         # litgpt: FSDPStrategy(auto_wrap_policy={Block}) (finetune/lora.py and finetune/full.py at the rows'
         # commits) with Fabric's use_orig_params=True: the LoRA layers sit in the Block's flat parameter with the
         # frozen weights (fitcheck.core.states.fsdp_mixed_units).
+        # FSDP1 wrapped by the framework itself (torchtune's early recipes, Lightning's FSDPStrategy) passes no
+        # backward_prefetch: torch 2.13 FullyShardedDataParallel's default BACKWARD_PRE; the Hugging Face stack's
+        # runs go through accelerate (its default, and the Trainer's: NO_PREFETCH; accelerate 1.0.1 never reads the
+        # fms runs' fsdp_backward_prefetch_policy key)
+        prefetch = "BACKWARD_PRE" if version == 1 and str(row.get("stack") or "other") != "hf" else "NO_PREFETCH"
         return ShardingSpec(
             strategy=Strategy.FSDP,
             num_processes=n,
             fsdp=FsdpSpec(version=version, offload_params="fsdp cpu offload" in off,
-                          frozen_shares_units=version == 1 and "auto-wrap block" in dist),
+                          frozen_shares_units=version == 1 and "auto-wrap block" in dist, backward_prefetch=prefetch),
         )
     if dist.startswith("ddp"):
         return ShardingSpec(strategy=Strategy.DDP, num_processes=n)

@@ -201,15 +201,16 @@ def estimate(
     outside_step = sum(c.peak_bytes for c in components if c.location is Location.DEVICE_OTHER)
     loaded = None if parallel else load_phase(local, spec.hardware.gpu_memory_bytes - outside_step)
     step_phase, step_totals = peak_phase(components)
-    step_reserved = reserved_bytes(
-        local, step_totals[step_phase], transient_bytes=transient_bytes_at(components, step_phase),
-        gap_fraction=gap_fraction,
-    )
     # FSDP's and DeepSpeed's side streams keep their own cached segments (gathers, gradients) beside the step's pool
     side = fsdp_side_pools(local, allocator_conf(local)) or deepspeed_side_pools(local, allocator_conf(local))
-    own_reserved = step_reserved
-    if side is not None:
-        step_reserved = plus_side_pools(step_reserved, side.beyond_allocated(step_phase))
+    # the published gap at every phase: a block freed stays cached, so reserved never falls within a step and the
+    # step's reserved is the largest phase's, not only the allocated peak's (a replayed gap is the whole run's own)
+    phases = [step_phase] if gap_fraction is not None else [p for p in step_totals if step_totals[p] > 0]
+    own = {p: reserved_bytes(local, step_totals[p], transient_bytes=transient_bytes_at(components, p),
+                             gap_fraction=gap_fraction) for p in phases}
+    own_reserved = max(own.values(), default=0)
+    step_reserved = own_reserved if side is None else max(
+        plus_side_pools(own[p], side.beyond_allocated(p)) for p in phases)
     if loaded is not None:
         components = (*components, load_component(loaded))
     # Trainer.save_model's gathers on rank 0 (core/saving): the resident states plus the largest gather
