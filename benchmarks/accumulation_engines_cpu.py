@@ -146,30 +146,14 @@ def _result(probe: HeldProbe, rec: Any, step: int) -> dict[str, Any]:
 
 
 def run_deepspeed(stage: int, overlap: bool, seq: int) -> dict[str, Any]:
-    """The deepspeed 0.19.8 engine, one process, bf16 over the fp32-loaded tiny Llama, accumulation 2."""
-    from gloo_rank import free_port, without_deepspeed_shm_comm
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    without_deepspeed_shm_comm()
-    import deepspeed
-    import torch
-    import transformers
+    """The deepspeed 0.19.8 engine, one process, bf16 over the fp32-loaded tiny Llama, accumulation 2
+    (``deepspeed_cpu.tiny_engine``)."""
     from deepspeed_run_events_cpu import BATCH, CONFIG
 
+    from benchmarks.deepspeed_cpu import tiny_engine
 
-    cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    model.train()
-    ds: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": ACCUM, "bf16": {"enabled": True},
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET,
-                              "overlap_comm": overlap},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
-    }
-    deepspeed.init_distributed(dist_backend="gloo")
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
-    ids = torch.randint(0, cfg.vocab_size, (BATCH, seq))
+    engine, ids = tiny_engine(stage, seq, BATCH, config=CONFIG, bucket=BUCKET, accum=ACCUM,
+                              zero={"overlap_comm": overlap})
     probe = HeldProbe()
     probe.attach(list(engine.module.named_parameters()))
     rec = _recording(engine.module, probe, ids)
@@ -198,7 +182,6 @@ def run_ddp(seq: int) -> dict[str, Any]:
     import torch
     import transformers
     from deepspeed_run_events_cpu import BATCH, CONFIG
-
 
     cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
     torch.manual_seed(0)

@@ -66,6 +66,19 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, conf
     loaded in bf16, peft's k-bit preparation where it asks for it, and peft LoRA (:data:`LORA`), built as the
     tracer builds it (``torch_adapters.build_model``, real tensors): the engine casts the fp32 adapters and the
     prepared fp32 norms, embeddings and head to bf16, and leaves the uint8 / int8 weights alone."""
+    engine, ids = tiny_engine(stage, seq, batch, ckpt=ckpt, config=config, world=world, rank=rank, bucket=bucket,
+                              lora=lora, accum=accum, zero=zero, quant=quant)
+    rec = recorded_steps(engine, ids, accum)
+    return tuple(max(rec.regions[f"{phase}1.{m}"].peak for m in range(accum))  # type: ignore[return-value]
+                 for phase in ("forward", "backward", "optimizer"))
+
+
+def tiny_engine(stage: int, seq: int, batch: int, *, ckpt: bool = False, config: dict[str, Any] | None = None,
+                world: int = 1, rank: int = 0, bucket: int | None = None, lora: bool = False, accum: int = 1,
+                zero: dict[str, Any] | None = None, quant: QuantSpec | None = None,
+                top: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """The real DeepSpeed bf16 engine of :func:`measure` (its keywords; ``top``: more top-level config keys) and the
+    input ids of its steps, initialized on gloo (or the fake process group)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK="0")
     warnings.filterwarnings("ignore")
@@ -75,8 +88,6 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, conf
     import deepspeed
     import torch
     import transformers
-
-    from fitcheck.torch_adapters import LiveTensorRecorder
 
     if world > 1:
         from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -108,12 +119,21 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, conf
         "zero_optimization": {"stage": stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
                               **(zero or {})},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+        **(top or {}),
     }
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo")
     ids = torch.randint(0, cfg.vocab_size, (batch, seq))
     trained = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=ds)
+    return engine, ids
+
+
+def recorded_steps(engine: Any, ids: Any, accum: int) -> Any:
+    """Two steps of ``accum`` micro-steps of ``engine`` under a ``LiveTensorRecorder``, regions
+    ``forward|backward|optimizer<step>.<micro>``; returns the recorder."""
+    from fitcheck.torch_adapters import LiveTensorRecorder
+
     # What initialize left alive: every tensor Python still reaches (the flat bf16 parameter buffer the params
     # view, fp32 master partitions, ...). Recording initialize itself would keep the per-parameter bf16 casts
     # that ``p.data = flat_view`` releases (the recorder keys storages by their Python object).
@@ -133,8 +153,7 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, conf
                 rec.enter_region(f"optimizer{step}.{micro}")
                 engine.step()  # a no-op but at the accumulation boundary
         rec.enter_region("done")
-    return tuple(max(rec.regions[f"{phase}1.{m}"].peak for m in range(accum))  # type: ignore[return-value]
-                 for phase in ("forward", "backward", "optimizer"))
+    return rec
 
 
 TINY: dict[str, Any] = {**LLAMA, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,

@@ -30,13 +30,11 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.deepspeed_cpu import TINY, run_spec
-from benchmarks.gloo_rank import free_port
+from benchmarks.deepspeed_cpu import TINY, recorded_steps, run_spec, tiny_engine
 
 DATA = Path(__file__).parent / "data" / "deepspeed_offload_cpu.json"
 BUCKET = 128 * 128
@@ -79,45 +77,11 @@ def _host_tensors(opt: Any) -> list[Any]:
 def measure(stage: int, seq: int = 16, batch: int = 2, accum: int = 1) -> dict[str, int]:
     """Device-side live-tensor peaks (bytes) of the second of two steps: forward (+ loss), the backward region's
     first event (recorded, not compared) and backward, the largest micro-step's; ``host_bytes``: the host side."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    warnings.filterwarnings("ignore")
-    from benchmarks.gloo_rank import without_deepspeed_shm_comm
-
-    without_deepspeed_shm_comm()
-    import deepspeed
-    import torch
-    import transformers
-
-    from fitcheck.torch_adapters import LiveTensorRecorder
-
-    cfg = transformers.LlamaConfig(**{k: v for k, v in TINY.items() if k not in ("model_type", "architectures")})
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    model.train()
-    ds: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": accum, "bf16": {"enabled": True},
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET,
-                              "offload_optimizer": {"device": "cpu", "pin_memory": False}},
-        "zero_force_ds_cpu_optimizer": False,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
-    }
-    deepspeed.init_distributed(dist_backend="gloo")
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
-    rec = LiveTensorRecorder()
-    rec.track_reachable()
-    rec.track([ids])
-    with rec:
-        for step in range(2):
-            for micro in range(accum):
-                rec.enter_region(f"forward{step}.{micro}")
-                loss = engine(input_ids=ids, labels=ids).loss
-                rec.enter_region(f"backward{step}.{micro}")
-                engine.backward(loss)
-                del loss
-                rec.enter_region(f"optimizer{step}.{micro}")
-                engine.step()
-        rec.enter_region("done")
+    # deepspeed_cpu's engine and steps, with offload_optimizer to the host and torch's AdamW there
+    engine, ids = tiny_engine(stage, seq, batch, config=TINY, bucket=BUCKET, accum=accum,
+                              zero={"offload_optimizer": {"device": "cpu", "pin_memory": False}},
+                              top={"zero_force_ds_cpu_optimizer": False})
+    rec = recorded_steps(engine, ids, accum)
     host = {s for t in _host_tensors(engine.optimizer) if (s := rec.serial(t)) is not None}
     out = {"forward": 0, "backward_start": 0, "backward": 0, "host_bytes": sum(rec.sizes[s] for s in host)}
     for m in range(accum):

@@ -192,6 +192,13 @@ def report(path: Path) -> str:
     return "\n".join(lines)
 
 
+
+def h200_rows() -> dict[str, Any]:
+    """The measured rows of ``benchmarks/data/fsdp1_lora_gpu_nvidia_h200.json`` that ran, by case name."""
+    data = json.loads((ROOT / "benchmarks" / "data" / "fsdp1_lora_gpu_nvidia_h200.json").read_text())
+    return {r["case"]: r for r in data["rows"] if r.get("status") == "ok"}
+
+
 def traced_rows(names: list[str]) -> str:
     """The measured rows' whole runs as fitcheck traces them (``allocator_whole_run.whole_run_events``: the plain
     Trainer's run, this machine's transformers), replayed: peak reserved against the H200's, and the least capacity
@@ -204,8 +211,7 @@ def traced_rows(names: list[str]) -> str:
     from fitcheck.core.loading import allocator_conf
     from fitcheck.torch_adapters import whole_run_events
 
-    data = json.loads((ROOT / "benchmarks" / "data" / "fsdp1_lora_gpu_nvidia_h200.json").read_text())
-    rows = {r["case"]: r for r in data["rows"] if r.get("status") == "ok"}
+    rows = h200_rows()
     g = 2**30
     lines = [f"{'case':34} {'alloc':>6} {'meas':>6} {'resv':>6} {'meas':>6} {'least':>6}"]
     for name in names:
@@ -323,8 +329,7 @@ def harness_rows(names: list[str]) -> str:
     from fsdp1_lora_gpu import CASES, case_spec
 
 
-    data = json.loads((ROOT / "benchmarks" / "data" / "fsdp1_lora_gpu_nvidia_h200.json").read_text())
-    rows = {r["case"]: r for r in data["rows"] if r.get("status") == "ok"}
+    rows = h200_rows()
     g = 2**30
     lines = [f"{'case':30} {'flatten':>7} {'prep R':>7} {'meas':>6} {'step A':>7} {'meas':>6} {'step R':>7} "
              f"{'meas':>6} {'least':>6}"]
@@ -395,8 +400,7 @@ def rewrite_rows(names: list[str]) -> str:
     from fitcheck.core.loading import allocator_conf, load_events
     from fitcheck.torch_adapters import fsdp1_plan, fsdp1_run, fsdp2_plan, fsdp2_run, whole_run_events
 
-    data = json.loads((ROOT / "benchmarks" / "data" / "fsdp1_lora_gpu_nvidia_h200.json").read_text())
-    rows = {r["case"]: r for r in data["rows"] if r.get("status") == "ok"}
+    rows = h200_rows()
     g = 2**30
     lines = [f"{'case':30} {'mode':8} {'phase':8} {'alloc':>6} {'meas':>6} {'resv':>6} {'meas':>6} {'peakA':>6} "
              f"{'meas':>6} {'peakR':>6} {'meas':>6}"]
