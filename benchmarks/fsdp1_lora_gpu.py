@@ -98,6 +98,11 @@ CASES: dict[str, dict[str, Any]] = {
     # the LoRA model loaded on the CPU, as a user's FSDP1 run loads it (FSDP moves each unit, then flattens)
     "mistral LoRA fsdp1 b4 old cpuload": {"model": MISTRAL, "layers": None, "qlora": False, "fsdp": True, "micro": 4,
                                           "stack": "old", "build_on": "cpu"},
+    # fifth call (session 23): the Mistral row whose capped runs contradicted the harness's replay (it predicted a
+    # run from 24.15 GiB; capped at 24.5 and 24.0 it ran out of memory): its every allocator event, for
+    # fsdp1_lora_trace.py's replay and least capacity
+    "mistral LoRA fsdp1v1 b4 trace": {"model": MISTRAL, "layers": None, "qlora": False, "fsdp": True, "micro": 4,
+                                      "fsdp_version": 1, "full_trace": True},
 }
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 # frames from these files say nothing about who allocated (torch's own dispatch, autograd, hooks)

@@ -18,6 +18,8 @@
 #            as the fms run loads (fsdpload) and as the other rows (fsdp1_lora_trace.py replays both here), the
 #            same run capped at 27 / 30 GiB after its load, Mistral-7B LoRA / 70B-4L QLoRA FSDP1 capped where
 #            fitcheck's replay says they start / stop running, and Mistral LoRA FSDP1 loaded on the CPU.
+#            fsdplora5 (session 23): the Mistral-7B LoRA FSDP1 row's every allocator event (its capped runs ran out
+#            of memory where the harness's replay said they would run).
 # Rows are measured only (--measure_only): `gpu_truth.py --rescore` / `trainer_gpu.py --rescore` add the estimates
 # on any machine. The pinned transformers/peft/bitsandbytes/deepspeed wheels carried in .whl/ (the image has other
 # versions; bitsandbytes and deepspeed not at all) are unpacked in front of the image's packages.
@@ -80,6 +82,8 @@ for stage in "${STAGES[@]}"; do
            "llama70b-16L QLoRA fsdp1 b4 old trace" \
            "llama70b-16L QLoRA fsdp1 b4 old cap27" "llama70b-16L QLoRA fsdp1 b4 old cap30" \
            "mistral LoRA fsdp1 b4 old cpuload" ;;
+    fsdplora5) timeout 170 python3 benchmarks/fsdp1_lora_gpu.py --out "$OUT" --timeout_s 160 --budget_s 165 \
+           --cases "mistral LoRA fsdp1v1 b4 trace" ;;
     tuner) timeout 170 python3 benchmarks/tuner_fsdp_gpu.py --out "$OUT" --timeout_s 80 ;;
     fsdp) timeout 150 python3 benchmarks/fsdp_gpu.py --out "$OUT" --timeout_s 70 ;;
     *) echo "unknown stage $stage" ;;
