@@ -426,7 +426,77 @@ def rewrite_rows(names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def held_rewrite(events: list[tuple[Any, int]], plain: list[tuple[int, int, str]],
+                 ckpt_bytes: int) -> tuple[list[tuple[Any, int]], int]:
+    """:func:`harness_events` rewritten as transformers < 4.52 runs FSDP1 with reentrant checkpointing around each
+    unit (``fitcheck/core/activations/fsdp1_reentrant.py``: every checkpointed layer input and its gradient live
+    until ``_finalize_params`` at the end of backward): each forward block of one checkpointed input's size that the
+    plain run frees during backward is freed at the first event after backward instead, and where it was freed the
+    layer's input gradient (the same size) is allocated and held with it. An experiment, not the product's replay
+    (session 23): the plain run's events carry their allocation's region, so the region at a free is the latest
+    allocation's.
+
+    Returns:
+        The events, and how many inputs were held.
+    """
+    region = {("run", k): t for k, signed, t in plain if signed > 0}
+    now: dict[Any, str] = {}
+    cur = ""
+    for k, signed, t in plain:
+        if signed > 0:
+            cur = t
+        else:
+            now[("run", k)] = cur
+    out: list[tuple[Any, int]] = []
+    held: list[Any] = []
+    born: dict[Any, tuple[str, int]] = {}
+    count = 0
+    for key, signed in events:
+        at = region.get(key, "") if signed > 0 else now.get(key, "")
+        if signed > 0:
+            born[key] = (at, signed)
+        elif key in born and born[key][1] == ckpt_bytes and born[key][0] in ("forward", "forward_warmup") \
+                and at.startswith("backward"):
+            held += [key, ("input grad", key)]
+            out.append((("input grad", key), ckpt_bytes))
+            count += 1
+            continue
+        if held and at.startswith("optimizer"):
+            out += [(k, -1) for k in held]
+            held = []
+        out.append((key, signed))
+    return out, count
+
+
+def held_rows(names: list[str]) -> str:
+    """:func:`held_rewrite` of the 4.48 rows' harness against the H200's whole-run traces (the replay of the real
+    events: ``report``), and the least capacity (the device: out of memory capped at 27 GiB, ran at 30)."""
+    from fsdp1_lora_gpu import CASES, SEQ, case_spec
+
+    from fitcheck.torch_adapters import whole_run_events
+
+    rows = h200_rows()
+    g = 2**30
+    lines = [f"{'case':48} {'held':>5} {'step A':>7} {'meas':>6} {'step R':>7} {'meas':>6} {'least':>6}"]
+    for name in names:
+        case, m = CASES[name], rows[name]["measured"]
+        spec = case_spec(rows[name], case)
+        events, marks = harness_events(spec, bool(case["qlora"]), True)
+        ckpt = int(case["micro"]) * SEQ * spec.model.shape.hidden_size * 2  # bf16 hidden states
+        for held in (False, True):
+            ev, n = held_rewrite(events, whole_run_events(spec), ckpt) if held else (events, 0)
+            got = replay_harness(ev, marks)
+            hi = least_fitting(partial(replay_harness, ev, marks), got["step"][0] - 1,
+                               max(got["step"][1], got["prepare"][1]), 64 * 2**20)
+            lines.append(f"{name:48} {n:5d} {got['step'][0] / g:7.2f} {m['step2']['max_allocated'] / g:6.2f} "
+                         f"{got['step'][1] / g:7.2f} {m['step1']['max_reserved'] / g:6.2f} {hi / g:6.2f}")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--held"]:
+        print(held_rows(sys.argv[2:] or ["llama70b-16L QLoRA fsdp1 b4 old fsdpload trace",
+                                         "llama70b-16L QLoRA fsdp1 b4 old trace"]))
     if sys.argv[1:2] == ["--rewrite"]:
         print(rewrite_rows(sys.argv[2:] or ["llama70b-4L QLoRA fsdp1v1 b2", "mistral LoRA fsdp1v1 b4"]))
     if sys.argv[1:2] == ["--rows"]:
