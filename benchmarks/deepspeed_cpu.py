@@ -31,7 +31,9 @@ estimate vs real, before -> after: nf4 +27.52 % -> -0.11 %, nf4 checkpointed +22
 +25.93 % -> -0.66 %, int8 +20.88 % -> -0.02 %, int8 checkpointed +22.30 % -> -0.03 % (the 16-bit LoRA recipe plus
 each 8-bit linear's kept input, ``activations/bnb_kept_inputs.py``; without the kept inputs -3.08 % / -5.72 %).
 ``--zero3-quant-facts [4] [8]`` prints what ZeRO-3 keeps of either base on rank 0 of 8
-(``core/states/zero3_quant.py``).
+(``core/states/zero3_quant.py``); ``--zero3-quant-load-facts`` what ``from_pretrained`` builds under a ZeRO-3 config,
+plain and nf4 (``benchmarks/data/deepspeed_zero3_quant_load_cpu.json``: the 4-bit base is loaded whole, outside
+``zero.Init``; ``core/loading/phase.py`` ``loads_on_one_device``).
 
 Run: ``PYTHONPATH=. python benchmarks/deepspeed_cpu.py [STAGE ...]`` (only those stages' rows; exit 1 when a row is
 off by more than 2 %: the ZeRO-1 checkpointed backward is -6.96 %, as before the ZeRO-3 row was added);
@@ -63,14 +65,15 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, conf
     from one micro-step's backward to the next one's forward; 0 without accumulation). Before session 23 the
     optimizer step was the largest of every micro-step's region, so an accumulating ZeRO-1 + ``overlap_comm`` run's
     whole ``.grad`` held between micro-steps read as its step (``zero1-overlap-8-ranks-accum2``: 3,133,256 B, the
-    boundary's step 2,788,880 B; the estimate's step -11.02 % -> -0.03 %). ``world`` > 1: this process is ``rank`` of a ``world``-rank run on torch's fake process group
-    (``torch.testing._internal.distributed.fake_pg``: collectives are no-ops, every local tensor is real; what
-    ZeRO-1/2 allocates depends on the rank's partition only). ``lora``: peft LoRA (:data:`LORA`) on the fp32 model
-    before ``initialize`` (the engine casts the adapters and the frozen base). ``zero``: more
-    ``zero_optimization`` settings. ``quant``: a bitsandbytes base (real ``Linear4bit`` / ``Linear8bitLt`` on CPU),
-    loaded in bf16, peft's k-bit preparation where it asks for it, and peft LoRA (:data:`LORA`), built as the
-    tracer builds it (``torch_adapters.build_model``, real tensors): the engine casts the fp32 adapters and the
-    prepared fp32 norms, embeddings and head to bf16, and leaves the uint8 / int8 weights alone."""
+    boundary's step 2,788,880 B; the estimate's step -11.02 % -> -0.03 %). ``world`` > 1: this process is ``rank``
+    of a ``world``-rank run on torch's fake process group (``torch.testing._internal.distributed.fake_pg``:
+    collectives are no-ops, every local tensor is real; what ZeRO-1/2 allocates depends on the rank's partition
+    only). ``lora``: peft LoRA (:data:`LORA`) on the fp32 model before ``initialize`` (the engine casts the adapters
+    and the frozen base). ``zero``: more ``zero_optimization`` settings. ``quant``: a bitsandbytes base (real
+    ``Linear4bit`` / ``Linear8bitLt`` on CPU), loaded in bf16, peft's k-bit preparation where it asks for it, and
+    peft LoRA (:data:`LORA`), built as the tracer builds it (``torch_adapters.build_model``, real tensors): the
+    engine casts the fp32 adapters and the prepared fp32 norms, embeddings and head to bf16, and leaves the uint8 /
+    int8 weights alone."""
     engine, ids = tiny_engine(stage, seq, batch, ckpt=ckpt, config=config, world=world, rank=rank, bucket=bucket,
                               lora=lora, accum=accum, zero=zero, quant=quant)
     rec = recorded_steps(engine, ids, accum)
@@ -310,6 +313,49 @@ def zero3_quant_facts(world: int = 8, bits: tuple[int, ...] = (4, 8)) -> dict[st
         engine.destroy()
     return out
 
+def zero3_quant_load_facts() -> dict[str, Any]:
+    """What transformers' ``from_pretrained`` builds while a ZeRO-3 DeepSpeed config is active (``HfDeepSpeedConfig``,
+    as accelerate's ``zero3_init_flag`` and the Trainer set it), for ``core/loading/phase.py``
+    ``loads_on_one_device``: :data:`TINY` saved in bf16 to a temporary folder and loaded plain and as an nf4
+    double-quant base with bf16 quant storage (one gloo process): per load, the parameters ZeRO-3 partitioned
+    (``ds_id``), the data elements left on the load's device and the parameter classes. Session 23: the plain model
+    comes out partitioned (``zero.Init``), the 4-bit one whole (transformers 5.23 ``get_init_context``: ``zero.Init``
+    only ``if not is_quantized``), on ``update_device_map``'s ``{"": current device}``: each GPU loads the whole
+    base."""
+    import tempfile
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    warnings.filterwarnings("ignore")
+    from benchmarks.gloo_rank import without_deepspeed_shm_comm
+
+    without_deepspeed_shm_comm()
+    import deepspeed
+    import torch
+    import transformers
+    from transformers.integrations import HfDeepSpeedConfig
+
+    cfg = transformers.LlamaConfig(**{k: v for k, v in TINY.items() if k not in ("model_type", "architectures")})
+    folder = tempfile.mkdtemp()
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(folder)
+    deepspeed.init_distributed(dist_backend="gloo")
+    active = HfDeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                                "zero_optimization": {"stage": 3}})
+    nf4 = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                          bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16,
+                                          bnb_4bit_quant_storage=torch.bfloat16)
+    out: dict[str, Any] = {}
+    for name, quant in (("plain", None), ("nf4", nf4)):
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
+                                                                  quantization_config=quant)
+        params = list(model.parameters())
+        out[name] = {"params": len(params), "partitioned": sum(hasattr(p, "ds_id") for p in params),
+                     "data_elements": sum(p.data.numel() for p in params),
+                     "classes": sorted({type(p).__name__ for p in params})}
+    del active
+    return out
+
+
 def run_spec(stage: int, seq: int, ckpt: bool = False, config: dict[str, Any] | None = None, world: int = 1,
              bucket: int = 0, rank: int = 0, lora: bool = False, accum: int = 1,
              zero: dict[str, Any] | None = None, quant: QuantSpec | None = None) -> Any:
@@ -422,6 +468,11 @@ if __name__ == "__main__":
         import json
 
         print(json.dumps(zero3_quant_facts(bits=tuple(int(b) for b in sys.argv[2:]) or (4, 8))))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--zero3-quant-load-facts"]:
+        import json
+
+        print(json.dumps(zero3_quant_load_facts()))
         sys.exit(0)
     if sys.argv[1:2] == ["--measure-case"]:
         print(*measure(**{"config": TINY, **CASES[sys.argv[2]]}))

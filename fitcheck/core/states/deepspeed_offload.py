@@ -36,9 +36,10 @@ tensors told apart by identity (``benchmarks/deepspeed_offload_cpu.py``, tiny Ll
 
 Real engine, device bytes, estimate vs real (forward; backward = the larger of its start and during it):
 ZeRO-1 -0.02 % / -0.01 %, ZeRO-1 accumulation 2 -0.01 % / -0.01 %, ZeRO-2 -0.02 % / +0.52 %, ZeRO-2 at 64 tokens
--0.03 % / +0.37 %, ZeRO-3 -0.02 % / +0.57 % (forward's saved activations as the start of backward counts them: the
-final norm's own saved input, freed by its backward before its hook, is still in). Not modelled: on CUDA, ZeRO-3's ``grad_buffer.to(device)`` copy of each
-partition beside its norm copy (a no-op on CPU), and a LoRA run's adapters (small).
+-0.03 % / -0.00 %, ZeRO-3 -0.02 % / +0.57 % (forward's saved activations as the start of backward counts them: the
+final norm's own saved input, freed by its backward before its hook, is still in). Not modelled: on CUDA, ZeRO-3's
+``grad_buffer.to(device)`` copy of each partition beside its norm copy (a no-op on CPU), and a LoRA run's adapters
+(small).
 """
 
 from __future__ import annotations
