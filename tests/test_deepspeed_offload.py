@@ -11,9 +11,11 @@ import pytest
 
 from fitcheck.report import Location, Phase
 
-# ZeRO-2/3 reduce the LM head at the final norm's hook, after the logits-side tensors the formula's head moment still
-# holds are freed: over by at most this (+2.66 %, +1.51 %, +2.91 % recorded); never under.
-HEAD_MOMENT_OVER = 0.035
+# ZeRO-2/3 reduce the LM head at the final norm's hook with its fp64 norm copy, the logits-side tensors freed
+# (deepspeed_offload.offload_grad_norm_component): over by at most this (+0.52 %, -0.00 %, +0.57 % recorded: the final
+# norm's own saved input, freed by then, is counted); +2.66 %, +1.51 %, +2.91 % with the copy beside the head's
+# moment (session 22).
+HEAD_MOMENT_OVER = 0.006
 
 
 def _recorded() -> dict[str, Any]:
@@ -31,8 +33,9 @@ def _device(components: Any) -> dict[Phase, int]:
 def test_the_device_holds_what_the_real_offload_engine_holds(case: str) -> None:
     """Forward within 0.1 % (the staging buffer from initialize on: -12.8 % before); backward within 0.1 % for ZeRO-1
     (every whole ``.grad`` kept on the device until the end-of-backward reduction, with the fp64 norm copy: -48.1 %
-    before) and never under for ZeRO-2/3 (no gradient subtracted from the device, the fp64 norm copy and the largest
-    gradient in flight: -39.4 % / -6.0 % / -32.5 % before)."""
+    before) and for ZeRO-2/3 within 0.1 % under and :data:`HEAD_MOMENT_OVER` over (no gradient subtracted from the
+    device, the fp64 norm copy at the head's reduction and the largest gradient in flight: -39.4 % / -6.0 % / -32.5 %
+    before session 22, +2.66 % / +1.51 % / +2.91 % before session 23)."""
     from benchmarks.deepspeed_offload_cpu import CASES, estimate_of
 
     real = _recorded()[case]
@@ -41,7 +44,7 @@ def test_the_device_holds_what_the_real_offload_engine_holds(case: str) -> None:
     if CASES[case]["stage"] == 1:
         assert abs(est["backward"] - real["backward"]) <= 0.001 * real["backward"]
     else:
-        assert real["backward"] <= est["backward"] <= (1 + HEAD_MOMENT_OVER) * real["backward"]
+        assert 0.999 * real["backward"] <= est["backward"] <= (1 + HEAD_MOMENT_OVER) * real["backward"]
 
 
 def test_the_traced_path_reads_an_offloaded_run_as_the_formula_does() -> None:
@@ -53,5 +56,5 @@ def test_the_traced_path_reads_an_offloaded_run_as_the_formula_does() -> None:
     real = _recorded()["zero2-offload"]
     tot = _device(PinnedPath("always", cache=None)(spec_of(CASES["zero2-offload"])).components)
     traced = max(tot[Phase.BACKWARD_START], tot[Phase.BACKWARD])
-    assert real["backward"] <= traced <= (1 + HEAD_MOMENT_OVER) * real["backward"]
+    assert 0.999 * real["backward"] <= traced <= (1 + HEAD_MOMENT_OVER) * real["backward"]
     assert abs(traced - estimate_of(CASES["zero2-offload"])["backward"]) <= 0.001 * real["backward"]

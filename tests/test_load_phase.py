@@ -114,3 +114,29 @@ def test_memoised_replay_equals_a_fresh_one(change: dict[str, object]) -> None:
     assert served is not None
     phase._MEMO.clear()
     assert served == load_phase(spec)  # type: ignore[arg-type]
+
+
+def test_deepspeed_over_a_4bit_base_loads_it_whole_on_every_gpu() -> None:
+    """transformers 5.23 builds a quantized model outside ``zero.Init`` (recorded on the real libraries,
+    ``benchmarks/deepspeed_cpu.py --zero3-quant-load-facts``: under a ZeRO-3 config the plain tiny Llama comes out
+    partitioned, the nf4 one whole), on the bitsandbytes quantizer's ``{"": current device}``: every rank loads the
+    whole 4-bit base on its GPU before ``deepspeed.initialize`` partitions it, and DeepSpeed calls no ``empty_cache``
+    there. So the run's reserved peak is at least the load's (the published Llama-2-70B QLoRA ZeRO-3 row on 2 x 40 GB:
+    -18.3 % -> -2.0 %); main had no load phase under DeepSpeed."""
+    import json
+    from pathlib import Path
+
+    facts = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+                        / "deepspeed_zero3_quant_load_cpu.json").read_text(encoding="utf-8"))
+    assert facts["plain"]["partitioned"] == facts["plain"]["params"] and facts["plain"]["data_elements"] == 0
+    assert facts["nf4"]["partitioned"] == 0 and facts["nf4"]["data_elements"] > 0
+    assert "Params4bit" in facts["nf4"]["classes"]
+    whole = load_phase(_spec())  # type: ignore[arg-type]
+    for stage in (2, 3):
+        spec = _spec(zero_stage=stage, num_processes=2)
+        lp = load_phase(spec)  # type: ignore[arg-type]
+        assert lp is not None and whole is not None and lp.peak_allocated == whole.peak_allocated
+        report = estimate(spec)  # type: ignore[arg-type]
+        assert report.phase_totals()[Phase.LOAD] == lp.peak_allocated
+        assert report.peak_reserved_bytes >= lp.peak_reserved
+    assert load_phase(_spec(zero_stage=3, num_processes=2, load_in_4bit=False, use_peft=False)) is None  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from fitcheck.core.states import (
     buffer_components,
     model_state_components,
     offload_components,
+    offload_grad_norm_component,
     prequant_components,
     zero1_reduction_component,
 )
@@ -72,11 +73,14 @@ def collect_components(
     # ZeRO-1's reduction at the end of backward, when it outgrows the activations' worst backward moment
     reduction = zero1_reduction_component(
         run, sum(c.at(Phase.BACKWARD) for c in acts if c.location is Location.DEVICE))
+    # DeepSpeed offload_optimizer: the fp64 norm copy at the head's reduction, when it outgrows that moment
+    norm = offload_grad_norm_component(run, acts)
     base = (
         *model_state_components(run),
         *acts,
         *buffer_components(run),
         *offload_components(run),
+        *(() if norm is None else (norm,)),
         *(() if reduction is None else (reduction,)),
         *prequant_components(run),
         *overhead_components(run),

@@ -38,7 +38,9 @@ Sources (the installed versions):
   quantized gets ``param.data = param.data.to(torch.float32)`` (an fp32 copy, then the 16-bit tensor is freed).
 
 Not modelled here (their placements keep their own rules): FSDP (``core/states/fsdp_qlora.py`` ``load_peak``),
-DeepSpeed (ZeRO-3 partitions during ``from_pretrained``), a ``device_map`` over several GPUs.
+DeepSpeed without a bitsandbytes base (ZeRO-3 partitions during ``from_pretrained``; ZeRO-0/1/2 load on the host and
+the engine moves the model), a ``device_map`` over several GPUs. DeepSpeed over a bitsandbytes base loads as one
+device does, on every rank (``phase.loads_on_one_device``).
 """
 
 from __future__ import annotations

@@ -68,12 +68,21 @@ def allocator_conf(spec: TrainingSpec) -> AllocatorConf:
 
 
 def loads_on_one_device(spec: TrainingSpec) -> bool:
-    """Whether the whole model is loaded onto the (each) GPU: one device or plain data parallel, on CUDA."""
-    return (
-        spec.hardware.device_type is DeviceType.CUDA
-        and spec.sharding.strategy not in (Strategy.FSDP, Strategy.DEEPSPEED)
-        and spec.sharding.parallelism is None
-    )
+    """Whether the whole model is loaded onto the (each) GPU: one device or plain data parallel, on CUDA; and
+    DeepSpeed over a bitsandbytes base, which every rank loads and quantizes whole on its own GPU before
+    ``deepspeed.initialize`` partitions (ZeRO-3) or keeps it (ZeRO-0/1/2): transformers 5.23 ``modeling_utils.py``
+    ``get_init_context`` enters ``deepspeed.zero.Init`` only ``if not is_quantized`` (a quantized model is built on
+    the meta device), and ``quantizers/quantizer_bnb_4bit.py`` / ``quantizer_bnb_8bit.py`` ``update_device_map``
+    give ``device_map = {"": torch.cuda.current_device()}`` when none is passed (``quantizers/auto.py``
+    ``get_hf_quantizer``; ``core/states/zero3_quant.py``). Recorded on the real libraries at tiny size:
+    ``benchmarks/data/deepspeed_zero3_quant_load_cpu.json`` (a plain model partitioned at load, an nf4 one whole).
+    deepspeed 0.19.8 calls no ``empty_cache`` in ``initialize`` (``stage3.py``: only ``offload_states``; ``engine.py``:
+    only ``empty_partition_cache``), so the load's blocks stay reserved into training."""
+    if spec.hardware.device_type is not DeviceType.CUDA or spec.sharding.parallelism is not None:
+        return False
+    if spec.sharding.strategy is Strategy.DEEPSPEED:
+        return spec.quant is not None and spec.quant.method == "bitsandbytes"
+    return spec.sharding.strategy is not Strategy.FSDP
 
 
 def _replay(alloc: CachingAllocator, events: list[LoadEvent]) -> None:

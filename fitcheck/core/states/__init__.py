@@ -28,6 +28,7 @@ from fitcheck.core.states.accumulation import accumulates_in_grad, gradients_hel
 from fitcheck.core.states.deepspeed_offload import (
     gradients_never_on_device,
     offload_components,
+    offload_grad_norm_component,
     offload_gradient_in_flight,
 )
 from fitcheck.core.states.deepspeed_streams import deepspeed_side_pools
@@ -119,6 +120,7 @@ __all__ = [
     "mxfp4_packed_bytes",
     "named_order",
     "offload_components",
+    "offload_grad_norm_component",
     "offload_gradient_in_flight",
     "optimizer_for",
     "param_compute_bytes",

@@ -22,16 +22,24 @@ tensors told apart by identity (``benchmarks/deepspeed_offload_cpu.py``, tiny Ll
   ``runtime/zero/utils.py`` ``get_norm_dtype``: ``torch.double`` where the accelerator supports fp64 (CUDA and CPU,
   ``abstract_accelerator.py``; not MPS). The largest one is counted (:func:`offload_grad_norm_bytes`): beside the
   activations where the reduction runs at the hooks, in ZeRO-1's end-of-backward reduction moment otherwise
-  (``zero_reduce.zero1_reduction_bytes``).
+  (``zero_reduce.zero1_reduction_bytes``). It is alive only inside a hook's reduction, never inside an autograd node:
+  the largest one (the LM head's) is made at the final norm's hook (ZeRO-2 ``extra_large_param_to_reduce``; ZeRO-3
+  ``reduce_independent_p_g_buckets_and_remove_grads`` reduces the bucket holding the head when the next gradient
+  does not fit), after the head's backward freed the logits-side tensors, beside forward's saved activations and
+  the final norm's input gradient (real engine listing, ZeRO-2 and ZeRO-3: ``_to_copy`` fp64 of the head's
+  gradient, the head's gradient, the ipg bucket, no logits). So it counts in ``Phase.BACKWARD`` by what that
+  reduction moment holds above the activations' worst backward moment (:func:`offload_grad_norm_component`; session
+  22 added it to every moment, the head's with its logits: +1.5 .. +2.9 % on the real engine).
 - **The gradient in flight.** Where the reduction runs at the hooks, the largest tensor's whole gradient between its
   ``AccumulateGrad`` and the hook that reduces it (:func:`offload_gradient_in_flight`; ZeRO-3's is
   ``sharding.zero3_gradient_in_flight``).
 
 Real engine, device bytes, estimate vs real (forward; backward = the larger of its start and during it):
-ZeRO-1 -0.02 % / -0.01 %, ZeRO-1 accumulation 2 -0.01 % / -0.01 %, ZeRO-2 -0.02 % / +2.66 %, ZeRO-2 at 64 tokens
--0.03 % / +1.51 %, ZeRO-3 -0.02 % / +2.91 % (the head moment's logits-side tensors, freed before the final norm's
-hook reduces the head with its norm copy). Not modelled: on CUDA, ZeRO-3's ``grad_buffer.to(device)`` copy of each
-partition beside its norm copy (a no-op on CPU), and a LoRA run's adapters (small).
+ZeRO-1 -0.02 % / -0.01 %, ZeRO-1 accumulation 2 -0.01 % / -0.01 %, ZeRO-2 -0.02 % / +0.52 %, ZeRO-2 at 64 tokens
+-0.03 % / -0.00 %, ZeRO-3 -0.02 % / +0.57 % (forward's saved activations as the start of backward counts them: the
+final norm's own saved input, freed by its backward before its hook, is still in). Not modelled: on CUDA, ZeRO-3's
+``grad_buffer.to(device)`` copy of each partition beside its norm copy (a no-op on CPU), and a LoRA run's adapters
+(small).
 """
 
 from __future__ import annotations
@@ -84,10 +92,42 @@ def offload_gradient_in_flight(spec: TrainingSpec) -> int:
     return largest_tensor(spec) * param_compute_bytes(spec) if trainable_count(spec) else 0
 
 
+def offload_grad_norm_component(spec: TrainingSpec, activations: tuple[Component, ...]) -> Component | None:
+    """The fp64 norm copy where the reduction runs at the hooks (:func:`gradients_never_on_device`), as what the
+    head's reduction at the final norm's hook holds above the activations' worst backward moment (the module
+    docstring): forward's saved activations (``activations``' device ``Category.ACTIVATIONS`` bytes at the start of
+    backward, the logits left out: freed by the head's backward), the final norm's input gradient (b·s·h in the
+    compute dtype: DeepSpeed casts the module, ``engine.py`` ``_cast_module_mixed_precision``) and the copy, less
+    ``activations``' own ``Phase.BACKWARD`` bytes (the whole copy where the head's moment, logits included, holds
+    more than the saved activations and the input gradient: always on the real engine); None when that moment is
+    not above them or there is no copy.
+
+    Args:
+        spec: The step's spec.
+        activations: The activation components, formula or traced.
+
+    Returns:
+        The component (``Phase.BACKWARD`` only), or None.
+    """
+    norm = offload_grad_norm_bytes(spec)
+    if not norm or not gradients_never_on_device(spec):
+        return None
+    device = [c for c in activations if c.location is Location.DEVICE]
+    saved = sum(c.at(Phase.BACKWARD_START) for c in device if c.category is Category.ACTIVATIONS)
+    residual = spec.batch.micro_batch * spec.batch.seq_len * spec.model.shape.hidden_size * param_compute_bytes(spec)
+    extra = saved + residual + norm - sum(c.at(Phase.BACKWARD) for c in device)
+    if extra <= 0:
+        return None
+    return Component("buffers.deepspeed_offload_grad_norm", Category.BUFFERS, Location.DEVICE,
+                     {p: extra if p is Phase.BACKWARD else 0 for p in PHASES}, _SRC_NORM,
+                     f"fp64 copy of the largest gradient's part on this rank ({norm:,} B), made at the final norm's "
+                     "hook beside forward's saved activations, above the activations' worst backward moment")
+
+
 def offload_components(spec: TrainingSpec) -> list[Component]:
     """The device buffers of a DeepSpeed ``offload_optimizer`` run (the module docstring): ZeRO-1/2's staging
-    buffer, and in ``Phase.BACKWARD`` the norm copy and the gradient in flight where the reduction runs at the
-    hooks."""
+    buffer, and in ``Phase.BACKWARD`` the gradient in flight where the reduction runs at the hooks (the norm copy
+    there: :func:`offload_grad_norm_component`, which needs the activations)."""
     ds = spec.sharding.deepspeed
     if spec.sharding.strategy is not Strategy.DEEPSPEED or ds is None or ds.offload_optimizer is OffloadDevice.NONE:
         return []
@@ -97,11 +137,6 @@ def offload_components(spec: TrainingSpec) -> list[Component]:
         out.append(Component.persistent(
             "buffers.deepspeed_offload_staging", Category.BUFFERS, largest * param_compute_bytes(spec), _SRC_STAGING,
             f"device staging buffer of the largest parameter ({largest:,} elements), from initialize on"))
-    norm = offload_grad_norm_bytes(spec)
-    if norm and gradients_never_on_device(spec):
-        out.append(Component("buffers.deepspeed_offload_grad_norm", Category.BUFFERS, Location.DEVICE,
-                             {p: norm if p is Phase.BACKWARD else 0 for p in PHASES}, _SRC_NORM,
-                             "fp64 copy of the largest gradient's part on this rank, for its norm"))
     flight = offload_gradient_in_flight(spec)
     if flight:
         out.append(Component("buffers.deepspeed_offload_gradient_in_flight", Category.BUFFERS, Location.DEVICE,
