@@ -50,6 +50,11 @@ class DeepSpeedSpec:
     zero3_init: bool = True
     pin_memory: bool = False
     gather_16bit_on_save: bool = False  # stage3_gather_16bit_weights_on_model_save (DeepSpeed default False)
+    # The optimizer class DeepSpeed builds from the config's own ``optimizer`` section (deepspeed 0.19.8
+    # runtime/engine.py ``_configure_basic_optimizer``: "FusedAdam", "DeepSpeedCPUAdam", "torch.optim.SGD", ...);
+    # None when the Trainer builds it from ``optim`` (readers/deepspeed_optimizer.py). The optimizer's states are
+    # ``TrainingSpec.optimizer``'s, which the reader sets to the ``optim`` name with the same states.
+    optimizer_class: str | None = None
 
     @property
     def overlaps_comm(self) -> bool:

@@ -188,7 +188,19 @@ def _build_layout(spec: TrainingSpec) -> Layout:
             if upcast:
                 dtype = Dtype.FLOAT32
             out.saved.append(_group(s.entry, dtype, s.entry.repeat, spec))
+    if deepspeed_builds_optimizer(spec):  # one parameter group: every trainable tensor in the first
+        for groups in (out.trainable, out.adapters, out.saved):
+            groups[:] = [dataclasses.replace(g, decay=True) for g in groups]
     return out
+
+
+def deepspeed_builds_optimizer(spec: TrainingSpec) -> bool:
+    """Whether DeepSpeed builds the optimizer from its config's own ``optimizer`` section
+    (``DeepSpeedSpec.optimizer_class``, readers/deepspeed_optimizer.py) over one parameter group: transformers 5.23
+    ``integrations/deepspeed.py`` ``deepspeed_init`` passes ``model_parameters = [p for p in model.parameters() if
+    p.requires_grad]`` (one list), not the Trainer's decay / no-decay pair, so ZeRO makes one flat fp32 group."""
+    ds = spec.sharding.deepspeed
+    return spec.sharding.strategy is Strategy.DEEPSPEED and ds is not None and ds.optimizer_class is not None
 
 
 def _add_peft_adapter(out: Layout, spec: TrainingSpec) -> None:
@@ -231,11 +243,19 @@ def optimizer_for(spec: TrainingSpec, groups: list[TensorGroup]) -> OptimizerMem
     cuda = spec.hardware.device_type is DeviceType.CUDA
     release = spec.stack.release("transformers")
     memory = optimizer_memory(opt, opt_groups, cuda=cuda, transformers=release)
+    ds = spec.sharding.deepspeed
+    if deepspeed_builds_optimizer(spec) and ds is not None and ds.optimizer_class in _DS_PYTHON_INT_STEP:
+        memory = dataclasses.replace(memory, step_counters_device=0, step_counters_host=0)
     flat = zero_flat_groups(spec, groups)
     if flat:  # the ZeRO optimizer steps one flat fp32 tensor per param group: its temporaries are that tensor's
         temp = optimizer_memory(opt, flat, cuda=cuda, transformers=release).step_temporary
         memory = dataclasses.replace(memory, step_temporary=temp)
     return memory
+
+
+# DeepSpeed's fused ops keep ``state['step']`` a Python int (deepspeed 0.19.8 ops/adam/fused_adam.py,
+# ops/lion/fused_lion.py, ops/lamb/fused_lamb.py), where torch's fused AdamW keeps a device tensor per parameter.
+_DS_PYTHON_INT_STEP = ("FusedAdam", "FusedLion", "FusedLamb")
 
 
 def zero_flat_groups(spec: TrainingSpec, groups: list[TensorGroup]) -> list[TensorGroup]:
@@ -284,6 +304,8 @@ def ds_cpu_optimizer(spec: TrainingSpec) -> str | None:
     ds = spec.sharding.deepspeed
     if ds is None or not has_master(spec) or ds.offload_optimizer is OffloadDevice.NONE:
         return None
+    if ds.optimizer_class is not None:  # the config's section: DeepSpeed builds its CPU class itself, no swap
+        return "DeepSpeedCPUAdam" if ds.optimizer_class == "DeepSpeedCPUAdam" else None
     name, _ = canonical_optimizer(spec.optimizer.name)
     return None if name in _KEPT_UNDER_CPU_OFFLOAD else "DeepSpeedCPUAdam"
 
