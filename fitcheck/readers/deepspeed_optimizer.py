@@ -197,8 +197,8 @@ def _built(type_raw: str, params: Mapping[str, object], source: str, *, offload:
         close = [n for n in (*DEEPSPEED_OPTIMIZER_TYPES, *sorted(TORCH_OPTIMIZER_CLASSES))
                  if n.lower() == type_raw.lower()]
         raise ConfigError(
-            f"{where(source, 'optimizer.type')}: {type_raw!r} is neither a DeepSpeed optimizer nor a torch.optim "
-            "class (deepspeed 0.19.8 engine.py builds getattr(torch.optim, type): AttributeError)"
+            f"{where(source, 'optimizer.type')}: '{type_raw} is not a supported DeepSpeed Optimizer' (deepspeed "
+            "0.19.8 engine.py _do_sanity_check: neither a DeepSpeed optimizer nor a torch.optim class)"
             + (f"; did you mean {close[0]!r}?" if close else "; OneBitAdam, ZeroOneAdam and OneBitLamb were "
                "removed from DeepSpeed 0.19")
         )

@@ -310,6 +310,24 @@ def ds_cpu_optimizer(spec: TrainingSpec) -> str | None:
     return None if name in _KEPT_UNDER_CPU_OFFLOAD else "DeepSpeedCPUAdam"
 
 
+def zero_replaced_adagrad_bytes(spec: TrainingSpec, groups: list[TensorGroup]) -> int:
+    """Device bytes of the torch Adagrad DeepSpeed built from its config section and then replaced, 0 otherwise.
+
+    torch 2.13 ``optim/adagrad.py`` makes its ``sum`` state in ``__init__`` (``full_like(p)``, the parameter's dtype).
+    deepspeed 0.19.8 builds it over the model's parameters after casting them to 16 bits (engine.py
+    ``_configure_basic_optimizer``), and ZeRO-1/2 replaces it with a new Adagrad over the fp32 partition
+    (``stage_1_and_2.py`` ``initialize_optimizer_states``) while ``engine.basic_optimizer`` keeps the first one and
+    its states for the whole run. Real engine (``benchmarks/deepspeed_optimizer_cpu.py`` ``zero1-adagrad``): every
+    phase +1,115,868 B over the estimate without it, the tiny Llama's 557,696 trainable parameters in bf16. ZeRO-3's
+    parameters are partitioned by then (``stage3.py`` does the same swap over empty ``data``); offload builds
+    DeepSpeedCPUAdagrad. A Trainer-built Adagrad is made before the cast (not measured; not counted)."""
+    ds = spec.sharding.deepspeed
+    if (not deepspeed_builds_optimizer(spec) or ds is None or ds.optimizer_class != "torch.optim.Adagrad"
+            or spec.sharding.zero_stage not in (1, 2)):
+        return 0
+    return total_bytes(groups)
+
+
 def trainable_params(spec: TrainingSpec) -> int:
     """Trainable parameter count: base parameters trained in place, LoRA adapters and modules_to_save copies.
 
