@@ -36,6 +36,7 @@ from fitcheck.core.states.layout import (
     build_layout,
     has_master,
     optimizer_for,
+    stepped_groups,
     total_bytes,
     total_numel,
     trainable_params,
@@ -289,7 +290,8 @@ def _gradient_components(
         # stage_1_and_2.py step: free_grad_in_param_list(params_in_partition[i]), averaged_gradients[i] = None):
         # the largest group's step holds only the others'. Real engine (benchmarks/deepspeed_cpu.py): optimizer
         # step without this +7.6 % (--cases zero2-accum2), +7.7 % (ZeRO-1, 256 tokens)
-        stepped = max(total_bytes(g for g in groups if g.decay), total_bytes(g for g in groups if not g.decay))
+        steps = stepped_groups(spec, groups)  # the optimizer's parameter groups
+        stepped = max(total_bytes(g for g in steps if g.decay), total_bytes(g for g in steps if not g.decay))
         by_phase[Phase.OPTIMIZER_STEP] = max(sharded - _div(stepped, part.gradients), 0)
         flat_copy = _zero_flat_copy(part, stepped, opt)
     detail = f"{total_numel(groups):,} trainable params{_dtypes(groups)}{_share(part.gradients)}"
@@ -307,8 +309,9 @@ def _gradient_components(
                                "before the step (more than the optimizer's own step temporaries)"))
     if has_master(spec):
         # DeepSpeed: fp32 gradient partition of one param group built for the step (single_grad_partition).
+        steps = stepped_groups(spec, groups)
         largest_group = max(
-            total_numel(g for g in groups if g.decay), total_numel(g for g in groups if not g.decay)
+            total_numel(g for g in steps if g.decay), total_numel(g for g in steps if not g.decay)
         )
         comps.append(
             Component(
