@@ -199,8 +199,8 @@ def _built(type_raw: str, params: Mapping[str, object], source: str, *, offload:
         raise ConfigError(
             f"{where(source, 'optimizer.type')}: '{type_raw} is not a supported DeepSpeed Optimizer' (deepspeed "
             "0.19.8 engine.py _do_sanity_check: neither a DeepSpeed optimizer nor a torch.optim class)"
-            + (f"; did you mean {close[0]!r}?" if close else "; OneBitAdam, ZeroOneAdam and OneBitLamb were "
-               "removed from DeepSpeed 0.19")
+            + (f"; did you mean {close[0]!r}?" if close else "; its optimizer types are "
+               + ", ".join(DEEPSPEED_OPTIMIZER_TYPES) + " (any case) or a torch.optim class name")
         )
     if name in ("SGD", "RMSprop"):  # the memory-relevant params as optim_args (core/optimizers/by_name.py reads them)
         momentum = flag.number("momentum")

@@ -332,14 +332,15 @@ _SRC_FLAT_COPY = ("deepspeed 0.19.8 runtime/zero/stage_1_and_2.py step: flatten_
 
 
 def _zero_flat_copy(part: Partition, stepped: int, opt: OptimizerMemory) -> int:
-    """What ZeRO-1/2's step holds for the largest group beyond the step moment's count: its 16-bit gradients (not
-    freed yet) and their flat 16-bit copy, beside the fp32 copy, less the optimizer's own step temporaries that the
-    moment after it holds instead (0 when those are larger: torch AdamW's single-tensor sqrt and quotient).
+    """What ZeRO-1/2's step holds for the largest group beyond the step moment's count: the 16-bit gradients of the
+    rank's partition (``free_grad_in_param_list(params_not_in_partition)`` frees the others first; ZeRO-1's too) and
+    their flat 16-bit copy, beside the fp32 copy, less the optimizer's own step temporaries that the moment after it
+    holds instead (0 when those are larger: torch AdamW's single-tensor sqrt and quotient).
 
     deepspeed 0.19.8 ``stage_1_and_2.py`` ``step`` (16-bit gradient accumulation, the default: no pre-flattened
     partition). Real engine, tiny Llama, ZeRO-2, one process (``benchmarks/deepspeed_optimizer_cpu.py``): the
     in-place optimizers' step, FusedAdam -18.18 % and torch SGD with momentum -22.22 % without it."""
-    held = _div(stepped, part.gradients) + _div(stepped, part.optimizer)
+    held = 2 * _div(stepped, part.optimizer)  # the partition's gradients (the others' freed first) + their copy
     return max(held - _div(opt.step_temporary, part.optimizer), 0)
 
 
