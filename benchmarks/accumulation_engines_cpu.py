@@ -57,7 +57,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 ENGINES = ("ddp", "zero0", "zero1", "zero1-overlap", "zero2", "zero3", "fsdp1", "fsdp1-2ranks", "fsdp2",
-           "fsdp2-2ranks", "fsdp1-2ranks-sync", "fsdp2-sync", "fsdp2-2ranks-sync", "fsdp1-2ranks-pre")
+           "fsdp2-2ranks", "fsdp1-2ranks-sync", "fsdp2-sync", "fsdp2-2ranks-sync", "fsdp1-2ranks-pre",
+           "fsdp1-2ranks-fwd")
 ACCUM = 2
 BUCKET = 20_000  # reduce_bucket_size (elements), deepspeed_run_events_cpu's
 SEQS = (32, 128)
@@ -229,10 +230,11 @@ def _fsdp_leaves(model: Any) -> list[tuple[str, Any]]:
 
 
 def _fsdp_rank(rank: int, world: int, version: int, seq: int, port: int, out: str, sync: bool = False,
-               prefetch: bool = False) -> None:
+               prefetch: bool = False, forward_prefetch: bool = False) -> None:
     """One rank of the real Trainer under FSDP``version``; rank 0 writes its result to ``out``. ``sync``:
     accelerate's ``sync_each_batch`` (``TrainingArguments.accelerator_config``), no ``no_sync`` at all;
-    ``prefetch``: FSDP1 ``fsdp_config`` ``backward_prefetch="backward_pre"`` (the Trainer's default: NO_PREFETCH)."""
+    ``prefetch``: FSDP1 ``fsdp_config`` ``backward_prefetch="backward_pre"`` (the Trainer's default: NO_PREFETCH);
+    ``forward_prefetch``: FSDP1 ``fsdp_config`` ``forward_prefetch=True`` (the Trainer's default: false)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT))
     from gloo_rank import finish_rank, install_fsdp_on_cpu_trainer, start_rank
@@ -255,8 +257,8 @@ def _fsdp_rank(rank: int, world: int, version: int, seq: int, port: int, out: st
     model.config.use_cache = False
     ids = torch.randint(0, cfg.vocab_size, (BATCH * ACCUM * 2, seq), generator=torch.Generator().manual_seed(rank))
     data = [{"input_ids": r, "labels": r} for r in ids]
-    fsdp1 = {"sync_module_states": False, **({"backward_prefetch": "backward_pre"} if prefetch else {})} \
-        if version == 1 else {}
+    fsdp1 = {"sync_module_states": False, **({"backward_prefetch": "backward_pre"} if prefetch else {}),
+             **({"forward_prefetch": True} if forward_prefetch else {})} if version == 1 else {}
     args = transformers.TrainingArguments(
         output_dir=tempfile.mkdtemp(), per_device_train_batch_size=BATCH, gradient_accumulation_steps=ACCUM,
         max_steps=2, bf16=True, use_cpu=True, fsdp="full_shard auto_wrap",
@@ -305,15 +307,16 @@ def _fsdp_rank(rank: int, world: int, version: int, seq: int, port: int, out: st
     finish_rank()
 
 
-def run_fsdp(version: int, world: int, seq: int, sync: bool = False, prefetch: bool = False) -> dict[str, Any]:
+def run_fsdp(version: int, world: int, seq: int, sync: bool = False, prefetch: bool = False,
+             forward_prefetch: bool = False) -> dict[str, Any]:
     """Rank 0's result of the Trainer under FSDP``version`` on ``world`` spawned gloo ranks."""
     import torch.multiprocessing as mp_
     from gloo_rank import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        mp_.start_processes(_fsdp_rank, args=(world, version, seq, int(free_port()), out, sync, prefetch), nprocs=world,
-                            join=True, start_method="spawn")
+        mp_.start_processes(_fsdp_rank, args=(world, version, seq, int(free_port()), out, sync, prefetch,
+                                              forward_prefetch), nprocs=world, join=True, start_method="spawn")
         with open(out, encoding="utf-8") as fh:
             return dict(json.load(fh))
 
@@ -326,7 +329,8 @@ def run(engine: str, seq: int) -> dict[str, Any]:
     if engine.startswith("zero"):
         return run_deepspeed(int(engine[4]), engine.endswith("overlap"), seq)
     version = int(engine[4])
-    return run_fsdp(version, 2 if "2ranks" in engine else 1, seq, engine.endswith("sync"), engine.endswith("pre"))
+    return run_fsdp(version, 2 if "2ranks" in engine else 1, seq, engine.endswith("sync"), engine.endswith("pre"),
+                    engine.endswith("fwd"))
 
 
 def measured(engine: str, seq: int) -> dict[str, Any]:
@@ -360,7 +364,8 @@ def spec_of(engine: str, seq: int, accum: int = ACCUM) -> Any:
         spec = spec_for(Row("tiny", CONFIG, seq=seq, batch=BATCH, dtype="bfloat16", mp="bf16"))
         world = 2 if "2ranks" in engine else 1
         fsdp = FsdpSpec(version=int(engine[4]), sync_each_batch=engine.endswith("sync"),
-                        backward_prefetch="BACKWARD_PRE" if engine.endswith("pre") else "NO_PREFETCH")
+                        backward_prefetch="BACKWARD_PRE" if engine.endswith("pre") else "NO_PREFETCH",
+                        **({"forward_prefetch": True} if engine.endswith("fwd") else {}))
         sharding = ShardingSpec(Strategy.FSDP, world, 1, None, fsdp)
     return replace(spec, sharding=sharding, batch=replace(spec.batch, grad_accum=accum))
 

@@ -57,7 +57,8 @@ from fitcheck.spec import Dtype, LoraSpec, QuantSpec
 
 def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, config: dict[str, Any] | None = None,
             world: int = 1, rank: int = 0, bucket: int | None = None, lora: bool = False, accum: int = 1,
-            zero: dict[str, Any] | None = None, quant: QuantSpec | None = None) -> tuple[int, int, int, int]:
+            zero: dict[str, Any] | None = None, quant: QuantSpec | None = None,
+            top: dict[str, Any] | None = None, optim: str | None = None) -> tuple[int, int, int, int]:
     """Live-tensor peaks (bytes) of the second of two real DeepSpeed bf16 steps of the tiny Llama (or ``config``),
     fp32-loaded: (forward + loss, backward, optimizer step, held between micro-steps; with ``accum`` micro-steps,
     forward and backward the largest of the second step's, the optimizer step the boundary micro-step's and the
@@ -73,9 +74,11 @@ def measure(stage: int, seq: int = 256, batch: int = 2, ckpt: bool = False, conf
     ``Linear4bit`` / ``Linear8bitLt`` on CPU), loaded in bf16, peft's k-bit preparation where it asks for it, and
     peft LoRA (:data:`LORA`), built as the tracer builds it (``torch_adapters.build_model``, real tensors): the
     engine casts the fp32 adapters and the prepared fp32 norms, embeddings and head to bf16, and leaves the uint8 /
-    int8 weights alone."""
+    int8 weights alone. ``top``: more top-level config sections (an ``optimizer`` section); ``optim`` is the
+    estimate's (:func:`run_spec`): the config's optimizer section decides what the engine builds."""
+    del optim
     engine, ids = tiny_engine(stage, seq, batch, ckpt=ckpt, config=config, world=world, rank=rank, bucket=bucket,
-                              lora=lora, accum=accum, zero=zero, quant=quant)
+                              lora=lora, accum=accum, zero=zero, quant=quant, top=top)
     rec = recorded_steps(engine, ids, accum)
     forward, backward = (max(rec.regions[f"{phase}1.{m}"].peak for m in range(accum))
                          for phase in ("forward", "backward"))
@@ -128,7 +131,7 @@ def tiny_engine(stage: int, seq: int, batch: int, *, ckpt: bool = False, config:
         "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": accum, "bf16": {"enabled": True},
         "zero_optimization": {"stage": stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
                               **(zero or {})},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+        "optimizer": TINY_OPTIMIZER,
         **(top or {}),
     }
     if not torch.distributed.is_initialized():
@@ -166,6 +169,9 @@ def recorded_steps(engine: Any, ids: Any, accum: int) -> Any:
     return rec
 
 
+# The optimizer section of tiny_engine's config (``top`` may replace it): torch's AdamW over one parameter group
+# (readers/deepspeed_optimizer.py).
+TINY_OPTIMIZER: dict[str, Any] = {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}
 TINY: dict[str, Any] = {**LLAMA, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
                          "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1024}
 # ZeRO-2 with a tied embedding on 8 ranks (fake process group), rank 5: the largest grads_in_partition (the
@@ -205,6 +211,16 @@ CASES: dict[str, dict[str, Any]] = {
     "qlora-nf4-zero3": {"stage": 3, "seq": 16, "bucket": 128 * 128, "quant": NF4},
     "int8-lora": {"stage": 2, "seq": 16, "bucket": 128 * 128, "quant": QuantSpec(bits=8)},
     "int8-lora-ckpt": {"stage": 2, "seq": 16, "bucket": 128 * 128, "quant": QuantSpec(bits=8), "ckpt": True},
+    # Session 23: the config's own optimizer section with the Trainer's --optim set otherwise (``optim``: what the
+    # run passes; readers/deepspeed_optimizer.py): DeepSpeed's FusedAdam (its CPU op), torch SGD with momentum
+    # (ZeRO needs zero_allow_untested_optimizer for it), torch Adagrad.
+    "zero2-fusedadam-optim-8bit": {"stage": 2, "seq": 16, "bucket": 128 * 128, "optim": "adamw_bnb_8bit",
+                                   "top": {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}},
+    "zero2-sgd-momentum": {"stage": 2, "seq": 16, "bucket": 128 * 128, "optim": "adamw_torch",
+                           "top": {"optimizer": {"type": "SGD", "params": {"lr": 1e-3, "momentum": 0.9}},
+                                   "zero_allow_untested_optimizer": True}},
+    "zero1-adagrad": {"stage": 1, "seq": 16, "bucket": 128 * 128, "optim": "adamw_torch",
+                      "top": {"optimizer": {"type": "Adagrad", "params": {"lr": 1e-3}}}},
 }
 
 
@@ -358,18 +374,27 @@ def zero3_quant_load_facts() -> dict[str, Any]:
 
 def run_spec(stage: int, seq: int, ckpt: bool = False, config: dict[str, Any] | None = None, world: int = 1,
              bucket: int = 0, rank: int = 0, lora: bool = False, accum: int = 1,
-             zero: dict[str, Any] | None = None, quant: QuantSpec | None = None) -> Any:
+             zero: dict[str, Any] | None = None, quant: QuantSpec | None = None, top: dict[str, Any] | None = None,
+             optim: str | None = None) -> Any:
     """The TrainingSpec of a :func:`measure` run (``rank`` is the real run's only: the estimate is every rank's
-    worst)."""
-    from fitcheck.spec import DeepSpeedSpec, ShardingSpec, Strategy
+    worst). The engine's optimizer is its config's section (``top``'s or :data:`TINY_OPTIMIZER`), read as the CLI
+    reads it: the run's ``optim`` (``optim``: what the Trainer would have built) is replaced by its twin."""
+    from fitcheck.readers import read_config_optimizer
+    from fitcheck.spec import DeepSpeedSpec, OffloadDevice, OptimizerSpec, ShardingSpec, Strategy
 
     b = bucket or BUCKET
     row = Row("deepspeed_cpu", config or LLAMA, dtype="float32", mp="bf16", ckpt=ckpt, seq=seq)
     if quant is not None:  # loaded in bf16, quantized, LoRA (measure)
         row = replace(row, dtype="bfloat16", quant=quant, lora=LORA)
     spec = spec_for(replace(row, lora=LORA) if lora else row)
+    built = read_config_optimizer({"optimizer": TINY_OPTIMIZER, **(top or {})}, "tiny_engine", stage=stage,
+                                  offload_optimizer=OffloadDevice.NONE, run_optim=optim, run_optim_where="case")
+    assert built is not None
+    args = dict(kv.split("=", 1) for kv in built.optim_args.split(",") if kv)
+    spec = replace(spec, optimizer=OptimizerSpec(built.optim, args=args))
     ds = DeepSpeedSpec(stage=stage, reduce_bucket_size=b, allgather_bucket_size=b,
-                       overlap_comm=(zero or {}).get("overlap_comm"), zero3_init=False)  # built outside zero.Init
+                       overlap_comm=(zero or {}).get("overlap_comm"), zero3_init=False,  # built outside zero.Init
+                       optimizer_class=built.builds)
     spec = replace(spec, sharding=ShardingSpec(Strategy.DEEPSPEED, world, world, ds))
     return replace(spec, batch=replace(spec.batch, grad_accum=accum)) if accum > 1 else spec
 

@@ -161,7 +161,7 @@ _FSDP_CASES = [("fsdp2", "micro2", 2), ("fsdp2-2ranks", "micro2", 2), ("fsdp2-sy
                ("fsdp1", "micro1", 1), ("fsdp1", "micro2", 2), ("fsdp1-2ranks", "micro2", 2),
                ("fsdp1-2ranks-sync", "micro1", 1), ("fsdp1-2ranks-sync", "micro2", 2),
                # fsdp_config backward_prefetch=backward_pre: the top layer gathered from the start of backward
-               # (fsdp2_units.fsdp1_prefetched_units; before: -4.4 / -2.8 % at the start)
+               # (fsdp1_prefetch.fsdp1_prefetched_units; before: -4.4 / -2.8 % at the start)
                ("fsdp1-2ranks-pre", "micro2", 2)]
 # below the record at 32 tokens on two ranks, not modelled: FSDP2 sync_each_batch's tail reduce-scatter copy-in
 # (torch._chunk_cat on CPU) with the LM head's unsharded gradient alive (-1.3 / -3.2 %); FSDP1's record there varies

@@ -3,8 +3,9 @@
 - :mod:`.model_config`: ``config.json`` (directory, file, HF cache, built-in catalog) -> ``ModelInventory``
   (known families in pure Python: :mod:`.families`; others through a meta-device builder the caller passes);
 - :mod:`.trainer_args`: TrainingArguments / TRL fields (object, file, or a script's own flags);
-- :mod:`.deepspeed` (+ ``deepspeed_zero``, ``deepspeed_batch``): DeepSpeed JSON, ``"auto"`` resolved as
-  transformers does; :mod:`.fsdp_config`: FSDP options; :mod:`.accelerate_config`: accelerate's YAML;
+- :mod:`.deepspeed` (+ ``deepspeed_zero``, ``deepspeed_batch``, ``deepspeed_optimizer``: the config's own
+  optimizer): DeepSpeed JSON, ``"auto"`` resolved as transformers does; :mod:`.fsdp_config`: FSDP options;
+  :mod:`.accelerate_config`: accelerate's YAML;
 - :mod:`.peft_config`, :mod:`.quantization_config`: adapter and bitsandbytes configs;
 - :mod:`.task_heads`: the task head (``architectures`` / ``--task``: seq-cls, token-cls, image-text-to-text);
 - :mod:`.axolotl`, :mod:`.llamafactory` (+ :mod:`.framework_yaml`): a framework's YAML read as the same
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from fitcheck.families import ConfigView, mlp_kind
 from fitcheck.readers.accelerate_config import default_config_path, read_accelerate_config
 from fitcheck.readers.deepspeed import ACCELERATE_ZERO_STAGE, accelerate_deepspeed_config, resolve_deepspeed
+from fitcheck.readers.deepspeed_optimizer import read_config_optimizer
 from fitcheck.readers.families_legacy import inventory_for_stack
 from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
 from fitcheck.readers.merge import merge_sources
@@ -107,6 +109,7 @@ __all__ = [
     "read_axolotl",
     "read_config_class",
     "read_config_fields",
+    "read_config_optimizer",
     "read_llamafactory",
     "read_parallelism",
     "read_script_argv",

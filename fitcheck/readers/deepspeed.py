@@ -18,11 +18,12 @@ Resolution follows transformers 5.23 ``transformers/integrations/deepspeed.py``:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fitcheck.errors import ConfigError
 from fitcheck.findings import Finding, Severity
 from fitcheck.readers.deepspeed_batch import batch_int, set_batch_related
+from fitcheck.readers.deepspeed_optimizer import ConfigOptimizer, read_config_optimizer
 from fitcheck.readers.deepspeed_zero import not_modelled_findings, zero_spec
 from fitcheck.readers.run_settings import DEFAULTS as _RUN_DEFAULTS
 from fitcheck.readers.sources import as_bool, is_auto, load_mapping_file, where
@@ -47,6 +48,7 @@ class DeepSpeedRead:
         precision_from_file: True when the file itself sets bf16/fp16 ``enabled`` to a concrete value.
         provenance: Field -> where it was read or what filled it.
         findings: Mismatches with TrainingArguments, deprecated keys, unknown keys, not-modelled features.
+        optimizer: What the config's own ``optimizer`` section builds (None without one): the run's ``optim``.
     """
 
     spec: DeepSpeedSpec
@@ -57,6 +59,7 @@ class DeepSpeedRead:
     precision_from_file: bool
     provenance: dict[str, str] = field(default_factory=dict)
     findings: tuple[Finding, ...] = ()
+    optimizer: ConfigOptimizer | None = None
 
 
 # accelerate DeepSpeedPlugin zero_stage default (accelerate 1.15 utils/dataclasses.py).
@@ -170,6 +173,15 @@ def resolve_deepspeed(
     zero = _section(raw, "zero_optimization", source) or {}
     spec = zero_spec(zero, source=source, hidden=r.hidden, prov=fill.prov, findings=findings)
     findings.extend(not_modelled_findings(raw, source))
+    optimizer = read_config_optimizer(
+        raw, source, stage=spec.stage, offload_optimizer=spec.offload_optimizer,
+        run_optim=str(run["optim"]) if run.get("optim") is not None else None,
+        run_optim_where=r.names.get("optim", "the run"),
+    )
+    if optimizer is not None:
+        spec = replace(spec, optimizer_class=optimizer.builds)
+        fill.prov["optimizer_class"] = where(source, "optimizer.type")
+        findings.extend(optimizer.findings)
     if fill.mismatches:
         findings.append(
             Finding(
@@ -180,7 +192,7 @@ def resolve_deepspeed(
                 _EASIEST,
             )
         )
-    return DeepSpeedRead(spec, micro, gas, tbs, mixed, precision_from_file, fill.prov, tuple(findings))
+    return DeepSpeedRead(spec, micro, gas, tbs, mixed, precision_from_file, fill.prov, tuple(findings), optimizer)
 
 
 class _Filler:

@@ -127,6 +127,7 @@ def fsdp_from_config(cfg: Mapping[str, object], *, source: str, flavour: str) ->
         prov["activation_checkpointing"] = at("activation_checkpointing")
     state_dict_type = _state_dict_type(c, version, flavour, at, prov)
     prefetch = _backward_prefetch(c, version, at, prov)
+    forward_prefetch, limit = _fsdp1_flags(c, version, flavour, at, prov, findings)
     try:
         spec = FsdpSpec(
             version=version,
@@ -139,6 +140,8 @@ def fsdp_from_config(cfg: Mapping[str, object], *, source: str, flavour: str) ->
             cpu_ram_efficient_loading=ram_efficient,
             state_dict_type=state_dict_type,
             backward_prefetch=prefetch,
+            forward_prefetch=forward_prefetch,
+            limit_all_gathers=limit,
         )
     except ValueError as exc:
         raise ConfigError(f"{source}: {exc}") from None
@@ -166,6 +169,37 @@ def _backward_prefetch(c: Mapping[str, object], version: int, at: Callable[[str]
                           "(accelerate's FullyShardedDataParallelPlugin refuses it)")
     prov["backward_prefetch"] = at("backward_prefetch")
     return next(p for p in _PREFETCH if p == text)
+
+
+def _fsdp1_flags(c: Mapping[str, object], version: int, flavour: str, at: Callable[[str], str],
+                 prov: dict[str, str], findings: list[Finding]) -> tuple[bool, bool]:
+    """FSDP1's ``forward_prefetch`` (default False) and ``limit_all_gathers`` (default True), booleans, as they reach
+    FSDP1's constructor (accelerate 1.15 ``accelerator.py`` l.1953-1957).
+
+    Neither reaches FSDP2: accelerate reads ``FSDP_FORWARD_PREFETCH`` for ``fsdp_version`` 1 only
+    (``utils/dataclasses.py``; ``accelerate to-fsdp2`` marks it NOT_YET_IMPLEMENTED) and transformers 5.23 passes
+    both in its FSDP1 branch only (``training_args.py`` l.2872-2883). An accelerate config's
+    ``fsdp_limit_all_gathers`` is never applied: ``accelerate launch`` exports no ``FSDP_LIMIT_ALL_GATHERS``
+    (``utils/launch.py`` ``prepare_multi_gpu_env``) and the plugin reads none, so its default True stands. Such a key
+    is read (a bad value is an error) and noted as not applied."""
+    out = [False, True]
+    ignored = []
+    for i, key in enumerate(("forward_prefetch", "limit_all_gathers")):
+        if c.get(key) is None:
+            continue
+        value = as_bool(c[key], at=at(key))
+        if version == 2 or (flavour == "accelerate" and key == "limit_all_gathers"):
+            ignored.append(at(key))
+            continue
+        out[i] = value
+        prov[key] = at(key)
+    if ignored:
+        findings.append(Finding(
+            "fsdp-key-ignored", Severity.INFO,
+            f"{', '.join(ignored)}: not applied (FSDP2 has no such setting; accelerate 1.15 launch does not pass an "
+            "accelerate config's fsdp_limit_all_gathers): nothing to model",
+            "set it in TrainingArguments' fsdp_config with fsdp_config version 1 to apply it"))
+    return out[0], out[1]
 
 
 _STATE_DICT_TYPES = {"1": "FULL_STATE_DICT", "2": "LOCAL_STATE_DICT", "3": "SHARDED_STATE_DICT"}  # torch StateDictType

@@ -167,6 +167,10 @@ def resolve_ds(
     ):
         if key not in values:
             updates[key] = (value, ds.provenance.get(ds_key, f"{source}:{ds_key}"))
+    if ds.optimizer is not None:  # the config's optimizer section builds the optimizer: optim is not used
+        opt_where = f"{source}:optimizer.type={ds.optimizer.type} (DeepSpeed builds {ds.optimizer.builds})"
+        updates["optim"] = (ds.optimizer.optim, opt_where)
+        updates["optim_args"] = (ds.optimizer.optim_args, opt_where)
     if run_mp is None and ds.mixed_precision is not MixedPrecision.NO:
         where_ = f"{source}:{ds.mixed_precision.value}.enabled"
         updates["bf16"] = (ds.mixed_precision is MixedPrecision.BF16, where_)

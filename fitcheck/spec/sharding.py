@@ -50,6 +50,11 @@ class DeepSpeedSpec:
     zero3_init: bool = True
     pin_memory: bool = False
     gather_16bit_on_save: bool = False  # stage3_gather_16bit_weights_on_model_save (DeepSpeed default False)
+    # The optimizer class DeepSpeed builds from the config's own ``optimizer`` section (deepspeed 0.19.8
+    # runtime/engine.py ``_configure_basic_optimizer``: "FusedAdam", "DeepSpeedCPUAdam", "torch.optim.SGD", ...);
+    # None when the Trainer builds it from ``optim`` (readers/deepspeed_optimizer.py). The optimizer's states are
+    # ``TrainingSpec.optimizer``'s, which the reader sets to the ``optim`` name with the same states.
+    optimizer_class: str | None = None
 
     @property
     def overlaps_comm(self) -> bool:
@@ -107,6 +112,12 @@ class FsdpSpec:
             ``fsdp_config.get("backward_prefetch", "NO_PREFETCH")``; accelerate 1.15's plugin default None),
             BACKWARD_PRE (a unit's pre-backward hook gathers the next unit) or BACKWARD_POST (its post-backward
             hook, after resharding it). accelerate sets it to None under FSDP2.
+        forward_prefetch: FSDP1's ``forward_prefetch`` (accelerate 1.15's plugin and transformers 5.23's
+            ``fsdp_config`` default False): a unit's pre-forward gathers the next unit in forward order. FSDP2 has
+            none (accelerate reads ``FSDP_FORWARD_PREFETCH`` for ``fsdp_version`` 1 only).
+        limit_all_gathers: FSDP1's ``limit_all_gathers`` (accelerate 1.15's default True): the CPU waits before an
+            all-gather while two flat parameters' frees are pending on the device. False: not modelled (the CPU
+            may run ahead of the device by as many gathers as it issues); FSDP2 has no such setting.
     """
 
     version: int = 2
@@ -122,6 +133,8 @@ class FsdpSpec:
     state_dict_type: str = ""
     frozen_shares_units: bool = False
     backward_prefetch: BackwardPrefetchPolicy = "NO_PREFETCH"
+    forward_prefetch: bool = False
+    limit_all_gathers: bool = True
 
     @property
     def saves_full_state_dict(self) -> bool:

@@ -90,6 +90,10 @@ def _fsdp1_not_replayed(spec: TrainingSpec) -> list[str]:
         parts.append("frozen parameters sharing a unit")
     if fs.backward_prefetch != "NO_PREFETCH":  # the rewrite gathers each unit at its own pre-backward only
         parts.append(f"backward_prefetch {fs.backward_prefetch}")
+    if fs.forward_prefetch and partition_weights(spec) > 1:  # ... and each at its own pre-forward
+        parts.append("forward_prefetch")
+    if not fs.limit_all_gathers and partition_weights(spec) > 1:  # its side pools keep two gathers in flight
+        parts.append("limit_all_gathers=False")
     return parts
 
 

@@ -126,19 +126,3 @@ def fsdp_backward_applies(spec: TrainingSpec) -> bool:
         return False  # NO_SHARD computing with the flat parameter itself: nothing gathered (sharding._fsdp)
     full = spec.lora is None and spec.quant is None and spec.freeze is None and spec.peft is None
     return full and not spec.model.shape.tied_embeddings and trainable_params(spec) > 0
-
-
-def fsdp1_prefetched_units(spec: TrainingSpec) -> tuple[int, int]:
-    """Layer units FSDP1's ``backward_prefetch`` gathers ahead: (during a unit's backward and at the LM head's, at
-    a layer's reduction) -- (1, 1) for BACKWARD_PRE, (0, 1) for BACKWARD_POST, (0, 0) for NO_PREFETCH or one
-    process (NO_SHARD: nothing to gather).
-
-    torch 2.13 ``distributed/fsdp/_runtime_utils.py``: ``_pre_backward_hook`` unshards its unit, then
-    ``_prefetch_handle(BACKWARD)`` unshards the unit whose backward comes next (``_get_handle_to_prefetch``,
-    BACKWARD_PRE) -- the root's hook, when the logits' gradient exists, the top layer; the bottom layer's has none
-    left (the root stays gathered); ``_post_backward_hook`` runs ``_post_backward_reshard`` (reshard, then the
-    BACKWARD_POST prefetch) before it reduces the unit's gradient."""
-    fs = spec.sharding.fsdp
-    if fs is None or fs.version != 1 or fs.sharding_strategy == "NO_SHARD" or spec.data_parallel_size <= 1:
-        return 0, 0  # torch 2.13 _init_utils.py: one process is NO_SHARD whatever the strategy
-    return {"BACKWARD_PRE": (1, 1), "BACKWARD_POST": (0, 1)}.get(fs.backward_prefetch, (0, 0))

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fitcheck.core.states.accumulation import accumulates_in_grad, gradients_held_from_start
-from fitcheck.core.states.fsdp2_units import fsdp1_prefetched_units, fsdp_backward_applies, tail_params
+from fitcheck.core.states.fsdp1_prefetch import fsdp1_prefetched_units
+from fitcheck.core.states.fsdp2_units import fsdp_backward_applies, tail_params
 from fitcheck.core.states.layout import trainable_params
 from fitcheck.core.states.model_states import model_state_components
 from fitcheck.core.states.sharding import param_compute_bytes, partition

@@ -191,6 +191,29 @@ def _build_layout(spec: TrainingSpec) -> Layout:
     return out
 
 
+def stepped_groups(spec: TrainingSpec, groups: list[TensorGroup]) -> list[TensorGroup]:
+    """The trainable tensors as the optimizer's parameter groups hold them: the Trainer's decay / no-decay pair
+    (``TensorGroup.decay``), or one group (every tensor ``decay``) when DeepSpeed builds the optimizer from its
+    config's section (:func:`deepspeed_builds_optimizer`). Real engine (``benchmarks/deepspeed_cpu.py --cases``,
+    whose engines build it so): zero2-accum2's optimizer step -0.05 % with two groups, -0.00 % with one.
+
+    ZeRO-1/2's reduction moments (``zero_reduce.py``) keep the layout's two groups: with one, the rank-1 backward
+    moment of ``--cases zero1-overlap-8-ranks`` is -6.08 % (its partition, ``held_by_rank``, equals the real
+    engine's; the moment's other terms are not resolved), with two +0.01 %."""
+    if not deepspeed_builds_optimizer(spec):
+        return groups
+    return [dataclasses.replace(g, decay=True) for g in groups]
+
+
+def deepspeed_builds_optimizer(spec: TrainingSpec) -> bool:
+    """Whether DeepSpeed builds the optimizer from its config's own ``optimizer`` section
+    (``DeepSpeedSpec.optimizer_class``, readers/deepspeed_optimizer.py) over one parameter group: transformers 5.23
+    ``integrations/deepspeed.py`` ``deepspeed_init`` passes ``model_parameters = [p for p in model.parameters() if
+    p.requires_grad]`` (one list), not the Trainer's decay / no-decay pair, so ZeRO makes one flat fp32 group."""
+    ds = spec.sharding.deepspeed
+    return spec.sharding.strategy is Strategy.DEEPSPEED and ds is not None and ds.optimizer_class is not None
+
+
 def _add_peft_adapter(out: Layout, spec: TrainingSpec) -> None:
     """A non-LoRA PEFT adapter's tensors as peft built them (``core/states/peft_adapter.py``): trainable ones are
     adapters (gradients, optimizer states), frozen ones and buffers frozen bytes; a base parameter made trainable
@@ -219,6 +242,7 @@ def all_trainable(layout: Layout) -> list[TensorGroup]:
 
 
 def optimizer_for(spec: TrainingSpec, groups: list[TensorGroup]) -> OptimizerMemory:
+    groups = stepped_groups(spec, groups)
     opt_groups = groups
     if has_master(spec):  # DeepSpeed: the optimizer steps the fp32 partition
         opt_groups = [
@@ -231,11 +255,19 @@ def optimizer_for(spec: TrainingSpec, groups: list[TensorGroup]) -> OptimizerMem
     cuda = spec.hardware.device_type is DeviceType.CUDA
     release = spec.stack.release("transformers")
     memory = optimizer_memory(opt, opt_groups, cuda=cuda, transformers=release)
+    ds = spec.sharding.deepspeed
+    if deepspeed_builds_optimizer(spec) and ds is not None and ds.optimizer_class in _DS_PYTHON_INT_STEP:
+        memory = dataclasses.replace(memory, step_counters_device=0, step_counters_host=0)
     flat = zero_flat_groups(spec, groups)
     if flat:  # the ZeRO optimizer steps one flat fp32 tensor per param group: its temporaries are that tensor's
         temp = optimizer_memory(opt, flat, cuda=cuda, transformers=release).step_temporary
         memory = dataclasses.replace(memory, step_temporary=temp)
     return memory
+
+
+# DeepSpeed's fused ops keep ``state['step']`` a Python int (deepspeed 0.19.8 ops/adam/fused_adam.py,
+# ops/lion/fused_lion.py, ops/lamb/fused_lamb.py), where torch's fused AdamW keeps a device tensor per parameter.
+_DS_PYTHON_INT_STEP = ("FusedAdam", "FusedLion", "FusedLamb")
 
 
 def zero_flat_groups(spec: TrainingSpec, groups: list[TensorGroup]) -> list[TensorGroup]:
@@ -284,8 +316,28 @@ def ds_cpu_optimizer(spec: TrainingSpec) -> str | None:
     ds = spec.sharding.deepspeed
     if ds is None or not has_master(spec) or ds.offload_optimizer is OffloadDevice.NONE:
         return None
+    if ds.optimizer_class is not None:  # the config's section: DeepSpeed builds its CPU class itself, no swap
+        return "DeepSpeedCPUAdam" if ds.optimizer_class == "DeepSpeedCPUAdam" else None
     name, _ = canonical_optimizer(spec.optimizer.name)
     return None if name in _KEPT_UNDER_CPU_OFFLOAD else "DeepSpeedCPUAdam"
+
+
+def zero_replaced_adagrad_bytes(spec: TrainingSpec, groups: list[TensorGroup]) -> int:
+    """Device bytes of the torch Adagrad DeepSpeed built from its config section and then replaced, 0 otherwise.
+
+    torch 2.13 ``optim/adagrad.py`` makes its ``sum`` state in ``__init__`` (``full_like(p)``, the parameter's dtype).
+    deepspeed 0.19.8 builds it over the model's parameters after casting them to 16 bits (engine.py
+    ``_configure_basic_optimizer``), and ZeRO-1/2 replaces it with a new Adagrad over the fp32 partition
+    (``stage_1_and_2.py`` ``initialize_optimizer_states``) while ``engine.basic_optimizer`` keeps the first one and
+    its states for the whole run. Real engine (``benchmarks/deepspeed_optimizer_cpu.py`` ``zero1-adagrad``): every
+    phase +1,115,868 B over the estimate without it, the tiny Llama's 557,696 trainable parameters in bf16. ZeRO-3's
+    parameters are partitioned by then (``stage3.py`` does the same swap over empty ``data``); offload builds
+    DeepSpeedCPUAdagrad. A Trainer-built Adagrad is made before the cast (not measured; not counted)."""
+    ds = spec.sharding.deepspeed
+    if (not deepspeed_builds_optimizer(spec) or ds is None or ds.optimizer_class != "torch.optim.Adagrad"
+            or spec.sharding.zero_stage not in (1, 2)):
+        return 0
+    return total_bytes(groups)
 
 
 def trainable_params(spec: TrainingSpec) -> int:

@@ -36,9 +36,11 @@ from fitcheck.core.states.layout import (
     build_layout,
     has_master,
     optimizer_for,
+    stepped_groups,
     total_bytes,
     total_numel,
     trainable_params,
+    zero_replaced_adagrad_bytes,
 )
 from fitcheck.core.states.prequant import SOURCE as PREQUANT_SOURCE
 from fitcheck.core.states.quantization import SOURCE_4BIT, SOURCE_8BIT, SOURCE_WHICH
@@ -282,13 +284,16 @@ def _gradient_components(
             by_phase[p] = 0
         else:
             by_phase[p] = sharded
+    flat_copy = 0
     if has_master(spec) and spec.sharding.zero_stage in (1, 2):
         # ZeRO-1/2 free a group's 16-bit gradients once its fp32 copy is built, before its step (deepspeed 0.19.8
         # stage_1_and_2.py step: free_grad_in_param_list(params_in_partition[i]), averaged_gradients[i] = None):
         # the largest group's step holds only the others'. Real engine (benchmarks/deepspeed_cpu.py): optimizer
         # step without this +7.6 % (--cases zero2-accum2), +7.7 % (ZeRO-1, 256 tokens)
-        stepped = max(total_bytes(g for g in groups if g.decay), total_bytes(g for g in groups if not g.decay))
+        steps = stepped_groups(spec, groups)  # the optimizer's parameter groups
+        stepped = max(total_bytes(g for g in steps if g.decay), total_bytes(g for g in steps if not g.decay))
         by_phase[Phase.OPTIMIZER_STEP] = max(sharded - _div(stepped, part.gradients), 0)
+        flat_copy = _zero_flat_copy(part, stepped, opt)
     detail = f"{total_numel(groups):,} trainable params{_dtypes(groups)}{_share(part.gradients)}"
     source = _SRC_GRADS
     if part.gradients_resident:
@@ -297,10 +302,16 @@ def _gradient_components(
     elif accum:
         detail += f"; kept across {spec.batch.grad_accum} accumulation micro-steps"
     comps = [Component("gradients", Category.GRADIENTS, Location.DEVICE, by_phase, source, detail)]
+    if flat_copy:
+        comps.append(Component("gradients.flat_copy", Category.TEMPORARIES, Location.DEVICE,
+                               _phases(flat_copy, only=(Phase.OPTIMIZER_STEP,)), _SRC_FLAT_COPY,
+                               "the largest group's 16-bit gradients and their flat copy beside its fp32 partition, "
+                               "before the step (more than the optimizer's own step temporaries)"))
     if has_master(spec):
         # DeepSpeed: fp32 gradient partition of one param group built for the step (single_grad_partition).
+        steps = stepped_groups(spec, groups)
         largest_group = max(
-            total_numel(g for g in groups if g.decay), total_numel(g for g in groups if not g.decay)
+            total_numel(g for g in steps if g.decay), total_numel(g for g in steps if not g.decay)
         )
         comps.append(
             Component(
@@ -313,6 +324,24 @@ def _gradient_components(
             )
         )
     return comps
+
+
+_SRC_FLAT_COPY = ("deepspeed 0.19.8 runtime/zero/stage_1_and_2.py step: flatten_dense_tensors_aligned / flatten "
+                  "(torch.cat) of the group's 16-bit gradient partition, then .to(fp32), before "
+                  "free_grad_in_param_list; real engine: benchmarks/deepspeed_optimizer_cpu.py")
+
+
+def _zero_flat_copy(part: Partition, stepped: int, opt: OptimizerMemory) -> int:
+    """What ZeRO-1/2's step holds for the largest group beyond the step moment's count: the 16-bit gradients of the
+    rank's partition (``free_grad_in_param_list(params_not_in_partition)`` frees the others first; ZeRO-1's too) and
+    their flat 16-bit copy, beside the fp32 copy, less the optimizer's own step temporaries that the moment after it
+    holds instead (0 when those are larger: torch AdamW's single-tensor sqrt and quotient).
+
+    deepspeed 0.19.8 ``stage_1_and_2.py`` ``step`` (16-bit gradient accumulation, the default: no pre-flattened
+    partition). Real engine, tiny Llama, ZeRO-2, one process (``benchmarks/deepspeed_optimizer_cpu.py``): the
+    in-place optimizers' step, FusedAdam -18.18 % and torch SGD with momentum -22.22 % without it."""
+    held = 2 * _div(stepped, part.optimizer)  # the partition's gradients (the others' freed first) + their copy
+    return max(held - _div(opt.step_temporary, part.optimizer), 0)
 
 
 def _optimizer_components(
@@ -335,6 +364,12 @@ def _optimizer_components(
                 per_node=node,
             )
         )
+    replaced = zero_replaced_adagrad_bytes(spec, groups)
+    if replaced:
+        comps.append(Component("optimizer.replaced_states", Category.OPTIMIZER, Location.DEVICE, _phases(replaced),
+                               "torch 2.13 optim/adagrad.py __init__; deepspeed 0.19.8 stage_1_and_2.py "
+                               "initialize_optimizer_states", "the first torch Adagrad's 'sum' states, kept by "
+                               "engine.basic_optimizer after ZeRO replaces it"))
     if opt.step_temporary and not host:
         comps.append(
             Component(

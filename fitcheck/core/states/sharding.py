@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitcheck.core.states.fsdp2_units import fsdp1_prefetched_units, fsdp2_components, fsdp_backward_applies
+from fitcheck.core.states.fsdp1_prefetch import fsdp1_prefetched_units
+from fitcheck.core.states.fsdp2_units import fsdp2_components, fsdp_backward_applies
 from fitcheck.core.states.fsdp_mixed_units import mixed_unit_frozen_params
 from fitcheck.core.states.fsdp_qlora import compute_dtype_override, gathered_layer_bytes, is_fsdp_4bit
 from fitcheck.core.states.layout import trainable_params

@@ -8,11 +8,18 @@ The divisions and buffers themselves are :mod:`fitcheck.core.states.sharding`'s.
 from __future__ import annotations
 
 from fitcheck.core.states.accumulation import fsdp_no_sync, kept_gradients
+from fitcheck.core.states.fsdp1_prefetch import fsdp1_forward_prefetch_findings
 from fitcheck.core.states.fsdp_mixed_units import mixed_unit_findings, mixed_unit_frozen_params
 from fitcheck.core.states.layout import ds_cpu_optimizer
-from fitcheck.core.states.sharding import grad_element_bytes, param_compute_bytes, partition, trainable_count
+from fitcheck.core.states.sharding import (
+    fsdp_unit_params,
+    grad_element_bytes,
+    param_compute_bytes,
+    partition,
+    trainable_count,
+)
 from fitcheck.findings import Finding, Severity
-from fitcheck.spec import DeepSpeedSpec, FsdpSpec, OffloadDevice, Strategy, TrainingSpec
+from fitcheck.spec import DeepSpeedSpec, DeviceType, FsdpSpec, OffloadDevice, Strategy, TrainingSpec
 from fitcheck.units import format_bytes
 
 _DS_CPU_FACTOR = 1.5  # deepspeed estimate_zero2/3_model_states_mem_needs additional_buffer_factor default
@@ -109,6 +116,10 @@ def _fsdp_findings(spec: TrainingSpec, fs: FsdpSpec | None) -> list[Finding]:
     out: list[Finding] = []
     if partition(spec).full_gradients_between_microsteps:
         out.append(_accumulation_finding(spec, fs))
+    out.extend(fsdp1_forward_prefetch_findings(spec, fsdp_unit_params(spec) * param_compute_bytes(spec)))
+    unlimited = _unlimited_gathers_finding(spec, fs)
+    if unlimited is not None:
+        out.append(unlimited)
     if fs is not None and fs.auto_wrap_policy == "NO_WRAP":
         out.append(
             Finding(
@@ -120,6 +131,33 @@ def _fsdp_findings(spec: TrainingSpec, fs: FsdpSpec | None) -> list[Finding]:
             )
         )
     return out
+
+
+def _unlimited_gathers_finding(spec: TrainingSpec, fs: FsdpSpec | None) -> Finding | None:
+    """FSDP1 with ``limit_all_gathers=False`` on CUDA, sharded: not modelled (unpins the answer).
+
+    torch 2.13 ``distributed/fsdp/_runtime_utils.py``: with the limiter, ``_unshard`` waits
+    (``event.synchronize()``) for the free event of the flat parameter resharded two gathers back
+    (``_free_event_queue.dequeue_if_needed``, ``_limiter_utils.py`` ``_max_num_inflight_all_gathers`` 2;
+    ``_reshard`` enqueues one per freed unsharded flat parameter) -- the two in flight that
+    ``core/states/fsdp_streams.py``'s unshard-stream pool and the FSDP1 replay assume. Without it nothing holds the
+    CPU back in forward or backward until the Trainer's loss check after backward: the device's allocated bytes are
+    the same (each flat parameter is freed when the CPU reaches its reshard), but a freed block waits for the device
+    to pass its use (``record_stream``) before the unshard stream reuses it, so that pool can grow up to every
+    unit's unsharded flat parameter. How far the CPU runs ahead is a matter of timing, not of the source: not
+    modelled, bounded in the message."""
+    if fs is None or fs.version != 1 or fs.limit_all_gathers or fs.sharding_strategy == "NO_SHARD":
+        return None
+    if spec.hardware.device_type is not DeviceType.CUDA or partition(spec).weights <= 1:
+        return None  # no side streams (CPU), or NO_SHARD (one process): the limiter never waits
+    layers = fsdp_unit_params(spec) * spec.model.shape.num_layers * param_compute_bytes(spec)
+    return Finding(
+        "not-modelled", Severity.WARNING,
+        "limit_all_gathers=False (FSDP1): the CPU may issue the all-gathers ahead of the device, so the unshard "
+        "stream's cache can hold up to every layer unit's gathered parameters "
+        f"({format_bytes(layers)}) where fitcheck counts two in flight; reserved is not modelled beyond that",
+        "keep limit_all_gathers true (accelerate's default), or check reserved memory on the GPU",
+    )
 
 
 def _accumulation_finding(spec: TrainingSpec, fs: FsdpSpec | None) -> Finding:
