@@ -4,6 +4,7 @@ Pure (no torch). ``trainer_components(spec, base)`` rewrites the plain-Trainer c
 ``spec.trainer`` and adds ``reference_model.*``, ``generation.*`` and ``evaluation.*`` components.
 """
 
+from fitcheck.core.trainers.dpo_releases import dpo_release_findings
 from fitcheck.core.trainers.evaluation import (
     eval_spec,
     evaluation_component,
@@ -31,6 +32,7 @@ from fitcheck.core.trainers.registry import (
     step_runs_fused_head,
     trainer_row,
 )
+from fitcheck.core.trainers.reward_step import reward_release_findings
 from fitcheck.core.trainers.sft_metrics import sft_metrics_layout, sft_release_findings
 from fitcheck.core.trainers.steps import (
     GENERATION_TRACED,
@@ -58,6 +60,7 @@ __all__ = [
     "TrainerSpec",
     "VllmMode",
     "calculates_kl",
+    "dpo_release_findings",
     "eval_spec",
     "evaluation_component",
     "evaluation_findings",
@@ -68,6 +71,7 @@ __all__ = [
     "grpo_steps_per_generation",
     "grpo_valid_micro_batch",
     "has_reference_copy",
+    "reward_release_findings",
     "runs_fused_head",
     "sft_metrics_layout",
     "sft_release_findings",
