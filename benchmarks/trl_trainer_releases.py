@@ -102,7 +102,7 @@ def _old_reward_trainer(case: Case, path: str) -> Any:
     from peft import LoraConfig
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    raw = {k: v for k, v in trl_truth.LLAMA.items() if k not in ("model_type", "architectures")}
+    raw = {k: v for k, v in trl_truth.LLAMA.items() if k not in ("model_type", "architectures", "vocab_size")}
     config = AutoConfig.for_model("llama", **raw, vocab_size=case.vocab, num_labels=1)
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_config(config, torch_dtype=torch.bfloat16)

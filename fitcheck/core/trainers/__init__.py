@@ -4,7 +4,7 @@ Pure (no torch). ``trainer_components(spec, base)`` rewrites the plain-Trainer c
 ``spec.trainer`` and adds ``reference_model.*``, ``generation.*`` and ``evaluation.*`` components.
 """
 
-from fitcheck.core.trainers.dpo_releases import dpo_release_findings
+from fitcheck.core.trainers.dpo_releases import dpo_release_findings, dpo_release_layout
 from fitcheck.core.trainers.evaluation import (
     eval_spec,
     evaluation_component,
@@ -61,6 +61,7 @@ __all__ = [
     "VllmMode",
     "calculates_kl",
     "dpo_release_findings",
+    "dpo_release_layout",
     "eval_spec",
     "evaluation_component",
     "evaluation_findings",
