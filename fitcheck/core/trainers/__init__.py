@@ -4,7 +4,7 @@ Pure (no torch). ``trainer_components(spec, base)`` rewrites the plain-Trainer c
 ``spec.trainer`` and adds ``reference_model.*``, ``generation.*`` and ``evaluation.*`` components.
 """
 
-from fitcheck.core.trainers.dpo_releases import dpo_release_findings, dpo_release_layout
+from fitcheck.core.trainers.dpo_releases import dpo_release_layout
 from fitcheck.core.trainers.evaluation import (
     eval_spec,
     evaluation_component,
@@ -32,7 +32,6 @@ from fitcheck.core.trainers.registry import (
     step_runs_fused_head,
     trainer_row,
 )
-from fitcheck.core.trainers.reward_step import reward_release_findings
 from fitcheck.core.trainers.sft_metrics import sft_metrics_layout, sft_release_findings
 from fitcheck.core.trainers.steps import (
     GENERATION_TRACED,
@@ -42,6 +41,7 @@ from fitcheck.core.trainers.steps import (
     step_spec,
     trainer_components,
 )
+from fitcheck.core.trainers.trl_release_findings import dpo_release_findings, reward_release_findings
 from fitcheck.spec import TrainerKind, TrainerSpec, VllmMode
 
 __all__ = [

@@ -41,7 +41,6 @@ import dataclasses
 
 from fitcheck.core.states import DpoLoss, dpo_loss, dpo_release_modelled, trl_release
 from fitcheck.core.trainers.full_logits import plain_loss_forward
-from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Phase
 from fitcheck.spec import TrainerKind, TrainingSpec
 
@@ -108,24 +107,3 @@ def dpo_release_component(run: TrainingSpec, base: Component) -> Component:
         + ("" if run.trainer.precompute_ref_log_probs else " and the reference") + f" ({layout.value})",
     )
 
-
-_WHAT = {
-    DpoLoss.CONCATENATED_FORWARD: "concatenated_forward with output_hidden_states: the fp32 logits and hidden states "
-                                  "of the policy, then of the reference",
-    DpoLoss.SHIFTED_COPIES: "_compute_loss: the policy's and the reference's fp32 logits and shifted copies, then "
-                            "entropy over the policy's",
-    DpoLoss.SHIFTED_VIEWS: "_compute_loss: the policy's and the reference's fp32 logits, then entropy over a copy of "
-                           "the policy's shifted view",
-}
-
-
-def dpo_release_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
-    """What the stack's TRL release changes in a ``--trainer dpo`` run (an info where modelled; an unmodelled release
-    keeps the ``versions-not-modelled`` warning, ``activations/versions.py``, which unpins it)."""
-    layout = dpo_release_layout(spec)
-    if layout is None:
-        return ()
-    return (Finding(
-        "versions-modelled", Severity.INFO,
-        f"trl {spec.stack.get('trl')} ({spec.stack.source}): DPOTrainer computes its log-probs from the full logits "
-        f"({_WHAT[layout]}; core/trainers/dpo_releases.py)"),)

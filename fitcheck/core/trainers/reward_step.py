@@ -21,10 +21,8 @@ the peak listed by op and module):
 
 from __future__ import annotations
 
-from fitcheck.core.states import reward_step_modelled, trl_release
-from fitcheck.findings import Finding, Severity
 from fitcheck.report import Category, Component, Location, Phase
-from fitcheck.spec import MODELLED_VERSIONS, Kind, MixedPrecision, NormKind, NormPlacement, TrainerKind, TrainingSpec
+from fitcheck.spec import Kind, MixedPrecision, NormKind, NormPlacement, TrainingSpec
 
 _SOURCE = ("transformers 5.23 modeling_layers.py GenericForSequenceClassification / modeling_llama.py "
            "LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm; peft 0.21.2 tuners/lora/layer.py Linear.forward; "
@@ -136,17 +134,3 @@ def reward_component(run: TrainingSpec, components: tuple[Component, ...]) -> Co
     return Component("activations.reward_step", Category.ACTIVATIONS, Location.DEVICE, by_phase, _SOURCE,
                      "; ".join(notes))
 
-
-def reward_release_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
-    """An info for ``--trainer reward`` at a release other than 1.16 that runs its step (``reward_step_modelled``,
-    ``core/states/trl_adapters.py``: one forward of chosen + rejected from 0.24); an older one keeps the
-    ``versions-not-modelled`` warning."""
-    release = trl_release(spec)
-    modelled = tuple(int(x) for x in MODELLED_VERSIONS["trl"].split(".")[:2])
-    if spec.trainer.kind is not TrainerKind.REWARD or release is None or release[:2] == modelled \
-            or not reward_step_modelled(release):
-        return ()
-    return (Finding(
-        "versions-modelled", Severity.INFO,
-        f"trl {spec.stack.get('trl')} ({spec.stack.source}): RewardTrainer runs chosen + rejected as one forward "
-        "(from TRL 0.24), as TRL 1.16 does (core/trainers/reward_step.py)"),)
