@@ -50,8 +50,11 @@ CASES: tuple[Case, ...] = (
     Case("reward LoRA", REWARD, length=64, lora=TRL_LORA),
     Case("kto full ref", KTO, length=48, prompt=32),
     Case("kto LoRA", KTO, length=48, prompt=32, lora=TRL_LORA),
+    Case("kto full ref V8000", KTO, length=48, prompt=32, vocab=8000),
+    Case("kto precompute", KTO, length=48, prompt=32, extra={"precompute_ref_log_probs": True}),
     Case("grpo beta 0", GRPO, batch=4, length=32, prompt=16, extra={"num_generations": 4}),
     Case("grpo beta 0.04", GRPO, batch=4, length=32, prompt=16, extra={"num_generations": 4, "beta": 0.04}),
+    Case("grpo beta 0 V8000", GRPO, batch=4, length=32, prompt=16, vocab=8000, extra={"num_generations": 4}),
 )
 # the real phase windows (module docstring) and the estimate's phases each is compared with
 PHASES: dict[str, tuple[Phase, ...]] = {

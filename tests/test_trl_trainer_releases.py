@@ -6,6 +6,7 @@ The real peaks are recorded (``benchmarks/trl_trainer_releases.py --record`` in 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -14,8 +15,8 @@ from benchmark_module import load_benchmark
 
 from fitcheck.cli.main import main
 from fitcheck.core.estimator import estimate
-from fitcheck.core.states import DpoLoss, dpo_loss, reward_step_modelled, trl_config_defaults
-from fitcheck.spec import TrainerKind
+from fitcheck.core.states import DpoLoss, dpo_loss, dpo_release_modelled, reward_step_modelled, trl_config_defaults
+from fitcheck.spec import Strategy, TrainerKind
 
 load_benchmark("trl_truth")  # the harness trl_trainer_releases imports by name
 releases = load_benchmark("trl_trainer_releases")
@@ -69,6 +70,13 @@ def test_recorded_real_dpo_and_reward_peaks() -> None:
             if case.trainer is TrainerKind.DPO:
                 for phase in real:
                     assert est[phase] == pytest.approx(real[phase], rel=0.02), (release, case.name, phase)
+    # what the checked layout does not cover stays unmodelled: DeepSpeed's 16-bit module (no fp32 outputs); the
+    # release's evaluation step is flagged (not-modelled unpins)
+    spec = releases.spec_at_recorded_stack(releases.CASES[0], recorded["0.24.0"]["versions"])
+    zero = dataclasses.replace(spec, sharding=dataclasses.replace(spec.sharding, strategy=Strategy.DEEPSPEED))
+    assert not dpo_release_modelled(zero) and dpo_release_modelled(spec)
+    evaluated = dataclasses.replace(spec, trainer=dataclasses.replace(spec.trainer, eval_batch_size=2))
+    assert any(f.code == "not-modelled" for f in estimate(evaluated).findings)
 
 
 MODEL = ["estimate", "--model_name_or_path", "Qwen/Qwen2.5-0.5B", "--per_device_train_batch_size", "2",

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from fitcheck.spec import Dtype, Kind, MixedPrecision, ParamEntry, TrainerKind, TrainingSpec
+from fitcheck.spec import Dtype, Kind, MixedPrecision, ParamEntry, Strategy, TrainerKind, TrainingSpec
 
 # first and last TRL releases whose SFTTrainer calls peft_module_casting_to_bf16 (tags v0.7.5 .. v0.25.1)
 MODULE_CAST_RELEASES = ((0, 7, 5), (0, 25, 1))
@@ -267,9 +267,9 @@ def dpo_loss(release: tuple[int, ...] | None) -> DpoLoss:
 
 def dpo_release_modelled(spec: TrainingSpec) -> bool:
     """Whether this DPO run's step is modelled at the stack's TRL release: the fused head (>= 1.15), or a full-logits
-    release (0.19 - 1.13 but 1.14's helper) under mixed precision (the layout checked: accelerate's fp32 outputs),
-    over an unquantized base, with the default losses (no ``rpo_alpha`` / ``sft`` NLL over the chosen logits) and
-    torch's loss."""
+    release (0.19 - 1.13 but 1.14's helper) under accelerate's mixed precision (the layout checked: its fp32 outputs;
+    DeepSpeed's engine runs a 16-bit module instead), over an unquantized base, with the default losses (no
+    ``rpo_alpha`` / ``sft`` NLL over the chosen logits) and torch's loss."""
     loss = dpo_loss(trl_release(spec))
     if loss is DpoLoss.FUSED_HEAD:
         return True
@@ -277,6 +277,7 @@ def dpo_release_modelled(spec: TrainingSpec) -> bool:
     return (
         loss is not DpoLoss.UNCHECKED
         and spec.precision.mixed_precision is not MixedPrecision.NO
+        and spec.sharding.strategy is not Strategy.DEEPSPEED  # the engine's bf16 module: no fp32 outputs
         and spec.quant is None
         and t.rpo_alpha is None
         and "sft" not in t.loss_type

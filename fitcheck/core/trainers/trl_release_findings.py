@@ -28,10 +28,18 @@ def dpo_release_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     layout = dpo_release_layout(spec)
     if layout is None:
         return ()
-    return (Finding(
+    name = f"trl {spec.stack.get('trl')} ({spec.stack.source})"
+    out = [Finding(
         "versions-modelled", Severity.INFO,
-        f"trl {spec.stack.get('trl')} ({spec.stack.source}): DPOTrainer computes its log-probs from the full logits "
-        f"({_WHAT[layout]}; core/trainers/dpo_releases.py)"),)
+        f"{name}: DPOTrainer computes its log-probs from the full logits ({_WHAT[layout]}; "
+        "core/trainers/dpo_releases.py)")]
+    if spec.trainer.eval_batch_size is not None:  # prediction_step runs the same full-logits forwards, unmeasured
+        out.append(Finding(
+            "not-modelled", Severity.WARNING,
+            f"{name}: DPOTrainer's evaluation step of this release (the same full-logits forwards under no_grad) is "
+            "not modelled; the evaluation phase is estimated as TRL 1.16's",
+            "pass --stack trl=1.16 to ask about the modelled release, or measure an evaluation"))
+    return tuple(out)
 
 
 def reward_release_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
