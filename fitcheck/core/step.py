@@ -30,6 +30,7 @@ from fitcheck.core.states import (
 )
 from fitcheck.core.trainers import (
     GENERATION_TRACED,
+    dpo_release_layout,
     eval_spec,
     evaluation_component,
     has_reference_copy,
@@ -115,7 +116,9 @@ def traced_trainer_finding(spec: TrainingSpec, traced: tuple[Component, ...] = (
         return ()
     run = step_spec(spec)
     formula = []
-    if sft_metrics_layout(spec) is None and runs_fused_head(t.kind):
+    if dpo_release_layout(spec) is not None:
+        formula.append("the LM head and DPOTrainer's log-probs over the full logits (core/trainers/dpo_releases.py)")
+    elif sft_metrics_layout(spec) is None and runs_fused_head(t.kind):
         formula.append("TRL's chunked LM head and loss (core/trainers/fused_head.py)")
     elif sft_metrics_layout(spec) is not None:
         formula.append("the LM head, loss and SFTTrainer's metrics over the full logits (core/trainers/sft_metrics.py)")

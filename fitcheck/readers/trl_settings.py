@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING
 from fitcheck.core.states import (
     SFT_PADDING_FREE_FROM,
     SftLoss,
-    sft_config_defaults,
     sft_loss,
+    trl_config_defaults,
     trl_prepares_kbit,
     trl_release,
 )
@@ -106,10 +106,10 @@ def trl_default_layer(values: Mapping[str, object]) -> dict[str, tuple[object, s
         return {}
     where = f"TRL {row.config_class} default"
     d = row.defaults
-    release = _stack_trl(values) if row.kind is TrainerKind.SFT else None
-    if _other_release(release):  # SFTConfig's defaults of the stack's release (core/states/trl_adapters.py)
+    release = _stack_trl(values)
+    if _other_release(release):  # the config's defaults of the stack's release (core/states/trl_adapters.py)
         where = f"TRL {_dotted(release)} {row.config_class} default"
-        d = {**d, **sft_config_defaults(release)}
+        d = {**d, **trl_config_defaults(row.kind, release)}
     out: dict[str, tuple[object, str]] = {}
     for key in _RUN_DEFAULTS:
         if key not in values and not (key == "bf16" and "fp16" in values):
@@ -118,7 +118,7 @@ def trl_default_layer(values: Mapping[str, object]) -> dict[str, tuple[object, s
         # TRL 1.16's trainers never call peft's prepare_model_for_kbit_training (trl/trainer/sft_trainer.py,
         # dpo_trainer.py, grpo_trainer.py, reward_trainer.py build the PEFT model with get_peft_model only);
         # SFTTrainer 0.7.3-0.25.1 did (core/states/trl_adapters.py), for the stack's trl (--stack, or installed)
-        prepares = trl_prepares_kbit(release)
+        prepares = trl_prepares_kbit(release if row.kind is TrainerKind.SFT else None)
         out["prepare_for_kbit_training"] = (prepares, f"TRL {_dotted(release)} SFTTrainer" if prepares else where)
     if "max_length" in d and "max_seq_length" not in values:
         out["max_seq_length"] = (d["max_length"], where)
@@ -262,7 +262,7 @@ def trainer_spec(s: RunSettings, spec: TrainingSpec) -> tuple[TrainerSpec | None
     for name in ("rpo_alpha", "num_generations", "beta", "generation_batch_size", "steps_per_generation",
                  "vllm_gpu_memory_utilization"):
         _nonneg(s, name)
-    notes = [*kbit, _defaults_note(kind, row, trl_release(spec) if kind is TrainerKind.SFT else None)]
+    notes = [*kbit, _defaults_note(kind, row, trl_release(spec))]
     if kind is TrainerKind.SFT and sft_loss(trl_release(spec)) is SftLoss.TRAINER_STEP:
         return _old_sft_spec(s, spec, notes, evaluation)
     t = _kind_spec(s, spec, row, notes)
@@ -270,13 +270,15 @@ def trainer_spec(s: RunSettings, spec: TrainingSpec) -> tuple[TrainerSpec | None
 
 
 def _defaults_note(kind: TrainerKind, row: TrainerRow, release: tuple[int, ...] | None) -> str:
-    """The note naming the TRL config defaults the absent flags took (SFT: the stack's release's)."""
+    """The note naming the TRL config defaults the absent flags took (the stack's release's)."""
     other = _other_release(release)
-    d = {**row.defaults, **(sft_config_defaults(release) if other else {})}
+    d = {**row.defaults, **(trl_config_defaults(kind, release) if other else {})}
     which = f"TRL {_dotted(release)}" if other else "TRL 1.16"
     parts = [f"gradient_checkpointing {str(d['gradient_checkpointing']).lower()}", f"bf16 {str(d['bf16']).lower()}"]
     if "max_length" in d:
         parts.append(f"max_length {d['max_length']}")
+    if other and kind is TrainerKind.GRPO:
+        parts.append(f"max_completion_length {d['max_completion_length']}")
     return f"--trainer {kind.value}: {which} {row.config_class} defaults for absent flags ({', '.join(parts)})"
 
 

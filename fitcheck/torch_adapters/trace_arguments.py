@@ -75,13 +75,15 @@ def activation_trace_kwargs(spec: TrainingSpec) -> dict[str, Any]:
     16-bit module they run (``core.kernels.deepspeed_module_view``: DeepSpeed's cast, checked by
     ``benchmarks/deepspeed_cpu.py``'s real engine steps)."""
     from fitcheck.core.kernels import deepspeed_module_view
-    from fitcheck.core.trainers import sft_metrics_layout, step_runs_fused_head, step_spec
+    from fitcheck.core.trainers import dpo_release_layout, sft_metrics_layout, step_runs_fused_head, step_spec
 
     policy = step_spec(deepspeed_module_view(spec))  # DeepSpeed / FSDP mixed precision run a 16-bit module
     kwargs = {**trace_kwargs(policy), "optimizer": None, "steps": 1}
     if policy.model.params is not spec.model.params:  # reward_trainer.py: loaded with num_labels=1 (steps.py)
         kwargs["task"] = "seq-cls"
-    if spec.trainer.is_trl and (step_runs_fused_head(spec) or sft_metrics_layout(spec) is not None):
-        # the body's own peaks; the chunked head (or SFTTrainer's full-logits loss and metrics) is the formula's
+    if spec.trainer.is_trl and (step_runs_fused_head(spec) or sft_metrics_layout(spec) is not None
+                                or dpo_release_layout(spec) is not None):
+        # the body's own peaks; the chunked head (or SFTTrainer's full-logits loss and metrics, or an older
+        # DPOTrainer's full-logits log-probs, core/trainers/dpo_releases.py) is the formula's
         kwargs["count_logits"] = False
     return kwargs

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from fitcheck.core.activations.bnb_kept_inputs import SHARED_INPUT, kept_inputs_modelled, old_bnb_4bit
 from fitcheck.core.states import trl_bf16_trainables, trl_module_cast, trl_release_modelled
-from fitcheck.core.trainers import sft_release_findings
+from fitcheck.core.trainers import dpo_release_findings, reward_release_findings, sft_release_findings
 from fitcheck.findings import Finding, Severity
 from fitcheck.spec import MODELLED_VERSIONS, TrainingSpec
 from fitcheck.units import format_bytes
@@ -185,6 +185,8 @@ def versions_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
             )
         )
     out.extend(sft_release_findings(spec))  # SFTTrainer's step by TRL release (core/trainers/sft_metrics.py)
+    out.extend(dpo_release_findings(spec))  # DPOTrainer's (core/trainers/dpo_releases.py)
+    out.extend(reward_release_findings(spec))  # RewardTrainer's (core/trainers/reward_step.py)
     if kept_inputs_modelled(spec):
         out.append(
             Finding(

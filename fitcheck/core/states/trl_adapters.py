@@ -36,6 +36,20 @@ The one home of TRL's casts and of the releases they belong to (read from the ta
   (``add_fused_lm_head``, ``trl/kernels/chunked_logprob.py``). SFTConfig's defaults: ``bf16`` from 0.19,
   ``gradient_checkpointing`` from 0.22, ``max_length`` 1024 (the readers' ``trl_default_layer`` applies them).
 
+- **DPOTrainer's step by release** (``dpo_loss``; ``trl/trainer/dpo_trainer.py`` at the tags v0.19.0 - v1.9.0 and
+  the PyPI wheels of trl 1.10-1.16; ``core/trainers/dpo_releases.py`` counts the bytes): 0.19 - 0.28
+  ``concatenated_forward`` (``output_hidden_states=True``, ``selective_log_softmax`` over the fp32 logits of chosen +
+  rejected, the reference's after the policy's); 0.29 - 1.5 ``_compute_loss`` over shifted ``.contiguous()`` copies
+  of the policy's and the reference's logits, then entropy and token accuracy over the policy's; 1.6 - 1.13 the same
+  over views; 1.14 ``_get_per_token_logps_and_entropies`` (not modelled); from 1.15 the fused LM head. Before 0.19
+  not modelled.
+- **RewardTrainer** (``reward_step_modelled``): from v0.24.0 ``compute_loss`` runs chosen + rejected as one batch
+  (``torch.chunk(outputs.logits, 2)``), TRL 1.16's step; before, two forwards per step (chosen, then rejected):
+  not modelled.
+- **The TRL configs' defaults** (``trl_config_defaults``; ``*_config.py`` at the tags): ``bf16`` None -> ``not fp16``
+  from v0.19.0 in SFT / DPO / reward / KTO / GRPO configs, ``gradient_checkpointing`` True from v0.22.0 in all five
+  (TrainingArguments' False before), GRPOConfig ``max_completion_length`` 256 before 1.10.0 (512 from it).
+
 Which run is TRL's: a TRL trainer kind (``--trainer sft``), or a run whose model ``SFTTrainer`` prepared while the
 plain Trainer's step runs (``TrainerSpec.prepared_by_sft_trainer``: TRL < 0.15's ``SFTTrainer`` defines no
 ``compute_loss``, so its step is ``Trainer.compute_loss``; git grep at the tags). The TRL release is the stack's
@@ -46,7 +60,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from fitcheck.spec import Dtype, Kind, MixedPrecision, ParamEntry, TrainerKind, TrainingSpec
+from fitcheck.spec import Dtype, Kind, MixedPrecision, ParamEntry, Strategy, TrainerKind, TrainingSpec
 
 # first and last TRL releases whose SFTTrainer calls peft_module_casting_to_bf16 (tags v0.7.5 .. v0.25.1)
 MODULE_CAST_RELEASES = ((0, 7, 5), (0, 25, 1))
@@ -69,6 +83,18 @@ SFT_FUSED_HEAD_FROM = (1, 15)
 SFT_BF16_DEFAULT_FROM = (0, 19)
 SFT_CHECKPOINTING_DEFAULT_FROM = (0, 22)
 SFT_MAX_LENGTH_DEFAULT = 1024
+# DPOTrainer's loss by release (git show <tag>:trl/trainer/dpo_trainer.py; the wheels of trl 1.10-1.16): the first
+# release of concatenated_forward with output_hidden_states=True (v0.19.0; selective_log_softmax from v0.15.0), of
+# _compute_loss over the shifted .contiguous() copies (v0.29.0), of the shifted views (v1.6.0), of
+# _get_per_token_logps_and_entropies (the 1.14.0 wheel) and of the fused LM head (1.15.0, SFT_FUSED_HEAD_FROM)
+DPO_CONCATENATED_FROM = (0, 19)
+DPO_COMPUTE_LOSS_FROM = (0, 29)
+DPO_SHIFTED_VIEWS_FROM = (1, 6)
+DPO_PER_TOKEN_HELPER_FROM = (1, 14)
+# RewardTrainer.compute_loss: one forward of chosen + rejected from v0.24.0 (two forwards before; reward_trainer.py)
+REWARD_CONCATENATED_FROM = (0, 24)
+# GRPOConfig.max_completion_length: 256 before 1.10.0, 512 from it (grpo_config.py at v1.9.0, the 1.10.0 wheel)
+GRPO_COMPLETION_512_FROM = (1, 10)
 # SFTConfig.padding_free first appears at v0.16.0
 SFT_PADDING_FREE_FROM = (0, 16)
 # peft_module_casting_to_bf16's name patterns (trl/trainer/utils.py v0.13.0 L876)
@@ -197,22 +223,85 @@ def sft_metrics(release: tuple[int, ...] | None) -> SftMetrics | None:
     return next(layout for first, layout in _METRICS_FROM if release[:2] >= first)
 
 
-def sft_config_defaults(release: tuple[int, ...] | None) -> dict[str, object]:
-    """``SFTConfig``'s defaults that change memory at that release (None: TRL 1.16's)."""
+def trl_config_defaults(kind: TrainerKind, release: tuple[int, ...] | None) -> dict[str, object]:
+    """The defaults of ``kind``'s TRL config that change memory and differ by release (None: TRL 1.16's): ``bf16``
+    and ``gradient_checkpointing`` in every config, SFT's ``max_length``, GRPO's ``max_completion_length``."""
     minor = (1, 16) if release is None else release[:2]
-    return {
+    out: dict[str, object] = {
         "gradient_checkpointing": minor >= SFT_CHECKPOINTING_DEFAULT_FROM,
         "bf16": minor >= SFT_BF16_DEFAULT_FROM,
-        "max_length": SFT_MAX_LENGTH_DEFAULT,
     }
+    if kind is TrainerKind.SFT:
+        out["max_length"] = SFT_MAX_LENGTH_DEFAULT
+    if kind is TrainerKind.GRPO:
+        out["max_completion_length"] = 512 if minor >= GRPO_COMPLETION_512_FROM else 256
+    return out
+
+
+def sft_config_defaults(release: tuple[int, ...] | None) -> dict[str, object]:
+    """``SFTConfig``'s defaults that change memory at that release (None: TRL 1.16's)."""
+    return trl_config_defaults(TrainerKind.SFT, release)
+
+
+class DpoLoss(str, Enum):
+    """How a TRL release's ``DPOTrainer`` computes its log-probs (module constants, read at the tags)."""
+
+    UNCHECKED = "unchecked"  # < 0.19 and 1.14: not modelled
+    CONCATENATED_FORWARD = "concatenated_forward"  # 0.19 - 0.28: output_hidden_states, fp32 logits per row
+    SHIFTED_COPIES = "shifted_copies"  # 0.29 - 1.5: _compute_loss over logits[..., :-1, :].contiguous()
+    SHIFTED_VIEWS = "shifted_views"  # 1.6 - 1.13: the same over views
+    FUSED_HEAD = "fused_head"  # >= 1.15 (and an unknown release: the modelled 1.16)
+
+
+def dpo_loss(release: tuple[int, ...] | None) -> DpoLoss:
+    """How that TRL release's ``DPOTrainer`` computes its log-probs (None: TRL 1.16)."""
+    if release is None or release[:2] >= SFT_FUSED_HEAD_FROM:
+        return DpoLoss.FUSED_HEAD
+    minor = release[:2]
+    if minor < DPO_CONCATENATED_FROM or minor >= DPO_PER_TOKEN_HELPER_FROM:
+        return DpoLoss.UNCHECKED
+    if minor < DPO_COMPUTE_LOSS_FROM:
+        return DpoLoss.CONCATENATED_FORWARD
+    return DpoLoss.SHIFTED_VIEWS if minor >= DPO_SHIFTED_VIEWS_FROM else DpoLoss.SHIFTED_COPIES
+
+
+def dpo_release_modelled(spec: TrainingSpec) -> bool:
+    """Whether this DPO run's step is modelled at the stack's TRL release: the fused head (>= 1.15), or a full-logits
+    release (0.19 - 1.13 but 1.14's helper) under accelerate's mixed precision (the layout checked: its fp32 outputs;
+    DeepSpeed's engine runs a 16-bit module instead), over an unquantized base, with the default losses (no
+    ``rpo_alpha`` / ``sft`` NLL over the chosen logits) and torch's loss."""
+    loss = dpo_loss(trl_release(spec))
+    if loss is DpoLoss.FUSED_HEAD:
+        return True
+    t = spec.trainer
+    return (
+        loss is not DpoLoss.UNCHECKED
+        and spec.precision.mixed_precision is not MixedPrecision.NO
+        and spec.sharding.strategy is not Strategy.DEEPSPEED  # the engine's bf16 module: no fp32 outputs
+        and spec.quant is None
+        and t.rpo_alpha is None
+        and "sft" not in t.loss_type
+        and spec.activations.loss == "torch"
+    )
+
+
+def reward_step_modelled(release: tuple[int, ...] | None) -> bool:
+    """Whether that release's ``RewardTrainer`` runs TRL 1.16's step (one forward of chosen + rejected, >= 0.24)."""
+    return release is None or release[:2] >= REWARD_CONCATENATED_FROM
 
 
 def trl_release_modelled(spec: TrainingSpec) -> bool:
     """Whether what the run takes from the stack's TRL is modelled at that release: nothing (the plain Trainer's
-    step; a model TRL < 0.15's ``SFTTrainer`` prepared is modelled by release above), or ``SFTTrainer`` at a release
-    whose step is modelled (:func:`sft_loss`; 1.7 - 1.14's ``chunked_nll`` is not). DPO, KTO, GRPO and reward follow
-    TRL 1.16 at every release (``versions-not-modelled`` says so for another)."""
+    step; a model TRL < 0.15's ``SFTTrainer`` prepared is modelled by release above), ``SFTTrainer`` at a release
+    whose step is modelled (:func:`sft_loss`; 1.7 - 1.14's ``chunked_nll`` is not), ``DPOTrainer`` where
+    :func:`dpo_release_modelled`, ``RewardTrainer`` from 0.24. KTO and GRPO follow TRL 1.16 at every release
+    (``versions-not-modelled`` says so for another)."""
     kind = spec.trainer.kind
+    release = trl_release(spec)
     if kind is TrainerKind.TRAINER:
         return True
-    return kind is TrainerKind.SFT and sft_loss(trl_release(spec)) is not SftLoss.CHUNKED_NLL
+    if kind is TrainerKind.DPO:
+        return dpo_release_modelled(spec)
+    if kind is TrainerKind.REWARD:
+        return reward_step_modelled(release)
+    return kind is TrainerKind.SFT and sft_loss(release) is not SftLoss.CHUNKED_NLL

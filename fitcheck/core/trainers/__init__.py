@@ -4,6 +4,7 @@ Pure (no torch). ``trainer_components(spec, base)`` rewrites the plain-Trainer c
 ``spec.trainer`` and adds ``reference_model.*``, ``generation.*`` and ``evaluation.*`` components.
 """
 
+from fitcheck.core.trainers.dpo_releases import dpo_release_layout
 from fitcheck.core.trainers.evaluation import (
     eval_spec,
     evaluation_component,
@@ -40,6 +41,7 @@ from fitcheck.core.trainers.steps import (
     step_spec,
     trainer_components,
 )
+from fitcheck.core.trainers.trl_release_findings import dpo_release_findings, reward_release_findings
 from fitcheck.spec import TrainerKind, TrainerSpec, VllmMode
 
 __all__ = [
@@ -58,6 +60,8 @@ __all__ = [
     "TrainerSpec",
     "VllmMode",
     "calculates_kl",
+    "dpo_release_findings",
+    "dpo_release_layout",
     "eval_spec",
     "evaluation_component",
     "evaluation_findings",
@@ -68,6 +72,7 @@ __all__ = [
     "grpo_steps_per_generation",
     "grpo_valid_micro_batch",
     "has_reference_copy",
+    "reward_release_findings",
     "runs_fused_head",
     "sft_metrics_layout",
     "sft_release_findings",

@@ -54,6 +54,21 @@ def outside_forward(c: Component) -> Component:
                                "forward) only the casts saved for backward")
 
 
+def plain_loss_forward(run: TrainingSpec) -> int:
+    """What the plain Trainer's ``logits.loss`` counts at its forward peak for ForCausalLMLoss
+    (activations/layer_saved.py ``_logits``): the logits, their fp32 upcast and log-softmax, and under LoRA / a
+    quantized base the final-norm output held by the CausalLM forward while its loss runs. A trainer computing its
+    log-probs itself (no labels to the model) replaces it."""
+    sh = run.model.shape
+    bsv = run.batch.micro_batch * run.batch.seq_len * sh.vocab_size
+    amp = run.precision.mixed_precision is not MixedPrecision.NO
+    e = 2 if run.precision.load_dtype.is_half or amp else 4  # the LM head's output dtype (activations/layer_saved.py)
+    plain = (10 if e == 2 else 8) * bsv
+    if run.lora is not None or run.quant is not None:
+        plain += e * run.batch.micro_batch * run.batch.seq_len * sh.hidden_size
+    return plain
+
+
 def full_logits_component(run: TrainingSpec, base: Component) -> Component:
     """``logits.full_logps``: the policy's and the reference's full-logits log-probs of one DPO / KTO step.
 
@@ -68,14 +83,8 @@ def full_logits_component(run: TrainingSpec, base: Component) -> Component:
     rows, seq, vocab = run.batch.micro_batch, run.batch.seq_len, sh.vocab_size
     bsv = rows * seq * vocab
     shifted = rows * (seq - 1) * vocab  # log_softmax of logits[:, :-1] (get_batch_logps L608-612)
-    amp = run.precision.mixed_precision is not MixedPrecision.NO
-    e = 2 if run.precision.load_dtype.is_half or amp else 4  # the LM head's output dtype (activations/layer_saved.py)
-    # what base counts at its forward peak for ForCausalLMLoss (activations/layer_saved.py _logits): logits,
-    # fp32 upcast, log-softmax, and under LoRA / a quantized base the final-norm output held by the CausalLM forward
-    # while its loss runs; here the ModelOutput is dropped after .to(float32) (L230), so nothing of it is held
-    plain = (10 if e == 2 else 8) * bsv
-    if run.lora is not None or run.quant is not None:
-        plain += e * rows * seq * sh.hidden_size
+    # here the ModelOutput is dropped after .to(float32) (L230), so nothing of plain_loss_forward is held
+    plain = plain_loss_forward(run)
     row = trainer_row(run.trainer.kind).full_logits
     assert row is not None, "only trainers with a full_logits row get here (steps.trainer_components)"
     kept = row.kept * 4 * bsv + 4 * shifted  # the policy's fp32 logits + its saved log-softmax

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
-from fitcheck.core.states import SftLoss, sft_loss, trl_release
+from fitcheck.core.states import DpoLoss, SftLoss, dpo_loss, dpo_release_modelled, sft_loss, trl_release
 from fitcheck.spec import TrainerKind, TrainingSpec
 
 
@@ -227,8 +227,12 @@ def step_runs_fused_head(spec: TrainingSpec) -> bool:
     """:func:`runs_fused_head` for this run: the trainer's row and ``--loss``, and for ``--trainer sft`` the stack's
     TRL release (``SFTTrainer`` < 0.15 runs the plain Trainer's step, 0.15 - 1.6 computes the model's own loss over
     the full logits, ``core/trainers/sft_metrics.py``; 1.7 - 1.14's ``chunked_nll`` is answered as the fused head,
-    not modelled)."""
+    not modelled), and for ``--trainer dpo`` the release's log-probs (0.19 - 1.13 from the full logits,
+    ``core/trainers/dpo_releases.py``, where modelled; else the fused head, not modelled)."""
     t = spec.trainer
     if t.kind is TrainerKind.SFT and sft_loss(trl_release(spec)) in (SftLoss.TRAINER_STEP, SftLoss.FULL_LOGITS):
         return False  # < 0.15: the plain Trainer's step (the readers give TrainerSpec.prepared_by_sft_trainer)
+    if t.kind is TrainerKind.DPO and dpo_loss(trl_release(spec)) not in (DpoLoss.FUSED_HEAD, DpoLoss.UNCHECKED) \
+            and dpo_release_modelled(spec):
+        return False  # 0.19 - 1.13: log-probs from the full fp32 logits (core/trainers/dpo_releases.py)
     return runs_fused_head(t.kind, spec.activations.loss)

@@ -133,3 +133,4 @@ def reward_component(run: TrainingSpec, components: tuple[Component, ...]) -> Co
         return None
     return Component("activations.reward_step", Category.ACTIVATIONS, Location.DEVICE, by_phase, _SOURCE,
                      "; ".join(notes))
+

@@ -31,6 +31,7 @@ import dataclasses
 
 from fitcheck.core.kernels import liger_cross_entropy
 from fitcheck.core.states import partition
+from fitcheck.core.trainers.dpo_releases import dpo_release_component, dpo_release_layout
 from fitcheck.core.trainers.full_logits import full_logits_component, outside_forward
 from fitcheck.core.trainers.fused_head import (
     FusedHeadInputs,
@@ -312,10 +313,13 @@ def trainer_components(spec: TrainingSpec, base: tuple[Component, ...], head_inp
     run = step_spec(spec)
     out: list[Component] = []
     metrics = sft_metrics_layout(run) is not None and not liger_cross_entropy(run)  # Liger returns no logits
+    old_dpo = dpo_release_layout(run) is not None  # TRL 0.19 - 1.13: every moment outside the forward
     cache = next((c for c in base if c.name == "activations.autocast_weight_cache"), None)
     for c in base:
         if c.name == "logits.loss" and metrics:
             out.append(sft_metrics_component(run, c, cache))
+        elif old_dpo:
+            out.append(dpo_release_component(run, c) if c.name == "logits.loss" else outside_forward(c))
         elif c.name == "logits.loss" and step_runs_fused_head(run):
             out.append(_fused_head_component(run, head_input))
         elif spec.activations.loss == "full-logits" and trainer_row(t.kind).full_logits:
