@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitcheck.report import Component, Report
 from fitcheck.spec import Strategy, TrainingSpec
@@ -52,6 +52,9 @@ from fitcheck.torch_adapters.run_scope import (
 )
 from fitcheck.torch_adapters.verdict_replay import NearBudget
 
+if TYPE_CHECKING:
+    from fitcheck.core import ReplayedGap
+
 MODES = ("auto", "always", "never")
 _FORMULAS_KEPT = 32  # formula answers a path keeps (PinnedPath._formula): a search asks ~2 log2(answer) specs
 
@@ -59,8 +62,6 @@ _FORMULAS_KEPT = 32  # formula answers a path keeps (PinnedPath._formula): a sea
 def torch_available() -> bool:
     """Whether torch and transformers can be imported (without importing them)."""
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
-
-
 
 
 def _cache_key(spec: TrainingSpec) -> str:
@@ -153,14 +154,13 @@ class PinnedPath:
         gap = self.replayed_gap(spec)
         return None if gap is None else gap.fraction
 
-    def replayed_gap(self, spec: TrainingSpec) -> Any:
-        """The caching allocator's gap over the traced step's transient bytes (None: the published fraction of
-        ``core/allocator.py``): not traced, or a run whose whole run is neither one the replay describes
-        (``run_scope.replayed_run``: the plain Trainer's, TRL's SFTTrainer's, DPOTrainer's, KTOTrainer's,
-        GRPOTrainer's) nor rewritten into DeepSpeed's, FSDP2's or FSDP1's own (``fsdp2_run_events.rewrite_for``),
-        where the traced step's replay would leave out its buffers, optimizer and side streams (FSDP1 on the H100
-        rows, before its rewrite: the two-group replay moved reserved from -5.0 % to -3.2 %,
-        ``benchmarks/fsdp_gpu.py --rescore``)."""
+    def replayed_gap(self, spec: TrainingSpec) -> ReplayedGap | None:
+        """What the traced run's replay gives the estimate (None: the published fraction of ``core/allocator.py``):
+        not traced, or a run neither the replay describes (``run_scope.replayed_run``) nor rewritten into DeepSpeed's,
+        FSDP2's or FSDP1's own (``fsdp2_run_events.rewrite_for``), where the traced step's replay would leave out its
+        buffers, optimizer and side streams (FSDP1 on the H100 rows, before its rewrite: the two-group replay moved
+        reserved from -5.0 % to -3.2 %, ``benchmarks/fsdp_gpu.py --rescore``). Its bytes where the replay is this
+        run's own, whole: :meth:`_measured`."""
         rewrite = _rewrite_for(spec)
         if self.wants_trace(spec) and rewrite is not None and _gap_applies(spec, self.seq_lengths):
             replay = rewrite.whole_run(self, spec, _cache_key(spec))  # None: the published gap, with why
@@ -175,13 +175,12 @@ class PinnedPath:
 
         return ReplayedGap(self._gaps[key])
 
-    def _measured(self, spec: TrainingSpec, replay: Any, own_run: bool) -> Any:
-        """``replay.measured``: its bytes only for the spec it was replayed for. A path replays once per kind of
-        step (``_cache_key``: not per micro-batch, optimizer or sharding) and its later specs reuse the fraction; the
-        first spec that asks is the one whose traces built it (``_trace``, ``rewritten_run``), or whose whole spec
-        keyed it in the on-disk cache (``trace_cache.cached_gap`` / ``cached_replay``)."""
+    def _measured(self, spec: TrainingSpec, replay: Any, own_run: bool) -> ReplayedGap:
+        """``replay.measured``, its bytes for the spec it replayed only: a path replays once per kind of step
+        (``_cache_key``: not per micro-batch, optimizer or sharding), built from the first asker's traces or keyed
+        by its whole spec in the on-disk cache; later specs reuse the fraction."""
         owner = self._replay_owner.setdefault(id(replay), repr(spec))
-        return replay.measured(own_run and owner == repr(spec))
+        return replay.measured(own_run and owner == repr(spec))  # type: ignore[no-any-return]
 
     def _trace(self, key: str, spec: TrainingSpec) -> tuple[Component, ...]:
         import warnings
@@ -279,17 +278,10 @@ class PinnedPath:
         checked), so the verdict and the largest micro-batch never disagree. Traces are shared."""
         traced = any(c.name == "activations.traced" for c in headline.components)
         other = PinnedPath("always" if traced else "never", can_trace=self.can_trace, strict=False)
-        other._traces, other._failed, other._generate = self._traces, self._failed, self._generate
-        other._gaps = self._gaps
-        other._whole, other._whole_failed = self._whole, self._whole_failed
-        other._replay_owner = self._replay_owner
-        other._optimizer_traces = self._optimizer_traces
-        other._formulas = self._formulas
-        other.cache = self.cache
-        other.seq_lengths = self.seq_lengths
-        other._length_gaps = self._length_gaps
-        other._headline_replay = self._headline_replay
-        other.near_budget = self.near_budget
+        for shared in ("_traces", "_failed", "_generate", "_gaps", "_whole", "_whole_failed", "_replay_owner",
+                       "_optimizer_traces", "_formulas", "cache", "seq_lengths", "_length_gaps", "_headline_replay",
+                       "near_budget"):  # the caches and the policy, one object each
+            setattr(other, shared, getattr(self, shared))
         self.near_budget.headline = False  # what follows a headline is never one (verdict_replay.NearBudget.answer)
         return other
 
