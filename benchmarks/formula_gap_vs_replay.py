@@ -5,7 +5,8 @@ Where the checked formula answers (``pinned``), ``device_used`` rests on ``core/
 (``allocator_whole_run.replay_whole_run``: every layer, the optimizer, three steps, through ``fitcheck.core.caching``)
 is within -0.7 .. +0.17 % of ``max_memory_reserved`` on the H100/H200 rows. This benchmark prints, per CUDA config,
 the formula's reserved with the published gap next to the same estimate with the replay's gap
-(``core.estimate(spec, gap_fraction=replay.gap_fraction)``: the same activations, only the gap differs), and the
+(``core.estimate(spec, replayed=replay.measured(...))``: the same activations, only the gap differs, never below the
+replay's own reserved where the replay is this run), and the
 ratio ``formula / replay`` by regime. Its band [lo, hi] is the published gap's error that
 ``fitcheck/torch_adapters/verdict_replay.py`` replays inside.
 
@@ -99,12 +100,14 @@ def score(label: str, spec: Any, cache: dict[str, Any], measured: int | None = N
     """The formula's reserved with the published gap and with the whole run's replayed gap, for one spec."""
     from fitcheck.core import estimate
     from fitcheck.torch_adapters import replay_whole_run
+    from fitcheck.torch_adapters.run_scope import plain_replay_is_rank_run
 
     formula = estimate(spec)
     t0 = time.perf_counter()
     replay = replay_whole_run(spec, optimizer_traces=cache)
     seconds = time.perf_counter() - t0
-    replayed = estimate(spec, gap_fraction=replay.gap_fraction)
+    # as verdict_replay.replayed_report takes it: the gap fraction, and the replay's own bytes where it is this run
+    replayed = estimate(spec, replayed=replay.measured(plain_replay_is_rank_run(spec)))
     row = {"config": label, "regimes": list(regimes(spec)), "pinned": formula.pinned,
            "formula_reserved": formula.peak_reserved_bytes, "replay_reserved": replayed.peak_reserved_bytes,
            "formula_used": formula.device_used_bytes, "replay_used": replayed.device_used_bytes,

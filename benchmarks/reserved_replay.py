@@ -7,8 +7,10 @@ For each measured row of a ``benchmarks/gpu_truth.py`` data file (CPU only; the 
 * ``two-group replay``: ``allocator_replay.replay_step`` -- the step traced at two repeating layer groups, replayed
   through ``fitcheck.core.caching``, its gap fraction applied to the estimate (``core.estimate(gap_fraction=)``);
 * ``full depth``: ``allocator_replay.replay_steady_state`` -- the run as the GPU ran it (every layer, the optimizer,
-  two warm-up steps), replayed: its own ``max_memory_reserved``, and its gap fraction applied to the estimate
-  (``--deepened``: the same sequence built from one and two layer groups, ``allocator_replay.replay_deepened``).
+  two warm-up steps), replayed: its own ``max_memory_reserved``, and its gap fraction applied to the estimate,
+  never below that ``max_memory_reserved`` (``core.estimate(replayed=)``, as the default path takes a replay of the
+  run itself) (``--deepened``: the same sequence built from one and two layer groups,
+  ``allocator_replay.replay_deepened``).
 
 ``--depths 1,2,4,8`` also prints the replay's gap (peak reserved - peak allocated) at those depths, to show
 whether the two-group number can be extrapolated.
@@ -78,7 +80,7 @@ def score_row(r: dict[str, Any], env: dict[str, Any], depths: Sequence[int], dee
             rep = replay_events([ev], allocator_conf(spec))
             sweep[str(d)] = rep.peak_reserved - rep.peak_allocated
     two_res = estimate(spec, gap_fraction=two.gap_fraction).peak_reserved_bytes
-    full_res = estimate(spec, gap_fraction=full.gap_fraction).peak_reserved_bytes
+    full_res = estimate(spec, replayed=full.measured(True)).peak_reserved_bytes  # the run itself: its bytes a floor
     return {"name": r["name"], "measured_reserved": measured, "measured_allocated": r["measured"]["max_allocated"],
             "estimate_reserved": est["peak_reserved_bytes"], "estimate_err_pct": _err(est["peak_reserved_bytes"],
                                                                                       measured),

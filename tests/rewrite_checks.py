@@ -19,8 +19,9 @@ def takes_the_replay(spec: Any, whole_run: Callable[..., Any]) -> Any:
     assert "reserved-published-gap" not in {f.code for f in report.findings}
     replay = whole_run(path, spec, _cache_key(spec))
     traced = tuple(c for c in report.components if c.name.endswith(".traced"))
+    # the replay of the rank's own run: its gap fraction and its own reserved bytes (ReplayedGap)
     assert report.peak_reserved_bytes == estimate(spec, activations=traced,
-                                                  gap_fraction=replay.gap_fraction).peak_reserved_bytes
+                                                  replayed=replay.measured(True)).peak_reserved_bytes
     return path, report, replay
 
 

@@ -62,3 +62,12 @@ def test_a_traced_estimate_uses_the_replayed_gap() -> None:
         assert report.peak_reserved_bytes != fixed.peak_reserved_bytes
     said = [f.message for f in report.findings if f.code == "alloc-fragmentation"]
     assert not said or "replayed" in said[0]
+    # the whole run replayed is this run (one process, this micro-batch): its own reserved bytes carry, a floor
+    measured = path.replayed_gap(spec)  # type: ignore[arg-type]
+    assert measured.fraction == gap and measured.reserved > 0
+    assert report.peak_reserved_bytes == estimate(spec, activations=comps,  # type: ignore[arg-type]
+                                                  replayed=measured).peak_reserved_bytes >= measured.reserved
+    # another micro-batch of the same kind of step reuses the replay's fraction, not its bytes
+    other = replace(spec, batch=replace(spec.batch, micro_batch=1))  # type: ignore[attr-defined]
+    path(other)
+    assert path.replayed_gap(other) == type(measured)(gap)

@@ -346,3 +346,46 @@ def test_reserved_is_the_largest_phase_not_only_the_allocated_peak() -> None:
     with_side = {p: allocator.plus_side_pools(at[p], side.beyond_allocated(p)) for p in PHASES}
     assert rep.peak_phase is Phase.OPTIMIZER_STEP
     assert rep.peak_reserved_bytes == max(with_side.values()) > with_side[Phase.OPTIMIZER_STEP]
+
+
+def test_a_replayed_gap_is_the_largest_phase_too_and_never_below_the_replays_own_bytes() -> None:
+    """The default path answers TT2-5 (torchtune Llama-2-7B full fine-tune, pure bf16, FSDP1 on 4 x RTX 4090, 4 x 2048,
+    reserved 22.44 GiB) with its whole run replayed (``verdict_replay``; gap 0.1517 of the transient bytes). Its
+    allocated peak is the optimizer step since session 22, where FSDP1's side pools add 1.30 GiB beyond allocated
+    against 3.19 GiB at the start of backward; the replayed gap was taken at the allocated peak alone: 17.96 GiB
+    (-20.0 %). A block freed stays cached, so the step's reserved is the largest phase's whichever gap applies
+    (``core/allocator.py`` ``phase_reserved``): 19.59 GiB (-12.7 %). And where the replayed run is the answered run
+    itself (``ReplayedGap.reserved``), reserved is never below what the replay held."""
+    from fitcheck.core import ReplayedGap, allocator, estimate, step
+    from fitcheck.core.loading import allocator_conf
+    from fitcheck.core.states import fsdp_side_pools
+    from fitcheck.report import PHASES, Location, Phase
+
+    plan = PLANS["TT2-5"]
+    assert isinstance(plan, pr.Plan)
+    spec = plan.build(pr.inventory_for(plan.model))
+    gap = 0.1517
+    rep = estimate(spec, gap_fraction=gap)
+    assert rep == estimate(spec, replayed=ReplayedGap(gap))  # the fraction alone: a stand-in replay's
+    parts = [c for c in rep.components if not c.name.startswith(("load", "save"))]
+    side = fsdp_side_pools(spec, allocator_conf(spec))
+    assert side is not None
+    at = {p: allocator.plus_side_pools(
+        allocator.reserved_bytes(spec, sum(c.at(p) for c in parts if c.location is Location.DEVICE),
+                                 transient_bytes=step.transient_bytes_at(parts, p), gap_fraction=gap),
+        side.beyond_allocated(p)) for p in PHASES}
+    assert rep.peak_phase is Phase.OPTIMIZER_STEP
+    assert rep.peak_reserved_bytes == max(at.values()) == at[Phase.BACKWARD_START] > at[Phase.OPTIMIZER_STEP]
+    # the replay's own bytes (its default stream's: a replay of the rank's run, such as the FSDP1 rewrite's, leaves
+    # the side streams' events to these pools) are a floor at every phase, the side pools beside them
+    held = 17 * 2**30
+    floored = estimate(spec, replayed=ReplayedGap(gap, held))
+    steps = (Phase.FORWARD_END, Phase.BACKWARD_START, Phase.BACKWARD, Phase.OPTIMIZER_STEP)
+    assert floored.fits and floored.peak_reserved_bytes == max(
+        allocator.plus_side_pools(max(held, at_own), side.beyond_allocated(p)) for p in steps
+        for at_own in [allocator.reserved_bytes(spec, sum(c.at(p) for c in parts if c.location is Location.DEVICE),
+                                                transient_bytes=step.transient_bytes_at(parts, p), gap_fraction=gap)])
+    assert floored.peak_reserved_bytes > held + side.beyond_allocated(Phase.OPTIMIZER_STEP)
+    assert estimate(spec, replayed=ReplayedGap(gap, 1)) == rep  # a floor below every phase changes nothing
+    with pytest.raises(ValueError, match="not both"):
+        estimate(spec, gap_fraction=gap, replayed=ReplayedGap(gap))

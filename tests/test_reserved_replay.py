@@ -49,7 +49,7 @@ def test_headline_reserved_is_the_whole_run_replayed(ckpt: bool) -> None:
     spec = _spec(ckpt)
     whole = replay_steady_state(spec)
     comps, _ = PinnedPath("always").activations(spec)
-    expected = estimate(spec, activations=comps, gap_fraction=whole.gap_fraction)
+    expected = estimate(spec, activations=comps, replayed=whole.measured(True))
     # the gap the default used before session 8: the optimizer-free activation trace at two layer groups replayed
     deepest = trace_step(CONFIG, num_layers=2, **activation_trace_kwargs(spec)).alloc_events
     two_groups = estimate(spec, activations=comps, gap_fraction=replay_events([deepest]).gap_fraction)
@@ -83,7 +83,7 @@ def test_flag_and_default_replay_where_the_formula_answers() -> None:
     if not formula.pinned:
         pytest.skip("this tiny run is outside the checked envelope: the default path traces it")
     whole = replay_steady_state(spec)
-    replayed = estimate(spec, gap_fraction=whole.gap_fraction).peak_reserved_bytes
+    replayed = estimate(spec, replayed=whole.measured(True)).peak_reserved_bytes
     assert replayed != formula.peak_reserved_bytes
     assert plain.peak_reserved_bytes == replayed and "reserved-replayed" in [f.code for f in plain.findings]
     assert auto.following(plain)(spec).peak_reserved_bytes == formula.peak_reserved_bytes

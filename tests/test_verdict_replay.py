@@ -69,7 +69,7 @@ def test_near_budget_replays_and_the_verdict_follows_the_replay() -> None:
         report = path(spec)
         (replay,) = path.near_budget.replays.values()
         assert report.fits and "reserved-near-budget-replayed" in _codes(report)
-        assert report.device_used_bytes == estimate(spec, gap_fraction=replay.gap_fraction).device_used_bytes
+        assert report.device_used_bytes == estimate(spec, replayed=replay.measured(True)).device_used_bytes
         assert report.device_used_bytes < formula.device_used_bytes
         # the largest micro-batch: the formula's search says none fits; its boundary replayed says 1 does
         search, boundary = search_and_boundary(path.following(report))

@@ -4,7 +4,7 @@ No torch import, no files, no environment reads, no printing. The orchestration 
 
 - :mod:`.estimator`: :func:`estimate` sums every component per phase, finds the peak, gives the verdict and findings;
 - :mod:`.step`: the components of one step and the phase where they peak;
-- :mod:`.allocator`: the caching allocator (reserved vs allocated);
+- :mod:`.allocator`: the caching allocator (reserved vs allocated; :class:`ReplayedGap`, what a replay measured);
 - :mod:`.overheads`: CUDA context, cuBLAS workspaces, NCCL (memory a CPU trace cannot see);
 - :mod:`.compute`: FLOPs, step time and communication.
 
@@ -14,7 +14,7 @@ SFT/DPO/GRPO/Reward steps: fused LM head, reference model, generation phase), :m
 :mod:`.saving` (the save phase: :func:`save_cost`).
 """
 
-from fitcheck.core.allocator import reserved_bytes
+from fitcheck.core.allocator import ReplayedGap, reserved_bytes
 from fitcheck.core.compute import ComputeAssumptions, ComputeEstimate, compute_estimate, relative_time_per_token
 from fitcheck.core.estimator import estimate
 from fitcheck.core.overheads import cublas_thread_workspaces
@@ -24,6 +24,7 @@ from fitcheck.core.step import collect_components, peak_phase
 __all__ = [
     "ComputeAssumptions",
     "ComputeEstimate",
+    "ReplayedGap",
     "collect_components",
     "compute_estimate",
     "cublas_thread_workspaces",

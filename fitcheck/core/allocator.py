@@ -11,8 +11,12 @@ Pure: no torch import, no environment reads. The allocator setting comes in thro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from fitcheck.core.step import collect_components, transient_at_peak
 from fitcheck.findings import Finding, Severity
+from fitcheck.report import Phase
 from fitcheck.spec import DeviceType, OffloadDevice, TrainingSpec
 from fitcheck.units import format_bytes
 
@@ -59,6 +63,53 @@ MEASURED_RESERVED_RATIO: dict[str, tuple[float, str]] = {
         1.300, "H100, 1 GPU, Llama-3.2-1B, bf16 mixed precision, FSDP1 (NO_SHARD at one process) "
         "(benchmarks/data/fsdp_gpu_nvidia_h100_80gb_hbm3.json)"),
 }
+
+
+@dataclass(frozen=True)
+class ReplayedGap:
+    """What a replay of the run through the caching allocator (``fitcheck.core.caching``, driven by
+    ``fitcheck.torch_adapters.allocator_replay``) measured, as the estimate takes it.
+
+    Attributes:
+        fraction: The replay's gap over its transient bytes at its allocated peak:
+            ``(peak_reserved - peak_allocated) / (peak_allocated - persistent)``; applied to the estimate's own
+            transient bytes at each phase (:func:`phase_reserved`).
+        reserved: The replay's own ``max_memory_reserved`` in bytes (its default stream: DeepSpeed's and FSDP's side
+            streams are :class:`~fitcheck.core.states.SidePools`, added by the estimator), where the replayed run is
+            the answered run itself: this rank's, at this micro-batch, every layer. 0 where the replay stands in for
+            it (two layer groups; the plain run of an FSDP spec its rewrites decline; a replay reused for another
+            micro-batch or optimizer): only ``fraction`` carries over.
+    """
+
+    fraction: float
+    reserved: int = 0
+
+
+def phase_reserved(spec: TrainingSpec, totals: Mapping[Phase, int], transients: Mapping[Phase, int],
+                   replayed: ReplayedGap | None = None) -> dict[Phase, int]:
+    """The default stream's reserved bytes at each phase of the step: the one rule for formula and replayed gaps.
+
+    At a phase, :func:`reserved_bytes` of its allocated bytes and its transient bytes (the published
+    :data:`FRAGMENTATION_OF_TRANSIENT`, or the replay's ``fraction``), and never below what the replay itself held
+    (``replayed.reserved``): a block freed stays cached (``CUDACachingAllocator.cpp`` ``free_block`` returns it to
+    its pool; only ``release_cached_blocks``, on a failed ``cudaMalloc`` or ``empty_cache``, gives segments back), so
+    reserved does not fall within a run, and the step's reserved is the largest phase's. A formula change that moves
+    the allocated peak to a phase with fewer transient bytes cannot lower it below a phase's reserved, nor below the
+    bytes the replay measured.
+
+    Args:
+        spec: The training spec (its rank-local view).
+        totals: Allocated bytes per phase of the step (phases with none are left out).
+        transients: Transient bytes per phase (:func:`fitcheck.core.step.transient_bytes_at`).
+        replayed: What the run's replay measured; None: the published fraction.
+
+    Returns:
+        Reserved bytes per phase with allocated bytes.
+    """
+    fraction = None if replayed is None else replayed.fraction
+    floor = 0 if replayed is None or spec.hardware.device_type is DeviceType.CPU else replayed.reserved
+    return {p: max(reserved_bytes(spec, n, transient_bytes=transients.get(p, 0), gap_fraction=fraction), floor)
+            for p, n in totals.items() if n > 0}
 
 
 def reserved_risk_findings(spec: TrainingSpec, peak_allocated: int, peak_reserved: int, outside: int,

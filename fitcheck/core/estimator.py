@@ -16,7 +16,14 @@ from fitcheck.core.activations import (
     not_pinned_finding,
     versions_findings,
 )
-from fitcheck.core.allocator import allocator_findings, plus_side_pools, reserved_bytes, reserved_risk_findings
+from fitcheck.core.allocator import (
+    ReplayedGap,
+    allocator_findings,
+    phase_reserved,
+    plus_side_pools,
+    reserved_bytes,
+    reserved_risk_findings,
+)
 from fitcheck.core.loading import allocator_conf, load_component, load_findings, load_phase, run_reserved
 from fitcheck.core.overheads import nccl_group_bytes
 from fitcheck.core.parallelism import (
@@ -172,7 +179,11 @@ def _side_pool_findings(side: SidePools | None, released: bool) -> list[Finding]
 
 
 def estimate(
-    spec: TrainingSpec, *, activations: tuple[Component, ...] | None = None, gap_fraction: float | None = None
+    spec: TrainingSpec,
+    *,
+    activations: tuple[Component, ...] | None = None,
+    gap_fraction: float | None = None,
+    replayed: ReplayedGap | None = None,
 ) -> Report:
     """Estimate per-GPU peak memory of one steady-state training step.
 
@@ -183,11 +194,18 @@ def estimate(
             (``fitcheck.core.activations.envelope``) gets ``pinned=False`` and a ``not-pinned`` WARNING.
         gap_fraction: The caching allocator's reserved-over-allocated gap as a fraction of the step's transient
             bytes, replayed from the traced step's allocation sequence (``torch_adapters.allocator_replay``);
-            None: the published fraction of ``core/allocator.py``.
+            None: the published fraction of ``core/allocator.py``. Shorthand for ``replayed=ReplayedGap(f)``.
+        replayed: What the run's replay measured: its gap fraction and, where the replayed run is this run itself,
+            its own reserved bytes, below which the answer's reserved never falls (``allocator.phase_reserved``).
+            Not together with ``gap_fraction``.
 
     Returns:
         The itemised report with the peak phase, allocated/reserved/used bytes, the verdict and findings.
     """
+    if gap_fraction is not None:
+        if replayed is not None:
+            raise ValueError("estimate: give gap_fraction or replayed, not both")
+        replayed = ReplayedGap(gap_fraction)
     check_peft_adapter(spec)  # a non-LoRA PEFT adapter: only with its tensors built from the real peft model
     # tp/cp/sp/HSDP: one rank's step is an ordinary step of a smaller problem plus attention buffers
     # (fitcheck.core.parallelism); `local` is `spec` itself without a layout.
@@ -200,17 +218,15 @@ def estimate(
     # the load phase (from_pretrained, k-bit preparation) on a model loaded whole onto the GPU (core/loading)
     outside_step = sum(c.peak_bytes for c in components if c.location is Location.DEVICE_OTHER)
     loaded = None if parallel else load_phase(local, spec.hardware.gpu_memory_bytes - outside_step)
-    step_phase, step_totals = peak_phase(components)
+    step_totals = peak_phase(components)[1]
     # FSDP's and DeepSpeed's side streams keep their own cached segments (gathers, gradients) beside the step's pool
     side = fsdp_side_pools(local, allocator_conf(local)) or deepspeed_side_pools(local, allocator_conf(local))
-    # the published gap at every phase: a block freed stays cached, so reserved never falls within a step and the
-    # step's reserved is the largest phase's, not only the allocated peak's (a replayed gap is the whole run's own)
-    phases = [step_phase] if gap_fraction is not None else [p for p in step_totals if step_totals[p] > 0]
-    own = {p: reserved_bytes(local, step_totals[p], transient_bytes=transient_bytes_at(components, p),
-                             gap_fraction=gap_fraction) for p in phases}
+    # the gap (published or replayed) at every phase, never below the replay's own reserved: a block freed stays
+    # cached, so the step's reserved is the largest phase's, side pools included (allocator.phase_reserved)
+    own = phase_reserved(local, step_totals, {p: transient_bytes_at(components, p) for p in step_totals}, replayed)
     own_reserved = max(own.values(), default=0)
     step_reserved = own_reserved if side is None else max(
-        plus_side_pools(own[p], side.beyond_allocated(p)) for p in phases)
+        (plus_side_pools(own[p], side.beyond_allocated(p)) for p in own), default=0)
     if loaded is not None:
         components = (*components, load_component(loaded))
     # Trainer.save_model's gathers on rank 0 (core/saving): the resident states plus the largest gather
@@ -242,7 +258,7 @@ def estimate(
         *activation_findings(local),
         *sharding_findings(local),
         *fsdp_qlora_findings(local, budget, spec.hardware.host_memory_bytes),  # FSDP-QLoRA, FSDP loading
-        *allocator_findings(local, gap_fraction),
+        *allocator_findings(local, None if replayed is None else replayed.fraction),
         *_side_pool_findings(side, released),
         *reserved_risk_findings(local, peak_allocated, peak_reserved, outside, budget),
         *load_findings(loaded, step_reserved),

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fitcheck.core import ReplayedGap
 from fitcheck.core.caching import AllocatorConf, CachingAllocator
 from fitcheck.core.loading import allocator_conf
 from fitcheck.spec import TrainingSpec
@@ -61,6 +62,13 @@ class StepReplay:
     lengths: tuple[int, ...]
     step_reserved: tuple[int, ...] = ()
     step_allocated: tuple[int, ...] = ()
+
+    def measured(self, own_run: bool) -> ReplayedGap:
+        """What the estimate takes from this replay (``core.estimate(replayed=)``): the gap fraction, and the
+        replay's own peak reserved bytes where ``own_run`` (the replayed run is the answered run itself: this rank,
+        this spec, every layer), below which the answer's reserved never falls (``core/allocator.py``
+        ``phase_reserved``)."""
+        return ReplayedGap(self.gap_fraction, self.peak_reserved if own_run else 0)
 
 
 def replay_events(traces: Sequence[Sequence[tuple[int, int, str]]], conf: AllocatorConf | None = None,

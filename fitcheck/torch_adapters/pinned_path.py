@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitcheck.report import Component, Report
 from fitcheck.spec import Strategy, TrainingSpec
@@ -44,12 +44,16 @@ from fitcheck.torch_adapters.path_findings import (
 from fitcheck.torch_adapters.run_scope import (
     accumulates_in_grad,
     gradients_resident,
+    plain_replay_is_rank_run,
     plain_trainer_run,
     replayed_run,
     traceable,
     untraced_parts,
 )
 from fitcheck.torch_adapters.verdict_replay import NearBudget
+
+if TYPE_CHECKING:
+    from fitcheck.core import ReplayedGap
 
 MODES = ("auto", "always", "never")
 _FORMULAS_KEPT = 32  # formula answers a path keeps (PinnedPath._formula): a search asks ~2 log2(answer) specs
@@ -58,8 +62,6 @@ _FORMULAS_KEPT = 32  # formula answers a path keeps (PinnedPath._formula): a sea
 def torch_available() -> bool:
     """Whether torch and transformers can be imported (without importing them)."""
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
-
-
 
 
 def _cache_key(spec: TrainingSpec) -> str:
@@ -111,6 +113,7 @@ class PinnedPath:
         self._whole: dict[str, Any] = {}  # cache key -> the whole run replayed (allocator_whole_run.replay_whole_run)
         self._whole_failed: dict[str, str] = {}  # cache key -> why the whole run could not be replayed
         self._optimizer_traces: dict[str, Any] = {}  # tracer_optimizer traces, shared by every replay
+        self._replay_owner: dict[int, str] = {}  # id of a whole-run replay -> repr of the spec it replayed
         self.cache = cache
         self._formulas: list[tuple[TrainingSpec, Report]] = []  # the last _FORMULAS_KEPT formula answers
         self.near_budget = NearBudget.for_path(mode, self.can_trace)  # near the budget: replay (verdict_replay)
@@ -147,20 +150,37 @@ class PinnedPath:
             return None, self._failed[key]
 
     def gap_fraction(self, spec: TrainingSpec) -> float | None:
-        """The caching allocator's gap over the traced step's transient bytes (None: the published fraction of
-        ``core/allocator.py``): not traced, or a run whose whole run is neither one the replay describes
-        (``run_scope.replayed_run``: the plain Trainer's, TRL's SFTTrainer's, DPOTrainer's, KTOTrainer's,
-        GRPOTrainer's) nor rewritten into DeepSpeed's, FSDP2's or FSDP1's own (``fsdp2_run_events.rewrite_for``),
-        where the traced step's replay would leave out its buffers, optimizer and side streams (FSDP1 on the H100
-        rows, before its rewrite: the two-group replay moved reserved from -5.0 % to -3.2 %,
-        ``benchmarks/fsdp_gpu.py --rescore``)."""
+        """The fraction of :meth:`replayed_gap` (None: the published fraction)."""
+        gap = self.replayed_gap(spec)
+        return None if gap is None else gap.fraction
+
+    def replayed_gap(self, spec: TrainingSpec) -> ReplayedGap | None:
+        """What the traced run's replay gives the estimate (None: the published fraction of ``core/allocator.py``):
+        not traced, or a run neither the replay describes (``run_scope.replayed_run``) nor rewritten into DeepSpeed's,
+        FSDP2's or FSDP1's own (``fsdp2_run_events.rewrite_for``), where the traced step's replay would leave out its
+        buffers, optimizer and side streams (FSDP1 on the H100 rows, before its rewrite: the two-group replay moved
+        reserved from -5.0 % to -3.2 %, ``benchmarks/fsdp_gpu.py --rescore``). Its bytes where the replay is this
+        run's own, whole: :meth:`_measured`."""
         rewrite = _rewrite_for(spec)
         if self.wants_trace(spec) and rewrite is not None and _gap_applies(spec, self.seq_lengths):
             replay = rewrite.whole_run(self, spec, _cache_key(spec))  # None: the published gap, with why
-            return None if replay is None else float(replay.gap_fraction)
-        if not self.wants_trace(spec) or not replayed_run(spec):
+            return None if replay is None else self._measured(spec, replay, True)  # the rank's default stream
+        key = _cache_key(spec)
+        if not self.wants_trace(spec) or not replayed_run(spec) or key not in self._gaps:
             return None
-        return self._gaps.get(_cache_key(spec))
+        whole = self._whole.get(key)
+        if whole is not None and whole.gap_fraction == self._gaps[key]:  # the whole run replayed, not two groups
+            return self._measured(spec, whole, plain_replay_is_rank_run(spec))
+        from fitcheck.core import ReplayedGap
+
+        return ReplayedGap(self._gaps[key])
+
+    def _measured(self, spec: TrainingSpec, replay: Any, own_run: bool) -> ReplayedGap:
+        """``replay.measured``, its bytes for the spec it replayed only: a path replays once per kind of step
+        (``_cache_key``: not per micro-batch, optimizer or sharding), built from the first asker's traces or keyed
+        by its whole spec in the on-disk cache; later specs reuse the fraction."""
+        owner = self._replay_owner.setdefault(id(replay), repr(spec))
+        return replay.measured(own_run and owner == repr(spec))  # type: ignore[no-any-return]
 
     def _trace(self, key: str, spec: TrainingSpec) -> tuple[Component, ...]:
         import warnings
@@ -258,16 +278,10 @@ class PinnedPath:
         checked), so the verdict and the largest micro-batch never disagree. Traces are shared."""
         traced = any(c.name == "activations.traced" for c in headline.components)
         other = PinnedPath("always" if traced else "never", can_trace=self.can_trace, strict=False)
-        other._traces, other._failed, other._generate = self._traces, self._failed, self._generate
-        other._gaps = self._gaps
-        other._whole, other._whole_failed = self._whole, self._whole_failed
-        other._optimizer_traces = self._optimizer_traces
-        other._formulas = self._formulas
-        other.cache = self.cache
-        other.seq_lengths = self.seq_lengths
-        other._length_gaps = self._length_gaps
-        other._headline_replay = self._headline_replay
-        other.near_budget = self.near_budget
+        for shared in ("_traces", "_failed", "_generate", "_gaps", "_whole", "_whole_failed", "_replay_owner",
+                       "_optimizer_traces", "_formulas", "cache", "seq_lengths", "_length_gaps", "_headline_replay",
+                       "near_budget"):  # the caches and the policy, one object each
+            setattr(other, shared, getattr(self, shared))
         self.near_budget.headline = False  # what follows a headline is never one (verdict_replay.NearBudget.answer)
         return other
 
@@ -377,7 +391,8 @@ class PinnedPath:
             "--reserved_replay: this run could not be traced for the allocator ({}); drop --reserved_replay")
         traced = any(c.name == "activations.traced" for c in report.components)
         comps = self.activations(spec)[0] if traced else None
-        again = estimate(spec, activations=comps, gap_fraction=replay.gap_fraction)
+        rank_run = (traceable(spec) and _rewrite_for(spec) is not None) or plain_replay_is_rank_run(spec)
+        again = estimate(spec, activations=comps, replayed=self._measured(spec, replay, rank_run))
         note = whole_run_replayed(spec, replay, report)
         again = dataclasses.replace(again, findings=(*again.findings, *path_findings_lost(report, again), note))
         return accumulation_unpinned(again)
@@ -443,7 +458,7 @@ class PinnedPath:
             if self.can_trace and not report.pinned and not failed and (self.mode == "never" or not traceable(spec)):
                 report = not_pinned_with_torch(report, self.mode)  # the hint names --trace, not an install
         else:
-            report = estimate(spec, activations=comps, gap_fraction=self.gap_fraction(spec) if comps else None)
+            report = estimate(spec, activations=comps, replayed=self.replayed_gap(spec) if comps else None)
         if comps and "generation " + _cache_key(spec) in self._failed:
             note = generation_trace_failed(self._failed["generation " + _cache_key(spec)])
             report = dataclasses.replace(report, findings=(*report.findings, note))

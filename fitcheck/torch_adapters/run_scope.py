@@ -89,6 +89,16 @@ def plain_trainer_run(spec: TrainingSpec) -> bool:
             and deepspeed_module_view(spec) is spec)
 
 
+def plain_replay_is_rank_run(spec: TrainingSpec) -> bool:
+    """Whether the plain whole-run replay (``allocator_whole_run.replay_whole_run``: one process holding the whole
+    model) is this rank's own run, so that its reserved bytes are this run's: nothing shards it (no FSDP, no
+    DeepSpeed). An FSDP run its rewrites decline (``fsdp2_run_events.rewrite_for``: FSDP1 with ``backward_prefetch``,
+    offload, ...) is replayed as the plain run, a stand-in whose gap fraction alone carries over."""
+    from fitcheck.spec import Strategy
+
+    return spec.sharding.strategy not in (Strategy.FSDP, Strategy.DEEPSPEED)
+
+
 def untraced_parts(spec: TrainingSpec) -> tuple[str, ...]:
     """What of this run the tracer cannot describe, each with the flag that asks for it: Liger kernels, a fused or
     chunked loss and activation offloading (modelled by the formulas only: fitcheck/core/kernels/), one rank of a

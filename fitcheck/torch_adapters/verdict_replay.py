@@ -194,9 +194,12 @@ def replayed_report(spec: TrainingSpec, formula: Report, replay: Any, near: bool
     verdict lay inside the band; else the headline, replayed wherever the replay describes its run)."""
     from fitcheck.core import estimate
     from fitcheck.torch_adapters.allocator_replay import STEADY_STEPS
+    from fitcheck.torch_adapters.run_scope import plain_replay_is_rank_run
     from fitcheck.units import format_bytes
 
-    again = estimate(spec, gap_fraction=replay.gap_fraction)
+    # replayed per spec (NearBudget.replays, the trace cache: by repr(spec)): its bytes are this run's where nothing
+    # shards it
+    again = estimate(spec, replayed=replay.measured(plain_replay_is_rank_run(spec)))
     made = {f.code for f in estimate(spec).findings}  # what the estimate itself says (its verdict included)
     verdict = "fits" if again.fits else "does not fit"
     was = "fits" if formula.fits else "does not fit"
