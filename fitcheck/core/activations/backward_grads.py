@@ -98,16 +98,18 @@ def adapter_casts_held(spec: TrainingSpec) -> tuple[int, int, int]:
     weight's cast for its backward, so a layer's casts live until that layer's backward (the start-of-backward
     component, ``decoder._autocast_cache_phases``, counts them; layer 0's q/k/v input needs no gradient, so its
     ``lora_A`` casts are not saved). The top layer's MLP backward comes after its down_proj's, whose casts are
-    freed. A 4-bit / 8-bit base counts them in :func:`layer_cast`; DoRA's magnitude is never cast. Probe
+    freed. A 4-bit / 8-bit base counts them in :func:`layer_cast`; DoRA's magnitude is never cast; under FSDP mixed
+    precision the adapters compute from FSDP's 16-bit copies (``kernels.fsdp_adapters_16bit``): none. Probe
     (``benchmarks/pinned_probes.py`` seed 2202) Phi-4-mini LoRA r32 bf16 under bf16 autocast, 1 x 576: -2.27 %
     during backward without them (Llama-3.1-8B r64: -5.0 %).
     """
+    from fitcheck.core.kernels import fsdp_adapters_16bit
     from fitcheck.core.states import plan_lora
     from fitcheck.spec import MixedPrecision
 
     lora = spec.lora
     if (lora is None or spec.quant is not None or spec.activations.checkpointing
-            or spec.precision.mixed_precision is MixedPrecision.NO):
+            or spec.precision.mixed_precision is MixedPrecision.NO or fsdp_adapters_16bit(spec)):
         return 0, 0, 0
     per_layer = [t for t in plan_lora(spec).targets if t.entry.per_layer and not t.via_param_wrapper]
     layers = max(1, spec.model.shape.num_layers)

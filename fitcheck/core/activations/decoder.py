@@ -97,6 +97,7 @@ from fitcheck.core.activations.recipe_gaps import recipe_gap_findings, sliding_w
 from fitcheck.core.activations.vision import vision_components, vision_findings
 from fitcheck.core.kernels import (
     deepspeed_module_view,
+    fsdp_adapters_16bit,
     fused_loss,
     lever_findings,
     liger_applies,
@@ -277,7 +278,8 @@ def activation_components(spec: TrainingSpec, fsdp_moments: bool = True) -> tupl
     if spec.lora is not None and spec.lora.use_dora and not spec.quant:
         comps.append(_dora_component(spec, m, layers - n_ckpt, fwd_logits, (bq, head, end + recompute)))
     comps.extend(vision_components(spec, bq, head))  # image-text-to-text (activations/vision.py)
-    if m.autocast or (m.amp and spec.lora is not None):
+    # LoRA over FSDP's 16-bit copies: no fp32 adapter to cast (kernels.fsdp_adapters_16bit)
+    if m.autocast or (m.amp and spec.lora is not None and not fsdp_adapters_16bit(spec)):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
         cache += embedding_cast_cached(spec, m.autocast)  # OLMo-2 + LoRA + checkpointing (norms.py)
         comps.append(

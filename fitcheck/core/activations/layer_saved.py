@@ -109,9 +109,10 @@ def _linear_inputs(shape: ModelShape, m: ActivationMode, full: bool, targets: fr
     hit = [c for c in consumers if c in targets]
     if hit and lora is not None:
         total += len(hit) * adapter_input_bytes(m, lora, width)
-        if lora.dropout == 0 and not (m.amp or (m.half_model and not m.a16) or full or kept):
-            # fp32 model (or 16-bit adapters on a 16-bit model): the adapters read the input itself, once (trace:
-            # mul, norm output)
+        if lora.dropout == 0 and not ((m.amp or m.half_model) and not m.a16 or full or kept):
+            # fp32 model (or 16-bit adapters on a 16-bit model, under autocast too: FSDP2's 16-bit copies, real
+            # Trainer benchmarks/fsdp_kinds_cpu.py): the adapters read the input itself, once (trace: mul, norm
+            # output)
             total += m.e * width
     return total
 
@@ -127,7 +128,7 @@ def _experts_adapted(spec: TrainingSpec) -> bool:
 def _reads_input_itself(spec: TrainingSpec, m: ActivationMode, targets: frozenset[str], name: str) -> bool:
     """Whether the LoRA adapter on ``name`` saves its input tensor itself (fp32 model, no dropout, no autocast)."""
     lora = spec.lora
-    return name in targets and lora is not None and lora.dropout == 0 and not (m.amp or (m.half_model and not m.a16))
+    return name in targets and lora is not None and lora.dropout == 0 and not ((m.amp or m.half_model) and not m.a16)
 
 
 def lora_reads_input_itself(spec: TrainingSpec) -> bool:

@@ -16,7 +16,11 @@ from fitcheck.core.kernels.liger import (
     liger_norm_saved,
 )
 from fitcheck.core.kernels.loss import LOSSES, effective_loss, fused_loss, head_trained, liger_cross_entropy
-from fitcheck.core.kernels.module_cast import deepspeed_module_view, deepspeed_quant_storage_problem
+from fitcheck.core.kernels.module_cast import (
+    deepspeed_module_view,
+    deepspeed_quant_storage_problem,
+    fsdp_adapters_16bit,
+)
 from fitcheck.core.kernels.offloading import lever_findings, offload_applies, offload_split
 
 __all__ = [
@@ -28,6 +32,7 @@ __all__ = [
     "FusedLossBytes",
     "cce_bytes",
     "deepspeed_module_view",
+    "fsdp_adapters_16bit",
     "deepspeed_quant_storage_problem",
     "effective_loss",
     "flce_bytes",

@@ -46,8 +46,13 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
     (``PrecisionSpec.module_cast``). Real engine: ``benchmarks/deepspeed_cpu.py`` ``CASES["lora-fp32"]``, +44 %
     before; the tiny Llama at width 512, ZeRO-0/1/2, fp32- and bf16-loaded peaks equal: +51.7 % -> -0.00 %.
     Under ZeRO-3's ``zero.Init`` the adapters stay fp32 (below; not measured: the real-engine rows build the
-    model outside it). FSDP's LoRA runs are returned unchanged (accelerate's fp32 upcast of the trainables,
-    ``core/states/fsdp_upcast.py``), and so are pre-quantized GPTQ / AWQ / FP8 / MXFP4 bases (not modelled).
+    model outside it). An FSDP LoRA run computes from FSDP's 16-bit copies of the base and of the fp32-upcast
+    adapters (:func:`fsdp_adapters_16bit`): FSDP2's view is a 16-bit model with 16-bit adapters under autocast; FSDP1's
+    a 16-bit model whose adapters' inputs are cast as under plain autocast (peft reads the fp32 shard's dtype), with
+    no adapter weight cast. Real Trainer, tiny Llama, 1 and 2 gloo ranks (``benchmarks/fsdp_kinds_cpu.py``
+    ``lora-*``): start of backward FSDP2 +4.5 .. +6.2 % -> -0.1 .. -0.2 %, FSDP1 on 2 ranks +0.5 / +1.5 % -> -0.2 %.
+    A DoRA run under FSDP, a quantized base under FSDP and pre-quantized GPTQ / AWQ / FP8 / MXFP4 bases are returned
+    unchanged (not measured / not modelled).
 
     A bitsandbytes 4-bit or 8-bit base under DeepSpeed (the module docstring): the view is a 16-bit model over the
     packed base, with 16-bit adapters and no autocast, and peft's k-bit preparation undone
@@ -65,10 +70,17 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
     if strategy not in (Strategy.DEEPSPEED, Strategy.FSDP) or mp is MixedPrecision.NO:
         return spec
     quant = spec.quant
-    if spec.lora is not None and strategy is Strategy.FSDP:
-        return spec
     if quant is not None and (strategy is Strategy.FSDP or quant.method != "bitsandbytes"):
         return spec
+    if spec.lora is not None and strategy is Strategy.FSDP:
+        if not fsdp_adapters_16bit(spec):
+            return spec  # DoRA: not measured, as before
+        # the base and the adapters compute from FSDP's param_dtype copies; FSDP2: a 16-bit model with 16-bit
+        # adapters under autocast; FSDP1: peft casts each adapter's input to fp32 first, autocast casts it back
+        dtype = Dtype.BFLOAT16 if mp is MixedPrecision.BF16 else Dtype.FLOAT16
+        fs = spec.sharding.fsdp
+        return replace(spec, precision=PrecisionSpec(load_dtype=dtype, mixed_precision=mp,
+                                                     module_cast=fs is None or fs.version == 2))
     problem = deepspeed_quant_storage_problem(spec)
     if problem:
         raise ConfigError(problem)
@@ -85,6 +97,27 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
     zero_init = spec.sharding.zero_stage == 3 and ds is not None and ds.zero3_init and quant is None
     return replace(spec, precision=PrecisionSpec(load_dtype=dtype, mixed_precision=MixedPrecision.NO,
                                                  module_cast=not zero_init))
+
+
+def fsdp_adapters_16bit(spec: TrainingSpec) -> bool:
+    """Whether a LoRA run's adapters compute from FSDP's 16-bit copies: FSDP mixed precision over an unquantized
+    base, so autocast casts no fp32 adapter weight (``activations.autocast_weight_cache`` and the casts saved into
+    backward hold none of them).
+
+    accelerate 1.15 sets FSDP's ``MixedPrecision`` / ``MixedPrecisionPolicy`` ``param_dtype`` from
+    ``mixed_precision`` (``FullyShardedDataParallelPlugin.set_mixed_precision``): FSDP2's unsharded parameters and
+    FSDP1's flat-parameter views are 16-bit in forward, the fp32-upcast adapters' too (torch 2.13
+    ``_fully_shard/_fsdp_param.py`` ``init_unsharded_param``; ``fsdp/_flat_param.py`` ``_use_low_precision_shard``).
+    peft 0.21 ``lora.Linear.forward`` casts the input to ``lora_A.weight.dtype`` before ``lora_A`` runs: under
+    FSDP2 the layer's unit is gathered then (16-bit: no cast); under FSDP1 each ``lora_A`` is its own unit
+    (transformers 5.23 ``update_fsdp_plugin_peft``), still resharded to its fp32 shard when peft reads its dtype,
+    so the input is cast to fp32 and autocast casts it back to 16 bits for ``lora_A`` (one 16-bit copy per adapter
+    saved, as under plain autocast). Real Trainer, tiny Llama, 1 and 2 gloo ranks:
+    ``benchmarks/fsdp_kinds_cpu.py`` (``lora-*`` engines): FSDP1 holds one 16-bit ``(b, s, h)`` input per adapter
+    and no adapter weight cast, FSDP2 neither.
+    """
+    return (spec.sharding.strategy is Strategy.FSDP and spec.lora is not None and not spec.lora.use_dora
+            and spec.quant is None and spec.precision.mixed_precision is not MixedPrecision.NO)
 
 
 def deepspeed_quant_storage_problem(spec: TrainingSpec) -> str:

@@ -112,9 +112,10 @@ def _buffer(values: dict[Phase, int], source: str, detail: str) -> tuple[Compone
 
 
 def fsdp_backward_applies(spec: TrainingSpec) -> bool:
-    """Whether ``fsdp_backward.fsdp_backward_held`` describes the run: a full fine-tune of an untied model under
-    accelerate's FSDP2 units resharded after forward, or FSDP1's (decoder layers and the root) sharded FULL_SHARD
-    or, on one process, NO_SHARD with a mixed-precision copy; no CPU offload, unquantized."""
+    """Whether ``fsdp_backward.fsdp_backward_held`` describes the run: a full fine-tune of an untied model, or a LoRA
+    run of :func:`fsdp_lora_moments`, under accelerate's FSDP2 units resharded after forward, or FSDP1's (decoder
+    layers and the root) sharded FULL_SHARD or, on one process, NO_SHARD with a mixed-precision copy; no CPU
+    offload, unquantized."""
     sh = spec.sharding
     fs = sh.fsdp
     if sh.strategy is not Strategy.FSDP or (fs is not None and (
@@ -125,7 +126,22 @@ def fsdp_backward_applies(spec: TrainingSpec) -> bool:
             spec.precision.mixed_precision is MixedPrecision.NO):
         return False  # NO_SHARD computing with the flat parameter itself: nothing gathered (sharding._fsdp)
     full = spec.lora is None and spec.quant is None and spec.freeze is None and spec.peft is None
-    return full and not spec.model.shape.tied_embeddings and trainable_params(spec) > 0
+    return (full or fsdp_lora_moments(spec)) and not spec.model.shape.tied_embeddings and trainable_params(spec) > 0
+
+
+def fsdp_lora_moments(spec: TrainingSpec) -> bool:
+    """Whether a LoRA run's FSDP backward is the measured one (``benchmarks/fsdp_kinds_cpu.py`` ``lora-*``): adapters
+    on decoder-layer linears only (the base frozen, no ``modules_to_save``, DoRA, ``layers_to_transform`` or
+    ``target_parameters``), an unquantized base, no gradient checkpointing (not measured: the checkpointed LoRA
+    moments keep the old formula)."""
+    lora = spec.lora
+    if lora is None or spec.quant is not None or spec.freeze is not None or spec.peft is not None:
+        return False
+    if lora.modules_to_save or lora.use_dora or lora.layers_to_transform is not None or lora.target_parameters:
+        return False
+    from fitcheck.core.states.lora import plan_lora
+
+    return not spec.activations.checkpointing and all(t.entry.per_layer for t in plan_lora(spec).targets)
 
 
 def fsdp1_prefetched_units(spec: TrainingSpec) -> tuple[int, int]:

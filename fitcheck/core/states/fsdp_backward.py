@@ -12,7 +12,7 @@ from fitcheck.core.states.accumulation import accumulates_in_grad, gradients_hel
 from fitcheck.core.states.fsdp2_units import fsdp1_prefetched_units, fsdp_backward_applies, tail_params
 from fitcheck.core.states.layout import trainable_params
 from fitcheck.core.states.model_states import model_state_components
-from fitcheck.core.states.sharding import param_compute_bytes, partition
+from fitcheck.core.states.sharding import frozen_at_param_dtype, param_compute_bytes, partition
 from fitcheck.report import Phase
 from fitcheck.spec import Role, TrainingSpec
 
@@ -85,36 +85,71 @@ def fsdp_backward_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward |
     fs = spec.sharding.fsdp
     if fs is not None and fs.version == 1:
         return _fsdp1_held(spec, made_in_layer)
-    n, c, trainable, per_layer, emb = _sizes(spec)
+    u = _units(spec)
+    n, c, emb = u.shards, u.compute_bytes, u.embedding
     reduced, grads, shards_held = _gradients(spec, n)
-    tail = tail_params(spec)
+    tail, g_tail, g_layer, g_emb = tail_params(spec), u.trained_tail, u.trained_layer, u.trained_embedding
     layers = spec.model.shape.num_layers
     ahead = 2 if n > 1 else 1  # the unit in backward + the one prefetched
-    above = tail + (layers - 1) * per_layer
+    unit = u.layer_bytes
+    # c * g_...: a unit's reduce_scatter_input, kept until the next unit's post_backward; a frozen unit makes none
+    # (foreach_reduce runs over the gradients made), so a LoRA run's tail and embedding reduce nothing
     return FsdpBackward(
-        head=grads(0, 0) + c * tail + (c * per_layer if n > 1 else 0),
+        head=grads(0, 0) + c * tail + (unit if n > 1 else 0),
         # the tail resharded first (reshard_after_backward); sync_each_batch: the new shard beside the held one
-        tail_reduce=grads(tail, 0) + c * tail + c * tail // n + (reduced(tail) if shards_held else 0)
-        + (c * per_layer if n > 1 else 0),
+        tail_reduce=grads(g_tail, 0) + c * tail + c * g_tail // n + (reduced(g_tail) if shards_held else 0)
+        + (unit if n > 1 else 0) if g_tail else None,
         layer_reduce=None,
-        top=grads(tail, made_in_layer) + c * tail + ahead * c * per_layer,
-        bottom=grads(above, made_in_layer) + c * per_layer + c * per_layer + (c * emb if n > 1 else 0),
-        embedding=grads(trainable - emb, 0) + c * emb + c * per_layer + c * emb,
-        reduce_end=reduced(trainable) + c * emb + c * emb // n + (reduced(emb) if shards_held else 0),
+        top=grads(g_tail, made_in_layer) + c * g_tail + ahead * unit,
+        bottom=grads(g_tail + (layers - 1) * g_layer, made_in_layer) + unit + c * g_layer
+        + (c * emb if n > 1 else 0),
+        # a frozen embedding runs no backward: layer 0's input and the prefetched copy until the final callback
+        embedding=grads(u.trainable - g_emb, 0) + c * emb + c * g_layer + c * g_emb if g_emb
+        else grads(u.trainable, 0) + c * g_layer + (c * emb if n > 1 else 0),
+        reduce_end=reduced(u.trainable) + (c * emb + c * emb // n + (reduced(emb) if shards_held else 0)
+                                           if g_emb else 0),
     )
+
+
+@dataclass(frozen=True)
+class _Units:
+    """What one rank gathers and trains per FSDP unit (elements unless named bytes)."""
+
+    shards: int
+    compute_bytes: int
+    trainable: int
+    layer_bytes: int  # a gathered decoder-layer unit (with its adapters' copies)
+    trained_layer: int  # a decoder layer's trainable elements (all of it in a full fine-tune, its adapters in LoRA)
+    embedding: int  # the input embedding
+    trained_embedding: int
+    trained_tail: int  # the final norm's and LM head's trainable elements
+    root_bytes: int  # FSDP1's gathered root (embedding, final norm, LM head)
+
+
+def _units(spec: TrainingSpec) -> _Units:
+    """The unit sizes of a full fine-tune or of a LoRA run (``fsdp2_units.fsdp_lora_moments``: adapters in the
+    decoder layers only, in their layer's FSDP2 unit or, under FSDP1, in their own units gathered with it)."""
+    per_layer = sum(p.numel_each for p in spec.model.params if p.per_layer)
+    emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING)
+    root = sum(p.numel for p in spec.model.params if not p.per_layer)
+    layers = max(1, spec.model.shape.num_layers)
+    trainable = trainable_params(spec)
+    c = param_compute_bytes(spec)
+    # unsharded parameters and gradients, reduce_scatter_input (reduce_dtype: accelerate's policy, param_dtype)
+    if spec.lora is None:
+        return _Units(partition(spec).gradients, c, trainable, c * per_layer, per_layer, emb, emb,
+                      tail_params(spec), c * root)
+    adapters = trainable // layers
+    # FSDP1 on one process over units frozen in param_dtype: nothing copied (sharding.frozen_at_param_dtype)
+    fs = spec.sharding.fsdp
+    uncast = fs is not None and fs.version == 1 and partition(spec).weights == 1 and frozen_at_param_dtype(spec)
+    return _Units(partition(spec).gradients, c, trainable, 0 if uncast else c * (per_layer + adapters), adapters,
+                  emb, 0, 0, 0 if uncast else c * root)
 
 
 def _reduced_shard_bytes(spec: TrainingSpec) -> int:
     """Bytes of every reduced gradient shard of a rank (the model states' gradients at the optimizer step)."""
     return sum(c.at(Phase.OPTIMIZER_STEP) for c in model_state_components(spec) if c.name == "gradients")
-
-
-def _sizes(spec: TrainingSpec) -> tuple[int, int, int, int, int]:
-    """(shards, compute bytes, trainable elements, elements of a decoder layer, of the input embedding)."""
-    per_layer = sum(p.numel_each for p in spec.model.params if p.per_layer)
-    emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING)
-    # unsharded parameters and gradients, reduce_scatter_input (reduce_dtype: accelerate's policy, param_dtype)
-    return partition(spec).gradients, param_compute_bytes(spec), trainable_params(spec), per_layer, emb
 
 
 def _gradients(spec: TrainingSpec, n: int) -> tuple[Callable[[int], int], Callable[[int, int], int], bool]:
@@ -156,26 +191,29 @@ def _fsdp1_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward:
     gradients, its flat gradient and its gathered parameters are alive together. Measured on the real Trainer
     (``benchmarks/accumulation_engines_cpu.py``, 1 and 2 gloo ranks): the storages alive at each backward peak.
     """
-    n, c, _, per_layer, emb = _sizes(spec)
+    u = _units(spec)
+    n, c = u.shards, u.compute_bytes
     reduced, grads, shards_held = _gradients(spec, n)
     layers = spec.model.shape.num_layers
-    root = sum(p.numel for p in spec.model.params if not p.per_layer)
-    held_root = c * root  # the root gathered through backward
-    waiting = c * (root - emb)  # the head's and final norm's gradients, until the root's flat gradient is made
+    g_layer = u.trained_layer
+    trained_root = u.trainable - layers * g_layer
+    held_root = u.root_bytes  # the root gathered through backward
+    # the head's and final norm's gradients, until the root's flat gradient is made
+    waiting = c * (trained_root - u.trained_embedding)
     pre, post = fsdp1_prefetched_units(spec)
-    ahead = c * per_layer  # the next layer's unit, gathered early by the prefetch
+    unit = u.layer_bytes
     return FsdpBackward(
-        head=grads(0, 0) + held_root + pre * ahead,
+        head=grads(0, 0) + held_root + pre * unit,
         tail_reduce=None,
         # the layer's new flat gradient (and, sharded, its new_sharded_grad in reduce_dtype) beside its fp32 cast;
         # one process reducing into a held fp32 .grad casts that to reduce_dtype and back first (the measured peak
         # of the accumulating 1-rank run)
-        layer_reduce=grads(per_layer, 0) + c * per_layer + (c * per_layer // n if n > 1 else 0)
-        + (c * per_layer + reduced(per_layer) if shards_held and n == 1 else 0) + held_root + waiting
-        + max(pre, post) * ahead,
-        top=grads(0, made_in_layer) + held_root + waiting + c * per_layer + pre * ahead,
-        bottom=grads((layers - 1) * per_layer, made_in_layer) + held_root + waiting + c * per_layer,
-        embedding=grads(layers * per_layer, 0) + held_root + waiting + c * emb,
+        layer_reduce=grads(g_layer, 0) + c * g_layer + (c * g_layer // n if n > 1 else 0)
+        + (c * g_layer + reduced(g_layer) if shards_held and n == 1 else 0) + held_root + waiting
+        + max(pre, post) * unit,
+        top=grads(0, made_in_layer) + held_root + waiting + unit + pre * unit,
+        bottom=grads((layers - 1) * g_layer, made_in_layer) + held_root + waiting + unit,
+        embedding=grads(layers * g_layer, 0) + held_root + waiting + c * u.trained_embedding,
         # the parameters' gradients and the flat one made from them, beside the gathered root
-        reduce_end=grads(layers * per_layer, 0) + held_root + 2 * c * root,
+        reduce_end=grads(layers * g_layer, 0) + held_root + 2 * c * trained_root,
     )
