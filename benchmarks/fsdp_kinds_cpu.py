@@ -121,8 +121,8 @@ def spec_of(engine: str, seq: int, accum: int = 2) -> Any:
         fs = replace(fs, sharding_strategy="SHARD_GRAD_OP", reshard_after_forward=False)
         return replace(spec, sharding=replace(spec.sharding, fsdp=fs))
     if kind == "tied":
-        inv = inventory_from_config({**CONFIG, "tie_word_embeddings": True}, "tiny-tied", "benchmarks/fsdp_kinds_cpu.py")
-        return replace(spec, model=inv)
+        config = {**CONFIG, "tie_word_embeddings": True}
+        return replace(spec, model=inventory_from_config(config, "tiny-tied", "benchmarks/fsdp_kinds_cpu.py"))
     lora = LoraSpec(r=RANK, alpha=RANK, dropout=0.0, target_modules=TARGETS)
     quant = QuantSpec(double_quant=True, quant_storage=Dtype.BFLOAT16, compute_dtype=Dtype.BFLOAT16,
                       prepare_for_kbit_training=False) if kind == "qlora" else None

@@ -83,6 +83,10 @@ def layer_cast(spec: TrainingSpec) -> int:
     quant = spec.quant
     int8 = quant is not None and quant.bits == 8 and quant.method == "bitsandbytes" and spec.lora is not None
     if four_bit_lora(spec) or int8:  # 8-bit: F.linear casts the dequantized temporary, never cached (int8.py)
+        from fitcheck.core.kernels import fsdp_adapters_16bit
+
+        if fsdp_adapters_16bit(spec):  # the adapters compute from FSDP's 16-bit copies: nothing cast
+            return 0
         return 2 * lora_layer_params(spec) // max(1, spec.model.shape.num_layers)
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
     return 2 * sum(p.numel_each for p in spec.model.params if text_layer(p) and p.kind in kinds)

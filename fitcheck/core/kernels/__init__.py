@@ -17,6 +17,7 @@ from fitcheck.core.kernels.liger import (
 )
 from fitcheck.core.kernels.loss import LOSSES, effective_loss, fused_loss, head_trained, liger_cross_entropy
 from fitcheck.core.kernels.module_cast import (
+    activation_view,
     deepspeed_module_view,
     deepspeed_quant_storage_problem,
     fsdp_adapters_16bit,
@@ -30,13 +31,14 @@ __all__ = [
     "LIGER_VERSION",
     "LOSSES",
     "FusedLossBytes",
+    "activation_view",
     "cce_bytes",
     "deepspeed_module_view",
-    "fsdp_adapters_16bit",
     "deepspeed_quant_storage_problem",
     "effective_loss",
     "flce_bytes",
     "flce_chunk_size",
+    "fsdp_adapters_16bit",
     "fused_loss",
     "head_trained",
     "lever_findings",

@@ -46,13 +46,8 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
     (``PrecisionSpec.module_cast``). Real engine: ``benchmarks/deepspeed_cpu.py`` ``CASES["lora-fp32"]``, +44 %
     before; the tiny Llama at width 512, ZeRO-0/1/2, fp32- and bf16-loaded peaks equal: +51.7 % -> -0.00 %.
     Under ZeRO-3's ``zero.Init`` the adapters stay fp32 (below; not measured: the real-engine rows build the
-    model outside it). An FSDP LoRA run computes from FSDP's 16-bit copies of the base and of the fp32-upcast
-    adapters (:func:`fsdp_adapters_16bit`): FSDP2's view is a 16-bit model with 16-bit adapters under autocast; FSDP1's
-    a 16-bit model whose adapters' inputs are cast as under plain autocast (peft reads the fp32 shard's dtype), with
-    no adapter weight cast. Real Trainer, tiny Llama, 1 and 2 gloo ranks (``benchmarks/fsdp_kinds_cpu.py``
-    ``lora-*``): start of backward FSDP2 +4.5 .. +6.2 % -> -0.1 .. -0.2 %, FSDP1 on 2 ranks +0.5 / +1.5 % -> -0.2 %.
-    A DoRA run under FSDP, a quantized base under FSDP and pre-quantized GPTQ / AWQ / FP8 / MXFP4 bases are returned
-    unchanged (not measured / not modelled).
+    model outside it). FSDP's LoRA runs are returned unchanged (the formula's activations take
+    :func:`activation_view`), and so are pre-quantized GPTQ / AWQ / FP8 / MXFP4 bases (not modelled).
 
     A bitsandbytes 4-bit or 8-bit base under DeepSpeed (the module docstring): the view is a 16-bit model over the
     packed base, with 16-bit adapters and no autocast, and peft's k-bit preparation undone
@@ -70,17 +65,10 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
     if strategy not in (Strategy.DEEPSPEED, Strategy.FSDP) or mp is MixedPrecision.NO:
         return spec
     quant = spec.quant
+    if spec.lora is not None and strategy is Strategy.FSDP:
+        return spec  # the formula's activations: activation_view
     if quant is not None and (strategy is Strategy.FSDP or quant.method != "bitsandbytes"):
         return spec
-    if spec.lora is not None and strategy is Strategy.FSDP:
-        if not fsdp_adapters_16bit(spec):
-            return spec  # DoRA: not measured, as before
-        # the base and the adapters compute from FSDP's param_dtype copies; FSDP2: a 16-bit model with 16-bit
-        # adapters under autocast; FSDP1: peft casts each adapter's input to fp32 first, autocast casts it back
-        dtype = Dtype.BFLOAT16 if mp is MixedPrecision.BF16 else Dtype.FLOAT16
-        fs = spec.sharding.fsdp
-        return replace(spec, precision=PrecisionSpec(load_dtype=dtype, mixed_precision=mp,
-                                                     module_cast=fs is None or fs.version == 2))
     problem = deepspeed_quant_storage_problem(spec)
     if problem:
         raise ConfigError(problem)
@@ -99,10 +87,29 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
                                                  module_cast=not zero_init))
 
 
+def activation_view(spec: TrainingSpec) -> TrainingSpec:
+    """The spec as the formula's activations see it: :func:`deepspeed_module_view`, and an FSDP LoRA run over an
+    unquantized base computing from FSDP's 16-bit copies (:func:`fsdp_adapters_16bit`): FSDP2 a 16-bit model with
+    16-bit adapters under autocast (``PrecisionSpec.module_cast``), FSDP1 a 16-bit model whose adapters' inputs are
+    cast as under plain autocast (peft reads the fp32 shard's dtype). The tracer and the whole-run replays keep
+    :func:`deepspeed_module_view` (they trace the plain step: its adapter casts are not FSDP's; not measured).
+    Real Trainer, tiny Llama, 1 and 2 gloo ranks (``benchmarks/fsdp_kinds_cpu.py`` ``lora-*``): start of backward
+    FSDP2 +4.5 .. +6.2 % -> -0.1 .. -0.2 %, FSDP1 on 2 ranks +0.5 / +1.5 % -> -0.2 %."""
+    view = deepspeed_module_view(spec)
+    if view is not spec or not fsdp_adapters_16bit(spec) or spec.quant is not None:
+        return view
+    mp = spec.precision.mixed_precision
+    dtype = Dtype.BFLOAT16 if mp is MixedPrecision.BF16 else Dtype.FLOAT16
+    fs = spec.sharding.fsdp
+    return replace(spec, precision=PrecisionSpec(load_dtype=dtype, mixed_precision=mp,
+                                                 module_cast=fs is None or fs.version == 2))
+
+
 def fsdp_adapters_16bit(spec: TrainingSpec) -> bool:
-    """Whether a LoRA run's adapters compute from FSDP's 16-bit copies: FSDP mixed precision over an unquantized
-    base, so autocast casts no fp32 adapter weight (``activations.autocast_weight_cache`` and the casts saved into
-    backward hold none of them).
+    """Whether a LoRA run's adapters compute from FSDP's 16-bit copies: FSDP mixed precision over an unquantized or
+    a bitsandbytes 4-bit base (QLoRA: FSDP's ``param_dtype`` is then the quant storage dtype, transformers 5.23
+    ``update_fsdp_plugin_peft``), so autocast casts no fp32 adapter weight (``activations.autocast_weight_cache``
+    and the casts saved into backward hold none of them).
 
     accelerate 1.15 sets FSDP's ``MixedPrecision`` / ``MixedPrecisionPolicy`` ``param_dtype`` from
     ``mixed_precision`` (``FullyShardedDataParallelPlugin.set_mixed_precision``): FSDP2's unsharded parameters and
@@ -114,10 +121,12 @@ def fsdp_adapters_16bit(spec: TrainingSpec) -> bool:
     so the input is cast to fp32 and autocast casts it back to 16 bits for ``lora_A`` (one 16-bit copy per adapter
     saved, as under plain autocast). Real Trainer, tiny Llama, 1 and 2 gloo ranks:
     ``benchmarks/fsdp_kinds_cpu.py`` (``lora-*`` engines): FSDP1 holds one 16-bit ``(b, s, h)`` input per adapter
-    and no adapter weight cast, FSDP2 neither.
+    and no adapter weight cast, FSDP2 neither; ``qlora-*``: no adapter weight cast.
     """
+    quant = spec.quant
+    four_bit = quant is not None and quant.method == "bitsandbytes" and quant.bits == 4
     return (spec.sharding.strategy is Strategy.FSDP and spec.lora is not None and not spec.lora.use_dora
-            and spec.quant is None and spec.precision.mixed_precision is not MixedPrecision.NO)
+            and (quant is None or four_bit) and spec.precision.mixed_precision is not MixedPrecision.NO)
 
 
 def deepspeed_quant_storage_problem(spec: TrainingSpec) -> str:

@@ -130,12 +130,17 @@ def fsdp_backward_applies(spec: TrainingSpec) -> bool:
 
 
 def fsdp_lora_moments(spec: TrainingSpec) -> bool:
-    """Whether a LoRA run's FSDP backward is the measured one (``benchmarks/fsdp_kinds_cpu.py`` ``lora-*``): adapters
-    on decoder-layer linears only (the base frozen, no ``modules_to_save``, DoRA, ``layers_to_transform`` or
-    ``target_parameters``), an unquantized base, no gradient checkpointing (not measured: the checkpointed LoRA
-    moments keep the old formula)."""
-    lora = spec.lora
-    if lora is None or spec.quant is not None or spec.freeze is not None or spec.peft is not None:
+    """Whether a LoRA run's FSDP backward is the measured one (``benchmarks/fsdp_kinds_cpu.py`` ``lora-*`` /
+    ``qlora-*``): adapters on decoder-layer linears only (the base frozen, no ``modules_to_save``, DoRA,
+    ``layers_to_transform`` or ``target_parameters``), an unquantized base or, under FSDP1, a bitsandbytes 4-bit one
+    packed in a float storage (the fms / TRL sharded QLoRA), no gradient checkpointing (not measured: the checkpointed
+    LoRA moments keep the old formula, and so does FSDP2 QLoRA)."""
+    lora, q, fs = spec.lora, spec.quant, spec.sharding.fsdp
+    qlora = q is not None and is_fsdp_4bit(spec) and fs is not None and fs.version == 1
+    one_process_4bit = q is not None and q.method == "bitsandbytes" and q.bits == 4 and fs is not None and (
+        fs.version == 1 and spec.data_parallel_size == 1)  # NO_SHARD: nothing gathered (sharding._fsdp)
+    if lora is None or (q is not None and not (qlora or one_process_4bit)) or spec.freeze is not None or (
+            spec.peft is not None):
         return False
     if lora.modules_to_save or lora.use_dora or lora.layers_to_transform is not None or lora.target_parameters:
         return False

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from fitcheck.core.states.accumulation import accumulates_in_grad, gradients_held_from_start
 from fitcheck.core.states.fsdp2_units import fsdp1_prefetched_units, fsdp_backward_applies, tail_params
+from fitcheck.core.states.fsdp_qlora import gathered_layer_bytes
 from fitcheck.core.states.layout import trainable_params
 from fitcheck.core.states.model_states import model_state_components
 from fitcheck.core.states.sharding import frozen_at_param_dtype, param_compute_bytes, partition
@@ -140,10 +141,13 @@ def _units(spec: TrainingSpec) -> _Units:
         return _Units(partition(spec).gradients, c, trainable, c * per_layer, per_layer, emb, emb,
                       tail_params(spec), c * root)
     adapters = trainable // layers
-    # FSDP1 on one process over units frozen in param_dtype: nothing copied (sharding.frozen_at_param_dtype)
+    # FSDP1 on one process over units frozen in param_dtype or a 4-bit base: nothing copied (sharding._fsdp)
     fs = spec.sharding.fsdp
-    uncast = fs is not None and fs.version == 1 and partition(spec).weights == 1 and frozen_at_param_dtype(spec)
-    return _Units(partition(spec).gradients, c, trainable, 0 if uncast else c * (per_layer + adapters), adapters,
+    uncast = fs is not None and fs.version == 1 and partition(spec).weights == 1 and (
+        frozen_at_param_dtype(spec) or spec.quant is not None)
+    # a 4-bit base gathers its packed storage (fsdp_qlora.gathered_layer_bytes)
+    layer = gathered_layer_bytes(spec, c) if spec.quant is not None else c * per_layer
+    return _Units(partition(spec).gradients, c, trainable, 0 if uncast else layer + c * adapters, adapters,
                   emb, 0, 0, 0 if uncast else c * root)
 
 
