@@ -126,7 +126,9 @@ def fsdp_backward_applies(spec: TrainingSpec) -> bool:
             spec.precision.mixed_precision is MixedPrecision.NO):
         return False  # NO_SHARD computing with the flat parameter itself: nothing gathered (sharding._fsdp)
     full = spec.lora is None and spec.quant is None and spec.freeze is None and spec.peft is None
-    return (full or fsdp_lora_moments(spec)) and not spec.model.shape.tied_embeddings and trainable_params(spec) > 0
+    # tied (a full fine-tune; measured, benchmarks/fsdp_kinds_cpu.py tied-*): FSDP1's root holds the shared weight,
+    # FSDP2's tail unit holds it and reduces in the root's final callback
+    return (full or (fsdp_lora_moments(spec) and not spec.model.shape.tied_embeddings)) and trainable_params(spec) > 0
 
 
 def fsdp_lora_moments(spec: TrainingSpec) -> bool:

@@ -93,6 +93,8 @@ def fsdp_backward_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward |
     layers = spec.model.shape.num_layers
     ahead = 2 if n > 1 else 1  # the unit in backward + the one prefetched
     unit = u.layer_bytes
+    if spec.model.shape.tied_embeddings:
+        return _fsdp2_tied(spec, made_in_layer)
     # c * g_...: a unit's reduce_scatter_input, kept until the next unit's post_backward; a frozen unit makes none
     # (foreach_reduce runs over the gradients made), so a LoRA run's tail and embedding reduce nothing
     return FsdpBackward(
@@ -109,6 +111,35 @@ def fsdp_backward_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward |
         else grads(u.trainable, 0) + c * g_layer + (c * emb if n > 1 else 0),
         reduce_end=reduced(u.trainable) + (c * emb + c * emb // n + (reduced(emb) if shards_held else 0)
                                            if g_emb else 0),
+    )
+
+
+def _fsdp2_tied(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward:
+    """FSDP2 over a tied model (a full fine-tune): accelerate 1.15 ``fsdp2_prepare_model`` puts the shared weight in
+    the tail unit ``[final norm, lm_head, embed_tokens]`` (``reshard_after_forward=False``), gathered from forward to
+    the end of backward. The head's gradient of the shared unsharded parameter waits in its ``AccumulateGrad``
+    input buffer until the embedding's is added (autograd sums a leaf's incoming gradients before accumulating), and
+    the tail's ``post_backward`` runs in the root's final callback (torch 2.13 ``_fsdp_state.py``
+    ``_root_post_backward_final_callback``): its ``reduce_scatter_input`` and ``reduce_output`` then, every layer
+    reduced. Real Trainer, tiny Llama, 1 and 2 gloo ranks (``benchmarks/fsdp_kinds_cpu.py`` ``tied-fsdp2*``)."""
+    u = _units(spec)
+    n, c, unit = u.shards, u.compute_bytes, u.layer_bytes
+    reduced, grads, shards_held = _gradients(spec, n)
+    tail, layers, p = tail_params(spec), spec.model.shape.num_layers, u.trained_layer
+    waiting = c * tail  # the shared weight's head gradient (and the final norm's .grad)
+    ahead = 2 if n > 1 else 1
+    return FsdpBackward(
+        head=grads(0, 0) + c * tail + (unit if n > 1 else 0),
+        tail_reduce=None,
+        # the first reduce-scatter, the top layer's (its input, reduce_output and, sync_each_batch, the new fp32 shard
+        # beside the held one: foreach_reduce as at the untied tail's), the layers below it alive
+        layer_reduce=grads(p, 0) + c * p + c * p // n + (reduced(p) if shards_held else 0) + c * tail + waiting
+        + (unit if n > 1 else 0),
+        top=grads(0, made_in_layer) + c * tail + waiting + ahead * unit,
+        bottom=grads((layers - 1) * p, made_in_layer) + c * tail + waiting + unit + c * p,
+        # the embedding's new gradient and its sum with the waiting one, layer 0's reduce_scatter_input
+        embedding=grads(layers * p, 0) + c * tail + c * p + waiting + 2 * c * u.embedding,
+        reduce_end=reduced(u.trainable) + c * tail + c * tail // n + (reduced(tail) if shards_held else 0),
     )
 
 
@@ -202,8 +233,11 @@ def _fsdp1_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward:
     g_layer = u.trained_layer
     trained_root = u.trainable - layers * g_layer
     held_root = u.root_bytes  # the root gathered through backward
-    # the head's and final norm's gradients, until the root's flat gradient is made
-    waiting = c * (trained_root - u.trained_embedding)
+    # the head's and final norm's gradients, until the root's flat gradient is made; tied, the head's gradient of the
+    # shared weight waits in its input buffer until the embedding's is added (autograd sums a leaf's gradients
+    # before its AccumulateGrad / the flat parameter's split_with_sizes backward runs)
+    tied = spec.model.shape.tied_embeddings
+    waiting = c * (trained_root if tied else trained_root - u.trained_embedding)
     pre, post = fsdp1_prefetched_units(spec)
     unit = u.layer_bytes
     return FsdpBackward(
@@ -217,7 +251,8 @@ def _fsdp1_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward:
         + max(pre, post) * unit,
         top=grads(0, made_in_layer) + held_root + waiting + unit + pre * unit,
         bottom=grads((layers - 1) * g_layer, made_in_layer) + held_root + waiting + unit,
-        embedding=grads(layers * g_layer, 0) + held_root + waiting + c * u.trained_embedding,
+        # tied: the sum of the waiting head gradient and the new one, made beside both
+        embedding=grads(layers * g_layer, 0) + held_root + waiting + c * u.trained_embedding * (2 if tied else 1),
         # the parameters' gradients and the flat one made from them, beside the gathered root
         reduce_end=grads(layers * g_layer, 0) + held_root + 2 * c * trained_root,
     )
