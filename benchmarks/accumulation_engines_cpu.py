@@ -307,6 +307,8 @@ def _fsdp_rank(rank: int, world: int, version: int, seq: int, port: int, out: st
                 print(breakdown(rec, region, kib=True), file=sys.stderr, flush=True)
     result["is_fsdp2"] = bool(trainer.accelerator.is_fsdp2)
     result["distributed_type"] = str(trainer.accelerator.distributed_type)
+    if kind:  # the FSDP1 strategy the run got (SHARD_GRAD_OP for fsdp_kinds_cpu's sgo)
+        result["sharding_strategy"] = str(getattr(trainer.model_wrapped, "sharding_strategy", None))
     if rank == 0:
         with open(out, "w", encoding="utf-8") as fh:
             json.dump(result, fh)

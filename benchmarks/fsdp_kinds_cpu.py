@@ -15,9 +15,10 @@ FSDP settings:
   (``autocast_adapter_dtype=False``, TRL's sharded-QLoRA ``get_peft_model``), no k-bit preparation;
   ``update_fsdp_plugin_peft`` sets the mixed precision to the quant storage dtype;
 - ``tied``: the bf16 full fine-tune with ``tie_word_embeddings=True``;
-- ``sgo``: the bf16 full fine-tune with ``fsdp="shard_grad_op auto_wrap"`` (FSDP1 SHARD_GRAD_OP; FSDP2
-  ``reshard_after_forward=False``, transformers 5.23 ``training_args.py`` l.2920-2925), on 2 ranks only (one process is
-  NO_SHARD under FSDP1).
+- ``sgo``: the bf16 full fine-tune with ``fsdp="shard_grad_op auto_wrap"`` (FSDP2 ``reshard_after_forward=False``,
+  transformers 5.23 ``training_args.py`` l.2920-2925; FSDP1: ``reshard_after_forward="shard_grad_op"``, which accelerate
+  1.15 never applies: the run is FULL_SHARD, ``readers/fsdp_config.py`` ``_fsdp1_reshard_ignored``; the record keeps the
+  strategy FSDP1 ran, ``sharding_strategy``), on 2 ranks only (one process is NO_SHARD under FSDP1).
 
 Run: ``PYTHONPATH=. python benchmarks/fsdp_kinds_cpu.py --write [ENGINE ...]`` records every engine (or those) at 32
 and 128 tokens in ``benchmarks/data/fsdp_kinds_cpu.json``; ``--table [ENGINE ...]`` prints the recorded start and
@@ -112,13 +113,18 @@ def spec_of(engine: str, seq: int, accum: int = 2) -> Any:
     from deepspeed_run_events_cpu import CONFIG
 
     from fitcheck.readers import inventory_from_config
+    from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
     from fitcheck.spec import Dtype, LoraSpec, QuantSpec
 
     kind, base = _engine(engine)
     spec = plain_spec(base, seq, accum)
     fs = spec.sharding.fsdp
-    if kind == "sgo":
-        fs = replace(fs, sharding_strategy="SHARD_GRAD_OP", reshard_after_forward=False)
+    if kind == "sgo":  # as fitcheck reads the run's fsdp="shard_grad_op auto_wrap" (FSDP1: FULL_SHARD, a finding)
+        version = fs.version
+        read = fsdp_from_config({"version": version, **fsdp_option_string("shard_grad_op auto_wrap", at="fsdp",
+                                                                         version=version)},
+                                source="fsdp_kinds_cpu", flavour="trainer").spec
+        fs = replace(fs, sharding_strategy=read.sharding_strategy, reshard_after_forward=read.reshard_after_forward)
         return replace(spec, sharding=replace(spec.sharding, fsdp=fs))
     if kind == "tied":
         config = {**CONFIG, "tie_word_embeddings": True}
