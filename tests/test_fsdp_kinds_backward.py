@@ -1,7 +1,8 @@
-"""FSDP's backward moments of the runs s22 left on the old formula -- LoRA, QLoRA (FSDP1) and a tied-embedding full
-fine-tune -- against the real ``transformers.Trainer`` under accelerate's FSDP1 / FSDP2 on 1 and 2 gloo ranks (tiny
-Llama, 32 and 128 tokens, with and without accumulation), recorded by ``benchmarks/fsdp_kinds_cpu.py`` in
-``benchmarks/data/fsdp_kinds_cpu.json``. Formula only (no trace): 0.02 s a case."""
+"""FSDP's backward moments of the runs s22 left on the old formula -- LoRA, QLoRA (FSDP1), a tied-embedding full
+fine-tune and SHARD_GRAD_OP -- against the real ``transformers.Trainer`` under accelerate's FSDP1 / FSDP2 on 1 and 2
+gloo ranks (tiny Llama, 32 and 128 tokens, with and without accumulation), recorded by
+``benchmarks/fsdp_kinds_cpu.py`` in ``benchmarks/data/fsdp_kinds_cpu.json``. Formula only (no trace): 0.02 s a
+case."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ _CASES = [(f"{kind}-{engine}", micro, accum) for kind in ("lora", "qlora", "tied
                                        ("fsdp2-sync", "micro1", 1), ("fsdp2-2ranks", "micro2", 2),
                                        ("fsdp2-2ranks-sync", "micro1", 1))
           if not (kind == "qlora" and "fsdp2" in engine)]  # FSDP2 QLoRA: bf16 adapters, not the plain Trainer's
+# fsdp="shard_grad_op auto_wrap" on 2 ranks: FSDP2 reshard_after_forward=False; FSDP1 runs FULL_SHARD (accelerate 1.15)
+_CASES += [(f"sgo-{engine}", micro, accum) for engine, micro, accum in (
+    ("fsdp1-2ranks", "micro2", 2), ("fsdp1-2ranks-sync", "micro1", 1), ("fsdp2-2ranks", "micro2", 2),
+    ("fsdp2-2ranks-sync", "micro1", 1), ("fsdp2-2ranks-sync", "micro2", 2))]
 # below the record during backward, not modelled: the final norm's fp32 backward with every layer's activations alive
 # (the LoRA / QLoRA runs' layers-region peak at this vocabulary / width, -0.9 .. -2.0 %)
 _UNDER = 0.025
@@ -49,10 +54,12 @@ def _rows() -> dict[str, Any]:
 @pytest.mark.parametrize(("engine", "micro", "accum"), _CASES)
 def test_fsdp_kinds_backward_is_the_real_trainers(engine: str, micro: str, accum: int, seq: int) -> None:
     """Start of backward within 0.5 % and during backward (the LM head's and the layers' backward) within
-    -2.5 / +1.5 % (two ranks at 32 tokens: -8 / +4.5 %). Before (main at session 23): start of backward LoRA FSDP1 one process +8 .. +20 % (a root copy
-    FSDP1 never makes of bf16 units), LoRA FSDP2 +4.5 .. +7 % and QLoRA FSDP1 +0.6 .. +2.2 % (adapter weight casts
-    FSDP's 16-bit copies make unnecessary); during backward LoRA +4.7 .. +38 % (a layer unit and its gradients at the
-    head's moment), tied +4 .. +16 % (the old formula's unit gradients and buffers)."""
+    -2.5 / +1.5 % (two ranks at 32 tokens: -8 / +4.5 %). Before (main at session 23): start of backward LoRA FSDP1
+    one process +8 .. +20 % (a root copy FSDP1 never makes of bf16 units), LoRA FSDP2 +4.5 .. +7 % and QLoRA FSDP1
+    +0.6 .. +2.2 % (adapter weight casts FSDP's 16-bit copies make unnecessary); during backward LoRA +4.7 .. +38 %
+    (a layer unit and its gradients at the head's moment), tied +4 .. +16 % (the old formula's unit gradients and
+    buffers); SHARD_GRAD_OP: FSDP1 start +5 .. +11 % (accelerate 1.15 runs FULL_SHARD), FSDP2 start -3.8 % (the
+    embedding's unit kept gathered), during +3.4 .. +4.8 %."""
     from accumulation_engines_cpu import during_peak
     from fsdp_kinds_cpu import spec_of
 

@@ -85,12 +85,17 @@ def fsdp2_components(spec: TrainingSpec, compute_bytes: int, unit_params: int, s
         how = ("layers resharded after forward; in backward a unit + the prefetched next" if shards > 1 else
                "layers resharded after forward; one unit copied at a time (one shard)")
     else:
+        # the input embedding's own unit (untied) takes the config's reshard_after_forward too: kept gathered to its
+        # backward, at the end (real Trainer, FSDP2 shard_grad_op, 2 gloo ranks: benchmarks/fsdp_kinds_cpu.py
+        # sgo-fsdp2-*, the embedding's unsharded storage alive from forward to backward; -3.8 % at the start before)
+        untied = any(p.role is Role.LM_HEAD for p in spec.model.params)
+        emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING) * compute_bytes if untied else 0
         values = {
-            Phase.FORWARD_END: held + layers,
-            Phase.BACKWARD_START: tail + layers,
-            Phase.BACKWARD: layers + grads,
+            Phase.FORWARD_END: held + layers + emb,
+            Phase.BACKWARD_START: tail + layers + emb,
+            Phase.BACKWARD: layers + emb + grads,
         }
-        how = "reshard_after_forward=False: every layer kept gathered until its backward"
+        how = "reshard_after_forward=False: every layer (and the input embedding) kept gathered until its backward"
     return _buffer(
         values,
         source + "; accelerate 1.15 fsdp2_prepare_model units, torch 2.13 _fsdp_param_group.py "
@@ -118,9 +123,12 @@ def fsdp_backward_applies(spec: TrainingSpec) -> bool:
     offload, unquantized."""
     sh = spec.sharding
     fs = sh.fsdp
+    # FSDP2 SHARD_GRAD_OP (reshard_after_forward=False): measured (benchmarks/fsdp_kinds_cpu.py sgo-fsdp2-*);
+    # FSDP1's (only through fsdp_sharding_strategy: readers/fsdp_config.py) not
+    sgo2 = fs is not None and fs.version == 2 and not fs.reshard_after_forward
     if sh.strategy is not Strategy.FSDP or (fs is not None and (
-            fs.offload_params or not fs.reshard_after_forward or fs.auto_wrap_policy != "TRANSFORMER_BASED_WRAP"
-            or fs.wrap_unit_params or fs.sharding_strategy != "FULL_SHARD")):
+            fs.offload_params or fs.auto_wrap_policy != "TRANSFORMER_BASED_WRAP" or fs.wrap_unit_params
+            or not (sgo2 or (fs.reshard_after_forward and fs.sharding_strategy == "FULL_SHARD")))):
         return False
     if fs is not None and fs.version == 1 and spec.data_parallel_size == 1 and (
             spec.precision.mixed_precision is MixedPrecision.NO):

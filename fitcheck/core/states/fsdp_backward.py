@@ -93,19 +93,26 @@ def fsdp_backward_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward |
     layers = spec.model.shape.num_layers
     ahead = 2 if n > 1 else 1  # the unit in backward + the one prefetched
     unit = u.layer_bytes
+    kept_emb = c * emb if n > 1 else 0  # the embedding's unit, prefetched by the bottom layer's pre-backward
+    early = 0  # the embedding's unit gathered from the head's moment on
+    at_head = unit if n > 1 else 0  # before any layer's backward: the top layer prefetched
+    if fs is not None and not fs.reshard_after_forward:
+        # SHARD_GRAD_OP: every layer and the embedding's unit kept gathered from forward to their own backward
+        # (fsdp2_units.fsdp2_components), each resharded after it (reshard_after_backward)
+        ahead, kept_emb, early = layers, c * emb, c * emb
+        at_head = layers * unit + early
     if spec.model.shape.tied_embeddings:
         return _fsdp2_tied(spec, made_in_layer)
     # c * g_...: a unit's reduce_scatter_input, kept until the next unit's post_backward; a frozen unit makes none
     # (foreach_reduce runs over the gradients made), so a LoRA run's tail and embedding reduce nothing
     return FsdpBackward(
-        head=grads(0, 0) + c * tail + (unit if n > 1 else 0),
+        head=grads(0, 0) + c * tail + at_head,
         # the tail resharded first (reshard_after_backward); sync_each_batch: the new shard beside the held one
         tail_reduce=grads(g_tail, 0) + c * tail + c * g_tail // n + (reduced(g_tail) if shards_held else 0)
-        + (unit if n > 1 else 0) if g_tail else None,
+        + at_head if g_tail else None,
         layer_reduce=None,
-        top=grads(g_tail, made_in_layer) + c * g_tail + ahead * unit,
-        bottom=grads(g_tail + (layers - 1) * g_layer, made_in_layer) + unit + c * g_layer
-        + (c * emb if n > 1 else 0),
+        top=grads(g_tail, made_in_layer) + c * g_tail + ahead * unit + early,
+        bottom=grads(g_tail + (layers - 1) * g_layer, made_in_layer) + unit + c * g_layer + kept_emb,
         # a frozen embedding runs no backward: layer 0's input and the prefetched copy until the final callback
         embedding=grads(u.trainable - g_emb, 0) + c * emb + c * g_layer + c * g_emb if g_emb
         else grads(u.trainable, 0) + c * g_layer + (c * emb if n > 1 else 0),
