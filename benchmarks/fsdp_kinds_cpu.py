@@ -112,8 +112,7 @@ def spec_of(engine: str, seq: int, accum: int = 2) -> Any:
     from accumulation_engines_cpu import spec_of as plain_spec
     from deepspeed_run_events_cpu import CONFIG
 
-    from fitcheck.readers import inventory_from_config
-    from fitcheck.readers.fsdp_config import fsdp_from_config, fsdp_option_string
+    from fitcheck.readers import fsdp_from_config, fsdp_option_string, inventory_from_config
     from fitcheck.spec import Dtype, LoraSpec, QuantSpec
 
     kind, base = _engine(engine)
