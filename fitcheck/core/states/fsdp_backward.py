@@ -1,6 +1,12 @@
 """What one FSDP rank holds at each moment of backward beyond its sharded parameters, optimizer states and
 activations: its gradients in the form FSDP2 or FSDP1 keeps them then and its gathered units; read by the backward
 moments (``core/activations/backward.py``). Pure.
+
+Which runs (``fsdp2_units.fsdp_backward_applies``): an untied full fine-tune (session 22,
+``benchmarks/accumulation_engines_cpu.py``); since session 23 (``benchmarks/fsdp_kinds_cpu.py``, the real Trainer) a
+LoRA run on an unquantized base (FSDP1 and FSDP2) or a 4-bit one (FSDP1), not checkpointed; a tied full fine-tune;
+FSDP2 SHARD_GRAD_OP. The per-unit sizes (:class:`_Units`) carry the difference: what a unit gathers and what of it
+trains (a frozen unit makes and reduces no gradient).
 """
 
 from __future__ import annotations
