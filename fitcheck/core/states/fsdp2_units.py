@@ -143,8 +143,9 @@ def fsdp_lora_moments(spec: TrainingSpec) -> bool:
     """Whether a LoRA run's FSDP backward is the measured one (``benchmarks/fsdp_kinds_cpu.py`` ``lora-*`` /
     ``qlora-*``): adapters on decoder-layer linears only (the base frozen, no ``modules_to_save``, DoRA,
     ``layers_to_transform`` or ``target_parameters``), an unquantized base or, under FSDP1, a bitsandbytes 4-bit one
-    packed in a float storage (the fms / TRL sharded QLoRA), no gradient checkpointing (not measured: the checkpointed
-    LoRA moments keep the old formula, and so does FSDP2 QLoRA)."""
+    packed in a float storage (the fms / TRL sharded QLoRA), FSDP mixed precision, no gradient checkpointing (not
+    measured: the checkpointed LoRA moments keep the old formula, and so do FSDP2 QLoRA and a run without mixed
+    precision)."""
     lora, q, fs = spec.lora, spec.quant, spec.sharding.fsdp
     qlora = q is not None and is_fsdp_4bit(spec) and fs is not None and fs.version == 1
     one_process_4bit = q is not None and q.method == "bitsandbytes" and q.bits == 4 and fs is not None and (
@@ -156,7 +157,9 @@ def fsdp_lora_moments(spec: TrainingSpec) -> bool:
         return False
     from fitcheck.core.states.lora import plan_lora
 
-    return not spec.activations.checkpointing and all(t.entry.per_layer for t in plan_lora(spec).targets)
+    # measured under bf16 mixed precision (FSDP's 16-bit copies of base and adapters); without it, not measured
+    return (not spec.activations.checkpointing and spec.precision.mixed_precision is not MixedPrecision.NO
+            and all(t.entry.per_layer for t in plan_lora(spec).targets))
 
 
 def fsdp1_prefetched_units(spec: TrainingSpec) -> tuple[int, int]:
