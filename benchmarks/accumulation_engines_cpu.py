@@ -230,11 +230,13 @@ def _fsdp_leaves(model: Any) -> list[tuple[str, Any]]:
 
 
 def _fsdp_rank(rank: int, world: int, version: int, seq: int, port: int, out: str, sync: bool = False,
-               prefetch: bool = False, forward_prefetch: bool = False) -> None:
+               prefetch: bool = False, forward_prefetch: bool = False, kind: str = "") -> None:
     """One rank of the real Trainer under FSDP``version``; rank 0 writes its result to ``out``. ``sync``:
     accelerate's ``sync_each_batch`` (``TrainingArguments.accelerator_config``), no ``no_sync`` at all;
     ``prefetch``: FSDP1 ``fsdp_config`` ``backward_prefetch="backward_pre"`` (the Trainer's default: NO_PREFETCH);
-    ``forward_prefetch``: FSDP1 ``fsdp_config`` ``forward_prefetch=True`` (the Trainer's default: false)."""
+    ``forward_prefetch``: FSDP1 ``fsdp_config`` ``forward_prefetch=True`` (the Trainer's default: false);
+    ``kind``: the model and FSDP settings of ``fsdp_kinds_cpu.kind_model`` (LoRA, QLoRA, tied, SHARD_GRAD_OP), the
+    bf16 full fine-tune when empty."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT))
     from gloo_rank import finish_rank, install_fsdp_on_cpu_trainer, start_rank
@@ -254,6 +256,11 @@ def _fsdp_rank(rank: int, world: int, version: int, seq: int, port: int, out: st
     cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    shard, kind_config = "full_shard", {}
+    if kind:
+        from fsdp_kinds_cpu import kind_model
+
+        model, shard, kind_config = kind_model(kind, model)
     model.config.use_cache = False
     ids = torch.randint(0, cfg.vocab_size, (BATCH * ACCUM * 2, seq), generator=torch.Generator().manual_seed(rank))
     data = [{"input_ids": r, "labels": r} for r in ids]
@@ -261,8 +268,9 @@ def _fsdp_rank(rank: int, world: int, version: int, seq: int, port: int, out: st
              **({"forward_prefetch": True} if forward_prefetch else {})} if version == 1 else {}
     args = transformers.TrainingArguments(
         output_dir=tempfile.mkdtemp(), per_device_train_batch_size=BATCH, gradient_accumulation_steps=ACCUM,
-        max_steps=2, bf16=True, use_cpu=True, fsdp="full_shard auto_wrap",
-        fsdp_config={"version": version, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], **fsdp1},
+        max_steps=2, bf16=True, use_cpu=True, fsdp=f"{shard} auto_wrap",
+        fsdp_config={"version": version, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], **fsdp1,
+                     **kind_config},
         optim="adamw_torch", save_strategy="no", report_to="none", logging_strategy="no", disable_tqdm=True,
         seed=0, data_seed=0, dataloader_drop_last=True,
         accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}} if sync else None)
@@ -301,6 +309,8 @@ def _fsdp_rank(rank: int, world: int, version: int, seq: int, port: int, out: st
                 print(breakdown(rec, region, kib=True), file=sys.stderr, flush=True)
     result["is_fsdp2"] = bool(trainer.accelerator.is_fsdp2)
     result["distributed_type"] = str(trainer.accelerator.distributed_type)
+    if kind:  # the FSDP1 strategy the run got (SHARD_GRAD_OP for fsdp_kinds_cpu's sgo)
+        result["sharding_strategy"] = str(getattr(trainer.model_wrapped, "sharding_strategy", None))
     if rank == 0:
         with open(out, "w", encoding="utf-8") as fh:
             json.dump(result, fh)
@@ -308,15 +318,16 @@ def _fsdp_rank(rank: int, world: int, version: int, seq: int, port: int, out: st
 
 
 def run_fsdp(version: int, world: int, seq: int, sync: bool = False, prefetch: bool = False,
-             forward_prefetch: bool = False) -> dict[str, Any]:
-    """Rank 0's result of the Trainer under FSDP``version`` on ``world`` spawned gloo ranks."""
+             forward_prefetch: bool = False, kind: str = "") -> dict[str, Any]:
+    """Rank 0's result of the Trainer under FSDP``version`` on ``world`` spawned gloo ranks (``kind``: see
+    :func:`_fsdp_rank`)."""
     import torch.multiprocessing as mp_
     from gloo_rank import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         mp_.start_processes(_fsdp_rank, args=(world, version, seq, int(free_port()), out, sync, prefetch,
-                                              forward_prefetch), nprocs=world, join=True, start_method="spawn")
+                                              forward_prefetch, kind), nprocs=world, join=True, start_method="spawn")
         with open(out, encoding="utf-8") as fh:
             return dict(json.load(fh))
 

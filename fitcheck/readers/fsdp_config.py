@@ -280,7 +280,7 @@ def _strategy(
     raw_strategy = c.get("sharding_strategy")
     raw_reshard = c.get("reshard_after_forward")
     if version == 1:
-        # Plugin: sharding_strategy wins (legacy, int 1-5 or a name); else reshard_after_forward as a name.
+        # Plugin: sharding_strategy wins (legacy, int 1-5 or a name); reshard_after_forward never reaches FSDP1
         chosen, key = (
             (raw_strategy, "sharding_strategy")
             if raw_strategy is not None
@@ -294,6 +294,8 @@ def _strategy(
                 "FSDP1, please set to a `str` (accelerate); use FULL_SHARD or SHARD_GRAD_OP"
             )
         name = _strategy_name(chosen, at(key))
+        if key == "reshard_after_forward":
+            return _fsdp1_reshard_ignored(name, at(key), findings)
         prov["sharding_strategy"] = at(key)
         return name, name in ("FULL_SHARD", "HYBRID_SHARD")
     if raw_strategy is not None:
@@ -322,6 +324,32 @@ def _strategy(
     reshard = as_bool(raw_reshard, at=at("reshard_after_forward"))
     prov["reshard_after_forward"] = at("reshard_after_forward")
     return ("FULL_SHARD" if reshard else "SHARD_GRAD_OP"), reshard
+
+
+def _fsdp1_reshard_ignored(name: ShardingStrategy, at: str, findings: list[Finding]) -> tuple[ShardingStrategy, bool]:
+    """FSDP1 with a strategy given only as ``reshard_after_forward`` (transformers 5.23 writes ``fsdp="shard_grad_op"``
+    there, ``training_args.py`` ``_apply_legacy_fsdp_to_config``; so does accelerate 1.15's config): FULL_SHARD.
+
+    accelerate 1.15 ``FullyShardedDataParallelPlugin.__post_init__`` (``utils/dataclasses.py``) sets an FSDP1
+    plugin's ``sharding_strategy`` from the environment when it is None (``FSDP_SHARDING_STRATEGY``, default
+    ``FULL_SHARD``; ``accelerate launch`` exports its ``--fsdp_sharding_strategy``, default FULL_SHARD), and
+    ``Accelerator.prepare_model`` passes ``sharding_strategy or reshard_after_forward`` to FSDP (``accelerator.py``):
+    the strategy is never the ``reshard_after_forward`` one. The real Trainer (``benchmarks/fsdp_kinds_cpu.py``
+    ``sgo-fsdp1-*``, ``fsdp="shard_grad_op auto_wrap"``, FSDP1, 2 gloo ranks) runs ``ShardingStrategy.FULL_SHARD``:
+    its peaks equal the FULL_SHARD run's byte for byte (``accumulation_engines_cpu.json`` ``fsdp1-2ranks``).
+    """
+    if name != "FULL_SHARD":
+        findings.append(
+            Finding(
+                "fsdp1-reshard-ignored",
+                Severity.WARNING,
+                f"{at}: {name} is not what FSDP1 runs: accelerate 1.15 gives FSDP1 the plugin's sharding_strategy "
+                "(FSDP_SHARDING_STRATEGY, default FULL_SHARD) over reshard_after_forward; estimated as FULL_SHARD",
+                "set fsdp_sharding_strategy in the accelerate config (or FSDP_SHARDING_STRATEGY) to run "
+                f"{name} under FSDP1",
+            )
+        )
+    return "FULL_SHARD", True
 
 
 def _strategy_name(value: object, at: str) -> ShardingStrategy:

@@ -21,7 +21,10 @@ def fsdp_counted(spec: TrainingSpec) -> tuple[FsdpBackward, int] | None:
     moment subtracts; None where FSDP's moments are not modelled (the plain run's ``missing`` applies)."""
     from fitcheck.core.states import buffer_components, fsdp_backward_held, model_state_components
 
-    made = down_proj_numel(spec) if not accumulates_in_grad(spec) or spec.batch.grad_accum == 1 else 0
+    # a layer's first weight gradient at its MLP backward: down_proj's (LoRA: the few r-wide rows of its adapter, if
+    # any, left out)
+    made = down_proj_numel(spec) if spec.lora is None and (
+        not accumulates_in_grad(spec) or spec.batch.grad_accum == 1) else 0
     held = fsdp_backward_held(spec, made)
     if held is None:
         return None

@@ -83,6 +83,10 @@ def layer_cast(spec: TrainingSpec) -> int:
     quant = spec.quant
     int8 = quant is not None and quant.bits == 8 and quant.method == "bitsandbytes" and spec.lora is not None
     if four_bit_lora(spec) or int8:  # 8-bit: F.linear casts the dequantized temporary, never cached (int8.py)
+        from fitcheck.core.kernels import fsdp_adapters_16bit
+
+        if fsdp_adapters_16bit(spec):  # the adapters compute from FSDP's 16-bit copies: nothing cast
+            return 0
         return 2 * lora_layer_params(spec) // max(1, spec.model.shape.num_layers)
     kinds = (Kind.LINEAR, Kind.FUSED_EXPERTS)
     return 2 * sum(p.numel_each for p in spec.model.params if text_layer(p) and p.kind in kinds)
@@ -98,16 +102,18 @@ def adapter_casts_held(spec: TrainingSpec) -> tuple[int, int, int]:
     weight's cast for its backward, so a layer's casts live until that layer's backward (the start-of-backward
     component, ``decoder._autocast_cache_phases``, counts them; layer 0's q/k/v input needs no gradient, so its
     ``lora_A`` casts are not saved). The top layer's MLP backward comes after its down_proj's, whose casts are
-    freed. A 4-bit / 8-bit base counts them in :func:`layer_cast`; DoRA's magnitude is never cast. Probe
+    freed. A 4-bit / 8-bit base counts them in :func:`layer_cast`; DoRA's magnitude is never cast; under FSDP mixed
+    precision the adapters compute from FSDP's 16-bit copies (``kernels.fsdp_adapters_16bit``): none. Probe
     (``benchmarks/pinned_probes.py`` seed 2202) Phi-4-mini LoRA r32 bf16 under bf16 autocast, 1 x 576: -2.27 %
     during backward without them (Llama-3.1-8B r64: -5.0 %).
     """
+    from fitcheck.core.kernels import fsdp_adapters_16bit
     from fitcheck.core.states import plan_lora
     from fitcheck.spec import MixedPrecision
 
     lora = spec.lora
     if (lora is None or spec.quant is not None or spec.activations.checkpointing
-            or spec.precision.mixed_precision is MixedPrecision.NO):
+            or spec.precision.mixed_precision is MixedPrecision.NO or fsdp_adapters_16bit(spec)):
         return 0, 0, 0
     per_layer = [t for t in plan_lora(spec).targets if t.entry.per_layer and not t.via_param_wrapper]
     layers = max(1, spec.model.shape.num_layers)

@@ -96,7 +96,8 @@ from fitcheck.core.activations.qlora_base_mlp import bare_mlp_backward
 from fitcheck.core.activations.recipe_gaps import recipe_gap_findings, sliding_window_findings
 from fitcheck.core.activations.vision import vision_components, vision_findings
 from fitcheck.core.kernels import (
-    deepspeed_module_view,
+    activation_view,
+    fsdp_adapters_16bit,
     fused_loss,
     lever_findings,
     liger_applies,
@@ -123,7 +124,7 @@ def activation_components(spec: TrainingSpec, fsdp_moments: bool = True) -> tupl
     """
     spec = bert_layer_alias(spec)  # RoBERTa-like encoders run BERT's layer (activations/heads.py)
     sh = spec.model.shape
-    spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
+    spec = activation_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
     m = activation_mode(spec)
     b, s, layers = spec.batch.micro_batch, spec.batch.seq_len, sh.num_layers
     per_token, s2 = layer_saved_per_token(spec)
@@ -277,7 +278,8 @@ def activation_components(spec: TrainingSpec, fsdp_moments: bool = True) -> tupl
     if spec.lora is not None and spec.lora.use_dora and not spec.quant:
         comps.append(_dora_component(spec, m, layers - n_ckpt, fwd_logits, (bq, head, end + recompute)))
     comps.extend(vision_components(spec, bq, head))  # image-text-to-text (activations/vision.py)
-    if m.autocast or (m.amp and spec.lora is not None):
+    # LoRA over FSDP's 16-bit copies: no fp32 adapter to cast (kernels.fsdp_adapters_16bit)
+    if m.autocast or (m.amp and spec.lora is not None and not fsdp_adapters_16bit(spec)):
         cache, cache_bwd = _autocast_cache_phases(spec, m)
         cache += embedding_cast_cached(spec, m.autocast)  # OLMo-2 + LoRA + checkpointing (norms.py)
         comps.append(
@@ -416,7 +418,7 @@ def _autocast_cache(spec: TrainingSpec) -> int:
 
 def activation_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     """What the user should know about activations (unpinned family, forced eager, CPU-only paths)."""
-    spec = deepspeed_module_view(bert_layer_alias(spec))
+    spec = activation_view(bert_layer_alias(spec))
     out: list[Finding] = list(lever_findings(spec))
     recent = recipe_gap_findings(spec)  # what each family's recipe was not traced for (recipe_gaps.py)
     out.extend(recent)

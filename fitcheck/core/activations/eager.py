@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitcheck.core.activations.layer_saved import eager_layer_terms, layer_saved_per_token
-from fitcheck.core.kernels import deepspeed_module_view
+from fitcheck.core.kernels import activation_view
 from fitcheck.spec import AttentionKind, DeviceType, Dtype, ModelShape, Role, TrainingSpec
 
 
@@ -92,7 +92,7 @@ def eager_moments(spec: TrainingSpec) -> EagerMoments | None:
     Traced on a 2-layer Llama (:func:`eager_working_set`); checked on the real widths by
     ``benchmarks/envelope_ranges.py --attn eager`` and ``tests/test_eager_working_set.py``.
     """
-    spec = deepspeed_module_view(spec)
+    spec = activation_view(spec)
     sh = spec.model.shape
     m = eager_layer_terms(spec)
     if m is None:

@@ -41,7 +41,7 @@ from fitcheck.core.activations.qlora import (
     qlora_layer_saved_per_token,
 )
 from fitcheck.core.kernels import (
-    deepspeed_module_view,
+    activation_view,
     fused_loss,
     liger_applies,
     liger_mlp_delta,
@@ -109,9 +109,10 @@ def _linear_inputs(shape: ModelShape, m: ActivationMode, full: bool, targets: fr
     hit = [c for c in consumers if c in targets]
     if hit and lora is not None:
         total += len(hit) * adapter_input_bytes(m, lora, width)
-        if lora.dropout == 0 and not (m.amp or (m.half_model and not m.a16) or full or kept):
-            # fp32 model (or 16-bit adapters on a 16-bit model): the adapters read the input itself, once (trace:
-            # mul, norm output)
+        if lora.dropout == 0 and not (((m.amp or m.half_model) and not m.a16) or full or kept):
+            # fp32 model (or 16-bit adapters on a 16-bit model, under autocast too: FSDP2's 16-bit copies, real
+            # Trainer benchmarks/fsdp_kinds_cpu.py): the adapters read the input itself, once (trace: mul, norm
+            # output)
             total += m.e * width
     return total
 
@@ -127,7 +128,7 @@ def _experts_adapted(spec: TrainingSpec) -> bool:
 def _reads_input_itself(spec: TrainingSpec, m: ActivationMode, targets: frozenset[str], name: str) -> bool:
     """Whether the LoRA adapter on ``name`` saves its input tensor itself (fp32 model, no dropout, no autocast)."""
     lora = spec.lora
-    return name in targets and lora is not None and lora.dropout == 0 and not (m.amp or (m.half_model and not m.a16))
+    return name in targets and lora is not None and lora.dropout == 0 and not ((m.amp or m.half_model) and not m.a16)
 
 
 def lora_reads_input_itself(spec: TrainingSpec) -> bool:
@@ -159,7 +160,7 @@ def layer_saved_per_token(spec: TrainingSpec, trainable: bool | None = None) -> 
     ``trainable=False``: a frozen layer of a partial fine-tune whose input needs a gradient
     (``fitcheck.core.activations.freeze``); None: as the spec says (full fine-tune, LoRA or quantized base).
     """
-    spec = deepspeed_module_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
+    spec = activation_view(spec)  # DeepSpeed fp16/bf16 runs a 16-bit module (kernels/module_cast.py)
     per_token, s2 = _layer_saved(spec, trainable)
     per_token += kept_layer_extra(spec)  # bitsandbytes <= 0.43.1 keeps each 4-bit linear's input (bnb_kept_inputs.py)
     liger = liger_applies(spec)
@@ -387,7 +388,7 @@ def lm_head_input_saved(spec: TrainingSpec) -> int:
     Read under the same view the saved total is (``decoder.activation_components``: DeepSpeed fp16/bf16 runs a
     16-bit module, ``kernels.deepspeed_module_view``), so an fp32-loaded model under DeepSpeed bf16 keeps a 16-bit
     head input, not the autocast run's none."""
-    spec = deepspeed_module_view(spec)
+    spec = activation_view(spec)
     sh = spec.model.shape
     per_token = (layernorm_head_input(spec) if sh.traits.recipe.layernorm_block
                  else _head_input_per_token(spec, activation_mode(spec)))

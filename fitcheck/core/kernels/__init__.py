@@ -16,7 +16,12 @@ from fitcheck.core.kernels.liger import (
     liger_norm_saved,
 )
 from fitcheck.core.kernels.loss import LOSSES, effective_loss, fused_loss, head_trained, liger_cross_entropy
-from fitcheck.core.kernels.module_cast import deepspeed_module_view, deepspeed_quant_storage_problem
+from fitcheck.core.kernels.module_cast import (
+    activation_view,
+    deepspeed_module_view,
+    deepspeed_quant_storage_problem,
+    fsdp_adapters_16bit,
+)
 from fitcheck.core.kernels.offloading import lever_findings, offload_applies, offload_split
 
 __all__ = [
@@ -26,12 +31,14 @@ __all__ = [
     "LIGER_VERSION",
     "LOSSES",
     "FusedLossBytes",
+    "activation_view",
     "cce_bytes",
     "deepspeed_module_view",
     "deepspeed_quant_storage_problem",
     "effective_loss",
     "flce_bytes",
     "flce_chunk_size",
+    "fsdp_adapters_16bit",
     "fused_loss",
     "head_trained",
     "lever_findings",

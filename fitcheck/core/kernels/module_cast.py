@@ -46,8 +46,8 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
     (``PrecisionSpec.module_cast``). Real engine: ``benchmarks/deepspeed_cpu.py`` ``CASES["lora-fp32"]``, +44 %
     before; the tiny Llama at width 512, ZeRO-0/1/2, fp32- and bf16-loaded peaks equal: +51.7 % -> -0.00 %.
     Under ZeRO-3's ``zero.Init`` the adapters stay fp32 (below; not measured: the real-engine rows build the
-    model outside it). FSDP's LoRA runs are returned unchanged (accelerate's fp32 upcast of the trainables,
-    ``core/states/fsdp_upcast.py``), and so are pre-quantized GPTQ / AWQ / FP8 / MXFP4 bases (not modelled).
+    model outside it). FSDP's LoRA runs are returned unchanged (the formula's activations take
+    :func:`activation_view`), and so are pre-quantized GPTQ / AWQ / FP8 / MXFP4 bases (not modelled).
 
     A bitsandbytes 4-bit or 8-bit base under DeepSpeed (the module docstring): the view is a 16-bit model over the
     packed base, with 16-bit adapters and no autocast, and peft's k-bit preparation undone
@@ -66,7 +66,7 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
         return spec
     quant = spec.quant
     if spec.lora is not None and strategy is Strategy.FSDP:
-        return spec
+        return spec  # the formula's activations: activation_view
     if quant is not None and (strategy is Strategy.FSDP or quant.method != "bitsandbytes"):
         return spec
     problem = deepspeed_quant_storage_problem(spec)
@@ -85,6 +85,48 @@ def deepspeed_module_view(spec: TrainingSpec) -> TrainingSpec:
     zero_init = spec.sharding.zero_stage == 3 and ds is not None and ds.zero3_init and quant is None
     return replace(spec, precision=PrecisionSpec(load_dtype=dtype, mixed_precision=MixedPrecision.NO,
                                                  module_cast=not zero_init))
+
+
+def activation_view(spec: TrainingSpec) -> TrainingSpec:
+    """The spec as the formula's activations see it: :func:`deepspeed_module_view`, and an FSDP LoRA run over an
+    unquantized base computing from FSDP's 16-bit copies (:func:`fsdp_adapters_16bit`): FSDP2 a 16-bit model with
+    16-bit adapters under autocast (``PrecisionSpec.module_cast``), FSDP1 a 16-bit model whose adapters' inputs are
+    cast as under plain autocast (peft reads the fp32 shard's dtype). The tracer and the whole-run replays keep
+    :func:`deepspeed_module_view` (they trace the plain step: its adapter casts are not FSDP's; not measured).
+    Real Trainer, tiny Llama, 1 and 2 gloo ranks (``benchmarks/fsdp_kinds_cpu.py`` ``lora-*``): start of backward
+    FSDP2 +4.5 .. +6.2 % -> -0.1 .. -0.2 %, FSDP1 on 2 ranks +0.5 / +1.5 % -> -0.2 %."""
+    view = deepspeed_module_view(spec)
+    if view is not spec or not fsdp_adapters_16bit(spec) or spec.quant is not None:
+        return view
+    mp = spec.precision.mixed_precision
+    dtype = Dtype.BFLOAT16 if mp is MixedPrecision.BF16 else Dtype.FLOAT16
+    fs = spec.sharding.fsdp
+    return replace(spec, precision=PrecisionSpec(load_dtype=dtype, mixed_precision=mp,
+                                                 module_cast=fs is None or fs.version == 2))
+
+
+def fsdp_adapters_16bit(spec: TrainingSpec) -> bool:
+    """Whether a LoRA run's adapters compute from FSDP's 16-bit copies: FSDP mixed precision over an unquantized or
+    a bitsandbytes 4-bit base (QLoRA: FSDP's ``param_dtype`` is then the quant storage dtype, transformers 5.23
+    ``update_fsdp_plugin_peft``), so autocast casts no fp32 adapter weight (``activations.autocast_weight_cache``
+    and the casts saved into backward hold none of them).
+
+    accelerate 1.15 sets FSDP's ``MixedPrecision`` / ``MixedPrecisionPolicy`` ``param_dtype`` from
+    ``mixed_precision`` (``FullyShardedDataParallelPlugin.set_mixed_precision``): FSDP2's unsharded parameters and
+    FSDP1's flat-parameter views are 16-bit in forward, the fp32-upcast adapters' too (torch 2.13
+    ``_fully_shard/_fsdp_param.py`` ``init_unsharded_param``; ``fsdp/_flat_param.py`` ``_use_low_precision_shard``).
+    peft 0.21 ``lora.Linear.forward`` casts the input to ``lora_A.weight.dtype`` before ``lora_A`` runs: under
+    FSDP2 the layer's unit is gathered then (16-bit: no cast); under FSDP1 each ``lora_A`` is its own unit
+    (transformers 5.23 ``update_fsdp_plugin_peft``), still resharded to its fp32 shard when peft reads its dtype,
+    so the input is cast to fp32 and autocast casts it back to 16 bits for ``lora_A`` (one 16-bit copy per adapter
+    saved, as under plain autocast). Real Trainer, tiny Llama, 1 and 2 gloo ranks:
+    ``benchmarks/fsdp_kinds_cpu.py`` (``lora-*`` engines): FSDP1 holds one 16-bit ``(b, s, h)`` input per adapter
+    and no adapter weight cast, FSDP2 neither; ``qlora-*``: no adapter weight cast.
+    """
+    quant = spec.quant
+    four_bit = quant is not None and quant.method == "bitsandbytes" and quant.bits == 4
+    return (spec.sharding.strategy is Strategy.FSDP and spec.lora is not None and not spec.lora.use_dora
+            and (quant is None or four_bit) and spec.precision.mixed_precision is not MixedPrecision.NO)
 
 
 def deepspeed_quant_storage_problem(spec: TrainingSpec) -> str:

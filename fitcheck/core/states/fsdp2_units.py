@@ -85,12 +85,17 @@ def fsdp2_components(spec: TrainingSpec, compute_bytes: int, unit_params: int, s
         how = ("layers resharded after forward; in backward a unit + the prefetched next" if shards > 1 else
                "layers resharded after forward; one unit copied at a time (one shard)")
     else:
+        # the input embedding's own unit (untied) takes the config's reshard_after_forward too: kept gathered to its
+        # backward, at the end (real Trainer, FSDP2 shard_grad_op, 2 gloo ranks: benchmarks/fsdp_kinds_cpu.py
+        # sgo-fsdp2-*, the embedding's unsharded storage alive from forward to backward; -3.8 % at the start before)
+        untied = any(p.role is Role.LM_HEAD for p in spec.model.params)
+        emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING) * compute_bytes if untied else 0
         values = {
-            Phase.FORWARD_END: held + layers,
-            Phase.BACKWARD_START: tail + layers,
-            Phase.BACKWARD: layers + grads,
+            Phase.FORWARD_END: held + layers + emb,
+            Phase.BACKWARD_START: tail + layers + emb,
+            Phase.BACKWARD: layers + emb + grads,
         }
-        how = "reshard_after_forward=False: every layer kept gathered until its backward"
+        how = "reshard_after_forward=False: every layer (and the input embedding) kept gathered until its backward"
     return _buffer(
         values,
         source + "; accelerate 1.15 fsdp2_prepare_model units, torch 2.13 _fsdp_param_group.py "
@@ -112,17 +117,47 @@ def _buffer(values: dict[Phase, int], source: str, detail: str) -> tuple[Compone
 
 
 def fsdp_backward_applies(spec: TrainingSpec) -> bool:
-    """Whether ``fsdp_backward.fsdp_backward_held`` describes the run: a full fine-tune of an untied model under
-    accelerate's FSDP2 units resharded after forward, or FSDP1's (decoder layers and the root) sharded FULL_SHARD
-    or, on one process, NO_SHARD with a mixed-precision copy; no CPU offload, unquantized."""
+    """Whether ``fsdp_backward.fsdp_backward_held`` describes the run: a full fine-tune of an untied model, or a LoRA
+    run of :func:`fsdp_lora_moments`, under accelerate's FSDP2 units resharded after forward, or FSDP1's (decoder
+    layers and the root) sharded FULL_SHARD or, on one process, NO_SHARD with a mixed-precision copy; no CPU
+    offload, unquantized."""
     sh = spec.sharding
     fs = sh.fsdp
+    # FSDP2 SHARD_GRAD_OP (reshard_after_forward=False): measured (benchmarks/fsdp_kinds_cpu.py sgo-fsdp2-*);
+    # FSDP1's (only through fsdp_sharding_strategy: readers/fsdp_config.py) not
+    sgo2 = fs is not None and fs.version == 2 and not fs.reshard_after_forward
     if sh.strategy is not Strategy.FSDP or (fs is not None and (
-            fs.offload_params or not fs.reshard_after_forward or fs.auto_wrap_policy != "TRANSFORMER_BASED_WRAP"
-            or fs.wrap_unit_params or fs.sharding_strategy != "FULL_SHARD")):
+            fs.offload_params or fs.auto_wrap_policy != "TRANSFORMER_BASED_WRAP" or fs.wrap_unit_params
+            or not (sgo2 or (fs.reshard_after_forward and fs.sharding_strategy == "FULL_SHARD")))):
         return False
     if fs is not None and fs.version == 1 and spec.data_parallel_size == 1 and (
             spec.precision.mixed_precision is MixedPrecision.NO):
         return False  # NO_SHARD computing with the flat parameter itself: nothing gathered (sharding._fsdp)
     full = spec.lora is None and spec.quant is None and spec.freeze is None and spec.peft is None
-    return full and not spec.model.shape.tied_embeddings and trainable_params(spec) > 0
+    # tied (a full fine-tune; measured, benchmarks/fsdp_kinds_cpu.py tied-*): FSDP1's root holds the shared weight,
+    # FSDP2's tail unit holds it and reduces in the root's final callback
+    return (full or (fsdp_lora_moments(spec) and not spec.model.shape.tied_embeddings)) and trainable_params(spec) > 0
+
+
+def fsdp_lora_moments(spec: TrainingSpec) -> bool:
+    """Whether a LoRA run's FSDP backward is the measured one (``benchmarks/fsdp_kinds_cpu.py`` ``lora-*`` /
+    ``qlora-*``): adapters on decoder-layer linears only (the base frozen, no ``modules_to_save``, DoRA,
+    ``layers_to_transform`` or ``target_parameters``), an unquantized base or, under FSDP1, a bitsandbytes 4-bit one
+    packed in a float storage (the fms / TRL sharded QLoRA), FSDP mixed precision, no gradient checkpointing (not
+    measured: the checkpointed LoRA moments keep the old formula, and so do FSDP2 QLoRA and a run without mixed
+    precision)."""
+    lora, q, fs = spec.lora, spec.quant, spec.sharding.fsdp
+    qlora = q is not None and is_fsdp_4bit(spec) and fs is not None and fs.version == 1
+    one_process_4bit = q is not None and q.method == "bitsandbytes" and q.bits == 4 and fs is not None and (
+        fs.version == 1 and spec.data_parallel_size == 1)  # NO_SHARD: nothing gathered (sharding._fsdp)
+    if lora is None or (q is not None and not (qlora or one_process_4bit)) or spec.freeze is not None or (
+            spec.peft is not None):
+        return False
+    if lora.modules_to_save or lora.use_dora or lora.layers_to_transform is not None or lora.target_parameters:
+        return False
+    from fitcheck.core.states.lora import plan_lora
+
+    # measured under bf16 mixed precision (FSDP's 16-bit copies of base and adapters); without it, not measured
+    return (not spec.activations.checkpointing and spec.precision.mixed_precision is not MixedPrecision.NO
+            and all(t.entry.per_layer for t in plan_lora(spec).targets))
+

@@ -1,6 +1,12 @@
 """What one FSDP rank holds at each moment of backward beyond its sharded parameters, optimizer states and
 activations: its gradients in the form FSDP2 or FSDP1 keeps them then and its gathered units; read by the backward
 moments (``core/activations/backward.py``). Pure.
+
+Which runs (``fsdp2_units.fsdp_backward_applies``): an untied full fine-tune (session 22,
+``benchmarks/accumulation_engines_cpu.py``); since session 23 (``benchmarks/fsdp_kinds_cpu.py``, the real Trainer) a
+LoRA run on an unquantized base (FSDP1 and FSDP2) or a 4-bit one (FSDP1), not checkpointed; a tied full fine-tune;
+FSDP2 SHARD_GRAD_OP. The per-unit sizes (:class:`_Units`) carry the difference: what a unit gathers and what of it
+trains (a frozen unit makes and reduces no gradient).
 """
 
 from __future__ import annotations
@@ -11,9 +17,10 @@ from dataclasses import dataclass
 from fitcheck.core.states.accumulation import accumulates_in_grad, gradients_held_from_start
 from fitcheck.core.states.fsdp1_prefetch import fsdp1_prefetched_units
 from fitcheck.core.states.fsdp2_units import fsdp_backward_applies, tail_params
+from fitcheck.core.states.fsdp_qlora import gathered_layer_bytes
 from fitcheck.core.states.layout import trainable_params
 from fitcheck.core.states.model_states import model_state_components
-from fitcheck.core.states.sharding import param_compute_bytes, partition
+from fitcheck.core.states.sharding import frozen_at_param_dtype, param_compute_bytes, partition
 from fitcheck.report import Phase
 from fitcheck.spec import Role, TrainingSpec
 
@@ -86,36 +93,112 @@ def fsdp_backward_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward |
     fs = spec.sharding.fsdp
     if fs is not None and fs.version == 1:
         return _fsdp1_held(spec, made_in_layer)
-    n, c, trainable, per_layer, emb = _sizes(spec)
+    u = _units(spec)
+    n, c, emb = u.shards, u.compute_bytes, u.embedding
     reduced, grads, shards_held = _gradients(spec, n)
-    tail = tail_params(spec)
+    tail, g_tail, g_layer, g_emb = tail_params(spec), u.trained_tail, u.trained_layer, u.trained_embedding
     layers = spec.model.shape.num_layers
     ahead = 2 if n > 1 else 1  # the unit in backward + the one prefetched
-    above = tail + (layers - 1) * per_layer
+    unit = u.layer_bytes
+    kept_emb = c * emb if n > 1 else 0  # the embedding's unit, prefetched by the bottom layer's pre-backward
+    early = 0  # the embedding's unit gathered from the head's moment on
+    at_head = unit if n > 1 else 0  # before any layer's backward: the top layer prefetched
+    if fs is not None and not fs.reshard_after_forward:
+        # SHARD_GRAD_OP: every layer and the embedding's unit kept gathered from forward to their own backward
+        # (fsdp2_units.fsdp2_components), each resharded after it (reshard_after_backward)
+        ahead, kept_emb, early = layers, c * emb, c * emb
+        at_head = layers * unit + early
+    if spec.model.shape.tied_embeddings:
+        return _fsdp2_tied(spec, made_in_layer)
+    # c * g_...: a unit's reduce_scatter_input, kept until the next unit's post_backward; a frozen unit makes none
+    # (foreach_reduce runs over the gradients made), so a LoRA run's tail and embedding reduce nothing
     return FsdpBackward(
-        head=grads(0, 0) + c * tail + (c * per_layer if n > 1 else 0),
+        head=grads(0, 0) + c * tail + at_head,
         # the tail resharded first (reshard_after_backward); sync_each_batch: the new shard beside the held one
-        tail_reduce=grads(tail, 0) + c * tail + c * tail // n + (reduced(tail) if shards_held else 0)
-        + (c * per_layer if n > 1 else 0),
+        tail_reduce=grads(g_tail, 0) + c * tail + c * g_tail // n + (reduced(g_tail) if shards_held else 0)
+        + at_head if g_tail else None,
         layer_reduce=None,
-        top=grads(tail, made_in_layer) + c * tail + ahead * c * per_layer,
-        bottom=grads(above, made_in_layer) + c * per_layer + c * per_layer + (c * emb if n > 1 else 0),
-        embedding=grads(trainable - emb, 0) + c * emb + c * per_layer + c * emb,
-        reduce_end=reduced(trainable) + c * emb + c * emb // n + (reduced(emb) if shards_held else 0),
+        top=grads(g_tail, made_in_layer) + c * g_tail + ahead * unit + early,
+        bottom=grads(g_tail + (layers - 1) * g_layer, made_in_layer) + unit + c * g_layer + kept_emb,
+        # a frozen embedding runs no backward: layer 0's input and the prefetched copy until the final callback
+        embedding=grads(u.trainable - g_emb, 0) + c * emb + c * g_layer + c * g_emb if g_emb
+        else grads(u.trainable, 0) + c * g_layer + (c * emb if n > 1 else 0),
+        reduce_end=reduced(u.trainable) + (c * emb + c * emb // n + (reduced(emb) if shards_held else 0)
+                                           if g_emb else 0),
     )
+
+
+def _fsdp2_tied(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward:
+    """FSDP2 over a tied model (a full fine-tune): accelerate 1.15 ``fsdp2_prepare_model`` puts the shared weight in
+    the tail unit ``[final norm, lm_head, embed_tokens]`` (``reshard_after_forward=False``), gathered from forward to
+    the end of backward. The head's gradient of the shared unsharded parameter waits in its ``AccumulateGrad``
+    input buffer until the embedding's is added (autograd sums a leaf's incoming gradients before accumulating), and
+    the tail's ``post_backward`` runs in the root's final callback (torch 2.13 ``_fsdp_state.py``
+    ``_root_post_backward_final_callback``): its ``reduce_scatter_input`` and ``reduce_output`` then, every layer
+    reduced. Real Trainer, tiny Llama, 1 and 2 gloo ranks (``benchmarks/fsdp_kinds_cpu.py`` ``tied-fsdp2*``)."""
+    u = _units(spec)
+    n, c, unit = u.shards, u.compute_bytes, u.layer_bytes
+    reduced, grads, shards_held = _gradients(spec, n)
+    tail, layers, p = tail_params(spec), spec.model.shape.num_layers, u.trained_layer
+    waiting = c * tail  # the shared weight's head gradient (and the final norm's .grad)
+    ahead = 2 if n > 1 else 1
+    return FsdpBackward(
+        head=grads(0, 0) + c * tail + (unit if n > 1 else 0),
+        tail_reduce=None,
+        # the first reduce-scatter, the top layer's (its input, reduce_output and, sync_each_batch, the new fp32 shard
+        # beside the held one: foreach_reduce as at the untied tail's), the layers below it alive
+        layer_reduce=grads(p, 0) + c * p + c * p // n + (reduced(p) if shards_held else 0) + c * tail + waiting
+        + (unit if n > 1 else 0),
+        top=grads(0, made_in_layer) + c * tail + waiting + ahead * unit,
+        bottom=grads((layers - 1) * p, made_in_layer) + c * tail + waiting + unit + c * p,
+        # the embedding's new gradient and its sum with the waiting one, layer 0's reduce_scatter_input
+        embedding=grads(layers * p, 0) + c * tail + c * p + waiting + 2 * c * u.embedding,
+        reduce_end=reduced(u.trainable) + c * tail + c * tail // n + (reduced(tail) if shards_held else 0),
+    )
+
+
+@dataclass(frozen=True)
+class _Units:
+    """What one rank gathers and trains per FSDP unit (elements unless named bytes)."""
+
+    shards: int
+    compute_bytes: int
+    trainable: int
+    layer_bytes: int  # a gathered decoder-layer unit (with its adapters' copies)
+    trained_layer: int  # a decoder layer's trainable elements (all of it in a full fine-tune, its adapters in LoRA)
+    embedding: int  # the input embedding
+    trained_embedding: int
+    trained_tail: int  # the final norm's and LM head's trainable elements
+    root_bytes: int  # FSDP1's gathered root (embedding, final norm, LM head)
+
+
+def _units(spec: TrainingSpec) -> _Units:
+    """The unit sizes of a full fine-tune or of a LoRA run (``fsdp2_units.fsdp_lora_moments``: adapters in the
+    decoder layers only, in their layer's FSDP2 unit or, under FSDP1, in their own units gathered with it)."""
+    per_layer = sum(p.numel_each for p in spec.model.params if p.per_layer)
+    emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING)
+    root = sum(p.numel for p in spec.model.params if not p.per_layer)
+    layers = max(1, spec.model.shape.num_layers)
+    trainable = trainable_params(spec)
+    c = param_compute_bytes(spec)
+    # unsharded parameters and gradients, reduce_scatter_input (reduce_dtype: accelerate's policy, param_dtype)
+    if spec.lora is None:
+        return _Units(partition(spec).gradients, c, trainable, c * per_layer, per_layer, emb, emb,
+                      tail_params(spec), c * root)
+    adapters = trainable // layers
+    # FSDP1 on one process over units frozen in param_dtype or a 4-bit base: nothing copied (sharding._fsdp)
+    fs = spec.sharding.fsdp
+    uncast = fs is not None and fs.version == 1 and partition(spec).weights == 1 and (
+        frozen_at_param_dtype(spec) or spec.quant is not None)
+    # a 4-bit base gathers its packed storage (fsdp_qlora.gathered_layer_bytes)
+    layer = gathered_layer_bytes(spec, c) if spec.quant is not None else c * per_layer
+    return _Units(partition(spec).gradients, c, trainable, 0 if uncast else layer + c * adapters, adapters,
+                  emb, 0, 0, 0 if uncast else c * root)
 
 
 def _reduced_shard_bytes(spec: TrainingSpec) -> int:
     """Bytes of every reduced gradient shard of a rank (the model states' gradients at the optimizer step)."""
     return sum(c.at(Phase.OPTIMIZER_STEP) for c in model_state_components(spec) if c.name == "gradients")
-
-
-def _sizes(spec: TrainingSpec) -> tuple[int, int, int, int, int]:
-    """(shards, compute bytes, trainable elements, elements of a decoder layer, of the input embedding)."""
-    per_layer = sum(p.numel_each for p in spec.model.params if p.per_layer)
-    emb = sum(p.numel for p in spec.model.params if p.role is Role.EMBEDDING)
-    # unsharded parameters and gradients, reduce_scatter_input (reduce_dtype: accelerate's policy, param_dtype)
-    return partition(spec).gradients, param_compute_bytes(spec), trainable_params(spec), per_layer, emb
 
 
 def _gradients(spec: TrainingSpec, n: int) -> tuple[Callable[[int], int], Callable[[int, int], int], bool]:
@@ -157,26 +240,33 @@ def _fsdp1_held(spec: TrainingSpec, made_in_layer: int) -> FsdpBackward:
     gradients, its flat gradient and its gathered parameters are alive together. Measured on the real Trainer
     (``benchmarks/accumulation_engines_cpu.py``, 1 and 2 gloo ranks): the storages alive at each backward peak.
     """
-    n, c, _, per_layer, emb = _sizes(spec)
+    u = _units(spec)
+    n, c = u.shards, u.compute_bytes
     reduced, grads, shards_held = _gradients(spec, n)
     layers = spec.model.shape.num_layers
-    root = sum(p.numel for p in spec.model.params if not p.per_layer)
-    held_root = c * root  # the root gathered through backward
-    waiting = c * (root - emb)  # the head's and final norm's gradients, until the root's flat gradient is made
+    g_layer = u.trained_layer
+    trained_root = u.trainable - layers * g_layer
+    held_root = u.root_bytes  # the root gathered through backward
+    # the head's and final norm's gradients, until the root's flat gradient is made; tied, the head's gradient of the
+    # shared weight waits in its input buffer until the embedding's is added (autograd sums a leaf's gradients
+    # before its AccumulateGrad / the flat parameter's split_with_sizes backward runs)
+    tied = spec.model.shape.tied_embeddings
+    waiting = c * (trained_root if tied else trained_root - u.trained_embedding)
     pre, post = fsdp1_prefetched_units(spec)
-    ahead = c * per_layer  # the next layer's unit, gathered early by the prefetch
+    unit = u.layer_bytes
     return FsdpBackward(
-        head=grads(0, 0) + held_root + pre * ahead,
+        head=grads(0, 0) + held_root + pre * unit,
         tail_reduce=None,
         # the layer's new flat gradient (and, sharded, its new_sharded_grad in reduce_dtype) beside its fp32 cast;
         # one process reducing into a held fp32 .grad casts that to reduce_dtype and back first (the measured peak
         # of the accumulating 1-rank run)
-        layer_reduce=grads(per_layer, 0) + c * per_layer + (c * per_layer // n if n > 1 else 0)
-        + (c * per_layer + reduced(per_layer) if shards_held and n == 1 else 0) + held_root + waiting
-        + max(pre, post) * ahead,
-        top=grads(0, made_in_layer) + held_root + waiting + c * per_layer + pre * ahead,
-        bottom=grads((layers - 1) * per_layer, made_in_layer) + held_root + waiting + c * per_layer,
-        embedding=grads(layers * per_layer, 0) + held_root + waiting + c * emb,
+        layer_reduce=grads(g_layer, 0) + c * g_layer + (c * g_layer // n if n > 1 else 0)
+        + (c * g_layer + reduced(g_layer) if shards_held and n == 1 else 0) + held_root + waiting
+        + max(pre, post) * unit,
+        top=grads(0, made_in_layer) + held_root + waiting + unit + pre * unit,
+        bottom=grads((layers - 1) * g_layer, made_in_layer) + held_root + waiting + unit,
+        # tied: the sum of the waiting head gradient and the new one, made beside both
+        embedding=grads(layers * g_layer, 0) + held_root + waiting + c * u.trained_embedding * (2 if tied else 1),
         # the parameters' gradients and the flat one made from them, beside the gathered root
-        reduce_end=grads(layers * per_layer, 0) + held_root + 2 * c * root,
+        reduce_end=grads(layers * g_layer, 0) + held_root + 2 * c * trained_root,
     )

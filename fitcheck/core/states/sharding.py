@@ -422,11 +422,25 @@ def _zero3(spec: TrainingSpec, reduce_bucket: int, elem: int, n: int, trainable:
     return out
 
 
+def frozen_at_param_dtype(spec: TrainingSpec) -> bool:
+    """A LoRA run whose every base unit is frozen in FSDP's ``param_dtype`` (loaded in the mixed-precision dtype, no
+    unit shared with the adapters, nothing else trained): FSDP1 on one process (NO_SHARD) makes no copy of such a
+    unit. torch 2.13 ``distributed/fsdp/_flat_param.py``: ``_uses_param_mixed_precision`` is ``_fwd_bwd_param_dtype
+    != _orig_param_dtype``, and ``pre_unshard`` / ``unshard`` make a low-precision shard only where it is true and
+    gather only under a sharded strategy; accelerate 1.15 upcasts only the trainable flat parameters (the adapters'
+    own units: a few r-wide rows, not counted). Real Trainer, FSDP1, one process, bf16 (``benchmarks/fsdp_kinds_cpu.py``
+    ``lora-fsdp1``): no gathered copy of the root or of a layer at any moment."""
+    lora = spec.lora
+    mp = {MixedPrecision.BF16: "bfloat16", MixedPrecision.FP16: "float16"}.get(spec.precision.mixed_precision)
+    return (lora is not None and not lora.modules_to_save and spec.freeze is None and spec.peft is None
+            and mp == spec.precision.load_dtype.value and mixed_unit_frozen_params(spec) == 0)
+
+
 def _fsdp(spec: TrainingSpec) -> tuple[Component, ...]:
     fs = spec.sharding.fsdp
     part = partition(spec)
-    if part.weights == 1 and (spec.precision.mixed_precision is MixedPrecision.NO or spec.quant is not None) and (
-            fs is not None and fs.version == 1):
+    if part.weights == 1 and (spec.precision.mixed_precision is MixedPrecision.NO or spec.quant is not None
+                              or frozen_at_param_dtype(spec)) and (fs is not None and fs.version == 1):
         # FSDP1 on one process runs NO_SHARD (torch 2.13 fsdp/_init_utils.py l.430: "switching to use NO_SHARD")
         # and without a cast its local shard is the whole parameter. FSDP2 has no such switch: at one rank
         # wait_for_unshard copies every parameter into its own unsharded storage (_fsdp_param_group.py, the
