@@ -99,8 +99,7 @@ def candidates(per_regime: int) -> list[tuple[str, Any]]:
 def score(label: str, spec: Any, cache: dict[str, Any], measured: int | None = None) -> dict[str, Any]:
     """The formula's reserved with the published gap and with the whole run's replayed gap, for one spec."""
     from fitcheck.core import estimate
-    from fitcheck.torch_adapters import replay_whole_run
-    from fitcheck.torch_adapters.run_scope import plain_replay_is_rank_run
+    from fitcheck.torch_adapters import plain_replay_is_rank_run, replay_whole_run
 
     formula = estimate(spec)
     t0 = time.perf_counter()

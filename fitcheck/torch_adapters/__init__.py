@@ -74,7 +74,12 @@ if TYPE_CHECKING:
     from fitcheck.torch_adapters.peft_build import wrap_adapter
     from fitcheck.torch_adapters.pinned_path import PinnedPath
     from fitcheck.torch_adapters.replay_step_args import run_trace_kwargs
-    from fitcheck.torch_adapters.run_scope import not_replayed, plain_trainer_run, replayed_run
+    from fitcheck.torch_adapters.run_scope import (
+        not_replayed,
+        plain_replay_is_rank_run,
+        plain_trainer_run,
+        replayed_run,
+    )
     from fitcheck.torch_adapters.trace_arguments import activation_trace_kwargs, trace_kwargs
     from fitcheck.torch_adapters.trace_batch import BatchTraces, at_micro_batch
     from fitcheck.torch_adapters.trace_cache import TraceCache, cache_directory, cache_from_environment
@@ -159,6 +164,7 @@ _WHERE = {
     "plain_trainer_run": "run_scope",
     "replayed_run": "run_scope",
     "not_replayed": "run_scope",
+    "plain_replay_is_rank_run": "run_scope",
     "trace_components": "tracer_depth",
     "NearBudget": "verdict_replay",
     "band_low_micro_batch": "verdict_replay",
@@ -217,6 +223,7 @@ __all__ = [
     "multi_gpu_shares",
     "not_replayed",
     "phase_errors",
+    "plain_replay_is_rank_run",
     "plain_trainer_run",
     "reduced_config",
     "replay_deepened",
