@@ -40,8 +40,10 @@ from typing import TYPE_CHECKING
 from fitcheck.core.states import (
     SFT_PADDING_FREE_FROM,
     SftLoss,
+    TrlLoadDtype,
     sft_loss,
     trl_config_defaults,
+    trl_load_dtype,
     trl_prepares_kbit,
     trl_release,
 )
@@ -55,7 +57,7 @@ from fitcheck.core.trainers import (
     trainer_row,
 )
 from fitcheck.errors import ConfigError, short_repr
-from fitcheck.spec import MODELLED_VERSIONS, TrainerKind, TrainerSpec, TrainingSpec, VllmMode
+from fitcheck.spec import MODELLED_VERSIONS, StackSpec, TrainerKind, TrainerSpec, TrainingSpec, VllmMode
 
 if TYPE_CHECKING:  # run_settings imports the settings table, which imports nothing from here
     from collections.abc import Mapping
@@ -124,6 +126,35 @@ def trl_default_layer(values: Mapping[str, object]) -> dict[str, tuple[object, s
         out["max_seq_length"] = (d["max_length"], where)
     out.update({k: (d[k], where) for k in (*_BOOL, *_VALUE) if k in d and k not in values})
     return out
+
+
+# the trainers that build a reference model with create_model_from_path too (dpo_trainer.py, kto_trainer.py,
+# grpo_trainer.py: the policy's model_init_kwargs)
+_REFERENCE_BY_NAME = (TrainerKind.DPO, TrainerKind.KTO, TrainerKind.GRPO)
+
+
+def trl_name_load(s: RunSettings, stack: StackSpec) -> tuple[TrlLoadDtype, str] | None:
+    """What a TRL trainer (``--trainer`` a TRL kind) given the model by name loads it in when no dtype is given:
+    ``(FLOAT32, the assumption line)`` (TRL >= 0.27), ``(AUTO, where the "auto" comes from)`` (0.26), or None (the
+    plain Trainer, or a release that passes no dtype: ``from_pretrained``'s own default); the release rule is
+    ``core/states/trl_adapters.py`` ``trl_load_dtype``."""
+    row = trainer_row(trainer_kind(s.trainer))
+    if not row.trl:
+        return None
+    release = stack.release("trl")
+    rule = trl_load_dtype(release)
+    which = f"TRL {_dotted(release)}" if release is not None else f"TRL {MODELLED_VERSIONS['trl']} (modelled)"
+    if rule is TrlLoadDtype.FLOAT32:
+        trainer = str(row.config_class).replace("Config", "Trainer")
+        ref = " (and its reference model)" if row.kind in _REFERENCE_BY_NAME else ""
+        return rule, (
+            f"dtype float32: {which}'s {trainer} given the model by name loads it{ref} in float32 when "
+            "model_init_kwargs names no dtype (trl/trainer/utils.py create_model_from_path; TRL's scripts: "
+            "ModelConfig.dtype default 'float32'); pass --dtype bfloat16 if your script passes "
+            "model_init_kwargs={'dtype': 'bfloat16'} (a TRL script: --dtype bfloat16) or loads the model itself")
+    if rule is TrlLoadDtype.AUTO:
+        return rule, f"{which} create_model_from_path default"
+    return None
 
 
 def _stack_trl(values: Mapping[str, object]) -> tuple[int, ...] | None:
