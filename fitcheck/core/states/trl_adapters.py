@@ -58,7 +58,11 @@ The one home of TRL's casts and of the releases they belong to (read from the ta
   ``ModelConfig.dtype`` is None, so TRL's scripts pass None: transformers' default); before 0.26 no dtype is passed
   unless given (``sft_trainer.py`` / ``dpo_trainer.py`` / ``grpo_trainer.py`` / ``kto_trainer.py`` /
   ``reward_trainer.py``: ``model_init_kwargs.get("torch_dtype")`` / ``get("dtype")`` kept None), so
-  ``from_pretrained``'s own default: float32 on transformers 4.x, ``"auto"`` on 5.x.
+  ``from_pretrained``'s own default: float32 on transformers 4.x, ``"auto"`` on 5.x. The reference model of GRPO
+  (0.19 - 1.15), DPO (0.29 - 1.15) and KTO (1.2 - 1.15) is loaded by name with the policy's ``model_init_kwargs``, so a
+  policy passed as a loaded 16-bit model gets a reference in that release's default dtype
+  (``reference_loads_by_name``; ``benchmarks/data/trl_load_dtype.json``: float32 at TRL 1.4 / 1.6); 1.16 gives the
+  reference the policy's dtype.
 
 Which run is TRL's: a TRL trainer kind (``--trainer sft``), or a run whose model ``SFTTrainer`` prepared while the
 plain Trainer's step runs (``TrainerSpec.prepared_by_sft_trainer``: TRL < 0.15's ``SFTTrainer`` defines no
@@ -111,6 +115,12 @@ SFT_PADDING_FREE_FROM = (0, 16)
 # ModelConfig.dtype's default from v0.27.0); before v0.26.0 the trainers pass no dtype (module docstring)
 TRL_AUTO_LOAD_FROM = (0, 26)
 TRL_FLOAT32_LOAD_FROM = (0, 27)
+# the first release whose trainer builds its reference model by name with the policy's model_init_kwargs (not a copy
+# of the policy object): GRPO v0.19.0 (grpo_trainer.py ``from_pretrained(model_id, **model_init_kwargs)``), DPO v0.29.0
+# and KTO v1.2.0 (trl/experimental/kto) (``create_model_from_path(ref_model_path, **ref_model_init_kwargs)``); from the
+# 1.16 wheel ``ref_model_init_kwargs.setdefault("dtype", self.model.dtype)`` gives it the policy's dtype
+REFERENCE_BY_NAME_FROM = {TrainerKind.GRPO: (0, 19), TrainerKind.DPO: (0, 29), TrainerKind.KTO: (1, 2)}
+REFERENCE_POLICY_DTYPE_FROM = (1, 16)
 # peft_module_casting_to_bf16's name patterns (trl/trainer/utils.py v0.13.0 L876)
 _HEAD_NAMES = ("lm_head", "embed_tokens", "wte", "wpe")
 
@@ -335,3 +345,10 @@ def trl_load_dtype(release: tuple[int, ...] | None) -> TrlLoadDtype:
     if release is None or release[:2] >= TRL_FLOAT32_LOAD_FROM:
         return TrlLoadDtype.FLOAT32
     return TrlLoadDtype.AUTO if release[:2] >= TRL_AUTO_LOAD_FROM else TrlLoadDtype.TRANSFORMERS
+
+
+def reference_loads_by_name(kind: TrainerKind, release: tuple[int, ...] | None) -> bool:
+    """Whether that release's ``kind`` trainer loads its reference model by name with ``model_init_kwargs`` alone
+    (not the policy's dtype): GRPO 0.19 - 1.15, DPO 0.29 - 1.15, KTO 1.2 - 1.15 (None: TRL 1.16, which does not)."""
+    first = REFERENCE_BY_NAME_FROM.get(kind)
+    return first is not None and release is not None and first <= release[:2] < REFERENCE_POLICY_DTYPE_FROM
