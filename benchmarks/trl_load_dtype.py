@@ -72,7 +72,6 @@ def build(case: str, path: str, tok: Any, out: str) -> Any:
     import torch
     import trl
     from datasets import Dataset
-
     from transformers import AutoModelForCausalLM
 
     key = "dtype" if _release(trl.__version__) >= (0, 23) else "torch_dtype"
