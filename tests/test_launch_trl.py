@@ -60,7 +60,9 @@ def test_dpo_script_with_peft_under_zero3(capsys: pytest.CaptureFixture[str], tm
     code, full = _launch(capsys, args)
     assert code in (0, 1) and full["trainer"] == "dpo"
     ref = _components(full)["reference_model.weights"]["end of forward"]
-    assert ref == -(-494_032_768 * 2 // 4)  # ZeRO-3 shards the reference too (prepare_deepspeed)
+    # ZeRO-3 shards the reference too (prepare_deepspeed); fp32: the script passes ModelConfig.dtype, whose
+    # default is "float32" (trl/trainer/model_config.py), to create_model_from_path
+    assert ref == -(-494_032_768 * 4 // 4)
     _, peft = _launch(capsys, [*args, "--use_peft", "--lora_r", "32", "--lora_alpha", "16"])
     assert peft["trainer"] == "dpo" and "reference_model.weights" not in _components(peft)
     assert any(name.startswith("adapters") or "lora" in name for name in _components(peft))

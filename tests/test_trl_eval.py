@@ -149,9 +149,9 @@ def test_reference_copy_sharded_as_trl_prepares_it(capsys: pytest.CaptureFixture
     # the reference copy is a state component of the formula (core/trainers/steps.py), the same on the default
     # path (it replaces only the activations): --no_trace, as test_trl_cli's reference-copy test; the default path
     # would trace and replay a DPO run (and its ZeRO / FSDP rewrite) per case
-    _, j = run_json(capsys, "--trainer", "dpo", *flags, "--no_trace")
+    _, j = run_json(capsys, "--trainer", "dpo", "--dtype", "bfloat16", *flags, "--no_trace")
     ref = next(c for c in j["component_detail"] if c["name"] == "reference_model.weights")
-    full = 494_032_768 * 2  # Qwen2.5-0.5B in bf16
+    full = 494_032_768 * 2  # Qwen2.5-0.5B in bf16 (--dtype: model_init_kwargs={"dtype": "bfloat16"})
     per_node = 4 if host else 1
     assert ref["bytes_by_phase"]["end of forward"] == -(-full // share) * per_node
     assert (ref["location"] == "host") is host
@@ -192,7 +192,7 @@ def test_orpo_cpo_refused_with_the_reason(capsys: pytest.CaptureFixture[str], na
 ])
 def test_fsdp2_reference_gathered_whole_finding(capsys: pytest.CaptureFixture[str], flags: tuple[str, ...],
                                                 expected: bool) -> None:
-    _, j = run_json(capsys, "--trainer", "dpo", *flags)
+    _, j = run_json(capsys, "--trainer", "dpo", "--dtype", "bfloat16", *flags)
     found = [f for f in j["findings"] if f["code"] == "fsdp2-reference-gathered-whole"]
     assert bool(found) is expected
     if found:  # the whole bf16 copy minus this GPU's shard

@@ -58,7 +58,8 @@ def test_recorded_real_sftrainer_peaks_within_two_percent() -> None:
 
 
 MODEL = ["estimate", "--model_name_or_path", "Qwen/Qwen2.5-0.5B", "--per_device_train_batch_size", "2",
-         "--gpu", "H100-80GB", "--max_length", "512", "--trainer", "sft", "--no_trace", "--json"]
+         "--gpu", "H100-80GB", "--max_length", "512", "--trainer", "sft", "--no_trace", "--json",
+         "--dtype", "bfloat16"]  # the same load at every release (TRL's own default moves: test_trl_load_dtype.py)
 
 
 def _run(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict[str, Any]]:

@@ -308,7 +308,8 @@ def test_one_scan_of_the_path_answers_each_package_as_its_own_scan(tmp_path: Any
     ("trainer", "0.24", False),  # TRL is not in the run
     ("sft", "0.24", False),  # SFTTrainer's step modelled at that release (core/states/trl_adapters.py)
     ("sft", "1.10", True),  # chunked_nll: not modelled
-    ("dpo", "0.24", True),  # DPOTrainer follows TRL 1.16 at every release
+    ("dpo", "0.24", False),  # DPOTrainer's concatenated_forward modelled at that release (s23-trl-releases)
+    ("dpo", "1.14", True),  # _get_per_token_logps_and_entropies: not modelled
 ])
 def test_trl_release_warns_only_where_the_release_is_not_modelled(trainer: str, trl: str, warned: bool) -> None:
     spec, _ = _spec(model_name_or_path="gpt2", trainer=trainer, stack=f"trl={trl}", use_peft=True,

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 
+from fitcheck.core.states import TrlLoadDtype
 from fitcheck.errors import ConfigError, short_repr
 from fitcheck.findings import Finding
 from fitcheck.readers.checkpoint_dtype import missing_dtype_finding
@@ -30,7 +31,7 @@ from fitcheck.readers.families_legacy import inventory_for_stack
 from fitcheck.readers.parallelism import check_layout
 from fitcheck.readers.run_settings import DEFAULT_GPU, DEFAULTS, RunSettings
 from fitcheck.readers.settings_table import SETTINGS, canonical_key
-from fitcheck.readers.trl_settings import sequence_length, trainer_spec, trl_default_layer
+from fitcheck.readers.trl_settings import sequence_length, trainer_spec, trl_default_layer, trl_name_load
 from fitcheck.readers.versions import stack_from_values
 from fitcheck.spec import (
     DEFAULT_OPTIMIZER,
@@ -73,17 +74,21 @@ PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
 
 
 def load_dtype(settings: RunSettings, model: ModelInventory, stack: StackSpec | None = None) -> tuple[Dtype, str]:
-    """The dtype the model is loaded in, and a line saying why (``stack``: transformers 4.x loads float32)."""
+    """The dtype the model is loaded in, and a line saying why (``stack``: transformers 4.x loads float32; a TRL
+    trainer given the model by name loads what its release passes, ``readers/trl_settings.py`` ``trl_name_load``)."""
     from fitcheck.readers.checkpoint_dtype import auto_dtype_without_config
 
     release = stack.release("transformers") if stack is not None else None
-    if not settings.given("dtype") and release is not None and release[0] < 5:
+    by_trl = None if settings.given("dtype") else trl_name_load(settings, stack or StackSpec())
+    if by_trl is not None and by_trl[0] is TrlLoadDtype.FLOAT32:
+        return Dtype.FLOAT32, by_trl[1]
+    if not settings.given("dtype") and by_trl is None and release is not None and release[0] < 5:
         return auto_dtype_without_config(model, stack or StackSpec())
     if settings.dtype is None:
         if model.shape.config_dtype is not None:
-            return model.shape.config_dtype, (
-                f"dtype 'auto' (transformers 5 default): {model.shape.config_dtype.value} from config.json"
-            )
+            source = "transformers 5 default" if by_trl is None else by_trl[1]
+            return model.shape.config_dtype, f"dtype 'auto' ({source}): {model.shape.config_dtype.value} from " \
+                "config.json"
         return auto_dtype_without_config(model, StackSpec())
     return settings.dtype, f"dtype {settings.dtype.value} ({settings.where('dtype')})"
 
@@ -355,7 +360,9 @@ def spec_from_settings(
     stack = stack_from_values({} if s.stack is None else {"stack": s.stack}, s.where("stack"))
     inventory = inventory_for_stack(inventory, stack)  # transformers 4.x layouts (families_legacy.py)
     precision = _precision(s, inventory, assumptions, stack)
-    if not s.given("dtype") and inventory.shape.config_dtype is None:
+    by_trl = None if s.given("dtype") else trl_name_load(s, stack)
+    if not s.given("dtype") and inventory.shape.config_dtype is None and (
+            by_trl is None or by_trl[0] is not TrlLoadDtype.FLOAT32):  # TRL's float32 reads no config dtype
         extra.append(missing_dtype_finding(inventory, precision.load_dtype))  # checkpoint_dtype.py
     optimizer = _optimizer(s, assumptions, extra, stack)
     batch = _batch(s, assumptions)

@@ -15,19 +15,26 @@ deprecated aliases of ``activation_checkpointing*``, used only when the new name
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 from fitcheck.core.optimizers import canonical_optimizer
-from fitcheck.errors import ConfigError, FitcheckError
+from fitcheck.errors import ConfigError, FitcheckError, short_repr
 from fitcheck.findings import Finding, Severity
 from fitcheck.readers.settings_table import SETTINGS, SPELLINGS, Kind, Reach, convert
 from fitcheck.readers.sources import as_bool, load_mapping_file, where
-from fitcheck.spec import LEGACY_OPTIMIZER_NAMES
+from fitcheck.spec import LEGACY_OPTIMIZER_NAMES, Dtype
 
 # Old TRL `use_flash_attention_2: true` means attn_implementation="flash_attention_2" (trl ModelConfig < 0.9).
 _FLASH_FLAG = "use_flash_attention_2"
+# TRL configs' model_init_kwargs (SFTConfig / DPOConfig / KTOConfig / GRPOConfig / RewardConfig: a dict, or a JSON
+# string their __post_init__ parses): its ``dtype`` (``torch_dtype`` before TRL 0.23) is what a trainer given the model
+# by name loads (trl/trainer/utils.py create_model_from_path); TRL's scripts update ModelConfig's ``dtype`` with it
+# (trl/scripts/sft.py: ``model_init_kwargs.update(training_args.model_init_kwargs)``), so it wins in its source
+_INIT_KWARGS = "model_init_kwargs"
+_INIT_DTYPE_KEYS = ("dtype", "torch_dtype")
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,7 @@ def read_training_args_mapping(raw: Mapping[str, object], *, source: str) -> Arg
         provenance[canonical] = (source, chosen)
         findings.extend(_spelling_findings(raw, source, canonical, chosen, order, values[canonical]))
     _flash_flag(raw, source, values, provenance, problems)
+    _init_kwargs_dtype(raw, source, values, provenance, findings, problems)
     if problems:
         raise ConfigError.collect(problems)
     findings.extend(_map_optimizer(values, provenance))
@@ -103,7 +111,7 @@ def _spellings_seen(raw: Mapping[str, object]) -> tuple[dict[str, list[str]], li
     for key in raw:
         canonical = SPELLINGS.get(key)
         if canonical is None:
-            if key != _FLASH_FLAG:
+            if key not in (_FLASH_FLAG, _INIT_KWARGS):
                 ignored.append(key)
             continue
         seen.setdefault(canonical, []).append(key)
@@ -162,6 +170,43 @@ def _flash_flag(
         problems.extend(exc.problems)
 
 
+def _init_kwargs_dtype(
+    raw: Mapping[str, object],
+    source: str,
+    values: dict[str, object],
+    provenance: dict[str, tuple[str, str]],
+    findings: list[Finding],
+    problems: list[str],
+) -> None:
+    """``model_init_kwargs.dtype`` (or ``.torch_dtype``) read as the load dtype; it wins over ``dtype`` in the same
+    source, with a warning where they disagree (``_INIT_KWARGS``)."""
+    kwargs = raw.get(_INIT_KWARGS)
+    if isinstance(kwargs, str):
+        try:
+            kwargs = json.loads(kwargs)
+        except ValueError:
+            kwargs = None
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, Mapping):
+        problems.append(f"{where(source, _INIT_KWARGS)}: expected a mapping (or its JSON string), got "
+                        f"{short_repr(raw.get(_INIT_KWARGS))}; fix: e.g. {{\"dtype\": \"bfloat16\"}}")
+        return
+    key = next((k for k in _INIT_DTYPE_KEYS if kwargs.get(k) is not None), None)
+    if key is None:
+        return
+    text = str(kwargs[key])  # a live config may hold a torch.dtype: "torch.bfloat16" (Dtype.from_name reads it)
+    spelled = f"{_INIT_KWARGS}.{key}"
+    if "dtype" in values and Dtype.from_name(values["dtype"]) != Dtype.from_name(text):
+        findings.append(Finding(
+            "conflicting-spellings", Severity.WARNING,
+            f"{source}: `{spelled}`={text!r} and `{provenance['dtype'][1]}`={values['dtype']!r} disagree; "
+            f"`{spelled}` is used (TRL's scripts update ModelConfig's dtype with model_init_kwargs)",
+            f"keep only `{spelled}`"))
+    values["dtype"] = text
+    provenance["dtype"] = (source, spelled)
+
+
 def _preference(canonical: str, spelling: str) -> int:
     row = SETTINGS[canonical]
     spellings = [a.name for a in row.aliases if a.reach.value >= Reach.FILES.value]
@@ -215,7 +260,7 @@ def read_training_args_object(obj: object, *, source: str = "TrainingArguments")
         ConfigError: A badly typed attribute.
     """
     raw: dict[str, object] = {}
-    for spelling in [*SPELLINGS, _FLASH_FLAG]:
+    for spelling in [*SPELLINGS, _FLASH_FLAG, _INIT_KWARGS]:
         if hasattr(obj, spelling):
             value = getattr(obj, spelling)
             raw[spelling] = value.value if isinstance(value, Enum) else value
@@ -258,6 +303,9 @@ def read_script_argv(argv: Sequence[str], *, source: str = "command line") -> Ar
         negated = False
         if canonical is None and name.startswith("no_") and SPELLINGS.get(name[3:]):
             canonical, name, negated = SPELLINGS[name[3:]], name[3:], True
+        if name == _INIT_KWARGS and following:  # TRL's parser takes its JSON string
+            raw[name] = following[0]
+            continue
         if canonical is None and name != _FLASH_FLAG:
             passed_over.append("--" + name)
             continue

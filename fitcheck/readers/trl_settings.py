@@ -40,8 +40,11 @@ from typing import TYPE_CHECKING
 from fitcheck.core.states import (
     SFT_PADDING_FREE_FROM,
     SftLoss,
+    TrlLoadDtype,
+    reference_loads_by_name,
     sft_loss,
     trl_config_defaults,
+    trl_load_dtype,
     trl_prepares_kbit,
     trl_release,
 )
@@ -52,10 +55,12 @@ from fitcheck.core.trainers import (
     ReferenceRule,
     TrainerRow,
     calculates_kl,
+    has_reference_copy,
     trainer_row,
 )
 from fitcheck.errors import ConfigError, short_repr
-from fitcheck.spec import MODELLED_VERSIONS, TrainerKind, TrainerSpec, TrainingSpec, VllmMode
+from fitcheck.spec import MODELLED_VERSIONS, Dtype, StackSpec, TrainerKind, TrainerSpec, TrainingSpec, VllmMode
+from fitcheck.units import format_bytes
 
 if TYPE_CHECKING:  # run_settings imports the settings table, which imports nothing from here
     from collections.abc import Mapping
@@ -124,6 +129,30 @@ def trl_default_layer(values: Mapping[str, object]) -> dict[str, tuple[object, s
         out["max_seq_length"] = (d["max_length"], where)
     out.update({k: (d[k], where) for k in (*_BOOL, *_VALUE) if k in d and k not in values})
     return out
+
+
+def trl_name_load(s: RunSettings, stack: StackSpec) -> tuple[TrlLoadDtype, str] | None:
+    """What a TRL trainer (``--trainer`` a TRL kind) given the model by name loads it in when no dtype is given:
+    ``(FLOAT32, the assumption line)`` (TRL >= 0.27), ``(AUTO, where the "auto" comes from)`` (0.26), or None (the
+    plain Trainer, or a release that passes no dtype: ``from_pretrained``'s own default); the release rule is
+    ``core/states/trl_adapters.py`` ``trl_load_dtype``."""
+    row = trainer_row(trainer_kind(s.trainer))
+    if not row.trl:
+        return None
+    release = stack.release("trl")
+    rule = trl_load_dtype(release)
+    which = f"TRL {_dotted(release)}" if release is not None else f"TRL {MODELLED_VERSIONS['trl']} (modelled)"
+    if rule is TrlLoadDtype.FLOAT32:
+        trainer = str(row.config_class).replace("Config", "Trainer")
+        ref = " (and its reference model)" if row.reference is not ReferenceRule.NONE else ""
+        return rule, (
+            f"dtype float32: {which}'s {trainer} given the model by name loads it{ref} in float32 when "
+            "model_init_kwargs names no dtype (trl/trainer/utils.py create_model_from_path; TRL's scripts: "
+            "ModelConfig.dtype default 'float32'); pass --dtype bfloat16 if your script passes "
+            "model_init_kwargs={'dtype': 'bfloat16'} (a TRL script: --dtype bfloat16) or loads the model itself")
+    if rule is TrlLoadDtype.AUTO:
+        return rule, f"{which} create_model_from_path default"
+    return None
 
 
 def _stack_trl(values: Mapping[str, object]) -> tuple[int, ...] | None:
@@ -266,7 +295,33 @@ def trainer_spec(s: RunSettings, spec: TrainingSpec) -> tuple[TrainerSpec | None
     if kind is TrainerKind.SFT and sft_loss(trl_release(spec)) is SftLoss.TRAINER_STEP:
         return _old_sft_spec(s, spec, notes, evaluation)
     t = _kind_spec(s, spec, row, notes)
+    notes.extend(_reference_dtype_note(s, dataclasses.replace(spec, trainer=t)))
     return dataclasses.replace(t, **evaluation), tuple(notes)  # type: ignore[arg-type]
+
+
+def _reference_dtype_note(s: RunSettings, spec: TrainingSpec) -> tuple[str, ...]:
+    """The reference model's dtype where the dtype was given otherwise than by ``model_init_kwargs`` and the release
+    loads the reference by name with ``model_init_kwargs`` alone (``reference_loads_by_name``): a policy passed as a
+    loaded model then gets a reference in the release's default dtype, not the policy's."""
+    release, kind = trl_release(spec), spec.trainer.kind
+    if (not s.given("dtype") or "model_init_kwargs" in s.where("dtype") or not has_reference_copy(spec)
+            or not reference_loads_by_name(kind, release)):
+        return ()
+    rule, load = trl_load_dtype(release), spec.precision.load_dtype
+    transformers = spec.stack.release("transformers")
+    if rule is TrlLoadDtype.FLOAT32 or (rule is TrlLoadDtype.TRANSFORMERS and transformers is not None
+                                         and transformers[0] < 5):
+        ref: Dtype | None = Dtype.FLOAT32
+    else:  # "auto": config.json's dtype
+        ref = spec.model.shape.config_dtype
+    if ref is None or ref is load:
+        return ()
+    extra = spec.model.total_params * (ref.nbytes - load.nbytes)
+    more = f" ({'+' if extra > 0 else '-'}{format_bytes(abs(extra))} of weights where it is held whole)"
+    return (f"--trainer {kind.value} with trl {_dotted(release)}: the reference model is loaded by name with "
+            f"model_init_kwargs alone, so if the script passes the policy as a loaded model, the reference is "
+            f"{ref.value}{more}, not {load.value} (benchmarks/data/trl_load_dtype.json: TRL 1.4 / 1.6); estimated "
+            f"in {load.value}, as when model_init_kwargs={{'dtype': '{load.value}'}} loads both",)
 
 
 def _defaults_note(kind: TrainerKind, row: TrainerRow, release: tuple[int, ...] | None) -> str:

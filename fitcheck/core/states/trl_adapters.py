@@ -50,6 +50,20 @@ The one home of TRL's casts and of the releases they belong to (read from the ta
   from v0.19.0 in SFT / DPO / reward / KTO / GRPO configs, ``gradient_checkpointing`` True from v0.22.0 in all five
   (TrainingArguments' False before), GRPOConfig ``max_completion_length`` 256 before 1.10.0 (512 from it).
 
+- **The dtype a TRL trainer loads a model given by name in** (``trl_load_dtype``), when ``model_init_kwargs`` names
+  none: TRL >= 0.27 ``float32`` (``trl/trainer/utils.py`` ``create_model_from_path``: ``dtype =
+  kwargs.get("dtype", "float32")``, at every tag v0.27.0 - v1.9.0 and in the 1.10 - 1.16 wheels; every trainer given a
+  string calls it, the reference model of DPO / KTO / GRPO too, and ``ModelConfig.dtype``, what TRL's scripts pass,
+  defaults to ``"float32"`` from v0.27.0); TRL 0.26 ``"auto"`` (``kwargs.get("dtype", "auto")``; its
+  ``ModelConfig.dtype`` is None, so TRL's scripts pass None: transformers' default); before 0.26 no dtype is passed
+  unless given (``sft_trainer.py`` / ``dpo_trainer.py`` / ``grpo_trainer.py`` / ``kto_trainer.py`` /
+  ``reward_trainer.py``: ``model_init_kwargs.get("torch_dtype")`` / ``get("dtype")`` kept None), so
+  ``from_pretrained``'s own default: float32 on transformers 4.x, ``"auto"`` on 5.x. The reference model of GRPO
+  (0.19 - 1.15), DPO (0.29 - 1.15) and KTO (1.2 - 1.15) is loaded by name with the policy's ``model_init_kwargs``, so a
+  policy passed as a loaded 16-bit model gets a reference in that release's default dtype
+  (``reference_loads_by_name``; ``benchmarks/data/trl_load_dtype.json``: float32 at TRL 1.4 / 1.6); 1.16 gives the
+  reference the policy's dtype.
+
 Which run is TRL's: a TRL trainer kind (``--trainer sft``), or a run whose model ``SFTTrainer`` prepared while the
 plain Trainer's step runs (``TrainerSpec.prepared_by_sft_trainer``: TRL < 0.15's ``SFTTrainer`` defines no
 ``compute_loss``, so its step is ``Trainer.compute_loss``; git grep at the tags). The TRL release is the stack's
@@ -97,6 +111,16 @@ REWARD_CONCATENATED_FROM = (0, 24)
 GRPO_COMPLETION_512_FROM = (1, 10)
 # SFTConfig.padding_free first appears at v0.16.0
 SFT_PADDING_FREE_FROM = (0, 16)
+# create_model_from_path's dtype default (trl/trainer/utils.py): "auto" from v0.26.0, "float32" from v0.27.0 (also
+# ModelConfig.dtype's default from v0.27.0); before v0.26.0 the trainers pass no dtype (module docstring)
+TRL_AUTO_LOAD_FROM = (0, 26)
+TRL_FLOAT32_LOAD_FROM = (0, 27)
+# the first release whose trainer builds its reference model by name with the policy's model_init_kwargs (not a copy
+# of the policy object): GRPO v0.19.0 (grpo_trainer.py ``from_pretrained(model_id, **model_init_kwargs)``), DPO v0.29.0
+# and KTO v1.2.0 (trl/experimental/kto) (``create_model_from_path(ref_model_path, **ref_model_init_kwargs)``); from the
+# 1.16 wheel ``ref_model_init_kwargs.setdefault("dtype", self.model.dtype)`` gives it the policy's dtype
+REFERENCE_BY_NAME_FROM = {TrainerKind.GRPO: (0, 19), TrainerKind.DPO: (0, 29), TrainerKind.KTO: (1, 2)}
+REFERENCE_POLICY_DTYPE_FROM = (1, 16)
 # peft_module_casting_to_bf16's name patterns (trl/trainer/utils.py v0.13.0 L876)
 _HEAD_NAMES = ("lm_head", "embed_tokens", "wte", "wpe")
 
@@ -305,3 +329,26 @@ def trl_release_modelled(spec: TrainingSpec) -> bool:
     if kind is TrainerKind.REWARD:
         return reward_step_modelled(release)
     return kind is TrainerKind.SFT and sft_loss(release) is not SftLoss.CHUNKED_NLL
+
+
+class TrlLoadDtype(str, Enum):
+    """What a TRL release's trainers pass as ``from_pretrained``'s dtype for a model given by name, when
+    ``model_init_kwargs`` names none (module docstring)."""
+
+    TRANSFORMERS = "transformers"  # < 0.26: nothing: from_pretrained's default (float32 on 4.x, "auto" on 5.x)
+    AUTO = "auto"  # 0.26: create_model_from_path's kwargs.get("dtype", "auto")
+    FLOAT32 = "float32"  # >= 0.27 (and an unknown release: the modelled 1.16): kwargs.get("dtype", "float32")
+
+
+def trl_load_dtype(release: tuple[int, ...] | None) -> TrlLoadDtype:
+    """The dtype that TRL release's trainers load a model given by name in, by default (None: TRL 1.16)."""
+    if release is None or release[:2] >= TRL_FLOAT32_LOAD_FROM:
+        return TrlLoadDtype.FLOAT32
+    return TrlLoadDtype.AUTO if release[:2] >= TRL_AUTO_LOAD_FROM else TrlLoadDtype.TRANSFORMERS
+
+
+def reference_loads_by_name(kind: TrainerKind, release: tuple[int, ...] | None) -> bool:
+    """Whether that release's ``kind`` trainer loads its reference model by name with ``model_init_kwargs`` alone
+    (not the policy's dtype): GRPO 0.19 - 1.15, DPO 0.29 - 1.15, KTO 1.2 - 1.15 (None: TRL 1.16, which does not)."""
+    first = REFERENCE_BY_NAME_FROM.get(kind)
+    return first is not None and release is not None and first <= release[:2] < REFERENCE_POLICY_DTYPE_FROM
