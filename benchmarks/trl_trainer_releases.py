@@ -22,7 +22,6 @@ Run: ``PYTHONPATH=. /tmp/venv_trl24/bin/python benchmarks/trl_trainer_releases.p
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import tempfile
@@ -31,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import trl_truth
-from trl_truth import TRL_LORA, Case, build_trainer, spec_for
+from trl_sft_releases import spec_at_recorded_stack
+from trl_truth import TRL_LORA, Case, build_trainer
 
 from fitcheck.core import estimate
-from fitcheck.readers import parse_stack
 from fitcheck.report import Phase, Report
-from fitcheck.spec import TrainerKind, TrainingSpec
+from fitcheck.spec import TrainerKind
 
 DATA = Path(__file__).resolve().parent / "data" / "trl_trainer_releases.json"
 DPO, KTO, REWARD, GRPO = TrainerKind.DPO, TrainerKind.KTO, TrainerKind.REWARD, TrainerKind.GRPO
@@ -69,12 +68,6 @@ def recorded() -> dict[str, dict[str, Any]]:
     """The recordings by TRL release: ``{"0.24.0": {"versions": ..., "rows": {case: {phase: bytes}}}}``."""
     data: dict[str, dict[str, Any]] = json.loads(DATA.read_text())["releases"]
     return data
-
-
-def spec_at_recorded_stack(case: Case, versions: dict[str, str]) -> TrainingSpec:
-    """The case's spec (``trl_truth.spec_for``) on the recorded stack."""
-    stack = parse_stack(",".join(f"{k}={versions[k]}" for k in ("trl", "transformers", "peft", "accelerate")))
-    return dataclasses.replace(spec_for(case), stack=stack)
 
 
 def estimated_phases(report: Report) -> dict[str, int]:

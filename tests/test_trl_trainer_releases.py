@@ -19,6 +19,7 @@ from fitcheck.core.states import DpoLoss, dpo_loss, dpo_release_modelled, reward
 from fitcheck.spec import Strategy, TrainerKind
 
 load_benchmark("trl_truth")  # the harness trl_trainer_releases imports by name
+load_benchmark("trl_sft_releases")  # its spec_at_recorded_stack, shared
 releases = load_benchmark("trl_trainer_releases")
 OLD = ("0.20.0", "0.22.2", "0.24.0", "1.4.0", "1.6.0")
 
