@@ -30,7 +30,7 @@ def test_fp16_phi_under_bf16_autocast_extrapolates_to_the_full_depth() -> None:
     cfg.update(hidden_size=320, num_attention_heads=4, num_key_value_heads=4, head_dim=80, intermediate_size=1280,
                num_hidden_layers=4)
     values: dict[str, object] = {
-        "trainer": "sft", "use_peft": True, "bf16": True, "gradient_checkpointing": True,
+        "trainer": "sft", "dtype": "auto", "use_peft": True, "bf16": True, "gradient_checkpointing": True,
         "per_device_train_batch_size": 1, "max_seq_length": 1024, "gpu": "H100",
         "lora_target_modules": ["all-linear"], "lora_dropout": 0.05,
     }

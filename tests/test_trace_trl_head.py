@@ -23,8 +23,8 @@ TINY = WIDE_VOCAB_LLAMA  # the full-vocabulary logits would dominate the plain s
 
 
 def _run(capsys: pytest.CaptureFixture[str], model: Path, *flags: str) -> dict[str, Any]:
-    code = main(["estimate", "--model_name_or_path", str(model), "--max_seq_length", "256",
-                 "--per_device_train_batch_size", "4", "--json", *flags])
+    code = main(["estimate", "--model_name_or_path", str(model), "--max_seq_length", "256",  # config.json's dtype
+                 "--per_device_train_batch_size", "4", "--dtype", "auto", "--json", *flags])
     assert code == 0
     out: dict[str, Any] = json.loads(capsys.readouterr().out)
     return out

@@ -17,6 +17,7 @@ import pytest
 from benchmark_module import load_benchmark
 
 from fitcheck.core.states import TrlLoadDtype, reference_loads_by_name, trl_load_dtype
+from fitcheck.core.trainers import trainer_row
 from fitcheck.errors import ConfigError
 from fitcheck.readers import read_script_argv, read_training_args_object, spec_from_values
 from fitcheck.readers.trainer_args import read_training_args_file
@@ -30,10 +31,13 @@ def test_release_rules_read_at_the_tags() -> None:
     assert trl_load_dtype((1, 16, 0)) is trl_load_dtype((0, 27, 0)) is TrlLoadDtype.FLOAT32
     assert trl_load_dtype((0, 26, 2)) is TrlLoadDtype.AUTO
     assert trl_load_dtype((0, 25, 1)) is trl_load_dtype((0, 13)) is TrlLoadDtype.TRANSFORMERS
-    assert reference_loads_by_name(TrainerKind.DPO, (0, 29)) and not reference_loads_by_name(TrainerKind.DPO, (0, 28))
-    assert reference_loads_by_name(TrainerKind.GRPO, (0, 19)) and not reference_loads_by_name(TrainerKind.GRPO, (0, 18))
-    assert reference_loads_by_name(TrainerKind.KTO, (1, 2)) and not reference_loads_by_name(TrainerKind.KTO, (1, 1))
-    assert not any(reference_loads_by_name(k, r) for k in TrainerKind for r in ((1, 16), None))
+    dpo, grpo = (trainer_row(k).reference_by_name_from for k in (TrainerKind.DPO, TrainerKind.GRPO))
+    assert reference_loads_by_name(dpo, (0, 29)) and not reference_loads_by_name(dpo, (0, 28))
+    assert reference_loads_by_name(grpo, (0, 19)) and not reference_loads_by_name(grpo, (0, 18))
+    kto = trainer_row(TrainerKind.KTO).reference_by_name_from
+    assert reference_loads_by_name(kto, (1, 2)) and not reference_loads_by_name(kto, (1, 1))
+    assert not any(reference_loads_by_name(trainer_row(k).reference_by_name_from, r) for k in TrainerKind
+                   for r in ((1, 16), None))
 
 
 def _load(**values: object) -> tuple[Dtype, tuple[str, ...]]:

@@ -35,6 +35,7 @@ def _spec(tmp_path: Path, gpu_memory: str, **values: object) -> TrainingSpec:
     (tmp_path / "config.json").write_text(json.dumps(TINY))
     flags = {"model_name_or_path": str(tmp_path), "bf16": True, "gradient_checkpointing": True,
              "per_device_train_batch_size": 4, "max_seq_length": 256, "gpu_memory": gpu_memory, "trainer": "sft",
+             "dtype": "auto",  # config.json's dtype, not TRL's float32 load of a model given by name
              **values}
     return spec_from_values(flags, {})[0]
 

@@ -305,7 +305,7 @@ def _reference_dtype_note(s: RunSettings, spec: TrainingSpec) -> tuple[str, ...]
     loaded model then gets a reference in the release's default dtype, not the policy's."""
     release, kind = trl_release(spec), spec.trainer.kind
     if (not s.given("dtype") or "model_init_kwargs" in s.where("dtype") or not has_reference_copy(spec)
-            or not reference_loads_by_name(kind, release)):
+            or not reference_loads_by_name(trainer_row(kind).reference_by_name_from, release)):
         return ()
     rule, load = trl_load_dtype(release), spec.precision.load_dtype
     transformers = spec.stack.release("transformers")

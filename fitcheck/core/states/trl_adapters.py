@@ -116,10 +116,8 @@ SFT_PADDING_FREE_FROM = (0, 16)
 TRL_AUTO_LOAD_FROM = (0, 26)
 TRL_FLOAT32_LOAD_FROM = (0, 27)
 # the first release whose trainer builds its reference model by name with the policy's model_init_kwargs (not a copy
-# of the policy object): GRPO v0.19.0 (grpo_trainer.py ``from_pretrained(model_id, **model_init_kwargs)``), DPO v0.29.0
-# and KTO v1.2.0 (trl/experimental/kto) (``create_model_from_path(ref_model_path, **ref_model_init_kwargs)``); from the
-# 1.16 wheel ``ref_model_init_kwargs.setdefault("dtype", self.model.dtype)`` gives it the policy's dtype
-REFERENCE_BY_NAME_FROM = {TrainerKind.GRPO: (0, 19), TrainerKind.DPO: (0, 29), TrainerKind.KTO: (1, 2)}
+# of the policy object) is the registry's ``reference_by_name_from`` column; from the 1.16 wheel
+# ``ref_model_init_kwargs.setdefault("dtype", self.model.dtype)`` gives it the policy's dtype
 REFERENCE_POLICY_DTYPE_FROM = (1, 16)
 # peft_module_casting_to_bf16's name patterns (trl/trainer/utils.py v0.13.0 L876)
 _HEAD_NAMES = ("lm_head", "embed_tokens", "wte", "wpe")
@@ -347,8 +345,8 @@ def trl_load_dtype(release: tuple[int, ...] | None) -> TrlLoadDtype:
     return TrlLoadDtype.AUTO if release[:2] >= TRL_AUTO_LOAD_FROM else TrlLoadDtype.TRANSFORMERS
 
 
-def reference_loads_by_name(kind: TrainerKind, release: tuple[int, ...] | None) -> bool:
-    """Whether that release's ``kind`` trainer loads its reference model by name with ``model_init_kwargs`` alone
-    (not the policy's dtype): GRPO 0.19 - 1.15, DPO 0.29 - 1.15, KTO 1.2 - 1.15 (None: TRL 1.16, which does not)."""
-    first = REFERENCE_BY_NAME_FROM.get(kind)
+def reference_loads_by_name(first: tuple[int, int] | None, release: tuple[int, ...] | None) -> bool:
+    """Whether a trainer whose reference is built by name from release ``first`` on (the registry's
+    ``reference_by_name_from``: GRPO 0.19, DPO 0.29, KTO 1.2; None: no reference) loads it, at ``release``, with
+    ``model_init_kwargs`` alone, not the policy's dtype: up to 1.15 (None: TRL 1.16, which does not)."""
     return first is not None and release is not None and first <= release[:2] < REFERENCE_POLICY_DTYPE_FROM

@@ -33,6 +33,11 @@ Columns (:class:`TrainerRow`):
 - ``classifier``: the policy is ``AutoModelForSequenceClassification`` (the reward trainer): the LM head replaced by
   ``score`` [labels, h] (``core.trainers.step_spec``), no vocabulary-sized logits, so the step's peaks are moments
   inside the model (``core/trainers/reward_step.py``).
+- ``reference_by_name_from``: the first TRL release whose trainer builds its reference model by name with the
+  policy's ``model_init_kwargs`` alone, not as a copy of the policy object (``core/states/trl_adapters.py``
+  ``reference_loads_by_name``): GRPO v0.19.0 (``grpo_trainer.py`` ``from_pretrained(model_id, **model_init_kwargs)``),
+  DPO v0.29.0 and KTO v1.2.0 (``create_model_from_path(ref_model_path, **ref_model_init_kwargs)``); None where the
+  trainer keeps no reference.
 
 Trainers TRL 1.16 ships that are no small step from these are refused with the reason (:data:`REFUSED`).
 """
@@ -106,6 +111,7 @@ class TrainerRow:
     replay_step: str | None = None
     disable_dropout: bool = False
     classifier: bool = False
+    reference_by_name_from: tuple[int, int] | None = None
 
     @property
     def trl(self) -> bool:
@@ -137,7 +143,8 @@ _ROWS = (
         # the policy's fp32 logits (returned for the metrics, L311-312); the reference's own
         full_logits=FullLogits("LLaMA-Factory@ff6d4d1 CustomDPOTrainer (src/llamafactory/train/dpo/trainer.py "
                                "concatenated_forward L219-253, compute_reference_log_probs L255-275)", 1, 1),
-        replay_step="tracer_dpo", disable_dropout=True),  # dpo_config.py disable_dropout, dpo_trainer.py L932-935
+        replay_step="tracer_dpo", disable_dropout=True,  # dpo_config.py disable_dropout, dpo_trainer.py L932-935
+        reference_by_name_from=(0, 29)),
     TrainerRow(
         TrainerKind.GRPO, "GRPOConfig", ("log_probs", "entropy"),  # grpo_trainer.py L1068-1073
         ReferenceRule.WHEN_BETA, 1, True, EvalRule.GENERATE,
@@ -145,7 +152,8 @@ _ROWS = (
         _defaults(num_generations=8, max_completion_length=512, beta=0.0, use_vllm=False, vllm_mode="colocate",
                   vllm_gpu_memory_utilization=0.3),
         ("num_generations", "max_completion_length", "beta", "generation_batch_size", "steps_per_generation",
-         "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"), replay_step="tracer_grpo"),
+         "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"), replay_step="tracer_grpo",
+        reference_by_name_from=(0, 19)),
     TrainerRow(
         TrainerKind.REWARD, "RewardConfig", None,  # AutoModelForSequenceClassification: no LM head at all
         ReferenceRule.NONE, 2, False, EvalRule.CLASSIFIER,
@@ -165,7 +173,8 @@ _ROWS = (
         full_logits=FullLogits("LLaMA-Factory@ff6d4d1 CustomKTOTrainer (src/llamafactory/train/kto/trainer.py "
                                "forward L149-181, concatenated_forward L184-199, compute_reference_log_probs "
                                "L202-218)", 1, 2),
-        replay_step="tracer_kto", disable_dropout=True),  # kto_config.py disable_dropout, KTOTrainer.__init__
+        replay_step="tracer_kto", disable_dropout=True,  # kto_config.py disable_dropout, KTOTrainer.__init__
+        reference_by_name_from=(1, 2)),
 )
 # KTOConfig.loss_type's choices and default (trl/trainer/kto_config.py, TRL 1.16; a single string, not a list);
 # apo_zero_unpaired runs no KL batch (KTOTrainer.__init__: calculate_kl = args.loss_type not in ["apo_zero_unpaired"])
