@@ -344,11 +344,20 @@ def run(engine: str, seq: int) -> dict[str, Any]:
                     engine.endswith("fwd"))
 
 
-def measured(engine: str, seq: int) -> dict[str, Any]:
-    """:func:`run` in a child process."""
-    proc = subprocess.run([sys.executable, __file__, "--one", engine, str(seq)], capture_output=True, text=True,
+def measured(engine: str, seq: int, script: str = __file__) -> dict[str, Any]:
+    """``script``'s ``run`` (this file's :func:`run`) in a child process (:func:`child_entry`)."""
+    proc = subprocess.run([sys.executable, script, "--one", engine, str(seq)], capture_output=True, text=True,
                           check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def child_entry(run_one: Any) -> None:
+    """The ``--one ENGINE SEQ`` child of :func:`measured`: ``run_one``'s result as the last line, then exit at once
+    (the gloo ranks' threads are not joined)."""
+    if sys.argv[1:2] == ["--one"]:
+        print(json.dumps(run_one(sys.argv[2], int(sys.argv[3]))))
+        sys.stdout.flush()
+        os._exit(0)
 
 
 # engines whose first micro-step reduces as a step without accumulation does (no ``no_sync`` before it: FSDP1 on one
@@ -461,10 +470,7 @@ def write(cases_only: bool = False, engines: tuple[str, ...] = ()) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--one"]:
-        print(json.dumps(run(sys.argv[2], int(sys.argv[3]))))
-        sys.stdout.flush()
-        os._exit(0)
+    child_entry(run)
     names = [a for a in sys.argv[1:] if not a.startswith("--")] or list(ENGINES)
     if "--table" in sys.argv:
         sys.exit(table(names))

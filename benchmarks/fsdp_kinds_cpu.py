@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from dataclasses import replace
@@ -101,10 +100,10 @@ def run(engine: str, seq: int) -> dict[str, Any]:
 
 
 def measured(engine: str, seq: int) -> dict[str, Any]:
-    """:func:`run` in a child process."""
-    proc = subprocess.run([sys.executable, __file__, "--one", engine, str(seq)], capture_output=True, text=True,
-                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    """:func:`run` in a child process (``accumulation_engines_cpu.measured`` on this file)."""
+    from accumulation_engines_cpu import measured as in_child
+
+    return in_child(engine, seq, __file__)
 
 
 def spec_of(engine: str, seq: int, accum: int = 2) -> Any:
@@ -177,10 +176,9 @@ def write(engines: tuple[str, ...]) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--one"]:
-        print(json.dumps(run(sys.argv[2], int(sys.argv[3]))))
-        sys.stdout.flush()
-        os._exit(0)
+    from accumulation_engines_cpu import child_entry
+
+    child_entry(run)
     names = [a for a in sys.argv[1:] if not a.startswith("--")]
     if "--table" in sys.argv:
         sys.exit(table(names or list(ENGINES)))

@@ -76,6 +76,20 @@ def test_model_init_kwargs_read_from_trl_configs(tmp_path: Path) -> None:
         read_training_args_object(SimpleNamespace(model_init_kwargs=[1]))
 
 
+def test_model_init_kwargs_other_keys_are_read_or_flagged() -> None:
+    """``attn_implementation`` / ``device_map`` are settings (they win in their source, as ``dtype``); loading keys
+    that change no byte pass; anything else (a ``quantization_config``) is a ``not-modelled`` warning, which unpins."""
+    read = read_training_args_object(SimpleNamespace(model_init_kwargs={
+        "attn_implementation": "eager", "device_map": "auto", "revision": "main",
+        "quantization_config": {"load_in_4bit": True}}))
+    assert (read.values["attn_implementation"], read.values["device_map"]) == ("eager", "auto")
+    assert read.provenance["attn_implementation"][1] == "model_init_kwargs.attn_implementation"
+    flagged = [f for f in read.findings if f.code == "not-modelled"]
+    assert len(flagged) == 1 and "quantization_config" in flagged[0].message and "revision" not in flagged[0].message
+    assert not [f for f in read_training_args_object(SimpleNamespace(model_init_kwargs={"revision": "x"})).findings
+                if f.code == "not-modelled"]
+
+
 def test_recorded_releases_agree() -> None:
     """Every recorded real trainer (TRL 0.20 - 1.16): fitcheck's policy and reference dtypes are the real ones."""
     data = json.loads(bench.DATA.read_text())

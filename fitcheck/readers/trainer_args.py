@@ -35,6 +35,11 @@ _FLASH_FLAG = "use_flash_attention_2"
 # (trl/scripts/sft.py: ``model_init_kwargs.update(training_args.model_init_kwargs)``), so it wins in its source
 _INIT_KWARGS = "model_init_kwargs"
 _INIT_DTYPE_KEYS = ("dtype", "torch_dtype")
+# other model_init_kwargs keys that are fitcheck settings, read as they are (from_pretrained's own names); keys of
+# from_pretrained that change no device byte; any other key is reported as not modelled (the answer is unpinned)
+_INIT_SETTINGS = ("attn_implementation", "device_map")
+_INIT_NEUTRAL = frozenset({"revision", "trust_remote_code", "token", "cache_dir", "local_files_only", "subfolder",
+                           "low_cpu_mem_usage", "use_safetensors", "force_download"})
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,8 @@ def _init_kwargs_dtype(
     problems: list[str],
 ) -> None:
     """``model_init_kwargs.dtype`` (or ``.torch_dtype``) read as the load dtype; it wins over ``dtype`` in the same
-    source, with a warning where they disagree (``_INIT_KWARGS``)."""
+    source, with a warning where they disagree (``_INIT_KWARGS``); ``attn_implementation`` and ``device_map`` read as
+    those settings; other keys flagged (:func:`_init_kwargs_unread`)."""
     kwargs = raw.get(_INIT_KWARGS)
     if isinstance(kwargs, str):
         try:
@@ -192,6 +198,14 @@ def _init_kwargs_dtype(
         problems.append(f"{where(source, _INIT_KWARGS)}: expected a mapping (or its JSON string), got "
                         f"{short_repr(raw.get(_INIT_KWARGS))}; fix: e.g. {{\"dtype\": \"bfloat16\"}}")
         return
+    for name in _INIT_SETTINGS:  # they win in their source, as the dtype does: the trainer passes them on
+        if kwargs.get(name) is not None:
+            try:
+                values[name] = convert(SETTINGS[name].kind, kwargs[name], where(source, f"{_INIT_KWARGS}.{name}"))
+                provenance[name] = (source, f"{_INIT_KWARGS}.{name}")
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+    findings.extend(_init_kwargs_unread(kwargs, source))
     key = next((k for k in _INIT_DTYPE_KEYS if kwargs.get(k) is not None), None)
     if key is None:
         return
@@ -205,6 +219,21 @@ def _init_kwargs_dtype(
             f"keep only `{spelled}`"))
     values["dtype"] = text
     provenance["dtype"] = (source, spelled)
+
+
+def _init_kwargs_unread(kwargs: Mapping[str, object], source: str) -> list[Finding]:
+    """A ``not-modelled`` warning (it unpins the answer; issue 19: accepted means modelled) for ``model_init_kwargs``
+    keys that are neither read (the dtype, :data:`_INIT_SETTINGS`) nor memory-neutral loading keys:
+    ``quantization_config``, ``use_cache``, ``max_memory``, ..."""
+    other = sorted(str(k) for k in kwargs if k not in (*_INIT_DTYPE_KEYS, *_INIT_SETTINGS, *_INIT_NEUTRAL))
+    if not other:
+        return []
+    return [Finding(
+        "not-modelled", Severity.WARNING,
+        f"{source}: `{_INIT_KWARGS}` key(s) {', '.join(other)} are passed to from_pretrained by the TRL trainer "
+        "(trl/trainer/utils.py create_model_from_path) and are not read by fitcheck: the estimate is without them",
+        "give them as fitcheck flags where there is one (a quantization_config as --load_in_4bit / "
+        "--bnb_4bit_quant_type / --bnb_4bit_compute_dtype ...), or drop them from model_init_kwargs")]
 
 
 def _preference(canonical: str, spelling: str) -> int:
