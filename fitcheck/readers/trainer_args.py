@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from fitcheck.core.optimizers import canonical_optimizer
@@ -60,6 +60,28 @@ class ArgsRead:
     ignored: tuple[str, ...] = ()
 
 
+@dataclass
+class _Reading:
+    """What :func:`read_training_args_mapping` collects from one source, filled by its side readers."""
+
+    source: str
+    values: dict[str, object] = field(default_factory=dict)
+    provenance: dict[str, tuple[str, str]] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def put(self, canonical: str, value: object, spelled: str) -> bool:
+        """``canonical`` converted from ``value`` (spelled ``spelled`` in the source), with its provenance; a bad
+        value is a problem (False)."""
+        try:
+            self.values[canonical] = convert(SETTINGS[canonical].kind, value, where(self.source, spelled))
+        except ConfigError as exc:
+            self.problems.extend(exc.problems)
+            return False
+        self.provenance[canonical] = (self.source, spelled)
+        return True
+
+
 def read_training_args_mapping(raw: Mapping[str, object], *, source: str) -> ArgsRead:
     """Read a mapping of TrainingArguments/TRL field names (a parsed file, or ``vars(args)``).
 
@@ -73,28 +95,20 @@ def read_training_args_mapping(raw: Mapping[str, object], *, source: str) -> Arg
     Raises:
         ConfigError: Every value of a read key that has the wrong type or range, collected.
     """
-    values: dict[str, object] = {}
-    provenance: dict[str, tuple[str, str]] = {}
-    findings: list[Finding] = []
-    problems: list[str] = []
+    reading = _Reading(source)
+    values, provenance, findings = reading.values, reading.provenance, reading.findings
     seen, ignored = _spellings_seen(raw)
     for canonical, spelled in seen.items():
         # Newer spelling first where two generations exist; a None (unset) spelling gives way to the other.
         order = sorted(spelled, key=functools.partial(_preference, canonical))
         chosen = next((s for s in order if raw[s] is not None), None)
-        if chosen is None:
+        if chosen is None or not reading.put(canonical, raw[chosen], chosen):
             continue
-        try:
-            values[canonical] = convert(SETTINGS[canonical].kind, raw[chosen], where(source, chosen))
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-            continue
-        provenance[canonical] = (source, chosen)
         findings.extend(_spelling_findings(raw, source, canonical, chosen, order, values[canonical]))
-    _flash_flag(raw, source, values, provenance, problems)
-    _init_kwargs_dtype(raw, source, values, provenance, findings, problems)
-    if problems:
-        raise ConfigError.collect(problems)
+    _flash_flag(raw, reading)
+    _init_kwargs(raw, reading)
+    if reading.problems:
+        raise ConfigError.collect(reading.problems)
     findings.extend(_map_optimizer(values, provenance))
     if ignored:
         findings.append(
@@ -158,34 +172,23 @@ def _spelling_findings(
     return out
 
 
-def _flash_flag(
-    raw: Mapping[str, object],
-    source: str,
-    values: dict[str, object],
-    provenance: dict[str, tuple[str, str]],
-    problems: list[str],
-) -> None:
+def _flash_flag(raw: Mapping[str, object], reading: _Reading) -> None:
     if _FLASH_FLAG not in raw or raw[_FLASH_FLAG] is None:
         return
     try:
-        if as_bool(raw[_FLASH_FLAG], at=where(source, _FLASH_FLAG)) and "attn_implementation" not in values:
-            values["attn_implementation"] = "flash_attention_2"
-            provenance["attn_implementation"] = (source, _FLASH_FLAG)
+        if as_bool(raw[_FLASH_FLAG], at=where(reading.source, _FLASH_FLAG)) and \
+                "attn_implementation" not in reading.values:
+            reading.values["attn_implementation"] = "flash_attention_2"
+            reading.provenance["attn_implementation"] = (reading.source, _FLASH_FLAG)
     except ConfigError as exc:
-        problems.extend(exc.problems)
+        reading.problems.extend(exc.problems)
 
 
-def _init_kwargs_dtype(
-    raw: Mapping[str, object],
-    source: str,
-    values: dict[str, object],
-    provenance: dict[str, tuple[str, str]],
-    findings: list[Finding],
-    problems: list[str],
-) -> None:
+def _init_kwargs(raw: Mapping[str, object], reading: _Reading) -> None:
     """``model_init_kwargs.dtype`` (or ``.torch_dtype``) read as the load dtype; it wins over ``dtype`` in the same
     source, with a warning where they disagree (``_INIT_KWARGS``); ``attn_implementation`` and ``device_map`` read as
     those settings; other keys flagged (:func:`_init_kwargs_unread`)."""
+    source, values, provenance = reading.source, reading.values, reading.provenance
     kwargs = raw.get(_INIT_KWARGS)
     if isinstance(kwargs, str):
         try:
@@ -195,24 +198,20 @@ def _init_kwargs_dtype(
     if kwargs is None:
         return
     if not isinstance(kwargs, Mapping):
-        problems.append(f"{where(source, _INIT_KWARGS)}: expected a mapping (or its JSON string), got "
-                        f"{short_repr(raw.get(_INIT_KWARGS))}; fix: e.g. {{\"dtype\": \"bfloat16\"}}")
+        reading.problems.append(f"{where(source, _INIT_KWARGS)}: expected a mapping (or its JSON string), got "
+                                f"{short_repr(raw.get(_INIT_KWARGS))}; fix: e.g. {{\"dtype\": \"bfloat16\"}}")
         return
     for name in _INIT_SETTINGS:  # they win in their source, as the dtype does: the trainer passes them on
         if kwargs.get(name) is not None:
-            try:
-                values[name] = convert(SETTINGS[name].kind, kwargs[name], where(source, f"{_INIT_KWARGS}.{name}"))
-                provenance[name] = (source, f"{_INIT_KWARGS}.{name}")
-            except ConfigError as exc:
-                problems.extend(exc.problems)
-    findings.extend(_init_kwargs_unread(kwargs, source))
+            reading.put(name, kwargs[name], f"{_INIT_KWARGS}.{name}")
+    reading.findings.extend(_init_kwargs_unread(kwargs, source))
     key = next((k for k in _INIT_DTYPE_KEYS if kwargs.get(k) is not None), None)
     if key is None:
         return
     text = str(kwargs[key])  # a live config may hold a torch.dtype: "torch.bfloat16" (Dtype.from_name reads it)
     spelled = f"{_INIT_KWARGS}.{key}"
     if "dtype" in values and Dtype.from_name(values["dtype"]) != Dtype.from_name(text):
-        findings.append(Finding(
+        reading.findings.append(Finding(
             "conflicting-spellings", Severity.WARNING,
             f"{source}: `{spelled}`={text!r} and `{provenance['dtype'][1]}`={values['dtype']!r} disagree; "
             f"`{spelled}` is used (TRL's scripts update ModelConfig's dtype with model_init_kwargs)",
