@@ -149,7 +149,7 @@ def fsdp_from_config(cfg: Mapping[str, object], *, source: str, flavour: str) ->
 
 
 # accelerate 1.15 utils/constants.py FSDP_BACKWARD_PREFETCH; a digit is torch's BackwardPrefetch value (1, 2)
-_PREFETCH: tuple[BackwardPrefetchPolicy, ...] = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+_PREFETCH: tuple[BackwardPrefetchPolicy, ...] = get_args(BackwardPrefetchPolicy)
 
 
 def _backward_prefetch(c: Mapping[str, object], version: int, at: Callable[[str], str],

@@ -38,6 +38,7 @@ import math
 from typing import TYPE_CHECKING
 
 from fitcheck.core.states import (
+    MODELLED_TRL,
     SFT_PADDING_FREE_FROM,
     SftLoss,
     TrlLoadDtype,
@@ -76,7 +77,6 @@ _EVAL = ("per_device_eval_batch_size", "eval_accumulation_steps", "prediction_lo
 TRL_FLAG_NAMES = ("trainer", *_BOOL, *_VALUE, "loss_type", *_EVAL)
 # TrainingArguments settings whose TRL config default differs from the Trainer's
 _RUN_DEFAULTS = ("gradient_checkpointing", "bf16")
-_MODELLED_TRL = tuple(int(x) for x in MODELLED_VERSIONS["trl"].split(".")[:2])
 
 
 def trainer_kind(name: object) -> TrainerKind:
@@ -164,7 +164,7 @@ def _stack_trl(values: Mapping[str, object]) -> tuple[int, ...] | None:
 
 def _other_release(release: tuple[int, ...] | None) -> bool:
     """A known TRL release other than the modelled 1.16 (whose defaults are the registry's)."""
-    return release is not None and release[:2] != _MODELLED_TRL
+    return release is not None and release[:2] != MODELLED_TRL
 
 
 def _dotted(release: tuple[int, ...] | None) -> str:

@@ -108,7 +108,7 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
 )
 from fitcheck.torch_adapters.fsdp2_run_plan import fsdp1_plan, replay_key, replays
 from fitcheck.torch_adapters.fsdp_plan_types import Fsdp1Plan, FsdpReplayError
-from fitcheck.torch_adapters.fsdp_resident import loaded_setup, resident_storages, wrapped
+from fitcheck.torch_adapters.fsdp_resident import resident_setup, wrapped
 from fitcheck.torch_adapters.fsdp_run_walk import aligned_gradients, rewrite_steps, step_frame, unit_gradients
 
 BUCKET = 250 * 1024 * 1024  # torch 2.13 fsdp/_init_utils.py PARAM_BROADCAST_BUCKET_SIZE
@@ -286,10 +286,7 @@ def fsdp1_run(events: Sequence[Event], plan: Fsdp1Plan, load: Sequence[Any] = ()
         FsdpReplayError: The events lack a parameter's storage, a step, or a gradient of a unit.
     """
     first_pass: dict[str, Any] = {}  # the step's first pass: its backward and its units' gradients
-    resident = None
-    if plan.resident:  # the loaded storages, in the setup the rewrite keeps, each freed by its unit's flattening
-        events = loaded_setup(events, plan, load) if load else events
-        resident = resident_storages([ev for ev in events if ev[2] == "setup"], plan)
+    events, resident = resident_setup(events, plan, load)  # each loaded storage freed by its unit's flattening
     return rewrite_steps(events, plan, lambda w: _Rank(plan, w, _prepare(w, plan, resident)),
                          lambda start, end, grads, k: _step_points(events, start, end, grads, plan, k, first_pass),
                          lambda rank, tag, first: _optimizer(rank, plan, tag, first), resident=plan.resident)

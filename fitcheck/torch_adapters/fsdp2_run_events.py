@@ -94,7 +94,7 @@ from fitcheck.torch_adapters.deepspeed_run_events import (
 )
 from fitcheck.torch_adapters.fsdp2_run_plan import fsdp1_plan, fsdp2_plan, not_replayed, replay_key, replays
 from fitcheck.torch_adapters.fsdp_plan_types import FsdpPlan
-from fitcheck.torch_adapters.fsdp_resident import loaded_setup, resident_storages
+from fitcheck.torch_adapters.fsdp_resident import resident_setup
 from fitcheck.torch_adapters.fsdp_run_walk import aligned_gradients, rewrite_steps, step_frame, unit_gradients
 
 
@@ -224,10 +224,7 @@ def fsdp2_run(events: Sequence[Event], plan: FsdpPlan, load: Sequence[Any] = ())
     Raises:
         FsdpReplayError: The events lack a parameter's storage, a step, or a gradient of a unit.
     """
-    resident = None
-    if plan.resident:  # the loaded storages, in the setup the rewrite keeps, each freed by its unit's fully_shard
-        events = loaded_setup(events, plan, load) if load else events
-        resident = resident_storages([ev for ev in events if ev[2] == "setup"], plan)
+    events, resident = resident_setup(events, plan, load)  # each loaded storage freed by its unit's fully_shard
 
     def prepare(w: EventWriter) -> _Rank:
         _prepare(w, plan, resident)

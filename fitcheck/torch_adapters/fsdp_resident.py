@@ -130,3 +130,15 @@ def loaded_setup(events: Sequence[Event], plan: FsdpPlan, load: Sequence[Any]) -
                   for e in load]
     out += [ev for ev in setup if ev[0] in adapters]
     return out + list(events[n_setup:])
+
+
+def resident_setup(events: Sequence[Event], plan: FsdpPlan,
+                   load: Sequence[Any]) -> tuple[Sequence[Event], dict[Key, list[tuple[int, int]]] | None]:
+    """A resident model's run (``plan.resident``: on each GPU before FSDP wraps it) and the loaded storages each unit
+    flattens or shards and frees (:func:`resident_storages`), the load's events put in the setup where given
+    (:func:`loaded_setup`); a moved model's events as they are and None. Shared by the FSDP1 and FSDP2 rewrites."""
+    if not plan.resident:
+        return events, None
+    events = loaded_setup(events, plan, load) if load else events
+    return events, resident_storages([ev for ev in events if ev[2] == "setup"], plan)
+

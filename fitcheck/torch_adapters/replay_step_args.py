@@ -105,10 +105,9 @@ def load_warmup(spec: TrainingSpec) -> list[tuple[int, int, str]]:
     Returns:
         ``(serial, +bytes / -bytes, "setup")`` events to put before the trace's own.
     """
-    from fitcheck.core.loading import load_events, loads_on_one_device
+    from fitcheck.core.loading import loads_on_one_device, warmup_bytes
 
     if not loads_on_one_device(spec) or allocator_conf(spec).max_split_size is not None or spec.quant is not None:
         return []
-    warm = next((e.nbytes for e in load_events(spec, spec.hardware.gpu_memory_bytes)
-                 if e.kind == "alloc" and e.what == "caching_allocator_warmup"), 0)
+    warm = warmup_bytes(spec, spec.hardware.gpu_memory_bytes)  # the block load_events starts with
     return [(-1, warm, "setup"), (-1, -warm, "setup")] if warm else []

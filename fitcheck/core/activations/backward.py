@@ -79,6 +79,7 @@ from fitcheck.core.activations.norm_backward import (
 from fitcheck.core.activations.param_wrapper import param_wrapper_backward
 from fitcheck.core.states import (
     accumulates_in_grad,
+    fsdp_backward_applies,
     gradients_held_from_start,
     offload_gradient_in_flight,
     zero3_gradient_in_flight,
@@ -170,7 +171,7 @@ def backward_moments(spec: TrainingSpec, q: BackwardInputs, head_extra: int,
     # every byte the gradients component counts exists from a later micro-step's start (the .grad, FSDP's reduced
     # shards under sync_each_batch, ZeRO-3's resident buffer): nothing is missing (ZeRO-2's carried partition: z2)
     held = gradients_held_from_start(spec) and (z2 is None or accum)
-    if not fsdp_moments and fsdp_counted(spec) is not None:  # as the trace of the plain step sees it: the
+    if not fsdp_moments and fsdp_backward_applies(spec):  # as the trace of the plain step sees it: the
         # accumulating view (trace_result.accumulating_step) where it adds in place, else a first pass; FSDP1's
         # accumulation is never traced (torch_adapters/run_scope.py accumulation_not_traced): a first pass
         fs = spec.sharding.fsdp

@@ -32,9 +32,9 @@ def fsdp_traced_backward(spec: TrainingSpec, traced: tuple[Component, ...]) -> t
         activations, none below 0).
     """
     from fitcheck.core.activations.decoder import activation_components
-    from fitcheck.core.states import fsdp_backward_held
+    from fitcheck.core.states import fsdp_backward_applies
 
-    if fsdp_backward_held(spec, 0) is None:
+    if not fsdp_backward_applies(spec):
         return traced
     shift = _backward(activation_components(spec)) - _backward(activation_components(spec, fsdp_moments=False))
     if shift == 0:

@@ -6,7 +6,14 @@
   peak reserved, and the cache that stays reserved.
 """
 
-from fitcheck.core.loading.events import LoadEvent, load_events, load_order, natural_key, prepare_events
+from fitcheck.core.loading.events import (
+    LoadEvent,
+    load_events,
+    load_order,
+    natural_key,
+    prepare_events,
+    warmup_bytes,
+)
 from fitcheck.core.loading.phase import (
     SOURCE,
     LoadPhase,
@@ -32,4 +39,5 @@ __all__ = [
     "natural_key",
     "prepare_events",
     "run_reserved",
+    "warmup_bytes",
 ]

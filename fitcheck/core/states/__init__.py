@@ -32,6 +32,7 @@ from fitcheck.core.states.deepspeed_offload import (
     offload_gradient_in_flight,
 )
 from fitcheck.core.states.deepspeed_streams import deepspeed_side_pools
+from fitcheck.core.states.fsdp2_units import fsdp_backward_applies
 from fitcheck.core.states.fsdp_backward import FsdpBackward, fsdp_backward_held
 from fitcheck.core.states.fsdp_qlora import LoadPeak, fsdp_qlora_findings, load_peak
 from fitcheck.core.states.fsdp_streams import SidePools, fsdp_side_pools
@@ -54,6 +55,8 @@ from fitcheck.core.states.sharding import (
 )
 from fitcheck.core.states.sharding_findings import sharding_findings
 from fitcheck.core.states.trl_adapters import (
+    ENTROPY_CHUNK_TOKENS,
+    MODELLED_TRL,
     SFT_PADDING_FREE_FROM,
     DpoLoss,
     SftLoss,
@@ -88,6 +91,8 @@ from fitcheck.core.states.zero_reduce import (
 )
 
 __all__ = [
+    "ENTROPY_CHUNK_TOKENS",
+    "MODELLED_TRL",
     "SFT_PADDING_FREE_FROM",
     "DpoLoss",
     "FsdpBackward",
@@ -113,6 +118,7 @@ __all__ = [
     "describe_regime",
     "dpo_loss",
     "dpo_release_modelled",
+    "fsdp_backward_applies",
     "fsdp_backward_held",
     "fsdp_fp32_upcast",
     "fsdp_qlora_findings",

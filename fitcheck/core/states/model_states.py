@@ -285,12 +285,12 @@ def _gradient_components(
         else:
             by_phase[p] = sharded
     flat_copy = 0
+    steps = stepped_groups(spec, groups) if has_master(spec) else []  # the optimizer's parameter groups
     if has_master(spec) and spec.sharding.zero_stage in (1, 2):
         # ZeRO-1/2 free a group's 16-bit gradients once its fp32 copy is built, before its step (deepspeed 0.19.8
         # stage_1_and_2.py step: free_grad_in_param_list(params_in_partition[i]), averaged_gradients[i] = None):
         # the largest group's step holds only the others'. Real engine (benchmarks/deepspeed_cpu.py): optimizer
         # step without this +7.6 % (--cases zero2-accum2), +7.7 % (ZeRO-1, 256 tokens)
-        steps = stepped_groups(spec, groups)  # the optimizer's parameter groups
         stepped = max(total_bytes(g for g in steps if g.decay), total_bytes(g for g in steps if not g.decay))
         by_phase[Phase.OPTIMIZER_STEP] = max(sharded - _div(stepped, part.gradients), 0)
         flat_copy = _zero_flat_copy(part, stepped, opt)
@@ -309,7 +309,6 @@ def _gradient_components(
                                "before the step (more than the optimizer's own step temporaries)"))
     if has_master(spec):
         # DeepSpeed: fp32 gradient partition of one param group built for the step (single_grad_partition).
-        steps = stepped_groups(spec, groups)
         largest_group = max(
             total_numel(g for g in steps if g.decay), total_numel(g for g in steps if not g.decay)
         )

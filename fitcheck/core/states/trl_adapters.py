@@ -74,7 +74,16 @@ from __future__ import annotations
 
 from enum import Enum
 
-from fitcheck.spec import Dtype, Kind, MixedPrecision, ParamEntry, Strategy, TrainerKind, TrainingSpec
+from fitcheck.spec import (
+    MODELLED_VERSIONS,
+    Dtype,
+    Kind,
+    MixedPrecision,
+    ParamEntry,
+    Strategy,
+    TrainerKind,
+    TrainingSpec,
+)
 
 # first and last TRL releases whose SFTTrainer calls peft_module_casting_to_bf16 (tags v0.7.5 .. v0.25.1)
 MODULE_CAST_RELEASES = ((0, 7, 5), (0, 25, 1))
@@ -119,6 +128,10 @@ TRL_FLOAT32_LOAD_FROM = (0, 27)
 # of the policy object) is the registry's ``reference_by_name_from`` column; from the 1.16 wheel
 # ``ref_model_init_kwargs.setdefault("dtype", self.model.dtype)`` gives it the policy's dtype
 REFERENCE_POLICY_DTYPE_FROM = (1, 16)
+# the TRL release the rules of TRL 1.16 describe (spec/trainer.py MODELLED_VERSIONS): (major, minor)
+MODELLED_TRL = tuple(int(x) for x in MODELLED_VERSIONS["trl"].split(".")[:2])
+# trl/trainer/utils.py entropy_from_logits(chunk_size=128), v0.23.0 - v1.13.0 (SFT's metrics, DPO's from v0.29.0)
+ENTROPY_CHUNK_TOKENS = 128
 # peft_module_casting_to_bf16's name patterns (trl/trainer/utils.py v0.13.0 L876)
 _HEAD_NAMES = ("lm_head", "embed_tokens", "wte", "wpe")
 
@@ -248,7 +261,7 @@ def sft_metrics(release: tuple[int, ...] | None) -> SftMetrics | None:
 def trl_config_defaults(kind: TrainerKind, release: tuple[int, ...] | None) -> dict[str, object]:
     """The defaults of ``kind``'s TRL config that change memory and differ by release (None: TRL 1.16's): ``bf16``
     and ``gradient_checkpointing`` in every config, SFT's ``max_length``, GRPO's ``max_completion_length``."""
-    minor = (1, 16) if release is None else release[:2]
+    minor = MODELLED_TRL if release is None else release[:2]
     out: dict[str, object] = {
         "gradient_checkpointing": minor >= SFT_CHECKPOINTING_DEFAULT_FROM,
         "bf16": minor >= SFT_BF16_DEFAULT_FROM,

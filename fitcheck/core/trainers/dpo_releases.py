@@ -39,12 +39,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from fitcheck.core.states import DpoLoss, dpo_loss, dpo_release_modelled, trl_release
+from fitcheck.core.states import ENTROPY_CHUNK_TOKENS, DpoLoss, dpo_loss, dpo_release_modelled, trl_release
 from fitcheck.core.trainers.full_logits import plain_loss_forward
 from fitcheck.report import Component, Phase
 from fitcheck.spec import TrainerKind, TrainingSpec
 
-ENTROPY_CHUNK_TOKENS = 128  # trl/trainer/utils.py entropy_from_logits(chunk_size=128), v0.29.0 - v1.13.0
 # fp32 gradients of the logsumexps' input's shape at the start of backward beside the tensor they saved (module
 # docstring; measured: 16.00 per logit on TRL 0.20 / 0.22 / 0.24, 16.00 per shifted element on 1.4, 4 per logit + 12
 # per shifted element on 1.6, at vocab 2000 and 8000)

@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from fitcheck.core.states import SftLoss, SftMetrics, sft_loss, sft_metrics, trl_release
+from fitcheck.core.states import ENTROPY_CHUNK_TOKENS, SftLoss, SftMetrics, sft_loss, sft_metrics, trl_release
 from fitcheck.findings import Finding, Severity
 from fitcheck.report import Component, Phase
 from fitcheck.spec import MixedPrecision, Strategy, TrainerKind, TrainingSpec
 
-ENTROPY_CHUNK_TOKENS = 128  # trl/trainer/utils.py entropy_from_logits(chunk_size=128), v0.23.0 - v1.6.0
 # the layouts checked against a real SFTTrainer (benchmarks/trl_sft_releases.py: TRL 0.20.0, 0.22.2, 0.24.0, 1.4.0,
 # 1.6.0 on CPU, one process); 0.15's gather of the copy is the identity on one process (its COPY), never run on more
 CHECKED_LAYOUTS = (SftMetrics.COPY, SftMetrics.ROW_ENTROPY_THEN_COPY, SftMetrics.CHUNK_ENTROPY_THEN_COPY,

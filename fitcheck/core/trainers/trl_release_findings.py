@@ -7,10 +7,10 @@ that warning, which unpins the answer (``core/estimator.py``). SFT's are ``sft_m
 
 from __future__ import annotations
 
-from fitcheck.core.states import DpoLoss, reward_step_modelled, trl_release
+from fitcheck.core.states import MODELLED_TRL, DpoLoss, reward_step_modelled, trl_release
 from fitcheck.core.trainers.dpo_releases import dpo_release_layout
 from fitcheck.findings import Finding, Severity
-from fitcheck.spec import MODELLED_VERSIONS, TrainerKind, TrainingSpec
+from fitcheck.spec import TrainerKind, TrainingSpec
 
 _WHAT = {
     DpoLoss.CONCATENATED_FORWARD: "concatenated_forward with output_hidden_states: the fp32 logits and hidden states "
@@ -47,8 +47,7 @@ def reward_release_findings(spec: TrainingSpec) -> tuple[Finding, ...]:
     ``core/states/trl_adapters.py``: one forward of chosen + rejected from 0.24); an older one keeps the
     ``versions-not-modelled`` warning."""
     release = trl_release(spec)
-    modelled = tuple(int(x) for x in MODELLED_VERSIONS["trl"].split(".")[:2])
-    if spec.trainer.kind is not TrainerKind.REWARD or release is None or release[:2] == modelled \
+    if spec.trainer.kind is not TrainerKind.REWARD or release is None or release[:2] == MODELLED_TRL \
             or not reward_step_modelled(release):
         return ()
     return (Finding(
